@@ -1,0 +1,34 @@
+# Two commands set everything up on a fresh machine: `make run` and `make test`.
+PY ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test install bench clean
+
+$(BIN)/python:
+	@command -v $(PY) >/dev/null 2>&1 || { echo "error: $(PY) not found; install Python 3.11 or run 'make PY=/path/to/python3.11 ...'" >&2; exit 2; }
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet -e '.[test,ray]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+## run: create the venv, install, and run the main job (distributed PyTorch on the digits data)
+run: $(STAMP)
+	$(BIN)/trainmaster run examples/pytorch-digits.yaml
+
+## test: install with test extras and run the whole suite
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+## bench: run every benchmark (writes bench/results/*.json and *.md)
+bench: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[bench]'
+	for b in bench/*.py; do $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,3 @@
+from trainmaster.cli.main import main
+
+main()

@@ -1,0 +1,1 @@
+"""Command-line interface: one module per verb group, assembled in :mod:`trainmaster.cli.main`."""

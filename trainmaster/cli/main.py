@@ -1,0 +1,59 @@
+"""The ``trainmaster`` command: assembles every verb group and turns user errors into exit codes.
+
+Each capability owns one module here exposing ``register(app)``; heavy imports (torch, ray,
+cryptography...) happen inside the commands, so ``trainmaster --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+
+from trainmaster.errors import UserError
+
+app = typer.Typer(
+    name="trainmaster",
+    help="Run distributed and federated ML training jobs: one controller for every framework.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _register_all() -> None:
+    from trainmaster.cli import aggregation, flsched, gateway, jobs, partition
+
+    for module in (jobs, aggregation, flsched, partition, gateway):
+        module.register(app)
+
+
+@app.command()
+def version() -> None:
+    """Print Trainmaster's version."""
+    from trainmaster import __version__
+
+    print(__version__)
+
+
+@app.callback()
+def _root() -> None:
+    """Run distributed and federated ML training jobs: one controller for every framework."""
+
+
+_register_all()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: user mistakes print ``error: ...`` and exit non-zero, without a traceback.
+
+    Usage errors (unknown flags, missing arguments) are handled by click itself (exit 2).
+    """
+    try:
+        app(args=argv)
+    except UserError as exc:
+        from rich.markup import escape
+
+        Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {escape(str(exc))}")
+        sys.exit(exc.exit_code)

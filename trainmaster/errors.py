@@ -1,0 +1,23 @@
+"""Errors that are the user's to fix: shown as one clear message, never as a traceback."""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """A mistake in what the user gave us (a file, a flag, a request).
+
+    The CLI prints ``error: <message>`` and exits with ``exit_code`` (2 by default, the
+    conventional code for bad usage). ``details`` lists every individual problem, so that one
+    run reports all of them at once.
+    """
+
+    def __init__(self, message: str, details: list[str] | None = None, exit_code: int = 2):
+        super().__init__(message)
+        self.message = message
+        self.details = list(details or [])
+        self.exit_code = exit_code
+
+    def __str__(self) -> str:
+        if not self.details:
+            return self.message
+        return self.message + "\n" + "\n".join(f"  - {d}" for d in self.details)

@@ -1,0 +1,179 @@
+"""Validation that reports every problem at once, each with its field path and a reason.
+
+Two passes run on every document: pydantic's structural checks (types, ranges, unknown fields)
+and the cross-field checks below (dependencies, cycles, gang size, framework), which walk the
+raw document so they still run when some field failed its type check.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from trainmaster.errors import UserError
+from trainmaster.spec.model import Job
+from trainmaster.spec.status import PRESETS
+
+
+def field_path(loc: tuple[Any, ...]) -> str:
+    """``('spec', 'roles', 1, 'replicas')`` -> ``spec.roles[1].replicas``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif str(part).startswith(("function-", "literal[", "int", "str", "tagged-union")) or part in (
+            "RoleSelector", "InstanceCount", "constrained-int"
+        ):
+            continue  # pydantic's union-branch markers are noise to a user
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _message(err: dict[str, Any]) -> str:
+    kind, ctx = err["type"], err.get("ctx") or {}
+    if kind in ("greater_than", "greater_than_equal") and err["loc"][-1] in ("replicas", "minAvailable"):
+        return "must be an integer > 0"
+    if kind == "greater_than_equal":
+        return f"must be >= {ctx.get('ge')}"
+    if kind == "greater_than":
+        return f"must be > {ctx.get('gt')}"
+    if kind == "less_than_equal":
+        return f"must be <= {ctx.get('le')}"
+    if kind in ("int_parsing", "int_type", "int_from_float"):
+        return "must be an integer"
+    if kind == "extra_forbidden":
+        return "unknown field (check its spelling against the job reference in docs/controller.md)"
+    if kind == "missing":
+        return "is required"
+    if kind == "string_pattern_mismatch":
+        return "must be lower-case letters, digits and '-', starting and ending with a letter or digit"
+    if kind == "literal_error":
+        return f"must be {ctx.get('expected')}"
+    if kind == "too_short":
+        return "must not be empty"
+    return err["msg"].removeprefix("Value error, ")
+
+
+def structural_errors(raw: dict[str, Any]) -> list[str]:
+    """Pydantic's checks, one line per problem; a union reports once per field path."""
+    try:
+        Job.model_validate(raw)
+    except ValidationError as exc:
+        seen: dict[str, str] = {}
+        for err in exc.errors():
+            path = field_path(err["loc"])
+            seen.setdefault(path, _message(err))
+        return [f"{path}: {msg}" for path, msg in seen.items()]
+    return []
+
+
+def _roles(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    roles = (raw.get("spec") or {}).get("roles")
+    return [r if isinstance(r, dict) else {} for r in roles] if isinstance(roles, list) else []
+
+
+def _cycle(graph: dict[str, list[str]]) -> list[str] | None:
+    """A dependency cycle as a list of role names, or None."""
+    color: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        color[node] = 1
+        stack.append(node)
+        for nxt in graph.get(node, []):
+            if color.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt in graph and color.get(nxt, 0) == 0:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        color[node] = 2
+        return None
+
+    for node in graph:
+        if color.get(node, 0) == 0:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def semantic_errors(raw: dict[str, Any]) -> list[str]:
+    """Cross-field checks that pydantic cannot express."""
+    errors: list[str] = []
+    spec = raw.get("spec") if isinstance(raw.get("spec"), dict) else {}
+    roles = _roles(raw)
+    names = [r.get("name") for r in roles]
+    for i, name in enumerate(names):
+        if name is not None and names.index(name) != i:
+            errors.append(f"spec.roles[{i}].name: duplicate role name '{name}'")
+    known = {n for n in names if isinstance(n, str)}
+    graph: dict[str, list[str]] = {}
+    for i, role in enumerate(roles):
+        deps = role.get("dependsOn") or []
+        if not isinstance(deps, list):
+            continue
+        for j, dep in enumerate(deps):
+            target = dep.get("role") if isinstance(dep, dict) else None
+            where = f"spec.roles[{i}].dependsOn[{j}].role"
+            if target == role.get("name"):
+                errors.append(f"{where}: a role cannot depend on itself")
+            elif isinstance(target, str) and target not in known:
+                errors.append(f"{where}: unknown role '{target}' (roles: {', '.join(sorted(known))})")
+            elif isinstance(target, str) and isinstance(role.get("name"), str):
+                graph.setdefault(role["name"], []).append(target)
+    cycle = _cycle(graph)
+    if cycle:
+        errors.append(f"spec.roles: dependency cycle {' -> '.join(cycle)}")
+    errors += _gang_errors(spec, roles)
+    errors += _policy_errors(spec, roles, known)
+    return errors
+
+
+def _gang_errors(spec: dict[str, Any], roles: list[dict[str, Any]]) -> list[str]:
+    replicas = [r.get("replicas", 1) for r in roles]
+    if not all(isinstance(n, int) and n > 0 for n in replicas):
+        return []
+    total = sum(replicas)
+    scheduling = spec.get("scheduling") if isinstance(spec.get("scheduling"), dict) else {}
+    min_available = scheduling.get("minAvailable")
+    if isinstance(min_available, int) and min_available > total:
+        return [f"spec.scheduling.minAvailable: {min_available} is larger than the job's "
+                f"{total} replicas in total"]
+    return []
+
+
+def _policy_errors(spec: dict[str, Any], roles: list[dict[str, Any]], known: set[str]) -> list[str]:
+    errors = []
+    policies = [("spec.statusPolicy", spec.get("statusPolicy"))]
+    policies += [(f"spec.roles[{i}].statusPolicy", r.get("statusPolicy")) for i, r in enumerate(roles)]
+    for where, policy in policies:
+        if not isinstance(policy, dict):
+            continue
+        preset = policy.get("preset")
+        if preset is not None and preset not in PRESETS:
+            errors.append(f"{where}.preset: unknown preset '{preset}' (known: {', '.join(PRESETS)})")
+        for key in ("failed", "succeeded"):
+            cond = policy.get(key)
+            if isinstance(cond, dict) and "roles" in cond:
+                if where != "spec.statusPolicy":
+                    errors.append(f"{where}.{key}.roles: only a job's status policy can name roles")
+                for name in cond.get("roles") or []:
+                    if name not in known:
+                        errors.append(f"{where}.{key}.roles: unknown role '{name}'")
+    return errors
+
+
+def validate(raw: dict[str, Any], source: str = "job") -> Job:
+    """Parse ``raw`` into a :class:`Job`, or raise :class:`UserError` listing every problem."""
+    from trainmaster.frameworks import framework_errors
+
+    errors = structural_errors(raw) + semantic_errors(raw)
+    spec = raw.get("spec") if isinstance(raw.get("spec"), dict) else {}
+    errors += framework_errors(spec, raw_roles=_roles(raw))
+    if errors:
+        raise UserError(f"{source} is not a valid job ({len(errors)} problem(s))", errors)
+    return Job.model_validate(raw)
