@@ -1,0 +1,94 @@
+"""The Framework interface: a named set of roles and the code each role runs.
+
+A job names its framework by id (``pytorch``), by module path (``pkg.module:Class``) or by a
+``.py`` file. The controller asks the framework three things:
+
+* :meth:`Framework.validate` -- problems with the job for this framework (role names, params),
+  as ``"field.path: reason"`` lines, reported together with every other validation error;
+* :meth:`Framework.defaults` -- the job with the framework's defaults filled in (a role's
+  command when the user gave none, the dependencies between its roles, its status policy);
+* :meth:`Framework.environment` -- extra environment of one instance, computed once the
+  instance's dependencies are satisfied, so addresses of the roles it depends on are known.
+
+Capability libraries never import the controller; a framework module imports its library and
+tells the controller how to run it.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from trainmaster.spec.model import Dependency, Job, Role
+
+
+@dataclass(frozen=True)
+class InstanceContext:
+    """Everything a framework may use to build one instance's environment."""
+
+    job_name: str
+    role: str
+    index: int  # replica index within the role
+    replicas: int  # replicas of this role
+    role_replicas: dict[str, int]  # replicas of every role of the job
+    host: str  # the host this instance runs on
+    ports: list[int]  # ports reserved for this instance (may be empty)
+    services: dict[str, list[str]]  # role -> "host:port" of each of its instances (dependencies)
+    params: dict[str, Any] = field(default_factory=dict)  # the job's frameworkParams
+    output_dir: str = ""
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.ports[0]}" if self.ports else self.host
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    """A role command that runs a Python module with the controller's interpreter."""
+    return [sys.executable, "-m", module, *args]
+
+
+class Framework:
+    """Base class: subclass it, set ``name`` (and ``role_names`` to restrict roles)."""
+
+    name: ClassVar[str] = ""
+    #: role names this framework knows; None accepts any name
+    role_names: ClassVar[tuple[str, ...] | None] = None
+    #: roles a job of this framework must have
+    required_roles: ClassVar[tuple[str, ...]] = ()
+    #: role -> roles it depends on (condition Running) unless the user says otherwise
+    default_dependencies: ClassVar[dict[str, tuple[str, ...]]] = {}
+
+    def role_command(self, job: Job, role: Role) -> list[str] | None:
+        """The command a role runs when the job gives none (None: the user must give one)."""
+        return None
+
+    def validate(self, spec: dict[str, Any], roles: list[dict[str, Any]]) -> list[str]:
+        """Framework-specific problems in the raw job ``spec`` (a dict that may be malformed)."""
+        errors: list[str] = []
+        names = [r.get("name") for r in roles]
+        if self.role_names is not None:
+            for i, name in enumerate(names):
+                if isinstance(name, str) and name not in self.role_names:
+                    errors.append(f"spec.roles[{i}].name: framework '{self.name}' has no role "
+                                  f"'{name}' (roles: {', '.join(self.role_names)})")
+        for required in self.required_roles:
+            if required not in names:
+                errors.append(f"spec.roles: framework '{self.name}' needs a role named '{required}'")
+        return errors
+
+    def defaults(self, job: Job) -> Job:
+        """Fill the framework's defaults into ``job`` (a copy; the argument is not changed)."""
+        job = job.model_copy(deep=True)
+        role_names = {r.name for r in job.spec.roles}
+        for role in job.spec.roles:
+            if "depends_on" not in role.model_fields_set:
+                role.depends_on = [Dependency(role=d) for d in self.default_dependencies.get(role.name, ())
+                                   if d in role_names]
+            if role.command is None:
+                role.command = self.role_command(job, role)
+        return job
+
+    def environment(self, ctx: InstanceContext) -> dict[str, str]:
+        """Extra environment variables of one instance."""
+        return {}
