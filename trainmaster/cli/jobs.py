@@ -1,9 +1,140 @@
-"""Job verbs: validate, run (embedded controller)."""
+"""Job verbs that need no server: ``validate`` and ``run`` (an embedded controller)."""
 
 from __future__ import annotations
 
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
 import typer
+from rich.console import Console
+
+from trainmaster.errors import UserError
+
+FileArg = Annotated[Path, typer.Argument(help="Job file: trainmaster/v1 Job, Kubeflow or Volcano YAML/JSON.")]
+DbOpt = Annotated[Optional[str], typer.Option("--db", envvar="TRAINMASTER_DB",
+                                              help="SQLAlchemy URL of the store (default: SQLite in ~/.trainmaster).")]
+
+
+def validate(file: FileArg) -> None:
+    """Check a job file and list every problem with its field path (exit 2 if any)."""
+    from trainmaster.spec import load_job
+
+    loaded = load_job(file)
+    job = loaded.job
+    for path in loaded.ignored:
+        Console(stderr=True).print(f"[yellow]ignored:[/] {path}", highlight=False)
+    print(f"{file}: valid ({job.spec.framework} job '{job.name}', {len(job.spec.roles)} role(s), "
+          f"{job.spec.total_replicas} instance(s))")
+
+
+def make_backend(name: str, cpus: float | None = None):  # type: ignore[no-untyped-def]
+    """The backend named ``name``."""
+    from trainmaster.backends.base import Capacity
+    from trainmaster.backends.local import LocalBackend
+
+    if name == "local":
+        if cpus is None:
+            return LocalBackend()
+        default = LocalBackend().capacity()
+        return LocalBackend(Capacity(cpu=cpus, memory=default.memory, gpu=default.gpu))
+    raise UserError(f"--backend: unknown backend '{name}' (available: local)")
+
+
+def run(
+    file: FileArg,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the validated, defaulted job and exit.")] = False,
+    db: DbOpt = None,
+    backend: Annotated[str, typer.Option(help="Where instances run: local (subprocesses).")] = "local",
+    interval: Annotated[float, typer.Option(min=0.01, help="Seconds between reconcile passes.")] = 1.0,
+    grace: Annotated[float, typer.Option(min=0, help="Seconds between SIGTERM and SIGKILL when stopping.")] = 5.0,
+    cpus: Annotated[Optional[float], typer.Option(help="CPUs the local backend offers (default: this machine's).")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the final status as JSON.")] = False,
+) -> None:
+    """Run a job to its end with a live view; exit 0 if it succeeded, 1 if it failed or was cancelled."""
+    from trainmaster.spec import load_job
+    from trainmaster.spec.load import dump_yaml
+
+    loaded = load_job(file)
+    err = Console(stderr=True, highlight=False)
+    for path in loaded.ignored:
+        err.print(f"[yellow]ignored:[/] {path}")
+    if dry_run:
+        print(dump_yaml(loaded.job), end="")
+        return
+    state = _run(loaded, db, loaded.job.spec.scheduling.backend and loaded.job.spec.scheduling.backend.value
+                 or backend, interval, grace, cpus, json_out)
+    raise typer.Exit(0 if state == "succeeded" else 1)
+
+
+def _run(loaded, db: str | None, backend_name: str, interval: float, grace: float,  # type: ignore[no-untyped-def]
+         cpus: float | None, json_out: bool) -> str:
+    from rich.live import Live
+
+    from trainmaster.cli.view import event_line, render_status
+    from trainmaster.controller import Controller
+    from trainmaster.store import repository as repo
+    from trainmaster.store.db import default_url, make_engine, session_factory
+
+    url = db or default_url()
+    sessions = session_factory(make_engine(url))
+    controller = Controller(sessions, make_backend(backend_name, cpus), url, interval=interval, grace=grace)
+    job_id = controller.submit(loaded)
+    console = Console(highlight=False)
+    stop = {"requested": False}
+
+    def request_stop(signum: int, _frame: object) -> None:
+        stop["requested"] = True
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+
+    def status() -> dict:  # type: ignore[type-arg]
+        with sessions() as session:
+            return repo.job_status(session, repo.load_job(session, job_id), events=200)
+
+    shown = {"events": 0}
+
+    def print_new_events() -> None:
+        events = status()["events"]
+        for ev in events[shown["events"]:]:
+            print(event_line(ev), flush=True)
+        shown["events"] = len(events)
+
+    if console.is_terminal and not json_out:
+        with Live(render_status(status()), console=console, refresh_per_second=4) as live:
+            state = controller.run_job(job_id, on_tick=lambda: live.update(render_status(status())),
+                                       should_cancel=lambda: stop["requested"])
+    else:
+        state = controller.run_job(job_id, on_tick=None if json_out else print_new_events,
+                                   should_cancel=lambda: stop["requested"])
+    final = status()
+    if json_out:
+        print(json.dumps(final, indent=2))
+    else:
+        if not console.is_terminal:
+            print_new_events()
+        _print_result(console, final)
+    return state
+
+
+def _print_result(console: Console, final: dict) -> None:  # type: ignore[type-arg]
+    console.print(f"job {final['name']} (id {final['id']}) {final['state']}: {final['message']}")
+    metrics = Path(final["runDir"]) / "output" / "metrics.json"
+    if metrics.is_file():
+        console.print(f"result: {metrics.read_text().strip()}")
+    for inst in final["instances"]:
+        if inst["state"] == "failed" and inst["logPath"] and Path(inst["logPath"]).is_file():
+            tail = Path(inst["logPath"]).read_text(errors="replace").splitlines()[-5:]
+            console.print(f"last lines of {inst['role']}-{inst['index']} ({inst['logPath']}):")
+            for line in tail:
+                console.print(f"  {line}", markup=False)
+    console.print(f"logs: {final['runDir']}/logs")
 
 
 def register(app: typer.Typer) -> None:
     """Add the job verbs to the top-level app."""
+    app.command()(validate)
+    app.command()(run)

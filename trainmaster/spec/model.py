@@ -84,8 +84,11 @@ class DependencyCondition(str, Enum):
 
 
 class Dependency(SpecModel):
+    """Wait, before running the role's code, until every instance of ``role`` meets ``condition``."""
+
     role: str
     condition: DependencyCondition = DependencyCondition.RUNNING
+    timeout_seconds: Annotated[float, Field(gt=0)] = 600.0
 
 
 _MEMORY_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
@@ -105,10 +108,13 @@ def parse_memory(value: str | int | float) -> int:
 
 
 class Resources(SpecModel):
-    """What one instance needs; the controller admits a job only when its gang fits."""
+    """What one instance requests; the controller admits a job only when its gang fits.
 
-    cpu: Annotated[float, Field(ge=0)] = 1.0
-    memory: str | int = "256Mi"
+    Like Kubernetes requests, nothing is requested unless stated, so small jobs run anywhere.
+    """
+
+    cpu: Annotated[float, Field(ge=0)] = 0.0
+    memory: str | int = 0
     gpu: Annotated[int, Field(ge=0)] = 0
 
     @field_validator("memory")

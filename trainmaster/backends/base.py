@@ -1,0 +1,110 @@
+"""The Backend protocol: instance-level operations the controller needs from any engine.
+
+The controller owns all decisions (when to start, restart, stop); a backend only places,
+starts, observes and stops single instances, and reports each one's address. Every backend
+passes the same behavioural suite (``tests/backends``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What a backend can hold at once (CPUs, bytes of memory, GPUs)."""
+
+    cpu: float
+    memory: int
+    gpu: int = 0
+
+    def fits(self, cpu: float, memory: int, gpu: int = 0) -> bool:
+        return cpu <= self.cpu + 1e-9 and memory <= self.memory and gpu <= self.gpu
+
+    def minus(self, cpu: float, memory: int, gpu: int = 0) -> Capacity:
+        return Capacity(self.cpu - cpu, self.memory - memory, self.gpu - gpu)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where an instance will run: its host and the ports reserved for it there."""
+
+    host: str
+    ports: list[int]
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.ports[0]}" if self.ports else self.host
+
+
+@dataclass
+class LaunchRequest:
+    """Everything needed to start one attempt of one instance."""
+
+    job_id: int
+    job_name: str
+    role: str
+    index: int
+    attempt: int
+    placement: Placement
+    launch_file: str  # the JSON the instance runtime reads (see trainmaster.runtime.launch)
+    instance_dir: str
+    log_path: str
+    cwd: str | None = None
+    resources: dict[str, Any] = field(default_factory=dict)
+    gated: bool = False  # has dependencies: running only once its wait step has passed
+
+
+class Phase(str, Enum):
+    STARTING = "starting"  # process exists, still in its dependency wait step
+    RUNNING = "running"
+    EXITED = "exited"
+    LOST = "lost"  # the backend cannot find it any more (host down, process vanished)
+
+
+@dataclass(frozen=True)
+class Observation:
+    phase: Phase
+    exit_code: int | None = None
+    reason: str = ""
+    message: str = ""
+
+
+class Backend(ABC):
+    """A place where instances run."""
+
+    name: str = ""
+
+    @abstractmethod
+    def capacity(self) -> Capacity:
+        """Total resources of the backend (admission compares requests against it)."""
+
+    @abstractmethod
+    def place(self, ports: int, resources: dict[str, Any]) -> Placement:
+        """Choose where a new instance goes and reserve its ports."""
+
+    @abstractmethod
+    def start(self, request: LaunchRequest) -> dict[str, Any]:
+        """Start one attempt; return a JSON-able handle that identifies it safely."""
+
+    @abstractmethod
+    def poll(self, handle: dict[str, Any]) -> Observation:
+        """The instance's phase now."""
+
+    @abstractmethod
+    def stop(self, handles: list[dict[str, Any]], grace: float) -> None:
+        """Stop instances: ask politely, then force after ``grace`` seconds."""
+
+    @abstractmethod
+    def release(self, placement: Placement) -> None:
+        """Free a placement's reservations (ports) once its instance has ended."""
+
+    def adopt(self, handle: dict[str, Any]) -> bool:
+        """Re-attach to an instance started by an earlier controller; False if it is gone."""
+        return self.poll(handle).phase in (Phase.STARTING, Phase.RUNNING)
+
+    def close(self) -> None:
+        """Release backend-wide resources."""

@@ -1,0 +1,177 @@
+"""The local backend: every instance is a subprocess of this machine, in its own process group.
+
+Each attempt runs the instance runtime (``python -m trainmaster.runtime.launch``), which waits
+for dependencies, runs the role's command, and records the exit code in the instance folder,
+so a restarted controller learns how an instance it did not spawn ended. A handle names the
+process by pid *and* start time, so a recycled pid is never mistaken for our instance.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from trainmaster.backends.base import Backend, Capacity, LaunchRequest, Observation, Phase, Placement
+from trainmaster.runtime.files import InstanceFiles
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def __init__(self, capacity: Capacity | None = None, host: str = "127.0.0.1"):
+        self._capacity = capacity or Capacity(
+            cpu=float(os.cpu_count() or 1), memory=psutil.virtual_memory().total, gpu=0)
+        self._host = host
+        self._reserved: set[int] = set()
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+
+    def capacity(self) -> Capacity:
+        return self._capacity
+
+    def place(self, ports: int, resources: dict[str, Any]) -> Placement:
+        return Placement(self._host, [self._free_port() for _ in range(ports)])
+
+    def _free_port(self) -> int:
+        """A port the OS says is free and that no other live instance of ours holds."""
+        for _ in range(100):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind((self._host, 0))
+                port = sock.getsockname()[1]
+            if port not in self._reserved:
+                self._reserved.add(port)
+                return port
+        raise RuntimeError("could not find a free port after 100 tries")
+
+    def release(self, placement: Placement) -> None:
+        self._reserved.difference_update(placement.ports)
+
+    def start(self, request: LaunchRequest) -> dict[str, Any]:
+        files = InstanceFiles(request.instance_dir)
+        files.reset_attempt()
+        log_path = Path(request.log_path)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            log.write(f"--- attempt {request.attempt} of {request.role}-{request.index} "
+                      f"at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
+            log.flush()
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "trainmaster.runtime.launch", request.launch_file],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                cwd=request.cwd or None, start_new_session=True, close_fds=True,
+            )
+        self._children[proc.pid] = proc
+        return {"backend": self.name, "pid": proc.pid, "create_time": _create_time(proc.pid),
+                "instance_dir": request.instance_dir, "gated": request.gated,
+                "host": request.placement.host, "ports": request.placement.ports}
+
+    def _alive(self, handle: dict[str, Any]) -> bool | None:
+        """True/False for a process we can judge; exit handled through the Popen for children."""
+        pid = handle["pid"]
+        try:
+            proc = psutil.Process(pid)
+            if abs(proc.create_time() - handle["create_time"]) > 0.01:
+                return False  # the pid was recycled: our instance is gone
+            return proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    def poll(self, handle: dict[str, Any]) -> Observation:
+        files = InstanceFiles(handle["instance_dir"])
+        child = self._children.get(handle["pid"])
+        if child is not None:
+            code = child.poll()
+            alive = code is None
+            if not alive:
+                del self._children[handle["pid"]]
+        else:
+            alive = bool(self._alive(handle))
+            code = None
+        if alive:
+            if handle.get("gated") and not files.ready.exists():
+                return Observation(Phase.STARTING, reason="WaitingForDependencies")
+            return Observation(Phase.RUNNING)
+        recorded = files.read_exit_code()
+        code = recorded if recorded is not None else code
+        reason, message = files.read_reason()
+        if code is None:
+            return Observation(Phase.LOST, reason="Lost", message="the process vanished without an exit code")
+        return Observation(Phase.EXITED, exit_code=code, reason=reason, message=message)
+
+    def stop(self, handles: list[dict[str, Any]], grace: float) -> None:
+        live = [h for h in handles if self.poll(h).phase in (Phase.STARTING, Phase.RUNNING)]
+        for handle in live:
+            _signal_group(handle["pid"], signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for handle in live:
+            if not self._wait_gone(handle, deadline):
+                _signal_group(handle["pid"], signal.SIGKILL)
+                self._wait_gone(handle, time.monotonic() + 5)
+
+    def _wait_gone(self, handle: dict[str, Any], deadline: float) -> bool:
+        child = self._children.get(handle["pid"])
+        remaining = max(0.0, deadline - time.monotonic())
+        if child is not None:
+            try:
+                child.wait(timeout=remaining)
+                return _group_gone(handle["pid"], deadline)
+            except subprocess.TimeoutExpired:
+                return False
+        try:
+            psutil.Process(handle["pid"]).wait(timeout=remaining)
+        except psutil.NoSuchProcess:
+            pass
+        except psutil.TimeoutExpired:
+            return False
+        return _group_gone(handle["pid"], deadline)
+
+    def close(self) -> None:
+        for proc in self._children.values():
+            proc.poll()
+
+
+def _create_time(pid: int) -> float:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
+        return 0.0
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a non-zombie process of the group is left (zombies wait for their reaper)."""
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return False
+
+
+def _group_gone(pgid: int, deadline: float) -> bool:
+    """Wait (sleeping, not spinning) until no live process of the group is left."""
+    delay = 0.01
+    while _group_alive(pgid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(delay)
+        delay = min(delay * 2, 0.2)
+    return True

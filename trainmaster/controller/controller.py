@@ -1,0 +1,392 @@
+"""The controller: queue, gang admission, instances per role, restarts, reconcile, status roll-up.
+
+One reconcile pass (:meth:`Controller.step`) walks every active job in queue order and moves
+it towards its spec: observe instances, apply restart policies, create missing and delete
+surplus instances, start pending ones, roll states up, finish ended jobs. All state lives in
+the store, so a controller started over an existing store simply carries on.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from trainmaster.backends.base import Backend, Capacity, LaunchRequest, Observation, Phase, Placement
+from trainmaster.controller import restart, scaling
+from trainmaster.controller.admission import admit
+from trainmaster.runtime.files import InstanceFiles
+from trainmaster.spec.load import LoadedJob
+from trainmaster.spec.model import Job, Role
+from trainmaster.spec.states import (INSTANCE_TERMINAL, JOB_TERMINAL, InstanceState, JobState,
+                                     check_transition)
+from trainmaster.spec.status import RoleSummary, Verdict, job_state, role_state
+from trainmaster.store import repository as repo
+from trainmaster.store.db import home
+from trainmaster.store.models import InstanceRow, JobRow, RoleRow, utcnow
+
+I = InstanceState
+LIVE = (I.STARTING.value, I.RUNNING.value, I.UNKNOWN.value, I.TERMINATING.value)
+INTERPRETERS = ("python", "python3", "python3.11")
+
+
+def resolve_argv(argv: list[str]) -> list[str]:
+    """``python ...`` runs with the interpreter Trainmaster runs under, so jobs see its packages."""
+    if argv and argv[0] in INTERPRETERS:
+        return [sys.executable, *argv[1:]]
+    return list(argv)
+
+
+class Controller:
+    def __init__(self, sessions: sessionmaker[Session], backend: Backend, db_url: str, *,
+                 interval: float = 1.0, grace: float = 5.0, runs_dir: Path | None = None):
+        self.sessions = sessions
+        self.backend = backend
+        self.db_url = db_url
+        self.interval = interval
+        self.grace = grace
+        self.runs_dir = runs_dir or home() / "runs"
+        self._lock = threading.RLock()  # one reconcile pass at a time (the server has threads)
+
+    # ---- queue -------------------------------------------------------------------------------
+    def submit(self, loaded: LoadedJob) -> int:
+        """Store a validated job in the queue; returns its id."""
+        job = loaded.job
+        with self.sessions() as session:
+            row = JobRow(uid=uuid.uuid4().hex, name=job.name, spec=job.dump(), queue=job.spec.scheduling.queue,
+                         priority=job.spec.scheduling.priority, backend=self.backend.name)
+            session.add(row)
+            session.flush()
+            row.run_dir = str((self.runs_dir / f"{row.id}-{job.name}").resolve())
+            if job.spec.output:
+                row.output_path = str(Path(job.spec.output.path).expanduser().resolve())
+            for position, role in enumerate(job.spec.roles):
+                session.add(RoleRow(job_id=row.id, name=role.name, position=position, replicas=role.replicas))
+            repo.add_event(session, row.id, "job", "Submitted", f"job {job.name} queued in '{row.queue}'")
+            for path in loaded.ignored:
+                repo.add_event(session, row.id, "job", "FieldIgnored", path, "Warning")
+            session.commit()
+            return row.id
+
+    def cancel(self, job_id: int) -> None:
+        with self.sessions() as session:
+            row = repo.load_job(session, job_id)
+            if not repo.is_terminal(row.state):
+                row.cancel_requested = True
+                repo.add_event(session, job_id, "job", "CancelRequested", "cancellation requested")
+                session.commit()
+
+    def scale(self, job_id: int, role_name: str, replicas: int) -> None:
+        """Change a role's desired replica count; the next reconcile pass acts on it."""
+        with self.sessions() as session:
+            row = repo.load_job(session, job_id)
+            spec = Job.model_validate(row.spec)
+            spec.spec.role(role_name).replicas = replicas
+            row.spec = spec.dump()
+            next(r for r in row.roles if r.name == role_name).replicas = replicas
+            repo.add_event(session, job_id, f"role/{role_name}", "Scaled", f"desired replicas set to {replicas}")
+            session.commit()
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def step(self) -> None:
+        """One reconcile pass over every active job, in queue order."""
+        with self._lock, self.sessions() as session:
+            free = self._free_capacity(session)
+            for job_id in repo.active_job_ids(session):
+                free = self._reconcile(session, repo.load_job(session, job_id), free)
+                session.commit()
+
+    def run_job(self, job_id: int, on_tick: Callable[[], None] | None = None,
+                should_cancel: Callable[[], bool] | None = None) -> str:
+        """Reconcile until ``job_id`` ends; returns its final state."""
+        while True:
+            if should_cancel and should_cancel():
+                self.cancel(job_id)
+            self.step()
+            if on_tick:
+                on_tick()
+            with self.sessions() as session:
+                state = repo.load_job(session, job_id).state
+            if JobState(state) in JOB_TERMINAL:
+                return state
+            time.sleep(self.interval)
+
+    def _free_capacity(self, session: Session) -> Capacity:
+        from sqlalchemy import select
+
+        total = self.backend.capacity()
+        rows = session.execute(select(InstanceRow.cpu, InstanceRow.memory)
+                               .join(JobRow, JobRow.id == InstanceRow.job_id)
+                               .where(InstanceRow.state.in_(LIVE), JobRow.backend == self.backend.name)).all()
+        return total.minus(sum(r[0] for r in rows), sum(r[1] for r in rows))
+
+    # ---- one job -----------------------------------------------------------------------------
+    def _reconcile(self, session: Session, job: JobRow, free: Capacity) -> Capacity:
+        spec = Job.model_validate(job.spec)
+        if job.cancel_requested:
+            return self._finish(session, job, spec, Verdict(JobState.CANCELLED, "Cancelled",
+                                                            "cancelled by the user"), free)
+        if not job.admitted:
+            decision = admit(spec, self.backend.capacity(), free)
+            if not decision.admitted:
+                if decision.unschedulable:
+                    return self._finish(session, job, spec, Verdict(JobState.FAILED, "Unschedulable",
+                                                                    decision.message), free)
+                self._set_job_state(session, job, Verdict(JobState.PENDING, "Pending", decision.message))
+                return free
+            job.admitted = True
+            repo.add_event(session, job.id, "job", "Admitted", decision.message)
+        free = self._observe(session, job, spec, free)
+        free = self._scale(session, job, spec, free)
+        free = self._start_pending(session, job, spec, free)
+        verdict = self._roll_up(session, job, spec)
+        if verdict.state in JOB_TERMINAL:
+            return self._finish(session, job, spec, verdict, free)
+        self._set_job_state(session, job, verdict)
+        return free
+
+    def _observe(self, session: Session, job: JobRow, spec: Job, free: Capacity) -> Capacity:
+        for inst in job.instances:
+            if inst.state not in LIVE or not inst.handle:
+                continue
+            obs = self.backend.poll(inst.handle)
+            if obs.phase == Phase.RUNNING and inst.state in (I.STARTING.value, I.UNKNOWN.value):
+                self._mark_running(session, job, inst)
+            elif obs.phase == Phase.STARTING and obs.reason and inst.reason != obs.reason:
+                inst.reason, inst.message = obs.reason, "in its dependency wait step"
+            elif obs.phase in (Phase.EXITED, Phase.LOST):
+                free = self._on_exit(session, job, spec.spec.role(inst.role), inst, obs, free)
+        return free
+
+    def _mark_running(self, session: Session, job: JobRow, inst: InstanceRow) -> None:
+        self._set_instance_state(inst, I.RUNNING)
+        inst.running_at, inst.reason, inst.message = utcnow(), "Running", ""
+        repo.register_address(session, job.id, inst.role, inst.index, inst.address or "")
+
+    def _on_exit(self, session: Session, job: JobRow, role: Role, inst: InstanceRow, obs: Observation,
+                 free: Capacity) -> Capacity:
+        code = obs.exit_code if obs.exit_code is not None else -1
+        free = self._release(session, job, inst, free)
+        inst.exit_code, inst.ended_at = code, utcnow()
+        self._set_instance_state(inst, I.SUCCEEDED if code == 0 else I.FAILED)
+        why = f" ({obs.reason}: {obs.message})" if obs.reason else ""
+        decision = restart.decide(role.restart_policy, code, inst.restarts)
+        obj = f"instance/{inst.label}"
+        if decision.restart:
+            inst.restarts += 1
+            self._set_instance_state(inst, I.PENDING)
+            inst.next_start_at = utcnow() + timedelta(seconds=decision.delay)
+            inst.reason, inst.message = "BackOff", f"restart {inst.restarts} in {decision.delay:g}s"
+            repo.add_event(session, job.id, obj, "Restarting",
+                           f"{inst.label} exited with code {code}{why}; restart {inst.restarts} of "
+                           f"{role.restart_policy.max_restarts} in {decision.delay:g}s "
+                           f"(restartPolicy {role.restart_policy.policy.value})",
+                           "Normal" if code == 0 else "Warning")
+        elif code == 0:
+            inst.reason, inst.message = "Completed", "exited with code 0"
+            repo.add_event(session, job.id, obj, "Succeeded", f"{inst.label} exited with code 0")
+        else:
+            reason = obs.reason or ("RestartsExhausted" if decision.exhausted else "Failed")
+            if decision.exhausted:
+                message = (f"{inst.label} exited with code {code}{why} and has used all "
+                           f"{role.restart_policy.max_restarts} restarts")
+            else:
+                message = (f"{inst.label} exited with code {code}{why}; restartPolicy "
+                           f"{role.restart_policy.policy.value} does not restart it")
+            inst.reason, inst.message = reason, message
+            repo.add_event(session, job.id, obj, "RestartsExhausted" if decision.exhausted else "Failed",
+                           message, "Warning")
+        return free
+
+    def _release(self, session: Session, job: JobRow, inst: InstanceRow, free: Capacity) -> Capacity:
+        """Give back an ended instance's ports, registry entry and resources."""
+        self.backend.release(Placement(inst.host or "", list(inst.ports or [])))
+        repo.unregister_address(session, job.id, inst.role, inst.index)
+        return free.minus(-inst.cpu, -inst.memory)
+
+    def _scale(self, session: Session, job: JobRow, spec: Job, free: Capacity) -> Capacity:
+        for role in spec.spec.roles:
+            rows = [i for i in job.instances if i.role == role.name]
+            members = [scaling.Member(i.id, i.index, i.state, i.started_at)
+                       for i in rows if i.state != I.STOPPED.value]
+            for index in scaling.missing_indices(members, role.replicas):
+                reuse = next((i for i in rows if i.index == index and i.state == I.STOPPED.value), None)
+                if reuse is None:
+                    reuse = InstanceRow(job_id=job.id, role=role.name, index=index, attempt=0, restarts=0, ports=[])
+                    job.instances.append(reuse)
+                reuse.state, reuse.handle, reuse.next_start_at = I.PENDING.value, None, None
+                reuse.cpu, reuse.memory = role.resources.cpu, role.resources.memory_bytes
+                reuse.reason, reuse.message = "Created", ""
+            victims = {m.key for m in scaling.surplus(members, role.replicas)}
+            doomed = [i for i in rows if i.id in victims]
+            if doomed:
+                free = self._stop_instances(session, job, doomed, free)
+                for inst in doomed:
+                    repo.add_event(session, job.id, f"instance/{inst.label}", "ScaledDown",
+                                   f"deleted {inst.label} (role {role.name} wants {role.replicas})")
+        return free
+
+    def _stop_instances(self, session: Session, job: JobRow, instances: list[InstanceRow],
+                        free: Capacity) -> Capacity:
+        live = [i for i in instances if i.state in LIVE and i.handle]
+        for inst in live:
+            self._set_instance_state(inst, I.TERMINATING)
+        self.backend.stop([i.handle for i in live if i.handle], self.grace)
+        for inst in instances:
+            if inst.state in LIVE:
+                free = self._release(session, job, inst, free)
+                inst.ended_at = utcnow()
+                code = self.backend.poll(inst.handle).exit_code if inst.handle else None
+                inst.exit_code = code
+            if inst.state not in (I.SUCCEEDED.value, I.FAILED.value):
+                self._set_instance_state(inst, I.STOPPED)  # from pending or terminating
+        return free
+
+    def _start_pending(self, session: Session, job: JobRow, spec: Job, free: Capacity) -> Capacity:
+        now = utcnow()
+        order = {r.name: n for n, r in enumerate(_dependency_order(spec))}
+        pending = sorted((i for i in job.instances if i.state == I.PENDING.value),
+                         key=lambda i: (order[i.role], i.index))
+        for inst in pending:
+            if inst.next_start_at and _aware(inst.next_start_at) > now:
+                continue
+            if not free.fits(inst.cpu, inst.memory):
+                if inst.reason != "Unschedulable":
+                    inst.reason, inst.message = "Unschedulable", "waiting for free resources"
+                continue
+            self._start(session, job, spec, inst)
+            free = free.minus(inst.cpu, inst.memory)
+        return free
+
+    def _start(self, session: Session, job: JobRow, spec: Job, inst: InstanceRow) -> None:
+        role = spec.spec.role(inst.role)
+        placement = self.backend.place(role.ports, role.resources.dump())
+        run_dir = Path(job.run_dir)
+        files = InstanceFiles(run_dir / "instances" / inst.label)
+        output_dir = run_dir / "output"
+        output_dir.mkdir(parents=True, exist_ok=True)
+        context = {"job_name": job.name, "role": role.name, "index": inst.index, "replicas": role.replicas,
+                   "role_replicas": {r.name: r.replicas for r in spec.spec.roles},
+                   "host": placement.host, "ports": placement.ports,
+                   "params": spec.spec.framework_params, "output_dir": str(output_dir)}
+        depends = [{"role": d.role, "condition": d.condition.value, "timeout": d.timeout_seconds,
+                    "replicas": spec.spec.role(d.role).replicas} for d in role.depends_on]
+        launch: dict[str, Any] = {
+            "argv": resolve_argv([*(role.command or []), *role.args]),
+            "cwd": role.working_dir, "env": dict(os.environ), "role_env": role.env,
+            "depends": depends, "db_url": self.db_url, "job_id": job.id,
+            "framework": spec.spec.framework, "context": context,
+        }
+        if not depends:
+            from trainmaster.runtime.environment import instance_environment
+
+            launch["env"] = instance_environment(launch, {})
+        files.write_launch(launch)
+        inst.attempt += 1
+        inst.host, inst.ports, inst.address = placement.host, placement.ports, placement.address
+        inst.log_path = str(run_dir / "logs" / f"{inst.label}.log")
+        request = LaunchRequest(job_id=job.id, job_name=job.name, role=role.name, index=inst.index,
+                                attempt=inst.attempt, placement=placement, launch_file=str(files.launch),
+                                instance_dir=str(files.dir), log_path=inst.log_path, cwd=role.working_dir,
+                                resources=role.resources.dump(), gated=bool(depends))
+        inst.handle = self.backend.start(request)
+        inst.pid = inst.handle.get("pid")
+        inst.exit_code, inst.ended_at, inst.next_start_at = None, None, None
+        inst.started_at = utcnow()
+        self._set_instance_state(inst, I.STARTING)
+        inst.reason = "WaitingForDependencies" if depends else "Started"
+        inst.message = f"waiting for {', '.join(d['role'] for d in depends)}" if depends else ""
+        repo.add_event(session, job.id, f"instance/{inst.label}", "Started",
+                       f"attempt {inst.attempt} on {placement.address}"
+                       + (f"; waiting for {', '.join(d['role'] for d in depends)}" if depends else ""))
+        if not depends:
+            self._mark_running(session, job, inst)
+
+    # ---- status ------------------------------------------------------------------------------
+    def _roll_up(self, session: Session, job: JobRow, spec: Job) -> Verdict:
+        summaries: dict[str, RoleSummary] = {}
+        for role_row, role in zip(job.roles, spec.spec.roles):
+            states = [I(i.state) for i in job.instances if i.role == role.name and i.state != I.STOPPED.value]
+            counts: Counter[InstanceState] = Counter(states)
+            verdict = role_state(role.status_policy, counts, role.replicas)
+            role_row.counts = {s.value: counts[s] for s in I if s != I.STOPPED}
+            role_row.replicas = role.replicas
+            if role_row.state != verdict.state.value:
+                role_row.last_transition_at = utcnow()
+                repo.add_event(session, job.id, f"role/{role.name}", verdict.reason, verdict.message,
+                               "Warning" if verdict.state == JobState.FAILED else "Normal")
+            role_row.state, role_row.reason, role_row.message = verdict.state.value, verdict.reason, verdict.message
+            summaries[role.name] = RoleSummary(verdict.state, counts)
+        verdict = job_state(spec.spec.status_policy, summaries)
+        if verdict.state == JobState.PENDING and job.admitted:
+            verdict = Verdict(JobState.STARTING, "Starting", "admitted; starting instances")
+        return verdict
+
+    def _set_job_state(self, session: Session, job: JobRow, verdict: Verdict) -> None:
+        new = verdict.state.value
+        if job.state != new:
+            check_transition("job", job.state, new)
+            job.last_transition_at = utcnow()
+            if verdict.state == JobState.STARTING and job.started_at is None:
+                job.started_at = utcnow()
+            if verdict.state == JobState.RUNNING and job.running_at is None:
+                job.running_at = utcnow()
+            repo.add_event(session, job.id, "job", verdict.reason, verdict.message,
+                           "Warning" if verdict.state in (JobState.FAILED, JobState.CANCELLED) else "Normal")
+        elif job.reason != verdict.reason or job.message != verdict.message:
+            last = repo.last_event(session, job.id, "job")
+            if last is None or last.message != verdict.message:
+                repo.add_event(session, job.id, "job", verdict.reason, verdict.message)
+        job.state, job.reason, job.message = new, verdict.reason, verdict.message
+
+    @staticmethod
+    def _set_instance_state(inst: InstanceRow, state: InstanceState) -> None:
+        check_transition("instance", inst.state, state.value)
+        inst.state = state.value
+
+    def _finish(self, session: Session, job: JobRow, spec: Job, verdict: Verdict, free: Capacity) -> Capacity:
+        """End a job: stop its instances, keep logs, store outputs on success, clean the registry."""
+        free = self._stop_instances(session, job, [i for i in job.instances if i.state not in INSTANCE_TERMINAL],
+                                    free)
+        for role_row in job.roles:
+            if JobState(role_row.state) not in JOB_TERMINAL:
+                role_row.state, role_row.reason = JobState.CANCELLED.value, "StoppedAtJobEnd"
+                role_row.message, role_row.last_transition_at = f"stopped: the job {verdict.state.value}", utcnow()
+        repo.clear_registry(session, job.id)
+        if verdict.state == JobState.SUCCEEDED and job.output_path:
+            source = Path(job.run_dir) / "output"
+            shutil.copytree(source, job.output_path, dirs_exist_ok=True)
+            repo.add_event(session, job.id, "job", "OutputStored", f"outputs copied to {job.output_path}")
+        self._set_job_state(session, job, verdict)
+        job.completed_at = utcnow()
+        return free
+
+
+def _dependency_order(spec: Job) -> list[Role]:
+    """Roles with no dependencies first, then each role after those it depends on."""
+    done: list[Role] = []
+    names: set[str] = set()
+    remaining = list(spec.spec.roles)
+    while remaining:
+        ready = [r for r in remaining if all(d.role in names for d in r.depends_on)] or remaining[:1]
+        for role in ready:
+            done.append(role)
+            names.add(role.name)
+            remaining.remove(role)
+    return done
+
+
+def _aware(moment: datetime) -> datetime:
+    """SQLite returns naive datetimes; everything we store is UTC."""
+    from datetime import timezone
+
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)

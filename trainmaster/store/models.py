@@ -1,0 +1,133 @@
+"""SQLAlchemy 2 models of everything the controller knows: jobs, roles, instances, events, registry."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class JobRow(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    uid: Mapped[str] = mapped_column(String(32), unique=True)
+    name: Mapped[str] = mapped_column(String(63), index=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)  # the defaulted trainmaster/v1 Job
+    state: Mapped[str] = mapped_column(String(16), index=True, default="pending")
+    reason: Mapped[str] = mapped_column(String(64), default="")
+    message: Mapped[str] = mapped_column(Text, default="")
+    queue: Mapped[str] = mapped_column(String(63), default="default")
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    backend: Mapped[str] = mapped_column(String(16), default="local")
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    admitted: Mapped[bool] = mapped_column(Boolean, default=False)
+    run_dir: Mapped[str] = mapped_column(Text, default="")
+    output_path: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    running_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    completed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    last_transition_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    roles: Mapped[list[RoleRow]] = relationship(back_populates="job", cascade="all, delete-orphan",
+                                                order_by="RoleRow.position")
+    instances: Mapped[list[InstanceRow]] = relationship(back_populates="job", cascade="all, delete-orphan",
+                                                        order_by="InstanceRow.id")
+    events: Mapped[list[EventRow]] = relationship(back_populates="job", cascade="all, delete-orphan",
+                                                  order_by="EventRow.id")
+
+
+class RoleRow(Base):
+    __tablename__ = "roles"
+    __table_args__ = (UniqueConstraint("job_id", "name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(63))
+    position: Mapped[int] = mapped_column(Integer, default=0)
+    replicas: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16), default="pending")
+    reason: Mapped[str] = mapped_column(String(64), default="")
+    message: Mapped[str] = mapped_column(Text, default="")
+    counts: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    last_transition_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    job: Mapped[JobRow] = relationship(back_populates="roles")
+
+
+class InstanceRow(Base):
+    """One run slot of a role: ``(job, role, index)``; ``attempt`` counts its starts.
+
+    A restart reuses the row (attempt + 1), so one replica index never has two live copies.
+    """
+
+    __tablename__ = "instances"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    role: Mapped[str] = mapped_column(String(63))
+    index: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16), default="pending", index=True)
+    reason: Mapped[str] = mapped_column(String(64), default="")
+    message: Mapped[str] = mapped_column(Text, default="")
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    restarts: Mapped[int] = mapped_column(Integer, default=0)
+    handle: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # backend's identity
+    pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    host: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    ports: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    address: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    log_path: Mapped[str | None] = mapped_column(Text, nullable=True)
+    cpu: Mapped[float] = mapped_column(Float, default=0.0)
+    memory: Mapped[int] = mapped_column(Integer, default=0)
+    next_start_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    running_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+    job: Mapped[JobRow] = relationship(back_populates="instances")
+
+    @property
+    def label(self) -> str:
+        return f"{self.role}-{self.index}"
+
+
+class EventRow(Base):
+    __tablename__ = "events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    object: Mapped[str] = mapped_column(String(128))  # "job", "role/master", "instance/worker-1"
+    type: Mapped[str] = mapped_column(String(16), default="Normal")  # Normal | Warning
+    reason: Mapped[str] = mapped_column(String(64))
+    message: Mapped[str] = mapped_column(Text, default="")
+    time: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    job: Mapped[JobRow] = relationship(back_populates="events")
+
+
+class RegistryRow(Base):
+    """The address registry (the source's cache server): where each running instance listens."""
+
+    __tablename__ = "registry"
+    __table_args__ = (UniqueConstraint("job_id", "role", "index"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    role: Mapped[str] = mapped_column(String(63))
+    index: Mapped[int] = mapped_column(Integer)
+    address: Mapped[str] = mapped_column(String(255))
+    registered_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

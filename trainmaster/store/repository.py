@@ -1,0 +1,113 @@
+"""Repository functions over the store: what the controller, the CLI and the server read and write."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session, selectinload
+
+from trainmaster.errors import UserError
+from trainmaster.spec.states import JOB_TERMINAL, JobState
+from trainmaster.store.models import EventRow, InstanceRow, JobRow, RegistryRow, RoleRow, utcnow
+
+
+def add_event(session: Session, job_id: int, obj: str, reason: str, message: str,
+              type_: str = "Normal") -> EventRow:
+    event = EventRow(job_id=job_id, object=obj, reason=reason, message=message, type=type_, time=utcnow())
+    session.add(event)
+    return event
+
+
+def last_event(session: Session, job_id: int, obj: str) -> EventRow | None:
+    return session.scalars(select(EventRow).where(EventRow.job_id == job_id, EventRow.object == obj)
+                           .order_by(EventRow.id.desc()).limit(1)).first()
+
+
+def load_job(session: Session, job_id: int) -> JobRow:
+    job = session.scalars(select(JobRow).where(JobRow.id == job_id).options(
+        selectinload(JobRow.roles), selectinload(JobRow.instances))).first()
+    if job is None:
+        raise UserError(f"no job with id {job_id}")
+    return job
+
+
+def find_job(session: Session, ref: str | int) -> JobRow:
+    """A job by id, uid, or name (the most recent job of that name)."""
+    text = str(ref)
+    query = select(JobRow)
+    if text.isdigit():
+        query = query.where(JobRow.id == int(text))
+    else:
+        query = query.where((JobRow.name == text) | (JobRow.uid == text)).order_by(JobRow.id.desc())
+    job = session.scalars(query.limit(1)).first()
+    if job is None:
+        raise UserError(f"no job '{ref}' (give a job name or id; `trainmaster list` shows them)")
+    return job
+
+
+def active_job_ids(session: Session) -> list[int]:
+    """Jobs not yet ended, highest priority first, then oldest first (the queue order)."""
+    rows = session.execute(select(JobRow.id).where(JobRow.state.not_in([s.value for s in JOB_TERMINAL]))
+                           .order_by(JobRow.priority.desc(), JobRow.created_at, JobRow.id)).all()
+    return [r[0] for r in rows]
+
+
+def register_address(session: Session, job_id: int, role: str, index: int, address: str) -> None:
+    row = session.scalars(select(RegistryRow).where(RegistryRow.job_id == job_id, RegistryRow.role == role,
+                                                    RegistryRow.index == index)).first()
+    if row is None:
+        session.add(RegistryRow(job_id=job_id, role=role, index=index, address=address))
+    else:
+        row.address, row.registered_at = address, utcnow()
+
+
+def unregister_address(session: Session, job_id: int, role: str, index: int) -> None:
+    session.execute(delete(RegistryRow).where(RegistryRow.job_id == job_id, RegistryRow.role == role,
+                                              RegistryRow.index == index))
+
+
+def clear_registry(session: Session, job_id: int) -> None:
+    session.execute(delete(RegistryRow).where(RegistryRow.job_id == job_id))
+
+
+def registry(session: Session, job_id: int) -> dict[str, list[str]]:
+    rows = session.scalars(select(RegistryRow).where(RegistryRow.job_id == job_id)
+                           .order_by(RegistryRow.role, RegistryRow.index)).all()
+    out: dict[str, list[str]] = {}
+    for row in rows:
+        out.setdefault(row.role, []).append(row.address)
+    return out
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+def job_status(session: Session, job: JobRow, events: int = 20) -> dict[str, Any]:
+    """Everything a user asks about a job, as plain data (the CLI table and the REST API use it)."""
+    recent = session.scalars(select(EventRow).where(EventRow.job_id == job.id)
+                             .order_by(EventRow.id.desc()).limit(events)).all()
+    return {
+        "id": job.id, "uid": job.uid, "name": job.name, "state": job.state,
+        "reason": job.reason, "message": job.message, "queue": job.queue, "priority": job.priority,
+        "backend": job.backend, "runDir": job.run_dir, "outputPath": job.output_path,
+        "createdAt": _iso(job.created_at), "startedAt": _iso(job.started_at),
+        "runningAt": _iso(job.running_at), "completedAt": _iso(job.completed_at),
+        "lastTransitionAt": _iso(job.last_transition_at),
+        "roles": [{"name": r.name, "replicas": r.replicas, "state": r.state, "reason": r.reason,
+                   "message": r.message, "counts": r.counts,
+                   "lastTransitionAt": _iso(r.last_transition_at)} for r in job.roles],
+        "instances": [{"role": i.role, "index": i.index, "state": i.state, "reason": i.reason,
+                       "message": i.message, "attempt": i.attempt, "restarts": i.restarts, "pid": i.pid,
+                       "address": i.address, "exitCode": i.exit_code, "logPath": i.log_path,
+                       "startedAt": _iso(i.started_at), "endedAt": _iso(i.ended_at)}
+                      for i in job.instances],
+        "events": [{"time": _iso(e.time), "object": e.object, "type": e.type, "reason": e.reason,
+                    "message": e.message} for e in reversed(recent)],
+    }
+
+
+def is_terminal(state: str) -> bool:
+    return JobState(state) in JOB_TERMINAL

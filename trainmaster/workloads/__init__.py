@@ -1,0 +1,1 @@
+"""Training programs shipped with Trainmaster for demos and examples (real training, small data)."""
