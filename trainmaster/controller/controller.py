@@ -336,7 +336,7 @@ class Controller:
         if job.state != new:
             check_transition("job", job.state, new)
             job.last_transition_at = utcnow()
-            if verdict.state == JobState.STARTING and job.started_at is None:
+            if verdict.state != JobState.PENDING and job.admitted and job.started_at is None:
                 job.started_at = utcnow()
             if verdict.state == JobState.RUNNING and job.running_at is None:
                 job.running_at = utcnow()

@@ -1,0 +1,99 @@
+"""Mechanism: the instance-level backend interface (create/place, start, poll, stop, address,
+adopt), the same behavioural suite for every backend (controller spec, 'Our product decisions')."""
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import PY, pids_alive
+from trainmaster.backends.base import Backend, LaunchRequest, Phase
+from trainmaster.backends.local import LocalBackend
+from trainmaster.runtime.files import InstanceFiles
+
+
+def backends() -> list:
+    return [pytest.param(LocalBackend, id="local")]
+
+
+@pytest.fixture(params=backends())
+def backend(request) -> Backend:
+    b = request.param()
+    yield b
+    b.close()
+
+
+def launch(backend: Backend, tmp_path: Path, code: str, name: str = "r", ports: int = 1) -> dict:
+    placement = backend.place(ports, {})
+    files = InstanceFiles(tmp_path / name)
+    files.write_launch({"argv": [PY, "-c", code], "cwd": None, "env": {"PATH": "/usr/bin:/bin"},
+                        "role_env": {}, "depends": [], "db_url": "", "job_id": 1, "framework": "command",
+                        "context": {}})
+    request = LaunchRequest(job_id=1, job_name="t", role=name, index=0, attempt=1, placement=placement,
+                            launch_file=str(files.launch), instance_dir=str(files.dir),
+                            log_path=str(tmp_path / f"{name}.log"))
+    return backend.start(request)
+
+
+def wait_phase(backend: Backend, handle: dict, phases: set, timeout: float = 20):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        obs = backend.poll(handle)
+        if obs.phase in phases:
+            return obs
+        time.sleep(0.05)
+    raise AssertionError(f"still {obs.phase}")
+
+
+def test_exit_codes_are_observed(backend: Backend, tmp_path: Path) -> None:
+    ok = launch(backend, tmp_path, "print('hi')", "ok")
+    bad = launch(backend, tmp_path, "raise SystemExit(7)", "bad")
+    assert wait_phase(backend, ok, {Phase.EXITED}).exit_code == 0
+    assert wait_phase(backend, bad, {Phase.EXITED}).exit_code == 7
+    assert "hi" in (tmp_path / "ok.log").read_text()
+
+
+def test_placement_reserves_distinct_ports(backend: Backend) -> None:
+    placements = [backend.place(3, {}) for _ in range(10)]
+    ports = [p for pl in placements for p in pl.ports]
+    assert len(ports) == len(set(ports)) == 30
+    assert placements[0].address == f"{placements[0].host}:{placements[0].ports[0]}"
+
+
+def test_stop_terminates_the_whole_process_group(backend: Backend, tmp_path: Path) -> None:
+    code = ("import subprocess, sys, time\n"
+            f"child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+            f"open('{tmp_path}/child', 'w').write(str(child.pid))\n"
+            "time.sleep(60)\n")
+    handle = launch(backend, tmp_path, code)
+    wait_phase(backend, handle, {Phase.RUNNING})
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "child").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int((tmp_path / "child").read_text())
+    backend.stop([handle], grace=2)
+    assert backend.poll(handle).phase in (Phase.EXITED, Phase.LOST)
+    assert pids_alive([handle["pid"], child]) == []
+
+
+def test_stop_escalates_to_sigkill(backend: Backend, tmp_path: Path) -> None:
+    code = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)\n"
+    handle = launch(backend, tmp_path, code)
+    wait_phase(backend, handle, {Phase.RUNNING})
+    time.sleep(0.3)  # let it install its handler
+    backend.stop([handle], grace=0.5)
+    assert pids_alive([handle["pid"]]) == []
+
+
+def test_a_new_backend_adopts_a_live_instance_by_pid_and_start_time(backend: Backend, tmp_path: Path) -> None:
+    handle = launch(backend, tmp_path, "import time; time.sleep(1)")
+    wait_phase(backend, handle, {Phase.RUNNING})
+    successor = type(backend)()  # as after a controller crash: not our child any more
+    assert successor.adopt(handle)
+    forged = json.loads(json.dumps(handle))
+    forged["create_time"] -= 100  # same pid, another process: must not be adopted
+    assert not successor.adopt(forged)
+    obs = wait_phase(successor, handle, {Phase.EXITED})
+    assert obs.exit_code == 0  # learnt from the instance runtime's exit record
+    backend.poll(handle)  # reap

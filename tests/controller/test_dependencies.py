@@ -1,0 +1,83 @@
+"""Mechanisms: dependencies between roles with the injected wait step, the address registry,
+and the per-role communication service (controller spec, steps 4 and 5)."""
+
+from conftest import Harness, events, job, py
+
+SERVER = ("import os, socket\n"
+          "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+          "s.bind(('127.0.0.1', int(os.environ['TM_PORT']))); s.listen()\n"
+          "for _ in range(3):\n"
+          "    c, _ = s.accept(); c.sendall(b'hello'); c.close()\n")
+CLIENT = ("import os, socket, time\n"
+          "host, port = os.environ['TM_SERVICE_SERVER'].split(',')[0].split(':')\n"
+          "for attempt in range(100):\n"
+          "    try:\n"
+          "        s = socket.create_connection((host, int(port))); break\n"
+          "    except OSError: time.sleep(0.1)\n"
+          "assert s.recv(5) == b'hello'\n")
+
+
+def test_clients_wait_for_the_server_address_and_connect(harness: Harness) -> None:
+    state, status = harness.run(job("svc", [
+        {"name": "server", "command": py(SERVER)},
+        {"name": "client", "replicas": 3, "command": py(CLIENT), "dependsOn": [{"role": "server"}]}]))
+    assert state == "succeeded", status["events"]
+    by_role = {}
+    for inst in status["instances"]:
+        by_role.setdefault(inst["role"], []).append(inst)
+    server = by_role["server"][0]
+    # The registry time of the server precedes the moment any client's command started.
+    for client in by_role["client"]:
+        assert client["state"] == "succeeded"
+    with harness.sessions() as session:
+        from sqlalchemy import select
+
+        from trainmaster.store.models import InstanceRow
+        rows = session.scalars(select(InstanceRow)).all()
+        server_running = next(r.running_at for r in rows if r.role == "server")
+        for r in rows:
+            if r.role == "client":
+                assert r.running_at >= server_running
+    assert server["address"].startswith("127.0.0.1:")
+
+
+def test_instances_see_tm_variables(harness: Harness, tmp_path) -> None:
+    out = tmp_path / "env"
+    out.mkdir()
+    code = ("import os, json\n"
+            f"open('{out}/' + os.environ['TM_ROLE'] + os.environ['TM_REPLICA_INDEX'], 'w').write("
+            "json.dumps({k: v for k, v in os.environ.items() if k.startswith('TM_')}))\n")
+    state, _ = harness.run(job("env", [
+        {"name": "ps", "ports": 2, "command": py(code + "import time; time.sleep(1)")},
+        {"name": "my-worker", "replicas": 2, "command": py(code), "dependsOn": [{"role": "ps"}]}]))
+    assert state == "succeeded"
+    import json
+    worker = json.loads((out / "my-worker1").read_text())
+    ps = json.loads((out / "ps0").read_text())
+    assert worker["TM_JOB_NAME"] == "env" and worker["TM_REPLICA_INDEX"] == "1" and worker["TM_REPLICAS"] == "2"
+    assert worker["TM_SERVICE_PS"] == f"127.0.0.1:{ps['TM_PORT']}"
+    assert len(ps["TM_PORTS"].split(",")) == 2 and ps["TM_PORTS"].startswith(ps["TM_PORT"])
+    assert "TM_OUTPUT_DIR" in worker and "TM_SERVICE_MY_WORKER" not in ps
+
+
+def test_succeeded_condition_waits_for_completion(harness: Harness, tmp_path) -> None:
+    marker = tmp_path / "prepared"
+    state, status = harness.run(job("stages", [
+        {"name": "prepare", "command": py(f"import time; time.sleep(0.5); open('{marker}', 'w').write('x')")},
+        {"name": "train", "command": py(f"import os; assert os.path.exists('{marker}')"),
+         "dependsOn": [{"role": "prepare", "condition": "Succeeded"}]}]))
+    assert state == "succeeded", status["events"]
+
+
+def test_dependency_timeout_fails_with_a_clear_reason(harness: Harness) -> None:
+    state, status = harness.run(job("stuck", [
+        {"name": "slow", "command": py("import time; time.sleep(30)")},
+        {"name": "after", "command": py("print('never')"),
+         "dependsOn": [{"role": "slow", "condition": "Succeeded", "timeoutSeconds": 1}]}]))
+    assert state == "failed"
+    after = next(i for i in status["instances"] if i["role"] == "after")
+    assert after["reason"] == "DependencyTimeout"
+    assert "waited 1s for role 'slow' (Succeeded)" in after["message"]
+    slow = next(i for i in status["instances"] if i["role"] == "slow")
+    assert slow["state"] == "stopped"  # the job ended: the rest was stopped
+    assert events(status, "Failed")

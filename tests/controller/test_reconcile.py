@@ -1,0 +1,111 @@
+"""Mechanisms: the reconcile (tuning) pass (spec step 8) and gang admission with queueing
+(spec steps 1 and 3): missing instances are recreated, surplus deleted failed-first then
+youngest; nothing of a job starts until its gang fits."""
+
+import time
+from datetime import datetime, timedelta, timezone
+
+from conftest import Harness, events, job, py
+from trainmaster.backends.base import Capacity
+from trainmaster.backends.local import LocalBackend
+from trainmaster.controller.scaling import Member, missing_indices, surplus
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def test_missing_indices_fill_the_lowest_gaps() -> None:
+    members = [Member(1, 0, "running", T0), Member(2, 2, "running", T0)]
+    assert missing_indices(members, 4) == [1, 3]
+    assert missing_indices(members, 2) == []
+
+
+def test_surplus_goes_failed_first_then_youngest() -> None:
+    members = [Member(1, 0, "running", T0), Member(2, 1, "running", T0 + timedelta(seconds=5)),
+               Member(3, 2, "failed", T0), Member(4, 3, "pending", None), Member(5, 4, "running", T0 + timedelta(seconds=9))]
+    assert [m.key for m in surplus(members, 4)] == [3]
+    assert [m.key for m in surplus(members, 2)] == [3, 4, 5]
+    assert [m.key for m in surplus(members, 1)] == [3, 4, 5, 2]
+
+
+def wait_until(harness: Harness, job_id: int, check, timeout: float = 20) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        harness.controller.step()
+        status = harness.status(job_id)
+        if check(status):
+            return status
+        time.sleep(0.1)
+    raise AssertionError(f"condition not reached: {status}")
+
+
+def running(status: dict, role: str) -> list[dict]:
+    return [i for i in status["instances"] if i["role"] == role and i["state"] == "running"]
+
+
+def test_reconcile_scales_up_and_down_and_recreates_missing(harness: Harness) -> None:
+    job_id = harness.submit(job("elastic", [{"name": "w", "replicas": 2, "command": py("import time; time.sleep(60)")}]))
+    wait_until(harness, job_id, lambda s: len(running(s, "w")) == 2)
+    harness.controller.scale(job_id, "w", 4)
+    status = wait_until(harness, job_id, lambda s: len(running(s, "w")) == 4)
+    assert sorted(i["index"] for i in running(status, "w")) == [0, 1, 2, 3]
+    harness.controller.scale(job_id, "w", 1)
+    status = wait_until(harness, job_id, lambda s: len(running(s, "w")) == 1)
+    assert running(status, "w")[0]["index"] == 0  # the oldest survives
+    assert len(events(status, "ScaledDown")) == 3
+    harness.controller.cancel(job_id)
+    assert harness.controller.run_job(job_id) == "cancelled"
+
+
+def test_gang_that_can_never_fit_is_unschedulable(tmp_path) -> None:
+    h = Harness(tmp_path, LocalBackend(Capacity(cpu=2, memory=2**30)))
+    state, status = h.run(job("big", [{"name": "w", "replicas": 3, "resources": {"cpu": 1},
+                                        "command": py("pass")}]))
+    assert state == "failed" and status["reason"] == "Unschedulable"
+    assert "exceeds the backend's total capacity" in status["message"]
+    assert status["instances"] == []  # nothing started
+
+
+def test_gang_waits_in_the_queue_until_resources_free(tmp_path) -> None:
+    h = Harness(tmp_path, LocalBackend(Capacity(cpu=2, memory=2**30)))
+    first = h.submit(job("first", [{"name": "w", "replicas": 2, "resources": {"cpu": 1},
+                                    "command": py("import time; time.sleep(1.5)")}]))
+    second = h.submit(job("second", [{"name": "w", "replicas": 2, "resources": {"cpu": 1},
+                                      "command": py("pass")}], scheduling={"minAvailable": 2}))
+    status = wait_until(h, second, lambda s: s["state"] == "pending" and "waiting for resources" in s["message"])
+    assert status["instances"] == []
+    assert h.status(first)["state"] in ("starting", "running")
+    assert h.controller.run_job(second) == "succeeded"
+    first_done = h.status(first)["completedAt"]
+    second_started = h.status(second)["startedAt"]
+    assert second_started >= first_done
+    assert any(e["reason"] == "Pending" for e in h.status(second)["events"])
+
+
+def test_higher_priority_jobs_are_admitted_first(tmp_path) -> None:
+    h = Harness(tmp_path, LocalBackend(Capacity(cpu=1, memory=2**30)))
+    low = h.submit(job("low", [{"name": "w", "resources": {"cpu": 1}, "command": py("pass")}],
+                       scheduling={"priorityClass": "low"}))
+    high = h.submit(job("high", [{"name": "w", "resources": {"cpu": 1}, "command": py("pass")}],
+                        scheduling={"priorityClass": "high"}))
+    h.controller.step()
+    assert h.status(high)["state"] != "pending" and h.status(low)["state"] == "pending"
+
+
+def test_cancel_stops_every_instance(harness: Harness) -> None:
+    from conftest import pids_alive
+    job_id = harness.submit(job("long", [{"name": "w", "replicas": 3, "command": py("import time; time.sleep(60)")}]))
+    status = wait_until(harness, job_id, lambda s: len(running(s, "w")) == 3)
+    pids = [i["pid"] for i in status["instances"]]
+    harness.controller.cancel(job_id)
+    assert harness.controller.run_job(job_id) == "cancelled"
+    assert pids_alive(pids) == []
+    assert {i["state"] for i in harness.status(job_id)["instances"]} == {"stopped"}
+
+
+def test_successful_job_stores_its_output(harness: Harness, tmp_path) -> None:
+    out = tmp_path / "artifacts"
+    state, status = harness.run(job("out", [{"name": "w", "command": py(
+        "import os; open(os.path.join(os.environ['TM_OUTPUT_DIR'], 'model.txt'), 'w').write('weights')")}],
+        output={"path": str(out)}))
+    assert state == "succeeded" and (out / "model.txt").read_text() == "weights"
+    assert events(status, "OutputStored")

@@ -1,0 +1,77 @@
+"""Mechanism: fault tolerance by restart policy, with restart limits and backoff (spec step 6)."""
+
+from pathlib import Path
+
+import pytest
+
+from conftest import Harness, events, job, py
+from trainmaster.controller.restart import decide
+from trainmaster.spec.model import RestartPolicy
+
+
+def flaky(counter: Path, failures: int) -> list[str]:
+    """A command that fails its first ``failures`` runs."""
+    return py(f"import pathlib, sys\np = pathlib.Path('{counter}')\nn = int(p.read_text()) if p.exists() else 0\n"
+              f"p.write_text(str(n + 1))\nsys.exit(1 if n < {failures} else 0)\n")
+
+
+def test_on_failure_restarts_until_success(harness: Harness, tmp_path: Path) -> None:
+    state, status = harness.run(job("flaky", [{"name": "w", "command": flaky(tmp_path / "n", 2),
+        "restartPolicy": {"policy": "OnFailure", "maxRestarts": 3, "backoffSeconds": 0.05}}]))
+    assert state == "succeeded"
+    inst = status["instances"][0]
+    assert inst["restarts"] == 2 and inst["attempt"] == 3
+    restarting = events(status, "Restarting")
+    assert len(restarting) == 2 and "exited with code 1; restart 1 of 3" in restarting[0]["message"]
+
+
+def test_restart_limit_fails_the_job_and_says_why(harness: Harness, tmp_path: Path) -> None:
+    state, status = harness.run(job("flaky", [{"name": "w", "command": flaky(tmp_path / "n", 2),
+        "restartPolicy": {"policy": "OnFailure", "maxRestarts": 1, "backoffSeconds": 0.05}}]))
+    assert state == "failed"
+    exhausted = events(status, "RestartsExhausted")
+    assert exhausted and "has used all 1 restarts" in exhausted[0]["message"]
+    assert status["reason"] == "RolesFailed"
+    assert (tmp_path / "n").read_text() == "2"  # ran exactly twice
+
+
+def test_never_policy_does_not_restart(harness: Harness) -> None:
+    state, status = harness.run(job("once", [{"name": "w", "command": py("raise SystemExit(3)")}]))
+    assert state == "failed"
+    assert status["instances"][0]["exitCode"] == 3 and status["instances"][0]["restarts"] == 0
+
+
+def test_always_restarts_after_success_too(harness: Harness, tmp_path: Path) -> None:
+    state, status = harness.run(job("svc", [{"name": "w", "command": flaky(tmp_path / "n", 0),
+        "restartPolicy": {"policy": "Always", "maxRestarts": 2, "backoffSeconds": 0.01}}]))
+    assert state == "succeeded" and (tmp_path / "n").read_text() == "3"
+
+
+def test_a_restarting_instance_does_not_count_as_failed(harness: Harness, tmp_path: Path) -> None:
+    """While its policy will restart it, a failed instance is pending, so the role is not failed."""
+    job_id = harness.submit(job("flaky", [{"name": "w", "command": flaky(tmp_path / "n", 1),
+        "restartPolicy": {"policy": "OnFailure", "maxRestarts": 1, "backoffSeconds": 2}}]))
+    import time
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        harness.controller.step()
+        status = harness.status(job_id)
+        if status["instances"] and status["instances"][0]["restarts"] == 1:
+            break
+        time.sleep(0.1)
+    assert status["instances"][0]["state"] == "pending"
+    assert status["roles"][0]["state"] != "failed" and status["state"] != "failed"
+    assert harness.controller.run_job(job_id) == "succeeded"
+
+
+@pytest.mark.parametrize("restarts,delay", [(0, 1.0), (1, 2.0), (2, 4.0), (10, 60.0)])
+def test_backoff_doubles_and_is_capped(restarts: int, delay: float) -> None:
+    policy = RestartPolicy(policy="OnFailure", max_restarts=20, backoff_seconds=1)
+    assert decide(policy, 1, restarts).delay == delay
+
+
+def test_decisions_follow_the_policy_kind() -> None:
+    assert not decide(RestartPolicy(policy="OnFailure"), 0, 0).restart
+    assert decide(RestartPolicy(policy="Always"), 0, 0).restart
+    assert not decide(RestartPolicy(policy="Never"), 1, 0).restart
+    assert decide(RestartPolicy(policy="OnFailure", max_restarts=2), 1, 2).exhausted

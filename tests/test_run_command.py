@@ -1,0 +1,64 @@
+"""Mechanisms: `trainmaster run` end to end: the main PyTorch job trains for real, and Ctrl-C /
+SIGTERM cancels the job leaving no instance process behind (controller spec, steps 7 and 9)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import pids_alive
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.timeout(240)
+def test_pytorch_digits_reaches_accuracy(tmp_path: Path) -> None:
+    env = {**os.environ, "TRAINMASTER_HOME": str(tmp_path / "home")}
+    out = subprocess.run([sys.executable, "-m", "trainmaster", "run", str(ROOT / "examples/pytorch-digits.yaml"),
+                          "--interval", "0.2", "--json"], capture_output=True, text=True, env=env, cwd=tmp_path,
+                         timeout=230)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    status = json.loads(out.stdout)
+    metrics = json.loads((tmp_path / "outputs/pytorch-digits/metrics.json").read_text())
+    assert metrics["world_size"] == 3 and metrics["test_accuracy"] >= 0.9
+    assert {i["state"] for i in status["instances"]} == {"succeeded"}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_on_run_leaves_no_instance_behind(tmp_path: Path, sig: signal.Signals) -> None:
+    spec = {"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": {"name": "sleepy"}, "spec": {"roles": [
+        {"name": "a", "replicas": 2, "command": ["python", "-c", "import time; time.sleep(120)"]},
+        {"name": "b", "command": ["python", "-c", "import time; time.sleep(120)"], "dependsOn": [{"role": "a"}]}]}}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    env = {**os.environ, "TRAINMASTER_HOME": str(tmp_path / "home")}
+    proc = subprocess.Popen([sys.executable, "-m", "trainmaster", "run", str(path), "--interval", "0.1", "--grace", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    runs = tmp_path / "home/runs"
+    deadline = time.monotonic() + 60
+    pids: list[int] = []
+    while time.monotonic() < deadline:
+        readies = list(runs.glob("*/instances/*/ready")) if runs.exists() else []
+        if len(readies) == 3:
+            break
+        time.sleep(0.1)
+    assert len(readies) == 3, "instances never became ready"
+    import psutil
+    launcher_pids = [p.pid for p in psutil.process_iter(["cmdline"])
+                     if p.info["cmdline"] and "trainmaster.runtime.launch" in " ".join(p.info["cmdline"])
+                     and str(runs) in " ".join(p.info["cmdline"])]
+    for pid in launcher_pids:
+        pids += [pid] + [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    assert len(pids) == 6
+    proc.send_signal(sig)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1, output
+    assert "cancelled" in output
+    assert pids_alive(pids) == []
