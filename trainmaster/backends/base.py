@@ -102,6 +102,19 @@ class Backend(ABC):
     def release(self, placement: Placement) -> None:
         """Free a placement's reservations (ports) once its instance has ended."""
 
+    def reserve_gang(self, job_id: int, bundles: list[dict[str, Any]]) -> tuple[bool, str]:
+        """Reserve every instance's resources of a job at once (gang scheduling).
+
+        ``bundles`` holds one ``{"cpu", "memory", "gpu"}`` per instance. Returns ``(True, "")``
+        when reserved, or ``(False, reason)`` while it cannot be placed (the job stays pending
+        with that reason). Backends without such a mechanism rely on the controller's own
+        capacity accounting and accept at once.
+        """
+        return True, ""
+
+    def release_gang(self, job_id: int) -> None:
+        """Free what :meth:`reserve_gang` reserved (called when the job ends)."""
+
     def adopt(self, handle: dict[str, Any]) -> bool:
         """Re-attach to an instance started by an earlier controller; False if it is gone."""
         return self.poll(handle).phase in (Phase.STARTING, Phase.RUNNING)

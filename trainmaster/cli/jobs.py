@@ -30,17 +30,21 @@ def validate(file: FileArg) -> None:
           f"{job.spec.total_replicas} instance(s))")
 
 
-def make_backend(name: str, cpus: float | None = None):  # type: ignore[no-untyped-def]
+def make_backend(name: str, cpus: float | None = None, ray_address: str | None = None):  # type: ignore[no-untyped-def]
     """The backend named ``name``."""
     from trainmaster.backends.base import Capacity
     from trainmaster.backends.local import LocalBackend
 
+    if name == "ray":
+        from trainmaster.backends import ray_backend_or_error
+
+        return ray_backend_or_error(ray_address)
     if name == "local":
         if cpus is None:
             return LocalBackend()
         default = LocalBackend().capacity()
         return LocalBackend(Capacity(cpu=cpus, memory=default.memory, gpu=default.gpu))
-    raise UserError(f"--backend: unknown backend '{name}' (available: local)")
+    raise UserError(f"--backend: unknown backend '{name}' (available: local, ray)")
 
 
 def run(

@@ -143,6 +143,10 @@ class Controller:
                                                                     decision.message), free)
                 self._set_job_state(session, job, Verdict(JobState.PENDING, "Pending", decision.message))
                 return free
+            reserved, why = self.backend.reserve_gang(job.id, _bundles(spec))
+            if not reserved:
+                self._set_job_state(session, job, Verdict(JobState.PENDING, "GangPending", why))
+                return free
             job.admitted = True
             repo.add_event(session, job.id, "job", "Admitted", decision.message)
         free = self._observe(session, job, spec, free)
@@ -362,6 +366,8 @@ class Controller:
                 role_row.state, role_row.reason = JobState.CANCELLED.value, "StoppedAtJobEnd"
                 role_row.message, role_row.last_transition_at = f"stopped: the job {verdict.state.value}", utcnow()
         repo.clear_registry(session, job.id)
+        if job.admitted:
+            self.backend.release_gang(job.id)
         if verdict.state == JobState.SUCCEEDED and job.output_path:
             source = Path(job.run_dir) / "output"
             shutil.copytree(source, job.output_path, dirs_exist_ok=True)
@@ -369,6 +375,12 @@ class Controller:
         self._set_job_state(session, job, verdict)
         job.completed_at = utcnow()
         return free
+
+
+def _bundles(spec: Job) -> list[dict[str, Any]]:
+    """One resource bundle per instance of the job, for gang reservation."""
+    return [{"cpu": r.resources.cpu, "memory": r.resources.memory_bytes, "gpu": r.resources.gpu}
+            for r in spec.spec.roles for _ in range(r.replicas)]
 
 
 def _dependency_order(spec: Job) -> list[Role]:
