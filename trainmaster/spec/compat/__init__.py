@@ -1,9 +1,19 @@
-"""Converters from Kubernetes-world job files (Kubeflow, Volcano) to our job description."""
+"""Converters from Kubernetes-world job files (Kubeflow, Volcano) to our job description.
+
+:func:`convert` recognises a document by its ``apiVersion`` group and hands it to the module
+for that source (:mod:`.kubeflow`, :mod:`.volcano`). A converter only restructures: the result
+is a plain ``trainmaster/v1 Job`` document (camelCase, as a user writes it) that goes through the
+normal validation, so a wrong value is reported with its path in our job. Source fields with no
+local meaning are listed in :attr:`Converted.ignored` with the reason, never dropped silently.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from typing import Any
+
+from trainmaster.errors import UserError
 
 
 @dataclass
@@ -11,9 +21,47 @@ class Converted:
     """A document rewritten as ``trainmaster/v1 Job`` and the source fields it could not use."""
 
     document: dict[str, Any]
-    ignored: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)  # "source.path: reason"
+
+
+def source_kind(raw: dict[str, Any]) -> str | None:
+    """``"kubeflow"``, ``"volcano"`` or None (ours, or something we do not know)."""
+    group = str(raw.get("apiVersion") or "").partition("/")[0]
+    if group == "kubeflow.org" or group.endswith(".kubeflow.org"):
+        return "kubeflow"
+    if group == "batch.volcano.sh":
+        return "volcano"
+    return None
 
 
 def convert(raw: dict[str, Any]) -> Converted | None:
-    """Convert a foreign job document, or return None when it is not one we recognise."""
-    return None
+    """Convert a foreign job document, or return None when it is not one we recognise.
+
+    Raises :class:`UserError` for a kind of a known source that we cannot convert (a Kubeflow
+    ``XGBoostJob``), or for a document whose structure is broken (a list where a mapping goes).
+    """
+    if not isinstance(raw, dict):
+        return None
+    source = source_kind(raw)
+    if source == "kubeflow":
+        from trainmaster.spec.compat import kubeflow
+
+        document, ignored = kubeflow.convert(raw)
+    elif source == "volcano":
+        from trainmaster.spec.compat import volcano
+
+        document, ignored = volcano.convert(raw)
+    else:
+        return None
+    return Converted(document=document, ignored=ignored)
+
+
+def framework_available(framework_id: str) -> bool:
+    """Whether a framework id is built in or installed, without importing it."""
+    from trainmaster.frameworks import BUILTIN, ENTRY_POINT_GROUP
+
+    return framework_id in BUILTIN or any(
+        ep.name == framework_id for ep in entry_points(group=ENTRY_POINT_GROUP))
+
+
+__all__ = ["Converted", "UserError", "convert", "framework_available", "source_kind"]

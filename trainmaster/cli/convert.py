@@ -1,0 +1,57 @@
+"""``trainmaster convert FILE``: show what a Kubeflow or Volcano job file becomes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from trainmaster.errors import UserError
+
+
+def convert_command(
+    file: Annotated[Path, typer.Argument(help="A Kubeflow PyTorchJob/TFJob/MPIJob or Volcano Job "
+                                               "YAML/JSON file.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of YAML.")] = False,
+    check: Annotated[bool, typer.Option(
+        "--check/--no-check", help="Also validate the converted job (exit 2 if it is invalid).")] = True,
+) -> None:
+    """Print FILE converted to a trainmaster/v1 Job; list the source fields it ignores on stderr.
+
+    The printed job is what `trainmaster run FILE` and `trainmaster submit FILE` run. Fields with
+    no local meaning (images, volumes, node selectors...) are listed with the reason.
+    """
+    import yaml
+    from rich.console import Console
+    from rich.markup import escape
+
+    from trainmaster.spec.compat import convert
+    from trainmaster.spec.load import read_document
+    from trainmaster.spec.validate import validate
+
+    raw = read_document(file)
+    converted = convert(raw)
+    if converted is None:
+        raise UserError(
+            f"{file}: apiVersion={raw.get('apiVersion')!r} kind={raw.get('kind')!r} is not a "
+            "Kubeflow or Volcano job",
+            ["convert reads Kubeflow PyTorchJob/TFJob (kubeflow.org/v1), MPIJob (kubeflow.org/v1, "
+             "v2beta1) and Volcano Job (batch.volcano.sh/v1alpha1); a trainmaster/v1 Job needs no "
+             "conversion"])
+    document = converted.document
+    if as_json:
+        typer.echo(json.dumps(document, indent=2))
+    else:
+        typer.echo(yaml.safe_dump(document, sort_keys=False), nl=False)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    for line in converted.ignored:
+        err.print(f"[yellow]ignored:[/] {escape(line)}")
+    if check:
+        validate(document, f"{file} (converted)")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``convert`` to the top-level app."""
+    app.command(name="convert")(convert_command)

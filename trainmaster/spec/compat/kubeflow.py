@@ -1,0 +1,202 @@
+"""Kubeflow ``PyTorchJob``, ``TFJob`` (kubeflow.org/v1) and ``MPIJob`` (v1, v2beta1) as our jobs.
+
+Each replica spec becomes a role named after its replica type, lower-cased (``Master`` ->
+``master``, ``PS`` -> ``ps``). Kubeflow's implicit behaviour is made explicit in the converted
+job, so that it reads the same whatever framework runs it: the dependencies between roles
+(workers wait for the master, an MPI launcher waits for its workers) and the success policy
+(the master, chief or launcher succeeding ends the job).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from trainmaster.errors import UserError
+from trainmaster.spec.compat.ignored import Report, join
+from trainmaster.spec.compat.meta import metadata
+from trainmaster.spec.compat.pod import from_template
+
+GROUP = "kubeflow.org"
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What differs between the Kubeflow job kinds."""
+
+    replica_key: str  # spec.<replica_key> holds the replica specs
+    versions: tuple[str, ...]
+    container: str | None  # the main container's name (None: the first container)
+    default_restart: dict[str, str]  # replica type (lower-case) -> Kubeflow's default; "" = any
+    spec_keys: dict[str, str]  # kind-specific spec fields we do not carry, with the reason
+
+
+KINDS: dict[str, Kind] = {
+    "PyTorchJob": Kind(
+        "pytorchReplicaSpecs", ("v1",), "pytorch", {"": "OnFailure"},
+        {"elasticPolicy": "elastic training (rendezvous, min/max replicas) is not converted; "
+                          "the job runs with its fixed replica counts",
+         "nprocPerNode": "each instance is one process (LOCAL_WORLD_SIZE=1)"}),
+    "TFJob": Kind(
+        "tfReplicaSpecs", ("v1",), "tensorflow", {"": "Never"},
+        {"enableDynamicWorker": "workers are not added to a running TensorFlow cluster"}),
+    "MPIJob": Kind(
+        "mpiReplicaSpecs", ("v1", "v2beta1"), None, {"launcher": "OnFailure", "": "Never"},
+        {"mpiImplementation": "no MPI runtime is started; the launcher gets a hostfile",
+         "sshAuthMountPath": "no SSH between instances locally",
+         "launcherCreationPolicy": "the launcher always waits for every worker (dependsOn)",
+         "runLauncherAsWorker": "the launcher is never counted as a worker",
+         "cleanPodPolicy": "instances are always stopped and cleaned up when the job ends"}),
+}
+
+_RESTART = {"Never": "Never", "OnFailure": "OnFailure", "Always": "Always"}
+
+_RUN_POLICY_REASONS = {
+    "cleanPodPolicy": "instances are always stopped and cleaned up when the job ends",
+    "ttlSecondsAfterFinished": "finished jobs stay in the store until deleted",
+    "activeDeadlineSeconds": "jobs have no deadline locally",
+    "suspend": "jobs cannot be suspended locally; cancel and resubmit instead",
+    "managedBy": "the Trainmaster controller manages the job",
+}
+_SCHEDULING_REASONS = {
+    "minResources": "admission uses the roles' own resource requests",
+    "scheduleTimeoutSeconds": "a gang waits in the queue until it fits",
+}
+
+
+def convert(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``raw`` (a kubeflow.org document) as a ``trainmaster/v1 Job`` and the ignored fields."""
+    api_version, kind_name = raw.get("apiVersion"), raw.get("kind")
+    group, _, version = str(api_version).partition("/")
+    kind = KINDS.get(str(kind_name))
+    if group != GROUP or kind is None:
+        raise UserError(
+            f"{api_version} {kind_name} is not supported",
+            ["supported Kubeflow kinds: PyTorchJob and TFJob (kubeflow.org/v1), MPIJob "
+             "(kubeflow.org/v1 or v2beta1); other jobs can be written as a trainmaster/v1 Job"])
+    if version not in kind.versions:
+        raise UserError(f"{api_version} {kind_name} is not supported",
+                        [f"apiVersion: {kind_name} is read in versions "
+                         f"{', '.join(GROUP + '/' + v for v in kind.versions)}"])
+    report = Report(f"{api_version} {kind_name}")
+    report.rest(raw, "", {"apiVersion", "kind", "metadata", "spec"},
+                {"status": "status is filled in by the controller"}, "not a Kubeflow job field")
+    spec = report.mapping(raw.get("spec"), "spec")
+    main_container = spec.get("mainContainer") if kind_name == "MPIJob" else None
+    handled = {kind.replica_key, "runPolicy"}
+    handled |= {"successPolicy"} if kind_name == "TFJob" else set()
+    handled |= {"slotsPerWorker", "mainContainer"} if kind_name == "MPIJob" else set()
+    report.rest(spec, "spec", handled, kind.spec_keys, f"not a field {kind_name} has")
+    roles = _roles(spec, kind, main_container or kind.container, report)
+    names = [r["name"] for r in roles]
+    _add_dependencies(str(kind_name), roles, names)
+    job_spec: dict[str, Any] = {"framework": _framework(str(kind_name)), "roles": roles}
+    status_policy = _status_policy(str(kind_name), spec, roles, names, report)
+    if status_policy:
+        job_spec["statusPolicy"] = status_policy
+    scheduling = _run_policy(spec, roles, report)
+    if scheduling:
+        job_spec["scheduling"] = scheduling
+    slots = spec.get("slotsPerWorker")
+    if slots not in (None, 1):
+        report.ignore("spec.slotsPerWorker", "the hostfile lists one slot per worker")
+    return {"apiVersion": "trainmaster/v1", "kind": "Job",
+            "metadata": metadata(raw.get("metadata"), f"{api_version} {kind_name}", report),
+            "spec": job_spec}, report.lines
+
+
+def _framework(kind_name: str) -> str:
+    """The framework running this kind: its own if installed, ``command`` otherwise (the
+    converted dependencies and status policy then carry the kind's semantics)."""
+    from trainmaster.spec.compat import framework_available
+
+    wanted = {"PyTorchJob": "pytorch", "TFJob": "tf-ps", "MPIJob": "mpi"}[kind_name]
+    return wanted if kind_name == "PyTorchJob" or framework_available(wanted) else "command"
+
+
+def _roles(spec: dict[str, Any], kind: Kind, container: str | None,
+           report: Report) -> list[dict[str, Any]]:
+    path = join("spec", kind.replica_key)
+    replica_specs = report.mapping(spec.get(kind.replica_key), path)
+    roles = []
+    for replica_type, replica_spec in replica_specs.items():
+        where = join(path, str(replica_type))
+        replica_spec = report.mapping(replica_spec, where)
+        name = str(replica_type).lower()
+        report.rest(replica_spec, where, {"replicas", "restartPolicy", "template"}, {},
+                    "not a replica spec field")
+        pod = from_template(replica_spec.get("template"), join(where, "template"), report, container)
+        role: dict[str, Any] = {"name": name, "replicas": replica_spec.get("replicas", 1), **pod.role}
+        if pod.restart_policy is not None:
+            report.ignore(join(where, "template.spec.restartPolicy"),
+                          "the replica spec's restartPolicy applies (Kubeflow overrides the pod's)")
+        default = kind.default_restart.get(name, kind.default_restart[""])
+        role["restartPolicy"] = {"policy": _restart(replica_spec.get("restartPolicy", default),
+                                                    join(where, "restartPolicy"), report)}
+        roles.append(role)
+    return roles
+
+
+def _restart(value: Any, path: str, report: Report) -> Any:
+    if value == "ExitCode":
+        report.approximate(path, "ExitCode restarts on retryable exit codes only; "
+                           "here every failure is restarted (OnFailure)")
+        return "OnFailure"
+    return _RESTART.get(value, value)  # anything else fails validation with this role's path
+
+
+def _add_dependencies(kind_name: str, roles: list[dict[str, Any]], names: list[str]) -> None:
+    """Kubeflow's start order, stated as dependsOn (condition Running)."""
+    leader = next((n for n in ("master", "chief") if n in names), None)
+    wanted: dict[str, list[str]] = {}
+    if kind_name == "PyTorchJob":
+        wanted = {"worker": ["master"]}
+    elif kind_name == "MPIJob":
+        wanted = {"launcher": ["worker"]}
+    elif kind_name == "TFJob":
+        wanted = {"chief": ["ps"], "master": ["ps"], "worker": ["ps", leader or ""],
+                  "evaluator": [leader or ""]}
+    for role in roles:
+        deps = [d for d in wanted.get(role["name"], []) if d in names and d != role["name"]]
+        if deps:
+            role["dependsOn"] = [{"role": d} for d in deps]
+
+
+def _status_policy(kind_name: str, spec: dict[str, Any], roles: list[dict[str, Any]],
+                   names: list[str], report: Report) -> dict[str, Any] | None:
+    if kind_name == "PyTorchJob":
+        return {"preset": "kubeflow"} if "master" in names else None
+    if kind_name == "MPIJob":
+        return {"failed": "any", "succeeded": {"roles": ["launcher"]}} if "launcher" in names else None
+    success = spec.get("successPolicy")
+    if success == "AllWorkers":
+        return {"preset": "tfjob-allworkers"}
+    if success not in (None, "", "Default"):
+        report.ignore("spec.successPolicy", f"unknown TFJob success policy {success!r}; "
+                      "the default (chief, else a worker, succeeding) applies")
+    if "chief" in names:
+        return {"failed": "any", "succeeded": {"roles": ["chief"]}}
+    if "master" in names:
+        return {"preset": "kubeflow"}
+    if "worker" in names:
+        # TFJob: with no chief, worker 0 finishing ends the job; here any worker finishing does.
+        for role in roles:
+            if role["name"] == "worker":
+                role["statusPolicy"] = {"succeeded": 1}
+        return {"preset": "tfjob-allworkers"}
+    return None
+
+
+def _run_policy(spec: dict[str, Any], roles: list[dict[str, Any]],
+                report: Report) -> dict[str, Any]:
+    run_policy = report.mapping(spec.get("runPolicy"), "spec.runPolicy")
+    report.rest(run_policy, "spec.runPolicy", {"backoffLimit", "schedulingPolicy"},
+                _RUN_POLICY_REASONS, "not a runPolicy field")
+    if "backoffLimit" in run_policy:
+        for role in roles:
+            role["restartPolicy"]["maxRestarts"] = run_policy["backoffLimit"]
+    policy = report.mapping(run_policy.get("schedulingPolicy"), "spec.runPolicy.schedulingPolicy")
+    report.rest(policy, "spec.runPolicy.schedulingPolicy", {"minAvailable", "queue", "priorityClass"},
+                _SCHEDULING_REASONS, "not a schedulingPolicy field")
+    scheduling = {key: policy[key] for key in ("minAvailable", "queue", "priorityClass") if key in policy}
+    return scheduling

@@ -1,0 +1,209 @@
+"""A Kubernetes pod template as the fields of one of our roles.
+
+Kubeflow replica specs and Volcano tasks both describe their instances as a pod template; this
+module is the one place that reads it. One container runs per instance (the one the source
+framework treats as the main container); its ``command``/``args`` run as a local command, its
+``env``, ``workingDir`` and resource requests carry over, and everything that only means something
+on a cluster is reported, with a reason, through :class:`~trainmaster.spec.compat.ignored.Report`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainmaster.spec.compat.ignored import Report, join
+from trainmaster.spec.model import parse_memory
+
+_POD_REASONS = {
+    "volumes": "volumes are not mounted locally; commands see this machine's files",
+    "nodeSelector": "the local backend does not select nodes",
+    "nodeName": "the local backend does not select nodes",
+    "affinity": "the local backend does not select nodes",
+    "tolerations": "the local backend has no node taints",
+    "initContainers": "init containers are not run; use a role with dependsOn for setup steps",
+    "imagePullSecrets": "images are not pulled locally",
+    "serviceAccountName": "no Kubernetes service accounts locally",
+    "serviceAccount": "no Kubernetes service accounts locally",
+    "securityContext": "instances run as the controller's user",
+    "hostNetwork": "instances always use this machine's network (127.0.0.1)",
+    "dnsPolicy": "roles find each other through TM_SERVICE_<ROLE>, not DNS",
+    "schedulerName": "the Trainmaster controller schedules instances",
+    "priorityClassName": "pod priority is not used; set spec.scheduling.priorityClass",
+    "terminationGracePeriodSeconds": "the controller's own grace period applies",
+}
+_POD_DEFAULT = "a Kubernetes pod setting with no meaning on the local backend"
+
+_CONTAINER_REASONS = {
+    "volumeMounts": "volumes are not mounted locally",
+    "imagePullPolicy": "images are not pulled locally",
+    "envFrom": "ConfigMaps/Secrets do not exist locally; list the variables under env",
+    "securityContext": "instances run as the controller's user",
+    "livenessProbe": "probes are not run; an instance is healthy while its process runs",
+    "readinessProbe": "probes are not run; an instance is ready once it has an address",
+    "startupProbe": "probes are not run",
+    "lifecycle": "container lifecycle hooks are not run",
+    "stdin": "instances have no stdin",
+    "tty": "instances have no terminal",
+}
+_CONTAINER_DEFAULT = "a Kubernetes container setting with no meaning on the local backend"
+
+_GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
+
+
+@dataclass
+class PodFields:
+    """What a pod template contributes to a role."""
+
+    role: dict[str, Any]  # command, args, env, workingDir, image, ports, resources (camelCase)
+    restart_policy: str | None  # the pod's own restartPolicy, if it states one
+
+
+def from_template(template: Any, path: str, report: Report,
+                  container_name: str | None = None) -> PodFields:
+    """Translate ``template`` (a pod template spec) found at ``path``.
+
+    ``container_name`` names the main container (Kubeflow's ``pytorch``/``tensorflow``); the
+    first container is used when none has that name.
+    """
+    template = report.mapping(template, path)
+    for key in template:
+        if key == "metadata":
+            if template[key]:
+                report.ignore(join(path, key), "pod labels and annotations have no meaning locally")
+        elif key != "spec":
+            report.ignore(join(path, key), _POD_DEFAULT)
+    spec_path = join(path, "spec")
+    spec = report.mapping(template.get("spec"), spec_path)
+    report.rest(spec, spec_path, {"containers", "restartPolicy"}, _POD_REASONS, _POD_DEFAULT)
+    containers_path = join(spec_path, "containers")
+    containers = report.sequence(spec.get("containers"), containers_path)
+    role: dict[str, Any] = {}
+    if containers:
+        main = _main_container(containers, container_name)
+        for i, container in enumerate(containers):
+            where = join(containers_path, i)
+            if i == main:
+                role = _container(report.mapping(container, where), where, report)
+            else:
+                report.ignore(where, "only the main container runs locally (sidecars are not started)")
+    restart = spec.get("restartPolicy")
+    return PodFields(role=role, restart_policy=restart if isinstance(restart, str) else None)
+
+
+def _main_container(containers: list[Any], name: str | None) -> int:
+    for i, container in enumerate(containers):
+        if isinstance(container, dict) and name is not None and container.get("name") == name:
+            return i
+    return 0
+
+
+def _container(container: dict[str, Any], path: str, report: Report) -> dict[str, Any]:
+    handled = {"name", "command", "args", "env", "workingDir", "resources", "image", "ports"}
+    report.rest(container, path, handled, _CONTAINER_REASONS, _CONTAINER_DEFAULT)
+    role: dict[str, Any] = {}
+    command, args = container.get("command"), container.get("args")
+    if command:
+        role["command"] = command
+        if args:
+            role["args"] = args
+    elif args:
+        role["command"] = args  # no image entrypoint locally: the arguments are the command
+        report.approximate(join(path, "args"), "no command given and no image entrypoint "
+                           "exists locally, so the arguments run as the command")
+    env = _env(report.sequence(container.get("env"), join(path, "env")), join(path, "env"), report)
+    if env:
+        role["env"] = env
+    working_dir = container.get("workingDir")
+    if isinstance(working_dir, str) and Path(working_dir).is_dir():
+        role["workingDir"] = working_dir
+    elif working_dir is not None:
+        report.ignore(join(path, "workingDir"), f"{working_dir!r} does not exist on this machine "
+                      "(a path inside the image); the instance runs in its run directory")
+    if container.get("image") is not None:
+        role["image"] = container["image"]
+        report.ignore(join(path, "image"), "kept as the role's image, but the local backend runs "
+                      "the command on this machine without the image")
+    ports = report.sequence(container.get("ports"), join(path, "ports"))
+    if ports:
+        if len(ports) > 1:
+            role["ports"] = len(ports)
+        numbers = [p.get("containerPort") for p in ports if isinstance(p, dict)]
+        report.ignore(join(path, "ports"), f"container ports {numbers} are not used: each instance "
+                      f"gets {len(ports)} free port(s) of this machine (TM_PORT / TM_PORTS)")
+    resources = _resources(report.mapping(container.get("resources"), join(path, "resources")),
+                           join(path, "resources"), report)
+    if resources:
+        role["resources"] = resources
+    return role
+
+
+def _env(entries: list[Any], path: str, report: Report) -> dict[str, Any]:
+    env: dict[str, Any] = {}
+    for i, entry in enumerate(entries):
+        where = join(path, i)
+        entry = report.mapping(entry, where)
+        name = entry.get("name")
+        if not isinstance(name, str):
+            raise report.error(join(where, "name"), "an environment variable needs a name")
+        if "valueFrom" in entry:
+            report.ignore(join(where, "valueFrom"), f"{name} comes from a Kubernetes object "
+                          "(field, ConfigMap or Secret) that does not exist locally; not set")
+            continue
+        env[name] = entry.get("value", "")
+    return env
+
+
+def cpu_quantity(value: Any) -> Any:
+    """Kubernetes CPU quantity (``500m``, ``2``, ``1.5``) as cores; unparsable values pass
+    through unchanged so that validation reports them with their path."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)(m?)\s*", value)
+        if match:
+            number = float(match.group(1))
+            return number / 1000 if match.group(2) else number
+    return value
+
+
+def memory_quantity(value: Any) -> Any:
+    """Kubernetes memory quantity in a form our model reads (``1e9`` becomes an integer)."""
+    if isinstance(value, str):
+        try:
+            parse_memory(value)
+            return value
+        except ValueError:
+            try:
+                return int(float(value))
+            except ValueError:
+                return value
+    return value
+
+
+def _resources(resources: dict[str, Any], path: str, report: Report) -> dict[str, Any]:
+    report.rest(resources, path, {"requests", "limits"}, {},
+                "only requests and limits are read")
+    requests = report.mapping(resources.get("requests"), join(path, "requests"))
+    limits = report.mapping(resources.get("limits"), join(path, "limits"))
+    out: dict[str, Any] = {}
+    # Kubernetes: a resource with only a limit is requested at that limit.
+    for source, where in ((limits, "limits"), (requests, "requests")):
+        for name, value in source.items():
+            field = join(join(path, where), name)
+            if name == "cpu":
+                out["cpu"] = cpu_quantity(value)
+            elif name == "memory":
+                out["memory"] = memory_quantity(value)
+            elif name in _GPU_RESOURCES:
+                out["gpu"] = value
+            else:
+                report.ignore(field, "no such resource is accounted for locally "
+                              "(only cpu, memory and GPUs are)")
+    for name in limits:
+        if name in requests and (name in ("cpu", "memory") or name in _GPU_RESOURCES):
+            report.ignore(join(join(path, "limits"), name),
+                          "limits are not enforced locally; the request is what admission uses")
+    return out

@@ -1,0 +1,226 @@
+"""Volcano ``batch.volcano.sh/v1alpha1 Job`` as our job.
+
+Tasks become roles (same names), ``task.dependsOn`` becomes ``dependsOn`` (condition Running),
+the job's ``minAvailable``/``queue``/``priorityClassName`` become ``scheduling``, ``maxRetry``
+becomes ``maxRestarts`` and the lifecycle ``policies`` (event -> action) become restart and
+status policies where they have a local meaning. Volcano keeps a job running until its pods
+end; our status policies decide as soon as the outcome is known, which is the same outcome.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from trainmaster.errors import UserError
+from trainmaster.spec.compat.ignored import Report, join
+from trainmaster.spec.compat.meta import metadata
+from trainmaster.spec.compat.pod import from_template
+
+API_VERSION = "batch.volcano.sh/v1alpha1"
+
+_SPEC_REASONS = {
+    "schedulerName": "the Trainmaster controller schedules instances (gang size, queue and "
+                     "priority carry over)",
+    "volumes": "volumes are not created or mounted locally",
+    "ttlSecondsAfterFinished": "finished jobs stay in the store until deleted",
+    "runningEstimate": "no backfill scheduling locally",
+    "networkTopology": "all instances run on this machine",
+}
+_TASK_REASONS = {
+    "topologyPolicy": "no NUMA/topology placement locally",
+    "partitionPolicy": "no network-topology partitions locally",
+}
+_PLUGIN_REASONS = {
+    "svc": "roles reach each other through TM_SERVICE_<ROLE> (host:port lists), not DNS",
+    "ssh": "no SSH between local instances",
+    "env": "the instance's index is in TM_REPLICA_INDEX (VK_TASK_INDEX is not set)",
+    "mpi": "the MPI plugin's hostfile is not written; use a Kubeflow MPIJob or the mpi framework",
+}
+_FAILURE_EVENTS = {"PodFailed", "TaskFailed"}
+_RESTART_ACTIONS = {"RestartPod", "RestartTask", "RestartJob", "RestartPartition"}
+_FAIL_ACTIONS = {"AbortJob", "TerminateJob"}
+
+
+@dataclass
+class _Effects:
+    """What a list of lifecycle policies means for one role (or, at job level, every role)."""
+
+    restart: bool = False  # restart failed instances
+    decides_failure: bool = False  # some policy handles a failure event
+    completes_job: bool = False  # TaskCompleted -> CompleteJob
+
+
+def convert(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``raw`` (a batch.volcano.sh document) as a ``trainmaster/v1 Job`` and the ignored fields."""
+    source = f"{raw.get('apiVersion')} {raw.get('kind')}"
+    if raw.get("apiVersion") != API_VERSION or raw.get("kind") != "Job":
+        raise UserError(f"{source} is not supported",
+                        [f"the supported Volcano kind is Job ({API_VERSION})"])
+    report = Report(source)
+    report.rest(raw, "", {"apiVersion", "kind", "metadata", "spec"},
+                {"status": "status is filled in by the controller"}, "not a Volcano Job field")
+    spec = report.mapping(raw.get("spec"), "spec")
+    handled = {"tasks", "minAvailable", "queue", "priorityClassName", "maxRetry", "minSuccess",
+               "policies", "plugins"}
+    report.rest(spec, "spec", handled, _SPEC_REASONS, "not a Volcano Job field")
+    job_effects = _policies(spec.get("policies"), "spec.policies", report)
+    tasks = report.sequence(spec.get("tasks"), "spec.tasks")
+    roles = [_role(task, join("spec.tasks", i), spec, job_effects, report)
+             for i, task in enumerate(tasks)]
+    job_spec: dict[str, Any] = {"framework": _framework(spec, roles, report), "roles": roles}
+    status_policy = _job_status_policy(spec, tasks, roles, job_effects, report)
+    if status_policy:
+        job_spec["statusPolicy"] = status_policy
+    scheduling = _scheduling(spec, tasks, report)
+    if scheduling:
+        job_spec["scheduling"] = scheduling
+    return {"apiVersion": "trainmaster/v1", "kind": "Job",
+            "metadata": metadata(raw.get("metadata"), source, report), "spec": job_spec}, report.lines
+
+
+def _role(task: Any, path: str, spec: dict[str, Any], job_effects: _Effects,
+          report: Report) -> dict[str, Any]:
+    task = report.mapping(task, path)
+    handled = {"name", "replicas", "minAvailable", "template", "policies", "maxRetry", "dependsOn"}
+    report.rest(task, path, handled, _TASK_REASONS, "not a Volcano task field")
+    pod = from_template(task.get("template"), join(path, "template"), report)
+    replicas = task.get("replicas", 1)
+    role: dict[str, Any] = {"name": task.get("name"), "replicas": replicas, **pod.role}
+    effects = _policies(task.get("policies"), join(path, "policies"), report)
+    policy = {"Always": "Always", "OnFailure": "OnFailure"}.get(pod.restart_policy or "", "Never")
+    if pod.restart_policy not in (None, "Always", "OnFailure", "Never"):
+        policy = pod.restart_policy  # validation reports it with this role's path
+    if policy == "Never" and (effects.restart or (job_effects.restart and not effects.decides_failure)):
+        policy = "OnFailure"
+    restart: dict[str, Any] = {"policy": policy}
+    max_retry = task.get("maxRetry", spec.get("maxRetry"))
+    if max_retry is not None:
+        restart["maxRestarts"] = max_retry
+    role["restartPolicy"] = restart
+    min_available = task.get("minAvailable")
+    if isinstance(min_available, int) and isinstance(replicas, int) and 0 < min_available < replicas:
+        # The task succeeds with minAvailable successes and fails once it can no longer get them.
+        role["statusPolicy"] = {"failed": replicas - min_available + 1, "succeeded": min_available}
+        report.approximate(join(path, "minAvailable"), "the gang is counted over the whole job "
+                           "(spec.scheduling.minAvailable); the role succeeds once "
+                           f"{min_available} of its {replicas} instances succeeded")
+    depends = _depends_on(task.get("dependsOn"), join(path, "dependsOn"), report)
+    if depends:
+        role["dependsOn"] = depends
+    return role
+
+
+def _depends_on(value: Any, path: str, report: Report) -> list[dict[str, Any]]:
+    depends = report.mapping(value, path)
+    report.rest(depends, path, {"name", "iteration"}, {}, "not a dependsOn field")
+    names = depends.get("name")
+    names = [names] if isinstance(names, str) else report.sequence(names, join(path, "name"))
+    if depends.get("iteration") == "any" and len(names) > 1:
+        report.approximate(join(path, "iteration"), "the role waits for all of "
+                           f"{', '.join(map(str, names))}, not for any one of them")
+    return [{"role": name} for name in names]
+
+
+def _policies(value: Any, path: str, report: Report) -> _Effects:
+    effects = _Effects()
+    for i, policy in enumerate(report.sequence(value, path)):
+        where = join(path, i)
+        policy = report.mapping(policy, where)
+        report.rest(policy, where, {"event", "events", "action", "exitCode", "timeout"}, {},
+                    "not a lifecycle policy field")
+        action = policy.get("action")
+        if "exitCode" in policy:
+            report.ignore(where, f"exit-code policies (exitCode {policy['exitCode']} -> {action}) "
+                          "are not supported; restarts follow the restart policy")
+            continue
+        if "timeout" in policy:
+            report.ignore(join(where, "timeout"), "actions are taken at once")
+        events = [policy["event"]] if "event" in policy else []
+        events += report.sequence(policy.get("events"), join(where, "events"))
+        for event in events:
+            _effect(str(event), str(action), where, effects, report)
+    return effects
+
+
+def _effect(event: str, action: str, where: str, effects: _Effects, report: Report) -> None:
+    if event in _FAILURE_EVENTS and action in _RESTART_ACTIONS:
+        effects.restart = effects.decides_failure = True
+        if action != "RestartPod":
+            report.approximate(where, f"{event} -> {action}: only the failed instance is restarted "
+                               "(restartPolicy OnFailure)")
+    elif event in _FAILURE_EVENTS and action in _FAIL_ACTIONS:
+        effects.decides_failure = True  # a failure fails the role and the job: our default
+    elif event == "TaskCompleted" and action == "CompleteJob":
+        effects.completes_job = True
+    elif event == "PodEvicted":
+        report.ignore(where, f"{event} -> {action}: instances are never evicted locally")
+    else:
+        report.ignore(where, f"{event} -> {action} has no local equivalent")
+
+
+def _framework(spec: dict[str, Any], roles: list[dict[str, Any]], report: Report) -> str:
+    plugins = report.mapping(spec.get("plugins"), "spec.plugins")
+    framework = "command"
+    for name in plugins:
+        where = join("spec.plugins", name)
+        if name == "pytorch" and {r["name"] for r in roles} <= {"master", "worker"}:
+            framework = "pytorch"  # the plugin's MASTER_ADDR/RANK come from our framework
+            report.approximate(where, "run by the pytorch framework (MASTER_ADDR, MASTER_PORT, "
+                               "WORLD_SIZE, RANK); the plugin's arguments are not read")
+        else:
+            report.ignore(where, _PLUGIN_REASONS.get(name, "Volcano job plugins are not run locally"))
+    return framework
+
+
+def _job_status_policy(spec: dict[str, Any], tasks: list[Any], roles: list[dict[str, Any]],
+                       job_effects: _Effects, report: Report) -> dict[str, Any] | None:
+    completing = [r["name"] for r, t in zip(roles, tasks)
+                  if _policies_complete(t)]
+    if completing:
+        if len(completing) > 1:
+            report.approximate("spec.tasks", f"TaskCompleted -> CompleteJob on {completing}: the "
+                               "job succeeds when all of them succeeded, not any one")
+        if "minSuccess" in spec:
+            report.ignore("spec.minSuccess", "the TaskCompleted -> CompleteJob policy decides success")
+        return {"failed": "any", "succeeded": {"roles": completing}}
+    if job_effects.completes_job:
+        return {"failed": "any", "succeeded": "any"}
+    min_success = spec.get("minSuccess")
+    if min_success is None:
+        return None
+    replicas = [r.get("replicas") for r in roles]
+    policy: dict[str, Any] = {"succeeded": {"instances": min_success}}
+    if isinstance(min_success, int) and all(isinstance(n, int) for n in replicas):
+        # Fail once too many instances failed for minSuccess to be reachable.
+        policy["failed"] = {"instances": max(1, sum(replicas) - min_success + 1)}
+        for role in roles:
+            role.setdefault("statusPolicy", {"failed": "all"})  # one failure must not end a role
+    return policy
+
+
+def _policies_complete(task: Any) -> bool:
+    if not isinstance(task, dict) or not isinstance(task.get("policies"), list):
+        return False
+    for policy in task["policies"]:
+        if isinstance(policy, dict) and policy.get("action") == "CompleteJob" and "exitCode" not in policy:
+            events = [policy.get("event")] + list(policy.get("events") or [])
+            if "TaskCompleted" in events:
+                return True
+    return False
+
+
+def _scheduling(spec: dict[str, Any], tasks: list[Any], report: Report) -> dict[str, Any]:
+    scheduling: dict[str, Any] = {}
+    if "minAvailable" in spec:
+        scheduling["minAvailable"] = spec["minAvailable"]
+    elif any(isinstance(t, dict) and "minAvailable" in t for t in tasks):
+        # Volcano's default job minAvailable: the sum of the tasks' minAvailable (or replicas).
+        counts = [t.get("minAvailable", t.get("replicas", 1)) for t in tasks if isinstance(t, dict)]
+        if all(isinstance(n, int) for n in counts):
+            scheduling["minAvailable"] = sum(counts)
+    if "queue" in spec:
+        scheduling["queue"] = spec["queue"]
+    if "priorityClassName" in spec:
+        scheduling["priorityClass"] = spec["priorityClassName"]
+    return scheduling
