@@ -1,9 +1,92 @@
-"""CLI of the gateway capability (filled in by its issue)."""
+"""CLI of the gateway capability: ``gateway init|serve``, ``party serve``, ``task run``."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import typer
+
+from trainmaster.errors import UserError
+
+gateway_app = typer.Typer(help="Cross-silo task gateway: provision identities and run the gateway service.",
+                          no_args_is_help=True)
+party_app = typer.Typer(help="Party agent: holds data files and runs registered rules in per-task executors.",
+                        no_args_is_help=True)
+task_app = typer.Typer(help="Initiator: start a cross-silo task and print its decrypted results.",
+                       no_args_is_help=True)
+
+
+@gateway_app.command("init")
+def gateway_init(
+    out_dir: Path = typer.Argument(..., help="Directory to write the CA, certificates, keys, roster and configs to."),
+    parties: str = typer.Option(..., "--parties", help="Comma-separated party names, e.g. a,b,c."),
+    host: str = typer.Option("127.0.0.1", help="Address every service listens on (goes into certificates)."),
+    port_base: int = typer.Option(8443, help="Gateway port; party i listens on port_base+1+i."),
+) -> None:
+    """Create a private CA, TLS certificates, Ed25519/X25519 keys per identity, a roster and configs."""
+    from trainmaster.gateway.provision import init_deployment
+
+    names = [p.strip() for p in parties.split(",") if p.strip()]
+    configs = init_deployment(out_dir, names, host=host, port_base=port_base)
+    for name, path in configs.items():
+        typer.echo(f"{name:>12}: {path}")
+
+
+@gateway_app.command("serve")
+def gateway_serve(config: Path = typer.Option(..., "--config", help="The gateway's config.yaml from `gateway init`.")) -> None:
+    """Run the gateway on one mutual-TLS port."""
+    from trainmaster.gateway.app import build_gateway_app
+    from trainmaster.gateway.provision import load_config
+    from trainmaster.gateway.service import serve
+
+    cfg = load_config(config)
+    if cfg.role != "gateway":
+        raise UserError(f"{config} is a {cfg.role} config, not the gateway's")
+    serve(build_gateway_app(cfg), cfg)
+
+
+@party_app.command("serve")
+def party_serve(
+    config: Path = typer.Option(..., "--config", help="This party's config.yaml from `gateway init`."),
+    data: Path = typer.Option(..., "--data", help="Directory of <data_id>.csv files this party holds."),
+) -> None:
+    """Run a party agent on its mutual-TLS port."""
+    from trainmaster.gateway.party import build_party_app
+    from trainmaster.gateway.provision import load_config
+    from trainmaster.gateway.service import serve
+
+    cfg = load_config(config)
+    if cfg.role != "party":
+        raise UserError(f"{config} is a {cfg.role} config, not a party's")
+    if not data.is_dir():
+        raise UserError(f"data directory not found: {data}")
+    serve(build_party_app(cfg, data), cfg)
+
+
+@task_app.command("run")
+def task_run(
+    task_file: Path = typer.Argument(..., help="TASK.yaml: task_id, leg_timeout_s and legs (data_id, party, rule, params)."),
+    config: Path = typer.Option(..., "--config", help="The initiator's config.yaml from `gateway init`."),
+) -> None:
+    """Create the task's legs at the parties, fetch results through the gateway, print them as JSON."""
+    from trainmaster.gateway.client import Initiator, load_task
+    from trainmaster.gateway.provision import load_config
+
+    cfg = load_config(config)
+    spec = load_task(task_file)
+    initiator = Initiator(cfg)
+    try:
+        out = initiator.run_task(spec)
+    finally:
+        initiator.close()
+    typer.echo(json.dumps(out, indent=2))
+    if any(leg["outcome"] != "result" for leg in out["legs"].values()):
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:
-    """Add this capability's commands to the top-level app."""
+    """Add the gateway, party and task groups to the top-level app."""
+    app.add_typer(gateway_app, name="gateway")
+    app.add_typer(party_app, name="party")
+    app.add_typer(task_app, name="task")

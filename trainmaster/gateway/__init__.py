@@ -1,0 +1,7 @@
+"""Cross-silo task gateway: one mutual-TLS door between a task initiator and data-holding parties.
+
+Modules: ``crypto`` (keys, envelopes), ``provision`` (CA, certificates, roster), ``replay``
+(seen-message table), ``routing`` (the mapping table), ``rules`` (processing-rule registry),
+``executor`` (per-task isolated process), ``party`` (party agent), ``app`` (gateway service),
+``client`` (initiator).
+"""

@@ -1,0 +1,107 @@
+"""The party agent: holds data files that never leave it, runs rules in per-task executors.
+
+``POST /v1/tasks`` (from the initiator): validate the data id and rule, start an isolated executor
+for the task, report its address to the gateway. ``POST /v1/transfer`` (from the gateway): run the
+rule inside that task's executor and return the result sealed to the gateway. Only results of
+registered rules ever leave; the data file itself is never read by the agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, HTTPException
+
+from trainmaster.gateway.crypto import EnvelopeError
+from trainmaster.gateway.executor import ExecutorHandle
+from trainmaster.gateway.models import DataTransfer, Envelope, ExecutorReport, MessageKind, TaskCreate
+from trainmaster.gateway.provision import ServiceConfig
+from trainmaster.gateway.rules import RuleError, validate_call
+from trainmaster.gateway.service import ServiceContext, install_common, mtls_client
+
+
+def resolve_data_file(data_dir: Path, data_id: str) -> Path:
+    """The data id's CSV inside ``data_dir``; anything that would escape the directory is refused."""
+    root = data_dir.resolve()
+    candidate = (root / f"{data_id}.csv").resolve()
+    if candidate.parent != root or not candidate.is_file():
+        raise EnvelopeError(404, f"data id {data_id!r} is not held by this party")
+    return candidate
+
+
+def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
+    ctx = ServiceContext.load(cfg, f"sqlite:///{Path(cfg.state_dir).resolve() / 'seen.db'}")
+    executors: dict[tuple[str, str], ExecutorHandle] = {}
+    gateway = next(p for p in ctx.roster.values() if p.role == "gateway")
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.http = mtls_client(cfg)
+        yield
+        await app.state.http.aclose()
+        for h in executors.values():
+            h.kill()
+
+    app = FastAPI(title=f"trainmaster party {cfg.name}", lifespan=lifespan)
+    app.state.ctx = ctx
+    install_common(app, cfg.max_body_bytes)
+
+    async def _report(task: TaskCreate, address: str, ready: bool, reason: str = "") -> None:
+        report = ExecutorReport(task_id=task.task_id, data_id=task.data_id, address=address, call=task.call,
+                                ready=ready, reason=reason)
+        env = ctx.seal_to(gateway.name, MessageKind.executor_report, task.task_id, task.data_id, report.model_dump(mode="json"))
+        resp = await app.state.http.post(f"{gateway.endpoint}/v1/executors", content=env.model_dump_json(),
+                                         headers={"content-type": "application/json"}, timeout=15.0)
+        if resp.status_code != 200:
+            raise HTTPException(502, f"gateway refused the executor report: {resp.text[:300]}")
+
+    @app.post("/v1/tasks", status_code=201)
+    async def create_task(env: Envelope) -> dict[str, Any]:
+        _sender, task = ctx.gate.open(env, MessageKind.task_create, {"initiator"}, TaskCreate)
+        ctx.count(MessageKind.task_create)
+        if task.party != cfg.name:
+            raise HTTPException(400, f"task creation request is for party {task.party!r}, not {cfg.name!r}")
+        data_file = resolve_data_file(data_dir, task.data_id)
+        try:
+            validate_call(task.call, cfg.allowed_rules)
+        except RuleError as exc:
+            raise HTTPException(400, str(exc)) from exc
+        key = (task.task_id, task.data_id)
+        if key in executors and executors[key].alive:
+            return {"task_id": task.task_id, "data_id": task.data_id, "address": executors[key].address}
+        try:
+            handle = await ExecutorHandle.start(data_file, task.deadline_s, cfg.executor_start_timeout_s,
+                                                cfg.executor_memory_mb, cfg.allowed_rules, cfg.fault_executor_silent)
+        except TimeoutError as exc:
+            await _report(task, "", ready=False, reason=str(exc))
+            raise HTTPException(504, f"executor for task {task.task_id!r} did not come up: {exc}") from exc
+        executors[key] = handle
+        await _report(task, handle.address, ready=True)
+        return {"task_id": task.task_id, "data_id": task.data_id, "address": handle.address}
+
+    @app.post("/v1/transfer")
+    async def transfer(env: Envelope) -> Envelope:
+        _sender, req = ctx.gate.open(env, MessageKind.data_transfer, {"gateway"}, DataTransfer)
+        ctx.count(MessageKind.data_transfer)
+        handle = executors.get((req.task_id, req.data_id))
+        if handle is None or not handle.alive:
+            raise HTTPException(404, f"no live executor for task {req.task_id!r}, data id {req.data_id!r}")
+        if cfg.fault_delay_s:
+            await asyncio.sleep(cfg.fault_delay_s)
+        try:
+            validate_call(req.call, cfg.allowed_rules)
+        except RuleError as exc:
+            raise HTTPException(400, str(exc)) from exc
+        reply = await handle.call(req.call, timeout_s=max(1.0, env.header.expires_at - ctx.clock()))
+        payload = {"ok": reply["ok"], "result": reply.get("result"), "error": reply.get("error", "")}
+        return ctx.seal_to(gateway.name, MessageKind.transfer_result, req.task_id, req.data_id, payload)
+
+    @app.get("/v1/health")
+    async def health() -> dict[str, Any]:
+        return {"name": cfg.name, "role": "party", "executors": sum(h.alive for h in executors.values()),
+                "handled": dict(ctx.handled), "rejected": dict(ctx.gate.rejected)}
+
+    return app

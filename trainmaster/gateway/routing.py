@@ -1,0 +1,167 @@
+"""The task processing mapping table and the seen-message table, in SQLAlchemy.
+
+Mapping table: task id -> data id -> (party, executor address, rule), plus each leg's state and its
+one recorded outcome. Rows are never deleted, so past tasks stay queryable (the table "is built from
+history as well"). SQLite in WAL mode by default; any SQLAlchemy URL (PostgreSQL) works.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Float, Integer, String, Text, UniqueConstraint, create_engine, event, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class LegRow(Base):
+    __tablename__ = "legs"
+    __table_args__ = (UniqueConstraint("task_id", "data_id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    task_id: Mapped[str] = mapped_column(String(64), index=True)
+    data_id: Mapped[str] = mapped_column(String(64))
+    party: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    address: Mapped[str] = mapped_column(String(300), default="")
+    call_json: Mapped[str] = mapped_column(Text, default="{}")
+    state: Mapped[str] = mapped_column(String(16), default="registered")
+    outcome: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    detail: Mapped[str] = mapped_column(Text, default="")
+    result_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float, default=time.time)
+    updated_at: Mapped[float] = mapped_column(Float, default=time.time)
+
+
+class SeenMessage(Base):
+    __tablename__ = "seen_messages"
+    msg_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    sender: Mapped[str] = mapped_column(String(64))
+    expires_at: Mapped[float] = mapped_column(Float, index=True)
+
+
+def make_sessionmaker(url: str) -> sessionmaker[Session]:
+    """Open (and create) the database; SQLite gets WAL, a busy timeout and NORMAL sync."""
+    engine = create_engine(url, future=True)
+    if url.startswith("sqlite"):
+        @event.listens_for(engine, "connect")
+        def _pragmas(conn: Any, _record: Any) -> None:
+            cur = conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA busy_timeout=5000")
+            cur.close()
+    Base.metadata.create_all(engine)
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+class LegConflict(Exception):
+    """A report or result for a leg that belongs to someone else."""
+
+
+@dataclass(frozen=True)
+class Leg:
+    task_id: str
+    data_id: str
+    party: str | None
+    address: str
+    call: dict[str, Any]
+    state: str
+    outcome: str | None
+    detail: str
+    result_json: str | None
+
+
+def _leg(row: LegRow) -> Leg:
+    return Leg(row.task_id, row.data_id, row.party, row.address, json.loads(row.call_json), row.state,
+               row.outcome, row.detail, row.result_json)
+
+
+class MappingTable:
+    """Repository over the legs table; every write commits before the caller acknowledges."""
+
+    def __init__(self, url: str):
+        self._sessions = make_sessionmaker(url)
+
+    def register(self, task_id: str, data_id: str, party: str, address: str, call: dict[str, Any],
+                 ready: bool = True, reason: str = "") -> Leg:
+        """Record an executor report; a leg already owned by another party is refused."""
+        with self._sessions.begin() as s:
+            row = s.scalar(select(LegRow).where(LegRow.task_id == task_id, LegRow.data_id == data_id))
+            if row is not None and row.party != party:
+                raise LegConflict(f"leg ({task_id}, {data_id}) belongs to party {row.party!r}")
+            if row is not None and row.outcome is not None:
+                raise LegConflict(f"leg ({task_id}, {data_id}) already finished with {row.outcome!r}")
+            if row is None:
+                row = LegRow(task_id=task_id, data_id=data_id, party=party)
+                s.add(row)
+            row.address, row.call_json, row.updated_at = address, json.dumps(call), time.time()
+            if not ready:
+                row.outcome, row.detail, row.state = "timeout", reason or "executor did not come up", "done"
+            s.flush()
+            return _leg(row)
+
+    def legs(self, task_id: str) -> dict[str, Leg]:
+        with self._sessions() as s:
+            rows = s.scalars(select(LegRow).where(LegRow.task_id == task_id)).all()
+            return {r.data_id: _leg(r) for r in rows}
+
+    def mark_unrouted(self, task_id: str, data_id: str) -> None:
+        """A requested data id with no report: it still gets exactly one outcome."""
+        try:
+            with self._sessions.begin() as s:
+                s.add(LegRow(task_id=task_id, data_id=data_id, party=None, state="done",
+                             outcome="party_unavailable", detail="no party reported an executor for this data id"))
+        except IntegrityError:
+            pass
+
+    def mark_dispatched(self, task_id: str, data_id: str) -> None:
+        with self._sessions.begin() as s:
+            s.execute(update(LegRow).where(LegRow.task_id == task_id, LegRow.data_id == data_id, LegRow.outcome.is_(None))
+                      .values(state="dispatched", updated_at=time.time()))
+
+    def record_outcome(self, task_id: str, data_id: str, outcome: str, detail: str = "", result_json: str | None = None) -> bool:
+        """Set the leg's outcome once; returns False if it already had one (never overwritten)."""
+        with self._sessions.begin() as s:
+            res = s.execute(
+                update(LegRow).where(LegRow.task_id == task_id, LegRow.data_id == data_id, LegRow.outcome.is_(None))
+                .values(outcome=outcome, detail=detail, result_json=result_json, state="done", updated_at=time.time())
+            )
+            return bool(res.rowcount)
+
+    def count(self) -> int:
+        with self._sessions() as s:
+            return len(s.scalars(select(LegRow.id)).all())
+
+    def in_flight(self) -> int:
+        with self._sessions() as s:
+            return len(s.scalars(select(LegRow.id).where(LegRow.state == "dispatched", LegRow.outcome.is_(None))).all())
+
+
+class SeenTable:
+    """Replay protection: a message id is accepted once; old ids age out past the skew window."""
+
+    def __init__(self, url: str):
+        self._sessions = make_sessionmaker(url)
+        self._last_prune = 0.0
+
+    def first_sighting(self, msg_id: str, sender: str, expires_at: float, now: float, skew_s: float) -> bool:
+        if now - self._last_prune > 30:
+            with self._sessions.begin() as s:
+                s.query(SeenMessage).filter(SeenMessage.expires_at < now - 2 * skew_s).delete()
+            self._last_prune = now
+        try:
+            with self._sessions.begin() as s:
+                s.add(SeenMessage(msg_id=msg_id, sender=sender, expires_at=expires_at))
+            return True
+        except IntegrityError:
+            return False
+
+    def count(self) -> int:
+        with self._sessions() as s:
+            return len(s.scalars(select(SeenMessage.msg_id)).all())
