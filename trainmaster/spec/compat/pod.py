@@ -130,8 +130,8 @@ def _container(container: dict[str, Any], path: str, report: Report) -> dict[str
     if ports:
         if len(ports) > 1:
             role["ports"] = len(ports)
-        numbers = [p.get("containerPort") for p in ports if isinstance(p, dict)]
-        report.ignore(join(path, "ports"), f"container ports {numbers} are not used: each instance "
+        numbers = ", ".join(str(p.get("containerPort")) for p in ports if isinstance(p, dict))
+        report.ignore(join(path, "ports"), f"container port(s) {numbers} are not used: each instance "
                       f"gets {len(ports)} free port(s) of this machine (TM_PORT / TM_PORTS)")
     resources = _resources(report.mapping(container.get("resources"), join(path, "resources")),
                            join(path, "resources"), report)

@@ -1,0 +1,230 @@
+"""Kubeflow PyTorchJob / TFJob / MPIJob -> trainmaster/v1 Job conversion (table-driven)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from trainmaster.errors import UserError
+from trainmaster.spec import load_document
+from trainmaster.spec.compat import convert
+
+
+def container(name: str = "pytorch", **extra: Any) -> dict[str, Any]:
+    return {"name": name, "image": "example/train:1", "command": ["python", "train.py"], **extra}
+
+
+def replica(replicas: int = 1, container_name: str = "pytorch", restart: str | None = None,
+            **extra: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {"replicas": replicas,
+                            "template": {"spec": {"containers": [container(container_name, **extra)]}}}
+    if restart:
+        spec["restartPolicy"] = restart
+    return spec
+
+
+def kubeflow(kind: str, replicas: dict[str, Any], version: str = "v1", **spec: Any) -> dict[str, Any]:
+    key = {"PyTorchJob": "pytorchReplicaSpecs", "TFJob": "tfReplicaSpecs", "MPIJob": "mpiReplicaSpecs"}[kind]
+    return {"apiVersion": f"kubeflow.org/{version}", "kind": kind, "metadata": {"name": "job-a"},
+            "spec": {key: replicas, **spec}}
+
+
+def roles_of(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {r["name"]: r for r in doc["spec"]["roles"]}
+
+
+PYTORCH = kubeflow("PyTorchJob", {"Master": replica(1, restart="OnFailure"),
+                                  "Worker": replica(2, restart="OnFailure")})
+TF_PS = kubeflow("TFJob", {"PS": replica(2, "tensorflow"), "Worker": replica(4, "tensorflow")})
+TF_CHIEF = kubeflow("TFJob", {"Chief": replica(1, "tensorflow"), "PS": replica(1, "tensorflow"),
+                              "Worker": replica(2, "tensorflow"), "Evaluator": replica(1, "tensorflow")})
+TF_ALL = kubeflow("TFJob", {"PS": replica(1, "tensorflow"), "Worker": replica(2, "tensorflow")},
+                  successPolicy="AllWorkers")
+MPI_V1 = kubeflow("MPIJob", {"Launcher": replica(1, "mpi"), "Worker": replica(2, "mpi")}, slotsPerWorker=1)
+MPI_V2 = kubeflow("MPIJob", {"Launcher": replica(1, "launcher"), "Worker": replica(3, "worker")},
+                  version="v2beta1")
+
+
+@pytest.mark.parametrize("raw, framework, roles, depends, status", [
+    (PYTORCH, "pytorch", {"master": 1, "worker": 2}, {"worker": ["master"]}, {"preset": "kubeflow"}),
+    (TF_PS, "command", {"ps": 2, "worker": 4}, {"worker": ["ps"]}, {"preset": "tfjob-allworkers"}),
+    (TF_CHIEF, "command", {"chief": 1, "ps": 1, "worker": 2, "evaluator": 1},
+     {"chief": ["ps"], "worker": ["ps", "chief"], "evaluator": ["chief"]},
+     {"failed": "any", "succeeded": {"roles": ["chief"]}}),
+    (TF_ALL, "command", {"ps": 1, "worker": 2}, {"worker": ["ps"]}, {"preset": "tfjob-allworkers"}),
+    (MPI_V1, "mpi", {"launcher": 1, "worker": 2}, {"launcher": ["worker"]},
+     {"failed": "any", "succeeded": {"roles": ["launcher"]}}),
+    (MPI_V2, "mpi", {"launcher": 1, "worker": 3}, {"launcher": ["worker"]},
+     {"failed": "any", "succeeded": {"roles": ["launcher"]}}),
+], ids=["pytorch", "tf-ps", "tf-chief", "tf-allworkers", "mpi-v1", "mpi-v2beta1"])
+def test_replica_specs_become_roles(raw: dict[str, Any], framework: str, roles: dict[str, int],
+                                    depends: dict[str, list[str]], status: dict[str, Any]) -> None:
+    """Mechanism: replica specs -> roles (lower-cased type), replicas, implicit start order as
+    dependsOn, the kind's success policy as the job status policy, and the framework id."""
+    converted = convert(copy.deepcopy(raw))
+    assert converted is not None
+    doc = converted.document
+    assert doc["apiVersion"] == "trainmaster/v1" and doc["kind"] == "Job"
+    assert doc["metadata"]["name"] == "job-a"
+    assert doc["spec"]["framework"] in (framework, "tf-ps" if framework == "command" else framework)
+    by_name = roles_of(doc)
+    assert {n: r["replicas"] for n, r in by_name.items()} == roles
+    assert {n: [d["role"] for d in r["dependsOn"]] for n, r in by_name.items() if "dependsOn" in r} == depends
+    assert doc["spec"]["statusPolicy"] == status
+    assert by_name[next(iter(roles))]["command"] == ["python", "train.py"]
+    loaded = load_document(doc)  # the converted job passes our normal validation
+    assert loaded.job.spec.total_replicas == sum(roles.values())
+
+
+def test_tfjob_without_chief_lets_a_worker_finish_the_job() -> None:
+    """Mechanism: TFJob default success policy with no chief (a worker finishing ends the job)."""
+    doc = convert(copy.deepcopy(TF_PS)).document  # type: ignore[union-attr]
+    assert roles_of(doc)["worker"]["statusPolicy"] == {"succeeded": 1}
+
+
+@pytest.mark.parametrize("kubeflow_policy, ours, approximated", [
+    ("Never", "Never", False), ("OnFailure", "OnFailure", False), ("Always", "Always", False),
+    ("ExitCode", "OnFailure", True),
+])
+def test_restart_policies(kubeflow_policy: str, ours: str, approximated: bool) -> None:
+    """Mechanism: replica restartPolicy -> our restart policy kinds; runPolicy.backoffLimit ->
+    maxRestarts; ExitCode is reported as an approximation."""
+    raw = kubeflow("PyTorchJob", {"Master": replica(1, restart=kubeflow_policy)},
+                   runPolicy={"backoffLimit": 5})
+    converted = convert(raw)
+    assert converted is not None
+    assert roles_of(converted.document)["master"]["restartPolicy"] == {"policy": ours, "maxRestarts": 5}
+    assert any("restartPolicy: approximated" in line for line in converted.ignored) == approximated
+
+
+@pytest.mark.parametrize("kind, replicas, expected", [
+    ("PyTorchJob", {"Master": replica(1), "Worker": replica(1)}, {"master": "OnFailure", "worker": "OnFailure"}),
+    ("TFJob", {"PS": replica(1, "tensorflow"), "Worker": replica(1, "tensorflow")},
+     {"ps": "Never", "worker": "Never"}),
+    ("MPIJob", {"Launcher": replica(1), "Worker": replica(1)}, {"launcher": "OnFailure", "worker": "Never"}),
+])
+def test_kubeflow_default_restart_policies(kind: str, replicas: dict[str, Any],
+                                           expected: dict[str, str]) -> None:
+    """Mechanism: a replica spec without restartPolicy gets the Kubeflow default of its kind."""
+    doc = convert(kubeflow(kind, replicas)).document  # type: ignore[union-attr]
+    assert {n: r["restartPolicy"]["policy"] for n, r in roles_of(doc).items()} == expected
+
+
+def test_scheduling_policy_becomes_scheduling() -> None:
+    """Mechanism: runPolicy.schedulingPolicy minAvailable/queue/priorityClass -> scheduling;
+    the rest of runPolicy is reported as ignored."""
+    raw = kubeflow("PyTorchJob", {"Master": replica(1), "Worker": replica(3)}, runPolicy={
+        "schedulingPolicy": {"minAvailable": 4, "queue": "research", "priorityClass": "high",
+                             "scheduleTimeoutSeconds": 30},
+        "cleanPodPolicy": "All", "ttlSecondsAfterFinished": 100, "activeDeadlineSeconds": 600})
+    converted = convert(raw)
+    assert converted is not None
+    assert converted.document["spec"]["scheduling"] == {"minAvailable": 4, "queue": "research",
+                                                        "priorityClass": "high"}
+    ignored = "\n".join(converted.ignored)
+    for path in ("spec.runPolicy.schedulingPolicy.scheduleTimeoutSeconds", "spec.runPolicy.cleanPodPolicy",
+                 "spec.runPolicy.ttlSecondsAfterFinished", "spec.runPolicy.activeDeadlineSeconds"):
+        assert path + ":" in ignored
+    assert load_document(converted.document).job.spec.scheduling.priority == 100
+
+
+def test_container_fields_translate_and_the_rest_is_reported() -> None:
+    """Mechanism: container command+args, env (valueFrom ignored with reason), resources
+    (requests cpu/memory, nvidia.com/gpu limit) -> role; images, volumes, node selectors,
+    sidecars and probes are reported as ignored, never dropped silently."""
+    master = replica(1, args=["--epochs", "3"], env=[
+        {"name": "LR", "value": "0.1"},
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+        resources={"requests": {"cpu": "500m", "memory": "1Gi"},
+                   "limits": {"cpu": "2", "nvidia.com/gpu": 1, "ephemeral-storage": "1Gi"}},
+        volumeMounts=[{"name": "data", "mountPath": "/data"}], livenessProbe={"exec": {}})
+    pod = master["template"]["spec"]
+    pod["volumes"] = [{"name": "data", "emptyDir": {}}]
+    pod["nodeSelector"] = {"gpu": "a100"}
+    pod["tolerations"] = [{"key": "x"}]
+    pod["containers"].append({"name": "sidecar", "image": "envoy"})
+    master["template"]["metadata"] = {"annotations": {"sidecar.istio.io/inject": "false"}}
+    converted = convert(kubeflow("PyTorchJob", {"Master": master}))
+    assert converted is not None
+    role = roles_of(converted.document)["master"]
+    assert role["command"] == ["python", "train.py"] and role["args"] == ["--epochs", "3"]
+    assert role["env"] == {"LR": "0.1"}
+    assert role["resources"] == {"cpu": 0.5, "memory": "1Gi", "gpu": 1}
+    assert role["image"] == "example/train:1"
+    base = "spec.pytorchReplicaSpecs.Master.template"
+    ignored = "\n".join(converted.ignored)
+    for path in (f"{base}.metadata", f"{base}.spec.volumes", f"{base}.spec.nodeSelector",
+                 f"{base}.spec.tolerations", f"{base}.spec.containers[1]",
+                 f"{base}.spec.containers[0].env[1].valueFrom", f"{base}.spec.containers[0].image",
+                 f"{base}.spec.containers[0].volumeMounts", f"{base}.spec.containers[0].livenessProbe",
+                 f"{base}.spec.containers[0].resources.limits.cpu",
+                 f"{base}.spec.containers[0].resources.limits.ephemeral-storage"):
+        assert path + ":" in ignored, path
+    assert "POD_IP" in ignored
+    assert load_document(converted.document).job.spec.role("master").resources.gpu == 1
+
+
+def test_main_container_is_chosen_by_name() -> None:
+    """Mechanism: Kubeflow's main container (``pytorch``) runs, whatever its position."""
+    master = replica(1)
+    master["template"]["spec"]["containers"].insert(0, {"name": "log-shipper", "command": ["tail"]})
+    role = roles_of(convert(kubeflow("PyTorchJob", {"Master": master})).document)["master"]  # type: ignore[union-attr]
+    assert role["command"] == ["python", "train.py"]
+
+
+def test_args_without_command_run_as_the_command() -> None:
+    """Mechanism: a container with args but no command (image entrypoint) runs its args."""
+    master = replica(1)
+    del master["template"]["spec"]["containers"][0]["command"]
+    master["template"]["spec"]["containers"][0]["args"] = ["python", "-c", "print(1)"]
+    converted = convert(kubeflow("PyTorchJob", {"Master": master}))
+    assert converted is not None
+    role = roles_of(converted.document)["master"]
+    assert role["command"] == ["python", "-c", "print(1)"] and "args" not in role
+    assert any(".args: approximated" in line for line in converted.ignored)
+
+
+def test_cpu_quantities() -> None:
+    """Mechanism: Kubernetes CPU quantities (millicores) become cores."""
+    from trainmaster.spec.compat.pod import cpu_quantity
+
+    assert [cpu_quantity(v) for v in ("250m", "2", "1.5", 3, "lots")] == [0.25, 2.0, 1.5, 3.0, "lots"]
+
+
+@pytest.mark.parametrize("api_version, kind, needle", [
+    ("kubeflow.org/v1", "XGBoostJob", "XGBoostJob is not supported"),
+    ("kubeflow.org/v1", "PaddleJob", "PaddleJob is not supported"),
+    ("kubeflow.org/v2beta1", "PyTorchJob", "kubeflow.org/v1"),
+    ("trainer.kubeflow.org/v1alpha1", "TrainJob", "TrainJob is not supported"),
+])
+def test_unknown_kubeflow_kinds_are_user_errors(api_version: str, kind: str, needle: str) -> None:
+    """Mechanism: a kubeflow.org document we cannot convert is a clear UserError."""
+    with pytest.raises(UserError) as err:
+        convert({"apiVersion": api_version, "kind": kind, "metadata": {"name": "x"}, "spec": {}})
+    assert needle in str(err.value)
+
+
+def test_broken_structure_is_a_user_error_with_the_path() -> None:
+    """Mechanism: structure (a list where a mapping goes) is checked; values are left to validation."""
+    with pytest.raises(UserError) as err:
+        convert(kubeflow("PyTorchJob", {"Master": ["not", "a", "mapping"]}))
+    assert "spec.pytorchReplicaSpecs.Master: must be a mapping" in str(err.value)
+
+
+def test_invalid_values_are_reported_by_validation_with_paths() -> None:
+    """Mechanism: the converter does not validate values; our validation reports them by path."""
+    raw = kubeflow("PyTorchJob", {"Master": replica(1, restart="Sometimes"), "Worker": replica(0)})
+    converted = convert(raw)
+    assert converted is not None
+    with pytest.raises(UserError) as err:
+        load_document(converted.document)
+    text = str(err.value)
+    assert "spec.roles[0].restartPolicy.policy" in text and "spec.roles[1].replicas" in text
+
+
+def test_foreign_documents_are_left_alone() -> None:
+    """Mechanism: documents that are neither Kubeflow nor Volcano are not converted."""
+    assert convert({"apiVersion": "trainmaster/v1", "kind": "Job"}) is None
+    assert convert({"apiVersion": "batch/v1", "kind": "Job"}) is None
