@@ -1,0 +1,263 @@
+"""The parameter node: verifies forwarding-node sums and aggregates whatever they could not.
+
+For every slice it keeps an integer sum built only from contributions with disjoint worker
+bitmaps (complete sums from a forwarding node, flushed partial sums, retransmitted, conflicting
+or diverted packets alike). When the bitmap is complete it verifies overflow: a clean sum goes
+down flagged VERIFIED (and is cached, so a worker that lost it gets it again on retransmit); an
+overflowed one triggers the exception-retransmit instruction and a float sum. It also watches
+worker liveness: a worker that falls silent while its job waits fails the job with a clear
+message to the other workers, and every forwarding node frees the job's slots.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from trainmaster.aggregation.accumulator import FloatSum, IntSum
+from trainmaster.aggregation.protocol import (
+    Flag,
+    Header,
+    Kind,
+    ProtocolError,
+    bits,
+    decode,
+    encode,
+    full_mask,
+    values,
+)
+from trainmaster.aggregation.transport import Address, FaultPlan, UdpTransport
+
+
+@dataclass
+class _Slice:
+    ints: IntSum = field(default_factory=IntSum)
+    floats: FloatSum | None = None  # set once the slice is on the exception path
+    conflict: bool = False
+    slot: int = 0
+    result: bytes | None = None  # encoded RESULT, kept for workers that lost it
+
+
+@dataclass
+class _Job:
+    fan_in: int
+    registered: int = 0
+    left: int = 0
+    routes: dict[int, Address] = field(default_factory=dict)
+    last_seen: dict[int, float] = field(default_factory=dict)
+    slices: dict[tuple[int, int], _Slice] = field(default_factory=dict)
+    newest_round: int = 0
+    pool: int = 0
+    failed: str | None = None
+
+
+@dataclass
+class ParameterNodeCounters:
+    packets_in: int = 0
+    pieces_merged: int = 0
+    duplicates_ignored: int = 0
+    verified: int = 0
+    completeness_failures: int = 0
+    overflow_fallbacks: int = 0
+    conflicts_aggregated: int = 0
+    retransmits_seen: int = 0
+    results_resent: int = 0
+    jobs_failed: int = 0
+
+
+class ParameterNode:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, faults: FaultPlan | None = None,
+                 dead_after: float = 3.0, name: str = "ps"):
+        self.transport = UdpTransport(name, host, port, faults)
+        self.address = self.transport.address
+        self.dead_after = dead_after
+        self.jobs: dict[int, _Job] = {}
+        self.counters = ParameterNodeCounters()
+        self._running = True
+
+    # ---- sending down ---------------------------------------------------------------------
+    def _down(self, job: _Job, h: Header, payload: bytes | np.ndarray, *,
+              control: bool = False) -> bytes:
+        """Send to the workers in ``h.bitmap``, one datagram per next hop; returns the body."""
+        data = encode(h, payload)
+        self._send_encoded(job, data, h.bitmap, control=control)
+        return data
+
+    def _send_encoded(self, job: _Job, data: bytes, mask: int, *, control: bool = False) -> None:
+        hops: dict[Address, int] = {}
+        for rank in bits(mask):
+            hop = job.routes.get(rank)
+            if hop is not None:
+                hops[hop] = hops.get(hop, 0) | 1 << rank
+        for hop, sub in hops.items():
+            h, body = decode(data)
+            self.transport.send(encode(h.with_(bitmap=sub), body), hop, control=control)
+
+    # ---- up-going -------------------------------------------------------------------------
+    def _on_hello(self, h: Header, src: Address) -> None:
+        job = self.jobs.get(h.job)
+        if job is None or job.failed or job.fan_in != h.fan_in:
+            job = self.jobs[h.job] = _Job(h.fan_in)
+        job.registered |= h.bitmap
+        now = time.monotonic()
+        for rank in bits(h.bitmap):
+            job.routes[rank] = src
+            job.last_seen[rank] = now
+        if job.registered == full_mask(job.fan_in):
+            # the WELCOME is the job's barrier: every forwarding node now knows every route
+            target = full_mask(job.fan_in) if job.pool == 0 else h.bitmap
+            job.pool = 1
+            self._down(job, Header(Kind.WELCOME, h.job, bitmap=target, fan_in=job.fan_in), b"")
+
+    def _on_data(self, h: Header, body: bytes) -> None:
+        job = self.jobs.get(h.job)
+        if job is None:
+            return
+        if job.failed:
+            head = Header(Kind.ABORT, h.job, bitmap=h.bitmap, fan_in=job.fan_in)
+            self._down(job, head, job.failed.encode())
+            return
+        now = time.monotonic()
+        for rank in bits(h.bitmap):
+            job.last_seen[rank] = now
+        if h.round + 1 < job.newest_round:
+            return  # a slice every worker already finished; nobody can be waiting for it
+        if h.round > job.newest_round:
+            job.newest_round = h.round
+            for key in [k for k in job.slices if k[0] + 1 < h.round]:
+                del job.slices[key]
+        sl = job.slices.setdefault((h.round, h.seq), _Slice(slot=h.slot))
+        if h.has(Flag.RETRANSMIT):
+            self.counters.retransmits_seen += 1
+        if sl.result is not None:
+            if h.has(Flag.RETRANSMIT):
+                self.counters.results_resent += 1
+                self._send_encoded(job, sl.result, h.bitmap)
+            else:
+                self.counters.duplicates_ignored += 1
+            return
+        if h.has(Flag.CONFLICT) and not sl.conflict:
+            sl.conflict = True
+            self.counters.conflicts_aggregated += 1
+        full = full_mask(job.fan_in)
+        if h.has(Flag.FLOAT):
+            if sl.floats is None:
+                sl.floats = FloatSum()
+            if not sl.floats.add(values(h, body), h.bitmap):
+                self.counters.duplicates_ignored += 1
+                return
+            self.counters.pieces_merged += 1
+            if sl.floats.bitmap == full:
+                self._finish(job, h, sl, sl.floats.values.astype(np.float32), Flag.FLOAT, 0)
+            return
+        if sl.floats is not None:
+            # the slice is on the exception path: this sender missed the instruction
+            self._down(job, h.with_(kind=Kind.EXCEPTION, flags=Flag.NONE, count=0), b"")
+            return
+        if not sl.ints.add(values(h, body), h.exponent, h.bitmap, h.has(Flag.OVERFLOW)):
+            self.counters.duplicates_ignored += 1
+            return
+        self.counters.pieces_merged += 1
+        self._verify(job, h, sl)
+
+    def _verify(self, job: _Job, h: Header, sl: _Slice) -> None:
+        full = full_mask(job.fan_in)
+        if sl.ints.bitmap != full:
+            if not h.has(Flag.AGGREGATE_AT_PS) and h.bitmap != full:
+                # a forwarding node declared a sum finished that lacks workers: wait for timers
+                self.counters.completeness_failures += 1
+            return
+        q, overflow = sl.ints.wire()
+        if overflow:
+            self.counters.overflow_fallbacks += 1
+            sl.floats = FloatSum()
+            self._down(job, Header(Kind.EXCEPTION, h.job, h.round, h.seq, full, job.fan_in,
+                                   h.slot), b"")
+            return
+        self._finish(job, h, sl, q, Flag.NONE, sl.ints.exponent)
+
+    def _finish(self, job: _Job, h: Header, sl: _Slice, payload: np.ndarray, flag: Flag,
+                exponent: int) -> None:
+        self.counters.verified += 1
+        slot = sl.slot
+        flags = Flag.VERIFIED | flag
+        if sl.conflict:
+            # an updated resource id, so that this slice's next allocation lands elsewhere
+            slot = (sl.slot + 1 + (h.job * 7 + h.seq * 13) % 251) & 0xFFFF
+            flags |= Flag.CONFLICT
+        head = Header(Kind.RESULT, h.job, h.round, h.seq, full_mask(job.fan_in), job.fan_in,
+                      slot, exponent, payload.size, flags)
+        sl.result = self._down(job, head, payload)
+        sl.ints = IntSum()
+        sl.floats = None
+
+    # ---- liveness -------------------------------------------------------------------------
+    def _check_liveness(self) -> None:
+        now = time.monotonic()
+        for job_id, job in self.jobs.items():
+            if job.failed or job.registered != full_mask(job.fan_in):
+                continue
+            waiting = any(sl.result is None for sl in job.slices.values())
+            if not waiting:
+                continue
+            silent = [r for r in bits(job.registered)
+                      if job.left >> r & 1 or now - job.last_seen.get(r, now) > self.dead_after]
+            if silent:
+                self._fail(job_id, job, silent, now)
+
+    def _fail(self, job_id: int, job: _Job, silent: list[int], now: float) -> None:
+        ages = ", ".join(
+            f"worker {r} ({'left' if job.left >> r & 1 else f'silent {now - job.last_seen[r]:.1f} s'})"
+            for r in silent)
+        job.failed = (f"job {job_id}: {ages}; the reduction cannot complete, so the parameter "
+                      f"node aborted it and the forwarding nodes released its slots")
+        self.counters.jobs_failed += 1
+        head = Header(Kind.ABORT, job_id, bitmap=full_mask(job.fan_in), fan_in=job.fan_in)
+        self._down(job, head, job.failed.encode())
+        job.slices.clear()
+
+    # ---- loop -----------------------------------------------------------------------------
+    def stats(self) -> dict[str, object]:
+        return {"role": "ps", **self.counters.__dict__,
+                "jobs_failed_reasons": [j.failed for j in self.jobs.values() if j.failed],
+                "transport": self.transport.counters.as_dict()}
+
+    def handle(self, datagram: bytes, src: Address) -> None:
+        try:
+            h, body = decode(datagram)
+        except (ProtocolError, ValueError):
+            return
+        self.counters.packets_in += 1
+        if h.kind == Kind.DATA:
+            self._on_data(h, body)
+        elif h.kind == Kind.HELLO:
+            self._on_hello(h, src)
+        elif h.kind == Kind.HEARTBEAT:
+            job = self.jobs.get(h.job)
+            if job is not None:
+                now = time.monotonic()
+                for rank in bits(h.bitmap):
+                    job.last_seen[rank] = now
+        elif h.kind == Kind.BYE:
+            job = self.jobs.get(h.job)
+            if job is not None:
+                job.left |= h.bitmap
+        elif h.kind == Kind.STATS:
+            self.transport.send(encode(h, json.dumps(self.stats()).encode()), src, control=True)
+        elif h.kind == Kind.SHUTDOWN:
+            self._running = False
+
+    def serve(self, until: float | None = None) -> None:
+        next_check = time.monotonic() + 0.25
+        while self._running and (until is None or time.monotonic() < until):
+            got = self.transport.recv(0.1)
+            if got is not None:
+                self.handle(*got)
+            now = time.monotonic()
+            if now >= next_check:
+                self._check_liveness()
+                next_check = now + 0.25
+        self.transport.close()

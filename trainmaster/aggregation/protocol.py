@@ -1,0 +1,140 @@
+"""Wire format of the aggregation fabric: one fixed binary header (``struct``) plus a payload.
+
+Every datagram between workers, forwarding nodes and the parameter node is ``Header`` followed
+by ``count`` elements: int32 quantised values, or float32 values when the ``FLOAT`` flag is set
+(the exception path), or UTF-8/JSON text for control messages. A fixed header keeps per-packet
+parsing to one ``struct.unpack`` and lets a hardware forwarding node find every field at a fixed
+offset.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+VERSION = 1
+# version, kind, flags, job, round, seq, bitmap, fan_in, slot, exponent, count
+_HEADER = struct.Struct("!BBHIIIQHHhI")
+HEADER_SIZE = _HEADER.size
+MAX_DATAGRAM = 65507  # largest UDP payload over IPv4
+MAX_ELEMENTS = (MAX_DATAGRAM - HEADER_SIZE) // 4
+MAX_WORKERS = 64  # the worker bitmap is 64 bits wide
+INT_SATURATED = np.int64(2**31 - 1)  # the value a forwarding node writes when a sum overflows
+
+
+class Kind(enum.IntEnum):
+    """What a datagram is; 'up' travels worker -> parameter node, 'down' the other way."""
+
+    DATA = 1  # up: a slice of gradient (first packet) or a partial sum of several workers
+    RESULT = 2  # down: the verified sum of a slice (second packet)
+    EXCEPTION = 3  # down: exception-retransmit instruction, resend this slice as floats
+    HELLO = 4  # up: a worker joins a job; forwarding nodes learn routes from it
+    WELCOME = 5  # down: every worker of the job has joined; carries the smallest slot pool
+    HEARTBEAT = 6  # up: the worker is alive even when it is not reducing
+    ABORT = 7  # down: the job failed (a worker died); payload is the reason, slots are freed
+    STATS = 8  # request/reply: counters as JSON (control plane, never fault-injected)
+    BYE = 9  # up: a worker leaves cleanly
+    SHUTDOWN = 10  # control: stop the process serving this socket
+
+
+class Flag(enum.IntFlag):
+    """Header flags; names follow the spec's packet fields."""
+
+    NONE = 0
+    AGGREGATE_AT_PS = 1  # aggregate-at = 1: forwarding nodes only forward
+    RETRANSMIT = 2  # sent again after a loss
+    CONFLICT = 4  # the slot was held by another slice; the parameter node aggregated it
+    OVERFLOW = 8  # the sum left the int32 range (values are saturated)
+    VERIFIED = 16  # the parameter node checked completeness and overflow
+    FLOAT = 32  # payload is float32 (exception retransmit)
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    kind: Kind
+    job: int
+    round: int = 0
+    seq: int = 0
+    bitmap: int = 0
+    fan_in: int = 0
+    slot: int = 0
+    exponent: int = 0
+    count: int = 0
+    flags: Flag = Flag.NONE
+    version: int = VERSION
+
+    def has(self, flag: Flag) -> bool:
+        return bool(self.flags & flag)
+
+    def with_(self, **changes: object) -> Header:
+        return replace(self, **changes)
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        """The slice this packet belongs to: (job, round, seq)."""
+        return (self.job, self.round, self.seq)
+
+
+class ProtocolError(ValueError):
+    """A datagram that is not a valid packet of this protocol version."""
+
+
+def encode(header: Header, payload: bytes | np.ndarray = b"") -> bytes:
+    if isinstance(payload, np.ndarray):
+        wire = payload.astype(">f4" if header.has(Flag.FLOAT) else ">i4", copy=False)
+        body = wire.tobytes()
+        count = payload.size
+    elif header.kind in (Kind.DATA, Kind.RESULT):
+        body = payload  # an already-encoded numeric payload being forwarded
+        count = header.count
+    else:
+        body = payload
+        count = len(payload)
+    head = _HEADER.pack(header.version, int(header.kind), int(header.flags), header.job,
+                        header.round, header.seq, header.bitmap, header.fan_in,
+                        header.slot & 0xFFFF, header.exponent, count)
+    return head + body
+
+
+def decode(datagram: bytes) -> tuple[Header, bytes]:
+    if len(datagram) < HEADER_SIZE:
+        raise ProtocolError(f"datagram of {len(datagram)} bytes is shorter than the header")
+    version, kind, flags, job, rnd, seq, bitmap, fan_in, slot, exponent, count = \
+        _HEADER.unpack_from(datagram)
+    if version != VERSION:
+        raise ProtocolError(f"protocol version {version}, expected {VERSION}")
+    header = Header(Kind(kind), job, rnd, seq, bitmap, fan_in, slot, exponent, count,
+                    Flag(flags), version)
+    return header, datagram[HEADER_SIZE:]
+
+
+def values(header: Header, body: bytes) -> np.ndarray:
+    """The numeric payload: int64 for quantised values (so sums never wrap), float64 for floats."""
+    if header.has(Flag.FLOAT):
+        arr = np.frombuffer(body, dtype=">f4", count=header.count)
+        return arr.astype(np.float64)
+    arr = np.frombuffer(body, dtype=">i4", count=header.count)
+    return arr.astype(np.int64)
+
+
+def full_mask(fan_in: int) -> int:
+    return (1 << fan_in) - 1
+
+
+def bits(bitmap: int) -> list[int]:
+    """Worker ranks present in a bitmap."""
+    return [i for i in range(MAX_WORKERS) if bitmap >> i & 1]
+
+
+def slot_id(job: int, seq: int) -> int:
+    """Resource id for a slice: the job's hash offset plus the slice index.
+
+    Consecutive slices of one job land in consecutive slots, so a send window no larger than
+    the pool never collides with itself; different jobs start at different hashed offsets.
+    """
+    h = (job * 0x9E3779B1) & 0xFFFFFFFF
+    h ^= h >> 15
+    return (h + seq) & 0xFFFF

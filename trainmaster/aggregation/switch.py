@@ -1,0 +1,241 @@
+"""The forwarding node: a software switch that sums a job's packets in a fixed pool of slots.
+
+Up-going DATA packets with aggregate-at = 0 are summed in the slot named by their resource id
+(modulo the pool size). When every worker below this node has contributed, the partial sum goes
+up (to a second-level node or to the parameter node) and the slot is freed. Packets that must
+not be summed here go up unchanged with aggregate-at = 1: retransmissions (and the partial sum
+already held for that slice, so the parameter node can finish it), packets whose slot is held by
+another slice (conflict flag), and anything for a slice already diverted. Down-going packets are
+multicast to the workers (or lower nodes) named in their bitmap, using routes learned from HELLO.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from trainmaster.aggregation.accumulator import IntSum
+from trainmaster.aggregation.protocol import (
+    Flag,
+    Header,
+    Kind,
+    ProtocolError,
+    bits,
+    decode,
+    encode,
+    values,
+)
+from trainmaster.aggregation.transport import Address, FaultPlan, UdpTransport
+
+Key = tuple[int, int, int]
+
+
+@dataclass
+class _Slot:
+    key: Key
+    sum: IntSum
+    fan_in: int
+    since: float
+
+
+@dataclass
+class SwitchCounters:
+    packets_in: int = 0
+    aggregated: int = 0
+    partials_sent: int = 0
+    collisions: int = 0
+    flushes: int = 0
+    forwarded: int = 0
+    duplicates_ignored: int = 0
+    slots_released: int = 0
+    released_by_abort: int = 0
+
+
+@dataclass
+class _Job:
+    local_mask: int = 0
+    routes: dict[int, Address] = field(default_factory=dict)  # worker rank -> next hop down
+
+
+class _RecentKeys:
+    """Bounded memory of slices (diverted to the parameter node, or finished)."""
+
+    def __init__(self, capacity: int = 1 << 16):
+        self.capacity = capacity
+        self._keys: OrderedDict[Key, None] = OrderedDict()
+
+    def add(self, key: Key) -> None:
+        self._keys[key] = None
+        self._keys.move_to_end(key)
+        if len(self._keys) > self.capacity:
+            self._keys.popitem(last=False)
+
+    def __contains__(self, key: Key) -> bool:
+        return key in self._keys
+
+    def discard_job(self, job: int) -> None:
+        for key in [k for k in self._keys if k[0] == job]:
+            del self._keys[key]
+
+
+class ForwardingNode:
+    """One forwarding node process' state and loop (``serve``)."""
+
+    def __init__(self, parent: Address, slots: int = 64, name: str = "switch",
+                 host: str = "127.0.0.1", port: int = 0, faults: FaultPlan | None = None):
+        if slots < 1 or slots > 0xFFFF:
+            raise ValueError("a forwarding node needs between 1 and 65535 slots")
+        self.parent = parent
+        self.pool_size = slots
+        self.pool: list[_Slot | None] = [None] * slots
+        self.transport = UdpTransport(name, host, port, faults)
+        self.address = self.transport.address
+        self.counters = SwitchCounters()
+        self.jobs: dict[int, _Job] = {}
+        self.diverted = _RecentKeys()
+        self.finished = _RecentKeys()
+        self._running = True
+
+    # ---- up-going -------------------------------------------------------------------------
+    def _on_hello(self, h: Header, body: bytes, src: Address) -> None:
+        job = self.jobs.setdefault(h.job, _Job())
+        job.local_mask |= h.bitmap
+        for rank in bits(h.bitmap):
+            job.routes[rank] = src
+        self.transport.send(encode(h, body), self.parent)
+
+    def _forward_up(self, h: Header, body: bytes, extra: Flag = Flag.NONE) -> None:
+        self.counters.forwarded += 1
+        self.transport.send(encode(h.with_(flags=h.flags | Flag.AGGREGATE_AT_PS | extra), body),
+                            self.parent)
+
+    def _flush(self, index: int) -> None:
+        """Hand a slot's partial sum to the parameter node (a retransmission arrived)."""
+        slot = self.pool[index]
+        assert slot is not None
+        q, overflow = slot.sum.wire()
+        job, rnd, seq = slot.key
+        flags = Flag.AGGREGATE_AT_PS | (Flag.OVERFLOW if overflow else Flag.NONE)
+        head = Header(Kind.DATA, job, rnd, seq, slot.sum.bitmap, slot.fan_in, index,
+                      slot.sum.exponent, q.size, flags)
+        self.transport.send(encode(head, q), self.parent)
+        self.counters.flushes += 1
+        self._free(index)
+
+    def _free(self, index: int) -> None:
+        self.pool[index] = None
+        self.counters.slots_released += 1
+
+    def _on_data(self, h: Header, body: bytes) -> None:
+        key = h.key
+        index = h.slot % self.pool_size
+        slot = self.pool[index]
+        holds_key = slot is not None and slot.key == key
+        if h.has(Flag.AGGREGATE_AT_PS) or h.has(Flag.RETRANSMIT):
+            if holds_key:
+                self._flush(index)
+            self.diverted.add(key)
+            self._forward_up(h, body)
+            return
+        if key in self.finished:
+            self.counters.duplicates_ignored += 1
+            return
+        if key in self.diverted:
+            self._forward_up(h, body)
+            return
+        if slot is not None and not holds_key:
+            self.counters.collisions += 1
+            self.diverted.add(key)
+            self._forward_up(h, body, Flag.CONFLICT)
+            return
+        if slot is None:
+            slot = _Slot(key, IntSum(), h.fan_in, time.monotonic())
+            self.pool[index] = slot
+        if not slot.sum.add(values(h, body), h.exponent, h.bitmap, h.has(Flag.OVERFLOW)):
+            self.counters.duplicates_ignored += 1
+            return
+        self.counters.aggregated += 1
+        job = self.jobs.get(h.job)
+        local = job.local_mask if job else 0
+        if local and slot.sum.bitmap & local == local:
+            q, overflow = slot.sum.wire()
+            flags = Flag.OVERFLOW if overflow else Flag.NONE
+            head = Header(Kind.DATA, h.job, h.round, h.seq, slot.sum.bitmap, h.fan_in, h.slot,
+                          slot.sum.exponent, q.size, flags)
+            self.transport.send(encode(head, q), self.parent)
+            self.counters.partials_sent += 1
+            self.finished.add(key)
+            self._free(index)
+
+    # ---- down-going -----------------------------------------------------------------------
+    def _multicast(self, h: Header, body: bytes) -> None:
+        job = self.jobs.get(h.job)
+        if job is None:
+            return
+        hops: dict[Address, int] = {}
+        for rank in bits(h.bitmap):
+            hop = job.routes.get(rank)
+            if hop is not None:
+                hops[hop] = hops.get(hop, 0) | 1 << rank
+        for hop, mask in hops.items():
+            self.transport.send(encode(h.with_(bitmap=mask), body), hop)
+
+    def _on_down(self, h: Header, body: bytes) -> None:
+        if h.kind == Kind.RESULT:
+            key = h.key
+            self.finished.add(key)
+            index = h.slot % self.pool_size
+            for i in {index} | ({i for i, s in enumerate(self.pool) if s and s.key == key}
+                                if h.has(Flag.CONFLICT) else set()):
+                held = self.pool[i]
+                if held is not None and held.key == key:
+                    self._free(i)
+        elif h.kind == Kind.WELCOME:
+            h = h.with_(slot=min(h.slot or self.pool_size, self.pool_size))
+        elif h.kind == Kind.ABORT:
+            self._release_job(h.job)
+        self._multicast(h, body)
+
+    def _release_job(self, job: int) -> None:
+        for i, slot in enumerate(self.pool):
+            if slot is not None and slot.key[0] == job:
+                self._free(i)
+                self.counters.released_by_abort += 1
+        self.diverted.discard_job(job)
+
+    # ---- loop -----------------------------------------------------------------------------
+    def slots_in_use(self) -> int:
+        return sum(1 for s in self.pool if s is not None)
+
+    def stats(self) -> dict[str, object]:
+        return {"role": "switch", "pool": self.pool_size, "slots_in_use": self.slots_in_use(),
+                **self.counters.__dict__, "transport": self.transport.counters.as_dict()}
+
+    def handle(self, datagram: bytes, src: Address) -> None:
+        try:
+            h, body = decode(datagram)
+        except (ProtocolError, ValueError):
+            return
+        self.counters.packets_in += 1
+        if h.kind == Kind.DATA:
+            self._on_data(h, body)
+        elif h.kind in (Kind.HELLO,):
+            self._on_hello(h, body, src)
+        elif h.kind in (Kind.HEARTBEAT, Kind.BYE):
+            self.transport.send(encode(h, body), self.parent)
+        elif h.kind in (Kind.RESULT, Kind.EXCEPTION, Kind.WELCOME, Kind.ABORT):
+            self._on_down(h, body)
+        elif h.kind == Kind.STATS:
+            reply = json.dumps(self.stats()).encode()
+            self.transport.send(encode(h, reply), src, control=True)
+        elif h.kind == Kind.SHUTDOWN:
+            self._running = False
+
+    def serve(self, until: float | None = None) -> None:
+        while self._running and (until is None or time.monotonic() < until):
+            got = self.transport.recv(0.2)
+            if got is not None:
+                self.handle(*got)
+        self.transport.close()

@@ -1,0 +1,298 @@
+"""The worker client: ``allreduce(array) -> array`` through forwarding and parameter nodes.
+
+The tensor is cut into slices of ``chunk`` elements; at most ``window`` slices are in flight (no
+more than the pool of slots, and no more than the receive buffer holds). Each slice is quantised
+and sent with aggregate-at = 0. A slice whose result does not come back within the retransmit
+timeout, or that ``gap_threshold`` later slices overtook, is sent again with the retransmit flag
+and aggregate-at = 1. An exception-retransmit instruction makes the worker resend that slice as
+float32. A heartbeat thread keeps the parameter node aware that this worker is alive.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from trainmaster.aggregation.protocol import (
+    HEADER_SIZE,
+    MAX_ELEMENTS,
+    MAX_WORKERS,
+    Flag,
+    Header,
+    Kind,
+    ProtocolError,
+    decode,
+    encode,
+    slot_id,
+    values,
+)
+from trainmaster.aggregation.quantize import (
+    BlockFloat,
+    Quantizer,
+    dequantize,
+    error_bound,
+    quantize,
+)
+from trainmaster.aggregation.transport import Address, FaultPlan, UdpTransport
+
+
+class AggregationError(RuntimeError):
+    """The reduction cannot complete (a worker died, the fabric is unreachable)."""
+
+
+class WorkerLostError(AggregationError):
+    """Another worker of the job stopped; raised at every surviving worker."""
+
+
+@dataclass
+class WorkerCounters:
+    packets_sent: int = 0
+    retransmits: int = 0
+    gap_retransmits: int = 0
+    float_resends: int = 0
+    duplicates_ignored: int = 0
+    results: int = 0
+    elements_reduced: int = 0
+    seconds_in_allreduce: float = 0.0
+
+
+@dataclass
+class _InFlight:
+    seq: int
+    start: int
+    stop: int
+    sent_at: float
+    rto: float
+    floats: bool = False
+    acks_after: int = 0
+    gap_resent: bool = False
+
+
+@dataclass
+class WorkerConfig:
+    chunk: int = 4096
+    window: int = 64
+    retransmit_timeout: float = 0.2
+    max_retransmit_timeout: float = 1.0
+    gap_threshold: int = 16
+    timeout: float = 30.0  # no progress for this long -> AggregationError
+    heartbeat: float = 0.5
+    quantizer: Quantizer = field(default_factory=BlockFloat)
+
+
+class AggregationClient:
+    """One worker of one job. Not thread-safe: one ``allreduce`` at a time."""
+
+    def __init__(self, switch: Address, job: int, rank: int, world: int,
+                 config: WorkerConfig | None = None, faults: FaultPlan | None = None,
+                 host: str = "127.0.0.1"):
+        if not 0 <= rank < world <= MAX_WORKERS:
+            raise ValueError(f"rank {rank} / world {world}: need 0 <= rank < world <= "
+                             f"{MAX_WORKERS}")
+        self.config = config or WorkerConfig()
+        if not 1 <= self.config.chunk <= MAX_ELEMENTS:
+            raise ValueError(f"chunk must be between 1 and {MAX_ELEMENTS} elements")
+        self.switch, self.job, self.rank, self.world = switch, job, rank, world
+        self.bit = 1 << rank
+        self.transport = UdpTransport(f"worker{job}.{rank}", host, 0, faults)
+        self.counters = WorkerCounters()
+        self.round = 0
+        self.window = 1
+        self.slot_override: dict[int, int] = {}
+        self.last_error_bound: np.ndarray | None = None
+        self._stop = threading.Event()
+        self._heart: threading.Thread | None = None
+        self._joined = False
+
+    # ---- membership -----------------------------------------------------------------------
+    def join(self) -> None:
+        """Register with the fabric and wait until every worker of the job has (a barrier)."""
+        if self._joined:
+            return
+        hello = encode(Header(Kind.HELLO, self.job, bitmap=self.bit, fan_in=self.world))
+        deadline = time.monotonic() + self.config.timeout
+        next_hello = 0.0
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                raise AggregationError(
+                    f"job {self.job} worker {self.rank}: no WELCOME from the fabric at "
+                    f"{self.switch[0]}:{self.switch[1]} within {self.config.timeout:.0f} s "
+                    f"(are the forwarding node, the parameter node and all {self.world} workers "
+                    f"running?)")
+            if now >= next_hello:
+                self.transport.send(hello, self.switch)
+                next_hello = now + 0.3
+            got = self.transport.recv(min(0.3, deadline - now))
+            if got is None:
+                continue
+            h, _ = self._decode(got[0])
+            if h is not None and h.kind == Kind.WELCOME and h.job == self.job:
+                pool = h.slot or 1
+                per_packet = HEADER_SIZE + 4 * self.config.chunk
+                by_buffer = max(1, self.transport.receive_buffer // (2 * per_packet))
+                self.window = max(1, min(self.config.window, pool, by_buffer))
+                self._joined = True
+                break
+        self._heart = threading.Thread(target=self._heartbeat, daemon=True,
+                                       name=f"aggregation-heartbeat-{self.rank}")
+        self._heart.start()
+
+    def _heartbeat(self) -> None:
+        beat = encode(Header(Kind.HEARTBEAT, self.job, bitmap=self.bit, fan_in=self.world))
+        while not self._stop.wait(self.config.heartbeat):
+            self.transport.send(beat, self.switch)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._heart is not None:
+            self._heart.join(timeout=2)
+        if self._joined:
+            bye = encode(Header(Kind.BYE, self.job, bitmap=self.bit, fan_in=self.world))
+            self.transport.send(bye, self.switch, control=True)
+        self.transport.close()
+
+    def __enter__(self) -> AggregationClient:
+        self.join()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ---- reduction ------------------------------------------------------------------------
+    @staticmethod
+    def _decode(data: bytes) -> tuple[Header | None, bytes]:
+        try:
+            return decode(data)
+        except (ProtocolError, ValueError):
+            return None, b""
+
+    def _send_slice(self, x: np.ndarray, fl: _InFlight, retransmit: bool) -> None:
+        chunk = x[fl.start:fl.stop]
+        slot = self.slot_override.get(fl.seq, slot_id(self.job, fl.seq))
+        flags = Flag.NONE
+        if retransmit:
+            flags |= Flag.RETRANSMIT | Flag.AGGREGATE_AT_PS
+        if fl.floats:
+            flags |= Flag.FLOAT | Flag.AGGREGATE_AT_PS
+            payload = chunk
+            exponent = 0
+        else:
+            exponent = self.config.quantizer.choose_exponent(chunk, self.world)
+            payload = quantize(chunk, exponent)
+        head = Header(Kind.DATA, self.job, self.round, fl.seq, self.bit, self.world, slot,
+                      exponent, chunk.size, flags)
+        self.transport.send(encode(head, payload), self.switch)
+        self.counters.packets_sent += 1
+        fl.sent_at = time.monotonic()
+
+    def allreduce(self, array: Any) -> Any:
+        """Sum ``array`` over every worker of the job; returns the same type and shape.
+
+        numpy arrays and torch tensors are accepted; the sum is computed in the quantised
+        domain, and ``last_error_bound`` holds the per-element bound on its absolute error.
+        """
+        self.join()
+        torch_like = hasattr(array, "detach") and hasattr(array, "numpy")
+        src = array.detach().cpu().numpy() if torch_like else np.asarray(array)
+        x = np.ascontiguousarray(src, dtype=np.float32).ravel()
+        if not np.all(np.isfinite(x)):
+            raise ValueError("allreduce input contains NaN or infinity")
+        out, bound = self._reduce(x)
+        self.last_error_bound = bound.reshape(src.shape)
+        result = out.reshape(src.shape)
+        if torch_like:
+            import torch
+
+            return torch.from_numpy(result).to(dtype=array.dtype, device=array.device)
+        return result.astype(src.dtype, copy=False) if src.dtype.kind == "f" else result
+
+    def _reduce(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        cfg = self.config
+        started = time.monotonic()
+        self.round += 1
+        n = x.size
+        chunk = cfg.chunk
+        total = max(1, math.ceil(n / chunk))
+        out = np.empty(n, dtype=np.float32)
+        bound = np.zeros(n, dtype=np.float32)
+        pending: dict[int, _InFlight] = {}
+        next_seq = done = 0
+        last_progress = time.monotonic()
+        while done < total:
+            while next_seq < total and len(pending) < self.window:
+                fl = _InFlight(next_seq, next_seq * chunk, min(n, (next_seq + 1) * chunk), 0.0,
+                               cfg.retransmit_timeout)
+                pending[next_seq] = fl
+                self._send_slice(x, fl, retransmit=False)
+                next_seq += 1
+            now = time.monotonic()
+            if now - last_progress > cfg.timeout:
+                raise AggregationError(
+                    f"job {self.job} worker {self.rank}: no result for {len(pending)} slice(s) "
+                    f"of round {self.round} within {cfg.timeout:.0f} s; the forwarding node "
+                    f"{self.switch[0]}:{self.switch[1]} or the parameter node is unreachable")
+            first_due = min(fl.sent_at + fl.rto for fl in pending.values())
+            got = self.transport.recv(max(0.0, min(first_due - now, 0.5)))
+            if got is not None:
+                h, body = self._decode(got[0])
+                if h is not None and h.job == self.job:
+                    if h.kind == Kind.ABORT:
+                        raise WorkerLostError(body.decode(errors="replace"))
+                    if h.round != self.round or h.seq not in pending:
+                        if h.kind == Kind.RESULT:
+                            self.counters.duplicates_ignored += 1
+                    elif h.kind == Kind.RESULT:
+                        fl = pending.pop(h.seq)
+                        self._accept(h, body, fl, out, bound)
+                        done += 1
+                        last_progress = time.monotonic()
+                        for other in pending.values():
+                            if other.seq < fl.seq:
+                                other.acks_after += 1
+                    elif h.kind == Kind.EXCEPTION:
+                        fl = pending[h.seq]
+                        if not fl.floats:
+                            fl.floats = True
+                            self.counters.float_resends += 1
+                            self._send_slice(x, fl, retransmit=False)
+                            last_progress = time.monotonic()
+            now = time.monotonic()
+            for fl in pending.values():
+                gap = fl.acks_after >= cfg.gap_threshold and not fl.gap_resent
+                if gap or now >= fl.sent_at + fl.rto:
+                    if gap:
+                        fl.gap_resent = True
+                        self.counters.gap_retransmits += 1
+                    else:
+                        fl.rto = min(fl.rto * 2, cfg.max_retransmit_timeout)
+                    self.counters.retransmits += 1
+                    self._send_slice(x, fl, retransmit=True)
+        self.counters.elements_reduced += n
+        self.counters.seconds_in_allreduce += time.monotonic() - started
+        return out, bound
+
+    def _accept(self, h: Header, body: bytes, fl: _InFlight, out: np.ndarray,
+                bound: np.ndarray) -> None:
+        self.counters.results += 1
+        vals = values(h, body)
+        if vals.size != fl.stop - fl.start:
+            raise AggregationError(f"result for slice {h.seq} has {vals.size} elements, "
+                                   f"expected {fl.stop - fl.start}")
+        if h.has(Flag.FLOAT):
+            out[fl.start:fl.stop] = vals
+            bound[fl.start:fl.stop] = 0.0
+        else:
+            out[fl.start:fl.stop] = dequantize(vals, h.exponent)
+            bound[fl.start:fl.stop] = error_bound(h.exponent, self.world)
+        if h.has(Flag.CONFLICT):
+            self.slot_override[h.seq] = h.slot
+
+    def stats(self) -> dict[str, Any]:
+        return {"role": "worker", "job": self.job, "rank": self.rank,
+                **self.counters.__dict__, "transport": self.transport.counters.as_dict()}
