@@ -119,5 +119,10 @@ class Backend(ABC):
         """Re-attach to an instance started by an earlier controller; False if it is gone."""
         return self.poll(handle).phase in (Phase.STARTING, Phase.RUNNING)
 
+    def find(self, instance_dir: str) -> dict[str, Any] | None:
+        """The handle of a live instance started from ``instance_dir`` whose handle was never
+        recorded (a controller crash between starting it and saving the handle), or None."""
+        return None
+
     def close(self) -> None:
         """Release backend-wide resources."""

@@ -132,6 +132,24 @@ class LocalBackend(Backend):
             return False
         return _group_gone(handle["pid"], deadline)
 
+    def adopt(self, handle: dict[str, Any]) -> bool:
+        alive = self.poll(handle).phase in (Phase.STARTING, Phase.RUNNING)
+        if alive:
+            self._reserved.update(handle.get("ports", []))
+        return alive
+
+    def find(self, instance_dir: str) -> dict[str, Any] | None:
+        files = InstanceFiles(instance_dir)
+        launch_file = str(files.launch)
+        for proc in psutil.process_iter(["cmdline", "create_time"]):
+            cmdline = proc.info["cmdline"] or []
+            if "trainmaster.runtime.launch" in cmdline and launch_file in cmdline:
+                launch = files.read_launch()
+                return {"backend": self.name, "pid": proc.pid, "create_time": proc.info["create_time"],
+                        "instance_dir": instance_dir, "gated": bool(launch["depends"]),
+                        "host": launch["context"]["host"], "ports": launch["context"]["ports"]}
+        return None
+
     def close(self) -> None:
         for proc in self._children.values():
             proc.poll()

@@ -22,7 +22,7 @@ from typing import Any, Callable
 from sqlalchemy.orm import Session, sessionmaker
 
 from trainmaster.backends.base import Backend, Capacity, LaunchRequest, Observation, Phase, Placement
-from trainmaster.controller import restart, scaling
+from trainmaster.controller import metrics, restart, scaling
 from trainmaster.controller.admission import admit
 from trainmaster.runtime.files import InstanceFiles
 from trainmaster.spec.load import LoadedJob
@@ -48,13 +48,15 @@ def resolve_argv(argv: list[str]) -> list[str]:
 
 class Controller:
     def __init__(self, sessions: sessionmaker[Session], backend: Backend, db_url: str, *,
-                 interval: float = 1.0, grace: float = 5.0, runs_dir: Path | None = None):
+                 interval: float = 1.0, grace: float = 5.0, runs_dir: Path | None = None,
+                 max_jobs: int = 1_000_000):
         self.sessions = sessions
         self.backend = backend
         self.db_url = db_url
         self.interval = interval
         self.grace = grace
         self.runs_dir = runs_dir or home() / "runs"
+        self.max_jobs = max_jobs  # jobs admitted at once; the rest wait in their queue
         self._lock = threading.RLock()  # one reconcile pass at a time (the server has threads)
 
     # ---- queue -------------------------------------------------------------------------------
@@ -99,10 +101,18 @@ class Controller:
     # ---- the loop ----------------------------------------------------------------------------
     def step(self) -> None:
         """One reconcile pass over every active job, in queue order."""
-        with self._lock, self.sessions() as session:
+        with self._lock, self.sessions() as session, metrics.RECONCILE.time():
             free = self._free_capacity(session)
+            admitted = repo.admitted_active_count(session)
             for job_id in repo.active_job_ids(session):
-                free = self._reconcile(session, repo.load_job(session, job_id), free)
+                job = repo.load_job(session, job_id)
+                if not job.admitted and not job.cancel_requested and admitted >= self.max_jobs:
+                    self._set_job_state(session, job, Verdict(
+                        JobState.PENDING, "Queued", f"{admitted} job(s) running, the most this controller runs at once"))
+                else:
+                    was_admitted = job.admitted
+                    free = self._reconcile(session, job, free)
+                    admitted += int(job.admitted and not was_admitted)
                 session.commit()
 
     def run_job(self, job_id: int, on_tick: Callable[[], None] | None = None,
@@ -174,6 +184,8 @@ class Controller:
     def _mark_running(self, session: Session, job: JobRow, inst: InstanceRow) -> None:
         self._set_instance_state(inst, I.RUNNING)
         inst.running_at, inst.reason, inst.message = utcnow(), "Running", ""
+        if inst.started_at:
+            metrics.LAUNCH_LATENCY.observe((inst.running_at - _aware(inst.started_at)).total_seconds())
         repo.register_address(session, job.id, inst.role, inst.index, inst.address or "")
 
     def _on_exit(self, session: Session, job: JobRow, role: Role, inst: InstanceRow, obs: Observation,
@@ -186,6 +198,7 @@ class Controller:
         decision = restart.decide(role.restart_policy, code, inst.restarts)
         obj = f"instance/{inst.label}"
         if decision.restart:
+            metrics.RESTARTS.labels(role=inst.role).inc()
             inst.restarts += 1
             self._set_instance_state(inst, I.PENDING)
             inst.next_start_at = utcnow() + timedelta(seconds=decision.delay)
@@ -256,10 +269,17 @@ class Controller:
         return free
 
     def _start_pending(self, session: Session, job: JobRow, spec: Job, free: Capacity) -> Capacity:
+        """Start due pending instances that fit, dependencies' roles first.
+
+        The intent (state starting, attempt + 1) is committed before any process is spawned,
+        so a controller that crashes in between finds the instance again by its launch file
+        (:meth:`recover`) instead of starting a second copy.
+        """
         now = utcnow()
         order = {r.name: n for n, r in enumerate(_dependency_order(spec))}
         pending = sorted((i for i in job.instances if i.state == I.PENDING.value),
                          key=lambda i: (order[i.role], i.index))
+        requests: list[tuple[InstanceRow, LaunchRequest]] = []
         for inst in pending:
             if inst.next_start_at and _aware(inst.next_start_at) > now:
                 continue
@@ -267,11 +287,16 @@ class Controller:
                 if inst.reason != "Unschedulable":
                     inst.reason, inst.message = "Unschedulable", "waiting for free resources"
                 continue
-            self._start(session, job, spec, inst)
+            requests.append((inst, self._prepare(job, spec, inst)))
             free = free.minus(inst.cpu, inst.memory)
+        if requests:
+            session.commit()
+        for inst, request in requests:
+            self._spawn(session, job, inst, request)
         return free
 
-    def _start(self, session: Session, job: JobRow, spec: Job, inst: InstanceRow) -> None:
+    def _prepare(self, job: JobRow, spec: Job, inst: InstanceRow) -> LaunchRequest:
+        """Place an instance, write its launch file and mark it starting (nothing runs yet)."""
         role = spec.spec.role(inst.role)
         placement = self.backend.place(role.ports, role.resources.dump())
         run_dir = Path(job.run_dir)
@@ -298,22 +323,52 @@ class Controller:
         inst.attempt += 1
         inst.host, inst.ports, inst.address = placement.host, placement.ports, placement.address
         inst.log_path = str(run_dir / "logs" / f"{inst.label}.log")
-        request = LaunchRequest(job_id=job.id, job_name=job.name, role=role.name, index=inst.index,
-                                attempt=inst.attempt, placement=placement, launch_file=str(files.launch),
-                                instance_dir=str(files.dir), log_path=inst.log_path, cwd=role.working_dir,
-                                resources=role.resources.dump(), gated=bool(depends))
-        inst.handle = self.backend.start(request)
-        inst.pid = inst.handle.get("pid")
+        inst.handle, inst.pid = None, None
         inst.exit_code, inst.ended_at, inst.next_start_at = None, None, None
         inst.started_at = utcnow()
         self._set_instance_state(inst, I.STARTING)
         inst.reason = "WaitingForDependencies" if depends else "Started"
         inst.message = f"waiting for {', '.join(d['role'] for d in depends)}" if depends else ""
+        return LaunchRequest(job_id=job.id, job_name=job.name, role=role.name, index=inst.index,
+                             attempt=inst.attempt, placement=placement, launch_file=str(files.launch),
+                             instance_dir=str(files.dir), log_path=inst.log_path, cwd=role.working_dir,
+                             resources=role.resources.dump(), gated=bool(depends))
+
+    def _spawn(self, session: Session, job: JobRow, inst: InstanceRow, request: LaunchRequest) -> None:
+        inst.handle = self.backend.start(request)
+        inst.pid = inst.handle.get("pid")
         repo.add_event(session, job.id, f"instance/{inst.label}", "Started",
-                       f"attempt {inst.attempt} on {placement.address}"
-                       + (f"; waiting for {', '.join(d['role'] for d in depends)}" if depends else ""))
-        if not depends:
+                       f"attempt {inst.attempt} on {request.placement.address}"
+                       + (f"; {inst.message}" if request.gated else ""))
+        if not request.gated:
             self._mark_running(session, job, inst)
+
+    def recover(self) -> None:
+        """Carry on after a controller restart: re-adopt live instances, requeue unstarted ones.
+
+        Instances whose process ended while no controller watched are left to the next pass,
+        which reads their recorded exit code and applies their restart policy.
+        """
+        with self._lock, self.sessions() as session:
+            for job_id in repo.active_job_ids(session):
+                job = repo.load_job(session, job_id)
+                for inst in job.instances:
+                    if inst.state not in LIVE:
+                        continue
+                    obj = f"instance/{inst.label}"
+                    if inst.handle is None:
+                        inst.handle = self.backend.find(str(Path(job.run_dir) / "instances" / inst.label))
+                        if inst.handle is None:
+                            self._set_instance_state(inst, I.PENDING)
+                            inst.attempt -= 1
+                            repo.add_event(session, job.id, obj, "NotStarted",
+                                           "the controller stopped before starting it; it will start now")
+                            continue
+                        inst.pid = inst.handle.get("pid")
+                    if self.backend.adopt(inst.handle):
+                        repo.add_event(session, job.id, obj, "Adopted",
+                                       f"re-adopted the live process {inst.pid} after a controller restart")
+                session.commit()
 
     # ---- status ------------------------------------------------------------------------------
     def _roll_up(self, session: Session, job: JobRow, spec: Job) -> Verdict:

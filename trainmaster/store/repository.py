@@ -54,6 +54,26 @@ def active_job_ids(session: Session) -> list[int]:
     return [r[0] for r in rows]
 
 
+def admitted_active_count(session: Session) -> int:
+    from sqlalchemy import func
+
+    return session.scalar(select(func.count(JobRow.id)).where(
+        JobRow.admitted.is_(True), JobRow.state.not_in([s.value for s in JOB_TERMINAL]))) or 0
+
+
+def job_summaries(session: Session) -> list[dict[str, Any]]:
+    rows = session.scalars(select(JobRow).order_by(JobRow.id)).all()
+    return [{"id": j.id, "name": j.name, "state": j.state, "reason": j.reason, "queue": j.queue,
+             "priority": j.priority, "createdAt": _iso(j.created_at), "completedAt": _iso(j.completed_at)}
+            for j in rows]
+
+
+def state_counts(session: Session) -> dict[str, int]:
+    from sqlalchemy import func
+
+    return dict(session.execute(select(JobRow.state, func.count(JobRow.id)).group_by(JobRow.state)).all())
+
+
 def register_address(session: Session, job_id: int, role: str, index: int, address: str) -> None:
     row = session.scalars(select(RegistryRow).where(RegistryRow.job_id == job_id, RegistryRow.role == role,
                                                     RegistryRow.index == index)).first()

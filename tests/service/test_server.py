@@ -1,0 +1,161 @@
+"""Mechanisms: the controller as a service (queue of jobs, status you can query at any time,
+logs, cancel, delete, metrics) and crash safety: a controller killed with SIGKILL and
+restarted loses no job, re-adopts live instances and runs each instance once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, tmp_path: Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**os.environ, "TRAINMASTER_HOME": str(tmp_path / "home"),
+                    "TRAINMASTER_DB": f"sqlite:///{tmp_path / 'store.db'}", "TRAINMASTER_SERVER": self.url}
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "trainmaster", "server", "--port", str(self.port),
+                                      "--interval", "0.1", "--grace", "2"], env=self.env,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        raise AssertionError("server did not start")
+
+    def kill9(self) -> None:
+        assert self.proc
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=20)
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "trainmaster", *args], capture_output=True, text=True,
+                              env=self.env, timeout=60)
+
+    def status(self, job: str) -> dict:
+        return httpx.get(f"{self.url}/api/v1/jobs/{job}", params={"events": 500}, timeout=10).json()
+
+    def wait_state(self, job: str, states: set[str], timeout: float = 60) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status = self.status(job)
+            if status["state"] in states:
+                return status
+            time.sleep(0.2)
+        raise AssertionError(f"job {job} stuck in {status['state']}: {status['events'][-5:]}")
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    s = Server(tmp_path)
+    s.start()
+    yield s
+    s.stop()
+
+
+def write_job(tmp_path: Path, name: str, roles: list[dict]) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": {"name": name},
+                                    "spec": {"roles": roles}}))
+    return path
+
+
+def test_submit_status_logs_cancel_delete(server: Server, tmp_path: Path) -> None:
+    ok = write_job(tmp_path, "hello", [{"name": "say", "replicas": 2, "command": ["python", "-c", "print('hello from', __import__('os').environ['TM_REPLICA_INDEX'])"]}])
+    out = server.cli("submit", str(ok))
+    assert out.returncode == 0 and "submitted job hello" in out.stdout
+    server.wait_state("hello", {"succeeded"})
+    logs = server.cli("logs", "hello", "--role", "say", "--index", "1")
+    assert "hello from 1" in logs.stdout
+    listed = json.loads(server.cli("list", "--json").stdout)
+    assert [j["name"] for j in listed] == ["hello"]
+    status = json.loads(server.cli("status", "hello", "--json").stdout)
+    assert status["roles"][0]["counts"]["succeeded"] == 2
+
+    slow = write_job(tmp_path, "slow", [{"name": "w", "command": ["python", "-c", "import time; print('up', flush=True); time.sleep(60)"]}])
+    server.cli("submit", str(slow))
+    server.wait_state("slow", {"running"})
+    follow = subprocess.Popen([sys.executable, "-m", "trainmaster", "logs", "slow", "--follow"], env=server.env,
+                              stdout=subprocess.PIPE, text=True)
+    assert server.cli("delete", "slow").returncode == 1  # still running: cancel first
+    assert server.cli("cancel", "slow").returncode == 0
+    assert server.wait_state("slow", {"cancelled"})["instances"][0]["state"] == "stopped"
+    followed, _ = follow.communicate(timeout=30)  # the stream ends when the instance ends
+    assert "up" in followed
+    assert server.cli("delete", "slow").returncode == 0
+    assert server.cli("status", "slow").returncode == 1
+
+
+def test_invalid_submission_is_rejected_with_every_error(server: Server, tmp_path: Path) -> None:
+    bad = write_job(tmp_path, "bad", [{"name": "a", "replicas": 0, "command": ["true"], "dependsOn": [{"role": "x"}]}])
+    out = server.cli("submit", str(bad))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "spec.roles[0].replicas" in out.stderr and "unknown role 'x'" in out.stderr
+
+
+def test_openapi_and_metrics(server: Server, tmp_path: Path) -> None:
+    spec = httpx.get(server.url + "/openapi.json").json()
+    assert "/api/v1/jobs" in spec["paths"]
+    server.cli("submit", str(write_job(tmp_path, "m", [{"name": "a", "command": ["true"]}])))
+    server.wait_state("m", {"succeeded"})
+    text = httpx.get(server.url + "/metrics").text
+    assert 'trainmaster_jobs{state="succeeded"} 1.0' in text
+    assert "trainmaster_reconcile_seconds_count" in text and "trainmaster_instance_launch_seconds_count" in text
+
+
+def test_server_killed_with_sigkill_loses_nothing(server: Server, tmp_path: Path) -> None:
+    runs = tmp_path / "runs.txt"
+    code = (f"import os, time\nopen('{runs}', 'a').write(os.environ['TM_ROLE'] + os.environ['TM_REPLICA_INDEX'] + '\\n')\n"
+            "time.sleep(4)\n")
+    path = write_job(tmp_path, "durable", [
+        {"name": "a", "replicas": 2, "command": ["python", "-c", code]},
+        {"name": "b", "command": ["python", "-c", code], "dependsOn": [{"role": "a"}]},
+        {"name": "late", "command": ["python", "-c", code], "dependsOn": [{"role": "a", "condition": "Succeeded"}]}])
+    assert server.cli("submit", str(path)).returncode == 0
+    running = server.wait_state("durable", {"running"})
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and sum(i["state"] == "running" for i in running["instances"]) < 3:
+        time.sleep(0.2)
+        running = server.status("durable")
+    pids = {f"{i['role']}{i['index']}": i["pid"] for i in running["instances"] if i["state"] == "running"}
+    server.kill9()
+    time.sleep(1)
+    server.start()
+    final = server.wait_state("durable", {"succeeded", "failed"}, timeout=90)
+    assert final["state"] == "succeeded", final["events"][-10:]
+    lines = sorted(runs.read_text().split())
+    assert lines == ["a0", "a1", "b0", "late0"]  # every instance ran exactly once
+    for inst in final["instances"]:
+        assert inst["attempt"] == 1
+        if f"{inst['role']}{inst['index']}" in pids:
+            assert inst["pid"] == pids[f"{inst['role']}{inst['index']}"]
+    assert any(e["reason"] == "Adopted" for e in final["events"])

@@ -1,0 +1,159 @@
+"""FastAPI application of the controller service (``trainmaster server``).
+
+The API only reads the store and records intents (submit, cancel, delete); the reconcile
+thread does everything else, so a request never waits on instances and a crash of the server
+loses nothing that was acknowledged: a job is committed before ``201`` is returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from fastapi import Body, FastAPI, HTTPException, Query, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from prometheus_client import generate_latest
+
+from trainmaster.controller import Controller
+from trainmaster.controller import metrics
+from trainmaster.errors import UserError
+from trainmaster.spec.load import load_document
+from trainmaster.store import repository as repo
+
+API = "/api/v1"
+
+
+class Reconciler(threading.Thread):
+    """Runs :meth:`Controller.step` every interval until stopped."""
+
+    def __init__(self, controller: Controller):
+        super().__init__(name="reconcile", daemon=True)
+        self.controller = controller
+        self.stopping = threading.Event()
+        self.error: str | None = None
+
+    def run(self) -> None:
+        self.controller.recover()
+        while not self.stopping.is_set():
+            try:
+                self.controller.step()
+                self.error = None
+            except Exception as exc:  # keep reconciling; surface the error on /healthz
+                self.error = f"{type(exc).__name__}: {exc}"
+            self.stopping.wait(self.controller.interval)
+
+
+def create_app(controller: Controller, reconcile: bool = True) -> FastAPI:
+    app = FastAPI(title="Trainmaster controller", version="1",
+                  description="Submit, inspect, stream logs of, cancel and delete training jobs.")
+    reconciler = Reconciler(controller)
+    sessions = controller.sessions
+
+    @app.on_event("startup")
+    def _start() -> None:
+        if reconcile:
+            reconciler.start()
+
+    @app.on_event("shutdown")
+    def _stop() -> None:
+        reconciler.stopping.set()
+
+    @app.exception_handler(UserError)
+    def _user_error(_request: Request, exc: UserError) -> JSONResponse:
+        return JSONResponse(status_code=422, content={"error": exc.message, "details": exc.details})
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, Any]:
+        return {"ok": reconciler.error is None, "error": reconciler.error}
+
+    @app.post(f"{API}/jobs", status_code=201)
+    def submit(document: dict[str, Any] = Body(..., description="A job document: ours, Kubeflow or Volcano")) -> dict[str, Any]:
+        loaded = load_document(document, source="submitted job")
+        job_id = controller.submit(loaded)
+        return {"id": job_id, "name": loaded.job.name, "ignored": loaded.ignored}
+
+    @app.get(f"{API}/jobs")
+    def list_jobs() -> list[dict[str, Any]]:
+        with sessions() as session:
+            return repo.job_summaries(session)
+
+    @app.get(f"{API}/jobs/{{ref}}")
+    def status(ref: str, events: int = Query(50, ge=0, le=10_000)) -> dict[str, Any]:
+        with sessions() as session:
+            job = _find(session, ref)
+            return repo.job_status(session, repo.load_job(session, job.id), events=events)
+
+    @app.post(f"{API}/jobs/{{ref}}/cancel")
+    def cancel(ref: str) -> dict[str, Any]:
+        with sessions() as session:
+            job = _find(session, ref)
+        controller.cancel(job.id)
+        return {"id": job.id, "cancelRequested": not repo.is_terminal(job.state)}
+
+    @app.delete(f"{API}/jobs/{{ref}}")
+    def delete(ref: str) -> dict[str, Any]:
+        with sessions() as session:
+            job = _find(session, ref)
+            if not repo.is_terminal(job.state):
+                raise HTTPException(409, f"job {job.name} (id {job.id}) is {job.state}; cancel it first")
+            session.delete(repo.load_job(session, job.id))
+            session.commit()
+        return {"id": job.id, "deleted": True}
+
+    @app.get(f"{API}/jobs/{{ref}}/logs")
+    def logs(ref: str, role: str | None = None, index: int = Query(0, ge=0),
+             follow: bool = False) -> StreamingResponse:
+        with sessions() as session:
+            job = repo.load_job(session, _find(session, ref).id)
+            chosen = [i for i in job.instances if (role is None or i.role == role) and i.index == index]
+            if not chosen:
+                raise HTTPException(404, f"job {job.name} has no instance {role or '<first role>'}-{index}")
+            inst = chosen[0]
+            if not inst.log_path:
+                raise HTTPException(404, f"{inst.label} has not started yet; no log")
+            path, instance_id = Path(inst.log_path), inst.id
+        return StreamingResponse(_stream(path, instance_id, follow), media_type="text/plain")
+
+    async def _stream(path: Path, instance_id: int, follow: bool) -> AsyncIterator[bytes]:
+        offset = 0
+        while True:
+            if path.exists():
+                with open(path, "rb") as handle:
+                    handle.seek(offset)
+                    chunk = handle.read()
+                    offset += len(chunk)
+                if chunk:
+                    yield chunk
+            if not follow or _instance_ended(instance_id):
+                if follow and path.exists() and path.stat().st_size > offset:
+                    continue
+                return
+            await asyncio.sleep(0.25)
+
+    def _instance_ended(instance_id: int) -> bool:
+        from trainmaster.spec.states import INSTANCE_TERMINAL
+        from trainmaster.store.models import InstanceRow
+
+        with sessions() as session:
+            inst = session.get(InstanceRow, instance_id)
+            return inst is None or inst.state in {s.value for s in INSTANCE_TERMINAL}
+
+    @app.get("/metrics")
+    def prometheus() -> PlainTextResponse:
+        with sessions() as session:
+            counts = repo.state_counts(session)
+        for state in ("pending", "starting", "running", "succeeded", "failed", "cancelled"):
+            metrics.JOBS.labels(state=state).set(counts.get(state, 0))
+        return PlainTextResponse(generate_latest(metrics.REGISTRY).decode(),
+                                 media_type="text/plain; version=0.0.4")
+
+    def _find(session: Any, ref: str) -> Any:
+        try:
+            return repo.find_job(session, ref)
+        except UserError as exc:
+            raise HTTPException(404, exc.message) from None
+
+    app.state.reconciler = reconciler
+    return app
