@@ -84,4 +84,4 @@ def serve(app: FastAPI, cfg: ServiceConfig) -> None:
 
     uvicorn.run(app, host=cfg.host, port=cfg.port, ssl_keyfile=cfg.key, ssl_certfile=cfg.cert,
                 ssl_ca_certs=cfg.ca, ssl_cert_reqs=ssl.CERT_REQUIRED, log_level="warning",
-                timeout_keep_alive=30, access_log=False)
+                timeout_keep_alive=30, access_log=False, timeout_graceful_shutdown=2)

@@ -1,0 +1,82 @@
+"""Processing-rule registry, data id resolution and the mapping table (no network)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sqlalchemy import create_engine, text
+
+from trainmaster.gateway.crypto import EnvelopeError
+from trainmaster.gateway.models import RuleCall
+from trainmaster.gateway.party import resolve_data_file
+from trainmaster.gateway.routing import LegConflict, MappingTable
+from trainmaster.gateway.rules import REGISTRY, RuleError, load_table, run_call
+
+TABLE = {"x": np.array([1.0, 2.0, 3.0, 4.0]), "y": np.array([0.0, 0.0, 1.0, 1.0])}
+
+
+def test_registry_has_the_required_rules() -> None:
+    """Rule registry: row count, summary stats, histogram, local training, scoring."""
+    assert {"row_count", "summary_stats", "histogram", "train", "score"} <= set(REGISTRY)
+
+
+def test_unregistered_rule_and_inline_code_are_refused() -> None:
+    """No code ever runs: unknown rule names, extra parameters and disallowed rules are refused."""
+    with pytest.raises(RuleError, match="not registered"):
+        run_call(TABLE, RuleCall(rule="exec", params={"source": "print(1)"}))
+    with pytest.raises(RuleError, match="invalid parameters"):
+        run_call(TABLE, RuleCall(rule="summary_stats", params={"code": "__import__('os')"}))
+    with pytest.raises(RuleError, match="not registered"):
+        run_call(TABLE, RuleCall(rule="train", params={}), allowed=["row_count"])
+
+
+def test_rules_compute_what_they_say() -> None:
+    """Rule results: sums/counts that pool exactly, histogram counts, a model that learns."""
+    s = run_call(TABLE, RuleCall(rule="summary_stats", params={"columns": ["x"]}))["columns"]["x"]
+    assert (s["count"], s["sum"], s["sumsq"], s["min"], s["max"]) == (4, 10.0, 30.0, 1.0, 4.0)
+    h = run_call(TABLE, RuleCall(rule="histogram", params={"column": "x", "edges": [0, 2.5, 5]}))
+    assert h["counts"] == [2, 2]
+    for model in ("logreg", "mlp"):
+        m = run_call(TABLE, RuleCall(rule="train", params={"features": ["x"], "label": "y", "model": model, "epochs": 300,
+                                                          "lr": 0.5, "standardize": {"mean": [2.5], "std": [1.2]}}))
+        sc = run_call(TABLE, RuleCall(rule="score", params={"features": ["x"], "label": "y", "weights": m["weights"],
+                                                            "standardize": {"mean": [2.5], "std": [1.2]}}))
+        assert sc["correct"] == 4 and sc["rows"] == 4
+    with pytest.raises(RuleError, match="unknown column"):
+        run_call(TABLE, RuleCall(rule="summary_stats", params={"columns": ["nope"]}))
+
+
+def test_data_id_path_traversal_is_refused(tmp_path: Path) -> None:
+    """Data ids name files inside the party's data directory only; traversal and symlink escapes fail."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "m1.csv").write_text("x\n1\n")
+    (tmp_path / "secret.csv").write_text("x\n42\n")
+    os.symlink(tmp_path / "secret.csv", tmp_path / "data" / "link.csv")
+    assert resolve_data_file(tmp_path / "data", "m1").name == "m1.csv"
+    assert load_table(resolve_data_file(tmp_path / "data", "m1"))["x"].tolist() == [1.0]
+    for bad in ("../secret", "link", "/etc/passwd", "m1/../../secret"):
+        with pytest.raises(EnvelopeError):
+            resolve_data_file(tmp_path / "data", bad)
+
+
+def test_mapping_table_records_one_outcome_and_keeps_history(tmp_path: Path) -> None:
+    """Mapping table: task -> data id -> party/address/rule, exactly one outcome per leg, history kept,
+    a leg owned by one party cannot be taken over by another, SQLite in WAL mode."""
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    t = MappingTable(url)
+    t.register("t1", "m1", "a", "unix:/x", {"rule": "row_count", "params": {}})
+    with pytest.raises(LegConflict, match="belongs to party 'a'"):
+        t.register("t1", "m1", "b", "unix:/y", {"rule": "row_count", "params": {}})
+    t.mark_dispatched("t1", "m1")
+    assert t.in_flight() == 1
+    assert t.record_outcome("t1", "m1", "result", result_json="{}") is True
+    assert t.record_outcome("t1", "m1", "timeout") is False
+    assert t.legs("t1")["m1"].outcome == "result" and t.in_flight() == 0
+    t.mark_unrouted("t1", "m9")
+    again = MappingTable(url)  # a restarted gateway sees the same history
+    assert {k: v.outcome for k, v in again.legs("t1").items()} == {"m1": "result", "m9": "party_unavailable"}
+    with create_engine(url).connect() as c:
+        assert c.execute(text("PRAGMA journal_mode")).scalar() == "wal"
