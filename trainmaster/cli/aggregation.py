@@ -1,9 +1,118 @@
-"""CLI of the aggregation capability (filled in by its issue)."""
+"""CLI of the aggregation capability: the fault-injection demo and the standalone node roles."""
 
 from __future__ import annotations
 
+import json
+
 import typer
+
+from trainmaster.errors import UserError
+
+sub = typer.Typer(help="Gradient aggregation through forwarding nodes and a parameter node.",
+                  no_args_is_help=True)
+
+
+def _probability(name: str, value: float) -> float:
+    if not 0.0 <= value < 1.0:
+        raise UserError(f"--{name} must be a probability in [0, 1), got {value}")
+    return value
+
+
+@sub.command()
+def demo(
+    workers: int = typer.Option(4, help="Workers per job (1-64)."),
+    jobs: int = typer.Option(1, help="Jobs sharing the forwarding nodes (multi-tenant)."),
+    elements: int = typer.Option(100_000, help="float32 elements per tensor."),
+    rounds: int = typer.Option(2, help="allreduce calls per worker."),
+    drop: float = typer.Option(0.0, help="Probability of dropping each datagram, per link."),
+    duplicate: float = typer.Option(0.0, help="Probability of duplicating each datagram."),
+    reorder: float = typer.Option(0.0, help="Probability of holding a datagram back a few ms."),
+    delay: float = typer.Option(0.0, help="Probability of delaying a datagram up to 10 ms."),
+    overflow: bool = typer.Option(False, help="Fixed-scale quantisation with large gradients "
+                                  "so that sums overflow and the float fallback runs."),
+    slots: int = typer.Option(64, help="Aggregator slots per forwarding node."),
+    levels: int = typer.Option(1, help="1: one forwarding node; 2: two first-level nodes "
+                               "under a second-level node that also has workers."),
+    chunk: int = typer.Option(4096, help="Elements per packet (up to 16375)."),
+    seed: int = typer.Option(0, help="Seed of the inputs and of every link's fault injector."),
+    timeout: float = typer.Option(60.0, help="Seconds without progress before a worker fails."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Start the tier and workers as processes, reduce random tensors under injected faults
+    and check every result against the exact float64 sum. Exits 1 if any result is wrong."""
+    from trainmaster.aggregation.demo import DemoConfig, run_demo
+    from trainmaster.aggregation.protocol import MAX_ELEMENTS, MAX_WORKERS
+    from trainmaster.aggregation.transport import FaultPlan
+
+    problems = []
+    if not 1 <= workers <= MAX_WORKERS:
+        problems.append(f"--workers must be between 1 and {MAX_WORKERS}")
+    if jobs < 1 or elements < 1 or rounds < 1:
+        problems.append("--jobs, --elements and --rounds must be at least 1")
+    if levels not in (1, 2):
+        problems.append("--levels must be 1 or 2")
+    if not 1 <= slots <= 65535:
+        problems.append("--slots must be between 1 and 65535")
+    if not 1 <= chunk <= MAX_ELEMENTS:
+        problems.append(f"--chunk must be between 1 and {MAX_ELEMENTS}")
+    if problems:
+        raise UserError("invalid demo options", details=problems)
+    faults = FaultPlan(drop=_probability("drop", drop), duplicate=_probability("duplicate", duplicate),
+                       reorder=_probability("reorder", reorder), delay=_probability("delay", delay),
+                       seed=seed)
+    cfg = DemoConfig(workers=workers, jobs=jobs, elements=elements, rounds=rounds, slots=slots,
+                     levels=levels, overflow=overflow, chunk=chunk, seed=seed, faults=faults,
+                     timeout=timeout)
+    result = run_demo(cfg)
+    if as_json:
+        print(json.dumps(result))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title="aggregation demo")
+        table.add_column("measure")
+        table.add_column("value", justify="right")
+        for key, value in result.items():
+            if key != "config":
+                table.add_row(key, str(value))
+        Console().print(table)
+    if not result["exact"]:
+        raise typer.Exit(1)
+
+
+@sub.command("parameter-node")
+def parameter_node(
+    host: str = typer.Option("127.0.0.1", help="Address to bind."),
+    port: int = typer.Option(0, help="UDP port (0: any free port, printed)."),
+    dead_after: float = typer.Option(3.0, help="Seconds of silence before a worker is dead."),
+) -> None:
+    """Run a parameter node in the foreground (verifies sums, aggregates fallbacks)."""
+    from trainmaster.aggregation.parameter_node import ParameterNode
+
+    node = ParameterNode(host, port, dead_after=dead_after)
+    print(f"parameter node listening on {node.address[0]}:{node.address[1]}", flush=True)
+    node.serve()
+
+
+@sub.command("forwarding-node")
+def forwarding_node(
+    parent: str = typer.Option(..., help="HOST:PORT of the parameter node or upper node."),
+    slots: int = typer.Option(64, help="Aggregator slots."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind."),
+    port: int = typer.Option(0, help="UDP port (0: any free port, printed)."),
+) -> None:
+    """Run a forwarding node (software switch) in the foreground."""
+    from trainmaster.aggregation.switch import ForwardingNode
+
+    h, _, p = parent.rpartition(":")
+    if not h or not p.isdigit():
+        raise UserError(f"--parent must be HOST:PORT, got {parent!r}")
+    node = ForwardingNode((h, int(p)), slots=slots, host=host, port=port)
+    print(f"forwarding node listening on {node.address[0]}:{node.address[1]}", flush=True)
+    node.serve()
 
 
 def register(app: typer.Typer) -> None:
     """Add this capability's commands to the top-level app."""
+    app.add_typer(sub, name="aggregation")
