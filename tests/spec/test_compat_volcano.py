@@ -1,0 +1,168 @@
+"""Volcano batch.volcano.sh/v1alpha1 Job -> trainmaster/v1 Job conversion (table-driven)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from trainmaster.errors import UserError
+from trainmaster.spec import load_document
+from trainmaster.spec.compat import convert
+from trainmaster.spec.states import InstanceState, JobState
+from trainmaster.spec.status import RoleSummary, job_state, role_state
+
+
+def task(name: str, replicas: int = 1, restart: str | None = "Never", **extra: Any) -> dict[str, Any]:
+    pod: dict[str, Any] = {"containers": [{"name": name, "image": "busybox",
+                                           "command": ["sh", "-c", f"echo {name}"]}]}
+    if restart:
+        pod["restartPolicy"] = restart
+    return {"name": name, "replicas": replicas, "template": {"spec": pod}, **extra}
+
+
+def volcano(*tasks: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "metadata": {"name": "vc-job"},
+            "spec": {"tasks": list(tasks), **spec}}
+
+
+def converted(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]], str]:
+    result = convert(raw)
+    assert result is not None
+    doc = result.document
+    return doc, {r["name"]: r for r in doc["spec"]["roles"]}, "\n".join(result.ignored)
+
+
+def test_tasks_dependencies_and_scheduling() -> None:
+    """Mechanism: tasks -> roles, task.dependsOn.name -> dependsOn, minAvailable/queue/
+    priorityClassName -> scheduling, maxRetry -> maxRestarts (task maxRetry wins)."""
+    raw = volcano(task("ps", 2), task("worker", 4, dependsOn={"name": ["ps"]}, maxRetry=5),
+                  minAvailable=6, queue="research", priorityClassName="high", maxRetry=2)
+    doc, roles, _ = converted(raw)
+    assert doc["spec"]["framework"] == "command"
+    assert {n: r["replicas"] for n, r in roles.items()} == {"ps": 2, "worker": 4}
+    assert roles["worker"]["dependsOn"] == [{"role": "ps"}] and "dependsOn" not in roles["ps"]
+    assert doc["spec"]["scheduling"] == {"minAvailable": 6, "queue": "research", "priorityClass": "high"}
+    assert roles["ps"]["restartPolicy"] == {"policy": "Never", "maxRestarts": 2}
+    assert roles["worker"]["restartPolicy"] == {"policy": "Never", "maxRestarts": 5}
+    job = load_document(doc).job
+    assert job.spec.scheduling.min_available == 6 and job.spec.role("worker").depends_on[0].role == "ps"
+
+
+def test_depends_on_any_is_reported_as_approximated() -> None:
+    """Mechanism: dependsOn iteration 'any' over several tasks waits for all (reported)."""
+    raw = volcano(task("a"), task("b"), task("c", dependsOn={"name": ["a", "b"], "iteration": "any"}))
+    _, roles, ignored = converted(raw)
+    assert [d["role"] for d in roles["c"]["dependsOn"]] == ["a", "b"]
+    assert "spec.tasks[2].dependsOn.iteration: approximated" in ignored
+
+
+@pytest.mark.parametrize("policies, where, restart, status, reported", [
+    ([{"event": "PodFailed", "action": "RestartTask"}], "task", "OnFailure", None, "approximated"),
+    ([{"event": "PodFailed", "action": "RestartPod"}], "task", "OnFailure", None, None),
+    ([{"event": "PodFailed", "action": "RestartJob"}], "job", "OnFailure", None, "approximated"),
+    ([{"event": "PodFailed", "action": "AbortJob"}], "task", "Never", None, None),
+    ([{"event": "TaskFailed", "action": "TerminateJob"}], "job", "Never", None, None),
+    ([{"event": "TaskCompleted", "action": "CompleteJob"}], "task", "Never",
+     {"failed": "any", "succeeded": {"roles": ["worker"]}}, None),
+    ([{"event": "TaskCompleted", "action": "CompleteJob"}], "job", "Never",
+     {"failed": "any", "succeeded": "any"}, None),
+    ([{"event": "PodEvicted", "action": "RestartJob"}], "job", "Never", None, "never evicted"),
+    ([{"exitCode": 3, "action": "RestartJob"}], "task", "Never", None, "exit-code policies"),
+    ([{"event": "Unknown", "action": "AbortJob"}], "task", "Never", None, "no local equivalent"),
+    ([{"events": ["PodFailed", "PodEvicted"], "action": "RestartTask"}], "task", "OnFailure", None,
+     "never evicted"),
+], ids=["restart-task", "restart-pod", "restart-job", "abort", "terminate", "complete-task",
+        "complete-any", "evicted", "exit-code", "unknown", "events-list"])
+def test_lifecycle_policies(policies: list[dict[str, Any]], where: str, restart: str,
+                            status: dict[str, Any] | None, reported: str | None) -> None:
+    """Mechanism: Volcano policies (event -> action) -> restart policy / job status policy;
+    what cannot be mapped is reported as ignored with the reason."""
+    worker = task("worker", 2, **({"policies": policies} if where == "task" else {}))
+    raw = volcano(task("ps"), worker, **({"policies": policies} if where == "job" else {}))
+    doc, roles, ignored = converted(raw)
+    assert roles["worker"]["restartPolicy"]["policy"] == restart
+    assert doc["spec"].get("statusPolicy") == status
+    if reported:
+        assert reported in ignored
+    else:
+        assert "policies" not in ignored
+    load_document(doc)
+
+
+def test_task_policy_overrides_job_policy() -> None:
+    """Mechanism: a task's own failure policy wins over the job's for that task."""
+    raw = volcano(task("ps"), task("worker", policies=[{"event": "PodFailed", "action": "AbortJob"}]),
+                  policies=[{"event": "PodFailed", "action": "RestartJob"}])
+    _, roles, _ = converted(raw)
+    assert roles["ps"]["restartPolicy"]["policy"] == "OnFailure"
+    assert roles["worker"]["restartPolicy"]["policy"] == "Never"
+
+
+@pytest.mark.parametrize("pod_policy, ours", [("Never", "Never"), ("OnFailure", "OnFailure"),
+                                              ("Always", "Always"), (None, "Never")])
+def test_pod_restart_policy(pod_policy: str | None, ours: str) -> None:
+    """Mechanism: the pod template's restartPolicy is the role's restart policy."""
+    _, roles, _ = converted(volcano(task("main", restart=pod_policy)))
+    assert roles["main"]["restartPolicy"]["policy"] == ours
+
+
+def test_min_success_rolls_up_over_instances() -> None:
+    """Mechanism: minSuccess N -> job succeeded {instances: N}; the job fails only once N
+    successes are out of reach, and one failed instance does not end its role."""
+    doc, roles, _ = converted(volcano(task("worker", 4), minSuccess=3))
+    assert doc["spec"]["statusPolicy"] == {"succeeded": {"instances": 3}, "failed": {"instances": 2}}
+    job = load_document(doc).job
+    role_policy = job.spec.role("worker").status_policy
+    one_failed = Counter({InstanceState.FAILED: 1, InstanceState.SUCCEEDED: 3})
+    verdict = role_state(role_policy, one_failed, 4)
+    summary = {"worker": RoleSummary(verdict.state, one_failed)}
+    assert job_state(job.spec.status_policy, summary).state == JobState.SUCCEEDED
+    two_failed = Counter({InstanceState.FAILED: 2, InstanceState.RUNNING: 2})
+    summary = {"worker": RoleSummary(role_state(role_policy, two_failed, 4).state, two_failed)}
+    assert job_state(job.spec.status_policy, summary).state == JobState.FAILED
+
+
+def test_task_min_available() -> None:
+    """Mechanism: task.minAvailable -> the role succeeds with that many successes, and (with no
+    job minAvailable) the job's gang is the sum of the tasks' minimums."""
+    doc, roles, ignored = converted(volcano(task("ps", 1), task("worker", 4, minAvailable=2)))
+    assert roles["worker"]["statusPolicy"] == {"failed": 3, "succeeded": 2}
+    assert doc["spec"]["scheduling"] == {"minAvailable": 3}
+    assert "spec.tasks[1].minAvailable: approximated" in ignored
+    job = load_document(doc).job
+    counts = Counter({InstanceState.SUCCEEDED: 2, InstanceState.RUNNING: 2})
+    assert role_state(job.spec.role("worker").status_policy, counts, 4).state == JobState.SUCCEEDED
+
+
+def test_cluster_only_fields_are_reported() -> None:
+    """Mechanism: schedulerName, volumes, plugins, task topology and pod fields with no local
+    meaning are reported as ignored, each with its path."""
+    raw = volcano(task("worker", topologyPolicy="single-numa-node"), schedulerName="volcano",
+                  volumes=[{"mountPath": "/data"}], plugins={"ssh": [], "svc": [], "env": []},
+                  ttlSecondsAfterFinished=60)
+    raw["metadata"]["namespace"] = "team-a"
+    raw["status"] = {"state": {"phase": "Running"}}
+    _, _, ignored = converted(raw)
+    for path in ("spec.schedulerName", "spec.volumes", "spec.plugins.ssh", "spec.plugins.svc",
+                 "spec.plugins.env", "spec.ttlSecondsAfterFinished", "spec.tasks[0].topologyPolicy",
+                 "spec.tasks[0].template.spec.containers[0].image", "metadata.namespace", "status"):
+        assert f"{path}:" in ignored, path
+
+
+def test_pytorch_plugin_selects_the_pytorch_framework() -> None:
+    """Mechanism: Volcano's pytorch plugin (MASTER_ADDR etc.) is our pytorch framework."""
+    raw = volcano(task("master"), task("worker", 2, dependsOn={"name": ["master"]}),
+                  plugins={"pytorch": ["--master=master", "--worker=worker", "--port=23456"]})
+    doc, _, ignored = converted(raw)
+    assert doc["spec"]["framework"] == "pytorch" and "spec.plugins.pytorch: approximated" in ignored
+    assert load_document(doc).job.spec.framework == "pytorch"
+
+
+def test_other_volcano_kinds_are_user_errors() -> None:
+    """Mechanism: a batch.volcano.sh document other than Job is a clear UserError."""
+    with pytest.raises(UserError, match="not supported"):
+        convert({"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Queue", "spec": {}})
+    with pytest.raises(UserError, match="spec.tasks: must be a list"):
+        convert(volcano(tasks_are="wrong") | {"spec": {"tasks": {"a": 1}}})
