@@ -126,3 +126,18 @@ def test_volcano_job_runs_unchanged(tmp_path: Path) -> None:
     logs = _logs(tmp_path)
     for index in range(2):
         assert f"client {index}: http://127.0.0.1:" in logs and "says 'hello from server-0'" in logs, logs
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("name, line", [
+    ("kubeflow-tfjob.yaml", "parameter is now"),
+    ("kubeflow-mpijob.yaml", "pi is approximately 3.14159"),
+])
+def test_tfjob_and_mpijob_run_unchanged(tmp_path: Path, name: str, line: str) -> None:
+    """Mechanism: the converted start order (workers wait for the ps; the MPI launcher waits for
+    every worker) and success policy (AllWorkers; launcher succeeded) hold when the job runs."""
+    proc, status = _run_example(name, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert status["state"] == "succeeded"
+    assert line in _logs(tmp_path)

@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
 
-from trainmaster.errors import UserError
-
 
 @dataclass
 class Converted:
@@ -37,7 +35,7 @@ def source_kind(raw: dict[str, Any]) -> str | None:
 def convert(raw: dict[str, Any]) -> Converted | None:
     """Convert a foreign job document, or return None when it is not one we recognise.
 
-    Raises :class:`UserError` for a kind of a known source that we cannot convert (a Kubeflow
+    Raises :class:`~trainmaster.errors.UserError` for a kind of a known source that we cannot convert (a Kubeflow
     ``XGBoostJob``), or for a document whose structure is broken (a list where a mapping goes).
     """
     if not isinstance(raw, dict):
@@ -64,4 +62,4 @@ def framework_available(framework_id: str) -> bool:
         ep.name == framework_id for ep in entry_points(group=ENTRY_POINT_GROUP))
 
 
-__all__ = ["Converted", "UserError", "convert", "framework_available", "source_kind"]
+__all__ = ["Converted", "convert", "framework_available", "source_kind"]

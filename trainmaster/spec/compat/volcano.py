@@ -179,8 +179,9 @@ def _job_status_policy(spec: dict[str, Any], tasks: list[Any], roles: list[dict[
                   if _policies_complete(t)]
     if completing:
         if len(completing) > 1:
-            report.approximate("spec.tasks", f"TaskCompleted -> CompleteJob on {completing}: the "
-                               "job succeeds when all of them succeeded, not any one")
+            names = ", ".join(map(str, completing))
+            report.approximate("spec.tasks", f"TaskCompleted -> CompleteJob on {names}: the job "
+                               "succeeds when all of them succeeded, not any one")
         if "minSuccess" in spec:
             report.ignore("spec.minSuccess", "the TaskCompleted -> CompleteJob policy decides success")
         return {"failed": "any", "succeeded": {"roles": completing}}
