@@ -1,5 +1,6 @@
 """Mechanism: the instance-level backend interface (create/place, start, poll, stop, address,
-adopt), the same behavioural suite for every backend (controller spec, 'Our product decisions')."""
+adopt), the same behavioural suite for every backend, local and Ray (controller spec, 'Our product
+decisions'). The Ray backend joins one local Ray cluster per test session (started on first use)."""
 
 import json
 import time
@@ -13,8 +14,16 @@ from trainmaster.backends.local import LocalBackend
 from trainmaster.runtime.files import InstanceFiles
 
 
+def ray_backend() -> Backend:
+    pytest.importorskip("ray", reason="the optional ray extra (trainmaster[ray]) is not installed")
+    from trainmaster.backends.ray import RayBackend
+
+    return RayBackend()  # the first one starts the session's local cluster; later ones join it
+
+
 def backends() -> list:
-    return [pytest.param(LocalBackend, id="local")]
+    return [pytest.param(LocalBackend, id="local"),
+            pytest.param(ray_backend, id="ray", marks=[pytest.mark.ray, pytest.mark.timeout(120)])]
 
 
 @pytest.fixture(params=backends())
@@ -34,6 +43,15 @@ def launch(backend: Backend, tmp_path: Path, code: str, name: str = "r", ports: 
                             launch_file=str(files.launch), instance_dir=str(files.dir),
                             log_path=str(tmp_path / f"{name}.log"))
     return backend.start(request)
+
+
+def runtime_pid(handle: dict) -> int:
+    """The instance runtime's pid: in the handle (local), or in the attempt record its Ray actor wrote."""
+    if handle["pid"] is not None:
+        return handle["pid"]
+    from trainmaster.backends.ray import ATTEMPT_RECORD
+
+    return json.loads((Path(handle["instance_dir"]) / ATTEMPT_RECORD).read_text())["pid"]
 
 
 def wait_phase(backend: Backend, handle: dict, phases: set, timeout: float = 20):
@@ -74,7 +92,7 @@ def test_stop_terminates_the_whole_process_group(backend: Backend, tmp_path: Pat
     child = int((tmp_path / "child").read_text())
     backend.stop([handle], grace=2)
     assert backend.poll(handle).phase in (Phase.EXITED, Phase.LOST)
-    assert pids_alive([handle["pid"], child]) == []
+    assert pids_alive([runtime_pid(handle), child]) == []
 
 
 def test_stop_escalates_to_sigkill(backend: Backend, tmp_path: Path) -> None:
@@ -82,8 +100,9 @@ def test_stop_escalates_to_sigkill(backend: Backend, tmp_path: Path) -> None:
     handle = launch(backend, tmp_path, code)
     wait_phase(backend, handle, {Phase.RUNNING})
     time.sleep(0.3)  # let it install its handler
+    pid = runtime_pid(handle)
     backend.stop([handle], grace=0.5)
-    assert pids_alive([handle["pid"]]) == []
+    assert pids_alive([pid]) == []
 
 
 def test_a_new_backend_adopts_a_live_instance_by_pid_and_start_time(backend: Backend, tmp_path: Path) -> None:
@@ -92,7 +111,10 @@ def test_a_new_backend_adopts_a_live_instance_by_pid_and_start_time(backend: Bac
     successor = type(backend)()  # as after a controller crash: not our child any more
     assert successor.adopt(handle)
     forged = json.loads(json.dumps(handle))
-    forged["create_time"] -= 100  # same pid, another process: must not be adopted
+    if backend.name == "ray":
+        forged["actor"] += "-elsewhere"  # an attempt no live actor is named after: must not be adopted
+    else:
+        forged["create_time"] -= 100  # same pid, another process: must not be adopted
     assert not successor.adopt(forged)
     obs = wait_phase(successor, handle, {Phase.EXITED})
     assert obs.exit_code == 0  # learnt from the instance runtime's exit record
