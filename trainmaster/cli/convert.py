@@ -44,12 +44,27 @@ def convert_command(
     if as_json:
         typer.echo(json.dumps(document, indent=2))
     else:
-        typer.echo(yaml.safe_dump(document, sort_keys=False), nl=False)
+        typer.echo(yaml.dump(document, Dumper=_block_dumper(), sort_keys=False), nl=False)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     for line in converted.ignored:
         err.print(f"[yellow]ignored:[/] {escape(line)}")
     if check:
         validate(document, f"{file} (converted)")
+
+
+def _block_dumper() -> type:
+    """A safe YAML dumper that prints multi-line strings (inline scripts) as ``|`` blocks."""
+    import yaml
+
+    class BlockDumper(yaml.SafeDumper):
+        pass
+
+    def text(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+        style = "|" if "\n" in data else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+    BlockDumper.add_representer(str, text)
+    return BlockDumper
 
 
 def register(app: typer.Typer) -> None:

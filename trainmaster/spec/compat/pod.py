@@ -145,6 +145,7 @@ def _env(entries: list[Any], path: str, report: Report) -> dict[str, Any]:
     for i, entry in enumerate(entries):
         where = join(path, i)
         entry = report.mapping(entry, where)
+        report.rest(entry, where, {"name", "value", "valueFrom"}, {}, "not an env entry field")
         name = entry.get("name")
         if not isinstance(name, str):
             raise report.error(join(where, "name"), "an environment variable needs a name")
