@@ -1,9 +1,78 @@
-"""CLI of the partition capability (filled in by its issue)."""
+"""CLI of the partition capability: ``trainmaster partition GRAPH --devices K``."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Optional
+
 import typer
+
+from trainmaster.errors import UserError
+
+
+def _parse_shape(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        shape = tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
+    except ValueError:
+        raise UserError(f"--input-shape {text!r}: expected integers like 1,3,32,32") from None
+    if not shape or min(shape) < 1:
+        raise UserError(f"--input-shape {text!r}: expected positive integers like 1,3,32,32")
+    return shape
+
+
+def partition_command(
+    graph: str = typer.Argument(..., help="A graph .json (profiled or Trainmaster format), an "
+                                "ONNX file, or module:callable returning an nn.Module."),
+    devices: int = typer.Option(..., "--devices", "-k", help="Number of devices (parts)."),
+    imbalance: float = typer.Option(0.05, help="Maximum load imbalance, e.g. 0.05 = 5%."),
+    method: str = typer.Option("trainmaster", help="trainmaster | patent | metis | kahip | ilp"),
+    out: Optional[Path] = typer.Option(None, help="Write {assignment, metrics} JSON here."),
+    as_json: bool = typer.Option(False, "--json", help="Print the metrics as JSON."),
+    input_shape: Optional[str] = typer.Option(None, help="Input shape for module:callable, "
+                                              "e.g. 1,3,32,32."),
+    bandwidth: float = typer.Option(1e9, help="Bytes per second between devices, for traced "
+                                    "models (edge cost = tensor bytes / bandwidth)."),
+    delta: float = typer.Option(0.0, help="Critical when slack <= delta * critical-path length."),
+    seed: int = typer.Option(0, help="Random seed (METIS, KaHIP, patent)."),
+) -> None:
+    """Split a DNN graph across K devices, cutting few costly critical edges, and report metrics."""
+    import time
+
+    from trainmaster.partition import evaluate, load_graph, partition
+
+    t0 = time.perf_counter()
+    g = load_graph(graph, _parse_shape(input_shape), bandwidth=bandwidth)
+    result = partition(g, devices, method=method, imbalance=imbalance, seed=seed, delta=delta)
+    metrics = evaluate(g, result.assignment, devices, imbalance)
+    metrics.update(method=method, partition_seconds=result.seconds,
+                   total_seconds=time.perf_counter() - t0, max_load_per_sample=metrics["max_load"])
+    if result.notes:
+        metrics["notes"] = {k: v for k, v in result.notes.items() if k != "candidates"}
+    if out is not None:
+        out.write_text(json.dumps({"assignment": result.by_node_id(g), "metrics": metrics},
+                                  indent=1))
+    if as_json:
+        print(json.dumps(metrics, indent=1))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{Path(graph).name}: {method}, k={devices}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key in ("critical_cut_count", "critical_cut_cost", "cut_count", "cut_cost", "max_load",
+                "avg_load", "balance", "makespan", "lower_bound", "device_graph_acyclic",
+                "memory_ok", "colocation_ok", "partition_seconds"):
+        val = metrics[key]
+        table.add_row(key, f"{val:.4g}" if isinstance(val, float) else str(val))
+    Console().print(table)
+    if out is not None:
+        Console().print(f"assignment written to {out}")
 
 
 def register(app: typer.Typer) -> None:
-    """Add this capability's commands to the top-level app."""
+    """Add ``trainmaster partition`` (one top-level command) to the app."""
+    app.command("partition")(partition_command)

@@ -1,0 +1,191 @@
+"""Initial partitions: an acyclic split of the topological order, capped list scheduling, and
+METIS/KaHIP on a weighted cluster graph (also the baselines).
+
+All of them assign clusters (see coarse.py), so co-location is kept by construction.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trainmaster.partition.coarse import ClusterGraph
+from trainmaster.partition.graph import Graph
+
+
+def cluster_order(graph: Graph, of: np.ndarray) -> np.ndarray:
+    """Clusters sorted by the topological position of their first operator."""
+    pos = np.empty(graph.n, dtype=np.int64)
+    pos[graph.topo] = np.arange(graph.n)
+    first = np.full(int(of.max()) + 1, graph.n, dtype=np.int64)
+    np.minimum.at(first, of, pos)
+    return np.argsort(first, kind="stable")
+
+
+def _range_argmin_table(values: np.ndarray) -> list[np.ndarray]:
+    """Sparse table of argmins over windows of length 2^j (vectorised range-minimum queries)."""
+    table = [np.arange(len(values))]
+    span = 1
+    while 2 * span <= len(values):
+        prev = table[-1]
+        a, b = prev[: len(prev) - span], prev[span:]
+        table.append(np.where(values[a] <= values[b], a, b))
+        span *= 2
+    return table
+
+
+def _range_argmin(values: np.ndarray, table: list[np.ndarray], lo: np.ndarray,
+                  hi: np.ndarray) -> np.ndarray:
+    """argmin of values[lo..hi] (inclusive) for each pair; lo <= hi."""
+    length = hi - lo + 1
+    j = np.floor(np.log2(np.maximum(length, 1))).astype(np.int64)
+    out = np.empty(len(lo), dtype=np.int64)
+    for level in np.unique(j):
+        sel = j == level
+        t = table[level]
+        a = t[lo[sel]]
+        b = t[hi[sel] - (1 << int(level)) + 1]
+        out[sel] = np.where(values[a] <= values[b], a, b)
+    return out
+
+
+def acyclic_split(graph: Graph, cg: ClusterGraph, k: int, cap: float) -> np.ndarray | None:
+    """Cut the topological order of clusters into at most k contiguous segments, each within the
+    load cap, minimising the weight of edges crossing the cuts (exact dynamic programme over cut
+    positions, O(k n log n) with range-minimum queries). Contiguous segments make the device
+    graph a chain, which is what a pipeline needs. None when no such split fits the cap."""
+    order = cluster_order(graph, cg.of)
+    c = cg.size
+    pos = np.empty(c, dtype=np.int64)
+    pos[order] = np.arange(c)
+    prefix = np.concatenate([[0.0], np.cumsum(cg.weight[order])])
+    rows = np.repeat(np.arange(c), np.diff(cg.xadj))
+    half = rows < cg.adjncy
+    pa, pb = pos[rows[half]], pos[cg.adjncy[half]]
+    lo, hi = np.minimum(pa, pb), np.maximum(pa, pb)
+    diff = np.zeros(c + 2)
+    np.add.at(diff, lo + 1, cg.adjw[half])
+    np.add.at(diff, hi + 1, -cg.adjw[half])
+    cross = np.cumsum(diff)[: c + 1]  # cost of a boundary placed before position p
+    cross[0] = cross[c] = 0.0
+    slack = cap * (1 + 1e-12)
+    window_lo = np.searchsorted(prefix, prefix - slack, side="left")
+    p_all = np.arange(c + 1)
+    dp = np.full(c + 1, np.inf)
+    dp[0] = 0.0
+    back: list[np.ndarray] = []
+    for _ in range(k - 1):
+        table = _range_argmin_table(dp)
+        arg = _range_argmin(dp, table, window_lo, p_all)
+        back.append(arg)
+        dp = dp[arg] + cross
+    last_ok = prefix[c] - prefix <= slack
+    if not np.isfinite(dp[last_ok]).any():
+        return None
+    end = int(np.flatnonzero(last_ok)[np.argmin(dp[last_ok])])
+    bounds = [end]
+    for arg in reversed(back):
+        end = int(arg[end])
+        bounds.append(end)
+    bounds = sorted(bounds)[1:] + [c]  # drop the leading 0 boundary, close with c
+    seg_of_pos = np.searchsorted(np.asarray(bounds), np.arange(c), side="right")
+    part = np.empty(c, dtype=np.int64)
+    part[order] = np.minimum(seg_of_pos, k - 1)
+    return part
+
+
+def capped_list_schedule(graph: Graph, cg: ClusterGraph, k: int, cap: float,
+                         priority: np.ndarray) -> np.ndarray:
+    """HEFT-style earliest-finish placement under the load cap: operators in b-level order; the
+    first operator of a cluster fixes the device of the whole cluster, picked as the one with room
+    that finishes it earliest (transfers only from predecessors on other devices)."""
+    import heapq
+
+    n = graph.n
+    of = cg.of.tolist()
+    cw = cg.weight.tolist()
+    w = graph.cost.tolist()
+    prio = priority.tolist()
+    out_ptr = graph.out_ptr.tolist()
+    succ = graph.dst[graph.out_edge].tolist()
+    ecost = graph.edge_cost[graph.out_edge].tolist()
+    in_ptr = graph.in_ptr.tolist()
+    pred = graph.src[graph.in_edge].tolist()
+    pcost = graph.edge_cost[graph.in_edge].tolist()
+    indeg = np.bincount(graph.dst, minlength=n).tolist()
+    part_of_cluster = [-1] * cg.size
+    load = [0.0] * k
+    free = [0.0] * k
+    finish = [0.0] * n
+    dev = [0] * n
+    heap = [(-prio[v], v) for v in range(n) if indeg[v] == 0]
+    heapq.heapify(heap)
+    while heap:
+        _, v = heapq.heappop(heap)
+        c = of[v]
+        if part_of_cluster[c] < 0:
+            best = None
+            for d in range(k):
+                if load[d] + cw[c] > cap and best is not None:
+                    continue
+                ready = 0.0
+                for j in range(in_ptr[v], in_ptr[v + 1]):
+                    u = pred[j]
+                    t = finish[u] + (pcost[j] if dev[u] != d else 0.0)
+                    ready = ready if ready >= t else t
+                f = max(ready, free[d]) + w[v]
+                key = (load[d] + cw[c] > cap, f, load[d])
+                if best is None or key < best[0]:
+                    best = (key, d)
+            part_of_cluster[c] = best[1]
+            load[best[1]] += cw[c]
+        d = part_of_cluster[c]
+        ready = 0.0
+        for j in range(in_ptr[v], in_ptr[v + 1]):
+            u = pred[j]
+            t = finish[u] + (pcost[j] if dev[u] != d else 0.0)
+            ready = ready if ready >= t else t
+        finish[v] = max(ready, free[d]) + w[v]
+        free[d] = finish[v]
+        dev[v] = d
+        for j in range(out_ptr[v], out_ptr[v + 1]):
+            x = succ[j]
+            indeg[x] -= 1
+            if indeg[x] == 0:
+                heapq.heappush(heap, (-prio[x], x))
+    del ecost
+    return np.asarray(part_of_cluster, dtype=np.int64)
+
+
+def _int_weights(cg: ClusterGraph) -> tuple[np.ndarray, np.ndarray]:
+    """METIS/KaHIP need integers: loads scaled to ~1e6 in total, edge weights to 1..1e4."""
+    total = cg.weight.sum()
+    vw = np.rint(cg.weight / total * 1e6).astype(np.int64) if total > 0 else np.ones(cg.size, np.int64)
+    top = cg.adjw.max(initial=0.0)
+    ew = (np.rint(cg.adjw / top * 1e4).astype(np.int64) + 1) if top > 0 else np.ones(len(cg.adjw), np.int64)
+    return vw, ew
+
+
+def metis_parts(cg: ClusterGraph, k: int, imbalance: float, seed: int = 0) -> np.ndarray:
+    """k-way METIS (never recursive bisection: pymetis picks it silently for k <= 8 by default)."""
+    import pymetis
+
+    if k == 1 or cg.size <= 1:
+        return np.zeros(cg.size, dtype=np.int64)
+    vw, ew = _int_weights(cg)
+    opts = pymetis.Options(ufactor=max(1, int(round(1000 * imbalance))), seed=seed)
+    _, parts = pymetis.part_graph(k, xadj=cg.xadj, adjncy=cg.adjncy, vweights=vw, eweights=ew,
+                                  recursive=False, options=opts)
+    return np.asarray(parts, dtype=np.int64)
+
+
+def kahip_parts(cg: ClusterGraph, k: int, imbalance: float, seed: int = 0,
+                mode: int = 1) -> np.ndarray:
+    """KaHIP's kaffpa (mode 0 fast, 1 eco, 2 strong); positional arguments as the binding wants."""
+    import kahip
+
+    if k == 1 or cg.size <= 1:
+        return np.zeros(cg.size, dtype=np.int64)
+    vw, ew = _int_weights(cg)
+    _, blocks = kahip.kaffpa(vw.tolist(), cg.xadj.tolist(), ew.tolist(), cg.adjncy.tolist(),
+                             k, float(imbalance), True, seed, mode)
+    return np.asarray(blocks, dtype=np.int64)

@@ -1,0 +1,200 @@
+"""The partitioning methods by name: ``trainmaster`` (ours), ``patent``, ``metis``, ``kahip``, ``ilp``.
+
+``trainmaster``: coarsen along heavy/critical chain links; build several initial partitions (an
+exact acyclic split of the topological order, capped earliest-finish list scheduling, METIS on the
+coarse graph with critical-weighted edges); refine each with k-way FM on the cost-weighted
+critical cut plus the total cut (critical by the static slack and by the partition-aware slack of
+the candidate itself) under the balance and memory caps; keep the candidate with the lowest
+simulated makespan.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from trainmaster.errors import UserError
+from trainmaster.partition.coarse import ClusterGraph, cluster_graph, coarsen_chains
+from trainmaster.partition.critical import critical_edges, levels
+from trainmaster.partition.graph import Graph, clusters_of
+from trainmaster.partition.initial import (acyclic_split, capped_list_schedule, kahip_parts,
+                                           metis_parts)
+from trainmaster.partition.refine import fm_refine, rebalance
+from trainmaster.partition.simulate import load_cap, makespan
+
+METHODS = ("trainmaster", "patent", "metis", "kahip", "ilp")
+CRITICAL_WEIGHT = 4.0  # a cut critical edge counts (1 + this) times its transfer cost
+
+
+@dataclass
+class Partition:
+    """A node -> device assignment (dense indices; ``graph.node_ids`` names them)."""
+
+    assignment: np.ndarray
+    method: str
+    k: int
+    seconds: float
+    notes: dict = field(default_factory=dict)
+
+    def by_node_id(self, graph: Graph) -> dict:
+        return {str(nid): int(d) for nid, d in zip(graph.node_ids, self.assignment.tolist())}
+
+
+def check_request(graph: Graph, k: int, imbalance: float, method: str) -> None:
+    if method not in METHODS:
+        raise UserError(f"unknown method {method!r}", details=[f"choose one of {', '.join(METHODS)}"])
+    if k < 1:
+        raise UserError(f"--devices must be at least 1, got {k}")
+    if k > graph.n:
+        raise UserError(f"--devices {k} is larger than the graph's {graph.n} nodes")
+    if not 0 <= imbalance <= 10:
+        raise UserError(f"--imbalance must be between 0 and 10, got {imbalance}")
+
+
+def memory_cap_enforced(graph: Graph, k: int) -> float:
+    """Enforce the per-device memory cap only when k devices can hold the graph at all."""
+    if np.isfinite(graph.memory_cap) and graph.memory.sum() <= 0.97 * k * graph.memory_cap:
+        return graph.memory_cap
+    return float("inf")
+
+
+def partition(graph: Graph, k: int, method: str = "trainmaster", imbalance: float = 0.05,
+              seed: int = 0, delta: float = 0.0) -> Partition:
+    """Split ``graph`` over ``k`` devices with ``method``."""
+    check_request(graph, k, imbalance, method)
+    t0 = time.perf_counter()
+    notes: dict = {}
+    if k == 1:
+        assignment = np.zeros(graph.n, dtype=np.int64)
+    elif method == "trainmaster":
+        assignment, notes = _trainmaster(graph, k, imbalance, seed, delta)
+    elif method == "patent":
+        from trainmaster.partition.patent import patent_partition
+
+        cap = load_cap(graph, k, imbalance, clusters_of(graph))
+        assignment = patent_partition(graph, k, cap, critical_edges(graph, delta), seed)
+    elif method in ("metis", "kahip"):
+        cg = cluster_graph(graph, clusters_of(graph), graph.edge_cost)
+        fn = metis_parts if method == "metis" else kahip_parts
+        assignment = cg.expand(fn(cg, k, imbalance, seed))
+    else:
+        from trainmaster.partition.ilp import ilp_partition
+
+        assignment, notes = ilp_partition(graph, k, imbalance, delta=delta)
+    return Partition(np.asarray(assignment, dtype=np.int64), method, k,
+                     time.perf_counter() - t0, notes)
+
+
+def _objective_weights(graph: Graph, static_crit: np.ndarray, assignment: np.ndarray | None,
+                       delta: float) -> np.ndarray:
+    crit = static_crit
+    if assignment is not None:
+        crit = crit | critical_edges(graph, delta, assignment=assignment)
+    return graph.edge_cost * (1.0 + CRITICAL_WEIGHT * crit)
+
+
+def _refine(graph: Graph, base: np.ndarray, part: np.ndarray, k: int, cap: float,
+            mem_cap: float, static_crit: np.ndarray, delta: float,
+            coarse: ClusterGraph | None = None) -> np.ndarray:
+    """Coarse-level FM (whole coarse clusters move) then base-level FM with partition-aware weights."""
+    if coarse is not None:
+        cpart = np.zeros(coarse.size, dtype=np.int64)
+        cpart[coarse.of] = part
+        cpart = fm_refine(coarse, cpart, k, cap, mem_cap)
+        part = coarse.expand(cpart)
+    cg = cluster_graph(graph, base, _objective_weights(graph, static_crit, part, delta))
+    bpart = np.zeros(cg.size, dtype=np.int64)
+    bpart[base] = part
+    bpart = rebalance(cg, bpart, k, cap, mem_cap)
+    bpart = fm_refine(cg, bpart, k, cap, mem_cap)
+    return cg.expand(bpart)
+
+
+def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int,
+                 delta: float) -> tuple[np.ndarray, dict]:
+    lv = levels(graph)
+    static_crit = critical_edges(graph, delta, lv=lv)
+    base = clusters_of(graph)
+    cap = load_cap(graph, k, imbalance, base)
+    mem_cap = memory_cap_enforced(graph, k)
+    weights = _objective_weights(graph, static_crit, None, delta)
+    base_cg = cluster_graph(graph, base, weights)
+    coarse_of = coarsen_chains(graph, weights, max_weight=cap / 4.0)
+    coarse_cg = cluster_graph(graph, coarse_of, weights)
+
+    candidates: dict[str, np.ndarray] = {}
+    split = acyclic_split(graph, base_cg, k, cap)
+    if split is not None:
+        candidates["acyclic"] = base_cg.expand(split)
+    candidates["list"] = base_cg.expand(capped_list_schedule(graph, base_cg, k, cap, lv.blevel))
+    candidates["metis"] = coarse_cg.expand(metis_parts(coarse_cg, k, imbalance, seed))
+    plain = cluster_graph(graph, base, graph.edge_cost)
+    candidates["metis-plain"] = plain.expand(metis_parts(plain, k, imbalance, seed))
+
+    scored: list[tuple[float, float, str, np.ndarray]] = []
+    for name, part in candidates.items():
+        refined = _refine(graph, base, part, k, cap, mem_cap, static_crit, delta,
+                          coarse_cg if name == "metis" else None)
+        for label, a in ((name, part), (name + "+fm", refined)):
+            scored.append((_overload(graph, a, k, cap, mem_cap), makespan(graph, a, lv.blevel),
+                           label, a))
+    scored.sort(key=lambda t: (t[0], t[1]))
+    over, span, label, best = scored[0]
+    best, span, tried = _critical_path_descent(graph, best, span, k, cap, mem_cap, base, lv.blevel,
+                                               budget=max(16, 4 * k))
+    return best, {"chosen": label, "descent_moves_tried": tried, "makespan": span,
+                  "candidates": {s[2]: s[1] for s in scored}}
+
+
+def _overload(graph: Graph, a: np.ndarray, k: int, cap: float, mem_cap: float) -> float:
+    """How far the worst part exceeds the caps (0 when they hold): balance first, then makespan."""
+    load = np.bincount(a, weights=graph.cost, minlength=k).max() / cap - 1.0
+    over = max(0.0, float(load)) if load > 1e-9 else 0.0
+    if np.isfinite(mem_cap):
+        mem = np.bincount(a, weights=graph.memory, minlength=k).max() / mem_cap - 1.0
+        over += max(0.0, float(mem)) if mem > 1e-9 else 0.0
+    return over
+
+
+def _critical_path_descent(graph: Graph, part: np.ndarray, span: float, k: int, cap: float,
+                           mem_cap: float, base: np.ndarray, priority: np.ndarray,
+                           budget: int) -> tuple[np.ndarray, float, int]:
+    """Final polish on the real objective: for cut edges with zero partition-aware slack (the ones
+    that lengthen the schedule), try pulling one endpoint's co-location cluster to the other
+    endpoint's device; keep a move when the simulated makespan drops and the caps still hold."""
+    tried = 0
+    load = np.bincount(part, weights=graph.cost, minlength=k)
+    mem = np.bincount(part, weights=graph.memory, minlength=k)
+    cw = np.bincount(base, weights=graph.cost)
+    cm = np.bincount(base, weights=graph.memory)
+    improved = True
+    while improved and tried < budget:
+        improved = False
+        crit = critical_edges(graph, 0.0, assignment=part) & (part[graph.src] != part[graph.dst])
+        edges = np.flatnonzero(crit)
+        edges = edges[np.argsort(-graph.edge_cost[edges], kind="stable")]
+        for e in edges.tolist():
+            for mover, anchor in ((graph.dst[e], graph.src[e]), (graph.src[e], graph.dst[e])):
+                c, q = int(base[mover]), int(part[anchor])
+                p = int(part[mover])
+                if load[q] + cw[c] > cap * (1 + 1e-9) or mem[q] + cm[c] > mem_cap:
+                    continue
+                if tried >= budget:
+                    return part, span, tried
+                tried += 1
+                trial = part.copy()
+                trial[base == c] = q
+                s = makespan(graph, trial, priority)
+                if s < span - 1e-9:
+                    part, span = trial, s
+                    load[p] -= cw[c]
+                    load[q] += cw[c]
+                    mem[p] -= cm[c]
+                    mem[q] += cm[c]
+                    improved = True
+                    break
+            if improved:
+                break
+    return part, span, tried

@@ -1,0 +1,148 @@
+"""Scoring a partition: the makespan simulator, the pipeline max-load and the cut metrics.
+
+The simulator is list scheduling: each device runs one operator at a time; an operator is ready
+when every predecessor has finished, plus that edge's transfer cost when the predecessor ran on
+another device; among ready operators the one with the highest static b-level (every edge charged
+its transfer cost) goes first, ties to the lower node index, and starts on its device at
+max(device free, data ready).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from trainmaster.partition.critical import critical_edges, critical_path_without_transfers, levels
+from trainmaster.partition.graph import Graph
+
+
+def makespan(graph: Graph, assignment: np.ndarray, priority: np.ndarray | None = None) -> float:
+    """Simulated single-sample latency of ``assignment`` (see module docstring)."""
+    return float(schedule(graph, assignment, priority)[1].max(initial=0.0))
+
+
+def schedule(graph: Graph, assignment: np.ndarray,
+             priority: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Start and finish time of every operator under list scheduling."""
+    n = graph.n
+    if priority is None:
+        priority = levels(graph).blevel
+    prio = priority.tolist()
+    part = np.asarray(assignment).tolist()
+    w = graph.cost.tolist()
+    out_ptr = graph.out_ptr.tolist()
+    succ = graph.dst[graph.out_edge].tolist()
+    ecost = graph.edge_cost[graph.out_edge].tolist()
+    indeg = np.bincount(graph.dst, minlength=n).tolist()
+    ready = [0.0] * n
+    start = [0.0] * n
+    finish = [0.0] * n
+    free: dict[int, float] = {}
+    heap = [(-prio[v], v) for v in range(n) if indeg[v] == 0]
+    heapq.heapify(heap)
+    while heap:
+        _, v = heapq.heappop(heap)
+        d = part[v]
+        s = max(ready[v], free.get(d, 0.0))
+        f = s + w[v]
+        start[v], finish[v] = s, f
+        free[d] = f
+        for j in range(out_ptr[v], out_ptr[v + 1]):
+            x = succ[j]
+            t = f + ecost[j] if part[x] != d else f
+            if t > ready[x]:
+                ready[x] = t
+            indeg[x] -= 1
+            if indeg[x] == 0:
+                heapq.heappush(heap, (-prio[x], x))
+    return np.asarray(start), np.asarray(finish)
+
+
+def device_loads(graph: Graph, assignment: np.ndarray, k: int) -> np.ndarray:
+    return np.bincount(assignment, weights=graph.cost, minlength=k)
+
+
+def max_load(graph: Graph, assignment: np.ndarray, k: int) -> float:
+    """Pipeline time per sample: with samples streaming through, the busiest device sets the pace."""
+    return float(device_loads(graph, assignment, k).max(initial=0.0))
+
+
+def device_graph_acyclic(graph: Graph, assignment: np.ndarray, k: int) -> bool:
+    """Whether the quotient graph of devices is a DAG (a pipeline needs that)."""
+    cut = assignment[graph.src] != assignment[graph.dst]
+    a, b = assignment[graph.src][cut], assignment[graph.dst][cut]
+    adj = np.zeros((k, k), dtype=bool)
+    adj[a, b] = True
+    indeg = adj.sum(axis=0)
+    alive = np.ones(k, dtype=bool)
+    for _ in range(k):
+        roots = np.flatnonzero(alive & (indeg == 0))
+        if len(roots) == 0:
+            break
+        alive[roots] = False
+        indeg = indeg - adj[roots].sum(axis=0)
+    return not alive.any()
+
+
+def lower_bound(graph: Graph, k: int) -> float:
+    """max(critical path without transfers, total work / k): no partition's makespan is lower."""
+    return max(critical_path_without_transfers(graph), float(graph.cost.sum()) / k)
+
+
+def load_cap(graph: Graph, k: int, imbalance: float, cluster: np.ndarray | None = None) -> float:
+    """The balance cap: (1 + imbalance) * average load, or the heaviest unsplittable unit's load."""
+    heaviest = float(graph.cost.max(initial=0.0))
+    if cluster is not None and len(cluster):
+        heaviest = float(np.bincount(cluster, weights=graph.cost).max())
+    return max((1.0 + imbalance) * float(graph.cost.sum()) / k, heaviest)
+
+
+def evaluate(graph: Graph, assignment: np.ndarray, k: int, imbalance: float = 0.05,
+             critical: np.ndarray | None = None) -> dict:
+    """All metrics the CLI and the benchmark report for one partition."""
+    assignment = np.asarray(assignment, dtype=np.int64)
+    if critical is None:
+        critical = critical_edges(graph)
+    cut = assignment[graph.src] != assignment[graph.dst]
+    loads = device_loads(graph, assignment, k)
+    mem = np.bincount(assignment, weights=graph.memory, minlength=k)
+    avg = float(graph.cost.sum()) / k
+    span = makespan(graph, assignment)
+    lb = lower_bound(graph, k)
+    from trainmaster.partition.graph import clusters_of
+
+    cap = load_cap(graph, k, imbalance, clusters_of(graph))
+    return {
+        "nodes": graph.n,
+        "edges": graph.m,
+        "devices": k,
+        "critical_edges": int(critical.sum()),
+        "critical_cut_count": int((cut & critical).sum()),
+        "critical_cut_cost": float(graph.edge_cost[cut & critical].sum()),
+        "cut_count": int(cut.sum()),
+        "cut_cost": float(graph.edge_cost[cut].sum()),
+        "max_load": float(loads.max(initial=0.0)),
+        "avg_load": avg,
+        "balance": float(loads.max(initial=0.0)) / avg if avg > 0 else 1.0,
+        "load_cap": cap,
+        "balanced": bool(loads.max(initial=0.0) <= cap * (1 + 1e-9)),
+        "memory_per_device": mem.tolist(),
+        "memory_cap": None if not np.isfinite(graph.memory_cap) else graph.memory_cap,
+        "memory_ok": bool(mem.max(initial=0.0) <= graph.memory_cap),
+        "colocation_ok": colocation_respected(graph, assignment),
+        "makespan": span,
+        "lower_bound": lb,
+        "device_graph_acyclic": device_graph_acyclic(graph, assignment, k),
+    }
+
+
+def colocation_respected(graph: Graph, assignment: np.ndarray) -> bool:
+    grouped = graph.group >= 0
+    if not grouped.any():
+        return True
+    g, a = graph.group[grouped], assignment[grouped]
+    order = np.argsort(g, kind="stable")
+    g, a = g[order], a[order]
+    same = g[1:] == g[:-1]
+    return bool(np.all(a[1:][same] == a[:-1][same]))
