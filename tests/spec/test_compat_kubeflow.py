@@ -228,3 +228,20 @@ def test_foreign_documents_are_left_alone() -> None:
     """Mechanism: documents that are neither Kubeflow nor Volcano are not converted."""
     assert convert({"apiVersion": "trainmaster/v1", "kind": "Job"}) is None
     assert convert({"apiVersion": "batch/v1", "kind": "Job"}) is None
+
+
+@pytest.mark.parametrize("workers, roles", [(3, {"master": 1, "worker": 2}), (1, {"master": 1})])
+def test_pytorchjob_without_master_promotes_worker_zero(workers: int, roles: dict[str, int]) -> None:
+    """Mechanism: a worker-only PyTorchJob (Kubeflow makes worker 0 rank 0) gets worker 0 as
+    the pytorch master, the rest as workers; success needs every instance (no kubeflow preset)."""
+    converted = convert(kubeflow("PyTorchJob", {"Worker": replica(workers, restart="OnFailure")},
+                                 elasticPolicy={"minReplicas": 1, "maxReplicas": 3}))
+    assert converted is not None
+    doc = converted.document
+    assert {n: r["replicas"] for n, r in roles_of(doc).items()} == roles
+    assert doc["spec"]["statusPolicy"] == {"preset": "default"}
+    ignored = "\n".join(converted.ignored)
+    assert "spec.pytorchReplicaSpecs.Worker: approximated" in ignored and "spec.elasticPolicy:" in ignored
+    job = load_document(doc).job
+    assert job.spec.framework == "pytorch" and job.spec.total_replicas == workers
+    assert job.spec.status_policy.preset == "default"  # not replaced by the framework's kubeflow preset

@@ -88,10 +88,11 @@ def convert(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     handled |= {"slotsPerWorker", "mainContainer"} if kind_name == "MPIJob" else set()
     report.rest(spec, "spec", handled, kind.spec_keys, f"not a field {kind_name} has")
     roles = _roles(spec, kind, main_container or kind.container, report)
+    promoted = kind_name == "PyTorchJob" and _promote_worker_zero(roles, kind.replica_key, report)
     names = [r["name"] for r in roles]
     _add_dependencies(str(kind_name), roles, names)
     job_spec: dict[str, Any] = {"framework": _framework(str(kind_name)), "roles": roles}
-    status_policy = _status_policy(str(kind_name), spec, roles, names, report)
+    status_policy = _status_policy(str(kind_name), spec, roles, names, report, promoted)
     if status_policy:
         job_spec["statusPolicy"] = status_policy
     scheduling = _run_policy(spec, roles, report)
@@ -137,6 +138,29 @@ def _roles(spec: dict[str, Any], kind: Kind, container: str | None,
     return roles
 
 
+def _promote_worker_zero(roles: list[dict[str, Any]], replica_key: str, report: Report) -> bool:
+    """A PyTorchJob without a Master: Kubeflow makes worker 0 rank 0 and points MASTER_ADDR at
+    it. Here worker 0 becomes a one-replica ``master`` role (the pytorch framework's rank 0)."""
+    names = [r["name"] for r in roles]
+    if "master" in names or "worker" not in names:
+        return False
+    index = names.index("worker")
+    worker = roles[index]
+    replicas = worker.get("replicas", 1)
+    if not isinstance(replicas, int) or replicas < 1:
+        return False
+    master = {**worker, "name": "master", "replicas": 1}
+    roles.insert(index, master)
+    if replicas == 1:
+        roles.remove(worker)
+    else:
+        worker["replicas"] = replicas - 1
+    report.approximate(join(join("spec", replica_key), "Worker"), "no Master: worker 0 runs as "
+                       "the role 'master' (rank 0, MASTER_ADDR), as Kubeflow makes it rank 0; the "
+                       "job succeeds when every instance succeeded")
+    return True
+
+
 def _restart(value: Any, path: str, report: Report) -> Any:
     if value == "ExitCode":
         report.approximate(path, "ExitCode restarts on retryable exit codes only; "
@@ -163,8 +187,10 @@ def _add_dependencies(kind_name: str, roles: list[dict[str, Any]], names: list[s
 
 
 def _status_policy(kind_name: str, spec: dict[str, Any], roles: list[dict[str, Any]],
-                   names: list[str], report: Report) -> dict[str, Any] | None:
+                   names: list[str], report: Report, promoted: bool = False) -> dict[str, Any] | None:
     if kind_name == "PyTorchJob":
+        if promoted:  # Kubeflow: with no Master, the job succeeds when every worker did
+            return {"preset": "default"}
         return {"preset": "kubeflow"} if "master" in names else None
     if kind_name == "MPIJob":
         return {"failed": "any", "succeeded": {"roles": ["launcher"]}} if "launcher" in names else None
