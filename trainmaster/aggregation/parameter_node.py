@@ -51,6 +51,7 @@ class _Job:
     slices: dict[tuple[int, int], _Slice] = field(default_factory=dict)
     newest_round: int = 0
     pool: int = 0
+    busy: int = 0  # bitmap of workers whose last heartbeat said they wait in allreduce
     failed: str | None = None
 
 
@@ -200,7 +201,7 @@ class ParameterNode:
         for job_id, job in self.jobs.items():
             if job.failed or job.registered != full_mask(job.fan_in):
                 continue
-            waiting = any(sl.result is None for sl in job.slices.values())
+            waiting = job.busy or any(sl.result is None for sl in job.slices.values())
             if not waiting:
                 continue
             silent = [r for r in bits(job.registered)
@@ -241,6 +242,7 @@ class ParameterNode:
                 now = time.monotonic()
                 for rank in bits(h.bitmap):
                     job.last_seen[rank] = now
+                job.busy = job.busy | h.bitmap if h.round else job.busy & ~h.bitmap
         elif h.kind == Kind.BYE:
             job = self.jobs.get(h.job)
             if job is not None:

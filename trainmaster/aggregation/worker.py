@@ -108,6 +108,7 @@ class AggregationClient:
         self._stop = threading.Event()
         self._heart: threading.Thread | None = None
         self._joined = False
+        self._busy_round = 0
 
     # ---- membership -----------------------------------------------------------------------
     def join(self) -> None:
@@ -144,9 +145,12 @@ class AggregationClient:
         self._heart.start()
 
     def _heartbeat(self) -> None:
-        beat = encode(Header(Kind.HEARTBEAT, self.job, bitmap=self.bit, fan_in=self.world))
+        # the round field says whether this worker is waiting inside allreduce (0: idle), so the
+        # parameter node knows someone waits even when no slice of that round reached it yet
         while not self._stop.wait(self.config.heartbeat):
-            self.transport.send(beat, self.switch)
+            beat = Header(Kind.HEARTBEAT, self.job, self._busy_round, bitmap=self.bit,
+                          fan_in=self.world)
+            self.transport.send(encode(beat), self.switch)
 
     def close(self) -> None:
         self._stop.set()
@@ -203,7 +207,10 @@ class AggregationClient:
         x = np.ascontiguousarray(src, dtype=np.float32).ravel()
         if not np.all(np.isfinite(x)):
             raise ValueError("allreduce input contains NaN or infinity")
-        out, bound = self._reduce(x)
+        try:
+            out, bound = self._reduce(x)
+        finally:
+            self._busy_round = 0
         self.last_error_bound = bound.reshape(src.shape)
         result = out.reshape(src.shape)
         if torch_like:
@@ -216,6 +223,7 @@ class AggregationClient:
         cfg = self.config
         started = time.monotonic()
         self.round += 1
+        self._busy_round = self.round
         n = x.size
         chunk = cfg.chunk
         total = max(1, math.ceil(n / chunk))

@@ -1,0 +1,105 @@
+"""Real processes: a worker killed mid-reduce, and the ``trainmaster aggregation demo`` CLI."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from trainmaster.aggregation.fabric import Fabric, query
+from trainmaster.aggregation.worker import AggregationClient, AggregationError, WorkerConfig
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _worker(conn, switch, rank, world) -> None:
+    # a long reduction, so the kill lands in the middle of it; survivors retransmit so rarely
+    # that their contributions sit in the forwarding node's slots until the abort frees them
+    cfg = WorkerConfig(chunk=1024, timeout=40.0, retransmit_timeout=30.0,
+                       max_retransmit_timeout=30.0, gap_threshold=10**6)
+    client = AggregationClient(switch, 1, rank, world, cfg)
+    try:
+        client.join()
+        conn.send("joined")
+        client.allreduce(np.ones(8_000_000, dtype=np.float32))
+        conn.send("finished")
+    except AggregationError as exc:
+        conn.send(f"{type(exc).__name__}: {exc}")
+    finally:
+        client.close()
+
+
+def test_killed_worker_gives_clear_error_and_frees_slots() -> None:
+    """Worker death: a worker SIGKILLed mid-reduce -> the parameter node notices its silence,
+    aborts the job with a message naming it, the forwarding node frees the job's slots, and
+    every surviving worker raises WorkerLostError instead of hanging."""
+    ctx = mp.get_context("fork")
+    with Fabric(slots=64, dead_after=1.0) as fabric:
+        pipes, procs = [], []
+        for rank in range(3):
+            parent, child = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_worker,
+                            args=(child, fabric.attach_point(rank), rank, 3))
+            p.start()
+            pipes.append(parent)
+            procs.append(p)
+        for pipe in pipes:
+            assert pipe.poll(20) and pipe.recv() == "joined"
+        time.sleep(0.5)  # all three are now inside allreduce
+        assert query(fabric.ps)["jobs_failed"] == 0
+        os.kill(procs[2].pid, signal.SIGKILL)
+        procs[2].join(5)
+        for pipe in pipes[:2]:
+            assert pipe.poll(15), "a surviving worker hung"
+            message = pipe.recv()
+            assert message.startswith("WorkerLostError")
+            assert "worker 2" in message and "silent" in message
+        switch = query(fabric.switches[0])
+        assert switch["slots_in_use"] == 0 and switch["released_by_abort"] > 0
+        assert query(fabric.ps)["jobs_failed"] == 1
+        for p in procs[:2]:
+            p.join(5)
+
+
+def test_unreachable_fabric_is_a_clear_timeout() -> None:
+    """Every wait has a timeout: with no forwarding node listening, join fails with a message
+    naming the address instead of blocking forever."""
+    client = AggregationClient(("127.0.0.1", 9), 1, 0, 2, WorkerConfig(timeout=1.0))
+    with pytest.raises(AggregationError, match="no WELCOME"):
+        client.join()
+    client.close()
+
+
+def test_demo_cli_with_every_fault_is_exact() -> None:
+    """The CLI demo: drop, duplicate, reorder, delay, overflow, collisions (two jobs, tiny pool)
+    and two levels; exits 0 with exact true and a non-zero count for every injected fault."""
+    cmd = [sys.executable, "-m", "trainmaster", "aggregation", "demo", "--workers", "3",
+           "--jobs", "2", "--elements", "60000", "--drop", "0.02", "--duplicate", "0.02",
+           "--reorder", "0.05", "--delay", "0.02", "--overflow", "--slots", "8", "--levels", "2",
+           "--chunk", "2048", "--seed", "1", "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["exact"] is True
+    assert result["max_abs_error"] <= result["bound"]
+    for name in ("packets", "retransmits", "overflow_fallbacks", "collisions",
+                 "duplicates_ignored"):
+        assert result[name] > 0, name
+    assert all(v > 0 for v in result["faults"].values()), result["faults"]
+    assert result["slots_in_use_after"] == 0
+
+
+def test_demo_cli_rejects_bad_options() -> None:
+    """User mistakes are a one-line error and exit code 2, not a traceback."""
+    proc = subprocess.run([sys.executable, "-m", "trainmaster", "aggregation", "demo",
+                           "--levels", "3", "--drop", "1.5"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2
+    assert "levels must be 1 or 2" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,131 @@
+"""Header encoding, quantisation and the aggregator's merge rule, tested without a network."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trainmaster.aggregation.accumulator import FloatSum, IntSum
+from trainmaster.aggregation.protocol import (
+    HEADER_SIZE,
+    INT_SATURATED,
+    MAX_ELEMENTS,
+    Flag,
+    Header,
+    Kind,
+    decode,
+    encode,
+    slot_id,
+    values,
+)
+from trainmaster.aggregation.quantize import (
+    BlockFloat,
+    FixedScale,
+    dequantize,
+    error_bound,
+    quantize,
+)
+
+headers = st.builds(
+    Header,
+    kind=st.sampled_from([Kind.DATA, Kind.RESULT]),
+    job=st.integers(0, 2**32 - 1),
+    round=st.integers(0, 2**32 - 1),
+    seq=st.integers(0, 2**32 - 1),
+    bitmap=st.integers(0, 2**64 - 1),
+    fan_in=st.integers(1, 64),
+    slot=st.integers(0, 0xFFFF),
+    exponent=st.integers(-120, 120),
+    flags=st.sampled_from(list(Flag)),
+)
+
+
+@given(headers, st.lists(st.integers(-(2**31) + 1, 2**31 - 1), max_size=50))
+def test_header_round_trip(header: Header, ints: list[int]) -> None:
+    """Binary header (struct): every field (version, job, seq, bitmap, fan-in, flags, slot,
+    exponent, count) survives encode/decode with its payload."""
+    if header.has(Flag.FLOAT):
+        header = header.with_(flags=header.flags & ~Flag.FLOAT)
+    payload = np.array(ints, dtype=np.int64)
+    h, body = decode(encode(header, payload))
+    assert h == header.with_(count=len(ints))
+    assert np.array_equal(values(h, body), payload)
+
+
+def test_payload_sizes_up_to_the_udp_limit() -> None:
+    """Payload size: up to the UDP datagram limit (65507 bytes) in one packet."""
+    data = encode(Header(Kind.DATA, 1), np.zeros(MAX_ELEMENTS, dtype=np.int64))
+    assert len(data) <= 65507
+    assert len(data) == HEADER_SIZE + 4 * MAX_ELEMENTS
+
+
+def test_slot_ids_are_shared_by_a_job_and_consecutive() -> None:
+    """Resource id = hash(job) + slice index: identical for all workers, consecutive slices in
+    consecutive slots (a window no larger than the pool never collides with itself)."""
+    assert slot_id(7, 3) == slot_id(7, 3)
+    assert (slot_id(7, 4) - slot_id(7, 3)) % 0x10000 == 1
+    assert slot_id(7, 0) != slot_id(8, 0)
+
+
+@settings(max_examples=60)
+@given(st.integers(1, 64), st.floats(1e-30, 1e30), st.integers(1, 200), st.integers(0, 2**32))
+def test_block_float_never_overflows(fan_in: int, scale: float, n: int, seed: int) -> None:
+    """Block-floating-point scale: the sum of fan_in workers at the chosen exponent fits int32,
+    and de-quantisation stays within the stated error bound."""
+    rng = np.random.default_rng(seed)
+    chunks = [(rng.standard_normal(n) * scale).astype(np.float32) for _ in range(fan_in)]
+    acc = IntSum()
+    for r, c in enumerate(chunks):
+        e = BlockFloat().choose_exponent(c, fan_in)
+        assert acc.add(quantize(c, e), e, 1 << r)
+    q, overflow = acc.wire()
+    assert not overflow
+    exact = sum(c.astype(np.float64) for c in chunks)
+    assert np.all(np.abs(dequantize(q, acc.exponent) - exact)
+                  <= error_bound(acc.exponent, fan_in) * (1 + 1e-9))
+
+
+def test_fixed_scale_overflow_is_detected_exactly() -> None:
+    """Exact overflow detection: accumulate in int64 and check the int32 range; the forwarded
+    value is saturated so the parameter node recognises it. A large intermediate that comes back
+    into range is not an overflow."""
+    e = FixedScale(16).exponent
+    big = np.array([20000.0, 1.0], dtype=np.float32)
+    acc = IntSum()
+    acc.add(quantize(big, e), e, 1)
+    acc.add(quantize(big, e), e, 2)
+    q, overflow = acc.wire()
+    assert overflow and q[0] == INT_SATURATED
+    back = IntSum()
+    back.add(quantize(big, e), e, 1)
+    back.add(quantize(big, e), e, 2)
+    back.add(quantize(-big, e), e, 4)
+    assert back.wire()[1] is False
+    assert quantize(np.array([1e6], np.float32), e)[0] == INT_SATURATED
+
+
+def test_merge_refuses_overlapping_workers() -> None:
+    """No double counting: a contribution whose workers are already in the sum is refused."""
+    acc = IntSum()
+    assert acc.add(np.array([1, 2]), 0, 0b011)
+    assert not acc.add(np.array([5, 5]), 0, 0b010)
+    assert acc.add(np.array([10, 20]), 0, 0b100)
+    assert acc.values.tolist() == [11, 22] and acc.bitmap == 0b111
+    f = FloatSum()
+    assert f.add(np.array([1.5]), 1) and not f.add(np.array([1.5]), 1)
+
+
+def test_exponent_alignment_rounds_within_bound() -> None:
+    """Per-chunk exponents differ between workers; aggregators shift to the smaller one."""
+    a = np.array([0.001, 3.0], dtype=np.float32)
+    b = np.array([100.0, -7.25], dtype=np.float32)
+    acc = IntSum()
+    for r, c in enumerate((a, b)):
+        e = BlockFloat().choose_exponent(c, 2)
+        acc.add(quantize(c, e), e, 1 << r)
+    got = dequantize(acc.values, acc.exponent)
+    assert np.all(np.abs(got - (a.astype(np.float64) + b)) <= error_bound(acc.exponent, 2))
+    assert math.isfinite(float(got.sum()))
