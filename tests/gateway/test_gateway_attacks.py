@@ -172,7 +172,7 @@ HEADERISH = st.fixed_dictionaries({"header": st.dictionaries(st.sampled_from(
     "eph_pub": JSON, "nonce": JSON, "ciphertext": JSON, "signature": JSON})
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=st.one_of(JSON, HEADERISH), path=st.sampled_from([("gateway", "/v1/receive"), ("gateway", "/v1/executors"),
                                                                ("a", "/v1/tasks"), ("a", "/v1/transfer")]))
 def test_malformed_requests_get_4xx_and_change_nothing(dep: Deployment, body: Any, path: tuple[str, str]) -> None:

@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import httpx
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from trainmaster.gateway.crypto import EnvelopeError, Identity, PublicIdentity, make_header, seal
@@ -72,6 +73,12 @@ def install_common(app: FastAPI, max_body_bytes: int) -> None:
         if length is not None and (not length.isdigit() or int(length) > max_body_bytes):
             return JSONResponse({"detail": f"request body over the {max_body_bytes}-byte cap"}, status_code=413)
         return await call_next(request)
+
+    @app.exception_handler(RequestValidationError)
+    async def _malformed(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        # Only locations and messages: never echo the (possibly non-JSON-safe, possibly secret) input.
+        errors = [{"loc": [str(x) for x in e.get("loc", ())], "msg": str(e.get("msg", ""))} for e in exc.errors()[:20]]
+        return JSONResponse({"detail": errors}, status_code=422)
 
     @app.exception_handler(EnvelopeError)
     async def _refused(_request: Request, exc: EnvelopeError) -> JSONResponse:
