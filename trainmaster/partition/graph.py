@@ -151,6 +151,6 @@ def build_graph(
 
 def clusters_of(graph: Graph) -> np.ndarray:
     """Map each node to its co-location cluster id 0..c-1 (ungrouped nodes are singletons)."""
-    key = np.where(graph.group >= 0, graph.group, -1 - np.arange(graph.n))
+    key = np.where(graph.group >= 0, graph.group, graph.group.max(initial=0) + 1 + np.arange(graph.n))
     _, cluster = np.unique(key, return_inverse=True)
     return cluster.astype(np.int64)

@@ -173,7 +173,7 @@ def metis_parts(cg: ClusterGraph, k: int, imbalance: float, seed: int = 0) -> np
         return np.zeros(cg.size, dtype=np.int64)
     vw, ew = _int_weights(cg)
     opts = pymetis.Options(ufactor=max(1, int(round(1000 * imbalance))), seed=seed)
-    _, parts = pymetis.part_graph(k, xadj=cg.xadj, adjncy=cg.adjncy, vweights=vw, eweights=ew,
+    _, parts = pymetis.part_graph(k, pymetis.CSRAdjacency(cg.xadj, cg.adjncy), vweights=vw, eweights=ew,
                                   recursive=False, options=opts)
     return np.asarray(parts, dtype=np.int64)
 

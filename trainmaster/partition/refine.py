@@ -41,13 +41,15 @@ class _State:
         return (self.load[q] + self.wt[v] <= self.cap
                 and self.memload[q] + self.mem[v] <= self.mem_cap)
 
-    def best_move(self, v: int, targets=None) -> tuple[float, int]:
+    def best_move(self, v: int, targets=None, capped: bool = True) -> tuple[float, int]:
+        """Best-gain target part for v (only parts it touches unless ``targets`` is given);
+        ``capped=False`` ignores the caps, for moves that wait until the target has room."""
         d = self.conn(v)
         p = self.part[v]
         own = d.get(p, 0.0)
         best_g, best_q = -np.inf, -1
         for q in (d if targets is None else targets):
-            if q == p or not self.fits(v, q):
+            if q == p or (capped and not self.fits(v, q)):
                 continue
             g = d.get(q, 0.0) - own
             if g > best_g or (g == best_g and self.load[q] < self.load[best_q]):
@@ -96,8 +98,9 @@ def fm_refine(cg: ClusterGraph, part: np.ndarray, k: int, cap: float,
         version = [0] * n
         locked = [False] * n
         stamp = 0
+        blocked: list[list[int]] = [[] for _ in range(k)]  # waiting for room in that part
         for v in range(n):
-            g, q = st.best_move(v)
+            g, q = st.best_move(v, capped=False)
             if q >= 0:
                 stamp += 1
                 heap.append((-g, -stamp, v, q, 0))
@@ -111,13 +114,10 @@ def fm_refine(cg: ClusterGraph, part: np.ndarray, k: int, cap: float,
             if locked[v] or ver != version[v]:
                 continue
             if not st.fits(v, q):
-                g, q = st.best_move(v)
-                if q >= 0:
-                    version[v] += 1
-                    stamp += 1
-                    heapq.heappush(heap, (-g, -stamp, v, q, version[v]))
+                blocked[q].append(v)
                 continue
-            moves.append((v, st.part[v]))
+            p = st.part[v]
+            moves.append((v, p))
             st.move(v, q)
             locked[v] = True
             cum -= neg_g
@@ -125,12 +125,13 @@ def fm_refine(cg: ClusterGraph, part: np.ndarray, k: int, cap: float,
                 best, best_len, since_best = cum, len(moves), 0
             else:
                 since_best += 1
-            for j in range(st.xadj[v], st.xadj[v + 1]):
-                u = st.nbr[j]
+            woken = [u for u in blocked[p] if not locked[u]]
+            blocked[p] = []
+            for u in woken + [st.nbr[j] for j in range(st.xadj[v], st.xadj[v + 1])]:
                 if locked[u]:
                     continue
                 version[u] += 1
-                g, qu = st.best_move(u)
+                g, qu = st.best_move(u, capped=False)
                 if qu >= 0:
                     stamp += 1
                     heapq.heappush(heap, (-g, -stamp, u, qu, version[u]))
