@@ -1,0 +1,157 @@
+"""Faults with real processes: every accepted leg ends in exactly one recorded outcome, the others
+still return, nothing is delivered twice, and in-flight work drains to zero."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+import httpx
+import pytest
+from gateway_harness import Deployment
+
+from trainmaster.gateway.client import LegSpec
+from trainmaster.gateway.crypto import make_header, seal
+from trainmaster.gateway.service import client_ssl_context
+
+pytestmark = pytest.mark.timeout(240)
+PARTIES = ["a", "slow", "skew", "silent", "victim"]
+
+
+@pytest.fixture(scope="module")
+def dep(tmp_path_factory: pytest.TempPathFactory) -> Deployment:
+    d = Deployment(tmp_path_factory.mktemp("faults"), PARTIES, overrides={
+        "gateway": {"task_queue_depth": 1},
+        "slow": {"fault_delay_s": 3.0},
+        "skew": {"fault_clock_offset_s": 600.0},
+        "silent": {"fault_executor_silent": True, "executor_start_timeout_s": 1.5},
+        "victim": {"fault_delay_s": 20.0},
+    }).start_all()
+    yield d
+    d.stop_all()
+
+
+def _create(dep: Deployment, task_id: str, parties: list[str]) -> dict[str, dict[str, Any]]:
+    ini = dep.initiator()
+    try:
+        return {p: ini.create_leg(task_id, LegSpec(data_id=f"m_{p}", party=p, rule="row_count")) for p in parties}
+    finally:
+        ini.close()
+
+
+def _receive(dep: Deployment, task_id: str, parties: list[str], timeout_s: float) -> dict[str, dict[str, Any]]:
+    ini = dep.initiator()
+    try:
+        return ini.receive(task_id, [f"m_{p}" for p in parties], leg_timeout_s=timeout_s)
+    finally:
+        ini.close()
+
+
+def _wait(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def _in_background(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except Exception as exc:  # recorded for the test to inspect
+            box["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, box
+
+
+def test_slow_party_times_out_and_others_return(dep: Deployment) -> None:
+    """Per-leg timeout: a slow party's leg ends `timeout`; the fast party's leg returns its result."""
+    assert all(c["ok"] for c in _create(dep, "slow1", ["a", "slow"]).values())
+    out = _receive(dep, "slow1", ["a", "slow"], timeout_s=1.0)
+    assert out["m_a"]["outcome"] == "result" and out["m_a"]["result"]["rows"] == len(dep.splits[0])
+    assert out["m_slow"]["outcome"] == "timeout" and "did not answer" in out["m_slow"]["detail"]
+    again = _receive(dep, "slow1", ["a", "slow"], timeout_s=10.0)  # outcomes are final: recorded once
+    assert again["m_slow"]["outcome"] == "timeout"
+
+
+def test_executor_that_never_reports_ends_in_timeout(dep: Deployment) -> None:
+    """Executor start deadline: an executor that never reports readiness is killed; its leg ends `timeout`."""
+    created = _create(dep, "silent1", ["a", "silent"])
+    assert created["silent"]["status"] == 504
+    out = _receive(dep, "silent1", ["a", "silent"], timeout_s=5.0)
+    assert out["m_a"]["outcome"] == "result"
+    assert out["m_silent"]["outcome"] == "timeout" and "did not report" in out["m_silent"]["detail"]
+    assert dep.health("silent")["executors"] == 0
+
+
+def test_party_with_skewed_clock_is_refused_with_a_clear_error(dep: Deployment) -> None:
+    """Clock-skew window: a party whose clock runs 10 minutes ahead refuses (and is refused) — its leg
+    has no route and ends `party_unavailable`, the creation error says why; the others return."""
+    created = _create(dep, "skew1", ["a", "skew"])
+    assert not created["skew"]["ok"] and "expired" in created["skew"]["detail"]
+    out = _receive(dep, "skew1", ["a", "skew"], timeout_s=5.0)
+    assert out["m_a"]["outcome"] == "result"
+    assert out["m_skew"]["outcome"] == "party_unavailable"
+
+
+def test_party_killed_mid_request(dep: Deployment) -> None:
+    """Party crash: a party killed while serving a transfer ends `party_unavailable`; others return."""
+    assert all(c["ok"] for c in _create(dep, "kill1", ["a", "victim"]).values())
+    thread, box = _in_background(lambda: _receive(dep, "kill1", ["a", "victim"], timeout_s=30.0))
+    _wait(lambda: dep.health("victim")["handled"].get("data_transfer", 0) >= 1, 20, "the victim to receive its transfer")
+    dep.kill("victim")
+    thread.join(timeout=30)
+    out = box["value"]
+    assert out["m_a"]["outcome"] == "result"
+    assert out["m_victim"]["outcome"] == "party_unavailable"
+    assert dep.health("gateway")["in_flight_legs"] == 0
+
+
+def test_one_slow_task_does_not_block_another_and_overload_is_429(dep: Deployment) -> None:
+    """Per-task queue and overload: a second request for a busy task gets 429 while another task
+    completes; the slow task still finishes."""
+    _create(dep, "busy1", ["slow"])
+    _create(dep, "other1", ["a"])
+    thread, box = _in_background(lambda: _receive(dep, "busy1", ["slow"], timeout_s=10.0))
+    _wait(lambda: dep.health("gateway")["in_flight_tasks"] >= 1, 20, "busy1 to be in flight")
+    ini = dep.initiator()
+    env = seal(ini.me, ini.roster["gateway"], make_header("initiator", "gateway", "data_receive", "busy1", "*"),
+               {"task_id": "busy1", "data_ids": ["m_slow"]})
+    with httpx.Client(verify=client_ssl_context(dep.cfg("initiator")), timeout=10) as http:
+        resp = http.post(f"{dep.url('gateway')}/v1/receive", content=env.model_dump_json(),
+                         headers={"content-type": "application/json"})
+    assert resp.status_code == 429 and resp.headers.get("retry-after") == "1"
+    other = ini.receive("other1", ["m_a"], leg_timeout_s=5.0)
+    assert other["m_a"]["outcome"] == "result"
+    assert thread.is_alive()  # the slow task is still running while the other one finished
+    ini.close()
+    thread.join(timeout=30)
+    assert box["value"]["m_slow"]["outcome"] == "result"
+
+
+def test_gateway_killed_and_restarted_loses_nothing_and_duplicates_nothing(dep: Deployment) -> None:
+    """Persist-before-acknowledge and recovery: kill -9 the gateway mid-request, restart it, fetch
+    again: every leg has exactly one outcome, the result is delivered, in-flight drains to zero."""
+    assert all(c["ok"] for c in _create(dep, "crash1", ["a", "slow"]).values())
+    thread, box = _in_background(lambda: _receive(dep, "crash1", ["a", "slow"], timeout_s=10.0))
+    _wait(lambda: dep.health("gateway")["in_flight_legs"] >= 1, 20, "crash1 legs in flight")
+    legs_before = dep.health("gateway")["legs"]
+    dep.kill("gateway")
+    thread.join(timeout=30)
+    assert "error" in box  # the initiator saw the crash, not a result
+    dep.start("gateway")
+    dep.wait_ready("gateway")
+    assert dep.health("gateway")["legs"] == legs_before  # the mapping table survived kill -9
+    out = _receive(dep, "crash1", ["a", "slow"], timeout_s=10.0)
+    assert {k: v["outcome"] for k, v in out.items()} == {"m_a": "result", "m_slow": "result"}
+    again = _receive(dep, "crash1", ["a", "slow"], timeout_s=10.0)
+    assert again["m_slow"]["result"] == out["m_slow"]["result"]
+    h = dep.health("gateway")
+    assert h["legs"] == legs_before and h["in_flight_legs"] == 0
