@@ -51,7 +51,9 @@ class _Job:
     slices: dict[tuple[int, int], _Slice] = field(default_factory=dict)
     newest_round: int = 0
     pool: int = 0
-    busy: int = 0  # bitmap of workers whose last heartbeat said they wait in allreduce
+    busy_round: int = 0  # newest round a heartbeat said some worker is waiting in
+    busy: int = 0  # workers whose last heartbeat said they wait inside allreduce
+    contributed: dict[int, int] = field(default_factory=dict)  # rank -> newest round it sent
     failed: str | None = None
 
 
@@ -124,6 +126,7 @@ class ParameterNode:
         now = time.monotonic()
         for rank in bits(h.bitmap):
             job.last_seen[rank] = now
+            job.contributed[rank] = max(job.contributed.get(rank, 0), h.round)
         if h.round + 1 < job.newest_round:
             return  # a slice every worker already finished; nobody can be waiting for it
         if h.round > job.newest_round:
@@ -201,11 +204,18 @@ class ParameterNode:
         for job_id, job in self.jobs.items():
             if job.failed or job.registered != full_mask(job.fan_in):
                 continue
-            waiting = job.busy or any(sl.result is None for sl in job.slices.values())
-            if not waiting:
-                continue
-            silent = [r for r in bits(job.registered)
-                      if job.left >> r & 1 or now - job.last_seen.get(r, now) > self.dead_after]
+            # A worker that left cleanly had every result, so it is only missed in a later round.
+            # A silent (crashed) one is missed if a slice still lacks it or another worker waits.
+            pending = [sl.ints.bitmap | (sl.floats.bitmap if sl.floats else 0)
+                       for sl in job.slices.values() if sl.result is None]
+            silent = []
+            for r in bits(job.registered):
+                if job.left >> r & 1:
+                    if job.busy_round > job.contributed.get(r, 0):
+                        silent.append(r)
+                elif now - job.last_seen.get(r, now) > self.dead_after and (
+                        any(not (b >> r & 1) for b in pending) or job.busy & ~(1 << r)):
+                    silent.append(r)
             if silent:
                 self._fail(job_id, job, silent, now)
 
@@ -242,6 +252,7 @@ class ParameterNode:
                 now = time.monotonic()
                 for rank in bits(h.bitmap):
                     job.last_seen[rank] = now
+                job.busy_round = max(job.busy_round, h.round)
                 job.busy = job.busy | h.bitmap if h.round else job.busy & ~h.bitmap
         elif h.kind == Kind.BYE:
             job = self.jobs.get(h.job)
