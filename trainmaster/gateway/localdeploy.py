@@ -1,0 +1,140 @@
+"""A whole deployment on loopback (CA, keys, configs, data files, one process per service).
+
+Used by the tests and the benchmark; each service runs as ``python -m trainmaster ... serve`` in its
+own session, exactly as a user would start it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import yaml
+
+from trainmaster.gateway.client import Initiator
+from trainmaster.gateway.provision import ServiceConfig, init_deployment, load_config
+from trainmaster.gateway.service import client_ssl_context
+
+
+def free_port_block(n: int) -> int:
+    """A base port with ``n`` consecutive free ports (bind-tested) in an uncommon range."""
+    rng = np.random.default_rng()
+    for _ in range(200):
+        base = int(rng.integers(20000, 60000))
+        socks = []
+        try:
+            for i in range(n):
+                s = socket.socket()
+                s.bind(("127.0.0.1", base + i))
+                socks.append(s)
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port block")
+
+
+def breast_cancer_split(n_parties: int) -> tuple[list[str], list[np.ndarray]]:
+    from sklearn.datasets import load_breast_cancer
+
+    d = load_breast_cancer()
+    names = [n.replace(" ", "_") for n in d.feature_names] + ["label"]
+    rows = np.column_stack([d.data, d.target.astype(float)])
+    return names, np.array_split(rows, n_parties)
+
+
+def write_csv(path: Path, names: list[str], rows: np.ndarray) -> None:
+    with path.open("w") as fh:
+        fh.write(",".join(names) + "\n")
+        for r in rows:
+            fh.write(",".join(repr(float(v)) for v in r) + "\n")
+
+
+class Deployment:
+    """Gateway + parties as separate processes; party i holds data id ``m_<name>``."""
+
+    def __init__(self, root: Path, parties: list[str], overrides: dict[str, dict[str, Any]] | None = None):
+        self.root, self.parties = root, parties
+        self.configs = init_deployment(root / "deploy", parties, port_base=free_port_block(len(parties) + 1))
+        for name, extra in (overrides or {}).items():
+            data = yaml.safe_load(self.configs[name].read_text())
+            data.update(extra)
+            self.configs[name].write_text(yaml.safe_dump(data))
+        self.names, self.splits = breast_cancer_split(len(parties))
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        for name, rows in zip(parties, self.splits):
+            d = root / "data" / name
+            d.mkdir(parents=True)
+            write_csv(d / f"m_{name}.csv", self.names, rows)
+
+    def cfg(self, name: str) -> ServiceConfig:
+        return load_config(self.configs[name])
+
+    def start(self, name: str) -> None:
+        if name == "gateway":
+            args = ["gateway", "serve", "--config", str(self.configs[name])]
+        else:
+            args = ["party", "serve", "--config", str(self.configs[name]), "--data", str(self.root / "data" / name)]
+        log = open(self.root / f"{name}.log", "ab")
+        self.procs[name] = subprocess.Popen([sys.executable, "-m", "trainmaster", *args], stdout=log, stderr=log,
+                                            start_new_session=True)
+
+    def wait_ready(self, name: str, timeout_s: float = 30.0) -> None:
+        cfg = self.cfg(name)
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(verify=client_ssl_context(self.cfg("initiator")), timeout=2.0) as http:
+            while time.monotonic() < deadline:
+                if self.procs[name].poll() is not None:
+                    raise RuntimeError(f"{name} exited: {(self.root / f'{name}.log').read_text()[-2000:]}")
+                try:
+                    if http.get(f"https://{cfg.host}:{cfg.port}/v1/health").status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.1)
+        raise TimeoutError(f"{name} not ready within {timeout_s}s")
+
+    def start_all(self) -> "Deployment":
+        for name in ["gateway", *self.parties]:
+            self.start(name)
+        for name in ["gateway", *self.parties]:
+            self.wait_ready(name)
+        return self
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs.pop(name)
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=8)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+    def stop_all(self) -> None:
+        for name in list(self.procs):
+            self.kill(name, signal.SIGTERM)
+
+    def health(self, name: str) -> dict[str, Any]:
+        cfg = self.cfg(name)
+        with httpx.Client(verify=client_ssl_context(self.cfg("initiator")), timeout=5.0) as http:
+            return http.get(f"https://{cfg.host}:{cfg.port}/v1/health").json()
+
+    def initiator(self, timeout_s: float = 60.0) -> Initiator:
+        return Initiator(self.cfg("initiator"), timeout_s=timeout_s)
+
+    def url(self, name: str) -> str:
+        cfg = self.cfg(name)
+        return f"https://{cfg.host}:{cfg.port}"
