@@ -13,7 +13,7 @@ import numpy as np
 from trainmaster.errors import UserError
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Graph:
     """A directed acyclic graph of operators.
 
@@ -39,6 +39,7 @@ class Graph:
     in_ptr: np.ndarray = field(init=False, repr=False)
     in_edge: np.ndarray = field(init=False, repr=False)
     topo: np.ndarray = field(init=False, repr=False)
+    cache: dict = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         n = len(self.node_ids)
@@ -57,6 +58,7 @@ class Graph:
         object.__setattr__(self, "out_ptr", _ptr(self.src, n))
         object.__setattr__(self, "in_ptr", _ptr(self.dst, n))
         object.__setattr__(self, "topo", self._topological_order())
+        object.__setattr__(self, "cache", {})
 
     @property
     def n(self) -> int:

@@ -138,12 +138,12 @@ def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int,
         refined = _refine(graph, base, part, k, cap, mem_cap, static_crit, delta,
                           coarse_cg if name == "metis" else None)
         for label, a in ((name, part), (name + "+fm", refined)):
-            scored.append((_overload(graph, a, k, cap, mem_cap), makespan(graph, a, lv.blevel),
+            scored.append((_overload(graph, a, k, cap, mem_cap), makespan(graph, a),
                            label, a))
     scored.sort(key=lambda t: (t[0], t[1]))
     over, span, label, best = scored[0]
     best, span, tried = _critical_path_descent(graph, best, span, k, cap, mem_cap, base, lv.blevel,
-                                               budget=max(16, 4 * k))
+                                               budget=min(4 * k, max(4, 20_000 // max(graph.n, 1))))
     return best, {"chosen": label, "descent_moves_tried": tried, "makespan": span,
                   "candidates": {s[2]: s[1] for s in scored}}
 
@@ -186,7 +186,7 @@ def _critical_path_descent(graph: Graph, part: np.ndarray, span: float, k: int, 
                 tried += 1
                 trial = part.copy()
                 trial[base == c] = q
-                s = makespan(graph, trial, priority)
+                s = makespan(graph, trial)
                 if s < span - 1e-9:
                     part, span = trial, s
                     load[p] -= cw[c]
