@@ -235,182 +235,32 @@ class RayBackend(Backend):
         self._let_go(handle["actor"], obs)
         return obs
 
-    def stop(self, grace: float) -> Observation:
-        assert self._handle is not None, "stop before start"
-        self._local.stop([self._handle], grace)
-        return self._local.poll(self._handle)
-
-
-@dataclass
-class _Gang:
-    group: PlacementGroup
-    bundles: list[dict[str, float]]
-    since: float
-
-
-class RayBackend(Backend):
-    name = "ray"
-
-    def __init__(self, address: str | None = None, num_cpus: int | None = None, host: str = "127.0.0.1"):
-        connect(address, num_cpus)
-        self._ports = LocalBackend(Capacity(0, 0), host=host)  # port reservation as on the local backend
-        self._gangs: dict[int, _Gang] = {}
-        self._actors: dict[str, Any] = {}  # actor name -> ActorHandle, for attempts we know
-        self._starting: dict[str, ray.ObjectRef] = {}  # start calls not yet answered
-        self._ended: dict[str, Observation] = {}  # final observations of attempts whose actor we let go
-        self._last: dict[str, Observation] = {}  # last answer, reported again while an actor is slow
-
-    # ---- resources ---------------------------------------------------------------------------
-    def capacity(self) -> Capacity:
-        total = ray.cluster_resources()
-        return Capacity(cpu=float(total.get("CPU", 0.0)), memory=int(total.get("memory", 0)),
-                        gpu=int(total.get("GPU", 0)))
-
-    def place(self, ports: int, resources: dict[str, Any]) -> Placement:
-        return self._ports.place(ports, resources)
-
-    def release(self, placement: Placement) -> None:
-        self._ports.release(placement)
-
-    # ---- gang scheduling ---------------------------------------------------------------------
-    def reserve_gang(self, job_id: int, bundles: list[dict[str, Any]]) -> tuple[bool, str]:
-        gang = self._gangs.get(job_id)
-        if gang is None:
-            ray_bundles = [_bundle(b) for b in bundles]
-            group = placement_group(ray_bundles, strategy="PACK", name=f"tm-gang-{job_id}-{os.getpid()}")
-            gang = self._gangs[job_id] = _Gang(group, ray_bundles, time.monotonic())
-        if gang.group.wait(timeout_seconds=GANG_WAIT):
-            return True, ""
-        return False, self._gang_reason(gang)
-
-    def _gang_reason(self, gang: _Gang) -> str:
-        """Which resources the placement group lacks, so the user knows what to change."""
-        want: dict[str, float] = {}
-        for bundle in gang.bundles:
-            for key, value in bundle.items():
-                want[key] = want.get(key, 0.0) + value
-        total, free = ray.cluster_resources(), ray.available_resources()
-        short = [f"{_show(key, amount)} (cluster has {_show(key, total.get(key, 0.0))}, "
-                 f"{_show(key, free.get(key, 0.0))} free)"
-                 for key, amount in sorted(want.items()) if amount > free.get(key, 0.0) + 1e-9]
-        largest = max(gang.bundles, key=lambda b: b.get("CPU", 0.0))
-        what = "; short of " + ", ".join(short) if short else "; no single node fits a bundle like " + str(largest)
-        return (f"Ray placement group for {len(gang.bundles)} instance bundle(s) not placed after "
-                f"{time.monotonic() - gang.since:.0f}s{what}")
-
-    def release_gang(self, job_id: int) -> None:
-        gang = self._gangs.pop(job_id, None)
-        if gang is not None:
-            remove_placement_group(gang.group)
-
-    # ---- instances ---------------------------------------------------------------------------
-    def start(self, request: LaunchRequest) -> dict[str, Any]:
-        """Create the attempt's actor and ask it to start; returns without waiting for Ray.
-
-        Ray may need a while to place the actor and start its worker process; until then the
-        instance is reported as starting, so one reconcile pass never blocks on the cluster.
-        """
-        name = _actor_name(request)
-        options: dict[str, Any] = {"name": name, "namespace": NAMESPACE,
-                                   "num_cpus": float(request.resources.get("cpu", 0) or 0)}
-        if request.resources.get("gpu"):
-            options["num_gpus"] = int(request.resources["gpu"])
-        memory = _memory_bytes(request.resources.get("memory", 0))
-        if memory:
-            options["memory"] = memory
-        gang = self._gangs.get(request.job_id)
-        if gang is not None:
-            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                placement_group=gang.group, placement_group_bundle_index=-1)
-        actor = InstanceActor.options(**options).remote()  # type: ignore[attr-defined]
-        self._actors[name] = actor
-        self._starting[name] = actor.start.remote(request, name)
-        return {"backend": self.name, "actor": name, "namespace": NAMESPACE, "pid": None,
-                "instance_dir": request.instance_dir, "gated": request.gated,
-                "host": request.placement.host, "ports": request.placement.ports}
-
-    def poll(self, handle: dict[str, Any]) -> Observation:
-        name = handle["actor"]
-        if name in self._ended:
-            return self._ended[name]
-        actor = self._actor(handle)
-        if actor is None:
-            return self._gone(handle, "no Ray actor by that name is alive")
-        started = self._starting.get(name)
-        if started is not None:
-            ready, _ = ray.wait([started], timeout=0)
-            if not ready:
-                return Observation(Phase.STARTING, reason="ActorPending",
-                                   message="waiting for Ray to place the actor and start its worker")
-            del self._starting[name]
-            try:
-                ray.get(started)
-            except RayActorError as exc:
-                return self._gone(handle, f"the actor died while starting: {_first_line(exc)}")
-        try:
-            obs = ray.get(actor.poll.remote(), timeout=CALL_TIMEOUT)
-        except GetTimeoutError:
-            last = self._last.get(name, Observation(Phase.STARTING))
-            return Observation(last.phase, reason="ActorSlow", message=f"no answer within {CALL_TIMEOUT:g}s")
-        except RayActorError as exc:
-            return self._gone(handle, _first_line(exc))
-        self._last[name] = obs
-        if obs.phase in (Phase.EXITED, Phase.LOST):
-            self._let_go(name, obs)
-        return obs
-
-    def _actor(self, handle: dict[str, Any]) -> Any:
-        name = handle["actor"]
-        if name not in self._actors:
-            try:
-                self._actors[name] = ray.get_actor(name, namespace=handle.get("namespace", NAMESPACE))
-            except ValueError:
-                return None
-        return self._actors[name]
-
-    def _let_go(self, name: str, final: Observation) -> None:
-        """The attempt ended: remember how, and end its actor so its resources return to Ray."""
-        self._ended[name] = final
-        self._last.pop(name, None)
-        self._starting.pop(name, None)
-        actor = self._actors.pop(name, None)
-        if actor is not None:
-            ray.kill(actor, no_restart=True)
-
-    def _gone(self, handle: dict[str, Any], why: str) -> Observation:
-        """The actor is gone; its exit record (same filesystem on one machine) may still say how it ended."""
-        files = InstanceFiles(handle["instance_dir"])
-        code = files.read_exit_code()
-        if code is not None:
-            reason, message = files.read_reason()
-            obs = Observation(Phase.EXITED, exit_code=code, reason=reason, message=message)
-        else:
-            killed = _kill_leftovers(handle)
-            obs = Observation(Phase.LOST, reason="ActorLost", message=f"Ray actor {handle['actor']}: {why}"
-                              + (f"; killed {killed} leftover process(es) of the attempt" if killed else ""))
-        self._let_go(handle["actor"], obs)
-        return obs
-
     def stop(self, handles: list[dict[str, Any]], grace: float) -> None:
         """Ask each attempt's actor to stop its process group (SIGTERM, SIGKILL after ``grace``)."""
         calls: dict[str, Any] = {}
         for handle in handles:
             name = handle["actor"]
-            if name in self._ended or self._actor(handle) is None:
+            if name in self._ended:
+                continue
+            actor = self._actor(handle)
+            if actor is None:
+                self._gone(handle, "gone before it was stopped")
                 continue
             started = self._starting.get(name)
             if started is not None and not ray.wait([started], timeout=grace)[0]:
-                self._let_go(name, Observation(Phase.EXITED, exit_code=None, reason="Stopped",
-                                               message="stopped before Ray started it"))
-                continue  # never started a process: ending the actor is enough
+                ray.kill(actor, no_restart=True)  # Ray never got it going: ending the actor is enough
+                self._gone(handle, "stopped before Ray started it")
+                continue
             self._starting.pop(name, None)
-            calls[name] = self._actors[name].stop.remote(grace)
-        for name, call in calls.items():
+            calls[name] = actor.stop.remote(grace)
+        for handle in handles:
+            call = calls.get(handle["actor"])
+            if call is None:
+                continue
             try:
-                obs = ray.get(call, timeout=grace + 10)
+                self._let_go(handle["actor"], ray.get(call, timeout=grace + 10))
             except (GetTimeoutError, RayActorError) as exc:
-                obs = Observation(Phase.LOST, reason="ActorLost", message=_first_line(exc))
-            self._let_go(name, obs)
+                self._gone(handle, _first_line(exc))
 
     def adopt(self, handle: dict[str, Any]) -> bool:
         """An attempt is ours again when its actor is alive under its name and its process runs."""

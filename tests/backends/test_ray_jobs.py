@@ -1,0 +1,152 @@
+"""Mechanisms on the Ray backend, through the controller: dependencies with the wait step and the
+address registry (spec steps 4-5), gang scheduling with one placement group per job (a job whose
+group Ray cannot place stays pending with the reason), fault tolerance when an instance's actor
+dies (spec step 6; its leftover process is killed, never two copies), logs collected, and
+``trainmaster run --backend ray``. One local Ray cluster serves the whole module."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from conftest import Harness, events, job, pids_alive, py
+
+ray = pytest.importorskip("ray", reason="the optional ray extra (trainmaster[ray]) is not installed")
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(180)]
+
+SERVER = ("import os, socket\n"
+          "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+          "s.bind(('127.0.0.1', int(os.environ['TM_PORT']))); s.listen()\n"
+          "for _ in range(2):\n"
+          "    c, _ = s.accept(); c.sendall(b'hello'); c.close()\n")
+CLIENT = ("import os, socket, time\n"
+          "host, port = os.environ['TM_SERVICE_SERVER'].split(',')[0].split(':')\n"
+          "for attempt in range(100):\n"
+          "    try:\n"
+          "        s = socket.create_connection((host, int(port))); break\n"
+          "    except OSError: time.sleep(0.1)\n"
+          "assert s.recv(5) == b'hello'\n"
+          "print('client got hello')\n")
+
+
+def server_client_job(name: str) -> dict[str, Any]:
+    return job(name, [{"name": "server", "command": py(SERVER)},
+                      {"name": "client", "replicas": 2, "command": py(CLIENT), "dependsOn": [{"role": "server"}]}])
+
+
+@pytest.fixture(scope="module")
+def ray_backend() -> Iterator[Any]:
+    from trainmaster.backends.ray import RayBackend
+
+    backend = RayBackend()
+    yield backend
+    backend.close()
+
+
+@pytest.fixture
+def ray_harness(tmp_path: Path, ray_backend: Any) -> Harness:
+    return Harness(tmp_path, backend=ray_backend)
+
+
+def step_until(h: Harness, job_id: int, done: Any, timeout: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        h.controller.step()
+        status = h.status(job_id)
+        if done(status):
+            return status
+        time.sleep(0.1)
+    raise AssertionError(f"timed out; job is {status['state']}: {status['message']}")
+
+
+def test_server_client_dependency_job_succeeds_on_ray(ray_harness: Harness) -> None:
+    state, status = ray_harness.run(server_client_job("svc"))
+    assert state == "succeeded", status["events"]
+    assert status["backend"] == "ray"
+    server = next(i for i in status["instances"] if i["role"] == "server")
+    assert server["address"].startswith("127.0.0.1:")
+    for client in (i for i in status["instances"] if i["role"] == "client"):
+        assert client["state"] == "succeeded"
+        assert "client got hello" in Path(client["logPath"]).read_text()  # logs collected
+    assert events(status, "Admitted")  # its placement group was reserved first
+
+
+def test_gang_stays_pending_with_the_reason_until_ray_can_place_it(ray_harness: Harness) -> None:
+    """Another tenant of the cluster holds every CPU: the controller's own accounting admits the
+    job, but Ray cannot place its placement group, so nothing starts and the reason says why."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    cpus = ray.cluster_resources()["CPU"]
+    blocker = placement_group([{"CPU": cpus}])
+    assert blocker.wait(timeout_seconds=30)
+    try:
+        job_id = ray_harness.submit(job("gang", [
+            {"name": "worker", "replicas": 2, "resources": {"cpu": cpus / 2}, "command": py("print('ran')")}]))
+        status = step_until(ray_harness, job_id, lambda s: s["reason"] == "GangPending", timeout=20)
+        for _ in range(5):
+            ray_harness.controller.step()
+        status = ray_harness.status(job_id)
+        assert status["state"] == "pending" and status["reason"] == "GangPending"
+        assert f"short of {cpus:g} CPU (cluster has {cpus:g} CPU, 0 CPU free)" in status["message"]
+        assert status["instances"] == []  # gang: not one instance started
+    finally:
+        remove_placement_group(blocker)
+    status = step_until(ray_harness, job_id, lambda s: s["state"] in ("succeeded", "failed"))
+    assert status["state"] == "succeeded", status["events"]
+
+
+def test_instance_whose_actor_dies_is_replaced_and_its_process_killed(ray_harness: Harness) -> None:
+    from trainmaster.backends.ray import ATTEMPT_RECORD
+
+    code = "import time; time.sleep(60)"
+    job_id = ray_harness.submit(job("ft", [
+        {"name": "worker", "command": py(code),
+         "restartPolicy": {"policy": "OnFailure", "maxRestarts": 1, "backoffSeconds": 0}}]))
+    status = step_until(ray_harness, job_id, lambda s: s["state"] == "running")
+    with ray_harness.sessions() as session:
+        from trainmaster.store.models import InstanceRow
+
+        first = session.query(InstanceRow).one().handle
+    record_path = Path(first["instance_dir"]) / ATTEMPT_RECORD
+    deadline = time.monotonic() + 30
+    while not record_path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    import psutil
+
+    first_pid = json.loads(record_path.read_text())["pid"]
+    command = []
+    while not command and time.monotonic() < deadline:  # the role's command, a child of the runtime
+        command = [p.pid for p in psutil.Process(first_pid).children()]
+        time.sleep(0.05)
+    assert command
+    ray.kill(ray.get_actor(first["actor"], namespace=first["namespace"]), no_restart=True)
+    status = step_until(ray_harness, job_id, lambda s: s["instances"][0]["attempt"] == 2
+                        and s["instances"][0]["state"] == "running")
+    restarting = events(status, "Restarting")
+    assert restarting and "ActorLost" in restarting[0]["message"]
+    # Ray ends the runtime with its worker; the command it started must not outlive it either.
+    assert pids_alive([first_pid, *command]) == [], restarting[0]["message"]
+    ray_harness.controller.cancel(job_id)
+    status = step_until(ray_harness, job_id, lambda s: s["state"] == "cancelled")
+
+
+def test_trainmaster_run_backend_ray(tmp_path: Path) -> None:
+    """The CLI path: ``trainmaster run --backend ray`` starts its own local cluster and succeeds."""
+    spec = tmp_path / "svc.yaml"
+    spec.write_text(yaml.safe_dump(server_client_job("svc-cli")))
+    out = subprocess.run([sys.executable, "-m", "trainmaster", "run", str(spec), "--backend", "ray",
+                          "--interval", "0.1", "--json"], capture_output=True, text=True, timeout=150,
+                         env={**os.environ, "TRAINMASTER_DB": f"sqlite:///{tmp_path / 'cli.db'}"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    final = json.loads(out.stdout)
+    assert final["state"] == "succeeded" and final["backend"] == "ray"
+    assert sorted(i["state"] for i in final["instances"]) == ["succeeded"] * 3
