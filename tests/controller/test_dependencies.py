@@ -81,3 +81,12 @@ def test_dependency_timeout_fails_with_a_clear_reason(harness: Harness) -> None:
     slow = next(i for i in status["instances"] if i["role"] == "slow")
     assert slow["state"] == "stopped"  # the job ended: the rest was stopped
     assert events(status, "Failed")
+
+
+def test_a_dependency_that_already_succeeded_still_counts_as_running(harness: Harness) -> None:
+    """The registry keeps a succeeded instance's address, so a late dependent is not stranded."""
+    state, status = harness.run(job("late", [
+        {"name": "early", "command": py("pass")},
+        {"name": "after", "command": py("import os; assert os.environ['TM_SERVICE_EARLY'].startswith('127.0.0.1:')"),
+         "dependsOn": [{"role": "early", "timeoutSeconds": 20}]}]))
+    assert state == "succeeded", status["events"]

@@ -109,3 +109,16 @@ def test_successful_job_stores_its_output(harness: Harness, tmp_path) -> None:
         output={"path": str(out)}))
     assert state == "succeeded" and (out / "model.txt").read_text() == "weights"
     assert events(status, "OutputStored")
+
+
+def test_controllers_sharing_a_store_reconcile_only_their_own_jobs(tmp_path) -> None:
+    """An embedded `trainmaster run` beside a server on the same store never acts on the other's jobs."""
+    from trainmaster.controller import Controller
+
+    h = Harness(tmp_path)
+    other = Controller(h.sessions, LocalBackend(), h.url, interval=0.1, owner="run-other", runs_dir=tmp_path / "r2")
+    mine = h.submit(job("mine", [{"name": "w", "command": py("pass")}]))
+    for _ in range(3):
+        other.step()
+    assert h.status(mine)["state"] == "pending" and h.status(mine)["instances"] == []
+    assert h.controller.run_job(mine) == "succeeded"

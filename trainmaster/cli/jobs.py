@@ -84,7 +84,10 @@ def _run(loaded, db: str | None, backend_name: str, interval: float, grace: floa
 
     url = db or default_url()
     sessions = session_factory(make_engine(url))
-    controller = Controller(sessions, make_backend(backend_name, cpus), url, interval=interval, grace=grace)
+    import uuid
+
+    controller = Controller(sessions, make_backend(backend_name, cpus), url, interval=interval, grace=grace,
+                            owner=f"run-{uuid.uuid4().hex[:12]}")
     job_id = controller.submit(loaded)
     console = Console(highlight=False)
     stop = {"requested": False}

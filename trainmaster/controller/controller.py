@@ -49,7 +49,7 @@ def resolve_argv(argv: list[str]) -> list[str]:
 class Controller:
     def __init__(self, sessions: sessionmaker[Session], backend: Backend, db_url: str, *,
                  interval: float = 1.0, grace: float = 5.0, runs_dir: Path | None = None,
-                 max_jobs: int = 1_000_000):
+                 max_jobs: int = 1_000_000, owner: str = "service"):
         self.sessions = sessions
         self.backend = backend
         self.db_url = db_url
@@ -57,6 +57,7 @@ class Controller:
         self.grace = grace
         self.runs_dir = runs_dir or home() / "runs"
         self.max_jobs = max_jobs  # jobs admitted at once; the rest wait in their queue
+        self.owner = owner  # the jobs this controller reconciles; others sharing the store are left alone
         self._lock = threading.RLock()  # one reconcile pass at a time (the server has threads)
 
     # ---- queue -------------------------------------------------------------------------------
@@ -65,7 +66,7 @@ class Controller:
         job = loaded.job
         with self.sessions() as session:
             row = JobRow(uid=uuid.uuid4().hex, name=job.name, spec=job.dump(), queue=job.spec.scheduling.queue,
-                         priority=job.spec.scheduling.priority, backend=self.backend.name)
+                         priority=job.spec.scheduling.priority, backend=self.backend.name, owner=self.owner)
             session.add(row)
             session.flush()
             row.run_dir = str((self.runs_dir / f"{row.id}-{job.name}").resolve())
@@ -103,8 +104,8 @@ class Controller:
         """One reconcile pass over every active job, in queue order."""
         with self._lock, self.sessions() as session, metrics.RECONCILE.time():
             free = self._free_capacity(session)
-            admitted = repo.admitted_active_count(session)
-            for job_id in repo.active_job_ids(session):
+            admitted = repo.admitted_active_count(session, self.owner)
+            for job_id in repo.active_job_ids(session, self.owner):
                 job = repo.load_job(session, job_id)
                 if not job.admitted and not job.cancel_requested and admitted >= self.max_jobs:
                     self._set_job_state(session, job, Verdict(
@@ -191,7 +192,9 @@ class Controller:
     def _on_exit(self, session: Session, job: JobRow, role: Role, inst: InstanceRow, obs: Observation,
                  free: Capacity) -> Capacity:
         code = obs.exit_code if obs.exit_code is not None else -1
-        free = self._release(session, job, inst, free)
+        # A succeeded instance keeps its registry entry, so dependents that start late still
+        # see every address of a Running dependency; a failed one is withdrawn until it reruns.
+        free = self._release(session, job, inst, free, keep_address=code == 0)
         inst.exit_code, inst.ended_at = code, utcnow()
         self._set_instance_state(inst, I.SUCCEEDED if code == 0 else I.FAILED)
         why = f" ({obs.reason}: {obs.message})" if obs.reason else ""
@@ -224,10 +227,12 @@ class Controller:
                            message, "Warning")
         return free
 
-    def _release(self, session: Session, job: JobRow, inst: InstanceRow, free: Capacity) -> Capacity:
-        """Give back an ended instance's ports, registry entry and resources."""
+    def _release(self, session: Session, job: JobRow, inst: InstanceRow, free: Capacity,
+                 keep_address: bool = False) -> Capacity:
+        """Give back an ended instance's ports, resources and (unless kept) registry entry."""
         self.backend.release(Placement(inst.host or "", list(inst.ports or [])))
-        repo.unregister_address(session, job.id, inst.role, inst.index)
+        if not keep_address:
+            repo.unregister_address(session, job.id, inst.role, inst.index)
         return free.minus(-inst.cpu, -inst.memory)
 
     def _scale(self, session: Session, job: JobRow, spec: Job, free: Capacity) -> Capacity:
@@ -350,7 +355,7 @@ class Controller:
         which reads their recorded exit code and applies their restart policy.
         """
         with self._lock, self.sessions() as session:
-            for job_id in repo.active_job_ids(session):
+            for job_id in repo.active_job_ids(session, self.owner):
                 job = repo.load_job(session, job_id)
                 for inst in job.instances:
                     if inst.state not in LIVE:

@@ -30,6 +30,8 @@ class JobRow(Base):
     queue: Mapped[str] = mapped_column(String(63), default="default")
     priority: Mapped[int] = mapped_column(Integer, default=0)
     backend: Mapped[str] = mapped_column(String(16), default="local")
+    # which controller reconciles it: "service", or "run-<uid>" for the one embedded in `trainmaster run`
+    owner: Mapped[str] = mapped_column(String(64), default="service", index=True)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     admitted: Mapped[bool] = mapped_column(Boolean, default=False)
     run_dir: Mapped[str] = mapped_column(Text, default="")

@@ -47,18 +47,20 @@ def find_job(session: Session, ref: str | int) -> JobRow:
     return job
 
 
-def active_job_ids(session: Session) -> list[int]:
-    """Jobs not yet ended, highest priority first, then oldest first (the queue order)."""
-    rows = session.execute(select(JobRow.id).where(JobRow.state.not_in([s.value for s in JOB_TERMINAL]))
+def active_job_ids(session: Session, owner: str) -> list[int]:
+    """``owner``'s jobs not yet ended, highest priority first, then oldest first (the queue order)."""
+    rows = session.execute(select(JobRow.id).where(JobRow.state.not_in([s.value for s in JOB_TERMINAL]),
+                                                   JobRow.owner == owner)
                            .order_by(JobRow.priority.desc(), JobRow.created_at, JobRow.id)).all()
     return [r[0] for r in rows]
 
 
-def admitted_active_count(session: Session) -> int:
+def admitted_active_count(session: Session, owner: str) -> int:
     from sqlalchemy import func
 
     return session.scalar(select(func.count(JobRow.id)).where(
-        JobRow.admitted.is_(True), JobRow.state.not_in([s.value for s in JOB_TERMINAL]))) or 0
+        JobRow.admitted.is_(True), JobRow.owner == owner,
+        JobRow.state.not_in([s.value for s in JOB_TERMINAL]))) or 0
 
 
 def job_summaries(session: Session) -> list[dict[str, Any]]:
