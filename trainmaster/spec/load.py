@@ -54,7 +54,7 @@ def load_document(raw: dict[str, Any], source: str = "job") -> LoadedJob:
     elif raw.get("apiVersion") not in (None, "trainmaster/v1") or raw.get("kind") not in (None, "Job"):
         raise UserError(
             f"{source}: unsupported document apiVersion={raw.get('apiVersion')!r} kind={raw.get('kind')!r}",
-            ["expected trainmaster/v1 Job, a Kubeflow PyTorchJob/TFJob/MPIJob (kubeflow.org/v1) "
+            ["expected trainmaster/v1 Job, a Kubeflow PyTorchJob/TFJob/MPIJob (kubeflow.org/v1; MPIJob also v2beta1) "
              "or a Volcano Job (batch.volcano.sh/v1alpha1)"],
         )
     job = validate(raw, source)
