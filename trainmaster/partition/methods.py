@@ -141,7 +141,11 @@ def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int,
             scored.append((_overload(graph, a, k, cap, mem_cap), makespan(graph, a),
                            label, a))
     scored.sort(key=lambda t: (t[0], t[1]))
-    over, span, label, best = scored[0]
+    # among candidates as good on balance and (within 0.1%) on makespan, the cheapest critical cut
+    tied = [s for s in scored if s[0] == scored[0][0] and s[1] <= scored[0][1] * (1 + 1e-3)]
+    ccut = [float(graph.edge_cost[static_crit & (s[3][graph.src] != s[3][graph.dst])].sum())
+            for s in tied]
+    over, span, label, best = tied[int(np.argmin(ccut))]
     best, span, tried = _critical_path_descent(graph, best, span, k, cap, mem_cap, base, lv.blevel,
                                                budget=min(4 * k, max(4, 20_000 // max(graph.n, 1))))
     return best, {"chosen": label, "descent_moves_tried": tried, "makespan": span,
