@@ -122,3 +122,29 @@ def test_controllers_sharing_a_store_reconcile_only_their_own_jobs(tmp_path) -> 
         other.step()
     assert h.status(mine)["state"] == "pending" and h.status(mine)["instances"] == []
     assert h.controller.run_job(mine) == "succeeded"
+
+
+def test_a_job_cancelled_while_queued_is_cleaned_up_and_skipped(tmp_path) -> None:
+    """Spec step 1: the controller takes the next job; if cancelled meanwhile it is skipped."""
+    h = Harness(tmp_path, LocalBackend(Capacity(cpu=1, memory=2**30)))
+    busy = h.submit(job("busy", [{"name": "w", "resources": {"cpu": 1}, "command": py("import time; time.sleep(30)")}]))
+    queued = h.submit(job("queued", [{"name": "w", "resources": {"cpu": 1}, "command": py("pass")}]))
+    h.controller.step()
+    assert h.status(queued)["state"] == "pending"
+    h.controller.cancel(queued)
+    h.controller.step()
+    status = h.status(queued)
+    assert status["state"] == "cancelled" and status["instances"] == []
+    h.controller.cancel(busy)
+    assert h.controller.run_job(busy) == "cancelled"
+
+
+def test_several_jobs_run_at_once_up_to_the_limit(tmp_path) -> None:
+    h = Harness(tmp_path)
+    h.controller.max_jobs = 2
+    ids = [h.submit(job(f"j{n}", [{"name": "w", "command": py("import time; time.sleep(1)")}])) for n in range(3)]
+    h.controller.step()
+    states = [h.status(i)["state"] for i in ids]
+    assert states[:2] == ["running", "running"] and states[2] == "pending"
+    assert h.status(ids[2])["reason"] == "Queued"
+    assert all(h.controller.run_job(i) == "succeeded" for i in ids)
