@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import pids_alive
+from controller_harness import pids_alive
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PY, pids_alive
+from controller_harness import PY, pids_alive
 from trainmaster.backends.base import Backend, LaunchRequest, Phase
 from trainmaster.backends.local import LocalBackend
 from trainmaster.runtime.files import InstanceFiles

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import Harness, events, job, pids_alive, py
+from controller_harness import Harness, events, job, pids_alive, py
 
 ray = pytest.importorskip("ray", reason="the optional ray extra (trainmaster[ray]) is not installed")
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(180)]

@@ -1,7 +1,7 @@
 """Mechanisms: dependencies between roles with the injected wait step, the address registry,
 and the per-role communication service (controller spec, steps 4 and 5)."""
 
-from conftest import Harness, events, job, py
+from controller_harness import Harness, events, job, py
 
 SERVER = ("import os, socket\n"
           "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"

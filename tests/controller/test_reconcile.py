@@ -5,7 +5,7 @@ youngest; nothing of a job starts until its gang fits."""
 import time
 from datetime import datetime, timedelta, timezone
 
-from conftest import Harness, events, job, py
+from controller_harness import Harness, events, job, py
 from trainmaster.backends.base import Capacity
 from trainmaster.backends.local import LocalBackend
 from trainmaster.controller.scaling import Member, missing_indices, surplus
@@ -92,7 +92,7 @@ def test_higher_priority_jobs_are_admitted_first(tmp_path) -> None:
 
 
 def test_cancel_stops_every_instance(harness: Harness) -> None:
-    from conftest import pids_alive
+    from controller_harness import pids_alive
     job_id = harness.submit(job("long", [{"name": "w", "replicas": 3, "command": py("import time; time.sleep(60)")}]))
     status = wait_until(harness, job_id, lambda s: len(running(s, "w")) == 3)
     pids = [i["pid"] for i in status["instances"]]

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Harness, events, job, py
+from controller_harness import Harness, events, job, py
 from trainmaster.controller.restart import decide
 from trainmaster.spec.model import RestartPolicy
 
