@@ -22,6 +22,7 @@ BUILTIN: dict[str, str] = {
     "command": "trainmaster.frameworks.command:CommandFramework",
     "pytorch": "trainmaster.frameworks.pytorch:PyTorchFramework",
     "mpi": "trainmaster.frameworks.mpi:MPIFramework",
+    "crosssilo": "trainmaster.frameworks.crosssilo:CrossSiloFramework",
 }
 
 ENTRY_POINT_GROUP = "trainmaster.frameworks"

@@ -60,6 +60,20 @@ def write_csv(path: Path, names: list[str], rows: np.ndarray) -> None:
             fh.write(",".join(repr(float(v)) for v in r) + "\n")
 
 
+def wait_until_serving(cfg: ServiceConfig, endpoint: str, timeout_s: float = 30.0) -> None:
+    """Poll ``endpoint``/v1/health over mutual TLS (as ``cfg``'s identity) until it answers."""
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(verify=client_ssl_context(cfg), timeout=2.0) as http:
+        while time.monotonic() < deadline:
+            try:
+                if http.get(f"{endpoint}/v1/health").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+    raise TimeoutError(f"{endpoint} did not answer /v1/health within {timeout_s}s")
+
+
 class Deployment:
     """Gateway + parties as separate processes; party i holds data id ``m_<name>``."""
 
