@@ -22,7 +22,9 @@ BUILTIN: dict[str, str] = {
     "command": "trainmaster.frameworks.command:CommandFramework",
     "pytorch": "trainmaster.frameworks.pytorch:PyTorchFramework",
     "mpi": "trainmaster.frameworks.mpi:MPIFramework",
+    "pipeline": "trainmaster.frameworks.pipeline:PipelineFramework",
     "crosssilo": "trainmaster.frameworks.crosssilo:CrossSiloFramework",
+    "ina": "trainmaster.frameworks.ina:InaFramework",
 }
 
 ENTRY_POINT_GROUP = "trainmaster.frameworks"

@@ -44,9 +44,10 @@ def trace_module(module, example_inputs: tuple, tracer: str = "fx"):
 
 def from_module(module, example_inputs: tuple, bandwidth: float = 1e9,
                 flops_per_second: float = DEFAULT_FLOPS_PER_SECOND, measure: bool = False,
-                tracer: str = "fx") -> tuple[Graph, object]:
+                tracer: str = "fx", latency: float = 0.0) -> tuple[Graph, object]:
     """Trace ``module`` and profile every node once on ``example_inputs``; returns the graph
-    (node ids are the fx node names) and the GraphModule it describes."""
+    (node ids are the fx node names) and the GraphModule it describes. An edge costs
+    ``latency + bytes / bandwidth`` (the latency models a message's fixed overhead)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -86,7 +87,7 @@ def from_module(module, example_inputs: tuple, bandwidth: float = 1e9,
         for user in n.users:
             src.append(n.name)
             dst.append(user.name)
-            ecost.append(out_bytes.get(n.name, 0) / bandwidth)
+            ecost.append(latency + out_bytes.get(n.name, 0) / bandwidth)
     g = build_graph(ids, [costs.get(i, 0.0) for i in ids], src, dst, ecost, memory=mem,
                     names=[f"{n.op}:{n.target}" for n in nodes])
     return g, gm
