@@ -48,7 +48,7 @@ def test_pooled_statistics_equal_direct_computation(dep: Deployment) -> None:
 
 def test_federated_training_matches_pooled_model(dep: Deployment) -> None:
     """Rules `train` and `score` through the gateway: FedAvg of local logistic regressions scores
-    within 3 accuracy points of the same model trained on the pooled data."""
+    within 3 accuracy points of the same model trained on the pooled data (2 rounds)."""
     from trainmaster.gateway.rules import TrainParams, score, train, ScoreParams
 
     pooled = np.concatenate(dep.splits)
@@ -57,7 +57,7 @@ def test_federated_training_matches_pooled_model(dep: Deployment) -> None:
     std = {"mean": x.mean(axis=0).tolist(), "std": x.std(axis=0).tolist()}
     ini = dep.initiator()
     weights = {"w": [0.0] * 10, "b": 0.0}
-    for rnd in range(3):
+    for rnd in range(2):
         res = ini.run_task(TaskSpec(task_id=f"train{rnd}", legs=[LegSpec(data_id=f"m_{p}", party=p, rule="train", params={
             "features": feats, "label": "label", "epochs": 30, "lr": 0.5, "standardize": std, "init": weights}) for p in PARTIES]))
         legs = [res["legs"][f"m_{p}"]["result"] for p in PARTIES]
@@ -70,7 +70,7 @@ def test_federated_training_matches_pooled_model(dep: Deployment) -> None:
     ini.close()
     fed_acc = sum(sc["legs"][f"m_{p}"]["result"]["correct"] for p in PARTIES) / len(pooled)
     table = {n: pooled[:, i] for i, n in enumerate(dep.names)}
-    central = train(table, TrainParams(features=feats, label="label", epochs=90, lr=0.5, standardize=std))
+    central = train(table, TrainParams(features=feats, label="label", epochs=60, lr=0.5, standardize=std))
     central_acc = score(table, ScoreParams(features=feats, label="label", weights=central["weights"], standardize=std))["correct"] / len(pooled)
     assert fed_acc > 0.85
     assert abs(fed_acc - central_acc) <= 0.03
