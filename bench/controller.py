@@ -1,0 +1,328 @@
+"""Controller benchmark: submit-to-running latency (ours on local and Ray vs TorchX local_cwd),
+queue drain throughput, and kill-to-replacement time.
+
+    .venv/bin/python bench/controller.py [--quick] [--runs 5] [--no-ray] [--no-torchx]
+
+Writes ``bench/results/controller.json`` and ``bench/results/controller.md``.
+
+Every system runs the same trivial command, ``/bin/sh -c 'mktemp -p MARKERS; exec sleep 30'``, so
+two moments are measured per run, both from just before the submit call:
+
+* **reported**: the system itself says every replica is running (our job state ``running`` read
+  from the store; TorchX ``runner.status()`` = ``RUNNING``), polled every ``INTERVAL`` seconds;
+* **processes**: every replica's command has really started (its marker file exists).
+
+Our controller is driven through its Python API (as ``tests/conftest.py`` does): one
+``Controller.step()`` per ``INTERVAL`` seconds, a fresh SQLite store per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from trainmaster.backends.base import Backend, Capacity  # noqa: E402
+from trainmaster.backends.local import LocalBackend  # noqa: E402
+from trainmaster.controller import Controller  # noqa: E402
+from trainmaster.spec import load_document  # noqa: E402
+from trainmaster.store import repository as repo  # noqa: E402
+from trainmaster.store.db import make_engine, session_factory  # noqa: E402
+
+INTERVAL = 0.05  # seconds between reconcile passes (ours) and status polls (everyone)
+TIMEOUT = 180.0
+SIZES = [1, 8, 32, 64]
+RAY_MEDIAN_UP_TO = 8  # Ray sizes above this are measured once (see ray_runs)
+DRAIN_SLOTS = 32  # queued jobs that may run at once in the drain test
+
+
+def command(markers: Path) -> list[str]:
+    """No ``$`` in it: TorchX expands ``$``-macros in arguments, and the command must be identical."""
+    return ["/bin/sh", "-c", f"mktemp -p {markers} >/dev/null; exec sleep 30"]
+
+
+def pid_command(markers: Path) -> list[str]:
+    """Names its marker after its pid (only for our own backends): the process to kill."""
+    return ["/bin/sh", "-c", f"touch {markers}/$$; exec sleep 30"]
+
+
+def count(markers: Path) -> int:
+    return sum(1 for _ in markers.iterdir())
+
+
+class Ours:
+    """A controller over a fresh store in ``workdir``, driven one reconcile pass at a time."""
+
+    def __init__(self, backend: Backend, workdir: Path):
+        self.url = f"sqlite:///{workdir / 'store.db'}"
+        self.sessions = session_factory(make_engine(self.url))
+        self.controller = Controller(self.sessions, backend, self.url, interval=INTERVAL, grace=2.0,
+                                     runs_dir=workdir / "runs")
+
+    def submit(self, name: str, roles: list[dict[str, Any]]) -> int:
+        doc = {"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": {"name": name},
+               "spec": {"roles": roles}}
+        return self.controller.submit(load_document(doc))
+
+    def state(self, job_id: int) -> str:
+        with self.sessions() as session:
+            return repo.load_job(session, job_id).state
+
+    def until(self, done: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while not done():
+            if time.monotonic() > deadline:
+                raise TimeoutError(what)
+            self.controller.step()
+            if done():
+                return
+            time.sleep(INTERVAL)
+
+    def finish(self, job_id: int) -> None:
+        self.controller.cancel(job_id)
+        self.until(lambda: self.state(job_id) in ("cancelled", "succeeded", "failed"), "cancel")
+
+
+def ours_to_running(backend: Backend, replicas: int, scratch: Path) -> tuple[float, float]:
+    workdir = Path(tempfile.mkdtemp(dir=scratch))
+    markers = workdir / "markers"
+    markers.mkdir()
+    ours = Ours(backend, workdir)
+    moments: dict[str, float] = {}
+    start = time.perf_counter()
+    job_id = ours.submit("bench", [{"name": "worker", "replicas": replicas, "command": command(markers)}])
+
+    def done() -> bool:
+        now = time.perf_counter()
+        if "reported" not in moments and ours.state(job_id) == "running":
+            moments["reported"] = now - start
+        if "processes" not in moments and count(markers) >= replicas:
+            moments["processes"] = now - start
+        return len(moments) == 2
+
+    ours.until(done, f"{replicas} replicas running")
+    ours.finish(job_id)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return moments["reported"], moments["processes"]
+
+
+def torchx_to_running(runner: Any, replicas: int, scratch: Path) -> tuple[float, float]:
+    from torchx import specs
+
+    workdir = Path(tempfile.mkdtemp(dir=scratch))
+    markers = workdir / "markers"
+    markers.mkdir()
+    argv = command(markers)
+    app = specs.AppDef(name="bench", roles=[specs.Role(name="worker", image=str(workdir), entrypoint=argv[0],
+                                                       args=argv[1:], num_replicas=replicas)])
+    moments: dict[str, float] = {}
+    start = time.perf_counter()
+    handle = runner.run(app, scheduler="local_cwd", cfg={"log_dir": str(workdir / "logs")})
+    deadline = time.monotonic() + TIMEOUT
+    while len(moments) < 2:
+        now = time.perf_counter()
+        status = runner.status(handle)
+        if "reported" not in moments and status is not None and status.state == specs.AppState.RUNNING:
+            moments["reported"] = now - start
+        if "processes" not in moments and count(markers) >= replicas:
+            moments["processes"] = now - start
+        if len(moments) < 2:
+            if time.monotonic() > deadline:
+                raise TimeoutError("torchx replicas running")
+            time.sleep(INTERVAL)
+    runner.cancel(handle)
+    while (status := runner.status(handle)) is not None and not specs.is_terminal(status.state):
+        time.sleep(INTERVAL)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return moments["reported"], moments["processes"]
+
+
+def drain(jobs: int, slots: int, scratch: Path) -> dict[str, float]:
+    """Queue ``jobs`` single-instance jobs at once; ``slots`` of them fit the backend at a time."""
+    workdir = Path(tempfile.mkdtemp(dir=scratch))
+    ours = Ours(LocalBackend(Capacity(cpu=float(slots), memory=0)), workdir)
+    start = time.perf_counter()
+    ids = [ours.submit(f"q{n}", [{"name": "task", "command": ["true"], "resources": {"cpu": 1}}])
+           for n in range(jobs)]
+    queued = time.perf_counter()
+    with ours.sessions() as session:
+        active = lambda: len(repo.active_job_ids(session, ours.controller.owner))  # noqa: E731
+        ours.until(lambda: active() == 0, "drain")
+    end = time.perf_counter()
+    with ours.sessions() as session:
+        states = {repo.load_job(session, i).state for i in ids}
+    assert states == {"succeeded"}, states
+    shutil.rmtree(workdir, ignore_errors=True)
+    return {"submit_s": queued - start, "drain_s": end - queued, "jobs_per_s": jobs / (end - queued)}
+
+
+def kill_to_replacement(backend: Backend, kills: int, scratch: Path) -> list[float]:
+    """SIGKILL a running instance's whole process group; time until its replacement's command runs."""
+    workdir = Path(tempfile.mkdtemp(dir=scratch))
+    markers = workdir / "markers"
+    markers.mkdir()
+    ours = Ours(backend, workdir)
+    job_id = ours.submit("ft", [{"name": "worker", "command": pid_command(markers),
+                                 "restartPolicy": {"policy": "OnFailure", "maxRestarts": kills + 1,
+                                                   "backoffSeconds": 0}}])
+    ours.until(lambda: count(markers) == 1, "first attempt running")
+    samples = []
+    for n in range(1, kills + 1):
+        pid = int(sorted(markers.iterdir(), key=lambda p: p.stat().st_mtime)[-1].name)
+        pgid = os.getpgid(pid)  # the instance runtime's group: the instance as a whole
+        start = time.perf_counter()
+        os.killpg(pgid, signal.SIGKILL)
+        ours.until(lambda: count(markers) == n + 1, "replacement running")
+        samples.append(time.perf_counter() - start)
+    ours.finish(job_id)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return samples
+
+
+def ray_runs(size: int, args: argparse.Namespace) -> int:
+    """Ray starts one worker process per actor (about 2 s of CPU each on a small machine), so the
+    large sizes run once to keep the whole benchmark near ten minutes; the md says so."""
+    return args.runs if size <= RAY_MEDIAN_UP_TO else 1
+
+
+def summary(samples: list[float]) -> dict[str, Any]:
+    return {"median_s": statistics.median(samples), "min_s": min(samples), "max_s": max(samples),
+            "samples_s": [round(s, 4) for s in samples]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer queued jobs (200) for the drain test")
+    parser.add_argument("--runs", type=int, default=5, help="runs per measurement (median reported)")
+    parser.add_argument("--no-ray", action="store_true", help="skip the Ray backend")
+    parser.add_argument("--no-torchx", action="store_true", help="skip TorchX local_cwd")
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="replica counts, comma-separated")
+    args = parser.parse_args()
+    SIZES[:] = [int(n) for n in args.sizes.split(",")]
+    scratch = Path(tempfile.mkdtemp(prefix="tm-bench-"))
+    os.environ["TRAINMASTER_HOME"] = str(scratch / "home")
+    results: dict[str, Any] = {"meta": {
+        "python": platform.python_version(), "cpus": os.cpu_count(), "interval_s": INTERVAL,
+        "runs": args.runs, "quick": args.quick, "command": "/bin/sh -c 'mktemp -p MARKERS >/dev/null; exec sleep 30'",
+        "time": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}, "submit_to_running": {}}
+
+    systems: dict[str, Callable[[int], tuple[float, float]]] = {}
+    local = LocalBackend()
+    systems["trainmaster local"] = lambda n: ours_to_running(local, n, scratch)
+    if not args.no_ray:
+        try:
+            from trainmaster.backends.ray import RayBackend
+
+            began = time.perf_counter()
+            ray_backend = RayBackend()
+            results["meta"]["ray_cluster_start_s"] = time.perf_counter() - began
+            import ray
+
+            results["meta"]["ray"] = ray.__version__
+            systems["trainmaster ray"] = lambda n: ours_to_running(ray_backend, n, scratch)
+        except ImportError as exc:
+            results["meta"]["ray"] = f"not measured: {exc}"
+    if not args.no_torchx:
+        try:
+            import torchx
+            from torchx.runner import get_runner
+
+            runner = get_runner()
+            results["meta"]["torchx"] = torchx.__version__
+            systems["torchx local_cwd"] = lambda n: torchx_to_running(runner, n, scratch)
+        except ImportError as exc:
+            results["meta"]["torchx"] = f"not measured: {exc} (pip install 'torchx>=0.7,<0.8')"
+
+    for size in SIZES:
+        for system, measure in systems.items():
+            runs = [measure(size) for _ in range(ray_runs(size, args) if system == "trainmaster ray" else args.runs)]
+            entry = {"reported": summary([r[0] for r in runs]), "processes": summary([r[1] for r in runs]),
+                     "runs": len(runs)}
+            results["submit_to_running"].setdefault(system, {})[str(size)] = entry
+            print(f"{system:18s} {size:3d} replicas: reported {entry['reported']['median_s']:.3f}s, "
+                  f"processes {entry['processes']['median_s']:.3f}s", flush=True)
+
+    jobs = 200 if args.quick else 1000
+    drains = [drain(jobs, slots=DRAIN_SLOTS, scratch=scratch)]  # one run: the rate is over all the jobs
+    results["drain"] = {"jobs": jobs, "slots": DRAIN_SLOTS, "runs": len(drains),
+                        "jobs_per_s": statistics.median(d["jobs_per_s"] for d in drains),
+                        "drain_s": statistics.median(d["drain_s"] for d in drains),
+                        "submit_s": statistics.median(d["submit_s"] for d in drains)}
+    print(f"drain {jobs} jobs: {results['drain']['jobs_per_s']:.1f} jobs/s", flush=True)
+
+    results["kill_to_replacement"] = {"trainmaster local": summary(kill_to_replacement(local, args.runs, scratch))}
+    if "trainmaster ray" in systems:
+        results["kill_to_replacement"]["trainmaster ray"] = summary(
+            kill_to_replacement(ray_backend, args.runs, scratch))
+    for system, entry in results["kill_to_replacement"].items():
+        print(f"kill-to-replacement {system}: {entry['median_s']:.3f}s", flush=True)
+
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "controller.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / "controller.md").write_text(markdown(results))
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def markdown(results: dict[str, Any]) -> str:
+    meta = results["meta"]
+    lines = [
+        f"Controller benchmark ({meta['time']}, {meta['cpus']} CPUs, shared with other busy work, so "
+        f"numbers are noisy; medians of {meta['runs']} runs; reconcile/poll interval {meta['interval_s']}s).",
+        "",
+        "Submit to all replicas running, seconds. *reported*: the system says so (our job state, TorchX "
+        "`runner.status()`); *processes*: every replica's command has started (its marker file exists). "
+        "Ratio = ours / TorchX local_cwd (below 1: faster).",
+        "",
+    ]
+    systems = list(results["submit_to_running"])
+    torchx = results["submit_to_running"].get("torchx local_cwd")
+    header = "| replicas | " + " | ".join(f"{s} reported | {s} processes" for s in systems)
+    if torchx:
+        header += " | " + " | ".join(f"{s} / torchx (reported, processes)" for s in systems if s != "torchx local_cwd")
+    lines += [header + " |", "|" + "---|" * (header.count("|") - 1)]
+    for size in map(str, SIZES):
+        cells = []
+        for s in systems:
+            e = results["submit_to_running"][s][size]
+            once = "" if e["runs"] == meta["runs"] else f" ({e['runs']} run)"
+            cells += [f"{e['reported']['median_s']:.3f}", f"{e['processes']['median_s']:.3f}{once}"]
+        if torchx:
+            t = torchx[size]
+            for s in systems:
+                if s == "torchx local_cwd":
+                    continue
+                e = results["submit_to_running"][s][size]
+                cells.append(f"{e['reported']['median_s'] / t['reported']['median_s']:.2f}, "
+                             f"{e['processes']['median_s'] / t['processes']['median_s']:.2f}")
+        lines.append(f"| {size} | " + " | ".join(cells) + " |")
+    if not torchx:
+        lines += ["", f"TorchX not measured: {meta.get('torchx', 'skipped')}."]
+    d = results["drain"]
+    lines += ["", f"Queue drain (local backend, {d['slots']} instance slots): {d['jobs']} queued single-instance "
+              f"jobs (`true`) drained at **{d['jobs_per_s']:.1f} jobs/s** ({d['drain_s']:.1f}s; queueing them "
+              f"took {d['submit_s']:.1f}s; {d['runs']} run(s)).", "",
+              "Kill to replacement running (SIGKILL of the instance's process group, restartPolicy OnFailure, "
+              "backoff 0), seconds:", "", "| backend | median | min | max |", "|---|---|---|---|"]
+    for system, e in results["kill_to_replacement"].items():
+        lines.append(f"| {system} | {e['median_s']:.3f} | {e['min_s']:.3f} | {e['max_s']:.3f} |")
+    if "ray_cluster_start_s" in meta:
+        lines += ["", f"Ray {meta['ray']}: starting the local cluster took {meta['ray_cluster_start_s']:.1f}s "
+                  "once (not counted above)."]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
