@@ -94,7 +94,7 @@ class AnnealingScheduler(Scheduler):
             delta = wt * (t_new - times[m]) + wf * 2.0 * (history[m, k_in] - history[m, k_out]) / K
             return pos, k_in, t_new, delta
 
-        steps = self.steps or int(np.clip(2000 // max(M, 1), 60, 400))
+        steps = self.steps or int(np.clip(1000 // max(M, 1), 50, 200))
         temperature = self.temperature
         if temperature is None:
             probes = [p[3] for p in (propose_replace(int(rng.integers(M))) for _ in range(16)) if p]
