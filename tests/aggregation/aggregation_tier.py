@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pytest
 
 from trainmaster.aggregation.fabric import query
 from trainmaster.aggregation.parameter_node import ParameterNode
@@ -80,3 +81,15 @@ def assert_exact(inputs: dict[tuple[int, int], list[np.ndarray]],
             assert np.all(err <= bound + np.abs(exact) * 2.0**-23), (job, rank, rnd, err.max())
 
 
+@pytest.fixture
+def tier_factory() -> Iterator[Any]:
+    made: list[ThreadTier] = []
+
+    def make(**kwargs: Any) -> ThreadTier:
+        tier = start_tier(**kwargs)
+        made.append(tier)
+        return tier
+
+    yield make
+    for tier in made:
+        tier.stop()

@@ -12,7 +12,7 @@ from trainmaster.aggregation.quantize import FixedScale
 from trainmaster.aggregation.transport import FaultPlan
 from trainmaster.aggregation.worker import WorkerConfig
 
-from aggregation_tier import assert_exact, reduce_all, start_tier  # noqa: E402
+from aggregation_tier import assert_exact, reduce_all, start_tier, tier_factory  # noqa: E402,F401
 
 pytestmark = pytest.mark.timeout(120)
 

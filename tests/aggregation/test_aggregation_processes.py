@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(120)
 def _worker(conn, switch, rank, world) -> None:
     # a long reduction, so the kill lands in the middle of it; survivors retransmit so rarely
     # that their contributions sit in the forwarding node's slots until the abort frees them
-    cfg = WorkerConfig(chunk=1024, timeout=40.0, retransmit_timeout=30.0,
+    cfg = WorkerConfig(chunk=1024, timeout=40.0, retransmit_timeout=30.0, min_retransmit_timeout=30.0,
                        max_retransmit_timeout=30.0, gap_threshold=10**6)
     client = AggregationClient(switch, 1, rank, world, cfg)
     try:

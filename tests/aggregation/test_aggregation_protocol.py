@@ -43,6 +43,7 @@ headers = st.builds(
 )
 
 
+@settings(deadline=None)
 @given(headers, st.lists(st.integers(-(2**31) + 1, 2**31 - 1), max_size=50))
 def test_header_round_trip(header: Header, ints: list[int]) -> None:
     """Binary header (struct): every field (version, job, seq, bitmap, fan-in, flags, slot,
@@ -70,7 +71,7 @@ def test_slot_ids_are_shared_by_a_job_and_consecutive() -> None:
     assert slot_id(7, 0) != slot_id(8, 0)
 
 
-@settings(max_examples=60)
+@settings(max_examples=60, deadline=None)
 @given(st.integers(1, 64), st.floats(1e-30, 1e30), st.integers(1, 200), st.integers(0, 2**32))
 def test_block_float_never_overflows(fan_in: int, scale: float, n: int, seed: int) -> None:
     """Block-floating-point scale: the sum of fan_in workers at the chosen exponent fits int32,

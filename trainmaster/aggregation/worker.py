@@ -71,13 +71,15 @@ class _InFlight:
     floats: bool = False
     acks_after: int = 0
     gap_resent: bool = False
+    sends: int = 0
 
 
 @dataclass
 class WorkerConfig:
     chunk: int = 4096
     window: int = 64
-    retransmit_timeout: float = 0.2
+    retransmit_timeout: float = 0.2  # initial; then adapted to the measured round trip
+    min_retransmit_timeout: float = 0.02
     max_retransmit_timeout: float = 1.0
     gap_threshold: int = 16
     timeout: float = 30.0  # no progress for this long -> AggregationError
@@ -109,6 +111,8 @@ class AggregationClient:
         self._heart: threading.Thread | None = None
         self._joined = False
         self._busy_round = 0
+        self._srtt: float | None = None  # smoothed round trip of a slice (RFC 6298 style)
+        self._rttvar = 0.0
 
     # ---- membership -----------------------------------------------------------------------
     def join(self) -> None:
@@ -193,6 +197,7 @@ class AggregationClient:
                       exponent, chunk.size, flags)
         self.transport.send(encode(head, payload), self.switch)
         self.counters.packets_sent += 1
+        fl.sends += 1
         fl.sent_at = time.monotonic()
 
     def allreduce(self, array: Any) -> Any:
@@ -219,6 +224,20 @@ class AggregationClient:
             return torch.from_numpy(result).to(dtype=array.dtype, device=array.device)
         return result.astype(src.dtype, copy=False) if src.dtype.kind == "f" else result
 
+    def _rto(self) -> float:
+        cfg = self.config
+        if self._srtt is None:
+            return cfg.retransmit_timeout
+        rto = self._srtt + 4 * self._rttvar
+        return min(cfg.max_retransmit_timeout, max(cfg.min_retransmit_timeout, rto))
+
+    def _sample_rtt(self, rtt: float) -> None:
+        if self._srtt is None:
+            self._srtt, self._rttvar = rtt, rtt / 2
+        else:
+            self._rttvar = 0.75 * self._rttvar + 0.25 * abs(self._srtt - rtt)
+            self._srtt = 0.875 * self._srtt + 0.125 * rtt
+
     def _reduce(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         cfg = self.config
         started = time.monotonic()
@@ -235,7 +254,7 @@ class AggregationClient:
         while done < total:
             while next_seq < total and len(pending) < self.window:
                 fl = _InFlight(next_seq, next_seq * chunk, min(n, (next_seq + 1) * chunk), 0.0,
-                               cfg.retransmit_timeout)
+                               self._rto())
                 pending[next_seq] = fl
                 self._send_slice(x, fl, retransmit=False)
                 next_seq += 1
@@ -257,6 +276,8 @@ class AggregationClient:
                             self.counters.duplicates_ignored += 1
                     elif h.kind == Kind.RESULT:
                         fl = pending.pop(h.seq)
+                        if fl.sends == 1:  # Karn: only unambiguous samples
+                            self._sample_rtt(time.monotonic() - fl.sent_at)
                         self._accept(h, body, fl, out, bound)
                         done += 1
                         last_progress = time.monotonic()

@@ -83,8 +83,9 @@ def demo(
 
 @sub.command("parameter-node")
 def parameter_node(
-    host: str = typer.Option("127.0.0.1", help="Address to bind."),
-    port: int = typer.Option(0, help="UDP port (0: any free port, printed)."),
+    host: str = typer.Option("127.0.0.1", envvar="TM_AGGREGATION_HOST", help="Address to bind."),
+    port: int = typer.Option(0, envvar="TM_AGGREGATION_PORT",
+                             help="UDP port (0: any free port, printed)."),
     dead_after: float = typer.Option(3.0, help="Seconds of silence before a worker is dead."),
 ) -> None:
     """Run a parameter node in the foreground (verifies sums, aggregates fallbacks)."""
@@ -97,10 +98,12 @@ def parameter_node(
 
 @sub.command("forwarding-node")
 def forwarding_node(
-    parent: str = typer.Option(..., help="HOST:PORT of the parameter node or upper node."),
-    slots: int = typer.Option(64, help="Aggregator slots."),
-    host: str = typer.Option("127.0.0.1", help="Address to bind."),
-    port: int = typer.Option(0, help="UDP port (0: any free port, printed)."),
+    parent: str = typer.Option(..., envvar="TM_AGGREGATION_PARENT",
+                               help="HOST:PORT of the parameter node or upper node."),
+    slots: int = typer.Option(64, envvar="TM_AGGREGATION_SLOTS", help="Aggregator slots."),
+    host: str = typer.Option("127.0.0.1", envvar="TM_AGGREGATION_HOST", help="Address to bind."),
+    port: int = typer.Option(0, envvar="TM_AGGREGATION_PORT",
+                             help="UDP port (0: any free port, printed)."),
 ) -> None:
     """Run a forwarding node (software switch) in the foreground."""
     from trainmaster.aggregation.switch import ForwardingNode

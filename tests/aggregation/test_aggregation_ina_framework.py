@@ -1,0 +1,59 @@
+"""The ``ina`` framework under the controller against the gloo baseline on the same workload."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+EPOCHS = "3"  # fewer than the example's 20, to stay quick; both runs use the same
+
+
+def _gloo_baseline(tmp_path: Path, world: int) -> float:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "gloo"
+    procs = []
+    for rank in range(world):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TM_OUTPUT_DIR": str(out)}
+        procs.append(subprocess.Popen([sys.executable, "-m", "trainmaster.workloads.digits",
+                                       "--epochs", EPOCHS], env=env, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL))
+    for p in procs:
+        assert p.wait(timeout=150) == 0
+    return json.loads((out / "metrics.json").read_text())["test_accuracy"]
+
+
+@pytest.mark.timeout(300)
+def test_ina_digits_matches_gloo_accuracy(tmp_path: Path) -> None:
+    """ina framework: roles ps, switch, worker (workers depend on switch, switch on ps) under
+    `trainmaster run`; 4 workers train the digits MLP through the forwarding node and reach the
+    gloo run's test accuracy within 1 point; the job succeeds when the workers do."""
+    job = yaml.safe_load((ROOT / "examples/ina-digits.yaml").read_text())
+    worker = next(r for r in job["spec"]["roles"] if r["name"] == "worker")
+    worker["command"] = [sys.executable, "-m", "trainmaster.aggregation.train_digits",
+                         "--epochs", EPOCHS]
+    job["spec"]["output"]["path"] = str(tmp_path / "out")
+    path = tmp_path / "ina.yaml"
+    path.write_text(yaml.safe_dump(job))
+    env = {**os.environ, "TRAINMASTER_HOME": str(tmp_path / "home")}
+    run = subprocess.run([sys.executable, "-m", "trainmaster", "run", str(path), "--interval",
+                          "0.2", "--json"], capture_output=True, text=True, env=env, cwd=tmp_path,
+                         timeout=280)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    status = json.loads(run.stdout)
+    workers = [i["state"] for i in status["instances"] if i["role"] == "worker"]
+    assert workers == ["succeeded"] * 4
+    ina = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert ina["transport"] == "aggregation fabric" and ina["world_size"] == 4
+    gloo = _gloo_baseline(tmp_path, 4)
+    assert abs(ina["test_accuracy"] - gloo) <= 0.01, (ina["test_accuracy"], gloo)

@@ -1,0 +1,64 @@
+"""``ina``: gradient aggregation through a forwarding tier, run by the controller.
+
+Roles ``ps`` (the parameter node, one instance), ``switch`` (forwarding nodes) and ``worker``;
+workers depend on the switch and the switch on the ps (condition Running: the address is
+known). Each worker gets ``TM_AGGREGATION_SWITCH`` (its forwarding node, spread round robin),
+``TM_AGGREGATION_JOB``, ``RANK`` and ``WORLD_SIZE``: exactly what
+``trainmaster.aggregation.torch_hook.client_from_env`` reads. The job succeeds when every worker
+succeeds (the ps and switch then stop with the job).
+
+frameworkParams: ``slots`` (aggregator slots per forwarding node, default 64).
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+from trainmaster.frameworks.base import Framework, InstanceContext, python_module
+from trainmaster.spec.model import Job, Role, RoleSelector, StatusPolicy
+
+
+class InaFramework(Framework):
+    name = "ina"
+    role_names = ("ps", "switch", "worker")
+    required_roles = ("ps", "switch", "worker")
+    default_dependencies = {"worker": ("switch",), "switch": ("ps",)}
+
+    def role_command(self, job: Job, role: Role) -> list[str] | None:
+        if role.name == "ps":
+            return python_module("trainmaster", "aggregation", "parameter-node")
+        if role.name == "switch":
+            return python_module("trainmaster", "aggregation", "forwarding-node")
+        return python_module("trainmaster.aggregation.train_digits")
+
+    def validate(self, spec: dict[str, Any], roles: list[dict[str, Any]]) -> list[str]:
+        errors = super().validate(spec, roles)
+        for i, role in enumerate(roles):
+            if role.get("name") == "ps" and role.get("replicas", 1) != 1:
+                errors.append(f"spec.roles[{i}].replicas: the ina ps must have exactly 1 replica")
+            if role.get("name") in ("ps", "switch") and role.get("ports", 1) == 0:
+                errors.append(f"spec.roles[{i}].ports: the ina {role['name']} needs a port")
+            if role.get("name") == "worker" and not 1 <= role.get("replicas", 1) <= 64:
+                errors.append(f"spec.roles[{i}].replicas: ina supports 1 to 64 workers")
+        return errors
+
+    def defaults(self, job: Job) -> Job:
+        job = super().defaults(job)
+        if job.spec.status_policy == StatusPolicy():
+            job.spec.status_policy = StatusPolicy(failed="any",
+                                                  succeeded=RoleSelector(roles=["worker"]))
+        return job
+
+    def environment(self, ctx: InstanceContext) -> dict[str, str]:
+        job_id = zlib.crc32(ctx.job_name.encode()) & 0x7FFFFFFF
+        if ctx.role == "ps":
+            return {"TM_AGGREGATION_HOST": ctx.host, "TM_AGGREGATION_PORT": str(ctx.ports[0])}
+        if ctx.role == "switch":
+            return {"TM_AGGREGATION_HOST": ctx.host, "TM_AGGREGATION_PORT": str(ctx.ports[0]),
+                    "TM_AGGREGATION_PARENT": ctx.services["ps"][0],
+                    "TM_AGGREGATION_SLOTS": str(ctx.params.get("slots", 64))}
+        switches = ctx.services["switch"]
+        return {"TM_AGGREGATION_SWITCH": switches[ctx.index % len(switches)],
+                "TM_AGGREGATION_JOB": str(job_id), "RANK": str(ctx.index),
+                "WORLD_SIZE": str(ctx.replicas)}
