@@ -27,7 +27,10 @@ def test_pytorch_digits_reaches_accuracy(tmp_path: Path) -> None:
     status = json.loads(out.stdout)
     metrics = json.loads((tmp_path / "outputs/pytorch-digits/metrics.json").read_text())
     assert metrics["world_size"] == 3 and metrics["test_accuracy"] >= 0.9
-    assert {i["state"] for i in status["instances"]} == {"succeeded"}
+    master = next(i for i in status["instances"] if i["role"] == "master")
+    assert master["state"] == "succeeded"
+    # kubeflow preset: the master succeeding ends the job; a worker still exiting is stopped
+    assert {i["state"] for i in status["instances"]} <= {"succeeded", "stopped"}
 
 
 @pytest.mark.timeout(120)
