@@ -93,13 +93,17 @@ def fm_refine(cg: ClusterGraph, part: np.ndarray, k: int, cap: float,
     """Passes of k-way FM; each keeps its best prefix of moves. Stops when a pass gains nothing."""
     st = _State(cg, part, k, cap, mem_cap)
     n = cg.size
+    rows = np.repeat(np.arange(n), np.diff(cg.xadj))
     for _ in range(passes):
         heap: list[tuple[float, int, int, int, int]] = []
         version = [0] * n
         locked = [False] * n
         stamp = 0
         blocked: list[list[int]] = [[] for _ in range(k)]  # waiting for room in that part
-        for v in range(n):
+        # only boundary clusters can gain: an interior one touches no other part
+        cur = np.asarray(st.part)
+        boundary = np.unique(rows[cur[rows] != cur[cg.adjncy]]).tolist()
+        for v in boundary:
             g, q = st.best_move(v, capped=False)
             if q >= 0:
                 stamp += 1
