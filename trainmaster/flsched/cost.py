@@ -50,7 +50,7 @@ class CostModel:
         """Expected duration of job m's round: mean over samples of the slowest chosen device."""
         if len(devices) == 0:
             return 0.0
-        return float(self.times[m][:, devices].max(axis=1).mean())
+        return float(self.times[m][:, devices].max(axis=1).sum()) / self.times.shape[1]
 
     def job_fairness(self, m: int, devices: np.ndarray) -> float:
         """Population variance over all K devices of job m's participation counts after this round."""

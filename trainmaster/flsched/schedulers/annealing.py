@@ -76,6 +76,7 @@ class AnnealingScheduler(Scheduler):
         current = sum(wt * t + wf * f for t, f in zip(times, fair))
         best_sets, best = [s.copy() for s in sets], current
         job_times = model.times
+        n_samples = job_times.shape[1]
         history = problem.history
 
         def propose_replace(m: int) -> tuple[int, int, float, float] | None:
@@ -90,7 +91,7 @@ class AnnealingScheduler(Scheduler):
             k_out = int(s[pos])
             trial = s.copy()
             trial[pos] = k_in
-            t_new = float(job_times[m][:, trial].max(axis=1).mean())
+            t_new = float(job_times[m][:, trial].max(axis=1).sum()) / n_samples
             delta = wt * (t_new - times[m]) + wf * 2.0 * (history[m, k_in] - history[m, k_out]) / K
             return pos, k_in, t_new, delta
 
