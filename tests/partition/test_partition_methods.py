@@ -157,3 +157,15 @@ def test_trainmaster_chooses_by_makespan_and_beats_plain_metis():
         assert min(ours.notes["candidates"].values()) >= ev_o["makespan"] - 1e-9
         if ev_t["balanced"]:
             assert ev_o["makespan"] <= ev_t["makespan"] + 1e-9
+
+
+def test_acyclic_option_keeps_device_graph_a_dag():
+    """Mechanism: for pipelines, ours can keep the device (stage) graph acyclic."""
+    from trainmaster.partition.simulate import device_graph_acyclic
+
+    for seed in range(4):
+        # no co-location groups: a group spanning a path can make a DAG of devices impossible
+        g = random_dag(seed, 60, groups=False)
+        res = partition(g, 3, "trainmaster", acyclic=True)
+        assert device_graph_acyclic(g, res.assignment, 3)
+        assert evaluate(g, res.assignment, 3)["balanced"]

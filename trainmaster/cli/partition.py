@@ -37,6 +37,8 @@ def partition_command(
                                     "models (edge cost = tensor bytes / bandwidth)."),
     delta: float = typer.Option(0.0, help="Critical when slack <= delta * critical-path length."),
     seed: int = typer.Option(0, help="Random seed (METIS, KaHIP, patent)."),
+    acyclic: bool = typer.Option(False, "--acyclic", help="Keep the device graph acyclic, as a "
+                                 "pipeline of stages needs (method trainmaster)."),
 ) -> None:
     """Split a DNN graph across K devices, cutting few costly critical edges, and report metrics."""
     import time
@@ -45,7 +47,8 @@ def partition_command(
 
     t0 = time.perf_counter()
     g = load_graph(graph, _parse_shape(input_shape), bandwidth=bandwidth)
-    result = partition(g, devices, method=method, imbalance=imbalance, seed=seed, delta=delta)
+    result = partition(g, devices, method=method, imbalance=imbalance, seed=seed, delta=delta,
+                       acyclic=acyclic)
     metrics = evaluate(g, result.assignment, devices, imbalance)
     metrics.update(method=method, partition_seconds=result.seconds,
                    total_seconds=time.perf_counter() - t0, max_load_per_sample=metrics["max_load"])

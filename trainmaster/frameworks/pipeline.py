@@ -18,7 +18,7 @@ from trainmaster.frameworks.base import Framework, InstanceContext, python_modul
 from trainmaster.spec.model import Job, Role, RoleSelector, StatusPolicy
 
 KNOWN_PARAMS = {"model", "input_shape", "methods", "samples", "seed", "bandwidth",
-                "flops_per_second", "latency"}
+                "flops_per_second", "latency", "acyclic"}
 
 
 class PipelineFramework(Framework):

@@ -22,7 +22,7 @@ from trainmaster.partition.graph import Graph, clusters_of
 from trainmaster.partition.initial import (acyclic_split, capped_list_schedule, kahip_parts,
                                            metis_parts)
 from trainmaster.partition.refine import fm_refine, rebalance
-from trainmaster.partition.simulate import load_cap, makespan
+from trainmaster.partition.simulate import device_graph_acyclic, load_cap, makespan
 
 METHODS = ("trainmaster", "patent", "metis", "kahip", "ilp")
 CRITICAL_WEIGHT = 4.0  # a cut critical edge counts (1 + this) times its transfer cost
@@ -61,15 +61,16 @@ def memory_cap_enforced(graph: Graph, k: int) -> float:
 
 
 def partition(graph: Graph, k: int, method: str = "trainmaster", imbalance: float = 0.05,
-              seed: int = 0, delta: float = 0.0) -> Partition:
-    """Split ``graph`` over ``k`` devices with ``method``."""
+              seed: int = 0, delta: float = 0.0, acyclic: bool = False) -> Partition:
+    """Split ``graph`` over ``k`` devices with ``method``. ``acyclic`` (ours only) keeps the
+    device graph a DAG, as a pipeline of stages streaming samples needs."""
     check_request(graph, k, imbalance, method)
     t0 = time.perf_counter()
     notes: dict = {}
     if k == 1:
         assignment = np.zeros(graph.n, dtype=np.int64)
     elif method == "trainmaster":
-        assignment, notes = _trainmaster(graph, k, imbalance, seed, delta)
+        assignment, notes = _trainmaster(graph, k, imbalance, seed, delta, acyclic)
     elif method == "patent":
         from trainmaster.partition.patent import patent_partition
 
@@ -113,7 +114,7 @@ def _refine(graph: Graph, base: np.ndarray, part: np.ndarray, k: int, cap: float
 
 
 def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int,
-                 delta: float) -> tuple[np.ndarray, dict]:
+                 delta: float, acyclic: bool = False) -> tuple[np.ndarray, dict]:
     lv = levels(graph)
     static_crit = critical_edges(graph, delta, lv=lv)
     base = clusters_of(graph)
@@ -140,6 +141,9 @@ def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int,
         for label, a in ((name, part), (name + "+fm", refined)):
             scored.append((_overload(graph, a, k, cap, mem_cap), makespan(graph, a),
                            label, a))
+    if acyclic:  # may be impossible when a co-location class spans a path; then fall back
+        dag = [s for s in scored if device_graph_acyclic(graph, s[3], k)]
+        scored = dag or scored
     scored.sort(key=lambda t: (t[0], t[1]))
     # among candidates as good on balance and (within 0.1%) on makespan, the cheapest critical cut
     tied = [s for s in scored if s[0] == scored[0][0] and s[1] <= scored[0][1] * (1 + 1e-3)]
@@ -147,14 +151,15 @@ def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int,
             for s in tied]
     over, span, label, best = tied[int(np.argmin(ccut))]
     best, span, tried = _critical_path_descent(graph, best, span, k, cap, mem_cap, base, lv.blevel,
-                                               budget=min(4 * k, max(4, 20_000 // max(graph.n, 1))))
+                                               budget=min(4 * k, max(4, 20_000 // max(graph.n, 1))),
+                                               acyclic=acyclic and device_graph_acyclic(graph, best, k))
     return best, {"chosen": label, "descent_moves_tried": tried, "makespan": span,
                   "candidates": {s[2]: s[1] for s in scored}}
 
 
 def _overload(graph: Graph, a: np.ndarray, k: int, cap: float, mem_cap: float) -> float:
     """How far the worst part exceeds the caps (0 when they hold): balance first, then makespan."""
-    load = np.bincount(a, weights=graph.cost, minlength=k).max() / cap - 1.0
+    load = np.bincount(a, weights=graph.cost, minlength=k).max() / max(cap, 1e-300) - 1.0
     over = max(0.0, float(load)) if load > 1e-9 else 0.0
     if np.isfinite(mem_cap):
         mem = np.bincount(a, weights=graph.memory, minlength=k).max() / mem_cap - 1.0
@@ -164,7 +169,7 @@ def _overload(graph: Graph, a: np.ndarray, k: int, cap: float, mem_cap: float) -
 
 def _critical_path_descent(graph: Graph, part: np.ndarray, span: float, k: int, cap: float,
                            mem_cap: float, base: np.ndarray, priority: np.ndarray,
-                           budget: int) -> tuple[np.ndarray, float, int]:
+                           budget: int, acyclic: bool = False) -> tuple[np.ndarray, float, int]:
     """Final polish on the real objective: for cut edges with zero partition-aware slack (the ones
     that lengthen the schedule), try pulling one endpoint's co-location cluster to the other
     endpoint's device; keep a move when the simulated makespan drops and the caps still hold."""
@@ -190,6 +195,8 @@ def _critical_path_descent(graph: Graph, part: np.ndarray, span: float, k: int, 
                 tried += 1
                 trial = part.copy()
                 trial[base == c] = q
+                if acyclic and not device_graph_acyclic(graph, trial, k):
+                    continue
                 s = makespan(graph, trial)
                 if s < span - 1e-9:
                     part, span = trial, s

@@ -174,12 +174,15 @@ def run_stage(port: int) -> None:
                     interp.env[node] = value
                     for dest in consumers.get(node.name, ()):
                         _send(peers[dest], ("value", sample, node.name, value))
+    for conn in peers.values():
+        conn.close()
     listener.close()
 
 
 def run_driver(stages: list[str], port: int, model_spec: str, input_shape: tuple[int, ...],
                methods: list[str], samples: int, seed: int, bandwidth: float,
-               flops_per_second: float = 1e10, latency: float = 1e-3) -> dict:
+               flops_per_second: float = 1e10, latency: float = 1e-3,
+               acyclic: bool = True) -> dict:
     """Partition the model with each method, run it through the stages, check and time it."""
     import torch
 
@@ -209,9 +212,10 @@ def run_driver(stages: list[str], port: int, model_spec: str, input_shape: tuple
     report: dict[str, Any] = {"model": model_spec, "k": k, "samples": samples,
                               "cost_model": {"flops_per_second": flops_per_second,
                                              "bandwidth": bandwidth, "latency": latency},
+                              "acyclic": acyclic,
                               "unsplit_seconds_per_sample": unsplit, "runs": {}}
     for method in methods:
-        part = partition(graph, k, method)
+        part = partition(graph, k, method, acyclic=acyclic)
         assignment = part.by_node_id(graph)
         metrics = evaluate(graph, part.assignment, k)
         cfg = {"assignment": assignment, "model": model_spec, "seed": seed,
@@ -249,6 +253,7 @@ def run_driver(stages: list[str], port: int, model_spec: str, input_shape: tuple
         }
     for conn in conns:
         _send(conn, ("stop",))
+        conn.close()
     listener.close()
     return report
 
@@ -269,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
                         int(params.get("samples", 20)), int(params.get("seed", 0)),
                         float(params.get("bandwidth", 1e9)),
                         float(params.get("flops_per_second", 1e10)),
-                        float(params.get("latency", 1e-3)))
+                        float(params.get("latency", 1e-3)),
+                        bool(params.get("acyclic", True)))
     text = json.dumps(report, indent=1)
     print(text, flush=True)
     out_dir = os.environ.get("TM_OUTPUT_DIR")
@@ -281,4 +287,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Reader threads may still be inside torch's unpickling when a peer hangs up; letting the
+    # interpreter finalise under them can abort ("terminate called without an active
+    # exception"), so leave without finalisation once our own work is done and flushed.
+    os._exit(code)
