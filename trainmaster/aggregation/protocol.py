@@ -1,8 +1,9 @@
 """Wire format of the aggregation fabric: one fixed binary header (``struct``) plus a payload.
 
-Every datagram between workers, forwarding nodes and the parameter node is ``Header`` followed
-by ``count`` elements: int32 quantised values, or float32 values when the ``FLOAT`` flag is set
-(the exception path), or UTF-8/JSON text for control messages. A fixed header keeps per-packet
+Every datagram between workers, forwarding nodes and the parameter node is ``Header`` (network
+byte order) followed by ``count`` little-endian elements (the hosts' native order: no byte
+swapping on x86 or ARM): int32 quantised values, or float32 values when the ``FLOAT`` flag is
+set (the exception path), or UTF-8/JSON text for control messages. A fixed header keeps per-packet
 parsing to one ``struct.unpack`` and lets a hardware forwarding node find every field at a fixed
 offset.
 """
@@ -84,7 +85,7 @@ class ProtocolError(ValueError):
 
 def encode(header: Header, payload: bytes | np.ndarray = b"") -> bytes:
     if isinstance(payload, np.ndarray):
-        wire = payload.astype(">f4" if header.has(Flag.FLOAT) else ">i4", copy=False)
+        wire = payload.astype("<f4" if header.has(Flag.FLOAT) else "<i4", copy=False)
         body = wire.tobytes()
         count = payload.size
     elif header.kind in (Kind.DATA, Kind.RESULT):
@@ -114,9 +115,9 @@ def decode(datagram: bytes) -> tuple[Header, bytes]:
 def values(header: Header, body: bytes) -> np.ndarray:
     """The numeric payload: int64 for quantised values (so sums never wrap), float64 for floats."""
     if header.has(Flag.FLOAT):
-        arr = np.frombuffer(body, dtype=">f4", count=header.count)
+        arr = np.frombuffer(body, dtype="<f4", count=header.count)
         return arr.astype(np.float64)
-    arr = np.frombuffer(body, dtype=">i4", count=header.count)
+    arr = np.frombuffer(body, dtype="<i4", count=header.count)
     return arr.astype(np.int64)
 
 
