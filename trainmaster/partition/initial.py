@@ -107,7 +107,6 @@ def capped_list_schedule(graph: Graph, cg: ClusterGraph, k: int, cap: float,
     prio = priority.tolist()
     out_ptr = graph.out_ptr.tolist()
     succ = graph.dst[graph.out_edge].tolist()
-    ecost = graph.edge_cost[graph.out_edge].tolist()
     in_ptr = graph.in_ptr.tolist()
     pred = graph.src[graph.in_edge].tolist()
     pcost = graph.edge_cost[graph.in_edge].tolist()
@@ -152,7 +151,6 @@ def capped_list_schedule(graph: Graph, cg: ClusterGraph, k: int, cap: float,
             indeg[x] -= 1
             if indeg[x] == 0:
                 heapq.heappush(heap, (-prio[x], x))
-    del ecost
     return np.asarray(part_of_cluster, dtype=np.int64)
 
 

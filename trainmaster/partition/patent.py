@@ -38,7 +38,7 @@ def random_initial(graph: Graph, groups: np.ndarray, k: int, cap: float,
     inter = a != b
     a, b = a[inter], b[inter]
     inc = [[] for _ in range(g)]
-    for e, (x, y) in enumerate(zip(a.tolist(), b.tolist())):
+    for x, y in zip(a.tolist(), b.tolist()):
         inc[x].append(y)
         inc[y].append(x)
     cut = int((part[a] != part[b]).sum())
