@@ -160,3 +160,23 @@ def test_cli_invalid_input_exits_2(tmp_path, capsys, doc, args, msg):
     code, cap = run_cli(argv, capsys)
     assert code == 2
     assert msg in cap.err and "Traceback" not in cap.err
+
+
+def test_cli_on_every_data_graph_all_methods(tmp_path, capsys):
+    """Mechanism: the CLI with --out and --json on every shared graph, all four methods
+    (skipped where ../shared/data/dnn-partitioning is absent)."""
+    files = data_graphs()
+    if not files:
+        pytest.skip("shared data folder ../shared/data/dnn-partitioning is absent "
+                    "(set TRAINMASTER_SHARED_DATA to use it)")
+    for f in files:
+        ids = {str(n["id"]) for n in json.loads(f.read_text())["nodes"]}
+        for method in ("trainmaster", "patent", "metis", "kahip"):
+            out = tmp_path / f"{f.stem}-{method}.json"
+            code, cap = run_cli(["partition", str(f), "--devices", "4", "--method", method,
+                                 "--out", str(out), "--json"], capsys)
+            assert code == 0, cap.err
+            doc = json.loads(out.read_text())
+            assert set(doc["assignment"]) == ids
+            assert set(doc["assignment"].values()) <= {0, 1, 2, 3}
+            assert json.loads(cap.out)["colocation_ok"] is True
