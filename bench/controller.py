@@ -80,8 +80,8 @@ class Ours:
         with self.sessions() as session:
             return repo.load_job(session, job_id).state
 
-    def until(self, done: Callable[[], bool], what: str) -> None:
-        deadline = time.monotonic() + TIMEOUT
+    def until(self, done: Callable[[], bool], what: str, timeout: float = TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
         while not done():
             if time.monotonic() > deadline:
                 raise TimeoutError(what)
@@ -159,7 +159,7 @@ def drain(jobs: int, slots: int, scratch: Path) -> dict[str, float]:
     queued = time.perf_counter()
     with ours.sessions() as session:
         active = lambda: len(repo.active_job_ids(session, ours.controller.owner))  # noqa: E731
-        ours.until(lambda: active() == 0, "drain")
+        ours.until(lambda: active() == 0, "drain", timeout=1200)
     end = time.perf_counter()
     with ours.sessions() as session:
         states = {repo.load_job(session, i).state for i in ids}
@@ -246,12 +246,20 @@ def main() -> None:
             results["meta"]["torchx"] = f"not measured: {exc} (pip install 'torchx>=0.7,<0.8')"
 
     for size in SIZES:
-        for system, measure in systems.items():
-            runs = [measure(size) for _ in range(ray_runs(size, args) if system == "trainmaster ray" else args.runs)]
+        # Runs alternate between the systems, so a slow moment of the shared machine hits all of
+        # them alike; Ray goes last (its worker processes take a while to wind down).
+        order = sorted(systems, key=lambda name: name == "trainmaster ray")
+        samples: dict[str, list[tuple[float, float]]] = {name: [] for name in order}
+        for run in range(args.runs):
+            for name in order:
+                if name != "trainmaster ray" or run < ray_runs(size, args):
+                    samples[name].append(systems[name](size))
+        for name in order:
+            runs = samples[name]
             entry = {"reported": summary([r[0] for r in runs]), "processes": summary([r[1] for r in runs]),
                      "runs": len(runs)}
-            results["submit_to_running"].setdefault(system, {})[str(size)] = entry
-            print(f"{system:18s} {size:3d} replicas: reported {entry['reported']['median_s']:.3f}s, "
+            results["submit_to_running"].setdefault(name, {})[str(size)] = entry
+            print(f"{name:18s} {size:3d} replicas: reported {entry['reported']['median_s']:.3f}s, "
                   f"processes {entry['processes']['median_s']:.3f}s", flush=True)
 
     jobs = 200 if args.quick else 1000

@@ -38,7 +38,7 @@ def launch(backend: Backend, tmp_path: Path, code: str, name: str = "r", ports: 
     files = InstanceFiles(tmp_path / name)
     files.write_launch({"argv": [PY, "-c", code], "cwd": None, "env": {"PATH": "/usr/bin:/bin"},
                         "role_env": {}, "depends": [], "db_url": "", "job_id": 1, "framework": "command",
-                        "context": {}})
+                        "context": {"host": placement.host, "ports": placement.ports}})
     request = LaunchRequest(job_id=1, job_name="t", role=name, index=0, attempt=1, placement=placement,
                             launch_file=str(files.launch), instance_dir=str(files.dir),
                             log_path=str(tmp_path / f"{name}.log"))
@@ -119,3 +119,17 @@ def test_a_new_backend_adopts_a_live_instance_by_pid_and_start_time(backend: Bac
     obs = wait_phase(successor, handle, {Phase.EXITED})
     assert obs.exit_code == 0  # learnt from the instance runtime's exit record
     backend.poll(handle)  # reap
+
+
+def test_find_locates_a_live_instance_by_its_folder(backend: Backend, tmp_path: Path) -> None:
+    """After a crash between starting an instance and saving its handle, the instance folder is
+    all a new controller knows: the backend finds the live attempt from it (and nothing elsewhere)."""
+    handle = launch(backend, tmp_path, "import time; time.sleep(30)", "found")
+    wait_phase(backend, handle, {Phase.RUNNING})
+    successor = type(backend)()
+    found = successor.find(handle["instance_dir"])
+    assert found is not None and runtime_pid(found) == runtime_pid(handle)
+    assert found.get("actor") == handle.get("actor") and found["ports"] == handle["ports"]
+    assert successor.find(str(tmp_path / "never-started")) is None
+    backend.stop([handle], grace=1)
+    assert successor.find(handle["instance_dir"]) is None  # ended: nothing to adopt

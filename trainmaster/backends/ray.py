@@ -264,7 +264,24 @@ class RayBackend(Backend):
 
     def adopt(self, handle: dict[str, Any]) -> bool:
         """An attempt is ours again when its actor is alive under its name and its process runs."""
-        return handle.get("backend") == self.name and super().adopt(handle)
+        alive = handle.get("backend") == self.name and super().adopt(handle)
+        if alive:  # its ports stay taken (the local backend keeps no public way to say so)
+            self._ports._reserved.update(handle.get("ports", []))
+        return alive
+
+    def find(self, instance_dir: str) -> dict[str, Any] | None:
+        """A live attempt started from ``instance_dir`` whose handle was never saved: its actor
+        left its record there once its process started, and is still alive under that name."""
+        try:
+            record = json.loads((Path(instance_dir) / ATTEMPT_RECORD).read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        handle = {"backend": self.name, "actor": record["actor"], "namespace": NAMESPACE, "pid": record["pid"],
+                  "instance_dir": instance_dir, "gated": record["gated"], "host": record["host"],
+                  "ports": record["ports"]}
+        if self._actor(handle) is None or self.poll(handle).phase not in (Phase.STARTING, Phase.RUNNING):
+            return None
+        return handle
 
     def close(self) -> None:
         """Forget local bookkeeping; the cluster (and any still-running attempt) is left alone."""
