@@ -25,6 +25,7 @@ BUILTIN: dict[str, str] = {
     "pipeline": "trainmaster.frameworks.pipeline:PipelineFramework",
     "crosssilo": "trainmaster.frameworks.crosssilo:CrossSiloFramework",
     "ina": "trainmaster.frameworks.ina:InaFramework",
+    "federated": "trainmaster.frameworks.federated:FederatedFramework",
 }
 
 ENTRY_POINT_GROUP = "trainmaster.frameworks"
