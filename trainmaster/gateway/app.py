@@ -104,7 +104,10 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
 
     async def _dispatch(leg: Leg, call: RuleCall, timeout_s: float) -> None:
         table.mark_dispatched(leg.task_id, leg.data_id)
-        outcome, detail, result_json = await _run_leg(leg, call, timeout_s)
+        try:
+            outcome, detail, result_json = await _run_leg(leg, call, timeout_s)
+        except Exception as exc:  # never leave a dispatched leg without its one outcome
+            outcome, detail, result_json = LegOutcome.rejected, f"gateway error on this leg: {type(exc).__name__}", None
         table.record_outcome(leg.task_id, leg.data_id, outcome.value, detail, result_json)
 
     @app.post("/v1/receive")

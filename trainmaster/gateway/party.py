@@ -95,7 +95,10 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
             validate_call(req.call, cfg.allowed_rules)
         except RuleError as exc:
             raise HTTPException(400, str(exc)) from exc
-        reply = await handle.call(req.call, timeout_s=max(1.0, env.header.expires_at - ctx.clock()))
+        try:
+            reply = await handle.call(req.call, timeout_s=max(1.0, env.header.expires_at - ctx.clock()))
+        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
+            raise HTTPException(503, f"executor for task {req.task_id!r} failed: {type(exc).__name__}") from exc
         payload = {"ok": reply["ok"], "result": reply.get("result"), "error": reply.get("error", "")}
         return ctx.seal_to(gateway.name, MessageKind.transfer_result, req.task_id, req.data_id, payload)
 
