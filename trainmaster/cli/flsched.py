@@ -89,6 +89,8 @@ def register(app: typer.Typer) -> None:
         if jobs * per_round > devices:
             raise UserError(f"{jobs} jobs x {per_round} devices per round need {jobs * per_round} devices, "
                             f"the pool has {devices}")
+        if scheduler == "exact" and devices > 40:
+            raise UserError("the exact (MILP) scheduler is for small pools; use --devices 40 or fewer")
         sched = make_scheduler(scheduler, seed=seed)
         problem = make_problem(devices, jobs, per_round, seed, weights={"time": 1.0, "fairness": fairness_weight})
         result = simulate(problem, sched, seed=seed, availability=availability, max_rounds=max_rounds)

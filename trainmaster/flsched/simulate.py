@@ -6,7 +6,7 @@ a chosen device stays busy for its own drawn time, and a job's round ends with i
 device. Availability is redrawn at every decision, as devices come and go.
 
 Convergence is a per-job curve, ours (the source only says "a curve with parameters alpha, beta"):
-  loss_m = alpha_m / (P_m + 1) + beta_m + gamma_m * (1 - coverage_m),   accuracy = 1 - loss.
+  loss_m = alpha_m / (P_m + 1) + beta_m + gamma_m * (1 - coverage_m),   accuracy = max(0, 1 - loss).
 P_m is effective progress: each round adds the mean over its devices of
 1 / (1 + lam * max(0, q_k - mean q)), so re-using over-served devices teaches the model less
 (non-IID data: the same few devices over and over overfit their local distributions).
@@ -37,7 +37,8 @@ class ConvergenceCurve:
     target: float = 0.83
 
     def accuracy(self, progress: float, coverage: float) -> float:
-        return 1.0 - (self.alpha / (progress + 1.0) + self.beta + self.gamma * (1.0 - coverage))
+        loss = self.alpha / (progress + 1.0) + self.beta + self.gamma * (1.0 - coverage)
+        return max(0.0, 1.0 - loss)  # accuracy is a share: an early, large loss means 0, not negative
 
 
 @dataclass
