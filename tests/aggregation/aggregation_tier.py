@@ -36,7 +36,7 @@ class ThreadTier:
 
 
 def start_tier(slots: int = 64, levels: int = 1, faults: FaultPlan | None = None,
-               dead_after: float = 3.0) -> ThreadTier:
+               dead_after: float = 10.0) -> ThreadTier:
     ps = ParameterNode(faults=faults, dead_after=dead_after)
     top = ForwardingNode(ps.address, slots=slots, name="top", faults=faults)
     switches = [top]

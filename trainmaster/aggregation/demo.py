@@ -87,7 +87,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     """Run the whole demo; the returned dict is what ``trainmaster aggregation demo`` prints."""
     ctx = mp.get_context("fork")
     with Fabric(slots=cfg.slots, levels=cfg.levels, faults=cfg.faults,
-                dead_after=max(3.0, cfg.timeout / 4)) as fabric:
+                dead_after=max(10.0, cfg.timeout / 4)) as fabric:
         procs, pipes = [], []
         t0 = time.monotonic()
         for job in range(1, cfg.jobs + 1):

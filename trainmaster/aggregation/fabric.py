@@ -61,7 +61,7 @@ class Fabric:
     slots: int = 64
     levels: int = 1
     faults: FaultPlan = field(default_factory=FaultPlan)
-    dead_after: float = 3.0
+    dead_after: float = 10.0
     first_level_nodes: int = 2
     ps: Address | None = None
     switches: list[Address] = field(default_factory=list)

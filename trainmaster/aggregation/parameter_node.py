@@ -73,7 +73,7 @@ class ParameterNodeCounters:
 
 class ParameterNode:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, faults: FaultPlan | None = None,
-                 dead_after: float = 3.0, name: str = "ps"):
+                 dead_after: float = 10.0, name: str = "ps"):
         self.transport = UdpTransport(name, host, port, faults)
         self.address = self.transport.address
         self.dead_after = dead_after

@@ -86,7 +86,8 @@ def parameter_node(
     host: str = typer.Option("127.0.0.1", envvar="TM_AGGREGATION_HOST", help="Address to bind."),
     port: int = typer.Option(0, envvar="TM_AGGREGATION_PORT",
                              help="UDP port (0: any free port, printed)."),
-    dead_after: float = typer.Option(3.0, help="Seconds of silence before a worker is dead."),
+    dead_after: float = typer.Option(
+        10.0, help="Seconds of silence (no packet, no heartbeat) before a waited-for worker is dead."),
 ) -> None:
     """Run a parameter node in the foreground (verifies sums, aggregates fallbacks)."""
     from trainmaster.aggregation.parameter_node import ParameterNode
