@@ -75,3 +75,10 @@ def test_decisions_follow_the_policy_kind() -> None:
     assert decide(RestartPolicy(policy="Always"), 0, 0).restart
     assert not decide(RestartPolicy(policy="Never"), 1, 0).restart
     assert decide(RestartPolicy(policy="OnFailure", max_restarts=2), 1, 2).exhausted
+
+
+def test_immediate_restart_reregisters_the_address(harness: Harness, tmp_path: Path) -> None:
+    """Backoff 0: the instance fails and runs again within one reconcile pass."""
+    state, status = harness.run(job("quick", [{"name": "w", "command": flaky(tmp_path / "n", 2),
+        "restartPolicy": {"policy": "OnFailure", "maxRestarts": 3, "backoffSeconds": 0}}]))
+    assert state == "succeeded" and status["instances"][0]["restarts"] == 2

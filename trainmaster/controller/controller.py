@@ -187,7 +187,7 @@ class Controller:
         inst.running_at, inst.reason, inst.message = utcnow(), "Running", ""
         if inst.started_at:
             metrics.LAUNCH_LATENCY.observe((inst.running_at - _aware(inst.started_at)).total_seconds())
-        repo.register_address(session, job.id, inst.role, inst.index, inst.address or "")
+        repo.register_address(job, inst.role, inst.index, inst.address or "")
 
     def _on_exit(self, session: Session, job: JobRow, role: Role, inst: InstanceRow, obs: Observation,
                  free: Capacity) -> Capacity:
@@ -232,7 +232,7 @@ class Controller:
         """Give back an ended instance's ports, resources and (unless kept) registry entry."""
         self.backend.release(Placement(inst.host or "", list(inst.ports or [])))
         if not keep_address:
-            repo.unregister_address(session, job.id, inst.role, inst.index)
+            repo.unregister_address(job, inst.role, inst.index)
         return free.minus(-inst.cpu, -inst.memory)
 
     def _scale(self, session: Session, job: JobRow, spec: Job, free: Capacity) -> Capacity:
@@ -425,7 +425,7 @@ class Controller:
             if JobState(role_row.state) not in JOB_TERMINAL:
                 role_row.state, role_row.reason = JobState.CANCELLED.value, "StoppedAtJobEnd"
                 role_row.message, role_row.last_transition_at = f"stopped: the job {verdict.state.value}", utcnow()
-        repo.clear_registry(session, job.id)
+        repo.clear_registry(job)
         if job.admitted:
             self.backend.release_gang(job.id)
         if verdict.state == JobState.SUCCEEDED and job.output_path:

@@ -48,6 +48,7 @@ class JobRow(Base):
                                                         order_by="InstanceRow.id")
     events: Mapped[list[EventRow]] = relationship(back_populates="job", cascade="all, delete-orphan",
                                                   order_by="EventRow.id")
+    addresses: Mapped[list[RegistryRow]] = relationship(cascade="all, delete-orphan")  # the registry
 
 
 class RoleRow(Base):

@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy import select
+from sqlalchemy.orm import Session, object_session, selectinload
 
 from trainmaster.errors import UserError
 from trainmaster.spec.states import JOB_TERMINAL, JobState
@@ -27,7 +27,7 @@ def last_event(session: Session, job_id: int, obj: str) -> EventRow | None:
 
 def load_job(session: Session, job_id: int) -> JobRow:
     job = session.scalars(select(JobRow).where(JobRow.id == job_id).options(
-        selectinload(JobRow.roles), selectinload(JobRow.instances))).first()
+        selectinload(JobRow.roles), selectinload(JobRow.instances), selectinload(JobRow.addresses))).first()
     if job is None:
         raise UserError(f"no job with id {job_id}")
     return job
@@ -76,22 +76,25 @@ def state_counts(session: Session) -> dict[str, int]:
     return dict(session.execute(select(JobRow.state, func.count(JobRow.id)).group_by(JobRow.state)).all())
 
 
-def register_address(session: Session, job_id: int, role: str, index: int, address: str) -> None:
-    row = session.scalars(select(RegistryRow).where(RegistryRow.job_id == job_id, RegistryRow.role == role,
-                                                    RegistryRow.index == index)).first()
-    if row is None:
-        session.add(RegistryRow(job_id=job_id, role=role, index=index, address=address))
-    else:
-        row.address, row.registered_at = address, utcnow()
+def register_address(job: JobRow, role: str, index: int, address: str) -> None:
+    """Record where an instance listens (the job's registry rows are loaded with the job)."""
+    for row in job.addresses:
+        if row.role == role and row.index == index:
+            row.address, row.registered_at = address, utcnow()
+            return
+    job.addresses.append(RegistryRow(role=role, index=index, address=address, registered_at=utcnow()))
 
 
-def unregister_address(session: Session, job_id: int, role: str, index: int) -> None:
-    session.execute(delete(RegistryRow).where(RegistryRow.job_id == job_id, RegistryRow.role == role,
-                                              RegistryRow.index == index))
+def unregister_address(job: JobRow, role: str, index: int) -> None:
+    before = len(job.addresses)
+    job.addresses[:] = [r for r in job.addresses if not (r.role == role and r.index == index)]
+    session = object_session(job)
+    if session is not None and len(job.addresses) != before:
+        session.flush()  # delete now: a restart in the same pass re-inserts the same (role, index)
 
 
-def clear_registry(session: Session, job_id: int) -> None:
-    session.execute(delete(RegistryRow).where(RegistryRow.job_id == job_id))
+def clear_registry(job: JobRow) -> None:
+    job.addresses.clear()
 
 
 def registry(session: Session, job_id: int) -> dict[str, list[str]]:
