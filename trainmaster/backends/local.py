@@ -19,8 +19,22 @@ from typing import Any
 
 import psutil
 
+import trainmaster
+
 from trainmaster.backends.base import Backend, Capacity, LaunchRequest, Observation, Phase, Placement
 from trainmaster.runtime.files import InstanceFiles
+
+
+# The instance runtime starts without site processing (-S; about 30 ms less CPU per instance,
+# which adds up when 64 start at once on 2 cores) and finds our package through PYTHONPATH.
+# It runs site.main() itself before it needs third-party packages (the dependency wait step).
+_PACKAGE_ROOT = str(Path(trainmaster.__file__).resolve().parents[1])
+LAUNCHER_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(
+    p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p)}
+
+
+def launcher_argv(launch_file: str) -> list[str]:
+    return [sys.executable, "-S", "-m", "trainmaster.runtime.launch", launch_file]
 
 
 class LocalBackend(Backend):
@@ -63,7 +77,7 @@ class LocalBackend(Backend):
                       f"at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
             log.flush()
             proc = subprocess.Popen(
-                [sys.executable, "-m", "trainmaster.runtime.launch", request.launch_file],
+                launcher_argv(request.launch_file), env=LAUNCHER_ENV,
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 cwd=request.cwd or None, start_new_session=True, close_fds=True,
             )

@@ -27,6 +27,9 @@ class DependencyTimeout(Exception):
 
 def wait_for_dependencies(launch: dict[str, Any]) -> dict[str, list[str]]:
     """Block until every dependency holds; return role -> addresses of its instances."""
+    import site
+
+    site.main()  # the runtime starts with -S; the wait step needs the installed packages
     from sqlalchemy import select
 
     from trainmaster.store.db import make_engine, session_factory
