@@ -33,8 +33,25 @@ LAUNCHER_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(
     p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p)}
 
 
+# An instance without dependencies has no wait step, so it does not need the Python runtime:
+# this POSIX-shell recorder does the rest of its job (mark ready, run, record the exit code)
+# for about 1 ms of CPU instead of ~40 ms, which is what lets 64 replicas start at once.
+_EXIT_RECORDER = (': > "$0/ready"; "$@"; c=$?; '
+                  'printf %s "$c" > "$0/exit_code.tmp" && mv "$0/exit_code.tmp" "$0/exit_code"; exit $c')
+
+
 def launcher_argv(launch_file: str) -> list[str]:
     return [sys.executable, "-S", "-m", "trainmaster.runtime.launch", launch_file]
+
+
+def _spawn_spec(request: LaunchRequest) -> tuple[list[str], dict[str, str], str | None]:
+    """What to exec for one attempt: the Python runtime when there is a wait step, else the
+    shell recorder around the role's command with its environment (already complete)."""
+    if request.gated:
+        return launcher_argv(request.launch_file), LAUNCHER_ENV, request.cwd
+    launch = InstanceFiles(request.instance_dir).read_launch()
+    return (["/bin/sh", "-c", _EXIT_RECORDER, request.instance_dir, *launch["argv"]], launch["env"],
+            launch.get("cwd") or request.cwd)
 
 
 class LocalBackend(Backend):
@@ -76,11 +93,10 @@ class LocalBackend(Backend):
             log.write(f"--- attempt {request.attempt} of {request.role}-{request.index} "
                       f"at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
             log.flush()
-            proc = subprocess.Popen(
-                launcher_argv(request.launch_file), env=LAUNCHER_ENV,
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                cwd=request.cwd or None, start_new_session=True, close_fds=True,
-            )
+            argv, env, cwd = _spawn_spec(request)
+            proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, cwd=cwd or None, start_new_session=True,
+                                    close_fds=True)
         self._children[proc.pid] = proc
         return {"backend": self.name, "pid": proc.pid, "create_time": _create_time(proc.pid),
                 "instance_dir": request.instance_dir, "gated": request.gated,
@@ -157,7 +173,9 @@ class LocalBackend(Backend):
         launch_file = str(files.launch)
         for proc in psutil.process_iter(["cmdline", "create_time"]):
             cmdline = proc.info["cmdline"] or []
-            if "trainmaster.runtime.launch" in cmdline and launch_file in cmdline:
+            python_runtime = "trainmaster.runtime.launch" in cmdline and launch_file in cmdline
+            shell_recorder = cmdline[:3] == ["/bin/sh", "-c", _EXIT_RECORDER] and cmdline[3:4] == [instance_dir]
+            if python_runtime or shell_recorder:
                 launch = files.read_launch()
                 return {"backend": self.name, "pid": proc.pid, "create_time": proc.info["create_time"],
                         "instance_dir": instance_dir, "gated": bool(launch["depends"]),

@@ -6,6 +6,10 @@
 2. Build the environment (service addresses, framework variables) and mark the instance ready.
 3. Run the role's command as a child, forward SIGTERM/SIGINT to it, and record its exit code in
    the instance folder, so any controller, even one restarted after a crash, learns how it ended.
+
+An instance without dependencies has nothing to wait for; the local backend then runs its
+command under a few lines of POSIX shell that do step 3 (see ``backends/local.py``), because
+64 Python runtimes starting at once cost seconds of CPU on a small machine.
 """
 
 from __future__ import annotations
