@@ -36,12 +36,13 @@ def backend(request) -> Backend:
 def launch(backend: Backend, tmp_path: Path, code: str, name: str = "r", ports: int = 1) -> dict:
     placement = backend.place(ports, {})
     files = InstanceFiles(tmp_path / name)
-    files.write_launch({"argv": [PY, "-c", code], "cwd": None, "env": {"PATH": "/usr/bin:/bin"},
+    argv, env = [PY, "-c", code], {"PATH": "/usr/bin:/bin"}
+    files.write_launch({"argv": argv, "cwd": None, "env": env,
                         "role_env": {}, "depends": [], "db_url": "", "job_id": 1, "framework": "command",
                         "context": {"host": placement.host, "ports": placement.ports}})
     request = LaunchRequest(job_id=1, job_name="t", role=name, index=0, attempt=1, placement=placement,
                             launch_file=str(files.launch), instance_dir=str(files.dir),
-                            log_path=str(tmp_path / f"{name}.log"))
+                            log_path=str(tmp_path / f"{name}.log"), argv=argv, env=env)
     return backend.start(request)
 
 

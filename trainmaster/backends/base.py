@@ -56,6 +56,9 @@ class LaunchRequest:
     cwd: str | None = None
     resources: dict[str, Any] = field(default_factory=dict)
     gated: bool = False  # has dependencies: running only once its wait step has passed
+    # for an instance without dependencies: its command and complete environment, ready to exec
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
 
 
 class Phase(str, Enum):

@@ -49,9 +49,7 @@ def _spawn_spec(request: LaunchRequest) -> tuple[list[str], dict[str, str], str 
     shell recorder around the role's command with its environment (already complete)."""
     if request.gated:
         return launcher_argv(request.launch_file), LAUNCHER_ENV, request.cwd
-    launch = InstanceFiles(request.instance_dir).read_launch()
-    return (["/bin/sh", "-c", _EXIT_RECORDER, request.instance_dir, *launch["argv"]], launch["env"],
-            launch.get("cwd") or request.cwd)
+    return ["/bin/sh", "-c", _EXIT_RECORDER, request.instance_dir, *request.argv], request.env, request.cwd
 
 
 class LocalBackend(Backend):
@@ -83,6 +81,10 @@ class LocalBackend(Backend):
 
     def release(self, placement: Placement) -> None:
         self._reserved.difference_update(placement.ports)
+
+    def reserve_ports(self, ports: list[int]) -> None:
+        """Hold ports an adopted instance already uses, so no new instance is given them."""
+        self._reserved.update(ports)
 
     def start(self, request: LaunchRequest) -> dict[str, Any]:
         files = InstanceFiles(request.instance_dir)
@@ -165,7 +167,7 @@ class LocalBackend(Backend):
     def adopt(self, handle: dict[str, Any]) -> bool:
         alive = self.poll(handle).phase in (Phase.STARTING, Phase.RUNNING)
         if alive:
-            self._reserved.update(handle.get("ports", []))
+            self.reserve_ports(handle.get("ports", []))
         return alive
 
     def find(self, instance_dir: str) -> dict[str, Any] | None:

@@ -266,7 +266,7 @@ class RayBackend(Backend):
         """An attempt is ours again when its actor is alive under its name and its process runs."""
         alive = handle.get("backend") == self.name and super().adopt(handle)
         if alive:  # its ports stay taken (the local backend keeps no public way to say so)
-            self._ports._reserved.update(handle.get("ports", []))
+            self._ports.reserve_ports(handle.get("ports", []))
         return alive
 
     def find(self, instance_dir: str) -> dict[str, Any] | None:

@@ -55,6 +55,7 @@ def run(
     interval: Annotated[float, typer.Option(min=0.01, help="Seconds between reconcile passes.")] = 1.0,
     grace: Annotated[float, typer.Option(min=0, help="Seconds between SIGTERM and SIGKILL when stopping.")] = 5.0,
     cpus: Annotated[Optional[float], typer.Option(help="CPUs the local backend offers (default: this machine's).")] = None,
+    ray_address: Annotated[Optional[str], typer.Option(help="Join this Ray cluster (backend ray; default: start one).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the final status as JSON.")] = False,
 ) -> None:
     """Run a job to its end with a live view; exit 0 if it succeeded, 1 if it failed or was cancelled."""
@@ -69,12 +70,12 @@ def run(
         print(dump_yaml(loaded.job), end="")
         return
     state = _run(loaded, db, loaded.job.spec.scheduling.backend and loaded.job.spec.scheduling.backend.value
-                 or backend, interval, grace, cpus, json_out)
+                 or backend, interval, grace, cpus, ray_address, json_out)
     raise typer.Exit(0 if state == "succeeded" else 1)
 
 
 def _run(loaded, db: str | None, backend_name: str, interval: float, grace: float,  # type: ignore[no-untyped-def]
-         cpus: float | None, json_out: bool) -> str:
+         cpus: float | None, ray_address: str | None, json_out: bool) -> str:
     from rich.live import Live
 
     from trainmaster.cli.view import event_line, render_status
@@ -86,7 +87,7 @@ def _run(loaded, db: str | None, backend_name: str, interval: float, grace: floa
     sessions = session_factory(make_engine(url))
     import uuid
 
-    controller = Controller(sessions, make_backend(backend_name, cpus), url, interval=interval, grace=grace,
+    controller = Controller(sessions, make_backend(backend_name, cpus, ray_address), url, interval=interval, grace=grace,
                             owner=f"run-{uuid.uuid4().hex[:12]}")
     job_id = controller.submit(loaded)
     console = Console(highlight=False)

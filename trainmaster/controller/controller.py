@@ -337,7 +337,8 @@ class Controller:
         return LaunchRequest(job_id=job.id, job_name=job.name, role=role.name, index=inst.index,
                              attempt=inst.attempt, placement=placement, launch_file=str(files.launch),
                              instance_dir=str(files.dir), log_path=inst.log_path, cwd=role.working_dir,
-                             resources=role.resources.dump(), gated=bool(depends))
+                             resources=role.resources.dump(), gated=bool(depends),
+                             argv=launch["argv"], env=launch["env"])
 
     def _spawn(self, session: Session, job: JobRow, inst: InstanceRow, request: LaunchRequest) -> None:
         inst.handle = self.backend.start(request)
@@ -345,7 +346,9 @@ class Controller:
         repo.add_event(session, job.id, f"instance/{inst.label}", "Started",
                        f"attempt {inst.attempt} on {request.placement.address}"
                        + (f"; {inst.message}" if request.gated else ""))
-        if not request.gated:
+        # running as soon as the backend says so: at once for a local process, later for a
+        # Ray actor that is still being placed
+        if not request.gated and self.backend.poll(inst.handle).phase == Phase.RUNNING:
             self._mark_running(session, job, inst)
 
     def recover(self) -> None:
