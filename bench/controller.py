@@ -208,31 +208,6 @@ def profile_local(replicas: int, scratch: Path) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: -r["cumulative_s"])[:12]
 
 
-def direct_exec_experiment(replicas: int, runs: int, scratch: Path) -> dict[str, Any]:
-    """What-if, not the shipped path: the local backend with the role's command exec'd directly
-    instead of through the Python instance runtime (as TorchX does), alternating with the real
-    path. Shows how much of our submit-to-running the per-instance Python process costs."""
-    import subprocess
-    from unittest import mock
-
-    real_popen = subprocess.Popen
-
-    class DirectPopen(real_popen):  # type: ignore[misc, valid-type]
-        def __init__(self, args: Any, **kwargs: Any) -> None:
-            if len(args) == 4 and args[2] == "trainmaster.runtime.launch":
-                args = json.loads(Path(args[3]).read_text())["argv"]
-            super().__init__(args, **kwargs)
-
-    backend = LocalBackend()
-    arms: dict[str, list[tuple[float, float]]] = {"runtime": [], "direct": []}
-    for _ in range(runs):
-        arms["runtime"].append(ours_to_running(backend, replicas, scratch))
-        with mock.patch.object(subprocess, "Popen", DirectPopen):
-            arms["direct"].append(ours_to_running(backend, replicas, scratch))
-    return {"replicas": replicas, **{arm: {"reported": summary([r[0] for r in rs]),
-                                            "processes": summary([r[1] for r in rs])} for arm, rs in arms.items()}}
-
-
 def ray_runs(size: int, args: argparse.Namespace) -> int:
     """Ray starts one worker process per actor (about 2 s of CPU each on a small machine), so the
     large sizes run once to keep the whole benchmark near ten minutes; the md says so."""
@@ -308,7 +283,6 @@ def main() -> None:
                          for name in ("trainmaster local", "torchx local_cwd"))
     if local64 and torchx64 and local64["processes"]["median_s"] > torchx64["processes"]["median_s"]:
         results["profile_local"] = {"replicas": SIZES[-1], "top": profile_local(SIZES[-1], scratch)}
-        results["experiment_direct_exec"] = direct_exec_experiment(SIZES[-1], args.runs, scratch)
 
     jobs = 200 if args.quick else 1000
     drains = [drain(jobs, slots=DRAIN_SLOTS, scratch=scratch)]  # one run: the rate is over all the jobs
@@ -332,13 +306,13 @@ def main() -> None:
     shutil.rmtree(scratch, ignore_errors=True)
 
 
-NOTES = """Why ours is slower than TorchX `local_cwd` here: TorchX execs the command itself, while each of
-our instances first runs the instance runtime, a Python process (`python -m trainmaster.runtime.launch`,
-about 70 ms of CPU to start) that records the exit code for crash safety and runs the dependency
-wait step; on a 2-core machine 64 of them compete with the controller for the CPUs. On the
-controller side one reconcile pass starts every replica, and per instance it commits a registry
-row through the ORM (`register_address`: one SELECT with an autoflush each), which grows with the
-number of pending changes. Ray additionally starts one Ray worker process per actor."""
+NOTES = """How an instance starts: one reconcile pass starts every replica. An instance without
+dependencies runs its command under a five-line POSIX-shell exit recorder (crash safety: the exit
+code lands in its instance folder); only an instance with dependencies starts the Python instance
+runtime for its wait step. What remains over TorchX `local_cwd` is the controller's bookkeeping
+per instance (placement, launch record, the state rows committed before the spawn so a crash
+never starts a second copy). Ray additionally starts one Ray worker process per actor, and an
+instance counts as running only once its actor reports the process running."""
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -398,17 +372,6 @@ def markdown(results: dict[str, Any]) -> str:
                   "| function | calls | cumulative s |", "|---|---|---|"]
         lines += [f"| `{r['function']}` | {r['calls']} | {r['cumulative_s']:.3f} |" for r in prof["top"]]
         lines += ["", NOTES]
-    if "experiment_direct_exec" in results:
-        exp = results["experiment_direct_exec"]
-        lines += ["", f"Experiment (what-if, not the shipped path): the same {exp['replicas']} replicas with each "
-                  "command exec'd directly instead of through the Python instance runtime, alternating with the "
-                  "real path: "
-                  f"reported {exp['direct']['reported']['median_s']:.3f}s / processes "
-                  f"{exp['direct']['processes']['median_s']:.3f}s, against {exp['runtime']['reported']['median_s']:.3f}s / "
-                  f"{exp['runtime']['processes']['median_s']:.3f}s through the runtime; direct / TorchX local_cwd = "
-                  f"{exp['direct']['processes']['median_s'] / torchx[str(exp['replicas'])]['processes']['median_s']:.2f} "
-                  "(processes). The difference between the two arms is the cost of starting one Python "
-                  "instance runtime per replica."]
     if "ray_cluster_start_s" in meta:
         lines += ["", f"Ray {meta['ray']}: starting the local cluster took {meta['ray_cluster_start_s']:.1f}s "
                   "once (not counted above)."]
