@@ -7,6 +7,7 @@ live in this tree and ``from conftest import`` would pick whichever loaded first
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -70,3 +71,37 @@ def pids_alive(pids: list[int]) -> list[int]:
             pass
     return alive
 
+
+
+SERVER = ("import os, socket\n"
+          "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+          "s.bind(('127.0.0.1', int(os.environ['TM_PORT']))); s.listen()\n"
+          "for _ in range(int(os.environ['CLIENTS'])):\n"
+          "    c, _ = s.accept(); c.sendall(b'hello'); c.close()\n")
+CLIENT = ("import os, socket, time\n"
+          "host, port = os.environ['TM_SERVICE_SERVER'].split(',')[0].split(':')\n"
+          "for attempt in range(100):\n"
+          "    try:\n"
+          "        s = socket.create_connection((host, int(port))); break\n"
+          "    except OSError: time.sleep(0.1)\n"
+          "assert s.recv(5) == b'hello'\n"
+          "print('client got hello')\n")
+
+
+def server_client_job(name: str, clients: int = 3) -> dict[str, Any]:
+    """A server listening on TM_PORT and clients that reach it through TM_SERVICE_SERVER."""
+    return job(name, [{"name": "server", "command": py(SERVER), "env": {"CLIENTS": str(clients)}},
+                      {"name": "client", "replicas": clients, "command": py(CLIENT),
+                       "dependsOn": [{"role": "server"}]}])
+
+
+def step_until(h: Harness, job_id: int, done: Any, timeout: float = 60) -> dict[str, Any]:
+    """Reconcile until ``done(status)`` holds; fail with the job's state after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        h.controller.step()
+        status = h.status(job_id)
+        if done(status):
+            return status
+        time.sleep(0.1)
+    raise AssertionError(f"timed out; job is {status['state']}: {status['message']}")

@@ -18,30 +18,10 @@ from typing import Any
 import pytest
 import yaml
 
-from controller_harness import Harness, events, job, pids_alive, py
+from controller_harness import Harness, events, job, pids_alive, py, server_client_job, step_until
 
 ray = pytest.importorskip("ray", reason="the optional ray extra (trainmaster[ray]) is not installed")
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(180)]
-
-SERVER = ("import os, socket\n"
-          "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-          "s.bind(('127.0.0.1', int(os.environ['TM_PORT']))); s.listen()\n"
-          "for _ in range(2):\n"
-          "    c, _ = s.accept(); c.sendall(b'hello'); c.close()\n")
-CLIENT = ("import os, socket, time\n"
-          "host, port = os.environ['TM_SERVICE_SERVER'].split(',')[0].split(':')\n"
-          "for attempt in range(100):\n"
-          "    try:\n"
-          "        s = socket.create_connection((host, int(port))); break\n"
-          "    except OSError: time.sleep(0.1)\n"
-          "assert s.recv(5) == b'hello'\n"
-          "print('client got hello')\n")
-
-
-def server_client_job(name: str) -> dict[str, Any]:
-    return job(name, [{"name": "server", "command": py(SERVER)},
-                      {"name": "client", "replicas": 2, "command": py(CLIENT), "dependsOn": [{"role": "server"}]}])
-
 
 @pytest.fixture(scope="module")
 def ray_backend() -> Iterator[Any]:
@@ -57,19 +37,8 @@ def ray_harness(tmp_path: Path, ray_backend: Any) -> Harness:
     return Harness(tmp_path, backend=ray_backend)
 
 
-def step_until(h: Harness, job_id: int, done: Any, timeout: float = 60) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        h.controller.step()
-        status = h.status(job_id)
-        if done(status):
-            return status
-        time.sleep(0.1)
-    raise AssertionError(f"timed out; job is {status['state']}: {status['message']}")
-
-
 def test_server_client_dependency_job_succeeds_on_ray(ray_harness: Harness) -> None:
-    state, status = ray_harness.run(server_client_job("svc"))
+    state, status = ray_harness.run(server_client_job("svc", clients=2))
     assert state == "succeeded", status["events"]
     assert status["backend"] == "ray"
     server = next(i for i in status["instances"] if i["role"] == "server")
@@ -142,7 +111,7 @@ def test_instance_whose_actor_dies_is_replaced_and_its_process_killed(ray_harnes
 def test_trainmaster_run_backend_ray(tmp_path: Path) -> None:
     """The CLI path: ``trainmaster run --backend ray`` starts its own local cluster and succeeds."""
     spec = tmp_path / "svc.yaml"
-    spec.write_text(yaml.safe_dump(server_client_job("svc-cli")))
+    spec.write_text(yaml.safe_dump(server_client_job("svc-cli", clients=2)))
     out = subprocess.run([sys.executable, "-m", "trainmaster", "run", str(spec), "--backend", "ray",
                           "--interval", "0.1", "--json"], capture_output=True, text=True, timeout=150,
                          env={**os.environ, "TRAINMASTER_DB": f"sqlite:///{tmp_path / 'cli.db'}"})

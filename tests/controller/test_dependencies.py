@@ -1,26 +1,10 @@
 """Mechanisms: dependencies between roles with the injected wait step, the address registry,
 and the per-role communication service (controller spec, steps 4 and 5)."""
 
-from controller_harness import Harness, events, job, py
-
-SERVER = ("import os, socket\n"
-          "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-          "s.bind(('127.0.0.1', int(os.environ['TM_PORT']))); s.listen()\n"
-          "for _ in range(3):\n"
-          "    c, _ = s.accept(); c.sendall(b'hello'); c.close()\n")
-CLIENT = ("import os, socket, time\n"
-          "host, port = os.environ['TM_SERVICE_SERVER'].split(',')[0].split(':')\n"
-          "for attempt in range(100):\n"
-          "    try:\n"
-          "        s = socket.create_connection((host, int(port))); break\n"
-          "    except OSError: time.sleep(0.1)\n"
-          "assert s.recv(5) == b'hello'\n")
-
+from controller_harness import Harness, events, job, py, server_client_job
 
 def test_clients_wait_for_the_server_address_and_connect(harness: Harness) -> None:
-    state, status = harness.run(job("svc", [
-        {"name": "server", "command": py(SERVER)},
-        {"name": "client", "replicas": 3, "command": py(CLIENT), "dependsOn": [{"role": "server"}]}]))
+    state, status = harness.run(server_client_job("svc", clients=3))
     assert state == "succeeded", status["events"]
     by_role = {}
     for inst in status["instances"]:

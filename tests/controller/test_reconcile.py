@@ -5,7 +5,7 @@ youngest; nothing of a job starts until its gang fits."""
 import time
 from datetime import datetime, timedelta, timezone
 
-from controller_harness import Harness, events, job, py
+from controller_harness import Harness, events, job, py, step_until
 from trainmaster.backends.base import Capacity
 from trainmaster.backends.local import LocalBackend
 from trainmaster.controller.scaling import Member, missing_indices, surplus
@@ -27,29 +27,18 @@ def test_surplus_goes_failed_first_then_youngest() -> None:
     assert [m.key for m in surplus(members, 1)] == [3, 4, 5, 2]
 
 
-def wait_until(harness: Harness, job_id: int, check, timeout: float = 20) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        harness.controller.step()
-        status = harness.status(job_id)
-        if check(status):
-            return status
-        time.sleep(0.1)
-    raise AssertionError(f"condition not reached: {status}")
-
-
 def running(status: dict, role: str) -> list[dict]:
     return [i for i in status["instances"] if i["role"] == role and i["state"] == "running"]
 
 
 def test_reconcile_scales_up_and_down_and_recreates_missing(harness: Harness) -> None:
     job_id = harness.submit(job("elastic", [{"name": "w", "replicas": 2, "command": py("import time; time.sleep(60)")}]))
-    wait_until(harness, job_id, lambda s: len(running(s, "w")) == 2)
+    step_until(harness, job_id, lambda s: len(running(s, "w")) == 2)
     harness.controller.scale(job_id, "w", 4)
-    status = wait_until(harness, job_id, lambda s: len(running(s, "w")) == 4)
+    status = step_until(harness, job_id, lambda s: len(running(s, "w")) == 4)
     assert sorted(i["index"] for i in running(status, "w")) == [0, 1, 2, 3]
     harness.controller.scale(job_id, "w", 1)
-    status = wait_until(harness, job_id, lambda s: len(running(s, "w")) == 1)
+    status = step_until(harness, job_id, lambda s: len(running(s, "w")) == 1)
     assert running(status, "w")[0]["index"] == 0  # the oldest survives
     assert len(events(status, "ScaledDown")) == 3
     harness.controller.cancel(job_id)
@@ -71,7 +60,7 @@ def test_gang_waits_in_the_queue_until_resources_free(tmp_path) -> None:
                                     "command": py("import time; time.sleep(1.5)")}]))
     second = h.submit(job("second", [{"name": "w", "replicas": 2, "resources": {"cpu": 1},
                                       "command": py("pass")}], scheduling={"minAvailable": 2}))
-    status = wait_until(h, second, lambda s: s["state"] == "pending" and "waiting for resources" in s["message"])
+    status = step_until(h, second, lambda s: s["state"] == "pending" and "waiting for resources" in s["message"])
     assert status["instances"] == []
     assert h.status(first)["state"] in ("starting", "running")
     assert h.controller.run_job(second) == "succeeded"
@@ -94,7 +83,7 @@ def test_higher_priority_jobs_are_admitted_first(tmp_path) -> None:
 def test_cancel_stops_every_instance(harness: Harness) -> None:
     from controller_harness import pids_alive
     job_id = harness.submit(job("long", [{"name": "w", "replicas": 3, "command": py("import time; time.sleep(60)")}]))
-    status = wait_until(harness, job_id, lambda s: len(running(s, "w")) == 3)
+    status = step_until(harness, job_id, lambda s: len(running(s, "w")) == 3)
     pids = [i["pid"] for i in status["instances"]]
     harness.controller.cancel(job_id)
     assert harness.controller.run_job(job_id) == "cancelled"
