@@ -41,6 +41,10 @@ def test_reconcile_scales_up_and_down_and_recreates_missing(harness: Harness) ->
     status = step_until(harness, job_id, lambda s: len(running(s, "w")) == 1)
     assert running(status, "w")[0]["index"] == 0  # the oldest survives
     assert len(events(status, "ScaledDown")) == 3
+    harness.controller.scale(job_id, "w", 2)  # a deleted index comes back as a new instance
+    status = step_until(harness, job_id, lambda s: len(running(s, "w")) == 2)
+    assert sorted(i["index"] for i in running(status, "w")) == [0, 1]
+    assert [i["state"] for i in status["instances"] if i["index"] == 1] == ["stopped", "running"]
     harness.controller.cancel(job_id)
     assert harness.controller.run_job(job_id) == "cancelled"
 

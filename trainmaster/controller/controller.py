@@ -241,13 +241,11 @@ class Controller:
             members = [scaling.Member(i.id, i.index, i.state, i.started_at)
                        for i in rows if i.state != I.STOPPED.value]
             for index in scaling.missing_indices(members, role.replicas):
-                reuse = next((i for i in rows if i.index == index and i.state == I.STOPPED.value), None)
-                if reuse is None:
-                    reuse = InstanceRow(job_id=job.id, role=role.name, index=index, attempt=0, restarts=0, ports=[])
-                    job.instances.append(reuse)
-                reuse.state, reuse.handle, reuse.next_start_at = I.PENDING.value, None, None
-                reuse.cpu, reuse.memory = role.resources.cpu, role.resources.memory_bytes
-                reuse.reason, reuse.message = "Created", ""
+                # a recreated replica is a new instance; a stopped row of that index stays as history
+                job.instances.append(InstanceRow(
+                    job_id=job.id, role=role.name, index=index, state=I.PENDING.value, attempt=0, restarts=0,
+                    ports=[], cpu=role.resources.cpu, memory=role.resources.memory_bytes, reason="Created",
+                    message=""))
             victims = {m.key for m in scaling.surplus(members, role.replicas)}
             doomed = [i for i in rows if i.id in victims]
             if doomed:
