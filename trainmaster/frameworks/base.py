@@ -58,6 +58,10 @@ class Framework:
     required_roles: ClassVar[tuple[str, ...]] = ()
     #: role -> roles it depends on (condition Running) unless the user says otherwise
     default_dependencies: ClassVar[dict[str, tuple[str, ...]]] = {}
+    #: roles that must have exactly one replica (a master, a server, a parameter node)
+    single_instance_roles: ClassVar[tuple[str, ...]] = ()
+    #: role -> why it needs a reserved port (others reach it there); ``ports: 0`` is an error
+    port_roles: ClassVar[dict[str, str]] = {}
 
     def role_command(self, job: Job, role: Role) -> list[str] | None:
         """The command a role runs when the job gives none (None: the user must give one)."""
@@ -75,6 +79,12 @@ class Framework:
         for required in self.required_roles:
             if required not in names:
                 errors.append(f"spec.roles: framework '{self.name}' needs a role named '{required}'")
+        for i, role in enumerate(roles):
+            name = role.get("name")
+            if name in self.single_instance_roles and role.get("replicas", 1) != 1:
+                errors.append(f"spec.roles[{i}].replicas: the {self.name} {name} must have exactly 1 replica")
+            if name in self.port_roles and role.get("ports", 1) == 0:
+                errors.append(f"spec.roles[{i}].ports: the {self.name} {name} needs a port{self.port_roles[name]}")
         return errors
 
     def defaults(self, job: Job) -> Job:

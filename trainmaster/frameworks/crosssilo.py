@@ -52,15 +52,13 @@ class CrossSiloFramework(Framework):
     role_names = ("gateway", "party", "initiator")
     required_roles = ("gateway", "party", "initiator")
     default_dependencies = {"initiator": ("gateway", "party")}
+    single_instance_roles = ("gateway", "initiator")
 
     def role_command(self, job: Job, role: Role) -> list[str] | None:
         return python_module("trainmaster.frameworks.crosssilo", role.name)
 
     def validate(self, spec: dict[str, Any], roles: list[dict[str, Any]]) -> list[str]:
         errors = super().validate(spec, roles)
-        for i, role in enumerate(roles):
-            if role.get("name") in ("gateway", "initiator") and role.get("replicas", 1) != 1:
-                errors.append(f"spec.roles[{i}].replicas: the crosssilo {role['name']} must have exactly 1 replica")
         params = spec.get("frameworkParams", spec.get("framework_params", {})) or {}
         party = next((r for r in roles if r.get("name") == "party"), {})
         dirs = params.get("data_dirs")

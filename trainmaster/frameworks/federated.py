@@ -22,17 +22,14 @@ class FederatedFramework(Framework):
     role_names = ("server", "device")
     required_roles = ("server", "device")
     default_dependencies = {"device": ("server",)}
+    single_instance_roles = ("server",)
+    port_roles = {"server": " for its devices"}
 
     def role_command(self, job: Job, role: Role) -> list[str] | None:
         return python_module("trainmaster.flsched.service", role.name)
 
     def validate(self, spec: dict[str, Any], roles: list[dict[str, Any]]) -> list[str]:
         errors = super().validate(spec, roles)
-        for i, role in enumerate(roles):
-            if role.get("name") == "server" and role.get("replicas", 1) != 1:
-                errors.append(f"spec.roles[{i}].replicas: the federated server must have exactly 1 replica")
-            if role.get("name") == "server" and role.get("ports", 1) == 0:
-                errors.append(f"spec.roles[{i}].ports: the federated server needs a port for its devices")
         params = spec.get("frameworkParams") or spec.get("framework_params") or {}
         if isinstance(params, dict):
             for key in params:

@@ -24,6 +24,8 @@ class InaFramework(Framework):
     role_names = ("ps", "switch", "worker")
     required_roles = ("ps", "switch", "worker")
     default_dependencies = {"worker": ("switch",), "switch": ("ps",)}
+    single_instance_roles = ("ps",)
+    port_roles = {"ps": "", "switch": ""}
 
     def role_command(self, job: Job, role: Role) -> list[str] | None:
         if role.name == "ps":
@@ -35,10 +37,6 @@ class InaFramework(Framework):
     def validate(self, spec: dict[str, Any], roles: list[dict[str, Any]]) -> list[str]:
         errors = super().validate(spec, roles)
         for i, role in enumerate(roles):
-            if role.get("name") == "ps" and role.get("replicas", 1) != 1:
-                errors.append(f"spec.roles[{i}].replicas: the ina ps must have exactly 1 replica")
-            if role.get("name") in ("ps", "switch") and role.get("ports", 1) == 0:
-                errors.append(f"spec.roles[{i}].ports: the ina {role['name']} needs a port")
             if role.get("name") == "worker" and not 1 <= role.get("replicas", 1) <= 64:
                 errors.append(f"spec.roles[{i}].replicas: ina supports 1 to 64 workers")
         return errors

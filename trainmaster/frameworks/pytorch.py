@@ -7,7 +7,6 @@ Roles ``master`` (one instance, rank 0, whose first port is the rendezvous port)
 
 from __future__ import annotations
 
-from typing import Any
 
 from trainmaster.frameworks.base import Framework, InstanceContext
 from trainmaster.spec.model import Job, StatusPolicy
@@ -18,15 +17,8 @@ class PyTorchFramework(Framework):
     role_names = ("master", "worker")
     required_roles = ("master",)
     default_dependencies = {"worker": ("master",)}
-
-    def validate(self, spec: dict[str, Any], roles: list[dict[str, Any]]) -> list[str]:
-        errors = super().validate(spec, roles)
-        for i, role in enumerate(roles):
-            if role.get("name") == "master" and role.get("replicas", 1) != 1:
-                errors.append(f"spec.roles[{i}].replicas: the pytorch master must have exactly 1 replica")
-            if role.get("name") == "master" and role.get("ports", 1) == 0:
-                errors.append(f"spec.roles[{i}].ports: the pytorch master needs a port for rendezvous")
-        return errors
+    single_instance_roles = ("master",)
+    port_roles = {"master": " for rendezvous"}
 
     def defaults(self, job: Job) -> Job:
         job = super().defaults(job)
