@@ -82,11 +82,13 @@ def test_two_levels_with_workers_on_both(tier_factory) -> None:
     faults = FaultPlan(drop=0.03, seed=3)
     tier = tier_factory(levels=2, faults=faults)
     inputs = _inputs(1, 4, 30_000, 2, seed=2)
-    out = reduce_all(tier, inputs, 4, WorkerConfig(chunk=1024, retransmit_timeout=0.05),
+    out = reduce_all(tier, inputs, 4, WorkerConfig(chunk=1024, retransmit_timeout=0.3),
                      faults)
     assert_exact(inputs, out)
     top, *first = [query(s.address) for s in tier.switches]
-    assert all(f["partials_sent"] > 0 for f in first)
+    # A slow CI machine can time out every slice of one node (all diverted), never all of both.
+    assert all(f["partials_sent"] + f["flushes"] > 0 for f in first)
+    assert sum(f["partials_sent"] for f in first) > 0
     assert top["aggregated"] > 0
     assert sum(s["slots_in_use"] for s in [top, *first]) == 0
 
