@@ -80,3 +80,26 @@ def test_mapping_table_records_one_outcome_and_keeps_history(tmp_path: Path) -> 
     assert {k: v.outcome for k, v in again.legs("t1").items()} == {"m1": "result", "m9": "party_unavailable"}
     with create_engine(url).connect() as c:
         assert c.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+
+
+def test_parquet_data_file_gives_the_same_results_as_csv(tmp_path: Path) -> None:
+    """Party data files (spec: data held at the party) may be CSV or Parquet: the same table loads
+    from either and rules compute the same results; a data id with both files is refused."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "m1.csv").write_text("x,y\n" + "".join(f"{x},{y}\n" for x, y in zip(TABLE["x"], TABLE["y"])))
+    pq.write_table(pa.table({"x": TABLE["x"], "y": TABLE["y"].astype(np.int64)}), tmp_path / "data" / "m2.parquet")
+    path = resolve_data_file(tmp_path / "data", "m2")
+    assert path.suffix == ".parquet"
+    from_parquet, from_csv = load_table(path), load_table(resolve_data_file(tmp_path / "data", "m1"))
+    assert {k: v.tolist() for k, v in from_parquet.items()} == {k: v.tolist() for k, v in from_csv.items()}
+    call = RuleCall(rule="summary_stats", params={"columns": ["x", "y"]})
+    assert run_call(from_parquet, call) == run_call(from_csv, call)
+    pq.write_table(pa.table({"x": ["a", "b"]}), tmp_path / "data" / "m3.parquet")
+    with pytest.raises(RuleError, match="not numeric"):
+        load_table(tmp_path / "data" / "m3.parquet")
+    (tmp_path / "data" / "m2.csv").write_text("x\n1\n")
+    with pytest.raises(EnvelopeError, match="both a CSV and a Parquet"):
+        resolve_data_file(tmp_path / "data", "m2")

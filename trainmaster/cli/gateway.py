@@ -49,7 +49,7 @@ def gateway_serve(config: Path = typer.Option(..., "--config", help="The gateway
 @party_app.command("serve")
 def party_serve(
     config: Path = typer.Option(..., "--config", help="This party's config.yaml from `gateway init`."),
-    data: Path = typer.Option(..., "--data", help="Directory of <data_id>.csv files this party holds."),
+    data: Path = typer.Option(..., "--data", help="Directory of <data_id>.csv or <data_id>.parquet files this party holds."),
 ) -> None:
     """Run a party agent on its mutual-TLS port."""
     from trainmaster.gateway.party import build_party_app
