@@ -82,3 +82,20 @@ def test_immediate_restart_reregisters_the_address(harness: Harness, tmp_path: P
     state, status = harness.run(job("quick", [{"name": "w", "command": flaky(tmp_path / "n", 2),
         "restartPolicy": {"policy": "OnFailure", "maxRestarts": 3, "backoffSeconds": 0}}]))
     assert state == "succeeded" and status["instances"][0]["restarts"] == 2
+
+
+def test_an_instance_that_cannot_start_fails_by_its_policy(harness: Harness, tmp_path: Path) -> None:
+    """Restart policy applies to an attempt the OS refuses to start (missing workingDir): the
+    instance fails with reason StartFailed naming the path, and the other replicas still start."""
+    missing = tmp_path / "no-such-dir"
+    state, status = harness.run(job("nostart", [
+        {"name": "good", "replicas": 2, "command": py("pass")},
+        {"name": "bad", "command": py("pass"), "workingDir": str(missing),
+         "restartPolicy": {"policy": "OnFailure", "maxRestarts": 1, "backoffSeconds": 0.05}}]))
+    assert state == "failed"
+    by_role = {i["role"]: i for i in status["instances"] if i["state"] != "stopped"}
+    bad = by_role["bad"]
+    assert bad["reason"] == "StartFailed" and str(missing) in bad["message"]
+    assert bad["restarts"] == 1
+    good = [i for i in status["instances"] if i["role"] == "good"]
+    assert len(good) == 2 and all(i["pid"] for i in good)  # started beside the refused one

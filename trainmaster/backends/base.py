@@ -93,6 +93,11 @@ class Backend(ABC):
     def start(self, request: LaunchRequest) -> dict[str, Any]:
         """Start one attempt; return a JSON-able handle that identifies it safely."""
 
+    def start_all(self, requests: list[LaunchRequest]) -> list[dict[str, Any] | OSError]:
+        """Start several attempts, in order; one the OS refuses (a missing working directory,
+        an executable that cannot run) comes back as its ``OSError`` and the others still start."""
+        return [start_or_error(self, request) for request in requests]
+
     @abstractmethod
     def poll(self, handle: dict[str, Any]) -> Observation:
         """The instance's phase now."""
@@ -129,3 +134,11 @@ class Backend(ABC):
 
     def close(self) -> None:
         """Release backend-wide resources."""
+
+
+def start_or_error(backend: Backend, request: LaunchRequest) -> dict[str, Any] | OSError:
+    """``backend.start(request)``, with the OS's refusal returned instead of raised."""
+    try:
+        return backend.start(request)
+    except OSError as error:
+        return error

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,8 @@ import psutil
 
 import trainmaster
 
-from trainmaster.backends.base import Backend, Capacity, LaunchRequest, Observation, Phase, Placement
+from trainmaster.backends.base import (Backend, Capacity, LaunchRequest, Observation, Phase, Placement,
+                                       start_or_error)
 from trainmaster.runtime.files import InstanceFiles
 
 
@@ -32,6 +34,10 @@ _PACKAGE_ROOT = str(Path(trainmaster.__file__).resolve().parents[1])
 LAUNCHER_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(
     p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p)}
 
+
+# Spawning threads: the interpreter lets other threads run while one waits for its child's
+# exec, so a few threads start 64 replicas in about half the time of one loop.
+_SPAWN_THREADS = 4
 
 # An instance without dependencies has no wait step, so it does not need the Python runtime:
 # this POSIX-shell recorder does the rest of its job (mark ready, run, record the exit code)
@@ -85,6 +91,12 @@ class LocalBackend(Backend):
     def reserve_ports(self, ports: list[int]) -> None:
         """Hold ports an adopted instance already uses, so no new instance is given them."""
         self._reserved.update(ports)
+
+    def start_all(self, requests: list[LaunchRequest]) -> list[dict[str, Any] | OSError]:
+        if len(requests) < 2:
+            return super().start_all(requests)
+        with ThreadPoolExecutor(min(_SPAWN_THREADS, len(requests)), thread_name_prefix="spawn") as pool:
+            return list(pool.map(lambda request: start_or_error(self, request), requests))
 
     def start(self, request: LaunchRequest) -> dict[str, Any]:
         files = InstanceFiles(request.instance_dir)

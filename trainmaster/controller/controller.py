@@ -59,6 +59,7 @@ class Controller:
         self.max_jobs = max_jobs  # jobs admitted at once; the rest wait in their queue
         self.owner = owner  # the jobs this controller reconciles; others sharing the store are left alone
         self._lock = threading.RLock()  # one reconcile pass at a time (the server has threads)
+        self._specs: dict[int, tuple[dict[str, Any], Job]] = {}  # job id -> (stored spec, validated)
 
     # ---- queue -------------------------------------------------------------------------------
     def submit(self, loaded: LoadedJob) -> int:
@@ -105,8 +106,7 @@ class Controller:
         with self._lock, self.sessions() as session, metrics.RECONCILE.time():
             free = self._free_capacity(session)
             admitted = repo.admitted_active_count(session, self.owner)
-            for job_id in repo.active_job_ids(session, self.owner):
-                job = repo.load_job(session, job_id)
+            for job in repo.load_jobs(session, repo.active_job_ids(session, self.owner)):
                 if not job.admitted and not job.cancel_requested and admitted >= self.max_jobs:
                     self._set_job_state(session, job, Verdict(
                         JobState.PENDING, "Queued", f"{admitted} job(s) running, the most this controller runs at once"))
@@ -141,8 +141,17 @@ class Controller:
         return total.minus(sum(r[0] for r in rows), sum(r[1] for r in rows))
 
     # ---- one job -----------------------------------------------------------------------------
+    def _spec(self, job: JobRow) -> Job:
+        """The job's validated spec; validated again only when the stored one changed (scaling),
+        because a pass over a long queue would otherwise spend most of its time in validation."""
+        cached = self._specs.get(job.id)
+        if cached is None or cached[0] != job.spec:
+            cached = (job.spec, Job.model_validate(job.spec))
+            self._specs[job.id] = cached
+        return cached[1]
+
     def _reconcile(self, session: Session, job: JobRow, free: Capacity) -> Capacity:
-        spec = Job.model_validate(job.spec)
+        spec = self._spec(job)
         if job.cancel_requested:
             return self._finish(session, job, spec, Verdict(JobState.CANCELLED, "Cancelled",
                                                             "cancelled by the user"), free)
@@ -294,8 +303,13 @@ class Controller:
             free = free.minus(inst.cpu, inst.memory)
         if requests:
             session.commit()
-        for inst, request in requests:
-            self._spawn(session, job, inst, request)
+        started = self.backend.start_all([request for _, request in requests])
+        for (inst, request), handle in zip(requests, started):
+            if isinstance(handle, OSError):
+                free = self._on_exit(session, job, spec.spec.role(inst.role), inst, Observation(
+                    Phase.EXITED, exit_code=127, reason="StartFailed", message=_start_error(handle)), free)
+            else:
+                self._spawn(session, job, inst, request, handle)
         return free
 
     def _prepare(self, job: JobRow, spec: Job, inst: InstanceRow) -> LaunchRequest:
@@ -338,8 +352,9 @@ class Controller:
                              resources=role.resources.dump(), gated=bool(depends),
                              argv=launch["argv"], env=launch["env"])
 
-    def _spawn(self, session: Session, job: JobRow, inst: InstanceRow, request: LaunchRequest) -> None:
-        inst.handle = self.backend.start(request)
+    def _spawn(self, session: Session, job: JobRow, inst: InstanceRow, request: LaunchRequest,
+               handle: dict[str, Any]) -> None:
+        inst.handle = handle
         inst.pid = inst.handle.get("pid")
         repo.add_event(session, job.id, f"instance/{inst.label}", "Started",
                        f"attempt {inst.attempt} on {request.placement.address}"
@@ -407,9 +422,11 @@ class Controller:
                 job.running_at = utcnow()
             repo.add_event(session, job.id, "job", verdict.reason, verdict.message,
                            "Warning" if verdict.state in (JobState.FAILED, JobState.CANCELLED) else "Normal")
-        elif job.reason != verdict.reason or job.message != verdict.message:
+        elif job.reason != verdict.reason:
+            # a new reason is an event; a message that only updates figures (free capacity,
+            # counts) is not, or every queued job would log one per pass
             last = repo.last_event(session, job.id, "job")
-            if last is None or last.message != verdict.message:
+            if last is None or last.reason != verdict.reason:
                 repo.add_event(session, job.id, "job", verdict.reason, verdict.message)
         job.state, job.reason, job.message = new, verdict.reason, verdict.message
 
@@ -435,7 +452,14 @@ class Controller:
             repo.add_event(session, job.id, "job", "OutputStored", f"outputs copied to {job.output_path}")
         self._set_job_state(session, job, verdict)
         job.completed_at = utcnow()
+        self._specs.pop(job.id, None)
         return free
+
+
+def _start_error(error: OSError) -> str:
+    """The OS's reason an attempt could not start, naming the path and what to check."""
+    where = f" ({error.filename})" if error.filename else ""
+    return f"could not start: {error.strerror or error}{where}; check the role's command and workingDir"
 
 
 def _bundles(spec: Job) -> list[dict[str, Any]]:
