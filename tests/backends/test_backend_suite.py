@@ -34,16 +34,20 @@ def backend(request) -> Backend:
 
 
 def launch(backend: Backend, tmp_path: Path, code: str, name: str = "r", ports: int = 1) -> dict:
+    return backend.start(launch_request(backend, tmp_path, code, name, ports))
+
+
+def launch_request(backend: Backend, tmp_path: Path, code: str, name: str = "r", ports: int = 1,
+                   cwd: str | None = None) -> LaunchRequest:
     placement = backend.place(ports, {})
     files = InstanceFiles(tmp_path / name)
     argv, env = [PY, "-c", code], {"PATH": "/usr/bin:/bin"}
     files.write_launch({"argv": argv, "cwd": None, "env": env,
                         "role_env": {}, "depends": [], "db_url": "", "job_id": 1, "framework": "command",
                         "context": {"host": placement.host, "ports": placement.ports}})
-    request = LaunchRequest(job_id=1, job_name="t", role=name, index=0, attempt=1, placement=placement,
-                            launch_file=str(files.launch), instance_dir=str(files.dir),
-                            log_path=str(tmp_path / f"{name}.log"), argv=argv, env=env)
-    return backend.start(request)
+    return LaunchRequest(job_id=1, job_name="t", role=name, index=0, attempt=1, placement=placement,
+                         launch_file=str(files.launch), instance_dir=str(files.dir),
+                         log_path=str(tmp_path / f"{name}.log"), argv=argv, env=env, cwd=cwd)
 
 
 def runtime_pid(handle: dict) -> int:
@@ -134,3 +138,19 @@ def test_find_locates_a_live_instance_by_its_folder(backend: Backend, tmp_path: 
     assert successor.find(str(tmp_path / "never-started")) is None
     backend.stop([handle], grace=1)
     assert successor.find(handle["instance_dir"]) is None  # ended: nothing to adopt
+
+
+def test_start_all_starts_every_request_and_reports_a_refused_one(backend: Backend, tmp_path: Path) -> None:
+    """Start: a batch starts every instance; one whose working directory is missing is refused
+    (an OSError from start_all, or an exit with reason StartFailed when the backend learns it
+    later, as Ray does) without stopping the others."""
+    good = [launch_request(backend, tmp_path, "print('hi')", name=f"ok{n}") for n in range(3)]
+    bad = launch_request(backend, tmp_path, "pass", name="bad", cwd=str(tmp_path / "missing"))
+    results = backend.start_all([good[0], bad, *good[1:]])
+    refused = results.pop(1)
+    for handle in results:
+        assert not isinstance(handle, OSError)
+        assert wait_phase(backend, handle, {Phase.EXITED}, timeout=60).exit_code == 0
+    if not isinstance(refused, OSError):
+        obs = wait_phase(backend, refused, {Phase.EXITED, Phase.LOST}, timeout=60)
+        assert obs.reason == "StartFailed" and "missing" in obs.message

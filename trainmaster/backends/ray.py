@@ -27,7 +27,7 @@ from typing import Any
 
 import psutil
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -189,6 +189,11 @@ class RayBackend(Backend):
                 ray.get(started)
             except RayActorError as exc:
                 return self._gone(handle, f"the actor died while starting: {_first_line(exc)}")
+            except RayTaskError as exc:  # the node's OS refused the command (e.g. no workingDir)
+                refused = Observation(Phase.EXITED, exit_code=127, reason="StartFailed",
+                                      message=f"could not start: {_first_line(exc.cause or exc)}")
+                self._let_go(name, refused)
+                return refused
         try:
             obs = ray.get(actor.poll.remote(), timeout=CALL_TIMEOUT)
         except GetTimeoutError:
