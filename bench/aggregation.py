@@ -25,6 +25,8 @@ from typing import Any
 import psutil
 
 MiB = 1 << 20
+CHUNK = {"udp": 16000, "shm": 262144}  # elements per packet: ~64 KiB datagrams, 1 MiB in shm
+VARIANTS = {"ours": ("udp", 0.0), "ours-drop1%": ("udp", 0.01), "ours-shm": ("shm", 0.0)}
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -40,15 +42,15 @@ def _cpu_seconds(pids: list[int]) -> float:
 
 
 def _ours_worker(rank: int, world: int, switch: Any, sizes: list[int], reps: int,
-                 drop: float, start: Any, inner: Any, out: Any) -> None:
+                 drop: float, transport: str, start: Any, inner: Any, out: Any) -> None:
     import numpy as np
 
     from trainmaster.aggregation.transport import FaultPlan
     from trainmaster.aggregation.worker import AggregationClient, WorkerConfig
 
     faults = FaultPlan(drop=drop, seed=rank) if drop else None
-    cfg = WorkerConfig(chunk=16000, window=16)
-    client = AggregationClient(switch, 1, rank, world, cfg, faults)
+    cfg = WorkerConfig(chunk=CHUNK[transport], window=16)
+    client = AggregationClient(switch, 1, rank, world, cfg, faults, transport=transport)
     client.join()
     for size in sizes:
         x = np.random.default_rng(rank).standard_normal(size // 4).astype(np.float32)
@@ -107,11 +109,12 @@ def run_variant(variant: str, world: int, sizes: list[int], reps: int) -> dict[i
                              args=(r, world, port, sizes, reps, start, inner, out))
                  for r in range(world)]
     else:
-        drop = 0.01 if variant == "ours-drop1%" else 0.0
-        fabric = Fabric(slots=1024, faults=FaultPlan(drop=drop, seed=7)).start()
+        transport, drop = VARIANTS[variant]
+        fabric = Fabric(slots=1024, faults=FaultPlan(drop=drop, seed=7),
+                        transport=transport).start()
         procs = [ctx.Process(target=_ours_worker,
-                             args=(r, world, fabric.attach_point(r), sizes, reps, drop, start,
-                                   inner, out))
+                             args=(r, world, fabric.attach_point(r), sizes, reps, drop,
+                                   transport, start, inner, out))
                  for r in range(world)]
     for p in procs:
         p.start()

@@ -23,6 +23,7 @@ class ThreadTier:
     ps: ParameterNode
     switches: list[ForwardingNode]
     threads: list[threading.Thread] = field(default_factory=list)
+    transport: str = "udp"
 
     def attach(self, rank: int) -> Address:
         order = [*self.switches[1:], self.switches[0]]
@@ -36,14 +37,15 @@ class ThreadTier:
 
 
 def start_tier(slots: int = 64, levels: int = 1, faults: FaultPlan | None = None,
-               dead_after: float = 10.0) -> ThreadTier:
-    ps = ParameterNode(faults=faults, dead_after=dead_after)
-    top = ForwardingNode(ps.address, slots=slots, name="top", faults=faults)
+               dead_after: float = 10.0, transport: str = "udp") -> ThreadTier:
+    ps = ParameterNode(faults=faults, dead_after=dead_after, transport=transport)
+    top = ForwardingNode(ps.address, slots=slots, name="top", faults=faults, transport=transport)
     switches = [top]
     if levels == 2:
-        switches += [ForwardingNode(top.address, slots=slots, name=f"l1-{i}", faults=faults)
+        switches += [ForwardingNode(top.address, slots=slots, name=f"l1-{i}", faults=faults,
+                                    transport=transport)
                      for i in range(2)]
-    tier = ThreadTier(ps, switches)
+    tier = ThreadTier(ps, switches, transport=transport)
     for node in [ps, *switches]:
         t = threading.Thread(target=node.serve, daemon=True)
         t.start()
@@ -58,7 +60,8 @@ def reduce_all(tier: ThreadTier, inputs: dict[tuple[int, int], list[np.ndarray]]
     out: dict[tuple[int, int], Any] = {}
 
     def work(job: int, rank: int) -> None:
-        with AggregationClient(tier.attach(rank), job, rank, world, config, faults) as c:
+        with AggregationClient(tier.attach(rank), job, rank, world, config, faults,
+                               transport=tier.transport) as c:
             results = [(c.allreduce(x), c.last_error_bound) for x in inputs[(job, rank)]]
             out[(job, rank)] = (results, c.stats(), dict(c.slot_override))
 

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -16,19 +17,32 @@ import pytest
 from trainmaster.aggregation.fabric import Fabric, query
 from trainmaster.aggregation.worker import AggregationClient, AggregationError, WorkerConfig
 
+from aggregation_tier import tier_factory  # noqa: E402,F401
+
 pytestmark = pytest.mark.timeout(120)
 
 
-def _worker(conn, switch, rank, world) -> None:
-    # a long reduction, so the kill lands in the middle of it; survivors retransmit so rarely
-    # that their contributions sit in the forwarding node's slots until the abort frees them
-    cfg = WorkerConfig(chunk=1024, timeout=40.0, retransmit_timeout=30.0, min_retransmit_timeout=30.0,
+def _worker(conn, switch, rank, world, transport, victim) -> None:
+    # survivors retransmit so rarely that their contributions sit in the forwarding node's
+    # slots until the abort frees them; the victim stalls after its first result, so the kill
+    # always lands in the middle of its reduction whatever the machine's speed
+    cfg = WorkerConfig(chunk=1024 if transport == "udp" else 16384, timeout=60.0,
+                       retransmit_timeout=30.0, min_retransmit_timeout=30.0,
                        max_retransmit_timeout=30.0, gap_threshold=10**6)
-    client = AggregationClient(switch, 1, rank, world, cfg)
+    client = AggregationClient(switch, 1, rank, world, cfg, transport=transport)
+    if rank == victim:
+        accept = client._accept
+
+        def stall_after_first(*args, **kwargs):
+            accept(*args, **kwargs)
+            conn.send("mid-reduce")
+            time.sleep(600)
+
+        client._accept = stall_after_first
     try:
         client.join()
         conn.send("joined")
-        client.allreduce(np.ones(8_000_000, dtype=np.float32))
+        client.allreduce(np.ones(4_000_000, dtype=np.float32))
         conn.send("finished")
     except AggregationError as exc:
         conn.send(f"{type(exc).__name__}: {exc}")
@@ -36,36 +50,68 @@ def _worker(conn, switch, rank, world) -> None:
         client.close()
 
 
-def test_killed_worker_gives_clear_error_and_frees_slots() -> None:
-    """Worker death: a worker SIGKILLed mid-reduce -> the parameter node notices its silence,
+@pytest.mark.parametrize("transport", ["udp", "shm"])
+def test_killed_worker_gives_clear_error_and_frees_slots(transport: str) -> None:
+    """Worker death: a worker SIGKILLed mid-reduce -> the parameter node sees its process exit
+    (it watches the pid the worker's HELLO named; silence would take dead_after = 60 s here),
     aborts the job with a message naming it, the forwarding node frees the job's slots, and
     every surviving worker raises WorkerLostError instead of hanging."""
     ctx = mp.get_context("fork")
-    with Fabric(slots=64, dead_after=1.0) as fabric:
+    with Fabric(slots=64, dead_after=60.0, transport=transport) as fabric:
         pipes, procs = [], []
         for rank in range(3):
             parent, child = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_worker,
-                            args=(child, fabric.attach_point(rank), rank, 3))
+            p = ctx.Process(target=_worker, args=(child, fabric.attach_point(rank), rank, 3,
+                                                  transport, 2))
             p.start()
             pipes.append(parent)
             procs.append(p)
         for pipe in pipes:
-            assert pipe.poll(20) and pipe.recv() == "joined"
-        time.sleep(0.5)  # all three are now inside allreduce
+            assert pipe.poll(30) and pipe.recv() == "joined"
+        assert pipes[2].poll(30) and pipes[2].recv() == "mid-reduce"
         assert query(fabric.ps)["jobs_failed"] == 0
         os.kill(procs[2].pid, signal.SIGKILL)
         procs[2].join(5)
         for pipe in pipes[:2]:
-            assert pipe.poll(15), "a surviving worker hung"
+            assert pipe.poll(40), "a surviving worker hung"
             message = pipe.recv()
             assert message.startswith("WorkerLostError")
-            assert "worker 2" in message and "silent" in message
+            assert "worker 2 (its process exited)" in message
         switch = query(fabric.switches[0])
         assert switch["slots_in_use"] == 0 and switch["released_by_abort"] > 0
         assert query(fabric.ps)["jobs_failed"] == 1
         for p in procs[:2]:
             p.join(5)
+
+
+def test_silent_worker_is_declared_dead_after_dead_after(tier_factory) -> None:
+    """Worker death where its process cannot be watched (another host): liveness falls back
+    to silence. A fake worker that names no process joins, sends nothing more; the real
+    worker waiting in allreduce gets WorkerLostError naming the silent one."""
+    from trainmaster.aggregation.protocol import Header, Kind, encode
+    from trainmaster.aggregation.transport import UdpTransport
+    from trainmaster.aggregation.worker import WorkerLostError
+
+    tier = tier_factory(dead_after=1.0)
+    fake = UdpTransport("remote-worker")
+    errors: list[str] = []
+
+    def real() -> None:
+        with AggregationClient(tier.attach(0), 5, 0, 2, WorkerConfig(timeout=60.0)) as c:
+            try:
+                c.allreduce(np.ones(10_000, dtype=np.float32))
+            except WorkerLostError as exc:
+                errors.append(str(exc))
+
+    try:
+        fake.send(encode(Header(Kind.HELLO, 5, bitmap=0b10, fan_in=2)), tier.attach(1))
+        t = threading.Thread(target=real)
+        t.start()
+        t.join(60)
+        assert not t.is_alive(), "the waiting worker hung"
+        assert errors and "worker 1 (silent" in errors[0]
+    finally:
+        fake.close()
 
 
 def test_unreachable_fabric_is_a_clear_timeout() -> None:

@@ -14,8 +14,18 @@ from trainmaster.aggregation.protocol import INT_SATURATED
 from trainmaster.aggregation.quantize import shift_to
 
 
+def saturated(q: np.ndarray) -> bool:
+    """Any value at (or beyond) the saturation limit: two reductions, no temporary array."""
+    limit = int(INT_SATURATED)
+    return q.size > 0 and (int(q.max()) >= limit or int(q.min()) <= -limit)
+
+
 class IntSum:
-    """Wide (int64) sum of quantised values with exponent alignment and overflow detection."""
+    """Wide (int64) sum of quantised values with exponent alignment and overflow detection.
+
+    The first contribution is kept as int32 (a copy) and only widened when a second one
+    arrives, so a complete sum that arrives in one piece (the parameter node's normal path)
+    is checked and passed on without a wide copy."""
 
     __slots__ = ("values", "exponent", "bitmap", "overflow")
 
@@ -29,29 +39,33 @@ class IntSum:
         """Add a contribution; False (and no change) if any of its workers is already in."""
         if self.bitmap & bitmap:
             return False
-        saturated = bool(np.any(np.abs(q) >= INT_SATURATED)) if not overflow else True
+        if self.values is not None and q.size != self.values.size:
+            return False
+        overflow = overflow or saturated(q)
         if self.values is None:
-            self.values = q.astype(np.int64, copy=True)
+            self.values = np.array(q, copy=True)
             self.exponent = exponent
         else:
-            if q.size != self.values.size:
-                return False
+            if self.values.dtype != np.int64:
+                self.values = self.values.astype(np.int64)
             if exponent < self.exponent:
                 self.values = shift_to(self.values, self.exponent, exponent)
                 self.exponent = exponent
             elif exponent > self.exponent:
-                q = shift_to(q, exponent, self.exponent)
+                q = shift_to(q.astype(np.int64), exponent, self.exponent)
             self.values += q
         self.bitmap |= bitmap
-        self.overflow = self.overflow or overflow or saturated
+        self.overflow = self.overflow or overflow
         return True
 
     def wire(self) -> tuple[np.ndarray, bool]:
-        """Values as they leave this node (int32 range, saturated on overflow) and the flag."""
+        """Values as they leave this node (int32, saturated on overflow) and the flag."""
         assert self.values is not None
-        out_of_range = bool(np.any(np.abs(self.values) >= INT_SATURATED))
-        clipped = np.clip(self.values, -INT_SATURATED, INT_SATURATED)
-        return clipped, self.overflow or out_of_range
+        if self.values.dtype != np.int64:
+            return self.values, self.overflow  # one contribution: already checked by add
+        out_of_range = saturated(self.values)
+        wide = np.clip(self.values, -INT_SATURATED, INT_SATURATED) if out_of_range else self.values
+        return wide.astype(np.int32), self.overflow or out_of_range
 
 
 class FloatSum:
@@ -67,7 +81,7 @@ class FloatSum:
         if self.bitmap & bitmap:
             return False
         if self.values is None:
-            self.values = x.astype(np.float64, copy=True)
+            self.values = x.astype(np.float64)
         elif x.size != self.values.size:
             return False
         else:

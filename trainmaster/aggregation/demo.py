@@ -37,6 +37,7 @@ class DemoConfig:
     seed: int = 0
     faults: FaultPlan = FaultPlan()
     timeout: float = 60.0
+    transport: str = "udp"
 
 
 def demo_input(cfg: DemoConfig, job: int, rank: int, rnd: int) -> np.ndarray:
@@ -54,7 +55,8 @@ def _worker_main(conn: Any, cfg: DemoConfig, switch: Address, job: int, rank: in
     wcfg = WorkerConfig(chunk=cfg.chunk, quantizer=quantizer, timeout=cfg.timeout)
     report: dict[str, Any] = {"job": job, "rank": rank, "ok": True, "max_abs_error": 0.0,
                               "bound": 0.0, "error": None}
-    client = AggregationClient(switch, job, rank, cfg.workers, wcfg, cfg.faults)
+    client = AggregationClient(switch, job, rank, cfg.workers, wcfg, cfg.faults,
+                               transport=cfg.transport)
     try:
         client.join()
         elapsed = 0.0
@@ -86,7 +88,7 @@ def _worker_main(conn: Any, cfg: DemoConfig, switch: Address, job: int, rank: in
 def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     """Run the whole demo; the returned dict is what ``trainmaster aggregation demo`` prints."""
     ctx = mp.get_context("fork")
-    with Fabric(slots=cfg.slots, levels=cfg.levels, faults=cfg.faults,
+    with Fabric(slots=cfg.slots, levels=cfg.levels, faults=cfg.faults, transport=cfg.transport,
                 dead_after=max(10.0, cfg.timeout / 4)) as fabric:
         procs, pipes = [], []
         t0 = time.monotonic()

@@ -13,23 +13,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainmaster.aggregation.protocol import Header, Kind, decode, encode
-from trainmaster.aggregation.transport import Address, FaultPlan, UdpTransport
+from trainmaster.aggregation.transport import TRANSPORTS, Address, FaultPlan, UdpTransport
 
 
-def _serve_parameter_node(conn: Any, faults: FaultPlan, dead_after: float) -> None:
+def _serve_parameter_node(conn: Any, faults: FaultPlan, dead_after: float,
+                          transport: str) -> None:
     from trainmaster.aggregation.parameter_node import ParameterNode
 
-    node = ParameterNode(faults=faults, dead_after=dead_after)
+    node = ParameterNode(faults=faults, dead_after=dead_after, transport=transport)
     conn.send(node.address)
     conn.close()
     node.serve()
 
 
 def _serve_forwarding_node(conn: Any, parent: Address, slots: int, name: str,
-                           faults: FaultPlan) -> None:
+                           faults: FaultPlan, transport: str) -> None:
     from trainmaster.aggregation.switch import ForwardingNode
 
-    node = ForwardingNode(parent, slots=slots, name=name, faults=faults)
+    node = ForwardingNode(parent, slots=slots, name=name, faults=faults, transport=transport)
     conn.send(node.address)
     conn.close()
     node.serve()
@@ -56,27 +57,34 @@ def query(addr: Address, kind: Kind = Kind.STATS, timeout: float = 2.0,
 
 @dataclass
 class Fabric:
-    """A running tier: ``attach_points[i]`` is the forwarding node worker ``i`` talks to."""
+    """A running tier: ``attach_points[i]`` is the forwarding node worker ``i`` talks to.
+
+    ``transport`` ("udp" or "shm") is what the nodes use; workers should use the same."""
 
     slots: int = 64
     levels: int = 1
     faults: FaultPlan = field(default_factory=FaultPlan)
     dead_after: float = 10.0
     first_level_nodes: int = 2
+    transport: str = "udp"
     ps: Address | None = None
     switches: list[Address] = field(default_factory=list)
     processes: list[Any] = field(default_factory=list)
 
     def start(self) -> Fabric:
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}")
         ctx = mp.get_context("fork")
-        self.ps = self._spawn(ctx, _serve_parameter_node, (self.faults, self.dead_after))
+        self.ps = self._spawn(ctx, _serve_parameter_node,
+                              (self.faults, self.dead_after, self.transport))
         top = self._spawn(ctx, _serve_forwarding_node,
-                          (self.ps, self.slots, "switch-top", self.faults))
+                          (self.ps, self.slots, "switch-top", self.faults, self.transport))
         self.switches = [top]
         if self.levels >= 2:
             for i in range(self.first_level_nodes):
                 self.switches.append(self._spawn(
-                    ctx, _serve_forwarding_node, (top, self.slots, f"switch-l1-{i}", self.faults)))
+                    ctx, _serve_forwarding_node,
+                    (top, self.slots, f"switch-l1-{i}", self.faults, self.transport)))
         elif self.levels != 1:
             raise ValueError("levels must be 1 or 2")
         return self

@@ -12,12 +12,15 @@ message to the other workers, and every forwarding node frees the job's slots.
 from __future__ import annotations
 
 import json
+import os
+import select
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from trainmaster.aggregation.accumulator import FloatSum, IntSum
+from trainmaster.aggregation.memory import tune_allocator
 from trainmaster.aggregation.protocol import (
     Flag,
     Header,
@@ -26,10 +29,12 @@ from trainmaster.aggregation.protocol import (
     bits,
     decode,
     encode,
+    encode_parts,
     full_mask,
     values,
 )
-from trainmaster.aggregation.transport import Address, FaultPlan, UdpTransport
+from trainmaster.aggregation.transport import Address, FaultPlan, make_transport
+from trainmaster.aggregation.worker import host_identity
 
 
 @dataclass
@@ -38,7 +43,7 @@ class _Slice:
     floats: FloatSum | None = None  # set once the slice is on the exception path
     conflict: bool = False
     slot: int = 0
-    result: bytes | None = None  # encoded RESULT, kept for workers that lost it
+    result: tuple[Header, np.ndarray] | None = None  # the RESULT, kept for workers that lost it
 
 
 @dataclass
@@ -55,6 +60,7 @@ class _Job:
     busy: int = 0  # workers whose last heartbeat said they wait inside allreduce
     contributed: dict[int, int] = field(default_factory=dict)  # rank -> newest round it sent
     failed: str | None = None
+    processes: dict[int, tuple[int, int]] = field(default_factory=dict)  # rank -> (pid, pidfd)
 
 
 @dataclass
@@ -73,8 +79,9 @@ class ParameterNodeCounters:
 
 class ParameterNode:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, faults: FaultPlan | None = None,
-                 dead_after: float = 10.0, name: str = "ps"):
-        self.transport = UdpTransport(name, host, port, faults)
+                 dead_after: float = 10.0, name: str = "ps", transport: str = "udp"):
+        self.transport = make_transport(transport, name, host, port, faults)
+        self.host = host_identity()
         self.address = self.transport.address
         self.dead_after = dead_after
         self.jobs: dict[int, _Job] = {}
@@ -83,32 +90,29 @@ class ParameterNode:
 
     # ---- sending down ---------------------------------------------------------------------
     def _down(self, job: _Job, h: Header, payload: bytes | np.ndarray, *,
-              control: bool = False) -> bytes:
-        """Send to the workers in ``h.bitmap``, one datagram per next hop; returns the body."""
-        data = encode(h, payload)
-        self._send_encoded(job, data, h.bitmap, control=control)
-        return data
-
-    def _send_encoded(self, job: _Job, data: bytes, mask: int, *, control: bool = False) -> None:
+              control: bool = False) -> None:
+        """Send to the workers in ``h.bitmap``, one packet per next hop."""
         hops: dict[Address, int] = {}
-        for rank in bits(mask):
+        for rank in bits(h.bitmap):
             hop = job.routes.get(rank)
             if hop is not None:
                 hops[hop] = hops.get(hop, 0) | 1 << rank
         for hop, sub in hops.items():
-            h, body = decode(data)
-            self.transport.send(encode(h.with_(bitmap=sub), body), hop, control=control)
+            self.transport.send(encode_parts(h.with_(bitmap=sub), payload), hop, control=control)
 
     # ---- up-going -------------------------------------------------------------------------
-    def _on_hello(self, h: Header, src: Address) -> None:
+    def _on_hello(self, h: Header, body: bytes | memoryview, src: Address) -> None:
         job = self.jobs.get(h.job)
         if job is None or job.failed or job.fan_in != h.fan_in:
+            if job is not None:
+                self._close_watches(job)
             job = self.jobs[h.job] = _Job(h.fan_in)
         job.registered |= h.bitmap
         now = time.monotonic()
         for rank in bits(h.bitmap):
             job.routes[rank] = src
             job.last_seen[rank] = now
+            self._watch(job, rank, body)
         if job.registered == full_mask(job.fan_in):
             # the WELCOME is the job's barrier: every forwarding node now knows every route
             target = full_mask(job.fan_in) if job.pool == 0 else h.bitmap
@@ -139,7 +143,8 @@ class ParameterNode:
         if sl.result is not None:
             if h.has(Flag.RETRANSMIT):
                 self.counters.results_resent += 1
-                self._send_encoded(job, sl.result, h.bitmap)
+                head, payload = sl.result
+                self._down(job, head.with_(bitmap=h.bitmap), payload)
             else:
                 self.counters.duplicates_ignored += 1
             return
@@ -194,41 +199,85 @@ class ParameterNode:
             flags |= Flag.CONFLICT
         head = Header(Kind.RESULT, h.job, h.round, h.seq, full_mask(job.fan_in), job.fan_in,
                       slot, exponent, payload.size, flags)
-        sl.result = self._down(job, head, payload)
+        self._down(job, head, payload)
+        sl.result = (head, payload)  # the sums own their arrays: no view of a receive buffer
         sl.ints = IntSum()
         sl.floats = None
 
     # ---- liveness -------------------------------------------------------------------------
+    def _watch(self, job: _Job, rank: int, hello: bytes | memoryview) -> None:
+        """Watch the worker's process when it runs where this node can see it (same boot and
+        pid namespace, from its HELLO): its exit is then noticed at once, not after silence."""
+        try:
+            me = json.loads(bytes(hello)) if len(hello) else {}
+        except ValueError:
+            return
+        pid = me.get("pid")
+        if not self.host or me.get("host") != self.host or not isinstance(pid, int):
+            return
+        old = job.processes.get(rank)
+        if old is not None:
+            if old[0] == pid:
+                return  # a repeated HELLO
+            if old[1] >= 0:
+                os.close(old[1])  # the rank re-joined from another process
+            del job.processes[rank]
+        try:
+            job.processes[rank] = (pid, os.pidfd_open(pid))
+        except ProcessLookupError:
+            job.processes[rank] = (pid, -1)  # already gone
+        except (OSError, AttributeError):
+            pass  # no pidfd on this kernel: silence detection only
+
+    @staticmethod
+    def _exited(job: _Job, rank: int) -> bool:
+        pid, fd = job.processes.get(rank, (0, 0))
+        if not pid:
+            return False
+        return fd < 0 or bool(select.select([fd], [], [], 0)[0])  # readable once it exited
+
+    @staticmethod
+    def _close_watches(job: _Job) -> None:
+        for _, fd in job.processes.values():
+            if fd >= 0:
+                os.close(fd)
+        job.processes.clear()
+
     def _check_liveness(self) -> None:
         now = time.monotonic()
         for job_id, job in self.jobs.items():
             if job.failed or job.registered != full_mask(job.fan_in):
                 continue
             # A worker that left cleanly had every result, so it is only missed in a later round.
-            # A silent (crashed) one is missed if a slice still lacks it or another worker waits.
+            # A dead one (its process exited, or silent for dead_after) is missed if a slice
+            # still lacks it or another worker waits.
             pending = [sl.ints.bitmap | (sl.floats.bitmap if sl.floats else 0)
                        for sl in job.slices.values() if sl.result is None]
-            silent = []
+            lost: dict[int, str] = {}
             for r in bits(job.registered):
                 if job.left >> r & 1:
                     if job.busy_round > job.contributed.get(r, 0):
-                        silent.append(r)
-                elif now - job.last_seen.get(r, now) > self.dead_after and (
-                        any(not (b >> r & 1) for b in pending) or job.busy & ~(1 << r)):
-                    silent.append(r)
-            if silent:
-                self._fail(job_id, job, silent, now)
+                        lost[r] = "left"
+                    continue
+                missed = any(not (b >> r & 1) for b in pending) or job.busy & ~(1 << r)
+                if not missed:
+                    continue
+                if self._exited(job, r):
+                    lost[r] = "its process exited"
+                elif now - job.last_seen.get(r, now) > self.dead_after:
+                    lost[r] = f"silent {now - job.last_seen[r]:.1f} s"
+            if lost:
+                self._fail(job_id, job, lost)
 
-    def _fail(self, job_id: int, job: _Job, silent: list[int], now: float) -> None:
-        ages = ", ".join(
-            f"worker {r} ({'left' if job.left >> r & 1 else f'silent {now - job.last_seen[r]:.1f} s'})"
-            for r in silent)
+    def _fail(self, job_id: int, job: _Job, lost: dict[int, str]) -> None:
+        ages = ", ".join(f"worker {r} ({why})" for r, why in lost.items())
         job.failed = (f"job {job_id}: {ages}; the reduction cannot complete, so the parameter "
                       f"node aborted it and the forwarding nodes released its slots")
         self.counters.jobs_failed += 1
         head = Header(Kind.ABORT, job_id, bitmap=full_mask(job.fan_in), fan_in=job.fan_in)
         self._down(job, head, job.failed.encode())
         job.slices.clear()
+        self._close_watches(job)
 
     # ---- loop -----------------------------------------------------------------------------
     def stats(self) -> dict[str, object]:
@@ -236,16 +285,19 @@ class ParameterNode:
                 "jobs_failed_reasons": [j.failed for j in self.jobs.values() if j.failed],
                 "transport": self.transport.counters.as_dict()}
 
-    def handle(self, datagram: bytes, src: Address) -> None:
+    def handle(self, datagram: bytes | memoryview, src: Address) -> None:
         try:
             h, body = decode(datagram)
+            self.counters.packets_in += 1
+            self._dispatch(h, body, src)
         except (ProtocolError, ValueError):
-            return
-        self.counters.packets_in += 1
+            return  # not a valid packet (wrong version, short payload): like a corrupted one
+
+    def _dispatch(self, h: Header, body: bytes | memoryview, src: Address) -> None:
         if h.kind == Kind.DATA:
             self._on_data(h, body)
         elif h.kind == Kind.HELLO:
-            self._on_hello(h, src)
+            self._on_hello(h, body, src)
         elif h.kind == Kind.HEARTBEAT:
             job = self.jobs.get(h.job)
             if job is not None:
@@ -264,6 +316,7 @@ class ParameterNode:
             self._running = False
 
     def serve(self, until: float | None = None) -> None:
+        tune_allocator()
         next_check = time.monotonic() + 0.25
         while self._running and (until is None or time.monotonic() < until):
             got = self.transport.recv(0.1)

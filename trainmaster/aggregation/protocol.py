@@ -21,7 +21,7 @@ VERSION = 1
 _HEADER = struct.Struct("!BBHIIIQHHhI")
 HEADER_SIZE = _HEADER.size
 MAX_DATAGRAM = 65507  # largest UDP payload over IPv4
-MAX_ELEMENTS = (MAX_DATAGRAM - HEADER_SIZE) // 4
+MAX_ELEMENTS = (MAX_DATAGRAM - HEADER_SIZE) // 4  # per packet over UDP; shared memory allows more
 MAX_WORKERS = 64  # the worker bitmap is 64 bits wide
 INT_SATURATED = np.int64(2**31 - 1)  # the value a forwarding node writes when a sum overflows
 
@@ -83,10 +83,12 @@ class ProtocolError(ValueError):
     """A datagram that is not a valid packet of this protocol version."""
 
 
-def encode(header: Header, payload: bytes | np.ndarray = b"") -> bytes:
+def encode_parts(header: Header, payload: bytes | memoryview | np.ndarray = b"") -> list:
+    """Header bytes and the payload as a byte view: what ``Transport.send`` takes, no copy of
+    the payload (a numeric array is only converted when it is not already int32/float32)."""
     if isinstance(payload, np.ndarray):
-        wire = payload.astype("<f4" if header.has(Flag.FLOAT) else "<i4", copy=False)
-        body = wire.tobytes()
+        wire = np.ascontiguousarray(payload, dtype="<f4" if header.has(Flag.FLOAT) else "<i4")
+        body: bytes | memoryview = memoryview(wire).cast("B")
         count = payload.size
     elif header.kind in (Kind.DATA, Kind.RESULT):
         body = payload  # an already-encoded numeric payload being forwarded
@@ -97,10 +99,15 @@ def encode(header: Header, payload: bytes | np.ndarray = b"") -> bytes:
     head = _HEADER.pack(header.version, int(header.kind), int(header.flags), header.job,
                         header.round, header.seq, header.bitmap, header.fan_in,
                         header.slot & 0xFFFF, header.exponent, count)
-    return head + body
+    return [head, body]
 
 
-def decode(datagram: bytes) -> tuple[Header, bytes]:
+def encode(header: Header, payload: bytes | memoryview | np.ndarray = b"") -> bytes:
+    """One datagram as bytes (control messages, tests); the data path uses ``encode_parts``."""
+    return b"".join(encode_parts(header, payload))
+
+
+def decode(datagram: bytes | memoryview) -> tuple[Header, bytes | memoryview]:
     if len(datagram) < HEADER_SIZE:
         raise ProtocolError(f"datagram of {len(datagram)} bytes is shorter than the header")
     version, kind, flags, job, rnd, seq, bitmap, fan_in, slot, exponent, count = \
@@ -112,13 +119,15 @@ def decode(datagram: bytes) -> tuple[Header, bytes]:
     return header, datagram[HEADER_SIZE:]
 
 
-def values(header: Header, body: bytes) -> np.ndarray:
-    """The numeric payload: int64 for quantised values (so sums never wrap), float64 for floats."""
-    if header.has(Flag.FLOAT):
-        arr = np.frombuffer(body, dtype="<f4", count=header.count)
-        return arr.astype(np.float64)
-    arr = np.frombuffer(body, dtype="<i4", count=header.count)
-    return arr.astype(np.int64)
+def values(header: Header, body: bytes | memoryview) -> np.ndarray:
+    """The numeric payload as a read-only view (int32, or float32 with the FLOAT flag).
+
+    No copy: the view lives as long as the received buffer, so whoever keeps values copies
+    them (the aggregators do, into their own wide sums)."""
+    dtype = "<f4" if header.has(Flag.FLOAT) else "<i4"
+    if len(body) < 4 * header.count:
+        raise ProtocolError(f"payload of {len(body)} bytes, header says {header.count} elements")
+    return np.frombuffer(body, dtype=dtype, count=header.count)
 
 
 def full_mask(fan_in: int) -> int:

@@ -29,7 +29,7 @@ class FixedScale:
     exponent: int = 16
     name: str = "fixed"
 
-    def choose_exponent(self, chunk: np.ndarray, fan_in: int) -> int:
+    def choose_exponent(self, chunk: np.ndarray, fan_in: int, peak: float | None = None) -> int:
         return self.exponent
 
 
@@ -37,8 +37,9 @@ class FixedScale:
 class BlockFloat:
     name: str = "block"
 
-    def choose_exponent(self, chunk: np.ndarray, fan_in: int) -> int:
-        peak = float(np.max(np.abs(chunk))) if chunk.size else 0.0
+    def choose_exponent(self, chunk: np.ndarray, fan_in: int, peak: float | None = None) -> int:
+        """``peak``: the chunk's largest magnitude if the caller already knows it."""
+        peak = peak_magnitude(chunk) if peak is None else peak
         if peak == 0.0:
             return MAX_EXPONENT // 4
         headroom = max(1, math.ceil(math.log2(max(fan_in, 2))))
@@ -50,14 +51,48 @@ class BlockFloat:
 Quantizer = FixedScale | BlockFloat
 
 
-def quantize(chunk: np.ndarray, exponent: int) -> np.ndarray:
-    """Round to nearest; values beyond the int32 range become the saturated value."""
-    scaled = np.rint(np.ldexp(chunk.astype(np.float64), exponent))
-    return np.clip(scaled, -INT_SATURATED, INT_SATURATED).astype(np.int64)
+def peak_magnitude(x: np.ndarray) -> float:
+    """Largest |x| in two allocation-free reductions (np.abs would copy the chunk)."""
+    if x.size == 0:
+        return 0.0
+    return max(float(x.max()), -float(x.min()))
+
+
+# the largest float32 below 2**31: scaled values up to it convert to int32 exactly
+_F32_BELOW_2_31 = float(np.nextafter(np.float32(2.0**31), np.float32(0)))
+
+
+def quantize(chunk: np.ndarray, exponent: int, peak: float | None = None) -> np.ndarray:
+    """Round to nearest (int32); values beyond the int32 range become the saturated value.
+
+    Fast path in float32: multiplying by a power of two is exact in float32 and ``rint`` of a
+    float32 is exact, so the result equals the float64 computation whenever every scaled value
+    stays below 2**31 (checked from the chunk's peak); otherwise the float64 path clips."""
+    chunk = np.asarray(chunk, dtype=np.float32)
+    peak = peak_magnitude(chunk) if peak is None else peak
+    if -126 <= exponent <= 127 and peak * 2.0**exponent <= _F32_BELOW_2_31:
+        scaled = np.multiply(chunk, np.float32(2.0**exponent), dtype=np.float32)
+        np.rint(scaled, out=scaled)
+        return scaled.astype(np.int32)
+    wide = np.rint(np.ldexp(chunk.astype(np.float64), exponent))
+    return np.clip(wide, -INT_SATURATED, INT_SATURATED).astype(np.int32)
 
 
 def dequantize(q: np.ndarray, exponent: int) -> np.ndarray:
+    """Exact float64 values ``q * 2**-exponent``."""
     return np.ldexp(q.astype(np.float64), -exponent)
+
+
+def dequantize_into(q: np.ndarray, exponent: int, out: np.ndarray) -> None:
+    """Write ``q * 2**-exponent`` into the float32 array ``out`` in one pass.
+
+    Converting the integer to float32 rounds once and scaling by a power of two is exact, so
+    this equals rounding the exact float64 value to float32 (outside float32's normal range
+    of scales it goes through float64)."""
+    if -126 <= -exponent <= 127:
+        np.multiply(q, np.float32(2.0**-exponent), out=out, dtype=np.float32, casting="unsafe")
+    else:
+        out[...] = dequantize(q, exponent)
 
 
 def shift_to(q: np.ndarray, from_exponent: int, to_exponent: int) -> np.ndarray:

@@ -17,6 +17,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from trainmaster.aggregation.accumulator import IntSum
+from trainmaster.aggregation.memory import tune_allocator
 from trainmaster.aggregation.protocol import (
     Flag,
     Header,
@@ -25,9 +26,10 @@ from trainmaster.aggregation.protocol import (
     bits,
     decode,
     encode,
+    encode_parts,
     values,
 )
-from trainmaster.aggregation.transport import Address, FaultPlan, UdpTransport
+from trainmaster.aggregation.transport import Address, FaultPlan, make_transport
 
 Key = tuple[int, int, int]
 
@@ -84,13 +86,14 @@ class ForwardingNode:
     """One forwarding node process' state and loop (``serve``)."""
 
     def __init__(self, parent: Address, slots: int = 64, name: str = "switch",
-                 host: str = "127.0.0.1", port: int = 0, faults: FaultPlan | None = None):
+                 host: str = "127.0.0.1", port: int = 0, faults: FaultPlan | None = None,
+                 transport: str = "udp"):
         if slots < 1 or slots > 0xFFFF:
             raise ValueError("a forwarding node needs between 1 and 65535 slots")
         self.parent = parent
         self.pool_size = slots
         self.pool: list[_Slot | None] = [None] * slots
-        self.transport = UdpTransport(name, host, port, faults)
+        self.transport = make_transport(transport, name, host, port, faults)
         self.address = self.transport.address
         self.counters = SwitchCounters()
         self.jobs: dict[int, _Job] = {}
@@ -104,12 +107,12 @@ class ForwardingNode:
         job.local_mask |= h.bitmap
         for rank in bits(h.bitmap):
             job.routes[rank] = src
-        self.transport.send(encode(h, body), self.parent)
+        self.transport.send(encode_parts(h, body), self.parent)
 
     def _forward_up(self, h: Header, body: bytes, extra: Flag = Flag.NONE) -> None:
         self.counters.forwarded += 1
-        self.transport.send(encode(h.with_(flags=h.flags | Flag.AGGREGATE_AT_PS | extra), body),
-                            self.parent)
+        self.transport.send(
+            encode_parts(h.with_(flags=h.flags | Flag.AGGREGATE_AT_PS | extra), body), self.parent)
 
     def _flush(self, index: int) -> None:
         """Hand a slot's partial sum to the parameter node (a retransmission arrived)."""
@@ -120,7 +123,7 @@ class ForwardingNode:
         flags = Flag.AGGREGATE_AT_PS | (Flag.OVERFLOW if overflow else Flag.NONE)
         head = Header(Kind.DATA, job, rnd, seq, slot.sum.bitmap, slot.fan_in, index,
                       slot.sum.exponent, q.size, flags)
-        self.transport.send(encode(head, q), self.parent)
+        self.transport.send(encode_parts(head, q), self.parent)
         self.counters.flushes += 1
         self._free(index)
 
@@ -164,7 +167,7 @@ class ForwardingNode:
             flags = Flag.OVERFLOW if overflow else Flag.NONE
             head = Header(Kind.DATA, h.job, h.round, h.seq, slot.sum.bitmap, h.fan_in, h.slot,
                           slot.sum.exponent, q.size, flags)
-            self.transport.send(encode(head, q), self.parent)
+            self.transport.send(encode_parts(head, q), self.parent)
             self.counters.partials_sent += 1
             self.finished.add(key)
             self._free(index)
@@ -180,7 +183,7 @@ class ForwardingNode:
             if hop is not None:
                 hops[hop] = hops.get(hop, 0) | 1 << rank
         for hop, mask in hops.items():
-            self.transport.send(encode(h.with_(bitmap=mask), body), hop)
+            self.transport.send(encode_parts(h.with_(bitmap=mask), body), hop)
 
     def _on_down(self, h: Header, body: bytes) -> None:
         if h.kind == Kind.RESULT:
@@ -213,18 +216,21 @@ class ForwardingNode:
         return {"role": "switch", "pool": self.pool_size, "slots_in_use": self.slots_in_use(),
                 **self.counters.__dict__, "transport": self.transport.counters.as_dict()}
 
-    def handle(self, datagram: bytes, src: Address) -> None:
+    def handle(self, datagram: bytes | memoryview, src: Address) -> None:
         try:
             h, body = decode(datagram)
+            self.counters.packets_in += 1
+            self._dispatch(h, body, src)
         except (ProtocolError, ValueError):
-            return
-        self.counters.packets_in += 1
+            return  # not a valid packet (wrong version, short payload): like a corrupted one
+
+    def _dispatch(self, h: Header, body: bytes | memoryview, src: Address) -> None:
         if h.kind == Kind.DATA:
             self._on_data(h, body)
         elif h.kind in (Kind.HELLO,):
             self._on_hello(h, body, src)
         elif h.kind in (Kind.HEARTBEAT, Kind.BYE):
-            self.transport.send(encode(h, body), self.parent)
+            self.transport.send(encode_parts(h, body), self.parent)
         elif h.kind in (Kind.RESULT, Kind.EXCEPTION, Kind.WELCOME, Kind.ABORT):
             self._on_down(h, body)
         elif h.kind == Kind.STATS:
@@ -234,6 +240,7 @@ class ForwardingNode:
             self._running = False
 
     def serve(self, until: float | None = None) -> None:
+        tune_allocator()
         while self._running and (until is None or time.monotonic() < until):
             got = self.transport.recv(0.2)
             if got is not None:

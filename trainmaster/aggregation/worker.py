@@ -10,7 +10,9 @@ float32. A heartbeat thread keeps the parameter node aware that this worker is a
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -18,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from trainmaster.aggregation.memory import tune_allocator
 from trainmaster.aggregation.protocol import (
     HEADER_SIZE,
     MAX_ELEMENTS,
@@ -28,17 +31,32 @@ from trainmaster.aggregation.protocol import (
     ProtocolError,
     decode,
     encode,
+    encode_parts,
     slot_id,
     values,
 )
 from trainmaster.aggregation.quantize import (
     BlockFloat,
     Quantizer,
-    dequantize,
+    dequantize_into,
     error_bound,
+    peak_magnitude,
     quantize,
 )
-from trainmaster.aggregation.transport import Address, FaultPlan, UdpTransport
+from trainmaster.aggregation.transport import Address, FaultPlan, make_transport
+
+DEFAULT_CHUNK = {"udp": 4096, "shm": 1 << 20}  # elements per slice: 16 KiB datagrams / 4 MiB
+
+
+def host_identity() -> str:
+    """Boot id and pid namespace: two processes with the same identity can see each other's
+    pids, so a node may watch a worker's process instead of waiting for its silence."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return ""
 
 
 class AggregationError(RuntimeError):
@@ -76,7 +94,7 @@ class _InFlight:
 
 @dataclass
 class WorkerConfig:
-    chunk: int = 4096
+    chunk: int | None = None  # elements per slice; None: DEFAULT_CHUNK of the transport
     window: int = 64
     retransmit_timeout: float = 0.2  # initial; then adapted to the measured round trip
     min_retransmit_timeout: float = 0.02
@@ -85,6 +103,8 @@ class WorkerConfig:
     timeout: float = 30.0  # no progress for this long -> AggregationError
     heartbeat: float = 0.5
     quantizer: Quantizer = field(default_factory=BlockFloat)
+    # keep freed megabyte buffers in this process' heap (see memory.py): no page faults per slice
+    tune_allocator: bool = True
 
 
 class AggregationClient:
@@ -92,16 +112,22 @@ class AggregationClient:
 
     def __init__(self, switch: Address, job: int, rank: int, world: int,
                  config: WorkerConfig | None = None, faults: FaultPlan | None = None,
-                 host: str = "127.0.0.1"):
+                 host: str = "127.0.0.1", transport: str = "udp"):
         if not 0 <= rank < world <= MAX_WORKERS:
             raise ValueError(f"rank {rank} / world {world}: need 0 <= rank < world <= "
                              f"{MAX_WORKERS}")
         self.config = config or WorkerConfig()
-        if not 1 <= self.config.chunk <= MAX_ELEMENTS:
-            raise ValueError(f"chunk must be between 1 and {MAX_ELEMENTS} elements")
+        if self.config.tune_allocator:
+            tune_allocator()
+        self.transport = make_transport(transport, f"worker{job}.{rank}", host, 0, faults)
+        self.chunk = self.config.chunk or DEFAULT_CHUNK[transport]
+        limit = (self.transport.max_packet - HEADER_SIZE) // 4
+        if not 1 <= self.chunk <= limit:
+            self.transport.close()
+            raise ValueError(f"chunk must be between 1 and {limit} elements on the "
+                             f"{transport} transport (UDP: {MAX_ELEMENTS})")
         self.switch, self.job, self.rank, self.world = switch, job, rank, world
         self.bit = 1 << rank
-        self.transport = UdpTransport(f"worker{job}.{rank}", host, 0, faults)
         self.counters = WorkerCounters()
         self.round = 0
         self.window = 1
@@ -119,7 +145,8 @@ class AggregationClient:
         """Register with the fabric and wait until every worker of the job has (a barrier)."""
         if self._joined:
             return
-        hello = encode(Header(Kind.HELLO, self.job, bitmap=self.bit, fan_in=self.world))
+        me = json.dumps({"pid": os.getpid(), "host": host_identity()}).encode()
+        hello = encode(Header(Kind.HELLO, self.job, bitmap=self.bit, fan_in=self.world), me)
         deadline = time.monotonic() + self.config.timeout
         next_hello = 0.0
         while True:
@@ -139,7 +166,7 @@ class AggregationClient:
             h, _ = self._decode(got[0])
             if h is not None and h.kind == Kind.WELCOME and h.job == self.job:
                 pool = h.slot or 1
-                per_packet = HEADER_SIZE + 4 * self.config.chunk
+                per_packet = HEADER_SIZE + 4 * self.chunk
                 by_buffer = max(1, self.transport.receive_buffer // (2 * per_packet))
                 self.window = max(1, min(self.config.window, pool, by_buffer))
                 self._joined = True
@@ -180,7 +207,8 @@ class AggregationClient:
         except (ProtocolError, ValueError):
             return None, b""
 
-    def _send_slice(self, x: np.ndarray, fl: _InFlight, retransmit: bool) -> None:
+    def _send_slice(self, x: np.ndarray, fl: _InFlight, retransmit: bool,
+                    peak: float | None = None) -> None:
         chunk = x[fl.start:fl.stop]
         slot = self.slot_override.get(fl.seq, slot_id(self.job, fl.seq))
         flags = Flag.NONE
@@ -191,11 +219,11 @@ class AggregationClient:
             payload = chunk
             exponent = 0
         else:
-            exponent = self.config.quantizer.choose_exponent(chunk, self.world)
-            payload = quantize(chunk, exponent)
+            exponent = self.config.quantizer.choose_exponent(chunk, self.world, peak)
+            payload = quantize(chunk, exponent, peak)
         head = Header(Kind.DATA, self.job, self.round, fl.seq, self.bit, self.world, slot,
                       exponent, chunk.size, flags)
-        self.transport.send(encode(head, payload), self.switch)
+        self.transport.send(encode_parts(head, payload), self.switch)
         self.counters.packets_sent += 1
         fl.sends += 1
         fl.sent_at = time.monotonic()
@@ -210,10 +238,13 @@ class AggregationClient:
         torch_like = hasattr(array, "detach") and hasattr(array, "numpy")
         src = array.detach().cpu().numpy() if torch_like else np.asarray(array)
         x = np.ascontiguousarray(src, dtype=np.float32).ravel()
-        if not np.all(np.isfinite(x)):
+        # each slice's peak, found once (two reductions, no temporary array) and used both to
+        # refuse NaN/infinity before anything is sent and to choose the slice's scale
+        peaks = [peak_magnitude(x[i:i + self.chunk]) for i in range(0, max(x.size, 1), self.chunk)]
+        if not all(math.isfinite(p) for p in peaks):
             raise ValueError("allreduce input contains NaN or infinity")
         try:
-            out, bound = self._reduce(x)
+            out, bound = self._reduce(x, peaks)
         finally:
             self._busy_round = 0
         self.last_error_bound = bound.reshape(src.shape)
@@ -238,16 +269,16 @@ class AggregationClient:
             self._rttvar = 0.75 * self._rttvar + 0.25 * abs(self._srtt - rtt)
             self._srtt = 0.875 * self._srtt + 0.125 * rtt
 
-    def _reduce(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _reduce(self, x: np.ndarray, peaks: list[float]) -> tuple[np.ndarray, np.ndarray]:
         cfg = self.config
         started = time.monotonic()
         self.round += 1
         self._busy_round = self.round
         n = x.size
-        chunk = cfg.chunk
+        chunk = self.chunk
         total = max(1, math.ceil(n / chunk))
         out = np.empty(n, dtype=np.float32)
-        bound = np.zeros(n, dtype=np.float32)
+        bound = np.empty(n, dtype=np.float32)  # every slice's part is written by _accept
         pending: dict[int, _InFlight] = {}
         next_seq = done = 0
         last_progress = time.monotonic()
@@ -256,7 +287,7 @@ class AggregationClient:
                 fl = _InFlight(next_seq, next_seq * chunk, min(n, (next_seq + 1) * chunk), 0.0,
                                self._rto())
                 pending[next_seq] = fl
-                self._send_slice(x, fl, retransmit=False)
+                self._send_slice(x, fl, retransmit=False, peak=peaks[next_seq])
                 next_seq += 1
             now = time.monotonic()
             if now - last_progress > cfg.timeout:
@@ -301,7 +332,7 @@ class AggregationClient:
                     else:
                         fl.rto = min(fl.rto * 2, cfg.max_retransmit_timeout)
                     self.counters.retransmits += 1
-                    self._send_slice(x, fl, retransmit=True)
+                    self._send_slice(x, fl, retransmit=True, peak=peaks[fl.seq])
         self.counters.elements_reduced += n
         self.counters.seconds_in_allreduce += time.monotonic() - started
         return out, bound
@@ -317,7 +348,7 @@ class AggregationClient:
             out[fl.start:fl.stop] = vals
             bound[fl.start:fl.stop] = 0.0
         else:
-            out[fl.start:fl.stop] = dequantize(vals, h.exponent)
+            dequantize_into(vals, h.exponent, out[fl.start:fl.stop])
             bound[fl.start:fl.stop] = error_bound(h.exponent, self.world)
         if h.has(Flag.CONFLICT):
             self.slot_override[h.seq] = h.slot
