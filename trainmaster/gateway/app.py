@@ -10,21 +10,28 @@ one slow task or party from blocking others; past the global cap it answers 429.
 from __future__ import annotations
 
 import asyncio
+import os
+from collections.abc import Iterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator
 
 import httpx
 from fastapi import FastAPI, HTTPException
+from fastapi.responses import StreamingResponse
 
-from trainmaster.gateway.crypto import EnvelopeError
+from trainmaster.gateway.crypto import EnvelopeError, b64e, make_header, seal
 from trainmaster.gateway.gate import RESULT_TTL_S
 from trainmaster.gateway.models import (
-    DataReceive, DataTransfer, Envelope, ExecutorReport, LegOutcome, LegResult, MessageKind, RuleCall, Strict, TaskResult,
+    DataReceive, DataTransfer, Envelope, ExecutorReport, LegOutcome, LegResult, MessageKind, ResultFetch, RuleCall, Strict,
+    TaskResult,
 )
 from trainmaster.gateway.provision import ServiceConfig
 from trainmaster.gateway.routing import Leg, LegConflict, MappingTable
 from trainmaster.gateway.service import ServiceContext, install_common, mtls_client
+from trainmaster.gateway.stream import MEDIA_TYPE as STREAM_MEDIA_TYPE
+from trainmaster.gateway.stream import ChunkOpener, ChunkSealer, StreamInfo, aframes, frame
 
 
 class TransferPayload(Strict):
@@ -33,6 +40,27 @@ class TransferPayload(Strict):
     ok: bool
     result: dict[str, Any] | None = None
     error: str = ""
+    stream: StreamInfo | None = None
+
+
+@dataclass(frozen=True)
+class LegRun:
+    """What one leg's transfer came to: its outcome and, for a result, the envelope sealed to the initiator."""
+
+    outcome: LegOutcome
+    detail: str = ""
+    result_json: str | None = None
+    stream_bytes: int | None = None
+
+
+async def _read_capped(resp: httpx.Response, cap: int) -> bytes:
+    """A (non-stream) response body, refused past ``cap`` bytes instead of buffered without bound."""
+    buf = bytearray()
+    async for data in resp.aiter_bytes():
+        buf += data
+        if len(buf) > cap:
+            raise EnvelopeError(413, f"response body over the {cap}-byte cap")
+    return bytes(buf)
 
 
 def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
@@ -44,6 +72,11 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
     task_locks: dict[str, asyncio.Lock] = {}
     task_backlog: dict[str, int] = {}
     inflight = {"tasks": 0}
+    spool_root = Path(cfg.state_dir).resolve() / "results"
+
+    def spool_path(task_id: str, data_id: str) -> Path:
+        """Where a streamed result's re-encrypted chunks live (ids match ID_PATTERN: no path tricks)."""
+        return spool_root / task_id / f"{data_id}.stream"
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -66,49 +99,97 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
             raise HTTPException(409, str(exc)) from exc
         return {"ok": True}
 
-    async def _run_leg(leg: Leg, call: RuleCall, timeout_s: float) -> tuple[LegOutcome, str, str | None]:
+    async def _run_leg(leg: Leg, call: RuleCall, timeout_s: float) -> LegRun:
         party = ctx.roster.get(leg.party or "")
         if party is None or not party.endpoint:
-            return LegOutcome.party_unavailable, f"party {leg.party!r} has no endpoint in the roster", None
+            return LegRun(LegOutcome.party_unavailable, f"party {leg.party!r} has no endpoint in the roster")
         req = DataTransfer(task_id=leg.task_id, data_id=leg.data_id, call=call)
         env = ctx.seal_to(party.name, MessageKind.data_transfer, leg.task_id, leg.data_id, req.model_dump(mode="json"),
                           ttl_s=timeout_s + cfg.skew_s)
         try:
             async with asyncio.timeout(timeout_s):
                 async with party_slots[party.name]:
-                    resp = await app.state.http.post(f"{party.endpoint}/v1/transfer", content=env.model_dump_json(),
-                                                     headers={"content-type": "application/json"}, timeout=timeout_s)
+                    async with app.state.http.stream(
+                            "POST", f"{party.endpoint}/v1/transfer", content=env.model_dump_json(),
+                            headers={"content-type": "application/json"}, timeout=timeout_s) as resp:
+                        if resp.status_code != 200:
+                            text = (await _read_capped(resp, 4096)).decode(errors="replace")
+                            return LegRun(LegOutcome.rejected, f"party {party.name!r} refused ({resp.status_code}): {text[:300]}")
+                        if resp.headers.get("content-type", "").startswith(STREAM_MEDIA_TYPE):
+                            return await _relay_stream(leg, party.name, resp)
+                        return _reseal(leg, party.name, await _read_capped(resp, cfg.max_body_bytes))
         except TimeoutError:
-            return LegOutcome.timeout, f"party {party.name!r} did not answer within {timeout_s:.1f}s", None
+            return LegRun(LegOutcome.timeout, f"party {party.name!r} did not answer within {timeout_s:.1f}s")
         except httpx.TimeoutException:
-            return LegOutcome.timeout, f"party {party.name!r} did not answer within {timeout_s:.1f}s", None
+            return LegRun(LegOutcome.timeout, f"party {party.name!r} did not answer within {timeout_s:.1f}s")
         except httpx.TransportError as exc:
-            return LegOutcome.party_unavailable, f"party {party.name!r} unreachable: {type(exc).__name__}", None
-        if resp.status_code != 200:
-            return LegOutcome.rejected, f"party {party.name!r} refused ({resp.status_code}): {resp.text[:300]}", None
-        try:
-            result_env = Envelope.model_validate_json(resp.content)
-            sender, payload = ctx.gate.open(result_env, MessageKind.transfer_result, {"party"}, TransferPayload)
+            return LegRun(LegOutcome.party_unavailable, f"party {party.name!r} unreachable: {type(exc).__name__}")
         except EnvelopeError as exc:
             kind = LegOutcome.decrypt_failed if exc.status == 422 else LegOutcome.rejected
-            return kind, f"result from {party.name!r} refused: {exc.reason}", None
+            return LegRun(kind, f"result from {party.name!r} refused: {exc.reason}")
         except ValueError as exc:
-            return LegOutcome.rejected, f"result from {party.name!r} is not an envelope: {str(exc)[:200]}", None
+            return LegRun(LegOutcome.rejected, f"result from {party.name!r} is not an envelope: {str(exc)[:200]}")
+
+    def _open_result(leg: Leg, party: str, raw: bytes) -> TransferPayload:
+        """Authenticate a party's (opening) result envelope; it must come from the leg's own party."""
+        sender, payload = ctx.gate.open(Envelope.model_validate_json(raw), MessageKind.transfer_result, {"party"},
+                                        TransferPayload)
         if sender.name != leg.party:
-            return LegOutcome.rejected, f"result signed by {sender.name!r} for a leg owned by {leg.party!r}", None
+            raise EnvelopeError(403, f"result signed by {sender.name!r} for a leg owned by {leg.party!r}")
         if not payload.ok:
-            return LegOutcome.rejected, f"party {party.name!r}: {payload.error}", None
+            raise EnvelopeError(400, f"party {party!r}: {payload.error}")
+        return payload
+
+    def _reseal(leg: Leg, party: str, raw: bytes) -> LegRun:
+        payload = _open_result(leg, party, raw)
+        if payload.stream is not None:
+            raise EnvelopeError(400, "a stream opening arrived without its chunks")
         out = ctx.seal_to(initiator.name, MessageKind.task_result, leg.task_id, leg.data_id,
-                          {"party": party.name, "result": payload.result}, ttl_s=RESULT_TTL_S)
-        return LegOutcome.result, "", out.model_dump_json()
+                          {"party": party, "result": payload.result}, ttl_s=RESULT_TTL_S)
+        return LegRun(LegOutcome.result, "", out.model_dump_json())
+
+    async def _relay_stream(leg: Leg, party: str, resp: httpx.Response) -> LegRun:
+        """Decrypt the party's chunks one at a time and re-encrypt each to the initiator under a fresh
+        key, spooling only ciphertext to disk; the plaintext is never held whole. The spool file is
+        fsynced before the caller records the outcome (persist before acknowledging)."""
+        frames = aframes(resp.aiter_bytes())
+        first = await anext(frames, None)
+        if first is None:
+            raise EnvelopeError(400, "empty stream")
+        info = _open_result(leg, party, first).stream
+        if info is None:
+            raise EnvelopeError(400, "stream without a stream opening")
+        opener = ChunkOpener(info, Envelope.model_validate_json(first).header.msg_id, cfg.max_result_bytes)
+        out_key = os.urandom(32)
+        header = make_header(ctx.me.name, initiator.name, MessageKind.task_result.value, leg.task_id, leg.data_id,
+                             RESULT_TTL_S, now=ctx.clock())
+        sealer = ChunkSealer(out_key, header.msg_id)
+        path = spool_path(leg.task_id, leg.data_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        part = path.with_name(path.name + ".part")
+        try:
+            with part.open("wb") as fh:
+                async for body in frames:
+                    plain, last = opener.open(body)
+                    fh.write(frame(sealer.seal(plain, last)))
+                opener.finish()
+                fh.flush()
+                await asyncio.to_thread(os.fsync, fh.fileno())
+            os.replace(part, path)
+        finally:
+            part.unlink(missing_ok=True)
+        out_info = StreamInfo(key=b64e(out_key), total_bytes=info.total_bytes, sha256=info.sha256,
+                              chunk_bytes=info.chunk_bytes)
+        out = seal(ctx.me, ctx.roster[initiator.name], header, {"party": party, "result": None, "stream": out_info.model_dump()})
+        return LegRun(LegOutcome.result, "", out.model_dump_json(), info.total_bytes)
 
     async def _dispatch(leg: Leg, call: RuleCall, timeout_s: float) -> None:
         table.mark_dispatched(leg.task_id, leg.data_id)
         try:
-            outcome, detail, result_json = await _run_leg(leg, call, timeout_s)
+            run = await _run_leg(leg, call, timeout_s)
         except Exception as exc:  # never leave a dispatched leg without its one outcome
-            outcome, detail, result_json = LegOutcome.rejected, f"gateway error on this leg: {type(exc).__name__}", None
-        table.record_outcome(leg.task_id, leg.data_id, outcome.value, detail, result_json)
+            run = LegRun(LegOutcome.rejected, f"gateway error on this leg: {type(exc).__name__}")
+        table.record_outcome(leg.task_id, leg.data_id, run.outcome.value, run.detail, run.result_json, run.stream_bytes)
 
     @app.post("/v1/receive")
     async def receive(env: Envelope) -> TaskResult:
@@ -143,8 +224,25 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
             leg = legs[data_id]
             envelope = Envelope.model_validate_json(leg.result_json) if leg.result_json else None
             out.append(LegResult(data_id=data_id, party=leg.party, outcome=LegOutcome(leg.outcome), detail=leg.detail,
-                                 envelope=envelope))
+                                 envelope=envelope, stream_bytes=leg.stream_bytes))
         return TaskResult(task_id=req.task_id, legs=out)
+
+    @app.post("/v1/results")
+    async def fetch_result(env: Envelope) -> StreamingResponse:
+        """The chunk frames of one streamed result, read from the spool file a block at a time."""
+        _sender, req = ctx.gate.open(env, MessageKind.result_fetch, {"initiator"}, ResultFetch)
+        ctx.count(MessageKind.result_fetch)
+        leg = table.legs(req.task_id).get(req.data_id)
+        path = spool_path(req.task_id, req.data_id)
+        if leg is None or leg.outcome != LegOutcome.result.value or leg.stream_bytes is None or not path.is_file():
+            raise HTTPException(404, f"no streamed result for task {req.task_id!r}, data id {req.data_id!r}")
+
+        def blocks() -> Iterator[bytes]:
+            with path.open("rb") as fh:
+                while block := fh.read(1 << 20):
+                    yield block
+
+        return StreamingResponse(blocks(), media_type=STREAM_MEDIA_TYPE)
 
     @app.get("/v1/health")
     async def health() -> dict[str, Any]:

@@ -6,6 +6,7 @@ back sealed by the gateway to the initiator, and is verified and decrypted here.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from pathlib import Path
@@ -19,11 +20,13 @@ from trainmaster.errors import UserError
 from trainmaster.gateway.crypto import EnvelopeError, make_header, seal
 from trainmaster.gateway.gate import EnvelopeGate
 from trainmaster.gateway.models import (
-    ID_PATTERN, DataReceive, MessageKind, RuleCall, TaskCreate, TaskResult,
+    ID_PATTERN, DataReceive, MessageKind, ResultFetch, RuleCall, TaskCreate, TaskResult,
 )
 from trainmaster.gateway.provision import ServiceConfig, load_identity, load_roster
 from trainmaster.gateway.routing import SeenTable
 from trainmaster.gateway.service import client_ssl_context
+from trainmaster.gateway.stream import MEDIA_TYPE as STREAM_MEDIA_TYPE
+from trainmaster.gateway.stream import ChunkOpener, FrameSplitter, StreamInfo
 
 
 class LegSpec(BaseModel):
@@ -105,15 +108,46 @@ class Initiator:
             if leg.envelope is not None:
                 try:
                     _s, payload = self.gate.open(leg.envelope, MessageKind.task_result, {"gateway"}, _ResultPayload)
-                    if leg.envelope.header.data_id != leg.data_id:
-                        raise EnvelopeError(400, "result envelope is for another data id")
-                    entry["result"] = payload.result
+                    if leg.envelope.header.data_id != leg.data_id or leg.envelope.header.task_id != task_id:
+                        raise EnvelopeError(400, "result envelope is for another task leg")
+                    result = payload.result
+                    if payload.stream is not None:
+                        result = self.fetch_stream(task_id, leg.data_id, payload.stream, leg.envelope.header.msg_id)
+                    entry["result"] = result
                 except EnvelopeError as exc:
                     entry.update(outcome="rejected", detail=f"result refused at the initiator: {exc.reason}")
+                except httpx.HTTPError as exc:
+                    entry.update(outcome="rejected", detail=f"result stream could not be fetched: {type(exc).__name__}")
             else:
                 entry["detail"] = leg.detail
             out[leg.data_id] = entry
         return out
+
+    def fetch_stream(self, task_id: str, data_id: str, info: StreamInfo, stream_id: str) -> dict[str, Any]:
+        """Pull a streamed result's chunks from the gateway and check them against the signed opening.
+
+        Chunks are decrypted one at a time; only the result itself is assembled (the caller wants it
+        as a dict). Raises :class:`EnvelopeError` on a truncated, reordered or tampered stream.
+        """
+        opener = ChunkOpener(info, stream_id, self.cfg.max_result_bytes)
+        splitter = FrameSplitter()
+        out = bytearray()
+        header = make_header(self.me.name, self.gateway.name, MessageKind.result_fetch.value, task_id, data_id, 120.0)
+        env = seal(self.me, self.gateway, header, ResultFetch(task_id=task_id, data_id=data_id).model_dump(mode="json"))
+        with self.http.stream("POST", f"{self.gateway.endpoint}/v1/results", content=env.model_dump_json(),
+                              headers={"content-type": "application/json"}) as resp:
+            if resp.status_code != 200 or not resp.headers.get("content-type", "").startswith(STREAM_MEDIA_TYPE):
+                resp.read()
+                raise EnvelopeError(502, f"gateway did not send the result stream ({resp.status_code}): {resp.text[:300]}")
+            for data in resp.iter_bytes():
+                for body in splitter.feed(data):
+                    out += opener.open(body)[0]
+        splitter.close()
+        opener.finish()
+        try:
+            return json.loads(out)
+        except json.JSONDecodeError as exc:
+            raise EnvelopeError(422, "streamed result is not JSON") from exc
 
     def run_task(self, spec: TaskSpec) -> dict[str, Any]:
         task_id = spec.task_id or uuid.uuid4().hex[:16]
@@ -130,3 +164,4 @@ class _ResultPayload(BaseModel):
     model_config = ConfigDict(extra="forbid")
     party: str
     result: dict[str, Any] | None
+    stream: StreamInfo | None = None

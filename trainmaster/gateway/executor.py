@@ -3,9 +3,14 @@
 The party starts it in its own session (``start_new_session``), with a clean environment, resource
 limits (address space, CPU seconds, open files, no file writes) and a deadline after which the
 party kills its process group. It listens on a Unix socket inside a private (0700) directory; that
-socket path is the executor address the party reports to the gateway. Requests are length-prefixed
-JSON rule calls; it never evaluates anything but a registered rule. It exits when its stdin closes,
+socket path is the executor address the party reports to the gateway. A request is a length-prefixed
+JSON rule call; the reply is a length-prefixed JSON head (ok, error, size and SHA-256 of the result)
+followed by the result's JSON bytes, which the party reads in chunks, so a result of tens of MB is
+never held twice. It never evaluates anything but a registered rule. It exits when its stdin closes,
 so it cannot outlive the party that started it.
+
+:class:`Executor` is the interface the party uses; :class:`ExecutorHandle` (a subprocess) and
+``rayexec.RayExecutor`` (a Ray actor) implement it.
 
 Run as ``python -I -m trainmaster.gateway.executor --socket PATH --data FILE``.
 """
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import socket
@@ -21,8 +27,9 @@ import struct
 import sys
 import tempfile
 import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from trainmaster.gateway.models import RuleCall
 
@@ -56,13 +63,63 @@ def _serve(sock_path: str, data_file: str, allowed: list[str] | None, silent: bo
                 if size > MAX_FRAME:
                     raise ValueError("request too large")
                 call = RuleCall.model_validate(json.loads(_recv_exact(conn, size)))
-                reply: dict[str, Any] = {"ok": True, "result": run_call(table, call, allowed)}
+                head, body = encode_reply(run_call(table, call, allowed))
             except RuleError as exc:
-                reply = {"ok": False, "error": str(exc)}
+                head, body = {"ok": False, "error": str(exc)}, b""
             except Exception as exc:  # a rule failing on this data: report, keep serving
-                reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-            body = json.dumps(reply, separators=(",", ":")).encode()
-            conn.sendall(struct.pack(">I", len(body)) + body)
+                head, body = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, b""
+            raw = json.dumps(head, separators=(",", ":")).encode()
+            conn.sendall(struct.pack(">I", len(raw)) + raw)
+            if body:
+                conn.sendall(body)
+
+
+def encode_reply(result: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+    """A successful rule's reply head and body: the result as compact JSON, its size and digest."""
+    body = json.dumps(result, separators=(",", ":")).encode()
+    return {"ok": True, "error": "", "size": len(body), "sha256": hashlib.sha256(body).hexdigest()}, body
+
+
+class RuleReply:
+    """An executor's answer: ``ok``/``error`` and, when ok, ``size`` bytes of result JSON to read.
+
+    ``read(n)`` returns the next ``n`` bytes; reading in chunks keeps a large result from being
+    held whole by the party agent (the subprocess executor streams it off its socket).
+    """
+
+    def __init__(self, head: dict[str, Any], read: Callable[[int], Awaitable[bytes]],
+                 close: Callable[[], None] = lambda: None):
+        self.ok, self.error = bool(head.get("ok")), str(head.get("error", ""))
+        self.size, self.sha256 = int(head.get("size", 0)), str(head.get("sha256", ""))
+        self._read, self._close, self._left = read, close, self.size
+
+    async def chunks(self, chunk_bytes: int) -> AsyncIterator[tuple[bytes, bool]]:
+        """The result in order, each piece with whether it is the last (an empty result is one piece)."""
+        while True:
+            piece = await self._read(min(chunk_bytes, self._left)) if self._left else b""
+            self._left -= len(piece)
+            yield piece, self._left == 0
+            if self._left == 0:
+                return
+
+    async def read_all(self) -> bytes:
+        return b"".join([piece async for piece, _last in self.chunks(max(1, self.size))])
+
+    def close(self) -> None:
+        self._close()
+
+
+class Executor(Protocol):
+    """What the party needs from a per-task isolated executor, whatever runs it."""
+
+    address: str
+
+    @property
+    def alive(self) -> bool: ...
+
+    async def call(self, call: RuleCall, timeout_s: float) -> RuleReply: ...
+
+    def kill(self) -> None: ...
 
 
 def main() -> None:
@@ -127,19 +184,25 @@ class ExecutorHandle:
         asyncio.get_running_loop().call_later(deadline_s, handle.kill)
         return handle
 
-    async def call(self, call: RuleCall, timeout_s: float) -> dict[str, Any]:
-        async def _roundtrip() -> dict[str, Any]:
-            reader, writer = await asyncio.open_unix_connection(self.address, limit=MAX_FRAME)
-            try:
-                body = call.model_dump_json().encode()
-                writer.write(struct.pack(">I", len(body)) + body)
-                await writer.drain()
-                (size,) = struct.unpack(">I", await reader.readexactly(4))
-                return json.loads(await reader.readexactly(size))
-            finally:
-                writer.close()
+    async def call(self, call: RuleCall, timeout_s: float) -> RuleReply:
+        """Send the rule call; the reply's body stays on the socket until the caller reads it."""
+        reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(self.address, limit=1 << 20), timeout_s)
+        try:
+            body = call.model_dump_json().encode()
+            writer.write(struct.pack(">I", len(body)) + body)
+            await writer.drain()
+            (size,) = struct.unpack(">I", await asyncio.wait_for(reader.readexactly(4), timeout_s))
+            if size > MAX_FRAME:
+                raise ValueError("executor reply head too large")
+            head = json.loads(await asyncio.wait_for(reader.readexactly(size), timeout_s))
+        except BaseException:
+            writer.close()
+            raise
 
-        return await asyncio.wait_for(_roundtrip(), timeout=timeout_s)
+        async def read(n: int) -> bytes:
+            return await asyncio.wait_for(reader.readexactly(n), timeout_s)
+
+        return RuleReply(head, read, writer.close)
 
     @property
     def alive(self) -> bool:

@@ -24,6 +24,7 @@ class MessageKind(str, Enum):
     data_transfer = "data_transfer"
     transfer_result = "transfer_result"
     task_result = "task_result"
+    result_fetch = "result_fetch"
 
 
 class Header(Strict):
@@ -107,6 +108,15 @@ class LegResult(Strict):
     outcome: LegOutcome
     detail: str = ""
     envelope: Envelope | None = None
+    stream_bytes: int | None = None
+    """Set for a large result: ``envelope`` opens the stream, its chunks come from ``/v1/results``."""
+
+
+class ResultFetch(Strict):
+    """Initiator -> gateway: send the chunks of one leg's streamed result."""
+
+    task_id: str = Field(pattern=ID_PATTERN)
+    data_id: str = Field(pattern=ID_PATTERN)
 
 
 class TaskResult(Strict):

@@ -9,18 +9,23 @@ registered rules ever leave; the data file itself is never read by the agent.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, HTTPException
+from fastapi.responses import StreamingResponse
 
-from trainmaster.gateway.crypto import EnvelopeError
-from trainmaster.gateway.executor import ExecutorHandle
+from trainmaster.errors import UserError
+from trainmaster.gateway.crypto import EnvelopeError, b64e
+from trainmaster.gateway.executor import Executor, ExecutorHandle, RuleReply
 from trainmaster.gateway.models import DataTransfer, Envelope, ExecutorReport, MessageKind, TaskCreate
 from trainmaster.gateway.provision import ServiceConfig
 from trainmaster.gateway.rules import RuleError, validate_call
 from trainmaster.gateway.service import ServiceContext, install_common, mtls_client
+from trainmaster.gateway.stream import MEDIA_TYPE, ChunkSealer, StreamInfo, frame
 
 
 DATA_SUFFIXES = (".csv", ".parquet")
@@ -46,9 +51,36 @@ def resolve_data_file(data_dir: Path, data_id: str) -> Path:
     return found[0]
 
 
+async def _corrupt(frames: AsyncIterator[bytes], mode: str) -> AsyncIterator[bytes]:
+    """Fault injection only (``fault_stream``): drop the last chunk, swap the first two, or flip a bit."""
+    held: list[bytes] = []
+    index = -1
+    async for f in frames:
+        index += 1
+        if mode == "reorder" and index == 1:
+            held.append(f)
+            continue
+        if mode == "flip" and index == 1:
+            f = f[:-1] + bytes([f[-1] ^ 1])
+        if mode == "truncate":
+            if held:
+                yield held.pop()
+            held.append(f)
+            continue
+        yield f
+        if mode == "reorder" and held and index == 2:
+            yield held.pop()
+
+
 def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
+    if cfg.executor == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise UserError(f"party {cfg.name!r} is configured with executor: ray, but Ray is not installed",
+                            details=["install the ray extra (pip install 'trainmaster[ray]') or set executor: subprocess"])
     ctx = ServiceContext.load(cfg, f"sqlite:///{Path(cfg.state_dir).resolve() / 'seen.db'}")
-    executors: dict[tuple[str, str], ExecutorHandle] = {}
+    executors: dict[tuple[str, str], Executor] = {}
     gateway = next(p for p in ctx.roster.values() if p.role == "gateway")
 
     @asynccontextmanager
@@ -58,10 +90,24 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
         await app.state.http.aclose()
         for h in executors.values():
             h.kill()
+        if cfg.executor == "ray":
+            import ray
+
+            ray.shutdown()
 
     app = FastAPI(title=f"trainmaster party {cfg.name}", lifespan=lifespan)
     app.state.ctx = ctx
     install_common(app, cfg.max_body_bytes)
+
+    async def _start_executor(data_file: Path, deadline_s: float) -> Executor:
+        """The configured executor kind; both sit behind the same interface."""
+        if cfg.executor == "ray":
+            from trainmaster.gateway.rayexec import RayExecutor
+
+            return await RayExecutor.start(data_file, deadline_s, cfg.executor_start_timeout_s, cfg.allowed_rules,
+                                           cfg.ray_address)
+        return await ExecutorHandle.start(data_file, deadline_s, cfg.executor_start_timeout_s, cfg.executor_memory_mb,
+                                          cfg.allowed_rules, cfg.fault_executor_silent)
 
     async def _report(task: TaskCreate, address: str, ready: bool, reason: str = "") -> None:
         report = ExecutorReport(task_id=task.task_id, data_id=task.data_id, address=address, call=task.call,
@@ -87,8 +133,7 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
         if key in executors and executors[key].alive:
             return {"task_id": task.task_id, "data_id": task.data_id, "address": executors[key].address}
         try:
-            handle = await ExecutorHandle.start(data_file, task.deadline_s, cfg.executor_start_timeout_s,
-                                                cfg.executor_memory_mb, cfg.allowed_rules, cfg.fault_executor_silent)
+            handle = await _start_executor(data_file, task.deadline_s)
         except TimeoutError as exc:
             await _report(task, "", ready=False, reason=str(exc))
             raise HTTPException(504, f"executor for task {task.task_id!r} did not come up: {exc}") from exc
@@ -96,8 +141,27 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
         await _report(task, handle.address, ready=True)
         return {"task_id": task.task_id, "data_id": task.data_id, "address": handle.address}
 
-    @app.post("/v1/transfer")
-    async def transfer(env: Envelope) -> Envelope:
+    def _stream(req: DataTransfer, reply: RuleReply) -> StreamingResponse:
+        """A large result as a signed opening plus AES-GCM chunks, read off the executor as sent."""
+        key = os.urandom(32)
+        info = StreamInfo(key=b64e(key), total_bytes=reply.size, sha256=reply.sha256, chunk_bytes=cfg.stream_chunk_bytes)
+        opening = ctx.seal_to(gateway.name, MessageKind.transfer_result, req.task_id, req.data_id,
+                              {"ok": True, "result": None, "error": "", "stream": info.model_dump()})
+        sealer = ChunkSealer(key, opening.header.msg_id)
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                yield frame(opening.model_dump_json().encode())
+                async for piece, last in reply.chunks(cfg.stream_chunk_bytes):
+                    yield frame(sealer.seal(piece, last))
+            finally:
+                reply.close()
+
+        frames = _corrupt(body(), cfg.fault_stream) if cfg.fault_stream else body()
+        return StreamingResponse(frames, media_type=MEDIA_TYPE)
+
+    @app.post("/v1/transfer", response_model=Envelope)
+    async def transfer(env: Envelope) -> Any:
         _sender, req = ctx.gate.open(env, MessageKind.data_transfer, {"gateway"}, DataTransfer)
         ctx.count(MessageKind.data_transfer)
         handle = executors.get((req.task_id, req.data_id))
@@ -111,9 +175,15 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
             raise HTTPException(400, str(exc)) from exc
         try:
             reply = await handle.call(req.call, timeout_s=max(1.0, env.header.expires_at - ctx.clock()))
+            if reply.ok and reply.size > cfg.stream_chunk_bytes:
+                return _stream(req, reply)
+            try:
+                result = json.loads(await reply.read_all()) if reply.ok else None
+            finally:
+                reply.close()
         except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
             raise HTTPException(503, f"executor for task {req.task_id!r} failed: {type(exc).__name__}") from exc
-        payload = {"ok": reply["ok"], "result": reply.get("result"), "error": reply.get("error", "")}
+        payload = {"ok": reply.ok, "result": result, "error": reply.error}
         return ctx.seal_to(gateway.name, MessageKind.transfer_result, req.task_id, req.data_id, payload)
 
     @app.get("/v1/health")

@@ -53,10 +53,20 @@ class ServiceConfig(BaseModel):
     executor_start_timeout_s: float = Field(default=20.0, gt=0)
     executor_memory_mb: int = Field(default=4096, ge=64)
     allowed_rules: list[str] | None = None
+    executor: str = Field(default="subprocess", pattern=r"^(subprocess|ray)$")
+    """Party: how each task's isolated executor runs (a subprocess with rlimits, or a Ray actor)."""
+    ray_address: str | None = None
+    """Party with ``executor: ray``: the cluster to use; unset starts a local Ray in the party."""
+    stream_chunk_bytes: int = Field(default=1 << 20, ge=1024, le=8 << 20)
+    """Results larger than this travel as a chunked stream of chunks this size (party config)."""
+    max_result_bytes: int = Field(default=1 << 30, ge=1024)
+    """The largest streamed result the gateway or initiator accepts."""
     # Fault injection, off by default; the fault tests turn these on.
     fault_delay_s: float = 0.0
     fault_clock_offset_s: float = 0.0
     fault_executor_silent: bool = False
+    fault_stream: str = Field(default="", pattern=r"^(|truncate|reorder|flip)$")
+    """Party: corrupt outgoing result streams this way (tests that the gateway refuses them)."""
 
 
 def _write_secret(path: Path, data: bytes) -> None:

@@ -34,6 +34,7 @@ class LegRow(Base):
     outcome: Mapped[str | None] = mapped_column(String(32), nullable=True)
     detail: Mapped[str] = mapped_column(Text, default="")
     result_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    stream_bytes: Mapped[int | None] = mapped_column(Integer, nullable=True)
     created_at: Mapped[float] = mapped_column(Float, default=time.time)
     updated_at: Mapped[float] = mapped_column(Float, default=time.time)
 
@@ -75,11 +76,12 @@ class Leg:
     outcome: str | None
     detail: str
     result_json: str | None
+    stream_bytes: int | None = None
 
 
 def _leg(row: LegRow) -> Leg:
     return Leg(row.task_id, row.data_id, row.party, row.address, json.loads(row.call_json), row.state,
-               row.outcome, row.detail, row.result_json)
+               row.outcome, row.detail, row.result_json, row.stream_bytes)
 
 
 class MappingTable:
@@ -125,12 +127,14 @@ class MappingTable:
             s.execute(update(LegRow).where(LegRow.task_id == task_id, LegRow.data_id == data_id, LegRow.outcome.is_(None))
                       .values(state="dispatched", updated_at=time.time()))
 
-    def record_outcome(self, task_id: str, data_id: str, outcome: str, detail: str = "", result_json: str | None = None) -> bool:
+    def record_outcome(self, task_id: str, data_id: str, outcome: str, detail: str = "", result_json: str | None = None,
+                       stream_bytes: int | None = None) -> bool:
         """Set the leg's outcome once; returns False if it already had one (never overwritten)."""
         with self._sessions.begin() as s:
             res = s.execute(
                 update(LegRow).where(LegRow.task_id == task_id, LegRow.data_id == data_id, LegRow.outcome.is_(None))
-                .values(outcome=outcome, detail=detail, result_json=result_json, state="done", updated_at=time.time())
+                .values(outcome=outcome, detail=detail, result_json=result_json, stream_bytes=stream_bytes, state="done",
+                        updated_at=time.time())
             )
             return bool(res.rowcount)
 

@@ -183,11 +183,33 @@ def score(t: Table, p: ScoreParams) -> dict[str, Any]:
     return {"rows": int(y.size), "correct": correct, "logloss_sum": logloss_sum}
 
 
+class PredictParams(Params):
+    features: list[str] = Field(min_length=1, max_length=1024)
+    weights: dict[str, Any]
+    standardize: dict[str, list[float]] | None = None
+
+
+def predict(t: Table, p: PredictParams) -> dict[str, Any]:
+    """A given model's probability for every one of the party's rows, in row order.
+
+    The result grows with the data (tens of MB for millions of rows: it travels as a chunked
+    stream), and it is one number per row, which can disclose row values (a one-feature linear
+    model is invertible); so it is not allowed unless a party lists it in ``allowed_rules``.
+    """
+    _cols(t, p.features)
+    x = np.stack([t[f] for f in p.features], axis=1)
+    if p.standardize is not None:
+        x = (x - np.asarray(p.standardize["mean"])) / np.asarray(p.standardize["std"])
+    return {"rows": int(x.shape[0]), "predictions": _forward(p.weights, x).tolist()}
+
+
 @dataclass(frozen=True)
 class Rule:
     name: str
     params: type[Params]
     run: Callable[[Table, Any], dict[str, Any]]
+    default_allowed: bool = True
+    """False: only a party whose ``allowed_rules`` names the rule runs it (per-row disclosure)."""
 
 
 REGISTRY: dict[str, Rule] = {
@@ -197,6 +219,7 @@ REGISTRY: dict[str, Rule] = {
         Rule("histogram", HistogramParams, histogram),
         Rule("train", TrainParams, train),
         Rule("score", ScoreParams, score),
+        Rule("predict", PredictParams, predict, default_allowed=False),
     ]
 }
 
@@ -204,8 +227,9 @@ REGISTRY: dict[str, Rule] = {
 def validate_call(call: RuleCall, allowed: list[str] | None = None) -> Params:
     """Resolve a call against the registry (and the party's allow-list); refuse anything else."""
     rule = REGISTRY.get(call.rule)
-    if rule is None or (allowed is not None and call.rule not in allowed):
-        raise RuleError(f"rule {call.rule!r} is not registered at this party (allowed: {sorted(allowed or REGISTRY)})")
+    permitted = allowed if allowed is not None else [r.name for r in REGISTRY.values() if r.default_allowed]
+    if rule is None or call.rule not in permitted:
+        raise RuleError(f"rule {call.rule!r} is not registered at this party (allowed: {sorted(permitted)})")
     try:
         return rule.params.model_validate(call.params)
     except ValidationError as exc:
