@@ -53,7 +53,15 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app(args=argv)
     except UserError as exc:
-        from rich.markup import escape
+        _fail(str(exc), exc.exit_code)
+    except (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError) as exc:
+        # a path the user gave that the file system refuses: say which and why, no traceback
+        where = f": {exc.filename}" if exc.filename else ""
+        _fail(f"{exc.strerror or exc}{where}", 2)
 
-        Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {escape(str(exc))}")
-        sys.exit(exc.exit_code)
+
+def _fail(message: str, exit_code: int) -> None:
+    from rich.markup import escape
+
+    Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {escape(message)}")
+    sys.exit(exit_code)

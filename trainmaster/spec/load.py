@@ -28,13 +28,19 @@ def read_document(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: no such file")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not a text file (expected a YAML or JSON job document)") from None
     try:
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as exc:
         raise UserError(f"{path}: not valid YAML/JSON: {exc}") from None
-    if len(docs) != 1 or not isinstance(docs[0], dict):
-        raise UserError(f"{path}: expected exactly one job document (a mapping), found {len(docs)}")
+    if len(docs) != 1:
+        raise UserError(f"{path}: expected exactly one job document, found {len(docs)}")
+    if not isinstance(docs[0], dict):
+        raise UserError(f"{path}: expected a job document (a mapping with apiVersion, kind, metadata "
+                        f"and spec), found a {type(docs[0]).__name__}")
     return docs[0]
 
 
