@@ -5,6 +5,8 @@ youngest; nothing of a job starts until its gang fits."""
 import time
 from datetime import datetime, timedelta, timezone
 
+import pytest
+
 from controller_harness import Harness, events, job, py, step_until
 from trainmaster.backends.base import Capacity
 from trainmaster.backends.local import LocalBackend
@@ -141,3 +143,31 @@ def test_several_jobs_run_at_once_up_to_the_limit(tmp_path) -> None:
     assert states[:2] == ["running", "running"] and states[2] == "pending"
     assert h.status(ids[2])["reason"] == "Queued"
     assert all(h.controller.run_job(i) == "succeeded" for i in ids)
+
+
+@pytest.mark.parametrize("weights, expected", [({}, {"a": 1, "b": 1}), ({"a": 3}, {"a": 3, "b": 1})])
+def test_queues_share_admissions_by_weight(tmp_path, weights: dict, expected: dict) -> None:
+    """Queue and priority: a queue flooded first does not starve a later queue; weights set the
+    share (Volcano's proportion); jobs beyond the limit wait with reason Queued."""
+    h = Harness(tmp_path)
+    h.controller.max_jobs = sum(expected.values())
+    h.controller.queue_weights = weights
+    sleeper = [{"name": "w", "command": py("import time; time.sleep(60)")}]
+    ids = {q: [h.submit(job(f"{q}{n}", sleeper, scheduling={"queue": q})) for n in range(4)] for q in "ab"}
+    h.controller.step()
+    admitted = {q: sum(h.status(i)["state"] != "pending" for i in ids[q]) for q in "ab"}
+    assert admitted == expected
+    assert ids["a"][:expected["a"]] == [i for i in ids["a"] if h.status(i)["state"] != "pending"]
+    for i in ids["a"] + ids["b"]:
+        h.controller.cancel(i)
+    h.controller.step()
+    h.backend.close()
+
+
+def test_queue_weights_parse_and_refuse_bad_items() -> None:
+    from trainmaster.controller.queues import parse_weights
+
+    assert parse_weights(["research=2", " prod =0.5"]) == {"research": 2.0, "prod": 0.5}
+    for bad in ("research", "=2", "x=0", "x=-1", "x=abc"):
+        with pytest.raises(ValueError, match="QUEUE=WEIGHT"):
+            parse_weights([bad])

@@ -19,17 +19,25 @@ def server(
     grace: Annotated[float, typer.Option(min=0, help="Seconds between SIGTERM and SIGKILL.")] = 5.0,
     max_jobs: Annotated[int, typer.Option(min=1, help="Jobs running at once; the rest wait in their queue.")] = 8,
     cpus: Annotated[Optional[float], typer.Option(help="CPUs the local backend offers.")] = None,
+    queue_weight: Annotated[Optional[list[str]], typer.Option(
+        help="QUEUE=WEIGHT, repeatable: queues share admissions by weight (unlisted queues weigh 1).")] = None,
 ) -> None:
     """Run the controller service: REST API (OpenAPI at /openapi.json), /metrics, reconcile loop."""
     import uvicorn
 
     from trainmaster.controller import Controller
+    from trainmaster.controller.queues import parse_weights
+    from trainmaster.errors import UserError
     from trainmaster.service.app import create_app
     from trainmaster.store.db import default_url, make_engine, session_factory
 
+    try:
+        weights = parse_weights(queue_weight or [])
+    except ValueError as exc:
+        raise UserError(f"--queue-weight {exc}") from None
     url = db or default_url()
     controller = Controller(session_factory(make_engine(url)), make_backend(backend, cpus, ray_address), url,
-                            interval=interval, grace=grace, max_jobs=max_jobs)
+                            interval=interval, grace=grace, max_jobs=max_jobs, queue_weights=weights)
     typer.echo(f"trainmaster controller on http://{host}:{port} (store {url}, backend {backend})")
     uvicorn.run(create_app(controller), host=host, port=port, log_level="warning")
 

@@ -22,7 +22,7 @@ from typing import Any, Callable
 from sqlalchemy.orm import Session, sessionmaker
 
 from trainmaster.backends.base import Backend, Capacity, LaunchRequest, Observation, Phase, Placement
-from trainmaster.controller import metrics, restart, scaling
+from trainmaster.controller import metrics, queues, restart, scaling
 from trainmaster.controller.admission import admit
 from trainmaster.runtime.files import InstanceFiles
 from trainmaster.spec.load import LoadedJob
@@ -49,7 +49,8 @@ def resolve_argv(argv: list[str]) -> list[str]:
 class Controller:
     def __init__(self, sessions: sessionmaker[Session], backend: Backend, db_url: str, *,
                  interval: float = 1.0, grace: float = 5.0, runs_dir: Path | None = None,
-                 max_jobs: int = 1_000_000, owner: str = "service"):
+                 max_jobs: int = 1_000_000, owner: str = "service",
+                 queue_weights: dict[str, float] | None = None):
         self.sessions = sessions
         self.backend = backend
         self.db_url = db_url
@@ -58,6 +59,7 @@ class Controller:
         self.runs_dir = runs_dir or home() / "runs"
         self.max_jobs = max_jobs  # jobs admitted at once; the rest wait in their queue
         self.owner = owner  # the jobs this controller reconciles; others sharing the store are left alone
+        self.queue_weights = queue_weights or {}  # queue -> share of admissions (unlisted: 1)
         self._lock = threading.RLock()  # one reconcile pass at a time (the server has threads)
         self._specs: dict[int, tuple[dict[str, Any], Job]] = {}  # job id -> (stored spec, validated)
 
@@ -102,11 +104,13 @@ class Controller:
 
     # ---- the loop ----------------------------------------------------------------------------
     def step(self) -> None:
-        """One reconcile pass over every active job, in queue order."""
+        """One reconcile pass over every active job: admitted ones, then waiting ones in fair
+        queue order (:mod:`trainmaster.controller.queues`)."""
         with self._lock, self.sessions() as session, metrics.RECONCILE.time():
             free = self._free_capacity(session)
             admitted = repo.admitted_active_count(session, self.owner)
-            for job in repo.load_jobs(session, repo.active_job_ids(session, self.owner)):
+            jobs = repo.load_jobs(session, repo.active_job_ids(session, self.owner))
+            for job in queues.fair_order(jobs, self.queue_weights):
                 if not job.admitted and not job.cancel_requested and admitted >= self.max_jobs:
                     self._set_job_state(session, job, Verdict(
                         JobState.PENDING, "Queued", f"{admitted} job(s) running, the most this controller runs at once"))
