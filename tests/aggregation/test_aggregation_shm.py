@@ -1,0 +1,144 @@
+"""The shared-memory transport: rings, descriptors, and the whole protocol running over it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from trainmaster.aggregation.fabric import query
+from trainmaster.aggregation.protocol import Header, Kind, decode, encode_parts, values
+from trainmaster.aggregation.quantize import FixedScale
+from trainmaster.aggregation.transport import (
+    _DESC,
+    _DESC_MAGIC,
+    FaultPlan,
+    ShmTransport,
+    UdpTransport,
+    make_transport,
+)
+from trainmaster.aggregation.worker import AggregationClient, WorkerConfig
+
+from aggregation_tier import assert_exact, reduce_all, start_tier, tier_factory  # noqa: E402,F401
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _inputs(world: int, n: int, rounds: int, seed: int = 0, big: float = 0.0):
+    rng = np.random.default_rng(seed)
+    out = {}
+    for r in range(world):
+        xs = []
+        for _ in range(rounds):
+            x = rng.standard_normal(n).astype(np.float32)
+            if big:
+                x[::97] = big
+            xs.append(x)
+        out[(1, r)] = xs
+    return out
+
+
+def test_ring_carries_large_packets_and_reuses_its_space() -> None:
+    """Transport: packets far above the UDP limit go through the sender's ring; the ring wraps
+    many times (the receiver frees what it consumed) and every packet arrives intact, to a
+    shared-memory receiver and to a plain UDP one alike."""
+    sender = ShmTransport("a", ring_bytes=8 << 20)
+    receivers = [ShmTransport("b"), UdpTransport("c")]
+    try:
+        rng = np.random.default_rng(0)
+        for receiver in receivers:
+            for i in range(40):  # 40 x 1 MiB through an 8 MiB ring
+                x = rng.integers(-2**31 + 1, 2**31 - 1, 262_144, dtype=np.int64).astype(np.int32)
+                sender.send(encode_parts(Header(Kind.DATA, 1, seq=i), x), receiver.address)
+                got = receiver.recv(10.0)
+                assert got is not None
+                h, body = decode(got[0])
+                assert h.seq == i and np.array_equal(values(h, body), x)
+            assert receiver.counters.shm_received == 40
+        assert sender.counters.shm_sent == 80 and sender.counters.ring_full_drops == 0
+    finally:
+        sender.close()
+        for receiver in receivers:
+            receiver.close()
+
+
+def test_small_packets_stay_inline_and_stale_descriptors_are_dropped() -> None:
+    """Transport: small packets are plain datagrams; a descriptor for ring space already
+    consumed (a duplicated or late one) is dropped like a lost datagram, never misread."""
+    a, b = ShmTransport("a"), ShmTransport("b")
+    try:
+        a.send(b"x" * 100, b.address)
+        got = b.recv(5.0)
+        assert got is not None and bytes(got[0]) == b"x" * 100
+        assert a.counters.shm_sent == 0
+        a.send(b"y" * 100_000, b.address)
+        got = b.recv(5.0)
+        assert got is not None and bytes(got[0]) == b"y" * 100_000
+        ring = a._rings[b.address]
+        stale = _DESC.pack(_DESC_MAGIC, __import__("os").getpid(), ring.fd, ring.id, 0, 100_000)
+        a.sock.sendto(stale, b.address)
+        assert b.recv(1.0) is None  # releases the first packet, then sees the stale copy
+        assert b.counters.stale_descriptors == 1
+    finally:
+        a.close()
+        b.close()
+
+
+def test_unknown_transport_and_oversized_chunk_are_clear_errors() -> None:
+    """User mistakes: an unknown transport name, or a slice larger than the transport carries."""
+    with pytest.raises(ValueError, match="unknown transport 'tcp'"):
+        make_transport("tcp", "x")
+    with pytest.raises(ValueError, match="chunk must be between 1 and"):
+        AggregationClient(("127.0.0.1", 9), 1, 0, 2, WorkerConfig(chunk=100_000))
+    with pytest.raises(ValueError, match="chunk must be between 1 and"):
+        AggregationClient(("127.0.0.1", 9), 1, 0, 2, WorkerConfig(chunk=1 << 30),
+                          transport="shm")
+
+
+def test_normal_path_over_shared_memory_is_exact_and_frees_slots(tier_factory) -> None:
+    """Normal path on shared memory: large slices summed in slots, verified, multicast; the
+    payloads travelled through rings; every slot free afterwards."""
+    tier = tier_factory(transport="shm")
+    inputs = _inputs(3, 300_000, 3)
+    out = reduce_all(tier, inputs, 3, WorkerConfig(chunk=65_536))
+    assert_exact(inputs, out)
+    ps = query(tier.ps.address)
+    sw = query(tier.switches[0].address)
+    assert ps["verified"] >= 3 * 5 and ps["overflow_fallbacks"] == 0
+    assert sw["transport"]["shm_sent"] > 0 and ps["transport"]["shm_received"] > 0
+    assert sw["slots_in_use"] == 0
+
+
+def test_overflow_and_two_levels_over_shared_memory(tier_factory) -> None:
+    """Exception retransmit and two levels on shared memory: fixed scale overflows, floats go
+    to the parameter node through the rings, results are exact, slots free."""
+    tier = tier_factory(transport="shm", levels=2)
+    inputs = _inputs(3, 50_000, 1, big=30_000.0)
+    cfg = WorkerConfig(chunk=8192, quantizer=FixedScale(16), retransmit_timeout=0.3)
+    out = reduce_all(tier, inputs, 3, cfg)
+    assert_exact(inputs, out)
+    assert query(tier.ps.address)["overflow_fallbacks"] > 0
+    assert sum(s["float_resends"] for _, s, _ in out.values()) > 0
+    for s in tier.switches:
+        assert query(s.address)["slots_in_use"] == 0
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
+@given(drop=st.floats(0, 0.15), duplicate=st.floats(0, 0.2), reorder=st.floats(0, 0.3),
+       seed=st.integers(0, 2**16), world=st.integers(1, 3), levels=st.sampled_from([1, 2]))
+def test_any_fault_schedule_over_shared_memory_is_exact(drop, duplicate, reorder, seed, world,
+                                                         levels) -> None:
+    """Property on shared memory: faults are injected on whole packets before the ring (drop,
+    duplicate, reorder); any schedule gives the exact result and leaves every slot free."""
+    faults = FaultPlan(drop=drop, duplicate=duplicate, reorder=reorder, seed=seed)
+    tier = start_tier(levels=levels, faults=faults, transport="shm")
+    try:
+        inputs = _inputs(world, 40_000, 2, seed=seed)
+        cfg = WorkerConfig(chunk=4096, retransmit_timeout=0.1, max_retransmit_timeout=0.4)
+        out = reduce_all(tier, inputs, world, cfg, faults)
+        assert_exact(inputs, out)
+        for s in tier.switches:
+            assert query(s.address)["slots_in_use"] == 0
+    finally:
+        tier.stop()
