@@ -92,7 +92,7 @@ class AnnealingScheduler(Scheduler):
     ``pace=False`` starts from the disclosure's greedy candidates only."""
 
     def __init__(self, seed: int | None = None, n_samples: int = 32, steps: int | None = None,
-                 chains: int = 2, accept0: float = 0.5, final_ratio: float = 1e-3,
+                 chains: int = 1, accept0: float = 0.5, final_ratio: float = 1e-3,
                  swap_prob: float = 0.2, temperature: float | None = None, pace: bool = True) -> None:
         super().__init__(seed, n_samples)
         self.steps, self.chains, self.accept0 = steps, chains, accept0
