@@ -118,7 +118,9 @@ class Controller:
                     was_admitted = job.admitted
                     free = self._reconcile(session, job, free)
                     admitted += int(job.admitted and not was_admitted)
-                session.commit()
+                if job.admitted:
+                    session.commit()  # a running job's progress is saved job by job
+            session.commit()  # waiting jobs' re-evaluated reasons, all in one transaction
 
     def run_job(self, job_id: int, on_tick: Callable[[], None] | None = None,
                 should_cancel: Callable[[], bool] | None = None) -> str:
