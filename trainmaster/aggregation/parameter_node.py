@@ -262,8 +262,10 @@ class ParameterNode:
                 missed = any(not (b >> r & 1) for b in pending) or job.busy & ~(1 << r)
                 if not missed:
                     continue
-                if self._exited(job, r):
-                    lost[r] = "its process exited"
+                if r in job.processes:
+                    # watched: its process is the truth, a slow (starved) worker is not dead
+                    if self._exited(job, r):
+                        lost[r] = "its process exited"
                 elif now - job.last_seen.get(r, now) > self.dead_after:
                     lost[r] = f"silent {now - job.last_seen[r]:.1f} s"
             if lost:
@@ -318,12 +320,18 @@ class ParameterNode:
     def serve(self, until: float | None = None) -> None:
         tune_allocator()
         next_check = time.monotonic() + 0.25
+        last_idle = time.monotonic()
         while self._running and (until is None or time.monotonic() < until):
             got = self.transport.recv(0.1)
+            now = time.monotonic()
             if got is not None:
                 self.handle(*got)
-            now = time.monotonic()
-            if now >= next_check:
+            else:
+                last_idle = now
+            # judge silence only with the socket drained (or after dead_after without a quiet
+            # moment): if this node itself was stalled, the heartbeats it has not read yet
+            # would otherwise make every worker look dead
+            if now >= next_check and (got is None or now - last_idle > self.dead_after):
                 self._check_liveness()
                 next_check = now + 0.25
         self.transport.close()
