@@ -49,6 +49,8 @@ Packet = Union[Buffer, Sequence[Buffer]]
 
 UDP_MAX_DATAGRAM = 65507  # largest UDP payload over IPv4
 TRANSPORTS = ("udp", "shm")
+SHM_RING_BYTES = 32 << 20  # per link (sender -> one destination), mapped up front
+SHM_MAX_ELEMENTS = (SHM_RING_BYTES // 4 - 64) // 4  # float32 per packet: a quarter of a ring
 
 # descriptor of a packet that lies in a shared-memory ring: magic, pid, fd, ring id, position, length
 _DESC = struct.Struct("!BIIQQI")
@@ -352,7 +354,7 @@ class ShmTransport(UdpTransport):
     kind = "shm"
 
     def __init__(self, name: str, host: str = "127.0.0.1", port: int = 0,
-                 faults: FaultPlan | None = None, ring_bytes: int = 32 << 20,
+                 faults: FaultPlan | None = None, ring_bytes: int = SHM_RING_BYTES,
                  inline_limit: int = 8192, full_wait: float = 2.0):
         if not hasattr(os, "memfd_create"):
             raise RuntimeError("the shared-memory transport needs Linux (memfd_create)")

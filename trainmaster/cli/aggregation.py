@@ -18,6 +18,14 @@ def _probability(name: str, value: float) -> float:
     return value
 
 
+def _transport(name: str) -> str:
+    from trainmaster.aggregation.transport import TRANSPORTS
+
+    if name not in TRANSPORTS:
+        raise UserError(f"--transport must be one of {', '.join(TRANSPORTS)}, got {name!r}")
+    return name
+
+
 @sub.command()
 def demo(
     workers: int = typer.Option(4, help="Workers per job (1-64)."),
@@ -33,16 +41,18 @@ def demo(
     slots: int = typer.Option(64, help="Aggregator slots per forwarding node."),
     levels: int = typer.Option(1, help="1: one forwarding node; 2: two first-level nodes "
                                "under a second-level node that also has workers."),
-    chunk: int = typer.Option(4096, help="Elements per packet (up to 16375)."),
+    chunk: int = typer.Option(4096, help="Elements per packet (up to 16375 on udp, 2097136 on shm)."),
     seed: int = typer.Option(0, help="Seed of the inputs and of every link's fault injector."),
     timeout: float = typer.Option(60.0, help="Seconds without progress before a worker fails."),
+    transport: str = typer.Option("udp", help="udp, or shm: shared-memory rings for large "
+                                  "packets (same host)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Start the tier and workers as processes, reduce random tensors under injected faults
     and check every result against the exact float64 sum. Exits 1 if any result is wrong."""
     from trainmaster.aggregation.demo import DemoConfig, run_demo
     from trainmaster.aggregation.protocol import MAX_ELEMENTS, MAX_WORKERS
-    from trainmaster.aggregation.transport import FaultPlan
+    from trainmaster.aggregation.transport import SHM_MAX_ELEMENTS, TRANSPORTS, FaultPlan
 
     problems = []
     if not 1 <= workers <= MAX_WORKERS:
@@ -53,8 +63,12 @@ def demo(
         problems.append("--levels must be 1 or 2")
     if not 1 <= slots <= 65535:
         problems.append("--slots must be between 1 and 65535")
-    if not 1 <= chunk <= MAX_ELEMENTS:
-        problems.append(f"--chunk must be between 1 and {MAX_ELEMENTS}")
+    if transport not in TRANSPORTS:
+        problems.append(f"--transport must be one of {', '.join(TRANSPORTS)}")
+    elif transport == "udp" and not 1 <= chunk <= MAX_ELEMENTS:
+        problems.append(f"--chunk must be between 1 and {MAX_ELEMENTS} on udp")
+    elif not 1 <= chunk <= SHM_MAX_ELEMENTS:
+        problems.append(f"--chunk must be between 1 and {SHM_MAX_ELEMENTS} on shm")
     if problems:
         raise UserError("invalid demo options", details=problems)
     faults = FaultPlan(drop=_probability("drop", drop), duplicate=_probability("duplicate", duplicate),
@@ -62,7 +76,7 @@ def demo(
                        seed=seed)
     cfg = DemoConfig(workers=workers, jobs=jobs, elements=elements, rounds=rounds, slots=slots,
                      levels=levels, overflow=overflow, chunk=chunk, seed=seed, faults=faults,
-                     timeout=timeout)
+                     timeout=timeout, transport=transport)
     result = run_demo(cfg)
     if as_json:
         print(json.dumps(result))
@@ -87,12 +101,15 @@ def parameter_node(
     port: int = typer.Option(0, envvar="TM_AGGREGATION_PORT",
                              help="UDP port (0: any free port, printed)."),
     dead_after: float = typer.Option(
-        10.0, help="Seconds of silence (no packet, no heartbeat) before a waited-for worker is dead."),
+        10.0, help="Seconds of silence (no packet, no heartbeat) before a waited-for worker "
+        "on another host is dead (a worker on this host is watched through its process)."),
+    transport: str = typer.Option("udp", envvar="TM_AGGREGATION_TRANSPORT",
+                                  help="udp, or shm (shared-memory rings, same host)."),
 ) -> None:
     """Run a parameter node in the foreground (verifies sums, aggregates fallbacks)."""
     from trainmaster.aggregation.parameter_node import ParameterNode
 
-    node = ParameterNode(host, port, dead_after=dead_after)
+    node = ParameterNode(host, port, dead_after=dead_after, transport=_transport(transport))
     print(f"parameter node listening on {node.address[0]}:{node.address[1]}", flush=True)
     node.serve()
 
@@ -105,6 +122,8 @@ def forwarding_node(
     host: str = typer.Option("127.0.0.1", envvar="TM_AGGREGATION_HOST", help="Address to bind."),
     port: int = typer.Option(0, envvar="TM_AGGREGATION_PORT",
                              help="UDP port (0: any free port, printed)."),
+    transport: str = typer.Option("udp", envvar="TM_AGGREGATION_TRANSPORT",
+                                  help="udp, or shm (shared-memory rings, same host)."),
 ) -> None:
     """Run a forwarding node (software switch) in the foreground."""
     from trainmaster.aggregation.switch import ForwardingNode
@@ -112,7 +131,8 @@ def forwarding_node(
     h, _, p = parent.rpartition(":")
     if not h or not p.isdigit():
         raise UserError(f"--parent must be HOST:PORT, got {parent!r}")
-    node = ForwardingNode((h, int(p)), slots=slots, host=host, port=port)
+    node = ForwardingNode((h, int(p)), slots=slots, host=host, port=port,
+                          transport=_transport(transport))
     print(f"forwarding node listening on {node.address[0]}:{node.address[1]}", flush=True)
     node.serve()
 
