@@ -53,7 +53,7 @@ def test_shared_pool_gives_a_device_to_one_job_at_a_time():
 
 @pytest.mark.skipif(importlib.util.find_spec("flwr") is None,
                     reason="flwr is not installed (not a trainmaster dependency; see docs/flsched.md)")
-def test_flower_simulation_trains_with_our_client_selection():
+def test_flower_simulation_trains_with_our_client_selection(monkeypatch):
     """Flower adapter: FedAvg under flwr's simulation, training clients chosen by our sa scheduler;
     every round trains exactly per_round distinct clients and FedAvg aggregates their updates."""
     import flwr
@@ -62,6 +62,9 @@ def test_flower_simulation_trains_with_our_client_selection():
 
     from trainmaster.flsched.flower import FlschedFedAvg
 
+    # Ray kills workers when the whole node is above 95% memory, which a shared CI machine can be
+    # for reasons unrelated to this test; the workers here need about 100 MB each.
+    monkeypatch.setenv("RAY_memory_monitor_refresh_ms", "0")
     n_clients, per_round, rounds = 6, 2, 4
     devs = _devices(n_clients)
     selector = JobSelector(_job("toy", devs), devs, seed=0)
