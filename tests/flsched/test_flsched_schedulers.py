@@ -113,3 +113,46 @@ def test_unknown_scheduler_is_a_user_error():
 
     with pytest.raises(UserError, match="unknown scheduler"):
         make_scheduler("nope")
+
+
+def test_incremental_round_time_and_cost_match_full_recompute():
+    """Incremental cost updates (annealing): the leave-one-out round time after replacing a device,
+    and the running total after many accepted moves, equal a full recomputation of the cost."""
+    from trainmaster.flsched.schedulers.annealing import _Chain
+
+    p = _constrained_problem(1)
+    cm = CostModel.draw(p, np.random.default_rng(2))
+    sa = AnnealingScheduler(seed=3, steps=40, temperature=1e3)  # hot: many accepted moves
+    start = make_scheduler("greedy").schedule(p, cm)
+    chain = _Chain(sa, cm, start, np.ascontiguousarray(cm.times.transpose(0, 2, 1)))
+    rng = np.random.default_rng(4)
+    for m in range(p.num_jobs):
+        free = [k for k in np.flatnonzero(p.eligible[m]) if chain.owner[k] == -1]
+        for pos in range(len(chain.sets[m])):
+            k_in = int(rng.choice(free))
+            trial = chain.sets[m].copy()
+            trial[pos] = k_in
+            assert chain._time_after(m, pos, k_in) == pytest.approx(cm.job_time(m, trial), rel=1e-12)
+    best_sets, best_cost = chain.run()
+    assert sa.stats.accepted_worse > 10
+    assert chain.current == pytest.approx(cm.cost(chain.sets), rel=1e-9)
+    assert best_cost == pytest.approx(cm.cost(best_sets), rel=1e-12)
+    assert violations(p, best_sets) == []
+
+
+def test_pace_start_groups_least_served_devices_of_similar_speed():
+    """Pace start: with a heavy fairness weight it takes the least-served devices, and among
+    equally served ones the fastest, so one slow device does not set the pace of the round."""
+    from trainmaster.flsched.schedulers.annealing import pace_assignment
+
+    p = make_problem(40, 1, 5, seed=6, weights={"time": 1.0, "fairness": 1e4})
+    served = np.argsort(p.expected_time()[0])[:20]  # the 20 fastest have served 3 rounds already
+    history = np.zeros_like(p.history)
+    history[0, served] = 3.0
+    p = p.with_history(history, p.available)
+    cm = CostModel.draw(p, np.random.default_rng(0))
+    chosen = pace_assignment(cm)[0]
+    unserved = np.setdiff1d(np.arange(40), served)
+    fastest_unserved = unserved[np.argsort(cm.times[0].mean(axis=0)[unserved])[:5]]
+    assert sorted(chosen.tolist()) == sorted(fastest_unserved.tolist())
+    assert violations(p, [chosen]) == []
