@@ -1,10 +1,13 @@
 """Mechanism: fault tolerance by restart policy, with restart limits and backoff (spec step 6)."""
 
+import time
 from pathlib import Path
 
 import pytest
 
-from controller_harness import Harness, events, job, py
+from controller_harness import Harness, events, job, pids_alive, py
+from trainmaster.backends.base import Observation, Phase
+from trainmaster.backends.local import LocalBackend
 from trainmaster.controller.restart import decide
 from trainmaster.spec.model import RestartPolicy
 
@@ -99,3 +102,54 @@ def test_an_instance_that_cannot_start_fails_by_its_policy(harness: Harness, tmp
     assert bad["restarts"] == 1
     good = [i for i in status["instances"] if i["role"] == "good"]
     assert len(good) == 2 and all(i["pid"] for i in good)  # started beside the refused one
+
+
+class Silent(LocalBackend):
+    """A local backend whose instances' host stops answering while ``silent`` is set."""
+
+    silent = False
+    asked_to_stop: list[int] = []
+
+    def poll(self, handle):
+        if self.silent:
+            return Observation(Phase.UNREACHABLE, reason="HostSilent", message="no answer from the host")
+        return super().poll(handle)
+
+    def stop(self, handles, grace):
+        self.asked_to_stop = [*self.asked_to_stop, *(h["pid"] for h in handles)]
+        silent, self.silent = self.silent, False  # the host answers the stop (best case)
+        super().stop(handles, grace)
+        self.silent = silent
+
+
+def test_an_unreachable_instance_is_unknown_then_back_or_lost(tmp_path: Path) -> None:
+    """Instance state unknown: its host does not answer. It goes back to running when the host
+    answers again; past the grace it is taken as lost and its restart policy acts."""
+    backend = Silent()
+    h = Harness(tmp_path, backend)
+    h.controller.unreachable_grace = 0.5
+    job_id = h.submit(job("far", [{"name": "w", "command": py("import time; time.sleep(60)"),
+                                   "restartPolicy": {"policy": "OnFailure", "maxRestarts": 1, "backoffSeconds": 0}}]))
+    h.controller.step()
+    first = h.status(job_id)["instances"][0]
+    assert first["state"] == "running"
+    backend.silent = True
+    h.controller.step()
+    inst = h.status(job_id)["instances"][0]
+    assert inst["state"] == "unknown" and inst["reason"] == "HostSilent"
+    assert h.status(job_id)["state"] == "running"  # unknown is not failure
+    backend.silent = False
+    h.controller.step()
+    assert h.status(job_id)["instances"][0]["state"] == "running" and events(h.status(job_id), "Reachable")
+    backend.silent = True
+    h.controller.step()
+    time.sleep(0.6)
+    h.controller.step()  # past the grace: lost, restarted by its policy (a new attempt)
+    backend.silent = False
+    status = h.status(job_id)
+    inst = status["instances"][0]
+    assert inst["restarts"] == 1 and "did not answer for 0.5s" in events(status, "Restarting")[0]["message"]
+    assert backend.asked_to_stop == [first["pid"]] and not pids_alive([first["pid"]])  # never two copies
+    h.controller.cancel(job_id)
+    assert h.controller.run_job(job_id) == "cancelled"
+    backend.close()

@@ -66,6 +66,7 @@ class Phase(str, Enum):
     RUNNING = "running"
     EXITED = "exited"
     LOST = "lost"  # the backend cannot find it any more (host down, process vanished)
+    UNREACHABLE = "unreachable"  # its host does not answer now; it may still be running
 
 
 @dataclass(frozen=True)

@@ -100,7 +100,6 @@ class RayBackend(Backend):
         self._actors: dict[str, Any] = {}  # actor name -> ActorHandle, for attempts we know
         self._starting: dict[str, ray.ObjectRef] = {}  # start calls not yet answered
         self._ended: dict[str, Observation] = {}  # final observations of attempts whose actor we let go
-        self._last: dict[str, Observation] = {}  # last answer, reported again while an actor is slow
 
     # ---- resources ---------------------------------------------------------------------------
     def capacity(self) -> Capacity:
@@ -197,11 +196,10 @@ class RayBackend(Backend):
         try:
             obs = ray.get(actor.poll.remote(), timeout=CALL_TIMEOUT)
         except GetTimeoutError:
-            last = self._last.get(name, Observation(Phase.STARTING))
-            return Observation(last.phase, reason="ActorSlow", message=f"no answer within {CALL_TIMEOUT:g}s")
+            return Observation(Phase.UNREACHABLE, reason="ActorSlow",
+                               message=f"its Ray actor did not answer within {CALL_TIMEOUT:g}s")
         except RayActorError as exc:
             return self._gone(handle, _first_line(exc))
-        self._last[name] = obs
         if obs.phase in (Phase.EXITED, Phase.LOST):
             self._let_go(name, obs)
         return obs
@@ -218,7 +216,6 @@ class RayBackend(Backend):
     def _let_go(self, name: str, final: Observation) -> None:
         """The attempt ended: remember how, and end its actor so its resources return to Ray."""
         self._ended[name] = final
-        self._last.pop(name, None)
         self._starting.pop(name, None)
         actor = self._actors.pop(name, None)
         if actor is not None:
@@ -291,7 +288,6 @@ class RayBackend(Backend):
     def close(self) -> None:
         """Forget local bookkeeping; the cluster (and any still-running attempt) is left alone."""
         self._starting.clear()
-        self._last.clear()
 
 
 def _attempt_record(handle: dict[str, Any]) -> dict[str, Any] | None:

@@ -50,7 +50,7 @@ class Controller:
     def __init__(self, sessions: sessionmaker[Session], backend: Backend, db_url: str, *,
                  interval: float = 1.0, grace: float = 5.0, runs_dir: Path | None = None,
                  max_jobs: int = 1_000_000, owner: str = "service",
-                 queue_weights: dict[str, float] | None = None):
+                 queue_weights: dict[str, float] | None = None, unreachable_grace: float = 60.0):
         self.sessions = sessions
         self.backend = backend
         self.db_url = db_url
@@ -60,6 +60,8 @@ class Controller:
         self.max_jobs = max_jobs  # jobs admitted at once; the rest wait in their queue
         self.owner = owner  # the jobs this controller reconciles; others sharing the store are left alone
         self.queue_weights = queue_weights or {}  # queue -> share of admissions (unlisted: 1)
+        self.unreachable_grace = unreachable_grace  # seconds an instance may be unknown before it is lost
+        self._unreachable_since: dict[int, float] = {}  # instance id -> monotonic time it went silent
         self._lock = threading.RLock()  # one reconcile pass at a time (the server has threads)
         self._specs: dict[int, tuple[dict[str, Any], Job]] = {}  # job id -> (stored spec, validated)
 
@@ -188,20 +190,61 @@ class Controller:
         for inst in job.instances:
             if inst.state not in LIVE or not inst.handle:
                 continue
-            obs = self.backend.poll(inst.handle)
-            if obs.phase == Phase.RUNNING and inst.state in (I.STARTING.value, I.UNKNOWN.value):
+            obs = self._unreachable_for_too_long(inst, self.backend.poll(inst.handle))
+            if obs.phase != Phase.UNREACHABLE:
+                self._unreachable_since.pop(inst.id, None)
+            if obs.phase == Phase.UNREACHABLE:
+                self._mark_unknown(session, job, inst, obs)
+            elif inst.state == I.UNKNOWN.value and obs.phase in (Phase.RUNNING, Phase.STARTING):
+                self._reachable_again(session, job, inst, obs)
+            elif obs.phase == Phase.RUNNING and inst.state == I.STARTING.value:
                 self._mark_running(session, job, inst)
             elif obs.phase == Phase.STARTING and obs.reason and inst.reason != obs.reason:
                 inst.reason, inst.message = obs.reason, "in its dependency wait step"
             elif obs.phase in (Phase.EXITED, Phase.LOST):
+                if obs.reason == "Unreachable":  # it may still run over there: ask it to stop first
+                    self.backend.stop([inst.handle], self.grace)
                 free = self._on_exit(session, job, spec.spec.role(inst.role), inst, obs, free)
         return free
 
+    def _unreachable_for_too_long(self, inst: InstanceRow, obs: Observation) -> Observation:
+        """An instance whose host stays silent past ``unreachable_grace`` is taken as lost, so
+        its restart policy can act (as Kubernetes evicts pods of a node that stays unreachable)."""
+        if obs.phase != Phase.UNREACHABLE:
+            return obs
+        since = self._unreachable_since.setdefault(inst.id, time.monotonic())
+        if time.monotonic() - since < self.unreachable_grace:
+            return obs
+        del self._unreachable_since[inst.id]
+        return Observation(Phase.LOST, reason="Unreachable",
+                           message=f"its host did not answer for {self.unreachable_grace:g}s ({obs.message})")
+
+    def _mark_unknown(self, session: Session, job: JobRow, inst: InstanceRow, obs: Observation) -> None:
+        if inst.state == I.UNKNOWN.value or inst.state == I.TERMINATING.value:
+            return
+        self._set_instance_state(inst, I.UNKNOWN)
+        inst.reason, inst.message = obs.reason or "Unreachable", obs.message
+        repo.add_event(session, job.id, f"instance/{inst.label}", "Unknown",
+                       f"{inst.label}: {obs.message or 'its host does not answer'}; "
+                       f"taken as lost after {self.unreachable_grace:g}s", "Warning")
+
+    def _reachable_again(self, session: Session, job: JobRow, inst: InstanceRow, obs: Observation) -> None:
+        repo.add_event(session, job.id, f"instance/{inst.label}", "Reachable", f"{inst.label} answers again")
+        if obs.phase == Phase.RUNNING:
+            self._mark_running(session, job, inst)
+        else:
+            self._set_instance_state(inst, I.STARTING)
+            inst.reason, inst.message = obs.reason or "Started", "in its dependency wait step"
+
     def _mark_running(self, session: Session, job: JobRow, inst: InstanceRow) -> None:
+        first = inst.running_at is None or (inst.started_at is not None
+                                            and _aware(inst.running_at) < _aware(inst.started_at))
         self._set_instance_state(inst, I.RUNNING)
-        inst.running_at, inst.reason, inst.message = utcnow(), "Running", ""
-        if inst.started_at:
-            metrics.LAUNCH_LATENCY.observe((inst.running_at - _aware(inst.started_at)).total_seconds())
+        inst.reason, inst.message = "Running", ""
+        if first:  # this attempt's first time running (not back from unknown)
+            inst.running_at = utcnow()
+            if inst.started_at:
+                metrics.LAUNCH_LATENCY.observe((inst.running_at - _aware(inst.started_at)).total_seconds())
         repo.register_address(job, inst.role, inst.index, inst.address or "")
 
     def _on_exit(self, session: Session, job: JobRow, role: Role, inst: InstanceRow, obs: Observation,

@@ -42,7 +42,7 @@ INSTANCE_TRANSITIONS: dict[InstanceState, frozenset[InstanceState]] = {
     _I.PENDING: frozenset({_I.STARTING, _I.STOPPED, _I.FAILED}),
     _I.STARTING: frozenset({_I.RUNNING, _I.SUCCEEDED, _I.FAILED, _I.TERMINATING, _I.UNKNOWN, _I.PENDING}),
     _I.RUNNING: frozenset({_I.SUCCEEDED, _I.FAILED, _I.TERMINATING, _I.UNKNOWN, _I.PENDING}),
-    _I.UNKNOWN: frozenset({_I.RUNNING, _I.SUCCEEDED, _I.FAILED, _I.TERMINATING, _I.PENDING}),
+    _I.UNKNOWN: frozenset({_I.STARTING, _I.RUNNING, _I.SUCCEEDED, _I.FAILED, _I.TERMINATING, _I.PENDING}),
     _I.TERMINATING: frozenset({_I.STOPPED, _I.SUCCEEDED, _I.FAILED}),
     _I.SUCCEEDED: frozenset({_I.PENDING}),  # only by a restart policy of Always
     _I.FAILED: frozenset({_I.PENDING}),  # only by a restart policy that allows it
