@@ -122,6 +122,37 @@ def test_invalid_submission_is_rejected_with_every_error(server: Server, tmp_pat
     assert "spec.roles[0].replicas" in out.stderr and "unknown role 'x'" in out.stderr
 
 
+def test_scale_a_running_role_up_and_down(server: Server, tmp_path: Path) -> None:
+    """Reconcile (spec step 8) driven through the API: `trainmaster scale` changes the desired
+    replicas; instances are created or deleted to match; an invalid scale is refused."""
+    job = write_job(tmp_path, "elastic", [{"name": "w", "replicas": 1,
+                                           "command": ["python", "-c", "import time; time.sleep(60)"]}])
+    server.cli("submit", str(job))
+    server.wait_state("elastic", {"running"})
+    out = server.cli("scale", "elastic", "w", "3")
+    assert out.returncode == 0 and "scaled to 3" in out.stdout
+
+    def live(status: dict) -> int:
+        return sum(i["state"] == "running" for i in status["instances"])
+
+    deadline = time.monotonic() + 60
+    while live(server.status("elastic")) != 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert live(server.status("elastic")) == 3
+    assert server.cli("scale", "elastic", "w", "1").returncode == 0
+    while live(server.status("elastic")) != 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert live(server.status("elastic")) == 1
+    missing = server.cli("scale", "elastic", "nope", "2")
+    assert missing.returncode == 2 and "has no role 'nope'" in missing.stderr
+    zero = server.cli("scale", "elastic", "w", "0")
+    assert zero.returncode == 2 and "Traceback" not in zero.stderr
+    server.cli("cancel", "elastic")
+    server.wait_state("elastic", {"cancelled"})
+    ended = server.cli("scale", "elastic", "w", "2")
+    assert ended.returncode == 2 and "only an active job scales" in ended.stderr
+
+
 def test_openapi_and_metrics(server: Server, tmp_path: Path) -> None:
     spec = httpx.get(server.url + "/openapi.json").json()
     assert "/api/v1/jobs" in spec["paths"]

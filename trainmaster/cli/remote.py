@@ -103,6 +103,15 @@ def cancel(job: JobArg, server: ServerOpt = DEFAULT_SERVER) -> None:
     print(f"job {reply['id']}: " + ("cancellation requested" if reply["cancelRequested"] else "already ended"))
 
 
+def scale(job: JobArg,
+          role: Annotated[str, typer.Argument(help="Role to scale.")],
+          replicas: Annotated[int, typer.Argument(min=1, help="Desired number of instances.")],
+          server: ServerOpt = DEFAULT_SERVER) -> None:
+    """Set a role's desired replicas; the controller creates or deletes instances to match."""
+    reply = _request(server, "POST", f"/api/v1/jobs/{job}/scale", json={"role": role, "replicas": replicas})
+    print(f"job {reply['id']}: role {reply['role']} scaled to {reply['replicas']} replica(s)")
+
+
 def delete(job: JobArg, server: ServerOpt = DEFAULT_SERVER) -> None:
     """Delete an ended job and its records (cancel a running one first)."""
     reply = _request(server, "DELETE", f"/api/v1/jobs/{job}")
@@ -115,4 +124,5 @@ def register(app: typer.Typer) -> None:
     app.command()(status)
     app.command()(logs)
     app.command()(cancel)
+    app.command()(scale)
     app.command()(delete)

@@ -8,6 +8,7 @@ the store, so a controller started over an existing store simply carries on.
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import sys
@@ -94,12 +95,25 @@ class Controller:
                 session.commit()
 
     def scale(self, job_id: int, role_name: str, replicas: int) -> None:
-        """Change a role's desired replica count; the next reconcile pass acts on it."""
+        """Change a role's desired replica count; the next reconcile pass acts on it.
+
+        The changed job is validated like a submitted one (a framework's single-instance roles,
+        ``minAvailable`` within the replicas...), so scaling cannot make a job invalid.
+        """
+        from trainmaster.errors import UserError
+        from trainmaster.spec.validate import validate
+
         with self.sessions() as session:
             row = repo.load_job(session, job_id)
-            spec = Job.model_validate(row.spec)
-            spec.spec.role(role_name).replicas = replicas
-            row.spec = spec.dump()
+            if repo.is_terminal(row.state):
+                raise UserError(f"job {row.name} (id {row.id}) has ended ({row.state}); only an active job scales")
+            doc = copy.deepcopy(row.spec)
+            roles = {r["name"]: r for r in doc["spec"]["roles"]}
+            if role_name not in roles:
+                raise UserError(f"job {row.name} (id {row.id}) has no role '{role_name}' "
+                                f"(its roles: {', '.join(roles)})")
+            roles[role_name]["replicas"] = replicas
+            row.spec = validate(doc, source=f"job {row.name} with {role_name} at {replicas} replicas").dump()
             next(r for r in row.roles if r.name == role_name).replicas = replicas
             repo.add_event(session, job_id, f"role/{role_name}", "Scaled", f"desired replicas set to {replicas}")
             session.commit()

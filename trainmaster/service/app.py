@@ -1,6 +1,6 @@
 """FastAPI application of the controller service (``trainmaster server``).
 
-The API only reads the store and records intents (submit, cancel, delete); the reconcile
+The API only reads the store and records intents (submit, scale, cancel, delete); the reconcile
 thread does everything else, so a request never waits on instances and a crash of the server
 loses nothing that was acknowledged: a job is committed before ``201`` is returned.
 """
@@ -15,6 +15,7 @@ from typing import Any, AsyncIterator
 from fastapi import Body, FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import generate_latest
+from pydantic import BaseModel, ConfigDict, Field
 
 from trainmaster.controller import Controller
 from trainmaster.controller import metrics
@@ -23,6 +24,14 @@ from trainmaster.spec.load import load_document
 from trainmaster.store import repository as repo
 
 API = "/api/v1"
+
+
+class ScaleRequest(BaseModel):
+    """A role's new desired replica count (``POST /api/v1/jobs/{ref}/scale``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    role: str = Field(min_length=1)
+    replicas: int = Field(ge=1)
 
 
 class Reconciler(threading.Thread):
@@ -91,6 +100,13 @@ def create_app(controller: Controller, reconcile: bool = True) -> FastAPI:
             job = _find(session, ref)
         controller.cancel(job.id)
         return {"id": job.id, "cancelRequested": not repo.is_terminal(job.state)}
+
+    @app.post(f"{API}/jobs/{{ref}}/scale")
+    def scale(ref: str, body: ScaleRequest) -> dict[str, Any]:
+        with sessions() as session:
+            job = _find(session, ref)
+        controller.scale(job.id, body.role, body.replicas)
+        return {"id": job.id, "role": body.role, "replicas": body.replicas}
 
     @app.delete(f"{API}/jobs/{{ref}}")
     def delete(ref: str) -> dict[str, Any]:
