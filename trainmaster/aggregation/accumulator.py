@@ -45,6 +45,8 @@ class IntSum:
         if self.values is None:
             self.values = np.array(q, copy=True)
             self.exponent = exponent
+        elif self.values.dtype != np.int64 and exponent == self.exponent:
+            self.values = np.add(self.values, q, dtype=np.int64)  # widen and add in one pass
         else:
             if self.values.dtype != np.int64:
                 self.values = self.values.astype(np.int64)
