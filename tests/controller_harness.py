@@ -105,3 +105,26 @@ def step_until(h: Harness, job_id: int, done: Any, timeout: float = 60) -> dict[
             return status
         time.sleep(0.1)
     raise AssertionError(f"timed out; job is {status['state']}: {status['message']}")
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_job_file(path: Path, tmp_path: Path, *args: str, timeout: float = 150) -> tuple[Any, dict[str, Any]]:
+    """``trainmaster run PATH --json`` in a fresh home under ``tmp_path``, as a user runs an
+    example; returns the finished process and the job's final status (empty if none printed)."""
+    import json
+    import os
+    import subprocess
+
+    env = {**os.environ, "TRAINMASTER_HOME": str(tmp_path / "home")}
+    proc = subprocess.run([PY, "-m", "trainmaster", "run", str(path), "--interval", "0.2", "--grace", "1",
+                           "--json", "--db", f"sqlite:///{tmp_path / 'tm.db'}", *args],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+    status = json.loads(proc.stdout[proc.stdout.index("{"):]) if "{" in proc.stdout else {}
+    return proc, status
+
+
+def run_logs(tmp_path: Path) -> str:
+    """Every instance log of jobs run by :func:`run_job_file` in ``tmp_path``."""
+    return "\n".join(p.read_text() for p in sorted((tmp_path / "home").rglob("*.log")))

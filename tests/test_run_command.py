@@ -12,19 +12,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controller_harness import pids_alive
-
-ROOT = Path(__file__).resolve().parents[1]
+from controller_harness import ROOT, pids_alive, run_job_file
 
 
 @pytest.mark.timeout(240)
 def test_pytorch_digits_reaches_accuracy(tmp_path: Path) -> None:
-    env = {**os.environ, "TRAINMASTER_HOME": str(tmp_path / "home")}
-    out = subprocess.run([sys.executable, "-m", "trainmaster", "run", str(ROOT / "examples/pytorch-digits.yaml"),
-                          "--interval", "0.2", "--json"], capture_output=True, text=True, env=env, cwd=tmp_path,
-                         timeout=230)
+    out, status = run_job_file(ROOT / "examples/pytorch-digits.yaml", tmp_path, timeout=230)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    status = json.loads(out.stdout)
     metrics = json.loads((tmp_path / "outputs/pytorch-digits/metrics.json").read_text())
     assert metrics["world_size"] == 3 and metrics["test_accuracy"] >= 0.9
     master = next(i for i in status["instances"] if i["role"] == "master")

@@ -4,9 +4,7 @@ convert``, and (PyTorchJob and Volcano Job) run unchanged to success under ``tra
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,12 +12,12 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
+from controller_harness import ROOT, run_job_file, run_logs
 from trainmaster.cli import convert as convert_cli
 from trainmaster.errors import UserError
 from trainmaster.spec import load_job
 from trainmaster.spec.compat.meta import SOURCE_ANNOTATION
 
-ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = {
     "kubeflow-pytorchjob.yaml": ("pytorch", {"master": 1, "worker": 2}),
     "kubeflow-tfjob.yaml": (None, {"ps": 1, "worker": 2}),
@@ -86,17 +84,7 @@ def test_convert_cli_rejects_what_it_cannot_convert(tmp_path: Path) -> None:
 
 
 def _run_example(name: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], dict]:
-    env = dict(os.environ, TRAINMASTER_HOME=str(tmp_path / "home"))
-    proc = subprocess.run(
-        [sys.executable, "-m", "trainmaster", "run", str(ROOT / "examples" / name),
-         "--interval", "0.2", "--grace", "1", "--json", "--db", f"sqlite:///{tmp_path / 'tm.db'}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150)
-    status = json.loads(proc.stdout[proc.stdout.index("{"):]) if "{" in proc.stdout else {}
-    return proc, status
-
-
-def _logs(tmp_path: Path) -> str:
-    return "\n".join(p.read_text() for p in sorted((tmp_path / "home").rglob("*.log")))
+    return run_job_file(ROOT / "examples" / name, tmp_path)
 
 
 @pytest.mark.slow
@@ -108,7 +96,7 @@ def test_kubeflow_pytorchjob_runs_unchanged(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "ignored: spec.pytorchReplicaSpecs.Master.template.spec.containers[0].image" in proc.stderr
     assert status["state"] == "succeeded"
-    logs = _logs(tmp_path)
+    logs = run_logs(tmp_path)
     for rank in range(3):
         assert f"rank {rank} of 3: all_reduce sum = 6" in logs, logs
 
@@ -123,7 +111,7 @@ def test_volcano_job_runs_unchanged(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert status["state"] == "succeeded"
     assert {r["name"]: r["state"] for r in status["roles"]}["client"] == "succeeded"
-    logs = _logs(tmp_path)
+    logs = run_logs(tmp_path)
     for index in range(2):
         assert f"client {index}: http://127.0.0.1:" in logs and "says 'hello from server-0'" in logs, logs
 
@@ -140,4 +128,4 @@ def test_tfjob_and_mpijob_run_unchanged(tmp_path: Path, name: str, line: str) ->
     proc, status = _run_example(name, tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert status["state"] == "succeeded"
-    assert line in _logs(tmp_path)
+    assert line in run_logs(tmp_path)
