@@ -109,6 +109,7 @@ class ParameterNode:
             job = self.jobs[h.job] = _Job(h.fan_in)
         job.registered |= h.bitmap
         now = time.monotonic()
+        self.transport.prepare(src)
         for rank in bits(h.bitmap):
             job.routes[rank] = src
             job.last_seen[rank] = now

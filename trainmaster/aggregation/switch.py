@@ -95,6 +95,7 @@ class ForwardingNode:
         self.pool: list[_Slot | None] = [None] * slots
         self.transport = make_transport(transport, name, host, port, faults)
         self.address = self.transport.address
+        self.transport.prepare(parent)
         self.counters = SwitchCounters()
         self.jobs: dict[int, _Job] = {}
         self.diverted = _RecentKeys()
@@ -107,6 +108,7 @@ class ForwardingNode:
         job.local_mask |= h.bitmap
         for rank in bits(h.bitmap):
             job.routes[rank] = src
+        self.transport.prepare(src)
         self.transport.send(encode_parts(h, body), self.parent)
 
     def _forward_up(self, h: Header, body: bytes, extra: Flag = Flag.NONE) -> None:

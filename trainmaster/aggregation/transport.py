@@ -102,6 +102,7 @@ class Transport(Protocol):
     max_packet: int  # largest packet (header + payload) ``send`` accepts
 
     def send(self, data: Packet, addr: Address, *, control: bool = False) -> None: ...
+    def prepare(self, addr: Address) -> None: ...
     def recv(self, timeout: float) -> tuple[Buffer, Address] | None: ...
     def close(self) -> None: ...
 
@@ -227,6 +228,9 @@ class UdpTransport:
             self._links[addr] = rng
         return rng
 
+    def prepare(self, addr: Address) -> None:
+        """Set up what sending to ``addr`` needs before the first packet (nothing for UDP)."""
+
     def send(self, data: Packet, addr: Address, *, control: bool = False) -> None:
         """Send one packet; control messages (stats, shutdown) bypass fault injection."""
         parts = _parts(data)
@@ -302,6 +306,8 @@ class UdpTransport:
                 view.close()
                 return None
             self._views[(pid, fd)] = view
+        if n == 0:
+            return None  # an announcement: the ring is mapped now, nothing to deliver
         if pos < view.consumed():
             self.counters.stale_descriptors += 1  # duplicate or late: that space was reused
             return None
@@ -355,7 +361,7 @@ class ShmTransport(UdpTransport):
 
     def __init__(self, name: str, host: str = "127.0.0.1", port: int = 0,
                  faults: FaultPlan | None = None, ring_bytes: int = SHM_RING_BYTES,
-                 inline_limit: int = 8192, full_wait: float = 2.0):
+                 inline_limit: int = 8192, full_wait: float = 0.25):
         if not hasattr(os, "memfd_create"):
             raise RuntimeError("the shared-memory transport needs Linux (memfd_create)")
         super().__init__(name, host, port, faults)
@@ -366,13 +372,24 @@ class ShmTransport(UdpTransport):
         self.max_packet = ring_bytes // 4
         self._rings: dict[Address, _Ring] = {}
 
+    def prepare(self, addr: Address) -> None:
+        """Create the ring towards ``addr`` and have the receiver map it now: mapping a ring
+        takes tens of milliseconds, which inside the first reduction looks like a loss."""
+        with self._lock:
+            self._ring(addr)
+
+    def _ring(self, addr: Address) -> _Ring:
+        ring = self._rings.get(addr)
+        if ring is None:
+            ring = self._rings[addr] = _Ring(self.ring_bytes)
+            self._sendmsg([_DESC.pack(_DESC_MAGIC, os.getpid(), ring.fd, ring.id, 0, 0)], addr)
+        return ring
+
     def _emit(self, parts: list[Buffer], size: int, addr: Address) -> None:
         if size <= self.inline_limit:
             self._sendmsg(parts, addr)
             return
-        ring = self._rings.get(addr)
-        if ring is None:
-            ring = self._rings[addr] = _Ring(self.ring_bytes)
+        ring = self._ring(addr)
         pos = ring.reserve(size)
         if pos is None:
             # the receiver has not consumed enough yet: wait with a growing sleep, bounded

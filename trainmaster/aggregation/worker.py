@@ -96,7 +96,9 @@ class _InFlight:
 class WorkerConfig:
     chunk: int | None = None  # elements per slice; None: DEFAULT_CHUNK of the transport
     window: int = 64
-    retransmit_timeout: float = 0.2  # initial; then adapted to the measured round trip
+    # initial, then adapted to the measured round trip; None: 0.2 s on udp, 1 s on shm (a first
+    # megabyte slice under load can take that long, and resending it only adds work)
+    retransmit_timeout: float | None = None
     # None: 0.02 s on udp; 0.2 s on shm, where nothing is lost but injected faults and a
     # spurious retransmission of a megabyte slice costs more than waiting
     min_retransmit_timeout: float | None = None
@@ -123,6 +125,9 @@ class AggregationClient:
             tune_allocator()
         self.transport = make_transport(transport, f"worker{job}.{rank}", host, 0, faults)
         self.chunk = self.config.chunk or DEFAULT_CHUNK[transport]
+        self.initial_rto = self.config.retransmit_timeout
+        if self.initial_rto is None:
+            self.initial_rto = 0.2 if transport == "udp" else 1.0
         self.min_rto = self.config.min_retransmit_timeout
         if self.min_rto is None:
             self.min_rto = 0.02 if transport == "udp" else 0.2
@@ -152,6 +157,7 @@ class AggregationClient:
             return
         me = json.dumps({"pid": os.getpid(), "host": host_identity()}).encode()
         hello = encode(Header(Kind.HELLO, self.job, bitmap=self.bit, fan_in=self.world), me)
+        self.transport.prepare(self.switch)
         deadline = time.monotonic() + self.config.timeout
         next_hello = 0.0
         while True:
@@ -263,7 +269,7 @@ class AggregationClient:
     def _rto(self) -> float:
         cfg = self.config
         if self._srtt is None:
-            return cfg.retransmit_timeout
+            return self.initial_rto
         rto = self._srtt + 4 * self._rttvar
         return min(cfg.max_retransmit_timeout, max(self.min_rto, rto))
 
