@@ -21,6 +21,11 @@ from trainmaster.store.db import make_engine, session_factory
 
 PY = sys.executable
 
+# The tests' private Ray cluster listens on this loopback address, not the controller's
+# 127.0.0.1, so every Ray test moves its instances to "another node's" address, as on a
+# cluster of several machines.
+RAY_NODE_IP = "127.0.0.2"
+
 
 class Harness:
     """A controller over a fresh SQLite store with a fast reconcile interval."""
@@ -75,10 +80,11 @@ def pids_alive(pids: list[int]) -> list[int]:
 
 SERVER = ("import os, socket\n"
           "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-          "s.bind(('127.0.0.1', int(os.environ['TM_PORT']))); s.listen()\n"
+          "s.bind((os.environ['TM_HOST'], int(os.environ['TM_PORT']))); s.listen()\n"
           "for _ in range(int(os.environ['CLIENTS'])):\n"
           "    c, _ = s.accept(); c.sendall(b'hello'); c.close()\n")
 CLIENT = ("import os, socket, time\n"
+          "print('TM_SERVICE_SERVER=' + os.environ['TM_SERVICE_SERVER'], flush=True)\n"
           "host, port = os.environ['TM_SERVICE_SERVER'].split(',')[0].split(':')\n"
           "for attempt in range(100):\n"
           "    try:\n"

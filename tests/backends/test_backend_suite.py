@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from controller_harness import PY, pids_alive
+from controller_harness import PY, RAY_NODE_IP, pids_alive
 from trainmaster.backends.base import Backend, LaunchRequest, Phase
 from trainmaster.backends.local import LocalBackend
 from trainmaster.runtime.files import InstanceFiles
@@ -18,7 +18,7 @@ def ray_backend() -> Backend:
     pytest.importorskip("ray", reason="the optional ray extra (trainmaster[ray]) is not installed")
     from trainmaster.backends.ray import RayBackend
 
-    return RayBackend()  # the first one starts the session's local cluster; later ones join it
+    return RayBackend(node_ip=RAY_NODE_IP)  # the first one starts the session's local cluster
 
 
 def backends() -> list:
@@ -44,7 +44,9 @@ def launch_request(backend: Backend, tmp_path: Path, code: str, name: str = "r",
     argv, env = [PY, "-c", code], {"PATH": "/usr/bin:/bin"}
     files.write_launch({"argv": argv, "cwd": None, "env": env,
                         "role_env": {}, "depends": [], "db_url": "", "job_id": 1, "framework": "command",
-                        "context": {"host": placement.host, "ports": placement.ports}})
+                        "context": {"job_name": "t", "role": name, "index": 0, "replicas": 1,
+                                    "role_replicas": {name: 1}, "host": placement.host, "ports": placement.ports,
+                                    "params": {}, "output_dir": str(tmp_path / "output")}})
     return LaunchRequest(job_id=1, job_name="t", role=name, index=0, attempt=1, placement=placement,
                          launch_file=str(files.launch), instance_dir=str(files.dir),
                          log_path=str(tmp_path / f"{name}.log"), argv=argv, env=env, cwd=cwd)

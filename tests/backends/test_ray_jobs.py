@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from controller_harness import Harness, events, job, pids_alive, py, server_client_job, step_until
+from controller_harness import RAY_NODE_IP, Harness, events, job, pids_alive, py, server_client_job, step_until
 
 ray = pytest.importorskip("ray", reason="the optional ray extra (trainmaster[ray]) is not installed")
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(180)]
@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(180)]
 def ray_backend() -> Iterator[Any]:
     from trainmaster.backends.ray import RayBackend
 
-    backend = RayBackend()
+    backend = RayBackend(node_ip=RAY_NODE_IP)
     yield backend
     backend.close()
 
@@ -38,11 +38,15 @@ def ray_harness(tmp_path: Path, ray_backend: Any) -> Harness:
 
 
 def test_server_client_dependency_job_succeeds_on_ray(ray_harness: Harness) -> None:
+    """Dependencies and the communication service on Ray: instances are addressed by the node
+    Ray placed them on (not the controller's host), and clients reach the server there."""
     state, status = ray_harness.run(server_client_job("svc", clients=2))
     assert state == "succeeded", status["events"]
     assert status["backend"] == "ray"
     server = next(i for i in status["instances"] if i["role"] == "server")
-    assert server["address"].startswith("127.0.0.1:")
+    assert server["address"].startswith(f"{RAY_NODE_IP}:")  # its node's address, where it listens
+    assert f"TM_SERVICE_SERVER={server['address']}" in Path(next(
+        i for i in status["instances"] if i["role"] == "client")["logPath"]).read_text()
     for client in (i for i in status["instances"] if i["role"] == "client"):
         assert client["state"] == "succeeded"
         assert "client got hello" in Path(client["logPath"]).read_text()  # logs collected

@@ -75,6 +75,7 @@ class Observation:
     exit_code: int | None = None
     reason: str = ""
     message: str = ""
+    host: str = ""  # where it runs, when the backend learns that only after start (Ray's node)
 
 
 class Backend(ABC):

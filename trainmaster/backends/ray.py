@@ -20,8 +20,9 @@ import json
 import logging
 import os
 import signal
+import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from trainmaster.backends.base import Backend, Capacity, LaunchRequest, Observation, Phase, Placement
 from trainmaster.backends.local import LocalBackend
+from trainmaster.runtime.environment import instance_environment
 from trainmaster.runtime.files import InstanceFiles
 
 NAMESPACE = "trainmaster"
@@ -42,11 +44,12 @@ CALL_TIMEOUT = 5.0  # a poll waits at most this long for an actor's answer
 GANG_WAIT = 0.2  # each reconcile pass waits this long for a placement group, then reports pending
 
 
-def connect(address: str | None = None, num_cpus: int | None = None) -> None:
+def connect(address: str | None = None, num_cpus: int | None = None, node_ip: str = "127.0.0.1") -> None:
     """Join ``address``, or start a private local cluster; a no-op when Ray is already up.
 
     ``address="local"`` rather than nothing, so an unrelated cluster another program left
-    running on this machine is never joined by accident.
+    running on this machine is never joined by accident. A private cluster listens on
+    ``node_ip`` only (loopback by default): it has no other machine to talk to.
     """
     if ray.is_initialized():
         return
@@ -55,7 +58,8 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> None:
     if address:
         ray.init(address=address, **quiet)
     else:
-        ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, **quiet)
+        ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False,
+                 _node_ip_address=node_ip, **quiet)
 
 
 @ray.remote(max_restarts=0, max_task_retries=0)
@@ -65,22 +69,45 @@ class InstanceActor:
     def __init__(self) -> None:
         self._local = LocalBackend()
         self._handle: dict[str, Any] | None = None
+        self._node_ip = ray.util.get_node_ip_address()
 
     def start(self, request: LaunchRequest, name: str) -> dict[str, Any]:
-        self._handle = self._local.start(request)
-        record = {**self._handle, "actor": name, "node_ip": ray.util.get_node_ip_address(),
+        self._handle = self._local.start(bind_to_node(request, self._node_ip))
+        record = {**self._handle, "actor": name, "node_ip": self._node_ip,
                   "node_id": ray.get_runtime_context().get_node_id()}
         _write_json(Path(request.instance_dir) / ATTEMPT_RECORD, record)
         return record
 
     def poll(self) -> Observation:
         assert self._handle is not None, "poll before start"
-        return self._local.poll(self._handle)
+        return replace(self._local.poll(self._handle), host=self._node_ip)
 
     def stop(self, grace: float) -> Observation:
         assert self._handle is not None, "stop before start"
         self._local.stop([self._handle], grace)
         return self._local.poll(self._handle)
+
+
+def bind_to_node(request: LaunchRequest, node_ip: str) -> LaunchRequest:
+    """Move an attempt to the node Ray placed it on: the controller chose its host and ports
+    before Ray chose the node, so check the ports are free there, put the node's address in the
+    launch file and (without a wait step) recompute the environment from it."""
+    if request.placement.host == node_ip:
+        return request
+    for port in request.placement.ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((node_ip, port))
+            except OSError as exc:
+                raise OSError(exc.errno, f"port {port} is taken on node {node_ip}") from None
+    files = InstanceFiles(request.instance_dir)
+    launch = files.read_launch()
+    launch["context"]["host"] = node_ip
+    env = instance_environment(launch, {}) if not request.gated else request.env
+    if not request.gated:
+        launch["env"] = env
+    files.write_launch(launch)
+    return replace(request, placement=Placement(node_ip, request.placement.ports), env=env)
 
 
 @dataclass
@@ -93,9 +120,11 @@ class _Gang:
 class RayBackend(Backend):
     name = "ray"
 
-    def __init__(self, address: str | None = None, num_cpus: int | None = None, host: str = "127.0.0.1"):
-        connect(address, num_cpus)
-        self._ports = LocalBackend(Capacity(0, 0), host=host)  # port reservation as on the local backend
+    def __init__(self, address: str | None = None, num_cpus: int | None = None, node_ip: str = "127.0.0.1"):
+        """``node_ip``: the address of a private local cluster (ignored when joining ``address``).
+        Instances' addresses are their nodes' IPs, known once Ray has placed them."""
+        connect(address, num_cpus, node_ip)
+        self._ports = LocalBackend(Capacity(0, 0))  # ports chosen here, checked on the node
         self._gangs: dict[int, _Gang] = {}
         self._actors: dict[str, Any] = {}  # actor name -> ActorHandle, for attempts we know
         self._starting: dict[str, ray.ObjectRef] = {}  # start calls not yet answered

@@ -205,6 +205,8 @@ class Controller:
             if inst.state not in LIVE or not inst.handle:
                 continue
             obs = self._unreachable_for_too_long(inst, self.backend.poll(inst.handle))
+            if obs.host and obs.host != inst.host:  # placed on a node after start (Ray)
+                inst.host, inst.address = obs.host, Placement(obs.host, list(inst.ports or [])).address
             if obs.phase != Phase.UNREACHABLE:
                 self._unreachable_since.pop(inst.id, None)
             if obs.phase == Phase.UNREACHABLE:
