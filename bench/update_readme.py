@@ -1,16 +1,32 @@
 """Copy every bench/results/<capability>.md table into the README's benchmark section.
 
 Run after a benchmark: ``python bench/update_readme.py``. Everything after the
-``<!-- BENCH TABLES -->`` marker is regenerated; nothing above it changes.
+``<!-- BENCH TABLES -->`` marker is regenerated; nothing above it changes. Headings of a
+result file sit below the README's own, and a long file is cut at a section boundary with a
+link to the whole of it, so the README stays readable.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = "<!-- BENCH TABLES -->"
 ORDER = ["controller", "aggregation", "flsched", "partition", "gateway"]
+MAX_LINES = 70  # of one capability's results in the README
+
+
+def excerpt(text: str, link: str) -> str:
+    """``text`` with headings demoted under the README's ``###``, cut to about MAX_LINES."""
+    lines = [re.sub(r"^(#{1,3}) ", lambda m: "#" * (len(m.group(1)) + 3) + " ", line)
+             for line in text.strip().splitlines()]
+    if len(lines) <= MAX_LINES:
+        return "\n".join(lines)
+    cut = max((n for n, line in enumerate(lines[:MAX_LINES]) if n > 0 and line.startswith("#")), default=None)
+    if cut is None:
+        cut = next((n for n in range(MAX_LINES, len(lines)) if not lines[n].strip()), len(lines))
+    return "\n".join(lines[:cut]).rstrip() + f"\n\nThe rest (per-case tables): [{link}]({link})."
 
 
 def main() -> None:
@@ -21,7 +37,7 @@ def main() -> None:
         table = ROOT / "bench" / "results" / f"{name}.md"
         if table.is_file():
             sections.append(f"### {name}\n\n`python bench/{name}.py` -> `bench/results/{name}.json`\n\n"
-                            + table.read_text().strip() + "\n")
+                            + excerpt(table.read_text(), f"bench/results/{name}.md") + "\n")
         else:
             sections.append(f"### {name}\n\nNo results yet: run `python bench/{name}.py`.\n")
     readme.write_text(head + MARKER + "\n\n" + "\n".join(sections))
