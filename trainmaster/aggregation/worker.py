@@ -142,7 +142,9 @@ class AggregationClient:
         self.round = 0
         self.window = 1
         self.slot_override: dict[int, int] = {}
-        self.last_error_bound: np.ndarray | None = None
+        # per-slice error bounds of the last reduction; the per-element array is built on demand
+        self._bounds: np.ndarray | None = None
+        self._bound_shape: tuple[int, ...] = ()
         self._stop = threading.Event()
         self._heart: threading.Thread | None = None
         self._joined = False
@@ -239,11 +241,22 @@ class AggregationClient:
         fl.sends += 1
         fl.sent_at = time.monotonic()
 
-    def allreduce(self, array: Any) -> Any:
+    @property
+    def last_error_bound(self) -> np.ndarray | None:
+        """Per-element bound on the absolute error of the last ``allreduce`` result (float32,
+        the input's shape). Built when asked: most callers never look at it."""
+        if self._bounds is None:
+            return None
+        n = math.prod(self._bound_shape)
+        return np.repeat(self._bounds, self.chunk)[:n].reshape(self._bound_shape)
+
+    def allreduce(self, array: Any, out: np.ndarray | None = None) -> Any:
         """Sum ``array`` over every worker of the job; returns the same type and shape.
 
         numpy arrays and torch tensors are accepted; the sum is computed in the quantised
         domain, and ``last_error_bound`` holds the per-element bound on its absolute error.
+        ``out`` (numpy input only): a C-contiguous float32 array of the same size that
+        receives the result (it may be ``array`` itself: in place, as gloo's all_reduce).
         """
         self.join()
         torch_like = hasattr(array, "detach") and hasattr(array, "numpy")
@@ -254,12 +267,21 @@ class AggregationClient:
         peaks = [peak_magnitude(x[i:i + self.chunk]) for i in range(0, max(x.size, 1), self.chunk)]
         if not all(math.isfinite(p) for p in peaks):
             raise ValueError("allreduce input contains NaN or infinity")
+        target = None
+        if out is not None:
+            if torch_like or out.dtype != np.float32 or out.size != x.size or \
+                    not out.flags.c_contiguous:
+                raise ValueError("out must be a C-contiguous float32 numpy array of the input's "
+                                 "size (numpy input only)")
+            target = out.reshape(-1)
         try:
-            out, bound = self._reduce(x, peaks)
+            result_flat, bounds = self._reduce(x, peaks, target)
         finally:
             self._busy_round = 0
-        self.last_error_bound = bound.reshape(src.shape)
-        result = out.reshape(src.shape)
+        self._bounds, self._bound_shape = bounds, tuple(src.shape)
+        if out is not None:
+            return out
+        result = result_flat.reshape(src.shape)
         if torch_like:
             import torch
 
@@ -280,7 +302,8 @@ class AggregationClient:
             self._rttvar = 0.75 * self._rttvar + 0.25 * abs(self._srtt - rtt)
             self._srtt = 0.875 * self._srtt + 0.125 * rtt
 
-    def _reduce(self, x: np.ndarray, peaks: list[float]) -> tuple[np.ndarray, np.ndarray]:
+    def _reduce(self, x: np.ndarray, peaks: list[float],
+                out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         cfg = self.config
         started = time.monotonic()
         self.round += 1
@@ -288,8 +311,9 @@ class AggregationClient:
         n = x.size
         chunk = self.chunk
         total = max(1, math.ceil(n / chunk))
-        out = np.empty(n, dtype=np.float32)
-        bound = np.empty(n, dtype=np.float32)  # every slice's part is written by _accept
+        if out is None:
+            out = np.empty(n, dtype=np.float32)
+        bound = np.zeros(total, dtype=np.float32)  # per slice; written by _accept
         pending: dict[int, _InFlight] = {}
         next_seq = done = 0
         last_progress = time.monotonic()
@@ -357,10 +381,10 @@ class AggregationClient:
                                    f"expected {fl.stop - fl.start}")
         if h.has(Flag.FLOAT):
             out[fl.start:fl.stop] = vals
-            bound[fl.start:fl.stop] = 0.0
+            bound[fl.seq] = 0.0
         else:
             dequantize_into(vals, h.exponent, out[fl.start:fl.stop])
-            bound[fl.start:fl.stop] = error_bound(h.exponent, self.world)
+            bound[fl.seq] = error_bound(h.exponent, self.world)
         if h.has(Flag.CONFLICT):
             self.slot_override[h.seq] = h.slot
 
