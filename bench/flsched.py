@@ -123,7 +123,7 @@ def runtime_rows(seeds: list[int]) -> dict:
             totals.append(max(ttt) if all(t is not None for t in ttt) else float("inf"))
             accs.append(float(np.mean([j.curve[-1][1] for j in jobs])))
         rows[name] = {"time_to_all_targets_per_seed": totals, "median_time_to_all_targets": statistics.median(totals),
-                      "median_final_accuracy": statistics.median(accs)}
+                      "time_spread": spread(totals), "median_final_accuracy": statistics.median(accs)}
         print("runtime", name, rows[name], flush=True)
     return rows
 
@@ -182,10 +182,14 @@ def write_markdown(result: dict) -> None:
     if rt:
         lines += [f"Real runtime (PyTorch FedAvg on digits/wine/breast-cancer, 20 devices, 3 per job per round, "
                   f"non-IID, 10% dropout; emulated device time; {result['runtime_seeds']} seeds):", "",
-                  "| scheduler | median simulated time until all 3 jobs reach target (s) | median final accuracy |",
+                  "| scheduler | simulated time until all 3 jobs reach target (s): median [p25-p75] | median final accuracy |",
                   "|---|---|---|"]
         for name, r in rt.items():
-            lines.append(f"| {name} | {fmt(r['median_time_to_all_targets'])} | {r['median_final_accuracy']:.3f} |")
+            t = r["time_spread"]
+            lines.append(f"| {name} | {fmt(r['median_time_to_all_targets'])} [{fmt(t['p25'])}-{fmt(t['p75'])}] | "
+                         f"{r['median_final_accuracy']:.3f} |")
+        lines += ["", "Final accuracies there are taken when each job stops at its target, so they sit near the "
+                  "targets (0.85/0.92/0.93) for every scheduler that reaches them: not a quality ranking."]
         lines.append("")
     lines += ["Goals of the issue, judged from these numbers:", "", *goals(result), ""]
     (OUT / "flsched.md").write_text("\n".join(lines))
@@ -196,7 +200,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="3 seeds, fewer repeats, no 100-device optimum gaps")
     args = ap.parse_args()
     seeds = [1, 2, 3] if args.quick else list(range(1, 11))
-    runtime_seeds = [1, 2, 3] if args.quick else [1, 2, 3, 4, 5]
+    runtime_seeds = [1, 2, 3] if args.quick else seeds
     result = {"seeds": len(seeds), "fairness_weight": FAIRNESS_WEIGHT,
               "simulation": simulation_rows(seeds, max_rounds=400 if args.quick else 600),
               "decision_time": decision_times(5 if args.quick else 15),
