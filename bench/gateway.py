@@ -9,10 +9,13 @@ creates the run's tasks (one executor per leg; not timed), then times
              verifies/decrypts, re-encrypts to the initiator, persists, answers; the initiator opens
              every leg.
 All tasks of a run are in flight at once. Reports p50/p99 latency per task and throughput (tasks/s),
-medians over the runs. Writes bench/results/gateway.json and bench/results/gateway.md.
+medians over the runs. Then one large result (``predict`` over a Parquet file sized so the result is
+64 MB of JSON) through the gateway as a chunked stream: seconds, MB/s and the peak RSS of the gateway
+and party processes (psutil, sampled every 10 ms). Writes bench/results/gateway.json and .md.
 
     .venv/bin/python bench/gateway.py            # full: 200 concurrent tasks with 1 party, 5 runs
     .venv/bin/python bench/gateway.py --quick    # smaller, for a smoke check
+    .venv/bin/python bench/gateway.py --parties none --large-mb 64   # only the large-result row
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -127,8 +132,10 @@ def bench_config(n_parties: int, n_tasks: int, n_seq: int, runs: int) -> dict[st
     per_run = []
     for run in range(runs):
         with tempfile.TemporaryDirectory(prefix="tm-gw-bench-") as root:
-            dep = Deployment(Path(root), [f"p{i}" for i in range(n_parties)], overrides={
-                "gateway": {"party_concurrency": 64, "max_inflight_tasks": 1024, "task_queue_depth": 4}}).start_all()
+            parties = [f"p{i}" for i in range(n_parties)]
+            dep = Deployment(Path(root), parties, overrides={
+                "gateway": {"party_concurrency": 64, "max_inflight_tasks": 1024, "task_queue_depth": 4},
+                **{p: {"executor_start_timeout_s": 120} for p in parties}}).start_all()
             try:
                 per_run.append(asyncio.run(_one_run(dep, n_tasks, n_seq, run)))
             finally:
@@ -144,13 +151,83 @@ def bench_config(n_parties: int, n_tasks: int, n_seq: int, runs: int) -> dict[st
     return row
 
 
-def write_results(rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+class PeakRss:
+    """Samples processes' resident set size in a thread; ``peak`` per process name."""
+
+    def __init__(self, pids: dict[str, int], every_s: float = 0.01):
+        import psutil
+
+        self._procs = {name: psutil.Process(pid) for name, pid in pids.items()}
+        self.baseline = {name: p.memory_info().rss for name, p in self._procs.items()}
+        self.peak = dict(self.baseline)
+        self._stop = threading.Event()
+        self._every = every_s
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every):
+            for name, p in self._procs.items():
+                self.peak[name] = max(self.peak[name], p.memory_info().rss)
+
+    def __enter__(self) -> "PeakRss":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def bench_large(size_mb: int, runs: int) -> dict[str, Any]:
+    """One ``predict`` leg whose result is ``size_mb`` MB of JSON, through the gateway as a stream."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from trainmaster.gateway.client import LegSpec
+    from trainmaster.gateway.rules import PredictParams, predict
+
+    weights = {"w": [0.7], "b": -0.2}
+    rng = np.random.default_rng(0)
+    sample = rng.normal(size=20_000)
+    per_row = len(json.dumps(predict({"x": sample}, PredictParams(features=["x"], weights=weights)),
+                             separators=(",", ":"))) / sample.size
+    rows = int(size_mb * 1e6 / per_row)
+    per_run = []
+    for _run in range(runs):
+        with tempfile.TemporaryDirectory(prefix="tm-gw-large-") as root:
+            dep = Deployment(Path(root), ["p0"], overrides={"p0": {"allowed_rules": ["predict"], "executor_start_timeout_s": 120}})
+            pq.write_table(pa.table({"x": rng.normal(size=rows)}), Path(root) / "data" / "p0" / "big.parquet")
+            dep.start_all()
+            try:
+                ini = dep.initiator(timeout_s=600)
+                spec = LegSpec(data_id="big", party="p0", rule="predict", params={"features": ["x"], "weights": weights})
+                assert ini.create_leg("large", spec, deadline_s=900)["ok"]
+                with PeakRss({"gateway": dep.procs["gateway"].pid, "party": dep.procs["p0"].pid}) as rss:
+                    t0 = time.perf_counter()
+                    out = ini.receive("large", ["big"], leg_timeout_s=600)["big"]
+                    wall = time.perf_counter() - t0
+                ini.close()
+                assert out["outcome"] == "result" and out["result"]["rows"] == rows, out.get("detail")
+                nbytes = len(json.dumps(out["result"], separators=(",", ":")))
+                per_run.append({"wall_s": wall, "bytes": nbytes, **{f"{k}_baseline_rss": v for k, v in rss.baseline.items()},
+                                **{f"{k}_peak_rss": v for k, v in rss.peak.items()}})
+            finally:
+                dep.stop_all()
+    med = lambda key: statistics.median(r[key] for r in per_run)  # noqa: E731
+    return {"result_mb": med("bytes") / 1e6, "rows": rows, "runs": runs, "seconds": med("wall_s"),
+            "mb_per_s": med("bytes") / 1e6 / med("wall_s"),
+            "gateway_baseline_rss_mb": med("gateway_baseline_rss") / 1e6, "gateway_peak_rss_mb": med("gateway_peak_rss") / 1e6,
+            "party_baseline_rss_mb": med("party_baseline_rss") / 1e6, "party_peak_rss_mb": med("party_peak_rss") / 1e6}
+
+
+def write_results(rows: list[dict[str, Any]], meta: dict[str, Any], large: dict[str, Any] | None = None) -> None:
     RESULTS.mkdir(exist_ok=True)
     rows = sorted(rows, key=lambda r: r["parties"])
-    (RESULTS / "gateway.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    (RESULTS / "gateway.json").write_text(json.dumps({"meta": meta, "rows": rows, "large_result": large}, indent=2))
     runs = sorted({r["runs"] for r in rows})
     lines = [f"Gateway vs direct-to-party, small tasks (`row_count`), medians of {'/'.join(map(str, runs))} runs per row; "
-             "NOISY: measured on a shared 2-core machine while other helpers' benchmarks ran (load average 20-40). "
+             "NOISY: measured on a shared 2-core machine while other helpers' jobs ran "
+             f"(1-minute load average sampled during the run: {meta['load_min']:.0f}-{meta['load_max']:.0f}). "
              "Command: `.venv/bin/python bench/gateway.py`", "",
              "Burst: all tasks in flight at once (latency includes queueing and cold TLS handshakes). "
              "One-at-a-time: sequential tasks on warm connections.", "",
@@ -161,31 +238,59 @@ def write_results(rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
                      f"{r['p50_ratio']:.2f}x | {r['direct_p99_ms']:.0f} / {r['gateway_p99_ms']:.0f} | "
                      f"{r['direct_tasks_per_s']:.1f} / {r['gateway_tasks_per_s']:.1f} | "
                      f"{r['direct_seq_p50_ms']:.1f} / {r['gateway_seq_p50_ms']:.1f} | {r['seq_p50_ratio']:.2f}x |")
+    if large:
+        lines += ["", f"Large result: one `predict` leg whose result is {large['result_mb']:.1f} MB of JSON, streamed party -> gateway "
+                  f"-> initiator in 1 MiB AES-GCM chunks (gateway re-encrypts chunk by chunk, spools ciphertext); median of "
+                  f"{large['runs']} runs; time from the data receive request to the initiator holding the checked result "
+                  "(includes the party computing it); peak RSS sampled every 10 ms with psutil.", "",
+                  "| result MB | seconds | MB/s | gateway RSS MB before / peak | party agent RSS MB before / peak |",
+                  "|---:|---:|---:|---:|---:|",
+                  f"| {large['result_mb']:.1f} | {large['seconds']:.2f} | {large['mb_per_s']:.1f} | "
+                  f"{large['gateway_baseline_rss_mb']:.0f} / {large['gateway_peak_rss_mb']:.0f} | "
+                  f"{large['party_baseline_rss_mb']:.0f} / {large['party_peak_rss_mb']:.0f} |"]
     (RESULTS / "gateway.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
+
+
+def _sample_load(into: list[float]) -> None:
+    while True:
+        time.sleep(10)
+        into.append(os.getloadavg()[0])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer tasks and runs (smoke check)")
     ap.add_argument("--runs", type=int, default=None)
-    ap.add_argument("--parties", default="1,3,10", help="which party counts to run; other rows already in "
-                    "bench/results/gateway.json are kept (results are written after every row)")
+    ap.add_argument("--parties", default="1,3,10", help="which party counts to run ('none': no small-task rows); "
+                    "other rows already in bench/results/gateway.json are kept (results are written after every row)")
+    ap.add_argument("--large-mb", type=int, default=64, help="size of the streamed large result (0: skip that row)")
     a = ap.parse_args()
     runs = a.runs or (3 if a.quick else 5)
     sizes = {1: (40 if a.quick else 200, 10), 3: (14 if a.quick else 40, 8), 10: (4 if a.quick else 12, 3)}
-    wanted = [int(x) for x in a.parties.split(",")]
-    meta = {"quick": a.quick, "python": platform.python_version(), "machine": platform.machine(),
+    wanted = [] if a.parties == "none" else [int(x) for x in a.parties.split(",")]
+    loads = [os.getloadavg()[0]]
+    threading.Thread(target=_sample_load, args=(loads,), daemon=True).start()
+    meta = {"quick": a.quick, "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
             "note": "shared 2-core machine with other busy jobs: numbers are noisy", "rule": CALL.rule}
     existing = RESULTS / "gateway.json"
-    rows = [r for r in (json.loads(existing.read_text())["rows"] if existing.exists() and a.parties != "1,3,10" else [])
-            if r["parties"] not in wanted]
+    old = json.loads(existing.read_text()) if existing.exists() else {}
+    rows = [r for r in (old.get("rows", []) if a.parties != "1,3,10" else []) if r["parties"] not in wanted]
+    large = old.get("large_result")
+
+    def save() -> None:
+        meta.update(load_min=min(loads), load_max=max(loads))
+        write_results(rows, meta, large)
+
     for n_parties in wanted:
         n_tasks, n_seq = sizes[n_parties]
         rows.append(bench_config(n_parties, n_tasks, n_seq, runs))
         print(json.dumps(rows[-1]), flush=True)
-        write_results(rows, meta)
-
+        save()
+    if a.large_mb:
+        large = bench_large(a.large_mb, 1 if a.quick else 3)
+        print(json.dumps(large), flush=True)
+    save()
 
 if __name__ == "__main__":
     main()

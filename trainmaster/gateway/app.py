@@ -13,13 +13,13 @@ import asyncio
 import os
 from collections.abc import Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, AsyncIterator
 
 import httpx
 from fastapi import FastAPI, HTTPException
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from trainmaster.gateway.crypto import EnvelopeError, b64e, make_header, seal
 from trainmaster.gateway.gate import RESULT_TTL_S
@@ -71,7 +71,7 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
     party_slots = {p.name: asyncio.Semaphore(cfg.party_concurrency) for p in ctx.roster.values() if p.role == "party"}
     task_locks: dict[str, asyncio.Lock] = {}
     task_backlog: dict[str, int] = {}
-    inflight = {"tasks": 0}
+    inflight = {"tasks": 0, "legs": 0}
     spool_root = Path(cfg.state_dir).resolve() / "results"
 
     def spool_path(task_id: str, data_id: str) -> Path:
@@ -183,16 +183,27 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
         out = seal(ctx.me, ctx.roster[initiator.name], header, {"party": party, "result": None, "stream": out_info.model_dump()})
         return LegRun(LegOutcome.result, "", out.model_dump_json(), info.total_bytes)
 
-    async def _dispatch(leg: Leg, call: RuleCall, timeout_s: float) -> None:
-        table.mark_dispatched(leg.task_id, leg.data_id)
+    async def _dispatch(leg: Leg, call: RuleCall, timeout_s: float) -> Leg:
+        """Run one leg and commit its one outcome; returns the finished leg.
+
+        Nothing is written when the leg goes out (a leg without an outcome is simply dispatched
+        again by the next data receive request, also after a crash), so the in-flight gauge lives
+        in memory: one commit fewer per leg on the hot path.
+        """
+        inflight["legs"] += 1
         try:
             run = await _run_leg(leg, call, timeout_s)
         except Exception as exc:  # never leave a dispatched leg without its one outcome
             run = LegRun(LegOutcome.rejected, f"gateway error on this leg: {type(exc).__name__}")
-        table.record_outcome(leg.task_id, leg.data_id, run.outcome.value, run.detail, run.result_json, run.stream_bytes)
+        finally:
+            inflight["legs"] -= 1
+        if table.record_outcome(leg.task_id, leg.data_id, run.outcome.value, run.detail, run.result_json, run.stream_bytes):
+            return replace(leg, state="done", outcome=run.outcome.value, detail=run.detail, result_json=run.result_json,
+                           stream_bytes=run.stream_bytes)
+        return table.legs(leg.task_id)[leg.data_id]  # someone else recorded it first: theirs stands
 
-    @app.post("/v1/receive")
-    async def receive(env: Envelope) -> TaskResult:
+    @app.post("/v1/receive", response_model=TaskResult)
+    async def receive(env: Envelope) -> Response:
         _sender, req = ctx.gate.open(env, MessageKind.data_receive, {"initiator"}, DataReceive)
         ctx.count(MessageKind.data_receive)
         if inflight["tasks"] >= cfg.max_inflight_tasks or task_backlog.get(req.task_id, 0) >= cfg.task_queue_depth:
@@ -203,16 +214,18 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
             lock = task_locks.setdefault(req.task_id, asyncio.Lock())
             async with lock:
                 legs = table.legs(req.task_id)
-                jobs = []
+                todo: list[Leg] = []
                 for data_id in dict.fromkeys(req.data_ids):
                     leg = legs.get(data_id)
                     if leg is None:
                         table.mark_unrouted(req.task_id, data_id)
+                        legs[data_id] = table.legs(req.task_id)[data_id]
                     elif leg.outcome is None:
-                        call = req.calls.get(data_id) or RuleCall.model_validate(leg.call)
-                        jobs.append(_dispatch(leg, call, req.leg_timeout_s))
-                await asyncio.gather(*jobs)
-                legs = table.legs(req.task_id)
+                        todo.append(leg)
+                if todo:
+                    done = await asyncio.gather(*(_dispatch(leg, req.calls.get(leg.data_id) or RuleCall.model_validate(leg.call),
+                                                            req.leg_timeout_s) for leg in todo))
+                    legs.update({leg.data_id: leg for leg in done})
         finally:
             inflight["tasks"] -= 1
             task_backlog[req.task_id] -= 1
@@ -225,7 +238,8 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
             envelope = Envelope.model_validate_json(leg.result_json) if leg.result_json else None
             out.append(LegResult(data_id=data_id, party=leg.party, outcome=LegOutcome(leg.outcome), detail=leg.detail,
                                  envelope=envelope, stream_bytes=leg.stream_bytes))
-        return TaskResult(task_id=req.task_id, legs=out)
+        # Serialised here: FastAPI would validate the (already strict) model again on the way out.
+        return Response(TaskResult(task_id=req.task_id, legs=out).model_dump_json(), media_type="application/json")
 
     @app.post("/v1/results")
     async def fetch_result(env: Envelope) -> StreamingResponse:
@@ -246,7 +260,7 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
 
     @app.get("/v1/health")
     async def health() -> dict[str, Any]:
-        return {"name": cfg.name, "role": "gateway", "legs": table.count(), "in_flight_legs": table.in_flight(),
+        return {"name": cfg.name, "role": "gateway", "legs": table.count(), "in_flight_legs": inflight["legs"],
                 "in_flight_tasks": inflight["tasks"], "handled": dict(ctx.handled), "rejected": dict(ctx.gate.rejected)}
 
     return app
