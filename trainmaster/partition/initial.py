@@ -12,10 +12,11 @@ from trainmaster.partition.coarse import ClusterGraph
 from trainmaster.partition.graph import Graph
 
 
-def cluster_order(graph: Graph, of: np.ndarray) -> np.ndarray:
-    """Clusters sorted by the topological position of their first operator."""
+def cluster_order(graph: Graph, of: np.ndarray, node_order: np.ndarray | None = None) -> np.ndarray:
+    """Clusters sorted by the position of their first operator in ``node_order`` (a topological
+    order of the nodes; the graph's own by default)."""
     pos = np.empty(graph.n, dtype=np.int64)
-    pos[graph.topo] = np.arange(graph.n)
+    pos[graph.topo if node_order is None else node_order] = np.arange(graph.n)
     first = np.full(int(of.max()) + 1, graph.n, dtype=np.int64)
     np.minimum.at(first, of, pos)
     return np.argsort(first, kind="stable")
@@ -48,12 +49,14 @@ def _range_argmin(values: np.ndarray, table: list[np.ndarray], lo: np.ndarray,
     return out
 
 
-def acyclic_split(graph: Graph, cg: ClusterGraph, k: int, cap: float) -> np.ndarray | None:
+def acyclic_split(graph: Graph, cg: ClusterGraph, k: int, cap: float,
+                  node_order: np.ndarray | None = None) -> np.ndarray | None:
     """Cut the topological order of clusters into at most k contiguous segments, each within the
     load cap, minimising the weight of edges crossing the cuts (exact dynamic programme over cut
     positions, O(k n log n) with range-minimum queries). Contiguous segments make the device
-    graph a chain, which is what a pipeline needs. None when no such split fits the cap."""
-    order = cluster_order(graph, cg.of)
+    graph a chain, which is what a pipeline needs. None when no such split fits the cap.
+    ``node_order`` picks the topological order swept (e.g. by earliest start time)."""
+    order = cluster_order(graph, cg.of, node_order)
     c = cg.size
     pos = np.empty(c, dtype=np.int64)
     pos[order] = np.arange(c)
@@ -152,6 +155,23 @@ def capped_list_schedule(graph: Graph, cg: ClusterGraph, k: int, cap: float,
             if indeg[x] == 0:
                 heapq.heappush(heap, (-prio[x], x))
     return np.asarray(part_of_cluster, dtype=np.int64)
+
+
+def packed(cg: ClusterGraph, k: int, cap: float, mem_cap: float = float("inf")) -> np.ndarray:
+    """Longest-processing-time bin packing of clusters (heaviest first onto the least loaded
+    device that also has memory room): a balanced start when the cut-driven candidates and
+    single-cluster rebalancing cannot meet a tight cap (few, large clusters)."""
+    load = np.zeros(k)
+    mem = np.zeros(k)
+    part = np.empty(cg.size, dtype=np.int64)
+    for c in np.argsort(-cg.weight, kind="stable").tolist():
+        room = (mem + cg.memory[c] <= mem_cap) & (load + cg.weight[c] <= cap * (1 + 1e-9))
+        pool = np.flatnonzero(room) if room.any() else np.arange(k)
+        p = int(pool[np.argmin(load[pool])])
+        part[c] = p
+        load[p] += cg.weight[c]
+        mem[p] += cg.memory[c]
+    return part
 
 
 def _int_weights(cg: ClusterGraph) -> tuple[np.ndarray, np.ndarray]:

@@ -20,8 +20,9 @@ from trainmaster.partition.coarse import ClusterGraph, cluster_graph, coarsen_ch
 from trainmaster.partition.critical import critical_edges, levels
 from trainmaster.partition.graph import Graph, clusters_of
 from trainmaster.partition.initial import (acyclic_split, capped_list_schedule, kahip_parts,
-                                           metis_parts)
+                                           metis_parts, packed)
 from trainmaster.partition.refine import fm_refine, rebalance
+from trainmaster.partition.search import makespan_descent
 from trainmaster.partition.simulate import device_graph_acyclic, load_cap, makespan
 
 METHODS = ("trainmaster", "patent", "metis", "kahip", "ilp")
@@ -113,6 +114,10 @@ def _refine(graph: Graph, base: np.ndarray, part: np.ndarray, k: int, cap: float
     return cg.expand(bpart)
 
 
+REFINED = 3  # how many of the best raw candidates get FM refinement
+DESCENT_SIMULATIONS = 48  # makespan-descent budget: a fixed multiple of one simulation
+
+
 def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int,
                  delta: float, acyclic: bool = False) -> tuple[np.ndarray, dict]:
     lv = levels(graph)
@@ -124,23 +129,34 @@ def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int,
     base_cg = cluster_graph(graph, base, weights)
     coarse_of = coarsen_chains(graph, weights, max_weight=cap / 4.0)
     coarse_cg = cluster_graph(graph, coarse_of, weights)
+    plain = cluster_graph(graph, base, graph.edge_cost)
 
     candidates: dict[str, np.ndarray] = {}
-    split = acyclic_split(graph, base_cg, k, cap)
-    if split is not None:
-        candidates["acyclic"] = base_cg.expand(split)
+    # contiguous splits of two topological orders: by index and by earliest start (critical-path
+    # position), so parallel branches that run at the same time fall into the same stage
+    est_order = np.lexsort((np.arange(graph.n), lv.est))
+    for name, order in (("acyclic", None), ("acyclic-est", est_order)):
+        split = acyclic_split(graph, base_cg, k, cap, order)
+        if split is not None:
+            candidates[name] = base_cg.expand(split)
     candidates["list"] = base_cg.expand(capped_list_schedule(graph, base_cg, k, cap, lv.blevel))
     candidates["metis"] = coarse_cg.expand(metis_parts(coarse_cg, k, imbalance, seed))
-    plain = cluster_graph(graph, base, graph.edge_cost)
     candidates["metis-plain"] = plain.expand(metis_parts(plain, k, imbalance, seed))
+    candidates["kahip"] = coarse_cg.expand(kahip_parts(coarse_cg, k, imbalance, seed, mode=0))
 
-    scored: list[tuple[float, float, str, np.ndarray]] = []
-    for name, part in candidates.items():
+    scored = [(_overload(graph, a, k, cap, mem_cap), makespan(graph, a), name, a)
+              for name, a in candidates.items()]
+    if all(s[0] > 0 for s in scored):  # tight caps: try a bin-packed start, kept if it fits
+        a = _refine(graph, base, base_cg.expand(packed(base_cg, k, cap, mem_cap)), k, cap,
+                    mem_cap, static_crit, delta)
+        if _overload(graph, a, k, cap, mem_cap) == 0.0:
+            scored.append((0.0, makespan(graph, a), "packed+fm", a))
+    scored.sort(key=lambda t: (t[0], t[1]))
+    for over, span, name, part in list(scored[:REFINED]):
         refined = _refine(graph, base, part, k, cap, mem_cap, static_crit, delta,
-                          coarse_cg if name == "metis" else None)
-        for label, a in ((name, part), (name + "+fm", refined)):
-            scored.append((_overload(graph, a, k, cap, mem_cap), makespan(graph, a),
-                           label, a))
+                          coarse_cg if name in ("metis", "kahip") else None)
+        scored.append((_overload(graph, refined, k, cap, mem_cap), makespan(graph, refined),
+                       name + "+fm", refined))
     if acyclic:  # may be impossible when a co-location class spans a path; then fall back
         dag = [s for s in scored if device_graph_acyclic(graph, s[3], k)]
         scored = dag or scored
@@ -150,10 +166,13 @@ def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int,
     ccut = [float(graph.edge_cost[static_crit & (s[3][graph.src] != s[3][graph.dst])].sum())
             for s in tied]
     over, span, label, best = tied[int(np.argmin(ccut))]
-    best, span, tried = _critical_path_descent(graph, best, span, k, cap, mem_cap, base, lv.blevel,
-                                               budget=min(4 * k, max(4, 20_000 // max(graph.n, 1))),
-                                               acyclic=acyclic and device_graph_acyclic(graph, best, k))
-    return best, {"chosen": label, "descent_moves_tried": tried, "makespan": span,
+    if over == 0.0:
+        best, span, used = makespan_descent(
+            graph, best, k, cap, mem_cap, [base, coarse_of], DESCENT_SIMULATIONS,
+            acyclic=acyclic and device_graph_acyclic(graph, best, k))
+    else:
+        used = 0
+    return best, {"chosen": label, "descent_simulations": used, "makespan": span,
                   "candidates": {s[2]: s[1] for s in scored}}
 
 
@@ -165,47 +184,3 @@ def _overload(graph: Graph, a: np.ndarray, k: int, cap: float, mem_cap: float) -
         mem = np.bincount(a, weights=graph.memory, minlength=k).max() / mem_cap - 1.0
         over += max(0.0, float(mem)) if mem > 1e-9 else 0.0
     return over
-
-
-def _critical_path_descent(graph: Graph, part: np.ndarray, span: float, k: int, cap: float,
-                           mem_cap: float, base: np.ndarray, priority: np.ndarray,
-                           budget: int, acyclic: bool = False) -> tuple[np.ndarray, float, int]:
-    """Final polish on the real objective: for cut edges with zero partition-aware slack (the ones
-    that lengthen the schedule), try pulling one endpoint's co-location cluster to the other
-    endpoint's device; keep a move when the simulated makespan drops and the caps still hold."""
-    tried = 0
-    load = np.bincount(part, weights=graph.cost, minlength=k)
-    mem = np.bincount(part, weights=graph.memory, minlength=k)
-    cw = np.bincount(base, weights=graph.cost)
-    cm = np.bincount(base, weights=graph.memory)
-    improved = True
-    while improved and tried < budget:
-        improved = False
-        crit = critical_edges(graph, 0.0, assignment=part) & (part[graph.src] != part[graph.dst])
-        edges = np.flatnonzero(crit)
-        edges = edges[np.argsort(-graph.edge_cost[edges], kind="stable")]
-        for e in edges.tolist():
-            for mover, anchor in ((graph.dst[e], graph.src[e]), (graph.src[e], graph.dst[e])):
-                c, q = int(base[mover]), int(part[anchor])
-                p = int(part[mover])
-                if load[q] + cw[c] > cap * (1 + 1e-9) or mem[q] + cm[c] > mem_cap:
-                    continue
-                if tried >= budget:
-                    return part, span, tried
-                tried += 1
-                trial = part.copy()
-                trial[base == c] = q
-                if acyclic and not device_graph_acyclic(graph, trial, k):
-                    continue
-                s = makespan(graph, trial)
-                if s < span - 1e-9:
-                    part, span = trial, s
-                    load[p] -= cw[c]
-                    load[q] += cw[c]
-                    mem[p] -= cm[c]
-                    mem[q] += cm[c]
-                    improved = True
-                    break
-            if improved:
-                break
-    return part, span, tried

@@ -18,8 +18,28 @@ from trainmaster.partition.graph import Graph
 
 
 def makespan(graph: Graph, assignment: np.ndarray, priority: np.ndarray | None = None) -> float:
-    """Simulated single-sample latency of ``assignment`` (see module docstring)."""
+    """Simulated single-sample latency of ``assignment`` (see module docstring). Called once per
+    candidate and per trial move, so the common case (static order) skips the array round trip."""
+    plan = _plan(graph, priority)
+    if plan[1] is not None:
+        return max(_static_finish(plan, np.asarray(assignment).tolist()), default=0.0)
     return float(schedule(graph, assignment, priority)[1].max(initial=0.0))
+
+
+def _static_finish(plan, part: list) -> list:
+    """Finish times when the priority order is topological: one pass, no ready heap."""
+    order, preds, w = plan[1], plan[10], plan[8]
+    finish = [0.0] * len(w)
+    free = [0.0] * (max(part, default=0) + 1)
+    for v in order:
+        d = part[v]
+        s = free[d]
+        for u, c in preds[v]:
+            t = finish[u] + c if part[u] != d else finish[u]
+            if t > s:
+                s = t
+        finish[v] = free[d] = s + w[v]
+    return finish
 
 
 def _plan(graph: Graph, priority: np.ndarray | None):
@@ -40,6 +60,10 @@ def _plan(graph: Graph, priority: np.ndarray | None):
                 graph.out_ptr.tolist(), graph.dst[graph.out_edge].tolist(),
                 graph.edge_cost[graph.out_edge].tolist(), graph.cost.tolist(),
                 np.bincount(graph.dst, minlength=graph.n).tolist())
+        pred_l, pcost_l, in_ptr_l = plan[3], plan[4], plan[2]
+        preds = [list(zip(pred_l[in_ptr_l[v]:in_ptr_l[v + 1]], pcost_l[in_ptr_l[v]:in_ptr_l[v + 1]]))
+                 for v in range(graph.n)]
+        plan = plan + (preds,)
         if priority is None:
             graph.cache["plan"] = plan
     return plan
@@ -49,23 +73,15 @@ def schedule(graph: Graph, assignment: np.ndarray,
              priority: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Start and finish time of every operator under list scheduling."""
     n = graph.n
-    prio, order, in_ptr, pred, pcost, out_ptr, succ, ecost, w, indeg0 = _plan(graph, priority)
+    plan = _plan(graph, priority)
+    prio, order, in_ptr, pred, pcost, out_ptr, succ, ecost, w, indeg0, preds = plan
     part = np.asarray(assignment).tolist()
     start = [0.0] * n
     finish = [0.0] * n
     free: dict[int, float] = {}
     if order is not None:
-        for v in order:
-            d = part[v]
-            s = free.get(d, 0.0)
-            for j in range(in_ptr[v], in_ptr[v + 1]):
-                u = pred[j]
-                t = finish[u] + pcost[j] if part[u] != d else finish[u]
-                if t > s:
-                    s = t
-            start[v] = s
-            finish[v] = free[d] = s + w[v]
-        return np.asarray(start), np.asarray(finish)
+        fin = np.asarray(_static_finish(plan, part))
+        return fin - graph.cost, fin
     indeg = list(indeg0)
     ready = [0.0] * n
     heap = [(-prio[v], v) for v in range(n) if indeg[v] == 0]

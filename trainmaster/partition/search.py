@@ -1,0 +1,168 @@
+"""Makespan-directed local search: move the clusters that the schedule's critical chain runs through.
+
+Why not just the partition-aware slack: that slack ignores device contention (each device runs one
+operator at a time), and the simulated makespan is what the user waits for. The simulator's
+schedule names, for the operator that finishes last, what held each operator back: a predecessor's
+data arriving from another device (a transfer on the chain) or its device being busy with the
+operator before it. Moving a cluster across such a link removes that transfer or that wait. Moves
+are tried for the co-location cluster of an endpoint and for the chain segment (coarse cluster)
+holding it, first improvement wins, and the work is capped by a number of simulations so the
+search costs a fixed multiple of one simulation whatever the graph's size.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trainmaster.partition.critical import levels
+from trainmaster.partition.graph import Graph
+from trainmaster.partition.simulate import device_graph_acyclic, makespan, schedule
+
+
+def critical_chain(graph: Graph, assignment: np.ndarray) -> tuple[float, list[tuple[int, int, bool]]]:
+    """The schedule's makespan and its critical chain as (u, v, transfer) links, last first:
+    ``transfer`` True when v waited for u's data from another device, False when v waited for its
+    device to finish u."""
+    start, finish = schedule(graph, assignment)
+    if graph.n == 0:
+        return 0.0, []
+    part = np.asarray(assignment)
+    # per device, in execution order: by start, ties (zero-cost operators) by scheduling priority
+    order = np.lexsort((_priority_rank(graph), finish, start, part))
+    prev_on_dev = np.full(graph.n, -1, dtype=np.int64)
+    same = part[order[1:]] == part[order[:-1]]
+    prev_on_dev[order[1:][same]] = order[:-1][same]
+    v = int(np.argmax(finish))
+    span = float(finish[v])
+    tol = 1e-9 * max(span, 1.0)
+    links: list[tuple[int, int, bool]] = []
+    st, fin, prev, pl = start.tolist(), finish.tolist(), prev_on_dev.tolist(), part.tolist()
+    in_ptr = graph.in_ptr.tolist()
+    pred = graph.src[graph.in_edge].tolist()
+    pcost = graph.edge_cost[graph.in_edge].tolist()
+    for _ in range(graph.n):  # each step goes back in time or in priority: at most n steps
+        if st[v] <= tol:
+            break
+        nxt, transfer = -1, False
+        for j in range(in_ptr[v], in_ptr[v + 1]):
+            u = pred[j]
+            cut = pl[u] != pl[v]
+            if fin[u] + (pcost[j] if cut else 0.0) >= st[v] - tol:
+                nxt, transfer = u, cut and pcost[j] > 0
+                break
+        if nxt < 0:
+            nxt = prev[v]
+            if nxt < 0:
+                break
+        links.append((nxt, v, transfer))
+        v = nxt
+    return span, links
+
+
+def _priority_rank(graph: Graph) -> np.ndarray:
+    rank = graph.cache.get("priority_rank")
+    if rank is None:
+        order = np.lexsort((np.arange(graph.n), -levels(graph).blevel))
+        rank = np.empty(graph.n, dtype=np.int64)
+        rank[order] = np.arange(graph.n)
+        graph.cache["priority_rank"] = rank
+    return rank
+
+
+def makespan_descent(graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap: float,
+                     units: list[np.ndarray], budget: int,
+                     acyclic: bool = False) -> tuple[np.ndarray, float, int]:
+    """First-improvement descent on the simulated makespan within the caps.
+
+    ``units`` are node -> unit maps, finest first (co-location clusters, then chain segments);
+    a move sends one whole unit to the device on the other side of a critical-chain link.
+    Returns (assignment, makespan, simulations used)."""
+    part = np.asarray(part, dtype=np.int64).copy()
+    span, links = critical_chain(graph, part)
+    load = np.bincount(part, weights=graph.cost, minlength=k)
+    mem = np.bincount(part, weights=graph.memory, minlength=k)
+    members = [_members(u) for u in units]
+    tried: set[tuple[int, int, int]] = set()
+    used = 0
+    while used < budget:
+        improved = False
+        for u, v, transfer in _ordered(graph, links):
+            pairs = ((v, u), (u, v)) if transfer else ((v, -1), (u, -1))
+            for mover, anchor in pairs:
+                targets = [int(part[anchor])] if anchor >= 0 else _other_parts(part[mover], load, k)
+                for lvl in range(len(units)):
+                    c = int(units[lvl][mover])
+                    nodes = members[lvl][c]
+                    for q in targets:
+                        if used >= budget:
+                            return part, span, used
+                        key = (lvl, c, q)
+                        if key in tried or q == part[mover]:
+                            continue
+                        moved = _fits_after_move(part, nodes, q, load, mem, graph, cap, mem_cap, k)
+                        if moved is None:
+                            continue
+                        tried.add(key)
+                        trial = part.copy()
+                        trial[nodes] = q
+                        if acyclic and not device_graph_acyclic(graph, trial, k):
+                            continue
+                        used += 1
+                        s = makespan(graph, trial)
+                        if s < span - 1e-9 * max(span, 1.0):
+                            part = trial
+                            span, links = critical_chain(graph, part)
+                            load, mem = moved
+                            tried.clear()
+                            improved = True
+                            break
+                    if improved:
+                        break
+                if improved:
+                    break
+            if improved:
+                break
+        if not improved:
+            break
+    return part, span, used
+
+
+def _members(unit_of: np.ndarray) -> list[np.ndarray]:
+    order = np.argsort(unit_of, kind="stable")
+    bounds = np.cumsum(np.bincount(unit_of))[:-1]
+    return np.split(order, bounds)
+
+
+def _ordered(graph: Graph, links: list[tuple[int, int, bool]]) -> list[tuple[int, int, bool]]:
+    """Transfers on the chain first, costliest first; then device waits, latest first."""
+    transfers = [lk for lk in links if lk[2]]
+    transfers.sort(key=lambda lk: -_edge_cost(graph, lk[0], lk[1]))
+    waits = [lk for lk in links if not lk[2]]
+    return transfers + waits
+
+
+def _edge_cost(graph: Graph, u: int, v: int) -> float:
+    lo, hi = graph.in_ptr[v], graph.in_ptr[v + 1]
+    es = graph.in_edge[lo:hi]
+    hit = es[graph.src[es] == u]
+    return float(graph.edge_cost[hit].max()) if len(hit) else 0.0
+
+
+def _other_parts(p: int, load: np.ndarray, k: int) -> list[int]:
+    """For a device wait: the least loaded other device first (at most two tried)."""
+    order = [int(q) for q in np.argsort(load, kind="stable") if q != p]
+    return order[:2]
+
+
+def _fits_after_move(part, nodes, q, load, mem, graph, cap, mem_cap, k):
+    """New (load, memory) per device when ``nodes`` move to q, or None if a cap would break."""
+    src_parts = part[nodes]
+    dl = np.bincount(src_parts, weights=graph.cost[nodes], minlength=k)
+    dm = np.bincount(src_parts, weights=graph.memory[nodes], minlength=k)
+    new_load = load - dl
+    new_mem = mem - dm
+    new_load[q] += dl.sum()
+    new_mem[q] += dm.sum()
+    if new_load[q] > cap * (1 + 1e-9) or new_mem[q] > mem_cap:
+        return None
+    return new_load, new_mem

@@ -1,0 +1,88 @@
+"""Synthetic DNN-like DAGs with random costs, so the benchmark's goals are judged beyond the
+shared graphs (and nothing is tuned to them).
+
+Three families, each built from the block structure real networks repeat:
+``series_parallel`` (a chain of blocks, some fanning out into parallel chains that join),
+``inception`` (every block fans out into 3-4 branches of 1-3 operators joined by a concat), and
+``transformer`` (layers of norm -> Q/K/V in parallel -> attention -> projection -> residual add
+-> norm -> two feed-forward operators -> residual add). Operator costs are log-normal; edge
+(transfer) costs are log-normal times a communication ratio drawn per graph from
+{0.05, 0.3, 1, 3}, so graphs range from compute-bound to transfer-bound.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trainmaster.partition.graph import Graph, build_graph
+
+FAMILIES = ("series_parallel", "inception", "transformer")
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.src: list[int] = []
+        self.dst: list[int] = []
+        self.n = 0
+
+    def node(self, *preds: int) -> int:
+        v = self.n
+        self.n += 1
+        for p in preds:
+            self.src.append(p)
+            self.dst.append(v)
+        return v
+
+
+def _series_parallel(b: _Builder, n: int, rng: np.random.Generator) -> None:
+    last = b.node()
+    while b.n < n:
+        if rng.random() < 0.3:
+            ends = []
+            for _ in range(int(rng.integers(2, 5))):
+                prev = last
+                for _ in range(int(rng.integers(1, 4))):
+                    prev = b.node(prev)
+                ends.append(prev)
+            last = b.node(*ends)
+        else:
+            last = b.node(last)
+
+
+def _inception(b: _Builder, n: int, rng: np.random.Generator) -> None:
+    last = b.node()
+    while b.n < n:
+        ends = []
+        for _ in range(int(rng.integers(3, 5))):
+            prev = last
+            for _ in range(int(rng.integers(1, 4))):
+                prev = b.node(prev)
+            ends.append(prev)
+        last = b.node(*ends)  # concat
+        if rng.random() < 0.5:
+            last = b.node(last)  # pooling / reduction between blocks
+
+
+def _transformer(b: _Builder, n: int, rng: np.random.Generator) -> None:
+    x = b.node()
+    while b.n < n:
+        ln = b.node(x)
+        q, k, v = b.node(ln), b.node(ln), b.node(ln)
+        scores = b.node(q, k)
+        attn = b.node(scores, v)
+        x = b.node(b.node(attn), x)  # projection, residual add
+        ln2 = b.node(x)
+        x = b.node(b.node(b.node(ln2)), x)  # feed-forward 1, 2, residual add
+
+
+def synthetic_dag(family: str, n: int, seed: int = 0, comm_ratio: float | None = None) -> Graph:
+    """A DNN-like DAG of about ``n`` operators from ``family`` (see module docstring)."""
+    rng = np.random.default_rng(seed)
+    b = _Builder()
+    {"series_parallel": _series_parallel, "inception": _inception,
+     "transformer": _transformer}[family](b, n, rng)
+    ratio = float(rng.choice([0.05, 0.3, 1.0, 3.0])) if comm_ratio is None else comm_ratio
+    cost = rng.lognormal(0.0, 0.7, b.n)
+    edge_cost = ratio * rng.lognormal(0.0, 0.7, len(b.src))
+    memory = rng.lognormal(0.0, 1.0, b.n)
+    return build_graph(list(range(b.n)), cost, b.src, b.dst, edge_cost, memory=memory)
