@@ -28,7 +28,7 @@ def test_pytorch_digits_reaches_accuracy(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_signal_on_run_leaves_no_instance_behind(tmp_path: Path, sig: signal.Signals) -> None:
     spec = {"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": {"name": "sleepy"}, "spec": {"roles": [
         {"name": "a", "replicas": 2, "command": ["python", "-c", "import time; time.sleep(120)"]},
@@ -59,3 +59,46 @@ def test_signal_on_run_leaves_no_instance_behind(tmp_path: Path, sig: signal.Sig
     assert proc.returncode == 1, output
     assert "cancelled" in output
     assert pids_alive(pids) == []
+
+
+@pytest.mark.timeout(180)
+def test_a_run_killed_with_sigkill_is_resumed_without_running_anything_twice(tmp_path: Path) -> None:
+    """Nothing is lost when the embedded controller dies: a job whose `trainmaster run` was
+    killed -9 shows why its state is stale, and `trainmaster resume` re-adopts its live
+    instances and finishes it, each instance having run once."""
+    from trainmaster.store import repository as repo
+    from trainmaster.store.db import make_engine, session_factory
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    code = (f"import os, time; open('{marks}/%s-%d' % (os.environ['TM_REPLICA_INDEX'], os.getpid()), 'w')\n"
+            "time.sleep(8)")
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": {"name": "orphan"},
+                                    "spec": {"roles": [{"name": "w", "replicas": 2, "command": ["python", "-c", code]}]}}))
+    env = {**os.environ, "TRAINMASTER_HOME": str(tmp_path / "home")}
+    run = subprocess.Popen([sys.executable, "-m", "trainmaster", "run", str(path), "--interval", "0.1"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.monotonic() + 60
+    while len(list(marks.iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(list(marks.iterdir())) == 2, "instances never started"
+    run.kill()
+    run.wait()
+
+    sessions = session_factory(make_engine(f"sqlite:///{tmp_path / 'home/trainmaster.db'}"))
+    with sessions() as session:
+        stale = repo.job_status(session, repo.find_job(session, "orphan"))
+    assert stale["state"] == "running" and stale["reason"] == "ControllerGone"
+    assert "trainmaster resume" in stale["message"]
+
+    out = subprocess.run([sys.executable, "-m", "trainmaster", "resume", "orphan", "--interval", "0.1", "--json"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    status = json.loads(out.stdout)
+    assert status["state"] == "succeeded" and [i["attempt"] for i in status["instances"]] == [1, 1]
+    assert {e["reason"] for e in status["events"]} >= {"Resumed", "Adopted"}
+    assert len(list(marks.iterdir())) == 2  # neither instance ran a second time
+    again = subprocess.run([sys.executable, "-m", "trainmaster", "resume", "orphan"], capture_output=True,
+                           text=True, env=env, timeout=60)
+    assert again.returncode == 2 and "already ended" in again.stderr

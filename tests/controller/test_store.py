@@ -24,3 +24,18 @@ def test_an_older_schema_is_refused_with_the_missing_columns(tmp_path: Path) -> 
     with pytest.raises(UserError) as info:
         make_engine(f"sqlite:///{db}")
     assert "created by an older Trainmaster" in info.value.message and "owner" in info.value.message
+
+
+def test_run_owners_are_named_by_pid_and_start_time() -> None:
+    """Crash safety of `trainmaster run`: a job's owner names its process by pid and start time,
+    so a dead (or recycled) pid reads as an orphaned job, and the service is never called dead."""
+    import os
+
+    from trainmaster.store.ownership import SERVICE, orphan_note, owner_alive, run_owner, run_pid
+
+    me = run_owner()
+    assert owner_alive(me) is True and run_pid(me) == os.getpid()
+    pid, created = me.removeprefix("run-").split("-", 1)
+    assert owner_alive(f"run-{pid}-{float(created) - 100:.2f}") is False  # same pid, another process
+    assert owner_alive("run-0bad") is False and owner_alive(SERVICE) is None
+    assert "trainmaster resume 7" in orphan_note(7, me)

@@ -1,4 +1,4 @@
-"""Job verbs that need no server: ``validate`` and ``run`` (an embedded controller)."""
+"""Job verbs that need no server: ``validate``, ``run`` (an embedded controller) and ``resume``."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def run(
     file: FileArg,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the validated, defaulted job and exit.")] = False,
     db: DbOpt = None,
-    backend: Annotated[str, typer.Option(help="Where instances run: local (subprocesses).")] = "local",
+    backend: Annotated[str, typer.Option(help="Where instances run: local (subprocesses) or ray.")] = "local",
     interval: Annotated[float, typer.Option(min=0.01, help="Seconds between reconcile passes.")] = 1.0,
     grace: Annotated[float, typer.Option(min=0, help="Seconds between SIGTERM and SIGKILL when stopping.")] = 5.0,
     cpus: Annotated[Optional[float], typer.Option(help="CPUs the local backend offers (default: this machine's).")] = None,
@@ -76,28 +76,34 @@ def run(
 
 def _run(loaded, db: str | None, backend_name: str, interval: float, grace: float,  # type: ignore[no-untyped-def]
          cpus: float | None, ray_address: str | None, json_out: bool) -> str:
-    from rich.live import Live
-
-    from trainmaster.cli.view import event_line, render_status
     from trainmaster.controller import Controller
-    from trainmaster.store import repository as repo
     from trainmaster.store.db import default_url, make_engine, session_factory
+    from trainmaster.store.ownership import run_owner
 
     url = db or default_url()
     sessions = session_factory(make_engine(url))
-    import uuid
-
     controller = Controller(sessions, make_backend(backend_name, cpus, ray_address), url, interval=interval, grace=grace,
-                            owner=f"run-{uuid.uuid4().hex[:12]}")
-    job_id = controller.submit(loaded)
+                            owner=run_owner())
+    return _follow(controller, controller.submit(loaded), json_out)
+
+
+def _follow(controller, job_id: int, json_out: bool) -> str:  # type: ignore[no-untyped-def]
+    """Reconcile ``job_id`` to its end in this process, showing its status; SIGINT, SIGTERM and
+    SIGHUP (a closed terminal) cancel it, so no instance outlives the command."""
+    from rich.live import Live
+
+    from trainmaster.cli.view import event_line, render_status
+    from trainmaster.store import repository as repo
+
+    sessions = controller.sessions
     console = Console(highlight=False)
     stop = {"requested": False}
 
     def request_stop(signum: int, _frame: object) -> None:
         stop["requested"] = True
 
-    signal.signal(signal.SIGINT, request_stop)
-    signal.signal(signal.SIGTERM, request_stop)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, request_stop)
 
     def status() -> dict:  # type: ignore[type-arg]
         with sessions() as session:
@@ -128,6 +134,48 @@ def _run(loaded, db: str | None, backend_name: str, interval: float, grace: floa
     return state
 
 
+def resume(
+    job: Annotated[str, typer.Argument(help="Job name (most recent of that name) or id.")],
+    db: DbOpt = None,
+    interval: Annotated[float, typer.Option(min=0.01, help="Seconds between reconcile passes.")] = 1.0,
+    grace: Annotated[float, typer.Option(min=0, help="Seconds between SIGTERM and SIGKILL when stopping.")] = 5.0,
+    ray_address: Annotated[Optional[str], typer.Option(help="The Ray cluster the job ran on (backend ray).")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the final status as JSON.")] = False,
+) -> None:
+    """Take over a job whose `trainmaster run` ended before it (kill -9, out of memory) and run it
+    to its end: live instances are re-adopted, ended ones handled by their restart policy."""
+    from trainmaster.controller import Controller
+    from trainmaster.store import repository as repo
+    from trainmaster.store.db import default_url, make_engine, session_factory
+    from trainmaster.store.ownership import owner_alive, run_owner, run_pid
+
+    url = db or default_url()
+    sessions = session_factory(make_engine(url))
+    me = run_owner()
+    with sessions() as session:
+        row = repo.find_job(session, job)
+        what = f"job {row.name} (id {row.id})"
+        if repo.is_terminal(row.state):
+            raise UserError(f"{what} has already ended ({row.state}); nothing to resume")
+        alive = owner_alive(row.owner)
+        if alive is None:
+            raise UserError(f"{what} belongs to the controller service; it carries on when `trainmaster server` "
+                            "runs (use `trainmaster status` / `cancel`)")
+        if alive:
+            raise UserError(f"{what} is still run by `trainmaster run` (pid {run_pid(row.owner)}); stop that "
+                            "command (Ctrl-C cancels the job) or let it finish")
+        if not repo.take_over(session, row.id, row.owner, me):
+            raise UserError(f"{what} was just taken over by another command; try again to see by whom")
+        repo.add_event(session, row.id, "job", "Resumed", f"taken over by `trainmaster resume` (pid {run_pid(me)})")
+        session.commit()
+        job_id, backend_name = row.id, row.backend
+    controller = Controller(sessions, make_backend(backend_name, None, ray_address), url, interval=interval,
+                            grace=grace, owner=me)
+    controller.recover()
+    state = _follow(controller, job_id, json_out)
+    raise typer.Exit(0 if state == "succeeded" else 1)
+
+
 def _print_result(console: Console, final: dict) -> None:  # type: ignore[type-arg]
     console.print(f"job {final['name']} (id {final['id']}) {final['state']}: {final['message']}")
     metrics = Path(final["runDir"]) / "output" / "metrics.json"
@@ -146,3 +194,4 @@ def register(app: typer.Typer) -> None:
     """Add the job verbs to the top-level app."""
     app.command()(validate)
     app.command()(run)
+    app.command()(resume)

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session, object_session, selectinload
 from trainmaster.errors import UserError
 from trainmaster.spec.states import JOB_TERMINAL, JobState
 from trainmaster.store.models import EventRow, InstanceRow, JobRow, RegistryRow, RoleRow, utcnow
+from trainmaster.store.ownership import orphan_note, owner_alive
 
 
 def add_event(session: Session, job_id: int, obj: str, reason: str, message: str,
@@ -55,6 +56,15 @@ def find_job(session: Session, ref: str | int) -> JobRow:
     return job
 
 
+def take_over(session: Session, job_id: int, old_owner: str, new_owner: str) -> bool:
+    """Move a job to ``new_owner`` only if ``old_owner`` still holds it (one winner)."""
+    from sqlalchemy import update
+
+    result = session.execute(update(JobRow).where(JobRow.id == job_id, JobRow.owner == old_owner)
+                             .values(owner=new_owner))
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
 def active_job_ids(session: Session, owner: str) -> list[int]:
     """``owner``'s jobs not yet ended, highest priority first, then oldest first (the queue order)."""
     rows = session.execute(select(JobRow.id).where(JobRow.state.not_in([s.value for s in JOB_TERMINAL]),
@@ -73,9 +83,17 @@ def admitted_active_count(session: Session, owner: str) -> int:
 
 def job_summaries(session: Session) -> list[dict[str, Any]]:
     rows = session.scalars(select(JobRow).order_by(JobRow.id)).all()
-    return [{"id": j.id, "name": j.name, "state": j.state, "reason": j.reason, "queue": j.queue,
+    return [{"id": j.id, "name": j.name, "state": j.state, "reason": _reason(j)[0], "queue": j.queue,
              "priority": j.priority, "createdAt": _iso(j.created_at), "completedAt": _iso(j.completed_at)}
             for j in rows]
+
+
+def _reason(job: JobRow) -> tuple[str, str]:
+    """The job's reason and message, unless the ``trainmaster run`` reconciling it has died:
+    then its stored state is stale, and the user is told so and how to take it over."""
+    if not is_terminal(job.state) and owner_alive(job.owner) is False:
+        return "ControllerGone", orphan_note(job.id, job.owner)
+    return job.reason, job.message
 
 
 def state_counts(session: Session) -> dict[str, int]:
@@ -122,9 +140,10 @@ def job_status(session: Session, job: JobRow, events: int = 20) -> dict[str, Any
     """Everything a user asks about a job, as plain data (the CLI table and the REST API use it)."""
     recent = session.scalars(select(EventRow).where(EventRow.job_id == job.id)
                              .order_by(EventRow.id.desc()).limit(events)).all()
+    reason, message = _reason(job)
     return {
         "id": job.id, "uid": job.uid, "name": job.name, "state": job.state,
-        "reason": job.reason, "message": job.message, "queue": job.queue, "priority": job.priority,
+        "reason": reason, "message": message, "queue": job.queue, "priority": job.priority,
         "backend": job.backend, "runDir": job.run_dir, "outputPath": job.output_path,
         "createdAt": _iso(job.created_at), "startedAt": _iso(job.started_at),
         "runningAt": _iso(job.running_at), "completedAt": _iso(job.completed_at),
