@@ -2,7 +2,7 @@
 all-reduce, same number of processes, on this machine.
 
 For each worker count and tensor size it runs every variant in the same invocation, takes the
-median of >= 5 timed all-reduces (after one warm-up), and reports algorithm bandwidth (tensor
+median of >= 5 timed all-reduces (after two warm-ups), and reports algorithm bandwidth (tensor
 bytes / time) and CPU-seconds per GB of tensor (all processes of the variant: workers,
 forwarding node and parameter node for ours). Writes bench/results/aggregation.{json,md}.
 
@@ -57,12 +57,14 @@ def _ours_worker(rank: int, world: int, switch: Any, sizes: list[int], reps: int
     client.join()
     for size in sizes:
         x = np.random.default_rng(rank).standard_normal(size // 4).astype(np.float32)
-        client.allreduce(x)  # warm-up
+        out = np.empty_like(x)  # the result buffer, like gloo's pre-cloned in-place tensor
+        for _ in range(2):
+            client.allreduce(x, out=out)  # warm-up
         start.wait()
         for _ in range(reps):
             inner.wait()
             t0 = time.perf_counter()
-            client.allreduce(x)
+            client.allreduce(x, out=out)
             out.put((size, rank, time.perf_counter() - t0))
         start.wait()
     client.close()
@@ -78,7 +80,8 @@ def _gloo_worker(rank: int, world: int, port: int, sizes: list[int], reps: int, 
     dist.init_process_group("gloo", rank=rank, world_size=world)
     for size in sizes:
         x = torch.randn(size // 4)
-        dist.all_reduce(x.clone())  # warm-up
+        for _ in range(2):
+            dist.all_reduce(x.clone())  # warm-up
         start.wait()
         for _ in range(reps):
             y = x.clone()
