@@ -57,14 +57,14 @@ def _ours_worker(rank: int, world: int, switch: Any, sizes: list[int], reps: int
     client.join()
     for size in sizes:
         x = np.random.default_rng(rank).standard_normal(size // 4).astype(np.float32)
-        out = np.empty_like(x)  # the result buffer, like gloo's pre-cloned in-place tensor
+        result = np.empty_like(x)  # the result buffer, like gloo's pre-cloned in-place tensor
         for _ in range(2):
-            client.allreduce(x, out=out)  # warm-up
+            client.allreduce(x, out=result)  # warm-up
         start.wait()
         for _ in range(reps):
             inner.wait()
             t0 = time.perf_counter()
-            client.allreduce(x, out=out)
+            client.allreduce(x, out=result)
             out.put((size, rank, time.perf_counter() - t0))
         start.wait()
     client.close()
