@@ -171,3 +171,21 @@ def test_queue_weights_parse_and_refuse_bad_items() -> None:
     for bad in ("research", "=2", "x=0", "x=-1", "x=abc"):
         with pytest.raises(ValueError, match="QUEUE=WEIGHT"):
             parse_weights([bad])
+
+
+def test_status_has_kubeflow_style_conditions(tmp_path) -> None:
+    """Status (spec step 7): conditions per phase reached, with reason, message and times; a
+    job waiting its turn says why in Admitted=False."""
+    h = Harness(tmp_path)
+    h.controller.max_jobs = 1
+    first = h.submit(job("first", [{"name": "w", "command": py("pass")}]))
+    second = h.submit(job("second", [{"name": "w", "command": py("pass")}]))
+    h.controller.step()
+    waiting = {c["type"]: c for c in h.status(second)["conditions"]}
+    assert waiting["Admitted"]["status"] == "False" and waiting["Admitted"]["reason"] == "Queued"
+    assert h.controller.run_job(first) == "succeeded"
+    done = {c["type"]: c for c in h.status(first)["conditions"]}
+    assert [done[t]["status"] for t in ("Created", "Admitted", "Running", "Succeeded")] == ["True", "True", "False", "True"]
+    assert done["Succeeded"]["lastTransitionTime"] and done["Succeeded"]["reason"]
+    assert h.controller.run_job(second) == "succeeded"
+    h.backend.close()

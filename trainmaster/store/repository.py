@@ -148,6 +148,7 @@ def job_status(session: Session, job: JobRow, events: int = 20) -> dict[str, Any
         "createdAt": _iso(job.created_at), "startedAt": _iso(job.started_at),
         "runningAt": _iso(job.running_at), "completedAt": _iso(job.completed_at),
         "lastTransitionAt": _iso(job.last_transition_at),
+        "conditions": conditions(job, reason, message),
         "roles": [{"name": r.name, "replicas": r.replicas, "state": r.state, "reason": r.reason,
                    "message": r.message, "counts": r.counts,
                    "lastTransitionAt": _iso(r.last_transition_at)} for r in job.roles],
@@ -159,6 +160,34 @@ def job_status(session: Session, job: JobRow, events: int = 20) -> dict[str, Any
         "events": [{"time": _iso(e.time), "object": e.object, "type": e.type, "reason": e.reason,
                     "message": e.message} for e in reversed(recent)],
     }
+
+
+def conditions(job: JobRow, reason: str, message: str) -> list[dict[str, Any]]:
+    """Kubeflow-style conditions: one per phase the job has reached (Created, Admitted, Running,
+    then Succeeded/Failed/Cancelled), ``status`` "True" while it holds, with reason, message and
+    the time it last changed; ``Admitted`` is "False" with the reason while the job waits."""
+    state = JobState(job.state)
+    ended = state in JOB_TERMINAL
+
+    def condition(type_: str, holds: bool, since: datetime | None, why: str, what: str) -> dict[str, Any]:
+        return {"type": type_, "status": str(holds), "reason": why, "message": what,
+                "lastTransitionTime": _iso(since)}
+
+    found = [condition("Created", True, job.created_at, "Submitted", f"job {job.name} queued in '{job.queue}'")]
+    if job.admitted:
+        found.append(condition("Admitted", True, job.started_at, "Admitted", "its gang fits; instances start"))
+    elif not ended:
+        found.append(condition("Admitted", False, job.last_transition_at, reason, message))
+    if job.running_at is not None:
+        if state == JobState.RUNNING:
+            found.append(condition("Running", True, job.last_transition_at, reason, message))
+        elif ended:
+            found.append(condition("Running", False, job.completed_at, "JobEnded", f"the job {state.value}"))
+        else:  # running before, not now (an instance restarting)
+            found.append(condition("Running", False, job.last_transition_at, reason, message))
+    if ended:
+        found.append(condition(state.value.capitalize(), True, job.completed_at, reason, message))
+    return found
 
 
 def is_terminal(state: str) -> bool:
