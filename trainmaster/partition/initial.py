@@ -157,17 +157,20 @@ def capped_list_schedule(graph: Graph, cg: ClusterGraph, k: int, cap: float,
     return np.asarray(part_of_cluster, dtype=np.int64)
 
 
-def packed(cg: ClusterGraph, k: int, cap: float, mem_cap: float = float("inf")) -> np.ndarray:
+def packed(cg: ClusterGraph, k: int, cap: float, mem_cap: float = float("inf"),
+           by_memory: bool = False) -> np.ndarray:
     """Longest-processing-time bin packing of clusters (heaviest first onto the least loaded
-    device that also has memory room): a balanced start when the cut-driven candidates and
-    single-cluster rebalancing cannot meet a tight cap (few, large clusters)."""
+    device that has room on both caps): a start that fits when the cut-driven candidates and
+    single-cluster rebalancing cannot meet tight caps (few, large clusters). ``by_memory`` packs
+    by memory instead of load, for when memory is the tighter cap."""
     load = np.zeros(k)
     mem = np.zeros(k)
     part = np.empty(cg.size, dtype=np.int64)
-    for c in np.argsort(-cg.weight, kind="stable").tolist():
+    key, level = (cg.memory, mem) if by_memory else (cg.weight, load)
+    for c in np.argsort(-key, kind="stable").tolist():
         room = (mem + cg.memory[c] <= mem_cap) & (load + cg.weight[c] <= cap * (1 + 1e-9))
         pool = np.flatnonzero(room) if room.any() else np.arange(k)
-        p = int(pool[np.argmin(load[pool])])
+        p = int(pool[np.argmin(level[pool])])
         part[c] = p
         load[p] += cg.weight[c]
         mem[p] += cg.memory[c]

@@ -56,7 +56,7 @@ def check_request(graph: Graph, k: int, imbalance: float, method: str) -> None:
 
 def memory_cap_enforced(graph: Graph, k: int) -> float:
     """Enforce the per-device memory cap only when k devices can hold the graph at all."""
-    if np.isfinite(graph.memory_cap) and graph.memory.sum() <= 0.97 * k * graph.memory_cap:
+    if np.isfinite(graph.memory_cap) and graph.memory.sum() <= k * graph.memory_cap:
         return graph.memory_cap
     return float("inf")
 
@@ -115,7 +115,8 @@ def _refine(graph: Graph, base: np.ndarray, part: np.ndarray, k: int, cap: float
 
 
 REFINED = 3  # how many of the best raw candidates get FM refinement
-DESCENT_SIMULATIONS = 48  # makespan-descent budget: a fixed multiple of one simulation
+DESCENT_WORK = 40_000  # makespan-descent budget in (nodes + edges) simulated, i.e. simulations
+DESCENT_SIMULATIONS = (4, 48)  # ... = DESCENT_WORK / (n + m), clipped to this range
 
 
 def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int,
@@ -146,11 +147,12 @@ def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int,
 
     scored = [(_overload(graph, a, k, cap, mem_cap), makespan(graph, a), name, a)
               for name, a in candidates.items()]
-    if all(s[0] > 0 for s in scored):  # tight caps: try a bin-packed start, kept if it fits
-        a = _refine(graph, base, base_cg.expand(packed(base_cg, k, cap, mem_cap)), k, cap,
-                    mem_cap, static_crit, delta)
-        if _overload(graph, a, k, cap, mem_cap) == 0.0:
-            scored.append((0.0, makespan(graph, a), "packed+fm", a))
+    if all(s[0] > 0 for s in scored):  # tight caps: try bin-packed starts, kept if they fit
+        for by_memory in (False, True) if np.isfinite(mem_cap) else (False,):
+            a = _refine(graph, base, base_cg.expand(packed(base_cg, k, cap, mem_cap, by_memory)),
+                        k, cap, mem_cap, static_crit, delta)
+            if _overload(graph, a, k, cap, mem_cap) == 0.0:
+                scored.append((0.0, makespan(graph, a), "packed+fm", a))
     scored.sort(key=lambda t: (t[0], t[1]))
     for over, span, name, part in list(scored[:REFINED]):
         refined = _refine(graph, base, part, k, cap, mem_cap, static_crit, delta,
@@ -167,8 +169,9 @@ def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int,
             for s in tied]
     over, span, label, best = tied[int(np.argmin(ccut))]
     if over == 0.0:
+        budget = int(np.clip(DESCENT_WORK / max(graph.n + graph.m, 1), *DESCENT_SIMULATIONS))
         best, span, used = makespan_descent(
-            graph, best, k, cap, mem_cap, [base, coarse_of], DESCENT_SIMULATIONS,
+            graph, best, k, cap, mem_cap, [base, coarse_of], budget,
             acyclic=acyclic and device_graph_acyclic(graph, best, k))
     else:
         used = 0

@@ -7,7 +7,8 @@ Three families, each built from the block structure real networks repeat:
 ``transformer`` (layers of norm -> Q/K/V in parallel -> attention -> projection -> residual add
 -> norm -> two feed-forward operators -> residual add). Operator costs are log-normal; edge
 (transfer) costs are log-normal times a communication ratio drawn per graph from
-{0.05, 0.3, 1, 3}, so graphs range from compute-bound to transfer-bound.
+{0.05, 0.3, 1, 3}, so graphs range from compute-bound to transfer-bound. Memory is log-normal
+with a per-device cap of a third of the total: too small for k = 2, tight-ish at k = 4.
 """
 
 from __future__ import annotations
@@ -85,4 +86,5 @@ def synthetic_dag(family: str, n: int, seed: int = 0, comm_ratio: float | None =
     cost = rng.lognormal(0.0, 0.7, b.n)
     edge_cost = ratio * rng.lognormal(0.0, 0.7, len(b.src))
     memory = rng.lognormal(0.0, 1.0, b.n)
-    return build_graph(list(range(b.n)), cost, b.src, b.dst, edge_cost, memory=memory)
+    return build_graph(list(range(b.n)), cost, b.src, b.dst, edge_cost, memory=memory,
+                       memory_cap=float(memory.sum()) / 3.0)
