@@ -141,7 +141,8 @@ def run_variant(variant: str, world: int, sizes: list[int], reps: int) -> dict[i
             med = statistics.median(per_rep)
             results[size] = {"median_s": med, "runs": len(per_rep),
                              "bandwidth_MBps": size / med / 1e6,
-                             "cpu_s_per_GB": cpu / (reps * size / 1e9)}
+                             "cpu_s_per_GB": cpu / (reps * size / 1e9),
+                             "times_s": per_rep, "cpu_s": cpu}
     finally:
         for p in procs:
             p.join(timeout=30)
@@ -187,9 +188,9 @@ def write_markdown(report: dict) -> str:
         f"({report['machine']['cpus']} CPUs shared with other jobs, load average "
         f"{load['start']:.1f} at start, {load['end']:.1f} at end: noisy, gloo's figures too). "
         f"Cells: algorithm bandwidth MB/s (CPU-seconds per GB over every process of the "
-        f"variant), median of {report['reps']} runs"
-        + (f" ({report['reps_64MiB_8w']} at 64 MiB x 8 workers)"
-           if report.get("reps_64MiB_8w", report["reps"]) != report["reps"] else "")
+        f"variant), median of {min(r['runs'] for r in rows)}-{max(r['runs'] for r in rows)} "
+        f"runs per cell, the variants of a cell interleaved over {report['rounds']} rounds so "
+        f"that other jobs' load falls on all of them alike"
         + ". Goal ours/gloo >= 1.0 at >= 4 MiB for 2 and 4 workers: "
         f"UDP {'met' if goal['ours']['all_met'] else 'not met'} (cells meeting it: "
         f"{met['ours']}); shared memory {'met' if goal['ours-shm']['all_met'] else 'not met'} "
@@ -211,6 +212,9 @@ def main() -> None:
     parser.add_argument("--reps-64mib-8w", type=int, default=None,
                         help="fewer repetitions for the slowest cell only (64 MiB, 8 workers)")
     parser.add_argument("--workers", default="2,4,8", help="comma-separated worker counts")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="each cell's variants run interleaved this many times; the "
+                             "repetitions are split over the rounds")
     args = parser.parse_args()
     workers = [int(w) for w in args.workers.split(",")]
     sizes = [1 * MiB, 4 * MiB] if args.quick else [1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB]
@@ -221,34 +225,50 @@ def main() -> None:
     started = time.time()
     load_start = os.getloadavg()[0]
     for world in workers:
-        measured: dict[str, dict[int, dict]] = {}
-        for variant in variants:
-            measured[variant] = {}
-            for size in sizes:
-                reps = reps_big if (world, size) == (8, 64 * MiB) else args.reps
-                try:
-                    measured[variant].update(run_variant(variant, world, [size], reps))
-                except Exception as exc:  # a variant that fails is reported, not hidden
-                    failures.append(f"{world} workers {variant} {size // MiB} MiB: "
-                                    f"{type(exc).__name__}: {exc}")
-                    print(failures[-1], flush=True)
-            print(f"{world} workers {variant}: " + ", ".join(
-                f"{s // MiB} MiB {r['bandwidth_MBps']:.0f} MB/s"
-                for s, r in measured[variant].items()), flush=True)
         for size in sizes:
-            gloo = measured["gloo"].get(size)
+            reps = reps_big if (world, size) == (8, 64 * MiB) else args.reps
+            rounds = max(1, min(args.rounds, reps))
+            per_round = -(-reps // rounds)
+            times: dict[str, list[float]] = {v: [] for v in variants}
+            cpu: dict[str, float] = {v: 0.0 for v in variants}
+            failed: set[str] = set()
+            # the variants of one cell run back to back, in alternating order over rounds, so
+            # that the load other jobs put on the machine falls on all of them alike
+            for rnd in range(rounds):
+                for variant in variants if rnd % 2 == 0 else variants[::-1]:
+                    if variant in failed:
+                        continue
+                    try:
+                        r = run_variant(variant, world, [size], per_round)[size]
+                    except Exception as exc:  # a variant that fails is reported, not hidden
+                        failed.add(variant)
+                        failures.append(f"{world} workers {variant} {size // MiB} MiB: "
+                                        f"{type(exc).__name__}: {exc}")
+                        print(failures[-1], flush=True)
+                        continue
+                    times[variant] += r["times_s"]
+                    cpu[variant] += r["cpu_s"]
+            cell = {}
             for variant in variants:
-                r = measured[variant].get(size)
-                if r is None:
+                if variant in failed or not times[variant]:
                     continue
+                med = statistics.median(times[variant])
+                cell[variant] = {"median_s": med, "runs": len(times[variant]),
+                                 "bandwidth_MBps": size / med / 1e6,
+                                 "cpu_s_per_GB": cpu[variant] / (len(times[variant]) * size / 1e9)}
+            gloo = cell.get("gloo")
+            for variant, r in cell.items():
                 ratio = r["bandwidth_MBps"] / gloo["bandwidth_MBps"] if gloo else None
                 rows.append({"workers": world, "size_MiB": size // MiB, "variant": variant,
                              **r, "ratio_vs_gloo": ratio})
+            print(f"{world} workers {size // MiB} MiB: " + ", ".join(
+                f"{v} {r['bandwidth_MBps']:.0f} MB/s" for v, r in cell.items()), flush=True)
     report = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                           "python": platform.python_version()},
               "note": "shared machine, other jobs running: numbers are noisy",
               "load_average": {"start": load_start, "end": os.getloadavg()[0]},
-              "reps": args.reps, "reps_64MiB_8w": reps_big, "quick": args.quick,
+              "reps": args.reps, "reps_64MiB_8w": reps_big, "rounds": args.rounds,
+              "quick": args.quick,
               "seconds": round(time.time() - started),
               "variants": {"ours": "UDP over loopback, 16000 float32 per datagram",
                            "ours-drop1%": "UDP, 1% of datagrams dropped on every link",

@@ -130,3 +130,18 @@ def test_exponent_alignment_rounds_within_bound() -> None:
     got = dequantize(acc.values, acc.exponent)
     assert np.all(np.abs(got - (a.astype(np.float64) + b)) <= error_bound(acc.exponent, 2))
     assert math.isfinite(float(got.sum()))
+
+
+def test_sum_stays_int32_while_peaks_fit_and_widens_exactly_otherwise() -> None:
+    """Aggregator memory: while the contributions' peaks prove the sum fits int32 it is added
+    in place in int32; past that bound it widens to int64 and overflow detection stays exact."""
+    small = np.array([2**29, -(2**29), 5], dtype=np.int32)
+    acc = IntSum()
+    acc.add(small, 0, 1)
+    acc.add(small, 0, 2)
+    q, overflow = acc.wire()
+    assert q.dtype == np.int32 and not overflow and q.tolist() == [2**30, -(2**30), 10]
+    acc.add(small, 0, 4)
+    acc.add(small, 0, 8)  # peaks now add to 2**31: widened, and 4 * 2**29 is out of range
+    q, overflow = acc.wire()
+    assert acc.values.dtype == np.int64 and overflow and q[0] == INT_SATURATED

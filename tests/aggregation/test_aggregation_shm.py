@@ -142,3 +142,32 @@ def test_any_fault_schedule_over_shared_memory_is_exact(drop, duplicate, reorder
             assert query(s.address)["slots_in_use"] == 0
     finally:
         tier.stop()
+
+
+def test_in_place_result_and_error_bound(tier_factory) -> None:
+    """Library interface: allreduce(x, out=x) writes the sum in place (as gloo's all_reduce
+    does); last_error_bound is the per-element bound of that result, within which it is exact."""
+    import threading
+
+    tier = tier_factory(transport="shm")
+    rng = np.random.default_rng(3)
+    xs = [rng.standard_normal((300, 700)).astype(np.float32) for _ in range(2)]
+    exact = xs[0].astype(np.float64) + xs[1]
+    got: dict[int, tuple[np.ndarray, np.ndarray, bool]] = {}
+
+    def work(rank: int) -> None:
+        x = xs[rank].copy()
+        with AggregationClient(tier.attach(rank), 6, rank, 2, WorkerConfig(chunk=50_000),
+                               transport="shm") as c:
+            y = c.allreduce(x, out=x)
+            got[rank] = (x, c.last_error_bound, y is x)
+
+    ts = [threading.Thread(target=work, args=(r,)) for r in range(2)]
+    [t.start() for t in ts]
+    [t.join(60) for t in ts]
+    for x, bound, same in got.values():
+        assert same and bound.shape == x.shape
+        assert np.all(np.abs(x - exact) <= bound + np.abs(exact) * 2.0**-23)
+    with pytest.raises(ValueError, match="out must be"):
+        AggregationClient(("127.0.0.1", 9), 1, 0, 1).allreduce(
+            np.ones(4, np.float32), out=np.ones(3, np.float32))

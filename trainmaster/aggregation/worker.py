@@ -99,7 +99,7 @@ class WorkerConfig:
     # initial, then adapted to the measured round trip; None: 0.2 s on udp, 1 s on shm (a first
     # megabyte slice under load can take that long, and resending it only adds work)
     retransmit_timeout: float | None = None
-    # None: 0.02 s on udp; 0.2 s on shm, where nothing is lost but injected faults and a
+    # None: 0.05 s on udp; 0.2 s on shm, where nothing is lost but injected faults and a
     # spurious retransmission of a megabyte slice costs more than waiting
     min_retransmit_timeout: float | None = None
     max_retransmit_timeout: float = 1.0
@@ -130,7 +130,7 @@ class AggregationClient:
             self.initial_rto = 0.2 if transport == "udp" else 1.0
         self.min_rto = self.config.min_retransmit_timeout
         if self.min_rto is None:
-            self.min_rto = 0.02 if transport == "udp" else 0.2
+            self.min_rto = 0.05 if transport == "udp" else 0.2
         limit = (self.transport.max_packet - HEADER_SIZE) // 4
         if not 1 <= self.chunk <= limit:
             self.transport.close()
