@@ -77,21 +77,22 @@ class Graph:
     def _topological_order(self) -> np.ndarray:
         """Kahn's algorithm, lowest index first among ready nodes; a leftover means a cycle."""
         n = self.n
-        indeg = np.bincount(self.dst, minlength=n).astype(np.int64)
-        succ_lists = np.split(self.dst[self.out_edge], self.out_ptr[1:-1]) if n else []
-        frontier = list(np.flatnonzero(indeg == 0))
+        indeg = np.bincount(self.dst, minlength=n).tolist()
+        ptr = self.out_ptr.tolist()
+        succ = self.dst[self.out_edge].tolist()
+        frontier = np.flatnonzero(np.bincount(self.dst, minlength=n) == 0).tolist()
         order: list[int] = []
         while frontier:
-            order.extend(int(v) for v in frontier)
+            order.extend(frontier)
             nxt: list[int] = []
             for v in frontier:
-                for w in succ_lists[v]:
+                for w in succ[ptr[v]:ptr[v + 1]]:
                     indeg[w] -= 1
                     if indeg[w] == 0:
-                        nxt.append(int(w))
+                        nxt.append(w)
             frontier = sorted(nxt)
         if len(order) != n:
-            stuck = [self.node_ids[i] for i in np.flatnonzero(indeg > 0)[:5]]
+            stuck = [self.node_ids[i] for i in np.flatnonzero(np.asarray(indeg) > 0)[:5]]
             raise UserError(
                 "graph has a cycle: a DNN computation graph must be a DAG",
                 details=[f"nodes on or after a cycle include {stuck}"],

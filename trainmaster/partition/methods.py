@@ -114,7 +114,7 @@ def _refine(graph: Graph, base: np.ndarray, part: np.ndarray, k: int, cap: float
     return cg.expand(bpart)
 
 
-REFINED = 3  # how many of the best raw candidates get FM refinement
+REFINED = 2  # how many of the best raw candidates get FM refinement
 DESCENT_WORK = 40_000  # makespan-descent budget in (nodes + edges) simulated, i.e. simulations
 DESCENT_SIMULATIONS = (4, 48)  # ... = DESCENT_WORK / (n + m), clipped to this range
 

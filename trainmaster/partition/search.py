@@ -81,7 +81,7 @@ def makespan_descent(graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap
     span, links = critical_chain(graph, part)
     load = np.bincount(part, weights=graph.cost, minlength=k)
     mem = np.bincount(part, weights=graph.memory, minlength=k)
-    members = [_members(u) for u in units]
+    members = [_Members(u) for u in units]
     tried: set[tuple[int, int, int]] = set()
     used = 0
     while used < budget:
@@ -127,10 +127,15 @@ def makespan_descent(graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap
     return part, span, used
 
 
-def _members(unit_of: np.ndarray) -> list[np.ndarray]:
-    order = np.argsort(unit_of, kind="stable")
-    bounds = np.cumsum(np.bincount(unit_of))[:-1]
-    return np.split(order, bounds)
+class _Members:
+    """Nodes of each unit, sliced on demand from one sort (no per-unit arrays up front)."""
+
+    def __init__(self, unit_of: np.ndarray) -> None:
+        self.order = np.argsort(unit_of, kind="stable")
+        self.ptr = np.concatenate([[0], np.cumsum(np.bincount(unit_of))]).tolist()
+
+    def __getitem__(self, c: int) -> np.ndarray:
+        return self.order[self.ptr[c]:self.ptr[c + 1]]
 
 
 def _ordered(graph: Graph, links: list[tuple[int, int, bool]]) -> list[tuple[int, int, bool]]:
