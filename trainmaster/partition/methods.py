@@ -1,11 +1,11 @@
 """The partitioning methods by name: ``trainmaster`` (ours), ``patent``, ``metis``, ``kahip``, ``ilp``.
 
-``trainmaster``: coarsen along heavy/critical chain links; build several initial partitions (an
-exact acyclic split of the topological order, capped earliest-finish list scheduling, METIS on the
-coarse graph with critical-weighted edges); refine each with k-way FM on the cost-weighted
-critical cut plus the total cut (critical by the static slack and by the partition-aware slack of
-the candidate itself) under the balance and memory caps; keep the candidate with the lowest
-simulated makespan.
+``trainmaster``: coarsen along heavy/critical chain links; build several initial partitions (exact
+acyclic splits of two topological orders, capped earliest-finish list scheduling, METIS and KaHIP
+on the coarse graph with critical-weighted edges, plain METIS; bin-packed starts when none fits
+the caps); refine each with k-way FM on the cost-weighted critical
+cut plus the total cut under the balance and memory caps; keep the candidate with the lowest
+simulated makespan; finish with a makespan descent along the schedule's critical chain.
 """
 
 from __future__ import annotations
@@ -114,7 +114,6 @@ def _refine(graph: Graph, base: np.ndarray, part: np.ndarray, k: int, cap: float
     return cg.expand(bpart)
 
 
-REFINED = 2  # how many of the best raw candidates get FM refinement
 DESCENT_WORK = 40_000  # makespan-descent budget in (nodes + edges) simulated, i.e. simulations
 DESCENT_SIMULATIONS = (4, 48)  # ... = DESCENT_WORK / (n + m), clipped to this range
 
@@ -153,12 +152,16 @@ def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int,
                         k, cap, mem_cap, static_crit, delta)
             if _overload(graph, a, k, cap, mem_cap) == 0.0:
                 scored.append((0.0, makespan(graph, a), "packed+fm", a))
-    scored.sort(key=lambda t: (t[0], t[1]))
-    for over, span, name, part in list(scored[:REFINED]):
+    for over, span, name, part in [s for s in scored if not s[2].endswith("+fm")]:
         refined = _refine(graph, base, part, k, cap, mem_cap, static_crit, delta,
                           coarse_cg if name in ("metis", "kahip") else None)
         scored.append((_overload(graph, refined, k, cap, mem_cap), makespan(graph, refined),
                        name + "+fm", refined))
+    if np.isfinite(mem_cap) and all(_memory_over(graph, s[3], k, mem_cap) for s in scored):
+        # no candidate meets the memory cap (it and the load cap may not both be satisfiable):
+        # rank on the load cap and makespan, as for a graph whose memory cannot fit at all
+        mem_cap = float("inf")
+        scored = [(_overload(graph, s[3], k, cap, mem_cap), s[1], s[2], s[3]) for s in scored]
     if acyclic:  # may be impossible when a co-location class spans a path; then fall back
         dag = [s for s in scored if device_graph_acyclic(graph, s[3], k)]
         scored = dag or scored
@@ -177,6 +180,10 @@ def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int,
         used = 0
     return best, {"chosen": label, "descent_simulations": used, "makespan": span,
                   "candidates": {s[2]: s[1] for s in scored}}
+
+
+def _memory_over(graph: Graph, a: np.ndarray, k: int, mem_cap: float) -> bool:
+    return bool(np.bincount(a, weights=graph.memory, minlength=k).max() > mem_cap)
 
 
 def _overload(graph: Graph, a: np.ndarray, k: int, cap: float, mem_cap: float) -> float:
