@@ -101,13 +101,9 @@ def fm_refine(cg: ClusterGraph, part: np.ndarray, k: int, cap: float,
         stamp = 0
         blocked: list[list[int]] = [[] for _ in range(k)]  # waiting for room in that part
         # only boundary clusters can gain: an interior one touches no other part
-        cur = np.asarray(st.part)
-        boundary = np.unique(rows[cur[rows] != cur[cg.adjncy]]).tolist()
-        for v in boundary:
-            g, q = st.best_move(v, capped=False)
-            if q >= 0:
-                stamp += 1
-                heap.append((-g, -stamp, v, q, 0))
+        for v, g, q in _boundary_moves(cg, rows, np.asarray(st.part), np.asarray(st.load), k):
+            stamp += 1
+            heap.append((-g, -stamp, v, q, 0))
         heapq.heapify(heap)
         moves: list[tuple[int, int]] = []
         cum = best = 0.0
@@ -144,6 +140,29 @@ def fm_refine(cg: ClusterGraph, part: np.ndarray, k: int, cap: float,
         if best_len == 0:
             break
     return np.asarray(st.part, dtype=np.int64)
+
+
+def _boundary_moves(cg: ClusterGraph, rows: np.ndarray, part: np.ndarray, load: np.ndarray,
+                    k: int) -> list[tuple[int, float, int]]:
+    """``_State.best_move(v, capped=False)`` for every boundary cluster at once (numpy): the
+    touched part with the highest gain, ties to the lighter part. Starts each FM pass."""
+    n = cg.size
+    nbr_part = part[cg.adjncy]
+    boundary = np.unique(rows[part[rows] != nbr_part])
+    if len(boundary) == 0:
+        return []
+    key = rows * k + nbr_part
+    conn = np.bincount(key, weights=cg.adjw, minlength=n * k).reshape(n, k)[boundary]
+    touched = np.bincount(key, minlength=n * k).reshape(n, k)[boundary] > 0
+    own_part = part[boundary]
+    own = conn[np.arange(len(boundary)), own_part]
+    gain = np.where(touched, conn - own[:, None], -np.inf)
+    gain[np.arange(len(boundary)), own_part] = -np.inf
+    top = gain.max(axis=1)
+    lighter = np.where(gain == top[:, None], load[None, :], np.inf)
+    q = np.argmin(lighter, axis=1)
+    ok = np.isfinite(top)
+    return list(zip(boundary[ok].tolist(), top[ok].tolist(), q[ok].tolist()))
 
 
 def weighted_cut(cg: ClusterGraph, part: np.ndarray) -> float:
