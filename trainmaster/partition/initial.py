@@ -101,28 +101,19 @@ def capped_list_schedule(graph: Graph, cg: ClusterGraph, k: int, cap: float,
     """HEFT-style earliest-finish placement under the load cap: operators in b-level order; the
     first operator of a cluster fixes the device of the whole cluster, picked as the one with room
     that finishes it earliest (transfers only from predecessors on other devices)."""
-    import heapq
-
     n = graph.n
     of = cg.of.tolist()
     cw = cg.weight.tolist()
     w = graph.cost.tolist()
-    prio = priority.tolist()
-    out_ptr = graph.out_ptr.tolist()
-    succ = graph.dst[graph.out_edge].tolist()
     in_ptr = graph.in_ptr.tolist()
     pred = graph.src[graph.in_edge].tolist()
     pcost = graph.edge_cost[graph.in_edge].tolist()
-    indeg = np.bincount(graph.dst, minlength=n).tolist()
     part_of_cluster = [-1] * cg.size
     load = [0.0] * k
     free = [0.0] * k
     finish = [0.0] * n
     dev = [0] * n
-    heap = [(-prio[v], v) for v in range(n) if indeg[v] == 0]
-    heapq.heapify(heap)
-    while heap:
-        _, v = heapq.heappop(heap)
+    for v in _pop_order(graph, priority):
         c = of[v]
         if part_of_cluster[c] < 0:
             best = None
@@ -149,12 +140,36 @@ def capped_list_schedule(graph: Graph, cg: ClusterGraph, k: int, cap: float,
         finish[v] = max(ready, free[d]) + w[v]
         free[d] = finish[v]
         dev[v] = d
-        for j in range(out_ptr[v], out_ptr[v + 1]):
-            x = succ[j]
+    return np.asarray(part_of_cluster, dtype=np.int64)
+
+
+def _pop_order(graph: Graph, priority: np.ndarray) -> list[int]:
+    """The order list scheduling takes operators in: highest priority among the ready ones, ties
+    to the lower index. It does not depend on the devices chosen, so it is computed up front:
+    when sorting by (-priority, index) is already topological, that sort is the order."""
+    import heapq
+
+    n = graph.n
+    order = np.lexsort((np.arange(n), -priority))
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n)
+    if np.all(rank[graph.src] < rank[graph.dst]):
+        return order.tolist()
+    prio = priority.tolist()
+    out_ptr = graph.out_ptr.tolist()
+    succ = graph.dst[graph.out_edge].tolist()
+    indeg = np.bincount(graph.dst, minlength=n).tolist()
+    heap = [(-prio[v], v) for v in range(n) if indeg[v] == 0]
+    heapq.heapify(heap)
+    popped: list[int] = []
+    while heap:
+        _, v = heapq.heappop(heap)
+        popped.append(v)
+        for x in succ[out_ptr[v]:out_ptr[v + 1]]:
             indeg[x] -= 1
             if indeg[x] == 0:
                 heapq.heappush(heap, (-prio[x], x))
-    return np.asarray(part_of_cluster, dtype=np.int64)
+    return popped
 
 
 def packed(cg: ClusterGraph, k: int, cap: float, mem_cap: float = float("inf"),
