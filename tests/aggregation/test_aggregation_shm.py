@@ -168,6 +168,9 @@ def test_in_place_result_and_error_bound(tier_factory) -> None:
     for x, bound, same in got.values():
         assert same and bound.shape == x.shape
         assert np.all(np.abs(x - exact) <= bound + np.abs(exact) * 2.0**-23)
-    with pytest.raises(ValueError, match="out must be"):
-        AggregationClient(("127.0.0.1", 9), 1, 0, 1).allreduce(
-            np.ones(4, np.float32), out=np.ones(3, np.float32))
+    client = AggregationClient(("127.0.0.1", 9), 1, 0, 1)
+    try:
+        with pytest.raises(ValueError, match="out must be"):
+            client.allreduce(np.ones(4, np.float32), out=np.ones(3, np.float32))
+    finally:
+        client.close()

@@ -258,7 +258,6 @@ class AggregationClient:
         ``out`` (numpy input only): a C-contiguous float32 array of the same size that
         receives the result (it may be ``array`` itself: in place, as gloo's all_reduce).
         """
-        self.join()
         torch_like = hasattr(array, "detach") and hasattr(array, "numpy")
         src = array.detach().cpu().numpy() if torch_like else np.asarray(array)
         x = np.ascontiguousarray(src, dtype=np.float32).ravel()
@@ -274,6 +273,7 @@ class AggregationClient:
                 raise ValueError("out must be a C-contiguous float32 numpy array of the input's "
                                  "size (numpy input only)")
             target = out.reshape(-1)
+        self.join()  # after checking the arguments: a wrong call fails at once
         try:
             result_flat, bounds = self._reduce(x, peaks, target)
         finally:
