@@ -52,7 +52,7 @@ TRANSPORTS = ("udp", "shm")
 SHM_RING_BYTES = 32 << 20  # per link (sender -> one destination), mapped up front
 SHM_MAX_ELEMENTS = (SHM_RING_BYTES // 4 - 64) // 4  # float32 per packet: a quarter of a ring
 
-# descriptor of a packet that lies in a shared-memory ring: magic, pid, fd, ring id, position, length
+# descriptor of a packet in a shared-memory ring: magic, pid, fd, ring id, position, length
 _DESC = struct.Struct("!BIIQQI")
 _DESC_MAGIC = 0xA7  # never a valid protocol version byte
 _RING_HEADER = 64  # bytes before the data: ring id (u64), consumed position (u64)
@@ -160,7 +160,8 @@ class _Ring:
         at = _RING_HEADER + pos % self.capacity
         for p in parts:
             n = memoryview(p).nbytes
-            self.map[at:at + n] = p if isinstance(p, (bytes, bytearray)) else memoryview(p).cast("B")
+            byte_view = p if isinstance(p, (bytes, bytearray)) else memoryview(p).cast("B")
+            self.map[at:at + n] = byte_view
             at += n
 
     def close(self) -> None:

@@ -41,7 +41,8 @@ def demo(
     slots: int = typer.Option(64, help="Aggregator slots per forwarding node."),
     levels: int = typer.Option(1, help="1: one forwarding node; 2: two first-level nodes "
                                "under a second-level node that also has workers."),
-    chunk: int = typer.Option(4096, help="Elements per packet (up to 16375 on udp, 2097136 on shm)."),
+    chunk: int = typer.Option(4096, help="Elements per packet (up to 16375 on udp, "
+                              "2097136 on shm)."),
     seed: int = typer.Option(0, help="Seed of the inputs and of every link's fault injector."),
     timeout: float = typer.Option(60.0, help="Seconds without progress before a worker fails."),
     transport: str = typer.Option("udp", help="udp, or shm: shared-memory rings for large "
@@ -71,7 +72,8 @@ def demo(
         problems.append(f"--chunk must be between 1 and {SHM_MAX_ELEMENTS} on shm")
     if problems:
         raise UserError("invalid demo options", details=problems)
-    faults = FaultPlan(drop=_probability("drop", drop), duplicate=_probability("duplicate", duplicate),
+    faults = FaultPlan(drop=_probability("drop", drop),
+                       duplicate=_probability("duplicate", duplicate),
                        reorder=_probability("reorder", reorder), delay=_probability("delay", delay),
                        seed=seed)
     cfg = DemoConfig(workers=workers, jobs=jobs, elements=elements, rounds=rounds, slots=slots,
