@@ -64,16 +64,34 @@ def test_overflow_takes_the_exception_retransmit_path(tier_factory) -> None:
 
 
 def test_collisions_between_jobs_get_conflict_flag_and_new_slot(tier_factory) -> None:
-    """Multi-tenancy: two jobs on a 2-slot pool collide; the forwarding node sets the conflict
-    flag, the parameter node aggregates and returns an updated resource id; slots freed."""
+    """Multi-tenancy: a 2-slot pool shared by three jobs. Another tenant's half-finished slices
+    hold both slots (so collisions happen however the machine schedules the jobs), jobs 1 and 2
+    collide with it and with each other; the forwarding node sets the conflict flag, the
+    parameter node aggregates and returns an updated resource id; the tenant's retransmission
+    flushes its slots, and every slot is free at the end."""
+    from trainmaster.aggregation.protocol import Flag, Header, Kind, encode, slot_id
+    from trainmaster.aggregation.transport import UdpTransport
+
     tier = tier_factory(slots=2)
-    inputs = _inputs(2, 2, 16_384, 2)
-    out = reduce_all(tier, inputs, 2, WorkerConfig(chunk=1024, window=8))
-    assert_exact(inputs, out)
-    assert query(tier.switches[0].address)["collisions"] > 0
-    assert query(tier.ps.address)["conflicts_aggregated"] > 0
-    assert any(override for _, _, override in out.values())
-    _slots_free(tier)
+    tenant = UdpTransport("tenant")
+    switch = tier.switches[0].address
+    held = [Header(Kind.DATA, 99, 1, seq, 0b01, 2, slot_id(99, seq)) for seq in (0, 1)]
+    try:
+        for h in held:  # worker 0 of job 99 contributes; its worker 1 never does
+            tenant.send(encode(h, np.ones(4, dtype=np.int32)), switch)
+        assert query(switch)["slots_in_use"] == 2
+        inputs = _inputs(2, 2, 16_384, 2)
+        out = reduce_all(tier, inputs, 2, WorkerConfig(chunk=1024, window=8))
+        assert_exact(inputs, out)
+        assert query(switch)["collisions"] > 0
+        assert query(tier.ps.address)["conflicts_aggregated"] > 0
+        assert any(override for _, _, override in out.values())
+        for h in held:  # the tenant gives up: retransmission flushes its partial sums
+            flags = Flag.RETRANSMIT | Flag.AGGREGATE_AT_PS
+            tenant.send(encode(h.with_(flags=flags), np.ones(4, dtype=np.int32)), switch)
+        _slots_free(tier)
+    finally:
+        tenant.close()
 
 
 def test_two_levels_with_workers_on_both(tier_factory) -> None:
