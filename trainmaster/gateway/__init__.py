@@ -2,6 +2,6 @@
 
 Modules: ``crypto`` (keys, envelopes), ``provision`` (CA, certificates, roster), ``replay``
 (seen-message table), ``routing`` (the mapping table), ``rules`` (processing-rule registry),
-``executor`` (per-task isolated process), ``party`` (party agent), ``app`` (gateway service),
-``client`` (initiator).
+``executor`` (per-task isolated process), ``rayexec`` (the same as a Ray actor), ``stream``
+(chunked result streams), ``party`` (party agent), ``app`` (gateway service), ``client`` (initiator).
 """
