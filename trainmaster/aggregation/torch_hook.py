@@ -21,7 +21,9 @@ def client_from_env(config: WorkerConfig | None = None) -> AggregationClient:
     """A worker client from the environment the ``ina`` framework (or the user) sets:
 
     ``TM_AGGREGATION_SWITCH`` (host:port of this worker's forwarding node),
-    ``TM_AGGREGATION_JOB`` (job id, default 1), ``RANK`` and ``WORLD_SIZE``.
+    ``TM_AGGREGATION_JOB`` (job id, default 1), ``RANK``, ``WORLD_SIZE`` and
+    ``TM_AGGREGATION_TRANSPORT`` (``udp`` default, or ``shm``: the same variable the
+    ``parameter-node`` and ``forwarding-node`` commands read).
     """
     switch = os.environ.get("TM_AGGREGATION_SWITCH", "")
     host, _, port = switch.rpartition(":")
@@ -29,7 +31,8 @@ def client_from_env(config: WorkerConfig | None = None) -> AggregationClient:
         raise RuntimeError("TM_AGGREGATION_SWITCH must be HOST:PORT of a forwarding node, "
                            f"got {switch!r}")
     client = AggregationClient((host, int(port)), int(os.environ.get("TM_AGGREGATION_JOB", "1")),
-                               int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), config)
+                               int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), config,
+                               transport=os.environ.get("TM_AGGREGATION_TRANSPORT", "udp"))
     client.join()
     return client
 
