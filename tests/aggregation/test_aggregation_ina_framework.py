@@ -58,3 +58,29 @@ def test_ina_digits_matches_gloo_accuracy(tmp_path: Path) -> None:
     assert ina["transport"] == "aggregation fabric" and ina["world_size"] == 4
     gloo = _gloo_baseline(tmp_path, 4)
     assert abs(ina["test_accuracy"] - gloo) <= 0.01, (ina["test_accuracy"], gloo)
+
+
+@pytest.mark.timeout(300)
+def test_ina_runs_over_shared_memory_when_asked(tmp_path: Path) -> None:
+    """ina framework with frameworkParams.transport shm: every role gets
+    TM_AGGREGATION_TRANSPORT, the nodes serve over shared-memory rings and the job succeeds;
+    an unknown transport is refused at validation."""
+    from controller_harness import run_job_file, run_logs
+
+    job = yaml.safe_load((ROOT / "examples/ina-digits.yaml").read_text())
+    job["spec"]["frameworkParams"]["transport"] = "shm"
+    job["spec"]["scheduling"]["minAvailable"] = 4
+    worker = next(r for r in job["spec"]["roles"] if r["name"] == "worker")
+    worker["replicas"], worker["command"] = 2, [sys.executable, "-m", "trainmaster.aggregation.train_digits",
+                                                "--epochs", "1"]
+    job["spec"]["output"]["path"] = str(tmp_path / "out")
+    path = tmp_path / "ina-shm.yaml"
+    path.write_text(yaml.safe_dump(job))
+    run, status = run_job_file(path, tmp_path, timeout=240)
+    assert run.returncode == 0 and status["state"] == "succeeded", run.stdout[-3000:] + run.stderr[-3000:]
+    logs = run_logs(tmp_path)
+    assert "parameter node listening on" in logs and logs.count("(shm)") == 2, logs
+    job["spec"]["frameworkParams"]["transport"] = "tcp"
+    path.write_text(yaml.safe_dump(job))
+    bad = subprocess.run([sys.executable, "-m", "trainmaster", "validate", str(path)], capture_output=True, text=True)
+    assert bad.returncode == 2 and "spec.frameworkParams.transport" in bad.stderr

@@ -112,7 +112,7 @@ def parameter_node(
     from trainmaster.aggregation.parameter_node import ParameterNode
 
     node = ParameterNode(host, port, dead_after=dead_after, transport=_transport(transport))
-    print(f"parameter node listening on {node.address[0]}:{node.address[1]}", flush=True)
+    print(f"parameter node listening on {node.address[0]}:{node.address[1]} ({transport})", flush=True)
     node.serve()
 
 
@@ -135,7 +135,7 @@ def forwarding_node(
         raise UserError(f"--parent must be HOST:PORT, got {parent!r}")
     node = ForwardingNode((h, int(p)), slots=slots, host=host, port=port,
                           transport=_transport(transport))
-    print(f"forwarding node listening on {node.address[0]}:{node.address[1]}", flush=True)
+    print(f"forwarding node listening on {node.address[0]}:{node.address[1]} ({transport})", flush=True)
     node.serve()
 
 

@@ -7,7 +7,9 @@ known). Each worker gets ``TM_AGGREGATION_SWITCH`` (its forwarding node, spread 
 ``trainmaster.aggregation.torch_hook.client_from_env`` reads. The job succeeds when every worker
 succeeds (the ps and switch then stop with the job).
 
-frameworkParams: ``slots`` (aggregator slots per forwarding node, default 64).
+frameworkParams: ``slots`` (aggregator slots per forwarding node, default 64) and
+``transport`` (``udp``, the default, or ``shm``: shared-memory rings, every role on one host),
+handed to every role as ``TM_AGGREGATION_TRANSPORT``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from typing import Any
 
 from trainmaster.frameworks.base import Framework, InstanceContext, python_module
 from trainmaster.spec.model import Job, Role, RoleSelector, StatusPolicy
+
+
+TRANSPORTS = ("udp", "shm")
 
 
 class InaFramework(Framework):
@@ -36,6 +41,9 @@ class InaFramework(Framework):
 
     def validate(self, spec: dict[str, Any], roles: list[dict[str, Any]]) -> list[str]:
         errors = super().validate(spec, roles)
+        transport = (spec.get("frameworkParams") or {}).get("transport", "udp")
+        if transport not in TRANSPORTS:
+            errors.append(f"spec.frameworkParams.transport: '{transport}' is not one of {', '.join(TRANSPORTS)}")
         for i, role in enumerate(roles):
             if role.get("name") == "worker" and not 1 <= role.get("replicas", 1) <= 64:
                 errors.append(f"spec.roles[{i}].replicas: ina supports 1 to 64 workers")
@@ -49,6 +57,10 @@ class InaFramework(Framework):
         return job
 
     def environment(self, ctx: InstanceContext) -> dict[str, str]:
+        return {"TM_AGGREGATION_TRANSPORT": str(ctx.params.get("transport", "udp")), **self._role_environment(ctx)}
+
+    @staticmethod
+    def _role_environment(ctx: InstanceContext) -> dict[str, str]:
         job_id = zlib.crc32(ctx.job_name.encode()) & 0x7FFFFFFF
         if ctx.role == "ps":
             return {"TM_AGGREGATION_HOST": ctx.host, "TM_AGGREGATION_PORT": str(ctx.ports[0])}
