@@ -102,3 +102,19 @@ def test_parquet_data_file_gives_the_same_results_as_csv(tmp_path: Path) -> None
     (tmp_path / "data" / "m2.csv").write_text("x\n1\n")
     with pytest.raises(EnvelopeError, match="both a CSV and a Parquet"):
         resolve_data_file(tmp_path / "data", "m2")
+
+
+def test_an_older_mapping_table_is_refused_with_the_missing_columns(tmp_path) -> None:
+    """Mapping table persistence: a database from an older release (its legs table lacks a
+    column) is refused with a clear error, not a failure mid-task."""
+    import sqlite3
+
+    from trainmaster.errors import UserError
+    from trainmaster.gateway.routing import make_sessionmaker
+
+    db = tmp_path / "old-mapping.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("create table legs (id integer primary key, task_id text)")
+    with pytest.raises(UserError) as info:
+        make_sessionmaker(f"sqlite:///{db}")
+    assert "legs" in info.value.message and "stream_bytes" in info.value.message

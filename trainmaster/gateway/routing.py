@@ -23,6 +23,8 @@ from sqlalchemy import Connection, Engine, Float, Integer, String, Text, UniqueC
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
+from trainmaster.store.db import check_schema
+
 
 class Base(DeclarativeBase):
     pass
@@ -70,6 +72,7 @@ def make_sessionmaker(url: str) -> sessionmaker[Session]:
             cur.execute("PRAGMA busy_timeout=5000")
             cur.close()
     Base.metadata.create_all(engine)
+    check_schema(engine, url, Base.metadata)
     return sessionmaker(engine, expire_on_commit=False)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, MetaData, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from trainmaster.store.models import Base
@@ -39,23 +39,24 @@ def make_engine(url: str | None = None, create: bool = True) -> Engine:
         engine = create_engine(url, pool_pre_ping=True)
     if create:
         Base.metadata.create_all(engine)
-        _check_schema(engine, url)
+        check_schema(engine, url, Base.metadata)
     return engine
 
 
-def _check_schema(engine: Engine, url: str) -> None:
-    """Refuse a store written by an older Trainmaster instead of failing later mid-job."""
+def check_schema(engine: Engine, url: str, metadata: MetaData) -> None:
+    """Refuse a database written by an older Trainmaster (``create_all`` adds missing tables,
+    never missing columns) instead of failing later mid-job."""
     from sqlalchemy import inspect
 
     from trainmaster.errors import UserError
 
     inspector = inspect(engine)
-    for table in Base.metadata.sorted_tables:
+    for table in metadata.sorted_tables:
         have = {c["name"] for c in inspector.get_columns(table.name)}
         missing = sorted(c.name for c in table.columns if c.name not in have)
         if missing:
             raise UserError(f"the store {url} was created by an older Trainmaster (table {table.name} "
-                            f"lacks {', '.join(missing)}); move that file away or pass --db with a new URL")
+                            f"lacks {', '.join(missing)}); move that database away or point the service at a new URL")
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:
