@@ -230,8 +230,9 @@ def write_results(rows: list[dict[str, Any]], meta: dict[str, Any], large: dict[
     (RESULTS / "gateway.json").write_text(json.dumps({"meta": meta, "rows": rows, "large_result": large}, indent=2))
     runs = sorted({r["runs"] for r in rows})
     lines = [f"Gateway vs direct-to-party, small tasks (`row_count`), medians of {'/'.join(map(str, runs))} runs per row; "
-             "NOISY: measured on a shared 2-core machine while other helpers' jobs ran "
-             f"(1-minute load average sampled during the run: {meta['load_min']:.0f}-{meta['load_max']:.0f}). "
+             "measured on a 2-core machine, so noisy "
+             f"(1-minute load average sampled during the run, this benchmark's own processes included: "
+             f"{meta['load_min']:.0f}-{meta['load_max']:.0f}). "
              "Command: `.venv/bin/python bench/gateway.py`", "",
              "Burst: all tasks in flight at once (latency includes queueing and cold TLS handshakes). "
              "One-at-a-time: sequential tasks on warm connections (30 / 20 / 8 per run), direct and gateway "
