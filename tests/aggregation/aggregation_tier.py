@@ -36,6 +36,24 @@ class ThreadTier:
             t.join(timeout=5)
 
 
+def random_inputs(jobs: int, world: int, n: int, rounds: int, seed: int = 0,
+                  big: float = 0.0) -> dict[tuple[int, int], list[np.ndarray]]:
+    """Random float32 tensors per (job, rank) and round; ``big`` plants values that overflow a
+    fixed quantisation scale."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for job in range(1, jobs + 1):
+        for r in range(world):
+            xs = []
+            for _ in range(rounds):
+                x = rng.standard_normal(n).astype(np.float32)
+                if big:
+                    x[::97] = big
+                xs.append(x)
+            out[(job, r)] = xs
+    return out
+
+
 def start_tier(slots: int = 64, levels: int = 1, faults: FaultPlan | None = None,
                dead_after: float = 10.0, transport: str = "udp") -> ThreadTier:
     ps = ParameterNode(faults=faults, dead_after=dead_after, transport=transport)

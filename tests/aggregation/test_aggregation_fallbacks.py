@@ -12,24 +12,9 @@ from trainmaster.aggregation.quantize import FixedScale
 from trainmaster.aggregation.transport import FaultPlan
 from trainmaster.aggregation.worker import WorkerConfig
 
-from aggregation_tier import assert_exact, reduce_all, start_tier, tier_factory  # noqa: E402,F401
+from aggregation_tier import assert_exact, random_inputs, reduce_all, start_tier, tier_factory  # noqa: E402,F401
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _inputs(jobs: int, world: int, n: int, rounds: int, seed: int = 0, big: float = 0.0):
-    rng = np.random.default_rng(seed)
-    out = {}
-    for job in range(1, jobs + 1):
-        for r in range(world):
-            xs = []
-            for _ in range(rounds):
-                x = rng.standard_normal(n).astype(np.float32)
-                if big:
-                    x[::97] = big
-                xs.append(x)
-            out[(job, r)] = xs
-    return out
 
 
 def _slots_free(tier) -> None:
@@ -41,7 +26,7 @@ def test_normal_path_verified_and_multicast(tier_factory) -> None:
     """Normal path: forwarding node sums in a slot, parameter node verifies (completeness and
     overflow) and the verified sum is multicast; slots are released after use."""
     tier = tier_factory()
-    inputs = _inputs(1, 3, 20_000, 2)
+    inputs = random_inputs(1, 3, 20_000, 2)
     out = reduce_all(tier, inputs, 3, WorkerConfig(chunk=1024))
     assert_exact(inputs, out)
     ps = query(tier.ps.address)
@@ -54,7 +39,7 @@ def test_overflow_takes_the_exception_retransmit_path(tier_factory) -> None:
     """Overflow: fixed scale + large gradients -> saturated sum -> exception-retransmit
     instruction -> workers resend floats -> parameter node sums floats."""
     tier = tier_factory()
-    inputs = _inputs(1, 2, 8192, 1, big=30000.0)
+    inputs = random_inputs(1, 2, 8192, 1, big=30000.0)
     cfg = WorkerConfig(chunk=2048, quantizer=FixedScale(16))
     out = reduce_all(tier, inputs, 2, cfg)
     assert_exact(inputs, out)
@@ -80,7 +65,7 @@ def test_collisions_between_jobs_get_conflict_flag_and_new_slot(tier_factory) ->
         for h in held:  # worker 0 of job 99 contributes; its worker 1 never does
             tenant.send(encode(h, np.ones(4, dtype=np.int32)), switch)
         assert query(switch)["slots_in_use"] == 2
-        inputs = _inputs(2, 2, 16_384, 2)
+        inputs = random_inputs(2, 2, 16_384, 2)
         out = reduce_all(tier, inputs, 2, WorkerConfig(chunk=1024, window=8))
         assert_exact(inputs, out)
         assert query(switch)["collisions"] > 0
@@ -99,7 +84,7 @@ def test_two_levels_with_workers_on_both(tier_factory) -> None:
     of its own; under loss the partial sums are flushed to the parameter node."""
     faults = FaultPlan(drop=0.03, seed=3)
     tier = tier_factory(levels=2, faults=faults)
-    inputs = _inputs(1, 4, 30_000, 2, seed=2)
+    inputs = random_inputs(1, 4, 30_000, 2, seed=2)
     out = reduce_all(tier, inputs, 4, WorkerConfig(chunk=1024, retransmit_timeout=0.3),
                      faults)
     assert_exact(inputs, out)
@@ -116,7 +101,7 @@ def test_loss_detected_by_timeout_and_by_gaps(tier_factory) -> None:
     missing one trigger an early (gap) retransmit; nothing double counted."""
     faults = FaultPlan(drop=0.05, seed=11)
     tier = tier_factory(faults=faults)
-    inputs = _inputs(1, 2, 40_000, 1, seed=5)
+    inputs = random_inputs(1, 2, 40_000, 1, seed=5)
     cfg = WorkerConfig(chunk=512, gap_threshold=4, retransmit_timeout=0.1)
     out = reduce_all(tier, inputs, 2, cfg, faults)
     assert_exact(inputs, out)
@@ -157,7 +142,7 @@ def test_any_fault_schedule_gives_the_exact_sum_and_frees_slots(
                        delay_s=0.005, seed=seed)
     tier = start_tier(slots=slots, levels=levels, faults=faults)
     try:
-        inputs = _inputs(2, world, 6000, 2, seed=seed)
+        inputs = random_inputs(2, world, 6000, 2, seed=seed)
         cfg = WorkerConfig(chunk=500, retransmit_timeout=0.05, max_retransmit_timeout=0.2)
         out = reduce_all(tier, inputs, world, cfg, faults)
         assert_exact(inputs, out)

@@ -20,23 +20,9 @@ from trainmaster.aggregation.transport import (
 )
 from trainmaster.aggregation.worker import AggregationClient, WorkerConfig
 
-from aggregation_tier import assert_exact, reduce_all, start_tier, tier_factory  # noqa: E402,F401
+from aggregation_tier import assert_exact, random_inputs, reduce_all, start_tier, tier_factory  # noqa: E402,F401
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _inputs(world: int, n: int, rounds: int, seed: int = 0, big: float = 0.0):
-    rng = np.random.default_rng(seed)
-    out = {}
-    for r in range(world):
-        xs = []
-        for _ in range(rounds):
-            x = rng.standard_normal(n).astype(np.float32)
-            if big:
-                x[::97] = big
-            xs.append(x)
-        out[(1, r)] = xs
-    return out
 
 
 def test_ring_carries_large_packets_and_reuses_its_space() -> None:
@@ -100,7 +86,7 @@ def test_normal_path_over_shared_memory_is_exact_and_frees_slots(tier_factory) -
     """Normal path on shared memory: large slices summed in slots, verified, multicast; the
     payloads travelled through rings; every slot free afterwards."""
     tier = tier_factory(transport="shm")
-    inputs = _inputs(3, 300_000, 3)
+    inputs = random_inputs(1, 3, 300_000, 3)
     out = reduce_all(tier, inputs, 3, WorkerConfig(chunk=65_536))
     assert_exact(inputs, out)
     ps = query(tier.ps.address)
@@ -114,7 +100,7 @@ def test_overflow_and_two_levels_over_shared_memory(tier_factory) -> None:
     """Exception retransmit and two levels on shared memory: fixed scale overflows, floats go
     to the parameter node through the rings, results are exact, slots free."""
     tier = tier_factory(transport="shm", levels=2)
-    inputs = _inputs(3, 50_000, 1, big=30_000.0)
+    inputs = random_inputs(1, 3, 50_000, 1, big=30_000.0)
     cfg = WorkerConfig(chunk=8192, quantizer=FixedScale(16), retransmit_timeout=0.3)
     out = reduce_all(tier, inputs, 3, cfg)
     assert_exact(inputs, out)
@@ -134,7 +120,7 @@ def test_any_fault_schedule_over_shared_memory_is_exact(drop, duplicate, reorder
     faults = FaultPlan(drop=drop, duplicate=duplicate, reorder=reorder, seed=seed)
     tier = start_tier(levels=levels, faults=faults, transport="shm")
     try:
-        inputs = _inputs(world, 40_000, 2, seed=seed)
+        inputs = random_inputs(1, world, 40_000, 2, seed=seed)
         cfg = WorkerConfig(chunk=4096, retransmit_timeout=0.1, max_retransmit_timeout=0.4)
         out = reduce_all(tier, inputs, world, cfg, faults)
         assert_exact(inputs, out)
