@@ -207,8 +207,6 @@ class Controller:
             obs = self._unreachable_for_too_long(inst, self.backend.poll(inst.handle))
             if obs.host and obs.host != inst.host:  # placed on a node after start (Ray)
                 inst.host, inst.address = obs.host, Placement(obs.host, list(inst.ports or [])).address
-            if obs.phase != Phase.UNREACHABLE:
-                self._unreachable_since.pop(inst.id, None)
             if obs.phase == Phase.UNREACHABLE:
                 self._mark_unknown(session, job, inst, obs)
             elif inst.state == I.UNKNOWN.value and obs.phase in (Phase.RUNNING, Phase.STARTING):
@@ -227,6 +225,7 @@ class Controller:
         """An instance whose host stays silent past ``unreachable_grace`` is taken as lost, so
         its restart policy can act (as Kubernetes evicts pods of a node that stays unreachable)."""
         if obs.phase != Phase.UNREACHABLE:
+            self._unreachable_since.pop(inst.id, None)
             return obs
         since = self._unreachable_since.setdefault(inst.id, time.monotonic())
         if time.monotonic() - since < self.unreachable_grace:
@@ -236,7 +235,7 @@ class Controller:
                            message=f"its host did not answer for {self.unreachable_grace:g}s ({obs.message})")
 
     def _mark_unknown(self, session: Session, job: JobRow, inst: InstanceRow, obs: Observation) -> None:
-        if inst.state == I.UNKNOWN.value or inst.state == I.TERMINATING.value:
+        if inst.state in (I.UNKNOWN.value, I.TERMINATING.value):
             return
         self._set_instance_state(inst, I.UNKNOWN)
         inst.reason, inst.message = obs.reason or "Unreachable", obs.message
