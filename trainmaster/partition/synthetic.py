@@ -35,17 +35,22 @@ class _Builder:
         return v
 
 
+def _fork_join(b: _Builder, last: int, branches: int, rng: np.random.Generator) -> int:
+    """``branches`` chains of 1-3 nodes from ``last``, joined by one node; returns the join."""
+    ends = []
+    for _ in range(branches):
+        prev = last
+        for _ in range(int(rng.integers(1, 4))):
+            prev = b.node(prev)
+        ends.append(prev)
+    return b.node(*ends)
+
+
 def _series_parallel(b: _Builder, n: int, rng: np.random.Generator) -> None:
     last = b.node()
     while b.n < n:
         if rng.random() < 0.3:
-            ends = []
-            for _ in range(int(rng.integers(2, 5))):
-                prev = last
-                for _ in range(int(rng.integers(1, 4))):
-                    prev = b.node(prev)
-                ends.append(prev)
-            last = b.node(*ends)
+            last = _fork_join(b, last, int(rng.integers(2, 5)), rng)
         else:
             last = b.node(last)
 
@@ -53,13 +58,7 @@ def _series_parallel(b: _Builder, n: int, rng: np.random.Generator) -> None:
 def _inception(b: _Builder, n: int, rng: np.random.Generator) -> None:
     last = b.node()
     while b.n < n:
-        ends = []
-        for _ in range(int(rng.integers(3, 5))):
-            prev = last
-            for _ in range(int(rng.integers(1, 4))):
-                prev = b.node(prev)
-            ends.append(prev)
-        last = b.node(*ends)  # concat
+        last = _fork_join(b, last, int(rng.integers(3, 5)), rng)  # branches, then concat
         if rng.random() < 0.5:
             last = b.node(last)  # pooling / reduction between blocks
 
