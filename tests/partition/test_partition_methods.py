@@ -169,3 +169,79 @@ def test_acyclic_option_keeps_device_graph_a_dag():
         res = partition(g, 3, "trainmaster", acyclic=True)
         assert device_graph_acyclic(g, res.assignment, 3)
         assert evaluate(g, res.assignment, 3)["balanced"]
+
+
+def test_split_sequence_is_the_cheapest_contiguous_split():
+    """Mechanism: the exact DP behind the acyclic split and the critical-path pins."""
+    from trainmaster.partition.initial import split_sequence
+
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        c, k = int(rng.integers(2, 9)), int(rng.integers(2, 4))
+        load = rng.uniform(0.5, 2.0, c)
+        cross = np.concatenate([[0.0], rng.uniform(0.0, 3.0, c - 1), [0.0]])
+        cap = float(load.sum() / k * 1.2)
+        best = np.inf
+        for cuts in itertools.chain.from_iterable(
+                itertools.combinations(range(1, c), r) for r in range(k)):
+            bounds = [0, *cuts, c]
+            if all(load[a:b].sum() <= cap for a, b in zip(bounds, bounds[1:])):
+                best = min(best, sum(cross[p] for p in cuts))
+        seg = split_sequence(load, cross, k, cap)
+        if not np.isfinite(best):
+            assert seg is None
+            continue
+        assert np.all(np.diff(seg) >= 0) and seg.max() < k
+        assert np.bincount(seg, weights=load).max() <= cap * (1 + 1e-9)
+        cuts = np.flatnonzero(np.diff(seg)) + 1
+        assert cross[cuts].sum() == pytest.approx(best)
+
+
+def test_critical_path_pins_cut_the_path_only_at_its_cheapest_edge():
+    """Mechanism (CPOP): the critical path stays on one device unless the cap forces a split,
+    and then it is split at the cheapest critical edge that respects the cap."""
+    from trainmaster.partition.critical import critical_edges, levels
+    from trainmaster.partition.initial import critical_path_pins
+
+    # chain 0-1-2-3-4-5 (cost 2 each) with cheap edge 2->3; a side node 6 off the path
+    src, dst = [0, 1, 2, 3, 4, 0], [1, 2, 3, 4, 5, 6]
+    ecost = [1.0, 1.0, 0.1, 1.0, 1.0, 0.1]
+    g = build_graph(list(range(7)), [2.0] * 6 + [0.5], src, dst, ecost)
+    cg = cluster_graph(g, clusters_of(g), g.edge_cost)
+    lv = levels(g)
+    crit = critical_edges(g, lv=lv)
+    pins = critical_path_pins(g, cg, 2, 100.0, lv.est, crit)
+    assert len(set(pins[:6].tolist())) == 1 and pins[0] >= 0 and pins[6] == -1  # one device
+    pins = critical_path_pins(g, cg, 2, 7.0, lv.est, crit)
+    # split at the 0.1 edge: 6 + 6 <= 7 on each side
+    assert len(set(pins[:3].tolist())) == 1 and len(set(pins[3:6].tolist())) == 1
+    assert pins[0] != pins[3] and min(pins[:6]) >= 0
+
+
+def test_final_choice_least_overload_not_slower_than_metis_then_makespan_plus_cut():
+    """Mechanism: the final choice ranks overload first, never takes a candidate slower than
+    METIS's own partition, then trades makespan against CUT_PENALTY x critical cut cost."""
+    from trainmaster.partition.methods import CUT_PENALTY, _choose
+
+    g = build_graph([0, 1, 2], [1.0, 1.0, 1.0], [0, 1], [1, 2], [4.0, 2.0])
+    guarded = g.edge_cost.copy()  # both edges critical
+    # cut cost: a_costly 4 (edge 0->1), a_cheap 2 (edge 1->2), a_both 6
+    a_costly, a_cheap, a_both = np.array([0, 1, 1]), np.array([0, 0, 1]), np.array([0, 1, 0])
+    # score = makespan + CUT_PENALTY x cut: a fast costly cut beats a slow cheap one ...
+    slow = 9.0 + CUT_PENALTY * 2.0 + 0.5
+    scored = [(0.0, 10.0 + 6.0 * CUT_PENALTY, "metis-plain", a_both),
+              (0.0, 9.0, "list", a_costly), (0.0, slow, "cpop", a_cheap),
+              (0.5, 1.0, "over", a_cheap)]
+    assert _choose(g, scored, guarded)[2] == "list"
+    # ... and a cheap cut beats a costly one that is faster by less than the penalty difference
+    scored[2] = (0.0, slow - 1.0, "cpop", a_cheap)
+    assert _choose(g, scored, guarded)[2] == "cpop"
+    # a candidate slower than METIS's partition is never chosen, however cheap its cut
+    scored = [(0.0, 10.0, "metis-plain", a_both), (0.0, 10.5, "cpop", np.zeros(3, np.int64))]
+    assert _choose(g, scored, guarded)[2] == "metis-plain"
+    # equal makespan: the cheaper critical cut wins
+    scored = [(0.0, 10.0, "metis-plain", a_both), (0.0, 10.0, "cpop", a_cheap)]
+    assert _choose(g, scored, guarded)[2] == "cpop"
+    # overload first
+    scored = [(0.1, 1.0, "metis-plain", a_both), (0.0, 50.0, "packed+fm", a_cheap)]
+    assert _choose(g, scored, guarded)[2] == "packed+fm"

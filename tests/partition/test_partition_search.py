@@ -73,3 +73,26 @@ def test_synthetic_families_are_dags_with_costs(family):
     assert g.n - 1 <= g.m
     ev = evaluate(g, partition(g, 4).assignment, 4)
     assert ev["balanced"] and ev["makespan"] >= ev["lower_bound"] - 1e-9
+
+
+def test_guarded_descent_never_raises_the_guarded_cut():
+    """Mechanism: the makespan descent can refuse every move that cuts more of the static
+    critical edges' transfer cost than the start did."""
+    from trainmaster.partition.critical import critical_edges
+
+    for seed in range(6):
+        g = synthetic_dag(FAMILIES[seed % 3], 120, seed)
+        base = clusters_of(g)
+        k = 4
+        start = np.arange(g.n) * k // g.n
+        cap = max(load_cap(g, k, 0.05, base),
+                  float(np.bincount(start, weights=g.cost, minlength=k).max()))
+        guarded = g.edge_cost * critical_edges(g)
+
+        def cut(a):
+            return float(guarded[a[g.src] != a[g.dst]].sum())
+
+        part, span, _ = makespan_descent(g, start, k, cap, float("inf"), [base], 30,
+                                         guarded=guarded)
+        assert cut(part) <= cut(start) + 1e-9
+        assert span <= makespan(g, start) + 1e-9

@@ -60,16 +60,35 @@ def acyclic_split(graph: Graph, cg: ClusterGraph, k: int, cap: float,
     c = cg.size
     pos = np.empty(c, dtype=np.int64)
     pos[order] = np.arange(c)
-    prefix = np.concatenate([[0.0], np.cumsum(cg.weight[order])])
     rows = np.repeat(np.arange(c), np.diff(cg.xadj))
     half = rows < cg.adjncy
-    pa, pb = pos[rows[half]], pos[cg.adjncy[half]]
+    cross = _boundary_costs(pos[rows[half]], pos[cg.adjncy[half]], cg.adjw[half], c)
+    seg = split_sequence(cg.weight[order], cross, k, cap)
+    if seg is None:
+        return None
+    part = np.empty(c, dtype=np.int64)
+    part[order] = seg
+    return part
+
+
+def _boundary_costs(pa: np.ndarray, pb: np.ndarray, w: np.ndarray, c: int) -> np.ndarray:
+    """cross[p]: weight of the edges (positions pa-pb, weight w) that a boundary placed before
+    position p of a sequence of c items would cut (0 at both ends)."""
     lo, hi = np.minimum(pa, pb), np.maximum(pa, pb)
     diff = np.zeros(c + 2)
-    np.add.at(diff, lo + 1, cg.adjw[half])
-    np.add.at(diff, hi + 1, -cg.adjw[half])
-    cross = np.cumsum(diff)[: c + 1]  # cost of a boundary placed before position p
+    np.add.at(diff, lo + 1, w)
+    np.add.at(diff, hi + 1, -w)
+    cross = np.cumsum(diff)[: c + 1]
     cross[0] = cross[c] = 0.0
+    return cross
+
+
+def split_sequence(load: np.ndarray, cross: np.ndarray, k: int, cap: float) -> np.ndarray | None:
+    """Segment index (0..k-1) of each item when a sequence is cut into at most k contiguous
+    segments of load <= cap at the least total boundary cost ``cross`` (exact DP over cut
+    positions with range-minimum queries); None when no such split exists."""
+    c = len(load)
+    prefix = np.concatenate([[0.0], np.cumsum(load)])
     slack = cap * (1 + 1e-12)
     window_lo = np.searchsorted(prefix, prefix - slack, side="left")
     p_all = np.arange(c + 1)
@@ -91,16 +110,15 @@ def acyclic_split(graph: Graph, cg: ClusterGraph, k: int, cap: float,
         bounds.append(end)
     bounds = sorted(bounds)[1:] + [c]  # drop the leading 0 boundary, close with c
     seg_of_pos = np.searchsorted(np.asarray(bounds), np.arange(c), side="right")
-    part = np.empty(c, dtype=np.int64)
-    part[order] = np.minimum(seg_of_pos, k - 1)
-    return part
+    return np.minimum(seg_of_pos, k - 1)
 
 
 def capped_list_schedule(graph: Graph, cg: ClusterGraph, k: int, cap: float,
-                         priority: np.ndarray) -> np.ndarray:
+                         priority: np.ndarray, fixed: np.ndarray | None = None) -> np.ndarray:
     """HEFT-style earliest-finish placement under the load cap: operators in b-level order; the
     first operator of a cluster fixes the device of the whole cluster, picked as the one with room
-    that finishes it earliest (transfers only from predecessors on other devices)."""
+    that finishes it earliest (transfers only from predecessors on other devices). ``fixed``
+    (cluster -> device, -1 free) pins clusters in advance, their load counted from the start."""
     n = graph.n
     of = cg.of.tolist()
     cw = cg.weight.tolist()
@@ -110,6 +128,10 @@ def capped_list_schedule(graph: Graph, cg: ClusterGraph, k: int, cap: float,
     pcost = graph.edge_cost[graph.in_edge].tolist()
     part_of_cluster = [-1] * cg.size
     load = [0.0] * k
+    if fixed is not None:
+        part_of_cluster = np.asarray(fixed, dtype=np.int64).tolist()
+        pinned = fixed >= 0
+        load = np.bincount(fixed[pinned], weights=cg.weight[pinned], minlength=k).tolist()
     free = [0.0] * k
     finish = [0.0] * n
     dev = [0] * n
@@ -141,6 +163,31 @@ def capped_list_schedule(graph: Graph, cg: ClusterGraph, k: int, cap: float,
         free[d] = finish[v]
         dev[v] = d
     return np.asarray(part_of_cluster, dtype=np.int64)
+
+
+def critical_path_pins(graph: Graph, cg: ClusterGraph, k: int, cap: float, est: np.ndarray,
+                       critical: np.ndarray) -> np.ndarray:
+    """Pin the clusters on the critical path (endpoints of ``critical`` edges) to devices in
+    contiguous segments along the path (by earliest start ``est``), cut only where the load cap
+    forces it and there at the cheapest critical edges (``split_sequence``): CPOP's "critical
+    path on one processor", split as the cap demands. Returns cluster -> device, -1 off the path."""
+    pins = np.full(cg.size, -1, dtype=np.int64)
+    ends = np.concatenate([graph.src[critical], graph.dst[critical]])
+    if len(ends) == 0:
+        return pins
+    first = np.full(cg.size, np.inf)
+    np.minimum.at(first, cg.of[ends], est[ends])
+    clusters = np.flatnonzero(np.isfinite(first))
+    clusters = clusters[np.argsort(first[clusters], kind="stable")]
+    pos = np.full(cg.size, -1, dtype=np.int64)
+    pos[clusters] = np.arange(len(clusters))
+    a, b = pos[cg.of[graph.src[critical]]], pos[cg.of[graph.dst[critical]]]
+    inner = a != b
+    cross = _boundary_costs(a[inner], b[inner], graph.edge_cost[critical][inner], len(clusters))
+    seg = split_sequence(cg.weight[clusters], cross, k, cap)
+    if seg is not None:
+        pins[clusters] = seg
+    return pins
 
 
 def _pop_order(graph: Graph, priority: np.ndarray) -> list[int]:

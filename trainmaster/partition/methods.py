@@ -1,11 +1,13 @@
 """The partitioning methods by name: ``trainmaster`` (ours), ``patent``, ``metis``, ``kahip``, ``ilp``.
 
-``trainmaster``: coarsen along heavy/critical chain links; build several initial partitions (exact
-acyclic splits of two topological orders, capped earliest-finish list scheduling, METIS and KaHIP
-on the coarse graph with critical-weighted edges, plain METIS; bin-packed starts when none fits
-the caps); refine each with k-way FM on the cost-weighted critical
-cut plus the total cut under the balance and memory caps; keep the candidate with the lowest
-simulated makespan; finish with a makespan descent along the schedule's critical chain.
+``trainmaster``: coarsen along heavy/critical chain links; build several initial partitions (the
+exact acyclic split of the topological order, capped earliest-finish list scheduling with and
+without the critical path pinned to as few devices as the cap allows (CPOP), METIS on the
+critical-weighted coarse graph, plain METIS; bin-packed starts when none fits the caps); refine
+the METIS starts with k-way FM on the cost-weighted critical cut plus the total cut under the
+balance and memory caps; keep the candidate with the lowest simulated makespan plus a penalty
+on the static critical cut, never slower than METIS's own partition; finish with a makespan
+descent along the schedule's critical chain that never cuts more critical transfer cost.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from trainmaster.errors import UserError
 from trainmaster.partition.coarse import ClusterGraph, cluster_graph, coarsen_chains
 from trainmaster.partition.critical import critical_edges, levels
 from trainmaster.partition.graph import Graph, clusters_of
-from trainmaster.partition.initial import (acyclic_split, capped_list_schedule, kahip_parts,
-                                           metis_parts, packed)
+from trainmaster.partition.initial import (acyclic_split, capped_list_schedule,
+                                           critical_path_pins, kahip_parts, metis_parts, packed)
 from trainmaster.partition.refine import fm_refine, rebalance
 from trainmaster.partition.search import makespan_descent
 from trainmaster.partition.simulate import device_graph_acyclic, load_cap, makespan
@@ -129,20 +131,8 @@ def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int,
     base_cg = cluster_graph(graph, base, weights)
     coarse_of = coarsen_chains(graph, weights, max_weight=cap / 4.0)
     coarse_cg = cluster_graph(graph, coarse_of, weights)
-    plain = cluster_graph(graph, base, graph.edge_cost)
-
-    candidates: dict[str, np.ndarray] = {}
-    # contiguous splits of two topological orders: by index and by earliest start (critical-path
-    # position), so parallel branches that run at the same time fall into the same stage
-    est_order = np.lexsort((np.arange(graph.n), lv.est))
-    for name, order in (("acyclic", None), ("acyclic-est", est_order)):
-        split = acyclic_split(graph, base_cg, k, cap, order)
-        if split is not None:
-            candidates[name] = base_cg.expand(split)
-    candidates["list"] = base_cg.expand(capped_list_schedule(graph, base_cg, k, cap, lv.blevel))
-    candidates["metis"] = coarse_cg.expand(metis_parts(coarse_cg, k, imbalance, seed))
-    candidates["metis-plain"] = plain.expand(metis_parts(plain, k, imbalance, seed))
-    candidates["kahip"] = coarse_cg.expand(kahip_parts(coarse_cg, k, imbalance, seed, mode=0))
+    candidates = _candidates(graph, k, imbalance, seed, cap, lv, static_crit, base_cg,
+                             coarse_cg, acyclic)
 
     scored = [(_overload(graph, a, k, cap, mem_cap), makespan(graph, a), name, a)
               for name, a in candidates.items()]
@@ -152,9 +142,9 @@ def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int,
                         k, cap, mem_cap, static_crit, delta)
             if _overload(graph, a, k, cap, mem_cap) == 0.0:
                 scored.append((0.0, makespan(graph, a), "packed+fm", a))
-    for over, span, name, part in [s for s in scored if not s[2].endswith("+fm")]:
+    for over, span, name, part in [s for s in scored if s[2] in REFINED]:
         refined = _refine(graph, base, part, k, cap, mem_cap, static_crit, delta,
-                          coarse_cg if name in ("metis", "kahip") else None)
+                          coarse_cg if name == "metis" else None)
         scored.append((_overload(graph, refined, k, cap, mem_cap), makespan(graph, refined),
                        name + "+fm", refined))
     if np.isfinite(mem_cap) and all(_memory_over(graph, s[3], k, mem_cap) for s in scored):
@@ -165,21 +155,66 @@ def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int,
     if acyclic:  # may be impossible when a co-location class spans a path; then fall back
         dag = [s for s in scored if device_graph_acyclic(graph, s[3], k)]
         scored = dag or scored
-    scored.sort(key=lambda t: (t[0], t[1]))
-    # among candidates as good on balance and (within 0.1%) on makespan, the cheapest critical cut
-    tied = [s for s in scored if s[0] == scored[0][0] and s[1] <= scored[0][1] * (1 + 1e-3)]
-    ccut = [float(graph.edge_cost[static_crit & (s[3][graph.src] != s[3][graph.dst])].sum())
-            for s in tied]
-    over, span, label, best = tied[int(np.argmin(ccut))]
+    guarded = graph.edge_cost * static_crit
+    over, span, label, best = _choose(graph, scored, guarded)
     if over == 0.0:
         budget = int(np.clip(DESCENT_WORK / max(graph.n + graph.m, 1), *DESCENT_SIMULATIONS))
         best, span, used = makespan_descent(
             graph, best, k, cap, mem_cap, [base, coarse_of], budget,
-            acyclic=acyclic and device_graph_acyclic(graph, best, k))
+            acyclic=acyclic and device_graph_acyclic(graph, best, k), guarded=guarded)
     else:
         used = 0
     return best, {"chosen": label, "descent_simulations": used, "makespan": span,
                   "candidates": {s[2]: s[1] for s in scored}}
+
+
+REFINED = ("metis", "metis-plain")  # cut-driven starts get FM; schedule-driven ones would lose
+CUT_PENALTY = 0.5  # final choice: makespan + this x cost of the static critical edges cut
+
+
+def _candidates(graph: Graph, k: int, imbalance: float, seed: int, cap: float, lv,
+                static_crit: np.ndarray, base_cg: ClusterGraph, coarse_cg: ClusterGraph,
+                acyclic: bool) -> dict[str, np.ndarray]:
+    """Initial partitions, named. Contiguous splits of the topological order (a chain of
+    stages; with ``acyclic`` also by earliest start, so branches that run at the same time share
+    a stage), capped list scheduling with and without the critical path pinned (CPOP), METIS on
+    the critical-weighted coarse graph, and METIS as the baseline runs it (so ours can always
+    fall back to METIS's partition)."""
+    out: dict[str, np.ndarray] = {}
+    orders = [("acyclic", None)]
+    if acyclic:
+        orders.append(("acyclic-est", np.lexsort((np.arange(graph.n), lv.est))))
+    for name, order in orders:
+        split = acyclic_split(graph, base_cg, k, cap, order)
+        if split is not None:
+            out[name] = base_cg.expand(split)
+    out["list"] = base_cg.expand(capped_list_schedule(graph, base_cg, k, cap, lv.blevel))
+    pins = critical_path_pins(graph, base_cg, k, cap, lv.est, static_crit)
+    out["cpop"] = base_cg.expand(capped_list_schedule(graph, base_cg, k, cap, lv.blevel, pins))
+    out["metis"] = coarse_cg.expand(metis_parts(coarse_cg, k, imbalance, seed))
+    plain = cluster_graph(graph, base_cg.of, graph.edge_cost)
+    out["metis-plain"] = plain.expand(metis_parts(plain, k, imbalance, seed))
+    return out
+
+
+def _choose(graph: Graph, scored: list, guarded: np.ndarray) -> tuple:
+    """The final choice among (overload, makespan, name, assignment) candidates: the least
+    overloaded; among those, none slower than METIS's own partition (``metis-plain``, when it is
+    as little overloaded); then the lowest makespan + CUT_PENALTY x critical cut cost. Why not
+    makespan alone: the simulator prices a cut critical edge at its modelled transfer time, and
+    real messages cost more (docs/partition.md, the pipeline run), so among partitions of
+    near-equal simulated makespan the one that cuts less of the critical path is the safer."""
+    least = min(s[0] for s in scored)
+    pool = [s for s in scored if s[0] == least]
+    metis = [s for s in pool if s[2] == "metis-plain"]
+    if metis:
+        pool = [s for s in pool if s[1] <= metis[0][1]]
+
+    def score(s: tuple) -> tuple[float, float]:
+        cut = float(guarded[s[3][graph.src] != s[3][graph.dst]].sum())
+        return s[1] + CUT_PENALTY * cut, s[1]
+
+    return min(pool, key=score)
 
 
 def _memory_over(graph: Graph, a: np.ndarray, k: int, mem_cap: float) -> bool:

@@ -71,13 +71,17 @@ def _priority_rank(graph: Graph) -> np.ndarray:
 
 def makespan_descent(graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap: float,
                      units: list[np.ndarray], budget: int,
-                     acyclic: bool = False) -> tuple[np.ndarray, float, int]:
+                     acyclic: bool = False,
+                     guarded: np.ndarray | None = None) -> tuple[np.ndarray, float, int]:
     """First-improvement descent on the simulated makespan within the caps.
 
     ``units`` are node -> unit maps, finest first (co-location clusters, then chain segments);
     a move sends one whole unit to the device on the other side of a critical-chain link.
-    Returns (assignment, makespan, simulations used)."""
+    ``guarded`` (per-edge weights, e.g. transfer cost on static critical edges) makes the
+    descent refuse moves that raise the guarded cut: makespan improves without paying for it
+    in critical edges. Returns (assignment, makespan, simulations used)."""
     part = np.asarray(part, dtype=np.int64).copy()
+    guard = None if guarded is None else _guarded_cut(graph, part, guarded)
     span, links = critical_chain(graph, part)
     load = np.bincount(part, weights=graph.cost, minlength=k)
     mem = np.bincount(part, weights=graph.memory, minlength=k)
@@ -107,12 +111,18 @@ def makespan_descent(graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap
                         trial[nodes] = q
                         if acyclic and not device_graph_acyclic(graph, trial, k):
                             continue
+                        if guard is not None:
+                            trial_guard = _guarded_cut(graph, trial, guarded)
+                            if trial_guard > guard + 1e-9 * max(guard, 1.0):
+                                continue
                         used += 1
                         s = makespan(graph, trial)
                         if s < span - 1e-9 * max(span, 1.0):
                             part = trial
                             span, links = critical_chain(graph, part)
                             load, mem = moved
+                            if guard is not None:
+                                guard = trial_guard
                             tried.clear()
                             improved = True
                             break
@@ -125,6 +135,10 @@ def makespan_descent(graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap
         if not improved:
             break
     return part, span, used
+
+
+def _guarded_cut(graph: Graph, part: np.ndarray, weights: np.ndarray) -> float:
+    return float(weights[part[graph.src] != part[graph.dst]].sum())
 
 
 class _Members:
@@ -171,3 +185,4 @@ def _fits_after_move(part, nodes, q, load, mem, graph, cap, mem_cap, k):
     if new_load[q] > cap * (1 + 1e-9) or new_mem[q] > mem_cap:
         return None
     return new_load, new_mem
+
