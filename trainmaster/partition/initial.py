@@ -114,10 +114,12 @@ def split_sequence(load: np.ndarray, cross: np.ndarray, k: int, cap: float) -> n
 
 
 def capped_list_schedule(graph: Graph, cg: ClusterGraph, k: int, cap: float,
-                         priority: np.ndarray, fixed: np.ndarray | None = None) -> np.ndarray:
-    """HEFT-style earliest-finish placement under the load cap: operators in b-level order; the
-    first operator of a cluster fixes the device of the whole cluster, picked as the one with room
-    that finishes it earliest (transfers only from predecessors on other devices). ``fixed``
+                         priority: np.ndarray, fixed: np.ndarray | None = None,
+                         mem_cap: float = float("inf")) -> np.ndarray:
+    """HEFT-style earliest-finish placement under the load and memory caps: operators in
+    b-level order; the first operator of a cluster fixes the device of the whole cluster, picked
+    as the one with room on both caps that finishes it earliest (transfers only from predecessors
+    on other devices; when no device has room, the earliest finish among all). ``fixed``
     (cluster -> device, -1 free) pins clusters in advance, their load counted from the start."""
     n = graph.n
     of = cg.of.tolist()
@@ -126,12 +128,14 @@ def capped_list_schedule(graph: Graph, cg: ClusterGraph, k: int, cap: float,
     in_ptr = graph.in_ptr.tolist()
     pred = graph.src[graph.in_edge].tolist()
     pcost = graph.edge_cost[graph.in_edge].tolist()
+    cm = cg.memory.tolist()
     part_of_cluster = [-1] * cg.size
-    load = [0.0] * k
+    load, mem = [0.0] * k, [0.0] * k
     if fixed is not None:
         part_of_cluster = np.asarray(fixed, dtype=np.int64).tolist()
         pinned = fixed >= 0
         load = np.bincount(fixed[pinned], weights=cg.weight[pinned], minlength=k).tolist()
+        mem = np.bincount(fixed[pinned], weights=cg.memory[pinned], minlength=k).tolist()
     free = [0.0] * k
     finish = [0.0] * n
     dev = [0] * n
@@ -140,7 +144,8 @@ def capped_list_schedule(graph: Graph, cg: ClusterGraph, k: int, cap: float,
         if part_of_cluster[c] < 0:
             best = None
             for d in range(k):
-                if load[d] + cw[c] > cap and best is not None:
+                full = load[d] + cw[c] > cap or mem[d] + cm[c] > mem_cap
+                if full and best is not None and not best[0][0]:
                     continue
                 ready = 0.0
                 for j in range(in_ptr[v], in_ptr[v + 1]):
@@ -148,11 +153,12 @@ def capped_list_schedule(graph: Graph, cg: ClusterGraph, k: int, cap: float,
                     t = finish[u] + (pcost[j] if dev[u] != d else 0.0)
                     ready = ready if ready >= t else t
                 f = max(ready, free[d]) + w[v]
-                key = (load[d] + cw[c] > cap, f, load[d])
+                key = (full, f, load[d])
                 if best is None or key < best[0]:
                     best = (key, d)
             part_of_cluster[c] = best[1]
             load[best[1]] += cw[c]
+            mem[best[1]] += cm[c]
         d = part_of_cluster[c]
         ready = 0.0
         for j in range(in_ptr[v], in_ptr[v + 1]):

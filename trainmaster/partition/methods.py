@@ -131,7 +131,7 @@ def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int,
     base_cg = cluster_graph(graph, base, weights)
     coarse_of = coarsen_chains(graph, weights, max_weight=cap / 4.0)
     coarse_cg = cluster_graph(graph, coarse_of, weights)
-    candidates = _candidates(graph, k, imbalance, seed, cap, lv, static_crit, base_cg,
+    candidates = _candidates(graph, k, imbalance, seed, cap, mem_cap, lv, static_crit, base_cg,
                              coarse_cg, acyclic)
 
     scored = [(_overload(graph, a, k, cap, mem_cap), makespan(graph, a), name, a)
@@ -142,7 +142,8 @@ def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int,
                         k, cap, mem_cap, static_crit, delta)
             if _overload(graph, a, k, cap, mem_cap) == 0.0:
                 scored.append((0.0, makespan(graph, a), "packed+fm", a))
-    for over, span, name, part in [s for s in scored if s[2] in REFINED]:
+    # FM refines the cut-driven starts; any start over the caps is rebalanced (and refined) too
+    for over, span, name, part in [s for s in scored if s[2] in REFINED or s[0] > 0]:
         refined = _refine(graph, base, part, k, cap, mem_cap, static_crit, delta,
                           coarse_cg if name == "metis" else None)
         scored.append((_overload(graph, refined, k, cap, mem_cap), makespan(graph, refined),
@@ -168,11 +169,11 @@ def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int,
                   "candidates": {s[2]: s[1] for s in scored}}
 
 
-REFINED = ("metis", "metis-plain")  # cut-driven starts get FM; schedule-driven ones would lose
+REFINED = ("metis", "metis-plain")  # cut-driven starts get FM (it would undo a schedule's)
 CUT_PENALTY = 0.5  # final choice: makespan + this x cost of the static critical edges cut
 
 
-def _candidates(graph: Graph, k: int, imbalance: float, seed: int, cap: float, lv,
+def _candidates(graph: Graph, k: int, imbalance: float, seed: int, cap: float, mem_cap: float, lv,
                 static_crit: np.ndarray, base_cg: ClusterGraph, coarse_cg: ClusterGraph,
                 acyclic: bool) -> dict[str, np.ndarray]:
     """Initial partitions, named. Contiguous splits of the topological order (a chain of
@@ -188,9 +189,11 @@ def _candidates(graph: Graph, k: int, imbalance: float, seed: int, cap: float, l
         split = acyclic_split(graph, base_cg, k, cap, order)
         if split is not None:
             out[name] = base_cg.expand(split)
-    out["list"] = base_cg.expand(capped_list_schedule(graph, base_cg, k, cap, lv.blevel))
+    out["list"] = base_cg.expand(
+        capped_list_schedule(graph, base_cg, k, cap, lv.blevel, mem_cap=mem_cap))
     pins = critical_path_pins(graph, base_cg, k, cap, lv.est, static_crit)
-    out["cpop"] = base_cg.expand(capped_list_schedule(graph, base_cg, k, cap, lv.blevel, pins))
+    out["cpop"] = base_cg.expand(
+        capped_list_schedule(graph, base_cg, k, cap, lv.blevel, pins, mem_cap))
     out["metis"] = coarse_cg.expand(metis_parts(coarse_cg, k, imbalance, seed))
     plain = cluster_graph(graph, base_cg.of, graph.edge_cost)
     out["metis-plain"] = plain.expand(metis_parts(plain, k, imbalance, seed))

@@ -80,53 +80,33 @@ def makespan_descent(graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap
     ``guarded`` (per-edge weights, e.g. transfer cost on static critical edges) makes the
     descent refuse moves that raise the guarded cut: makespan improves without paying for it
     in critical edges. Returns (assignment, makespan, simulations used)."""
-    part = np.asarray(part, dtype=np.int64).copy()
-    guard = None if guarded is None else _guarded_cut(graph, part, guarded)
-    span, links = critical_chain(graph, part)
-    load = np.bincount(part, weights=graph.cost, minlength=k)
-    mem = np.bincount(part, weights=graph.memory, minlength=k)
+    state = _MoveCheck(graph, part, k, cap, mem_cap, guarded, acyclic)
+    span, links = critical_chain(graph, state.part)
     members = [_Members(u) for u in units]
-    tried: set[tuple[int, int, int]] = set()
+    tried: set[tuple[int, int, int]] = set()  # moves refused or not better since the last gain
     used = 0
     while used < budget:
         improved = False
-        for u, v, transfer in _ordered(graph, links):
-            pairs = ((v, u), (u, v)) if transfer else ((v, -1), (u, -1))
-            for mover, anchor in pairs:
-                targets = [int(part[anchor])] if anchor >= 0 else _other_parts(part[mover], load, k)
-                for lvl in range(len(units)):
-                    c = int(units[lvl][mover])
-                    nodes = members[lvl][c]
-                    for q in targets:
-                        if used >= budget:
-                            return part, span, used
-                        key = (lvl, c, q)
-                        if key in tried or q == part[mover]:
-                            continue
-                        moved = _fits_after_move(part, nodes, q, load, mem, graph, cap, mem_cap, k)
-                        if moved is None:
-                            continue
-                        tried.add(key)
-                        trial = part.copy()
-                        trial[nodes] = q
-                        if acyclic and not device_graph_acyclic(graph, trial, k):
-                            continue
-                        if guard is not None:
-                            trial_guard = _guarded_cut(graph, trial, guarded)
-                            if trial_guard > guard + 1e-9 * max(guard, 1.0):
-                                continue
-                        used += 1
-                        s = makespan(graph, trial)
-                        if s < span - 1e-9 * max(span, 1.0):
-                            part = trial
-                            span, links = critical_chain(graph, part)
-                            load, mem = moved
-                            if guard is not None:
-                                guard = trial_guard
-                            tried.clear()
-                            improved = True
-                            break
-                    if improved:
+        for mover, targets in _moves(graph, links, state):
+            for lvl in range(len(units)):
+                c = int(units[lvl][mover])
+                for q in targets:
+                    key = (lvl, c, q)
+                    if key in tried or q == state.part[mover]:
+                        continue
+                    tried.add(key)
+                    trial = state.trial(members[lvl][c], q)
+                    if trial is None:
+                        continue
+                    if used >= budget:
+                        return state.part, span, used
+                    used += 1
+                    s = makespan(graph, trial)
+                    if s < span - 1e-9 * max(span, 1.0):
+                        state.accept(trial)
+                        span, links = critical_chain(graph, state.part)
+                        tried.clear()
+                        improved = True
                         break
                 if improved:
                     break
@@ -134,11 +114,73 @@ def makespan_descent(graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap
                 break
         if not improved:
             break
-    return part, span, used
+    return state.part, span, used
 
 
-def _guarded_cut(graph: Graph, part: np.ndarray, weights: np.ndarray) -> float:
-    return float(weights[part[graph.src] != part[graph.dst]].sum())
+def _moves(graph: Graph, links: list[tuple[int, int, bool]], state: "_MoveCheck"):
+    """(mover, target devices) along the chain: across a transfer, each endpoint to the other's
+    device; for a device wait, each endpoint to the least loaded other devices."""
+    for u, v, transfer in _ordered(graph, links):
+        if transfer:
+            yield v, [int(state.part[u])]
+            yield u, [int(state.part[v])]
+        else:
+            yield v, _other_parts(int(state.part[v]), state.load, state.k)
+            yield u, _other_parts(int(state.part[u]), state.load, state.k)
+
+
+class _MoveCheck:
+    """The current assignment with its loads, memory and guarded cut; ``trial`` builds a moved
+    copy when it keeps the caps, the guarded cut and (if asked) an acyclic device graph."""
+
+    def __init__(self, graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap: float,
+                 guarded: np.ndarray | None, acyclic: bool) -> None:
+        self.graph, self.k, self.cap, self.mem_cap = graph, k, cap, mem_cap
+        self.acyclic = acyclic
+        self.guarded_adj = None if guarded is None else _weighted_adjacency(graph, guarded)
+        self.accept(np.asarray(part, dtype=np.int64).copy())
+
+    def accept(self, part: np.ndarray) -> None:
+        self.part = part
+        self.part_l = part.tolist()
+        self.load = np.bincount(part, weights=self.graph.cost, minlength=self.k)
+        self.mem = np.bincount(part, weights=self.graph.memory, minlength=self.k)
+
+    def trial(self, nodes: np.ndarray, q: int) -> np.ndarray | None:
+        g = self.graph
+        moving = nodes[self.part[nodes] != q]
+        if (self.load[q] + g.cost[moving].sum() > self.cap * (1 + 1e-9)
+                or self.mem[q] + g.memory[moving].sum() > self.mem_cap):
+            return None
+        if self.guarded_adj is not None and self._guard_delta(moving.tolist(), q) > 1e-12:
+            return None
+        trial = self.part.copy()
+        trial[moving] = q
+        if self.acyclic and not device_graph_acyclic(g, trial, self.k):
+            return None
+        return trial
+
+    def _guard_delta(self, moving: list[int], q: int) -> float:
+        """Change of the guarded cut when ``moving`` go to q (only their own edges change)."""
+        part, adj, inside = self.part_l, self.guarded_adj, set(moving)
+        delta = 0.0
+        for v in moving:
+            pv = part[v]
+            for x, w in adj[v]:
+                if x in inside:
+                    continue  # both ends move together: that edge's cut state is unchanged
+                delta += w * ((part[x] != q) - (part[x] != pv))
+        return delta
+
+
+def _weighted_adjacency(graph: Graph, weights: np.ndarray) -> list[list[tuple[int, float]]]:
+    """Per node, (neighbour, weight) of its edges with a positive weight, both directions."""
+    adj: list[list[tuple[int, float]]] = [[] for _ in range(graph.n)]
+    for e in np.flatnonzero(weights > 0).tolist():
+        u, v, w = int(graph.src[e]), int(graph.dst[e]), float(weights[e])
+        adj[u].append((v, w))
+        adj[v].append((u, w))
+    return adj
 
 
 class _Members:
@@ -171,18 +213,4 @@ def _other_parts(p: int, load: np.ndarray, k: int) -> list[int]:
     """For a device wait: the least loaded other device first (at most two tried)."""
     order = [int(q) for q in np.argsort(load, kind="stable") if q != p]
     return order[:2]
-
-
-def _fits_after_move(part, nodes, q, load, mem, graph, cap, mem_cap, k):
-    """New (load, memory) per device when ``nodes`` move to q, or None if a cap would break."""
-    src_parts = part[nodes]
-    dl = np.bincount(src_parts, weights=graph.cost[nodes], minlength=k)
-    dm = np.bincount(src_parts, weights=graph.memory[nodes], minlength=k)
-    new_load = load - dl
-    new_mem = mem - dm
-    new_load[q] += dl.sum()
-    new_mem[q] += dm.sum()
-    if new_load[q] > cap * (1 + 1e-9) or new_mem[q] > mem_cap:
-        return None
-    return new_load, new_mem
 
