@@ -16,7 +16,7 @@ import numpy as np
 
 from trainmaster.partition.critical import levels
 from trainmaster.partition.graph import Graph
-from trainmaster.partition.simulate import device_graph_acyclic, makespan, schedule
+from trainmaster.partition.simulate import device_graph_acyclic, resumed_makespan, schedule
 
 
 def critical_chain(graph: Graph, assignment: np.ndarray) -> tuple[float, list[tuple[int, int, bool]]]:
@@ -101,9 +101,9 @@ def makespan_descent(graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap
                     if used >= budget:
                         return state.part, span, used
                     used += 1
-                    s = makespan(graph, trial)
+                    s, finish = resumed_makespan(graph, trial[0], state.finish, trial[1])
                     if s < span - 1e-9 * max(span, 1.0):
-                        state.accept(trial)
+                        state.accept(trial[0], finish)
                         span, links = critical_chain(graph, state.part)
                         tried.clear()
                         improved = True
@@ -138,15 +138,17 @@ class _MoveCheck:
         self.graph, self.k, self.cap, self.mem_cap = graph, k, cap, mem_cap
         self.acyclic = acyclic
         self.guarded_adj = None if guarded is None else _weighted_adjacency(graph, guarded)
-        self.accept(np.asarray(part, dtype=np.int64).copy())
+        part = np.asarray(part, dtype=np.int64).copy()
+        self.accept(part, schedule(graph, part)[1].tolist())
 
-    def accept(self, part: np.ndarray) -> None:
-        self.part = part
+    def accept(self, part: np.ndarray, finish: list) -> None:
+        self.part, self.finish = part, finish
         self.part_l = part.tolist()
         self.load = np.bincount(part, weights=self.graph.cost, minlength=self.k)
         self.mem = np.bincount(part, weights=self.graph.memory, minlength=self.k)
 
-    def trial(self, nodes: np.ndarray, q: int) -> np.ndarray | None:
+    def trial(self, nodes: np.ndarray, q: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """(moved assignment, operators that changed device), or None when refused."""
         g = self.graph
         moving = nodes[self.part[nodes] != q]
         if (self.load[q] + g.cost[moving].sum() > self.cap * (1 + 1e-9)
@@ -158,7 +160,7 @@ class _MoveCheck:
         trial[moving] = q
         if self.acyclic and not device_graph_acyclic(g, trial, self.k):
             return None
-        return trial
+        return trial, moving
 
     def _guard_delta(self, moving: list[int], q: int) -> float:
         """Change of the guarded cut when ``moving`` go to q (only their own edges change)."""

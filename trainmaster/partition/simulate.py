@@ -26,12 +26,22 @@ def makespan(graph: Graph, assignment: np.ndarray, priority: np.ndarray | None =
     return float(schedule(graph, assignment, priority)[1].max(initial=0.0))
 
 
-def _static_finish(plan, part: list) -> list:
-    """Finish times when the priority order is topological: one pass, no ready heap."""
+def _static_finish(plan, part: list, finish: list | None = None, first: int = 0) -> list:
+    """Finish times when the priority order is topological: one pass, no ready heap. With
+    ``finish`` (a schedule whose operators before position ``first`` of the order are placed as
+    in ``part``) the pass resumes at ``first``: in this order an operator depends only on
+    operators before it, so the prefix is unchanged."""
     order, preds, w = plan[1], plan[10], plan[8]
-    finish = [0.0] * len(w)
     free = [0.0] * (max(part, default=0) + 1)
-    for v in order:
+    if finish is None:
+        finish = [0.0] * len(w)
+    else:
+        finish = list(finish)
+        for v in order[:first]:  # device free times at the resume point
+            d = part[v]
+            if finish[v] > free[d]:
+                free[d] = finish[v]
+    for v in order[first:]:
         d = part[v]
         s = free[d]
         for u, c in preds[v]:
@@ -40,6 +50,21 @@ def _static_finish(plan, part: list) -> list:
                 s = t
         finish[v] = free[d] = s + w[v]
     return finish
+
+
+def resumed_makespan(graph: Graph, assignment: np.ndarray, finish: list, changed: np.ndarray,
+                     ) -> tuple[float, list]:
+    """(makespan, finish times) of ``assignment`` given ``finish``, the finish times under an
+    assignment that differs only on the ``changed`` operators: the simulation resumes at the
+    first changed operator in priority order (the makespan descent's trial moves)."""
+    plan = _plan(graph, None)
+    part = np.asarray(assignment).tolist()
+    if plan[1] is None:
+        fin = schedule(graph, assignment)[1].tolist()
+    else:
+        first = int(plan[11][changed].min()) if len(changed) else graph.n
+        fin = _static_finish(plan, part, finish, first)
+    return max(fin, default=0.0), fin
 
 
 def _plan(graph: Graph, priority: np.ndarray | None):
@@ -63,7 +88,7 @@ def _plan(graph: Graph, priority: np.ndarray | None):
         pred_l, pcost_l, in_ptr_l = plan[3], plan[4], plan[2]
         preds = [list(zip(pred_l[in_ptr_l[v]:in_ptr_l[v + 1]], pcost_l[in_ptr_l[v]:in_ptr_l[v + 1]]))
                  for v in range(graph.n)]
-        plan = plan + (preds,)
+        plan = plan + (preds, rank)
         if priority is None:
             graph.cache["plan"] = plan
     return plan
@@ -74,7 +99,7 @@ def schedule(graph: Graph, assignment: np.ndarray,
     """Start and finish time of every operator under list scheduling."""
     n = graph.n
     plan = _plan(graph, priority)
-    prio, order, in_ptr, pred, pcost, out_ptr, succ, ecost, w, indeg0, preds = plan
+    prio, order, in_ptr, pred, pcost, out_ptr, succ, ecost, w, indeg0, preds, _ = plan
     part = np.asarray(assignment).tolist()
     start = [0.0] * n
     finish = [0.0] * n
