@@ -10,6 +10,7 @@ import numpy as np
 
 from trainmaster.partition.coarse import ClusterGraph
 from trainmaster.partition.graph import Graph
+from trainmaster.partition.simulate import predecessor_lists
 
 
 def cluster_order(graph: Graph, of: np.ndarray, node_order: np.ndarray | None = None) -> np.ndarray:
@@ -121,14 +122,10 @@ def capped_list_schedule(graph: Graph, cg: ClusterGraph, k: int, cap: float,
     as the one with room on both caps that finishes it earliest (transfers only from predecessors
     on other devices; when no device has room, the earliest finish among all). ``fixed``
     (cluster -> device, -1 free) pins clusters in advance, their load counted from the start."""
-    n = graph.n
     of = cg.of.tolist()
-    cw = cg.weight.tolist()
+    cw, cm = cg.weight.tolist(), cg.memory.tolist()
     w = graph.cost.tolist()
-    in_ptr = graph.in_ptr.tolist()
-    pred = graph.src[graph.in_edge].tolist()
-    pcost = graph.edge_cost[graph.in_edge].tolist()
-    cm = cg.memory.tolist()
+    preds = predecessor_lists(graph)
     part_of_cluster = [-1] * cg.size
     load, mem = [0.0] * k, [0.0] * k
     if fixed is not None:
@@ -137,38 +134,38 @@ def capped_list_schedule(graph: Graph, cg: ClusterGraph, k: int, cap: float,
         load = np.bincount(fixed[pinned], weights=cg.weight[pinned], minlength=k).tolist()
         mem = np.bincount(fixed[pinned], weights=cg.memory[pinned], minlength=k).tolist()
     free = [0.0] * k
-    finish = [0.0] * n
-    dev = [0] * n
+    finish = [0.0] * graph.n
+    dev = [0] * graph.n
     for v in _pop_order(graph, priority):
         c = of[v]
-        if part_of_cluster[c] < 0:
-            best = None
-            for d in range(k):
-                full = load[d] + cw[c] > cap or mem[d] + cm[c] > mem_cap
-                if full and best is not None and not best[0][0]:
-                    continue
-                ready = 0.0
-                for j in range(in_ptr[v], in_ptr[v + 1]):
-                    u = pred[j]
-                    t = finish[u] + (pcost[j] if dev[u] != d else 0.0)
-                    ready = ready if ready >= t else t
-                f = max(ready, free[d]) + w[v]
-                key = (full, f, load[d])
-                if best is None or key < best[0]:
-                    best = (key, d)
-            part_of_cluster[c] = best[1]
-            load[best[1]] += cw[c]
-            mem[best[1]] += cm[c]
         d = part_of_cluster[c]
-        ready = 0.0
-        for j in range(in_ptr[v], in_ptr[v + 1]):
-            u = pred[j]
-            t = finish[u] + (pcost[j] if dev[u] != d else 0.0)
-            ready = ready if ready >= t else t
-        finish[v] = max(ready, free[d]) + w[v]
-        free[d] = finish[v]
+        if d < 0:  # the cluster's first operator: the device with room that finishes it first
+            best = None
+            for dd in range(k):
+                full = load[dd] + cw[c] > cap or mem[dd] + cm[c] > mem_cap
+                if full and best is not None and not best[0]:
+                    continue
+                key = (full, _finish_on(dd, v, preds, finish, dev, free, w), load[dd])
+                if best is None or key < best:
+                    best, d = key, dd
+            part_of_cluster[c] = d
+            load[d] += cw[c]
+            mem[d] += cm[c]
+        finish[v] = free[d] = _finish_on(d, v, preds, finish, dev, free, w)
         dev[v] = d
     return np.asarray(part_of_cluster, dtype=np.int64)
+
+
+def _finish_on(d: int, v: int, preds: list, finish: list, dev: list, free: list,
+               w: list) -> float:
+    """When operator v would finish on device d: after the device is free and every
+    predecessor's data is there (its transfer cost when it ran on another device)."""
+    s = free[d]
+    for u, c in preds[v]:
+        t = finish[u] + c if dev[u] != d else finish[u]
+        if t > s:
+            s = t
+    return s + w[v]
 
 
 def critical_path_pins(graph: Graph, cg: ClusterGraph, k: int, cap: float, est: np.ndarray,

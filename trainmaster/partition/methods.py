@@ -165,12 +165,15 @@ def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int,
             acyclic=acyclic and device_graph_acyclic(graph, best, k), guarded=guarded)
     else:
         used = 0
+    candidates = {s[2]: {"overload": s[0], "makespan": s[1],
+                         "critical_cut": float(guarded[s[3][graph.src] != s[3][graph.dst]].sum())}
+                  for s in scored}
     return best, {"chosen": label, "descent_simulations": used, "makespan": span,
-                  "candidates": {s[2]: s[1] for s in scored}}
+                  "candidates": candidates}
 
 
 REFINED = ("metis", "metis-plain")  # cut-driven starts get FM (it would undo a schedule's)
-CUT_PENALTY = 0.5  # final choice: makespan + this x cost of the static critical edges cut
+CUT_PENALTY = 1.0  # final choice: makespan + this x cost of the static critical edges cut
 
 
 def _candidates(graph: Graph, k: int, imbalance: float, seed: int, cap: float, mem_cap: float, lv,

@@ -67,6 +67,11 @@ def resumed_makespan(graph: Graph, assignment: np.ndarray, finish: list, changed
     return max(fin, default=0.0), fin
 
 
+def predecessor_lists(graph: Graph) -> list[list[tuple[int, float]]]:
+    """Per operator, its (predecessor, transfer cost) pairs; cached with the simulator's plan."""
+    return _plan(graph, None)[10]
+
+
 def _plan(graph: Graph, priority: np.ndarray | None):
     """Per-graph lists for the simulator, cached: the hot loop then touches only Python lists.
 
