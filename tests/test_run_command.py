@@ -39,26 +39,40 @@ def test_signal_on_run_leaves_no_instance_behind(tmp_path: Path, sig: signal.Sig
     proc = subprocess.Popen([sys.executable, "-m", "trainmaster", "run", str(path), "--interval", "0.1", "--grace", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     runs = tmp_path / "home/runs"
-    deadline = time.monotonic() + 60
-    pids: list[int] = []
-    while time.monotonic() < deadline:
-        readies = list(runs.glob("*/instances/*/ready")) if runs.exists() else []
-        if len(readies) == 3:
-            break
-        time.sleep(0.1)
-    assert len(readies) == 3, "instances never became ready"
-    import psutil
-    # the instance runtimes (Python with a wait step, or the shell exit recorder) name their folder
-    launcher_pids = [p.pid for p in psutil.process_iter(["cmdline"])
-                     if p.info["cmdline"] and str(runs) in " ".join(p.info["cmdline"])]
-    for pid in launcher_pids:
-        pids += [pid] + [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    pids = _instance_process_trees(runs, expected=3, timeout=60)
     assert len(pids) == 6
     proc.send_signal(sig)
     output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 1, output
     assert "cancelled" in output
     assert pids_alive(pids) == []
+
+
+def _instance_process_trees(runs: Path, expected: int, timeout: float) -> list[int]:
+    """The pids of every instance's runtime (the Python runtime with a wait step, or the shell
+    exit recorder; both name their folder under ``runs``) and of its descendants, once
+    ``expected`` instances run their role's command (``sleep``)."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while True:
+        trees = [[p.pid] + [c.pid for c in p.children(recursive=True)]
+                 for p in psutil.process_iter(["cmdline"])
+                 if p.info["cmdline"] and str(runs) in " ".join(p.info["cmdline"])]
+        commands = [pid for tree in trees for pid in tree[1:] if _runs_sleep(pid)]
+        if len(trees) == expected and len(commands) == expected:
+            return [pid for tree in trees for pid in tree]
+        assert time.monotonic() < deadline, f"instances never all ran their command ({len(commands)} of {expected})"
+        time.sleep(0.1)
+
+
+def _runs_sleep(pid: int) -> bool:
+    import psutil
+
+    try:
+        return "time.sleep(120)" in " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return False
 
 
 @pytest.mark.timeout(180)

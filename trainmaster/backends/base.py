@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Iterable
 
 
 @dataclass(frozen=True)
@@ -95,9 +95,13 @@ class Backend(ABC):
     def start(self, request: LaunchRequest) -> dict[str, Any]:
         """Start one attempt; return a JSON-able handle that identifies it safely."""
 
-    def start_all(self, requests: list[LaunchRequest]) -> list[dict[str, Any] | OSError]:
+    def start_all(self, requests: Iterable[LaunchRequest]) -> list[dict[str, Any] | OSError]:
         """Start several attempts, in order; one the OS refuses (a missing working directory,
-        an executable that cannot run) comes back as its ``OSError`` and the others still start."""
+        an executable that cannot run) comes back as its ``OSError`` and the others still start.
+
+        ``requests`` may be a lazy iterable: the controller yields each request once its intent
+        is committed, so a backend that starts a request as soon as it is drawn overlaps the
+        spawning with the preparation of the requests after it."""
         return [start_or_error(self, request) for request in requests]
 
     @abstractmethod

@@ -18,7 +18,7 @@ import uuid
 from collections import Counter
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -38,6 +38,7 @@ from trainmaster.store.models import InstanceRow, JobRow, RoleRow, utcnow
 I = InstanceState
 LIVE = (I.STARTING.value, I.RUNNING.value, I.UNKNOWN.value, I.TERMINATING.value)
 INTERPRETERS = ("python", "python3", "python3.11")
+INTENT_BATCH = 8  # instances whose start intent is committed together (one commit, then spawned)
 
 
 def resolve_argv(argv: list[str]) -> list[str]:
@@ -349,13 +350,15 @@ class Controller:
 
         The intent (state starting, attempt + 1) is committed before any process is spawned,
         so a controller that crashes in between finds the instance again by its launch file
-        (:meth:`recover`) instead of starting a second copy.
+        (:meth:`recover`) instead of starting a second copy. Intents are committed in batches
+        and each batch is handed to the backend at once, so the first processes spawn while the
+        later instances are still being prepared.
         """
         now = utcnow()
         order = {r.name: n for n, r in enumerate(_dependency_order(spec))}
         pending = sorted((i for i in job.instances if i.state == I.PENDING.value),
                          key=lambda i: (order[i.role], i.index))
-        requests: list[tuple[InstanceRow, LaunchRequest]] = []
+        due: list[InstanceRow] = []
         for inst in pending:
             if inst.next_start_at and _aware(inst.next_start_at) > now:
                 continue
@@ -363,12 +366,24 @@ class Controller:
                 if inst.reason != "Unschedulable":
                     inst.reason, inst.message = "Unschedulable", "waiting for free resources"
                 continue
-            requests.append((inst, self._prepare(job, spec, inst)))
+            due.append(inst)
             free = free.minus(inst.cpu, inst.memory)
-        if requests:
-            session.commit()
-        started = self.backend.start_all([request for _, request in requests])
-        for (inst, request), handle in zip(requests, started):
+        if not due:
+            return free
+        Path(job.run_dir, "output").mkdir(parents=True, exist_ok=True)
+        environ = dict(os.environ)  # one snapshot for the whole batch (each instance copies it)
+        prepared: list[tuple[InstanceRow, LaunchRequest]] = []
+
+        def committed_requests() -> Iterator[LaunchRequest]:
+            for first in range(0, len(due), INTENT_BATCH):
+                batch = [(inst, self._prepare(job, spec, inst, environ))
+                         for inst in due[first:first + INTENT_BATCH]]
+                session.commit()
+                prepared.extend(batch)
+                yield from (request for _, request in batch)
+
+        started = self.backend.start_all(committed_requests())
+        for (inst, request), handle in zip(prepared, started):
             if isinstance(handle, OSError):
                 free = self._on_exit(session, job, spec.spec.role(inst.role), inst, Observation(
                     Phase.EXITED, exit_code=127, reason="StartFailed", message=_start_error(handle)), free)
@@ -376,14 +391,15 @@ class Controller:
                 self._spawn(session, job, inst, request, handle)
         return free
 
-    def _prepare(self, job: JobRow, spec: Job, inst: InstanceRow) -> LaunchRequest:
-        """Place an instance, write its launch file and mark it starting (nothing runs yet)."""
+    def _prepare(self, job: JobRow, spec: Job, inst: InstanceRow, environ: dict[str, str]) -> LaunchRequest:
+        """Place an instance, write its launch file and mark it starting (nothing runs yet).
+
+        ``environ`` is the controller's environment, which the instance inherits."""
         role = spec.spec.role(inst.role)
         placement = self.backend.place(role.ports, role.resources.dump())
         run_dir = Path(job.run_dir)
         files = InstanceFiles(run_dir / "instances" / inst.label)
         output_dir = run_dir / "output"
-        output_dir.mkdir(parents=True, exist_ok=True)
         context = {"job_name": job.name, "role": role.name, "index": inst.index, "replicas": role.replicas,
                    "role_replicas": {r.name: r.replicas for r in spec.spec.roles},
                    "host": placement.host, "ports": placement.ports,
@@ -392,7 +408,7 @@ class Controller:
                     "replicas": spec.spec.role(d.role).replicas} for d in role.depends_on]
         launch: dict[str, Any] = {
             "argv": resolve_argv([*(role.command or []), *role.args]),
-            "cwd": role.working_dir, "env": dict(os.environ), "role_env": role.env,
+            "cwd": role.working_dir, "env": environ, "role_env": role.env,
             "depends": depends, "db_url": self.db_url, "job_id": job.id,
             "framework": spec.spec.framework, "context": context,
         }
