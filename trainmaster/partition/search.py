@@ -19,11 +19,16 @@ from trainmaster.partition.graph import Graph
 from trainmaster.partition.simulate import device_graph_acyclic, resumed_makespan, schedule
 
 
-def critical_chain(graph: Graph, assignment: np.ndarray) -> tuple[float, list[tuple[int, int, bool]]]:
+def critical_chain(graph: Graph, assignment: np.ndarray, finish: list | None = None,
+                   ) -> tuple[float, list[tuple[int, int, bool]]]:
     """The schedule's makespan and its critical chain as (u, v, transfer) links, last first:
     ``transfer`` True when v waited for u's data from another device, False when v waited for its
-    device to finish u."""
-    start, finish = schedule(graph, assignment)
+    device to finish u. ``finish``: the schedule's finish times when already simulated."""
+    if finish is None:
+        start, finish = schedule(graph, assignment)
+    else:
+        finish = np.asarray(finish)
+        start = finish - graph.cost
     if graph.n == 0:
         return 0.0, []
     part = np.asarray(assignment)
@@ -81,7 +86,7 @@ def makespan_descent(graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap
     descent refuse moves that raise the guarded cut: makespan improves without paying for it
     in critical edges. Returns (assignment, makespan, simulations used)."""
     state = _MoveCheck(graph, part, k, cap, mem_cap, guarded, acyclic)
-    span, links = critical_chain(graph, state.part)
+    span, links = critical_chain(graph, state.part, state.finish)
     members = [_Members(u) for u in units]
     tried: set[tuple[int, int, int]] = set()  # moves refused or not better since the last gain
     used = 0
@@ -104,7 +109,7 @@ def makespan_descent(graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap
                     s, finish = resumed_makespan(graph, trial[0], state.finish, trial[1])
                     if s < span - 1e-9 * max(span, 1.0):
                         state.accept(trial[0], finish)
-                        span, links = critical_chain(graph, state.part)
+                        span, links = critical_chain(graph, state.part, finish)
                         tried.clear()
                         improved = True
                         break
@@ -213,6 +218,6 @@ def _edge_cost(graph: Graph, u: int, v: int) -> float:
 
 def _other_parts(p: int, load: np.ndarray, k: int) -> list[int]:
     """For a device wait: the least loaded other device first (at most two tried)."""
-    order = [int(q) for q in np.argsort(load, kind="stable") if q != p]
-    return order[:2]
+    loads = load.tolist()
+    return sorted((q for q in range(k) if q != p), key=loads.__getitem__)[:2]
 
