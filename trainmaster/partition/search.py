@@ -80,7 +80,8 @@ def makespan_descent(graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap
                      guarded: np.ndarray | None = None) -> tuple[np.ndarray, float, int]:
     """First-improvement descent on the simulated makespan within the caps.
 
-    ``units`` are node -> unit maps, finest first (co-location clusters, then chain segments);
+    ``units`` are nested node -> unit maps, finest first (co-location clusters, then chain
+    segments made of them);
     a move sends one whole unit to the device on the other side of a critical-chain link.
     ``guarded`` (per-edge weights, e.g. transfer cost on static critical edges) makes the
     descent refuse moves that raise the guarded cut: makespan improves without paying for it
@@ -93,8 +94,12 @@ def makespan_descent(graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap
     while used < budget:
         improved = False
         for mover, targets in _moves(graph, links, state):
+            size = 0
             for lvl in range(len(units)):
                 c = int(units[lvl][mover])
+                if len(members[lvl][c]) == size:
+                    continue  # the same nodes as the finer unit (units nest): already tried
+                size = len(members[lvl][c])
                 for q in targets:
                     key = (lvl, c, q)
                     if key in tried or q == state.part[mover]:
