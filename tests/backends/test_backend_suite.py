@@ -148,7 +148,7 @@ def test_start_all_starts_every_request_and_reports_a_refused_one(backend: Backe
     later, as Ray does) without stopping the others."""
     good = [launch_request(backend, tmp_path, "print('hi')", name=f"ok{n}") for n in range(3)]
     bad = launch_request(backend, tmp_path, "pass", name="bad", cwd=str(tmp_path / "missing"))
-    results = backend.start_all([good[0], bad, *good[1:]])
+    results = list(backend.start_all([good[0], bad, *good[1:]]))
     refused = results.pop(1)
     for handle in results:
         assert not isinstance(handle, OSError)

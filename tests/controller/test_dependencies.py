@@ -1,7 +1,7 @@
 """Mechanisms: dependencies between roles with the injected wait step, the address registry,
 and the per-role communication service (controller spec, steps 4 and 5)."""
 
-from controller_harness import Harness, events, job, py, server_client_job
+from controller_harness import Harness, events, job, pids_alive, py, server_client_job
 
 def test_clients_wait_for_the_server_address_and_connect(harness: Harness) -> None:
     state, status = harness.run(server_client_job("svc", clients=3))
@@ -74,3 +74,33 @@ def test_a_dependency_that_already_succeeded_still_counts_as_running(harness: Ha
         {"name": "after", "command": py("import os; assert os.environ['TM_SERVICE_EARLY'].startswith('127.0.0.1:')"),
          "dependsOn": [{"role": "early", "timeoutSeconds": 20}]}]))
     assert state == "succeeded", status["events"]
+
+
+def test_an_attempt_that_runs_and_ends_between_two_passes_keeps_its_running_time(harness: Harness) -> None:
+    """Status roll-up and instance times: a dependent instance that passes its wait step, runs
+    and exits while no reconcile pass looks is never observed running, yet its record says when
+    its command started (as Kubernetes keeps ``startedAt`` of a container that already ended)."""
+    import time as clock
+
+    from trainmaster.store.models import InstanceRow
+
+    job_id = harness.submit(job("between", [
+        {"name": "server", "command": py("import time; time.sleep(30)")},
+        {"name": "client", "command": py("pass"), "dependsOn": [{"role": "server"}]}]))
+    harness.controller.step()  # starts both; the server is running, the client in its wait step
+    with harness.sessions() as session:
+        client = session.query(InstanceRow).filter_by(job_id=job_id, role="client").one()
+        client_pid = client.handle["pid"]
+        assert client.state == "starting" and client.running_at is None
+    deadline = clock.monotonic() + 60
+    while pids_alive([client_pid]):  # its runtime has exited (a zombie until the next pass reaps it)
+        assert clock.monotonic() < deadline, "the client never ended"
+        clock.sleep(0.05)
+    harness.controller.step()
+    with harness.sessions() as session:
+        rows = {r.role: r for r in session.query(InstanceRow).filter_by(job_id=job_id)}
+        assert rows["client"].state == "succeeded"
+        assert rows["client"].running_at is not None
+        assert rows["server"].running_at <= rows["client"].running_at <= rows["client"].ended_at
+    harness.controller.cancel(job_id)
+    harness.controller.step()

@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Iterable
+from typing import Any, Iterator
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,9 @@ class Observation:
     reason: str = ""
     message: str = ""
     host: str = ""  # where it runs, when the backend learns that only after start (Ray's node)
+    # when the attempt's command started (epoch seconds), where the backend knows it: an attempt
+    # can pass its wait step, run and end between two polls without ever being seen running
+    command_started: float | None = None
 
 
 class Backend(ABC):
@@ -95,14 +98,12 @@ class Backend(ABC):
     def start(self, request: LaunchRequest) -> dict[str, Any]:
         """Start one attempt; return a JSON-able handle that identifies it safely."""
 
-    def start_all(self, requests: Iterable[LaunchRequest]) -> list[dict[str, Any] | OSError]:
-        """Start several attempts, in order; one the OS refuses (a missing working directory,
-        an executable that cannot run) comes back as its ``OSError`` and the others still start.
-
-        ``requests`` may be a lazy iterable: the controller yields each request once its intent
-        is committed, so a backend that starts a request as soon as it is drawn overlaps the
-        spawning with the preparation of the requests after it."""
-        return [start_or_error(self, request) for request in requests]
+    def start_all(self, requests: list[LaunchRequest]) -> Iterator[dict[str, Any] | OSError]:
+        """Start several attempts; their handles come back in order, each as soon as it is
+        known, so the caller records one while the backend starts the next. One the OS refuses
+        (a missing working directory, an executable that cannot run) comes back as its
+        ``OSError`` and the others still start."""
+        return (start_or_error(self, request) for request in requests)
 
     @abstractmethod
     def poll(self, handle: dict[str, Any]) -> Observation:

@@ -16,14 +16,13 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterator
 
 import psutil
 
 import trainmaster
 
-from trainmaster.backends.base import (Backend, Capacity, LaunchRequest, Observation, Phase, Placement,
-                                       start_or_error)
+from trainmaster.backends.base import Backend, Capacity, LaunchRequest, Observation, Phase, Placement
 from trainmaster.runtime.files import InstanceFiles
 
 
@@ -94,13 +93,24 @@ class LocalBackend(Backend):
         """Hold ports an adopted instance already uses, so no new instance is given them."""
         self._reserved.update(ports)
 
-    def start_all(self, requests: Iterable[LaunchRequest]) -> list[dict[str, Any] | OSError]:
-        # Executor.map draws the requests in this thread and hands each to a spawner at once,
-        # so spawning starts while the controller still prepares the later requests.
+    def start_all(self, requests: list[LaunchRequest]) -> Iterator[dict[str, Any] | OSError]:
+        # Spawner threads run the processes. Each handle is built in the caller's thread as
+        # the caller draws it: it reads the process's start time, a /proc read that waits while
+        # the child is still in its exec, which the spawners then need not wait for.
         with ThreadPoolExecutor(_SPAWN_THREADS, thread_name_prefix="spawn") as pool:
-            return list(pool.map(lambda request: start_or_error(self, request), requests))
+            for request, spawned in zip(requests, pool.map(self._spawn_or_error, requests)):
+                yield spawned if isinstance(spawned, OSError) else self._handle(request, spawned)
 
     def start(self, request: LaunchRequest) -> dict[str, Any]:
+        return self._handle(request, self._spawn(request))
+
+    def _spawn_or_error(self, request: LaunchRequest) -> subprocess.Popen[bytes] | OSError:
+        try:
+            return self._spawn(request)
+        except OSError as error:
+            return error
+
+    def _spawn(self, request: LaunchRequest) -> subprocess.Popen[bytes]:
         files = InstanceFiles(request.instance_dir)
         files.reset_attempt()
         log_path = Path(request.log_path)
@@ -114,6 +124,11 @@ class LocalBackend(Backend):
                                     stderr=subprocess.STDOUT, cwd=cwd or None, start_new_session=True,
                                     close_fds=True)
         self._children[proc.pid] = proc
+        return proc
+
+    def _handle(self, request: LaunchRequest, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
+        """What the store keeps of an attempt: its pid *and* start time (a recycled pid is never
+        taken for it), its folder, and where it listens."""
         return {"backend": self.name, "pid": proc.pid, "create_time": _create_time(proc.pid),
                 "instance_dir": request.instance_dir, "gated": request.gated,
                 "host": request.placement.host, "ports": request.placement.ports}
@@ -149,7 +164,8 @@ class LocalBackend(Backend):
         reason, message = files.read_reason()
         if code is None:
             return Observation(Phase.LOST, reason="Lost", message="the process vanished without an exit code")
-        return Observation(Phase.EXITED, exit_code=code, reason=reason, message=message)
+        return Observation(Phase.EXITED, exit_code=code, reason=reason, message=message,
+                           command_started=_mtime(files.ready) if handle.get("gated") else None)
 
     def stop(self, handles: list[dict[str, Any]], grace: float) -> None:
         live = [h for h in handles if self.poll(h).phase in (Phase.STARTING, Phase.RUNNING)]
@@ -201,6 +217,13 @@ class LocalBackend(Backend):
     def close(self) -> None:
         for proc in self._children.values():
             proc.poll()
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return None
 
 
 def _create_time(pid: int) -> float:

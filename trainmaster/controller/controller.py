@@ -16,9 +16,9 @@ import threading
 import time
 import uuid
 from collections import Counter
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -38,7 +38,6 @@ from trainmaster.store.models import InstanceRow, JobRow, RoleRow, utcnow
 I = InstanceState
 LIVE = (I.STARTING.value, I.RUNNING.value, I.UNKNOWN.value, I.TERMINATING.value)
 INTERPRETERS = ("python", "python3", "python3.11")
-INTENT_BATCH = 8  # instances whose start intent is committed together (one commit, then spawned)
 
 
 def resolve_argv(argv: list[str]) -> list[str]:
@@ -253,8 +252,7 @@ class Controller:
             inst.reason, inst.message = obs.reason or "Started", "in its dependency wait step"
 
     def _mark_running(self, session: Session, job: JobRow, inst: InstanceRow) -> None:
-        first = inst.running_at is None or (inst.started_at is not None
-                                            and _aware(inst.running_at) < _aware(inst.started_at))
+        first = not _ran_this_attempt(inst)
         self._set_instance_state(inst, I.RUNNING)
         inst.reason, inst.message = "Running", ""
         if first:  # this attempt's first time running (not back from unknown)
@@ -266,6 +264,8 @@ class Controller:
     def _on_exit(self, session: Session, job: JobRow, role: Role, inst: InstanceRow, obs: Observation,
                  free: Capacity) -> Capacity:
         code = obs.exit_code if obs.exit_code is not None else -1
+        if obs.command_started is not None and not _ran_this_attempt(inst):  # ran between two polls
+            inst.running_at = datetime.fromtimestamp(obs.command_started, timezone.utc)
         # A succeeded instance keeps its registry entry, so dependents that start late still
         # see every address of a Running dependency; a failed one is withdrawn until it reruns.
         free = self._release(session, job, inst, free, keep_address=code == 0)
@@ -350,9 +350,8 @@ class Controller:
 
         The intent (state starting, attempt + 1) is committed before any process is spawned,
         so a controller that crashes in between finds the instance again by its launch file
-        (:meth:`recover`) instead of starting a second copy. Intents are committed in batches
-        and each batch is handed to the backend at once, so the first processes spawn while the
-        later instances are still being prepared.
+        (:meth:`recover`) instead of starting a second copy. Each started instance is recorded
+        as soon as the backend hands back its handle, while the backend starts the next ones.
         """
         now = utcnow()
         order = {r.name: n for n, r in enumerate(_dependency_order(spec))}
@@ -371,18 +370,10 @@ class Controller:
         if not due:
             return free
         Path(job.run_dir, "output").mkdir(parents=True, exist_ok=True)
-        environ = dict(os.environ)  # one snapshot for the whole batch (each instance copies it)
-        prepared: list[tuple[InstanceRow, LaunchRequest]] = []
-
-        def committed_requests() -> Iterator[LaunchRequest]:
-            for first in range(0, len(due), INTENT_BATCH):
-                batch = [(inst, self._prepare(job, spec, inst, environ))
-                         for inst in due[first:first + INTENT_BATCH]]
-                session.commit()
-                prepared.extend(batch)
-                yield from (request for _, request in batch)
-
-        started = self.backend.start_all(committed_requests())
+        environ = dict(os.environ)  # one snapshot for the whole pass (each instance copies it)
+        prepared = [(inst, self._prepare(job, spec, inst, environ)) for inst in due]
+        session.commit()
+        started = self.backend.start_all([request for _, request in prepared])
         for (inst, request), handle in zip(prepared, started):
             if isinstance(handle, OSError):
                 free = self._on_exit(session, job, spec.spec.role(inst.role), inst, Observation(
@@ -562,8 +553,12 @@ def _dependency_order(spec: Job) -> list[Role]:
     return done
 
 
+def _ran_this_attempt(inst: InstanceRow) -> bool:
+    """Whether the current attempt was already recorded running (not only an earlier one)."""
+    return inst.running_at is not None and (inst.started_at is None
+                                            or _aware(inst.running_at) >= _aware(inst.started_at))
+
+
 def _aware(moment: datetime) -> datetime:
     """SQLite returns naive datetimes; everything we store is UTC."""
-    from datetime import timezone
-
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
