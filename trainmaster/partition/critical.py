@@ -35,8 +35,18 @@ def _charged(graph: Graph, assignment: np.ndarray | None) -> np.ndarray:
 def levels(graph: Graph, assignment: np.ndarray | None = None) -> Levels:
     """EST and b-level in one forward and one backward sweep over edges in topological order.
 
-    ``assignment`` None charges every edge (static); otherwise only cut edges pay transfer.
+    ``assignment`` None charges every edge (static, cached on the graph: the method, the
+    simulator's priorities and the descent all need it); otherwise only cut edges pay transfer.
     """
+    if assignment is None:
+        cached = graph.cache.get("levels")
+        if cached is None:
+            cached = graph.cache["levels"] = _levels(graph, None)
+        return cached
+    return _levels(graph, assignment)
+
+
+def _levels(graph: Graph, assignment: np.ndarray | None) -> Levels:
     n = graph.n
     pos = np.empty(n, dtype=np.int64)
     pos[graph.topo] = np.arange(n)
