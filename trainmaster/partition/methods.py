@@ -117,7 +117,7 @@ def _refine(graph: Graph, base: np.ndarray, part: np.ndarray, k: int, cap: float
 
 
 DESCENT_WORK = 40_000  # makespan-descent budget in (nodes + edges) simulated, i.e. simulations
-DESCENT_SIMULATIONS = (4, 48)  # ... = DESCENT_WORK / (n + m), clipped to this range
+DESCENT_SIMULATIONS = (4, 40)  # ... = DESCENT_WORK / (n + m), clipped to this range
 
 
 def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int,
