@@ -102,7 +102,7 @@ def makespan_descent(graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap
                 size = len(members[lvl][c])
                 for q in targets:
                     key = (lvl, c, q)
-                    if key in tried or q == state.part[mover]:
+                    if key in tried or q == state.part_l[mover]:
                         continue
                     tried.add(key)
                     trial = state.trial(members[lvl][c], q)
@@ -132,11 +132,11 @@ def _moves(graph: Graph, links: list[tuple[int, int, bool]], state: "_MoveCheck"
     device; for a device wait, each endpoint to the least loaded other devices."""
     for u, v, transfer in _ordered(graph, links):
         if transfer:
-            yield v, [int(state.part[u])]
-            yield u, [int(state.part[v])]
+            yield v, [state.part_l[u]]
+            yield u, [state.part_l[v]]
         else:
-            yield v, _other_parts(int(state.part[v]), state.load, state.k)
-            yield u, _other_parts(int(state.part[u]), state.load, state.k)
+            yield v, _other_parts(state.part_l[v], state.load, state.k)
+            yield u, _other_parts(state.part_l[u], state.load, state.k)
 
 
 class _MoveCheck:
@@ -148,27 +148,29 @@ class _MoveCheck:
         self.graph, self.k, self.cap, self.mem_cap = graph, k, cap, mem_cap
         self.acyclic = acyclic
         self.guarded_adj = None if guarded is None else _weighted_adjacency(graph, guarded)
+        self.cost, self.memory = graph.cost.tolist(), graph.memory.tolist()
         part = np.asarray(part, dtype=np.int64).copy()
         self.accept(part, schedule(graph, part)[1].tolist())
 
     def accept(self, part: np.ndarray, finish: list) -> None:
         self.part, self.finish = part, finish
         self.part_l = part.tolist()
-        self.load = np.bincount(part, weights=self.graph.cost, minlength=self.k)
-        self.mem = np.bincount(part, weights=self.graph.memory, minlength=self.k)
+        self.load = np.bincount(part, weights=self.graph.cost, minlength=self.k).tolist()
+        self.mem = np.bincount(part, weights=self.graph.memory, minlength=self.k).tolist()
 
-    def trial(self, nodes: np.ndarray, q: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """(moved assignment, operators that changed device), or None when refused."""
-        g = self.graph
-        moving = nodes[self.part[nodes] != q]
-        if (self.load[q] + g.cost[moving].sum() > self.cap * (1 + 1e-9)
-                or self.mem[q] + g.memory[moving].sum() > self.mem_cap):
+    def trial(self, nodes: list[int], q: int) -> tuple[np.ndarray, list[int]] | None:
+        """(moved assignment, operators that changed device), or None when refused. Most
+        trials are refused, so the checks run on Python lists before any array is built."""
+        part, cost, mem = self.part_l, self.cost, self.memory
+        moving = [v for v in nodes if part[v] != q]
+        if (self.load[q] + sum(cost[v] for v in moving) > self.cap * (1 + 1e-9)
+                or self.mem[q] + sum(mem[v] for v in moving) > self.mem_cap):
             return None
-        if self.guarded_adj is not None and self._guard_delta(moving.tolist(), q) > 1e-12:
+        if self.guarded_adj is not None and self._guard_delta(moving, q) > 1e-12:
             return None
         trial = self.part.copy()
         trial[moving] = q
-        if self.acyclic and not device_graph_acyclic(g, trial, self.k):
+        if self.acyclic and not device_graph_acyclic(self.graph, trial, self.k):
             return None
         return trial, moving
 
@@ -199,10 +201,10 @@ class _Members:
     """Nodes of each unit, sliced on demand from one sort (no per-unit arrays up front)."""
 
     def __init__(self, unit_of: np.ndarray) -> None:
-        self.order = np.argsort(unit_of, kind="stable")
+        self.order = np.argsort(unit_of, kind="stable").tolist()
         self.ptr = np.concatenate([[0], np.cumsum(np.bincount(unit_of))]).tolist()
 
-    def __getitem__(self, c: int) -> np.ndarray:
+    def __getitem__(self, c: int) -> list[int]:
         return self.order[self.ptr[c]:self.ptr[c + 1]]
 
 
@@ -221,8 +223,7 @@ def _edge_cost(graph: Graph, u: int, v: int) -> float:
     return float(graph.edge_cost[hit].max()) if len(hit) else 0.0
 
 
-def _other_parts(p: int, load: np.ndarray, k: int) -> list[int]:
+def _other_parts(p: int, load: list[float], k: int) -> list[int]:
     """For a device wait: the least loaded other device first (at most two tried)."""
-    loads = load.tolist()
-    return sorted((q for q in range(k) if q != p), key=loads.__getitem__)[:2]
+    return sorted((q for q in range(k) if q != p), key=load.__getitem__)[:2]
 
