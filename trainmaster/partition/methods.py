@@ -19,7 +19,7 @@ import numpy as np
 
 from trainmaster.errors import UserError
 from trainmaster.partition.coarse import ClusterGraph, cluster_graph, coarsen_chains
-from trainmaster.partition.critical import critical_edges, levels
+from trainmaster.partition.critical import Levels, critical_edges, levels
 from trainmaster.partition.graph import Graph, clusters_of
 from trainmaster.partition.initial import (acyclic_split, capped_list_schedule,
                                            critical_path_pins, kahip_parts, metis_parts, packed)
@@ -176,9 +176,9 @@ REFINED = ("metis", "metis-plain")  # cut-driven starts get FM (it would undo a 
 CUT_PENALTY = 1.0  # final choice: makespan + this x cost of the static critical edges cut
 
 
-def _candidates(graph: Graph, k: int, imbalance: float, seed: int, cap: float, mem_cap: float, lv,
-                static_crit: np.ndarray, base_cg: ClusterGraph, coarse_cg: ClusterGraph,
-                acyclic: bool) -> dict[str, np.ndarray]:
+def _candidates(graph: Graph, k: int, imbalance: float, seed: int, cap: float, mem_cap: float,
+                lv: Levels, static_crit: np.ndarray, base_cg: ClusterGraph,
+                coarse_cg: ClusterGraph, acyclic: bool) -> dict[str, np.ndarray]:
     """Initial partitions, named. Contiguous splits of the topological order (a chain of
     stages; with ``acyclic`` also by earliest start, so branches that run at the same time share
     a stage), capped list scheduling with and without the critical path pinned (CPOP), METIS on

@@ -52,8 +52,8 @@ def _static_finish(plan, part: list, finish: list | None = None, first: int = 0)
     return finish
 
 
-def resumed_makespan(graph: Graph, assignment: np.ndarray, finish: list, changed: np.ndarray | list[int],
-                     ) -> tuple[float, list]:
+def resumed_makespan(graph: Graph, assignment: np.ndarray, finish: list,
+                     changed: np.ndarray | list[int]) -> tuple[float, list]:
     """(makespan, finish times) of ``assignment`` given ``finish``, the finish times under an
     assignment that differs only on the ``changed`` operators: the simulation resumes at the
     first changed operator in priority order (the makespan descent's trial moves)."""
