@@ -256,3 +256,27 @@ def test_final_choice_least_overload_not_slower_than_metis_then_makespan_plus_cu
     # overload first
     scored = [(0.1, 1.0, "metis-plain", a_both), (0.0, 50.0, "packed+fm", a_cheap)]
     assert _choose(g, scored, guarded)[2] == "packed+fm"
+
+
+def test_list_schedule_cuts_a_penalised_edge_only_when_that_saves_more_than_the_penalty():
+    """Mechanism: capped list scheduling adds the penalty of each critical in-edge a device
+    would cut to that device's finish time (the final choice's objective)."""
+    from trainmaster.partition.critical import critical_edges, levels
+    from trainmaster.partition.initial import capped_list_schedule
+
+    # u -> v -> t is the critical path (6.0), u -> w -> t the other branch (5.9); every
+    # transfer costs 0.5. Unpenalised, t finishes at 5.5 on w's device (cutting v -> t)
+    # instead of 5.9 on v's: a saving of 0.4.
+    g = build_graph(["u", "v", "w", "t"], [1.0, 3.0, 2.9, 1.0], ["u", "u", "v", "w"],
+                    ["v", "w", "t", "t"], [0.5, 0.5, 0.5, 0.5])
+    cg = cluster_graph(g, clusters_of(g), g.edge_cost)
+    lv = levels(g)
+    crit = critical_edges(g, lv=lv)
+    assert crit.tolist() == [True, False, True, False]
+
+    def place(scale):
+        return capped_list_schedule(g, cg, 2, 100.0, lv.blevel, penalty=scale * g.edge_cost * crit)
+
+    assert place(0.0)[3] == place(0.0)[2] != place(0.0)[1]  # t joins w, cutting v -> t
+    assert place(0.2)[3] == place(0.2)[2]  # penalty 0.1 < saving 0.4: still cut
+    assert place(1.0)[3] == place(1.0)[1]  # penalty 0.5 > saving 0.4: t stays with v

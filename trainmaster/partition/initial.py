@@ -116,16 +116,24 @@ def split_sequence(load: np.ndarray, cross: np.ndarray, k: int, cap: float) -> n
 
 def capped_list_schedule(graph: Graph, cg: ClusterGraph, k: int, cap: float,
                          priority: np.ndarray, fixed: np.ndarray | None = None,
-                         mem_cap: float = float("inf")) -> np.ndarray:
+                         mem_cap: float = float("inf"),
+                         penalty: np.ndarray | None = None) -> np.ndarray:
     """HEFT-style earliest-finish placement under the load and memory caps: operators in
     b-level order; the first operator of a cluster fixes the device of the whole cluster, picked
     as the one with room on both caps that finishes it earliest (transfers only from predecessors
     on other devices; when no device has room, the earliest finish among all). ``fixed``
-    (cluster -> device, -1 free) pins clusters in advance, their load counted from the start."""
+    (cluster -> device, -1 free) pins clusters in advance, their load counted from the start.
+    ``penalty`` (per edge) is added to a device's finish time for each penalised in-edge it
+    would cut, so the schedule cuts a critical edge only when that saves more than the penalty
+    (the final choice's objective: makespan + penalty of the critical edges cut)."""
     of = cg.of.tolist()
     cw, cm = cg.weight.tolist(), cg.memory.tolist()
     w = graph.cost.tolist()
     preds = predecessor_lists(graph)
+    pen: list[list[tuple[int, float]]] = [[] for _ in range(graph.n)]  # (pred, penalty) per node
+    if penalty is not None:
+        for e in np.flatnonzero(penalty > 0).tolist():
+            pen[int(graph.dst[e])].append((int(graph.src[e]), float(penalty[e])))
     part_of_cluster = [-1] * cg.size
     load, mem = [0.0] * k, [0.0] * k
     if fixed is not None:
@@ -139,13 +147,14 @@ def capped_list_schedule(graph: Graph, cg: ClusterGraph, k: int, cap: float,
     for v in _pop_order(graph, priority):
         c = of[v]
         d = part_of_cluster[c]
-        if d < 0:  # the cluster's first operator: the device with room that finishes it first
+        if d < 0:  # a cluster's first operator: the device with room that finishes it first
             best = None
             for dd in range(k):
                 full = load[dd] + cw[c] > cap or mem[dd] + cm[c] > mem_cap
                 if full and best is not None and not best[0]:
                     continue
-                key = (full, _finish_on(dd, v, preds, finish, dev, free, w), load[dd])
+                f = _finish_on(dd, v, preds, finish, dev, free, w)
+                key = (full, f + sum(p for u, p in pen[v] if dev[u] != dd), f, load[dd])
                 if best is None or key < best:
                     best, d = key, dd
             part_of_cluster[c] = d

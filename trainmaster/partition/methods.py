@@ -181,8 +181,8 @@ def _candidates(graph: Graph, k: int, imbalance: float, seed: int, cap: float, m
                 coarse_cg: ClusterGraph, acyclic: bool) -> dict[str, np.ndarray]:
     """Initial partitions, named. Contiguous splits of the topological order (a chain of
     stages; with ``acyclic`` also by earliest start, so branches that run at the same time share
-    a stage), capped list scheduling with and without the critical path pinned (CPOP), METIS on
-    the critical-weighted coarse graph, and METIS as the baseline runs it (so ours can always
+    a stage), capped list scheduling (charging a cut critical edge the final choice's penalty)
+    and with the critical path pinned (CPOP), METIS on the critical-weighted coarse graph, and METIS as the baseline runs it (so ours can always
     fall back to METIS's partition)."""
     out: dict[str, np.ndarray] = {}
     orders = [("acyclic", None)]
@@ -192,9 +192,10 @@ def _candidates(graph: Graph, k: int, imbalance: float, seed: int, cap: float, m
         split = acyclic_split(graph, base_cg, k, cap, order)
         if split is not None:
             out[name] = base_cg.expand(split)
-    out["list"] = base_cg.expand(
-        capped_list_schedule(graph, base_cg, k, cap, lv.blevel, mem_cap=mem_cap))
     pins = critical_path_pins(graph, base_cg, k, cap, lv.est, static_crit)
+    penalty = CUT_PENALTY * graph.edge_cost * static_crit
+    out["list"] = base_cg.expand(capped_list_schedule(graph, base_cg, k, cap, lv.blevel,
+                                                      mem_cap=mem_cap, penalty=penalty))
     out["cpop"] = base_cg.expand(
         capped_list_schedule(graph, base_cg, k, cap, lv.blevel, pins, mem_cap))
     out["metis"] = coarse_cg.expand(metis_parts(coarse_cg, k, imbalance, seed))
