@@ -145,3 +145,45 @@ def test_sum_stays_int32_while_peaks_fit_and_widens_exactly_otherwise() -> None:
     acc.add(small, 0, 8)  # peaks now add to 2**31: widened, and 4 * 2**29 is out of range
     q, overflow = acc.wire()
     assert acc.values.dtype == np.int64 and overflow and q[0] == INT_SATURATED
+
+
+def test_contributions_are_summed_once_into_the_outgoing_buffer() -> None:
+    """Aggregator memory read in place: borrowed contributions are kept without a copy and
+    summed once, at completion, straight into the destination (the packet that goes up); the
+    result equals the int64 sum, and a sum that must widen is still written there exactly."""
+    rng = np.random.default_rng(5)
+    parts = [rng.integers(-2**28, 2**28, 1000).astype(np.int32) for _ in range(4)]
+    before = [q.copy() for q in parts]
+    acc = IntSum()
+    for r, q in enumerate(parts):
+        assert acc.add(q, 7, 1 << r, borrow=True)
+    assert all(a is q for a, q in zip(acc.parts, parts))  # borrowed: no copy yet
+    out = np.empty(1000, np.int32)
+    wire, overflow = acc.wire(out=out)
+    assert wire is out and not overflow
+    assert out.tolist() == sum(q.astype(np.int64) for q in parts).tolist()
+    assert all(np.array_equal(q, b) for q, b in zip(parts, before))  # inputs untouched
+    wide = IntSum()
+    wide.add(parts[0], 7, 1, borrow=True)
+    wide.add(parts[1], 6, 2, borrow=True)  # another exponent: aligned in int64
+    got, _ = wide.wire(out=np.empty(1000, np.int32))
+    expect = ((parts[0].astype(np.int64) + 1) >> 1) + parts[1]
+    assert got.tolist() == expect.tolist()
+
+
+def test_quantize_into_the_packet_equals_the_float64_rounding() -> None:
+    """Workers quantise straight into the outgoing packet (float32 scaling, rounding and the
+    int32 conversion all in the packet's memory): identical to rounding in float64, and
+    values beyond the int32 range saturate."""
+    from trainmaster.aggregation.quantize import quantize_into
+
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal(10_000) * 1000).astype(np.float32)
+    for e in (0, 10, 17):
+        buf = bytearray(40 + 4 * x.size)
+        out = np.frombuffer(buf, np.int32, x.size, 40)
+        quantize_into(x, e, out)
+        assert out.tolist() == np.rint(np.ldexp(x.astype(np.float64), e)).astype(np.int64).tolist()
+    out = np.empty(x.size, np.int32)
+    quantize_into(x, 40, out)
+    assert set(np.abs(out[x != 0]).tolist()) == {int(INT_SATURATED)}

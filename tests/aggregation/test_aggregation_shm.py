@@ -71,6 +71,120 @@ def test_small_packets_stay_inline_and_stale_descriptors_are_dropped() -> None:
         b.close()
 
 
+def test_packet_built_in_the_ring_is_sent_without_a_copy() -> None:
+    """Zero-copy send: a packet written into ``packet()`` lies in the ring already, so only
+    its descriptor is sent; with faults, a duplicate is written out as a real second packet,
+    a dropped one just leaves its space unused, and everything that arrives is intact."""
+    rng = np.random.default_rng(1)
+    plain, dup, drop = (ShmTransport("a"), ShmTransport("d", faults=FaultPlan(duplicate=1.0)),
+                        ShmTransport("x", faults=FaultPlan(drop=1.0)))
+    receivers = [ShmTransport("b"), UdpTransport("c")]
+    try:
+        for receiver in receivers:
+            for i in range(12):  # 12 x 4 MiB through a 32 MiB ring: it wraps
+                x = rng.integers(-2**31 + 1, 2**31 - 1, 1 << 20, dtype=np.int64).astype(np.int32)
+                buf = plain.packet(receiver.address, 40 + x.nbytes)
+                np.frombuffer(buf, np.int32, x.size, 40)[:] = x
+                buf[:40] = bytes([i]) * 40
+                plain.send(buf, receiver.address)
+                got = receiver.recv(10.0)
+                assert got is not None and bytes(got[0][:40]) == bytes([i]) * 40
+                assert np.array_equal(np.frombuffer(got[0], np.int32, x.size, 40), x)
+        assert plain.counters.shm_sent == 24
+        buf = dup.packet(receivers[0].address, 100_000)
+        buf[:] = b"z" * 100_000
+        dup.send(buf, receivers[0].address)
+        copies = [receivers[0].recv(5.0) for _ in range(2)]
+        assert all(c is not None and bytes(c[0]) == b"z" * 100_000 for c in copies)
+        assert dup.counters.shm_sent == 2 and dup.counters.duplicated == 1
+        buf = drop.packet(receivers[0].address, 100_000)
+        drop.send(buf, receivers[0].address)
+        assert receivers[0].recv(0.3) is None and drop.counters.dropped == 1
+    finally:
+        for t in (plain, dup, drop, *receivers):
+            t.close()
+
+
+def test_retained_packets_keep_their_ring_space_until_released() -> None:
+    """Forwarding nodes read contributions in place: a retained packet's ring space is not
+    given back to the sender (its bytes stay intact while later packets are consumed) until
+    it is released; a sender that finds the ring full meanwhile drops, then gets the space."""
+    a = ShmTransport("a", ring_bytes=4 << 20, full_wait=0.05)
+    b = ShmTransport("b")
+    try:
+        def send(i: int) -> None:
+            a.send(bytes([i]) * (1 << 20), b.address)
+
+        send(1)
+        first = b.recv(5.0)
+        assert first is not None
+        token = b.retain()
+        for i in (2, 3):
+            send(i)
+            got = b.recv(5.0)
+            assert got is not None and bytes(got[0][:1]) == bytes([i])
+        b.recv(0.05)  # consumes packet 3; the ring still holds packet 1 (retained)
+        send(4)
+        send(5)  # 1 (retained) + 4 + 5 would need more than the ring: dropped
+        assert a.counters.ring_full_drops == 1
+        assert bytes(first[0]) == b"\x01" * (1 << 20)
+        b.release(token)
+        b.recv(0.05)
+        send(6)
+        assert a.counters.ring_full_drops == 1
+    finally:
+        a.close()
+        b.close()
+
+
+def test_result_store_references_are_read_in_place_and_go_stale_when_reused() -> None:
+    """Zero-copy multicast: a verified sum written once into the result store is read in place
+    through its reference by any process of the host; once its space is freed and reused the
+    reference reads as gone (or, if the reuse happened during the read, as not intact), never
+    as other values; a store without room says so (the sender then sends the values)."""
+    owner = ShmTransport("ps", store_bytes=1 << 20)
+    readers = [ShmTransport("w"), UdpTransport("u")]
+    try:
+        view, ref = owner.share(4000)
+        np.frombuffer(view, np.int32)[:] = np.arange(1000)
+        for reader in readers:
+            got = reader.shared(ref)
+            assert got is not None and np.frombuffer(got, np.int32).tolist() == list(range(1000))
+            assert reader.shared_intact(ref)
+        assert owner.share(1 << 20) is None  # no room next to the live block
+        owner.unshare(ref)
+        again, ref2 = owner.share(4000)  # empty store: the same memory again
+        np.frombuffer(again, np.int32)[:] = -1
+        for reader in readers:
+            assert reader.shared(ref) is None and not reader.shared_intact(ref)
+            assert np.frombuffer(reader.shared(ref2), np.int32)[0] == -1
+        assert UdpTransport("plain").share(10) is None
+    finally:
+        owner.close()
+        for reader in readers:
+            reader.close()
+
+
+def test_verified_sums_are_multicast_as_references_and_fall_back_to_values(
+        tier_factory) -> None:
+    """Zero-copy multicast end to end: with every worker on the parameter node's host, each
+    RESULT carries a reference to the shared store, so the forwarding node's rings carry only
+    up-going sums; exact, slots free. With a store too small for a slice the parameter node
+    sends the values themselves, still exact."""
+    for store_bytes, shared in ((64 << 20, True), (1000, False)):
+        tier = tier_factory(transport="shm")
+        tier.ps.transport.store_bytes = store_bytes
+        inputs = random_inputs(1, 3, 200_000, 3, seed=store_bytes % 7)
+        out = reduce_all(tier, inputs, 3, WorkerConfig(chunk=65_536))
+        assert_exact(inputs, out)
+        ps = query(tier.ps.address)
+        sw = query(tier.switches[0].address)
+        slices = 3 * 4  # rounds x slices per round
+        assert (ps["results_shared"] == ps["verified"] >= slices) is shared
+        assert (sw["transport"]["shm_sent"] == ps["transport"]["shm_received"]) is shared
+        assert sw["slots_in_use"] == 0
+
+
 def test_unknown_transport_and_oversized_chunk_are_clear_errors() -> None:
     """User mistakes: an unknown transport name, or a slice larger than the transport carries."""
     with pytest.raises(ValueError, match="unknown transport 'tcp'"):

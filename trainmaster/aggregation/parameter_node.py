@@ -61,6 +61,13 @@ class _Job:
     contributed: dict[int, int] = field(default_factory=dict)  # rank -> newest round it sent
     failed: str | None = None
     processes: dict[int, tuple[int, int]] = field(default_factory=dict)  # rank -> (pid, pidfd)
+    answered_round: int = 0  # newest round with a result: every worker finished the ones before
+    shared: list[tuple[int, bytes]] = field(default_factory=list)  # (round, result-store ref)
+
+    @property
+    def all_local(self) -> bool:
+        """Every worker runs on this node's host (watched through its process)."""
+        return len(self.processes) == self.fan_in
 
 
 @dataclass
@@ -74,6 +81,7 @@ class ParameterNodeCounters:
     conflicts_aggregated: int = 0
     retransmits_seen: int = 0
     results_resent: int = 0
+    results_shared: int = 0  # verified sums multicast as references to the shared store
     jobs_failed: int = 0
 
 
@@ -106,6 +114,7 @@ class ParameterNode:
         if job is None or job.failed or job.fan_in != h.fan_in:
             if job is not None:
                 self._close_watches(job)
+                self._retire(job)
             job = self.jobs[h.job] = _Job(h.fan_in)
         job.registered |= h.bitmap
         now = time.monotonic()
@@ -132,7 +141,7 @@ class ParameterNode:
         for rank in bits(h.bitmap):
             job.last_seen[rank] = now
             job.contributed[rank] = max(job.contributed.get(rank, 0), h.round)
-        if h.round + 1 < job.newest_round:
+        if h.round + 1 < job.newest_round or h.round < job.answered_round:
             return  # a slice every worker already finished; nobody can be waiting for it
         if h.round > job.newest_round:
             job.newest_round = h.round
@@ -167,7 +176,11 @@ class ParameterNode:
             # the slice is on the exception path: this sender missed the instruction
             self._down(job, h.with_(kind=Kind.EXCEPTION, flags=Flag.NONE, count=0), b"")
             return
-        if not sl.ints.add(values(h, body), h.exponent, h.bitmap, h.has(Flag.OVERFLOW)):
+        # a complete sum in one piece is verified where it lies (and copied once, into the
+        # kept result); any other piece is copied into the slice's own sum
+        borrow = not sl.ints.bitmap and h.bitmap == full
+        if not sl.ints.add(values(h, body), h.exponent, h.bitmap, h.has(Flag.OVERFLOW),
+                           borrow=borrow):
             self.counters.duplicates_ignored += 1
             return
         self.counters.pieces_merged += 1
@@ -183,6 +196,7 @@ class ParameterNode:
         q, overflow = sl.ints.wire()
         if overflow:
             self.counters.overflow_fallbacks += 1
+            sl.ints.forget_values()  # void (perhaps borrowed): the slice goes on as floats
             sl.floats = FloatSum()
             self._down(job, Header(Kind.EXCEPTION, h.job, h.round, h.seq, full, job.fan_in,
                                    h.slot), b"")
@@ -192,18 +206,53 @@ class ParameterNode:
     def _finish(self, job: _Job, h: Header, sl: _Slice, payload: np.ndarray, flag: Flag,
                 exponent: int) -> None:
         self.counters.verified += 1
+        if h.round > job.answered_round:
+            # a result of this round means every worker has finished every earlier round
+            job.answered_round = h.round
+            self._retire(job, h.round)
         slot = sl.slot
         flags = Flag.VERIFIED | flag
         if sl.conflict:
             # an updated resource id, so that this slice's next allocation lands elsewhere
             slot = (sl.slot + 1 + (h.job * 7 + h.seq * 13) % 251) & 0xFFFF
             flags |= Flag.CONFLICT
+        body, where = self._keep(job, h.round, payload)
         head = Header(Kind.RESULT, h.job, h.round, h.seq, full_mask(job.fan_in), job.fan_in,
-                      slot, exponent, payload.size, flags)
-        self._down(job, head, payload)
-        sl.result = (head, payload)  # the sums own their arrays: no view of a receive buffer
+                      slot, exponent, payload.size, flags | where)
+        self._down(job, head, body)
+        sl.result = (head, body)  # kept for workers that lost it
         sl.ints = IntSum()
         sl.floats = None
+
+    def _keep(self, job: _Job, rnd: int, payload: np.ndarray) -> tuple[bytes | np.ndarray, Flag]:
+        """Where a verified result lives while workers may still need it.
+
+        When every worker of the job is on this host and the transport has a shared result
+        store, the values are written there once and the RESULT carries a reference: the
+        forwarding nodes multicast a few bytes instead of copying the payload once per worker,
+        and each worker reads the values in place. Otherwise this node keeps its own copy."""
+        if job.all_local:
+            got = self.transport.share(payload.nbytes)
+            if got is not None:
+                view, ref = got
+                np.copyto(np.frombuffer(view, payload.dtype, payload.size), payload)
+                job.shared.append((rnd, ref))
+                self.counters.results_shared += 1
+                return ref, Flag.SHARED
+        return (payload if payload.flags.owndata else payload.copy()), Flag.NONE
+
+    def _retire(self, job: _Job, before: int | None = None) -> None:
+        """Forget the results of rounds before ``before`` (all of them if None): free their
+        shared-store space and their slices."""
+        keep = []
+        for rnd, ref in job.shared:
+            if before is None or rnd < before:
+                self.transport.unshare(ref)
+            else:
+                keep.append((rnd, ref))
+        job.shared = keep
+        for key in [k for k in job.slices if before is None or k[0] < before]:
+            del job.slices[key]
 
     # ---- liveness -------------------------------------------------------------------------
     def _watch(self, job: _Job, rank: int, hello: bytes | memoryview) -> None:
@@ -279,7 +328,7 @@ class ParameterNode:
         self.counters.jobs_failed += 1
         head = Header(Kind.ABORT, job_id, bitmap=full_mask(job.fan_in), fan_in=job.fan_in)
         self._down(job, head, job.failed.encode())
-        job.slices.clear()
+        self._retire(job)
         self._close_watches(job)
 
     # ---- loop -----------------------------------------------------------------------------

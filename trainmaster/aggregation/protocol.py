@@ -51,6 +51,10 @@ class Flag(enum.IntFlag):
     OVERFLOW = 8  # the sum left the int32 range (values are saturated)
     VERIFIED = 16  # the parameter node checked completeness and overflow
     FLOAT = 32  # payload is float32 (exception retransmit)
+    # the payload is a reference to the values in the parameter node's shared result store
+    # (same host, shared-memory transport): forwarding nodes multicast the reference, each
+    # worker reads the values in place; ``count`` is still the number of values
+    SHARED = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,10 +100,17 @@ def encode_parts(header: Header, payload: bytes | memoryview | np.ndarray = b"")
     else:
         body = payload
         count = len(payload)
-    head = _HEADER.pack(header.version, int(header.kind), int(header.flags), header.job,
-                        header.round, header.seq, header.bitmap, header.fan_in,
-                        header.slot & 0xFFFF, header.exponent, count)
+    head = bytearray(HEADER_SIZE)
+    encode_header_into(memoryview(head), header, count)
     return [head, body]
+
+
+def encode_header_into(buffer: memoryview, header: Header, count: int) -> None:
+    """Write the header at the start of ``buffer`` (a packet whose payload is built in place,
+    see ``Transport.packet``)."""
+    _HEADER.pack_into(buffer, 0, header.version, int(header.kind), int(header.flags), header.job,
+                      header.round, header.seq, header.bitmap, header.fan_in,
+                      header.slot & 0xFFFF, header.exponent, count)
 
 
 def encode(header: Header, payload: bytes | memoryview | np.ndarray = b"") -> bytes:

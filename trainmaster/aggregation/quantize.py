@@ -63,19 +63,30 @@ _F32_BELOW_2_31 = float(np.nextafter(np.float32(2.0**31), np.float32(0)))
 
 
 def quantize(chunk: np.ndarray, exponent: int, peak: float | None = None) -> np.ndarray:
-    """Round to nearest (int32); values beyond the int32 range become the saturated value.
+    """Round to nearest (int32); values beyond the int32 range become the saturated value."""
+    out = np.empty(np.shape(chunk), dtype=np.int32)
+    quantize_into(np.asarray(chunk, dtype=np.float32), exponent, out, peak)
+    return out
 
-    Fast path in float32: multiplying by a power of two is exact in float32 and ``rint`` of a
-    float32 is exact, so the result equals the float64 computation whenever every scaled value
-    stays below 2**31 (checked from the chunk's peak); otherwise the float64 path clips."""
-    chunk = np.asarray(chunk, dtype=np.float32)
+
+def quantize_into(chunk: np.ndarray, exponent: int, out: np.ndarray,
+                  peak: float | None = None) -> None:
+    """``quantize`` written into the int32 array ``out`` (e.g. the payload of the outgoing
+    packet, so no temporary is copied there afterwards).
+
+    Fast path in float32, in ``out``'s own memory (scaled, rounded, then converted in place):
+    multiplying by a power of two is exact in float32 and ``rint`` of a float32 is exact, so
+    the result equals the float64 computation whenever every scaled value stays below 2**31
+    (checked from the chunk's peak); otherwise the float64 path clips."""
     peak = peak_magnitude(chunk) if peak is None else peak
     if -126 <= exponent <= 127 and peak * 2.0**exponent <= _F32_BELOW_2_31:
-        scaled = np.multiply(chunk, np.float32(2.0**exponent), dtype=np.float32)
+        scaled = out.view(np.float32)
+        np.multiply(chunk, np.float32(2.0**exponent), out=scaled)
         np.rint(scaled, out=scaled)
-        return scaled.astype(np.int32)
+        np.copyto(out, scaled, casting="unsafe")
+        return
     wide = np.rint(np.ldexp(chunk.astype(np.float64), exponent))
-    return np.clip(wide, -INT_SATURATED, INT_SATURATED).astype(np.int32)
+    np.copyto(out, np.clip(wide, -INT_SATURATED, INT_SATURATED), casting="unsafe")
 
 
 def dequantize(q: np.ndarray, exponent: int) -> np.ndarray:
@@ -90,7 +101,10 @@ def dequantize_into(q: np.ndarray, exponent: int, out: np.ndarray) -> None:
     this equals rounding the exact float64 value to float32 (outside float32's normal range
     of scales it goes through float64)."""
     if -126 <= -exponent <= 127:
-        np.multiply(q, np.float32(2.0**-exponent), out=out, dtype=np.float32, casting="unsafe")
+        # convert, then scale in place: a mixed int32 * float32 multiply converts through
+        # a buffer and is slower
+        np.copyto(out, q, casting="unsafe")
+        np.multiply(out, np.float32(2.0**-exponent), out=out)
     else:
         out[...] = dequantize(q, exponent)
 

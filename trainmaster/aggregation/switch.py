@@ -16,9 +16,12 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from trainmaster.aggregation.accumulator import IntSum
 from trainmaster.aggregation.memory import tune_allocator
 from trainmaster.aggregation.protocol import (
+    HEADER_SIZE,
     Flag,
     Header,
     Kind,
@@ -26,6 +29,7 @@ from trainmaster.aggregation.protocol import (
     bits,
     decode,
     encode,
+    encode_header_into,
     encode_parts,
     values,
 )
@@ -40,6 +44,7 @@ class _Slot:
     sum: IntSum
     fan_in: int
     since: float
+    retained: list[object] = field(default_factory=list)  # received packets the sum reads
 
 
 @dataclass
@@ -130,7 +135,11 @@ class ForwardingNode:
         self._free(index)
 
     def _free(self, index: int) -> None:
+        slot = self.pool[index]
         self.pool[index] = None
+        if slot is not None:
+            for token in slot.retained:
+                self.transport.release(token)
         self.counters.slots_released += 1
 
     def _on_data(self, h: Header, body: bytes) -> None:
@@ -158,21 +167,35 @@ class ForwardingNode:
         if slot is None:
             slot = _Slot(key, IntSum(), h.fan_in, time.monotonic())
             self.pool[index] = slot
-        if not slot.sum.add(values(h, body), h.exponent, h.bitmap, h.has(Flag.OVERFLOW)):
+        job = self.jobs.get(h.job)
+        local = job.local_mask if job else 0
+        completes = local and (slot.sum.bitmap | h.bitmap) & local == local
+        # contributions are read where they arrived (no copy) and summed once, at completion
+        if not slot.sum.add(values(h, body), h.exponent, h.bitmap, h.has(Flag.OVERFLOW),
+                            borrow=True):
             self.counters.duplicates_ignored += 1
             return
         self.counters.aggregated += 1
-        job = self.jobs.get(h.job)
-        local = job.local_mask if job else 0
-        if local and slot.sum.bitmap & local == local:
-            q, overflow = slot.sum.wire()
-            flags = Flag.OVERFLOW if overflow else Flag.NONE
-            head = Header(Kind.DATA, h.job, h.round, h.seq, slot.sum.bitmap, h.fan_in, h.slot,
-                          slot.sum.exponent, q.size, flags)
-            self.transport.send(encode_parts(head, q), self.parent)
-            self.counters.partials_sent += 1
-            self.finished.add(key)
-            self._free(index)
+        if completes:
+            self._complete(index, slot, h)
+        else:
+            slot.retained.append(self.transport.retain())
+
+    def _complete(self, index: int, slot: _Slot, h: Header) -> None:
+        """Every worker below has contributed: sum straight into the packet that goes up (on
+        shared memory, the ring space the parent reads), send it, free the slot."""
+        n = h.count
+        packet = self.transport.packet(self.parent, HEADER_SIZE + 4 * n)
+        dest = np.frombuffer(packet, "<i4", n, HEADER_SIZE)
+        _, overflow = slot.sum.wire(out=dest)
+        head = Header(Kind.DATA, h.job, h.round, h.seq, slot.sum.bitmap, h.fan_in, h.slot,
+                      slot.sum.exponent, n, Flag.OVERFLOW if overflow else Flag.NONE)
+        encode_header_into(packet, head, n)
+        del dest
+        self._free(index)
+        self.transport.send(packet, self.parent)
+        self.counters.partials_sent += 1
+        self.finished.add(h.key)
 
     # ---- down-going -----------------------------------------------------------------------
     def _multicast(self, h: Header, body: bytes) -> None:

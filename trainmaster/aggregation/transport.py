@@ -39,6 +39,7 @@ import socket
 import struct
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, Union
@@ -57,6 +58,9 @@ _DESC = struct.Struct("!BIIQQI")
 _DESC_MAGIC = 0xA7  # never a valid protocol version byte
 _RING_HEADER = 64  # bytes before the data: ring id (u64), consumed position (u64)
 _RING_META = struct.Struct("=QQ")
+# reference to bytes in a node's result store: pid, fd, store id, position, length
+STORE_REF = struct.Struct("!IIQQI")
+SHM_STORE_BYTES = 128 << 20  # per node that publishes results; pages are touched as used
 
 
 @dataclass(frozen=True)
@@ -102,8 +106,15 @@ class Transport(Protocol):
     max_packet: int  # largest packet (header + payload) ``send`` accepts
 
     def send(self, data: Packet, addr: Address, *, control: bool = False) -> None: ...
+    def packet(self, addr: Address, size: int) -> memoryview: ...
     def prepare(self, addr: Address) -> None: ...
     def recv(self, timeout: float) -> tuple[Buffer, Address] | None: ...
+    def retain(self) -> object | None: ...
+    def release(self, token: object | None) -> None: ...
+    def share(self, size: int) -> tuple[memoryview, bytes] | None: ...
+    def unshare(self, ref: bytes) -> None: ...
+    def shared(self, ref: bytes) -> memoryview | None: ...
+    def shared_intact(self, ref: bytes) -> bool: ...
     def close(self) -> None: ...
 
 
@@ -156,6 +167,10 @@ class _Ring:
         self.head = pos + n
         return pos
 
+    def view(self, pos: int, n: int) -> memoryview:
+        at = _RING_HEADER + pos % self.capacity
+        return memoryview(self.map)[at:at + n]
+
     def write(self, pos: int, parts: list[Buffer]) -> None:
         at = _RING_HEADER + pos % self.capacity
         for p in parts:
@@ -165,12 +180,100 @@ class _Ring:
             at += n
 
     def close(self) -> None:
-        self.map.close()
+        _close_map(self.map)
         os.close(self.fd)
 
 
+def _close_map(m: mmap.mmap) -> None:
+    try:
+        m.close()
+    except BufferError:
+        pass  # a caller still holds a view; the mapping goes with the process
+
+
+class _Store:
+    """Producer side of a result store: values written once and read in place by several
+    processes (the verified sums every worker of a job reads, multicast as references).
+
+    A memfd mapped without ``MAP_POPULATE`` (it is large; its pages are touched as they are
+    used). Blocks are allocated in order and may be freed in any order; the oldest live block
+    is the *tail*, published in the header: a reader accepts a reference only while its
+    position is not behind the tail, before and after reading, because space behind the tail
+    may be rewritten. When every block is free, allocation starts again at the beginning of
+    the memory (positions stay monotonic, so old references stay recognisable as old): the
+    same pages then serve every round."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.fd = os.memfd_create("trainmaster-aggregation-results")
+        os.ftruncate(self.fd, _RING_HEADER + capacity)
+        self.map = mmap.mmap(self.fd, _RING_HEADER + capacity, flags=mmap.MAP_SHARED)
+        self.id = random.getrandbits(63)
+        self.head = 0
+        self.live: dict[int, int] = {}  # position -> length
+        self.order: deque[int] = deque()
+        _RING_META.pack_into(self.map, 0, self.id, 0)
+
+    def alloc(self, n: int) -> int | None:
+        """Position of ``n`` free contiguous bytes, or None while older blocks hold the space."""
+        if not self.live:
+            self.head = -(-self.head // self.capacity) * self.capacity
+            self._publish_tail(self.head)
+        pos = self.head
+        off = pos % self.capacity
+        if off + n > self.capacity:  # never split a block: skip to the start of the memory
+            pos += self.capacity - off
+        if pos + n - (self.order[0] if self.order else pos) > self.capacity:
+            return None
+        self.live[pos] = n
+        self.order.append(pos)
+        self.head = pos + n
+        return pos
+
+    def free(self, pos: int) -> None:
+        self.live.pop(pos, None)
+        while self.order and self.order[0] not in self.live:
+            self.order.popleft()
+        self._publish_tail(self.order[0] if self.order else self.head)
+
+    def _publish_tail(self, tail: int) -> None:
+        struct.pack_into("=Q", self.map, 8, tail)
+
+    def view(self, pos: int, n: int) -> memoryview:
+        at = _RING_HEADER + pos % self.capacity
+        return memoryview(self.map)[at:at + n]
+
+    def close(self) -> None:
+        _close_map(self.map)
+        os.close(self.fd)
+
+
+class _StoreView:
+    """Reader side of a peer's result store, mapped through /proc/<pid>/fd/<fd>."""
+
+    def __init__(self, pid: int, fd: int):
+        with open(f"/proc/{pid}/fd/{fd}", "rb") as f:
+            self.map = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+        self.capacity = len(self.map) - _RING_HEADER
+        self.id = _RING_META.unpack_from(self.map, 0)[0]
+
+    def holds(self, pos: int) -> bool:
+        """Whether the block at ``pos`` is still the one referenced (not behind the tail)."""
+        return _RING_META.unpack_from(self.map, 0)[1] <= pos
+
+    def view(self, pos: int, n: int) -> memoryview:
+        at = _RING_HEADER + pos % self.capacity
+        return memoryview(self.map)[at:at + n]
+
+    def close(self) -> None:
+        _close_map(self.map)
+
+
 class _RingView:
-    """Consumer side of a peer's ring, mapped through /proc/<pid>/fd/<fd>."""
+    """Consumer side of a peer's ring, mapped through /proc/<pid>/fd/<fd>.
+
+    Space is freed in ring order: up to the end of the last packet delivered, but never past
+    the oldest packet the consumer still retains (``UdpTransport.retain``)."""
 
     def __init__(self, pid: int, fd: int):
         with open(f"/proc/{pid}/fd/{fd}", "r+b") as f:
@@ -178,20 +281,17 @@ class _RingView:
         self.capacity = len(self.map) - _RING_HEADER
         self.id = _RING_META.unpack_from(self.map, 0)[0]
         self.view = memoryview(self.map)
+        self.delivered = 0  # end of the newest packet handed out: anything before is old
+        self.retained: set[int] = set()  # positions of packets the consumer still reads
 
-    def consumed(self) -> int:
-        return _RING_META.unpack_from(self.map, 0)[1]
-
-    def release(self, upto: int) -> None:
-        if upto > self.consumed():
+    def publish(self) -> None:
+        upto = min(self.retained) if self.retained else self.delivered
+        if upto > _RING_META.unpack_from(self.map, 0)[1]:
             struct.pack_into("=Q", self.map, 8, upto)
 
     def close(self) -> None:
         self.view.release()
-        try:
-            self.map.close()
-        except BufferError:
-            pass  # a caller still holds a view; the mapping goes with the process
+        _close_map(self.map)
 
 
 class UdpTransport:
@@ -220,7 +320,9 @@ class UdpTransport:
         self._order = itertools.count()
         self._lock = threading.Lock()
         self._views: dict[tuple[int, int], _RingView] = {}
-        self._release: tuple[_RingView, int] | None = None
+        self._last: tuple[_RingView, int] | None = None  # ring packet handed out by recv
+        self._scratch = bytearray(0)
+        self._stores: dict[tuple[int, int], _StoreView] = {}
 
     def _rng(self, addr: Address) -> random.Random:
         rng = self._links.get(addr)
@@ -242,28 +344,47 @@ class UdpTransport:
         with self._lock:
             self.counters.sent += 1
             self.counters.bytes_sent += size
-            plan = self.faults
-            if control or not plan.active:
-                self._emit(parts, size, addr)
-                return
-            rng = self._rng(addr)
-            if rng.random() < plan.drop:
-                self.counters.dropped += 1
-                return
-            copies = 1
-            if rng.random() < plan.duplicate:
-                self.counters.duplicated += 1
-                copies = 2
-            now = time.monotonic()
-            for _ in range(copies):
-                if rng.random() < plan.reorder:
-                    self.counters.reordered += 1
-                    self._hold(now + rng.uniform(0.001, 0.004), parts, addr)
-                elif rng.random() < plan.delay:
-                    self.counters.delayed += 1
-                    self._hold(now + rng.uniform(0.0, plan.delay_s), parts, addr)
-                else:
+            for due in self._fate(addr, control):
+                if due is None:
                     self._emit(parts, size, addr)
+                else:
+                    self._hold(due, parts, addr)
+
+    def _fate(self, addr: Address, control: bool) -> list[float | None]:
+        """What the fault plan does to one packet on this link: one entry per copy to deliver,
+        None = now, a time = held until then; no entry = dropped."""
+        plan = self.faults
+        if control or not plan.active:
+            return [None]
+        rng = self._rng(addr)
+        if rng.random() < plan.drop:
+            self.counters.dropped += 1
+            return []
+        copies = 1
+        if rng.random() < plan.duplicate:
+            self.counters.duplicated += 1
+            copies = 2
+        now = time.monotonic()
+        fate: list[float | None] = []
+        for _ in range(copies):
+            if rng.random() < plan.reorder:
+                self.counters.reordered += 1
+                fate.append(now + rng.uniform(0.001, 0.004))
+            elif rng.random() < plan.delay:
+                self.counters.delayed += 1
+                fate.append(now + rng.uniform(0.0, plan.delay_s))
+            else:
+                fate.append(None)
+        return fate
+
+    def packet(self, addr: Address, size: int) -> memoryview:
+        """A writable buffer for the next packet to ``addr`` (header + payload, ``size``
+        bytes): fill it and ``send`` it. Lets a sender build the payload where it travels from
+        (on shared memory: in the ring itself) instead of in a temporary that is then copied.
+        Valid until the next ``packet`` call."""
+        if len(self._scratch) < size:
+            self._scratch = bytearray(size)  # replaced, not resized: old views stay valid
+        return memoryview(self._scratch)[:size]
 
     def _hold(self, due: float, parts: list[Buffer], addr: Address) -> None:
         # a held packet must own its bytes: the caller's buffers may change after send returns
@@ -309,22 +430,77 @@ class UdpTransport:
             self._views[(pid, fd)] = view
         if n == 0:
             return None  # an announcement: the ring is mapped now, nothing to deliver
-        if pos < view.consumed():
+        if pos < view.delivered:
             self.counters.stale_descriptors += 1  # duplicate or late: that space was reused
             return None
         off = _RING_HEADER + pos % view.capacity
-        self._release = (view, pos + n)
+        view.delivered = pos + n
+        self._last = (view, pos)
         self.counters.shm_received += 1
         return view.view[off:off + n]
+
+    def retain(self) -> object | None:
+        """Keep the buffer of the packet ``recv`` returned last valid after the next ``recv``,
+        until ``release(token)``: a node that sums packets as they come can keep reading them
+        where they lie instead of copying them. Datagrams are owned bytes: None, nothing to
+        release."""
+        if self._last is None:
+            return None
+        view, pos = self._last
+        view.retained.add(pos)
+        return self._last
+
+    def release(self, token: object | None) -> None:
+        """Let the sender reuse a retained packet's space."""
+        if token is not None:
+            view, pos = token  # type: ignore[misc]
+            view.retained.discard(pos)
+            view.publish()
+
+    def share(self, size: int) -> tuple[memoryview, bytes] | None:
+        """A writable block of ``size`` bytes in this node's result store and the reference
+        that lets other processes on this host read it in place; None: no store (UDP) or no
+        room (the caller sends the values themselves)."""
+        return None
+
+    def unshare(self, ref: bytes) -> None:
+        """Free a block obtained from ``share`` (no-op where there is no store)."""
+
+    def shared(self, ref: bytes) -> memoryview | None:
+        """The bytes a result-store reference names, read in place; None if they are gone
+        (the store's owner exited, or reused the space). Whoever reads them must check
+        ``shared_intact`` afterwards: the owner may have reused the space meanwhile."""
+        if len(ref) != STORE_REF.size:
+            return None
+        pid, fd, store_id, pos, n = STORE_REF.unpack(ref)
+        view = self._stores.get((pid, fd))
+        if view is None or view.id != store_id:
+            try:
+                view = _StoreView(pid, fd)
+            except (OSError, ValueError):
+                return None
+            if view.id != store_id:
+                view.close()
+                return None
+            self._stores[(pid, fd)] = view
+        if n > view.capacity or not view.holds(pos):
+            self.counters.stale_descriptors += 1
+            return None
+        return view.view(pos, n)
+
+    def shared_intact(self, ref: bytes) -> bool:
+        """After reading ``shared(ref)``: whether the bytes were still the referenced ones."""
+        pid, fd, _, pos, _ = STORE_REF.unpack(ref)
+        view = self._stores.get((pid, fd))
+        return view is not None and view.holds(pos)
 
     def recv(self, timeout: float) -> tuple[Buffer, Address] | None:
         """Next packet, or None after ``timeout`` seconds; releases held packets meanwhile.
 
         The returned buffer is valid until the next call."""
-        if self._release is not None:
-            view, upto = self._release
-            self._release = None
-            view.release(upto)
+        if self._last is not None:
+            self._last[0].publish()
+            self._last = None
         deadline = time.monotonic() + max(0.0, timeout)
         while True:
             try:
@@ -348,10 +524,11 @@ class UdpTransport:
             select.select([self.sock], [], [], wait)
 
     def close(self) -> None:
-        self._release = None
-        for view in self._views.values():
-            view.close()
-        self._views.clear()
+        self._last = None
+        for views in (self._views, self._stores):
+            for view in views.values():
+                view.close()
+            views.clear()
         self.sock.close()
 
 
@@ -362,7 +539,8 @@ class ShmTransport(UdpTransport):
 
     def __init__(self, name: str, host: str = "127.0.0.1", port: int = 0,
                  faults: FaultPlan | None = None, ring_bytes: int = SHM_RING_BYTES,
-                 inline_limit: int = 8192, full_wait: float = 0.25):
+                 inline_limit: int = 8192, full_wait: float = 0.25,
+                 store_bytes: int = SHM_STORE_BYTES):
         if not hasattr(os, "memfd_create"):
             raise RuntimeError("the shared-memory transport needs Linux (memfd_create)")
         super().__init__(name, host, port, faults)
@@ -372,6 +550,9 @@ class ShmTransport(UdpTransport):
         self.receive_buffer = ring_bytes
         self.max_packet = ring_bytes // 4
         self._rings: dict[Address, _Ring] = {}
+        self._open: tuple[_Ring, int, memoryview] | None = None  # reserved by ``packet``
+        self._store: _Store | None = None
+        self.store_bytes = store_bytes
 
     def prepare(self, addr: Address) -> None:
         """Create the ring towards ``addr`` and have the receiver map it now: mapping a ring
@@ -386,11 +567,34 @@ class ShmTransport(UdpTransport):
             self._sendmsg([_DESC.pack(_DESC_MAGIC, os.getpid(), ring.fd, ring.id, 0, 0)], addr)
         return ring
 
+    def packet(self, addr: Address, size: int) -> memoryview:
+        """A large packet is reserved in the ring towards ``addr``, so the caller writes it
+        where the receiver reads it and ``send`` only has to send the descriptor."""
+        if size <= self.inline_limit or size > self.max_packet:
+            return super().packet(addr, size)
+        with self._lock:
+            ring = self._ring(addr)
+            pos = ring.reserve(size)
+            if pos is None:  # full: a temporary; ``send`` waits for room as for any packet
+                self._open = None
+                return super().packet(addr, size)
+            view = ring.view(pos, size)
+            self._open = (ring, pos, view)
+            return view
+
     def _emit(self, parts: list[Buffer], size: int, addr: Address) -> None:
         if size <= self.inline_limit:
             self._sendmsg(parts, addr)
             return
         ring = self._ring(addr)
+        if self._open is not None and len(parts) == 1 and parts[0] is self._open[2] \
+                and self._open[0] is ring:
+            # the packet was built in place (``packet``): only the descriptor is left to send;
+            # a second copy of it (a duplicate) is written out like any other packet
+            pos = self._open[1]
+            self._open = None
+            self._notify(ring, pos, size, addr)
+            return
         pos = ring.reserve(size)
         if pos is None:
             # the receiver has not consumed enough yet: wait with a growing sleep, bounded
@@ -404,14 +608,34 @@ class ShmTransport(UdpTransport):
                 self.counters.ring_full_drops += 1
                 return
         ring.write(pos, parts)
+        self._notify(ring, pos, size, addr)
+
+    def _notify(self, ring: _Ring, pos: int, size: int, addr: Address) -> None:
         self.counters.shm_sent += 1
         self._sendmsg([_DESC.pack(_DESC_MAGIC, os.getpid(), ring.fd, ring.id, pos, size)], addr)
 
+    def share(self, size: int) -> tuple[memoryview, bytes] | None:
+        if self._store is None:
+            self._store = _Store(self.store_bytes)
+        store = self._store
+        pos = store.alloc(size) if size <= store.capacity else None
+        if pos is None:
+            return None
+        return store.view(pos, size), STORE_REF.pack(os.getpid(), store.fd, store.id, pos, size)
+
+    def unshare(self, ref: bytes) -> None:
+        if self._store is not None:
+            self._store.free(STORE_REF.unpack(ref)[3])
+
     def close(self) -> None:
         super().close()
+        self._open = None
         for ring in self._rings.values():
             ring.close()
         self._rings.clear()
+        if self._store is not None:
+            self._store.close()
+            self._store = None
 
 
 def make_transport(kind: str, name: str, host: str = "127.0.0.1", port: int = 0,

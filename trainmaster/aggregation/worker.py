@@ -31,7 +31,7 @@ from trainmaster.aggregation.protocol import (
     ProtocolError,
     decode,
     encode,
-    encode_parts,
+    encode_header_into,
     slot_id,
     values,
 )
@@ -41,7 +41,7 @@ from trainmaster.aggregation.quantize import (
     dequantize_into,
     error_bound,
     peak_magnitude,
-    quantize,
+    quantize_into,
 )
 from trainmaster.aggregation.transport import Address, FaultPlan, make_transport
 
@@ -75,6 +75,7 @@ class WorkerCounters:
     float_resends: int = 0
     duplicates_ignored: int = 0
     results: int = 0
+    stale_results: int = 0  # shared-store references whose space was reused before reading
     elements_reduced: int = 0
     seconds_in_allreduce: float = 0.0
 
@@ -222,6 +223,7 @@ class AggregationClient:
 
     def _send_slice(self, x: np.ndarray, fl: _InFlight, retransmit: bool,
                     peak: float | None = None) -> None:
+        """Quantise (or copy, on the float path) the slice straight into the outgoing packet."""
         chunk = x[fl.start:fl.stop]
         slot = self.slot_override.get(fl.seq, slot_id(self.job, fl.seq))
         flags = Flag.NONE
@@ -229,14 +231,19 @@ class AggregationClient:
             flags |= Flag.RETRANSMIT | Flag.AGGREGATE_AT_PS
         if fl.floats:
             flags |= Flag.FLOAT | Flag.AGGREGATE_AT_PS
-            payload = chunk
-            exponent = 0
+        exponent = 0 if fl.floats else \
+            self.config.quantizer.choose_exponent(chunk, self.world, peak)
+        packet = self.transport.packet(self.switch, HEADER_SIZE + 4 * chunk.size)
+        payload = np.frombuffer(packet, "<f4" if fl.floats else "<i4", chunk.size, HEADER_SIZE)
+        if fl.floats:
+            payload[:] = chunk
         else:
-            exponent = self.config.quantizer.choose_exponent(chunk, self.world, peak)
-            payload = quantize(chunk, exponent, peak)
+            quantize_into(chunk, exponent, payload, peak)
         head = Header(Kind.DATA, self.job, self.round, fl.seq, self.bit, self.world, slot,
                       exponent, chunk.size, flags)
-        self.transport.send(encode_parts(head, payload), self.switch)
+        encode_header_into(packet, head, chunk.size)
+        del payload  # no view of the packet may outlive this call
+        self.transport.send(packet, self.switch)
         self.counters.packets_sent += 1
         fl.sends += 1
         fl.sent_at = time.monotonic()
@@ -340,11 +347,11 @@ class AggregationClient:
                     if h.round != self.round or h.seq not in pending:
                         if h.kind == Kind.RESULT:
                             self.counters.duplicates_ignored += 1
-                    elif h.kind == Kind.RESULT:
+                    elif h.kind == Kind.RESULT and self._accept(h, body, pending[h.seq], out,
+                                                                 bound):
                         fl = pending.pop(h.seq)
                         if fl.sends == 1:  # Karn: only unambiguous samples
                             self._sample_rtt(time.monotonic() - fl.sent_at)
-                        self._accept(h, body, fl, out, bound)
                         done += 1
                         last_progress = time.monotonic()
                         for other in pending.values():
@@ -373,20 +380,30 @@ class AggregationClient:
         return out, bound
 
     def _accept(self, h: Header, body: bytes, fl: _InFlight, out: np.ndarray,
-                bound: np.ndarray) -> None:
-        self.counters.results += 1
-        vals = values(h, body)
-        if vals.size != fl.stop - fl.start:
-            raise AggregationError(f"result for slice {h.seq} has {vals.size} elements, "
+                bound: np.ndarray) -> bool:
+        """Write a slice's result into ``out``; False if it could not be read (a reference to
+        the shared result store whose space was reused: handled like a lost packet)."""
+        if h.count != fl.stop - fl.start:
+            raise AggregationError(f"result for slice {h.seq} has {h.count} elements, "
                                    f"expected {fl.stop - fl.start}")
+        shared = self.transport.shared(body) if h.has(Flag.SHARED) else None
+        if h.has(Flag.SHARED) and shared is None:
+            self.counters.stale_results += 1
+            return False
+        vals = values(h, body if shared is None else shared)
         if h.has(Flag.FLOAT):
             out[fl.start:fl.stop] = vals
-            bound[fl.seq] = 0.0
         else:
             dequantize_into(vals, h.exponent, out[fl.start:fl.stop])
-            bound[fl.seq] = error_bound(h.exponent, self.world)
+        del vals
+        if h.has(Flag.SHARED) and not self.transport.shared_intact(body):
+            self.counters.stale_results += 1  # rewritten while we read: what we wrote is void
+            return False
+        bound[fl.seq] = 0.0 if h.has(Flag.FLOAT) else error_bound(h.exponent, self.world)
         if h.has(Flag.CONFLICT):
             self.slot_override[h.seq] = h.slot
+        self.counters.results += 1
+        return True
 
     def stats(self) -> dict[str, Any]:
         return {"role": "worker", "job": self.job, "rank": self.rank,
