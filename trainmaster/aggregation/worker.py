@@ -150,6 +150,7 @@ class AggregationClient:
         self._heart: threading.Thread | None = None
         self._joined = False
         self._busy_round = 0
+        self._scratch = np.empty(self.chunk, dtype=np.float32)  # quantisation's work space
         self._srtt: float | None = None  # smoothed round trip of a slice (RFC 6298 style)
         self._rttvar = 0.0
 
@@ -238,7 +239,7 @@ class AggregationClient:
         if fl.floats:
             payload[:] = chunk
         else:
-            quantize_into(chunk, exponent, payload, peak)
+            quantize_into(chunk, exponent, payload, peak, self._scratch)
         head = Header(Kind.DATA, self.job, self.round, fl.seq, self.bit, self.world, slot,
                       exponent, chunk.size, flags)
         encode_header_into(packet, head, chunk.size)
