@@ -132,8 +132,10 @@ def capped_list_schedule(graph: Graph, cg: ClusterGraph, k: int, cap: float,
     preds = predecessor_lists(graph)
     pen: list[list[tuple[int, float]]] = [[] for _ in range(graph.n)]  # (pred, penalty) per node
     if penalty is not None:
-        for e in np.flatnonzero(penalty > 0).tolist():
-            pen[int(graph.dst[e])].append((int(graph.src[e]), float(penalty[e])))
+        hit = np.flatnonzero(penalty > 0)
+        for u, v, p in zip(graph.src[hit].tolist(), graph.dst[hit].tolist(),
+                           penalty[hit].tolist()):
+            pen[v].append((u, p))
     part_of_cluster = [-1] * cg.size
     load, mem = [0.0] * k, [0.0] * k
     if fixed is not None:
@@ -148,21 +150,41 @@ def capped_list_schedule(graph: Graph, cg: ClusterGraph, k: int, cap: float,
         c = of[v]
         d = part_of_cluster[c]
         if d < 0:  # a cluster's first operator: the device with room that finishes it first
-            best = None
-            for dd in range(k):
-                full = load[dd] + cw[c] > cap or mem[dd] + cm[c] > mem_cap
-                if full and best is not None and not best[0]:
-                    continue
-                f = _finish_on(dd, v, preds, finish, dev, free, w)
-                key = (full, f + sum(p for u, p in pen[v] if dev[u] != dd), f, load[dd])
-                if best is None or key < best:
-                    best, d = key, dd
+            roomy = [load[dd] + cw[c] <= cap and mem[dd] + cm[c] <= mem_cap for dd in range(k)]
+            d = _pick_device(v, preds[v], pen[v], roomy, finish, dev, free, load, w[v])
             part_of_cluster[c] = d
             load[d] += cw[c]
             mem[d] += cm[c]
         finish[v] = free[d] = _finish_on(d, v, preds, finish, dev, free, w)
         dev[v] = d
     return np.asarray(part_of_cluster, dtype=np.int64)
+
+
+def _pick_device(v: int, pv: list, penv: list, roomy: list[bool], finish: list, dev: list,
+                 free: list, load: list, wv: float) -> int:
+    """The device for operator v: among those with room (all when none has), the lowest
+    finish time plus the penalties of the in-edges it would cut, then the earliest finish,
+    then the lightest load, then the lowest index."""
+    total = 0.0
+    kept: dict[int, float] = {}  # penalty of the in-edges that stay uncut on each device
+    for u, p in penv:
+        total += p
+        kept[dev[u]] = kept.get(dev[u], 0.0) + p
+    any_room = any(roomy)
+    best, pick = None, 0
+    for d, ok in enumerate(roomy):
+        if any_room and not ok:
+            continue
+        s = free[d]
+        for u, c in pv:
+            t = finish[u] + c if dev[u] != d else finish[u]
+            if t > s:
+                s = t
+        f = s + wv
+        key = (f + total - kept.get(d, 0.0), f, load[d])
+        if best is None or key < best:
+            best, pick = key, d
+    return pick
 
 
 def _finish_on(d: int, v: int, preds: list, finish: list, dev: list, free: list,

@@ -16,7 +16,8 @@ import numpy as np
 
 from trainmaster.partition.critical import levels
 from trainmaster.partition.graph import Graph
-from trainmaster.partition.simulate import device_graph_acyclic, resumed_makespan, schedule
+from trainmaster.partition.simulate import (device_graph_acyclic, predecessor_lists,
+                                            resumed_makespan, schedule)
 
 
 def critical_chain(graph: Graph, assignment: np.ndarray, finish: list | None = None,
@@ -190,8 +191,8 @@ class _MoveCheck:
 def _weighted_adjacency(graph: Graph, weights: np.ndarray) -> list[list[tuple[int, float]]]:
     """Per node, (neighbour, weight) of its edges with a positive weight, both directions."""
     adj: list[list[tuple[int, float]]] = [[] for _ in range(graph.n)]
-    for e in np.flatnonzero(weights > 0).tolist():
-        u, v, w = int(graph.src[e]), int(graph.dst[e]), float(weights[e])
+    hit = np.flatnonzero(weights > 0)
+    for u, v, w in zip(graph.src[hit].tolist(), graph.dst[hit].tolist(), weights[hit].tolist()):
         adj[u].append((v, w))
         adj[v].append((u, w))
     return adj
@@ -217,10 +218,7 @@ def _ordered(graph: Graph, links: list[tuple[int, int, bool]]) -> list[tuple[int
 
 
 def _edge_cost(graph: Graph, u: int, v: int) -> float:
-    lo, hi = graph.in_ptr[v], graph.in_ptr[v + 1]
-    es = graph.in_edge[lo:hi]
-    hit = es[graph.src[es] == u]
-    return float(graph.edge_cost[hit].max()) if len(hit) else 0.0
+    return max((c for p, c in predecessor_lists(graph)[v] if p == u), default=0.0)
 
 
 def _other_parts(p: int, load: list[float], k: int) -> list[int]:
