@@ -307,11 +307,12 @@ def main() -> None:
 
 
 NOTES = """How an instance starts: one reconcile pass starts every replica. An instance without
-dependencies runs its command under a five-line POSIX-shell exit recorder (crash safety: the exit
-code lands in its instance folder); only an instance with dependencies starts the Python instance
-runtime for its wait step. What remains over TorchX `local_cwd` is the controller's bookkeeping
-per instance (placement, launch record, the state rows committed before the spawn so a crash
-never starts a second copy). Ray additionally starts one Ray worker process per actor, and an
+dependencies runs its command under a one-line POSIX-shell exit recorder (crash safety: the exit
+code lands in its instance folder, as conmon records a container's), so each replica is two
+processes where TorchX starts one; only an instance with dependencies starts the Python instance
+runtime for its wait step. What else remains over TorchX `local_cwd` is the controller's
+bookkeeping per instance (placement, launch record, the state rows committed before the spawn so
+a crash never starts a second copy). Ray additionally starts one Ray worker process per actor, and an
 instance counts as running only once its actor reports the process running."""
 
 
