@@ -8,6 +8,7 @@ forwarding node and parameter node for ours). Writes bench/results/aggregation.{
 
     .venv/bin/python bench/aggregation.py            # full: 2/4/8 workers, 1/4/16/64 MiB
     .venv/bin/python bench/aggregation.py --quick    # 2/4/8 workers, 1/4 MiB
+    .venv/bin/python bench/aggregation.py --workers 2 --sizes 16,64 --variants ours-shm,gloo
 
 Variants: ours over UDP (lossless and with 1% drop on every link), ours over shared memory
 (``ShmTransport``), and gloo.
@@ -30,6 +31,7 @@ import psutil
 MiB = 1 << 20
 CHUNK = {"udp": 16000, "shm": None}  # per packet: ~64 KiB datagrams; shm: its default, 4 MiB
 VARIANTS = {"ours": ("udp", 0.0), "ours-drop1%": ("udp", 0.01), "ours-shm": ("shm", 0.0)}
+ALL_VARIANTS = [*VARIANTS, "gloo"]
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -153,9 +155,9 @@ def run_variant(variant: str, world: int, sizes: list[int], reps: int) -> dict[i
     return results
 
 
-def _cell(r: dict | None) -> str:
+def _cell(r: dict | None, ran: bool = True) -> str:
     if r is None:
-        return "failed"
+        return "failed" if ran else "-"
     return f"{r['bandwidth_MBps']:.0f} ({r['cpu_s_per_GB']:.1f})"
 
 
@@ -200,7 +202,8 @@ def write_markdown(report: dict) -> str:
         "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for w, size in keys:
         cells = [by.get((w, size, v)) for v in ("ours", "ours-drop1%", "ours-shm", "gloo")]
-        lines.append(f"| {w} | {size} MiB | " + " | ".join(_cell(c) for c in cells)
+        ran = [v in report["variants_run"] for v in ("ours", "ours-drop1%", "ours-shm", "gloo")]
+        lines.append(f"| {w} | {size} MiB | " + " | ".join(_cell(c, r) for c, r in zip(cells, ran))
                      + f" | {_ratio(cells[0])} | {_ratio(cells[2])} |")
     return "\n".join(lines) + "\n"
 
@@ -212,13 +215,24 @@ def main() -> None:
     parser.add_argument("--reps-64mib-8w", type=int, default=None,
                         help="fewer repetitions for the slowest cell only (64 MiB, 8 workers)")
     parser.add_argument("--workers", default="2,4,8", help="comma-separated worker counts")
+    parser.add_argument("--output", type=Path, default=RESULTS,
+                        help="directory for aggregation.{json,md} (a subset run should not "
+                             "replace the committed full run)")
+    parser.add_argument("--sizes", default=None,
+                        help="comma-separated tensor sizes in MiB (default 1,4,16,64)")
+    parser.add_argument("--variants", default=",".join(ALL_VARIANTS),
+                        help="comma-separated subset of " + ", ".join(ALL_VARIANTS))
     parser.add_argument("--rounds", type=int, default=2,
                         help="each cell's variants run interleaved this many times; the "
                              "repetitions are split over the rounds")
     args = parser.parse_args()
     workers = [int(w) for w in args.workers.split(",")]
     sizes = [1 * MiB, 4 * MiB] if args.quick else [1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB]
-    variants = ["ours", "ours-drop1%", "ours-shm", "gloo"]
+    if args.sizes:
+        sizes = [int(float(s) * MiB) for s in args.sizes.split(",")]
+    variants = [v for v in ALL_VARIANTS if v in args.variants.split(",")]
+    if not variants:
+        parser.error(f"--variants: choose from {', '.join(ALL_VARIANTS)}")
     reps_big = args.reps_64mib_8w or args.reps
     rows: list[dict] = []
     failures: list[str] = []
@@ -268,19 +282,21 @@ def main() -> None:
               "note": "shared machine, other jobs running: numbers are noisy",
               "load_average": {"start": load_start, "end": os.getloadavg()[0]},
               "reps": args.reps, "reps_64MiB_8w": reps_big, "rounds": args.rounds,
-              "quick": args.quick,
+              "quick": args.quick, "variants_run": variants,
               "seconds": round(time.time() - started),
               "variants": {"ours": "UDP over loopback, 16000 float32 per datagram",
                            "ours-drop1%": "UDP, 1% of datagrams dropped on every link",
-                           "ours-shm": "shared-memory rings (memfd), 4 MiB per packet, "
-                                       "descriptor datagrams as wake-ups",
+                           "ours-shm": "shared-memory rings (memfd), 4 MiB per packet built "
+                                       "in the ring, descriptor datagrams as wake-ups; "
+                                       "verified sums multicast as references to the "
+                                       "parameter node's shared result store",
                            "gloo": "torch.distributed gloo all_reduce, one thread per rank"},
               "rows": rows, "failures": failures}
     report["goal"] = goal_status(rows)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "aggregation.json").write_text(json.dumps(report, indent=2))
+    args.output.mkdir(parents=True, exist_ok=True)
+    (args.output / "aggregation.json").write_text(json.dumps(report, indent=2))
     md = write_markdown(report)
-    (RESULTS / "aggregation.md").write_text(md)
+    (args.output / "aggregation.md").write_text(md)
     print(md)
 
 

@@ -172,18 +172,21 @@ def test_contributions_are_summed_once_into_the_outgoing_buffer() -> None:
 
 
 def test_quantize_into_the_packet_equals_the_float64_rounding() -> None:
-    """Workers quantise straight into the outgoing packet (float32 scaling, rounding and the
-    int32 conversion all in the packet's memory): identical to rounding in float64, and
-    values beyond the int32 range saturate."""
-    from trainmaster.aggregation.quantize import quantize_into
+    """Workers quantise straight into the outgoing packet, block by block through a small
+    scratch (several blocks and a partial one here): identical to rounding in float64, values
+    beyond the int32 range saturate, and de-quantising block by block is exact too."""
+    from trainmaster.aggregation.quantize import BLOCK, dequantize_into, quantize_into
 
     rng = np.random.default_rng(9)
-    x = (rng.standard_normal(10_000) * 1000).astype(np.float32)
+    x = (rng.standard_normal(2 * BLOCK + 1234) * 1000).astype(np.float32)
     for e in (0, 10, 17):
         buf = bytearray(40 + 4 * x.size)
         out = np.frombuffer(buf, np.int32, x.size, 40)
         quantize_into(x, e, out)
         assert out.tolist() == np.rint(np.ldexp(x.astype(np.float64), e)).astype(np.int64).tolist()
+        back = np.empty(x.size, np.float32)
+        dequantize_into(out, e, back)
+        assert np.array_equal(back, np.ldexp(out.astype(np.float64), -e).astype(np.float32))
     out = np.empty(x.size, np.int32)
     quantize_into(x, 40, out)
     assert set(np.abs(out[x != 0]).tolist()) == {int(INT_SATURATED)}

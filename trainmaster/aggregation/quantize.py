@@ -64,9 +64,16 @@ _F32_BELOW_2_31 = float(np.nextafter(np.float32(2.0**31), np.float32(0)))
 
 def quantize(chunk: np.ndarray, exponent: int, peak: float | None = None) -> np.ndarray:
     """Round to nearest (int32); values beyond the int32 range become the saturated value."""
-    out = np.empty(np.shape(chunk), dtype=np.int32)
-    quantize_into(np.asarray(chunk, dtype=np.float32), exponent, out, peak)
-    return out
+    flat = np.ascontiguousarray(chunk, dtype=np.float32).ravel()
+    out = np.empty(flat.size, dtype=np.int32)
+    quantize_into(flat, exponent, out, peak)
+    return out.reshape(np.shape(chunk))
+
+
+# elements per pass of the quantiser and de-quantiser: their float32 intermediate (256 KiB)
+# stays in the core's L2 cache instead of streaming a slice-sized temporary through the cache
+# the other processes share (2 workers, 64 MiB, in the running fabric: ~10% less time)
+BLOCK = 1 << 16
 
 
 def quantize_into(chunk: np.ndarray, exponent: int, out: np.ndarray,
@@ -76,16 +83,18 @@ def quantize_into(chunk: np.ndarray, exponent: int, out: np.ndarray,
 
     Fast path in float32: multiplying by a power of two is exact in float32 and ``rint`` of a
     float32 is exact, so the result equals the float64 computation whenever every scaled value
-    stays below 2**31 (checked from the chunk's peak); otherwise the float64 path clips. The
-    scaled values go to ``scratch`` (float32, at least the chunk's size; a reused buffer stays
-    in cache: measured 0.35 ms for 4 MiB against 0.47 ms scaling in ``out``'s own memory,
-    where the final conversion has to copy its overlapping input first)."""
+    stays below 2**31 (checked from the chunk's peak); otherwise the float64 path clips. It
+    runs block by block through ``scratch`` (float32, at least ``BLOCK`` elements; allocated
+    if None)."""
     peak = peak_magnitude(chunk) if peak is None else peak
     if -126 <= exponent <= 127 and peak * 2.0**exponent <= _F32_BELOW_2_31:
-        scaled = out.view(np.float32) if scratch is None else scratch[:chunk.size]
-        np.multiply(chunk, np.float32(2.0**exponent), out=scaled)
-        np.rint(scaled, out=scaled)
-        np.copyto(out, scaled, casting="unsafe")
+        scale = np.float32(2.0**exponent)
+        work = np.empty(BLOCK, np.float32) if scratch is None else scratch
+        for i in range(0, chunk.size, BLOCK):
+            scaled = work[:min(BLOCK, chunk.size - i)]
+            np.multiply(chunk[i:i + BLOCK], scale, out=scaled)
+            np.rint(scaled, out=scaled)
+            np.copyto(out[i:i + BLOCK], scaled, casting="unsafe")
         return
     wide = np.rint(np.ldexp(chunk.astype(np.float64), exponent))
     np.copyto(out, np.clip(wide, -INT_SATURATED, INT_SATURATED), casting="unsafe")
@@ -103,10 +112,13 @@ def dequantize_into(q: np.ndarray, exponent: int, out: np.ndarray) -> None:
     this equals rounding the exact float64 value to float32 (outside float32's normal range
     of scales it goes through float64)."""
     if -126 <= -exponent <= 127:
-        # convert, then scale in place: a mixed int32 * float32 multiply converts through
-        # a buffer and is slower
-        np.copyto(out, q, casting="unsafe")
-        np.multiply(out, np.float32(2.0**-exponent), out=out)
+        # convert, then scale in place, block by block (see BLOCK): a mixed int32 * float32
+        # multiply converts through a buffer and is slower
+        scale = np.float32(2.0**-exponent)
+        for i in range(0, q.size, BLOCK):
+            block = out[i:i + BLOCK]
+            np.copyto(block, q[i:i + BLOCK], casting="unsafe")
+            np.multiply(block, scale, out=block)
     else:
         out[...] = dequantize(q, exponent)
 

@@ -36,6 +36,7 @@ from trainmaster.aggregation.protocol import (
     values,
 )
 from trainmaster.aggregation.quantize import (
+    BLOCK,
     BlockFloat,
     Quantizer,
     dequantize_into,
@@ -150,7 +151,7 @@ class AggregationClient:
         self._heart: threading.Thread | None = None
         self._joined = False
         self._busy_round = 0
-        self._scratch = np.empty(self.chunk, dtype=np.float32)  # quantisation's work space
+        self._scratch = np.empty(BLOCK, dtype=np.float32)  # quantisation's work space
         self._srtt: float | None = None  # smoothed round trip of a slice (RFC 6298 style)
         self._rttvar = 0.0
 
