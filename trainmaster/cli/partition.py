@@ -67,7 +67,8 @@ def partition_command(
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key in ("critical_cut_count", "critical_cut_cost", "cut_count", "cut_cost", "max_load",
-                "avg_load", "balance", "makespan", "lower_bound", "device_graph_acyclic",
+                "avg_load", "balance", "makespan", "lower_bound", "path_cut_bound",
+                "device_graph_acyclic",
                 "memory_ok", "colocation_ok", "partition_seconds"):
         val = metrics[key]
         table.add_row(key, f"{val:.4g}" if isinstance(val, float) else str(val))

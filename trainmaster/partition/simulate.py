@@ -165,6 +165,92 @@ def lower_bound(graph: Graph, k: int) -> float:
     return max(critical_path_without_transfers(graph), float(graph.cost.sum()) / k)
 
 
+# Edge weights (per unit of transfer cost, nodes weigh 1) of the heaviest paths that
+# ``path_cut_bound`` tries: 0 is the critical path without transfers, 1 the one with every edge
+# charged; the ones between find paths that are long in compute and dear to cut.
+PATH_EDGE_WEIGHTS = (0.0, 0.01, 0.1, 0.3, 1.0)
+
+
+def path_cut_bound(graph: Graph, k: int, cap: float) -> float:
+    """A makespan lower bound for partitions whose every device load is <= ``cap``.
+
+    ``lower_bound`` ignores transfers, but on near-chain graphs a within-cap split must cut the
+    long path and pay for it: a run of consecutive path operators on one device holds at most
+    ``cap`` of compute, so the path is cut into runs of <= ``cap`` each and the edges between runs
+    cross devices; every path operator starts after its predecessor ends plus that transfer, so
+    the makespan is at least the path's compute plus the cheapest such set of cut edges
+    (``path_bound``). Applied to a few heaviest paths (``PATH_EDGE_WEIGHTS``); the max is kept.
+    Co-location and the memory cap only restrict partitions further, so they keep it valid."""
+    bound = lower_bound(graph, k)
+    for weight in PATH_EDGE_WEIGHTS:
+        nodes, links = heaviest_path(graph, weight)
+        bound = max(bound, path_bound(graph.cost[nodes].tolist(), links, cap))
+    return bound
+
+
+def path_bound(node_cost: list[float], link_cost: list[float], cap: float) -> float:
+    """Compute of a path plus the cheapest cut of it into runs of <= ``cap`` compute each.
+
+    ``link_cost[i]`` is the transfer between path operators i and i + 1. Any within-cap partition
+    cuts the path at least this dearly (each maximal same-device run fits on its device), which
+    implies the simpler argument too: the path spans >= ceil(W / cap) runs, so >= that - 1 cut
+    links, costing at least the sum of that many cheapest links. Exact DP over the position of
+    the last cut with a sliding-window minimum, O(length). inf when an operator alone exceeds
+    ``cap`` (no partition within the cap exists)."""
+    limit = cap * (1 + 1e-9)  # the tolerance `evaluate` uses for "balanced"
+    if any(w > limit for w in node_cost):
+        return float("inf")
+    prefix = [0.0]
+    for w in node_cost:
+        prefix.append(prefix[-1] + w)
+    n = len(node_cost)
+    # best[i]: cheapest cut of operators 0..i-1 into fitting runs, with a cut just before i
+    best = [0.0] * n
+    window: list[int] = []  # candidate run starts j, best[j] increasing
+    head, lo = 0, 0
+    for i in range(1, n + 1):
+        window.append(i - 1)
+        while head < len(window) - 1 and best[window[-1]] <= best[window[-2]]:
+            window.pop(-2)
+        while prefix[i] - prefix[window[head]] > limit:
+            head += 1
+        lo = best[window[head]]
+        if i < n:
+            best[i] = link_cost[i - 1] + lo
+    return prefix[n] + lo
+
+
+def heaviest_path(graph: Graph, edge_weight: float) -> tuple[list[int], list[float]]:
+    """The path maximising compute + ``edge_weight`` x transfer cost, as (operators in order,
+    transfer cost of each link). A link with parallel edges costs their max: the simulator waits
+    for the latest of them."""
+    pos = np.empty(graph.n, dtype=np.int64)
+    pos[graph.topo] = np.arange(graph.n)
+    order = np.argsort(pos[graph.src], kind="stable")
+    w = graph.cost.tolist()
+    into = [0.0] * graph.n  # heaviest path weight arriving at v, v's own cost excluded
+    prev = [-1] * graph.n
+    for s, d, c in zip(graph.src[order].tolist(), graph.dst[order].tolist(),
+                       graph.edge_cost[order].tolist()):
+        t = into[s] + w[s] + edge_weight * c
+        if t > into[d]:
+            into[d], prev[d] = t, s
+    end = int(np.argmax(np.asarray(into) + graph.cost)) if graph.n else -1
+    nodes: list[int] = []
+    while end >= 0:
+        nodes.append(end)
+        end = prev[end]
+    nodes.reverse()
+    links = [_link_cost(graph, u, v) for u, v in zip(nodes, nodes[1:])]
+    return nodes, links
+
+
+def _link_cost(graph: Graph, u: int, v: int) -> float:
+    """Transfer cost of u -> v (the max over parallel edges)."""
+    edges = graph.in_edge[graph.in_ptr[v]:graph.in_ptr[v + 1]]
+    return float(graph.edge_cost[edges[graph.src[edges] == u]].max())
+
+
 def load_cap(graph: Graph, k: int, imbalance: float, cluster: np.ndarray | None = None) -> float:
     """The balance cap: (1 + imbalance) * average load, or the heaviest unsplittable unit's load."""
     heaviest = float(graph.cost.max(initial=0.0))
@@ -208,6 +294,7 @@ def evaluate(graph: Graph, assignment: np.ndarray, k: int, imbalance: float = 0.
         "colocation_ok": colocation_respected(graph, assignment),
         "makespan": span,
         "lower_bound": lb,
+        "path_cut_bound": path_cut_bound(graph, k, cap),
         "device_graph_acyclic": device_graph_acyclic(graph, assignment, k),
     }
 

@@ -1,0 +1,109 @@
+"""The path-cut lower bound: no partition within the load cap has a lower simulated makespan."""
+
+import itertools
+import math
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trainmaster.partition import build_graph, evaluate, makespan
+from trainmaster.partition.simulate import (device_loads, heaviest_path, lower_bound, path_bound,
+                                            path_cut_bound)
+
+
+def chain(costs, links):
+    names = [str(i) for i in range(len(costs))]
+    return build_graph(names, costs, names[:-1], names[1:], links)
+
+
+def test_chain_must_be_cut_at_its_only_fitting_link():
+    """Known answer: 4 unit operators, cap 2, so the only single cut is the middle link (3);
+    two cuts (5 + 1) cost more. Bound 4 + 3 = 7, which the split [0, 0, 1, 1] attains."""
+    g = chain([1.0, 1.0, 1.0, 1.0], [5.0, 3.0, 1.0])
+    assert lower_bound(g, 2) == 4.0
+    assert path_cut_bound(g, 2, 2.0) == 7.0
+    assert makespan(g, np.array([0, 0, 1, 1])) == 7.0
+    ev = evaluate(g, np.array([0, 0, 1, 1]), 2, imbalance=0.0)
+    assert ev["path_cut_bound"] == 7.0 and ev["lower_bound"] == 4.0
+
+
+def test_runs_bound_is_stronger_than_cheapest_links():
+    """The chain above: ceil(4 / 2) = 2 devices, so >= 1 cut link; the cheapest link (1) gives
+    only 5, the run argument 7."""
+    assert path_bound([1.0] * 4, [5.0, 3.0, 1.0], 2.0) == 7.0
+    assert path_bound([1.0] * 4, [5.0, 3.0, 1.0], 4.0) == 4.0  # fits on one device: no cut
+
+
+def test_side_path_with_dear_links_sets_the_bound():
+    """Known answer: a fork a -> {b, c} -> d, compute 4, 4, 1, 1, cap 5 (k = 2). The heaviest
+    compute path a-b-d (9) can be cut at a 1-cost link: 10. But a-c-d (6 > 5) must be cut at a
+    50-cost link: 56, and the best within-cap partition ({a, c}, {b, d}) attains 56."""
+    g = build_graph(["a", "b", "c", "d"], [4.0, 4.0, 1.0, 1.0],
+                    ["a", "a", "b", "c"], ["b", "c", "d", "d"], [1.0, 50.0, 1.0, 50.0])
+    nodes, links = heaviest_path(g, 0.0)
+    assert nodes == [0, 1, 3] and links == [1.0, 1.0]
+    assert path_bound(g.cost[nodes].tolist(), links, 5.0) == 10.0
+    assert heaviest_path(g, 1.0)[0] == [0, 2, 3]
+    assert path_cut_bound(g, 2, 5.0) == 56.0
+    best = min(makespan(g, np.array(p)) for p in itertools.product(range(2), repeat=4)
+               if device_loads(g, np.array(p), 2).max() <= 5.0)
+    assert best == 56.0
+
+
+def test_operator_over_the_cap_means_no_partition():
+    assert path_bound([3.0, 1.0], [1.0], 2.0) == math.inf
+
+
+@st.composite
+def small_dags(draw):
+    n = draw(st.integers(2, 6))
+    costs = [float(draw(st.integers(0, 6))) for _ in range(n)]
+    src, dst, ecost = [], [], []
+    for v in range(1, n):
+        for u in range(v):
+            if draw(st.booleans()):
+                src.append(str(u))
+                dst.append(str(v))
+                ecost.append(float(draw(st.integers(0, 8))))
+    return build_graph([str(i) for i in range(n)], costs, src, dst, ecost)
+
+
+@settings(max_examples=80, deadline=None)
+@given(small_dags(), st.integers(2, 3), st.sampled_from([0.0, 0.05, 0.3, 1.0]))
+def test_no_partition_within_the_cap_beats_the_bound(g, k, imbalance):
+    """Property: brute force over every assignment of a tiny DAG; each one whose loads are all
+    within the cap has makespan >= the bound (and the bound is >= the old LB)."""
+    cap = max((1 + imbalance) * float(g.cost.sum()) / k, float(g.cost.max()))
+    bound = path_cut_bound(g, k, cap)
+    assert bound >= lower_bound(g, k)
+    for p in itertools.product(range(k), repeat=g.n):
+        part = np.array(p, dtype=np.int64)
+        if device_loads(g, part, k).max() <= cap * (1 + 1e-9):
+            assert makespan(g, part) >= bound - 1e-9
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=7), st.data())
+def test_path_bound_is_the_cheapest_fitting_cut(costs, data):
+    """Property: the DP equals brute force over every set of cut links whose runs fit the cap,
+    and is never below the cheapest (ceil(W / cap) - 1) links."""
+    w = [float(c) for c in costs]
+    links = [float(data.draw(st.integers(0, 9))) for _ in range(len(w) - 1)]
+    cap = float(data.draw(st.integers(max(costs), max(sum(costs), max(costs)))))
+    if cap == 0:
+        return
+    best = math.inf
+    for cuts in itertools.product([False, True], repeat=len(links)):
+        runs, run = [], w[0]
+        for i, cut in enumerate(cuts):
+            if cut:
+                runs.append(run)
+                run = 0.0
+            run += w[i + 1]
+        runs.append(run)
+        if max(runs) <= cap:
+            best = min(best, sum(c for c, cut in zip(links, cuts) if cut))
+    assert path_bound(w, links, cap) == sum(w) + best
+    m = math.ceil(sum(w) / cap)
+    assert path_bound(w, links, cap) >= sum(w) + sum(sorted(links)[:max(m - 1, 0)])
