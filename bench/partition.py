@@ -214,24 +214,27 @@ def _bound_case(graph: str, k: int, o: dict, m: dict) -> dict:
 
 
 def _bound_summary(bounds: list[dict]) -> dict:
-    """The goal "median excess ratio <= 0.5" judged against the path-cut bound. A case makes it
-    provably unreachable when best > 0.5 and METIS's partition is within the cap (the bound
-    covers within-cap partitions only: a METIS partition over the cap may beat it, so those
-    cases are counted apart). The median of best is a floor for the median excess ratio of any
-    method that stays within the cap in every case."""
-    best = [b["best"] for b in bounds if b["best"] is not None]
-    fair = [b for b in bounds if b["best"] is not None and b["metis_within_cap"]]
-    unfair = [b for b in bounds if b["best"] is not None and not b["metis_within_cap"]]
-    vs = [b["ours_vs_bound"] for b in bounds if b["ours_vs_bound"] is not None]
+    """The goal "median excess ratio <= 0.5" judged against the path-cut bound, over the cases
+    where ours is within the load cap (the bound covers within-cap partitions only; where ours
+    is over the cap, e.g. bert24 k = 4, 8, the ILP proves no partition fits, it says nothing).
+    There ours' excess ratio >= best, so the median of best is a floor for ours' median. A case
+    makes the goal provably unreachable when best > 0.5 and METIS's partition is within the cap
+    too; where METIS's is over the cap (it may beat the bound) the cases are counted apart."""
+    fits = [b for b in bounds if b["best"] is not None and b["ours_within_cap"]]
+    fair = [b for b in fits if b["metis_within_cap"]]
+    unfair = [b for b in fits if not b["metis_within_cap"]]
+    vs = [b["ours_vs_bound"] for b in fits if b["ours_vs_bound"] is not None]
     return {
         "bound_cases": bounds,
-        "median_best_possible_excess_ratio": statistics.median(best) if best else None,
+        "median_best_possible_excess_ratio":
+            statistics.median([b["best"] for b in fits]) if fits else None,
+        "median_best_possible_excess_ratio_metis_within_cap":
+            statistics.median([b["best"] for b in fair]) if fair else None,
         "goal_unreachable_cases": f"{sum(b['best'] > 0.5 for b in fair)}/{len(fair)}",
         "metis_over_cap_cases_best_above_half":
             f"{sum(b['best'] > 0.5 for b in unfair)}/{len(unfair)}",
         "median_ours_vs_bound_ratio": statistics.median(vs) if vs else None,
-        "median_best_possible_excess_ratio_metis_within_cap":
-            statistics.median([b["best"] for b in fair]) if fair else None,
+        "ours_at_bound": f"{sum(b['ours'] <= b['bound'] * (1 + 1e-9) for b in fits)}/{len(fits)}",
     }
 
 
@@ -243,12 +246,15 @@ def _goal_rows(s: dict, label: str) -> list[str]:
         f"| {label}: median (ours - LB) / (METIS - LB), goal <= 0.5 | "
         f"{_fmt(s['median_excess_ratio_vs_metis'])} |",
         f"| {label}: best excess ratio any within-cap partition could reach, (B - LB) / "
-        f"(METIS - LB), B = path-cut bound | median {_fmt(s.get('median_best_possible_excess_ratio'))}"
-        f" (METIS within the cap: {_fmt(s.get('median_best_possible_excess_ratio_metis_within_cap'))}"
-        f"); goal <= 0.5 provably unreachable (best > 0.5, METIS within the cap) in "
-        f"{s.get('goal_unreachable_cases', 'n/a')} cases; METIS over the cap, best > 0.5: "
+        f"(METIS - LB), B = path-cut bound (cases where ours is within the cap) | median "
+        f"{_fmt(s.get('median_best_possible_excess_ratio'))} (where METIS is within the cap "
+        f"too: {_fmt(s.get('median_best_possible_excess_ratio_metis_within_cap'))}); goal <= 0.5 "
+        f"provably unreachable (best > 0.5, METIS within the cap) in "
+        f"{s.get('goal_unreachable_cases', 'n/a')} cases; METIS over the cap and best > 0.5 in "
         f"{s.get('metis_over_cap_cases_best_above_half', 'n/a')} |",
-        f"| {label}: median (ours - B) / (METIS - B) | {_fmt(s.get('median_ours_vs_bound_ratio'))} |",
+        f"| {label}: median (ours - B) / (METIS - B) (same cases) | "
+        f"{_fmt(s.get('median_ours_vs_bound_ratio'))}; ours at B (provably optimal makespan "
+        f"within the cap): {s.get('ours_at_bound', 'n/a')} |",
         f"| {label}: cost-weighted critical cut below METIS, goal >= 80% | "
         f"{s['critical_cut_cost_below_metis']} below; {s['critical_cut_cost_equal_metis']} equal "
         f"({s['critical_cut_cost_equal_at_ilp_optimum']} equal at the ILP optimum); "
