@@ -68,7 +68,8 @@ def _ours_worker(rank: int, world: int, switch: Any, sizes: list[int], reps: int
             t0 = time.perf_counter()
             client.allreduce(x, out=result)
             out.put((size, rank, time.perf_counter() - t0))
-        start.wait()
+        start.wait()  # done: the parent reads every process' CPU time now
+        start.wait()  # read: go on (or exit)
     client.close()
 
 
@@ -91,7 +92,8 @@ def _gloo_worker(rank: int, world: int, port: int, sizes: list[int], reps: int, 
             t0 = time.perf_counter()
             dist.all_reduce(y)
             out.put((size, rank, time.perf_counter() - t0))
-        start.wait()
+        start.wait()  # done: the parent reads every process' CPU time now
+        start.wait()  # read: go on (or exit)
     dist.destroy_process_group()
 
 
@@ -137,7 +139,8 @@ def run_variant(variant: str, world: int, sizes: list[int], reps: int) -> dict[i
                 _, rank, dt = out.get(timeout=300)
                 by_rank[rank].append(dt)  # each rank reports its repetitions in order
             start.wait(timeout=300)
-            cpu = _cpu_seconds(pids) - cpu0
+            cpu = _cpu_seconds(pids) - cpu0  # before any process may exit and drop out of it
+            start.wait(timeout=300)
             # a repetition lasts until its slowest rank has the result
             per_rep = [max(by_rank[r][i] for r in range(world)) for i in range(reps)]
             med = statistics.median(per_rep)
