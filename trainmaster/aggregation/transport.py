@@ -19,6 +19,13 @@ dropped like a lost datagram. A ring that stays full (the receiver is gone or st
 packet after ``full_wait`` seconds, counted in ``ring_full_drops``: the protocol's timers recover.
 Every transport understands descriptors, so a UDP-only node can receive from a shared-memory one.
 
+Fewer copies on shared memory: ``packet`` reserves the next packet in the ring, so the sender
+builds it where the receiver reads it; ``retain`` keeps a received packet's ring space from being
+reused (the consumed position stops before it) until ``release``, so a node can sum packets
+where they lie; ``share`` writes values once into a *result store* (a ``memfd`` of the sending
+node) that any process of the host reads in place through a small reference (``shared``), with
+``shared_intact`` telling the reader afterwards whether the space was reused meanwhile.
+
 Fault injection: seeded, per link (this socket -> one destination), applied on the sending side
 with its own ``random.Random`` seeded from (seed, node name, destination), so a run with the same
 seed and packet order injects the same faults. Reordering holds a packet back for a few
