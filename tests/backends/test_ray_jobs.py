@@ -53,6 +53,64 @@ def test_server_client_dependency_job_succeeds_on_ray(ray_harness: Harness) -> N
     assert events(status, "Admitted")  # its placement group was reserved first
 
 
+def test_a_port_taken_on_the_node_is_replaced_and_the_address_follows(
+        ray_harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Placement after start on Ray: the port the controller reserved for the server is taken on
+    the node Ray chose (Ray's own workers hold ports there too). The attempt gets a free port of
+    that node instead of failing, and the address the registry publishes follows it, so the
+    clients still reach the server."""
+    import socket
+
+    from trainmaster.backends.base import Placement
+
+    taken = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    taken.bind((RAY_NODE_IP, 0))  # bound, not listening: a client sent here would be refused
+    port = taken.getsockname()[1]
+    ports = ray_harness.backend._ports
+    real_place = ports.place
+    placed: list[Placement] = []
+
+    def place(count: int, resources: dict[str, Any]) -> Placement:
+        placement = real_place(count, resources) if placed else Placement("127.0.0.1", [port])
+        placed.append(placement)
+        return placement
+
+    monkeypatch.setattr(ports, "place", place)  # the server is placed first (dependency order)
+    try:
+        state, status = ray_harness.run(server_client_job("moved", clients=2))
+    finally:
+        taken.close()
+    assert state == "succeeded", status["events"]
+    server = next(i for i in status["instances"] if i["role"] == "server")
+    assert server["address"].startswith(f"{RAY_NODE_IP}:") and server["address"] != f"{RAY_NODE_IP}:{port}"
+    for client in (i for i in status["instances"] if i["role"] == "client"):
+        assert f"TM_SERVICE_SERVER={server['address']}" in Path(client["logPath"]).read_text()
+
+
+def test_stopping_an_attempt_whose_start_was_refused_is_quiet(ray_backend: Any, tmp_path: Path) -> None:
+    """Stop on Ray: an attempt the node refused to start (its workingDir is missing) never ran,
+    so a stop that comes before any poll (a job cancelled at once) has nothing to ask its actor
+    and ends quietly; the attempt then reads as a failed start."""
+    from trainmaster.backends.base import LaunchRequest, Phase
+    from trainmaster.runtime.files import InstanceFiles
+
+    placement = ray_backend.place(1, {})
+    files = InstanceFiles(tmp_path / "refused")
+    files.write_launch({"argv": ["true"], "cwd": None, "env": {}, "role_env": {}, "depends": [], "db_url": "",
+                        "job_id": 1, "framework": "command",
+                        "context": {"job_name": "t", "role": "refused", "index": 0, "replicas": 1,
+                                    "role_replicas": {"refused": 1}, "host": placement.host,
+                                    "ports": placement.ports, "params": {}, "output_dir": str(tmp_path)}})
+    request = LaunchRequest(job_id=1, job_name="t", role="refused", index=0, attempt=1, placement=placement,
+                            launch_file=str(files.launch), instance_dir=str(files.dir),
+                            log_path=str(tmp_path / "refused.log"), argv=["true"], env={},
+                            cwd=str(tmp_path / "missing"))
+    [handle] = list(ray_backend.start_all([request]))
+    ray_backend.stop([handle], grace=30)  # waits for the start call's outcome, then asks nothing
+    obs = ray_backend.poll(handle)
+    assert obs.phase == Phase.EXITED and obs.reason == "StartFailed" and "missing" in obs.message
+
+
 def test_gang_stays_pending_with_the_reason_until_ray_can_place_it(ray_harness: Harness) -> None:
     """Another tenant of the cluster holds every CPU: the controller's own accounting admits the
     job, but Ray cannot place its placement group, so nothing starts and the reason says why."""

@@ -76,6 +76,7 @@ class Observation:
     reason: str = ""
     message: str = ""
     host: str = ""  # where it runs, when the backend learns that only after start (Ray's node)
+    ports: list[int] | None = None  # its ports, when that node had to give it others than reserved
     # when the attempt's command started (epoch seconds), where the backend knows it: an attempt
     # can pass its wait step, run and end between two polls without ever being seen running
     command_started: float | None = None

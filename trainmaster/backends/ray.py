@@ -80,7 +80,7 @@ class InstanceActor:
 
     def poll(self) -> Observation:
         assert self._handle is not None, "poll before start"
-        return replace(self._local.poll(self._handle), host=self._node_ip)
+        return replace(self._local.poll(self._handle), host=self._node_ip, ports=self._handle["ports"])
 
     def stop(self, grace: float) -> Observation:
         assert self._handle is not None, "stop before start"
@@ -90,24 +90,33 @@ class InstanceActor:
 
 def bind_to_node(request: LaunchRequest, node_ip: str) -> LaunchRequest:
     """Move an attempt to the node Ray placed it on: the controller chose its host and ports
-    before Ray chose the node, so check the ports are free there, put the node's address in the
-    launch file and (without a wait step) recompute the environment from it."""
+    before Ray chose the node, so keep each port that is free there and take a free one of the
+    node's for any that is not (Ray's own workers hold ports of the node too), then put the
+    node's address in the launch file and (without a wait step) recompute the environment."""
     if request.placement.host == node_ip:
         return request
-    for port in request.placement.ports:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            try:
-                probe.bind((node_ip, port))
-            except OSError as exc:
-                raise OSError(exc.errno, f"port {port} is taken on node {node_ip}") from None
+    ports = _ports_on_node(node_ip, request.placement.ports)
     files = InstanceFiles(request.instance_dir)
     launch = files.read_launch()
-    launch["context"]["host"] = node_ip
+    launch["context"]["host"], launch["context"]["ports"] = node_ip, ports
     env = instance_environment(launch, {}) if not request.gated else request.env
     if not request.gated:
         launch["env"] = env
     files.write_launch(launch)
-    return replace(request, placement=Placement(node_ip, request.placement.ports), env=env)
+    return replace(request, placement=Placement(node_ip, ports), env=env)
+
+
+def _ports_on_node(node_ip: str, wanted: list[int]) -> list[int]:
+    """``wanted``, with each port that is taken on ``node_ip`` replaced by a free one there."""
+    ports: list[int] = []
+    for port in wanted:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((node_ip, port))
+            except OSError:
+                probe.bind((node_ip, 0))
+            ports.append(probe.getsockname()[1])
+    return ports
 
 
 @dataclass
@@ -212,16 +221,9 @@ class RayBackend(Backend):
             if not ready:
                 return Observation(Phase.STARTING, reason="ActorPending",
                                    message="waiting for Ray to place the actor and start its worker")
-            del self._starting[name]
-            try:
-                ray.get(started)
-            except RayActorError as exc:
-                return self._gone(handle, f"the actor died while starting: {_first_line(exc)}")
-            except RayTaskError as exc:  # the node's OS refused the command (e.g. no workingDir)
-                refused = Observation(Phase.EXITED, exit_code=127, reason="StartFailed",
-                                      message=f"could not start: {_first_line(exc.cause or exc)}")
-                self._let_go(name, refused)
-                return refused
+            failed = self._failed_start(handle, started)
+            if failed is not None:
+                return failed
         try:
             obs = ray.get(actor.poll.remote(), timeout=CALL_TIMEOUT)
         except GetTimeoutError:
@@ -232,6 +234,21 @@ class RayBackend(Backend):
         if obs.phase in (Phase.EXITED, Phase.LOST):
             self._let_go(name, obs)
         return obs
+
+    def _failed_start(self, handle: dict[str, Any], started: Any) -> Observation | None:
+        """How a finished start call failed (its attempt then ended), or None if it succeeded."""
+        name = handle["actor"]
+        self._starting.pop(name, None)
+        try:
+            ray.get(started)
+        except RayActorError as exc:
+            return self._gone(handle, f"the actor died while starting: {_first_line(exc)}")
+        except RayTaskError as exc:  # the node's OS refused the command (e.g. no workingDir)
+            refused = Observation(Phase.EXITED, exit_code=127, reason="StartFailed",
+                                  message=f"could not start: {_first_line(exc.cause or exc)}")
+            self._let_go(name, refused)
+            return refused
+        return None
 
     def _actor(self, handle: dict[str, Any]) -> Any:
         name = handle["actor"]
@@ -282,7 +299,8 @@ class RayBackend(Backend):
                 ray.kill(actor, no_restart=True)  # Ray never got it going: ending the actor is enough
                 self._gone(handle, "stopped before Ray started it")
                 continue
-            self._starting.pop(name, None)
+            if started is not None and self._failed_start(handle, started) is not None:
+                continue  # it never ran: nothing to stop
             calls[name] = actor.stop.remote(grace)
         for handle in handles:
             call = calls.get(handle["actor"])

@@ -205,8 +205,8 @@ class Controller:
             if inst.state not in LIVE or not inst.handle:
                 continue
             obs = self._unreachable_for_too_long(inst, self.backend.poll(inst.handle))
-            if obs.host and obs.host != inst.host:  # placed on a node after start (Ray)
-                inst.host, inst.address = obs.host, Placement(obs.host, list(inst.ports or [])).address
+            if (obs.host and obs.host != inst.host) or (obs.ports is not None and obs.ports != inst.ports):
+                self._move(inst, obs)
             if obs.phase == Phase.UNREACHABLE:
                 self._mark_unknown(session, job, inst, obs)
             elif inst.state == I.UNKNOWN.value and obs.phase in (Phase.RUNNING, Phase.STARTING):
@@ -214,12 +214,21 @@ class Controller:
             elif obs.phase == Phase.RUNNING and inst.state == I.STARTING.value:
                 self._mark_running(session, job, inst)
             elif obs.phase == Phase.STARTING and obs.reason and inst.reason != obs.reason:
-                inst.reason, inst.message = obs.reason, "in its dependency wait step"
+                inst.reason, inst.message = obs.reason, obs.message or "in its dependency wait step"
             elif obs.phase in (Phase.EXITED, Phase.LOST):
                 if obs.reason == "Unreachable":  # it may still run over there: ask it to stop first
                     self.backend.stop([inst.handle], self.grace)
                 free = self._on_exit(session, job, spec.spec.role(inst.role), inst, obs, free)
         return free
+
+    def _move(self, inst: InstanceRow, obs: Observation) -> None:
+        """Where the backend placed an instance after its start (Ray's node, and the ports that
+        node could give it): the address the registry will publish follows."""
+        ports = obs.ports if obs.ports is not None else list(inst.ports or [])
+        host = obs.host or inst.host or ""
+        if ports != list(inst.ports or []):
+            self.backend.release(Placement(inst.host or "", list(inst.ports or [])))
+        inst.host, inst.ports, inst.address = host, ports, Placement(host, ports).address
 
     def _unreachable_for_too_long(self, inst: InstanceRow, obs: Observation) -> Observation:
         """An instance whose host stays silent past ``unreachable_grace`` is taken as lost, so
