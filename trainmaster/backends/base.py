@@ -101,7 +101,7 @@ class Backend(ABC):
 
     def start_all(self, requests: list[LaunchRequest]) -> Iterator[dict[str, Any] | OSError]:
         """Start several attempts; their handles come back in order, each as soon as it is
-        known, so the caller records one while the backend starts the next. One the OS refuses
+        known, so the caller records one before the next starts. One the OS refuses
         (a missing working directory, an executable that cannot run) comes back as its
         ``OSError`` and the others still start."""
         return (start_or_error(self, request) for request in requests)

@@ -360,7 +360,7 @@ class Controller:
         The intent (state starting, attempt + 1) is committed before any process is spawned,
         so a controller that crashes in between finds the instance again by its launch file
         (:meth:`recover`) instead of starting a second copy. Each started instance is recorded
-        as soon as the backend hands back its handle, while the backend starts the next ones.
+        as soon as the backend hands back its handle, before the next one starts.
         """
         now = utcnow()
         order = {r.name: n for n, r in enumerate(_dependency_order(spec))}
