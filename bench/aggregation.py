@@ -224,7 +224,7 @@ def main() -> None:
     parser.add_argument("--sizes", default=None,
                         help="comma-separated tensor sizes in MiB (default 1,4,16,64)")
     parser.add_argument("--variants", default=",".join(ALL_VARIANTS),
-                        help="comma-separated subset of " + ", ".join(ALL_VARIANTS))
+                        help="comma-separated subset of " + ", ".join(ALL_VARIANTS).replace("%", "%%"))
     parser.add_argument("--rounds", type=int, default=2,
                         help="each cell's variants run interleaved this many times; the "
                              "repetitions are split over the rounds")
