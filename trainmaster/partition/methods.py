@@ -167,7 +167,7 @@ def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int,
     else:
         used = 0
     candidates = {s[2]: {"overload": s[0], "makespan": s[1],
-                         "critical_cut": float(guarded[s[3][graph.src] != s[3][graph.dst]].sum())}
+                         "critical_cut": _cut_cost(graph, guarded, s[3])}
                   for s in scored}
     return best, {"chosen": label, "descent_simulations": used, "makespan": span,
                   "candidates": candidates}
@@ -185,8 +185,8 @@ def _candidates(graph: Graph, k: int, imbalance: float, seed: int, cap: float, m
     """Initial partitions, named. Contiguous splits of the topological order (a chain of
     stages; with ``acyclic`` also by earliest start, so branches that run at the same time share
     a stage), capped list scheduling (charging a cut critical edge the final choice's penalty)
-    and with the critical path pinned (CPOP), METIS on the critical-weighted coarse graph, and METIS as the baseline runs it (so ours can always
-    fall back to METIS's partition)."""
+    and with the critical path pinned (CPOP), METIS on the critical-weighted coarse graph, and
+    METIS as the baseline runs it (so ours can always fall back to METIS's partition)."""
     out: dict[str, np.ndarray] = {}
     orders = [("acyclic", None)]
     if acyclic:
@@ -221,10 +221,14 @@ def _choose(graph: Graph, scored: list, guarded: np.ndarray) -> tuple:
         pool = [s for s in pool if s[1] <= metis[0][1]]
 
     def score(s: tuple) -> tuple[float, float]:
-        cut = float(guarded[s[3][graph.src] != s[3][graph.dst]].sum())
-        return s[1] + CUT_PENALTY * cut, s[1]
+        return s[1] + CUT_PENALTY * _cut_cost(graph, guarded, s[3]), s[1]
 
     return min(pool, key=score)
+
+
+def _cut_cost(graph: Graph, edge_cost: np.ndarray, assignment: np.ndarray) -> float:
+    """Total ``edge_cost`` of the edges ``assignment`` cuts."""
+    return float(edge_cost[assignment[graph.src] != assignment[graph.dst]].sum())
 
 
 def _memory_over(graph: Graph, a: np.ndarray, k: int, mem_cap: float) -> bool:
