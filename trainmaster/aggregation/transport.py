@@ -175,8 +175,7 @@ class _Ring:
         return pos
 
     def view(self, pos: int, n: int) -> memoryview:
-        at = _RING_HEADER + pos % self.capacity
-        return memoryview(self.map)[at:at + n]
+        return _region(self.map, self.capacity, pos, n)
 
     def write(self, pos: int, parts: list[Buffer]) -> None:
         at = _RING_HEADER + pos % self.capacity
@@ -189,6 +188,12 @@ class _Ring:
     def close(self) -> None:
         _close_map(self.map)
         os.close(self.fd)
+
+
+def _region(m: mmap.mmap, capacity: int, pos: int, n: int) -> memoryview:
+    """The ``n`` bytes at stream position ``pos`` of a ring or store mapping (after its header)."""
+    at = _RING_HEADER + pos % capacity
+    return memoryview(m)[at:at + n]
 
 
 def _close_map(m: mmap.mmap) -> None:
@@ -247,8 +252,7 @@ class _Store:
         struct.pack_into("=Q", self.map, 8, tail)
 
     def view(self, pos: int, n: int) -> memoryview:
-        at = _RING_HEADER + pos % self.capacity
-        return memoryview(self.map)[at:at + n]
+        return _region(self.map, self.capacity, pos, n)
 
     def close(self) -> None:
         _close_map(self.map)
@@ -269,8 +273,7 @@ class _StoreView:
         return _RING_META.unpack_from(self.map, 0)[1] <= pos
 
     def view(self, pos: int, n: int) -> memoryview:
-        at = _RING_HEADER + pos % self.capacity
-        return memoryview(self.map)[at:at + n]
+        return _region(self.map, self.capacity, pos, n)
 
     def close(self) -> None:
         _close_map(self.map)
