@@ -13,7 +13,9 @@ two moments are measured per run, both from just before the submit call:
 * **processes**: every replica's command has really started (its marker file exists).
 
 Our controller is driven through its Python API (as ``tests/conftest.py`` does): one
-``Controller.step()`` per ``INTERVAL`` seconds, a fresh SQLite store per run.
+``Controller.step()`` per ``INTERVAL`` seconds. Like ``trainmaster server`` (and like TorchX's
+runner, which is also made once), one controller and its SQLite store take every run's job in
+turn; each run's job is cancelled before the next is submitted.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ class Ours:
     """A controller over a fresh store in ``workdir``, driven one reconcile pass at a time."""
 
     def __init__(self, backend: Backend, workdir: Path):
+        workdir.mkdir(parents=True, exist_ok=True)
         self.url = f"sqlite:///{workdir / 'store.db'}"
         self.sessions = session_factory(make_engine(self.url))
         self.controller = Controller(self.sessions, backend, self.url, interval=INTERVAL, grace=2.0,
@@ -95,11 +98,10 @@ class Ours:
         self.until(lambda: self.state(job_id) in ("cancelled", "succeeded", "failed"), "cancel")
 
 
-def ours_to_running(backend: Backend, replicas: int, scratch: Path) -> tuple[float, float]:
+def ours_to_running(ours: Ours, replicas: int, scratch: Path) -> tuple[float, float]:
     workdir = Path(tempfile.mkdtemp(dir=scratch))
     markers = workdir / "markers"
     markers.mkdir()
-    ours = Ours(backend, workdir)
     moments: dict[str, float] = {}
     start = time.perf_counter()
     job_id = ours.submit("bench", [{"name": "worker", "replicas": replicas, "command": command(markers)}])
@@ -191,14 +193,14 @@ def kill_to_replacement(backend: Backend, kills: int, scratch: Path) -> list[flo
     return samples
 
 
-def profile_local(replicas: int, scratch: Path) -> list[dict[str, Any]]:
+def profile_local(ours: Ours, replicas: int, scratch: Path) -> list[dict[str, Any]]:
     """Where one local submit-to-running goes (cProfile, cumulative seconds, our code and spawning)."""
     import cProfile
     import pstats
 
     profiler = cProfile.Profile()
     profiler.enable()
-    ours_to_running(LocalBackend(), replicas, scratch)
+    ours_to_running(ours, replicas, scratch)
     profiler.disable()
     rows = []
     for (path, line, func), (_cc, calls, _tt, cum, _callers) in pstats.Stats(profiler).stats.items():  # type: ignore[attr-defined]
@@ -237,7 +239,8 @@ def main() -> None:
 
     systems: dict[str, Callable[[int], tuple[float, float]]] = {}
     local = LocalBackend()
-    systems["trainmaster local"] = lambda n: ours_to_running(local, n, scratch)
+    local_ours = Ours(local, scratch / "local")
+    systems["trainmaster local"] = lambda n: ours_to_running(local_ours, n, scratch)
     if not args.no_ray:
         try:
             from trainmaster.backends.ray import RayBackend
@@ -248,7 +251,8 @@ def main() -> None:
             import ray
 
             results["meta"]["ray"] = ray.__version__
-            systems["trainmaster ray"] = lambda n: ours_to_running(ray_backend, n, scratch)
+            ray_ours = Ours(ray_backend, scratch / "ray")
+            systems["trainmaster ray"] = lambda n: ours_to_running(ray_ours, n, scratch)
         except ImportError as exc:
             results["meta"]["ray"] = f"not measured: {exc}"
     if not args.no_torchx:
@@ -282,7 +286,7 @@ def main() -> None:
     local64, torchx64 = (results["submit_to_running"].get(name, {}).get(str(SIZES[-1]))
                          for name in ("trainmaster local", "torchx local_cwd"))
     if local64 and torchx64 and local64["processes"]["median_s"] > torchx64["processes"]["median_s"]:
-        results["profile_local"] = {"replicas": SIZES[-1], "top": profile_local(SIZES[-1], scratch)}
+        results["profile_local"] = {"replicas": SIZES[-1], "top": profile_local(local_ours, SIZES[-1], scratch)}
 
     jobs = 200 if args.quick else 1000
     drains = [drain(jobs, slots=DRAIN_SLOTS, scratch=scratch)]  # one run: the rate is over all the jobs
