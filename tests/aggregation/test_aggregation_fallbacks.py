@@ -171,3 +171,17 @@ def test_torch_tensors_are_accepted(tier_factory) -> None:
     [t.join(30) for t in ts]
     assert isinstance(got[0], torch.Tensor) and got[0].shape == (3, 5)
     assert torch.allclose(got[1], torch.full((3, 5), 3.0))
+
+
+def test_a_job_id_used_again_by_new_workers_starts_a_new_job(tier_factory) -> None:
+    """Membership (HELLO/WELCOME barrier): a job id whose workers all said BYE, used again by a
+    fresh set of workers (a rerun of the same job), is a new job at the parameter node: its
+    rounds start again from the first and are reduced, not dropped as old rounds."""
+    tier = tier_factory()
+    config = WorkerConfig(chunk=1024, timeout=10.0)
+    first = random_inputs(1, 2, 4096, 3, seed=1)
+    assert_exact(first, reduce_all(tier, first, 2, config))
+    again = random_inputs(1, 2, 4096, 2, seed=2)
+    assert_exact(again, reduce_all(tier, again, 2, config))
+    assert query(tier.ps.address)["jobs_failed"] == 0
+    _slots_free(tier)

@@ -111,7 +111,9 @@ class ParameterNode:
     # ---- up-going -------------------------------------------------------------------------
     def _on_hello(self, h: Header, body: bytes | memoryview, src: Address) -> None:
         job = self.jobs.get(h.job)
-        if job is None or job.failed or job.fan_in != h.fan_in:
+        # a failed job, another world size, or a worker that said BYE joining again: the job id
+        # is being used again (a rerun), so it is a new job whose rounds start from the first
+        if job is None or job.failed or job.fan_in != h.fan_in or job.left & h.bitmap:
             if job is not None:
                 self._close_watches(job)
                 self._retire(job)
@@ -286,6 +288,12 @@ class ParameterNode:
             return False
         return fd < 0 or bool(select.select([fd], [], [], 0)[0])  # readable once it exited
 
+    def _end(self, job_id: int, job: _Job) -> None:
+        """Forget a job every worker has left (a failed one stays listed with its reason)."""
+        self._close_watches(job)
+        self._retire(job)
+        del self.jobs[job_id]
+
     @staticmethod
     def _close_watches(job: _Job) -> None:
         for _, fd in job.processes.values():
@@ -362,6 +370,8 @@ class ParameterNode:
             job = self.jobs.get(h.job)
             if job is not None:
                 job.left |= h.bitmap
+                if job.left == full_mask(job.fan_in) and not job.failed:
+                    self._end(h.job, job)
         elif h.kind == Kind.STATS:
             self.transport.send(encode(h, json.dumps(self.stats()).encode()), src, control=True)
         elif h.kind == Kind.SHUTDOWN:
