@@ -148,28 +148,27 @@ class LocalBackend(Backend):
         live = [h for h in handles if self.poll(h).phase in (Phase.STARTING, Phase.RUNNING)]
         for handle in live:
             _signal_group(handle["pid"], signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        for handle in live:
-            if not self._wait_gone(handle, deadline):
-                _signal_group(handle["pid"], signal.SIGKILL)
-                self._wait_gone(handle, time.monotonic() + 5)
+        left = self._wait_gone(live, time.monotonic() + grace)
+        for handle in left:
+            _signal_group(handle["pid"], signal.SIGKILL)
+        self._wait_gone(left, time.monotonic() + 5)
 
-    def _wait_gone(self, handle: dict[str, Any], deadline: float) -> bool:
-        child = self._children.get(handle["pid"])
-        remaining = max(0.0, deadline - time.monotonic())
-        if child is not None:
-            try:
-                child.wait(timeout=remaining)
-                return _group_gone(handle["pid"], deadline)
-            except subprocess.TimeoutExpired:
-                return False
-        try:
-            psutil.Process(handle["pid"]).wait(timeout=remaining)
-        except psutil.NoSuchProcess:
-            pass
-        except psutil.TimeoutExpired:
-            return False
-        return _group_gone(handle["pid"], deadline)
+    def _wait_gone(self, handles: list[dict[str, Any]], deadline: float) -> list[dict[str, Any]]:
+        """Wait (sleeping, not spinning) until no live process of each handle's group is left;
+        returns the handles whose group still has one at ``deadline``. One scan of the process
+        table per wait step serves every group, so stopping many instances stays cheap."""
+        delay = 0.005
+        while True:
+            for handle in handles:  # reap our own children, so they do not linger as zombies
+                child = self._children.get(handle["pid"])
+                if child is not None and child.poll() is not None:
+                    del self._children[handle["pid"]]
+            alive = _live_groups({h["pid"] for h in handles})
+            handles = [h for h in handles if h["pid"] in alive]
+            if not handles or time.monotonic() >= deadline:
+                return handles
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.2)
 
     def adopt(self, handle: dict[str, Any]) -> bool:
         alive = self.poll(handle).phase in (Phase.STARTING, Phase.RUNNING)
@@ -217,27 +216,25 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         pass
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether a non-zombie process of the group is left (zombies wait for their reaper)."""
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
+def _live_groups(pgids: set[int]) -> set[int]:
+    """Those of ``pgids`` that still hold a non-zombie process (zombies wait for their reaper)."""
+    pgids = {pgid for pgid in pgids if _group_exists(pgid)}  # one cheap syscall each first
+    if not pgids:
+        return set()
+    alive: set[int] = set()
     for proc in psutil.process_iter(["status"]):
         try:
-            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
-                return True
-        except (ProcessLookupError, psutil.Error):
+            pgid = os.getpgid(proc.pid)
+        except (ProcessLookupError, PermissionError):
             continue
-    return False
+        if pgid in pgids and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            alive.add(pgid)
+    return alive
 
 
-def _group_gone(pgid: int, deadline: float) -> bool:
-    """Wait (sleeping, not spinning) until no live process of the group is left."""
-    delay = 0.01
-    while _group_alive(pgid):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(delay)
-        delay = min(delay * 2, 0.2)
-    return True
+def _group_exists(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
