@@ -280,3 +280,46 @@ def test_list_schedule_cuts_a_penalised_edge_only_when_that_saves_more_than_the_
     assert place(0.0)[3] == place(0.0)[2] != place(0.0)[1]  # t joins w, cutting v -> t
     assert place(0.2)[3] == place(0.2)[2]  # penalty 0.1 < saving 0.4: still cut
     assert place(1.0)[3] == place(1.0)[1]  # penalty 0.5 > saving 0.4: t stays with v
+
+
+def test_packed_is_longest_processing_time_first_within_both_caps():
+    """Mechanism: the bin-packed start for tight caps: heaviest cluster first onto the least
+    loaded device with room on the load and memory caps (the first such device on ties)."""
+    from trainmaster.partition.initial import packed
+
+    g = build_graph(list(range(5)), [5.0, 4.0, 3.0, 2.0, 2.0], [], [], [],
+                    memory=[1.0, 1.0, 1.0, 2.0, 9.0])
+    cg = cluster_graph(g, clusters_of(g), g.edge_cost)
+    # by load: 5 -> d0, 4 -> d1, 3 -> d1 (7), 2 -> d0 (7), 2 -> d0 (first of the tie) -> d0 = 9
+    assert packed(cg, 2, 9.0).tolist() == [0, 1, 1, 0, 0]
+    # the memory cap keeps the memory-9 node off device 0 (it holds 3 already, device 1 holds 2)
+    assert packed(cg, 2, 9.0, mem_cap=11.0).tolist() == [0, 1, 1, 0, 1]
+    # by memory: the memory-9 node first, then the rest onto the lower-memory device
+    assert packed(cg, 2, 100.0, by_memory=True).tolist() == [1, 1, 1, 1, 0]
+
+
+def test_refine_skips_fm_when_rebalancing_cannot_meet_the_caps(monkeypatch):
+    """Mechanism: FM keeps the caps as they are, so a start that rebalancing cannot bring within
+    the caps is returned rebalanced, without FM; a start within the caps is refined by FM."""
+    import trainmaster.partition.methods as methods
+    from trainmaster.partition.critical import critical_edges
+
+    g = random_dag(4, 40, groups=False)
+    base = clusters_of(g)
+    crit = critical_edges(g)
+    calls = []
+    real_fm = methods.fm_refine
+
+    def spy(*a, **kw):
+        calls.append(1)
+        return real_fm(*a, **kw)
+
+    monkeypatch.setattr(methods, "fm_refine", spy)
+    start = np.zeros(g.n, dtype=np.int64)
+    heaviest = float(g.cost.max())
+    out = methods._refine(g, base, start, 4, heaviest * 0.99, float("inf"), crit, 0.0)
+    assert calls == [] and np.bincount(out, minlength=4).min() > 0  # rebalanced, no FM
+    cap = load_cap(g, 2, 0.05, base)
+    out = methods._refine(g, base, np.arange(g.n) % 2, 2, cap, float("inf"), crit, 0.0)
+    assert calls == [1]
+    assert np.bincount(out, weights=g.cost, minlength=2).max() <= cap * (1 + 1e-9)

@@ -96,3 +96,30 @@ def test_guarded_descent_never_raises_the_guarded_cut():
                                          guarded=guarded)
         assert cut(part) <= cut(start) + 1e-9
         assert span <= makespan(g, start) + 1e-9
+
+
+@pytest.mark.parametrize("guard", [False, True])
+def test_descent_remembered_refusals_change_nothing(monkeypatch, guard):
+    """Mechanism: the makespan descent does not re-check a move the caps or the guard refused
+    until an accepted move could have lifted that refusal (its target lost load, its unit
+    changed, or a moved operator sits in or next to its unit); checking every move again after
+    each gain gives the same descent."""
+    import trainmaster.partition.search as search
+    from trainmaster.partition.coarse import coarsen_chains
+    from trainmaster.partition.critical import critical_edges
+
+    for seed in range(8):
+        g = synthetic_dag(FAMILIES[seed % 3], 150, seed)
+        base = clusters_of(g)
+        k = 2 + seed % 3
+        start = np.arange(g.n) * k // g.n
+        # a tight cap (the start's own max load) so that many moves are refused
+        cap = float(np.bincount(start, weights=g.cost, minlength=k).max()) * 1.01
+        mem_cap = float(np.bincount(start, weights=g.memory, minlength=k).max()) * 1.02
+        units = [base, coarsen_chains(g, g.edge_cost, cap / 4)]
+        guarded = g.edge_cost * critical_edges(g) if guard else None
+        got = makespan_descent(g, start, k, cap, mem_cap, units, 60, guarded=guarded)
+        with monkeypatch.context() as m:
+            m.setattr(search, "_still_refused", lambda *a, **kw: {})
+            want = makespan_descent(g, start, k, cap, mem_cap, units, 60, guarded=guarded)
+        assert np.array_equal(got[0], want[0]) and got[1:] == want[1:]

@@ -259,18 +259,19 @@ def packed(cg: ClusterGraph, k: int, cap: float, mem_cap: float = float("inf"),
     device that has room on both caps): a start that fits when the cut-driven candidates and
     single-cluster rebalancing cannot meet tight caps (few, large clusters). ``by_memory`` packs
     by memory instead of load, for when memory is the tighter cap."""
-    load = np.zeros(k)
-    mem = np.zeros(k)
-    part = np.empty(cg.size, dtype=np.int64)
-    key, level = (cg.memory, mem) if by_memory else (cg.weight, load)
-    for c in np.argsort(-key, kind="stable").tolist():
-        room = (mem + cg.memory[c] <= mem_cap) & (load + cg.weight[c] <= cap * (1 + 1e-9))
-        pool = np.flatnonzero(room) if room.any() else np.arange(k)
-        p = int(pool[np.argmin(level[pool])])
+    load, mem = [0.0] * k, [0.0] * k
+    weight, memory = cg.weight.tolist(), cg.memory.tolist()
+    part = [0] * cg.size
+    limit = cap * (1 + 1e-9)
+    level = mem if by_memory else load
+    for c in np.argsort(-(cg.memory if by_memory else cg.weight), kind="stable").tolist():
+        wc, mc = weight[c], memory[c]
+        pool = [d for d in range(k) if mem[d] + mc <= mem_cap and load[d] + wc <= limit]
+        p = min(pool or range(k), key=level.__getitem__)  # the first least-filled device
         part[c] = p
-        load[p] += cg.weight[c]
-        mem[p] += cg.memory[c]
-    return part
+        load[p] += wc
+        mem[p] += mc
+    return np.asarray(part, dtype=np.int64)
 
 
 def _int_weights(cg: ClusterGraph) -> tuple[np.ndarray, np.ndarray]:

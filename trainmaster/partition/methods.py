@@ -113,8 +113,16 @@ def _refine(graph: Graph, base: np.ndarray, part: np.ndarray, k: int, cap: float
     bpart = np.zeros(cg.size, dtype=np.int64)
     bpart[base] = part
     bpart = rebalance(cg, bpart, k, cap, mem_cap)
+    if _over_caps(cg, bpart, k, cap, mem_cap):
+        return cg.expand(bpart)  # still over: FM keeps the caps as they are, it cannot fix this
     bpart = fm_refine(cg, bpart, k, cap, mem_cap)
     return cg.expand(bpart)
+
+
+def _over_caps(cg: ClusterGraph, part: np.ndarray, k: int, cap: float, mem_cap: float) -> bool:
+    if np.bincount(part, weights=cg.weight, minlength=k).max() > cap:
+        return True
+    return bool(np.bincount(part, weights=cg.memory, minlength=k).max() > mem_cap)
 
 
 DESCENT_WORK = 40_000  # makespan-descent budget in (nodes + edges) simulated, i.e. simulations

@@ -127,10 +127,14 @@ def fm_refine(cg: ClusterGraph, part: np.ndarray, k: int, cap: float,
                 best, best_len, since_best = cum, len(moves), 0
             else:
                 since_best += 1
+            # clusters waiting for room in p that fit now; the rest keep waiting (a neighbour's
+            # move re-queues them anyway); each cluster once, at its last place in the list
             woken = [u for u in blocked[p] if not locked[u]]
             blocked[p] = []
-            for u in woken + [st.nbr[j] for j in range(st.xadj[v], st.xadj[v + 1])]:
-                if locked[u]:
+            again = woken + st.nbr[st.xadj[v]:st.xadj[v + 1]]
+            last = {u: i for i, u in enumerate(again)}
+            for i, u in enumerate(again):
+                if locked[u] or last[u] != i:
                     continue
                 version[u] += 1
                 g, qu = st.best_move(u, capped=False)

@@ -90,33 +90,41 @@ def makespan_descent(graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap
     state = _MoveCheck(graph, part, k, cap, mem_cap, guarded, acyclic)
     span, links = critical_chain(graph, state.part, state.finish)
     members = [_Members(u) for u in units]
+    unit_of = [np.asarray(u).tolist() for u in units]
+    sizes = [np.bincount(u).tolist() for u in units]
+    preds = predecessor_lists(graph)
     tried: set[tuple[int, int, int]] = set()  # moves refused or not better since the last gain
+    refused: dict[tuple[int, int, int], int] = {}  # refused moves and why (_CAPS or _GUARD)
     used = 0
     while used < budget:
         improved = False
-        for mover, targets in _moves(graph, links, state):
+        for mover, targets in _moves(links, state, preds):
             size = 0
-            for lvl in range(len(units)):
-                c = int(units[lvl][mover])
-                if len(members[lvl][c]) == size:
+            here = state.part_l[mover]
+            for lvl, of in enumerate(unit_of):
+                c = of[mover]
+                if sizes[lvl][c] == size:
                     continue  # the same nodes as the finer unit (units nest): already tried
-                size = len(members[lvl][c])
+                size = sizes[lvl][c]
                 for q in targets:
                     key = (lvl, c, q)
-                    if key in tried or q == state.part_l[mover]:
+                    if q == here or key in tried or key in refused:
+                        continue
+                    trial = state.trial(members[lvl][c], q)
+                    if not isinstance(trial, tuple):
+                        refused[key] = trial
                         continue
                     tried.add(key)
-                    trial = state.trial(members[lvl][c], q)
-                    if trial is None:
-                        continue
                     if used >= budget:
                         return state.part, span, used
                     used += 1
                     s, finish = resumed_makespan(graph, trial[0], state.finish, trial[1])
                     if s < span - 1e-9 * max(span, 1.0):
+                        sources = {state.part_l[v] for v in trial[1]}
                         state.accept(trial[0], finish)
                         span, links = critical_chain(graph, state.part, finish)
                         tried.clear()
+                        refused = _still_refused(refused, trial[1], sources, unit_of, state)
                         improved = True
                         break
                 if improved:
@@ -128,16 +136,53 @@ def makespan_descent(graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap
     return state.part, span, used
 
 
-def _moves(graph: Graph, links: list[tuple[int, int, bool]], state: "_MoveCheck"):
+def _still_refused(refused: dict, moved: list[int], sources: set[int], unit_of: list[list[int]],
+                   state: "_MoveCheck") -> dict:
+    """The refusals an accepted move (``moved`` operators, from the ``sources`` devices) cannot
+    have lifted, so the descent need not check them again: a move refused for the caps stays
+    refused unless its target lost load (a source) or its unit lost or gained operators (it
+    holds a moved one); one refused by the guard stays refused unless a moved operator is in its
+    unit or next to it by a guarded edge (nothing else enters the guarded cut's change); an
+    acyclicity refusal may be lifted by any move."""
+    touched = [{of[v] for v in moved} for of in unit_of]
+    near = moved
+    if state.guarded_adj is not None:
+        near = list(moved) + [x for v in moved for x, _ in state.guarded_adj[v]]
+    near_units = [{of[v] for v in near} for of in unit_of]
+    kept = {}
+    for key, why in refused.items():
+        lvl, c, q = key
+        if why == _CAPS:
+            if q not in sources and c not in touched[lvl]:
+                kept[key] = why
+        elif why == _GUARD:
+            if c not in near_units[lvl]:
+                kept[key] = why
+    return kept
+
+
+def _moves(links: list[tuple[int, int, bool]], state: "_MoveCheck",
+           preds: list[list[tuple[int, float]]]) -> list[tuple[int, list[int]]]:
     """(mover, target devices) along the chain: across a transfer, each endpoint to the other's
-    device; for a device wait, each endpoint to the least loaded other devices."""
-    for u, v, transfer in _ordered(graph, links):
-        if transfer:
-            yield v, [state.part_l[u]]
-            yield u, [state.part_l[v]]
-        else:
-            yield v, _other_parts(state.part_l[v], state.load, state.k)
-            yield u, _other_parts(state.part_l[u], state.load, state.k)
+    device; for a device wait, each endpoint to the least loaded other devices. Transfers come
+    first, costliest first; then device waits, latest first (the chain's order)."""
+    part, load, k = state.part_l, state.load, state.k
+    transfers = [(max((c for p, c in preds[v] if p == u), default=0.0), u, v)
+                 for u, v, transfer in links if transfer]
+    transfers.sort(key=lambda t: -t[0])  # stable: equal costs keep the chain's order
+    out: list[tuple[int, list[int]]] = []
+    for _, u, v in transfers:
+        out.append((v, [part[u]]))
+        out.append((u, [part[v]]))
+    others = [_other_parts(p, load, k) for p in range(k)]
+    for u, v, transfer in links:
+        if not transfer:
+            out.append((v, others[part[v]]))
+            out.append((u, others[part[u]]))
+    return out
+
+
+_CAPS, _GUARD, _CYCLE = 1, 2, 3  # why a trial move was refused
 
 
 class _MoveCheck:
@@ -159,20 +204,24 @@ class _MoveCheck:
         self.load = np.bincount(part, weights=self.graph.cost, minlength=self.k).tolist()
         self.mem = np.bincount(part, weights=self.graph.memory, minlength=self.k).tolist()
 
-    def trial(self, nodes: list[int], q: int) -> tuple[np.ndarray, list[int]] | None:
-        """(moved assignment, operators that changed device), or None when refused. Most
-        trials are refused, so the checks run on Python lists before any array is built."""
-        part, cost, mem = self.part_l, self.cost, self.memory
+    def trial(self, nodes: list[int], q: int) -> tuple[np.ndarray, list[int]] | int:
+        """(moved assignment, operators that changed device), or why it was refused
+        (``_CAPS``, ``_GUARD``, ``_CYCLE``). Most trials are refused, so the checks run on
+        Python lists before any array is built."""
+        part, cost = self.part_l, self.cost
         moving = [v for v in nodes if part[v] != q]
-        if (self.load[q] + sum(cost[v] for v in moving) > self.cap * (1 + 1e-9)
-                or self.mem[q] + sum(mem[v] for v in moving) > self.mem_cap):
-            return None
+        if self.load[q] + sum(cost[v] for v in moving) > self.cap * (1 + 1e-9):
+            return _CAPS
+        if self.mem_cap < float("inf"):
+            mem = self.memory
+            if self.mem[q] + sum(mem[v] for v in moving) > self.mem_cap:
+                return _CAPS
         if self.guarded_adj is not None and self._guard_delta(moving, q) > 1e-12:
-            return None
+            return _GUARD
         trial = self.part.copy()
         trial[moving] = q
         if self.acyclic and not device_graph_acyclic(self.graph, trial, self.k):
-            return None
+            return _CYCLE
         return trial, moving
 
     def _guard_delta(self, moving: list[int], q: int) -> float:
@@ -207,18 +256,6 @@ class _Members:
 
     def __getitem__(self, c: int) -> list[int]:
         return self.order[self.ptr[c]:self.ptr[c + 1]]
-
-
-def _ordered(graph: Graph, links: list[tuple[int, int, bool]]) -> list[tuple[int, int, bool]]:
-    """Transfers on the chain first, costliest first; then device waits, latest first."""
-    transfers = [lk for lk in links if lk[2]]
-    transfers.sort(key=lambda lk: -_edge_cost(graph, lk[0], lk[1]))
-    waits = [lk for lk in links if not lk[2]]
-    return transfers + waits
-
-
-def _edge_cost(graph: Graph, u: int, v: int) -> float:
-    return max((c for p, c in predecessor_lists(graph)[v] if p == u), default=0.0)
 
 
 def _other_parts(p: int, load: list[float], k: int) -> list[int]:
