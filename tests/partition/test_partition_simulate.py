@@ -84,3 +84,6 @@ def test_resumed_makespan_equals_a_full_simulation():
         full = schedule(g, trial)[1]
         assert span == pytest.approx(float(full.max()))
         assert np.allclose(fin, full)
+        # the descent passes plain lists (assignment and moved operators): same answer
+        span_l, fin_l = resumed_makespan(g, trial.tolist(), finish, moved.tolist())
+        assert span_l == span and fin_l == fin

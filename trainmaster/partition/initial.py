@@ -151,20 +151,22 @@ def capped_list_schedule(graph: Graph, cg: ClusterGraph, k: int, cap: float,
         d = part_of_cluster[c]
         if d < 0:  # a cluster's first operator: the device with room that finishes it first
             roomy = [load[dd] + cw[c] <= cap and mem[dd] + cm[c] <= mem_cap for dd in range(k)]
-            d = _pick_device(v, preds[v], pen[v], roomy, finish, dev, free, load, w[v])
+            d, f = _pick_device(v, preds[v], pen[v], roomy, finish, dev, free, load, w[v])
             part_of_cluster[c] = d
             load[d] += cw[c]
             mem[d] += cm[c]
-        finish[v] = free[d] = _finish_on(d, v, preds, finish, dev, free, w)
+        else:
+            f = _finish_on(d, v, preds, finish, dev, free, w)
+        finish[v] = free[d] = f
         dev[v] = d
     return np.asarray(part_of_cluster, dtype=np.int64)
 
 
 def _pick_device(v: int, pv: list, penv: list, roomy: list[bool], finish: list, dev: list,
-                 free: list, load: list, wv: float) -> int:
-    """The device for operator v: among those with room (all when none has), the lowest
-    finish time plus the penalties of the in-edges it would cut, then the earliest finish,
-    then the lightest load, then the lowest index."""
+                 free: list, load: list, wv: float) -> tuple[int, float]:
+    """The device for operator v and v's finish there: among the devices with room (all when
+    none has), the lowest finish time plus the penalties of the in-edges it would cut, then the
+    earliest finish, then the lightest load, then the lowest index."""
     total = 0.0
     kept: dict[int, float] = {}  # penalty of the in-edges that stay uncut on each device
     for u, p in penv:
@@ -184,7 +186,7 @@ def _pick_device(v: int, pv: list, penv: list, roomy: list[bool], finish: list, 
         key = (f + total - kept.get(d, 0.0), f, load[d])
         if best is None or key < best:
             best, pick = key, d
-    return pick
+    return pick, best[1]
 
 
 def _finish_on(d: int, v: int, preds: list, finish: list, dev: list, free: list,

@@ -78,7 +78,10 @@ def rebalance(cg: ClusterGraph, part: np.ndarray, k: int, cap: float,
         members = np.flatnonzero(arr == p).tolist()
         best = (-np.inf, -1, -1)
         for v in members:
-            g, q = st.best_move(v, targets=range(k))
+            fit = [q for q in range(k) if q != p and st.fits(v, q)]
+            if not fit:
+                continue  # no room for v anywhere: skip its gains
+            g, q = st.best_move(v, targets=fit)
             if q >= 0 and (g, -st.wt[v]) > (best[0], -st.wt[best[1]] if best[1] >= 0 else 0):
                 best = (g, v, q)
         if best[1] < 0:

@@ -43,18 +43,15 @@ def critical_chain(graph: Graph, assignment: np.ndarray, finish: list | None = N
     tol = 1e-9 * max(span, 1.0)
     links: list[tuple[int, int, bool]] = []
     st, fin, prev, pl = start.tolist(), finish.tolist(), prev_on_dev.tolist(), part.tolist()
-    in_ptr = graph.in_ptr.tolist()
-    pred = graph.src[graph.in_edge].tolist()
-    pcost = graph.edge_cost[graph.in_edge].tolist()
+    preds = predecessor_lists(graph)
     for _ in range(graph.n):  # each step goes back in time or in priority: at most n steps
         if st[v] <= tol:
             break
         nxt, transfer = -1, False
-        for j in range(in_ptr[v], in_ptr[v + 1]):
-            u = pred[j]
+        for u, c in preds[v]:
             cut = pl[u] != pl[v]
-            if fin[u] + (pcost[j] if cut else 0.0) >= st[v] - tol:
-                nxt, transfer = u, cut and pcost[j] > 0
+            if fin[u] + (c if cut else 0.0) >= st[v] - tol:
+                nxt, transfer = u, cut and c > 0
                 break
         if nxt < 0:
             nxt = prev[v]
@@ -162,24 +159,25 @@ def _still_refused(refused: dict, moved: list[int], sources: set[int], unit_of: 
 
 
 def _moves(links: list[tuple[int, int, bool]], state: "_MoveCheck",
-           preds: list[list[tuple[int, float]]]) -> list[tuple[int, list[int]]]:
+           preds: list[list[tuple[int, float]]]) -> list[tuple[int, tuple[int, ...]]]:
     """(mover, target devices) along the chain: across a transfer, each endpoint to the other's
     device; for a device wait, each endpoint to the least loaded other devices. Transfers come
-    first, costliest first; then device waits, latest first (the chain's order)."""
+    first, costliest first; then device waits, latest first (the chain's order). Each pair
+    once: an operator on two links of the chain would repeat moves already tried."""
     part, load, k = state.part_l, state.load, state.k
     transfers = [(max((c for p, c in preds[v] if p == u), default=0.0), u, v)
                  for u, v, transfer in links if transfer]
     transfers.sort(key=lambda t: -t[0])  # stable: equal costs keep the chain's order
-    out: list[tuple[int, list[int]]] = []
+    pairs: list[tuple[int, tuple[int, ...]]] = []
     for _, u, v in transfers:
-        out.append((v, [part[u]]))
-        out.append((u, [part[v]]))
-    others = [_other_parts(p, load, k) for p in range(k)]
+        pairs.append((v, (part[u],)))
+        pairs.append((u, (part[v],)))
+    others = [tuple(_other_parts(p, load, k)) for p in range(k)]
     for u, v, transfer in links:
         if not transfer:
-            out.append((v, others[part[v]]))
-            out.append((u, others[part[u]]))
-    return out
+            pairs.append((v, others[part[v]]))
+            pairs.append((u, others[part[u]]))
+    return list(dict.fromkeys(pairs))
 
 
 _CAPS, _GUARD, _CYCLE = 1, 2, 3  # why a trial move was refused
@@ -196,15 +194,15 @@ class _MoveCheck:
         self.guarded_adj = None if guarded is None else _weighted_adjacency(graph, guarded)
         self.cost, self.memory = graph.cost.tolist(), graph.memory.tolist()
         part = np.asarray(part, dtype=np.int64).copy()
-        self.accept(part, schedule(graph, part)[1].tolist())
+        self.accept(part.tolist(), schedule(graph, part)[1].tolist())
 
-    def accept(self, part: np.ndarray, finish: list) -> None:
-        self.part, self.finish = part, finish
-        self.part_l = part.tolist()
-        self.load = np.bincount(part, weights=self.graph.cost, minlength=self.k).tolist()
-        self.mem = np.bincount(part, weights=self.graph.memory, minlength=self.k).tolist()
+    def accept(self, part: list[int], finish: list) -> None:
+        self.part_l, self.finish = part, finish
+        self.part = np.asarray(part, dtype=np.int64)
+        self.load = np.bincount(self.part, weights=self.graph.cost, minlength=self.k).tolist()
+        self.mem = np.bincount(self.part, weights=self.graph.memory, minlength=self.k).tolist()
 
-    def trial(self, nodes: list[int], q: int) -> tuple[np.ndarray, list[int]] | int:
+    def trial(self, nodes: list[int], q: int) -> tuple[list[int], list[int]] | int:
         """(moved assignment, operators that changed device), or why it was refused
         (``_CAPS``, ``_GUARD``, ``_CYCLE``). Most trials are refused, so the checks run on
         Python lists before any array is built."""
@@ -218,9 +216,10 @@ class _MoveCheck:
                 return _CAPS
         if self.guarded_adj is not None and self._guard_delta(moving, q) > 1e-12:
             return _GUARD
-        trial = self.part.copy()
-        trial[moving] = q
-        if self.acyclic and not device_graph_acyclic(self.graph, trial, self.k):
+        trial = list(part)
+        for v in moving:
+            trial[v] = q
+        if self.acyclic and not device_graph_acyclic(self.graph, np.asarray(trial), self.k):
             return _CYCLE
         return trial, moving
 

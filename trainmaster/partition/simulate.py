@@ -31,38 +31,41 @@ def _static_finish(plan, part: list, finish: list | None = None, first: int = 0)
     ``finish`` (a schedule whose operators before position ``first`` of the order are placed as
     in ``part``) the pass resumes at ``first``: in this order an operator depends only on
     operators before it, so the prefix is unchanged."""
-    order, preds, w = plan[1], plan[10], plan[8]
+    order, steps = plan[1], plan[13]
     free = [0.0] * (max(part, default=0) + 1)
     if finish is None:
-        finish = [0.0] * len(w)
+        finish = [0.0] * len(order)
     else:
         finish = list(finish)
         for v in order[:first]:  # device free times at the resume point
             d = part[v]
             if finish[v] > free[d]:
                 free[d] = finish[v]
-    for v in order[first:]:
+    for v, pv, wv in (steps[first:] if first else steps):
         d = part[v]
         s = free[d]
-        for u, c in preds[v]:
-            t = finish[u] + c if part[u] != d else finish[u]
+        for u, c in pv:
+            t = finish[u]
+            if part[u] != d:
+                t += c
             if t > s:
                 s = t
-        finish[v] = free[d] = s + w[v]
+        finish[v] = free[d] = s + wv
     return finish
 
 
-def resumed_makespan(graph: Graph, assignment: np.ndarray, finish: list,
+def resumed_makespan(graph: Graph, assignment: np.ndarray | list, finish: list,
                      changed: np.ndarray | list[int]) -> tuple[float, list]:
     """(makespan, finish times) of ``assignment`` given ``finish``, the finish times under an
     assignment that differs only on the ``changed`` operators: the simulation resumes at the
     first changed operator in priority order (the makespan descent's trial moves)."""
     plan = _plan(graph, None)
-    part = np.asarray(assignment).tolist()
+    part = assignment if isinstance(assignment, list) else np.asarray(assignment).tolist()
     if plan[1] is None:
-        fin = schedule(graph, assignment)[1].tolist()
+        fin = schedule(graph, np.asarray(part))[1].tolist()
     else:
-        first = int(plan[11][changed].min()) if len(changed) else graph.n
+        rank = plan[12]
+        first = min([rank[v] for v in changed]) if len(changed) else graph.n
         fin = _static_finish(plan, part, finish, first)
     return max(fin, default=0.0), fin
 
@@ -93,7 +96,9 @@ def _plan(graph: Graph, priority: np.ndarray | None):
         pred_l, pcost_l, in_ptr_l = plan[3], plan[4], plan[2]
         preds = [list(zip(pred_l[in_ptr_l[v]:in_ptr_l[v + 1]], pcost_l[in_ptr_l[v]:in_ptr_l[v + 1]]))
                  for v in range(graph.n)]
-        plan = plan + (preds, rank)
+        # 12: rank as a list; 13: (operator, its predecessors, its cost) in the static order
+        steps = None if not static else [(v, preds[v], plan[8][v]) for v in plan[1]]
+        plan = plan + (preds, rank, rank.tolist(), steps)
         if priority is None:
             graph.cache["plan"] = plan
     return plan
@@ -104,7 +109,7 @@ def schedule(graph: Graph, assignment: np.ndarray,
     """Start and finish time of every operator under list scheduling."""
     n = graph.n
     plan = _plan(graph, priority)
-    prio, order, in_ptr, pred, pcost, out_ptr, succ, ecost, w, indeg0, preds, _ = plan
+    prio, order, in_ptr, pred, pcost, out_ptr, succ, ecost, w, indeg0, preds = plan[:11]
     part = np.asarray(assignment).tolist()
     start = [0.0] * n
     finish = [0.0] * n
