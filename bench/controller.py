@@ -8,8 +8,9 @@ Writes ``bench/results/controller.json`` and ``bench/results/controller.md``.
 Every system runs the same trivial command, ``/bin/sh -c 'mktemp -p MARKERS; exec sleep 30'``, so
 two moments are measured per run, both from just before the submit call:
 
-* **reported**: the system itself says every replica is running (our job state ``running`` read
-  from the store; TorchX ``runner.status()`` = ``RUNNING``), polled every ``INTERVAL`` seconds;
+* **reported**: the system itself says every replica is running (every instance's state is
+  ``running`` in our store; TorchX ``runner.status()`` = ``RUNNING``, which its local scheduler
+  says once every replica's ``Popen`` returned), polled every ``INTERVAL`` seconds;
 * **processes**: every replica's command has really started (its marker file exists).
 
 Our controller is driven through its Python API (as ``tests/conftest.py`` does): one
@@ -83,6 +84,12 @@ class Ours:
         with self.sessions() as session:
             return repo.load_job(session, job_id).state
 
+    def running(self, job_id: int) -> int:
+        """How many of the job's instances are in state running in the store (the job's own state
+        says running as soon as one is, as Kubeflow's and Volcano's do, so it is not the measure)."""
+        with self.sessions() as session:
+            return sum(i.state == "running" for i in repo.load_job(session, job_id).instances)
+
     def until(self, done: Callable[[], bool], what: str, timeout: float = TIMEOUT) -> None:
         deadline = time.monotonic() + timeout
         while not done():
@@ -108,7 +115,7 @@ def ours_to_running(ours: Ours, replicas: int, scratch: Path) -> tuple[float, fl
 
     def done() -> bool:
         now = time.perf_counter()
-        if "reported" not in moments and ours.state(job_id) == "running":
+        if "reported" not in moments and ours.running(job_id) == replicas:
             moments["reported"] = now - start
         if "processes" not in moments and count(markers) >= replicas:
             moments["processes"] = now - start
