@@ -333,8 +333,8 @@ def markdown(results: dict[str, Any]) -> str:
         f"Controller benchmark ({meta['time']}, {meta['cpus']} CPUs, shared with other busy work, so "
         f"numbers are noisy; medians of {meta['runs']} runs; reconcile/poll interval {meta['interval_s']}s).",
         "",
-        "Submit to all replicas running, seconds. *reported*: the system says so (our job state, TorchX "
-        "`runner.status()`); *processes*: every replica's command has started (its marker file exists). "
+        "Submit to all replicas running, seconds. *reported*: the system says so (every instance running "
+        "in our store, TorchX `runner.status()`); *processes*: every replica's command has started (its marker file exists). "
         "Ratio = ours / TorchX local_cwd (below 1: faster).",
         "",
     ]
