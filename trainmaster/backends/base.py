@@ -97,7 +97,10 @@ class Backend(ABC):
 
     @abstractmethod
     def start(self, request: LaunchRequest) -> dict[str, Any]:
-        """Start one attempt; return a JSON-able handle that identifies it safely."""
+        """Start one attempt; return a JSON-able handle that identifies it safely.
+
+        The caller has cleared ``request.instance_dir`` of the previous attempt's records
+        (``InstanceFiles.reset_attempt``) and written its launch file there."""
 
     def start_all(self, requests: list[LaunchRequest]) -> Iterator[dict[str, Any] | OSError]:
         """Start several attempts; their handles come back in order, each as soon as it is

@@ -92,8 +92,6 @@ class LocalBackend(Backend):
         self._reserved.update(ports)
 
     def start(self, request: LaunchRequest) -> dict[str, Any]:
-        files = InstanceFiles(request.instance_dir)
-        files.reset_attempt()
         log_path = Path(request.log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:

@@ -416,6 +416,9 @@ class Controller:
             from trainmaster.runtime.environment import instance_environment
 
             launch["env"] = instance_environment(launch, {})
+        # the previous attempt's records go before the intent is committed: after a crash, an
+        # exit code in the folder can then only be the new attempt's (see recover)
+        files.reset_attempt()
         files.write_launch(launch)
         inst.attempt += 1
         inst.host, inst.ports, inst.address = placement.host, placement.ports, placement.address
@@ -458,7 +461,10 @@ class Controller:
                         continue
                     obj = f"instance/{inst.label}"
                     if inst.handle is None:
-                        inst.handle = self.backend.find(str(Path(job.run_dir) / "instances" / inst.label))
+                        instance_dir = str(Path(job.run_dir) / "instances" / inst.label)
+                        inst.handle = self.backend.find(instance_dir)
+                        if inst.handle is None and self._ended_unwatched(session, job, inst, instance_dir):
+                            continue
                         if inst.handle is None:
                             self._set_instance_state(inst, I.PENDING)
                             inst.attempt -= 1
@@ -470,6 +476,24 @@ class Controller:
                         repo.add_event(session, job.id, obj, "Adopted",
                                        f"re-adopted the live process {inst.pid} after a controller restart")
                 session.commit()
+
+    def _ended_unwatched(self, session: Session, job: JobRow, inst: InstanceRow, instance_dir: str) -> bool:
+        """An attempt the controller started but died before recording, which has already ended:
+        its exit code is in its folder (cleared before the attempt's intent was committed), so
+        its restart policy decides, and it is not started again as if it had never run."""
+        files = InstanceFiles(instance_dir)
+        code = files.read_exit_code()
+        if code is None:
+            return False
+        reason, message = files.read_reason()
+        repo.add_event(session, job.id, f"instance/{inst.label}", "EndedUnwatched",
+                       f"attempt {inst.attempt} started before the controller stopped and ended with "
+                       f"code {code} while no controller watched it")
+        spec = self._spec(job)
+        self._on_exit(session, job, spec.spec.role(inst.role), inst,
+                      Observation(Phase.EXITED, exit_code=code, reason=reason, message=message),
+                      self.backend.capacity())
+        return True
 
     # ---- status ------------------------------------------------------------------------------
     def _roll_up(self, session: Session, job: JobRow, spec: Job) -> Verdict:

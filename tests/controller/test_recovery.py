@@ -1,0 +1,53 @@
+"""Crash safety of the controller's start path (controller spec: nothing accepted is lost, and
+each instance's run is counted once across a controller crash)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from controller_harness import Harness, job
+
+
+class ControllerCrash(Exception):
+    """Stands for the controller process dying at that point."""
+
+
+def _wait_for(predicate, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_an_attempt_that_started_and_ended_while_no_controller_recorded_it_runs_once(tmp_path: Path) -> None:
+    """Crash safety: the controller dies after spawning the attempts but before saving their
+    handles, and the attempts end before a new controller starts. The new controller learns
+    each attempt's exit code from its instance folder and applies the restart policy to it; it
+    does not take the attempts for never started and run them a second time."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    first = Harness(tmp_path)
+    job_id = first.submit(job("once", [{
+        "name": "worker", "replicas": 2, "command": ["/bin/sh", "-c", f"mktemp -p {markers}"],
+        "restartPolicy": {"policy": "OnFailure", "maxRestarts": 3}}]))
+    spawn = first.backend.start_all
+
+    def start_then_crash(requests):  # type: ignore[no-untyped-def]
+        list(spawn(requests))  # every attempt really starts...
+        raise ControllerCrash  # ...and the controller dies before recording one
+
+    first.backend.start_all = start_then_crash  # type: ignore[method-assign]
+    with pytest.raises(ControllerCrash):
+        first.controller.step()
+    runs = tmp_path / "runs"
+    _wait_for(lambda: len(list(runs.glob("*/instances/*/exit_code"))) == 2)
+
+    second = Harness(tmp_path)
+    second.controller.recover()
+    assert second.controller.run_job(job_id) == "succeeded"
+    assert len(list(markers.iterdir())) == 2
+    events = [e["reason"] for e in second.status(job_id)["events"]]
+    assert "NotStarted" not in events
