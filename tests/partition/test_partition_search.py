@@ -123,3 +123,23 @@ def test_descent_remembered_refusals_change_nothing(monkeypatch, guard):
             m.setattr(search, "_still_refused", lambda *a, **kw: {})
             want = makespan_descent(g, start, k, cap, mem_cap, units, 60, guarded=guarded)
         assert np.array_equal(got[0], want[0]) and got[1:] == want[1:]
+
+
+def test_descent_swaps_a_cluster_back_when_the_memory_cap_refuses_a_move():
+    """Mechanism: balance (memory) is a hard constraint; with tight caps a descent move that
+    would overflow the target device instead swaps a co-location cluster back, when that lowers
+    the simulated makespan and keeps both caps."""
+    # a -> b -> c is the long chain (costs 4; transfers 5 then 0.5); x, y, z are fillers
+    # (cost 1). Memory 3 each, cap 9: device 0 holds {a, x, y}, device 1 {b, c, z}, both full,
+    # so every single move overflows one; a swap (e.g. b for x) removes the dear a -> b transfer
+    g = build_graph(["a", "b", "c", "x", "y", "z"], [4.0, 4.0, 4.0, 1.0, 1.0, 1.0],
+                    ["a", "b"], ["b", "c"], [5.0, 0.5], memory=[3.0] * 6, memory_cap=9.0)
+    base = clusters_of(g)
+    start = np.array([0, 1, 1, 0, 0, 1])
+    cap, mem_cap = 14.0, 9.0
+    plain, span0, _ = makespan_descent(g, start, 2, cap, mem_cap, [base], 20)
+    part, span, _ = makespan_descent(g, start, 2, cap, mem_cap, [base], 20, swaps=True)
+    assert span < span0 == makespan(g, start)  # without swaps the descent is stuck
+    assert span == pytest.approx(makespan(g, part))
+    assert np.bincount(part, weights=g.memory, minlength=2).max() <= mem_cap
+    assert np.bincount(part, weights=g.cost, minlength=2).max() <= cap

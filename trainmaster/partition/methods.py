@@ -3,12 +3,14 @@
 ``trainmaster``: coarsen along heavy/critical chain links; build several initial partitions (the
 exact acyclic split of the topological order, capped earliest-finish list scheduling that
 charges cut critical edges a penalty, the same with the critical path pinned to as few devices
-as the cap allows (CPOP), METIS on the critical-weighted coarse graph, plain METIS; bin-packed
-starts when none fits the caps); refine the METIS starts with k-way FM on the cost-weighted
-critical cut plus the total cut under the balance and memory caps; keep the candidate with the
-lowest simulated makespan plus a penalty on the static critical cut, never slower than METIS's
-own partition; finish with a makespan descent along the schedule's critical chain that never
-cuts more critical transfer cost.
+as the cap allows (CPOP), METIS on the critical-weighted coarse graph, plain METIS); refine the
+METIS starts with k-way FM on the cost-weighted critical cut plus the total cut under the
+balance and memory caps; repair starts over the caps by moving clusters out of the fullest
+device, or swapping one for a smaller one where nothing fits (nearly full devices), then FM;
+bin-packed starts only when no start can be repaired; keep the candidate with the lowest
+simulated makespan plus a penalty on the static critical cut, never slower than METIS's own
+partition; finish with a makespan descent along the schedule's critical chain that never cuts
+more critical transfer cost (and, where the caps are tight, may swap a cluster back).
 """
 
 from __future__ import annotations
@@ -102,7 +104,7 @@ def _objective_weights(graph: Graph, static_crit: np.ndarray, assignment: np.nda
 
 def _refine(graph: Graph, base: np.ndarray, part: np.ndarray, k: int, cap: float,
             mem_cap: float, static_crit: np.ndarray, delta: float,
-            coarse: ClusterGraph | None = None) -> np.ndarray:
+            coarse: ClusterGraph | None = None, wake_all: bool = True) -> np.ndarray:
     """Coarse-level FM (whole coarse clusters move) then base-level FM with partition-aware weights."""
     if coarse is not None:
         cpart = np.zeros(coarse.size, dtype=np.int64)
@@ -115,7 +117,7 @@ def _refine(graph: Graph, base: np.ndarray, part: np.ndarray, k: int, cap: float
     bpart = rebalance(cg, bpart, k, cap, mem_cap)
     if _over_caps(cg, bpart, k, cap, mem_cap):
         return cg.expand(bpart)  # still over: FM keeps the caps as they are, it cannot fix this
-    bpart = fm_refine(cg, bpart, k, cap, mem_cap)
+    bpart = fm_refine(cg, bpart, k, cap, mem_cap, wake_all=wake_all)
     return cg.expand(bpart)
 
 
@@ -127,6 +129,9 @@ def _over_caps(cg: ClusterGraph, part: np.ndarray, k: int, cap: float, mem_cap: 
 
 DESCENT_WORK = 40_000  # makespan-descent budget in (nodes + edges) simulated, i.e. simulations
 DESCENT_SIMULATIONS = (4, 40)  # ... = DESCENT_WORK / (n + m), clipped to this range
+# where no cut-driven start met the caps (they are tight), a descent move the caps refuse may
+# swap a co-location cluster back instead (elsewhere swaps only spend the budget: measured)
+DESCENT_SWAPS = True
 
 
 def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int,
@@ -145,18 +150,20 @@ def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int,
 
     scored = [(_overload(graph, a, k, cap, mem_cap), makespan(graph, a), name, a)
               for name, a in candidates.items()]
-    if all(s[0] > 0 for s in scored):  # tight caps: try bin-packed starts, kept if they fit
-        for by_memory in (False, True) if np.isfinite(mem_cap) else (False,):
-            a = _refine(graph, base, base_cg.expand(packed(base_cg, k, cap, mem_cap, by_memory)),
-                        k, cap, mem_cap, static_crit, delta)
-            if _overload(graph, a, k, cap, mem_cap) == 0.0:
-                scored.append((0.0, makespan(graph, a), "packed+fm", a))
-    # FM refines the cut-driven starts; any start over the caps is rebalanced (and refined) too
+    tight = all(s[0] > 0 for s in scored)
+    # FM refines the cut-driven starts; any start over the caps is rebalanced (moves, then
+    # swaps where moves get stuck) and refined too
     for over, span, name, part in [s for s in scored if s[2] in REFINED or s[0] > 0]:
         refined = _refine(graph, base, part, k, cap, mem_cap, static_crit, delta,
                           coarse_cg if name == "metis" else None)
         scored.append((_overload(graph, refined, k, cap, mem_cap), makespan(graph, refined),
                        name + "+fm", refined))
+    if all(s[0] > 0 for s in scored):  # no start could be repaired: bin-packed starts
+        for by_memory in (False, True) if np.isfinite(mem_cap) else (False,):
+            a = _refine(graph, base, base_cg.expand(packed(base_cg, k, cap, mem_cap, by_memory)),
+                        k, cap, mem_cap, static_crit, delta, wake_all=False)
+            if _overload(graph, a, k, cap, mem_cap) == 0.0:
+                scored.append((0.0, makespan(graph, a), "packed+fm", a))
     if np.isfinite(mem_cap) and all(_memory_over(graph, s[3], k, mem_cap) for s in scored):
         # no candidate meets the memory cap (it and the load cap may not both be satisfiable):
         # rank on the load cap and makespan, as for a graph whose memory cannot fit at all
@@ -171,7 +178,8 @@ def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int,
         budget = int(np.clip(DESCENT_WORK / max(graph.n + graph.m, 1), *DESCENT_SIMULATIONS))
         best, span, used = makespan_descent(
             graph, best, k, cap, mem_cap, [base, coarse_of], budget,
-            acyclic=acyclic and device_graph_acyclic(graph, best, k), guarded=guarded)
+            acyclic=acyclic and device_graph_acyclic(graph, best, k), guarded=guarded,
+            swaps=DESCENT_SWAPS and tight)
     else:
         used = 0
     candidates = {s[2]: {"overload": s[0], "makespan": s[1],

@@ -74,8 +74,8 @@ def _priority_rank(graph: Graph) -> np.ndarray:
 
 def makespan_descent(graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap: float,
                      units: list[np.ndarray], budget: int,
-                     acyclic: bool = False,
-                     guarded: np.ndarray | None = None) -> tuple[np.ndarray, float, int]:
+                     acyclic: bool = False, guarded: np.ndarray | None = None,
+                     swaps: bool = False) -> tuple[np.ndarray, float, int]:
     """First-improvement descent on the simulated makespan within the caps.
 
     ``units`` are nested node -> unit maps, finest first (co-location clusters, then chain
@@ -83,8 +83,11 @@ def makespan_descent(graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap
     a move sends one whole unit to the device on the other side of a critical-chain link.
     ``guarded`` (per-edge weights, e.g. transfer cost on static critical edges) makes the
     descent refuse moves that raise the guarded cut: makespan improves without paying for it
-    in critical edges. Returns (assignment, makespan, simulations used)."""
-    state = _MoveCheck(graph, part, k, cap, mem_cap, guarded, acyclic)
+    in critical edges. ``swaps`` (for tight caps): a move the caps refuse sends the smallest
+    co-location cluster of the target device that makes room back to the mover's device
+    instead (``_MoveCheck._swap``). Returns (assignment, makespan, simulations used)."""
+    state = _MoveCheck(graph, part, k, cap, mem_cap, guarded, acyclic,
+                       units[0] if swaps else None)
     span, links = critical_chain(graph, state.part, state.finish)
     members = [_Members(u) for u in units]
     unit_of = [np.asarray(u).tolist() for u in units]
@@ -118,10 +121,12 @@ def makespan_descent(graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap
                     s, finish = resumed_makespan(graph, trial[0], state.finish, trial[1])
                     if s < span - 1e-9 * max(span, 1.0):
                         sources = {state.part_l[v] for v in trial[1]}
+                        touched = sources | {trial[0][v] for v in trial[1]}
                         state.accept(trial[0], finish)
                         span, links = critical_chain(graph, state.part, finish)
                         tried.clear()
-                        refused = _still_refused(refused, trial[1], sources, unit_of, state)
+                        refused = _still_refused(refused, trial[1], sources, touched,
+                                                 unit_of, state)
                         improved = True
                         break
                 if improved:
@@ -133,14 +138,16 @@ def makespan_descent(graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap
     return state.part, span, used
 
 
-def _still_refused(refused: dict, moved: list[int], sources: set[int], unit_of: list[list[int]],
-                   state: "_MoveCheck") -> dict:
-    """The refusals an accepted move (``moved`` operators, from the ``sources`` devices) cannot
-    have lifted, so the descent need not check them again: a move refused for the caps stays
-    refused unless its target lost load (a source) or its unit lost or gained operators (it
-    holds a moved one); one refused by the guard stays refused unless a moved operator is in its
-    unit or next to it by a guarded edge (nothing else enters the guarded cut's change); an
-    acyclicity refusal may be lifted by any move."""
+def _still_refused(refused: dict, moved: list[int], sources: set[int], devices: set[int],
+                   unit_of: list[list[int]], state: "_MoveCheck") -> dict:
+    """The refusals an accepted move (``moved`` operators, from the ``sources`` devices; all
+    the ``devices`` it touched) cannot have lifted, so the descent need not check them again:
+    a move refused for the caps stays refused unless its target lost load (a source) or its unit
+    lost or gained operators (it holds a moved one); one refused by the guard stays refused
+    unless a moved operator is in its unit or next to it by a guarded edge (nothing else enters
+    the guarded cut's change); an acyclicity refusal may be lifted by any move. A refused swap
+    (``(_SWAP, p)``: no partner on the target fits) is checked again once its unit, its device
+    p or its target changed (that is all a partner's choice reads, but for the guard)."""
     touched = [{of[v] for v in moved} for of in unit_of]
     near = moved
     if state.guarded_adj is not None:
@@ -154,6 +161,9 @@ def _still_refused(refused: dict, moved: list[int], sources: set[int], unit_of: 
                 kept[key] = why
         elif why == _GUARD:
             if c not in near_units[lvl]:
+                kept[key] = why
+        elif why < 0:  # a swap refused on device p = -1 - why
+            if q not in devices and -1 - why not in devices and c not in near_units[lvl]:
                 kept[key] = why
     return kept
 
@@ -180,7 +190,7 @@ def _moves(links: list[tuple[int, int, bool]], state: "_MoveCheck",
     return list(dict.fromkeys(pairs))
 
 
-_CAPS, _GUARD, _CYCLE = 1, 2, 3  # why a trial move was refused
+_CAPS, _GUARD, _CYCLE, _SWAP = 1, 2, 3, 4  # why a trial move was refused
 
 
 class _MoveCheck:
@@ -188,9 +198,12 @@ class _MoveCheck:
     copy when it keeps the caps, the guarded cut and (if asked) an acyclic device graph."""
 
     def __init__(self, graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap: float,
-                 guarded: np.ndarray | None, acyclic: bool) -> None:
+                 guarded: np.ndarray | None, acyclic: bool,
+                 swap_units: np.ndarray | None = None) -> None:
         self.graph, self.k, self.cap, self.mem_cap = graph, k, cap, mem_cap
         self.acyclic = acyclic
+        self.swap_units = None if swap_units is None else _SwapUnits(graph, swap_units, cap,
+                                                                      mem_cap)
         self.guarded_adj = None if guarded is None else _weighted_adjacency(graph, guarded)
         self.cost, self.memory = graph.cost.tolist(), graph.memory.tolist()
         part = np.asarray(part, dtype=np.int64).copy()
@@ -201,19 +214,22 @@ class _MoveCheck:
         self.part = np.asarray(part, dtype=np.int64)
         self.load = np.bincount(self.part, weights=self.graph.cost, minlength=self.k).tolist()
         self.mem = np.bincount(self.part, weights=self.graph.memory, minlength=self.k).tolist()
+        if self.swap_units is not None:
+            self.swap_units.place(self.part, self.k)
 
     def trial(self, nodes: list[int], q: int) -> tuple[list[int], list[int]] | int:
         """(moved assignment, operators that changed device), or why it was refused
         (``_CAPS``, ``_GUARD``, ``_CYCLE``). Most trials are refused, so the checks run on
         Python lists before any array is built."""
-        part, cost = self.part_l, self.cost
+        part, cost, mem = self.part_l, self.cost, self.memory
         moving = [v for v in nodes if part[v] != q]
-        if self.load[q] + sum(cost[v] for v in moving) > self.cap * (1 + 1e-9):
-            return _CAPS
-        if self.mem_cap < float("inf"):
-            mem = self.memory
-            if self.mem[q] + sum(mem[v] for v in moving) > self.mem_cap:
+        load_in = sum(cost[v] for v in moving)
+        mem_in = sum(mem[v] for v in moving) if self.mem_cap < float("inf") else 0.0
+        if (self.load[q] + load_in > self.cap * (1 + 1e-9)
+                or self.mem[q] + mem_in > self.mem_cap):
+            if self.swap_units is None:
                 return _CAPS
+            return self._swap(moving, q, load_in, mem_in)
         if self.guarded_adj is not None and self._guard_delta(moving, q) > 1e-12:
             return _GUARD
         trial = list(part)
@@ -222,6 +238,62 @@ class _MoveCheck:
         if self.acyclic and not device_graph_acyclic(self.graph, np.asarray(trial), self.k):
             return _CYCLE
         return trial, moving
+
+    def _swap(self, moving: list[int], q: int, load_in: float,
+              mem_in: float) -> tuple[list[int], list[int]] | int:
+        """The move of ``moving`` (all on one device p) to q that breaks a cap, made room for
+        by sending one co-location cluster from q back to p: the one that frees enough on q,
+        fits on p, and is the smallest share of the caps (the least disruptive). Refused
+        (``-1 - p``) when there is none or the pair breaks the guard; ``_SWAP`` when the unit
+        spans devices or the pair makes the device graph cyclic."""
+        part = self.part_l
+        sources = {part[v] for v in moving}
+        if len(sources) != 1:
+            return _SWAP
+        p = sources.pop()
+        refused = -1 - p  # the refusal, remembered with the device it read
+        room = self.cap * (1 + 1e-9)
+        need_load = self.load[q] + load_in - room
+        need_mem = self.mem[q] + mem_in - self.mem_cap
+        fit_load = room - (self.load[p] - load_in)
+        fit_mem = self.mem_cap - (self.mem[p] - mem_in)
+        su = self.swap_units
+        if (need_load > fit_load or need_mem > fit_mem or need_load > su.top_load[q]
+                or need_mem > su.top_memory[q]):
+            return refused  # no cluster on q is big enough, or none could be both
+        on_q = su.device == q
+        ok = (on_q & (su.load >= need_load) & (su.load <= fit_load)
+              & (su.memory >= need_mem) & (su.memory <= fit_mem))
+        if not ok.any():
+            return refused
+        pick = int(np.flatnonzero(ok)[np.argmin(su.share[ok])])
+        back = su.members[pick]
+        moves = {v: q for v in moving}
+        moves.update((v, p) for v in back)
+        if self.guarded_adj is not None and self._guard_change(moves) > 1e-12:
+            return refused
+        trial = list(part)
+        for v, d in moves.items():
+            trial[v] = d
+        if self.acyclic and not device_graph_acyclic(self.graph, np.asarray(trial), self.k):
+            return _SWAP
+        return trial, moving + back
+
+    def _guard_change(self, moves: dict[int, int]) -> float:
+        """Change of the guarded cut when each operator v in ``moves`` goes to moves[v]."""
+        part, adj = self.part_l, self.guarded_adj
+        delta = 0.0
+        for v, dv in moves.items():
+            pv = part[v]
+            for x, w in adj[v]:
+                if x in moves:
+                    if x < v:
+                        continue  # that edge was counted from x's side
+                    dx = moves[x]
+                else:
+                    dx = part[x]
+                delta += w * ((dx != dv) - (part[x] != pv))
+        return delta
 
     def _guard_delta(self, moving: list[int], q: int) -> float:
         """Change of the guarded cut when ``moving`` go to q (only their own edges change)."""
@@ -244,6 +316,34 @@ def _weighted_adjacency(graph: Graph, weights: np.ndarray) -> list[list[tuple[in
         adj[u].append((v, w))
         adj[v].append((u, w))
     return adj
+
+
+class _SwapUnits:
+    """Co-location clusters as swap partners: load, memory, share of the caps, members and
+    the device each is on (a cluster never straddles devices)."""
+
+    def __init__(self, graph: Graph, unit_of: np.ndarray, cap: float, mem_cap: float) -> None:
+        unit_of = np.asarray(unit_of)
+        self.load = np.bincount(unit_of, weights=graph.cost)
+        self.memory = np.bincount(unit_of, weights=graph.memory)
+        share = self.load / max(cap, 1e-300)
+        if np.isfinite(mem_cap) and mem_cap > 0:
+            share = share + self.memory / mem_cap
+        self.share = share
+        members = _Members(unit_of)
+        self.members = [members[c] for c in range(len(self.load))]
+        self.first = np.asarray([m[0] for m in self.members], dtype=np.int64)
+        self.device = np.zeros(len(self.load), dtype=np.int64)
+        self.top_load: list[float] = []
+        self.top_memory: list[float] = []
+
+    def place(self, part: np.ndarray, k: int) -> None:
+        """Each cluster's device, and the largest cluster load and memory on each device."""
+        self.device = part[self.first]
+        top_load, top_memory = np.zeros(k), np.zeros(k)
+        np.maximum.at(top_load, self.device, self.load)
+        np.maximum.at(top_memory, self.device, self.memory)
+        self.top_load, self.top_memory = top_load.tolist(), top_memory.tolist()
 
 
 class _Members:
