@@ -1,4 +1,4 @@
-"""The path-cut lower bound: no partition within the load cap has a lower simulated makespan."""
+"""The path-cut lower bound: no partition within the load (and memory) cap has a lower makespan."""
 
 import itertools
 import math
@@ -107,3 +107,39 @@ def test_path_bound_is_the_cheapest_fitting_cut(costs, data):
     assert path_bound(w, links, cap) == sum(w) + best
     m = math.ceil(sum(w) / cap)
     assert path_bound(w, links, cap) >= sum(w) + sum(sorted(links)[:max(m - 1, 0)])
+
+
+def test_memory_cap_shortens_the_runs():
+    """Known answer: 4 unit operators, load cap 4 (no cut needed), memory 0, 1, 5, 5 against a
+    memory cap 6: the two 5s cannot share a device, so the link between them (cost 2) must be
+    cut: 4 + 2 = 6. Without the memory cap the bound is 4; with memory 1, 1, 5, 5 the first
+    three no longer fit together either, so a 9-link goes too: 4 + 2 + 9 = 15."""
+    assert path_bound([1.0] * 4, [9.0, 9.0, 2.0], 4.0) == 4.0
+    assert path_bound([1.0] * 4, [9.0, 9.0, 2.0], 4.0, [0.0, 1.0, 5.0, 5.0], 6.0) == 6.0
+    assert path_bound([1.0] * 4, [9.0, 9.0, 2.0], 4.0, [1.0, 1.0, 5.0, 5.0], 6.0) == 15.0
+    assert path_bound([1.0] * 2, [1.0], 4.0, [7.0, 1.0], 6.0) == math.inf
+    g = build_graph(list("abcd"), [1.0] * 4, list("abc"), list("bcd"), [9.0, 9.0, 2.0],
+                    memory=[0.0, 1.0, 5.0, 5.0], memory_cap=6.0)
+    assert path_cut_bound(g, 2, 4.0, 6.0) == 6.0
+    ev = evaluate(g, np.array([0, 0, 0, 1]), 2, imbalance=1.0)  # cap 4; memory 11 <= 2 x 6
+    assert ev["path_cut_bound"] == 6.0 and ev["makespan"] == 6.0
+
+
+@settings(max_examples=80, deadline=None)
+@given(small_dags(), st.integers(2, 3), st.sampled_from([0.05, 0.3, 1.0]), st.data())
+def test_no_partition_within_both_caps_beats_the_memory_bound(g, k, imbalance, data):
+    """Property: with random operator memory and a memory cap, brute force over every
+    assignment of a tiny DAG; each one within the load cap and the memory cap has makespan
+    >= the bound with memory."""
+    memory = np.array([float(data.draw(st.integers(0, 5))) for _ in range(g.n)])
+    mem_cap = float(data.draw(st.integers(int(memory.max()), max(int(memory.sum()), 1))))
+    cap = max((1 + imbalance) * float(g.cost.sum()) / k, float(g.cost.max()))
+    gm = build_graph(g.node_ids, g.cost, [g.node_ids[u] for u in g.src],
+                     [g.node_ids[v] for v in g.dst], g.edge_cost, memory=memory)
+    bound = path_cut_bound(gm, k, cap, mem_cap)
+    assert bound >= path_cut_bound(gm, k, cap)
+    for p in itertools.product(range(k), repeat=g.n):
+        part = np.array(p, dtype=np.int64)
+        if (device_loads(gm, part, k).max() <= cap * (1 + 1e-9)
+                and np.bincount(part, weights=memory, minlength=k).max() <= mem_cap):
+            assert makespan(gm, part) >= bound - 1e-9

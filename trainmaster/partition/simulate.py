@@ -176,38 +176,48 @@ def lower_bound(graph: Graph, k: int) -> float:
 PATH_EDGE_WEIGHTS = (0.0, 0.01, 0.1, 0.3, 1.0)
 
 
-def path_cut_bound(graph: Graph, k: int, cap: float) -> float:
-    """A makespan lower bound for partitions whose every device load is <= ``cap``.
+def path_cut_bound(graph: Graph, k: int, cap: float, mem_cap: float = float("inf")) -> float:
+    """A makespan lower bound for partitions whose every device load is <= ``cap`` (and every
+    device's memory <= ``mem_cap``, when given).
 
     ``lower_bound`` ignores transfers, but on near-chain graphs a within-cap split must cut the
     long path and pay for it: a run of consecutive path operators on one device holds at most
-    ``cap`` of compute, so the path is cut into runs of <= ``cap`` each and the edges between runs
-    cross devices; every path operator starts after its predecessor ends plus that transfer, so
-    the makespan is at least the path's compute plus the cheapest such set of cut edges
-    (``path_bound``). Applied to a few heaviest paths (``PATH_EDGE_WEIGHTS``); the max is kept.
-    Co-location and the memory cap only restrict partitions further, so they keep it valid."""
+    ``cap`` of compute (and ``mem_cap`` of memory), so the path is cut into such runs and the
+    edges between runs cross devices; every path operator starts after its predecessor ends
+    plus that transfer, so the makespan is at least the path's compute plus the cheapest such
+    set of cut edges (``path_bound``). Applied to a few heaviest paths (``PATH_EDGE_WEIGHTS``);
+    the max is kept. Co-location only restricts partitions further, so it keeps it valid; so
+    does the memory cap when it is not passed."""
     bound = lower_bound(graph, k)
     for weight in PATH_EDGE_WEIGHTS:
         nodes, links = heaviest_path(graph, weight)
-        bound = max(bound, path_bound(graph.cost[nodes].tolist(), links, cap))
+        memory = graph.memory[nodes].tolist() if np.isfinite(mem_cap) else None
+        bound = max(bound, path_bound(graph.cost[nodes].tolist(), links, cap, memory, mem_cap))
     return bound
 
 
-def path_bound(node_cost: list[float], link_cost: list[float], cap: float) -> float:
-    """Compute of a path plus the cheapest cut of it into runs of <= ``cap`` compute each.
+def path_bound(node_cost: list[float], link_cost: list[float], cap: float,
+               node_memory: list[float] | None = None, mem_cap: float = float("inf")) -> float:
+    """Compute of a path plus the cheapest cut of it into runs of <= ``cap`` compute each (and
+    <= ``mem_cap`` of ``node_memory`` each, when given).
 
     ``link_cost[i]`` is the transfer between path operators i and i + 1. Any within-cap partition
     cuts the path at least this dearly (each maximal same-device run fits on its device), which
     implies the simpler argument too: the path spans >= ceil(W / cap) runs, so >= that - 1 cut
     links, costing at least the sum of that many cheapest links. Exact DP over the position of
-    the last cut with a sliding-window minimum, O(length). inf when an operator alone exceeds
-    ``cap`` (no partition within the cap exists)."""
+    the last cut with a sliding-window minimum, O(length) (a run's allowed starts shrink
+    monotonically under both caps). inf when an operator alone exceeds a cap (no partition
+    within the caps exists)."""
     limit = cap * (1 + 1e-9)  # the tolerance `evaluate` uses for "balanced"
     if any(w > limit for w in node_cost):
         return float("inf")
-    prefix = [0.0]
-    for w in node_cost:
+    memory = node_memory if node_memory is not None else [0.0] * len(node_cost)
+    if any(m > mem_cap for m in memory):
+        return float("inf")
+    prefix, mprefix = [0.0], [0.0]
+    for w, m in zip(node_cost, memory):
         prefix.append(prefix[-1] + w)
+        mprefix.append(mprefix[-1] + m)
     n = len(node_cost)
     # best[i]: cheapest cut of operators 0..i-1 into fitting runs, with a cut just before i
     best = [0.0] * n
@@ -217,7 +227,8 @@ def path_bound(node_cost: list[float], link_cost: list[float], cap: float) -> fl
         window.append(i - 1)
         while head < len(window) - 1 and best[window[-1]] <= best[window[-2]]:
             window.pop(-2)
-        while prefix[i] - prefix[window[head]] > limit:
+        while (prefix[i] - prefix[window[head]] > limit
+               or mprefix[i] - mprefix[window[head]] > mem_cap):
             head += 1
         lo = best[window[head]]
         if i < n:
@@ -279,6 +290,9 @@ def evaluate(graph: Graph, assignment: np.ndarray, k: int, imbalance: float = 0.
     from trainmaster.partition.graph import clusters_of
 
     cap = load_cap(graph, k, imbalance, clusters_of(graph))
+    # the memory cap binds (ours enforces it) where k devices can hold the graph at all
+    mem_cap = (graph.memory_cap if np.isfinite(graph.memory_cap)
+               and graph.memory.sum() <= k * graph.memory_cap else float("inf"))
     return {
         "nodes": graph.n,
         "edges": graph.m,
@@ -299,7 +313,7 @@ def evaluate(graph: Graph, assignment: np.ndarray, k: int, imbalance: float = 0.
         "colocation_ok": colocation_respected(graph, assignment),
         "makespan": span,
         "lower_bound": lb,
-        "path_cut_bound": path_cut_bound(graph, k, cap),
+        "path_cut_bound": path_cut_bound(graph, k, cap, mem_cap),
         "device_graph_acyclic": device_graph_acyclic(graph, assignment, k),
     }
 
