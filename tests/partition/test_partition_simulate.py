@@ -87,3 +87,39 @@ def test_resumed_makespan_equals_a_full_simulation():
         # the descent passes plain lists (assignment and moved operators): same answer
         span_l, fin_l = resumed_makespan(g, trial.tolist(), finish, moved.tolist())
         assert span_l == span and fin_l == fin
+
+
+def test_trial_simulator_matches_full_simulation_and_stops_only_when_hopeless():
+    """Mechanism: the descent's ``TrialSimulator`` resumes a trial from a checkpoint of the
+    accepted schedule (device free times, compute placed per device) and stops once a lower
+    bound (start + compute-only bottom level, or device free time + its remaining compute)
+    reaches the limit. A completed trial must equal a simulation from scratch, and a stopped
+    one must really have a makespan >= the limit (so the descent would have refused it)."""
+    from trainmaster.partition.simulate import TrialSimulator, schedule
+    from trainmaster.partition.synthetic import FAMILIES, synthetic_dag
+
+    rng = np.random.default_rng(1)
+    stopped = completed = 0
+    for seed, family in enumerate(FAMILIES * 2):
+        g = synthetic_dag(family, 150, seed)
+        k = 3
+        part = rng.integers(0, k, g.n)
+        finish = schedule(g, part)[1].tolist()
+        sim = TrialSimulator(g, k)
+        sim.set(part.tolist(), finish)
+        for _ in range(30):
+            moved = rng.choice(g.n, int(rng.integers(1, 6)), replace=False)
+            trial = part.copy()
+            trial[moved] = (trial[moved] + rng.integers(1, k, len(moved))) % k
+            full = schedule(g, trial)[1]
+            for limit in (float("inf"), max(finish), float(full.max()) + 1e-6,
+                          float(full.max()) * 0.9):
+                span, fin = sim.run(trial.tolist(), moved.tolist(), limit)
+                if fin is None:
+                    stopped += 1
+                    assert span == float("inf") and float(full.max()) >= limit * (1 - 1e-12)
+                else:
+                    completed += 1
+                    assert span == float(full.max()) and fin == full.tolist()
+                    assert span < limit
+    assert stopped > 0 and completed > 0

@@ -16,8 +16,8 @@ import numpy as np
 
 from trainmaster.partition.critical import levels
 from trainmaster.partition.graph import Graph
-from trainmaster.partition.simulate import (device_graph_acyclic, predecessor_lists,
-                                            resumed_makespan, schedule)
+from trainmaster.partition.simulate import (TrialSimulator, device_graph_acyclic,
+                                            predecessor_lists, schedule)
 
 
 def critical_chain(graph: Graph, assignment: np.ndarray, finish: list | None = None,
@@ -118,7 +118,8 @@ def makespan_descent(graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap
                     if used >= budget:
                         return state.part, span, used
                     used += 1
-                    s, finish = resumed_makespan(graph, trial[0], state.finish, trial[1])
+                    # stops early (inf) once it provably cannot beat ``span``
+                    s, finish = state.sim.run(trial[0], trial[1], span)
                     if s < span - 1e-9 * max(span, 1.0):
                         sources = {state.part_l[v] for v in trial[1]}
                         touched = sources | {trial[0][v] for v in trial[1]}
@@ -206,11 +207,13 @@ class _MoveCheck:
                                                                       mem_cap)
         self.guarded_adj = None if guarded is None else _weighted_adjacency(graph, guarded)
         self.cost, self.memory = graph.cost.tolist(), graph.memory.tolist()
+        self.sim = TrialSimulator(graph, k)
         part = np.asarray(part, dtype=np.int64).copy()
         self.accept(part.tolist(), schedule(graph, part)[1].tolist())
 
     def accept(self, part: list[int], finish: list) -> None:
         self.part_l, self.finish = part, finish
+        self.sim.set(part, finish)
         self.part = np.asarray(part, dtype=np.int64)
         self.load = np.bincount(self.part, weights=self.graph.cost, minlength=self.k).tolist()
         self.mem = np.bincount(self.part, weights=self.graph.memory, minlength=self.k).tolist()
