@@ -95,11 +95,23 @@ def rebalance(cg: ClusterGraph, part: np.ndarray, k: int, cap: float,
         best = (-np.inf, -1, -1)
         room_load = max(cap - st.load[q] for q in range(k) if q != p) if k > 1 else -1.0
         room_mem = max(mem_cap - st.memload[q] for q in range(k) if q != p) if k > 1 else -1.0
+        load, memload, wt, mem = st.load, st.memload, st.wt, st.mem
+        others = [q for q in range(k) if q != p]
         for v in members:
-            if st.wt[v] > room_load or st.mem[v] > room_mem:
+            wv, mv = wt[v], mem[v]
+            if wv > room_load or mv > room_mem:
                 continue  # v fits in no other part: skip its gains
-            g, q = st.best_move(v, targets=range(k))  # the best among parts with room
-            if q >= 0 and (g, -st.wt[v]) > (best[0], -st.wt[best[1]] if best[1] >= 0 else 0):
+            # st.best_move(v, targets=range(k)) inlined (the hot loop of tight-cap repairs):
+            # the best gain among parts with room, ties to the lighter part
+            d = st.conn(v)
+            own = d.get(p, 0.0)
+            g, q = -np.inf, -1
+            for t in others:
+                if load[t] + wv <= cap and memload[t] + mv <= mem_cap:
+                    gt = d.get(t, 0.0) - own
+                    if gt > g or (gt == g and load[t] < load[q]):
+                        g, q = gt, t
+            if q >= 0 and (g, -wv) > (best[0], -wt[best[1]] if best[1] >= 0 else 0):
                 best = (g, v, q)
         if best[1] < 0:
             swap = _best_swap(st, arr, p, members) if swaps and swapped < k else None
