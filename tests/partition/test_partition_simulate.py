@@ -123,3 +123,53 @@ def test_trial_simulator_matches_full_simulation_and_stops_only_when_hopeless():
                     assert span == float(full.max()) and fin == full.tolist()
                     assert span < limit
     assert stopped > 0 and completed > 0
+
+
+def test_static_critical_chain_equals_the_sorted_one():
+    """Mechanism: for a schedule walked in the static priority order, the descent's critical
+    chain takes each operator's device predecessor from that order instead of sorting by
+    (start, finish, priority); the links must be the same as the general path's."""
+    from trainmaster.partition.search import critical_chain
+    from trainmaster.partition.simulate import schedule, static_order
+    from trainmaster.partition.synthetic import FAMILIES, synthetic_dag
+
+    rng = np.random.default_rng(2)
+    checked = 0
+    for seed, family in enumerate(FAMILIES * 2):
+        g = synthetic_dag(family, 120, seed)
+        if static_order(g) is None:
+            continue
+        for k in (2, 3, 8):
+            part = rng.integers(0, k, g.n)
+            general = critical_chain(g, part)  # no finish times given: sorts
+            fast = critical_chain(g, part.tolist(), schedule(g, part)[1].tolist())
+            assert fast == general and len(fast[1]) > 0
+            checked += 1
+    assert checked >= 6
+
+
+def test_trial_simulator_incremental_checkpoints_equal_fresh_ones():
+    """Mechanism: accepting a trial keeps the checkpoints before its first moved operator and
+    recomputes the rest; they must equal a fresh simulator's, and so must later trials."""
+    from trainmaster.partition.simulate import TrialSimulator, schedule
+    from trainmaster.partition.synthetic import synthetic_dag
+
+    rng = np.random.default_rng(3)
+    g = synthetic_dag("inception", 200, 4)
+    k = 4
+    part = rng.integers(0, k, g.n).tolist()
+    sim = TrialSimulator(g, k)
+    sim.set(part, schedule(g, np.asarray(part))[1].tolist())
+    for _ in range(20):
+        moved = rng.choice(g.n, 3, replace=False).tolist()
+        trial = list(part)
+        for v in moved:
+            trial[v] = (trial[v] + 1) % k
+        span, fin = sim.run(trial, moved, float("inf"))
+        sim.set(trial, fin, moved)
+        fresh = TrialSimulator(g, k)
+        fresh.set(trial, fin)
+        assert (sim.free_at, sim.done_at, sim.total) == (fresh.free_at, fresh.done_at,
+                                                          fresh.total)
+        assert fin == schedule(g, np.asarray(trial))[1].tolist()
+        part = trial

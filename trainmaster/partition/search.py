@@ -17,7 +17,7 @@ import numpy as np
 from trainmaster.partition.critical import levels
 from trainmaster.partition.graph import Graph
 from trainmaster.partition.simulate import (TrialSimulator, device_graph_acyclic,
-                                            predecessor_lists, schedule)
+                                            predecessor_lists, schedule, static_order)
 
 
 def critical_chain(graph: Graph, assignment: np.ndarray, finish: list | None = None,
@@ -25,6 +25,9 @@ def critical_chain(graph: Graph, assignment: np.ndarray, finish: list | None = N
     """The schedule's makespan and its critical chain as (u, v, transfer) links, last first:
     ``transfer`` True when v waited for u's data from another device, False when v waited for its
     device to finish u. ``finish``: the schedule's finish times when already simulated."""
+    order = static_order(graph)
+    if finish is not None and order is not None and graph.n:
+        return _static_chain(graph, order, assignment, finish)
     if finish is None:
         start, finish = schedule(graph, assignment)
     else:
@@ -60,6 +63,47 @@ def critical_chain(graph: Graph, assignment: np.ndarray, finish: list | None = N
         links.append((nxt, v, transfer))
         v = nxt
     return span, links
+
+
+def _static_chain(graph: Graph, order: list[int], assignment, finish: list,
+                  ) -> tuple[float, list[tuple[int, int, bool]]]:
+    """``critical_chain`` for a schedule the simulator walked in its static priority order, on
+    plain lists: there each device runs its operators in that order (a later one starts no
+    earlier than the one before it ends), which is the (start, finish, priority) order the
+    general case sorts by, so the operator before v on its device is the one before it in the
+    order. Same links, without the sort."""
+    part = assignment if isinstance(assignment, list) else np.asarray(assignment).tolist()
+    fin = finish if isinstance(finish, list) else np.asarray(finish).tolist()
+    w = graph.cache["plan"][8]
+    prev = [-1] * graph.n
+    last = [-1] * (max(part) + 1)
+    for v in order:
+        d = part[v]
+        prev[v] = last[d]
+        last[d] = v
+    span = max(fin)
+    v = fin.index(span)
+    tol = 1e-9 * max(span, 1.0)
+    links: list[tuple[int, int, bool]] = []
+    preds = predecessor_lists(graph)
+    for _ in range(graph.n):  # each step goes back in time or in priority: at most n steps
+        sv = fin[v] - w[v]
+        if sv <= tol:
+            break
+        nxt, transfer = -1, False
+        pv = part[v]
+        for u, c in preds[v]:
+            cut = part[u] != pv
+            if fin[u] + (c if cut else 0.0) >= sv - tol:
+                nxt, transfer = u, cut and c > 0
+                break
+        if nxt < 0:
+            nxt = prev[v]
+            if nxt < 0:
+                break
+        links.append((nxt, v, transfer))
+        v = nxt
+    return float(span), links
 
 
 def _priority_rank(graph: Graph) -> np.ndarray:
@@ -123,7 +167,7 @@ def makespan_descent(graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap
                     if s < span - 1e-9 * max(span, 1.0):
                         sources = {state.part_l[v] for v in trial[1]}
                         touched = sources | {trial[0][v] for v in trial[1]}
-                        state.accept(trial[0], finish)
+                        state.accept(trial[0], finish, trial[1])
                         span, links = critical_chain(graph, state.part, finish)
                         tried.clear()
                         refused = _still_refused(refused, trial[1], sources, touched,
@@ -211,9 +255,11 @@ class _MoveCheck:
         part = np.asarray(part, dtype=np.int64).copy()
         self.accept(part.tolist(), schedule(graph, part)[1].tolist())
 
-    def accept(self, part: list[int], finish: list) -> None:
+    def accept(self, part: list[int], finish: list, moved: list[int] | None = None) -> None:
+        """The new assignment and its schedule; ``moved``: the operators a trial moved (its
+        simulator checkpoints before the first of them are kept)."""
         self.part_l, self.finish = part, finish
-        self.sim.set(part, finish)
+        self.sim.set(part, finish, moved)
         self.part = np.asarray(part, dtype=np.int64)
         self.load = np.bincount(self.part, weights=self.graph.cost, minlength=self.k).tolist()
         self.mem = np.bincount(self.part, weights=self.graph.memory, minlength=self.k).tolist()
@@ -264,12 +310,14 @@ class _MoveCheck:
         if (need_load > fit_load or need_mem > fit_mem or need_load > su.top_load[q]
                 or need_mem > su.top_memory[q]):
             return refused  # no cluster on q is big enough, or none could be both
-        on_q = su.device == q
-        ok = (on_q & (su.load >= need_load) & (su.load <= fit_load)
-              & (su.memory >= need_mem) & (su.memory <= fit_mem))
-        if not ok.any():
+        # q's clusters by (share, index): the first that frees enough and fits is the pick
+        load_l, mem_l = su.load_l, su.memory_l
+        for pick in su.by_share_on[q]:
+            if (need_load <= load_l[pick] <= fit_load
+                    and need_mem <= mem_l[pick] <= fit_mem):
+                break
+        else:
             return refused
-        pick = int(np.flatnonzero(ok)[np.argmin(su.share[ok])])
         back = su.members[pick]
         moves = {v: q for v in moving}
         moves.update((v, p) for v in back)
@@ -333,6 +381,9 @@ class _SwapUnits:
         if np.isfinite(mem_cap) and mem_cap > 0:
             share = share + self.memory / mem_cap
         self.share = share
+        self.load_l, self.memory_l = self.load.tolist(), self.memory.tolist()
+        self.by_share = np.lexsort((np.arange(len(share)), share)).tolist()
+        self.by_share_on: list[list[int]] = []
         members = _Members(unit_of)
         self.members = [members[c] for c in range(len(self.load))]
         self.first = np.asarray([m[0] for m in self.members], dtype=np.int64)
@@ -347,6 +398,10 @@ class _SwapUnits:
         np.maximum.at(top_load, self.device, self.load)
         np.maximum.at(top_memory, self.device, self.memory)
         self.top_load, self.top_memory = top_load.tolist(), top_memory.tolist()
+        device = self.device.tolist()
+        self.by_share_on = [[] for _ in range(k)]
+        for c in self.by_share:
+            self.by_share_on[device[c]].append(c)
 
 
 class _Members:

@@ -91,6 +91,8 @@ class TrialSimulator:
         plan = _plan(graph, None)
         self.graph, self.k, self.plan = graph, k, plan
         self.static = plan[1] is not None
+        self.free_at: list[list[float]] = []
+        self.done_at: list[list[float]] = []
         if self.static:
             bottom = graph.cache.get("bottom0")
             if bottom is None:
@@ -107,22 +109,33 @@ class TrialSimulator:
                 self.steps = [(v, pv, wv, bottom[v]) for v, pv, wv in plan[13]]
                 graph.cache["steps4"] = self.steps
 
-    def set(self, part: list[int], finish: list) -> None:
-        """The accepted schedule: ``part`` (a list) and its finish times."""
+    def set(self, part: list[int], finish: list, moved: list[int] | None = None) -> None:
+        """The accepted schedule: ``part`` (a list) and its finish times. With ``moved`` (the
+        operators whose device changed since the last accepted schedule, which was simulated
+        from the first of them on), the checkpoints before that operator are kept."""
         self.part, self.finish = part, finish
         if not self.static:
             return
-        k, w, step = self.k, self.plan[8], self.CHECKPOINT
-        free, done = [0.0] * k, [0.0] * k
-        self.free_at, self.done_at = [], []
-        for i, v in enumerate(self.plan[1]):
-            if i % step == 0:
+        k, w, step, order = self.k, self.plan[8], self.CHECKPOINT, self.plan[1]
+        j = 0
+        if moved is not None and self.free_at:
+            rank = self.plan[12]
+            first = min([rank[v] for v in moved]) if moved else len(order)
+            j = min(first // step, len(self.free_at) - 1)
+            del self.free_at[j + 1:], self.done_at[j + 1:]
+            free, done = list(self.free_at[j]), list(self.done_at[j])
+        else:
+            free, done = [0.0] * k, [0.0] * k
+            self.free_at, self.done_at = [list(free)], [list(done)]
+        for start in range(j * step, len(order), step):
+            if start > j * step:
                 self.free_at.append(list(free))
                 self.done_at.append(list(done))
-            d = part[v]
-            if finish[v] > free[d]:
-                free[d] = finish[v]
-            done[d] += w[v]
+            for v in order[start:start + step]:
+                d = part[v]
+                if finish[v] > free[d]:
+                    free[d] = finish[v]
+                done[d] += w[v]
         self.total = done
 
     def run(self, part: list[int], moved: list[int], limit: float) -> tuple[float, list | None]:
@@ -131,17 +144,15 @@ class TrialSimulator:
         if not self.static:
             return resumed_makespan(self.graph, part, self.finish, moved)
         rank, w, old = self.plan[12], self.plan[8], self.part
-        n = len(rank)
-        first = min([rank[v] for v in moved]) if moved else n
+        if not moved:
+            return max(self.finish, default=0.0), list(self.finish)
+        first = min([rank[v] for v in moved])
         rem = list(self.total)
         for v in moved:
             rem[old[v]] -= w[v]
             rem[part[v]] += w[v]
         j = first // self.CHECKPOINT
-        if n:
-            free, done = list(self.free_at[j]), list(self.done_at[j])
-        else:
-            free, done = [0.0] * self.k, [0.0] * self.k
+        free, done = list(self.free_at[j]), list(self.done_at[j])
         finish = self.finish
         for v in self.plan[1][j * self.CHECKPOINT:first]:
             d = old[v]
@@ -170,6 +181,12 @@ class TrialSimulator:
             rem[d] = r
             fin[v] = free[d] = f
         return max(fin, default=0.0), fin
+
+
+def static_order(graph: Graph) -> list[int] | None:
+    """The simulator's priority order when it is topological (then it walks it directly, and
+    each device runs its operators in that order); None when it keeps a ready heap instead."""
+    return _plan(graph, None)[1]
 
 
 def predecessor_lists(graph: Graph) -> list[list[tuple[int, float]]]:
