@@ -28,7 +28,7 @@ from trainmaster.partition.initial import (acyclic_split, capped_list_schedule,
                                            critical_path_pins, kahip_parts, metis_parts, packed)
 from trainmaster.partition.refine import fm_refine, rebalance
 from trainmaster.partition.search import makespan_descent
-from trainmaster.partition.simulate import device_graph_acyclic, load_cap, makespan
+from trainmaster.partition.simulate import device_graph_acyclic, finish_times, load_cap
 
 METHODS = ("trainmaster", "patent", "metis", "kahip", "ilp")
 CRITICAL_WEIGHT = 4.0  # a cut critical edge counts (1 + this) times its transfer cost
@@ -148,7 +148,15 @@ def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int,
     candidates = _candidates(graph, k, imbalance, seed, cap, mem_cap, lv, static_crit, base_cg,
                              coarse_cg, acyclic)
 
-    scored = [(_overload(graph, a, k, cap, mem_cap), makespan(graph, a), name, a)
+    simulated: dict[bytes, list] = {}  # finish times by assignment: equal candidates share one
+
+    def span_of(a: np.ndarray) -> float:
+        key = np.asarray(a, dtype=np.int64).tobytes()
+        if key not in simulated:
+            simulated[key] = finish_times(graph, a)
+        return max(simulated[key], default=0.0)
+
+    scored = [(_overload(graph, a, k, cap, mem_cap), span_of(a), name, a)
               for name, a in candidates.items()]
     tight = all(s[0] > 0 for s in scored)
     # FM refines the cut-driven starts; any start over the caps is rebalanced (moves, then
@@ -156,14 +164,14 @@ def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int,
     for over, span, name, part in [s for s in scored if s[2] in REFINED or s[0] > 0]:
         refined = _refine(graph, base, part, k, cap, mem_cap, static_crit, delta,
                           coarse_cg if name == "metis" else None)
-        scored.append((_overload(graph, refined, k, cap, mem_cap), makespan(graph, refined),
+        scored.append((_overload(graph, refined, k, cap, mem_cap), span_of(refined),
                        name + "+fm", refined))
     if all(s[0] > 0 for s in scored):  # no start could be repaired: bin-packed starts
         for by_memory in (False, True) if np.isfinite(mem_cap) else (False,):
             a = _refine(graph, base, base_cg.expand(packed(base_cg, k, cap, mem_cap, by_memory)),
                         k, cap, mem_cap, static_crit, delta, wake_all=False)
             if _overload(graph, a, k, cap, mem_cap) == 0.0:
-                scored.append((0.0, makespan(graph, a), "packed+fm", a))
+                scored.append((0.0, span_of(a), "packed+fm", a))
     if np.isfinite(mem_cap) and all(_memory_over(graph, s[3], k, mem_cap) for s in scored):
         # no candidate meets the memory cap (it and the load cap may not both be satisfiable):
         # rank on the load cap and makespan, as for a graph whose memory cannot fit at all
@@ -179,7 +187,8 @@ def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int,
         best, span, used = makespan_descent(
             graph, best, k, cap, mem_cap, [base, coarse_of], budget,
             acyclic=acyclic and device_graph_acyclic(graph, best, k), guarded=guarded,
-            swaps=DESCENT_SWAPS and tight)
+            swaps=DESCENT_SWAPS and tight,
+            finish=simulated.get(np.asarray(best, dtype=np.int64).tobytes()))
     else:
         used = 0
     candidates = {s[2]: {"overload": s[0], "makespan": s[1],

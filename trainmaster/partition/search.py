@@ -119,7 +119,8 @@ def _priority_rank(graph: Graph) -> np.ndarray:
 def makespan_descent(graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap: float,
                      units: list[np.ndarray], budget: int,
                      acyclic: bool = False, guarded: np.ndarray | None = None,
-                     swaps: bool = False) -> tuple[np.ndarray, float, int]:
+                     swaps: bool = False, finish: list | None = None,
+                     ) -> tuple[np.ndarray, float, int]:
     """First-improvement descent on the simulated makespan within the caps.
 
     ``units`` are nested node -> unit maps, finest first (co-location clusters, then chain
@@ -129,10 +130,11 @@ def makespan_descent(graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap
     descent refuse moves that raise the guarded cut: makespan improves without paying for it
     in critical edges. ``swaps`` (for tight caps): a move the caps refuse sends the smallest
     co-location cluster of the target device that makes room back to the mover's device
-    instead (``_MoveCheck._swap``). Returns (assignment, makespan, simulations used)."""
+    instead (``_MoveCheck._swap``). ``finish``: the schedule of ``part`` when already
+    simulated. Returns (assignment, makespan, simulations used)."""
     state = _MoveCheck(graph, part, k, cap, mem_cap, guarded, acyclic,
-                       units[0] if swaps else None)
-    span, links = critical_chain(graph, state.part, state.finish)
+                       units[0] if swaps else None, finish)
+    span, links = critical_chain(graph, state.part_l, state.finish)
     members = [_Members(u) for u in units]
     unit_of = [np.asarray(u).tolist() for u in units]
     sizes = [np.bincount(u).tolist() for u in units]
@@ -168,7 +170,7 @@ def makespan_descent(graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap
                         sources = {state.part_l[v] for v in trial[1]}
                         touched = sources | {trial[0][v] for v in trial[1]}
                         state.accept(trial[0], finish, trial[1])
-                        span, links = critical_chain(graph, state.part, finish)
+                        span, links = critical_chain(graph, state.part_l, finish)
                         tried.clear()
                         refused = _still_refused(refused, trial[1], sources, touched,
                                                  unit_of, state)
@@ -214,28 +216,35 @@ def _still_refused(refused: dict, moved: list[int], sources: set[int], devices: 
 
 
 def _moves(links: list[tuple[int, int, bool]], state: "_MoveCheck",
-           preds: list[list[tuple[int, float]]]) -> list[tuple[int, tuple[int, ...]]]:
+           preds: list[list[tuple[int, float]]]):
     """(mover, target devices) along the chain: across a transfer, each endpoint to the other's
     device; for a device wait, each endpoint to the least loaded other devices. Transfers come
     first, costliest first; then device waits, latest first (the chain's order). Each pair
-    once: an operator on two links of the chain would repeat moves already tried."""
+    once: an operator on two links of the chain would repeat moves already tried. A generator:
+    the descent stops at the first improving move (after about an eighth of the pairs on the
+    synthetic graphs), so the device-wait pairs are made as they are asked for; the state does
+    not change while it runs (the descent leaves the loop when it accepts a move)."""
     part, load, k = state.part_l, state.load, state.k
     transfers = [(max((c for p, c in preds[v] if p == u), default=0.0), u, v)
                  for u, v, transfer in links if transfer]
     transfers.sort(key=lambda t: -t[0])  # stable: equal costs keep the chain's order
-    pairs: list[tuple[int, tuple[int, ...]]] = []
+    seen: set[tuple[int, tuple[int, ...]]] = set()
     for _, u, v in transfers:
-        pairs.append((v, (part[u],)))
-        pairs.append((u, (part[v],)))
+        for pair in ((v, (part[u],)), (u, (part[v],))):
+            if pair not in seen:
+                seen.add(pair)
+                yield pair
     others = [tuple(_other_parts(p, load, k)) for p in range(k)]
     for u, v, transfer in links:
         if not transfer:
-            pairs.append((v, others[part[v]]))
-            pairs.append((u, others[part[u]]))
-    return list(dict.fromkeys(pairs))
+            for pair in ((v, others[part[v]]), (u, others[part[u]])):
+                if pair not in seen:
+                    seen.add(pair)
+                    yield pair
 
 
 _CAPS, _GUARD, _CYCLE, _SWAP = 1, 2, 3, 4  # why a trial move was refused
+_INF = float("inf")
 
 
 class _MoveCheck:
@@ -244,7 +253,7 @@ class _MoveCheck:
 
     def __init__(self, graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap: float,
                  guarded: np.ndarray | None, acyclic: bool,
-                 swap_units: np.ndarray | None = None) -> None:
+                 swap_units: np.ndarray | None = None, finish: list | None = None) -> None:
         self.graph, self.k, self.cap, self.mem_cap = graph, k, cap, mem_cap
         self.acyclic = acyclic
         self.swap_units = None if swap_units is None else _SwapUnits(graph, swap_units, cap,
@@ -253,7 +262,9 @@ class _MoveCheck:
         self.cost, self.memory = graph.cost.tolist(), graph.memory.tolist()
         self.sim = TrialSimulator(graph, k)
         part = np.asarray(part, dtype=np.int64).copy()
-        self.accept(part.tolist(), schedule(graph, part)[1].tolist())
+        if finish is None:
+            finish = schedule(graph, part)[1].tolist()
+        self.accept(part.tolist(), list(finish))
 
     def accept(self, part: list[int], finish: list, moved: list[int] | None = None) -> None:
         """The new assignment and its schedule; ``moved``: the operators a trial moved (its
@@ -272,8 +283,8 @@ class _MoveCheck:
         Python lists before any array is built."""
         part, cost, mem = self.part_l, self.cost, self.memory
         moving = [v for v in nodes if part[v] != q]
-        load_in = sum(cost[v] for v in moving)
-        mem_in = sum(mem[v] for v in moving) if self.mem_cap < float("inf") else 0.0
+        load_in = sum([cost[v] for v in moving])
+        mem_in = sum([mem[v] for v in moving]) if self.mem_cap < _INF else 0.0
         if (self.load[q] + load_in > self.cap * (1 + 1e-9)
                 or self.mem[q] + mem_in > self.mem_cap):
             if self.swap_units is None:

@@ -26,6 +26,14 @@ def makespan(graph: Graph, assignment: np.ndarray, priority: np.ndarray | None =
     return float(schedule(graph, assignment, priority)[1].max(initial=0.0))
 
 
+def finish_times(graph: Graph, assignment: np.ndarray) -> list:
+    """Every operator's finish time as a list (``max`` of it is ``makespan``)."""
+    plan = _plan(graph, None)
+    if plan[1] is not None:
+        return _static_finish(plan, np.asarray(assignment).tolist())
+    return schedule(graph, assignment)[1].tolist()
+
+
 def _static_finish(plan, part: list, finish: list | None = None, first: int = 0) -> list:
     """Finish times when the priority order is topological: one pass, no ready heap. With
     ``finish`` (a schedule whose operators before position ``first`` of the order are placed as
