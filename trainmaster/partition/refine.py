@@ -195,6 +195,9 @@ def fm_refine(cg: ClusterGraph, part: np.ndarray, k: int, cap: float,
     st = _State(cg, part, k, cap, mem_cap)
     n = cg.size
     rows = np.repeat(np.arange(n), np.diff(cg.xadj))
+    # the hot loop reads these lists directly (``move`` updates them in place)
+    load, memload, wt, mem, spart = st.load, st.memload, st.wt, st.mem, st.part
+    conn = st.conn
     for _ in range(passes):
         heap: list[tuple[float, int, int, int, int]] = []
         version = [0] * n
@@ -214,10 +217,10 @@ def fm_refine(cg: ClusterGraph, part: np.ndarray, k: int, cap: float,
             neg_g, _, v, q, ver = heapq.heappop(heap)
             if locked[v] or ver != version[v]:
                 continue
-            if not st.fits(v, q):
+            if not (load[q] + wt[v] <= cap and memload[q] + mem[v] <= mem_cap):  # st.fits
                 blocked[q].append(v)
                 continue
-            p = st.part[v]
+            p = spart[v]
             moves.append((v, p))
             st.move(v, q)
             locked[v] = True
@@ -235,7 +238,8 @@ def fm_refine(cg: ClusterGraph, part: np.ndarray, k: int, cap: float,
                 woken, waiting = [], []
                 for u in blocked[p]:
                     if not locked[u]:
-                        (woken if st.fits(u, p) else waiting).append(u)
+                        fits = load[p] + wt[u] <= cap and memload[p] + mem[u] <= mem_cap
+                        (woken if fits else waiting).append(u)
                 blocked[p] = waiting
             again = woken + st.nbr[st.xadj[v]:st.xadj[v + 1]]
             last = {u: i for i, u in enumerate(again)}
@@ -243,7 +247,17 @@ def fm_refine(cg: ClusterGraph, part: np.ndarray, k: int, cap: float,
                 if locked[u] or last[u] != i:
                     continue
                 version[u] += 1
-                g, qu = st.best_move(u, capped=False)
+                # st.best_move(u, capped=False) inlined: the best-gain part u touches, ties
+                # to the lighter part
+                d = conn(u)
+                pu = spart[u]
+                own = d.get(pu, 0.0)
+                g, qu = -np.inf, -1
+                for t, x in d.items():
+                    if t != pu:
+                        gt = x - own
+                        if gt > g or (gt == g and load[t] < load[qu]):
+                            g, qu = gt, t
                 if qu >= 0:
                     stamp += 1
                     heapq.heappush(heap, (-g, -stamp, u, qu, version[u]))
