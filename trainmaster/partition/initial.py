@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 from trainmaster.partition.coarse import ClusterGraph
+from trainmaster.partition.critical import levels
 from trainmaster.partition.graph import Graph
-from trainmaster.partition.simulate import predecessor_lists
+from trainmaster.partition.simulate import predecessor_lists, static_order
 
 
 def cluster_order(graph: Graph, of: np.ndarray, node_order: np.ndarray | None = None) -> np.ndarray:
@@ -146,25 +147,34 @@ def capped_list_schedule(graph: Graph, cg: ClusterGraph, k: int, cap: float,
     free = [0.0] * k
     finish = [0.0] * graph.n
     dev = [0] * graph.n
+    devices = range(k)
     for v in _pop_order(graph, priority):
         c = of[v]
         d = part_of_cluster[c]
+        pv = preds[v]
         if d < 0:  # a cluster's first operator: the device with room that finishes it first
-            roomy = [load[dd] + cw[c] <= cap and mem[dd] + cm[c] <= mem_cap for dd in range(k)]
-            d, f = _pick_device(v, preds[v], pen[v], roomy, finish, dev, free, load, w[v])
+            wc, mc = cw[c], cm[c]
+            roomy = [dd for dd in devices if load[dd] + wc <= cap and mem[dd] + mc <= mem_cap]
+            d, f = _pick_device(pv, pen[v], roomy or devices, finish, dev, free, load, w[v])
             part_of_cluster[c] = d
-            load[d] += cw[c]
-            mem[d] += cm[c]
-        else:
-            f = _finish_on(d, v, preds, finish, dev, free, w)
+            load[d] += wc
+            mem[d] += mc
+        else:  # _finish_on(d, v, ...) inlined: the hot loop
+            s = free[d]
+            for u, cu in pv:
+                t = finish[u] + cu if dev[u] != d else finish[u]
+                if t > s:
+                    s = t
+            f = s + w[v]
         finish[v] = free[d] = f
         dev[v] = d
     return np.asarray(part_of_cluster, dtype=np.int64)
 
 
-def _pick_device(v: int, pv: list, penv: list, roomy: list[bool], finish: list, dev: list,
+def _pick_device(pv: list, penv: list, devices, finish: list, dev: list,
                  free: list, load: list, wv: float) -> tuple[int, float]:
-    """The device for operator v and v's finish there: among the devices with room (all when
+    """The device for an operator (predecessors ``pv``, penalised in-edges ``penv``, cost
+    ``wv``) and its finish there: among ``devices`` (those with room, in index order; all when
     none has), the lowest finish time plus the penalties of the in-edges it would cut, then the
     earliest finish, then the lightest load, then the lowest index."""
     total = 0.0
@@ -172,11 +182,8 @@ def _pick_device(v: int, pv: list, penv: list, roomy: list[bool], finish: list, 
     for u, p in penv:
         total += p
         kept[dev[u]] = kept.get(dev[u], 0.0) + p
-    any_room = any(roomy)
     best, pick = None, 0
-    for d, ok in enumerate(roomy):
-        if any_room and not ok:
-            continue
+    for d in devices:
         s = free[d]
         for u, c in pv:
             t = finish[u] + c if dev[u] != d else finish[u]
@@ -233,6 +240,9 @@ def _pop_order(graph: Graph, priority: np.ndarray) -> list[int]:
     import heapq
 
     n = graph.n
+    order = static_order(graph)
+    if order is not None and priority is levels(graph).blevel:
+        return order  # the simulator's plan already holds this sort, and it is topological
     order = np.lexsort((np.arange(n), -priority))
     rank = np.empty(n, dtype=np.int64)
     rank[order] = np.arange(n)

@@ -139,8 +139,10 @@ def makespan_descent(graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap
     unit_of = [np.asarray(u).tolist() for u in units]
     sizes = [np.bincount(u).tolist() for u in units]
     preds = predecessor_lists(graph)
-    tried: set[tuple[int, int, int]] = set()  # moves refused or not better since the last gain
-    refused: dict[tuple[int, int, int], int] = {}  # refused moves and why (_CAPS or _GUARD)
+    # a move (unit c of level lvl to device q) is keyed by the int (c * k + q) * levels + lvl
+    levels = len(units)
+    tried: set[int] = set()  # moves refused or not better since the last gain
+    refused: dict[int, int] = {}  # refused moves and why (_CAPS or _GUARD)
     used = 0
     while used < budget:
         improved = False
@@ -152,8 +154,9 @@ def makespan_descent(graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap
                 if sizes[lvl][c] == size:
                     continue  # the same nodes as the finer unit (units nest): already tried
                 size = sizes[lvl][c]
+                base = c * k
                 for q in targets:
-                    key = (lvl, c, q)
+                    key = (base + q) * levels + lvl
                     if q == here or key in tried or key in refused:
                         continue
                     trial = state.trial(members[lvl][c], q)
@@ -201,8 +204,10 @@ def _still_refused(refused: dict, moved: list[int], sources: set[int], devices: 
         near = list(moved) + [x for v in moved for x, _ in state.guarded_adj[v]]
     near_units = [{of[v] for v in near} for of in unit_of]
     kept = {}
+    k, levels = state.k, len(unit_of)
     for key, why in refused.items():
-        lvl, c, q = key
+        lvl, cq = key % levels, key // levels
+        c, q = divmod(cq, k)
         if why == _CAPS:
             if q not in sources and c not in touched[lvl]:
                 kept[key] = why
@@ -225,8 +230,14 @@ def _moves(links: list[tuple[int, int, bool]], state: "_MoveCheck",
     synthetic graphs), so the device-wait pairs are made as they are asked for; the state does
     not change while it runs (the descent leaves the loop when it accepts a move)."""
     part, load, k = state.part_l, state.load, state.k
-    transfers = [(max((c for p, c in preds[v] if p == u), default=0.0), u, v)
-                 for u, v, transfer in links if transfer]
+    transfers = []
+    for u, v, transfer in links:
+        if transfer:
+            top = None  # the link's cost: the max over parallel edges u -> v
+            for p, c in preds[v]:
+                if p == u and (top is None or c > top):
+                    top = c
+            transfers.append((0.0 if top is None else top, u, v))
     transfers.sort(key=lambda t: -t[0])  # stable: equal costs keep the chain's order
     seen: set[tuple[int, tuple[int, ...]]] = set()
     for _, u, v in transfers:
