@@ -136,6 +136,8 @@ def makespan_descent(graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap
                        units[0] if swaps else None, finish)
     span, links = critical_chain(graph, state.part_l, state.finish)
     members = [_Members(u) for u in units]
+    member_order = [m.order for m in members]  # unit c of level lvl: order[ptr[c]:ptr[c + 1]]
+    member_ptr = [m.ptr for m in members]
     unit_of = [np.asarray(u).tolist() for u in units]
     sizes = [np.bincount(u).tolist() for u in units]
     preds = predecessor_lists(graph)
@@ -143,23 +145,35 @@ def makespan_descent(graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap
     levels = len(units)
     tried: set[int] = set()  # moves refused or not better since the last gain
     refused: dict[int, int] = {}  # refused moves and why (_CAPS or _GUARD)
+    # per operator, its distinct units: (key of the move to device 0, members' order list,
+    # slice bounds); a unit with as many nodes as the finer one holds the same nodes (units
+    # nest), so it is left out. Static: made once per operator the chains name.
+    units_at: dict[int, list[tuple[int, list[int], int, int]]] = {}
+
+    def units_of(v: int) -> list[tuple[int, list[int], int, int]]:
+        out, size = [], 0
+        for lvl, of in enumerate(unit_of):
+            c = of[v]
+            if sizes[lvl][c] == size:
+                continue
+            size = sizes[lvl][c]
+            ptr = member_ptr[lvl]
+            out.append((c * k * levels + lvl, member_order[lvl], ptr[c], ptr[c + 1]))
+        units_at[v] = out
+        return out
+
+    part_l = state.part_l
     used = 0
     while used < budget:
         improved = False
         for mover, targets in _moves(links, state, preds):
-            size = 0
-            here = state.part_l[mover]
-            for lvl, of in enumerate(unit_of):
-                c = of[mover]
-                if sizes[lvl][c] == size:
-                    continue  # the same nodes as the finer unit (units nest): already tried
-                size = sizes[lvl][c]
-                base = c * k
+            here = part_l[mover]
+            for key0, order_l, lo, hi in units_at.get(mover) or units_of(mover):
                 for q in targets:
-                    key = (base + q) * levels + lvl
+                    key = key0 + q * levels  # (c * k + q) * levels + lvl
                     if q == here or key in tried or key in refused:
                         continue
-                    trial = state.trial(members[lvl][c], q)
+                    trial = state.trial(order_l[lo:hi], q)
                     if not isinstance(trial, tuple):
                         refused[key] = trial
                         continue
@@ -170,9 +184,10 @@ def makespan_descent(graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap
                     # stops early (inf) once it provably cannot beat ``span``
                     s, finish = state.sim.run(trial[0], trial[1], span)
                     if s < span - 1e-9 * max(span, 1.0):
-                        sources = {state.part_l[v] for v in trial[1]}
+                        sources = {part_l[v] for v in trial[1]}
                         touched = sources | {trial[0][v] for v in trial[1]}
                         state.accept(trial[0], finish, trial[1])
+                        part_l = state.part_l
                         span, links = critical_chain(graph, state.part_l, finish)
                         tried.clear()
                         refused = _still_refused(refused, trial[1], sources, touched,
@@ -293,9 +308,15 @@ class _MoveCheck:
         (``_CAPS``, ``_GUARD``, ``_CYCLE``). Most trials are refused, so the checks run on
         Python lists before any array is built."""
         part, cost, mem = self.part_l, self.cost, self.memory
-        moving = [v for v in nodes if part[v] != q]
-        load_in = sum([cost[v] for v in moving])
-        mem_in = sum([mem[v] for v in moving]) if self.mem_cap < _INF else 0.0
+        moving = []
+        load_in = mem_in = 0  # summed in node order, as sum() would (no comprehensions: in
+        for v in nodes:  # Python 3.11 each is a call, and most units are one operator)
+            if part[v] != q:
+                moving.append(v)
+                load_in += cost[v]
+                mem_in += mem[v]
+        if self.mem_cap == _INF:
+            mem_in = 0.0
         if (self.load[q] + load_in > self.cap * (1 + 1e-9)
                 or self.mem[q] + mem_in > self.mem_cap):
             if self.swap_units is None:
