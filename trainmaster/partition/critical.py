@@ -48,20 +48,25 @@ def levels(graph: Graph, assignment: np.ndarray | None = None) -> Levels:
 
 def _levels(graph: Graph, assignment: np.ndarray | None) -> Levels:
     n = graph.n
-    pos = np.empty(n, dtype=np.int64)
-    pos[graph.topo] = np.arange(n)
-    charge = _charged(graph, assignment)
-    w = graph.cost.tolist()
-    src, dst, c = graph.src, graph.dst, charge
-    fwd = np.argsort(pos[src], kind="stable")
+    sweeps = graph.cache.get("level_sweeps")
+    if sweeps is None:  # the edge orders depend on the graph only: made once per graph
+        pos = np.empty(n, dtype=np.int64)
+        pos[graph.topo] = np.arange(n)
+        src, dst = graph.src, graph.dst
+        fwd = np.argsort(pos[src], kind="stable")
+        bwd = np.argsort(-pos[dst], kind="stable")
+        sweeps = (fwd, src[fwd].tolist(), dst[fwd].tolist(),
+                  bwd, src[bwd].tolist(), dst[bwd].tolist(), graph.cost.tolist())
+        graph.cache["level_sweeps"] = sweeps
+    fwd, src_f, dst_f, bwd, src_b, dst_b, w = sweeps
+    c = _charged(graph, assignment)
     est = [0.0] * n
-    for s, d, ce in zip(src[fwd].tolist(), dst[fwd].tolist(), c[fwd].tolist()):
+    for s, d, ce in zip(src_f, dst_f, c[fwd].tolist()):
         t = est[s] + w[s] + ce
         if t > est[d]:
             est[d] = t
-    bwd = np.argsort(-pos[dst], kind="stable")
     tail = [0.0] * n
-    for s, d, ce in zip(src[bwd].tolist(), dst[bwd].tolist(), c[bwd].tolist()):
+    for s, d, ce in zip(src_b, dst_b, c[bwd].tolist()):
         t = ce + w[d] + tail[d]
         if t > tail[s]:
             tail[s] = t

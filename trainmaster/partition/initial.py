@@ -276,10 +276,16 @@ def packed(cg: ClusterGraph, k: int, cap: float, mem_cap: float = float("inf"),
     part = [0] * cg.size
     limit = cap * (1 + 1e-9)
     level = mem if by_memory else load
+    devices = range(k)
     for c in np.argsort(-(cg.memory if by_memory else cg.weight), kind="stable").tolist():
         wc, mc = weight[c], memory[c]
-        pool = [d for d in range(k) if mem[d] + mc <= mem_cap and load[d] + wc <= limit]
-        p = min(pool or range(k), key=level.__getitem__)  # the first least-filled device
+        p = -1  # the first least-filled device with room on both caps (any when none has)
+        for d in devices:
+            if mem[d] + mc <= mem_cap and load[d] + wc <= limit and (p < 0
+                                                                      or level[d] < level[p]):
+                p = d
+        if p < 0:
+            p = min(devices, key=level.__getitem__)
         part[c] = p
         load[p] += wc
         mem[p] += mc
