@@ -154,7 +154,10 @@ def capped_list_schedule(graph: Graph, cg: ClusterGraph, k: int, cap: float,
         pv = preds[v]
         if d < 0:  # a cluster's first operator: the device with room that finishes it first
             wc, mc = cw[c], cm[c]
-            roomy = [dd for dd in devices if load[dd] + wc <= cap and mem[dd] + mc <= mem_cap]
+            roomy = []  # a loop, not a comprehension (a call each in Python 3.11)
+            for dd in devices:
+                if load[dd] + wc <= cap and mem[dd] + mc <= mem_cap:
+                    roomy.append(dd)
             d, f = _pick_device(pv, pen[v], roomy or devices, finish, dev, free, load, w[v])
             part_of_cluster[c] = d
             load[d] += wc

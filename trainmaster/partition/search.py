@@ -263,10 +263,14 @@ def _moves(links: list[tuple[int, int, bool]], state: "_MoveCheck",
     others = [tuple(_other_parts(p, load, k)) for p in range(k)]
     for u, v, transfer in links:
         if not transfer:
-            for pair in ((v, others[part[v]]), (u, others[part[u]])):
-                if pair not in seen:
-                    seen.add(pair)
-                    yield pair
+            pair = (v, others[part[v]])
+            if pair not in seen:
+                seen.add(pair)
+                yield pair
+            pair = (u, others[part[u]])
+            if pair not in seen:
+                seen.add(pair)
+                yield pair
 
 
 _CAPS, _GUARD, _CYCLE, _SWAP = 1, 2, 3, 4  # why a trial move was refused
