@@ -6,6 +6,8 @@ All of them assign clusters (see coarse.py), so co-location is kept by construct
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 
 from trainmaster.partition.coarse import ClusterGraph
@@ -24,38 +26,11 @@ def cluster_order(graph: Graph, of: np.ndarray, node_order: np.ndarray | None = 
     return np.argsort(first, kind="stable")
 
 
-def _range_argmin_table(values: np.ndarray) -> list[np.ndarray]:
-    """Sparse table of argmins over windows of length 2^j (vectorised range-minimum queries)."""
-    table = [np.arange(len(values))]
-    span = 1
-    while 2 * span <= len(values):
-        prev = table[-1]
-        a, b = prev[: len(prev) - span], prev[span:]
-        table.append(np.where(values[a] <= values[b], a, b))
-        span *= 2
-    return table
-
-
-def _range_argmin(values: np.ndarray, table: list[np.ndarray], lo: np.ndarray,
-                  hi: np.ndarray) -> np.ndarray:
-    """argmin of values[lo..hi] (inclusive) for each pair; lo <= hi."""
-    length = hi - lo + 1
-    j = np.floor(np.log2(np.maximum(length, 1))).astype(np.int64)
-    out = np.empty(len(lo), dtype=np.int64)
-    for level in np.unique(j):
-        sel = j == level
-        t = table[level]
-        a = t[lo[sel]]
-        b = t[hi[sel] - (1 << int(level)) + 1]
-        out[sel] = np.where(values[a] <= values[b], a, b)
-    return out
-
-
 def acyclic_split(graph: Graph, cg: ClusterGraph, k: int, cap: float,
                   node_order: np.ndarray | None = None) -> np.ndarray | None:
     """Cut the topological order of clusters into at most k contiguous segments, each within the
     load cap, minimising the weight of edges crossing the cuts (exact dynamic programme over cut
-    positions, O(k n log n) with range-minimum queries). Contiguous segments make the device
+    positions, O(k n) with a sliding-window minimum). Contiguous segments make the device
     graph a chain, which is what a pipeline needs. None when no such split fits the cap.
     ``node_order`` picks the topological order swept (e.g. by earliest start time)."""
     order = cluster_order(graph, cg.of, node_order)
@@ -88,27 +63,40 @@ def _boundary_costs(pa: np.ndarray, pb: np.ndarray, w: np.ndarray, c: int) -> np
 def split_sequence(load: np.ndarray, cross: np.ndarray, k: int, cap: float) -> np.ndarray | None:
     """Segment index (0..k-1) of each item when a sequence is cut into at most k contiguous
     segments of load <= cap at the least total boundary cost ``cross`` (exact DP over cut
-    positions with range-minimum queries); None when no such split exists."""
+    positions); None when no such split exists. Each DP layer needs, for every position p,
+    the leftmost argmin of the previous layer over the window [first start that fits, p];
+    both ends only move right, so a monotone deque gives them all in O(c) (plain lists: at
+    these sizes numpy's per-call cost dominated the range-minimum tables used before)."""
     c = len(load)
     prefix = np.concatenate([[0.0], np.cumsum(load)])
     slack = cap * (1 + 1e-12)
-    window_lo = np.searchsorted(prefix, prefix - slack, side="left")
-    p_all = np.arange(c + 1)
-    dp = np.full(c + 1, np.inf)
+    window_lo = np.searchsorted(prefix, prefix - slack, side="left").tolist()
+    cross_l = np.asarray(cross, dtype=float).tolist()
+    dp = [np.inf] * (c + 1)
     dp[0] = 0.0
-    back: list[np.ndarray] = []
+    back: list[list[int]] = []
     for _ in range(k - 1):
-        table = _range_argmin_table(dp)
-        arg = _range_argmin(dp, table, window_lo, p_all)
+        arg = [0] * (c + 1)
+        window: deque[int] = deque()  # positions, values non-decreasing; ties keep the earlier
+        for p in range(c + 1):
+            x = dp[p]
+            while window and dp[window[-1]] > x:
+                window.pop()
+            window.append(p)
+            lo = window_lo[p]
+            while window[0] < lo:
+                window.popleft()
+            arg[p] = window[0]
         back.append(arg)
-        dp = dp[arg] + cross
+        dp = [dp[a] + cr for a, cr in zip(arg, cross_l)]
+    dp_a = np.asarray(dp)
     last_ok = prefix[c] - prefix <= slack
-    if not np.isfinite(dp[last_ok]).any():
+    if not np.isfinite(dp_a[last_ok]).any():
         return None
-    end = int(np.flatnonzero(last_ok)[np.argmin(dp[last_ok])])
+    end = int(np.flatnonzero(last_ok)[np.argmin(dp_a[last_ok])])
     bounds = [end]
     for arg in reversed(back):
-        end = int(arg[end])
+        end = arg[end]
         bounds.append(end)
     bounds = sorted(bounds)[1:] + [c]  # drop the leading 0 boundary, close with c
     seg_of_pos = np.searchsorted(np.asarray(bounds), np.arange(c), side="right")
