@@ -181,7 +181,15 @@ def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int,
         dag = [s for s in scored if device_graph_acyclic(graph, s[3], k)]
         scored = dag or scored
     guarded = graph.edge_cost * static_crit
-    over, span, label, best = _choose(graph, scored, guarded)
+    cut_costs: dict[bytes, float] = {}  # by assignment: the choice and the notes share them
+
+    def cut_of(s: tuple) -> float:
+        key = np.asarray(s[3], dtype=np.int64).tobytes()
+        if key not in cut_costs:
+            cut_costs[key] = _cut_cost(graph, guarded, s[3])
+        return cut_costs[key]
+
+    over, span, label, best = _choose(graph, scored, guarded, cut_of)
     if over == 0.0:
         budget = int(np.clip(DESCENT_WORK / max(graph.n + graph.m, 1), *DESCENT_SIMULATIONS))
         best, span, used = makespan_descent(
@@ -192,7 +200,7 @@ def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int,
     else:
         used = 0
     candidates = {s[2]: {"overload": s[0], "makespan": s[1],
-                         "critical_cut": _cut_cost(graph, guarded, s[3])}
+                         "critical_cut": cut_of(s)}
                   for s in scored}
     return best, {"chosen": label, "descent_simulations": used, "makespan": span,
                   "candidates": candidates}
@@ -232,13 +240,18 @@ def _candidates(graph: Graph, k: int, imbalance: float, seed: int, cap: float, m
     return out
 
 
-def _choose(graph: Graph, scored: list, guarded: np.ndarray) -> tuple:
+def _choose(graph: Graph, scored: list, guarded: np.ndarray, cut_of=None) -> tuple:
     """The final choice among (overload, makespan, name, assignment) candidates: the least
     overloaded; among those, none slower than METIS's own partition (``metis-plain``, when it is
     as little overloaded); then the lowest makespan + CUT_PENALTY x critical cut cost. Why not
     makespan alone: the simulator prices a cut critical edge at its modelled transfer time, and
     real messages cost more (docs/partition.md, the pipeline run), so among partitions of
-    near-equal simulated makespan the one that cuts less of the critical path is the safer."""
+    near-equal simulated makespan the one that cuts less of the critical path is the safer.
+    ``cut_of`` (a candidate -> its critical cut cost, memoised by the caller) saves computing it
+    again."""
+    if cut_of is None:
+        def cut_of(s: tuple) -> float:
+            return _cut_cost(graph, guarded, s[3])
     least = min(s[0] for s in scored)
     pool = [s for s in scored if s[0] == least]
     metis = [s for s in pool if s[2] == "metis-plain"]
@@ -246,7 +259,7 @@ def _choose(graph: Graph, scored: list, guarded: np.ndarray) -> tuple:
         pool = [s for s in pool if s[1] <= metis[0][1]]
 
     def score(s: tuple) -> tuple[float, float]:
-        return s[1] + CUT_PENALTY * _cut_cost(graph, guarded, s[3]), s[1]
+        return s[1] + CUT_PENALTY * cut_of(s), s[1]
 
     return min(pool, key=score)
 
