@@ -173,3 +173,31 @@ def test_trial_simulator_incremental_checkpoints_equal_fresh_ones():
                                                           fresh.total)
         assert fin == schedule(g, np.asarray(trial))[1].tolist()
         part = trial
+
+
+def test_static_critical_chain_falls_back_where_recomputed_starts_are_out_of_order():
+    """Mechanism: the chain's general path sorts by start = finish - cost, which can be an ulp
+    out of the simulator's order next to zero-cost operators with decimal costs; the fast path
+    must notice that and give the same links as the sort (it returns None, the sort runs)."""
+    from trainmaster.partition.graph import build_graph
+    from trainmaster.partition.search import _static_chain, critical_chain
+    from trainmaster.partition.simulate import schedule, static_order
+
+    rng = np.random.default_rng(5)
+    fallbacks = 0
+    for _ in range(200):
+        n = 12
+        src, dst = [], []
+        for v in range(1, n):
+            for u in rng.choice(v, size=min(v, int(rng.integers(1, 3))), replace=False):
+                src.append(int(u))
+                dst.append(v)
+        g = build_graph(list(range(n)), (rng.integers(0, 4, n) / 10.0).tolist(), src, dst,
+                        (rng.integers(0, 3, len(src)) / 10.0).tolist())
+        if static_order(g) is None:
+            continue
+        part = rng.integers(0, 2, n)
+        fin = schedule(g, part)[1].tolist()
+        fallbacks += _static_chain(g, static_order(g), part.tolist(), fin) is None
+        assert critical_chain(g, part.tolist(), fin) == critical_chain(g, part)
+    assert fallbacks > 0

@@ -27,7 +27,9 @@ def critical_chain(graph: Graph, assignment: np.ndarray, finish: list | None = N
     device to finish u. ``finish``: the schedule's finish times when already simulated."""
     order = static_order(graph)
     if finish is not None and order is not None and graph.n:
-        return _static_chain(graph, order, assignment, finish)
+        chain = _static_chain(graph, order, assignment, finish)
+        if chain is not None:
+            return chain
     if finish is None:
         start, finish = schedule(graph, assignment)
     else:
@@ -66,12 +68,15 @@ def critical_chain(graph: Graph, assignment: np.ndarray, finish: list | None = N
 
 
 def _static_chain(graph: Graph, order: list[int], assignment, finish: list,
-                  ) -> tuple[float, list[tuple[int, int, bool]]]:
+                  ) -> tuple[float, list[tuple[int, int, bool]]] | None:
     """``critical_chain`` for a schedule the simulator walked in its static priority order, on
     plain lists: there each device runs its operators in that order (a later one starts no
     earlier than the one before it ends), which is the (start, finish, priority) order the
     general case sorts by, so the operator before v on its device is the one before it in the
-    order. Same links, without the sort."""
+    order. Same links, without the sort. Start times are recomputed as finish - cost, as the
+    general case does, and can then be an ulp out of order (an operator that starts when a
+    zero-cost one ends); the order is checked and None returned (sort instead) if it is not
+    exactly the sorted one."""
     part = assignment if isinstance(assignment, list) else np.asarray(assignment).tolist()
     fin = finish if isinstance(finish, list) else np.asarray(finish).tolist()
     w = graph.cache["plan"][8]
@@ -79,7 +84,12 @@ def _static_chain(graph: Graph, order: list[int], assignment, finish: list,
     last = [-1] * (max(part) + 1)
     for v in order:
         d = part[v]
-        prev[v] = last[d]
+        u = last[d]
+        if u >= 0:
+            su, sv = fin[u] - w[u], fin[v] - w[v]
+            if su > sv or (su == sv and fin[u] > fin[v]):
+                return None  # the sort would put v before u on their device
+        prev[v] = u
         last[d] = v
     span = max(fin)
     v = fin.index(span)
