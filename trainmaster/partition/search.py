@@ -82,10 +82,14 @@ def _static_chain(graph: Graph, order: list[int], assignment, finish: list,
     w = graph.cache["plan"][8]
     prev = [-1] * graph.n
     last = [-1] * (max(part) + 1)
+    # v starts no earlier than u (before it on its device) ends, so the recomputed starts can
+    # only swap when u's cost is within rounding of nothing: fl(f_u - w_u) >= fl(f_v - w_v)
+    # needs w_u <= ~1.5 ulp(f_v) <= 4e-16 f_v; costs above 1e-12 x the makespan are not checked
+    small = 1e-12 * max(fin)
     for v in order:
         d = part[v]
         u = last[d]
-        if u >= 0:
+        if u >= 0 and w[u] <= small:
             su, sv = fin[u] - w[u], fin[v] - w[v]
             if su > sv or (su == sv and fin[u] > fin[v]):
                 return None  # the sort would put v before u on their device
