@@ -35,20 +35,30 @@ class ClusterGraph:
 
 
 def cluster_graph(graph: Graph, of: np.ndarray, edge_weight: np.ndarray) -> ClusterGraph:
-    c = int(of.max()) + 1 if len(of) else 0
-    a, b = of[graph.src], of[graph.dst]
-    keep = a != b
-    a, b, w = a[keep], b[keep], edge_weight[keep]
-    aa, bb, ww = np.concatenate([a, b]), np.concatenate([b, a]), np.concatenate([w, w])
-    key = aa * c + bb
-    uniq, inv = np.unique(key, return_inverse=True)
-    wsum = np.bincount(inv, weights=ww) if len(uniq) else np.zeros(0)
-    ua, ub = uniq // max(c, 1), uniq % max(c, 1)
-    xadj = np.zeros(c + 1, dtype=np.int64)
-    np.cumsum(np.bincount(ua, minlength=c), out=xadj[1:])
-    return ClusterGraph(of, np.bincount(of, weights=graph.cost, minlength=c),
-                        np.bincount(of, weights=graph.memory, minlength=c),
-                        xadj, ub.astype(np.int64), wsum)
+    """The cluster graph of ``of`` with ``edge_weight``. The method builds several over the
+    same clusters with different weights, so everything but the edge weights is cached on the
+    graph by the cluster map (the weights are summed the same way either way)."""
+    key_of = ("cluster_graph", np.asarray(of, dtype=np.int64).tobytes())
+    shape = graph.cache.get(key_of)
+    if shape is None:
+        c = int(of.max()) + 1 if len(of) else 0
+        a, b = of[graph.src], of[graph.dst]
+        keep = a != b
+        a, b = a[keep], b[keep]
+        aa, bb = np.concatenate([a, b]), np.concatenate([b, a])
+        key = aa * c + bb
+        uniq, inv = np.unique(key, return_inverse=True)
+        ua, ub = uniq // max(c, 1), uniq % max(c, 1)
+        xadj = np.zeros(c + 1, dtype=np.int64)
+        np.cumsum(np.bincount(ua, minlength=c), out=xadj[1:])
+        shape = (keep, inv, len(uniq), xadj, ub.astype(np.int64),
+                 np.bincount(of, weights=graph.cost, minlength=c),
+                 np.bincount(of, weights=graph.memory, minlength=c))
+        graph.cache[key_of] = shape
+    keep, inv, nuniq, xadj, adjncy, weight, memory = shape
+    w = edge_weight[keep]
+    wsum = np.bincount(inv, weights=np.concatenate([w, w])) if nuniq else np.zeros(0)
+    return ClusterGraph(of, weight, memory, xadj, adjncy, wsum)
 
 
 def _relabel(of: np.ndarray) -> np.ndarray:
