@@ -146,11 +146,30 @@ def capped_list_schedule(graph: Graph, cg: ClusterGraph, k: int, cap: float,
             for dd in devices:
                 if load[dd] + wc <= cap and mem[dd] + mc <= mem_cap:
                     roomy.append(dd)
-            d, f = _pick_device(pv, pen[v], roomy or devices, finish, dev, free, load, w[v])
+            # among the devices with room (all when none has): the lowest finish time plus
+            # the penalties of the in-edges it would cut, then the earliest finish, then the
+            # lightest load, then the lowest index
+            total = 0.0
+            kept: dict[int, float] = {}  # penalty of the in-edges that stay uncut per device
+            for u, pu in pen[v]:
+                total += pu
+                kept[dev[u]] = kept.get(dev[u], 0.0) + pu
+            best, d, wv = None, 0, w[v]
+            for dd in roomy or devices:
+                s = free[dd]
+                for u, cu in pv:
+                    t = finish[u] + cu if dev[u] != dd else finish[u]
+                    if t > s:
+                        s = t
+                fd = s + wv
+                key = (fd + total - kept.get(dd, 0.0), fd, load[dd])
+                if best is None or key < best:
+                    best, d = key, dd
+            f = best[1]
             part_of_cluster[c] = d
             load[d] += wc
             mem[d] += mc
-        else:  # _finish_on(d, v, ...) inlined: the hot loop
+        else:  # the cluster placed already: v finishes on its device
             s = free[d]
             for u, cu in pv:
                 t = finish[u] + cu if dev[u] != d else finish[u]
@@ -160,43 +179,6 @@ def capped_list_schedule(graph: Graph, cg: ClusterGraph, k: int, cap: float,
         finish[v] = free[d] = f
         dev[v] = d
     return np.asarray(part_of_cluster, dtype=np.int64)
-
-
-def _pick_device(pv: list, penv: list, devices, finish: list, dev: list,
-                 free: list, load: list, wv: float) -> tuple[int, float]:
-    """The device for an operator (predecessors ``pv``, penalised in-edges ``penv``, cost
-    ``wv``) and its finish there: among ``devices`` (those with room, in index order; all when
-    none has), the lowest finish time plus the penalties of the in-edges it would cut, then the
-    earliest finish, then the lightest load, then the lowest index."""
-    total = 0.0
-    kept: dict[int, float] = {}  # penalty of the in-edges that stay uncut on each device
-    for u, p in penv:
-        total += p
-        kept[dev[u]] = kept.get(dev[u], 0.0) + p
-    best, pick = None, 0
-    for d in devices:
-        s = free[d]
-        for u, c in pv:
-            t = finish[u] + c if dev[u] != d else finish[u]
-            if t > s:
-                s = t
-        f = s + wv
-        key = (f + total - kept.get(d, 0.0), f, load[d])
-        if best is None or key < best:
-            best, pick = key, d
-    return pick, best[1]
-
-
-def _finish_on(d: int, v: int, preds: list, finish: list, dev: list, free: list,
-               w: list) -> float:
-    """When operator v would finish on device d: after the device is free and every
-    predecessor's data is there (its transfer cost when it ran on another device)."""
-    s = free[d]
-    for u, c in preds[v]:
-        t = finish[u] + c if dev[u] != d else finish[u]
-        if t > s:
-            s = t
-    return s + w[v]
 
 
 def critical_path_pins(graph: Graph, cg: ClusterGraph, k: int, cap: float, est: np.ndarray,
