@@ -99,6 +99,7 @@ def _static_chain(graph: Graph, order: list[int], assignment, finish: list,
     v = fin.index(span)
     tol = 1e-9 * max(span, 1.0)
     links: list[tuple[int, int, bool]] = []
+    append = links.append
     preds = predecessor_lists(graph)
     for _ in range(graph.n):  # each step goes back in time or in priority: at most n steps
         sv = fin[v] - w[v]
@@ -106,16 +107,17 @@ def _static_chain(graph: Graph, order: list[int], assignment, finish: list,
             break
         nxt, transfer = -1, False
         pv = part[v]
+        ready = sv - tol
         for u, c in preds[v]:
             cut = part[u] != pv
-            if fin[u] + (c if cut else 0.0) >= sv - tol:
+            if fin[u] + (c if cut else 0.0) >= ready:
                 nxt, transfer = u, cut and c > 0
                 break
         if nxt < 0:
             nxt = prev[v]
             if nxt < 0:
                 break
-        links.append((nxt, v, transfer))
+        append((nxt, v, transfer))
         v = nxt
     return float(span), links
 
@@ -409,8 +411,15 @@ class _MoveCheck:
 
     def _guard_delta(self, moving: list[int], q: int) -> float:
         """Change of the guarded cut when ``moving`` go to q (only their own edges change)."""
-        part, adj, inside = self.part_l, self.guarded_adj, set(moving)
+        part, adj = self.part_l, self.guarded_adj
         delta = 0.0
+        if len(moving) == 1:  # most units are one operator (no self-loops: no edge inside)
+            v = moving[0]
+            pv = part[v]
+            for x, w in adj[v]:
+                delta += w * ((part[x] != q) - (part[x] != pv))
+            return delta
+        inside = set(moving)
         for v in moving:
             pv = part[v]
             for x, w in adj[v]:
