@@ -112,10 +112,12 @@ class TrialSimulator:
                         if t > bottom[u]:
                             bottom[u] = t
                 graph.cache["bottom0"] = bottom
-            self.steps = graph.cache.get("steps4")
-            if self.steps is None:
-                self.steps = [(v, pv, wv, bottom[v]) for v, pv, wv in plan[13]]
-                graph.cache["steps4"] = self.steps
+            self.steps = graph.cache.get("trial_steps")
+            if self.steps is None:  # (v, its one predecessor and cost or -1, preds, w, bottom)
+                self.steps = [(v, pv[0][0] if len(pv) == 1 else -1,
+                               pv[0][1] if len(pv) == 1 else 0.0, pv, wv, bottom[v])
+                              for v, pv, wv in plan[13]]
+                graph.cache["trial_steps"] = self.steps
 
     def set(self, part: list[int], finish: list, moved: list[int] | None = None) -> None:
         """The accepted schedule: ``part`` (a list) and its finish times. With ``moved`` (the
@@ -171,15 +173,22 @@ class TrialSimulator:
             rem[d] -= done[d]
         fin = list(finish)
         inf = float("inf")
-        for v, pv, wv, bv in self.steps[first:]:
+        for v, u1, c1, pv, wv, bv in self.steps[first:]:
             d = part[v]
             s = free[d]
-            for u, c in pv:
-                t = fin[u]
-                if part[u] != d:
-                    t += c
+            if u1 >= 0:  # one predecessor (most operators): no inner loop
+                t = fin[u1]
+                if part[u1] != d:
+                    t += c1
                 if t > s:
                     s = t
+            else:
+                for u, c in pv:
+                    t = fin[u]
+                    if part[u] != d:
+                        t += c
+                    if t > s:
+                        s = t
             if s + bv >= limit:
                 return inf, None
             f = s + wv
