@@ -93,6 +93,7 @@ def rebalance(cg: ClusterGraph, part: np.ndarray, k: int, cap: float,
         p = max(over, key=lambda q: st.load[q] - cap)
         members = np.flatnonzero(arr == p).tolist()
         best = (-np.inf, -1, -1)
+        best_g, best_w = -np.inf, 0.0
         room_load = max(cap - st.load[q] for q in range(k) if q != p) if k > 1 else -1.0
         room_mem = max(mem_cap - st.memload[q] for q in range(k) if q != p) if k > 1 else -1.0
         load, memload, wt, mem = st.load, st.memload, st.wt, st.mem
@@ -111,8 +112,9 @@ def rebalance(cg: ClusterGraph, part: np.ndarray, k: int, cap: float,
                     gt = d.get(t, 0.0) - own
                     if gt > g or (gt == g and load[t] < load[q]):
                         g, q = gt, t
-            if q >= 0 and (g, -wv) > (best[0], -wt[best[1]] if best[1] >= 0 else 0):
-                best = (g, v, q)
+            # (g, -wv) > (best gain, -its weight): higher gain, then the lighter cluster
+            if q >= 0 and (g > best_g or (g == best_g and wv < best_w)):
+                best, best_g, best_w = (g, v, q), g, wv
         if best[1] < 0:
             swap = _best_swap(st, arr, p, members) if swaps and swapped < k else None
             if swap is None:
