@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainmaster.partition import build_graph, evaluate, makespan
-from trainmaster.partition.simulate import (device_loads, heaviest_path, lower_bound, path_bound,
-                                            path_cut_bound)
+from trainmaster.partition.simulate import (critical_cut_bound, device_loads, heaviest_path,
+                                            lower_bound, path_bound, path_cut_bound)
 
 
 def chain(costs, links):
@@ -143,3 +143,34 @@ def test_no_partition_within_both_caps_beats_the_memory_bound(g, k, imbalance, d
         if (device_loads(gm, part, k).max() <= cap * (1 + 1e-9)
                 and np.bincount(part, weights=memory, minlength=k).max() <= mem_cap):
             assert makespan(gm, part) >= bound - 1e-9
+
+
+def test_critical_cut_bound_on_a_chain_is_its_cheapest_fitting_cut():
+    """Critical edges (static slack 0) and the balance cap, known answer: every link of a chain
+    is critical; 4 unit operators under cap 2 must be cut at the middle link (cost 3), so no
+    within-cap partition cuts less than 3 of critical edges, and [0, 0, 1, 1] cuts exactly 3."""
+    g = chain([1.0, 1.0, 1.0, 1.0], [5.0, 3.0, 1.0])
+    assert critical_cut_bound(g, 2.0) == 3.0
+    ev = evaluate(g, np.array([0, 0, 1, 1]), 2, imbalance=0.0)
+    assert ev["critical_cut_cost"] == 3.0 and ev["critical_cut_bound"] == 3.0
+    assert critical_cut_bound(g, 4.0) == 0.0  # fits on one device
+
+
+@settings(max_examples=80, deadline=None)
+@given(small_dags(), st.integers(2, 3), st.sampled_from([0.0, 0.05, 0.3, 1.0]), st.data())
+def test_no_partition_within_the_caps_cuts_less_critical_cost_than_the_bound(g, k, imbalance, data):
+    """Property (critical edges by static slack, cost-weighted critical cut, balance and memory
+    caps): brute force over every assignment of a tiny DAG; each one within the load cap (and
+    the memory cap) cuts critical edges costing at least the critical-cut bound."""
+    memory = np.array([float(data.draw(st.integers(0, 5))) for _ in range(g.n)])
+    mem_cap = float(data.draw(st.integers(int(memory.max()), max(int(memory.sum()), 1))))
+    gm = build_graph(g.node_ids, g.cost, [g.node_ids[u] for u in g.src],
+                     [g.node_ids[v] for v in g.dst], g.edge_cost, memory=memory, memory_cap=mem_cap)
+    cap = max((1 + imbalance) * float(g.cost.sum()) / k, float(g.cost.max()))
+    bound = critical_cut_bound(gm, cap, mem_cap)
+    for p in itertools.product(range(k), repeat=g.n):
+        part = np.array(p, dtype=np.int64)
+        fits = (device_loads(gm, part, k).max() <= cap * (1 + 1e-9)
+                and np.bincount(part, weights=memory, minlength=k).max() <= mem_cap)
+        if fits:
+            assert evaluate(gm, part, k, imbalance)["critical_cut_cost"] >= bound - 1e-9

@@ -332,10 +332,28 @@ def path_cut_bound(graph: Graph, k: int, cap: float, mem_cap: float = float("inf
     return bound
 
 
+def critical_cut_bound(graph: Graph, cap: float, mem_cap: float = float("inf")) -> float:
+    """A lower bound on the cost-weighted critical cut of any partition whose device loads are
+    all <= ``cap`` (and memories <= ``mem_cap``, when given): the static critical path (compute
+    plus every transfer, as HEFT's ranks charge them) has slack 0 on each of its links, so each
+    link a partition cuts is a critical edge, and a within-cap partition cuts that path into
+    runs that fit a device (``path_bound``'s argument). Where METIS's critical cut already equals
+    this bound, no partition within the caps cuts less. inf when no partition fits the caps."""
+    nodes, links = heaviest_path(graph, 1.0)
+    memory = graph.memory[nodes].tolist() if np.isfinite(mem_cap) else None
+    return path_cut_cost(graph.cost[nodes].tolist(), links, cap, memory, mem_cap)
+
+
 def path_bound(node_cost: list[float], link_cost: list[float], cap: float,
                node_memory: list[float] | None = None, mem_cap: float = float("inf")) -> float:
-    """Compute of a path plus the cheapest cut of it into runs of <= ``cap`` compute each (and
-    <= ``mem_cap`` of ``node_memory`` each, when given).
+    """Compute of a path plus its cheapest cut into fitting runs (``path_cut_cost``)."""
+    return sum(node_cost) + path_cut_cost(node_cost, link_cost, cap, node_memory, mem_cap)
+
+
+def path_cut_cost(node_cost: list[float], link_cost: list[float], cap: float,
+                  node_memory: list[float] | None = None, mem_cap: float = float("inf")) -> float:
+    """The cheapest cut of a path into runs of <= ``cap`` compute each (and <= ``mem_cap`` of
+    ``node_memory`` each, when given): the sum of the links between runs.
 
     ``link_cost[i]`` is the transfer between path operators i and i + 1. Any within-cap partition
     cuts the path at least this dearly (each maximal same-device run fits on its device), which
@@ -369,7 +387,7 @@ def path_bound(node_cost: list[float], link_cost: list[float], cap: float,
         lo = best[window[head]]
         if i < n:
             best[i] = link_cost[i - 1] + lo
-    return prefix[n] + lo
+    return lo
 
 
 def heaviest_path(graph: Graph, edge_weight: float) -> tuple[list[int], list[float]]:
@@ -450,6 +468,7 @@ def evaluate(graph: Graph, assignment: np.ndarray, k: int, imbalance: float = 0.
         "makespan": span,
         "lower_bound": lb,
         "path_cut_bound": path_cut_bound(graph, k, cap, mem_cap),
+        "critical_cut_bound": critical_cut_bound(graph, cap, mem_cap),
         "device_graph_acyclic": device_graph_acyclic(graph, assignment, k),
     }
 
