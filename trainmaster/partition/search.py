@@ -44,27 +44,8 @@ def critical_chain(graph: Graph, assignment: np.ndarray, finish: list | None = N
     same = part[order[1:]] == part[order[:-1]]
     prev_on_dev[order[1:][same]] = order[:-1][same]
     v = int(np.argmax(finish))
-    span = float(finish[v])
-    tol = 1e-9 * max(span, 1.0)
-    links: list[tuple[int, int, bool]] = []
-    st, fin, prev, pl = start.tolist(), finish.tolist(), prev_on_dev.tolist(), part.tolist()
-    preds = predecessor_lists(graph)
-    for _ in range(graph.n):  # each step goes back in time or in priority: at most n steps
-        if st[v] <= tol:
-            break
-        nxt, transfer = -1, False
-        for u, c in preds[v]:
-            cut = pl[u] != pl[v]
-            if fin[u] + (c if cut else 0.0) >= st[v] - tol:
-                nxt, transfer = u, cut and c > 0
-                break
-        if nxt < 0:
-            nxt = prev[v]
-            if nxt < 0:
-                break
-        links.append((nxt, v, transfer))
-        v = nxt
-    return span, links
+    links = _walk_back(graph, v, finish.tolist(), start.tolist(), part.tolist(), prev_on_dev.tolist())
+    return float(finish[v]), links
 
 
 def _static_chain(graph: Graph, order: list[int], assignment, finish: list,
@@ -96,13 +77,21 @@ def _static_chain(graph: Graph, order: list[int], assignment, finish: list,
         prev[v] = u
         last[d] = v
     span = max(fin)
-    v = fin.index(span)
-    tol = 1e-9 * max(span, 1.0)
+    return float(span), _walk_back(graph, fin.index(span), fin, None, part, prev)
+
+
+def _walk_back(graph: Graph, v: int, fin: list, start: list | None, part: list,
+               prev: list) -> list[tuple[int, int, bool]]:
+    """The critical chain ending at ``v``, last link first: from each operator back to the
+    predecessor whose data (or, on the same device, whose end) it waited for, else to the
+    operator before it on its device (``prev``). ``start`` None: start = finish - cost."""
+    w = graph.cache["plan"][8] if start is None else None
+    tol = 1e-9 * max(fin[v], 1.0)
     links: list[tuple[int, int, bool]] = []
     append = links.append
     preds = predecessor_lists(graph)
     for _ in range(graph.n):  # each step goes back in time or in priority: at most n steps
-        sv = fin[v] - w[v]
+        sv = fin[v] - w[v] if start is None else start[v]
         if sv <= tol:
             break
         nxt, transfer = -1, False
@@ -119,7 +108,7 @@ def _static_chain(graph: Graph, order: list[int], assignment, finish: list,
                 break
         append((nxt, v, transfer))
         v = nxt
-    return float(span), links
+    return links
 
 
 def _priority_rank(graph: Graph) -> np.ndarray:
