@@ -298,6 +298,19 @@ def test_packed_is_longest_processing_time_first_within_both_caps():
     assert packed(cg, 2, 100.0, by_memory=True).tolist() == [1, 1, 1, 1, 0]
 
 
+def _count_calls(monkeypatch, module, name: str) -> list:
+    """Wrap ``module.name`` so each call appends to the returned list (and still runs)."""
+    calls: list = []
+    real = getattr(module, name)
+
+    def spy(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(module, name, spy)
+    return calls
+
+
 def test_refine_skips_fm_when_rebalancing_cannot_meet_the_caps(monkeypatch):
     """Mechanism: FM keeps the caps as they are, so a start that rebalancing cannot bring within
     the caps is returned rebalanced, without FM; a start within the caps is refined by FM."""
@@ -307,14 +320,7 @@ def test_refine_skips_fm_when_rebalancing_cannot_meet_the_caps(monkeypatch):
     g = random_dag(4, 40, groups=False)
     base = clusters_of(g)
     crit = critical_edges(g)
-    calls = []
-    real_fm = methods.fm_refine
-
-    def spy(*a, **kw):
-        calls.append(1)
-        return real_fm(*a, **kw)
-
-    monkeypatch.setattr(methods, "fm_refine", spy)
+    calls = _count_calls(monkeypatch, methods, "fm_refine")
     start = np.zeros(g.n, dtype=np.int64)
     heaviest = float(g.cost.max())
     out = methods._refine(g, base, start, 4, heaviest * 0.99, float("inf"), crit, 0.0)
@@ -395,14 +401,7 @@ def test_bin_packed_starts_only_when_no_start_can_be_repaired(monkeypatch):
     folder = shared_data_dir()
     if folder is None:
         pytest.skip("shared data folder ../shared/data/dnn-partitioning is absent")
-    calls = []
-    real = methods.packed
-
-    def spy(*a, **kw):
-        calls.append(1)
-        return real(*a, **kw)
-
-    monkeypatch.setattr(methods, "packed", spy)
+    calls = _count_calls(monkeypatch, methods, "packed")
     g = load_graph(str(folder / "latency-inputs" / "LayerGraphs" / "gnmt_inference.json"))
     res = partition(g, 8)
     ev = evaluate(g, res.assignment, 8)
