@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainmaster.partition import build_graph, evaluate, makespan
+from trainmaster.partition.graph import clusters_of
 from trainmaster.partition.simulate import (critical_cut_bound, device_loads, heaviest_path,
                                             lower_bound, path_bound, path_cut_bound)
 
@@ -174,3 +175,42 @@ def test_no_partition_within_the_caps_cuts_less_critical_cost_than_the_bound(g, 
                 and np.bincount(part, weights=memory, minlength=k).max() <= mem_cap)
         if fits:
             assert evaluate(gm, part, k, imbalance)["critical_cut_cost"] >= bound - 1e-9
+
+
+def test_colocated_link_is_never_cut():
+    """Co-location in the path bounds, known answer: 4 unit operators, cap 2, links 5, 1, 3
+    (the middle one cheapest). Alone, the bound cuts the middle link: 4 + 1 = 5 and a critical
+    cut of 1. With operators 1 and 2 in one co-location class that link cannot be cut, so the
+    runs are {0}, {1, 2}, {3}: 4 + 5 + 3 = 12, critical cut 8, which [0, 1, 1, 0] attains."""
+    g = build_graph(list("abcd"), [1.0] * 4, list("abc"), list("bcd"), [5.0, 1.0, 3.0],
+                    group=[-1, 7, 7, -1])
+    cluster = clusters_of(g)
+    assert path_cut_bound(g, 2, 2.0) == 5.0 and critical_cut_bound(g, 2.0) == 1.0
+    assert path_cut_bound(g, 2, 2.0, cluster=cluster) == 12.0
+    assert critical_cut_bound(g, 2.0, cluster=cluster) == 8.0
+    ev = evaluate(g, np.array([0, 1, 1, 0]), 2, imbalance=0.0)
+    assert ev["makespan"] == 12.0 and ev["path_cut_bound"] == 12.0
+    assert ev["critical_cut_cost"] == 8.0 and ev["critical_cut_bound"] == 8.0
+
+
+@settings(max_examples=80, deadline=None)
+@given(small_dags(), st.integers(2, 3), st.sampled_from([0.0, 0.05, 0.3, 1.0]), st.data())
+def test_no_colocated_partition_within_the_cap_beats_either_bound(g, k, imbalance, data):
+    """Property (co-location in the path bounds): random co-location classes on a tiny DAG;
+    brute force over every assignment that keeps each class on one device and the loads within
+    the cap: each has makespan >= the path-cut bound and critical cut cost >= the critical-cut
+    bound, both computed with the classes."""
+    group = [data.draw(st.integers(-1, 2)) for _ in range(g.n)]
+    gg = build_graph(g.node_ids, g.cost, [g.node_ids[u] for u in g.src],
+                     [g.node_ids[v] for v in g.dst], g.edge_cost, group=group)
+    cluster = clusters_of(gg)
+    cap = max((1 + imbalance) * float(g.cost.sum()) / k,
+              float(np.bincount(cluster, weights=gg.cost).max()))
+    span_bound = path_cut_bound(gg, k, cap, cluster=cluster)
+    cut_bound = critical_cut_bound(gg, cap, cluster=cluster)
+    assert span_bound >= path_cut_bound(gg, k, cap)
+    for p in itertools.product(range(k), repeat=int(cluster.max()) + 1):
+        part = np.array(p, dtype=np.int64)[cluster]
+        if device_loads(gg, part, k).max() <= cap * (1 + 1e-9):
+            assert makespan(gg, part) >= span_bound - 1e-9
+            assert evaluate(gg, part, k, imbalance)["critical_cut_cost"] >= cut_bound - 1e-9

@@ -10,6 +10,7 @@ max(device free, data ready).
 from __future__ import annotations
 
 import heapq
+import math
 
 import numpy as np
 
@@ -312,36 +313,53 @@ def lower_bound(graph: Graph, k: int) -> float:
 PATH_EDGE_WEIGHTS = (0.0, 0.01, 0.1, 0.3, 1.0)
 
 
-def path_cut_bound(graph: Graph, k: int, cap: float, mem_cap: float = float("inf")) -> float:
+def path_cut_bound(graph: Graph, k: int, cap: float, mem_cap: float = float("inf"),
+                   cluster: np.ndarray | None = None) -> float:
     """A makespan lower bound for partitions whose every device load is <= ``cap`` (and every
-    device's memory <= ``mem_cap``, when given).
+    device's memory <= ``mem_cap``, when given) and that keep each co-location ``cluster``
+    (node -> cluster id, when given) on one device.
 
     ``lower_bound`` ignores transfers, but on near-chain graphs a within-cap split must cut the
     long path and pay for it: a run of consecutive path operators on one device holds at most
     ``cap`` of compute (and ``mem_cap`` of memory), so the path is cut into such runs and the
     edges between runs cross devices; every path operator starts after its predecessor ends
     plus that transfer, so the makespan is at least the path's compute plus the cheapest such
-    set of cut edges (``path_bound``). Applied to a few heaviest paths (``PATH_EDGE_WEIGHTS``);
-    the max is kept. Co-location only restricts partitions further, so it keeps it valid; so
-    does the memory cap when it is not passed."""
+    set of cut edges (``path_bound``). A link inside a co-location cluster is never cut
+    (``_uncut_links``). Applied to a few heaviest paths (``PATH_EDGE_WEIGHTS``); the max is
+    kept. Without ``cluster`` or ``mem_cap`` the bound is weaker but still valid."""
     bound = lower_bound(graph, k)
     for weight in PATH_EDGE_WEIGHTS:
         nodes, links = heaviest_path(graph, weight)
         memory = graph.memory[nodes].tolist() if np.isfinite(mem_cap) else None
+        links = _uncut_links(nodes, links, cluster)
         bound = max(bound, path_bound(graph.cost[nodes].tolist(), links, cap, memory, mem_cap))
     return bound
 
 
-def critical_cut_bound(graph: Graph, cap: float, mem_cap: float = float("inf")) -> float:
+def critical_cut_bound(graph: Graph, cap: float, mem_cap: float = float("inf"),
+                       cluster: np.ndarray | None = None) -> float:
     """A lower bound on the cost-weighted critical cut of any partition whose device loads are
-    all <= ``cap`` (and memories <= ``mem_cap``, when given): the static critical path (compute
-    plus every transfer, as HEFT's ranks charge them) has slack 0 on each of its links, so each
-    link a partition cuts is a critical edge, and a within-cap partition cuts that path into
-    runs that fit a device (``path_bound``'s argument). Where METIS's critical cut already equals
-    this bound, no partition within the caps cuts less. inf when no partition fits the caps."""
+    all <= ``cap`` (and memories <= ``mem_cap``, when given) and that keeps each co-location
+    ``cluster`` whole (when given): the static critical path (compute plus every transfer, as
+    HEFT's ranks charge them) has slack 0 on each of its links, so each link a partition cuts
+    is a critical edge, and a within-cap partition cuts that path into runs that fit a device
+    (``path_bound``'s argument) at links between clusters only. Where METIS's critical cut
+    already equals this bound, no partition within the caps cuts less. inf when no partition
+    fits the caps."""
     nodes, links = heaviest_path(graph, 1.0)
     memory = graph.memory[nodes].tolist() if np.isfinite(mem_cap) else None
+    links = _uncut_links(nodes, links, cluster)
     return path_cut_cost(graph.cost[nodes].tolist(), links, cap, memory, mem_cap)
+
+
+def _uncut_links(nodes: list[int], links: list[float], cluster: np.ndarray | None,
+                 ) -> list[float]:
+    """``links`` with the ones inside a co-location cluster priced at inf: a partition that keeps
+    the cluster on one device never cuts them, so the path's runs cannot end there."""
+    if cluster is None:
+        return links
+    of = np.asarray(cluster)[nodes].tolist()
+    return [math.inf if a == b else c for a, b, c in zip(of, of[1:], links)]
 
 
 def path_bound(node_cost: list[float], link_cost: list[float], cap: float,
@@ -443,7 +461,8 @@ def evaluate(graph: Graph, assignment: np.ndarray, k: int, imbalance: float = 0.
     lb = lower_bound(graph, k)
     from trainmaster.partition.graph import clusters_of
 
-    cap = load_cap(graph, k, imbalance, clusters_of(graph))
+    cluster = clusters_of(graph)
+    cap = load_cap(graph, k, imbalance, cluster)
     # the memory cap binds (ours enforces it) where k devices can hold the graph at all
     mem_cap = (graph.memory_cap if np.isfinite(graph.memory_cap)
                and graph.memory.sum() <= k * graph.memory_cap else float("inf"))
@@ -467,8 +486,8 @@ def evaluate(graph: Graph, assignment: np.ndarray, k: int, imbalance: float = 0.
         "colocation_ok": colocation_respected(graph, assignment),
         "makespan": span,
         "lower_bound": lb,
-        "path_cut_bound": path_cut_bound(graph, k, cap, mem_cap),
-        "critical_cut_bound": critical_cut_bound(graph, cap, mem_cap),
+        "path_cut_bound": path_cut_bound(graph, k, cap, mem_cap, cluster),
+        "critical_cut_bound": critical_cut_bound(graph, cap, mem_cap, cluster),
         "device_graph_acyclic": device_graph_acyclic(graph, assignment, k),
     }
 
