@@ -258,6 +258,50 @@ def test_final_choice_least_overload_not_slower_than_metis_then_makespan_plus_cu
     assert _choose(g, scored, guarded)[2] == "packed+fm"
 
 
+def test_low_cut_start_is_the_fastest_candidate_cutting_less_than_metis():
+    """Mechanism (final choice, critical cut): where the chosen partition cuts no less static
+    critical cost than METIS's own, the fastest candidate within the caps that cuts less is
+    descended too; none when the chosen one already cuts less, or no candidate does."""
+    from trainmaster.partition.methods import _low_cut_start
+
+    cuts = {"metis-plain": 3.0, "list": 5.0, "cpop": 1.0, "acyclic": 2.0, "over": 0.0}
+
+    def cut_of(s):
+        return cuts[s[2]]
+
+    scored = [(0.0, 10.0, "metis-plain", None), (0.0, 8.0, "list", None),
+              (0.0, 12.0, "cpop", None), (0.0, 11.0, "acyclic", None), (0.2, 1.0, "over", None)]
+    metis = scored[:1]
+    assert _low_cut_start(scored, cut_of, metis, chosen_cut=5.0)[2] == "acyclic"
+    assert _low_cut_start(scored, cut_of, metis, chosen_cut=2.5) is None  # already below METIS
+    assert _low_cut_start(scored[:2], cut_of, metis, chosen_cut=5.0) is None  # nothing cuts less
+    assert _low_cut_start(scored[1:], cut_of, [], chosen_cut=5.0) is None  # METIS not run
+
+
+@pytest.mark.parametrize("family,seed,k", [("series_parallel", 2, 2), ("transformer", 1, 4)])
+def test_low_cut_choice_cuts_less_than_metis_and_is_no_slower(family, seed, k, monkeypatch):
+    """Mechanism (final choice, critical cut): on these synthetic DAGs the makespan-first choice
+    cut more static critical cost than METIS's partition; the low-cut start's descent is taken
+    instead: it cuts less than METIS, is no slower than METIS, and within CUT_SLACK of the
+    makespan-first choice (checked with the slack set to 0: that choice is then kept)."""
+    from trainmaster.partition import methods
+    from trainmaster.partition.synthetic import synthetic_dag
+
+    g = synthetic_dag(family, 300, seed)
+    ours, metis = partition(g, k), partition(g, k, "metis")
+    eo, em = evaluate(g, ours.assignment, k), evaluate(g, metis.assignment, k)
+    assert ours.notes["chosen"].endswith("+low-cut")
+    assert eo["critical_cut_cost"] < em["critical_cut_cost"]
+    assert eo["makespan"] <= em["makespan"] + 1e-9
+    slack = methods.CUT_SLACK
+    monkeypatch.setattr(methods, "CUT_SLACK", -1.0)  # never within: the first choice stays
+    first = partition(g, k)
+    assert not first.notes["chosen"].endswith("+low-cut")
+    ef = evaluate(g, first.assignment, k)
+    assert ef["critical_cut_cost"] >= em["critical_cut_cost"]
+    assert eo["makespan"] <= (1 + slack) * ef["makespan"] + 1e-9
+
+
 def test_list_schedule_cuts_a_penalised_edge_only_when_that_saves_more_than_the_penalty():
     """Mechanism: capped list scheduling adds the penalty of each critical in-edge a device
     would cut to that device's finish time (the final choice's objective)."""
