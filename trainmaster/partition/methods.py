@@ -223,9 +223,9 @@ CUT_PENALTY = 1.0  # final choice: makespan + this x cost of the static critical
 # the final choice gives up at most this share of simulated makespan for a partition that cuts
 # less static critical cost than METIS's own (and is never slower than it); see _low_cut_start
 CUT_SLACK = 0.03
-# ... whose descent gets 1/this of the main descent's budget: a quarter won the same cases as
+# ... whose descent gets 1/this of the main descent's budget: an eighth won the same cases as
 # the full budget on synthetic seeds 0-10; the full one took transformer-1 k = 4 past 10x METIS
-LOW_CUT_SHARE = 4
+LOW_CUT_SHARE = 8
 
 
 def _low_cut_start(scored: list, cut_of, metis: list, chosen_cut: float) -> tuple | None:
