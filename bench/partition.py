@@ -165,10 +165,8 @@ def summarise(rows):
             equal_opt += bool(solved and oc <= ilp["critical_cut_cost"] + tol)
         else:
             above += 1
-        # METIS within the caps at the critical-cut bound: no within-cap partition cuts less
-        at_bound = _within_caps(m) and "critical_cut_bound" in o and mc <= o["critical_cut_bound"] + tol
-        metis_at_bound += at_bound
         why = _cut_unbeatable(o, m, ilp, tol)
+        metis_at_bound += why == METIS_AT_BOUND
         if why:
             unbeatable.append(f"{graph} k={k} ({why})")
         below_possible += oc < mc - tol and not why
@@ -249,8 +247,12 @@ def _cut_unbeatable(o: dict, m: dict, ilp: dict | None, tol: float) -> str | Non
     if not _within_caps(m) and m["critical_cut_cost"] < bound - tol:
         return "METIS over a cap, below the within-cap bound"
     if _within_caps(m) and m["critical_cut_cost"] <= bound + tol:
-        return "METIS at the bound"
+        return METIS_AT_BOUND
     return None
+
+
+# METIS within the caps at the critical-cut bound: no within-cap partition cuts less
+METIS_AT_BOUND = "METIS at the bound"
 
 
 def _within_caps(r: dict) -> bool:
