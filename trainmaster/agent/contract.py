@@ -1,0 +1,150 @@
+"""The typed contract between the controller and a node agent (what kubelet's CRI is to Kubernetes).
+
+A node agent is the only owner of instance processes on its node. The controller (through a
+backend) hands it :class:`LaunchSpec` s and refers to what it started only by
+:class:`InstanceHandle`; it learns how each instance is doing from :class:`InstanceStatus`.
+Every message that crosses the controller/agent boundary is one of these dataclasses, so the
+local agent (a daemon on a Unix socket), the Ray agent (one actor per Ray node) and the testbed
+agents (one per network-namespace host) all speak the same protocol: :class:`NodeAgentAPI`.
+
+Values are plain JSON types so that a message serialises with :func:`dataclasses.asdict` and is
+rebuilt with ``Type.from_dict``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any, Protocol
+
+
+class InstancePhase(str, Enum):
+    """What the agent knows of one instance attempt."""
+
+    WAITING = "waiting"  # alive, still in its dependency wait step (no role command yet)
+    RUNNING = "running"  # the role command runs
+    EXITED = "exited"  # the whole process tree is gone and the exit is journaled
+    START_FAILED = "start_failed"  # the OS refused to start it (missing program, bad cwd...)
+    LOST = "lost"  # the agent cannot account for it (its node or the agent's journal was lost)
+
+
+@dataclass(frozen=True)
+class Dependency:
+    """Wait until ``replicas`` instances of ``role`` are ``condition`` (Running: have an address)."""
+
+    role: str
+    condition: str  # "Running" | "Succeeded"
+    timeout: float
+    replicas: int
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything a node agent needs to start one attempt of one instance.
+
+    ``env`` is the instance's complete environment when ``depends`` is empty; with dependencies
+    the wait step completes it with the addresses it waited for (one resolver:
+    :func:`trainmaster.runtime.environment.instance_environment`).
+    """
+
+    instance_id: str  # unique per attempt across the store: "<job uid>/<role>-<index>/<attempt>"
+    job_id: int
+    job_name: str
+    role: str
+    index: int
+    attempt: int
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str | None
+    log_path: str
+    instance_dir: str
+    host: str
+    ports: list[int] = field(default_factory=list)
+    cpu: float = 0.0
+    memory: int = 0  # bytes; 0 = no limit
+    gpu: int = 0
+    depends: list[Dependency] = field(default_factory=list)
+    db_url: str = ""  # where the wait step reads the address registry (only with depends)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LaunchSpec:
+        return cls(**{**data, "depends": [Dependency(**d) for d in data.get("depends", [])]})
+
+
+@dataclass(frozen=True)
+class InstanceHandle:
+    """How the controller names an attempt the agent started: node + instance id (+ pid, for
+    people reading ``status``; the agent never trusts a pid alone)."""
+
+    node: str
+    instance_id: str
+    pid: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> InstanceHandle:
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class InstanceStatus:
+    """One attempt as its agent sees it now."""
+
+    handle: InstanceHandle
+    phase: InstancePhase
+    exit_code: int | None = None
+    reason: str = ""  # machine reason: Completed, Error, Killed, StartFailed, DependencyTimeout, AgentRestarted...
+    message: str = ""
+    started_at: float | None = None  # epoch seconds the process was spawned
+    command_started_at: float | None = None  # epoch seconds the role command itself started
+    ended_at: float | None = None
+    cpu_seconds: float = 0.0  # user + system, the whole tree
+    peak_rss: int = 0  # bytes, the whole tree (cgroup peak where available)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["phase"] = self.phase.value
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> InstanceStatus:
+        return cls(**{**data, "handle": InstanceHandle.from_dict(data["handle"]),
+                      "phase": InstancePhase(data["phase"])})
+
+
+@dataclass(frozen=True)
+class StartResult:
+    """The answer to one :class:`LaunchSpec`: a handle, or why it could not start."""
+
+    instance_id: str
+    handle: InstanceHandle | None
+    error: str = ""  # names the program and the OS error when handle is None
+
+
+class NodeAgentAPI(Protocol):
+    """The whole protocol. Implemented in-process by the agent core and, over a transport, by
+    each agent client."""
+
+    node: str
+
+    def start(self, specs: list[LaunchSpec]) -> list[StartResult]:
+        """Start each spec (idempotent per ``instance_id``: a repeated start returns the first
+        handle and starts nothing)."""
+
+    def stop(self, instance_ids: list[str], grace: float) -> list[InstanceStatus]:
+        """TERM every process of each instance's tree, KILL what is left after ``grace``; return
+        once every tree is gone, with the journaled exits."""
+
+    def observe(self, instance_ids: list[str]) -> list[InstanceStatus]:
+        """Each instance's status (an unknown id is LOST)."""
+
+    def list(self) -> list[InstanceStatus]:
+        """Every instance this agent holds a record of."""
+
+    def forget(self, instance_ids: list[str]) -> None:
+        """Drop the journal records of ended instances the controller has stored."""
