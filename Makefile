@@ -4,7 +4,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install bench clean
+# Debian packages features need; tests that cannot have them skip with a clear reason.
+SYSTEM_PACKAGES ?= chromium chromium-driver
+
+.PHONY: run test install system-deps bench screenshots clean
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || { echo "error: $(PY) not found; install Python 3.11 or run 'make PY=/path/to/python3.11 ...'" >&2; exit 2; }
@@ -17,18 +20,32 @@ $(STAMP): $(BIN)/python pyproject.toml
 
 install: $(STAMP)
 
+## system-deps: install the Debian packages listed in SYSTEM_PACKAGES (root with apt-get); else say what is missing
+system-deps:
+	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing system packages: $$missing"; \
+		(apt-get install -y -q $$missing >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q $$missing >/dev/null; }) \
+		|| echo "warning: could not install $$missing; the tests that need them will skip"; \
+	else echo "note: not installing $$missing (needs root and apt-get); the tests that need them will skip"; fi
+
 ## run: create the venv, install, and run the main job (distributed PyTorch on the digits data)
 run: $(STAMP)
 	$(BIN)/trainmaster run examples/pytorch-digits.yaml
 
 ## test: install with test extras and run the whole suite
-test: $(STAMP)
+test: $(STAMP) system-deps
 	$(BIN)/python -m pytest -q
 
 ## bench: run every benchmark (writes bench/results/*.json and *.md)
 bench: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[bench]'
 	for b in bench/*.py; do $(BIN)/python $$b || exit 1; done
+
+## screenshots: refresh the dashboard screenshots in docs/images/ (taken by the browser tests)
+screenshots: $(STAMP) system-deps
+	TM_DASHBOARD_SCREENSHOTS=docs/images $(BIN)/python -m pytest -q tests/service/test_dashboard_browser.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

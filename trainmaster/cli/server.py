@@ -21,8 +21,19 @@ def server(
     cpus: Annotated[Optional[float], typer.Option(help="CPUs the local backend offers.")] = None,
     queue_weight: Annotated[Optional[list[str]], typer.Option(
         help="QUEUE=WEIGHT, repeatable: queues share admissions by weight (unlisted queues weigh 1).")] = None,
+    token: Annotated[Optional[str], typer.Option(
+        envvar="TRAINMASTER_TOKEN", help="Require this token on the API and the dashboard. Required beyond "
+        "loopback: when --host is not a loopback address and no token is given, one is generated and printed.")] = None,
 ) -> None:
-    """Run the controller service: REST API (OpenAPI at /openapi.json), /metrics, reconcile loop."""
+    """Run the controller service: dashboard at /, REST API (OpenAPI at /openapi.json), /metrics, reconcile loop.
+
+    Examples:
+
+      trainmaster server                       # http://127.0.0.1:8642, open on loopback
+
+      trainmaster server --host 0.0.0.0 --token "$(openssl rand -hex 16)"
+    """
+    import secrets
     import uvicorn
 
     from trainmaster.controller import Controller
@@ -38,8 +49,16 @@ def server(
     url = db or default_url()
     controller = Controller(session_factory(make_engine(url)), make_backend(backend, cpus, ray_address), url,
                             interval=interval, grace=grace, max_jobs=max_jobs, queue_weights=weights)
+    from trainmaster.service.dashboard import AccessOptions
+    from trainmaster.service.dashboard.access import is_loopback
+
+    if token is None and not is_loopback(host):
+        token = secrets.token_urlsafe(24)
+        typer.echo(f"{host} is reachable beyond this machine: the API and dashboard need a token.\n"
+                   f"  token: {token}\n  browser: http://{host}:{port}/login?token={token}\n"
+                   f"  CLI/scripts: send 'Authorization: Bearer {token}'")
     typer.echo(f"trainmaster controller on http://{host}:{port} (store {url}, backend {backend})")
-    uvicorn.run(create_app(controller), host=host, port=port, log_level="warning")
+    uvicorn.run(create_app(controller, access=AccessOptions(token=token)), host=host, port=port, log_level="warning")
 
 
 def register(app: typer.Typer) -> None:

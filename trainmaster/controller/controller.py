@@ -403,7 +403,8 @@ class Controller:
         context = {"job_name": job.name, "role": role.name, "index": inst.index, "replicas": role.replicas,
                    "role_replicas": {r.name: r.replicas for r in spec.spec.roles},
                    "host": placement.host, "ports": placement.ports,
-                   "params": spec.spec.framework_params, "output_dir": str(output_dir)}
+                   "params": spec.spec.framework_params, "output_dir": str(output_dir),
+                   "job_id": job.id, "attempt": inst.attempt + 1, "db_url": self.db_url}
         depends = [{"role": d.role, "condition": d.condition.value, "timeout": d.timeout_seconds,
                     "replicas": spec.spec.role(d.role).replicas} for d in role.depends_on]
         launch: dict[str, Any] = {

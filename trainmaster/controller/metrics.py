@@ -14,3 +14,5 @@ RECONCILE = Histogram("trainmaster_reconcile_seconds", "Duration of one reconcil
                       registry=REGISTRY, buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
 RESTARTS = Counter("trainmaster_instance_restarts", "Instance restarts by restart policy", ["role"],
                    registry=REGISTRY)
+REPORTED = Gauge("trainmaster_reported_metric", "Latest value each running instance reported with trainmaster.report()",
+                 ["job", "role", "index", "metric"], registry=REGISTRY)

@@ -37,6 +37,9 @@ class InstanceContext:
     services: dict[str, list[str]]  # role -> "host:port" of each of its instances (dependencies)
     params: dict[str, Any] = field(default_factory=dict)  # the job's frameworkParams
     output_dir: str = ""
+    job_id: int = 0
+    attempt: int = 0
+    db_url: str = ""  # the store, where trainmaster.report() writes the instance's metrics
 
     @property
     def address(self) -> str:

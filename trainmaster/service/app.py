@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trainmaster.controller import Controller
 from trainmaster.controller import metrics
+from trainmaster.service.dashboard import AccessOptions, mount_dashboard
 from trainmaster.errors import UserError
 from trainmaster.spec.load import load_document
 from trainmaster.store import repository as repo
@@ -54,9 +55,13 @@ class Reconciler(threading.Thread):
             self.stopping.wait(self.controller.interval)
 
 
-def create_app(controller: Controller, reconcile: bool = True) -> FastAPI:
+def create_app(controller: Controller, reconcile: bool = True, access: AccessOptions | None = None) -> FastAPI:
+    """The service: REST API under /api/v1, /metrics, /healthz and the dashboard at /.
+
+    ``access`` guards all of it (a token when the server listens beyond loopback)."""
     app = FastAPI(title="Trainmaster controller", version="1",
                   description="Submit, inspect, stream logs of, cancel and delete training jobs.")
+    mount_dashboard(app, controller, access or AccessOptions())
     reconciler = Reconciler(controller)
     sessions = controller.sessions
 
@@ -160,8 +165,12 @@ def create_app(controller: Controller, reconcile: bool = True) -> FastAPI:
     def prometheus() -> PlainTextResponse:
         with sessions() as session:
             counts = repo.state_counts(session)
+            latest = repo.latest_metrics_of_live_jobs(session)
         for state in ("pending", "starting", "running", "succeeded", "failed", "cancelled"):
             metrics.JOBS.labels(state=state).set(counts.get(state, 0))
+        metrics.REPORTED.clear()  # only live jobs' points: ended jobs' series go away
+        for (job, role, index, name), value in latest.items():
+            metrics.REPORTED.labels(job=job, role=role, index=str(index), metric=name).set(value)
         return PlainTextResponse(generate_latest(metrics.REGISTRY).decode(),
                                  media_type="text/plain; version=0.0.4")
 

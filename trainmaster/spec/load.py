@@ -32,14 +32,19 @@ def read_document(path: str | Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise UserError(f"{path}: not a text file (expected a YAML or JSON job document)") from None
+    return parse_document(text, str(path))
+
+
+def parse_document(text: str, source: str) -> dict[str, Any]:
+    """The single YAML/JSON mapping in ``text`` (a file's or a pasted document's)."""
     try:
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as exc:
-        raise UserError(f"{path}: not valid YAML/JSON: {exc}") from None
+        raise UserError(f"{source}: not valid YAML/JSON: {exc}") from None
     if len(docs) != 1:
-        raise UserError(f"{path}: expected exactly one job document, found {len(docs)}")
+        raise UserError(f"{source}: expected exactly one job document, found {len(docs)}")
     if not isinstance(docs[0], dict):
-        raise UserError(f"{path}: expected a job document (a mapping with apiVersion, kind, metadata "
+        raise UserError(f"{source}: expected a job document (a mapping with apiVersion, kind, metadata "
                         f"and spec), found a {type(docs[0]).__name__}")
     return docs[0]
 

@@ -134,3 +134,21 @@ class RegistryRow(Base):
     index: Mapped[int] = mapped_column(Integer)
     address: Mapped[str] = mapped_column(String(255))
     registered_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class MetricRow(Base):
+    """One point an instance reported with :func:`trainmaster.report` (a metric history per
+    instance, stored with its job, like Ray Train's reported metrics)."""
+
+    __tablename__ = "metrics"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    role: Mapped[str] = mapped_column(String(63))
+    index: Mapped[int] = mapped_column(Integer)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    step: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    epoch: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    total: Mapped[int | None] = mapped_column(Integer, nullable=True)  # steps or epochs expected, for progress
+    values: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # name -> finite float
+    time: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

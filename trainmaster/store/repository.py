@@ -141,6 +141,7 @@ def job_status(session: Session, job: JobRow, events: int = 20) -> dict[str, Any
     recent = session.scalars(select(EventRow).where(EventRow.job_id == job.id)
                              .order_by(EventRow.id.desc()).limit(events)).all()
     reason, message = _reason(job)
+    reported = latest_points(session, job.id)
     return {
         "id": job.id, "uid": job.uid, "name": job.name, "state": job.state,
         "reason": reason, "message": message, "queue": job.queue, "priority": job.priority,
@@ -155,7 +156,8 @@ def job_status(session: Session, job: JobRow, events: int = 20) -> dict[str, Any
         "instances": [{"role": i.role, "index": i.index, "state": i.state, "reason": i.reason,
                        "message": i.message, "attempt": i.attempt, "restarts": i.restarts, "pid": i.pid,
                        "address": i.address, "exitCode": i.exit_code, "logPath": i.log_path,
-                       "startedAt": _iso(i.started_at), "endedAt": _iso(i.ended_at)}
+                       "startedAt": _iso(i.started_at), "endedAt": _iso(i.ended_at),
+                       "metrics": _point(reported.get((i.role, i.index)))}
                       for i in job.instances],
         "events": [{"time": _iso(e.time), "object": e.object, "type": e.type, "reason": e.reason,
                     "message": e.message} for e in reversed(recent)],
@@ -192,3 +194,35 @@ def conditions(job: JobRow, reason: str, message: str) -> list[dict[str, Any]]:
 
 def is_terminal(state: str) -> bool:
     return JobState(state) in JOB_TERMINAL
+
+
+def latest_metrics_of_live_jobs(session: Session) -> dict[tuple[str, str, int, str], float]:
+    """(job name, role, index, metric) -> the newest value reported by instances of jobs not yet ended."""
+    from sqlalchemy import func
+
+    from trainmaster.store.models import MetricRow
+
+    live = select(JobRow.id).where(JobRow.state.not_in([s.value for s in JOB_TERMINAL]))
+    newest = (select(func.max(MetricRow.id)).where(MetricRow.job_id.in_(live))
+              .group_by(MetricRow.job_id, MetricRow.role, MetricRow.index))
+    rows = session.execute(select(JobRow.name, MetricRow).join(JobRow, JobRow.id == MetricRow.job_id)
+                           .where(MetricRow.id.in_(newest))).all()
+    return {(name, m.role, m.index, metric): value for name, m in rows for metric, value in m.values.items()}
+
+
+def latest_points(session: Session, job_id: int) -> dict[tuple[str, int], Any]:
+    """(role, index) -> the newest point each instance of the job reported."""
+    from sqlalchemy import func
+
+    from trainmaster.store.models import MetricRow
+
+    newest = (select(func.max(MetricRow.id)).where(MetricRow.job_id == job_id)
+              .group_by(MetricRow.role, MetricRow.index))
+    rows = session.scalars(select(MetricRow).where(MetricRow.id.in_(newest))).all()
+    return {(r.role, r.index): r for r in rows}
+
+
+def _point(row: Any) -> dict[str, Any] | None:
+    if row is None:
+        return None
+    return {"step": row.step, "epoch": row.epoch, "total": row.total, "values": row.values, "time": _iso(row.time)}

@@ -1,0 +1,85 @@
+"""Who may use the API and the dashboard, and protection of the dashboard's actions.
+
+On loopback the service may run open (as Ray's dashboard does by default). Bound to any other
+address it requires a token, given as ``Authorization: Bearer <token>`` (the CLI, scripts) or
+once in the browser through ``/login?token=<token>``, which sets an HttpOnly, SameSite=Strict
+cookie. Every state-changing dashboard request also carries a CSRF token derived from a
+per-server secret (a cross-site page can neither read it nor send the cookie).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import secrets
+from dataclasses import dataclass, field
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+
+COOKIE = "tm_token"
+CSRF_HEADER = "x-csrf-token"
+OPEN_PATHS = ("/login", "/healthz", "/static/")
+
+
+@dataclass(frozen=True)
+class AccessOptions:
+    """``token``: required on every request when set. ``secret``: signs CSRF tokens."""
+
+    token: str | None = None
+    secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+
+    def csrf_token(self) -> str:
+        return hmac.new(self.secret, b"dashboard-csrf", hashlib.sha256).hexdigest()
+
+    def csrf_ok(self, request: Request) -> bool:
+        return hmac.compare_digest(request.headers.get(CSRF_HEADER, ""), self.csrf_token())
+
+    def authorised(self, request: Request) -> bool:
+        if self.token is None:
+            return True
+        bearer = request.headers.get("authorization", "")
+        given = bearer.removeprefix("Bearer ").strip() if bearer.startswith("Bearer ") else ""
+        given = given or request.cookies.get(COOKIE, "")
+        return bool(given) and hmac.compare_digest(given.encode(), self.token.encode())
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a listen address is reachable only from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class TokenMiddleware(BaseHTTPMiddleware):
+    """Refuses (401) any request without the token, except the login page, health and assets."""
+
+    def __init__(self, app: object, options: AccessOptions):
+        super().__init__(app)  # type: ignore[arg-type]
+        self.options = options
+
+    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        path = request.url.path
+        if self.options.authorised(request) or path.startswith(OPEN_PATHS):
+            return await call_next(request)
+        if request.headers.get("accept", "").startswith("text/html"):
+            return PlainTextResponse("401: this Trainmaster server needs its token: open /login?token=...",
+                                     status_code=401)
+        return JSONResponse({"error": "missing or wrong token: send 'Authorization: Bearer <token>'"},
+                            status_code=401)
+
+
+def login(request: Request, options: AccessOptions, token: str) -> Response:
+    """Trade a correct token for the session cookie, then go to the job list."""
+    if options.token is None:
+        return RedirectResponse("/", status_code=303)
+    if not hmac.compare_digest(token.encode(), options.token.encode()):
+        return PlainTextResponse("401: wrong token", status_code=401)
+    response = RedirectResponse("/", status_code=303)
+    response.set_cookie(COOKIE, token, httponly=True, samesite="strict", secure=request.url.scheme == "https")
+    return response

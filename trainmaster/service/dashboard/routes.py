@@ -1,0 +1,217 @@
+"""The dashboard's pages, their htmx fragments, live streams and actions."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter, FastAPI, Form, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+
+from trainmaster.controller import Controller
+from trainmaster.errors import UserError
+from trainmaster.service.dashboard import views
+from trainmaster.service.dashboard.access import AccessOptions, TokenMiddleware, login
+from trainmaster.service.dashboard.locate import line_of, split_error
+from trainmaster.service.dashboard.watch import StoreWatcher
+from trainmaster.spec.load import load_document, parse_document
+from trainmaster.store import repository as repo
+
+HERE = Path(__file__).parent
+KEEPALIVE = 15.0  # seconds between SSE comments, so proxies keep an idle stream open
+LOG_POLL = 0.25  # seconds between looks at a followed log file
+MAX_DOCUMENT = 256 * 1024  # a pasted job file; real ones are a few KB
+
+
+def mount_dashboard(app: FastAPI, controller: Controller, access: AccessOptions) -> None:
+    """Serve the dashboard at ``/`` on ``app`` and guard the whole app with ``access``."""
+    templates = Jinja2Templates(directory=str(HERE / "templates"))  # autoescapes .html
+    templates.env.globals["csrf_token"] = access.csrf_token()
+    watcher = StoreWatcher(controller.sessions)
+    sessions = controller.sessions
+    router = APIRouter(include_in_schema=False)
+    app.add_middleware(TokenMiddleware, options=access)
+    app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
+    app.router.on_shutdown.append(watcher.stop)
+
+    def page(request: Request, template: str, **context: Any) -> HTMLResponse:
+        return templates.TemplateResponse(request, template, context)
+
+    def load(session: Any, job_id: int) -> Any:
+        try:
+            return repo.load_job(session, job_id)
+        except UserError:
+            raise HTTPException(404, f"no job with id {job_id}") from None
+
+    def guarded(request: Request) -> None:
+        if not access.csrf_ok(request):
+            raise HTTPException(403, "missing or wrong CSRF token: reload the page and try again")
+
+    @router.get("/login")
+    def login_page(request: Request, token: str = Query("", max_length=512)) -> Response:
+        return login(request, access, token)
+
+    @router.get("/", response_class=HTMLResponse)
+    def jobs_page(request: Request, state: str = Query("", max_length=16),
+                  name: str = Query("", max_length=63), page_no: int = Query(1, alias="page", ge=1)) -> HTMLResponse:
+        with sessions() as session:
+            listing = views.job_list(session, state, name, page_no)
+        return page(request, "jobs.html", listing=listing, state=state, name=name, states=views.STATES)
+
+    @router.get("/ui/jobs/table", response_class=HTMLResponse)
+    def jobs_table(request: Request, state: str = Query("", max_length=16),
+                   name: str = Query("", max_length=63), page_no: int = Query(1, alias="page", ge=1)) -> HTMLResponse:
+        with sessions() as session:
+            listing = views.job_list(session, state, name, page_no)
+        return page(request, "_jobs_table.html", listing=listing, state=state, name=name)
+
+    @router.get("/jobs/{job_id}", response_class=HTMLResponse)
+    def job_page(request: Request, job_id: int) -> HTMLResponse:
+        with sessions() as session:
+            job = load(session, job_id)
+            return page(request, "job.html", job=views.job_detail(session, job),
+                        instances=views.instances(session, job), spec=views.spec_yaml(job))
+
+    @router.get("/ui/jobs/{job_id}/summary", response_class=HTMLResponse)
+    def job_summary(request: Request, job_id: int) -> HTMLResponse:
+        with sessions() as session:
+            job = load(session, job_id)
+            return page(request, "_job_summary.html", job=views.job_detail(session, job),
+                        instances=views.instances(session, job))
+
+    @router.get("/ui/jobs/{job_id}/metrics")
+    def job_metrics(job_id: int, after: int = Query(0, ge=0)) -> JSONResponse:
+        with sessions() as session:
+            load(session, job_id)
+            return JSONResponse(views.metric_series(session, job_id, after))
+
+    def log_path(job_id: int, label: str) -> str | None:
+        with sessions() as session:
+            job = load(session, job_id)
+            chosen = [i for i in job.instances if i.label == label]
+            if not chosen:
+                raise HTTPException(404, f"job {job.name} has no instance {label}")
+            return chosen[-1].log_path
+
+    @router.get("/ui/jobs/{job_id}/log")
+    def job_log(job_id: int, instance: str = Query(..., max_length=80),
+                offset: int | None = Query(None, ge=0)) -> JSONResponse:
+        chunk = views.read_log(log_path(job_id, instance), offset)
+        return JSONResponse({"text": chunk.text, "offset": chunk.offset, "size": chunk.size,
+                             "truncated": chunk.truncated})
+
+    @router.get("/ui/jobs/{job_id}/log/stream")
+    async def job_log_stream(request: Request, job_id: int, instance: str = Query(..., max_length=80),
+                             offset: int = Query(0, ge=0)) -> StreamingResponse:
+        path = log_path(job_id, instance)
+
+        async def follow() -> AsyncIterator[str]:
+            position, quiet = offset, 0.0
+            while not await request.is_disconnected():
+                chunk = await asyncio.to_thread(views.read_log, path, position)
+                if chunk.text:
+                    position, quiet = chunk.offset, 0.0
+                    yield f"data: {json.dumps({'text': chunk.text, 'offset': chunk.offset})}\n\n"
+                    continue
+                quiet += LOG_POLL
+                if quiet >= KEEPALIVE:
+                    quiet = 0.0
+                    yield ": keepalive\n\n"
+                await asyncio.sleep(LOG_POLL)
+
+        return StreamingResponse(follow(), media_type="text/event-stream", headers={"Cache-Control": "no-store"})
+
+    @router.get("/ui/stream")
+    async def changes(request: Request) -> StreamingResponse:
+        queue = watcher.subscribe()
+
+        async def stream() -> AsyncIterator[str]:
+            try:
+                while not await request.is_disconnected():
+                    try:
+                        version = await asyncio.wait_for(queue.get(), KEEPALIVE)
+                    except asyncio.TimeoutError:
+                        yield ": keepalive\n\n"
+                        continue
+                    yield f"event: change\ndata: {version}\n\n"
+            finally:
+                watcher.unsubscribe(queue)
+
+        return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-store"})
+
+    @router.post("/ui/jobs/{job_id}/cancel")
+    def cancel(request: Request, job_id: int) -> Response:
+        guarded(request)
+        with sessions() as session:
+            load(session, job_id)
+        controller.cancel(job_id)
+        return Response(status_code=204, headers={"HX-Trigger": "tm-change"})
+
+    @router.post("/ui/jobs/{job_id}/scale")
+    def scale(request: Request, job_id: int, role: str = Form(..., max_length=63),
+              replicas: int = Form(..., ge=1, le=10_000)) -> Response:
+        guarded(request)
+        try:
+            controller.scale(job_id, role, replicas)
+        except UserError as exc:
+            return HTMLResponse(f"<span class='error'>{_escape(str(exc))}</span>", status_code=422)
+        return Response(status_code=204, headers={"HX-Trigger": "tm-change"})
+
+    @router.post("/ui/jobs/{job_id}/delete")
+    def delete(request: Request, job_id: int) -> Response:
+        guarded(request)
+        with sessions() as session:
+            job = load(session, job_id)
+            if not repo.is_terminal(job.state):
+                return HTMLResponse(f"<span class='error'>job {_escape(job.name)} is {job.state}; cancel it first</span>",
+                                    status_code=409)
+            session.delete(job)
+            session.commit()
+        return Response(status_code=204, headers={"HX-Redirect": "/"})
+
+    @router.get("/submit", response_class=HTMLResponse)
+    def submit_page(request: Request) -> HTMLResponse:
+        return page(request, "submit.html")
+
+    def check(document: str) -> tuple[Any, list[dict[str, Any]]]:
+        """The loaded job, or the problems with the line each one points at."""
+        if len(document.encode()) > MAX_DOCUMENT:
+            return None, [{"path": "", "line": None, "message": f"the document is over {MAX_DOCUMENT // 1024} KB"}]
+        try:
+            return load_document(parse_document(document, "pasted job"), source="pasted job"), []
+        except UserError as exc:
+            problems = []
+            for detail in exc.details or [exc.message]:
+                path, message = split_error(detail)
+                problems.append({"path": path, "line": line_of(document, path) if path else None,
+                                 "message": message})
+            return None, problems
+
+    @router.post("/ui/validate", response_class=HTMLResponse)
+    def validate(request: Request, document: str = Form("")) -> HTMLResponse:
+        guarded(request)
+        loaded, problems = check(document)
+        return page(request, "_validation.html", problems=problems, lines=document.splitlines(),
+                    ok=loaded is not None, ignored=loaded.ignored if loaded else [])
+
+    @router.post("/ui/submit", response_class=HTMLResponse)
+    def submit(request: Request, document: str = Form("")) -> Response:
+        guarded(request)
+        loaded, problems = check(document)
+        if loaded is None:
+            return page(request, "_validation.html", problems=problems, lines=document.splitlines(),
+                        ok=False, ignored=[])
+        job_id = controller.submit(loaded)
+        return Response(status_code=204, headers={"HX-Redirect": f"/jobs/{job_id}"})
+
+    app.include_router(router)
+
+
+def _escape(text: str) -> str:
+    from html import escape
+
+    return escape(text, quote=True)
