@@ -90,6 +90,7 @@ def _run(loaded, db: str | None, backend_name: str, interval: float, grace: floa
 def _follow(controller, job_id: int, json_out: bool) -> str:  # type: ignore[no-untyped-def]
     """Reconcile ``job_id`` to its end in this process, showing its status; SIGINT, SIGTERM and
     SIGHUP (a closed terminal) cancel it, so no instance outlives the command."""
+    from rich.console import Group
     from rich.live import Live
 
     from trainmaster.cli.view import event_line, render_status
@@ -118,8 +119,11 @@ def _follow(controller, job_id: int, json_out: bool) -> str:  # type: ignore[no-
         shown["events"] = len(events)
 
     if console.is_terminal and not json_out:
-        with Live(render_status(status()), console=console, refresh_per_second=4) as live:
-            state = controller.run_job(job_id, on_tick=lambda: live.update(render_status(status())),
+        def view() -> Group:
+            return render_status(status(), width=console.size.width, height=console.size.height)
+
+        with Live(view(), console=console, refresh_per_second=4, vertical_overflow="crop") as live:
+            state = controller.run_job(job_id, on_tick=lambda: live.update(view()),
                                        should_cancel=lambda: stop["requested"])
     else:
         state = controller.run_job(job_id, on_tick=None if json_out else print_new_events,

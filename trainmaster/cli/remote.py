@@ -70,7 +70,8 @@ def status(job: JobArg, server: ServerOpt = DEFAULT_SERVER,
     if json_out:
         print(json.dumps(data, indent=2))
     else:
-        Console().print(render_status(data, events=15))
+        console = Console()
+        console.print(render_status(data, events=15, width=console.width, height=10_000))  # not live: show all
 
 
 def logs(job: JobArg, role: Annotated[Optional[str], typer.Option(help="Role (default: the first).")] = None,
