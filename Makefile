@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 # Debian packages features need; tests that cannot have them skip with a clear reason.
-SYSTEM_PACKAGES ?= chromium chromium-driver
+SYSTEM_PACKAGES ?= chromium chromium-driver postgresql
 
 .PHONY: run test install system-deps bench screenshots clean
 
@@ -15,7 +15,7 @@ $(BIN)/python:
 	$(BIN)/pip install --quiet --upgrade pip
 
 $(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/pip install --quiet -e '.[test,ray]'
+	$(BIN)/pip install --quiet -e '.[test,ray,postgres]'
 	@touch $(STAMP)
 
 install: $(STAMP)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from controller_harness import Harness
+from postgres_server import PostgresServer  # noqa: F401 (fixture type)
 
 
 @pytest.fixture(autouse=True)
@@ -24,3 +25,24 @@ def harness(tmp_path: Path) -> Iterator[Harness]:
     h = Harness(tmp_path)
     yield h
     h.backend.close()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator["PostgresServer"]:
+    """A real PostgreSQL server for the whole session (skips where PostgreSQL cannot run)."""
+    from postgres_server import PostgresServer, why_unavailable
+
+    reason = why_unavailable()
+    if reason:
+        pytest.skip(reason)
+    server = PostgresServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The store suite runs on SQLite and on a real PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    return request.getfixturevalue("postgres").url()

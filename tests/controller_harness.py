@@ -30,8 +30,8 @@ RAY_NODE_IP = "127.0.0.2"
 class Harness:
     """A controller over a fresh SQLite store with a fast reconcile interval."""
 
-    def __init__(self, tmp_path: Path, backend: Any = None):
-        self.url = f"sqlite:///{tmp_path / 'store.db'}"
+    def __init__(self, tmp_path: Path, backend: Any = None, url: str | None = None):
+        self.url = url or f"sqlite:///{tmp_path / 'store.db'}"
         self.sessions = session_factory(make_engine(self.url))
         self.backend = backend or LocalBackend()
         self.controller = Controller(self.sessions, self.backend, self.url, interval=0.1, grace=2.0,

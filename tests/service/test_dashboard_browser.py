@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -31,6 +28,7 @@ if not (CHROMEDRIVER and CHROMIUM):
     pytest.skip("Chromium and chromedriver are not installed (Debian: apt-get install chromium chromium-driver; "
                 "`make test` installs them)", allow_module_level=True)
 
+from server_process import ServerProcess as Server  # noqa: E402
 from selenium import webdriver  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
@@ -39,48 +37,6 @@ from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 SHOTS = os.environ.get("TM_DASHBOARD_SCREENSHOTS")
 WAIT = 30  # seconds any page condition may take on a loaded 2-core machine
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """A real `trainmaster server` process over a fresh store."""
-
-    def __init__(self, tmp_path: Path, *extra: str):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {**os.environ, "TRAINMASTER_HOME": str(tmp_path / "home"),
-                    "TRAINMASTER_DB": f"sqlite:///{tmp_path / 'store.db'}"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "trainmaster", "server", "--port", str(self.port),
-                                      "--interval", "0.2", "--grace", "2", *extra], env=self.env,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        self.stop()
-        raise AssertionError(f"the server did not answer /healthz on {self.url} within 60 s")
-
-    def submit(self, doc: dict, **headers: str) -> int:
-        response = httpx.post(f"{self.url}/api/v1/jobs", json=doc, headers=headers, timeout=30)
-        assert response.status_code == 201, response.text
-        return response.json()["id"]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
 
 
 def ticking_job(name: str, ticks: int = 400) -> dict:

@@ -34,31 +34,64 @@ def server(
       trainmaster server --host 0.0.0.0 --token "$(openssl rand -hex 16)"
     """
     import secrets
+
     import uvicorn
 
     from trainmaster.controller import Controller
+    from trainmaster.controller.leader import LeaderElector
     from trainmaster.controller.queues import parse_weights
     from trainmaster.errors import UserError
     from trainmaster.service.app import create_app
-    from trainmaster.store.db import default_url, make_engine, session_factory
+    from trainmaster.service.dashboard import AccessOptions
+    from trainmaster.service.dashboard.access import is_loopback
+    from trainmaster.store.db import ServerLock, default_url, make_engine, session_factory, sqlite_path
 
     try:
         weights = parse_weights(queue_weight or [])
     except ValueError as exc:
         raise UserError(f"--queue-weight {exc}") from None
     url = db or default_url()
-    controller = Controller(session_factory(make_engine(url)), make_backend(backend, cpus, ray_address), url,
-                            interval=interval, grace=grace, max_jobs=max_jobs, queue_weights=weights)
-    from trainmaster.service.dashboard import AccessOptions
-    from trainmaster.service.dashboard.access import is_loopback
-
+    db_file = sqlite_path(url)
+    lock = ServerLock(db_file) if db_file else None
+    if lock:
+        lock.acquire()  # one server per SQLite store
+    sessions = session_factory(make_engine(url))
+    elector = None if lock else LeaderElector(sessions)  # servers on a shared database elect a leader
+    controller = Controller(sessions, make_backend(backend, cpus, ray_address), url, interval=interval,
+                            grace=grace, max_jobs=max_jobs, queue_weights=weights,
+                            fence=elector.fence if elector else None)
     if token is None and not is_loopback(host):
         token = secrets.token_urlsafe(24)
         typer.echo(f"{host} is reachable beyond this machine: the API and dashboard need a token.\n"
                    f"  token: {token}\n  browser: http://{host}:{port}/login?token={token}\n"
                    f"  CLI/scripts: send 'Authorization: Bearer {token}'")
-    typer.echo(f"trainmaster controller on http://{host}:{port} (store {url}, backend {backend})")
-    uvicorn.run(create_app(controller, access=AccessOptions(token=token)), host=host, port=port, log_level="warning")
+    listener = _bind(host, port)  # before the banner: a port in use is an error, not a lie
+    role = "" if elector is None else f", server {elector.identity}: leads when elected, standby otherwise"
+    typer.echo(f"trainmaster controller on http://{host}:{port} (store {url}, backend {backend}{role})")
+    app = create_app(controller, access=AccessOptions(token=token), elector=elector)
+    try:
+        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[listener])
+    finally:
+        if lock:
+            lock.release()
+
+
+def _bind(host: str, port: int) -> "socket.socket":
+    import socket
+
+    from trainmaster.errors import UserError
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc} "
+                        "(another server there? choose another --port or --host)") from None
+    sock.listen(2048)
+    return sock
 
 
 def register(app: typer.Typer) -> None:

@@ -51,7 +51,8 @@ class Controller:
     def __init__(self, sessions: sessionmaker[Session], backend: Backend, db_url: str, *,
                  interval: float = 1.0, grace: float = 5.0, runs_dir: Path | None = None,
                  max_jobs: int = 1_000_000, owner: str = "service",
-                 queue_weights: dict[str, float] | None = None, unreachable_grace: float = 60.0):
+                 queue_weights: dict[str, float] | None = None, unreachable_grace: float = 60.0,
+                 fence: Callable[[Session], None] | None = None):
         self.sessions = sessions
         self.backend = backend
         self.db_url = db_url
@@ -65,6 +66,9 @@ class Controller:
         self._unreachable_since: dict[int, float] = {}  # instance id -> monotonic time it went silent
         self._lock = threading.RLock()  # one reconcile pass at a time (the server has threads)
         self._specs: dict[int, tuple[dict[str, Any], Job]] = {}  # job id -> (stored spec, validated)
+        # with several servers on one store: makes every reconcile commit re-assert the lease
+        # (trainmaster.controller.leader), so a deposed leader writes nothing
+        self.fence = fence
 
     # ---- queue -------------------------------------------------------------------------------
     def submit(self, loaded: LoadedJob) -> int:
@@ -123,6 +127,8 @@ class Controller:
         """One reconcile pass over every active job: admitted ones, then waiting ones in fair
         queue order (:mod:`trainmaster.controller.queues`)."""
         with self._lock, self.sessions() as session, metrics.RECONCILE.time():
+            if self.fence:
+                self.fence(session)
             free = self._free_capacity(session)
             admitted = repo.admitted_active_count(session, self.owner)
             jobs = repo.load_jobs(session, repo.active_job_ids(session, self.owner))
@@ -455,6 +461,8 @@ class Controller:
         which reads their recorded exit code and applies their restart policy.
         """
         with self._lock, self.sessions() as session:
+            if self.fence:
+                self.fence(session)
             for job_id in repo.active_job_ids(session, self.owner):
                 job = repo.load_job(session, job_id)
                 for inst in job.instances:

@@ -16,3 +16,5 @@ RESTARTS = Counter("trainmaster_instance_restarts", "Instance restarts by restar
                    registry=REGISTRY)
 REPORTED = Gauge("trainmaster_reported_metric", "Latest value each running instance reported with trainmaster.report()",
                  ["job", "role", "index", "metric"], registry=REGISTRY)
+LEADING = Gauge("trainmaster_leading", "1 while this server leads the controller (reconciles), 0 on a standby",
+                registry=REGISTRY)

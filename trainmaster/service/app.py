@@ -8,6 +8,7 @@ loses nothing that was acknowledged: a job is committed before ``201`` is return
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -16,15 +17,18 @@ from fastapi import Body, FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import generate_latest
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.exc import OperationalError
 
 from trainmaster.controller import Controller
 from trainmaster.controller import metrics
+from trainmaster.controller.leader import LeaderElector, LeaseLost
 from trainmaster.service.dashboard import AccessOptions, mount_dashboard
 from trainmaster.errors import UserError
 from trainmaster.spec.load import load_document
 from trainmaster.store import repository as repo
 
 API = "/api/v1"
+log = logging.getLogger(__name__)
 
 
 class ScaleRequest(BaseModel):
@@ -36,43 +40,68 @@ class ScaleRequest(BaseModel):
 
 
 class Reconciler(threading.Thread):
-    """Runs :meth:`Controller.step` every interval until stopped."""
+    """Runs :meth:`Controller.step` every interval until stopped; with an ``elector`` (several
+    servers on one store) only while this server leads, recovering first each time it takes over."""
 
-    def __init__(self, controller: Controller):
+    def __init__(self, controller: Controller, elector: LeaderElector | None = None):
         super().__init__(name="reconcile", daemon=True)
         self.controller = controller
+        self.elector = elector
         self.stopping = threading.Event()
         self.error: str | None = None
 
     def run(self) -> None:
-        self.controller.recover()
+        recovered = False
         while not self.stopping.is_set():
+            if self.elector is not None and not self.elector.leading:
+                recovered = False  # a standby: the leader reconciles
+                self.elector.elected.wait(self.controller.interval)
+                continue
             try:
+                if not recovered:
+                    self.controller.recover()  # re-adopt what the previous leader (or we) started
+                    recovered = True
                 self.controller.step()
                 self.error = None
-            except Exception as exc:  # keep reconciling; surface the error on /healthz
+            except LeaseLost as exc:
+                log.warning("reconcile pass rolled back: %s", exc)
+                recovered = False
+            except Exception as exc:  # keep reconciling; surface the error on /healthz and in the log
+                log.exception("reconcile pass failed")
                 self.error = f"{type(exc).__name__}: {exc}"
             self.stopping.wait(self.controller.interval)
 
 
-def create_app(controller: Controller, reconcile: bool = True, access: AccessOptions | None = None) -> FastAPI:
+def create_app(controller: Controller, reconcile: bool = True, access: AccessOptions | None = None,
+               elector: LeaderElector | None = None) -> FastAPI:
     """The service: REST API under /api/v1, /metrics, /healthz and the dashboard at /.
 
     ``access`` guards all of it (a token when the server listens beyond loopback)."""
     app = FastAPI(title="Trainmaster controller", version="1",
                   description="Submit, inspect, stream logs of, cancel and delete training jobs.")
     mount_dashboard(app, controller, access or AccessOptions())
-    reconciler = Reconciler(controller)
+    reconciler = Reconciler(controller, elector)
     sessions = controller.sessions
 
     @app.on_event("startup")
     def _start() -> None:
+        if elector is not None:
+            elector.start()
         if reconcile:
             reconciler.start()
 
     @app.on_event("shutdown")
     def _stop() -> None:
         reconciler.stopping.set()
+        if elector is not None:
+            reconciler.join(timeout=controller.grace + 30)  # the pass in flight ends before the lease goes
+            elector.stop()
+
+    @app.exception_handler(OperationalError)
+    def _store_down(_request: Request, exc: OperationalError) -> JSONResponse:
+        log.warning("store unreachable: %s", exc.orig or exc)
+        return JSONResponse(status_code=503, headers={"Retry-After": "2"},
+                            content={"error": "the store (database) is unreachable right now; retry shortly"})
 
     @app.exception_handler(UserError)
     def _user_error(_request: Request, exc: UserError) -> JSONResponse:
@@ -80,7 +109,9 @@ def create_app(controller: Controller, reconcile: bool = True, access: AccessOpt
 
     @app.get("/healthz")
     def healthz() -> dict[str, Any]:
-        return {"ok": reconciler.error is None, "error": reconciler.error}
+        leadership = ({"leading": True, "leader": None} if elector is None else
+                      {"leading": elector.leading, "leader": elector.leader, "server": elector.identity})
+        return {"ok": reconciler.error is None, "error": reconciler.error, **leadership}
 
     @app.post(f"{API}/jobs", status_code=201)
     def submit(document: dict[str, Any] = Body(..., description="A job document: ours, Kubeflow or Volcano")) -> dict[str, Any]:
@@ -168,6 +199,7 @@ def create_app(controller: Controller, reconcile: bool = True, access: AccessOpt
             latest = repo.latest_metrics_of_live_jobs(session)
         for state in ("pending", "starting", "running", "succeeded", "failed", "cancelled"):
             metrics.JOBS.labels(state=state).set(counts.get(state, 0))
+        metrics.LEADING.set(1 if elector is None or elector.leading else 0)
         metrics.REPORTED.clear()  # only live jobs' points: ended jobs' series go away
         for (job, role, index, name), value in latest.items():
             metrics.REPORTED.labels(job=job, role=role, index=str(index), metric=name).set(value)

@@ -61,3 +61,42 @@ def check_schema(engine: Engine, url: str, metadata: MetaData) -> None:
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a SQLite URL, None for any other database."""
+    return Path(url.removeprefix("sqlite:///")).expanduser() if url.startswith("sqlite:///") else None
+
+
+class ServerLock:
+    """One controller server per SQLite store: an ``flock`` on ``<db>.server.lock`` held for the
+    server's life (released by the kernel if it dies, even by kill -9). Servers sharing a
+    PostgreSQL store elect a leader instead (:mod:`trainmaster.controller.leader`)."""
+
+    def __init__(self, db_file: Path):
+        self.path = db_file.with_name(db_file.name + ".server.lock")
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        import fcntl
+
+        from trainmaster.errors import UserError
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise UserError(f"another trainmaster server (pid {holder}) already runs on the store {self.path.parent}: "
+                            "two controllers on one SQLite store would both start every job; stop it, or give "
+                            "this one another --db (several servers share a PostgreSQL store safely)") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

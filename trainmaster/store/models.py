@@ -152,3 +152,20 @@ class MetricRow(Base):
     total: Mapped[int | None] = mapped_column(Integer, nullable=True)  # steps or epochs expected, for progress
     values: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # name -> finite float
     time: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class LeaseRow(Base):
+    """Who leads the controller service on a shared store (a Kubernetes ``Lease``).
+
+    ``token`` grows by one at every change of holder: the fencing token. Every write of the
+    leader's reconcile pass re-checks it in its own transaction (:mod:`trainmaster.controller.leader`),
+    so a paused leader whose lease was taken over cannot commit anything afterwards.
+    """
+
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(255))
+    token: Mapped[int] = mapped_column(Integer, default=1)
+    expires_at: Mapped[float] = mapped_column(Float)  # epoch seconds, on the holder's clock
+    acquired_at: Mapped[float] = mapped_column(Float)
