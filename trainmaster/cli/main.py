@@ -23,9 +23,9 @@ app = typer.Typer(
 
 
 def _register_all() -> None:
-    from trainmaster.cli import aggregation, convert, flsched, gateway, jobs, partition, remote, server
+    from trainmaster.cli import aggregation, convert, db, flsched, gateway, jobs, partition, remote, server
 
-    for module in (jobs, convert, server, remote, aggregation, flsched, partition, gateway):
+    for module in (jobs, convert, server, remote, db, aggregation, flsched, partition, gateway):
         module.register(app)
 
 

@@ -38,7 +38,9 @@ def make_engine(url: str | None = None, create: bool = True) -> Engine:
     else:
         engine = create_engine(url, pool_pre_ping=True)
     if create:
-        Base.metadata.create_all(engine)
+        from trainmaster.store.migrate import upgrade
+
+        upgrade(engine)  # an older store is upgraded in place (Alembic)
         check_schema(engine, url, Base.metadata)
     return engine
 
