@@ -1,0 +1,162 @@
+"""Mechanisms on a Ray cluster of several nodes (controller spec, Ray backend; issue 14 part 3):
+one node agent actor per Ray node (not one actor per instance) that starts that node's
+instances in one batched call; an instance runs on the node of its placement group bundle;
+addresses resolve across nodes (each node's own IP); node loss: a node removed mid-job makes its
+instances Lost with the node named, and their restart policy runs them on the remaining nodes.
+
+The cluster is ``ray.cluster_utils.Cluster`` with three nodes on three loopback addresses
+(127.0.0.2 is the head, .3 and .4 join it), 2 CPUs each (Ray's accounting only: this machine
+has 2 cores), shared by the whole module and shut down in its finalizer. The node-loss test
+removes a node, so it runs last.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller_harness import CLIENT, SERVER, Harness, events, job, pids_alive, py, step_until
+
+ray = pytest.importorskip("ray", reason="the optional ray extra (trainmaster[ray]) is not installed")
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
+
+NODE_IPS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
+NODE_CPUS = 2
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    from ray.cluster_utils import Cluster
+
+    from trainmaster.backends.ray import NAMESPACE
+
+    if ray.is_initialized():  # another module's single-node cluster: this one needs its own
+        ray.shutdown()
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    nodes = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": NODE_CPUS, "node_ip_address": NODE_IPS[0], "include_dashboard": False})
+    try:
+        for ip in NODE_IPS[1:]:
+            nodes.add_node(num_cpus=NODE_CPUS, node_ip_address=ip)
+        ray.init(address=nodes.address, namespace=NAMESPACE, log_to_driver=False, logging_level="ERROR")
+        nodes.wait_for_nodes()
+        yield nodes
+    finally:
+        ray.shutdown()
+        nodes.shutdown()
+
+
+@pytest.fixture
+def harness(tmp_path: Path, cluster: Any) -> Iterator[Harness]:
+    from trainmaster.backends.ray import RayBackend
+
+    backend = RayBackend()  # joins the module's cluster (already connected)
+    yield Harness(tmp_path, backend=backend)
+    backend.close()
+
+
+def agents() -> list[str]:
+    return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                  if a["name"].startswith("tm-agent-"))
+
+
+def test_a_job_spreads_over_nodes_and_addresses_resolve_across_them(harness: Harness) -> None:
+    """Each instance's bundle takes a whole node (2 CPUs), so the server and its two clients run
+    on three different nodes; the server's address is its node's IP, and clients on the other
+    nodes reach it there through TM_SERVICE_SERVER. One agent actor per node started them."""
+    doc = job("spread", [
+        {"name": "server", "command": py(SERVER), "env": {"CLIENTS": "2"}, "resources": {"cpu": NODE_CPUS}},
+        {"name": "client", "replicas": 2, "command": py(CLIENT), "dependsOn": [{"role": "server"}],
+         "resources": {"cpu": NODE_CPUS}}])
+    job_id = harness.submit(doc)
+    status = step_until(harness, job_id, lambda s: s["state"] in ("succeeded", "failed"), timeout=120)
+    assert status["state"] == "succeeded", status["events"]
+    hosts = {i["role"] + str(i["index"]): i["address"].split(":")[0] for i in status["instances"]}
+    assert sorted(hosts.values()) == sorted(NODE_IPS), hosts  # one instance per node
+    server = next(i for i in status["instances"] if i["role"] == "server")
+    for client in (i for i in status["instances"] if i["role"] == "client"):
+        log = Path(client["logPath"]).read_text()
+        assert f"TM_SERVICE_SERVER={server['address']}" in log and "client got hello" in log
+        assert client["address"].split(":")[0] != server["address"].split(":")[0]
+    assert len(agents()) == len(NODE_IPS)  # not one actor per instance
+
+
+def test_many_replicas_start_through_one_agent_per_node(harness: Harness) -> None:
+    """24 replicas over the cluster: every one runs, on the node of its bundle, and the cluster
+    holds exactly one agent actor per node however many instances each node runs."""
+    job_id = harness.submit(job("many", [
+        {"name": "worker", "replicas": 24, "command": ["sleep", "30"], "resources": {"cpu": 0.25}}]))
+    status = step_until(harness, job_id, lambda s: sum(i["state"] == "running" for i in s["instances"]) == 24,
+                        timeout=120)
+    per_node: dict[str, int] = {}
+    for inst in status["instances"]:
+        host = inst["address"].split(":")[0] if inst["address"] else inst["host"]
+        per_node[host] = per_node.get(host, 0) + 1
+    assert set(per_node) <= set(NODE_IPS) and sum(per_node.values()) == 24
+    assert len(agents()) == len(NODE_IPS)
+    harness.controller.cancel(job_id)
+    step_until(harness, job_id, lambda s: s["state"] == "cancelled")
+
+
+def test_removing_a_node_mid_job_restarts_its_instances_on_the_remaining_nodes(
+        harness: Harness, cluster: Any) -> None:
+    """Node loss: four 1-CPU workers fill two nodes; the non-head node among them is removed.
+    Its instances are reported Lost with an event naming the node, their processes are gone,
+    and restartPolicy OnFailure runs them again on the remaining nodes, where Ray placed their
+    bundles again. The instances on the surviving node are untouched."""
+    import psutil
+
+    from trainmaster.backends.ray import ATTEMPT_RECORD
+    from trainmaster.store.models import InstanceRow
+
+    job_id = harness.submit(job("loss", [
+        {"name": "worker", "replicas": 4, "resources": {"cpu": 1},
+         "command": py("import subprocess, sys, time\n"
+                       "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+                       "time.sleep(120)"),
+         "restartPolicy": {"policy": "OnFailure", "maxRestarts": 2, "backoffSeconds": 0}}]))
+    status = step_until(harness, job_id, lambda s: sum(i["state"] == "running" for i in s["instances"]) == 4,
+                        timeout=120)
+    with harness.sessions() as session:
+        handles = {f"{r.role}-{r.index}": r.handle for r in session.query(InstanceRow)}
+    head = cluster.head_node.node_id
+    victim = next(n for n in cluster.list_all_nodes()
+                  if n.node_id != head and any(h["node"] == n.node_id for h in handles.values()))
+    doomed = {label for label, h in handles.items() if h["node"] == victim.node_id}
+    trees: list[int] = []
+    for label in doomed:  # every process of the doomed instances: runtime, command, its child
+        record = Path(handles[label]["instance_dir"]) / ATTEMPT_RECORD
+        import json
+
+        pid = json.loads(record.read_text())["pid"]
+        trees += [pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))]
+    survivors = {label: i["attempt"] for label, i in
+                 ((f"{i['role']}-{i['index']}", i) for i in status["instances"]) if label not in doomed}
+
+    lost_at = time.monotonic()
+    cluster.remove_node(victim)
+
+    def replaced(s: dict[str, Any]) -> bool:
+        by_label = {f"{i['role']}-{i['index']}": i for i in s["instances"]}
+        return all(by_label[label]["attempt"] == 2 and by_label[label]["state"] == "running" for label in doomed)
+
+    status = step_until(harness, job_id, replaced, timeout=90)
+    took = time.monotonic() - lost_at
+    by_label = {f"{i['role']}-{i['index']}": i for i in status["instances"]}
+    for label in doomed:
+        assert by_label[label]["address"].split(":")[0] != victim.node_ip_address
+    for label, attempt in survivors.items():
+        assert by_label[label]["attempt"] == attempt and by_label[label]["state"] == "running"
+    restarting = events(status, "Restarting")
+    assert len(restarting) == len(doomed), restarting
+    for event in restarting:
+        assert "NodeLost" in event["message"] and victim.node_id[:12] in event["message"]
+        assert victim.node_ip_address in event["message"]
+    assert pids_alive(trees) == [], f"left running after the node was removed ({took:.1f}s to replace)"
+    harness.controller.cancel(job_id)
+    step_until(harness, job_id, lambda s: s["state"] == "cancelled")
