@@ -7,7 +7,8 @@ instances Lost with the node named, and their restart policy runs them on the re
 The cluster is ``ray.cluster_utils.Cluster`` with three nodes on three loopback addresses
 (127.0.0.2 is the head, .3 and .4 join it), 2 CPUs each (Ray's accounting only: this machine
 has 2 cores), shared by the whole module and shut down in its finalizer. The node-loss test
-removes a node, so it runs last.
+removes a node (gracefully, then by SIGKILL of all its processes), so it runs last and first adds
+a node back when fewer than three are alive.
 """
 
 from __future__ import annotations
@@ -26,7 +27,11 @@ ray = pytest.importorskip("ray", reason="the optional ray extra (trainmaster[ray
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
 
 NODE_IPS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
+SPARE_IPS = ("127.0.0.5", "127.0.0.6")  # nodes added when a test has removed one
 NODE_CPUS = 2
+# Ray declares a node dead after this many failed health checks, one per period: with Ray's
+# defaults a node killed outright is seen dead only after about 15 s.
+HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 4}
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +44,8 @@ def cluster() -> Iterator[Any]:
         ray.shutdown()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     nodes = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": NODE_CPUS, "node_ip_address": NODE_IPS[0], "include_dashboard": False})
+        "num_cpus": NODE_CPUS, "node_ip_address": NODE_IPS[0], "include_dashboard": False,
+        "_system_config": HEALTH_CHECKS})
     try:
         for ip in NODE_IPS[1:]:
             nodes.add_node(num_cpus=NODE_CPUS, node_ip_address=ip)
@@ -103,17 +109,32 @@ def test_many_replicas_start_through_one_agent_per_node(harness: Harness) -> Non
     step_until(harness, job_id, lambda s: s["state"] == "cancelled")
 
 
-def test_removing_a_node_mid_job_restarts_its_instances_on_the_remaining_nodes(
-        harness: Harness, cluster: Any) -> None:
-    """Node loss: four 1-CPU workers fill two nodes; the non-head node among them is removed.
-    Its instances are reported Lost with an event naming the node, their processes are gone,
-    and restartPolicy OnFailure runs them again on the remaining nodes, where Ray placed their
-    bundles again. The instances on the surviving node are untouched."""
+def alive_nodes(cluster: Any) -> list[Any]:
+    alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    return [n for n in cluster.list_all_nodes() if n.node_id in alive]
+
+
+@pytest.mark.parametrize("graceful", [True, False], ids=["removed", "killed"])
+def test_losing_a_node_mid_job_restarts_its_instances_on_the_remaining_nodes(
+        harness: Harness, cluster: Any, graceful: bool) -> None:
+    """Node loss: four 1-CPU workers fill two of three nodes; the non-head node among those two is
+    lost, either removed (its processes shut down) or killed outright (SIGKILL of every process
+    of the node, its raylet included, as a machine losing power: the instances read as
+    unreachable until Ray's health checks declare the node dead). Its instances are reported
+    Lost with an event naming the node, their process trees are gone, and restartPolicy
+    OnFailure runs them again on the remaining nodes, where Ray placed their bundles again. The
+    instances on the surviving node are untouched."""
+    import json
+
     import psutil
 
     from trainmaster.backends.ray import ATTEMPT_RECORD
     from trainmaster.store.models import InstanceRow
 
+    spare = iter(SPARE_IPS)
+    while len(alive_nodes(cluster)) < len(NODE_IPS):
+        cluster.add_node(num_cpus=NODE_CPUS, node_ip_address=next(spare))
+    cluster.wait_for_nodes()
     job_id = harness.submit(job("loss", [
         {"name": "worker", "replicas": 4, "resources": {"cpu": 1},
          "command": py("import subprocess, sys, time\n"
@@ -125,21 +146,18 @@ def test_removing_a_node_mid_job_restarts_its_instances_on_the_remaining_nodes(
     with harness.sessions() as session:
         handles = {f"{r.role}-{r.index}": r.handle for r in session.query(InstanceRow)}
     head = cluster.head_node.node_id
-    victim = next(n for n in cluster.list_all_nodes()
+    victim = next(n for n in alive_nodes(cluster)
                   if n.node_id != head and any(h["node"] == n.node_id for h in handles.values()))
     doomed = {label for label, h in handles.items() if h["node"] == victim.node_id}
     trees: list[int] = []
-    for label in doomed:  # every process of the doomed instances: runtime, command, its child
-        record = Path(handles[label]["instance_dir"]) / ATTEMPT_RECORD
-        import json
-
-        pid = json.loads(record.read_text())["pid"]
+    for label in doomed:  # every process of the doomed instances: the command and its child
+        pid = json.loads((Path(handles[label]["instance_dir"]) / ATTEMPT_RECORD).read_text())["pid"]
         trees += [pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))]
     survivors = {label: i["attempt"] for label, i in
                  ((f"{i['role']}-{i['index']}", i) for i in status["instances"]) if label not in doomed}
 
     lost_at = time.monotonic()
-    cluster.remove_node(victim)
+    cluster.remove_node(victim, allow_graceful=graceful)
 
     def replaced(s: dict[str, Any]) -> bool:
         by_label = {f"{i['role']}-{i['index']}": i for i in s["instances"]}
@@ -157,6 +175,6 @@ def test_removing_a_node_mid_job_restarts_its_instances_on_the_remaining_nodes(
     for event in restarting:
         assert "NodeLost" in event["message"] and victim.node_id[:12] in event["message"]
         assert victim.node_ip_address in event["message"]
-    assert pids_alive(trees) == [], f"left running after the node was removed ({took:.1f}s to replace)"
+    assert pids_alive(trees) == [], f"left running after the node was lost ({took:.1f}s to replace)"
     harness.controller.cancel(job_id)
     step_until(harness, job_id, lambda s: s["state"] == "cancelled")
