@@ -109,6 +109,23 @@ def test_many_replicas_start_through_one_agent_per_node(harness: Harness) -> Non
     step_until(harness, job_id, lambda s: s["state"] == "cancelled")
 
 
+def instance_tree(handle: dict[str, Any]) -> list[int]:
+    """The pids of an instance whose command starts one child: the command and that child (waited
+    for, so a tree taken right after the instance runs is complete)."""
+    import json
+
+    import psutil
+
+    from trainmaster.backends.ray import ATTEMPT_RECORD
+
+    pid = json.loads((Path(handle["instance_dir"]) / ATTEMPT_RECORD).read_text())["pid"]
+    deadline = time.monotonic() + 30
+    while not (children := psutil.Process(pid).children(recursive=True)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert children, f"instance {handle['instance_id']} never started its child"
+    return [pid, *(child.pid for child in children)]
+
+
 def alive_nodes(cluster: Any) -> list[Any]:
     alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
     return [n for n in cluster.list_all_nodes() if n.node_id in alive]
@@ -124,11 +141,6 @@ def test_losing_a_node_mid_job_restarts_its_instances_on_the_remaining_nodes(
     Lost with an event naming the node, their process trees are gone, and restartPolicy
     OnFailure runs them again on the remaining nodes, where Ray placed their bundles again. The
     instances on the surviving node are untouched."""
-    import json
-
-    import psutil
-
-    from trainmaster.backends.ray import ATTEMPT_RECORD
     from trainmaster.store.models import InstanceRow
 
     spare = iter(SPARE_IPS)
@@ -149,10 +161,7 @@ def test_losing_a_node_mid_job_restarts_its_instances_on_the_remaining_nodes(
     victim = next(n for n in alive_nodes(cluster)
                   if n.node_id != head and any(h["node"] == n.node_id for h in handles.values()))
     doomed = {label for label, h in handles.items() if h["node"] == victim.node_id}
-    trees: list[int] = []
-    for label in doomed:  # every process of the doomed instances: the command and its child
-        pid = json.loads((Path(handles[label]["instance_dir"]) / ATTEMPT_RECORD).read_text())["pid"]
-        trees += [pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))]
+    trees = [pid for label in doomed for pid in instance_tree(handles[label])]
     survivors = {label: i["attempt"] for label, i in
                  ((f"{i['role']}-{i['index']}", i) for i in status["instances"]) if label not in doomed}
 
@@ -176,5 +185,9 @@ def test_losing_a_node_mid_job_restarts_its_instances_on_the_remaining_nodes(
         assert "NodeLost" in event["message"] and victim.node_id[:12] in event["message"]
         assert victim.node_ip_address in event["message"]
     assert pids_alive(trees) == [], f"left running after the node was lost ({took:.1f}s to replace)"
+    with harness.sessions() as session:
+        now_running = [r.handle for r in session.query(InstanceRow)]
+    trees = [pid for handle in now_running for pid in instance_tree(handle)]
     harness.controller.cancel(job_id)
     step_until(harness, job_id, lambda s: s["state"] == "cancelled")
+    assert pids_alive(trees) == [], "left running after the job was cancelled"

@@ -18,6 +18,7 @@ node's IP and each port it was given that is taken here is replaced by a free on
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import socket
@@ -47,7 +48,8 @@ def make_node_agent(node_id: str) -> NodeAgentAPI:
     return ProcessGroupAgent(node=node_id)
 
 
-@ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0, max_concurrency=8)
+# (Ray's typing stubs lack max_concurrency, which Ray accepts for actors)
+@ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0, max_concurrency=8)  # type: ignore[call-overload]
 class NodeAgentActor:
     """One node's agent: carries :class:`NodeAgentAPI` calls to the agent core on this node.
 
@@ -61,7 +63,7 @@ class NodeAgentActor:
     def where(self) -> dict[str, Any]:
         return {"node": self.node_id, "ip": self.node_ip, "pid": os.getpid()}
 
-    def start(self, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def start(self, specs: builtins.list[dict[str, Any]]) -> builtins.list[dict[str, Any]]:
         """Start a batch; each answer is the :class:`StartResult` plus the host and ports the
         attempt really has on this node."""
         bound = [bind_to_node(LaunchSpec.from_dict(s), self.node_ip) for s in specs]
@@ -72,16 +74,16 @@ class NodeAgentActor:
             answers.append({"result": _result_dict(result), "host": spec.host, "ports": spec.ports})
         return answers
 
-    def stop(self, instance_ids: list[str], grace: float) -> list[dict[str, Any]]:
+    def stop(self, instance_ids: builtins.list[str], grace: float) -> builtins.list[dict[str, Any]]:
         return [s.to_dict() for s in self._agent.stop(instance_ids, grace)]
 
-    def observe(self, instance_ids: list[str]) -> list[dict[str, Any]]:
+    def observe(self, instance_ids: builtins.list[str]) -> builtins.list[dict[str, Any]]:
         return [s.to_dict() for s in self._agent.observe(instance_ids)]
 
-    def list(self) -> list[dict[str, Any]]:
+    def list(self) -> builtins.list[dict[str, Any]]:
         return [s.to_dict() for s in self._agent.list()]
 
-    def forget(self, instance_ids: list[str]) -> None:
+    def forget(self, instance_ids: builtins.list[str]) -> None:
         self._agent.forget(instance_ids)
 
 

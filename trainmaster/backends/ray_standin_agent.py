@@ -18,6 +18,7 @@ agent's end of its pipe closes, however the agent died (kill -9 included).
 
 from __future__ import annotations
 
+import builtins
 import os
 import signal
 import subprocess
@@ -37,10 +38,14 @@ from trainmaster.runtime.files import InstanceFiles
 STOP_KILL_WAIT = 5.0  # after SIGKILL, how long stop waits for a tree to be gone
 
 # Reads "+pgid"/"-pgid" lines from the agent; at EOF (the agent is gone) kills every group left.
-# SIGTERM/SIGINT/SIGHUP are ignored so a polite shutdown of the agent's worker cannot end the
-# guard before it has done its one job.
+# It detaches first (forks, and the parent exits): when a Ray worker dies, Ray SIGKILLs the
+# worker's direct children, which would take the guard with them and leave the instances'
+# grandchildren running (measured: a node killed outright left them). SIGTERM/SIGINT/SIGHUP are
+# ignored so a polite shutdown of the agent's worker cannot end the guard before its one job.
 _GUARD_CODE = """
 import os, signal, sys
+if os.fork():
+    os._exit(0)
 for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
     signal.signal(s, signal.SIG_IGN)
 groups = set()
@@ -64,10 +69,7 @@ class GroupGuard:
         assert self._proc.stdin is not None
         self._pipe: IO[bytes] = self._proc.stdin
         self._lock = threading.Lock()
-
-    @property
-    def pid(self) -> int:
-        return self._proc.pid
+        self._proc.wait(timeout=30)  # the first process only forks the guard off and exits
 
     def add(self, pgid: int) -> None:
         self._send(f"+{pgid}\n")
@@ -110,7 +112,7 @@ class ProcessGroupAgent:
         self._lock = threading.Lock()  # Ray runs calls on several threads (observe during a stop)
 
     # ---- NodeAgentAPI --------------------------------------------------------------------------
-    def start(self, specs: list[LaunchSpec]) -> list[StartResult]:
+    def start(self, specs: builtins.list[LaunchSpec]) -> builtins.list[StartResult]:
         results = []
         with self._lock:
             for spec in specs:
@@ -120,7 +122,7 @@ class ProcessGroupAgent:
                                            attempt.error))
         return results
 
-    def stop(self, instance_ids: list[str], grace: float) -> list[InstanceStatus]:
+    def stop(self, instance_ids: builtins.list[str], grace: float) -> builtins.list[InstanceStatus]:
         with self._lock:
             live = [a for i in instance_ids if (a := self._attempts.get(i)) and a.proc and a.final is None]
         groups = {a.proc.pid for a in live if a.proc}
@@ -131,15 +133,15 @@ class ProcessGroupAgent:
             self._wait_gone(live, left, time.monotonic() + STOP_KILL_WAIT)
         return self.observe(instance_ids)
 
-    def observe(self, instance_ids: list[str]) -> list[InstanceStatus]:
+    def observe(self, instance_ids: builtins.list[str]) -> builtins.list[InstanceStatus]:
         with self._lock:
             return [self._status(i) for i in instance_ids]
 
-    def list(self) -> list[InstanceStatus]:
+    def list(self) -> builtins.list[InstanceStatus]:
         with self._lock:
             return [self._status(i) for i in self._attempts]
 
-    def forget(self, instance_ids: list[str]) -> None:
+    def forget(self, instance_ids: builtins.list[str]) -> None:
         with self._lock:
             for instance_id in instance_ids:
                 attempt = self._attempts.get(instance_id)
@@ -200,7 +202,7 @@ class ProcessGroupAgent:
                                        ended_at=time.time())
         return attempt.final
 
-    def _wait_gone(self, attempts: list[_Attempt], groups: set[int], deadline: float) -> set[int]:
+    def _wait_gone(self, attempts: builtins.list[_Attempt], groups: set[int], deadline: float) -> set[int]:
         """Sleep (backing off, never spinning) until none of ``groups`` holds a live process;
         returns those that still do at ``deadline``."""
         delay = 0.005
