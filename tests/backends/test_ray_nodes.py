@@ -109,6 +109,43 @@ def test_many_replicas_start_through_one_agent_per_node(harness: Harness) -> Non
     step_until(harness, job_id, lambda s: s["state"] == "cancelled")
 
 
+def test_a_restarted_controller_finds_the_node_agents_by_name_and_adopts_their_instances(
+        tmp_path: Path, cluster: Any) -> None:
+    """Controller restart on Ray: the node agents are detached actors, so they and their instances
+    outlive the controller's Ray driver. A new controller over the same store (a new driver)
+    finds each agent again by its name ``tm-agent-<node_id>`` and adopts the running instances:
+    same processes, same attempt, nothing started twice; cancelling then ends them."""
+    from trainmaster.backends.ray import NAMESPACE, RayBackend
+    from trainmaster.store.models import InstanceRow
+
+    first = Harness(tmp_path, backend=RayBackend())
+    job_id = first.submit(job("adopt", [
+        {"name": "worker", "replicas": 3, "resources": {"cpu": NODE_CPUS},  # one per node
+         "command": py("import subprocess, sys, time\n"
+                       "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+                       "time.sleep(120)")}]))
+    step_until(first, job_id, lambda s: sum(i["state"] == "running" for i in s["instances"]) == 3, timeout=120)
+    with first.sessions() as session:
+        handles = [r.handle for r in session.query(InstanceRow)]
+    assert len({h["node"] for h in handles}) == 3
+    trees = [pid for handle in handles for pid in instance_tree(handle)]
+
+    ray.shutdown()  # the controller's driver goes away; what it owned (its placement groups) with it
+    ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False, logging_level="ERROR")
+    second = Harness(tmp_path, backend=RayBackend())  # the same store
+    second.controller.recover()
+    status = second.status(job_id)
+    assert len(events(status, "Adopted")) == 3, status["events"]
+    for _ in range(5):
+        second.controller.step()
+    status = second.status(job_id)
+    assert [(i["state"], i["attempt"]) for i in status["instances"]] == [("running", 1)] * 3
+    assert pids_alive(trees) == trees  # the very same processes, none started again
+    second.controller.cancel(job_id)
+    step_until(second, job_id, lambda s: s["state"] == "cancelled")
+    assert pids_alive(trees) == []
+
+
 def instance_tree(handle: dict[str, Any]) -> list[int]:
     """The pids of an instance whose command starts one child: the command and that child (waited
     for, so a tree taken right after the instance runs is complete)."""
