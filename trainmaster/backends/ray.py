@@ -86,6 +86,15 @@ class _Gang:
 
 
 @dataclass
+class _ClusterView:
+    """One look at the cluster for a whole batch of launches: each job's bundle -> node table,
+    and the live nodes (read when first needed)."""
+
+    bundles: dict[int, dict[int, str]] = field(default_factory=dict)
+    alive: set[str] | None = None
+
+
+@dataclass
 class _StartCall:
     """One batched ``start`` sent to a node's agent, not yet answered."""
 
@@ -189,12 +198,18 @@ class RayBackend(Backend):
                 return index
         return None
 
-    def _bundle_node(self, job_id: int, bundle: int, tables: dict[int, dict[int, str]]) -> str | None:
-        """The node Ray placed a bundle on; None while it is being placed again (its node was lost).
-        ``tables`` keeps one placement group lookup per job for a whole batch."""
-        if job_id not in tables:
-            tables[job_id] = dict(placement_group_table(self._gangs[job_id].group)["bundles_to_node_id"])
-        return tables[job_id].get(bundle) or None
+    def _bundle_node(self, job_id: int, bundle: int, view: _ClusterView) -> str | None:
+        """The live node Ray placed a bundle on; None while it is being placed again (its node was
+        lost: for a moment the table may still name the dead node, and an agent pinned there could
+        never start)."""
+        if job_id not in view.bundles:
+            view.bundles[job_id] = dict(placement_group_table(self._gangs[job_id].group)["bundles_to_node_id"])
+        node = view.bundles[job_id].get(bundle) or None
+        if node is None:
+            return None
+        if view.alive is None:
+            view.alive = self._alive_nodes()
+        return node if node in view.alive else None
 
     # ---- agents ------------------------------------------------------------------------------
     def _agent_on(self, node: str) -> Any:
@@ -217,13 +232,16 @@ class RayBackend(Backend):
                 return None
         return agent
 
-    def _node_alive(self, node: str) -> bool:
-        alive = False
+    def _alive_nodes(self) -> set[str]:
+        alive = set()
         for info in ray.nodes():
             self._node_ips[info["NodeID"]] = info["NodeManagerAddress"]
-            if info["NodeID"] == node:
-                alive = bool(info["Alive"])
+            if info["Alive"]:
+                alive.add(info["NodeID"])
         return alive
+
+    def _node_alive(self, node: str) -> bool:
+        return node in self._alive_nodes()
 
     def _home_node(self) -> str:
         """Where an instance outside any gang runs: the node this controller joined."""
@@ -257,11 +275,11 @@ class RayBackend(Backend):
         instances read as starting, so a reconcile pass never blocks on the cluster."""
         batches: dict[str, list[LaunchSpec]] = {}
         handles: list[dict[str, Any] | OSError] = []
-        tables: dict[int, dict[int, str]] = {}
+        view = _ClusterView()
         for request in requests:
             spec = _launch_spec(request)
             bundle = self._bundle_for(request)
-            node = self._bundle_node(request.job_id, bundle, tables) if bundle is not None else self._home_node()
+            node = self._bundle_node(request.job_id, bundle, view) if bundle is not None else self._home_node()
             if node is None and bundle is not None:
                 self._deferred[spec.instance_id] = _Deferred(spec, request.job_id, bundle)
             elif node is not None:
@@ -302,7 +320,8 @@ class RayBackend(Backend):
 
     def _try_deferred(self, instance_id: str) -> Observation:
         deferred = self._deferred[instance_id]
-        node = self._bundle_node(deferred.job_id, deferred.bundle, {}) if deferred.job_id in self._gangs else None
+        node = (self._bundle_node(deferred.job_id, deferred.bundle, _ClusterView())
+                if deferred.job_id in self._gangs else None)
         if node is None:
             return Observation(Phase.STARTING, reason="BundlePending",
                                message=f"waiting for Ray to place its placement group bundle {deferred.bundle} again")
