@@ -228,3 +228,48 @@ def test_losing_a_node_mid_job_restarts_its_instances_on_the_remaining_nodes(
     harness.controller.cancel(job_id)
     step_until(harness, job_id, lambda s: s["state"] == "cancelled")
     assert pids_alive(trees) == [], "left running after the job was cancelled"
+
+
+def test_instances_of_a_lost_node_wait_for_room_and_run_on_a_node_that_joins(
+        harness: Harness, cluster: Any) -> None:
+    """Node loss with a full cluster: six 1-CPU workers fill all three nodes, and a non-head node
+    is removed. Nothing has room for the lost instances, so they wait, not running anywhere (never
+    sent to the dead node's agent, nor run uncharged elsewhere): pending while the controller's
+    own accounting sees the smaller cluster full, or starting with reason BundlePending while
+    Ray has not placed their bundles again. Once a node joins, Ray places the bundles there and
+    they run on it."""
+    from trainmaster.store.models import InstanceRow
+
+    spare = iter(SPARE_IPS[::-1])
+    while len(alive_nodes(cluster)) < len(NODE_IPS):
+        cluster.add_node(num_cpus=NODE_CPUS, node_ip_address=next(spare))
+    cluster.wait_for_nodes()
+    job_id = harness.submit(job("full", [
+        {"name": "worker", "replicas": 3 * NODE_CPUS, "resources": {"cpu": 1}, "command": ["sleep", "120"],
+         "restartPolicy": {"policy": "OnFailure", "maxRestarts": 1, "backoffSeconds": 0}}]))
+    step_until(harness, job_id, lambda s: sum(i["state"] == "running" for i in s["instances"]) == 3 * NODE_CPUS,
+               timeout=120)
+    with harness.sessions() as session:
+        placed = {f"{r.role}-{r.index}": r.handle["node"] for r in session.query(InstanceRow)}
+    victim = next(n for n in alive_nodes(cluster) if n.node_id != cluster.head_node.node_id)
+    doomed = {label for label, node in placed.items() if node == victim.node_id}
+    cluster.remove_node(victim)
+
+    def waiting(s: dict[str, Any]) -> bool:
+        return all(i["state"] == "pending" and i["reason"] == "Unschedulable"
+                   or i["state"] == "starting" and i["reason"] == "BundlePending"
+                   for i in s["instances"] if f"{i['role']}-{i['index']}" in doomed)
+
+    step_until(harness, job_id, lambda s: len(events(s, "Restarting")) == len(doomed) and waiting(s), timeout=60)
+    for _ in range(10):  # it stays so: nothing to place it on
+        harness.controller.step()
+        assert waiting(harness.status(job_id)), harness.status(job_id)["instances"]
+        time.sleep(0.1)
+    newcomer = cluster.add_node(num_cpus=NODE_CPUS, node_ip_address=next(spare))
+    status = step_until(harness, job_id, lambda s: sum(i["state"] == "running" for i in s["instances"])
+                        == 3 * NODE_CPUS, timeout=90)
+    for inst in status["instances"]:
+        if f"{inst['role']}-{inst['index']}" in doomed:
+            assert inst["address"].split(":")[0] == newcomer.node_ip_address and inst["restarts"] == 1
+    harness.controller.cancel(job_id)
+    step_until(harness, job_id, lambda s: s["state"] == "cancelled")
