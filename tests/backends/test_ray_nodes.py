@@ -27,7 +27,7 @@ ray = pytest.importorskip("ray", reason="the optional ray extra (trainmaster[ray
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
 
 NODE_IPS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
-SPARE_IPS = ("127.0.0.5", "127.0.0.6")  # nodes added when a test has removed one
+SPARE_IPS = iter(f"127.0.0.{n}" for n in range(5, 30))  # a new address for each node added later
 NODE_CPUS = 2
 # Ray declares a node dead after this many failed health checks, one per period: with Ray's
 # defaults a node killed outright is seen dead only after about 15 s.
@@ -180,9 +180,8 @@ def test_losing_a_node_mid_job_restarts_its_instances_on_the_remaining_nodes(
     instances on the surviving node are untouched."""
     from trainmaster.store.models import InstanceRow
 
-    spare = iter(SPARE_IPS)
     while len(alive_nodes(cluster)) < len(NODE_IPS):
-        cluster.add_node(num_cpus=NODE_CPUS, node_ip_address=next(spare))
+        cluster.add_node(num_cpus=NODE_CPUS, node_ip_address=next(SPARE_IPS))
     cluster.wait_for_nodes()
     job_id = harness.submit(job("loss", [
         {"name": "worker", "replicas": 4, "resources": {"cpu": 1},
@@ -240,9 +239,8 @@ def test_instances_of_a_lost_node_wait_for_room_and_run_on_a_node_that_joins(
     they run on it."""
     from trainmaster.store.models import InstanceRow
 
-    spare = iter(SPARE_IPS[::-1])
     while len(alive_nodes(cluster)) < len(NODE_IPS):
-        cluster.add_node(num_cpus=NODE_CPUS, node_ip_address=next(spare))
+        cluster.add_node(num_cpus=NODE_CPUS, node_ip_address=next(SPARE_IPS))
     cluster.wait_for_nodes()
     job_id = harness.submit(job("full", [
         {"name": "worker", "replicas": 3 * NODE_CPUS, "resources": {"cpu": 1}, "command": ["sleep", "120"],
@@ -265,7 +263,7 @@ def test_instances_of_a_lost_node_wait_for_room_and_run_on_a_node_that_joins(
         harness.controller.step()
         assert waiting(harness.status(job_id)), harness.status(job_id)["instances"]
         time.sleep(0.1)
-    newcomer = cluster.add_node(num_cpus=NODE_CPUS, node_ip_address=next(spare))
+    newcomer = cluster.add_node(num_cpus=NODE_CPUS, node_ip_address=next(SPARE_IPS))
     status = step_until(harness, job_id, lambda s: sum(i["state"] == "running" for i in s["instances"])
                         == 3 * NODE_CPUS, timeout=90)
     for inst in status["instances"]:
