@@ -42,7 +42,6 @@ from trainmaster.backends.base import Backend, Capacity, LaunchRequest, Observat
 from trainmaster.backends.local import LocalBackend
 from trainmaster.backends.ray_agent import (ATTEMPT_RECORD, NAMESPACE, NodeAgentActor, agent_name,
                                             read_record)
-from trainmaster.backends.ray_standin_agent import STOP_KILL_WAIT
 from trainmaster.runtime.files import InstanceFiles
 from trainmaster.spec.model import parse_memory
 
@@ -53,6 +52,7 @@ log = logging.getLogger(__name__)
 MIN_BUNDLE_CPU = 0.01  # Ray rejects empty bundles; a role asking for no CPU still gets a token one
 CALL_TIMEOUT = 5.0  # an observe waits at most this long for an agent's answer
 START_WAIT = 60.0  # a stop waits at most this long for the start call it must follow
+STOP_SLACK = 15.0  # a stop's answer may come this long after its grace (the KILL, the wait for the trees)
 GANG_WAIT = 0.2  # each reconcile pass waits this long for a placement group, then reports pending
 # One observe call per node answers every poll of one reconcile pass: the controller polls
 # instance by instance, and 64 round trips to an actor would cost more than the pass itself.
@@ -439,12 +439,12 @@ class RayBackend(Backend):
                  if (agent := self._agent_found(node)) is not None}
         for node, ref in calls.items():
             try:
-                statuses = ray.get(ref, timeout=grace + STOP_KILL_WAIT + CALL_TIMEOUT)
+                statuses = ray.get(ref, timeout=grace + STOP_SLACK)
             except RayActorError as exc:
                 self._lose_node(node, _first_line(exc))
                 continue
             except GetTimeoutError:
-                log.warning("the agent of node %s did not finish a stop within %gs", node[:12], grace + STOP_KILL_WAIT)
+                log.warning("the agent of node %s did not finish a stop within %gs", node[:12], grace + STOP_SLACK)
                 continue
             self._snapshots.pop(node, None)
             for raw in statuses:
