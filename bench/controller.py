@@ -2,6 +2,7 @@
 queue drain throughput, and kill-to-replacement time.
 
     .venv/bin/python bench/controller.py [--quick] [--runs 5] [--no-ray] [--no-torchx]
+    .venv/bin/python bench/controller.py --ray [--runs 5]   # the Ray section alone (1 and 3 nodes)
 
 Writes ``bench/results/controller.json`` and ``bench/results/controller.md``.
 
@@ -235,7 +236,18 @@ def main() -> None:
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray backend")
     parser.add_argument("--no-torchx", action="store_true", help="skip TorchX local_cwd")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="replica counts, comma-separated")
+    parser.add_argument("--ray", action="store_true",
+                        help="only the Ray section (1 and 3 nodes, node loss); writes controller_ray.{json,md}")
     args = parser.parse_args()
+    if args.ray:
+        scratch = Path(tempfile.mkdtemp(prefix="tm-bench-ray-"))
+        os.environ["TRAINMASTER_HOME"] = str(scratch / "home")
+        ray_results = ray_bench(args.runs, int(args.sizes.split(",")[-1]), scratch)
+        out = ROOT / "bench" / "results"
+        (out / "controller_ray.json").write_text(json.dumps(ray_results, indent=2) + "\n")
+        (out / "controller_ray.md").write_text(ray_markdown(ray_results))
+        shutil.rmtree(scratch, ignore_errors=True)
+        return
     SIZES[:] = [int(n) for n in args.sizes.split(",")]
     scratch = Path(tempfile.mkdtemp(prefix="tm-bench-"))
     os.environ["TRAINMASTER_HOME"] = str(scratch / "home")
@@ -315,6 +327,181 @@ def main() -> None:
     (out / "controller.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "controller.md").write_text(markdown(results))
     shutil.rmtree(scratch, ignore_errors=True)
+
+
+# ---- Ray: one node agent per Ray node (issue 14 part 3) -------------------------------------------
+RAY_NODE_IPS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")  # a simulated cluster: one loopback address per node
+RAY_NODE_CPUS = 4  # Ray's accounting only (this machine has 2 cores): it decides how bundles spread
+RAY_SPREAD_CPU = 0.18  # per replica: 64 fill three 4-CPU nodes (22 + 22 + 20), so all three run some
+RAY_LOSS_CPU = 0.12  # per replica: 64 fill two nodes (33 + 31) and leave the third as room for the lost ones
+RAY_SPARE_IP = "127.0.0.5"  # the node added back before the second node loss
+# Ray declares a node whose raylet stopped answering dead after this many failed health checks,
+# one per period; with Ray's defaults (3 s, 5 failures) a node killed outright is seen dead ~15 s later.
+RAY_HEALTH_CHECKS = {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
+                     "health_check_timeout_ms": 500}
+
+
+def ray_to_running(ours: Ours, replicas: int, cpu: float, scratch: Path) -> dict[str, Any]:
+    """Submit to every replica running on Ray (both moments, as :func:`ours_to_running`), and on
+    how many nodes they ran; the job is cancelled afterwards."""
+    workdir = Path(tempfile.mkdtemp(dir=scratch))
+    markers = workdir / "markers"
+    markers.mkdir()
+    moments: dict[str, float] = {}
+    start = time.perf_counter()
+    job_id = ours.submit("bench", [{"name": "worker", "replicas": replicas, "command": command(markers),
+                                    "resources": {"cpu": cpu}}])
+
+    def done() -> bool:
+        now = time.perf_counter()
+        if "reported" not in moments and ours.running(job_id) == replicas:
+            moments["reported"] = now - start
+        if "processes" not in moments and count(markers) >= replicas:
+            moments["processes"] = now - start
+        return len(moments) == 2
+
+    ours.until(done, f"{replicas} replicas running on Ray")
+    with ours.sessions() as session:
+        nodes = {i.handle["node"] for i in repo.load_job(session, job_id).instances if i.handle}
+    ours.finish(job_id)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return {**moments, "nodes": len(nodes)}
+
+
+def ray_node_loss(ours: Ours, cluster: Any, replicas: int, scratch: Path, graceful: bool = True) -> dict[str, Any]:
+    """Lose a (non-head) node that runs some of a job's replicas: removed (its processes shut
+    down), or with ``graceful=False`` killed outright (SIGKILL of all its processes, raylet
+    included); time from then to every one of them running again elsewhere (reported by our
+    store, and its command started)."""
+    workdir = Path(tempfile.mkdtemp(dir=scratch))
+    markers = workdir / "markers"
+    markers.mkdir()
+    job_id = ours.submit("loss", [{"name": "worker", "replicas": replicas, "command": command(markers),
+                                   "resources": {"cpu": RAY_LOSS_CPU},
+                                   "restartPolicy": {"policy": "OnFailure", "maxRestarts": 3, "backoffSeconds": 0}}])
+    ours.until(lambda: ours.running(job_id) == replicas and count(markers) >= replicas, "all running before the loss")
+    with ours.sessions() as session:
+        placed = {i.index: i.handle["node"] for i in repo.load_job(session, job_id).instances}
+    head = cluster.head_node.node_id
+    victim = next(n for n in cluster.list_all_nodes() if n.node_id != head and n.node_id in placed.values())
+    doomed = [index for index, node in placed.items() if node == victim.node_id]
+
+    def rows() -> dict[int, Any]:
+        with ours.sessions() as session:
+            return {i.index: i for i in repo.load_job(session, job_id).instances}
+
+    moments: dict[str, float] = {}
+    start = time.perf_counter()
+    cluster.remove_node(victim, allow_graceful=graceful)
+    moments["remove_node_call"] = time.perf_counter() - start
+
+    def done() -> bool:
+        now = time.perf_counter()
+        now_rows = rows()
+        if "noticed" not in moments and all(now_rows[i].attempt >= 2 or now_rows[i].state != "running"
+                                             for i in doomed):
+            moments["noticed"] = now - start  # every lost replica is no longer taken as running
+        if "reported" not in moments and all(now_rows[i].attempt >= 2 and now_rows[i].state == "running"
+                                             for i in doomed):
+            moments["reported"] = now - start
+        if "processes" not in moments and count(markers) >= replicas + len(doomed):
+            moments["processes"] = now - start
+        return all(m in moments for m in ("noticed", "reported", "processes"))
+
+    ours.until(done, "the lost node's replicas running elsewhere", timeout=120)
+    ours.finish(job_id)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return {**moments, "replicas": replicas, "lost": len(doomed), "victim": victim.node_ip_address,
+            "how": "removed" if graceful else "killed (SIGKILL of all its processes)"}
+
+
+def ray_bench(runs: int, replicas: int, scratch: Path) -> dict[str, Any]:
+    """The Ray section: ``replicas`` running on one node and on three nodes, a node removed ->
+    its replicas running elsewhere, an instance killed -> its replacement running.
+
+    The first job on a fresh cluster also waits for Ray to create each node's agent actor (a
+    worker process); it is reported apart (*cold*), the median is over the runs after it."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from trainmaster.backends.ray import RayBackend
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    results: dict[str, Any] = {"ray": ray.__version__, "replicas": replicas, "runs": runs}
+    began = time.perf_counter()
+    backend = RayBackend(num_cpus=RAY_NODE_CPUS, node_ip=RAY_NODE_IPS[0])
+    results["one_node_cluster_start_s"] = time.perf_counter() - began
+    ours = Ours(backend, scratch / "ray1")
+    cold = ray_to_running(ours, replicas, 0, scratch)
+    warm = [ray_to_running(ours, replicas, 0, scratch) for _ in range(runs)]
+    results["one_node"] = _ray_entry(cold, warm)
+    results["kill_to_replacement"] = summary(kill_to_replacement(backend, runs, scratch))
+    print(f"ray 1 node: {replicas} running {results['one_node']['processes']['median_s']:.3f}s "
+          f"(cold {cold['processes']:.3f}s); kill->replacement {results['kill_to_replacement']['median_s']:.3f}s",
+          flush=True)
+    ray.shutdown()
+
+    began = time.perf_counter()
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": RAY_NODE_CPUS, "node_ip_address": RAY_NODE_IPS[0], "include_dashboard": False,
+        "_system_config": dict(RAY_HEALTH_CHECKS)})
+    try:
+        for ip in RAY_NODE_IPS[1:]:
+            cluster.add_node(num_cpus=RAY_NODE_CPUS, node_ip_address=ip)
+        ray.init(address=cluster.address, namespace="trainmaster", log_to_driver=False, logging_level="ERROR")
+        cluster.wait_for_nodes()
+        results["three_node_cluster_start_s"] = time.perf_counter() - began
+        ours = Ours(RayBackend(), scratch / "ray3")
+        cold = ray_to_running(ours, replicas, RAY_SPREAD_CPU, scratch)
+        warm = [ray_to_running(ours, replicas, RAY_SPREAD_CPU, scratch) for _ in range(runs)]
+        results["three_nodes"] = _ray_entry(cold, warm)
+        results["node_loss"] = ray_node_loss(ours, cluster, replicas, scratch)
+        cluster.add_node(num_cpus=RAY_NODE_CPUS, node_ip_address=RAY_SPARE_IP)  # room for the next loss
+        cluster.wait_for_nodes()
+        results["node_killed"] = ray_node_loss(ours, cluster, replicas, scratch, graceful=False)
+        results["health_checks"] = RAY_HEALTH_CHECKS
+        print(f"ray 3 nodes: {replicas} running {results['three_nodes']['processes']['median_s']:.3f}s "
+              f"(cold {cold['processes']:.3f}s); node removed -> its {results['node_loss']['lost']} replicas "
+              f"running elsewhere {results['node_loss']['processes']:.3f}s; node killed -> its "
+              f"{results['node_killed']['lost']} replicas running elsewhere {results['node_killed']['processes']:.3f}s",
+              flush=True)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    return results
+
+
+def _ray_entry(cold: dict[str, Any], warm: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"cold": cold, "reported": summary([w["reported"] for w in warm]),
+            "processes": summary([w["processes"] for w in warm]), "nodes": max(w["nodes"] for w in warm)}
+
+
+def ray_markdown(results: dict[str, Any]) -> str:
+    one, three, loss, kill = (results[k] for k in ("one_node", "three_nodes", "node_loss", "kill_to_replacement"))
+    n = results["replicas"]
+    rows = [("1 node", one), (f"3 nodes (ran on {three['nodes']})", three)]
+    lines = [f"Ray backend (Ray {results['ray']}, one node agent actor per node; {os.cpu_count()} CPUs shared "
+             f"with other work; medians of {results['runs']} runs after a cold first run).", "",
+             f"Submit to {n} replicas running, seconds (*reported*: every instance running in our store; "
+             "*processes*: every replica's command started). Target: <= 3 s.", "",
+             "| cluster | reported | processes | cold reported | cold processes |", "|---|---|---|---|---|"]
+    for name, e in rows:
+        lines.append(f"| {name} | {e['reported']['median_s']:.3f} | {e['processes']['median_s']:.3f} | "
+                     f"{e['cold']['reported']:.3f} | {e['cold']['processes']:.3f} |")
+    lines += ["", "Node lost -> its replicas running on the remaining nodes, seconds from the loss. Target: <= 5 s. "
+              "*removed*: `Cluster.remove_node` (its processes shut down); *killed*: every process of the node "
+              "SIGKILLed, raylet included, so Ray learns of it only from its health checks "
+              f"({results['health_checks']}; with Ray's defaults about 15 s more).", "",
+              "*noticed*: every replica of the node is no longer taken as running (lost, restarting).", "",
+              "| loss | replicas on the node | noticed | reported | processes |", "|---|---|---|---|---|"]
+    for e in (loss, results["node_killed"]):
+        lines.append(f"| {e['how']} | {e['lost']} of {e['replicas']} | {e['noticed']:.3f} | {e['reported']:.3f} | "
+                     f"{e['processes']:.3f} |")
+    lines += ["", f"Instance killed (SIGKILL of its process group) -> replacement running: median "
+              f"{kill['median_s']:.3f}s (min {kill['min_s']:.3f}, max {kill['max_s']:.3f}). Target: <= 1 s.", "",
+              f"Cluster start (not counted above): 1 node {results['one_node_cluster_start_s']:.1f}s, "
+              f"3 nodes {results['three_node_cluster_start_s']:.1f}s."]
+    return "\n".join(lines) + "\n"
 
 
 NOTES = """How an instance starts: one reconcile pass starts every replica. An instance without

@@ -53,7 +53,7 @@ def launch_request(backend: Backend, tmp_path: Path, code: str, name: str = "r",
 
 
 def runtime_pid(handle: dict) -> int:
-    """The instance runtime's pid: in the handle (local), or in the attempt record its Ray actor wrote."""
+    """The instance's pid: in the handle (local), or in the attempt record its Ray node agent wrote."""
     if handle["pid"] is not None:
         return handle["pid"]
     from trainmaster.backends.ray import ATTEMPT_RECORD
@@ -119,7 +119,7 @@ def test_a_new_backend_adopts_a_live_instance_by_pid_and_start_time(backend: Bac
     assert successor.adopt(handle)
     forged = json.loads(json.dumps(handle))
     if backend.name == "ray":
-        forged["actor"] += "-elsewhere"  # an attempt no live actor is named after: must not be adopted
+        forged["instance_id"] += "-elsewhere"  # an attempt its node's agent never started: not adopted
     else:
         forged["create_time"] -= 100  # same pid, another process: must not be adopted
     assert not successor.adopt(forged)

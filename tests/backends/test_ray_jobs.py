@@ -1,7 +1,7 @@
 """Mechanisms on the Ray backend, through the controller: dependencies with the wait step and the
 address registry (spec steps 4-5), gang scheduling with one placement group per job (a job whose
-group Ray cannot place stays pending with the reason), fault tolerance when an instance's actor
-dies (spec step 6; its leftover process is killed, never two copies), logs collected, and
+group Ray cannot place stays pending with the reason), fault tolerance when a node agent
+dies (spec step 6; its instances' process trees die with it, never two copies), logs collected, and
 ``trainmaster run --backend ray``. One local Ray cluster serves the whole module."""
 
 from __future__ import annotations
@@ -135,37 +135,43 @@ def test_gang_stays_pending_with_the_reason_until_ray_can_place_it(ray_harness: 
     assert status["state"] == "succeeded", status["events"]
 
 
-def test_instance_whose_actor_dies_is_replaced_and_its_process_killed(ray_harness: Harness) -> None:
-    from trainmaster.backends.ray import ATTEMPT_RECORD
+def test_instance_whose_node_agent_is_killed_is_replaced_and_its_process_tree_killed(
+        ray_harness: Harness) -> None:
+    """Fault tolerance on Ray (spec step 6): kill -9 of the node agent actor that owns an instance.
+    The instance is reported lost with the node named, its whole process tree is gone with the
+    agent (never two copies at once), and its restart policy starts attempt 2 on a new agent of
+    the same node."""
+    import signal
 
-    code = "import time; time.sleep(60)"
+    import psutil
+
+    from trainmaster.backends.ray import ATTEMPT_RECORD, NAMESPACE
+
     job_id = ray_harness.submit(job("ft", [
-        {"name": "worker", "command": py(code),
+        {"name": "worker", "command": py("import subprocess, sys, time\n"
+                                         "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+                                         "time.sleep(60)"),
          "restartPolicy": {"policy": "OnFailure", "maxRestarts": 1, "backoffSeconds": 0}}]))
-    status = step_until(ray_harness, job_id, lambda s: s["state"] == "running")
+    step_until(ray_harness, job_id, lambda s: s["state"] == "running")
     with ray_harness.sessions() as session:
         from trainmaster.store.models import InstanceRow
 
         first = session.query(InstanceRow).one().handle
-    record_path = Path(first["instance_dir"]) / ATTEMPT_RECORD
+    first_pid = json.loads((Path(first["instance_dir"]) / ATTEMPT_RECORD).read_text())["pid"]
+    tree: list[int] = []
     deadline = time.monotonic() + 30
-    while not record_path.exists() and time.monotonic() < deadline:
+    while not tree and time.monotonic() < deadline:  # the command and the child it starts
+        tree = [p.pid for p in psutil.Process(first_pid).children(recursive=True)]
         time.sleep(0.05)
-    import psutil
-
-    first_pid = json.loads(record_path.read_text())["pid"]
-    command = []
-    while not command and time.monotonic() < deadline:  # the role's command, a child of the runtime
-        command = [p.pid for p in psutil.Process(first_pid).children()]
-        time.sleep(0.05)
-    assert command
-    ray.kill(ray.get_actor(first["actor"], namespace=first["namespace"]), no_restart=True)
+    assert tree
+    agent = ray.get_actor(first["agent"], namespace=NAMESPACE)
+    os.kill(ray.get(agent.where.remote())["pid"], signal.SIGKILL)
     status = step_until(ray_harness, job_id, lambda s: s["instances"][0]["attempt"] == 2
                         and s["instances"][0]["state"] == "running")
     restarting = events(status, "Restarting")
-    assert restarting and "ActorLost" in restarting[0]["message"]
-    # Ray ends the runtime with its worker; the command it started must not outlive it either.
-    assert pids_alive([first_pid, *command]) == [], restarting[0]["message"]
+    assert restarting and "AgentLost" in restarting[0]["message"], restarting
+    assert first["node"][:12] in restarting[0]["message"]
+    assert pids_alive([first_pid, *tree]) == [], restarting[0]["message"]
     ray_harness.controller.cancel(job_id)
     status = step_until(ray_harness, job_id, lambda s: s["state"] == "cancelled")
 

@@ -1,47 +1,62 @@
-"""The Ray backend: every instance attempt is a Ray actor that runs the instance runtime on its node.
+"""The Ray backend: one node agent actor per Ray node starts and owns that node's instances.
 
-Why actors: an actor is Ray's unit of placement with a lifetime, resources and a name, so the
-cluster decides the node, holds the instance's CPUs/GPUs/memory while it runs, and a restarted
-controller finds the attempt again by name. Inside the actor the process handling is exactly the
-local backend's (own session, log file, exit record in the instance folder), run on the node
-where Ray placed the actor; the actor only carries requests to it.
+How an instance reaches a process (see ``trainmaster.backends.ray_agent`` for the agent side):
 
-Gang scheduling maps to one Ray placement group per job holding one bundle per instance; the
-job's actors are scheduled into it (``placement_group_bundle_index=-1``: any bundle with room),
-so nothing starts until Ray has reserved every instance's resources at once.
+* Gang scheduling is one Ray placement group per job, one bundle per instance, so nothing starts
+  until Ray has reserved every instance's resources at once. Each instance (role + index) takes
+  a bundle of its size and keeps it across attempts.
+* The instance's node is its bundle's node (``placement_group_table``); the launch goes to that
+  node's agent. All launches of one reconcile pass that go to one node are ONE ``start`` call.
+* Resources: the process an agent spawns is not a Ray worker, so Ray neither counts nor limits
+  it; what charges it against the cluster is its bundle, which the placement group holds from
+  admission until the job ends (so no other Ray work can take those CPUs/GPUs/memory). An
+  instance started outside any gang (a bare ``start``) goes to the controller's own node and is
+  charged nowhere: the controller's own accounting is then all that limits it.
+* Node loss: when a node's agent cannot be reached because its actor died, its instances are
+  reported ``Lost`` with a message naming the node (and whether Ray says the node itself is
+  gone); the controller's restart policy restarts them. Ray reschedules the lost node's bundles
+  onto nodes with room, and a restarted instance follows its bundle there (until the bundle is
+  placed again its start waits, reported as starting).
 
-Ray is an optional extra: this is the only module that imports it.
+Ray is an optional extra: only ``backends/ray*.py`` import it.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
-import signal
-import socket
 import time
-from dataclasses import dataclass, replace
-from pathlib import Path
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
-import psutil
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+from ray.util.placement_group import (PlacementGroup, placement_group, placement_group_table,
+                                      remove_placement_group)
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from trainmaster.agent.contract import Dependency, InstancePhase, InstanceStatus, LaunchSpec
 from trainmaster.backends.base import Backend, Capacity, LaunchRequest, Observation, Phase, Placement
 from trainmaster.backends.local import LocalBackend
-from trainmaster.runtime.environment import instance_environment
+from trainmaster.backends.ray_agent import (ATTEMPT_RECORD, NAMESPACE, NodeAgentActor, agent_name,
+                                            read_record)
 from trainmaster.runtime.files import InstanceFiles
+from trainmaster.spec.model import parse_memory
 
-NAMESPACE = "trainmaster"
+__all__ = ["ATTEMPT_RECORD", "NAMESPACE", "RayBackend", "connect"]
+
+log = logging.getLogger(__name__)
+
 MIN_BUNDLE_CPU = 0.01  # Ray rejects empty bundles; a role asking for no CPU still gets a token one
-ATTEMPT_RECORD = "ray-attempt.json"  # the actor's process (pid, start time, node), for cleanup after a crash
-CALL_TIMEOUT = 5.0  # a poll waits at most this long for an actor's answer
+CALL_TIMEOUT = 5.0  # an observe waits at most this long for an agent's answer
+START_WAIT = 60.0  # a stop waits at most this long for the start call it must follow
+STOP_SLACK = 15.0  # a stop's answer may come this long after its grace (the KILL, the wait for the trees)
 GANG_WAIT = 0.2  # each reconcile pass waits this long for a placement group, then reports pending
+# One observe call per node answers every poll of one reconcile pass: the controller polls
+# instance by instance, and 64 round trips to an actor would cost more than the pass itself.
+OBSERVE_TTL = 0.05
 
 
 def connect(address: str | None = None, num_cpus: int | None = None, node_ip: str = "127.0.0.1") -> None:
@@ -62,68 +77,45 @@ def connect(address: str | None = None, num_cpus: int | None = None, node_ip: st
                  _node_ip_address=node_ip, **quiet)
 
 
-@ray.remote(max_restarts=0, max_task_retries=0)
-class InstanceActor:
-    """One attempt of one instance, on whichever node Ray placed it."""
-
-    def __init__(self) -> None:
-        self._local = LocalBackend()
-        self._handle: dict[str, Any] | None = None
-        self._node_ip = ray.util.get_node_ip_address()
-
-    def start(self, request: LaunchRequest, name: str) -> dict[str, Any]:
-        self._handle = self._local.start(bind_to_node(request, self._node_ip))
-        record = {**self._handle, "actor": name, "node_ip": self._node_ip,
-                  "node_id": ray.get_runtime_context().get_node_id()}
-        _write_json(Path(request.instance_dir) / ATTEMPT_RECORD, record)
-        return record
-
-    def poll(self) -> Observation:
-        assert self._handle is not None, "poll before start"
-        return replace(self._local.poll(self._handle), host=self._node_ip, ports=self._handle["ports"])
-
-    def stop(self, grace: float) -> Observation:
-        assert self._handle is not None, "stop before start"
-        self._local.stop([self._handle], grace)
-        return self._local.poll(self._handle)
-
-
-def bind_to_node(request: LaunchRequest, node_ip: str) -> LaunchRequest:
-    """Move an attempt to the node Ray placed it on: the controller chose its host and ports
-    before Ray chose the node, so keep each port that is free there and take a free one of the
-    node's for any that is not (Ray's own workers hold ports of the node too), then put the
-    node's address in the launch file and (without a wait step) recompute the environment."""
-    if request.placement.host == node_ip:
-        return request
-    ports = _ports_on_node(node_ip, request.placement.ports)
-    files = InstanceFiles(request.instance_dir)
-    launch = files.read_launch()
-    launch["context"]["host"], launch["context"]["ports"] = node_ip, ports
-    env = instance_environment(launch, {}) if not request.gated else request.env
-    if not request.gated:
-        launch["env"] = env
-    files.write_launch(launch)
-    return replace(request, placement=Placement(node_ip, ports), env=env)
-
-
-def _ports_on_node(node_ip: str, wanted: list[int]) -> list[int]:
-    """``wanted``, with each port that is taken on ``node_ip`` replaced by a free one there."""
-    ports: list[int] = []
-    for port in wanted:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            try:
-                probe.bind((node_ip, port))
-            except OSError:
-                probe.bind((node_ip, 0))
-            ports.append(probe.getsockname()[1])
-    return ports
-
-
 @dataclass
 class _Gang:
     group: PlacementGroup
     bundles: list[dict[str, float]]
     since: float
+    holders: dict[str, int] = field(default_factory=dict)  # "role-index" -> its bundle, for every attempt
+
+
+@dataclass
+class _ClusterView:
+    """One look at the cluster for a whole batch of launches: each job's bundle -> node table,
+    and the live nodes (read when first needed)."""
+
+    bundles: dict[int, dict[int, str]] = field(default_factory=dict)
+    alive: set[str] | None = None
+
+
+@dataclass
+class _StartCall:
+    """One batched ``start`` sent to a node's agent, not yet answered."""
+
+    ref: Any  # ray.ObjectRef
+    node: str
+    instance_ids: list[str]
+
+
+@dataclass
+class _Deferred:
+    """A launch whose bundle Ray has not placed yet (its node was lost): sent once it is."""
+
+    spec: LaunchSpec
+    job_id: int
+    bundle: int
+
+
+@dataclass
+class _Snapshot:
+    at: float
+    statuses: dict[str, InstanceStatus]
 
 
 class RayBackend(Backend):
@@ -131,13 +123,20 @@ class RayBackend(Backend):
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None, node_ip: str = "127.0.0.1"):
         """``node_ip``: the address of a private local cluster (ignored when joining ``address``).
-        Instances' addresses are their nodes' IPs, known once Ray has placed them."""
+        Instances' addresses are their nodes' IPs, known once their agent has started them."""
         connect(address, num_cpus, node_ip)
         self._ports = LocalBackend(Capacity(0, 0))  # ports chosen here, checked on the node
         self._gangs: dict[int, _Gang] = {}
-        self._actors: dict[str, Any] = {}  # actor name -> ActorHandle, for attempts we know
-        self._starting: dict[str, ray.ObjectRef] = {}  # start calls not yet answered
-        self._ended: dict[str, Observation] = {}  # final observations of attempts whose actor we let go
+        self._agents: dict[str, Any] = {}  # node id -> its agent's ActorHandle
+        self._node_ips: dict[str, str] = {}
+        self._where: dict[str, str] = {}  # instance id -> node id
+        self._live: dict[str, set[str]] = {}  # node id -> instance ids not known to have ended
+        self._calls: dict[str, _StartCall] = {}
+        self._bound: dict[str, tuple[str, list[int]]] = {}  # instance id -> host, ports on its node
+        self._refused: dict[str, str] = {}  # instance id -> why its node could not start it
+        self._deferred: dict[str, _Deferred] = {}
+        self._snapshots: dict[str, _Snapshot] = {}
+        self._ended: dict[str, Observation] = {}
 
     # ---- resources ---------------------------------------------------------------------------
     def capacity(self) -> Capacity:
@@ -182,210 +181,330 @@ class RayBackend(Backend):
         if gang is not None:
             remove_placement_group(gang.group)
 
-    # ---- instances ---------------------------------------------------------------------------
-    def start(self, request: LaunchRequest) -> dict[str, Any]:
-        """Create the attempt's actor and ask it to start; returns without waiting for Ray.
-
-        Ray may need a while to place the actor and start its worker process; until then the
-        instance is reported as starting, so one reconcile pass never blocks on the cluster.
-        """
-        name = _actor_name(request)
-        options: dict[str, Any] = {"name": name, "namespace": NAMESPACE,
-                                   "num_cpus": float(request.resources.get("cpu", 0) or 0)}
-        if request.resources.get("gpu"):
-            options["num_gpus"] = int(request.resources["gpu"])
-        memory = _memory_bytes(request.resources.get("memory", 0))
-        if memory:
-            options["memory"] = memory
+    def _bundle_for(self, request: LaunchRequest) -> int | None:
+        """The bundle an instance is charged to: the one it held before, else a free one of its
+        size; None outside a gang (or beyond it, after a scale-up)."""
         gang = self._gangs.get(request.job_id)
-        if gang is not None:
-            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                placement_group=gang.group, placement_group_bundle_index=-1)
-        actor = InstanceActor.options(**options).remote()  # type: ignore[attr-defined]
-        self._actors[name] = actor
-        self._starting[name] = actor.start.remote(request, name)
-        return {"backend": self.name, "actor": name, "namespace": NAMESPACE, "pid": None,
-                "instance_dir": request.instance_dir, "gated": request.gated,
-                "host": request.placement.host, "ports": request.placement.ports}
-
-    def poll(self, handle: dict[str, Any]) -> Observation:
-        name = handle["actor"]
-        if name in self._ended:
-            return self._ended[name]
-        actor = self._actor(handle)
-        if actor is None:
-            return self._gone(handle, "no Ray actor by that name is alive")
-        started = self._starting.get(name)
-        if started is not None:
-            ready, _ = ray.wait([started], timeout=0)
-            if not ready:
-                return Observation(Phase.STARTING, reason="ActorPending",
-                                   message="waiting for Ray to place the actor and start its worker")
-            failed = self._failed_start(handle, started)
-            if failed is not None:
-                return failed
-        try:
-            obs = ray.get(actor.poll.remote(), timeout=CALL_TIMEOUT)
-        except GetTimeoutError:
-            return Observation(Phase.UNREACHABLE, reason="ActorSlow",
-                               message=f"its Ray actor did not answer within {CALL_TIMEOUT:g}s")
-        except RayActorError as exc:
-            return self._gone(handle, _first_line(exc))
-        if obs.phase in (Phase.EXITED, Phase.LOST):
-            self._let_go(name, obs)
-        return obs
-
-    def _failed_start(self, handle: dict[str, Any], started: Any) -> Observation | None:
-        """How a finished start call failed (its attempt then ended), or None if it succeeded."""
-        name = handle["actor"]
-        self._starting.pop(name, None)
-        try:
-            ray.get(started)
-        except RayActorError as exc:
-            return self._gone(handle, f"the actor died while starting: {_first_line(exc)}")
-        except RayTaskError as exc:  # the node's OS refused the command (e.g. no workingDir)
-            refused = Observation(Phase.EXITED, exit_code=127, reason="StartFailed",
-                                  message=f"could not start: {_first_line(exc.cause or exc)}")
-            self._let_go(name, refused)
-            return refused
+        if gang is None:
+            return None
+        key = f"{request.role}-{request.index}"
+        if key in gang.holders:
+            return gang.holders[key]
+        wanted = _bundle({**request.resources, "memory": _memory_bytes(request.resources.get("memory", 0))})
+        taken = set(gang.holders.values())
+        for index, bundle in enumerate(gang.bundles):
+            if index not in taken and bundle == wanted:
+                gang.holders[key] = index
+                return index
         return None
 
-    def _actor(self, handle: dict[str, Any]) -> Any:
-        name = handle["actor"]
-        if name not in self._actors:
+    def _bundle_node(self, job_id: int, bundle: int, view: _ClusterView) -> str | None:
+        """The live node Ray placed a bundle on; None while it is being placed again (its node was
+        lost: for a moment the table may still name the dead node, and an agent pinned there could
+        never start)."""
+        if job_id not in view.bundles:
+            view.bundles[job_id] = dict(placement_group_table(self._gangs[job_id].group)["bundles_to_node_id"])
+        node = view.bundles[job_id].get(bundle) or None
+        if node is None:
+            return None
+        if view.alive is None:
+            view.alive = self._alive_nodes()
+        return node if node in view.alive else None
+
+    # ---- agents ------------------------------------------------------------------------------
+    def _agent_on(self, node: str) -> Any:
+        """The node's agent actor, created on that node when there is none yet."""
+        agent = self._agents.get(node)
+        if agent is None:
+            agent = NodeAgentActor.options(  # type: ignore[attr-defined]
+                name=agent_name(node), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+            self._agents[node] = agent
+        return agent
+
+    def _agent_found(self, node: str) -> Any:
+        """The node's agent if one runs (never creates one: there is nothing to observe on a new one)."""
+        agent = self._agents.get(node)
+        if agent is None:
             try:
-                self._actors[name] = ray.get_actor(name, namespace=handle.get("namespace", NAMESPACE))
+                agent = self._agents[node] = ray.get_actor(agent_name(node), namespace=NAMESPACE)
             except ValueError:
                 return None
-        return self._actors[name]
+        return agent
 
-    def _let_go(self, name: str, final: Observation) -> None:
-        """The attempt ended: remember how, and end its actor so its resources return to Ray."""
-        self._ended[name] = final
-        self._starting.pop(name, None)
-        actor = self._actors.pop(name, None)
-        if actor is not None:
-            ray.kill(actor, no_restart=True)
+    def _alive_nodes(self) -> set[str]:
+        alive = set()
+        for info in ray.nodes():
+            self._node_ips[info["NodeID"]] = info["NodeManagerAddress"]
+            if info["Alive"]:
+                alive.add(info["NodeID"])
+        return alive
 
-    def _gone(self, handle: dict[str, Any], why: str) -> Observation:
-        """The actor is gone; the attempt's exit record (same filesystem on one machine) may
-        still say how it ended, but only when the folder's record is this attempt's own."""
-        files = InstanceFiles(handle["instance_dir"])
-        record = _attempt_record(handle)
-        code = files.read_exit_code() if record is not None else None
-        if code is not None:
-            reason, message = files.read_reason()
-            obs = Observation(Phase.EXITED, exit_code=code, reason=reason, message=message)
+    def _node_alive(self, node: str) -> bool:
+        return node in self._alive_nodes()
+
+    def _home_node(self) -> str:
+        """Where an instance outside any gang runs: the node this controller joined."""
+        return str(ray.get_runtime_context().get_node_id())
+
+    def _lose_node(self, node: str, why: str) -> None:
+        """The node's agent is gone: every instance it held is lost, with a message naming the node."""
+        alive = self._node_alive(node)
+        where = f"node {node[:12]} ({self._node_ips.get(node, 'address unknown')})"
+        if alive:
+            reason, message = "AgentLost", f"the node agent on {where} died ({why}); its instances ended with it"
         else:
-            killed = _kill_leftovers(record) if record is not None else 0
-            obs = Observation(Phase.LOST, reason="ActorLost", message=f"Ray actor {handle['actor']}: {why}"
-                              + (f"; killed {killed} leftover process(es) of the attempt" if killed else ""))
-        self._let_go(handle["actor"], obs)
+            reason, message = "NodeLost", f"{where} was lost: Ray reports it dead ({why})"
+        log.warning("%s", message)
+        for instance_id in self._live.pop(node, set()):
+            self._calls.pop(instance_id, None)
+            self._ended.setdefault(instance_id, Observation(Phase.LOST, reason=reason, message=message))
+        self._agents.pop(node, None)
+        self._snapshots.pop(node, None)
+
+    # ---- instances ---------------------------------------------------------------------------
+    def start(self, request: LaunchRequest) -> dict[str, Any]:
+        [handle] = list(self.start_all([request]))
+        if isinstance(handle, OSError):
+            raise handle
+        return handle
+
+    def start_all(self, requests: list[LaunchRequest]) -> Iterator[dict[str, Any] | OSError]:
+        """Send each node's launches to its agent in ONE call, without waiting for the answer:
+        until it comes (the first call on a node waits for Ray to start the agent), the
+        instances read as starting, so a reconcile pass never blocks on the cluster."""
+        batches: dict[str, list[LaunchSpec]] = {}
+        handles: list[dict[str, Any] | OSError] = []
+        view = _ClusterView()
+        for request in requests:
+            spec = _launch_spec(request)
+            bundle = self._bundle_for(request)
+            node = self._bundle_node(request.job_id, bundle, view) if bundle is not None else self._home_node()
+            if node is None and bundle is not None:
+                self._deferred[spec.instance_id] = _Deferred(spec, request.job_id, bundle)
+            elif node is not None:
+                batches.setdefault(node, []).append(spec)
+            handles.append({"backend": self.name, "instance_id": spec.instance_id, "node": node,
+                            "agent": agent_name(node) if node else None, "pid": None,
+                            "instance_dir": request.instance_dir, "gated": request.gated,
+                            "host": request.placement.host, "ports": request.placement.ports,
+                            "job_id": request.job_id, "bundle": bundle})
+        for node, specs in batches.items():
+            self._dispatch(node, specs)
+        return iter(handles)
+
+    def _dispatch(self, node: str, specs: list[LaunchSpec]) -> None:
+        call = _StartCall(self._agent_on(node).start.remote([s.to_dict() for s in specs]), node,
+                          [s.instance_id for s in specs])
+        for spec in specs:
+            self._calls[spec.instance_id] = call
+            self._where[spec.instance_id] = node
+            self._live.setdefault(node, set()).add(spec.instance_id)
+
+    def _collect(self, call: _StartCall) -> None:
+        """Take in a start call's answer: each attempt's host and ports, or why it could not start."""
+        for instance_id in call.instance_ids:
+            self._calls.pop(instance_id, None)
+        try:
+            answers = ray.get(call.ref)
+        except RayActorError as exc:
+            self._lose_node(call.node, _first_line(exc))
+            return
+        for answer in answers:
+            result = answer["result"]
+            if result["error"]:
+                self._refused[result["instance_id"]] = result["error"]
+            else:
+                self._bound[result["instance_id"]] = (answer["host"], list(answer["ports"]))
+        self._snapshots.pop(call.node, None)
+
+    def _try_deferred(self, instance_id: str) -> Observation:
+        deferred = self._deferred[instance_id]
+        node = (self._bundle_node(deferred.job_id, deferred.bundle, _ClusterView())
+                if deferred.job_id in self._gangs else None)
+        if node is None:
+            return Observation(Phase.STARTING, reason="BundlePending",
+                               message=f"waiting for Ray to place its placement group bundle {deferred.bundle} again")
+        del self._deferred[instance_id]
+        self._dispatch(node, [deferred.spec])
+        return Observation(Phase.STARTING, reason="AgentStarting", message=f"sent to the agent of node {node[:12]}")
+
+    def _node_of(self, handle: dict[str, Any]) -> str | None:
+        instance_id = handle["instance_id"]
+        node = self._where.get(instance_id) or handle.get("node")
+        if node is None:  # its bundle was being placed when the handle was saved
+            record = read_record(handle["instance_dir"])
+            node = record["node"] if record and record["instance_id"] == instance_id else None
+        if node is not None:
+            self._where[instance_id] = node
+            self._live.setdefault(node, set()).add(instance_id)
+        return node
+
+    def poll(self, handle: dict[str, Any]) -> Observation:
+        return self._poll(handle, fresh=False)
+
+    def _poll(self, handle: dict[str, Any], fresh: bool) -> Observation:
+        """``fresh``: ask the agent now, not from the pass's snapshot (adopt and find, which
+        judge an attempt another backend may have stopped moments ago)."""
+        instance_id = handle["instance_id"]
+        if instance_id in self._ended:
+            return self._ended[instance_id]
+        if instance_id in self._deferred:
+            return self._try_deferred(instance_id)
+        node = self._node_of(handle)
+        if node is None:
+            return self._end(instance_id, Observation(Phase.LOST, reason="NotStarted",
+                                                      message="no node agent holds a record of it"))
+        call = self._calls.get(instance_id)
+        if call is not None:
+            if not ray.wait([call.ref], timeout=0)[0]:
+                return Observation(Phase.STARTING, reason="AgentStarting",
+                                   message=f"the agent of node {node[:12]} is starting it")
+            self._collect(call)
+            if instance_id in self._ended:
+                return self._ended[instance_id]
+        if instance_id in self._refused:
+            return self._end(instance_id, Observation(Phase.EXITED, exit_code=127, reason="StartFailed",
+                                                      message=self._refused[instance_id]))
+        return self._observe(node, instance_id, fresh)
+
+    def _observe(self, node: str, instance_id: str, fresh: bool) -> Observation:
+        snapshot = self._snapshots.get(node)
+        if fresh or snapshot is None or time.monotonic() - snapshot.at > OBSERVE_TTL or instance_id not in snapshot.statuses:
+            agent = self._agent_found(node)
+            if agent is None:
+                self._lose_node(node, "no agent actor by that name is alive")
+                return self._ended[instance_id]
+            ids = sorted(i for i in self._live.get(node, ()) if i not in self._calls and i not in self._ended)
+            try:
+                raw = ray.get(agent.observe.remote(ids), timeout=CALL_TIMEOUT)
+            except ActorUnavailableError as exc:
+                return Observation(Phase.UNREACHABLE, reason="AgentUnreachable", message=_first_line(exc))
+            except RayActorError as exc:
+                self._lose_node(node, _first_line(exc))
+                return self._ended[instance_id]
+            except GetTimeoutError:
+                if not self._node_alive(node):
+                    self._lose_node(node, f"its agent did not answer within {CALL_TIMEOUT:g}s")
+                    return self._ended[instance_id]
+                return Observation(Phase.UNREACHABLE, reason="AgentSlow",
+                                   message=f"the agent of node {node[:12]} did not answer within {CALL_TIMEOUT:g}s")
+            snapshot = self._snapshots[node] = _Snapshot(
+                time.monotonic(), {s["handle"]["instance_id"]: InstanceStatus.from_dict(s) for s in raw})
+        obs = self._observation(snapshot.statuses[instance_id])
+        if obs.phase in (Phase.EXITED, Phase.LOST):
+            self._end(instance_id, obs)
+        return obs
+
+    def _observation(self, status: InstanceStatus) -> Observation:
+        host, ports = self._bound.get(status.handle.instance_id, ("", None))
+        phase = {InstancePhase.WAITING: Phase.STARTING, InstancePhase.RUNNING: Phase.RUNNING,
+                 InstancePhase.EXITED: Phase.EXITED, InstancePhase.START_FAILED: Phase.EXITED,
+                 InstancePhase.LOST: Phase.LOST}[status.phase]
+        return Observation(phase, exit_code=status.exit_code, reason=status.reason, message=status.message,
+                           host=host, ports=ports, command_started=status.command_started_at)
+
+    def _end(self, instance_id: str, obs: Observation) -> Observation:
+        self._ended[instance_id] = obs
+        node = self._where.get(instance_id)
+        if node is not None:
+            self._live.get(node, set()).discard(instance_id)
         return obs
 
     def stop(self, handles: list[dict[str, Any]], grace: float) -> None:
-        """Ask each attempt's actor to stop its process group (SIGTERM, SIGKILL after ``grace``)."""
-        calls: dict[str, Any] = {}
+        """One ``stop`` call per node (TERM every tree, KILL after ``grace``), all nodes at once."""
+        by_node: dict[str, list[str]] = {}
         for handle in handles:
-            name = handle["actor"]
-            if name in self._ended:
+            instance_id = handle["instance_id"]
+            if instance_id in self._ended:
                 continue
-            actor = self._actor(handle)
-            if actor is None:
-                self._gone(handle, "gone before it was stopped")
+            if self._deferred.pop(instance_id, None) is not None:
+                self._end(instance_id, Observation(Phase.EXITED, reason="Stopped",
+                                                   message="stopped before its bundle was placed"))
                 continue
-            started = self._starting.get(name)
-            if started is not None and not ray.wait([started], timeout=grace)[0]:
-                ray.kill(actor, no_restart=True)  # Ray never got it going: ending the actor is enough
-                self._gone(handle, "stopped before Ray started it")
+            node = self._node_of(handle)
+            if node is None:
                 continue
-            if started is not None and self._failed_start(handle, started) is not None:
-                continue  # it never ran: nothing to stop
-            calls[name] = actor.stop.remote(grace)
-        for handle in handles:
-            call = calls.get(handle["actor"])
-            if call is None:
-                continue
+            call = self._calls.get(instance_id)
+            if call is not None:  # a stop must not overtake the start it follows
+                if not ray.wait([call.ref], timeout=START_WAIT)[0]:
+                    log.warning("the agent of node %s did not answer a start within %gs", node[:12], START_WAIT)
+                    continue
+                self._collect(call)
+            if instance_id in self._refused:
+                self.poll(handle)
+            elif instance_id not in self._ended:
+                by_node.setdefault(node, []).append(instance_id)
+        calls = {node: agent.stop.remote(ids, grace) for node, ids in by_node.items()
+                 if (agent := self._agent_found(node)) is not None}
+        for node, ref in calls.items():
             try:
-                self._let_go(handle["actor"], ray.get(call, timeout=grace + 10))
-            except (GetTimeoutError, RayActorError) as exc:
-                self._gone(handle, _first_line(exc))
+                statuses = ray.get(ref, timeout=grace + STOP_SLACK)
+            except RayActorError as exc:
+                self._lose_node(node, _first_line(exc))
+                continue
+            except GetTimeoutError:
+                log.warning("the agent of node %s did not finish a stop within %gs", node[:12], grace + STOP_SLACK)
+                continue
+            self._snapshots.pop(node, None)
+            for raw in statuses:
+                obs = self._observation(InstanceStatus.from_dict(raw))
+                if obs.phase in (Phase.EXITED, Phase.LOST):
+                    self._end(raw["handle"]["instance_id"], obs)
 
     def adopt(self, handle: dict[str, Any]) -> bool:
-        """An attempt is ours again when its actor is alive under its name and its process runs."""
-        alive = handle.get("backend") == self.name and super().adopt(handle)
+        """An attempt is ours again when its node's agent is alive and still runs it."""
+        alive = (handle.get("backend") == self.name
+                 and self._poll(handle, fresh=True).phase in (Phase.STARTING, Phase.RUNNING))
         if alive:  # its ports stay taken (the local backend keeps no public way to say so)
             self._ports.reserve_ports(handle.get("ports", []))
         return alive
 
     def find(self, instance_dir: str) -> dict[str, Any] | None:
-        """A live attempt started from ``instance_dir`` whose handle was never saved: its actor
-        left its record there once its process started, and is still alive under that name."""
-        try:
-            record = json.loads((Path(instance_dir) / ATTEMPT_RECORD).read_text())
-        except (FileNotFoundError, ValueError):
+        """A live attempt started from ``instance_dir`` whose handle was never saved: its agent
+        left a record there when it started it."""
+        record = read_record(instance_dir)
+        if record is None:
             return None
-        handle = {"backend": self.name, "actor": record["actor"], "namespace": NAMESPACE, "pid": record["pid"],
-                  "instance_dir": instance_dir, "gated": record["gated"], "host": record["host"],
-                  "ports": record["ports"]}
-        if self._actor(handle) is None or self.poll(handle).phase not in (Phase.STARTING, Phase.RUNNING):
+        handle = {"backend": self.name, "instance_id": record["instance_id"], "node": record["node"],
+                  "agent": record["agent"], "pid": record["pid"], "instance_dir": instance_dir,
+                  "gated": record["gated"], "host": record["host"], "ports": record["ports"],
+                  "job_id": None, "bundle": None}
+        if self._poll(handle, fresh=True).phase not in (Phase.STARTING, Phase.RUNNING):
             return None
         return handle
 
     def close(self) -> None:
-        """Forget local bookkeeping; the cluster (and any still-running attempt) is left alone."""
-        self._starting.clear()
+        """Forget local bookkeeping; the cluster, its agents and their instances are left alone
+        (a controller that stops does not stop the jobs it ran)."""
+        self._calls.clear()
+        self._snapshots.clear()
 
 
-def _attempt_record(handle: dict[str, Any]) -> dict[str, Any] | None:
-    """What the attempt's actor wrote when it started its process, if this attempt got that far."""
-    try:
-        record = json.loads((Path(handle["instance_dir"]) / ATTEMPT_RECORD).read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-    return record if record.get("actor") == handle["actor"] else None
+def _launch_spec(request: LaunchRequest) -> LaunchSpec:
+    """The typed launch of one attempt (a gated one's dependencies come from its launch file)."""
+    depends: list[Dependency] = []
+    db_url = ""
+    if request.gated:
+        launch = InstanceFiles(request.instance_dir).read_launch()
+        depends = [Dependency(d["role"], d["condition"], float(d["timeout"]), int(d["replicas"]))
+                   for d in launch["depends"]]
+        db_url = launch.get("db_url", "")
+    resources = request.resources
+    return LaunchSpec(instance_id=_instance_id(request), job_id=request.job_id, job_name=request.job_name,
+                      role=request.role, index=request.index, attempt=request.attempt, argv=list(request.argv),
+                      env=dict(request.env), cwd=request.cwd, log_path=request.log_path,
+                      instance_dir=request.instance_dir, host=request.placement.host,
+                      ports=list(request.placement.ports), cpu=float(resources.get("cpu", 0) or 0),
+                      memory=_memory_bytes(resources.get("memory", 0)), gpu=int(resources.get("gpu", 0) or 0),
+                      depends=depends, db_url=db_url)
 
 
-def _kill_leftovers(record: dict[str, Any]) -> int:
-    """Kill what is left of an attempt whose actor died without an exit record; returns how many.
-
-    When an actor's worker dies (its owner, the controller, crashed; its node restarted), Ray
-    kills the worker's direct child, the instance runtime, but the role's command may live on
-    in the runtime's process group with nobody left to record its end. Such an attempt can never
-    be observed again, and the controller is about to replace it, so it must not keep running:
-    two copies of one instance would share its ports and outputs. Only processes of that group
-    started no earlier than the runtime are touched, so a recycled group id is safe.
-    """
-    if record.get("node_ip") != ray.util.get_node_ip_address():
-        return 0  # another machine's processes: not ours to see
-    pgid, born = int(record["pid"]), float(record["create_time"])
-    doomed = []
-    for proc in psutil.process_iter(["create_time"]):
-        try:
-            if os.getpgid(proc.pid) == pgid and proc.info["create_time"] >= born - 0.01:
-                doomed.append(proc)
-        except (ProcessLookupError, psutil.Error):
-            continue
-    for proc in doomed:
-        try:
-            proc.send_signal(signal.SIGKILL)
-        except psutil.Error:
-            pass
-    psutil.wait_procs(doomed, timeout=5)
-    return len(doomed)
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
-
-
-def _actor_name(request: LaunchRequest) -> str:
-    """``tm-<job>-<role>-<index>-<attempt>``, plus a digest of the instance folder so two
-    controllers with separate stores (whose job ids both start at 1) never collide on a cluster."""
-    digest = hashlib.sha1(request.instance_dir.encode()).hexdigest()[:8]
-    return f"tm-{request.job_id}-{request.role}-{request.index}-{request.attempt}-{digest}"
+def _instance_id(request: LaunchRequest) -> str:
+    """``<store digest>/<role>-<index>/<attempt>``: the digest of the instance folder keeps two
+    controllers with separate stores (whose job ids both start at 1) apart on one cluster."""
+    digest = hashlib.sha1(request.instance_dir.encode()).hexdigest()[:12]
+    return f"{digest}/{request.role}-{request.index}/{request.attempt}"
 
 
 def _bundle(request: dict[str, Any]) -> dict[str, float]:
@@ -398,8 +517,6 @@ def _bundle(request: dict[str, Any]) -> dict[str, float]:
 
 
 def _memory_bytes(value: Any) -> int:
-    from trainmaster.spec.model import parse_memory
-
     return parse_memory(value) if value else 0
 
 
