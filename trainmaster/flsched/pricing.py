@@ -26,6 +26,8 @@ through the shift C. Devices with w_k < e^-45 (long done before the slowest shif
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 PANEL_RATIO = 2.0
@@ -45,21 +47,27 @@ _WEIGHTS = _w / 2.0
 _LOG_RATIO = float(np.log(PANEL_RATIO))
 
 
+@lru_cache(maxsize=256)
+def _unit_panels(levels: int) -> tuple[np.ndarray, np.ndarray]:
+    """Nodes and weights in v = u / s_hi: panels from R^-levels growing by R up to TAIL_PANEL,
+    then TAIL_PANEL wide up to TAIL_SCALES (cached: one set per number of levels)."""
+    growing = PANEL_RATIO ** np.arange(-levels, int(np.log(TAIL_PANEL) / _LOG_RATIO) + 1)
+    tail = np.arange(growing[-1] + TAIL_PANEL, TAIL_SCALES + TAIL_PANEL - 1e-9, TAIL_PANEL)
+    edges = np.concatenate(([0.0], growing, tail))
+    width = np.diff(edges)
+    return (edges[:-1, None] + width[:, None] * _NODES).ravel(), (width[:, None] * _WEIGHTS).ravel()
+
+
 def _panel_nodes(s_fast: float, s_hi: float) -> tuple[np.ndarray, np.ndarray]:
     """Quadrature nodes and weights in u over [0, TAIL_SCALES s_hi]: panels growing by
-    PANEL_RATIO from ``s_fast``, the fastest decay the integrand can show (near u = 0 it falls
-    at up to the sum of the rates), until they are TAIL_PANEL s_hi wide, then that wide. Each
-    panel then spans at most a few decay lengths of what is left, which 8 nodes resolve to
-    ~1e-13 of the mean."""
-    cap = TAIL_PANEL * s_hi
-    n_growing = max(1, int(np.ceil(np.log(cap / s_fast) / _LOG_RATIO)) + 1)
-    growing = s_fast * PANEL_RATIO ** np.arange(n_growing)
-    growing = growing[growing < TAIL_SCALES * s_hi]
-    n_tail = max(0, int(np.ceil((TAIL_SCALES * s_hi - growing[-1]) / cap)))
-    edges = np.concatenate(([0.0], growing, growing[-1] + cap * np.arange(1, n_tail + 1)))
-    width = np.diff(edges)
-    u = (edges[:-1, None] + width[:, None] * _NODES).ravel()
-    return u, (width[:, None] * _WEIGHTS).ravel()
+    PANEL_RATIO from (at most) ``s_fast``, the fastest decay the integrand can show (near u = 0
+    it falls at up to the sum of the rates), until they are TAIL_PANEL s_hi wide, then that
+    wide. Each panel then spans at most a few decay lengths of what is left, which 8 nodes
+    resolve to ~1e-13 of the mean. The first edge is rounded down to s_hi R^-j, so the node
+    pattern in units of s_hi is one of a few cached ones."""
+    levels = max(0, int(np.ceil(np.log(s_hi / s_fast) / _LOG_RATIO)))
+    v, w = _unit_panels(levels)
+    return v * s_hi, w * s_hi
 
 
 def expected_max(shift: np.ndarray, scale: np.ndarray) -> float:
