@@ -330,5 +330,42 @@ class _Chain:
                         improved = True
                 if deadline is not None and time.perf_counter() > deadline:
                     return
+            if self.M > 1 and self._descend_swaps():
+                improved = True
             if not improved:
                 return
+
+    def _descend_swaps(self) -> bool:
+        """Best-improvement exchanges of one device between two jobs, each job's side priced
+        in one batch (every device of the other job that is eligible here); True if any was made."""
+        model, improved = self.model, False
+        for m in range(self.M):
+            for o in range(m + 1, self.M):
+                for i in range(len(self.sets[m])):
+                    sm, so = self.sets[m], self.sets[o]
+                    a = int(sm[i])
+                    js = np.flatnonzero(self.eligible[m, so] & self.eligible[o, a])
+                    if len(js) == 0:
+                        continue
+                    bs = so[js]
+                    rows_m = np.empty((len(js), len(sm)), dtype=int)
+                    rows_m[:] = sm
+                    rows_m[:, i] = bs
+                    rows_o = np.repeat(so[None, :], len(js), axis=0)
+                    rows_o[np.arange(len(js)), js] = a
+                    tm = expected_max_many(model.shift[m, rows_m], model.scale[m, rows_m])
+                    to = expected_max_many(model.shift[o, rows_o], model.scale[o, rows_o])
+                    h = self.history
+                    delta = (self.wt * (tm - self.times[m] + to - self.times[o])
+                             + self.wf * 2.0 * (h[m, bs] - h[m, a] + h[o, a] - h[o, bs]) / self.K)
+                    best = int(np.argmin(delta))
+                    if delta[best] < -1e-12 * max(abs(self.current), 1.0):
+                        j, b = int(js[best]), int(bs[best])
+                        sm[i], so[j] = b, a
+                        self.owner[b], self.owner[a] = m, o
+                        self.times[m], self.times[o] = float(tm[best]), float(to[best])
+                        self.useful[m] = self.useful[o] = None
+                        self.current += float(delta[best])
+                        self.sa.stats.local_search_moves += 1
+                        improved = True
+        return improved
