@@ -15,8 +15,12 @@
    CPU time, median of repeats (the machine is shared: CPU time is the steadier figure).
 3. Optional (--simulate): the event-driven simulator's time to all targets (simulated clock).
 4. Optional (--runtime): PyTorch FedAvg on three scikit-learn datasets, simulated clock.
+5. Optional (--wallclock): the same three jobs in real wall-clock time (``wallclock.py``): 20
+   device processes that sleep their drawn time, token-bucket links; sa, greedy, random, Oort on
+   held-out seeds; time until every job reaches its target, and accuracy against wall time
+   (flsched-wallclock.png).
 
-Usage: python bench/flsched.py [--seeds N] [--simulate] [--runtime]
+Usage: python bench/flsched.py [--seeds N] [--max-devices K] [--wallclock | --wallclock-only] [--simulate] [--runtime]
     ->  bench/results/flsched.json, flsched.md and flsched.png
 """
 
@@ -39,6 +43,9 @@ TUNING_SEEDS = range(0, 100)
 """Seeds the tests and all tuning of sa used (problem seeds 0-99)."""
 EVAL_SEEDS = [9001, 9002, 9003, 9004, 9005]
 """Held-out problem seeds, written down before any evaluation and never used for tuning."""
+WALLCLOCK_SEEDS = [11, 12, 13]
+"""Held-out seeds of the wall-clock runs (tuning looked at seeds 1-3 only)."""
+WALLCLOCK_SCHEDULERS = ["sa", "greedy", "random", "oort"]
 SIZES = [(20, 1), (50, 2), (100, 5), (200, 5), (500, 10), (1000, 10), (2000, 10)]
 BASELINES = ["greedy", "random", "roundrobin", "fedcs", "oort", "genetic"]
 OPTIONS = {"genetic": {"population": 12, "generations": 10}}
@@ -198,6 +205,57 @@ def runtime_rows(seeds: list[int]) -> dict:
     return rows
 
 
+def wallclock_rows(seeds: list[int], fairness_weight: float) -> dict:
+    """Real wall-clock time until all three jobs reach their targets (device processes that
+    sleep their drawn time; token-bucket links), per scheduler, with each run's curves."""
+    from trainmaster.flsched.wallclock import run_wallclock
+
+    rows = {}
+    for name in WALLCLOCK_SCHEDULERS:
+        totals, finals, curves = [], [], []
+        for seed in seeds:
+            res = run_wallclock(make_scheduler(name, seed=seed), num_devices=20, per_round=3, seed=seed,
+                                speedup=100.0, fairness_weight=fairness_weight, time_limit=90.0)
+            t_all = res.time_to_all_targets
+            totals.append(t_all if t_all is not None else float("inf"))
+            finals.append(float(np.mean([j.curve[-1][1] if j.curve else 0.0 for j in res.jobs])))
+            curves.append({j.name: j.curve for j in res.jobs})
+            print("wallclock", name, seed, t_all, [(j.name, j.rounds) for j in res.jobs], flush=True)
+        rows[name] = {"time_to_all_targets_per_seed": totals, "median_time_to_all_targets": statistics.median(totals),
+                      "final_mean_accuracy_per_seed": finals, "median_final_mean_accuracy": statistics.median(finals),
+                      "curves": curves}
+    base = rows["random"]["median_time_to_all_targets"]
+    for r in rows.values():
+        med = r["median_time_to_all_targets"]
+        r["speedup_vs_random"] = base / med if np.isfinite(med) and np.isfinite(base) else None
+    return rows
+
+
+def write_wallclock_plot(rows: dict) -> None:
+    """Accuracy against wall time per scheduler, one panel per job, every seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    jobs = list(next(iter(rows.values()))["curves"][0])
+    fig, axes = plt.subplots(1, len(jobs), figsize=(5 * len(jobs), 4))
+    for (name, r), color in zip(rows.items(), ["C0", "C1", "C2", "C3", "C4"]):
+        for i, curves in enumerate(r["curves"]):
+            for ax, job in zip(axes, jobs):
+                pts = curves[job]
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, alpha=0.7,
+                            label=name if i == 0 else None)
+    for ax, job in zip(axes, jobs):
+        ax.set_title(job)
+        ax.set_xlabel("wall time (s)")
+        ax.set_ylabel("test accuracy")
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(OUT / "flsched-wallclock.png", dpi=110)
+
+
 def goals(result: dict) -> list[str]:
     """The issue's goals, each judged from the measured numbers above (not written by hand)."""
     s, d = result["quality_summary"], result["decision_time"]
@@ -217,9 +275,20 @@ def goals(result: dict) -> list[str]:
         f"{d['100x5']['median_cpu_ms']:.1f} ms CPU).",
         f"- sa <= 1 s at 1,000 x 10: {yes(d['1000x10']['median_ms'] <= 1000.0)} ({d['1000x10']['median_ms']:.0f} ms wall, "
         f"{d['1000x10']['median_cpu_ms']:.0f} ms CPU).",
-        "- real wall-clock time to accuracy (sa >= 2x faster than random): NOT measured by this benchmark "
-        "(devices are not yet emulated in real time; see docs/flsched.md).",
+        wallclock_goal(result.get("wallclock")),
     ]
+
+
+def wallclock_goal(rows: dict | None) -> str:
+    if not rows:
+        return "- real wall-clock time to all targets, sa >= 2x faster than random: not run (use --wallclock)."
+    sa, rnd = rows["sa"], rows["random"]
+    speed = sa["speedup_vs_random"]
+    ok = speed is not None and speed >= 2.0 and sa["median_final_mean_accuracy"] >= rnd["median_final_mean_accuracy"]
+    return (f"- real wall-clock time to all targets, sa >= 2x faster than random with accuracy no lower: "
+            f"{'met' if ok else 'NOT met'} (medians: sa {sa['median_time_to_all_targets']:.1f} s, random "
+            f"{rnd['median_time_to_all_targets']:.1f} s, {'n/a' if speed is None else f'{speed:.2f}x'}; final mean accuracy "
+            f"{sa['median_final_mean_accuracy']:.3f} vs {rnd['median_final_mean_accuracy']:.3f}).")
 
 
 def write_markdown(result: dict) -> None:
@@ -245,6 +314,19 @@ def write_markdown(result: dict) -> None:
     lines += [f"sa decision time (median of {len(d['100x5']['runs_ms'])}, heterogeneous family): 100 devices x 5 jobs "
               f"{d['100x5']['median_ms']:.1f} ms wall / {d['100x5']['median_cpu_ms']:.1f} ms CPU; 1,000 x 10 "
               f"{d['1000x10']['median_ms']:.0f} ms wall / {d['1000x10']['median_cpu_ms']:.0f} ms CPU.", ""]
+    wc = result.get("wallclock")
+    if wc:
+        lines += [f"Wall-clock runtime (20 device processes sleeping their drawn time at 100x, token-bucket links; "
+                  f"digits/wine/breast-cancer, 3 devices per job per round; seeds {WALLCLOCK_SEEDS}; fairness weight "
+                  f"{result['wallclock_fairness_weight']:g}; plot: flsched-wallclock.png):", "",
+                  "| scheduler | wall s to all targets per seed | median | vs random | median final mean accuracy |",
+                  "|---|---|---|---|---|"]
+        for name, r in wc.items():
+            per = ", ".join("never" if not np.isfinite(x) else f"{x:.1f}" for x in r["time_to_all_targets_per_seed"])
+            sp = "-" if r["speedup_vs_random"] is None else f"{r['speedup_vs_random']:.2f}x"
+            lines.append(f"| {name} | {per} | {r['median_time_to_all_targets']:.1f} | {sp} | "
+                         f"{r['median_final_mean_accuracy']:.3f} |")
+        lines.append("")
     lines += ["Goals of the issue, judged from these numbers:", "", *goals(result), ""]
     (OUT / "flsched.md").write_text("\n".join(lines))
 
@@ -282,15 +364,26 @@ def main() -> None:
     ap.add_argument("--max-devices", type=int, default=2000, help="skip larger sizes (quick runs)")
     ap.add_argument("--simulate", action="store_true", help="also the simulated time-to-accuracy section")
     ap.add_argument("--runtime", action="store_true", help="also the FedAvg runtime section (simulated clock)")
+    ap.add_argument("--wallclock", action="store_true", help="also the wall-clock runtime (about 5 minutes)")
+    ap.add_argument("--wallclock-only", action="store_true", help="only the wall-clock runtime, merged into the last results")
+    ap.add_argument("--fairness-weight", type=float, default=30.0, help="fairness weight of the wall-clock runs")
     args = ap.parse_args()
     if not 1 <= args.seeds <= len(EVAL_SEEDS):
         raise SystemExit(f"--seeds must be 1-{len(EVAL_SEEDS)}")
     global SIZES
     SIZES = [(K, M) for K, M in SIZES if K <= args.max_devices]
     seeds = EVAL_SEEDS[: args.seeds]
-    rows = quality(seeds)
-    result = {"eval_seeds": seeds, "quality": rows, "quality_summary": summarise(rows),
-              "decision_time": decision_times(7)}
+    if args.wallclock_only:
+        result = json.loads((OUT / "flsched.json").read_text())
+    else:
+        rows = quality(seeds)
+        result = {"eval_seeds": seeds, "quality": rows, "quality_summary": summarise(rows),
+                  "decision_time": decision_times(7)}
+    if args.wallclock or args.wallclock_only:
+        result["wallclock_fairness_weight"] = args.fairness_weight
+        result["wallclock"] = wallclock_rows(WALLCLOCK_SEEDS, args.fairness_weight)
+        OUT.mkdir(parents=True, exist_ok=True)
+        write_wallclock_plot(result["wallclock"])
     if args.simulate:
         result["fairness_weight"] = FAIRNESS_WEIGHT
         result["simulation"] = simulation_rows([1, 2, 3], max_rounds=400)
