@@ -104,3 +104,78 @@ def test_flower_simulation_trains_with_our_client_selection(monkeypatch):
     assert history is not None
     # FedAvg of clients pulled halfway to targets 0..5 from 0: the model moves into that range
     assert len(aggregated) == rounds and 0.0 < aggregated[-1] <= 5.0
+
+
+def _never_double_booked(log) -> bool:
+    """No client in two leases whose time intervals overlap (an open lease lasts forever)."""
+    for i, (job_a, ca, sa, ea) in enumerate(log):
+        for job_b, cb, sb, eb in log[i + 1:]:
+            overlap = sa < (eb if eb is not None else float("inf")) and sb < (ea if ea is not None else float("inf"))
+            if overlap and set(ca) & set(cb):
+                return False
+    return True
+
+
+def test_joint_service_schedules_jobs_together_and_never_double_books():
+    """Flower, jointly: one scheduling service that every job's server asks. Two jobs asking at
+    the same time are scheduled in one problem (disjoint clients), and over many concurrent
+    rounds with releases (threads standing in for two Flower strategies) no client is ever
+    leased to two jobs at once."""
+    import threading
+    import time
+
+    from trainmaster.flsched.selector import JointJob, JointScheduler
+
+    devs = _devices(8)
+    service = JointScheduler([_job("a", devs), _job("b", devs)], devs, seed=0, gather_s=2.0)
+    clients = [f"c{k}" for k in range(8)]
+    picks: dict[str, list[list[str]]] = {"a": [], "b": []}
+    errors: list[BaseException] = []
+
+    def strategy(job_id: str, rounds: int) -> None:
+        handle = JointJob(service, job_id)
+        try:
+            for _ in range(rounds):
+                picks[job_id].append(handle.select(clients, 3))
+                time.sleep(0.01)  # the round's training
+                handle.release()
+        except BaseException as exc:  # reported below, not swallowed
+            errors.append(exc)
+
+    threads = [threading.Thread(target=strategy, args=(j, 6)) for j in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors and all(not t.is_alive() for t in threads)
+    assert len(picks["a"]) == len(picks["b"]) == 6
+    assert all(len(set(p)) == 3 for p in picks["a"] + picks["b"])
+    assert not set(picks["a"][0]) & set(picks["b"][0])  # the first round was scheduled jointly
+    assert _never_double_booked(service.leases_log)
+    assert len(service.leases_log) == 12
+
+
+def test_joint_service_infeasible_round_fails_clearly_and_the_run_continues():
+    """Flower, jointly: a round that cannot be had (the other job leases most clients) raises a
+    ProblemError naming the job; after the lease ends the next round is scheduled; a job that
+    never releases loses its lease after lease_s."""
+    from trainmaster.flsched.selector import JointScheduler
+
+    devs = _devices(6)
+    service = JointScheduler([_job("a", devs), _job("b", devs)], devs, seed=0, gather_s=0.05, lease_s=0.5)
+    clients = [f"c{k}" for k in range(6)]
+    held = service.select("a", clients, 5)
+    with pytest.raises(ProblemError, match="round of job 'b' cannot be scheduled now") as info:
+        service.select("b", clients, 3)
+    assert any("only 1 available" in d or "only 1 available devices" in d for d in info.value.details), info.value.details
+    service.release("a")
+    got = service.select("b", clients, 3)
+    assert len(got) == 3
+    import time
+
+    time.sleep(0.6)  # b never releases: its lease expires
+    again = service.select("a", clients, 5)
+    assert len(again) == 5 and len(held) == 5
+    assert _never_double_booked(service.leases_log)
+    with pytest.raises(ProblemError, match="unknown job"):
+        service.select("zz", clients, 1)
