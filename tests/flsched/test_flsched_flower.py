@@ -179,3 +179,88 @@ def test_joint_service_infeasible_round_fails_clearly_and_the_run_continues():
     assert _never_double_booked(service.leases_log)
     with pytest.raises(ProblemError, match="unknown job"):
         service.select("zz", clients, 1)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("flwr") is None,
+                    reason="flwr is not installed (not a trainmaster dependency; see docs/flsched.md)")
+def test_flower_two_jobs_sharing_a_pool_never_double_book():
+    """Flower, jointly, under real flwr: two Flower servers (Flower's own round loop and FedAvg),
+    each with a FlschedFedAvg on one shared JointScheduler, train two jobs concurrently over the
+    same 8 in-process clients; no client is ever leased to both jobs at once, one client that
+    fails every fit is handled as Flower's failure, and both jobs finish all rounds."""
+    import threading
+
+    import flwr
+    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+    from flwr.server import Server
+    from flwr.server.client_manager import SimpleClientManager
+    from flwr.server.client_proxy import ClientProxy
+
+    from trainmaster.flsched.flower import FlschedFedAvg
+    from trainmaster.flsched.selector import JointJob, JointScheduler
+
+    devs = _devices(8)
+    service = JointScheduler([_job("a", devs), _job("b", devs)], devs, seed=0, gather_s=1.0)
+    busy: dict[str, str] = {}
+    lock = threading.Lock()
+    clashes: list[str] = []
+
+    class Proxy(ClientProxy):
+        """An in-process client: 'fit' moves the model halfway to its target; c7 always fails."""
+
+        def __init__(self, cid: str, target: float) -> None:
+            super().__init__(cid)
+            self.target = target
+
+        def fit(self, ins, timeout, group_id):
+            job = ins.config["job"]
+            with lock:
+                if self.cid in busy:
+                    clashes.append(f"{self.cid}: {busy[self.cid]} and {job}")
+                busy[self.cid] = job
+            try:
+                if self.cid == "c7":
+                    raise RuntimeError("device dropped mid-round")
+                w = parameters_to_ndarrays(ins.parameters)[0]
+                return FitRes(Status(Code.OK, ""), ndarrays_to_parameters([w + 0.5 * (self.target - w)]), 10, {})
+            finally:
+                with lock:
+                    busy.pop(self.cid, None)
+
+        def evaluate(self, ins, timeout, group_id):
+            raise NotImplementedError
+
+        def get_properties(self, ins, timeout, group_id):
+            raise NotImplementedError
+
+        def get_parameters(self, ins, timeout, group_id):
+            raise NotImplementedError
+
+        def reconnect(self, ins, timeout, group_id):
+            raise NotImplementedError
+
+    proxies = [Proxy(f"c{k}", float(k)) for k in range(8)]
+    results: dict[str, object] = {}
+
+    def run(job_id: str) -> None:
+        manager = SimpleClientManager()
+        for p in proxies:
+            manager.register(p)
+        strategy = FlschedFedAvg(JointJob(service, job_id), per_round=3, fraction_evaluate=0.0,
+                                 min_available_clients=8, on_fit_config_fn=lambda r: {"job": job_id},
+                                 initial_parameters=ndarrays_to_parameters([np.zeros(1)]))
+        history, _ = Server(client_manager=manager, strategy=strategy).fit(num_rounds=5, timeout=30)
+        results[job_id] = history
+
+    threads = [threading.Thread(target=run, args=(j,)) for j in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert all(not t.is_alive() for t in threads)
+    assert set(results) == {"a", "b"}
+    assert clashes == []
+    assert _never_double_booked(service.leases_log)
+    per_job = {j: [c for job, c, _, _ in service.leases_log if job == j] for j in ("a", "b")}
+    assert len(per_job["a"]) == len(per_job["b"]) == 5
+    assert flwr is not None
