@@ -204,6 +204,7 @@ def test_flower_two_jobs_sharing_a_pool_never_double_book():
     busy: dict[str, str] = {}
     lock = threading.Lock()
     clashes: list[str] = []
+    dropped: list[str] = []
 
     class Proxy(ClientProxy):
         """An in-process client: 'fit' moves the model halfway to its target; c7 always fails."""
@@ -220,6 +221,7 @@ def test_flower_two_jobs_sharing_a_pool_never_double_book():
                 busy[self.cid] = job
             try:
                 if self.cid == "c7":
+                    dropped.append(job)
                     raise RuntimeError("device dropped mid-round")
                 w = parameters_to_ndarrays(ins.parameters)[0]
                 return FitRes(Status(Code.OK, ""), ndarrays_to_parameters([w + 0.5 * (self.target - w)]), 10, {})
@@ -263,4 +265,8 @@ def test_flower_two_jobs_sharing_a_pool_never_double_book():
     assert _never_double_booked(service.leases_log)
     per_job = {j: [c for job, c, _, _ in service.leases_log if job == j] for j in ("a", "b")}
     assert len(per_job["a"]) == len(per_job["b"]) == 5
+    assert dropped  # the failing client was chosen, and its round still completed
+    leases = service.leases_log
+    assert any(ja != jb and sa < eb and sb < ea  # the two jobs really trained at the same time
+               for ja, _, sa, ea in leases for jb, _, sb, eb in leases)
     assert flwr is not None
