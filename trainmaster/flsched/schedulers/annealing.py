@@ -115,7 +115,10 @@ class AnnealingScheduler(Scheduler):
     independent restarts from the best start, the best chain wins; ``time_limit`` (seconds):
     stop annealing when reached (the local search then gets what is left, at least one pass);
     ``temperature`` fixes T (no cooling) for experiments; ``pace=False`` starts from the
-    disclosure's greedy candidates only; ``local_search=False`` returns the annealed schedule."""
+    disclosure's greedy candidates only; ``local_search=False`` returns the annealed schedule.
+
+    It always optimises the exact cost: an ``ExactCost`` passed in is reused, any other cost
+    (a ``SampledCost``) is not what this scheduler optimises and is ignored."""
 
     def __init__(self, seed: int | None = None, moves: int | None = None, chains: int = 1,
                  accept0: float = 0.5, final_ratio: float = 1e-3, swap_prob: float = 0.2,
