@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from trainmaster.flsched import CostModel, Device, Job, Problem, ProblemError
+from trainmaster.flsched import SampledCost, Device, Job, Problem, ProblemError
 
 
 def _problem(history=None, weights=None):
@@ -16,7 +16,7 @@ def _problem(history=None, weights=None):
 def test_fairness_variance_hand_computed():
     """Fairness: population variance over all K devices of history + this round's choice."""
     p = _problem(history={"j": {"d0": 2, "d1": 1}})
-    cm = CostModel.draw(p, np.random.default_rng(0), n_samples=4)
+    cm = SampledCost.draw(p, np.random.default_rng(0), n_samples=4)
     # choose d0, d2 -> counts [3, 1, 1, 0]: mean 1.25, E[q^2] = (9+1+1+0)/4 = 2.75 -> var 1.1875
     assert cm.job_fairness(0, np.array([0, 2])) == pytest.approx(np.var([3, 1, 1, 0]))
     assert cm.job_fairness(0, np.array([0, 2])) == pytest.approx(1.1875)
@@ -31,7 +31,7 @@ def test_round_time_is_slowest_device_with_common_random_numbers():
     tau*d*(a + X/mu) + bytes/bandwidth; same samples for every candidate (CRN)."""
     p = _problem(weights={"time": 1.0, "fairness": 0.0})
     rng = np.random.default_rng(5)
-    cm = CostModel.draw(p, rng, n_samples=3)
+    cm = SampledCost.draw(p, rng, n_samples=3)
     x = np.random.default_rng(5).exponential(1.0, size=(3, 4))
     # device d1: tau 2 * d 1 * (2 + x/1) + 10/5 ; device d2: 2 * 2 * (0.5 + x/4) + 10/20
     t1 = 2 * 1 * (2.0 + x[:, 1] / 1.0) + 2.0
@@ -46,7 +46,7 @@ def test_round_time_is_slowest_device_with_common_random_numbers():
 def test_total_cost_weights_time_and_fairness():
     """Cost = sum over jobs of w_time * E[round time] + w_fair * fairness variance."""
     p = _problem(history={"j": {"d0": 1}}, weights={"time": 0.5, "fairness": 3.0})
-    cm = CostModel.draw(p, np.random.default_rng(1), n_samples=8)
+    cm = SampledCost.draw(p, np.random.default_rng(1), n_samples=8)
     s = np.array([0, 3])
     assert cm.cost([s]) == pytest.approx(0.5 * cm.job_time(0, s) + 3.0 * np.var([2, 0, 0, 1]))
 

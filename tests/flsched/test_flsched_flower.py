@@ -104,3 +104,169 @@ def test_flower_simulation_trains_with_our_client_selection(monkeypatch):
     assert history is not None
     # FedAvg of clients pulled halfway to targets 0..5 from 0: the model moves into that range
     assert len(aggregated) == rounds and 0.0 < aggregated[-1] <= 5.0
+
+
+def _never_double_booked(log) -> bool:
+    """No client in two leases whose time intervals overlap (an open lease lasts forever)."""
+    for i, (job_a, ca, sa, ea) in enumerate(log):
+        for job_b, cb, sb, eb in log[i + 1:]:
+            overlap = sa < (eb if eb is not None else float("inf")) and sb < (ea if ea is not None else float("inf"))
+            if overlap and set(ca) & set(cb):
+                return False
+    return True
+
+
+def test_joint_service_schedules_jobs_together_and_never_double_books():
+    """Flower, jointly: one scheduling service that every job's server asks. Two jobs asking at
+    the same time are scheduled in one problem (disjoint clients), and over many concurrent
+    rounds with releases (threads standing in for two Flower strategies) no client is ever
+    leased to two jobs at once."""
+    import threading
+    import time
+
+    from trainmaster.flsched.selector import JointJob, JointScheduler
+
+    devs = _devices(8)
+    service = JointScheduler([_job("a", devs), _job("b", devs)], devs, seed=0, gather_s=2.0)
+    clients = [f"c{k}" for k in range(8)]
+    picks: dict[str, list[list[str]]] = {"a": [], "b": []}
+    errors: list[BaseException] = []
+
+    def strategy(job_id: str, rounds: int) -> None:
+        handle = JointJob(service, job_id)
+        try:
+            for _ in range(rounds):
+                picks[job_id].append(handle.select(clients, 3))
+                time.sleep(0.01)  # the round's training
+                handle.release()
+        except BaseException as exc:  # reported below, not swallowed
+            errors.append(exc)
+
+    threads = [threading.Thread(target=strategy, args=(j, 6)) for j in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors and all(not t.is_alive() for t in threads)
+    assert len(picks["a"]) == len(picks["b"]) == 6
+    assert all(len(set(p)) == 3 for p in picks["a"] + picks["b"])
+    assert not set(picks["a"][0]) & set(picks["b"][0])  # the first round was scheduled jointly
+    assert _never_double_booked(service.leases_log)
+    assert len(service.leases_log) == 12
+
+
+def test_joint_service_infeasible_round_fails_clearly_and_the_run_continues():
+    """Flower, jointly: a round that cannot be had (the other job leases most clients) raises a
+    ProblemError naming the job; after the lease ends the next round is scheduled; a job that
+    never releases loses its lease after lease_s."""
+    from trainmaster.flsched.selector import JointScheduler
+
+    devs = _devices(6)
+    service = JointScheduler([_job("a", devs), _job("b", devs)], devs, seed=0, gather_s=0.05, lease_s=0.5)
+    clients = [f"c{k}" for k in range(6)]
+    held = service.select("a", clients, 5)
+    with pytest.raises(ProblemError, match="round of job 'b' cannot be scheduled now") as info:
+        service.select("b", clients, 3)
+    assert any("only 1 available" in d or "only 1 available devices" in d for d in info.value.details), info.value.details
+    service.release("a")
+    got = service.select("b", clients, 3)
+    assert len(got) == 3
+    import time
+
+    time.sleep(0.6)  # b never releases: its lease expires
+    again = service.select("a", clients, 5)
+    assert len(again) == 5 and len(held) == 5
+    assert _never_double_booked(service.leases_log)
+    with pytest.raises(ProblemError, match="unknown job"):
+        service.select("zz", clients, 1)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("flwr") is None,
+                    reason="flwr is not installed (not a trainmaster dependency; see docs/flsched.md)")
+def test_flower_two_jobs_sharing_a_pool_never_double_book():
+    """Flower, jointly, under real flwr: two Flower servers (Flower's own round loop and FedAvg),
+    each with a FlschedFedAvg on one shared JointScheduler, train two jobs concurrently over the
+    same 8 in-process clients; no client is ever leased to both jobs at once, one client that
+    fails every fit is handled as Flower's failure, and both jobs finish all rounds."""
+    import threading
+
+    import flwr
+    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+    from flwr.server import Server
+    from flwr.server.client_manager import SimpleClientManager
+    from flwr.server.client_proxy import ClientProxy
+
+    from trainmaster.flsched.flower import FlschedFedAvg
+    from trainmaster.flsched.selector import JointJob, JointScheduler
+
+    devs = _devices(8)
+    service = JointScheduler([_job("a", devs), _job("b", devs)], devs, seed=0, gather_s=1.0)
+    busy: dict[str, str] = {}
+    lock = threading.Lock()
+    clashes: list[str] = []
+    dropped: list[str] = []
+
+    class Proxy(ClientProxy):
+        """An in-process client: 'fit' moves the model halfway to its target; c7 always fails."""
+
+        def __init__(self, cid: str, target: float) -> None:
+            super().__init__(cid)
+            self.target = target
+
+        def fit(self, ins, timeout, group_id):
+            job = ins.config["job"]
+            with lock:
+                if self.cid in busy:
+                    clashes.append(f"{self.cid}: {busy[self.cid]} and {job}")
+                busy[self.cid] = job
+            try:
+                if self.cid == "c7":
+                    dropped.append(job)
+                    raise RuntimeError("device dropped mid-round")
+                w = parameters_to_ndarrays(ins.parameters)[0]
+                return FitRes(Status(Code.OK, ""), ndarrays_to_parameters([w + 0.5 * (self.target - w)]), 10, {})
+            finally:
+                with lock:
+                    busy.pop(self.cid, None)
+
+        def evaluate(self, ins, timeout, group_id):
+            raise NotImplementedError
+
+        def get_properties(self, ins, timeout, group_id):
+            raise NotImplementedError
+
+        def get_parameters(self, ins, timeout, group_id):
+            raise NotImplementedError
+
+        def reconnect(self, ins, timeout, group_id):
+            raise NotImplementedError
+
+    proxies = [Proxy(f"c{k}", float(k)) for k in range(8)]
+    results: dict[str, object] = {}
+
+    def run(job_id: str) -> None:
+        manager = SimpleClientManager()
+        for p in proxies:
+            manager.register(p)
+        strategy = FlschedFedAvg(JointJob(service, job_id), per_round=3, fraction_evaluate=0.0,
+                                 min_available_clients=8, on_fit_config_fn=lambda r: {"job": job_id},
+                                 initial_parameters=ndarrays_to_parameters([np.zeros(1)]))
+        history, _ = Server(client_manager=manager, strategy=strategy).fit(num_rounds=5, timeout=30)
+        results[job_id] = history
+
+    threads = [threading.Thread(target=run, args=(j,)) for j in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert all(not t.is_alive() for t in threads)
+    assert set(results) == {"a", "b"}
+    assert clashes == []
+    assert _never_double_booked(service.leases_log)
+    per_job = {j: [c for job, c, _, _ in service.leases_log if job == j] for j in ("a", "b")}
+    assert len(per_job["a"]) == len(per_job["b"]) == 5
+    assert dropped  # the failing client was chosen, and its round still completed
+    leases = service.leases_log
+    assert any(ja != jb and sa < eb and sb < ea  # the two jobs really trained at the same time
+               for ja, _, sa, ea in leases for jb, _, sb, eb in leases)
+    assert flwr is not None

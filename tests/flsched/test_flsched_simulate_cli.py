@@ -26,7 +26,7 @@ def test_simulation_reaches_targets_and_keeps_devices_exclusive():
     """Simulator: jobs run concurrently, each round lasts its slowest device, every job reaches
     its target with sa; participation totals equal rounds x per_round."""
     p = make_problem(40, 3, 4, seed=2, weights={"time": 1.0, "fairness": 100.0})
-    res = simulate(p, make_scheduler("sa", seed=2, steps=30), seed=2, max_rounds=400)
+    res = simulate(p, make_scheduler("sa", seed=2, moves=300), seed=2, max_rounds=400)
     assert res.total_time is not None
     for tr in res.jobs:
         assert tr.time_to_target is not None and tr.time_to_target <= res.total_time

@@ -5,9 +5,9 @@ simulator driven by per-job convergence curves (``simulate``) and a real multi-j
 runtime on small scikit-learn datasets (``runtime``).
 """
 
-from trainmaster.flsched.cost import Assignment, CostModel, violations
+from trainmaster.flsched.cost import Assignment, ExactCost, RoundCost, SampledCost, violations
 from trainmaster.flsched.model import Device, Job, Problem, ProblemError
 from trainmaster.flsched.schedulers import Scheduler, make_scheduler, names
 
-__all__ = ["Assignment", "CostModel", "Device", "Job", "Problem", "ProblemError", "Scheduler",
+__all__ = ["Assignment", "ExactCost", "RoundCost", "SampledCost", "Device", "Job", "Problem", "ProblemError", "Scheduler",
            "make_scheduler", "names", "violations"]

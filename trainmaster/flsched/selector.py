@@ -87,3 +87,145 @@ class JobSelector:
         with self.pool.lock:
             for cid in [c for c, j in self.pool.holder.items() if j == self.job.id]:
                 del self.pool.holder[cid]
+
+
+@dataclass
+class RoundRequest:
+    """One job's request for its next round's clients, answered by ``JointScheduler``."""
+
+    job_id: str
+    client_ids: list[str]
+    n: int
+    chosen: list[str] | None = None
+    error: ProblemError | None = None
+
+
+class JointScheduler:
+    """One scheduling service for every job of a shared pool (each job's FL server asks it).
+
+    The spec schedules all jobs of a round together, so that one job's choice takes devices
+    from the others knowingly. Jobs served by separate framework servers (Flower strategies)
+    ask independently, so the service *gathers*: a request waits until every registered job
+    that holds no lease has asked, or ``gather_s`` has passed, and then all gathered requests
+    are scheduled in one problem over the idle clients. Each job gets a *lease* on its clients
+    until it calls ``release`` (its round's results are in, failures included) or ``lease_s``
+    passes (a job server that died does not hold devices forever).
+
+    A round that cannot be scheduled (too few idle clients with the job's data) raises
+    ``ProblemError`` naming the job and the numbers, for that round only; the next round is
+    scheduled afresh. ``leases_log`` records every lease (job, clients, start, end) for checks.
+    """
+
+    def __init__(self, jobs: Sequence[Job], devices: Sequence[Device] | Mapping[str, Device],
+                 scheduler: str | Scheduler = "sa", seed: int | None = None,
+                 weights: dict[str, float] | None = None, gather_s: float = 0.5, lease_s: float = 600.0) -> None:
+        self.jobs = {j.id: j for j in jobs}
+        self.devices = devices
+        self.scheduler = make_scheduler(scheduler, seed=seed) if isinstance(scheduler, str) else scheduler
+        self.weights = weights or {"time": 1.0, "fairness": 30.0}
+        self.gather_s, self.lease_s = gather_s, lease_s
+        self.pool = DevicePool()
+        self.cond = threading.Condition(self.pool.lock)
+        self.history: dict[str, dict[str, int]] = {j: {} for j in self.jobs}
+        self.pending: dict[str, RoundRequest] = {}
+        self.lease_until: dict[str, float] = {}
+        self.leases_log: list[tuple[str, tuple[str, ...], float, float | None]] = []
+
+    def select(self, job_id: str, client_ids: Sequence[str], n: int) -> list[str]:
+        """This job's n clients for its next round (blocks at most ``gather_s`` for the other
+        jobs' requests); raises ProblemError when the round cannot be scheduled."""
+        import time
+
+        if job_id not in self.jobs:
+            raise ProblemError(f"unknown job {job_id!r}", [f"registered jobs: {', '.join(sorted(self.jobs))}"])
+        self.release(job_id)
+        self.pool.bind(client_ids, self.devices)
+        request = RoundRequest(job_id, sorted(client_ids), int(n))
+        with self.cond:
+            self.pending[job_id] = request
+            deadline = time.monotonic() + self.gather_s
+            self.cond.notify_all()
+            while request.chosen is None and request.error is None:
+                self._expire_leases(time.monotonic())
+                idle_jobs = {j for j in self.jobs if j not in self.lease_until}
+                if idle_jobs <= set(self.pending) or time.monotonic() >= deadline:
+                    self._schedule_pending(time.monotonic())
+                    break
+                self.cond.wait(timeout=max(0.0, deadline - time.monotonic()))
+        if request.error is not None:
+            raise request.error
+        return list(request.chosen or [])
+
+    def release(self, job_id: str) -> None:
+        """The job's round is over (results and failures in): its clients are free again."""
+        import time
+
+        with self.cond:
+            self._end_lease(job_id, time.monotonic())
+            self.cond.notify_all()
+
+    # ------------------------------------------------------------------ under the lock
+    def _end_lease(self, job_id: str, now: float) -> None:
+        for cid in [c for c, j in self.pool.holder.items() if j == job_id]:
+            del self.pool.holder[cid]
+        self.lease_until.pop(job_id, None)
+        for i, (job, clients, start, end) in enumerate(self.leases_log):
+            if job == job_id and end is None:
+                self.leases_log[i] = (job, clients, start, now)
+
+    def _expire_leases(self, now: float) -> None:
+        for job_id, until in list(self.lease_until.items()):
+            if now >= until:
+                self._end_lease(job_id, now)
+
+    def _schedule_pending(self, now: float) -> None:
+        """Schedule every gathered request in one problem (the spec's joint round)."""
+        requests = list(self.pending.values())
+        self.pending.clear()
+        offered = sorted(set().union(*(r.client_ids for r in requests)))
+        free = [c for c in offered if c in self.pool.profiles and c not in self.pool.holder]
+        devices = [self.pool.profiles[c] for c in free]
+        by_device = {d.id: c for d, c in zip(devices, free)}
+        jobs = []
+        for r in requests:
+            job = self.jobs[r.job_id]
+            data = {d.id: job.data.get(d.id, 0) for d in devices if by_device[d.id] in r.client_ids}
+            jobs.append(replace(job, per_round=r.n, data={k: v for k, v in data.items() if v > 0}))
+        try:
+            if not devices:
+                raise ProblemError("no idle client with a device profile is connected",
+                                   [f"jobs waiting: {', '.join(r.job_id for r in requests)}"])
+            history = {r.job_id: {d: self.history[r.job_id].get(d, 0) for d in by_device} for r in requests}
+            problem = Problem.build(devices, jobs, history=history, weights=self.weights)
+            assignment = self.scheduler.schedule(problem)
+        except ProblemError as exc:
+            reasons = list(getattr(exc, "details", None) or []) or [str(exc)]
+            for r in requests:
+                r.error = ProblemError(f"round of job {r.job_id!r} cannot be scheduled now (it is skipped; the "
+                                       f"next round tries again)", reasons)
+            self.cond.notify_all()
+            return
+        for r, chosen in zip(requests, assignment):
+            r.chosen = [free[int(k)] for k in chosen]
+            for cid in r.chosen:
+                self.pool.holder[cid] = r.job_id
+                dev = self.pool.profiles[cid].id
+                self.history[r.job_id][dev] = self.history[r.job_id].get(dev, 0) + 1
+            self.lease_until[r.job_id] = now + self.lease_s
+            self.leases_log.append((r.job_id, tuple(r.chosen), now, None))
+        self.cond.notify_all()
+
+
+@dataclass
+class JointJob:
+    """One job's handle on a ``JointScheduler``: the same ``select``/``release`` as a
+    ``JobSelector``, so a framework adapter takes either."""
+
+    service: JointScheduler
+    job_id: str
+
+    def select(self, client_ids: Sequence[str], n: int) -> list[str]:
+        return self.service.select(self.job_id, client_ids, n)
+
+    def release(self) -> None:
+        self.service.release(self.job_id)

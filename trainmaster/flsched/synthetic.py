@@ -44,3 +44,51 @@ def make_problem(num_devices: int, num_jobs: int, per_round: int, seed: int,
                  weights: dict[str, float] | None = None) -> Problem:
     devices = make_pool(num_devices, seed)
     return Problem.build(devices, make_jobs(devices, num_jobs, per_round, seed), weights=weights)
+
+
+FAMILIES = ("heterogeneous", "bimodal", "sparse", "churn")
+"""Problem families of the benchmark (``make_family_problem``)."""
+
+
+def make_family_problem(family: str, num_devices: int, num_jobs: int, seed: int) -> Problem:
+    """One mid-training round of a problem family, everything drawn from ``seed``.
+
+    - heterogeneous: ``make_pool``'s log-uniform speeds and bandwidths;
+    - bimodal: 30% fast devices (1-3 ms per sample, 10-50 MB/s), 70% slow ones (10-40 ms,
+      0.5-3 MB/s), like flagship phones among old ones;
+    - sparse: each device holds a job's data with probability 0.3 (at least 3 per_round / K;
+      eligibility differs per job);
+    - churn: 30% of the devices are unavailable this round, and the fast devices have served
+      more (history grows with speed, as after rounds of a speed-greedy scheduler).
+
+    Every family: per_round = clip(K / (3 M), 2, 10); history of 0-5 rounds per device and job
+    (except churn's); fairness weight f K with f log-uniform in [0.3, 10], so one device more
+    or less served weighs about as much as seconds of round time whatever the pool size.
+    """
+    if family not in FAMILIES:
+        raise ValueError(f"unknown problem family {family!r}: one of {FAMILIES}")
+    rng = np.random.default_rng([seed, FAMILIES.index(family), num_devices, num_jobs])
+    per_round = int(np.clip(num_devices // (3 * num_jobs), 2, 10))
+    devices = make_pool(num_devices, int(rng.integers(2**31)))
+    if family == "bimodal":
+        fast = rng.random(num_devices) < 0.3
+        a = np.where(fast, rng.uniform(1e-3, 3e-3, num_devices), rng.uniform(1e-2, 4e-2, num_devices))
+        bw = np.where(fast, rng.uniform(1e7, 5e7, num_devices), rng.uniform(5e5, 3e6, num_devices))
+        mu = 1.0 / (a * rng.uniform(0.1, 2.0, num_devices))
+        devices = [Device(id=f"d{k}", a=float(a[k]), mu=float(mu[k]), bandwidth=float(bw[k])) for k in range(num_devices)]
+    jobs = make_jobs(devices, num_jobs, per_round, int(rng.integers(2**31)))
+    if family == "sparse":
+        holds = max(0.3, 3.0 * per_round / num_devices)  # small pools: enough holders to choose from
+        jobs = [Job(id=j.id, tau=j.tau, model_bytes=j.model_bytes, per_round=j.per_round,
+                    data={d: n for d, n in j.data.items() if rng.random() < holds}) for j in jobs]
+    if family == "churn":
+        devices = [Device(id=d.id, a=d.a, mu=d.mu, bandwidth=d.bandwidth, available=bool(rng.random() >= 0.3))
+                   for d in devices]
+    weights = {"time": 1.0, "fairness": float(np.exp(rng.uniform(np.log(0.3), np.log(10.0))) * num_devices)}
+    problem = Problem.build(devices, jobs, weights=weights)
+    if family == "churn":
+        speed_rank = np.argsort(np.argsort(problem.expected_time().mean(axis=0)))  # 0 = fastest
+        history = np.round((1.0 - speed_rank / num_devices)[None, :] * 8 * rng.random((num_jobs, num_devices)))
+    else:
+        history = rng.integers(0, 6, size=(num_jobs, num_devices)).astype(float)
+    return problem.with_history(history, problem.available)

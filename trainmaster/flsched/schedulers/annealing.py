@@ -1,40 +1,60 @@
-"""Simulated annealing over the greedy candidate list (the disclosure's algorithm), made fast.
+"""Simulated annealing over the greedy candidate list (the disclosure's algorithm) on the exact cost.
 
-Start: the greedy schedule, one candidate per job (the disclosure's), and a second start of ours,
-the *pace* schedule (below); the cheaper one seeds the chains. Each step visits every job's
-candidate in turn and perturbs it: replace one of its devices, picked at random, by a random
-device that keeps the constraints (idle, unused by any job this round, eligible for the job).
-The Metropolis rule decides (better: take it; worse: take it when u < exp(-delta/T)), then T
-cools geometrically. Additions of ours: a second move type that swaps two devices between
-jobs, several independent chains, and incremental cost updates:
+The spec's steps, as they appear below:
 
-- fairness: a replacement changes the variance by 2 (h_in - h_out) / K, O(1);
-- time: per job and per common-random-number sample the chain keeps the largest and the
-  second-largest chosen time and which device holds the largest, so the round time after a
-  replacement is max(largest without the leaving device, the arriving device's time): O(S)
-  instead of O(S x per_round), with no copies;
-- random numbers are drawn in one block per chain instead of one generator call per draw.
+1. **Greedy start** (``greedy_assignment``): per job, devices sorted by estimated time plus
+   fluctuation, the job's per_round first: one candidate schedule per job. A second start of
+   ours, the *pace* schedule (``pace_assignment``), is taken instead when it is cheaper.
+2. **Perturbation** (``_Chain._propose_replace``): replace one device of a job's candidate,
+   picked at random, by a random device that keeps the constraints (idle, unused by any job
+   this round, eligible for the job). Ours besides: a swap of two devices between jobs.
+3. **Acceptance** (``metropolis_accept``): better is taken; worse when u < exp(-delta / T).
+4. **Cooling**: T falls geometrically from a temperature at which an average worsening move is
+   taken with probability ``accept0`` to ``final_ratio`` of it, over the whole move budget.
+5. **Best schedule** seen is returned, after a final best-improvement local search (ours).
+
+Every move is priced on the exact objective (``ExactCost``: E[max] of the job's shifted
+exponentials by quadrature), *incrementally*: a replacement re-prices only its job, a swap only
+its two jobs, each from the job's cached shift/scale arrays (O(per_round x nodes)); the
+fairness change is O(1) (``cost.py``). Nothing is estimated from samples, so a schedule that
+looks better to the annealer is better.
+
+Scaling. The move budget grows with devices x jobs (``MOVES_PER_SLOT``), the cooling schedule
+stretches over it, and ``time_limit`` cuts it short (then the result depends on the machine's
+speed; without it the result depends only on the seed). On large pools most random arrivals
+are hopeless (a device slower than the job's whole round cannot shorten it unless it is much
+less served), so 90% of arrivals are drawn from the job's *useful* devices: those for which the
+lower bound w_t (E[T_k] - E[round]) + w_f 2 (h_k - max h in the set) / K on the move's cost
+change is negative. The other 10% are drawn from all eligible devices, the spec's move as is.
 
 The pace start exists because the round time is a maximum: a schedule is only as fast as its
 slowest device, so devices of similar speed belong together, and the fairness term prefers the
 least-served devices. For each candidate "pace" device (in order of expected time) it takes the
-n - 1 least-served devices that are not slower, and keeps the cheapest such set; this finds the
-rounds of the round-robin-by-speed kind that random single-device moves reach only slowly.
+n - 1 least-served devices that are not slower, and keeps the cheapest such set.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from trainmaster.flsched.cost import Assignment, CostModel
+from trainmaster.flsched.cost import Assignment, ExactCost, RoundCost
 from trainmaster.flsched.model import Problem
+from trainmaster.flsched.pricing import expected_max, expected_max_many
 from trainmaster.flsched.schedulers.base import Scheduler, metropolis_accept, register
 from trainmaster.flsched.schedulers.baselines import greedy_assignment, greedy_order
 
 PACE_GRID = 64
 """At most this many pace candidates per job (all of them on pools up to this size)."""
+MOVES_PER_SLOT = 1.2
+"""Default move budget: this many moves per (device, job) pair, within [MIN_MOVES, MAX_MOVES]."""
+MIN_MOVES, MAX_MOVES = 300, 60_000
+EXPLORE = 0.1
+"""Share of arrivals drawn from all eligible devices (the spec's move) rather than useful ones."""
+LOCAL_SEARCH_CANDIDATES = 48
+"""Local search prices at most this many arrivals per position (those with the lowest bound)."""
 
 
 @dataclass
@@ -47,10 +67,13 @@ class AnnealingStats:
     accepted_better: int = 0
     initial_temperature: float = 0.0
     initial_cost: float = 0.0
+    annealed_cost: float = 0.0
     best_cost: float = 0.0
+    local_search_moves: int = 0
+    stopped_by_time_limit: bool = False
 
 
-def pace_assignment(model: CostModel) -> Assignment | None:
+def pace_assignment(model: ExactCost) -> Assignment | None:
     """Jobs (least slack first) each take their cheapest "pace" set: a device d and the n - 1
     least-served free devices expected no slower than d (speed breaks ties). None when an early
     job leaves a later one short (the caller then starts from greedy alone)."""
@@ -60,7 +83,7 @@ def pace_assignment(model: CostModel) -> Assignment | None:
     free = np.ones(K, dtype=bool)
     out: list[np.ndarray] = [np.zeros(0, dtype=int)] * problem.num_jobs
     eligible = problem.eligible
-    mean_time = model.times.mean(axis=1)  # (M, K)
+    mean_time = problem.expected_time()
     for m in greedy_order(problem):
         n = int(problem.per_round[m])
         cand = np.flatnonzero(eligible[m] & free)
@@ -69,16 +92,16 @@ def pace_assignment(model: CostModel) -> Assignment | None:
         order = cand[np.argsort(mean_time[m, cand], kind="stable")]
         h = problem.history[m, order]
         key = h + np.arange(len(order)) / (len(order) * 1e3)  # least served first, then faster
-        samples = model.times[m]
-        best, best_cost = order[:n], np.inf
+        picks = []
         for j in np.unique(np.linspace(n - 1, len(order) - 1, PACE_GRID).astype(int)):
             if n > 1 and j > n - 1:
-                pick = np.append(order[np.argpartition(key[:j], n - 2)[: n - 1]], order[j])
+                picks.append(np.append(order[np.argpartition(key[:j], n - 2)[: n - 1]], order[j]))
             else:
-                pick = order[j - n + 1 : j + 1]
-            c = wt * float(samples[:, pick].max(axis=1).mean()) + wf * 2.0 * float(problem.history[m, pick].sum()) / K
-            if c < best_cost:
-                best, best_cost = pick, c
+                picks.append(order[j - n + 1 : j + 1])
+        rows = np.array(picks)
+        times = expected_max_many(model.shift[m, rows], model.scale[m, rows])
+        costs = wt * times + wf * 2.0 * problem.history[m, rows].sum(axis=1) / K
+        best = rows[int(np.argmin(costs))]
         out[m] = np.sort(best)
         free[best] = False
     return out
@@ -86,22 +109,38 @@ def pace_assignment(model: CostModel) -> Assignment | None:
 
 @register("sa")
 class AnnealingScheduler(Scheduler):
-    """``steps`` sweeps over all jobs (None = sized from the problem), cooling from an initial
-    temperature at which an average worsening move is accepted with probability ``accept0``
-    down to ``final_ratio`` of it. ``temperature`` fixes T (no cooling) for experiments;
-    ``pace=False`` starts from the disclosure's greedy candidates only."""
+    """Simulated annealing on the exact cost.
 
-    def __init__(self, seed: int | None = None, n_samples: int = 32, steps: int | None = None,
-                 chains: int = 1, accept0: float = 0.5, final_ratio: float = 1e-3,
-                 swap_prob: float = 0.2, temperature: float | None = None, pace: bool = True) -> None:
-        super().__init__(seed, n_samples)
-        self.steps, self.chains, self.accept0 = steps, chains, accept0
+    ``moves``: total move budget (None = MOVES_PER_SLOT x devices x jobs, clipped); ``chains``:
+    independent restarts from the best start, the best chain wins; ``time_limit`` (seconds):
+    stop annealing when reached (the local search then gets what is left, at least one pass);
+    ``temperature`` fixes T (no cooling) for experiments; ``pace=False`` starts from the
+    disclosure's greedy candidates only; ``local_search=False`` returns the annealed schedule.
+
+    It always optimises the exact cost: an ``ExactCost`` passed in is reused, any other cost
+    (a ``SampledCost``) is not what this scheduler optimises and is ignored."""
+
+    def __init__(self, seed: int | None = None, moves: int | None = None, chains: int = 1,
+                 accept0: float = 0.5, final_ratio: float = 1e-3, swap_prob: float = 0.2,
+                 temperature: float | None = None, pace: bool = True, local_search: bool = True,
+                 time_limit: float | None = None) -> None:
+        super().__init__(seed)
+        self.moves, self.chains, self.accept0 = moves, chains, accept0
         self.final_ratio, self.swap_prob, self.temperature = final_ratio, swap_prob, temperature
-        self.pace = pace
+        self.pace, self.local_search, self.time_limit = pace, local_search, time_limit
         self.stats = AnnealingStats()
 
-    def schedule(self, problem: Problem, cost: CostModel | None = None) -> Assignment:
-        model = self.cost_model(problem, cost)
+    def move_budget(self, problem: Problem) -> int:
+        """The default budget grows with the number of (device, job) pairs."""
+        if self.moves is not None:
+            return int(self.moves)
+        slots = int(problem.eligible.sum())
+        return int(np.clip(MOVES_PER_SLOT * slots, MIN_MOVES, MAX_MOVES))
+
+    def schedule(self, problem: Problem, cost: RoundCost | None = None) -> Assignment:
+        started = time.perf_counter()
+        deadline = None if self.time_limit is None else started + float(self.time_limit)
+        model = cost if isinstance(cost, ExactCost) else ExactCost(problem)
         initial = greedy_assignment(problem)
         initial_cost = model.cost(initial)
         self.stats = AnnealingStats(initial_cost=initial_cost)
@@ -110,12 +149,18 @@ class AnnealingScheduler(Scheduler):
             if paced is not None and (paced_cost := model.cost(paced)) < initial_cost:
                 initial, initial_cost = paced, paced_cost
         best, best_cost = initial, initial_cost
-        by_device = np.ascontiguousarray(model.times.transpose(0, 2, 1))  # (M, K, S): a device's samples contiguous
+        budget = self.move_budget(problem)
         for _ in range(max(1, self.chains)):
-            cand, cand_cost = _Chain(self, model, initial, by_device).run()
+            chain = _Chain(self, model, initial)
+            cand, cand_cost = chain.anneal(budget, deadline)
             if cand_cost < best_cost:
                 best, best_cost = cand, cand_cost
-        self.stats.best_cost = best_cost
+        self.stats.annealed_cost = best_cost
+        if self.local_search:
+            chain = _Chain(self, model, best)
+            chain.descend(deadline)
+            best, best_cost = chain.sets, chain.current
+        self.stats.best_cost = model.cost(best)
         return [np.sort(s) for s in best]
 
     def accept(self, delta: float, temperature: float, u: float) -> bool:
@@ -129,108 +174,70 @@ class AnnealingScheduler(Scheduler):
 
 
 class _Chain:
-    """One annealing chain with incremental state (see the module docstring)."""
+    """One annealing chain with incremental state: per job its devices, their shift and scale
+    (the exact cost's parameters), its priced round time, and its useful arrivals."""
 
-    def __init__(self, owner: AnnealingScheduler, model: CostModel, initial: Assignment, by_device: np.ndarray) -> None:
+    def __init__(self, owner: AnnealingScheduler, model: ExactCost, initial: Assignment) -> None:
         problem = model.problem
-        self.sa = owner
+        self.sa, self.model = owner, model
         self.M, self.K = problem.num_jobs, problem.num_devices
         self.wt, self.wf = problem.weight_time, problem.weight_fairness
-        self.samples_by_device = by_device
-        self.n_samples = model.times.shape[1]
         self.history = problem.history
         self.eligible = problem.eligible
+        self.mean = problem.expected_time()
         self.elig_idx = [np.flatnonzero(self.eligible[m]) for m in range(self.M)]
         self.sets = [np.array(s, dtype=int) for s in initial]
         self.owner = np.full(self.K, -1)
         for m, s in enumerate(self.sets):
             self.owner[s] = m
-        self.inv_s = 1.0 / self.n_samples
-        self.buf = np.empty(self.n_samples)
-        self.loo: list[np.ndarray] = [np.zeros(0)] * self.M
-        self.times = [0.0] * self.M
-        for m in range(self.M):
-            self._refresh(m)
-        fair = [model.job_fairness(m, s) for m, s in enumerate(self.sets)]
-        self.current = sum(self.wt * t + self.wf * f for t, f in zip(self.times, fair))
-        self.model = model
+        self.times = [model.job_time(m, s) for m, s in enumerate(self.sets)]
+        self.useful: list[np.ndarray | None] = [None] * self.M
+        self.current = model.cost(self.sets)
 
-    def _refresh(self, m: int) -> None:
-        """Recompute job m's per-sample largest and second-largest chosen time after a move, and
-        from them the leave-one-out maxima: row p = the round's per-sample time without position p."""
-        cols = self.samples_by_device[m][self.sets[m]]  # (n, S)
-        rows = np.arange(cols.shape[1])
-        pos = cols.argmax(axis=0)
-        first = cols[pos, rows]
-        if cols.shape[0] > 1:
-            masked = cols.copy()
-            masked[pos, rows] = -np.inf
-            second = masked.max(axis=0)
-        else:
-            second = np.zeros_like(first)
-        self.loo[m] = np.where(pos[None, :] == np.arange(cols.shape[0])[:, None], second[None, :], first[None, :])
-        self.times[m] = float(first.sum()) * self.inv_s
-
+    # ---------------------------------------------------------------- incremental pricing
     def _time_after(self, m: int, pos: int, k_in: int) -> float:
-        """Job m's expected round time with its device at position ``pos`` replaced by k_in: O(S)."""
-        np.maximum(self.loo[m][pos], self.samples_by_device[m, k_in], out=self.buf)
-        return float(self.buf.sum()) * self.inv_s
+        """Job m's exact expected round time with the device at ``pos`` replaced by k_in."""
+        s = self.sets[m].copy()
+        s[pos] = k_in
+        return expected_max(self.model.shift[m, s], self.model.scale[m, s])
 
-    def _propose_replace(self, m: int, r_dev: np.ndarray, r_pos: float) -> tuple[int, int, float, float] | None:
-        idx = self.elig_idx[m]
-        for r in r_dev:  # rejection-sample a free eligible device
+    def _fair_delta(self, m: int, k_out: int, k_in: int) -> float:
+        return self.wf * 2.0 * (self.history[m, k_in] - self.history[m, k_out]) / self.K
+
+    def _useful(self, m: int) -> np.ndarray:
+        """Eligible devices whose arrival might lower job m's cost (see the module docstring)."""
+        if self.useful[m] is None:
+            idx = self.elig_idx[m]
+            h_max = self.history[m, self.sets[m]].max()
+            bound = self.wt * (self.mean[m, idx] - self.times[m]) + self.wf * 2.0 * (self.history[m, idx] - h_max) / self.K
+            self.useful[m] = idx[bound < 0.0]
+        return self.useful[m]
+
+    def _apply_replace(self, m: int, pos: int, k_in: int, t_new: float, delta: float) -> None:
+        k_out = int(self.sets[m][pos])
+        self.sets[m][pos] = k_in
+        self.owner[k_out], self.owner[k_in] = -1, m
+        self.times[m] = t_new
+        self.current += delta
+        self.useful[m] = None
+
+    # ---------------------------------------------------------------- annealing
+    def _propose_replace(self, m: int, d: np.ndarray, r_dev: np.ndarray) -> tuple[int, int, float, float] | None:
+        """Step 2 (perturbation): a random position of job m, a random free eligible arrival."""
+        idx = self.elig_idx[m] if d[5] < EXPLORE else self._useful(m)
+        if len(idx) == 0:
+            idx = self.elig_idx[m]
+        for r in r_dev:  # rejection-sample a free device
             k_in = int(idx[int(r * len(idx))])
             if self.owner[k_in] == -1:
                 break
         else:
             return None
-        s = self.sets[m]
-        pos = int(r_pos * len(s))
-        k_out = int(s[pos])
+        pos = int(d[1] * len(self.sets[m]))
+        k_out = int(self.sets[m][pos])
         t_new = self._time_after(m, pos, k_in)
-        delta = self.wt * (t_new - self.times[m]) + self.wf * 2.0 * (self.history[m, k_in] - self.history[m, k_out]) / self.K
+        delta = self.wt * (t_new - self.times[m]) + self._fair_delta(m, k_out, k_in)
         return pos, k_in, t_new, delta
-
-    def run(self) -> tuple[Assignment, float]:
-        sa, M = self.sa, self.M
-        steps = sa.steps or int(np.clip(1500 // max(M, 1), 60, 300))
-        n_moves = steps * M
-        rng = sa.rng
-        draws = rng.random((n_moves + 16, 6))  # move type, position, other job, other position, accept u, spare
-        dev_draws = rng.random((n_moves + 16, 8))  # rejection sampling of the arriving device
-        best, best_sets = self.current, [s.copy() for s in self.sets]
-        temperature = sa.temperature
-        if temperature is None:
-            probes = [self._propose_replace(int(draws[i, 2] * M), dev_draws[n_moves + i], draws[i, 1]) for i in range(16)]
-            worse = [p[3] for p in probes if p is not None and p[3] > 0]
-            mean_worse = float(np.mean(worse)) if worse else max(abs(self.current), 1e-9) * 1e-3
-            temperature = mean_worse / -np.log(sa.accept0)
-            cooling = sa.final_ratio ** (1.0 / max(n_moves, 1))
-        else:
-            cooling = 1.0
-        sa.stats.initial_temperature = max(sa.stats.initial_temperature, temperature)
-        i = 0
-        for _ in range(steps):
-            for m in range(M):  # every candidate (one per job) is perturbed once per step
-                sa.stats.steps += 1
-                d = draws[i]
-                if M > 1 and d[0] < sa.swap_prob:
-                    self._swap(m, d, temperature)
-                else:
-                    move = self._propose_replace(m, dev_draws[i], d[1])
-                    if move is not None and sa.accept(move[3], temperature, d[4]):
-                        pos, k_in, _t_new, delta = move
-                        s = self.sets[m]
-                        k_out = int(s[pos])
-                        s[pos] = k_in
-                        self.owner[k_out], self.owner[k_in] = -1, m
-                        self._refresh(m)
-                        self.current += delta
-                if self.current < best - 1e-12:
-                    best, best_sets = self.current, [s.copy() for s in self.sets]
-                temperature *= cooling
-                i += 1
-        return best_sets, self.model.cost(best_sets)
 
     def _swap(self, m: int, d: np.ndarray, temperature: float) -> None:
         """Exchange one device of job m with one device of another job, if both stay eligible."""
@@ -241,13 +248,127 @@ class _Chain:
         a, b = int(sm[i]), int(so[j])
         if not (self.eligible[m, b] and self.eligible[other, a]):
             return
-        h, K = self.history, self.K
         tm, to = self._time_after(m, i, b), self._time_after(other, j, a)
         delta = (self.wt * (tm - self.times[m] + to - self.times[other])
-                 + self.wf * 2.0 * (h[m, b] - h[m, a] + h[other, a] - h[other, b]) / K)
+                 + self._fair_delta(m, a, b) + self._fair_delta(other, b, a))
         if self.sa.accept(delta, temperature, d[4]):
             sm[i], so[j] = b, a
             self.owner[b], self.owner[a] = m, other
-            self._refresh(m)
-            self._refresh(other)
+            self.times[m], self.times[other] = tm, to
+            self.useful[m] = self.useful[other] = None
             self.current += delta
+
+    def anneal(self, budget: int, deadline: float | None) -> tuple[Assignment, float]:
+        """Steps 2-5: ``budget`` moves, jobs in turn (every candidate perturbed once per sweep)."""
+        sa, M = self.sa, self.M
+        rng = sa.rng
+        draws = rng.random((budget + 16, 6))  # move type, position, other job, other position, u, explore
+        dev_draws = rng.random((budget + 16, 8))  # rejection sampling of the arriving device
+        best, best_sets = self.current, [s.copy() for s in self.sets]
+        temperature = sa.temperature
+        if temperature is None:
+            probes = [self._propose_replace(int(draws[i, 2] * M), draws[budget + i], dev_draws[budget + i])
+                      for i in range(16)]
+            worse = [p[3] for p in probes if p is not None and p[3] > 0]
+            mean_worse = float(np.mean(worse)) if worse else max(abs(self.current), 1e-9) * 1e-3
+            temperature = mean_worse / -np.log(sa.accept0)
+            cooling = sa.final_ratio ** (1.0 / max(budget, 1))
+        else:
+            cooling = 1.0
+        sa.stats.initial_temperature = max(sa.stats.initial_temperature, temperature)
+        for i in range(budget):
+            if deadline is not None and i % 32 == 0 and time.perf_counter() > deadline:
+                sa.stats.stopped_by_time_limit = True
+                break
+            m = i % M
+            sa.stats.steps += 1
+            d = draws[i]
+            if M > 1 and d[0] < sa.swap_prob:
+                self._swap(m, d, temperature)
+            else:
+                move = self._propose_replace(m, d, dev_draws[i])
+                if move is not None and sa.accept(move[3], temperature, d[4]):
+                    self._apply_replace(m, *move)
+            if self.current < best - 1e-12:
+                best, best_sets = self.current, [s.copy() for s in self.sets]
+            temperature *= cooling
+        return best_sets, self.model.cost(best_sets)
+
+    # ---------------------------------------------------------------- final local search
+    def descend(self, deadline: float | None, max_passes: int = 20) -> None:
+        """Step 5 (ours): best-improvement replacements until none lowers the cost. Per job and
+        position, the free eligible arrivals with a negative lower bound (at most
+        LOCAL_SEARCH_CANDIDATES) are priced in one vectorised batch."""
+        model = self.model
+        for _ in range(max_passes):
+            improved = False
+            for m in range(self.M):
+                s = self.sets[m]
+                idx = self.elig_idx[m]
+                free = idx[self.owner[idx] == -1]
+                if len(free) == 0:
+                    continue
+                for pos in range(len(s)):
+                    rest = np.delete(s, pos)
+                    floor = self.mean[m, rest].max() if len(rest) else 0.0
+                    k_out = int(s[pos])
+                    bound = (self.wt * (np.maximum(self.mean[m, free], floor) - self.times[m])
+                             + self.wf * 2.0 * (self.history[m, free] - self.history[m, k_out]) / self.K)
+                    cand = free[bound < 0.0]
+                    if len(cand) == 0:
+                        continue
+                    if len(cand) > LOCAL_SEARCH_CANDIDATES:
+                        cand = cand[np.argsort(bound[bound < 0.0], kind="stable")[:LOCAL_SEARCH_CANDIDATES]]
+                    rows = np.empty((len(cand), len(s)), dtype=int)
+                    rows[:, :-1] = rest
+                    rows[:, -1] = cand
+                    t_new = expected_max_many(model.shift[m, rows], model.scale[m, rows])
+                    delta = (self.wt * (t_new - self.times[m])
+                             + self.wf * 2.0 * (self.history[m, cand] - self.history[m, k_out]) / self.K)
+                    j = int(np.argmin(delta))
+                    if delta[j] < -1e-12 * max(abs(self.current), 1.0):
+                        self._apply_replace(m, pos, int(cand[j]), float(t_new[j]), float(delta[j]))
+                        self.sa.stats.local_search_moves += 1
+                        free = idx[self.owner[idx] == -1]
+                        improved = True
+                if deadline is not None and time.perf_counter() > deadline:
+                    return
+            if self.M > 1 and self._descend_swaps():
+                improved = True
+            if not improved:
+                return
+
+    def _descend_swaps(self) -> bool:
+        """Best-improvement exchanges of one device between two jobs, each job's side priced
+        in one batch (every device of the other job that is eligible here); True if any was made."""
+        model, improved = self.model, False
+        for m in range(self.M):
+            for o in range(m + 1, self.M):
+                for i in range(len(self.sets[m])):
+                    sm, so = self.sets[m], self.sets[o]
+                    a = int(sm[i])
+                    js = np.flatnonzero(self.eligible[m, so] & self.eligible[o, a])
+                    if len(js) == 0:
+                        continue
+                    bs = so[js]
+                    rows_m = np.empty((len(js), len(sm)), dtype=int)
+                    rows_m[:] = sm
+                    rows_m[:, i] = bs
+                    rows_o = np.repeat(so[None, :], len(js), axis=0)
+                    rows_o[np.arange(len(js)), js] = a
+                    tm = expected_max_many(model.shift[m, rows_m], model.scale[m, rows_m])
+                    to = expected_max_many(model.shift[o, rows_o], model.scale[o, rows_o])
+                    h = self.history
+                    delta = (self.wt * (tm - self.times[m] + to - self.times[o])
+                             + self.wf * 2.0 * (h[m, bs] - h[m, a] + h[o, a] - h[o, bs]) / self.K)
+                    best = int(np.argmin(delta))
+                    if delta[best] < -1e-12 * max(abs(self.current), 1.0):
+                        j, b = int(js[best]), int(bs[best])
+                        sm[i], so[j] = b, a
+                        self.owner[b], self.owner[a] = m, o
+                        self.times[m], self.times[o] = float(tm[best]), float(to[best])
+                        self.useful[m] = self.useful[o] = None
+                        self.current += float(delta[best])
+                        self.sa.stats.local_search_moves += 1
+                        improved = True
+        return improved

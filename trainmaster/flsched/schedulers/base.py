@@ -2,8 +2,8 @@
 
 A scheduler gets one round's ``Problem`` (which devices are idle, which jobs start a round now,
 each job's participation history) and returns, per job, the device indices to train it.
-Schedulers that score candidates take an optional ``CostModel`` so that a benchmark can score
-every scheduler against the same common random numbers.
+Schedulers that score candidates optimise the exact cost (``ExactCost``, built from the problem
+when none is passed; passing one lets a caller reuse it).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from trainmaster.errors import UserError
-from trainmaster.flsched.cost import Assignment, CostModel
+from trainmaster.flsched.cost import Assignment, ExactCost, RoundCost
 from trainmaster.flsched.model import Problem
 
 
@@ -24,16 +24,16 @@ class Scheduler(ABC):
 
     name: str = ""
 
-    def __init__(self, seed: int | None = None, n_samples: int = 32) -> None:
+    def __init__(self, seed: int | None = None) -> None:
         self.rng = np.random.default_rng(seed)
-        self.n_samples = n_samples
 
     @abstractmethod
-    def schedule(self, problem: Problem, cost: CostModel | None = None) -> Assignment:
+    def schedule(self, problem: Problem, cost: RoundCost | None = None) -> Assignment:
         """Devices per job (problem order) for this round; must satisfy every constraint."""
 
-    def cost_model(self, problem: Problem, cost: CostModel | None) -> CostModel:
-        return cost if cost is not None else CostModel.draw(problem, self.rng, self.n_samples)
+    def cost_model(self, problem: Problem, cost: RoundCost | None) -> RoundCost:
+        """The cost to optimise: the caller's, else the exact one."""
+        return cost if cost is not None else ExactCost(problem)
 
 
 _REGISTRY: dict[str, Callable[..., Scheduler]] = {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from trainmaster.flsched.cost import Assignment, CostModel
+from trainmaster.flsched.cost import Assignment, RoundCost
 from trainmaster.flsched.model import Problem
 from trainmaster.flsched.schedulers.base import Scheduler, fill_in_order, register
 
@@ -30,7 +30,7 @@ def greedy_assignment(problem: Problem) -> Assignment:
 class GreedyScheduler(Scheduler):
     """Fastest expected devices (time + fluctuation) for every job, ignoring fairness."""
 
-    def schedule(self, problem: Problem, cost: CostModel | None = None) -> Assignment:
+    def schedule(self, problem: Problem, cost: RoundCost | None = None) -> Assignment:
         return greedy_assignment(problem)
 
 
@@ -38,7 +38,7 @@ class GreedyScheduler(Scheduler):
 class RandomScheduler(Scheduler):
     """FedAvg's uniform sampling among idle eligible devices."""
 
-    def schedule(self, problem: Problem, cost: CostModel | None = None) -> Assignment:
+    def schedule(self, problem: Problem, cost: RoundCost | None = None) -> Assignment:
         order = [int(m) for m in self.rng.permutation(problem.num_jobs)]
         return fill_in_order(problem, order, lambda m: self.rng.permutation(problem.num_devices))
 
@@ -47,7 +47,7 @@ class RandomScheduler(Scheduler):
 class RoundRobinScheduler(Scheduler):
     """Least-served devices first (perfect data balance, blind to speed): the fair baseline."""
 
-    def schedule(self, problem: Problem, cost: CostModel | None = None) -> Assignment:
+    def schedule(self, problem: Problem, cost: RoundCost | None = None) -> Assignment:
         jitter = self.rng.random(problem.history.shape)  # random tie-breaks
         key = problem.history + jitter
         return fill_in_order(problem, greedy_order(problem), lambda m: np.argsort(key[m], kind="stable"))
@@ -62,13 +62,13 @@ class FedCSScheduler(Scheduler):
     times; ``pool_factor`` sizes the random pool relative to per_round.
     """
 
-    def __init__(self, seed: int | None = None, n_samples: int = 32, deadline_quantile: float = 0.5,
+    def __init__(self, seed: int | None = None, deadline_quantile: float = 0.5,
                  pool_factor: float = 3.0) -> None:
-        super().__init__(seed, n_samples)
+        super().__init__(seed)
         self.deadline_quantile = deadline_quantile
         self.pool_factor = pool_factor
 
-    def schedule(self, problem: Problem, cost: CostModel | None = None) -> Assignment:
+    def schedule(self, problem: Problem, cost: RoundCost | None = None) -> Assignment:
         expected = problem.expected_time()
         eligible = problem.eligible
 
@@ -99,14 +99,14 @@ class OortScheduler(Scheduler):
     utilities in proportion to utility.
     """
 
-    def __init__(self, seed: int | None = None, n_samples: int = 32, alpha: float = 2.0,
+    def __init__(self, seed: int | None = None, alpha: float = 2.0,
                  explore: float = 0.1, pace_quantile: float = 0.5) -> None:
-        super().__init__(seed, n_samples)
+        super().__init__(seed)
         self.alpha, self.explore, self.pace_quantile = alpha, explore, pace_quantile
         self.round = 0
         self.last_round: dict[tuple[str, str], int] = {}
 
-    def schedule(self, problem: Problem, cost: CostModel | None = None) -> Assignment:
+    def schedule(self, problem: Problem, cost: RoundCost | None = None) -> Assignment:
         self.round += 1
         expected = problem.expected_time()
         eligible = problem.eligible

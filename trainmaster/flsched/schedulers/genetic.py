@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from trainmaster.flsched.cost import Assignment, CostModel
+from trainmaster.flsched.cost import Assignment, RoundCost
 from trainmaster.flsched.model import Problem
 from trainmaster.flsched.schedulers.base import Scheduler, register
 from trainmaster.flsched.schedulers.baselines import RandomScheduler, greedy_assignment
@@ -17,13 +17,13 @@ from trainmaster.flsched.schedulers.baselines import RandomScheduler, greedy_ass
 
 @register("genetic")
 class GeneticScheduler(Scheduler):
-    def __init__(self, seed: int | None = None, n_samples: int = 32, population: int = 12,
+    def __init__(self, seed: int | None = None, population: int = 12,
                  generations: int = 10, mutation: float = 0.3, elite: int = 2) -> None:
-        super().__init__(seed, n_samples)
+        super().__init__(seed)
         self.population, self.generations = population, generations
         self.mutation, self.elite = mutation, elite
 
-    def schedule(self, problem: Problem, cost: CostModel | None = None) -> Assignment:
+    def schedule(self, problem: Problem, cost: RoundCost | None = None) -> Assignment:
         model = self.cost_model(problem, cost)
         rng = self.rng
         seeder = RandomScheduler(seed=int(rng.integers(2**31)))
