@@ -15,7 +15,7 @@ $(BIN)/python:
 	$(BIN)/pip install --quiet --upgrade pip
 
 $(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/pip install --quiet -e '.[test,ray,postgres]'
+	$(BIN)/pip install --quiet -e '.[all,test]'
 	@touch $(STAMP)
 
 install: $(STAMP)

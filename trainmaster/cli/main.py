@@ -13,6 +13,10 @@ from rich.console import Console
 
 from trainmaster.errors import UserError
 
+# optional packages -> the extra that installs them (pyproject.toml's optional-dependencies)
+EXTRA_OF = {"torch": "torch", "sklearn": "torch", "pymetis": "partition", "kahip": "partition",
+            "onnx": "partition", "pyarrow": "gateway", "ray": "ray", "psycopg": "postgres"}
+
 app = typer.Typer(
     name="trainmaster",
     help="Run distributed and federated ML training jobs: one controller for every framework.",
@@ -54,6 +58,12 @@ def main(argv: list[str] | None = None) -> None:
         app(args=argv)
     except UserError as exc:
         _fail(str(exc), exc.exit_code)
+    except ModuleNotFoundError as exc:
+        extra = EXTRA_OF.get((exc.name or "").split(".")[0])
+        if extra is None:
+            raise
+        _fail(f"this command needs the optional package '{exc.name}': pip install 'trainmaster[{extra}]' "
+              f"(or 'trainmaster[all]')", 2)
     except (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError) as exc:
         # a path the user gave that the file system refuses: say which and why, no traceback
         where = f": {exc.filename}" if exc.filename else ""

@@ -1,0 +1,60 @@
+"""Install as a user would: the wheel and sdist build, and the core (controller, CLI, server)
+installs into a clean virtualenv without torch, ONNX, METIS, KaHIP, scikit-learn or pyarrow, runs a
+job, and names the extra a command needs when its optional package is missing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
+HEAVY = ("torch", "onnx", "pymetis", "kahip", "sklearn", "pyarrow")
+
+
+CLEAN = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+
+
+def run(argv: list[str], env: dict[str, str] | None = None, **kwargs) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]
+    """A command that sees none of this test run's packages (no PYTHONPATH)."""
+    return subprocess.run(argv, capture_output=True, text=True, timeout=540, env=env or CLEAN, **kwargs)
+
+
+def test_core_install_in_a_clean_venv(tmp_path: Path) -> None:
+    dist = tmp_path / "dist"
+    built = run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(dist), str(ROOT)])
+    if built.returncode != 0 and "No module named" in built.stderr:
+        pytest.skip(f"cannot build a wheel here: {built.stderr.strip().splitlines()[-1]}")
+    assert built.returncode == 0, built.stderr[-2000:]
+    wheel = next(dist.glob("trainmaster-*.whl"))
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    python = env_dir / "bin" / "python"
+    installed = run([str(python), "-m", "pip", "install", "--quiet", str(wheel)])
+    if installed.returncode != 0 and ("Could not find a version" in installed.stderr
+                                      or "Failed to establish" in installed.stderr):
+        pytest.skip("the package index is not reachable to install the core's dependencies")
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    have = run([str(python), "-c", "import importlib.util, sys; print([m for m in sys.argv[1:] "
+                "if importlib.util.find_spec(m)])", *HEAVY])
+    assert have.stdout.strip() == "[]", f"the core install pulled in {have.stdout}"
+
+    trainmaster = str(env_dir / "bin" / "trainmaster")
+    env = {**CLEAN, "TRAINMASTER_HOME": str(tmp_path / "home")}
+    assert run([trainmaster, "version"], env=env).stdout.strip()
+    job = tmp_path / "job.yaml"
+    job.write_text("apiVersion: trainmaster/v1\nkind: Job\nmetadata: {name: core}\nspec:\n  framework: command\n"
+                   "  roles:\n    - {name: main, replicas: 2, command: [sh, -c, 'echo hello from $TM_ROLE']}\n")
+    ran = run([trainmaster, "run", str(job)], env=env, cwd=tmp_path)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    graph = tmp_path / "graph.json"
+    graph.write_text('{"nodes": [{"id": "a", "cost": 1}, {"id": "b", "cost": 1}, {"id": "c", "cost": 1}], '
+                     '"edges": [{"src": "a", "dst": "b", "cost": 1}, {"src": "b", "dst": "c", "cost": 1}]}')
+    needs = run([trainmaster, "partition", str(graph), "-k", "2", "--method", "metis"], env=env, cwd=tmp_path)
+    assert needs.returncode == 2 and "trainmaster[partition]" in needs.stderr, needs.stderr
+    assert "Traceback" not in needs.stderr
