@@ -10,6 +10,7 @@ import sys
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 
 from trainmaster.errors import UserError
 
@@ -17,32 +18,85 @@ from trainmaster.errors import UserError
 EXTRA_OF = {"torch": "torch", "sklearn": "torch", "pymetis": "partition", "kahip": "partition",
             "onnx": "partition", "pyarrow": "gateway", "ray": "ray", "psycopg": "postgres"}
 
-app = typer.Typer(
-    name="trainmaster",
-    help="Run distributed and federated ML training jobs: one controller for every framework.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
+class FullHelpGroup(TyperGroup):
+    """Lists each command with its whole first paragraph, wrapped, instead of cutting it at the
+    terminal's width with '...'."""
+
+    def format_commands(self, ctx, formatter) -> None:  # type: ignore[no-untyped-def]
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(limit=10_000)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+HELP = """Run distributed and federated ML training jobs: one controller for every framework.
+
+\b
+Examples:
+  trainmaster job run examples/pytorch-digits.yaml   # run a job here, live view
+  trainmaster server                                # controller service + dashboard
+  trainmaster job status my-job                     # ask the service about a job
+
+Job verbs also answer at the top level as before (trainmaster run, status, list, logs...).
+"""
+
+app = typer.Typer(name="trainmaster", help=HELP, no_args_is_help=True, add_completion=True,
+                  pretty_exceptions_enable=False, rich_markup_mode=None, cls=FullHelpGroup)
+job_app = typer.Typer(help="Jobs: validate, convert, run here, or submit to the service and follow.",
+                      no_args_is_help=True, rich_markup_mode=None, cls=FullHelpGroup)
 
 
 def _register_all() -> None:
+    """Groups the way users think (job verbs under ``job``, the gateway's party and task under
+    ``gateway``); the old flat names stay as hidden aliases so no script breaks."""
     from trainmaster.cli import aggregation, convert, db, flsched, gateway, jobs, partition, remote, server
 
-    for module in (jobs, convert, server, remote, db, aggregation, flsched, partition, gateway):
+    for module in (jobs, convert, remote):
+        module.register(job_app)
+        before = len(app.registered_commands)
         module.register(app)
+        for alias in app.registered_commands[before:]:
+            alias.hidden = True
+    app.add_typer(job_app, name="job")
+    for module in (server, db, aggregation, flsched, partition, gateway):
+        module.register(app)
+    gateway_group = next(g for g in app.registered_groups if g.name == "gateway").typer_instance
+    for group in app.registered_groups:
+        if group.name in ("party", "task"):
+            gateway_group.add_typer(group.typer_instance, name=group.name)
+            group.hidden = True
+    for group in app.registered_groups:  # plain help: no <bool> placeholders, nothing cut off
+        _plain(group.typer_instance)
+
+
+def _plain(typer_app: typer.Typer) -> None:
+    typer_app.rich_markup_mode = None  # type: ignore[assignment]
+    typer_app.info.cls = FullHelpGroup
+    for group in typer_app.registered_groups:
+        _plain(group.typer_instance)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from trainmaster import __version__
+
+        print(f"trainmaster {__version__}")
+        raise typer.Exit()
 
 
 @app.command()
 def version() -> None:
     """Print Trainmaster's version."""
-    from trainmaster import __version__
-
-    print(__version__)
+    _version(True)
 
 
 @app.callback()
-def _root() -> None:
+def _root(show_version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                            help="Print the version and exit.")) -> None:
     """Run distributed and federated ML training jobs: one controller for every framework."""
 
 
