@@ -11,11 +11,14 @@ SYSTEM_PACKAGES ?= chromium chromium-driver postgresql
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || { echo "error: $(PY) not found; install Python 3.11 or run 'make PY=/path/to/python3.11 ...'" >&2; exit 2; }
-	$(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
+	@echo "==> [1/3] creating the virtualenv $(VENV)"
+	@$(PY) -m venv $(VENV)
+	@$(BIN)/pip install --quiet --upgrade pip
 
 $(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/pip install --quiet -e '.[all,test]'
+	@echo "==> [2/3] installing Trainmaster with every extra and the test tools into $(VENV) (a few minutes the first time)"
+	@$(BIN)/pip install --progress-bar on -e '.[all,test]' | grep -E --line-buffered '^(Collecting|Successfully installed)' | sed -u 's/^/    /' || true
+	@$(BIN)/python -c "import trainmaster, torch, fastapi" || { echo "error: the install did not complete; run '$(BIN)/pip install -e .[all,test]' to see why" >&2; exit 1; }
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -32,7 +35,14 @@ system-deps:
 
 ## run: create the venv, install, and run the main job (distributed PyTorch on the digits data)
 run: $(STAMP)
-	$(BIN)/trainmaster run examples/pytorch-digits.yaml
+	@echo "==> [3/3] running examples/pytorch-digits.yaml (distributed PyTorch: a master and 2 workers)"
+	@$(BIN)/trainmaster run examples/pytorch-digits.yaml
+	@echo ""
+	@echo "Next:"
+	@echo "  $(BIN)/trainmaster server                  # the controller service; dashboard at http://127.0.0.1:8642/"
+	@echo "  $(BIN)/trainmaster job list                 # every job run here, with its state"
+	@echo "  $(BIN)/trainmaster info                     # where outputs, logs and the store live"
+	@echo "  docs/controller.md                          # the job file reference; docs/ has a page per capability"
 
 ## test: install with test extras and run the whole suite
 test: $(STAMP) system-deps

@@ -62,3 +62,16 @@ def test_aliases_are_hidden_from_the_top_level_help() -> None:
 def test_shell_completion_is_installable() -> None:
     result = runner.invoke(app, ["--help"])
     assert "--install-completion" in result.output and "--show-completion" in result.output
+
+
+def test_home_option_moves_every_path(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """--home (or TRAINMASTER_HOME) is where the store, runs and agent live, and info shows them."""
+    import json
+
+    monkeypatch.delenv("TRAINMASTER_DB", raising=False)
+    result = runner.invoke(app, ["--home", str(tmp_path / "proj"), "info", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    home = str((tmp_path / "proj").resolve())
+    assert data["home"] == home and data["store"] == f"sqlite:///{home}/trainmaster.db"
+    assert data["runs"].startswith(home) and data["agent"].startswith(home)

@@ -6,7 +6,10 @@ cryptography...) happen inside the commands, so ``trainmaster --help`` stays fas
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
+from typing import Optional
 
 import typer
 from rich.console import Console
@@ -53,7 +56,7 @@ job_app = typer.Typer(help="Jobs: validate, convert, run here, or submit to the 
 def _register_all() -> None:
     """Groups the way users think (job verbs under ``job``, the gateway's party and task under
     ``gateway``); the old flat names stay as hidden aliases so no script breaks."""
-    from trainmaster.cli import aggregation, convert, db, flsched, gateway, jobs, partition, remote, server
+    from trainmaster.cli import aggregation, convert, db, flsched, gateway, info, jobs, partition, remote, server
 
     for module in (jobs, convert, remote):
         module.register(job_app)
@@ -62,7 +65,7 @@ def _register_all() -> None:
         for alias in app.registered_commands[before:]:
             alias.hidden = True
     app.add_typer(job_app, name="job")
-    for module in (server, db, aggregation, flsched, partition, gateway):
+    for module in (server, db, info, aggregation, flsched, partition, gateway):
         module.register(app)
     gateway_group = next(g for g in app.registered_groups if g.name == "gateway").typer_instance
     for group in app.registered_groups:
@@ -96,8 +99,13 @@ def version() -> None:
 
 @app.callback()
 def _root(show_version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                            help="Print the version and exit.")) -> None:
+                                            help="Print the version and exit."),
+          home: Optional[Path] = typer.Option(None, "--home", envvar="TRAINMASTER_HOME", help=(
+              "Folder of Trainmaster's state: store, runs, agent (default ~/.trainmaster). A per-project "
+              "layout: --home ./.trainmaster"))) -> None:
     """Run distributed and federated ML training jobs: one controller for every framework."""
+    if home is not None:
+        os.environ["TRAINMASTER_HOME"] = str(home.expanduser().resolve())  # every part reads it from here
 
 
 _register_all()
