@@ -60,7 +60,9 @@ def test_collisions_between_jobs_get_conflict_flag_and_new_slot(tier_factory) ->
     tier = tier_factory(slots=2)
     tenant = UdpTransport("tenant")
     switch = tier.switches[0].address
-    held = [Header(Kind.DATA, 99, 1, seq, 0b01, 2, slot_id(99, seq)) for seq in (0, 1)]
+    # two slices of the tenant that land in different slots of the 2-slot pool
+    seqs = [0, next(s for s in range(1, 64) if slot_id(99, s) % 2 != slot_id(99, 0) % 2)]
+    held = [Header(Kind.DATA, 99, 1, seq, 0b01, 2, slot_id(99, seq)) for seq in seqs]
     try:
         for h in held:  # worker 0 of job 99 contributes; its worker 1 never does
             tenant.send(encode(h, np.ones(4, dtype=np.int32)), switch)

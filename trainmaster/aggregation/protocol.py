@@ -150,12 +150,30 @@ def bits(bitmap: int) -> list[int]:
     return [i for i in range(MAX_WORKERS) if bitmap >> i & 1]
 
 
-def slot_id(job: int, seq: int) -> int:
-    """Resource id for a slice: the job's hash offset plus the slice index.
+def _mix64(x: int) -> int:
+    """SplitMix64's finaliser: every input bit flips about half of the output bits."""
+    x &= 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 31)
 
-    Consecutive slices of one job land in consecutive slots, so a send window no larger than
-    the pool never collides with itself; different jobs start at different hashed offsets.
+
+def slot_id(job: int, seq: int) -> int:
+    """Resource id for a slice: the job id and the slice index hashed *together* (the spec).
+
+    Every worker of a job computes the same id for the same slice. Hashing the pair (instead
+    of the job's hashed offset plus the index, ``legacy_slot_id``) spreads one job's slices
+    over the whole pool, so two tenants whose offsets happen to be close do not collide on a
+    whole run of consecutive slots; the price is that a job's own window can now collide with
+    itself (a conflict, aggregated by the parameter node, which returns an updated id).
+    ``bench/aggregation_slots.py`` measures both rules with many tenants (docs/aggregation.md).
     """
+    return _mix64((job & 0xFFFFFFFF) << 32 | (seq & 0xFFFFFFFF)) & 0xFFFF
+
+
+def legacy_slot_id(job: int, seq: int) -> int:
+    """The former rule, ``hash(job) + index``: kept only so the collision benchmark can
+    compare both rules."""
     h = (job * 0x9E3779B1) & 0xFFFFFFFF
     h ^= h >> 15
     return (h + seq) & 0xFFFF
