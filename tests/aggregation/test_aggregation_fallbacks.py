@@ -98,6 +98,21 @@ def test_two_levels_with_workers_on_both(tier_factory) -> None:
     assert sum(s["slots_in_use"] for s in [top, *first]) == 0
 
 
+def test_sibling_forwarding_nodes_are_judged_against_their_own_workers(tier_factory) -> None:
+    """Completeness per sender: two forwarding nodes directly under the parameter node (the ina
+    framework's layout for a switch role with 2 replicas) each send a sum complete for *their*
+    workers; the parameter node judges each against the sender's worker set, so a clean run
+    counts zero completeness failures, and every result is exact."""
+    tier = tier_factory(siblings=2)
+    inputs = random_inputs(1, 4, 20_000, 2, seed=4)
+    out = reduce_all(tier, inputs, 4, WorkerConfig(chunk=1024))
+    assert_exact(inputs, out)
+    ps = query(tier.ps.address)
+    assert ps["completeness_failures"] == 0
+    assert all(query(s.address)["partials_sent"] > 0 for s in tier.switches)
+    _slots_free(tier)
+
+
 def test_loss_detected_by_timeout_and_by_gaps(tier_factory) -> None:
     """Loss: timers expire -> retransmit flag + aggregate-at 1; later slices overtaking a
     missing one trigger an early (gap) retransmit; nothing double counted."""

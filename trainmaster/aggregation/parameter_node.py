@@ -131,7 +131,7 @@ class ParameterNode:
             job.pool = 1
             self._down(job, Header(Kind.WELCOME, h.job, bitmap=target, fan_in=job.fan_in), b"")
 
-    def _on_data(self, h: Header, body: bytes) -> None:
+    def _on_data(self, h: Header, body: bytes, src: Address) -> None:
         job = self.jobs.get(h.job)
         if job is None:
             return
@@ -186,13 +186,25 @@ class ParameterNode:
             self.counters.duplicates_ignored += 1
             return
         self.counters.pieces_merged += 1
-        self._verify(job, h, sl)
+        self._verify(job, h, sl, src)
 
-    def _verify(self, job: _Job, h: Header, sl: _Slice) -> None:
+    @staticmethod
+    def _workers_behind(job: _Job, hop: Address) -> int:
+        """Bitmap of the workers whose route from here goes through ``hop``."""
+        mask = 0
+        for rank, route in job.routes.items():
+            if route == hop:
+                mask |= 1 << rank
+        return mask
+
+    def _verify(self, job: _Job, h: Header, sl: _Slice, src: Address) -> None:
         full = full_mask(job.fan_in)
         if sl.ints.bitmap != full:
-            if not h.has(Flag.AGGREGATE_AT_PS) and h.bitmap != full:
-                # a forwarding node declared a sum finished that lacks workers: wait for timers
+            # Completeness of a forwarding node's sum is judged against the workers behind
+            # that node (two sibling nodes under this one each send a sum complete for their
+            # own workers): only a sum lacking one of the sender's workers is a failure.
+            if not h.has(Flag.AGGREGATE_AT_PS) and \
+                    h.bitmap & self._workers_behind(job, src) != self._workers_behind(job, src):
                 self.counters.completeness_failures += 1
             return
         q, overflow = sl.ints.wire()
@@ -355,7 +367,7 @@ class ParameterNode:
 
     def _dispatch(self, h: Header, body: bytes | memoryview, src: Address) -> None:
         if h.kind == Kind.DATA:
-            self._on_data(h, body)
+            self._on_data(h, body, src)
         elif h.kind == Kind.HELLO:
             self._on_hello(h, body, src)
         elif h.kind == Kind.HEARTBEAT:
