@@ -7,6 +7,13 @@ down flagged VERIFIED (and is cached, so a worker that lost it gets it again on 
 overflowed one triggers the exception-retransmit instruction and a float sum. It also watches
 worker liveness: a worker that falls silent while its job waits fails the job with a clear
 message to the other workers, and every forwarding node frees the job's slots.
+
+Liveness is judged from control traffic only (HELLO, HEARTBEAT, BYE), which workers retransmit
+until this node acknowledges it (ACK): data packets may be lost by the thousand under heavy
+loss without making a live worker look silent, and a worker that said BYE is known to have left
+even if the first copies of its BYE were dropped. A worker on this host is watched through its
+process: one that exited is dead, one that is stopped (SIGSTOP) and silent for ``stalled_after``
+seconds is stalled; either is named in the abort.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trainmaster.aggregation.accumulator import FloatSum, IntSum
+from trainmaster.aggregation.kills import KillPlan, Trigger
 from trainmaster.aggregation.memory import tune_allocator
 from trainmaster.aggregation.protocol import (
     Flag,
@@ -57,7 +65,8 @@ class _Job:
     newest_round: int = 0
     pool: int = 0
     busy_round: int = 0  # newest round a heartbeat said some worker is waiting in
-    busy: int = 0  # workers whose last heartbeat said they wait inside allreduce
+    busy: int = 0  # workers whose newest heartbeat said they wait inside allreduce
+    beat_seq: dict[int, int] = field(default_factory=dict)  # rank -> newest heartbeat seq
     contributed: dict[int, int] = field(default_factory=dict)  # rank -> newest round it sent
     failed: str | None = None
     processes: dict[int, tuple[int, int]] = field(default_factory=dict)  # rank -> (pid, pidfd)
@@ -85,13 +94,26 @@ class ParameterNodeCounters:
     jobs_failed: int = 0
 
 
+def process_stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP, or traced): state T/t in /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2:][:1] in (b"T", b"t")
+
+
 class ParameterNode:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, faults: FaultPlan | None = None,
-                 dead_after: float = 10.0, name: str = "ps", transport: str = "udp"):
+                 dead_after: float = 10.0, name: str = "ps", transport: str = "udp",
+                 stalled_after: float = 2.0, kill: KillPlan | None = None):
         self.transport = make_transport(transport, name, host, port, faults)
         self.host = host_identity()
         self.address = self.transport.address
         self.dead_after = dead_after
+        self.stalled_after = stalled_after
+        self._kill = Trigger(kill if kill is not None and kill.aims_at("ps") else None)
         self.jobs: dict[int, _Job] = {}
         self.counters = ParameterNodeCounters()
         self._running = True
@@ -126,10 +148,13 @@ class ParameterNode:
             job.last_seen[rank] = now
             self._watch(job, rank, body)
         if job.registered == full_mask(job.fan_in):
-            # the WELCOME is the job's barrier: every forwarding node now knows every route
+            # the WELCOME is the job's barrier: every forwarding node now knows every route.
+            # It names this node, where workers fall back when their forwarding node dies (a
+            # HELLO straight from a worker moves its route here).
             target = full_mask(job.fan_in) if job.pool == 0 else h.bitmap
             job.pool = 1
-            self._down(job, Header(Kind.WELCOME, h.job, bitmap=target, fan_in=job.fan_in), b"")
+            me = json.dumps({"parameter_node": list(self.address)}).encode()
+            self._down(job, Header(Kind.WELCOME, h.job, bitmap=target, fan_in=job.fan_in), me)
 
     def _on_data(self, h: Header, body: bytes, src: Address) -> None:
         job = self.jobs.get(h.job)
@@ -139,9 +164,7 @@ class ParameterNode:
             head = Header(Kind.ABORT, h.job, bitmap=h.bitmap, fan_in=job.fan_in)
             self._down(job, head, job.failed.encode())
             return
-        now = time.monotonic()
-        for rank in bits(h.bitmap):
-            job.last_seen[rank] = now
+        for rank in bits(h.bitmap):  # data says who contributed, never who is alive
             job.contributed[rank] = max(job.contributed.get(rank, 0), h.round)
         if h.round + 1 < job.newest_round or h.round < job.answered_round:
             return  # a slice every worker already finished; nobody can be waiting for it
@@ -332,12 +355,17 @@ class ParameterNode:
                 missed = any(not (b >> r & 1) for b in pending) or job.busy & ~(1 << r)
                 if not missed:
                     continue
+                silent = now - job.last_seen.get(r, now)
                 if r in job.processes:
-                    # watched: its process is the truth, a slow (starved) worker is not dead
+                    # watched: its process is the truth, a slow (starved) worker is not dead,
+                    # a stopped one (SIGSTOP) will not go on by itself
+                    pid = job.processes[r][0]
                     if self._exited(job, r):
                         lost[r] = "its process exited"
-                elif now - job.last_seen.get(r, now) > self.dead_after:
-                    lost[r] = f"silent {now - job.last_seen[r]:.1f} s"
+                    elif silent > self.stalled_after and process_stopped(pid):
+                        lost[r] = f"its process {pid} is stopped, silent {silent:.1f} s"
+                elif silent > self.dead_after:
+                    lost[r] = f"silent {silent:.1f} s"
             if lost:
                 self._fail(job_id, job, lost)
 
@@ -357,10 +385,16 @@ class ParameterNode:
                 "jobs_failed_reasons": [j.failed for j in self.jobs.values() if j.failed],
                 "transport": self.transport.counters.as_dict()}
 
+    def _ack(self, h: Header, src: Address) -> None:
+        """Acknowledge a control message to the hop it came from (idempotent: every copy)."""
+        ack = Header(Kind.ACK, h.job, h.round, h.seq, h.bitmap, h.fan_in, int(h.kind))
+        self.transport.send(encode(ack), src)
+
     def handle(self, datagram: bytes | memoryview, src: Address) -> None:
         try:
             h, body = decode(datagram)
             self.counters.packets_in += 1
+            self._kill.tick(self.counters.packets_in)
             self._dispatch(h, body, src)
         except (ProtocolError, ValueError):
             return  # not a valid packet (wrong version, short payload): like a corrupted one
@@ -371,17 +405,23 @@ class ParameterNode:
         elif h.kind == Kind.HELLO:
             self._on_hello(h, body, src)
         elif h.kind == Kind.HEARTBEAT:
+            self._ack(h, src)
             job = self.jobs.get(h.job)
             if job is not None:
                 now = time.monotonic()
                 for rank in bits(h.bitmap):
                     job.last_seen[rank] = now
+                    if h.seq <= job.beat_seq.get(rank, -1):
+                        continue  # a retransmitted or overtaken beat: its busy state is old
+                    job.beat_seq[rank] = h.seq
+                    job.busy = job.busy | 1 << rank if h.round else job.busy & ~(1 << rank)
                 job.busy_round = max(job.busy_round, h.round)
-                job.busy = job.busy | h.bitmap if h.round else job.busy & ~h.bitmap
         elif h.kind == Kind.BYE:
+            self._ack(h, src)  # every copy: the ack of an earlier one may have been lost
             job = self.jobs.get(h.job)
             if job is not None:
                 job.left |= h.bitmap
+                job.busy &= ~h.bitmap
                 if job.left == full_mask(job.fan_in) and not job.failed:
                     self._end(h.job, job)
         elif h.kind == Kind.STATS:

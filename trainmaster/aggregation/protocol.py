@@ -39,6 +39,9 @@ class Kind(enum.IntEnum):
     STATS = 8  # request/reply: counters as JSON (control plane, never fault-injected)
     BYE = 9  # up: a worker leaves cleanly
     SHUTDOWN = 10  # control: stop the process serving this socket
+    # down: the parameter node received control message ``seq`` (HEARTBEAT or BYE, named in
+    # ``slot``) of the workers in ``bitmap``; control messages are retransmitted until acked
+    ACK = 11
 
 
 class Flag(enum.IntFlag):

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trainmaster.aggregation.accumulator import IntSum
+from trainmaster.aggregation.kills import KillPlan, Trigger
 from trainmaster.aggregation.memory import tune_allocator
 from trainmaster.aggregation.protocol import (
     HEADER_SIZE,
@@ -64,6 +65,9 @@ class SwitchCounters:
 class _Job:
     local_mask: int = 0
     routes: dict[int, Address] = field(default_factory=dict)  # worker rank -> next hop down
+    # worker rank -> next hop down for acknowledgements (a worker's control socket, or the
+    # lower forwarding node its heartbeats came through)
+    control_routes: dict[int, Address] = field(default_factory=dict)
 
 
 class _RecentKeys:
@@ -92,7 +96,8 @@ class ForwardingNode:
 
     def __init__(self, parent: Address, slots: int = 64, name: str = "switch",
                  host: str = "127.0.0.1", port: int = 0, faults: FaultPlan | None = None,
-                 transport: str = "udp"):
+                 transport: str = "udp", kill: KillPlan | None = None, index: int = 0):
+        """``index``: this node's place in the fabric (``switch:INDEX`` in a ``KillPlan``)."""
         if slots < 1 or slots > 0xFFFF:
             raise ValueError("a forwarding node needs between 1 and 65535 slots")
         self.parent = parent
@@ -106,6 +111,8 @@ class ForwardingNode:
         self.diverted = _RecentKeys()
         self.finished = _RecentKeys()
         self._running = True
+        self._kill = Trigger(kill if kill is not None and kill.aims_at("switch", index)
+                             else None)
 
     # ---- up-going -------------------------------------------------------------------------
     def _on_hello(self, h: Header, body: bytes, src: Address) -> None:
@@ -210,6 +217,18 @@ class ForwardingNode:
         for hop, mask in hops.items():
             self.transport.send(encode_parts(h.with_(bitmap=mask), body), hop)
 
+    def _acknowledge(self, h: Header, body: bytes) -> None:
+        job = self.jobs.get(h.job)
+        if job is None:
+            return
+        hops: dict[Address, int] = {}
+        for rank in bits(h.bitmap):
+            hop = job.control_routes.get(rank)
+            if hop is not None:
+                hops[hop] = hops.get(hop, 0) | 1 << rank
+        for hop, mask in hops.items():
+            self.transport.send(encode_parts(h.with_(bitmap=mask), body), hop)
+
     def _on_down(self, h: Header, body: bytes) -> None:
         if h.kind == Kind.RESULT:
             key = h.key
@@ -245,6 +264,7 @@ class ForwardingNode:
         try:
             h, body = decode(datagram)
             self.counters.packets_in += 1
+            self._kill.tick(self.counters.packets_in)
             self._dispatch(h, body, src)
         except (ProtocolError, ValueError):
             return  # not a valid packet (wrong version, short payload): like a corrupted one
@@ -255,7 +275,14 @@ class ForwardingNode:
         elif h.kind in (Kind.HELLO,):
             self._on_hello(h, body, src)
         elif h.kind in (Kind.HEARTBEAT, Kind.BYE):
+            # forwarded as it is: the worker retransmits it until the parameter node's ACK
+            # comes back, which follows the route learned here
+            job = self.jobs.setdefault(h.job, _Job())
+            for rank in bits(h.bitmap):
+                job.control_routes[rank] = src
             self.transport.send(encode_parts(h, body), self.parent)
+        elif h.kind == Kind.ACK:
+            self._acknowledge(h, body)
         elif h.kind in (Kind.RESULT, Kind.EXCEPTION, Kind.WELCOME, Kind.ABORT):
             self._on_down(h, body)
         elif h.kind == Kind.STATS:

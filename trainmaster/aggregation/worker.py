@@ -6,6 +6,15 @@ and sent with aggregate-at = 0. A slice whose result does not come back within t
 timeout, or that ``gap_threshold`` later slices overtook, is sent again with the retransmit flag
 and aggregate-at = 1. An exception-retransmit instruction makes the worker resend that slice as
 float32. A heartbeat thread keeps the parameter node aware that this worker is alive.
+
+Control messages are reliable: the heartbeat thread owns a second socket (the *control*
+socket) and retransmits each HEARTBEAT every ``control_retry`` seconds until the parameter node
+acknowledges it (ACK, routed back through the forwarding nodes); ``close`` does the same for
+BYE. The acknowledgements are also this worker's view of the fabric: when none has come for
+``failover_after`` seconds the forwarding node is taken for dead and the worker falls back to
+the parameter node directly (HELLO there moves its route; every slice then goes with
+aggregate-at = 1, as on the collision path); when the parameter node does not answer either for
+``parameter_node_dead_after`` more seconds, the reduction fails with an error naming it.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from trainmaster.aggregation.kills import KillPlan, Trigger
 from trainmaster.aggregation.memory import tune_allocator
 from trainmaster.aggregation.protocol import (
     HEADER_SIZE,
@@ -76,6 +86,7 @@ class WorkerCounters:
     float_resends: int = 0
     duplicates_ignored: int = 0
     results: int = 0
+    fallbacks_to_parameter_node: int = 0  # the forwarding node stopped answering
     stale_results: int = 0  # shared-store references whose space was reused before reading
     elements_reduced: int = 0
     seconds_in_allreduce: float = 0.0
@@ -108,6 +119,14 @@ class WorkerConfig:
     gap_threshold: int = 16
     timeout: float = 30.0  # no progress for this long -> AggregationError
     heartbeat: float = 0.5
+    control_retry: float = 0.1  # resend an unacknowledged HEARTBEAT / BYE after this long
+    # no acknowledgement through the forwarding node for this long: go to the parameter node
+    failover_after: float = 3.0
+    # ... and none from the parameter node directly for this long more: the job fails
+    parameter_node_dead_after: float = 10.0
+    bye_timeout: float = 2.0  # how long ``close`` retransmits BYE waiting for its ACK
+    # where to fall back; None: the address the parameter node's WELCOME names
+    parameter_node: Address | None = None
     quantizer: Quantizer = field(default_factory=BlockFloat)
     # keep freed megabyte buffers in this process' heap (see memory.py): no page faults per slice
     tune_allocator: bool = True
@@ -118,7 +137,7 @@ class AggregationClient:
 
     def __init__(self, switch: Address, job: int, rank: int, world: int,
                  config: WorkerConfig | None = None, faults: FaultPlan | None = None,
-                 host: str = "127.0.0.1", transport: str = "udp"):
+                 host: str = "127.0.0.1", transport: str = "udp", kill: KillPlan | None = None):
         if not 0 <= rank < world <= MAX_WORKERS:
             raise ValueError(f"rank {rank} / world {world}: need 0 <= rank < world <= "
                              f"{MAX_WORKERS}")
@@ -126,6 +145,7 @@ class AggregationClient:
         if self.config.tune_allocator:
             tune_allocator()
         self.transport = make_transport(transport, f"worker{job}.{rank}", host, 0, faults)
+        self._control = make_transport("udp", f"worker{job}.{rank}-control", host, 0, faults)
         self.chunk = self.config.chunk or DEFAULT_CHUNK[transport]
         self.initial_rto = self.config.retransmit_timeout
         if self.initial_rto is None:
@@ -136,9 +156,13 @@ class AggregationClient:
         limit = (self.transport.max_packet - HEADER_SIZE) // 4
         if not 1 <= self.chunk <= limit:
             self.transport.close()
+            self._control.close()
             raise ValueError(f"chunk must be between 1 and {limit} elements on the "
                              f"{transport} transport (UDP: {MAX_ELEMENTS})")
         self.switch, self.job, self.rank, self.world = switch, job, rank, world
+        self.parameter_node: Address | None = self.config.parameter_node
+        self.target = switch  # where data goes: the forwarding node, or the parameter node
+        self._kill = Trigger(kill if kill is not None and kill.aims_at("worker", rank) else None)
         self.bit = 1 << rank
         self.counters = WorkerCounters()
         self.round = 0
@@ -151,6 +175,19 @@ class AggregationClient:
         self._heart: threading.Thread | None = None
         self._joined = False
         self._busy_round = 0
+        # control path (see the module docstring); the beat state is shared by the main thread
+        # (a fresh beat when it enters or leaves allreduce) and the heartbeat thread
+        self._beat_lock = threading.Lock()
+        self._beat_seq = 0
+        self._beat_round = 0
+        self._beat_sent_at = 0.0
+        self._beat_acked = 0
+        self._beat_acked_at = time.monotonic()
+        self._control_target = switch
+        self._fall_back = threading.Event()  # set by the heartbeat thread: go to the ps
+        self._direct = False  # the main thread has moved data to the parameter node
+        self._direct_welcomed = False
+        self._fabric_error: str | None = None
         self._scratch = np.empty(BLOCK, dtype=np.float32)  # quantisation's work space
         self._srtt: float | None = None  # smoothed round trip of a slice (RFC 6298 style)
         self._rttvar = 0.0
@@ -179,34 +216,119 @@ class AggregationClient:
             got = self.transport.recv(min(0.3, deadline - now))
             if got is None:
                 continue
-            h, _ = self._decode(got[0])
+            h, body = self._decode(got[0])
             if h is not None and h.kind == Kind.WELCOME and h.job == self.job:
+                self._learn_parameter_node(body)
                 pool = h.slot or 1
                 per_packet = HEADER_SIZE + 4 * self.chunk
                 by_buffer = max(1, self.transport.receive_buffer // (2 * per_packet))
                 self.window = max(1, min(self.config.window, pool, by_buffer))
                 self._joined = True
                 break
+        self._beat_acked_at = time.monotonic()
+        self._beat(fresh=True)
         self._heart = threading.Thread(target=self._heartbeat, daemon=True,
                                        name=f"aggregation-heartbeat-{self.rank}")
         self._heart.start()
 
+    def _learn_parameter_node(self, welcome: bytes | memoryview) -> None:
+        if self.parameter_node is not None or not len(welcome):
+            return
+        try:
+            host, port = json.loads(bytes(welcome))["parameter_node"]
+        except (ValueError, KeyError, TypeError):
+            return
+        if host not in ("0.0.0.0", "::"):  # a wildcard bind names no reachable address
+            self.parameter_node = (str(host), int(port))
+
+    def _beat(self, fresh: bool) -> None:
+        """Send a HEARTBEAT on the control socket; ``fresh``: a new one (new sequence number,
+        the current busy state), else the unacknowledged one again.
+
+        The round field says whether this worker waits inside allreduce (0: idle), so the
+        parameter node knows someone waits even when no slice of that round reached it yet;
+        the sequence number lets it ignore a late copy that would set an old busy state."""
+        with self._beat_lock:
+            if fresh:
+                self._beat_seq += 1
+                self._beat_round = self._busy_round
+            beat = Header(Kind.HEARTBEAT, self.job, self._beat_round, self._beat_seq,
+                          self.bit, self.world)
+            self._control.send(encode(beat), self._control_target)
+            self._beat_sent_at = time.monotonic()
+
     def _heartbeat(self) -> None:
-        # the round field says whether this worker is waiting inside allreduce (0: idle), so the
-        # parameter node knows someone waits even when no slice of that round reached it yet
-        while not self._stop.wait(self.config.heartbeat):
-            beat = Header(Kind.HEARTBEAT, self.job, self._busy_round, bitmap=self.bit,
-                          fan_in=self.world)
-            self.transport.send(encode(beat), self.switch)
+        """The control thread: beat every ``heartbeat`` s, resend until acknowledged, and
+        judge the fabric from the acknowledgements (fall back, or fail naming the node)."""
+        cfg = self.config
+        while not self._stop.is_set():
+            now = time.monotonic()
+            unacked = self._beat_acked < self._beat_seq
+            if unacked and now - self._beat_sent_at >= cfg.control_retry:
+                self._beat(fresh=False)
+            elif not unacked and now - self._beat_sent_at >= cfg.heartbeat:
+                self._beat(fresh=True)
+            self._judge_fabric(now)
+            if self._fabric_error is not None:
+                return
+            wait = cfg.control_retry if self._beat_acked < self._beat_seq else cfg.heartbeat
+            got = self._control.recv(max(0.0, self._beat_sent_at + wait - time.monotonic()))
+            if got is None:
+                continue
+            h, _ = self._decode(got[0])
+            if h is not None and h.kind == Kind.ACK and h.job == self.job and \
+                    h.slot == Kind.HEARTBEAT:
+                self._beat_acked = max(self._beat_acked, h.seq)
+                self._beat_acked_at = time.monotonic()
+
+    def _judge_fabric(self, now: float) -> None:
+        cfg = self.config
+        silent = now - self._beat_acked_at
+        if not self._fall_back.is_set():
+            if silent < cfg.failover_after:
+                return
+            if self.parameter_node is not None and self.parameter_node != self.switch:
+                # the forwarding node (or the way to it) is gone: talk to the parameter node
+                self._control_target = self.parameter_node
+                self._beat_acked_at = now
+                self._fall_back.set()
+                return
+        elif silent < cfg.parameter_node_dead_after:
+            return
+        ps = self.parameter_node or self.switch
+        via = f", nor through the forwarding node {self.switch[0]}:{self.switch[1]} before" \
+            if self._fall_back.is_set() else ""
+        self._fabric_error = (
+            f"job {self.job} worker {self.rank}: the parameter node at {ps[0]}:{ps[1]} does not "
+            f"answer: no acknowledgement of a heartbeat for {silent:.1f} s{via}; the job cannot "
+            f"continue (is the parameter node running?)")
 
     def close(self) -> None:
         self._stop.set()
         if self._heart is not None:
             self._heart.join(timeout=2)
-        if self._joined:
-            bye = encode(Header(Kind.BYE, self.job, bitmap=self.bit, fan_in=self.world))
-            self.transport.send(bye, self.switch, control=True)
+        if self._joined and self._fabric_error is None:
+            self._leave()
         self.transport.close()
+        self._control.close()
+
+    def _leave(self) -> None:
+        """BYE, retransmitted until the parameter node acknowledges it (or ``bye_timeout``):
+        a BYE lost on the way would leave this worker looking dead once its process exits."""
+        cfg = self.config
+        bye = encode(Header(Kind.BYE, self.job, 0, self._beat_seq + 1, self.bit, self.world))
+        deadline = time.monotonic() + cfg.bye_timeout
+        while time.monotonic() < deadline:
+            self._control.send(bye, self._control_target)
+            until = min(deadline, time.monotonic() + cfg.control_retry)
+            while (left := until - time.monotonic()) > 0:
+                got = self._control.recv(left)
+                if got is None:
+                    break
+                h, _ = self._decode(got[0])
+                if h is not None and h.kind == Kind.ACK and h.slot == Kind.BYE and \
+                        h.job == self.job:
+                    return
 
     def __enter__(self) -> AggregationClient:
         self.join()
@@ -228,14 +350,14 @@ class AggregationClient:
         """Quantise (or copy, on the float path) the slice straight into the outgoing packet."""
         chunk = x[fl.start:fl.stop]
         slot = self.slot_override.get(fl.seq, slot_id(self.job, fl.seq))
-        flags = Flag.NONE
+        flags = Flag.AGGREGATE_AT_PS if self._direct else Flag.NONE
         if retransmit:
             flags |= Flag.RETRANSMIT | Flag.AGGREGATE_AT_PS
         if fl.floats:
             flags |= Flag.FLOAT | Flag.AGGREGATE_AT_PS
         exponent = 0 if fl.floats else \
             self.config.quantizer.choose_exponent(chunk, self.world, peak)
-        packet = self.transport.packet(self.switch, HEADER_SIZE + 4 * chunk.size)
+        packet = self.transport.packet(self.target, HEADER_SIZE + 4 * chunk.size)
         payload = np.frombuffer(packet, "<f4" if fl.floats else "<i4", chunk.size, HEADER_SIZE)
         if fl.floats:
             payload[:] = chunk
@@ -245,8 +367,9 @@ class AggregationClient:
                       exponent, chunk.size, flags)
         encode_header_into(packet, head, chunk.size)
         del payload  # no view of the packet may outlive this call
-        self.transport.send(packet, self.switch)
+        self.transport.send(packet, self.target)
         self.counters.packets_sent += 1
+        self._kill.tick(self.counters.packets_sent)
         fl.sends += 1
         fl.sent_at = time.monotonic()
 
@@ -287,6 +410,8 @@ class AggregationClient:
             result_flat, bounds = self._reduce(x, peaks, target)
         finally:
             self._busy_round = 0
+            if self._fabric_error is None:
+                self._beat(fresh=True)  # idle now: the parameter node learns it at once
         self._bounds, self._bound_shape = bounds, tuple(src.shape)
         if out is not None:
             return out
@@ -317,6 +442,7 @@ class AggregationClient:
         started = time.monotonic()
         self.round += 1
         self._busy_round = self.round
+        self._beat(fresh=True)
         n = x.size
         chunk = self.chunk
         total = max(1, math.ceil(n / chunk))
@@ -326,7 +452,16 @@ class AggregationClient:
         pending: dict[int, _InFlight] = {}
         next_seq = done = 0
         last_progress = time.monotonic()
+        next_hello = 0.0
         while done < total:
+            if self._fabric_error is not None:
+                raise AggregationError(self._fabric_error)
+            if self._fall_back.is_set():
+                if not self._direct:
+                    self._go_direct(pending)
+                if not self._direct_welcomed and time.monotonic() >= next_hello:
+                    self._hello(self.target)
+                    next_hello = time.monotonic() + 0.3
             while next_seq < total and len(pending) < self.window:
                 fl = _InFlight(next_seq, next_seq * chunk, min(n, (next_seq + 1) * chunk), 0.0,
                                self._rto())
@@ -335,18 +470,17 @@ class AggregationClient:
                 next_seq += 1
             now = time.monotonic()
             if now - last_progress > cfg.timeout:
-                raise AggregationError(
-                    f"job {self.job} worker {self.rank}: no result for {len(pending)} slice(s) "
-                    f"of round {self.round} within {cfg.timeout:.0f} s; the forwarding node "
-                    f"{self.switch[0]}:{self.switch[1]} or the parameter node is unreachable")
+                raise AggregationError(self._timeout_message(len(pending)))
             first_due = min(fl.sent_at + fl.rto for fl in pending.values())
             got = self.transport.recv(max(0.0, min(first_due - now, 0.5)))
             if got is not None:
                 h, body = self._decode(got[0])
                 if h is not None and h.job == self.job:
                     if h.kind == Kind.ABORT:
-                        raise WorkerLostError(body.decode(errors="replace"))
-                    if h.round != self.round or h.seq not in pending:
+                        raise WorkerLostError(bytes(body).decode(errors="replace"))
+                    if h.kind == Kind.WELCOME:
+                        self._direct_welcomed = self._direct
+                    elif h.round != self.round or h.seq not in pending:
                         if h.kind == Kind.RESULT:
                             self.counters.duplicates_ignored += 1
                     elif h.kind == Kind.RESULT and self._accept(h, body, pending[h.seq], out,
@@ -380,6 +514,33 @@ class AggregationClient:
         self.counters.elements_reduced += n
         self.counters.seconds_in_allreduce += time.monotonic() - started
         return out, bound
+
+    def _hello(self, addr: Address) -> None:
+        me = json.dumps({"pid": os.getpid(), "host": host_identity()}).encode()
+        self.transport.send(encode(Header(Kind.HELLO, self.job, bitmap=self.bit,
+                                          fan_in=self.world), me), addr)
+
+    def _go_direct(self, pending: dict[int, _InFlight]) -> None:
+        """Fall back to the parameter node: data goes there with aggregate-at = 1, and every
+        slice in flight (perhaps summed in the dead node's memory) is resent now."""
+        assert self.parameter_node is not None
+        self.target = self.parameter_node
+        self.transport.prepare(self.target)
+        self._direct = True
+        self.counters.fallbacks_to_parameter_node += 1
+        self._hello(self.target)
+        for fl in pending.values():
+            fl.sent_at = 0.0
+
+    def _timeout_message(self, pending: int) -> str:
+        head = (f"job {self.job} worker {self.rank}: no result for {pending} slice(s) of round "
+                f"{self.round} within {self.config.timeout:.0f} s")
+        if time.monotonic() - self._beat_acked_at < 2 * self.config.failover_after:
+            return (f"{head}; the parameter node acknowledges this worker's heartbeats, so the "
+                    f"fabric is up: another worker of the job is not contributing (the "
+                    f"parameter node names a worker it finds dead or stopped)")
+        return (f"{head}; the forwarding node {self.switch[0]}:{self.switch[1]} or the "
+                f"parameter node is unreachable")
 
     def _accept(self, h: Header, body: bytes, fl: _InFlight, out: np.ndarray,
                 bound: np.ndarray) -> bool:
