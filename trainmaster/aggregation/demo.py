@@ -55,6 +55,7 @@ class DemoConfig:
     # worker control-path timers: see WorkerConfig (shorter in tests of the kill cases)
     failover_after: float = 3.0
     parameter_node_dead_after: float = 10.0
+    max_retransmit_timeout: float = 1.0  # cap of a slice's backed-off retransmit timer
 
 
 def demo_input(cfg: DemoConfig, job: int, rank: int, rnd: int) -> np.ndarray:
@@ -71,7 +72,8 @@ def _worker_main(conn: Any, cfg: DemoConfig, switch: Address, job: int, rank: in
     quantizer = FixedScale(FIXED_EXPONENT) if cfg.overflow else BlockFloat()
     wcfg = WorkerConfig(chunk=cfg.chunk, quantizer=quantizer, timeout=cfg.timeout,
                         failover_after=cfg.failover_after,
-                        parameter_node_dead_after=cfg.parameter_node_dead_after)
+                        parameter_node_dead_after=cfg.parameter_node_dead_after,
+                        max_retransmit_timeout=cfg.max_retransmit_timeout)
     report: dict[str, Any] = {"job": job, "rank": rank, "ok": True, "max_abs_error": 0.0,
                               "bound": 0.0, "error": None}
     client = AggregationClient(switch, job, rank, cfg.workers, wcfg, cfg.faults,
@@ -148,20 +150,15 @@ def _collect(cfg: DemoConfig, names: list[tuple[int, int]], pipes: list[Any],
             i = handles[ready]
             if i not in open_:
                 continue
-            if ready is pipes[i] and pipes[i].poll():
-                try:
-                    reports[i] = pipes[i].recv()
-                except EOFError:
-                    continue  # the pipe closed without a report: the sentinel tells why
-            elif ready is procs[i].sentinel and not pipes[i].poll():
-                procs[i].join(0)
+            try:
+                reports[i] = pipes[i].recv()
+            except EOFError:  # the pipe closed without a report: the process is gone
+                procs[i].join(5)
                 code = procs[i].exitcode
                 how = f"killed by signal {-code}" if code is not None and code < 0 else \
                     f"exit code {code}"
                 reports[i] = _missing(f"worker {names[i][0]}.{names[i][1]} died ({how}) "
                                       f"without a report")
-            else:
-                continue
             open_.discard(i)
     for i in open_:
         stopped = process_stopped(procs[i].pid)

@@ -92,6 +92,8 @@ class ParameterNodeCounters:
     results_resent: int = 0
     results_shared: int = 0  # verified sums multicast as references to the shared store
     jobs_failed: int = 0
+    jobs_ended: int = 0  # every worker said BYE (the BYEs arrived, however lossy the network)
+    control_acks: int = 0  # HEARTBEAT / BYE copies acknowledged
 
 
 def process_stopped(pid: int) -> bool:
@@ -328,6 +330,7 @@ class ParameterNode:
         self._close_watches(job)
         self._retire(job)
         del self.jobs[job_id]
+        self.counters.jobs_ended += 1
 
     @staticmethod
     def _close_watches(job: _Job) -> None:
@@ -388,6 +391,7 @@ class ParameterNode:
     def _ack(self, h: Header, src: Address) -> None:
         """Acknowledge a control message to the hop it came from (idempotent: every copy)."""
         ack = Header(Kind.ACK, h.job, h.round, h.seq, h.bitmap, h.fan_in, int(h.kind))
+        self.counters.control_acks += 1
         self.transport.send(encode(ack), src)
 
     def handle(self, datagram: bytes | memoryview, src: Address) -> None:
