@@ -155,7 +155,11 @@ class ParameterNode:
             # HELLO straight from a worker moves its route here).
             target = full_mask(job.fan_in) if job.pool == 0 else h.bitmap
             job.pool = 1
-            me = json.dumps({"parameter_node": list(self.address)}).encode()
+            # ... and how much each worker may have in flight towards this node (the
+            # forwarding nodes lower it to what their own buffers allow)
+            me = json.dumps({"parameter_node": list(self.address),
+                             "buffer_per_worker": self.transport.buffer_per_sender(job.fan_in)
+                             }).encode()
             self._down(job, Header(Kind.WELCOME, h.job, bitmap=target, fan_in=job.fan_in), me)
 
     def _on_data(self, h: Header, body: bytes, src: Address) -> None:

@@ -241,9 +241,23 @@ class ForwardingNode:
                     self._free(i)
         elif h.kind == Kind.WELCOME:
             h = h.with_(slot=min(h.slot or self.pool_size, self.pool_size))
+            body = self._lower_budget(h.job, body)
         elif h.kind == Kind.ABORT:
             self._release_job(h.job)
         self._multicast(h, body)
+
+    def _lower_budget(self, job_id: int, welcome: bytes | memoryview) -> bytes:
+        """The WELCOME's per-worker in-flight budget, lowered to this node's share of its
+        receive buffer for each of the job's workers below it."""
+        job = self.jobs.get(job_id)
+        try:
+            info = json.loads(bytes(welcome)) if len(welcome) else {}
+        except ValueError:
+            return bytes(welcome)
+        below = bin(job.local_mask).count("1") if job else 1
+        mine = self.transport.buffer_per_sender(below)
+        info["buffer_per_worker"] = min(int(info.get("buffer_per_worker", mine)), mine)
+        return json.dumps(info).encode()
 
     def _release_job(self, job: int) -> None:
         for i, slot in enumerate(self.pool):

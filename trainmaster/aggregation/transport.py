@@ -113,6 +113,7 @@ class Transport(Protocol):
     max_packet: int  # largest packet (header + payload) ``send`` accepts
 
     def send(self, data: Packet, addr: Address, *, control: bool = False) -> None: ...
+    def buffer_per_sender(self, senders: int) -> int: ...
     def packet(self, addr: Address, size: int) -> memoryview: ...
     def prepare(self, addr: Address) -> None: ...
     def recv(self, timeout: float) -> tuple[Buffer, Address] | None: ...
@@ -344,6 +345,12 @@ class UdpTransport:
     def prepare(self, addr: Address) -> None:
         """Set up what sending to ``addr`` needs before the first packet (nothing for UDP)."""
 
+    def buffer_per_sender(self, senders: int) -> int:
+        """Bytes each of ``senders`` peers may have in flight towards this node: the socket's
+        receive buffer is shared by all of them (8 workers with a window sized for the whole
+        buffer each overflow it, and every overflowed datagram is a retransmission)."""
+        return self.receive_buffer // max(1, senders)
+
     def send(self, data: Packet, addr: Address, *, control: bool = False) -> None:
         """Send one packet; control messages (stats, shutdown) bypass fault injection."""
         parts = _parts(data)
@@ -563,6 +570,10 @@ class ShmTransport(UdpTransport):
         self._open: tuple[_Ring, int, memoryview] | None = None  # reserved by ``packet``
         self._store: _Store | None = None
         self.store_bytes = store_bytes
+
+    def buffer_per_sender(self, senders: int) -> int:
+        """Every sender has a ring of its own."""
+        return self.ring_bytes
 
     def prepare(self, addr: Address) -> None:
         """Create the ring towards ``addr`` and have the receiver map it now: mapping a ring

@@ -218,10 +218,13 @@ class AggregationClient:
                 continue
             h, body = self._decode(got[0])
             if h is not None and h.kind == Kind.WELCOME and h.job == self.job:
-                self._learn_parameter_node(body)
+                budget = self._learn_parameter_node(body)
                 pool = h.slot or 1
                 per_packet = HEADER_SIZE + 4 * self.chunk
-                by_buffer = max(1, self.transport.receive_buffer // (2 * per_packet))
+                # half of the smallest buffer share on the path (a datagram occupies more
+                # than its bytes in a socket buffer), and of this worker's own buffer
+                room = min(self.transport.receive_buffer, budget or self.transport.receive_buffer)
+                by_buffer = max(1, room // (2 * per_packet))
                 self.window = max(1, min(self.config.window, pool, by_buffer))
                 self._joined = True
                 break
@@ -231,15 +234,19 @@ class AggregationClient:
                                        name=f"aggregation-heartbeat-{self.rank}")
         self._heart.start()
 
-    def _learn_parameter_node(self, welcome: bytes | memoryview) -> None:
-        if self.parameter_node is not None or not len(welcome):
-            return
+    def _learn_parameter_node(self, welcome: bytes | memoryview) -> int | None:
+        """Take the parameter node's address (unless configured) and return the per-worker
+        in-flight budget from a WELCOME (None if it has none)."""
         try:
-            host, port = json.loads(bytes(welcome))["parameter_node"]
-        except (ValueError, KeyError, TypeError):
-            return
-        if host not in ("0.0.0.0", "::"):  # a wildcard bind names no reachable address
+            info = json.loads(bytes(welcome)) if len(welcome) else {}
+            host, port = info.get("parameter_node") or (None, None)
+            budget = int(info["buffer_per_worker"]) if "buffer_per_worker" in info else None
+        except (ValueError, TypeError, AttributeError):
+            return None
+        # a wildcard bind names no reachable address
+        if self.parameter_node is None and host not in (None, "0.0.0.0", "::"):
             self.parameter_node = (str(host), int(port))
+        return budget
 
     def _beat(self, fresh: bool) -> None:
         """Send a HEARTBEAT on the control socket; ``fresh``: a new one (new sequence number,
