@@ -44,6 +44,13 @@ def _worker(conn: Any, switch: tuple[str, int], rank: int, world: int, elements:
         conn.send(client.stats())
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (from /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def measure(world: int, mib: float, rounds: int, chunk: int) -> dict[str, Any]:
     elements = int(mib * (1 << 20)) // 4
     ctx = mp.get_context("fork")
@@ -56,12 +63,19 @@ def measure(world: int, mib: float, rounds: int, chunk: int) -> dict[str, Any]:
             p.start()
             pipes.append(parent)
             procs.append(p)
-        for _ in range(rounds):
+        roles = {"ps": fabric.processes[0].pid, "switch": fabric.processes[1].pid}
+        cpu0: dict[str, float] = {}
+        for i in range(rounds):
             for pipe in pipes:
                 assert pipe.recv() == "ready"
+            if i == 0:  # after the warm-up: CPU of the timed rounds only
+                cpu0 = {r: _cpu_seconds(pid) for r, pid in roles.items()}
+                cpu0["workers"] = sum(_cpu_seconds(p.pid) for p in procs)
             for pipe in pipes:
                 pipe.send("go")
         per_worker = [pipe.recv() for pipe in pipes]
+        cpu = {r: _cpu_seconds(pid) - cpu0[r] for r, pid in roles.items()}
+        cpu["workers"] = sum(_cpu_seconds(p.pid) for p in procs) - cpu0["workers"]
         stats = [pipe.recv() for pipe in pipes]
         switch = query(fabric.switches[0]) or {}
         for p in procs:
@@ -74,6 +88,7 @@ def measure(world: int, mib: float, rounds: int, chunk: int) -> dict[str, Any]:
             "switch_intake_MBps": round(world * nbytes / t / 1e6, 1),
             "retransmits": sum(s["retransmits"] for s in stats),
             "switch_collisions": switch.get("collisions"),
+            "cpu_s_per_round": {r: round(c / rounds, 3) for r, c in cpu.items()},
             "load_avg_1min": os.getloadavg()[0]}
 
 

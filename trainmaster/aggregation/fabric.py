@@ -59,7 +59,7 @@ def query(addr: Address, kind: Kind = Kind.STATS, timeout: float = 2.0,
             if got is not None:
                 h, body = decode(got[0])
                 if h.kind == Kind.STATS:
-                    return json.loads(body)
+                    return json.loads(bytes(body))
         return None
     finally:
         t.close()

@@ -75,7 +75,8 @@ class Header:
     version: int = VERSION
 
     def has(self, flag: Flag) -> bool:
-        return bool(self.flags & flag)
+        # int's own ``&``: IntFlag's operator builds a new enum member per call (~2 us)
+        return int.__and__(self.flags, flag) != 0
 
     def with_(self, **changes: object) -> Header:
         return replace(self, **changes)
@@ -121,16 +122,24 @@ def encode(header: Header, payload: bytes | memoryview | np.ndarray = b"") -> by
     return b"".join(encode_parts(header, payload))
 
 
-def decode(datagram: bytes | memoryview) -> tuple[Header, bytes | memoryview]:
+_KINDS = {int(k): k for k in Kind}
+_FLAGS = [Flag(i) for i in range(int(max(Flag)) * 2)]  # every combination, made once
+
+
+def decode(datagram: bytes | memoryview) -> tuple[Header, memoryview]:
+    """Header and payload; the payload is a view of ``datagram`` (no copy of the values)."""
     if len(datagram) < HEADER_SIZE:
         raise ProtocolError(f"datagram of {len(datagram)} bytes is shorter than the header")
     version, kind, flags, job, rnd, seq, bitmap, fan_in, slot, exponent, count = \
         _HEADER.unpack_from(datagram)
     if version != VERSION:
         raise ProtocolError(f"protocol version {version}, expected {VERSION}")
-    header = Header(Kind(kind), job, rnd, seq, bitmap, fan_in, slot, exponent, count,
-                    Flag(flags), version)
-    return header, datagram[HEADER_SIZE:]
+    try:
+        header = Header(_KINDS[kind], job, rnd, seq, bitmap, fan_in, slot, exponent, count,
+                        _FLAGS[flags], version)
+    except (KeyError, IndexError):
+        raise ProtocolError(f"unknown packet kind {kind} or flags {flags:#x}") from None
+    return header, memoryview(datagram)[HEADER_SIZE:]
 
 
 def values(header: Header, body: bytes | memoryview) -> np.ndarray:

@@ -17,6 +17,7 @@ is what matches the rounds of the fabric across ranks. DDP still uses its proces
 parameter broadcast at construction.
 """
 
+import dataclasses
 import os
 import queue
 import threading
@@ -34,13 +35,19 @@ def client_from_env(config: WorkerConfig | None = None) -> AggregationClient:
     ``TM_AGGREGATION_SWITCH`` (host:port of this worker's forwarding node),
     ``TM_AGGREGATION_JOB`` (job id, default 1), ``RANK``, ``WORLD_SIZE`` and
     ``TM_AGGREGATION_TRANSPORT`` (``udp`` default, or ``shm``: the same variable the
-    ``parameter-node`` and ``forwarding-node`` commands read).
+    ``parameter-node`` and ``forwarding-node`` commands read); optional
+    ``TM_AGGREGATION_CHUNK`` (float32 elements per packet, when ``config`` sets none).
     """
     switch = os.environ.get("TM_AGGREGATION_SWITCH", "")
     host, _, port = switch.rpartition(":")
     if not host or not port.isdigit():
         raise RuntimeError("TM_AGGREGATION_SWITCH must be HOST:PORT of a forwarding node, "
                            f"got {switch!r}")
+    chunk = os.environ.get("TM_AGGREGATION_CHUNK", "")
+    if chunk and (config is None or config.chunk is None):
+        if not chunk.isdigit():
+            raise RuntimeError(f"TM_AGGREGATION_CHUNK must be a number of elements, got {chunk!r}")
+        config = dataclasses.replace(config or WorkerConfig(), chunk=int(chunk))
     client = AggregationClient((host, int(port)), int(os.environ.get("TM_AGGREGATION_JOB", "1")),
                                int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), config,
                                transport=os.environ.get("TM_AGGREGATION_TRANSPORT", "udp"))

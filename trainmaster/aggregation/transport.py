@@ -56,6 +56,7 @@ Buffer = Union[bytes, bytearray, memoryview]
 Packet = Union[Buffer, Sequence[Buffer]]
 
 UDP_MAX_DATAGRAM = 65507  # largest UDP payload over IPv4
+_RX_BUFFER = 65536  # a receive buffer holds any datagram
 TRANSPORTS = ("udp", "shm")
 SHM_RING_BYTES = 32 << 20  # per link (sender -> one destination), mapped up front
 SHM_MAX_ELEMENTS = (SHM_RING_BYTES // 4 - 64) // 4  # float32 per packet: a quarter of a ring
@@ -334,6 +335,12 @@ class UdpTransport:
         self._last: tuple[_RingView, int] | None = None  # ring packet handed out by recv
         self._scratch = bytearray(0)
         self._stores: dict[tuple[int, int], _StoreView] = {}
+        # datagrams are received into preallocated buffers (no allocation per packet): the
+        # buffer of the packet ``recv`` returned last is reused by the next ``recv`` unless it
+        # was retained, then it waits in ``_rx_free`` for ``release``
+        self._rx = bytearray(_RX_BUFFER)
+        self._rx_kept = False
+        self._rx_free: list[bytearray] = []
 
     def _rng(self, addr: Address) -> random.Random:
         rng = self._links.get(addr)
@@ -459,17 +466,23 @@ class UdpTransport:
     def retain(self) -> object | None:
         """Keep the buffer of the packet ``recv`` returned last valid after the next ``recv``,
         until ``release(token)``: a node that sums packets as they come can keep reading them
-        where they lie instead of copying them. Datagrams are owned bytes: None, nothing to
-        release."""
+        where they lie instead of copying them (a ring packet keeps its ring space; a datagram
+        keeps its receive buffer, and the next ``recv`` takes another one)."""
         if self._last is None:
-            return None
+            self._rx_kept = True
+            return self._rx
         view, pos = self._last
         view.retained.add(pos)
         return self._last
 
     def release(self, token: object | None) -> None:
-        """Let the sender reuse a retained packet's space."""
-        if token is not None:
+        """Let the sender reuse a retained packet's space (or this node a receive buffer)."""
+        if isinstance(token, bytearray):
+            if token is not self._rx:
+                self._rx_free.append(token)
+            else:
+                self._rx_kept = False
+        elif token is not None:
             view, pos = token  # type: ignore[misc]
             view.retained.discard(pos)
             view.publish()
@@ -518,12 +531,16 @@ class UdpTransport:
         if self._last is not None:
             self._last[0].publish()
             self._last = None
+        if self._rx_kept:
+            self._rx = self._rx_free.pop() if self._rx_free else bytearray(_RX_BUFFER)
+            self._rx_kept = False
         deadline = time.monotonic() + max(0.0, timeout)
         while True:
             try:
-                data, addr = self.sock.recvfrom(65535)
+                n, addr = self.sock.recvfrom_into(self._rx)
                 self.counters.received += 1
-                if len(data) == _DESC.size and data[0] == _DESC_MAGIC:
+                data = memoryview(self._rx)[:n]
+                if n == _DESC.size and data[0] == _DESC_MAGIC:
                     packet = self._resolve(data)
                     if packet is not None:
                         return packet, addr
