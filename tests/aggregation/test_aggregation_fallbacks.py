@@ -113,6 +113,25 @@ def test_sibling_forwarding_nodes_are_judged_against_their_own_workers(tier_fact
     _slots_free(tier)
 
 
+@pytest.mark.parametrize("siblings", [1, 2])
+def test_each_link_carries_each_sum_once(tier_factory, siblings: int) -> None:
+    """Verified multicast, one copy per link: the parameter node sends each verified sum once
+    per forwarding node (not once per worker), and each forwarding node replicates it once per
+    worker on its downlinks; each node's uplink carries at most one partial sum per slice (a
+    slice whose slot collided goes up as its workers' packets instead)."""
+    tier = tier_factory(siblings=siblings)
+    inputs = random_inputs(1, 4, 16_384, 2, seed=6)
+    out = reduce_all(tier, inputs, 4, WorkerConfig(chunk=1024))
+    assert_exact(inputs, out)
+    slices = 2 * 16
+    ps = query(tier.ps.address)
+    assert ps["verified"] == slices
+    assert ps["results_sent"] == slices * siblings  # one per forwarding node
+    switches = [query(s.address) for s in tier.switches]
+    assert [s["results_replicated"] for s in switches] == [slices * 4 // siblings] * siblings
+    assert all(0 < s["partials_sent"] <= slices for s in switches)
+
+
 def test_loss_detected_by_timeout_and_by_gaps(tier_factory) -> None:
     """Loss: timers expire -> retransmit flag + aggregate-at 1; later slices overtaking a
     missing one trigger an early (gap) retransmit; nothing double counted."""

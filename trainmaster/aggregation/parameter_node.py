@@ -90,6 +90,7 @@ class ParameterNodeCounters:
     conflicts_aggregated: int = 0
     retransmits_seen: int = 0
     results_resent: int = 0
+    results_sent: int = 0  # RESULT packets of first answers: one per next hop, not per worker
     results_shared: int = 0  # verified sums multicast as references to the shared store
     jobs_failed: int = 0
     jobs_ended: int = 0  # every worker said BYE (the BYEs arrived, however lossy the network)
@@ -122,8 +123,9 @@ class ParameterNode:
 
     # ---- sending down ---------------------------------------------------------------------
     def _down(self, job: _Job, h: Header, payload: bytes | np.ndarray, *,
-              control: bool = False) -> None:
-        """Send to the workers in ``h.bitmap``, one packet per next hop."""
+              control: bool = False) -> int:
+        """Send to the workers in ``h.bitmap``, one packet per next hop (a forwarding node
+        replicates it to its workers); returns the number of packets sent."""
         hops: dict[Address, int] = {}
         for rank in bits(h.bitmap):
             hop = job.routes.get(rank)
@@ -131,6 +133,7 @@ class ParameterNode:
                 hops[hop] = hops.get(hop, 0) | 1 << rank
         for hop, sub in hops.items():
             self.transport.send(encode_parts(h.with_(bitmap=sub), payload), hop, control=control)
+        return len(hops)
 
     # ---- up-going -------------------------------------------------------------------------
     def _on_hello(self, h: Header, body: bytes | memoryview, src: Address) -> None:
@@ -262,7 +265,7 @@ class ParameterNode:
         body, where = self._keep(job, h.round, payload)
         head = Header(Kind.RESULT, h.job, h.round, h.seq, full_mask(job.fan_in), job.fan_in,
                       slot, exponent, payload.size, flags | where)
-        self._down(job, head, body)
+        self.counters.results_sent += self._down(job, head, body)
         sl.result = (head, body)  # kept for workers that lost it
         sl.ints = IntSum()
         sl.floats = None

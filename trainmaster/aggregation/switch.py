@@ -59,6 +59,7 @@ class SwitchCounters:
     duplicates_ignored: int = 0
     slots_released: int = 0
     released_by_abort: int = 0
+    results_replicated: int = 0  # RESULT copies sent down: one per worker (or lower node)
 
 
 @dataclass
@@ -216,6 +217,8 @@ class ForwardingNode:
                 hops[hop] = hops.get(hop, 0) | 1 << rank
         for hop, mask in hops.items():
             self.transport.send(encode_parts(h.with_(bitmap=mask), body), hop)
+        if h.kind == Kind.RESULT:
+            self.counters.results_replicated += len(hops)
 
     def _acknowledge(self, h: Header, body: bytes) -> None:
         job = self.jobs.get(h.job)
