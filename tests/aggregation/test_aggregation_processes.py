@@ -145,10 +145,11 @@ def test_demo_cli_with_every_fault_is_exact() -> None:
 def test_demo_cli_rejects_bad_options() -> None:
     """User mistakes are a one-line error and exit code 2, not a traceback."""
     proc = subprocess.run([sys.executable, "-m", "trainmaster", "aggregation", "demo",
-                           "--levels", "3", "--drop", "1.5"], capture_output=True, text=True,
-                          timeout=60)
+                           "--levels", "3", "--drop", "1.5", "--kill", "router"],
+                          capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "levels must be 1 or 2" in proc.stderr and "Traceback" not in proc.stderr
+    assert "kill target must be ps, switch, switch:I or worker:R" in proc.stderr
 
 
 def test_ddp_comm_hook_matches_gloo_allreduce() -> None:
