@@ -121,15 +121,22 @@ def parameter_node(
     port: int = typer.Option(0, envvar="TM_AGGREGATION_PORT",
                              help="UDP port (0: any free port, printed)."),
     dead_after: float = typer.Option(
-        10.0, help="Seconds of silence (no packet, no heartbeat) before a waited-for worker "
-        "on another host is dead (a worker on this host is watched through its process)."),
+        10.0, help="Seconds without a control message (HELLO, heartbeat, BYE: retransmitted "
+        "until acknowledged) before a waited-for worker on another host is dead (a worker on "
+        "this host is watched through its process)."),
+    stalled_after: float = typer.Option(
+        2.0, help="Seconds a same-host worker may be stopped (SIGSTOP) and silent before the "
+        "job is aborted naming it."),
     transport: str = typer.Option("udp", envvar="TM_AGGREGATION_TRANSPORT",
                                   help="udp, or shm (shared-memory rings, same host)."),
 ) -> None:
     """Run a parameter node in the foreground (verifies sums, aggregates fallbacks)."""
     from trainmaster.aggregation.parameter_node import ParameterNode
 
-    node = ParameterNode(host, port, dead_after=dead_after, transport=_transport(transport))
+    if dead_after <= 0 or stalled_after <= 0:
+        raise UserError("--dead-after and --stalled-after must be positive numbers of seconds")
+    node = ParameterNode(host, port, dead_after=dead_after, transport=_transport(transport),
+                         stalled_after=stalled_after)
     print(f"parameter node listening on {node.address[0]}:{node.address[1]} ({transport})", flush=True)
     node.serve()
 
