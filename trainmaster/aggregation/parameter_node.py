@@ -72,6 +72,7 @@ class _Job:
     processes: dict[int, tuple[int, int]] = field(default_factory=dict)  # rank -> (pid, pidfd)
     answered_round: int = 0  # newest round with a result: every worker finished the ones before
     shared: list[tuple[int, bytes]] = field(default_factory=list)  # (round, result-store ref)
+    chunk: int = 0  # smallest slice size the workers' HELLOs proposed (0: none proposed)
 
     @property
     def all_local(self) -> bool:
@@ -95,6 +96,15 @@ class ParameterNodeCounters:
     jobs_failed: int = 0
     jobs_ended: int = 0  # every worker said BYE (the BYEs arrived, however lossy the network)
     control_acks: int = 0  # HEARTBEAT / BYE copies acknowledged
+
+
+def _proposed_chunk(hello: bytes | memoryview) -> int:
+    """The slice size a worker's HELLO proposes (0: none)."""
+    try:
+        chunk = json.loads(bytes(hello)).get("chunk", 0) if len(hello) else 0
+    except (ValueError, AttributeError):
+        return 0
+    return chunk if isinstance(chunk, int) and chunk > 0 else 0
 
 
 def process_stopped(pid: int) -> bool:
@@ -146,6 +156,9 @@ class ParameterNode:
                 self._retire(job)
             job = self.jobs[h.job] = _Job(h.fan_in)
         job.registered |= h.bitmap
+        proposed = _proposed_chunk(body)
+        if proposed and job.pool == 0:  # fixed once the job is welcomed
+            job.chunk = min(job.chunk or proposed, proposed)
         now = time.monotonic()
         self.transport.prepare(src)
         for rank in bits(h.bitmap):
@@ -160,9 +173,14 @@ class ParameterNode:
             job.pool = 1
             # ... and how much each worker may have in flight towards this node (the
             # forwarding nodes lower it to what their own buffers allow)
-            me = json.dumps({"parameter_node": list(self.address),
-                             "buffer_per_worker": self.transport.buffer_per_sender(job.fan_in)
-                             }).encode()
+            # ... and the slice size every worker uses (the smallest any of them proposed:
+            # the largest datagram every path carries unfragmented)
+            info: dict[str, object] = {
+                "parameter_node": list(self.address),
+                "buffer_per_worker": self.transport.buffer_per_sender(job.fan_in)}
+            if job.chunk:
+                info["chunk"] = job.chunk
+            me = json.dumps(info).encode()
             self._down(job, Header(Kind.WELCOME, h.job, bitmap=target, fan_in=job.fan_in), me)
 
     def _on_data(self, h: Header, body: bytes, src: Address) -> None:

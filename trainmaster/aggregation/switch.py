@@ -251,7 +251,8 @@ class ForwardingNode:
 
     def _lower_budget(self, job_id: int, welcome: bytes | memoryview) -> bytes:
         """The WELCOME's per-worker in-flight budget, lowered to this node's share of its
-        receive buffer for each of the job's workers below it."""
+        receive buffer for each of the job's workers below it (the slice size it passes on
+        unchanged: one value for the whole job, decided by the parameter node)."""
         job = self.jobs.get(job_id)
         try:
             info = json.loads(bytes(welcome)) if len(welcome) else {}

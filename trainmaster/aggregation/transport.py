@@ -676,6 +676,27 @@ class ShmTransport(UdpTransport):
             self._store = None
 
 
+_IP_MTU = getattr(socket, "IP_MTU", 14)  # Linux: the path MTU of a connected socket
+
+
+def path_chunk(host: str, addr: Address, header: int) -> int | None:
+    """float32 elements per datagram that fit the path MTU from ``host`` to ``addr`` unfragmented
+    (IPv4 20 + UDP 8 + ``header`` bytes of ours), at most one 64 KiB datagram; None if the
+    kernel does not say. A fragmented datagram is lost when any fragment is, and a capped link
+    with a short queue drops fragments often (measured: 4 workers on one 100 Mbit/s tbf link,
+    64 KiB datagrams over MTU 1500: 0.8 MB/s; 8.8 KB datagrams over MTU 9000: 2.9 MB/s)."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.bind((host, 0))
+        probe.connect(addr)
+        mtu = probe.getsockopt(socket.IPPROTO_IP, _IP_MTU)
+    except OSError:
+        return None
+    finally:
+        probe.close()
+    return max(1, min((UDP_MAX_DATAGRAM - header) // 4, (mtu - 28 - header) // 4))
+
+
 def make_transport(kind: str, name: str, host: str = "127.0.0.1", port: int = 0,
                    faults: FaultPlan | None = None) -> UdpTransport:
     """The transport called ``kind`` ("udp" or "shm")."""

@@ -54,7 +54,7 @@ from trainmaster.aggregation.quantize import (
     peak_magnitude,
     quantize_into,
 )
-from trainmaster.aggregation.transport import Address, FaultPlan, make_transport
+from trainmaster.aggregation.transport import Address, FaultPlan, make_transport, path_chunk
 
 # elements per slice: on udp the largest datagram (64 KiB; the per-packet cost of Python is
 # paid 4x less often than with 16 KiB, measured in bench/aggregation_hotpath.py; over links
@@ -91,6 +91,7 @@ class WorkerCounters:
     duplicates_ignored: int = 0
     results: int = 0
     fallbacks_to_parameter_node: int = 0  # the forwarding node stopped answering
+    window_cuts: int = 0  # congestion window halved after a loss
     stale_results: int = 0  # shared-store references whose space was reused before reading
     elements_reduced: int = 0
     seconds_in_allreduce: float = 0.0
@@ -107,6 +108,7 @@ class _InFlight:
     acks_after: int = 0
     gap_resent: bool = False
     sends: int = 0
+    last_sent_packet: int = 0  # the worker's packets_sent count when this slice last went
 
 
 @dataclass
@@ -121,6 +123,11 @@ class WorkerConfig:
     min_retransmit_timeout: float | None = None
     max_retransmit_timeout: float = 1.0
     gap_threshold: int = 16
+    # AIMD send window between 1 and ``window``: halved when a slice is lost (at most once per
+    # window of sends), grown by one slice per window of results. On a capped link the queue
+    # in front of it (e.g. a tbf qdisc) is what drops packets; a fixed window of 64 KiB
+    # datagrams would overflow it on every reduction. False: always the full window.
+    congestion_control: bool = True
     timeout: float = 30.0  # no progress for this long -> AggregationError
     heartbeat: float = 0.5
     control_retry: float = 0.1  # resend an unacknowledged HEARTBEAT / BYE after this long
@@ -150,7 +157,12 @@ class AggregationClient:
             tune_allocator()
         self.transport = make_transport(transport, f"worker{job}.{rank}", host, 0, faults)
         self._control = make_transport("udp", f"worker{job}.{rank}-control", host, 0, faults)
+        # no chunk configured: on udp the largest datagram the path to the forwarding node
+        # carries unfragmented; the WELCOME then gives every worker of the job the smallest
+        # of its workers' (slices must line up across workers)
         self.chunk = self.config.chunk or DEFAULT_CHUNK[transport]
+        if self.config.chunk is None and transport == "udp":
+            self.chunk = path_chunk(host, switch, HEADER_SIZE) or self.chunk
         self.initial_rto = self.config.retransmit_timeout
         if self.initial_rto is None:
             self.initial_rto = 0.2 if transport == "udp" else 1.0
@@ -171,6 +183,8 @@ class AggregationClient:
         self.counters = WorkerCounters()
         self.round = 0
         self.window = 1
+        self.cwnd = 1.0  # congestion window (slices), <= window; kept across reductions
+        self._cwnd_cut_at = 0  # packets_sent when the window was last halved
         self.slot_override: dict[int, int] = {}
         # per-slice error bounds of the last reduction; the per-element array is built on demand
         self._bounds: np.ndarray | None = None
@@ -201,7 +215,8 @@ class AggregationClient:
         """Register with the fabric and wait until every worker of the job has (a barrier)."""
         if self._joined:
             return
-        me = json.dumps({"pid": os.getpid(), "host": host_identity()}).encode()
+        me = json.dumps({"pid": os.getpid(), "host": host_identity(),
+                         "chunk": self.chunk}).encode()
         hello = encode(Header(Kind.HELLO, self.job, bitmap=self.bit, fan_in=self.world), me)
         self.transport.prepare(self.switch)
         deadline = time.monotonic() + self.config.timeout
@@ -222,7 +237,11 @@ class AggregationClient:
                 continue
             h, body = self._decode(got[0])
             if h is not None and h.kind == Kind.WELCOME and h.job == self.job:
-                budget = self._learn_parameter_node(body)
+                info = self._welcome_info(body)
+                budget = info.get("buffer_per_worker")
+                if self.config.chunk is None and isinstance(info.get("chunk"), int) and \
+                        1 <= info["chunk"] <= (self.transport.max_packet - HEADER_SIZE) // 4:
+                    self.chunk = info["chunk"]
                 pool = h.slot or 1
                 per_packet = HEADER_SIZE + 4 * self.chunk
                 # half of the smallest buffer share on the path (a datagram occupies more
@@ -230,6 +249,7 @@ class AggregationClient:
                 room = min(self.transport.receive_buffer, budget or self.transport.receive_buffer)
                 by_buffer = max(1, room // (2 * per_packet))
                 self.window = max(1, min(self.config.window, pool, by_buffer))
+                self.cwnd = float(self.window)
                 self._joined = True
                 break
         self._beat_acked_at = time.monotonic()
@@ -238,19 +258,20 @@ class AggregationClient:
                                        name=f"aggregation-heartbeat-{self.rank}")
         self._heart.start()
 
-    def _learn_parameter_node(self, welcome: bytes | memoryview) -> int | None:
-        """Take the parameter node's address (unless configured) and return the per-worker
-        in-flight budget from a WELCOME (None if it has none)."""
+    def _welcome_info(self, welcome: bytes | memoryview) -> dict[str, Any]:
+        """What a WELCOME says (the parameter node's address, taken unless configured; the
+        per-worker in-flight budget; the job's slice size); {} if unreadable."""
         try:
             info = json.loads(bytes(welcome)) if len(welcome) else {}
             host, port = info.get("parameter_node") or (None, None)
-            budget = int(info["buffer_per_worker"]) if "buffer_per_worker" in info else None
+            if "buffer_per_worker" in info:
+                info["buffer_per_worker"] = int(info["buffer_per_worker"])
         except (ValueError, TypeError, AttributeError):
-            return None
+            return {}
         # a wildcard bind names no reachable address
         if self.parameter_node is None and host not in (None, "0.0.0.0", "::"):
             self.parameter_node = (str(host), int(port))
-        return budget
+        return info
 
     def _beat(self, fresh: bool) -> None:
         """Send a HEARTBEAT on the control socket; ``fresh``: a new one (new sequence number,
@@ -381,6 +402,7 @@ class AggregationClient:
         self.transport.send(packet, self.target)
         self.counters.packets_sent += 1
         self._kill.tick(self.counters.packets_sent)
+        fl.last_sent_packet = self.counters.packets_sent
         fl.sends += 1
         fl.sent_at = time.monotonic()
 
@@ -473,7 +495,7 @@ class AggregationClient:
                 if not self._direct_welcomed and time.monotonic() >= next_hello:
                     self._hello(self.target)
                     next_hello = time.monotonic() + 0.3
-            while next_seq < total and len(pending) < self.window:
+            while next_seq < total and len(pending) < max(1, int(self.cwnd)):
                 fl = _InFlight(next_seq, next_seq * chunk, min(n, (next_seq + 1) * chunk), 0.0,
                                self._rto())
                 pending[next_seq] = fl
@@ -499,6 +521,8 @@ class AggregationClient:
                         fl = pending.pop(h.seq)
                         if fl.sends == 1:  # Karn: only unambiguous samples
                             self._sample_rtt(time.monotonic() - fl.sent_at)
+                        if cfg.congestion_control:
+                            self.cwnd = min(float(self.window), self.cwnd + 1.0 / self.cwnd)
                         done += 1
                         last_progress = time.monotonic()
                         for other in pending.values():
@@ -520,11 +544,21 @@ class AggregationClient:
                         self.counters.gap_retransmits += 1
                     else:
                         fl.rto = min(fl.rto * 2, cfg.max_retransmit_timeout)
+                    self._on_loss(fl)
                     self.counters.retransmits += 1
                     self._send_slice(x, fl, retransmit=True, peak=peaks[fl.seq])
         self.counters.elements_reduced += n
         self.counters.seconds_in_allreduce += time.monotonic() - started
         return out, bound
+
+    def _on_loss(self, fl: _InFlight) -> None:
+        """Multiplicative decrease, once per window: only a loss of a slice sent after the
+        last cut counts (the others of that window were lost to the same overflow)."""
+        if not self.config.congestion_control or fl.last_sent_packet <= self._cwnd_cut_at:
+            return
+        self.cwnd = max(1.0, self.cwnd / 2)
+        self._cwnd_cut_at = self.counters.packets_sent
+        self.counters.window_cuts += 1
 
     def _hello(self, addr: Address) -> None:
         me = json.dumps({"pid": os.getpid(), "host": host_identity()}).encode()
