@@ -16,7 +16,13 @@ from trainmaster.aggregation.kills import KillPlan
 from trainmaster.aggregation.transport import FaultPlan
 from trainmaster.aggregation.worker import WorkerConfig
 
-from aggregation_tier import assert_exact, random_inputs, reduce_all, start_tier, tier_factory  # noqa: E402,F401
+from aggregation_tier import (  # noqa: E402,F401
+    assert_exact,
+    random_inputs,
+    reduce_all,
+    start_tier,
+    tier_factory,
+)
 
 pytestmark = pytest.mark.timeout(120)
 

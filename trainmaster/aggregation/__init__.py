@@ -19,5 +19,5 @@ from trainmaster.aggregation.worker import (
 )
 
 __all__ = ["AggregationClient", "AggregationError", "BlockFloat", "Fabric", "FaultPlan",
-           "FixedScale", "ForwardingNode", "KillPlan", "ParameterNode", "UdpTransport", "WorkerConfig",
-           "WorkerLostError"]
+           "FixedScale", "ForwardingNode", "KillPlan", "ParameterNode", "UdpTransport",
+           "WorkerConfig", "WorkerLostError"]

@@ -2,7 +2,8 @@
 
 An existing DDP script switches with two lines::
 
-    from trainmaster.aggregation.torch_hook import FabricHookState, client_from_env, fabric_allreduce_hook
+    from trainmaster.aggregation.torch_hook import (FabricHookState, client_from_env,
+                                                    fabric_allreduce_hook)
     ddp_model.register_comm_hook(FabricHookState(client_from_env()), fabric_allreduce_hook)
 
 (``register_comm_hook(client_from_env(), fabric_allreduce_hook)``, the earlier form, still
