@@ -51,12 +51,13 @@ def test_killed_forwarding_node_makes_workers_fall_back_to_the_parameter_node() 
 
 def test_killed_first_level_node_only_moves_its_own_workers() -> None:
     """Two levels, a first-level forwarding node killed: only the worker below it falls back;
-    the others keep their path (partial sums held for the moved worker are flushed to the
-    parameter node by the retransmit path) and the sums stay exact."""
+    the parameter node tells the worker's old route (MOVED), so the second-level node stops
+    waiting for it in its slots; the others keep their path and the sums stay exact."""
     result, _ = _demo(workers=3, levels=2, elements=30_000, rounds=2, chunk=2048,
                       kill=KillPlan("switch:1", after_packets=20))
     assert result["exact"] is True, result["errors"]
     assert result["fallbacks_to_parameter_node"] == 1
+    assert result["workers_moved"] == 1  # the second-level node dropped it from its mask
 
 
 def test_killed_worker_is_named_in_every_survivor_error() -> None:

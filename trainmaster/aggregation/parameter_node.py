@@ -73,6 +73,7 @@ class _Job:
     answered_round: int = 0  # newest round with a result: every worker finished the ones before
     shared: list[tuple[int, bytes]] = field(default_factory=list)  # (round, result-store ref)
     chunk: int = 0  # smallest slice size the workers' HELLOs proposed (0: none proposed)
+    moved_from: dict[int, Address] = field(default_factory=dict)  # rank -> its old next hop
 
     @property
     def all_local(self) -> bool:
@@ -162,9 +163,17 @@ class ParameterNode:
         now = time.monotonic()
         self.transport.prepare(src)
         for rank in bits(h.bitmap):
+            old = job.routes.get(rank)
+            if job.pool and old is not None and old != src:
+                job.moved_from[rank] = old  # a welcomed worker now comes another way
             job.routes[rank] = src
             job.last_seen[rank] = now
             self._watch(job, rank, body)
+            if rank in job.moved_from and job.moved_from[rank] != src:
+                # tell the old route, on every HELLO of the move (one may be lost): its
+                # forwarding node must not wait for this worker in its slots any more
+                self.transport.send(encode(Header(Kind.MOVED, h.job, bitmap=1 << rank,
+                                                  fan_in=job.fan_in)), job.moved_from[rank])
         if job.registered == full_mask(job.fan_in):
             # the WELCOME is the job's barrier: every forwarding node now knows every route.
             # It names this node, where workers fall back when their forwarding node dies (a

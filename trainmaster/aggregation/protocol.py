@@ -42,6 +42,9 @@ class Kind(enum.IntEnum):
     # down: the parameter node received control message ``seq`` (HEARTBEAT or BYE, named in
     # ``slot``) of the workers in ``bitmap``; control messages are retransmitted until acked
     ACK = 11
+    # down: the workers in ``bitmap`` fell back to the parameter node; forwarding nodes on their
+    # old route stop counting them (slots that now hold every remaining worker complete)
+    MOVED = 12
 
 
 class Flag(enum.IntFlag):

@@ -60,6 +60,7 @@ class SwitchCounters:
     slots_released: int = 0
     released_by_abort: int = 0
     results_replicated: int = 0  # RESULT copies sent down: one per worker (or lower node)
+    workers_moved: int = 0  # workers that fell back to the parameter node (MOVED notices)
 
 
 @dataclass
@@ -220,6 +221,26 @@ class ForwardingNode:
         if h.kind == Kind.RESULT:
             self.counters.results_replicated += len(hops)
 
+    def _on_moved(self, h: Header, body: bytes | memoryview) -> None:
+        """Workers of this job left this node's subtree (they fell back to the parameter node):
+        stop counting them, finish every slot that now holds all remaining workers, and pass
+        the notice down their old routes (a lower node that is alive does the same)."""
+        job = self.jobs.get(h.job)
+        if job is None or not job.local_mask & h.bitmap:
+            return
+        job.local_mask &= ~h.bitmap
+        hops = {job.routes.pop(rank) for rank in bits(h.bitmap) if rank in job.routes}
+        self.counters.workers_moved += bin(h.bitmap).count("1")
+        for index, slot in enumerate(self.pool):
+            if slot is not None and slot.key[0] == h.job and job.local_mask and \
+                    slot.sum.bitmap & job.local_mask == job.local_mask and slot.sum.size:
+                _, rnd, seq = slot.key
+                size = slot.sum.size
+                self._complete(index, slot, Header(Kind.DATA, h.job, rnd, seq, 0, slot.fan_in,
+                                                   index, 0, size))
+        for hop in hops:
+            self.transport.send(encode_parts(h, body), hop)
+
     def _acknowledge(self, h: Header, body: bytes) -> None:
         job = self.jobs.get(h.job)
         if job is None:
@@ -301,6 +322,8 @@ class ForwardingNode:
             self.transport.send(encode_parts(h, body), self.parent)
         elif h.kind == Kind.ACK:
             self._acknowledge(h, body)
+        elif h.kind == Kind.MOVED:
+            self._on_moved(h, body)
         elif h.kind in (Kind.RESULT, Kind.EXCEPTION, Kind.WELCOME, Kind.ABORT):
             self._on_down(h, body)
         elif h.kind == Kind.STATS:

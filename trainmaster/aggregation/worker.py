@@ -193,8 +193,8 @@ class AggregationClient:
         self._heart: threading.Thread | None = None
         self._joined = False
         self._busy_round = 0
-        # control path (see the module docstring); the beat state is shared by the main thread
-        # (a fresh beat when it enters or leaves allreduce) and the heartbeat thread
+        # control path (see the module docstring): the heartbeat thread owns the beat state
+        # (``_beat`` is also called by ``join``, before that thread starts)
         self._beat_lock = threading.Lock()
         self._beat_seq = 0
         self._beat_round = 0
@@ -296,15 +296,20 @@ class AggregationClient:
         while not self._stop.is_set():
             now = time.monotonic()
             unacked = self._beat_acked < self._beat_seq
-            if unacked and now - self._beat_sent_at >= cfg.control_retry:
-                self._beat(fresh=False)
-            elif not unacked and now - self._beat_sent_at >= cfg.heartbeat:
+            if self._busy_round != self._beat_round or \
+                    (not unacked and now - self._beat_sent_at >= cfg.heartbeat):
+                # a change of the busy state goes out at once, in a fresh beat: a reduction
+                # shorter than control_retry is never announced (no packet per allreduce)
                 self._beat(fresh=True)
+            elif unacked and now - self._beat_sent_at >= cfg.control_retry:
+                self._beat(fresh=False)
             self._judge_fabric(now)
             if self._fabric_error is not None:
                 return
-            wait = cfg.control_retry if self._beat_acked < self._beat_seq else cfg.heartbeat
-            got = self._control.recv(max(0.0, self._beat_sent_at + wait - time.monotonic()))
+            # wake at least every control_retry to see a change of the busy state
+            wait = cfg.control_retry if self._beat_acked < self._beat_seq else \
+                min(cfg.control_retry, self._beat_sent_at + cfg.heartbeat - time.monotonic())
+            got = self._control.recv(max(0.0, wait))
             if got is None:
                 continue
             h, _ = self._decode(got[0])
@@ -442,9 +447,7 @@ class AggregationClient:
         try:
             result_flat, bounds = self._reduce(x, peaks, target)
         finally:
-            self._busy_round = 0
-            if self._fabric_error is None:
-                self._beat(fresh=True)  # idle now: the parameter node learns it at once
+            self._busy_round = 0  # announced by the heartbeat thread within control_retry
         self._bounds, self._bound_shape = bounds, tuple(src.shape)
         if out is not None:
             return out
@@ -475,7 +478,6 @@ class AggregationClient:
         started = time.monotonic()
         self.round += 1
         self._busy_round = self.round
-        self._beat(fresh=True)
         n = x.size
         chunk = self.chunk
         total = max(1, math.ceil(n / chunk))
