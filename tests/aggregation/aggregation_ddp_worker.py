@@ -10,7 +10,11 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainmaster.aggregation.torch_hook import client_from_env, fabric_allreduce_hook
+from trainmaster.aggregation.torch_hook import (
+    FabricHookState,
+    client_from_env,
+    fabric_allreduce_hook,
+)
 
 
 def main() -> None:
@@ -18,8 +22,10 @@ def main() -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 3))
-    ddp = DDP(model, bucket_cap_mb=0.01)
-    ddp.register_comm_hook(client_from_env(), fabric_allreduce_hook)
+    model = torch.nn.Sequential(*model, torch.nn.ReLU(), torch.nn.Linear(3, 3))
+    ddp = DDP(model, bucket_cap_mb=0.001)  # several buckets per step: several futures in flight
+    state = FabricHookState(client_from_env())
+    ddp.register_comm_hook(state, fabric_allreduce_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     worst = 0.0
     for step in range(3):
@@ -37,7 +43,11 @@ def main() -> None:
         for p, r in zip(model.parameters(), ref):
             worst = max(worst, float((p.grad - r).abs().max()))
         opt.step()
-    print(f"max_grad_error {worst:.3e}", flush=True)
+    print(f"max_grad_error {worst:.3e} completed {state.completed} "
+          f"launched_before_done {state.launched_before_done} "
+          f"comm_thread {state._thread.name}", flush=True)
+    state.close()
+    state.client.close()
     dist.destroy_process_group()
     sys.exit(0 if worst < 1e-5 else 1)
 

@@ -55,10 +55,15 @@ def random_inputs(jobs: int, world: int, n: int, rounds: int, seed: int = 0,
 
 
 def start_tier(slots: int = 64, levels: int = 1, faults: FaultPlan | None = None,
-               dead_after: float = 10.0, transport: str = "udp") -> ThreadTier:
+               dead_after: float = 10.0, transport: str = "udp",
+               siblings: int = 1) -> ThreadTier:
+    """``siblings``: forwarding nodes directly under the parameter node (what the ina
+    framework builds for a switch role with several replicas)."""
     ps = ParameterNode(faults=faults, dead_after=dead_after, transport=transport)
     top = ForwardingNode(ps.address, slots=slots, name="top", faults=faults, transport=transport)
     switches = [top]
+    switches += [ForwardingNode(ps.address, slots=slots, name=f"sibling-{i}", faults=faults,
+                                transport=transport) for i in range(1, siblings)]
     if levels == 2:
         switches += [ForwardingNode(top.address, slots=slots, name=f"l1-{i}", faults=faults,
                                     transport=transport)

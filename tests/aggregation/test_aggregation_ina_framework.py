@@ -84,3 +84,22 @@ def test_ina_runs_over_shared_memory_when_asked(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(job))
     bad = subprocess.run([sys.executable, "-m", "trainmaster", "validate", str(path)], capture_output=True, text=True)
     assert bad.returncode == 2 and "spec.frameworkParams.transport" in bad.stderr
+
+
+def test_ina_environment_spreads_workers_over_sibling_switches_and_passes_chunk() -> None:
+    """ina framework, two switch replicas (sibling forwarding nodes under the parameter node):
+    workers are spread over both round robin, and frameworkParams.chunk reaches every worker
+    as TM_AGGREGATION_CHUNK (what client_from_env reads); a chunk beyond one UDP datagram is
+    refused at validation with the field named."""
+    from trainmaster.frameworks.base import InstanceContext
+    from trainmaster.frameworks.ina import InaFramework
+
+    services = {"switch": ["10.0.0.5:7001", "10.0.0.6:7001"], "ps": ["10.0.0.4:7000"]}
+    envs = [InaFramework().environment(InstanceContext(
+        "digits", "worker", i, 4, {"ps": 1, "switch": 2, "worker": 4}, "10.0.0.9", [],
+        services, {"chunk": 2048})) for i in range(4)]
+    assert [e["TM_AGGREGATION_SWITCH"] for e in envs] == services["switch"] * 2
+    assert {e["TM_AGGREGATION_CHUNK"] for e in envs} == {"2048"}
+    roles = [{"name": "ps"}, {"name": "switch", "replicas": 2}, {"name": "worker"}]
+    errors = InaFramework().validate({"frameworkParams": {"chunk": 70000}}, roles)
+    assert any(e.startswith("spec.frameworkParams.chunk") for e in errors), errors

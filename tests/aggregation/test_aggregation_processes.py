@@ -145,15 +145,18 @@ def test_demo_cli_with_every_fault_is_exact() -> None:
 def test_demo_cli_rejects_bad_options() -> None:
     """User mistakes are a one-line error and exit code 2, not a traceback."""
     proc = subprocess.run([sys.executable, "-m", "trainmaster", "aggregation", "demo",
-                           "--levels", "3", "--drop", "1.5"], capture_output=True, text=True,
-                          timeout=60)
+                           "--levels", "3", "--drop", "1.5", "--kill", "router"],
+                          capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "levels must be 1 or 2" in proc.stderr and "Traceback" not in proc.stderr
+    assert "kill target must be ps, switch, switch:I or worker:R" in proc.stderr
 
 
 def test_ddp_comm_hook_matches_gloo_allreduce() -> None:
-    """DDP communication hook: register_comm_hook sends gradient buckets through the fabric;
-    the averaged gradients match gloo's all-reduce of the same local gradients."""
+    """DDP communication hook, asynchronous: register_comm_hook sends gradient buckets through
+    the fabric from a communication thread that completes a real torch future (the hook returns
+    before the bucket is reduced, so communication overlaps backward); in a real 2-process DDP
+    run the averaged gradients match gloo's all-reduce of the same local gradients."""
     import socket
     from pathlib import Path
 
@@ -175,3 +178,8 @@ def test_ddp_comm_hook_matches_gloo_allreduce() -> None:
     for p, out in zip(procs, outputs):
         assert p.returncode == 0, out
         assert "max_grad_error" in out
+        fields = out.split("max_grad_error", 1)[1].split()
+        completed = int(fields[fields.index("completed") + 1])
+        # every bucket of the 3 steps (DDP's first bucket is 1 MiB, later ones 1 KB here) was
+        # completed by the communication thread, not inside the hook
+        assert completed >= 3 + 2, out

@@ -63,12 +63,40 @@ def test_payload_sizes_up_to_the_udp_limit() -> None:
     assert len(data) == HEADER_SIZE + 4 * MAX_ELEMENTS
 
 
-def test_slot_ids_are_shared_by_a_job_and_consecutive() -> None:
-    """Resource id = hash(job) + slice index: identical for all workers, consecutive slices in
-    consecutive slots (a window no larger than the pool never collides with itself)."""
+def test_slot_ids_hash_job_and_index_together() -> None:
+    """Resource id = hash(job id, slice index) (the spec's dynamic slot allocation): identical
+    for every worker of a job and slice; consecutive slices and neighbouring job ids are spread
+    over the pool instead of the job's offset plus the index (the former rule, under which two
+    tenants with close offsets collide on every slice of their windows)."""
+    from trainmaster.aggregation.protocol import legacy_slot_id
+
     assert slot_id(7, 3) == slot_id(7, 3)
-    assert (slot_id(7, 4) - slot_id(7, 3)) % 0x10000 == 1
-    assert slot_id(7, 0) != slot_id(8, 0)
+    assert len({slot_id(7, i) % 64 for i in range(64)}) > 32  # not a run of consecutive slots
+    # the former rule: job 7's slice i+1 is always the slot next to slice i
+    assert all((legacy_slot_id(7, i + 1) - legacy_slot_id(7, i)) % 0x10000 == 1
+               for i in range(10))
+    # two tenants: the number of shared slots of their 8-slice windows is spread (about
+    # 8 * 8 / 64 = 1 expected), never the legacy rule's all-or-nothing
+    shared = [len({slot_id(a, i) % 64 for i in range(8)} & {slot_id(a + 1, i) % 64
+                                                           for i in range(8)})
+              for a in range(1, 400)]
+    assert max(shared) <= 5 and 0.5 < sum(shared) / len(shared) < 1.5
+
+
+def test_collision_rates_of_both_slot_rules_are_measured() -> None:
+    """Collision spread (spec: multi-tenancy): the benchmark's model counts, per rule, the
+    fraction of in-flight slices sharing a slot; the hashed rule has no tenant that collides on
+    every slice at 4 tenants, the former rule does (its p99 is 1.0)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
+    from aggregation_slots import measure
+
+    hashed = measure("hash(job, index)", 4, 64, 4, 200, 0)
+    legacy = measure("hash(job) + index", 4, 64, 4, 200, 0)
+    assert legacy.p99_tenant == 1.0 and legacy.self_collisions == 0.0
+    assert hashed.p99_tenant < 1.0 and 0.0 < hashed.self_collisions < 0.1
 
 
 @settings(max_examples=60, deadline=None)

@@ -3,18 +3,30 @@ reduce random tensors and check every result against the exact float64 sum.
 
 Each worker regenerates every rank's input from the seed, so it can check its own result
 without shipping tensors around; only a small summary returns to the caller.
+
+Reproducibility: the inputs, the fault injectors (one seeded generator per link) and the kill
+moment (a packet count) depend only on the seed. The *counts* of faults and fallbacks also
+depend on timing: which packet a link's n-th random draw falls on depends on how the processes
+interleave (retransmit timers, gap detection and heartbeats fire by the clock), so two runs
+with the same seed give the same exact results but counts that differ by a few percent.
+``exact``, ``max_abs_error`` (for the same inputs) and ``slots_in_use_after`` are reproducible.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import signal
 import time
+from multiprocessing.connection import wait
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
 from trainmaster.aggregation.fabric import Fabric
+from trainmaster.aggregation.kills import KillPlan
+from trainmaster.aggregation.parameter_node import process_stopped
 from trainmaster.aggregation.quantize import BlockFloat, FixedScale
 from trainmaster.aggregation.transport import Address, FaultPlan
 from trainmaster.aggregation.worker import AggregationClient, AggregationError, WorkerConfig
@@ -38,6 +50,12 @@ class DemoConfig:
     faults: FaultPlan = FaultPlan()
     timeout: float = 60.0
     transport: str = "udp"
+    kill: KillPlan | None = None
+    siblings: int = 1  # forwarding nodes directly under the parameter node
+    # worker control-path timers: see WorkerConfig (shorter in tests of the kill cases)
+    failover_after: float = 3.0
+    parameter_node_dead_after: float = 10.0
+    max_retransmit_timeout: float = 1.0  # cap of a slice's backed-off retransmit timer
 
 
 def demo_input(cfg: DemoConfig, job: int, rank: int, rnd: int) -> np.ndarray:
@@ -52,11 +70,14 @@ def demo_input(cfg: DemoConfig, job: int, rank: int, rnd: int) -> np.ndarray:
 
 def _worker_main(conn: Any, cfg: DemoConfig, switch: Address, job: int, rank: int) -> None:
     quantizer = FixedScale(FIXED_EXPONENT) if cfg.overflow else BlockFloat()
-    wcfg = WorkerConfig(chunk=cfg.chunk, quantizer=quantizer, timeout=cfg.timeout)
+    wcfg = WorkerConfig(chunk=cfg.chunk, quantizer=quantizer, timeout=cfg.timeout,
+                        failover_after=cfg.failover_after,
+                        parameter_node_dead_after=cfg.parameter_node_dead_after,
+                        max_retransmit_timeout=cfg.max_retransmit_timeout)
     report: dict[str, Any] = {"job": job, "rank": rank, "ok": True, "max_abs_error": 0.0,
                               "bound": 0.0, "error": None}
     client = AggregationClient(switch, job, rank, cfg.workers, wcfg, cfg.faults,
-                               transport=cfg.transport)
+                               transport=cfg.transport, kill=cfg.kill)
     try:
         client.join()
         elapsed = 0.0
@@ -89,7 +110,8 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     """Run the whole demo; the returned dict is what ``trainmaster aggregation demo`` prints."""
     ctx = mp.get_context("fork")
     with Fabric(slots=cfg.slots, levels=cfg.levels, faults=cfg.faults, transport=cfg.transport,
-                dead_after=max(10.0, cfg.timeout / 4)) as fabric:
+                dead_after=max(10.0, cfg.timeout / 4), siblings=cfg.siblings,
+                kill=cfg.kill) as fabric:
         procs, pipes = [], []
         t0 = time.monotonic()
         for job in range(1, cfg.jobs + 1):
@@ -102,17 +124,56 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
                 child.close()
                 procs.append(p)
                 pipes.append(parent)
-        reports = []
-        for pipe, proc in zip(pipes, procs):
-            if pipe.poll(cfg.timeout * 3):
-                reports.append(pipe.recv())
-            else:
-                reports.append({"ok": False, "error": "worker process gave no report",
-                                "stats": {}, "max_abs_error": float("inf"), "bound": 0.0})
-            proc.join(timeout=5)
+        names = [(job, rank) for job in range(1, cfg.jobs + 1) for rank in range(cfg.workers)]
+        reports = _collect(cfg, names, pipes, procs)
         wall = time.monotonic() - t0
         fabric_stats = fabric.stats()
     return _summarise(cfg, reports, fabric_stats, wall)
+
+
+def _collect(cfg: DemoConfig, names: list[tuple[int, int]], pipes: list[Any],
+             procs: list[Any]) -> list[dict[str, Any]]:
+    """Each worker's report, or why there is none; every worker process is gone afterwards.
+
+    Waits on the report pipes and the process sentinels together, so a killed worker is
+    noticed when it dies. Once every worker still running is stopped (SIGSTOP: it will never
+    report) or ``3 * timeout`` has passed, the rest are SIGKILLed (a stopped process ignores
+    SIGTERM, and multiprocessing's exit handler would wait for it forever)."""
+    reports: dict[int, dict[str, Any]] = {}
+    open_ = set(range(len(procs)))
+    deadline = time.monotonic() + cfg.timeout * 3
+    while open_ and time.monotonic() < deadline:
+        if all(process_stopped(procs[i].pid) for i in open_):
+            break
+        handles = {pipes[i]: i for i in open_} | {procs[i].sentinel: i for i in open_}
+        for ready in wait(list(handles), timeout=min(1.0, deadline - time.monotonic())):
+            i = handles[ready]
+            if i not in open_:
+                continue
+            try:
+                reports[i] = pipes[i].recv()
+            except EOFError:  # the pipe closed without a report: the process is gone
+                procs[i].join(5)
+                code = procs[i].exitcode
+                how = f"killed by signal {-code}" if code is not None and code < 0 else \
+                    f"exit code {code}"
+                reports[i] = _missing(f"worker {names[i][0]}.{names[i][1]} died ({how}) "
+                                      f"without a report")
+            open_.discard(i)
+    for i in open_:
+        stopped = process_stopped(procs[i].pid)
+        os.kill(procs[i].pid, signal.SIGKILL)
+        reports[i] = _missing(f"worker {names[i][0]}.{names[i][1]} "
+                              + ("was stopped (SIGSTOP)" if stopped else "gave no report")
+                              + "; the demo killed it")
+    for proc in procs:
+        proc.join(timeout=5)
+    return [reports[i] for i in range(len(procs))]
+
+
+def _missing(error: str) -> dict[str, Any]:
+    return {"ok": False, "error": error, "stats": {}, "max_abs_error": float("inf"),
+            "bound": 0.0}
 
 
 def _summarise(cfg: DemoConfig, reports: list[dict[str, Any]], fabric: dict[str, Any],
@@ -147,6 +208,11 @@ def _summarise(cfg: DemoConfig, reports: list[dict[str, Any]], fabric: dict[str,
         "goodput_MBps": tensor_bytes / seconds / 1e6 if seconds else 0.0,
         "seconds": round(wall, 3),
         "errors": [r["error"] for r in reports if r.get("error")],
-        "config": {**{k: v for k, v in asdict(cfg).items() if k != "faults"},
-                   "faults": asdict(cfg.faults)},
+        "fallbacks_to_parameter_node": total(wstats, "fallbacks_to_parameter_node"),
+        "workers_moved": total(switches, "workers_moved"),
+        "completeness_failures": int(ps.get("completeness_failures", 0)),
+        "jobs_failed": int(ps.get("jobs_failed", 0)),
+        "config": {**{k: v for k, v in asdict(cfg).items() if k not in ("faults", "kill")},
+                   "faults": asdict(cfg.faults),
+                   "kill": asdict(cfg.kill) if cfg.kill else None},
     }

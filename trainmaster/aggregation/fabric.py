@@ -2,35 +2,45 @@
 
 Used by the demo, the tests and the benchmark; the ``ina`` framework and the CLI's
 ``parameter-node`` / ``forwarding-node`` commands start the same classes one per process.
+``Fabric(...)`` keeps its earlier fields and defaults; added since: ``siblings`` (forwarding nodes
+directly under the parameter node), ``kill`` (a ``KillPlan``: one node kills or stops itself at
+a chosen moment) and ``stalled_after``.
 """
 
 from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import os
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainmaster.aggregation.kills import KillPlan
 from trainmaster.aggregation.protocol import Header, Kind, decode, encode
 from trainmaster.aggregation.transport import TRANSPORTS, Address, FaultPlan, UdpTransport
 
 
 def _serve_parameter_node(conn: Any, faults: FaultPlan, dead_after: float,
-                          transport: str) -> None:
+                          transport: str, stalled_after: float = 2.0,
+                          kill: KillPlan | None = None) -> None:
     from trainmaster.aggregation.parameter_node import ParameterNode
 
-    node = ParameterNode(faults=faults, dead_after=dead_after, transport=transport)
+    node = ParameterNode(faults=faults, dead_after=dead_after, transport=transport,
+                         stalled_after=stalled_after, kill=kill)
     conn.send(node.address)
     conn.close()
     node.serve()
 
 
 def _serve_forwarding_node(conn: Any, parent: Address, slots: int, name: str,
-                           faults: FaultPlan, transport: str) -> None:
+                           faults: FaultPlan, transport: str, kill: KillPlan | None = None,
+                           index: int = 0) -> None:
     from trainmaster.aggregation.switch import ForwardingNode
 
-    node = ForwardingNode(parent, slots=slots, name=name, faults=faults, transport=transport)
+    node = ForwardingNode(parent, slots=slots, name=name, faults=faults, transport=transport,
+                          kill=kill, index=index)
     conn.send(node.address)
     conn.close()
     node.serve()
@@ -49,7 +59,7 @@ def query(addr: Address, kind: Kind = Kind.STATS, timeout: float = 2.0,
             if got is not None:
                 h, body = decode(got[0])
                 if h.kind == Kind.STATS:
-                    return json.loads(body)
+                    return json.loads(bytes(body))
         return None
     finally:
         t.close()
@@ -67,6 +77,9 @@ class Fabric:
     dead_after: float = 10.0
     first_level_nodes: int = 2
     transport: str = "udp"
+    siblings: int = 1  # forwarding nodes directly under the parameter node (levels = 1 only)
+    kill: KillPlan | None = None
+    stalled_after: float = 2.0
     ps: Address | None = None
     switches: list[Address] = field(default_factory=list)
     processes: list[Any] = field(default_factory=list)
@@ -74,19 +87,27 @@ class Fabric:
     def start(self) -> Fabric:
         if self.transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}")
+        if self.levels not in (1, 2) or self.siblings < 1 or \
+                (self.levels == 2 and self.siblings != 1):
+            raise ValueError("levels must be 1 or 2; several sibling nodes only with 1 level")
         ctx = mp.get_context("fork")
         self.ps = self._spawn(ctx, _serve_parameter_node,
-                              (self.faults, self.dead_after, self.transport))
+                              (self.faults, self.dead_after, self.transport, self.stalled_after,
+                               self.kill))
         top = self._spawn(ctx, _serve_forwarding_node,
-                          (self.ps, self.slots, "switch-top", self.faults, self.transport))
+                          (self.ps, self.slots, "switch-top", self.faults, self.transport,
+                           self.kill, 0))
         self.switches = [top]
-        if self.levels >= 2:
+        for i in range(1, self.siblings):
+            self.switches.append(self._spawn(
+                ctx, _serve_forwarding_node, (self.ps, self.slots, f"switch-sibling-{i}",
+                                              self.faults, self.transport, self.kill, i)))
+        if self.levels == 2:
             for i in range(self.first_level_nodes):
                 self.switches.append(self._spawn(
                     ctx, _serve_forwarding_node,
-                    (top, self.slots, f"switch-l1-{i}", self.faults, self.transport)))
-        elif self.levels != 1:
-            raise ValueError("levels must be 1 or 2")
+                    (top, self.slots, f"switch-l1-{i}", self.faults, self.transport,
+                     self.kill, i + 1)))
         return self
 
     def _spawn(self, ctx: Any, target: Any, args: tuple[Any, ...]) -> Address:
@@ -106,18 +127,24 @@ class Fabric:
         return order[worker_index % len(order)]
 
     def stats(self) -> dict[str, Any]:
+        """Every node's counters; None for a node whose process is gone (killed)."""
         assert self.ps is not None
-        return {"ps": query(self.ps), "switches": [query(s) for s in self.switches]}
+        alive = [p.is_alive() for p in self.processes]  # same order: ps, then the switches
+        return {"ps": query(self.ps) if alive[0] else None,
+                "switches": [query(s) if up else None
+                             for s, up in zip(self.switches, alive[1:])]}
 
     def stop(self) -> None:
+        """Stop every node: SHUTDOWN, then SIGKILL what is still there after 3 s (a stopped
+        or hung node ignores both SHUTDOWN and SIGTERM); nothing is left running."""
         for addr in [*self.switches, *([self.ps] if self.ps else [])]:
-            query(addr, Kind.SHUTDOWN)
+            query(addr, Kind.SHUTDOWN, attempts=1, timeout=0.0)
         deadline = time.monotonic() + 3
         for proc in self.processes:
             proc.join(timeout=max(0.1, deadline - time.monotonic()))
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(timeout=2)
+            if proc.is_alive() and proc.pid is not None:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.join(timeout=5)
 
     def __enter__(self) -> Fabric:
         return self.start()

@@ -7,6 +7,13 @@ down flagged VERIFIED (and is cached, so a worker that lost it gets it again on 
 overflowed one triggers the exception-retransmit instruction and a float sum. It also watches
 worker liveness: a worker that falls silent while its job waits fails the job with a clear
 message to the other workers, and every forwarding node frees the job's slots.
+
+Liveness is judged from control traffic only (HELLO, HEARTBEAT, BYE), which workers retransmit
+until this node acknowledges it (ACK): data packets may be lost by the thousand under heavy
+loss without making a live worker look silent, and a worker that said BYE is known to have left
+even if the first copies of its BYE were dropped. A worker on this host is watched through its
+process: one that exited is dead, one that is stopped (SIGSTOP) and silent for ``stalled_after``
+seconds is stalled; either is named in the abort.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trainmaster.aggregation.accumulator import FloatSum, IntSum
+from trainmaster.aggregation.kills import KillPlan, Trigger
 from trainmaster.aggregation.memory import tune_allocator
 from trainmaster.aggregation.protocol import (
     Flag,
@@ -57,12 +65,15 @@ class _Job:
     newest_round: int = 0
     pool: int = 0
     busy_round: int = 0  # newest round a heartbeat said some worker is waiting in
-    busy: int = 0  # workers whose last heartbeat said they wait inside allreduce
+    busy: int = 0  # workers whose newest heartbeat said they wait inside allreduce
+    beat_seq: dict[int, int] = field(default_factory=dict)  # rank -> newest heartbeat seq
     contributed: dict[int, int] = field(default_factory=dict)  # rank -> newest round it sent
     failed: str | None = None
     processes: dict[int, tuple[int, int]] = field(default_factory=dict)  # rank -> (pid, pidfd)
     answered_round: int = 0  # newest round with a result: every worker finished the ones before
     shared: list[tuple[int, bytes]] = field(default_factory=list)  # (round, result-store ref)
+    chunk: int = 0  # smallest slice size the workers' HELLOs proposed (0: none proposed)
+    moved_from: dict[int, Address] = field(default_factory=dict)  # rank -> its old next hop
 
     @property
     def all_local(self) -> bool:
@@ -81,25 +92,51 @@ class ParameterNodeCounters:
     conflicts_aggregated: int = 0
     retransmits_seen: int = 0
     results_resent: int = 0
+    results_sent: int = 0  # RESULT packets of first answers: one per next hop, not per worker
     results_shared: int = 0  # verified sums multicast as references to the shared store
     jobs_failed: int = 0
+    jobs_ended: int = 0  # every worker said BYE (the BYEs arrived, however lossy the network)
+    control_acks: int = 0  # HEARTBEAT / BYE copies acknowledged
+
+
+def _proposed_chunk(hello: bytes | memoryview) -> int:
+    """The slice size a worker's HELLO proposes (0: none)."""
+    try:
+        chunk = json.loads(bytes(hello)).get("chunk", 0) if len(hello) else 0
+    except (ValueError, AttributeError):
+        return 0
+    return chunk if isinstance(chunk, int) and chunk > 0 else 0
+
+
+def process_stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP, or traced): state T/t in /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2:][:1] in (b"T", b"t")
 
 
 class ParameterNode:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, faults: FaultPlan | None = None,
-                 dead_after: float = 10.0, name: str = "ps", transport: str = "udp"):
+                 dead_after: float = 10.0, name: str = "ps", transport: str = "udp",
+                 stalled_after: float = 2.0, kill: KillPlan | None = None):
         self.transport = make_transport(transport, name, host, port, faults)
         self.host = host_identity()
         self.address = self.transport.address
         self.dead_after = dead_after
+        self.stalled_after = stalled_after
+        self._kill = Trigger(kill if kill is not None and kill.aims_at("ps") else None)
         self.jobs: dict[int, _Job] = {}
         self.counters = ParameterNodeCounters()
         self._running = True
 
     # ---- sending down ---------------------------------------------------------------------
     def _down(self, job: _Job, h: Header, payload: bytes | np.ndarray, *,
-              control: bool = False) -> None:
-        """Send to the workers in ``h.bitmap``, one packet per next hop."""
+              control: bool = False) -> int:
+        """Send to the workers in ``h.bitmap``, one packet per next hop (a forwarding node
+        replicates it to its workers); returns the number of packets sent."""
         hops: dict[Address, int] = {}
         for rank in bits(h.bitmap):
             hop = job.routes.get(rank)
@@ -107,6 +144,7 @@ class ParameterNode:
                 hops[hop] = hops.get(hop, 0) | 1 << rank
         for hop, sub in hops.items():
             self.transport.send(encode_parts(h.with_(bitmap=sub), payload), hop, control=control)
+        return len(hops)
 
     # ---- up-going -------------------------------------------------------------------------
     def _on_hello(self, h: Header, body: bytes | memoryview, src: Address) -> None:
@@ -119,19 +157,42 @@ class ParameterNode:
                 self._retire(job)
             job = self.jobs[h.job] = _Job(h.fan_in)
         job.registered |= h.bitmap
+        proposed = _proposed_chunk(body)
+        if proposed and job.pool == 0:  # fixed once the job is welcomed
+            job.chunk = min(job.chunk or proposed, proposed)
         now = time.monotonic()
         self.transport.prepare(src)
         for rank in bits(h.bitmap):
+            old = job.routes.get(rank)
+            if job.pool and old is not None and old != src:
+                job.moved_from[rank] = old  # a welcomed worker now comes another way
             job.routes[rank] = src
             job.last_seen[rank] = now
             self._watch(job, rank, body)
+            if rank in job.moved_from and job.moved_from[rank] != src:
+                # tell the old route, on every HELLO of the move (one may be lost): its
+                # forwarding node must not wait for this worker in its slots any more
+                self.transport.send(encode(Header(Kind.MOVED, h.job, bitmap=1 << rank,
+                                                  fan_in=job.fan_in)), job.moved_from[rank])
         if job.registered == full_mask(job.fan_in):
-            # the WELCOME is the job's barrier: every forwarding node now knows every route
+            # the WELCOME is the job's barrier: every forwarding node now knows every route.
+            # It names this node, where workers fall back when their forwarding node dies (a
+            # HELLO straight from a worker moves its route here).
             target = full_mask(job.fan_in) if job.pool == 0 else h.bitmap
             job.pool = 1
-            self._down(job, Header(Kind.WELCOME, h.job, bitmap=target, fan_in=job.fan_in), b"")
+            # ... and how much each worker may have in flight towards this node (the
+            # forwarding nodes lower it to what their own buffers allow)
+            # ... and the slice size every worker uses (the smallest any of them proposed:
+            # the largest datagram every path carries unfragmented)
+            info: dict[str, object] = {
+                "parameter_node": list(self.address),
+                "buffer_per_worker": self.transport.buffer_per_sender(job.fan_in)}
+            if job.chunk:
+                info["chunk"] = job.chunk
+            me = json.dumps(info).encode()
+            self._down(job, Header(Kind.WELCOME, h.job, bitmap=target, fan_in=job.fan_in), me)
 
-    def _on_data(self, h: Header, body: bytes) -> None:
+    def _on_data(self, h: Header, body: bytes, src: Address) -> None:
         job = self.jobs.get(h.job)
         if job is None:
             return
@@ -139,9 +200,7 @@ class ParameterNode:
             head = Header(Kind.ABORT, h.job, bitmap=h.bitmap, fan_in=job.fan_in)
             self._down(job, head, job.failed.encode())
             return
-        now = time.monotonic()
-        for rank in bits(h.bitmap):
-            job.last_seen[rank] = now
+        for rank in bits(h.bitmap):  # data says who contributed, never who is alive
             job.contributed[rank] = max(job.contributed.get(rank, 0), h.round)
         if h.round + 1 < job.newest_round or h.round < job.answered_round:
             return  # a slice every worker already finished; nobody can be waiting for it
@@ -186,13 +245,25 @@ class ParameterNode:
             self.counters.duplicates_ignored += 1
             return
         self.counters.pieces_merged += 1
-        self._verify(job, h, sl)
+        self._verify(job, h, sl, src)
 
-    def _verify(self, job: _Job, h: Header, sl: _Slice) -> None:
+    @staticmethod
+    def _workers_behind(job: _Job, hop: Address) -> int:
+        """Bitmap of the workers whose route from here goes through ``hop``."""
+        mask = 0
+        for rank, route in job.routes.items():
+            if route == hop:
+                mask |= 1 << rank
+        return mask
+
+    def _verify(self, job: _Job, h: Header, sl: _Slice, src: Address) -> None:
         full = full_mask(job.fan_in)
         if sl.ints.bitmap != full:
-            if not h.has(Flag.AGGREGATE_AT_PS) and h.bitmap != full:
-                # a forwarding node declared a sum finished that lacks workers: wait for timers
+            # Completeness of a forwarding node's sum is judged against the workers behind
+            # that node (two sibling nodes under this one each send a sum complete for their
+            # own workers): only a sum lacking one of the sender's workers is a failure.
+            if not h.has(Flag.AGGREGATE_AT_PS) and \
+                    h.bitmap & self._workers_behind(job, src) != self._workers_behind(job, src):
                 self.counters.completeness_failures += 1
             return
         q, overflow = sl.ints.wire()
@@ -221,7 +292,7 @@ class ParameterNode:
         body, where = self._keep(job, h.round, payload)
         head = Header(Kind.RESULT, h.job, h.round, h.seq, full_mask(job.fan_in), job.fan_in,
                       slot, exponent, payload.size, flags | where)
-        self._down(job, head, body)
+        self.counters.results_sent += self._down(job, head, body)
         sl.result = (head, body)  # kept for workers that lost it
         sl.ints = IntSum()
         sl.floats = None
@@ -293,6 +364,7 @@ class ParameterNode:
         self._close_watches(job)
         self._retire(job)
         del self.jobs[job_id]
+        self.counters.jobs_ended += 1
 
     @staticmethod
     def _close_watches(job: _Job) -> None:
@@ -320,12 +392,17 @@ class ParameterNode:
                 missed = any(not (b >> r & 1) for b in pending) or job.busy & ~(1 << r)
                 if not missed:
                     continue
+                silent = now - job.last_seen.get(r, now)
                 if r in job.processes:
-                    # watched: its process is the truth, a slow (starved) worker is not dead
+                    # watched: its process is the truth, a slow (starved) worker is not dead,
+                    # a stopped one (SIGSTOP) will not go on by itself
+                    pid = job.processes[r][0]
                     if self._exited(job, r):
                         lost[r] = "its process exited"
-                elif now - job.last_seen.get(r, now) > self.dead_after:
-                    lost[r] = f"silent {now - job.last_seen[r]:.1f} s"
+                    elif silent > self.stalled_after and process_stopped(pid):
+                        lost[r] = f"its process {pid} is stopped, silent {silent:.1f} s"
+                elif silent > self.dead_after:
+                    lost[r] = f"silent {silent:.1f} s"
             if lost:
                 self._fail(job_id, job, lost)
 
@@ -345,31 +422,44 @@ class ParameterNode:
                 "jobs_failed_reasons": [j.failed for j in self.jobs.values() if j.failed],
                 "transport": self.transport.counters.as_dict()}
 
+    def _ack(self, h: Header, src: Address) -> None:
+        """Acknowledge a control message to the hop it came from (idempotent: every copy)."""
+        ack = Header(Kind.ACK, h.job, h.round, h.seq, h.bitmap, h.fan_in, int(h.kind))
+        self.counters.control_acks += 1
+        self.transport.send(encode(ack), src)
+
     def handle(self, datagram: bytes | memoryview, src: Address) -> None:
         try:
             h, body = decode(datagram)
             self.counters.packets_in += 1
+            self._kill.tick(self.counters.packets_in)
             self._dispatch(h, body, src)
         except (ProtocolError, ValueError):
             return  # not a valid packet (wrong version, short payload): like a corrupted one
 
     def _dispatch(self, h: Header, body: bytes | memoryview, src: Address) -> None:
         if h.kind == Kind.DATA:
-            self._on_data(h, body)
+            self._on_data(h, body, src)
         elif h.kind == Kind.HELLO:
             self._on_hello(h, body, src)
         elif h.kind == Kind.HEARTBEAT:
+            self._ack(h, src)
             job = self.jobs.get(h.job)
             if job is not None:
                 now = time.monotonic()
                 for rank in bits(h.bitmap):
                     job.last_seen[rank] = now
+                    if h.seq <= job.beat_seq.get(rank, -1):
+                        continue  # a retransmitted or overtaken beat: its busy state is old
+                    job.beat_seq[rank] = h.seq
+                    job.busy = job.busy | 1 << rank if h.round else job.busy & ~(1 << rank)
                 job.busy_round = max(job.busy_round, h.round)
-                job.busy = job.busy | h.bitmap if h.round else job.busy & ~h.bitmap
         elif h.kind == Kind.BYE:
+            self._ack(h, src)  # every copy: the ack of an earlier one may have been lost
             job = self.jobs.get(h.job)
             if job is not None:
                 job.left |= h.bitmap
+                job.busy &= ~h.bitmap
                 if job.left == full_mask(job.fan_in) and not job.failed:
                     self._end(h.job, job)
         elif h.kind == Kind.STATS:

@@ -39,6 +39,12 @@ class Kind(enum.IntEnum):
     STATS = 8  # request/reply: counters as JSON (control plane, never fault-injected)
     BYE = 9  # up: a worker leaves cleanly
     SHUTDOWN = 10  # control: stop the process serving this socket
+    # down: the parameter node received control message ``seq`` (HEARTBEAT or BYE, named in
+    # ``slot``) of the workers in ``bitmap``; control messages are retransmitted until acked
+    ACK = 11
+    # down: the workers in ``bitmap`` fell back to the parameter node; forwarding nodes on their
+    # old route stop counting them (slots that now hold every remaining worker complete)
+    MOVED = 12
 
 
 class Flag(enum.IntFlag):
@@ -72,7 +78,8 @@ class Header:
     version: int = VERSION
 
     def has(self, flag: Flag) -> bool:
-        return bool(self.flags & flag)
+        # int's own ``&``: IntFlag's operator builds a new enum member per call (~2 us)
+        return int.__and__(self.flags, flag) != 0
 
     def with_(self, **changes: object) -> Header:
         return replace(self, **changes)
@@ -118,16 +125,24 @@ def encode(header: Header, payload: bytes | memoryview | np.ndarray = b"") -> by
     return b"".join(encode_parts(header, payload))
 
 
-def decode(datagram: bytes | memoryview) -> tuple[Header, bytes | memoryview]:
+_KINDS = {int(k): k for k in Kind}
+_FLAGS = [Flag(i) for i in range(int(max(Flag)) * 2)]  # every combination, made once
+
+
+def decode(datagram: bytes | memoryview) -> tuple[Header, memoryview]:
+    """Header and payload; the payload is a view of ``datagram`` (no copy of the values)."""
     if len(datagram) < HEADER_SIZE:
         raise ProtocolError(f"datagram of {len(datagram)} bytes is shorter than the header")
     version, kind, flags, job, rnd, seq, bitmap, fan_in, slot, exponent, count = \
         _HEADER.unpack_from(datagram)
     if version != VERSION:
         raise ProtocolError(f"protocol version {version}, expected {VERSION}")
-    header = Header(Kind(kind), job, rnd, seq, bitmap, fan_in, slot, exponent, count,
-                    Flag(flags), version)
-    return header, datagram[HEADER_SIZE:]
+    try:
+        header = Header(_KINDS[kind], job, rnd, seq, bitmap, fan_in, slot, exponent, count,
+                        _FLAGS[flags], version)
+    except (KeyError, IndexError):
+        raise ProtocolError(f"unknown packet kind {kind} or flags {flags:#x}") from None
+    return header, memoryview(datagram)[HEADER_SIZE:]
 
 
 def values(header: Header, body: bytes | memoryview) -> np.ndarray:
@@ -150,12 +165,30 @@ def bits(bitmap: int) -> list[int]:
     return [i for i in range(MAX_WORKERS) if bitmap >> i & 1]
 
 
-def slot_id(job: int, seq: int) -> int:
-    """Resource id for a slice: the job's hash offset plus the slice index.
+def _mix64(x: int) -> int:
+    """SplitMix64's finaliser: every input bit flips about half of the output bits."""
+    x &= 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 31)
 
-    Consecutive slices of one job land in consecutive slots, so a send window no larger than
-    the pool never collides with itself; different jobs start at different hashed offsets.
+
+def slot_id(job: int, seq: int) -> int:
+    """Resource id for a slice: the job id and the slice index hashed *together* (the spec).
+
+    Every worker of a job computes the same id for the same slice. Hashing the pair (instead
+    of the job's hashed offset plus the index, ``legacy_slot_id``) spreads one job's slices
+    over the whole pool, so two tenants whose offsets happen to be close do not collide on a
+    whole run of consecutive slots; the price is that a job's own window can now collide with
+    itself (a conflict, aggregated by the parameter node, which returns an updated id).
+    ``bench/aggregation_slots.py`` measures both rules with many tenants (docs/aggregation.md).
     """
+    return _mix64((job & 0xFFFFFFFF) << 32 | (seq & 0xFFFFFFFF)) & 0xFFFF
+
+
+def legacy_slot_id(job: int, seq: int) -> int:
+    """The former rule, ``hash(job) + index``: kept only so the collision benchmark can
+    compare both rules."""
     h = (job * 0x9E3779B1) & 0xFFFFFFFF
     h ^= h >> 15
     return (h + seq) & 0xFFFF

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trainmaster.aggregation.accumulator import IntSum
+from trainmaster.aggregation.kills import KillPlan, Trigger
 from trainmaster.aggregation.memory import tune_allocator
 from trainmaster.aggregation.protocol import (
     HEADER_SIZE,
@@ -58,12 +59,17 @@ class SwitchCounters:
     duplicates_ignored: int = 0
     slots_released: int = 0
     released_by_abort: int = 0
+    results_replicated: int = 0  # RESULT copies sent down: one per worker (or lower node)
+    workers_moved: int = 0  # workers that fell back to the parameter node (MOVED notices)
 
 
 @dataclass
 class _Job:
     local_mask: int = 0
     routes: dict[int, Address] = field(default_factory=dict)  # worker rank -> next hop down
+    # worker rank -> next hop down for acknowledgements (a worker's control socket, or the
+    # lower forwarding node its heartbeats came through)
+    control_routes: dict[int, Address] = field(default_factory=dict)
 
 
 class _RecentKeys:
@@ -92,7 +98,8 @@ class ForwardingNode:
 
     def __init__(self, parent: Address, slots: int = 64, name: str = "switch",
                  host: str = "127.0.0.1", port: int = 0, faults: FaultPlan | None = None,
-                 transport: str = "udp"):
+                 transport: str = "udp", kill: KillPlan | None = None, index: int = 0):
+        """``index``: this node's place in the fabric (``switch:INDEX`` in a ``KillPlan``)."""
         if slots < 1 or slots > 0xFFFF:
             raise ValueError("a forwarding node needs between 1 and 65535 slots")
         self.parent = parent
@@ -106,6 +113,8 @@ class ForwardingNode:
         self.diverted = _RecentKeys()
         self.finished = _RecentKeys()
         self._running = True
+        self._kill = Trigger(kill if kill is not None and kill.aims_at("switch", index)
+                             else None)
 
     # ---- up-going -------------------------------------------------------------------------
     def _on_hello(self, h: Header, body: bytes, src: Address) -> None:
@@ -209,6 +218,40 @@ class ForwardingNode:
                 hops[hop] = hops.get(hop, 0) | 1 << rank
         for hop, mask in hops.items():
             self.transport.send(encode_parts(h.with_(bitmap=mask), body), hop)
+        if h.kind == Kind.RESULT:
+            self.counters.results_replicated += len(hops)
+
+    def _on_moved(self, h: Header, body: bytes | memoryview) -> None:
+        """Workers of this job left this node's subtree (they fell back to the parameter node):
+        stop counting them, finish every slot that now holds all remaining workers, and pass
+        the notice down their old routes (a lower node that is alive does the same)."""
+        job = self.jobs.get(h.job)
+        if job is None or not job.local_mask & h.bitmap:
+            return
+        job.local_mask &= ~h.bitmap
+        hops = {job.routes.pop(rank) for rank in bits(h.bitmap) if rank in job.routes}
+        self.counters.workers_moved += bin(h.bitmap).count("1")
+        for index, slot in enumerate(self.pool):
+            if slot is not None and slot.key[0] == h.job and job.local_mask and \
+                    slot.sum.bitmap & job.local_mask == job.local_mask and slot.sum.size:
+                _, rnd, seq = slot.key
+                size = slot.sum.size
+                self._complete(index, slot, Header(Kind.DATA, h.job, rnd, seq, 0, slot.fan_in,
+                                                   index, 0, size))
+        for hop in hops:
+            self.transport.send(encode_parts(h, body), hop)
+
+    def _acknowledge(self, h: Header, body: bytes) -> None:
+        job = self.jobs.get(h.job)
+        if job is None:
+            return
+        hops: dict[Address, int] = {}
+        for rank in bits(h.bitmap):
+            hop = job.control_routes.get(rank)
+            if hop is not None:
+                hops[hop] = hops.get(hop, 0) | 1 << rank
+        for hop, mask in hops.items():
+            self.transport.send(encode_parts(h.with_(bitmap=mask), body), hop)
 
     def _on_down(self, h: Header, body: bytes) -> None:
         if h.kind == Kind.RESULT:
@@ -222,9 +265,24 @@ class ForwardingNode:
                     self._free(i)
         elif h.kind == Kind.WELCOME:
             h = h.with_(slot=min(h.slot or self.pool_size, self.pool_size))
+            body = self._lower_budget(h.job, body)
         elif h.kind == Kind.ABORT:
             self._release_job(h.job)
         self._multicast(h, body)
+
+    def _lower_budget(self, job_id: int, welcome: bytes | memoryview) -> bytes:
+        """The WELCOME's per-worker in-flight budget, lowered to this node's share of its
+        receive buffer for each of the job's workers below it (the slice size it passes on
+        unchanged: one value for the whole job, decided by the parameter node)."""
+        job = self.jobs.get(job_id)
+        try:
+            info = json.loads(bytes(welcome)) if len(welcome) else {}
+        except ValueError:
+            return bytes(welcome)
+        below = bin(job.local_mask).count("1") if job else 1
+        mine = self.transport.buffer_per_sender(below)
+        info["buffer_per_worker"] = min(int(info.get("buffer_per_worker", mine)), mine)
+        return json.dumps(info).encode()
 
     def _release_job(self, job: int) -> None:
         for i, slot in enumerate(self.pool):
@@ -245,6 +303,7 @@ class ForwardingNode:
         try:
             h, body = decode(datagram)
             self.counters.packets_in += 1
+            self._kill.tick(self.counters.packets_in)
             self._dispatch(h, body, src)
         except (ProtocolError, ValueError):
             return  # not a valid packet (wrong version, short payload): like a corrupted one
@@ -255,7 +314,16 @@ class ForwardingNode:
         elif h.kind in (Kind.HELLO,):
             self._on_hello(h, body, src)
         elif h.kind in (Kind.HEARTBEAT, Kind.BYE):
+            # forwarded as it is: the worker retransmits it until the parameter node's ACK
+            # comes back, which follows the route learned here
+            job = self.jobs.setdefault(h.job, _Job())
+            for rank in bits(h.bitmap):
+                job.control_routes[rank] = src
             self.transport.send(encode_parts(h, body), self.parent)
+        elif h.kind == Kind.ACK:
+            self._acknowledge(h, body)
+        elif h.kind == Kind.MOVED:
+            self._on_moved(h, body)
         elif h.kind in (Kind.RESULT, Kind.EXCEPTION, Kind.WELCOME, Kind.ABORT):
             self._on_down(h, body)
         elif h.kind == Kind.STATS:

@@ -6,6 +6,15 @@ and sent with aggregate-at = 0. A slice whose result does not come back within t
 timeout, or that ``gap_threshold`` later slices overtook, is sent again with the retransmit flag
 and aggregate-at = 1. An exception-retransmit instruction makes the worker resend that slice as
 float32. A heartbeat thread keeps the parameter node aware that this worker is alive.
+
+Control messages are reliable: the heartbeat thread owns a second socket (the *control*
+socket) and retransmits each HEARTBEAT every ``control_retry`` seconds until the parameter node
+acknowledges it (ACK, routed back through the forwarding nodes); ``close`` does the same for
+BYE. The acknowledgements are also this worker's view of the fabric: when none has come for
+``failover_after`` seconds the forwarding node is taken for dead and the worker falls back to
+the parameter node directly (HELLO there moves its route; every slice then goes with
+aggregate-at = 1, as on the collision path); when the parameter node does not answer either for
+``parameter_node_dead_after`` more seconds, the reduction fails with an error naming it.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from trainmaster.aggregation.kills import KillPlan, Trigger
 from trainmaster.aggregation.memory import tune_allocator
 from trainmaster.aggregation.protocol import (
     HEADER_SIZE,
@@ -44,9 +54,13 @@ from trainmaster.aggregation.quantize import (
     peak_magnitude,
     quantize_into,
 )
-from trainmaster.aggregation.transport import Address, FaultPlan, make_transport
+from trainmaster.aggregation.transport import Address, FaultPlan, make_transport, path_chunk
 
-DEFAULT_CHUNK = {"udp": 4096, "shm": 1 << 20}  # elements per slice: 16 KiB datagrams / 4 MiB
+# elements per slice: on udp the largest datagram (64 KiB; the per-packet cost of Python is
+# paid 4x less often than with 16 KiB, measured in bench/aggregation_hotpath.py; over links
+# with a 1500-byte MTU the kernel fragments it, so a testbed raises the MTU or a job sets
+# ``chunk`` / TM_AGGREGATION_CHUNK lower), on shm 4 MiB
+DEFAULT_CHUNK = {"udp": MAX_ELEMENTS, "shm": 1 << 20}
 
 
 def host_identity() -> str:
@@ -76,6 +90,8 @@ class WorkerCounters:
     float_resends: int = 0
     duplicates_ignored: int = 0
     results: int = 0
+    fallbacks_to_parameter_node: int = 0  # the forwarding node stopped answering
+    window_cuts: int = 0  # congestion window halved after a loss
     stale_results: int = 0  # shared-store references whose space was reused before reading
     elements_reduced: int = 0
     seconds_in_allreduce: float = 0.0
@@ -92,6 +108,7 @@ class _InFlight:
     acks_after: int = 0
     gap_resent: bool = False
     sends: int = 0
+    last_sent_packet: int = 0  # the worker's packets_sent count when this slice last went
 
 
 @dataclass
@@ -106,8 +123,21 @@ class WorkerConfig:
     min_retransmit_timeout: float | None = None
     max_retransmit_timeout: float = 1.0
     gap_threshold: int = 16
+    # AIMD send window between 1 and ``window``: halved when a slice is lost (at most once per
+    # window of sends), grown by one slice per window of results. On a capped link the queue
+    # in front of it (e.g. a tbf qdisc) is what drops packets; a fixed window of 64 KiB
+    # datagrams would overflow it on every reduction. False: always the full window.
+    congestion_control: bool = True
     timeout: float = 30.0  # no progress for this long -> AggregationError
     heartbeat: float = 0.5
+    control_retry: float = 0.1  # resend an unacknowledged HEARTBEAT / BYE after this long
+    # no acknowledgement through the forwarding node for this long: go to the parameter node
+    failover_after: float = 3.0
+    # ... and none from the parameter node directly for this long more: the job fails
+    parameter_node_dead_after: float = 10.0
+    bye_timeout: float = 2.0  # how long ``close`` retransmits BYE waiting for its ACK
+    # where to fall back; None: the address the parameter node's WELCOME names
+    parameter_node: Address | None = None
     quantizer: Quantizer = field(default_factory=BlockFloat)
     # keep freed megabyte buffers in this process' heap (see memory.py): no page faults per slice
     tune_allocator: bool = True
@@ -118,7 +148,7 @@ class AggregationClient:
 
     def __init__(self, switch: Address, job: int, rank: int, world: int,
                  config: WorkerConfig | None = None, faults: FaultPlan | None = None,
-                 host: str = "127.0.0.1", transport: str = "udp"):
+                 host: str = "127.0.0.1", transport: str = "udp", kill: KillPlan | None = None):
         if not 0 <= rank < world <= MAX_WORKERS:
             raise ValueError(f"rank {rank} / world {world}: need 0 <= rank < world <= "
                              f"{MAX_WORKERS}")
@@ -126,7 +156,13 @@ class AggregationClient:
         if self.config.tune_allocator:
             tune_allocator()
         self.transport = make_transport(transport, f"worker{job}.{rank}", host, 0, faults)
+        self._control = make_transport("udp", f"worker{job}.{rank}-control", host, 0, faults)
+        # no chunk configured: on udp the largest datagram the path to the forwarding node
+        # carries unfragmented; the WELCOME then gives every worker of the job the smallest
+        # of its workers' (slices must line up across workers)
         self.chunk = self.config.chunk or DEFAULT_CHUNK[transport]
+        if self.config.chunk is None and transport == "udp":
+            self.chunk = path_chunk(host, switch, HEADER_SIZE) or self.chunk
         self.initial_rto = self.config.retransmit_timeout
         if self.initial_rto is None:
             self.initial_rto = 0.2 if transport == "udp" else 1.0
@@ -136,13 +172,19 @@ class AggregationClient:
         limit = (self.transport.max_packet - HEADER_SIZE) // 4
         if not 1 <= self.chunk <= limit:
             self.transport.close()
+            self._control.close()
             raise ValueError(f"chunk must be between 1 and {limit} elements on the "
                              f"{transport} transport (UDP: {MAX_ELEMENTS})")
         self.switch, self.job, self.rank, self.world = switch, job, rank, world
+        self.parameter_node: Address | None = self.config.parameter_node
+        self.target = switch  # where data goes: the forwarding node, or the parameter node
+        self._kill = Trigger(kill if kill is not None and kill.aims_at("worker", rank) else None)
         self.bit = 1 << rank
         self.counters = WorkerCounters()
         self.round = 0
         self.window = 1
+        self.cwnd = 1.0  # congestion window (slices), <= window; kept across reductions
+        self._cwnd_cut_at = 0  # packets_sent when the window was last halved
         self.slot_override: dict[int, int] = {}
         # per-slice error bounds of the last reduction; the per-element array is built on demand
         self._bounds: np.ndarray | None = None
@@ -151,6 +193,19 @@ class AggregationClient:
         self._heart: threading.Thread | None = None
         self._joined = False
         self._busy_round = 0
+        # control path (see the module docstring): the heartbeat thread owns the beat state
+        # (``_beat`` is also called by ``join``, before that thread starts)
+        self._beat_lock = threading.Lock()
+        self._beat_seq = 0
+        self._beat_round = 0
+        self._beat_sent_at = 0.0
+        self._beat_acked = 0
+        self._beat_acked_at = time.monotonic()
+        self._control_target = switch
+        self._fall_back = threading.Event()  # set by the heartbeat thread: go to the ps
+        self._direct = False  # the main thread has moved data to the parameter node
+        self._direct_welcomed = False
+        self._fabric_error: str | None = None
         self._scratch = np.empty(BLOCK, dtype=np.float32)  # quantisation's work space
         self._srtt: float | None = None  # smoothed round trip of a slice (RFC 6298 style)
         self._rttvar = 0.0
@@ -160,7 +215,8 @@ class AggregationClient:
         """Register with the fabric and wait until every worker of the job has (a barrier)."""
         if self._joined:
             return
-        me = json.dumps({"pid": os.getpid(), "host": host_identity()}).encode()
+        me = json.dumps({"pid": os.getpid(), "host": host_identity(),
+                         "chunk": self.chunk}).encode()
         hello = encode(Header(Kind.HELLO, self.job, bitmap=self.bit, fan_in=self.world), me)
         self.transport.prepare(self.switch)
         deadline = time.monotonic() + self.config.timeout
@@ -179,34 +235,137 @@ class AggregationClient:
             got = self.transport.recv(min(0.3, deadline - now))
             if got is None:
                 continue
-            h, _ = self._decode(got[0])
+            h, body = self._decode(got[0])
             if h is not None and h.kind == Kind.WELCOME and h.job == self.job:
+                info = self._welcome_info(body)
+                budget = info.get("buffer_per_worker")
+                if self.config.chunk is None and isinstance(info.get("chunk"), int) and \
+                        1 <= info["chunk"] <= (self.transport.max_packet - HEADER_SIZE) // 4:
+                    self.chunk = info["chunk"]
                 pool = h.slot or 1
                 per_packet = HEADER_SIZE + 4 * self.chunk
-                by_buffer = max(1, self.transport.receive_buffer // (2 * per_packet))
+                # half of the smallest buffer share on the path (a datagram occupies more
+                # than its bytes in a socket buffer), and of this worker's own buffer
+                room = min(self.transport.receive_buffer, budget or self.transport.receive_buffer)
+                by_buffer = max(1, room // (2 * per_packet))
                 self.window = max(1, min(self.config.window, pool, by_buffer))
+                self.cwnd = float(self.window)
                 self._joined = True
                 break
+        self._beat_acked_at = time.monotonic()
+        self._beat(fresh=True)
         self._heart = threading.Thread(target=self._heartbeat, daemon=True,
                                        name=f"aggregation-heartbeat-{self.rank}")
         self._heart.start()
 
+    def _welcome_info(self, welcome: bytes | memoryview) -> dict[str, Any]:
+        """What a WELCOME says (the parameter node's address, taken unless configured; the
+        per-worker in-flight budget; the job's slice size); {} if unreadable."""
+        try:
+            info = json.loads(bytes(welcome)) if len(welcome) else {}
+            host, port = info.get("parameter_node") or (None, None)
+            if "buffer_per_worker" in info:
+                info["buffer_per_worker"] = int(info["buffer_per_worker"])
+        except (ValueError, TypeError, AttributeError):
+            return {}
+        # a wildcard bind names no reachable address
+        if self.parameter_node is None and host not in (None, "0.0.0.0", "::"):
+            self.parameter_node = (str(host), int(port))
+        return info
+
+    def _beat(self, fresh: bool) -> None:
+        """Send a HEARTBEAT on the control socket; ``fresh``: a new one (new sequence number,
+        the current busy state), else the unacknowledged one again.
+
+        The round field says whether this worker waits inside allreduce (0: idle), so the
+        parameter node knows someone waits even when no slice of that round reached it yet;
+        the sequence number lets it ignore a late copy that would set an old busy state."""
+        with self._beat_lock:
+            if fresh:
+                self._beat_seq += 1
+                self._beat_round = self._busy_round
+            beat = Header(Kind.HEARTBEAT, self.job, self._beat_round, self._beat_seq,
+                          self.bit, self.world)
+            self._control.send(encode(beat), self._control_target)
+            self._beat_sent_at = time.monotonic()
+
     def _heartbeat(self) -> None:
-        # the round field says whether this worker is waiting inside allreduce (0: idle), so the
-        # parameter node knows someone waits even when no slice of that round reached it yet
-        while not self._stop.wait(self.config.heartbeat):
-            beat = Header(Kind.HEARTBEAT, self.job, self._busy_round, bitmap=self.bit,
-                          fan_in=self.world)
-            self.transport.send(encode(beat), self.switch)
+        """The control thread: beat every ``heartbeat`` s, resend until acknowledged, and
+        judge the fabric from the acknowledgements (fall back, or fail naming the node)."""
+        cfg = self.config
+        while not self._stop.is_set():
+            now = time.monotonic()
+            unacked = self._beat_acked < self._beat_seq
+            if self._busy_round != self._beat_round or \
+                    (not unacked and now - self._beat_sent_at >= cfg.heartbeat):
+                # a change of the busy state goes out at once, in a fresh beat: a reduction
+                # shorter than control_retry is never announced (no packet per allreduce)
+                self._beat(fresh=True)
+            elif unacked and now - self._beat_sent_at >= cfg.control_retry:
+                self._beat(fresh=False)
+            self._judge_fabric(now)
+            if self._fabric_error is not None:
+                return
+            # wake at least every control_retry to see a change of the busy state
+            wait = cfg.control_retry if self._beat_acked < self._beat_seq else \
+                min(cfg.control_retry, self._beat_sent_at + cfg.heartbeat - time.monotonic())
+            got = self._control.recv(max(0.0, wait))
+            if got is None:
+                continue
+            h, _ = self._decode(got[0])
+            if h is not None and h.kind == Kind.ACK and h.job == self.job and \
+                    h.slot == Kind.HEARTBEAT:
+                self._beat_acked = max(self._beat_acked, h.seq)
+                self._beat_acked_at = time.monotonic()
+
+    def _judge_fabric(self, now: float) -> None:
+        cfg = self.config
+        silent = now - self._beat_acked_at
+        if not self._fall_back.is_set():
+            if silent < cfg.failover_after:
+                return
+            if self.parameter_node is not None and self.parameter_node != self.switch:
+                # the forwarding node (or the way to it) is gone: talk to the parameter node
+                self._control_target = self.parameter_node
+                self._beat_acked_at = now
+                self._fall_back.set()
+                return
+        elif silent < cfg.parameter_node_dead_after:
+            return
+        ps = self.parameter_node or self.switch
+        via = f", nor through the forwarding node {self.switch[0]}:{self.switch[1]} before" \
+            if self._fall_back.is_set() else ""
+        self._fabric_error = (
+            f"job {self.job} worker {self.rank}: the parameter node at {ps[0]}:{ps[1]} does not "
+            f"answer: no acknowledgement of a heartbeat for {silent:.1f} s{via}; the job cannot "
+            f"continue (is the parameter node running?)")
 
     def close(self) -> None:
         self._stop.set()
         if self._heart is not None:
             self._heart.join(timeout=2)
-        if self._joined:
-            bye = encode(Header(Kind.BYE, self.job, bitmap=self.bit, fan_in=self.world))
-            self.transport.send(bye, self.switch, control=True)
+        if self._joined and self._fabric_error is None:
+            self._leave()
         self.transport.close()
+        self._control.close()
+
+    def _leave(self) -> None:
+        """BYE, retransmitted until the parameter node acknowledges it (or ``bye_timeout``):
+        a BYE lost on the way would leave this worker looking dead once its process exits."""
+        cfg = self.config
+        bye = encode(Header(Kind.BYE, self.job, 0, self._beat_seq + 1, self.bit, self.world))
+        deadline = time.monotonic() + cfg.bye_timeout
+        while time.monotonic() < deadline:
+            self._control.send(bye, self._control_target)
+            until = min(deadline, time.monotonic() + cfg.control_retry)
+            while (left := until - time.monotonic()) > 0:
+                got = self._control.recv(left)
+                if got is None:
+                    break
+                h, _ = self._decode(got[0])
+                if h is not None and h.kind == Kind.ACK and h.slot == Kind.BYE and \
+                        h.job == self.job:
+                    return
 
     def __enter__(self) -> AggregationClient:
         self.join()
@@ -228,14 +387,14 @@ class AggregationClient:
         """Quantise (or copy, on the float path) the slice straight into the outgoing packet."""
         chunk = x[fl.start:fl.stop]
         slot = self.slot_override.get(fl.seq, slot_id(self.job, fl.seq))
-        flags = Flag.NONE
+        flags = Flag.AGGREGATE_AT_PS if self._direct else Flag.NONE
         if retransmit:
             flags |= Flag.RETRANSMIT | Flag.AGGREGATE_AT_PS
         if fl.floats:
             flags |= Flag.FLOAT | Flag.AGGREGATE_AT_PS
         exponent = 0 if fl.floats else \
             self.config.quantizer.choose_exponent(chunk, self.world, peak)
-        packet = self.transport.packet(self.switch, HEADER_SIZE + 4 * chunk.size)
+        packet = self.transport.packet(self.target, HEADER_SIZE + 4 * chunk.size)
         payload = np.frombuffer(packet, "<f4" if fl.floats else "<i4", chunk.size, HEADER_SIZE)
         if fl.floats:
             payload[:] = chunk
@@ -245,8 +404,10 @@ class AggregationClient:
                       exponent, chunk.size, flags)
         encode_header_into(packet, head, chunk.size)
         del payload  # no view of the packet may outlive this call
-        self.transport.send(packet, self.switch)
+        self.transport.send(packet, self.target)
         self.counters.packets_sent += 1
+        self._kill.tick(self.counters.packets_sent)
+        fl.last_sent_packet = self.counters.packets_sent
         fl.sends += 1
         fl.sent_at = time.monotonic()
 
@@ -286,7 +447,7 @@ class AggregationClient:
         try:
             result_flat, bounds = self._reduce(x, peaks, target)
         finally:
-            self._busy_round = 0
+            self._busy_round = 0  # announced by the heartbeat thread within control_retry
         self._bounds, self._bound_shape = bounds, tuple(src.shape)
         if out is not None:
             return out
@@ -326,8 +487,17 @@ class AggregationClient:
         pending: dict[int, _InFlight] = {}
         next_seq = done = 0
         last_progress = time.monotonic()
+        next_hello = 0.0
         while done < total:
-            while next_seq < total and len(pending) < self.window:
+            if self._fabric_error is not None:
+                raise AggregationError(self._fabric_error)
+            if self._fall_back.is_set():
+                if not self._direct:
+                    self._go_direct(pending)
+                if not self._direct_welcomed and time.monotonic() >= next_hello:
+                    self._hello(self.target)
+                    next_hello = time.monotonic() + 0.3
+            while next_seq < total and len(pending) < max(1, int(self.cwnd)):
                 fl = _InFlight(next_seq, next_seq * chunk, min(n, (next_seq + 1) * chunk), 0.0,
                                self._rto())
                 pending[next_seq] = fl
@@ -335,18 +505,17 @@ class AggregationClient:
                 next_seq += 1
             now = time.monotonic()
             if now - last_progress > cfg.timeout:
-                raise AggregationError(
-                    f"job {self.job} worker {self.rank}: no result for {len(pending)} slice(s) "
-                    f"of round {self.round} within {cfg.timeout:.0f} s; the forwarding node "
-                    f"{self.switch[0]}:{self.switch[1]} or the parameter node is unreachable")
+                raise AggregationError(self._timeout_message(len(pending)))
             first_due = min(fl.sent_at + fl.rto for fl in pending.values())
             got = self.transport.recv(max(0.0, min(first_due - now, 0.5)))
             if got is not None:
                 h, body = self._decode(got[0])
                 if h is not None and h.job == self.job:
                     if h.kind == Kind.ABORT:
-                        raise WorkerLostError(body.decode(errors="replace"))
-                    if h.round != self.round or h.seq not in pending:
+                        raise WorkerLostError(bytes(body).decode(errors="replace"))
+                    if h.kind == Kind.WELCOME:
+                        self._direct_welcomed = self._direct
+                    elif h.round != self.round or h.seq not in pending:
                         if h.kind == Kind.RESULT:
                             self.counters.duplicates_ignored += 1
                     elif h.kind == Kind.RESULT and self._accept(h, body, pending[h.seq], out,
@@ -354,6 +523,8 @@ class AggregationClient:
                         fl = pending.pop(h.seq)
                         if fl.sends == 1:  # Karn: only unambiguous samples
                             self._sample_rtt(time.monotonic() - fl.sent_at)
+                        if cfg.congestion_control:
+                            self.cwnd = min(float(self.window), self.cwnd + 1.0 / self.cwnd)
                         done += 1
                         last_progress = time.monotonic()
                         for other in pending.values():
@@ -375,11 +546,48 @@ class AggregationClient:
                         self.counters.gap_retransmits += 1
                     else:
                         fl.rto = min(fl.rto * 2, cfg.max_retransmit_timeout)
+                    self._on_loss(fl)
                     self.counters.retransmits += 1
                     self._send_slice(x, fl, retransmit=True, peak=peaks[fl.seq])
         self.counters.elements_reduced += n
         self.counters.seconds_in_allreduce += time.monotonic() - started
         return out, bound
+
+    def _on_loss(self, fl: _InFlight) -> None:
+        """Multiplicative decrease, once per window: only a loss of a slice sent after the
+        last cut counts (the others of that window were lost to the same overflow)."""
+        if not self.config.congestion_control or fl.last_sent_packet <= self._cwnd_cut_at:
+            return
+        self.cwnd = max(1.0, self.cwnd / 2)
+        self._cwnd_cut_at = self.counters.packets_sent
+        self.counters.window_cuts += 1
+
+    def _hello(self, addr: Address) -> None:
+        me = json.dumps({"pid": os.getpid(), "host": host_identity()}).encode()
+        self.transport.send(encode(Header(Kind.HELLO, self.job, bitmap=self.bit,
+                                          fan_in=self.world), me), addr)
+
+    def _go_direct(self, pending: dict[int, _InFlight]) -> None:
+        """Fall back to the parameter node: data goes there with aggregate-at = 1, and every
+        slice in flight (perhaps summed in the dead node's memory) is resent now."""
+        assert self.parameter_node is not None
+        self.target = self.parameter_node
+        self.transport.prepare(self.target)
+        self._direct = True
+        self.counters.fallbacks_to_parameter_node += 1
+        self._hello(self.target)
+        for fl in pending.values():
+            fl.sent_at = 0.0
+
+    def _timeout_message(self, pending: int) -> str:
+        head = (f"job {self.job} worker {self.rank}: no result for {pending} slice(s) of round "
+                f"{self.round} within {self.config.timeout:.0f} s")
+        if time.monotonic() - self._beat_acked_at < 2 * self.config.failover_after:
+            return (f"{head}; the parameter node acknowledges this worker's heartbeats, so the "
+                    f"fabric is up: another worker of the job is not contributing (the "
+                    f"parameter node names a worker it finds dead or stopped)")
+        return (f"{head}; the forwarding node {self.switch[0]}:{self.switch[1]} or the "
+                f"parameter node is unreachable")
 
     def _accept(self, h: Header, body: bytes, fl: _InFlight, out: np.ndarray,
                 bound: np.ndarray) -> bool:

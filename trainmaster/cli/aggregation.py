@@ -47,6 +47,13 @@ def demo(
     timeout: float = typer.Option(60.0, help="Seconds without progress before a worker fails."),
     transport: str = typer.Option("udp", help="udp, or shm: shared-memory rings for large "
                                   "packets (same host)."),
+    siblings: int = typer.Option(1, help="Forwarding nodes directly under the parameter node "
+                                 "(with --levels 1)."),
+    kill: str = typer.Option("", help="Process fault: ps, switch, switch:I or worker:R kills "
+                             "itself at the moment --kill-after chooses."),
+    kill_after: int = typer.Option(50, help="Packets the --kill victim handles before the "
+                                   "signal (received for a node, sent for a worker)."),
+    kill_signal: str = typer.Option("KILL", help="KILL, or STOP (the process freezes)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Start the tier and workers as processes, reduce random tensors under injected faults
@@ -70,6 +77,17 @@ def demo(
         problems.append(f"--chunk must be between 1 and {MAX_ELEMENTS} on udp")
     elif not 1 <= chunk <= SHM_MAX_ELEMENTS:
         problems.append(f"--chunk must be between 1 and {SHM_MAX_ELEMENTS} on shm")
+    if not 1 <= siblings <= 16 or (siblings > 1 and levels != 1):
+        problems.append("--siblings must be between 1 and 16, and more than 1 only with "
+                        "--levels 1")
+    plan = None
+    if kill:
+        from trainmaster.aggregation.kills import KillPlan
+
+        try:
+            plan = KillPlan(kill, kill_after, kill_signal.upper())
+        except ValueError as exc:
+            problems.append(f"--kill: {exc}")
     if problems:
         raise UserError("invalid demo options", details=problems)
     faults = FaultPlan(drop=_probability("drop", drop),
@@ -78,7 +96,7 @@ def demo(
                        seed=seed)
     cfg = DemoConfig(workers=workers, jobs=jobs, elements=elements, rounds=rounds, slots=slots,
                      levels=levels, overflow=overflow, chunk=chunk, seed=seed, faults=faults,
-                     timeout=timeout, transport=transport)
+                     timeout=timeout, transport=transport, siblings=siblings, kill=plan)
     result = run_demo(cfg)
     if as_json:
         print(json.dumps(result))
@@ -103,15 +121,22 @@ def parameter_node(
     port: int = typer.Option(0, envvar="TM_AGGREGATION_PORT",
                              help="UDP port (0: any free port, printed)."),
     dead_after: float = typer.Option(
-        10.0, help="Seconds of silence (no packet, no heartbeat) before a waited-for worker "
-        "on another host is dead (a worker on this host is watched through its process)."),
+        10.0, help="Seconds without a control message (HELLO, heartbeat, BYE: retransmitted "
+        "until acknowledged) before a waited-for worker on another host is dead (a worker on "
+        "this host is watched through its process)."),
+    stalled_after: float = typer.Option(
+        2.0, help="Seconds a same-host worker may be stopped (SIGSTOP) and silent before the "
+        "job is aborted naming it."),
     transport: str = typer.Option("udp", envvar="TM_AGGREGATION_TRANSPORT",
                                   help="udp, or shm (shared-memory rings, same host)."),
 ) -> None:
     """Run a parameter node in the foreground (verifies sums, aggregates fallbacks)."""
     from trainmaster.aggregation.parameter_node import ParameterNode
 
-    node = ParameterNode(host, port, dead_after=dead_after, transport=_transport(transport))
+    if dead_after <= 0 or stalled_after <= 0:
+        raise UserError("--dead-after and --stalled-after must be positive numbers of seconds")
+    node = ParameterNode(host, port, dead_after=dead_after, transport=_transport(transport),
+                         stalled_after=stalled_after)
     print(f"parameter node listening on {node.address[0]}:{node.address[1]} ({transport})", flush=True)
     node.serve()
 

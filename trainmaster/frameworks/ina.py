@@ -7,9 +7,13 @@ known). Each worker gets ``TM_AGGREGATION_SWITCH`` (its forwarding node, spread 
 ``trainmaster.aggregation.torch_hook.client_from_env`` reads. The job succeeds when every worker
 succeeds (the ps and switch then stop with the job).
 
-frameworkParams: ``slots`` (aggregator slots per forwarding node, default 64) and
+frameworkParams: ``slots`` (aggregator slots per forwarding node, default 64),
 ``transport`` (``udp``, the default, or ``shm``: shared-memory rings, every role on one host),
-handed to every role as ``TM_AGGREGATION_TRANSPORT``.
+handed to every role as ``TM_AGGREGATION_TRANSPORT``, and ``chunk`` (float32 elements per
+packet, handed to workers as ``TM_AGGREGATION_CHUNK``; default: the transport's, 64 KiB
+datagrams on udp; lower it for links whose MTU is not raised). A ``switch`` role with several
+replicas puts that many forwarding nodes side by side under the parameter node, workers spread
+over them round robin; the parameter node judges each one's sums against its own workers.
 """
 
 from __future__ import annotations
@@ -44,6 +48,11 @@ class InaFramework(Framework):
         transport = (spec.get("frameworkParams") or {}).get("transport", "udp")
         if transport not in TRANSPORTS:
             errors.append(f"spec.frameworkParams.transport: '{transport}' is not one of {', '.join(TRANSPORTS)}")
+        chunk = (spec.get("frameworkParams") or {}).get("chunk")
+        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int)
+                                  or not 1 <= chunk <= 16368):
+            errors.append(f"spec.frameworkParams.chunk: {chunk!r} must be a whole number of "
+                          f"elements between 1 and 16368 (one 64 KiB UDP datagram)")
         for i, role in enumerate(roles):
             if role.get("name") == "worker" and not 1 <= role.get("replicas", 1) <= 64:
                 errors.append(f"spec.roles[{i}].replicas: ina supports 1 to 64 workers")
@@ -69,6 +78,9 @@ class InaFramework(Framework):
                     "TM_AGGREGATION_PARENT": ctx.services["ps"][0],
                     "TM_AGGREGATION_SLOTS": str(ctx.params.get("slots", 64))}
         switches = ctx.services["switch"]
-        return {"TM_AGGREGATION_SWITCH": switches[ctx.index % len(switches)],
-                "TM_AGGREGATION_JOB": str(job_id), "RANK": str(ctx.index),
-                "WORLD_SIZE": str(ctx.replicas)}
+        env = {"TM_AGGREGATION_SWITCH": switches[ctx.index % len(switches)],
+               "TM_AGGREGATION_JOB": str(job_id), "RANK": str(ctx.index),
+               "WORLD_SIZE": str(ctx.replicas)}
+        if ctx.params.get("chunk") is not None:
+            env["TM_AGGREGATION_CHUNK"] = str(ctx.params["chunk"])
+        return env
