@@ -1,18 +1,27 @@
-"""The per-task isolated executor: one subprocess per (task, data id), holding one data file.
+"""The per-task isolated executor: one process tree per (task, data id), holding one data file.
 
-The party starts it in its own session (``start_new_session``), with a clean environment, resource
-limits (address space, CPU seconds, open files, no file writes) and a deadline after which the
-party kills its process group. It listens on a Unix socket inside a private (0700) directory; that
-socket path is the executor address the party reports to the gateway. A request is a length-prefixed
-JSON rule call; the reply is a length-prefixed JSON head (ok, error, size and SHA-256 of the result)
-followed by the result's JSON bytes, which the party reads in chunks, so a result of tens of MB is
-never held twice. It never evaluates anything but a registered rule. It exits when its stdin closes,
-so it cannot outlive the party that started it.
+Two isolations, picked by the party's ``isolation`` setting:
 
-:class:`Executor` is the interface the party uses; :class:`ExecutorHandle` (a subprocess) and
-``rayexec.RayExecutor`` (a Ray actor) implement it.
+- ``sandbox`` (the default): the executor runs in a bubblewrap sandbox (:mod:`trainmaster.gateway.sandbox`):
+  own pid/net/mount/ipc/uts namespaces, read-only root, uid 65534, seccomp filter, cgroup memory
+  and pids limits. The party passes the data file as an open descriptor; the task folder (the only
+  writable host directory) holds the socket.
+- ``process``: a plain subprocess as the party's own user in its own session, with a clean
+  environment and resource limits (address space, CPU seconds, open files, no file writes): the
+  opt-out for hosts without bubblewrap or root, which protects the host far less.
 
-Run as ``python -I -m trainmaster.gateway.executor --socket PATH --data FILE``.
+Either way the party kills the whole tree at the task's deadline. The executor listens on a Unix
+socket inside a private (0700) directory; that socket path is the executor address the party
+reports to the gateway. A request is a length-prefixed JSON rule call; the reply is a
+length-prefixed JSON head (ok, error, size and SHA-256 of the result) followed by the result's JSON
+bytes, which the party reads in chunks, so a result of tens of MB is never held twice. It never
+evaluates anything but a registered rule. It exits when its stdin closes, so it cannot outlive the
+party that started it.
+
+:class:`Executor` is the interface the party uses; :class:`ExecutorHandle` (a subprocess, sandboxed
+or not) and ``rayexec.RayExecutor`` (a Ray actor) implement it.
+
+Run as ``python -I -m trainmaster.gateway.executor --socket PATH (--data FILE | --data-fd N --data-name NAME)``.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import asyncio
 import hashlib
 import json
 import os
+import shutil
 import socket
 import struct
 import sys
@@ -29,10 +39,17 @@ import tempfile
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from trainmaster.gateway.models import RuleCall
 
+if TYPE_CHECKING:
+    from trainmaster.gateway.rules import Table
+    from trainmaster.gateway.sandbox import Sandbox
+
+ISOLATIONS = ("sandbox", "process")
+SANDBOX_PIDS = 64
+"""Processes and threads one sandboxed executor may have (it needs two threads; BLAS is pinned to one)."""
 MAX_FRAME = 128 * 1024 * 1024
 
 
@@ -46,10 +63,9 @@ def _recv_exact(conn: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def _serve(sock_path: str, data_file: str, allowed: list[str] | None, silent: bool) -> None:
-    from trainmaster.gateway.rules import RuleError, load_table, run_call
+def _serve(sock_path: str, table: "Table", allowed: list[str] | None, silent: bool) -> None:
+    from trainmaster.gateway.rules import RuleError, run_call
 
-    table = load_table(Path(data_file))
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(sock_path)
     srv.listen(8)
@@ -125,7 +141,10 @@ class Executor(Protocol):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--socket", required=True)
-    ap.add_argument("--data", required=True)
+    data = ap.add_mutually_exclusive_group(required=True)
+    data.add_argument("--data", help="the data file's path (process isolation)")
+    data.add_argument("--data-fd", type=int, help="the data file, already open at this descriptor (sandbox)")
+    ap.add_argument("--data-name", default="", help="with --data-fd: the file's name, which says its format")
     ap.add_argument("--allowed", default="")
     ap.add_argument("--silent", action="store_true", help="fault injection: never report readiness")
     a = ap.parse_args()
@@ -135,22 +154,75 @@ def main() -> None:
         os._exit(0)
 
     threading.Thread(target=_exit_when_orphaned, daemon=True).start()
-    _serve(a.socket, a.data, a.allowed.split(",") if a.allowed else None, a.silent)
+    from trainmaster.gateway.rules import load_table
+
+    if a.data_fd is not None:
+        with os.fdopen(a.data_fd, "rb") as source:
+            table = load_table(Path(a.data_name or "data.csv"), source)
+    else:
+        table = load_table(Path(a.data))
+    _serve(a.socket, table, a.allowed.split(",") if a.allowed else None, a.silent)
+
+
+class ExecutorDied(OSError):
+    """The executor ended while serving a call; the message says why (e.g. its memory limit)."""
 
 
 class ExecutorHandle:
-    """The party's side of one executor process."""
+    """The party's side of one executor process tree (sandboxed or a plain subprocess)."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, sock_path: str, workdir: str):
-        self.proc, self.address, self._workdir = proc, sock_path, workdir
+    def __init__(self, proc: asyncio.subprocess.Process, sock_path: str, workdir: str,
+                 sandbox: "Sandbox | None" = None):
+        self.proc, self.address, self._workdir, self.sandbox = proc, sock_path, workdir, sandbox
 
     @classmethod
     async def start(cls, data_file: Path, deadline_s: float, start_timeout_s: float, memory_mb: int,
-                    allowed: list[str] | None = None, silent: bool = False) -> "ExecutorHandle":
+                    allowed: list[str] | None = None, silent: bool = False,
+                    isolation: str = "process") -> "ExecutorHandle":
+        if isolation not in ISOLATIONS:
+            raise ValueError(f"isolation must be one of {ISOLATIONS}, not {isolation!r}")
         workdir = tempfile.mkdtemp(prefix="tm-exec-")
         os.chmod(workdir, 0o700)
-        sock_path = os.path.join(workdir, "executor.sock")
         cpu = int(deadline_s) + 5
+        if isolation == "sandbox":
+            handle = await cls._start_sandboxed(data_file, workdir, cpu, memory_mb, allowed, silent)
+        else:
+            handle = await cls._start_process(data_file, workdir, cpu, memory_mb, allowed, silent)
+        await handle._await_ready(start_timeout_s)
+        asyncio.get_running_loop().call_later(deadline_s, handle.kill)
+        return handle
+
+    @classmethod
+    async def _start_sandboxed(cls, data_file: Path, workdir: str, cpu: int, memory_mb: int,
+                               allowed: list[str] | None, silent: bool) -> "ExecutorHandle":
+        """The executor inside bubblewrap, reading its data from a descriptor the party opened."""
+        from trainmaster.gateway.sandbox import TASK_DIR_INSIDE, Sandbox, SandboxLimits, package_parent, sandbox_python
+
+        data_fd = os.open(data_file, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            args = [sandbox_python(), "-s", "-B", "-P", "-m", "trainmaster.gateway.executor",
+                    "--socket", f"{TASK_DIR_INSIDE}/executor.sock", "--data-fd", str(data_fd),
+                    "--data-name", data_file.name]
+            if allowed:
+                args += ["--allowed", ",".join(allowed)]
+            if silent:
+                args.append("--silent")
+            env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+                   "MKL_NUM_THREADS": "1", "PYTHONPATH": str(package_parent())}
+            limits = SandboxLimits(memory_mb=memory_mb, pids=SANDBOX_PIDS, cpu_s=cpu)
+            sandbox = await Sandbox.start(args, name=os.path.basename(workdir), task_dir=Path(workdir),
+                                          limits=limits, env=env, pass_fds=(data_fd,))
+        except BaseException:
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise
+        finally:
+            os.close(data_fd)
+        return cls(sandbox.proc, os.path.join(workdir, "executor.sock"), workdir, sandbox)
+
+    @classmethod
+    async def _start_process(cls, data_file: Path, workdir: str, cpu: int, memory_mb: int,
+                             allowed: list[str] | None, silent: bool) -> "ExecutorHandle":
+        sock_path = os.path.join(workdir, "executor.sock")
 
         def _limits() -> None:
             import resource
@@ -172,20 +244,41 @@ class ExecutorHandle:
             *args, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
             env=env, cwd=workdir, start_new_session=True, preexec_fn=_limits,
         )
-        handle = cls(proc, sock_path, workdir)
+        return cls(proc, sock_path, workdir)
+
+    async def _await_ready(self, start_timeout_s: float) -> None:
+        """Wait for the executor's READY line; kill it (and say why) if it does not come."""
         try:
-            assert proc.stdout is not None
-            line = await asyncio.wait_for(proc.stdout.readline(), timeout=start_timeout_s)
+            assert self.proc.stdout is not None
+            line = await asyncio.wait_for(self.proc.stdout.readline(), timeout=start_timeout_s)
             if line.strip() != b"READY":
-                raise RuntimeError(f"executor exited before reporting (code {await proc.wait()})")
-        except (asyncio.TimeoutError, RuntimeError) as exc:
-            handle.kill()
+                code = await asyncio.wait_for(self.proc.wait(), timeout=start_timeout_s)
+                how = self.sandbox.describe_exit() if self.sandbox else f"exited with code {code}"
+                raise RuntimeError(f"executor {how} before reporting ready")
+        except asyncio.TimeoutError as exc:
+            self.kill()
             raise TimeoutError(f"executor did not report within {start_timeout_s:.0f}s") from exc
-        asyncio.get_running_loop().call_later(deadline_s, handle.kill)
-        return handle
+        except RuntimeError as exc:
+            self.kill()
+            raise TimeoutError(str(exc)) from exc
+
+    def _explain(self, exc: BaseException) -> BaseException:
+        """A call that failed because the sandbox killed the executor says so; others pass unchanged."""
+        if self.sandbox is not None and self.sandbox.exit_status().memory_killed:
+            return ExecutorDied(f"executor {self.sandbox.describe_exit()}")
+        return exc
 
     async def call(self, call: RuleCall, timeout_s: float) -> RuleReply:
         """Send the rule call; the reply's body stays on the socket until the caller reads it."""
+        try:
+            return await self._call(call, timeout_s)
+        except (OSError, asyncio.IncompleteReadError) as exc:
+            explained = self._explain(exc)
+            if explained is exc:
+                raise
+            raise explained from exc
+
+    async def _call(self, call: RuleCall, timeout_s: float) -> RuleReply:
         reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(self.address, limit=1 << 20), timeout_s)
         try:
             body = call.model_dump_json().encode()
@@ -200,7 +293,13 @@ class ExecutorHandle:
             raise
 
         async def read(n: int) -> bytes:
-            return await asyncio.wait_for(reader.readexactly(n), timeout_s)
+            try:
+                return await asyncio.wait_for(reader.readexactly(n), timeout_s)
+            except (OSError, asyncio.IncompleteReadError) as exc:
+                explained = self._explain(exc)
+                if explained is exc:
+                    raise
+                raise explained from exc
 
         return RuleReply(head, read, writer.close)
 
@@ -209,7 +308,10 @@ class ExecutorHandle:
         return self.proc.returncode is None
 
     def kill(self) -> None:
-        """Kill the executor's whole process group and remove its private directory."""
+        """Kill the executor's whole process tree and remove its private directory (and cgroups)."""
+        if self.sandbox is not None:
+            self.sandbox.kill()
+            return
         if self.proc.returncode is None:
             try:
                 os.killpg(self.proc.pid, 9)
