@@ -12,12 +12,18 @@ import asyncio
 import json
 import os
 import re
+import select
+import shutil
+import signal
 import socket
+import subprocess
+import sys
 import tempfile
 import textwrap
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -53,7 +59,13 @@ class Tracker:
 
 
 def _mounts() -> set[str]:
-    return {" ".join(line.split()[3:5]) for line in Path("/proc/self/mountinfo").read_text().splitlines()}
+    """Host mounts a sandbox could leak: under the temp directory (task folders) or with bwrap's names.
+
+    (Other tests on the host add and remove network-namespace mounts meanwhile; those are not ours.)
+    """
+    tmp = os.path.realpath(tempfile.gettempdir())
+    points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    return {p for p in points if p.startswith(tmp) or "bwrap" in p or "newroot" in p or p.startswith("/task")}
 
 
 @pytest.fixture
@@ -196,7 +208,8 @@ def test_executor_cannot_exceed_its_memory(tmp_path: Path, tracker: Tracker) -> 
     assert "exceeded its memory limit of 96 MB" in r.described
 
 
-def test_executor_over_its_memory_is_reported_clearly(tmp_path: Path, tracker: Tracker) -> None:
+def test_executor_over_its_memory_is_reported_clearly(tmp_path: Path, tracker: Tracker,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Sandbox cgroup memory limit through the executor interface: an executor whose data does not
     fit its limit is killed by the kernel, and the party's start error says it was the memory limit."""
     rows = np.random.default_rng(0).random((300_000, 8))
@@ -208,14 +221,18 @@ def test_executor_over_its_memory_is_reported_clearly(tmp_path: Path, tracker: T
     async def start() -> None:
         await ExecutorHandle.start(data, deadline_s=60, start_timeout_s=60, memory_mb=64, isolation="sandbox")
 
-    def ours() -> set[str]:
-        groups = {p.name for ctl in sbx.CONTROLLERS for p in (sbx.CGROUP_ROOT / ctl / sbx.CGROUP_PARENT).glob("tm-exec-*")}
-        return groups | {p.name for p in Path(tempfile.gettempdir()).glob("tm-exec-*")}
+    task_root = tmp_path / "tasks"
+    task_root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(task_root))  # the executor's task folder goes here
+    def groups() -> set[str]:
+        return {p.name for ctl in sbx.CONTROLLERS for p in (sbx.CGROUP_ROOT / ctl / sbx.CGROUP_PARENT).glob("tm-exec-*")}
 
-    before = ours()
+    before = groups()
     with pytest.raises(TimeoutError, match="exceeded its memory limit of 64 MB"):
         asyncio.run(start())
-    assert ours() <= before, f"left behind: {ours() - before}"
+    names = [p.name for p in task_root.iterdir()]
+    assert names == [], f"task folder left behind: {names}"
+    assert groups() <= before, f"cgroups left behind: {groups() - before}"
 
 
 def test_executor_cannot_fork_bomb(tmp_path: Path, tracker: Tracker) -> None:
@@ -318,3 +335,68 @@ def test_summary_rule_runs_through_the_sandbox(tmp_path: Path, tracker: Tracker)
         assert got["sum"] == pytest.approx(rows[:, i].sum())
         assert got["mean"] == pytest.approx(rows[:, i].mean())
         assert got["std"] == pytest.approx(rows[:, i].std())
+
+
+PARTY_STANDIN = """
+import asyncio, json, sys
+from pathlib import Path
+from trainmaster.gateway.executor import ExecutorHandle
+
+async def main():
+    h = await ExecutorHandle.start(Path(sys.argv[1]), deadline_s=120, start_timeout_s=60, memory_mb=256,
+                                   isolation="sandbox")
+    print(json.dumps({"group": h.sandbox.cgroups.name, "workdir": h._workdir}), flush=True)
+    await asyncio.sleep(120)
+
+asyncio.run(main())
+"""
+
+
+def _wait_for(what: str, check: Callable[[], bool], timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout_s:.0f}s for {what}")
+        time.sleep(0.05)
+
+
+def test_party_killed_9_leaves_no_sandbox_running(tmp_path: Path) -> None:
+    """Nothing left behind after kill -9: a party killed -9 takes its sandboxed executor with it
+    (bubblewrap's --die-with-parent), and the next sandbox start's sweep removes the empty cgroups
+    and the task folder it left."""
+    data = tmp_path / "d.csv"
+    data.write_text("x\n1\n2\n")
+    env = {**os.environ, "PYTHONPATH": str(sbx.package_parent())}
+    party = subprocess.Popen([sys.executable, "-c", PARTY_STANDIN, str(data)], stdout=subprocess.PIPE, env=env,
+                             start_new_session=True)
+    groups: list[Path] = []
+    workdir = None
+    try:
+        ready, _, _ = select.select([party.stdout], [], [], 60)
+        assert ready, "the stand-in party did not start its executor within 60s"
+        info = json.loads(party.stdout.readline())
+        groups = [sbx.CGROUP_ROOT / ctl / sbx.CGROUP_PARENT / info["group"] for ctl in sbx.CONTROLLERS]
+        workdir = Path(info["workdir"])
+        procs = groups[1] / "cgroup.procs"
+        assert procs.read_text().split(), "the executor is not in its pids group"
+        os.killpg(party.pid, signal.SIGKILL)
+        party.wait(timeout=10)
+        _wait_for("the sandbox's processes to die with their party", lambda: not procs.read_text().split())
+        assert all(g.is_dir() for g in groups) and workdir.is_dir()  # what kill -9 leaves for the sweep
+        _wait_for("the left-over groups to be a second old",
+                  lambda: time.time() - groups[0].stat().st_mtime > 1.0)
+        sbx.sweep_stale_groups(workdir.parent, min_age_s=1.0)
+        assert not any(g.exists() for g in groups) and not workdir.exists()
+    finally:
+        if party.poll() is None:
+            os.killpg(party.pid, signal.SIGKILL)
+            party.wait(timeout=10)
+        for g in groups:  # a failed run must not leave them either
+            for pid in (g / "cgroup.procs").read_text().split() if g.exists() else []:
+                os.kill(int(pid), signal.SIGKILL)
+        for g in groups:
+            if g.exists():
+                _wait_for(f"{g} to empty", lambda: not (g / "cgroup.procs").read_text().split())
+                g.rmdir()
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)

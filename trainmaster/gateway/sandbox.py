@@ -174,8 +174,13 @@ class CgroupV1:
         return not left
 
 
-def sweep_stale_groups(min_age_s: float = STALE_GROUP_AGE_S) -> list[Path]:
-    """Remove empty sandbox groups left by a party that was killed -9 (the kernel refuses non-empty ones)."""
+def sweep_stale_groups(task_root: Path, min_age_s: float = STALE_GROUP_AGE_S) -> list[Path]:
+    """Remove empty sandbox groups left by a party that was killed -9, and their task folders.
+
+    The kernel refuses to remove a group that still has processes, so a live sandbox is never
+    touched; the age check keeps a group another party has just created (and not yet joined) safe.
+    A group is named after its task folder, so the folder ``task_root/<group>`` goes with it.
+    """
     removed = []
     now = time.time()
     for ctl in CONTROLLERS:
@@ -190,6 +195,9 @@ def sweep_stale_groups(min_age_s: float = STALE_GROUP_AGE_S) -> list[Path]:
                 removed.append(group)
             except OSError:
                 continue  # busy (still has processes) or already gone
+            folder = task_root / group.name
+            if folder.is_dir() and not folder.is_symlink():
+                shutil.rmtree(folder, ignore_errors=True)
     return removed
 
 
@@ -323,7 +331,7 @@ class Sandbox:
         reason = unavailable_reason()
         if reason is not None:
             raise SandboxUnavailable(reason)
-        sweep_stale_groups()
+        sweep_stale_groups(task_dir.parent)
         os.chown(task_dir, SANDBOX_UID, SANDBOX_GID)
         os.chmod(task_dir, 0o700)
         cgroups = CgroupV1.create(name, limits)
