@@ -29,8 +29,9 @@ import numpy as np
 import pytest
 
 from trainmaster.gateway import sandbox as sbx
+from trainmaster.gateway.client import LegSpec, TaskSpec
 from trainmaster.gateway.executor import ExecutorHandle
-from trainmaster.gateway.localdeploy import breast_cancer_split, write_csv
+from trainmaster.gateway.localdeploy import Deployment, breast_cancer_split, write_csv
 from trainmaster.gateway.models import RuleCall
 from trainmaster.gateway.provision import init_deployment
 from trainmaster.gateway.seccomp import DENIED_X86_64, deny_list_program
@@ -400,3 +401,70 @@ def test_party_killed_9_leaves_no_sandbox_running(tmp_path: Path) -> None:
                 g.rmdir()
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _descendants(root: int) -> list[int]:
+    """Every live process below ``root``, from /proc (parent pid is field 4 of /proc/PID/stat)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def test_party_runs_its_executors_in_the_sandbox(tmp_path: Path) -> None:
+    """Party default isolation (sandbox): a party started from its config as a user would runs a
+    leg's executor as uid 65534 under seccomp in the sandbox, the leg's result comes back through
+    the gateway, and stopping the party leaves no executor process or cgroup behind."""
+    dep = Deployment(tmp_path, ["a"])
+    assert dep.cfg("a").isolation == "sandbox"
+    dep.start_all()
+    executors: list[int] = []
+    try:
+        ini = dep.initiator()
+        out = ini.run_task(TaskSpec(task_id="sandboxed1", legs=[
+            LegSpec(data_id="m_a", party="a", rule="summary_stats", params={"columns": ["mean_radius"]})]))
+        ini.close()
+        tree = {p: Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0") for p in _descendants(dep.procs["a"].pid)}
+        executors = [p for p, argv in tree.items() if b"trainmaster.gateway.executor" in argv and b"python" in argv[0]]
+        assert len(executors) == 1, tree
+        assert any(argv[0].endswith(b"bwrap") for argv in tree.values()), tree
+        status = Path(f"/proc/{executors[0]}/status").read_text()
+        assert re.search(r"^Uid:\s+65534\s+65534\s+65534\s+65534$", status, re.M), status
+        assert re.search(r"^Seccomp:\s+2$", status, re.M)
+        group = Path(f"/proc/{executors[0]}/cgroup").read_text()
+        assert f"pids:/{sbx.CGROUP_PARENT}/" in group and f"memory:/{sbx.CGROUP_PARENT}/" in group, group
+        col = dep.splits[0][:, dep.names.index("mean_radius")]
+        got = out["legs"]["m_a"]
+        assert got["outcome"] == "result" and got["result"]["columns"]["mean_radius"]["sum"] == pytest.approx(col.sum())
+    finally:
+        dep.stop_all()
+    _wait_for("the party's executor to be gone after the party stopped",
+              lambda: not any(Path(f"/proc/{p}").exists() for p in executors), timeout_s=15)
+
+
+def test_party_refuses_sandbox_isolation_it_cannot_provide(tmp_path: Path) -> None:
+    """Party isolation check: configured for the sandbox on a host where bubblewrap cannot be found
+    (PATH without it), `party serve` exits 2 without a traceback, naming what is missing and the
+    opt-out (isolation: process)."""
+    dep = Deployment(tmp_path, ["a"])
+    env = {**os.environ, "PATH": str(tmp_path / "no-bin"), "PYTHONPATH": str(sbx.package_parent())}
+    run = subprocess.run([sys.executable, "-m", "trainmaster", "party", "serve", "--config", str(dep.configs["a"]),
+                          "--data", str(tmp_path / "data" / "a")], env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2, (run.returncode, run.stderr)
+    assert "Traceback" not in run.stderr
+    assert "isolation 'sandbox' is not available" in run.stderr and "bubblewrap" in run.stderr, run.stderr
+    assert "isolation: process" in run.stderr
+    bad = subprocess.run([sys.executable, "-m", "trainmaster", "party", "serve", "--config", str(dep.configs["a"]),
+                          "--data", str(tmp_path / "data" / "a"), "--isolation", "container"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--isolation must be sandbox or process" in bad.stderr, bad.stderr
