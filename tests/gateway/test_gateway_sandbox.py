@@ -468,3 +468,63 @@ def test_party_refuses_sandbox_isolation_it_cannot_provide(tmp_path: Path) -> No
                           "--data", str(tmp_path / "data" / "a"), "--isolation", "container"],
                          env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--isolation must be sandbox or process" in bad.stderr, bad.stderr
+
+
+def test_executor_killed_mid_call_reports_its_memory_limit(tmp_path: Path, tracker: Tracker) -> None:
+    """Sandbox cgroup memory limit during a rule: once the executor is up, its limit is lowered to
+    a few MB above what it uses; a rule whose result needs far more (per-row predictions for 400k
+    rows) gets it killed by the kernel, and the call fails with ExecutorDied naming the limit."""
+    from trainmaster.gateway.executor import ExecutorDied
+
+    data = tmp_path / "rows.csv"
+    with data.open("w") as fh:
+        fh.write("x\n")
+        np.savetxt(fh, np.random.default_rng(1).random(400_000), fmt="%.6f")
+
+    async def run() -> str:
+        h = await ExecutorHandle.start(data, deadline_s=60, start_timeout_s=60, memory_mb=256,
+                                       allowed=["predict"], isolation="sandbox")
+        tracker.handles.append(h)
+        mem = h.sandbox.cgroups.paths["memory"]
+        used = int((mem / "memory.usage_in_bytes").read_text())
+        (mem / "memory.limit_in_bytes").write_text(str(used + (6 << 20)))
+        try:
+            reply = await h.call(RuleCall(rule="predict", params={"features": ["x"], "weights": {"w": [1.0], "b": 0.0}}),
+                                 timeout_s=30)
+            reply.close()
+            return f"no failure: ok={reply.ok} size={reply.size}"
+        except ExecutorDied as exc:
+            return str(exc)
+        finally:
+            h.kill()
+            await asyncio.wait_for(h.proc.wait(), 10)
+
+    message = asyncio.run(run())
+    assert message.startswith("executor killed by the kernel: it exceeded its memory limit"), message
+
+
+def test_parquet_data_is_read_through_the_descriptor(tmp_path: Path, tracker: Tracker) -> None:
+    """Sandboxed executor, Parquet data: pyarrow reads the descriptor the party passed (the file is
+    readable only by root, the executor runs as 65534), and row_count is right."""
+    pa = pytest.importorskip("pyarrow", reason="pyarrow is not installed, so Parquet data files cannot be read")
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "m_p.parquet"
+    pq.write_table(pa.table({"x": np.arange(1234, dtype=np.float64), "y": np.ones(1234)}), data)
+    data.chmod(0o600)
+
+    async def run() -> dict:
+        h = await ExecutorHandle.start(data, deadline_s=60, start_timeout_s=60, memory_mb=512, isolation="sandbox")
+        tracker.handles.append(h)
+        try:
+            reply = await h.call(RuleCall(rule="row_count", params={}), timeout_s=30)
+            try:
+                return json.loads(await reply.read_all()) if reply.ok else {"error": reply.error}
+            finally:
+                reply.close()
+        finally:
+            h.kill()
+            await asyncio.wait_for(h.proc.wait(), 10)
+
+    result = asyncio.run(run())
+    assert result.get("rows") == 1234, result
