@@ -85,7 +85,7 @@ def tracker() -> Iterator[Tracker]:
             assert not s.cgroups.paths, f"cgroups left behind: {s.cgroups.paths}"
             for ctl in sbx.CONTROLLERS:
                 assert not (sbx.CGROUP_ROOT / ctl / sbx.CGROUP_PARENT / s.cgroups.name).exists()
-            assert not s.task_dir.exists(), f"task folder left behind: {s.task_dir}"
+            assert not s.home.exists(), f"sandbox folder left behind: {s.home}"
             assert not s.cgroups.pids()
             if s.proc.returncode is None:  # SIGKILLed above: reaped once the loop sees it; it must not linger
                 os.waitpid(s.proc.pid, 0)
@@ -98,11 +98,10 @@ def _probe(tmp_path: Path, tracker: Tracker, code: str, limits: sbx.SandboxLimit
 
 
 async def _aprobe(tmp_path: Path, tracker: Tracker, code: str, limits: sbx.SandboxLimits | None = None) -> ProbeResult:
-    task_dir = Path(os.path.realpath(tmp_path)) / f"task-{len(tracker.started)}"
-    task_dir.mkdir()
+    home = Path(os.path.realpath(tmp_path)) / f"test-{os.getpid()}-{len(tracker.started)}-{os.urandom(3).hex()}"
+    home.mkdir()
     box = await sbx.Sandbox.start(
-        [sbx.sandbox_python(), "-s", "-B", "-P", "-c", textwrap.dedent(code)],
-        name=f"test-{os.getpid()}-{task_dir.name}-{os.urandom(3).hex()}", task_dir=task_dir,
+        [sbx.sandbox_python(), "-s", "-B", "-P", "-c", textwrap.dedent(code)], home=home,
         limits=limits or sbx.SandboxLimits(memory_mb=256), env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8",
                                                                 "PYTHONPATH": str(sbx.package_parent())},
         stderr=asyncio.subprocess.PIPE)
@@ -300,7 +299,8 @@ def test_seccomp_numbers_match_the_kernel_headers() -> None:
 def test_summary_rule_runs_through_the_sandbox(tmp_path: Path, tracker: Tracker) -> None:
     """Sandboxed executor, normal path: summary statistics on the sample data (a file only root may
     read, passed as a descriptor) equal the direct computation; the executor runs as uid 65534 in
-    its own pid/net/mount namespaces under seccomp; after kill its cgroups and folder are gone."""
+    its own pid/net/mount namespaces under seccomp; its socket sits in a root-only folder outside
+    the sandbox (only ``task/`` is bound in); after kill its cgroups and folder are gone."""
     names, splits = breast_cancer_split(2)
     data = tmp_path / "m_a.csv"
     write_csv(data, names, splits[0])
@@ -318,6 +318,8 @@ def test_summary_rule_runs_through_the_sandbox(tmp_path: Path, tracker: Tracker)
                 host = {"uid": status["Uid"].split(), "seccomp": status["Seccomp"].strip(),
                         "ns": {n: os.readlink(f"/proc/{pid}/ns/{n}") != os.readlink(f"/proc/self/ns/{n}")
                                for n in ("pid", "net", "mnt", "ipc", "uts")}}
+        sock_dir = Path(h.address).parent  # the party's: the executor cannot swap its socket for a symlink
+        host["sock_dir"] = (sock_dir.stat().st_uid, oct(sock_dir.stat().st_mode & 0o777), sorted(os.listdir(sock_dir)))
         reply = await h.call(RuleCall(rule="summary_stats", params={}), timeout_s=30)
         try:
             result = json.loads(await reply.read_all()) if reply.ok else {"error": reply.error}
@@ -329,6 +331,7 @@ def test_summary_rule_runs_through_the_sandbox(tmp_path: Path, tracker: Tracker)
 
     result, host = asyncio.run(run())
     assert host["uid"] == ["65534"] * 4 and host["seccomp"] == "2" and all(host["ns"].values()), host
+    assert host["sock_dir"] == (0, "0o700", ["executor.sock", "task"]), host
     rows = splits[0]
     for i, name in enumerate(names):
         got = result["columns"][name]

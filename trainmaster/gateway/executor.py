@@ -21,7 +21,7 @@ party that started it.
 :class:`Executor` is the interface the party uses; :class:`ExecutorHandle` (a subprocess, sandboxed
 or not) and ``rayexec.RayExecutor`` (a Ray actor) implement it.
 
-Run as ``python -I -m trainmaster.gateway.executor --socket PATH (--data FILE | --data-fd N --data-name NAME)``.
+Run as ``python -I -m trainmaster.gateway.executor (--socket PATH | --listen-fd N) (--data FILE | --data-fd N --data-name NAME)``.
 """
 
 from __future__ import annotations
@@ -63,12 +63,9 @@ def _recv_exact(conn: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def _serve(sock_path: str, table: "Table", allowed: list[str] | None, silent: bool) -> None:
+def _serve(srv: socket.socket, table: "Table", allowed: list[str] | None, silent: bool) -> None:
     from trainmaster.gateway.rules import RuleError, run_call
 
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(sock_path)
-    srv.listen(8)
     if not silent:
         print("READY", flush=True)
     while True:
@@ -140,7 +137,9 @@ class Executor(Protocol):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--socket", required=True)
+    where = ap.add_mutually_exclusive_group(required=True)
+    where.add_argument("--socket", help="bind and listen on this Unix socket path (process isolation)")
+    where.add_argument("--listen-fd", type=int, help="accept on this already-listening Unix socket (sandbox)")
     data = ap.add_mutually_exclusive_group(required=True)
     data.add_argument("--data", help="the data file's path (process isolation)")
     data.add_argument("--data-fd", type=int, help="the data file, already open at this descriptor (sandbox)")
@@ -161,7 +160,13 @@ def main() -> None:
             table = load_table(Path(a.data_name or "data.csv"), source)
     else:
         table = load_table(Path(a.data))
-    _serve(a.socket, table, a.allowed.split(",") if a.allowed else None, a.silent)
+    if a.listen_fd is not None:
+        srv = socket.socket(fileno=a.listen_fd)
+    else:
+        srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        srv.bind(a.socket)
+        srv.listen(8)
+    _serve(srv, table, a.allowed.split(",") if a.allowed else None, a.silent)
 
 
 class ExecutorDied(OSError):
@@ -195,14 +200,23 @@ class ExecutorHandle:
     @classmethod
     async def _start_sandboxed(cls, data_file: Path, workdir: str, cpu: int, memory_mb: int,
                                allowed: list[str] | None, silent: bool) -> "ExecutorHandle":
-        """The executor inside bubblewrap, reading its data from a descriptor the party opened."""
-        from trainmaster.gateway.sandbox import TASK_DIR_INSIDE, Sandbox, SandboxLimits, package_parent, sandbox_python
+        """The executor inside bubblewrap, reading its data from a descriptor the party opened.
 
-        data_fd = os.open(data_file, os.O_RDONLY | os.O_CLOEXEC)
+        The party also creates and binds the listening socket, in its own folder outside what the
+        sandbox sees, and hands the executor only the descriptor: an executor that could write
+        beside its socket could replace it with a symlink and have the party connect elsewhere.
+        """
+        from trainmaster.gateway.sandbox import Sandbox, SandboxLimits, package_parent, sandbox_python
+
+        sock_path = os.path.join(workdir, "executor.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        data_fd = -1
         try:
+            listener.bind(sock_path)
+            listener.listen(8)
+            data_fd = os.open(data_file, os.O_RDONLY | os.O_CLOEXEC)
             args = [sandbox_python(), "-s", "-B", "-P", "-m", "trainmaster.gateway.executor",
-                    "--socket", f"{TASK_DIR_INSIDE}/executor.sock", "--data-fd", str(data_fd),
-                    "--data-name", data_file.name]
+                    "--listen-fd", str(listener.fileno()), "--data-fd", str(data_fd), "--data-name", data_file.name]
             if allowed:
                 args += ["--allowed", ",".join(allowed)]
             if silent:
@@ -210,14 +224,16 @@ class ExecutorHandle:
             env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
                    "MKL_NUM_THREADS": "1", "PYTHONPATH": str(package_parent())}
             limits = SandboxLimits(memory_mb=memory_mb, pids=SANDBOX_PIDS, cpu_s=cpu)
-            sandbox = await Sandbox.start(args, name=os.path.basename(workdir), task_dir=Path(workdir),
-                                          limits=limits, env=env, pass_fds=(data_fd,))
+            sandbox = await Sandbox.start(args, home=Path(workdir), limits=limits, env=env,
+                                          pass_fds=(listener.fileno(), data_fd))
         except BaseException:
             shutil.rmtree(workdir, ignore_errors=True)
             raise
         finally:
-            os.close(data_fd)
-        return cls(sandbox.proc, os.path.join(workdir, "executor.sock"), workdir, sandbox)
+            listener.close()
+            if data_fd >= 0:
+                os.close(data_fd)
+        return cls(sandbox.proc, sock_path, workdir, sandbox)
 
     @classmethod
     async def _start_process(cls, data_file: Path, workdir: str, cpu: int, memory_mb: int,

@@ -8,6 +8,8 @@ the host's memory. So each executor runs
 - on an empty read-only root holding only ``/usr``, the Python installation, the virtualenv and the
   ``trainmaster`` package (read-only, at their host paths so the interpreter finds them), a private
   ``/tmp`` (tmpfs) and its task folder at ``/task``, the only writable host directory;
+- reachable only through descriptors the party passes: the data file, opened read-only, and (for
+  an executor) its listening Unix socket, bound by the party outside the task folder;
 - as uid/gid 65534 (``nobody``) with no capabilities: bubblewrap runs as root (privileged mode, so
   no user namespace maps the sandbox back to host root) and ``setpriv`` drops to 65534 as the last
   step before the executor starts;
@@ -17,7 +19,8 @@ the host's memory. So each executor runs
 
 The data file is not mounted: the party opens it and passes the open descriptor (a file readable
 only by the party stays so; the sandbox holds exactly that one file). The party reaches the
-executor over a Unix socket in the task folder, which works across network namespaces.
+executor over that Unix socket, which works across network namespaces; since the sandbox cannot
+write where the socket file is, it cannot swap it for a symlink to some other socket.
 
 Everything here needs root (cgroup creation, the uid drop), bubblewrap and cgroup v1 ``memory``
 and ``pids`` hierarchies; :func:`unavailable_reason` says which is missing.
@@ -174,12 +177,12 @@ class CgroupV1:
         return not left
 
 
-def sweep_stale_groups(task_root: Path, min_age_s: float = STALE_GROUP_AGE_S) -> list[Path]:
-    """Remove empty sandbox groups left by a party that was killed -9, and their task folders.
+def sweep_stale_groups(home_root: Path, min_age_s: float = STALE_GROUP_AGE_S) -> list[Path]:
+    """Remove empty sandbox groups left by a party that was killed -9, and their host folders.
 
     The kernel refuses to remove a group that still has processes, so a live sandbox is never
     touched; the age check keeps a group another party has just created (and not yet joined) safe.
-    A group is named after its task folder, so the folder ``task_root/<group>`` goes with it.
+    A group is named after its sandbox's home folder, so ``home_root/<group>`` goes with it.
     """
     removed = []
     now = time.time()
@@ -195,7 +198,7 @@ def sweep_stale_groups(task_root: Path, min_age_s: float = STALE_GROUP_AGE_S) ->
                 removed.append(group)
             except OSError:
                 continue  # busy (still has processes) or already gone
-            folder = task_root / group.name
+            folder = home_root / group.name
             if folder.is_dir() and not folder.is_symlink():
                 shutil.rmtree(folder, ignore_errors=True)
     return removed
@@ -313,28 +316,32 @@ def _seccomp_fd() -> int:
 
 
 class Sandbox:
-    """One sandboxed process tree: its bubblewrap process, cgroups and task folder.
+    """One sandboxed process tree: its bubblewrap process, cgroups and host folder.
 
-    ``argv`` runs inside as uid 65534 with ``/task`` its working directory; ``pass_fds`` are
-    inherited at the same numbers. :meth:`kill` ends the whole tree and removes the cgroups and the
-    task folder; it is safe to call more than once.
+    ``home`` is a host folder the caller created for this sandbox (its name names the cgroups);
+    the sandbox sees only ``home/task``, at ``/task``, writable and its working directory. The
+    rest of ``home`` is the party's (the executor's listening socket lives there, out of reach).
+    ``argv`` runs inside as uid 65534; ``pass_fds`` are inherited at the same numbers.
+    :meth:`kill` ends the whole tree and removes the cgroups and ``home``; it is safe to call twice.
     """
 
-    def __init__(self, proc: asyncio.subprocess.Process, cgroups: CgroupV1, task_dir: Path, limits: SandboxLimits):
-        self.proc, self.cgroups, self.task_dir, self.limits = proc, cgroups, task_dir, limits
+    def __init__(self, proc: asyncio.subprocess.Process, cgroups: CgroupV1, home: Path, limits: SandboxLimits):
+        self.proc, self.cgroups, self.home, self.limits = proc, cgroups, home, limits
         self._exit: SandboxExit | None = None
 
     @classmethod
-    async def start(cls, argv: list[str], *, name: str, task_dir: Path, limits: SandboxLimits,
+    async def start(cls, argv: list[str], *, home: Path, limits: SandboxLimits,
                     env: dict[str, str], pass_fds: tuple[int, ...] = (),
                     stdout: int = asyncio.subprocess.PIPE, stderr: int = asyncio.subprocess.DEVNULL) -> "Sandbox":
         reason = unavailable_reason()
         if reason is not None:
             raise SandboxUnavailable(reason)
-        sweep_stale_groups(task_dir.parent)
+        sweep_stale_groups(home.parent)
+        os.chmod(home, 0o700)
+        task_dir = home / "task"
+        task_dir.mkdir(mode=0o700)
         os.chown(task_dir, SANDBOX_UID, SANDBOX_GID)
-        os.chmod(task_dir, 0o700)
-        cgroups = CgroupV1.create(name, limits)
+        cgroups = CgroupV1.create(home.name, limits)
         seccomp_fd = -1
         try:
             seccomp_fd = _seccomp_fd()
@@ -361,7 +368,7 @@ class Sandbox:
         finally:
             if seccomp_fd >= 0:
                 os.close(seccomp_fd)
-        return cls(proc, cgroups, task_dir, limits)
+        return cls(proc, cgroups, home, limits)
 
     @property
     def alive(self) -> bool:
@@ -377,21 +384,13 @@ class Sandbox:
         return self.exit_status().describe(self.limits)
 
     def kill(self) -> None:
-        """Kill every process of the sandbox, then remove its cgroups and task folder."""
+        """Kill every process of the sandbox, then remove its cgroups and host folder."""
         if self._exit is None:
             self._exit = SandboxExit(self.cgroups.memory_killed(), self.cgroups.pids_refused(), self.proc.returncode)
         if not self.cgroups.kill_all():
             log.warning("sandbox %s: processes still running after %.0fs of SIGKILL", self.cgroups.name, KILL_TIMEOUT_S)
         self.cgroups.remove()
-        shutil.rmtree(self.task_dir, ignore_errors=True)
-
-    async def wait_closed(self, timeout_s: float = KILL_TIMEOUT_S) -> None:
-        """Kill and wait until bubblewrap itself has been reaped (tests check nothing is left)."""
-        self.kill()
-        try:
-            await asyncio.wait_for(self.proc.wait(), timeout_s)
-        except asyncio.TimeoutError as exc:
-            raise TimeoutError(f"bubblewrap (pid {self.proc.pid}) not reaped within {timeout_s}s after SIGKILL") from exc
+        shutil.rmtree(self.home, ignore_errors=True)
 
 
 class SandboxUnavailable(RuntimeError):
