@@ -86,7 +86,7 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
         if reason is not None:
             raise UserError(f"party {cfg.name!r}: executor isolation 'sandbox' is not available on this host: {reason}",
                             details=["run the party as root on a host with bubblewrap and cgroup v1 memory/pids "
-                                     "(apt-get install -y bubblewrap, or make system-deps)",
+                                     "(apt-get install -y bubblewrap, or make sandbox-deps)",
                                      "or opt out: set isolation: process in the party's config (or pass "
                                      "--isolation process) to run executors as plain processes, without "
                                      "namespaces, seccomp or cgroup limits"])

@@ -210,7 +210,7 @@ def _python_roots() -> list[Path]:
 
     roots = {Path(os.path.realpath(sys.base_prefix)), Path(os.path.realpath(sys.prefix)),
              Path(os.path.realpath(Path(trainmaster.__file__).parent))}
-    return sorted(r for r in roots if not str(r).startswith("/usr/"))
+    return sorted(r for r in roots if r != Path("/usr") and Path("/usr") not in r.parents)  # /usr is bound whole
 
 
 def package_parent() -> Path:
@@ -278,7 +278,7 @@ def unavailable_reason() -> str | None:
     if os.geteuid() != 0:
         return "executor sandboxing needs root (to create cgroups and drop the executor to uid 65534)"
     if shutil.which("bwrap") is None:
-        return "bubblewrap (bwrap) is not installed: apt-get install -y bubblewrap (or make system-deps)"
+        return "bubblewrap (bwrap) is not installed: apt-get install -y bubblewrap (or make sandbox-deps)"
     if not Path("/usr/bin/setpriv").exists():
         return "setpriv (util-linux) is not installed at /usr/bin/setpriv"
     for ctl in CONTROLLERS:
