@@ -425,13 +425,15 @@ def _descendants(root: int) -> list[int]:
 
 
 def test_party_runs_its_executors_in_the_sandbox(tmp_path: Path) -> None:
-    """Party default isolation (sandbox): a party started from its config as a user would runs a
-    leg's executor as uid 65534 under seccomp in the sandbox, the leg's result comes back through
-    the gateway, and stopping the party leaves no executor process or cgroup behind."""
+    """Spec flow step 2, "an isolated container for that task", as the party's default isolation
+    (sandbox): a party started from its config as a user would runs a leg's executor as uid 65534
+    under seccomp in its own cgroups, the leg's result comes back through the gateway, and stopping
+    the party leaves no executor process, cgroup or folder behind."""
     dep = Deployment(tmp_path, ["a"])
     assert dep.cfg("a").isolation == "sandbox"
     dep.start_all()
     executors: list[int] = []
+    made: list[Path] = []
     try:
         ini = dep.initiator()
         out = ini.run_task(TaskSpec(task_id="sandboxed1", legs=[
@@ -446,6 +448,10 @@ def test_party_runs_its_executors_in_the_sandbox(tmp_path: Path) -> None:
         assert re.search(r"^Seccomp:\s+2$", status, re.M)
         group = Path(f"/proc/{executors[0]}/cgroup").read_text()
         assert f"pids:/{sbx.CGROUP_PARENT}/" in group and f"memory:/{sbx.CGROUP_PARENT}/" in group, group
+        name = re.search(rf"pids:/{sbx.CGROUP_PARENT}/([^/\s]+)", group)[1]
+        made = [sbx.CGROUP_ROOT / ctl / sbx.CGROUP_PARENT / name for ctl in sbx.CONTROLLERS]
+        made.append(Path(tempfile.gettempdir()) / name)  # the executor's folder is named like its groups
+        assert all(p.is_dir() for p in made), made
         col = dep.splits[0][:, dep.names.index("mean_radius")]
         got = out["legs"]["m_a"]
         assert got["outcome"] == "result" and got["result"]["columns"]["mean_radius"]["sum"] == pytest.approx(col.sum())
@@ -453,6 +459,7 @@ def test_party_runs_its_executors_in_the_sandbox(tmp_path: Path) -> None:
         dep.stop_all()
     _wait_for("the party's executor to be gone after the party stopped",
               lambda: not any(Path(f"/proc/{p}").exists() for p in executors), timeout_s=15)
+    assert not [p for p in made if p.exists()], made
 
 
 def test_party_refuses_sandbox_isolation_it_cannot_provide(tmp_path: Path) -> None:
