@@ -14,16 +14,17 @@ the host's memory. So each executor runs
   no user namespace maps the sandbox back to host root) and ``setpriv`` drops to 65534 as the last
   step before the executor starts;
 - under a seccomp filter (:mod:`trainmaster.gateway.seccomp`) and ``no_new_privs``;
-- in cgroup v1 ``memory`` and ``pids`` groups ``trainmaster-gateway/<name>`` that the launching
-  child joins before it executes bubblewrap, so nothing of the tree ever runs outside them.
+- in ``memory`` and ``pids`` cgroups ``trainmaster-gateway/<name>`` (v1 hierarchies, or cgroup
+  v2) that the launching child joins before it executes bubblewrap, so nothing of the tree ever
+  runs outside them.
 
 The data file is not mounted: the party opens it and passes the open descriptor (a file readable
 only by the party stays so; the sandbox holds exactly that one file). The party reaches the
 executor over that Unix socket, which works across network namespaces; since the sandbox cannot
 write where the socket file is, it cannot swap it for a symlink to some other socket.
 
-Everything here needs root (cgroup creation, the uid drop), bubblewrap and cgroup v1 ``memory``
-and ``pids`` hierarchies; :func:`unavailable_reason` says which is missing.
+Everything here needs root (cgroup creation, the uid drop), bubblewrap and the cgroup ``memory``
+and ``pids`` controllers; :func:`unavailable_reason` says which is missing.
 """
 
 from __future__ import annotations
@@ -84,36 +85,93 @@ class SandboxExit:
         return "still running"
 
 
+@functools.cache
+def cgroup_version() -> int | None:
+    """1 where cgroup v1 ``memory`` and ``pids`` hierarchies are mounted (also hybrid hosts), 2 on a
+    unified (v2-only) host whose root offers both controllers, None otherwise."""
+    if all((CGROUP_ROOT / ctl / "cgroup.procs").exists() for ctl in CONTROLLERS):
+        return 1
+    try:
+        offered = (CGROUP_ROOT / "cgroup.controllers").read_text().split()
+    except OSError:
+        return None
+    return 2 if all(ctl in offered for ctl in CONTROLLERS) else None
+
+
+def parent_dirs() -> list[Path]:
+    """Where the sandbox groups live: one parent per controller (v1) or a single one (v2)."""
+    if cgroup_version() == 2:
+        return [CGROUP_ROOT / CGROUP_PARENT]
+    return [CGROUP_ROOT / ctl / CGROUP_PARENT for ctl in CONTROLLERS]
+
+
+def group_dirs(name: str) -> list[Path]:
+    """The host directories of the sandbox group ``name`` (what must be gone once it ended)."""
+    return [parent / name for parent in parent_dirs()]
+
+
+def _enable_controllers(parent: Path) -> None:
+    """cgroup v2: let ``parent``'s children use memory and pids (needs a parent without processes)."""
+    enabled = (parent / "cgroup.subtree_control").read_text().split()
+    missing = [ctl for ctl in CONTROLLERS if ctl not in enabled]
+    if missing:
+        (parent / "cgroup.subtree_control").write_text(" ".join(f"+{ctl}" for ctl in missing))
+
+
 @dataclass
-class CgroupV1:
-    """One sandbox's ``memory`` and ``pids`` groups (cgroup v1), created empty and removed at the end."""
+class SandboxCgroups:
+    """One sandbox's memory and pids groups, created empty, joined before exec, removed at the end.
+
+    cgroup v1: ``memory/trainmaster-gateway/<name>`` and ``pids/trainmaster-gateway/<name>``;
+    cgroup v2: ``trainmaster-gateway/<name>`` with both controllers (``paths`` maps each controller
+    to its directory either way, so the rest does not care which).
+    """
 
     name: str
+    version: int
     paths: dict[str, Path] = field(default_factory=dict)
 
     @classmethod
-    def create(cls, name: str, limits: SandboxLimits) -> "CgroupV1":
-        group = cls(name)
+    def create(cls, name: str, limits: SandboxLimits) -> "SandboxCgroups":
+        version = cgroup_version()
+        if version is None:
+            raise OSError(f"no cgroup memory and pids controllers under {CGROUP_ROOT}")
+        group = cls(name, version)
+        limit = str(limits.memory_mb << 20)
         try:
-            for ctl in CONTROLLERS:
-                path = CGROUP_ROOT / ctl / CGROUP_PARENT / name
-                path.mkdir(parents=True)
-                group.paths[ctl] = path
-            mem = group.paths["memory"]
-            limit = str(limits.memory_mb << 20)
-            (mem / "memory.limit_in_bytes").write_text(limit)
-            if (mem / "memory.memsw.limit_in_bytes").exists():  # swap counts too, where accounted
-                (mem / "memory.memsw.limit_in_bytes").write_text(limit)
+            if version == 2:
+                _enable_controllers(CGROUP_ROOT)
+                (CGROUP_ROOT / CGROUP_PARENT).mkdir(exist_ok=True)
+                _enable_controllers(CGROUP_ROOT / CGROUP_PARENT)
+                path = CGROUP_ROOT / CGROUP_PARENT / name
+                path.mkdir()
+                group.paths = {ctl: path for ctl in CONTROLLERS}
+                (path / "memory.max").write_text(limit)
+                if (path / "memory.swap.max").exists():
+                    (path / "memory.swap.max").write_text("0")
+                (path / "memory.oom.group").write_text("1")  # an OOM kill takes the whole sandbox
+            else:
+                for ctl in CONTROLLERS:
+                    path = CGROUP_ROOT / ctl / CGROUP_PARENT / name
+                    path.mkdir(parents=True)
+                    group.paths[ctl] = path
+                mem = group.paths["memory"]
+                (mem / "memory.limit_in_bytes").write_text(limit)
+                if (mem / "memory.memsw.limit_in_bytes").exists():  # swap counts too, where accounted
+                    (mem / "memory.memsw.limit_in_bytes").write_text(limit)
             (group.paths["pids"] / "pids.max").write_text(str(limits.pids))
         except BaseException:
             group.remove()
             raise
         return group
 
+    def _dirs(self) -> list[Path]:
+        return list(dict.fromkeys(self.paths.values()))
+
     def join_self(self) -> None:
-        """Move the calling process into both groups (called in the child before it executes bwrap)."""
+        """Move the calling process into the group(s) (called in the child before it executes bwrap)."""
         pid = str(os.getpid()).encode()
-        for path in self.paths.values():
+        for path in self._dirs():
             fd = os.open(path / "cgroup.procs", os.O_WRONLY)
             try:
                 os.write(fd, pid)
@@ -127,10 +185,19 @@ class CgroupV1:
             return []
         return [int(x) for x in text.split()]
 
+    def memory_usage(self) -> int:
+        name = "memory.current" if self.version == 2 else "memory.usage_in_bytes"
+        return int((self.paths["memory"] / name).read_text())
+
+    def set_memory_limit(self, limit_bytes: int) -> None:
+        name = "memory.max" if self.version == 2 else "memory.limit_in_bytes"
+        (self.paths["memory"] / name).write_text(str(limit_bytes))
+
     def memory_killed(self) -> bool:
         """Whether the kernel's OOM killer killed a process of this group (``oom_kill`` counter)."""
+        name = "memory.events" if self.version == 2 else "memory.oom_control"
         try:
-            fields = dict(line.split() for line in (self.paths["memory"] / "memory.oom_control").read_text().splitlines())
+            fields = dict(line.split() for line in (self.paths["memory"] / name).read_text().splitlines())
         except (KeyError, FileNotFoundError):
             return False
         return int(fields.get("oom_kill", "0")) > 0
@@ -146,8 +213,15 @@ class CgroupV1:
         """SIGKILL every process in the group until it is empty; False if it did not empty in time.
 
         Processes can fork while being killed (up to the pids limit), hence the rounds; each round
-        waits a little for the kernel to finish the exits it started.
+        waits a little for the kernel to finish the exits it started. cgroup v2's ``cgroup.kill``
+        does the same in one write where the kernel has it.
         """
+        kill_file = self.paths.get("pids", Path("/nonexistent")) / "cgroup.kill"
+        if self.version == 2 and kill_file.exists():
+            try:
+                kill_file.write_text("1")
+            except OSError:
+                pass
         deadline = time.monotonic() + timeout_s
         while True:
             pids = self.pids()
@@ -163,17 +237,18 @@ class CgroupV1:
             time.sleep(0.01)
 
     def remove(self) -> bool:
-        """Remove the groups (they must be empty); True when none is left."""
+        """Remove the group(s) (they must be empty); True when none is left."""
         left = False
-        for ctl, path in list(self.paths.items()):
+        for path in self._dirs():
             try:
                 path.rmdir()
-                del self.paths[ctl]
             except FileNotFoundError:
-                del self.paths[ctl]
+                pass
             except OSError as exc:
                 log.warning("sandbox cgroup %s not removed: %s", path, exc)
                 left = True
+                continue
+            self.paths = {ctl: p for ctl, p in self.paths.items() if p != path}
         return not left
 
 
@@ -186,8 +261,7 @@ def sweep_stale_groups(home_root: Path, min_age_s: float = STALE_GROUP_AGE_S) ->
     """
     removed = []
     now = time.time()
-    for ctl in CONTROLLERS:
-        parent = CGROUP_ROOT / ctl / CGROUP_PARENT
+    for parent in parent_dirs():
         if not parent.is_dir():
             continue
         for group in parent.iterdir():
@@ -281,17 +355,17 @@ def unavailable_reason() -> str | None:
         return "bubblewrap (bwrap) is not installed: apt-get install -y bubblewrap (or make sandbox-deps)"
     if not Path("/usr/bin/setpriv").exists():
         return "setpriv (util-linux) is not installed at /usr/bin/setpriv"
-    for ctl in CONTROLLERS:
-        if not (CGROUP_ROOT / ctl / "cgroup.procs").exists():
-            return f"no cgroup v1 {ctl!r} hierarchy at {CGROUP_ROOT / ctl} (cgroup v2-only hosts are not supported yet)"
+    if cgroup_version() is None:
+        return (f"no cgroup memory and pids controllers: neither v1 hierarchies at {CGROUP_ROOT}/{{memory,pids}} "
+                f"nor a cgroup v2 root at {CGROUP_ROOT} offering both")
     try:
         deny_list_program()
     except SeccompUnavailable as exc:
         return str(exc)
     try:
-        CgroupV1.create(f"probe-{os.getpid()}", SandboxLimits(memory_mb=64)).remove()
+        SandboxCgroups.create(f"probe-{os.getpid()}", SandboxLimits(memory_mb=64)).remove()
     except OSError as exc:
-        return f"cannot create sandbox cgroups under {CGROUP_ROOT}/{{memory,pids}}/{CGROUP_PARENT}: {exc}"
+        return f"cannot create sandbox cgroups {', '.join(map(str, group_dirs('<name>')))}: {exc}"
     probe_dir = Path(tempfile.mkdtemp(prefix="tm-sandbox-probe-"))
     seccomp_fd = _seccomp_fd()
     try:
@@ -325,7 +399,7 @@ class Sandbox:
     :meth:`kill` ends the whole tree and removes the cgroups and ``home``; it is safe to call twice.
     """
 
-    def __init__(self, proc: asyncio.subprocess.Process, cgroups: CgroupV1, home: Path, limits: SandboxLimits):
+    def __init__(self, proc: asyncio.subprocess.Process, cgroups: SandboxCgroups, home: Path, limits: SandboxLimits):
         self.proc, self.cgroups, self.home, self.limits = proc, cgroups, home, limits
         self._exit: SandboxExit | None = None
 
@@ -341,7 +415,7 @@ class Sandbox:
         task_dir = home / "task"
         task_dir.mkdir(mode=0o700)
         os.chown(task_dir, SANDBOX_UID, SANDBOX_GID)
-        cgroups = CgroupV1.create(home.name, limits)
+        cgroups = SandboxCgroups.create(home.name, limits)
         seccomp_fd = -1
         try:
             seccomp_fd = _seccomp_fd()
