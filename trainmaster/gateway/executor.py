@@ -4,14 +4,15 @@ Two isolations, picked by the party's ``isolation`` setting:
 
 - ``sandbox`` (the default): the executor runs in a bubblewrap sandbox (:mod:`trainmaster.gateway.sandbox`):
   own pid/net/mount/ipc/uts namespaces, read-only root, uid 65534, seccomp filter, cgroup memory
-  and pids limits. The party passes the data file as an open descriptor; the task folder (the only
-  writable host directory) holds the socket.
+  and pids limits. The party passes the data file as an open descriptor and the executor's
+  listening socket as another; the socket file stays in the party's own folder, outside the
+  sandbox, whose only writable host directory is that folder's ``task/``.
 - ``process``: a plain subprocess as the party's own user in its own session, with a clean
   environment and resource limits (address space, CPU seconds, open files, no file writes): the
   opt-out for hosts without bubblewrap or root, which protects the host far less.
 
 Either way the party kills the whole tree at the task's deadline. The executor listens on a Unix
-socket inside a private (0700) directory; that socket path is the executor address the party
+socket inside a private (0700) directory of the party's; that socket path is the executor address the party
 reports to the gateway. A request is a length-prefixed JSON rule call; the reply is a
 length-prefixed JSON head (ok, error, size and SHA-256 of the result) followed by the result's JSON
 bytes, which the party reads in chunks, so a result of tens of MB is never held twice. It never
