@@ -447,6 +447,7 @@ def test_party_runs_its_executors_in_the_sandbox(tmp_path: Path) -> None:
         assert re.search(r"^Seccomp:\s+2$", status, re.M)
         group = Path(f"/proc/{executors[0]}/cgroup").read_text()
         name = re.search(rf":/{sbx.CGROUP_PARENT}/([^/\s]+)$", group, re.M)[1]
+        assert name.startswith("tm-exec-sandboxed1.m_a."), name  # the operator can tell which task it serves
         wanted = ["pids", "memory"] if sbx.cgroup_version() == 1 else [""]  # v2: the one "0::" line
         assert all(re.search(rf"^\d+:{c}:/{sbx.CGROUP_PARENT}/{name}$", group, re.M) for c in wanted), group
         made = sbx.group_dirs(name)

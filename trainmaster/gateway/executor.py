@@ -32,6 +32,7 @@ import asyncio
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import struct
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     from trainmaster.gateway.sandbox import Sandbox
 
 ISOLATIONS = ("sandbox", "process")
+LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,160}$")
 SANDBOX_PIDS = 64
 """Processes and threads one sandboxed executor may have (it needs two threads; BLAS is pinned to one)."""
 MAX_FRAME = 128 * 1024 * 1024
@@ -184,10 +186,17 @@ class ExecutorHandle:
     @classmethod
     async def start(cls, data_file: Path, deadline_s: float, start_timeout_s: float, memory_mb: int,
                     allowed: list[str] | None = None, silent: bool = False,
-                    isolation: str = "process") -> "ExecutorHandle":
+                    isolation: str = "process", label: str = "") -> "ExecutorHandle":
+        """Start an executor and wait for it to be ready.
+
+        ``label`` (the party passes ``<task id>.<data id>``) prefixes the executor's folder name,
+        which also names its sandbox cgroups, so an operator can tell which group serves which task.
+        """
         if isolation not in ISOLATIONS:
             raise ValueError(f"isolation must be one of {ISOLATIONS}, not {isolation!r}")
-        workdir = tempfile.mkdtemp(prefix="tm-exec-")
+        if label and not LABEL.match(label):
+            raise ValueError(f"executor label {label!r} must match {LABEL.pattern}")
+        workdir = tempfile.mkdtemp(prefix=f"tm-exec-{label}." if label else "tm-exec-")
         os.chmod(workdir, 0o700)
         cpu = int(deadline_s) + 5
         if isolation == "sandbox":

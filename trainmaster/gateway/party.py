@@ -110,7 +110,7 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
     app.state.ctx = ctx
     install_common(app, cfg.max_body_bytes)
 
-    async def _start_executor(data_file: Path, deadline_s: float) -> Executor:
+    async def _start_executor(data_file: Path, deadline_s: float, label: str) -> Executor:
         """The configured executor kind; both sit behind the same interface."""
         if cfg.executor == "ray":
             from trainmaster.gateway.rayexec import RayExecutor
@@ -118,7 +118,7 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
             return await RayExecutor.start(data_file, deadline_s, cfg.executor_start_timeout_s, cfg.allowed_rules,
                                            cfg.ray_address)
         return await ExecutorHandle.start(data_file, deadline_s, cfg.executor_start_timeout_s, cfg.executor_memory_mb,
-                                          cfg.allowed_rules, cfg.fault_executor_silent, cfg.isolation)
+                                          cfg.allowed_rules, cfg.fault_executor_silent, cfg.isolation, label)
 
     async def _report(task: TaskCreate, address: str, ready: bool, reason: str = "") -> None:
         report = ExecutorReport(task_id=task.task_id, data_id=task.data_id, address=address, call=task.call,
@@ -144,7 +144,7 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
         if key in executors and executors[key].alive:
             return {"task_id": task.task_id, "data_id": task.data_id, "address": executors[key].address}
         try:
-            handle = await _start_executor(data_file, task.deadline_s)
+            handle = await _start_executor(data_file, task.deadline_s, f"{task.task_id}.{task.data_id}")
         except TimeoutError as exc:
             await _report(task, "", ready=False, reason=str(exc))
             raise HTTPException(504, f"executor for task {task.task_id!r} did not come up: {exc}") from exc
