@@ -538,3 +538,26 @@ def test_parquet_data_is_read_through_the_descriptor(tmp_path: Path, tracker: Tr
 
     result = asyncio.run(run())
     assert result.get("rows") == 1234, result
+
+
+def test_sandbox_setup_failure_is_a_clear_start_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sandbox setup refused (here: the cgroup root is not a directory): ExecutorHandle.start raises
+    ExecutorStartError saying so (the party answers 503 and reports the leg not ready, never a 500),
+    and leaves no executor folder behind."""
+    from trainmaster.gateway.executor import ExecutorStartError
+
+    data = tmp_path / "d.csv"
+    data.write_text("x\n1\n")
+    not_a_dir = tmp_path / "not-a-cgroup-root"
+    not_a_dir.write_text("")
+    task_root = tmp_path / "tasks"
+    task_root.mkdir()
+    monkeypatch.setattr(sbx, "CGROUP_ROOT", not_a_dir)
+    monkeypatch.setattr(tempfile, "tempdir", str(task_root))
+
+    async def start() -> None:
+        await ExecutorHandle.start(data, deadline_s=60, start_timeout_s=30, memory_mb=256, isolation="sandbox")
+
+    with pytest.raises(ExecutorStartError, match="executor sandbox could not be set up: NotADirectoryError"):
+        asyncio.run(start())
+    assert list(task_root.iterdir()) == []

@@ -172,6 +172,10 @@ def main() -> None:
     _serve(srv, table, a.allowed.split(",") if a.allowed else None, a.silent)
 
 
+class ExecutorStartError(RuntimeError):
+    """The executor could not be set up at all (its sandbox or cgroups refused); the message says why."""
+
+
 class ExecutorDied(OSError):
     """The executor ended while serving a call; the message says why (e.g. its memory limit)."""
 
@@ -216,7 +220,7 @@ class ExecutorHandle:
         sandbox sees, and hands the executor only the descriptor: an executor that could write
         beside its socket could replace it with a symlink and have the party connect elsewhere.
         """
-        from trainmaster.gateway.sandbox import Sandbox, SandboxLimits, package_parent, sandbox_python
+        from trainmaster.gateway.sandbox import Sandbox, SandboxLimits, SandboxUnavailable, package_parent, sandbox_python
 
         sock_path = os.path.join(workdir, "executor.sock")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -236,6 +240,9 @@ class ExecutorHandle:
             limits = SandboxLimits(memory_mb=memory_mb, pids=SANDBOX_PIDS, cpu_s=cpu)
             sandbox = await Sandbox.start(args, home=Path(workdir), limits=limits, env=env,
                                           pass_fds=(listener.fileno(), data_fd))
+        except (OSError, SandboxUnavailable) as exc:
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise ExecutorStartError(f"executor sandbox could not be set up: {type(exc).__name__}: {exc}") from exc
         except BaseException:
             shutil.rmtree(workdir, ignore_errors=True)
             raise

@@ -20,7 +20,7 @@ from fastapi.responses import StreamingResponse
 
 from trainmaster.errors import UserError
 from trainmaster.gateway.crypto import EnvelopeError, b64e
-from trainmaster.gateway.executor import Executor, ExecutorDied, ExecutorHandle, RuleReply
+from trainmaster.gateway.executor import Executor, ExecutorDied, ExecutorHandle, ExecutorStartError, RuleReply
 from trainmaster.gateway.models import DataTransfer, Envelope, ExecutorReport, MessageKind, TaskCreate
 from trainmaster.gateway.provision import ServiceConfig
 from trainmaster.gateway.rules import RuleError, validate_call
@@ -148,6 +148,9 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
         except TimeoutError as exc:
             await _report(task, "", ready=False, reason=str(exc))
             raise HTTPException(504, f"executor for task {task.task_id!r} did not come up: {exc}") from exc
+        except ExecutorStartError as exc:
+            await _report(task, "", ready=False, reason=str(exc))
+            raise HTTPException(503, f"executor for task {task.task_id!r} could not start: {exc}") from exc
         executors[key] = handle
         await _report(task, handle.address, ready=True)
         return {"task_id": task.task_id, "data_id": task.data_id, "address": handle.address}
