@@ -86,8 +86,11 @@ def tracker() -> Iterator[Tracker]:
             assert not [d for d in sbx.group_dirs(s.cgroups.name) if d.exists()]
             assert not s.home.exists(), f"sandbox folder left behind: {s.home}"
             assert not s.cgroups.pids()
-            if s.proc.returncode is None:  # SIGKILLed above: reaped once the loop sees it; it must not linger
-                os.waitpid(s.proc.pid, 0)
+            if s.proc.returncode is None:  # SIGKILLed above; reap it here if its event loop is gone
+                try:
+                    os.waitpid(s.proc.pid, 0)
+                except ChildProcessError:
+                    pass  # already reaped by asyncio's child watcher
         assert _mounts() == before, "the host's mount table changed"
 
 
