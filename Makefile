@@ -4,10 +4,11 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-# Debian packages features need; tests that cannot have them skip with a clear reason.
-SYSTEM_PACKAGES ?= chromium chromium-driver postgresql
+# Debian packages features need (dashboard browser tests, PostgreSQL store tests, the gateway's
+# executor sandbox); tests that cannot have them skip with a clear reason.
+SYSTEM_PACKAGES ?= chromium chromium-driver postgresql bubblewrap
 
-.PHONY: run test install system-deps bench screenshots clean
+.PHONY: run test install system-deps sandbox-deps bench screenshots clean
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || { echo "error: $(PY) not found; install Python 3.11 or run 'make PY=/path/to/python3.11 ...'" >&2; exit 2; }
@@ -43,6 +44,10 @@ run: $(STAMP)
 	@echo "  $(BIN)/trainmaster job list                 # every job run here, with its state"
 	@echo "  $(BIN)/trainmaster info                     # where outputs, logs and the store live"
 	@echo "  docs/controller.md                          # the job file reference; docs/ has a page per capability"
+
+## sandbox-deps: only bubblewrap, for the gateway's sandboxed executors (parties need it or isolation: process)
+sandbox-deps:
+	@$(MAKE) --no-print-directory system-deps SYSTEM_PACKAGES=bubblewrap
 
 ## test: install with test extras and run the whole suite
 test: $(STAMP) system-deps

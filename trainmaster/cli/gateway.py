@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -50,6 +51,8 @@ def gateway_serve(config: Path = typer.Option(..., "--config", help="The gateway
 def party_serve(
     config: Path = typer.Option(..., "--config", help="This party's config.yaml from `gateway init`."),
     data: Path = typer.Option(..., "--data", help="Directory of <data_id>.csv or <data_id>.parquet files this party holds."),
+    isolation: Optional[str] = typer.Option(None, "--isolation",
+                                            help="Override the config's isolation: sandbox (bubblewrap, the default) or process."),
 ) -> None:
     """Run a party agent on its mutual-TLS port."""
     from trainmaster.gateway.party import build_party_app
@@ -59,6 +62,10 @@ def party_serve(
     cfg = load_config(config)
     if cfg.role != "party":
         raise UserError(f"{config} is a {cfg.role} config, not a party's")
+    if isolation is not None:
+        if isolation not in ("sandbox", "process"):
+            raise UserError(f"--isolation must be sandbox or process, not {isolation!r}")
+        cfg = cfg.model_copy(update={"isolation": isolation})
     if not data.is_dir():
         raise UserError(f"data directory not found: {data}")
     serve(build_party_app(cfg, data), cfg)

@@ -1,18 +1,28 @@
-"""The per-task isolated executor: one subprocess per (task, data id), holding one data file.
+"""The per-task isolated executor: one process tree per (task, data id), holding one data file.
 
-The party starts it in its own session (``start_new_session``), with a clean environment, resource
-limits (address space, CPU seconds, open files, no file writes) and a deadline after which the
-party kills its process group. It listens on a Unix socket inside a private (0700) directory; that
-socket path is the executor address the party reports to the gateway. A request is a length-prefixed
-JSON rule call; the reply is a length-prefixed JSON head (ok, error, size and SHA-256 of the result)
-followed by the result's JSON bytes, which the party reads in chunks, so a result of tens of MB is
-never held twice. It never evaluates anything but a registered rule. It exits when its stdin closes,
-so it cannot outlive the party that started it.
+Two isolations, picked by the party's ``isolation`` setting:
 
-:class:`Executor` is the interface the party uses; :class:`ExecutorHandle` (a subprocess) and
-``rayexec.RayExecutor`` (a Ray actor) implement it.
+- ``sandbox`` (the default): the executor runs in a bubblewrap sandbox (:mod:`trainmaster.gateway.sandbox`):
+  own pid/net/mount/ipc/uts namespaces, read-only root, uid 65534, seccomp filter, cgroup memory
+  and pids limits. The party passes the data file as an open descriptor and the executor's
+  listening socket as another; the socket file stays in the party's own folder, outside the
+  sandbox, whose only writable host directory is that folder's ``task/``.
+- ``process``: a plain subprocess as the party's own user in its own session, with a clean
+  environment and resource limits (address space, CPU seconds, open files, no file writes): the
+  opt-out for hosts without bubblewrap or root, which protects the host far less.
 
-Run as ``python -I -m trainmaster.gateway.executor --socket PATH --data FILE``.
+Either way the party kills the whole tree at the task's deadline. The executor listens on a Unix
+socket inside a private (0700) directory of the party's; that socket path is the executor address the party
+reports to the gateway. A request is a length-prefixed JSON rule call; the reply is a
+length-prefixed JSON head (ok, error, size and SHA-256 of the result) followed by the result's JSON
+bytes, which the party reads in chunks, so a result of tens of MB is never held twice. It never
+evaluates anything but a registered rule. It exits when its stdin closes, so it cannot outlive the
+party that started it.
+
+:class:`Executor` is the interface the party uses; :class:`ExecutorHandle` (a subprocess, sandboxed
+or not) and ``rayexec.RayExecutor`` (a Ray actor) implement it.
+
+Run as ``python -I -m trainmaster.gateway.executor (--socket PATH | --listen-fd N) (--data FILE | --data-fd N --data-name NAME)``.
 """
 
 from __future__ import annotations
@@ -22,6 +32,8 @@ import asyncio
 import hashlib
 import json
 import os
+import re
+import shutil
 import socket
 import struct
 import sys
@@ -29,10 +41,18 @@ import tempfile
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from trainmaster.gateway.models import RuleCall
 
+if TYPE_CHECKING:
+    from trainmaster.gateway.rules import Table
+    from trainmaster.gateway.sandbox import Sandbox
+
+ISOLATIONS = ("sandbox", "process")
+LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,160}$")
+SANDBOX_PIDS = 64
+"""Processes and threads one sandboxed executor may have (it needs two threads; BLAS is pinned to one)."""
 MAX_FRAME = 128 * 1024 * 1024
 
 
@@ -46,13 +66,9 @@ def _recv_exact(conn: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def _serve(sock_path: str, data_file: str, allowed: list[str] | None, silent: bool) -> None:
-    from trainmaster.gateway.rules import RuleError, load_table, run_call
+def _serve(srv: socket.socket, table: "Table", allowed: list[str] | None, silent: bool) -> None:
+    from trainmaster.gateway.rules import RuleError, run_call
 
-    table = load_table(Path(data_file))
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(sock_path)
-    srv.listen(8)
     if not silent:
         print("READY", flush=True)
     while True:
@@ -124,8 +140,13 @@ class Executor(Protocol):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--socket", required=True)
-    ap.add_argument("--data", required=True)
+    where = ap.add_mutually_exclusive_group(required=True)
+    where.add_argument("--socket", help="bind and listen on this Unix socket path (process isolation)")
+    where.add_argument("--listen-fd", type=int, help="accept on this already-listening Unix socket (sandbox)")
+    data = ap.add_mutually_exclusive_group(required=True)
+    data.add_argument("--data", help="the data file's path (process isolation)")
+    data.add_argument("--data-fd", type=int, help="the data file, already open at this descriptor (sandbox)")
+    ap.add_argument("--data-name", default="", help="with --data-fd: the file's name, which says its format")
     ap.add_argument("--allowed", default="")
     ap.add_argument("--silent", action="store_true", help="fault injection: never report readiness")
     a = ap.parse_args()
@@ -135,22 +156,106 @@ def main() -> None:
         os._exit(0)
 
     threading.Thread(target=_exit_when_orphaned, daemon=True).start()
-    _serve(a.socket, a.data, a.allowed.split(",") if a.allowed else None, a.silent)
+    from trainmaster.gateway.rules import load_table
+
+    if a.data_fd is not None:
+        with os.fdopen(a.data_fd, "rb") as source:
+            table = load_table(Path(a.data_name or "data.csv"), source)
+    else:
+        table = load_table(Path(a.data))
+    if a.listen_fd is not None:
+        srv = socket.socket(fileno=a.listen_fd)
+    else:
+        srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        srv.bind(a.socket)
+        srv.listen(8)
+    _serve(srv, table, a.allowed.split(",") if a.allowed else None, a.silent)
+
+
+class ExecutorStartError(RuntimeError):
+    """The executor could not be set up at all (its sandbox or cgroups refused); the message says why."""
+
+
+class ExecutorDied(OSError):
+    """The executor ended while serving a call; the message says why (e.g. its memory limit)."""
 
 
 class ExecutorHandle:
-    """The party's side of one executor process."""
+    """The party's side of one executor process tree (sandboxed or a plain subprocess)."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, sock_path: str, workdir: str):
-        self.proc, self.address, self._workdir = proc, sock_path, workdir
+    def __init__(self, proc: asyncio.subprocess.Process, sock_path: str, workdir: str,
+                 sandbox: "Sandbox | None" = None):
+        self.proc, self.address, self._workdir, self.sandbox = proc, sock_path, workdir, sandbox
 
     @classmethod
     async def start(cls, data_file: Path, deadline_s: float, start_timeout_s: float, memory_mb: int,
-                    allowed: list[str] | None = None, silent: bool = False) -> "ExecutorHandle":
-        workdir = tempfile.mkdtemp(prefix="tm-exec-")
+                    allowed: list[str] | None = None, silent: bool = False,
+                    isolation: str = "process", label: str = "") -> "ExecutorHandle":
+        """Start an executor and wait for it to be ready.
+
+        ``label`` (the party passes ``<task id>.<data id>``) prefixes the executor's folder name,
+        which also names its sandbox cgroups, so an operator can tell which group serves which task.
+        """
+        if isolation not in ISOLATIONS:
+            raise ValueError(f"isolation must be one of {ISOLATIONS}, not {isolation!r}")
+        if label and not LABEL.match(label):
+            raise ValueError(f"executor label {label!r} must match {LABEL.pattern}")
+        workdir = tempfile.mkdtemp(prefix=f"tm-exec-{label}." if label else "tm-exec-")
         os.chmod(workdir, 0o700)
-        sock_path = os.path.join(workdir, "executor.sock")
         cpu = int(deadline_s) + 5
+        if isolation == "sandbox":
+            handle = await cls._start_sandboxed(data_file, workdir, cpu, memory_mb, allowed, silent)
+        else:
+            handle = await cls._start_process(data_file, workdir, cpu, memory_mb, allowed, silent)
+        await handle._await_ready(start_timeout_s)
+        asyncio.get_running_loop().call_later(deadline_s, handle.kill)
+        return handle
+
+    @classmethod
+    async def _start_sandboxed(cls, data_file: Path, workdir: str, cpu: int, memory_mb: int,
+                               allowed: list[str] | None, silent: bool) -> "ExecutorHandle":
+        """The executor inside bubblewrap, reading its data from a descriptor the party opened.
+
+        The party also creates and binds the listening socket, in its own folder outside what the
+        sandbox sees, and hands the executor only the descriptor: an executor that could write
+        beside its socket could replace it with a symlink and have the party connect elsewhere.
+        """
+        from trainmaster.gateway.sandbox import Sandbox, SandboxLimits, SandboxUnavailable, package_parent, sandbox_python
+
+        sock_path = os.path.join(workdir, "executor.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        data_fd = -1
+        try:
+            listener.bind(sock_path)
+            listener.listen(8)
+            data_fd = os.open(data_file, os.O_RDONLY | os.O_CLOEXEC)
+            args = [sandbox_python(), "-s", "-B", "-P", "-m", "trainmaster.gateway.executor",
+                    "--listen-fd", str(listener.fileno()), "--data-fd", str(data_fd), "--data-name", data_file.name]
+            if allowed:
+                args += ["--allowed", ",".join(allowed)]
+            if silent:
+                args.append("--silent")
+            env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+                   "MKL_NUM_THREADS": "1", "PYTHONPATH": str(package_parent())}
+            limits = SandboxLimits(memory_mb=memory_mb, pids=SANDBOX_PIDS, cpu_s=cpu)
+            sandbox = await Sandbox.start(args, home=Path(workdir), limits=limits, env=env,
+                                          pass_fds=(listener.fileno(), data_fd))
+        except (OSError, SandboxUnavailable) as exc:
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise ExecutorStartError(f"executor sandbox could not be set up: {type(exc).__name__}: {exc}") from exc
+        except BaseException:
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise
+        finally:
+            listener.close()
+            if data_fd >= 0:
+                os.close(data_fd)
+        return cls(sandbox.proc, sock_path, workdir, sandbox)
+
+    @classmethod
+    async def _start_process(cls, data_file: Path, workdir: str, cpu: int, memory_mb: int,
+                             allowed: list[str] | None, silent: bool) -> "ExecutorHandle":
+        sock_path = os.path.join(workdir, "executor.sock")
 
         def _limits() -> None:
             import resource
@@ -172,20 +277,41 @@ class ExecutorHandle:
             *args, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
             env=env, cwd=workdir, start_new_session=True, preexec_fn=_limits,
         )
-        handle = cls(proc, sock_path, workdir)
+        return cls(proc, sock_path, workdir)
+
+    async def _await_ready(self, start_timeout_s: float) -> None:
+        """Wait for the executor's READY line; kill it (and say why) if it does not come."""
         try:
-            assert proc.stdout is not None
-            line = await asyncio.wait_for(proc.stdout.readline(), timeout=start_timeout_s)
+            assert self.proc.stdout is not None
+            line = await asyncio.wait_for(self.proc.stdout.readline(), timeout=start_timeout_s)
             if line.strip() != b"READY":
-                raise RuntimeError(f"executor exited before reporting (code {await proc.wait()})")
-        except (asyncio.TimeoutError, RuntimeError) as exc:
-            handle.kill()
+                code = await asyncio.wait_for(self.proc.wait(), timeout=start_timeout_s)
+                how = self.sandbox.describe_exit() if self.sandbox else f"exited with code {code}"
+                raise RuntimeError(f"executor {how} before reporting ready")
+        except asyncio.TimeoutError as exc:
+            self.kill()
             raise TimeoutError(f"executor did not report within {start_timeout_s:.0f}s") from exc
-        asyncio.get_running_loop().call_later(deadline_s, handle.kill)
-        return handle
+        except RuntimeError as exc:
+            self.kill()
+            raise TimeoutError(str(exc)) from exc
+
+    def _explain(self, exc: BaseException) -> BaseException:
+        """A call that failed because the sandbox killed the executor says so; others pass unchanged."""
+        if self.sandbox is not None and self.sandbox.exit_status().memory_killed:
+            return ExecutorDied(f"executor {self.sandbox.describe_exit()}")
+        return exc
 
     async def call(self, call: RuleCall, timeout_s: float) -> RuleReply:
         """Send the rule call; the reply's body stays on the socket until the caller reads it."""
+        try:
+            return await self._call(call, timeout_s)
+        except (OSError, asyncio.IncompleteReadError) as exc:
+            explained = self._explain(exc)
+            if explained is exc:
+                raise
+            raise explained from exc
+
+    async def _call(self, call: RuleCall, timeout_s: float) -> RuleReply:
         reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(self.address, limit=1 << 20), timeout_s)
         try:
             body = call.model_dump_json().encode()
@@ -200,7 +326,13 @@ class ExecutorHandle:
             raise
 
         async def read(n: int) -> bytes:
-            return await asyncio.wait_for(reader.readexactly(n), timeout_s)
+            try:
+                return await asyncio.wait_for(reader.readexactly(n), timeout_s)
+            except (OSError, asyncio.IncompleteReadError) as exc:
+                explained = self._explain(exc)
+                if explained is exc:
+                    raise
+                raise explained from exc
 
         return RuleReply(head, read, writer.close)
 
@@ -209,7 +341,10 @@ class ExecutorHandle:
         return self.proc.returncode is None
 
     def kill(self) -> None:
-        """Kill the executor's whole process group and remove its private directory."""
+        """Kill the executor's whole process tree and remove its private directory (and cgroups)."""
+        if self.sandbox is not None:
+            self.sandbox.kill()
+            return
         if self.proc.returncode is None:
             try:
                 os.killpg(self.proc.pid, 9)

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import yaml
 
 from trainmaster.gateway.client import Initiator
 from trainmaster.gateway.provision import ServiceConfig, init_deployment, load_config
+from trainmaster.gateway.sandbox import unavailable_reason as sandbox_unavailable_reason
 from trainmaster.gateway.service import client_ssl_context
 
 
@@ -80,6 +82,11 @@ class Deployment:
     def __init__(self, root: Path, parties: list[str], overrides: dict[str, dict[str, Any]] | None = None):
         self.root, self.parties = root, parties
         self.configs = init_deployment(root / "deploy", parties, port_base=free_port_block(len(parties) + 1))
+        self.isolation_fallback = sandbox_unavailable_reason()
+        if self.isolation_fallback is not None:  # e.g. not root: executors run unsandboxed here, and say so
+            warnings.warn(f"local deployment runs executors with isolation: process: {self.isolation_fallback}")
+            overrides = {p: {"isolation": "process", **(overrides or {}).get(p, {})} for p in parties} | {
+                k: v for k, v in (overrides or {}).items() if k not in parties}
         for name, extra in (overrides or {}).items():
             data = yaml.safe_load(self.configs[name].read_text())
             data.update(extra)

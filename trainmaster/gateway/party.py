@@ -20,7 +20,7 @@ from fastapi.responses import StreamingResponse
 
 from trainmaster.errors import UserError
 from trainmaster.gateway.crypto import EnvelopeError, b64e
-from trainmaster.gateway.executor import Executor, ExecutorHandle, RuleReply
+from trainmaster.gateway.executor import Executor, ExecutorDied, ExecutorHandle, ExecutorStartError, RuleReply
 from trainmaster.gateway.models import DataTransfer, Envelope, ExecutorReport, MessageKind, TaskCreate
 from trainmaster.gateway.provision import ServiceConfig
 from trainmaster.gateway.rules import RuleError, validate_call
@@ -79,6 +79,17 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
         if importlib.util.find_spec("ray") is None:
             raise UserError(f"party {cfg.name!r} is configured with executor: ray, but Ray is not installed",
                             details=["install the ray extra (pip install 'trainmaster[ray]') or set executor: subprocess"])
+    if cfg.executor == "subprocess" and cfg.isolation == "sandbox":
+        from trainmaster.gateway.sandbox import unavailable_reason
+
+        reason = unavailable_reason()
+        if reason is not None:
+            raise UserError(f"party {cfg.name!r}: executor isolation 'sandbox' is not available on this host: {reason}",
+                            details=["run the party as root on a host with bubblewrap and cgroup v1 memory/pids "
+                                     "(apt-get install -y bubblewrap, or make sandbox-deps)",
+                                     "or opt out: set isolation: process in the party's config (or pass "
+                                     "--isolation process) to run executors as plain processes, without "
+                                     "namespaces, seccomp or cgroup limits"])
     ctx = ServiceContext.load(cfg, f"sqlite:///{Path(cfg.state_dir).resolve() / 'seen.db'}")
     executors: dict[tuple[str, str], Executor] = {}
     gateway = next(p for p in ctx.roster.values() if p.role == "gateway")
@@ -99,7 +110,7 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
     app.state.ctx = ctx
     install_common(app, cfg.max_body_bytes)
 
-    async def _start_executor(data_file: Path, deadline_s: float) -> Executor:
+    async def _start_executor(data_file: Path, deadline_s: float, label: str) -> Executor:
         """The configured executor kind; both sit behind the same interface."""
         if cfg.executor == "ray":
             from trainmaster.gateway.rayexec import RayExecutor
@@ -107,7 +118,7 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
             return await RayExecutor.start(data_file, deadline_s, cfg.executor_start_timeout_s, cfg.allowed_rules,
                                            cfg.ray_address)
         return await ExecutorHandle.start(data_file, deadline_s, cfg.executor_start_timeout_s, cfg.executor_memory_mb,
-                                          cfg.allowed_rules, cfg.fault_executor_silent)
+                                          cfg.allowed_rules, cfg.fault_executor_silent, cfg.isolation, label)
 
     async def _report(task: TaskCreate, address: str, ready: bool, reason: str = "") -> None:
         report = ExecutorReport(task_id=task.task_id, data_id=task.data_id, address=address, call=task.call,
@@ -133,10 +144,13 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
         if key in executors and executors[key].alive:
             return {"task_id": task.task_id, "data_id": task.data_id, "address": executors[key].address}
         try:
-            handle = await _start_executor(data_file, task.deadline_s)
+            handle = await _start_executor(data_file, task.deadline_s, f"{task.task_id}.{task.data_id}")
         except TimeoutError as exc:
             await _report(task, "", ready=False, reason=str(exc))
             raise HTTPException(504, f"executor for task {task.task_id!r} did not come up: {exc}") from exc
+        except ExecutorStartError as exc:
+            await _report(task, "", ready=False, reason=str(exc))
+            raise HTTPException(503, f"executor for task {task.task_id!r} could not start: {exc}") from exc
         executors[key] = handle
         await _report(task, handle.address, ready=True)
         return {"task_id": task.task_id, "data_id": task.data_id, "address": handle.address}
@@ -182,7 +196,8 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
             finally:
                 reply.close()
         except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
-            raise HTTPException(503, f"executor for task {req.task_id!r} failed: {type(exc).__name__}") from exc
+            why = str(exc) if isinstance(exc, ExecutorDied) else type(exc).__name__
+            raise HTTPException(503, f"executor for task {req.task_id!r} failed: {why}") from exc
         payload = {"ok": reply.ok, "result": result, "error": reply.error}
         return ctx.seal_to(gateway.name, MessageKind.transfer_result, req.task_id, req.data_id, payload)
 

@@ -55,6 +55,10 @@ class ServiceConfig(BaseModel):
     allowed_rules: list[str] | None = None
     executor: str = Field(default="subprocess", pattern=r"^(subprocess|ray)$")
     """Party: how each task's isolated executor runs (a subprocess with rlimits, or a Ray actor)."""
+    isolation: str = Field(default="sandbox", pattern=r"^(sandbox|process)$")
+    """Party with ``executor: subprocess``: ``sandbox`` runs each executor in bubblewrap namespaces as
+    uid 65534 with seccomp and cgroup limits (needs root and bubblewrap; the party refuses to start
+    without them); ``process`` is the explicit opt-out: a plain subprocess with rlimits only."""
     ray_address: str | None = None
     """Party with ``executor: ray``: the cluster to use; unset starts a local Ray in the party."""
     stream_chunk_bytes: int = Field(default=1 << 20, ge=1024, le=8 << 20)

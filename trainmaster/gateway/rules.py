@@ -8,9 +8,10 @@ from sums and counts where possible, so an initiator can pool several parties' r
 from __future__ import annotations
 
 import csv
+import io
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, BinaryIO, Callable
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -27,11 +28,15 @@ class Params(BaseModel):
 Table = dict[str, np.ndarray]
 
 
-def load_table(path: Path) -> Table:
-    """The party's own data file: CSV (header row of column names, numeric cells) or Parquet."""
+def load_table(path: Path, source: BinaryIO | None = None) -> Table:
+    """The party's own data file: CSV (header row of column names, numeric cells) or Parquet.
+
+    ``source``, when given, is the file already open (a sandboxed executor gets the descriptor,
+    never the path); ``path`` then only names it and says its format.
+    """
     if path.suffix == ".parquet":
-        return _load_parquet(path)
-    with path.open(newline="") as fh:
+        return _load_parquet(path, source)
+    with (io.TextIOWrapper(source, newline="") if source is not None else path.open(newline="")) as fh:
         reader = csv.reader(fh)
         names = next(reader)
         data = np.array([[float(x) for x in row] for row in reader if row], dtype=np.float64)
@@ -40,11 +45,11 @@ def load_table(path: Path) -> Table:
     return {n: data[:, i] for i, n in enumerate(names)}
 
 
-def _load_parquet(path: Path) -> Table:
+def _load_parquet(path: Path, source: BinaryIO | None = None) -> Table:
     """Columnar load via pyarrow (imported here: only executors that hold Parquet files need it)."""
     import pyarrow.parquet as pq
 
-    table = pq.read_table(path)
+    table = pq.read_table(source if source is not None else path)
     out: Table = {}
     for name, col in zip(table.column_names, table.columns):
         if col.null_count:
