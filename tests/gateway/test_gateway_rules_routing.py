@@ -68,14 +68,18 @@ def test_mapping_table_records_one_outcome_and_keeps_history(tmp_path: Path) -> 
     never reused (item 2), open legs per party bounded, SQLite in WAL mode."""
     url = f"sqlite:///{tmp_path / 'm.db'}"
     t = MappingTable(url)
-    assert t.create_task("t1", "alice", {"m1": "a", "m9": "b"}, "d" * 64, 60, max_open_legs_per_party=2) is True
-    assert t.create_task("t1", "alice", {"m1": "a", "m9": "b"}, "d" * 64, 60, max_open_legs_per_party=2) is False
+    rc = {"rule": "row_count", "params": {}}
+    legs = {"m1": ("a", rc), "m9": ("b", rc)}
+    assert t.create_task("t1", "alice", legs, "d" * 64, 60, max_open_legs_per_party=2) is True
+    assert t.create_task("t1", "alice", legs, "d" * 64, 60, max_open_legs_per_party=2) is False
     with pytest.raises(TaskConflict, match="different body"):
-        t.create_task("t1", "alice", {"m1": "a"}, "e" * 64, 60, max_open_legs_per_party=2)
+        t.create_task("t1", "alice", {"m1": ("a", rc)}, "e" * 64, 60, max_open_legs_per_party=2)
     with pytest.raises(TaskConflict, match="another initiator"):
-        t.create_task("t1", "bob", {"m1": "a", "m9": "b"}, "d" * 64, 60, max_open_legs_per_party=2)
+        t.create_task("t1", "bob", legs, "d" * 64, 60, max_open_legs_per_party=2)
     with pytest.raises(TaskLimit, match="open leg"):
-        t.create_task("t2", "alice", {"x1": "a", "x2": "a"}, "f" * 64, 60, max_open_legs_per_party=2)
+        t.create_task("t2", "alice", {"x1": ("a", rc), "x2": ("a", rc)}, "f" * 64, 60, max_open_legs_per_party=2)
+    with pytest.raises(LegConflict, match="another rule call"):
+        t.register("t1", "m1", "a", "unix:/x", {"rule": "summary_stats", "params": {}})
     t.register("t1", "m1", "a", "unix:/x", {"rule": "row_count", "params": {}})
     with pytest.raises(LegConflict, match="belongs to party 'a'"):
         t.register("t1", "m1", "b", "unix:/y", {"rule": "row_count", "params": {}})

@@ -146,7 +146,7 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
         unknown = sorted(p for p in parties if p not in party_slots)
         if unknown:
             raise HTTPException(400, f"{unknown} are not parties in the gateway's roster")
-        legs = {leg.data_id: leg.party for leg in req.legs}
+        legs = {leg.data_id: (leg.party, leg.call.model_dump(mode="json")) for leg in req.legs}
         if len(legs) != len(req.legs):
             raise HTTPException(400, "a data id appears twice in the task; each data id is one leg")
         try:
@@ -311,7 +311,7 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
         if leg.outcome is None:
             if time.time() >= task.deadline_at:
                 return _finish(task, leg, LegRun(LegOutcome.timeout, "the task's deadline passed before this leg ran")), None
-            call = req.calls.get(leg.data_id) or RuleCall.model_validate(leg.call)
+            call = RuleCall.model_validate(leg.call)
             timeout_s = min(req.leg_timeout_s, task.deadline_at - time.time())
             return await _dispatch(task, leg, call, timeout_s), None
         return leg, None
@@ -325,6 +325,10 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
         missing = [d for d in data_ids if d not in legs]
         if missing:
             raise HTTPException(400, f"data id(s) {missing} are not legs of task {req.task_id!r}")
+        changed = [d for d, call in req.calls.items() if d in legs and call.model_dump(mode="json") != legs[d].call]
+        if changed:
+            raise HTTPException(400, f"data id(s) {changed}: a leg's rule is fixed when its task is created; "
+                                     "create a new task to run another rule")
         if inflight["tasks"] >= cfg.max_inflight_tasks or task_backlog.get(req.task_id, 0) >= cfg.task_queue_depth:
             raise HTTPException(429, "gateway busy: too many tasks in flight; retry later", headers={"Retry-After": "1"})
         inflight["tasks"] += 1

@@ -76,7 +76,6 @@ class Initiator:
         self.me = load_identity(cfg)
         self.roster = load_roster(cfg.roster)
         self.gateway = next(p for p in self.roster.values() if p.role == "gateway")
-        # Per-run seen table: a result fetched twice in one run is delivered once.
         self.gate = EnvelopeGate(self.me, self.roster, SeenTable("sqlite://"), cfg.skew_s)
         self.http = httpx.Client(verify=client_ssl_context(cfg), timeout=timeout_s)
         self.results_dir = Path(results_dir) if results_dir else Path(cfg.state_dir) / "results"
@@ -96,7 +95,7 @@ class Initiator:
                               headers={"content-type": "application/json"}, extensions=expect(name, peer.role))
 
     def _post_retrying(self, name: str, path: str, kind: MessageKind, task_id: str, data_id: str, payload: BaseModel,
-                       deadline: float, what: str) -> httpx.Response:
+                       deadline: float, what: str, retry_statuses: tuple[int, ...] = RETRY_STATUSES) -> httpx.Response:
         """POST (a fresh envelope each time), retrying while ``name`` is unreachable or busy, with
         exponential backoff, until ``deadline`` (epoch seconds); one stderr line per retry."""
         delay, attempt = 0.25, 0
@@ -104,7 +103,7 @@ class Initiator:
             attempt += 1
             try:
                 resp = self._post(name, path, kind, task_id, data_id, payload)
-                if resp.status_code not in RETRY_STATUSES:
+                if resp.status_code not in retry_statuses:
                     return resp
                 why = f"busy ({resp.status_code})"
             except httpx.TransportError as exc:
@@ -122,10 +121,12 @@ class Initiator:
                       deadline: float | None = None) -> bool:
         """Create the task at the gateway (owner: this initiator); True if new, False for a retry of
         the same task. A task id used before for anything else is refused (exit 2)."""
-        req = TaskRegister(task_id=task_id, legs=[LegAssignment(data_id=leg.data_id, party=leg.party) for leg in legs],
-                           deadline_s=deadline_s)
+        req = TaskRegister(task_id=task_id, legs=[LegAssignment(data_id=leg.data_id, party=leg.party,
+                                                                call=RuleCall(rule=leg.rule, params=leg.params))
+                                                  for leg in legs], deadline_s=deadline_s)
         resp = self._post_retrying(self.gateway.name, "/v1/tasks", MessageKind.task_register, task_id, "*", req,
-                                   deadline or time.time() + deadline_s, f"creating task {task_id!r} at the gateway")
+                                   deadline or time.time() + deadline_s, f"creating task {task_id!r} at the gateway",
+                                   retry_statuses=(502, 503, 504))  # 429 here is a cap on open legs: say so
         if resp.status_code not in (200, 201):
             raise UserError(f"the gateway refused task {task_id!r} ({resp.status_code}): {_detail(resp)}")
         self.assigned[task_id] = {leg.data_id: leg.party for leg in legs}
@@ -186,7 +187,8 @@ class Initiator:
 
     def _verify_leg(self, task_id: str, data_id: str, envelope: Any) -> dict[str, Any]:
         """One leg's outcome, believed only as far as signatures go (items 1 and 7)."""
-        _s, p = self.gate.open(envelope, MessageKind.task_result, {"gateway"}, LegOutcomePayload, check_peer=False)
+        _s, p = self.gate.open(envelope, MessageKind.task_result, {"gateway"}, LegOutcomePayload, check_peer=False,
+                               once=False)
         if (p.task_id, p.data_id) != (task_id, data_id) or envelope.header.data_id != data_id:
             raise EnvelopeError(400, "outcome envelope is for another task leg")
         entry: dict[str, Any] = {"party": p.party, "outcome": p.outcome.value, "final": p.final}

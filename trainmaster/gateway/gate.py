@@ -36,13 +36,14 @@ class EnvelopeGate:
         return EnvelopeError(status, reason)
 
     def open(self, env: Envelope, kind: MessageKind, sender_roles: set[str], model: type[M],
-             peer: PeerIdentity | None = None, check_peer: bool = True) -> tuple[PublicIdentity, M]:
+             peer: PeerIdentity | None = None, check_peer: bool = True, once: bool = True) -> tuple[PublicIdentity, M]:
         """Authenticate, de-duplicate and decrypt ``env``; return the sender and the parsed payload.
 
         A service passes the connection's verified TLS ``peer``: the envelope's sender must be that
         very identity with that role (item 6), so one member's channel cannot carry another's
         signed messages. Only the initiator, which opens what its own gateway relays, passes
-        ``check_peer=False``.
+        ``check_peer=False``, and ``once=False`` for a leg's stored outcome, which is the same
+        envelope each time it is fetched (what it is bound to, task and data id, is checked instead).
         """
         h = env.header
         if h.kind != kind:
@@ -67,7 +68,7 @@ class EnvelopeGate:
             raise self._refuse(401, f"message issued {h.issued_at - now:.1f}s in the future (skew window {self.skew_s}s)")
         if now > h.expires_at + self.skew_s or h.expires_at - h.issued_at > MAX_TTL_S or h.expires_at < h.issued_at:
             raise self._refuse(401, "message expired or outside the accepted window")
-        if not self.seen.first_sighting(h.msg_id, h.sender, h.expires_at, now, self.skew_s):
+        if once and not self.seen.first_sighting(h.msg_id, h.sender, h.expires_at, now, self.skew_s):
             raise self._refuse(409, f"replayed message {h.msg_id}")
         try:
             payload = decrypt(env, self.me)

@@ -59,10 +59,11 @@ class RuleCall(Strict):
 
 
 class LegAssignment(Strict):
-    """One leg of a task: which party holds the data id (the initiator's mapping, fixed at creation)."""
+    """One leg of a task: which party holds the data id and the rule it runs (fixed at creation)."""
 
     data_id: str = Field(pattern=ID_PATTERN)
     party: str = Field(pattern=ID_PATTERN)
+    call: RuleCall
 
 
 class TaskRegister(Strict):

@@ -157,9 +157,10 @@ class MappingTable:
         self._sessions = make_sessionmaker(url)
         self._hot = _HotPath(self._sessions.kw["bind"])
 
-    def create_task(self, task_id: str, owner: str, legs: dict[str, str], body_sha256: str, deadline_s: float,
-                    max_open_legs_per_party: int) -> bool:
-        """Create a task and its legs (data id -> party); True if new, False for an identical retry.
+    def create_task(self, task_id: str, owner: str, legs: dict[str, tuple[str, dict[str, Any]]], body_sha256: str,
+                    deadline_s: float, max_open_legs_per_party: int) -> bool:
+        """Create a task and its legs (data id -> (party, rule call)); True if new, False for an
+        identical retry.
 
         An id seen before with another body or owner raises :class:`TaskConflict`: ids are never
         reused, so a result can never be served for a task other than the one that produced it.
@@ -175,17 +176,17 @@ class MappingTable:
                     raise TaskConflict(f"task id {task_id!r} was created earlier with a different body; task ids "
                                        "are never reused: choose a new one, or resend exactly the same task to retry")
                 return False
-            parties = sorted(set(legs.values()))
+            parties = sorted({p for p, _call in legs.values()})
             for party in parties:
                 open_legs = len(s.scalars(select(LegRow.id).where(LegRow.party == party, LegRow.outcome.is_(None))).all())
-                want = sum(1 for p in legs.values() if p == party)
+                want = sum(1 for p, _call in legs.values() if p == party)
                 if open_legs + want > max_open_legs_per_party:
                     raise TaskLimit(f"party {party!r} already has {open_legs} open leg(s); this task would exceed "
                                     f"the gateway's cap of {max_open_legs_per_party}; retry when earlier tasks finish")
             s.add(TaskRow(task_id=task_id, owner=owner, body_sha256=body_sha256, created_at=now,
                           deadline_at=now + deadline_s))
-            for data_id, party in legs.items():
-                s.add(LegRow(task_id=task_id, data_id=data_id, party=party))
+            for data_id, (party, call) in legs.items():
+                s.add(LegRow(task_id=task_id, data_id=data_id, party=party, call_json=json.dumps(call)))
         return True
 
     def task(self, task_id: str) -> Task | None:
@@ -205,7 +206,9 @@ class MappingTable:
                 raise LegConflict(f"leg ({task_id}, {data_id}) belongs to party {row.party!r}")
             if row.outcome is not None:
                 raise LegConflict(f"leg ({task_id}, {data_id}) already finished with {row.outcome!r}")
-            row.address, row.call_json, row.updated_at = address, json.dumps(call), time.time()
+            if json.loads(row.call_json) != call:
+                raise LegConflict(f"leg ({task_id}, {data_id}) was created at the gateway with another rule call")
+            row.address, row.updated_at = address, time.time()
             if row.state == "assigned":
                 row.state = "reported"
             s.flush()
