@@ -166,3 +166,40 @@ def test_gateway_killed_mid_leg_every_leg_completes_exactly_once(dep: Deployment
     again = _receive(dep, "crash1", ["a", "slow"], timeout_s=10.0)
     assert again["m_slow"]["result"] == out["m_slow"]["result"]
     assert dep.health("gateway")["in_flight_legs"] == 0
+
+
+def test_gateway_down_when_a_task_is_created_its_legs_are_delivered_when_it_returns(dep: Deployment, tmp_path) -> None:
+    """Faults, gateway down at task creation (and item 11: no 500 at the party): the party accepts
+    the leg (202, report pending) and keeps reporting with backoff; the CLI retries with clear
+    lines and, past the task's deadline, exits 3 with a message and no traceback; once the gateway
+    is back, the leg is delivered within the deadline, and an initiator started while the gateway
+    was down completes its task."""
+    import subprocess
+    import sys
+
+    from trainmaster.gateway.client import TaskSpec
+
+    ini = dep.initiator()
+    ini.register_task("down1", [LegSpec(data_id="m_a", party="a", rule="row_count")])
+    dep.kill("gateway")
+    try:
+        created = ini.create_leg("down1", LegSpec(data_id="m_a", party="a", rule="row_count"))
+        assert created["status"] == 202 and "keeps reporting" in created["detail"], created
+        task = tmp_path / "task.yaml"
+        task.write_text("deadline_s: 2\nlegs:\n  - {data_id: m_b, party: a, rule: row_count}\n")
+        out = subprocess.run([sys.executable, "-m", "trainmaster", "task", "run", "--config", str(dep.configs["initiator"]),
+                              str(task)], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 3, out.stderr
+        assert "retrying in" in out.stderr and "stayed unreachable" in out.stderr and "Traceback" not in out.stderr
+        thread, box = _in_background(lambda: dep.initiator().run_task(TaskSpec(task_id="down2", deadline_s=120, legs=[
+            LegSpec(data_id="m_a", party="a", rule="row_count")])))
+        time.sleep(1.0)
+    finally:
+        dep.start("gateway")
+        dep.wait_ready("gateway")
+    got = ini.receive("down1", ["m_a"], leg_timeout_s=30)
+    ini.close()
+    assert got["m_a"]["outcome"] == "result" and got["m_a"]["result"]["rows"] == len(dep.splits[0])
+    thread.join(timeout=90)
+    assert box["value"]["legs"]["m_a"]["outcome"] == "result", box
+    assert dep.health("a")["report_retries"] >= 1

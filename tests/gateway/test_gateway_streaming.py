@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -124,6 +125,38 @@ def test_large_result_streams_through_the_gateway_equal(big: Deployment) -> None
         head = fh.read(4 << 20)
     assert b'"predictions"' not in head and repr(expected["predictions"][0]).encode() not in head
     assert big.health("gateway")["in_flight_legs"] == 0
+
+
+def test_gateway_killed_mid_stream_restarts_cleanly(big: Deployment) -> None:
+    """Faults, gateway killed mid-stream: kill -9 while it spools a party's stream; after the
+    restart no `.part` file is left at the gateway or the initiator, the retrying initiator gets
+    the whole result (equal to the direct computation), and the party ran the rule once."""
+    import threading
+
+    expected = run_call(load_table(big.root / "data" / "a" / "big.parquet"),
+                        RuleCall(rule="predict", params={"features": ["x"], "weights": WEIGHTS}), allowed=["predict"])
+    spool = Path(big.cfg("gateway").state_dir) / "results" / "mid1"
+    runs_before = big.health("a")["rule_runs"]
+    ini = big.initiator(timeout_s=240)
+    box: dict = {}
+    spec = TaskSpec(task_id="mid1", leg_timeout_s=240, legs=[
+        LegSpec(data_id="big", party="a", rule="predict", params={"features": ["x"], "weights": WEIGHTS})])
+    thread = threading.Thread(target=lambda: box.update(out=ini.run_task(spec)), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not list(spool.glob("*.part")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert list(spool.glob("*.part")), "the gateway never started spooling"
+    big.kill("gateway")
+    big.start("gateway")
+    big.wait_ready("gateway")
+    thread.join(timeout=200)
+    ini.close()
+    leg = box["out"]["legs"]["big"]
+    assert leg["outcome"] == "result", leg
+    assert json.loads(Path(leg["result_file"]).read_text()) == expected
+    assert not list(spool.glob("*.part")) and not list((big.root / "results").rglob("*.part"))
+    assert big.health("a")["rule_runs"] == runs_before + 1
 
 
 @pytest.mark.parametrize("damage", ["truncate", "reorder", "flip"])
