@@ -25,13 +25,22 @@ def gateway_init(
                                    "client-only certificate and keys; tasks belong to the initiator that created them)."),
     host: str = typer.Option("127.0.0.1", help="Address every service listens on (goes into certificates)."),
     port_base: int = typer.Option(8443, help="Gateway port; party i listens on port_base+1+i."),
+    hosts: str = typer.Option("", "--hosts", help="Per-service host when services run on separate machines, e.g. "
+                              "gateway=gw.example.org,a=10.0.0.12 (endpoint, listen address and certificate name); "
+                              "services not named use --host."),
 ) -> None:
     """Create a private CA, TLS certificates, Ed25519/X25519 keys per identity, a roster and configs."""
     from trainmaster.gateway.provision import init_deployment
 
     names = [p.strip() for p in parties.split(",") if p.strip()]
     inits = [i.strip() for i in initiators.split(",") if i.strip()]
-    configs = init_deployment(out_dir, names, host=host, port_base=port_base, initiators=inits)
+    per_host: dict[str, str] = {}
+    for item in filter(None, (h.strip() for h in hosts.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            raise UserError(f"invalid --hosts entry {item!r}", details=["write NAME=HOST, e.g. gateway=gw.example.org"])
+        per_host[name.strip()] = value.strip()
+    configs = init_deployment(out_dir, names, host=host, port_base=port_base, initiators=inits, hosts=per_host)
     for name, path in configs.items():
         typer.echo(f"{name:>12}: {path}")
 

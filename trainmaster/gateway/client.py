@@ -132,17 +132,26 @@ class Initiator:
         self.assigned[task_id] = {leg.data_id: leg.party for leg in legs}
         return resp.status_code == 201
 
-    def create_leg(self, task_id: str, leg: LegSpec, deadline_s: float = 300.0) -> dict[str, Any]:
-        """Ask the leg's party to start its executor; 201 (reported) and 202 (report pending) are ok."""
+    def create_leg(self, task_id: str, leg: LegSpec, deadline_s: float = 300.0,
+                   retry_until: float | None = None) -> dict[str, Any]:
+        """Ask the leg's party to start its executor; 201 (reported) and 202 (report pending) are ok.
+        With ``retry_until`` (epoch seconds) an unreachable or busy party is retried until then."""
         party = self.roster.get(leg.party)
         if party is None or party.role != "party" or not party.endpoint:
             raise UserError(f"party {leg.party!r} is not in the roster")
         req = TaskCreate(task_id=task_id, party=leg.party, data_id=leg.data_id,
                          call=RuleCall(rule=leg.rule, params=leg.params), deadline_s=deadline_s)
         try:
-            resp = self._post(party.name, "/v1/tasks", MessageKind.task_create, task_id, leg.data_id, req)
+            if retry_until is None:
+                resp = self._post(party.name, "/v1/tasks", MessageKind.task_create, task_id, leg.data_id, req)
+            else:
+                resp = self._post_retrying(party.name, "/v1/tasks", MessageKind.task_create, task_id, leg.data_id, req,
+                                           retry_until, f"creating leg {leg.data_id!r} at party {leg.party!r}",
+                                           retry_statuses=(503,))  # busy (executor cap); a 504 is an outcome
         except httpx.TransportError as exc:
             return {"ok": False, "status": 0, "detail": f"party {leg.party!r} unreachable: {type(exc).__name__}"}
+        except UserError as exc:
+            return {"ok": False, "status": 0, "detail": exc.message}
         return {"ok": resp.status_code in (201, 202), "status": resp.status_code, "detail": _detail(resp)}
 
     def create_task(self, task_id: str, legs: list[LegSpec], deadline_s: float = 300.0) -> dict[str, dict[str, Any]]:
@@ -253,7 +262,9 @@ class Initiator:
         task_id = spec.task_id or uuid.uuid4().hex[:16]
         deadline = time.time() + spec.deadline_s
         self.register_task(task_id, spec.legs, spec.deadline_s, deadline)
-        created = {leg.data_id: self.create_leg(task_id, leg, spec.deadline_s) for leg in spec.legs}
+        # Parties are retried for a bounded share of the deadline, so the others' results still come back.
+        retry_until = time.time() + min(60.0, spec.deadline_s / 2)
+        created = {leg.data_id: self.create_leg(task_id, leg, spec.deadline_s, retry_until) for leg in spec.legs}
         waiting = [leg.data_id for leg in spec.legs]
         results: dict[str, dict[str, Any]] = {}
         delay = 0.5

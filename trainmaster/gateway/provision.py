@@ -155,18 +155,24 @@ def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
 
 
 def init_deployment(out: Path, parties: list[str], host: str = "127.0.0.1", port_base: int = 8443,
-                    initiators: list[str] | None = None) -> dict[str, Path]:
+                    initiators: list[str] | None = None, hosts: dict[str, str] | None = None) -> dict[str, Path]:
     """Create CA, certificates, keys, roster and one config per identity under ``out``.
 
     Identities: ``gateway``, each initiator (default one named ``initiator``), each party, and
     ``operator`` (a client-only identity that may read the services' counters).
-    Ports: the gateway listens on ``port_base``, party i on ``port_base + 1 + i``.
+    Ports: the gateway listens on ``port_base``, party i on ``port_base + 1 + i``. ``hosts`` gives
+    the gateway's or a party's own host (name or address: its endpoint, listen address and
+    certificate SAN) when the services run on separate machines; the others use ``host``.
     Returns each identity's config path.
     """
     import re
 
     initiators = initiators or ["initiator"]
+    hosts = hosts or {}
     names = [*parties, *initiators]
+    stray = sorted(set(hosts) - {"gateway", *parties})
+    if stray:
+        raise UserError("invalid --hosts", details=[f"{n!r} is not the gateway or a party (only they listen)" for n in stray])
     bad = [p for p in names if not re.match(NAME_PATTERN, p)] + [p for p in names if p in ("gateway", "operator")]
     if not parties or bad or len(set(names)) != len(names):
         raise UserError("invalid --parties/--initiators",
@@ -189,20 +195,21 @@ def init_deployment(out: Path, parties: list[str], host: str = "127.0.0.1", port
     for name, role, port in members:
         d = out / name
         d.mkdir(exist_ok=True)
-        tls_key, tls_cert = issue_cert(ca_key, ca_cert, name, role, [host, "localhost"])
+        own_host = hosts.get(name, host)
+        tls_key, tls_cert = issue_cert(ca_key, ca_cert, name, role, [own_host] if name in hosts else [host, "localhost"])
         (d / "tls.pem").write_bytes(tls_cert.public_bytes(serialization.Encoding.PEM))
         _write_secret(d / "tls.key", _pem_key(tls_key))
         ident = Identity.generate(name)
         _write_secret(d / "sign.key", b64e(raw_private(ident.sign_key)).encode())
         _write_secret(d / "enc.key", b64e(raw_private(ident.enc_key)).encode())
-        endpoint = f"https://{host}:{port}" if port else None
+        endpoint = f"https://{own_host}:{port}" if port else None
         roster["identities"][name] = {
             "role": role, "endpoint": endpoint,
             "sign_pub": b64e(raw_public(ident.sign_key.public_key())),
             "enc_pub": b64e(raw_public(ident.enc_key.public_key())),
         }
         cfg = ServiceConfig(
-            name=name, role=role, host=host, port=port, ca=str(ca_pem.resolve()), cert=str((d / "tls.pem").resolve()),
+            name=name, role=role, host=own_host, port=port, ca=str(ca_pem.resolve()), cert=str((d / "tls.pem").resolve()),
             key=str((d / "tls.key").resolve()), sign_key=str((d / "sign.key").resolve()),
             enc_key=str((d / "enc.key").resolve()), roster=str((out / "roster.json").resolve()),
             state_dir=str((d / "state").resolve()),
