@@ -10,7 +10,6 @@ import ssl
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -20,7 +19,7 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from gateway_harness import Deployment
 
-from trainmaster.gateway.client import Initiator, LegSpec, TaskSpec
+from trainmaster.gateway.client import LegSpec, TaskSpec
 from trainmaster.gateway.crypto import b64e, make_header, seal
 from trainmaster.gateway.models import Envelope, LegAttestation, LegOutcomePayload, TaskResult
 from trainmaster.gateway.provision import load_identity

@@ -161,6 +161,7 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
     def _forget(key: tuple[str, str]) -> None:
         """Stop a leg's executor and drop its record (refused by the gateway, or past its deadline)."""
         leg = executors.pop(key, None)
+        runs.pop(key, None)
         if leg is not None:
             leg.handle.kill()
             if leg.report is not None and leg.report is not asyncio.current_task():
