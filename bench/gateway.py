@@ -2,8 +2,7 @@
 
 For 1, 3 and 10 parties, each run starts a fresh loopback deployment (real processes, mutual TLS),
 creates the run's tasks at the gateway and their legs at the parties (one executor per leg; not
-timed), then times (the gateway path first on each task: a party runs each leg once, so the
-direct path then gets the party's stored record of the leg, a bias against the gateway)
+timed; direct and gateway paths get their own tasks, since a party runs each leg once), then times
   * direct:  the caller seals a data transfer request to each party itself and opens the party's
              signed result (the same crypto the gateway does, minus the gateway hop), one task =
              all its legs in parallel;
@@ -135,22 +134,22 @@ async def _through_gateway(ini: Caller, dep: Deployment, task_id: str, parties: 
 async def _one_run(dep: Deployment, n_tasks: int, n_seq: int, run: int) -> dict[str, list[float] | float]:
     parties = dep.parties
     ini, gw = Caller(dep, "initiator"), Caller(dep, "gateway")
-    tasks = [f"r{run}t{i}" for i in range(n_tasks)]
-    seq_tasks = [f"r{run}s{i}" for i in range(n_seq)]
-    await _create_tasks(ini, dep, tasks + seq_tasks, parties)
+    tasks = {path: [f"r{run}{path[0]}{i}" for i in range(n_tasks)] for path in ("direct", "gateway")}
+    seq_tasks = {path: [f"r{run}{path[0]}s{i}" for i in range(n_seq)] for path in ("direct", "gateway")}
+    await _create_tasks(ini, dep, [t for path in tasks for t in tasks[path] + seq_tasks[path]], parties)
     out: dict[str, list[float] | float] = {}
-    # The gateway path goes first on each task, so it is the one that runs the rule; the direct path
-    # then gets the party's once-only record of that leg (no executor call): a bias against the gateway.
-    for name, fn, caller in (("gateway", _through_gateway, ini), ("direct", _direct, gw)):
+    for name, fn, caller in (("direct", _direct, gw), ("gateway", _through_gateway, ini)):
         t0 = time.perf_counter()
-        lat = await asyncio.gather(*(fn(caller, dep, t, parties) for t in tasks))
+        lat = await asyncio.gather(*(fn(caller, dep, t, parties) for t in tasks[name]))
         out[name] = list(lat)
         out[f"{name}_wall"] = time.perf_counter() - t0
-    # One task at a time on warm connections: latency without queueing behind the burst.
+    # One task at a time on warm connections: latency without queueing behind the burst. Direct and
+    # gateway alternate per task (and swap order every task) so both see the same background load.
     out["direct_seq"], out["gateway_seq"] = [], []
-    for t in seq_tasks:
-        out["gateway_seq"].append(await _through_gateway(ini, dep, t, parties))
-        out["direct_seq"].append(await _direct(gw, dep, t, parties))
+    for i in range(n_seq):
+        paths = [("direct", _direct, gw), ("gateway", _through_gateway, ini)]
+        for name, fn, caller in paths if i % 2 == 0 else paths[::-1]:
+            out[f"{name}_seq"].append(await fn(caller, dep, seq_tasks[name][i], parties))
     await ini.http.aclose()
     await gw.http.aclose()
     return out
@@ -306,9 +305,9 @@ def write_results(rows: list[dict[str, Any]], meta: dict[str, Any], large: dict[
              f"{meta['load_min']:.0f}-{meta['load_max']:.0f}). "
              "Command: `.venv/bin/python bench/gateway.py`", "",
              "Burst: all tasks in flight at once (latency includes queueing and cold TLS handshakes). "
-             "One-at-a-time: sequential tasks on warm connections (30 / 20 / 8 per run). Each task goes through the "
-             "gateway first, then direct: the direct request gets the party's stored record of the leg (the rule "
-             "does not run again), a bias against the gateway.", "",
+             "One-at-a-time: sequential tasks on warm connections (30 / 20 / 8 per run), direct and gateway "
+             "alternating task by task so both see the same background load; each path has its own tasks (a party "
+             "runs each leg once).", "",
              "| parties | concurrent tasks | runs | burst p50 ms direct / gateway | ratio | burst p99 ms direct / gateway | tasks/s direct / gateway | one-at-a-time p50 ms direct / gateway | ratio |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
@@ -386,6 +385,7 @@ def main() -> None:
     # Concurrent tasks per path (direct and gateway each get their own, one executor per leg): bounded by
     # this machine's memory (an executor is a Python process of ~50 MB), not by the gateway.
     sizes = {1: (40 if a.quick else 100, 30), 3: (14 if a.quick else 30, 20), 10: (4 if a.quick else 8, 8)}
+    # (1,000 concurrent tasks would need 2,000 executor processes here: not on this shared machine.)
     wanted = [] if a.parties == "none" else [int(x) for x in a.parties.split(",")]
     loads = [os.getloadavg()[0]]
     threading.Thread(target=_sample_load, args=(loads,), daemon=True).start()

@@ -63,6 +63,17 @@ class LegRun:
     result_text: str | None = None
     stream: StreamInfo | None = None
     attestation: SignedAttestation | None = None
+    stream_bytes: int | None = None
+    """Set when the result sits in the spool file (served by ``/v1/results``)."""
+
+
+@dataclass(frozen=True)
+class SettledLeg:
+    """A leg as a data receive request answers it: its row, and for a leg whose party has not
+    reported yet, a provisional sealed outcome (not recorded: ask again before the deadline)."""
+
+    leg: Leg
+    provisional: str | None = None
 
 
 async def _read_capped(resp: httpx.Response, cap: int) -> bytes:
@@ -133,10 +144,10 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
         return ctx.seal_to(task.owner, MessageKind.task_result, leg.task_id, leg.data_id, payload.model_dump(mode="json"),
                            ttl_s=RESULT_TTL_S).model_dump_json()
 
-    def _finish(task: Task, leg: Leg, run: LegRun, stream_bytes: int | None = None) -> Leg:
+    def _finish(task: Task, leg: Leg, run: LegRun) -> Leg:
         """Record the leg's one outcome; if someone recorded one first, theirs stands."""
         envelope = _seal_outcome(task, leg, run)
-        table.record_outcome(leg.task_id, leg.data_id, run.outcome.value, envelope, stream_bytes)
+        table.record_outcome(leg.task_id, leg.data_id, run.outcome.value, envelope, run.stream_bytes)
         return table.legs(leg.task_id)[leg.data_id]
 
     @app.post("/v1/tasks")
@@ -182,10 +193,10 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
             event.set()
         return {"ok": True}
 
-    async def _run_leg(leg: Leg, call: RuleCall, timeout_s: float) -> tuple[LegRun, int | None]:
+    async def _run_leg(leg: Leg, call: RuleCall, timeout_s: float) -> LegRun:
         party = ctx.roster[leg.party]
         if not party.endpoint:
-            return LegRun(LegOutcome.party_unavailable, f"party {leg.party!r} has no endpoint in the roster"), None
+            return LegRun(LegOutcome.party_unavailable, f"party {leg.party!r} has no endpoint in the roster")
         req = DataTransfer(task_id=leg.task_id, data_id=leg.data_id, call=call)
         env = ctx.seal_to(party.name, MessageKind.data_transfer, leg.task_id, leg.data_id, req.model_dump(mode="json"),
                           ttl_s=timeout_s + cfg.skew_s)
@@ -198,19 +209,19 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
                             extensions=expect(party.name, "party")) as resp:
                         if resp.status_code != 200:
                             text = (await _read_capped(resp, 4096)).decode(errors="replace")
-                            return LegRun(LegOutcome.rejected, f"party {party.name!r} refused ({resp.status_code}): {text[:300]}"), None
+                            return LegRun(LegOutcome.rejected, f"party {party.name!r} refused ({resp.status_code}): {text[:300]}")
                         if resp.headers.get("content-type", "").startswith(STREAM_MEDIA_TYPE):
                             return await _relay_stream(leg, resp)
-                        return _check_inline(leg, await _read_capped(resp, cfg.max_body_bytes)), None
+                        return _check_inline(leg, await _read_capped(resp, cfg.max_body_bytes))
         except (TimeoutError, httpx.TimeoutException):
-            return LegRun(LegOutcome.timeout, f"party {party.name!r} did not answer within {timeout_s:.1f}s"), None
+            return LegRun(LegOutcome.timeout, f"party {party.name!r} did not answer within {timeout_s:.1f}s")
         except httpx.TransportError as exc:
-            return LegRun(LegOutcome.party_unavailable, f"party {party.name!r} unreachable: {type(exc).__name__}"), None
+            return LegRun(LegOutcome.party_unavailable, f"party {party.name!r} unreachable: {type(exc).__name__}")
         except EnvelopeError as exc:
             kind = LegOutcome.decrypt_failed if exc.status == 422 else LegOutcome.rejected
-            return LegRun(kind, f"result from {party.name!r} refused: {exc.reason}"), None
+            return LegRun(kind, f"result from {party.name!r} refused: {exc.reason}")
         except ValueError as exc:
-            return LegRun(LegOutcome.rejected, f"result from {party.name!r} is not an envelope: {str(exc)[:200]}"), None
+            return LegRun(LegOutcome.rejected, f"result from {party.name!r} is not an envelope: {str(exc)[:200]}")
 
     def _open_result(leg: Leg, raw: bytes) -> TransferPayload:
         """Authenticate a party's (opening) result envelope; it must come from the leg's own party."""
@@ -236,7 +247,7 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
             raise EnvelopeError(422, "result text does not match the party's attested digest")
         return LegRun(LegOutcome.result, "", result_text=payload.result_text, attestation=att)
 
-    async def _relay_stream(leg: Leg, resp: httpx.Response) -> tuple[LegRun, int | None]:
+    async def _relay_stream(leg: Leg, resp: httpx.Response) -> LegRun:
         """Decrypt the party's chunks one at a time and re-encrypt each to the owner under a fresh
         key, spooling only ciphertext to disk; the plaintext is never held whole. The spool file is
         fsynced before the caller records the outcome (persist before acknowledging)."""
@@ -270,7 +281,7 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
             part.unlink(missing_ok=True)
         out_info = StreamInfo(key=b64e(out_key), total_bytes=info.total_bytes, sha256=info.sha256,
                               chunk_bytes=info.chunk_bytes, stream_id=stream_id)
-        return LegRun(LegOutcome.result, "", stream=out_info, attestation=att), info.total_bytes
+        return LegRun(LegOutcome.result, "", stream=out_info, attestation=att, stream_bytes=info.total_bytes)
 
     async def _dispatch(task: Task, leg: Leg, call: RuleCall, timeout_s: float) -> Leg:
         """Journal the leg as dispatched, run it, commit its one outcome; returns the finished leg.
@@ -280,16 +291,15 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
         """
         table.mark_dispatched(leg.task_id, leg.data_id)
         inflight["legs"] += 1
-        stream_bytes = None
         try:
-            run, stream_bytes = await _run_leg(leg, call, timeout_s)
+            run = await _run_leg(leg, call, timeout_s)
         except Exception as exc:  # never leave a dispatched leg without its one outcome
             run = LegRun(LegOutcome.rejected, f"gateway error on this leg: {type(exc).__name__}")
         finally:
             inflight["legs"] -= 1
-        return _finish(task, leg, run, stream_bytes)
+        return _finish(task, leg, run)
 
-    async def _settle(task: Task, leg: Leg, req: DataReceive) -> tuple[Leg, str | None]:
+    async def _settle(task: Task, leg: Leg, req: DataReceive) -> SettledLeg:
         """A leg's recorded outcome, running it if it can run; a leg whose party has not reported
         yet waits up to the leg timeout, then answers a provisional `party_unavailable` (sealed,
         not recorded) until the task's deadline makes it final."""
@@ -306,15 +316,15 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
                 run = LegRun(LegOutcome.party_unavailable, f"party {leg.party!r} has not reported an executor for this "
                                                            "leg (its task creation failed or has not reached the gateway)")
                 if time.time() >= task.deadline_at:
-                    return _finish(task, leg, run), None
-                return leg, _seal_outcome(task, leg, run, final=False)
+                    return SettledLeg(_finish(task, leg, run))
+                return SettledLeg(leg, _seal_outcome(task, leg, run, final=False))
         if leg.outcome is None:
             if time.time() >= task.deadline_at:
-                return _finish(task, leg, LegRun(LegOutcome.timeout, "the task's deadline passed before this leg ran")), None
+                return SettledLeg(_finish(task, leg, LegRun(LegOutcome.timeout, "the task's deadline passed before this leg ran")))
             call = RuleCall.model_validate(leg.call)
             timeout_s = min(req.leg_timeout_s, task.deadline_at - time.time())
-            return await _dispatch(task, leg, call, timeout_s), None
-        return leg, None
+            return SettledLeg(await _dispatch(task, leg, call, timeout_s))
+        return SettledLeg(leg)
 
     @app.post("/v1/receive", response_model=TaskResult)
     async def receive(request: Request) -> Response:
@@ -345,8 +355,8 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
                 task_backlog.pop(req.task_id, None)
                 task_locks.pop(req.task_id, None)
         out = []
-        for data_id, (leg, provisional) in zip(data_ids, settled):
-            envelope = provisional or leg.envelope_json
+        for data_id, one in zip(data_ids, settled):
+            envelope = one.provisional or one.leg.envelope_json
             assert envelope is not None  # every recorded outcome carries its sealed envelope
             out.append(LegResult(data_id=data_id, envelope=Envelope.model_validate_json(envelope)))
         # Serialised here: FastAPI would validate the (already strict) model again on the way out.

@@ -88,13 +88,23 @@ async def _corrupt(frames: AsyncIterator[bytes], mode: str) -> AsyncIterator[byt
 
 @dataclass(frozen=True)
 class LegRecord:
-    """A leg's one run at this party, on disk: what the rule returned (or why it was refused)."""
+    """A leg's one run at this party: what the rule returned (or why it was refused). A small
+    result is kept in memory, a large one (streamed) in a file under the party's state folder."""
 
     ok: bool
     error: str
-    size: int
-    sha256: str
-    path: Path | None
+    size: int = 0
+    sha256: str = ""
+    path: Path | None = None
+    data: bytes | None = None
+
+
+@dataclass(frozen=True)
+class ReportAttempt:
+    """How one executor report to the gateway went: ``ok``, ``refused`` (final) or ``unreachable``."""
+
+    status: str
+    why: str = ""
 
 
 @dataclass
@@ -168,8 +178,8 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
                 leg.report.cancel()
         shutil.rmtree(legs_root / key[0] / key[1], ignore_errors=True)
 
-    async def _report_once(task: TaskCreate, address: str, ready: bool, reason: str = "") -> tuple[str, str]:
-        """One executor report: ("ok", ""), ("refused", why) or ("unreachable", why)."""
+    async def _report_once(task: TaskCreate, address: str, ready: bool, reason: str = "") -> ReportAttempt:
+        """One executor report to the gateway."""
         report = ExecutorReport(task_id=task.task_id, data_id=task.data_id, address=address, call=task.call,
                                 ready=ready, reason=reason)
         env = ctx.seal_to(gateway.name, MessageKind.executor_report, task.task_id, task.data_id, report.model_dump(mode="json"))
@@ -178,12 +188,12 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
                                              headers={"content-type": "application/json"}, timeout=15.0,
                                              extensions=expect(gateway.name, "gateway"))
         except httpx.HTTPError as exc:
-            return "unreachable", f"gateway unreachable: {type(exc).__name__}"
+            return ReportAttempt("unreachable", f"gateway unreachable: {type(exc).__name__}")
         if resp.status_code == 200:
-            return "ok", ""
+            return ReportAttempt("ok")
         if resp.status_code in (429, 503) or resp.status_code >= 500:
-            return "unreachable", f"gateway busy ({resp.status_code})"
-        return "refused", f"gateway refused the executor report ({resp.status_code}): {resp.text[:300]}"
+            return ReportAttempt("unreachable", f"gateway busy ({resp.status_code})")
+        return ReportAttempt("refused", f"gateway refused the executor report ({resp.status_code}): {resp.text[:300]}")
 
     async def _report_until_deadline(key: tuple[str, str], task: TaskCreate, address: str, deadline: float) -> None:
         """Retry the report with backoff while the gateway is unreachable, until the task's deadline
@@ -192,10 +202,10 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
         while time.time() + delay < deadline:
             await asyncio.sleep(delay)
             counters["report_retries"] += 1
-            status, _why = await _report_once(task, address, ready=True)
-            if status == "ok":
+            attempt = await _report_once(task, address, ready=True)
+            if attempt.status == "ok":
                 return
-            if status == "refused":
+            if attempt.status == "refused":
                 break
             delay = min(delay * 2, 10.0)
         _forget(key)
@@ -230,52 +240,58 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
             await _report_once(task, "", ready=False, reason=str(exc))
             raise HTTPException(504, f"executor for task {task.task_id!r} did not come up: {exc}") from exc
         leg = executors[key] = LegExecutor(task, handle)
-        status, why = await _report_once(task, handle.address, ready=True)
-        if status == "refused":
+        attempt = await _report_once(task, handle.address, ready=True)
+        if attempt.status == "refused":
             _forget(key)
-            raise HTTPException(409, why)
-        if status == "unreachable":
+            raise HTTPException(409, attempt.why)
+        if attempt.status == "unreachable":
             leg.report = asyncio.create_task(_report_until_deadline(key, task, handle.address, deadline))
             return JSONResponse({"task_id": task.task_id, "data_id": task.data_id, "report": "pending",
-                                 "detail": f"{why}; the party keeps reporting until the task's deadline"}, status_code=202)
+                                 "detail": f"{attempt.why}; the party keeps reporting until the task's deadline"},
+                                status_code=202)
         return JSONResponse({"task_id": task.task_id, "data_id": task.data_id, "report": "done"}, status_code=201)
 
     async def _run_once(key: tuple[str, str], req: DataTransfer, leg: LegExecutor, timeout_s: float) -> LegRecord:
-        """Run the leg's rule and keep its result on disk: charged against the data set's budget
-        first, checked against the minimum group size after; a refusal is recorded the same way."""
+        """Run the leg's rule and keep its result: charged against the data set's budget first,
+        checked against the minimum group size after; a refusal is recorded the same way."""
         folder = legs_root / key[0] / key[1]
-        folder.mkdir(parents=True, exist_ok=True)
         try:
             params = validate_call(req.call, cfg.allowed_rules)
             ledger.charge(req.task_id, req.data_id, release_cost(req.call.rule, params, 1024), cfg.privacy_budget)
         except (RuleError, PrivacyRefusal) as exc:
-            return LegRecord(False, str(exc), 0, "", None)
+            return LegRecord(False, str(exc))
         if cfg.fault_delay_s:
             await asyncio.sleep(cfg.fault_delay_s)
         counters["rule_runs"] += 1
         reply = await leg.handle.call(req.call, timeout_s=timeout_s)
+        path, data = None, None
+        digest = hashlib.sha256()
         try:
             if not reply.ok:
-                return LegRecord(False, reply.error, 0, "", None)
-            path, part = folder / "result.json", folder / "result.json.part"
-            digest = hashlib.sha256()
-            with part.open("wb") as fh:
-                async for piece, _last in reply.chunks(_BLOCK):
-                    digest.update(piece)
-                    fh.write(piece)
-            os.replace(part, path)
+                return LegRecord(False, reply.error)
+            if reply.size <= cfg.stream_chunk_bytes:
+                data = await reply.read_all()
+                digest.update(data)
+            else:
+                folder.mkdir(parents=True, exist_ok=True)
+                path, part = folder / "result.json", folder / "result.json.part"
+                with part.open("wb") as fh:
+                    async for piece, _last in reply.chunks(_BLOCK):
+                        digest.update(piece)
+                        fh.write(piece)
+                os.replace(part, path)
         finally:
             reply.close()
         if digest.hexdigest() != reply.sha256:
-            path.unlink(missing_ok=True)
-            return LegRecord(False, "executor result does not match its own digest", 0, "", None)
-        if req.call.rule in ("histogram", "summary_stats", "train", "score") and reply.size <= cfg.stream_chunk_bytes:
-            try:
-                check_group_sizes(req.call.rule, json.loads(path.read_bytes()), cfg.min_group_size)
-            except PrivacyRefusal as exc:
+            if path is not None:
                 path.unlink(missing_ok=True)
-                return LegRecord(False, str(exc), 0, "", None)
-        return LegRecord(True, "", reply.size, reply.sha256, path)
+            return LegRecord(False, "executor result does not match its own digest")
+        if data is not None and req.call.rule in ("histogram", "summary_stats", "train", "score"):
+            try:
+                check_group_sizes(req.call.rule, json.loads(data), cfg.min_group_size)
+            except PrivacyRefusal as exc:
+                return LegRecord(False, str(exc))
+        return LegRecord(True, "", reply.size, reply.sha256, path, data)
 
     def _attestation(req: DataTransfer, record: LegRecord) -> dict[str, Any]:
         body = LegAttestation(task_id=req.task_id, data_id=req.data_id, party=cfg.name, sha256=record.sha256,
@@ -327,10 +343,9 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
         if not record.ok:
             return ctx.seal_to(gateway.name, MessageKind.transfer_result, req.task_id, req.data_id,
                                {"ok": False, "error": record.error})
-        if record.size > cfg.stream_chunk_bytes:
+        if record.data is None:
             return _stream(req, record)
-        assert record.path is not None
-        payload = {"ok": True, "result_text": record.path.read_text(), "error": "", "attestation": _attestation(req, record)}
+        payload = {"ok": True, "result_text": record.data.decode(), "error": "", "attestation": _attestation(req, record)}
         return ctx.seal_to(gateway.name, MessageKind.transfer_result, req.task_id, req.data_id, payload)
 
     @app.get("/v1/health")
