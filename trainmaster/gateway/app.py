@@ -20,7 +20,7 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, AsyncIterator, TypeVar
 
@@ -147,7 +147,9 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
     def _finish(task: Task, leg: Leg, run: LegRun) -> Leg:
         """Record the leg's one outcome; if someone recorded one first, theirs stands."""
         envelope = _seal_outcome(task, leg, run)
-        table.record_outcome(leg.task_id, leg.data_id, run.outcome.value, envelope, run.stream_bytes)
+        if table.record_outcome(leg.task_id, leg.data_id, run.outcome.value, envelope, run.stream_bytes):
+            return replace(leg, state="done", outcome=run.outcome.value, envelope_json=envelope,
+                           stream_bytes=run.stream_bytes)
         return table.legs(leg.task_id)[leg.data_id]
 
     @app.post("/v1/tasks")
