@@ -30,8 +30,9 @@ pytestmark = pytest.mark.timeout(180)
 def dep(tmp_path_factory: pytest.TempPathFactory) -> Deployment:
     d = Deployment(tmp_path_factory.mktemp("attacks"), ["a", "b"]).start_all()
     ini = d.initiator()
-    for leg in (LegSpec(data_id="m_a", party="a", rule="row_count"), LegSpec(data_id="m_b", party="b", rule="row_count")):
-        assert ini.create_leg("t1", leg)["ok"]
+    created = ini.create_task("t1", [LegSpec(data_id="m_a", party="a", rule="row_count"),
+                                     LegSpec(data_id="m_b", party="b", rule="row_count")])
+    assert all(c["ok"] for c in created.values())
     ini.close()
     yield d
     d.stop_all()
@@ -42,8 +43,8 @@ def _state(dep: Deployment) -> dict[str, Any]:
     return {"legs": g["legs"], "g": g["handled"], "a": (a["handled"], a["executors"]), "b": (b["handled"], b["executors"])}
 
 
-def _post(dep: Deployment, target: str, path: str, body: str | bytes) -> httpx.Response:
-    with httpx.Client(verify=client_ssl_context(dep.cfg("initiator")), timeout=10) as http:
+def _post(dep: Deployment, target: str, path: str, body: str | bytes, as_: str = "initiator") -> httpx.Response:
+    with httpx.Client(verify=client_ssl_context(dep.cfg(as_)), timeout=10) as http:
         return http.post(f"{dep.url(target)}{path}", content=body, headers={"content-type": "application/json"})
 
 
@@ -54,7 +55,7 @@ def _initiator_env(ini: Initiator, recipient: str, kind: str, task_id: str, data
 def test_certificate_from_foreign_ca_is_refused(dep: Deployment, tmp_path: Path) -> None:
     """Mutual TLS: a client certificate from another CA (or none) fails the handshake."""
     before = _state(dep)
-    key, cert = issue_cert(*make_ca("evil CA"), "initiator", ["127.0.0.1"])
+    key, cert = issue_cert(*make_ca("evil CA"), "initiator", "initiator")
     (tmp_path / "c.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     (tmp_path / "k.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                                        serialization.NoEncryption()))
@@ -88,7 +89,7 @@ def test_party_cannot_take_over_another_partys_leg(dep: Deployment) -> None:
     gw = dep.initiator().roster["gateway"]
     env = seal(a, gw, make_header("a", "gateway", "executor_report", "t1", "m_b"),
                {"task_id": "t1", "data_id": "m_b", "address": "unix:/tmp/evil", "call": {"rule": "row_count", "params": {}}})
-    resp = _post(dep, "gateway", "/v1/executors", env.model_dump_json())
+    resp = _post(dep, "gateway", "/v1/executors", env.model_dump_json(), as_="a")
     assert resp.status_code == 409 and "belongs to party 'b'" in resp.json()["detail"]
     after = _state(dep)
     assert after["legs"] == before["legs"] and after["a"] == before["a"] and after["b"] == before["b"]
@@ -193,7 +194,7 @@ def _impostor_app(a: Identity, gw_pub: Any) -> FastAPI:
     async def transfer(request: Request) -> dict[str, Any]:
         h = Envelope.model_validate_json(await request.body()).header
         return seal(a, gw_pub, make_header("a", "gateway", "transfer_result", h.task_id, h.data_id),
-                    {"ok": True, "result": {"rows": 1}}).model_dump(mode="json")
+                    {"ok": True, "result_text": "{\"rows\":1}"}).model_dump(mode="json")
 
     return fake
 
@@ -218,7 +219,7 @@ def test_zz_result_signed_by_another_party_is_rejected(dep: Deployment) -> None:
         while not server.started and time.monotonic() < deadline:
             time.sleep(0.05)
         ini = dep.initiator()
-        out = ini.receive("t1", ["m_b"], leg_timeout_s=10)
+        out = ini.receive("t1", ["m_b"], leg_timeout_s=10, parties={"m_b": "b"})
         ini.close()
         assert out["m_b"]["outcome"] == "rejected"
         assert "signed by 'a'" in out["m_b"]["detail"]

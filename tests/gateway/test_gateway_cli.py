@@ -31,7 +31,9 @@ def test_user_errors_exit_2_without_traceback(tmp_path: Path) -> None:
 
 
 def test_help_lists_the_three_groups() -> None:
-    """The gateway, party and task groups are registered, each with help text."""
-    out = _cli("--help")
-    assert all(g in out.stdout for g in ("gateway", "party", "task"))
+    """The party and task groups sit under `trainmaster gateway`, each with help text; the old
+    top-level `party`/`task` still work as aliases."""
+    out = _cli("gateway", "--help")
+    assert all(g in out.stdout for g in ("init", "serve", "party", "task"))
+    assert _cli("gateway", "party", "serve", "--help").returncode == 0
     assert _cli("party", "serve", "--help").returncode == 0

@@ -12,6 +12,7 @@ from cryptography import x509
 from pydantic import ValidationError
 
 from trainmaster.errors import UserError
+from trainmaster.gateway.tlsid import PeerIdentity
 from trainmaster.gateway.crypto import EnvelopeError, Identity, b64d, b64e, make_header, seal
 from trainmaster.gateway.gate import EnvelopeGate
 from trainmaster.gateway.models import DataTransfer, Envelope, MessageKind
@@ -34,7 +35,9 @@ def _env(sender: Identity = GATEWAY, now: float | None = None, ttl: float = 60.0
 
 
 def _open(gate: EnvelopeGate, env: Envelope) -> DataTransfer:
-    return gate.open(env, MessageKind.data_transfer, {"gateway"}, DataTransfer)[1]
+    sender = gate.roster.get(env.header.sender)
+    peer = PeerIdentity(sender.name, sender.role) if sender else None
+    return gate.open(env, MessageKind.data_transfer, {"gateway"}, DataTransfer, peer=peer)[1]
 
 
 def test_envelope_round_trip_decrypts_to_the_payload() -> None:
@@ -141,9 +144,10 @@ def test_payload_must_match_signed_header_and_strict_model() -> None:
 def test_provisioning_writes_ca_certs_keys_roster(tmp_path: Path) -> None:
     """Provisioning: a private CA, TLS certs chained to it, owner-only key files, a roster."""
     configs = init_deployment(tmp_path / "d", ["a", "b", "c"], port_base=30000)
-    assert set(configs) == {"gateway", "initiator", "a", "b", "c"}
+    assert set(configs) == {"gateway", "operator", "initiator", "a", "b", "c"}
     roster = load_roster(tmp_path / "d" / "roster.json")
-    assert {n: r.role for n, r in roster.items()} == {"gateway": "gateway", "initiator": "initiator", "a": "party", "b": "party", "c": "party"}
+    assert {n: r.role for n, r in roster.items()} == {"gateway": "gateway", "operator": "operator", "initiator": "initiator",
+                                                      "a": "party", "b": "party", "c": "party"}
     ca = x509.load_pem_x509_certificate((tmp_path / "d" / "ca" / "ca.pem").read_bytes())
     for name in configs:
         cfg = load_config(configs[name])

@@ -35,7 +35,8 @@ def dep(tmp_path_factory: pytest.TempPathFactory) -> Deployment:
 def _create(dep: Deployment, task_id: str, parties: list[str]) -> dict[str, dict[str, Any]]:
     ini = dep.initiator()
     try:
-        return {p: ini.create_leg(task_id, LegSpec(data_id=f"m_{p}", party=p, rule="row_count")) for p in parties}
+        created = ini.create_task(task_id, [LegSpec(data_id=f"m_{p}", party=p, rule="row_count") for p in parties])
+        return {p: created[f"m_{p}"] for p in parties}
     finally:
         ini.close()
 
@@ -43,7 +44,8 @@ def _create(dep: Deployment, task_id: str, parties: list[str]) -> dict[str, dict
 def _receive(dep: Deployment, task_id: str, parties: list[str], timeout_s: float) -> dict[str, dict[str, Any]]:
     ini = dep.initiator()
     try:
-        return ini.receive(task_id, [f"m_{p}" for p in parties], leg_timeout_s=timeout_s)
+        return ini.receive(task_id, [f"m_{p}" for p in parties], leg_timeout_s=timeout_s,
+                           parties={f"m_{p}": p for p in parties})
     finally:
         ini.close()
 
@@ -128,7 +130,7 @@ def test_one_slow_task_does_not_block_another_and_overload_is_429(dep: Deploymen
         resp = http.post(f"{dep.url('gateway')}/v1/receive", content=env.model_dump_json(),
                          headers={"content-type": "application/json"})
     assert resp.status_code == 429 and resp.headers.get("retry-after") == "1"
-    other = ini.receive("other1", ["m_a"], leg_timeout_s=5.0)
+    other = ini.receive("other1", ["m_a"], leg_timeout_s=5.0, parties={"m_a": "a"})
     assert other["m_a"]["outcome"] == "result"
     assert thread.is_alive()  # the slow task is still running while the other one finished
     ini.close()
@@ -136,22 +138,68 @@ def test_one_slow_task_does_not_block_another_and_overload_is_429(dep: Deploymen
     assert box["value"]["m_slow"]["outcome"] == "result"
 
 
-def test_gateway_killed_and_restarted_loses_nothing_and_duplicates_nothing(dep: Deployment) -> None:
-    """Persist-before-acknowledge and recovery: kill -9 the gateway mid-request, restart it, fetch
-    again: every leg has exactly one outcome, the result is delivered, in-flight drains to zero."""
+def test_gateway_killed_mid_leg_every_leg_completes_exactly_once(dep: Deployment) -> None:
+    """Faults, kill -9 the gateway while legs run: the initiator retries with backoff (clear stderr
+    lines, no traceback); after the restart the journaled (dispatched) leg is delivered again and
+    the party answers it from its once-only record: every leg completes, its rule ran exactly once,
+    its one outcome stands on later fetches, and nothing stays in flight."""
+    from trainmaster.gateway.routing import MappingTable
+
     assert all(c["ok"] for c in _create(dep, "crash1", ["a", "slow"]).values())
-    thread, box = _in_background(lambda: _receive(dep, "crash1", ["a", "slow"], timeout_s=10.0))
-    _wait(lambda: dep.health("gateway")["in_flight_legs"] >= 1, 20, "crash1 legs in flight")
-    legs_before = dep.health("gateway")["legs"]
+    runs_before = dep.health("slow")["rule_runs"]
+    transfers_before = dep.health("slow")["handled"].get("data_transfer", 0)
+    thread, box = _in_background(lambda: _receive(dep, "crash1", ["a", "slow"], timeout_s=20.0))
+    _wait(lambda: dep.health("slow")["handled"].get("data_transfer", 0) > transfers_before, 20,
+          "the slow party to receive its transfer")
     dep.kill("gateway")
-    thread.join(timeout=30)
-    assert "error" in box  # the initiator saw the crash, not a result
     dep.start("gateway")
     dep.wait_ready("gateway")
-    assert dep.health("gateway")["legs"] == legs_before  # the mapping table survived kill -9
-    out = _receive(dep, "crash1", ["a", "slow"], timeout_s=10.0)
+    thread.join(timeout=90)
+    assert "error" not in box, box.get("error")
+    out = box["value"]
     assert {k: v["outcome"] for k, v in out.items()} == {"m_a": "result", "m_slow": "result"}
+    assert out["m_slow"]["result"]["rows"] == len(dep.splits[PARTIES.index("slow")])
+    slow = dep.health("slow")
+    assert slow["handled"]["data_transfer"] == transfers_before + 2  # delivered twice ...
+    assert slow["rule_runs"] == runs_before + 1  # ... ran once
+    assert MappingTable(dep.cfg("gateway").db_url).legs("crash1")["m_slow"].dispatches == 2
     again = _receive(dep, "crash1", ["a", "slow"], timeout_s=10.0)
     assert again["m_slow"]["result"] == out["m_slow"]["result"]
-    h = dep.health("gateway")
-    assert h["legs"] == legs_before and h["in_flight_legs"] == 0
+    assert dep.health("gateway")["in_flight_legs"] == 0
+
+
+def test_gateway_down_when_a_task_is_created_its_legs_are_delivered_when_it_returns(dep: Deployment, tmp_path) -> None:
+    """Faults, gateway down at task creation (and item 11: no 500 at the party): the party accepts
+    the leg (202, report pending) and keeps reporting with backoff; the CLI retries with clear
+    lines and, past the task's deadline, exits 3 with a message and no traceback; once the gateway
+    is back, the leg is delivered within the deadline, and an initiator started while the gateway
+    was down completes its task."""
+    import subprocess
+    import sys
+
+    from trainmaster.gateway.client import TaskSpec
+
+    ini = dep.initiator()
+    ini.register_task("down1", [LegSpec(data_id="m_a", party="a", rule="row_count")])
+    dep.kill("gateway")
+    try:
+        created = ini.create_leg("down1", LegSpec(data_id="m_a", party="a", rule="row_count"))
+        assert created["status"] == 202 and "keeps reporting" in created["detail"], created
+        task = tmp_path / "task.yaml"
+        task.write_text("deadline_s: 2\nlegs:\n  - {data_id: m_b, party: a, rule: row_count}\n")
+        out = subprocess.run([sys.executable, "-m", "trainmaster", "task", "run", "--config", str(dep.configs["initiator"]),
+                              str(task)], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 3, out.stderr
+        assert "retrying in" in out.stderr and "stayed unreachable" in out.stderr and "Traceback" not in out.stderr
+        thread, box = _in_background(lambda: dep.initiator().run_task(TaskSpec(task_id="down2", deadline_s=120, legs=[
+            LegSpec(data_id="m_a", party="a", rule="row_count")])))
+        time.sleep(1.0)
+    finally:
+        dep.start("gateway")
+        dep.wait_ready("gateway")
+    got = ini.receive("down1", ["m_a"], leg_timeout_s=30)
+    ini.close()
+    assert got["m_a"]["outcome"] == "result" and got["m_a"]["result"]["rows"] == len(dep.splits[0])
+    thread.join(timeout=90)
+    assert box["value"]["legs"]["m_a"]["outcome"] == "result", box
+    assert dep.health("a")["report_retries"] >= 1

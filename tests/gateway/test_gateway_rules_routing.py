@@ -12,7 +12,7 @@ from sqlalchemy import create_engine, text
 from trainmaster.gateway.crypto import EnvelopeError
 from trainmaster.gateway.models import RuleCall
 from trainmaster.gateway.party import resolve_data_file
-from trainmaster.gateway.routing import LegConflict, MappingTable
+from trainmaster.gateway.routing import LegConflict, MappingTable, TaskConflict, TaskLimit
 from trainmaster.gateway.rules import REGISTRY, RuleError, load_table, run_call
 
 TABLE = {"x": np.array([1.0, 2.0, 3.0, 4.0]), "y": np.array([0.0, 0.0, 1.0, 1.0])}
@@ -64,19 +64,37 @@ def test_data_id_path_traversal_is_refused(tmp_path: Path) -> None:
 
 def test_mapping_table_records_one_outcome_and_keeps_history(tmp_path: Path) -> None:
     """Mapping table: task -> data id -> party/address/rule, exactly one outcome per leg, history kept,
-    a leg owned by one party cannot be taken over by another, SQLite in WAL mode."""
+    only the assigned party may report a leg (items 1, 8: no legs under unknown task ids), task ids
+    never reused (item 2), open legs per party bounded, SQLite in WAL mode."""
     url = f"sqlite:///{tmp_path / 'm.db'}"
     t = MappingTable(url)
+    rc = {"rule": "row_count", "params": {}}
+    legs = {"m1": ("a", rc), "m9": ("b", rc)}
+    assert t.create_task("t1", "alice", legs, "d" * 64, 60, max_open_legs_per_party=2) is True
+    assert t.create_task("t1", "alice", legs, "d" * 64, 60, max_open_legs_per_party=2) is False
+    with pytest.raises(TaskConflict, match="different body"):
+        t.create_task("t1", "alice", {"m1": ("a", rc)}, "e" * 64, 60, max_open_legs_per_party=2)
+    with pytest.raises(TaskConflict, match="another initiator"):
+        t.create_task("t1", "bob", legs, "d" * 64, 60, max_open_legs_per_party=2)
+    with pytest.raises(TaskLimit, match="open leg"):
+        t.create_task("t2", "alice", {"x1": ("a", rc), "x2": ("a", rc)}, "f" * 64, 60, max_open_legs_per_party=2)
+    with pytest.raises(LegConflict, match="another rule call"):
+        t.register("t1", "m1", "a", "unix:/x", {"rule": "summary_stats", "params": {}})
     t.register("t1", "m1", "a", "unix:/x", {"rule": "row_count", "params": {}})
     with pytest.raises(LegConflict, match="belongs to party 'a'"):
         t.register("t1", "m1", "b", "unix:/y", {"rule": "row_count", "params": {}})
+    with pytest.raises(LegConflict, match="no leg"):
+        t.register("t-future", "m1", "a", "unix:/y", {"rule": "row_count", "params": {}})
     assert t.legs("t1")["m1"].outcome is None
-    assert t.record_outcome("t1", "m1", "result", result_json="{}") is True
-    assert t.record_outcome("t1", "m1", "timeout") is False
+    t.mark_dispatched("t1", "m1")
+    assert t.legs("t1")["m1"].state == "dispatched" and t.legs("t1")["m1"].dispatches == 1
+    assert t.record_outcome("t1", "m1", "result", envelope_json="{}") is True
+    assert t.record_outcome("t1", "m1", "timeout", envelope_json="{}") is False
     assert t.legs("t1")["m1"].outcome == "result"
-    t.mark_unrouted("t1", "m9")
+    t.record_outcome("t1", "m9", "party_unavailable", envelope_json="{}")
     again = MappingTable(url)  # a restarted gateway sees the same history
     assert {k: v.outcome for k, v in again.legs("t1").items()} == {"m1": "result", "m9": "party_unavailable"}
+    assert again.task("t1").owner == "alice"
     with create_engine(url).connect() as c:
         assert c.execute(text("PRAGMA journal_mode")).scalar() == "wal"
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -113,7 +115,9 @@ def test_large_result_streams_through_the_gateway_equal(big: Deployment) -> None
         LegSpec(data_id="m_b", party="b", rule="row_count")]))
     ini.close()
     assert out["legs"]["big"]["outcome"] == "result", out["legs"]["big"]
-    assert out["legs"]["big"]["result"] == expected
+    assert "result" not in out["legs"]["big"]  # streamed to a file, never held whole
+    assert json.loads(Path(out["legs"]["big"]["result_file"]).read_text()) == expected
+    assert not list(Path(out["legs"]["big"]["result_file"]).parent.glob("*.part"))
     assert out["legs"]["m_b"]["result"]["rows"] == len(big.splits[1])
     spool = Path(big.cfg("gateway").state_dir) / "results" / "big1" / "big.stream"
     assert spool.stat().st_size > 16 * 1024 * 1024
@@ -123,14 +127,46 @@ def test_large_result_streams_through_the_gateway_equal(big: Deployment) -> None
     assert big.health("gateway")["in_flight_legs"] == 0
 
 
+def test_gateway_killed_mid_stream_restarts_cleanly(big: Deployment) -> None:
+    """Faults, gateway killed mid-stream: kill -9 while it spools a party's stream; after the
+    restart no `.part` file is left at the gateway or the initiator, the retrying initiator gets
+    the whole result (equal to the direct computation), and the party ran the rule once."""
+    import threading
+
+    expected = run_call(load_table(big.root / "data" / "a" / "big.parquet"),
+                        RuleCall(rule="predict", params={"features": ["x"], "weights": WEIGHTS}), allowed=["predict"])
+    spool = Path(big.cfg("gateway").state_dir) / "results" / "mid1"
+    runs_before = big.health("a")["rule_runs"]
+    ini = big.initiator(timeout_s=240)
+    box: dict = {}
+    spec = TaskSpec(task_id="mid1", leg_timeout_s=240, legs=[
+        LegSpec(data_id="big", party="a", rule="predict", params={"features": ["x"], "weights": WEIGHTS})])
+    thread = threading.Thread(target=lambda: box.update(out=ini.run_task(spec)), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not list(spool.glob("*.part")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert list(spool.glob("*.part")), "the gateway never started spooling"
+    big.kill("gateway")
+    big.start("gateway")
+    big.wait_ready("gateway")
+    thread.join(timeout=200)
+    ini.close()
+    leg = box["out"]["legs"]["big"]
+    assert leg["outcome"] == "result", leg
+    assert json.loads(Path(leg["result_file"]).read_text()) == expected
+    assert not list(spool.glob("*.part")) and not list((big.root / "results").rglob("*.part"))
+    assert big.health("a")["rule_runs"] == runs_before + 1
+
+
 @pytest.mark.parametrize("damage", ["truncate", "reorder", "flip"])
 def test_tampered_stored_stream_is_refused_at_the_initiator(big: Deployment, damage: str) -> None:
     """Gateway -> initiator stream integrity: the spooled chunks truncated, reordered or with a
     flipped bit are refused with a clear error, never returned as a result."""
     ini = big.initiator(timeout_s=240)
     task = f"tam{damage}"
-    assert ini.create_leg(task, LegSpec(data_id="big", party="a", rule="predict",
-                                        params={"features": ["x"], "weights": WEIGHTS}))["ok"]
+    assert ini.create_task(task, [LegSpec(data_id="big", party="a", rule="predict",
+                                          params={"features": ["x"], "weights": WEIGHTS})])["big"]["ok"]
     ini.receive(task, ["big"], leg_timeout_s=240)  # the gateway now holds the stream
     spool = Path(big.cfg("gateway").state_dir) / "results" / task / "big.stream"
     raw = spool.read_bytes()
@@ -144,11 +180,12 @@ def test_tampered_stored_stream_is_refused_at_the_initiator(big: Deployment, dam
         frames[2] = frames[2][:100] + bytes([frames[2][100] ^ 0x10]) + frames[2][101:]
     spool.write_bytes(b"".join(frames))
     ini2 = big.initiator(timeout_s=240)  # a fresh run (its own seen table), as after a crash
-    out = ini2.receive(task, ["big"], leg_timeout_s=240)["big"]
+    out = ini2.receive(task, ["big"], leg_timeout_s=240, parties={"big": "a"})["big"]
     ini.close()
     ini2.close()
-    assert out["outcome"] == "rejected" and "result" not in out
+    assert out["outcome"] == "rejected" and "result" not in out and "result_file" not in out
     assert "stream" in out["detail"]
+    assert not [p for p in (big.root / "results").rglob("*.part")]
 
 
 @pytest.mark.parametrize("fault", ["truncate", "reorder", "flip"])

@@ -22,14 +22,26 @@ task_app = typer.Typer(help="Initiator: start a cross-silo task and print its de
 def gateway_init(
     out_dir: Path = typer.Argument(..., help="Directory to write the CA, certificates, keys, roster and configs to."),
     parties: str = typer.Option(..., "--parties", help="Comma-separated party names, e.g. a,b,c."),
+    initiators: str = typer.Option("initiator", "--initiators", help="Comma-separated initiator names (each gets its own "
+                                   "client-only certificate and keys; tasks belong to the initiator that created them)."),
     host: str = typer.Option("127.0.0.1", help="Address every service listens on (goes into certificates)."),
     port_base: int = typer.Option(8443, help="Gateway port; party i listens on port_base+1+i."),
+    hosts: str = typer.Option("", "--hosts", help="Per-service host when services run on separate machines, e.g. "
+                              "gateway=gw.example.org,a=10.0.0.12 (endpoint, listen address and certificate name); "
+                              "services not named use --host."),
 ) -> None:
     """Create a private CA, TLS certificates, Ed25519/X25519 keys per identity, a roster and configs."""
     from trainmaster.gateway.provision import init_deployment
 
     names = [p.strip() for p in parties.split(",") if p.strip()]
-    configs = init_deployment(out_dir, names, host=host, port_base=port_base)
+    inits = [i.strip() for i in initiators.split(",") if i.strip()]
+    per_host: dict[str, str] = {}
+    for item in filter(None, (h.strip() for h in hosts.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            raise UserError(f"invalid --hosts entry {item!r}", details=["write NAME=HOST, e.g. gateway=gw.example.org"])
+        per_host[name.strip()] = value.strip()
+    configs = init_deployment(out_dir, names, host=host, port_base=port_base, initiators=inits, hosts=per_host)
     for name, path in configs.items():
         typer.echo(f"{name:>12}: {path}")
 
@@ -75,14 +87,23 @@ def party_serve(
 def task_run(
     task_file: Path = typer.Argument(..., help="TASK.yaml: task_id, leg_timeout_s and legs (data_id, party, rule, params)."),
     config: Path = typer.Option(..., "--config", help="The initiator's config.yaml from `gateway init`."),
+    out: Path = typer.Option(None, "--out", help="Folder for streamed (large) results, one <task>/<data_id>.json "
+                             "file each; default: results/ under the initiator's state_dir."),
 ) -> None:
-    """Create the task's legs at the parties, fetch results through the gateway, print them as JSON."""
+    """Create the task at the gateway and its legs at the parties, fetch results through the gateway
+    (retrying while a service is down, until the task's deadline), print them as JSON.
+
+    Exit 0 when every leg has a verified result, 1 when some leg has another outcome, 2 for a
+    mistake in the input (including a task id used before for another task), 3 when the gateway
+    stayed unreachable until the deadline."""
     from trainmaster.gateway.client import Initiator, load_task
     from trainmaster.gateway.provision import load_config
 
     cfg = load_config(config)
+    if cfg.role != "initiator":
+        raise UserError(f"{config} is a {cfg.role} config, not an initiator's")
     spec = load_task(task_file)
-    initiator = Initiator(cfg)
+    initiator = Initiator(cfg, results_dir=out)
     try:
         out = initiator.run_task(spec)
     finally:

@@ -1,56 +1,79 @@
 """The gateway service (the source's "load server"): the initiator's one door to every party.
 
-It keeps the mapping table, and for a data receive request sends each leg's data transfer request
-to the party that reported it, verifies and decrypts the party's result in memory, re-encrypts it
-to the initiator and signs it, records the leg's one outcome, and only then answers. A per-task
-queue (one request per task at a time, a bounded backlog) and a per-party concurrency limit keep
-one slow task or party from blocking others; past the global cap it answers 429.
+An initiator first creates its task here (id, legs, which party holds each data id); the task is
+its own (item 9) and its id is never reused (item 2). Only the party a leg is assigned to may
+report that leg's executor or answer it, which the gateway checks from the connection's TLS
+identity and the party's signatures (items 1, 6). For a data receive request it journals each
+leg as dispatched, sends the data transfer request to the party, verifies and decrypts the
+party's result in memory, and records the leg's one outcome sealed to the task's owner and signed
+as a whole (item 7) before answering. A per-task queue (one request per task at a time, a bounded
+backlog) and a per-party concurrency limit keep one slow task or party from blocking others; past
+the global cap it answers 429.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import os
+import time
 from collections.abc import Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, TypeVar
 
 import httpx
-from fastapi import FastAPI, HTTPException
-from fastapi.responses import Response, StreamingResponse
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel
 
-from trainmaster.gateway.crypto import EnvelopeError, b64e, make_header, seal
+from trainmaster.gateway.crypto import EnvelopeError, b64e, verify_attestation
 from trainmaster.gateway.gate import RESULT_TTL_S
 from trainmaster.gateway.models import (
-    DataReceive, DataTransfer, Envelope, ExecutorReport, LegOutcome, LegResult, MessageKind, ResultFetch, RuleCall, Strict,
-    TaskResult,
+    DataReceive, DataTransfer, Envelope, ExecutorReport, LegOutcome, LegOutcomePayload, LegResult, MessageKind,
+    ResultFetch, RuleCall, SignedAttestation, Strict, TaskCancel, TaskRegister, TaskResult,
 )
 from trainmaster.gateway.provision import ServiceConfig
-from trainmaster.gateway.routing import Leg, LegConflict, MappingTable
-from trainmaster.gateway.service import ServiceContext, install_common, mtls_client
+from trainmaster.gateway.routing import Leg, LegConflict, MappingTable, Task, TaskConflict, TaskLimit
+from trainmaster.gateway.service import ServiceContext, expect, install_common, mtls_client, read_envelope, request_peer
 from trainmaster.gateway.stream import MEDIA_TYPE as STREAM_MEDIA_TYPE
 from trainmaster.gateway.stream import ChunkOpener, ChunkSealer, StreamInfo, aframes, frame
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class TransferPayload(Strict):
     """What a party's sealed transfer result decrypts to."""
 
     ok: bool
-    result: dict[str, Any] | None = None
+    result_text: str | None = None
     error: str = ""
     stream: StreamInfo | None = None
+    attestation: SignedAttestation | None = None
 
 
 @dataclass(frozen=True)
 class LegRun:
-    """What one leg's transfer came to: its outcome and, for a result, the envelope sealed to the initiator."""
+    """What one leg's transfer came to: its outcome and the parts the sealed outcome carries."""
 
     outcome: LegOutcome
     detail: str = ""
-    result_json: str | None = None
+    result_text: str | None = None
+    stream: StreamInfo | None = None
+    attestation: SignedAttestation | None = None
     stream_bytes: int | None = None
+    """Set when the result sits in the spool file (served by ``/v1/results``)."""
+
+
+@dataclass(frozen=True)
+class SettledLeg:
+    """A leg as a data receive request answers it: its row, and for a leg whose party has not
+    reported yet, a provisional sealed outcome (not recorded: ask again before the deadline)."""
+
+    leg: Leg
+    provisional: str | None = None
 
 
 async def _read_capped(resp: httpx.Response, cap: int) -> bytes:
@@ -63,16 +86,25 @@ async def _read_capped(resp: httpx.Response, cap: int) -> bytes:
     return bytes(buf)
 
 
+def task_digest(req: TaskRegister) -> str:
+    """The idempotency key's body check: same task body, same digest (leg order does not matter)."""
+    body = req.model_dump(mode="json")
+    body["legs"] = sorted(body["legs"], key=lambda leg: leg["data_id"])
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
     db_url = cfg.db_url or f"sqlite:///{Path(cfg.state_dir).resolve() / 'mapping.db'}"
     ctx = ServiceContext.load(cfg, db_url)
     table = MappingTable(db_url)
-    initiator = next(p for p in ctx.roster.values() if p.role == "initiator")
     party_slots = {p.name: asyncio.Semaphore(cfg.party_concurrency) for p in ctx.roster.values() if p.role == "party"}
     task_locks: dict[str, asyncio.Lock] = {}
     task_backlog: dict[str, int] = {}
+    reported: dict[tuple[str, str], asyncio.Event] = {}
     inflight = {"tasks": 0, "legs": 0}
     spool_root = Path(cfg.state_dir).resolve() / "results"
+    for part in spool_root.glob("*/*.part"):  # left by a kill -9 mid-stream: the leg has no outcome, it runs again
+        part.unlink(missing_ok=True)
 
     def spool_path(task_id: str, data_id: str) -> Path:
         """Where a streamed result's re-encrypted chunks live (ids match ID_PATTERN: no path tricks)."""
@@ -88,20 +120,84 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
     app.state.ctx, app.state.table = ctx, table
     install_common(app, cfg.max_body_bytes)
 
-    @app.post("/v1/executors")
-    async def executor_report(env: Envelope) -> dict[str, Any]:
-        sender, rep = ctx.gate.open(env, MessageKind.executor_report, {"party"}, ExecutorReport)
-        ctx.count(MessageKind.executor_report)
+    async def _open(request: Request, kind: MessageKind, roles: set[str], model: type[M]) -> tuple[str, M]:
+        env = await read_envelope(request, cfg.max_body_bytes, cfg.body_timeout_s)
+        sender, payload = ctx.gate.open(env, kind, roles, model, peer=request_peer(request))
+        ctx.count(kind)
+        return sender.name, payload
+
+    def _owned(task_id: str, sender: str) -> Task:
+        """The task, if ``sender`` created it (item 9): others may neither read nor cancel it."""
+        task = table.task(task_id)
+        if task is None:
+            raise HTTPException(404, f"no task {task_id!r} at this gateway; create it first (POST /v1/tasks)")
+        if task.owner != sender:
+            raise HTTPException(403, f"task {task_id!r} belongs to another initiator")
+        return task
+
+    def _seal_outcome(task: Task, leg: Leg, run: LegRun, final: bool = True) -> str:
+        """The leg's whole outcome, sealed to the task's owner and signed by the gateway (item 7)."""
+        payload = LegOutcomePayload(task_id=leg.task_id, data_id=leg.data_id, party=leg.party, outcome=run.outcome,
+                                    detail=run.detail, result_text=run.result_text,
+                                    stream=run.stream.model_dump() if run.stream else None, attestation=run.attestation,
+                                    final=final)
+        return ctx.seal_to(task.owner, MessageKind.task_result, leg.task_id, leg.data_id, payload.model_dump(mode="json"),
+                           ttl_s=RESULT_TTL_S).model_dump_json()
+
+    def _finish(task: Task, leg: Leg, run: LegRun) -> Leg:
+        """Record the leg's one outcome; if someone recorded one first, theirs stands."""
+        envelope = _seal_outcome(task, leg, run)
+        if table.record_outcome(leg.task_id, leg.data_id, run.outcome.value, envelope, run.stream_bytes):
+            return replace(leg, state="done", outcome=run.outcome.value, envelope_json=envelope,
+                           stream_bytes=run.stream_bytes)
+        return table.legs(leg.task_id)[leg.data_id]
+
+    @app.post("/v1/tasks")
+    async def task_register(request: Request) -> JSONResponse:
+        sender, req = await _open(request, MessageKind.task_register, {"initiator"}, TaskRegister)
+        parties = {leg.party for leg in req.legs}
+        unknown = sorted(p for p in parties if p not in party_slots)
+        if unknown:
+            raise HTTPException(400, f"{unknown} are not parties in the gateway's roster")
+        legs = {leg.data_id: (leg.party, leg.call.model_dump(mode="json")) for leg in req.legs}
+        if len(legs) != len(req.legs):
+            raise HTTPException(400, "a data id appears twice in the task; each data id is one leg")
         try:
-            table.register(rep.task_id, rep.data_id, sender.name, rep.address, rep.call.model_dump(mode="json"),
-                           rep.ready, rep.reason)
+            created = table.create_task(req.task_id, sender, legs, task_digest(req), req.deadline_s,
+                                        cfg.max_open_legs_per_party)
+        except TaskConflict as exc:
+            raise HTTPException(409, str(exc)) from exc
+        except TaskLimit as exc:
+            raise HTTPException(429, str(exc), headers={"Retry-After": "5"}) from exc
+        return JSONResponse({"task_id": req.task_id, "created": created}, status_code=201 if created else 200)
+
+    @app.post("/v1/cancel")
+    async def task_cancel(request: Request) -> dict[str, Any]:
+        sender, req = await _open(request, MessageKind.task_cancel, {"initiator"}, TaskCancel)
+        task = _owned(req.task_id, sender)
+        cancelled = [leg.data_id for leg in table.legs(task.task_id).values() if leg.outcome is None
+                     and table.record_outcome(task.task_id, leg.data_id, LegOutcome.cancelled.value,
+                                              _seal_outcome(task, leg, LegRun(LegOutcome.cancelled, "cancelled by its initiator")))]
+        return {"task_id": task.task_id, "cancelled": cancelled}
+
+    @app.post("/v1/executors")
+    async def executor_report(request: Request) -> dict[str, Any]:
+        sender, rep = await _open(request, MessageKind.executor_report, {"party"}, ExecutorReport)
+        try:
+            leg = table.register(rep.task_id, rep.data_id, sender, rep.address, rep.call.model_dump(mode="json"))
         except LegConflict as exc:
             raise HTTPException(409, str(exc)) from exc
+        if not rep.ready:
+            task = table.task(rep.task_id)
+            assert task is not None  # register() found its leg
+            _finish(task, leg, LegRun(LegOutcome.timeout, rep.reason or "executor did not come up"))
+        if event := reported.get((rep.task_id, rep.data_id)):
+            event.set()
         return {"ok": True}
 
     async def _run_leg(leg: Leg, call: RuleCall, timeout_s: float) -> LegRun:
-        party = ctx.roster.get(leg.party or "")
-        if party is None or not party.endpoint:
+        party = ctx.roster[leg.party]
+        if not party.endpoint:
             return LegRun(LegOutcome.party_unavailable, f"party {leg.party!r} has no endpoint in the roster")
         req = DataTransfer(task_id=leg.task_id, data_id=leg.data_id, call=call)
         env = ctx.seal_to(party.name, MessageKind.data_transfer, leg.task_id, leg.data_id, req.model_dump(mode="json"),
@@ -111,16 +207,15 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
                 async with party_slots[party.name]:
                     async with app.state.http.stream(
                             "POST", f"{party.endpoint}/v1/transfer", content=env.model_dump_json(),
-                            headers={"content-type": "application/json"}, timeout=timeout_s) as resp:
+                            headers={"content-type": "application/json"}, timeout=timeout_s,
+                            extensions=expect(party.name, "party")) as resp:
                         if resp.status_code != 200:
                             text = (await _read_capped(resp, 4096)).decode(errors="replace")
                             return LegRun(LegOutcome.rejected, f"party {party.name!r} refused ({resp.status_code}): {text[:300]}")
                         if resp.headers.get("content-type", "").startswith(STREAM_MEDIA_TYPE):
-                            return await _relay_stream(leg, party.name, resp)
-                        return _reseal(leg, party.name, await _read_capped(resp, cfg.max_body_bytes))
-        except TimeoutError:
-            return LegRun(LegOutcome.timeout, f"party {party.name!r} did not answer within {timeout_s:.1f}s")
-        except httpx.TimeoutException:
+                            return await _relay_stream(leg, resp)
+                        return _check_inline(leg, await _read_capped(resp, cfg.max_body_bytes))
+        except (TimeoutError, httpx.TimeoutException):
             return LegRun(LegOutcome.timeout, f"party {party.name!r} did not answer within {timeout_s:.1f}s")
         except httpx.TransportError as exc:
             return LegRun(LegOutcome.party_unavailable, f"party {party.name!r} unreachable: {type(exc).__name__}")
@@ -130,40 +225,48 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
         except ValueError as exc:
             return LegRun(LegOutcome.rejected, f"result from {party.name!r} is not an envelope: {str(exc)[:200]}")
 
-    def _open_result(leg: Leg, party: str, raw: bytes) -> TransferPayload:
+    def _open_result(leg: Leg, raw: bytes) -> TransferPayload:
         """Authenticate a party's (opening) result envelope; it must come from the leg's own party."""
         sender, payload = ctx.gate.open(Envelope.model_validate_json(raw), MessageKind.transfer_result, {"party"},
-                                        TransferPayload)
+                                        TransferPayload, check_peer=False)  # the TLS server name was checked
         if sender.name != leg.party:
             raise EnvelopeError(403, f"result signed by {sender.name!r} for a leg owned by {leg.party!r}")
         if not payload.ok:
-            raise EnvelopeError(400, f"party {party!r}: {payload.error}")
+            raise EnvelopeError(400, f"party {leg.party!r}: {payload.error}")
+        if payload.attestation is None:
+            raise EnvelopeError(400, f"result from {leg.party!r} carries no attestation")
+        verify_attestation(payload.attestation, ctx.roster[leg.party], leg.task_id, leg.data_id)
         return payload
 
-    def _reseal(leg: Leg, party: str, raw: bytes) -> LegRun:
-        payload = _open_result(leg, party, raw)
-        if payload.stream is not None:
-            raise EnvelopeError(400, "a stream opening arrived without its chunks")
-        out = ctx.seal_to(initiator.name, MessageKind.task_result, leg.task_id, leg.data_id,
-                          {"party": party, "result": payload.result}, ttl_s=RESULT_TTL_S)
-        return LegRun(LegOutcome.result, "", out.model_dump_json())
+    def _check_inline(leg: Leg, raw: bytes) -> LegRun:
+        payload = _open_result(leg, raw)
+        att = payload.attestation
+        assert att is not None
+        if payload.stream is not None or payload.result_text is None:
+            raise EnvelopeError(400, "an inline result without its text")
+        data = payload.result_text.encode()
+        if hashlib.sha256(data).hexdigest() != att.body.sha256 or len(data) != att.body.size:
+            raise EnvelopeError(422, "result text does not match the party's attested digest")
+        return LegRun(LegOutcome.result, "", result_text=payload.result_text, attestation=att)
 
-    async def _relay_stream(leg: Leg, party: str, resp: httpx.Response) -> LegRun:
-        """Decrypt the party's chunks one at a time and re-encrypt each to the initiator under a fresh
+    async def _relay_stream(leg: Leg, resp: httpx.Response) -> LegRun:
+        """Decrypt the party's chunks one at a time and re-encrypt each to the owner under a fresh
         key, spooling only ciphertext to disk; the plaintext is never held whole. The spool file is
         fsynced before the caller records the outcome (persist before acknowledging)."""
         frames = aframes(resp.aiter_bytes())
         first = await anext(frames, None)
         if first is None:
             raise EnvelopeError(400, "empty stream")
-        info = _open_result(leg, party, first).stream
-        if info is None:
+        payload = _open_result(leg, first)
+        info, att = payload.stream, payload.attestation
+        if info is None or att is None:
             raise EnvelopeError(400, "stream without a stream opening")
+        if att.body.sha256 != info.sha256 or att.body.size != info.total_bytes:
+            raise EnvelopeError(422, "stream opening does not match the party's attested digest")
         opener = ChunkOpener(info, Envelope.model_validate_json(first).header.msg_id, cfg.max_result_bytes)
         out_key = os.urandom(32)
-        header = make_header(ctx.me.name, initiator.name, MessageKind.task_result.value, leg.task_id, leg.data_id,
-                             RESULT_TTL_S, now=ctx.clock())
-        sealer = ChunkSealer(out_key, header.msg_id)
+        stream_id = os.urandom(16).hex()
+        sealer = ChunkSealer(out_key, stream_id)
         path = spool_path(leg.task_id, leg.data_id)
         path.parent.mkdir(parents=True, exist_ok=True)
         part = path.with_name(path.name + ".part")
@@ -179,17 +282,16 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
         finally:
             part.unlink(missing_ok=True)
         out_info = StreamInfo(key=b64e(out_key), total_bytes=info.total_bytes, sha256=info.sha256,
-                              chunk_bytes=info.chunk_bytes)
-        out = seal(ctx.me, ctx.roster[initiator.name], header, {"party": party, "result": None, "stream": out_info.model_dump()})
-        return LegRun(LegOutcome.result, "", out.model_dump_json(), info.total_bytes)
+                              chunk_bytes=info.chunk_bytes, stream_id=stream_id)
+        return LegRun(LegOutcome.result, "", stream=out_info, attestation=att, stream_bytes=info.total_bytes)
 
-    async def _dispatch(leg: Leg, call: RuleCall, timeout_s: float) -> Leg:
-        """Run one leg and commit its one outcome; returns the finished leg.
+    async def _dispatch(task: Task, leg: Leg, call: RuleCall, timeout_s: float) -> Leg:
+        """Journal the leg as dispatched, run it, commit its one outcome; returns the finished leg.
 
-        Nothing is written when the leg goes out (a leg without an outcome is simply dispatched
-        again by the next data receive request, also after a crash), so the in-flight gauge lives
-        in memory: one commit fewer per leg on the hot path.
+        After a crash between the journal entry and the outcome the leg is sent again; the party
+        answers a repeated transfer from its own once-only record, so the rule runs once.
         """
+        table.mark_dispatched(leg.task_id, leg.data_id)
         inflight["legs"] += 1
         try:
             run = await _run_leg(leg, call, timeout_s)
@@ -197,15 +299,48 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
             run = LegRun(LegOutcome.rejected, f"gateway error on this leg: {type(exc).__name__}")
         finally:
             inflight["legs"] -= 1
-        if table.record_outcome(leg.task_id, leg.data_id, run.outcome.value, run.detail, run.result_json, run.stream_bytes):
-            return replace(leg, state="done", outcome=run.outcome.value, detail=run.detail, result_json=run.result_json,
-                           stream_bytes=run.stream_bytes)
-        return table.legs(leg.task_id)[leg.data_id]  # someone else recorded it first: theirs stands
+        return _finish(task, leg, run)
+
+    async def _settle(task: Task, leg: Leg, req: DataReceive) -> SettledLeg:
+        """A leg's recorded outcome, running it if it can run; a leg whose party has not reported
+        yet waits up to the leg timeout, then answers a provisional `party_unavailable` (sealed,
+        not recorded) until the task's deadline makes it final."""
+        if leg.outcome is None and leg.state == "assigned":
+            event = reported.setdefault((leg.task_id, leg.data_id), asyncio.Event())
+            try:
+                await asyncio.wait_for(event.wait(), timeout=min(req.leg_timeout_s, max(0.0, task.deadline_at - time.time())))
+            except TimeoutError:
+                pass
+            finally:
+                reported.pop((leg.task_id, leg.data_id), None)
+            leg = table.legs(leg.task_id)[leg.data_id]
+            if leg.outcome is None and leg.state == "assigned":
+                run = LegRun(LegOutcome.party_unavailable, f"party {leg.party!r} has not reported an executor for this "
+                                                           "leg (its task creation failed or has not reached the gateway)")
+                if time.time() >= task.deadline_at:
+                    return SettledLeg(_finish(task, leg, run))
+                return SettledLeg(leg, _seal_outcome(task, leg, run, final=False))
+        if leg.outcome is None:
+            if time.time() >= task.deadline_at:
+                return SettledLeg(_finish(task, leg, LegRun(LegOutcome.timeout, "the task's deadline passed before this leg ran")))
+            call = RuleCall.model_validate(leg.call)
+            timeout_s = min(req.leg_timeout_s, task.deadline_at - time.time())
+            return SettledLeg(await _dispatch(task, leg, call, timeout_s))
+        return SettledLeg(leg)
 
     @app.post("/v1/receive", response_model=TaskResult)
-    async def receive(env: Envelope) -> Response:
-        _sender, req = ctx.gate.open(env, MessageKind.data_receive, {"initiator"}, DataReceive)
-        ctx.count(MessageKind.data_receive)
+    async def receive(request: Request) -> Response:
+        sender, req = await _open(request, MessageKind.data_receive, {"initiator"}, DataReceive)
+        task = _owned(req.task_id, sender)
+        data_ids = list(dict.fromkeys(req.data_ids))
+        legs = table.legs(req.task_id)
+        missing = [d for d in data_ids if d not in legs]
+        if missing:
+            raise HTTPException(400, f"data id(s) {missing} are not legs of task {req.task_id!r}")
+        changed = [d for d, call in req.calls.items() if d in legs and call.model_dump(mode="json") != legs[d].call]
+        if changed:
+            raise HTTPException(400, f"data id(s) {changed}: a leg's rule is fixed when its task is created; "
+                                     "create a new task to run another rule")
         if inflight["tasks"] >= cfg.max_inflight_tasks or task_backlog.get(req.task_id, 0) >= cfg.task_queue_depth:
             raise HTTPException(429, "gateway busy: too many tasks in flight; retry later", headers={"Retry-After": "1"})
         inflight["tasks"] += 1
@@ -214,18 +349,7 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
             lock = task_locks.setdefault(req.task_id, asyncio.Lock())
             async with lock:
                 legs = table.legs(req.task_id)
-                todo: list[Leg] = []
-                for data_id in dict.fromkeys(req.data_ids):
-                    leg = legs.get(data_id)
-                    if leg is None:
-                        table.mark_unrouted(req.task_id, data_id)
-                        legs[data_id] = table.legs(req.task_id)[data_id]
-                    elif leg.outcome is None:
-                        todo.append(leg)
-                if todo:
-                    done = await asyncio.gather(*(_dispatch(leg, req.calls.get(leg.data_id) or RuleCall.model_validate(leg.call),
-                                                            req.leg_timeout_s) for leg in todo))
-                    legs.update({leg.data_id: leg for leg in done})
+                settled = await asyncio.gather(*(_settle(task, legs[d], req) for d in data_ids))
         finally:
             inflight["tasks"] -= 1
             task_backlog[req.task_id] -= 1
@@ -233,19 +357,18 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
                 task_backlog.pop(req.task_id, None)
                 task_locks.pop(req.task_id, None)
         out = []
-        for data_id in dict.fromkeys(req.data_ids):
-            leg = legs[data_id]
-            envelope = Envelope.model_validate_json(leg.result_json) if leg.result_json else None
-            out.append(LegResult(data_id=data_id, party=leg.party, outcome=LegOutcome(leg.outcome), detail=leg.detail,
-                                 envelope=envelope, stream_bytes=leg.stream_bytes))
+        for data_id, one in zip(data_ids, settled):
+            envelope = one.provisional or one.leg.envelope_json
+            assert envelope is not None  # every recorded outcome carries its sealed envelope
+            out.append(LegResult(data_id=data_id, envelope=Envelope.model_validate_json(envelope)))
         # Serialised here: FastAPI would validate the (already strict) model again on the way out.
         return Response(TaskResult(task_id=req.task_id, legs=out).model_dump_json(), media_type="application/json")
 
     @app.post("/v1/results")
-    async def fetch_result(env: Envelope) -> StreamingResponse:
+    async def fetch_result(request: Request) -> StreamingResponse:
         """The chunk frames of one streamed result, read from the spool file a block at a time."""
-        _sender, req = ctx.gate.open(env, MessageKind.result_fetch, {"initiator"}, ResultFetch)
-        ctx.count(MessageKind.result_fetch)
+        sender, req = await _open(request, MessageKind.result_fetch, {"initiator"}, ResultFetch)
+        _owned(req.task_id, sender)
         leg = table.legs(req.task_id).get(req.data_id)
         path = spool_path(req.task_id, req.data_id)
         if leg is None or leg.outcome != LegOutcome.result.value or leg.stream_bytes is None or not path.is_file():
@@ -259,8 +382,13 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
         return StreamingResponse(blocks(), media_type=STREAM_MEDIA_TYPE)
 
     @app.get("/v1/health")
-    async def health() -> dict[str, Any]:
-        return {"name": cfg.name, "role": "gateway", "legs": table.count(), "in_flight_legs": inflight["legs"],
-                "in_flight_tasks": inflight["tasks"], "handled": dict(ctx.handled), "rejected": dict(ctx.gate.rejected)}
+    async def health(request: Request) -> dict[str, Any]:
+        """Liveness for every member; the counters only for the operator identity (item 8)."""
+        out: dict[str, Any] = {"name": cfg.name, "role": "gateway", "ok": True}
+        peer = request_peer(request)
+        if peer is not None and peer.role == "operator":
+            out.update(legs=table.count(), in_flight_legs=inflight["legs"], in_flight_tasks=inflight["tasks"],
+                       handled=dict(ctx.handled), rejected=dict(ctx.gate.rejected))
+        return out
 
     return app

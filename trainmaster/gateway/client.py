@@ -1,14 +1,23 @@
-"""The initiator: creates a task's legs at the parties, then fetches every result via the gateway.
+"""The initiator: creates a task at the gateway and its legs at the parties, then fetches every
+result via the gateway.
 
-It talks to each party once (task creation) and to the gateway once per fetch; every result comes
-back sealed by the gateway to the initiator, and is verified and decrypted here.
+Every leg's outcome comes back sealed to this initiator and signed by the gateway as a whole
+(item 7); a result must also carry the attestation of the very party this initiator assigned the
+leg to, over the result's digest (item 1), and the party printed is the one that signed. Calls
+that fail because a service is down or busy are retried with backoff until the task's deadline,
+with one line per retry on stderr instead of a traceback. A streamed result goes to a file, a
+chunk at a time, so memory stays bounded whatever its size.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,16 +26,19 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trainmaster.errors import UserError
-from trainmaster.gateway.crypto import EnvelopeError, make_header, seal
+from trainmaster.gateway.crypto import EnvelopeError, make_header, seal, verify_attestation
 from trainmaster.gateway.gate import EnvelopeGate
 from trainmaster.gateway.models import (
-    ID_PATTERN, DataReceive, MessageKind, ResultFetch, RuleCall, TaskCreate, TaskResult,
+    ID_PATTERN, DataReceive, LegAssignment, LegOutcomePayload, MessageKind, ResultFetch, RuleCall, TaskCancel,
+    TaskCreate, TaskRegister, TaskResult,
 )
 from trainmaster.gateway.provision import ServiceConfig, load_identity, load_roster
 from trainmaster.gateway.routing import SeenTable
-from trainmaster.gateway.service import client_ssl_context
+from trainmaster.gateway.service import client_ssl_context, expect
 from trainmaster.gateway.stream import MEDIA_TYPE as STREAM_MEDIA_TYPE
 from trainmaster.gateway.stream import ChunkOpener, FrameSplitter, StreamInfo
+
+RETRY_STATUSES = (429, 502, 503, 504)
 
 
 class LegSpec(BaseModel):
@@ -58,110 +70,226 @@ def load_task(path: str | Path) -> TaskSpec:
 
 
 class Initiator:
-    def __init__(self, cfg: ServiceConfig, timeout_s: float = 60.0):
+    def __init__(self, cfg: ServiceConfig, timeout_s: float = 60.0, results_dir: str | Path | None = None,
+                 log: Callable[[str], None] | None = None):
         self.cfg = cfg
         self.me = load_identity(cfg)
         self.roster = load_roster(cfg.roster)
         self.gateway = next(p for p in self.roster.values() if p.role == "gateway")
-        # Per-run seen table: a result fetched twice in one run is delivered once.
         self.gate = EnvelopeGate(self.me, self.roster, SeenTable("sqlite://"), cfg.skew_s)
         self.http = httpx.Client(verify=client_ssl_context(cfg), timeout=timeout_s)
+        self.results_dir = Path(results_dir) if results_dir else Path(cfg.state_dir) / "results"
+        self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.assigned: dict[str, dict[str, str]] = {}
+        """task id -> data id -> the party this initiator assigned it to (what results are checked against)."""
 
     def close(self) -> None:
         self.http.close()
 
-    def _post(self, url: str, recipient: str, kind: MessageKind, task_id: str, data_id: str, payload: BaseModel,
+    def _post(self, name: str, path: str, kind: MessageKind, task_id: str, data_id: str, payload: BaseModel,
               ttl_s: float = 120.0) -> httpx.Response:
-        header = make_header(self.me.name, recipient, kind.value, task_id, data_id, ttl_s)
-        env = seal(self.me, self.roster[recipient], header, payload.model_dump(mode="json"))
-        return self.http.post(url, content=env.model_dump_json(), headers={"content-type": "application/json"})
+        peer = self.roster[name]
+        header = make_header(self.me.name, name, kind.value, task_id, data_id, ttl_s)
+        env = seal(self.me, peer, header, payload.model_dump(mode="json"))
+        return self.http.post(f"{peer.endpoint}{path}", content=env.model_dump_json(),
+                              headers={"content-type": "application/json"}, extensions=expect(name, peer.role))
 
-    def create_leg(self, task_id: str, leg: LegSpec, deadline_s: float = 300.0) -> dict[str, Any]:
+    def _post_retrying(self, name: str, path: str, kind: MessageKind, task_id: str, data_id: str, payload: BaseModel,
+                       deadline: float, what: str, retry_statuses: tuple[int, ...] = RETRY_STATUSES) -> httpx.Response:
+        """POST (a fresh envelope each time), retrying while ``name`` is unreachable or busy, with
+        exponential backoff, until ``deadline`` (epoch seconds); one stderr line per retry."""
+        delay, attempt = 0.25, 0
+        while True:
+            attempt += 1
+            try:
+                resp = self._post(name, path, kind, task_id, data_id, payload)
+                if resp.status_code not in retry_statuses:
+                    return resp
+                why = f"busy ({resp.status_code})"
+            except httpx.TransportError as exc:
+                why = f"unreachable ({type(exc).__name__})"
+            left = deadline - time.time()
+            if left <= delay:
+                raise UserError(f"{what}: {name} at {self.roster[name].endpoint} stayed {why} until the task's "
+                                f"deadline ({attempt} attempts)", details=[f"is the {self.roster[name].role} running?"],
+                                exit_code=3)
+            self.log(f"{what}: {name} {why}; retrying in {delay:.1f}s (attempt {attempt}, {left:.0f}s to the deadline)")
+            time.sleep(delay)
+            delay = min(delay * 2, 8.0)
+
+    def register_task(self, task_id: str, legs: list[LegSpec], deadline_s: float = 300.0,
+                      deadline: float | None = None) -> bool:
+        """Create the task at the gateway (owner: this initiator); True if new, False for a retry of
+        the same task. A task id used before for anything else is refused (exit 2)."""
+        req = TaskRegister(task_id=task_id, legs=[LegAssignment(data_id=leg.data_id, party=leg.party,
+                                                                call=RuleCall(rule=leg.rule, params=leg.params))
+                                                  for leg in legs], deadline_s=deadline_s)
+        resp = self._post_retrying(self.gateway.name, "/v1/tasks", MessageKind.task_register, task_id, "*", req,
+                                   deadline or time.time() + deadline_s, f"creating task {task_id!r} at the gateway",
+                                   retry_statuses=(502, 503, 504))  # 429 here is a cap on open legs: say so
+        if resp.status_code not in (200, 201):
+            raise UserError(f"the gateway refused task {task_id!r} ({resp.status_code}): {_detail(resp)}")
+        self.assigned[task_id] = {leg.data_id: leg.party for leg in legs}
+        return resp.status_code == 201
+
+    def create_leg(self, task_id: str, leg: LegSpec, deadline_s: float = 300.0,
+                   retry_until: float | None = None) -> dict[str, Any]:
+        """Ask the leg's party to start its executor; 201 (reported) and 202 (report pending) are ok.
+        With ``retry_until`` (epoch seconds) an unreachable or busy party is retried until then."""
         party = self.roster.get(leg.party)
         if party is None or party.role != "party" or not party.endpoint:
             raise UserError(f"party {leg.party!r} is not in the roster")
         req = TaskCreate(task_id=task_id, party=leg.party, data_id=leg.data_id,
                          call=RuleCall(rule=leg.rule, params=leg.params), deadline_s=deadline_s)
         try:
-            resp = self._post(f"{party.endpoint}/v1/tasks", party.name, MessageKind.task_create, task_id, leg.data_id, req)
+            if retry_until is None:
+                resp = self._post(party.name, "/v1/tasks", MessageKind.task_create, task_id, leg.data_id, req)
+            else:
+                resp = self._post_retrying(party.name, "/v1/tasks", MessageKind.task_create, task_id, leg.data_id, req,
+                                           retry_until, f"creating leg {leg.data_id!r} at party {leg.party!r}",
+                                           retry_statuses=(503,))  # busy (executor cap); a 504 is an outcome
         except httpx.TransportError as exc:
             return {"ok": False, "status": 0, "detail": f"party {leg.party!r} unreachable: {type(exc).__name__}"}
-        return {"ok": resp.status_code == 201, "status": resp.status_code, "detail": resp.json().get("detail", "")
-                if resp.headers.get("content-type", "").startswith("application/json") else resp.text[:300]}
+        except UserError as exc:
+            return {"ok": False, "status": 0, "detail": exc.message}
+        return {"ok": resp.status_code in (201, 202), "status": resp.status_code, "detail": _detail(resp)}
+
+    def create_task(self, task_id: str, legs: list[LegSpec], deadline_s: float = 300.0) -> dict[str, dict[str, Any]]:
+        """Create the task at the gateway, then every leg at its party."""
+        self.register_task(task_id, legs, deadline_s)
+        return {leg.data_id: self.create_leg(task_id, leg, deadline_s) for leg in legs}
+
+    def cancel(self, task_id: str) -> list[str]:
+        resp = self._post(self.gateway.name, "/v1/cancel", MessageKind.task_cancel, task_id, "*",
+                          TaskCancel(task_id=task_id))
+        if resp.status_code != 200:
+            raise UserError(f"the gateway refused to cancel task {task_id!r} ({resp.status_code}): {_detail(resp)}")
+        return list(resp.json()["cancelled"])
 
     def receive(self, task_id: str, data_ids: list[str], leg_timeout_s: float = 30.0,
-                calls: dict[str, RuleCall] | None = None) -> dict[str, dict[str, Any]]:
-        """Fetch results via the gateway; retries on 429 with a bounded backoff."""
+                calls: dict[str, RuleCall] | None = None, deadline: float | None = None,
+                parties: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+        """Fetch and verify results via the gateway; retries while it is down or busy (until ``deadline``).
+
+        ``parties`` (data id -> party) is needed only by an initiator that did not create the task
+        in this run (after a crash): results are checked against the party each leg was assigned to.
+        """
+        if parties:
+            self.assigned.setdefault(task_id, {}).update(parties)
         req = DataReceive(task_id=task_id, data_ids=data_ids, leg_timeout_s=leg_timeout_s, calls=calls or {})
-        for attempt in range(8):
-            resp = self._post(f"{self.gateway.endpoint}/v1/receive", self.gateway.name, MessageKind.data_receive,
-                              task_id, "*", req)
-            if resp.status_code != 429:
-                break
-            time.sleep(min(2.0, 0.1 * 2**attempt))
+        resp = self._post_retrying(self.gateway.name, "/v1/receive", MessageKind.data_receive, task_id, "*", req,
+                                   deadline or time.time() + leg_timeout_s + 60, f"fetching results of task {task_id!r}")
         if resp.status_code != 200:
-            raise UserError(f"gateway refused the data receive request ({resp.status_code}): {resp.text[:300]}")
+            raise UserError(f"gateway refused the data receive request ({resp.status_code}): {_detail(resp)}")
         result = TaskResult.model_validate_json(resp.content)
         out: dict[str, dict[str, Any]] = {}
         for leg in result.legs:
-            entry: dict[str, Any] = {"party": leg.party, "outcome": leg.outcome.value}
-            if leg.envelope is not None:
-                try:
-                    _s, payload = self.gate.open(leg.envelope, MessageKind.task_result, {"gateway"}, _ResultPayload)
-                    if leg.envelope.header.data_id != leg.data_id or leg.envelope.header.task_id != task_id:
-                        raise EnvelopeError(400, "result envelope is for another task leg")
-                    result = payload.result
-                    if payload.stream is not None:
-                        result = self.fetch_stream(task_id, leg.data_id, payload.stream, leg.envelope.header.msg_id)
-                    entry["result"] = result
-                except EnvelopeError as exc:
-                    entry.update(outcome="rejected", detail=f"result refused at the initiator: {exc.reason}")
-                except httpx.HTTPError as exc:
-                    entry.update(outcome="rejected", detail=f"result stream could not be fetched: {type(exc).__name__}")
-            else:
-                entry["detail"] = leg.detail
-            out[leg.data_id] = entry
+            try:
+                out[leg.data_id] = self._verify_leg(task_id, leg.data_id, leg.envelope)
+            except EnvelopeError as exc:
+                out[leg.data_id] = {"party": None, "outcome": "rejected", "final": True,
+                                    "detail": f"result refused at the initiator: {exc.reason}"}
+            except httpx.HTTPError as exc:
+                out[leg.data_id] = {"party": None, "outcome": "rejected", "final": False,
+                                    "detail": f"result stream could not be fetched: {type(exc).__name__}"}
         return out
 
-    def fetch_stream(self, task_id: str, data_id: str, info: StreamInfo, stream_id: str) -> dict[str, Any]:
-        """Pull a streamed result's chunks from the gateway and check them against the signed opening.
+    def _verify_leg(self, task_id: str, data_id: str, envelope: Any) -> dict[str, Any]:
+        """One leg's outcome, believed only as far as signatures go (items 1 and 7)."""
+        _s, p = self.gate.open(envelope, MessageKind.task_result, {"gateway"}, LegOutcomePayload, check_peer=False,
+                               once=False)
+        if (p.task_id, p.data_id) != (task_id, data_id) or envelope.header.data_id != data_id:
+            raise EnvelopeError(400, "outcome envelope is for another task leg")
+        entry: dict[str, Any] = {"party": p.party, "outcome": p.outcome.value, "final": p.final}
+        if p.outcome.value != "result":
+            entry["detail"] = p.detail
+            return entry
+        expected = self.assigned.get(task_id, {}).get(data_id)
+        if expected is None or p.attestation is None:
+            raise EnvelopeError(403, "a result for a leg this initiator did not assign, or without its party's attestation")
+        verify_attestation(p.attestation, self.roster[expected], task_id, data_id)
+        entry["party"] = p.attestation.body.party  # the signed party, not a field the gateway could change
+        if p.stream is not None:
+            info = StreamInfo.model_validate(p.stream)
+            if info.sha256 != p.attestation.body.sha256 or info.total_bytes != p.attestation.body.size:
+                raise EnvelopeError(422, "stream opening does not match the party's attested digest")
+            entry["result_file"] = str(self.fetch_stream(task_id, data_id, info))
+            return entry
+        text = (p.result_text or "").encode()
+        if hashlib.sha256(text).hexdigest() != p.attestation.body.sha256 or len(text) != p.attestation.body.size:
+            raise EnvelopeError(422, "result does not match the digest its party signed")
+        entry["result"] = json.loads(text)
+        return entry
 
-        Chunks are decrypted one at a time; only the result itself is assembled (the caller wants it
-        as a dict). Raises :class:`EnvelopeError` on a truncated, reordered or tampered stream.
+    def fetch_stream(self, task_id: str, data_id: str, info: StreamInfo) -> Path:
+        """Pull a streamed result's chunks from the gateway into ``results_dir/<task>/<data id>.json``.
+
+        Chunks are decrypted and written one at a time (memory stays at about one chunk); the file
+        appears only whole and checked (written as ``.part``, renamed at the end, removed on any
+        failure). Raises :class:`EnvelopeError` on a truncated, reordered or tampered stream.
         """
-        opener = ChunkOpener(info, stream_id, self.cfg.max_result_bytes)
+        if info.stream_id is None:
+            raise EnvelopeError(400, "stream opening without a stream id")
+        opener = ChunkOpener(info, info.stream_id, self.cfg.max_result_bytes)
         splitter = FrameSplitter()
-        out = bytearray()
+        path = self.results_dir / task_id / f"{data_id}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        part = path.with_name(path.name + ".part")
         header = make_header(self.me.name, self.gateway.name, MessageKind.result_fetch.value, task_id, data_id, 120.0)
         env = seal(self.me, self.gateway, header, ResultFetch(task_id=task_id, data_id=data_id).model_dump(mode="json"))
-        with self.http.stream("POST", f"{self.gateway.endpoint}/v1/results", content=env.model_dump_json(),
-                              headers={"content-type": "application/json"}) as resp:
-            if resp.status_code != 200 or not resp.headers.get("content-type", "").startswith(STREAM_MEDIA_TYPE):
-                resp.read()
-                raise EnvelopeError(502, f"gateway did not send the result stream ({resp.status_code}): {resp.text[:300]}")
-            for data in resp.iter_bytes():
-                for body in splitter.feed(data):
-                    out += opener.open(body)[0]
-        splitter.close()
-        opener.finish()
         try:
-            return json.loads(out)
-        except json.JSONDecodeError as exc:
-            raise EnvelopeError(422, "streamed result is not JSON") from exc
+            with self.http.stream("POST", f"{self.gateway.endpoint}/v1/results", content=env.model_dump_json(),
+                                  headers={"content-type": "application/json"},
+                                  extensions=expect(self.gateway.name, "gateway")) as resp, part.open("wb") as fh:
+                if resp.status_code != 200 or not resp.headers.get("content-type", "").startswith(STREAM_MEDIA_TYPE):
+                    resp.read()
+                    raise EnvelopeError(502, f"gateway did not send the result stream ({resp.status_code}): {resp.text[:300]}")
+                for data in resp.iter_bytes():
+                    for body in splitter.feed(data):
+                        fh.write(opener.open(body)[0])
+                splitter.close()
+                opener.finish()
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(part, path)
+        finally:
+            part.unlink(missing_ok=True)
+        return path
 
     def run_task(self, spec: TaskSpec) -> dict[str, Any]:
+        """Create the task and its legs, then fetch results until every leg is final or the
+        task's deadline passes (a leg whose party has not reported yet is asked for again)."""
         task_id = spec.task_id or uuid.uuid4().hex[:16]
-        created = {leg.data_id: self.create_leg(task_id, leg, spec.deadline_s) for leg in spec.legs}
-        results = self.receive(task_id, [leg.data_id for leg in spec.legs], spec.leg_timeout_s)
+        deadline = time.time() + spec.deadline_s
+        self.register_task(task_id, spec.legs, spec.deadline_s, deadline)
+        # Parties are retried for a bounded share of the deadline, so the others' results still come back.
+        retry_until = time.time() + min(60.0, spec.deadline_s / 2)
+        created = {leg.data_id: self.create_leg(task_id, leg, spec.deadline_s, retry_until) for leg in spec.legs}
+        waiting = [leg.data_id for leg in spec.legs]
+        results: dict[str, dict[str, Any]] = {}
+        delay = 0.5
+        while waiting:
+            got = self.receive(task_id, waiting, spec.leg_timeout_s, deadline=deadline)
+            results.update(got)
+            waiting = [d for d in waiting if not got[d]["final"] and created[d]["ok"]]
+            if waiting and time.time() + delay < deadline:
+                self.log(f"task {task_id!r}: {len(waiting)} leg(s) not final yet; asking again in {delay:.1f}s")
+                time.sleep(delay)
+                delay = min(delay * 2, 8.0)
+            else:
+                break
         for data_id, c in created.items():
+            results[data_id].pop("final", None)
             if not c["ok"] and results[data_id]["outcome"] != "result":
-                results[data_id].setdefault("detail", "")
-                results[data_id]["detail"] = (results[data_id]["detail"] + f"; task creation: {c['detail']}").strip("; ")
+                detail = results[data_id].get("detail", "")
+                results[data_id]["detail"] = (detail + f"; task creation: {c['detail']}").strip("; ")
         return {"task_id": task_id, "legs": results}
 
 
-class _ResultPayload(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    party: str
-    result: dict[str, Any] | None
-    stream: StreamInfo | None = None
+def _detail(resp: httpx.Response) -> str:
+    if resp.headers.get("content-type", "").startswith("application/json"):
+        try:
+            return str(resp.json().get("detail", ""))
+        except (ValueError, AttributeError):
+            pass
+    return resp.text[:300]

@@ -24,11 +24,12 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from trainmaster.gateway.models import Envelope, Header
+from trainmaster.gateway.models import Envelope, Header, LegAttestation, SignedAttestation
 
 PROTOCOL_VERSION = 1
 _SIGN_DOMAIN = b"trainmaster-gateway/v1/sign\x00"
 _KDF_INFO = b"trainmaster-gateway/v1/aead"
+_ATTEST_DOMAIN = b"trainmaster-gateway/v1/attest\x00"
 MAX_PAYLOAD_BYTES = 96 * 1024 * 1024
 
 
@@ -150,7 +151,10 @@ def decrypt(envelope: Envelope, recipient: Identity) -> dict[str, Any]:
     eph_pub = b64d(envelope.eph_pub)
     if len(eph_pub) != 32:
         raise EnvelopeError(400, "ephemeral key must be 32 bytes")
-    shared = recipient.enc_key.exchange(X25519PublicKey.from_public_bytes(eph_pub))
+    try:
+        shared = recipient.enc_key.exchange(X25519PublicKey.from_public_bytes(eph_pub))
+    except ValueError as exc:  # a low-order point (e.g. all zeros) gives an all-zero shared secret
+        raise EnvelopeError(400, "ephemeral key is a low-order point (no shared secret); refused") from exc
     key = _derive_key(shared, eph_pub, raw_public(recipient.enc_key.public_key()))
     try:
         plaintext = AESGCM(key).decrypt(b64d(envelope.nonce), b64d(envelope.ciphertext), canonical_header(envelope.header))
@@ -165,3 +169,26 @@ def decrypt(envelope: Envelope, recipient: Identity) -> dict[str, Any]:
     if not isinstance(payload, dict):
         raise EnvelopeError(422, "payload must be a JSON object")
     return payload
+
+
+def _attest_bytes(body: LegAttestation) -> bytes:
+    return _ATTEST_DOMAIN + json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":")).encode()
+
+
+def attest(party: Identity, body: LegAttestation) -> SignedAttestation:
+    """A party's signature over (task, data id, party, result digest and size)."""
+    if body.party != party.name:
+        raise ValueError("an attestation names its signer")
+    return SignedAttestation(body=body, signature=b64e(party.sign_key.sign(_attest_bytes(body))))
+
+
+def verify_attestation(signed: SignedAttestation, party: PublicIdentity, task_id: str, data_id: str) -> None:
+    """Refuse unless ``party`` signed this attestation for exactly this task and data id."""
+    b = signed.body
+    if b.party != party.name or b.task_id != task_id or b.data_id != data_id:
+        raise EnvelopeError(403, f"result attested by {b.party!r} for leg ({b.task_id}, {b.data_id}); expected "
+                                 f"{party.name!r} for ({task_id}, {data_id})")
+    try:
+        party.sign_pub.verify(b64d(signed.signature), _attest_bytes(b))
+    except InvalidSignature as exc:
+        raise EnvelopeError(401, f"attestation is not signed by party {party.name!r}") from exc

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 from trainmaster.gateway.crypto import EnvelopeError, Identity, PublicIdentity, decrypt, verify
 from trainmaster.gateway.models import Envelope, MessageKind
 from trainmaster.gateway.routing import SeenTable
+from trainmaster.gateway.tlsid import PeerIdentity
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -34,8 +35,16 @@ class EnvelopeGate:
         self.rejected[status] = self.rejected.get(status, 0) + 1
         return EnvelopeError(status, reason)
 
-    def open(self, env: Envelope, kind: MessageKind, sender_roles: set[str], model: type[M]) -> tuple[PublicIdentity, M]:
-        """Authenticate, de-duplicate and decrypt ``env``; return the sender and the parsed payload."""
+    def open(self, env: Envelope, kind: MessageKind, sender_roles: set[str], model: type[M],
+             peer: PeerIdentity | None = None, check_peer: bool = True, once: bool = True) -> tuple[PublicIdentity, M]:
+        """Authenticate, de-duplicate and decrypt ``env``; return the sender and the parsed payload.
+
+        A service passes the connection's verified TLS ``peer``: the envelope's sender must be that
+        very identity with that role (item 6), so one member's channel cannot carry another's
+        signed messages. Only the initiator, which opens what its own gateway relays, passes
+        ``check_peer=False``, and ``once=False`` for a leg's stored outcome, which is the same
+        envelope each time it is fetched (what it is bound to, task and data id, is checked instead).
+        """
         h = env.header
         if h.kind != kind:
             raise self._refuse(400, f"expected a {kind.value} message, got {h.kind.value}")
@@ -46,6 +55,10 @@ class EnvelopeGate:
             raise self._refuse(403, f"unknown sender {h.sender!r}: not in the roster")
         if sender.role not in sender_roles:
             raise self._refuse(403, f"sender {h.sender!r} (role {sender.role}) may not send {kind.value}")
+        if check_peer and (peer is None or peer.name != sender.name or peer.role != sender.role):
+            got = f"{peer.name!r} (role {peer.role})" if peer else "no trainmaster identity"
+            raise self._refuse(403, f"message from {h.sender!r} arrived over a TLS connection of {got}; "
+                                    "each member sends only its own messages, with its own certificate")
         try:
             verify(env, sender)
         except EnvelopeError as exc:
@@ -55,7 +68,7 @@ class EnvelopeGate:
             raise self._refuse(401, f"message issued {h.issued_at - now:.1f}s in the future (skew window {self.skew_s}s)")
         if now > h.expires_at + self.skew_s or h.expires_at - h.issued_at > MAX_TTL_S or h.expires_at < h.issued_at:
             raise self._refuse(401, "message expired or outside the accepted window")
-        if not self.seen.first_sighting(h.msg_id, h.sender, h.expires_at, now, self.skew_s):
+        if once and not self.seen.first_sighting(h.msg_id, h.sender, h.expires_at, now, self.skew_s):
             raise self._refuse(409, f"replayed message {h.msg_id}")
         try:
             payload = decrypt(env, self.me)

@@ -79,9 +79,11 @@ def wait_until_serving(cfg: ServiceConfig, endpoint: str, timeout_s: float = 30.
 class Deployment:
     """Gateway + parties as separate processes; party i holds data id ``m_<name>``."""
 
-    def __init__(self, root: Path, parties: list[str], overrides: dict[str, dict[str, Any]] | None = None):
+    def __init__(self, root: Path, parties: list[str], overrides: dict[str, dict[str, Any]] | None = None,
+                 initiators: list[str] | None = None):
         self.root, self.parties = root, parties
-        self.configs = init_deployment(root / "deploy", parties, port_base=free_port_block(len(parties) + 1))
+        self.configs = init_deployment(root / "deploy", parties, port_base=free_port_block(len(parties) + 1),
+                                       initiators=initiators)
         self.isolation_fallback = sandbox_unavailable_reason()
         if self.isolation_fallback is not None:  # e.g. not root: executors run unsandboxed here, and say so
             warnings.warn(f"local deployment runs executors with isolation: process: {self.isolation_fallback}")
@@ -149,12 +151,13 @@ class Deployment:
             self.kill(name, signal.SIGTERM)
 
     def health(self, name: str) -> dict[str, Any]:
+        """The service's health with its counters (asked as the operator: only it sees them)."""
         cfg = self.cfg(name)
-        with httpx.Client(verify=client_ssl_context(self.cfg("initiator")), timeout=5.0) as http:
+        with httpx.Client(verify=client_ssl_context(self.cfg("operator")), timeout=5.0) as http:
             return http.get(f"https://{cfg.host}:{cfg.port}/v1/health").json()
 
-    def initiator(self, timeout_s: float = 60.0) -> Initiator:
-        return Initiator(self.cfg("initiator"), timeout_s=timeout_s)
+    def initiator(self, timeout_s: float = 60.0, name: str = "initiator") -> Initiator:
+        return Initiator(self.cfg(name), timeout_s=timeout_s, results_dir=self.root / "results" / name)
 
     def url(self, name: str) -> str:
         cfg = self.cfg(name)

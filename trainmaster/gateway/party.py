@@ -1,31 +1,45 @@
 """The party agent: holds data files that never leave it, runs rules in per-task executors.
 
 ``POST /v1/tasks`` (from the initiator): validate the data id and rule, start an isolated executor
-for the task, report its address to the gateway. ``POST /v1/transfer`` (from the gateway): run the
-rule inside that task's executor and return the result sealed to the gateway. Only results of
-registered rules ever leave; the data file itself is never read by the agent.
+for the task (at most ``max_executors`` at once), report its address to the gateway; while the
+gateway cannot be reached the report is retried in the background until the task's deadline, and
+an executor the gateway refuses is stopped at once (item 8). ``POST /v1/transfer`` (from the
+gateway): run the rule once per leg inside that task's executor (a repeated transfer, after a
+gateway crash, is answered from the leg's record: the rule never runs twice), under the data set's
+disclosure limits, and return the result sealed to the gateway with the party's signed
+attestation (item 1). Only results of registered rules ever leave; the agent never reads the data.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
+import shutil
+import time
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, TypeVar
 
-from fastapi import FastAPI, HTTPException
-from fastapi.responses import StreamingResponse
+import httpx
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel
 
 from trainmaster.errors import UserError
-from trainmaster.gateway.crypto import EnvelopeError, b64e
-from trainmaster.gateway.executor import Executor, ExecutorDied, ExecutorHandle, ExecutorStartError, RuleReply
-from trainmaster.gateway.models import DataTransfer, Envelope, ExecutorReport, MessageKind, TaskCreate
+from trainmaster.gateway.crypto import EnvelopeError, attest, b64e
+from trainmaster.gateway.executor import Executor, ExecutorDied, ExecutorHandle, ExecutorStartError
+from trainmaster.gateway.models import DataTransfer, ExecutorReport, LegAttestation, MessageKind, TaskCreate
+from trainmaster.gateway.privacy import PrivacyLedger, PrivacyRefusal, check_group_sizes, release_cost
 from trainmaster.gateway.provision import ServiceConfig
 from trainmaster.gateway.rules import RuleError, validate_call
-from trainmaster.gateway.service import ServiceContext, install_common, mtls_client
+from trainmaster.gateway.service import ServiceContext, expect, install_common, mtls_client, read_envelope, request_peer
 from trainmaster.gateway.stream import MEDIA_TYPE, ChunkSealer, StreamInfo, frame
+
+M = TypeVar("M", bound=BaseModel)
+_BLOCK = 1 << 20
 
 
 DATA_SUFFIXES = (".csv", ".parquet")
@@ -72,6 +86,36 @@ async def _corrupt(frames: AsyncIterator[bytes], mode: str) -> AsyncIterator[byt
             yield held.pop()
 
 
+@dataclass(frozen=True)
+class LegRecord:
+    """A leg's one run at this party: what the rule returned (or why it was refused). A small
+    result is kept in memory, a large one (streamed) in a file under the party's state folder."""
+
+    ok: bool
+    error: str
+    size: int = 0
+    sha256: str = ""
+    path: Path | None = None
+    data: bytes | None = None
+
+
+@dataclass(frozen=True)
+class ReportAttempt:
+    """How one executor report to the gateway went: ``ok``, ``refused`` (final) or ``unreachable``."""
+
+    status: str
+    why: str = ""
+
+
+@dataclass
+class LegExecutor:
+    """A task leg's executor and the creation request that started it (the idempotency check)."""
+
+    task: TaskCreate
+    handle: Executor
+    report: asyncio.Task[None] | None = None
+
+
 def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
     if cfg.executor == "ray":
         import importlib.util
@@ -90,17 +134,26 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
                                      "or opt out: set isolation: process in the party's config (or pass "
                                      "--isolation process) to run executors as plain processes, without "
                                      "namespaces, seccomp or cgroup limits"])
-    ctx = ServiceContext.load(cfg, f"sqlite:///{Path(cfg.state_dir).resolve() / 'seen.db'}")
-    executors: dict[tuple[str, str], Executor] = {}
+    state = Path(cfg.state_dir).resolve()
+    ctx = ServiceContext.load(cfg, f"sqlite:///{state / 'seen.db'}")
+    ledger = PrivacyLedger(f"sqlite:///{state / 'privacy.db'}")
+    legs_root = state / "legs"
+    shutil.rmtree(legs_root, ignore_errors=True)  # records of a previous run: their executors are gone
+    executors: dict[tuple[str, str], LegExecutor] = {}
+    runs: dict[tuple[str, str], asyncio.Future[LegRecord]] = {}
+    counters = {"rule_runs": 0, "report_retries": 0}
     gateway = next(p for p in ctx.roster.values() if p.role == "gateway")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.http = mtls_client(cfg)
         yield
+        for leg in executors.values():
+            if leg.report is not None:
+                leg.report.cancel()
         await app.state.http.aclose()
-        for h in executors.values():
-            h.kill()
+        for leg in executors.values():
+            leg.handle.kill()
         if cfg.executor == "ray":
             import ray
 
@@ -109,6 +162,12 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
     app = FastAPI(title=f"trainmaster party {cfg.name}", lifespan=lifespan)
     app.state.ctx = ctx
     install_common(app, cfg.max_body_bytes)
+
+    async def _open(request: Request, kind: MessageKind, roles: set[str], model: type[M]) -> tuple[Any, M]:
+        env = await read_envelope(request, cfg.max_body_bytes, cfg.body_timeout_s)
+        sender, payload = ctx.gate.open(env, kind, roles, model, peer=request_peer(request))
+        ctx.count(kind)
+        return env, payload
 
     async def _start_executor(data_file: Path, deadline_s: float, label: str) -> Executor:
         """The configured executor kind; both sit behind the same interface."""
@@ -120,19 +179,51 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
         return await ExecutorHandle.start(data_file, deadline_s, cfg.executor_start_timeout_s, cfg.executor_memory_mb,
                                           cfg.allowed_rules, cfg.fault_executor_silent, cfg.isolation, label)
 
-    async def _report(task: TaskCreate, address: str, ready: bool, reason: str = "") -> None:
+    def _forget(key: tuple[str, str]) -> None:
+        """Stop a leg's executor and drop its record (refused by the gateway, or past its deadline)."""
+        leg = executors.pop(key, None)
+        runs.pop(key, None)
+        if leg is not None:
+            leg.handle.kill()
+            if leg.report is not None and leg.report is not asyncio.current_task():
+                leg.report.cancel()
+        shutil.rmtree(legs_root / key[0] / key[1], ignore_errors=True)
+
+    async def _report_once(task: TaskCreate, address: str, ready: bool, reason: str = "") -> ReportAttempt:
+        """One executor report to the gateway."""
         report = ExecutorReport(task_id=task.task_id, data_id=task.data_id, address=address, call=task.call,
                                 ready=ready, reason=reason)
         env = ctx.seal_to(gateway.name, MessageKind.executor_report, task.task_id, task.data_id, report.model_dump(mode="json"))
-        resp = await app.state.http.post(f"{gateway.endpoint}/v1/executors", content=env.model_dump_json(),
-                                         headers={"content-type": "application/json"}, timeout=15.0)
-        if resp.status_code != 200:
-            raise HTTPException(502, f"gateway refused the executor report: {resp.text[:300]}")
+        try:
+            resp = await app.state.http.post(f"{gateway.endpoint}/v1/executors", content=env.model_dump_json(),
+                                             headers={"content-type": "application/json"}, timeout=15.0,
+                                             extensions=expect(gateway.name, "gateway"))
+        except httpx.HTTPError as exc:
+            return ReportAttempt("unreachable", f"gateway unreachable: {type(exc).__name__}")
+        if resp.status_code == 200:
+            return ReportAttempt("ok")
+        if resp.status_code in (429, 503) or resp.status_code >= 500:
+            return ReportAttempt("unreachable", f"gateway busy ({resp.status_code})")
+        return ReportAttempt("refused", f"gateway refused the executor report ({resp.status_code}): {resp.text[:300]}")
+
+    async def _report_until_deadline(key: tuple[str, str], task: TaskCreate, address: str, deadline: float) -> None:
+        """Retry the report with backoff while the gateway is unreachable, until the task's deadline
+        (then the executor is stopped: its leg can no longer run)."""
+        delay = 0.5
+        while time.time() + delay < deadline:
+            await asyncio.sleep(delay)
+            counters["report_retries"] += 1
+            attempt = await _report_once(task, address, ready=True)
+            if attempt.status == "ok":
+                return
+            if attempt.status == "refused":
+                break
+            delay = min(delay * 2, 10.0)
+        _forget(key)
 
     @app.post("/v1/tasks", status_code=201)
-    async def create_task(env: Envelope) -> dict[str, Any]:
-        _sender, task = ctx.gate.open(env, MessageKind.task_create, {"initiator"}, TaskCreate)
-        ctx.count(MessageKind.task_create)
+    async def create_task(request: Request) -> JSONResponse:
+        _env, task = await _open(request, MessageKind.task_create, {"initiator"}, TaskCreate)
         if task.party != cfg.name:
             raise HTTPException(400, f"task creation request is for party {task.party!r}, not {cfg.name!r}")
         data_file = resolve_data_file(data_dir, task.data_id)
@@ -141,69 +232,145 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
         except RuleError as exc:
             raise HTTPException(400, str(exc)) from exc
         key = (task.task_id, task.data_id)
-        if key in executors and executors[key].alive:
-            return {"task_id": task.task_id, "data_id": task.data_id, "address": executors[key].address}
+        for k in [k for k, leg in executors.items() if not leg.handle.alive]:
+            _forget(k)
+        if key in executors:
+            if executors[key].task != task:
+                raise HTTPException(409, f"leg ({task.task_id}, {task.data_id}) was created with another request; "
+                                         "task ids are never reused: choose a new task id")
+            pending = executors[key].report is not None and not executors[key].report.done()
+            return JSONResponse({"task_id": task.task_id, "data_id": task.data_id, "report": "pending" if pending else "done"},
+                                status_code=202 if pending else 201)
+        if len(executors) >= cfg.max_executors:
+            raise HTTPException(503, f"party {cfg.name!r} already runs {len(executors)} executors (its cap, "
+                                     "max_executors); retry later", headers={"Retry-After": "5"})
+        deadline = time.time() + task.deadline_s
         try:
             handle = await _start_executor(data_file, task.deadline_s, f"{task.task_id}.{task.data_id}")
         except TimeoutError as exc:
-            await _report(task, "", ready=False, reason=str(exc))
+            await _report_once(task, "", ready=False, reason=str(exc))
             raise HTTPException(504, f"executor for task {task.task_id!r} did not come up: {exc}") from exc
         except ExecutorStartError as exc:
-            await _report(task, "", ready=False, reason=str(exc))
+            await _report_once(task, "", ready=False, reason=str(exc))
             raise HTTPException(503, f"executor for task {task.task_id!r} could not start: {exc}") from exc
-        executors[key] = handle
-        await _report(task, handle.address, ready=True)
-        return {"task_id": task.task_id, "data_id": task.data_id, "address": handle.address}
+        leg = executors[key] = LegExecutor(task, handle)
+        attempt = await _report_once(task, handle.address, ready=True)
+        if attempt.status == "refused":
+            _forget(key)
+            raise HTTPException(409, attempt.why)
+        if attempt.status == "unreachable":
+            leg.report = asyncio.create_task(_report_until_deadline(key, task, handle.address, deadline))
+            return JSONResponse({"task_id": task.task_id, "data_id": task.data_id, "report": "pending",
+                                 "detail": f"{attempt.why}; the party keeps reporting until the task's deadline"},
+                                status_code=202)
+        return JSONResponse({"task_id": task.task_id, "data_id": task.data_id, "report": "done"}, status_code=201)
 
-    def _stream(req: DataTransfer, reply: RuleReply) -> StreamingResponse:
-        """A large result as a signed opening plus AES-GCM chunks, read off the executor as sent."""
+    async def _run_once(key: tuple[str, str], req: DataTransfer, leg: LegExecutor, timeout_s: float) -> LegRecord:
+        """Run the leg's rule and keep its result: charged against the data set's budget first,
+        checked against the minimum group size after; a refusal is recorded the same way."""
+        folder = legs_root / key[0] / key[1]
+        try:
+            params = validate_call(req.call, cfg.allowed_rules)
+            ledger.charge(req.task_id, req.data_id, release_cost(req.call.rule, params, 1024), cfg.privacy_budget)
+        except (RuleError, PrivacyRefusal) as exc:
+            return LegRecord(False, str(exc))
+        if cfg.fault_delay_s:
+            await asyncio.sleep(cfg.fault_delay_s)
+        counters["rule_runs"] += 1
+        reply = await leg.handle.call(req.call, timeout_s=timeout_s)
+        path, data = None, None
+        digest = hashlib.sha256()
+        try:
+            if not reply.ok:
+                return LegRecord(False, reply.error)
+            if reply.size <= cfg.stream_chunk_bytes:
+                data = await reply.read_all()
+                digest.update(data)
+            else:
+                folder.mkdir(parents=True, exist_ok=True)
+                path, part = folder / "result.json", folder / "result.json.part"
+                with part.open("wb") as fh:
+                    async for piece, _last in reply.chunks(_BLOCK):
+                        digest.update(piece)
+                        fh.write(piece)
+                os.replace(part, path)
+        finally:
+            reply.close()
+        if digest.hexdigest() != reply.sha256:
+            if path is not None:
+                path.unlink(missing_ok=True)
+            return LegRecord(False, "executor result does not match its own digest")
+        if data is not None and req.call.rule in ("histogram", "summary_stats", "train", "score"):
+            try:
+                check_group_sizes(req.call.rule, json.loads(data), cfg.min_group_size)
+            except PrivacyRefusal as exc:
+                return LegRecord(False, str(exc))
+        return LegRecord(True, "", reply.size, reply.sha256, path, data)
+
+    def _attestation(req: DataTransfer, record: LegRecord) -> dict[str, Any]:
+        body = LegAttestation(task_id=req.task_id, data_id=req.data_id, party=cfg.name, sha256=record.sha256,
+                              size=record.size)
+        return attest(ctx.me, body).model_dump(mode="json")
+
+    def _stream(req: DataTransfer, record: LegRecord) -> StreamingResponse:
+        """A large result as a signed opening plus AES-GCM chunks, read from the leg's record."""
+        assert record.path is not None
         key = os.urandom(32)
-        info = StreamInfo(key=b64e(key), total_bytes=reply.size, sha256=reply.sha256, chunk_bytes=cfg.stream_chunk_bytes)
+        info = StreamInfo(key=b64e(key), total_bytes=record.size, sha256=record.sha256, chunk_bytes=cfg.stream_chunk_bytes)
         opening = ctx.seal_to(gateway.name, MessageKind.transfer_result, req.task_id, req.data_id,
-                              {"ok": True, "result": None, "error": "", "stream": info.model_dump()})
+                              {"ok": True, "error": "", "stream": info.model_dump(), "attestation": _attestation(req, record)})
         sealer = ChunkSealer(key, opening.header.msg_id)
+        path = record.path
 
         async def body() -> AsyncIterator[bytes]:
-            try:
-                yield frame(opening.model_dump_json().encode())
-                async for piece, last in reply.chunks(cfg.stream_chunk_bytes):
-                    yield frame(sealer.seal(piece, last))
-            finally:
-                reply.close()
+            yield frame(opening.model_dump_json().encode())
+            with path.open("rb") as fh:
+                left = record.size
+                while True:
+                    piece = await asyncio.to_thread(fh.read, min(cfg.stream_chunk_bytes, left)) if left else b""
+                    left -= len(piece)
+                    yield frame(sealer.seal(piece, left == 0))
+                    if left == 0:
+                        return
 
         frames = _corrupt(body(), cfg.fault_stream) if cfg.fault_stream else body()
         return StreamingResponse(frames, media_type=MEDIA_TYPE)
 
-    @app.post("/v1/transfer", response_model=Envelope)
-    async def transfer(env: Envelope) -> Any:
-        _sender, req = ctx.gate.open(env, MessageKind.data_transfer, {"gateway"}, DataTransfer)
-        ctx.count(MessageKind.data_transfer)
-        handle = executors.get((req.task_id, req.data_id))
-        if handle is None or not handle.alive:
+    @app.post("/v1/transfer")
+    async def transfer(request: Request) -> Any:
+        env, req = await _open(request, MessageKind.data_transfer, {"gateway"}, DataTransfer)
+        key = (req.task_id, req.data_id)
+        leg = executors.get(key)
+        if leg is None or not leg.handle.alive:
             raise HTTPException(404, f"no live executor for task {req.task_id!r}, data id {req.data_id!r}")
-        if cfg.fault_delay_s:
-            await asyncio.sleep(cfg.fault_delay_s)
+        if req.call != leg.task.call:
+            raise HTTPException(400, "the transfer names another rule call than the leg was created with")
+        run = runs.get(key)
+        if run is None:  # the first delivery runs the rule; a repeated one waits for (or reads) its record
+            timeout_s = max(1.0, env.header.expires_at - ctx.clock())
+            run = runs[key] = asyncio.ensure_future(_run_once(key, req, leg, timeout_s))
         try:
-            validate_call(req.call, cfg.allowed_rules)
-        except RuleError as exc:
-            raise HTTPException(400, str(exc)) from exc
-        try:
-            reply = await handle.call(req.call, timeout_s=max(1.0, env.header.expires_at - ctx.clock()))
-            if reply.ok and reply.size > cfg.stream_chunk_bytes:
-                return _stream(req, reply)
-            try:
-                result = json.loads(await reply.read_all()) if reply.ok else None
-            finally:
-                reply.close()
+            record = await asyncio.shield(run)
         except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
+            runs.pop(key, None)  # the executor failed: nothing was released, a retry may run it again
             why = str(exc) if isinstance(exc, ExecutorDied) else type(exc).__name__
             raise HTTPException(503, f"executor for task {req.task_id!r} failed: {why}") from exc
-        payload = {"ok": reply.ok, "result": result, "error": reply.error}
+        if not record.ok:
+            return ctx.seal_to(gateway.name, MessageKind.transfer_result, req.task_id, req.data_id,
+                               {"ok": False, "error": record.error})
+        if record.data is None:
+            return _stream(req, record)
+        payload = {"ok": True, "result_text": record.data.decode(), "error": "", "attestation": _attestation(req, record)}
         return ctx.seal_to(gateway.name, MessageKind.transfer_result, req.task_id, req.data_id, payload)
 
     @app.get("/v1/health")
-    async def health() -> dict[str, Any]:
-        return {"name": cfg.name, "role": "party", "executors": sum(h.alive for h in executors.values()),
-                "handled": dict(ctx.handled), "rejected": dict(ctx.gate.rejected)}
+    async def health(request: Request) -> dict[str, Any]:
+        """Liveness for every member; the counters only for the operator identity (item 8)."""
+        out: dict[str, Any] = {"name": cfg.name, "role": "party", "ok": True}
+        peer = request_peer(request)
+        if peer is not None and peer.role == "operator":
+            out.update(executors=sum(leg.handle.alive for leg in executors.values()), handled=dict(ctx.handled),
+                       rejected=dict(ctx.gate.rejected), **counters)
+        return out
 
     return app

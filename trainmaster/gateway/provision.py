@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from trainmaster.errors import UserError
 from trainmaster.gateway.crypto import Identity, PublicIdentity, b64d, b64e, raw_private, raw_public
 from trainmaster.gateway.models import ID_PATTERN
+from trainmaster.gateway.tlsid import NAME_PATTERN, dns_name
 
 
 class ServiceConfig(BaseModel):
@@ -34,7 +35,7 @@ class ServiceConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     name: str = Field(pattern=ID_PATTERN)
-    role: str = Field(pattern=r"^(gateway|party|initiator)$")
+    role: str = Field(pattern=r"^(gateway|party|initiator|operator)$")
     host: str = "127.0.0.1"
     port: int = Field(default=0, ge=0, le=65535)
     ca: str
@@ -65,6 +66,26 @@ class ServiceConfig(BaseModel):
     """Results larger than this travel as a chunked stream of chunks this size (party config)."""
     max_result_bytes: int = Field(default=1 << 30, ge=1024)
     """The largest streamed result the gateway or initiator accepts."""
+    # Connection hygiene (item 4), gateway and parties.
+    header_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    """A connection must deliver a request's headers this long after it opens or after its last response."""
+    body_timeout_s: float = Field(default=60.0, gt=0, le=3600)
+    """A request body must arrive whole within this long."""
+    idle_timeout_s: float = Field(default=15.0, gt=0, le=600)
+    """An idle keep-alive connection is closed after this long."""
+    max_connections: int = Field(default=512, ge=4, le=65536)
+    """Connections (and requests) served at once; past it new requests get 503."""
+    max_header_bytes: int = Field(default=16384, ge=1024, le=1 << 20)
+    # Bounds per member (items 5, 8).
+    max_open_legs_per_party: int = Field(default=1024, ge=1)
+    """Gateway: legs without an outcome a party may be assigned at once; a task past it is refused."""
+    max_executors: int = Field(default=32, ge=1)
+    """Party: executors running at once; a task creation past it gets 503 with Retry-After."""
+    # Disclosure limits on aggregate rules (item 10), per party and data set.
+    min_group_size: int = Field(default=5, ge=1)
+    """Party: every non-empty histogram bin and every summary must cover at least this many rows."""
+    privacy_budget: int = Field(default=200_000, ge=0)
+    """Party: aggregate values one data set may release in total, over all tasks and initiators."""
     # Fault injection, off by default; the fault tests turn these on.
     fault_delay_s: float = 0.0
     fault_clock_offset_s: float = 0.0
@@ -97,12 +118,24 @@ def make_ca(common_name: str = "trainmaster private CA") -> tuple[ec.EllipticCur
     return key, cert
 
 
-def issue_cert(ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, cn: str, hosts: list[str]) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-    """A leaf usable as both TLS server and client (every hop is mutual TLS)."""
+SERVING_ROLES = ("gateway", "party")
+"""Roles that accept connections; initiators and operators only connect."""
+
+
+def issue_cert(ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, cn: str, role: str,
+               hosts: list[str] | None = None) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A leaf for one identity in one role (item 6).
+
+    Its SANs are the identity name (``<cn>.<role>.trainmaster.invalid``: what peers check) and,
+    for a serving role only, the hosts it listens on. Key usage is digital signature only; the
+    extended key usage is clientAuth, plus serverAuth for a serving role, so an initiator's or
+    operator's certificate cannot be used to pose as a gateway or party.
+    """
     key = ec.generate_private_key(ec.SECP256R1())
     now = dt.datetime.now(dt.timezone.utc)
-    sans: list[x509.GeneralName] = []
-    for h in hosts:
+    serving = role in SERVING_ROLES
+    sans: list[x509.GeneralName] = [x509.DNSName(dns_name(cn, role))]
+    for h in (hosts or []) if serving else []:
         try:
             sans.append(x509.IPAddress(ipaddress.ip_address(h)))
         except ValueError:
@@ -113,7 +146,9 @@ def issue_cert(ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, cn
         .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=397))
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .add_extension(x509.KeyUsage(True, False, False, False, False, False, False, False, False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH] if serving
+                                             else [ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
     return key, cert
@@ -123,17 +158,31 @@ def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
     return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
 
 
-def init_deployment(out: Path, parties: list[str], host: str = "127.0.0.1", port_base: int = 8443) -> dict[str, Path]:
+def init_deployment(out: Path, parties: list[str], host: str = "127.0.0.1", port_base: int = 8443,
+                    initiators: list[str] | None = None, hosts: dict[str, str] | None = None) -> dict[str, Path]:
     """Create CA, certificates, keys, roster and one config per identity under ``out``.
 
-    Ports: the gateway listens on ``port_base``, party i on ``port_base + 1 + i``.
+    Identities: ``gateway``, each initiator (default one named ``initiator``), each party, and
+    ``operator`` (a client-only identity that may read the services' counters).
+    Ports: the gateway listens on ``port_base``, party i on ``port_base + 1 + i``. ``hosts`` gives
+    the gateway's or a party's own host (name or address: its endpoint, listen address and
+    certificate SAN) when the services run on separate machines; the others use ``host``.
     Returns each identity's config path.
     """
     import re
 
-    bad = [p for p in parties if not re.match(ID_PATTERN, p)] + [p for p in parties if p in ("gateway", "initiator")]
-    if not parties or bad or len(set(parties)) != len(parties):
-        raise UserError("invalid --parties", details=[f"bad or duplicate party name: {p!r}" for p in bad] or ["give distinct names like a,b,c"])
+    initiators = initiators or ["initiator"]
+    hosts = hosts or {}
+    names = [*parties, *initiators]
+    stray = sorted(set(hosts) - {"gateway", *parties})
+    if stray:
+        raise UserError("invalid --hosts", details=[f"{n!r} is not the gateway or a party (only they listen)" for n in stray])
+    bad = [p for p in names if not re.match(NAME_PATTERN, p)] + [p for p in names if p in ("gateway", "operator")]
+    if not parties or bad or len(set(names)) != len(names):
+        raise UserError("invalid --parties/--initiators",
+                        details=[f"bad, reserved or duplicate name: {p!r} (names are lower-case letters, digits and "
+                                 "inner hyphens; 'gateway' and 'operator' are taken)" for p in bad]
+                        or ["give distinct names like a,b,c"])
     out.mkdir(parents=True, exist_ok=True)
     if (out / "roster.json").exists():
         raise UserError(f"{out} already holds a deployment (roster.json exists); choose an empty directory")
@@ -142,27 +191,29 @@ def init_deployment(out: Path, parties: list[str], host: str = "127.0.0.1", port
     ca_pem = out / "ca" / "ca.pem"
     ca_pem.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
     _write_secret(out / "ca" / "ca.key", _pem_key(ca_key))
-    members = [("gateway", "gateway", port_base), ("initiator", "initiator", 0)]
+    members = [("gateway", "gateway", port_base), ("operator", "operator", 0)]
+    members += [(i, "initiator", 0) for i in initiators]
     members += [(p, "party", port_base + 1 + i) for i, p in enumerate(parties)]
     roster: dict[str, Any] = {"identities": {}}
     configs: dict[str, Path] = {}
     for name, role, port in members:
         d = out / name
         d.mkdir(exist_ok=True)
-        tls_key, tls_cert = issue_cert(ca_key, ca_cert, name, [host, "localhost"])
+        own_host = hosts.get(name, host)
+        tls_key, tls_cert = issue_cert(ca_key, ca_cert, name, role, [own_host] if name in hosts else [host, "localhost"])
         (d / "tls.pem").write_bytes(tls_cert.public_bytes(serialization.Encoding.PEM))
         _write_secret(d / "tls.key", _pem_key(tls_key))
         ident = Identity.generate(name)
         _write_secret(d / "sign.key", b64e(raw_private(ident.sign_key)).encode())
         _write_secret(d / "enc.key", b64e(raw_private(ident.enc_key)).encode())
-        endpoint = f"https://{host}:{port}" if port else None
+        endpoint = f"https://{own_host}:{port}" if port else None
         roster["identities"][name] = {
             "role": role, "endpoint": endpoint,
             "sign_pub": b64e(raw_public(ident.sign_key.public_key())),
             "enc_pub": b64e(raw_public(ident.enc_key.public_key())),
         }
         cfg = ServiceConfig(
-            name=name, role=role, host=host, port=port, ca=str(ca_pem.resolve()), cert=str((d / "tls.pem").resolve()),
+            name=name, role=role, host=own_host, port=port, ca=str(ca_pem.resolve()), cert=str((d / "tls.pem").resolve()),
             key=str((d / "tls.key").resolve()), sign_key=str((d / "sign.key").resolve()),
             enc_key=str((d / "enc.key").resolve()), roster=str((out / "roster.json").resolve()),
             state_dir=str((d / "state").resolve()),

@@ -30,19 +30,35 @@ class Base(DeclarativeBase):
     pass
 
 
+class TaskRow(Base):
+    """A task, kept for good: its id is never reused (item 2) and it belongs to its creator (item 9)."""
+
+    __tablename__ = "tasks"
+    task_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(64))
+    body_sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[float] = mapped_column(Float)
+    deadline_at: Mapped[float] = mapped_column(Float)
+
+
 class LegRow(Base):
+    """One leg. States, journaled before the gateway acts on them: ``assigned`` (task created),
+    ``reported`` (its party's executor is up), ``dispatched`` (a transfer went out; after a crash
+    it is sent again and the party answers it from its own once-only record), ``done``."""
+
     __tablename__ = "legs"
     __table_args__ = (UniqueConstraint("task_id", "data_id"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     task_id: Mapped[str] = mapped_column(String(64), index=True)
     data_id: Mapped[str] = mapped_column(String(64))
-    party: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    party: Mapped[str] = mapped_column(String(64), index=True)
     address: Mapped[str] = mapped_column(String(300), default="")
     call_json: Mapped[str] = mapped_column(Text, default="{}")
-    state: Mapped[str] = mapped_column(String(16), default="registered")
+    state: Mapped[str] = mapped_column(String(16), default="assigned")
+    dispatches: Mapped[int] = mapped_column(Integer, default=0)
     outcome: Mapped[str | None] = mapped_column(String(32), nullable=True)
-    detail: Mapped[str] = mapped_column(Text, default="")
-    result_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    envelope_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    """The leg's outcome, sealed to the task's owner and signed by the gateway (item 7)."""
     stream_bytes: Mapped[int | None] = mapped_column(Integer, nullable=True)
     created_at: Mapped[float] = mapped_column(Float, default=time.time)
     updated_at: Mapped[float] = mapped_column(Float, default=time.time)
@@ -55,7 +71,7 @@ class SeenMessage(Base):
     expires_at: Mapped[float] = mapped_column(Float, index=True)
 
 
-def make_sessionmaker(url: str) -> sessionmaker[Session]:
+def make_sessionmaker(url: str, metadata: Any = None) -> sessionmaker[Session]:
     """Open (and create) the database; SQLite gets WAL, a busy timeout and NORMAL sync.
 
     ``synchronous=NORMAL`` in WAL mode: a commit is durable against a process crash (``kill -9``:
@@ -71,8 +87,9 @@ def make_sessionmaker(url: str) -> sessionmaker[Session]:
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA busy_timeout=5000")
             cur.close()
-    Base.metadata.create_all(engine)
-    check_schema(engine, url, Base.metadata)
+    metadata = Base.metadata if metadata is None else metadata
+    metadata.create_all(engine)
+    check_schema(engine, url, metadata)
     return sessionmaker(engine, expire_on_commit=False)
 
 
@@ -94,75 +111,127 @@ class _HotPath:
 
 
 class LegConflict(Exception):
-    """A report or result for a leg that belongs to someone else."""
+    """A report for a leg that does not exist or belongs to another party."""
+
+
+class TaskConflict(Exception):
+    """A task id used before with another body or by another initiator; ids are never reused."""
+
+
+class TaskLimit(Exception):
+    """Creating the task would give a party more open legs than the gateway allows."""
+
+
+@dataclass(frozen=True)
+class Task:
+    task_id: str
+    owner: str
+    body_sha256: str
+    created_at: float
+    deadline_at: float
 
 
 @dataclass(frozen=True)
 class Leg:
     task_id: str
     data_id: str
-    party: str | None
+    party: str
     address: str
     call: dict[str, Any]
     state: str
     outcome: str | None
-    detail: str
-    result_json: str | None
+    envelope_json: str | None
     stream_bytes: int | None = None
+    dispatches: int = 0
 
 
-def _leg(row: LegRow) -> Leg:
-    return Leg(row.task_id, row.data_id, row.party, row.address, json.loads(row.call_json), row.state,
-               row.outcome, row.detail, row.result_json, row.stream_bytes)
+def _leg(r: Any) -> Leg:
+    return Leg(r.task_id, r.data_id, r.party, r.address, json.loads(r.call_json), r.state, r.outcome, r.envelope_json,
+               r.stream_bytes, r.dispatches)
 
 
 class MappingTable:
-    """Repository over the legs table; every write commits before the caller acknowledges."""
+    """Repository over the tasks and legs tables; every write commits before the caller acknowledges."""
 
     def __init__(self, url: str):
         self._sessions = make_sessionmaker(url)
         self._hot = _HotPath(self._sessions.kw["bind"])
 
-    def register(self, task_id: str, data_id: str, party: str, address: str, call: dict[str, Any],
-                 ready: bool = True, reason: str = "") -> Leg:
-        """Record an executor report; a leg already owned by another party is refused."""
+    def create_task(self, task_id: str, owner: str, legs: dict[str, tuple[str, dict[str, Any]]], body_sha256: str,
+                    deadline_s: float, max_open_legs_per_party: int) -> bool:
+        """Create a task and its legs (data id -> (party, rule call)); True if new, False for an
+        identical retry.
+
+        An id seen before with another body or owner raises :class:`TaskConflict`: ids are never
+        reused, so a result can never be served for a task other than the one that produced it.
+        """
+        now = time.time()
+        with self._sessions.begin() as s:
+            row = s.get(TaskRow, task_id)
+            if row is not None:
+                if row.owner != owner:
+                    raise TaskConflict(f"task id {task_id!r} is already taken by another initiator; task ids are "
+                                       "never reused: choose a new one (the CLI does when the task file has none)")
+                if row.body_sha256 != body_sha256:
+                    raise TaskConflict(f"task id {task_id!r} was created earlier with a different body; task ids "
+                                       "are never reused: choose a new one, or resend exactly the same task to retry")
+                return False
+            parties = sorted({p for p, _call in legs.values()})
+            for party in parties:
+                open_legs = len(s.scalars(select(LegRow.id).where(LegRow.party == party, LegRow.outcome.is_(None))).all())
+                want = sum(1 for p, _call in legs.values() if p == party)
+                if open_legs + want > max_open_legs_per_party:
+                    raise TaskLimit(f"party {party!r} already has {open_legs} open leg(s); this task would exceed "
+                                    f"the gateway's cap of {max_open_legs_per_party}; retry when earlier tasks finish")
+            s.add(TaskRow(task_id=task_id, owner=owner, body_sha256=body_sha256, created_at=now,
+                          deadline_at=now + deadline_s))
+            for data_id, (party, call) in legs.items():
+                s.add(LegRow(task_id=task_id, data_id=data_id, party=party, call_json=json.dumps(call)))
+        return True
+
+    def task(self, task_id: str) -> Task | None:
+        with self._hot.tx() as c:
+            r = c.execute(select(TaskRow.__table__).where(TaskRow.task_id == task_id)).first()
+        return None if r is None else Task(r.task_id, r.owner, r.body_sha256, r.created_at, r.deadline_at)
+
+    def register(self, task_id: str, data_id: str, party: str, address: str, call: dict[str, Any]) -> Leg:
+        """Record an executor report. Only the party the task assigned the leg to may report it
+        (item 1, item 8: no legs under unknown task ids, no squatting); a finished leg is final."""
         with self._sessions.begin() as s:
             row = s.scalar(select(LegRow).where(LegRow.task_id == task_id, LegRow.data_id == data_id))
-            if row is not None and row.party != party:
-                raise LegConflict(f"leg ({task_id}, {data_id}) belongs to party {row.party!r}")
-            if row is not None and row.outcome is not None:
-                raise LegConflict(f"leg ({task_id}, {data_id}) already finished with {row.outcome!r}")
             if row is None:
-                row = LegRow(task_id=task_id, data_id=data_id, party=party)
-                s.add(row)
-            row.address, row.call_json, row.updated_at = address, json.dumps(call), time.time()
-            if not ready:
-                row.outcome, row.detail, row.state = "timeout", reason or "executor did not come up", "done"
+                raise LegConflict(f"no leg ({task_id}, {data_id}) at the gateway: the initiator creates a task "
+                                  "at the gateway before its parties report")
+            if row.party != party:
+                raise LegConflict(f"leg ({task_id}, {data_id}) belongs to party {row.party!r}")
+            if row.outcome is not None:
+                raise LegConflict(f"leg ({task_id}, {data_id}) already finished with {row.outcome!r}")
+            if json.loads(row.call_json) != call:
+                raise LegConflict(f"leg ({task_id}, {data_id}) was created at the gateway with another rule call")
+            row.address, row.updated_at = address, time.time()
+            if row.state == "assigned":
+                row.state = "reported"
             s.flush()
             return _leg(row)
 
     def legs(self, task_id: str) -> dict[str, Leg]:
         with self._hot.tx() as c:
             rows = c.execute(select(LegRow.__table__).where(LegRow.task_id == task_id)).all()
-        return {r.data_id: Leg(r.task_id, r.data_id, r.party, r.address, json.loads(r.call_json), r.state, r.outcome,
-                               r.detail, r.result_json, r.stream_bytes) for r in rows}
+        return {r.data_id: _leg(r) for r in rows}
 
-    def mark_unrouted(self, task_id: str, data_id: str) -> None:
-        """A requested data id with no report: it still gets exactly one outcome."""
-        try:
-            with self._sessions.begin() as s:
-                s.add(LegRow(task_id=task_id, data_id=data_id, party=None, state="done",
-                             outcome="party_unavailable", detail="no party reported an executor for this data id"))
-        except IntegrityError:
-            pass
+    def mark_dispatched(self, task_id: str, data_id: str) -> None:
+        """Journal that a transfer goes out, before it does (a restart then knows it may be in flight)."""
+        with self._hot.tx() as c:
+            c.execute(update(LegRow).where(LegRow.task_id == task_id, LegRow.data_id == data_id, LegRow.outcome.is_(None))
+                      .values(state="dispatched", dispatches=LegRow.dispatches + 1, updated_at=time.time()))
 
-    def record_outcome(self, task_id: str, data_id: str, outcome: str, detail: str = "", result_json: str | None = None,
+    def record_outcome(self, task_id: str, data_id: str, outcome: str, envelope_json: str | None,
                        stream_bytes: int | None = None) -> bool:
         """Set the leg's outcome once; returns False if it already had one (never overwritten)."""
         with self._hot.tx() as c:
             res = c.execute(
                 update(LegRow).where(LegRow.task_id == task_id, LegRow.data_id == data_id, LegRow.outcome.is_(None))
-                .values(outcome=outcome, detail=detail, result_json=result_json, stream_bytes=stream_bytes, state="done",
+                .values(outcome=outcome, envelope_json=envelope_json, stream_bytes=stream_bytes, state="done",
                         updated_at=time.time())
             )
             return bool(res.rowcount)

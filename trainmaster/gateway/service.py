@@ -1,7 +1,10 @@
-"""What the gateway and party services share: mutual TLS, the envelope gate, size caps, errors."""
+"""What the gateway and party services share: mutual TLS, the envelope gate, size caps, errors,
+and the connection hygiene of the server (timeouts, a connection cap, rate-limited logging)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import ssl
 import time
 from dataclasses import dataclass, field
@@ -12,12 +15,15 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from trainmaster.gateway.crypto import EnvelopeError, Identity, PublicIdentity, make_header, seal
 from trainmaster.gateway.gate import EnvelopeGate
 from trainmaster.gateway.models import Envelope, MessageKind
 from trainmaster.gateway.provision import ServiceConfig, load_identity, load_roster
 from trainmaster.gateway.routing import SeenTable
+from trainmaster.gateway.tlsid import PeerIdentity, dns_name, peer_from_cert
 
 
 def client_ssl_context(cfg: ServiceConfig) -> ssl.SSLContext:
@@ -26,6 +32,15 @@ def client_ssl_context(cfg: ServiceConfig) -> ssl.SSLContext:
     ctx.load_cert_chain(cfg.cert, cfg.key)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     return ctx
+
+
+def expect(name: str, role: str) -> dict[str, Any]:
+    """httpx request extensions that make TLS check the server is identity ``name`` in ``role``.
+
+    The expected identity's certificate name goes out as the TLS server name, so the handshake
+    fails unless the server's certificate (from our CA) was issued to exactly that identity.
+    """
+    return {"sni_hostname": dns_name(name, role)}
 
 
 def mtls_client(cfg: ServiceConfig, timeout_s: float = 30.0, max_connections: int = 256) -> httpx.AsyncClient:
@@ -64,6 +79,34 @@ class ServiceContext:
         return seal(self.me, self.roster[recipient], header, payload)
 
 
+def request_peer(request: Request) -> PeerIdentity | None:
+    """The verified TLS client identity of the request's connection (set by :class:`PeerAwareH11`)."""
+    return request.scope.get("state", {}).get("tls_peer")
+
+
+async def read_envelope(request: Request, max_body_bytes: int, body_timeout_s: float) -> Envelope:
+    """The request body as an :class:`Envelope`, read as it streams in (item 3).
+
+    The cap is checked against the bytes received, not against Content-Length, so a chunked body
+    cannot get past it; the whole body must arrive within ``body_timeout_s`` (item 4). Parsing is
+    pydantic's (nesting depth bounded), so a deeply nested document is a 422, never a 500.
+    """
+    buf = bytearray()
+    try:
+        async with asyncio.timeout(body_timeout_s):
+            async for data in request.stream():
+                buf += data
+                if len(buf) > max_body_bytes:
+                    raise EnvelopeError(413, f"request body over the {max_body_bytes}-byte cap")
+    except TimeoutError as exc:
+        raise EnvelopeError(408, f"request body did not arrive within {body_timeout_s:.0f}s") from exc
+    try:
+        return Envelope.model_validate_json(bytes(buf))
+    except ValidationError as exc:
+        raise EnvelopeError(422, "malformed envelope: " + "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors()[:5])) from exc
+
+
 def install_common(app: FastAPI, max_body_bytes: int) -> None:
     """Size cap before parsing, and envelope failures as clear JSON errors (never a traceback)."""
 
@@ -85,10 +128,79 @@ def install_common(app: FastAPI, max_body_bytes: int) -> None:
         return JSONResponse({"detail": exc.reason}, status_code=exc.status)
 
 
+class PeerAwareH11(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol plus two things it lacks.
+
+    * The verified client certificate's identity goes into every request's scope state
+      (``tls_peer``), so handlers check who is on the other end of the channel (item 6).
+    * A header timeout (item 4): a connection that does not finish a request's headers within
+      ``header_timeout_s`` of opening (or of its previous response) is closed, so a slow or stalled
+      client cannot hold a connection slot; uvicorn's own keep-alive timer covers only idle time.
+    """
+
+    header_timeout_s = 10.0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        ssl_object = transport.get_extra_info("ssl_object")
+        peer = peer_from_cert(ssl_object.getpeercert()) if ssl_object is not None else None
+        self.app_state = {**self.app_state, "tls_peer": peer}
+        self._arm_header_timer()
+
+    def _arm_header_timer(self) -> None:
+        cycle = self.cycle
+
+        def expire() -> None:
+            if self.cycle is cycle and not self.transport.is_closing():
+                self.transport.close()
+
+        self.loop.call_later(self.header_timeout_s, expire)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm_header_timer()
+
+
+class RateLimitedLog(logging.Filter):
+    """Lets at most ``per_window`` records with the same message template through per window, then
+    one line saying how many were dropped (item 4: running out of file descriptors made the accept
+    loop log the same error thousands of times a second)."""
+
+    def __init__(self, per_window: int = 5, window_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
+        super().__init__()
+        self.per_window, self.window_s, self.clock = per_window, window_s, clock
+        self._windows: dict[str, tuple[float, int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = self.clock()
+        key = f"{record.name}:{record.msg}"
+        start, count = self._windows.get(key, (now, 0))
+        if now - start >= self.window_s:
+            if count > self.per_window:
+                record.msg = f"{record.msg} [{count - self.per_window} similar message(s) suppressed in the last {now - start:.0f}s]"
+            start, count = now, 0
+        self._windows[key] = (start, count + 1)
+        if len(self._windows) > 1024:  # bounded: forget the oldest windows
+            for old in sorted(self._windows, key=lambda k: self._windows[k][0])[:512]:
+                del self._windows[old]
+        return count < self.per_window
+
+
+def install_rate_limited_logging(per_window: int = 5, window_s: float = 10.0) -> RateLimitedLog:
+    flt = RateLimitedLog(per_window, window_s)
+    for name in ("asyncio", "uvicorn.error", "uvicorn", "trainmaster"):
+        logging.getLogger(name).addFilter(flt)
+    return flt
+
+
 def serve(app: FastAPI, cfg: ServiceConfig) -> None:
-    """Run on one port with TLS that requires a client certificate from our CA."""
+    """Run on one port with TLS that requires a client certificate from our CA, with header, body
+    and idle timeouts, a cap on connections and rate-limited logging (item 4)."""
     import uvicorn
 
+    protocol = type("PeerAwareH11Configured", (PeerAwareH11,), {"header_timeout_s": cfg.header_timeout_s})
+    install_rate_limited_logging()
     uvicorn.run(app, host=cfg.host, port=cfg.port, ssl_keyfile=cfg.key, ssl_certfile=cfg.cert,
-                ssl_ca_certs=cfg.ca, ssl_cert_reqs=ssl.CERT_REQUIRED, log_level="warning",
-                timeout_keep_alive=30, access_log=False, timeout_graceful_shutdown=2)
+                ssl_ca_certs=cfg.ca, ssl_cert_reqs=ssl.CERT_REQUIRED, log_level="warning", http=protocol,
+                timeout_keep_alive=int(max(1, cfg.idle_timeout_s)), limit_concurrency=cfg.max_connections,
+                h11_max_incomplete_event_size=cfg.max_header_bytes, access_log=False, timeout_graceful_shutdown=2)

@@ -48,6 +48,9 @@ class StreamInfo(Strict):
     total_bytes: int = Field(ge=0)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     chunk_bytes: int = Field(ge=1, le=MAX_CHUNK_BYTES)
+    stream_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
+    """The chunks' associated-data id when it is not the opening envelope's msg id (gateway -> initiator:
+    the opening is the leg's sealed outcome, written after the chunks)."""
 
 
 def frame(body: bytes) -> bytes:
