@@ -1,4 +1,5 @@
-"""Copy every bench/results/<capability>.md table into the README's benchmark section.
+"""Copy every bench/results/<capability>.md table, and its plots (<capability>*.png), into the
+README's benchmark section.
 
 Run after a benchmark: ``python bench/update_readme.py``. Everything after the
 ``<!-- BENCH TABLES -->`` marker is regenerated; nothing above it changes. Headings of a
@@ -35,8 +36,10 @@ def main() -> None:
     sections = []
     for name in ORDER:
         table = ROOT / "bench" / "results" / f"{name}.md"
+        plots = "".join(f"![{png.stem}](bench/results/{png.name})\n\n"
+                        for png in sorted((ROOT / "bench" / "results").glob(f"{name}*.png")))
         if table.is_file():
-            sections.append(f"### {name}\n\n`python bench/{name}.py` -> `bench/results/{name}.json`\n\n"
+            sections.append(f"### {name}\n\n`python bench/{name}.py` -> `bench/results/{name}.json`\n\n" + plots
                             + excerpt(table.read_text(), f"bench/results/{name}.md") + "\n")
         else:
             sections.append(f"### {name}\n\nNo results yet: run `python bench/{name}.py`.\n")
