@@ -32,7 +32,7 @@ def source_kind(raw: dict[str, Any]) -> str | None:
     return None
 
 
-def convert(raw: dict[str, Any]) -> Converted | None:
+def convert(raw: dict[str, Any], lenient: bool = False) -> Converted | None:
     """Convert a foreign job document, or return None when it is not one we recognise.
 
     Raises :class:`~trainmaster.errors.UserError` for a kind of a known source that we cannot convert (a Kubeflow
