@@ -44,11 +44,11 @@ def convert(raw: dict[str, Any], lenient: bool = False) -> Converted | None:
     if source == "kubeflow":
         from trainmaster.spec.compat import kubeflow
 
-        document, ignored = kubeflow.convert(raw)
+        document, ignored = kubeflow.convert(raw, lenient)
     elif source == "volcano":
         from trainmaster.spec.compat import volcano
 
-        document, ignored = volcano.convert(raw)
+        document, ignored = volcano.convert(raw, lenient)
     else:
         return None
     return Converted(document=document, ignored=ignored)
