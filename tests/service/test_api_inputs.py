@@ -7,6 +7,7 @@ job names unique among active jobs, ids never reused; the last-resort 500 handle
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import time
 from pathlib import Path
@@ -113,10 +114,10 @@ def test_large_bodies_are_413_announced_or_chunked(api: str) -> None:
     chunked = httpx.post(f"{api}/api/v1/jobs", content=chunks(), headers={"content-type": "application/json"},
                          timeout=30)
     assert chunked.status_code == 413 and "over" in chunked.json()["error"]
-    deep: Any = "leaf"
-    for _ in range(5000):
-        deep = [deep]
-    nested = httpx.post(f"{api}/api/v1/jobs", json=mutated(spec("frameworkParams", {"x": deep})), timeout=30)
+    body = json.dumps(mutated(spec("frameworkParams", {"x": "DEEP"}))).replace(
+        '"DEEP"', "[" * 5000 + '"leaf"' + "]" * 5000)
+    nested = httpx.post(f"{api}/api/v1/jobs", content=body, headers={"content-type": "application/json"},
+                        timeout=30)
     assert nested.status_code == 413 and "nested" in nested.json()["error"]
     assert httpx.get(f"{api}/healthz", timeout=10).status_code == 200
 

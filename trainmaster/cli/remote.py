@@ -33,7 +33,7 @@ def _request(server: str, method: str, path: str, **kwargs: Any) -> Any:
     if response.status_code >= 400:
         body = response.json() if response.headers.get("content-type", "").startswith("application/json") else {}
         detail = body.get("detail") or body.get("error") or response.text if isinstance(body, dict) else response.text
-        raise UserError(str(detail), exit_code=2 if response.status_code in (409, 413) else 1)
+        raise UserError(str(detail), exit_code=2 if response.status_code == 413 else 1)
     return response.json()
 
 
