@@ -22,6 +22,7 @@ from typing import Annotated, Any, AsyncIterator
 from fastapi import Body, FastAPI, HTTPException, Query, Request
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import generate_latest
 from pydantic import BaseModel, ConfigDict, Field
@@ -32,7 +33,7 @@ from trainmaster.controller import metrics
 from trainmaster.errors import UserError
 from trainmaster.service.limits import BodyLimit, RequestLimits
 from trainmaster.spec.load import LoadOptions, load_document
-from trainmaster.spec.model import MAX_REPLICAS
+from trainmaster.spec.model import MAX_REPLICAS, Job
 from trainmaster.spec.paths import PathPolicy
 from trainmaster.spec.states import JOB_TERMINAL
 from trainmaster.spec.validate import field_path
@@ -236,4 +237,23 @@ def create_app(controller: Controller, reconcile: bool = True, options: ServiceO
             raise HTTPException(404, exc.message) from None
 
     app.state.reconciler = reconciler
+    app.openapi = lambda: _openapi_with_job_schema(app)  # type: ignore[method-assign]
     return app
+
+
+def _openapi_with_job_schema(app: FastAPI) -> dict[str, Any]:
+    """The OpenAPI document with the job model as the submit body's schema (the route takes any
+    mapping, since Kubeflow and Volcano documents are accepted too), so that clients and API
+    fuzzers see what a job looks like."""
+    if app.openapi_schema is not None:
+        return app.openapi_schema
+    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    job = Job.model_json_schema(by_alias=True, ref_template="#/components/schemas/{model}")
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    components.update(job.pop("$defs", {}))
+    components["Job"] = job
+    body = schema["paths"][f"{API}/jobs"]["post"]["requestBody"]["content"]["application/json"]
+    body["schema"] = {"anyOf": [{"$ref": "#/components/schemas/Job"}, {
+        "type": "object", "description": "A Kubeflow PyTorchJob/TFJob/MPIJob or Volcano Job document"}]}
+    app.openapi_schema = schema
+    return schema
