@@ -214,6 +214,10 @@ def _print_result(console: Console, final: dict) -> None:  # type: ignore[type-a
     if metrics.is_file():
         console.print(f"result: {metrics.read_text().strip()}")
     for inst in final["instances"]:
+        if inst["state"] == "failed" and inst.get("message"):
+            # the node's own words for a start that failed ("program 'x' not found"), or the exit
+            console.print(f"{inst['role']}-{inst['index']} {inst.get('reason') or 'failed'}: {inst['message']}",
+                          markup=False)
         if inst["state"] == "failed" and inst["logPath"] and Path(inst["logPath"]).is_file():
             tail = Path(inst["logPath"]).read_text(errors="replace").splitlines()[-5:]
             console.print(f"last lines of {inst['role']}-{inst['index']} ({inst['logPath']}):")
