@@ -166,7 +166,7 @@ def test_container_fields_translate_and_the_rest_is_reported() -> None:
     assert role["image"] == "example/train:1"
     base = "spec.pytorchReplicaSpecs.Master.template"
     ignored = "\n".join(converted.ignored)
-    for path in (f"{base}.metadata", f"{base}.spec.volumes", f"{base}.spec.nodeSelector",
+    for path in (f"{base}.metadata.annotations", f"{base}.spec.volumes", f"{base}.spec.nodeSelector",
                  f"{base}.spec.tolerations", f"{base}.spec.containers[1]",
                  f"{base}.spec.containers[0].env[1].valueFrom", f"{base}.spec.containers[0].image",
                  f"{base}.spec.containers[0].volumeMounts", f"{base}.spec.containers[0].livenessProbe",

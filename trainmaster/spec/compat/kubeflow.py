@@ -30,15 +30,18 @@ class Kind:
     default_restart: dict[str, str]  # replica type (lower-case) -> Kubeflow's default; "" = any
     spec_keys: dict[str, str]  # kind-specific spec fields we do not carry, with the reason
     spec_fields: frozenset[str] = frozenset()  # every field of the kind's spec upstream
+    replica_types: tuple[str, ...] = ()  # the replica types the operator accepts
 
 
 KINDS: dict[str, Kind] = {
     "PyTorchJob": Kind(
         "pytorchReplicaSpecs", ("v1",), "pytorch", {"": "OnFailure"},
-        {}, frozenset({"runPolicy", "elasticPolicy", "pytorchReplicaSpecs", "nprocPerNode"})),
+        {}, frozenset({"runPolicy", "elasticPolicy", "pytorchReplicaSpecs", "nprocPerNode"}),
+        ("Master", "Worker")),
     "TFJob": Kind(
         "tfReplicaSpecs", ("v1",), "tensorflow", {"": "Never"},
-        {}, frozenset({"runPolicy", "successPolicy", "tfReplicaSpecs", "enableDynamicWorker"})),
+        {}, frozenset({"runPolicy", "successPolicy", "tfReplicaSpecs", "enableDynamicWorker"}),
+        ("Chief", "Master", "PS", "Worker", "Evaluator")),
     "MPIJob": Kind(
         "mpiReplicaSpecs", ("v1", "v2beta1"), None, {"launcher": "OnFailure", "": "Never"},
         {"sshAuthMountPath": "no SSH between instances locally",
@@ -47,7 +50,7 @@ KINDS: dict[str, Kind] = {
          "cleanPodPolicy": "instances are always stopped and cleaned up when the job ends"},
         frozenset({"slotsPerWorker", "cleanPodPolicy", "mpiReplicaSpecs", "mainContainer", "runPolicy",
                    "runLauncherAsWorker", "sshAuthMountPath", "launcherCreationPolicy",
-                   "mpiImplementation"})),
+                   "mpiImplementation"}), ("Launcher", "Worker")),
 }
 
 _RESTART = {"Never": "Never", "OnFailure": "OnFailure", "Always": "Always"}
@@ -112,10 +115,9 @@ def convert(raw: dict[str, Any], lenient: bool = False) -> tuple[dict[str, Any],
         report.unsupported(f"spec.{kind.replica_key}", "TF_CONFIG (every replica's cluster and task) "
                            "is not set here yet, so a multi-replica TFJob would run as unconnected "
                            "processes; pass --lenient to run it that way knowingly")
+    meta = metadata(raw.get("metadata"), f"{api_version} {kind_name}", report)
     report.finish()
-    return {"apiVersion": "trainmaster/v1", "kind": "Job",
-            "metadata": metadata(raw.get("metadata"), f"{api_version} {kind_name}", report),
-            "spec": job_spec}, report.lines
+    return {"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": meta, "spec": job_spec}, report.lines
 
 
 def _framework(kind_name: str) -> str:
@@ -132,8 +134,12 @@ def _roles(spec: dict[str, Any], kind: Kind, container: str | None,
     path = join("spec", kind.replica_key)
     replica_specs = report.mapping(spec.get(kind.replica_key), path)
     roles = []
+    known = {t.lower(): t for t in kind.replica_types}
     for replica_type, replica_spec in replica_specs.items():
         where = join(path, str(replica_type))
+        if str(replica_type).lower() not in known:
+            report.unknown(path, str(replica_type), kind.replica_types)
+            continue
         replica_spec = report.mapping(replica_spec, where)
         name = str(replica_type).lower()
         report.rest(replica_spec, where, {"replicas", "restartPolicy", "template"}, {})

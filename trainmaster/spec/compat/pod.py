@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmaster.spec.compat.ignored import Report, join
+from trainmaster.spec.compat.meta import OBJECT_META_FIELDS
 from trainmaster.spec.model import parse_memory
 
 _POD_REASONS = {
@@ -92,8 +93,9 @@ def from_template(template: Any, path: str, report: Report,
     """
     template = report.mapping(template, path)
     report.rest(template, path, TEMPLATE_FIELDS, {})
-    if template.get("metadata"):
-        report.ignore(join(path, "metadata"), "pod labels and annotations have no meaning locally")
+    pod_meta = report.mapping(template.get("metadata"), join(path, "metadata"))
+    report.rest(pod_meta, join(path, "metadata"), (), {}, OBJECT_META_FIELDS,
+                "pod metadata has no meaning locally")
     spec_path = join(path, "spec")
     spec = report.mapping(template.get("spec"), spec_path)
     for key, reason in _POD_UNSUPPORTED.items():

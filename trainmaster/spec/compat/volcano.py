@@ -91,9 +91,9 @@ def convert(raw: dict[str, Any], lenient: bool = False) -> tuple[dict[str, Any],
     if scheduling:
         job_spec["scheduling"] = scheduling
     _volcano_checks(spec, tasks, report)
+    meta = metadata(raw.get("metadata"), source, report)
     report.finish()
-    return {"apiVersion": "trainmaster/v1", "kind": "Job",
-            "metadata": metadata(raw.get("metadata"), source, report), "spec": job_spec}, report.lines
+    return {"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": meta, "spec": job_spec}, report.lines
 
 
 def _role(task: Any, path: str, spec: dict[str, Any], job_effects: _Effects,
