@@ -23,9 +23,13 @@ MAX_DOCUMENT_BYTES = 1024 * 1024  # also the server's request body limit
 @dataclass(frozen=True)
 class LoadOptions:
     """How a job document is read: the operator's path rule, and whether unknown fields of a
-    Kubeflow/Volcano file are errors (the default, as ``kubectl`` does) or listed and ignored."""
+    Kubeflow/Volcano file are errors (the default, as ``kubectl`` does) or listed and ignored.
 
-    paths: PathPolicy = field(default_factory=PathPolicy)
+    ``paths`` None leaves ``workingDir``/``output.path`` unchecked: for trusted library callers
+    (tests, a controller embedded in a program). Every entry that reads jobs from someone else
+    (the server, the CLI) passes its policy explicitly."""
+
+    paths: PathPolicy | None = None
     lenient: bool = False
 
 
@@ -107,7 +111,10 @@ def load_document(raw: dict[str, Any], source: str = "job", options: LoadOptions
              "or a Volcano Job (batch.volcano.sh/v1alpha1)"],
         )
     job = validate(raw, source, paths=options.paths)
-    return LoadedJob(job=anchored(apply_defaults(job), options.paths), source=source, ignored=ignored)
+    job = apply_defaults(job)
+    if options.paths is not None:
+        job = anchored(job, options.paths)
+    return LoadedJob(job=job, source=source, ignored=ignored)
 
 
 def dump_yaml(job: Job) -> str:
