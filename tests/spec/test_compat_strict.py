@@ -98,7 +98,7 @@ def test_volcano_own_checks() -> None:
     assert "duplicate event 'PodFailed'" in text
 
 
-@pytest.mark.parametrize("plugin", ["svc", "env", "mpi"])
+@pytest.mark.parametrize("plugin", ["svc", "mpi"])
 def test_volcano_plugins_whose_variables_jobs_read_are_refused(plugin: str) -> None:
     assert f"spec.plugins.{plugin}: not supported" in problems(volcano(task("a"), plugins={plugin: []}))
     assert convert(volcano(task("a"), plugins={plugin: []}), lenient=True) is not None
@@ -122,3 +122,18 @@ def test_mpijob_slots_and_implementation_reach_the_framework() -> None:
     assert converted.document["spec"]["frameworkParams"] == {"slotsPerWorker": 2, "mpiImplementation": "MPICH"}
     raw["spec"]["mpiImplementation"] = "LAM"
     assert "spec.mpiImplementation: must be one of OpenMPI, Intel, MPICH" in problems(raw)
+
+
+def test_volcano_env_plugin_sets_the_task_index() -> None:
+    """Volcano env plugin: VK_TASK_INDEX and VC_TASK_INDEX are the instance's index in its task
+    (set by the command framework's environment, from frameworkParams.indexVariables)."""
+    from trainmaster.frameworks import get_framework
+    from trainmaster.frameworks.base import InstanceContext
+
+    converted = convert(volcano(task("a", 3), plugins={"env": [], "ssh": []}))
+    assert converted is not None
+    job = load_document(converted.document).job
+    assert job.spec.framework == "command"
+    ctx = InstanceContext(job_name="vc", role="a", index=2, replicas=3, role_replicas={"a": 3}, host="127.0.0.1",
+                          ports=[], services={}, params=job.spec.framework_params)
+    assert get_framework("command").environment(ctx) == {"VK_TASK_INDEX": "2", "VC_TASK_INDEX": "2"}

@@ -147,7 +147,7 @@ def test_task_min_available() -> None:
 
 def test_cluster_only_fields_are_reported() -> None:
     """Mechanism: schedulerName, volumes, plugins, task topology and pod fields with no local
-    meaning are reported as ignored, each with its path."""
+    meaning are reported as ignored, each with its path (the env plugin is honoured)."""
     raw = volcano(task("worker", topologyPolicy="single-numa-node"), schedulerName="volcano",
                   volumes=[{"mountPath": "/data"}], plugins={"ssh": [], "svc": [], "env": []},
                   ttlSecondsAfterFinished=60)
@@ -155,7 +155,7 @@ def test_cluster_only_fields_are_reported() -> None:
     raw["status"] = {"state": {"phase": "Running"}}
     _, _, ignored = converted(raw)
     for path in ("spec.schedulerName", "spec.volumes", "spec.plugins.ssh", "spec.plugins.svc",
-                 "spec.plugins.env", "spec.ttlSecondsAfterFinished", "spec.tasks[0].topologyPolicy",
+                 "spec.ttlSecondsAfterFinished", "spec.tasks[0].topologyPolicy",
                  "spec.tasks[0].template.spec.containers[0].image", "metadata.namespace", "status"):
         assert f"{path}:" in ignored, path
 

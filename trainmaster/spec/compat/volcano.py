@@ -38,8 +38,6 @@ _PLUGIN_REASONS = {
 _PLUGINS_UNSUPPORTED = {
     "svc": "the svc plugin's host files (/etc/volcano/<task>.host) and VC_<TASK>_HOSTS/NUM "
            "variables are not provided here yet (roles reach each other through TM_SERVICE_<ROLE>)",
-    "env": "the env plugin's VK_TASK_INDEX/VC_TASK_INDEX are not set here yet (the index is in "
-           "TM_REPLICA_INDEX)",
     "mpi": "the mpi plugin's hostfile is not written; use a Kubeflow MPIJob or the mpi framework",
 }
 SPEC_FIELDS = {"schedulerName", "minAvailable", "volumes", "tasks", "policies", "plugins",
@@ -83,7 +81,10 @@ def convert(raw: dict[str, Any], lenient: bool = False) -> tuple[dict[str, Any],
     tasks = report.sequence(spec.get("tasks"), "spec.tasks")
     roles = [_role(task, join("spec.tasks", i), spec, job_effects, report)
              for i, task in enumerate(tasks)]
-    job_spec: dict[str, Any] = {"framework": _framework(spec, roles, report), "roles": roles}
+    framework, params = _framework(spec, roles, report)
+    job_spec: dict[str, Any] = {"framework": framework, "roles": roles}
+    if params:
+        job_spec["frameworkParams"] = params
     status_policy = _job_status_policy(spec, tasks, roles, job_effects, report)
     if status_policy:
         job_spec["statusPolicy"] = status_policy
@@ -190,12 +191,24 @@ def _effect(event: str, action: str, where: str, effects: _Effects, report: Repo
         report.unsupported(where, f"{event} -> {action} is not run here yet")
 
 
-def _framework(spec: dict[str, Any], roles: list[dict[str, Any]], report: Report) -> str:
+def _framework(spec: dict[str, Any], roles: list[dict[str, Any]],
+               report: Report) -> tuple[str, dict[str, Any]]:
+    """The framework and its parameters that carry the job's plugins: ``pytorch`` (the plugin's
+    variables), ``command`` with ``indexVariables`` (the ``env`` plugin's ``VK_TASK_INDEX`` and
+    ``VC_TASK_INDEX``: the instance's index in its task)."""
     plugins = report.mapping(spec.get("plugins"), "spec.plugins")
-    framework = "command"
+    framework, params = "command", {}
+    if "env" in plugins and not ("pytorch" in plugins and {r["name"] for r in roles} <= {"master", "worker"}):
+        params["indexVariables"] = ["VK_TASK_INDEX", "VC_TASK_INDEX"]
     for name in plugins:
         where = join("spec.plugins", name)
-        if name == "pytorch" and {r["name"] for r in roles} <= {"master", "worker"}:
+        if name == "env":
+            if not params and not report.lenient:
+                report.unsupported(where, "the env plugin's VK_TASK_INDEX/VC_TASK_INDEX are not set "
+                                   "together with the pytorch plugin; use RANK (or --lenient)")
+            elif not params:
+                report.ignore(where, "VK_TASK_INDEX/VC_TASK_INDEX not set (the index is in TM_REPLICA_INDEX)")
+        elif name == "pytorch" and {r["name"] for r in roles} <= {"master", "worker"}:
             framework = "pytorch"  # the plugin's MASTER_ADDR/RANK come from our framework
             report.approximate(where, "run by the pytorch framework (MASTER_ADDR, MASTER_PORT, "
                                "WORLD_SIZE, RANK); the plugin's arguments are not read")
@@ -205,7 +218,7 @@ def _framework(spec: dict[str, Any], roles: list[dict[str, Any]], report: Report
             report.ignore(where, _PLUGIN_REASONS.get(name) or _PLUGINS_UNSUPPORTED[name])
         else:
             report.unknown("spec.plugins", str(name), {"ssh", "svc", "env", "mpi", "pytorch"})
-    return framework
+    return framework, params
 
 
 def _job_status_policy(spec: dict[str, Any], tasks: list[Any], roles: list[dict[str, Any]],
