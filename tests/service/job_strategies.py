@@ -4,6 +4,7 @@ long strings, wrong types), so that both almost-valid and broken documents reach
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from hypothesis import strategies as st
@@ -93,8 +94,8 @@ def _field_names(schema: Any) -> set[str]:
 def mutated(draw: st.DrawFn, documents: st.SearchStrategy[JsonValue], names: list[str]) -> JsonValue:
     """A document with one to five subtrees replaced by a wrong-typed or arbitrary value, or a
     field of the model (or a random key) set where it may or may not belong."""
-    document = draw(documents)
-    values = st.one_of(WRONG_TYPES, ANY_JSON)
+    document = copy.deepcopy(draw(documents))  # never change a value hypothesis may hand out again
+    values = st.one_of(WRONG_TYPES, ANY_JSON).map(copy.deepcopy)
     for _ in range(draw(st.integers(1, 5))):
         path = draw(st.sampled_from(_paths(document)))
         parent = document
