@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, field_validator
 from pydantic.alias_generators import to_camel
 
-API_VERSION = "trainmaster/v1"
+API_VERSION: Literal["trainmaster/v1"] = "trainmaster/v1"
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 MAX_PORTS_PER_INSTANCE = 64
 # Bounds that keep every value inside what the store (64-bit integers), the OS (path lengths)

@@ -65,7 +65,7 @@ def path_errors(raw: dict[str, Any], policy: PathPolicy) -> list[str]:
     """``field.path: reason`` lines for every job path ``policy`` refuses; reads the raw document
     so that these are reported together with every other problem (wrong types are left to the
     structural pass)."""
-    spec = raw.get("spec") if isinstance(raw.get("spec"), dict) else {}
+    spec: dict[str, Any] = raw["spec"] if isinstance(raw.get("spec"), dict) else {}
     found: list[tuple[str, Any]] = []
     output = spec.get("output")
     if isinstance(output, dict):

@@ -66,7 +66,7 @@ def structural_errors(raw: dict[str, Any]) -> list[str]:
         seen: dict[str, str] = {}
         for err in exc.errors():
             path = field_path(err["loc"])
-            seen.setdefault(path, _message(err))
+            seen.setdefault(path, _message(dict(err)))
         return [f"{path}: {msg}" for path, msg in seen.items()]
     return []
 

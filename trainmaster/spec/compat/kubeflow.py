@@ -250,7 +250,8 @@ def _run_policy(spec: dict[str, Any], roles: list[dict[str, Any]],
     policy = report.mapping(run_policy.get("schedulingPolicy"), "spec.runPolicy.schedulingPolicy")
     report.rest(policy, "spec.runPolicy.schedulingPolicy", {"minAvailable", "queue", "priorityClass"},
                 _SCHEDULING_REASONS, SCHEDULING_POLICY_FIELDS)
-    scheduling = {key: policy[key] for key in ("minAvailable", "queue", "priorityClass") if key in policy}
+    scheduling: dict[str, Any] = {key: policy[key] for key in ("minAvailable", "queue", "priorityClass")
+                                  if key in policy}
     return scheduling
 
 

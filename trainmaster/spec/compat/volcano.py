@@ -242,7 +242,7 @@ def _job_status_policy(spec: dict[str, Any], tasks: list[Any], roles: list[dict[
     policy: dict[str, Any] = {"succeeded": {"instances": min_success}}
     if isinstance(min_success, int) and all(isinstance(n, int) for n in replicas):
         # Fail once too many instances failed for minSuccess to be reachable.
-        policy["failed"] = {"instances": max(1, sum(replicas) - min_success + 1)}
+        policy["failed"] = {"instances": max(1, sum(n for n in replicas if isinstance(n, int)) - min_success + 1)}
         for role in roles:
             role.setdefault("statusPolicy", {"failed": "all"})  # one failure must not end a role
     return policy
