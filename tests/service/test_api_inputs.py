@@ -214,3 +214,16 @@ def test_unexpected_errors_are_logged_and_answered_without_internals(
         assert reply.json()["error"].startswith("internal error")
         assert httpx.get(f"{url}/healthz", timeout=10).status_code == 200
     assert any("secret-internal-detail" in (r.exc_text or "") or r.exc_info for r in caplog.records)
+
+
+@pytest.mark.parametrize("body", [
+    '{"metadata": {"name": "s"}, "spec": {"roles": [{"name": "w", "command": ["\\ud800"]}]}}',
+    '{"metadata": {"name": "s"}, "spec": {"roles": [{"name": "w", "command": ["true"], "env": {"\\udfff": "x"}}]}}',
+    '{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "s"}, "spec": {"\\ud800": 1}}',
+])
+def test_text_no_program_can_take_is_refused_by_path(api: str, body: str) -> None:
+    """Lone surrogates (valid JSON escapes, not text): 422 naming the field, never a 500 while
+    the answer is encoded, never a job that cannot start."""
+    reply = httpx.post(f"{api}/api/v1/jobs", content=body, headers={"content-type": "application/json"}, timeout=30)
+    assert reply.status_code == 422, reply.text
+    assert any("lone surrogate" in d and d.startswith("spec.") for d in reply.json()["details"]), reply.json()

@@ -91,6 +91,28 @@ def document_depth(value: Any) -> int:
     return deepest
 
 
+def unencodable_text(value: Any, path: str = "") -> list[str]:
+    """Paths of strings (keys or values) that are not valid Unicode text: lone surrogates, which
+    JSON can carry (``"\\ud800"``) but no file name, argument or environment variable can."""
+    found: list[str] = []
+    stack: list[tuple[Any, str]] = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                found.append(where or "(document)")
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                child_path = f"{where}.{key}" if where else str(key)
+                stack.append((key, child_path))
+                stack.append((child, child_path))
+        elif isinstance(item, list):
+            stack.extend((child, f"{where}[{i}]") for i, child in enumerate(item))
+    return sorted(set(found))
+
+
 def load_document(raw: dict[str, Any], source: str = "job", options: LoadOptions | None = None) -> LoadedJob:
     """Convert (Kubeflow/Volcano), validate and default one job document."""
     from trainmaster.frameworks import apply_defaults
@@ -100,6 +122,12 @@ def load_document(raw: dict[str, Any], source: str = "job", options: LoadOptions
     if document_depth(raw) > MAX_DOCUMENT_DEPTH:
         raise UserError(f"{source}: nested more than {MAX_DOCUMENT_DEPTH} levels deep; a job "
                         "document is a few levels of mappings and lists")
+    bad_text = unencodable_text(raw)
+    if bad_text:
+        raise UserError(f"{source} is not a valid job ({len(bad_text)} problem(s))",
+                        [f"{where.encode('utf-8', 'backslashreplace').decode()}: contains a lone "
+                         "surrogate (e.g. \\ud800), which is not text a program can be given"
+                         for where in bad_text[:20]])
     ignored: list[str] = []
     converted = convert(raw, lenient=options.lenient)
     if converted is not None:
