@@ -229,6 +229,8 @@ def create_app(controller: Controller, reconcile: bool = True, options: ServiceO
                                  media_type="text/plain; version=0.0.4")
 
     def _find(session: Any, ref: str) -> Any:
+        if not ref.isascii():  # names, uids and ids are ASCII; '²'.isdigit() holds, int('²') fails
+            raise HTTPException(404, f"no job '{ref}' (job names, uids and ids are ASCII)")
         if ref.isdigit() and len(ref) > 18:
             raise HTTPException(404, f"no job with id {ref[:20]}... (ids are at most 18 digits)")
         try:
