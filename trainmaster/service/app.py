@@ -79,7 +79,8 @@ class Reconciler(threading.Thread):
             try:
                 self.controller.step()
                 self.error = None
-            except Exception as exc:  # keep reconciling; surface the error on /healthz
+            except Exception as exc:  # keep reconciling; surface the error on /healthz and in the log
+                log.exception("reconcile pass failed")
                 self.error = f"{type(exc).__name__}: {exc}"
             self.stopping.wait(self.controller.interval)
 
