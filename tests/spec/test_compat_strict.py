@@ -137,3 +137,14 @@ def test_volcano_env_plugin_sets_the_task_index() -> None:
     ctx = InstanceContext(job_name="vc", role="a", index=2, replicas=3, role_replicas={"a": 3}, host="127.0.0.1",
                           ports=[], services={}, params=job.spec.framework_params)
     assert get_framework("command").environment(ctx) == {"VK_TASK_INDEX": "2", "VC_TASK_INDEX": "2"}
+
+
+@pytest.mark.parametrize("implementation, expected", [
+    ("OpenMPI", "10.0.0.1 slots=2\n10.0.0.2 slots=2\n"), ("Intel", "10.0.0.1:2\n10.0.0.2:2\n"),
+    ("MPICH", "10.0.0.1:2\n10.0.0.2:2\n")])
+def test_mpi_hostfile_has_the_slots_in_the_implementations_format(implementation: str, expected: str) -> None:
+    """MPIJob slotsPerWorker and mpiImplementation: the launcher's hostfile as the MPI operator
+    writes it for each implementation."""
+    from trainmaster.frameworks.mpi import hostfile_text
+
+    assert hostfile_text(["10.0.0.1:5000", "10.0.0.2:5001"], 2, implementation) == expected
