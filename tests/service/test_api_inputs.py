@@ -230,3 +230,19 @@ def test_text_no_program_can_take_is_refused_by_path(api: str, body: str) -> Non
     reply = httpx.post(f"{api}/api/v1/jobs", content=body, headers={"content-type": "application/json"}, timeout=30)
     assert reply.status_code == 422, reply.text
     assert any("lone surrogate" in d and d.startswith("spec.") for d in reply.json()["details"]), reply.json()
+
+
+def test_foreign_files_are_read_strictly_unless_lenient(api: str) -> None:
+    """Strict reading through the API: a typo in a PyTorchJob is a 422 naming its path in the
+    submitted file; ?lenient=true accepts the job and lists what was ignored."""
+    doc = copy.deepcopy(PYTORCH_BAD_RESTART)
+    doc["metadata"]["name"] = "lenient-pt"
+    doc["spec"]["pytorchReplicaSpecs"]["Master"] = {"replica": 1, "template": {"spec": {
+        "containers": [{"name": "pytorch", "command": ["true"]}]}}}
+    strict = httpx.post(f"{api}/api/v1/jobs", json=doc, timeout=30)
+    assert strict.status_code == 422
+    assert "spec.pytorchReplicaSpecs.Master.replica: unknown field (did you mean 'replicas'?)" in strict.text
+    lenient = httpx.post(f"{api}/api/v1/jobs", params={"lenient": "true"}, json=doc, timeout=30)
+    assert lenient.status_code == 201, lenient.text
+    assert any(line.startswith("spec.pytorchReplicaSpecs.Master.replica: unknown field, ignored")
+               for line in lenient.json()["ignored"])
