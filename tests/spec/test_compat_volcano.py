@@ -8,10 +8,21 @@ from typing import Any
 import pytest
 
 from trainmaster.errors import UserError
-from trainmaster.spec import load_document
-from trainmaster.spec.compat import convert
+from trainmaster.spec import load_document as _load_document
+from trainmaster.spec.compat import convert as _convert
+from trainmaster.spec.load import LoadOptions
 from trainmaster.spec.states import InstanceState, JobState
 from trainmaster.spec.status import RoleSummary, job_state, role_state
+
+# These tests pin the --lenient reading (unknown fields listed and ignored, today's behaviour
+# before strict reading); tests/spec/test_compat_strict.py pins the default, strict reading.
+def convert(raw: Any, lenient: bool = True) -> Any:
+    return _convert(raw, lenient=lenient)
+
+
+def load_document(raw: Any, source: str = "job") -> Any:
+    return _load_document(raw, source, LoadOptions(lenient=True))
+
 
 
 def task(name: str, replicas: int = 1, restart: str | None = "Never", **extra: Any) -> dict[str, Any]:
@@ -69,12 +80,10 @@ def test_depends_on_any_is_reported_as_approximated() -> None:
     ([{"event": "TaskCompleted", "action": "CompleteJob"}], "job", "Never",
      {"failed": "any", "succeeded": "any"}, None),
     ([{"event": "PodEvicted", "action": "RestartJob"}], "job", "Never", None, "never evicted"),
-    ([{"exitCode": 3, "action": "RestartJob"}], "task", "Never", None, "exit-code policies"),
-    ([{"event": "Unknown", "action": "AbortJob"}], "task", "Never", None, "no local equivalent"),
     ([{"events": ["PodFailed", "PodEvicted"], "action": "RestartTask"}], "task", "OnFailure", None,
      "never evicted"),
 ], ids=["restart-task", "restart-pod", "restart-job", "abort", "terminate", "complete-task",
-        "complete-any", "evicted", "exit-code", "unknown", "events-list"])
+        "complete-any", "evicted", "events-list"])
 def test_lifecycle_policies(policies: list[dict[str, Any]], where: str, restart: str,
                             status: dict[str, Any] | None, reported: str | None) -> None:
     """Mechanism: Volcano policies (event -> action) -> restart policy / job status policy;
@@ -138,7 +147,7 @@ def test_task_min_available() -> None:
 
 def test_cluster_only_fields_are_reported() -> None:
     """Mechanism: schedulerName, volumes, plugins, task topology and pod fields with no local
-    meaning are reported as ignored, each with its path."""
+    meaning are reported as ignored, each with its path (the env plugin is honoured)."""
     raw = volcano(task("worker", topologyPolicy="single-numa-node"), schedulerName="volcano",
                   volumes=[{"mountPath": "/data"}], plugins={"ssh": [], "svc": [], "env": []},
                   ttlSecondsAfterFinished=60)
@@ -146,7 +155,7 @@ def test_cluster_only_fields_are_reported() -> None:
     raw["status"] = {"state": {"phase": "Running"}}
     _, _, ignored = converted(raw)
     for path in ("spec.schedulerName", "spec.volumes", "spec.plugins.ssh", "spec.plugins.svc",
-                 "spec.plugins.env", "spec.ttlSecondsAfterFinished", "spec.tasks[0].topologyPolicy",
+                 "spec.ttlSecondsAfterFinished", "spec.tasks[0].topologyPolicy",
                  "spec.tasks[0].template.spec.containers[0].image", "metadata.namespace", "status"):
         assert f"{path}:" in ignored, path
 
@@ -166,3 +175,18 @@ def test_other_volcano_kinds_are_user_errors() -> None:
         convert({"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Queue", "spec": {}})
     with pytest.raises(UserError, match="spec.tasks: must be a list"):
         convert(volcano(tasks_are="wrong") | {"spec": {"tasks": {"a": 1}}})
+
+
+@pytest.mark.parametrize("policy, message", [
+    ({"exitCode": 3, "action": "RestartJob"}, "exitCode: not supported: exit-code policies"),
+    ({"event": "Unknown", "action": "AbortJob"}, "Unknown -> AbortJob is not run here yet"),
+    ({"event": "PodFailed", "action": "Reboot"}, "action: 'Reboot' is not a Volcano action"),
+    ({"event": "PodCrashed", "action": "AbortJob"}, "'PodCrashed' is not a Volcano event"),
+    ({"action": "AbortJob"}, "needs an event, events or an exitCode"),
+], ids=["exit-code", "unknown-event-action", "bad-action", "bad-event", "no-event"])
+def test_lifecycle_policies_that_would_run_differently_are_refused(policy: dict[str, Any], message: str) -> None:
+    """Volcano policies: an event -> action pair that is not run here, or that Volcano itself
+    refuses, is an error naming the policy's path (even with --lenient), never an ignored line."""
+    with pytest.raises(UserError) as err:
+        convert(volcano(task("ps"), task("worker", 2, policies=[policy])))
+    assert "spec.tasks[1].policies[0]" in str(err.value) and message in str(err.value)

@@ -105,7 +105,11 @@ def test_dry_run_prints_the_defaulted_job(tmp_path: Path) -> None:
     assert printed["spec"]["statusPolicy"] == {"preset": "kubeflow"}
 
 
-def test_user_framework_from_a_python_file(tmp_path: Path) -> None:
+def test_user_framework_from_a_python_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Framework loading by address (spec: "a user's own framework must be loadable this way"),
+    once the operator allowed that address."""
+    from trainmaster.frameworks import ALLOW_LIST_VARIABLE, get_framework
+
     fw = tmp_path / "myfw.py"
     fw.write_text(
         "from trainmaster.frameworks.base import Framework\n"
@@ -116,6 +120,66 @@ def test_user_framework_from_a_python_file(tmp_path: Path) -> None:
         "        return ['python', '-c', 'print(1)']\n"
         "    def environment(self, ctx):\n"
         "        return {'ECHO_INDEX': str(ctx.index)}\n")
-    loaded = load_document({**BASE, "spec": {"framework": str(fw), "roles": [{"name": "speaker"}]}})
-    assert loaded.job.spec.roles[0].command == ["python", "-c", "print(1)"]
-    assert any("has no role 'other'" in e for e in errors_of({"framework": str(fw), "roles": [{"name": "other"}]}))
+    monkeypatch.setenv(ALLOW_LIST_VARIABLE, f"{fw},echo={fw}")
+    get_framework.cache_clear()
+    try:
+        loaded = load_document({**BASE, "spec": {"framework": str(fw), "roles": [{"name": "speaker"}]}})
+        assert loaded.job.spec.roles[0].command == ["python", "-c", "print(1)"]
+        assert load_document({**BASE, "spec": {"framework": "echo", "roles": [{"name": "speaker"}]}})
+        assert any("has no role 'other'" in e for e in errors_of({"framework": str(fw), "roles": [{"name": "other"}]}))
+    finally:
+        get_framework.cache_clear()
+
+
+@pytest.mark.parametrize("address", ["{file}", "{file}:Boom", "os.path:join", "tm_probe_module:X"])
+def test_a_job_never_makes_the_server_import_code(tmp_path: Path, address: str,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Framework registry: a job naming a file or module path that the operator did not allow is
+    refused (listing the installed frameworks) and nothing is imported or executed."""
+    from trainmaster.frameworks import get_framework
+
+    marker = tmp_path / "imported"
+    module = tmp_path / "evil.py"
+    module.write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    (tmp_path / "tm_probe_module.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    get_framework.cache_clear()
+    errors = errors_of({"framework": address.format(file=module), "roles": [{"name": "a", "command": ["true"]}]})
+    assert not marker.exists()
+    assert any(e.startswith("spec.framework: unknown framework") and "installed: command" in e for e in errors), errors
+
+
+def test_run_refuses_a_backend_conflict_and_paths_outside_its_directory(tmp_path: Path) -> None:
+    """`run`: --backend against the job's spec.scheduling.backend is an error, not a silent
+    override; an absolute output.path outside the current directory is refused unless allowed."""
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({**BASE, "spec": {"scheduling": {"backend": "local"},
+                                                     "roles": [{"name": "a", "command": ["true"]}]}}))
+    out = cli("run", str(path), "--backend", "ray", "--dry-run")
+    assert out.returncode == 2 and "conflicts with the job's spec.scheduling.backend" in out.stderr
+    outside = tmp_path / "elsewhere"
+    path.write_text(yaml.safe_dump({**BASE, "spec": {"output": {"path": str(outside)},
+                                                     "roles": [{"name": "a", "command": ["true"]}]}}))
+    out = cli("validate", str(path))
+    assert out.returncode == 2 and "spec.output.path" in out.stderr and "Traceback" not in out.stderr
+    assert cli("validate", str(path), "--allow-path", str(tmp_path)).returncode == 0
+
+
+def test_validate_lenient_and_allow_framework_flags(tmp_path: Path) -> None:
+    """`validate --lenient` lists a typo instead of refusing it; `--allow-framework ID=FILE` makes
+    an operator-approved framework file loadable (and only then)."""
+    typo = tmp_path / "typo.yaml"
+    typo.write_text(yaml.safe_dump({"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
+                                    "metadata": {"name": "vc"}, "spec": {"queu": "default", "tasks": [
+                                        {"name": "a", "template": {"spec": {"containers": [
+                                            {"name": "a", "command": ["true"]}]}}}]}}))
+    strict = cli("validate", str(typo))
+    assert strict.returncode == 2 and "did you mean 'queue'" in strict.stderr
+    lenient = cli("validate", str(typo), "--lenient")
+    assert lenient.returncode == 0 and "spec.queu: unknown field, ignored" in lenient.stderr
+    fw = tmp_path / "echo_fw.py"
+    fw.write_text("from trainmaster.frameworks.base import Framework\nclass Echo(Framework):\n    name = 'echo'\n")
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({**BASE, "spec": {"framework": "echo", "roles": [{"name": "a", "command": ["true"]}]}}))
+    assert cli("validate", str(job)).returncode == 2
+    assert cli("validate", str(job), "--allow-framework", f"echo={fw}").returncode == 0

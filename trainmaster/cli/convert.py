@@ -17,6 +17,8 @@ def convert_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of YAML.")] = False,
     check: Annotated[bool, typer.Option(
         "--check/--no-check", help="Also validate the converted job (exit 2 if it is invalid).")] = True,
+    lenient: Annotated[bool, typer.Option(
+        "--lenient", help="List unknown fields and ignore them instead of refusing the file.")] = False,
 ) -> None:
     """Print FILE converted to a trainmaster/v1 Job; list the source fields it ignores on stderr.
 
@@ -32,7 +34,7 @@ def convert_command(
     from trainmaster.spec.validate import validate
 
     raw = read_document(file)
-    converted = convert(raw)
+    converted = convert(raw, lenient=lenient)
     if converted is None:
         raise UserError(
             f"{file}: apiVersion={raw.get('apiVersion')!r} kind={raw.get('kind')!r} is not a "

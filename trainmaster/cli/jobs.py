@@ -16,13 +16,36 @@ from trainmaster.errors import UserError
 FileArg = Annotated[Path, typer.Argument(help="Job file: trainmaster/v1 Job, Kubeflow or Volcano YAML/JSON.")]
 DbOpt = Annotated[Optional[str], typer.Option("--db", envvar="TRAINMASTER_DB",
                                               help="SQLAlchemy URL of the store (default: SQLite in ~/.trainmaster).")]
+LenientOpt = Annotated[bool, typer.Option(
+    "--lenient", help="Kubeflow/Volcano files: list unknown fields and ignore them instead of refusing the file.")]
+AllowPathOpt = Annotated[Optional[list[Path]], typer.Option(
+    "--allow-path", help="A directory that workingDir/output.path may name by absolute path (repeatable; "
+                         "the current directory always is).")]
+AllowFrameworkOpt = Annotated[Optional[list[str]], typer.Option(
+    "--allow-framework", help="ID=TARGET or TARGET: load a framework that is not installed from a module "
+                              "'pkg.mod:Class' or a file 'path/fw.py' (repeatable).")]
 
 
-def validate(file: FileArg) -> None:
+def load_options(lenient: bool, allow_path: list[Path] | None, allow_framework: list[str] | None):  # type: ignore[no-untyped-def]
+    """The options of a job verb run by the user on this machine (``run``, ``validate``)."""
+    from trainmaster.frameworks import allow_frameworks
+    from trainmaster.spec.load import LoadOptions
+    from trainmaster.spec.paths import PathPolicy
+
+    if allow_framework:
+        try:
+            allow_frameworks(allow_framework)
+        except ValueError as exc:
+            raise UserError(f"--allow-framework {exc}") from None
+    return LoadOptions(paths=PathPolicy.for_command_line(allow_path), lenient=lenient)
+
+
+def validate(file: FileArg, lenient: LenientOpt = False, allow_path: AllowPathOpt = None,
+             allow_framework: AllowFrameworkOpt = None) -> None:
     """Check a job file and list every problem with its field path (exit 2 if any)."""
     from trainmaster.spec import load_job
 
-    loaded = load_job(file)
+    loaded = load_job(file, load_options(lenient, allow_path, allow_framework))
     job = loaded.job
     for path in loaded.ignored:
         Console(stderr=True).print(f"[yellow]ignored:[/] {path}", highlight=False)
@@ -51,26 +74,35 @@ def run(
     file: FileArg,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the validated, defaulted job and exit.")] = False,
     db: DbOpt = None,
-    backend: Annotated[str, typer.Option(help="Where instances run: local (subprocesses) or ray.")] = "local",
+    backend: Annotated[Optional[str], typer.Option(
+        help="Where instances run: local (subprocesses) or ray (default: the job's "
+             "spec.scheduling.backend, else local).")] = None,
     interval: Annotated[float, typer.Option(min=0.01, help="Seconds between reconcile passes.")] = 1.0,
     grace: Annotated[float, typer.Option(min=0, help="Seconds between SIGTERM and SIGKILL when stopping.")] = 5.0,
     cpus: Annotated[Optional[float], typer.Option(help="CPUs the local backend offers (default: this machine's).")] = None,
     ray_address: Annotated[Optional[str], typer.Option(help="Join this Ray cluster (backend ray; default: start one).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the final status as JSON.")] = False,
+    lenient: LenientOpt = False,
+    allow_path: AllowPathOpt = None,
+    allow_framework: AllowFrameworkOpt = None,
 ) -> None:
     """Run a job to its end with a live view; exit 0 if it succeeded, 1 if it failed or was cancelled."""
     from trainmaster.spec import load_job
     from trainmaster.spec.load import dump_yaml
 
-    loaded = load_job(file)
+    loaded = load_job(file, load_options(lenient, allow_path, allow_framework))
+    wanted = loaded.job.spec.scheduling.backend
+    if backend is not None and wanted is not None and wanted.value != backend:
+        raise UserError(f"--backend {backend} conflicts with the job's spec.scheduling.backend: "
+                        f"{wanted.value}; drop one of them")
+    backend = backend or (wanted.value if wanted is not None else "local")
     err = Console(stderr=True, highlight=False)
     for path in loaded.ignored:
         err.print(f"[yellow]ignored:[/] {path}")
     if dry_run:
         print(dump_yaml(loaded.job), end="")
         return
-    state = _run(loaded, db, loaded.job.spec.scheduling.backend and loaded.job.spec.scheduling.backend.value
-                 or backend, interval, grace, cpus, ray_address, json_out)
+    state = _run(loaded, db, backend, interval, grace, cpus, ray_address, json_out)
     raise typer.Exit(0 if state == "succeeded" else 1)
 
 
@@ -186,6 +218,10 @@ def _print_result(console: Console, final: dict) -> None:  # type: ignore[type-a
     if metrics.is_file():
         console.print(f"result: {metrics.read_text().strip()}")
     for inst in final["instances"]:
+        if inst["state"] == "failed" and inst.get("message"):
+            # the node's own words for a start that failed ("program 'x' not found"), or the exit
+            console.print(f"{inst['role']}-{inst['index']} {inst.get('reason') or 'failed'}: {inst['message']}",
+                          markup=False)
         if inst["state"] == "failed" and inst["logPath"] and Path(inst["logPath"]).is_file():
             tail = Path(inst["logPath"]).read_text(errors="replace").splitlines()[-5:]
             console.print(f"last lines of {inst['role']}-{inst['index']} ({inst['logPath']}):")

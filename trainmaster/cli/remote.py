@@ -31,18 +31,22 @@ def _request(server: str, method: str, path: str, **kwargs: Any) -> Any:
         details = body.get("details") or [json.dumps(d) for d in body.get("detail", [])]
         raise UserError(body.get("error", "the controller rejected the request"), details)
     if response.status_code >= 400:
-        detail = response.json().get("detail", response.text) if response.headers.get(
-            "content-type", "").startswith("application/json") else response.text
-        raise UserError(str(detail), exit_code=1)
+        body = response.json() if response.headers.get("content-type", "").startswith("application/json") else {}
+        detail = body.get("detail") or body.get("error") or response.text if isinstance(body, dict) else response.text
+        raise UserError(str(detail), exit_code=2 if response.status_code == 413 else 1)
     return response.json()
 
 
 def submit(file: Annotated[Path, typer.Argument(help="Job file (ours, Kubeflow or Volcano).")],
-           server: ServerOpt = DEFAULT_SERVER) -> None:
+           server: ServerOpt = DEFAULT_SERVER,
+           lenient: Annotated[bool, typer.Option(
+               "--lenient", help="Kubeflow/Volcano files: list unknown fields and ignore them instead of "
+                                 "refusing the file.")] = False) -> None:
     """Submit a job to the controller service."""
     from trainmaster.spec.load import read_document
 
-    reply = _request(server, "POST", "/api/v1/jobs", json=read_document(file))
+    reply = _request(server, "POST", "/api/v1/jobs", json=read_document(file),
+                     params={"lenient": "true"} if lenient else None)
     for path in reply.get("ignored", []):
         Console(stderr=True).print(f"[yellow]ignored:[/] {path}", highlight=False)
     print(f"submitted job {reply['name']} (id {reply['id']})")

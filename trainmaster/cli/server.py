@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from trainmaster.cli.jobs import DbOpt, make_backend
+from trainmaster.cli.jobs import AllowFrameworkOpt, DbOpt, make_backend
 
 
 def server(
@@ -24,6 +25,10 @@ def server(
     token: Annotated[Optional[str], typer.Option(
         envvar="TRAINMASTER_TOKEN", help="Require this token on the API and the dashboard. Required beyond "
         "loopback: when --host is not a loopback address and no token is given, one is generated and printed.")] = None,
+    allow_path: Annotated[Optional[list[Path]], typer.Option(
+        "--allow-path", help="A directory submitted jobs may name by absolute path in workingDir/output.path "
+                             "(repeatable; default none: relative paths, inside each job's folder, only).")] = None,
+    allow_framework: AllowFrameworkOpt = None,
 ) -> None:
     """Run the controller service: dashboard at /, REST API (OpenAPI at /openapi.json), /metrics, reconcile loop.
 
@@ -34,6 +39,7 @@ def server(
       trainmaster server --host 0.0.0.0 --token "$(openssl rand -hex 16)"
     """
     import secrets
+    from dataclasses import replace
 
     import uvicorn
 
@@ -41,15 +47,22 @@ def server(
     from trainmaster.controller.leader import LeaderElector
     from trainmaster.controller.queues import parse_weights
     from trainmaster.errors import UserError
-    from trainmaster.service.app import create_app
+    from trainmaster.frameworks import allow_frameworks
+    from trainmaster.service.app import ServiceOptions, create_app
     from trainmaster.service.dashboard import AccessOptions
     from trainmaster.service.dashboard.access import is_loopback
+    from trainmaster.spec.paths import PathPolicy
     from trainmaster.store.db import ServerLock, default_url, make_engine, session_factory, sqlite_path
 
     try:
         weights = parse_weights(queue_weight or [])
     except ValueError as exc:
         raise UserError(f"--queue-weight {exc}") from None
+    try:
+        allow_frameworks(allow_framework or [])
+    except ValueError as exc:
+        raise UserError(f"--allow-framework {exc}") from None
+    options = ServiceOptions(paths=PathPolicy(base=None, allowed_roots=tuple(p.resolve() for p in allow_path or [])))
     url = db or default_url()
     db_file = sqlite_path(url)
     lock = ServerLock(db_file) if db_file else None
@@ -68,7 +81,7 @@ def server(
     listener = _bind(host, port)  # before the banner: a port in use is an error, not a lie
     role = "" if elector is None else f", server {elector.identity}: leads when elected, standby otherwise"
     typer.echo(f"trainmaster controller on http://{host}:{port} (store {url}, backend {backend}{role})")
-    app = create_app(controller, access=AccessOptions(token=token), elector=elector)
+    app = create_app(controller, options=replace(options, access=AccessOptions(token=token)), elector=elector)
     try:
         uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[listener])
     finally:

@@ -28,6 +28,7 @@ from trainmaster.controller.admission import admit
 from trainmaster.runtime.files import InstanceFiles
 from trainmaster.spec.load import LoadedJob
 from trainmaster.spec.model import Job, Role
+from trainmaster.spec.paths import in_job_folder, job_working_dir
 from trainmaster.spec.states import (INSTANCE_TERMINAL, JOB_TERMINAL, InstanceState, JobState,
                                      check_transition)
 from trainmaster.spec.status import RoleSummary, Verdict, job_state, role_state
@@ -81,7 +82,7 @@ class Controller:
             session.flush()
             row.run_dir = str((self.runs_dir / f"{row.id}-{job.name}").resolve())
             if job.spec.output:
-                row.output_path = str(Path(job.spec.output.path).expanduser().resolve())
+                row.output_path = in_job_folder(row.run_dir, job.spec.output.path)
             for position, role in enumerate(job.spec.roles):
                 session.add(RoleRow(job_id=row.id, name=role.name, position=position, replicas=role.replicas))
             repo.add_event(session, row.id, "job", "Submitted", f"job {job.name} queued in '{row.queue}'")
@@ -406,6 +407,7 @@ class Controller:
         run_dir = Path(job.run_dir)
         files = InstanceFiles(run_dir / "instances" / inst.label)
         output_dir = run_dir / "output"
+        cwd = job_working_dir(job.run_dir, role.working_dir)
         context = {"job_name": job.name, "role": role.name, "index": inst.index, "replicas": role.replicas,
                    "role_replicas": {r.name: r.replicas for r in spec.spec.roles},
                    "host": placement.host, "ports": placement.ports,
@@ -415,7 +417,7 @@ class Controller:
                     "replicas": spec.spec.role(d.role).replicas} for d in role.depends_on]
         launch: dict[str, Any] = {
             "argv": resolve_argv([*(role.command or []), *role.args]),
-            "cwd": role.working_dir, "env": environ, "role_env": role.env,
+            "cwd": cwd, "env": environ, "role_env": role.env,
             "depends": depends, "db_url": self.db_url, "job_id": job.id,
             "framework": spec.spec.framework, "context": context,
         }
@@ -438,7 +440,7 @@ class Controller:
         inst.message = f"waiting for {', '.join(d['role'] for d in depends)}" if depends else ""
         return LaunchRequest(job_id=job.id, job_name=job.name, role=role.name, index=inst.index,
                              attempt=inst.attempt, placement=placement, launch_file=str(files.launch),
-                             instance_dir=str(files.dir), log_path=inst.log_path, cwd=role.working_dir,
+                             instance_dir=str(files.dir), log_path=inst.log_path, cwd=cwd,
                              resources=role.resources.dump(), gated=bool(depends),
                              argv=launch["argv"], env=launch["env"])
 

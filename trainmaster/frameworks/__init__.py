@@ -1,8 +1,18 @@
 """Framework registry: resolve a job's framework id to a :class:`Framework` instance.
 
-Resolution order: a built-in id, a third-party id from the ``trainmaster.frameworks``
-entry-point group, a module path ``pkg.module:Class``, or a Python file ``path/to/fw.py``
-(optionally ``path/to/fw.py:Class``).
+A job file is data from whoever may submit jobs, so it must never make the controller import
+code. A framework id therefore resolves only to
+
+* a built-in framework (:data:`BUILTIN`),
+* a framework installed as a package, through the ``trainmaster.frameworks`` entry-point group,
+* or an entry of the operator's allow-list (:class:`FrameworkAllowList`): ``ID=TARGET`` where
+  TARGET is a module path ``pkg.module:Class`` or a file ``path/to/fw.py[:Class]``, or a bare
+  TARGET that jobs then name as their framework (the spec's "address" of a user's framework).
+
+The allow-list travels in the ``TRAINMASTER_FRAMEWORKS`` environment variable (comma-separated
+entries) because the instance processes, which resolve the framework again to build their
+environment, inherit the controller's environment; ``--allow-framework`` on ``run``, ``server``
+and ``validate`` adds to it. An id that is none of these is refused without importing anything.
 """
 
 from __future__ import annotations
@@ -10,13 +20,15 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import os
+from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
 from trainmaster.frameworks.base import Framework, InstanceContext
-from trainmaster.spec.model import Job
+from trainmaster.spec.model import MAX_FRAMEWORK_ID, Job
 
 BUILTIN: dict[str, str] = {
     "command": "trainmaster.frameworks.command:CommandFramework",
@@ -66,34 +78,93 @@ def _as_framework(obj: Any, origin: str) -> Framework:
     raise UnknownFramework(f"{origin} is not a trainmaster Framework")
 
 
+ALLOW_LIST_VARIABLE = "TRAINMASTER_FRAMEWORKS"
+
+
+@dataclass(frozen=True)
+class FrameworkAllowList:
+    """The operator's framework ids beyond the installed ones: id -> import target."""
+
+    targets: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def parse(cls, entries: list[str]) -> "FrameworkAllowList":
+        """``ID=TARGET`` or ``TARGET`` entries (a ValueError names a malformed one)."""
+        targets = []
+        for entry in entries:
+            entry = entry.strip()
+            if not entry:
+                continue
+            ident, sep, target = entry.partition("=")
+            if not sep:
+                ident, target = entry, entry
+            if not ident.strip() or not target.strip():
+                raise ValueError(f"'{entry}' is not ID=TARGET or TARGET (a module 'pkg.mod:Class' "
+                                 "or a file 'path/fw.py')")
+            targets.append((ident.strip(), target.strip()))
+        return cls(tuple(targets))
+
+    @classmethod
+    def from_environment(cls) -> "FrameworkAllowList":
+        return cls.parse(os.environ.get(ALLOW_LIST_VARIABLE, "").split(","))
+
+    def target(self, framework_id: str) -> str | None:
+        return dict(self.targets).get(framework_id)
+
+    def exported(self, entries: list[str]) -> str:
+        """The environment value with ``entries`` added (what ``--allow-framework`` sets)."""
+        FrameworkAllowList.parse(entries)  # refuse a malformed entry before exporting it
+        current = [e for e in os.environ.get(ALLOW_LIST_VARIABLE, "").split(",") if e.strip()]
+        return ",".join(current + [e for e in entries if e not in current])
+
+
+def allow_frameworks(entries: list[str]) -> None:
+    """Add operator-approved frameworks for this process and the instances it starts."""
+    os.environ[ALLOW_LIST_VARIABLE] = FrameworkAllowList.from_environment().exported(entries)
+    get_framework.cache_clear()
+
+
+def installed_frameworks() -> list[str]:
+    """Every id a job may name: built in, installed through entry points, and allow-listed."""
+    allowed = [ident for ident, _ in FrameworkAllowList.from_environment().targets]
+    return sorted(set(BUILTIN) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)} | set(allowed))
+
+
 @cache
 def get_framework(framework_id: str) -> Framework:
-    """The framework named by ``framework_id``; :class:`UnknownFramework` if none."""
+    """The framework named by ``framework_id``; :class:`UnknownFramework` if none (nothing is
+    imported for an id that is not built in, installed or allow-listed)."""
     if framework_id in BUILTIN:
         return _as_framework(_load_object(BUILTIN[framework_id]), framework_id)
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name == framework_id:
             return _as_framework(ep.load(), framework_id)
-    path_part, _, attr = framework_id.partition(".py:")
-    if framework_id.endswith(".py") or attr:
-        path = Path(framework_id if framework_id.endswith(".py") else path_part + ".py")
+    target = FrameworkAllowList.from_environment().target(framework_id)
+    if target is None:
+        raise UnknownFramework(f"unknown framework '{framework_id}' (installed: "
+                               f"{', '.join(installed_frameworks())}); a framework of your own must be "
+                               "installed as a package (entry-point group 'trainmaster.frameworks') "
+                               "or allowed by the operator (--allow-framework ID=TARGET)")
+    return _load_target(target, framework_id)
+
+
+def _load_target(target: str, framework_id: str) -> Framework:
+    path_part, _, attr = target.partition(".py:")
+    if target.endswith(".py") or attr:
+        path = Path(target if target.endswith(".py") else path_part + ".py")
         if not path.is_file():
-            raise UnknownFramework(f"framework file {path} does not exist")
+            raise UnknownFramework(f"framework file {path} (allowed as '{framework_id}') does not exist")
         return _as_framework(_load_file(path.resolve(), attr or None), framework_id)
-    if ":" in framework_id or "." in framework_id:
-        try:
-            return _as_framework(_load_object(framework_id), framework_id)
-        except (ImportError, AttributeError) as exc:
-            raise UnknownFramework(f"cannot load '{framework_id}': {exc}") from None
-    known = sorted(set(BUILTIN) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
-    raise UnknownFramework(f"unknown framework '{framework_id}' (built in: {', '.join(known)}; "
-                           "or give a module path 'pkg.module:Class' or a .py file)")
+    try:
+        return _as_framework(_load_object(target), framework_id)
+    except (ImportError, AttributeError) as exc:
+        raise UnknownFramework(f"cannot load '{target}' (allowed as '{framework_id}'): {exc}") from None
 
 
 def framework_errors(spec: dict[str, Any], raw_roles: list[dict[str, Any]]) -> list[str]:
     """Validation lines for the job's framework: unknown id, or the framework's own checks."""
     framework_id = spec.get("framework", "command")
-    if not isinstance(framework_id, str):
+    if not isinstance(framework_id, str) or len(framework_id) > MAX_FRAMEWORK_ID:
         return []  # the structural pass reports the type error
     try:
         framework = get_framework(framework_id)
@@ -103,6 +174,8 @@ def framework_errors(spec: dict[str, Any], raw_roles: list[dict[str, Any]]) -> l
         return [f"spec.framework: loading '{framework_id}' failed: {type(exc).__name__}: {exc}"]
     errors = framework.validate(spec, raw_roles)
     for i, role in enumerate(raw_roles):
+        if not isinstance(role.get("name"), str):
+            continue  # the structural pass reports the name
         if role.get("command") is None and not _framework_has_command(framework, role.get("name")):
             errors.append(f"spec.roles[{i}].command: required (framework '{framework_id}' "
                           f"has no built-in code for role '{role.get('name')}')")
@@ -119,5 +192,5 @@ def apply_defaults(job: Job) -> Job:
     return get_framework(job.spec.framework).defaults(job)
 
 
-__all__ = ["BUILTIN", "Framework", "InstanceContext", "UnknownFramework", "apply_defaults",
+__all__ = ["BUILTIN", "Framework", "FrameworkAllowList", "allow_frameworks", "installed_frameworks", "InstanceContext", "UnknownFramework", "apply_defaults",
            "framework_errors", "get_framework"]

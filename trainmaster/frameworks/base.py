@@ -84,6 +84,8 @@ class Framework:
                 errors.append(f"spec.roles: framework '{self.name}' needs a role named '{required}'")
         for i, role in enumerate(roles):
             name = role.get("name")
+            if not isinstance(name, str):
+                continue  # the structural pass reports it
             if name in self.single_instance_roles and role.get("replicas", 1) != 1:
                 errors.append(f"spec.roles[{i}].replicas: the {self.name} {name} must have exactly 1 replica")
             if name in self.port_roles and role.get("ports", 1) == 0:

@@ -2,7 +2,9 @@
 
 Roles ``launcher`` (one instance) and ``worker``. The launcher depends on every worker having an
 address and gets a hostfile (``OMPI_MCA_orte_default_hostfile`` and ``TM_HOSTFILE``) listing
-them, one ``host slots=1`` line per worker, and ``TM_WORKER_ADDRESSES``; the job succeeds when
+them, one line per worker with its slots (``frameworkParams.slotsPerWorker``, default 1) in the
+format of ``frameworkParams.mpiImplementation`` (OpenMPI ``host slots=N``; Intel MPI and MPICH
+``host:N``, as the MPI operator writes them), and ``TM_WORKER_ADDRESSES``; the job succeeds when
 the launcher succeeds.
 """
 
@@ -32,6 +34,16 @@ class MPIFramework(Framework):
         workers = ctx.services.get("worker", [])
         hostfile = Path(ctx.output_dir or ".") / f"hostfile-{ctx.index}"
         hostfile.parent.mkdir(parents=True, exist_ok=True)
-        hostfile.write_text("".join(f"{w.rpartition(':')[0]} slots=1\n" for w in workers))
+        hostfile.write_text(hostfile_text(workers, int(ctx.params.get("slotsPerWorker", 1)),
+                                          str(ctx.params.get("mpiImplementation", "OpenMPI"))))
         return {"TM_HOSTFILE": str(hostfile), "OMPI_MCA_orte_default_hostfile": str(hostfile),
                 "TM_WORKER_ADDRESSES": ",".join(workers)}
+
+
+def hostfile_text(workers: list[str], slots: int, implementation: str) -> str:
+    """The launcher's hostfile: one line per worker ("host:port" addresses), in the format the
+    MPI implementation reads."""
+    hosts = [w.rpartition(":")[0] or w for w in workers]
+    if implementation == "OpenMPI":
+        return "".join(f"{host} slots={slots}\n" for host in hosts)
+    return "".join(f"{host}:{slots}\n" for host in hosts)

@@ -3,6 +3,11 @@
 The API only reads the store and records intents (submit, scale, cancel, delete); the reconcile
 thread does everything else, so a request never waits on instances and a crash of the server
 loses nothing that was acknowledged: a job is committed before ``201`` is returned.
+
+No request makes the service answer 5xx: bodies and JSON depth are limited before a route runs
+(:mod:`.limits`), every field is bounded and checked by the spec layer (422 with its path), and
+unknown references are 404. The handler for unexpected exceptions is the last line of defence
+only: it logs the traceback and answers 500 without internals.
 """
 
 from __future__ import annotations
@@ -10,10 +15,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Annotated, Any, AsyncIterator
 
 from fastapi import Body, FastAPI, HTTPException, Query, Request
+from fastapi import Path as PathParam
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import generate_latest
 from pydantic import BaseModel, ConfigDict, Field
@@ -24,11 +33,28 @@ from trainmaster.controller import metrics
 from trainmaster.controller.leader import LeaderElector, LeaseLost
 from trainmaster.service.dashboard import AccessOptions, mount_dashboard
 from trainmaster.errors import UserError
-from trainmaster.spec.load import load_document
+from trainmaster.service.limits import BodyLimit, RequestLimits
+from trainmaster.service.submission import NameTaken, Submission
+from trainmaster.spec.model import MAX_REPLICAS, Job
+from trainmaster.spec.paths import PathPolicy
+from trainmaster.spec.validate import field_path
 from trainmaster.store import repository as repo
 
 API = "/api/v1"
-log = logging.getLogger(__name__)
+log = logging.getLogger("trainmaster.service")
+
+#: A job reference in a URL: a name (at most 63 characters), a uid (32) or an id.
+JobRef = Annotated[str, PathParam(min_length=1, max_length=63, description="Job name, uid or id")]
+
+
+@dataclass(frozen=True)
+class ServiceOptions:
+    """What the operator decides for every submitted job: where its paths may point (relative
+    ones are inside the job's folder) and how large a request may be."""
+
+    paths: PathPolicy = field(default_factory=PathPolicy)
+    limits: RequestLimits = field(default_factory=RequestLimits)
+    access: AccessOptions = field(default_factory=AccessOptions)  # the token beyond loopback, CSRF
 
 
 class ScaleRequest(BaseModel):
@@ -36,7 +62,7 @@ class ScaleRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     role: str = Field(min_length=1)
-    replicas: int = Field(ge=1)
+    replicas: int = Field(ge=1, le=MAX_REPLICAS)
 
 
 class Reconciler(threading.Thread):
@@ -72,14 +98,16 @@ class Reconciler(threading.Thread):
             self.stopping.wait(self.controller.interval)
 
 
-def create_app(controller: Controller, reconcile: bool = True, access: AccessOptions | None = None,
+def create_app(controller: Controller, reconcile: bool = True, options: ServiceOptions | None = None,
                elector: LeaderElector | None = None) -> FastAPI:
-    """The service: REST API under /api/v1, /metrics, /healthz and the dashboard at /.
-
-    ``access`` guards all of it (a token when the server listens beyond loopback)."""
+    """The service: REST API under /api/v1, /metrics, /healthz and the dashboard at /; with an
+    ``elector`` (servers sharing a database) it reconciles only while it leads."""
+    options = options or ServiceOptions()
     app = FastAPI(title="Trainmaster controller", version="1",
                   description="Submit, inspect, stream logs of, cancel and delete training jobs.")
-    mount_dashboard(app, controller, access or AccessOptions())
+    app.add_middleware(BodyLimit, limits=options.limits)
+    submission = Submission(controller, options.paths)
+    mount_dashboard(app, controller, submission, options.access)
     reconciler = Reconciler(controller, elector)
     sessions = controller.sessions
 
@@ -107,6 +135,18 @@ def create_app(controller: Controller, reconcile: bool = True, access: AccessOpt
     def _user_error(_request: Request, exc: UserError) -> JSONResponse:
         return JSONResponse(status_code=422, content={"error": exc.message, "details": exc.details})
 
+    @app.exception_handler(RequestValidationError)
+    def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        details = [f"{field_path(tuple(e.get('loc', ())))}: {e.get('msg', 'invalid')}" for e in exc.errors()]
+        return JSONResponse(status_code=422, content={
+            "error": f"invalid request to {request.url.path}", "details": details})
+
+    @app.exception_handler(Exception)
+    def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.error("unexpected error answering %s %s", request.method, request.url.path, exc_info=exc)
+        return JSONResponse(status_code=500, content={
+            "error": "internal error; the server's log has the details", "details": []})
+
     @app.get("/healthz")
     def healthz() -> dict[str, Any]:
         leadership = ({"leading": True, "leader": None} if elector is None else
@@ -114,9 +154,14 @@ def create_app(controller: Controller, reconcile: bool = True, access: AccessOpt
         return {"ok": reconciler.error is None, "error": reconciler.error, **leadership}
 
     @app.post(f"{API}/jobs", status_code=201)
-    def submit(document: dict[str, Any] = Body(..., description="A job document: ours, Kubeflow or Volcano")) -> dict[str, Any]:
-        loaded = load_document(document, source="submitted job")
-        job_id = controller.submit(loaded)
+    def submit(document: dict[str, Any] = Body(..., description="A job document: ours, Kubeflow or Volcano"),
+               lenient: bool = Query(False, description="Kubeflow/Volcano: ignore (and list) unknown "
+                                                        "fields instead of refusing the document")) -> dict[str, Any]:
+        loaded = submission.load(document, lenient=lenient)
+        try:
+            job_id = submission.submit(loaded)
+        except NameTaken as exc:
+            raise HTTPException(409, str(exc)) from None
         return {"id": job_id, "name": loaded.job.name, "ignored": loaded.ignored}
 
     @app.get(f"{API}/jobs")
@@ -125,27 +170,27 @@ def create_app(controller: Controller, reconcile: bool = True, access: AccessOpt
             return repo.job_summaries(session)
 
     @app.get(f"{API}/jobs/{{ref}}")
-    def status(ref: str, events: int = Query(50, ge=0, le=10_000)) -> dict[str, Any]:
+    def status(ref: JobRef, events: int = Query(50, ge=0, le=10_000)) -> dict[str, Any]:
         with sessions() as session:
             job = _find(session, ref)
             return repo.job_status(session, repo.load_job(session, job.id), events=events)
 
     @app.post(f"{API}/jobs/{{ref}}/cancel")
-    def cancel(ref: str) -> dict[str, Any]:
+    def cancel(ref: JobRef) -> dict[str, Any]:
         with sessions() as session:
             job = _find(session, ref)
         controller.cancel(job.id)
         return {"id": job.id, "cancelRequested": not repo.is_terminal(job.state)}
 
     @app.post(f"{API}/jobs/{{ref}}/scale")
-    def scale(ref: str, body: ScaleRequest) -> dict[str, Any]:
+    def scale(ref: JobRef, body: ScaleRequest) -> dict[str, Any]:
         with sessions() as session:
             job = _find(session, ref)
         controller.scale(job.id, body.role, body.replicas)
         return {"id": job.id, "role": body.role, "replicas": body.replicas}
 
     @app.delete(f"{API}/jobs/{{ref}}")
-    def delete(ref: str) -> dict[str, Any]:
+    def delete(ref: JobRef) -> dict[str, Any]:
         with sessions() as session:
             job = _find(session, ref)
             if not repo.is_terminal(job.state):
@@ -155,7 +200,7 @@ def create_app(controller: Controller, reconcile: bool = True, access: AccessOpt
         return {"id": job.id, "deleted": True}
 
     @app.get(f"{API}/jobs/{{ref}}/logs")
-    def logs(ref: str, role: str | None = None, index: int = Query(0, ge=0),
+    def logs(ref: JobRef, role: str | None = Query(None, max_length=63), index: int = Query(0, ge=0, le=MAX_REPLICAS),
              follow: bool = False) -> StreamingResponse:
         with sessions() as session:
             job = repo.load_job(session, _find(session, ref).id)
@@ -207,10 +252,33 @@ def create_app(controller: Controller, reconcile: bool = True, access: AccessOpt
                                  media_type="text/plain; version=0.0.4")
 
     def _find(session: Any, ref: str) -> Any:
+        if not ref.isascii():  # names, uids and ids are ASCII; '²'.isdigit() holds, int('²') fails
+            raise HTTPException(404, f"no job '{ref}' (job names, uids and ids are ASCII)")
+        if ref.isdigit() and len(ref) > 18:
+            raise HTTPException(404, f"no job with id {ref[:20]}... (ids are at most 18 digits)")
         try:
             return repo.find_job(session, ref)
         except UserError as exc:
             raise HTTPException(404, exc.message) from None
 
     app.state.reconciler = reconciler
+    app.openapi = lambda: _openapi_with_job_schema(app)  # type: ignore[method-assign]
     return app
+
+
+def _openapi_with_job_schema(app: FastAPI) -> dict[str, Any]:
+    """The OpenAPI document with the job model as the submit body's schema (the route takes any
+    mapping, since Kubeflow and Volcano documents are accepted too), so that clients and API
+    fuzzers see what a job looks like."""
+    if app.openapi_schema is not None:
+        return app.openapi_schema
+    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    job = Job.model_json_schema(by_alias=True, ref_template="#/components/schemas/{model}")
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    components.update(job.pop("$defs", {}))
+    components["Job"] = job
+    body = schema["paths"][f"{API}/jobs"]["post"]["requestBody"]["content"]["application/json"]
+    body["schema"] = {"anyOf": [{"$ref": "#/components/schemas/Job"}, {
+        "type": "object", "description": "A Kubeflow PyTorchJob/TFJob/MPIJob or Volcano Job document"}]}
+    app.openapi_schema = schema
+    return schema

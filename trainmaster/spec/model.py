@@ -11,12 +11,25 @@ import re
 from enum import Enum
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, field_validator
 from pydantic.alias_generators import to_camel
 
-API_VERSION = "trainmaster/v1"
+API_VERSION: Literal["trainmaster/v1"] = "trainmaster/v1"
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 MAX_PORTS_PER_INSTANCE = 64
+# Bounds that keep every value inside what the store (64-bit integers), the OS (path lengths)
+# and a sane cluster can hold, so that no input reaches a layer that cannot take it.
+MAX_REPLICAS = 10_000  # per role
+MAX_ROLES = 100
+MAX_RESTARTS = 10_000
+MAX_BACKOFF_SECONDS = 3600.0
+MAX_DEPENDENCY_TIMEOUT_SECONDS = 7 * 24 * 3600.0
+MAX_CPU = 100_000.0
+MAX_GPU = 10_000
+MAX_MEMORY_BYTES = 2**62
+MAX_FRAMEWORK_ID = 256
+MAX_PATH_LENGTH = 1024
+MAX_PATH_COMPONENT = 255
 
 
 class SpecModel(BaseModel):
@@ -45,8 +58,8 @@ class RestartPolicy(SpecModel):
     """
 
     policy: RestartPolicyKind = RestartPolicyKind.NEVER
-    max_restarts: Annotated[int, Field(ge=0)] = 3
-    backoff_seconds: Annotated[float, Field(ge=0)] = 1.0
+    max_restarts: Annotated[int, Field(ge=0, le=MAX_RESTARTS)] = 3
+    backoff_seconds: Annotated[float, Field(ge=0, le=MAX_BACKOFF_SECONDS)] = 1.0
 
 
 class RoleSelector(SpecModel):
@@ -88,7 +101,7 @@ class Dependency(SpecModel):
 
     role: str
     condition: DependencyCondition = DependencyCondition.RUNNING
-    timeout_seconds: Annotated[float, Field(gt=0)] = 600.0
+    timeout_seconds: Annotated[float, Field(gt=0, le=MAX_DEPENDENCY_TIMEOUT_SECONDS)] = 600.0
 
 
 _MEMORY_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
@@ -96,15 +109,36 @@ _MEMORY_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
 
 
 def parse_memory(value: str | int | float) -> int:
-    """Kubernetes-style quantity (``512Mi``, ``2G``, ``1000``) to bytes."""
+    """Kubernetes-style quantity (``512Mi``, ``2G``, ``1000``) to bytes, at most 4 EiB."""
     if isinstance(value, (int, float)):
-        if value < 0:
+        if value != value or value < 0:
             raise ValueError("must be >= 0")
+        if value > MAX_MEMORY_BYTES:
+            raise ValueError(f"must be at most {MAX_MEMORY_BYTES} bytes (4Ei)")
         return int(value)
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGTkmgt]i?)?\s*", value)
+    match = re.fullmatch(r"\s*([0-9]{1,20}(?:\.[0-9]{1,20})?)\s*([KMGTkmgt]i?)?\s*", value)
     if not match:
-        raise ValueError(f"'{value}' is not a memory quantity like 512Mi or 2G")
-    return int(float(match.group(1)) * _MEMORY_UNITS[(match.group(2) or "").lower()])
+        shown = value if len(value) <= 40 else value[:40] + "..."
+        raise ValueError(f"'{shown}' is not a memory quantity like 512Mi or 2G")
+    number = float(match.group(1)) * _MEMORY_UNITS[(match.group(2) or "").lower()]
+    if number > MAX_MEMORY_BYTES:
+        raise ValueError(f"must be at most {MAX_MEMORY_BYTES} bytes (4Ei)")
+    return int(number)
+
+
+def check_job_path(value: str) -> str:
+    """A path a job names (``workingDir``, ``output.path``) that the OS can take: no NUL, at
+    most 1024 characters, components of at most 255. Whether it may leave the job's folder is
+    the operator's policy, checked at load time (:mod:`trainmaster.spec.paths`)."""
+    if "\x00" in value:
+        raise ValueError("must not contain a NUL character")
+    if not value.strip():
+        raise ValueError("must not be empty")
+    if len(value) > MAX_PATH_LENGTH:
+        raise ValueError(f"is {len(value)} characters long; at most {MAX_PATH_LENGTH}")
+    if any(len(part) > MAX_PATH_COMPONENT for part in value.split("/")):
+        raise ValueError(f"has a path component longer than {MAX_PATH_COMPONENT} characters")
+    return value
 
 
 class Resources(SpecModel):
@@ -113,9 +147,9 @@ class Resources(SpecModel):
     Like Kubernetes requests, nothing is requested unless stated, so small jobs run anywhere.
     """
 
-    cpu: Annotated[float, Field(ge=0)] = 0.0
-    memory: str | int = 0
-    gpu: Annotated[int, Field(ge=0)] = 0
+    cpu: Annotated[float, Field(ge=0, le=MAX_CPU, allow_inf_nan=False)] = 0.0
+    memory: Annotated[str, Field(max_length=64)] | Annotated[int, Field(ge=0, le=MAX_MEMORY_BYTES)] = 0
+    gpu: Annotated[int, Field(ge=0, le=MAX_GPU)] = 0
 
     @field_validator("memory")
     @classmethod
@@ -132,11 +166,12 @@ class Role(SpecModel):
     """A named group of identical instances (master, worker, ps, device...)."""
 
     name: Annotated[str, Field(pattern=NAME_PATTERN, max_length=63)]
-    replicas: PositiveInt = 1
-    command: list[str] | None = None
+    replicas: Annotated[int, Field(ge=1, le=MAX_REPLICAS)] = 1
+    command: Annotated[list[str], Field(min_length=1)] | None = None
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
-    working_dir: str | None = None
+    # relative to the job's folder; see trainmaster.spec.paths
+    working_dir: Annotated[str, AfterValidator(check_job_path)] | None = None
     image: str | None = None  # only meaningful where a backend runs images; ignored locally
     ports: Annotated[int, Field(ge=0, le=MAX_PORTS_PER_INSTANCE)] = 1
     resources: Resources = Field(default_factory=Resources)
@@ -171,8 +206,8 @@ PRIORITY_CLASSES = {"low": -100, "normal": 0, "high": 100, "critical": 1000}
 class Scheduling(SpecModel):
     """Gang size, queue and priority; ``minAvailable`` defaults to every replica of the job."""
 
-    min_available: PositiveInt | None = None
-    queue: Annotated[str, Field(pattern=NAME_PATTERN)] = "default"
+    min_available: Annotated[int, Field(ge=1, le=MAX_ROLES * MAX_REPLICAS)] | None = None
+    queue: Annotated[str, Field(pattern=NAME_PATTERN, max_length=63)] = "default"
     priority_class: str = "normal"
     backend: Backend | None = None
 
@@ -189,13 +224,16 @@ class Scheduling(SpecModel):
 
 
 class Output(SpecModel):
-    path: str
+    """Where a successful job's outputs are copied: relative to the job's folder (see
+    :mod:`trainmaster.spec.paths`)."""
+
+    path: Annotated[str, AfterValidator(check_job_path)]
 
 
 class JobSpec(SpecModel):
-    framework: str = "command"
+    framework: Annotated[str, Field(min_length=1, max_length=MAX_FRAMEWORK_ID)] = "command"
     framework_params: dict[str, Any] = Field(default_factory=dict)
-    roles: list[Role] = Field(min_length=1)
+    roles: list[Role] = Field(min_length=1, max_length=MAX_ROLES)
     status_policy: StatusPolicy = Field(default_factory=StatusPolicy)
     scheduling: Scheduling = Field(default_factory=Scheduling)
     output: Output | None = None
@@ -213,6 +251,14 @@ class JobSpec(SpecModel):
 
 class Metadata(SpecModel):
     name: Annotated[str, Field(pattern=NAME_PATTERN, max_length=63)]
+
+    @field_validator("name")
+    @classmethod
+    def _not_an_id(cls, value: str) -> str:
+        if value.isdigit():
+            raise ValueError("must not be only digits: a number refers to a job id (add a letter, "
+                             f"e.g. 'job-{value}')")
+        return value
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
 

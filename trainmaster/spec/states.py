@@ -69,10 +69,8 @@ def check_transition(kind: str, current: str, new: str) -> None:
     if current == new:
         return
     if kind == "instance":
-        allowed = INSTANCE_TRANSITIONS[InstanceState(current)]
-        ok = InstanceState(new) in allowed
+        ok = InstanceState(new) in INSTANCE_TRANSITIONS[InstanceState(current)]
     else:
-        allowed = JOB_TRANSITIONS[JobState(current)]
-        ok = JobState(new) in allowed
+        ok = JobState(new) in JOB_TRANSITIONS[JobState(current)]
     if not ok:
         raise IllegalTransition(f"{kind} cannot go from {current} to {new}")

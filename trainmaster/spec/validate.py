@@ -12,7 +12,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from trainmaster.errors import UserError
-from trainmaster.spec.model import Job
+from trainmaster.spec.model import MAX_ROLES, Job
+from trainmaster.spec.paths import PathPolicy, path_errors
 from trainmaster.spec.status import PRESETS
 
 
@@ -22,7 +23,8 @@ def field_path(loc: tuple[Any, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif str(part).startswith(("function-", "literal[", "int", "str", "tagged-union")) or part in (
+        elif str(part).startswith(("function-", "literal[", "int", "str", "tagged-union", "constrained-",
+                                   "lax-", "json-or-python")) or part in (
             "RoleSelector", "InstanceCount", "constrained-int"
         ):
             continue  # pydantic's union-branch markers are noise to a user
@@ -64,14 +66,22 @@ def structural_errors(raw: dict[str, Any]) -> list[str]:
         seen: dict[str, str] = {}
         for err in exc.errors():
             path = field_path(err["loc"])
-            seen.setdefault(path, _message(err))
+            seen.setdefault(path, _message(dict(err)))
         return [f"{path}: {msg}" for path, msg in seen.items()]
     return []
 
 
+def _mapping(value: Any) -> dict[str, Any]:
+    """``value`` if it is a mapping, else empty: the cross-field checks read a document whose
+    structure may be broken (the structural pass reports that), and must never fail on it."""
+    return value if isinstance(value, dict) else {}
+
+
 def _roles(raw: dict[str, Any]) -> list[dict[str, Any]]:
-    roles = (raw.get("spec") or {}).get("roles")
-    return [r if isinstance(r, dict) else {} for r in roles] if isinstance(roles, list) else []
+    roles = _mapping(raw.get("spec")).get("roles")
+    if not isinstance(roles, list) or len(roles) > MAX_ROLES:
+        return []  # the structural pass reports it; nothing to cross-check
+    return [r if isinstance(r, dict) else {} for r in roles]
 
 
 def _cycle(graph: dict[str, list[str]]) -> list[str] | None:
@@ -104,9 +114,9 @@ def _cycle(graph: dict[str, list[str]]) -> list[str] | None:
 def semantic_errors(raw: dict[str, Any]) -> list[str]:
     """Cross-field checks that pydantic cannot express."""
     errors: list[str] = []
-    spec = raw.get("spec") if isinstance(raw.get("spec"), dict) else {}
+    spec = _mapping(raw.get("spec"))
     roles = _roles(raw)
-    names = [r.get("name") for r in roles]
+    names = [r.get("name") if isinstance(r.get("name"), str) else None for r in roles]
     for i, name in enumerate(names):
         if name is not None and names.index(name) != i:
             errors.append(f"spec.roles[{i}].name: duplicate role name '{name}'")
@@ -123,7 +133,7 @@ def semantic_errors(raw: dict[str, Any]) -> list[str]:
                 errors.append(f"{where}: a role cannot depend on itself")
             elif isinstance(target, str) and target not in known:
                 errors.append(f"{where}: unknown role '{target}' (roles: {', '.join(sorted(known))})")
-            elif isinstance(target, str) and isinstance(role.get("name"), str):
+            elif isinstance(target, str) and isinstance(role.get("name"), str) and target in known:
                 graph.setdefault(role["name"], []).append(target)
     cycle = _cycle(graph)
     if cycle:
@@ -134,15 +144,16 @@ def semantic_errors(raw: dict[str, Any]) -> list[str]:
 
 
 def _gang_errors(spec: dict[str, Any], roles: list[dict[str, Any]]) -> list[str]:
+    """``minAvailable`` within the job's replicas; checked even when some role's ``replicas``
+    is invalid (counted then at its default, 1, and said so), so both problems show at once."""
     replicas = [r.get("replicas", 1) for r in roles]
-    if not all(isinstance(n, int) and n > 0 for n in replicas):
-        return []
-    total = sum(replicas)
-    scheduling = spec.get("scheduling") if isinstance(spec.get("scheduling"), dict) else {}
-    min_available = scheduling.get("minAvailable")
-    if isinstance(min_available, int) and min_available > total:
+    valid = [isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in replicas]
+    total = sum(n if ok else 1 for n, ok in zip(replicas, valid))
+    min_available = _mapping(spec.get("scheduling")).get("minAvailable")
+    if isinstance(min_available, int) and not isinstance(min_available, bool) and min_available > total:
+        assumed = "" if all(valid) else " (counting each invalid replicas value as 1)"
         return [f"spec.scheduling.minAvailable: {min_available} is larger than the job's "
-                f"{total} replicas in total"]
+                f"{total} replicas in total{assumed}"]
     return []
 
 
@@ -154,26 +165,32 @@ def _policy_errors(spec: dict[str, Any], roles: list[dict[str, Any]], known: set
         if not isinstance(policy, dict):
             continue
         preset = policy.get("preset")
-        if preset is not None and preset not in PRESETS:
+        if isinstance(preset, str) and preset not in PRESETS:
             errors.append(f"{where}.preset: unknown preset '{preset}' (known: {', '.join(PRESETS)})")
         for key in ("failed", "succeeded"):
             cond = policy.get(key)
             if isinstance(cond, dict) and "roles" in cond:
                 if where != "spec.statusPolicy":
                     errors.append(f"{where}.{key}.roles: only a job's status policy can name roles")
-                for name in cond.get("roles") or []:
-                    if name not in known:
+                named = cond.get("roles")
+                for name in named if isinstance(named, list) else []:
+                    if isinstance(name, str) and name not in known:
                         errors.append(f"{where}.{key}.roles: unknown role '{name}'")
     return errors
 
 
-def validate(raw: dict[str, Any], source: str = "job") -> Job:
-    """Parse ``raw`` into a :class:`Job`, or raise :class:`UserError` listing every problem."""
+def validate(raw: dict[str, Any], source: str = "job", paths: PathPolicy | None = None) -> Job:
+    """Parse ``raw`` into a :class:`Job`, or raise :class:`UserError` listing every problem.
+
+    ``paths``: the operator's rule for ``workingDir``/``output.path`` (None: not checked, for a
+    job that was checked when it was submitted)."""
     from trainmaster.frameworks import framework_errors
 
     errors = structural_errors(raw) + semantic_errors(raw)
-    spec = raw.get("spec") if isinstance(raw.get("spec"), dict) else {}
+    spec = _mapping(raw.get("spec"))
     errors += framework_errors(spec, raw_roles=_roles(raw))
+    if paths is not None:
+        errors += path_errors(raw, paths)
     if errors:
         raise UserError(f"{source} is not a valid job ({len(errors)} problem(s))", errors)
     return Job.model_validate(raw)

@@ -21,6 +21,7 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 ADVISORY_LOCK = 7_304_112_001  # PostgreSQL: servers starting together upgrade one at a time
 # Stores made before migrations existed: the newest revision whose tables they already have.
 LEGACY = (("0002", {"metrics", "leases"}), ("0001", {"jobs", "roles", "instances", "events", "registry"}))
+# (a store reaches 0003 and later only through migrations, so it always carries Alembic's mark)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ class Base(DeclarativeBase):
 
 class JobRow(Base):
     __tablename__ = "jobs"
+    # ids are never reused: a deleted job's id must not name (and show the logs of) a new one
+    __table_args__ = {"sqlite_autoincrement": True}
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     uid: Mapped[str] = mapped_column(String(32), unique=True)

@@ -46,7 +46,7 @@ def find_job(session: Session, ref: str | int) -> JobRow:
     """A job by id, uid, or name (the most recent job of that name)."""
     text = str(ref)
     query = select(JobRow)
-    if text.isdigit():
+    if text.isascii() and text.isdigit():  # "²".isdigit() holds, int("²") fails
         query = query.where(JobRow.id == int(text))
     else:
         query = query.where((JobRow.name == text) | (JobRow.uid == text)).order_by(JobRow.id.desc())

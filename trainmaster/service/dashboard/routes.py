@@ -18,7 +18,8 @@ from trainmaster.service.dashboard import views
 from trainmaster.service.dashboard.access import AccessOptions, TokenMiddleware, login
 from trainmaster.service.dashboard.locate import line_of, split_error
 from trainmaster.service.dashboard.watch import StoreWatcher
-from trainmaster.spec.load import load_document, parse_document
+from trainmaster.service.submission import NameTaken, Submission
+from trainmaster.spec.load import parse_document
 from trainmaster.store import repository as repo
 
 HERE = Path(__file__).parent
@@ -27,8 +28,9 @@ LOG_POLL = 0.25  # seconds between looks at a followed log file
 MAX_DOCUMENT = 256 * 1024  # a pasted job file; real ones are a few KB
 
 
-def mount_dashboard(app: FastAPI, controller: Controller, access: AccessOptions) -> None:
-    """Serve the dashboard at ``/`` on ``app`` and guard the whole app with ``access``."""
+def mount_dashboard(app: FastAPI, controller: Controller, submission: Submission, access: AccessOptions) -> None:
+    """Serve the dashboard at ``/`` on ``app`` and guard the whole app with ``access``; jobs
+    submitted from the page take the REST API's path (``submission``)."""
     templates = Jinja2Templates(directory=str(HERE / "templates"))  # autoescapes .html
     templates.env.globals["csrf_token"] = access.csrf_token()
     watcher = StoreWatcher(controller.sessions)
@@ -182,7 +184,7 @@ def mount_dashboard(app: FastAPI, controller: Controller, access: AccessOptions)
         if len(document.encode()) > MAX_DOCUMENT:
             return None, [{"path": "", "line": None, "message": f"the document is over {MAX_DOCUMENT // 1024} KB"}]
         try:
-            return load_document(parse_document(document, "pasted job"), source="pasted job"), []
+            return submission.load(parse_document(document, "pasted job"), source="pasted job"), []
         except UserError as exc:
             problems = []
             for detail in exc.details or [exc.message]:
@@ -205,7 +207,12 @@ def mount_dashboard(app: FastAPI, controller: Controller, access: AccessOptions)
         if loaded is None:
             return page(request, "_validation.html", problems=problems, lines=document.splitlines(),
                         ok=False, ignored=[])
-        job_id = controller.submit(loaded)
+        try:
+            job_id = submission.submit(loaded)
+        except NameTaken as exc:
+            return page(request, "_validation.html", problems=[{"path": "metadata.name", "message": str(exc),
+                                                                "line": line_of(document, "metadata.name")}],
+                        lines=document.splitlines(), ok=False, ignored=[])
         return Response(status_code=204, headers={"HX-Redirect": f"/jobs/{job_id}"})
 
     app.include_router(router)

@@ -32,7 +32,7 @@ def source_kind(raw: dict[str, Any]) -> str | None:
     return None
 
 
-def convert(raw: dict[str, Any]) -> Converted | None:
+def convert(raw: dict[str, Any], lenient: bool = False) -> Converted | None:
     """Convert a foreign job document, or return None when it is not one we recognise.
 
     Raises :class:`~trainmaster.errors.UserError` for a kind of a known source that we cannot convert (a Kubeflow
@@ -44,11 +44,11 @@ def convert(raw: dict[str, Any]) -> Converted | None:
     if source == "kubeflow":
         from trainmaster.spec.compat import kubeflow
 
-        document, ignored = kubeflow.convert(raw)
+        document, ignored = kubeflow.convert(raw, lenient)
     elif source == "volcano":
         from trainmaster.spec.compat import volcano
 
-        document, ignored = volcano.convert(raw)
+        document, ignored = volcano.convert(raw, lenient)
     else:
         return None
     return Converted(document=document, ignored=ignored)

@@ -29,24 +29,28 @@ class Kind:
     container: str | None  # the main container's name (None: the first container)
     default_restart: dict[str, str]  # replica type (lower-case) -> Kubeflow's default; "" = any
     spec_keys: dict[str, str]  # kind-specific spec fields we do not carry, with the reason
+    spec_fields: frozenset[str] = frozenset()  # every field of the kind's spec upstream
+    replica_types: tuple[str, ...] = ()  # the replica types the operator accepts
 
 
 KINDS: dict[str, Kind] = {
     "PyTorchJob": Kind(
         "pytorchReplicaSpecs", ("v1",), "pytorch", {"": "OnFailure"},
-        {"elasticPolicy": "elastic training (rendezvous, min/max replicas) is not converted; "
-                          "the job runs with its fixed replica counts",
-         "nprocPerNode": "each instance is one process (LOCAL_WORLD_SIZE=1)"}),
+        {}, frozenset({"runPolicy", "elasticPolicy", "pytorchReplicaSpecs", "nprocPerNode"}),
+        ("Master", "Worker")),
     "TFJob": Kind(
         "tfReplicaSpecs", ("v1",), "tensorflow", {"": "Never"},
-        {"enableDynamicWorker": "workers are not added to a running TensorFlow cluster"}),
+        {}, frozenset({"runPolicy", "successPolicy", "tfReplicaSpecs", "enableDynamicWorker"}),
+        ("Chief", "Master", "PS", "Worker", "Evaluator")),
     "MPIJob": Kind(
         "mpiReplicaSpecs", ("v1", "v2beta1"), None, {"launcher": "OnFailure", "": "Never"},
-        {"mpiImplementation": "no MPI runtime is started; the launcher gets a hostfile",
-         "sshAuthMountPath": "no SSH between instances locally",
-         "launcherCreationPolicy": "the launcher always waits for every worker (dependsOn)",
-         "runLauncherAsWorker": "the launcher is never counted as a worker",
-         "cleanPodPolicy": "instances are always stopped and cleaned up when the job ends"}),
+        {"sshAuthMountPath": "no SSH between instances locally",
+         "launcherCreationPolicy": "the launcher always starts once every worker runs "
+                                   "(WaitForWorkersReady)",
+         "cleanPodPolicy": "instances are always stopped and cleaned up when the job ends"},
+        frozenset({"slotsPerWorker", "cleanPodPolicy", "mpiReplicaSpecs", "mainContainer", "runPolicy",
+                   "runLauncherAsWorker", "sshAuthMountPath", "launcherCreationPolicy",
+                   "mpiImplementation"}), ("Launcher", "Worker")),
 }
 
 _RESTART = {"Never": "Never", "OnFailure": "OnFailure", "Always": "Always"}
@@ -54,17 +58,19 @@ _RESTART = {"Never": "Never", "OnFailure": "OnFailure", "Always": "Always"}
 _RUN_POLICY_REASONS = {
     "cleanPodPolicy": "instances are always stopped and cleaned up when the job ends",
     "ttlSecondsAfterFinished": "finished jobs stay in the store until deleted",
-    "activeDeadlineSeconds": "jobs have no deadline locally",
-    "suspend": "jobs cannot be suspended locally; cancel and resubmit instead",
     "managedBy": "the Trainmaster controller manages the job",
 }
+RUN_POLICY_FIELDS = {"cleanPodPolicy", "ttlSecondsAfterFinished", "activeDeadlineSeconds", "backoffLimit",
+                     "schedulingPolicy", "suspend", "managedBy"}
+SCHEDULING_POLICY_FIELDS = {"minAvailable", "queue", "minResources", "priorityClass", "scheduleTimeoutSeconds"}
+MPI_IMPLEMENTATIONS = ("OpenMPI", "Intel", "MPICH")
 _SCHEDULING_REASONS = {
     "minResources": "admission uses the roles' own resource requests",
     "scheduleTimeoutSeconds": "a gang waits in the queue until it fits",
 }
 
 
-def convert(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def convert(raw: dict[str, Any], lenient: bool = False) -> tuple[dict[str, Any], list[str]]:
     """``raw`` (a kubeflow.org document) as a ``trainmaster/v1 Job`` and the ignored fields."""
     api_version, kind_name = raw.get("apiVersion"), raw.get("kind")
     group, _, version = str(api_version).partition("/")
@@ -78,32 +84,40 @@ def convert(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         raise UserError(f"{api_version} {kind_name} is not supported",
                         [f"apiVersion: {kind_name} is read in versions "
                          f"{', '.join(GROUP + '/' + v for v in kind.versions)}"])
-    report = Report(f"{api_version} {kind_name}")
+    report = Report(f"{api_version} {kind_name}", lenient=lenient)
     report.rest(raw, "", {"apiVersion", "kind", "metadata", "spec"},
-                {"status": "status is filled in by the controller"}, "not a Kubeflow job field")
+                {"status": "status is filled in by the controller"})
     spec = report.mapping(raw.get("spec"), "spec")
     main_container = spec.get("mainContainer") if kind_name == "MPIJob" else None
-    handled = {kind.replica_key, "runPolicy"}
-    handled |= {"successPolicy"} if kind_name == "TFJob" else set()
-    handled |= {"slotsPerWorker", "mainContainer"} if kind_name == "MPIJob" else set()
-    report.rest(spec, "spec", handled, kind.spec_keys, f"not a field {kind_name} has")
+    if not isinstance(main_container, (str, type(None))):
+        report.invalid("spec.mainContainer", "must be a container name")
+        main_container = None
+    handled = {kind.replica_key, "runPolicy", "successPolicy", "slotsPerWorker", "mainContainer",
+               "elasticPolicy", "nprocPerNode", "enableDynamicWorker", "mpiImplementation",
+               "runLauncherAsWorker"} & kind.spec_fields
+    report.rest(spec, "spec", handled, kind.spec_keys, kind.spec_fields)
+    params = _kind_params(str(kind_name), spec, report)
     roles = _roles(spec, kind, main_container or kind.container, report)
     promoted = kind_name == "PyTorchJob" and _promote_worker_zero(roles, kind.replica_key, report)
     names = [r["name"] for r in roles]
     _add_dependencies(str(kind_name), roles, names)
     job_spec: dict[str, Any] = {"framework": _framework(str(kind_name)), "roles": roles}
+    if params:
+        job_spec["frameworkParams"] = params
     status_policy = _status_policy(str(kind_name), spec, roles, names, report, promoted)
     if status_policy:
         job_spec["statusPolicy"] = status_policy
     scheduling = _run_policy(spec, roles, report)
     if scheduling:
         job_spec["scheduling"] = scheduling
-    slots = spec.get("slotsPerWorker")
-    if slots not in (None, 1):
-        report.ignore("spec.slotsPerWorker", "the hostfile lists one slot per worker")
-    return {"apiVersion": "trainmaster/v1", "kind": "Job",
-            "metadata": metadata(raw.get("metadata"), f"{api_version} {kind_name}", report),
-            "spec": job_spec}, report.lines
+    if str(kind_name) == "TFJob" and sum(r["replicas"] if isinstance(r.get("replicas"), int) else 1
+                                         for r in roles) > 1 and not report.lenient:
+        report.unsupported(f"spec.{kind.replica_key}", "TF_CONFIG (every replica's cluster and task) "
+                           "is not set here yet, so a multi-replica TFJob would run as unconnected "
+                           "processes; pass --lenient to run it that way knowingly")
+    meta = metadata(raw.get("metadata"), f"{api_version} {kind_name}", report)
+    report.finish()
+    return {"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": meta, "spec": job_spec}, report.lines
 
 
 def _framework(kind_name: str) -> str:
@@ -120,12 +134,15 @@ def _roles(spec: dict[str, Any], kind: Kind, container: str | None,
     path = join("spec", kind.replica_key)
     replica_specs = report.mapping(spec.get(kind.replica_key), path)
     roles = []
+    known = {t.lower(): t for t in kind.replica_types}
     for replica_type, replica_spec in replica_specs.items():
         where = join(path, str(replica_type))
+        if str(replica_type).lower() not in known:
+            report.unknown(path, str(replica_type), kind.replica_types)
+            continue
         replica_spec = report.mapping(replica_spec, where)
         name = str(replica_type).lower()
-        report.rest(replica_spec, where, {"replicas", "restartPolicy", "template"}, {},
-                    "not a replica spec field")
+        report.rest(replica_spec, where, {"replicas", "restartPolicy", "template"}, {})
         pod = from_template(replica_spec.get("template"), join(where, "template"), report, container)
         role: dict[str, Any] = {"name": name, "replicas": replica_spec.get("replicas", 1), **pod.role}
         if pod.restart_policy is not None:
@@ -162,6 +179,9 @@ def _promote_worker_zero(roles: list[dict[str, Any]], replica_key: str, report: 
 
 
 def _restart(value: Any, path: str, report: Report) -> Any:
+    if not isinstance(value, str) or value not in (*_RESTART, "ExitCode"):
+        report.invalid(path, f"must be one of Always, OnFailure, Never, ExitCode (not {str(value)[:40]!r})")
+        return "Never"
     if value == "ExitCode":
         report.approximate(path, "ExitCode restarts on retryable exit codes only; "
                            "here every failure is restarted (OnFailure)")
@@ -216,13 +236,62 @@ def _status_policy(kind_name: str, spec: dict[str, Any], roles: list[dict[str, A
 def _run_policy(spec: dict[str, Any], roles: list[dict[str, Any]],
                 report: Report) -> dict[str, Any]:
     run_policy = report.mapping(spec.get("runPolicy"), "spec.runPolicy")
-    report.rest(run_policy, "spec.runPolicy", {"backoffLimit", "schedulingPolicy"},
-                _RUN_POLICY_REASONS, "not a runPolicy field")
+    for key, bad, reason in (
+            ("activeDeadlineSeconds", None, "a deadline for the whole job is not enforced here yet; "
+                                            "remove it (cancel the job instead)"),
+            ("suspend", False, "a suspended job is not held here yet; submit it when it should run")):
+        if key in run_policy and run_policy[key] not in (bad, None):
+            report.unsupported(join("spec.runPolicy", key), reason)
+    report.rest(run_policy, "spec.runPolicy", {"backoffLimit", "schedulingPolicy", "activeDeadlineSeconds",
+                                              "suspend"}, _RUN_POLICY_REASONS, RUN_POLICY_FIELDS)
     if "backoffLimit" in run_policy:
         for role in roles:
             role["restartPolicy"]["maxRestarts"] = run_policy["backoffLimit"]
     policy = report.mapping(run_policy.get("schedulingPolicy"), "spec.runPolicy.schedulingPolicy")
     report.rest(policy, "spec.runPolicy.schedulingPolicy", {"minAvailable", "queue", "priorityClass"},
-                _SCHEDULING_REASONS, "not a schedulingPolicy field")
-    scheduling = {key: policy[key] for key in ("minAvailable", "queue", "priorityClass") if key in policy}
+                _SCHEDULING_REASONS, SCHEDULING_POLICY_FIELDS)
+    scheduling: dict[str, Any] = {key: policy[key] for key in ("minAvailable", "queue", "priorityClass")
+                                  if key in policy}
     return scheduling
+
+
+def _kind_params(kind_name: str, spec: dict[str, Any], report: Report) -> dict[str, Any]:
+    """The kind's job-wide fields that change what runs: honoured as framework parameters, or
+    refused. PyTorchJob ``nprocPerNode`` (torchrun processes per instance), MPIJob
+    ``slotsPerWorker`` and ``mpiImplementation`` (the hostfile's slots and format)."""
+    params: dict[str, Any] = {}
+    if kind_name == "PyTorchJob":
+        if spec.get("elasticPolicy") is not None:
+            report.unsupported("spec.elasticPolicy", "elastic training (c10d rendezvous, min/max "
+                               "replicas) is not run here yet; remove it to run with the fixed "
+                               "replica counts")
+        nproc = spec.get("nprocPerNode")
+        if nproc is not None:
+            if isinstance(nproc, str) and nproc.isdigit():
+                nproc = int(nproc)
+            if isinstance(nproc, int) and not isinstance(nproc, bool) and 1 <= nproc <= 1024:
+                params["nprocPerNode"] = nproc
+            else:
+                report.unsupported("spec.nprocPerNode", f"{str(nproc)[:40]!r}: only a number of "
+                                   "processes (1-1024) is supported ('auto', 'cpu', 'gpu' are not)")
+    elif kind_name == "TFJob":
+        if spec.get("enableDynamicWorker"):
+            report.unsupported("spec.enableDynamicWorker", "workers are not added to a running "
+                               "TensorFlow cluster here")
+    elif kind_name == "MPIJob":
+        slots = spec.get("slotsPerWorker")
+        if slots is not None:
+            if isinstance(slots, int) and not isinstance(slots, bool) and 1 <= slots <= 1024:
+                params["slotsPerWorker"] = slots
+            else:
+                report.invalid("spec.slotsPerWorker", "must be an integer from 1 to 1024")
+        implementation = spec.get("mpiImplementation")
+        if implementation is not None:
+            if implementation in MPI_IMPLEMENTATIONS:
+                params["mpiImplementation"] = implementation
+            else:
+                report.invalid("spec.mpiImplementation", f"must be one of {', '.join(MPI_IMPLEMENTATIONS)}")
+        if spec.get("runLauncherAsWorker"):
+            report.unsupported("spec.runLauncherAsWorker", "the launcher is never one of the hosts "
+                               "that run ranks here")
+    return params

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmaster.spec.compat.ignored import Report, join
+from trainmaster.spec.compat.meta import OBJECT_META_FIELDS
 from trainmaster.spec.model import parse_memory
 
 _POD_REASONS = {
@@ -35,6 +36,28 @@ _POD_REASONS = {
     "terminationGracePeriodSeconds": "the controller's own grace period applies",
 }
 _POD_DEFAULT = "a Kubernetes pod setting with no meaning on the local backend"
+#: Every field of a Kubernetes PodSpec (core/v1); anything else is a typo.
+POD_SPEC_FIELDS = {
+    "activeDeadlineSeconds", "affinity", "automountServiceAccountToken", "containers", "dnsConfig",
+    "dnsPolicy", "enableServiceLinks", "ephemeralContainers", "hostAliases", "hostIPC", "hostNetwork",
+    "hostPID", "hostUsers", "hostname", "imagePullSecrets", "initContainers", "nodeName",
+    "nodeSelector", "os", "overhead", "preemptionPolicy", "priority", "priorityClassName",
+    "readinessGates", "resourceClaims", "resources", "restartPolicy", "runtimeClassName",
+    "schedulerName", "schedulingGates", "securityContext", "serviceAccount", "serviceAccountName",
+    "setHostnameAsFQDN", "shareProcessNamespace", "subdomain", "terminationGracePeriodSeconds",
+    "tolerations", "topologySpreadConstraints", "volumes"}
+#: Pod fields that would change what an instance does; refused rather than dropped.
+_POD_UNSUPPORTED = {
+    "activeDeadlineSeconds": "a per-pod deadline is not enforced locally; remove it",
+    "ephemeralContainers": "only the main container runs locally",
+}
+#: Every field of a Kubernetes Container (core/v1).
+CONTAINER_FIELDS = {
+    "args", "command", "env", "envFrom", "image", "imagePullPolicy", "lifecycle", "livenessProbe",
+    "name", "ports", "readinessProbe", "resizePolicy", "resources", "restartPolicy",
+    "securityContext", "startupProbe", "stdin", "stdinOnce", "terminationMessagePath",
+    "terminationMessagePolicy", "tty", "volumeDevices", "volumeMounts", "workingDir"}
+TEMPLATE_FIELDS = {"metadata", "spec"}
 
 _CONTAINER_REASONS = {
     "volumeMounts": "volumes are not mounted locally",
@@ -69,15 +92,17 @@ def from_template(template: Any, path: str, report: Report,
     first container is used when none has that name.
     """
     template = report.mapping(template, path)
-    for key in template:
-        if key == "metadata":
-            if template[key]:
-                report.ignore(join(path, key), "pod labels and annotations have no meaning locally")
-        elif key != "spec":
-            report.ignore(join(path, key), _POD_DEFAULT)
+    report.rest(template, path, TEMPLATE_FIELDS, {})
+    pod_meta = report.mapping(template.get("metadata"), join(path, "metadata"))
+    report.rest(pod_meta, join(path, "metadata"), (), {}, OBJECT_META_FIELDS,
+                "pod metadata has no meaning locally")
     spec_path = join(path, "spec")
     spec = report.mapping(template.get("spec"), spec_path)
-    report.rest(spec, spec_path, {"containers", "restartPolicy"}, _POD_REASONS, _POD_DEFAULT)
+    for key, reason in _POD_UNSUPPORTED.items():
+        if key in spec:
+            report.unsupported(join(spec_path, key), reason)
+    report.rest(spec, spec_path, {"containers", "restartPolicy", *_POD_UNSUPPORTED}, _POD_REASONS,
+                POD_SPEC_FIELDS, _POD_DEFAULT)
     containers_path = join(spec_path, "containers")
     containers = report.sequence(spec.get("containers"), containers_path)
     role: dict[str, Any] = {}
@@ -102,7 +127,7 @@ def _main_container(containers: list[Any], name: str | None) -> int:
 
 def _container(container: dict[str, Any], path: str, report: Report) -> dict[str, Any]:
     handled = {"name", "command", "args", "env", "workingDir", "resources", "image", "ports"}
-    report.rest(container, path, handled, _CONTAINER_REASONS, _CONTAINER_DEFAULT)
+    report.rest(container, path, handled, _CONTAINER_REASONS, CONTAINER_FIELDS, _CONTAINER_DEFAULT)
     role: dict[str, Any] = {}
     command, args = container.get("command"), container.get("args")
     if command:
@@ -110,9 +135,12 @@ def _container(container: dict[str, Any], path: str, report: Report) -> dict[str
         if args:
             role["args"] = args
     elif args:
-        role["command"] = args  # no image entrypoint locally: the arguments are the command
-        report.approximate(join(path, "args"), "no command given and no image entrypoint "
-                           "exists locally, so the arguments run as the command")
+        report.unsupported(join(path, "args"), "a container with args but no command runs its "
+                           "image's entrypoint, and images are not run here yet; give the full "
+                           "command under 'command'")
+    else:
+        report.unsupported(path, "a container with no command runs its image's entrypoint, and "
+                           "images are not run here yet; give the command under 'command'")
     env = _env(report.sequence(container.get("env"), join(path, "env")), join(path, "env"), report)
     if env:
         role["env"] = env
@@ -145,13 +173,18 @@ def _env(entries: list[Any], path: str, report: Report) -> dict[str, Any]:
     for i, entry in enumerate(entries):
         where = join(path, i)
         entry = report.mapping(entry, where)
-        report.rest(entry, where, {"name", "value", "valueFrom"}, {}, "not an env entry field")
+        report.rest(entry, where, {"name", "value", "valueFrom"}, {})
         name = entry.get("name")
         if not isinstance(name, str):
             raise report.error(join(where, "name"), "an environment variable needs a name")
         if "valueFrom" in entry:
-            report.ignore(join(where, "valueFrom"), f"{name} comes from a Kubernetes object "
-                          "(field, ConfigMap or Secret) that does not exist locally; not set")
+            reason = (f"{name} comes from a Kubernetes object (field, ConfigMap or Secret) that "
+                      "does not exist locally")
+            if report.lenient:
+                report.ignore(join(where, "valueFrom"), reason + "; not set")
+            else:
+                report.unsupported(join(where, "valueFrom"), reason + "; give its value under "
+                                   "'value' (or pass --lenient to run without it)")
             continue
         env[name] = entry.get("value", "")
     return env
@@ -185,8 +218,8 @@ def memory_quantity(value: Any) -> Any:
 
 
 def _resources(resources: dict[str, Any], path: str, report: Report) -> dict[str, Any]:
-    report.rest(resources, path, {"requests", "limits"}, {},
-                "only requests and limits are read")
+    report.rest(resources, path, {"requests", "limits"}, {}, {"claims"},
+                "resource claims have no meaning locally")
     requests = report.mapping(resources.get("requests"), join(path, "requests"))
     limits = report.mapping(resources.get("limits"), join(path, "limits"))
     out: dict[str, Any] = {}

@@ -32,11 +32,24 @@ _TASK_REASONS = {
     "partitionPolicy": "no network-topology partitions locally",
 }
 _PLUGIN_REASONS = {
-    "svc": "roles reach each other through TM_SERVICE_<ROLE> (host:port lists), not DNS",
-    "ssh": "no SSH between local instances",
-    "env": "the instance's index is in TM_REPLICA_INDEX (VK_TASK_INDEX is not set)",
-    "mpi": "the MPI plugin's hostfile is not written; use a Kubeflow MPIJob or the mpi framework",
+    "ssh": "no SSH between local instances (none is needed: they share this machine)",
 }
+#: Plugins whose variables and files jobs read; not provided yet, so refused rather than ignored.
+_PLUGINS_UNSUPPORTED = {
+    "svc": "the svc plugin's host files (/etc/volcano/<task>.host) and VC_<TASK>_HOSTS/NUM "
+           "variables are not provided here yet (roles reach each other through TM_SERVICE_<ROLE>)",
+    "mpi": "the mpi plugin's hostfile is not written; use a Kubeflow MPIJob or the mpi framework",
+}
+SPEC_FIELDS = {"schedulerName", "minAvailable", "volumes", "tasks", "policies", "plugins",
+               "runningEstimate", "queue", "maxRetry", "ttlSecondsAfterFinished", "priorityClassName",
+               "minSuccess", "networkTopology"}
+TASK_FIELDS = {"name", "replicas", "template", "policies", "topologyPolicy", "minAvailable", "maxRetry",
+               "dependsOn", "partitionPolicy"}
+#: Volcano's lifecycle events and actions (pkg/apis/bus/v1alpha1), for its own admission checks.
+EVENTS = {"*", "PodFailed", "PodEvicted", "PodPending", "PodRunning", "Unknown", "TaskCompleted",
+          "TaskFailed", "OutOfSync", "CommandIssued", "JobUpdated"}
+ACTIONS = {"AbortJob", "RestartJob", "RestartTask", "RestartPod", "RestartPartition", "TerminateJob",
+           "CompleteJob", "ResumeJob", "SyncJob", "EnqueueJob", "SyncQueue", "OpenQueue", "CloseQueue"}
 _FAILURE_EVENTS = {"PodFailed", "TaskFailed"}
 _RESTART_ACTIONS = {"RestartPod", "RestartTask", "RestartJob", "RestartPartition"}
 _FAIL_ACTIONS = {"AbortJob", "TerminateJob"}
@@ -51,39 +64,44 @@ class _Effects:
     completes_job: bool = False  # TaskCompleted -> CompleteJob
 
 
-def convert(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def convert(raw: dict[str, Any], lenient: bool = False) -> tuple[dict[str, Any], list[str]]:
     """``raw`` (a batch.volcano.sh document) as a ``trainmaster/v1 Job`` and the ignored fields."""
     source = f"{raw.get('apiVersion')} {raw.get('kind')}"
     if raw.get("apiVersion") != API_VERSION or raw.get("kind") != "Job":
         raise UserError(f"{source} is not supported",
                         [f"the supported Volcano kind is Job ({API_VERSION})"])
-    report = Report(source)
+    report = Report(source, lenient=lenient)
     report.rest(raw, "", {"apiVersion", "kind", "metadata", "spec"},
-                {"status": "status is filled in by the controller"}, "not a Volcano Job field")
+                {"status": "status is filled in by the controller"})
     spec = report.mapping(raw.get("spec"), "spec")
     handled = {"tasks", "minAvailable", "queue", "priorityClassName", "maxRetry", "minSuccess",
                "policies", "plugins"}
-    report.rest(spec, "spec", handled, _SPEC_REASONS, "not a Volcano Job field")
+    report.rest(spec, "spec", handled, _SPEC_REASONS, SPEC_FIELDS)
     job_effects = _policies(spec.get("policies"), "spec.policies", report)
     tasks = report.sequence(spec.get("tasks"), "spec.tasks")
     roles = [_role(task, join("spec.tasks", i), spec, job_effects, report)
              for i, task in enumerate(tasks)]
-    job_spec: dict[str, Any] = {"framework": _framework(spec, roles, report), "roles": roles}
+    framework, params = _framework(spec, roles, report)
+    job_spec: dict[str, Any] = {"framework": framework, "roles": roles}
+    if params:
+        job_spec["frameworkParams"] = params
     status_policy = _job_status_policy(spec, tasks, roles, job_effects, report)
     if status_policy:
         job_spec["statusPolicy"] = status_policy
     scheduling = _scheduling(spec, tasks, report)
     if scheduling:
         job_spec["scheduling"] = scheduling
-    return {"apiVersion": "trainmaster/v1", "kind": "Job",
-            "metadata": metadata(raw.get("metadata"), source, report), "spec": job_spec}, report.lines
+    _volcano_checks(spec, tasks, report)
+    meta = metadata(raw.get("metadata"), source, report)
+    report.finish()
+    return {"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": meta, "spec": job_spec}, report.lines
 
 
 def _role(task: Any, path: str, spec: dict[str, Any], job_effects: _Effects,
           report: Report) -> dict[str, Any]:
     task = report.mapping(task, path)
     handled = {"name", "replicas", "minAvailable", "template", "policies", "maxRetry", "dependsOn"}
-    report.rest(task, path, handled, _TASK_REASONS, "not a Volcano task field")
+    report.rest(task, path, handled, _TASK_REASONS, TASK_FIELDS)
     pod = from_template(task.get("template"), join(path, "template"), report)
     replicas = task.get("replicas", 1)
     role: dict[str, Any] = {"name": task.get("name"), "replicas": replicas, **pod.role}
@@ -113,7 +131,7 @@ def _role(task: Any, path: str, spec: dict[str, Any], job_effects: _Effects,
 
 def _depends_on(value: Any, path: str, report: Report) -> list[dict[str, Any]]:
     depends = report.mapping(value, path)
-    report.rest(depends, path, {"name", "iteration"}, {}, "not a dependsOn field")
+    report.rest(depends, path, {"name", "iteration"}, {})
     names = depends.get("name")
     names = [names] if isinstance(names, str) else report.sequence(names, join(path, "name"))
     if depends.get("iteration") == "any" and len(names) > 1:
@@ -124,22 +142,36 @@ def _depends_on(value: Any, path: str, report: Report) -> list[dict[str, Any]]:
 
 def _policies(value: Any, path: str, report: Report) -> _Effects:
     effects = _Effects()
+    seen: set[str] = set()
     for i, policy in enumerate(report.sequence(value, path)):
         where = join(path, i)
         policy = report.mapping(policy, where)
-        report.rest(policy, where, {"event", "events", "action", "exitCode", "timeout"}, {},
-                    "not a lifecycle policy field")
+        report.rest(policy, where, {"event", "events", "action", "exitCode", "timeout"}, {})
         action = policy.get("action")
+        if action not in ACTIONS:
+            report.invalid(join(where, "action"), f"{str(action)[:40]!r} is not a Volcano action "
+                           f"(one of {', '.join(sorted(ACTIONS))})")
         if "exitCode" in policy:
-            report.ignore(where, f"exit-code policies (exitCode {policy['exitCode']} -> {action}) "
-                          "are not supported; restarts follow the restart policy")
+            if "event" in policy or "events" in policy:
+                report.invalid(where, "give either event(s) or exitCode, not both (Volcano refuses both)")
+            report.unsupported(join(where, "exitCode"), f"exit-code policies (exitCode "
+                               f"{str(policy['exitCode'])[:20]} -> {str(action)[:20]}) are not run here yet")
             continue
         if "timeout" in policy:
             report.ignore(join(where, "timeout"), "actions are taken at once")
         events = [policy["event"]] if "event" in policy else []
         events += report.sequence(policy.get("events"), join(where, "events"))
+        if not events:
+            report.invalid(where, "a policy needs an event, events or an exitCode")
         for event in events:
-            _effect(str(event), str(action), where, effects, report)
+            if not isinstance(event, str) or event not in EVENTS:
+                report.invalid(where, f"{str(event)[:40]!r} is not a Volcano event (one of "
+                               f"{', '.join(sorted(EVENTS))})")
+            elif event in seen:
+                report.invalid(where, f"duplicate event {event!r} in policies (Volcano refuses it)")
+            else:
+                seen.add(event)
+                _effect(event, str(action), where, effects, report)
     return effects
 
 
@@ -156,21 +188,37 @@ def _effect(event: str, action: str, where: str, effects: _Effects, report: Repo
     elif event == "PodEvicted":
         report.ignore(where, f"{event} -> {action}: instances are never evicted locally")
     else:
-        report.ignore(where, f"{event} -> {action} has no local equivalent")
+        report.unsupported(where, f"{event} -> {action} is not run here yet")
 
 
-def _framework(spec: dict[str, Any], roles: list[dict[str, Any]], report: Report) -> str:
+def _framework(spec: dict[str, Any], roles: list[dict[str, Any]],
+               report: Report) -> tuple[str, dict[str, Any]]:
+    """The framework and its parameters that carry the job's plugins: ``pytorch`` (the plugin's
+    variables), ``command`` with ``indexVariables`` (the ``env`` plugin's ``VK_TASK_INDEX`` and
+    ``VC_TASK_INDEX``: the instance's index in its task)."""
     plugins = report.mapping(spec.get("plugins"), "spec.plugins")
-    framework = "command"
+    framework, params = "command", {}
+    if "env" in plugins and not ("pytorch" in plugins and {r["name"] for r in roles} <= {"master", "worker"}):
+        params["indexVariables"] = ["VK_TASK_INDEX", "VC_TASK_INDEX"]
     for name in plugins:
         where = join("spec.plugins", name)
-        if name == "pytorch" and {r["name"] for r in roles} <= {"master", "worker"}:
+        if name == "env":
+            if not params and not report.lenient:
+                report.unsupported(where, "the env plugin's VK_TASK_INDEX/VC_TASK_INDEX are not set "
+                                   "together with the pytorch plugin; use RANK (or --lenient)")
+            elif not params:
+                report.ignore(where, "VK_TASK_INDEX/VC_TASK_INDEX not set (the index is in TM_REPLICA_INDEX)")
+        elif name == "pytorch" and {r["name"] for r in roles} <= {"master", "worker"}:
             framework = "pytorch"  # the plugin's MASTER_ADDR/RANK come from our framework
             report.approximate(where, "run by the pytorch framework (MASTER_ADDR, MASTER_PORT, "
                                "WORLD_SIZE, RANK); the plugin's arguments are not read")
+        elif name in _PLUGINS_UNSUPPORTED and not report.lenient:
+            report.unsupported(where, _PLUGINS_UNSUPPORTED[name] + "; pass --lenient to run without it")
+        elif name in _PLUGIN_REASONS or name in _PLUGINS_UNSUPPORTED:
+            report.ignore(where, _PLUGIN_REASONS.get(name) or _PLUGINS_UNSUPPORTED[name])
         else:
-            report.ignore(where, _PLUGIN_REASONS.get(name, "Volcano job plugins are not run locally"))
-    return framework
+            report.unknown("spec.plugins", str(name), {"ssh", "svc", "env", "mpi", "pytorch"})
+    return framework, params
 
 
 def _job_status_policy(spec: dict[str, Any], tasks: list[Any], roles: list[dict[str, Any]],
@@ -194,7 +242,7 @@ def _job_status_policy(spec: dict[str, Any], tasks: list[Any], roles: list[dict[
     policy: dict[str, Any] = {"succeeded": {"instances": min_success}}
     if isinstance(min_success, int) and all(isinstance(n, int) for n in replicas):
         # Fail once too many instances failed for minSuccess to be reachable.
-        policy["failed"] = {"instances": max(1, sum(replicas) - min_success + 1)}
+        policy["failed"] = {"instances": max(1, sum(n for n in replicas if isinstance(n, int)) - min_success + 1)}
         for role in roles:
             role.setdefault("statusPolicy", {"failed": "all"})  # one failure must not end a role
     return policy
@@ -225,3 +273,28 @@ def _scheduling(spec: dict[str, Any], tasks: list[Any], report: Report) -> dict[
     if "priorityClassName" in spec:
         scheduling["priorityClass"] = spec["priorityClassName"]
     return scheduling
+
+
+def _volcano_checks(spec: dict[str, Any], tasks: list[Any], report: Report) -> None:
+    """Volcano's own admission checks on gang sizes: ``minAvailable`` >= 0, a task's at most its
+    replicas, the job's at most the sum of the replicas."""
+    total = 0
+    for i, task in enumerate(tasks):
+        if not isinstance(task, dict):
+            continue
+        replicas = task.get("replicas", 1)
+        total += replicas if isinstance(replicas, int) else 0
+        task_min = task.get("minAvailable")
+        if task_min is None:
+            continue
+        where = f"spec.tasks[{i}].minAvailable"
+        if not isinstance(task_min, int) or isinstance(task_min, bool) or task_min < 0:
+            report.invalid(where, "must be an integer >= 0")
+        elif isinstance(replicas, int) and task_min > replicas:
+            report.invalid(where, f"{task_min} is greater than the task's {replicas} replicas")
+    job_min = spec.get("minAvailable")
+    if job_min is not None:
+        if not isinstance(job_min, int) or isinstance(job_min, bool) or job_min < 0:
+            report.invalid("spec.minAvailable", "must be an integer >= 0")
+        elif job_min > total:
+            report.invalid("spec.minAvailable", f"{job_min} is greater than the {total} replicas of all tasks")
