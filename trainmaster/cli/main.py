@@ -23,9 +23,9 @@ app = typer.Typer(
 
 
 def _register_all() -> None:
-    from trainmaster.cli import aggregation, convert, flsched, gateway, jobs, partition, remote, server
+    from trainmaster.cli import aggregation, convert, flsched, gateway, jobs, partition, remote, server, testbed
 
-    for module in (jobs, convert, server, remote, aggregation, flsched, partition, gateway):
+    for module in (jobs, convert, server, remote, aggregation, flsched, partition, gateway, testbed):
         module.register(app)
 
 
