@@ -44,14 +44,19 @@ def make_backend(name: str, cpus: float | None = None, ray_address: str | None =
             return LocalBackend()
         default = LocalBackend().capacity()
         return LocalBackend(Capacity(cpu=cpus, memory=default.memory, gpu=default.gpu))
-    raise UserError(f"--backend: unknown backend '{name}' (available: local, ray)")
+    if name == "testbed":
+        from trainmaster.backends.testbed import TestbedBackend
+        from trainmaster.testbed import Testbed
+
+        return TestbedBackend(Testbed.load())  # the testbed of 'trainmaster testbed up'
+    raise UserError(f"--backend: unknown backend '{name}' (available: local, ray, testbed)")
 
 
 def run(
     file: FileArg,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the validated, defaulted job and exit.")] = False,
     db: DbOpt = None,
-    backend: Annotated[str, typer.Option(help="Where instances run: local (subprocesses) or ray.")] = "local",
+    backend: Annotated[str, typer.Option(help="Where instances run: local (subprocesses), ray, or testbed (the hosts of 'trainmaster testbed up').")] = "local",
     interval: Annotated[float, typer.Option(min=0.01, help="Seconds between reconcile passes.")] = 1.0,
     grace: Annotated[float, typer.Option(min=0, help="Seconds between SIGTERM and SIGKILL when stopping.")] = 5.0,
     cpus: Annotated[Optional[float], typer.Option(help="CPUs the local backend offers (default: this machine's).")] = None,
