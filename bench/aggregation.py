@@ -29,6 +29,7 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import signal
 import statistics
 import sys
 import time
@@ -53,8 +54,16 @@ IN_FLIGHT = 128
 MIN_RTO = 0.3
 
 
-def window(workers: int) -> int:
-    return max(4, IN_FLIGHT // workers)
+def window(workers: int, link_rate: int | None, queue_ms: int) -> int:
+    """Datagrams in flight per worker: a share of ``IN_FLIGHT``, and no more than 3/4 of what
+    its link's queue holds (a full window must not overflow the tbf queue: dropped datagrams
+    are resent through the parameter node, whose single link then carries every worker's
+    resends; measured with 64 per worker at 2 workers on 100 Mbit/s: the queue dropped ~700
+    datagrams, the parameter node's link queue ~8700, and the run stalled)."""
+    share = IN_FLIGHT // workers
+    if link_rate is not None:
+        share = min(share, int(link_rate / 8 * queue_ms / 1000 * 0.75) // (CHUNK * 4 + 64))
+    return max(4, share)
 
 PS_PORT, SWITCH_PORT, GLOO_PORT = 19000, 19001, 29500
 PREFIX = "tmbench"
@@ -129,13 +138,13 @@ def _timed_loop(rank: int, sizes: list[int], reps: int, sync: Sync, allreduce: A
 
 
 def _ina_worker(namespace: str, address: str, switch: tuple[str, int], rank: int, world: int,
-                sizes: list[int], reps: int, sync: Sync) -> None:
+                sizes: list[int], reps: int, sync: Sync, in_flight: int) -> None:
     _on_host(namespace)
     import numpy as np
 
     from trainmaster.aggregation import AggregationClient, WorkerConfig
 
-    cfg = WorkerConfig(chunk=CHUNK, window=window(world), min_retransmit_timeout=MIN_RTO,
+    cfg = WorkerConfig(chunk=CHUNK, window=in_flight, min_retransmit_timeout=MIN_RTO,
                        timeout=max(60.0, sync.wait_s / 4))
     client = AggregationClient(switch, 1, rank, world, cfg, host=address)
     client.join()
@@ -233,7 +242,8 @@ def run_variant(bed: Any, link: str, variant: str, world: int, sizes: list[int],
                                    args=(bed.namespace(SWITCH), sw_addr, (ps_addr, PS_PORT)))
         nodes.workers = [ctx.Process(target=_ina_worker, args=(
             bed.namespace(h), bed.address(h), (sw_addr, SWITCH_PORT), rank, world, sizes, reps,
-            sync)) for rank, h in enumerate(hosts)]
+            sync, window(world, bed.options.link_rate, bed.options.queue_ms)))
+            for rank, h in enumerate(hosts)]
     else:
         nodes.workers = [ctx.Process(target=_gloo_worker, args=(
             bed.namespace(h), bed.address(hosts[0]), rank, world, sizes, reps, sync))
@@ -448,11 +458,16 @@ def main() -> None:
         print("error: this benchmark builds a testbed (network namespaces, tc), which needs "
               "root; run it as root", file=sys.stderr)
         sys.exit(2)
+    from trainmaster.testbed import TestbedOptions, parse_rate
+
     links = [s.strip() for s in args.links.split(",") if s.strip()]
     workers = sorted(int(w) for w in args.workers.split(","))
     sizes = [int(float(s) * MiB) for s in args.sizes.split(",")]
     if args.reps < 1 or min(workers) < 2 or max(workers) > 64 or min(sizes) < 1:
         parser.error("need --reps >= 1, workers between 2 and 64, sizes above 0")
+    # a SIGTERM (timeout, Ctrl-C's cousin) unwinds through the finally blocks: the ranks are
+    # stopped and the testbed removed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     failures: list[str] = []
     started, load_start = time.time(), os.getloadavg()[0]
     cells = sweep(links, workers, sizes, args.reps, failures)
@@ -462,7 +477,9 @@ def main() -> None:
         "load_average": {"start": load_start, "end": os.getloadavg()[0]},
         "links": links, "workers": workers, "sizes_MiB": [s / MiB for s in sizes],
         "reps": args.reps, "quick": args.quick, "seconds": round(time.time() - started),
-        "chunk": CHUNK, "in_flight": IN_FLIGHT, "min_rto_s": MIN_RTO, "failures": failures,
+        "chunk": CHUNK, "in_flight": IN_FLIGHT,
+        "window_per_worker": {link: {w: window(w, parse_rate(link), TestbedOptions().queue_ms) for w in workers}
+                              for link in links}, "min_rto_s": MIN_RTO, "failures": failures,
         "cells": [asdict(c) for c in cells]}
     report["targets"] = target_status(cells)
     args.output.mkdir(parents=True, exist_ok=True)
