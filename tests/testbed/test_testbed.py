@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -127,3 +129,17 @@ def test_cli_refuses_bad_options_and_non_root_clearly(monkeypatch):
     with pytest.raises(SystemExit) as exit_info:
         main(["testbed", "down", "--prefix", "nobody"])
     assert exit_info.value.code == 2
+
+
+def test_down_stops_processes_still_running_on_hosts(make_testbed):
+    """A namespace outlives its name while a process is inside it: down stops them first."""
+    bed = make_testbed(hosts=2, link_rate=None)
+    polite = bed.exec("h1", [PY, "-c", "import time; time.sleep(600)"])
+    stubborn = bed.exec(SWITCH, [PY, "-c", "import signal, time; "
+                                 "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+    time.sleep(0.5)  # let the second one install its handler
+    from trainmaster.testbed.testbed import remove as remove_with_grace
+
+    remove_with_grace(bed.options.prefix, grace=0.5)
+    assert polite.wait(timeout=10) == -signal.SIGTERM
+    assert stubborn.wait(timeout=10) == -signal.SIGKILL

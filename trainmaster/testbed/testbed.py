@@ -22,7 +22,9 @@ import ipaddress
 import json
 import os
 import re
+import signal
 import subprocess
+import time
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -209,20 +211,56 @@ class Testbed:
         return cls(TestbedOptions(**record["options"]), subnet=record["subnet"])
 
 
-def remove(prefix: str) -> list[str]:
+def remove(prefix: str, grace: float = 3.0) -> list[str]:
     """Remove every namespace of testbed ``prefix`` and its record; returns what was removed.
 
-    Deleting a namespace deletes its veth ends (and so their peers) and its qdiscs with it.
+    Processes still running on a host are stopped first (SIGTERM, then SIGKILL after
+    ``grace`` seconds): a namespace lives on, unnamed, while a process is in it. Deleting a
+    namespace deletes its veth ends (and so their peers) and its qdiscs with it.
     Idempotent, and it needs no state file: namespaces are found by their names."""
     iproute.require_root_and_tools()
     pattern = re.compile(rf"^{re.escape(prefix)}-(?:{SWITCH}|h\d+)$")
-    removed = []
-    for ns in iproute.namespaces():
-        if pattern.match(ns):
-            iproute.run("ip", "netns", "delete", ns)
-            removed.append(ns)
+    doomed = [ns for ns in iproute.namespaces() if pattern.match(ns)]
+    _stop_processes(doomed, grace)
+    for ns in doomed:
+        iproute.run("ip", "netns", "delete", ns)
     (state_dir() / f"{prefix}.json").unlink(missing_ok=True)
-    return removed
+    return doomed
+
+
+def _stop_processes(namespaces: list[str], grace: float) -> None:
+    """Stop every process inside ``namespaces`` (``ip netns pids``): politely, then by force."""
+    def pids() -> set[int]:
+        found: set[int] = set()
+        for ns in namespaces:
+            found.update(int(p) for p in iproute.run("ip", "netns", "pids", ns, check=False)
+                         .stdout.split())
+        return found - {os.getpid()}
+
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        left = pids()
+        for pid in left:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        delay = 0.02
+        while left and time.monotonic() < deadline:  # sleeping, not spinning: 20 ms to 0.5 s
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+            left = {pid for pid in left if _alive(pid)}
+        if not left:
+            return
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie waiting for its parent."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
 
 
 def _cap(ns: str, device: str, rate: int | None, o: TestbedOptions) -> None:
