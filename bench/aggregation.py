@@ -403,7 +403,7 @@ def write_markdown(report: dict[str, Any], cells: list[Cell]) -> str:
             + (f"{gloo.cpu_worker_s:.2f} |" if gloo else "- |"))
     if report["failures"]:
         lines += ["", "Failures: " + "; ".join(report["failures"])]
-    lines += ["", "![algbw vs size](aggregation.png)"]
+    lines += ["", "![algbw vs message size per worker count](/bench/results/aggregation.png)"]
     return "\n".join(lines) + "\n"
 
 

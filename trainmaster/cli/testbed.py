@@ -93,7 +93,8 @@ def _print_status(state, as_json: bool) -> None:  # type: ignore[no-untyped-def]
                                               "'trainmaster testbed down' and up again)"))
     for column in ("host", "namespace", "address", "device", "cap up", "cap down",
                    "bytes up", "bytes down"):
-        table.add_column(column, justify="right" if column.startswith("bytes") else "left")
+        table.add_column(column, justify="right" if column.startswith("bytes") else "left",
+                         no_wrap=column in ("address", "namespace"))
     for m in state.members:
         c = m.counters
         table.add_row(m.name, m.namespace, m.address, m.device, m.up_cap, m.down_cap,
