@@ -42,6 +42,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout as a script
 
 MiB = 1 << 20
+WARM_UP = 4 * MiB
 CHUNK = 16000  # float32 per datagram: 64 KB, eight frames at the testbed's 9000-byte MTU
 # Datagrams in flight, all workers together: what the forwarding node's socket buffer holds
 # (8 MB), so a burst from every worker at once is queued, not dropped. Measured on a 4-worker
@@ -54,13 +55,13 @@ IN_FLIGHT = 128
 MIN_RTO = 0.3
 
 
-def window(workers: int, link_rate: int | None, queue_ms: int) -> int:
+def window(workers: int, link_rate: int | None, queue_ms: int, in_flight: int = IN_FLIGHT) -> int:
     """Datagrams in flight per worker: a share of ``IN_FLIGHT``, and no more than 3/4 of what
     its link's queue holds (a full window must not overflow the tbf queue: dropped datagrams
     are resent through the parameter node, whose single link then carries every worker's
     resends; measured with 64 per worker at 2 workers on 100 Mbit/s: the queue dropped ~700
     datagrams, the parameter node's link queue ~8700, and the run stalled)."""
-    share = IN_FLIGHT // workers
+    share = in_flight // workers
     if link_rate is not None:
         share = min(share, int(link_rate / 8 * queue_ms / 1000 * 0.75) // (CHUNK * 4 + 64))
     return max(4, share)
@@ -123,7 +124,9 @@ def _timed_loop(rank: int, sizes: list[int], reps: int, sync: Sync, allreduce: A
 
     for size in sizes:
         x = np.random.default_rng(rank).standard_normal(size // 4).astype(np.float32)
-        allreduce(x)  # warm-up
+        # warm-up: connections, buffers, the round-trip estimate; 4 MiB is enough for that
+        # and a 64 MiB warm-up would cost a quarter of the sweep on a 100 Mbit/s link
+        allreduce(x[:WARM_UP // 4].copy())
         sync.start.wait(timeout=sync.wait_s)  # ready: the parent reads counters and CPU now
         sync.start.wait(timeout=sync.wait_s)  # read: go
         resent = retransmits()
@@ -138,13 +141,13 @@ def _timed_loop(rank: int, sizes: list[int], reps: int, sync: Sync, allreduce: A
 
 
 def _ina_worker(namespace: str, address: str, switch: tuple[str, int], rank: int, world: int,
-                sizes: list[int], reps: int, sync: Sync, in_flight: int) -> None:
+                sizes: list[int], reps: int, sync: Sync, per_worker_window: int) -> None:
     _on_host(namespace)
     import numpy as np
 
     from trainmaster.aggregation import AggregationClient, WorkerConfig
 
-    cfg = WorkerConfig(chunk=CHUNK, window=in_flight, min_retransmit_timeout=MIN_RTO,
+    cfg = WorkerConfig(chunk=CHUNK, window=per_worker_window, min_retransmit_timeout=MIN_RTO,
                        timeout=max(60.0, sync.wait_s / 4))
     client = AggregationClient(switch, 1, rank, world, cfg, host=address)
     client.join()
@@ -226,7 +229,7 @@ def _cpu(proc: Any) -> float:
 
 
 def run_variant(bed: Any, link: str, variant: str, world: int, sizes: list[int], reps: int,
-                wait_s: float) -> list[Cell]:
+                wait_s: float, in_flight: int = IN_FLIGHT) -> list[Cell]:
     """Start ``variant`` with ``world`` workers on ``bed``, time every size, stop it."""
     from trainmaster.testbed import SWITCH
 
@@ -242,7 +245,7 @@ def run_variant(bed: Any, link: str, variant: str, world: int, sizes: list[int],
                                    args=(bed.namespace(SWITCH), sw_addr, (ps_addr, PS_PORT)))
         nodes.workers = [ctx.Process(target=_ina_worker, args=(
             bed.namespace(h), bed.address(h), (sw_addr, SWITCH_PORT), rank, world, sizes, reps,
-            sync, window(world, bed.options.link_rate, bed.options.queue_ms)))
+            sync, window(world, bed.options.link_rate, bed.options.queue_ms, in_flight)))
             for rank, h in enumerate(hosts)]
     else:
         nodes.workers = [ctx.Process(target=_gloo_worker, args=(
@@ -303,7 +306,8 @@ def run_variant(bed: Any, link: str, variant: str, world: int, sizes: list[int],
 
 # ---- the sweep -----------------------------------------------------------------------------
 def sweep(links: list[str], workers: list[int], sizes: list[int], reps: int,
-          failures: list[str]) -> list[Cell]:
+          failures: list[str], in_flight: int = IN_FLIGHT,
+          variants: tuple[str, ...] = VARIANTS) -> list[Cell]:
     from trainmaster.testbed import Testbed, TestbedOptions, parse_rate
 
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10d warns of unnamed hosts
@@ -320,11 +324,12 @@ def sweep(links: list[str], workers: list[int], sizes: list[int], reps: int,
                 # the link's rate, plus start-up; a wait past it is a hang, reported as such
                 slowest = 2 * max(sizes) * 8 / (rate or 1e9) * 4
                 wait_s = 120 + slowest * (reps + 1)
-                order = VARIANTS if i % 2 == 0 else VARIANTS[::-1]  # load falls on both alike
+                order = variants if i % 2 == 0 else variants[::-1]  # load falls on both alike
                 got: dict[str, list[Cell]] = {}
                 for variant in order:
                     try:
-                        got[variant] = run_variant(bed, link, variant, world, sizes, reps, wait_s)
+                        got[variant] = run_variant(bed, link, variant, world, sizes, reps, wait_s,
+                                                   in_flight)
                     except Exception as exc:  # a variant that fails is reported, not hidden
                         failures.append(f"{link} {world} workers {variant}: "
                                         f"{type(exc).__name__}: {exc}")
@@ -370,12 +375,12 @@ def write_markdown(report: dict[str, Any], cells: list[Cell]) -> str:
         f"capped in both directions with tc tbf, MTU 9000), one invocation of "
         f"`bench/aggregation.py`: workers on h1..hn, INA's forwarding node on the switch host and "
         f"parameter node on its own host, UDP, {CHUNK} float32 per datagram, "
-        f"{IN_FLIGHT} datagrams in flight over all workers; gloo one process "
+        f"{report['in_flight']} datagrams in flight over all workers; gloo one process "
         f"per worker host. {report['machine']['cpus']} CPUs shared with other jobs (load "
         f"average {load['start']:.1f} at start, {load['end']:.1f} at end): every process of "
         f"both variants shares them, so at 1 Gbit/s and uncapped the CPU, not the link, is the "
         f"limit. algbw = tensor bytes / time of the slowest rank, median of {report['reps']} "
-        f"runs after a warm-up. Bytes per link per all-reduce as multiples of the tensor, "
+        f"runs after a warm-up (4 MiB). Bytes per link per all-reduce as multiples of the tensor, "
         f"worker link up/down (mean over workers; the ring's is 2(n-1)/n each way), INA's "
         f"parameter-node link up/down. CPU-s per all-reduce: one worker (mean) / forwarding "
         f"node / parameter node.", "",
@@ -448,6 +453,11 @@ def main() -> None:
     parser.add_argument("--workers", default="2,4,8", help="comma-separated worker counts")
     parser.add_argument("--sizes", default="4,16,64", help="comma-separated tensor sizes, MiB")
     parser.add_argument("--reps", type=int, default=3, help="timed all-reduces per cell")
+    parser.add_argument("--in-flight", type=int, default=IN_FLIGHT,
+                        help="INA datagrams in flight over all workers (each worker's share is "
+                             "also bounded by its link's queue)")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help="comma-separated subset of " + ", ".join(VARIANTS))
     parser.add_argument("--output", type=Path, default=RESULTS,
                         help="directory for aggregation.{json,md,png} (a subset run should not "
                              "replace the committed full run)")
@@ -470,15 +480,19 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     failures: list[str] = []
     started, load_start = time.time(), os.getloadavg()[0]
-    cells = sweep(links, workers, sizes, args.reps, failures)
+    variants = tuple(v for v in VARIANTS if v in args.variants.split(","))
+    if not variants or args.in_flight < 4:
+        parser.error(f"--variants: choose from {', '.join(VARIANTS)}; --in-flight >= 4")
+    cells = sweep(links, workers, sizes, args.reps, failures, args.in_flight, variants)
     report: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "python": platform.python_version()},
         "load_average": {"start": load_start, "end": os.getloadavg()[0]},
         "links": links, "workers": workers, "sizes_MiB": [s / MiB for s in sizes],
         "reps": args.reps, "quick": args.quick, "seconds": round(time.time() - started),
-        "chunk": CHUNK, "in_flight": IN_FLIGHT,
-        "window_per_worker": {link: {w: window(w, parse_rate(link), TestbedOptions().queue_ms) for w in workers}
+        "chunk": CHUNK, "in_flight": args.in_flight, "variants": list(variants),
+        "window_per_worker": {link: {w: window(w, parse_rate(link), TestbedOptions().queue_ms,
+                                             args.in_flight) for w in workers}
                               for link in links}, "min_rto_s": MIN_RTO, "failures": failures,
         "cells": [asdict(c) for c in cells]}
     report["targets"] = target_status(cells)
