@@ -88,3 +88,23 @@ def test_pin_to_an_unknown_host_is_refused_clearly(make_testbed):
     assert first.host == bed.address("sw") and len(set(first.ports)) == 2
     assert backend.place(1, {}).host == bed.address("h1")
     assert backend.place(1, {}).host == bed.address("h2")
+
+
+def test_cli_runs_a_job_on_the_testbed_that_is_up(make_testbed, tmp_path: Path, monkeypatch):
+    """``trainmaster run JOB --backend testbed`` uses the testbed recorded on disk (the one
+    ``$TRAINMASTER_TESTBED`` names) and the job's ``testbed/<role>`` pin."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    bed = make_testbed(hosts=2, link_rate=None)
+    monkeypatch.setenv("TRAINMASTER_TESTBED", bed.options.prefix)
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(_two_role_job({"testbed/server": "sw"})))
+    done = subprocess.run([sys.executable, "-m", "trainmaster", "run", str(job_file), "--backend",
+                           "testbed", "--db", f"sqlite:///{tmp_path / 'cli.db'}"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    server = json.loads(next(tmp_path.rglob("output/server.json")).read_text())
+    assert server["bound"] == bed.address("sw") and server["peer"] == bed.address("h1")

@@ -18,7 +18,7 @@ from typing import Any
 from trainmaster.backends.base import Capacity, LaunchRequest, Placement
 from trainmaster.backends.local import LocalBackend
 from trainmaster.errors import UserError
-from trainmaster.testbed import SWITCH, Testbed
+from trainmaster.testbed import SWITCH, Testbed, iproute
 
 PIN_ANNOTATION = "testbed/"
 FIRST_PORT, LAST_PORT = 20000, 32000  # below Linux's ephemeral range: never an outgoing port
@@ -29,6 +29,7 @@ class TestbedBackend(LocalBackend):
     __test__ = False
 
     def __init__(self, testbed: Testbed, capacity: Capacity | None = None):
+        iproute.require_root_and_tools()  # entering a host's namespace needs root too
         super().__init__(capacity)
         self.testbed = testbed
         self._host_of = {testbed.address(h): h for h in [*testbed.host_names, SWITCH]}

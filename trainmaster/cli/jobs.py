@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -48,7 +49,8 @@ def make_backend(name: str, cpus: float | None = None, ray_address: str | None =
         from trainmaster.backends.testbed import TestbedBackend
         from trainmaster.testbed import Testbed
 
-        return TestbedBackend(Testbed.load())  # the testbed of 'trainmaster testbed up'
+        # the testbed of 'trainmaster testbed up' (--prefix tm, or $TRAINMASTER_TESTBED)
+        return TestbedBackend(Testbed.load(os.environ.get("TRAINMASTER_TESTBED") or "tm"))
     raise UserError(f"--backend: unknown backend '{name}' (available: local, ray, testbed)")
 
 
