@@ -6,9 +6,9 @@ STAMP := $(VENV)/.installed
 
 # Debian packages features need (dashboard browser tests, PostgreSQL store tests, the gateway's
 # executor sandbox); tests that cannot have them skip with a clear reason.
-SYSTEM_PACKAGES ?= chromium chromium-driver postgresql bubblewrap
+SYSTEM_PACKAGES ?= chromium chromium-driver postgresql bubblewrap iproute2
 
-.PHONY: run test install system-deps sandbox-deps bench screenshots clean
+.PHONY: run test install system-deps sandbox-deps testbed-deps bench screenshots clean
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || { echo "error: $(PY) not found; install Python 3.11 or run 'make PY=/path/to/python3.11 ...'" >&2; exit 2; }
@@ -48,6 +48,10 @@ run: $(STAMP)
 ## sandbox-deps: only bubblewrap, for the gateway's sandboxed executors (parties need it or isolation: process)
 sandbox-deps:
 	@$(MAKE) --no-print-directory system-deps SYSTEM_PACKAGES=bubblewrap
+
+## testbed-deps: only iproute2 (ip, tc), for `trainmaster testbed` (needs root; without it its tests skip)
+testbed-deps:
+	@$(MAKE) --no-print-directory system-deps SYSTEM_PACKAGES=iproute2
 
 ## test: install with test extras and run the whole suite
 test: $(STAMP) system-deps

@@ -1,17 +1,25 @@
-"""Benchmark: our aggregation fabric (lossless and with 1% drop) against torch.distributed gloo
-all-reduce, same number of processes, on this machine.
+"""Benchmark: in-network aggregation (INA) against gloo's ring all-reduce, on a testbed of real
+hosts (network namespaces) joined by rate-capped links, in one run.
 
-For each worker count and tensor size it runs every variant in the same invocation, takes the
-median of >= 5 timed all-reduces (after two warm-ups), and reports algorithm bandwidth (tensor
-bytes / time) and CPU-seconds per GB of tensor (all processes of the variant: workers,
-forwarding node and parameter node for ours). Writes bench/results/aggregation.{json,md}.
+Layout per worker count n: workers on hosts h1..hn; for INA the forwarding node runs on the
+switch host (where a top-of-rack aggregator sits) and the parameter node on its own host (the
+testbed's last host), all over UDP; gloo (torch.distributed, one process and one thread per
+worker host) runs on the same worker hosts and the same links. Each link is capped in both
+directions (``tc tbf``), at 100 Mbit/s, 1 Gbit/s, or not at all.
 
-    .venv/bin/python bench/aggregation.py            # full: 2/4/8 workers, 1/4/16/64 MiB
-    .venv/bin/python bench/aggregation.py --quick    # 2/4/8 workers, 1/4 MiB
-    .venv/bin/python bench/aggregation.py --workers 2 --sizes 16,64 --variants ours-shm,gloo
+Why INA should win on the wire: each worker sends its tensor once and receives the sum once,
+while a ring all-reduce moves 2(n-1)/n times the tensor over each worker's link, so on a link
+that is the bottleneck the ratio's limit is 2(n-1)/n (1.5 at 4 workers, 1.75 at 8).
 
-Variants: ours over UDP (lossless and with 1% drop on every link), ours over shared memory
-(``ShmTransport``), and gloo.
+For every (link, workers, size) it reports: algorithm bandwidth (tensor bytes / time of the
+slowest rank, median of the timed repetitions after one warm-up), the ratio to gloo, the bytes
+each link carried per all-reduce (from the interfaces' counters, as multiples of the tensor),
+and the CPU-seconds each node used per all-reduce. Writes bench/results/aggregation.{json,md,png}.
+Needs root (it builds testbeds); everything it creates is removed at the end, even on failure.
+
+    .venv/bin/python bench/aggregation.py            # 100mbit/1gbit/none x 2/4/8 workers x 4,16,64 MiB
+    .venv/bin/python bench/aggregation.py --quick    # 100mbit/1gbit x 2/4 workers x 4 MiB
+    .venv/bin/python bench/aggregation.py --links 100mbit --workers 8 --sizes 16 --reps 5
 """
 
 from __future__ import annotations
@@ -21,284 +29,477 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import signal
 import statistics
+import sys
 import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout as a script
+
 MiB = 1 << 20
-CHUNK = {"udp": 16000, "shm": None}  # per packet: ~64 KiB datagrams; shm: its default, 4 MiB
-VARIANTS = {"ours": ("udp", 0.0), "ours-drop1%": ("udp", 0.01), "ours-shm": ("shm", 0.0)}
-ALL_VARIANTS = [*VARIANTS, "gloo"]
+WARM_UP = 4 * MiB
+CHUNK = 16000  # float32 per datagram: 64 KB, eight frames at the testbed's 9000-byte MTU
+# Datagrams in flight, all workers together: what the forwarding node's socket buffer holds
+# (8 MB), so a burst from every worker at once is queued, not dropped. Measured on a 4-worker
+# 100 Mbit/s testbed (4 MiB): 16 per worker 1.25x gloo, 32 per worker 1.50x, 64 per worker
+# 0.38x (the buffer overflowed: ~580 datagrams resent per all-reduce).
+IN_FLIGHT = 128
+# A slice may wait a link queue's worth (the testbed's queue_ms, 200 ms) on its way up and
+# down; resending sooner only adds load (measured: 528 resends per all-reduce at 50 ms, 0 at
+# 300 ms, same setting as above).
+MIN_RTO = 0.3
+
+
+def window(workers: int, link_rate: int | None, queue_ms: int, in_flight: int = IN_FLIGHT) -> int:
+    """Datagrams in flight per worker: a share of ``IN_FLIGHT``, and no more than 3/4 of what
+    its link's queue holds (a full window must not overflow the tbf queue: dropped datagrams
+    are resent through the parameter node, whose single link then carries every worker's
+    resends; measured with 64 per worker at 2 workers on 100 Mbit/s: the queue dropped ~700
+    datagrams, the parameter node's link queue ~8700, and the run stalled)."""
+    share = in_flight // workers
+    if link_rate is not None:
+        share = min(share, int(link_rate / 8 * queue_ms / 1000 * 0.75) // (CHUNK * 4 + 64))
+    return max(4, share)
+
+PS_PORT, SWITCH_PORT, GLOO_PORT = 19000, 19001, 29500
+PREFIX = "tmbench"
 RESULTS = Path(__file__).resolve().parent / "results"
+VARIANTS = ("ina", "gloo")
+TARGETS = [("100mbit", 4, 1.3), ("100mbit", 8, 1.5), ("1gbit", 4, 1.0)]  # issue #16
 
 
-def _cpu_seconds(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        try:
-            t = psutil.Process(pid).cpu_times()
-            total += t.user + t.system
-        except psutil.Error:
-            pass
-    return total
+@dataclass
+class Cell:
+    """One variant at one (link, workers, size): what was measured."""
+
+    link: str
+    workers: int
+    size_MiB: float
+    variant: str
+    times_s: list[float]
+    median_s: float
+    algbw_MBps: float
+    # bytes per all-reduce on each link, as multiples of the tensor: worker links (mean) and
+    # the parameter node's link (INA only); up = host -> switch
+    worker_link_up: float
+    worker_link_down: float
+    ps_link_up: float | None
+    ps_link_down: float | None
+    # CPU-seconds per all-reduce: one worker (mean over workers), forwarding node, parameter node
+    cpu_worker_s: float
+    cpu_switch_s: float | None
+    cpu_ps_s: float | None
+    retransmits: float | None  # INA: datagrams sent again per all-reduce, all workers
+    ratio_vs_gloo: float | None = None
 
 
-def _ours_worker(rank: int, world: int, switch: Any, sizes: list[int], reps: int,
-                 drop: float, transport: str, start: Any, inner: Any, out: Any) -> None:
+@dataclass
+class Sync:
+    """The barriers the parent and the ranks share: ``start`` brackets each size's timed
+    repetitions (the parent reads counters there), ``inner`` lines the ranks up per repetition."""
+
+    start: Any
+    inner: Any
+    out: Any
+    wait_s: float
+
+
+# ---- processes on testbed hosts ------------------------------------------------------------
+def _on_host(namespace: str) -> None:
+    from trainmaster.testbed.namespace import enter
+
+    enter(namespace)
+
+
+def _timed_loop(rank: int, sizes: list[int], reps: int, sync: Sync, allreduce: Any,
+                retransmits: Any = lambda: 0) -> None:
+    """One warm-up, then ``reps`` timed all-reduces per size, each rank reporting its times
+    (and, for INA, how many datagrams it had to send again during them)."""
     import numpy as np
 
-    from trainmaster.aggregation.transport import FaultPlan
-    from trainmaster.aggregation.worker import AggregationClient, WorkerConfig
-
-    faults = FaultPlan(drop=drop, seed=rank) if drop else None
-    cfg = WorkerConfig(chunk=CHUNK[transport], window=16)
-    client = AggregationClient(switch, 1, rank, world, cfg, faults, transport=transport)
-    client.join()
     for size in sizes:
         x = np.random.default_rng(rank).standard_normal(size // 4).astype(np.float32)
-        result = np.empty_like(x)  # the result buffer, like gloo's pre-cloned in-place tensor
-        for _ in range(2):
-            client.allreduce(x, out=result)  # warm-up
-        start.wait()
+        # warm-up: connections, buffers, the round-trip estimate; 4 MiB is enough for that
+        # and a 64 MiB warm-up would cost a quarter of the sweep on a 100 Mbit/s link
+        allreduce(x[:WARM_UP // 4].copy())
+        sync.start.wait(timeout=sync.wait_s)  # ready: the parent reads counters and CPU now
+        sync.start.wait(timeout=sync.wait_s)  # read: go
+        resent = retransmits()
         for _ in range(reps):
-            inner.wait()
+            sync.inner.wait(timeout=sync.wait_s)
             t0 = time.perf_counter()
-            client.allreduce(x, out=result)
-            out.put((size, rank, time.perf_counter() - t0))
-        start.wait()  # done: the parent reads every process' CPU time now
-        start.wait()  # read: go on (or exit)
-    client.close()
+            allreduce(x)
+            sync.out.put((rank, time.perf_counter() - t0))
+        sync.out.put((rank, retransmits() - resent))
+        sync.start.wait(timeout=sync.wait_s)  # done: the parent reads counters and CPU now
+        sync.start.wait(timeout=sync.wait_s)  # read: go on (or exit)
 
 
-def _gloo_worker(rank: int, world: int, port: int, sizes: list[int], reps: int, start: Any,
-                 inner: Any, out: Any) -> None:
+def _ina_worker(namespace: str, address: str, switch: tuple[str, int], rank: int, world: int,
+                sizes: list[int], reps: int, sync: Sync, per_worker_window: int) -> None:
+    _on_host(namespace)
+    import numpy as np
+
+    from trainmaster.aggregation import AggregationClient, WorkerConfig
+
+    cfg = WorkerConfig(chunk=CHUNK, window=per_worker_window, min_retransmit_timeout=MIN_RTO,
+                       timeout=max(60.0, sync.wait_s / 4))
+    client = AggregationClient(switch, 1, rank, world, cfg, host=address)
+    client.join()
+    buffers: dict[int, Any] = {}
+
+    def allreduce(x: Any) -> None:
+        out = buffers.setdefault(x.size, np.empty_like(x))  # like gloo's in-place result
+        client.allreduce(x, out=out)
+
+    def retransmits() -> int:
+        stats = client.stats()
+        return int(stats.get("retransmits", 0)) + int(stats.get("gap_retransmits", 0))
+
+    try:
+        _timed_loop(rank, sizes, reps, sync, allreduce, retransmits)
+    finally:
+        client.close()
+
+
+def _gloo_worker(namespace: str, master: str, rank: int, world: int, sizes: list[int],
+                 reps: int, sync: Sync) -> None:
+    _on_host(namespace)
+    from datetime import timedelta
+
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    for size in sizes:
-        x = torch.randn(size // 4)
-        for _ in range(2):
-            dist.all_reduce(x.clone())  # warm-up
-        start.wait()
-        for _ in range(reps):
-            y = x.clone()
-            inner.wait()
-            t0 = time.perf_counter()
-            dist.all_reduce(y)
-            out.put((size, rank, time.perf_counter() - t0))
-        start.wait()  # done: the parent reads every process' CPU time now
-        start.wait()  # read: go on (or exit)
-    dist.destroy_process_group()
+    os.environ.update(MASTER_ADDR=master, MASTER_PORT=str(GLOO_PORT), GLOO_SOCKET_IFNAME="eth0")
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=sync.wait_s))
+
+    tensors: dict[int, Any] = {}
+
+    def allreduce(x: Any) -> None:
+        # in place on one tensor per size, made before the timing starts (the growing sums
+        # do not change gloo's work)
+        dist.all_reduce(tensors.setdefault(x.size, torch.from_numpy(x.copy())))
+
+    try:
+        _timed_loop(rank, sizes, reps, sync, allreduce)
+    finally:
+        dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    import socket
+def _parameter_node(namespace: str, address: str) -> None:
+    _on_host(namespace)
+    from trainmaster.aggregation import ParameterNode
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    ParameterNode(address, PS_PORT, dead_after=30.0).serve()
 
 
-def run_variant(variant: str, world: int, sizes: list[int], reps: int) -> dict[int, dict]:
-    """Run one variant for every size; returns size -> {median_s, bandwidth, cpu_s_per_GB}."""
-    from trainmaster.aggregation.fabric import Fabric
-    from trainmaster.aggregation.transport import FaultPlan
+def _forwarding_node(namespace: str, address: str, parent: tuple[str, int]) -> None:
+    _on_host(namespace)
+    from trainmaster.aggregation import ForwardingNode
+
+    ForwardingNode(parent, slots=1024, name="switch", host=address, port=SWITCH_PORT).serve()
+
+
+# ---- one variant on one testbed ------------------------------------------------------------
+@dataclass
+class Nodes:
+    """The processes of one variant, by role, so CPU is reported per node."""
+
+    workers: list[Any] = field(default_factory=list)
+    switch: Any = None
+    ps: Any = None
+
+    def all(self) -> list[Any]:
+        return [*self.workers, *[p for p in (self.switch, self.ps) if p is not None]]
+
+
+def _cpu(proc: Any) -> float:
+    try:
+        t = psutil.Process(proc.pid).cpu_times()
+        return t.user + t.system + t.children_user + t.children_system
+    except psutil.Error:
+        return 0.0
+
+
+def run_variant(bed: Any, link: str, variant: str, world: int, sizes: list[int], reps: int,
+                wait_s: float, in_flight: int = IN_FLIGHT) -> list[Cell]:
+    """Start ``variant`` with ``world`` workers on ``bed``, time every size, stop it."""
+    from trainmaster.testbed import SWITCH
 
     ctx = mp.get_context("fork")
-    start, inner, out = ctx.Barrier(world + 1), ctx.Barrier(world), ctx.Queue()
-    fabric = None
-    if variant == "gloo":
-        port = _free_port()
-        procs = [ctx.Process(target=_gloo_worker,
-                             args=(r, world, port, sizes, reps, start, inner, out))
-                 for r in range(world)]
+    sync = Sync(ctx.Barrier(world + 1), ctx.Barrier(world), ctx.Queue(), wait_s)
+    hosts = bed.host_names[:world]
+    ps_host = bed.host_names[-1]
+    nodes = Nodes()
+    if variant == "ina":
+        ps_addr, sw_addr = bed.address(ps_host), bed.address(SWITCH)
+        nodes.ps = ctx.Process(target=_parameter_node, args=(bed.namespace(ps_host), ps_addr))
+        nodes.switch = ctx.Process(target=_forwarding_node,
+                                   args=(bed.namespace(SWITCH), sw_addr, (ps_addr, PS_PORT)))
+        nodes.workers = [ctx.Process(target=_ina_worker, args=(
+            bed.namespace(h), bed.address(h), (sw_addr, SWITCH_PORT), rank, world, sizes, reps,
+            sync, window(world, bed.options.link_rate, bed.options.queue_ms, in_flight)))
+            for rank, h in enumerate(hosts)]
     else:
-        transport, drop = VARIANTS[variant]
-        fabric = Fabric(slots=1024, faults=FaultPlan(drop=drop, seed=7),
-                        transport=transport).start()
-        procs = [ctx.Process(target=_ours_worker,
-                             args=(r, world, fabric.attach_point(r), sizes, reps, drop,
-                                   transport, start, inner, out))
-                 for r in range(world)]
-    for p in procs:
-        p.start()
-    pids = [p.pid for p in procs] + ([p.pid for p in fabric.processes] if fabric else [])
-    results: dict[int, dict] = {}
+        nodes.workers = [ctx.Process(target=_gloo_worker, args=(
+            bed.namespace(h), bed.address(hosts[0]), rank, world, sizes, reps, sync))
+            for rank, h in enumerate(hosts)]
+    for proc in nodes.all():
+        proc.daemon = True
+        proc.start()
+    cells = []
     try:
         for size in sizes:
-            start.wait(timeout=300)
-            cpu0 = _cpu_seconds(pids)
+            sync.start.wait(timeout=wait_s)
+            cpu0 = {p.pid: _cpu(p) for p in nodes.all()}
+            bytes0 = bed.counters()
+            sync.start.wait(timeout=wait_s)
             by_rank: dict[int, list[float]] = {r: [] for r in range(world)}
-            for _ in range(reps * world):
-                _, rank, dt = out.get(timeout=300)
-                by_rank[rank].append(dt)  # each rank reports its repetitions in order
-            start.wait(timeout=300)
-            cpu = _cpu_seconds(pids) - cpu0  # before any process may exit and drop out of it
-            start.wait(timeout=300)
-            # a repetition lasts until its slowest rank has the result
+            resent = 0
+            for _ in range((reps + 1) * world):
+                rank, value = sync.out.get(timeout=wait_s)
+                if len(by_rank[rank]) < reps:
+                    by_rank[rank].append(value)
+                else:
+                    resent += value
+            sync.start.wait(timeout=wait_s)
+            cpu = {p.pid: (_cpu(p) - cpu0[p.pid]) / reps for p in nodes.all()}
+            bytes1 = bed.counters()
+            sync.start.wait(timeout=wait_s)
             per_rep = [max(by_rank[r][i] for r in range(world)) for i in range(reps)]
             med = statistics.median(per_rep)
-            results[size] = {"median_s": med, "runs": len(per_rep),
-                             "bandwidth_MBps": size / med / 1e6,
-                             "cpu_s_per_GB": cpu / (reps * size / 1e9),
-                             "times_s": per_rep, "cpu_s": cpu}
+
+            def moved(host: str, direction: str) -> float:
+                delta = getattr(bytes1[host], direction) - getattr(bytes0[host], direction)
+                return delta / reps / size
+
+            cells.append(Cell(
+                link=link, workers=world, size_MiB=size / MiB, variant=variant, times_s=per_rep,
+                median_s=med, algbw_MBps=size / med / 1e6,
+                worker_link_up=statistics.mean(moved(h, "up_bytes") for h in hosts),
+                worker_link_down=statistics.mean(moved(h, "down_bytes") for h in hosts),
+                ps_link_up=moved(ps_host, "up_bytes") if variant == "ina" else None,
+                ps_link_down=moved(ps_host, "down_bytes") if variant == "ina" else None,
+                cpu_worker_s=statistics.mean(cpu[p.pid] for p in nodes.workers),
+                cpu_switch_s=cpu[nodes.switch.pid] if nodes.switch else None,
+                cpu_ps_s=cpu[nodes.ps.pid] if nodes.ps else None,
+                retransmits=resent / reps if variant == "ina" else None))
     finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.terminate()
-        if fabric:
-            fabric.stop()
-    return results
+        for proc in nodes.workers:
+            proc.join(timeout=30)
+        for proc in nodes.all():
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+    return cells
 
 
-def _cell(r: dict | None, ran: bool = True) -> str:
-    if r is None:
-        return "failed" if ran else "-"
-    return f"{r['bandwidth_MBps']:.0f} ({r['cpu_s_per_GB']:.1f})"
+# ---- the sweep -----------------------------------------------------------------------------
+def sweep(links: list[str], workers: list[int], sizes: list[int], reps: int,
+          failures: list[str], in_flight: int = IN_FLIGHT,
+          variants: tuple[str, ...] = VARIANTS) -> list[Cell]:
+    from trainmaster.testbed import Testbed, TestbedOptions, parse_rate
+
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10d warns of unnamed hosts
+    import torch.distributed  # noqa: F401  imported once here, not in every forked rank
+
+    cells: list[Cell] = []
+    for link in links:
+        rate = parse_rate(link)
+        options = TestbedOptions(hosts=max(workers) + 1, link_rate=rate, prefix=PREFIX)
+        bed = Testbed.up(options)
+        try:
+            for i, world in enumerate(workers):
+                # the longest a step may take: the slowest cell's repetitions at a quarter of
+                # the link's rate, plus start-up; a wait past it is a hang, reported as such
+                slowest = 2 * max(sizes) * 8 / (rate or 1e9) * 4
+                wait_s = 120 + slowest * (reps + 1)
+                order = variants if i % 2 == 0 else variants[::-1]  # load falls on both alike
+                got: dict[str, list[Cell]] = {}
+                for variant in order:
+                    try:
+                        got[variant] = run_variant(bed, link, variant, world, sizes, reps, wait_s,
+                                                   in_flight)
+                    except Exception as exc:  # a variant that fails is reported, not hidden
+                        failures.append(f"{link} {world} workers {variant}: "
+                                        f"{type(exc).__name__}: {exc}")
+                        print(failures[-1], flush=True)
+                gloo = {c.size_MiB: c for c in got.get("gloo", [])}
+                for variant in VARIANTS:
+                    for c in got.get(variant, []):
+                        if c.size_MiB in gloo:
+                            c.ratio_vs_gloo = c.algbw_MBps / gloo[c.size_MiB].algbw_MBps
+                        cells.append(c)
+                        print(f"{link:>8} {world}w {c.size_MiB:>4.0f} MiB {variant:>4}: "
+                              f"{c.algbw_MBps:7.1f} MB/s  ratio "
+                              f"{c.ratio_vs_gloo or 0:.2f}  link up/down "
+                              f"{c.worker_link_up:.2f}/{c.worker_link_down:.2f} x tensor"
+                              + (f", {c.retransmits:.0f} resent" if c.variant == "ina" else ""),
+                              flush=True)
+        finally:
+            bed.down()
+    return cells
 
 
-def _ratio(r: dict | None) -> str:
-    return "-" if r is None else f"{r['ratio_vs_gloo']:.2f}"
-
-
-def goal_status(rows: list[dict]) -> dict[str, object]:
-    """The issue's goal: ours/gloo >= 1.0 at >= 4 MiB for 2 and 4 workers, per transport."""
-    status: dict[str, object] = {}
-    for variant in ("ours", "ours-shm"):
-        cells = [r for r in rows if r["variant"] == variant and r["workers"] in (2, 4)
-                 and r["size_MiB"] >= 4]
-        met = [f"{r['workers']}w/{r['size_MiB']}MiB" for r in cells
-               if r.get("ratio_vs_gloo", 0) >= 1.0]
-        status[variant] = {"cells": len(cells), "met": met,
-                           "all_met": bool(cells) and len(met) == len(cells)}
+def target_status(cells: list[Cell]) -> list[dict[str, Any]]:
+    """The issue's targets: INA/gloo algbw at 4 and 8 workers on 100 Mbit/s, 4 on 1 Gbit/s."""
+    status = []
+    for link, world, goal in TARGETS:
+        ratios = {c.size_MiB: c.ratio_vs_gloo for c in cells if c.variant == "ina"
+                  and c.link == link and c.workers == world and c.ratio_vs_gloo is not None}
+        status.append({"link": link, "workers": world, "target": goal,
+                       "ratios": {f"{s:g} MiB": round(r, 3) for s, r in sorted(ratios.items())},
+                       "measured": bool(ratios),
+                       "met_at_every_size": bool(ratios) and min(ratios.values()) >= goal})
     return status
 
 
-def write_markdown(report: dict) -> str:
-    rows = report["rows"]
-    by = {(r["workers"], r["size_MiB"], r["variant"]): r for r in rows}
-    keys = sorted({(r["workers"], r["size_MiB"]) for r in rows})
-    goal = report["goal"]
-    met = {v: ", ".join(g["met"]) or "none" for v, g in goal.items()}
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def write_markdown(report: dict[str, Any], cells: list[Cell]) -> str:
     load = report["load_average"]
     lines = [
-        f"Aggregation vs gloo all-reduce, one invocation of `bench/aggregation.py` "
-        f"({report['machine']['cpus']} CPUs shared with other jobs, load average "
-        f"{load['start']:.1f} at start, {load['end']:.1f} at end: noisy, gloo's figures too). "
-        f"Cells: algorithm bandwidth MB/s (CPU-seconds per GB over every process of the "
-        f"variant), median of {min(r['runs'] for r in rows)}-{max(r['runs'] for r in rows)} "
-        f"runs per cell, the variants of a cell interleaved over {report['rounds']} rounds so "
-        f"that other jobs' load falls on all of them alike"
-        + ". Goal ours/gloo >= 1.0 at >= 4 MiB for 2 and 4 workers: "
-        f"UDP {'met' if goal['ours']['all_met'] else 'not met'} (cells meeting it: "
-        f"{met['ours']}); shared memory {'met' if goal['ours-shm']['all_met'] else 'not met'} "
-        f"(cells meeting it: {met['ours-shm']}).", "",
-        "| workers | size | ours UDP | ours UDP, 1% drop | ours shm | gloo | UDP/gloo | "
-        "shm/gloo |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for w, size in keys:
-        cells = [by.get((w, size, v)) for v in ("ours", "ours-drop1%", "ours-shm", "gloo")]
-        ran = [v in report["variants_run"] for v in ("ours", "ours-drop1%", "ours-shm", "gloo")]
-        lines.append(f"| {w} | {size} MiB | " + " | ".join(_cell(c, r) for c, r in zip(cells, ran))
-                     + f" | {_ratio(cells[0])} | {_ratio(cells[2])} |")
+        f"INA vs gloo's ring all-reduce on a testbed (hosts = network namespaces, every link "
+        f"capped in both directions with tc tbf, MTU 9000), one invocation of "
+        f"`bench/aggregation.py`: workers on h1..hn, INA's forwarding node on the switch host and "
+        f"parameter node on its own host, UDP, {CHUNK} float32 per datagram, "
+        f"{report['in_flight']} datagrams in flight over all workers; gloo one process "
+        f"per worker host. {report['machine']['cpus']} CPUs shared with other jobs (load "
+        f"average {load['start']:.1f} at start, {load['end']:.1f} at end): every process of "
+        f"both variants shares them, so at 1 Gbit/s and uncapped the CPU, not the link, is the "
+        f"limit. algbw = tensor bytes / time of the slowest rank, median of {report['reps']} "
+        f"runs after a warm-up (4 MiB). Bytes per link per all-reduce as multiples of the tensor, "
+        f"worker link up/down (mean over workers; the ring's is 2(n-1)/n each way), INA's "
+        f"parameter-node link up/down. CPU-s per all-reduce: one worker (mean) / forwarding "
+        f"node / parameter node.", "",
+        "Targets (issue #16): " + "; ".join(
+            f"{t['link']} {t['workers']} workers >= {t['target']}x: "
+            + ("not measured" if not t["measured"] else
+               ("met" if t["met_at_every_size"] else "NOT met") + " ("
+               + ", ".join(f"{k} {v:.2f}x" for k, v in t["ratios"].items()) + ")")
+            for t in report["targets"]) + ".", "",
+        "| link | workers | size | INA MB/s | gloo MB/s | INA/gloo | INA bytes/link up/down | "
+        "gloo bytes/link up/down | INA PS link up/down | INA CPU-s w/sw/ps | gloo CPU-s w |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    by = {(c.link, c.workers, c.size_MiB, c.variant): c for c in cells}
+    for link, world, size in sorted({(c.link, c.workers, c.size_MiB) for c in cells},
+                                    key=lambda k: (report["links"].index(k[0]), k[1], k[2])):
+        ina, gloo = by.get((link, world, size, "ina")), by.get((link, world, size, "gloo"))
+        lines.append(
+            f"| {link} | {world} | {size:g} MiB | {_fmt(ina and ina.algbw_MBps, 1)} | "
+            f"{_fmt(gloo and gloo.algbw_MBps, 1)} | {_fmt(ina and ina.ratio_vs_gloo)} | "
+            + (f"{ina.worker_link_up:.2f}/{ina.worker_link_down:.2f} | " if ina else "- | ")
+            + (f"{gloo.worker_link_up:.2f}/{gloo.worker_link_down:.2f} | " if gloo else "- | ")
+            + (f"{_fmt(ina.ps_link_up)}/{_fmt(ina.ps_link_down)} | " if ina else "- | ")
+            + (f"{ina.cpu_worker_s:.2f}/{_fmt(ina.cpu_switch_s)}/{_fmt(ina.cpu_ps_s)} | "
+               if ina else "- | ")
+            + (f"{gloo.cpu_worker_s:.2f} |" if gloo else "- |"))
+    if report["failures"]:
+        lines += ["", "Failures: " + "; ".join(report["failures"])]
+    lines += ["", "![algbw vs message size per worker count](/bench/results/aggregation.png)"]
     return "\n".join(lines) + "\n"
+
+
+def plot(cells: list[Cell], links: list[str], workers: list[int], path: Path) -> bool:
+    """algbw vs message size, one panel per (link, worker count), INA and gloo as lines."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is missing (pip install 'trainmaster[bench]'): no plot", flush=True)
+        return False
+    fig, axes = plt.subplots(len(links), len(workers), squeeze=False,
+                             figsize=(3.6 * len(workers), 2.8 * len(links)))
+    for i, link in enumerate(links):
+        for j, world in enumerate(workers):
+            ax = axes[i][j]
+            for variant, style in (("ina", "o-"), ("gloo", "s--")):
+                pts = sorted((c.size_MiB, c.algbw_MBps) for c in cells if c.link == link
+                             and c.workers == world and c.variant == variant)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=variant)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{link}, {world} workers", fontsize=9)
+            ax.set_xlabel("tensor MiB", fontsize=8)
+            ax.set_ylabel("algbw MB/s", fontsize=8)
+            ax.set_ylim(bottom=0)
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1 and 4 MiB only")
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--reps-64mib-8w", type=int, default=None,
-                        help="fewer repetitions for the slowest cell only (64 MiB, 8 workers)")
+    parser.add_argument("--quick", action="store_true",
+                        help="development: 100mbit and 1gbit, 2 and 4 workers, 4 MiB, 2 reps")
+    parser.add_argument("--links", default="100mbit,1gbit,none",
+                        help="comma-separated link caps (tc units; none = uncapped)")
     parser.add_argument("--workers", default="2,4,8", help="comma-separated worker counts")
+    parser.add_argument("--sizes", default="4,16,64", help="comma-separated tensor sizes, MiB")
+    parser.add_argument("--reps", type=int, default=3, help="timed all-reduces per cell")
+    parser.add_argument("--in-flight", type=int, default=IN_FLIGHT,
+                        help="INA datagrams in flight over all workers (each worker's share is "
+                             "also bounded by its link's queue)")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help="comma-separated subset of " + ", ".join(VARIANTS))
     parser.add_argument("--output", type=Path, default=RESULTS,
-                        help="directory for aggregation.{json,md} (a subset run should not "
+                        help="directory for aggregation.{json,md,png} (a subset run should not "
                              "replace the committed full run)")
-    parser.add_argument("--sizes", default=None,
-                        help="comma-separated tensor sizes in MiB (default 1,4,16,64)")
-    parser.add_argument("--variants", default=",".join(ALL_VARIANTS),
-                        help="comma-separated subset of " + ", ".join(ALL_VARIANTS).replace("%", "%%"))
-    parser.add_argument("--rounds", type=int, default=2,
-                        help="each cell's variants run interleaved this many times; the "
-                             "repetitions are split over the rounds")
     args = parser.parse_args()
-    workers = [int(w) for w in args.workers.split(",")]
-    sizes = [1 * MiB, 4 * MiB] if args.quick else [1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB]
-    if args.sizes:
-        sizes = [int(float(s) * MiB) for s in args.sizes.split(",")]
-    variants = [v for v in ALL_VARIANTS if v in args.variants.split(",")]
-    if not variants:
-        parser.error(f"--variants: choose from {', '.join(ALL_VARIANTS)}")
-    reps_big = args.reps_64mib_8w or args.reps
-    rows: list[dict] = []
+    if args.quick:
+        args.links, args.workers, args.sizes, args.reps = "100mbit,1gbit", "2,4", "4", 2
+    if os.geteuid() != 0:
+        print("error: this benchmark builds a testbed (network namespaces, tc), which needs "
+              "root; run it as root", file=sys.stderr)
+        sys.exit(2)
+    from trainmaster.testbed import TestbedOptions, parse_rate
+
+    links = [s.strip() for s in args.links.split(",") if s.strip()]
+    workers = sorted(int(w) for w in args.workers.split(","))
+    sizes = [int(float(s) * MiB) for s in args.sizes.split(",")]
+    if args.reps < 1 or min(workers) < 2 or max(workers) > 64 or min(sizes) < 1:
+        parser.error("need --reps >= 1, workers between 2 and 64, sizes above 0")
+    # a SIGTERM (timeout, Ctrl-C's cousin) unwinds through the finally blocks: the ranks are
+    # stopped and the testbed removed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     failures: list[str] = []
-    started = time.time()
-    load_start = os.getloadavg()[0]
-    for world in workers:
-        for size in sizes:
-            reps = reps_big if (world, size) == (8, 64 * MiB) else args.reps
-            rounds = max(1, min(args.rounds, reps))
-            per_round = -(-reps // rounds)
-            times: dict[str, list[float]] = {v: [] for v in variants}
-            cpu: dict[str, float] = {v: 0.0 for v in variants}
-            failed: set[str] = set()
-            # the variants of one cell run back to back, in alternating order over rounds, so
-            # that the load other jobs put on the machine falls on all of them alike
-            for rnd in range(rounds):
-                for variant in variants if rnd % 2 == 0 else variants[::-1]:
-                    if variant in failed:
-                        continue
-                    try:
-                        r = run_variant(variant, world, [size], per_round)[size]
-                    except Exception as exc:  # a variant that fails is reported, not hidden
-                        failed.add(variant)
-                        failures.append(f"{world} workers {variant} {size // MiB} MiB: "
-                                        f"{type(exc).__name__}: {exc}")
-                        print(failures[-1], flush=True)
-                        continue
-                    times[variant] += r["times_s"]
-                    cpu[variant] += r["cpu_s"]
-            cell = {}
-            for variant in variants:
-                if variant in failed or not times[variant]:
-                    continue
-                med = statistics.median(times[variant])
-                cell[variant] = {"median_s": med, "runs": len(times[variant]),
-                                 "bandwidth_MBps": size / med / 1e6,
-                                 "cpu_s_per_GB": cpu[variant] / (len(times[variant]) * size / 1e9)}
-            gloo = cell.get("gloo")
-            for variant, r in cell.items():
-                ratio = r["bandwidth_MBps"] / gloo["bandwidth_MBps"] if gloo else None
-                rows.append({"workers": world, "size_MiB": size // MiB, "variant": variant,
-                             **r, "ratio_vs_gloo": ratio})
-            print(f"{world} workers {size // MiB} MiB: " + ", ".join(
-                f"{v} {r['bandwidth_MBps']:.0f} MB/s" for v, r in cell.items()), flush=True)
-    report = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                          "python": platform.python_version()},
-              "note": "shared machine, other jobs running: numbers are noisy",
-              "load_average": {"start": load_start, "end": os.getloadavg()[0]},
-              "reps": args.reps, "reps_64MiB_8w": reps_big, "rounds": args.rounds,
-              "quick": args.quick, "variants_run": variants,
-              "seconds": round(time.time() - started),
-              "variants": {"ours": "UDP over loopback, 16000 float32 per datagram",
-                           "ours-drop1%": "UDP, 1% of datagrams dropped on every link",
-                           "ours-shm": "shared-memory rings (memfd), 4 MiB per packet built "
-                                       "in the ring, descriptor datagrams as wake-ups; "
-                                       "verified sums multicast as references to the "
-                                       "parameter node's shared result store",
-                           "gloo": "torch.distributed gloo all_reduce, one thread per rank"},
-              "rows": rows, "failures": failures}
-    report["goal"] = goal_status(rows)
+    started, load_start = time.time(), os.getloadavg()[0]
+    variants = tuple(v for v in VARIANTS if v in args.variants.split(","))
+    if not variants or args.in_flight < 4:
+        parser.error(f"--variants: choose from {', '.join(VARIANTS)}; --in-flight >= 4")
+    cells = sweep(links, workers, sizes, args.reps, failures, args.in_flight, variants)
+    report: dict[str, Any] = {
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "python": platform.python_version()},
+        "load_average": {"start": load_start, "end": os.getloadavg()[0]},
+        "links": links, "workers": workers, "sizes_MiB": [s / MiB for s in sizes],
+        "reps": args.reps, "quick": args.quick, "seconds": round(time.time() - started),
+        "chunk": CHUNK, "in_flight": args.in_flight, "variants": list(variants),
+        "window_per_worker": {link: {w: window(w, parse_rate(link), TestbedOptions().queue_ms,
+                                             args.in_flight) for w in workers}
+                              for link in links}, "min_rto_s": MIN_RTO, "failures": failures,
+        "cells": [asdict(c) for c in cells]}
+    report["targets"] = target_status(cells)
     args.output.mkdir(parents=True, exist_ok=True)
-    (args.output / "aggregation.json").write_text(json.dumps(report, indent=2))
-    md = write_markdown(report)
+    (args.output / "aggregation.json").write_text(json.dumps(report, indent=1))
+    plot(cells, links, workers, args.output / "aggregation.png")
+    md = write_markdown(report, cells)
     (args.output / "aggregation.md").write_text(md)
     print(md)
 

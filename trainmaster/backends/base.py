@@ -95,6 +95,12 @@ class Backend(ABC):
     def place(self, ports: int, resources: dict[str, Any]) -> Placement:
         """Choose where a new instance goes and reserve its ports."""
 
+    def place_role(self, role: str, ports: int, resources: dict[str, Any],
+                   annotations: dict[str, str]) -> Placement:
+        """Place an instance of ``role``: backends that can pin a role to a host (the testbed
+        reads the job's ``testbed/<role>`` annotations) override this; the rest place alike."""
+        return self.place(ports, resources)
+
     @abstractmethod
     def start(self, request: LaunchRequest) -> dict[str, Any]:
         """Start one attempt; return a JSON-able handle that identifies it safely.

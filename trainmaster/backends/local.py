@@ -91,6 +91,10 @@ class LocalBackend(Backend):
         """Hold ports an adopted instance already uses, so no new instance is given them."""
         self._reserved.update(ports)
 
+    def spawn_spec(self, request: LaunchRequest) -> tuple[list[str], dict[str, str], str | None]:
+        """What to exec for one attempt (the testbed backend runs it inside a host)."""
+        return _spawn_spec(request)
+
     def start(self, request: LaunchRequest) -> dict[str, Any]:
         log_path = Path(request.log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -98,7 +102,7 @@ class LocalBackend(Backend):
             log.write(f"--- attempt {request.attempt} of {request.role}-{request.index} "
                       f"at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
             log.flush()
-            argv, env, cwd = _spawn_spec(request)
+            argv, env, cwd = self.spawn_spec(request)
             proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT, cwd=cwd or None, start_new_session=True,
                                     close_fds=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -67,7 +68,13 @@ def make_backend(name: str, cpus: float | None = None, ray_address: str | None =
             return LocalBackend()
         default = LocalBackend().capacity()
         return LocalBackend(Capacity(cpu=cpus, memory=default.memory, gpu=default.gpu))
-    raise UserError(f"--backend: unknown backend '{name}' (available: local, ray)")
+    if name == "testbed":
+        from trainmaster.backends.testbed import TestbedBackend
+        from trainmaster.testbed import Testbed
+
+        # the testbed of 'trainmaster testbed up' (--prefix tm, or $TRAINMASTER_TESTBED)
+        return TestbedBackend(Testbed.load(os.environ.get("TRAINMASTER_TESTBED") or "tm"))
+    raise UserError(f"--backend: unknown backend '{name}' (available: local, ray, testbed)")
 
 
 def run(
@@ -75,8 +82,8 @@ def run(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the validated, defaulted job and exit.")] = False,
     db: DbOpt = None,
     backend: Annotated[Optional[str], typer.Option(
-        help="Where instances run: local (subprocesses) or ray (default: the job's "
-             "spec.scheduling.backend, else local).")] = None,
+        help="Where instances run: local (subprocesses), ray, or testbed (the hosts of 'trainmaster testbed up'); "
+             "default: the job's spec.scheduling.backend, else local.")] = None,
     interval: Annotated[float, typer.Option(min=0.01, help="Seconds between reconcile passes.")] = 1.0,
     grace: Annotated[float, typer.Option(min=0, help="Seconds between SIGTERM and SIGKILL when stopping.")] = 5.0,
     cpus: Annotated[Optional[float], typer.Option(help="CPUs the local backend offers (default: this machine's).")] = None,

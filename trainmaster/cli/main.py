@@ -56,7 +56,8 @@ job_app = typer.Typer(help="Jobs: validate, convert, run here, or submit to the 
 def _register_all() -> None:
     """Groups the way users think (job verbs under ``job``, the gateway's party and task under
     ``gateway``); the old flat names stay as hidden aliases so no script breaks."""
-    from trainmaster.cli import aggregation, convert, db, flsched, gateway, info, jobs, partition, remote, server
+    from trainmaster.cli import (aggregation, convert, db, flsched, gateway, info, jobs, partition, remote, server,
+                                 testbed)
 
     for module in (jobs, convert, remote):
         module.register(job_app)
@@ -65,7 +66,7 @@ def _register_all() -> None:
         for alias in app.registered_commands[before:]:
             alias.hidden = True
     app.add_typer(job_app, name="job")
-    for module in (server, db, info, aggregation, flsched, partition, gateway):
+    for module in (server, db, info, testbed, aggregation, flsched, partition, gateway):
         module.register(app)
     gateway_group = next(g for g in app.registered_groups if g.name == "gateway").typer_instance
     for group in app.registered_groups:

@@ -403,7 +403,7 @@ class Controller:
 
         ``environ`` is the controller's environment, which the instance inherits."""
         role = spec.spec.role(inst.role)
-        placement = self.backend.place(role.ports, role.resources.dump())
+        placement = self.backend.place_role(role.name, role.ports, role.resources.dump(), spec.metadata.annotations)
         run_dir = Path(job.run_dir)
         files = InstanceFiles(run_dir / "instances" / inst.label)
         output_dir = run_dir / "output"
