@@ -37,7 +37,8 @@ def client_from_env(config: WorkerConfig | None = None) -> AggregationClient:
     ``TM_AGGREGATION_JOB`` (job id, default 1), ``RANK``, ``WORLD_SIZE`` and
     ``TM_AGGREGATION_TRANSPORT`` (``udp`` default, or ``shm``: the same variable the
     ``parameter-node`` and ``forwarding-node`` commands read); optional
-    ``TM_AGGREGATION_CHUNK`` (float32 elements per packet, when ``config`` sets none).
+    ``TM_AGGREGATION_CHUNK`` (float32 elements per packet, when ``config`` sets none); the
+    worker binds to ``TM_HOST``, the address of the host the controller placed it on.
     """
     switch = os.environ.get("TM_AGGREGATION_SWITCH", "")
     host, _, port = switch.rpartition(":")
@@ -51,6 +52,7 @@ def client_from_env(config: WorkerConfig | None = None) -> AggregationClient:
         config = dataclasses.replace(config or WorkerConfig(), chunk=int(chunk))
     client = AggregationClient((host, int(port)), int(os.environ.get("TM_AGGREGATION_JOB", "1")),
                                int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), config,
+                               host=os.environ.get("TM_HOST", "127.0.0.1"),  # this instance's host (testbed)
                                transport=os.environ.get("TM_AGGREGATION_TRANSPORT", "udp"))
     client.join()
     return client
