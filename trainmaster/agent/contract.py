@@ -65,8 +65,9 @@ class LaunchSpec:
     gpu: int = 0
     depends: list[Dependency] = field(default_factory=list)
     db_url: str = ""  # where the wait step reads the address registry (only with depends)
-    # only with depends: what instance_environment needs besides the waited-for addresses
-    # ({"framework", "context", "role_env"}); ``env`` is then the base environment
+    # what instance_environment needs besides the waited-for addresses ({"framework", "context",
+    # "role_env"}): with depends the wait step resolves the environment from these and ``env``
+    # (then the base environment); without, ``env`` is resolved already and these only inform
     env_inputs: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

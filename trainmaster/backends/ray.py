@@ -33,7 +33,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from trainmaster.backends.base import Backend, Capacity, LaunchRequest, Observation, Phase, Placement
-from trainmaster.backends.local import LocalBackend
+from trainmaster.backends.legacy_local import LegacySubprocessBackend as LocalBackend
 from trainmaster.runtime.environment import instance_environment
 from trainmaster.runtime.files import InstanceFiles
 

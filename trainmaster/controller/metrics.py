@@ -14,3 +14,13 @@ RECONCILE = Histogram("trainmaster_reconcile_seconds", "Duration of one reconcil
                       registry=REGISTRY, buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
 RESTARTS = Counter("trainmaster_instance_restarts", "Instance restarts by restart policy", ["role"],
                    registry=REGISTRY)
+INSTANCE_CPU = Gauge("trainmaster_instance_cpu_seconds", "CPU seconds (user + system) of an instance's whole "
+                     "process tree, as its node agent last reported", ["job", "role", "index"], registry=REGISTRY)
+INSTANCE_PEAK_RSS = Gauge("trainmaster_instance_peak_rss_bytes", "Peak memory of an instance's whole process tree",
+                          ["job", "role", "index"], registry=REGISTRY)
+
+
+def observe_instance(job: str, role: str, index: int, cpu_seconds: float, peak_rss: int) -> None:
+    """Export what a node agent reported of one instance."""
+    INSTANCE_CPU.labels(job=job, role=role, index=str(index)).set(cpu_seconds)
+    INSTANCE_PEAK_RSS.labels(job=job, role=role, index=str(index)).set(peak_rss)
