@@ -85,14 +85,22 @@ def stop_agent(state_dir: Path, timeout: float = 15.0) -> None:
     if str(state_dir).encode() in cmdline:  # that pid is still this agent (not a recycled pid)
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if Path(f"/proc/{pid}").exists():
+        while _running(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if _running(pid):
             os.kill(pid, signal.SIGKILL)
     trees = make_trees(AgentOptions(state_dir.resolve()).node_key)
     for name in trees.leftovers():
         kill_tree(trees, name)
         trees.remove(name)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an agent this test process spawned stays one until reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def pids_alive(pids: list[int]) -> list[int]:

@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 _PACKAGE_ROOT = str(Path(trainmaster.__file__).resolve().parents[1])
 
 
+_spawned: list[subprocess.Popen[bytes]] = []  # daemons this process started (reaped when they exit)
+
+
 class AgentUnavailable(RuntimeError):
     """The node agent could not be reached or started."""
 
@@ -48,6 +51,7 @@ def ensure_agent(state_dir: Path, node: str = "local", linger: float = 10.0, tim
     except OSError:
         pass
     state_dir.mkdir(parents=True, exist_ok=True)
+    _spawned[:] = [d for d in _spawned if d.poll() is None]  # reap daemons that have exited
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p)}
     with open(state_dir / LOG_NAME, "ab") as out:
         daemon = subprocess.Popen(
@@ -55,6 +59,7 @@ def ensure_agent(state_dir: Path, node: str = "local", linger: float = 10.0, tim
              "--linger", str(linger), *extra_args],
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             close_fds=True, env=env)
+    _spawned.append(daemon)
     deadline = time.monotonic() + timeout
     delay = 0.005
     while True:
