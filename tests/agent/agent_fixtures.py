@@ -50,23 +50,35 @@ def starts(lock: Path) -> int:
     return len(path.read_text().split()) if path.exists() else 0
 
 
-def marked(marker: str, value_contains: str = "") -> list[int]:
-    """Live processes whose environment carries ``marker`` (optionally containing a value)."""
+def job_processes(home: Path) -> list[int]:
+    """Live processes a node agent started for instances of the Trainmaster home ``home``
+    (each carries the agent's ``TM_INSTANCE_ID`` marker and the home it was started under)."""
     found = []
     for proc in psutil.process_iter():
         try:
             environ = proc.environ()
-            if marker in environ and value_contains in environ[marker] and proc.status() != psutil.STATUS_ZOMBIE:
+            if ("TM_INSTANCE_ID" in environ and environ.get("TRAINMASTER_HOME") == str(home)
+                    and proc.status() != psutil.STATUS_ZOMBIE):
                 found.append(proc.pid)
         except psutil.Error:
             continue
     return found
 
 
-def escapers(tag: str = "# escaper") -> list[int]:
+def shell_parent(lock: Path, seconds: float) -> list[str]:
+    """``sh -c '<replica> & wait'``: the replica runs as the shell's child."""
+    quoted = " ".join("'" + part.replace("'", "'\"'\"'") + "'" for part in replica(lock, seconds))
+    return ["/bin/sh", "-c", f"{quoted} & wait"]
+
+
+ESCAPER_CODE = "import time; time.sleep(300)  # escaper"
+
+
+def escapers() -> list[int]:
+    """Live setsid grandchildren and daemons that :data:`ESCAPERS` commands left."""
     found = []
     for proc in psutil.process_iter(["cmdline", "status"]):
-        if proc.info["status"] != psutil.STATUS_ZOMBIE and any(tag in part for part in proc.info["cmdline"] or []):
+        if proc.info["status"] != psutil.STATUS_ZOMBIE and ESCAPER_CODE in (proc.info["cmdline"] or []):
             found.append(proc.pid)
     return found
 

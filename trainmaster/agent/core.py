@@ -42,7 +42,8 @@ import trainmaster
 from trainmaster.agent.contract import (InstanceHandle, InstancePhase, InstanceStatus, LaunchSpec,
                                         StartResult)
 from trainmaster.agent.journal import ExitJournal, JournaledInstance
-from trainmaster.agent.tree import AGENT_MARKER, INSTANCE_MARKER, ProcessTrees, kill_tree, make_trees
+from trainmaster.agent.tree import (AGENT_MARKER, INSTANCE_MARKER, MarkerTrees, ProcessTrees, cgroup_name,
+                                   kill_tree, make_trees)
 
 log = logging.getLogger(__name__)
 
@@ -144,8 +145,8 @@ class NodeAgent:
         self._unclaimed: dict[int, tuple[_Reaped, float]] = {}  # reaped before its spawn was recorded
         self._child_started = threading.Event()
         self._closed = False
-        log.info("node agent %s (pid %d): process trees by %s, subreaper %s, state in %s",
-                 self.node, os.getpid(), self.trees.kind, self.subreaper, options.state_dir)
+        log.info("node agent %s (pid %d, parent %d, argv %s): process trees by %s, subreaper %s, state in %s",
+                 self.node, os.getpid(), os.getppid(), sys.argv, self.trees.kind, self.subreaper, options.state_dir)
         self._recover()
         self._reaper = threading.Thread(target=self._reap_forever, name="reaper", daemon=True)
         self._reaper.start()
@@ -154,13 +155,15 @@ class NodeAgent:
     def _recover(self) -> None:
         records = self.journal.replay()
         restarted_at = time.time()
+        markers = MarkerTrees(self.options.node_key)  # every process we start carries them
         for record in records.values():
             if record.exit is not None:
                 self._instances[record.instance_id] = self._from_journal(record)
                 continue
             instance_id = record.instance_id
-            left = self.trees.pids(instance_id)
+            left = self.trees.pids(instance_id) + markers.pids(instance_id)
             kill_tree(self.trees, instance_id, self.options.kill_timeout)
+            kill_tree(markers, instance_id, self.options.kill_timeout)  # started by an agent without cgroups
             self.trees.remove(instance_id)
             handle = InstanceHandle(self.node, instance_id, record.started.get("pid"))
             status = InstanceStatus(
@@ -174,7 +177,8 @@ class NodeAgent:
             log.warning("instance %s: journaled as started, not ended; killed %d process(es) (AgentRestarted)",
                         instance_id, len(left))
         known = {record.instance_id for record in records.values()}
-        for name in self.trees.leftovers():  # a cgroup without a journal record: never reported
+        known |= {cgroup_name(i) for i in known}
+        for name in self.trees.leftovers():  # a tree without a journal record: never reported
             if name not in known:
                 kill_tree(self.trees, name, self.options.kill_timeout)
                 self.trees.remove(name)
