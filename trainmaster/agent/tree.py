@@ -103,14 +103,14 @@ class CgroupTrees:
 
     def enter(self, instance_id: str) -> None:
         """Move the calling thread into the instance's cgroups (v1 moves one thread by ``tasks``)."""
-        tid = str(threading.get_native_id())
+        tid = str(threading.get_native_id()).encode()
         for hierarchy in self.hierarchies:
-            (self._dir(hierarchy, instance_id) / "tasks").write_text(tid)
+            _write(self._dir(hierarchy, instance_id) / "tasks", tid)
 
     def leave(self) -> None:
-        tid = str(threading.get_native_id())
+        tid = str(threading.get_native_id()).encode()
         for hierarchy in self.hierarchies:
-            (self._home[hierarchy] / "tasks").write_text(tid)
+            _write(self._home[hierarchy] / "tasks", tid)
 
     def pids(self, instance_id: str) -> list[int]:
         try:
@@ -231,6 +231,15 @@ class MarkerTrees:
 
     def leftovers(self) -> list[str]:
         return sorted(self._scan())
+
+
+def _write(path: Path, data: bytes) -> None:
+    """One write(2) to a cgroup control file (no buffering, no text layer)."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
 
 
 def _zombie(pid: int) -> bool:
