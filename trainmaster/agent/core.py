@@ -207,12 +207,11 @@ class NodeAgent:
                                       for s in fresh])
         fresh_ids = {s.instance_id for s in fresh}
         results = []
-        for spec in specs:
-            if spec.instance_id in fresh_ids:
-                with self._spawn_lock:
+        with self._spawn_lock:
+            for spec in specs:
+                if spec.instance_id in fresh_ids:
                     self._spawn(spec)
-            results.append(self._start_result(spec.instance_id))
-        return results
+        return [self._start_result(spec.instance_id) for spec in specs]
 
     def _start_result(self, instance_id: str) -> StartResult:
         with self._lock:
@@ -243,6 +242,8 @@ class NodeAgent:
                 out.write(f"--- attempt {spec.attempt} of {spec.role}-{spec.index} "
                           f"at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
                 out.flush()
+                # the child is born in the instance's cgroups; the thread leaves them at once (it
+                # must never be in a group that is frozen or killed when its main process ends)
                 self.trees.enter(spec.instance_id)
                 try:
                     popen = subprocess.Popen(argv, env=env, cwd=spec.cwd or None, stdin=subprocess.DEVNULL,
@@ -420,12 +421,14 @@ class NodeAgent:
                     if i in self._instances and self._instances[i].status is None]
             for inst in live:
                 inst.stopping = True
-        for inst in live:
-            self.trees.signal_all(inst.instance_id, signal.SIGTERM)
-        if not self._wait_ended(live, grace):
+        with self._spawn_lock:  # never freeze a group while the spawning thread is in it
             for inst in live:
-                if inst.status is None:
-                    self.trees.signal_all(inst.instance_id, signal.SIGKILL)
+                self.trees.signal_all(inst.instance_id, signal.SIGTERM)
+        if not self._wait_ended(live, grace):
+            with self._spawn_lock:
+                for inst in live:
+                    if inst.status is None:
+                        self.trees.signal_all(inst.instance_id, signal.SIGKILL)
             if not self._wait_ended(live, self.options.kill_timeout):
                 log.error("instances %s did not end %.0fs after SIGKILL",
                           [i.instance_id for i in live if i.status is None], self.options.kill_timeout)

@@ -117,7 +117,8 @@ class CgroupTrees:
             text = (self._dir("pids", instance_id) / "cgroup.procs").read_text()
         except FileNotFoundError:
             return []
-        return [int(p) for p in text.split()]
+        me = os.getpid()  # the agent itself, while its spawning thread passes through
+        return [int(p) for p in text.split() if int(p) != me]
 
     def _freeze(self, instance_id: str, state: str) -> None:
         path = self._dir("freezer", instance_id) / "freezer.state"

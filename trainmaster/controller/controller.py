@@ -408,7 +408,10 @@ class Controller:
                     spawned.append(inst)
         # running as soon as the backend says so: at once for a local process, later for a
         # Ray actor that is still being placed (one backend call for the whole batch)
-        observed = self.backend.poll_all([i.handle for i in spawned if i.handle])
+        if self.backend.running_at_start:
+            observed = [Observation(Phase.RUNNING) for _ in spawned]
+        else:
+            observed = self.backend.poll_all([i.handle for i in spawned if i.handle])
         for inst, obs in zip(spawned, observed):
             if obs.phase == Phase.RUNNING and inst.state == I.STARTING.value:
                 self._mark_running(session, job, inst)
