@@ -1,6 +1,7 @@
 """Mechanism: values the OS cannot take (a NUL byte in argv, env or workingDir; '=' in or an
 empty env name) are rejected at submit with the field path (controller spec, 'Validation'),
-and a server that refused such a job keeps running the next one (issue #14 part 2)."""
+and a server that refused such a job keeps running the next one (issue #14 part 2), whose
+CPU seconds and peak RSS (from the node agent) are in its status and on /metrics."""
 
 from __future__ import annotations
 
@@ -42,4 +43,8 @@ def test_a_server_that_refused_such_a_job_runs_the_next(harness: Harness) -> Non
     good = client.post(f"{API}/jobs", json=job("next", [{"name": "w", "command": py("pass")}]))
     assert good.status_code == 201
     job_id = good.json()["id"]
-    assert step_until(harness, job_id, lambda s: s["state"] == "succeeded")["state"] == "succeeded"
+    status = step_until(harness, job_id, lambda s: s["state"] == "succeeded")
+    assert status["instances"][0]["cpuSeconds"] > 0 and status["instances"][0]["peakRss"] > 0
+    metrics = client.get("/metrics").text  # the node agent's per-instance figures, exported
+    assert 'trainmaster_instance_cpu_seconds{index="0",job="next",role="w"}' in metrics
+    assert 'trainmaster_instance_peak_rss_bytes{index="0",job="next",role="w"}' in metrics
