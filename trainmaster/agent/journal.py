@@ -1,7 +1,7 @@
 """The agent's exit journal: append-only JSON lines on disk, fsync'd before an exit is reported.
 
-Three kinds of line: ``start`` (an instance is about to be spawned: written and fsync'd before
-the spawn, so a restarted agent knows every instance that may still have processes), ``exit``
+Three kinds of line: ``start`` (an instance is about to be spawned: written before the spawn,
+so a restarted agent knows every instance that may still have processes), ``exit``
 (its final :class:`InstanceStatus`, fsync'd before anyone is told) and ``forget`` (the
 controller stored the exit; the record may go). Replaying the lines in order rebuilds the
 agent's records; :meth:`ExitJournal.compact` rewrites the file with only what is still needed.
@@ -67,8 +67,10 @@ class ExitJournal:
         self._appended += len(lines)
 
     def started(self, starts: list[dict[str, Any]]) -> None:
-        """Record instances about to be spawned (one fsync for the whole batch)."""
-        self._append([{"t": "start", **s} for s in starts], sync=True)
+        """Record instances about to be spawned: written to the kernel before the spawn, not
+        fsync'd. The line guards against the agent's death, which the kernel's page cache
+        survives; a machine crash, which it may not survive, ends the instances too."""
+        self._append([{"t": "start", **s} for s in starts], sync=False)
 
     def exited(self, statuses: list[InstanceStatus]) -> None:
         """Record final statuses (one fsync for all); only then may they be reported."""

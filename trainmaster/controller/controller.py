@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -60,6 +61,7 @@ class Controller:
         self._specs: dict[int, tuple[dict[str, Any], Job]] = {}  # job id -> (stored spec, validated)
         self._observed: dict[int, Observation] = {}  # instance row id -> this pass's observation
         self._ended: list[dict[str, Any]] = []  # handles whose exits this pass stored (agent may forget)
+        self._to_start: list[_Start] = []  # attempts this pass prepared (started together at its end)
 
     # ---- queue -------------------------------------------------------------------------------
     def submit(self, loaded: LoadedJob) -> int:
@@ -133,6 +135,8 @@ class Controller:
                 if job.admitted:
                     session.commit()  # a running job's progress is saved job by job
             session.commit()  # waiting jobs' re-evaluated reasons, all in one transaction
+            self._start_all(session)
+            session.commit()
             ended, self._ended = self._ended, []
             self.backend.forget(ended)  # stored: the agent's journal may drop them
 
@@ -394,28 +398,42 @@ class Controller:
             return free
         Path(job.run_dir, "output").mkdir(parents=True, exist_ok=True)
         environ = dict(os.environ)  # one snapshot for the whole pass (each instance copies it)
-        prepared = [(inst, self._prepare(job, spec, inst, environ)) for inst in due]
-        session.commit()
-        started = self.backend.start_all([request for _, request in prepared])
-        spawned = []
-        for (inst, request), handle in zip(prepared, started):
+        self._to_start += [_Start(job, spec, inst, self._prepare(job, spec, inst, environ)) for inst in due]
+        session.commit()  # the intents (state starting, attempt + 1), before anything is spawned
+        return free
+
+    def _start_all(self, session: Session) -> None:
+        """Start every attempt this pass prepared, over all jobs, in one backend call (one round
+        trip to the node agent, one journal write), recording each handle as it comes back."""
+        batch, self._to_start = self._to_start, []
+        if not batch:
+            return
+        spawned: list[_Start] = []
+        for start, handle in zip(batch, self.backend.start_all([s.request for s in batch])):
             if isinstance(handle, StartFailure):
-                free = self._on_exit(session, job, spec.spec.role(inst.role), inst, Observation(
-                    Phase.EXITED, exit_code=127, reason="StartFailed", message=handle.message), free)
+                self._on_exit(session, start.job, start.spec.spec.role(start.inst.role), start.inst, Observation(
+                    Phase.EXITED, exit_code=127, reason="StartFailed", message=handle.message),
+                    self.backend.capacity())
             else:
-                self._spawn(session, job, inst, request, handle)
-                if not request.gated:
-                    spawned.append(inst)
+                self._spawn(session, start.job, start.inst, start.request, handle)
+                if not start.request.gated:
+                    spawned.append(start)
         # running as soon as the backend says so: at once for a local process, later for a
         # Ray actor that is still being placed (one backend call for the whole batch)
         if self.backend.running_at_start:
             observed = [Observation(Phase.RUNNING) for _ in spawned]
         else:
-            observed = self.backend.poll_all([i.handle for i in spawned if i.handle])
-        for inst, obs in zip(spawned, observed):
-            if obs.phase == Phase.RUNNING and inst.state == I.STARTING.value:
-                self._mark_running(session, job, inst)
-        return free
+            observed = self.backend.poll_all([s.inst.handle for s in spawned if s.inst.handle])
+        for start, obs in zip(spawned, observed):
+            if obs.phase == Phase.RUNNING and start.inst.state == I.STARTING.value:
+                self._mark_running(session, start.job, start.inst)
+        jobs = {id(s.job): s for s in batch}.values()
+        for start in jobs:  # their states as of now (running, or failed by a refused start)
+            verdict = self._roll_up(session, start.job, start.spec)
+            if verdict.state in JOB_TERMINAL:
+                self._finish(session, start.job, start.spec, verdict, self.backend.capacity())
+            else:
+                self._set_job_state(session, start.job, verdict)
 
     def _prepare(self, job: JobRow, spec: Job, inst: InstanceRow, environ: dict[str, str]) -> LaunchRequest:
         """Place an instance, write its launch file and mark it starting (nothing runs yet).
@@ -572,6 +590,16 @@ class Controller:
         job.completed_at = utcnow()
         self._specs.pop(job.id, None)
         return free
+
+
+@dataclass
+class _Start:
+    """One attempt a pass prepared: its intent is committed, its process not yet started."""
+
+    job: JobRow
+    spec: Job
+    inst: InstanceRow
+    request: LaunchRequest
 
 
 def _bundles(spec: Job) -> list[dict[str, Any]]:
