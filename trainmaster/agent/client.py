@@ -41,41 +41,53 @@ def agent_pid(state_dir: Path) -> int | None:
         return None
 
 
+def answers(state_dir: Path, timeout: float = 2.0) -> bool:
+    """Whether an agent serves ``state_dir`` now: a ping round trip, not a bare connect (a
+    killed agent's threads can still hold its listening socket for a moment)."""
+    try:
+        sock = connect(state_dir, timeout)
+    except OSError:
+        return False
+    try:
+        sock.sendall(b'{"op": "ping"}\n')
+        return sock.makefile("rb").readline().startswith(b'{"ok": true')
+    except OSError:
+        return False
+    finally:
+        sock.close()
+
+
 def ensure_agent(state_dir: Path, node: str = "local", linger: float = 10.0, timeout: float = 20.0,
                  extra_args: tuple[str, ...] = ()) -> None:
     """Return once an agent answers on ``state_dir``; start one (detached, its own session) if
-    none does. Two callers racing both spawn; the state dir's lock lets only one serve."""
-    try:
-        connect(state_dir, 2.0).close()
+    none does. Two callers racing both spawn; the state dir's lock lets only one serve. A daemon
+    that found the lock held (a dying agent) is started again until one serves."""
+    if answers(state_dir):
         return
-    except OSError:
-        pass
     state_dir.mkdir(parents=True, exist_ok=True)
     _spawned[:] = [d for d in _spawned if d.poll() is None]  # reap daemons that have exited
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p)}
-    with open(state_dir / LOG_NAME, "ab") as out:
-        daemon = subprocess.Popen(
-            [sys.executable, "-m", "trainmaster.agent", "--state-dir", str(state_dir), "--node", node,
-             "--linger", str(linger), *extra_args],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            close_fds=True, env=env)
-    _spawned.append(daemon)
+    argv = [sys.executable, "-m", "trainmaster.agent", "--state-dir", str(state_dir), "--node", node,
+            "--linger", str(linger), *extra_args]
     deadline = time.monotonic() + timeout
     delay = 0.005
+    daemon: subprocess.Popen[bytes] | None = None
     while True:
-        try:
-            connect(state_dir, 2.0).close()
+        if daemon is None or daemon.poll() is not None:
+            if daemon is not None and daemon.returncode != ALREADY_RUNNING_EXIT:
+                raise AgentUnavailable(f"the node agent exited with code {daemon.returncode} at start; "
+                                       f"see {state_dir / LOG_NAME}")
+            with open(state_dir / LOG_NAME, "ab") as out:
+                daemon = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                          start_new_session=True, close_fds=True, env=env)
+            _spawned.append(daemon)
+        if answers(state_dir):
             return
-        except OSError as exc:
-            error = exc
-        code = daemon.poll()
-        if code is not None and code != ALREADY_RUNNING_EXIT:
-            raise AgentUnavailable(f"the node agent exited with code {code} at start; see {state_dir / LOG_NAME}")
         if time.monotonic() >= deadline:
-            raise AgentUnavailable(f"no node agent answered on {state_dir} within {timeout:g}s ({error}); "
+            raise AgentUnavailable(f"no node agent answered on {state_dir} within {timeout:g}s; "
                                    f"see {state_dir / LOG_NAME}")
         time.sleep(delay)
-        delay = min(delay * 2, 0.1)
+        delay = min(delay * 2, 0.2)
 
 
 class AgentClient:
@@ -111,7 +123,7 @@ class AgentClient:
         """One request; reconnects (starting a new agent) once if the connection broke."""
         payload = json.dumps({"op": op, **args}).encode() + b"\n"
         with self._lock:
-            for attempt in (1, 2):
+            for attempt in (1, 2, 3):
                 try:
                     if self._sock is None:
                         self._connect()
@@ -128,7 +140,7 @@ class AgentClient:
                                            f"{timeout or self.timeout:g}s") from None
                 except (ConnectionError, FileNotFoundError, BrokenPipeError) as exc:
                     self._drop()
-                    if attempt == 2:
+                    if attempt == 3:
                         raise AgentUnavailable(f"lost the node agent on {self.state_dir}: {exc}") from None
                     log.warning("connection to the node agent broke during '%s' (%s); reconnecting", op, exc)
         answer = json.loads(line)
