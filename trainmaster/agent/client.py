@@ -161,9 +161,6 @@ class AgentClient:
     def observe(self, instance_ids: list[str]) -> list[InstanceStatus]:
         return [InstanceStatus.from_dict(s) for s in self.call("observe", ids=instance_ids)]
 
-    def list(self) -> list[InstanceStatus]:
-        return [InstanceStatus.from_dict(s) for s in self.call("list")]
-
     def forget(self, instance_ids: list[str]) -> None:
         self.call("forget", ids=instance_ids)
 
@@ -173,3 +170,6 @@ class AgentClient:
     def close(self) -> None:
         with self._lock:
             self._drop()
+
+    def list(self) -> list[InstanceStatus]:
+        return [InstanceStatus.from_dict(s) for s in self.call("list")]

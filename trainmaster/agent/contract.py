@@ -150,8 +150,9 @@ class NodeAgentAPI(Protocol):
     def observe(self, instance_ids: list[str]) -> list[InstanceStatus]:
         """Each instance's status (an unknown id is LOST)."""
 
-    def list(self) -> list[InstanceStatus]:
-        """Every instance this agent holds a record of."""
-
     def forget(self, instance_ids: list[str]) -> None:
         """Drop the journal records of ended instances the controller has stored."""
+
+    # last: in a class body that defines ``list``, later annotations would name the method
+    def list(self) -> list[InstanceStatus]:
+        """Every instance this agent holds a record of."""

@@ -88,7 +88,6 @@ class _Instance:
     stopping: bool = False
     status: InstanceStatus | None = None  # final, journaled
     start_error: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -206,7 +205,6 @@ class NodeAgent:
                 self.journal.started([{"id": s.instance_id, "role": s.role, "gated": bool(s.depends), "at": now}
                                       for s in fresh])
         fresh_ids = {s.instance_id for s in fresh}
-        results = []
         with self._spawn_lock:
             for spec in specs:
                 if spec.instance_id in fresh_ids:
@@ -406,10 +404,6 @@ class NodeAgent:
         with self._lock:
             return [self._status(i) for i in instance_ids]
 
-    def list(self) -> list[InstanceStatus]:
-        with self._lock:
-            return [self._status(i) for i in self._instances]
-
     def live_count(self) -> int:
         with self._lock:
             return sum(1 for inst in self._instances.values() if inst.status is None)
@@ -471,6 +465,10 @@ class NodeAgent:
         self._closed = True
         self._child_started.set()
         self.journal.close()
+
+    def list(self) -> list[InstanceStatus]:
+        with self._lock:
+            return [self._status(i) for i in self._instances]
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -34,15 +34,16 @@ def agent_state_dir() -> Path:
 
 def observation(status: InstanceStatus) -> Observation:
     """The controller's view of what the agent reports."""
-    common = {"cpu_seconds": status.cpu_seconds, "peak_rss": status.peak_rss}
+    cpu, peak = status.cpu_seconds, status.peak_rss
     if status.phase == InstancePhase.WAITING:
-        return Observation(Phase.STARTING, reason=status.reason or "WaitingForDependencies", **common)
+        return Observation(Phase.STARTING, reason=status.reason or "WaitingForDependencies",
+                           cpu_seconds=cpu, peak_rss=peak)
     if status.phase == InstancePhase.RUNNING:
-        return Observation(Phase.RUNNING, command_started=status.command_started_at, **common)
+        return Observation(Phase.RUNNING, command_started=status.command_started_at, cpu_seconds=cpu, peak_rss=peak)
     if status.phase in (InstancePhase.EXITED, InstancePhase.START_FAILED):
         reason = "" if status.reason in _PLAIN_REASONS else status.reason
         return Observation(Phase.EXITED, exit_code=status.exit_code, reason=reason, message=status.message,
-                           command_started=status.command_started_at, **common)
+                           command_started=status.command_started_at, cpu_seconds=cpu, peak_rss=peak)
     return Observation(Phase.LOST, reason="Lost", message=status.message)
 
 
