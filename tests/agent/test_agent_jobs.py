@@ -128,3 +128,17 @@ def test_a_second_controller_reuses_the_agent_and_leaves_the_others_instances(
     assert harness.status(job_id)["instances"][0]["state"] == "running"
     other.backend.close()
     _cancel(harness, job_id)
+
+
+def test_an_attempt_prepared_in_the_pass_its_job_ends_is_never_started(harness: Harness) -> None:
+    """Job end: a worker restarted (Always) in the very pass the master's success ends the job
+    (kubeflow preset) is stopped before its attempt starts; nothing of the job runs afterwards."""
+    status = harness.run(job("ends", [
+        {"name": "master", "command": [PY, "-c", "import time; time.sleep(1)"]},
+        {"name": "worker", "command": ["true"],
+         "restartPolicy": {"policy": "Always", "maxRestarts": 1000, "backoffSeconds": 0}}],
+        statusPolicy={"preset": "kubeflow"}))[1]
+    assert status["state"] == "succeeded", status["events"]
+    ended = max(i for i, e in enumerate(status["events"]) if e["object"] == "job" and e["reason"] != "Submitted")
+    late = [e for e in status["events"][ended:] if e["reason"] == "Started"]
+    assert late == []  # no attempt started after the job ended

@@ -353,9 +353,10 @@ class Controller:
 
     def _stop_instances(self, session: Session, job: JobRow, instances: list[InstanceRow],
                         free: Capacity) -> Capacity:
+        for inst in instances:  # an attempt prepared this pass but not started yet has no handle
+            if inst.state in LIVE and inst.state != I.TERMINATING.value:
+                self._set_instance_state(inst, I.TERMINATING)
         live = [i for i in instances if i.state in LIVE and i.handle]
-        for inst in live:
-            self._set_instance_state(inst, I.TERMINATING)
         self.backend.stop([i.handle for i in live if i.handle], self.grace)
         final = dict(zip((i.id for i in live), self.backend.poll_all([i.handle for i in live if i.handle])))
         for inst in instances:
@@ -405,7 +406,9 @@ class Controller:
     def _start_all(self, session: Session) -> None:
         """Start every attempt this pass prepared, over all jobs, in one backend call (one round
         trip to the node agent, one journal write), recording each handle as it comes back."""
-        batch, self._to_start = self._to_start, []
+        # an attempt whose job ended later in the same pass was stopped before it ran: skip it
+        batch = [s for s in self._to_start if s.inst.state == I.STARTING.value and s.inst.handle is None]
+        self._to_start = []
         if not batch:
             return
         spawned: list[_Start] = []
