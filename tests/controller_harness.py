@@ -93,6 +93,7 @@ def stop_agent(state_dir: Path, timeout: float = 15.0) -> None:
     for name in trees.leftovers():
         kill_tree(trees, name)
         trees.remove(name)
+    trees.close()
 
 
 def _running(pid: int) -> bool:

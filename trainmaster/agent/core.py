@@ -144,6 +144,7 @@ class NodeAgent:
         self._unclaimed: dict[int, tuple[_Reaped, float]] = {}  # reaped before its spawn was recorded
         self._child_started = threading.Event()
         self._closed = False
+        self._unremoved: set[str] = set()  # ended instances whose cgroups still hold an unreaped member
         log.info("node agent %s (pid %d, parent %d, argv %s): process trees by %s, subreaper %s, state in %s",
                  self.node, os.getpid(), os.getppid(), sys.argv, self.trees.kind, self.subreaper, options.state_dir)
         self._recover()
@@ -177,10 +178,10 @@ class NodeAgent:
                         instance_id, len(left))
         known = {record.instance_id for record in records.values()}
         known |= {cgroup_name(i) for i in known}
-        for name in self.trees.leftovers():  # a tree without a journal record: never reported
+        for name in self.trees.leftovers():  # trees an earlier agent could not remove, or never journaled
+            kill_tree(self.trees, name, self.options.kill_timeout)
+            self._remove_trees([name])
             if name not in known:
-                kill_tree(self.trees, name, self.options.kill_timeout)
-                self.trees.remove(name)
                 log.warning("removed an unjournaled process tree %s left by an earlier agent", name)
         self.journal.compact(records)
 
@@ -315,6 +316,8 @@ class NodeAgent:
                     self._main_exited(mains)
                 except Exception:
                     log.exception("recording the exit of %s failed", [i.instance_id for i, _ in mains])
+            elif self._unremoved:
+                self._remove_trees([])
 
     def _main_exited(self, mains: list[tuple[_Instance, _Reaped]]) -> None:
         """Kill what is left of each tree, then journal the exits (one fsync) and report them."""
@@ -328,6 +331,7 @@ class NodeAgent:
             finals.append(self._final_status(inst, reaped))
         with self._journal_lock:
             self.journal.exited(finals)
+        self._remove_trees([inst.instance_id for inst, _ in mains])  # before anyone hears of the exit
         with self._lock:
             for (inst, _), status in zip(mains, finals):
                 inst.status = status
@@ -336,8 +340,13 @@ class NodeAgent:
                     inst.notify_fd = None
                 inst.popen = None
             self._changed.notify_all()
-        for inst, _ in mains:
-            self.trees.remove(inst.instance_id)
+
+    def _remove_trees(self, instance_ids: list[str]) -> None:
+        """Remove ended instances' cgroups; one whose orphans are not reaped yet is retried
+        after the next reap (and at shutdown)."""
+        with self._lock:
+            pending = self._unremoved | set(instance_ids)
+            self._unremoved = {i for i in pending if not self.trees.remove(i)}
 
     def _final_status(self, inst: _Instance, reaped: _Reaped) -> InstanceStatus:
         code = exit_code_of(reaped.status)
@@ -465,6 +474,10 @@ class NodeAgent:
         self._closed = True
         self._child_started.set()
         self.journal.close()
+        self._remove_trees([])
+        for instance_id in self._unremoved:
+            log.warning("the cgroups of %s still hold a member at shutdown; the next agent removes them", instance_id)
+        self.trees.close()
 
     def list(self) -> list[InstanceStatus]:
         with self._lock:

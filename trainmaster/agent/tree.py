@@ -53,8 +53,9 @@ class ProcessTrees(Protocol):
     def cpu_seconds(self, instance_id: str) -> float | None: ...
     def peak_rss(self, instance_id: str) -> int | None: ...
     def oom_killed(self, instance_id: str) -> bool: ...
-    def remove(self, instance_id: str) -> None: ...
+    def remove(self, instance_id: str) -> bool: ...
     def leftovers(self) -> list[str]: ...
+    def close(self) -> None: ...
 
 
 def _own_cgroup(hierarchy: str) -> str | None:
@@ -162,15 +163,27 @@ class CgroupTrees:
     def oom_killed(self, instance_id: str) -> bool:
         return bool(self._read_int("memory", instance_id, "memory.failcnt"))
 
-    def remove(self, instance_id: str) -> None:
+    def remove(self, instance_id: str) -> bool:
+        """Remove the instance's cgroups; False while one still holds an exiting (unreaped)
+        member, so the caller tries again after the next reap."""
+        removed = True
         for hierarchy in self.hierarchies:
             path = self._dir(hierarchy, instance_id)
             try:
                 path.rmdir()
             except FileNotFoundError:
                 pass
-            except OSError as exc:  # EBUSY: a member still exiting; the next cleanup removes it
-                log.warning("could not remove cgroup %s: %s", path, exc)
+            except OSError:
+                removed = False
+        return removed
+
+    def close(self) -> None:
+        """Remove this agent's (empty) parent cgroups when it stops."""
+        for path in self.hierarchies.values():
+            try:
+                path.rmdir()
+            except OSError as exc:  # an instance cgroup still in it (logged when it failed)
+                log.warning("kept cgroup %s: %s", path, exc)
 
     def leftovers(self) -> list[str]:
         """Instance cgroup names under this agent's parent (a crashed agent's)."""
@@ -227,11 +240,14 @@ class MarkerTrees:
     def oom_killed(self, instance_id: str) -> bool:
         return False
 
-    def remove(self, instance_id: str) -> None:
-        pass
+    def remove(self, instance_id: str) -> bool:
+        return True
 
     def leftovers(self) -> list[str]:
         return sorted(self._scan())
+
+    def close(self) -> None:
+        pass
 
 
 def _write(path: Path, data: bytes) -> None:
