@@ -7,17 +7,20 @@ from pathlib import Path
 
 import pytest
 
-from controller_harness import Harness
+from controller_harness import Harness, stop_agent
 from postgres_server import PostgresServer  # noqa: F401 (fixture type)
 
 
 @pytest.fixture(autouse=True)
-def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A Trainmaster home per test; the node agent a test started there is stopped (and its
+    instances and cgroups removed) when the test ends, passed or failed."""
     home = tmp_path / "tmhome"
     monkeypatch.setenv("TRAINMASTER_HOME", str(home))
     monkeypatch.delenv("TRAINMASTER_DB", raising=False)
     monkeypatch.setenv("PYTHONUNBUFFERED", "1")
-    return home
+    yield home
+    stop_agent(home / "agent")
 
 
 @pytest.fixture

@@ -64,6 +64,46 @@ def events(status: dict[str, Any], reason: str | None = None) -> list[dict[str, 
     return [e for e in status["events"] if reason is None or e["reason"] == reason]
 
 
+def stop_agent(state_dir: Path, timeout: float = 15.0) -> None:
+    """End the node agent serving ``state_dir`` (a test's), if any: SIGTERM (it stops its
+    instances and removes their cgroups), SIGKILL after ``timeout``, then kill whatever still
+    carries its marker. Used by a finalizer, so it runs when a test fails too."""
+    import os
+    import signal
+
+    from trainmaster.agent.client import agent_pid
+    from trainmaster.agent.core import AgentOptions
+    from trainmaster.agent.tree import kill_tree, make_trees
+
+    pid = agent_pid(state_dir)
+    if pid is None:
+        return
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        cmdline = b""
+    if str(state_dir).encode() in cmdline:  # that pid is still this agent (not a recycled pid)
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while _running(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if _running(pid):
+            os.kill(pid, signal.SIGKILL)
+    trees = make_trees(AgentOptions(state_dir.resolve()).node_key)
+    for name in trees.leftovers():
+        kill_tree(trees, name)
+        trees.remove(name)
+    trees.close()
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an agent this test process spawned stays one until reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def pids_alive(pids: list[int]) -> list[int]:
     import psutil
 

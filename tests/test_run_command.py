@@ -38,9 +38,8 @@ def test_signal_on_run_leaves_no_instance_behind(tmp_path: Path, sig: signal.Sig
     env = {**os.environ, "TRAINMASTER_HOME": str(tmp_path / "home")}
     proc = subprocess.Popen([sys.executable, "-m", "trainmaster", "run", str(path), "--interval", "0.1", "--grace", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    runs = tmp_path / "home/runs"
-    pids = _instance_process_trees(runs, expected=3, timeout=60)
-    assert len(pids) == 6
+    pids = _instance_process_trees(tmp_path / "home", expected=3, timeout=60)
+    assert len(pids) == 3
     proc.send_signal(sig)
     output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 1, output
@@ -48,20 +47,25 @@ def test_signal_on_run_leaves_no_instance_behind(tmp_path: Path, sig: signal.Sig
     assert pids_alive(pids) == []
 
 
-def _instance_process_trees(runs: Path, expected: int, timeout: float) -> list[int]:
-    """The pids of every instance's runtime (the Python runtime with a wait step, or the shell
-    exit recorder; both name their folder under ``runs``) and of its descendants, once
-    ``expected`` instances run their role's command (``sleep``)."""
+def _instance_process_trees(home: Path, expected: int, timeout: float) -> list[int]:
+    """The pids of every process the node agent started for this Trainmaster home (each carries
+    the agent's ``TM_INSTANCE_ID`` marker), once ``expected`` of them run the role's command
+    (the wait step execs the command: there is no wrapper process)."""
     import psutil
 
     deadline = time.monotonic() + timeout
     while True:
-        trees = [[p.pid] + [c.pid for c in p.children(recursive=True)]
-                 for p in psutil.process_iter(["cmdline"])
-                 if p.info["cmdline"] and str(runs) in " ".join(p.info["cmdline"])]
-        commands = [pid for tree in trees for pid in tree[1:] if _runs_sleep(pid)]
-        if len(trees) == expected and len(commands) == expected:
-            return [pid for tree in trees for pid in tree]
+        tree: list[int] = []
+        for p in psutil.process_iter(["cmdline"]):
+            try:
+                environ = p.environ()
+            except psutil.Error:
+                continue
+            if environ.get("TRAINMASTER_HOME") == str(home) and "TM_INSTANCE_ID" in environ:
+                tree.append(p.pid)
+        commands = [pid for pid in tree if _runs_sleep(pid)]
+        if len(commands) == expected:
+            return tree
         assert time.monotonic() < deadline, f"instances never all ran their command ({len(commands)} of {expected})"
         time.sleep(0.1)
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from controller_harness import PY, RAY_NODE_IP, pids_alive
-from trainmaster.backends.base import Backend, LaunchRequest, Phase
+from trainmaster.agent.contract import LaunchSpec
+from trainmaster.backends.base import Backend, LaunchRequest, Phase, StartFailure
 from trainmaster.backends.local import LocalBackend
 from trainmaster.runtime.files import InstanceFiles
 
@@ -47,9 +48,12 @@ def launch_request(backend: Backend, tmp_path: Path, code: str, name: str = "r",
                         "context": {"job_name": "t", "role": name, "index": 0, "replicas": 1,
                                     "role_replicas": {name: 1}, "host": placement.host, "ports": placement.ports,
                                     "params": {}, "output_dir": str(tmp_path / "output")}})
+    spec = LaunchSpec(instance_id=f"{tmp_path.name}/{name}-0/1", job_id=1, job_name="t", role=name, index=0,
+                      attempt=1, argv=argv, env=env, cwd=cwd, log_path=str(tmp_path / f"{name}.log"),
+                      instance_dir=str(files.dir), host=placement.host, ports=placement.ports)
     return LaunchRequest(job_id=1, job_name="t", role=name, index=0, attempt=1, placement=placement,
                          launch_file=str(files.launch), instance_dir=str(files.dir),
-                         log_path=str(tmp_path / f"{name}.log"), argv=argv, env=env, cwd=cwd)
+                         log_path=str(tmp_path / f"{name}.log"), argv=argv, env=env, cwd=cwd, spec=spec)
 
 
 def runtime_pid(handle: dict) -> int:
@@ -112,7 +116,9 @@ def test_stop_escalates_to_sigkill(backend: Backend, tmp_path: Path) -> None:
     assert pids_alive([pid]) == []
 
 
-def test_a_new_backend_adopts_a_live_instance_by_pid_and_start_time(backend: Backend, tmp_path: Path) -> None:
+def test_a_new_backend_adopts_a_live_instance_by_its_identity(backend: Backend, tmp_path: Path) -> None:
+    """A new controller's backend adopts a live attempt by its handle (local: the node agent's
+    instance id, through the same agent; Ray: the actor name), never a forged one."""
     handle = launch(backend, tmp_path, "import time; time.sleep(1)")
     wait_phase(backend, handle, {Phase.RUNNING})
     successor = type(backend)()  # as after a controller crash: not our child any more
@@ -121,19 +127,27 @@ def test_a_new_backend_adopts_a_live_instance_by_pid_and_start_time(backend: Bac
     if backend.name == "ray":
         forged["instance_id"] += "-elsewhere"  # an attempt its node's agent never started: not adopted
     else:
-        forged["create_time"] -= 100  # same pid, another process: must not be adopted
+        forged["instance_id"] += "-elsewhere"  # an id the agent never started: must not be adopted
     assert not successor.adopt(forged)
     obs = wait_phase(successor, handle, {Phase.EXITED})
-    assert obs.exit_code == 0  # learnt from the instance runtime's exit record
+    assert obs.exit_code == 0  # learnt from the agent's journal (local) or the runtime's exit record (Ray)
     backend.poll(handle)  # reap
 
 
 def test_find_locates_a_live_instance_by_its_folder(backend: Backend, tmp_path: Path) -> None:
-    """After a crash between starting an instance and saving its handle, the instance folder is
-    all a new controller knows: the backend finds the live attempt from it (and nothing elsewhere)."""
+    """After a crash between starting an instance and saving its handle, the instance folder
+    (Ray) or the attempt's instance id (local: the node agent's journal) is all a new controller
+    knows: the backend finds the attempt from it (and nothing elsewhere)."""
     handle = launch(backend, tmp_path, "import time; time.sleep(30)", "found")
     wait_phase(backend, handle, {Phase.RUNNING})
     successor = type(backend)()
+    if backend.name == "local":
+        found = successor.handle_of(handle["instance_id"])
+        assert found is not None and found["pid"] == handle["pid"]
+        assert successor.handle_of(f"{tmp_path.name}/never-started/1") is None
+        backend.stop([handle], grace=1)
+        assert successor.poll(found).phase == Phase.EXITED  # ended: its exit is known, nothing to adopt
+        return
     found = successor.find(handle["instance_dir"])
     assert found is not None and runtime_pid(found) == runtime_pid(handle)
     assert found.get("actor") == handle.get("actor") and found["ports"] == handle["ports"]
@@ -144,15 +158,17 @@ def test_find_locates_a_live_instance_by_its_folder(backend: Backend, tmp_path: 
 
 def test_start_all_starts_every_request_and_reports_a_refused_one(backend: Backend, tmp_path: Path) -> None:
     """Start: a batch starts every instance; one whose working directory is missing is refused
-    (an OSError from start_all, or an exit with reason StartFailed when the backend learns it
+    (a StartFailure from start_all, or an exit with reason StartFailed when the backend learns it
     later, as Ray does) without stopping the others."""
     good = [launch_request(backend, tmp_path, "print('hi')", name=f"ok{n}") for n in range(3)]
     bad = launch_request(backend, tmp_path, "pass", name="bad", cwd=str(tmp_path / "missing"))
     results = list(backend.start_all([good[0], bad, *good[1:]]))
     refused = results.pop(1)
     for handle in results:
-        assert not isinstance(handle, OSError)
+        assert not isinstance(handle, StartFailure)
         assert wait_phase(backend, handle, {Phase.EXITED}, timeout=60).exit_code == 0
-    if not isinstance(refused, OSError):
+    if not isinstance(refused, StartFailure):
         obs = wait_phase(backend, refused, {Phase.EXITED, Phase.LOST}, timeout=60)
         assert obs.reason == "StartFailed" and "missing" in obs.message
+    else:
+        assert "missing" in refused.message and "python" in refused.message  # names the program and the path

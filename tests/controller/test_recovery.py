@@ -25,7 +25,7 @@ def _wait_for(predicate, timeout: float = 20.0) -> None:  # type: ignore[no-unty
 def test_an_attempt_that_started_and_ended_while_no_controller_recorded_it_runs_once(tmp_path: Path) -> None:
     """Crash safety: the controller dies after spawning the attempts but before saving their
     handles, and the attempts end before a new controller starts. The new controller learns
-    each attempt's exit code from its instance folder and applies the restart policy to it; it
+    each attempt's exit code from the node agent's journal and applies the restart policy to it; it
     does not take the attempts for never started and run them a second time."""
     markers = tmp_path / "markers"
     markers.mkdir()
@@ -42,8 +42,7 @@ def test_an_attempt_that_started_and_ended_while_no_controller_recorded_it_runs_
     first.backend.start_all = start_then_crash  # type: ignore[method-assign]
     with pytest.raises(ControllerCrash):
         first.controller.step()
-    runs = tmp_path / "runs"
-    _wait_for(lambda: len(list(runs.glob("*/instances/*/exit_code"))) == 2)
+    _wait_for(lambda: [s.phase.value for s in first.backend.agent.list()] == ["exited", "exited"])
 
     second = Harness(tmp_path)
     second.controller.recover()

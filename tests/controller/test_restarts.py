@@ -110,10 +110,11 @@ class Silent(LocalBackend):
     silent = False
     asked_to_stop: list[int] = []
 
-    def poll(self, handle):
+    def poll_all(self, handles):
         if self.silent:
-            return Observation(Phase.UNREACHABLE, reason="HostSilent", message="no answer from the host")
-        return super().poll(handle)
+            return [Observation(Phase.UNREACHABLE, reason="HostSilent", message="no answer from the host")
+                    for _ in handles]
+        return super().poll_all(handles)
 
     def stop(self, handles, grace):
         self.asked_to_stop = [*self.asked_to_stop, *(h["pid"] for h in handles)]

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Iterator
 
+from trainmaster.agent.contract import LaunchSpec
+
 
 @dataclass(frozen=True)
 class Capacity:
@@ -59,6 +61,16 @@ class LaunchRequest:
     # for an instance without dependencies: its command and complete environment, ready to exec
     argv: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    # the typed launch contract (what a node agent starts); backends that run instances through
+    # an agent read only this, the fields above serve the Ray backend's per-instance actors
+    spec: LaunchSpec | None = None
+
+
+@dataclass(frozen=True)
+class StartFailure:
+    """An attempt the OS refused to start: why, naming the program (or path) and the OS error."""
+
+    message: str
 
 
 class Phase(str, Enum):
@@ -80,12 +92,16 @@ class Observation:
     # when the attempt's command started (epoch seconds), where the backend knows it: an attempt
     # can pass its wait step, run and end between two polls without ever being seen running
     command_started: float | None = None
+    cpu_seconds: float = 0.0  # the instance's whole tree, where the backend measures it
+    peak_rss: int = 0  # bytes
 
 
 class Backend(ABC):
     """A place where instances run."""
 
     name: str = ""
+    needs_launch_file: bool = True  # the controller writes launch.json for the instance runtime
+    running_at_start: bool = False  # a started attempt without a wait step runs at once (no poll needed)
 
     @abstractmethod
     def capacity(self) -> Capacity:
@@ -108,16 +124,31 @@ class Backend(ABC):
         The caller has cleared ``request.instance_dir`` of the previous attempt's records
         (``InstanceFiles.reset_attempt``) and written its launch file there."""
 
-    def start_all(self, requests: list[LaunchRequest]) -> Iterator[dict[str, Any] | OSError]:
+    def start_all(self, requests: list[LaunchRequest]) -> Iterator[dict[str, Any] | StartFailure]:
         """Start several attempts; their handles come back in order, each as soon as it is
         known, so the caller records one before the next starts. One the OS refuses
-        (a missing working directory, an executable that cannot run) comes back as its
-        ``OSError`` and the others still start."""
+        (a missing working directory, an executable that cannot run) comes back as a
+        :class:`StartFailure` and the others still start."""
         return (start_or_error(self, request) for request in requests)
 
     @abstractmethod
     def poll(self, handle: dict[str, Any]) -> Observation:
         """The instance's phase now."""
+
+    def poll_all(self, handles: list[dict[str, Any]]) -> list[Observation]:
+        """Several instances' phases (one round trip where the backend can)."""
+        return [self.poll(handle) for handle in handles]
+
+    def forget(self, handles: list[dict[str, Any]]) -> None:
+        """The controller has stored these ended instances' exits; the backend may drop them."""
+
+    def handle_of(self, instance_id: str) -> dict[str, Any] | None:
+        """The handle of an attempt started under ``instance_id`` whose handle was never recorded
+        (the controller died between the start and saving it), or None if it never started."""
+        return None
+
+    def reserve_ports(self, ports: list[int]) -> None:
+        """Hold ports an adopted instance already uses, so no new instance is given them."""
 
     @abstractmethod
     def stop(self, handles: list[dict[str, Any]], grace: float) -> None:
@@ -153,9 +184,11 @@ class Backend(ABC):
         """Release backend-wide resources."""
 
 
-def start_or_error(backend: Backend, request: LaunchRequest) -> dict[str, Any] | OSError:
+def start_or_error(backend: Backend, request: LaunchRequest) -> dict[str, Any] | StartFailure:
     """``backend.start(request)``, with the OS's refusal returned instead of raised."""
     try:
         return backend.start(request)
     except OSError as error:
-        return error
+        where = f" ({error.filename})" if error.filename else ""
+        return StartFailure(f"could not start: {error.strerror or error}{where}; "
+                            "check the role's command and workingDir")

@@ -1,71 +1,64 @@
-"""The local backend: every instance is a subprocess of this machine, in its own process group.
+"""The local backend: one node agent on this machine owns every instance process.
 
-Each attempt runs the instance runtime (``python -m trainmaster.runtime.launch``), which waits
-for dependencies, runs the role's command, and records the exit code in the instance folder,
-so a restarted controller learns how an instance it did not spawn ended. A handle names the
-process by pid *and* start time, so a recycled pid is never mistaken for our instance.
+This is a thin client: the agent (``python -m trainmaster.agent``, started on first use and
+shared by every controller of the same Trainmaster home) spawns, tracks, stops and journals the
+instances; the backend chooses ports, hands the agent typed :class:`LaunchSpec` s in one batch,
+and maps the agent's :class:`InstanceStatus` onto the controller's :class:`Observation`. A handle
+stored on an instance row is an :class:`InstanceHandle` dict.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import psutil
 
-import trainmaster
+from trainmaster.agent.client import AgentClient
+from trainmaster.agent.contract import InstanceHandle, InstancePhase, InstanceStatus
+from trainmaster.backends.base import (Backend, Capacity, LaunchRequest, Observation, Phase, Placement,
+                                       StartFailure)
+from trainmaster.store.db import home
 
-from trainmaster.backends.base import Backend, Capacity, LaunchRequest, Observation, Phase, Placement
-from trainmaster.runtime.files import InstanceFiles
-
-
-# The instance runtime starts without site processing (-S; about 30 ms less CPU per instance,
-# which adds up when 64 start at once on 2 cores) and finds our package through PYTHONPATH.
-# It runs site.main() itself before it needs third-party packages (the dependency wait step).
-_PACKAGE_ROOT = str(Path(trainmaster.__file__).resolve().parents[1])
-LAUNCHER_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(
-    p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p)}
+NODE = "local"
+# reasons that only restate the exit code; the controller's messages already say it
+_PLAIN_REASONS = ("Completed", "Error")
 
 
-# Attempts are spawned one after another (Backend.start_all): spawning from several threads
-# measured no faster (64 shells: 46 ms from one thread, 44 ms from four; a spawn is the kernel's
-# CPU work, and the cores also run the children spawned just before).
-
-# An instance without dependencies has no wait step, so it does not need the Python runtime:
-# this POSIX-shell recorder does the rest of its job (run, record the exit code) for about
-# 1 ms of CPU instead of ~40 ms, which is what lets 64 replicas start at once. It writes no
-# ``ready`` file: only a gated instance's readiness is judged by one (see ``poll``).
-_EXIT_RECORDER = ('"$@"; c=$?; '
-                  'printf %s "$c" > "$0/exit_code.tmp" && mv "$0/exit_code.tmp" "$0/exit_code"; exit $c')
+def agent_state_dir() -> Path:
+    """Where the local node agent keeps its journal, socket, lock and log."""
+    return home() / "agent"
 
 
-def launcher_argv(launch_file: str) -> list[str]:
-    return [sys.executable, "-S", "-m", "trainmaster.runtime.launch", launch_file]
-
-
-def _spawn_spec(request: LaunchRequest) -> tuple[list[str], dict[str, str], str | None]:
-    """What to exec for one attempt: the Python runtime when there is a wait step, else the
-    shell recorder around the role's command with its environment (already complete)."""
-    if request.gated:
-        return launcher_argv(request.launch_file), LAUNCHER_ENV, request.cwd
-    return ["/bin/sh", "-c", _EXIT_RECORDER, request.instance_dir, *request.argv], request.env, request.cwd
+def observation(status: InstanceStatus) -> Observation:
+    """The controller's view of what the agent reports."""
+    cpu, peak = status.cpu_seconds, status.peak_rss
+    if status.phase == InstancePhase.WAITING:
+        return Observation(Phase.STARTING, reason=status.reason or "WaitingForDependencies",
+                           cpu_seconds=cpu, peak_rss=peak)
+    if status.phase == InstancePhase.RUNNING:
+        return Observation(Phase.RUNNING, command_started=status.command_started_at, cpu_seconds=cpu, peak_rss=peak)
+    if status.phase in (InstancePhase.EXITED, InstancePhase.START_FAILED):
+        reason = "" if status.reason in _PLAIN_REASONS else status.reason
+        return Observation(Phase.EXITED, exit_code=status.exit_code, reason=reason, message=status.message,
+                           command_started=status.command_started_at, cpu_seconds=cpu, peak_rss=peak)
+    return Observation(Phase.LOST, reason="Lost", message=status.message)
 
 
 class LocalBackend(Backend):
     name = "local"
+    needs_launch_file = False
+    running_at_start = True  # the agent answers once every command has exec'd
 
-    def __init__(self, capacity: Capacity | None = None, host: str = "127.0.0.1"):
+    def __init__(self, capacity: Capacity | None = None, host: str = "127.0.0.1",
+                 state_dir: Path | None = None, linger: float = 10.0):
         self._capacity = capacity or Capacity(
             cpu=float(os.cpu_count() or 1), memory=psutil.virtual_memory().total, gpu=0)
         self._host = host
         self._reserved: set[int] = set()
-        self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self.agent = AgentClient(state_dir or agent_state_dir(), node=NODE, linger=linger)
 
     def capacity(self) -> Capacity:
         return self._capacity
@@ -88,155 +81,45 @@ class LocalBackend(Backend):
         self._reserved.difference_update(placement.ports)
 
     def reserve_ports(self, ports: list[int]) -> None:
-        """Hold ports an adopted instance already uses, so no new instance is given them."""
         self._reserved.update(ports)
 
-    def spawn_spec(self, request: LaunchRequest) -> tuple[list[str], dict[str, str], str | None]:
-        """What to exec for one attempt (the testbed backend runs it inside a host)."""
-        return _spawn_spec(request)
-
     def start(self, request: LaunchRequest) -> dict[str, Any]:
-        log_path = Path(request.log_path)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log:
-            log.write(f"--- attempt {request.attempt} of {request.role}-{request.index} "
-                      f"at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
-            log.flush()
-            argv, env, cwd = self.spawn_spec(request)
-            proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, cwd=cwd or None, start_new_session=True,
-                                    close_fds=True)
-        self._children[proc.pid] = proc
-        # pid *and* start time: a recycled pid is never taken for this attempt
-        return {"backend": self.name, "pid": proc.pid, "create_time": _create_time(proc.pid),
-                "instance_dir": request.instance_dir, "gated": request.gated,
-                "host": request.placement.host, "ports": request.placement.ports}
+        result = next(iter(self.start_all([request])))
+        if isinstance(result, StartFailure):
+            raise OSError(result.message)
+        return result
 
-    def _alive(self, handle: dict[str, Any]) -> bool | None:
-        """True/False for a process we can judge; exit handled through the Popen for children."""
-        pid = handle["pid"]
-        try:
-            proc = psutil.Process(pid)
-            if abs(proc.create_time() - handle["create_time"]) > 0.01:
-                return False  # the pid was recycled: our instance is gone
-            return proc.status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
+    def start_all(self, requests: list[LaunchRequest]) -> Iterator[dict[str, Any] | StartFailure]:
+        """One round trip to the agent for the whole batch."""
+        specs = []
+        for request in requests:
+            if request.spec is None:
+                raise ValueError(f"{request.role}-{request.index}: the local backend needs a LaunchSpec")
+            specs.append(request.spec)
+        for result in self.agent.start(specs):
+            yield result.handle.to_dict() if result.handle else StartFailure(result.error)
 
     def poll(self, handle: dict[str, Any]) -> Observation:
-        files = InstanceFiles(handle["instance_dir"])
-        child = self._children.get(handle["pid"])
-        if child is not None:
-            code = child.poll()
-            alive = code is None
-            if not alive:
-                del self._children[handle["pid"]]
-        else:
-            alive = bool(self._alive(handle))
-            code = None
-        if alive:
-            if handle.get("gated") and not files.ready.exists():
-                return Observation(Phase.STARTING, reason="WaitingForDependencies")
-            return Observation(Phase.RUNNING)
-        recorded = files.read_exit_code()
-        code = recorded if recorded is not None else code
-        reason, message = files.read_reason()
-        if code is None:
-            return Observation(Phase.LOST, reason="Lost", message="the process vanished without an exit code")
-        return Observation(Phase.EXITED, exit_code=code, reason=reason, message=message,
-                           command_started=_mtime(files.ready) if handle.get("gated") else None)
+        return self.poll_all([handle])[0]
+
+    def poll_all(self, handles: list[dict[str, Any]]) -> list[Observation]:
+        if not handles:
+            return []
+        return [observation(s) for s in self.agent.observe([h["instance_id"] for h in handles])]
 
     def stop(self, handles: list[dict[str, Any]], grace: float) -> None:
-        live = [h for h in handles if self.poll(h).phase in (Phase.STARTING, Phase.RUNNING)]
-        for handle in live:
-            _signal_group(handle["pid"], signal.SIGTERM)
-        left = self._wait_gone(live, time.monotonic() + grace)
-        for handle in left:
-            _signal_group(handle["pid"], signal.SIGKILL)
-        self._wait_gone(left, time.monotonic() + 5)
+        if handles:
+            self.agent.stop([h["instance_id"] for h in handles], grace)
 
-    def _wait_gone(self, handles: list[dict[str, Any]], deadline: float) -> list[dict[str, Any]]:
-        """Wait (sleeping, not spinning) until no live process of each handle's group is left;
-        returns the handles whose group still has one at ``deadline``. One scan of the process
-        table per wait step serves every group, so stopping many instances stays cheap."""
-        delay = 0.005
-        while True:
-            for handle in handles:  # reap our own children, so they do not linger as zombies
-                child = self._children.get(handle["pid"])
-                if child is not None and child.poll() is not None:
-                    del self._children[handle["pid"]]
-            alive = _live_groups({h["pid"] for h in handles})
-            handles = [h for h in handles if h["pid"] in alive]
-            if not handles or time.monotonic() >= deadline:
-                return handles
-            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-            delay = min(delay * 2, 0.2)
+    def forget(self, handles: list[dict[str, Any]]) -> None:
+        if handles:
+            self.agent.forget([h["instance_id"] for h in handles])
 
-    def adopt(self, handle: dict[str, Any]) -> bool:
-        alive = self.poll(handle).phase in (Phase.STARTING, Phase.RUNNING)
-        if alive:
-            self.reserve_ports(handle.get("ports", []))
-        return alive
-
-    def find(self, instance_dir: str) -> dict[str, Any] | None:
-        files = InstanceFiles(instance_dir)
-        launch_file = str(files.launch)
-        for proc in psutil.process_iter(["cmdline", "create_time"]):
-            cmdline = proc.info["cmdline"] or []
-            python_runtime = "trainmaster.runtime.launch" in cmdline and launch_file in cmdline
-            shell_recorder = cmdline[:3] == ["/bin/sh", "-c", _EXIT_RECORDER] and cmdline[3:4] == [instance_dir]
-            if python_runtime or shell_recorder:
-                launch = files.read_launch()
-                return {"backend": self.name, "pid": proc.pid, "create_time": proc.info["create_time"],
-                        "instance_dir": instance_dir, "gated": bool(launch["depends"]),
-                        "host": launch["context"]["host"], "ports": launch["context"]["ports"]}
-        return None
+    def handle_of(self, instance_id: str) -> dict[str, Any] | None:
+        status = self.agent.observe([instance_id])[0]
+        if status.phase == InstancePhase.LOST:
+            return None
+        return InstanceHandle(NODE, instance_id, status.handle.pid).to_dict()
 
     def close(self) -> None:
-        for proc in self._children.values():
-            proc.poll()
-
-
-def _mtime(path: Path) -> float | None:
-    try:
-        return path.stat().st_mtime
-    except FileNotFoundError:
-        return None
-
-
-def _create_time(pid: int) -> float:
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.NoSuchProcess:
-        return 0.0
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _live_groups(pgids: set[int]) -> set[int]:
-    """Those of ``pgids`` that still hold a non-zombie process (zombies wait for their reaper)."""
-    pgids = {pgid for pgid in pgids if _group_exists(pgid)}  # one cheap syscall each first
-    if not pgids:
-        return set()
-    alive: set[int] = set()
-    for proc in psutil.process_iter(["status"]):
-        try:
-            pgid = os.getpgid(proc.pid)
-        except (ProcessLookupError, PermissionError):
-            continue
-        if pgid in pgids and proc.info["status"] != psutil.STATUS_ZOMBIE:
-            alive.add(pgid)
-    return alive
-
-
-def _group_exists(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
+        self.agent.close()

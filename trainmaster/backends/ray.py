@@ -39,7 +39,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from trainmaster.agent.contract import Dependency, InstancePhase, InstanceStatus, LaunchSpec
 from trainmaster.backends.base import Backend, Capacity, LaunchRequest, Observation, Phase, Placement
-from trainmaster.backends.local import LocalBackend
+from trainmaster.backends.legacy_local import LegacySubprocessBackend as PortPicker
 from trainmaster.backends.ray_agent import (ATTEMPT_RECORD, NAMESPACE, NodeAgentActor, agent_name,
                                             read_record)
 from trainmaster.runtime.files import InstanceFiles
@@ -125,7 +125,7 @@ class RayBackend(Backend):
         """``node_ip``: the address of a private local cluster (ignored when joining ``address``).
         Instances' addresses are their nodes' IPs, known once their agent has started them."""
         connect(address, num_cpus, node_ip)
-        self._ports = LocalBackend(Capacity(0, 0))  # ports chosen here, checked on the node
+        self._ports = PortPicker(Capacity(0, 0))  # ports chosen here, checked on the node
         self._gangs: dict[int, _Gang] = {}
         self._agents: dict[str, Any] = {}  # node id -> its agent's ActorHandle
         self._node_ips: dict[str, str] = {}

@@ -16,7 +16,7 @@ import itertools
 from typing import Any
 
 from trainmaster.backends.base import Capacity, LaunchRequest, Placement
-from trainmaster.backends.local import LocalBackend
+from trainmaster.backends.legacy_local import LegacySubprocessBackend
 from trainmaster.errors import UserError
 from trainmaster.testbed import SWITCH, Testbed, iproute
 
@@ -24,7 +24,7 @@ PIN_ANNOTATION = "testbed/"
 FIRST_PORT, LAST_PORT = 20000, 32000  # below Linux's ephemeral range: never an outgoing port
 
 
-class TestbedBackend(LocalBackend):
+class TestbedBackend(LegacySubprocessBackend):
     name = "testbed"
     __test__ = False
 

@@ -11,24 +11,26 @@ from __future__ import annotations
 import copy
 import os
 import shutil
-import sys
 import threading
 import time
 import uuid
 from collections import Counter
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from trainmaster.backends.base import Backend, Capacity, LaunchRequest, Observation, Phase, Placement
+from trainmaster.backends.base import (Backend, Capacity, LaunchRequest, Observation, Phase, Placement,
+                                       StartFailure)
 from trainmaster.controller import metrics, queues, restart, scaling
 from trainmaster.controller.admission import admit
+from trainmaster.controller.launching import instance_id, launch_spec, legacy_launch_file
 from trainmaster.runtime.files import InstanceFiles
 from trainmaster.spec.load import LoadedJob
 from trainmaster.spec.model import Job, Role
-from trainmaster.spec.paths import in_job_folder, job_working_dir
+from trainmaster.spec.paths import in_job_folder
 from trainmaster.spec.states import (INSTANCE_TERMINAL, JOB_TERMINAL, InstanceState, JobState,
                                      check_transition)
 from trainmaster.spec.status import RoleSummary, Verdict, job_state, role_state
@@ -38,14 +40,6 @@ from trainmaster.store.models import InstanceRow, JobRow, RoleRow, utcnow
 
 I = InstanceState
 LIVE = (I.STARTING.value, I.RUNNING.value, I.UNKNOWN.value, I.TERMINATING.value)
-INTERPRETERS = ("python", "python3", "python3.11")
-
-
-def resolve_argv(argv: list[str]) -> list[str]:
-    """``python ...`` runs with the interpreter Trainmaster runs under, so jobs see its packages."""
-    if argv and argv[0] in INTERPRETERS:
-        return [sys.executable, *argv[1:]]
-    return list(argv)
 
 
 class Controller:
@@ -70,6 +64,9 @@ class Controller:
         # with several servers on one store: makes every reconcile commit re-assert the lease
         # (trainmaster.controller.leader), so a deposed leader writes nothing
         self.fence = fence
+        self._observed: dict[int, Observation] = {}  # instance row id -> this pass's observation
+        self._ended: list[dict[str, Any]] = []  # handles whose exits this pass stored (agent may forget)
+        self._to_start: list[_Start] = []  # attempts this pass prepared (started together at its end)
 
     # ---- queue -------------------------------------------------------------------------------
     def submit(self, loaded: LoadedJob) -> int:
@@ -133,6 +130,7 @@ class Controller:
             free = self._free_capacity(session)
             admitted = repo.admitted_active_count(session, self.owner)
             jobs = repo.load_jobs(session, repo.active_job_ids(session, self.owner))
+            self._observe_all(jobs)
             for job in queues.fair_order(jobs, self.queue_weights):
                 if not job.admitted and not job.cancel_requested and admitted >= self.max_jobs:
                     self._set_job_state(session, job, Verdict(
@@ -144,6 +142,15 @@ class Controller:
                 if job.admitted:
                     session.commit()  # a running job's progress is saved job by job
             session.commit()  # waiting jobs' re-evaluated reasons, all in one transaction
+            self._start_all(session)
+            session.commit()
+            ended, self._ended = self._ended, []
+            self.backend.forget(ended)  # stored: the agent's journal may drop them
+
+    def _observe_all(self, jobs: list[JobRow]) -> None:
+        """Every live instance of the pass observed in one backend call."""
+        live = [i for job in jobs if job.admitted for i in job.instances if i.state in LIVE and i.handle]
+        self._observed = dict(zip((i.id for i in live), self.backend.poll_all([i.handle for i in live if i.handle])))
 
     def run_job(self, job_id: int, on_tick: Callable[[], None] | None = None,
                 should_cancel: Callable[[], bool] | None = None) -> str:
@@ -211,7 +218,11 @@ class Controller:
         for inst in job.instances:
             if inst.state not in LIVE or not inst.handle:
                 continue
-            obs = self._unreachable_for_too_long(inst, self.backend.poll(inst.handle))
+            polled = self._observed.pop(inst.id, None) or self.backend.poll(inst.handle)
+            obs = self._unreachable_for_too_long(inst, polled)
+            if obs.cpu_seconds or obs.peak_rss:
+                inst.cpu_seconds, inst.peak_rss = obs.cpu_seconds, max(obs.peak_rss, inst.peak_rss or 0)
+                metrics.observe_instance(job.name, inst.role, inst.index, obs.cpu_seconds, obs.peak_rss)
             if (obs.host and obs.host != inst.host) or (obs.ports is not None and obs.ports != inst.ports):
                 self._move(inst, obs)
             if obs.phase == Phase.UNREACHABLE:
@@ -286,6 +297,8 @@ class Controller:
         # see every address of a Running dependency; a failed one is withdrawn until it reruns.
         free = self._release(session, job, inst, free, keep_address=code == 0)
         inst.exit_code, inst.ended_at = code, utcnow()
+        if inst.handle:
+            self._ended.append(inst.handle)
         self._set_instance_state(inst, I.SUCCEEDED if code == 0 else I.FAILED)
         why = f" ({obs.reason}: {obs.message})" if obs.reason else ""
         decision = restart.decide(role.restart_policy, code, inst.restarts)
@@ -347,16 +360,22 @@ class Controller:
 
     def _stop_instances(self, session: Session, job: JobRow, instances: list[InstanceRow],
                         free: Capacity) -> Capacity:
+        for inst in instances:  # an attempt prepared this pass but not started yet has no handle
+            if inst.state in LIVE and inst.state != I.TERMINATING.value:
+                self._set_instance_state(inst, I.TERMINATING)
         live = [i for i in instances if i.state in LIVE and i.handle]
-        for inst in live:
-            self._set_instance_state(inst, I.TERMINATING)
         self.backend.stop([i.handle for i in live if i.handle], self.grace)
+        final = dict(zip((i.id for i in live), self.backend.poll_all([i.handle for i in live if i.handle])))
         for inst in instances:
             if inst.state in LIVE:
                 free = self._release(session, job, inst, free)
                 inst.ended_at = utcnow()
-                code = self.backend.poll(inst.handle).exit_code if inst.handle else None
-                inst.exit_code = code
+                obs = final.get(inst.id)
+                inst.exit_code = obs.exit_code if obs else None
+                if obs and (obs.cpu_seconds or obs.peak_rss):
+                    inst.cpu_seconds, inst.peak_rss = obs.cpu_seconds, max(obs.peak_rss, inst.peak_rss or 0)
+                if inst.handle:
+                    self._ended.append(inst.handle)
             if inst.state not in (I.SUCCEEDED.value, I.FAILED.value):
                 self._set_instance_state(inst, I.STOPPED)  # from pending or terminating
         return free
@@ -387,16 +406,44 @@ class Controller:
             return free
         Path(job.run_dir, "output").mkdir(parents=True, exist_ok=True)
         environ = dict(os.environ)  # one snapshot for the whole pass (each instance copies it)
-        prepared = [(inst, self._prepare(job, spec, inst, environ)) for inst in due]
-        session.commit()
-        started = self.backend.start_all([request for _, request in prepared])
-        for (inst, request), handle in zip(prepared, started):
-            if isinstance(handle, OSError):
-                free = self._on_exit(session, job, spec.spec.role(inst.role), inst, Observation(
-                    Phase.EXITED, exit_code=127, reason="StartFailed", message=_start_error(handle)), free)
-            else:
-                self._spawn(session, job, inst, request, handle)
+        self._to_start += [_Start(job, spec, inst, self._prepare(job, spec, inst, environ)) for inst in due]
+        session.commit()  # the intents (state starting, attempt + 1), before anything is spawned
         return free
+
+    def _start_all(self, session: Session) -> None:
+        """Start every attempt this pass prepared, over all jobs, in one backend call (one round
+        trip to the node agent, one journal write), recording each handle as it comes back."""
+        # an attempt whose job ended later in the same pass was stopped before it ran: skip it
+        batch = [s for s in self._to_start if s.inst.state == I.STARTING.value and s.inst.handle is None]
+        self._to_start = []
+        if not batch:
+            return
+        spawned: list[_Start] = []
+        for start, handle in zip(batch, self.backend.start_all([s.request for s in batch])):
+            if isinstance(handle, StartFailure):
+                self._on_exit(session, start.job, start.spec.spec.role(start.inst.role), start.inst, Observation(
+                    Phase.EXITED, exit_code=127, reason="StartFailed", message=handle.message),
+                    self.backend.capacity())
+            else:
+                self._spawn(session, start.job, start.inst, start.request, handle)
+                if not start.request.gated:
+                    spawned.append(start)
+        # running as soon as the backend says so: at once for a local process, later for a
+        # Ray actor that is still being placed (one backend call for the whole batch)
+        if self.backend.running_at_start:
+            observed = [Observation(Phase.RUNNING) for _ in spawned]
+        else:
+            observed = self.backend.poll_all([s.inst.handle for s in spawned if s.inst.handle])
+        for start, obs in zip(spawned, observed):
+            if obs.phase == Phase.RUNNING and start.inst.state == I.STARTING.value:
+                self._mark_running(session, start.job, start.inst)
+        jobs = {id(s.job): s for s in batch}.values()
+        for start in jobs:  # their states as of now (running, or failed by a refused start)
+            verdict = self._roll_up(session, start.job, start.spec)
+            if verdict.state in JOB_TERMINAL:
+                self._finish(session, start.job, start.spec, verdict, self.backend.capacity())
+            else:
+                self._set_job_state(session, start.job, verdict)
 
     def _prepare(self, job: JobRow, spec: Job, inst: InstanceRow, environ: dict[str, str]) -> LaunchRequest:
         """Place an instance, write its launch file and mark it starting (nothing runs yet).
@@ -406,43 +453,31 @@ class Controller:
         placement = self.backend.place_role(role.name, role.ports, role.resources.dump(), spec.metadata.annotations)
         run_dir = Path(job.run_dir)
         files = InstanceFiles(run_dir / "instances" / inst.label)
-        output_dir = run_dir / "output"
-        cwd = job_working_dir(job.run_dir, role.working_dir)
-        context = {"job_name": job.name, "role": role.name, "index": inst.index, "replicas": role.replicas,
-                   "role_replicas": {r.name: r.replicas for r in spec.spec.roles},
-                   "host": placement.host, "ports": placement.ports,
-                   "params": spec.spec.framework_params, "output_dir": str(output_dir),
-                   "job_id": job.id, "attempt": inst.attempt + 1, "db_url": self.db_url}
-        depends = [{"role": d.role, "condition": d.condition.value, "timeout": d.timeout_seconds,
-                    "replicas": spec.spec.role(d.role).replicas} for d in role.depends_on]
-        launch: dict[str, Any] = {
-            "argv": resolve_argv([*(role.command or []), *role.args]),
-            "cwd": cwd, "env": environ, "role_env": role.env,
-            "depends": depends, "db_url": self.db_url, "job_id": job.id,
-            "framework": spec.spec.framework, "context": context,
-        }
-        if not depends:
-            from trainmaster.runtime.environment import instance_environment
-
-            launch["env"] = instance_environment(launch, {})
-        # the previous attempt's records go before the intent is committed: after a crash, an
-        # exit code in the folder can then only be the new attempt's (see recover)
-        files.reset_attempt()
-        files.write_launch(launch)
+        log_path = str(run_dir / "logs" / f"{inst.label}.log")
         inst.attempt += 1
+        launch = launch_spec(job, spec, inst, placement, environ, self.db_url, log_path, str(files.dir))
+        depends = launch.depends
+        if self.backend.needs_launch_file:
+            # the previous attempt's records go before the intent is committed: after a crash, an
+            # exit code in the folder can then only be the new attempt's (see recover)
+            files.reset_attempt()
+            files.write_launch(legacy_launch_file(launch))
+        else:
+            files.dir.mkdir(parents=True, exist_ok=True)
         inst.host, inst.ports, inst.address = placement.host, placement.ports, placement.address
-        inst.log_path = str(run_dir / "logs" / f"{inst.label}.log")
+        inst.log_path = log_path
         inst.handle, inst.pid = None, None
         inst.exit_code, inst.ended_at, inst.next_start_at = None, None, None
+        inst.cpu_seconds, inst.peak_rss = 0.0, 0
         inst.started_at = utcnow()
         self._set_instance_state(inst, I.STARTING)
         inst.reason = "WaitingForDependencies" if depends else "Started"
-        inst.message = f"waiting for {', '.join(d['role'] for d in depends)}" if depends else ""
+        inst.message = f"waiting for {', '.join(d.role for d in depends)}" if depends else ""
         return LaunchRequest(job_id=job.id, job_name=job.name, role=role.name, index=inst.index,
                              attempt=inst.attempt, placement=placement, launch_file=str(files.launch),
-                             instance_dir=str(files.dir), log_path=inst.log_path, cwd=cwd,
+                             instance_dir=str(files.dir), log_path=log_path, cwd=launch.cwd,
                              resources=role.resources.dump(), gated=bool(depends),
-                             argv=launch["argv"], env=launch["env"])
+                             argv=launch.argv, env=launch.env, spec=launch)
 
     def _spawn(self, session: Session, job: JobRow, inst: InstanceRow, request: LaunchRequest,
                handle: dict[str, Any]) -> None:
@@ -451,10 +486,6 @@ class Controller:
         repo.add_event(session, job.id, f"instance/{inst.label}", "Started",
                        f"attempt {inst.attempt} on {request.placement.address}"
                        + (f"; {inst.message}" if request.gated else ""))
-        # running as soon as the backend says so: at once for a local process, later for a
-        # Ray actor that is still being placed
-        if not request.gated and self.backend.poll(inst.handle).phase == Phase.RUNNING:
-            self._mark_running(session, job, inst)
 
     def recover(self) -> None:
         """Carry on after a controller restart: re-adopt live instances, requeue unstarted ones.
@@ -473,7 +504,8 @@ class Controller:
                     obj = f"instance/{inst.label}"
                     if inst.handle is None:
                         instance_dir = str(Path(job.run_dir) / "instances" / inst.label)
-                        inst.handle = self.backend.find(instance_dir)
+                        inst.handle = (self.backend.handle_of(instance_id(job, inst))
+                                       or self.backend.find(instance_dir))
                         if inst.handle is None and self._ended_unwatched(session, job, inst, instance_dir):
                             continue
                         if inst.handle is None:
@@ -483,6 +515,7 @@ class Controller:
                                            "the controller stopped before starting it; it will start now")
                             continue
                         inst.pid = inst.handle.get("pid")
+                    self.backend.reserve_ports(list(inst.ports or []))
                     if self.backend.adopt(inst.handle):
                         repo.add_event(session, job.id, obj, "Adopted",
                                        f"re-adopted the live process {inst.pid} after a controller restart")
@@ -571,10 +604,14 @@ class Controller:
         return free
 
 
-def _start_error(error: OSError) -> str:
-    """The OS's reason an attempt could not start, naming the path and what to check."""
-    where = f" ({error.filename})" if error.filename else ""
-    return f"could not start: {error.strerror or error}{where}; check the role's command and workingDir"
+@dataclass
+class _Start:
+    """One attempt a pass prepared: its intent is committed, its process not yet started."""
+
+    job: JobRow
+    spec: Job
+    inst: InstanceRow
+    request: LaunchRequest
 
 
 def _bundles(spec: Job) -> list[dict[str, Any]]:

@@ -18,3 +18,13 @@ REPORTED = Gauge("trainmaster_reported_metric", "Latest value each running insta
                  ["job", "role", "index", "metric"], registry=REGISTRY)
 LEADING = Gauge("trainmaster_leading", "1 while this server leads the controller (reconciles), 0 on a standby",
                 registry=REGISTRY)
+INSTANCE_CPU = Gauge("trainmaster_instance_cpu_seconds", "CPU seconds (user + system) of an instance's whole "
+                     "process tree, as its node agent last reported", ["job", "role", "index"], registry=REGISTRY)
+INSTANCE_PEAK_RSS = Gauge("trainmaster_instance_peak_rss_bytes", "Peak memory of an instance's whole process tree",
+                          ["job", "role", "index"], registry=REGISTRY)
+
+
+def observe_instance(job: str, role: str, index: int, cpu_seconds: float, peak_rss: int) -> None:
+    """Export what a node agent reported of one instance."""
+    INSTANCE_CPU.labels(job=job, role=role, index=str(index)).set(cpu_seconds)
+    INSTANCE_PEAK_RSS.labels(job=job, role=role, index=str(index)).set(peak_rss)

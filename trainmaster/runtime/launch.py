@@ -1,15 +1,20 @@
-"""The instance runtime: ``python -m trainmaster.runtime.launch LAUNCH_JSON``.
+"""The instance runtime: ``python -m trainmaster.runtime.launch SPEC_JSON``.
 
-1. The wait step (like a Kubernetes init container): when the role depends on other roles,
-   watch the address registry until every instance of each has an address (``Running``) or has
-   succeeded (``Succeeded``); give up after the dependency's timeout with a clear reason.
-2. Build the environment (service addresses, framework variables) and mark the instance ready.
-3. Run the role's command as a child, forward SIGTERM/SIGINT to it, and record its exit code in
-   the instance folder, so any controller, even one restarted after a crash, learns how it ended.
+Started by the node agent for an instance with dependencies (an instance without any is
+spawned by the agent directly):
 
-An instance without dependencies has nothing to wait for; the local backend then runs its
-command under a few lines of POSIX shell that do step 3 (see ``backends/local.py``), because
-64 Python runtimes starting at once cost seconds of CPU on a small machine.
+1. The wait step (like a Kubernetes init container): watch the address registry until every
+   instance of each role it depends on has an address (``Running``) or has succeeded
+   (``Succeeded``); give up after the dependency's timeout with a clear reason.
+2. Resolve the environment (one resolver: :func:`trainmaster.runtime.environment.instance_environment`).
+3. ``os.execve`` the role command: the same process becomes it, so no wrapper is left that could
+   be killed on its own, and the agent reaps the command's own exit status. Just before, it
+   writes ``exec <time>`` to the agent's notify pipe (closed on exec); when it gives up instead
+   it writes ``reason <Reason> <message>`` and exits.
+
+``run`` below is the older protocol still used by the Ray backend's per-instance actors (it runs
+the command as a child and records the exit code in the instance folder); it goes when Ray
+runs its instances through the node agent.
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ class DependencyTimeout(Exception):
 
 
 def wait_for_dependencies(launch: dict[str, Any]) -> dict[str, list[str]]:
-    """Block until every dependency holds; return role -> addresses of its instances."""
+    """Block until every dependency holds; return role -> addresses of its instances.
+
+    ``launch`` holds ``db_url``, ``job_id`` and ``depends`` (dicts of :class:`Dependency` fields)."""
     import site
 
     site.main()  # the runtime starts with -S; the wait step needs the installed packages
@@ -65,6 +72,52 @@ def wait_for_dependencies(launch: dict[str, Any]) -> dict[str, list[str]]:
             time.sleep(delay)
             delay = min(delay * 1.5, 0.5)
     return services
+
+
+def exec_role(spec_file: str) -> int:
+    """The agent's wait step: wait, resolve the environment, become the role command."""
+    import dataclasses
+    import json
+    import os
+
+    from trainmaster.agent.contract import LaunchSpec
+
+    notify_fd = int(os.environ.get("TM_AGENT_NOTIFY_FD", "-1"))
+
+    def tell(line: str) -> None:
+        if notify_fd >= 0:
+            os.write(notify_fd, (line.replace("\n", " ") + "\n").encode())
+
+    with open(spec_file) as f:
+        spec = LaunchSpec.from_dict(json.load(f))
+    print(f"[trainmaster] waiting for {', '.join(d.role for d in spec.depends)}", flush=True)
+    try:
+        services = wait_for_dependencies({"db_url": spec.db_url, "job_id": spec.job_id,
+                                          "depends": [dataclasses.asdict(d) for d in spec.depends]})
+    except DependencyTimeout as exc:
+        print(f"[trainmaster] {exc}", flush=True)
+        tell(f"reason DependencyTimeout {exc}")
+        return DEPENDENCY_TIMEOUT_EXIT
+    from trainmaster.runtime.environment import instance_environment
+
+    env = instance_environment({**spec.env_inputs, "env": spec.env}, services)
+    env.update({k: v for k, v in os.environ.items() if k in ("TM_INSTANCE_ID", "TM_AGENT_KEY")})
+    program = spec.argv[0] if spec.argv else "<empty command>"
+    if notify_fd >= 0:
+        os.set_inheritable(notify_fd, False)  # closed by exec: the agent sees EOF once we are the command
+    try:
+        if spec.cwd:
+            os.chdir(spec.cwd)
+        tell(f"exec {time.time()}")
+        os.execvpe(program, spec.argv, env)
+    except OSError as exc:
+        where = f"working directory '{spec.cwd}'" if exc.filename == spec.cwd else "exec"
+        message = (f"program '{program}' not found ({exc.strerror})" if isinstance(exc, FileNotFoundError)
+                   and where == "exec" else f"program '{program}' could not start: {where}: {exc.strerror or exc}")
+        print(f"[trainmaster] {message}", flush=True)
+        tell(f"reason StartFailed {message}")
+        return 127
+    return 127  # not reached: execve replaced this process
 
 
 def run(launch_file: str) -> int:
@@ -104,4 +157,6 @@ def run(launch_file: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run(sys.argv[1]))
+    import os
+
+    sys.exit(exec_role(sys.argv[1]) if "TM_AGENT_NOTIFY_FD" in os.environ else run(sys.argv[1]))

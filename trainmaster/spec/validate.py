@@ -140,6 +140,34 @@ def semantic_errors(raw: dict[str, Any]) -> list[str]:
         errors.append(f"spec.roles: dependency cycle {' -> '.join(cycle)}")
     errors += _gang_errors(spec, roles)
     errors += _policy_errors(spec, roles, known)
+    for i, role in enumerate(roles):
+        errors += _process_errors(f"spec.roles[{i}]", role)
+    return errors
+
+
+def _process_errors(where: str, role: dict[str, Any]) -> list[str]:
+    """What the OS cannot take in argv, environment or working directory: a NUL byte anywhere
+    (execve would refuse it on the node, long after submit), ``=`` in or an empty env name."""
+    errors = []
+    for key in ("command", "args"):
+        items = role.get(key)
+        for j, item in enumerate(items if isinstance(items, list) else []):
+            if isinstance(item, str) and "\0" in item:
+                errors.append(f"{where}.{key}[{j}]: contains a NUL byte, which no program argument can hold")
+    env = role.get("env")
+    for name, value in (env.items() if isinstance(env, dict) else []):
+        if not isinstance(name, str):
+            errors.append(f"{where}.env: variable name {name!r} is not a string")
+        elif name == "":
+            errors.append(f"{where}.env: an empty variable name")
+        elif "=" in name or "\0" in name:
+            bad = "'='" if "=" in name else "a NUL byte"
+            errors.append(f"{where}.env.{name!r}: a variable name cannot contain {bad}")
+        if isinstance(value, str) and "\0" in value:
+            errors.append(f"{where}.env.{name}: the value contains a NUL byte, which no environment can hold")
+    working_dir = role.get("workingDir")
+    if isinstance(working_dir, str) and "\0" in working_dir:
+        errors.append(f"{where}.workingDir: contains a NUL byte, which no path can hold")
     return errors
 
 

@@ -97,6 +97,8 @@ class InstanceRow(Base):
     log_path: Mapped[str | None] = mapped_column(Text, nullable=True)
     cpu: Mapped[float] = mapped_column(Float, default=0.0)
     memory: Mapped[int] = mapped_column(Integer, default=0)
+    cpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)  # the current attempt's tree, from its node agent
+    peak_rss: Mapped[int] = mapped_column(Integer, default=0)  # bytes, the highest the agent reported
     next_start_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

@@ -156,6 +156,7 @@ def job_status(session: Session, job: JobRow, events: int = 20) -> dict[str, Any
         "instances": [{"role": i.role, "index": i.index, "state": i.state, "reason": i.reason,
                        "message": i.message, "attempt": i.attempt, "restarts": i.restarts, "pid": i.pid,
                        "address": i.address, "exitCode": i.exit_code, "logPath": i.log_path,
+                       "cpuSeconds": i.cpu_seconds, "peakRss": i.peak_rss,
                        "startedAt": _iso(i.started_at), "endedAt": _iso(i.ended_at),
                        "metrics": _point(reported.get((i.role, i.index)))}
                       for i in job.instances],

@@ -1,0 +1,95 @@
+"""Helpers for node agent tests: a replica command that detects a second live copy of itself,
+and process scans by the agent's instance marker."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+
+PY = sys.executable
+
+# A replica that holds an exclusive flock on its own lock file for as long as it lives. A second
+# copy of the same replica alive at the same time cannot take the lock and records itself in
+# ``<lock>.double``; every start appends its pid to ``<lock>.starts``.
+REPLICA = ("import fcntl, os, sys, time\n"
+           "lock = sys.argv[1]\n"
+           "f = open(lock, 'a+')\n"
+           "try:\n"
+           "    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+           "except BlockingIOError:\n"
+           "    open(lock + '.double', 'a').write(f'{os.getpid()}\\n')\n"
+           "open(lock + '.starts', 'a').write(f'{os.getpid()}\\n')\n"
+           "time.sleep(float(sys.argv[2]))\n")
+
+# A command that leaves a setsid grandchild and a double-forked daemon behind, then sleeps.
+ESCAPERS = ("import os, subprocess, sys, time\n"
+            "subprocess.Popen(['setsid', sys.executable, '-c', 'import time; time.sleep(300)  # escaper'])\n"
+            "if os.fork() == 0:\n"
+            "    os.setsid()\n"
+            "    if os.fork() == 0:\n"
+            "        os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(300)  # escaper'])\n"
+            "    os._exit(0)\n"
+            "time.sleep(float(sys.argv[1]))\n")
+
+
+def replica(lock: Path, seconds: float) -> list[str]:
+    return [PY, "-c", REPLICA, str(lock), str(seconds)]
+
+
+def doubles(folder: Path) -> list[str]:
+    """Every replica lock that saw two live copies at once."""
+    return sorted(p.name for p in folder.glob("*.double"))
+
+
+def starts(lock: Path) -> int:
+    path = Path(str(lock) + ".starts")
+    return len(path.read_text().split()) if path.exists() else 0
+
+
+def job_processes(home: Path) -> list[int]:
+    """Live processes a node agent started for instances of the Trainmaster home ``home``
+    (each carries the agent's ``TM_INSTANCE_ID`` marker and the home it was started under)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            environ = proc.environ()
+            if ("TM_INSTANCE_ID" in environ and environ.get("TRAINMASTER_HOME") == str(home)
+                    and proc.status() != psutil.STATUS_ZOMBIE):
+                found.append(proc.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def shell_parent(lock: Path, seconds: float) -> list[str]:
+    """``sh -c '<replica> & wait'``: the replica runs as the shell's child."""
+    quoted = " ".join("'" + part.replace("'", "'\"'\"'") + "'" for part in replica(lock, seconds))
+    return ["/bin/sh", "-c", f"{quoted} & wait"]
+
+
+ESCAPER_CODE = "import time; time.sleep(300)  # escaper"
+
+
+def escapers() -> list[int]:
+    """Live setsid grandchildren and daemons that :data:`ESCAPERS` commands left."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        if proc.info["status"] != psutil.STATUS_ZOMBIE and ESCAPER_CODE in (proc.info["cmdline"] or []):
+            found.append(proc.pid)
+    return found
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "the condition") -> Any:
+    deadline = time.monotonic() + timeout
+    delay = 0.02
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout:g}s waiting for {what}"
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.25)

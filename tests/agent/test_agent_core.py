@@ -1,0 +1,197 @@
+"""Mechanisms of the node agent itself (controller spec 'Our product decisions'; issue #14 part 1),
+exercised through its daemon and client with real processes: process-tree ownership (cgroup v1
+trees, and the marker fallback), stop = TERM then KILL of the whole tree, the durable exit
+journal, agent death (AgentRestarted, nothing runs twice), one agent per state dir, and the
+OS's refusal as a StartFailed that names the program."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from agent_fixtures import ESCAPERS, PY, doubles, escapers, replica, starts, wait_until
+from controller_harness import stop_agent
+from trainmaster.agent.client import AgentClient, agent_pid, ensure_agent
+from trainmaster.agent.contract import InstancePhase, LaunchSpec
+from trainmaster.agent.tree import cgroups_available
+
+CGROUPS = not cgroups_available()
+BASE_ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+
+
+@pytest.fixture(params=[pytest.param("cgroup", marks=pytest.mark.skipif(
+    not CGROUPS, reason=f"cgroup v1 trees unavailable here: {cgroups_available()}")), "marker"])
+def agent(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[AgentClient]:
+    """An agent daemon of its own (cgroup trees, or environment markers only), stopped (with
+    everything it started) when the test ends, passed or failed."""
+    state_dir = tmp_path / f"agent-{request.param}"
+    extra = ("--no-cgroups",) if request.param == "marker" else ()
+    ensure_agent(state_dir, linger=30, extra_args=extra)
+    client = AgentClient(state_dir, linger=30)
+    assert client.ping()["trees"] == request.param
+    yield client
+    client.close()
+    stop_agent(state_dir)
+
+
+def spec(tmp_path: Path, name: str, argv: list[str], attempt: int = 1, **extra: object) -> LaunchSpec:
+    return LaunchSpec(instance_id=f"job/{name}/{attempt}", job_id=1, job_name="job", role=name, index=0,
+                      attempt=attempt, argv=argv, env=dict(BASE_ENV), cwd=None,
+                      log_path=str(tmp_path / f"{name}.log"), instance_dir=str(tmp_path / name), host="127.0.0.1",
+                      **extra)  # type: ignore[arg-type]
+
+
+def test_exit_codes_cpu_and_peak_memory_are_reported(agent: AgentClient, tmp_path: Path) -> None:
+    """Reaping with wait4: the exit code (or 128 + signal), and the tree's CPU seconds and peak RSS."""
+    burn = "import sys; x = bytearray(64 << 20); t = sum(range(3_000_000)); sys.exit(3)"
+    results = agent.start([spec(tmp_path, "burn", [PY, "-c", burn]),
+                           spec(tmp_path, "killed", [PY, "-c", "import os; os.kill(os.getpid(), 9)"])])
+    assert all(r.handle for r in results)
+    burnt, killed = _exited(agent, ["job/burn/1", "job/killed/1"])
+    assert burnt.exit_code == 3 and burnt.reason == "Error"
+    assert burnt.cpu_seconds > 0.05 and burnt.peak_rss >= 64 << 20
+    assert killed.exit_code == 137 and killed.reason == "Killed"
+
+
+def _exited(agent: AgentClient, ids: list[str], timeout: float = 30):  # type: ignore[no-untyped-def]
+    def done():  # type: ignore[no-untyped-def]
+        statuses = agent.observe(ids)
+        return statuses if all(s.phase in (InstancePhase.EXITED, InstancePhase.START_FAILED)
+                               for s in statuses) else None
+    return wait_until(done, timeout, f"{ids} to exit")
+
+
+def test_start_is_idempotent_and_refusals_name_the_program(agent: AgentClient, tmp_path: Path) -> None:
+    """A repeated start of an instance id starts nothing; a missing program, a bad working
+    directory and a non-executable file are StartFailed with the program and the OS error."""
+    lock = tmp_path / "once.lock"
+    first = agent.start([spec(tmp_path, "once", replica(lock, 30))])[0]
+    again = agent.start([spec(tmp_path, "once", replica(lock, 30))])[0]
+    assert first.handle == again.handle
+    wait_until(lambda: starts(lock) == 1, what="the replica to start")
+    plain = tmp_path / "plain.txt"
+    plain.write_text("not a program")
+    refused = agent.start([spec(tmp_path, "nope", ["no-such-program-xyz"]),
+                           LaunchSpec(**{**spec(tmp_path, "cwd", [PY, "-c", "pass"]).to_dict(),
+                                         "cwd": str(tmp_path / "missing-dir")}),
+                           spec(tmp_path, "noexec", [str(plain)])])
+    assert [r.handle for r in refused] == [None, None, None]
+    assert "program 'no-such-program-xyz' not found" in refused[0].error
+    assert "missing-dir" in refused[1].error and PY in refused[1].error
+    assert "plain.txt" in refused[2].error and "Permission denied" in refused[2].error
+    assert agent.observe(["job/nope/1"])[0].phase == InstancePhase.START_FAILED
+    agent.stop(["job/once/1"], grace=1)
+    assert starts(lock) == 1 and doubles(tmp_path) == []
+
+
+def test_stop_kills_setsid_grandchildren_and_double_forked_daemons(agent: AgentClient, tmp_path: Path) -> None:
+    """Stop: TERM every process of the tree, KILL after the grace: detached descendants too."""
+    agent.start([spec(tmp_path, "escape", [PY, "-c", ESCAPERS, "300"])])
+    wait_until(lambda: len(escapers()) == 2, what="the setsid grandchild and the daemon")
+    statuses = agent.stop(["job/escape/1"], grace=1)
+    assert statuses[0].phase == InstancePhase.EXITED and statuses[0].reason == "Stopped"
+    assert escapers() == []
+
+
+def test_when_the_main_process_ends_its_tree_is_killed(agent: AgentClient, tmp_path: Path) -> None:
+    """An instance ends with its main process (as a container does): the daemon it left is
+    killed before the exit is reported, so a replacement never meets a stale copy."""
+    agent.start([spec(tmp_path, "short", [PY, "-c", ESCAPERS, "0.5"])])
+    status = _exited(agent, ["job/short/1"])[0]
+    assert status.exit_code == 0 and escapers() == []
+
+
+def test_stop_escalates_to_sigkill(agent: AgentClient, tmp_path: Path) -> None:
+    stubborn = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(60)"
+    agent.start([spec(tmp_path, "stubborn", [PY, "-c", stubborn])])
+    wait_until(lambda: "ready" in (tmp_path / "stubborn.log").read_text(), what="the handler")
+    started = time.monotonic()
+    status = agent.stop(["job/stubborn/1"], grace=0.5)[0]
+    assert status.exit_code == 137 and time.monotonic() - started < 10
+
+
+@pytest.mark.skipif(not CGROUPS, reason=f"cgroup v1 trees unavailable here: {cgroups_available()}")
+def test_memory_limit_is_enforced_by_the_cgroup(agent: AgentClient, tmp_path: Path) -> None:
+    """LaunchSpec.memory becomes memory.limit_in_bytes: an instance over it is OOMKilled."""
+    if agent.ping()["trees"] != "cgroup":
+        pytest.skip("the marker fallback sets no memory limit")
+    hog = "x = []\nwhile True: x.append(bytearray(8 << 20))"
+    agent.start([spec(tmp_path, "hog", [PY, "-c", hog], memory=64 << 20)])
+    status = _exited(agent, ["job/hog/1"])[0]
+    assert status.exit_code == 137 and status.reason == "OOMKilled"
+
+
+def test_agent_killed_restarts_kill_what_it_left_and_journal_agent_restarted(agent: AgentClient,
+                                                                           tmp_path: Path) -> None:
+    """Agent death: kill -9 of the agent leaves its instances running without an owner; the
+    next agent kills them BEFORE it accepts a start and journals them EXITED/AgentRestarted
+    (137); exits journaled before the crash are still reported. A replacement started right
+    after never overlaps the old copy."""
+    state_dir = agent.state_dir
+    extra = ("--no-cgroups",) if agent.ping()["trees"] == "marker" else ()
+    lock = tmp_path / "r.lock"
+    agent.start([spec(tmp_path, "r", [PY, "-c", f"import subprocess, sys; subprocess.run({replica(lock, 300)!r})"]),
+                 spec(tmp_path, "done", [PY, "-c", "raise SystemExit(5)"])])
+    _exited(agent, ["job/done/1"])
+    wait_until(lambda: starts(lock) == 1, what="the replica to start")
+    old = agent_pid(state_dir)
+    assert old is not None
+    os.kill(old, signal.SIGKILL)
+    wait_until(lambda: not Path(f"/proc/{old}").exists() or _zombie(old), what="the agent to die")
+    ensure_agent(state_dir, linger=30, extra_args=extra)  # what the next client call does
+    after = {s.handle.instance_id: s for s in agent.observe(["job/r/1", "job/done/1"])}
+    assert after["job/done/1"].exit_code == 5  # journaled before the crash: not lost
+    lost = after["job/r/1"]
+    assert lost.phase == InstancePhase.EXITED and lost.reason == "AgentRestarted" and lost.exit_code == 137
+    agent.start([spec(tmp_path, "r", replica(lock, 0.5), attempt=2)])
+    _exited(agent, ["job/r/2"])
+    assert starts(lock) == 2 and doubles(tmp_path) == []
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_kill9_of_the_wait_step_ends_the_instance_and_nothing_runs_twice(agent: AgentClient, tmp_path: Path) -> None:
+    """The wait step is the instance's main process (it later execs the command): killing it
+    ends the attempt with 137; nothing of it is left to overlap the next attempt."""
+    from trainmaster.agent.contract import Dependency
+
+    gated = spec(tmp_path, "gated", ["true"], depends=[Dependency("nobody", "Running", 60, 1)],
+                 db_url=f"sqlite:///{tmp_path / 'none.db'}",
+                 env_inputs={"framework": "command", "role_env": {}, "context": {
+                     "job_name": "job", "role": "gated", "index": 0, "replicas": 1, "role_replicas": {},
+                     "host": "127.0.0.1", "ports": [], "params": {}, "output_dir": str(tmp_path)}})
+    from trainmaster.store.db import make_engine
+
+    make_engine(gated.db_url)  # an empty registry: the wait step waits
+    pid = agent.start([gated])[0].handle.pid  # type: ignore[union-attr]
+    assert agent.observe(["job/gated/1"])[0].phase == InstancePhase.WAITING
+    os.kill(pid, signal.SIGKILL)
+    status = _exited(agent, ["job/gated/1"])[0]
+    assert status.exit_code == 137 and status.command_started_at is None
+
+
+def test_one_agent_per_state_dir(tmp_path: Path) -> None:
+    """Two controllers (here: two processes racing to start one) share a single agent: the
+    state dir's flock lets only one serve; the other daemon exits at once."""
+    state_dir = tmp_path / "shared"
+    code = ("import sys; from pathlib import Path; from trainmaster.agent.client import AgentClient\n"
+            f"c = AgentClient(Path({str(state_dir)!r}), linger=30); print(c.ping()['pid'])")
+    try:
+        procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                                  env={**os.environ, "PYTHONPATH": os.getcwd()}) for _ in range(3)]
+        pids = {p.communicate(timeout=60)[0].strip() for p in procs}
+        assert len(pids) == 1 and pids == {str(agent_pid(state_dir))}
+    finally:
+        stop_agent(state_dir)

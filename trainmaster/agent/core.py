@@ -1,0 +1,490 @@
+"""The node agent: the only owner of instance processes on its node (``NodeAgentAPI`` in-process).
+
+It spawns each role command itself (an instance with dependencies first runs the wait step,
+``python -m trainmaster.runtime.launch``, which then *execs* the role command: one process, no
+wrapper that could be killed on its own), puts every instance in its own process tree
+(:mod:`trainmaster.agent.tree`), makes itself a child subreaper so orphaned descendants come back
+to it, reaps with ``os.wait4`` (exit status and rusage), and journals every exit with fsync before
+reporting it (:mod:`trainmaster.agent.journal`).
+
+An instance ends when its main process ends: what is left of its tree is killed then (as a
+container runtime does when a container's first process exits), and only once the tree is empty
+and the main process' status was reaped is it EXITED.
+
+Agent death: a restarted agent does not re-adopt (it could never learn the exit status of a
+process it did not spawn). Before it accepts any start it kills whatever is left of every
+instance it had journaled as started and not ended, and journals each as EXITED with reason
+``AgentRestarted`` (exit code 137); the controller then applies the restart policy. So nothing
+ever runs twice and no exit is lost.
+
+The agent reaps *every* child of its process (``wait4(-1)``): run it in a process of its own
+(the daemon of :mod:`trainmaster.agent.server`, or a Ray actor), never inside a process that
+spawns and waits for children of its own.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trainmaster
+from trainmaster.agent.contract import (InstanceHandle, InstancePhase, InstanceStatus, LaunchSpec,
+                                        StartResult)
+from trainmaster.agent.journal import ExitJournal, JournaledInstance
+from trainmaster.agent.tree import (AGENT_MARKER, INSTANCE_MARKER, MarkerTrees, ProcessTrees, cgroup_name,
+                                   kill_tree, make_trees)
+
+log = logging.getLogger(__name__)
+
+PR_SET_CHILD_SUBREAPER = 36
+AGENT_RESTART_EXIT = 137
+START_FAILED_EXIT = 127
+NOTIFY_FD_VARIABLE = "TM_AGENT_NOTIFY_FD"
+SPEC_FILE = "launch_spec.json"
+_PACKAGE_ROOT = str(Path(trainmaster.__file__).resolve().parents[1])
+
+
+@dataclass
+class AgentOptions:
+    """How one node agent runs."""
+
+    state_dir: Path  # journal, socket, lock and log live here
+    node: str = "local"
+    use_cgroups: bool = True  # False: marker trees even where cgroups exist (tests of the fallback)
+    kill_timeout: float = 10.0  # how long SIGKILLed trees may take to disappear before it is an error
+
+    @property
+    def node_key(self) -> str:
+        """Names this agent's cgroup parent: one per state dir, so agents never touch each other's."""
+        digest = hashlib.sha256(str(self.state_dir.resolve()).encode()).hexdigest()[:10]
+        return f"{self.node}-{digest}"
+
+
+@dataclass
+class _Instance:
+    """One attempt the agent holds a record of."""
+
+    instance_id: str
+    role: str
+    gated: bool
+    started_at: float
+    pid: int | None = None
+    popen: subprocess.Popen[bytes] | None = None
+    notify_fd: int | None = None
+    command_started_at: float | None = None
+    wait_reason: str = ""  # what the wait step reported before it gave up
+    wait_message: str = ""
+    stopping: bool = False
+    status: InstanceStatus | None = None  # final, journaled
+    start_error: str = ""
+
+
+@dataclass(frozen=True)
+class _Reaped:
+    pid: int
+    status: int
+    rusage: Any
+
+
+def become_subreaper() -> bool:
+    """Orphaned descendants are reparented to us (and reaped by us), not to init."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def exit_code_of(wait_status: int) -> int:
+    """A shell's convention: the exit status, or 128 + the signal that killed it."""
+    if os.WIFSIGNALED(wait_status):
+        return 128 + os.WTERMSIG(wait_status)
+    return os.waitstatus_to_exitcode(wait_status)
+
+
+def start_error_message(spec: LaunchSpec, error: OSError) -> str:
+    """Names the program and the OS's reason (what a user checks first)."""
+    program = spec.argv[0] if spec.argv else "<empty command>"
+    if spec.cwd and error.filename == spec.cwd:
+        return f"program '{program}' not started: working directory '{spec.cwd}': {error.strerror or error}"
+    if isinstance(error, FileNotFoundError):
+        return f"program '{program}' not found ({error.strerror})"
+    if isinstance(error, PermissionError):
+        return f"program '{program}' cannot be executed ({error.strerror})"
+    return f"program '{program}' could not start: {error.strerror or error}"
+
+
+class NodeAgent:
+    """Implements :class:`trainmaster.agent.contract.NodeAgentAPI` in the agent's own process."""
+
+    def __init__(self, options: AgentOptions):
+        self.options = options
+        self.node = options.node
+        options.state_dir.mkdir(parents=True, exist_ok=True)
+        self.subreaper = become_subreaper()
+        self.trees: ProcessTrees = make_trees(options.node_key, options.use_cgroups)
+        self.journal = ExitJournal(options.state_dir / "journal.jsonl")
+        self._lock = threading.RLock()  # the records
+        self._changed = threading.Condition(self._lock)  # an instance ended
+        self._spawn_lock = threading.Lock()  # one spawn at a time (the spawning thread moves cgroups)
+        self._journal_lock = threading.Lock()
+        self._instances: dict[str, _Instance] = {}
+        self._by_pid: dict[int, _Instance] = {}
+        self._unclaimed: dict[int, tuple[_Reaped, float]] = {}  # reaped before its spawn was recorded
+        self._child_started = threading.Event()
+        self._closed = False
+        self._unremoved: set[str] = set()  # ended instances whose cgroups still hold an unreaped member
+        log.info("node agent %s (pid %d, parent %d, argv %s): process trees by %s, subreaper %s, state in %s",
+                 self.node, os.getpid(), os.getppid(), sys.argv, self.trees.kind, self.subreaper, options.state_dir)
+        self._recover()
+        self._reaper = threading.Thread(target=self._reap_forever, name="reaper", daemon=True)
+        self._reaper.start()
+
+    # ---- restart: kill what a previous agent left, journal it, before any start -------------
+    def _recover(self) -> None:
+        records = self.journal.replay()
+        restarted_at = time.time()
+        markers = MarkerTrees(self.options.node_key)  # every process we start carries them
+        for record in records.values():
+            if record.exit is not None:
+                self._instances[record.instance_id] = self._from_journal(record)
+                continue
+            instance_id = record.instance_id
+            left = self.trees.pids(instance_id) + markers.pids(instance_id)
+            kill_tree(self.trees, instance_id, self.options.kill_timeout)
+            kill_tree(markers, instance_id, self.options.kill_timeout)  # started by an agent without cgroups
+            self.trees.remove(instance_id)
+            handle = InstanceHandle(self.node, instance_id, record.started.get("pid"))
+            status = InstanceStatus(
+                handle, InstancePhase.EXITED, exit_code=AGENT_RESTART_EXIT, reason="AgentRestarted",
+                message=(f"the node agent restarted while this instance ran; its {len(left)} remaining "
+                         "process(es) were killed so that it never runs twice"),
+                started_at=record.started.get("at"), ended_at=restarted_at)
+            self.journal.exited([status])
+            record.exit = status
+            self._instances[instance_id] = self._from_journal(record)
+            log.warning("instance %s: journaled as started, not ended; killed %d process(es) (AgentRestarted)",
+                        instance_id, len(left))
+        known = {record.instance_id for record in records.values()}
+        known |= {cgroup_name(i) for i in known}
+        for name in self.trees.leftovers():  # trees an earlier agent could not remove, or never journaled
+            kill_tree(self.trees, name, self.options.kill_timeout)
+            self._remove_trees([name])
+            if name not in known:
+                log.warning("removed an unjournaled process tree %s left by an earlier agent", name)
+        self.journal.compact(records)
+
+    def _from_journal(self, record: JournaledInstance) -> _Instance:
+        assert record.exit is not None
+        inst = _Instance(record.instance_id, record.started.get("role", ""), bool(record.started.get("gated")),
+                         record.started.get("at", 0.0), pid=record.exit.handle.pid)
+        inst.status = record.exit
+        return inst
+
+    # ---- start ---------------------------------------------------------------------------------
+    def start(self, specs: list[LaunchSpec]) -> list[StartResult]:
+        if self._closed:
+            raise RuntimeError("the node agent is shutting down")
+        with self._lock:
+            fresh = [s for s in specs if s.instance_id not in self._instances]
+            now = time.time()
+            for spec in fresh:
+                self._instances[spec.instance_id] = _Instance(spec.instance_id, spec.role, bool(spec.depends), now)
+        if fresh:
+            with self._journal_lock:
+                self.journal.started([{"id": s.instance_id, "role": s.role, "gated": bool(s.depends), "at": now}
+                                      for s in fresh])
+        fresh_ids = {s.instance_id for s in fresh}
+        with self._spawn_lock:
+            for spec in specs:
+                if spec.instance_id in fresh_ids:
+                    self._spawn(spec)
+        return [self._start_result(spec.instance_id) for spec in specs]
+
+    def _start_result(self, instance_id: str) -> StartResult:
+        with self._lock:
+            inst = self._instances[instance_id]
+            if inst.start_error:
+                return StartResult(instance_id, None, inst.start_error)
+            return StartResult(instance_id, InstanceHandle(self.node, instance_id, inst.pid))
+
+    def _spawn(self, spec: LaunchSpec) -> None:
+        inst = self._instances[spec.instance_id]
+        markers = {INSTANCE_MARKER: spec.instance_id, AGENT_MARKER: self.options.node_key}
+        notify_read = notify_write = None
+        if spec.depends:
+            Path(spec.instance_dir).mkdir(parents=True, exist_ok=True)
+            _atomic_write(Path(spec.instance_dir) / SPEC_FILE, json.dumps(spec.to_dict()))
+            notify_read, notify_write = os.pipe()
+            os.set_blocking(notify_read, False)
+            argv = [sys.executable, "-S", "-m", "trainmaster.runtime.launch", str(Path(spec.instance_dir) / SPEC_FILE)]
+            python_path = os.pathsep.join(p for p in (_PACKAGE_ROOT, spec.env.get("PYTHONPATH")) if p)
+            env = {**spec.env, **markers, "PYTHONPATH": python_path, NOTIFY_FD_VARIABLE: str(notify_write)}
+        else:
+            argv, env = list(spec.argv), {**spec.env, **markers}
+        try:
+            self.trees.create(spec.instance_id, spec.memory)
+            log_path = Path(spec.log_path)
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(log_path, "ab") as out:
+                out.write(f"--- attempt {spec.attempt} of {spec.role}-{spec.index} "
+                          f"at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
+                out.flush()
+                # the child is born in the instance's cgroups; the thread leaves them at once (it
+                # must never be in a group that is frozen or killed when its main process ends)
+                self.trees.enter(spec.instance_id)
+                try:
+                    popen = subprocess.Popen(argv, env=env, cwd=spec.cwd or None, stdin=subprocess.DEVNULL,
+                                             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                             close_fds=True, pass_fds=(notify_write,) if notify_write else ())
+                finally:
+                    self.trees.leave()
+        except OSError as error:
+            self._start_failed(inst, spec, error)
+            return
+        finally:
+            if notify_write is not None:
+                os.close(notify_write)
+        with self._lock:
+            inst.pid, inst.popen, inst.notify_fd = popen.pid, popen, notify_read
+            if not spec.depends:
+                inst.command_started_at = inst.started_at
+            self._by_pid[popen.pid] = inst
+            early = self._unclaimed.pop(popen.pid, None)
+        self._child_started.set()
+        if early is not None:  # it ended before we recorded it
+            self._main_exited([(inst, early[0])])
+
+    def _start_failed(self, inst: _Instance, spec: LaunchSpec, error: OSError) -> None:
+        message = start_error_message(spec, error)
+        log.info("instance %s: %s", spec.instance_id, message)
+        self.trees.remove(spec.instance_id)
+        status = InstanceStatus(InstanceHandle(self.node, spec.instance_id, None), InstancePhase.START_FAILED,
+                                exit_code=START_FAILED_EXIT, reason="StartFailed", message=message,
+                                started_at=inst.started_at, ended_at=time.time())
+        with self._journal_lock:
+            self.journal.exited([status])
+        with self._lock:
+            inst.start_error, inst.status = message, status
+            self._changed.notify_all()
+
+    # ---- reaping -------------------------------------------------------------------------------
+    def _reap_forever(self) -> None:
+        while not self._closed:
+            try:
+                pid, status, rusage = os.wait4(-1, 0)
+            except ChildProcessError:
+                self._child_started.wait(1.0)  # no child at all: sleep until one is spawned
+                self._child_started.clear()
+                continue
+            except InterruptedError:
+                continue
+            batch = [_Reaped(pid, status, rusage)]
+            while True:  # every exit already there, so one fsync covers them all
+                try:
+                    pid, status, rusage = os.wait4(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if pid == 0:
+                    break
+                batch.append(_Reaped(pid, status, rusage))
+            mains = []
+            with self._lock:
+                now = time.monotonic()
+                for reaped in batch:
+                    inst = self._by_pid.pop(reaped.pid, None)
+                    if inst is None:  # an orphaned descendant, or a child whose spawn is not recorded yet
+                        self._unclaimed[reaped.pid] = (reaped, now)
+                    else:
+                        mains.append((inst, reaped))
+                for pid, (_, when) in list(self._unclaimed.items()):
+                    if now - when > 60:
+                        del self._unclaimed[pid]
+            if mains:
+                try:
+                    self._main_exited(mains)
+                except Exception:
+                    log.exception("recording the exit of %s failed", [i.instance_id for i, _ in mains])
+            elif self._unremoved:
+                self._remove_trees([])
+
+    def _main_exited(self, mains: list[tuple[_Instance, _Reaped]]) -> None:
+        """Kill what is left of each tree, then journal the exits (one fsync) and report them."""
+        finals = []
+        for inst, reaped in mains:
+            if inst.popen is not None:
+                inst.popen.returncode = reaped.status  # so subprocess never waits for it again
+            self._read_notes(inst)
+            if self.trees.pids(inst.instance_id):
+                kill_tree(self.trees, inst.instance_id, self.options.kill_timeout)
+            finals.append(self._final_status(inst, reaped))
+        with self._journal_lock:
+            self.journal.exited(finals)
+        self._remove_trees([inst.instance_id for inst, _ in mains])  # before anyone hears of the exit
+        with self._lock:
+            for (inst, _), status in zip(mains, finals):
+                inst.status = status
+                if inst.notify_fd is not None:
+                    os.close(inst.notify_fd)
+                    inst.notify_fd = None
+                inst.popen = None
+            self._changed.notify_all()
+
+    def _remove_trees(self, instance_ids: list[str]) -> None:
+        """Remove ended instances' cgroups; one whose orphans are not reaped yet is retried
+        after the next reap (and at shutdown)."""
+        with self._lock:
+            pending = self._unremoved | set(instance_ids)
+            self._unremoved = {i for i in pending if not self.trees.remove(i)}
+
+    def _final_status(self, inst: _Instance, reaped: _Reaped) -> InstanceStatus:
+        code = exit_code_of(reaped.status)
+        cpu = self.trees.cpu_seconds(inst.instance_id)
+        if cpu is None:
+            cpu = reaped.rusage.ru_utime + reaped.rusage.ru_stime
+        peak = self.trees.peak_rss(inst.instance_id) or reaped.rusage.ru_maxrss * 1024
+        if inst.wait_reason:
+            reason, message = inst.wait_reason, inst.wait_message
+        elif os.WIFSIGNALED(reaped.status) and os.WTERMSIG(reaped.status) == signal.SIGKILL \
+                and self.trees.oom_killed(inst.instance_id):
+            reason, message = "OOMKilled", "killed by the kernel: the instance's memory limit was reached"
+        elif inst.stopping:
+            reason, message = "Stopped", f"stopped by the agent (exit code {code})"
+        elif os.WIFSIGNALED(reaped.status):
+            sig = signal.Signals(os.WTERMSIG(reaped.status)).name
+            reason, message = "Killed", f"killed by {sig}"
+        else:
+            reason, message = ("Completed", "") if code == 0 else ("Error", f"exited with code {code}")
+        return InstanceStatus(InstanceHandle(self.node, inst.instance_id, inst.pid), InstancePhase.EXITED,
+                              exit_code=code, reason=reason, message=message, started_at=inst.started_at,
+                              command_started_at=inst.command_started_at, ended_at=time.time(),
+                              cpu_seconds=round(cpu, 3), peak_rss=int(peak))
+
+    def _read_notes(self, inst: _Instance) -> None:
+        """What the wait step told us through its notify pipe: ``exec <time>`` just before it
+        became the role command, or ``reason <Reason> <message>`` before it gave up."""
+        if inst.notify_fd is None:
+            return
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(inst.notify_fd, 65536)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        for line in b"".join(chunks).decode(errors="replace").splitlines():
+            kind, _, rest = line.partition(" ")
+            if kind == "exec":
+                inst.command_started_at = float(rest)
+            elif kind == "reason":
+                inst.wait_reason, _, inst.wait_message = rest.partition(" ")
+
+    # ---- observe ---------------------------------------------------------------------------------
+    def _status(self, instance_id: str) -> InstanceStatus:
+        inst = self._instances.get(instance_id)
+        if inst is None:
+            return InstanceStatus(InstanceHandle(self.node, instance_id), InstancePhase.LOST, reason="Unknown",
+                                  message=f"the node agent of {self.node} holds no record of {instance_id}")
+        if inst.status is not None:
+            return inst.status
+        if inst.gated and inst.command_started_at is None:
+            self._read_notes(inst)
+        phase = InstancePhase.RUNNING if inst.command_started_at is not None else InstancePhase.WAITING
+        return InstanceStatus(InstanceHandle(self.node, instance_id, inst.pid), phase,
+                              reason="" if phase == InstancePhase.RUNNING else "WaitingForDependencies",
+                              started_at=inst.started_at, command_started_at=inst.command_started_at,
+                              cpu_seconds=round(self.trees.cpu_seconds(instance_id) or 0.0, 3),
+                              peak_rss=self.trees.peak_rss(instance_id) or 0)
+
+    def observe(self, instance_ids: list[str]) -> list[InstanceStatus]:
+        with self._lock:
+            return [self._status(i) for i in instance_ids]
+
+    def live_count(self) -> int:
+        with self._lock:
+            return sum(1 for inst in self._instances.values() if inst.status is None)
+
+    # ---- stop ------------------------------------------------------------------------------------
+    def stop(self, instance_ids: list[str], grace: float) -> list[InstanceStatus]:
+        with self._lock:
+            live = [self._instances[i] for i in instance_ids
+                    if i in self._instances and self._instances[i].status is None]
+            for inst in live:
+                inst.stopping = True
+        with self._spawn_lock:  # never freeze a group while the spawning thread is in it
+            for inst in live:
+                self.trees.signal_all(inst.instance_id, signal.SIGTERM)
+        if not self._wait_ended(live, grace):
+            with self._spawn_lock:
+                for inst in live:
+                    if inst.status is None:
+                        self.trees.signal_all(inst.instance_id, signal.SIGKILL)
+            if not self._wait_ended(live, self.options.kill_timeout):
+                log.error("instances %s did not end %.0fs after SIGKILL",
+                          [i.instance_id for i in live if i.status is None], self.options.kill_timeout)
+        return self.observe(instance_ids)
+
+    def _wait_ended(self, instances: list[_Instance], timeout: float) -> bool:
+        """Wait (on the reaper's notifications) until every instance has its journaled exit."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while any(inst.status is None for inst in instances):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._changed.wait(left)
+        return True
+
+    def forget(self, instance_ids: list[str]) -> None:
+        with self._lock:
+            gone = [i for i in instance_ids if i in self._instances and self._instances[i].status is not None]
+            for instance_id in gone:
+                del self._instances[instance_id]
+        if gone:
+            with self._journal_lock:
+                self.journal.forgotten(gone)
+                if self.journal.needs_compaction():
+                    with self._lock:
+                        records = {i: JournaledInstance(i, {"id": i, "t": "start", "role": inst.role,
+                                                            "gated": inst.gated, "at": inst.started_at},
+                                                        inst.status)
+                                   for i, inst in self._instances.items()}
+                    self.journal.compact(records)
+
+    def shutdown(self, grace: float) -> None:
+        """Stop every live instance (a node drained), then stop reaping."""
+        with self._lock:
+            live = [i for i, inst in self._instances.items() if inst.status is None]
+        if live:
+            log.info("shutting down: stopping %d live instance(s)", len(live))
+            self.stop(live, grace)
+        self._closed = True
+        self._child_started.set()
+        self.journal.close()
+        self._remove_trees([])
+        for instance_id in self._unremoved:
+            log.warning("the cgroups of %s still hold a member at shutdown; the next agent removes them", instance_id)
+        self.trees.close()
+
+    def list(self) -> list[InstanceStatus]:
+        with self._lock:
+            return [self._status(i) for i in self._instances]
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

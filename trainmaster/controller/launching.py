@@ -1,0 +1,67 @@
+"""What the controller hands a node agent for one attempt: the one place a :class:`LaunchSpec`
+is built (and, without dependencies, where the instance's environment is resolved)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from trainmaster.agent.contract import Dependency, LaunchSpec
+from trainmaster.backends.base import Placement
+from trainmaster.runtime.environment import instance_environment
+from trainmaster.spec.model import Job
+from trainmaster.spec.paths import job_working_dir
+from trainmaster.store.models import InstanceRow, JobRow
+
+INTERPRETERS = ("python", "python3", "python3.11")
+
+
+def resolve_argv(argv: list[str]) -> list[str]:
+    """``python ...`` runs with the interpreter Trainmaster runs under, so jobs see its packages."""
+    if argv and argv[0] in INTERPRETERS:
+        return [sys.executable, *argv[1:]]
+    return list(argv)
+
+
+def instance_id(job: JobRow, inst: InstanceRow) -> str:
+    """Unique per attempt across the store: ``<job uid>/<role>-<index>/<attempt>``."""
+    return f"{job.uid}/{inst.label}/{inst.attempt}"
+
+
+def launch_spec(job: JobRow, spec: Job, inst: InstanceRow, placement: Placement, environ: dict[str, str],
+                db_url: str, log_path: str, instance_dir: str) -> LaunchSpec:
+    """The typed launch of ``inst``'s current attempt.
+
+    ``environ`` is the controller's environment, which the instance inherits. Without
+    dependencies the environment is resolved here, in full; with them the wait step resolves it
+    with the same function once it knows the addresses it waited for (``env_inputs``)."""
+    role = spec.spec.role(inst.role)
+    context: dict[str, Any] = {
+        "job_name": job.name, "role": role.name, "index": inst.index, "replicas": role.replicas,
+        "role_replicas": {r.name: r.replicas for r in spec.spec.roles},
+        "host": placement.host, "ports": placement.ports,
+        "params": spec.spec.framework_params, "output_dir": str(Path(job.run_dir) / "output"),
+        # where trainmaster.report() stores this attempt's metric points
+        "job_id": job.id, "attempt": inst.attempt, "db_url": db_url}
+    inputs = {"framework": spec.spec.framework, "context": context, "role_env": dict(role.env)}
+    depends = [Dependency(d.role, d.condition.value, d.timeout_seconds, spec.spec.role(d.role).replicas)
+               for d in role.depends_on]
+    env = environ if depends else instance_environment({**inputs, "env": environ}, {})
+    resources = role.resources
+    return LaunchSpec(
+        instance_id=instance_id(job, inst), job_id=job.id, job_name=job.name, role=role.name, index=inst.index,
+        attempt=inst.attempt, argv=resolve_argv([*(role.command or []), *role.args]), env=env,
+        cwd=job_working_dir(job.run_dir, role.working_dir), log_path=log_path, instance_dir=instance_dir, host=placement.host,
+        ports=list(placement.ports), cpu=resources.cpu, memory=resources.memory_bytes, gpu=resources.gpu,
+        depends=depends, db_url=db_url if depends else "", env_inputs=inputs)
+
+
+def legacy_launch_file(launch: LaunchSpec) -> dict[str, Any]:
+    """The launch.json of the older instance runtime the Ray backend's actors still run."""
+    inputs = launch.env_inputs
+    return {"argv": launch.argv, "cwd": launch.cwd, "env": launch.env, "role_env": inputs.get("role_env", {}),
+            "depends": [{"role": d.role, "condition": d.condition, "timeout": d.timeout, "replicas": d.replicas}
+                        for d in launch.depends],
+            "db_url": launch.db_url, "job_id": launch.job_id, "framework": inputs.get("framework", "command"),
+            "context": inputs.get("context", {})}
