@@ -14,7 +14,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = "<!-- BENCH TABLES -->"
-ORDER = ["controller", "aggregation", "flsched", "partition", "gateway"]
+ORDER = ["controller", "controller_ray", "aggregation", "flsched", "partition", "gateway", "gateway_sandbox"]
+COMMAND = {"controller_ray": "python bench/controller.py --ray", "gateway_sandbox": "python bench/gateway_sandbox.py"}
 MAX_LINES = 70  # of one capability's results in the README
 
 
@@ -36,10 +37,13 @@ def main() -> None:
     sections = []
     for name in ORDER:
         table = ROOT / "bench" / "results" / f"{name}.md"
+        shown = table.read_text() if table.is_file() else ""
         plots = "".join(f"![{png.stem}](bench/results/{png.name})\n\n"
-                        for png in sorted((ROOT / "bench" / "results").glob(f"{name}*.png")))
+                        for png in sorted((ROOT / "bench" / "results").glob(f"{name}*.png"))
+                        if f"{png.name})" not in shown and png.stem.split("-")[0] == name)  # not shown already
         if table.is_file():
-            sections.append(f"### {name}\n\n`python bench/{name}.py` -> `bench/results/{name}.json`\n\n" + plots
+            command = COMMAND.get(name, f"python bench/{name}.py")
+            sections.append(f"### {name}\n\n`{command}` -> `bench/results/{name}.json`\n\n" + plots
                             + excerpt(table.read_text(), f"bench/results/{name}.md") + "\n")
         else:
             sections.append(f"### {name}\n\nNo results yet: run `python bench/{name}.py`.\n")
