@@ -40,7 +40,8 @@ def main() -> None:
         shown = table.read_text() if table.is_file() else ""
         plots = "".join(f"![{png.stem}](bench/results/{png.name})\n\n"
                         for png in sorted((ROOT / "bench" / "results").glob(f"{name}*.png"))
-                        if f"{png.name})" not in shown and png.stem.split("-")[0] == name)  # not shown already
+                        if png.stem.split("-")[0] == name
+                        and not re.search(r"\]\([^)]*" + re.escape(png.name), shown))  # not embedded already
         if table.is_file():
             command = COMMAND.get(name, f"python bench/{name}.py")
             sections.append(f"### {name}\n\n`{command}` -> `bench/results/{name}.json`\n\n" + plots
