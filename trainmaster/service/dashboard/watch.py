@@ -67,6 +67,7 @@ class StoreWatcher:
                 self._wake.wait()
                 self._wake.clear()
                 continue
+            now: tuple[Any, ...] | None
             try:
                 with self.sessions() as session:
                     now = change_mark(session)
