@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # executor sandbox); tests that cannot have them skip with a clear reason.
 SYSTEM_PACKAGES ?= chromium chromium-driver postgresql bubblewrap iproute2
 
-.PHONY: run test install system-deps sandbox-deps testbed-deps typecheck bench screenshots clean
+.PHONY: run test install system-deps sandbox-deps testbed-deps lint typecheck bench screenshots clean
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || { echo "error: $(PY) not found; install Python 3.11 or run 'make PY=/path/to/python3.11 ...'" >&2; exit 2; }
@@ -54,8 +54,12 @@ testbed-deps:
 	@$(MAKE) --no-print-directory system-deps SYSTEM_PACKAGES=iproute2
 
 ## test: install with test extras and run the whole suite
-test: $(STAMP) system-deps typecheck
+test: $(STAMP) system-deps lint typecheck
 	$(BIN)/python -m pytest -q
+
+## lint: ruff (pyflakes rules: unused and undefined names) over the package, tests and benchmarks
+lint: $(STAMP)
+	$(BIN)/ruff check trainmaster tests bench
 
 ## typecheck: mypy over the controller's layers and the node agent (the files in pyproject's [tool.mypy])
 typecheck: $(STAMP)

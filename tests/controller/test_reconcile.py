@@ -2,7 +2,6 @@
 (spec steps 1 and 3): missing instances are recreated, surplus deleted failed-first then
 youngest; nothing of a job starts until its gang fits."""
 
-import time
 from datetime import datetime, timedelta, timezone
 
 import pytest

@@ -17,7 +17,7 @@ from gateway_harness import Deployment
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trainmaster.gateway.client import Initiator, LegSpec, TaskSpec
+from trainmaster.gateway.client import Initiator, LegSpec
 from trainmaster.gateway.crypto import Identity, b64d, b64e, make_header, seal
 from trainmaster.gateway.models import Envelope
 from trainmaster.gateway.provision import issue_cert, make_ca

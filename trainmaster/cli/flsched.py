@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -28,7 +27,6 @@ def register(app: typer.Typer) -> None:
         """Choose this round's devices for every job of PROBLEM.json; prints assignment, cost, time_ms."""
         import time
 
-        import numpy as np
 
         from trainmaster.flsched import ExactCost, Problem, make_scheduler, violations
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+import socket
 from typing import Annotated, Optional
 
 import typer
@@ -89,9 +90,7 @@ def server(
             lock.release()
 
 
-def _bind(host: str, port: int) -> "socket.socket":
-    import socket
-
+def _bind(host: str, port: int) -> socket.socket:
     from trainmaster.errors import UserError
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session, object_session, selectinload
 
 from trainmaster.errors import UserError
 from trainmaster.spec.states import JOB_TERMINAL, JobState
-from trainmaster.store.models import EventRow, InstanceRow, JobRow, RegistryRow, RoleRow, utcnow
+from trainmaster.store.models import EventRow, JobRow, RegistryRow, utcnow
 from trainmaster.store.ownership import orphan_note, owner_alive
 
 

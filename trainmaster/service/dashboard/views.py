@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from trainmaster.store import repository as repo
-from trainmaster.store.models import InstanceRow, JobRow, MetricRow, RoleRow
+from trainmaster.store.models import JobRow, MetricRow, RoleRow
 
 PAGE_SIZE = 100
 LOG_TAIL = 64 * 1024  # bytes of a log a page starts with; older lines are in the download
