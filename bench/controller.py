@@ -238,7 +238,16 @@ def main() -> None:
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="replica counts, comma-separated")
     parser.add_argument("--ray", action="store_true",
                         help="only the Ray section (1 and 3 nodes, node loss); writes controller_ray.{json,md}")
+    parser.add_argument("--failover", action="store_true",
+                        help="only the HA section: two servers on PostgreSQL, the leader killed; "
+                             "writes controller_failover.{json,md}")
     args = parser.parse_args()
+    if args.failover:
+        failover = failover_bench(args.runs)
+        out = ROOT / "bench" / "results"
+        (out / "controller_failover.json").write_text(json.dumps(failover, indent=2) + "\n")
+        (out / "controller_failover.md").write_text(failover_markdown(failover))
+        return
     if args.ray:
         scratch = Path(tempfile.mkdtemp(prefix="tm-bench-ray-"))
         os.environ["TRAINMASTER_HOME"] = str(scratch / "home")
@@ -575,6 +584,91 @@ def markdown(results: dict[str, Any]) -> str:
         lines += ["", f"Ray {meta['ray']}: starting the local cluster took {meta['ray_cluster_start_s']:.1f}s "
                   "once (not counted above)."]
     return "\n".join(lines) + "\n"
+
+
+def failover_once(postgres: Any, scratch: Path, jobs: int = 20) -> dict[str, float]:
+    """Two servers on one PostgreSQL store, ``jobs`` jobs running; SIGKILL the leader and time
+    until the standby leads and until every job has ended (each exactly once: checked)."""
+    from server_process import ServerProcess  # tests/ helpers: a real `trainmaster server` process
+
+    import httpx
+
+    url = postgres.url()
+    home = scratch / "home"
+    servers = [ServerProcess(scratch, "--max-jobs", str(jobs), db=url, home=home) for _ in range(2)]
+    try:
+        deadline = time.monotonic() + 30
+        while not any(s.health()["leading"] for s in servers):
+            if time.monotonic() > deadline:
+                raise RuntimeError("no server took the lead within 30 s")
+            time.sleep(0.1)
+        leader = next(s for s in servers if s.health()["leading"])
+        standby = next(s for s in servers if s is not leader)
+        ledger = scratch / "ledger.txt"
+        for n in range(jobs):
+            script = f'echo "j{n} start" >> {ledger}; sleep 8; echo "j{n} end" >> {ledger}'
+            leader.submit({"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": {"name": f"j{n}"},
+                           "spec": {"framework": "command", "roles": [
+                               {"name": "main", "replicas": 1, "command": ["sh", "-c", script]}]}})
+        while not ledger.exists() or ledger.read_text().count(" start") < jobs:
+            if time.monotonic() > deadline + 60:
+                raise RuntimeError("the jobs did not all start within 90 s")
+            time.sleep(0.05)
+        leader.kill9()
+        killed = time.monotonic()
+        while not standby.health()["leading"]:
+            if time.monotonic() - killed > 30:
+                raise RuntimeError("the standby did not take over within 30 s")
+            time.sleep(0.02)
+        takeover = time.monotonic() - killed
+        while True:
+            states = [j["state"] for j in httpx.get(f"{standby.url}/api/v1/jobs", timeout=10).json()]
+            if all(state in ("succeeded", "failed", "cancelled") for state in states):
+                break
+            if time.monotonic() - killed > 120:
+                raise RuntimeError("the jobs did not end within 120 s of the kill")
+            time.sleep(0.1)
+        lines = ledger.read_text().split()
+        once = all(lines.count(f"j{n}") == 2 for n in range(jobs)) and states.count("succeeded") == jobs
+        return {"takeover_s": takeover, "all_ended_s": time.monotonic() - killed, "exactly_once": float(once)}
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def failover_bench(runs: int) -> dict[str, Any]:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from postgres_server import PostgresServer, why_unavailable
+
+    reason = why_unavailable()
+    if reason:
+        raise SystemExit(f"failover benchmark needs PostgreSQL: {reason}")
+    postgres = PostgresServer()
+    samples = []
+    try:
+        for run in range(runs):
+            scratch = Path(tempfile.mkdtemp(prefix="tm-bench-failover-"))
+            samples.append(failover_once(postgres, scratch))
+            shutil.rmtree(scratch, ignore_errors=True)
+    finally:
+        postgres.close()
+    return {"meta": {"time": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "runs": runs,
+                     "cpus": os.cpu_count(), "jobs_running_at_kill": 20, "lease_s": 3.5, "renew_s": 1.0},
+            "takeover": summary([s["takeover_s"] for s in samples]),
+            "all_ended_after_kill": summary([s["all_ended_s"] for s in samples]),
+            "exactly_once_runs": sum(int(s["exactly_once"]) for s in samples), "samples": samples}
+
+
+def failover_markdown(results: dict[str, Any]) -> str:
+    meta, take, ended = results["meta"], results["takeover"], results["all_ended_after_kill"]
+    return (f"Controller failover ({meta['time']}, {meta['cpus']} CPUs, shared; {meta['runs']} runs): two "
+            f"`trainmaster server`s on one PostgreSQL, {meta['jobs_running_at_kill']} jobs running (8 s each), "
+            f"the leader SIGKILLed. Lease {meta['lease_s']} s, renewed every {meta['renew_s']} s.\n\n"
+            "| measure | median | min | max |\n|---|---|---|---|\n"
+            f"| kill -> standby leads (s) | {take['median_s']:.2f} | {take['min_s']:.2f} | {take['max_s']:.2f} |\n"
+            f"| kill -> every job ended (s) | {ended['median_s']:.2f} | {ended['min_s']:.2f} | {ended['max_s']:.2f} |\n\n"
+            f"Every job ran exactly once and succeeded in {results['exactly_once_runs']} of {meta['runs']} runs "
+            "(goal: takeover <= 5 s).\n")
 
 
 if __name__ == "__main__":
