@@ -20,11 +20,13 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from trainmaster.backends.base import (Backend, Capacity, LaunchRequest, Observation, Phase, Placement,
                                        StartFailure)
 from trainmaster.controller import metrics, queues, restart, scaling
+from trainmaster.controller.backoff import StoreBackoff
 from trainmaster.controller.admission import admit
 from trainmaster.controller.launching import instance_id, launch_spec, legacy_launch_file
 from trainmaster.runtime.files import InstanceFiles
@@ -154,15 +156,22 @@ class Controller:
 
     def run_job(self, job_id: int, on_tick: Callable[[], None] | None = None,
                 should_cancel: Callable[[], bool] | None = None) -> str:
-        """Reconcile until ``job_id`` ends; returns its final state."""
+        """Reconcile until ``job_id`` ends; returns its final state. A store that is away is
+        waited out with backoff (the job's instances keep running meanwhile)."""
+        backoff = StoreBackoff(self.interval)
         while True:
-            if should_cancel and should_cancel():
-                self.cancel(job_id)
-            self.step()
-            if on_tick:
-                on_tick()
-            with self.sessions() as session:
-                state = repo.load_job(session, job_id).state
+            try:
+                if should_cancel and should_cancel():
+                    self.cancel(job_id)
+                self.step()
+                if on_tick:
+                    on_tick()
+                with self.sessions() as session:
+                    state = repo.load_job(session, job_id).state
+            except OperationalError as exc:
+                time.sleep(backoff.failed(exc))
+                continue
+            backoff.succeeded()
             if JobState(state) in JOB_TERMINAL:
                 return state
             time.sleep(self.interval)

@@ -30,6 +30,7 @@ from sqlalchemy.exc import OperationalError
 
 from trainmaster.controller import Controller
 from trainmaster.controller import metrics
+from trainmaster.controller.backoff import StoreBackoff
 from trainmaster.controller.leader import LeaderElector, LeaseLost
 from trainmaster.service.dashboard import AccessOptions, mount_dashboard
 from trainmaster.errors import UserError
@@ -78,24 +79,30 @@ class Reconciler(threading.Thread):
 
     def run(self) -> None:
         recovered = False
+        backoff = StoreBackoff(self.controller.interval)
         while not self.stopping.is_set():
             if self.elector is not None and not self.elector.leading:
                 recovered = False  # a standby: the leader reconciles
                 self.elector.elected.wait(self.controller.interval)
                 continue
+            delay = self.controller.interval
             try:
                 if not recovered:
                     self.controller.recover()  # re-adopt what the previous leader (or we) started
                     recovered = True
                 self.controller.step()
+                backoff.succeeded()
                 self.error = None
             except LeaseLost as exc:
                 log.warning("reconcile pass rolled back: %s", exc)
                 recovered = False
+            except OperationalError as exc:  # the store is away: back off, say so on /healthz
+                delay = backoff.failed(exc)
+                self.error = backoff.condition
             except Exception as exc:  # keep reconciling; surface the error on /healthz and in the log
                 log.exception("reconcile pass failed")
                 self.error = f"{type(exc).__name__}: {exc}"
-            self.stopping.wait(self.controller.interval)
+            self.stopping.wait(delay)
 
 
 def create_app(controller: Controller, reconcile: bool = True, options: ServiceOptions | None = None,
