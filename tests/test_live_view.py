@@ -79,7 +79,12 @@ class Terminal:
 
 
 def _has_progress(display: list[str]) -> bool:
-    return any(line.lstrip().startswith("role1") and "%" in line and "loss=" in line for line in display)
+    """A whole frame (Live redraws in place, so a read can land mid-frame): both roles with their
+    progress and metrics, and the events below them."""
+    text = "\n".join(display)
+    return (all(any(line.lstrip().startswith(role) and "%" in line and "loss=" in line for line in display)
+                for role in ("role0", "role1"))
+            and "events" in text and display[0].startswith("job liveview"))
 
 
 def test_live_view_fits_80x24_and_shows_progress(tmp_path: Path) -> None:
