@@ -57,7 +57,9 @@ def graph_from_dict(doc: dict, source: str = "graph") -> Graph:
         if "fpgaLatency" in nodes[0] or "sourceId" in (edges[0] if edges else {}):
             return _profiled(doc, nodes, edges)
         return _ours(doc, nodes, edges)
-    except (KeyError, TypeError, ValueError) as exc:
+    except UserError as exc:
+        raise UserError(f"{source}: {exc.message}", details=exc.details) from None
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise UserError(f"{source}: malformed graph entry ({type(exc).__name__}: {exc})") from None
 
 
@@ -112,8 +114,9 @@ def graph_to_dict(graph: Graph) -> dict:
 
 
 def load_graph(spec: str, input_shape: tuple[int, ...] | None = None,
-               bandwidth: float = 1e9) -> Graph:
-    """Load GRAPH as the CLI names it: a .json file, a .onnx file, or ``module:callable``."""
+               bandwidth: float = 1e9, importer: str = "export") -> Graph:
+    """Load GRAPH as the CLI names it: a .json file, a .onnx file, or ``module:callable``
+    (imported with ``importer``: export, fx or onnx; see importers.IMPORTERS)."""
     path = Path(spec)
     if path.suffix.lower() == ".onnx":
         from trainmaster.partition.importers import from_onnx
@@ -126,5 +129,5 @@ def load_graph(spec: str, input_shape: tuple[int, ...] | None = None,
 
         if input_shape is None:
             raise UserError(f"{spec}: a module:callable graph needs --input-shape, e.g. 1,3,32,32")
-        return from_callable(spec, input_shape, bandwidth=bandwidth)
+        return from_callable(spec, input_shape, bandwidth=bandwidth, importer=importer)
     raise UserError(f"graph {spec!r}: not a file, and not of the form module:callable")
