@@ -58,9 +58,9 @@ class Graph:
         object.__setattr__(self, "memory", self._checked_amounts("memory", self.memory, "node"))
         object.__setattr__(self, "edge_cost",
                            self._checked_amounts("cost", self.edge_cost, "edge"))
-        if np.isnan(self.memory_cap) or self.memory_cap <= 0:
-            raise UserError(f"graph: memory_cap is {self.memory_cap}; give a positive number of "
-                            "bytes per device, or none for unlimited")
+        if np.isnan(self.memory_cap) or self.memory_cap < 0:
+            raise UserError(f"graph: memory_cap is {self.memory_cap}; give the bytes one device "
+                            "holds (>= 0), or none for unlimited")
         if np.any(self.src == self.dst):
             bad = int(self.src[np.flatnonzero(self.src == self.dst)[0]])
             raise UserError(f"graph has a cycle: self-loop on node {self.node_ids[bad]!r}")
