@@ -66,6 +66,12 @@ BAD = [  # (where, value, what the message must name)
     (("edges", 3, "src"), "out", "self-loop on node 'out'"),
     (("edges", 3, "dst"), "in", "cycle: 'b' -> 'in' -> 'b'"),
     (("memory_cap",), -1.0, "memory_cap"),
+    (("memory_cap",), "lots", "'memory_cap' is 'lots', expected a number"),
+    (("nodes", 1, "cost"), "abc", "node 'a': 'cost' is 'abc', expected a number"),
+    (("nodes", 1, "id"), [1], "nodes[1]: 'id' is [1], expected a string or integer id"),
+    (("nodes", 1), 5, "nodes[1] is 5, expected an object"),
+    (("edges", 0, "critical"), "yes", "edges[0]: 'critical' is 'yes', expected true or false"),
+    (("edges",), {}, "'edges' is {}, expected a list"),
 ]
 
 
@@ -86,6 +92,14 @@ def test_bad_graph_is_one_clear_error(path, value, named, tmp_path, capsys):
     captured = capsys.readouterr()
     assert "error:" in captured.err and "Traceback" not in captured.err and captured.out == ""
     assert str(file.name) in captured.err.replace("\n", "")
+
+
+def test_binary_file_is_refused(tmp_path, capsys):
+    """Mechanism: input validation of the file itself: bytes that are not UTF-8 text are refused."""
+    file = tmp_path / "g.json"
+    file.write_bytes(bytes(range(128, 256)))
+    assert run_cli(["partition", str(file), "--devices", "2"]) == 2
+    assert "not text" in capsys.readouterr().err
 
 
 def test_cycle_message_shows_the_cycle():
