@@ -169,8 +169,9 @@ def test_metis_c_output_never_reaches_stdout(method, tmp_path, capfd, caplog):
     assert "Cannot bisect" in captured.err + caplog.text
 
 
+_DELETE = object()
 _VALUES = st.one_of(
-    st.sampled_from([NAN, INF, -INF, -1.0, 0.0, 1e308, -1e-300, None, "x", "in", "out", "ghost",
+    st.sampled_from([_DELETE, NAN, INF, -INF, -1.0, 0.0, 1e308, -1e-300, None, "x", "in", "out", "ghost",
                      True, [], {}, 10**30]),
     st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 5), st.text(max_size=3))
 _PATHS = st.one_of(
@@ -186,15 +187,19 @@ _PATHS = st.one_of(
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(mutations=st.lists(st.tuples(_PATHS, _VALUES), min_size=1, max_size=3))
 def test_random_mutations_load_or_exit_2(mutations, tmp_path, capsys):
-    """Mechanism: input validation is total: any mutation of a valid graph file either loads and
-    partitions, or exits 2 with ``error:``; never a traceback."""
+    """Mechanism: input validation is total: any mutation (a field set to a random value or
+    deleted) of a valid graph file either loads and partitions, or exits 2 with ``error:``; never
+    a traceback."""
     doc = valid_doc()
     for path, value in mutations:
         target = doc
         try:
             for key in path[:-1]:
                 target = target[key]
-            target[path[-1]] = value
+            if value is _DELETE:
+                del target[path[-1]]
+            else:
+                target[path[-1]] = value
         except (TypeError, IndexError, KeyError):
             continue  # an earlier mutation replaced the container: nothing to mutate here
     file = tmp_path / "g.json"
@@ -262,14 +267,22 @@ def test_untraceable_model_names_the_line(tmp_path, monkeypatch):
     assert "branchy_model.py, line 9" in str(err.value)
 
 
-def test_transformers_gpt2_tiny_flops():
-    """Mechanism: operator-level import of a transformers GPT-2 (tiny config, random weights, no
-    download) within 10% of FlopCounterMode; skipped where transformers is not installed."""
+@pytest.mark.parametrize("family", ["gpt2", "bert"])
+def test_transformers_tiny_configs_flops(family):
+    """Mechanism: operator-level import of transformers GPT-2 and BERT (tiny configs, random
+    weights, no download) within 10% of FlopCounterMode; skipped where transformers is absent."""
     transformers = pytest.importorskip("transformers", reason="transformers is not installed")
-    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=128,
-                                     n_positions=32)
-    model = transformers.GPT2Model(config).eval()
+    if family == "gpt2":
+        config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=128,
+                                         n_positions=32, use_cache=False)
+        model = transformers.GPT2Model(config)
+    else:
+        config = transformers.BertConfig(num_hidden_layers=2, num_attention_heads=2,
+                                         hidden_size=64, intermediate_size=128, vocab_size=128,
+                                         max_position_embeddings=32)
+        model = transformers.BertModel(config)
+    model = model.eval()
     ids = torch.randint(0, 128, (1, 16))
     graph, _ = from_module(model, (ids,), tracer="export")
     ratio = graph.cost.sum() * DEFAULT_FLOPS_PER_SECOND / flops_of_one_forward(model, ids)
-    assert 0.9 <= ratio <= 1.1
+    assert 0.9 <= ratio <= 1.1, f"{family}: imported/counted FLOPs = {ratio:.3f}"
