@@ -240,6 +240,18 @@ def test_imported_flops_match_flop_counter(family, build, shape):
     assert 0.9 <= ratio <= 1.1, f"{family}: imported/counted FLOPs = {ratio:.3f}"
 
 
+def test_fx_leaf_encoder_charged_its_real_flops():
+    """Mechanism: FLOPs counted on the ops that really run: the fx importer keeps an inner
+    nn.TransformerEncoder as one leaf node, profiled with the fused fast path off, so the node
+    carries its matmuls' FLOPs (before: 6% of them) and the global fast-path setting is restored."""
+    module = torch.nn.Sequential(torch.nn.Linear(64, 64), encoder()).eval()
+    x = torch.randn(2, 16, 64)
+    graph, _ = from_module(module, (x,), tracer="fx")
+    assert graph.n <= 5 and torch.backends.mha.get_fastpath_enabled()
+    ratio = graph.cost.sum() * DEFAULT_FLOPS_PER_SECOND / flops_of_one_forward(module, x)
+    assert 0.9 <= ratio <= 1.1, f"fx leaf encoder: imported/counted FLOPs = {ratio:.3f}"
+
+
 def test_cli_default_importer_sees_inside_the_encoder():
     """Mechanism: the CLI's module:callable route defaults to the export importer, so a bare
     nn.TransformerEncoder becomes its operators (the fx route keeps it opaque, or fails)."""

@@ -123,8 +123,16 @@ def from_module(module, example_inputs: tuple, bandwidth: float = 1e9,
             costs[n.name] = elapsed if measure else flops / flops_per_second
             return result
 
-    with torch.no_grad():
-        Profiler(gm).run(*example_inputs)
+    # The fused inference path of attention modules runs one opaque kernel that FlopCounterMode
+    # counts as 0 FLOPs; with it off, an fx leaf such as nn.TransformerEncoder is charged its
+    # real matmuls (export graphs hold the unfused operators anyway).
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with torch.no_grad():
+            Profiler(gm).run(*example_inputs)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
     nodes = [n for n in gm.graph.nodes]
     ids = [n.name for n in nodes]
     mem = []
