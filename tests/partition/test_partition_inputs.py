@@ -261,6 +261,19 @@ def test_cli_default_importer_sees_inside_the_encoder():
     assert 0.9 <= graph.cost.sum() * DEFAULT_FLOPS_PER_SECOND / reference <= 1.1
 
 
+@pytest.mark.parametrize("name,shape", [("mlp", (8, 64)), ("inception", (2, 3, 16, 16)),
+                                        ("encoder", (2, 16, 64))])
+def test_onnx_importer_route_flops(name, shape):
+    """Mechanism: ``--importer onnx`` (ONNX export then the ONNX importer) from module:callable;
+    its FLOPs within 15% of FlopCounterMode (ONNX spells LayerNorm and softmax as several
+    elementwise ops, each charged one FLOP per output element: the encoder measures 1.10)."""
+    from trainmaster.partition import models
+
+    graph = from_callable(f"trainmaster.partition.models:{name}", shape, importer="onnx")
+    reference = flops_of_one_forward(getattr(models, name)().eval(), torch.randn(*shape))
+    assert 0.9 <= graph.cost.sum() * DEFAULT_FLOPS_PER_SECOND / reference <= 1.15
+
+
 def test_untraceable_model_names_the_line(tmp_path, monkeypatch):
     """Mechanism: trace failures are user errors naming the failing code's file and line."""
     (tmp_path / "branchy_model.py").write_text(
