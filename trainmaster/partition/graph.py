@@ -91,6 +91,8 @@ class Graph:
         """Unique node ids and edge endpoints inside 0..n-1: every later index relies on both."""
         seen: dict = {}
         for i, nid in enumerate(self.node_ids):
+            if not isinstance(nid, (str, int, np.integer)) or isinstance(nid, bool):
+                raise UserError(f"graph: node #{i} has id {nid!r}; ids are strings or integers")
             if nid in seen:
                 raise UserError(f"graph: node id {nid!r} appears twice (nodes #{seen[nid]} and #{i}); "
                                 "node ids must be unique")
