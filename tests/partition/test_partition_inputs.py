@@ -213,6 +213,34 @@ def test_random_mutations_load_or_exit_2(mutations, tmp_path, capsys):
         assert code == 2 and "error:" in captured.err, captured.err
 
 
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(edits=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 2),
+                                st.sampled_from(list('0123456789-.eE"{}[],:NaInfty ab'))),
+                      min_size=1, max_size=4))
+def test_random_text_edits_load_or_exit_2(edits, tmp_path, capsys):
+    """Mechanism: input validation is total at the text level too: characters inserted, deleted
+    or replaced anywhere in a valid graph file give a loaded graph or exit 2, never a traceback."""
+    text = json.dumps(valid_doc())
+    for position, action, char in edits:
+        at = position % (len(text) + 1)
+        if action == 0:
+            text = text[:at] + char + text[at:]
+        elif action == 1:
+            text = text[:at] + text[at + 1:]
+        else:
+            text = text[:at] + char + text[at + 1:]
+    file = tmp_path / "g.json"
+    file.write_text(text)
+    code = run_cli(["partition", str(file), "--devices", "2", "--json", "--method", "metis"])
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    if code == 0:
+        json.loads(captured.out)
+    else:
+        assert code == 2 and "error:" in captured.err, captured.err
+
+
 def flops_of_one_forward(module, x) -> int:
     """FlopCounterMode over one forward with the fused fast path off (it sees 0 FLOPs there)."""
     torch.backends.mha.set_fastpath_enabled(False)
