@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -23,6 +24,20 @@ def _parse_shape(text: str | None) -> tuple[int, ...] | None:
     return shape
 
 
+def _check_flags(devices: int, imbalance: float, delta: float, importer: str) -> None:
+    """Flags are checked before the graph is loaded: tracing a model can take a while."""
+    from trainmaster.partition.importers import IMPORTERS
+
+    if devices < 1:
+        raise UserError(f"--devices {devices}: give the number of devices, at least 1")
+    if not (math.isfinite(imbalance) and 0 <= imbalance <= 10):
+        raise UserError(f"--imbalance {imbalance}: give a fraction between 0 and 10, e.g. 0.05")
+    if not (math.isfinite(delta) and delta >= 0):
+        raise UserError(f"--delta {delta}: give a finite fraction >= 0, e.g. 0 or 0.05")
+    if importer not in IMPORTERS:
+        raise UserError(f"--importer {importer!r}: choose one of {', '.join(IMPORTERS)}")
+
+
 def partition_command(
     graph: str = typer.Argument(..., help="A graph .json (profiled or Trainmaster format), an "
                                 "ONNX file, or module:callable returning an nn.Module."),
@@ -39,14 +54,21 @@ def partition_command(
     seed: int = typer.Option(0, help="Random seed (METIS, KaHIP, patent)."),
     acyclic: bool = typer.Option(False, "--acyclic", help="Keep the device graph acyclic, as a "
                                  "pipeline of stages needs (method trainmaster)."),
+    importer: str = typer.Option("export", help="How module:callable becomes a graph: export "
+                                 "(torch.export, operator level), fx (torch.fx, module level) or "
+                                 "onnx (ONNX exporter)."),
 ) -> None:
     """Split a DNN graph across K devices, cutting few costly critical edges, and report metrics."""
     import time
 
     from trainmaster.partition import evaluate, load_graph, partition
 
+    from trainmaster.partition.importers import check_link
+
+    _check_flags(devices, imbalance, delta, importer)
+    check_link(bandwidth)
     t0 = time.perf_counter()
-    g = load_graph(graph, _parse_shape(input_shape), bandwidth=bandwidth)
+    g = load_graph(graph, _parse_shape(input_shape), bandwidth=bandwidth, importer=importer)
     result = partition(g, devices, method=method, imbalance=imbalance, seed=seed, delta=delta,
                        acyclic=acyclic)
     metrics = evaluate(g, result.assignment, devices, imbalance)

@@ -13,6 +13,10 @@ import numpy as np
 from trainmaster.errors import UserError
 
 
+NEGATIVE_TOLERANCE = 1e-9
+"""A negative amount no larger than this fraction of the graph's largest one is rounding: zero."""
+
+
 @dataclass(frozen=True, eq=False)
 class Graph:
     """A directed acyclic graph of operators.
@@ -46,8 +50,17 @@ class Graph:
         for name, arr in (("cost", self.cost), ("memory", self.memory), ("group", self.group)):
             if len(arr) != n:
                 raise UserError(f"graph: {name} has {len(arr)} entries for {n} nodes")
-        if np.any(self.cost < 0) or np.any(self.edge_cost < 0):
-            raise UserError("graph: node and edge costs must be non-negative")
+        for name, arr in (("src", self.src), ("dst", self.dst), ("edge_cost", self.edge_cost)):
+            if len(arr) != len(self.src):
+                raise UserError(f"graph: {name} has {len(arr)} entries for {len(self.src)} edges")
+        self._check_ids()
+        object.__setattr__(self, "cost", self._checked_amounts("cost", self.cost, "node"))
+        object.__setattr__(self, "memory", self._checked_amounts("memory", self.memory, "node"))
+        object.__setattr__(self, "edge_cost",
+                           self._checked_amounts("cost", self.edge_cost, "edge"))
+        if np.isnan(self.memory_cap) or self.memory_cap < 0:
+            raise UserError(f"graph: memory_cap is {self.memory_cap}; give the bytes one device "
+                            "holds (>= 0), or none for unlimited")
         if np.any(self.src == self.dst):
             bad = int(self.src[np.flatnonzero(self.src == self.dst)[0]])
             raise UserError(f"graph has a cycle: self-loop on node {self.node_ids[bad]!r}")
@@ -74,6 +87,48 @@ class Graph:
     def predecessors(self, v: int) -> np.ndarray:
         return self.src[self.in_edge[self.in_ptr[v] : self.in_ptr[v + 1]]]
 
+    def _check_ids(self) -> None:
+        """Unique node ids and edge endpoints inside 0..n-1: every later index relies on both."""
+        seen: dict = {}
+        for i, nid in enumerate(self.node_ids):
+            if not isinstance(nid, (str, int, np.integer)) or isinstance(nid, bool):
+                raise UserError(f"graph: node #{i} has id {nid!r}; ids are strings or integers")
+            if nid in seen:
+                raise UserError(f"graph: node id {nid!r} appears twice (nodes #{seen[nid]} and #{i}); "
+                                "node ids must be unique")
+            seen[nid] = i
+        n = len(self.node_ids)
+        for name, ends in (("src", self.src), ("dst", self.dst)):
+            out = np.flatnonzero((ends < 0) | (ends >= n))
+            if len(out):
+                e = int(out[0])
+                raise UserError(f"graph: edge #{e} has {name} index {int(ends[e])}, outside the "
+                                f"{n} nodes")
+
+    def _where(self, kind: str, i: int) -> str:
+        if kind == "node":
+            return f"node {self.node_ids[i]!r}"
+        s, d = int(self.src[i]), int(self.dst[i])
+        return f"edge {self.node_ids[s]!r} -> {self.node_ids[d]!r}"
+
+    def _checked_amounts(self, name: str, values: np.ndarray, kind: str) -> np.ndarray:
+        """Costs and bytes must be finite and non-negative. A negative within rounding of zero
+        (relative to the graph's largest value, NEGATIVE_TOLERANCE) is taken as zero, since
+        profilers subtract timings; anything else is refused, naming the first offender."""
+        values = np.asarray(values, dtype=np.float64)
+        bad = np.flatnonzero(~np.isfinite(values))
+        if len(bad):
+            i = int(bad[0])
+            raise UserError(f"graph: {self._where(kind, i)} has {name} {values[i]}; {name}s must "
+                            f"be finite numbers ({len(bad)} {kind}(s) affected)")
+        scale = float(np.abs(values).max(initial=0.0))
+        negative = np.flatnonzero(values < -NEGATIVE_TOLERANCE * scale)
+        if len(negative):
+            i = int(negative[0])
+            raise UserError(f"graph: {self._where(kind, i)} has negative {name} {values[i]}; "
+                            f"{name}s must be >= 0 ({len(negative)} {kind}(s) affected)")
+        return np.maximum(values, 0.0) if np.any(values < 0) else values
+
     def _topological_order(self) -> np.ndarray:
         """Kahn's algorithm, lowest index first among ready nodes; a leftover means a cycle."""
         n = self.n
@@ -92,12 +147,24 @@ class Graph:
                         nxt.append(w)
             frontier = sorted(nxt)
         if len(order) != n:
-            stuck = [self.node_ids[i] for i in np.flatnonzero(np.asarray(indeg) > 0)[:5]]
-            raise UserError(
-                "graph has a cycle: a DNN computation graph must be a DAG",
-                details=[f"nodes on or after a cycle include {stuck}"],
-            )
+            cycle = " -> ".join(repr(self.node_ids[v]) for v in self._a_cycle(np.asarray(indeg) > 0))
+            raise UserError(f"graph has a cycle: {cycle}; a DNN computation graph must be a DAG "
+                            "(remove or reverse one of these edges)")
         return np.asarray(order, dtype=np.int64)
+
+    def _a_cycle(self, left: np.ndarray) -> list[int]:
+        """One directed cycle among the nodes Kahn's algorithm left over: each of them still has a
+        left-over predecessor, so walking predecessors must revisit a node; the walk from the first
+        revisit back to itself, reversed, is a cycle in edge direction."""
+        v = int(np.flatnonzero(left)[0])
+        walk: list[int] = []
+        position: dict[int, int] = {}
+        while v not in position:
+            position[v] = len(walk)
+            walk.append(v)
+            v = next(int(u) for u in self.predecessors(v) if left[u])
+        cycle = walk[position[v]:][::-1]
+        return cycle + [cycle[0]]
 
     def undirected_csr(self, edge_weight: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Symmetric CSR (xadj, adjncy, weights) with parallel edges merged, for METIS/KaHIP."""
@@ -136,12 +203,17 @@ def build_graph(
     critical_label=None,
 ) -> Graph:
     """Build a Graph from user ids, checking that every edge names a known node."""
-    index = {nid: i for i, nid in enumerate(node_ids)}
-    if len(index) != len(node_ids):
-        raise UserError("graph: node ids must be unique")
-    unknown = sorted({str(x) for x in list(edges_src_ids) + list(edges_dst_ids) if x not in index})
-    if unknown:
-        raise UserError("graph: edges name unknown node ids", details=unknown[:10])
+    index: dict = {}
+    for i, nid in enumerate(node_ids):
+        if nid in index:
+            raise UserError(f"graph: node id {nid!r} appears twice (nodes #{index[nid]} and #{i}); "
+                            "node ids must be unique")
+        index[nid] = i
+    for e, (s, d) in enumerate(zip(edges_src_ids, edges_dst_ids)):
+        for end in (s, d):
+            if end not in index:
+                raise UserError(f"graph: edge #{e} {s!r} -> {d!r} names unknown node id {end!r}; "
+                                "every edge must join two listed nodes")
     n = len(node_ids)
     src = np.fromiter((index[x] for x in edges_src_ids), dtype=np.int64, count=len(edges_src_ids))
     dst = np.fromiter((index[x] for x in edges_dst_ids), dtype=np.int64, count=len(edges_dst_ids))

@@ -9,6 +9,9 @@ parameter bytes a node owns plus its output bytes.
 from __future__ import annotations
 
 import importlib
+import os
+import re
+import tempfile
 import time
 
 import numpy as np
@@ -31,6 +34,53 @@ def _tensor_bytes(value) -> int:
     return 0
 
 
+IMPORTERS = ("export", "fx", "onnx")
+"""How a module becomes a graph: ``export`` (torch.export, operator level: the default, since it
+sees the aten ops that really run), ``fx`` (torch.fx symbolic tracing, module level: keeps modules
+with a fused fast path such as nn.TransformerEncoder as one opaque node), ``onnx`` (the TorchScript
+ONNX exporter, then the ONNX importer)."""
+
+
+def check_link(bandwidth: float, latency: float = 0.0) -> None:
+    """Edge cost is latency + bytes / bandwidth: a zero, negative or NaN bandwidth has no meaning."""
+    if not (np.isfinite(bandwidth) and bandwidth > 0):
+        raise UserError(f"--bandwidth {bandwidth}: give the link's bytes per second, a positive "
+                        "finite number (e.g. 1e9)")
+    if not (np.isfinite(latency) and latency >= 0):
+        raise UserError(f"latency {latency}: give the per-message seconds, a finite number >= 0")
+
+
+def _user_frame(exc: BaseException) -> str:
+    """Where in the user's code tracing failed: the innermost traceback frame outside torch and
+    trainmaster, else the "File ..., line N" torch.export quotes in its message."""
+    import traceback
+
+    import torch
+
+    skip = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not f.filename.startswith(skip) and "importlib" not in f.filename]
+    if frames:
+        f = frames[-1]
+        return f"{f.filename}, line {f.lineno}: {f.line}"
+    quoted = re.findall(r'File "([^"]+)", line (\d+)[^\n]*\n\s*(.*)', str(exc))
+    quoted = [q for q in quoted if not q[0].startswith(skip)]
+    if quoted:
+        return f"{quoted[-1][0]}, line {quoted[-1][1]}: {quoted[-1][2].strip()}"
+    return "unknown location"
+
+
+def trace_failure(what: str, importer: str, exc: Exception) -> UserError:
+    """A model that cannot be traced is the user's to change: say which op failed and where."""
+    first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+    other = [name for name in IMPORTERS if name != importer]
+    return UserError(
+        f"cannot trace {what} with the {importer} importer: {type(exc).__name__}: {first[:300]}",
+        details=[f"at {_user_frame(exc)}",
+                 f"try --importer {' or '.join(other)}, or make that code traceable "
+                 "(no data-dependent Python control flow on tensors)"])
+
+
 def trace_module(module, example_inputs: tuple, tracer: str = "fx"):
     """A GraphModule for ``module``: torch.fx symbolic tracing, or torch.export's graph."""
     import torch
@@ -51,6 +101,9 @@ def from_module(module, example_inputs: tuple, bandwidth: float = 1e9,
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
+    check_link(bandwidth, latency)
+    if not (np.isfinite(flops_per_second) and flops_per_second > 0):
+        raise UserError(f"flops_per_second {flops_per_second}: give a positive finite FLOP rate")
     gm = trace_module(module, example_inputs, tracer)
     costs: dict[str, float] = {}
     out_bytes: dict[str, int] = {}
@@ -70,8 +123,16 @@ def from_module(module, example_inputs: tuple, bandwidth: float = 1e9,
             costs[n.name] = elapsed if measure else flops / flops_per_second
             return result
 
-    with torch.no_grad():
-        Profiler(gm).run(*example_inputs)
+    # The fused inference path of attention modules runs one opaque kernel that FlopCounterMode
+    # counts as 0 FLOPs; with it off, an fx leaf such as nn.TransformerEncoder is charged its
+    # real matmuls (export graphs hold the unfused operators anyway).
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with torch.no_grad():
+            Profiler(gm).run(*example_inputs)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
     nodes = [n for n in gm.graph.nodes]
     ids = [n.name for n in nodes]
     mem = []
@@ -93,21 +154,45 @@ def from_module(module, example_inputs: tuple, bandwidth: float = 1e9,
     return g, gm
 
 
-def from_callable(spec: str, input_shape: tuple[int, ...], bandwidth: float = 1e9) -> Graph:
-    """``module:callable``: import the module, call the callable to get an nn.Module, trace it
-    on a random input of ``input_shape``."""
+def from_callable(spec: str, input_shape: tuple[int, ...], bandwidth: float = 1e9,
+                  importer: str = "export") -> Graph:
+    """``module:callable``: import the module, call the callable to get an nn.Module, and import
+    it with ``importer`` (see IMPORTERS) on a random input of ``input_shape``."""
     import torch
 
+    if importer not in IMPORTERS:
+        raise UserError(f"--importer {importer!r}: choose one of {', '.join(IMPORTERS)}")
+    check_link(bandwidth)
     mod_name, _, attr = spec.partition(":")
     try:
         factory = getattr(importlib.import_module(mod_name), attr)
     except (ImportError, AttributeError) as exc:
         raise UserError(f"cannot load {spec!r}: {exc}") from None
-    module = factory() if not isinstance(factory, torch.nn.Module) else factory
+    try:
+        module = factory() if not isinstance(factory, torch.nn.Module) else factory
+    except Exception as exc:  # the user's factory: any failure is theirs to fix
+        raise UserError(f"calling {spec}() to build the model failed: {type(exc).__name__}: {exc}",
+                        details=[f"at {_user_frame(exc)}",
+                                 "module:callable must name a callable that takes no arguments "
+                                 "and returns an nn.Module"]) from None
     if not isinstance(module, torch.nn.Module):
         raise UserError(f"{spec!r} did not give a torch.nn.Module")
     module.eval()
-    graph, _ = from_module(module, (torch.randn(*input_shape),), bandwidth=bandwidth)
+    example = (torch.randn(*input_shape),)
+    if importer == "onnx":
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "model.onnx")
+            try:
+                torch.onnx.export(module, example, path, dynamo=False)
+            except Exception as exc:  # the exporter raises many types; all mean "cannot export"
+                raise trace_failure(spec, importer, exc) from None
+            return from_onnx(path, bandwidth=bandwidth)
+    try:
+        graph, _ = from_module(module, example, bandwidth=bandwidth, tracer=importer)
+    except UserError:
+        raise
+    except Exception as exc:  # tracers raise many unrelated types; all mean "cannot trace"
+        raise trace_failure(spec, importer, exc) from None
     return graph
 
 
@@ -121,6 +206,7 @@ def from_onnx(path, bandwidth: float = 1e9,
     import onnx
     from onnx import shape_inference
 
+    check_link(bandwidth)
     try:
         model = shape_inference.infer_shapes(onnx.load(str(path)))
     except Exception as exc:  # onnx raises several unrelated types for bad files

@@ -13,6 +13,7 @@ import numpy as np
 from trainmaster.partition.coarse import ClusterGraph
 from trainmaster.partition.critical import levels
 from trainmaster.partition.graph import Graph
+from trainmaster.partition.native_output import native_noise_as_warning
 from trainmaster.partition.simulate import predecessor_lists, static_order
 
 
@@ -282,8 +283,9 @@ def metis_parts(cg: ClusterGraph, k: int, imbalance: float, seed: int = 0) -> np
         return np.zeros(cg.size, dtype=np.int64)
     vw, ew = _int_weights(cg)
     opts = pymetis.Options(ufactor=max(1, int(round(1000 * imbalance))), seed=seed)
-    _, parts = pymetis.part_graph(k, pymetis.CSRAdjacency(cg.xadj, cg.adjncy), vweights=vw, eweights=ew,
-                                  recursive=False, options=opts)
+    with native_noise_as_warning("METIS"):
+        _, parts = pymetis.part_graph(k, pymetis.CSRAdjacency(cg.xadj, cg.adjncy), vweights=vw,
+                                      eweights=ew, recursive=False, options=opts)
     return np.asarray(parts, dtype=np.int64)
 
 
@@ -295,6 +297,7 @@ def kahip_parts(cg: ClusterGraph, k: int, imbalance: float, seed: int = 0,
     if k == 1 or cg.size <= 1:
         return np.zeros(cg.size, dtype=np.int64)
     vw, ew = _int_weights(cg)
-    _, blocks = kahip.kaffpa(vw.tolist(), cg.xadj.tolist(), ew.tolist(), cg.adjncy.tolist(),
-                             k, float(imbalance), True, seed, mode)
+    with native_noise_as_warning("KaHIP"):
+        _, blocks = kahip.kaffpa(vw.tolist(), cg.xadj.tolist(), ew.tolist(), cg.adjncy.tolist(),
+                                 k, float(imbalance), True, seed, mode)
     return np.asarray(blocks, dtype=np.int64)

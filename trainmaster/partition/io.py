@@ -39,58 +39,129 @@ def data_graphs() -> list[Path]:
 
 def load_json(path: str | Path) -> Graph:
     try:
-        doc = json.loads(Path(path).read_text())
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UserError(f"graph file not found: {path}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"graph file {path} is not text (not UTF-8): expected a JSON graph") from None
     except json.JSONDecodeError as exc:
         raise UserError(f"graph file {path} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise UserError(f"graph file {path} nests too deeply to be a graph") from None
     return graph_from_dict(doc, source=str(path))
 
 
 def graph_from_dict(doc: dict, source: str = "graph") -> Graph:
+    """A Graph from a parsed JSON document (profiled or our format). Every mistake is a UserError
+    that names ``source`` and the entry (``nodes[3]``, ``edges[0]``) or the node/edge ids."""
     if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list):
         raise UserError(f"{source}: expected an object with a 'nodes' list and an 'edges' list")
     nodes, edges = doc["nodes"], doc.get("edges", [])
+    if not isinstance(edges, list):
+        raise UserError(f"{source}: 'edges' is {_shown(edges)}, expected a list")
     if not nodes:
         raise UserError(f"{source}: the graph has no nodes")
     try:
+        for kind, entries in (("nodes", nodes), ("edges", edges)):
+            for i, entry in enumerate(entries):
+                if not isinstance(entry, dict):
+                    raise UserError(f"{kind}[{i}] is {_shown(entry)}, expected an object")
         if "fpgaLatency" in nodes[0] or "sourceId" in (edges[0] if edges else {}):
             return _profiled(doc, nodes, edges)
         return _ours(doc, nodes, edges)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise UserError(f"{source}: malformed graph entry ({type(exc).__name__}: {exc})") from None
+    except UserError as exc:
+        raise UserError(f"{source}: {exc.message}", details=exc.details) from None
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+_MISSING = object()
+
+
+def _number(entry: dict, key: str, where: str, default=_MISSING) -> float:
+    """A JSON number (ints beyond float range become inf, refused later as not finite)."""
+    value = entry.get(key, _MISSING)
+    if value is _MISSING:
+        if default is _MISSING:
+            raise UserError(f"{where} has no '{key}'; it needs a number there")
+        return float(default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UserError(f"{where}: '{key}' is {_shown(value)}, expected a number")
+    try:
+        return float(value)
+    except OverflowError:
+        return float("inf") if value > 0 else float("-inf")
+
+
+def _node_id(entry: dict, key: str, where: str):
+    value = entry.get(key, _MISSING)
+    if value is _MISSING:
+        raise UserError(f"{where} has no '{key}'; it needs a node id there")
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise UserError(f"{where}: '{key}' is {_shown(value)}, expected a string or integer id")
+    return value
+
+
+def _memory_cap(value, key: str) -> float:
+    """None (or, in the profiled format, 0) means unlimited."""
+    if value is None:
+        return float("inf")
+    return _number({key: value}, key, "the graph")
 
 
 def _profiled(doc: dict, nodes: list, edges: list) -> Graph:
-    ids = [nd["id"] for nd in nodes]
-    group = [int(nd["colorClass"]) if nd.get("colorClass") is not None else -1 for nd in nodes]
+    ids = [_node_id(nd, "id", f"nodes[{i}]") for i, nd in enumerate(nodes)]
+    group = []
+    for i, nd in enumerate(nodes):
+        color = nd.get("colorClass")
+        integral = (isinstance(color, int) and not isinstance(color, bool)) or (
+            isinstance(color, float) and color.is_integer())
+        if color is not None and not (integral and abs(color) < 2**62):
+            raise UserError(f"nodes[{i}]: 'colorClass' is {_shown(color)}, expected an integer")
+        group.append(-1 if color is None else int(color))
     return build_graph(
-        ids, [float(nd["fpgaLatency"]) for nd in nodes],
-        [e["sourceId"] for e in edges], [e["destId"] for e in edges],
-        [float(e["cost"]) for e in edges],
-        memory=[float(nd.get("size", 0.0)) for nd in nodes], group=group,
-        memory_cap=float(doc.get("maxSizePerFPGA") or float("inf")),
+        ids, [_number(nd, "fpgaLatency", f"node {ids[i]!r}") for i, nd in enumerate(nodes)],
+        [_node_id(e, "sourceId", f"edges[{j}]") for j, e in enumerate(edges)],
+        [_node_id(e, "destId", f"edges[{j}]") for j, e in enumerate(edges)],
+        [_number(e, "cost", f"edges[{j}]") for j, e in enumerate(edges)],
+        memory=[_number(nd, "size", f"node {ids[i]!r}", 0.0) for i, nd in enumerate(nodes)],
+        group=group,
+        memory_cap=_memory_cap(doc.get("maxSizePerFPGA") or None, "maxSizePerFPGA"),
         names=[str(nd.get("name", nd["id"])) for nd in nodes],
     )
 
 
 def _ours(doc: dict, nodes: list, edges: list) -> Graph:
-    ids = [nd["id"] for nd in nodes]
-    groups = {}
+    ids = [_node_id(nd, "id", f"nodes[{i}]") for i, nd in enumerate(nodes)]
+    groups: dict = {}
     group = []
-    for nd in nodes:
+    for i, nd in enumerate(nodes):
         g = nd.get("group")
+        if isinstance(g, (list, dict)):
+            raise UserError(f"node {ids[i]!r}: 'group' is {_shown(g)}, expected a name, a number "
+                            "or null")
         group.append(-1 if g is None else groups.setdefault(g, len(groups)))
-    cap = doc.get("memory_cap")
+    critical = None
+    if any("critical" in e for e in edges):
+        critical = []
+        for j, e in enumerate(edges):
+            label = e.get("critical", False)
+            if not isinstance(label, bool):
+                raise UserError(f"edges[{j}]: 'critical' is {_shown(label)}, expected true or false")
+            critical.append(label)
     return build_graph(
-        ids, [float(nd.get("cost", 0.0)) for nd in nodes],
-        [e["src"] for e in edges], [e["dst"] for e in edges],
-        [float(e.get("cost", 0.0)) for e in edges],
-        memory=[float(nd.get("memory", 0.0)) for nd in nodes], group=group,
-        memory_cap=float("inf") if cap is None else float(cap),
+        ids, [_number(nd, "cost", f"node {ids[i]!r}", 0.0) for i, nd in enumerate(nodes)],
+        [_node_id(e, "src", f"edges[{j}]") for j, e in enumerate(edges)],
+        [_node_id(e, "dst", f"edges[{j}]") for j, e in enumerate(edges)],
+        [_number(e, "cost", f"edges[{j}]", 0.0) for j, e in enumerate(edges)],
+        memory=[_number(nd, "memory", f"node {ids[i]!r}", 0.0) for i, nd in enumerate(nodes)],
+        group=group,
+        memory_cap=_memory_cap(doc.get("memory_cap"), "memory_cap"),
         names=[str(nd.get("name", nd["id"])) for nd in nodes],
-        critical_label=[bool(e.get("critical", False)) for e in edges]
-        if any("critical" in e for e in edges) else None,
+        critical_label=critical,
     )
 
 
@@ -112,8 +183,9 @@ def graph_to_dict(graph: Graph) -> dict:
 
 
 def load_graph(spec: str, input_shape: tuple[int, ...] | None = None,
-               bandwidth: float = 1e9) -> Graph:
-    """Load GRAPH as the CLI names it: a .json file, a .onnx file, or ``module:callable``."""
+               bandwidth: float = 1e9, importer: str = "export") -> Graph:
+    """Load GRAPH as the CLI names it: a .json file, a .onnx file, or ``module:callable``
+    (imported with ``importer``: export, fx or onnx; see importers.IMPORTERS)."""
     path = Path(spec)
     if path.suffix.lower() == ".onnx":
         from trainmaster.partition.importers import from_onnx
@@ -126,5 +198,5 @@ def load_graph(spec: str, input_shape: tuple[int, ...] | None = None,
 
         if input_shape is None:
             raise UserError(f"{spec}: a module:callable graph needs --input-shape, e.g. 1,3,32,32")
-        return from_callable(spec, input_shape, bandwidth=bandwidth)
+        return from_callable(spec, input_shape, bandwidth=bandwidth, importer=importer)
     raise UserError(f"graph {spec!r}: not a file, and not of the form module:callable")

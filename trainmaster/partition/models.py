@@ -39,3 +39,10 @@ def inception(blocks: int = 3, width: int = 16, classes: int = 10) -> nn.Module:
         mods.append(InceptionBlock(4 * width, width))
     mods += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4 * width, classes)]
     return nn.Sequential(*mods)
+
+
+def encoder(width: int = 64, heads: int = 4, layers: int = 2) -> nn.Module:
+    """A bare nn.TransformerEncoder (batch first), input (N, S, width): the module whose fused
+    inference fast path a module-level trace hides inside one opaque node."""
+    layer = nn.TransformerEncoderLayer(width, heads, 2 * width, batch_first=True)
+    return nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
