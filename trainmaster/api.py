@@ -342,8 +342,11 @@ class Trainmaster:
 
     def _drive(self, controller: Controller, job_id: int, on_tick: Callable[[int], None] | None,
                should_cancel: Callable[[], bool] | None) -> RunResult:
-        state = controller.run_job(job_id, on_tick=None if on_tick is None else lambda: on_tick(job_id),
-                                   should_cancel=should_cancel)
+        try:
+            state = controller.run_job(job_id, on_tick=None if on_tick is None else lambda: on_tick(job_id),
+                                       should_cancel=should_cancel)
+        finally:
+            controller.backend.close()  # this command's connection to the node agent, not the agent
         return RunResult(job_id, state, self.status(job_id, events=200))
 
     # ---- helpers -------------------------------------------------------------------------------
