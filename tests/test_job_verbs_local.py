@@ -1,4 +1,4 @@
-"""Mechanisms: the job verbs (`trainmaster job list|status|logs|cancel|scale|delete`) work without
+"""Mechanisms: the job verbs (`trainmaster job list|status|logs|wait|cancel|scale|delete`) work without
 a server on the store `trainmaster run` wrote (through the facade), and against a real server
 with `--server`; user mistakes (unknown job, no store, no server at the URL) exit 2 with
 `error:` and no traceback."""
@@ -65,6 +65,8 @@ def test_verbs_read_the_store_of_trainmaster_run(tmp_path: Path, env: dict[str, 
     assert tm(env, "job", "logs", "lines", "--tail", "2").stdout == "line 3\nline 4\n"
     assert tm(env, "logs", "lines", "--follow").stdout.count("line") == 5  # the old flat alias; ended: returns
     assert "already ended" in tm(env, "job", "cancel", "lines").stdout
+    waited = tm(env, "job", "wait", "lines", "--timeout", "5")
+    assert waited.returncode == 0 and "succeeded" in waited.stdout
 
     assert_user_error(tm(env, "job", "status", "nope"), "no job 'nope'")
     assert_user_error(tm(env, "job", "logs", "lines", "--index", "7"), "no instance")
@@ -80,6 +82,8 @@ def test_scale_and_cancel_a_running_trainmaster_run_without_a_server(tmp_path: P
     try:
         _wait_for(env, "slow", lambda s: s["state"] == "running")
         assert tm(env, "job", "delete", "slow").returncode == 2  # still running: cancel first
+        waited = tm(env, "job", "wait", "slow", "--timeout", "0.3")
+        assert waited.returncode == 1 and "still running after 0.3 s" in waited.stderr, waited.stderr
         assert "scaled to 2" in tm(env, "job", "scale", "slow", "w", "2").stdout
         _wait_for(env, "slow", lambda s: sum(i["state"] == "running" for i in s["instances"]) == 2)
         cancelled = tm(env, "job", "cancel", "slow")
@@ -115,10 +119,8 @@ def test_the_same_verbs_against_a_real_server(tmp_path: Path, env: dict[str, str
         via = ("--server", server.url)
         out = tm(remote, "job", "submit", str(write_job(tmp_path, "lines", LINES, replicas=2)), *via)
         assert out.returncode == 0 and "submitted job lines" in out.stdout, out.stderr
-        deadline = time.monotonic() + 60
-        while json.loads(tm(remote, "job", "status", "lines", "--json", *via).stdout)["state"] != "succeeded":
-            assert time.monotonic() < deadline, "the server did not run the job within 60 s"
-            time.sleep(0.3)
+        waited = tm(remote, "job", "wait", "lines", "--timeout", "60", *via)
+        assert waited.returncode == 0 and "succeeded" in waited.stdout, waited.stdout + waited.stderr
         assert [j["name"] for j in json.loads(tm(remote, "job", "list", "--json", *via).stdout)] == ["lines"]
         assert tm(remote, "job", "logs", "lines", "--index", "1", *via).stdout.count("line") == 5
         assert tm(remote, "job", "logs", "lines", "--tail", "1", *via).stdout == "line 4\n"

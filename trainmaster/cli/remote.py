@@ -1,4 +1,4 @@
-"""Job verbs that look at and change jobs: submit, list, status, logs, cancel, scale, delete.
+"""Job verbs that look at and change jobs: submit, list, status, logs, wait, cancel, scale, delete.
 
 Where they act: with ``--server URL`` (or ``$TRAINMASTER_SERVER``) on that controller service over
 HTTP; otherwise on the local store (``--db`` / ``$TRAINMASTER_DB`` / ``--home``) through the
@@ -23,7 +23,7 @@ from trainmaster.cli.jobs import DbOpt
 from trainmaster.errors import UserError
 
 if TYPE_CHECKING:
-    from trainmaster.api import CancelResult, ScaleResult, Trainmaster
+    from trainmaster.api import CancelResult, JobRef, ScaleResult, Trainmaster
 
 DEFAULT_SERVER = "http://127.0.0.1:8642"
 ServerOpt = Annotated[Optional[str], typer.Option(
@@ -64,6 +64,23 @@ class HttpJobs:
 
     def status(self, ref: str, events: int = 50) -> dict[str, Any]:
         return self.request("GET", f"/api/v1/jobs/{ref}", params={"events": events})  # type: ignore[no-any-return]
+
+    def wait(self, ref: str, timeout: float, poll: float = 0.5) -> JobRef:
+        """As :meth:`trainmaster.api.Trainmaster.wait` (until the job ends), over HTTP."""
+        import time
+
+        from trainmaster.api import JobRef, WaitTimedOut
+
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self.status(ref, events=0)
+            if found["state"] in ("succeeded", "failed", "cancelled"):
+                return JobRef(found["id"], found["name"], found["state"])
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WaitTimedOut(f"job {found['name']} (id {found['id']}) still {found['state']} after "
+                                   f"{timeout:g} s (waited for it to end)")
+            time.sleep(min(poll, left))
 
     def cancel(self, ref: str) -> CancelResult:
         from trainmaster.api import CancelResult
@@ -194,6 +211,15 @@ def logs(job: JobArg, role: Annotated[Optional[str], typer.Option(help="Role (de
         sys.stdout.flush()
 
 
+def wait(job: JobArg, timeout: Annotated[float, typer.Option(min=0, help="Seconds to wait at most.")] = 3600,
+         server: ServerOpt = None, db: DbOpt = None) -> None:
+    """Wait until a job ends; exit 0 if it succeeded, 1 if it failed, was cancelled or is still running
+    after --timeout seconds."""
+    ended = _jobs(server, db).wait(job, timeout=timeout)
+    print(f"job {ended.name} (id {ended.id}) {ended.state}")
+    raise typer.Exit(0 if ended.state == "succeeded" else 1)
+
+
 def cancel(job: JobArg, server: ServerOpt = None, db: DbOpt = None) -> None:
     """Cancel a job: every instance is stopped."""
     reply = _jobs(server, db).cancel(job)
@@ -224,6 +250,7 @@ def register(app: typer.Typer) -> None:
     app.command("list")(list_jobs)
     app.command()(status)
     app.command()(logs)
+    app.command()(wait)
     app.command()(cancel)
     app.command()(scale)
     app.command()(delete)
