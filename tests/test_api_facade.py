@@ -15,6 +15,7 @@ from controller_harness import Harness, job, py
 from trainmaster.api import JobConflict, JobNotFound, RunOptions, Trainmaster, WaitTimedOut
 from trainmaster.errors import UserError
 from trainmaster.spec import load_document
+from trainmaster.store.ownership import RUN_PREFIX
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -39,6 +40,16 @@ def _wait_running(facade: Trainmaster, harness: Harness, job_id: int, instances:
             return
         time.sleep(0.1)
     raise AssertionError(f"job {job_id}: fewer than {instances} instance(s) running after 60 s")
+
+
+def _wait_logged(facade: Trainmaster, job_id: int, text: str) -> None:
+    """Wait (at most 60 s) until instance w-0's log holds ``text``."""
+    import time
+
+    deadline = time.monotonic() + 60
+    while text not in facade.tail(job_id, "w", 0, lines=5):
+        assert time.monotonic() < deadline, f"w-0 did not log {text!r} within 60 s"
+        time.sleep(0.05)
 
 
 def test_run_ticks_then_reads_back_through_every_verb(facade: Trainmaster, tmp_path: Path) -> None:
@@ -82,6 +93,7 @@ def test_follow_streams_until_the_instance_ends(facade: Trainmaster, harness: Ha
     reader = threading.Thread(target=lambda: chunks.extend(facade.read_log(job_id, "w", 0, follow=True,
                                                                               poll=0.05, timeout=60)))
     reader.start()
+    _wait_logged(facade, job_id, "up")
     facade.cancel(job_id)
     harness.controller.step()  # the pass that carries the cancellation out
     reader.join(timeout=30)
@@ -90,8 +102,23 @@ def test_follow_streams_until_the_instance_ends(facade: Trainmaster, harness: Ha
     _wait_running(facade, harness, job2, 1)
     with pytest.raises(WaitTimedOut, match="still runs after"):  # a follow has a timeout too
         list(facade.read_log(job2, "w", 0, follow=True, poll=0.05, timeout=0.3))
+    # a job whose `trainmaster run` is gone never ends in the store: the follow stops and says why
+    _set_owner(harness, job2, f"{RUN_PREFIX}1-0.00")  # pid 1, another start time: a dead run
+    with pytest.raises(UserError, match="stopped following w-0: .*trainmaster resume"):
+        list(facade.read_log(job2, "w", 0, follow=True, poll=0.05, timeout=30))
+    _set_owner(harness, job2, "service")
     facade.cancel(job2)
     harness.controller.step()
+
+
+def _set_owner(harness: Harness, job_id: int, owner: str) -> None:
+    from trainmaster.store.models import JobRow
+
+    with harness.sessions() as session:
+        row = session.get(JobRow, job_id)
+        assert row is not None
+        row.owner = owner
+        session.commit()
 
 
 def test_stopped_instances_say_stopped_and_why_not_running(facade: Trainmaster, harness: Harness) -> None:

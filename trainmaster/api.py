@@ -225,6 +225,9 @@ class Trainmaster:
                     if rest:
                         yield rest
                 return
+            orphaned = self._orphaned(target.instance_id)
+            if orphaned:  # nobody will ever mark the instance ended: following would never stop
+                raise UserError(f"stopped following {target.label}: {orphaned}", exit_code=1)
             if deadline is not None and time.monotonic() >= deadline:
                 raise WaitTimedOut(f"{target.label} still runs after {timeout:g} s of following its log")
             time.sleep(poll)
@@ -242,6 +245,18 @@ class Trainmaster:
         with self.sessions() as session:
             inst = session.get(InstanceRow, instance_id)
             return inst is None or inst.state in {s.value for s in INSTANCE_TERMINAL}
+
+    def _orphaned(self, instance_id: int) -> str | None:
+        """Why the instance's state will not change any more (its job's ``trainmaster run`` is
+        gone), or None. A job of the service is never orphaned: the service restarts."""
+        from trainmaster.store.ownership import orphan_note, owner_alive
+
+        with self.sessions() as session:
+            inst = session.get(InstanceRow, instance_id)
+            job = session.get(JobRow, inst.job_id) if inst is not None else None
+            if job is None or repo.is_terminal(job.state) or owner_alive(job.owner) is not False:
+                return None
+            return orphan_note(job.id, job.owner)
 
     # ---- intents -------------------------------------------------------------------------------
     def cancel(self, ref: str | int) -> CancelResult:
