@@ -2,7 +2,7 @@
 and the REST handlers share (run to the end with a tick callback, list, status, wait, logs as a
 bounded tail and a follow iterator, cancel, scale, delete, errors as typed user errors), and
 fresh reasons: an instance the controller stopped says ``Stopped`` and why, never the
-``Running`` of the state it left."""
+``Running`` of the state it left (controller spec, step 7: the stored states a user queries)."""
 
 from __future__ import annotations
 

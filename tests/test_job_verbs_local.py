@@ -1,7 +1,8 @@
 """Mechanisms: the job verbs (`trainmaster job list|status|logs|wait|cancel|scale|delete`) work without
 a server on the store `trainmaster run` wrote (through the facade), and against a real server
 with `--server`; user mistakes (unknown job, no store, no server at the URL) exit 2 with
-`error:` and no traceback."""
+`error:` and no traceback (controller spec, step 7: states and counts a user can query at any
+time, with or without a server)."""
 
 from __future__ import annotations
 
