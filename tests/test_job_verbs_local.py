@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
@@ -124,7 +125,9 @@ def test_the_same_verbs_against_a_real_server(tmp_path: Path, env: dict[str, str
         assert waited.returncode == 0 and "succeeded" in waited.stdout, waited.stdout + waited.stderr
         assert [j["name"] for j in json.loads(tm(remote, "job", "list", "--json", *via).stdout)] == ["lines"]
         assert tm(remote, "job", "logs", "lines", "--index", "1", *via).stdout.count("line") == 5
-        assert tm(remote, "job", "logs", "lines", "--tail", "1", *via).stdout == "line 4\n"
+        assert tm(remote, "job", "logs", "lines", "--tail", "1", *via).stdout == "line 4\n"  # ?tail=1 on the API
+        both = httpx.get(f"{server.url}/api/v1/jobs/lines/logs", params={"tail": 1, "follow": True}, timeout=10)
+        assert both.status_code == 422 and "choose one" in both.json()["error"]
         assert_user_error(tm(remote, "job", "status", "nope", *via), "no job 'nope'")
         # TRAINMASTER_SERVER picks the server as --server does
         assert "lines" in tm({**remote, "TRAINMASTER_SERVER": server.url}, "job", "list").stdout

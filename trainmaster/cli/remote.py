@@ -115,8 +115,15 @@ class HttpJobs:
             raise self._fail_unreachable(exc) from None
 
     def tail(self, ref: str, role: str | None, index: int, lines: int) -> str:
-        text = b"".join(self.read_log(ref, role, index, follow=False)).decode(errors="replace")
-        return "".join(text.splitlines(keepends=True)[-lines:]) if lines > 0 else ""
+        import httpx
+
+        params: dict[str, Any] = {"index": index, "tail": lines, **({"role": role} if role else {})}
+        try:
+            response = httpx.get(self.server + f"/api/v1/jobs/{ref}/logs", params=params, timeout=30)
+        except httpx.HTTPError as exc:
+            raise self._fail_unreachable(exc) from None
+        _raise_for(response)
+        return response.text
 
 
 def _raise_for(response: Any) -> None:
@@ -197,7 +204,7 @@ def logs(job: JobArg, role: Annotated[Optional[str], typer.Option(help="Role (de
          index: Annotated[int, typer.Option(min=0, help="Replica index.")] = 0,
          follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep streaming until it ends.")] = False,
          tail: Annotated[Optional[int], typer.Option(
-             min=1, help="Print only the last N lines (at most the last MiB of the log).")] = None,
+             min=1, max=100_000, help="Print only the last N lines (at most the last MiB of the log).")] = None,
          server: ServerOpt = None, db: DbOpt = None) -> None:
     """Print (or follow) one instance's log."""
     if tail is not None and follow:

@@ -22,7 +22,7 @@ from fastapi import Body, FastAPI, HTTPException, Query, Request
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.exc import OperationalError
@@ -197,7 +197,12 @@ def create_app(controller: Controller, reconcile: bool = True, options: ServiceO
 
     @app.get(f"{API}/jobs/{{ref}}/logs")
     def logs(ref: JobRef, role: str | None = Query(None, max_length=63), index: int = Query(0, ge=0, le=MAX_REPLICAS),
-             follow: bool = False) -> StreamingResponse:
+             follow: bool = False, tail: int | None = Query(None, ge=1, le=100_000, description=(
+                 "Only the last N lines (of at most the last MiB); not with follow"))) -> Response:
+        if tail is not None:
+            if follow:
+                raise UserError("tail and follow: choose one", ["tail: drop it to follow the whole log"])
+            return PlainTextResponse(jobs.tail(ref, role, index, lines=tail))
         return StreamingResponse(_stream(jobs.log_target(ref, role, index), follow), media_type="text/plain")
 
     async def _stream(target: LogTarget, follow: bool) -> AsyncIterator[bytes]:
