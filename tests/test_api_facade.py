@@ -140,3 +140,15 @@ def test_stopped_instances_say_stopped_and_why_not_running(facade: Trainmaster, 
     for inst in status["instances"]:
         assert inst["state"] == "stopped" and inst["reason"] == "Stopped", inst
     assert any("the job cancelled" in i["message"] for i in status["instances"])
+
+
+def test_a_log_larger_than_one_chunk_is_read_whole(facade: Trainmaster) -> None:
+    """Logs are read in 64 KiB chunks: every chunk comes, in order, following or not."""
+    code = "import sys\nfor i in range(20000): print(f'{i:09d}')\n"  # 200,000 bytes
+    loaded = load_document(job("big", [{"name": "w", "command": py(code)}]))
+    assert facade.run(loaded, RunOptions(interval=0.1, grace=2)).succeeded
+    for follow in (False, True):
+        lines = b"".join(facade.read_log("big", "w", 0, follow=follow, timeout=10)).decode().splitlines()
+        numbers = [line for line in lines if line.isdigit()]  # the agent's attempt header aside
+        assert numbers == [f"{i:09d}" for i in range(20000)]
+    assert facade.tail("big", "w", 0, lines=1) == "000019999\n"

@@ -212,19 +212,18 @@ class Trainmaster:
         ends (then the rest) or ``timeout`` seconds pass (:class:`WaitTimedOut`)."""
         target = self.log_target(ref, role, index)
         deadline = None if timeout is None else time.monotonic() + timeout
-        offset = 0
+        offset, ended = 0, not follow
         while True:
             chunk = self.log_chunk(target, offset)
             offset += len(chunk)
             if chunk:
                 yield chunk
-                continue  # drain what is there before deciding the stream ended
-            if not follow or self.instance_ended(target.instance_id):
-                if follow:  # written between the last read and the end: keep it
-                    rest = self.log_chunk(target, offset)
-                    if rest:
-                        yield rest
+                continue
+            if ended:
                 return
+            if self.instance_ended(target.instance_id):
+                ended = True  # one more pass drains what it wrote before it ended
+                continue
             orphaned = self._orphaned(target.instance_id)
             if orphaned:  # nobody will ever mark the instance ended: following would never stop
                 raise UserError(f"stopped following {target.label}: {orphaned}", exit_code=1)

@@ -208,20 +208,18 @@ def create_app(controller: Controller, reconcile: bool = True, options: ServiceO
     async def _stream(target: LogTarget, follow: bool) -> AsyncIterator[bytes]:
         """The log from its start; with ``follow`` until the instance ends. Async, so a follower
         holds no worker thread while it waits for output."""
-        offset = 0
+        offset, ended = 0, not follow
         while True:
             chunk = jobs.log_chunk(target, offset)
             offset += len(chunk)
             if chunk:
                 yield chunk
-                continue
-            if not follow or jobs.instance_ended(target.instance_id):
-                if follow:  # written between the last read and the end: keep it
-                    rest = jobs.log_chunk(target, offset)
-                    if rest:
-                        yield rest
+            elif ended:
                 return
-            await asyncio.sleep(0.25)
+            elif jobs.instance_ended(target.instance_id):
+                ended = True  # one more pass drains what it wrote before it ended
+            else:
+                await asyncio.sleep(0.25)
 
     @app.get("/metrics")
     def prometheus() -> PlainTextResponse:
