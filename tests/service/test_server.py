@@ -106,13 +106,13 @@ def test_submit_status_logs_cancel_delete(server: Server, tmp_path: Path) -> Non
     server.wait_state("slow", {"running"})
     follow = subprocess.Popen([sys.executable, "-m", "trainmaster", "logs", "slow", "--follow"], env=server.env,
                               stdout=subprocess.PIPE, text=True)
-    assert server.cli("delete", "slow").returncode == 1  # still running: cancel first
+    assert server.cli("delete", "slow").returncode == 2  # still running: cancel first (a user mistake)
     assert server.cli("cancel", "slow").returncode == 0
     assert server.wait_state("slow", {"cancelled"})["instances"][0]["state"] == "stopped"
     followed, _ = follow.communicate(timeout=30)  # the stream ends when the instance ends
     assert "up" in followed
     assert server.cli("delete", "slow").returncode == 0
-    assert server.cli("status", "slow").returncode == 1
+    assert server.cli("status", "slow").returncode == 2  # unknown job: a user mistake
 
 
 def test_invalid_submission_is_rejected_with_every_error(server: Server, tmp_path: Path) -> None:

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional
 
 import typer
 from rich.console import Console
 
 from trainmaster.errors import UserError
+
+if TYPE_CHECKING:  # the facade imports the controller and the store: only when a verb runs
+    from trainmaster.api import RunResult, Trainmaster
+    from trainmaster.backends.base import Backend
 
 FileArg = Annotated[Path, typer.Argument(help="Job file: trainmaster/v1 Job, Kubeflow or Volcano YAML/JSON.")]
 DbOpt = Annotated[Optional[str], typer.Option("--db", envvar="TRAINMASTER_DB",
@@ -53,27 +56,11 @@ def validate(file: FileArg, lenient: LenientOpt = False, allow_path: AllowPathOp
           f"{job.spec.total_replicas} instance(s))")
 
 
-def make_backend(name: str, cpus: float | None = None, ray_address: str | None = None):  # type: ignore[no-untyped-def]
-    """The backend named ``name``."""
-    from trainmaster.backends.base import Capacity
-    from trainmaster.backends.local import LocalBackend
+def make_backend(name: str, cpus: float | None = None, ray_address: str | None = None) -> Backend:
+    """The backend named ``name`` (for `trainmaster server`; see :func:`trainmaster.api.make_backend`)."""
+    from trainmaster.api import make_backend as build
 
-    if name == "ray":
-        from trainmaster.backends import ray_backend_or_error
-
-        return ray_backend_or_error(ray_address)
-    if name == "local":
-        if cpus is None:
-            return LocalBackend()
-        default = LocalBackend().capacity()
-        return LocalBackend(Capacity(cpu=cpus, memory=default.memory, gpu=default.gpu))
-    if name == "testbed":
-        from trainmaster.backends.testbed import TestbedBackend
-        from trainmaster.testbed import Testbed
-
-        # the testbed of 'trainmaster testbed up' (--prefix tm, or $TRAINMASTER_TESTBED)
-        return TestbedBackend(Testbed.load(os.environ.get("TRAINMASTER_TESTBED") or "tm"))
-    raise UserError(f"--backend: unknown backend '{name}' (available: local, ray, testbed)")
+    return build(name, cpus, ray_address)
 
 
 def run(
@@ -108,33 +95,23 @@ def run(
     if dry_run:
         print(dump_yaml(loaded.job), end="")
         return
-    state = _run(loaded, db, backend, interval, grace, cpus, ray_address, json_out)
-    raise typer.Exit(0 if state == "succeeded" else 1)
+    from trainmaster.api import RunOptions, Trainmaster
+
+    options = RunOptions(backend=backend, interval=interval, grace=grace, cpus=cpus, ray_address=ray_address)
+    result = _follow(Trainmaster.open(db), lambda facade, ticks, cancel: facade.run(loaded, options, ticks, cancel),
+                     json_out)
+    raise typer.Exit(0 if result.succeeded else 1)
 
 
-def _run(loaded, db: str | None, backend_name: str, interval: float, grace: float,  # type: ignore[no-untyped-def]
-         cpus: float | None, ray_address: str | None, json_out: bool) -> str:
-    from trainmaster.controller import Controller
-    from trainmaster.store.db import default_url, make_engine, session_factory
-    from trainmaster.store.ownership import run_owner
-
-    url = db or default_url()
-    sessions = session_factory(make_engine(url))
-    controller = Controller(sessions, make_backend(backend_name, cpus, ray_address), url, interval=interval, grace=grace,
-                            owner=run_owner())
-    return _follow(controller, controller.submit(loaded), json_out)
-
-
-def _follow(controller, job_id: int, json_out: bool) -> str:  # type: ignore[no-untyped-def]
-    """Reconcile ``job_id`` to its end in this process, showing its status; SIGINT, SIGTERM and
-    SIGHUP (a closed terminal) cancel it, so no instance outlives the command."""
-    from rich.console import Group
+def _follow(facade: Trainmaster, drive: Callable[[Trainmaster, Callable[[int], None], Callable[[], bool]], RunResult],
+            json_out: bool) -> RunResult:
+    """Run ``drive`` (the facade's ``run`` or ``resume``) showing the job's status as it goes;
+    SIGINT, SIGTERM and SIGHUP (a closed terminal) cancel the job, so no instance outlives the
+    command."""
     from rich.live import Live
 
     from trainmaster.cli.view import event_line, render_status
-    from trainmaster.store import repository as repo
 
-    sessions = controller.sessions
     console = Console(highlight=False)
     stop = {"requested": False}
 
@@ -143,37 +120,37 @@ def _follow(controller, job_id: int, json_out: bool) -> str:  # type: ignore[no-
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, request_stop)
-
-    def status() -> dict:  # type: ignore[type-arg]
-        with sessions() as session:
-            return repo.job_status(session, repo.load_job(session, job_id), events=200)
-
     shown = {"events": 0}
 
-    def print_new_events() -> None:
-        events = status()["events"]
+    def print_new_events(status: dict[str, Any]) -> None:
+        events = status["events"]
         for ev in events[shown["events"]:]:
             print(event_line(ev), flush=True)
         shown["events"] = len(events)
 
-    if console.is_terminal and not json_out:
-        def view() -> Group:
-            return render_status(status(), width=console.size.width, height=console.size.height)
+    def should_cancel() -> bool:
+        return stop["requested"]
 
-        with Live(view(), console=console, refresh_per_second=4, vertical_overflow="crop") as live:
-            state = controller.run_job(job_id, on_tick=lambda: live.update(view()),
-                                       should_cancel=lambda: stop["requested"])
+    if console.is_terminal and not json_out:
+        live = Live(console=console, refresh_per_second=4, vertical_overflow="crop")
+
+        def show(job_id: int) -> None:
+            live.update(render_status(facade.status(job_id, events=200), width=console.size.width,
+                                      height=console.size.height))
+
+        with live:
+            result = drive(facade, show, should_cancel)
+    elif json_out:
+        result = drive(facade, lambda _job_id: None, should_cancel)
     else:
-        state = controller.run_job(job_id, on_tick=None if json_out else print_new_events,
-                                   should_cancel=lambda: stop["requested"])
-    final = status()
+        result = drive(facade, lambda job_id: print_new_events(facade.status(job_id, events=200)), should_cancel)
     if json_out:
-        print(json.dumps(final, indent=2))
+        print(json.dumps(result.status, indent=2))
     else:
         if not console.is_terminal:
-            print_new_events()
-        _print_result(console, final)
-    return state
+            print_new_events(result.status)
+        _print_result(console, result.status)
+    return result
 
 
 def resume(
@@ -186,36 +163,12 @@ def resume(
 ) -> None:
     """Take over a job whose `trainmaster run` ended before it (kill -9, out of memory) and run it
     to its end: live instances are re-adopted, ended ones handled by their restart policy."""
-    from trainmaster.controller import Controller
-    from trainmaster.store import repository as repo
-    from trainmaster.store.db import default_url, make_engine, session_factory
-    from trainmaster.store.ownership import owner_alive, run_owner, run_pid
+    from trainmaster.api import RunOptions, Trainmaster
 
-    url = db or default_url()
-    sessions = session_factory(make_engine(url))
-    me = run_owner()
-    with sessions() as session:
-        row = repo.find_job(session, job)
-        what = f"job {row.name} (id {row.id})"
-        if repo.is_terminal(row.state):
-            raise UserError(f"{what} has already ended ({row.state}); nothing to resume")
-        alive = owner_alive(row.owner)
-        if alive is None:
-            raise UserError(f"{what} belongs to the controller service; it carries on when `trainmaster server` "
-                            "runs (use `trainmaster status` / `cancel`)")
-        if alive:
-            raise UserError(f"{what} is still run by `trainmaster run` (pid {run_pid(row.owner)}); stop that "
-                            "command (Ctrl-C cancels the job) or let it finish")
-        if not repo.take_over(session, row.id, row.owner, me):
-            raise UserError(f"{what} was just taken over by another command; try again to see by whom")
-        repo.add_event(session, row.id, "job", "Resumed", f"taken over by `trainmaster resume` (pid {run_pid(me)})")
-        session.commit()
-        job_id, backend_name = row.id, row.backend
-    controller = Controller(sessions, make_backend(backend_name, None, ray_address), url, interval=interval,
-                            grace=grace, owner=me)
-    controller.recover()
-    state = _follow(controller, job_id, json_out)
-    raise typer.Exit(0 if state == "succeeded" else 1)
+    options = RunOptions(interval=interval, grace=grace, ray_address=ray_address)
+    result = _follow(Trainmaster.open(db), lambda facade, ticks, cancel: facade.resume(job, options, ticks, cancel),
+                     json_out)
+    raise typer.Exit(0 if result.succeeded else 1)
 
 
 def _print_result(console: Console, final: dict) -> None:  # type: ignore[type-arg]

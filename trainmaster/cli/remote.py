@@ -1,61 +1,184 @@
-"""Verbs against a running controller service: submit, list, status, logs, cancel, delete."""
+"""Job verbs that look at and change jobs: submit, list, status, logs, wait, cancel, scale, delete.
+
+Where they act: with ``--server URL`` (or ``$TRAINMASTER_SERVER``) on that controller service over
+HTTP; otherwise on the local store (``--db`` / ``$TRAINMASTER_DB`` / ``--home``) through the
+facade (:mod:`trainmaster.api`), so the jobs of ``trainmaster run`` can be looked at, scaled and
+cancelled without any server. ``submit`` always needs a server: a job in the store runs only
+when a controller reconciles it.
+"""
 
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional, Union
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from trainmaster.cli.jobs import DbOpt
 from trainmaster.errors import UserError
 
+if TYPE_CHECKING:
+    from trainmaster.api import CancelResult, JobRef, ScaleResult, Trainmaster
+
 DEFAULT_SERVER = "http://127.0.0.1:8642"
-ServerOpt = Annotated[str, typer.Option("--server", envvar="TRAINMASTER_SERVER",
-                                        help="URL of the controller service.")]
+ServerOpt = Annotated[Optional[str], typer.Option(
+    "--server", envvar="TRAINMASTER_SERVER",
+    help="URL of a controller service to ask; without it (and without $TRAINMASTER_SERVER) the verb works on "
+         "the local store (--db, $TRAINMASTER_DB or the Trainmaster home).")]
 JobArg = Annotated[str, typer.Argument(help="Job name (most recent of that name) or id.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+
+#: HTTP statuses that mean the user asked for something wrong (exit 2, like any usage error):
+#: unknown job or instance, a verb the job's state forbids, an invalid or oversized request.
+USER_MISTAKES = {404, 409, 413, 422}
 
 
-def _request(server: str, method: str, path: str, **kwargs: Any) -> Any:
-    import httpx
+class HttpJobs:
+    """The job verbs of a controller service, answering like :class:`trainmaster.api.Trainmaster`."""
 
-    try:
-        response = httpx.request(method, server.rstrip("/") + path, timeout=30, **kwargs)
-    except httpx.HTTPError as exc:
-        raise UserError(f"cannot reach the controller at {server} ({exc}); start one with "
-                        "`trainmaster server` or pass --server URL", exit_code=1) from None
+    def __init__(self, server: str):
+        self.server = server.rstrip("/")
+
+    def _fail_unreachable(self, exc: Exception) -> UserError:
+        return UserError(f"cannot reach the controller service at {self.server} ({exc}); start one with "
+                         "`trainmaster server`, pass another --server URL, or drop --server and "
+                         "$TRAINMASTER_SERVER to use the local store")
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        import httpx
+
+        try:
+            response = httpx.request(method, self.server + path, timeout=30, **kwargs)
+        except httpx.HTTPError as exc:
+            raise self._fail_unreachable(exc) from None
+        _raise_for(response)
+        return response.json()
+
+    def list_jobs(self) -> list[dict[str, Any]]:
+        return self.request("GET", "/api/v1/jobs")  # type: ignore[no-any-return]
+
+    def status(self, ref: str, events: int = 50) -> dict[str, Any]:
+        return self.request("GET", f"/api/v1/jobs/{ref}", params={"events": events})  # type: ignore[no-any-return]
+
+    def wait(self, ref: str, timeout: float, poll: float = 0.5) -> JobRef:
+        """As :meth:`trainmaster.api.Trainmaster.wait` (until the job ends), over HTTP."""
+        import time
+
+        from trainmaster.api import JobRef, WaitTimedOut
+
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self.status(ref, events=0)
+            if found["state"] in ("succeeded", "failed", "cancelled"):
+                return JobRef(found["id"], found["name"], found["state"])
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WaitTimedOut(f"job {found['name']} (id {found['id']}) still {found['state']} after "
+                                   f"{timeout:g} s (waited for it to end)")
+            time.sleep(min(poll, left))
+
+    def cancel(self, ref: str) -> CancelResult:
+        from trainmaster.api import CancelResult
+
+        reply = self.request("POST", f"/api/v1/jobs/{ref}/cancel")
+        return CancelResult(reply["id"], reply["cancelRequested"], "the service stops every instance")
+
+    def scale(self, ref: str, role: str, replicas: int) -> ScaleResult:
+        from trainmaster.api import ScaleResult
+
+        reply = self.request("POST", f"/api/v1/jobs/{ref}/scale", json={"role": role, "replicas": replicas})
+        return ScaleResult(reply["id"], reply["role"], reply["replicas"])
+
+    def delete(self, ref: str) -> int:
+        return int(self.request("DELETE", f"/api/v1/jobs/{ref}")["id"])
+
+    def read_log(self, ref: str, role: str | None, index: int, follow: bool) -> Iterator[bytes]:
+        import httpx
+
+        params: dict[str, Any] = {"index": index, "follow": follow}
+        if role:
+            params["role"] = role
+        try:
+            # no read timeout while following: the stream is quiet while the instance is
+            with httpx.stream("GET", self.server + f"/api/v1/jobs/{ref}/logs", params=params,
+                              timeout=httpx.Timeout(30, read=None if follow else 30)) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    _raise_for(response)
+                yield from response.iter_bytes()
+        except httpx.HTTPError as exc:
+            raise self._fail_unreachable(exc) from None
+
+    def tail(self, ref: str, role: str | None, index: int, lines: int) -> str:
+        import httpx
+
+        params: dict[str, Any] = {"index": index, "tail": lines, **({"role": role} if role else {})}
+        try:
+            response = httpx.get(self.server + f"/api/v1/jobs/{ref}/logs", params=params, timeout=30)
+        except httpx.HTTPError as exc:
+            raise self._fail_unreachable(exc) from None
+        _raise_for(response)
+        return response.text
+
+
+def _raise_for(response: Any) -> None:
+    """A reply of 400 or more as a :class:`UserError` with the service's own words."""
+    if response.status_code < 400:
+        return
+    body = response.json() if response.headers.get("content-type", "").startswith("application/json") else {}
+    if not isinstance(body, dict):
+        body = {}
     if response.status_code == 422:
-        body = response.json()
         details = body.get("details") or [json.dumps(d) for d in body.get("detail", [])]
         raise UserError(body.get("error", "the controller rejected the request"), details)
-    if response.status_code >= 400:
-        body = response.json() if response.headers.get("content-type", "").startswith("application/json") else {}
-        detail = body.get("detail") or body.get("error") or response.text if isinstance(body, dict) else response.text
-        raise UserError(str(detail), exit_code=2 if response.status_code == 413 else 1)
-    return response.json()
+    detail = body.get("detail") or body.get("error") or response.text
+    raise UserError(str(detail), exit_code=2 if response.status_code in USER_MISTAKES else 1)
+
+
+def _jobs(server: str | None, db: str | None) -> Union[HttpJobs, Trainmaster]:
+    """The service at ``server`` when one is named, else the local store (which must exist)."""
+    if server:
+        return HttpJobs(server)
+    from trainmaster.api import Trainmaster
+
+    return Trainmaster.open(db, existing=True)
 
 
 def submit(file: Annotated[Path, typer.Argument(help="Job file (ours, Kubeflow or Volcano).")],
-           server: ServerOpt = DEFAULT_SERVER,
+           server: Annotated[str, typer.Option(
+               "--server", envvar="TRAINMASTER_SERVER",
+               help="URL of the controller service that queues and runs the job.")] = DEFAULT_SERVER,
            lenient: Annotated[bool, typer.Option(
                "--lenient", help="Kubeflow/Volcano files: list unknown fields and ignore them instead of "
                                  "refusing the file.")] = False) -> None:
-    """Submit a job to the controller service."""
+    """Submit a job to the controller service (`trainmaster job run` runs one here, without a server)."""
+    import httpx
+
     from trainmaster.spec.load import read_document
 
-    reply = _request(server, "POST", "/api/v1/jobs", json=read_document(file),
-                     params={"lenient": "true"} if lenient else None)
+    document = read_document(file)
+    try:
+        response = httpx.post(server.rstrip("/") + "/api/v1/jobs", json=document,
+                              params={"lenient": "true"} if lenient else None, timeout=30)
+    except httpx.HTTPError as exc:
+        raise UserError(f"submit needs a running controller service, and none answers at {server} ({exc}); "
+                        f"start one with `trainmaster server`, pass --server URL, or run the job here with "
+                        f"`trainmaster job run {file}`") from None
+    _raise_for(response)
+    reply = response.json()
     for path in reply.get("ignored", []):
         Console(stderr=True).print(f"[yellow]ignored:[/] {path}", highlight=False)
     print(f"submitted job {reply['name']} (id {reply['id']})")
 
 
-def list_jobs(server: ServerOpt = DEFAULT_SERVER,
-              json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+def list_jobs(server: ServerOpt = None, db: DbOpt = None, json_out: JsonOpt = False) -> None:
     """List jobs and their states."""
-    jobs = _request(server, "GET", "/api/v1/jobs")
+    jobs = _jobs(server, db).list_jobs()
     if json_out:
         print(json.dumps(jobs, indent=2))
         return
@@ -65,12 +188,11 @@ def list_jobs(server: ServerOpt = DEFAULT_SERVER,
     Console().print(table)
 
 
-def status(job: JobArg, server: ServerOpt = DEFAULT_SERVER,
-           json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+def status(job: JobArg, server: ServerOpt = None, db: DbOpt = None, json_out: JsonOpt = False) -> None:
     """Show a job: state, roles with per-state counts, instances, recent events."""
     from trainmaster.cli.view import render_status
 
-    data = _request(server, "GET", f"/api/v1/jobs/{job}")
+    data = _jobs(server, db).status(job)
     if json_out:
         print(json.dumps(data, indent=2))
     else:
@@ -81,46 +203,53 @@ def status(job: JobArg, server: ServerOpt = DEFAULT_SERVER,
 def logs(job: JobArg, role: Annotated[Optional[str], typer.Option(help="Role (default: the first).")] = None,
          index: Annotated[int, typer.Option(min=0, help="Replica index.")] = 0,
          follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep streaming until it ends.")] = False,
-         server: ServerOpt = DEFAULT_SERVER) -> None:
+         tail: Annotated[Optional[int], typer.Option(
+             min=1, max=100_000, help="Print only the last N lines (at most the last MiB of the log).")] = None,
+         server: ServerOpt = None, db: DbOpt = None) -> None:
     """Print (or follow) one instance's log."""
-    import httpx
-    import sys
-
-    params: dict[str, Any] = {"index": index, "follow": follow}
-    if role:
-        params["role"] = role
-    url = server.rstrip("/") + f"/api/v1/jobs/{job}/logs"
-    try:
-        with httpx.stream("GET", url, params=params, timeout=None) as response:
-            if response.status_code >= 400:
-                response.read()
-                raise UserError(response.json().get("detail", response.text), exit_code=1)
-            for chunk in response.iter_bytes():
-                sys.stdout.buffer.write(chunk)
-                sys.stdout.flush()
-    except httpx.HTTPError as exc:
-        raise UserError(f"cannot reach the controller at {server} ({exc})", exit_code=1) from None
+    if tail is not None and follow:
+        raise UserError("--tail and --follow: choose one (--follow prints the whole log, then what comes)")
+    jobs = _jobs(server, db)
+    if tail is not None:
+        sys.stdout.write(jobs.tail(job, role, index, tail))
+        return
+    for chunk in jobs.read_log(job, role, index, follow=follow):
+        sys.stdout.buffer.write(chunk)
+        sys.stdout.flush()
 
 
-def cancel(job: JobArg, server: ServerOpt = DEFAULT_SERVER) -> None:
+def wait(job: JobArg, timeout: Annotated[float, typer.Option(min=0, help="Seconds to wait at most.")] = 3600,
+         server: ServerOpt = None, db: DbOpt = None) -> None:
+    """Wait until a job ends; exit 0 if it succeeded, 1 if it failed, was cancelled or is still running
+    after --timeout seconds."""
+    ended = _jobs(server, db).wait(job, timeout=timeout)
+    print(f"job {ended.name} (id {ended.id}) {ended.state}")
+    raise typer.Exit(0 if ended.state == "succeeded" else 1)
+
+
+def cancel(job: JobArg, server: ServerOpt = None, db: DbOpt = None) -> None:
     """Cancel a job: every instance is stopped."""
-    reply = _request(server, "POST", f"/api/v1/jobs/{job}/cancel")
-    print(f"job {reply['id']}: " + ("cancellation requested" if reply["cancelRequested"] else "already ended"))
+    reply = _jobs(server, db).cancel(job)
+    if reply.cancel_requested:
+        print(f"job {reply.id}: cancellation requested; {reply.note}")
+    else:
+        print(f"job {reply.id}: already ended")
 
 
 def scale(job: JobArg,
           role: Annotated[str, typer.Argument(help="Role to scale.")],
           replicas: Annotated[int, typer.Argument(min=1, help="Desired number of instances.")],
-          server: ServerOpt = DEFAULT_SERVER) -> None:
+          server: ServerOpt = None, db: DbOpt = None) -> None:
     """Set a role's desired replicas; the controller creates or deletes instances to match."""
-    reply = _request(server, "POST", f"/api/v1/jobs/{job}/scale", json={"role": role, "replicas": replicas})
-    print(f"job {reply['id']}: role {reply['role']} scaled to {reply['replicas']} replica(s)")
+    reply = _jobs(server, db).scale(job, role, replicas)
+    print(f"job {reply.id}: role {reply.role} scaled to {reply.replicas} replica(s)")
 
 
-def delete(job: JobArg, server: ServerOpt = DEFAULT_SERVER) -> None:
+def delete(job: JobArg, server: ServerOpt = None, db: DbOpt = None) -> None:
     """Delete an ended job and its records (cancel a running one first)."""
-    reply = _request(server, "DELETE", f"/api/v1/jobs/{job}")
-    print(f"job {reply['id']} deleted")
+    jobs = _jobs(server, db)
+    deleted = jobs.delete(job)
+    print(f"job {deleted if isinstance(deleted, int) else deleted.id} deleted")
 
 
 def register(app: typer.Typer) -> None:
@@ -128,6 +257,7 @@ def register(app: typer.Typer) -> None:
     app.command("list")(list_jobs)
     app.command()(status)
     app.command()(logs)
+    app.command()(wait)
     app.command()(cancel)
     app.command()(scale)
     app.command()(delete)

@@ -8,7 +8,6 @@ the store, so a controller started over an existing store simply carries on.
 
 from __future__ import annotations
 
-import copy
 import os
 import shutil
 import threading
@@ -91,36 +90,16 @@ class Controller:
             return row.id
 
     def cancel(self, job_id: int) -> None:
-        with self.sessions() as session:
-            row = repo.load_job(session, job_id)
-            if not repo.is_terminal(row.state):
-                row.cancel_requested = True
-                repo.add_event(session, job_id, "job", "CancelRequested", "cancellation requested")
-                session.commit()
+        """Record the cancellation (one implementation: :meth:`trainmaster.api.Trainmaster.cancel`)."""
+        from trainmaster.api import Trainmaster
+
+        Trainmaster(self.sessions, self.db_url).cancel(job_id)
 
     def scale(self, job_id: int, role_name: str, replicas: int) -> None:
-        """Change a role's desired replica count; the next reconcile pass acts on it.
+        """Change a role's desired replicas; the next pass acts on it (:meth:`trainmaster.api.Trainmaster.scale`)."""
+        from trainmaster.api import Trainmaster
 
-        The changed job is validated like a submitted one (a framework's single-instance roles,
-        ``minAvailable`` within the replicas...), so scaling cannot make a job invalid.
-        """
-        from trainmaster.errors import UserError
-        from trainmaster.spec.validate import validate
-
-        with self.sessions() as session:
-            row = repo.load_job(session, job_id)
-            if repo.is_terminal(row.state):
-                raise UserError(f"job {row.name} (id {row.id}) has ended ({row.state}); only an active job scales")
-            doc = copy.deepcopy(row.spec)
-            roles = {r["name"]: r for r in doc["spec"]["roles"]}
-            if role_name not in roles:
-                raise UserError(f"job {row.name} (id {row.id}) has no role '{role_name}' "
-                                f"(its roles: {', '.join(roles)})")
-            roles[role_name]["replicas"] = replicas
-            row.spec = validate(doc, source=f"job {row.name} with {role_name} at {replicas} replicas").dump()
-            next(r for r in row.roles if r.name == role_name).replicas = replicas
-            repo.add_event(session, job_id, f"role/{role_name}", "Scaled", f"desired replicas set to {replicas}")
-            session.commit()
+        Trainmaster(self.sessions, self.db_url).scale(job_id, role_name, replicas)
 
     # ---- the loop ----------------------------------------------------------------------------
     def step(self) -> None:
@@ -361,17 +340,22 @@ class Controller:
             victims = {m.key for m in scaling.surplus(members, role.replicas)}
             doomed = [i for i in rows if i.id in victims]
             if doomed:
-                free = self._stop_instances(session, job, doomed, free)
+                free = self._stop_instances(session, job, doomed, free,
+                                            f"scaled down: role {role.name} wants {role.replicas}")
                 for inst in doomed:
                     repo.add_event(session, job.id, f"instance/{inst.label}", "ScaledDown",
                                    f"deleted {inst.label} (role {role.name} wants {role.replicas})")
         return free
 
     def _stop_instances(self, session: Session, job: JobRow, instances: list[InstanceRow],
-                        free: Capacity) -> Capacity:
+                        free: Capacity, why: str) -> Capacity:
+        """Stop ``instances`` (grace, then the whole tree); each one not already ended becomes
+        ``stopped`` with reason ``Stopped`` and ``why`` as its message, so ``status`` never shows
+        the reason of the state it left (``Running``)."""
         for inst in instances:  # an attempt prepared this pass but not started yet has no handle
             if inst.state in LIVE and inst.state != I.TERMINATING.value:
                 self._set_instance_state(inst, I.TERMINATING)
+                inst.reason, inst.message = "Stopping", why
         live = [i for i in instances if i.state in LIVE and i.handle]
         self.backend.stop([i.handle for i in live if i.handle], self.grace)
         final = dict(zip((i.id for i in live), self.backend.poll_all([i.handle for i in live if i.handle])))
@@ -387,6 +371,7 @@ class Controller:
                     self._ended.append(inst.handle)
             if inst.state not in (I.SUCCEEDED.value, I.FAILED.value):
                 self._set_instance_state(inst, I.STOPPED)  # from pending or terminating
+                inst.reason, inst.message = "Stopped", why
         return free
 
     def _start_pending(self, session: Session, job: JobRow, spec: Job, free: Capacity) -> Capacity:
@@ -595,7 +580,7 @@ class Controller:
     def _finish(self, session: Session, job: JobRow, spec: Job, verdict: Verdict, free: Capacity) -> Capacity:
         """End a job: stop its instances, keep logs, store outputs on success, clean the registry."""
         free = self._stop_instances(session, job, [i for i in job.instances if i.state not in INSTANCE_TERMINAL],
-                                    free)
+                                    free, f"the job {verdict.state.value} ({verdict.reason})")
         for role_row in job.roles:
             if JobState(role_row.state) not in JOB_TERMINAL:
                 role_row.state, role_row.reason = JobState.CANCELLED.value, "StoppedAtJobEnd"

@@ -16,18 +16,18 @@ import asyncio
 import logging
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Annotated, Any, AsyncIterator
 
 from fastapi import Body, FastAPI, HTTPException, Query, Request
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.exc import OperationalError
 
+from trainmaster.api import JobConflict, JobNotFound, LogTarget, Trainmaster
 from trainmaster.controller import Controller
 from trainmaster.controller import metrics
 from trainmaster.controller.backoff import StoreBackoff
@@ -117,6 +117,7 @@ def create_app(controller: Controller, reconcile: bool = True, options: ServiceO
     mount_dashboard(app, controller, submission, options.access)
     reconciler = Reconciler(controller, elector)
     sessions = controller.sessions
+    jobs = Trainmaster(sessions, controller.db_url)  # every job verb goes through the facade
 
     @app.on_event("startup")
     def _start() -> None:
@@ -137,6 +138,14 @@ def create_app(controller: Controller, reconcile: bool = True, options: ServiceO
         log.warning("store unreachable: %s", exc.orig or exc)
         return JSONResponse(status_code=503, headers={"Retry-After": "2"},
                             content={"error": "the store (database) is unreachable right now; retry shortly"})
+
+    @app.exception_handler(JobNotFound)
+    def _not_found(_request: Request, exc: JobNotFound) -> JSONResponse:
+        return JSONResponse(status_code=404, content={"detail": exc.message})
+
+    @app.exception_handler(JobConflict)
+    def _conflict(_request: Request, exc: JobConflict) -> JSONResponse:
+        return JSONResponse(status_code=409, content={"detail": exc.message})
 
     @app.exception_handler(UserError)
     def _user_error(_request: Request, exc: UserError) -> JSONResponse:
@@ -173,76 +182,51 @@ def create_app(controller: Controller, reconcile: bool = True, options: ServiceO
 
     @app.get(f"{API}/jobs")
     def list_jobs() -> list[dict[str, Any]]:
-        with sessions() as session:
-            return repo.job_summaries(session)
+        return jobs.list_jobs()
 
     @app.get(f"{API}/jobs/{{ref}}")
     def status(ref: JobRef, events: int = Query(50, ge=0, le=10_000)) -> dict[str, Any]:
-        with sessions() as session:
-            job = _find(session, ref)
-            return repo.job_status(session, repo.load_job(session, job.id), events=events)
+        return jobs.status(ref, events=events)
 
     @app.post(f"{API}/jobs/{{ref}}/cancel")
     def cancel(ref: JobRef) -> dict[str, Any]:
-        with sessions() as session:
-            job = _find(session, ref)
-        controller.cancel(job.id)
-        return {"id": job.id, "cancelRequested": not repo.is_terminal(job.state)}
+        result = jobs.cancel(ref)
+        return {"id": result.id, "cancelRequested": result.cancel_requested}
 
     @app.post(f"{API}/jobs/{{ref}}/scale")
     def scale(ref: JobRef, body: ScaleRequest) -> dict[str, Any]:
-        with sessions() as session:
-            job = _find(session, ref)
-        controller.scale(job.id, body.role, body.replicas)
-        return {"id": job.id, "role": body.role, "replicas": body.replicas}
+        result = jobs.scale(ref, body.role, body.replicas)
+        return {"id": result.id, "role": result.role, "replicas": result.replicas}
 
     @app.delete(f"{API}/jobs/{{ref}}")
     def delete(ref: JobRef) -> dict[str, Any]:
-        with sessions() as session:
-            job = _find(session, ref)
-            if not repo.is_terminal(job.state):
-                raise HTTPException(409, f"job {job.name} (id {job.id}) is {job.state}; cancel it first")
-            session.delete(repo.load_job(session, job.id))
-            session.commit()
-        return {"id": job.id, "deleted": True}
+        return {"id": jobs.delete(ref).id, "deleted": True}
 
     @app.get(f"{API}/jobs/{{ref}}/logs")
     def logs(ref: JobRef, role: str | None = Query(None, max_length=63), index: int = Query(0, ge=0, le=MAX_REPLICAS),
-             follow: bool = False) -> StreamingResponse:
-        with sessions() as session:
-            job = repo.load_job(session, _find(session, ref).id)
-            chosen = [i for i in job.instances if (role is None or i.role == role) and i.index == index]
-            if not chosen:
-                raise HTTPException(404, f"job {job.name} has no instance {role or '<first role>'}-{index}")
-            inst = chosen[0]
-            if not inst.log_path:
-                raise HTTPException(404, f"{inst.label} has not started yet; no log")
-            path, instance_id = Path(inst.log_path), inst.id
-        return StreamingResponse(_stream(path, instance_id, follow), media_type="text/plain")
+             follow: bool = False, tail: int | None = Query(None, ge=1, le=100_000, description=(
+                 "Only the last N lines (of at most the last MiB); not with follow"))) -> Response:
+        if tail is not None:
+            if follow:
+                raise UserError("tail and follow: choose one", ["tail: drop it to follow the whole log"])
+            return PlainTextResponse(jobs.tail(ref, role, index, lines=tail))
+        return StreamingResponse(_stream(jobs.log_target(ref, role, index), follow), media_type="text/plain")
 
-    async def _stream(path: Path, instance_id: int, follow: bool) -> AsyncIterator[bytes]:
-        offset = 0
+    async def _stream(target: LogTarget, follow: bool) -> AsyncIterator[bytes]:
+        """The log from its start; with ``follow`` until the instance ends. Async, so a follower
+        holds no worker thread while it waits for output."""
+        offset, ended = 0, not follow
         while True:
-            if path.exists():
-                with open(path, "rb") as handle:
-                    handle.seek(offset)
-                    chunk = handle.read()
-                    offset += len(chunk)
-                if chunk:
-                    yield chunk
-            if not follow or _instance_ended(instance_id):
-                if follow and path.exists() and path.stat().st_size > offset:
-                    continue
+            chunk = jobs.log_chunk(target, offset)
+            offset += len(chunk)
+            if chunk:
+                yield chunk
+            elif ended:
                 return
-            await asyncio.sleep(0.25)
-
-    def _instance_ended(instance_id: int) -> bool:
-        from trainmaster.spec.states import INSTANCE_TERMINAL
-        from trainmaster.store.models import InstanceRow
-
-        with sessions() as session:
-            inst = session.get(InstanceRow, instance_id)
-            return inst is None or inst.state in {s.value for s in INSTANCE_TERMINAL}
+            elif jobs.instance_ended(target.instance_id):
+                ended = True  # one more pass drains what it wrote before it ended
+            else:
+                await asyncio.sleep(0.25)
 
     @app.get("/metrics")
     def prometheus() -> PlainTextResponse:
@@ -257,16 +241,6 @@ def create_app(controller: Controller, reconcile: bool = True, options: ServiceO
             metrics.REPORTED.labels(job=job, role=role, index=str(index), metric=name).set(value)
         return PlainTextResponse(generate_latest(metrics.REGISTRY).decode(),
                                  media_type="text/plain; version=0.0.4")
-
-    def _find(session: Any, ref: str) -> Any:
-        if not ref.isascii():  # names, uids and ids are ASCII; '²'.isdigit() holds, int('²') fails
-            raise HTTPException(404, f"no job '{ref}' (job names, uids and ids are ASCII)")
-        if ref.isdigit() and len(ref) > 18:
-            raise HTTPException(404, f"no job with id {ref[:20]}... (ids are at most 18 digits)")
-        try:
-            return repo.find_job(session, ref)
-        except UserError as exc:
-            raise HTTPException(404, exc.message) from None
 
     app.state.reconciler = reconciler
     app.openapi = lambda: _openapi_with_job_schema(app)  # type: ignore[method-assign]

@@ -1,0 +1,377 @@
+"""The application facade: every job verb over one store, in this process.
+
+What TorchX's ``Runner`` is to TorchX: the CLI's job verbs, the REST API's handlers and the tests
+all go through :class:`Trainmaster`, so a verb behaves the same whether a user types it with or
+without a server. It holds no state of its own: the store is the truth, and a verb that changes a
+job records an intent (cancel, scale) that whichever controller owns the job acts on at its next
+pass, or (``run``, ``resume``) drives an embedded controller itself.
+
+Status and list results are the REST API's JSON documents (the one wire format the CLI, the
+dashboard and API clients share); every other result is a small dataclass.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from trainmaster.backends.base import Backend
+from trainmaster.controller import Controller
+from trainmaster.errors import UserError
+from trainmaster.spec.load import LoadedJob
+from trainmaster.spec.states import INSTANCE_TERMINAL
+from trainmaster.store import repository as repo
+from trainmaster.store.db import default_url, make_engine, session_factory, sqlite_path
+from trainmaster.store.models import InstanceRow, JobRow
+
+#: How much of a log :meth:`Trainmaster.tail` reads at most, whatever the number of lines asked:
+#: a tail must answer at once even for a log of gigabytes.
+TAIL_MAX_BYTES = 1 << 20
+
+
+class JobNotFound(UserError):
+    """No job (or no instance, or no log yet) answers the reference (HTTP 404)."""
+
+
+class JobConflict(UserError):
+    """The job's state forbids the verb, e.g. deleting a job that still runs (HTTP 409)."""
+
+
+class WaitTimedOut(UserError):
+    """:meth:`Trainmaster.wait` gave up; the message says on what and in which state."""
+
+    def __init__(self, message: str):
+        super().__init__(message, exit_code=1)
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """A job as a verb found it."""
+
+    id: int
+    name: str
+    state: str
+
+
+@dataclass(frozen=True)
+class CancelResult:
+    id: int
+    cancel_requested: bool  # False: the job had already ended
+    note: str  # what happens next (who carries the cancellation out)
+
+
+@dataclass(frozen=True)
+class ScaleResult:
+    id: int
+    role: str
+    replicas: int
+
+
+@dataclass(frozen=True)
+class LogTarget:
+    """One instance's log file."""
+
+    label: str
+    instance_id: int
+    path: Path
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How ``run`` and ``resume`` drive their embedded controller (the ``trainmaster run`` flags)."""
+
+    backend: str = "local"
+    interval: float = 1.0
+    grace: float = 5.0
+    cpus: float | None = None
+    ray_address: str | None = None
+
+
+@dataclass(frozen=True)
+class RunResult:
+    job_id: int
+    state: str
+    status: dict[str, Any]  # the final status document
+
+    @property
+    def succeeded(self) -> bool:
+        return self.state == "succeeded"
+
+
+def make_backend(name: str, cpus: float | None = None, ray_address: str | None = None) -> Backend:
+    """The backend named ``name`` (``local``, ``ray`` or ``testbed``)."""
+    from trainmaster.backends.base import Capacity
+    from trainmaster.backends.local import LocalBackend
+
+    if name == "ray":
+        from trainmaster.backends import ray_backend_or_error
+
+        return ray_backend_or_error(ray_address)  # type: ignore[no-any-return]
+    if name == "local":
+        if cpus is None:
+            return LocalBackend()
+        default = LocalBackend().capacity()
+        return LocalBackend(Capacity(cpu=cpus, memory=default.memory, gpu=default.gpu))
+    if name == "testbed":
+        from trainmaster.backends.testbed import TestbedBackend
+        from trainmaster.testbed import Testbed
+
+        # the testbed of 'trainmaster testbed up' (--prefix tm, or $TRAINMASTER_TESTBED)
+        return TestbedBackend(Testbed.load(os.environ.get("TRAINMASTER_TESTBED") or "tm"))
+    raise UserError(f"--backend: unknown backend '{name}' (available: local, ray, testbed)")
+
+
+class Trainmaster:
+    """The job verbs over the store at ``url`` (see the module's docstring)."""
+
+    def __init__(self, sessions: sessionmaker[Session], url: str):
+        self.sessions = sessions
+        self.url = url
+
+    @classmethod
+    def open(cls, url: str | None = None, existing: bool = False) -> Trainmaster:
+        """The facade over ``url`` (default: the SQLite store in Trainmaster's home); with
+        ``existing``, a SQLite store that is not there is an error rather than created empty
+        (a verb that only looks at jobs should not leave a database behind)."""
+        url = url or default_url()
+        path = sqlite_path(url)
+        if existing and path is not None and not path.exists():
+            raise UserError(f"no store at {path}: no job has run with this Trainmaster home yet. Run one with "
+                            "`trainmaster job run FILE`, give the store with --db / TRAINMASTER_DB or the home with "
+                            "--home / TRAINMASTER_HOME, or ask a server with --server URL")
+        return cls(session_factory(make_engine(url)), url)
+
+    # ---- reading -------------------------------------------------------------------------------
+    def find(self, ref: str | int) -> JobRef:
+        with self.sessions() as session:
+            row = self._find(session, ref)
+            return JobRef(row.id, row.name, row.state)
+
+    def list_jobs(self) -> list[dict[str, Any]]:
+        """Every job's summary, oldest first (``GET /api/v1/jobs``)."""
+        with self.sessions() as session:
+            return repo.job_summaries(session)
+
+    def status(self, ref: str | int, events: int = 50) -> dict[str, Any]:
+        """A job's status document with its ``events`` latest events (``GET /api/v1/jobs/{ref}``)."""
+        with self.sessions() as session:
+            row = self._find(session, ref)
+            return repo.job_status(session, repo.load_job(session, row.id), events=events)
+
+    def wait(self, ref: str | int, timeout: float, states: frozenset[str] | None = None,
+             poll: float = 0.25) -> JobRef:
+        """Wait until the job is in one of ``states`` (default: ended); :class:`WaitTimedOut`
+        after ``timeout`` seconds. The store is polled: the job may be run by another process."""
+        wanted = states or frozenset({"succeeded", "failed", "cancelled"})
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.find(ref)
+            if job.state in wanted:
+                return job
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WaitTimedOut(f"job {job.name} (id {job.id}) still {job.state} after {timeout:g} s "
+                                   f"(waited for: {', '.join(sorted(wanted))})")
+            time.sleep(min(poll, left))
+
+    # ---- logs ----------------------------------------------------------------------------------
+    def log_target(self, ref: str | int, role: str | None = None, index: int = 0) -> LogTarget:
+        """The log of instance ``role``-``index`` (default role: the first with that index)."""
+        with self.sessions() as session:
+            job = repo.load_job(session, self._find(session, ref).id)
+            chosen = [i for i in job.instances if (role is None or i.role == role) and i.index == index]
+            if not chosen:
+                raise JobNotFound(f"job {job.name} has no instance {role or '<first role>'}-{index}")
+            inst = chosen[0]
+            if not inst.log_path:
+                raise JobNotFound(f"{inst.label} has not started yet; no log")
+            return LogTarget(inst.label, inst.id, Path(inst.log_path))
+
+    def tail(self, ref: str | int, role: str | None = None, index: int = 0, lines: int = 100) -> str:
+        """The last ``lines`` lines of an instance's log, reading at most :data:`TAIL_MAX_BYTES`."""
+        target = self.log_target(ref, role, index)
+        if not target.path.exists():
+            return ""
+        with open(target.path, "rb") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, size - TAIL_MAX_BYTES))
+            text = handle.read().decode(errors="replace")
+        kept = text.splitlines(keepends=True)[-lines:] if lines > 0 else []
+        return "".join(kept)
+
+    def read_log(self, ref: str | int, role: str | None = None, index: int = 0, follow: bool = False,
+                 poll: float = 0.25, timeout: float | None = None) -> Iterator[bytes]:
+        """An instance's log in chunks; with ``follow``, new output as it comes until the instance
+        ends (then the rest) or ``timeout`` seconds pass (:class:`WaitTimedOut`)."""
+        target = self.log_target(ref, role, index)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        offset, ended = 0, not follow
+        while True:
+            chunk = self.log_chunk(target, offset)
+            offset += len(chunk)
+            if chunk:
+                yield chunk
+                continue
+            if ended:
+                return
+            if self.instance_ended(target.instance_id):
+                ended = True  # one more pass drains what it wrote before it ended
+                continue
+            orphaned = self._orphaned(target.instance_id)
+            if orphaned:  # nobody will ever mark the instance ended: following would never stop
+                raise UserError(f"stopped following {target.label}: {orphaned}", exit_code=1)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimedOut(f"{target.label} still runs after {timeout:g} s of following its log")
+            time.sleep(poll)
+
+    @staticmethod
+    def log_chunk(target: LogTarget, offset: int, size: int = 1 << 16) -> bytes:
+        """At most ``size`` bytes of ``target``'s log from ``offset`` (nothing before it exists)."""
+        if not target.path.exists():
+            return b""
+        with open(target.path, "rb") as handle:
+            handle.seek(offset)
+            return handle.read(size)
+
+    def instance_ended(self, instance_id: int) -> bool:
+        with self.sessions() as session:
+            inst = session.get(InstanceRow, instance_id)
+            return inst is None or inst.state in {s.value for s in INSTANCE_TERMINAL}
+
+    def _orphaned(self, instance_id: int) -> str | None:
+        """Why the instance's state will not change any more (its job's ``trainmaster run`` is
+        gone), or None. A job of the service is never orphaned: the service restarts."""
+        from trainmaster.store.ownership import orphan_note, owner_alive
+
+        with self.sessions() as session:
+            inst = session.get(InstanceRow, instance_id)
+            job = session.get(JobRow, inst.job_id) if inst is not None else None
+            if job is None or repo.is_terminal(job.state) or owner_alive(job.owner) is not False:
+                return None
+            return orphan_note(job.id, job.owner)
+
+    # ---- intents -------------------------------------------------------------------------------
+    def cancel(self, ref: str | int) -> CancelResult:
+        """Record the cancellation; the controller owning the job stops every instance."""
+        from trainmaster.store.ownership import owner_alive
+
+        with self.sessions() as session:
+            row = self._find(session, ref)
+            if repo.is_terminal(row.state):
+                return CancelResult(row.id, False, f"job {row.name} has already ended ({row.state})")
+            row.cancel_requested = True
+            repo.add_event(session, row.id, "job", "CancelRequested", "cancellation requested")
+            session.commit()
+            if owner_alive(row.owner) is False:
+                note = (f"its `trainmaster run` is gone: `trainmaster job resume {row.id}` stops its "
+                        "instances now")
+            else:
+                note = "its controller stops every instance at its next pass"
+            return CancelResult(row.id, True, note)
+
+    def scale(self, ref: str | int, role: str, replicas: int) -> ScaleResult:
+        """Set a role's desired replicas. The changed job is validated like a submitted one (a
+        framework's single-instance roles, ``minAvailable``...), so scaling cannot make it invalid."""
+        from trainmaster.spec.validate import validate
+
+        with self.sessions() as session:
+            row = repo.load_job(session, self._find(session, ref).id)
+            if repo.is_terminal(row.state):
+                raise UserError(f"job {row.name} (id {row.id}) has ended ({row.state}); only an active job scales")
+            doc = copy.deepcopy(row.spec)
+            roles = {r["name"]: r for r in doc["spec"]["roles"]}
+            if role not in roles:
+                raise UserError(f"job {row.name} (id {row.id}) has no role '{role}' (its roles: {', '.join(roles)})")
+            roles[role]["replicas"] = replicas
+            row.spec = validate(doc, source=f"job {row.name} with {role} at {replicas} replicas").dump()
+            next(r for r in row.roles if r.name == role).replicas = replicas
+            repo.add_event(session, row.id, f"role/{role}", "Scaled", f"desired replicas set to {replicas}")
+            session.commit()
+            return ScaleResult(row.id, role, replicas)
+
+    def delete(self, ref: str | int) -> JobRef:
+        """Delete an ended job and its records; :class:`JobConflict` while it is active."""
+        with self.sessions() as session:
+            row = self._find(session, ref)
+            if not repo.is_terminal(row.state):
+                raise JobConflict(f"job {row.name} (id {row.id}) is {row.state}; cancel it first")
+            found = JobRef(row.id, row.name, row.state)
+            session.delete(repo.load_job(session, row.id))
+            session.commit()
+            return found
+
+    # ---- running here --------------------------------------------------------------------------
+    def controller(self, options: RunOptions, owner: str) -> Controller:
+        """An embedded controller over this store reconciling ``owner``'s jobs."""
+        return Controller(self.sessions, make_backend(options.backend, options.cpus, options.ray_address), self.url,
+                          interval=options.interval, grace=options.grace, owner=owner)
+
+    def run(self, loaded: LoadedJob, options: RunOptions, on_tick: Callable[[int], None] | None = None,
+            should_cancel: Callable[[], bool] | None = None) -> RunResult:
+        """Queue ``loaded`` for a controller in this process and reconcile it to its end;
+        ``on_tick(job_id)`` after every pass, ``should_cancel()`` true cancels it."""
+        from trainmaster.store.ownership import run_owner
+
+        controller = self.controller(options, run_owner())
+        job_id = controller.submit(loaded)
+        return self._drive(controller, job_id, on_tick, should_cancel)
+
+    def resume(self, ref: str | int, options: RunOptions, on_tick: Callable[[int], None] | None = None,
+               should_cancel: Callable[[], bool] | None = None) -> RunResult:
+        """Take over a job whose ``trainmaster run`` ended before it and run it to its end: live
+        instances are re-adopted, ended ones handled by their restart policy. ``options.backend``
+        is ignored: the job keeps the backend it started on."""
+        from dataclasses import replace
+
+        from trainmaster.store.ownership import owner_alive, run_owner, run_pid
+
+        me = run_owner()
+        with self.sessions() as session:
+            row = self._find(session, ref)
+            what = f"job {row.name} (id {row.id})"
+            if repo.is_terminal(row.state):
+                raise UserError(f"{what} has already ended ({row.state}); nothing to resume")
+            alive = owner_alive(row.owner)
+            if alive is None:
+                raise UserError(f"{what} belongs to the controller service; it carries on when `trainmaster server` "
+                                "runs (use `trainmaster status` / `cancel`)")
+            if alive:
+                raise UserError(f"{what} is still run by `trainmaster run` (pid {run_pid(row.owner)}); stop that "
+                                "command (Ctrl-C cancels the job) or let it finish")
+            if not repo.take_over(session, row.id, row.owner, me):
+                raise UserError(f"{what} was just taken over by another command; try again to see by whom")
+            repo.add_event(session, row.id, "job", "Resumed", f"taken over by `trainmaster resume` (pid {run_pid(me)})")
+            session.commit()
+            job_id, backend_name = row.id, row.backend
+        controller = self.controller(replace(options, backend=backend_name, cpus=None), me)
+        controller.recover()
+        return self._drive(controller, job_id, on_tick, should_cancel)
+
+    def _drive(self, controller: Controller, job_id: int, on_tick: Callable[[int], None] | None,
+               should_cancel: Callable[[], bool] | None) -> RunResult:
+        try:
+            state = controller.run_job(job_id, on_tick=None if on_tick is None else lambda: on_tick(job_id),
+                                       should_cancel=should_cancel)
+        finally:
+            controller.backend.close()  # this command's connection to the node agent, not the agent
+        return RunResult(job_id, state, self.status(job_id, events=200))
+
+    # ---- helpers -------------------------------------------------------------------------------
+    @staticmethod
+    def _find(session: Session, ref: str | int) -> JobRow:
+        text = str(ref)
+        if not text.isascii():  # names, uids and ids are ASCII; '²'.isdigit() holds, int('²') fails
+            raise JobNotFound(f"no job '{text}' (job names, uids and ids are ASCII)")
+        if text.isdigit() and len(text) > 18:
+            raise JobNotFound(f"no job with id {text[:20]}... (ids are at most 18 digits)")
+        try:
+            return repo.find_job(session, text)
+        except UserError as exc:
+            raise JobNotFound(exc.message) from None
