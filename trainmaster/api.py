@@ -12,7 +12,6 @@ dashboard and API clients share); every other result is a small dataclass.
 
 from __future__ import annotations
 
-import copy
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -264,10 +263,8 @@ class Trainmaster:
 
         with self.sessions() as session:
             row = self._find(session, ref)
-            if repo.is_terminal(row.state):
+            if not repo.request_cancel(session, row):
                 return CancelResult(row.id, False, f"job {row.name} has already ended ({row.state})")
-            row.cancel_requested = True
-            repo.add_event(session, row.id, "job", "CancelRequested", "cancellation requested")
             session.commit()
             if owner_alive(row.owner) is False:
                 note = (f"its `trainmaster run` is gone: `trainmaster job resume {row.id}` stops its "
@@ -279,20 +276,9 @@ class Trainmaster:
     def scale(self, ref: str | int, role: str, replicas: int) -> ScaleResult:
         """Set a role's desired replicas. The changed job is validated like a submitted one (a
         framework's single-instance roles, ``minAvailable``...), so scaling cannot make it invalid."""
-        from trainmaster.spec.validate import validate
-
         with self.sessions() as session:
             row = repo.load_job(session, self._find(session, ref).id)
-            if repo.is_terminal(row.state):
-                raise UserError(f"job {row.name} (id {row.id}) has ended ({row.state}); only an active job scales")
-            doc = copy.deepcopy(row.spec)
-            roles = {r["name"]: r for r in doc["spec"]["roles"]}
-            if role not in roles:
-                raise UserError(f"job {row.name} (id {row.id}) has no role '{role}' (its roles: {', '.join(roles)})")
-            roles[role]["replicas"] = replicas
-            row.spec = validate(doc, source=f"job {row.name} with {role} at {replicas} replicas").dump()
-            next(r for r in row.roles if r.name == role).replicas = replicas
-            repo.add_event(session, row.id, f"role/{role}", "Scaled", f"desired replicas set to {replicas}")
+            repo.set_replicas(session, row, role, replicas)
             session.commit()
             return ScaleResult(row.id, role, replicas)
 

@@ -90,16 +90,16 @@ class Controller:
             return row.id
 
     def cancel(self, job_id: int) -> None:
-        """Record the cancellation (one implementation: :meth:`trainmaster.api.Trainmaster.cancel`)."""
-        from trainmaster.api import Trainmaster
-
-        Trainmaster(self.sessions, self.db_url).cancel(job_id)
+        """Record the cancellation; the next pass stops the job's instances."""
+        with self.sessions() as session:
+            if repo.request_cancel(session, repo.load_job(session, job_id)):
+                session.commit()
 
     def scale(self, job_id: int, role_name: str, replicas: int) -> None:
-        """Change a role's desired replicas; the next pass acts on it (:meth:`trainmaster.api.Trainmaster.scale`)."""
-        from trainmaster.api import Trainmaster
-
-        Trainmaster(self.sessions, self.db_url).scale(job_id, role_name, replicas)
+        """Change a role's desired replicas; the next pass acts on it."""
+        with self.sessions() as session:
+            repo.set_replicas(session, repo.load_job(session, job_id), role_name, replicas)
+            session.commit()
 
     # ---- the loop ----------------------------------------------------------------------------
     def step(self) -> None:

@@ -227,3 +227,32 @@ def _point(row: Any) -> dict[str, Any] | None:
     if row is None:
         return None
     return {"step": row.step, "epoch": row.epoch, "total": row.total, "values": row.values, "time": _iso(row.time)}
+
+
+def request_cancel(session: Session, job: JobRow) -> bool:
+    """Record a cancellation intent (the owning controller stops the instances); False if the
+    job has already ended."""
+    if is_terminal(job.state):
+        return False
+    job.cancel_requested = True
+    add_event(session, job.id, "job", "CancelRequested", "cancellation requested")
+    return True
+
+
+def set_replicas(session: Session, job: JobRow, role: str, replicas: int) -> None:
+    """Change a role's desired replicas. The changed job is validated like a submitted one (a
+    framework's single-instance roles, ``minAvailable``...), so scaling cannot make it invalid."""
+    import copy
+
+    from trainmaster.spec.validate import validate
+
+    if is_terminal(job.state):
+        raise UserError(f"job {job.name} (id {job.id}) has ended ({job.state}); only an active job scales")
+    doc = copy.deepcopy(job.spec)
+    roles = {r["name"]: r for r in doc["spec"]["roles"]}
+    if role not in roles:
+        raise UserError(f"job {job.name} (id {job.id}) has no role '{role}' (its roles: {', '.join(roles)})")
+    roles[role]["replicas"] = replicas
+    job.spec = validate(doc, source=f"job {job.name} with {role} at {replicas} replicas").dump()
+    next(r for r in job.roles if r.name == role).replicas = replicas
+    add_event(session, job.id, f"role/{role}", "Scaled", f"desired replicas set to {replicas}")
