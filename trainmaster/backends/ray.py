@@ -28,7 +28,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import ray
@@ -452,6 +452,20 @@ class RayBackend(Backend):
                 if obs.phase in (Phase.EXITED, Phase.LOST):
                     self._end(raw["handle"]["instance_id"], obs)
 
+    def forget(self, handles: list[dict[str, Any]]) -> None:
+        """The controller stored these exits: each node's agent may drop them from its journal.
+        Sent without waiting for the answer (one call per node); an agent that died meanwhile
+        has nothing left to drop."""
+        by_node: dict[str, list[str]] = {}
+        for handle in handles:
+            node = self._where.get(handle["instance_id"]) or handle.get("node")
+            if node is not None:
+                by_node.setdefault(node, []).append(handle["instance_id"])
+        for node, ids in by_node.items():
+            agent = self._agents.get(node)
+            if agent is not None:
+                agent.forget.remote(ids)
+
     def adopt(self, handle: dict[str, Any]) -> bool:
         """An attempt is ours again when its node's agent is alive and still runs it."""
         alive = (handle.get("backend") == self.name
@@ -482,22 +496,36 @@ class RayBackend(Backend):
 
 
 def _launch_spec(request: LaunchRequest) -> LaunchSpec:
-    """The typed launch of one attempt (a gated one's dependencies come from its launch file)."""
-    depends: list[Dependency] = []
-    db_url = ""
-    if request.gated:
-        launch = InstanceFiles(request.instance_dir).read_launch()
-        depends = [Dependency(d["role"], d["condition"], float(d["timeout"]), int(d["replicas"]))
-                   for d in launch["depends"]]
-        db_url = launch.get("db_url", "")
-    resources = request.resources
-    return LaunchSpec(instance_id=_instance_id(request), job_id=request.job_id, job_name=request.job_name,
-                      role=request.role, index=request.index, attempt=request.attempt, argv=list(request.argv),
-                      env=dict(request.env), cwd=request.cwd, log_path=request.log_path,
-                      instance_dir=request.instance_dir, host=request.placement.host,
-                      ports=list(request.placement.ports), cpu=float(resources.get("cpu", 0) or 0),
-                      memory=_memory_bytes(resources.get("memory", 0)), gpu=int(resources.get("gpu", 0) or 0),
-                      depends=depends, db_url=db_url)
+    """The typed launch of one attempt: the controller's :class:`LaunchSpec` under this backend's
+    instance id. A request without one, or a spec without environment inputs (built outside the
+    controller), takes what it lacks from the instance's launch file, so that the node agent can
+    resolve the environment again on the instance's node."""
+    launch: dict[str, Any] | None = None
+    if request.spec is not None:
+        spec = replace(request.spec, instance_id=_instance_id(request))
+    else:
+        depends: list[Dependency] = []
+        db_url = ""
+        if request.gated:
+            launch = InstanceFiles(request.instance_dir).read_launch()
+            depends = [Dependency(d["role"], d["condition"], float(d["timeout"]), int(d["replicas"]))
+                       for d in launch["depends"]]
+            db_url = launch.get("db_url", "")
+        resources = request.resources
+        spec = LaunchSpec(instance_id=_instance_id(request), job_id=request.job_id, job_name=request.job_name,
+                          role=request.role, index=request.index, attempt=request.attempt,
+                          argv=list(request.argv), env=dict(request.env), cwd=request.cwd,
+                          log_path=request.log_path, instance_dir=request.instance_dir,
+                          host=request.placement.host, ports=list(request.placement.ports),
+                          cpu=float(resources.get("cpu", 0) or 0), memory=_memory_bytes(resources.get("memory", 0)),
+                          gpu=int(resources.get("gpu", 0) or 0), depends=depends, db_url=db_url)
+    if not spec.env_inputs:
+        launch = launch or InstanceFiles(request.instance_dir).read_launch()
+        spec = replace(spec, env_inputs={"framework": launch.get("framework", "command"),
+                                         "context": launch["context"], "role_env": launch.get("role_env", {})})
+        if spec.depends:
+            spec = replace(spec, env=dict(launch["env"]))
+    return spec
 
 
 def _instance_id(request: LaunchRequest) -> str:
