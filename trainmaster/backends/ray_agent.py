@@ -156,7 +156,9 @@ class NodeAgentActor:
         self._agent, self._guard = make_node_agent(self.node_id)
 
     def where(self) -> dict[str, Any]:
-        return {"node": self.node_id, "ip": self.node_ip, "pid": os.getpid()}
+        """Where this agent runs and how it owns process trees (for people and tests)."""
+        return {"node": self.node_id, "ip": self.node_ip, "pid": os.getpid(), "trees": self._agent.trees.kind,
+                "state_dir": str(self._agent.options.state_dir)}
 
     def start(self, specs: builtins.list[dict[str, Any]]) -> builtins.list[dict[str, Any]]:
         """Start a batch; each answer is the :class:`StartResult` plus the host and ports the
