@@ -37,9 +37,10 @@ from ray.util.placement_group import (PlacementGroup, placement_group, placement
                                       remove_placement_group)
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from trainmaster.agent.contract import Dependency, InstancePhase, InstanceStatus, LaunchSpec
+from trainmaster.agent.contract import Dependency, InstanceStatus, LaunchSpec
 from trainmaster.backends.base import Backend, Capacity, LaunchRequest, Observation, Phase, Placement
 from trainmaster.backends.legacy_local import LegacySubprocessBackend as PortPicker
+from trainmaster.backends.local import observation as agent_observation
 from trainmaster.backends.ray_agent import (ATTEMPT_RECORD, NAMESPACE, NodeAgentActor, agent_name,
                                             read_record)
 from trainmaster.runtime.files import InstanceFiles
@@ -397,12 +398,10 @@ class RayBackend(Backend):
         return obs
 
     def _observation(self, status: InstanceStatus) -> Observation:
+        """What the local backend makes of an agent's status (the same agent), plus the host and
+        ports the attempt really got on its node."""
         host, ports = self._bound.get(status.handle.instance_id, ("", None))
-        phase = {InstancePhase.WAITING: Phase.STARTING, InstancePhase.RUNNING: Phase.RUNNING,
-                 InstancePhase.EXITED: Phase.EXITED, InstancePhase.START_FAILED: Phase.EXITED,
-                 InstancePhase.LOST: Phase.LOST}[status.phase]
-        return Observation(phase, exit_code=status.exit_code, reason=status.reason, message=status.message,
-                           host=host, ports=ports, command_started=status.command_started_at)
+        return replace(agent_observation(status), host=host, ports=ports)
 
     def _end(self, instance_id: str, obs: Observation) -> Observation:
         self._ended[instance_id] = obs
