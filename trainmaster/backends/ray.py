@@ -38,7 +38,8 @@ from ray.util.placement_group import (PlacementGroup, placement_group, placement
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from trainmaster.agent.contract import Dependency, InstanceStatus, LaunchSpec
-from trainmaster.backends.base import Backend, Capacity, LaunchRequest, Observation, Phase, Placement
+from trainmaster.backends.base import (Backend, Capacity, LaunchRequest, Observation, Phase, Placement,
+                                       StartFailure)
 from trainmaster.backends.legacy_local import LegacySubprocessBackend as PortPicker
 from trainmaster.backends.local import observation as agent_observation
 from trainmaster.backends.ray_agent import (ATTEMPT_RECORD, NAMESPACE, NodeAgentActor, agent_name,
@@ -266,16 +267,15 @@ class RayBackend(Backend):
     # ---- instances ---------------------------------------------------------------------------
     def start(self, request: LaunchRequest) -> dict[str, Any]:
         [handle] = list(self.start_all([request]))
-        if isinstance(handle, OSError):
-            raise handle
+        assert isinstance(handle, dict)  # a refused start comes back later, from poll (StartFailed)
         return handle
 
-    def start_all(self, requests: list[LaunchRequest]) -> Iterator[dict[str, Any] | OSError]:
+    def start_all(self, requests: list[LaunchRequest]) -> Iterator[dict[str, Any] | StartFailure]:
         """Send each node's launches to its agent in ONE call, without waiting for the answer:
         until it comes (the first call on a node waits for Ray to start the agent), the
         instances read as starting, so a reconcile pass never blocks on the cluster."""
         batches: dict[str, list[LaunchSpec]] = {}
-        handles: list[dict[str, Any] | OSError] = []
+        handles: list[dict[str, Any] | StartFailure] = []
         view = _ClusterView()
         for request in requests:
             spec = _launch_spec(request)
