@@ -489,7 +489,8 @@ def ray_markdown(results: dict[str, Any]) -> str:
     one, three, loss, kill = (results[k] for k in ("one_node", "three_nodes", "node_loss", "kill_to_replacement"))
     n = results["replicas"]
     rows = [("1 node", one), (f"3 nodes (ran on {three['nodes']})", three)]
-    lines = [f"Ray backend (Ray {results['ray']}, one node agent actor per node; {os.cpu_count()} CPUs shared "
+    lines = [f"Ray backend (Ray {results['ray']}, one node agent actor per node running trainmaster.agent.NodeAgent: "
+             f"cgroup trees where the node offers them, exits journaled; {os.cpu_count()} CPUs shared "
              f"with other work; medians of {results['runs']} runs after a cold first run).", "",
              f"Submit to {n} replicas running, seconds (*reported*: every instance running in our store; "
              "*processes*: every replica's command started). Target: <= 3 s.", "",

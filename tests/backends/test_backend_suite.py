@@ -172,3 +172,37 @@ def test_start_all_starts_every_request_and_reports_a_refused_one(backend: Backe
         assert obs.reason == "StartFailed" and "missing" in obs.message
     else:
         assert "missing" in refused.message and "python" in refused.message  # names the program and the path
+
+
+def test_cpu_seconds_and_peak_rss_of_the_whole_tree_are_observed(backend: Backend, tmp_path: Path) -> None:
+    """Per-instance usage (issue 14 part 1) through the same node agent on both backends: the exit
+    carries the CPU seconds and peak RSS of the instance's tree, a child's included."""
+    code = ("import subprocess, sys\n"
+            "subprocess.run([sys.executable, '-c', 'b = bytearray(48 << 20); sum(range(3_000_000))'], check=True)\n")
+    obs = wait_phase(backend, launch(backend, tmp_path, code, "burn"), {Phase.EXITED}, timeout=60)
+    assert obs.exit_code == 0, obs
+    assert obs.cpu_seconds > 0.02 and obs.peak_rss >= 48 << 20, obs
+
+
+def test_stop_leaves_no_detached_daemon(backend: Backend, tmp_path: Path) -> None:
+    """An instance's ``setsid`` double-forked daemon leaves its process group and session, and is
+    gone after ``stop`` on both backends all the same (the node agent's cgroup or marker tree,
+    not the process group, is what it stops)."""
+    code = ("import os, time\n"
+            "if os.fork() == 0:\n"
+            "    os.setsid()\n"
+            "    if os.fork() == 0:\n"
+            f"        open('{tmp_path}/daemon', 'w').write(str(os.getpid()))\n"
+            "        time.sleep(60)\n"
+            "    os._exit(0)\n"
+            "time.sleep(60)\n")
+    handle = launch(backend, tmp_path, code, "d")
+    wait_phase(backend, handle, {Phase.RUNNING})
+    deadline = time.monotonic() + 20
+    while not (tmp_path / "daemon").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    daemon = int((tmp_path / "daemon").read_text())
+    assert pids_alive([daemon]) == [daemon]
+    backend.stop([handle], grace=2)
+    wait_phase(backend, handle, {Phase.EXITED})
+    assert pids_alive([daemon]) == []

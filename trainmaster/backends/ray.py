@@ -28,7 +28,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import ray
@@ -37,9 +37,11 @@ from ray.util.placement_group import (PlacementGroup, placement_group, placement
                                       remove_placement_group)
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from trainmaster.agent.contract import Dependency, InstancePhase, InstanceStatus, LaunchSpec
-from trainmaster.backends.base import Backend, Capacity, LaunchRequest, Observation, Phase, Placement
+from trainmaster.agent.contract import Dependency, InstanceStatus, LaunchSpec
+from trainmaster.backends.base import (Backend, Capacity, LaunchRequest, Observation, Phase, Placement,
+                                       StartFailure)
 from trainmaster.backends.legacy_local import LegacySubprocessBackend as PortPicker
+from trainmaster.backends.local import observation as agent_observation
 from trainmaster.backends.ray_agent import (ATTEMPT_RECORD, NAMESPACE, NodeAgentActor, agent_name,
                                             read_record)
 from trainmaster.runtime.files import InstanceFiles
@@ -120,6 +122,8 @@ class _Snapshot:
 
 class RayBackend(Backend):
     name = "ray"
+    # the node agent reads the typed LaunchSpec (request.spec): no launch.json for an older runtime
+    needs_launch_file = False
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None, node_ip: str = "127.0.0.1"):
         """``node_ip``: the address of a private local cluster (ignored when joining ``address``).
@@ -265,16 +269,15 @@ class RayBackend(Backend):
     # ---- instances ---------------------------------------------------------------------------
     def start(self, request: LaunchRequest) -> dict[str, Any]:
         [handle] = list(self.start_all([request]))
-        if isinstance(handle, OSError):
-            raise handle
+        assert isinstance(handle, dict)  # a refused start comes back later, from poll (StartFailed)
         return handle
 
-    def start_all(self, requests: list[LaunchRequest]) -> Iterator[dict[str, Any] | OSError]:
+    def start_all(self, requests: list[LaunchRequest]) -> Iterator[dict[str, Any] | StartFailure]:
         """Send each node's launches to its agent in ONE call, without waiting for the answer:
         until it comes (the first call on a node waits for Ray to start the agent), the
         instances read as starting, so a reconcile pass never blocks on the cluster."""
         batches: dict[str, list[LaunchSpec]] = {}
-        handles: list[dict[str, Any] | OSError] = []
+        handles: list[dict[str, Any] | StartFailure] = []
         view = _ClusterView()
         for request in requests:
             spec = _launch_spec(request)
@@ -397,12 +400,10 @@ class RayBackend(Backend):
         return obs
 
     def _observation(self, status: InstanceStatus) -> Observation:
+        """What the local backend makes of an agent's status (the same agent), plus the host and
+        ports the attempt really got on its node."""
         host, ports = self._bound.get(status.handle.instance_id, ("", None))
-        phase = {InstancePhase.WAITING: Phase.STARTING, InstancePhase.RUNNING: Phase.RUNNING,
-                 InstancePhase.EXITED: Phase.EXITED, InstancePhase.START_FAILED: Phase.EXITED,
-                 InstancePhase.LOST: Phase.LOST}[status.phase]
-        return Observation(phase, exit_code=status.exit_code, reason=status.reason, message=status.message,
-                           host=host, ports=ports, command_started=status.command_started_at)
+        return replace(agent_observation(status), host=host, ports=ports)
 
     def _end(self, instance_id: str, obs: Observation) -> Observation:
         self._ended[instance_id] = obs
@@ -452,6 +453,20 @@ class RayBackend(Backend):
                 if obs.phase in (Phase.EXITED, Phase.LOST):
                     self._end(raw["handle"]["instance_id"], obs)
 
+    def forget(self, handles: list[dict[str, Any]]) -> None:
+        """The controller stored these exits: each node's agent may drop them from its journal.
+        Sent without waiting for the answer (one call per node); an agent that died meanwhile
+        has nothing left to drop."""
+        by_node: dict[str, list[str]] = {}
+        for handle in handles:
+            node = self._where.get(handle["instance_id"]) or handle.get("node")
+            if node is not None:
+                by_node.setdefault(node, []).append(handle["instance_id"])
+        for node, ids in by_node.items():
+            agent = self._agents.get(node)
+            if agent is not None:
+                agent.forget.remote(ids)
+
     def adopt(self, handle: dict[str, Any]) -> bool:
         """An attempt is ours again when its node's agent is alive and still runs it."""
         alive = (handle.get("backend") == self.name
@@ -482,22 +497,36 @@ class RayBackend(Backend):
 
 
 def _launch_spec(request: LaunchRequest) -> LaunchSpec:
-    """The typed launch of one attempt (a gated one's dependencies come from its launch file)."""
-    depends: list[Dependency] = []
-    db_url = ""
-    if request.gated:
-        launch = InstanceFiles(request.instance_dir).read_launch()
-        depends = [Dependency(d["role"], d["condition"], float(d["timeout"]), int(d["replicas"]))
-                   for d in launch["depends"]]
-        db_url = launch.get("db_url", "")
-    resources = request.resources
-    return LaunchSpec(instance_id=_instance_id(request), job_id=request.job_id, job_name=request.job_name,
-                      role=request.role, index=request.index, attempt=request.attempt, argv=list(request.argv),
-                      env=dict(request.env), cwd=request.cwd, log_path=request.log_path,
-                      instance_dir=request.instance_dir, host=request.placement.host,
-                      ports=list(request.placement.ports), cpu=float(resources.get("cpu", 0) or 0),
-                      memory=_memory_bytes(resources.get("memory", 0)), gpu=int(resources.get("gpu", 0) or 0),
-                      depends=depends, db_url=db_url)
+    """The typed launch of one attempt: the controller's :class:`LaunchSpec` under this backend's
+    instance id. A request without one, or a spec without environment inputs (built outside the
+    controller), takes what it lacks from the instance's launch file, so that the node agent can
+    resolve the environment again on the instance's node."""
+    launch: dict[str, Any] | None = None
+    if request.spec is not None:
+        spec = replace(request.spec, instance_id=_instance_id(request))
+    else:
+        depends: list[Dependency] = []
+        db_url = ""
+        if request.gated:
+            launch = InstanceFiles(request.instance_dir).read_launch()
+            depends = [Dependency(d["role"], d["condition"], float(d["timeout"]), int(d["replicas"]))
+                       for d in launch["depends"]]
+            db_url = launch.get("db_url", "")
+        resources = request.resources
+        spec = LaunchSpec(instance_id=_instance_id(request), job_id=request.job_id, job_name=request.job_name,
+                          role=request.role, index=request.index, attempt=request.attempt,
+                          argv=list(request.argv), env=dict(request.env), cwd=request.cwd,
+                          log_path=request.log_path, instance_dir=request.instance_dir,
+                          host=request.placement.host, ports=list(request.placement.ports),
+                          cpu=float(resources.get("cpu", 0) or 0), memory=_memory_bytes(resources.get("memory", 0)),
+                          gpu=int(resources.get("gpu", 0) or 0), depends=depends, db_url=db_url)
+    if not spec.env_inputs:
+        launch = launch or InstanceFiles(request.instance_dir).read_launch()
+        spec = replace(spec, env_inputs={"framework": launch.get("framework", "command"),
+                                         "context": launch["context"], "role_env": launch.get("role_env", {})})
+        if spec.depends:
+            spec = replace(spec, env=dict(launch["env"]))
+    return spec
 
 
 def _instance_id(request: LaunchRequest) -> str:
