@@ -58,7 +58,7 @@ def launch_spec(job: JobRow, spec: Job, inst: InstanceRow, placement: Placement,
 
 
 def legacy_launch_file(launch: LaunchSpec) -> dict[str, Any]:
-    """The launch.json of the older instance runtime the Ray backend's actors still run."""
+    """The launch.json of the older instance runtime that the testbed's per-host launcher still runs."""
     inputs = launch.env_inputs
     return {"argv": launch.argv, "cwd": launch.cwd, "env": launch.env, "role_env": inputs.get("role_env", {}),
             "depends": [{"role": d.role, "condition": d.condition, "timeout": d.timeout, "replicas": d.replicas}
