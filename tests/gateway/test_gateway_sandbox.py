@@ -564,3 +564,14 @@ def test_sandbox_setup_failure_is_a_clear_start_error(tmp_path: Path, monkeypatc
     with pytest.raises(ExecutorStartError, match="executor sandbox could not be set up: NotADirectoryError"):
         asyncio.run(start())
     assert list(task_root.iterdir()) == []
+
+
+def test_a_checkout_under_tmp_stays_visible_inside(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The sandbox's private /tmp is mounted before the Python roots are bound, so an installation
+    that lives under /tmp (a CI clone) is not hidden by it (an executor there exited 127)."""
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed")
+    root = tmp_path / "clone" / ".venv"
+    monkeypatch.setattr(sbx, "_python_roots", lambda: [root])
+    args = sbx.bwrap_args(tmp_path / "task", seccomp_fd=3)
+    assert args.index("--tmpfs") < args.index(str(root))

@@ -329,10 +329,12 @@ def bwrap_args(task_dir: Path, seccomp_fd: int) -> list[str]:
             args += ["--symlink", os.readlink(host), str(host)]
         elif host.is_dir():
             args += ["--ro-bind", str(host), str(host)]
+    # /tmp first: a Python or a checkout that lives under /tmp (a CI clone, say) is bound on top of it
+    args += ["--tmpfs", "/tmp"]
     made: set[str] = set()
     for root in _python_roots():
         args += _dirs_for(root, made) + ["--ro-bind", str(root), str(root)]
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+    args += ["--proc", "/proc", "--dev", "/dev",
              "--bind", str(task_dir), TASK_DIR_INSIDE, "--remount-ro", "/",
              "--chdir", TASK_DIR_INSIDE, "--seccomp", str(seccomp_fd)]
     return args
