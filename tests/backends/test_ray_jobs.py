@@ -66,8 +66,8 @@ def test_a_port_taken_on_the_node_is_replaced_and_the_address_follows(
     taken = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     taken.bind((RAY_NODE_IP, 0))  # bound, not listening: a client sent here would be refused
     port = taken.getsockname()[1]
-    ports = ray_harness.backend._ports
-    real_place = ports.place
+    backend = ray_harness.backend
+    real_place = backend.place
     placed: list[Placement] = []
 
     def place(count: int, resources: dict[str, Any]) -> Placement:
@@ -75,7 +75,7 @@ def test_a_port_taken_on_the_node_is_replaced_and_the_address_follows(
         placed.append(placement)
         return placement
 
-    monkeypatch.setattr(ports, "place", place)  # the server is placed first (dependency order)
+    monkeypatch.setattr(backend, "place", place)  # the server is placed first (dependency order)
     try:
         state, status = ray_harness.run(server_client_job("moved", clients=2))
     finally:

@@ -1,5 +1,5 @@
 """The pre-agent subprocess spawner, kept for the testbed backend's per-host launcher until each
-testbed host runs its own node agent (and for the Ray backend's choice of ports); the local
+testbed host runs its own node agent; the local
 backend is a client of the node agent (``backends/local.py``). Every instance is a subprocess, in
 its own process group.
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import psutil
 
 import trainmaster
 
+from trainmaster.backends.ports import PortPool
 from trainmaster.backends.base import Backend, Capacity, LaunchRequest, Observation, Phase, Placement
 from trainmaster.runtime.files import InstanceFiles
 
@@ -67,32 +67,20 @@ class LegacySubprocessBackend(Backend):
         self._capacity = capacity or Capacity(
             cpu=float(os.cpu_count() or 1), memory=psutil.virtual_memory().total, gpu=0)
         self._host = host
-        self._reserved: set[int] = set()
+        self._ports = PortPool(host)
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
     def capacity(self) -> Capacity:
         return self._capacity
 
     def place(self, ports: int, resources: dict[str, Any]) -> Placement:
-        return Placement(self._host, [self._free_port() for _ in range(ports)])
-
-    def _free_port(self) -> int:
-        """A port the OS says is free and that no other live instance of ours holds."""
-        for _ in range(100):
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                sock.bind((self._host, 0))
-                port = sock.getsockname()[1]
-            if port not in self._reserved:
-                self._reserved.add(port)
-                return port
-        raise RuntimeError("could not find a free port after 100 tries")
+        return Placement(self._host, self._ports.take(ports))
 
     def release(self, placement: Placement) -> None:
-        self._reserved.difference_update(placement.ports)
+        self._ports.release(placement.ports)
 
     def reserve_ports(self, ports: list[int]) -> None:
-        """Hold ports an adopted instance already uses, so no new instance is given them."""
-        self._reserved.update(ports)
+        self._ports.hold(ports)
 
     def spawn_spec(self, request: LaunchRequest) -> tuple[list[str], dict[str, str], str | None]:
         """What to exec for one attempt (the testbed backend runs it inside a host)."""

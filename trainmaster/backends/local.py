@@ -10,7 +10,6 @@ stored on an instance row is an :class:`InstanceHandle` dict.
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -18,6 +17,7 @@ import psutil
 
 from trainmaster.agent.client import AgentClient
 from trainmaster.agent.contract import InstanceHandle, InstancePhase, InstanceStatus
+from trainmaster.backends.ports import PortPool
 from trainmaster.backends.base import (Backend, Capacity, LaunchRequest, Observation, Phase, Placement,
                                        StartFailure)
 from trainmaster.store.db import home
@@ -57,31 +57,20 @@ class LocalBackend(Backend):
         self._capacity = capacity or Capacity(
             cpu=float(os.cpu_count() or 1), memory=psutil.virtual_memory().total, gpu=0)
         self._host = host
-        self._reserved: set[int] = set()
+        self._ports = PortPool(host)
         self.agent = AgentClient(state_dir or agent_state_dir(), node=NODE, linger=linger)
 
     def capacity(self) -> Capacity:
         return self._capacity
 
     def place(self, ports: int, resources: dict[str, Any]) -> Placement:
-        return Placement(self._host, [self._free_port() for _ in range(ports)])
-
-    def _free_port(self) -> int:
-        """A port the OS says is free and that no other live instance of ours holds."""
-        for _ in range(100):
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                sock.bind((self._host, 0))
-                port = sock.getsockname()[1]
-            if port not in self._reserved:
-                self._reserved.add(port)
-                return port
-        raise RuntimeError("could not find a free port after 100 tries")
+        return Placement(self._host, self._ports.take(ports))
 
     def release(self, placement: Placement) -> None:
-        self._reserved.difference_update(placement.ports)
+        self._ports.release(placement.ports)
 
     def reserve_ports(self, ports: list[int]) -> None:
-        self._reserved.update(ports)
+        self._ports.hold(ports)
 
     def start(self, request: LaunchRequest) -> dict[str, Any]:
         result = next(iter(self.start_all([request])))

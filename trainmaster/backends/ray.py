@@ -40,7 +40,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from trainmaster.agent.contract import Dependency, InstanceStatus, LaunchSpec
 from trainmaster.backends.base import (Backend, Capacity, LaunchRequest, Observation, Phase, Placement,
                                        StartFailure)
-from trainmaster.backends.legacy_local import LegacySubprocessBackend as PortPicker
+from trainmaster.backends.ports import PortPool
 from trainmaster.backends.local import observation as agent_observation
 from trainmaster.backends.ray_agent import (ATTEMPT_RECORD, NAMESPACE, NodeAgentActor, agent_name,
                                             read_record)
@@ -129,7 +129,7 @@ class RayBackend(Backend):
         """``node_ip``: the address of a private local cluster (ignored when joining ``address``).
         Instances' addresses are their nodes' IPs, known once their agent has started them."""
         connect(address, num_cpus, node_ip)
-        self._ports = PortPicker(Capacity(0, 0))  # ports chosen here, checked on the node
+        self._ports = PortPool("127.0.0.1")  # ports chosen here, checked on the node
         self._gangs: dict[int, _Gang] = {}
         self._agents: dict[str, Any] = {}  # node id -> its agent's ActorHandle
         self._node_ips: dict[str, str] = {}
@@ -149,10 +149,10 @@ class RayBackend(Backend):
                         gpu=int(total.get("GPU", 0)))
 
     def place(self, ports: int, resources: dict[str, Any]) -> Placement:
-        return self._ports.place(ports, resources)
+        return Placement(self._ports.host, self._ports.take(ports))
 
     def release(self, placement: Placement) -> None:
-        self._ports.release(placement)
+        self._ports.release(placement.ports)
 
     # ---- gang scheduling ---------------------------------------------------------------------
     def reserve_gang(self, job_id: int, bundles: list[dict[str, Any]]) -> tuple[bool, str]:
@@ -471,8 +471,8 @@ class RayBackend(Backend):
         """An attempt is ours again when its node's agent is alive and still runs it."""
         alive = (handle.get("backend") == self.name
                  and self._poll(handle, fresh=True).phase in (Phase.STARTING, Phase.RUNNING))
-        if alive:  # its ports stay taken (the local backend keeps no public way to say so)
-            self._ports.reserve_ports(handle.get("ports", []))
+        if alive:  # its ports stay taken
+            self._ports.hold(handle.get("ports", []))
         return alive
 
     def find(self, instance_dir: str) -> dict[str, Any] | None:

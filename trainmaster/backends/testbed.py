@@ -34,7 +34,7 @@ class TestbedBackend(LegacySubprocessBackend):
         self.testbed = testbed
         self._host_of = {testbed.address(h): h for h in [*testbed.host_names, SWITCH]}
         self._round_robin = itertools.cycle(testbed.host_names)
-        self._ports: dict[str, set[int]] = {address: set() for address in self._host_of}
+        self._taken: dict[str, set[int]] = {address: set() for address in self._host_of}  # ports in use, per host
 
     def place(self, ports: int, resources: dict[str, Any]) -> Placement:
         return self._place_on(next(self._round_robin), ports)
@@ -52,7 +52,7 @@ class TestbedBackend(LegacySubprocessBackend):
 
     def _place_on(self, host: str, count: int) -> Placement:
         address = self.testbed.address(host)
-        taken = self._ports[address]
+        taken = self._taken[address]
         free = [p for p in range(FIRST_PORT, LAST_PORT) if p not in taken][:count]
         if len(free) < count:
             raise RuntimeError(f"host {host} has no {count} free ports left in "
@@ -61,12 +61,12 @@ class TestbedBackend(LegacySubprocessBackend):
         return Placement(address, free)
 
     def release(self, placement: Placement) -> None:
-        self._ports.get(placement.host, set()).difference_update(placement.ports)
+        self._taken.get(placement.host, set()).difference_update(placement.ports)
 
     def adopt(self, handle: dict[str, Any]) -> bool:
         alive = super().adopt(handle)
-        if alive and handle.get("host") in self._ports:
-            self._ports[handle["host"]].update(handle.get("ports", []))
+        if alive and handle.get("host") in self._taken:
+            self._taken[handle["host"]].update(handle.get("ports", []))
         return alive
 
     def spawn_spec(self, request: LaunchRequest) -> tuple[list[str], dict[str, str], str | None]:
