@@ -131,3 +131,14 @@ def test_taller_terminal_adds_the_instances_table() -> None:
     assert any("50%" in line and "loss=0.5" in line for line in small)
     tall = draw(120, 40)
     assert len(tall) <= 40 and any("worker-19" in line and "127.0.0.1:9019" in line for line in tall)
+
+
+def test_status_from_a_server_says_who_leads() -> None:
+    """A status answered by a standby names the leader (servers sharing a PostgreSQL store)."""
+    from rich.console import Console
+
+    status = {"id": 1, "name": "j", "state": "running", "reason": "Running", "message": "", "roles": [],
+              "instances": [], "events": [], "controller": {"leading": False, "leader": "hostA-1-abc", "server": "hostB-2-def"}}
+    console = Console(width=100, record=True, color_system=None)
+    console.print(render_status(status, width=100, height=40))
+    assert "controller: leader hostA-1-abc (answered by hostB-2-def)" in console.export_text()

@@ -73,6 +73,8 @@ def test_leader_killed_with_50_running_and_50_queued(postgres, tmp_path: Path) -
             time.sleep(0.05)
         takeover = time.monotonic() - killed
         assert takeover <= 5.0, f"took over after {takeover:.1f} s"
+        controller = httpx.get(f"{standby.url}/api/v1/jobs/job-0", timeout=10).json()["controller"]
+        assert controller["leading"] and controller["leader"] == standby.health()["server"]  # status says who leads
 
         jobs = wait_all_ended(standby, 100)
         assert Counter(j["state"] for j in jobs) == {"succeeded": 100}

@@ -79,6 +79,12 @@ def render_status(status: dict[str, Any], events: int = 8, width: int = 80, heig
     head.append(f"job {status['name']} (id {status['id']}) ", style="bold")
     head.append_text(_state(status["state"]))
     head.append(f"  {elapsed(status)}  {status['reason']}: {status['message']}")
+    parts: list[Any] = [head]
+    controller = status.get("controller")  # from a server: who reconciles the store
+    if controller and controller.get("leader"):
+        parts.append(Text(f"controller: leader {controller['leader']}"
+                          + (f" (answered by {controller['server']})" if not controller["leading"] else ""),
+                          style="dim", no_wrap=True, overflow="ellipsis"))
 
     restarts: dict[str, int] = {}
     for inst in status["instances"]:
@@ -104,8 +110,8 @@ def render_status(status: dict[str, Any], events: int = 8, width: int = 80, heig
         roles.append(line)
     if len(status["roles"]) > len(shown_roles):
         roles.append(Text(f"+{len(status['roles']) - len(shown_roles)} more roles (trainmaster status shows all)"))
-    used = 1 + len(roles)
-    parts: list[Any] = [head, *roles]
+    used = len(parts) + len(roles)
+    parts += roles
 
     spare = height - used - 2  # keep two lines for the events title and at least one event
     if spare >= len(status["instances"]) + 6 and status["instances"]:  # a tall terminal: instances too

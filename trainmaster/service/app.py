@@ -165,9 +165,13 @@ def create_app(controller: Controller, reconcile: bool = True, options: ServiceO
 
     @app.get("/healthz")
     def healthz() -> dict[str, Any]:
-        leadership = ({"leading": True, "leader": None} if elector is None else
-                      {"leading": elector.leading, "leader": elector.leader, "server": elector.identity})
-        return {"ok": reconciler.error is None, "error": reconciler.error, **leadership}
+        return {"ok": reconciler.error is None, "error": reconciler.error, **leadership()}
+
+    def leadership() -> dict[str, Any]:
+        """Who reconciles: this server alone, or the leader among servers sharing the store."""
+        if elector is None:
+            return {"leading": True, "leader": None}
+        return {"leading": elector.leading, "leader": elector.leader, "server": elector.identity}
 
     @app.post(f"{API}/jobs", status_code=201)
     def submit(document: dict[str, Any] = Body(..., description="A job document: ours, Kubeflow or Volcano"),
@@ -186,7 +190,7 @@ def create_app(controller: Controller, reconcile: bool = True, options: ServiceO
 
     @app.get(f"{API}/jobs/{{ref}}")
     def status(ref: JobRef, events: int = Query(50, ge=0, le=10_000)) -> dict[str, Any]:
-        return jobs.status(ref, events=events)
+        return {**jobs.status(ref, events=events), "controller": leadership()}
 
     @app.post(f"{API}/jobs/{{ref}}/cancel")
     def cancel(ref: JobRef) -> dict[str, Any]:
