@@ -125,14 +125,14 @@ class CgroupTrees:
         path = self._dir("freezer", instance_id) / "freezer.state"
         try:
             path.write_text(state)
-        except FileNotFoundError:
+            if state == "FROZEN":  # FREEZING until every task stopped: wait, bounded
+                deadline = time.monotonic() + 2.0
+                delay = 0.001
+                while path.read_text().strip() != "FROZEN" and time.monotonic() < deadline:
+                    time.sleep(delay)
+                    delay = min(delay * 2, 0.05)
+        except FileNotFoundError:  # the tree ended and its cgroup was removed meanwhile: nothing to freeze
             return
-        if state == "FROZEN":  # FREEZING until every task stopped: wait, bounded
-            deadline = time.monotonic() + 2.0
-            delay = 0.001
-            while path.read_text().strip() != "FROZEN" and time.monotonic() < deadline:
-                time.sleep(delay)
-                delay = min(delay * 2, 0.05)
 
     def signal_all(self, instance_id: str, sig: int) -> int:
         """Freeze, signal every member, thaw: nothing forks past the signal."""
