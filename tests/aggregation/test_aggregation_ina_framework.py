@@ -16,21 +16,28 @@ ROOT = Path(__file__).resolve().parents[2]
 EPOCHS = "3"  # fewer than the example's 20, to stay quick; both runs use the same
 
 
-def _gloo_baseline(tmp_path: Path, world: int) -> float:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out = tmp_path / "gloo"
-    procs = []
-    for rank in range(world):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TM_OUTPUT_DIR": str(out)}
-        procs.append(subprocess.Popen([sys.executable, "-m", "trainmaster.workloads.digits",
-                                       "--epochs", EPOCHS], env=env, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL))
-    for p in procs:
-        assert p.wait(timeout=300) == 0
-    return json.loads((out / "metrics.json").read_text())["test_accuracy"]
+def _gloo_baseline(tmp_path: Path, world: int, tries: int = 2) -> float:
+    """The anchor: the same training over torch.distributed gloo. A gloo process that aborts
+    (SIGABRT, seen once in a clean-clone CI run: a teardown race inside gloo, not our code) is
+    retried once on a fresh port; its output is shown if the retry fails too."""
+    for attempt in range(tries):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        out = tmp_path / f"gloo-{attempt}"
+        procs = []
+        for rank in range(world):
+            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world),
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TM_OUTPUT_DIR": str(out)}
+            procs.append(subprocess.Popen([sys.executable, "-m", "trainmaster.workloads.digits",
+                                           "--epochs", EPOCHS], env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True))
+        outputs = [p.communicate(timeout=300)[0] for p in procs]
+        codes = [p.returncode for p in procs]
+        if all(code == 0 for code in codes):
+            return json.loads((out / "metrics.json").read_text())["test_accuracy"]
+    raise AssertionError(f"the gloo baseline failed {tries} times (exit codes {codes}): "
+                         + " | ".join(o[-800:] for o, c in zip(outputs, codes) if c != 0))
 
 
 @pytest.mark.slow
