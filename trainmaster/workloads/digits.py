@@ -19,6 +19,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from trainmaster.runtime.report import report
+
 
 def load_digits_split(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Standardised train/test tensors (75/25 split, fixed seed so every rank agrees)."""
@@ -57,15 +59,20 @@ def train(epochs: int, batch: int, lr: float, rank: int, world: int,
     generator = torch.Generator().manual_seed(1234 + rank)
     loss_fn = nn.CrossEntropyLoss()
     steps = max(1, len(x) // batch)
-    for _ in range(epochs):
+    for epoch in range(epochs):
         order = torch.randperm(len(x), generator=generator)
+        total = 0.0
         for step in range(steps):
             idx = order[step * batch:(step + 1) * batch]
             optimiser.zero_grad()
-            loss_fn(model(x[idx]), y[idx]).backward()
+            loss = loss_fn(model(x[idx]), y[idx])
+            loss.backward()
+            total += float(loss)
             if average_gradients is not None:
                 average_gradients(model)
             optimiser.step()
+        # progress for the live view, status and the dashboard (nothing happens outside an instance)
+        report(epoch=epoch + 1, total=epochs, loss=total / steps)
     return model, accuracy(model, x_test, y_test)
 
 
