@@ -13,19 +13,21 @@ dashboard and API clients share); every other result is a small dataclass.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from trainmaster.backends.base import Backend
 from trainmaster.controller import Controller
 from trainmaster.errors import UserError
-from trainmaster.spec.load import LoadedJob
-from trainmaster.spec.states import INSTANCE_TERMINAL
+from trainmaster.spec.load import LoadedJob, LoadOptions, load_document
+from trainmaster.spec.states import INSTANCE_TERMINAL, JOB_TERMINAL
 from trainmaster.store import repository as repo
 from trainmaster.store.db import default_url, make_engine, session_factory, sqlite_path
 from trainmaster.store.models import InstanceRow, JobRow
@@ -41,6 +43,10 @@ class JobNotFound(UserError):
 
 class JobConflict(UserError):
     """The job's state forbids the verb, e.g. deleting a job that still runs (HTTP 409)."""
+
+
+class NameTaken(JobConflict):
+    """A job of that name is still active, and the submitter wants names unique (HTTP 409)."""
 
 
 class WaitTimedOut(UserError):
@@ -133,6 +139,7 @@ class Trainmaster:
     def __init__(self, sessions: sessionmaker[Session], url: str):
         self.sessions = sessions
         self.url = url
+        self._submitting = threading.Lock()  # a name check and its insert are one step
 
     @classmethod
     def open(cls, url: str | None = None, existing: bool = False) -> Trainmaster:
@@ -293,6 +300,39 @@ class Trainmaster:
             session.commit()
             return found
 
+    # ---- submitting ----------------------------------------------------------------------------
+    @staticmethod
+    def load(document: dict[str, Any], backend: str, options: LoadOptions | None = None,
+             source: str = "submitted job") -> LoadedJob:
+        """Validate a job document as a controller on ``backend`` will run it; a
+        :class:`UserError` lists every problem with its field path (the job's own
+        ``spec.scheduling.backend`` must be that backend)."""
+        loaded = load_document(document, source=source, options=options or LoadOptions())
+        wanted = loaded.job.spec.scheduling.backend
+        if wanted is not None and wanted.value != backend:
+            raise UserError(f"{source} is not a valid job (1 problem(s))", [
+                f"spec.scheduling.backend: this server runs its instances on '{backend}', not "
+                f"'{wanted.value}'; remove the field or submit to a server started with --backend {wanted.value}"])
+        return loaded
+
+    def submit(self, loaded: LoadedJob, controller: Controller, unique_name: bool = True) -> JobRef:
+        """Queue ``loaded`` for ``controller`` (the server's, or the embedded one of ``run``),
+        which owns and reconciles it. With ``unique_name`` (the REST API and the dashboard),
+        :class:`NameTaken` while a job of its name is active: the check and the insert are one
+        step in this process. The one way a job enters the store: the CLI, the server and the
+        tests all come here."""
+        name = loaded.job.name
+        with self._submitting:
+            if unique_name:
+                with self.sessions() as session:
+                    live = session.scalars(select(JobRow.id).where(
+                        JobRow.name == name, JobRow.state.not_in([s.value for s in JOB_TERMINAL])).limit(1)).first()
+                if live is not None:
+                    raise NameTaken(f"a job named {name} is still active (id {live}); names are unique "
+                                    "among active jobs: choose another name, or cancel that job first")
+            job_id = controller.submit(loaded)
+        return JobRef(job_id, name, "pending")
+
     # ---- running here --------------------------------------------------------------------------
     def controller(self, options: RunOptions, owner: str) -> Controller:
         """An embedded controller over this store reconciling ``owner``'s jobs."""
@@ -306,7 +346,7 @@ class Trainmaster:
         from trainmaster.store.ownership import run_owner
 
         controller = self.controller(options, run_owner())
-        job_id = controller.submit(loaded)
+        job_id = self.submit(loaded, controller, unique_name=False).id
         return self._drive(controller, job_id, on_tick, should_cancel)
 
     def resume(self, ref: str | int, options: RunOptions, on_tick: Callable[[int], None] | None = None,

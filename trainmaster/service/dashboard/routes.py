@@ -18,8 +18,9 @@ from trainmaster.service.dashboard import views
 from trainmaster.service.dashboard.access import AccessOptions, TokenMiddleware, login
 from trainmaster.service.dashboard.locate import line_of, split_error
 from trainmaster.service.dashboard.watch import StoreWatcher
-from trainmaster.service.submission import NameTaken, Submission
-from trainmaster.spec.load import parse_document
+from trainmaster.api import NameTaken, Trainmaster
+from trainmaster.spec.load import LoadOptions, parse_document
+from trainmaster.spec.paths import PathPolicy
 from trainmaster.store import repository as repo
 
 HERE = Path(__file__).parent
@@ -28,9 +29,11 @@ LOG_POLL = 0.25  # seconds between looks at a followed log file
 MAX_DOCUMENT = 256 * 1024  # a pasted job file; real ones are a few KB
 
 
-def mount_dashboard(app: FastAPI, controller: Controller, submission: Submission, access: AccessOptions) -> None:
+def mount_dashboard(app: FastAPI, controller: Controller, jobs: Trainmaster, paths: PathPolicy,
+                    access: AccessOptions) -> None:
     """Serve the dashboard at ``/`` on ``app`` and guard the whole app with ``access``; jobs
-    submitted from the page take the REST API's path (``submission``)."""
+    submitted from the page take the REST API's path (the facade's ``load`` and ``submit``
+    under the operator's path policy ``paths``)."""
     templates = Jinja2Templates(directory=str(HERE / "templates"))  # autoescapes .html
     templates.env.globals["csrf_token"] = access.csrf_token()
     watcher = StoreWatcher(controller.sessions)
@@ -184,7 +187,8 @@ def mount_dashboard(app: FastAPI, controller: Controller, submission: Submission
         if len(document.encode()) > MAX_DOCUMENT:
             return None, [{"path": "", "line": None, "message": f"the document is over {MAX_DOCUMENT // 1024} KB"}]
         try:
-            return submission.load(parse_document(document, "pasted job"), source="pasted job"), []
+            return jobs.load(parse_document(document, "pasted job"), controller.backend.name,
+                             LoadOptions(paths=paths), source="pasted job"), []
         except UserError as exc:
             problems = []
             for detail in exc.details or [exc.message]:
@@ -208,7 +212,7 @@ def mount_dashboard(app: FastAPI, controller: Controller, submission: Submission
             return page(request, "_validation.html", problems=problems, lines=document.splitlines(),
                         ok=False, ignored=[])
         try:
-            job_id = submission.submit(loaded)
+            job_id = jobs.submit(loaded, controller).id
         except NameTaken as exc:
             return page(request, "_validation.html", problems=[{"path": "metadata.name", "message": str(exc),
                                                                 "line": line_of(document, "metadata.name")}],
