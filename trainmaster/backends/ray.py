@@ -37,7 +37,7 @@ from ray.util.placement_group import (PlacementGroup, placement_group, placement
                                       remove_placement_group)
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from trainmaster.agent.contract import Dependency, InstanceStatus, LaunchSpec
+from trainmaster.agent.contract import Dependency, InstancePhase, InstanceStatus, LaunchSpec
 from trainmaster.backends.base import (Backend, Capacity, LaunchRequest, Observation, Phase, Placement,
                                        StartFailure)
 from trainmaster.backends.ports import PortPool
@@ -467,6 +467,29 @@ class RayBackend(Backend):
             if agent is not None:
                 agent.forget.remote(ids)
 
+    def handle_of(self, instance_id: str) -> dict[str, Any] | None:
+        """The handle of an attempt started under ``instance_id`` whose handle was never saved (the
+        controller died between the start and saving it), running or ended: every live node's
+        agent is asked at once, and the one whose journal holds the attempt answers. An ended
+        attempt's exit then reaches the restart policy; it is never taken for never started."""
+        nodes = [node for node in self._alive_nodes() if self._agent_found(node) is not None]
+        calls = {node: self._agents[node].observe.remote([instance_id]) for node in nodes}
+        for node, ref in calls.items():
+            try:
+                status = InstanceStatus.from_dict(ray.get(ref, timeout=CALL_TIMEOUT)[0])
+            except (RayActorError, ActorUnavailableError, GetTimeoutError) as exc:
+                log.warning("handle_of %s: the agent of node %s did not answer (%s)", instance_id, node[:12],
+                            _first_line(exc))
+                continue
+            if status.phase == InstancePhase.LOST:
+                continue
+            self._where[instance_id] = node
+            self._live.setdefault(node, set()).add(instance_id)
+            return {"backend": self.name, "instance_id": instance_id, "node": node, "agent": agent_name(node),
+                    "pid": status.handle.pid, "instance_dir": "", "gated": False,
+                    "host": self._node_ips.get(node, ""), "ports": [], "job_id": None, "bundle": None}
+        return None
+
     def adopt(self, handle: dict[str, Any]) -> bool:
         """An attempt is ours again when its node's agent is alive and still runs it."""
         alive = (handle.get("backend") == self.name
@@ -503,7 +526,9 @@ def _launch_spec(request: LaunchRequest) -> LaunchSpec:
     resolve the environment again on the instance's node."""
     launch: dict[str, Any] | None = None
     if request.spec is not None:
-        spec = replace(request.spec, instance_id=_instance_id(request))
+        # the controller's id (``<job uid>/<role>-<index>/<attempt>``, unique across stores):
+        # a controller that died before saving the handle asks the agents for it (handle_of)
+        spec = request.spec
     else:
         depends: list[Dependency] = []
         db_url = ""
@@ -530,8 +555,9 @@ def _launch_spec(request: LaunchRequest) -> LaunchSpec:
 
 
 def _instance_id(request: LaunchRequest) -> str:
-    """``<store digest>/<role>-<index>/<attempt>``: the digest of the instance folder keeps two
-    controllers with separate stores (whose job ids both start at 1) apart on one cluster."""
+    """For a request built without a :class:`LaunchSpec` (outside the controller):
+    ``<store digest>/<role>-<index>/<attempt>``, the digest of the instance folder keeping two
+    stores (whose job ids both start at 1) apart on one cluster."""
     digest = hashlib.sha1(request.instance_dir.encode()).hexdigest()[:12]
     return f"{digest}/{request.role}-{request.index}/{request.attempt}"
 
