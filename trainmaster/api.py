@@ -49,6 +49,10 @@ class NameTaken(JobConflict):
     """A job of that name is still active, and the submitter wants names unique (HTTP 409)."""
 
 
+class StoreMissing(UserError):
+    """A verb that only looks at jobs was pointed at a SQLite store that does not exist yet."""
+
+
 class WaitTimedOut(UserError):
     """:meth:`Trainmaster.wait` gave up; the message says on what and in which state."""
 
@@ -149,7 +153,7 @@ class Trainmaster:
         url = url or default_url()
         path = sqlite_path(url)
         if existing and path is not None and not path.exists():
-            raise UserError(f"no store at {path}: no job has run with this Trainmaster home yet. Run one with "
+            raise StoreMissing(f"no store at {path}: no job has run with this Trainmaster home yet. Run one with "
                             "`trainmaster job run FILE`, give the store with --db / TRAINMASTER_DB or the home with "
                             "--home / TRAINMASTER_HOME, or ask a server with --server URL")
         return cls(session_factory(make_engine(url)), url)
