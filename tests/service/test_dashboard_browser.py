@@ -28,6 +28,7 @@ if not (CHROMEDRIVER and CHROMIUM):
     pytest.skip("Chromium and chromedriver are not installed (Debian: apt-get install chromium chromium-driver; "
                 "`make test` installs them)", allow_module_level=True)
 
+from orphans import orphan_a_run  # noqa: E402
 from server_process import ServerProcess as Server  # noqa: E402
 from selenium import webdriver  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
@@ -145,6 +146,29 @@ def test_submit_shows_each_error_next_to_its_field(server: Server, browser: webd
     browser.find_element(By.ID, "submit").click()
     wait_for(browser, EC.url_contains("/jobs/"), "the new job's page after submitting")
     wait_for(browser, EC.text_to_be_present_in_element((By.TAG_NAME, "h1"), "fromform"), "the submitted job's page")
+
+
+def test_resume_an_orphaned_job_from_its_page(tmp_path: Path, browser: webdriver.Chrome) -> None:
+    """A job whose `trainmaster run` was killed -9 shows that nobody runs it and a Resume action;
+    resuming from the page makes the service finish it, each instance having run once."""
+    marks, env = orphan_a_run(tmp_path, "orphan-ui", seconds=15)
+    server = Server(tmp_path, db=env["TRAINMASTER_DB"], home=Path(env["TRAINMASTER_HOME"]))
+    try:
+        job_id = httpx.get(f"{server.url}/api/v1/jobs/orphan-ui", timeout=10).json()["id"]
+        browser.get(f"{server.url}/jobs/{job_id}")
+        button = wait_for(browser, EC.element_to_be_clickable((By.ID, "resume")), "the Resume action")
+        assert "nobody runs this job" in browser.find_element(By.CLASS_NAME, "actions").text
+        shot(browser, "job-orphaned")
+        button.click()
+        wait_for(browser, EC.alert_is_present(), "the resume confirmation")
+        browser.switch_to.alert.accept()
+        wait_for(browser, lambda d: not d.find_elements(By.ID, "resume"), "the Resume action to go once resumed")
+        WebDriverWait(browser, 90, poll_frequency=0.5).until(
+            EC.text_to_be_present_in_element((By.ID, "job-state"), "succeeded"),
+            message="waited 90s for the resumed job to succeed")
+        assert len(list(marks.iterdir())) == 2  # neither instance ran a second time
+    finally:
+        server.stop()
 
 
 def test_actions_need_the_csrf_token(server: Server) -> None:

@@ -13,6 +13,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from trainmaster.controller import Controller
+from trainmaster.controller.controller import NotResumable
 from trainmaster.errors import UserError
 from trainmaster.service.dashboard import views
 from trainmaster.service.dashboard.access import AccessOptions, TokenMiddleware, login
@@ -151,6 +152,17 @@ def mount_dashboard(app: FastAPI, controller: Controller, submission: Submission
         with sessions() as session:
             load(session, job_id)
         controller.cancel(job_id)
+        return Response(status_code=204, headers={"HX-Trigger": "tm-change"})
+
+    @router.post("/ui/jobs/{job_id}/resume")
+    def resume(request: Request, job_id: int) -> Response:
+        guarded(request)
+        with sessions() as session:
+            load(session, job_id)
+        try:
+            controller.take_over(job_id)
+        except NotResumable as exc:
+            return HTMLResponse(f"<span class='error'>{_escape(exc.message)}</span>", status_code=409)
         return Response(status_code=204, headers={"HX-Trigger": "tm-change"})
 
     @router.post("/ui/jobs/{job_id}/scale")
