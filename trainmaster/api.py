@@ -360,21 +360,15 @@ class Trainmaster:
         is ignored: the job keeps the backend it started on."""
         from dataclasses import replace
 
-        from trainmaster.store.ownership import owner_alive, run_owner, run_pid
+        from trainmaster.store.ownership import run_owner, run_pid, why_not_resumable
 
         me = run_owner()
         with self.sessions() as session:
             row = self._find(session, ref)
-            what = f"job {row.name} (id {row.id})"
-            if repo.is_terminal(row.state):
-                raise UserError(f"{what} has already ended ({row.state}); nothing to resume")
-            alive = owner_alive(row.owner)
-            if alive is None:
-                raise UserError(f"{what} belongs to the controller service; it carries on when `trainmaster server` "
-                                "runs (use `trainmaster status` / `cancel`)")
-            if alive:
-                raise UserError(f"{what} is still run by `trainmaster run` (pid {run_pid(row.owner)}); stop that "
-                                "command (Ctrl-C cancels the job) or let it finish")
+            what = f"job {row.name} (id {row.id}, {row.state})"
+            refusal = why_not_resumable(repo.is_terminal(row.state), row.owner, what)
+            if refusal:
+                raise UserError(refusal)
             if not repo.take_over(session, row.id, row.owner, me):
                 raise UserError(f"{what} was just taken over by another command; try again to see by whom")
             repo.add_event(session, row.id, "job", "Resumed", f"taken over by `trainmaster resume` (pid {run_pid(me)})")

@@ -47,3 +47,7 @@ def test_pipeline_runs_under_controller(tmp_path: Path):
     for run in report["runs"].values():
         assert run["outputs_equal_unsplit"] is True
         assert run["seconds_per_sample"] > 0
+    from trainmaster.service.dashboard.capability import capability_views  # the dashboard's graph view
+
+    view = next(v for v in capability_views(tmp_path / "out") if v.kind == "partition.plan")
+    assert view.svg.count('class="capability partition-graph"') == 2 and "trainmaster: " in view.caption

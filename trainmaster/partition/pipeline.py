@@ -135,6 +135,22 @@ def _owner(node, assignment: dict[str, int]) -> int:
     return DRIVER if node.op in ("placeholder", "output") else assignment[node.name]
 
 
+def _publish_plan(graph: Any, assignment: Any, k: int, method: str) -> None:
+    """The partition, for the dashboard's graph view: operators by device, critical edges."""
+    import trainmaster
+    from trainmaster.partition.critical import critical_edges
+
+    critical = critical_edges(graph, assignment=assignment)
+    on_critical = set(graph.src[critical].tolist()) | set(graph.dst[critical].tolist())
+    names = [str(n) for n in graph.node_ids]
+    trainmaster.publish("partition.plan", {
+        "method": method, "devices": k,
+        "nodes": [{"id": names[v], "device": int(assignment[v]), "critical": v in on_critical}
+                  for v in range(len(graph.node_ids))],
+        "edges": [{"src": names[int(s)], "dst": names[int(d)], "critical": bool(c)}
+                  for s, d, c in zip(graph.src, graph.dst, critical)]})
+
+
 def run_stage(port: int) -> None:
     """A stage: serve runs until the driver says stop."""
     import torch
@@ -218,6 +234,7 @@ def run_driver(stages: list[str], port: int, model_spec: str, input_shape: tuple
         part = partition(graph, k, method, acyclic=acyclic)
         assignment = part.by_node_id(graph)
         metrics = evaluate(graph, part.assignment, k)
+        _publish_plan(graph, part.assignment, k, method)
         cfg = {"assignment": assignment, "model": model_spec, "seed": seed,
                "samples": warmup + samples,
                "stages": stages, "driver": f"127.0.0.1:{port}"}

@@ -29,6 +29,7 @@ from sqlalchemy.exc import OperationalError
 
 from trainmaster.api import JobConflict, JobNotFound, LogTarget, Trainmaster
 from trainmaster.controller import Controller
+from trainmaster.controller.controller import NotResumable
 from trainmaster.controller import metrics
 from trainmaster.controller.backoff import StoreBackoff
 from trainmaster.controller.leader import LeaderElector, LeaseLost
@@ -192,6 +193,19 @@ def create_app(controller: Controller, reconcile: bool = True, options: ServiceO
     def cancel(ref: JobRef) -> dict[str, Any]:
         result = jobs.cancel(ref)
         return {"id": result.id, "cancelRequested": result.cancel_requested}
+
+    @app.post(f"{API}/jobs/{{ref}}/resume")
+    def resume(ref: JobRef) -> dict[str, Any]:
+        """Take over a job whose `trainmaster run` died: this service carries it on (HTTP 409 when
+        its run still lives, it has ended, or it ran on another backend)."""
+        job_id = jobs.find(ref).id
+        if elector is not None and not elector.leading:
+            raise HTTPException(409, f"this server is a standby; ask the leader ({elector.leader}) to resume")
+        try:
+            controller.take_over(job_id)
+        except NotResumable as exc:
+            raise HTTPException(409, exc.message) from None
+        return {"id": job_id, "resumed": True}
 
     @app.post(f"{API}/jobs/{{ref}}/scale")
     def scale(ref: JobRef, body: ScaleRequest) -> dict[str, Any]:

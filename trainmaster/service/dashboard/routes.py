@@ -13,8 +13,10 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from trainmaster.controller import Controller
+from trainmaster.controller.controller import NotResumable
 from trainmaster.errors import UserError
 from trainmaster.service.dashboard import views
+from trainmaster.service.dashboard.capability import capability_views
 from trainmaster.service.dashboard.access import AccessOptions, TokenMiddleware, login
 from trainmaster.service.dashboard.locate import line_of, split_error
 from trainmaster.service.dashboard.watch import StoreWatcher
@@ -88,6 +90,16 @@ def mount_dashboard(app: FastAPI, controller: Controller, jobs: Trainmaster, pat
             return page(request, "_job_summary.html", job=views.job_detail(session, job),
                         instances=views.instances(session, job))
 
+    @router.get("/ui/jobs/{job_id}/views", response_class=HTMLResponse)
+    def job_views(request: Request, job_id: int) -> HTMLResponse:
+        """What the job's capability published (federated schedule, aggregation counters,
+        partition, gateway legs), drawn; empty for a job that published nothing."""
+        with sessions() as session:
+            job = load(session, job_id)
+            output = Path(job.run_dir) / "output" if job.run_dir else None
+        drawn = capability_views(output) if output else []
+        return page(request, "_capability.html", views=drawn)
+
     @router.get("/ui/jobs/{job_id}/metrics")
     def job_metrics(job_id: int, after: int = Query(0, ge=0)) -> JSONResponse:
         with sessions() as session:
@@ -154,6 +166,17 @@ def mount_dashboard(app: FastAPI, controller: Controller, jobs: Trainmaster, pat
         with sessions() as session:
             load(session, job_id)
         controller.cancel(job_id)
+        return Response(status_code=204, headers={"HX-Trigger": "tm-change"})
+
+    @router.post("/ui/jobs/{job_id}/resume")
+    def resume(request: Request, job_id: int) -> Response:
+        guarded(request)
+        with sessions() as session:
+            load(session, job_id)
+        try:
+            controller.take_over(job_id)
+        except NotResumable as exc:
+            return HTMLResponse(f"<span class='error'>{_escape(exc.message)}</span>", status_code=409)
         return Response(status_code=204, headers={"HX-Trigger": "tm-change"})
 
     @router.post("/ui/jobs/{job_id}/scale")
