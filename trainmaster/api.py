@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from trainmaster.backends.base import Backend
 from trainmaster.controller import Controller
-from trainmaster.errors import UserError
+from trainmaster.errors import JobConflict, UserError
 from trainmaster.spec.load import LoadedJob, LoadOptions, load_document
 from trainmaster.spec.states import INSTANCE_TERMINAL, JOB_TERMINAL
 from trainmaster.store import repository as repo
@@ -39,10 +39,6 @@ TAIL_MAX_BYTES = 1 << 20
 
 class JobNotFound(UserError):
     """No job (or no instance, or no log yet) answers the reference (HTTP 404)."""
-
-
-class JobConflict(UserError):
-    """The job's state forbids the verb, e.g. deleting a job that still runs (HTTP 409)."""
 
 
 class NameTaken(JobConflict):

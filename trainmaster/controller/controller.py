@@ -28,7 +28,7 @@ from trainmaster.controller import metrics, queues, restart, scaling
 from trainmaster.controller.backoff import StoreBackoff
 from trainmaster.controller.admission import admit
 from trainmaster.controller.launching import instance_id, launch_spec, legacy_launch_file
-from trainmaster.errors import UserError
+from trainmaster.errors import JobConflict
 from trainmaster.runtime.files import InstanceFiles
 from trainmaster.spec.load import LoadedJob
 from trainmaster.spec.model import Job, Role
@@ -44,7 +44,7 @@ I = InstanceState
 LIVE = (I.STARTING.value, I.RUNNING.value, I.UNKNOWN.value, I.TERMINATING.value)
 
 
-class NotResumable(UserError):
+class NotResumable(JobConflict):
     """A job that cannot be taken over now; the message says why (HTTP 409)."""
 
 

@@ -29,7 +29,6 @@ from sqlalchemy.exc import OperationalError
 
 from trainmaster.api import JobConflict, JobNotFound, LogTarget, Trainmaster
 from trainmaster.controller import Controller
-from trainmaster.controller.controller import NotResumable
 from trainmaster.controller import metrics
 from trainmaster.controller.backoff import StoreBackoff
 from trainmaster.controller.leader import LeaderElector, LeaseLost
@@ -200,11 +199,8 @@ def create_app(controller: Controller, reconcile: bool = True, options: ServiceO
         its run still lives, it has ended, or it ran on another backend)."""
         job_id = jobs.find(ref).id
         if elector is not None and not elector.leading:
-            raise HTTPException(409, f"this server is a standby; ask the leader ({elector.leader}) to resume")
-        try:
-            controller.take_over(job_id)
-        except NotResumable as exc:
-            raise HTTPException(409, exc.message) from None
+            raise JobConflict(f"this server is a standby; ask the leader ({elector.leader}) to resume")
+        controller.take_over(job_id)  # NotResumable: 409, as every JobConflict
         return {"id": job_id, "resumed": True}
 
     @app.post(f"{API}/jobs/{{ref}}/scale")
