@@ -123,7 +123,7 @@ def traced_models() -> list[tuple[str, object]]:
     try:
         import torch
 
-        from trainmaster.partition.importers import from_module
+        from trainmaster.partition.importers import from_module, from_module_training
         from trainmaster.partition.models import encoder, inception, mlp
     except ImportError as exc:
         print(f"skipping traced models: {exc}")
@@ -139,6 +139,17 @@ def traced_models() -> list[tuple[str, object]]:
     add("mlp-512x12", lambda: mlp(512, 12), lambda: (torch.randn(8, 64),))
     add("inception-6", lambda: inception(6, 32), lambda: (torch.randn(1, 3, 32, 32),))
     add("encoder-128x4", lambda: encoder(128, 4, 4), lambda: (torch.randn(2, 32, 128),))
+
+    def add_training(name, build, inputs):
+        def make():
+            torch.manual_seed(0)
+            return from_module_training(build(), inputs())[0]
+        out.append((name, make))
+
+    # training steps (forward + backward + SGD update from one joint export)
+    add_training("mlp-512x12-training", lambda: mlp(512, 12), lambda: (torch.randn(8, 64),))
+    add_training("encoder-128x4-training", lambda: encoder(128, 4, 4),
+                 lambda: (torch.randn(2, 32, 128),))
     try:
         import transformers
     except ImportError as exc:

@@ -74,6 +74,8 @@ def partition_command(
     importer: str = typer.Option("export", help="How module:callable becomes a graph: export "
                                  "(torch.export, operator level), fx (torch.fx, module level) or "
                                  "onnx (ONNX exporter)."),
+    training: bool = typer.Option(False, "--training", help="For module:callable: one training "
+                                  "step (forward, backward, SGD update) from one export."),
 ) -> None:
     """Split a DNN graph across K devices, cutting few costly critical edges, and report metrics."""
     import time
@@ -85,7 +87,8 @@ def partition_command(
     _check_flags(devices, imbalance, delta, importer)
     check_link(bandwidth)
     t0 = time.perf_counter()
-    g = load_graph(graph, _parse_shape(input_shape), bandwidth=bandwidth, importer=importer)
+    g = load_graph(graph, _parse_shape(input_shape), bandwidth=bandwidth, importer=importer,
+                   training=training)
     result = partition(g, devices, method=method, imbalance=imbalance, seed=seed, delta=delta,
                        acyclic=acyclic)
     metrics = evaluate(g, result.assignment, devices, imbalance)
