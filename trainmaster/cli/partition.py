@@ -38,7 +38,7 @@ def _check_flags(devices: int, imbalance: float, delta: float, importer: str) ->
         raise UserError(f"--importer {importer!r}: choose one of {', '.join(IMPORTERS)}")
 
 
-def infeasible_message(metrics: dict, imbalance: float) -> str:
+def infeasible_message(metrics: dict, imbalance: float, method: str = "trainmaster") -> str:
     """What the text output says when no partition met the caps: which cap, by how much, and
     the --imbalance that the returned partition would meet (the JSON says feasible: false)."""
     over = []
@@ -48,8 +48,11 @@ def infeasible_message(metrics: dict, imbalance: float) -> str:
     if metrics.get("memory_cap") is not None and not metrics["memory_ok"]:
         over.append(f"the memory cap ({max(metrics['memory_per_device']):.4g} on one device, "
                     f"cap {metrics['memory_cap']:.4g})")
-    text = ("no partition found meets " + " or ".join(over or ["the caps"]) +
-            "; returned the least-violating one (among near-equal ones, the fastest)")
+    if method == "trainmaster":
+        text = ("no partition found meets " + " or ".join(over or ["the caps"]) +
+                "; returned the least-violating one (among near-equal ones, the fastest)")
+    else:
+        text = f"the {method} partition breaks " + " and ".join(over or ["the caps"])
     if not metrics["balanced"]:
         text += f"; --imbalance {metrics['balance'] - 1.0 + 1e-4:.4g} would accept it"
     return text
@@ -112,12 +115,12 @@ def partition_command(
     for key in ("critical_cut_count", "critical_cut_cost", "cut_count", "cut_cost", "max_load",
                 "avg_load", "balance", "makespan", "lower_bound", "path_cut_bound",
                 "device_graph_acyclic",
-                "memory_ok", "colocation_ok", "partition_seconds"):
+                "memory_ok", "colocation_ok", "feasible", "partition_seconds"):
         val = metrics[key]
         table.add_row(key, f"{val:.4g}" if isinstance(val, float) else str(val))
     Console().print(table)
     if not result.feasible:
-        Console(stderr=True).print(f"[yellow]warning:[/yellow] {infeasible_message(metrics, imbalance)}")
+        Console(stderr=True).print(f"[yellow]warning:[/yellow] {infeasible_message(metrics, imbalance, method)}")
     if out is not None:
         Console().print(f"assignment written to {out}")
 
