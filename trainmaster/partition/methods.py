@@ -100,7 +100,7 @@ class Partition:
     notes: dict = field(default_factory=dict)
     feasible: bool = True
     overload: float = 0.0
-    cpu_seconds: float = 0.0  # process CPU time of the method alone (the benchmark's figure)
+    cpu_seconds: float = 0.0  # process CPU time of the method alone (no feasibility check)
 
     def by_node_id(self, graph: Graph) -> dict:
         return {str(nid): int(d) for nid, d in zip(graph.node_ids, self.assignment.tolist())}

@@ -288,7 +288,7 @@ class PipelineRun:
     costed, the methods to compare, and the link.
 
     ``costs``: ``flops`` (FLOPs / ``flops_per_second``) or ``measured`` (each node's wall time
-    in the same fx Interpreter the stages run it in, median of ``profile_runs`` runs: the
+    in the same fx Interpreter the stages run it in, mean of ``profile_runs`` runs: the
     per-node overhead of running a graph node by node is then in the prediction too).
     ``emulate_link``: stage-to-stage messages are delayed by ``latency + bytes / bandwidth``,
     the cost model's own edge cost (``Link``), so the run has the link the prediction assumed.
@@ -432,7 +432,7 @@ def _close(out, expected) -> bool:
 
 
 def _with_measured_costs(graph, gm, args: tuple, runs: int):
-    """``graph`` with each node's cost replaced by its median wall time over ``runs`` runs of
+    """``graph`` with each node's cost replaced by its mean wall time over ``runs`` runs of
     ``gm`` node by node in a plain fx Interpreter (as the stages run it; no FLOP counter)."""
     import dataclasses
 
@@ -451,7 +451,10 @@ def _with_measured_costs(graph, gm, args: tuple, runs: int):
     with torch.no_grad():
         for _ in range(max(runs, 1) + 1):  # the first run warms caches: dropped below
             Timer(gm).run(*args)
-    cost = np.asarray([statistics.median(times[i][1:]) if len(times.get(i, [])) > 1 else 0.0
+    # the mean, not the median: an op's expected time includes the preemptions a loaded machine
+    # deals it, which the run will meet too (the median leaves them out and under-predicted a
+    # whole-model run by 2.5-4x at load average ~15 on 2 cores)
+    cost = np.asarray([statistics.fmean(times[i][1:]) if len(times.get(i, [])) > 1 else 0.0
                        for i in graph.node_ids])
     # placeholders and the output node run in the driver, not on a device
     ops = {n.name: n.op for n in gm.graph.nodes}
