@@ -109,3 +109,18 @@ def test_cli_training_switch(tmp_path, capsys):
     code, _, err = run(["partition", spec, "-k", "2", "--input-shape", "8,64", "--training",
                         "--importer", "fx"], capsys)
     assert code == 2 and "--importer fx cannot" in err.replace("\n", " ")
+
+
+def test_returned_gradients_move_nothing(traced):
+    """Mechanism: gradients stay where computed: the joint graph returns every gradient through
+    its one output node; those edges order the step's end but cost no transfer (priced, they
+    sent every weight-sized gradient to one device), while the forward's edges keep theirs."""
+    _, _, _, g = traced
+    out = [i for i, n in enumerate(g.names) if n.startswith("bwd:output") or n.endswith(":output")]
+    assert len(out) == 1
+    into = np.flatnonzero(g.dst == out[0])
+    priced = into[g.edge_cost[into] > 0]
+    assert len(into) > 2 and len(priced) == 1  # the loss: a scalar, still moved
+    assert "mean" in g.names[g.src[priced[0]]] and g.edge_cost[priced[0]] < 1e-6
+    fwd = np.array([n.startswith("fwd:call") for n in g.names])
+    assert g.edge_cost[fwd[g.src] & fwd[g.dst]].max() > 0
