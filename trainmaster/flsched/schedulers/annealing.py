@@ -296,41 +296,16 @@ class _Chain:
 
     # ---------------------------------------------------------------- final local search
     def descend(self, deadline: float | None, max_passes: int = 20) -> None:
-        """Step 5 (ours): best-improvement replacements until none lowers the cost. Per job and
-        position, the free eligible arrivals with a negative lower bound (at most
-        LOCAL_SEARCH_CANDIDATES) are priced in one vectorised batch."""
-        model = self.model
+        """Step 5 (ours): best-improvement moves until none lowers the cost. Per job, every
+        (position, free arrival with a negative lower bound) pair, at most
+        LOCAL_SEARCH_CANDIDATES arrivals per position, is priced in one vectorised batch and the
+        best is made; then the same for exchanges between every pair of jobs. One batch per job
+        (not per position) because a call's numpy overhead, not its arithmetic, is the cost."""
         for _ in range(max_passes):
             improved = False
             for m in range(self.M):
-                s = self.sets[m]
-                idx = self.elig_idx[m]
-                free = idx[self.owner[idx] == -1]
-                if len(free) == 0:
-                    continue
-                for pos in range(len(s)):
-                    rest = np.delete(s, pos)
-                    floor = self.mean[m, rest].max() if len(rest) else 0.0
-                    k_out = int(s[pos])
-                    bound = (self.wt * (np.maximum(self.mean[m, free], floor) - self.times[m])
-                             + self.wf * 2.0 * (self.history[m, free] - self.history[m, k_out]) / self.K)
-                    cand = free[bound < 0.0]
-                    if len(cand) == 0:
-                        continue
-                    if len(cand) > LOCAL_SEARCH_CANDIDATES:
-                        cand = cand[np.argsort(bound[bound < 0.0], kind="stable")[:LOCAL_SEARCH_CANDIDATES]]
-                    rows = np.empty((len(cand), len(s)), dtype=int)
-                    rows[:, :-1] = rest
-                    rows[:, -1] = cand
-                    t_new = expected_max_many(model.shift[m, rows], model.scale[m, rows])
-                    delta = (self.wt * (t_new - self.times[m])
-                             + self.wf * 2.0 * (self.history[m, cand] - self.history[m, k_out]) / self.K)
-                    j = int(np.argmin(delta))
-                    if delta[j] < -1e-12 * max(abs(self.current), 1.0):
-                        self._apply_replace(m, pos, int(cand[j]), float(t_new[j]), float(delta[j]))
-                        self.sa.stats.local_search_moves += 1
-                        free = idx[self.owner[idx] == -1]
-                        improved = True
+                if self._descend_replace(m):
+                    improved = True
                 if deadline is not None and time.perf_counter() > deadline:
                     return
             if self.M > 1 and self._descend_swaps():
@@ -338,37 +313,71 @@ class _Chain:
             if not improved:
                 return
 
+    def _descend_replace(self, m: int) -> bool:
+        """The best single replacement in job m, if it lowers the cost; True if made."""
+        s = self.sets[m]
+        idx = self.elig_idx[m]
+        free = idx[self.owner[idx] == -1]
+        n = len(s)
+        if len(free) == 0 or n == 0:
+            return False
+        keep = ~np.eye(n, dtype=bool)  # row p: every position but p
+        rest = np.broadcast_to(s, (n, n))[keep].reshape(n, n - 1)
+        floor = self.mean[m, rest].max(axis=1) if n > 1 else np.zeros(1)
+        bound = (self.wt * (np.maximum(self.mean[m, free][None, :], floor[:, None]) - self.times[m])
+                 + self.wf * 2.0 * (self.history[m, free][None, :] - self.history[m, s][:, None]) / self.K)
+        pos, col = np.nonzero(bound < 0.0)
+        if len(pos) == 0:
+            return False
+        if len(pos) > LOCAL_SEARCH_CANDIDATES * n:  # per position, the arrivals with the lowest bound
+            rank = np.argsort(np.where(bound < 0.0, bound, np.inf), axis=1, kind="stable")[:, :LOCAL_SEARCH_CANDIDATES]
+            pos = np.repeat(np.arange(n), rank.shape[1])
+            col = rank.ravel()
+            ok = bound[pos, col] < 0.0
+            pos, col = pos[ok], col[ok]
+        cand = free[col]
+        rows = np.empty((len(cand), n), dtype=int)
+        rows[:, :-1] = rest[pos]
+        rows[:, -1] = cand
+        t_new = expected_max_many(self.model.shift[m, rows], self.model.scale[m, rows])
+        delta = (self.wt * (t_new - self.times[m])
+                 + self.wf * 2.0 * (self.history[m, cand] - self.history[m, s[pos]]) / self.K)
+        j = int(np.argmin(delta))
+        if delta[j] >= -1e-12 * max(abs(self.current), 1.0):
+            return False
+        self._apply_replace(m, int(pos[j]), int(cand[j]), float(t_new[j]), float(delta[j]))
+        self.sa.stats.local_search_moves += 1
+        return True
+
     def _descend_swaps(self) -> bool:
-        """Best-improvement exchanges of one device between two jobs, each job's side priced
-        in one batch (every device of the other job that is eligible here); True if any was made."""
-        model, improved = self.model, False
+        """Best-improvement exchanges of one device between two jobs: per pair of jobs every
+        exchange that keeps both eligible is priced in one batch per side, and the best made;
+        True if any was made."""
+        model, improved, h = self.model, False, self.history
         for m in range(self.M):
             for o in range(m + 1, self.M):
-                for i in range(len(self.sets[m])):
-                    sm, so = self.sets[m], self.sets[o]
-                    a = int(sm[i])
-                    js = np.flatnonzero(self.eligible[m, so] & self.eligible[o, a])
-                    if len(js) == 0:
-                        continue
-                    bs = so[js]
-                    rows_m = np.empty((len(js), len(sm)), dtype=int)
-                    rows_m[:] = sm
-                    rows_m[:, i] = bs
-                    rows_o = np.repeat(so[None, :], len(js), axis=0)
-                    rows_o[np.arange(len(js)), js] = a
-                    tm = expected_max_many(model.shift[m, rows_m], model.scale[m, rows_m])
-                    to = expected_max_many(model.shift[o, rows_o], model.scale[o, rows_o])
-                    h = self.history
-                    delta = (self.wt * (tm - self.times[m] + to - self.times[o])
-                             + self.wf * 2.0 * (h[m, bs] - h[m, a] + h[o, a] - h[o, bs]) / self.K)
-                    best = int(np.argmin(delta))
-                    if delta[best] < -1e-12 * max(abs(self.current), 1.0):
-                        j, b = int(js[best]), int(bs[best])
-                        sm[i], so[j] = b, a
-                        self.owner[b], self.owner[a] = m, o
-                        self.times[m], self.times[o] = float(tm[best]), float(to[best])
-                        self.useful[m] = self.useful[o] = None
-                        self.current += float(delta[best])
-                        self.sa.stats.local_search_moves += 1
-                        improved = True
+                sm, so = self.sets[m], self.sets[o]
+                ok = self.eligible[m][so][None, :] & self.eligible[o][sm][:, None]  # (i in m, j in o)
+                ii, jj = np.nonzero(ok)
+                if len(ii) == 0:
+                    continue
+                a, b = sm[ii], so[jj]
+                rows_m = np.repeat(sm[None, :], len(ii), axis=0)
+                rows_m[np.arange(len(ii)), ii] = b
+                rows_o = np.repeat(so[None, :], len(ii), axis=0)
+                rows_o[np.arange(len(ii)), jj] = a
+                tm = expected_max_many(model.shift[m, rows_m], model.scale[m, rows_m])
+                to = expected_max_many(model.shift[o, rows_o], model.scale[o, rows_o])
+                delta = (self.wt * (tm - self.times[m] + to - self.times[o])
+                         + self.wf * 2.0 * (h[m, b] - h[m, a] + h[o, a] - h[o, b]) / self.K)
+                best = int(np.argmin(delta))
+                if delta[best] < -1e-12 * max(abs(self.current), 1.0):
+                    i, j, ka, kb = int(ii[best]), int(jj[best]), int(a[best]), int(b[best])
+                    sm[i], so[j] = kb, ka
+                    self.owner[kb], self.owner[ka] = m, o
+                    self.times[m], self.times[o] = float(tm[best]), float(to[best])
+                    self.useful[m] = self.useful[o] = None
+                    self.current += float(delta[best])
+                    self.sa.stats.local_search_moves += 1
+                    improved = True
         return improved
