@@ -81,12 +81,23 @@ def _subsets(n: int) -> tuple[np.ndarray, np.ndarray]:
     return member, sign
 
 
+def _subset_sums(x: np.ndarray) -> np.ndarray:
+    """(B, 2^n) sums of every subset of each row of (B, n) x, subset code sum_k bit_k 2^k (as in
+    ``_subsets``; column 0 is the empty set). Built by doubling, with elementwise numpy only:
+    a matrix product here goes to BLAS, whose threads spin on a busy machine (measured: 30x
+    the CPU time of this on 480 x 10 rows with other processes running)."""
+    sums = np.zeros((x.shape[0], 1))
+    for k in range(x.shape[1]):
+        sums = np.concatenate([sums, sums + x[:, k:k + 1]], axis=1)
+    return sums
+
+
 def _closed_form(log_w: np.ndarray, rate: np.ndarray) -> np.ndarray:
-    """sum_S (-1)^(|S|+1) W_S / r_S over the last axis of (..., n) log weights and rates
-    (absent devices: rate 0 and a very negative log weight, so their subsets vanish)."""
-    member, sign = _subsets(log_w.shape[-1])
-    r = np.maximum(rate @ member.T, 1e-300)  # 0 only where every member is absent (W_S = 0 there)
-    return (np.exp(log_w @ member.T) / r) @ sign
+    """sum_S (-1)^(|S|+1) W_S / r_S per row of (B, n) log weights and rates (absent devices:
+    rate 0 and a very negative log weight, so their subsets vanish)."""
+    _, sign = _subsets(log_w.shape[-1])
+    r = np.maximum(_subset_sums(rate)[:, 1:], 1e-300)  # 0 only where every member is absent (W_S = 0 there)
+    return (np.exp(_subset_sums(log_w)[:, 1:]) / r * sign).sum(axis=1)
 
 
 def _panel_nodes(s_fast: float, s_hi: float) -> tuple[np.ndarray, np.ndarray]:
@@ -118,7 +129,7 @@ def expected_max(shift: np.ndarray, scale: np.ndarray) -> float:
     if len(s) == 0:
         return top
     if len(s) <= SUBSET_MAX:
-        return top + float(_closed_form(log_w, 1.0 / s))
+        return top + float(_closed_form(log_w[None, :], 1.0 / s[None, :])[0])
     u, weights = _panel_nodes(1.0 / float((1.0 / s).sum()), float(s.max()))
     log_cdf = np.log1p(-np.exp(log_w[:, None] - u[None, :] / s[:, None])).sum(axis=0)
     return top - float(np.expm1(log_cdf) @ weights)

@@ -42,6 +42,7 @@ import numpy as np
 
 from trainmaster.flsched.cost import Assignment, ExactCost, RoundCost
 from trainmaster.flsched.model import Problem
+from trainmaster.flsched import pricing
 from trainmaster.flsched.pricing import expected_max, expected_max_many
 from trainmaster.flsched.schedulers.base import Scheduler, metropolis_accept, register
 from trainmaster.flsched.schedulers.baselines import greedy_assignment, greedy_order
@@ -193,10 +194,47 @@ class _Chain:
         self.times = [model.job_time(m, s) for m, s in enumerate(self.sets)]
         self.useful: list[np.ndarray | None] = [None] * self.M
         self.current = model.cost(self.sets)
+        # Per-job subset sums for the closed form (pricing.py), so that a replacement is priced
+        # by updating them, not by rebuilding the job's arrays: r_S = sum_S 1/s_k and
+        # P_S = sum_S c_k / s_k, log W_S = P_S - C r_S. Only for jobs of at most SUBSET_MAX
+        # devices whose eligible devices all have a positive scale and moderate c/s.
+        with np.errstate(divide="ignore", invalid="ignore"):
+            inv = np.where(model.scale > 0.0, 1.0 / model.scale, np.inf)
+            ratio = model.shift * inv
+        self.inv_l, self.ratio_l, self.shift_l = inv.tolist(), ratio.tolist(), model.shift.tolist()
+        self.closed = [0 < len(s) <= pricing.SUBSET_MAX and bool(np.all(np.isfinite(inv[m, self.elig_idx[m]])))
+                       and float(np.abs(ratio[m, self.elig_idx[m]]).max(initial=0.0)) < 1e6
+                       for m, s in enumerate(self.sets)]
+        self.r_sub: list[np.ndarray] = [np.zeros(0)] * self.M
+        self.p_sub: list[np.ndarray] = [np.zeros(0)] * self.M
+        self.cols: list[list[np.ndarray]] = [[] for _ in range(self.M)]
+        self.sign: list[np.ndarray] = [np.zeros(0)] * self.M
+        for m in range(self.M):
+            if self.closed[m]:
+                member, self.sign[m] = pricing._subsets(len(self.sets[m]))
+                self.cols[m] = [np.ascontiguousarray(member[:, p]) for p in range(member.shape[1])]
+                self._refresh(m)
+
+    def _refresh(self, m: int) -> None:
+        """Recompute job m's subset sums from its current devices (after any change of its set)."""
+        if self.closed[m]:
+            member, _ = pricing._subsets(len(self.sets[m]))
+            s = self.sets[m]
+            self.r_sub[m] = np.asarray([self.inv_l[m][k] for k in s]) @ member.T
+            self.p_sub[m] = np.asarray([self.ratio_l[m][k] for k in s]) @ member.T
 
     # ---------------------------------------------------------------- incremental pricing
     def _time_after(self, m: int, pos: int, k_in: int) -> float:
         """Job m's exact expected round time with the device at ``pos`` replaced by k_in."""
+        if self.closed[m]:  # the closed form, from the job's subset sums: a few numpy calls
+            s = self.sets[m]
+            k_out = int(s[pos])
+            col = self.cols[m][pos]
+            r = self.r_sub[m] + (self.inv_l[m][k_in] - self.inv_l[m][k_out]) * col
+            p = self.p_sub[m] + (self.ratio_l[m][k_in] - self.ratio_l[m][k_out]) * col
+            shifts = self.shift_l[m]
+            top = max(shifts[k_in], max((shifts[k] for i, k in enumerate(s.tolist()) if i != pos), default=-np.inf))
+            return top + float((np.exp(p - top * r) / r) @ self.sign[m])
         s = self.sets[m].copy()
         s[pos] = k_in
         return expected_max(self.model.shift[m, s], self.model.scale[m, s])
@@ -220,6 +258,7 @@ class _Chain:
         self.times[m] = t_new
         self.current += delta
         self.useful[m] = None
+        self._refresh(m)
 
     # ---------------------------------------------------------------- annealing
     def _propose_replace(self, m: int, d: np.ndarray, r_dev: np.ndarray) -> tuple[int, int, float, float] | None:
@@ -256,6 +295,8 @@ class _Chain:
             self.owner[b], self.owner[a] = m, other
             self.times[m], self.times[other] = tm, to
             self.useful[m] = self.useful[other] = None
+            self._refresh(m)
+            self._refresh(other)
             self.current += delta
 
     def anneal(self, budget: int, deadline: float | None) -> tuple[Assignment, float]:
@@ -349,6 +390,14 @@ class _Chain:
         self.sa.stats.local_search_moves += 1
         return True
 
+    def _floor(self, m: int) -> np.ndarray:
+        """Per position of job m: the largest mean time among the job's other devices (0 alone)."""
+        vals = self.mean[m, self.sets[m]]
+        out = np.full(len(vals), float(vals.max()))
+        top = int(np.argmax(vals))
+        out[top] = float(np.delete(vals, top).max()) if len(vals) > 1 else 0.0
+        return out
+
     def _descend_swaps(self) -> bool:
         """Best-improvement exchanges of one device between two jobs: per pair of jobs every
         exchange that keeps both eligible is priced in one batch per side, and the best made;
@@ -362,6 +411,15 @@ class _Chain:
                 if len(ii) == 0:
                     continue
                 a, b = sm[ii], so[jj]
+                # E[max] >= the largest member's mean: exchanges whose lower bound on the cost
+                # change is not negative cannot improve and are not priced
+                bound = (self.wt * (np.maximum(self._floor(m)[ii], self.mean[m, b]) - self.times[m]
+                                    + np.maximum(self._floor(o)[jj], self.mean[o, a]) - self.times[o])
+                         + self.wf * 2.0 * (h[m, b] - h[m, a] + h[o, a] - h[o, b]) / self.K)
+                hopeful = bound < 0.0
+                if not hopeful.any():
+                    continue
+                ii, jj, a, b = ii[hopeful], jj[hopeful], a[hopeful], b[hopeful]
                 rows_m = np.repeat(sm[None, :], len(ii), axis=0)
                 rows_m[np.arange(len(ii)), ii] = b
                 rows_o = np.repeat(so[None, :], len(ii), axis=0)
@@ -377,6 +435,8 @@ class _Chain:
                     self.owner[kb], self.owner[ka] = m, o
                     self.times[m], self.times[o] = float(tm[best]), float(to[best])
                     self.useful[m] = self.useful[o] = None
+                    self._refresh(m)
+                    self._refresh(o)
                     self.current += float(delta[best])
                     self.sa.stats.local_search_moves += 1
                     improved = True
