@@ -207,6 +207,8 @@ class _Chain:
                        for m, s in enumerate(self.sets)]
         self.r_sub: list[np.ndarray] = [np.zeros(0)] * self.M
         self.p_sub: list[np.ndarray] = [np.zeros(0)] * self.M
+        self.top_without: list[list[float]] = [[] for _ in range(self.M)]  # per position: max shift of the others
+        self.floors: list[list[float] | None] = [None] * self.M  # per position: max mean time of the others
         self.cols: list[list[np.ndarray]] = [[] for _ in range(self.M)]
         self.sign: list[np.ndarray] = [np.zeros(0)] * self.M
         for m in range(self.M):
@@ -217,11 +219,14 @@ class _Chain:
 
     def _refresh(self, m: int) -> None:
         """Recompute job m's subset sums from its current devices (after any change of its set)."""
+        self.floors[m] = None
         if self.closed[m]:
             member, _ = pricing._subsets(len(self.sets[m]))
             s = self.sets[m]
             self.r_sub[m] = np.asarray([self.inv_l[m][k] for k in s]) @ member.T
             self.p_sub[m] = np.asarray([self.ratio_l[m][k] for k in s]) @ member.T
+            shifts = [self.shift_l[m][k] for k in s.tolist()]
+            self.top_without[m] = [max(shifts[:i] + shifts[i + 1:], default=-np.inf) for i in range(len(shifts))]
 
     # ---------------------------------------------------------------- incremental pricing
     def _time_after(self, m: int, pos: int, k_in: int) -> float:
@@ -232,8 +237,7 @@ class _Chain:
             col = self.cols[m][pos]
             r = self.r_sub[m] + (self.inv_l[m][k_in] - self.inv_l[m][k_out]) * col
             p = self.p_sub[m] + (self.ratio_l[m][k_in] - self.ratio_l[m][k_out]) * col
-            shifts = self.shift_l[m]
-            top = max(shifts[k_in], max((shifts[k] for i, k in enumerate(s.tolist()) if i != pos), default=-np.inf))
+            top = max(self.shift_l[m][k_in], self.top_without[m][pos])
             return top + float((np.exp(p - top * r) / r) @ self.sign[m])
         s = self.sets[m].copy()
         s[pos] = k_in
@@ -261,8 +265,27 @@ class _Chain:
         self._refresh(m)
 
     # ---------------------------------------------------------------- annealing
-    def _propose_replace(self, m: int, d: np.ndarray, r_dev: np.ndarray) -> tuple[int, int, float, float] | None:
-        """Step 2 (perturbation): a random position of job m, a random free eligible arrival."""
+    def _hopeless(self, lower_bound: float, temperature: float | None, u: float) -> bool:
+        """True when Metropolis would reject a move whatever its exact delta: delta >= the
+        lower bound > 0, so u >= exp(-bound / T) >= exp(-delta / T). Such moves are rejected
+        without pricing; the chain takes exactly the steps it would have taken."""
+        bound = lower_bound - 1e-9 * max(abs(self.current), 1.0)  # rounding of the exact price
+        if temperature is None or bound <= 0.0:
+            return False
+        if temperature > 0.0 and u < np.exp(-bound / temperature):
+            return False
+        self.sa.stats.proposed_worse += 1
+        return True
+
+    def _floor_of(self, m: int) -> list[float]:
+        if self.floors[m] is None:
+            self.floors[m] = self._floor(m).tolist()
+        return self.floors[m]  # type: ignore[return-value]
+
+    def _propose_replace(self, m: int, d: np.ndarray, r_dev: np.ndarray,
+                         temperature: float | None = None) -> tuple[int, int, float, float] | None:
+        """Step 2 (perturbation): a random position of job m, a random free eligible arrival.
+        With ``temperature``, a move Metropolis would surely reject (``_hopeless``) is None."""
         idx = self.elig_idx[m] if d[5] < EXPLORE else self._useful(m)
         if len(idx) == 0:
             idx = self.elig_idx[m]
@@ -274,6 +297,11 @@ class _Chain:
             return None
         pos = int(d[1] * len(self.sets[m]))
         k_out = int(self.sets[m][pos])
+        if temperature is not None:
+            bound = (self.wt * (max(self._floor_of(m)[pos], self.mean[m, k_in]) - self.times[m])
+                     + self._fair_delta(m, k_out, k_in))
+            if self._hopeless(bound, temperature, d[4]):
+                return None
         t_new = self._time_after(m, pos, k_in)
         delta = self.wt * (t_new - self.times[m]) + self._fair_delta(m, k_out, k_in)
         return pos, k_in, t_new, delta
@@ -286,6 +314,11 @@ class _Chain:
         i, j = int(d[1] * len(sm)), int(d[3] * len(so))
         a, b = int(sm[i]), int(so[j])
         if not (self.eligible[m, b] and self.eligible[other, a]):
+            return
+        bound = (self.wt * (max(self._floor_of(m)[i], self.mean[m, b]) - self.times[m]
+                            + max(self._floor_of(other)[j], self.mean[other, a]) - self.times[other])
+                 + self._fair_delta(m, a, b) + self._fair_delta(other, b, a))
+        if self._hopeless(bound, temperature, d[4]):
             return
         tm, to = self._time_after(m, i, b), self._time_after(other, j, a)
         delta = (self.wt * (tm - self.times[m] + to - self.times[other])
@@ -327,7 +360,7 @@ class _Chain:
             if M > 1 and d[0] < sa.swap_prob:
                 self._swap(m, d, temperature)
             else:
-                move = self._propose_replace(m, d, dev_draws[i])
+                move = self._propose_replace(m, d, dev_draws[i], temperature)
                 if move is not None and sa.accept(move[3], temperature, d[4]):
                     self._apply_replace(m, *move)
             if self.current < best - 1e-12:
