@@ -162,7 +162,7 @@ def test_joint_service_infeasible_round_fails_clearly_and_the_run_continues():
     from trainmaster.flsched.selector import JointScheduler
 
     devs = _devices(6)
-    service = JointScheduler([_job("a", devs), _job("b", devs)], devs, seed=0, gather_s=0.05, lease_s=0.5)
+    service = JointScheduler([_job("a", devs), _job("b", devs)], devs, seed=0, gather_s=0.05, lease_s=2.0)
     clients = [f"c{k}" for k in range(6)]
     held = service.select("a", clients, 5)
     with pytest.raises(ProblemError, match="round of job 'b' cannot be scheduled now") as info:
@@ -173,7 +173,7 @@ def test_joint_service_infeasible_round_fails_clearly_and_the_run_continues():
     assert len(got) == 3
     import time
 
-    time.sleep(0.6)  # b never releases: its lease expires
+    time.sleep(2.1)  # b never releases: its lease expires
     again = service.select("a", clients, 5)
     assert len(again) == 5 and len(held) == 5
     assert _never_double_booked(service.leases_log)
@@ -270,3 +270,68 @@ def test_flower_two_jobs_sharing_a_pool_never_double_book():
     assert any(ja != jb and sa < eb and sb < ea  # the two jobs really trained at the same time
                for ja, _, sa, ea in leases for jb, _, sb, eb in leases)
     assert flwr is not None
+
+
+@pytest.mark.skipif(importlib.util.find_spec("flwr") is None,
+                    reason="flwr is not installed (not a trainmaster dependency; see docs/flsched.md)")
+def test_flower_infeasible_round_fails_clearly_and_the_run_continues(caplog):
+    """Flower, jointly, under real flwr: while another job leases 6 of the 8 clients, this job's
+    round 1 (3 clients wanted) cannot be scheduled: it is skipped with a warning that names the
+    job and the numbers, Flower's round loop goes on, and rounds 2 and 3 (after the other job's
+    release) train on 3 distinct clients each."""
+    import logging
+
+    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+    from flwr.server import Server
+    from flwr.server.client_manager import SimpleClientManager
+    from flwr.server.client_proxy import ClientProxy
+
+    from trainmaster.flsched.flower import FlschedFedAvg
+    from trainmaster.flsched.selector import JointJob, JointScheduler
+
+    devs = _devices(8)
+    service = JointScheduler([_job("a", devs), _job("b", devs)], devs, seed=0, gather_s=0.2)
+    clients = [f"c{k}" for k in range(8)]
+    fits: list[tuple[int, str]] = []
+
+    class Proxy(ClientProxy):
+        def fit(self, ins, timeout, group_id):
+            fits.append((int(ins.config["round"]), self.cid))
+            w = parameters_to_ndarrays(ins.parameters)[0]
+            return FitRes(Status(Code.OK, ""), ndarrays_to_parameters([w + 1.0]), 10, {})
+
+        def evaluate(self, ins, timeout, group_id):
+            raise NotImplementedError
+
+        def get_properties(self, ins, timeout, group_id):
+            raise NotImplementedError
+
+        def get_parameters(self, ins, timeout, group_id):
+            raise NotImplementedError
+
+        def reconnect(self, ins, timeout, group_id):
+            raise NotImplementedError
+
+    manager = SimpleClientManager()
+    for cid in clients:
+        manager.register(Proxy(cid))
+    held = service.select("a", clients, 6)  # the other job's server holds 6 clients
+
+    def fit_config(server_round: int) -> dict:
+        if server_round == 2:
+            service.release("a")  # the other job's round ends before this job's round 2
+        return {"round": server_round}
+
+    strategy = FlschedFedAvg(JointJob(service, "b"), per_round=3, fraction_evaluate=0.0, min_available_clients=8,
+                             on_fit_config_fn=fit_config, initial_parameters=ndarrays_to_parameters([np.zeros(1)]))
+    with caplog.at_level(logging.WARNING, logger="trainmaster.flsched.flower"):
+        history, _ = Server(client_manager=manager, strategy=strategy).fit(num_rounds=3, timeout=30)
+    assert len(held) == 6
+    skipped = [r.getMessage() for r in caplog.records if "round 1 skipped" in r.getMessage()]
+    assert skipped and "round of job 'b' cannot be scheduled now" in skipped[0] and "only" in skipped[0], skipped
+    assert sorted({r for r, _ in fits}) == [2, 3]
+    for rnd in (2, 3):
+        assert len({c for r, c in fits if r == rnd}) == 3
+    assert [job for job, *_ in service.leases_log] == ["a", "b", "b"]
+    assert _never_double_booked(service.leases_log)
+    assert history is not None

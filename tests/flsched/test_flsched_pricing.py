@@ -79,3 +79,27 @@ def test_batched_pricing_equals_one_by_one():
     batch = expected_max_many(shift, scale, mask)
     for b in range(30):
         assert batch[b] == pytest.approx(expected_max(shift[b, mask[b]], scale[b, mask[b]]), rel=1e-10)
+
+
+def test_subset_closed_form_equals_quadrature():
+    """Exact objective, both routes: for sets of at most SUBSET_MAX devices the subset closed form
+    (sum over subsets of W_S / r_S) equals the Gauss-Legendre panels to 1e-10, single and batched,
+    including far-apart shifts (tiny weights) and a deterministic device."""
+    from trainmaster.flsched import pricing
+
+    rng = np.random.default_rng(8)
+    for _ in range(40):
+        n = int(rng.integers(1, pricing.SUBSET_MAX + 1))
+        shift = rng.uniform(0.0, 10.0, n) * rng.choice([0.01, 1.0, 100.0])
+        scale = np.exp(rng.uniform(-5.0, 4.0, n))
+        closed = expected_max(shift, scale)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(pricing, "SUBSET_MAX", 0)  # force the quadrature route
+            assert closed == pytest.approx(expected_max(shift, scale), rel=1e-10)
+            batch_quadrature = expected_max_many(shift[None, :], scale[None, :])[0]
+        assert expected_max_many(shift[None, :], scale[None, :])[0] == pytest.approx(batch_quadrature, rel=1e-10)
+    with_fixed = np.array([3.0, 0.0, 1.0]), np.array([0.0, 1.0, 2.0])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pricing, "SUBSET_MAX", 0)
+        reference = expected_max(*with_fixed)
+    assert expected_max(*with_fixed) == pytest.approx(reference, rel=1e-12)

@@ -162,3 +162,24 @@ def test_pace_start_groups_least_served_devices_of_similar_speed():
     fastest_unserved = unserved[np.argsort(p.expected_time()[0][unserved])[:5]]
     assert sorted(chosen.tolist()) == sorted(fastest_unserved.tolist())
     assert violations(p, [chosen]) == []
+
+
+@pytest.mark.parametrize("family, size", [("heterogeneous", (100, 5)), ("churn", (60, 4)), ("bimodal", (40, 2))])
+def test_screening_hopeless_moves_leaves_the_chain_unchanged(monkeypatch, family, size):
+    """Annealing acceptance (Metropolis) with delta evaluation: moves whose lower bound already
+    makes u >= exp(-bound / T) are rejected without pricing; the chain must take exactly the
+    steps it takes when every move is priced (same schedule, same cost, same accepted moves)."""
+    from trainmaster.flsched.schedulers.annealing import _Chain
+    from trainmaster.flsched.synthetic import make_family_problem
+
+    p = make_family_problem(family, size[0], size[1], seed=5)
+    screened = AnnealingScheduler(seed=11)
+    with_screen = screened.schedule(p)
+    monkeypatch.setattr(_Chain, "_hopeless", lambda self, bound, temperature, u: False)
+    priced = AnnealingScheduler(seed=11)
+    without = priced.schedule(p)
+    assert [s.tolist() for s in with_screen] == [s.tolist() for s in without]
+    assert screened.stats.best_cost == priced.stats.best_cost
+    assert screened.stats.accepted_worse == priced.stats.accepted_worse
+    assert screened.stats.accepted_better == priced.stats.accepted_better
+    assert screened.stats.proposed_worse == priced.stats.proposed_worse

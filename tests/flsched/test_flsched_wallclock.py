@@ -33,3 +33,20 @@ def test_wallclock_run_trains_real_jobs_and_leaves_no_process_behind():
         assert times == sorted(times) and times[0] > 0.0
         assert all(0.0 <= acc <= 1.0 for _, acc in job.curve)
     assert mp.active_children() == []
+
+
+def test_straggler_pool_slows_a_share_of_the_devices():
+    """Wall-clock setup (slow tail): make_straggler_pool makes exactly share x K devices factor
+    times slower in compute shift, spread and link, and leaves the others as make_pool draws them."""
+    from trainmaster.flsched.synthetic import make_pool, make_straggler_pool
+
+    base, slow = make_pool(20, 7), make_straggler_pool(20, 7, share=0.25, factor=10.0)
+    changed = [k for k in range(20) if slow[k] != base[k]]
+    assert len(changed) == 5
+    for k in changed:
+        assert slow[k].a == pytest.approx(10.0 * base[k].a)
+        assert slow[k].mu == pytest.approx(base[k].mu / 10.0)
+        assert slow[k].bandwidth == pytest.approx(base[k].bandwidth / 10.0)
+    assert make_straggler_pool(20, 7, share=0.25, factor=10.0) == slow  # deterministic in the seed
+    with pytest.raises(ValueError, match="straggler share"):
+        make_straggler_pool(20, 7, share=1.5)

@@ -22,6 +22,17 @@ tail where it is tiny.
 
 A device with scale 0 (no local work, only communication) is deterministic: it only enters
 through the shift C. Devices with w_k < e^-45 (long done before the slowest shift) are dropped.
+
+Small sets (at most SUBSET_MAX live devices, which is every round of a typical FL job) use the
+closed form instead: expanding the product, each non-empty subset S contributes
+(-1)^(|S|+1) W_S / r_S with W_S = prod_S w_k and r_S = sum_S 1/s_k, so
+
+    E[max] = C + sum_S (-1)^(|S|+1) W_S / r_S,
+
+one small matrix product over a cached subset table. Every term is at most min_S w_k s_k, which
+is at most the result, so the alternating sum loses at most 2^n ulps (n <= 10: ~1e-13). It is
+several times cheaper than the quadrature for the annealer's single-set queries, whose cost is
+numpy's per-call overhead, not arithmetic.
 """
 
 from __future__ import annotations
@@ -40,6 +51,8 @@ TAIL_PANEL = 4.0
 """No panel is wider than this many slowest scales (8 nodes over 4 decay lengths: ~1e-14)."""
 NEGLIGIBLE_LOG_WEIGHT = -45.0
 """Devices whose log w_k is below this are surely done before the slowest shift."""
+SUBSET_MAX = 10
+"""Up to this many live devices the subset closed form is used (2^n - 1 terms)."""
 
 _x, _w = np.polynomial.legendre.leggauss(NODES_PER_PANEL)
 _NODES = (_x + 1.0) / 2.0  # on [0, 1]
@@ -56,6 +69,35 @@ def _unit_panels(levels: int) -> tuple[np.ndarray, np.ndarray]:
     edges = np.concatenate(([0.0], growing, tail))
     width = np.diff(edges)
     return (edges[:-1, None] + width[:, None] * _NODES).ravel(), (width[:, None] * _WEIGHTS).ravel()
+
+
+@lru_cache(maxsize=SUBSET_MAX + 1)
+def _subsets(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(2^n - 1, n) 0/1 membership of every non-empty subset of n devices, and its sign
+    (-1)^(|S|+1)."""
+    codes = np.arange(1, 2**n)
+    member = ((codes[:, None] >> np.arange(n)[None, :]) & 1).astype(float)
+    sign = np.where(member.sum(axis=1) % 2 == 1, 1.0, -1.0)
+    return member, sign
+
+
+def _subset_sums(x: np.ndarray) -> np.ndarray:
+    """(B, 2^n) sums of every subset of each row of (B, n) x, subset code sum_k bit_k 2^k (as in
+    ``_subsets``; column 0 is the empty set). Built by doubling, with elementwise numpy only:
+    a matrix product here goes to BLAS, whose threads spin on a busy machine (measured: 30x
+    the CPU time of this on 480 x 10 rows with other processes running)."""
+    sums = np.zeros((x.shape[0], 1))
+    for k in range(x.shape[1]):
+        sums = np.concatenate([sums, sums + x[:, k:k + 1]], axis=1)
+    return sums
+
+
+def _closed_form(log_w: np.ndarray, rate: np.ndarray) -> np.ndarray:
+    """sum_S (-1)^(|S|+1) W_S / r_S per row of (B, n) log weights and rates (absent devices:
+    rate 0 and a very negative log weight, so their subsets vanish)."""
+    _, sign = _subsets(log_w.shape[-1])
+    r = np.maximum(_subset_sums(rate)[:, 1:], 1e-300)  # 0 only where every member is absent (W_S = 0 there)
+    return (np.exp(_subset_sums(log_w)[:, 1:]) / r * sign).sum(axis=1)
 
 
 def _panel_nodes(s_fast: float, s_hi: float) -> tuple[np.ndarray, np.ndarray]:
@@ -75,6 +117,9 @@ def expected_max(shift: np.ndarray, scale: np.ndarray) -> float:
     shift = np.asarray(shift, dtype=float)
     scale = np.asarray(scale, dtype=float)
     top = float(shift.max())
+    if len(scale) <= SUBSET_MAX and scale.min() > 0.0:  # the annealer's common case, few numpy calls
+        member, sign = _subsets(len(scale))
+        return top + float((np.exp(((shift - top) / scale) @ member.T) / ((1.0 / scale) @ member.T)) @ sign)
     live = scale > 0.0
     s = scale[live]
     log_w = (shift[live] - top) / s
@@ -83,6 +128,8 @@ def expected_max(shift: np.ndarray, scale: np.ndarray) -> float:
         s, log_w = s[keep], log_w[keep]
     if len(s) == 0:
         return top
+    if len(s) <= SUBSET_MAX:
+        return top + float(_closed_form(log_w[None, :], 1.0 / s[None, :])[0])
     u, weights = _panel_nodes(1.0 / float((1.0 / s).sum()), float(s.max()))
     log_cdf = np.log1p(-np.exp(log_w[:, None] - u[None, :] / s[:, None])).sum(axis=0)
     return top - float(np.expm1(log_cdf) @ weights)
@@ -103,6 +150,8 @@ def expected_max_many(shift: np.ndarray, scale: np.ndarray, mask: np.ndarray | N
     live &= log_w > NEGLIGIBLE_LOG_WEIGHT
     if not live.any():
         return top
+    if shift.shape[1] <= SUBSET_MAX:
+        return top + _closed_form(np.where(live, log_w, -1e4), np.where(live, 1.0 / safe, 0.0))
     fastest = float((np.where(live, 1.0 / safe, 0.0).sum(axis=1)).max())
     u, weights = _panel_nodes(1.0 / fastest, float(scale[live].max()))
     with np.errstate(divide="ignore", invalid="ignore"):

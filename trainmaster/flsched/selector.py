@@ -205,14 +205,17 @@ class JointScheduler:
                                        f"next round tries again)", reasons)
             self.cond.notify_all()
             return
+        import time
+
+        granted = time.monotonic()  # the lease runs from the hand-out, not from the request (scheduling takes time)
         for r, chosen in zip(requests, assignment):
             r.chosen = [free[int(k)] for k in chosen]
             for cid in r.chosen:
                 self.pool.holder[cid] = r.job_id
                 dev = self.pool.profiles[cid].id
                 self.history[r.job_id][dev] = self.history[r.job_id].get(dev, 0) + 1
-            self.lease_until[r.job_id] = now + self.lease_s
-            self.leases_log.append((r.job_id, tuple(r.chosen), now, None))
+            self.lease_until[r.job_id] = granted + self.lease_s
+            self.leases_log.append((r.job_id, tuple(r.chosen), granted, None))
         self.cond.notify_all()
 
 

@@ -28,6 +28,23 @@ def make_pool(num_devices: int, seed: int) -> list[Device]:
     return [Device(id=f"d{k}", a=float(a[k]), mu=float(mu[k]), bandwidth=float(bw[k])) for k in range(num_devices)]
 
 
+def make_straggler_pool(num_devices: int, seed: int, share: float = 0.25, factor: float = 10.0) -> list[Device]:
+    """``make_pool`` with a heavy slow tail, as in deployed FL (old phones on poor links): a
+    random ``share`` of the devices computes ``factor`` times slower (shift and spread) and
+    sends ``factor`` times slower. This is where a scheduler matters: a round that includes one
+    straggler lasts as long as the straggler."""
+    if not (0.0 <= share <= 1.0 and factor >= 1.0):
+        raise ValueError(f"straggler share must be in [0, 1] and factor >= 1, got {share!r}, {factor!r}")
+    rng = np.random.default_rng([seed, 4243])
+    slow = rng.permutation(num_devices)[: int(round(share * num_devices))]
+    devices = make_pool(num_devices, seed)
+    for k in slow:
+        d = devices[k]
+        devices[k] = Device(id=d.id, a=d.a * factor, mu=d.mu / factor, bandwidth=d.bandwidth / factor,
+                            available=d.available)
+    return devices
+
+
 def make_jobs(devices: list[Device], num_jobs: int, per_round: int, seed: int) -> list[Job]:
     """Jobs cycling through JOB_SHAPES; every device holds 50-1000 samples of every job."""
     rng = np.random.default_rng(seed + 7919)

@@ -32,7 +32,7 @@ import numpy as np
 
 from trainmaster.flsched.model import Job, Problem, ProblemError, check_feasible
 from trainmaster.flsched.schedulers import Scheduler
-from trainmaster.flsched.synthetic import make_pool
+from trainmaster.flsched.synthetic import make_pool, make_straggler_pool
 
 CHUNK = 16 * 1024
 """Bytes per pipe message: the token bucket meters the model in pieces of this size."""
@@ -146,17 +146,19 @@ def _device_main(conn, index: int, jobs, bandwidth: float, speedup: float) -> No
 
 def run_wallclock(scheduler: Scheduler, num_devices: int = 20, per_round: int = 3, max_rounds: int = 60,
                   seed: int = 0, speedup: float = 100.0, availability: float = 0.9,
-                  fairness_weight: float = 30.0, time_limit: float = 120.0) -> WallClockResult:
+                  fairness_weight: float = 30.0, time_limit: float = 120.0, stragglers: float = 0.0,
+                  straggler_factor: float = 10.0) -> WallClockResult:
     """Train the three jobs concurrently on ``num_devices`` device processes until each reaches
     its target (or ``max_rounds``, or ``time_limit`` wall seconds); device time runs ``speedup``
-    times faster than the model's seconds."""
+    times faster than the model's seconds. ``stragglers``: share of the devices that are
+    ``straggler_factor`` times slower (``synthetic.make_straggler_pool``; 0 = ``make_pool``)."""
     import torch
 
     from trainmaster.flsched.runtime import _accuracy, _local_update, _model, load_job
 
     torch.set_num_threads(1)
     fl_jobs = [load_job(name, num_devices, seed, target, tau=tau) for name, tau, target in JOBS]
-    pool = make_pool(num_devices, seed)
+    pool = make_straggler_pool(num_devices, seed, stragglers, straggler_factor) if stragglers else make_pool(num_devices, seed)
     specs = [Job(id=j.name, tau=float(j.tau), model_bytes=4.0e6, per_round=per_round,
                  data={d.id: int(len(j.shards[k])) * 20 for k, d in enumerate(pool)}) for j in fl_jobs]
     base = Problem.build(pool, specs, weights={"time": 1.0, "fairness": fairness_weight})

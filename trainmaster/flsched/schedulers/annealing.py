@@ -42,6 +42,7 @@ import numpy as np
 
 from trainmaster.flsched.cost import Assignment, ExactCost, RoundCost
 from trainmaster.flsched.model import Problem
+from trainmaster.flsched import pricing
 from trainmaster.flsched.pricing import expected_max, expected_max_many
 from trainmaster.flsched.schedulers.base import Scheduler, metropolis_accept, register
 from trainmaster.flsched.schedulers.baselines import greedy_assignment, greedy_order
@@ -193,10 +194,51 @@ class _Chain:
         self.times = [model.job_time(m, s) for m, s in enumerate(self.sets)]
         self.useful: list[np.ndarray | None] = [None] * self.M
         self.current = model.cost(self.sets)
+        # Per-job subset sums for the closed form (pricing.py), so that a replacement is priced
+        # by updating them, not by rebuilding the job's arrays: r_S = sum_S 1/s_k and
+        # P_S = sum_S c_k / s_k, log W_S = P_S - C r_S. Only for jobs of at most SUBSET_MAX
+        # devices whose eligible devices all have a positive scale and moderate c/s.
+        with np.errstate(divide="ignore", invalid="ignore"):
+            inv = np.where(model.scale > 0.0, 1.0 / model.scale, np.inf)
+            ratio = model.shift * inv
+        self.inv_l, self.ratio_l, self.shift_l = inv.tolist(), ratio.tolist(), model.shift.tolist()
+        self.closed = [0 < len(s) <= pricing.SUBSET_MAX and bool(np.all(np.isfinite(inv[m, self.elig_idx[m]])))
+                       and float(np.abs(ratio[m, self.elig_idx[m]]).max(initial=0.0)) < 1e6
+                       for m, s in enumerate(self.sets)]
+        self.r_sub: list[np.ndarray] = [np.zeros(0)] * self.M
+        self.p_sub: list[np.ndarray] = [np.zeros(0)] * self.M
+        self.top_without: list[list[float]] = [[] for _ in range(self.M)]  # per position: max shift of the others
+        self.floors: list[list[float] | None] = [None] * self.M  # per position: max mean time of the others
+        self.cols: list[list[np.ndarray]] = [[] for _ in range(self.M)]
+        self.sign: list[np.ndarray] = [np.zeros(0)] * self.M
+        for m in range(self.M):
+            if self.closed[m]:
+                member, self.sign[m] = pricing._subsets(len(self.sets[m]))
+                self.cols[m] = [np.ascontiguousarray(member[:, p]) for p in range(member.shape[1])]
+                self._refresh(m)
+
+    def _refresh(self, m: int) -> None:
+        """Recompute job m's subset sums from its current devices (after any change of its set)."""
+        self.floors[m] = None
+        if self.closed[m]:
+            member, _ = pricing._subsets(len(self.sets[m]))
+            s = self.sets[m]
+            self.r_sub[m] = np.asarray([self.inv_l[m][k] for k in s]) @ member.T
+            self.p_sub[m] = np.asarray([self.ratio_l[m][k] for k in s]) @ member.T
+            shifts = [self.shift_l[m][k] for k in s.tolist()]
+            self.top_without[m] = [max(shifts[:i] + shifts[i + 1:], default=-np.inf) for i in range(len(shifts))]
 
     # ---------------------------------------------------------------- incremental pricing
     def _time_after(self, m: int, pos: int, k_in: int) -> float:
         """Job m's exact expected round time with the device at ``pos`` replaced by k_in."""
+        if self.closed[m]:  # the closed form, from the job's subset sums: a few numpy calls
+            s = self.sets[m]
+            k_out = int(s[pos])
+            col = self.cols[m][pos]
+            r = self.r_sub[m] + (self.inv_l[m][k_in] - self.inv_l[m][k_out]) * col
+            p = self.p_sub[m] + (self.ratio_l[m][k_in] - self.ratio_l[m][k_out]) * col
+            top = max(self.shift_l[m][k_in], self.top_without[m][pos])
+            return top + float((np.exp(p - top * r) / r) @ self.sign[m])
         s = self.sets[m].copy()
         s[pos] = k_in
         return expected_max(self.model.shift[m, s], self.model.scale[m, s])
@@ -220,10 +262,30 @@ class _Chain:
         self.times[m] = t_new
         self.current += delta
         self.useful[m] = None
+        self._refresh(m)
 
     # ---------------------------------------------------------------- annealing
-    def _propose_replace(self, m: int, d: np.ndarray, r_dev: np.ndarray) -> tuple[int, int, float, float] | None:
-        """Step 2 (perturbation): a random position of job m, a random free eligible arrival."""
+    def _hopeless(self, lower_bound: float, temperature: float | None, u: float) -> bool:
+        """True when Metropolis would reject a move whatever its exact delta: delta >= the
+        lower bound > 0, so u >= exp(-bound / T) >= exp(-delta / T). Such moves are rejected
+        without pricing; the chain takes exactly the steps it would have taken."""
+        bound = lower_bound - 1e-9 * max(abs(self.current), 1.0)  # rounding of the exact price
+        if temperature is None or bound <= 0.0:
+            return False
+        if temperature > 0.0 and u < np.exp(-bound / temperature):
+            return False
+        self.sa.stats.proposed_worse += 1
+        return True
+
+    def _floor_of(self, m: int) -> list[float]:
+        if self.floors[m] is None:
+            self.floors[m] = self._floor(m).tolist()
+        return self.floors[m]  # type: ignore[return-value]
+
+    def _propose_replace(self, m: int, d: np.ndarray, r_dev: np.ndarray,
+                         temperature: float | None = None) -> tuple[int, int, float, float] | None:
+        """Step 2 (perturbation): a random position of job m, a random free eligible arrival.
+        With ``temperature``, a move Metropolis would surely reject (``_hopeless``) is None."""
         idx = self.elig_idx[m] if d[5] < EXPLORE else self._useful(m)
         if len(idx) == 0:
             idx = self.elig_idx[m]
@@ -235,6 +297,11 @@ class _Chain:
             return None
         pos = int(d[1] * len(self.sets[m]))
         k_out = int(self.sets[m][pos])
+        if temperature is not None:
+            bound = (self.wt * (max(self._floor_of(m)[pos], self.mean[m, k_in]) - self.times[m])
+                     + self._fair_delta(m, k_out, k_in))
+            if self._hopeless(bound, temperature, d[4]):
+                return None
         t_new = self._time_after(m, pos, k_in)
         delta = self.wt * (t_new - self.times[m]) + self._fair_delta(m, k_out, k_in)
         return pos, k_in, t_new, delta
@@ -248,6 +315,11 @@ class _Chain:
         a, b = int(sm[i]), int(so[j])
         if not (self.eligible[m, b] and self.eligible[other, a]):
             return
+        bound = (self.wt * (max(self._floor_of(m)[i], self.mean[m, b]) - self.times[m]
+                            + max(self._floor_of(other)[j], self.mean[other, a]) - self.times[other])
+                 + self._fair_delta(m, a, b) + self._fair_delta(other, b, a))
+        if self._hopeless(bound, temperature, d[4]):
+            return
         tm, to = self._time_after(m, i, b), self._time_after(other, j, a)
         delta = (self.wt * (tm - self.times[m] + to - self.times[other])
                  + self._fair_delta(m, a, b) + self._fair_delta(other, b, a))
@@ -256,6 +328,8 @@ class _Chain:
             self.owner[b], self.owner[a] = m, other
             self.times[m], self.times[other] = tm, to
             self.useful[m] = self.useful[other] = None
+            self._refresh(m)
+            self._refresh(other)
             self.current += delta
 
     def anneal(self, budget: int, deadline: float | None) -> tuple[Assignment, float]:
@@ -286,7 +360,7 @@ class _Chain:
             if M > 1 and d[0] < sa.swap_prob:
                 self._swap(m, d, temperature)
             else:
-                move = self._propose_replace(m, d, dev_draws[i])
+                move = self._propose_replace(m, d, dev_draws[i], temperature)
                 if move is not None and sa.accept(move[3], temperature, d[4]):
                     self._apply_replace(m, *move)
             if self.current < best - 1e-12:
@@ -296,41 +370,16 @@ class _Chain:
 
     # ---------------------------------------------------------------- final local search
     def descend(self, deadline: float | None, max_passes: int = 20) -> None:
-        """Step 5 (ours): best-improvement replacements until none lowers the cost. Per job and
-        position, the free eligible arrivals with a negative lower bound (at most
-        LOCAL_SEARCH_CANDIDATES) are priced in one vectorised batch."""
-        model = self.model
+        """Step 5 (ours): best-improvement moves until none lowers the cost. Per job, every
+        (position, free arrival with a negative lower bound) pair, at most
+        LOCAL_SEARCH_CANDIDATES arrivals per position, is priced in one vectorised batch and the
+        best is made; then the same for exchanges between every pair of jobs. One batch per job
+        (not per position) because a call's numpy overhead, not its arithmetic, is the cost."""
         for _ in range(max_passes):
             improved = False
             for m in range(self.M):
-                s = self.sets[m]
-                idx = self.elig_idx[m]
-                free = idx[self.owner[idx] == -1]
-                if len(free) == 0:
-                    continue
-                for pos in range(len(s)):
-                    rest = np.delete(s, pos)
-                    floor = self.mean[m, rest].max() if len(rest) else 0.0
-                    k_out = int(s[pos])
-                    bound = (self.wt * (np.maximum(self.mean[m, free], floor) - self.times[m])
-                             + self.wf * 2.0 * (self.history[m, free] - self.history[m, k_out]) / self.K)
-                    cand = free[bound < 0.0]
-                    if len(cand) == 0:
-                        continue
-                    if len(cand) > LOCAL_SEARCH_CANDIDATES:
-                        cand = cand[np.argsort(bound[bound < 0.0], kind="stable")[:LOCAL_SEARCH_CANDIDATES]]
-                    rows = np.empty((len(cand), len(s)), dtype=int)
-                    rows[:, :-1] = rest
-                    rows[:, -1] = cand
-                    t_new = expected_max_many(model.shift[m, rows], model.scale[m, rows])
-                    delta = (self.wt * (t_new - self.times[m])
-                             + self.wf * 2.0 * (self.history[m, cand] - self.history[m, k_out]) / self.K)
-                    j = int(np.argmin(delta))
-                    if delta[j] < -1e-12 * max(abs(self.current), 1.0):
-                        self._apply_replace(m, pos, int(cand[j]), float(t_new[j]), float(delta[j]))
-                        self.sa.stats.local_search_moves += 1
-                        free = idx[self.owner[idx] == -1]
-                        improved = True
+                if self._descend_replace(m):
+                    improved = True
                 if deadline is not None and time.perf_counter() > deadline:
                     return
             if self.M > 1 and self._descend_swaps():
@@ -338,37 +387,90 @@ class _Chain:
             if not improved:
                 return
 
+    def _descend_replace(self, m: int) -> bool:
+        """The best single replacement in job m, if it lowers the cost; True if made."""
+        s = self.sets[m]
+        idx = self.elig_idx[m]
+        free = idx[self.owner[idx] == -1]
+        n = len(s)
+        if len(free) == 0 or n == 0:
+            return False
+        keep = ~np.eye(n, dtype=bool)  # row p: every position but p
+        rest = np.broadcast_to(s, (n, n))[keep].reshape(n, n - 1)
+        floor = self.mean[m, rest].max(axis=1) if n > 1 else np.zeros(1)
+        bound = (self.wt * (np.maximum(self.mean[m, free][None, :], floor[:, None]) - self.times[m])
+                 + self.wf * 2.0 * (self.history[m, free][None, :] - self.history[m, s][:, None]) / self.K)
+        pos, col = np.nonzero(bound < 0.0)
+        if len(pos) == 0:
+            return False
+        if len(pos) > LOCAL_SEARCH_CANDIDATES * n:  # per position, the arrivals with the lowest bound
+            rank = np.argsort(np.where(bound < 0.0, bound, np.inf), axis=1, kind="stable")[:, :LOCAL_SEARCH_CANDIDATES]
+            pos = np.repeat(np.arange(n), rank.shape[1])
+            col = rank.ravel()
+            ok = bound[pos, col] < 0.0
+            pos, col = pos[ok], col[ok]
+        cand = free[col]
+        rows = np.empty((len(cand), n), dtype=int)
+        rows[:, :-1] = rest[pos]
+        rows[:, -1] = cand
+        t_new = expected_max_many(self.model.shift[m, rows], self.model.scale[m, rows])
+        delta = (self.wt * (t_new - self.times[m])
+                 + self.wf * 2.0 * (self.history[m, cand] - self.history[m, s[pos]]) / self.K)
+        j = int(np.argmin(delta))
+        if delta[j] >= -1e-12 * max(abs(self.current), 1.0):
+            return False
+        self._apply_replace(m, int(pos[j]), int(cand[j]), float(t_new[j]), float(delta[j]))
+        self.sa.stats.local_search_moves += 1
+        return True
+
+    def _floor(self, m: int) -> np.ndarray:
+        """Per position of job m: the largest mean time among the job's other devices (0 alone)."""
+        vals = self.mean[m, self.sets[m]]
+        out = np.full(len(vals), float(vals.max()))
+        top = int(np.argmax(vals))
+        out[top] = float(np.delete(vals, top).max()) if len(vals) > 1 else 0.0
+        return out
+
     def _descend_swaps(self) -> bool:
-        """Best-improvement exchanges of one device between two jobs, each job's side priced
-        in one batch (every device of the other job that is eligible here); True if any was made."""
-        model, improved = self.model, False
+        """Best-improvement exchanges of one device between two jobs: per pair of jobs every
+        exchange that keeps both eligible is priced in one batch per side, and the best made;
+        True if any was made."""
+        model, improved, h = self.model, False, self.history
         for m in range(self.M):
             for o in range(m + 1, self.M):
-                for i in range(len(self.sets[m])):
-                    sm, so = self.sets[m], self.sets[o]
-                    a = int(sm[i])
-                    js = np.flatnonzero(self.eligible[m, so] & self.eligible[o, a])
-                    if len(js) == 0:
-                        continue
-                    bs = so[js]
-                    rows_m = np.empty((len(js), len(sm)), dtype=int)
-                    rows_m[:] = sm
-                    rows_m[:, i] = bs
-                    rows_o = np.repeat(so[None, :], len(js), axis=0)
-                    rows_o[np.arange(len(js)), js] = a
-                    tm = expected_max_many(model.shift[m, rows_m], model.scale[m, rows_m])
-                    to = expected_max_many(model.shift[o, rows_o], model.scale[o, rows_o])
-                    h = self.history
-                    delta = (self.wt * (tm - self.times[m] + to - self.times[o])
-                             + self.wf * 2.0 * (h[m, bs] - h[m, a] + h[o, a] - h[o, bs]) / self.K)
-                    best = int(np.argmin(delta))
-                    if delta[best] < -1e-12 * max(abs(self.current), 1.0):
-                        j, b = int(js[best]), int(bs[best])
-                        sm[i], so[j] = b, a
-                        self.owner[b], self.owner[a] = m, o
-                        self.times[m], self.times[o] = float(tm[best]), float(to[best])
-                        self.useful[m] = self.useful[o] = None
-                        self.current += float(delta[best])
-                        self.sa.stats.local_search_moves += 1
-                        improved = True
+                sm, so = self.sets[m], self.sets[o]
+                ok = self.eligible[m][so][None, :] & self.eligible[o][sm][:, None]  # (i in m, j in o)
+                ii, jj = np.nonzero(ok)
+                if len(ii) == 0:
+                    continue
+                a, b = sm[ii], so[jj]
+                # E[max] >= the largest member's mean: exchanges whose lower bound on the cost
+                # change is not negative cannot improve and are not priced
+                bound = (self.wt * (np.maximum(self._floor(m)[ii], self.mean[m, b]) - self.times[m]
+                                    + np.maximum(self._floor(o)[jj], self.mean[o, a]) - self.times[o])
+                         + self.wf * 2.0 * (h[m, b] - h[m, a] + h[o, a] - h[o, b]) / self.K)
+                hopeful = bound < 0.0
+                if not hopeful.any():
+                    continue
+                ii, jj, a, b = ii[hopeful], jj[hopeful], a[hopeful], b[hopeful]
+                rows_m = np.repeat(sm[None, :], len(ii), axis=0)
+                rows_m[np.arange(len(ii)), ii] = b
+                rows_o = np.repeat(so[None, :], len(ii), axis=0)
+                rows_o[np.arange(len(ii)), jj] = a
+                tm = expected_max_many(model.shift[m, rows_m], model.scale[m, rows_m])
+                to = expected_max_many(model.shift[o, rows_o], model.scale[o, rows_o])
+                delta = (self.wt * (tm - self.times[m] + to - self.times[o])
+                         + self.wf * 2.0 * (h[m, b] - h[m, a] + h[o, a] - h[o, b]) / self.K)
+                best = int(np.argmin(delta))
+                if delta[best] < -1e-12 * max(abs(self.current), 1.0):
+                    i, j, ka, kb = int(ii[best]), int(jj[best]), int(a[best]), int(b[best])
+                    sm[i], so[j] = kb, ka
+                    self.owner[kb], self.owner[ka] = m, o
+                    self.times[m], self.times[o] = float(tm[best]), float(to[best])
+                    self.useful[m] = self.useful[o] = None
+                    self._refresh(m)
+                    self._refresh(o)
+                    self.current += float(delta[best])
+                    self.sa.stats.local_search_moves += 1
+                    improved = True
         return improved
