@@ -42,6 +42,8 @@ from trainmaster.gateway.stream import MEDIA_TYPE as STREAM_MEDIA_TYPE
 from trainmaster.gateway.stream import ChunkOpener, ChunkSealer, LiveSpool, StreamInfo, aframes, frame
 
 M = TypeVar("M", bound=BaseModel)
+SPOOL_SYNC_BYTES = 32 << 20
+"""How much of a relayed stream may sit unsynced in the page cache before the relay starts a write-back."""
 
 
 class TransferPayload(Strict):
@@ -286,11 +288,25 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
                 live[(leg.task_id, leg.data_id)] = spool
                 if not opened.done():
                     opened.set_result(spool)
-                async for body in frames:
-                    plain, last = opener.open(body)
-                    out = frame(sealer.seal(plain, last))
-                    fh.write(out)
-                    spool.wrote(len(out), last)
+                syncing: asyncio.Future[None] | None = None
+                synced = 0
+                try:
+                    async for body in frames:
+                        plain, last = opener.open(body)
+                        out = frame(sealer.seal(plain, last))
+                        fh.write(out)
+                        spool.wrote(len(out), last)
+                        if spool.written - synced >= SPOOL_SYNC_BYTES:
+                            # Write back as it goes, in a thread beside the relay, so the fsync before
+                            # the outcome is recorded finds little left to do (fsyncing 256 MB at the
+                            # end took 0.2-0.4 s on the benchmark machine's disk).
+                            if syncing is not None:
+                                await syncing
+                            syncing = asyncio.ensure_future(asyncio.to_thread(os.fdatasync, fh.fileno()))
+                            synced = spool.written
+                finally:
+                    if syncing is not None:  # never close the file under a running write-back
+                        await asyncio.gather(syncing, return_exceptions=True)
                 opener.finish()
                 await asyncio.to_thread(os.fsync, fh.fileno())
             os.replace(part, path)

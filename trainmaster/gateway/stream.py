@@ -106,7 +106,7 @@ class ChunkOpener:
             raise EnvelopeError(400, f"malformed stream chunk {self._index}")
         flags = body[0]
         try:
-            plain = self._aead.decrypt(_nonce(self._index), body[1:], _aad(self._id, self._index, flags))
+            plain = self._aead.decrypt(_nonce(self._index), memoryview(body)[1:], _aad(self._id, self._index, flags))
         except InvalidTag as exc:
             raise EnvelopeError(422, f"stream chunk {self._index} does not decrypt (tampered, reordered or "
                                      "from another stream)") from exc
