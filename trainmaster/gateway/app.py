@@ -6,9 +6,11 @@ report that leg's executor or answer it, which the gateway checks from the conne
 identity and the party's signatures (items 1, 6). For a data receive request it journals each
 leg as dispatched, sends the data transfer request to the party, verifies and decrypts the
 party's result in memory, and records the leg's one outcome sealed to the task's owner and signed
-as a whole (item 7) before answering. A per-task queue (one request per task at a time, a bounded
-backlog) and a per-party concurrency limit keep one slow task or party from blocking others; past
-the global cap it answers 429.
+as a whole (item 7) before answering; a streamed result is relayed cut-through instead (the
+leg's live outcome answers as soon as the party's signed opening checks out, the initiator tails
+the spool while it is written, and the outcome is recorded when the stream is complete). A
+per-task queue (one request per task at a time, a bounded backlog) and a per-party concurrency
+limit keep one slow task or party from blocking others; past the global cap it answers 429.
 """
 
 from __future__ import annotations
@@ -423,7 +425,12 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
         _owned(req.task_id, sender)
         spool = live.get((req.task_id, req.data_id))
         if spool is not None:
-            return StreamingResponse(spool.tail(spool.open(), cfg.body_timeout_s), media_type=STREAM_MEDIA_TYPE)
+            try:
+                fh = spool.open()
+            except FileNotFoundError:  # the relay failed and removed its spool; its outcome is being recorded
+                raise HTTPException(503, f"the stream of task {req.task_id!r}, data id {req.data_id!r} broke off; "
+                                         "ask for the leg's outcome again", headers={"Retry-After": "1"}) from None
+            return StreamingResponse(spool.tail(fh, cfg.body_timeout_s), media_type=STREAM_MEDIA_TYPE)
         leg = table.legs(req.task_id).get(req.data_id)
         path = spool_path(req.task_id, req.data_id)
         if leg is None or leg.outcome != LegOutcome.result.value or leg.stream_bytes is None or not path.is_file():

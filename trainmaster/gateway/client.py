@@ -236,7 +236,8 @@ class Initiator:
 
         Chunks are decrypted and written one at a time (memory stays at about one chunk); the file
         appears only whole and checked (written as ``.part``, renamed at the end, removed on any
-        failure). Raises :class:`EnvelopeError` on a truncated, reordered or tampered stream.
+        failure). Raises :class:`EnvelopeError` on a truncated, reordered or tampered stream. For a
+        live stream (the gateway still relaying it) the chunks arrive as the party sends them.
         """
         if info.stream_id is None:
             raise EnvelopeError(400, "stream opening without a stream id")
