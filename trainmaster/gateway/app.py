@@ -108,7 +108,10 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
     inflight = {"tasks": 0, "legs": 0}
     live: dict[tuple[str, str], LiveSpool] = {}
     """Streamed results still being relayed, by (task id, data id): readers tail their spool files."""
-    relays: set[asyncio.Task[Leg]] = set()
+    pending: dict[tuple[str, str], tuple[asyncio.Task[Leg], asyncio.Future[LiveSpool]]] = {}
+    """Legs being run right now (the job, and its live spool once the party's stream is open): a
+    second data receive request for one follows the same run instead of starting another (a
+    request can outlive the one that started the run, whose client gave up and asked again)."""
     spool_root = Path(cfg.state_dir).resolve() / "results"
     for part in spool_root.glob("*/*.part"):  # left by a kill -9 mid-stream: the leg has no outcome, it runs again
         part.unlink(missing_ok=True)
@@ -338,14 +341,18 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
             finally:
                 inflight["legs"] -= 1
             done = _finish(task, leg, run)
+            pending.pop((leg.task_id, leg.data_id), None)
             spool = live.pop((leg.task_id, leg.data_id), None)
             if spool is not None:
                 spool.end(done.outcome == LegOutcome.result.value and done.stream_bytes is not None)
             return done
 
         job = asyncio.create_task(run_and_record())
-        relays.add(job)
-        job.add_done_callback(relays.discard)
+        pending[(leg.task_id, leg.data_id)] = (job, opened)
+        return await _follow(leg, job, opened)
+
+    async def _follow(leg: Leg, job: asyncio.Task[Leg], opened: asyncio.Future[LiveSpool]) -> SettledLeg:
+        """The run's recorded outcome, or its live one as soon as its stream is open."""
         await asyncio.wait({job, opened}, return_when=asyncio.FIRST_COMPLETED)
         if job.done():
             return SettledLeg(job.result())
@@ -355,9 +362,10 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
         """A leg's recorded outcome, running it if it can run; a leg whose party has not reported
         yet waits up to the leg timeout, then answers a provisional `party_unavailable` (sealed,
         not recorded) until the task's deadline makes it final. A leg whose stream is being relayed
-        answers its live outcome (not final: the initiator fetches it while it flows)."""
-        if (spool := live.get((leg.task_id, leg.data_id))) is not None:
-            return SettledLeg(leg, spool.envelope_json)
+        answers its live outcome (not final: the initiator fetches it while it flows); a leg being
+        run follows that run."""
+        if (running := pending.get((leg.task_id, leg.data_id))) is not None:
+            return await _follow(leg, *running)
         if leg.outcome is None and leg.state == "assigned":
             event = reported.setdefault((leg.task_id, leg.data_id), asyncio.Event())
             try:
