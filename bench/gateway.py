@@ -393,8 +393,8 @@ def write_results(rows: list[dict[str, Any]], meta: dict[str, Any], large: dict[
     runs = sorted({r["runs"] for r in rows})
     lines = [f"Gateway vs direct-to-party, small tasks (`row_count`), medians of {'/'.join(map(str, runs))} runs per row; "
              "measured on a 2-core machine, so noisy "
-             f"(1-minute load average sampled during the run, this benchmark's own processes included: "
-             f"{meta['load_min']:.0f}-{meta['load_max']:.0f}). "
+             f"(1-minute load average sampled during the run of these rows, this benchmark's own processes included: "
+             f"{meta['small_load'][0]:.0f}-{meta['small_load'][1]:.0f}). "
              "Command: `.venv/bin/python bench/gateway.py`", "",
              "Burst: all tasks in flight at once (latency includes queueing and cold TLS handshakes). "
              "One-at-a-time: sequential tasks on warm connections (30 / 20 / 8 per run), direct and gateway "
@@ -420,7 +420,8 @@ def write_results(rows: list[dict[str, Any]], meta: dict[str, Any], large: dict[
                   "still uploads; the final chunk is released once the spool is fsynced and the outcome recorded), timed from the moment the party's result is "
                   "complete (its record's mtime) to the initiator holding the checked file; against the same bytes over one "
                   f"direct mutual-TLS stream into a file, in the same run; median of {large['runs']} run(s); RSS growth "
-                  "= peak minus the RSS before the task, sampled every 10 ms with psutil (initiator = the benchmark process).", "",
+                  "= peak minus the RSS before the task, sampled every 10 ms with psutil (initiator = the benchmark process); "
+                  f"1-minute load average during this run: {meta['load_min']:.0f}-{meta['load_max']:.0f}.", "",
                   "| result MB | gateway s / MB/s | direct TLS s / MB/s | ratio (goal >= 0.5) | gateway RSS growth MB (goal <= 64) | initiator RSS growth MB (goal <= 64) |",
                   "|---:|---:|---:|---:|---:|---:|",
                   f"| {large['result_mb']:.1f} | {large['gateway_stream_s']:.2f} / {large['gateway_mb_per_s']:.1f} | "
@@ -431,7 +432,8 @@ def write_results(rows: list[dict[str, Any]], meta: dict[str, Any], large: dict[
                   "(create a one-leg task at the gateway, then a data receive request whose leg's party never reports, "
                   f"so it answers a sealed provisional `party_unavailable` after its {front['leg_timeout_ms']:.0f} ms leg "
                   "timeout); no party executors, so there is no direct path to compare with; "
-                  f"median of {front['runs']} run(s).", "",
+                  f"median of {front['runs']} run(s); 1-minute load average during this run: "
+                  f"{meta['load_min']:.0f}-{meta['load_max']:.0f}.", "",
                   "| concurrent tasks | errors | requests retried (broken connection) | p50 ms | p99 ms | tasks/s |",
                   "|---:|---:|---:|---:|---:|---:|",
                   f"| {front['concurrent_tasks']} | {front['errors']} | {front.get('retries', 0)} | {front['p50_ms']:.0f} | "
@@ -500,11 +502,15 @@ def main() -> None:
     existing = RESULTS / "gateway.json"
     old = json.loads(existing.read_text()) if existing.exists() else {}
     rows = [r for r in (old.get("rows", []) if a.parties != "1,3,10" else []) if r["parties"] not in wanted]
+    old_meta = old.get("meta", {})
+    kept_load = old_meta.get("small_load", [old_meta.get("load_min", 0.0), old_meta.get("load_max", 0.0)])
     large = old.get("large_result")
     front = old.get("front_door")
 
     def save() -> None:
         meta.update(load_min=min(loads), load_max=max(loads))
+        # Small-task rows carried over from an earlier run keep that run's load figures.
+        meta["small_load"] = [min(loads), max(loads)] if wanted else kept_load
         write_results(rows, meta, large, front)
 
     for n_parties in wanted:
