@@ -63,13 +63,14 @@ async def _post(http: httpx.AsyncClient, url: str, env: Envelope, roster: dict[s
 class Caller:
     """Acts as initiator (gateway path) or, for the direct baseline, as the gateway identity itself."""
 
-    def __init__(self, dep: Deployment, as_name: str):
+    def __init__(self, dep: Deployment, as_name: str, max_connections: int = 400):
         cfg = dep.cfg(as_name)
         self.me: Identity = load_identity(cfg)
         self.roster = load_roster(cfg.roster)
         self.gate = EnvelopeGate(self.me, self.roster, SeenTable("sqlite://"), cfg.skew_s)
         self.http = httpx.AsyncClient(verify=client_ssl_context(cfg), timeout=120,
-                                      limits=httpx.Limits(max_connections=400, max_keepalive_connections=400))
+                                      limits=httpx.Limits(max_connections=max_connections,
+                                                          max_keepalive_connections=max_connections))
 
     def seal(self, to: str, kind: MessageKind, task_id: str, data_id: str, payload: Any) -> Envelope:
         return seal(self.me, self.roster[to], make_header(self.me.name, to, kind.value, task_id, data_id, 300),
@@ -178,6 +179,96 @@ def bench_config(n_parties: int, n_tasks: int, n_seq: int, runs: int) -> dict[st
     row["p50_ratio"] = row["gateway_p50_ms"] / row["direct_p50_ms"]
     row["seq_p50_ratio"] = row["gateway_seq_p50_ms"] / row["direct_seq_p50_ms"]
     return row
+
+
+async def _front_run(dep: Deployment, n_tasks: int, run: int) -> dict[str, Any]:
+    """All ``n_tasks`` initiator flows at once, each on its own connection: create a one-leg task at
+    the gateway, then a data receive request for it. No party executor is started (that leg's party
+    never reports), so each receive answers, after its 1 s leg timeout, a sealed provisional
+    ``party_unavailable`` that the initiator opens and checks. What this loads is the gateway's
+    front door at 1,000 concurrent tasks: TLS handshakes, connection cap, file descriptors, the
+    envelope gate's seen table and the mapping table's SQLite writes; errors are counted, not raised.
+
+    Like the real initiator (``client.Initiator._post_retrying``), a request whose connection broke
+    is sent again, freshly sealed (both calls are idempotent): a keep-alive connection the gateway
+    closed after its header timeout while this client was too busy to send, for one. Such retries
+    are counted apart from errors, which are requests that failed for good or answered wrongly."""
+    ini = Caller(dep, "initiator", max_connections=n_tasks + 16)
+    errors: list[str] = []
+    retries: list[str] = []
+
+    async def post(path: str, kind: MessageKind, task_id: str, payload: Any) -> httpx.Response:
+        for attempt in range(3):
+            try:
+                return await _post(ini.http, f"{dep.url('gateway')}{path}", ini.seal("gateway", kind, task_id, "*", payload),
+                                   ini.roster)
+            except httpx.TransportError as exc:
+                if attempt == 2:
+                    raise
+                retries.append(f"{path}: {type(exc).__name__}")
+                await asyncio.sleep(0.25 * 2 ** attempt)
+        raise AssertionError("unreachable")
+
+    async def flow(i: int) -> float | None:
+        task_id = f"f{run}x{i}"
+        t0 = time.perf_counter()
+        try:
+            reg = TaskRegister(task_id=task_id, legs=[LegAssignment(data_id="m_p0", party="p0", call=CALL)], deadline_s=900)
+            resp = await post("/v1/tasks", MessageKind.task_register, task_id, reg)
+            if resp.status_code not in (200, 201):  # 200: a retried create the gateway had already done
+                errors.append(f"create {resp.status_code}: {resp.text[:120]}")
+                return None
+            req = DataReceive(task_id=task_id, data_ids=["m_p0"], leg_timeout_s=1.0)
+            resp = await post("/v1/receive", MessageKind.data_receive, task_id, req)
+            if resp.status_code != 200:
+                errors.append(f"receive {resp.status_code}: {resp.text[:120]}")
+                return None
+            (leg,) = TaskResult.model_validate_json(resp.content).legs
+            _s, out = ini.gate.open(leg.envelope, MessageKind.task_result, {"gateway"}, LegOutcomePayload,
+                                    check_peer=False, once=False)
+            if out.outcome.value != "party_unavailable" or out.final:
+                errors.append(f"unexpected outcome {out.outcome.value} final={out.final}")
+                return None
+        except (httpx.HTTPError, OSError) as exc:
+            errors.append(f"{type(exc).__name__}: {exc}"[:160])
+            return None
+        return time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    lat = await asyncio.gather(*(flow(i) for i in range(n_tasks)))
+    wall = time.perf_counter() - t0
+    await ini.http.aclose()
+    ok = [x for x in lat if x is not None]
+    return {"ok": len(ok), "errors": errors, "retries": retries, "wall_s": wall,
+            "p50_s": float(np.percentile(ok, 50)) if ok else float("nan"),
+            "p99_s": float(np.percentile(ok, 99)) if ok else float("nan")}
+
+
+def bench_front(n_tasks: int, runs: int) -> dict[str, Any]:
+    """``n_tasks`` concurrent task flows against the gateway's front door (see :func:`_front_run`),
+    medians over ``runs`` fresh deployments."""
+    import psutil
+
+    per_run = []
+    for run in range(runs):
+        with tempfile.TemporaryDirectory(prefix="tm-gw-front-") as root:
+            dep = Deployment(Path(root), ["p0"], overrides={
+                "gateway": {"max_inflight_tasks": 4096, "max_open_legs_per_party": 8192, "max_connections": 4096}}).start_all()
+            try:
+                gw = psutil.Process(dep.procs["gateway"].pid)
+                out = asyncio.run(_front_run(dep, n_tasks, run))
+                out["gateway_fds_after"] = gw.num_fds()
+                per_run.append(out)
+            finally:
+                dep.stop_all()
+    errors = [e for r in per_run for e in r["errors"]]
+    retries = [e for r in per_run for e in r["retries"]]
+    return {"concurrent_tasks": n_tasks, "runs": runs, "errors": len(errors), "first_errors": errors[:5],
+            "retries": len(retries), "first_retries": retries[:5],
+            "p50_ms": statistics.median(r["p50_s"] for r in per_run) * 1e3,
+            "p99_ms": statistics.median(r["p99_s"] for r in per_run) * 1e3,
+            "tasks_per_s": statistics.median(n_tasks / r["wall_s"] for r in per_run),
+            "leg_timeout_ms": 1000.0}
 
 
 class PeakRss:
@@ -294,15 +385,16 @@ def bench_large(size_mb: int, runs: int) -> dict[str, Any]:
             "initiator_baseline_rss_mb": med("initiator_baseline_rss") / 1e6}
 
 
-def write_results(rows: list[dict[str, Any]], meta: dict[str, Any], large: dict[str, Any] | None = None) -> None:
+def write_results(rows: list[dict[str, Any]], meta: dict[str, Any], large: dict[str, Any] | None = None,
+                  front: dict[str, Any] | None = None) -> None:
     RESULTS.mkdir(exist_ok=True)
     rows = sorted(rows, key=lambda r: r["parties"])
-    (RESULTS / "gateway.json").write_text(json.dumps({"meta": meta, "rows": rows, "large_result": large}, indent=2))
+    (RESULTS / "gateway.json").write_text(json.dumps({"meta": meta, "rows": rows, "large_result": large, "front_door": front}, indent=2))
     runs = sorted({r["runs"] for r in rows})
     lines = [f"Gateway vs direct-to-party, small tasks (`row_count`), medians of {'/'.join(map(str, runs))} runs per row; "
              "measured on a 2-core machine, so noisy "
-             f"(1-minute load average sampled during the run, this benchmark's own processes included: "
-             f"{meta['load_min']:.0f}-{meta['load_max']:.0f}). "
+             f"(1-minute load average sampled during the run of these rows, this benchmark's own processes included: "
+             f"{meta['small_load'][0]:.0f}-{meta['small_load'][1]:.0f}). "
              "Command: `.venv/bin/python bench/gateway.py`", "",
              "Burst: all tasks in flight at once (latency includes queueing and cold TLS handshakes). "
              "One-at-a-time: sequential tasks on warm connections (30 / 20 / 8 per run), direct and gateway "
@@ -323,16 +415,29 @@ def write_results(rows: list[dict[str, Any]], meta: dict[str, Any], large: dict[
               + " (one benchmark run on a noisy machine; see docs/gateway.md)."]
     if large and "throughput_ratio" in large:
         lines += ["", f"Large result: one `predict` leg whose result is {large['result_mb']:.1f} MB of JSON, streamed party -> "
-                  "gateway -> initiator in 1 MiB AES-GCM chunks (the gateway re-encrypts chunk by chunk and spools "
-                  "ciphertext, then the initiator fetches it into a file), timed from the moment the party's result is "
+                  "gateway -> initiator in 1 MiB AES-GCM chunks, cut-through (the gateway re-encrypts chunk by chunk, "
+                  "appends the ciphertext to its spool file, and the initiator's fetch tails that file while the party "
+                  "still uploads; the final chunk is released once the spool is fsynced and the outcome recorded), timed from the moment the party's result is "
                   "complete (its record's mtime) to the initiator holding the checked file; against the same bytes over one "
                   f"direct mutual-TLS stream into a file, in the same run; median of {large['runs']} run(s); RSS growth "
-                  "= peak minus the RSS before the task, sampled every 10 ms with psutil (initiator = the benchmark process).", "",
+                  "= peak minus the RSS before the task, sampled every 10 ms with psutil (initiator = the benchmark process); "
+                  f"1-minute load average during this run: {meta['load_min']:.0f}-{meta['load_max']:.0f}.", "",
                   "| result MB | gateway s / MB/s | direct TLS s / MB/s | ratio (goal >= 0.5) | gateway RSS growth MB (goal <= 64) | initiator RSS growth MB (goal <= 64) |",
                   "|---:|---:|---:|---:|---:|---:|",
                   f"| {large['result_mb']:.1f} | {large['gateway_stream_s']:.2f} / {large['gateway_mb_per_s']:.1f} | "
                   f"{large['direct_stream_s']:.2f} / {large['direct_mb_per_s']:.1f} | {large['throughput_ratio']:.2f}x | "
                   f"{large['gateway_rss_growth_mb']:.0f} | {large['initiator_rss_growth_mb']:.0f} |"]
+    if front:
+        lines += ["", f"Front door: {front['concurrent_tasks']} concurrent task flows, each on its own mutual-TLS connection "
+                  "(create a one-leg task at the gateway, then a data receive request whose leg's party never reports, "
+                  f"so it answers a sealed provisional `party_unavailable` after its {front['leg_timeout_ms']:.0f} ms leg "
+                  "timeout); no party executors, so there is no direct path to compare with; "
+                  f"median of {front['runs']} run(s); 1-minute load average during this run: "
+                  f"{meta['load_min']:.0f}-{meta['load_max']:.0f}.", "",
+                  "| concurrent tasks | errors | requests retried (broken connection) | p50 ms | p99 ms | tasks/s |",
+                  "|---:|---:|---:|---:|---:|---:|",
+                  f"| {front['concurrent_tasks']} | {front['errors']} | {front.get('retries', 0)} | {front['p50_ms']:.0f} | "
+                  f"{front['p99_ms']:.0f} | {front['tasks_per_s']:.1f} |"]
     (RESULTS / "gateway.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
     _plot(rows, large)
@@ -380,6 +485,9 @@ def main() -> None:
                     "other rows already in bench/results/gateway.json are kept (results are written after every row)")
     ap.add_argument("--large-mb", type=int, default=256, help="size of the streamed large result (0: skip that row)")
     ap.add_argument("--large-runs", type=int, default=None, help="runs of the large-result row (default 3, quick 1)")
+    ap.add_argument("--front", type=int, default=1000, help="concurrent task flows against the gateway's front door "
+                    "(0: skip that row)")
+    ap.add_argument("--front-runs", type=int, default=None, help="runs of the front-door row (default 3, quick 1)")
     a = ap.parse_args()
     runs = a.runs or 3
     # Concurrent tasks per path (direct and gateway each get their own, one executor per leg): bounded by
@@ -394,16 +502,25 @@ def main() -> None:
     existing = RESULTS / "gateway.json"
     old = json.loads(existing.read_text()) if existing.exists() else {}
     rows = [r for r in (old.get("rows", []) if a.parties != "1,3,10" else []) if r["parties"] not in wanted]
+    old_meta = old.get("meta", {})
+    kept_load = old_meta.get("small_load", [old_meta.get("load_min", 0.0), old_meta.get("load_max", 0.0)])
     large = old.get("large_result")
+    front = old.get("front_door")
 
     def save() -> None:
         meta.update(load_min=min(loads), load_max=max(loads))
-        write_results(rows, meta, large)
+        # Small-task rows carried over from an earlier run keep that run's load figures.
+        meta["small_load"] = [min(loads), max(loads)] if wanted else kept_load
+        write_results(rows, meta, large, front)
 
     for n_parties in wanted:
         n_tasks, n_seq = sizes[n_parties]
         rows.append(bench_config(n_parties, n_tasks, n_seq, runs))
         print(json.dumps(rows[-1]), flush=True)
+        save()
+    if a.front:
+        front = bench_front(a.front, a.front_runs or (1 if a.quick else 3))
+        print(json.dumps(front), flush=True)
         save()
     if a.large_mb:
         large = bench_large(a.large_mb, a.large_runs or (1 if a.quick else 3))

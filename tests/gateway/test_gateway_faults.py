@@ -11,7 +11,7 @@ import httpx
 import pytest
 from gateway_harness import Deployment
 
-from trainmaster.gateway.client import LegSpec
+from trainmaster.gateway.client import Initiator, LegSpec
 from trainmaster.gateway.crypto import make_header, seal
 from trainmaster.gateway.service import client_ssl_context
 
@@ -203,3 +203,24 @@ def test_gateway_down_when_a_task_is_created_its_legs_are_delivered_when_it_retu
     thread.join(timeout=90)
     assert box["value"]["legs"]["m_a"]["outcome"] == "result", box
     assert dep.health("a")["report_retries"] >= 1
+
+
+def test_initiator_that_gives_up_and_asks_again_follows_the_same_run(dep: Deployment) -> None:
+    """Exactly once when the initiator's own request times out: its HTTP timeout (1 s) is shorter
+    than the slow party's rule (3 s), so it gives up on its data receive request and asks again
+    (freshly sealed) while the gateway still runs the leg. The gateway follows the run already
+    under way instead of sending the party a second transfer: one transfer, one rule run, one
+    result."""
+    _create(dep, "gaveup1", ["slow"])
+    before = dep.health("slow")
+    ini = Initiator(dep.cfg("initiator"), timeout_s=1.0, results_dir=dep.root / "results" / "gaveup")
+    try:
+        got = ini.receive("gaveup1", ["m_slow"], leg_timeout_s=15.0, parties={"m_slow": "slow"},
+                          deadline=time.time() + 60)
+    finally:
+        ini.close()
+    assert got["m_slow"]["outcome"] == "result", got
+    after = dep.health("slow")
+    assert after["handled"]["data_transfer"] == before["handled"].get("data_transfer", 0) + 1
+    assert after["rule_runs"] == before["rule_runs"] + 1
+    assert dep.health("gateway")["in_flight_legs"] == 0

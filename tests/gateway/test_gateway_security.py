@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import resource
 import socket
 import ssl
 import subprocess
@@ -219,6 +220,30 @@ def test_item4_repeated_log_lines_are_rate_limited() -> None:
     now[0] = 11.0
     last = rec()
     assert flt.filter(last) and "9995 similar message(s) suppressed" in last.getMessage()
+
+
+
+def test_item4_open_files_limit_is_raised_to_serve_the_connection_cap() -> None:
+    """Item 4 (file descriptors at 1,000 concurrent tasks): a service raises its soft open-files
+    limit to what its connection cap needs; where the hard limit is lower it raises to the hard
+    limit and warns once, naming both limits and the way out."""
+    probe = (
+        "import logging, resource, sys\n"
+        "from trainmaster.gateway.service import ensure_fd_limit\n"
+        "logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format='%(message)s')\n"
+        "hard = int(sys.argv[1])\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (200, hard))\n"
+        "print('soft', ensure_fd_limit(1000), resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n")
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 2256:
+        pytest.skip(f"this host's hard open-files limit ({hard}) is below what the test needs")
+    roomy = subprocess.run([sys.executable, "-c", probe, "4096"], capture_output=True, text=True, timeout=60)
+    assert roomy.returncode == 0, roomy.stderr
+    assert roomy.stdout.strip() == "soft 2256 2256"  # 1,000 connections x 2 + 256 spare
+    tight = subprocess.run([sys.executable, "-c", probe, "500"], capture_output=True, text=True, timeout=60)
+    assert tight.returncode == 0, tight.stderr
+    assert "soft 500 500" in tight.stdout
+    assert "open-files limit 500" in tight.stdout and "max_connections=1000" in tight.stdout
 
 
 # ---- item 5 ---------------------------------------------------------------------------------------

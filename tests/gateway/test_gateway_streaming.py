@@ -208,3 +208,41 @@ def test_party_stream_truncated_reordered_or_tampered_is_refused_by_the_gateway(
         assert dep.health("gateway")["in_flight_legs"] == 0
     finally:
         dep.stop_all()
+
+
+def test_stream_is_cut_through_initiator_receives_while_party_uploads(tmp_path: Path) -> None:
+    """Cut-through relay: with a party that sends its chunks slowly, the initiator has already
+    written result bytes while the gateway is still receiving the party's stream (its spool is
+    still a `.part`), so the hops overlap instead of store-and-forward; the result is whole and
+    equal, and the gateway has recorded the outcome by the time the initiator has it."""
+    import threading
+
+    dep = _big_deployment(tmp_path, "slow")
+    try:
+        expected = run_call(load_table(dep.root / "data" / "a" / "big.parquet"),
+                            RuleCall(rule="predict", params={"features": ["x"], "weights": WEIGHTS}), allowed=["predict"])
+        ini = dep.initiator(timeout_s=240)
+        box: dict = {}
+        spec = TaskSpec(task_id="cut1", leg_timeout_s=240, legs=[
+            LegSpec(data_id="big", party="a", rule="predict", params={"features": ["x"], "weights": WEIGHTS})])
+        thread = threading.Thread(target=lambda: box.update(out=ini.run_task(spec)), daemon=True)
+        thread.start()
+        spool = Path(dep.cfg("gateway").state_dir) / "results" / "cut1" / "big.stream.part"
+        mine = dep.root / "results" / "initiator" / "cut1" / "big.json.part"
+        overlap = False
+        deadline = time.monotonic() + 120
+        while thread.is_alive() and time.monotonic() < deadline:
+            if mine.exists() and mine.stat().st_size > 0 and spool.exists():
+                overlap = True
+                break
+            time.sleep(0.01)
+        thread.join(timeout=200)
+        ini.close()
+        leg = box["out"]["legs"]["big"]
+        assert leg["outcome"] == "result", leg
+        assert overlap, "the initiator got no byte before the party's stream had fully reached the gateway"
+        assert json.loads(Path(leg["result_file"]).read_text()) == expected
+        assert (Path(dep.cfg("gateway").state_dir) / "results" / "cut1" / "big.stream").is_file()
+        assert not spool.exists() and dep.health("gateway")["in_flight_legs"] == 0
+    finally:
+        dep.stop_all()

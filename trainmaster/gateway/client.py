@@ -213,7 +213,17 @@ class Initiator:
             info = StreamInfo.model_validate(p.stream)
             if info.sha256 != p.attestation.body.sha256 or info.total_bytes != p.attestation.body.size:
                 raise EnvelopeError(422, "stream opening does not match the party's attested digest")
-            entry["result_file"] = str(self.fetch_stream(task_id, data_id, info))
+            try:
+                entry["result_file"] = str(self.fetch_stream(task_id, data_id, info))
+            except (EnvelopeError, httpx.HTTPError) as exc:
+                if p.final:
+                    raise
+                # A live stream (the gateway was still relaying it) that broke off: the relay failed
+                # or the gateway went down. Not final: the leg's recorded outcome is asked for again.
+                why = exc.reason if isinstance(exc, EnvelopeError) else type(exc).__name__
+                return {"party": entry["party"], "outcome": "rejected", "final": False,
+                        "detail": f"live result stream broke off ({why}); asking the gateway again"}
+            entry["final"] = True  # a complete, checked stream: the gateway recorded it before its last chunk
             return entry
         text = (p.result_text or "").encode()
         if hashlib.sha256(text).hexdigest() != p.attestation.body.sha256 or len(text) != p.attestation.body.size:
@@ -226,7 +236,8 @@ class Initiator:
 
         Chunks are decrypted and written one at a time (memory stays at about one chunk); the file
         appears only whole and checked (written as ``.part``, renamed at the end, removed on any
-        failure). Raises :class:`EnvelopeError` on a truncated, reordered or tampered stream.
+        failure). Raises :class:`EnvelopeError` on a truncated, reordered or tampered stream. For a
+        live stream (the gateway still relaying it) the chunks arrive as the party sends them.
         """
         if info.stream_id is None:
             raise EnvelopeError(400, "stream opening without a stream id")

@@ -66,11 +66,14 @@ def resolve_data_file(data_dir: Path, data_id: str) -> Path:
 
 
 async def _corrupt(frames: AsyncIterator[bytes], mode: str) -> AsyncIterator[bytes]:
-    """Fault injection only (``fault_stream``): drop the last chunk, swap the first two, or flip a bit."""
+    """Fault injection only (``fault_stream``): drop the last chunk, swap the first two, flip a bit,
+    or send slowly (a pause before every chunk: a party on a slow link)."""
     held: list[bytes] = []
     index = -1
     async for f in frames:
         index += 1
+        if mode == "slow" and index:
+            await asyncio.sleep(0.1)
         if mode == "reorder" and index == 1:
             held.append(f)
             continue

@@ -90,7 +90,7 @@ class ServiceConfig(BaseModel):
     fault_delay_s: float = 0.0
     fault_clock_offset_s: float = 0.0
     fault_executor_silent: bool = False
-    fault_stream: str = Field(default="", pattern=r"^(|truncate|reorder|flip)$")
+    fault_stream: str = Field(default="", pattern=r"^(|truncate|reorder|flip|slow)$")
     """Party: corrupt outgoing result streams this way (tests that the gateway refuses them)."""
 
 

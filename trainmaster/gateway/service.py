@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import ssl
 import time
 from dataclasses import dataclass, field
@@ -193,6 +194,33 @@ def install_rate_limited_logging(per_window: int = 5, window_s: float = 10.0) ->
     return flt
 
 
+FDS_PER_CONNECTION = 2
+"""File descriptors one client connection may cost a service at once (its socket, plus the
+upstream socket or spool file it is being served from)."""
+FDS_SPARE = 256
+"""Descriptors kept for everything else: databases, logs, executors' sockets and pipes."""
+
+
+def ensure_fd_limit(max_connections: int, log: logging.Logger | None = None) -> int:
+    """Raise the soft open-files limit so ``max_connections`` can really be served: at the common
+    default soft limit of 1024, 1,000 concurrent tasks would run out of descriptors well below the
+    connection cap (and accept() fail in a loop). Capped at the hard limit, with one warning saying
+    what is missing. Returns the soft limit."""
+    needed = max_connections * FDS_PER_CONNECTION + FDS_SPARE
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        if target > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        if soft < needed:
+            (log or logging.getLogger("trainmaster.gateway")).warning(
+                "open-files limit %d (hard limit %s) is below the %d that max_connections=%d needs; connections past "
+                "it will be refused: raise the hard limit (ulimit -Hn, LimitNOFILE=) or lower max_connections",
+                soft, hard, needed, max_connections)
+    return soft
+
+
 def serve(app: FastAPI, cfg: ServiceConfig) -> None:
     """Run on one port with TLS that requires a client certificate from our CA, with header, body
     and idle timeouts, a cap on connections and rate-limited logging (item 4)."""
@@ -200,6 +228,7 @@ def serve(app: FastAPI, cfg: ServiceConfig) -> None:
 
     protocol = type("PeerAwareH11Configured", (PeerAwareH11,), {"header_timeout_s": cfg.header_timeout_s})
     install_rate_limited_logging()
+    ensure_fd_limit(cfg.max_connections)
     uvicorn.run(app, host=cfg.host, port=cfg.port, ssl_keyfile=cfg.key, ssl_certfile=cfg.cert,
                 ssl_ca_certs=cfg.ca, ssl_cert_reqs=ssl.CERT_REQUIRED, log_level="warning", http=protocol,
                 timeout_keep_alive=int(max(1, cfg.idle_timeout_s)), limit_concurrency=cfg.max_connections,

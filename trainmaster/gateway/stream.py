@@ -19,9 +19,12 @@ opening travels in the task result; ``/v1/results`` serves the chunk frames.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import struct
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import BinaryIO
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -103,7 +106,7 @@ class ChunkOpener:
             raise EnvelopeError(400, f"malformed stream chunk {self._index}")
         flags = body[0]
         try:
-            plain = self._aead.decrypt(_nonce(self._index), body[1:], _aad(self._id, self._index, flags))
+            plain = self._aead.decrypt(_nonce(self._index), memoryview(body)[1:], _aad(self._id, self._index, flags))
         except InvalidTag as exc:
             raise EnvelopeError(422, f"stream chunk {self._index} does not decrypt (tampered, reordered or "
                                      "from another stream)") from exc
@@ -125,25 +128,62 @@ class ChunkOpener:
 
 
 class FrameSplitter:
-    """Cuts an arbitrary byte stream into frames; holds at most one frame plus one read block."""
+    """Cuts an arbitrary byte stream into frames; holds at most one frame plus one read block.
+
+    Pieces are kept as they arrive and joined once per frame (one copy of each byte): cutting
+    frames out of the front of one growing bytearray re-copied or re-allocated the buffer per
+    piece and was the gateway's largest cost per streamed byte.
+    """
 
     def __init__(self, max_frame: int = MAX_FRAME):
-        self._buf, self._max = bytearray(), max_frame
+        self._pieces: list[bytes] = []
+        self._have = 0
+        self._size: int | None = None
+        self._max = max_frame
+
+    def _take(self, n: int) -> bytes:
+        """The next ``n`` buffered bytes (the caller checked there are that many)."""
+        if n == 0:
+            return b""
+        if len(self._pieces[0]) >= n:
+            first = self._pieces[0]
+            out = first[:n] if len(first) > n else first
+            rest = first[n:]
+        else:
+            joined = b"".join(self._pieces)
+            self._pieces.clear()
+            out, rest = joined[:n], joined[n:]
+            self._pieces.append(rest)
+            self._have -= n
+            if not rest:
+                self._pieces.clear()
+            return out
+        self._pieces.pop(0)
+        if rest:
+            self._pieces.insert(0, rest)
+        self._have -= n
+        return out
 
     def feed(self, data: bytes) -> Iterator[bytes]:
-        self._buf += data
-        while len(self._buf) >= 4:
-            (size,) = _HEADER.unpack_from(self._buf)
-            if size > self._max:
-                raise EnvelopeError(413, f"stream frame of {size} bytes is over the {self._max}-byte cap")
-            if len(self._buf) < 4 + size:
+        if data:
+            self._pieces.append(bytes(data))
+            self._have += len(data)
+        while True:
+            if self._size is None:
+                if self._have < 4:
+                    return
+                (size,) = _HEADER.unpack(self._take(4))
+                if size > self._max:
+                    raise EnvelopeError(413, f"stream frame of {size} bytes is over the {self._max}-byte cap")
+                self._size = size
+            if self._have < self._size:
                 return
-            body = bytes(self._buf[4:4 + size])
-            del self._buf[:4 + size]
+            body = self._take(self._size)
+            self._size = None
             yield body
 
     def close(self) -> None:
-        if self._buf:
+        if self._have or self._size is not None:
             raise EnvelopeError(400, "stream truncated inside a frame")
 
 
@@ -154,3 +194,72 @@ async def aframes(chunks: AsyncIterator[bytes], max_frame: int = MAX_FRAME) -> A
         for body in splitter.feed(data):
             yield body
     splitter.close()
+
+
+class LiveSpool:
+    """A streamed result the gateway is still relaying (cut-through): the relay appends
+    re-encrypted frames to the spool file and readers (``/v1/results``) tail it as it grows, so the
+    initiator downloads while the party still uploads. The spool file is the buffer between the
+    hops (bounded memory whatever the speeds), and it stays for a later fetch or a resume.
+
+    The final frame is *released* to readers only by :meth:`end` with ``ok=True``, which the relay
+    calls after the spool is fsynced and the leg's outcome recorded: an initiator that holds a
+    complete, checked stream knows the gateway has recorded it too. A relay that fails ends with
+    ``ok=False``; readers stop before the final frame, so the initiator sees a truncated stream and
+    asks for the leg's recorded outcome.
+    """
+
+    def __init__(self, path: Path, envelope_json: str):
+        self.path = path
+        """Where the spool file is now (``.part`` while relaying, renamed when complete)."""
+        self.envelope_json = envelope_json
+        """The leg's outcome as a live stream (sealed to the task's owner, not final)."""
+        self.written = 0
+        self.released = 0
+        self.state = "running"
+        self._changed = asyncio.Event()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def wrote(self, nbytes: int, final: bool) -> None:
+        """``nbytes`` more of whole frames are in the file; all but the final one go to readers now."""
+        self.written += nbytes
+        if not final:
+            self.released = self.written
+            self._wake()
+
+    def end(self, ok: bool) -> None:
+        if ok:
+            self.released = self.written
+        self.state = "done" if ok else "failed"
+        self._wake()
+
+    def open(self) -> BinaryIO:
+        """The spool file opened for reading: called synchronously right after looking the spool
+        up, so the relay cannot rename it in between (an open file survives the rename)."""
+        return self.path.open("rb")
+
+    async def tail(self, fh: BinaryIO, idle_timeout_s: float, block: int = 1 << 20) -> AsyncIterator[bytes]:
+        """The released frames as they arrive; ends when the relay ends (after the final frame if it
+        succeeded) or when nothing new arrived for ``idle_timeout_s`` (the party stalled)."""
+        sent = 0
+        try:
+            while True:
+                changed = self._changed
+                if sent < self.released:
+                    data = fh.read(min(block, self.released - sent))
+                    if not data:
+                        raise EnvelopeError(500, "spool file shorter than what the relay wrote")
+                    sent += len(data)
+                    yield data
+                    continue
+                if self.state != "running":
+                    return
+                try:
+                    await asyncio.wait_for(changed.wait(), timeout=idle_timeout_s)
+                except TimeoutError:
+                    return  # the reader sees a truncated stream and asks again
+        finally:
+            fh.close()
