@@ -8,7 +8,10 @@ STAMP := $(VENV)/.installed
 # executor sandbox); tests that cannot have them skip with a clear reason.
 SYSTEM_PACKAGES ?= chromium chromium-driver postgresql bubblewrap iproute2
 
-.PHONY: run test install system-deps sandbox-deps testbed-deps lint typecheck bench screenshots clean
+FLOWER_VENV ?= .venv-flower
+FLOWER ?= flwr[simulation]==1.42.0
+
+.PHONY: run test install flower-env system-deps sandbox-deps testbed-deps lint typecheck bench screenshots clean
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || { echo "error: $(PY) not found; install Python 3.11 or run 'make PY=/path/to/python3.11 ...'" >&2; exit 2; }
@@ -53,9 +56,24 @@ sandbox-deps:
 testbed-deps:
 	@$(MAKE) --no-print-directory system-deps SYSTEM_PACKAGES=iproute2
 
-## test: install with test extras and run the whole suite
-test: $(STAMP) system-deps lint typecheck
+## test: install with test extras and run the whole suite (then the Flower tests in their own venv)
+test: $(STAMP) system-deps lint typecheck flower-env
 	$(BIN)/python -m pytest -q
+	@if [ -x $(FLOWER_VENV)/bin/python ]; then \
+		echo "==> the Flower adapter's tests, in $(FLOWER_VENV) (flwr pins older fastapi/typer/ray than ours)"; \
+		$(FLOWER_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/flsched/test_flsched_flower.py; \
+	else echo "note: $(FLOWER_VENV) is missing (no network?); the Flower adapter's tests were skipped"; fi
+
+## flower-env: a venv for flwr beside ours: its own pinned packages first, then everything of .venv
+## (torch, numpy, trainmaster) through a .pth file; flwr is not a dependency of trainmaster
+flower-env: $(FLOWER_VENV)/.installed
+$(FLOWER_VENV)/.installed: $(STAMP)
+	@echo "==> creating $(FLOWER_VENV) with $(FLOWER) (once; a few minutes)"
+	@rm -rf $(FLOWER_VENV) && $(PY) -m venv $(FLOWER_VENV)
+	@$(FLOWER_VENV)/bin/python -c "import site, sys; open(site.getsitepackages()[0] + '/trainmaster-venv.pth', 'w').write(sys.argv[1] + '\\n')" \
+		"$$($(BIN)/python -c 'import site; print(site.getsitepackages()[0])')"
+	@$(FLOWER_VENV)/bin/pip install --quiet '$(FLOWER)' pytest pytest-timeout \
+		&& touch $@ || { echo "warning: could not install $(FLOWER); the Flower tests will skip"; rm -rf $(FLOWER_VENV); }
 
 ## lint: ruff (pyflakes rules: unused and undefined names) over the package, tests and benchmarks
 lint: $(STAMP)

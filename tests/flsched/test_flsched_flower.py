@@ -11,6 +11,13 @@ import pytest
 from trainmaster.flsched.model import Device, Job, ProblemError
 from trainmaster.flsched.selector import DevicePool, JobSelector
 
+# flwr pins older fastapi, starlette, uvicorn, typer, rich, protobuf and ray than the rest of
+# Trainmaster uses, so it lives in its own environment (.venv-flower, made by `make flower-env`,
+# which `make test` runs these tests in); the main environment skips them with this reason.
+NEEDS_FLWR = pytest.mark.skipif(importlib.util.find_spec("flwr") is None,
+                                reason="flwr is not in this environment: `make test` runs these tests in "
+                                       ".venv-flower (flwr pins older fastapi/typer/ray; see docs/flsched.md)")
+
 
 def _devices(n: int) -> list[Device]:
     rng = np.random.default_rng(0)
@@ -51,8 +58,7 @@ def test_shared_pool_gives_a_device_to_one_job_at_a_time():
     assert len(JobSelector(_job("c", devs), devs, pool=pool).select(clients, 3)) == 3
 
 
-@pytest.mark.skipif(importlib.util.find_spec("flwr") is None,
-                    reason="flwr is not installed (not a trainmaster dependency; see docs/flsched.md)")
+@NEEDS_FLWR
 def test_flower_simulation_trains_with_our_client_selection(monkeypatch):
     """Flower adapter: FedAvg under flwr's simulation, training clients chosen by our sa scheduler;
     every round trains exactly per_round distinct clients and FedAvg aggregates their updates."""
@@ -181,8 +187,7 @@ def test_joint_service_infeasible_round_fails_clearly_and_the_run_continues():
         service.select("zz", clients, 1)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("flwr") is None,
-                    reason="flwr is not installed (not a trainmaster dependency; see docs/flsched.md)")
+@NEEDS_FLWR
 def test_flower_two_jobs_sharing_a_pool_never_double_book():
     """Flower, jointly, under real flwr: two Flower servers (Flower's own round loop and FedAvg),
     each with a FlschedFedAvg on one shared JointScheduler, train two jobs concurrently over the
@@ -272,8 +277,7 @@ def test_flower_two_jobs_sharing_a_pool_never_double_book():
     assert flwr is not None
 
 
-@pytest.mark.skipif(importlib.util.find_spec("flwr") is None,
-                    reason="flwr is not installed (not a trainmaster dependency; see docs/flsched.md)")
+@NEEDS_FLWR
 def test_flower_infeasible_round_fails_clearly_and_the_run_continues(caplog):
     """Flower, jointly, under real flwr: while another job leases 6 of the 8 clients, this job's
     round 1 (3 clients wanted) cannot be scheduled: it is skipped with a warning that names the
