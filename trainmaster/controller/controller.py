@@ -70,6 +70,17 @@ class Controller:
         self._observed: dict[int, Observation] = {}  # instance row id -> this pass's observation
         self._ended: list[dict[str, Any]] = []  # handles whose exits this pass stored (agent may forget)
         self._to_start: list[_Start] = []  # attempts this pass prepared (started together at its end)
+        self._work = threading.Event()  # set by submit, cancel, scale: the next pass need not wait
+
+    def wake(self) -> None:
+        """Ask for the next reconcile pass now (a server waits up to ``interval`` otherwise)."""
+        self._work.set()
+
+    def wait_for_work(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for :meth:`wake`; True when woken."""
+        woken = self._work.wait(timeout)
+        self._work.clear()
+        return woken
 
     # ---- queue -------------------------------------------------------------------------------
     def submit(self, loaded: LoadedJob) -> int:
@@ -89,19 +100,22 @@ class Controller:
             for path in loaded.ignored:
                 repo.add_event(session, row.id, "job", "FieldIgnored", path, "Warning")
             session.commit()
-            return row.id
+        self.wake()
+        return row.id
 
     def cancel(self, job_id: int) -> None:
         """Record the cancellation; the next pass stops the job's instances."""
         with self.sessions() as session:
             if repo.request_cancel(session, repo.load_job(session, job_id)):
                 session.commit()
+        self.wake()
 
     def scale(self, job_id: int, role_name: str, replicas: int) -> None:
         """Change a role's desired replicas; the next pass acts on it."""
         with self.sessions() as session:
             repo.set_replicas(session, repo.load_job(session, job_id), role_name, replicas)
             session.commit()
+        self.wake()
 
     # ---- the loop ----------------------------------------------------------------------------
     def step(self) -> None:
