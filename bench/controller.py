@@ -14,10 +14,12 @@ two moments are measured per run, both from just before the submit call:
   says once every replica's ``Popen`` returned), polled every ``INTERVAL`` seconds;
 * **processes**: every replica's command has really started (its marker file exists).
 
-Our controller is driven through its Python API (as ``tests/conftest.py`` does): one
-``Controller.step()`` per ``INTERVAL`` seconds. Like ``trainmaster server`` (and like TorchX's
-runner, which is also made once), one controller and its SQLite store take every run's job in
-turn; each run's job is cancelled before the next is submitted.
+Our controller is driven through its Python API the way ``trainmaster server``'s reconcile loop
+drives it: a ``Controller.step()``, then a wait of up to ``INTERVAL`` seconds that a submit, a
+cancel or an instance's end (the node agent's ``wait_exit``, :meth:`Backend.watch_exits`) cuts
+short. Like ``trainmaster server`` (and like TorchX's runner, which is also made once), one
+controller and its SQLite store take every run's job in turn; each run's job is cancelled
+before the next is submitted.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ class Ours:
         self.sessions = session_factory(make_engine(self.url))
         self.controller = Controller(self.sessions, backend, self.url, interval=INTERVAL, grace=2.0,
                                      runs_dir=workdir / "runs")
+        backend.watch_exits(self.controller.wake)  # as the server's reconcile loop does
 
     def submit(self, name: str, roles: list[dict[str, Any]]) -> int:
         doc = {"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": {"name": name},
@@ -99,7 +102,7 @@ class Ours:
             self.controller.step()
             if done():
                 return
-            time.sleep(INTERVAL)
+            self.controller.wait_for_work(INTERVAL)
 
     def finish(self, job_id: int) -> None:
         self.controller.cancel(job_id)

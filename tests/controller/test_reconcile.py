@@ -228,10 +228,11 @@ def test_a_pass_is_one_transaction_and_a_failed_pass_spawns_nothing(tmp_path, mo
     assert all(len(p.read_text().split()) == 1 for p in marks.iterdir())  # each started once
 
 
-def test_submit_wakes_the_servers_reconcile_loop(tmp_path) -> None:
+def test_submit_and_instance_exits_wake_the_servers_reconcile_loop(tmp_path) -> None:
     """Event-driven wake (issue #14, controller speed): a submit starts the next pass at once
-    instead of after the reconcile interval (here 60 s), and stopping the loop does not wait
-    for the interval either."""
+    instead of after the reconcile interval (here 60 s), so does an instance's end (the local
+    backend's watcher blocks in the node agent's wait_exit), and stopping the loop does not
+    wait for the interval either."""
     from trainmaster.service.app import Reconciler
 
     h = Harness(tmp_path)
@@ -240,10 +241,13 @@ def test_submit_wakes_the_servers_reconcile_loop(tmp_path) -> None:
     reconciler.start()
     try:
         time.sleep(0.3)  # the first pass has run; the loop now waits up to 60 s
-        job_id = h.submit(job("woken", [{"name": "w", "command": py("pass")}]))
+        job_id = h.submit(job("woken", [{"name": "w", "command": py("import time; time.sleep(1)")}]))
         deadline = time.monotonic() + 20
         while h.status(job_id)["state"] in ("pending", "starting"):
             assert time.monotonic() < deadline, "the submit did not wake the reconcile loop"
+            time.sleep(0.05)
+        while h.status(job_id)["state"] != "succeeded":
+            assert time.monotonic() < deadline, "the instance's exit did not wake the reconcile loop"
             time.sleep(0.05)
     finally:
         stopping = time.monotonic()

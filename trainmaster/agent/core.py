@@ -156,6 +156,7 @@ class NodeAgent:
         self._spawn_lock = threading.Lock()  # one spawn at a time (the spawning thread moves cgroups)
         self._journal_lock = threading.Lock()
         self._instances: dict[str, _Instance] = {}
+        self._exits = 0  # instance ends so far (journaled), for wait_exit
         self._by_pid: dict[int, _Instance] = {}
         self._unclaimed: dict[int, tuple[_Reaped, float]] = {}  # reaped before its spawn was recorded
         self._child_started = threading.Event()
@@ -332,6 +333,7 @@ class NodeAgent:
             self.journal.exited([status])
         with self._lock:
             inst.start_error, inst.status = message, status
+            self._exits += 1
             self._changed.notify_all()
 
     # ---- reaping -------------------------------------------------------------------------------
@@ -394,6 +396,7 @@ class NodeAgent:
                     os.close(inst.notify_fd)
                     inst.notify_fd = None
                 inst.popen = None
+            self._exits += len(mains)
             self._changed.notify_all()
 
     def _remove_trees(self, instance_ids: list[str]) -> None:
@@ -503,6 +506,18 @@ class NodeAgent:
                 self._changed.wait(left)
         return True
 
+    def wait_exit(self, after: int, timeout: float) -> int:
+        """Wait up to ``timeout`` seconds until more than ``after`` instances have ended since the
+        agent started; returns how many have (a controller's watcher wakes its loop on a change)."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while self._exits <= after and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._changed.wait(left)
+            return self._exits
+
     def forget(self, instance_ids: list[str]) -> None:
         with self._lock:
             gone = [i for i in instance_ids if i in self._instances and self._instances[i].status is not None]
@@ -526,7 +541,9 @@ class NodeAgent:
         if live:
             log.info("shutting down: stopping %d live instance(s)", len(live))
             self.stop(live, grace)
-        self._closed = True
+        with self._lock:
+            self._closed = True
+            self._changed.notify_all()  # watchers waiting in wait_exit return
         self._spawner.shutdown(wait=False)
         self._child_started.set()
         self.journal.close()

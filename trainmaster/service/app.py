@@ -80,6 +80,7 @@ class Reconciler(threading.Thread):
     def run(self) -> None:
         recovered = False
         backoff = StoreBackoff(self.controller.interval)
+        self.controller.backend.watch_exits(self.controller.wake)  # an instance's end wakes the loop
         while not self.stopping.is_set():
             if self.elector is not None and not self.elector.leading:
                 recovered = False  # a standby: the leader reconciles
