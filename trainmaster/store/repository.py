@@ -67,7 +67,7 @@ def load_active_jobs(session: Session, owner: str) -> ActiveJobs:
     texts: dict[int, str] = {}
     query = (select(JobRow, type_coerce(JobRow.spec, Text)).where(JobRow.id.in_(waiting))
              .options(defer(JobRow.spec)))
-    for job, text in session.execute(query).tuples():
+    for job, text in session.execute(query):
         # instances and registry entries exist only once a job is admitted (the controller
         # creates them then), so a waiting job's are known empty without a query
         set_committed_value(job, "instances", [])
