@@ -20,7 +20,7 @@ from agent_fixtures import ESCAPERS, PY, doubles, escapers, replica, starts, wai
 from controller_harness import stop_agent
 from trainmaster.agent.client import AgentClient, agent_pid, ensure_agent
 from trainmaster.agent.contract import InstancePhase, LaunchSpec
-from trainmaster.agent.tree import cgroups_available
+from trainmaster.agent.tree import cgroup_name, cgroups_available
 
 CGROUPS = not cgroups_available()
 BASE_ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
@@ -89,6 +89,38 @@ def test_start_is_idempotent_and_refusals_name_the_program(agent: AgentClient, t
     assert agent.observe(["job/nope/1"])[0].phase == InstancePhase.START_FAILED
     agent.stop(["job/once/1"], grace=1)
     assert starts(lock) == 1 and doubles(tmp_path) == []
+
+
+def test_a_batch_is_spawned_by_several_threads_each_child_in_its_own_tree(agent: AgentClient,
+                                                                          tmp_path: Path) -> None:
+    """Parallel spawning (issue #14, controller/agent speed): one start of 40 instances is spawned
+    by several agent threads, each moving from one instance's cgroups into the next. Every child
+    is born in its own instance's tree, one that exits while the batch is still spawning is
+    reported with its exit code, a refused one in the middle is StartFailed and hinders no other,
+    and afterwards no agent thread is left inside an instance's cgroup (it would be frozen with it)."""
+    batch = []
+    for n in range(40):
+        argv = ["true"] if n % 10 == 3 else ["no-such-program-xyz"] if n == 17 else ["sleep", "30"]
+        batch.append(LaunchSpec(**{**spec(tmp_path, f"w{n}", argv).to_dict(), "index": n}))
+    results = agent.start(batch)
+    assert [r.handle is None for r in results] == [n == 17 for n in range(40)]
+    ids = [s.instance_id for s in batch]
+    quick = [ids[n] for n in range(40) if n % 10 == 3]
+    assert all(s.exit_code == 0 and s.reason == "Completed" for s in _exited(agent, quick))
+    sleepers = [n for n in range(40) if n % 10 != 3 and n != 17]
+    statuses = agent.observe([ids[n] for n in sleepers])
+    assert all(s.phase == InstancePhase.RUNNING for s in statuses)
+    if agent.ping()["trees"] == "cgroup":
+        for n, status in zip(sleepers, statuses):
+            assert status.handle.pid is not None
+            lines = Path(f"/proc/{status.handle.pid}/cgroup").read_text().splitlines()
+            pids_line = next(line for line in lines if ":pids:" in line)
+            assert pids_line.endswith("/" + cgroup_name(ids[n])), (n, pids_line)
+        agent_tasks = Path(f"/proc/{agent.ping()['pid']}/task")
+        for task in agent_tasks.iterdir():
+            assert "job.w" not in (task / "cgroup").read_text(), f"agent thread {task.name} left in a tree"
+    stopped = agent.stop([ids[n] for n in sleepers], grace=1)
+    assert all(s.phase == InstancePhase.EXITED for s in stopped)
 
 
 def test_stop_kills_setsid_grandchildren_and_double_forked_daemons(agent: AgentClient, tmp_path: Path) -> None:

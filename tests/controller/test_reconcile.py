@@ -2,6 +2,7 @@
 (spec steps 1 and 3): missing instances are recreated, surplus deleted failed-first then
 youngest; nothing of a job starts until its gang fits."""
 
+import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -188,3 +189,68 @@ def test_status_has_kubeflow_style_conditions(tmp_path) -> None:
     assert done["Succeeded"]["lastTransitionTime"] and done["Succeeded"]["reason"]
     assert h.controller.run_job(second) == "succeeded"
     h.backend.close()
+
+
+def test_a_pass_is_one_transaction_and_a_failed_pass_spawns_nothing(tmp_path, monkeypatch) -> None:
+    """Reconcile pass as one transaction (issue #14, controller speed): every job's start intent
+    is committed once, before anything is spawned. A pass that fails half-way (here: while
+    reconciling the second job) commits nothing and spawns nothing, and the next pass starts
+    each replica exactly once."""
+    from trainmaster.controller.controller import Controller
+
+    h = Harness(tmp_path)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    ids = [h.submit(job(f"j{n}", [{"name": "w", "replicas": 2, "command": ["/bin/sh", "-c",
+                                   f"echo $$ >> {marks}/j{n}-$TM_REPLICA_INDEX; exec sleep 30"]}]))
+           for n in range(2)]
+    real = Controller._reconcile
+
+    def second_job_fails(self, session, job_row, free):  # type: ignore[no-untyped-def]
+        if job_row.id == ids[1]:
+            raise RuntimeError("injected failure")
+        return real(self, session, job_row, free)
+
+    monkeypatch.setattr(Controller, "_reconcile", second_job_fails)
+    with pytest.raises(RuntimeError, match="injected"):
+        h.controller.step()
+    assert [h.status(i)["state"] for i in ids] == ["pending", "pending"]
+    assert all(i["attempt"] == 0 for i in h.status(ids[0])["instances"])
+    assert list(marks.iterdir()) == []
+    monkeypatch.setattr(Controller, "_reconcile", real)
+    h.controller.step()
+    assert [h.status(i)["state"] for i in ids] == ["running", "running"]
+    for i in ids:
+        h.controller.cancel(i)
+        assert h.controller.run_job(i) == "cancelled"
+    written = sorted(p.name for p in marks.iterdir())
+    assert written == ["j0-0", "j0-1", "j1-0", "j1-1"]
+    assert all(len(p.read_text().split()) == 1 for p in marks.iterdir())  # each started once
+
+
+def test_submit_and_instance_exits_wake_the_servers_reconcile_loop(tmp_path) -> None:
+    """Event-driven wake (issue #14, controller speed): a submit starts the next pass at once
+    instead of after the reconcile interval (here 60 s), so does an instance's end (the local
+    backend's watcher blocks in the node agent's wait_exit), and stopping the loop does not
+    wait for the interval either."""
+    from trainmaster.service.app import Reconciler
+
+    h = Harness(tmp_path)
+    h.controller.interval = 60.0
+    reconciler = Reconciler(h.controller)
+    reconciler.start()
+    try:
+        time.sleep(0.3)  # the first pass has run; the loop now waits up to 60 s
+        job_id = h.submit(job("woken", [{"name": "w", "command": py("import time; time.sleep(1)")}]))
+        deadline = time.monotonic() + 20
+        while h.status(job_id)["state"] in ("pending", "starting"):
+            assert time.monotonic() < deadline, "the submit did not wake the reconcile loop"
+            time.sleep(0.05)
+        while h.status(job_id)["state"] != "succeeded":
+            assert time.monotonic() < deadline, "the instance's exit did not wake the reconcile loop"
+            time.sleep(0.05)
+    finally:
+        stopping = time.monotonic()
+        reconciler.stop()
+        reconciler.join(timeout=20)
+    assert not reconciler.is_alive() and time.monotonic() - stopping < 20

@@ -164,6 +164,10 @@ class AgentClient:
     def forget(self, instance_ids: list[str]) -> None:
         self.call("forget", ids=instance_ids)
 
+    def wait_exit(self, after: int, seconds: float) -> int:
+        """Block (this connection) until more than ``after`` instances have ended, or ``seconds``."""
+        return int(self.call("wait_exit", timeout=seconds + 30, after=after, seconds=seconds))
+
     def ping(self) -> dict[str, Any]:
         return dict(self.call("ping"))
 

@@ -34,7 +34,9 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,7 @@ PR_SET_CHILD_SUBREAPER = 36
 AGENT_RESTART_EXIT = 137
 START_FAILED_EXIT = 127
 NOTIFY_FD_VARIABLE = "TM_AGENT_NOTIFY_FD"
+SPAWNS_PER_THREAD = 4  # a batch smaller than this per thread is not worth handing to more threads
 SPEC_FILE = "launch_spec.json"
 _PACKAGE_ROOT = str(Path(trainmaster.__file__).resolve().parents[1])
 
@@ -63,10 +66,12 @@ class AgentOptions:
     node: str = "local"
     use_cgroups: bool = True  # False: marker trees even where cgroups exist (tests of the fallback)
     kill_timeout: float = 10.0  # how long SIGKILLed trees may take to disappear before it is an error
+    spawn_threads: int = 8  # a start batch is spawned by this many threads at once
 
-    @property
+    @cached_property
     def node_key(self) -> str:
-        """Names this agent's cgroup parent: one per state dir, so agents never touch each other's."""
+        """Names this agent's cgroup parent: one per state dir, so agents never touch each other's
+        (computed once: every spawn marks its child with it)."""
         digest = hashlib.sha256(str(self.state_dir.resolve()).encode()).hexdigest()[:10]
         return f"{self.node}-{digest}"
 
@@ -88,6 +93,15 @@ class _Instance:
     stopping: bool = False
     status: InstanceStatus | None = None  # final, journaled
     start_error: str = ""
+
+
+@dataclass(frozen=True)
+class _Child:
+    """A main process just spawned, not yet known to the reaper."""
+
+    pid: int
+    popen: subprocess.Popen[bytes]
+    notify_fd: int | None
 
 
 @dataclass(frozen=True)
@@ -113,9 +127,11 @@ def exit_code_of(wait_status: int) -> int:
     return os.waitstatus_to_exitcode(wait_status)
 
 
-def start_error_message(spec: LaunchSpec, error: OSError) -> str:
+def start_error_message(spec: LaunchSpec, error: Exception) -> str:
     """Names the program and the OS's reason (what a user checks first)."""
     program = spec.argv[0] if spec.argv else "<empty command>"
+    if not isinstance(error, OSError):
+        return f"program '{program}' could not start: {error}"
     if spec.cwd and error.filename == spec.cwd:
         return f"program '{program}' not started: working directory '{spec.cwd}': {error.strerror or error}"
     if isinstance(error, FileNotFoundError):
@@ -140,6 +156,7 @@ class NodeAgent:
         self._spawn_lock = threading.Lock()  # one spawn at a time (the spawning thread moves cgroups)
         self._journal_lock = threading.Lock()
         self._instances: dict[str, _Instance] = {}
+        self._exits = 0  # instance ends so far (journaled), for wait_exit
         self._by_pid: dict[int, _Instance] = {}
         self._unclaimed: dict[int, tuple[_Reaped, float]] = {}  # reaped before its spawn was recorded
         self._child_started = threading.Event()
@@ -148,6 +165,7 @@ class NodeAgent:
         log.info("node agent %s (pid %d, parent %d, argv %s): process trees by %s, subreaper %s, state in %s",
                  self.node, os.getpid(), os.getppid(), sys.argv, self.trees.kind, self.subreaper, options.state_dir)
         self._recover()
+        self._spawner = ThreadPoolExecutor(max(1, options.spawn_threads), thread_name_prefix="spawn")
         self._reaper = threading.Thread(target=self._reap_forever, name="reaper", daemon=True)
         self._reaper.start()
 
@@ -206,11 +224,41 @@ class NodeAgent:
                 self.journal.started([{"id": s.instance_id, "role": s.role, "gated": bool(s.depends), "at": now}
                                       for s in fresh])
         fresh_ids = {s.instance_id for s in fresh}
+        todo = [s for s in specs if s.instance_id in fresh_ids]
         with self._spawn_lock:
-            for spec in specs:
-                if spec.instance_id in fresh_ids:
-                    self._spawn(spec)
+            spawned = self._spawn_batch(todo)
+            # recorded only now: until then no reaper acts on a tree a spawning thread may still
+            # be in (each goes from one instance's cgroups straight into the next one's)
+            self._record(spawned)
         return [self._start_result(spec.instance_id) for spec in specs]
+
+    def _spawn_batch(self, specs: list[LaunchSpec]) -> list[tuple[_Instance, _Child]]:
+        """Spawn a batch on up to ``spawn_threads`` threads at once: each spawn waits for its
+        child's ``exec`` (and, on a busy machine, for the child to be scheduled at all), and
+        ``subprocess`` lets other threads run meanwhile, so a 64-instance start takes a
+        fraction of the serial time."""
+        if not specs:
+            return []
+        threads = max(1, min(self.options.spawn_threads, len(specs) // SPAWNS_PER_THREAD))
+        if threads == 1:
+            return self._spawn_share(specs)
+        shares = [specs[n::threads] for n in range(threads)]
+        spawned: list[tuple[_Instance, _Child]] = []
+        for part in self._spawner.map(self._spawn_share, shares):
+            spawned += part
+        return spawned
+
+    def _spawn_share(self, specs: list[LaunchSpec]) -> list[tuple[_Instance, _Child]]:
+        """One thread's part of a batch; the thread ends it back in the agent's own cgroups."""
+        spawned = []
+        try:
+            for spec in specs:
+                child = self._spawn(spec)
+                if child is not None:
+                    spawned.append((self._instances[spec.instance_id], child))
+        finally:
+            self.trees.leave()
+        return spawned
 
     def _start_result(self, instance_id: str) -> StartResult:
         with self._lock:
@@ -219,7 +267,9 @@ class NodeAgent:
                 return StartResult(instance_id, None, inst.start_error)
             return StartResult(instance_id, InstanceHandle(self.node, instance_id, inst.pid))
 
-    def _spawn(self, spec: LaunchSpec) -> None:
+    def _spawn(self, spec: LaunchSpec) -> _Child | None:
+        """Spawn one instance's first process inside its cgroups; the calling thread stays in
+        them until its next spawn moves it or its share of the batch ends."""
         inst = self._instances[spec.instance_id]
         markers = {INSTANCE_MARKER: spec.instance_id, AGENT_MARKER: self.options.node_key}
         notify_read = notify_write = None
@@ -233,40 +283,46 @@ class NodeAgent:
             env = {**spec.env, **markers, "PYTHONPATH": python_path, NOTIFY_FD_VARIABLE: str(notify_write)}
         else:
             argv, env = list(spec.argv), {**spec.env, **markers}
+        out = None
         try:
             self.trees.create(spec.instance_id, spec.memory)
-            log_path = Path(spec.log_path)
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            with open(log_path, "ab") as out:
-                out.write(f"--- attempt {spec.attempt} of {spec.role}-{spec.index} "
-                          f"at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
-                out.flush()
-                # the child is born in the instance's cgroups; the thread leaves them at once (it
-                # must never be in a group that is frozen or killed when its main process ends)
-                self.trees.enter(spec.instance_id)
-                try:
-                    popen = subprocess.Popen(argv, env=env, cwd=spec.cwd or None, stdin=subprocess.DEVNULL,
-                                             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                             close_fds=True, pass_fds=(notify_write,) if notify_write else ())
-                finally:
-                    self.trees.leave()
-        except OSError as error:
+            out = _open_log(spec)
+            # the child is born in the instance's cgroups (the thread moves in before it forks)
+            self.trees.enter(spec.instance_id)
+            popen = subprocess.Popen(argv, env=env, cwd=spec.cwd or None, stdin=subprocess.DEVNULL,
+                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                     close_fds=True, pass_fds=(notify_write,) if notify_write else ())
+        except (OSError, ValueError, TypeError) as error:  # ValueError: a NUL that slipped past validation
+            self.trees.leave()  # out of a group that is about to be removed
             self._start_failed(inst, spec, error)
-            return
+            return None
         finally:
+            if out is not None:
+                os.close(out)
             if notify_write is not None:
                 os.close(notify_write)
-        with self._lock:
-            inst.pid, inst.popen, inst.notify_fd = popen.pid, popen, notify_read
-            if not spec.depends:
-                inst.command_started_at = inst.started_at
-            self._by_pid[popen.pid] = inst
-            early = self._unclaimed.pop(popen.pid, None)
-        self._child_started.set()
-        if early is not None:  # it ended before we recorded it
-            self._main_exited([(inst, early[0])])
+        return _Child(popen.pid, popen, notify_read)
 
-    def _start_failed(self, inst: _Instance, spec: LaunchSpec, error: OSError) -> None:
+    def _record(self, spawned: list[tuple[_Instance, _Child]]) -> None:
+        """Note each spawned main process, so the reaper knows it; one that has already ended
+        (reaped before it was recorded) has its exit handled now."""
+        if not spawned:
+            return
+        early = []
+        with self._lock:
+            for inst, child in spawned:
+                inst.pid, inst.popen, inst.notify_fd = child.pid, child.popen, child.notify_fd
+                if not inst.gated:
+                    inst.command_started_at = inst.started_at
+                self._by_pid[child.pid] = inst
+                reaped = self._unclaimed.pop(child.pid, None)
+                if reaped is not None:
+                    early.append((inst, reaped[0]))
+        self._child_started.set()
+        if early:  # they ended before we recorded them
+            self._main_exited(early)
+
+    def _start_failed(self, inst: _Instance, spec: LaunchSpec, error: Exception) -> None:
         message = start_error_message(spec, error)
         log.info("instance %s: %s", spec.instance_id, message)
         self.trees.remove(spec.instance_id)
@@ -277,6 +333,7 @@ class NodeAgent:
             self.journal.exited([status])
         with self._lock:
             inst.start_error, inst.status = message, status
+            self._exits += 1
             self._changed.notify_all()
 
     # ---- reaping -------------------------------------------------------------------------------
@@ -339,6 +396,7 @@ class NodeAgent:
                     os.close(inst.notify_fd)
                     inst.notify_fd = None
                 inst.popen = None
+            self._exits += len(mains)
             self._changed.notify_all()
 
     def _remove_trees(self, instance_ids: list[str]) -> None:
@@ -448,6 +506,18 @@ class NodeAgent:
                 self._changed.wait(left)
         return True
 
+    def wait_exit(self, after: int, timeout: float) -> int:
+        """Wait up to ``timeout`` seconds until more than ``after`` instances have ended since the
+        agent started; returns how many have (a controller's watcher wakes its loop on a change)."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while self._exits <= after and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._changed.wait(left)
+            return self._exits
+
     def forget(self, instance_ids: list[str]) -> None:
         with self._lock:
             gone = [i for i in instance_ids if i in self._instances and self._instances[i].status is not None]
@@ -471,7 +541,10 @@ class NodeAgent:
         if live:
             log.info("shutting down: stopping %d live instance(s)", len(live))
             self.stop(live, grace)
-        self._closed = True
+        with self._lock:
+            self._closed = True
+            self._changed.notify_all()  # watchers waiting in wait_exit return
+        self._spawner.shutdown(wait=False)
         self._child_started.set()
         self.journal.close()
         self._remove_trees([])
@@ -482,6 +555,20 @@ class NodeAgent:
     def list(self) -> list[InstanceStatus]:
         with self._lock:
             return [self._status(i) for i in self._instances]
+
+
+def _open_log(spec: LaunchSpec) -> int:
+    """The instance's log (appended to across attempts), opened with the attempt's header line."""
+    log_path = Path(spec.log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"--- attempt {spec.attempt} of {spec.role}-{spec.index} "
+                     f"at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -29,6 +29,7 @@ from trainmaster.agent.protocol import (ALREADY_RUNNING_EXIT, LOCK_NAME, LOG_NAM
                                         socket_address)
 
 log = logging.getLogger("trainmaster.agent")
+MAX_WAIT_EXIT = 60.0  # seconds one wait_exit request may block its connection
 
 
 def handle_request(agent: NodeAgent, request: dict[str, Any]) -> Any:
@@ -44,9 +45,11 @@ def handle_request(agent: NodeAgent, request: dict[str, Any]) -> Any:
     if op == "forget":
         agent.forget(list(request["ids"]))
         return None
+    if op == "wait_exit":
+        return agent.wait_exit(int(request["after"]), min(float(request["seconds"]), MAX_WAIT_EXIT))
     if op == "ping":
         return {"pid": os.getpid(), "node": agent.node, "trees": agent.trees.kind}
-    raise ValueError(f"unknown operation {op!r} (start, stop, observe, list, forget, ping)")
+    raise ValueError(f"unknown operation {op!r} (start, stop, observe, list, forget, wait_exit, ping)")
 
 
 class _Daemon:

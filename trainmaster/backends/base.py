@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from trainmaster.agent.contract import LaunchSpec
 
@@ -179,6 +179,10 @@ class Backend(ABC):
         """The handle of a live instance started from ``instance_dir`` whose handle was never
         recorded (a controller crash between starting it and saving the handle), or None."""
         return None
+
+    def watch_exits(self, wake: Callable[[], None]) -> None:
+        """Call ``wake`` whenever an instance ends (a server's reconcile loop then runs its next
+        pass at once instead of after its interval). Backends that cannot tell leave it uncalled."""
 
     def close(self) -> None:
         """Release backend-wide resources."""

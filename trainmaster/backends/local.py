@@ -9,20 +9,26 @@ stored on an instance row is an :class:`InstanceHandle` dict.
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import psutil
 
-from trainmaster.agent.client import AgentClient
+from trainmaster.agent.client import AgentClient, AgentUnavailable
 from trainmaster.agent.contract import InstanceHandle, InstancePhase, InstanceStatus
 from trainmaster.backends.ports import PortPool
 from trainmaster.backends.base import (Backend, Capacity, LaunchRequest, Observation, Phase, Placement,
                                        StartFailure)
 from trainmaster.store.db import home
 
+log = logging.getLogger(__name__)
+
 NODE = "local"
+WATCH_SECONDS = 5.0  # one wait_exit request (the watcher asks again right after; it ends this long after close)
+WATCH_RETRY = 1.0  # seconds between attempts to reach an agent that is not there
 # reasons that only restate the exit code; the controller's messages already say it
 _PLAIN_REASONS = ("Completed", "Error")
 
@@ -59,6 +65,9 @@ class LocalBackend(Backend):
         self._host = host
         self._ports = PortPool(host)
         self.agent = AgentClient(state_dir or agent_state_dir(), node=NODE, linger=linger)
+        self._watcher: threading.Thread | None = None
+        self._wakes: list[Callable[[], None]] = []
+        self._closing = threading.Event()
 
     def capacity(self) -> Capacity:
         return self._capacity
@@ -110,5 +119,33 @@ class LocalBackend(Backend):
             return None
         return InstanceHandle(NODE, instance_id, status.handle.pid).to_dict()
 
+    def watch_exits(self, wake: Callable[[], None]) -> None:
+        """A daemon thread on a connection of its own blocks in the agent's ``wait_exit`` and
+        calls every registered ``wake`` after each change (an exit or a refused start); one
+        thread per backend, whatever the number of controllers using it."""
+        self._wakes.append(wake)
+        if self._watcher is not None:
+            return
+        client = AgentClient(self.agent.state_dir, node=NODE, start=False)
+        self._watcher = threading.Thread(target=self._watch, args=(client,), name="agent-exits", daemon=True)
+        self._watcher.start()
+
+    def _watch(self, client: AgentClient) -> None:
+        seen = -1
+        while not self._closing.is_set():
+            try:
+                count = client.wait_exit(seen, WATCH_SECONDS)
+            except AgentUnavailable as exc:  # no agent now (none started yet, or it was killed)
+                log.debug("waiting %.0fs for the node agent to watch exits: %s", WATCH_RETRY, exc)
+                self._closing.wait(WATCH_RETRY)
+                continue
+            if count != seen:
+                if seen >= 0 or count > 0:
+                    for wake in list(self._wakes):
+                        wake()
+                seen = count
+        client.close()
+
     def close(self) -> None:
+        self._closing.set()
         self.agent.close()

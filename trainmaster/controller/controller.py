@@ -8,6 +8,7 @@ the store, so a controller started over an existing store simply carries on.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import threading
@@ -66,13 +67,25 @@ class Controller:
         self.unreachable_grace = unreachable_grace  # seconds an instance may be unknown before it is lost
         self._unreachable_since: dict[int, float] = {}  # instance id -> monotonic time it went silent
         self._lock = threading.RLock()  # one reconcile pass at a time (the server has threads)
-        self._specs: dict[int, tuple[dict[str, Any], Job]] = {}  # job id -> (stored spec, validated)
+        self._specs: dict[int, tuple[dict[str, Any] | str, Job]] = {}  # job id -> (stored spec, validated)
+        self._spec_texts: dict[int, str] = {}  # this pass's waiting jobs -> their stored spec text
         # with several servers on one store: makes every reconcile commit re-assert the lease
         # (trainmaster.controller.leader), so a deposed leader writes nothing
         self.fence = fence
         self._observed: dict[int, Observation] = {}  # instance row id -> this pass's observation
         self._ended: list[dict[str, Any]] = []  # handles whose exits this pass stored (agent may forget)
         self._to_start: list[_Start] = []  # attempts this pass prepared (started together at its end)
+        self._work = threading.Event()  # set by submit, cancel, scale: the next pass need not wait
+
+    def wake(self) -> None:
+        """Ask for the next reconcile pass now (a server waits up to ``interval`` otherwise)."""
+        self._work.set()
+
+    def wait_for_work(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for :meth:`wake`; True when woken."""
+        woken = self._work.wait(timeout)
+        self._work.clear()
+        return woken
 
     # ---- queue -------------------------------------------------------------------------------
     def submit(self, loaded: LoadedJob) -> int:
@@ -92,19 +105,22 @@ class Controller:
             for path in loaded.ignored:
                 repo.add_event(session, row.id, "job", "FieldIgnored", path, "Warning")
             session.commit()
-            return row.id
+        self.wake()
+        return row.id
 
     def cancel(self, job_id: int) -> None:
         """Record the cancellation; the next pass stops the job's instances."""
         with self.sessions() as session:
             if repo.request_cancel(session, repo.load_job(session, job_id)):
                 session.commit()
+        self.wake()
 
     def scale(self, job_id: int, role_name: str, replicas: int) -> None:
         """Change a role's desired replicas; the next pass acts on it."""
         with self.sessions() as session:
             repo.set_replicas(session, repo.load_job(session, job_id), role_name, replicas)
             session.commit()
+        self.wake()
 
     def take_over(self, job_id: int) -> None:
         """Make a job whose ``trainmaster run`` died this controller's, then carry it on as after a
@@ -136,21 +152,29 @@ class Controller:
         with self._lock, self.sessions() as session, metrics.RECONCILE.time():
             if self.fence:
                 self.fence(session)
+            self._to_start, self._observed = [], {}  # nothing carried over from a pass that failed
             free = self._free_capacity(session)
             admitted = repo.admitted_active_count(session, self.owner)
-            jobs = repo.load_jobs(session, repo.active_job_ids(session, self.owner))
+            active = repo.load_active_jobs(session, self.owner)
+            jobs, self._spec_texts = active.jobs, active.waiting_specs
             self._observe_all(jobs)
-            for job in queues.fair_order(jobs, self.queue_weights):
-                if not job.admitted and not job.cancel_requested and admitted >= self.max_jobs:
-                    self._set_job_state(session, job, Verdict(
-                        JobState.PENDING, "Queued", f"{admitted} job(s) running, the most this controller runs at once"))
-                else:
-                    was_admitted = job.admitted
-                    free = self._reconcile(session, job, free)
-                    admitted += int(job.admitted and not was_admitted)
-                if job.admitted:
-                    session.commit()  # a running job's progress is saved job by job
-            session.commit()  # waiting jobs' re-evaluated reasons, all in one transaction
+            # no flush before each query of the pass (a job's lazy loads, its last event): the
+            # pass writes once, at its commit, instead of once per job
+            with session.no_autoflush:
+                for job in queues.fair_order(jobs, self.queue_weights):
+                    if not job.admitted and not job.cancel_requested and admitted >= self.max_jobs:
+                        self._set_job_state(session, job, Verdict(
+                            JobState.PENDING, "Queued",
+                            f"{admitted} job(s) running, the most this controller runs at once"))
+                    else:
+                        was_admitted = job.admitted
+                        free = self._reconcile(session, job, free)
+                        admitted += int(job.admitted and not was_admitted)
+            # the whole pass in one transaction: every job's progress and every start intent
+            # (state starting, attempt + 1) is committed here, before anything is spawned; what
+            # a crash before it loses (observed exits) the agents still hold until `forget`
+            session.commit()
+            self._spec_texts = {}
             self._start_all(session)
             session.commit()
             ended, self._ended = self._ended, []
@@ -195,10 +219,12 @@ class Controller:
     # ---- one job -----------------------------------------------------------------------------
     def _spec(self, job: JobRow) -> Job:
         """The job's validated spec; validated again only when the stored one changed (scaling),
-        because a pass over a long queue would otherwise spend most of its time in validation."""
+        because a pass over a long queue would otherwise spend most of its time in validation.
+        A waiting job's is compared as stored text (its column is not loaded: no JSON decode)."""
+        stored: dict[str, Any] | str = self._spec_texts.get(job.id) or job.spec
         cached = self._specs.get(job.id)
-        if cached is None or cached[0] != job.spec:
-            cached = (job.spec, Job.model_validate(job.spec))
+        if cached is None or cached[0] != stored:
+            cached = (stored, Job.model_validate(json.loads(stored) if isinstance(stored, str) else stored))
             self._specs[job.id] = cached
         return cached[1]
 
@@ -405,10 +431,10 @@ class Controller:
     def _start_pending(self, session: Session, job: JobRow, spec: Job, free: Capacity) -> Capacity:
         """Start due pending instances that fit, dependencies' roles first.
 
-        The intent (state starting, attempt + 1) is committed before any process is spawned,
-        so a controller that crashes in between finds the instance again by its launch file
-        (:meth:`recover`) instead of starting a second copy. Each started instance is recorded
-        as soon as the backend hands back its handle, before the next one starts.
+        The intent (state starting, attempt + 1) is committed (with the pass, one transaction)
+        before any process is spawned, so a controller that crashes in between finds the
+        instance again by its launch file or its agent (:meth:`recover`) instead of starting a
+        second copy.
         """
         now = utcnow()
         order = {r.name: n for n, r in enumerate(_dependency_order(spec))}
@@ -428,8 +454,9 @@ class Controller:
             return free
         Path(job.run_dir, "output").mkdir(parents=True, exist_ok=True)
         environ = dict(os.environ)  # one snapshot for the whole pass (each instance copies it)
+        # the intents (state starting, attempt + 1) are committed with the pass, before
+        # :meth:`_start_all` spawns anything
         self._to_start += [_Start(job, spec, inst, self._prepare(job, spec, inst, environ)) for inst in due]
-        session.commit()  # the intents (state starting, attempt + 1), before anything is spawned
         return free
 
     def _start_all(self, session: Session) -> None:
@@ -599,7 +626,10 @@ class Controller:
             last = repo.last_event(session, job.id, "job")
             if last is None or last.reason != verdict.reason:
                 repo.add_event(session, job.id, "job", verdict.reason, verdict.message)
-        job.state, job.reason, job.message = new, verdict.reason, verdict.message
+        if (job.state, job.reason, job.message) != (new, verdict.reason, verdict.message):
+            # assigned only when changed: an assignment marks the row dirty even with the same
+            # value, and a long queue would then be rewritten on every pass
+            job.state, job.reason, job.message = new, verdict.reason, verdict.message
 
     @staticmethod
     def _set_instance_state(inst: InstanceRow, state: InstanceState) -> None:

@@ -80,6 +80,7 @@ class Reconciler(threading.Thread):
     def run(self) -> None:
         recovered = False
         backoff = StoreBackoff(self.controller.interval)
+        self.controller.backend.watch_exits(self.controller.wake)  # an instance's end wakes the loop
         while not self.stopping.is_set():
             if self.elector is not None and not self.elector.leading:
                 recovered = False  # a standby: the leader reconciles
@@ -102,7 +103,11 @@ class Reconciler(threading.Thread):
             except Exception as exc:  # keep reconciling; surface the error on /healthz and in the log
                 log.exception("reconcile pass failed")
                 self.error = f"{type(exc).__name__}: {exc}"
-            self.stopping.wait(delay)
+            self.controller.wait_for_work(delay)  # a submit, cancel or scale wakes it at once
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.controller.wake()
 
 
 def create_app(controller: Controller, reconcile: bool = True, options: ServiceOptions | None = None,
@@ -127,7 +132,7 @@ def create_app(controller: Controller, reconcile: bool = True, options: ServiceO
 
     @app.on_event("shutdown")
     def _stop() -> None:
-        reconciler.stopping.set()
+        reconciler.stop()
         if elector is not None:
             reconciler.join(timeout=controller.grace + 30)  # the pass in flight ends before the lease goes
             elector.stop()
@@ -191,6 +196,7 @@ def create_app(controller: Controller, reconcile: bool = True, options: ServiceO
     @app.post(f"{API}/jobs/{{ref}}/cancel")
     def cancel(ref: JobRef) -> dict[str, Any]:
         result = jobs.cancel(ref)
+        controller.wake()
         return {"id": result.id, "cancelRequested": result.cancel_requested}
 
     @app.post(f"{API}/jobs/{{ref}}/resume")
@@ -206,6 +212,7 @@ def create_app(controller: Controller, reconcile: bool = True, options: ServiceO
     @app.post(f"{API}/jobs/{{ref}}/scale")
     def scale(ref: JobRef, body: ScaleRequest) -> dict[str, Any]:
         result = jobs.scale(ref, body.role, body.replicas)
+        controller.wake()
         return {"id": result.id, "role": result.role, "replicas": result.replicas}
 
     @app.delete(f"{API}/jobs/{{ref}}")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session, object_session, selectinload
+from sqlalchemy import Text, select, type_coerce
+from sqlalchemy.orm import Session, defer, object_session, selectinload
+from sqlalchemy.orm.attributes import set_committed_value
 
 from trainmaster.errors import UserError
 from trainmaster.spec.states import JOB_TERMINAL, JobState
@@ -40,6 +42,38 @@ def load_jobs(session: Session, job_ids: list[int]) -> list[JobRow]:
         selectinload(JobRow.roles), selectinload(JobRow.instances), selectinload(JobRow.addresses))).all()
     by_id = {job.id: job for job in rows}
     return [by_id[i] for i in job_ids if i in by_id]
+
+
+@dataclass
+class ActiveJobs:
+    """What one reconcile pass works on: ``owner``'s jobs not yet ended, in queue order."""
+
+    jobs: list[JobRow]
+    # waiting jobs' specs as stored (JSON text): their ``spec`` column is deferred, so a pass
+    # over a long queue decodes only the specs that changed (the controller caches by text)
+    waiting_specs: dict[int, str]
+
+
+def load_active_jobs(session: Session, owner: str) -> ActiveJobs:
+    """``owner``'s jobs not yet ended, in queue order (:func:`active_job_ids`) for a reconcile
+    pass: admitted ones with their roles, instances and registry (four queries), waiting ones
+    as bare rows with their spec text (one query). A long queue of waiting jobs then costs
+    neither a SELECT of their children nor a JSON decode of every spec on every pass; the few
+    jobs a pass admits or cancels load their roles when first touched."""
+    ids = active_job_ids(session, owner)
+    admitted = list(session.scalars(select(JobRow.id).where(JobRow.id.in_(ids), JobRow.admitted.is_(True))))
+    rows = {job.id: job for job in load_jobs(session, admitted)}
+    waiting = [i for i in ids if i not in rows]
+    texts: dict[int, str] = {}
+    query = (select(JobRow, type_coerce(JobRow.spec, Text)).where(JobRow.id.in_(waiting))
+             .options(defer(JobRow.spec)))
+    for job, text in session.execute(query):
+        # instances and registry entries exist only once a job is admitted (the controller
+        # creates them then), so a waiting job's are known empty without a query
+        set_committed_value(job, "instances", [])
+        set_committed_value(job, "addresses", [])
+        rows[job.id], texts[job.id] = job, text
+    return ActiveJobs([rows[i] for i in ids if i in rows], texts)
 
 
 def find_job(session: Session, ref: str | int) -> JobRow:
