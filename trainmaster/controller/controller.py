@@ -144,6 +144,7 @@ class Controller:
             repo.add_event(session, row.id, "job", "Resumed", "taken over by the controller service")
             session.commit()
         self.recover(job_ids=[job_id])
+        self.wake()
 
     # ---- the loop ----------------------------------------------------------------------------
     def step(self) -> None:
