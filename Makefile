@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 # Debian packages features need (dashboard browser tests, PostgreSQL store tests, the gateway's
 # executor sandbox); tests that cannot have them skip with a clear reason.
-SYSTEM_PACKAGES ?= chromium chromium-driver postgresql bubblewrap iproute2
+SYSTEM_PACKAGES ?= chromium chromium-driver postgresql bubblewrap iproute2 podman runc
 
 .PHONY: run test install system-deps sandbox-deps testbed-deps lint typecheck bench screenshots clean
 
