@@ -94,7 +94,8 @@ class ContainerHooks:
             podman.write_env_file(env_file, spec.env)
         client_env = {k: v for k, v in os.environ.items() if k in CLIENT_VARIABLES}
         record = ContainerRecord(name, str(cid_file), spec.log_path, cgroup)
-        return dataclasses.replace(spec, argv=argv), client_env, record
+        # conmon writes files (an 'oom' marker) into its working directory: the instance's folder
+        return dataclasses.replace(spec, argv=argv, cwd=str(folder)), client_env, record
 
     def observe(self, record: ContainerRecord) -> tuple[float, int] | None:
         if record.cgroup is not None:
