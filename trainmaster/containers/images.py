@@ -118,7 +118,8 @@ def python_mounts(extra: list[str] | None = None) -> list[dict[str, object]]:
 def build_python_image(runtime: ContainerRuntime, tag: str, *, entrypoint: list[str] | None = None,
                        cmd: list[str] | None = None, workdir: str | None = None) -> None:
     """Import ``tag``: the merged-``/usr`` links and the mount points of :func:`python_mounts`
-    (run it with those mounts; its ``python`` is this process' interpreter)."""
+    (run it with those mounts; its ``python``, first on its PATH, is this process' interpreter
+    with its virtual environment)."""
     with tempfile.TemporaryDirectory(prefix="tm-image-") as folder:
         tarball = Path(folder) / "rootfs.tar"
         with tarfile.open(tarball, "w") as tar:
@@ -135,7 +136,8 @@ def build_python_image(runtime: ContainerRuntime, tag: str, *, entrypoint: list[
                     name = "/".join(parts[:i])
                     if name not in tar.getnames() and name not in MERGED_USR_LINKS:
                         _add_dir(tar, name)
-        _import(runtime, tarball, tag, _changes(entrypoint, cmd, workdir))
+        path = os.pathsep.join([os.path.join(os.path.realpath(sys.prefix), "bin"), "/usr/local/bin", "/usr/bin", "/bin"])
+        _import(runtime, tarball, tag, [*_changes(entrypoint, cmd, workdir), f"ENV PATH={path}"])
 
 
 def python_executable() -> str:
