@@ -71,6 +71,8 @@ def container_launch(run_dir: str, role: Role) -> ContainerLaunch:
     the job's folder, or absolute paths the operator allowed when the job was loaded."""
     mounts = [{"source": run_dir, "target": run_dir, "read_only": False}]
     working_dir = job_working_dir(run_dir, role.working_dir) if role.working_dir else None
+    if working_dir:  # a bind mount's source must exist; the folder is the job's
+        Path(working_dir).mkdir(parents=True, exist_ok=True)
     if working_dir and not _inside(working_dir, run_dir):
         mounts.append({"source": working_dir, "target": working_dir, "read_only": False})
     for volume in role.volumes:
