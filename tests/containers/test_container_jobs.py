@@ -83,3 +83,36 @@ def test_missing_image_with_never_pull_fails_with_its_reason(podman: ContainerRu
     names = subprocess.run([*podman.base(), "ps", "-a", "--format", "{{.Names}}"], capture_output=True,
                            text=True, timeout=60).stdout
     assert "no-image" not in names and labelled(podman, "x") == []
+
+
+@pytest.mark.timeout(240)
+def test_cancel_of_a_job_leaves_no_container(small_image: str, podman: ContainerRuntime, tmp_path: Path,
+                                             isolated_home: Path) -> None:
+    """Cancel through the controller: the agent stops each instance (TERM, KILL after the grace)
+    and removes its container before the job is cancelled; no container of the agent is left."""
+    import time
+
+    from controller_harness import Harness
+    from trainmaster.agent.core import AgentOptions
+
+    harness = Harness(tmp_path)
+    try:
+        job_id = harness.submit({"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": {"name": "sleepers"},
+                                 "spec": {"roles": [{"name": "worker", "replicas": 2, "image": small_image,
+                                                     "runtime": "container", "imagePullPolicy": "Never",
+                                                     "command": ["/bin/sleep", "300"],
+                                                     "resources": {"memory": "64Mi"}}]}})
+        key = AgentOptions(state_dir=isolated_home / "agent").node_key
+        deadline = time.monotonic() + 120
+        while len(labelled(podman, key, running_only=True)) < 2:
+            assert time.monotonic() < deadline, "the two containers did not start"
+            harness.controller.step()
+            time.sleep(0.1)
+        harness.controller.cancel(job_id)
+        while harness.status(job_id)["state"] != "cancelled":
+            assert time.monotonic() < deadline + 60, harness.status(job_id)["state"]
+            harness.controller.step()
+            time.sleep(0.1)
+        assert labelled(podman, key) == []
+    finally:
+        harness.backend.close()
