@@ -46,6 +46,7 @@ class ContainerRecord:
     cgroup: str | None = None  # the cgroup parent the agent made for it (v1, relative to each hierarchy)
     usage: tuple[float, int] | None = None  # CPU seconds / peak bytes of that cgroup
     oom_kills: int = 0
+    created_at: float | None = None  # when podman wrote the container's id (created, starting now)
     state: dict[str, Any] = field(default_factory=dict)  # podman's State once the client ended
     created: bool = True
 
@@ -96,6 +97,16 @@ class ContainerHooks:
         record = ContainerRecord(name, str(cid_file), spec.log_path, cgroup)
         # conmon writes files (an 'oom' marker) into its working directory: the instance's folder
         return dataclasses.replace(spec, argv=argv, cwd=str(folder)), client_env, record
+
+    def created(self, record: ContainerRecord) -> float | None:
+        """When the container was created (its id file's time), or None while podman is still
+        pulling or creating it: until then the instance is not reported running."""
+        if record.created_at is None:
+            try:
+                record.created_at = os.stat(record.cid_file).st_mtime
+            except OSError:
+                return None
+        return record.created_at
 
     def observe(self, record: ContainerRecord) -> tuple[float, int] | None:
         if record.cgroup is not None:

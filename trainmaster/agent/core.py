@@ -427,12 +427,16 @@ class NodeAgent:
         if inst.gated and inst.command_started_at is None:
             self._read_notes(inst)
         phase = InstancePhase.RUNNING if inst.command_started_at is not None else InstancePhase.WAITING
+        reason, command_started_at = "WaitingForDependencies", inst.command_started_at
         cpu, peak = self.trees.cpu_seconds(instance_id) or 0.0, self.trees.peak_rss(instance_id) or 0
         if inst.container is not None and phase == InstancePhase.RUNNING:
+            command_started_at = self.containers.created(inst.container)  # podman may still pull or create
+            if command_started_at is None:
+                phase, reason = InstancePhase.WAITING, "ContainerCreating"
             cpu, peak = self.containers.observe(inst.container) or (cpu, peak)
         return InstanceStatus(InstanceHandle(self.node, instance_id, inst.pid), phase,
-                              reason="" if phase == InstancePhase.RUNNING else "WaitingForDependencies",
-                              started_at=inst.started_at, command_started_at=inst.command_started_at,
+                              reason="" if phase == InstancePhase.RUNNING else reason,
+                              started_at=inst.started_at, command_started_at=command_started_at,
                               cpu_seconds=round(cpu, 3), peak_rss=peak)
 
     def observe(self, instance_ids: list[str]) -> list[InstanceStatus]:
