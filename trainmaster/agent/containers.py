@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ class ContainerRecord:
     cgroup: str | None = None  # the cgroup parent the agent made for it (v1, relative to each hierarchy)
     usage: tuple[float, int] | None = None  # CPU seconds / peak bytes of that cgroup
     oom_kills: int = 0
-    created_at: float | None = None  # when podman wrote the container's id (created, starting now)
+    created_at: float | None = None  # when its first process was seen (its id file without a cgroup parent)
     state: dict[str, Any] = field(default_factory=dict)  # podman's State once the client ended
     created: bool = True
 
@@ -99,13 +100,24 @@ class ContainerHooks:
         return dataclasses.replace(spec, argv=argv, cwd=str(folder)), client_env, record
 
     def created(self, record: ContainerRecord) -> float | None:
-        """When the container was created (its id file's time), or None while podman is still
-        pulling or creating it: until then the instance is not reported running."""
+        """When the container's process was first seen (in its cgroup below ours; without one,
+        when podman wrote its id), or None while podman still pulls or creates it: until then
+        the instance is not reported running."""
         if record.created_at is None:
             try:
-                record.created_at = os.stat(record.cid_file).st_mtime
+                cid = Path(record.cid_file).read_text().strip()
             except OSError:
                 return None
+            if not cid:
+                return None
+            if record.cgroup is not None:
+                procs = CGROUP_ROOT / "pids" / record.cgroup.lstrip("/") / f"libpod-{cid}" / "cgroup.procs"
+                try:
+                    if not procs.read_text().strip():
+                        return None
+                except OSError:
+                    return None
+            record.created_at = time.time()
         return record.created_at
 
     def observe(self, record: ContainerRecord) -> tuple[float, int] | None:

@@ -420,7 +420,9 @@ class Controller:
                     self.backend.capacity())
             else:
                 self._spawn(session, start.job, start.inst, start.request, handle)
-                if not start.request.gated:
+                # a container runs once podman created it (the agent says when), like a gated one
+                in_container = start.request.spec is not None and start.request.spec.container is not None
+                if not start.request.gated and not in_container:
                     spawned.append(start)
         # running as soon as the backend says so: at once for a local process, later for a
         # Ray actor that is still being placed (one backend call for the whole batch)
