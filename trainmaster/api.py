@@ -306,7 +306,7 @@ class Trainmaster:
         from trainmaster.containers.policy import container_problems
         from trainmaster.store.ownership import run_owner
 
-        problems = container_problems(loaded.job)  # before anything is stored: a clear refusal
+        problems = container_problems(loaded.job, options.backend)  # before anything is stored: a clear refusal
         if problems:
             raise UserError(f"{loaded.source}: {len(problems)} role(s) cannot run on this machine", problems)
         controller = self.controller(options, run_owner())

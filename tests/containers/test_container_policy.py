@@ -117,3 +117,17 @@ def test_podman_command_line_follows_kubernetes() -> None:
     i = both.index("--entrypoint")
     assert json.loads(both[i + 1]) == ["/bin/x", "-c"] and both[-2:] == ["img", "y"]
     assert "--cpus" in both and "1.5" in both and str(1 << 20) in both and "never" in both
+
+
+def test_backends_without_containers_run_auto_roles_on_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Ray and testbed agents start processes only: an auto role with a command runs on the
+    host there; a role that must run in a container is refused, naming the backend."""
+    monkeypatch.setattr(policy, "unavailable", lambda: "")
+    monkeypatch.delenv("TRAINMASTER_RUNTIME", raising=False)
+    auto = load_document(job(image="x", runtime="auto")).job
+    assert policy.runs_in_container(auto.spec, auto.spec.roles[0])
+    assert not policy.runs_in_container(auto.spec, auto.spec.roles[0], backend_runs_containers=False)
+    assert policy.container_problems(auto, "ray") == []
+    explicit = load_document(job(image="x", runtime="container")).job
+    problems = policy.container_problems(explicit, "ray")
+    assert len(problems) == 1 and "the ray backend does not run containers yet" in problems[0]

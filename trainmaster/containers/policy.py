@@ -19,6 +19,7 @@ from trainmaster.spec.paths import in_job_folder, job_working_dir
 
 
 SERVER_DEFAULT_VARIABLE = "TRAINMASTER_RUNTIME"
+CONTAINER_BACKENDS = ("local",)  # whose node agents run LaunchSpec.container
 
 
 def server_default() -> RuntimeKind | None:
@@ -27,31 +28,36 @@ def server_default() -> RuntimeKind | None:
     return {"host": RuntimeKind.HOST, "container": RuntimeKind.CONTAINER}.get(value)
 
 
-def resolved_runtime(spec: JobSpec, role: Role) -> RuntimeKind:
+def resolved_runtime(spec: JobSpec, role: Role, backend_runs_containers: bool = True) -> RuntimeKind:
     """HOST or CONTAINER for ``role``: its ``runtime``, else its job's, else host; ``auto`` is
-    the operator's default if set, else a container where a runtime is present or where the
-    role gives no command (it runs its image's entry point), else the host."""
+    the operator's default if set, else a container where a runtime is present (and the
+    backend runs containers) or where the role gives no command (it runs its image's entry
+    point), else the host."""
     kind = role.runtime or spec.runtime or RuntimeKind.HOST
     if role.image is None:
         return RuntimeKind.HOST
     if kind == RuntimeKind.AUTO:
-        kind = server_default() or (RuntimeKind.CONTAINER if role.command is None or unavailable() == ""
-                                    else RuntimeKind.HOST)
+        present = backend_runs_containers and unavailable() == ""
+        kind = server_default() or (RuntimeKind.CONTAINER if role.command is None or present else RuntimeKind.HOST)
     return kind
 
 
-def runs_in_container(spec: JobSpec, role: Role) -> bool:
-    return resolved_runtime(spec, role) == RuntimeKind.CONTAINER
+def runs_in_container(spec: JobSpec, role: Role, backend_runs_containers: bool = True) -> bool:
+    return resolved_runtime(spec, role, backend_runs_containers) == RuntimeKind.CONTAINER
 
 
-def container_problems(job: Job) -> list[str]:
-    """``spec.roles[i] (name): why`` for each role this machine cannot run as asked: one that
-    runs in a container where no runtime is, or one that runs on the host with no command."""
+def container_problems(job: Job, backend: str = "local") -> list[str]:
+    """``spec.roles[i] (name): why`` for each role this machine (and ``backend``) cannot run
+    as asked: one that runs in a container where no runtime is (or on a backend whose agents
+    do not run containers), or one that runs on the host with no command."""
     problems = []
+    backend_runs = backend in CONTAINER_BACKENDS
     for i, role in enumerate(job.spec.roles):
         where = f"spec.roles[{i}] ({role.name})"
-        if runs_in_container(job.spec, role):
-            why = unavailable()
+        if runs_in_container(job.spec, role, backend_runs):
+            why = unavailable() if backend_runs else (
+                f"the {backend} backend does not run containers yet (the local backend does); "
+                "run it with --backend local, or on the host with 'runtime: host' and a command")
             if why:
                 what = ("runs in a container" if role.command is not None
                         else "gives no command, so it runs its image's entry point in a container")

@@ -451,7 +451,8 @@ class Controller:
         files = InstanceFiles(run_dir / "instances" / inst.label)
         log_path = str(run_dir / "logs" / f"{inst.label}.log")
         inst.attempt += 1
-        launch = launch_spec(job, spec, inst, placement, environ, self.db_url, log_path, str(files.dir))
+        launch = launch_spec(job, spec, inst, placement, environ, self.db_url, log_path, str(files.dir),
+                             containers=self.backend.runs_containers)
         depends = launch.depends
         if self.backend.needs_launch_file:
             # the previous attempt's records go before the intent is committed: after a crash, an

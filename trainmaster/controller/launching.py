@@ -31,12 +31,13 @@ def instance_id(job: JobRow, inst: InstanceRow) -> str:
 
 
 def launch_spec(job: JobRow, spec: Job, inst: InstanceRow, placement: Placement, environ: dict[str, str],
-                db_url: str, log_path: str, instance_dir: str) -> LaunchSpec:
+                db_url: str, log_path: str, instance_dir: str, containers: bool = False) -> LaunchSpec:
     """The typed launch of ``inst``'s current attempt.
 
     ``environ`` is the controller's environment, which the instance inherits. Without
     dependencies the environment is resolved here, in full; with them the wait step resolves it
-    with the same function once it knows the addresses it waited for (``env_inputs``)."""
+    with the same function once it knows the addresses it waited for (``env_inputs``).
+    ``containers``: the backend's agents run containers (else every role runs on the host)."""
     role = spec.spec.role(inst.role)
     context: dict[str, Any] = {
         "job_name": job.name, "role": role.name, "index": inst.index, "replicas": role.replicas,
@@ -48,7 +49,7 @@ def launch_spec(job: JobRow, spec: Job, inst: InstanceRow, placement: Placement,
     inputs = {"framework": spec.spec.framework, "context": context, "role_env": dict(role.env)}
     depends = [Dependency(d.role, d.condition.value, d.timeout_seconds, spec.spec.role(d.role).replicas)
                for d in role.depends_on]
-    container = container_launch(job.run_dir, role) if runs_in_container(spec.spec, role) else None
+    container = container_launch(job.run_dir, role) if containers and runs_in_container(spec.spec, role) else None
     if container is not None:  # the container's environment is its image's plus the instance's, never the host's
         environ = {}
     env = environ if depends else instance_environment({**inputs, "env": environ}, {})
