@@ -19,7 +19,7 @@ from trainmaster.spec.paths import in_job_folder, job_working_dir
 
 
 SERVER_DEFAULT_VARIABLE = "TRAINMASTER_RUNTIME"
-CONTAINER_BACKENDS = ("local",)  # whose node agents run LaunchSpec.container
+CONTAINER_BACKENDS = ("local", "ray")  # whose node agents run LaunchSpec.container
 
 
 def server_default() -> RuntimeKind | None:
