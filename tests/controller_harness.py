@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from trainmaster.api import Trainmaster
 from trainmaster.backends.local import LocalBackend
 from trainmaster.controller import Controller
 from trainmaster.spec import load_document
@@ -36,10 +37,12 @@ class Harness:
         self.backend = backend or LocalBackend()
         self.controller = Controller(self.sessions, self.backend, self.url, interval=0.1, grace=2.0,
                                      runs_dir=tmp_path / "runs")
+        self.jobs = Trainmaster(self.sessions, self.url)
 
     def submit(self, doc: dict[str, Any] | str) -> int:
+        """Through the facade, as the CLI and the server submit (names need not be unique here)."""
         raw = yaml.safe_load(doc) if isinstance(doc, str) else doc
-        return self.controller.submit(load_document(raw))
+        return self.jobs.submit(load_document(raw), self.controller, unique_name=False).id
 
     def run(self, doc: dict[str, Any] | str) -> tuple[str, dict[str, Any]]:
         job_id = self.submit(doc)

@@ -152,3 +152,25 @@ def test_a_log_larger_than_one_chunk_is_read_whole(facade: Trainmaster) -> None:
         numbers = [line for line in lines if line.isdigit()]  # the agent's attempt header aside
         assert numbers == [f"{i:09d}" for i in range(20000)]
     assert facade.tail("big", "w", 0, lines=1) == "000019999\n"
+
+
+def test_submit_is_the_one_way_in_names_unique_among_active_jobs(facade: Trainmaster, harness: Harness) -> None:
+    """``Trainmaster.submit``: the REST API, the dashboard, ``run`` and the tests all queue a job
+    here. With unique names (the server's), a second active job of a name is a NameTaken
+    conflict (HTTP 409) until the first has ended; ``load`` refuses a job that names another
+    backend than the controller's, with the field path."""
+    from trainmaster.api import NameTaken
+
+    doc = job("only", [{"name": "w", "command": py("pass")}])
+    first = facade.submit(facade.load(doc, harness.backend.name), harness.controller)
+    assert (first.name, first.state) == ("only", "pending")
+    with pytest.raises(NameTaken, match="still active"):
+        facade.submit(facade.load(doc, harness.backend.name), harness.controller)
+    assert harness.controller.run_job(first.id) == "succeeded"
+    second = facade.submit(facade.load(doc, harness.backend.name), harness.controller)
+    twin = facade.submit(load_document(doc), harness.controller, unique_name=False)
+    assert len({first.id, second.id, twin.id}) == 3
+    other = {**doc, "spec": {**doc["spec"], "scheduling": {"backend": "ray"}}}
+    with pytest.raises(UserError) as refused:
+        facade.load(other, "local")
+    assert any(d.startswith("spec.scheduling.backend:") for d in refused.value.details)

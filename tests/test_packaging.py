@@ -58,3 +58,29 @@ def test_core_install_in_a_clean_venv(tmp_path: Path) -> None:
     needs = run([trainmaster, "partition", str(graph), "-k", "2", "--method", "metis"], env=env, cwd=tmp_path)
     assert needs.returncode == 2 and "trainmaster[partition]" in needs.stderr, needs.stderr
     assert "Traceback" not in needs.stderr
+
+
+def test_sdist_and_wheel_build_with_pypa_build(tmp_path: Path) -> None:
+    """`python -m build` (what a release runs) makes both; the sdist carries what the wheel is built
+    from: the dashboard's templates and assets, the store's migrations, the README it describes."""
+    import tarfile
+    import zipfile
+
+    pytest.importorskip("build", reason="pypa's build is in the test extra: pip install -e '.[test]'")
+    out = tmp_path / "dist"
+    built = run([sys.executable, "-m", "build", "--sdist", "--wheel", "--no-isolation", "--outdir", str(out),
+                 str(ROOT)])
+    assert built.returncode == 0, (built.stdout + built.stderr)[-3000:]
+    sdist = next(out.glob("trainmaster-*.tar.gz"))
+    wheel = next(out.glob("trainmaster-*.whl"))
+    with tarfile.open(sdist) as archive:
+        in_sdist = archive.getnames()
+    with zipfile.ZipFile(wheel) as archive:
+        in_wheel = archive.namelist()
+    for part in ("README.md", "pyproject.toml", "trainmaster/store/migrations/versions/",
+                 "trainmaster/service/dashboard/templates/", "trainmaster/service/dashboard/static/"):
+        assert any(part in name for name in in_sdist), f"{part} missing from the sdist"
+    for part in ("trainmaster/store/migrations/versions/", "trainmaster/service/dashboard/templates/",
+                 "trainmaster/service/dashboard/static/"):
+        assert any(name.startswith(part) for name in in_wheel), f"{part} missing from the wheel"
+    assert "SetuptoolsDeprecationWarning" not in built.stdout + built.stderr  # e.g. the old license table

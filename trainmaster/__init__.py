@@ -8,3 +8,10 @@ def report(**kwargs):  # type: ignore[no-untyped-def]
     from trainmaster.runtime.report import report as _report
 
     return _report(**kwargs)
+
+
+def publish(kind, record):  # type: ignore[no-untyped-def]
+    """Publish a capability's record for the dashboard; see :func:`trainmaster.runtime.views.publish`."""
+    from trainmaster.runtime.views import publish as _publish
+
+    return _publish(kind, record)

@@ -13,19 +13,21 @@ dashboard and API clients share); every other result is a small dataclass.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from trainmaster.backends.base import Backend
 from trainmaster.controller import Controller
-from trainmaster.errors import UserError
-from trainmaster.spec.load import LoadedJob
-from trainmaster.spec.states import INSTANCE_TERMINAL
+from trainmaster.errors import JobConflict, UserError
+from trainmaster.spec.load import LoadedJob, LoadOptions, load_document
+from trainmaster.spec.states import INSTANCE_TERMINAL, JOB_TERMINAL
 from trainmaster.store import repository as repo
 from trainmaster.store.db import default_url, make_engine, session_factory, sqlite_path
 from trainmaster.store.models import InstanceRow, JobRow
@@ -39,8 +41,12 @@ class JobNotFound(UserError):
     """No job (or no instance, or no log yet) answers the reference (HTTP 404)."""
 
 
-class JobConflict(UserError):
-    """The job's state forbids the verb, e.g. deleting a job that still runs (HTTP 409)."""
+class NameTaken(JobConflict):
+    """A job of that name is still active, and the submitter wants names unique (HTTP 409)."""
+
+
+class StoreMissing(UserError):
+    """A verb that only looks at jobs was pointed at a SQLite store that does not exist yet."""
 
 
 class WaitTimedOut(UserError):
@@ -133,6 +139,7 @@ class Trainmaster:
     def __init__(self, sessions: sessionmaker[Session], url: str):
         self.sessions = sessions
         self.url = url
+        self._submitting = threading.Lock()  # a name check and its insert are one step
 
     @classmethod
     def open(cls, url: str | None = None, existing: bool = False) -> Trainmaster:
@@ -142,7 +149,7 @@ class Trainmaster:
         url = url or default_url()
         path = sqlite_path(url)
         if existing and path is not None and not path.exists():
-            raise UserError(f"no store at {path}: no job has run with this Trainmaster home yet. Run one with "
+            raise StoreMissing(f"no store at {path}: no job has run with this Trainmaster home yet. Run one with "
                             "`trainmaster job run FILE`, give the store with --db / TRAINMASTER_DB or the home with "
                             "--home / TRAINMASTER_HOME, or ask a server with --server URL")
         return cls(session_factory(make_engine(url)), url)
@@ -293,6 +300,39 @@ class Trainmaster:
             session.commit()
             return found
 
+    # ---- submitting ----------------------------------------------------------------------------
+    @staticmethod
+    def load(document: dict[str, Any], backend: str, options: LoadOptions | None = None,
+             source: str = "submitted job") -> LoadedJob:
+        """Validate a job document as a controller on ``backend`` will run it; a
+        :class:`UserError` lists every problem with its field path (the job's own
+        ``spec.scheduling.backend`` must be that backend)."""
+        loaded = load_document(document, source=source, options=options or LoadOptions())
+        wanted = loaded.job.spec.scheduling.backend
+        if wanted is not None and wanted.value != backend:
+            raise UserError(f"{source} is not a valid job (1 problem(s))", [
+                f"spec.scheduling.backend: this server runs its instances on '{backend}', not "
+                f"'{wanted.value}'; remove the field or submit to a server started with --backend {wanted.value}"])
+        return loaded
+
+    def submit(self, loaded: LoadedJob, controller: Controller, unique_name: bool = True) -> JobRef:
+        """Queue ``loaded`` for ``controller`` (the server's, or the embedded one of ``run``),
+        which owns and reconciles it. With ``unique_name`` (the REST API and the dashboard),
+        :class:`NameTaken` while a job of its name is active: the check and the insert are one
+        step in this process. The one way a job enters the store: the CLI, the server and the
+        tests all come here."""
+        name = loaded.job.name
+        with self._submitting:
+            if unique_name:
+                with self.sessions() as session:
+                    live = session.scalars(select(JobRow.id).where(
+                        JobRow.name == name, JobRow.state.not_in([s.value for s in JOB_TERMINAL])).limit(1)).first()
+                if live is not None:
+                    raise NameTaken(f"a job named {name} is still active (id {live}); names are unique "
+                                    "among active jobs: choose another name, or cancel that job first")
+            job_id = controller.submit(loaded)
+        return JobRef(job_id, name, "pending")
+
     # ---- running here --------------------------------------------------------------------------
     def controller(self, options: RunOptions, owner: str) -> Controller:
         """An embedded controller over this store reconciling ``owner``'s jobs."""
@@ -310,7 +350,7 @@ class Trainmaster:
         if problems:
             raise UserError(f"{loaded.source}: {len(problems)} role(s) cannot run on this machine", problems)
         controller = self.controller(options, run_owner())
-        job_id = controller.submit(loaded)
+        job_id = self.submit(loaded, controller, unique_name=False).id
         return self._drive(controller, job_id, on_tick, should_cancel)
 
     def resume(self, ref: str | int, options: RunOptions, on_tick: Callable[[int], None] | None = None,
@@ -320,21 +360,15 @@ class Trainmaster:
         is ignored: the job keeps the backend it started on."""
         from dataclasses import replace
 
-        from trainmaster.store.ownership import owner_alive, run_owner, run_pid
+        from trainmaster.store.ownership import run_owner, run_pid, why_not_resumable
 
         me = run_owner()
         with self.sessions() as session:
             row = self._find(session, ref)
-            what = f"job {row.name} (id {row.id})"
-            if repo.is_terminal(row.state):
-                raise UserError(f"{what} has already ended ({row.state}); nothing to resume")
-            alive = owner_alive(row.owner)
-            if alive is None:
-                raise UserError(f"{what} belongs to the controller service; it carries on when `trainmaster server` "
-                                "runs (use `trainmaster status` / `cancel`)")
-            if alive:
-                raise UserError(f"{what} is still run by `trainmaster run` (pid {run_pid(row.owner)}); stop that "
-                                "command (Ctrl-C cancels the job) or let it finish")
+            what = f"job {row.name} (id {row.id}, {row.state})"
+            refusal = why_not_resumable(repo.is_terminal(row.state), row.owner, what)
+            if refusal:
+                raise UserError(refusal)
             if not repo.take_over(session, row.id, row.owner, me):
                 raise UserError(f"{what} was just taken over by another command; try again to see by whom")
             repo.add_event(session, row.id, "job", "Resumed", f"taken over by `trainmaster resume` (pid {run_pid(me)})")

@@ -21,3 +21,7 @@ class UserError(Exception):
         if not self.details:
             return self.message
         return self.message + "\n" + "\n".join(f"  - {d}" for d in self.details)
+
+
+class JobConflict(UserError):
+    """The job's state forbids the verb, e.g. deleting a job that still runs (HTTP 409)."""

@@ -65,6 +65,11 @@ def test_ina_digits_matches_gloo_accuracy(tmp_path: Path) -> None:
     assert ina["transport"] == "aggregation fabric" and ina["world_size"] == 4
     gloo = _gloo_baseline(tmp_path, 4)
     assert abs(ina["test_accuracy"] - gloo) <= 0.01, (ina["test_accuracy"], gloo)
+    from trainmaster.service.dashboard.capability import capability_views  # the dashboard's counters view
+
+    view = next(v for v in capability_views(tmp_path / "out") if v.kind == "aggregation.counters")
+    assert {row[0] for row in view.table} >= {"parameter node", "forwarding node 0"}
+    assert any(row[1] == "verified" and float(row[2]) > 0 for row in view.table), view.table
 
 
 @pytest.mark.timeout(300)

@@ -1,8 +1,12 @@
 """Mechanism: the instance-level backend interface (create/place, start, poll, stop, address,
-adopt), the same behavioural suite for every backend, local and Ray (controller spec, 'Our product
+adopt), the same behavioural suite for every backend, local, testbed (a node agent per
+network-namespace host) and Ray (controller spec, 'Our product
 decisions'). The Ray backend joins one local Ray cluster per test session (started on first use)."""
 
 import json
+import os
+import secrets
+import shutil
 import time
 from pathlib import Path
 
@@ -12,6 +16,8 @@ from controller_harness import PY, RAY_NODE_IP, pids_alive
 from trainmaster.agent.contract import LaunchSpec
 from trainmaster.backends.base import Backend, LaunchRequest, Phase, StartFailure
 from trainmaster.backends.local import LocalBackend
+from trainmaster.backends.testbed import TestbedBackend
+from trainmaster.testbed import Testbed, TestbedOptions, remove
 from trainmaster.runtime.files import InstanceFiles
 
 
@@ -22,16 +28,50 @@ def ray_backend() -> Backend:
     return RayBackend(node_ip=RAY_NODE_IP)  # the first one starts the session's local cluster
 
 
+class SuiteTestbedBackend(TestbedBackend):
+    """The testbed backend over the testbed ``$TRAINMASTER_TESTBED`` names, built with no
+    arguments as a new controller would build it (the suite's ``type(backend)()``)."""
+
+    def __init__(self) -> None:
+        super().__init__(Testbed.load(os.environ["TRAINMASTER_TESTBED"]))
+
+
+def make_testbed_backend() -> Backend:
+    """A 2-host testbed of the test's own (removed by the fixture, even when the test fails);
+    every instance runs through its host's node agent."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("the testbed backend needs root and iproute2 (network namespaces)")
+    prefix = f"s{secrets.token_hex(3)}"
+    os.environ["TRAINMASTER_TESTBED"] = prefix
+    try:
+        Testbed.up(TestbedOptions(prefix=prefix, hosts=2, link_rate=None))
+    except Exception as exc:  # a machine whose kernel refuses namespaces
+        remove(prefix)
+        pytest.skip(f"network namespaces cannot be created here: {exc}")
+    return SuiteTestbedBackend()
+
+
 def backends() -> list:
     return [pytest.param(LocalBackend, id="local"),
+            pytest.param(make_testbed_backend, id="testbed"),
             pytest.param(ray_backend, id="ray", marks=[pytest.mark.ray, pytest.mark.timeout(120)])]
 
 
 @pytest.fixture(params=backends())
-def backend(request) -> Backend:
-    b = request.param()
-    yield b
-    b.close()
+def backend(request, monkeypatch) -> Backend:
+    monkeypatch.delenv("TRAINMASTER_TESTBED", raising=False)  # restored (or removed) afterwards
+    try:
+        b = request.param()
+    except BaseException:
+        if "TRAINMASTER_TESTBED" in os.environ:
+            remove(os.environ["TRAINMASTER_TESTBED"])
+        raise
+    try:
+        yield b
+    finally:
+        b.close()
+        if isinstance(b, TestbedBackend):
+            remove(b.testbed.options.prefix)
 
 
 def launch(backend: Backend, tmp_path: Path, code: str, name: str = "r", ports: int = 1) -> dict:
@@ -85,7 +125,7 @@ def test_exit_codes_are_observed(backend: Backend, tmp_path: Path) -> None:
 
 def test_placement_reserves_distinct_ports(backend: Backend) -> None:
     placements = [backend.place(3, {}) for _ in range(10)]
-    ports = [p for pl in placements for p in pl.ports]
+    ports = [(pl.host, p) for pl in placements for p in pl.ports]  # a port is taken on one host
     assert len(ports) == len(set(ports)) == 30
     assert placements[0].address == f"{placements[0].host}:{placements[0].ports[0]}"
 
@@ -141,7 +181,7 @@ def test_find_locates_a_live_instance_by_its_folder(backend: Backend, tmp_path: 
     handle = launch(backend, tmp_path, "import time; time.sleep(30)", "found")
     wait_phase(backend, handle, {Phase.RUNNING})
     successor = type(backend)()
-    if backend.name == "local":
+    if backend.name in ("local", "testbed"):
         found = successor.handle_of(handle["instance_id"])
         assert found is not None and found["pid"] == handle["pid"]
         assert successor.handle_of(f"{tmp_path.name}/never-started/1") is None

@@ -188,6 +188,62 @@ def test_instance_whose_node_agent_is_killed_is_replaced_and_its_process_tree_ki
     status = step_until(ray_harness, job_id, lambda s: s["state"] == "cancelled")
 
 
+def test_an_attempt_that_ended_before_its_handle_was_saved_runs_once_after_a_controller_crash(
+        tmp_path: Path, ray_backend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Crash safety on Ray: the controller dies after its node agent started the attempts but
+    before it saved their handles, and the attempts run to completion while no controller
+    watches. The new controller asks the node agents for each attempt by its instance id
+    (``handle_of``: the agent's journal is keyed by it, attempt included), learns each exit, and
+    applies the restart policy to it: nothing runs a second time, nothing is NotStarted."""
+    from trainmaster.backends.base import Phase
+    from trainmaster.backends.ray import RayBackend
+    from trainmaster.controller.launching import instance_id
+    from trainmaster.store import repository as repo
+
+    class ControllerCrash(Exception):
+        """Stands for the controller process dying at that point."""
+
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    first = Harness(tmp_path, backend=ray_backend)
+    job_id = first.submit(job("once", [{
+        "name": "worker", "replicas": 2, "command": ["/bin/sh", "-c", f"mktemp -p {markers}"],
+        "restartPolicy": {"policy": "OnFailure", "maxRestarts": 3}}]))
+    spawn = ray_backend.start_all
+
+    def start_then_crash(requests):  # type: ignore[no-untyped-def]
+        list(spawn(requests))  # every attempt is sent to its node's agent...
+        raise ControllerCrash  # ...and the controller dies before recording one
+
+    monkeypatch.setattr(ray_backend, "start_all", start_then_crash)
+    with pytest.raises(ControllerCrash):
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # passes until Ray has placed the gang and it starts
+            first.controller.step()
+            time.sleep(0.1)
+    monkeypatch.undo()
+    ray_backend.release_gang(job_id)  # what the dead controller's driver held goes with it
+    with first.sessions() as session:
+        row = repo.load_job(session, job_id)
+        ids = [instance_id(row, inst) for inst in row.instances]
+    assert len(ids) == 2
+    watcher = RayBackend(node_ip=RAY_NODE_IP)  # a bystander: the attempts end unwatched
+    deadline = time.monotonic() + 60
+    while True:
+        found = [watcher.handle_of(i) for i in ids]
+        if all(h is not None and watcher.poll(h).phase == Phase.EXITED for h in found):
+            break
+        assert time.monotonic() < deadline, f"the attempts did not end: {found}"
+        time.sleep(0.2)
+    assert watcher.handle_of(ids[0].rsplit("/", 1)[0] + "/9") is None  # an attempt never started
+    second = Harness(tmp_path, backend=RayBackend(node_ip=RAY_NODE_IP))
+    second.controller.recover()
+    assert second.controller.run_job(job_id) == "succeeded"
+    assert len(list(markers.iterdir())) == 2
+    events_seen = [e["reason"] for e in second.status(job_id)["events"]]
+    assert "NotStarted" not in events_seen and "Adopted" not in events_seen, events_seen
+
+
 def test_trainmaster_run_backend_ray(tmp_path: Path) -> None:
     """The CLI path: ``trainmaster run --backend ray`` starts its own local cluster and succeeds."""
     spec = tmp_path / "svc.yaml"

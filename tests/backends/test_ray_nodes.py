@@ -271,3 +271,28 @@ def test_instances_of_a_lost_node_wait_for_room_and_run_on_a_node_that_joins(
             assert inst["address"].split(":")[0] == newcomer.node_ip_address and inst["restarts"] == 1
     harness.controller.cancel(job_id)
     step_until(harness, job_id, lambda s: s["state"] == "cancelled")
+
+
+def test_a_killed_nodes_raylet_refusing_connections_is_proof_of_loss_and_silence_is_not() -> None:
+    """Node loss noticed before Ray's health checks conclude: when a node's agent does not answer
+    an observe, the controller probes the node's raylet port. A refused connection (nothing
+    listens: the node's Ray processes are gone) proves the node lost; a listening raylet, or a
+    probe that times out (a slow or partitioned node), proves nothing."""
+    import socket
+    from types import SimpleNamespace
+
+    from trainmaster.backends.ray import RayBackend
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        alive_port = listening.getsockname()[1]
+        with socket.socket() as closed:
+            closed.bind(("127.0.0.1", 0))
+            dead_port = closed.getsockname()[1]  # bound, never listening: connections are refused
+            view = SimpleNamespace(_raylets={"alive": ("127.0.0.1", alive_port), "dead": ("127.0.0.1", dead_port),
+                                             "silent": ("10.255.255.1", 9)})
+            assert RayBackend._raylet_gone(view, "alive") is False  # type: ignore[arg-type]
+            assert RayBackend._raylet_gone(view, "dead") is True  # type: ignore[arg-type]
+            assert RayBackend._raylet_gone(view, "silent") is False  # type: ignore[arg-type]
+            assert RayBackend._raylet_gone(view, "unknown") is False  # type: ignore[arg-type]

@@ -37,3 +37,7 @@ def test_crosssilo_example_matches_pooled_computation(tmp_path: Path) -> None:
     assert report["model"]["within_tolerance"]
     parties = sorted(p.name for p in (tmp_path / "out" / "crosssilo" / "data").iterdir())
     assert parties == ["p0", "p1", "p2"]  # each party replica wrote only its own data directory
+    from trainmaster.service.dashboard.capability import capability_views  # the dashboard's gateway view
+
+    view = next(v for v in capability_views(tmp_path / "out") if v.kind == "gateway.task")
+    assert {row[2] for row in view.table} == {"p0", "p1", "p2"} and {row[4] for row in view.table} == {"result"}

@@ -151,8 +151,9 @@ def test_trainmaster_trades_makespan_for_critical_cut_and_beats_plain_metis():
     the least overloaded candidates no slower than METIS's own partition (one of them); the
     descent after it only lowers the makespan and never raises the critical cut. Where the
     low-cut start was taken instead, it cuts less than METIS and is no slower."""
-    from trainmaster.partition.methods import CUT_PENALTY
+    from trainmaster.partition.methods import PartitionOptions
 
+    CUT_PENALTY = PartitionOptions().cut_penalty
     low_cut = 0
     for seed in range(4):
         g = random_dag(seed, 80)
@@ -238,7 +239,12 @@ def test_critical_path_pins_cut_the_path_only_at_its_cheapest_edge():
 def test_final_choice_least_overload_not_slower_than_metis_then_makespan_plus_cut():
     """Mechanism: the final choice ranks overload first, never takes a candidate slower than
     METIS's own partition, then trades makespan against CUT_PENALTY x critical cut cost."""
-    from trainmaster.partition.methods import CUT_PENALTY, _choose
+    from trainmaster.partition.methods import Candidate, PartitionOptions, _choose
+
+    CUT_PENALTY = PartitionOptions().cut_penalty
+
+    def choose(scored):
+        return _choose(g, [Candidate(*s) for s in scored], guarded, CUT_PENALTY).name
 
     g = build_graph([0, 1, 2], [1.0, 1.0, 1.0], [0, 1], [1, 2], [4.0, 2.0])
     guarded = g.edge_cost.copy()  # both edges critical
@@ -249,48 +255,51 @@ def test_final_choice_least_overload_not_slower_than_metis_then_makespan_plus_cu
     scored = [(0.0, 10.0 + 6.0 * CUT_PENALTY, "metis-plain", a_both),
               (0.0, 9.0, "list", a_costly), (0.0, slow, "cpop", a_cheap),
               (0.5, 1.0, "over", a_cheap)]
-    assert _choose(g, scored, guarded)[2] == "list"
+    assert choose(scored) == "list"
     # ... and a cheap cut beats a costly one that is faster by less than the penalty difference
     scored[2] = (0.0, slow - 1.0, "cpop", a_cheap)
-    assert _choose(g, scored, guarded)[2] == "cpop"
+    assert choose(scored) == "cpop"
     # a candidate slower than METIS's partition is never chosen, however cheap its cut
     scored = [(0.0, 10.0, "metis-plain", a_both), (0.0, 10.5, "cpop", np.zeros(3, np.int64))]
-    assert _choose(g, scored, guarded)[2] == "metis-plain"
+    assert choose(scored) == "metis-plain"
     # equal makespan: the cheaper critical cut wins
     scored = [(0.0, 10.0, "metis-plain", a_both), (0.0, 10.0, "cpop", a_cheap)]
-    assert _choose(g, scored, guarded)[2] == "cpop"
+    assert choose(scored) == "cpop"
     # overload first
     scored = [(0.1, 1.0, "metis-plain", a_both), (0.0, 50.0, "packed+fm", a_cheap)]
-    assert _choose(g, scored, guarded)[2] == "packed+fm"
+    assert choose(scored) == "packed+fm"
 
 
 def test_low_cut_start_is_the_fastest_candidate_cutting_less_than_metis():
     """Mechanism (final choice, critical cut): where the chosen partition cuts no less static
     critical cost than METIS's own, the fastest candidate within the caps that cuts less is
     descended too; none when the chosen one already cuts less, or no candidate does."""
-    from trainmaster.partition.methods import _low_cut_start
+    from trainmaster.partition.methods import Candidate, _low_cut_start
 
     cuts = {"metis-plain": 3.0, "list": 5.0, "cpop": 1.0, "acyclic": 2.0, "over": 0.0}
 
-    def cut_of(s):
-        return cuts[s[2]]
+    def cut_of(c):
+        return cuts[c.name]
 
-    scored = [(0.0, 10.0, "metis-plain", None), (0.0, 8.0, "list", None),
-              (0.0, 12.0, "cpop", None), (0.0, 11.0, "acyclic", None), (0.2, 1.0, "over", None)]
+    none = np.zeros(0, dtype=np.int64)
+    scored = [Candidate(0.0, 10.0, "metis-plain", none), Candidate(0.0, 8.0, "list", none),
+              Candidate(0.0, 12.0, "cpop", none), Candidate(0.0, 11.0, "acyclic", none),
+              Candidate(0.2, 1.0, "over", none)]
     metis = scored[:1]
-    assert _low_cut_start(scored, cut_of, metis, chosen_cut=5.0)[2] == "acyclic"
+    low = _low_cut_start(scored, cut_of, metis, chosen_cut=5.0)
+    assert low is not None and low.name == "acyclic"
     assert _low_cut_start(scored, cut_of, metis, chosen_cut=2.5) is None  # already below METIS
     assert _low_cut_start(scored[:2], cut_of, metis, chosen_cut=5.0) is None  # nothing cuts less
     assert _low_cut_start(scored[1:], cut_of, [], chosen_cut=5.0) is None  # METIS not run
 
 
 @pytest.mark.parametrize("family,seed,k", [("series_parallel", 2, 2), ("transformer", 1, 4)])
-def test_low_cut_choice_cuts_less_than_metis_and_is_no_slower(family, seed, k, monkeypatch):
+def test_low_cut_choice_cuts_less_than_metis_and_is_no_slower(family, seed, k):
     """Mechanism (final choice, critical cut): on these synthetic DAGs the makespan-first choice
     cut more static critical cost than METIS's partition; the low-cut start's descent is taken
-    instead: it cuts less than METIS, is no slower than METIS, and within CUT_SLACK of the
-    makespan-first choice (checked with the slack set to 0: that choice is then kept)."""
-    from trainmaster.partition import methods
+    instead: it cuts less than METIS, is no slower than METIS, and within cut_slack of the
+    makespan-first choice (checked with the slack set below 0: that choice is then kept)."""
+    from trainmaster.partition.methods import PartitionOptions
     from trainmaster.partition.synthetic import synthetic_dag
 
     g = synthetic_dag(family, 300, seed)
@@ -299,9 +308,8 @@ def test_low_cut_choice_cuts_less_than_metis_and_is_no_slower(family, seed, k, m
     assert ours.notes["chosen"].endswith("+low-cut")
     assert eo["critical_cut_cost"] < em["critical_cut_cost"]
     assert eo["makespan"] <= em["makespan"] + 1e-9
-    slack = methods.CUT_SLACK
-    monkeypatch.setattr(methods, "CUT_SLACK", -1.0)  # never within: the first choice stays
-    first = partition(g, k)
+    slack = PartitionOptions().cut_slack
+    first = partition(g, k, options=PartitionOptions(cut_slack=-1.0))  # the first choice stays
     assert not first.notes["chosen"].endswith("+low-cut")
     ef = evaluate(g, first.assignment, k)
     assert ef["critical_cut_cost"] >= em["critical_cut_cost"]
@@ -373,10 +381,10 @@ def test_refine_skips_fm_when_rebalancing_cannot_meet_the_caps(monkeypatch):
     calls = _count_calls(monkeypatch, methods, "fm_refine")
     start = np.zeros(g.n, dtype=np.int64)
     heaviest = float(g.cost.max())
-    out = methods._refine(g, base, start, 4, heaviest * 0.99, float("inf"), crit, 0.0)
+    out = methods._refine(g, base, start, 4, heaviest * 0.99, float("inf"), crit, 0.0, 4.0)
     assert calls == [] and np.bincount(out, minlength=4).min() > 0  # rebalanced, no FM
     cap = load_cap(g, 2, 0.05, base)
-    out = methods._refine(g, base, np.arange(g.n) % 2, 2, cap, float("inf"), crit, 0.0)
+    out = methods._refine(g, base, np.arange(g.n) % 2, 2, cap, float("inf"), crit, 0.0, 4.0)
     assert calls == [1]
     assert np.bincount(out, weights=g.cost, minlength=2).max() <= cap * (1 + 1e-9)
 

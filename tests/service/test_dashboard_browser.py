@@ -28,6 +28,7 @@ if not (CHROMEDRIVER and CHROMIUM):
     pytest.skip("Chromium and chromedriver are not installed (Debian: apt-get install chromium chromium-driver; "
                 "`make test` installs them)", allow_module_level=True)
 
+from orphans import orphan_a_run  # noqa: E402
 from server_process import ServerProcess as Server  # noqa: E402
 from selenium import webdriver  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
@@ -37,6 +38,17 @@ from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 SHOTS = os.environ.get("TM_DASHBOARD_SCREENSHOTS")
 WAIT = 30  # seconds any page condition may take on a loaded 2-core machine
+
+
+def _click(driver: webdriver.Chrome, element_id: str) -> bool:
+    """Click the element now carrying ``element_id``; False (try again) if it was just replaced."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+
+    try:
+        driver.find_element(By.ID, element_id).click()
+        return True
+    except (StaleElementReferenceException, NoSuchElementException):
+        return False
 
 
 def ticking_job(name: str, ticks: int = 400) -> dict:
@@ -145,6 +157,68 @@ def test_submit_shows_each_error_next_to_its_field(server: Server, browser: webd
     browser.find_element(By.ID, "submit").click()
     wait_for(browser, EC.url_contains("/jobs/"), "the new job's page after submitting")
     wait_for(browser, EC.text_to_be_present_in_element((By.TAG_NAME, "h1"), "fromform"), "the submitted job's page")
+
+
+def test_resume_an_orphaned_job_from_its_page(tmp_path: Path, browser: webdriver.Chrome) -> None:
+    """A job whose `trainmaster run` was killed -9 shows that nobody runs it and a Resume action;
+    resuming from the page makes the service finish it, each instance having run once."""
+    marks, env = orphan_a_run(tmp_path, "orphan-ui", seconds=15)
+    server = Server(tmp_path, db=env["TRAINMASTER_DB"], home=Path(env["TRAINMASTER_HOME"]))
+    try:
+        job_id = httpx.get(f"{server.url}/api/v1/jobs/orphan-ui", timeout=10).json()["id"]
+        browser.get(f"{server.url}/jobs/{job_id}")
+        wait_for(browser, EC.element_to_be_clickable((By.ID, "resume")), "the Resume action")
+        assert "nobody runs this job" in browser.find_element(By.CLASS_NAME, "actions").text
+        shot(browser, "job-orphaned")
+        # the summary is re-rendered on every store change: click the button as it is now
+        wait_for(browser, lambda d: _click(d, "resume"), "a click on the current Resume button")
+        wait_for(browser, EC.alert_is_present(), "the resume confirmation")
+        browser.switch_to.alert.accept()
+        wait_for(browser, lambda d: not d.find_elements(By.ID, "resume"), "the Resume action to go once resumed")
+        WebDriverWait(browser, 90, poll_frequency=0.5).until(
+            EC.text_to_be_present_in_element((By.ID, "job-state"), "succeeded"),
+            message="waited 90s for the resumed job to succeed")
+        assert len(list(marks.iterdir())) == 2  # neither instance ran a second time
+    finally:
+        server.stop()
+
+
+PUBLISHER = """
+import time, trainmaster
+nodes = [{"id": f"op{i}", "device": i % 3, "critical": i % 4 == 0} for i in range(12)]
+edges = [{"src": f"op{i}", "dst": f"op{i + 1}", "critical": i % 4 == 0} for i in range(11)]
+trainmaster.publish("partition.plan", {"method": "trainmaster", "devices": 3, "nodes": nodes, "edges": edges})
+for r in range(60):
+    trainmaster.publish("flsched.round", {"round": r, "assignment": {"digits": [r % 8, (r + 3) % 8], "wine": [(r + 5) % 8]},
+                                          "accuracy": {"digits": min(0.95, 0.3 + r / 30), "wine": min(0.9, 0.2 + r / 40)}})
+    trainmaster.publish("aggregation.counters", {"time": time.time(), "node": "parameter node", "verified": 10 * r,
+                                                 "overflow_fallbacks": r // 7, "slots_in_use": 4 + r % 3})
+    trainmaster.publish("gateway.task", {"task": f"t{r // 10}", "legs": [
+        {"data_id": "m_a", "party": "a", "rule": "summary_stats", "outcome": "result"},
+        {"data_id": "m_b", "party": "b", "rule": "summary_stats", "outcome": "result" if r % 10 > 2 else "running"}]})
+    time.sleep(0.5)
+"""
+
+
+def test_capability_views_draw_what_roles_publish(server: Server, browser: webdriver.Chrome) -> None:
+    """A job's page draws what its roles publish: the federated schedule grid, aggregation counter
+    charts, the partition graph and the gateway's legs, and keeps drawing new rounds."""
+    job = {"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": {"name": "capabilities"},
+           "spec": {"framework": "command",
+                    "roles": [{"name": "main", "replicas": 1, "command": [sys.executable, "-c", PUBLISHER]}]}}
+    job_id = server.submit(job)
+    browser.get(f"{server.url}/jobs/{job_id}")
+    grid = wait_for(browser, EC.presence_of_element_located((By.ID, "flsched-grid")), "the federated schedule")
+    first = len(grid.find_elements(By.CSS_SELECTOR, "rect.cell"))
+    assert first > 0
+    wait_for(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#flsched-grid rect.cell")) > first,
+             "new rounds drawn as the job publishes them")
+    assert browser.find_elements(By.CSS_SELECTOR, "#view-aggregation-counters div.counter")
+    assert len(browser.find_elements(By.CSS_SELECTOR, "svg.partition-graph circle.op")) == 12
+    legs = browser.find_element(By.ID, "view-gateway-task").text
+    assert "summary_stats" in legs and "result" in legs
+    shot(browser, "capabilities")
+    httpx.post(f"{server.url}/api/v1/jobs/{job_id}/cancel", timeout=10)
 
 
 def test_actions_need_the_csrf_token(server: Server) -> None:

@@ -138,8 +138,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds idle (no controller, no live instance) before exiting")
     parser.add_argument("--grace", type=float, default=5.0, help="SIGTERM to SIGKILL when the agent stops")
     parser.add_argument("--no-cgroups", action="store_true", help="track trees by environment marker only")
+    parser.add_argument("--netns", default="",
+                        help="run inside this named network namespace (a testbed host; needs root)")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
+    if args.netns:
+        # setns(2), not `ip netns exec`: that remounts /sys in a private mount namespace, hiding
+        # the cgroup hierarchies the agent tracks process trees with. Before any thread starts
+        # (setns moves only the calling thread), so every thread and child lives on that host.
+        from trainmaster.testbed.namespace import enter
+
+        enter(args.netns)
     args.state_dir.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(filename=args.state_dir / LOG_NAME, level=args.log_level.upper(),
                         format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")

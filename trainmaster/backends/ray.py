@@ -12,9 +12,13 @@ How an instance reaches a process (see ``trainmaster.backends.ray_agent`` for th
   admission until the job ends (so no other Ray work can take those CPUs/GPUs/memory). An
   instance started outside any gang (a bare ``start``) goes to the controller's own node and is
   charged nowhere: the controller's own accounting is then all that limits it.
-* Node loss: when a node's agent cannot be reached because its actor died, its instances are
-  reported ``Lost`` with a message naming the node (and whether Ray says the node itself is
-  gone); the controller's restart policy restarts them. Ray reschedules the lost node's bundles
+* Node loss: when a node's agent cannot be reached because its actor died, because Ray's GCS
+  reports the node dead (asked every NODE_CHECK_PERIOD), or because it did not answer an observe
+  within OBSERVE_TIMEOUT and the node's raylet refuses connections (a node killed outright,
+  known before Ray's health checks conclude), its instances are reported ``Lost`` with a message
+  naming the node (and whether the node itself is gone); the controller's restart policy
+  restarts them. An agent is started on every live node ahead of need, so a restarted instance
+  never waits for Ray to start one. Ray reschedules the lost node's bundles
   onto nodes with room, and a restarted instance follows its bundle there (until the bundle is
   placed again its start waits, reported as starting).
 
@@ -26,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -37,7 +42,7 @@ from ray.util.placement_group import (PlacementGroup, placement_group, placement
                                       remove_placement_group)
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from trainmaster.agent.contract import Dependency, InstanceStatus, LaunchSpec
+from trainmaster.agent.contract import Dependency, InstancePhase, InstanceStatus, LaunchSpec
 from trainmaster.backends.base import (Backend, Capacity, LaunchRequest, Observation, Phase, Placement,
                                        StartFailure)
 from trainmaster.backends.ports import PortPool
@@ -52,7 +57,18 @@ __all__ = ["ATTEMPT_RECORD", "NAMESPACE", "RayBackend", "connect"]
 log = logging.getLogger(__name__)
 
 MIN_BUNDLE_CPU = 0.01  # Ray rejects empty bundles; a role asking for no CPU still gets a token one
-CALL_TIMEOUT = 5.0  # an observe waits at most this long for an agent's answer
+CALL_TIMEOUT = 5.0  # a lookup (handle_of) waits at most this long for an agent's answer
+# An observe waits at most this long for a node's agent: past it the node's raylet is probed
+# (a refused connection means the node's Ray processes are gone, so its agent and, through the
+# agent's guard, its instances with them) and otherwise its instances read as unreachable for
+# SILENT_FOR seconds without asking again, so a pass never blocks on a dead node once per instance.
+OBSERVE_TIMEOUT = 1.0
+SILENT_FOR = 1.0
+RAYLET_PROBE_TIMEOUT = 0.25
+# How often a pass asks Ray's GCS which nodes are dead (its health checks' verdict): a node it
+# reports dead is lost at once, without waiting for its agent actor's death to reach us.
+NODE_CHECK_PERIOD = 0.25
+DEFERRED_CHECK_PERIOD = 0.1  # how often deferred launches look for their bundle's new node
 START_WAIT = 60.0  # a stop waits at most this long for the start call it must follow
 STOP_SLACK = 15.0  # a stop's answer may come this long after its grace (the KILL, the wait for the trees)
 GANG_WAIT = 0.2  # each reconcile pass waits this long for a placement group, then reports pending
@@ -134,6 +150,11 @@ class RayBackend(Backend):
         self._gangs: dict[int, _Gang] = {}
         self._agents: dict[str, Any] = {}  # node id -> its agent's ActorHandle
         self._node_ips: dict[str, str] = {}
+        self._raylets: dict[str, tuple[str, int]] = {}  # node id -> its raylet's address (probed when silent)
+        self._dead: set[str] = set()  # nodes known dead: never sent a launch again
+        self._silent: dict[str, tuple[float, str]] = {}  # node -> when its agent last failed to answer, why
+        self._nodes_checked = 0.0
+        self._deferred_checked = 0.0
         self._where: dict[str, str] = {}  # instance id -> node id
         self._live: dict[str, set[str]] = {}  # node id -> instance ids not known to have ended
         self._calls: dict[str, _StartCall] = {}
@@ -238,12 +259,47 @@ class RayBackend(Backend):
         return agent
 
     def _alive_nodes(self) -> set[str]:
+        """The nodes Ray's GCS reports alive, less those this backend found dead before Ray did."""
         alive = set()
         for info in ray.nodes():
             self._node_ips[info["NodeID"]] = info["NodeManagerAddress"]
+            if info.get("NodeManagerPort"):
+                self._raylets[info["NodeID"]] = (info["NodeManagerAddress"], int(info["NodeManagerPort"]))
             if info["Alive"]:
                 alive.add(info["NodeID"])
-        return alive
+        return alive - self._dead
+
+    def _check_nodes(self) -> None:
+        """Lose every node holding live instances that Ray reports dead (at most every
+        NODE_CHECK_PERIOD seconds): noticed when Ray's health checks decide, not when the death
+        of the node's agent actor reaches this driver (which may take longer)."""
+        now = time.monotonic()
+        if now - self._nodes_checked < NODE_CHECK_PERIOD or not self._live:
+            return
+        self._nodes_checked = now
+        alive = self._alive_nodes()
+        for node in [n for n in self._live if n not in alive]:
+            self._lose_node(node, "Ray's health checks declared it dead")
+        for node in alive - set(self._agents):
+            # an agent on every node before it is needed (a node that joined, or one that had no
+            # instance yet): an instance restarted there after a node loss then does not wait for
+            # Ray to start the agent's worker process (seconds of CPU). Not waited for here.
+            self._agent_on(node)
+
+    def _raylet_gone(self, node: str) -> bool:
+        """True when the node's raylet refuses connections: its Ray processes are gone (a node
+        killed outright), known before Ray's health checks conclude. A timeout or any other
+        error proves nothing (a slow or partitioned node): False."""
+        address = self._raylets.get(node)
+        if address is None:
+            return False
+        try:
+            with socket.create_connection(address, timeout=RAYLET_PROBE_TIMEOUT):
+                return False
+        except ConnectionRefusedError:
+            return True
+        except OSError:
+            return False
 
     def _node_alive(self, node: str) -> bool:
         return node in self._alive_nodes()
@@ -252,15 +308,20 @@ class RayBackend(Backend):
         """Where an instance outside any gang runs: the node this controller joined."""
         return str(ray.get_runtime_context().get_node_id())
 
-    def _lose_node(self, node: str, why: str) -> None:
-        """The node's agent is gone: every instance it held is lost, with a message naming the node."""
-        alive = self._node_alive(node)
+    def _lose_node(self, node: str, why: str, node_gone: bool = False) -> None:
+        """The node's agent is gone: every instance it held is lost, with a message naming the
+        node. ``node_gone``: the node itself is known gone (its raylet refuses connections)."""
+        alive = not node_gone and self._node_alive(node)
         where = f"node {node[:12]} ({self._node_ips.get(node, 'address unknown')})"
         if alive:
             reason, message = "AgentLost", f"the node agent on {where} died ({why}); its instances ended with it"
         else:
-            reason, message = "NodeLost", f"{where} was lost: Ray reports it dead ({why})"
+            reason, message = "NodeLost", (f"{where} was lost: {why}" if node_gone
+                                           else f"{where} was lost: Ray reports it dead ({why})")
         log.warning("%s", message)
+        if not alive:
+            self._dead.add(node)
+        self._silent.pop(node, None)
         for instance_id in self._live.pop(node, set()):
             self._calls.pop(instance_id, None)
             self._ended.setdefault(instance_id, Observation(Phase.LOST, reason=reason, message=message))
@@ -324,14 +385,33 @@ class RayBackend(Backend):
 
     def _try_deferred(self, instance_id: str) -> Observation:
         deferred = self._deferred[instance_id]
-        node = (self._bundle_node(deferred.job_id, deferred.bundle, _ClusterView())
-                if deferred.job_id in self._gangs else None)
-        if node is None:
+        self._send_deferred()
+        if instance_id in self._deferred:
             return Observation(Phase.STARTING, reason="BundlePending",
                                message=f"waiting for Ray to place its placement group bundle {deferred.bundle} again")
-        del self._deferred[instance_id]
-        self._dispatch(node, [deferred.spec])
+        node = self._where[instance_id]
         return Observation(Phase.STARTING, reason="AgentStarting", message=f"sent to the agent of node {node[:12]}")
+
+    def _send_deferred(self) -> None:
+        """Send every deferred launch whose bundle Ray has placed again, one ``start`` call per
+        node, from one look at the cluster (at most every DEFERRED_CHECK_PERIOD seconds): after a
+        node loss its many instances are polled one by one, and a look and a call for each
+        would cost a pass seconds."""
+        now = time.monotonic()
+        if now - self._deferred_checked < DEFERRED_CHECK_PERIOD:
+            return
+        self._deferred_checked = now
+        view = _ClusterView()
+        batches: dict[str, list[LaunchSpec]] = {}
+        for instance_id, deferred in list(self._deferred.items()):
+            if deferred.job_id not in self._gangs:
+                continue
+            node = self._bundle_node(deferred.job_id, deferred.bundle, view)
+            if node is not None:
+                del self._deferred[instance_id]
+                batches.setdefault(node, []).append(deferred.spec)
+        for node, specs in batches.items():
+            self._dispatch(node, specs)
 
     def _node_of(self, handle: dict[str, Any]) -> str | None:
         instance_id = handle["instance_id"]
@@ -351,6 +431,7 @@ class RayBackend(Backend):
         """``fresh``: ask the agent now, not from the pass's snapshot (adopt and find, which
         judge an attempt another backend may have stopped moments ago)."""
         instance_id = handle["instance_id"]
+        self._check_nodes()
         if instance_id in self._ended:
             return self._ended[instance_id]
         if instance_id in self._deferred:
@@ -375,30 +456,44 @@ class RayBackend(Backend):
     def _observe(self, node: str, instance_id: str, fresh: bool) -> Observation:
         snapshot = self._snapshots.get(node)
         if fresh or snapshot is None or time.monotonic() - snapshot.at > OBSERVE_TTL or instance_id not in snapshot.statuses:
+            silent = self._silent.get(node)
+            if silent is not None and time.monotonic() - silent[0] < SILENT_FOR:
+                return Observation(Phase.UNREACHABLE, reason="AgentSlow", message=silent[1])
             agent = self._agent_found(node)
             if agent is None:
                 self._lose_node(node, "no agent actor by that name is alive")
                 return self._ended[instance_id]
             ids = sorted(i for i in self._live.get(node, ()) if i not in self._calls and i not in self._ended)
             try:
-                raw = ray.get(agent.observe.remote(ids), timeout=CALL_TIMEOUT)
-            except ActorUnavailableError as exc:
-                return Observation(Phase.UNREACHABLE, reason="AgentUnreachable", message=_first_line(exc))
-            except RayActorError as exc:
+                raw = ray.get(agent.observe.remote(ids), timeout=OBSERVE_TIMEOUT)
+            except RayActorError as exc:  # ActorUnavailableError too: judged below
+                if isinstance(exc, ActorUnavailableError):
+                    return self._silence(node, instance_id, _first_line(exc))
                 self._lose_node(node, _first_line(exc))
                 return self._ended[instance_id]
             except GetTimeoutError:
-                if not self._node_alive(node):
-                    self._lose_node(node, f"its agent did not answer within {CALL_TIMEOUT:g}s")
-                    return self._ended[instance_id]
-                return Observation(Phase.UNREACHABLE, reason="AgentSlow",
-                                   message=f"the agent of node {node[:12]} did not answer within {CALL_TIMEOUT:g}s")
+                return self._silence(node, instance_id, f"the agent of node {node[:12]} did not answer "
+                                                        f"within {OBSERVE_TIMEOUT:g}s")
+            self._silent.pop(node, None)
             snapshot = self._snapshots[node] = _Snapshot(
                 time.monotonic(), {s["handle"]["instance_id"]: InstanceStatus.from_dict(s) for s in raw})
         obs = self._observation(snapshot.statuses[instance_id])
         if obs.phase in (Phase.EXITED, Phase.LOST):
             self._end(instance_id, obs)
         return obs
+
+    def _silence(self, node: str, instance_id: str, why: str) -> Observation:
+        """A node's agent did not answer: lost at once when its raylet is gone or Ray reports it
+        dead, else its instances read as unreachable (not asked again for SILENT_FOR seconds)."""
+        if self._raylet_gone(node):
+            self._lose_node(node, f"its raylet refuses connections and its agent did not answer ({why})",
+                            node_gone=True)
+            return self._ended[instance_id]
+        if not self._node_alive(node):
+            self._lose_node(node, why)
+            return self._ended[instance_id]
+        self._silent[node] = (time.monotonic(), why)
+        return Observation(Phase.UNREACHABLE, reason="AgentSlow", message=why)
 
     def _observation(self, status: InstanceStatus) -> Observation:
         """What the local backend makes of an agent's status (the same agent), plus the host and
@@ -468,6 +563,29 @@ class RayBackend(Backend):
             if agent is not None:
                 agent.forget.remote(ids)
 
+    def handle_of(self, instance_id: str) -> dict[str, Any] | None:
+        """The handle of an attempt started under ``instance_id`` whose handle was never saved (the
+        controller died between the start and saving it), running or ended: every live node's
+        agent is asked at once, and the one whose journal holds the attempt answers. An ended
+        attempt's exit then reaches the restart policy; it is never taken for never started."""
+        nodes = [node for node in self._alive_nodes() if self._agent_found(node) is not None]
+        calls = {node: self._agents[node].observe.remote([instance_id]) for node in nodes}
+        for node, ref in calls.items():
+            try:
+                status = InstanceStatus.from_dict(ray.get(ref, timeout=CALL_TIMEOUT)[0])
+            except (RayActorError, ActorUnavailableError, GetTimeoutError) as exc:
+                log.warning("handle_of %s: the agent of node %s did not answer (%s)", instance_id, node[:12],
+                            _first_line(exc))
+                continue
+            if status.phase == InstancePhase.LOST:
+                continue
+            self._where[instance_id] = node
+            self._live.setdefault(node, set()).add(instance_id)
+            return {"backend": self.name, "instance_id": instance_id, "node": node, "agent": agent_name(node),
+                    "pid": status.handle.pid, "instance_dir": "", "gated": False,
+                    "host": self._node_ips.get(node, ""), "ports": [], "job_id": None, "bundle": None}
+        return None
+
     def adopt(self, handle: dict[str, Any]) -> bool:
         """An attempt is ours again when its node's agent is alive and still runs it."""
         alive = (handle.get("backend") == self.name
@@ -504,7 +622,9 @@ def _launch_spec(request: LaunchRequest) -> LaunchSpec:
     resolve the environment again on the instance's node."""
     launch: dict[str, Any] | None = None
     if request.spec is not None:
-        spec = replace(request.spec, instance_id=_instance_id(request))
+        # the controller's id (``<job uid>/<role>-<index>/<attempt>``, unique across stores):
+        # a controller that died before saving the handle asks the agents for it (handle_of)
+        spec = request.spec
     else:
         depends: list[Dependency] = []
         db_url = ""
@@ -531,8 +651,9 @@ def _launch_spec(request: LaunchRequest) -> LaunchSpec:
 
 
 def _instance_id(request: LaunchRequest) -> str:
-    """``<store digest>/<role>-<index>/<attempt>``: the digest of the instance folder keeps two
-    controllers with separate stores (whose job ids both start at 1) apart on one cluster."""
+    """For a request built without a :class:`LaunchSpec` (outside the controller):
+    ``<store digest>/<role>-<index>/<attempt>``, the digest of the instance folder keeping two
+    stores (whose job ids both start at 1) apart on one cluster."""
     digest = hashlib.sha1(request.instance_dir.encode()).hexdigest()[:12]
     return f"{digest}/{request.role}-{request.index}/{request.attempt}"
 

@@ -1,10 +1,11 @@
 """The testbed backend: instances run on the hosts of a testbed (``trainmaster testbed up``).
 
-Until each host runs its own node agent, this is the local backend with a per-host launcher:
-an attempt is the local backend's process started inside the host's network namespace
-(``ip netns exec`` execs it, so pid, process group and exit recording stay the local backend's).
-Each instance gets its host's address as ``TM_HOST`` and ports free on that host, so roles
-really talk across the testbed's capped links.
+Each host runs its own node agent (:mod:`trainmaster.testbed.agents`: the agent daemon inside
+the host's network namespace, with its own state dir, journal and cgroups), so this backend is a
+thin router: it places an instance on a host, hands that host's agent the instance's typed
+:class:`LaunchSpec` (one batch per host), and sends every later call for an instance to the agent
+named by its :class:`InstanceHandle`'s ``node``. Each instance gets its host's address as
+``TM_HOST`` and ports free on that host, so roles really talk across the testbed's capped links.
 
 Placement: round robin over ``h1..hN``; a job pins a role to a host with an annotation
 ``testbed/<role>: <host>`` (``sw`` is the switch host, where a forwarding node belongs).
@@ -13,29 +14,47 @@ Placement: round robin over ``h1..hN``; a job pins a role to a host with an anno
 from __future__ import annotations
 
 import itertools
-from typing import Any
+import os
+from collections import defaultdict
+from typing import Any, Iterator
 
-from trainmaster.backends.base import Capacity, LaunchRequest, Placement
-from trainmaster.backends.legacy_local import LegacySubprocessBackend
+import psutil
+
+from trainmaster.agent.contract import InstanceHandle, InstancePhase, LaunchSpec
+from trainmaster.backends.base import (Backend, Capacity, LaunchRequest, Observation, Phase, Placement,
+                                       StartFailure)
+from trainmaster.backends.local import observation
 from trainmaster.errors import UserError
 from trainmaster.testbed import SWITCH, Testbed, iproute
+from trainmaster.testbed.agents import HostAgentClient, host_agent_dir
 
 PIN_ANNOTATION = "testbed/"
 FIRST_PORT, LAST_PORT = 20000, 32000  # below Linux's ephemeral range: never an outgoing port
 
 
-class TestbedBackend(LegacySubprocessBackend):
+class TestbedBackend(Backend):
     name = "testbed"
+    needs_launch_file = False
+    running_at_start = True  # an agent answers once every command of its batch has exec'd
     __test__ = False
 
-    def __init__(self, testbed: Testbed, capacity: Capacity | None = None):
-        iproute.require_root_and_tools()  # entering a host's namespace needs root too
-        super().__init__(capacity)
+    def __init__(self, testbed: Testbed, capacity: Capacity | None = None, linger: float = 10.0):
+        iproute.require_root_and_tools()  # joining a host's namespace needs root too
+        self._capacity = capacity or Capacity(
+            cpu=float(os.cpu_count() or 1), memory=psutil.virtual_memory().total, gpu=0)
         self.testbed = testbed
-        self._host_of = {testbed.address(h): h for h in [*testbed.host_names, SWITCH]}
+        hosts = [*testbed.host_names, SWITCH]
+        self._host_of = {testbed.address(h): h for h in hosts}
         self._round_robin = itertools.cycle(testbed.host_names)
-        self._taken: dict[str, set[int]] = {address: set() for address in self._host_of}  # ports in use, per host
+        self._taken: dict[str, set[int]] = {h: set() for h in hosts}  # ports in use, per host
+        prefix = testbed.options.prefix
+        self.agents = {h: HostAgentClient(host_agent_dir(prefix, h), h, testbed.namespace(h), linger)
+                       for h in hosts}
 
+    def capacity(self) -> Capacity:
+        return self._capacity
+
+    # ---- placement ---------------------------------------------------------------------------
     def place(self, ports: int, resources: dict[str, Any]) -> Placement:
         return self._place_on(next(self._round_robin), ports)
 
@@ -44,35 +63,110 @@ class TestbedBackend(LegacySubprocessBackend):
         host = annotations.get(PIN_ANNOTATION + role)
         if host is None:
             return self.place(ports, resources)
-        if host not in self.testbed.host_names and host != SWITCH:
+        if host not in self.agents:
             raise UserError(f"annotation {PIN_ANNOTATION}{role}: no host {host!r} on testbed "
                             f"{self.testbed.options.prefix!r} (hosts: "
                             f"{', '.join(self.testbed.host_names)}, {SWITCH})")
         return self._place_on(host, ports)
 
     def _place_on(self, host: str, count: int) -> Placement:
-        address = self.testbed.address(host)
-        taken = self._taken[address]
+        taken = self._taken[host]
         free = [p for p in range(FIRST_PORT, LAST_PORT) if p not in taken][:count]
         if len(free) < count:
             raise RuntimeError(f"host {host} has no {count} free ports left in "
                                f"{FIRST_PORT}-{LAST_PORT}")
         taken.update(free)
-        return Placement(address, free)
+        return Placement(self.testbed.address(host), free)
 
     def release(self, placement: Placement) -> None:
-        self._taken.get(placement.host, set()).difference_update(placement.ports)
+        host = self._host_of.get(placement.host)
+        if host is not None:
+            self._taken[host].difference_update(placement.ports)
 
     def adopt(self, handle: dict[str, Any]) -> bool:
-        alive = super().adopt(handle)
-        if alive and handle.get("host") in self._taken:
-            self._taken[handle["host"]].update(handle.get("ports", []))
+        alive = self.poll(handle).phase in (Phase.STARTING, Phase.RUNNING)
+        if alive and handle.get("node") in self._taken:
+            self._taken[handle["node"]].update(handle.get("ports", []))
         return alive
 
-    def spawn_spec(self, request: LaunchRequest) -> tuple[list[str], dict[str, str], str | None]:
-        argv, env, cwd = super().spawn_spec(request)
+    # ---- the agents' protocol, routed by host ----------------------------------------------------
+    def _host(self, request: LaunchRequest) -> str:
         host = self._host_of.get(request.placement.host)
         if host is None:
             raise RuntimeError(f"{request.placement.host} is not an address of testbed "
                                f"{self.testbed.options.prefix!r}")
-        return self.testbed.exec_argv(host, argv), env, cwd
+        return host
+
+    def start(self, request: LaunchRequest) -> dict[str, Any]:
+        result = next(iter(self.start_all([request])))
+        if isinstance(result, StartFailure):
+            raise OSError(result.message)
+        return result
+
+    def start_all(self, requests: list[LaunchRequest]) -> Iterator[dict[str, Any] | StartFailure]:
+        """One round trip per host for the whole batch; results come back in request order."""
+        by_host: dict[str, list[tuple[int, LaunchSpec]]] = defaultdict(list)
+        for position, request in enumerate(requests):
+            if request.spec is None:
+                raise ValueError(f"{request.role}-{request.index}: the testbed backend needs a LaunchSpec")
+            by_host[self._host(request)].append((position, request.spec))
+        results: dict[int, dict[str, Any] | StartFailure] = {}
+        for host, batch in by_host.items():
+            answers = self.agents[host].start([spec for _, spec in batch])
+            for (position, spec), answer in zip(batch, answers):
+                results[position] = (_handle(answer.handle, spec.ports) if answer.handle
+                                     else StartFailure(answer.error))
+        return (results[position] for position in range(len(requests)))
+
+    def poll(self, handle: dict[str, Any]) -> Observation:
+        return self.poll_all([handle])[0]
+
+    def poll_all(self, handles: list[dict[str, Any]]) -> list[Observation]:
+        found: dict[int, Observation] = {}
+        for host, batch in _by_node(handles).items():
+            if host not in self.agents:  # not an agent's handle (a pre-agent controller's)
+                for position, _ in batch:
+                    found[position] = Observation(Phase.LOST, reason="Lost",
+                                                  message=f"no agent of this testbed holds it (node {host!r})")
+                continue
+            statuses = self.agents[host].observe([h["instance_id"] for _, h in batch])
+            for (position, _), status in zip(batch, statuses):
+                found[position] = observation(status)
+        return [found[position] for position in range(len(handles))]
+
+    def stop(self, handles: list[dict[str, Any]], grace: float) -> None:
+        for host, batch in _by_node(handles).items():
+            if host in self.agents:
+                self.agents[host].stop([h["instance_id"] for _, h in batch], grace)
+
+    def forget(self, handles: list[dict[str, Any]]) -> None:
+        for host, batch in _by_node(handles).items():
+            if host in self.agents:
+                self.agents[host].forget([h["instance_id"] for _, h in batch])
+
+    def handle_of(self, instance_id: str) -> dict[str, Any] | None:
+        """Ask every host whose agent ever ran (an attempt ids one host only)."""
+        for client in self.agents.values():
+            if not client.has_run():
+                continue
+            status = client.observe([instance_id])[0]
+            if status.phase != InstancePhase.LOST:
+                return InstanceHandle(client.node, instance_id, status.handle.pid).to_dict()
+        return None
+
+    def close(self) -> None:
+        for client in self.agents.values():
+            client.close()
+
+
+def _handle(handle: InstanceHandle, ports: list[int]) -> dict[str, Any]:
+    """The stored handle: the agent's (``node`` is the host) plus the ports, which a controller
+    that adopts the instance after a restart must hold on that host again."""
+    return {**handle.to_dict(), "ports": list(ports)}
+
+
+def _by_node(handles: list[dict[str, Any]]) -> dict[str, list[tuple[int, dict[str, Any]]]]:
+    groups: dict[str, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
+    for position, handle in enumerate(handles):
+        groups[str(handle.get("node", ""))].append((position, handle))
+    return groups

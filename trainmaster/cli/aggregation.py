@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import typer
 
@@ -132,13 +133,15 @@ def parameter_node(
 ) -> None:
     """Run a parameter node in the foreground (verifies sums, aggregates fallbacks)."""
     from trainmaster.aggregation.parameter_node import ParameterNode
+    from trainmaster.runtime.views import PeriodicPublisher, numbers
 
     if dead_after <= 0 or stalled_after <= 0:
         raise UserError("--dead-after and --stalled-after must be positive numbers of seconds")
     node = ParameterNode(host, port, dead_after=dead_after, transport=_transport(transport),
                          stalled_after=stalled_after)
     print(f"parameter node listening on {node.address[0]}:{node.address[1]} ({transport})", flush=True)
-    node.serve()
+    with PeriodicPublisher("aggregation.counters", lambda: {"node": "parameter node", **numbers("", node.stats())}):
+        node.serve()
 
 
 @sub.command("forwarding-node")
@@ -154,6 +157,7 @@ def forwarding_node(
 ) -> None:
     """Run a forwarding node (software switch) in the foreground."""
     from trainmaster.aggregation.switch import ForwardingNode
+    from trainmaster.runtime.views import PeriodicPublisher, numbers
 
     h, _, p = parent.rpartition(":")
     if not h or not p.isdigit():
@@ -161,7 +165,9 @@ def forwarding_node(
     node = ForwardingNode((h, int(p)), slots=slots, host=host, port=port,
                           transport=_transport(transport))
     print(f"forwarding node listening on {node.address[0]}:{node.address[1]} ({transport})", flush=True)
-    node.serve()
+    label = f"forwarding node {os.environ.get('TM_REPLICA_INDEX', '0')}"
+    with PeriodicPublisher("aggregation.counters", lambda: {"node": label, **numbers("", node.stats())}):
+        node.serve()
 
 
 def register(app: typer.Typer) -> None:

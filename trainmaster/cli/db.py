@@ -42,14 +42,24 @@ def current(db: DbOpt = None) -> None:
       trainmaster db current
     """
     from sqlalchemy import create_engine
+    from sqlalchemy.exc import OperationalError
 
+    from trainmaster.errors import UserError
     from trainmaster.store import migrate
-    from trainmaster.store.db import default_url
+    from trainmaster.store.db import default_url, sqlite_path
 
     url = db or default_url()
-    with create_engine(url).connect() as connection:
-        typer.echo(f"store: {migrate.current(connection) or 'none (empty or made before migrations)'}; "
-                   f"this release: {migrate.head()}")
+    path = sqlite_path(url)
+    if path is not None and not path.exists():  # looking must not create it
+        typer.echo(f"store: none yet ({path} does not exist; `trainmaster db upgrade` or the first job "
+                   f"creates it); this release: {migrate.head()}")
+        return
+    try:
+        with create_engine(url).connect() as connection:
+            revision = migrate.current(connection)
+    except OperationalError as exc:
+        raise UserError(f"cannot open the store {url}: {exc.orig}; check --db / TRAINMASTER_DB") from None
+    typer.echo(f"store: {revision or 'none (empty or made before migrations)'}; this release: {migrate.head()}")
 
 
 def register(root: typer.Typer) -> None:

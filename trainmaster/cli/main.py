@@ -58,6 +58,7 @@ def _register_all() -> None:
     ``gateway``); the old flat names stay as hidden aliases so no script breaks."""
     from trainmaster.cli import (aggregation, convert, db, flsched, gateway, info, jobs, partition, remote, server,
                                  testbed)
+    from trainmaster.cli.examples import add_examples
 
     for module in (jobs, convert, remote):
         module.register(job_app)
@@ -75,6 +76,7 @@ def _register_all() -> None:
             group.hidden = True
     for group in app.registered_groups:  # plain help: no <bool> placeholders, nothing cut off
         _plain(group.typer_instance)
+    add_examples(app)
 
 
 def _plain(typer_app: typer.Typer) -> None:

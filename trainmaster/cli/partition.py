@@ -38,6 +38,26 @@ def _check_flags(devices: int, imbalance: float, delta: float, importer: str) ->
         raise UserError(f"--importer {importer!r}: choose one of {', '.join(IMPORTERS)}")
 
 
+def infeasible_message(metrics: dict, imbalance: float, method: str = "trainmaster") -> str:
+    """What the text output says when no partition met the caps: which cap, by how much, and
+    the --imbalance that the returned partition would meet (the JSON says feasible: false)."""
+    over = []
+    if not metrics["balanced"]:
+        over.append(f"--imbalance {imbalance:g} (busiest device {metrics['balance']:.3g}x the "
+                    "average load)")
+    if metrics.get("memory_cap") is not None and not metrics["memory_ok"]:
+        over.append(f"the memory cap ({max(metrics['memory_per_device']):.4g} on one device, "
+                    f"cap {metrics['memory_cap']:.4g})")
+    if method == "trainmaster":
+        text = ("no partition found meets " + " or ".join(over or ["the caps"]) +
+                "; returned the least-violating one (among near-equal ones, the fastest)")
+    else:
+        text = f"the {method} partition breaks " + " and ".join(over or ["the caps"])
+    if not metrics["balanced"]:
+        text += f"; --imbalance {metrics['balance'] - 1.0 + 1e-4:.4g} would accept it"
+    return text
+
+
 def partition_command(
     graph: str = typer.Argument(..., help="A graph .json (profiled or Trainmaster format), an "
                                 "ONNX file, or module:callable returning an nn.Module."),
@@ -57,6 +77,8 @@ def partition_command(
     importer: str = typer.Option("export", help="How module:callable becomes a graph: export "
                                  "(torch.export, operator level), fx (torch.fx, module level) or "
                                  "onnx (ONNX exporter)."),
+    training: bool = typer.Option(False, "--training", help="For module:callable: one training "
+                                  "step (forward, backward, SGD update) from one export."),
 ) -> None:
     """Split a DNN graph across K devices, cutting few costly critical edges, and report metrics."""
     import time
@@ -68,11 +90,13 @@ def partition_command(
     _check_flags(devices, imbalance, delta, importer)
     check_link(bandwidth)
     t0 = time.perf_counter()
-    g = load_graph(graph, _parse_shape(input_shape), bandwidth=bandwidth, importer=importer)
+    g = load_graph(graph, _parse_shape(input_shape), bandwidth=bandwidth, importer=importer,
+                   training=training)
     result = partition(g, devices, method=method, imbalance=imbalance, seed=seed, delta=delta,
                        acyclic=acyclic)
     metrics = evaluate(g, result.assignment, devices, imbalance)
-    metrics.update(method=method, partition_seconds=result.seconds,
+    metrics.update(method=method, feasible=result.feasible, overload=result.overload,
+                   partition_seconds=result.seconds,
                    total_seconds=time.perf_counter() - t0, max_load_per_sample=metrics["max_load"])
     if result.notes:
         metrics["notes"] = {k: v for k, v in result.notes.items() if k != "candidates"}
@@ -91,10 +115,12 @@ def partition_command(
     for key in ("critical_cut_count", "critical_cut_cost", "cut_count", "cut_cost", "max_load",
                 "avg_load", "balance", "makespan", "lower_bound", "path_cut_bound",
                 "device_graph_acyclic",
-                "memory_ok", "colocation_ok", "partition_seconds"):
+                "memory_ok", "colocation_ok", "feasible", "partition_seconds"):
         val = metrics[key]
         table.add_row(key, f"{val:.4g}" if isinstance(val, float) else str(val))
     Console().print(table)
+    if not result.feasible:
+        Console(stderr=True).print(f"[yellow]warning:[/yellow] {infeasible_message(metrics, imbalance, method)}")
     if out is not None:
         Console().print(f"assignment written to {out}")
 

@@ -10,6 +10,8 @@ when a controller reconciles it.
 from __future__ import annotations
 
 import json
+import os
+from enum import Enum
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +27,22 @@ from trainmaster.errors import UserError
 if TYPE_CHECKING:
     from trainmaster.api import CancelResult, JobRef, ScaleResult, Trainmaster
 
-DEFAULT_SERVER = "http://127.0.0.1:8642"
+
+
+ENDED = frozenset({"succeeded", "failed", "cancelled"})
+
+
+class WaitFor(str, Enum):
+    """What `job wait` waits for."""
+
+    END = "end"
+    RUNNING = "running"
+
+
+def default_server() -> str:
+    """The service `trainmaster server` starts here by default: loopback, $TRAINMASTER_PORT or 8642."""
+    return f"http://127.0.0.1:{os.environ.get('TRAINMASTER_PORT') or 8642}"
+
 ServerOpt = Annotated[Optional[str], typer.Option(
     "--server", envvar="TRAINMASTER_SERVER",
     help="URL of a controller service to ask; without it (and without $TRAINMASTER_SERVER) the verb works on "
@@ -65,21 +82,22 @@ class HttpJobs:
     def status(self, ref: str, events: int = 50) -> dict[str, Any]:
         return self.request("GET", f"/api/v1/jobs/{ref}", params={"events": events})  # type: ignore[no-any-return]
 
-    def wait(self, ref: str, timeout: float, poll: float = 0.5) -> JobRef:
-        """As :meth:`trainmaster.api.Trainmaster.wait` (until the job ends), over HTTP."""
+    def wait(self, ref: str, timeout: float, states: frozenset[str] | None = None, poll: float = 0.5) -> JobRef:
+        """As :meth:`trainmaster.api.Trainmaster.wait` (default: until the job ends), over HTTP."""
         import time
 
         from trainmaster.api import JobRef, WaitTimedOut
 
+        wanted = states or ENDED
         deadline = time.monotonic() + timeout
         while True:
             found = self.status(ref, events=0)
-            if found["state"] in ("succeeded", "failed", "cancelled"):
+            if found["state"] in wanted:
                 return JobRef(found["id"], found["name"], found["state"])
             left = deadline - time.monotonic()
             if left <= 0:
                 raise WaitTimedOut(f"job {found['name']} (id {found['id']}) still {found['state']} after "
-                                   f"{timeout:g} s (waited for it to end)")
+                                   f"{timeout:g} s (waited for: {', '.join(sorted(wanted))})")
             time.sleep(min(poll, left))
 
     def cancel(self, ref: str) -> CancelResult:
@@ -137,6 +155,10 @@ def _raise_for(response: Any) -> None:
         details = body.get("details") or [json.dumps(d) for d in body.get("detail", [])]
         raise UserError(body.get("error", "the controller rejected the request"), details)
     detail = body.get("detail") or body.get("error") or response.text
+    if response.status_code == 404:
+        from trainmaster.api import JobNotFound
+
+        raise JobNotFound(str(detail))
     raise UserError(str(detail), exit_code=2 if response.status_code in USER_MISTAKES else 1)
 
 
@@ -150,9 +172,10 @@ def _jobs(server: str | None, db: str | None) -> Union[HttpJobs, Trainmaster]:
 
 
 def submit(file: Annotated[Path, typer.Argument(help="Job file (ours, Kubeflow or Volcano).")],
-           server: Annotated[str, typer.Option(
-               "--server", envvar="TRAINMASTER_SERVER",
-               help="URL of the controller service that queues and runs the job.")] = DEFAULT_SERVER,
+           server: Annotated[Optional[str], typer.Option(
+               "--server", envvar="TRAINMASTER_SERVER", show_default=False,
+               help="URL of the controller service that queues and runs the job "
+                    "[default: http://127.0.0.1:$TRAINMASTER_PORT, port 8642 unless set].")] = None,
            lenient: Annotated[bool, typer.Option(
                "--lenient", help="Kubeflow/Volcano files: list unknown fields and ignore them instead of "
                                  "refusing the file.")] = False) -> None:
@@ -162,6 +185,7 @@ def submit(file: Annotated[Path, typer.Argument(help="Job file (ours, Kubeflow o
     from trainmaster.spec.load import read_document
 
     document = read_document(file)
+    server = server or default_server()
     try:
         response = httpx.post(server.rstrip("/") + "/api/v1/jobs", json=document,
                               params={"lenient": "true"} if lenient else None, timeout=30)
@@ -219,12 +243,37 @@ def logs(job: JobArg, role: Annotated[Optional[str], typer.Option(help="Role (de
 
 
 def wait(job: JobArg, timeout: Annotated[float, typer.Option(min=0, help="Seconds to wait at most.")] = 3600,
+         until: Annotated[WaitFor, typer.Option(
+             "--for", help="end: until the job ends. running: until it runs (or already ended), waiting "
+                           "also for a job that is not there yet, as one being submitted is.")] = WaitFor.END,
          server: ServerOpt = None, db: DbOpt = None) -> None:
-    """Wait until a job ends; exit 0 if it succeeded, 1 if it failed, was cancelled or is still running
-    after --timeout seconds."""
-    ended = _jobs(server, db).wait(job, timeout=timeout)
-    print(f"job {ended.name} (id {ended.id}) {ended.state}")
-    raise typer.Exit(0 if ended.state == "succeeded" else 1)
+    """Wait until a job ends (or, with --for running, runs); exit 0 if it succeeded or runs, 1 if it
+    failed, was cancelled or the wait timed out.
+
+    Examples:
+
+      trainmaster job wait pytorch-digits --timeout 600
+
+      trainmaster job run examples/pytorch-digits.yaml &   # then, from the same shell:
+      trainmaster job wait pytorch-digits --for running --timeout 120
+    """
+    import time
+
+    from trainmaster.api import JobNotFound, StoreMissing
+
+    states = ENDED if until is WaitFor.END else ENDED | {"running"}
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            reached = _jobs(server, db).wait(job, timeout=max(0.0, deadline - time.monotonic()), states=states)
+            break
+        except (JobNotFound, StoreMissing):
+            if until is WaitFor.END or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.25)  # not created yet: its `run` or `submit` is on its way
+    print(f"job {reached.name} (id {reached.id}) {reached.state}")
+    ok = reached.state == "succeeded" or (until is WaitFor.RUNNING and reached.state == "running")
+    raise typer.Exit(0 if ok else 1)
 
 
 def cancel(job: JobArg, server: ServerOpt = None, db: DbOpt = None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 import socket
 from typing import Annotated, Optional
@@ -14,7 +15,7 @@ from trainmaster.cli.jobs import AllowFrameworkOpt, DbOpt, make_backend
 def server(
     db: DbOpt = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8642,
+    port: Annotated[int, typer.Option(min=1, max=65535, envvar="TRAINMASTER_PORT", help="Port to listen on.")] = 8642,
     backend: Annotated[str, typer.Option(help="Where instances run: local or ray.")] = "local",
     ray_address: Annotated[Optional[str], typer.Option(help="Join this Ray cluster (backend ray).")] = None,
     interval: Annotated[float, typer.Option(min=0.01, help="Seconds between reconcile passes.")] = 1.0,
@@ -30,6 +31,9 @@ def server(
         "--allow-path", help="A directory submitted jobs may name by absolute path in workingDir/output.path "
                              "(repeatable; default none: relative paths, inside each job's folder, only).")] = None,
     allow_framework: AllowFrameworkOpt = None,
+    detach: Annotated[bool, typer.Option(
+        "--detach", help="Start the service in the background and return once it listens (its log: "
+                         "server.log in the Trainmaster home; stop it with the kill command it prints).")] = False,
 ) -> None:
     """Run the controller service: dashboard at /, REST API (OpenAPI at /openapi.json), /metrics, reconcile loop.
 
@@ -38,7 +42,12 @@ def server(
       trainmaster server                       # http://127.0.0.1:8642, open on loopback
 
       trainmaster server --host 0.0.0.0 --token "$(openssl rand -hex 16)"
+
+      trainmaster server --detach               # returns once it listens; prints how to stop it
     """
+    if detach:
+        _detach()
+        return
     import secrets
     from dataclasses import replace
 
@@ -88,6 +97,47 @@ def server(
     finally:
         if lock:
             lock.release()
+
+
+def _detach(timeout_s: float = 60.0) -> None:
+    """Run this same command without --detach as a background service, and return once it listens.
+
+    Ready means the child printed its banner, which it does only after binding the port (so a
+    client started next connects, queued by the kernel until uvicorn accepts). A child that exits
+    first (port in use, store locked) makes this fail with its own message.
+    """
+    import subprocess
+    import sys
+    import time
+
+    from trainmaster.errors import UserError
+    from trainmaster.store.db import home
+
+    state = home()
+    state.mkdir(parents=True, exist_ok=True)
+    log_path, pid_path = state / "server.log", state / "server.pid"
+    argv = [sys.executable, "-m", "trainmaster", *(a for a in sys.argv[1:] if a != "--detach")]
+    with open(log_path, "wb") as log:
+        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.monotonic() + timeout_s
+    while True:
+        text = log_path.read_text(errors="replace")
+        banner = next((line for line in text.splitlines() if line.startswith("trainmaster controller on ")), None)
+        if banner:
+            pid_path.write_text(f"{child.pid}\n")
+            typer.echo(f"{banner}\n  pid {child.pid} (in {pid_path}), log {log_path}\n  stop it: kill {child.pid}")
+            return
+        if child.poll() is not None:
+            raise UserError(f"the server exited (code {child.returncode}) before listening:\n{text.strip()}")
+        if time.monotonic() > deadline:
+            child.kill()
+            raise UserError(f"the server did not listen within {timeout_s:.0f} s (stopped it); its log "
+                            f"{log_path}:\n{text.strip()[-2000:]}")
+        try:
+            child.wait(timeout=0.1)  # wakes at once if it exits; else look at the log again
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def _bind(host: str, port: int) -> socket.socket:

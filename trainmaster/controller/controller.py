@@ -28,6 +28,7 @@ from trainmaster.controller import metrics, queues, restart, scaling
 from trainmaster.controller.backoff import StoreBackoff
 from trainmaster.controller.admission import admit
 from trainmaster.controller.launching import instance_id, launch_spec, legacy_launch_file
+from trainmaster.errors import JobConflict
 from trainmaster.runtime.files import InstanceFiles
 from trainmaster.spec.load import LoadedJob
 from trainmaster.spec.model import Job, Role
@@ -41,6 +42,10 @@ from trainmaster.store.models import InstanceRow, JobRow, RoleRow, utcnow
 
 I = InstanceState
 LIVE = (I.STARTING.value, I.RUNNING.value, I.UNKNOWN.value, I.TERMINATING.value)
+
+
+class NotResumable(JobConflict):
+    """A job that cannot be taken over now; the message says why (HTTP 409)."""
 
 
 class Controller:
@@ -100,6 +105,29 @@ class Controller:
         with self.sessions() as session:
             repo.set_replicas(session, repo.load_job(session, job_id), role_name, replicas)
             session.commit()
+
+    def take_over(self, job_id: int) -> None:
+        """Make a job whose ``trainmaster run`` died this controller's, then carry it on as after a
+        restart: live instances re-adopted, ended ones handled by their restart policy.
+
+        Refused (:class:`NotResumable`) while its run still lives, once it has ended, or when it
+        ran on another backend than this controller's (its instances would be out of reach)."""
+        from trainmaster.store.ownership import why_not_resumable
+
+        with self._lock, self.sessions() as session:
+            row = repo.load_job(session, job_id)
+            what = f"job {row.name} (id {row.id}, {row.state})"
+            refusal = why_not_resumable(repo.is_terminal(row.state), row.owner, what)
+            if refusal is None and row.backend != self.backend.name:
+                refusal = (f"{what} runs on the {row.backend} backend and this controller on {self.backend.name}; "
+                           f"resume it with `trainmaster job resume {row.id}` on that backend")
+            if refusal:
+                raise NotResumable(refusal)
+            if not repo.take_over(session, row.id, row.owner, self.owner):
+                raise NotResumable(f"{what} was just taken over by someone else")
+            repo.add_event(session, row.id, "job", "Resumed", "taken over by the controller service")
+            session.commit()
+        self.recover(job_ids=[job_id])
 
     # ---- the loop ----------------------------------------------------------------------------
     def step(self) -> None:
@@ -484,8 +512,9 @@ class Controller:
                        f"attempt {inst.attempt} on {request.placement.address}"
                        + (f"; {inst.message}" if request.gated else ""))
 
-    def recover(self) -> None:
-        """Carry on after a controller restart: re-adopt live instances, requeue unstarted ones.
+    def recover(self, job_ids: list[int] | None = None) -> None:
+        """Carry on after a controller restart (or a take-over, for ``job_ids``): re-adopt live
+        instances, requeue unstarted ones.
 
         Instances whose process ended while no controller watched are left to the next pass,
         which reads their recorded exit code and applies their restart policy.
@@ -493,7 +522,7 @@ class Controller:
         with self._lock, self.sessions() as session:
             if self.fence:
                 self.fence(session)
-            for job_id in repo.active_job_ids(session, self.owner):
+            for job_id in repo.active_job_ids(session, self.owner) if job_ids is None else job_ids:
                 job = repo.load_job(session, job_id)
                 for inst in job.instances:
                     if inst.state not in LIVE:

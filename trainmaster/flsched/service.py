@@ -20,6 +20,7 @@ import threading
 import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import numpy as np
 
@@ -45,6 +46,17 @@ class Coordinator:
         self.tasks: dict[int, dict] = {}
         self.updates: dict[tuple[int, int], tuple[dict, int]] = {}
         self.done = False
+
+
+def _publish_round(r: int, rounds: int, names: list[str], assignment: Any, accuracy: list[float]) -> None:
+    """The round's schedule and accuracies, for the dashboard's federated view and its charts."""
+    import trainmaster
+
+    trainmaster.publish("flsched.round", {"round": r, "assignment": {n: [int(d) for d in assignment[row]]
+                                                                      for row, n in enumerate(names)},
+                                          "accuracy": dict(zip(names, accuracy))})
+    trainmaster.report(step=r + 1, total=rounds,
+                       **{"accuracy_" + n.replace("-", "_"): a for n, a in zip(names, accuracy)})
 
 
 def serve(host: str, port: int, devices: int, scheduler_name: str, per_round: int, rounds: int, seed: int,
@@ -145,6 +157,7 @@ def serve(host: str, port: int, devices: int, scheduler_name: str, per_round: in
             jobs[m].curve.append((jobs[m].clock, acc))
             if acc >= jobs[m].target and jobs[m].time_to_target is None:
                 jobs[m].time_to_target = jobs[m].clock
+        _publish_round(r, rounds, [jobs[m].name for m in active], assignment, [jobs[m].curve[-1][1] for m in active])
     with co.cond:
         co.done = True
         co.cond.notify_all()

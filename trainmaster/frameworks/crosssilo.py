@@ -93,6 +93,27 @@ def _party_data(root: Path, name: str, index: int, n_parties: int, params: dict[
     return data
 
 
+class _Published:
+    """The initiator, publishing each task's legs for the dashboard's gateway view."""
+
+    def __init__(self, initiator: Any):
+        self.initiator = initiator
+        self.roster = initiator.roster
+
+    def run_task(self, spec: Any) -> dict[str, Any]:
+        import trainmaster
+
+        result = self.initiator.run_task(spec)
+        rules = {leg.data_id: leg.rule for leg in spec.legs}
+        trainmaster.publish("gateway.task", {"task": result["task_id"], "legs": [
+            {"data_id": data_id, "party": leg.get("party", ""), "rule": rules.get(data_id, ""),
+             "outcome": leg.get("outcome", "")} for data_id, leg in result["legs"].items()]})
+        return result
+
+    def close(self) -> None:
+        self.initiator.close()
+
+
 def _run_initiator(root: Path, params: dict[str, Any]) -> int:
     """Statistics and FedAvg training through the gateway, checked against the pooled computation."""
     import numpy as np
@@ -103,7 +124,7 @@ def _run_initiator(root: Path, params: dict[str, Any]) -> int:
     from trainmaster.gateway.rules import ScoreParams, TrainParams, score, train
 
     cfg = load_config(root / "deploy" / "initiator" / "config.yaml")
-    ini = Initiator(cfg)
+    ini = _Published(Initiator(cfg))
     parties = sorted(n for n, p in ini.roster.items() if p.role == "party")
     for p in ["gateway", *parties]:
         wait_until_serving(cfg, ini.roster[p].endpoint or "", timeout_s=120)

@@ -18,7 +18,8 @@ from trainmaster.frameworks.base import Framework, InstanceContext, python_modul
 from trainmaster.spec.model import Job, Role, RoleSelector, StatusPolicy
 
 KNOWN_PARAMS = {"model", "input_shape", "methods", "samples", "seed", "bandwidth",
-                "flops_per_second", "latency", "acyclic"}
+                "flops_per_second", "latency", "acyclic", "tracer", "input_dtype", "costs",
+                "profile_runs", "emulate_link", "latency_samples"}
 
 
 class PipelineFramework(Framework):
@@ -42,6 +43,10 @@ class PipelineFramework(Framework):
                 errors.append("spec.frameworkParams.model: expected 'module:callable'")
             from trainmaster.partition.methods import METHODS
 
+            for key, allowed in (("costs", ("flops", "measured")), ("tracer", ("fx", "export"))):
+                if key in params and params[key] not in allowed:
+                    errors.append(f"spec.frameworkParams.{key}: {params[key]!r} is not one of "
+                                  f"{', '.join(allowed)}")
             for m in params.get("methods", []) or []:
                 if m not in METHODS:
                     errors.append(f"spec.frameworkParams.methods: unknown method {m!r}")

@@ -14,15 +14,13 @@ import numpy as np
 from trainmaster.partition.coarse import cluster_graph
 from trainmaster.partition.critical import critical_edges
 from trainmaster.partition.graph import Graph, clusters_of
-from trainmaster.partition.simulate import load_cap
+from trainmaster.partition.simulate import load_cap, memory_cap_enforced
 
 
 def ilp_partition(graph: Graph, k: int, imbalance: float, delta: float = 0.0,
                   time_limit: float = 120.0) -> tuple[np.ndarray, dict]:
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import coo_matrix
-
-    from trainmaster.partition.methods import memory_cap_enforced
 
     base = clusters_of(graph)
     crit = critical_edges(graph, delta)

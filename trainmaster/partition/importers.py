@@ -13,6 +13,7 @@ import os
 import re
 import tempfile
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -98,13 +99,31 @@ def from_module(module, example_inputs: tuple, bandwidth: float = 1e9,
     """Trace ``module`` and profile every node once on ``example_inputs``; returns the graph
     (node ids are the fx node names) and the GraphModule it describes. An edge costs
     ``latency + bytes / bandwidth`` (the latency models a message's fixed overhead)."""
+    check_link(bandwidth, latency)
+    _check_rate(flops_per_second)
+    gm = trace_module(module, example_inputs, tracer)
+    profile = _profile(gm, example_inputs, flops_per_second, measure)
+    return _graph_of(gm, profile, bandwidth, latency), gm
+
+
+def _check_rate(flops_per_second: float) -> None:
+    if not (np.isfinite(flops_per_second) and flops_per_second > 0):
+        raise UserError(f"flops_per_second {flops_per_second}: give a positive finite FLOP rate")
+
+
+@dataclass
+class _Profile:
+    """Per fx node name: compute cost (seconds) and output bytes."""
+
+    costs: dict[str, float]
+    out_bytes: dict[str, int]
+
+
+def _profile(gm, args: tuple, flops_per_second: float, measure: bool) -> _Profile:
+    """Run ``gm`` once on ``args`` node by node, counting each node's FLOPs (or timing it)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    check_link(bandwidth, latency)
-    if not (np.isfinite(flops_per_second) and flops_per_second > 0):
-        raise UserError(f"flops_per_second {flops_per_second}: give a positive finite FLOP rate")
-    gm = trace_module(module, example_inputs, tracer)
     costs: dict[str, float] = {}
     out_bytes: dict[str, int] = {}
 
@@ -130,9 +149,19 @@ def from_module(module, example_inputs: tuple, bandwidth: float = 1e9,
     torch.backends.mha.set_fastpath_enabled(False)
     try:
         with torch.no_grad():
-            Profiler(gm).run(*example_inputs)
+            Profiler(gm).run(*args)
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
+    return _Profile(costs, out_bytes)
+
+
+def _graph_of(gm, profile: _Profile, bandwidth: float, latency: float,
+              extra: "_Extra | None" = None, phase: dict[str, str] | None = None,
+              free_edges: frozenset[tuple[str, str]] = frozenset()) -> Graph:
+    """The Graph of a profiled GraphModule: a node per fx node, an edge per use; ``extra``
+    nodes and edges appended (the optimizer step), ``phase`` prefixed to the names;
+    ``free_edges`` (src, dst) cost nothing (an order, not a transfer)."""
+    costs, out_bytes = profile.costs, profile.out_bytes
     nodes = [n for n in gm.graph.nodes]
     ids = [n.name for n in nodes]
     mem = []
@@ -148,20 +177,149 @@ def from_module(module, example_inputs: tuple, bandwidth: float = 1e9,
         for user in n.users:
             src.append(n.name)
             dst.append(user.name)
-            ecost.append(latency + out_bytes.get(n.name, 0) / bandwidth)
-    g = build_graph(ids, [costs.get(i, 0.0) for i in ids], src, dst, ecost, memory=mem,
-                    names=[f"{n.op}:{n.target}" for n in nodes])
-    return g, gm
+            free = (n.name, user.name) in free_edges
+            ecost.append(0.0 if free else latency + out_bytes.get(n.name, 0) / bandwidth)
+    names = [f"{n.op}:{n.target}" for n in nodes]
+    if phase is not None:
+        names = [f"{phase.get(i, '')}{name}" for i, name in zip(ids, names)]
+    cost = [costs.get(i, 0.0) for i in ids]
+    group = None
+    if extra is not None:
+        group = [extra.group.get(i, -1) for i in ids] + [extra.group.get(i, -1) for i in extra.ids]
+        ids, cost, mem, names = (ids + extra.ids, cost + extra.cost, mem + extra.memory,
+                                 names + extra.names)
+        src, dst, ecost = src + extra.src, dst + extra.dst, ecost + extra.edge_cost
+    return build_graph(ids, cost, src, dst, ecost, memory=mem, names=names, group=group)
+
+
+@dataclass
+class _Extra:
+    """Nodes and edges added to a traced graph (the optimizer step), as build_graph takes them."""
+
+    ids: list[str] = field(default_factory=list)
+    cost: list[float] = field(default_factory=list)
+    memory: list[float] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    src: list[str] = field(default_factory=list)
+    dst: list[str] = field(default_factory=list)
+    edge_cost: list[float] = field(default_factory=list)
+    group: dict[str, int] = field(default_factory=dict)
+
+
+class _LossOf:
+    """Wraps a model as ``(mean of its first output squared,)``: aot_autograd's joint graph
+    needs one scalar loss; any differentiable scalar gives the same backward structure."""
+
+    @staticmethod
+    def wrap(module):
+        import torch
+
+        class LossOf(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.model = module
+
+            def forward(self, *args):
+                out = self.model(*args)
+                while not isinstance(out, torch.Tensor):  # tuples, ModelOutput, dicts
+                    out = out[0] if isinstance(out, (tuple, list)) else next(iter(out.values()))
+                return (out.float().pow(2).mean(),)
+
+        return LossOf()
+
+
+def from_module_training(module, example_inputs: tuple, bandwidth: float = 1e9,
+                         flops_per_second: float = DEFAULT_FLOPS_PER_SECOND,
+                         measure: bool = False, latency: float = 0.0,
+                         optimizer_step: bool = True) -> tuple[Graph, object]:
+    """One training step as one graph: forward, backward and (``optimizer_step``) an SGD update
+    per parameter, from one export (aot_autograd's joint graph of ``module`` under a scalar
+    loss, operator level).
+
+    Why one graph: the backward of a layer needs that layer's activations, so where a forward
+    operator runs decides where its gradient is cheapest to compute; partitioning forward and
+    backward apart would hide those edges. Each activation the backward reads is an edge from
+    the forward operator that made it to the backward one, and its bytes stay in the forward
+    operator's memory (node memory = output bytes) until then: the per-device memory sum counts
+    every activation held for the backward. Parameters are placeholder nodes (their bytes as
+    memory); each parameter's update node (2 FLOPs per element: p -= lr * g) reads its gradient
+    and shares a co-location class with the parameter (an update runs where its weights live).
+    Node names are prefixed ``fwd:``, ``bwd:`` or ``opt:``."""
+    import torch
+    from torch._functorch.aot_autograd import aot_export_module
+
+    check_link(bandwidth, latency)
+    _check_rate(flops_per_second)
+    module.train()
+    wrapped = _LossOf.wrap(module)
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        gm, sig = aot_export_module(wrapped, tuple(example_inputs), trace_joint=True,
+                                    output_loss_index=0)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+    params = dict(wrapped.named_parameters())
+    buffers = dict(wrapped.named_buffers())
+    flat = ([params[name].detach() for name in sig.parameters]
+            + [buffers[name].detach() for name in sig.buffers] + list(example_inputs))
+    profile = _profile(gm, tuple(flat), flops_per_second, measure)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    param_node = {name: placeholders[i].name for i, name in enumerate(sig.parameters)}
+    loss_name = sig.user_outputs[0] if sig.user_outputs else None
+    phase = _phases(gm, loss_name)
+    extra = _Extra()
+    grads = sig.backward_signature.gradients_to_parameters if sig.backward_signature else {}
+    if optimizer_step:
+        for cls, (grad, pname) in enumerate(sorted(grads.items(), key=lambda x: x[1])):
+            numel = int(params[pname].numel())
+            step = f"sgd_step_{re.sub(r'[^0-9A-Za-z_]', '_', pname)}"
+            extra.ids.append(step)
+            extra.cost.append(0.0 if measure else 2.0 * numel / flops_per_second)
+            extra.memory.append(0.0)  # an in-place update: the parameter's bytes are counted once
+            extra.names.append(f"opt:sgd:{pname}")
+            extra.src.append(grad)
+            extra.dst.append(step)
+            extra.edge_cost.append(latency + profile.out_bytes.get(grad, 0) / bandwidth)
+            extra.group[step] = cls
+            extra.group[param_node[pname]] = cls
+    # The joint graph returns every gradient through its one output node; in a training step
+    # the gradients stay where they are computed (the update reads them there), so those edges
+    # order the step's end but move nothing (priced, they were 1 MB transfers per 512x512 layer
+    # into one device and made the 12-layer MLP's step 2.3x its lower bound at k = 2)
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    free = frozenset((a.name, out.name) for a in out.all_input_nodes if a.name != loss_name)
+    return _graph_of(gm, profile, bandwidth, latency, extra, phase, free), gm
+
+
+def _phases(gm, loss_name: str | None) -> dict[str, str]:
+    """Per fx node: ``fwd:`` when the loss depends on it (or it is an input), else ``bwd:``."""
+    nodes = {n.name: n for n in gm.graph.nodes}
+    forward: set[str] = set()
+    stack = [nodes[loss_name]] if loss_name in nodes else []
+    while stack:
+        n = stack.pop()
+        if n.name in forward:
+            continue
+        forward.add(n.name)
+        stack.extend(n.all_input_nodes)
+    return {name: "fwd:" if name in forward or n.op == "placeholder" else "bwd:"
+            for name, n in nodes.items()}
 
 
 def from_callable(spec: str, input_shape: tuple[int, ...], bandwidth: float = 1e9,
-                  importer: str = "export") -> Graph:
+                  importer: str = "export", training: bool = False) -> Graph:
     """``module:callable``: import the module, call the callable to get an nn.Module, and import
-    it with ``importer`` (see IMPORTERS) on a random input of ``input_shape``."""
+    it with ``importer`` (see IMPORTERS) on a random input of ``input_shape``; with
+    ``training``, one training step (``from_module_training``; the export importer only)."""
     import torch
 
     if importer not in IMPORTERS:
         raise UserError(f"--importer {importer!r}: choose one of {', '.join(IMPORTERS)}")
+    if training and importer != "export":
+        raise UserError(f"--training builds the forward + backward graph with torch's "
+                        f"aot_autograd (the export route); --importer {importer} cannot",
+                        details=["leave --importer at its default (export)"])
     check_link(bandwidth)
     mod_name, _, attr = spec.partition(":")
     try:
@@ -177,8 +335,16 @@ def from_callable(spec: str, input_shape: tuple[int, ...], bandwidth: float = 1e
                                  "and returns an nn.Module"]) from None
     if not isinstance(module, torch.nn.Module):
         raise UserError(f"{spec!r} did not give a torch.nn.Module")
-    module.eval()
     example = (torch.randn(*input_shape),)
+    if training:
+        try:
+            graph, _ = from_module_training(module, example, bandwidth=bandwidth)
+        except UserError:
+            raise
+        except Exception as exc:  # tracers raise many unrelated types; all mean "cannot trace"
+            raise trace_failure(f"{spec} (training step)", "export", exc) from None
+        return graph
+    module.eval()
     if importer == "onnx":
         with tempfile.TemporaryDirectory() as folder:
             path = os.path.join(folder, "model.onnx")

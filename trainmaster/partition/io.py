@@ -183,10 +183,14 @@ def graph_to_dict(graph: Graph) -> dict:
 
 
 def load_graph(spec: str, input_shape: tuple[int, ...] | None = None,
-               bandwidth: float = 1e9, importer: str = "export") -> Graph:
+               bandwidth: float = 1e9, importer: str = "export", training: bool = False) -> Graph:
     """Load GRAPH as the CLI names it: a .json file, a .onnx file, or ``module:callable``
-    (imported with ``importer``: export, fx or onnx; see importers.IMPORTERS)."""
+    (imported with ``importer``: export, fx or onnx; see importers.IMPORTERS; ``training``:
+    forward + backward + optimizer step, module:callable only)."""
     path = Path(spec)
+    if training and ":" not in spec:
+        raise UserError(f"--training needs a model given as module:callable, not {spec!r} (a "
+                        "graph file is partitioned as it is: export the training graph into it)")
     if path.suffix.lower() == ".onnx":
         from trainmaster.partition.importers import from_onnx
 
@@ -198,5 +202,6 @@ def load_graph(spec: str, input_shape: tuple[int, ...] | None = None,
 
         if input_shape is None:
             raise UserError(f"{spec}: a module:callable graph needs --input-shape, e.g. 1,3,32,32")
-        return from_callable(spec, input_shape, bandwidth=bandwidth, importer=importer)
+        return from_callable(spec, input_shape, bandwidth=bandwidth, importer=importer,
+                             training=training)
     raise UserError(f"graph {spec!r}: not a file, and not of the form module:callable")

@@ -16,6 +16,7 @@ more critical transfer cost (and, where the caps are tight, may swap a cluster b
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,28 +25,96 @@ from trainmaster.errors import UserError
 from trainmaster.partition.coarse import ClusterGraph, cluster_graph, coarsen_chains
 from trainmaster.partition.critical import Levels, critical_edges, levels
 from trainmaster.partition.graph import Graph, clusters_of
+from trainmaster.partition.ilp import ilp_partition
 from trainmaster.partition.initial import (acyclic_split, capped_list_schedule,
                                            critical_path_pins, kahip_parts, metis_parts, packed)
+from trainmaster.partition.patent import patent_partition
 from trainmaster.partition.refine import fm_refine, rebalance
 from trainmaster.partition.search import makespan_descent
-from trainmaster.partition.simulate import device_graph_acyclic, finish_times, load_cap
+from trainmaster.partition.simulate import (device_graph_acyclic, finish_times, load_cap,
+                                            memory_cap_enforced)
 
 METHODS = ("trainmaster", "patent", "metis", "kahip", "ilp")
-CRITICAL_WEIGHT = 4.0  # a cut critical edge counts (1 + this) times its transfer cost
+
+__all__ = ["METHODS", "Candidate", "Partition", "PartitionOptions", "check_request",
+           "memory_cap_enforced", "partition"]
+
+
+@dataclass(frozen=True)
+class PartitionOptions:
+    """The tuning knobs of ours (method ``trainmaster``), in one object passed down instead of
+    module globals, so a caller (a test, the benchmark, a user) can change one for one call
+    without touching shared state. The defaults are the measured choices; why each value, and
+    what else was tried, is in bench/partition_history.md.
+
+    ``cut_penalty`` is the one a user is most likely to want: the final choice among the
+    partitions that meet the caps minimises makespan + cut_penalty x (cost of the static critical
+    edges cut); 0 ranks by makespan alone, then by critical cut."""
+
+    critical_weight: float = 4.0  # a cut critical edge counts (1 + this) times its transfer cost
+    cut_penalty: float = 1.0  # final choice: makespan + this x static critical cut cost
+    # the final choice gives up at most this share of simulated makespan for a partition that
+    # cuts less static critical cost than METIS's own (and is never slower than it)
+    cut_slack: float = 0.03
+    low_cut_share: int = 8  # the low-cut start's descent gets 1/this of the main budget
+    descent_work: int = 40_000  # descent budget in (nodes + edges) simulated ...
+    descent_simulations: tuple[int, int] = (4, 40)  # ... as simulations, clipped to this range
+    # where no cut-driven start met the caps (they are tight), a descent move the caps refuse
+    # may swap a co-location cluster back instead
+    descent_swaps: bool = True
+    refined: tuple[str, ...] = ("metis",)  # the starts FM refines (and every start over a cap)
+    # where no candidate meets the load cap, those whose busiest device is within this share of
+    # the average load of the least loaded candidate's count as least-violating (then makespan)
+    infeasible_slack: float = 0.01
+
+    def __post_init__(self) -> None:
+        for name in ("critical_weight", "cut_penalty", "infeasible_slack"):
+            value = getattr(self, name)
+            if not (np.isfinite(value) and value >= 0):
+                raise UserError(f"partition option {name}={value}: give a finite number >= 0")
+        if not np.isfinite(self.cut_slack):
+            raise UserError(f"partition option cut_slack={self.cut_slack}: give a finite number")
+        if self.low_cut_share < 1 or self.descent_work < 0:
+            raise UserError("partition options low_cut_share >= 1 and descent_work >= 0 needed, "
+                            f"got {self.low_cut_share} and {self.descent_work}")
+        lo, hi = self.descent_simulations
+        if not 0 <= lo <= hi:
+            raise UserError(f"partition option descent_simulations={self.descent_simulations}: "
+                            "give (low, high) with 0 <= low <= high")
 
 
 @dataclass
 class Partition:
-    """A node -> device assignment (dense indices; ``graph.node_ids`` names them)."""
+    """A node -> device assignment (dense indices; ``graph.node_ids`` names them).
+
+    ``feasible``: every device within the load cap ((1 + imbalance) x the average, or the
+    heaviest unsplittable unit) and the memory cap (where k devices can hold the graph at all).
+    When no partition found meets them, the least-violating one is returned with ``feasible``
+    False and ``overload`` saying by how much (the sum of the worst device's relative excess
+    over each cap), so a caller can tell and, e.g., loosen ``imbalance``."""
 
     assignment: np.ndarray
     method: str
     k: int
     seconds: float
     notes: dict = field(default_factory=dict)
+    feasible: bool = True
+    overload: float = 0.0
+    cpu_seconds: float = 0.0  # process CPU time of the method alone (no feasibility check)
 
     def by_node_id(self, graph: Graph) -> dict:
         return {str(nid): int(d) for nid, d in zip(graph.node_ids, self.assignment.tolist())}
+
+
+@dataclass
+class Candidate:
+    """One partition ours considers: ``overload`` over the caps (0 when it meets them), its
+    simulated ``makespan``, the ``name`` of the start (and refinements) that made it."""
+
+    overload: float
+    makespan: float
+    name: str
+    assignment: np.ndarray
 
 
 def check_request(graph: Graph, k: int, imbalance: float, method: str) -> None:
@@ -59,27 +128,21 @@ def check_request(graph: Graph, k: int, imbalance: float, method: str) -> None:
         raise UserError(f"--imbalance must be between 0 and 10, got {imbalance}")
 
 
-def memory_cap_enforced(graph: Graph, k: int) -> float:
-    """Enforce the per-device memory cap only when k devices can hold the graph at all."""
-    if np.isfinite(graph.memory_cap) and graph.memory.sum() <= k * graph.memory_cap:
-        return graph.memory_cap
-    return float("inf")
-
-
 def partition(graph: Graph, k: int, method: str = "trainmaster", imbalance: float = 0.05,
-              seed: int = 0, delta: float = 0.0, acyclic: bool = False) -> Partition:
+              seed: int = 0, delta: float = 0.0, acyclic: bool = False,
+              options: PartitionOptions | None = None) -> Partition:
     """Split ``graph`` over ``k`` devices with ``method``. ``acyclic`` (ours only) keeps the
-    device graph a DAG, as a pipeline of stages streaming samples needs."""
+    device graph a DAG, as a pipeline of stages streaming samples needs. ``options``: ours's
+    tuning knobs (``PartitionOptions``; the defaults when None)."""
     check_request(graph, k, imbalance, method)
-    t0 = time.perf_counter()
+    opts = options if options is not None else PartitionOptions()
+    t0, c0 = time.perf_counter(), time.process_time()
     notes: dict = {}
     if k == 1:
         assignment = np.zeros(graph.n, dtype=np.int64)
     elif method == "trainmaster":
-        assignment, notes = _trainmaster(graph, k, imbalance, seed, delta, acyclic)
+        assignment, notes = _trainmaster(graph, k, imbalance, seed, delta, acyclic, opts)
     elif method == "patent":
-        from trainmaster.partition.patent import patent_partition
-
         cap = load_cap(graph, k, imbalance, clusters_of(graph))
         assignment = patent_partition(graph, k, cap, critical_edges(graph, delta), seed)
     elif method in ("metis", "kahip"):
@@ -87,23 +150,25 @@ def partition(graph: Graph, k: int, method: str = "trainmaster", imbalance: floa
         fn = metis_parts if method == "metis" else kahip_parts
         assignment = cg.expand(fn(cg, k, imbalance, seed))
     else:
-        from trainmaster.partition.ilp import ilp_partition
-
         assignment, notes = ilp_partition(graph, k, imbalance, delta=delta)
-    return Partition(np.asarray(assignment, dtype=np.int64), method, k,
-                     time.perf_counter() - t0, notes)
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    assignment = np.asarray(assignment, dtype=np.int64)
+    cap = load_cap(graph, k, imbalance, clusters_of(graph))
+    over = _overload(graph, assignment, k, cap, memory_cap_enforced(graph, k))
+    return Partition(assignment, method, k, seconds, notes, feasible=over == 0.0, overload=over,
+                     cpu_seconds=cpu)
 
 
 def _objective_weights(graph: Graph, static_crit: np.ndarray, assignment: np.ndarray | None,
-                       delta: float) -> np.ndarray:
+                       delta: float, critical_weight: float) -> np.ndarray:
     crit = static_crit
     if assignment is not None:
         crit = crit | critical_edges(graph, delta, assignment=assignment)
-    return graph.edge_cost * (1.0 + CRITICAL_WEIGHT * crit)
+    return graph.edge_cost * (1.0 + critical_weight * crit)
 
 
 def _refine(graph: Graph, base: np.ndarray, part: np.ndarray, k: int, cap: float,
-            mem_cap: float, static_crit: np.ndarray, delta: float,
+            mem_cap: float, static_crit: np.ndarray, delta: float, critical_weight: float,
             coarse: ClusterGraph | None = None, wake_all: bool = True) -> np.ndarray:
     """Coarse-level FM (whole coarse clusters move) then base-level FM with partition-aware weights."""
     if coarse is not None:
@@ -111,7 +176,8 @@ def _refine(graph: Graph, base: np.ndarray, part: np.ndarray, k: int, cap: float
         cpart[coarse.of] = part
         cpart = fm_refine(coarse, cpart, k, cap, mem_cap)
         part = coarse.expand(cpart)
-    cg = cluster_graph(graph, base, _objective_weights(graph, static_crit, part, delta))
+    cg = cluster_graph(graph, base, _objective_weights(graph, static_crit, part, delta,
+                                                       critical_weight))
     bpart = np.zeros(cg.size, dtype=np.int64)
     bpart[base] = part
     bpart = rebalance(cg, bpart, k, cap, mem_cap)
@@ -127,26 +193,19 @@ def _over_caps(cg: ClusterGraph, part: np.ndarray, k: int, cap: float, mem_cap: 
     return bool(np.bincount(part, weights=cg.memory, minlength=k).max() > mem_cap)
 
 
-DESCENT_WORK = 40_000  # makespan-descent budget in (nodes + edges) simulated, i.e. simulations
-DESCENT_SIMULATIONS = (4, 40)  # ... = DESCENT_WORK / (n + m), clipped to this range
-# where no cut-driven start met the caps (they are tight), a descent move the caps refuse may
-# swap a co-location cluster back instead (elsewhere swaps only spend the budget: measured)
-DESCENT_SWAPS = True
-
-
-def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int,
-                 delta: float, acyclic: bool = False) -> tuple[np.ndarray, dict]:
+def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int, delta: float,
+                 acyclic: bool, opts: PartitionOptions) -> tuple[np.ndarray, dict]:
     lv = levels(graph)
     static_crit = critical_edges(graph, delta, lv=lv)
     base = clusters_of(graph)
     cap = load_cap(graph, k, imbalance, base)
     mem_cap = memory_cap_enforced(graph, k)
-    weights = _objective_weights(graph, static_crit, None, delta)
+    weights = _objective_weights(graph, static_crit, None, delta, opts.critical_weight)
     base_cg = cluster_graph(graph, base, weights)
     coarse_of = coarsen_chains(graph, weights, max_weight=cap / 4.0)
     coarse_cg = cluster_graph(graph, coarse_of, weights)
-    candidates = _candidates(graph, k, imbalance, seed, cap, mem_cap, lv, static_crit, base_cg,
-                             coarse_cg, acyclic)
+    starts = _candidates(graph, k, imbalance, seed, cap, mem_cap, lv, static_crit, base_cg,
+                         coarse_cg, acyclic, opts.cut_penalty)
 
     simulated: dict[bytes, list] = {}  # finish times by assignment: equal candidates share one
 
@@ -156,98 +215,108 @@ def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int,
             simulated[key] = finish_times(graph, a)
         return max(simulated[key], default=0.0)
 
-    scored = [(_overload(graph, a, k, cap, mem_cap), span_of(a), name, a)
-              for name, a in candidates.items()]
-    tight = all(s[0] > 0 for s in scored)
+    def candidate(name: str, a: np.ndarray) -> Candidate:
+        return Candidate(_overload(graph, a, k, cap, mem_cap), span_of(a), name, a)
+
+    scored = [candidate(name, a) for name, a in starts.items()]
+    tight = all(c.overload > 0 for c in scored)
     # FM refines the cut-driven starts; any start over the caps is rebalanced (moves, then
     # swaps where moves get stuck) and refined too
-    for over, span, name, part in [s for s in scored if s[2] in REFINED or s[0] > 0]:
-        refined = _refine(graph, base, part, k, cap, mem_cap, static_crit, delta,
-                          coarse_cg if name == "metis" else None)
-        scored.append((_overload(graph, refined, k, cap, mem_cap), span_of(refined),
-                       name + "+fm", refined))
-    if all(s[0] > 0 for s in scored):  # no start could be repaired: bin-packed starts
+    for c in [c for c in scored if c.name in opts.refined or c.overload > 0]:
+        refined = _refine(graph, base, c.assignment, k, cap, mem_cap, static_crit, delta,
+                          opts.critical_weight, coarse_cg if c.name == "metis" else None)
+        scored.append(candidate(c.name + "+fm", refined))
+    if all(c.overload > 0 for c in scored):  # no start could be repaired: bin-packed starts
         for by_memory in (False, True) if np.isfinite(mem_cap) else (False,):
             a = _refine(graph, base, base_cg.expand(packed(base_cg, k, cap, mem_cap, by_memory)),
-                        k, cap, mem_cap, static_crit, delta, wake_all=False)
+                        k, cap, mem_cap, static_crit, delta, opts.critical_weight,
+                        wake_all=False)
             if _overload(graph, a, k, cap, mem_cap) == 0.0:
-                scored.append((0.0, span_of(a), "packed+fm", a))
-    if np.isfinite(mem_cap) and all(_memory_over(graph, s[3], k, mem_cap) for s in scored):
+                scored.append(Candidate(0.0, span_of(a), "packed+fm", a))
+    if np.isfinite(mem_cap) and all(_memory_over(graph, c.assignment, k, mem_cap)
+                                    for c in scored):
         # no candidate meets the memory cap (it and the load cap may not both be satisfiable):
         # rank on the load cap and makespan, as for a graph whose memory cannot fit at all
         mem_cap = float("inf")
-        scored = [(_overload(graph, s[3], k, cap, mem_cap), s[1], s[2], s[3]) for s in scored]
+        scored = [Candidate(_overload(graph, c.assignment, k, cap, mem_cap), c.makespan, c.name,
+                            c.assignment) for c in scored]
+    relaxed_cap = None
+    if all(c.overload > 0 for c in scored):
+        # the load cap cannot be met by any candidate (e.g. 12 equal layers on 8 devices):
+        # rank on makespan among the candidates within ``infeasible_slack`` x the average load
+        # of the least loaded one instead of on the last thousandth of overload, which picked a
+        # partition 2-3x slower than METIS's for 0.1% less load (the result is still flagged)
+        avg = float(graph.cost.sum()) / k
+        fits = [c for c in scored if not _memory_over(graph, c.assignment, k, mem_cap)] or scored
+        least = min(float(np.bincount(c.assignment, weights=graph.cost, minlength=k).max())
+                    for c in fits)
+        relaxed_cap = max(cap, least + opts.infeasible_slack * avg)
+        cap = relaxed_cap
+        scored = [Candidate(_overload(graph, c.assignment, k, cap, mem_cap), c.makespan, c.name,
+                            c.assignment) for c in scored]
     if acyclic:  # may be impossible when a co-location class spans a path; then fall back
-        dag = [s for s in scored if device_graph_acyclic(graph, s[3], k)]
+        dag = [c for c in scored if device_graph_acyclic(graph, c.assignment, k)]
         scored = dag or scored
     guarded = graph.edge_cost * static_crit
     cut_costs: dict[bytes, float] = {}  # by assignment: the choice and the notes share them
 
-    def cut_of(s: tuple) -> float:
-        key = np.asarray(s[3], dtype=np.int64).tobytes()
+    def cut_of(c: Candidate) -> float:
+        key = np.asarray(c.assignment, dtype=np.int64).tobytes()
         if key not in cut_costs:
-            cut_costs[key] = _cut_cost(graph, guarded, s[3])
+            cut_costs[key] = _cut_cost(graph, guarded, c.assignment)
         return cut_costs[key]
 
-    over, span, label, best = _choose(graph, scored, guarded, cut_of)
+    chosen = _choose(graph, scored, guarded, opts.cut_penalty, cut_of)
+    best, span, label = chosen.assignment, chosen.makespan, chosen.name
     used = 0
-    if over == 0.0:
-        budget = int(np.clip(DESCENT_WORK / max(graph.n + graph.m, 1), *DESCENT_SIMULATIONS))
+    if chosen.overload == 0.0:
+        lo, hi = opts.descent_simulations
+        budget = int(np.clip(opts.descent_work / max(graph.n + graph.m, 1), lo, hi))
 
         def descend(start: np.ndarray, budget: int) -> tuple[np.ndarray, float, int]:
             return makespan_descent(
                 graph, start, k, cap, mem_cap, [base, coarse_of], budget,
                 acyclic=acyclic and device_graph_acyclic(graph, start, k), guarded=guarded,
-                swaps=DESCENT_SWAPS and tight,
+                swaps=opts.descent_swaps and tight,
                 finish=simulated.get(np.asarray(start, dtype=np.int64).tobytes()))
 
         best, span, used = descend(best, budget)
-        metis = [s for s in scored if s[2] == "metis-plain"]
-        low = _low_cut_start(scored, cut_of, metis, cut_of((0.0, span, label, best)))
+        metis = [c for c in scored if c.name == "metis-plain"]
+        low = _low_cut_start(scored, cut_of, metis, cut_of(Candidate(0.0, span, label, best)))
         if low is not None:
-            other, other_span, more = descend(low[3], max(budget // LOW_CUT_SHARE, 1))
+            other, other_span, more = descend(low.assignment, max(budget // opts.low_cut_share, 1))
             used += more
-            if other_span <= min(metis[0][1], (1.0 + CUT_SLACK) * span) + 1e-9:
-                best, span, label = other, other_span, low[2] + "+low-cut"
-    candidates = {s[2]: {"overload": s[0], "makespan": s[1],
-                         "critical_cut": cut_of(s)}
-                  for s in scored}
-    return best, {"chosen": label, "descent_simulations": used, "makespan": span,
-                  "candidates": candidates}
+            if other_span <= min(metis[0].makespan, (1.0 + opts.cut_slack) * span) + 1e-9:
+                best, span, label = other, other_span, low.name + "+low-cut"
+    candidates = {c.name: {"overload": c.overload, "makespan": c.makespan,
+                           "critical_cut": cut_of(c)}
+                  for c in scored}
+    notes = {"chosen": label, "descent_simulations": used, "makespan": span,
+             "candidates": candidates}
+    if relaxed_cap is not None:
+        notes["relaxed_load_cap"] = relaxed_cap
+    return best, notes
 
 
-# FM refines the critical-weighted METIS start (it would undo a schedule-driven start's work;
-# refining METIS's own partition too won 5 of 168 cases and changed no goal figure)
-REFINED = ("metis",)
-CUT_PENALTY = 1.0  # final choice: makespan + this x cost of the static critical edges cut
-# the final choice gives up at most this share of simulated makespan for a partition that cuts
-# less static critical cost than METIS's own (and is never slower than it); see _low_cut_start
-CUT_SLACK = 0.03
-# ... whose descent gets 1/this of the main descent's budget: an eighth won the same cases as
-# the full budget on synthetic seeds 0-10; the full one took transformer-1 k = 4 past 10x METIS
-LOW_CUT_SHARE = 8
-
-
-def _low_cut_start(scored: list, cut_of, metis: list, chosen_cut: float) -> tuple | None:
+def _low_cut_start(scored: list[Candidate], cut_of: Callable[[Candidate], float],
+                   metis: list[Candidate], chosen_cut: float) -> Candidate | None:
     """Where the chosen partition (after its descent) cuts no less static critical cost than
-    METIS's own partition (``metis``: its scored entry, when run), the fastest candidate within
+    METIS's own partition (``metis``: its candidate, when run), the fastest candidate within
     the caps that cuts less, to be descended too; else None. Why: the critical cut is the
     disclosure's objective and a cut critical transfer costs more in a real run than the
-    simulator prices it (docs/partition.md), so a partition at most ``CUT_SLACK`` slower in
-    simulation that cuts less of the critical path than METIS is the better buy. On the
-    synthetic DAGs the makespan-first choice cut more than METIS in 7 of 27 cases (24 of 72 on
-    held-out seeds 3-10); this start and its descent win 3 (7) of them back, with the median
-    makespan excess unchanged."""
+    simulator prices it, so a partition at most ``cut_slack`` slower in simulation that cuts
+    less of the critical path than METIS is the better buy (measured: bench/partition_history.md)."""
     if not metis or chosen_cut < cut_of(metis[0]) - 1e-12:
         return None
     limit = cut_of(metis[0]) - 1e-12
-    low = [s for s in scored if s[0] == 0.0 and cut_of(s) < limit]
-    return min(low, key=lambda s: s[1]) if low else None
+    low = [c for c in scored if c.overload == 0.0 and cut_of(c) < limit]
+    return min(low, key=lambda c: c.makespan) if low else None
 
 
 def _candidates(graph: Graph, k: int, imbalance: float, seed: int, cap: float, mem_cap: float,
                 lv: Levels, static_crit: np.ndarray, base_cg: ClusterGraph,
-                coarse_cg: ClusterGraph, acyclic: bool) -> dict[str, np.ndarray]:
+                coarse_cg: ClusterGraph, acyclic: bool, cut_penalty: float,
+                ) -> dict[str, np.ndarray]:
     """Initial partitions, named. Contiguous splits of the topological order (a chain of
     stages; with ``acyclic`` also by earliest start, so branches that run at the same time share
     a stage), capped list scheduling (charging a cut critical edge the final choice's penalty)
@@ -262,7 +331,7 @@ def _candidates(graph: Graph, k: int, imbalance: float, seed: int, cap: float, m
         if split is not None:
             out[name] = base_cg.expand(split)
     pins = critical_path_pins(graph, base_cg, k, cap, lv.est, static_crit)
-    penalty = CUT_PENALTY * graph.edge_cost * static_crit
+    penalty = cut_penalty * graph.edge_cost * static_crit
     out["list"] = base_cg.expand(capped_list_schedule(graph, base_cg, k, cap, lv.blevel,
                                                       mem_cap=mem_cap, penalty=penalty))
     out["cpop"] = base_cg.expand(
@@ -273,26 +342,31 @@ def _candidates(graph: Graph, k: int, imbalance: float, seed: int, cap: float, m
     return out
 
 
-def _choose(graph: Graph, scored: list, guarded: np.ndarray, cut_of=None) -> tuple:
-    """The final choice among (overload, makespan, name, assignment) candidates: the least
-    overloaded; among those, none slower than METIS's own partition (``metis-plain``, when it is
-    as little overloaded); then the lowest makespan + CUT_PENALTY x critical cut cost. Why not
-    makespan alone: the simulator prices a cut critical edge at its modelled transfer time, and
-    real messages cost more (docs/partition.md, the pipeline run), so among partitions of
-    near-equal simulated makespan the one that cuts less of the critical path is the safer.
+def _choose(graph: Graph, scored: list[Candidate], guarded: np.ndarray, cut_penalty: float,
+            cut_of: Callable[[Candidate], float] | None = None) -> Candidate:
+    """The final choice. Balance and memory are constraints: where some candidates meet both
+    caps, only those are ranked; where none does, the least overloaded (the least-violating)
+    ones are, and the caller flags the result infeasible. Among them, none slower than METIS's
+    own partition (``metis-plain``, when it is among them); then the lowest makespan +
+    ``cut_penalty`` x critical cut cost, ties to the lower makespan. Why not makespan alone:
+    the simulator prices a cut critical edge at its modelled transfer time, and real messages
+    cost more, so among partitions of near-equal simulated makespan the one that cuts less of
+    the critical path is the safer (``cut_penalty`` 0: makespan, then critical cut).
     ``cut_of`` (a candidate -> its critical cut cost, memoised by the caller) saves computing it
     again."""
-    if cut_of is None:
-        def cut_of(s: tuple) -> float:
-            return _cut_cost(graph, guarded, s[3])
-    least = min(s[0] for s in scored)
-    pool = [s for s in scored if s[0] == least]
-    metis = [s for s in pool if s[2] == "metis-plain"]
-    if metis:
-        pool = [s for s in pool if s[1] <= metis[0][1]]
+    def plain_cut(c: Candidate) -> float:
+        return _cut_cost(graph, guarded, c.assignment)
 
-    def score(s: tuple) -> tuple[float, float]:
-        return s[1] + CUT_PENALTY * cut_of(s), s[1]
+    cut = cut_of if cut_of is not None else plain_cut
+    least = min(c.overload for c in scored)
+    pool = [c for c in scored if c.overload == least]
+    metis = [c for c in pool if c.name == "metis-plain"]
+    if metis:
+        pool = [c for c in pool if c.makespan <= metis[0].makespan]
+
+    def score(c: Candidate) -> tuple[float, float, float]:
+        crit = cut(c)
+        return c.makespan + cut_penalty * crit, c.makespan, crit
 
     return min(pool, key=score)
 
@@ -307,10 +381,10 @@ def _memory_over(graph: Graph, a: np.ndarray, k: int, mem_cap: float) -> bool:
 
 
 def _overload(graph: Graph, a: np.ndarray, k: int, cap: float, mem_cap: float) -> float:
-    """How far the worst part exceeds the caps (0 when they hold): balance first, then makespan."""
+    """How far the worst device exceeds the caps, relative to each cap (0 when both hold)."""
     load = np.bincount(a, weights=graph.cost, minlength=k).max() / max(cap, 1e-300) - 1.0
     over = max(0.0, float(load)) if load > 1e-9 else 0.0
     if np.isfinite(mem_cap):
-        mem = np.bincount(a, weights=graph.memory, minlength=k).max() / mem_cap - 1.0
+        mem = np.bincount(a, weights=graph.memory, minlength=k).max() / max(mem_cap, 1e-300) - 1.0
         over += max(0.0, float(mem)) if mem > 1e-9 else 0.0
     return over

@@ -18,13 +18,16 @@ messages, length-framed), loopback only.
 from __future__ import annotations
 
 import argparse
+import heapq
 import importlib
 import json
 import os
 import pickle
+import statistics
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
 from typing import Any
@@ -93,10 +96,84 @@ class Mailbox:
             return self.control.pop(0)
 
 
-def _send(conn: Connection, msg) -> None:
+def _send(conn: "Connection | Link", msg) -> None:
     """Plain pickle, not Connection.send: torch registers a ForkingPickler reduction that passes
     tensors as shared-memory handles, which only works between related processes."""
-    conn.send_bytes(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
+    data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+    if isinstance(conn, Link):
+        conn.send_bytes(data, delayed=msg[0] == "value")
+    else:
+        conn.send_bytes(data)
+
+
+class Link:
+    """A connection with an emulated slower link: each value message is delivered
+    ``latency + bytes / bandwidth`` seconds after it was sent (control messages at once).
+
+    Why a delay line and not a token bucket: the makespan simulator charges every cut edge its
+    own transfer time and lets transfers overlap (no link contention); a token bucket would
+    queue messages behind each other, which the model does not price. Messages are sent in
+    order of their due time by one thread per link, which sleeps on a condition with the time
+    to the next due message as its timeout (no polling). Loopback's own cost (pickling, the
+    socket) comes on top; the per-message ``latency`` of the cost model is meant to cover both."""
+
+    def __init__(self, conn: Connection, latency: float = 0.0,
+                 bandwidth: float = float("inf")) -> None:
+        self.conn = conn
+        self._due: list[tuple[float, int, bytes]] = []
+        self._seq = 0
+        self._cond = threading.Condition()
+        self._closed = False
+        self._lock = threading.Lock()  # one writer on the socket at a time
+        self._thread: threading.Thread | None = None
+        self.configure(latency, bandwidth)
+
+    def configure(self, latency: float, bandwidth: float) -> None:
+        """The emulated link for the messages sent from now on."""
+        if not (latency >= 0 and bandwidth > 0):
+            raise ValueError(f"link: latency {latency} must be >= 0, bandwidth {bandwidth} > 0")
+        self.latency, self.bandwidth = latency, bandwidth
+        self.emulated = latency > 0 or bandwidth != float("inf")
+        if self.emulated and self._thread is None:
+            self._thread = threading.Thread(target=self._deliver, daemon=True)
+            self._thread.start()
+
+    def send_bytes(self, data: bytes, delayed: bool = True) -> None:
+        if not (delayed and self.emulated):
+            with self._lock:
+                self.conn.send_bytes(data)
+            return
+        due = time.monotonic() + self.latency + len(data) / self.bandwidth
+        with self._cond:
+            heapq.heappush(self._due, (due, self._seq, data))
+            self._seq += 1
+            self._cond.notify()
+
+    def _deliver(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._closed and not self._due:
+                        return
+                    wait = self._due[0][0] - time.monotonic() if self._due else TIMEOUT_S
+                    if self._due and wait <= 0:
+                        _, _, data = heapq.heappop(self._due)
+                        break
+                    self._cond.wait(timeout=wait)  # woken early by a new message or close
+            try:
+                with self._lock:
+                    self.conn.send_bytes(data)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        """Deliver what is queued (waiting at most TIMEOUT_S for it), then close."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=TIMEOUT_S)
+        self.conn.close()
 
 
 def _reader(conn: Connection, box: Mailbox) -> None:
@@ -120,6 +197,25 @@ def _serve(listener: Listener, box: Mailbox) -> None:
         threading.Thread(target=_reader, args=(conn, box), daemon=True).start()
 
 
+def example_input(shape, dtype: str | None, seed: int = 0):
+    """An input of ``shape``: floats from N(0, 1), or with ``dtype`` ``tokens:V`` token ids
+    below V (a language model's input)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    if dtype and dtype.startswith("tokens:"):
+        return torch.randint(0, int(dtype.split(":", 1)[1]), tuple(shape), generator=gen)
+    return torch.randn(*shape, generator=gen)
+
+
+def trace_for_pipeline(model, tracer: str, example):
+    """The GraphModule the driver partitions and every stage runs its share of: the same
+    model, tracer and input shape give the same node names in every process."""
+    from trainmaster.partition.importers import trace_module
+
+    return trace_module(model, (example,) if example is not None else (), tracer)
+
+
 def plan_consumers(gm, assignment: dict[str, int]) -> dict[str, set[int]]:
     """For each node, the processes (stage index or DRIVER) that read its value elsewhere."""
     owner = {n.name: _owner(n, assignment) for n in gm.graph.nodes}
@@ -135,6 +231,22 @@ def _owner(node, assignment: dict[str, int]) -> int:
     return DRIVER if node.op in ("placeholder", "output") else assignment[node.name]
 
 
+def _publish_plan(graph: Any, assignment: Any, k: int, method: str) -> None:
+    """The partition, for the dashboard's graph view: operators by device, critical edges."""
+    import trainmaster
+    from trainmaster.partition.critical import critical_edges
+
+    critical = critical_edges(graph, assignment=assignment)
+    on_critical = set(graph.src[critical].tolist()) | set(graph.dst[critical].tolist())
+    names = [str(n) for n in graph.node_ids]
+    trainmaster.publish("partition.plan", {
+        "method": method, "devices": k,
+        "nodes": [{"id": names[v], "device": int(assignment[v]), "critical": v in on_critical}
+                  for v in range(len(graph.node_ids))],
+        "edges": [{"src": names[int(s)], "dst": names[int(d)], "critical": bool(c)}
+                  for s, d, c in zip(graph.src, graph.dst, critical)]})
+
+
 def run_stage(port: int) -> None:
     """A stage: serve runs until the driver says stop."""
     import torch
@@ -143,7 +255,7 @@ def run_stage(port: int) -> None:
     box = Mailbox()
     listener = Listener(("127.0.0.1", port), authkey=AUTHKEY)
     threading.Thread(target=_serve, args=(listener, box), daemon=True).start()
-    peers: dict[int, Connection] = {}
+    peers: dict[int, Link] = {}
     while True:
         msg = box.take_control(timeout=600.0)
         if msg[0] == "stop":
@@ -152,12 +264,19 @@ def run_stage(port: int) -> None:
         me = cfg["stage"]
         deadline = time.monotonic() + TIMEOUT_S
         if DRIVER not in peers:
-            peers[DRIVER] = _dial(cfg["driver"], deadline)
+            peers[DRIVER] = Link(_dial(cfg["driver"], deadline))
         for j, addr in enumerate(cfg["stages"]):
             if j != me and j not in peers:
-                peers[j] = _dial(addr, deadline)
+                peers[j] = Link(_dial(addr, deadline))
+        link = cfg.get("link") or {}
+        for j, peer in peers.items():  # stage to stage only: the driver stands for no device
+            peer.configure(float(link.get("latency", 0.0)) if j != DRIVER else 0.0,
+                           float(link.get("bandwidth", float("inf"))) if j != DRIVER
+                           else float("inf"))
         model = build_model(cfg["model"], cfg["seed"])
-        gm = torch.fx.symbolic_trace(model)
+        shape = cfg.get("input_shape")
+        gm = trace_for_pipeline(model, cfg.get("tracer", "fx"),
+                                example_input(shape, cfg.get("input_dtype")) if shape else None)
         assignment = cfg["assignment"]
         consumers = plan_consumers(gm, assignment)
         mine = [n for n in gm.graph.nodes if _owner(n, assignment) == me]
@@ -179,16 +298,56 @@ def run_stage(port: int) -> None:
     listener.close()
 
 
+@dataclass
+class PipelineRun:
+    """What the driver runs: the model (``module:callable``) and its input, how it is traced and
+    costed, the methods to compare, and the link.
+
+    ``costs``: ``flops`` (FLOPs / ``flops_per_second``) or ``measured`` (each node's wall time
+    in the same fx Interpreter the stages run it in, mean of ``profile_runs`` runs: the
+    per-node overhead of running a graph node by node is then in the prediction too).
+    ``emulate_link``: stage-to-stage messages are delayed by ``latency + bytes / bandwidth``,
+    the cost model's own edge cost (``Link``), so the run has the link the prediction assumed.
+    ``latency_samples``: samples sent one at a time after the streamed ones, each timed from its
+    input leaving the driver to its output arriving: the measured counterpart of the makespan
+    (one sample's latency); the streamed time per sample is that of ``max_load``."""
+
+    model: str
+    input_shape: tuple[int, ...]
+    methods: list[str] = field(default_factory=lambda: ["trainmaster", "metis"])
+    samples: int = 20
+    seed: int = 0
+    bandwidth: float = 1e9
+    flops_per_second: float = 1e10
+    latency: float = 1e-3
+    acyclic: bool = True
+    tracer: str = "fx"
+    input_dtype: str | None = None
+    costs: str = "flops"
+    profile_runs: int = 5
+    emulate_link: bool = False
+    latency_samples: int = 0
+
+
 def run_driver(stages: list[str], port: int, model_spec: str, input_shape: tuple[int, ...],
                methods: list[str], samples: int, seed: int, bandwidth: float,
                flops_per_second: float = 1e10, latency: float = 1e-3,
                acyclic: bool = True) -> dict:
+    """Partition the model with each method, run it through the stages, check and time it."""
+    return run_pipeline(stages, port, PipelineRun(
+        model_spec, tuple(input_shape), list(methods), samples, seed, bandwidth,
+        flops_per_second, latency, acyclic))
+
+
+def run_pipeline(stages: list[str], port: int, run: PipelineRun) -> dict:
     """Partition the model with each method, run it through the stages, check and time it."""
     import torch
 
     from trainmaster.partition import evaluate, partition
     from trainmaster.partition.importers import from_module
 
+    if run.costs not in ("flops", "measured"):
+        raise ValueError(f"pipeline costs {run.costs!r}: use flops or measured")
     torch.set_num_threads(1)
     k = len(stages)
     box = Mailbox()
@@ -196,31 +355,42 @@ def run_driver(stages: list[str], port: int, model_spec: str, input_shape: tuple
     threading.Thread(target=_serve, args=(listener, box), daemon=True).start()
     deadline = time.monotonic() + TIMEOUT_S
     conns = [_dial(a, deadline) for a in stages]
-    model = build_model(model_spec, seed)
-    torch.manual_seed(seed + 1)
-    inputs = [torch.randn(*input_shape) for _ in range(samples)]
-    warmup = max(2, samples // 5)
+    model = build_model(run.model, run.seed)
+    inputs = [example_input(run.input_shape, run.input_dtype, run.seed + 1 + i)
+              for i in range(run.samples + run.latency_samples)]
+    warmup = max(2, run.samples // 5)
     feed = inputs[:warmup] + inputs
     with torch.no_grad():
         expected = [model(x) for x in inputs]
         t0 = time.perf_counter()
-        for x in inputs:
+        for x in inputs[:run.samples]:
             model(x)
-        unsplit = (time.perf_counter() - t0) / samples
-    graph, gm = from_module(model, (inputs[0],), bandwidth=bandwidth,
-                            flops_per_second=flops_per_second, latency=latency)
-    report: dict[str, Any] = {"model": model_spec, "k": k, "samples": samples,
-                              "cost_model": {"flops_per_second": flops_per_second,
-                                             "bandwidth": bandwidth, "latency": latency},
-                              "acyclic": acyclic,
-                              "unsplit_seconds_per_sample": unsplit, "runs": {}}
-    for method in methods:
-        part = partition(graph, k, method, acyclic=acyclic)
+        unsplit = (time.perf_counter() - t0) / max(run.samples, 1)
+    graph, gm = from_module(model, (inputs[0],), bandwidth=run.bandwidth,
+                            flops_per_second=run.flops_per_second, latency=run.latency,
+                            tracer=run.tracer)
+    if run.costs == "measured":
+        graph = _with_measured_costs(graph, gm, (inputs[0],), run.profile_runs)
+    report: dict[str, Any] = {"model": run.model, "k": k, "samples": run.samples,
+                              "latency_samples": run.latency_samples,
+                              "cost_model": {"costs": run.costs,
+                                             "flops_per_second": run.flops_per_second,
+                                             "bandwidth": run.bandwidth, "latency": run.latency},
+                              "emulated_link": run.emulate_link, "tracer": run.tracer,
+                              "nodes": graph.n, "acyclic": run.acyclic,
+                              "unsplit_seconds_per_sample": unsplit,
+                              "predicted_unsplit_seconds": float(graph.cost.sum()), "runs": {}}
+    link = {"latency": run.latency, "bandwidth": run.bandwidth} if run.emulate_link else {}
+    for method in run.methods:
+        part = partition(graph, k, method, acyclic=run.acyclic)
         assignment = part.by_node_id(graph)
         metrics = evaluate(graph, part.assignment, k)
-        cfg = {"assignment": assignment, "model": model_spec, "seed": seed,
-               "samples": warmup + samples,
-               "stages": stages, "driver": f"127.0.0.1:{port}"}
+        _publish_plan(graph, part.assignment, k, method)
+        total = warmup + run.samples + run.latency_samples
+        cfg = {"assignment": assignment, "model": run.model, "seed": run.seed, "samples": total,
+               "stages": stages, "driver": f"127.0.0.1:{port}", "tracer": run.tracer,
+               "input_shape": list(run.input_shape), "input_dtype": run.input_dtype,
+               "link": link}
         for j, conn in enumerate(conns):
             _send(conn, ("run", {**cfg, "stage": j}))
         for _ in range(k):
@@ -242,20 +412,113 @@ def run_driver(stages: list[str], port: int, model_spec: str, input_shape: tuple
 
         stream(0, warmup)  # first calls pay for lazy initialisation; keep them out of the timing
         t0 = time.perf_counter()
-        outputs = stream(warmup, warmup + samples)
+        outputs = stream(warmup, warmup + run.samples)
         elapsed = time.perf_counter() - t0
-        same = all(torch.allclose(o, e, atol=1e-5) for o, e in zip(outputs, expected))
+        one_at_a_time = []
+        for sample in range(warmup + run.samples, total):
+            t1 = time.perf_counter()
+            outputs += stream(sample, sample + 1)
+            one_at_a_time.append(time.perf_counter() - t1)
+        same = all(_close(o, e) for o, e in zip(outputs, expected))
         report["runs"][method] = {
-            "seconds_per_sample": elapsed / samples, "outputs_equal_unsplit": same,
+            "seconds_per_sample": elapsed / max(run.samples, 1), "outputs_equal_unsplit": same,
+            "latency_seconds": statistics.median(one_at_a_time) if one_at_a_time else None,
             "simulated_makespan": metrics["makespan"], "max_load": metrics["max_load"],
             "cut_count": metrics["cut_count"], "critical_cut_count": metrics["critical_cut_count"],
             "device_graph_acyclic": metrics["device_graph_acyclic"],
+            "feasible": part.feasible,
         }
     for conn in conns:
         _send(conn, ("stop",))
         conn.close()
     listener.close()
     return report
+
+
+def _close(out, expected) -> bool:
+    """Outputs equal the unsplit model's (tensors, or tuples / dicts / ModelOutputs of them)."""
+    import torch
+
+    if isinstance(out, torch.Tensor) and isinstance(expected, torch.Tensor):
+        return out.shape == expected.shape and torch.allclose(out, expected, atol=1e-5)
+    if isinstance(expected, dict):
+        return all(_close(out[key], expected[key]) for key in expected if key in out)
+    if isinstance(expected, (tuple, list)):
+        return all(_close(o, e) for o, e in zip(out, expected))
+    return out == expected
+
+
+def _with_measured_costs(graph, gm, args: tuple, runs: int):
+    """``graph`` with each node's cost replaced by its mean wall time over ``runs`` runs of
+    ``gm`` node by node in a plain fx Interpreter (as the stages run it; no FLOP counter)."""
+    import dataclasses
+
+    import numpy as np
+    import torch
+
+    times: dict[str, list[float]] = {}
+
+    class Timer(torch.fx.Interpreter):
+        def run_node(self, n):
+            t0 = time.perf_counter()
+            result = super().run_node(n)
+            times.setdefault(n.name, []).append(time.perf_counter() - t0)
+            return result
+
+    with torch.no_grad():
+        for _ in range(max(runs, 1) + 1):  # the first run warms caches: dropped below
+            Timer(gm).run(*args)
+    # the mean, not the median: an op's expected time includes the preemptions a loaded machine
+    # deals it, which the run will meet too (the median leaves them out and under-predicted a
+    # whole-model run by 2.5-4x at load average ~15 on 2 cores)
+    cost = np.asarray([statistics.fmean(times[i][1:]) if len(times.get(i, [])) > 1 else 0.0
+                       for i in graph.node_ids])
+    # placeholders and the output node run in the driver, not on a device
+    ops = {n.name: n.op for n in gm.graph.nodes}
+    cost[[ops.get(i) in ("placeholder", "output") for i in graph.node_ids]] = 0.0
+    return dataclasses.replace(graph, cost=cost)
+
+
+def run_local(run: PipelineRun, k: int, timeout: float = 600.0) -> dict:
+    """``run`` with k stage processes started here (loopback, free ports), the driver in this
+    process; the stages are stopped by the driver, or killed (by their pid) when it fails."""
+    import socket
+    import subprocess
+
+    def free_port() -> int:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return int(sock.getsockname()[1])
+
+    ports = [free_port() for _ in range(k + 1)]
+    procs = [subprocess.Popen([sys.executable, "-m", "trainmaster.partition.pipeline", "stage"],
+                              env={**os.environ, "TM_PORT": str(p)}) for p in ports[:k]]
+    try:
+        report = run_pipeline([f"127.0.0.1:{p}" for p in ports[:k]], ports[k], run)
+        for proc in procs:
+            proc.wait(timeout=timeout)
+        return report
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+
+
+def run_from_params(params: dict) -> PipelineRun:
+    """The job's ``frameworkParams`` as a PipelineRun (defaults where absent)."""
+    return PipelineRun(
+        model=params.get("model", "trainmaster.partition.models:inception"),
+        input_shape=tuple(params.get("input_shape", [1, 3, 32, 32])),
+        methods=list(params.get("methods", ["trainmaster", "metis"])),
+        samples=int(params.get("samples", 20)), seed=int(params.get("seed", 0)),
+        bandwidth=float(params.get("bandwidth", 1e9)),
+        flops_per_second=float(params.get("flops_per_second", 1e10)),
+        latency=float(params.get("latency", 1e-3)), acyclic=bool(params.get("acyclic", True)),
+        tracer=str(params.get("tracer", "fx")), input_dtype=params.get("input_dtype"),
+        costs=str(params.get("costs", "flops")), profile_runs=int(params.get("profile_runs", 5)),
+        emulate_link=bool(params.get("emulate_link", False)),
+        latency_samples=int(params.get("latency_samples", 0)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -268,14 +531,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     params = json.loads(os.environ.get("TM_PIPELINE_PARAMS", "{}"))
     stages = [a for a in os.environ["TM_SERVICE_STAGE"].split(",") if a]
-    report = run_driver(stages, port, params.get("model", "trainmaster.partition.models:inception"),
-                        tuple(params.get("input_shape", [1, 3, 32, 32])),
-                        list(params.get("methods", ["trainmaster", "metis"])),
-                        int(params.get("samples", 20)), int(params.get("seed", 0)),
-                        float(params.get("bandwidth", 1e9)),
-                        float(params.get("flops_per_second", 1e10)),
-                        float(params.get("latency", 1e-3)),
-                        bool(params.get("acyclic", True)))
+    report = run_pipeline(stages, port, run_from_params(params))
     text = json.dumps(report, indent=1)
     print(text, flush=True)
     out_dir = os.environ.get("TM_OUTPUT_DIR")

@@ -17,7 +17,8 @@ import numpy as np
 from trainmaster.partition.critical import levels
 from trainmaster.partition.graph import Graph
 from trainmaster.partition.simulate import (TrialSimulator, device_graph_acyclic,
-                                            predecessor_lists, schedule, static_order)
+                                            predecessor_lists, schedule, sim_plan,
+                                            static_order)
 
 
 def critical_chain(graph: Graph, assignment: np.ndarray, finish: list | None = None,
@@ -60,7 +61,7 @@ def _static_chain(graph: Graph, order: list[int], assignment, finish: list,
     exactly the sorted one."""
     part = assignment if isinstance(assignment, list) else np.asarray(assignment).tolist()
     fin = finish if isinstance(finish, list) else np.asarray(finish).tolist()
-    w = graph.cache["plan"][8]
+    w = sim_plan(graph).cost
     prev = [-1] * graph.n
     last = [-1] * (max(part) + 1)
     # v starts no earlier than u (before it on its device) ends, so the recomputed starts can
@@ -85,7 +86,7 @@ def _walk_back(graph: Graph, v: int, fin: list, start: list | None, part: list,
     """The critical chain ending at ``v``, last link first: from each operator back to the
     predecessor whose data (or, on the same device, whose end) it waited for, else to the
     operator before it on its device (``prev``). ``start`` None: start = finish - cost."""
-    w = graph.cache["plan"][8] if start is None else None
+    w = sim_plan(graph).cost if start is None else None
     tol = 1e-9 * max(fin[v], 1.0)
     links: list[tuple[int, int, bool]] = []
     append = links.append

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -21,26 +22,27 @@ from trainmaster.partition.graph import Graph
 def makespan(graph: Graph, assignment: np.ndarray, priority: np.ndarray | None = None) -> float:
     """Simulated single-sample latency of ``assignment`` (see module docstring). Called once per
     candidate and per trial move, so the common case (static order) skips the array round trip."""
-    plan = _plan(graph, priority)
-    if plan[1] is not None:
+    plan = sim_plan(graph, priority)
+    if plan.order is not None:
         return max(_static_finish(plan, np.asarray(assignment).tolist()), default=0.0)
     return float(schedule(graph, assignment, priority)[1].max(initial=0.0))
 
 
 def finish_times(graph: Graph, assignment: np.ndarray) -> list:
     """Every operator's finish time as a list (``max`` of it is ``makespan``)."""
-    plan = _plan(graph, None)
-    if plan[1] is not None:
+    plan = sim_plan(graph)
+    if plan.order is not None:
         return _static_finish(plan, np.asarray(assignment).tolist())
     return schedule(graph, assignment)[1].tolist()
 
 
-def _static_finish(plan, part: list, finish: list | None = None, first: int = 0) -> list:
+def _static_finish(plan: SimPlan, part: list, finish: list | None = None, first: int = 0) -> list:
     """Finish times when the priority order is topological: one pass, no ready heap. With
     ``finish`` (a schedule whose operators before position ``first`` of the order are placed as
     in ``part``) the pass resumes at ``first``: in this order an operator depends only on
     operators before it, so the prefix is unchanged."""
-    order, steps = plan[1], plan[13]
+    order, steps = plan.order, plan.steps
+    assert order is not None and steps is not None
     free = [0.0] * (max(part, default=0) + 1)
     if finish is None:
         finish = [0.0] * len(order)
@@ -68,12 +70,12 @@ def resumed_makespan(graph: Graph, assignment: np.ndarray | list, finish: list,
     """(makespan, finish times) of ``assignment`` given ``finish``, the finish times under an
     assignment that differs only on the ``changed`` operators: the simulation resumes at the
     first changed operator in priority order (the makespan descent's trial moves)."""
-    plan = _plan(graph, None)
+    plan = sim_plan(graph)
     part = assignment if isinstance(assignment, list) else np.asarray(assignment).tolist()
-    if plan[1] is None:
+    if plan.order is None:
         fin = schedule(graph, np.asarray(part))[1].tolist()
     else:
-        rank = plan[12]
+        rank = plan.rank_list
         first = min([rank[v] for v in changed]) if len(changed) else graph.n
         fin = _static_finish(plan, part, finish, first)
     return max(fin, default=0.0), fin
@@ -97,19 +99,19 @@ class TrialSimulator:
     CHECKPOINT = 16
 
     def __init__(self, graph: Graph, k: int) -> None:
-        plan = _plan(graph, None)
+        plan = sim_plan(graph)
         self.graph, self.k, self.plan = graph, k, plan
-        self.static = plan[1] is not None
+        self.static = plan.order is not None
         self.free_at: list[list[float]] = []
         self.done_at: list[list[float]] = []
         if self.static:
             bottom = graph.cache.get("bottom0")
             if bottom is None:
-                bottom = list(plan[8])  # compute-only bottom level, the operator's own included
-                for v, pv, wv in reversed(plan[13]):
+                bottom = list(plan.cost)  # compute-only bottom level, the operator's own included
+                for v, pv, wv in reversed(plan.steps or []):
                     b = bottom[v]
                     for u, _ in pv:
-                        t = plan[8][u] + b
+                        t = plan.cost[u] + b
                         if t > bottom[u]:
                             bottom[u] = t
                 graph.cache["bottom0"] = bottom
@@ -117,7 +119,7 @@ class TrialSimulator:
             if self.steps is None:  # (v, its one predecessor and cost or -1, preds, w, bottom)
                 self.steps = [(v, pv[0][0] if len(pv) == 1 else -1,
                                pv[0][1] if len(pv) == 1 else 0.0, pv, wv, bottom[v])
-                              for v, pv, wv in plan[13]]
+                              for v, pv, wv in plan.steps or []]
                 graph.cache["trial_steps"] = self.steps
 
     def set(self, part: list[int], finish: list, moved: list[int] | None = None) -> None:
@@ -127,10 +129,10 @@ class TrialSimulator:
         self.part, self.finish = part, finish
         if not self.static:
             return
-        k, w, step, order = self.k, self.plan[8], self.CHECKPOINT, self.plan[1]
+        k, w, step, order = self.k, self.plan.cost, self.CHECKPOINT, self.plan.order or []
         j = 0
         if moved is not None and self.free_at:
-            rank = self.plan[12]
+            rank = self.plan.rank_list
             first = min([rank[v] for v in moved]) if moved else len(order)
             j = min(first // step, len(self.free_at) - 1)
             del self.free_at[j + 1:], self.done_at[j + 1:]
@@ -154,7 +156,7 @@ class TrialSimulator:
         on the ``moved`` operators; (inf, None) once the makespan provably is >= ``limit``."""
         if not self.static:
             return resumed_makespan(self.graph, part, self.finish, moved)
-        rank, w, old = self.plan[12], self.plan[8], self.part
+        rank, w, old = self.plan.rank_list, self.plan.cost, self.part
         if not moved:
             return max(self.finish, default=0.0), list(self.finish)
         first = min([rank[v] for v in moved])
@@ -165,7 +167,7 @@ class TrialSimulator:
         j = first // self.CHECKPOINT
         free, done = list(self.free_at[j]), list(self.done_at[j])
         finish = self.finish
-        for v in self.plan[1][j * self.CHECKPOINT:first]:
+        for v in (self.plan.order or [])[j * self.CHECKPOINT:first]:
             d = old[v]
             if finish[v] > free[d]:
                 free[d] = finish[v]
@@ -204,16 +206,38 @@ class TrialSimulator:
 def static_order(graph: Graph) -> list[int] | None:
     """The simulator's priority order when it is topological (then it walks it directly, and
     each device runs its operators in that order); None when it keeps a ready heap instead."""
-    return _plan(graph, None)[1]
+    return sim_plan(graph).order
 
 
 def predecessor_lists(graph: Graph) -> list[list[tuple[int, float]]]:
     """Per operator, its (predecessor, transfer cost) pairs; cached with the simulator's plan."""
-    return _plan(graph, None)[10]
+    return sim_plan(graph).preds
 
 
-def _plan(graph: Graph, priority: np.ndarray | None):
-    """Per-graph lists for the simulator, cached: the hot loop then touches only Python lists.
+@dataclass(frozen=True)
+class SimPlan:
+    """Per-graph lists for the simulator, cached on the graph: the hot loop then touches only
+    Python lists (indexing a numpy array element by element is several times slower)."""
+
+    priority: list[float]  # the scheduling priority (static b-level) per operator
+    order: list[int] | None  # the priority order when it is topological, else None (ready heap)
+    in_ptr: list[int]  # CSR of in-edges: predecessors of v at pred[in_ptr[v]:in_ptr[v + 1]]
+    pred: list[int]
+    pred_cost: list[float]  # transfer cost of each in-edge, aligned with ``pred``
+    out_ptr: list[int]  # CSR of out-edges, likewise
+    succ: list[int]
+    succ_cost: list[float]
+    cost: list[float]  # compute cost per operator
+    indegree: list[int]
+    preds: list[list[tuple[int, float]]]  # per operator, its (predecessor, transfer cost) pairs
+    rank: np.ndarray  # position of each operator in the priority order
+    rank_list: list[int]
+    # (operator, its predecessors, its cost) in the static order; None when not static
+    steps: list[tuple[int, list[tuple[int, float]], float]] | None
+
+
+def sim_plan(graph: Graph, priority: np.ndarray | None = None) -> SimPlan:
+    """The simulator's ``SimPlan`` for ``graph`` (cached for the default priority).
 
     When sorting by (-b-level, index) is already a topological order (true unless a zero-cost
     predecessor ties its successor's b-level from a higher index), the ready-list pops nodes in
@@ -225,17 +249,20 @@ def _plan(graph: Graph, priority: np.ndarray | None):
         rank = np.empty(graph.n, dtype=np.int64)
         rank[order] = np.arange(graph.n)
         static = bool(np.all(rank[graph.src] < rank[graph.dst]))
-        plan = (prio.tolist(), order.tolist() if static else None, graph.in_ptr.tolist(),
-                graph.src[graph.in_edge].tolist(), graph.edge_cost[graph.in_edge].tolist(),
-                graph.out_ptr.tolist(), graph.dst[graph.out_edge].tolist(),
-                graph.edge_cost[graph.out_edge].tolist(), graph.cost.tolist(),
-                np.bincount(graph.dst, minlength=graph.n).tolist())
-        pred_l, pcost_l, in_ptr_l = plan[3], plan[4], plan[2]
+        order_l = order.tolist() if static else None
+        in_ptr_l = graph.in_ptr.tolist()
+        pred_l = graph.src[graph.in_edge].tolist()
+        pcost_l = graph.edge_cost[graph.in_edge].tolist()
+        cost_l = graph.cost.tolist()
         preds = [list(zip(pred_l[in_ptr_l[v]:in_ptr_l[v + 1]], pcost_l[in_ptr_l[v]:in_ptr_l[v + 1]]))
                  for v in range(graph.n)]
-        # 12: rank as a list; 13: (operator, its predecessors, its cost) in the static order
-        steps = None if not static else [(v, preds[v], plan[8][v]) for v in plan[1]]
-        plan = plan + (preds, rank, rank.tolist(), steps)
+        steps = None if order_l is None else [(v, preds[v], cost_l[v]) for v in order_l]
+        plan = SimPlan(priority=prio.tolist(), order=order_l, in_ptr=in_ptr_l, pred=pred_l,
+                       pred_cost=pcost_l, out_ptr=graph.out_ptr.tolist(),
+                       succ=graph.dst[graph.out_edge].tolist(),
+                       succ_cost=graph.edge_cost[graph.out_edge].tolist(), cost=cost_l,
+                       indegree=np.bincount(graph.dst, minlength=graph.n).tolist(),
+                       preds=preds, rank=rank, rank_list=rank.tolist(), steps=steps)
         if priority is None:
             graph.cache["plan"] = plan
     return plan
@@ -245,8 +272,9 @@ def schedule(graph: Graph, assignment: np.ndarray,
              priority: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Start and finish time of every operator under list scheduling."""
     n = graph.n
-    plan = _plan(graph, priority)
-    prio, order, in_ptr, pred, pcost, out_ptr, succ, ecost, w, indeg0, preds = plan[:11]
+    plan = sim_plan(graph, priority)
+    prio, order, out_ptr, succ, ecost, w = (plan.priority, plan.order, plan.out_ptr, plan.succ,
+                                            plan.succ_cost, plan.cost)
     part = np.asarray(assignment).tolist()
     start = [0.0] * n
     finish = [0.0] * n
@@ -254,7 +282,7 @@ def schedule(graph: Graph, assignment: np.ndarray,
     if order is not None:
         fin = np.asarray(_static_finish(plan, part))
         return fin - graph.cost, fin
-    indeg = list(indeg0)
+    indeg = list(plan.indegree)
     ready = [0.0] * n
     heap = [(-prio[v], v) for v in range(n) if indeg[v] == 0]
     heapq.heapify(heap)
@@ -447,6 +475,14 @@ def load_cap(graph: Graph, k: int, imbalance: float, cluster: np.ndarray | None 
     return max((1.0 + imbalance) * float(graph.cost.sum()) / k, heaviest)
 
 
+def memory_cap_enforced(graph: Graph, k: int) -> float:
+    """The per-device memory cap, enforced only when k devices can hold the graph at all
+    (otherwise no partition meets it and it is reported, not enforced): inf then."""
+    if np.isfinite(graph.memory_cap) and graph.memory.sum() <= k * graph.memory_cap:
+        return float(graph.memory_cap)
+    return float("inf")
+
+
 def evaluate(graph: Graph, assignment: np.ndarray, k: int, imbalance: float = 0.05,
              critical: np.ndarray | None = None) -> dict:
     """All metrics the CLI and the benchmark report for one partition."""
@@ -463,9 +499,7 @@ def evaluate(graph: Graph, assignment: np.ndarray, k: int, imbalance: float = 0.
 
     cluster = clusters_of(graph)
     cap = load_cap(graph, k, imbalance, cluster)
-    # the memory cap binds (ours enforces it) where k devices can hold the graph at all
-    mem_cap = (graph.memory_cap if np.isfinite(graph.memory_cap)
-               and graph.memory.sum() <= k * graph.memory_cap else float("inf"))
+    mem_cap = memory_cap_enforced(graph, k)
     return {
         "nodes": graph.n,
         "edges": graph.m,

@@ -18,7 +18,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Annotated, Any, AsyncIterator
 
-from fastapi import Body, FastAPI, HTTPException, Query, Request
+from fastapi import Body, FastAPI, Query, Request
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
@@ -35,7 +35,7 @@ from trainmaster.controller.leader import LeaderElector, LeaseLost
 from trainmaster.service.dashboard import AccessOptions, mount_dashboard
 from trainmaster.errors import UserError
 from trainmaster.service.limits import BodyLimit, RequestLimits
-from trainmaster.service.submission import NameTaken, Submission
+from trainmaster.spec.load import LoadOptions
 from trainmaster.spec.model import MAX_REPLICAS, Job
 from trainmaster.spec.paths import PathPolicy
 from trainmaster.spec.validate import field_path
@@ -113,11 +113,10 @@ def create_app(controller: Controller, reconcile: bool = True, options: ServiceO
     app = FastAPI(title="Trainmaster controller", version="1",
                   description="Submit, inspect, stream logs of, cancel and delete training jobs.")
     app.add_middleware(BodyLimit, limits=options.limits)
-    submission = Submission(controller, options.paths)
-    mount_dashboard(app, controller, submission, options.access)
-    reconciler = Reconciler(controller, elector)
     sessions = controller.sessions
     jobs = Trainmaster(sessions, controller.db_url)  # every job verb goes through the facade
+    mount_dashboard(app, controller, jobs, options.paths, options.access)
+    reconciler = Reconciler(controller, elector)
 
     @app.on_event("startup")
     def _start() -> None:
@@ -177,11 +176,8 @@ def create_app(controller: Controller, reconcile: bool = True, options: ServiceO
     def submit(document: dict[str, Any] = Body(..., description="A job document: ours, Kubeflow or Volcano"),
                lenient: bool = Query(False, description="Kubeflow/Volcano: ignore (and list) unknown "
                                                         "fields instead of refusing the document")) -> dict[str, Any]:
-        loaded = submission.load(document, lenient=lenient)
-        try:
-            job_id = submission.submit(loaded)
-        except NameTaken as exc:
-            raise HTTPException(409, str(exc)) from None
+        loaded = jobs.load(document, controller.backend.name, LoadOptions(paths=options.paths, lenient=lenient))
+        job_id = jobs.submit(loaded, controller).id  # NameTaken: 409, as every JobConflict
         return {"id": job_id, "name": loaded.job.name, "ignored": loaded.ignored}
 
     @app.get(f"{API}/jobs")
@@ -196,6 +192,16 @@ def create_app(controller: Controller, reconcile: bool = True, options: ServiceO
     def cancel(ref: JobRef) -> dict[str, Any]:
         result = jobs.cancel(ref)
         return {"id": result.id, "cancelRequested": result.cancel_requested}
+
+    @app.post(f"{API}/jobs/{{ref}}/resume")
+    def resume(ref: JobRef) -> dict[str, Any]:
+        """Take over a job whose `trainmaster run` died: this service carries it on (HTTP 409 when
+        its run still lives, it has ended, or it ran on another backend)."""
+        job_id = jobs.find(ref).id
+        if elector is not None and not elector.leading:
+            raise JobConflict(f"this server is a standby; ask the leader ({elector.leader}) to resume")
+        controller.take_over(job_id)  # NotResumable: 409, as every JobConflict
+        return {"id": job_id, "resumed": True}
 
     @app.post(f"{API}/jobs/{{ref}}/scale")
     def scale(ref: JobRef, body: ScaleRequest) -> dict[str, Any]:

@@ -48,3 +48,18 @@ def orphan_note(job_id: int, owner: str) -> str:
     pid = run_pid(owner)
     by = f"the `trainmaster run` (pid {pid})" if pid else "the `trainmaster run`"
     return f"{by} reconciling this job has ended; `trainmaster resume {job_id}` takes it over"
+
+
+def why_not_resumable(state_terminal: bool, owner: str, what: str) -> str | None:
+    """Why a job cannot be taken over now (``what`` names it), or None when its owner is gone.
+
+    One answer for `trainmaster resume` and for the service's resume (API and dashboard)."""
+    if state_terminal:
+        return f"{what} has already ended; nothing to resume"
+    alive = owner_alive(owner)
+    if alive is None:
+        return f"{what} belongs to the controller service, which carries it on while it runs"
+    if alive:
+        return (f"{what} is still run by `trainmaster run` (pid {run_pid(owner)}); stop that command "
+                "(Ctrl-C cancels the job) or let it finish")
+    return None

@@ -214,11 +214,15 @@ class Testbed:
 def remove(prefix: str, grace: float = 3.0) -> list[str]:
     """Remove every namespace of testbed ``prefix`` and its record; returns what was removed.
 
-    Processes still running on a host are stopped first (SIGTERM, then SIGKILL after
+    The hosts' node agents are stopped first (their instances with them, cgroups included);
+    other processes still running on a host are stopped then (SIGTERM, then SIGKILL after
     ``grace`` seconds): a namespace lives on, unnamed, while a process is in it. Deleting a
     namespace deletes its veth ends (and so their peers) and its qdiscs with it.
     Idempotent, and it needs no state file: namespaces are found by their names."""
+    from trainmaster.testbed.agents import stop_host_agents
+
     iproute.require_root_and_tools()
+    stop_host_agents(prefix)  # first: each stops its instances and removes their cgroups
     pattern = re.compile(rf"^{re.escape(prefix)}-(?:{SWITCH}|h\d+)$")
     doomed = [ns for ns in iproute.namespaces() if pattern.match(ns)]
     _stop_processes(doomed, grace)

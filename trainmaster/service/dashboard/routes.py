@@ -13,13 +13,16 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from trainmaster.controller import Controller
+from trainmaster.controller.controller import NotResumable
 from trainmaster.errors import UserError
 from trainmaster.service.dashboard import views
+from trainmaster.service.dashboard.capability import capability_views
 from trainmaster.service.dashboard.access import AccessOptions, TokenMiddleware, login
 from trainmaster.service.dashboard.locate import line_of, split_error
 from trainmaster.service.dashboard.watch import StoreWatcher
-from trainmaster.service.submission import NameTaken, Submission
-from trainmaster.spec.load import parse_document
+from trainmaster.api import NameTaken, Trainmaster
+from trainmaster.spec.load import LoadOptions, parse_document
+from trainmaster.spec.paths import PathPolicy
 from trainmaster.store import repository as repo
 
 HERE = Path(__file__).parent
@@ -28,9 +31,11 @@ LOG_POLL = 0.25  # seconds between looks at a followed log file
 MAX_DOCUMENT = 256 * 1024  # a pasted job file; real ones are a few KB
 
 
-def mount_dashboard(app: FastAPI, controller: Controller, submission: Submission, access: AccessOptions) -> None:
+def mount_dashboard(app: FastAPI, controller: Controller, jobs: Trainmaster, paths: PathPolicy,
+                    access: AccessOptions) -> None:
     """Serve the dashboard at ``/`` on ``app`` and guard the whole app with ``access``; jobs
-    submitted from the page take the REST API's path (``submission``)."""
+    submitted from the page take the REST API's path (the facade's ``load`` and ``submit``
+    under the operator's path policy ``paths``)."""
     templates = Jinja2Templates(directory=str(HERE / "templates"))  # autoescapes .html
     templates.env.globals["csrf_token"] = access.csrf_token()
     watcher = StoreWatcher(controller.sessions)
@@ -84,6 +89,16 @@ def mount_dashboard(app: FastAPI, controller: Controller, submission: Submission
             job = load(session, job_id)
             return page(request, "_job_summary.html", job=views.job_detail(session, job),
                         instances=views.instances(session, job))
+
+    @router.get("/ui/jobs/{job_id}/views", response_class=HTMLResponse)
+    def job_views(request: Request, job_id: int) -> HTMLResponse:
+        """What the job's capability published (federated schedule, aggregation counters,
+        partition, gateway legs), drawn; empty for a job that published nothing."""
+        with sessions() as session:
+            job = load(session, job_id)
+            output = Path(job.run_dir) / "output" if job.run_dir else None
+        drawn = capability_views(output) if output else []
+        return page(request, "_capability.html", views=drawn)
 
     @router.get("/ui/jobs/{job_id}/metrics")
     def job_metrics(job_id: int, after: int = Query(0, ge=0)) -> JSONResponse:
@@ -153,6 +168,17 @@ def mount_dashboard(app: FastAPI, controller: Controller, submission: Submission
         controller.cancel(job_id)
         return Response(status_code=204, headers={"HX-Trigger": "tm-change"})
 
+    @router.post("/ui/jobs/{job_id}/resume")
+    def resume(request: Request, job_id: int) -> Response:
+        guarded(request)
+        with sessions() as session:
+            load(session, job_id)
+        try:
+            controller.take_over(job_id)
+        except NotResumable as exc:
+            return HTMLResponse(f"<span class='error'>{_escape(exc.message)}</span>", status_code=409)
+        return Response(status_code=204, headers={"HX-Trigger": "tm-change"})
+
     @router.post("/ui/jobs/{job_id}/scale")
     def scale(request: Request, job_id: int, role: str = Form(..., max_length=63),
               replicas: int = Form(..., ge=1, le=10_000)) -> Response:
@@ -184,7 +210,8 @@ def mount_dashboard(app: FastAPI, controller: Controller, submission: Submission
         if len(document.encode()) > MAX_DOCUMENT:
             return None, [{"path": "", "line": None, "message": f"the document is over {MAX_DOCUMENT // 1024} KB"}]
         try:
-            return submission.load(parse_document(document, "pasted job"), source="pasted job"), []
+            return jobs.load(parse_document(document, "pasted job"), controller.backend.name,
+                             LoadOptions(paths=paths), source="pasted job"), []
         except UserError as exc:
             problems = []
             for detail in exc.details or [exc.message]:
@@ -208,7 +235,7 @@ def mount_dashboard(app: FastAPI, controller: Controller, submission: Submission
             return page(request, "_validation.html", problems=problems, lines=document.splitlines(),
                         ok=False, ignored=[])
         try:
-            job_id = submission.submit(loaded)
+            job_id = jobs.submit(loaded, controller).id
         except NameTaken as exc:
             return page(request, "_validation.html", problems=[{"path": "metadata.name", "message": str(exc),
                                                                 "line": line_of(document, "metadata.name")}],

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from trainmaster.store import repository as repo
 from trainmaster.store.models import JobRow, MetricRow, RoleRow
+from trainmaster.store.ownership import owner_alive
 
 PAGE_SIZE = 100
 LOG_TAIL = 64 * 1024  # bytes of a log a page starts with; older lines are in the download
@@ -164,4 +165,6 @@ def job_detail(session: Session, job: JobRow) -> dict[str, Any]:
     status = repo.job_status(session, job, events=200)
     status["framework"] = (job.spec.get("spec") or {}).get("framework", "")
     status["age"] = age(job.created_at)
+    # a job whose `trainmaster run` died: nobody reconciles it until someone resumes it
+    status["orphaned"] = not repo.is_terminal(job.state) and owner_alive(job.owner) is False
     return status
