@@ -104,6 +104,13 @@ def agent(podman: ContainerRuntime, tmp_path: Path) -> Iterator[AgentUnderTest]:
         left = labelled(podman, under_test.key)
         if left:
             subprocess.run([*podman.base(), "rm", "--force", "--time", "0", *left], capture_output=True, timeout=120)
+        assert not left, f"containers left behind: {left}"
+        assert not container_cgroups(under_test.key), container_cgroups(under_test.key)
+
+
+def container_cgroups(key: str = "") -> list[str]:
+    """The container cgroup parents of an agent key (every agent's with ``key`` empty)."""
+    return sorted(str(p) for p in Path("/sys/fs/cgroup").glob(f"*/trainmaster-containers/{key or '*'}"))
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "the condition") -> Any:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import container_cgroups
 from controller_harness import RAY_NODE_IP, Harness
 from trainmaster.containers.runtime import ContainerRuntime
 
@@ -18,6 +19,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
 def test_a_container_role_runs_on_ray_nodes(podman: ContainerRuntime, small_image: str, tmp_path: Path) -> None:
     from trainmaster.backends.ray import RayBackend
 
+    before = container_cgroups()
     backend = RayBackend(node_ip=RAY_NODE_IP)
     try:
         harness = Harness(tmp_path, backend=backend)
@@ -34,3 +36,4 @@ def test_a_container_role_runs_on_ray_nodes(podman: ContainerRuntime, small_imag
     names = subprocess.run([*podman.base(), "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True,
                            timeout=60).stdout.split()
     assert not [n for n in names if ".worker-" in n]  # removed by each node's agent
+    assert container_cgroups() == before  # and their cgroups, though Ray ends its agents without a shutdown

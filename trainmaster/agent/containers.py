@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +60,10 @@ class ContainerHooks:
 
     node_key: str
     _runtime: ContainerRuntime | None = None
+    # container cgroup parents made and not yet removed: at 0 the agent's own parent folder goes
+    # too (a Ray node's agent ends without a shutdown), never while a container is being made
+    _cgroups_lock: threading.Lock = field(default_factory=threading.Lock)
+    _live_cgroups: int = 0
 
     def runtime(self) -> ContainerRuntime:
         if self._runtime is None:
@@ -86,7 +91,9 @@ class ContainerHooks:
         if use_cgroups:
             cgroup = f"/{CONTAINER_CGROUPS}/{self.node_key}/{cgroup_name(spec.instance_id)}"
             memory = CGROUP_ROOT / "memory" / cgroup.lstrip("/")
-            memory.mkdir(parents=True, exist_ok=True)
+            with self._cgroups_lock:
+                memory.mkdir(parents=True, exist_ok=True)
+                self._live_cgroups += 1
             if spec.memory > 0:
                 (memory / "memory.limit_in_bytes").write_text(str(spec.memory))
         argv = podman.run_argv(runtime, spec.container, name=name, node_key=self.node_key,
@@ -143,6 +150,11 @@ class ContainerHooks:
                 record.oom_kills = podman.oom_kills(record.cgroup)
                 podman.remove_cgroup(f"{record.cgroup}/conmon")
                 podman.remove_cgroup(record.cgroup)
+        with self._cgroups_lock:
+            self._live_cgroups -= sum(1 for r in records if r.cgroup is not None)
+            if self._live_cgroups <= 0:
+                self._live_cgroups = 0
+                podman.remove_cgroup(f"/{CONTAINER_CGROUPS}/{self.node_key}")
 
     def remove_leftovers(self, journaled: list[str]) -> int:
         """After an agent restart: remove the containers of unended journal records and every
