@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 # Debian packages features need (dashboard browser tests, PostgreSQL store tests, the gateway's
 # executor sandbox); tests that cannot have them skip with a clear reason.
-SYSTEM_PACKAGES ?= chromium chromium-driver postgresql bubblewrap iproute2
+SYSTEM_PACKAGES ?= chromium chromium-driver postgresql bubblewrap iproute2 podman runc
 
 FLOWER_VENV ?= .venv-flower
 FLOWER ?= flwr[simulation]==1.42.0

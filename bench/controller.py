@@ -3,6 +3,7 @@ queue drain throughput, and kill-to-replacement time.
 
     .venv/bin/python bench/controller.py [--quick] [--runs 5] [--no-ray] [--no-torchx]
     .venv/bin/python bench/controller.py --ray [--runs 5]   # the Ray section alone (1 and 3 nodes)
+    .venv/bin/python bench/controller.py --containers [--runs 5] [--sizes 16]   # podman vs host
 
 Writes ``bench/results/controller.json`` and ``bench/results/controller.md``.
 
@@ -244,7 +245,16 @@ def main() -> None:
     parser.add_argument("--failover", action="store_true",
                         help="only the HA section: two servers on PostgreSQL, the leader killed; "
                              "writes controller_failover.{json,md}")
+    parser.add_argument("--containers", action="store_true",
+                        help="only the container section: replicas in podman containers vs on the host "
+                             "(bench/controller_containers.py); writes controller_containers.{json,md,png}")
     args = parser.parse_args()
+    if args.containers:
+        from controller_containers import run_and_write
+
+        run_and_write(args.runs, int(args.sizes.split(",")[-1]) if args.sizes != ",".join(map(str, SIZES)) else 16,
+                      ROOT / "bench" / "results")
+        return
     if args.failover:
         failover = failover_bench(args.runs)
         out = ROOT / "bench" / "results"

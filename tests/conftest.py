@@ -19,6 +19,9 @@ def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[P
     monkeypatch.setenv("TRAINMASTER_HOME", str(home))
     monkeypatch.delenv("TRAINMASTER_DB", raising=False)
     monkeypatch.setenv("PYTHONUNBUFFERED", "1")
+    # converted Kubeflow/Volcano roles (runtime: auto) run on the host unless a test asks for
+    # containers (tests/containers): their upstream images are not here
+    monkeypatch.setenv("TRAINMASTER_RUNTIME", "host")
     yield home
     stop_agent(home / "agent")
 

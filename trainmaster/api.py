@@ -343,8 +343,12 @@ class Trainmaster:
             should_cancel: Callable[[], bool] | None = None) -> RunResult:
         """Queue ``loaded`` for a controller in this process and reconcile it to its end;
         ``on_tick(job_id)`` after every pass, ``should_cancel()`` true cancels it."""
+        from trainmaster.containers.policy import container_problems
         from trainmaster.store.ownership import run_owner
 
+        problems = container_problems(loaded.job, options.backend)  # before anything is stored: a clear refusal
+        if problems:
+            raise UserError(f"{loaded.source}: {len(problems)} role(s) cannot run on this machine", problems)
         controller = self.controller(options, run_owner())
         job_id = self.submit(loaded, controller, unique_name=False).id
         return self._drive(controller, job_id, on_tick, should_cancel)

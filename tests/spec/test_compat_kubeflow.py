@@ -143,8 +143,9 @@ def test_scheduling_policy_becomes_scheduling() -> None:
 
 def test_container_fields_translate_and_the_rest_is_reported() -> None:
     """Mechanism: container command+args, env (valueFrom ignored with reason), resources
-    (requests cpu/memory, nvidia.com/gpu limit) -> role; images, volumes, node selectors,
-    sidecars and probes are reported as ignored, never dropped silently."""
+    (requests cpu/memory, nvidia.com/gpu limit), image (runtime auto) and emptyDir volumes at
+    their mounts -> role; node selectors, sidecars and probes are reported as ignored, never
+    dropped silently."""
     master = replica(1, args=["--epochs", "3"], env=[
         {"name": "LR", "value": "0.1"},
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
@@ -163,13 +164,13 @@ def test_container_fields_translate_and_the_rest_is_reported() -> None:
     assert role["command"] == ["python", "train.py"] and role["args"] == ["--epochs", "3"]
     assert role["env"] == {"LR": "0.1"}
     assert role["resources"] == {"cpu": 0.5, "memory": "1Gi", "gpu": 1}
-    assert role["image"] == "example/train:1"
+    assert role["image"] == "example/train:1" and role["runtime"] == "auto"
+    assert role["volumes"] == [{"name": "data", "mountPath": "/data", "emptyDir": True}]
     base = "spec.pytorchReplicaSpecs.Master.template"
     ignored = "\n".join(converted.ignored)
-    for path in (f"{base}.metadata.annotations", f"{base}.spec.volumes", f"{base}.spec.nodeSelector",
+    for path in (f"{base}.metadata.annotations", f"{base}.spec.nodeSelector",
                  f"{base}.spec.tolerations", f"{base}.spec.containers[1]",
-                 f"{base}.spec.containers[0].env[1].valueFrom", f"{base}.spec.containers[0].image",
-                 f"{base}.spec.containers[0].volumeMounts", f"{base}.spec.containers[0].livenessProbe",
+                 f"{base}.spec.containers[0].env[1].valueFrom", f"{base}.spec.containers[0].livenessProbe",
                  f"{base}.spec.containers[0].resources.limits.cpu",
                  f"{base}.spec.containers[0].resources.limits.ephemeral-storage"):
         assert path + ":" in ignored, path
@@ -186,15 +187,23 @@ def test_main_container_is_chosen_by_name() -> None:
 
 
 @pytest.mark.parametrize("lenient", [False, True])
-def test_args_without_command_are_refused(lenient: bool) -> None:
-    """Strict reading: a container with args but no command relies on its image's entrypoint,
-    which is not run here: refused by path, even with --lenient (it would run something else)."""
+def test_args_without_command_keep_the_image_entrypoint(lenient: bool) -> None:
+    """Kubernetes semantics (issue #22): args without command replace the image's CMD and keep
+    its ENTRYPOINT, so the role has no command and runs in a container from its image (refused
+    on the host: nothing to run there)."""
+    from trainmaster.containers.policy import container_problems
+
     master = replica(1)
     del master["template"]["spec"]["containers"][0]["command"]
     master["template"]["spec"]["containers"][0]["args"] = ["python", "-c", "print(1)"]
-    with pytest.raises(UserError) as err:
-        convert(kubeflow("PyTorchJob", {"Master": master}), lenient=lenient)
-    assert "spec.pytorchReplicaSpecs.Master.template.spec.containers[0].args: not supported" in str(err.value)
+    converted = convert(kubeflow("PyTorchJob", {"Master": master}), lenient=lenient)
+    assert converted is not None
+    role = roles_of(converted.document)["master"]
+    assert "command" not in role and role["args"] == ["python", "-c", "print(1)"] and role["runtime"] == "auto"
+    job = load_document(converted.document).job
+    assert job.spec.role("master").command is None  # the framework's command is not filled in
+    problems = container_problems(job)  # TRAINMASTER_RUNTIME=host in tests
+    assert len(problems) == 1 and "runs its image's entry point" in problems[0]
 
 
 def test_cpu_quantities() -> None:

@@ -41,9 +41,11 @@ from pathlib import Path
 from typing import Any
 
 import trainmaster
+from trainmaster.agent.containers import ContainerHooks, ContainerRecord, failure_reason
 from trainmaster.agent.contract import (InstanceHandle, InstancePhase, InstanceStatus, LaunchSpec,
                                         StartResult)
 from trainmaster.agent.journal import ExitJournal, JournaledInstance
+from trainmaster.containers.runtime import ContainerRuntimeMissing, container_name
 from trainmaster.agent.tree import (AGENT_MARKER, INSTANCE_MARKER, MarkerTrees, ProcessTrees, cgroup_name,
                                    kill_tree, make_trees)
 
@@ -93,6 +95,7 @@ class _Instance:
     stopping: bool = False
     status: InstanceStatus | None = None  # final, journaled
     start_error: str = ""
+    container: ContainerRecord | None = None  # set: the main process is its ``podman run``
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,7 @@ class NodeAgent:
         self._child_started = threading.Event()
         self._closed = False
         self._unremoved: set[str] = set()  # ended instances whose cgroups still hold an unreaped member
+        self.containers = ContainerHooks(options.node_key)
         log.info("node agent %s (pid %d, parent %d, argv %s): process trees by %s, subreaper %s, state in %s",
                  self.node, os.getpid(), os.getppid(), sys.argv, self.trees.kind, self.subreaper, options.state_dir)
         self._recover()
@@ -174,6 +178,7 @@ class NodeAgent:
         records = self.journal.replay()
         restarted_at = time.time()
         markers = MarkerTrees(self.options.node_key)  # every process we start carries them
+        containers = [r.started["container"] for r in records.values() if r.exit is None and r.started.get("container")]
         for record in records.values():
             if record.exit is not None:
                 self._instances[record.instance_id] = self._from_journal(record)
@@ -194,6 +199,9 @@ class NodeAgent:
             self._instances[instance_id] = self._from_journal(record)
             log.warning("instance %s: journaled as started, not ended; killed %d process(es) (AgentRestarted)",
                         instance_id, len(left))
+        if containers:  # after their clients: nothing is left to start them again
+            removed = self.containers.remove_leftovers(containers)
+            log.warning("removed %d container(s) of instances journaled as started, not ended", removed)
         known = {record.instance_id for record in records.values()}
         known |= {cgroup_name(i) for i in known}
         for name in self.trees.leftovers():  # trees an earlier agent could not remove, or never journaled
@@ -221,7 +229,9 @@ class NodeAgent:
                 self._instances[spec.instance_id] = _Instance(spec.instance_id, spec.role, bool(spec.depends), now)
         if fresh:
             with self._journal_lock:
-                self.journal.started([{"id": s.instance_id, "role": s.role, "gated": bool(s.depends), "at": now}
+                self.journal.started([{"id": s.instance_id, "role": s.role, "gated": bool(s.depends), "at": now,
+                                       **({"container": container_name(self.options.node_key, s.instance_id)}
+                                          if s.container is not None else {})}
                                       for s in fresh])
         fresh_ids = {s.instance_id for s in fresh}
         todo = [s for s in specs if s.instance_id in fresh_ids]
@@ -273,6 +283,14 @@ class NodeAgent:
         inst = self._instances[spec.instance_id]
         markers = {INSTANCE_MARKER: spec.instance_id, AGENT_MARKER: self.options.node_key}
         notify_read = notify_write = None
+        process_env = spec.env
+        if spec.container is not None:  # the main process is ``podman run``, in the host's environment
+            image = spec.container.image
+            try:
+                spec, process_env, inst.container = self.containers.prepare(spec, self.trees.kind == "cgroup")
+            except (ContainerRuntimeMissing, OSError, ValueError) as error:
+                self._start_failed(inst, spec, f"image '{image}' not started: {error}")
+                return None
         if spec.depends:
             Path(spec.instance_dir).mkdir(parents=True, exist_ok=True)
             _atomic_write(Path(spec.instance_dir) / SPEC_FILE, json.dumps(spec.to_dict()))
@@ -280,12 +298,12 @@ class NodeAgent:
             os.set_blocking(notify_read, False)
             argv = [sys.executable, "-S", "-m", "trainmaster.runtime.launch", str(Path(spec.instance_dir) / SPEC_FILE)]
             python_path = os.pathsep.join(p for p in (_PACKAGE_ROOT, spec.env.get("PYTHONPATH")) if p)
-            env = {**spec.env, **markers, "PYTHONPATH": python_path, NOTIFY_FD_VARIABLE: str(notify_write)}
+            env = {**process_env, **markers, "PYTHONPATH": python_path, NOTIFY_FD_VARIABLE: str(notify_write)}
         else:
-            argv, env = list(spec.argv), {**spec.env, **markers}
+            argv, env = list(spec.argv), {**process_env, **markers}
         out = None
         try:
-            self.trees.create(spec.instance_id, spec.memory)
+            self.trees.create(spec.instance_id, 0 if spec.container else spec.memory)
             out = _open_log(spec)
             # the child is born in the instance's cgroups (the thread moves in before it forks)
             self.trees.enter(spec.instance_id)
@@ -322,8 +340,8 @@ class NodeAgent:
         if early:  # they ended before we recorded them
             self._main_exited(early)
 
-    def _start_failed(self, inst: _Instance, spec: LaunchSpec, error: Exception) -> None:
-        message = start_error_message(spec, error)
+    def _start_failed(self, inst: _Instance, spec: LaunchSpec, error: Exception | str) -> None:
+        message = error if isinstance(error, str) else start_error_message(spec, error)
         log.info("instance %s: %s", spec.instance_id, message)
         self.trees.remove(spec.instance_id)
         status = InstanceStatus(InstanceHandle(self.node, spec.instance_id, None), InstancePhase.START_FAILED,
@@ -378,6 +396,7 @@ class NodeAgent:
 
     def _main_exited(self, mains: list[tuple[_Instance, _Reaped]]) -> None:
         """Kill what is left of each tree, then journal the exits (one fsync) and report them."""
+        self.containers.ended([inst.container for inst, _ in mains if inst.container is not None])
         finals = []
         for inst, reaped in mains:
             if inst.popen is not None:
@@ -412,8 +431,13 @@ class NodeAgent:
         if cpu is None:
             cpu = reaped.rusage.ru_utime + reaped.rusage.ru_stime
         peak = self.trees.peak_rss(inst.instance_id) or reaped.rusage.ru_maxrss * 1024
+        explained = None if inst.container is None else failure_reason(inst.container, code)
+        if inst.container is not None and inst.container.usage is not None:
+            cpu, peak = inst.container.usage  # the container's cgroup, not its podman client's
         if inst.wait_reason:
             reason, message = inst.wait_reason, inst.wait_message
+        elif explained is not None:
+            reason, message = explained
         elif os.WIFSIGNALED(reaped.status) and os.WTERMSIG(reaped.status) == signal.SIGKILL \
                 and self.trees.oom_killed(inst.instance_id):
             reason, message = "OOMKilled", "killed by the kernel: the instance's memory limit was reached"
@@ -461,11 +485,17 @@ class NodeAgent:
         if inst.gated and inst.command_started_at is None:
             self._read_notes(inst)
         phase = InstancePhase.RUNNING if inst.command_started_at is not None else InstancePhase.WAITING
+        reason, command_started_at = "WaitingForDependencies", inst.command_started_at
+        cpu, peak = self.trees.cpu_seconds(instance_id) or 0.0, self.trees.peak_rss(instance_id) or 0
+        if inst.container is not None and phase == InstancePhase.RUNNING:
+            command_started_at = self.containers.created(inst.container)  # podman may still pull or create
+            if command_started_at is None:
+                phase, reason = InstancePhase.WAITING, "ContainerCreating"
+            cpu, peak = self.containers.observe(inst.container) or (cpu, peak)
         return InstanceStatus(InstanceHandle(self.node, instance_id, inst.pid), phase,
-                              reason="" if phase == InstancePhase.RUNNING else "WaitingForDependencies",
-                              started_at=inst.started_at, command_started_at=inst.command_started_at,
-                              cpu_seconds=round(self.trees.cpu_seconds(instance_id) or 0.0, 3),
-                              peak_rss=self.trees.peak_rss(instance_id) or 0)
+                              reason="" if phase == InstancePhase.RUNNING else reason,
+                              started_at=inst.started_at, command_started_at=command_started_at,
+                              cpu_seconds=round(cpu, 3), peak_rss=peak)
 
     def observe(self, instance_ids: list[str]) -> list[InstanceStatus]:
         with self._lock:
@@ -551,6 +581,7 @@ class NodeAgent:
         for instance_id in self._unremoved:
             log.warning("the cgroups of %s still hold a member at shutdown; the next agent removes them", instance_id)
         self.trees.close()
+        self.containers.close()
 
     def list(self) -> list[InstanceStatus]:
         with self._lock:

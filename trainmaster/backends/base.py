@@ -102,6 +102,7 @@ class Backend(ABC):
     name: str = ""
     needs_launch_file: bool = True  # the controller writes launch.json for the instance runtime
     running_at_start: bool = False  # a started attempt without a wait step runs at once (no poll needed)
+    runs_containers: bool = False  # its agents run LaunchSpec.container (podman); else roles run on the host
 
     @abstractmethod
     def capacity(self) -> Capacity:

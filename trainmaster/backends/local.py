@@ -57,6 +57,7 @@ class LocalBackend(Backend):
     name = "local"
     needs_launch_file = False
     running_at_start = True  # the agent answers once every command has exec'd
+    runs_containers = True
 
     def __init__(self, capacity: Capacity | None = None, host: str = "127.0.0.1",
                  state_dir: Path | None = None, linger: float = 10.0):

@@ -140,6 +140,7 @@ class RayBackend(Backend):
     name = "ray"
     # the node agent reads the typed LaunchSpec (request.spec): no launch.json for an older runtime
     needs_launch_file = False
+    runs_containers = True  # each node's agent (trainmaster.agent.NodeAgent) runs them with its podman
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None, node_ip: str = "127.0.0.1"):
         """``node_ip``: the address of a private local cluster (ignored when joining ``address``).

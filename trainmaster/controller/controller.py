@@ -476,7 +476,9 @@ class Controller:
                     self.backend.capacity())
             else:
                 self._spawn(session, start.job, start.inst, start.request, handle)
-                if not start.request.gated:
+                # a container runs once podman created it (the agent says when), like a gated one
+                in_container = start.request.spec is not None and start.request.spec.container is not None
+                if not start.request.gated and not in_container:
                     spawned.append(start)
         # running as soon as the backend says so: at once for a local process, later for a
         # Ray actor that is still being placed (one backend call for the whole batch)
@@ -505,7 +507,8 @@ class Controller:
         files = InstanceFiles(run_dir / "instances" / inst.label)
         log_path = str(run_dir / "logs" / f"{inst.label}.log")
         inst.attempt += 1
-        launch = launch_spec(job, spec, inst, placement, environ, self.db_url, log_path, str(files.dir))
+        launch = launch_spec(job, spec, inst, placement, environ, self.db_url, log_path, str(files.dir),
+                             containers=self.backend.runs_containers)
         depends = launch.depends
         if self.backend.needs_launch_file:
             # the previous attempt's records go before the intent is committed: after a crash, an

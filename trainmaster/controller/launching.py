@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmaster.agent.contract import Dependency, LaunchSpec
+from trainmaster.containers.policy import container_launch, runs_in_container
 from trainmaster.backends.base import Placement
 from trainmaster.runtime.environment import instance_environment
 from trainmaster.spec.model import Job
@@ -30,12 +31,13 @@ def instance_id(job: JobRow, inst: InstanceRow) -> str:
 
 
 def launch_spec(job: JobRow, spec: Job, inst: InstanceRow, placement: Placement, environ: dict[str, str],
-                db_url: str, log_path: str, instance_dir: str) -> LaunchSpec:
+                db_url: str, log_path: str, instance_dir: str, containers: bool = False) -> LaunchSpec:
     """The typed launch of ``inst``'s current attempt.
 
     ``environ`` is the controller's environment, which the instance inherits. Without
     dependencies the environment is resolved here, in full; with them the wait step resolves it
-    with the same function once it knows the addresses it waited for (``env_inputs``)."""
+    with the same function once it knows the addresses it waited for (``env_inputs``).
+    ``containers``: the backend's agents run containers (else every role runs on the host)."""
     role = spec.spec.role(inst.role)
     context: dict[str, Any] = {
         "job_name": job.name, "role": role.name, "index": inst.index, "replicas": role.replicas,
@@ -47,14 +49,18 @@ def launch_spec(job: JobRow, spec: Job, inst: InstanceRow, placement: Placement,
     inputs = {"framework": spec.spec.framework, "context": context, "role_env": dict(role.env)}
     depends = [Dependency(d.role, d.condition.value, d.timeout_seconds, spec.spec.role(d.role).replicas)
                for d in role.depends_on]
+    container = container_launch(job.run_dir, role) if containers and runs_in_container(spec.spec, role) else None
+    if container is not None:  # the container's environment is its image's plus the instance's, never the host's
+        environ = {}
     env = environ if depends else instance_environment({**inputs, "env": environ}, {})
+    argv = [] if container is not None else resolve_argv([*(role.command or []), *role.args])
     resources = role.resources
     return LaunchSpec(
         instance_id=instance_id(job, inst), job_id=job.id, job_name=job.name, role=role.name, index=inst.index,
-        attempt=inst.attempt, argv=resolve_argv([*(role.command or []), *role.args]), env=env,
+        attempt=inst.attempt, argv=argv, env=env,
         cwd=job_working_dir(job.run_dir, role.working_dir), log_path=log_path, instance_dir=instance_dir, host=placement.host,
         ports=list(placement.ports), cpu=resources.cpu, memory=resources.memory_bytes, gpu=resources.gpu,
-        depends=depends, db_url=db_url if depends else "", env_inputs=inputs)
+        depends=depends, db_url=db_url if depends else "", env_inputs=inputs, container=container)
 
 
 def legacy_launch_file(launch: LaunchSpec) -> dict[str, Any]:

@@ -176,7 +176,8 @@ def framework_errors(spec: dict[str, Any], raw_roles: list[dict[str, Any]]) -> l
     for i, role in enumerate(raw_roles):
         if not isinstance(role.get("name"), str):
             continue  # the structural pass reports the name
-        if role.get("command") is None and not _framework_has_command(framework, role.get("name")):
+        if role.get("command") is None and not role.get("image") \
+                and not _framework_has_command(framework, role.get("name")):
             errors.append(f"spec.roles[{i}].command: required (framework '{framework_id}' "
                           f"has no built-in code for role '{role.get('name')}')")
     return errors

@@ -100,7 +100,8 @@ class Framework:
             if "depends_on" not in role.model_fields_set:
                 role.depends_on = [Dependency(role=d) for d in self.default_dependencies.get(role.name, ())
                                    if d in role_names]
-            if role.command is None:
+            # a role that runs an image with no command runs the image's entry point (Kubernetes)
+            if role.command is None and not (role.image and (role.runtime or job.spec.runtime or "host") != "host"):
                 role.command = self.role_command(job, role)
         return job
 

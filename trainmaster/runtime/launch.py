@@ -101,6 +101,11 @@ def exec_role(spec_file: str) -> int:
     from trainmaster.runtime.environment import instance_environment
 
     env = instance_environment({**spec.env_inputs, "env": spec.env}, services)
+    if spec.container is not None:  # argv is ``podman run``: the environment goes to the container
+        from trainmaster.containers.runtime import ENV_FILE, write_env_file
+
+        write_env_file(os.path.join(spec.instance_dir, ENV_FILE), env)
+        env = {k: v for k, v in os.environ.items() if k not in ("TM_AGENT_NOTIFY_FD", "PYTHONPATH")}
     env.update({k: v for k, v in os.environ.items() if k in ("TM_INSTANCE_ID", "TM_AGENT_KEY")})
     program = spec.argv[0] if spec.argv else "<empty command>"
     if notify_fd >= 0:

@@ -11,7 +11,7 @@ import re
 from enum import Enum
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 API_VERSION: Literal["trainmaster/v1"] = "trainmaster/v1"
@@ -162,6 +162,52 @@ class Resources(SpecModel):
         return parse_memory(self.memory)
 
 
+class RuntimeKind(str, Enum):
+    """Where a role's instances run: this machine's own software, or a container from the
+    role's image; ``auto`` (what converted Kubeflow/Volcano files get) picks a container when a
+    container runtime is present, and the host when the role gives a command and none is."""
+
+    HOST = "host"
+    CONTAINER = "container"
+    AUTO = "auto"
+
+
+class PullPolicy(str, Enum):
+    """Kubernetes' imagePullPolicy."""
+
+    IF_NOT_PRESENT = "IfNotPresent"
+    NEVER = "Never"
+    ALWAYS = "Always"
+
+
+MAX_VOLUMES = 32
+
+
+class Volume(SpecModel):
+    """A bind mount into a role's containers: ``hostPath`` (relative to the job's folder, or an
+    absolute path the operator allows; see :mod:`trainmaster.spec.paths`) or ``emptyDir`` (a
+    fresh folder of the job's, shared by the instances of the role on a node)."""
+
+    name: Annotated[str, Field(pattern=NAME_PATTERN, max_length=63)]
+    mount_path: Annotated[str, AfterValidator(check_job_path)]
+    host_path: Annotated[str, AfterValidator(check_job_path)] | None = None
+    empty_dir: bool = False
+    read_only: bool = False
+
+    @field_validator("mount_path")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("must be an absolute path inside the container")
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "Volume":
+        if (self.host_path is None) == (not self.empty_dir):
+            raise ValueError("give exactly one of hostPath or emptyDir: true")
+        return self
+
+
 class Role(SpecModel):
     """A named group of identical instances (master, worker, ps, device...)."""
 
@@ -172,12 +218,24 @@ class Role(SpecModel):
     env: dict[str, str] = Field(default_factory=dict)
     # relative to the job's folder; see trainmaster.spec.paths
     working_dir: Annotated[str, AfterValidator(check_job_path)] | None = None
-    image: str | None = None  # only meaningful where a backend runs images; ignored locally
+    # with a container runtime: ``command`` replaces the image's ENTRYPOINT, ``args`` its CMD
+    image: Annotated[str, Field(min_length=1, max_length=512, pattern=r"^[^\s]+$")] | None = None
+    runtime: RuntimeKind | None = None  # None: the job's, else host
+    image_pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
+    volumes: Annotated[list[Volume], Field(max_length=MAX_VOLUMES)] = Field(default_factory=list)
     ports: Annotated[int, Field(ge=0, le=MAX_PORTS_PER_INSTANCE)] = 1
     resources: Resources = Field(default_factory=Resources)
     restart_policy: RestartPolicy = Field(default_factory=RestartPolicy)
     status_policy: StatusPolicy = Field(default_factory=StatusPolicy)
     depends_on: list[Dependency] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _container_needs_image(self) -> "Role":
+        if self.runtime == RuntimeKind.CONTAINER and self.image is None:
+            raise ValueError("runtime: container needs an image")
+        if self.volumes and self.image is None:
+            raise ValueError("volumes are mounted into containers: give the role an image")
+        return self
 
     @field_validator("env", mode="before")
     @classmethod
@@ -237,6 +295,7 @@ class JobSpec(SpecModel):
     status_policy: StatusPolicy = Field(default_factory=StatusPolicy)
     scheduling: Scheduling = Field(default_factory=Scheduling)
     output: Output | None = None
+    runtime: RuntimeKind | None = None  # the default of roles that name none (host when unset)
 
     def role(self, name: str) -> Role:
         for role in self.roles:

@@ -74,6 +74,10 @@ def path_errors(raw: dict[str, Any], policy: PathPolicy) -> list[str]:
     for i, role in enumerate(roles if isinstance(roles, list) else []):
         if isinstance(role, dict):
             found.append((f"spec.roles[{i}].workingDir", role.get("workingDir")))
+            volumes = role.get("volumes")
+            for j, volume in enumerate(volumes if isinstance(volumes, list) else []):
+                if isinstance(volume, dict):  # a bind mount: confined as any other job path
+                    found.append((f"spec.roles[{i}].volumes[{j}].hostPath", volume.get("hostPath")))
     errors = []
     for where, value in found:
         if isinstance(value, str) and "\x00" not in value:
@@ -94,6 +98,9 @@ def anchored(job: Job, policy: PathPolicy) -> Job:
     for role in job.spec.roles:
         if role.working_dir is not None:
             role.working_dir = str(policy.base / role.working_dir)
+        for volume in role.volumes:
+            if volume.host_path is not None:
+                volume.host_path = str(policy.base / volume.host_path)
     return job
 
 

@@ -2,9 +2,13 @@
 
 Kubeflow replica specs and Volcano tasks both describe their instances as a pod template; this
 module is the one place that reads it. One container runs per instance (the one the source
-framework treats as the main container); its ``command``/``args`` run as a local command, its
-``env``, ``workingDir`` and resource requests carry over, and everything that only means something
-on a cluster is reported, with a reason, through :class:`~trainmaster.spec.compat.ignored.Report`.
+framework treats as the main container): its ``image`` with ``command``/``args`` in Kubernetes'
+meaning (``command`` replaces the image's ENTRYPOINT, ``args`` its CMD), ``imagePullPolicy``,
+``emptyDir``/``hostPath`` volumes at their ``volumeMounts``, ``env``, ``workingDir`` and resource
+requests carry over. The role gets ``runtime: auto``: it runs in a container from its image where
+a container runtime is present, as upstream does (:mod:`trainmaster.containers.policy`).
+Everything that only means something on a cluster is reported, with a reason, through
+:class:`~trainmaster.spec.compat.ignored.Report`.
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ from trainmaster.spec.compat.meta import OBJECT_META_FIELDS
 from trainmaster.spec.model import parse_memory
 
 _POD_REASONS = {
-    "volumes": "volumes are not mounted locally; commands see this machine's files",
     "nodeSelector": "the local backend does not select nodes",
     "nodeName": "the local backend does not select nodes",
     "affinity": "the local backend does not select nodes",
@@ -60,8 +63,6 @@ CONTAINER_FIELDS = {
 TEMPLATE_FIELDS = {"metadata", "spec"}
 
 _CONTAINER_REASONS = {
-    "volumeMounts": "volumes are not mounted locally",
-    "imagePullPolicy": "images are not pulled locally",
     "envFrom": "ConfigMaps/Secrets do not exist locally; list the variables under env",
     "securityContext": "instances run as the controller's user",
     "livenessProbe": "probes are not run; an instance is healthy while its process runs",
@@ -101,8 +102,10 @@ def from_template(template: Any, path: str, report: Report,
     for key, reason in _POD_UNSUPPORTED.items():
         if key in spec:
             report.unsupported(join(spec_path, key), reason)
-    report.rest(spec, spec_path, {"containers", "restartPolicy", *_POD_UNSUPPORTED}, _POD_REASONS,
+    report.rest(spec, spec_path, {"containers", "restartPolicy", "volumes", *_POD_UNSUPPORTED}, _POD_REASONS,
                 POD_SPEC_FIELDS, _POD_DEFAULT)
+    volumes = _volumes(report.sequence(spec.get("volumes"), join(spec_path, "volumes")),
+                       join(spec_path, "volumes"), report)
     containers_path = join(spec_path, "containers")
     containers = report.sequence(spec.get("containers"), containers_path)
     role: dict[str, Any] = {}
@@ -111,7 +114,7 @@ def from_template(template: Any, path: str, report: Report,
         for i, container in enumerate(containers):
             where = join(containers_path, i)
             if i == main:
-                role = _container(report.mapping(container, where), where, report)
+                role = _container(report.mapping(container, where), where, report, volumes)
             else:
                 report.ignore(where, "only the main container runs locally (sidecars are not started)")
     restart = spec.get("restartPolicy")
@@ -125,22 +128,39 @@ def _main_container(containers: list[Any], name: str | None) -> int:
     return 0
 
 
-def _container(container: dict[str, Any], path: str, report: Report) -> dict[str, Any]:
-    handled = {"name", "command", "args", "env", "workingDir", "resources", "image", "ports"}
+def _volumes(entries: list[Any], path: str, report: Report) -> dict[str, dict[str, Any]]:
+    """Pod volumes by name, as our volume sources (``hostPath`` or ``emptyDir``)."""
+    found: dict[str, dict[str, Any]] = {}
+    for i, entry in enumerate(entries):
+        where = join(path, i)
+        entry = report.mapping(entry, where)
+        name = entry.get("name")
+        host = entry.get("hostPath")
+        if isinstance(host, dict) and isinstance(host.get("path"), str):
+            found[str(name)] = {"hostPath": host["path"]}
+        elif "emptyDir" in entry:
+            found[str(name)] = {"emptyDir": True}
+        else:
+            kinds = ", ".join(k for k in entry if k != "name") or "no source"
+            report.ignore(where, f"volume {name!r} ({kinds}) is not mounted: only emptyDir and "
+                          "hostPath volumes are bind-mounted into containers")
+    return found
+
+
+def _container(container: dict[str, Any], path: str, report: Report,
+               volumes: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    handled = {"name", "command", "args", "env", "workingDir", "resources", "image", "ports",
+               "imagePullPolicy", "volumeMounts"}
     report.rest(container, path, handled, _CONTAINER_REASONS, CONTAINER_FIELDS, _CONTAINER_DEFAULT)
     role: dict[str, Any] = {}
     command, args = container.get("command"), container.get("args")
     if command:
         role["command"] = command
-        if args:
-            role["args"] = args
-    elif args:
-        report.unsupported(join(path, "args"), "a container with args but no command runs its "
-                           "image's entrypoint, and images are not run here yet; give the full "
-                           "command under 'command'")
-    else:
-        report.unsupported(path, "a container with no command runs its image's entrypoint, and "
-                           "images are not run here yet; give the command under 'command'")
+    if args:
+        role["args"] = args
+    if not command and container.get("image") is None:
+        report.unsupported(path, "a container with no command and no image has nothing to run; "
+                           "give the command under 'command'")
     env = _env(report.sequence(container.get("env"), join(path, "env")), join(path, "env"), report)
     if env:
         role["env"] = env
@@ -152,8 +172,21 @@ def _container(container: dict[str, Any], path: str, report: Report) -> dict[str
                       "(a path inside the image); the instance runs in its run directory")
     if container.get("image") is not None:
         role["image"] = container["image"]
-        report.ignore(join(path, "image"), "kept as the role's image, but the local backend runs "
-                      "the command on this machine without the image")
+        role["runtime"] = "auto"  # a container where a runtime is present, as upstream
+    if container.get("imagePullPolicy") is not None:
+        role["imagePullPolicy"] = container["imagePullPolicy"]
+    mounts = report.sequence(container.get("volumeMounts"), join(path, "volumeMounts"))
+    for i, mount in enumerate(mounts):
+        mount = report.mapping(mount, join(join(path, "volumeMounts"), i))
+        source = (volumes or {}).get(str(mount.get("name")))
+        if source is None:
+            report.ignore(join(join(path, "volumeMounts"), i), f"volume {mount.get('name')!r} is not mounted "
+                          "(not an emptyDir or hostPath volume of this pod)")
+            continue
+        volume = {"name": mount.get("name"), "mountPath": mount.get("mountPath"), **source}
+        if mount.get("readOnly"):
+            volume["readOnly"] = True
+        role.setdefault("volumes", []).append(volume)
     ports = report.sequence(container.get("ports"), join(path, "ports"))
     if ports:
         if len(ports) > 1:

@@ -1,0 +1,1 @@
+"""Instances in OCI containers (podman): see :mod:`trainmaster.containers.runtime`."""
