@@ -60,11 +60,14 @@ MPI_V2 = kubeflow("MPIJob", {"Launcher": replica(1, "launcher"), "Worker": repli
 
 @pytest.mark.parametrize("raw, framework, roles, depends, status", [
     (PYTORCH, "pytorch", {"master": 1, "worker": 2}, {"worker": ["master"]}, {"preset": "kubeflow"}),
-    (TF_PS, "command", {"ps": 2, "worker": 4}, {"worker": ["ps"]}, {"preset": "tfjob-allworkers"}),
-    (TF_CHIEF, "command", {"chief": 1, "ps": 1, "worker": 2, "evaluator": 1},
-     {"chief": ["ps"], "worker": ["ps", "chief"], "evaluator": ["chief"]},
+    # TFJob: every replica waits until the whole training cluster is placed (its TF_CONFIG)
+    (TF_PS, "tensorflow", {"ps": 2, "worker": 4}, {"ps": ["ps", "worker"], "worker": ["ps", "worker"]},
+     {"preset": "tfjob-allworkers"}),
+    (TF_CHIEF, "tensorflow", {"chief": 1, "ps": 1, "worker": 2, "evaluator": 1},
+     {r: ["chief", "ps", "worker"] for r in ("chief", "ps", "worker", "evaluator")},
      {"failed": "any", "succeeded": {"roles": ["chief"]}}),
-    (TF_ALL, "command", {"ps": 1, "worker": 2}, {"worker": ["ps"]}, {"preset": "tfjob-allworkers"}),
+    (TF_ALL, "tensorflow", {"ps": 1, "worker": 2}, {"ps": ["ps", "worker"], "worker": ["ps", "worker"]},
+     {"preset": "tfjob-allworkers"}),
     (MPI_V1, "mpi", {"launcher": 1, "worker": 2}, {"launcher": ["worker"]},
      {"failed": "any", "succeeded": {"roles": ["launcher"]}}),
     (MPI_V2, "mpi", {"launcher": 1, "worker": 3}, {"launcher": ["worker"]},
@@ -79,7 +82,7 @@ def test_replica_specs_become_roles(raw: dict[str, Any], framework: str, roles: 
     doc = converted.document
     assert doc["apiVersion"] == "trainmaster/v1" and doc["kind"] == "Job"
     assert doc["metadata"]["name"] == "job-a"
-    assert doc["spec"]["framework"] in (framework, "tf-ps" if framework == "command" else framework)
+    assert doc["spec"]["framework"] == framework
     by_name = roles_of(doc)
     assert {n: r["replicas"] for n, r in by_name.items()} == roles
     assert {n: [d["role"] for d in r["dependsOn"]] for n, r in by_name.items() if "dependsOn" in r} == depends

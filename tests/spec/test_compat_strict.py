@@ -12,7 +12,7 @@ import pytest
 
 from trainmaster.errors import UserError
 from trainmaster.spec.compat import convert
-from trainmaster.spec.load import LoadOptions, load_document
+from trainmaster.spec.load import load_document
 
 CONTAINER = {"name": "pytorch", "image": "x", "command": ["python", "-c", "pass"]}
 
@@ -104,12 +104,14 @@ def test_volcano_plugins_whose_variables_jobs_read_are_refused(plugin: str) -> N
     assert convert(volcano(task("a"), plugins={plugin: []}), lenient=True) is not None
 
 
-def test_multi_replica_tfjob_is_refused_without_tf_config() -> None:
+def test_multi_replica_tfjob_runs_with_the_tensorflow_framework() -> None:
+    """A multi-replica TFJob is honoured (TF_CONFIG from the tensorflow framework), not refused."""
     replica = {"replicas": 2, "template": {"spec": {"containers": [{"name": "tensorflow", "command": ["true"]}]}}}
     raw = {"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": {"name": "tf"},
            "spec": {"tfReplicaSpecs": {"Worker": replica}}}
-    assert "TF_CONFIG" in problems(raw)
-    assert load_document(raw, options=LoadOptions(lenient=True)).job.spec.total_replicas == 2
+    job = load_document(raw).job
+    assert job.spec.framework == "tensorflow" and job.spec.total_replicas == 2
+    assert [(d.role, d.condition.value) for d in job.spec.roles[0].depends_on] == [("worker", "Placed")]
 
 
 def test_mpijob_slots_and_implementation_reach_the_framework() -> None:

@@ -94,6 +94,10 @@ class StatusPolicy(SpecModel):
 class DependencyCondition(str, Enum):
     RUNNING = "Running"  # every instance of the role has a recorded address
     SUCCEEDED = "Succeeded"  # every instance of the role has succeeded
+    # every instance of the role has a host and ports (it may itself still wait): what a
+    # framework needs to hand every member the whole cluster (TF_CONFIG); it cannot deadlock,
+    # so a role may wait for its own role's placements and such edges form no cycle
+    PLACED = "Placed"
 
 
 class Dependency(SpecModel):

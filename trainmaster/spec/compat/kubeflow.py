@@ -110,11 +110,6 @@ def convert(raw: dict[str, Any], lenient: bool = False) -> tuple[dict[str, Any],
     scheduling = _run_policy(spec, roles, report)
     if scheduling:
         job_spec["scheduling"] = scheduling
-    if str(kind_name) == "TFJob" and sum(r["replicas"] if isinstance(r.get("replicas"), int) else 1
-                                         for r in roles) > 1 and not report.lenient:
-        report.unsupported(f"spec.{kind.replica_key}", "TF_CONFIG (every replica's cluster and task) "
-                           "is not set here yet, so a multi-replica TFJob would run as unconnected "
-                           "processes; pass --lenient to run it that way knowingly")
     meta = metadata(raw.get("metadata"), f"{api_version} {kind_name}", report)
     report.finish()
     return {"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": meta, "spec": job_spec}, report.lines
@@ -125,8 +120,8 @@ def _framework(kind_name: str) -> str:
     converted dependencies and status policy then carry the kind's semantics)."""
     from trainmaster.spec.compat import framework_available
 
-    wanted = {"PyTorchJob": "pytorch", "TFJob": "tf-ps", "MPIJob": "mpi"}[kind_name]
-    return wanted if kind_name == "PyTorchJob" or framework_available(wanted) else "command"
+    wanted = {"PyTorchJob": "pytorch", "TFJob": "tensorflow", "MPIJob": "mpi"}[kind_name]
+    return wanted if kind_name != "MPIJob" or framework_available(wanted) else "command"
 
 
 def _roles(spec: dict[str, Any], kind: Kind, container: str | None,
@@ -191,15 +186,20 @@ def _restart(value: Any, path: str, report: Report) -> Any:
 
 def _add_dependencies(kind_name: str, roles: list[dict[str, Any]], names: list[str]) -> None:
     """Kubeflow's start order, stated as dependsOn (condition Running)."""
-    leader = next((n for n in ("master", "chief") if n in names), None)
     wanted: dict[str, list[str]] = {}
     if kind_name == "PyTorchJob":
         wanted = {"worker": ["master"]}
     elif kind_name == "MPIJob":
         wanted = {"launcher": ["worker"]}
     elif kind_name == "TFJob":
-        wanted = {"chief": ["ps"], "master": ["ps"], "worker": ["ps", leader or ""],
-                  "evaluator": [leader or ""]}
+        # every replica's TF_CONFIG lists every cluster address, so each waits until all the
+        # cluster's instances are placed (not running: the operator starts them all at once)
+        from trainmaster.frameworks.tensorflow import CLUSTER_ROLES
+
+        cluster = [n for n in names if n in CLUSTER_ROLES]
+        for role in roles:
+            role["dependsOn"] = [{"role": n, "condition": "Placed"} for n in cluster]
+        return
     for role in roles:
         deps = [d for d in wanted.get(role["name"], []) if d in names and d != role["name"]]
         if deps:
