@@ -67,6 +67,13 @@ class CancelResult:
 
 
 @dataclass(frozen=True)
+class SuspendResult:
+    id: int
+    suspended: bool  # the job's runPolicy.suspend now
+    changed: bool  # False: it already had that value
+
+
+@dataclass(frozen=True)
 class ScaleResult:
     id: int
     role: str
@@ -282,6 +289,15 @@ class Trainmaster:
             session.commit()
             return ScaleResult(row.id, role, replicas)
 
+    def suspend(self, ref: str | int, suspend: bool = True) -> SuspendResult:
+        """Hold a job (``runPolicy.suspend``: its live instances are stopped, it waits unadmitted)
+        or release it; the controller owning the job acts at its next pass."""
+        with self.sessions() as session:
+            row = self._find(session, ref)
+            changed = repo.set_suspended(session, row, suspend)
+            session.commit()
+            return SuspendResult(row.id, suspend, changed)
+
     def delete(self, ref: str | int) -> JobRef:
         """Delete an ended job and its records; :class:`JobConflict` while it is active."""
         with self.sessions() as session:
@@ -325,6 +341,10 @@ class Trainmaster:
             if repo.is_terminal(row.state):
                 raise UserError(f"{what} has already ended ({row.state}); nothing to resume")
             alive = owner_alive(row.owner)
+            if repo.is_suspended(row) and alive is not False:
+                raise UserError(f"{what} is suspended and its controller runs; release it with "
+                                f"`trainmaster job unsuspend {row.id}`")
+            repo.set_suspended(session, row, False)
             if alive is None:
                 raise UserError(f"{what} belongs to the controller service; it carries on when `trainmaster server` "
                                 "runs (use `trainmaster status` / `cancel`)")

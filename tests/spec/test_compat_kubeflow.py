@@ -128,7 +128,8 @@ def test_kubeflow_default_restart_policies(kind: str, replicas: dict[str, Any],
 
 def test_scheduling_policy_becomes_scheduling() -> None:
     """Mechanism: runPolicy.schedulingPolicy minAvailable/queue/priorityClass -> scheduling;
-    the rest of runPolicy is reported as ignored."""
+    ttlSecondsAfterFinished carries over, cleanPodPolicy All is approximated, the schedule
+    timeout is reported."""
     raw = kubeflow("PyTorchJob", {"Master": replica(1), "Worker": replica(3)}, runPolicy={
         "schedulingPolicy": {"minAvailable": 4, "queue": "research", "priorityClass": "high",
                              "scheduleTimeoutSeconds": 30},
@@ -138,10 +139,35 @@ def test_scheduling_policy_becomes_scheduling() -> None:
     assert converted.document["spec"]["scheduling"] == {"minAvailable": 4, "queue": "research",
                                                         "priorityClass": "high"}
     ignored = "\n".join(converted.ignored)
-    for path in ("spec.runPolicy.schedulingPolicy.scheduleTimeoutSeconds", "spec.runPolicy.cleanPodPolicy",
-                 "spec.runPolicy.ttlSecondsAfterFinished"):
+    for path in ("spec.runPolicy.schedulingPolicy.scheduleTimeoutSeconds", "spec.runPolicy.cleanPodPolicy: approximated"):
         assert path + ":" in ignored
+    assert converted.document["spec"]["runPolicy"] == {"ttlSecondsAfterFinished": 100}
     assert load_document(converted.document).job.spec.scheduling.priority == 100
+
+
+@pytest.mark.parametrize("kind", ["PyTorchJob", "TFJob", "MPIJob"])
+def test_run_policy_carries_over(kind: str) -> None:
+    """Mechanism: Kubeflow runPolicy backoffLimit, activeDeadlineSeconds, ttlSecondsAfterFinished
+    and suspend become our runPolicy (same meanings, enforced by the controller); cleanPodPolicy
+    Running is what the controller does, All and None are approximated, anything else refused."""
+    container = {"PyTorchJob": "pytorch", "TFJob": "tensorflow", "MPIJob": "mpi"}[kind]
+    replicas = ({"Launcher": replica(1, container), "Worker": replica(1, container)} if kind == "MPIJob"
+                else {"Worker": replica(2, container)} if kind == "TFJob"
+                else {"Master": replica(1, container)})
+    policy = {"backoffLimit": 4, "activeDeadlineSeconds": 60, "ttlSecondsAfterFinished": 0, "suspend": True,
+              "cleanPodPolicy": "Running"}
+    converted = convert(kubeflow(kind, replicas, runPolicy=policy))
+    assert converted is not None and not [line for line in converted.ignored if "runPolicy" in line]
+    job = load_document(converted.document).job
+    assert job.spec.run_policy.model_dump() == {"backoff_limit": 4, "active_deadline_seconds": 60,
+                                               "ttl_seconds_after_finished": 0, "suspend": True}
+    for value in ("All", "None"):
+        policy["cleanPodPolicy"] = value
+        lines = convert(kubeflow(kind, replicas, runPolicy=policy)).ignored  # type: ignore[union-attr]
+        assert any(line.startswith("spec.runPolicy.cleanPodPolicy: approximated") for line in lines)
+    policy["cleanPodPolicy"] = "Sometimes"
+    with pytest.raises(UserError, match="must be one of All, Running, None"):
+        convert(kubeflow(kind, replicas, runPolicy=policy))
 
 
 def test_container_fields_translate_and_the_rest_is_reported() -> None:

@@ -68,8 +68,7 @@ def test_volcano_typos_anywhere() -> None:
 @pytest.mark.parametrize("spec, path", [
     ({"elasticPolicy": {"minReplicas": 1, "maxReplicas": 3}}, "spec.elasticPolicy: not supported"),
     ({"nprocPerNode": "auto"}, "spec.nprocPerNode: not supported"),
-    ({"runPolicy": {"activeDeadlineSeconds": 60}}, "spec.runPolicy.activeDeadlineSeconds: not supported"),
-    ({"runPolicy": {"suspend": True}}, "spec.runPolicy.suspend: not supported"),
+    ({"runPolicy": {"cleanPodPolicy": "Sometimes"}}, "spec.runPolicy.cleanPodPolicy: must be one of"),
 ])
 def test_fields_that_change_the_job_are_refused_when_not_honoured(spec: dict[str, Any], path: str) -> None:
     assert path in problems(pytorchjob(**spec))

@@ -155,7 +155,7 @@ def test_cluster_only_fields_are_reported() -> None:
     raw["status"] = {"state": {"phase": "Running"}}
     _, _, ignored = converted(raw)
     for path in ("spec.schedulerName", "spec.volumes", "spec.plugins.ssh", "spec.plugins.svc",
-                 "spec.ttlSecondsAfterFinished", "spec.tasks[0].topologyPolicy",
+                 "spec.tasks[0].topologyPolicy",
                  "spec.tasks[0].template.spec.containers[0].image", "metadata.namespace", "status"):
         assert f"{path}:" in ignored, path
 

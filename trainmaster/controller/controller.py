@@ -68,6 +68,11 @@ class Controller:
         self._observed: dict[int, Observation] = {}  # instance row id -> this pass's observation
         self._ended: list[dict[str, Any]] = []  # handles whose exits this pass stored (agent may forget)
         self._to_start: list[_Start] = []  # attempts this pass prepared (started together at its end)
+        # ended jobs with runPolicy.ttlSecondsAfterFinished: job id -> epoch seconds it is deleted
+        # (None until the first pass reads them from the store). Only the service's controller
+        # deletes them: a `trainmaster run` command reads its job's final status after the end.
+        self._expiry: dict[int, float] | None = None if owner == "service" else {}
+        self._rescan_at = 0.0
 
     # ---- queue -------------------------------------------------------------------------------
     def submit(self, loaded: LoadedJob) -> int:
@@ -125,6 +130,8 @@ class Controller:
             session.commit()  # waiting jobs' re-evaluated reasons, all in one transaction
             self._start_all(session)
             session.commit()
+            if self.owner == "service":
+                self._delete_expired(session)
             ended, self._ended = self._ended, []
             self.backend.forget(ended)  # stored: the agent's journal may drop them
 
@@ -155,6 +162,35 @@ class Controller:
                 return state
             time.sleep(self.interval)
 
+    def _delete_expired(self, session: Session) -> None:
+        """Delete ended jobs whose ``runPolicy.ttlSecondsAfterFinished`` has passed: the record
+        (instances, events, metrics) and the run folder, as Kubernetes deletes a finished job and
+        its pods. A job is never deleted in the pass that ended it, so whoever waits on it reads
+        its final status first."""
+        from sqlalchemy import select
+
+        if self._expiry is None or time.monotonic() >= self._rescan_at:
+            # every minute: jobs that other controllers (a `trainmaster run`) ended
+            self._expiry, self._rescan_at = {}, time.monotonic() + 60.0
+            rows = session.execute(select(JobRow.id, JobRow.completed_at, JobRow.spec).where(
+                JobRow.state.in_([s.value for s in JOB_TERMINAL]), JobRow.completed_at.is_not(None))).all()
+            for job_id, completed_at, stored in rows:
+                ttl = ((stored.get("spec") or {}).get("runPolicy") or {}).get("ttlSecondsAfterFinished")
+                if isinstance(ttl, int) and completed_at is not None:
+                    self._expiry[job_id] = _aware(completed_at).timestamp() + ttl
+            return
+        now = time.time()
+        for job_id in [j for j, due in self._expiry.items() if due <= now]:
+            del self._expiry[job_id]
+            row = session.get(JobRow, job_id)
+            if row is None or JobState(row.state) not in JOB_TERMINAL:
+                continue
+            run_dir = Path(row.run_dir) if row.run_dir else None
+            session.delete(repo.load_job(session, job_id))
+            session.commit()
+            if run_dir is not None and run_dir.resolve().parent == self.runs_dir.resolve():
+                shutil.rmtree(run_dir, ignore_errors=True)
+
     def _free_capacity(self, session: Session) -> Capacity:
         from sqlalchemy import select
 
@@ -179,6 +215,15 @@ class Controller:
         if job.cancel_requested:
             return self._finish(session, job, spec, Verdict(JobState.CANCELLED, "Cancelled",
                                                             "cancelled by the user"), free)
+        policy = spec.spec.run_policy
+        if policy.suspend:
+            return self._hold(session, job, free)
+        if policy.active_deadline_seconds is not None and job.admitted and job.started_at is not None:
+            ran = (utcnow() - _aware(job.started_at)).total_seconds()
+            if ran > policy.active_deadline_seconds:
+                return self._finish(session, job, spec, Verdict(
+                    JobState.FAILED, "DeadlineExceeded", f"the job ran for {ran:.0f}s, longer than its "
+                    f"runPolicy.activeDeadlineSeconds ({policy.active_deadline_seconds}s)"), free)
         if not job.admitted:
             decision = admit(spec, self.backend.capacity(), free)
             if not decision.admitted:
@@ -194,6 +239,11 @@ class Controller:
             job.admitted = True
             repo.add_event(session, job.id, "job", "Admitted", decision.message)
         free = self._observe(session, job, spec, free)
+        spent = next((i for i in job.instances if i.reason == "BackoffLimitExceeded"
+                      and i.state == I.FAILED.value), None)
+        if spent is not None:
+            return self._finish(session, job, spec, Verdict(JobState.FAILED, "BackoffLimitExceeded",
+                                                            spent.message or ""), free)
         free = self._scale(session, job, spec, free)
         free = self._start_pending(session, job, spec, free)
         verdict = self._roll_up(session, job, spec)
@@ -290,6 +340,11 @@ class Controller:
         self._set_instance_state(inst, I.SUCCEEDED if code == 0 else I.FAILED)
         why = f" ({obs.reason}: {obs.message})" if obs.reason else ""
         decision = restart.decide(role.restart_policy, code, inst.restarts)
+        limit = self._spec(job).spec.run_policy.backoff_limit
+        spent = sum(i.restarts for i in job.instances)
+        over_limit = decision.restart and code != 0 and limit is not None and spent >= limit
+        if over_limit:
+            decision = restart.RestartDecision(False, exhausted=True)
         obj = f"instance/{inst.label}"
         if decision.restart:
             metrics.RESTARTS.labels(role=inst.role).inc()
@@ -305,6 +360,11 @@ class Controller:
         elif code == 0:
             inst.reason, inst.message = "Completed", "exited with code 0"
             repo.add_event(session, job.id, obj, "Succeeded", f"{inst.label} exited with code 0")
+        elif over_limit:
+            inst.reason = "BackoffLimitExceeded"
+            inst.message = (f"{inst.label} exited with code {code}{why} after the job's {spent} restart(s): "
+                            f"runPolicy.backoffLimit is {limit}")
+            repo.add_event(session, job.id, obj, "BackoffLimitExceeded", inst.message, "Warning")
         else:
             reason = obs.reason or ("RestartsExhausted" if decision.exhausted else "Failed")
             if decision.exhausted:
@@ -577,6 +637,20 @@ class Controller:
         check_transition("instance", inst.state, state.value)
         inst.state = state.value
 
+    def _hold(self, session: Session, job: JobRow, free: Capacity) -> Capacity:
+        """A suspended job (``runPolicy.suspend``): not admitted; one that ran has its live
+        instances stopped and its gang released, and starts afresh (deadline clock included)
+        once resumed, as Kubeflow deletes a suspended job's pods."""
+        if job.admitted:
+            live = [i for i in job.instances if i.state not in INSTANCE_TERMINAL]
+            free = self._stop_instances(session, job, live, free, "the job was suspended")
+            repo.clear_registry(job)
+            self.backend.release_gang(job.id)
+            job.admitted, job.started_at = False, None
+        self._set_job_state(session, job, Verdict(JobState.PENDING, "Suspended",
+                                                  "suspended (runPolicy.suspend); `trainmaster job resume` starts it"))
+        return free
+
     def _finish(self, session: Session, job: JobRow, spec: Job, verdict: Verdict, free: Capacity) -> Capacity:
         """End a job: stop its instances, keep logs, store outputs on success, clean the registry."""
         free = self._stop_instances(session, job, [i for i in job.instances if i.state not in INSTANCE_TERMINAL],
@@ -594,6 +668,9 @@ class Controller:
             repo.add_event(session, job.id, "job", "OutputStored", f"outputs copied to {job.output_path}")
         self._set_job_state(session, job, verdict)
         job.completed_at = utcnow()
+        ttl = spec.spec.run_policy.ttl_seconds_after_finished
+        if ttl is not None and self._expiry is not None:
+            self._expiry[job.id] = time.time() + ttl
         self._specs.pop(job.id, None)
         return free
 

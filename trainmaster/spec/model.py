@@ -234,12 +234,34 @@ class Output(SpecModel):
     path: Annotated[str, AfterValidator(check_job_path)]
 
 
+MAX_SECONDS = 10**9  # about 31 years: any deadline or TTL a user means
+
+
+class RunPolicy(SpecModel):
+    """How long a job may run, how long its record outlives it, how many restarts it may spend
+    in all, and whether it waits to be resumed (Kubeflow's ``runPolicy``, with its meanings).
+
+    ``backoffLimit`` counts the restarts of failed instances over the whole job (a role's
+    ``maxRestarts`` counts per instance); once spent, the next failure fails the job
+    (``BackoffLimitExceeded``). ``activeDeadlineSeconds`` counts from the job's start (its
+    admission); past it the job fails (``DeadlineExceeded``) and its instances are stopped.
+    ``ttlSecondsAfterFinished`` deletes the ended job (record, events, run folder) that long
+    after it ended. ``suspend`` holds the job: it is not admitted (a running one has its
+    instances stopped and goes back to the queue) until ``trainmaster job resume`` clears it."""
+
+    backoff_limit: Annotated[int, Field(ge=0, le=MAX_RESTARTS)] | None = None
+    active_deadline_seconds: Annotated[int, Field(ge=1, le=MAX_SECONDS)] | None = None
+    ttl_seconds_after_finished: Annotated[int, Field(ge=0, le=MAX_SECONDS)] | None = None
+    suspend: bool = False
+
+
 class JobSpec(SpecModel):
     framework: Annotated[str, Field(min_length=1, max_length=MAX_FRAMEWORK_ID)] = "command"
     framework_params: dict[str, Any] = Field(default_factory=dict)
     roles: list[Role] = Field(min_length=1, max_length=MAX_ROLES)
     status_policy: StatusPolicy = Field(default_factory=StatusPolicy)
     scheduling: Scheduling = Field(default_factory=Scheduling)
+    run_policy: RunPolicy = Field(default_factory=RunPolicy)
     output: Output | None = None
 
     def role(self, name: str) -> Role:

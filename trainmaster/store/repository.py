@@ -256,3 +256,27 @@ def set_replicas(session: Session, job: JobRow, role: str, replicas: int) -> Non
     job.spec = validate(doc, source=f"job {job.name} with {role} at {replicas} replicas").dump()
     next(r for r in job.roles if r.name == role).replicas = replicas
     add_event(session, job.id, f"role/{role}", "Scaled", f"desired replicas set to {replicas}")
+
+
+def set_suspended(session: Session, job: JobRow, suspend: bool) -> bool:
+    """Set the job's ``runPolicy.suspend`` (its controller holds or starts it at the next pass);
+    False when it already had that value. The spec stays the stored source of truth, so no
+    schema change: the controller reads the flag from it as it reads a scaled role's replicas."""
+    import copy
+
+    if is_terminal(job.state):
+        raise UserError(f"job {job.name} (id {job.id}) has ended ({job.state}); only an active job is "
+                        f"{'suspended' if suspend else 'resumed'}")
+    current = bool(((job.spec.get("spec") or {}).get("runPolicy") or {}).get("suspend", False))
+    if current == suspend:
+        return False
+    doc = copy.deepcopy(job.spec)
+    doc["spec"].setdefault("runPolicy", {})["suspend"] = suspend
+    job.spec = doc
+    add_event(session, job.id, "job", "SuspendRequested" if suspend else "ResumeRequested",
+              "runPolicy.suspend set" if suspend else "runPolicy.suspend cleared")
+    return True
+
+
+def is_suspended(job: JobRow) -> bool:
+    return bool(((job.spec.get("spec") or {}).get("runPolicy") or {}).get("suspend", False))

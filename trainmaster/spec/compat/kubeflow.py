@@ -46,8 +46,7 @@ KINDS: dict[str, Kind] = {
         "mpiReplicaSpecs", ("v1", "v2beta1"), None, {"launcher": "OnFailure", "": "Never"},
         {"sshAuthMountPath": "no SSH between instances locally",
          "launcherCreationPolicy": "the launcher always starts once every worker runs "
-                                   "(WaitForWorkersReady)",
-         "cleanPodPolicy": "instances are always stopped and cleaned up when the job ends"},
+                                   "(WaitForWorkersReady)"},
         frozenset({"slotsPerWorker", "cleanPodPolicy", "mpiReplicaSpecs", "mainContainer", "runPolicy",
                    "runLauncherAsWorker", "sshAuthMountPath", "launcherCreationPolicy",
                    "mpiImplementation"}), ("Launcher", "Worker")),
@@ -56,8 +55,6 @@ KINDS: dict[str, Kind] = {
 _RESTART = {"Never": "Never", "OnFailure": "OnFailure", "Always": "Always"}
 
 _RUN_POLICY_REASONS = {
-    "cleanPodPolicy": "instances are always stopped and cleaned up when the job ends",
-    "ttlSecondsAfterFinished": "finished jobs stay in the store until deleted",
     "managedBy": "the Trainmaster controller manages the job",
 }
 RUN_POLICY_FIELDS = {"cleanPodPolicy", "ttlSecondsAfterFinished", "activeDeadlineSeconds", "backoffLimit",
@@ -92,7 +89,7 @@ def convert(raw: dict[str, Any], lenient: bool = False) -> tuple[dict[str, Any],
     if not isinstance(main_container, (str, type(None))):
         report.invalid("spec.mainContainer", "must be a container name")
         main_container = None
-    handled = {kind.replica_key, "runPolicy", "successPolicy", "slotsPerWorker", "mainContainer",
+    handled = {kind.replica_key, "runPolicy", "successPolicy", "slotsPerWorker", "mainContainer", "cleanPodPolicy",
                "elasticPolicy", "nprocPerNode", "enableDynamicWorker", "mpiImplementation",
                "runLauncherAsWorker"} & kind.spec_fields
     report.rest(spec, "spec", handled, kind.spec_keys, kind.spec_fields)
@@ -107,7 +104,7 @@ def convert(raw: dict[str, Any], lenient: bool = False) -> tuple[dict[str, Any],
     status_policy = _status_policy(str(kind_name), spec, roles, names, report, promoted)
     if status_policy:
         job_spec["statusPolicy"] = status_policy
-    scheduling = _run_policy(spec, roles, report)
+    scheduling = _run_policy(spec, roles, report, job_spec)
     if scheduling:
         job_spec["scheduling"] = scheduling
     meta = metadata(raw.get("metadata"), f"{api_version} {kind_name}", report)
@@ -233,26 +230,48 @@ def _status_policy(kind_name: str, spec: dict[str, Any], roles: list[dict[str, A
     return None
 
 
-def _run_policy(spec: dict[str, Any], roles: list[dict[str, Any]],
-                report: Report) -> dict[str, Any]:
+def _run_policy(spec: dict[str, Any], roles: list[dict[str, Any]], report: Report,
+                job_spec: dict[str, Any]) -> dict[str, Any]:
+    """``runPolicy``: backoffLimit, activeDeadlineSeconds, ttlSecondsAfterFinished and suspend
+    become our ``runPolicy`` (same names and meanings), cleanPodPolicy is honoured or its
+    difference stated; ``schedulingPolicy`` becomes ``scheduling`` (returned)."""
     run_policy = report.mapping(spec.get("runPolicy"), "spec.runPolicy")
-    for key, bad, reason in (
-            ("activeDeadlineSeconds", None, "a deadline for the whole job is not enforced here yet; "
-                                            "remove it (cancel the job instead)"),
-            ("suspend", False, "a suspended job is not held here yet; submit it when it should run")):
-        if key in run_policy and run_policy[key] not in (bad, None):
-            report.unsupported(join("spec.runPolicy", key), reason)
     report.rest(run_policy, "spec.runPolicy", {"backoffLimit", "schedulingPolicy", "activeDeadlineSeconds",
-                                              "suspend"}, _RUN_POLICY_REASONS, RUN_POLICY_FIELDS)
+                                              "suspend", "ttlSecondsAfterFinished", "cleanPodPolicy"},
+                _RUN_POLICY_REASONS, RUN_POLICY_FIELDS)
+    ours = {key: run_policy[key] for key in ("backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished",
+                                             "suspend") if run_policy.get(key) is not None}
+    if ours:
+        job_spec["runPolicy"] = ours
     if "backoffLimit" in run_policy:
-        for role in roles:
+        for role in roles:  # no instance may restart more often than the whole job may
             role["restartPolicy"]["maxRestarts"] = run_policy["backoffLimit"]
+    for where, value in (("spec.runPolicy.cleanPodPolicy", run_policy.get("cleanPodPolicy")),
+                         ("spec.cleanPodPolicy", spec.get("cleanPodPolicy"))):
+        _clean_pod_policy(where, value, report)
     policy = report.mapping(run_policy.get("schedulingPolicy"), "spec.runPolicy.schedulingPolicy")
     report.rest(policy, "spec.runPolicy.schedulingPolicy", {"minAvailable", "queue", "priorityClass"},
                 _SCHEDULING_REASONS, SCHEDULING_POLICY_FIELDS)
     scheduling: dict[str, Any] = {key: policy[key] for key in ("minAvailable", "queue", "priorityClass")
                                   if key in policy}
     return scheduling
+
+
+def _clean_pod_policy(where: str, value: Any, report: Report) -> None:
+    """Kubeflow's cleanPodPolicy: what happens to pods when the job ends. ``Running`` (stop the
+    ones still running) is what the controller always does; ``All`` also deletes the ended pods;
+    ``None`` leaves running pods running."""
+    if value is None or value == "Running":
+        return
+    if value == "All":
+        report.approximate(where, "All: instances still running are stopped when the job ends (as "
+                           "Running); the ended instances' logs and records are kept until the job is "
+                           "deleted (runPolicy.ttlSecondsAfterFinished or `trainmaster job delete`)")
+    elif value == "None":
+        report.approximate(where, "None: instances still running when the job ends are stopped "
+                           "(as Running), since no controller would watch a process of an ended job")
+    else:
+        report.invalid(where, f"must be one of All, Running, None (not {str(value)[:40]!r})")
 
 
 def _kind_params(kind_name: str, spec: dict[str, Any], report: Report) -> dict[str, Any]:

@@ -23,7 +23,6 @@ _SPEC_REASONS = {
     "schedulerName": "the Trainmaster controller schedules instances (gang size, queue and "
                      "priority carry over)",
     "volumes": "volumes are not created or mounted locally",
-    "ttlSecondsAfterFinished": "finished jobs stay in the store until deleted",
     "runningEstimate": "no backfill scheduling locally",
     "networkTopology": "all instances run on this machine",
 }
@@ -75,7 +74,7 @@ def convert(raw: dict[str, Any], lenient: bool = False) -> tuple[dict[str, Any],
                 {"status": "status is filled in by the controller"})
     spec = report.mapping(raw.get("spec"), "spec")
     handled = {"tasks", "minAvailable", "queue", "priorityClassName", "maxRetry", "minSuccess",
-               "policies", "plugins"}
+               "policies", "plugins", "ttlSecondsAfterFinished"}
     report.rest(spec, "spec", handled, _SPEC_REASONS, SPEC_FIELDS)
     job_effects = _policies(spec.get("policies"), "spec.policies", report)
     tasks = report.sequence(spec.get("tasks"), "spec.tasks")
@@ -91,6 +90,8 @@ def convert(raw: dict[str, Any], lenient: bool = False) -> tuple[dict[str, Any],
     scheduling = _scheduling(spec, tasks, report)
     if scheduling:
         job_spec["scheduling"] = scheduling
+    if spec.get("ttlSecondsAfterFinished") is not None:  # the same meaning: delete the ended job
+        job_spec["runPolicy"] = {"ttlSecondsAfterFinished": spec["ttlSecondsAfterFinished"]}
     _volcano_checks(spec, tasks, report)
     meta = metadata(raw.get("metadata"), source, report)
     report.finish()
