@@ -5,8 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 # Debian packages features need (dashboard browser tests, PostgreSQL store tests, the gateway's
-# executor sandbox); tests that cannot have them skip with a clear reason.
-SYSTEM_PACKAGES ?= chromium chromium-driver postgresql bubblewrap iproute2
+# executor sandbox, MPIJobs with real OpenMPI); tests that cannot have them skip with a clear reason.
+SYSTEM_PACKAGES ?= chromium chromium-driver postgresql bubblewrap iproute2 openmpi-bin libopenmpi-dev
 
 .PHONY: run test install system-deps sandbox-deps testbed-deps lint typecheck bench screenshots clean
 

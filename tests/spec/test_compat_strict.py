@@ -141,11 +141,11 @@ def test_volcano_env_plugin_sets_the_task_index() -> None:
 
 
 @pytest.mark.parametrize("implementation, expected", [
-    ("OpenMPI", "10.0.0.1 slots=2\n10.0.0.2 slots=2\n"), ("Intel", "10.0.0.1:2\n10.0.0.2:2\n"),
-    ("MPICH", "10.0.0.1:2\n10.0.0.2:2\n")])
+    ("OpenMPI", "pi-worker-0 slots=2\npi-worker-1 slots=2\n"), ("Intel", "pi-worker-0:2\npi-worker-1:2\n"),
+    ("MPICH", "pi-worker-0:2\npi-worker-1:2\n")])
 def test_mpi_hostfile_has_the_slots_in_the_implementations_format(implementation: str, expected: str) -> None:
     """MPIJob slotsPerWorker and mpiImplementation: the launcher's hostfile as the MPI operator
     writes it for each implementation."""
-    from trainmaster.frameworks.mpi import hostfile_text
+    from trainmaster.frameworks.mpi import hostfile_text, worker_name
 
-    assert hostfile_text(["10.0.0.1:5000", "10.0.0.2:5001"], 2, implementation) == expected
+    assert hostfile_text([worker_name("pi", 0), worker_name("pi", 1)], 2, implementation) == expected

@@ -96,6 +96,8 @@ def convert(raw: dict[str, Any], lenient: bool = False) -> tuple[dict[str, Any],
     params = _kind_params(str(kind_name), spec, report)
     roles = _roles(spec, kind, main_container or kind.container, report)
     promoted = kind_name == "PyTorchJob" and _promote_worker_zero(roles, kind.replica_key, report)
+    if kind_name == "MPIJob":
+        _mpi_workers_host_ranks(roles, report)
     names = [r["name"] for r in roles]
     _add_dependencies(str(kind_name), roles, names)
     job_spec: dict[str, Any] = {"framework": _framework(str(kind_name)), "roles": roles}
@@ -168,6 +170,17 @@ def _promote_worker_zero(roles: list[dict[str, Any]], replica_key: str, report: 
                        "the role 'master' (rank 0, MASTER_ADDR), as Kubeflow makes it rank 0; the "
                        "job succeeds when every instance succeeded")
     return True
+
+
+def _mpi_workers_host_ranks(roles: list[dict[str, Any]], report: Report) -> None:
+    """An MPIJob's workers run an SSH server (``sshd -De``) or sleep, for the launcher's
+    ``mpirun`` to start ranks in: here that part is the mpi framework's rank host."""
+    for role in roles:
+        if role["name"] == "worker" and "command" in role:
+            shown = " ".join(str(a) for a in [*role.pop("command"), *role.pop("args", [])])[:80]
+            report.approximate("spec.mpiReplicaSpecs.Worker", f"the workers run Trainmaster's rank host, in "
+                               f"which the launcher's mpirun starts the ranks (the part of the SSH server), "
+                               f"not '{shown}'")
 
 
 def _restart(value: Any, path: str, report: Report) -> Any:
