@@ -97,7 +97,7 @@ def test_volcano_own_checks() -> None:
     assert "duplicate event 'PodFailed'" in text
 
 
-@pytest.mark.parametrize("plugin", ["svc", "mpi"])
+@pytest.mark.parametrize("plugin", ["mpi"])
 def test_volcano_plugins_whose_variables_jobs_read_are_refused(plugin: str) -> None:
     assert f"spec.plugins.{plugin}: not supported" in problems(volcano(task("a"), plugins={plugin: []}))
     assert convert(volcano(task("a"), plugins={plugin: []}), lenient=True) is not None

@@ -70,9 +70,9 @@ def test_depends_on_any_is_reported_as_approximated() -> None:
 
 
 @pytest.mark.parametrize("policies, where, restart, status, reported", [
-    ([{"event": "PodFailed", "action": "RestartTask"}], "task", "OnFailure", None, "approximated"),
+    ([{"event": "PodFailed", "action": "RestartTask"}], "task", "OnFailure/Role", None, None),
     ([{"event": "PodFailed", "action": "RestartPod"}], "task", "OnFailure", None, None),
-    ([{"event": "PodFailed", "action": "RestartJob"}], "job", "OnFailure", None, "approximated"),
+    ([{"event": "PodFailed", "action": "RestartJob"}], "job", "OnFailure/Job", None, None),
     ([{"event": "PodFailed", "action": "AbortJob"}], "task", "Never", None, None),
     ([{"event": "TaskFailed", "action": "TerminateJob"}], "job", "Never", None, None),
     ([{"event": "TaskCompleted", "action": "CompleteJob"}], "task", "Never",
@@ -80,18 +80,21 @@ def test_depends_on_any_is_reported_as_approximated() -> None:
     ([{"event": "TaskCompleted", "action": "CompleteJob"}], "job", "Never",
      {"failed": "any", "succeeded": "any"}, None),
     ([{"event": "PodEvicted", "action": "RestartJob"}], "job", "Never", None, "never evicted"),
-    ([{"events": ["PodFailed", "PodEvicted"], "action": "RestartTask"}], "task", "OnFailure", None,
+    ([{"events": ["PodFailed", "PodEvicted"], "action": "RestartTask"}], "task", "OnFailure/Role", None,
      "never evicted"),
 ], ids=["restart-task", "restart-pod", "restart-job", "abort", "terminate", "complete-task",
         "complete-any", "evicted", "events-list"])
 def test_lifecycle_policies(policies: list[dict[str, Any]], where: str, restart: str,
                             status: dict[str, Any] | None, reported: str | None) -> None:
-    """Mechanism: Volcano policies (event -> action) -> restart policy / job status policy;
-    what cannot be mapped is reported as ignored with the reason."""
+    """Mechanism: Volcano policies (event -> action) -> restart policy (RestartPod, RestartTask,
+    RestartJob: restart scope Instance, Role, Job) / job status policy; what cannot be mapped is
+    reported with the reason."""
     worker = task("worker", 2, **({"policies": policies} if where == "task" else {}))
     raw = volcano(task("ps"), worker, **({"policies": policies} if where == "job" else {}))
     doc, roles, ignored = converted(raw)
-    assert roles["worker"]["restartPolicy"]["policy"] == restart
+    policy, _, scope = restart.partition("/")
+    assert roles["worker"]["restartPolicy"]["policy"] == policy
+    assert roles["worker"]["restartPolicy"].get("scope") == (scope or None)
     assert doc["spec"].get("statusPolicy") == status
     if reported:
         assert reported in ignored

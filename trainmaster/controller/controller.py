@@ -30,7 +30,7 @@ from trainmaster.controller.admission import admit
 from trainmaster.controller.launching import instance_id, launch_spec, legacy_launch_file
 from trainmaster.runtime.files import InstanceFiles
 from trainmaster.spec.load import LoadedJob
-from trainmaster.spec.model import Job, Role
+from trainmaster.spec.model import Job, RestartScope, Role
 from trainmaster.spec.paths import in_job_folder
 from trainmaster.spec.states import (INSTANCE_TERMINAL, JOB_TERMINAL, InstanceState, JobState,
                                      check_transition)
@@ -339,13 +339,19 @@ class Controller:
             self._ended.append(inst.handle)
         self._set_instance_state(inst, I.SUCCEEDED if code == 0 else I.FAILED)
         why = f" ({obs.reason}: {obs.message})" if obs.reason else ""
-        decision = restart.decide(role.restart_policy, code, inst.restarts)
+        scope = role.restart_policy.scope
+        group = [i for i in job.instances if i.state != I.STOPPED.value
+                 and (scope == RestartScope.JOB or i.role == inst.role)]
+        done = max(i.restarts for i in group) if scope != RestartScope.INSTANCE else inst.restarts
+        decision = restart.decide(role.restart_policy, code, done)
         limit = self._spec(job).spec.run_policy.backoff_limit
         spent = sum(i.restarts for i in job.instances)
         over_limit = decision.restart and code != 0 and limit is not None and spent >= limit
         if over_limit:
             decision = restart.RestartDecision(False, exhausted=True)
         obj = f"instance/{inst.label}"
+        if decision.restart and scope != RestartScope.INSTANCE:
+            return self._restart_group(session, job, inst, group, done + 1, decision.delay, code, why, free)
         if decision.restart:
             metrics.RESTARTS.labels(role=inst.role).inc()
             inst.restarts += 1
@@ -376,6 +382,32 @@ class Controller:
             inst.reason, inst.message = reason, message
             repo.add_event(session, job.id, obj, "RestartsExhausted" if decision.exhausted else "Failed",
                            message, "Warning")
+        return free
+
+    def _restart_group(self, session: Session, job: JobRow, ended: InstanceRow, group: list[InstanceRow],
+                       count: int, delay: float, code: int, why: str, free: Capacity) -> Capacity:
+        """Restart scope Role or Job (Volcano's RestartTask / RestartJob): every instance of the
+        group is stopped and becomes pending again after the backoff, restart ``count``."""
+        group = [i for i in group if i.state != I.TERMINATING.value]  # already being stopped for good
+        live = [i for i in group if i.state in LIVE and i is not ended]
+        handles = [i.handle for i in live if i.handle]
+        if handles:
+            self.backend.stop(handles, self.grace)
+            self._ended += handles
+        start_at = utcnow() + timedelta(seconds=delay)
+        for inst in group:
+            if inst.state in LIVE:
+                free = self._release(session, job, inst, free)
+                inst.ended_at = utcnow()
+            if inst.state != I.PENDING.value:
+                self._set_instance_state(inst, I.PENDING)
+            inst.restarts, inst.next_start_at = count, start_at
+            inst.reason, inst.message = "BackOff", f"{ended.label} failed: restart {count} of the group in {delay:g}s"
+        what = "job" if self._spec(job).spec.role(ended.role).restart_policy.scope == RestartScope.JOB \
+            else f"role {ended.role}"
+        repo.add_event(session, job.id, f"instance/{ended.label}", "RestartingGroup",
+                       f"{ended.label} exited with code {code}{why}; restarting every instance of the {what} "
+                       f"(restart {count}) in {delay:g}s", "Warning" if code else "Normal")
         return free
 
     def _release(self, session: Session, job: JobRow, inst: InstanceRow, free: Capacity,

@@ -50,14 +50,25 @@ class RestartPolicyKind(str, Enum):
     ALWAYS = "Always"
 
 
+class RestartScope(str, Enum):
+    """What a restart restarts (Volcano's RestartPod, RestartTask and RestartJob actions)."""
+
+    INSTANCE = "Instance"  # only the instance that ended
+    ROLE = "Role"  # every instance of its role, stopped and started afresh
+    JOB = "Job"  # every instance of the job
+
+
 class RestartPolicy(SpecModel):
     """When a finished instance is started again, how often, and how long to wait first.
 
     ``Always`` restarts after success too (a service role); ``OnFailure`` only after a non-zero
     exit. ``backoffSeconds`` doubles on each restart of the same instance, capped at 60 s.
+    ``scope`` ``Role`` or ``Job`` restarts the whole role or job instead (the running instances
+    are stopped first); ``maxRestarts`` then counts those restarts.
     """
 
     policy: RestartPolicyKind = RestartPolicyKind.NEVER
+    scope: RestartScope = RestartScope.INSTANCE
     max_restarts: Annotated[int, Field(ge=0, le=MAX_RESTARTS)] = 3
     backoff_seconds: Annotated[float, Field(ge=0, le=MAX_BACKOFF_SECONDS)] = 1.0
 

@@ -35,8 +35,6 @@ _PLUGIN_REASONS = {
 }
 #: Plugins whose variables and files jobs read; not provided yet, so refused rather than ignored.
 _PLUGINS_UNSUPPORTED = {
-    "svc": "the svc plugin's host files (/etc/volcano/<task>.host) and VC_<TASK>_HOSTS/NUM "
-           "variables are not provided here yet (roles reach each other through TM_SERVICE_<ROLE>)",
     "mpi": "the mpi plugin's hostfile is not written; use a Kubeflow MPIJob or the mpi framework",
 }
 SPEC_FIELDS = {"schedulerName", "minAvailable", "volumes", "tasks", "policies", "plugins",
@@ -50,7 +48,7 @@ EVENTS = {"*", "PodFailed", "PodEvicted", "PodPending", "PodRunning", "Unknown",
 ACTIONS = {"AbortJob", "RestartJob", "RestartTask", "RestartPod", "RestartPartition", "TerminateJob",
            "CompleteJob", "ResumeJob", "SyncJob", "EnqueueJob", "SyncQueue", "OpenQueue", "CloseQueue"}
 _FAILURE_EVENTS = {"PodFailed", "TaskFailed"}
-_RESTART_ACTIONS = {"RestartPod", "RestartTask", "RestartJob", "RestartPartition"}
+_RESTART_ACTIONS = {"RestartPod": "Instance", "RestartTask": "Role", "RestartJob": "Job"}
 _FAIL_ACTIONS = {"AbortJob", "TerminateJob"}
 
 
@@ -59,6 +57,7 @@ class _Effects:
     """What a list of lifecycle policies means for one role (or, at job level, every role)."""
 
     restart: bool = False  # restart failed instances
+    scope: str = "Instance"  # what a restart restarts: RestartPod, RestartTask, RestartJob
     decides_failure: bool = False  # some policy handles a failure event
     completes_job: bool = False  # TaskCompleted -> CompleteJob
 
@@ -110,9 +109,12 @@ def _role(task: Any, path: str, spec: dict[str, Any], job_effects: _Effects,
     policy = {"Always": "Always", "OnFailure": "OnFailure"}.get(pod.restart_policy or "", "Never")
     if pod.restart_policy not in (None, "Always", "OnFailure", "Never"):
         policy = pod.restart_policy  # validation reports it with this role's path
-    if policy == "Never" and (effects.restart or (job_effects.restart and not effects.decides_failure)):
+    chosen = effects if effects.restart else job_effects if not effects.decides_failure else None
+    if policy == "Never" and chosen is not None and chosen.restart:
         policy = "OnFailure"
     restart: dict[str, Any] = {"policy": policy}
+    if chosen is not None and chosen.restart and chosen.scope != "Instance":
+        restart["scope"] = chosen.scope
     max_retry = task.get("maxRetry", spec.get("maxRetry"))
     if max_retry is not None:
         restart["maxRestarts"] = max_retry
@@ -178,10 +180,9 @@ def _policies(value: Any, path: str, report: Report) -> _Effects:
 
 def _effect(event: str, action: str, where: str, effects: _Effects, report: Report) -> None:
     if event in _FAILURE_EVENTS and action in _RESTART_ACTIONS:
+        # RestartPod: the instance; RestartTask: every instance of the role; RestartJob: of the job
         effects.restart = effects.decides_failure = True
-        if action != "RestartPod":
-            report.approximate(where, f"{event} -> {action}: only the failed instance is restarted "
-                               "(restartPolicy OnFailure)")
+        effects.scope = _RESTART_ACTIONS[action]
     elif event in _FAILURE_EVENTS and action in _FAIL_ACTIONS:
         effects.decides_failure = True  # a failure fails the role and the job: our default
     elif event == "TaskCompleted" and action == "CompleteJob":
@@ -198,28 +199,47 @@ def _framework(spec: dict[str, Any], roles: list[dict[str, Any]],
     variables), ``command`` with ``indexVariables`` (the ``env`` plugin's ``VK_TASK_INDEX`` and
     ``VC_TASK_INDEX``: the instance's index in its task)."""
     plugins = report.mapping(spec.get("plugins"), "spec.plugins")
-    framework, params = "command", {}
+    framework, params = "command", dict[str, Any]()
     if "env" in plugins and not ("pytorch" in plugins and {r["name"] for r in roles} <= {"master", "worker"}):
         params["indexVariables"] = ["VK_TASK_INDEX", "VC_TASK_INDEX"]
     for name in plugins:
         where = join("spec.plugins", name)
         if name == "env":
-            if not params and not report.lenient:
+            if "indexVariables" not in params and not report.lenient:
                 report.unsupported(where, "the env plugin's VK_TASK_INDEX/VC_TASK_INDEX are not set "
                                    "together with the pytorch plugin; use RANK (or --lenient)")
-            elif not params:
+            elif "indexVariables" not in params:
                 report.ignore(where, "VK_TASK_INDEX/VC_TASK_INDEX not set (the index is in TM_REPLICA_INDEX)")
         elif name == "pytorch" and {r["name"] for r in roles} <= {"master", "worker"}:
             framework = "pytorch"  # the plugin's MASTER_ADDR/RANK come from our framework
             report.approximate(where, "run by the pytorch framework (MASTER_ADDR, MASTER_PORT, "
                                "WORLD_SIZE, RANK); the plugin's arguments are not read")
+        elif name == "svc":
+            params["volcanoSvc"] = True
+            _every_task_placed(roles)
+            report.approximate(where, "VC_<TASK>_HOSTS, VC_<TASK>_NUM and the <task>.host files (in the "
+                               "folder VC_HOSTS_DIR names, not /etc/volcano) list host:port addresses "
+                               "(each instance has its own port here), not DNS names")
         elif name in _PLUGINS_UNSUPPORTED and not report.lenient:
             report.unsupported(where, _PLUGINS_UNSUPPORTED[name] + "; pass --lenient to run without it")
         elif name in _PLUGIN_REASONS or name in _PLUGINS_UNSUPPORTED:
             report.ignore(where, _PLUGIN_REASONS.get(name) or _PLUGINS_UNSUPPORTED[name])
         else:
             report.unknown("spec.plugins", str(name), {"ssh", "svc", "env", "mpi", "pytorch"})
+    if framework == "pytorch" and params.pop("volcanoSvc", False):
+        report.unsupported("spec.plugins.svc", "not run together with the pytorch plugin (the pytorch "
+                           "framework sets MASTER_ADDR and RANK; the svc plugin's variables are not set)")
     return framework, params
+
+
+def _every_task_placed(roles: list[dict[str, Any]]) -> None:
+    """The svc plugin gives every pod every task's hosts: each role waits until every instance of
+    every task is placed (its own task included; a task it already waits for as Running is left)."""
+    names = [r["name"] for r in roles]
+    for role in roles:
+        waited = {d["role"] for d in role.get("dependsOn", [])}
+        role["dependsOn"] = [*role.get("dependsOn", []),
+                             *({"role": n, "condition": "Placed"} for n in names if n not in waited)]
 
 
 def _job_status_policy(spec: dict[str, Any], tasks: list[Any], roles: list[dict[str, Any]],
