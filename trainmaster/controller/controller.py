@@ -75,10 +75,14 @@ class Controller:
         self._rescan_at = 0.0
 
     # ---- queue -------------------------------------------------------------------------------
-    def submit(self, loaded: LoadedJob) -> int:
-        """Store a validated job in the queue; returns its id."""
+    def submit(self, loaded: LoadedJob, unique_name: bool = False) -> int:
+        """Store a validated job in the queue; returns its id. With ``unique_name``,
+        :class:`~trainmaster.store.repository.NameTaken` while an active job has its name (checked
+        in the inserting transaction, so it holds across servers sharing the store)."""
         job = loaded.job
         with self.sessions() as session:
+            if unique_name:
+                repo.claim_job_name(session, job.name)
             row = JobRow(uid=uuid.uuid4().hex, name=job.name, spec=job.dump(), queue=job.spec.scheduling.queue,
                          priority=job.spec.scheduling.priority, backend=self.backend.name, owner=self.owner)
             session.add(row)

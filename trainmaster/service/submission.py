@@ -1,7 +1,8 @@
 """Taking a job into the service's queue: the one path the REST API and the dashboard share.
 
 Loading applies the operator's path policy and strictness; the backend named in the job must be
-the server's; a name is unique among active jobs (checked and inserted in one step per server).
+the server's; a name is unique among active jobs (checked and inserted in one transaction that
+holds the store's lock for that name, so across every server sharing the store).
 """
 
 from __future__ import annotations
@@ -10,18 +11,13 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
-
 from trainmaster.controller import Controller
 from trainmaster.errors import UserError
 from trainmaster.spec.load import LoadedJob, LoadOptions, load_document
 from trainmaster.spec.paths import PathPolicy
-from trainmaster.spec.states import JOB_TERMINAL
-from trainmaster.store.models import JobRow
+from trainmaster.store.repository import NameTaken
 
-
-class NameTaken(Exception):
-    """A job of that name is still active (HTTP 409)."""
+__all__ = ["NameTaken", "Submission"]
 
 
 @dataclass
@@ -45,10 +41,5 @@ class Submission:
 
     def submit(self, loaded: LoadedJob) -> int:
         """Queue ``loaded``; :class:`NameTaken` while a job of its name is active."""
-        with self._lock, self.controller.sessions() as session:
-            live = session.scalars(select(JobRow.id).where(
-                JobRow.name == loaded.job.name, JobRow.state.not_in([s.value for s in JOB_TERMINAL])).limit(1)).first()
-            if live is not None:
-                raise NameTaken(f"a job named {loaded.job.name} is still active (id {live}); names are unique "
-                                "among active jobs: choose another name, or cancel that job first")
-            return self.controller.submit(loaded)
+        with self._lock:  # one at a time in this server; the store's lock covers the others
+            return self.controller.submit(loaded, unique_name=True)

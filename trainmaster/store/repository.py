@@ -280,3 +280,30 @@ def set_suspended(session: Session, job: JobRow, suspend: bool) -> bool:
 
 def is_suspended(job: JobRow) -> bool:
     return bool(((job.spec.get("spec") or {}).get("runPolicy") or {}).get("suspend", False))
+
+
+class NameTaken(UserError):
+    """A job of that name is still active (HTTP 409)."""
+
+
+def claim_job_name(session: Session, name: str) -> None:
+    """Make ``name`` this transaction's to insert, or raise :class:`NameTaken` while an active
+    job has it. Called first in the transaction that inserts the job, so the check and the insert
+    are one step for every server on the store: SQLite takes its write lock before the check
+    (``BEGIN IMMEDIATE``: other writers wait), PostgreSQL a transaction-scoped advisory lock on
+    the name (other submissions of that name wait; the rest of the store does not)."""
+    import zlib
+
+    from sqlalchemy import text
+
+    dialect = session.get_bind().dialect.name
+    if dialect == "sqlite":
+        session.connection().exec_driver_sql("BEGIN IMMEDIATE")
+    elif dialect == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:space, :key)"),
+                        {"space": 0x746D, "key": zlib.crc32(name.encode()) - 2**31})
+    live = session.scalars(select(JobRow.id).where(
+        JobRow.name == name, JobRow.state.not_in([s.value for s in JOB_TERMINAL])).limit(1)).first()
+    if live is not None:
+        raise NameTaken(f"a job named {name} is still active (id {live}); names are unique among active "
+                        "jobs: choose another name, or cancel that job first")
