@@ -55,7 +55,10 @@ class MPIFramework(Framework):
         return job
 
     def environment(self, ctx: InstanceContext) -> dict[str, str]:
-        env = {KEY_VARIABLE: job_key(ctx.output_dir or ".")}
+        # `python` in mpirun's command line (run by the rank host's shell) is the interpreter
+        # Trainmaster runs under, as a role command's own `python` is
+        path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", os.defpath)])
+        env = {KEY_VARIABLE: job_key(ctx.output_dir or "."), "PATH": path}
         if ctx.role != "launcher":
             return env
         workers = ctx.services.get("worker", [])
