@@ -344,12 +344,14 @@ class Controller:
         self._set_instance_state(inst, I.SUCCEEDED if code == 0 else I.FAILED)
         why = f" ({obs.reason}: {obs.message})" if obs.reason else ""
         scope = role.restart_policy.scope
-        group = [i for i in job.instances if i.state != I.STOPPED.value
-                 and (scope == RestartScope.JOB or i.role == inst.role)]
-        done = max(i.restarts for i in group) if scope != RestartScope.INSTANCE else inst.restarts
+        group, done = [inst], inst.restarts
+        if scope != RestartScope.INSTANCE:  # a whole role or job restarts: its count is theirs
+            group = [i for i in job.instances if i.state != I.STOPPED.value
+                     and (scope == RestartScope.JOB or i.role == inst.role)]
+            done = max(i.restarts for i in group)
         decision = restart.decide(role.restart_policy, code, done)
         limit = self._spec(job).spec.run_policy.backoff_limit
-        spent = sum(i.restarts for i in job.instances)
+        spent = sum(i.restarts for i in job.instances) if limit is not None and decision.restart else 0
         over_limit = decision.restart and code != 0 and limit is not None and spent >= limit
         if over_limit:
             decision = restart.RestartDecision(False, exhausted=True)
