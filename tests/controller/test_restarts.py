@@ -188,3 +188,23 @@ def test_restart_scope_role_leaves_other_roles_running(harness: Harness, tmp_pat
     starts = marker.read_text().split()
     assert starts.count("other") == 1 and starts.count("group") == 4  # one restart of both group instances
     assert len(events(status, "RestartingGroup")) == 1
+
+
+@pytest.mark.parametrize("code, restarted", [(3, True), (4, False)])
+def test_restart_only_on_listed_exit_codes(harness: Harness, tmp_path, code: int, restarted: bool) -> None:
+    """Mechanism: restartPolicy exitCodes (Volcano exitCode policies): only a failure with a
+    listed code restarts; another code fails the instance at once."""
+    marker = tmp_path / "tried"
+    script = f"import os, sys; p = {str(marker)!r}; sys.exit(0) if os.path.exists(p) else (open(p, 'w'), sys.exit({code}))"
+    state, status = harness.run(job("codes", [{"name": "a", "command": py(script), "restartPolicy": {
+        "policy": "OnFailure", "exitCodes": [3], "maxRestarts": 2, "backoffSeconds": 0}}]))
+    assert state == ("succeeded" if restarted else "failed")
+    assert status["instances"][0]["restarts"] == int(restarted)
+
+
+@pytest.mark.parametrize("code, restarted", [(1, False), (137, True)])
+def test_kubeflow_exit_code_policy_restarts_after_signals_only(code: int, restarted: bool) -> None:
+    """Mechanism: Kubeflow restartPolicy ExitCode: 1-127 are permanent, 128-255 retryable."""
+    policy = RestartPolicy(policy="ExitCode", max_restarts=3)
+    assert decide(policy, code, 0).restart == restarted
+    assert not decide(policy, 0, 0).restart

@@ -100,11 +100,11 @@ def test_tfjob_without_chief_lets_a_worker_finish_the_job() -> None:
 
 @pytest.mark.parametrize("kubeflow_policy, ours, approximated", [
     ("Never", "Never", False), ("OnFailure", "OnFailure", False), ("Always", "Always", False),
-    ("ExitCode", "OnFailure", True),
+    ("ExitCode", "ExitCode", False),
 ])
 def test_restart_policies(kubeflow_policy: str, ours: str, approximated: bool) -> None:
-    """Mechanism: replica restartPolicy -> our restart policy kinds; runPolicy.backoffLimit ->
-    maxRestarts; ExitCode is reported as an approximation."""
+    """Mechanism: replica restartPolicy -> our restart policy kinds (ExitCode included: restarts
+    after a signal only); runPolicy.backoffLimit -> maxRestarts."""
     raw = kubeflow("PyTorchJob", {"Master": replica(1, restart=kubeflow_policy)},
                    runPolicy={"backoffLimit": 5})
     converted = convert(raw)

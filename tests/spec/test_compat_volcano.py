@@ -103,6 +103,20 @@ def test_lifecycle_policies(policies: list[dict[str, Any]], where: str, restart:
     load_document(doc)
 
 
+def test_exit_code_policies_restrict_restarts_to_their_codes() -> None:
+    """Mechanism: Volcano exitCode policies: restart actions restart only those exit codes
+    (restartPolicy.exitCodes); AbortJob on a code beside an event restart is refused by name."""
+    _, roles, _ = converted(volcano(task("w", policies=[{"exitCode": 3, "action": "RestartTask"},
+                                                         {"exitCode": 5, "action": "RestartTask"},
+                                                         {"exitCode": 4, "action": "AbortJob"}])))
+    assert roles["w"]["restartPolicy"] == {"policy": "OnFailure", "scope": "Role", "exitCodes": [3, 5]}
+    with pytest.raises(UserError, match="restarts exclude no exit code"):
+        convert(volcano(task("w", policies=[{"event": "PodFailed", "action": "RestartPod"},
+                                            {"exitCode": 4, "action": "AbortJob"}])))
+    with pytest.raises(UserError, match="Volcano refuses 0"):
+        convert(volcano(task("w", policies=[{"exitCode": 0, "action": "RestartPod"}])))
+
+
 def test_task_policy_overrides_job_policy() -> None:
     """Mechanism: a task's own failure policy wins over the job's for that task."""
     raw = volcano(task("ps"), task("worker", policies=[{"event": "PodFailed", "action": "AbortJob"}]),
@@ -181,7 +195,7 @@ def test_other_volcano_kinds_are_user_errors() -> None:
 
 
 @pytest.mark.parametrize("policy, message", [
-    ({"exitCode": 3, "action": "RestartJob"}, "exitCode: not supported: exit-code policies"),
+    ({"exitCode": 3, "action": "CompleteJob"}, "exitCode: not supported: exitCode 3 -> CompleteJob"),
     ({"event": "Unknown", "action": "AbortJob"}, "Unknown -> AbortJob is not run here yet"),
     ({"event": "PodFailed", "action": "Reboot"}, "action: 'Reboot' is not a Volcano action"),
     ({"event": "PodCrashed", "action": "AbortJob"}, "'PodCrashed' is not a Volcano event"),

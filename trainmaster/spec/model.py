@@ -48,6 +48,9 @@ class RestartPolicyKind(str, Enum):
     NEVER = "Never"
     ON_FAILURE = "OnFailure"
     ALWAYS = "Always"
+    # Kubeflow's ExitCode: exit codes 1-127 are permanent errors (no restart), 128-255 (killed
+    # by a signal, e.g. 137 out of memory) retryable
+    EXIT_CODE = "ExitCode"
 
 
 class RestartScope(str, Enum):
@@ -64,11 +67,14 @@ class RestartPolicy(SpecModel):
     ``Always`` restarts after success too (a service role); ``OnFailure`` only after a non-zero
     exit. ``backoffSeconds`` doubles on each restart of the same instance, capped at 60 s.
     ``scope`` ``Role`` or ``Job`` restarts the whole role or job instead (the running instances
-    are stopped first); ``maxRestarts`` then counts those restarts.
+    are stopped first); ``maxRestarts`` then counts those restarts. ``exitCodes`` restricts the
+    restarts after a failure to those exit codes (Volcano's ``exitCode`` policies); ``ExitCode``
+    (Kubeflow) restarts after a signal (exit codes 128-255) only.
     """
 
     policy: RestartPolicyKind = RestartPolicyKind.NEVER
     scope: RestartScope = RestartScope.INSTANCE
+    exit_codes: Annotated[list[Annotated[int, Field(ge=1, le=255)]], Field(min_length=1, max_length=255)] | None = None
     max_restarts: Annotated[int, Field(ge=0, le=MAX_RESTARTS)] = 3
     backoff_seconds: Annotated[float, Field(ge=0, le=MAX_BACKOFF_SECONDS)] = 1.0
 

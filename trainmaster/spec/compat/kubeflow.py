@@ -52,7 +52,7 @@ KINDS: dict[str, Kind] = {
                    "mpiImplementation"}), ("Launcher", "Worker")),
 }
 
-_RESTART = {"Never": "Never", "OnFailure": "OnFailure", "Always": "Always"}
+_RESTART = {"Never": "Never", "OnFailure": "OnFailure", "Always": "Always", "ExitCode": "ExitCode"}
 
 _RUN_POLICY_REASONS = {
     "managedBy": "the Trainmaster controller manages the job",
@@ -184,13 +184,9 @@ def _mpi_workers_host_ranks(roles: list[dict[str, Any]], report: Report) -> None
 
 
 def _restart(value: Any, path: str, report: Report) -> Any:
-    if not isinstance(value, str) or value not in (*_RESTART, "ExitCode"):
+    if not isinstance(value, str) or value not in _RESTART:
         report.invalid(path, f"must be one of Always, OnFailure, Never, ExitCode (not {str(value)[:40]!r})")
         return "Never"
-    if value == "ExitCode":
-        report.approximate(path, "ExitCode restarts on retryable exit codes only; "
-                           "here every failure is restarted (OnFailure)")
-        return "OnFailure"
     return _RESTART.get(value, value)  # anything else fails validation with this role's path
 
 

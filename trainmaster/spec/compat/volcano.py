@@ -9,7 +9,7 @@ end; our status policies decide as soon as the outcome is known, which is the sa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from trainmaster.errors import UserError
@@ -58,6 +58,9 @@ class _Effects:
 
     restart: bool = False  # restart failed instances
     scope: str = "Instance"  # what a restart restarts: RestartPod, RestartTask, RestartJob
+    event_restart: bool = False  # a PodFailed/TaskFailed policy restarts (whatever the exit code)
+    exit_codes: list[int] = field(default_factory=list)  # exitCode policies that restart
+    abort_codes: list[int] = field(default_factory=list)  # exitCode policies that end the job
     decides_failure: bool = False  # some policy handles a failure event
     completes_job: bool = False  # TaskCompleted -> CompleteJob
 
@@ -115,6 +118,8 @@ def _role(task: Any, path: str, spec: dict[str, Any], job_effects: _Effects,
     restart: dict[str, Any] = {"policy": policy}
     if chosen is not None and chosen.restart and chosen.scope != "Instance":
         restart["scope"] = chosen.scope
+    if chosen is not None and chosen.restart and chosen.exit_codes and not chosen.event_restart:
+        restart["exitCodes"] = sorted(set(chosen.exit_codes))  # only those failures restart
     max_retry = task.get("maxRetry", spec.get("maxRetry"))
     if max_retry is not None:
         restart["maxRestarts"] = max_retry
@@ -157,8 +162,7 @@ def _policies(value: Any, path: str, report: Report) -> _Effects:
         if "exitCode" in policy:
             if "event" in policy or "events" in policy:
                 report.invalid(where, "give either event(s) or exitCode, not both (Volcano refuses both)")
-            report.unsupported(join(where, "exitCode"), f"exit-code policies (exitCode "
-                               f"{str(policy['exitCode'])[:20]} -> {str(action)[:20]}) are not run here yet")
+            _exit_code_effect(policy["exitCode"], str(action), join(where, "exitCode"), effects, report)
             continue
         if "timeout" in policy:
             report.ignore(join(where, "timeout"), "actions are taken at once")
@@ -178,11 +182,40 @@ def _policies(value: Any, path: str, report: Report) -> _Effects:
     return effects
 
 
+def _exit_code_effect(code: Any, action: str, where: str, effects: _Effects, report: Report) -> None:
+    """``exitCode: N`` policies: a restart action restarts only failures with those codes
+    (``restartPolicy.exitCodes``); AbortJob/TerminateJob end the job on them, which is what a
+    failure that is not restarted does, unless an event policy restarts every failure."""
+    if not isinstance(code, int) or isinstance(code, bool) or not 1 <= code <= 255:
+        report.invalid(where, f"{str(code)[:20]!r}: an exit code from 1 to 255 (Volcano refuses 0)")
+    elif action in _RESTART_ACTIONS:
+        if effects.restart and effects.scope != _RESTART_ACTIONS[action]:
+            report.unsupported(where, f"exitCode {code} -> {action} beside a policy that restarts a "
+                               f"different scope ({effects.scope}): one restart scope per task here")
+        effects.restart = effects.decides_failure = True
+        effects.scope = _RESTART_ACTIONS[action]
+        effects.exit_codes.append(code)
+    elif action in _FAIL_ACTIONS:
+        effects.decides_failure = True
+        effects.abort_codes.append(code)
+    else:
+        report.unsupported(where, f"exitCode {code} -> {action} is not run here")
+    if effects.abort_codes and effects.event_restart:
+        report.unsupported(where, "an exitCode policy that ends the job beside an event policy that "
+                           "restarts every failure is not run here (restarts exclude no exit code)")
+
+
 def _effect(event: str, action: str, where: str, effects: _Effects, report: Report) -> None:
     if event in _FAILURE_EVENTS and action in _RESTART_ACTIONS:
         # RestartPod: the instance; RestartTask: every instance of the role; RestartJob: of the job
-        effects.restart = effects.decides_failure = True
+        if effects.restart and effects.scope != _RESTART_ACTIONS[action]:
+            report.unsupported(where, f"{event} -> {action} beside a policy that restarts a "
+                               f"different scope ({effects.scope}): one restart scope per task here")
+        effects.restart = effects.decides_failure = effects.event_restart = True
         effects.scope = _RESTART_ACTIONS[action]
+        if effects.abort_codes:
+            report.unsupported(where, "an event policy that restarts every failure beside an exitCode "
+                               "policy that ends the job is not run here (restarts exclude no exit code)")
     elif event in _FAILURE_EVENTS and action in _FAIL_ACTIONS:
         effects.decides_failure = True  # a failure fails the role and the job: our default
     elif event == "TaskCompleted" and action == "CompleteJob":
