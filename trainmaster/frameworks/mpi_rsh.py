@@ -13,7 +13,7 @@ environment and working directory, so the ranks it starts are the worker's and d
 Protocol (one TCP connection per command): the agent sends one JSON line ``{"key", "command"}``;
 the rank host answers with frames ``<stream byte><4-byte length><payload>``: stream 1 stdout,
 2 stderr, 0 the exit status (ASCII). The key is the job's own secret (a file in the job's
-output folder, readable only by the user running it), so no other local user can run commands
+``mpi`` folder, readable only by the user running it), so no other local user can run commands
 in the instance. If the agent goes away (``mpirun`` ended or killed it), the command's process
 group is killed.
 """
@@ -43,8 +43,9 @@ MAX_REQUEST = 1 << 20
 
 
 def job_key(output_dir: str) -> str:
-    """The job's rank-host secret: created once (0600) in its output folder, then read."""
-    path = Path(output_dir) / KEY_FILE
+    """The job's rank-host secret: created once (0600) in the job's ``mpi`` folder (beside its
+    output folder, whose files are copied out on success), then read."""
+    path = Path(output_dir).parent / "mpi" / KEY_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
