@@ -20,14 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from trainmaster.backends.base import Backend
 from trainmaster.controller import Controller
 from trainmaster.errors import JobConflict, UserError
+from trainmaster.store.repository import NameTaken  # noqa: F401 (re-exported: the facade's conflicts)
 from trainmaster.spec.load import LoadedJob, LoadOptions, load_document
-from trainmaster.spec.states import INSTANCE_TERMINAL, JOB_TERMINAL
+from trainmaster.spec.states import INSTANCE_TERMINAL
 from trainmaster.store import repository as repo
 from trainmaster.store.db import default_url, make_engine, session_factory, sqlite_path
 from trainmaster.store.models import InstanceRow, JobRow
@@ -39,10 +39,6 @@ TAIL_MAX_BYTES = 1 << 20
 
 class JobNotFound(UserError):
     """No job (or no instance, or no log yet) answers the reference (HTTP 404)."""
-
-
-class NameTaken(JobConflict):
-    """A job of that name is still active, and the submitter wants names unique (HTTP 409)."""
 
 
 class StoreMissing(UserError):
@@ -70,6 +66,13 @@ class CancelResult:
     id: int
     cancel_requested: bool  # False: the job had already ended
     note: str  # what happens next (who carries the cancellation out)
+
+
+@dataclass(frozen=True)
+class SuspendResult:
+    id: int
+    suspended: bool  # the job's runPolicy.suspend now
+    changed: bool  # False: it already had that value
 
 
 @dataclass(frozen=True)
@@ -289,6 +292,15 @@ class Trainmaster:
             session.commit()
             return ScaleResult(row.id, role, replicas)
 
+    def suspend(self, ref: str | int, suspend: bool = True) -> SuspendResult:
+        """Hold a job (``runPolicy.suspend``: its live instances are stopped, it waits unadmitted)
+        or release it; the controller owning the job acts at its next pass."""
+        with self.sessions() as session:
+            row = self._find(session, ref)
+            changed = repo.set_suspended(session, row, suspend)
+            session.commit()
+            return SuspendResult(row.id, suspend, changed)
+
     def delete(self, ref: str | int) -> JobRef:
         """Delete an ended job and its records; :class:`JobConflict` while it is active."""
         with self.sessions() as session:
@@ -322,15 +334,8 @@ class Trainmaster:
         step in this process. The one way a job enters the store: the CLI, the server and the
         tests all come here."""
         name = loaded.job.name
-        with self._submitting:
-            if unique_name:
-                with self.sessions() as session:
-                    live = session.scalars(select(JobRow.id).where(
-                        JobRow.name == name, JobRow.state.not_in([s.value for s in JOB_TERMINAL])).limit(1)).first()
-                if live is not None:
-                    raise NameTaken(f"a job named {name} is still active (id {live}); names are unique "
-                                    "among active jobs: choose another name, or cancel that job first")
-            job_id = controller.submit(loaded)
+        with self._submitting:  # one at a time in this process; the store's lock covers the others
+            job_id = controller.submit(loaded, unique_name=unique_name)
         return JobRef(job_id, name, "pending")
 
     # ---- running here --------------------------------------------------------------------------
@@ -360,15 +365,20 @@ class Trainmaster:
         is ignored: the job keeps the backend it started on."""
         from dataclasses import replace
 
-        from trainmaster.store.ownership import run_owner, run_pid, why_not_resumable
+        from trainmaster.store.ownership import owner_alive, run_owner, run_pid, why_not_resumable
 
         me = run_owner()
         with self.sessions() as session:
             row = self._find(session, ref)
             what = f"job {row.name} (id {row.id}, {row.state})"
+            alive = owner_alive(row.owner)
+            if not repo.is_terminal(row.state) and repo.is_suspended(row) and alive is not False:
+                raise UserError(f"{what} is suspended and its controller runs; release it with "
+                                f"`trainmaster job unsuspend {row.id}`")
             refusal = why_not_resumable(repo.is_terminal(row.state), row.owner, what)
             if refusal:
                 raise UserError(refusal)
+            repo.set_suspended(session, row, False)  # resuming an orphaned suspended job releases it
             if not repo.take_over(session, row.id, row.owner, me):
                 raise UserError(f"{what} was just taken over by another command; try again to see by whom")
             repo.add_event(session, row.id, "job", "Resumed", f"taken over by `trainmaster resume` (pid {run_pid(me)})")

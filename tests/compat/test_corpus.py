@@ -88,3 +88,35 @@ def test_an_unknown_field_anywhere_is_refused_by_its_path(path: Path) -> None:
         assert any(d.startswith(expected) for d in err.value.details), (where, err.value.details)
         count += 1
     assert count >= 8
+
+
+def needs(path: Path) -> str | None:
+    """Why a valid corpus file cannot run on this machine (None: it can)."""
+    import importlib.util
+    import shutil
+
+    text = path.read_text()
+    if "mpirun" in text and shutil.which("mpirun") is None:
+        return "mpirun not found: install Debian's openmpi-bin (make system-deps)"
+    if "torchrun" in text and importlib.util.find_spec("torch") is None:
+        return "torch is not installed (the torch extra)"
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("path", [p for p in FILES if expectation(p)[0]],
+                         ids=[p.stem for p in FILES if expectation(p)[0]])
+def test_every_valid_corpus_file_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every corpus file either runs to success with `trainmaster run` (this test) or is refused
+    by name (the test above): nothing is only converted."""
+    from controller_harness import run_job_file
+
+    reason = needs(path)
+    if reason:
+        pytest.skip(reason)
+    # `torchrun` is the console script next to this interpreter, as in the training image
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    proc, status = run_job_file(path, tmp_path, timeout=180)
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode == 0 and status.get("state") == "succeeded", proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -154,3 +154,57 @@ def test_an_unreachable_instance_is_unknown_then_back_or_lost(tmp_path: Path) ->
     h.controller.cancel(job_id)
     assert h.controller.run_job(job_id) == "cancelled"
     backend.close()
+
+
+def test_restart_scope_job_restarts_every_instance(harness: Harness, tmp_path) -> None:
+    """Mechanism: restartPolicy scope Job (Volcano RestartJob): one instance failing stops every
+    instance of the job and starts them all again; maxRestarts counts those job restarts."""
+    marker = tmp_path / "starts"
+    flaky = (f"import os, time; open({str(marker)!r}, 'a').write(os.environ['TM_ROLE'] + '\\n'); "
+             f"n = open({str(marker)!r}).read().count('flaky'); time.sleep(0.5); raise SystemExit(1 if n < 2 else 0)")
+    steady = f"import os, time; open({str(marker)!r}, 'a').write(os.environ['TM_ROLE'] + '\\n'); time.sleep(60)"
+    policy = {"policy": "OnFailure", "scope": "Job", "maxRestarts": 3, "backoffSeconds": 0}
+    state, status = harness.run(job("restart-job", [
+        {"name": "steady", "replicas": 2, "command": py(steady), "restartPolicy": policy},
+        {"name": "flaky", "command": py(flaky), "restartPolicy": policy}],
+        statusPolicy={"failed": "any", "succeeded": {"roles": ["flaky"]}}))
+    assert state == "succeeded", status["events"][-10:]
+    starts = marker.read_text().split()
+    assert starts.count("flaky") == 2 and starts.count("steady") == 4  # both steady ones restarted too
+    assert len(events(status, "RestartingGroup")) == 1
+
+
+def test_restart_scope_role_leaves_other_roles_running(harness: Harness, tmp_path) -> None:
+    """Mechanism: restartPolicy scope Role (Volcano RestartTask): the failed instance's role
+    restarts as a whole, the other roles keep running; past maxRestarts the role fails."""
+    marker = tmp_path / "starts"
+    record = f"import os, time; open({str(marker)!r}, 'a').write(os.environ['TM_ROLE'] + '\\n'); "
+    policy = {"policy": "OnFailure", "scope": "Role", "maxRestarts": 1, "backoffSeconds": 0}
+    state, status = harness.run(job("restart-role", [
+        {"name": "other", "command": py(record + "time.sleep(60)")},
+        {"name": "group", "replicas": 2, "restartPolicy": policy,
+         "command": py(record + "time.sleep(0.5 if os.environ['TM_REPLICA_INDEX'] == '0' else 60); raise SystemExit(1)")}]))
+    assert state == "failed"
+    starts = marker.read_text().split()
+    assert starts.count("other") == 1 and starts.count("group") == 4  # one restart of both group instances
+    assert len(events(status, "RestartingGroup")) == 1
+
+
+@pytest.mark.parametrize("code, restarted", [(3, True), (4, False)])
+def test_restart_only_on_listed_exit_codes(harness: Harness, tmp_path, code: int, restarted: bool) -> None:
+    """Mechanism: restartPolicy exitCodes (Volcano exitCode policies): only a failure with a
+    listed code restarts; another code fails the instance at once."""
+    marker = tmp_path / "tried"
+    script = f"import os, sys; p = {str(marker)!r}; sys.exit(0) if os.path.exists(p) else (open(p, 'w'), sys.exit({code}))"
+    state, status = harness.run(job("codes", [{"name": "a", "command": py(script), "restartPolicy": {
+        "policy": "OnFailure", "exitCodes": [3], "maxRestarts": 2, "backoffSeconds": 0}}]))
+    assert state == ("succeeded" if restarted else "failed")
+    assert status["instances"][0]["restarts"] == int(restarted)
+
+
+@pytest.mark.parametrize("code, restarted", [(1, False), (137, True)])
+def test_kubeflow_exit_code_policy_restarts_after_signals_only(code: int, restarted: bool) -> None:
+    """Mechanism: Kubeflow restartPolicy ExitCode: 1-127 are permanent, 128-255 retryable."""
+    policy = RestartPolicy(policy="ExitCode", max_restarts=3)
+    assert decide(policy, code, 0).restart == restarted
+    assert not decide(policy, 0, 0).restart

@@ -246,3 +246,18 @@ def test_foreign_files_are_read_strictly_unless_lenient(api: str) -> None:
     assert lenient.status_code == 201, lenient.text
     assert any(line.startswith("spec.pytorchReplicaSpecs.Master.replica: unknown field, ignored")
                for line in lenient.json()["ignored"])
+
+
+def test_suspend_and_unsuspend_over_the_api(api: str) -> None:
+    """runPolicy.suspend through the API: POST /jobs/{job}/suspend and /unsuspend flip the stored
+    flag (the controller holds or starts the job); an unknown job is a 404, never a 500."""
+    doc = mutated(lambda d: d["metadata"].__setitem__("name", "held"))
+    doc["spec"]["runPolicy"] = {"suspend": True}
+    job_id = httpx.post(f"{api}/api/v1/jobs", json=doc, timeout=30).json()["id"]
+    again = httpx.post(f"{api}/api/v1/jobs/{job_id}/suspend", timeout=30)
+    assert again.status_code == 200 and again.json() == {"id": job_id, "suspended": True, "changed": False}
+    released = httpx.post(f"{api}/api/v1/jobs/{job_id}/unsuspend", timeout=30)
+    assert released.status_code == 200 and released.json()["changed"] is True
+    twice = httpx.post(f"{api}/api/v1/jobs/{job_id}/unsuspend", timeout=30)
+    assert twice.json() == {"id": job_id, "suspended": False, "changed": False}  # the stored flag is clear
+    assert httpx.post(f"{api}/api/v1/jobs/no-such-job/unsuspend", timeout=30).status_code == 404

@@ -60,11 +60,14 @@ MPI_V2 = kubeflow("MPIJob", {"Launcher": replica(1, "launcher"), "Worker": repli
 
 @pytest.mark.parametrize("raw, framework, roles, depends, status", [
     (PYTORCH, "pytorch", {"master": 1, "worker": 2}, {"worker": ["master"]}, {"preset": "kubeflow"}),
-    (TF_PS, "command", {"ps": 2, "worker": 4}, {"worker": ["ps"]}, {"preset": "tfjob-allworkers"}),
-    (TF_CHIEF, "command", {"chief": 1, "ps": 1, "worker": 2, "evaluator": 1},
-     {"chief": ["ps"], "worker": ["ps", "chief"], "evaluator": ["chief"]},
+    # TFJob: every replica waits until the whole training cluster is placed (its TF_CONFIG)
+    (TF_PS, "tensorflow", {"ps": 2, "worker": 4}, {"ps": ["ps", "worker"], "worker": ["ps", "worker"]},
+     {"preset": "tfjob-allworkers"}),
+    (TF_CHIEF, "tensorflow", {"chief": 1, "ps": 1, "worker": 2, "evaluator": 1},
+     {r: ["chief", "ps", "worker"] for r in ("chief", "ps", "worker", "evaluator")},
      {"failed": "any", "succeeded": {"roles": ["chief"]}}),
-    (TF_ALL, "command", {"ps": 1, "worker": 2}, {"worker": ["ps"]}, {"preset": "tfjob-allworkers"}),
+    (TF_ALL, "tensorflow", {"ps": 1, "worker": 2}, {"ps": ["ps", "worker"], "worker": ["ps", "worker"]},
+     {"preset": "tfjob-allworkers"}),
     (MPI_V1, "mpi", {"launcher": 1, "worker": 2}, {"launcher": ["worker"]},
      {"failed": "any", "succeeded": {"roles": ["launcher"]}}),
     (MPI_V2, "mpi", {"launcher": 1, "worker": 3}, {"launcher": ["worker"]},
@@ -79,7 +82,7 @@ def test_replica_specs_become_roles(raw: dict[str, Any], framework: str, roles: 
     doc = converted.document
     assert doc["apiVersion"] == "trainmaster/v1" and doc["kind"] == "Job"
     assert doc["metadata"]["name"] == "job-a"
-    assert doc["spec"]["framework"] in (framework, "tf-ps" if framework == "command" else framework)
+    assert doc["spec"]["framework"] == framework
     by_name = roles_of(doc)
     assert {n: r["replicas"] for n, r in by_name.items()} == roles
     assert {n: [d["role"] for d in r["dependsOn"]] for n, r in by_name.items() if "dependsOn" in r} == depends
@@ -97,11 +100,11 @@ def test_tfjob_without_chief_lets_a_worker_finish_the_job() -> None:
 
 @pytest.mark.parametrize("kubeflow_policy, ours, approximated", [
     ("Never", "Never", False), ("OnFailure", "OnFailure", False), ("Always", "Always", False),
-    ("ExitCode", "OnFailure", True),
+    ("ExitCode", "ExitCode", False),
 ])
 def test_restart_policies(kubeflow_policy: str, ours: str, approximated: bool) -> None:
-    """Mechanism: replica restartPolicy -> our restart policy kinds; runPolicy.backoffLimit ->
-    maxRestarts; ExitCode is reported as an approximation."""
+    """Mechanism: replica restartPolicy -> our restart policy kinds (ExitCode included: restarts
+    after a signal only); runPolicy.backoffLimit -> maxRestarts."""
     raw = kubeflow("PyTorchJob", {"Master": replica(1, restart=kubeflow_policy)},
                    runPolicy={"backoffLimit": 5})
     converted = convert(raw)
@@ -125,7 +128,8 @@ def test_kubeflow_default_restart_policies(kind: str, replicas: dict[str, Any],
 
 def test_scheduling_policy_becomes_scheduling() -> None:
     """Mechanism: runPolicy.schedulingPolicy minAvailable/queue/priorityClass -> scheduling;
-    the rest of runPolicy is reported as ignored."""
+    ttlSecondsAfterFinished carries over, cleanPodPolicy All is approximated, the schedule
+    timeout is reported."""
     raw = kubeflow("PyTorchJob", {"Master": replica(1), "Worker": replica(3)}, runPolicy={
         "schedulingPolicy": {"minAvailable": 4, "queue": "research", "priorityClass": "high",
                              "scheduleTimeoutSeconds": 30},
@@ -135,10 +139,35 @@ def test_scheduling_policy_becomes_scheduling() -> None:
     assert converted.document["spec"]["scheduling"] == {"minAvailable": 4, "queue": "research",
                                                         "priorityClass": "high"}
     ignored = "\n".join(converted.ignored)
-    for path in ("spec.runPolicy.schedulingPolicy.scheduleTimeoutSeconds", "spec.runPolicy.cleanPodPolicy",
-                 "spec.runPolicy.ttlSecondsAfterFinished"):
+    for path in ("spec.runPolicy.schedulingPolicy.scheduleTimeoutSeconds", "spec.runPolicy.cleanPodPolicy: approximated"):
         assert path + ":" in ignored
+    assert converted.document["spec"]["runPolicy"] == {"ttlSecondsAfterFinished": 100}
     assert load_document(converted.document).job.spec.scheduling.priority == 100
+
+
+@pytest.mark.parametrize("kind", ["PyTorchJob", "TFJob", "MPIJob"])
+def test_run_policy_carries_over(kind: str) -> None:
+    """Mechanism: Kubeflow runPolicy backoffLimit, activeDeadlineSeconds, ttlSecondsAfterFinished
+    and suspend become our runPolicy (same meanings, enforced by the controller); cleanPodPolicy
+    Running is what the controller does, All and None are approximated, anything else refused."""
+    container = {"PyTorchJob": "pytorch", "TFJob": "tensorflow", "MPIJob": "mpi"}[kind]
+    replicas = ({"Launcher": replica(1, container), "Worker": replica(1, container)} if kind == "MPIJob"
+                else {"Worker": replica(2, container)} if kind == "TFJob"
+                else {"Master": replica(1, container)})
+    policy = {"backoffLimit": 4, "activeDeadlineSeconds": 60, "ttlSecondsAfterFinished": 0, "suspend": True,
+              "cleanPodPolicy": "Running"}
+    converted = convert(kubeflow(kind, replicas, runPolicy=policy))
+    assert converted is not None and not [line for line in converted.ignored if "runPolicy" in line]
+    job = load_document(converted.document).job
+    assert job.spec.run_policy.model_dump() == {"backoff_limit": 4, "active_deadline_seconds": 60,
+                                               "ttl_seconds_after_finished": 0, "suspend": True}
+    for value in ("All", "None"):
+        policy["cleanPodPolicy"] = value
+        lines = convert(kubeflow(kind, replicas, runPolicy=policy)).ignored  # type: ignore[union-attr]
+        assert any(line.startswith("spec.runPolicy.cleanPodPolicy: approximated") for line in lines)
+    policy["cleanPodPolicy"] = "Sometimes"
+    with pytest.raises(UserError, match="must be one of All, Running, None"):
+        convert(kubeflow(kind, replicas, runPolicy=policy))
 
 
 def test_container_fields_translate_and_the_rest_is_reported() -> None:

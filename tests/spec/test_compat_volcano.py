@@ -70,9 +70,9 @@ def test_depends_on_any_is_reported_as_approximated() -> None:
 
 
 @pytest.mark.parametrize("policies, where, restart, status, reported", [
-    ([{"event": "PodFailed", "action": "RestartTask"}], "task", "OnFailure", None, "approximated"),
+    ([{"event": "PodFailed", "action": "RestartTask"}], "task", "OnFailure/Role", None, None),
     ([{"event": "PodFailed", "action": "RestartPod"}], "task", "OnFailure", None, None),
-    ([{"event": "PodFailed", "action": "RestartJob"}], "job", "OnFailure", None, "approximated"),
+    ([{"event": "PodFailed", "action": "RestartJob"}], "job", "OnFailure/Job", None, None),
     ([{"event": "PodFailed", "action": "AbortJob"}], "task", "Never", None, None),
     ([{"event": "TaskFailed", "action": "TerminateJob"}], "job", "Never", None, None),
     ([{"event": "TaskCompleted", "action": "CompleteJob"}], "task", "Never",
@@ -80,24 +80,41 @@ def test_depends_on_any_is_reported_as_approximated() -> None:
     ([{"event": "TaskCompleted", "action": "CompleteJob"}], "job", "Never",
      {"failed": "any", "succeeded": "any"}, None),
     ([{"event": "PodEvicted", "action": "RestartJob"}], "job", "Never", None, "never evicted"),
-    ([{"events": ["PodFailed", "PodEvicted"], "action": "RestartTask"}], "task", "OnFailure", None,
+    ([{"events": ["PodFailed", "PodEvicted"], "action": "RestartTask"}], "task", "OnFailure/Role", None,
      "never evicted"),
 ], ids=["restart-task", "restart-pod", "restart-job", "abort", "terminate", "complete-task",
         "complete-any", "evicted", "events-list"])
 def test_lifecycle_policies(policies: list[dict[str, Any]], where: str, restart: str,
                             status: dict[str, Any] | None, reported: str | None) -> None:
-    """Mechanism: Volcano policies (event -> action) -> restart policy / job status policy;
-    what cannot be mapped is reported as ignored with the reason."""
+    """Mechanism: Volcano policies (event -> action) -> restart policy (RestartPod, RestartTask,
+    RestartJob: restart scope Instance, Role, Job) / job status policy; what cannot be mapped is
+    reported with the reason."""
     worker = task("worker", 2, **({"policies": policies} if where == "task" else {}))
     raw = volcano(task("ps"), worker, **({"policies": policies} if where == "job" else {}))
     doc, roles, ignored = converted(raw)
-    assert roles["worker"]["restartPolicy"]["policy"] == restart
+    policy, _, scope = restart.partition("/")
+    assert roles["worker"]["restartPolicy"]["policy"] == policy
+    assert roles["worker"]["restartPolicy"].get("scope") == (scope or None)
     assert doc["spec"].get("statusPolicy") == status
     if reported:
         assert reported in ignored
     else:
         assert "policies" not in ignored
     load_document(doc)
+
+
+def test_exit_code_policies_restrict_restarts_to_their_codes() -> None:
+    """Mechanism: Volcano exitCode policies: restart actions restart only those exit codes
+    (restartPolicy.exitCodes); AbortJob on a code beside an event restart is refused by name."""
+    _, roles, _ = converted(volcano(task("w", policies=[{"exitCode": 3, "action": "RestartTask"},
+                                                         {"exitCode": 5, "action": "RestartTask"},
+                                                         {"exitCode": 4, "action": "AbortJob"}])))
+    assert roles["w"]["restartPolicy"] == {"policy": "OnFailure", "scope": "Role", "exitCodes": [3, 5]}
+    with pytest.raises(UserError, match="restarts exclude no exit code"):
+        convert(volcano(task("w", policies=[{"event": "PodFailed", "action": "RestartPod"},
+                                            {"exitCode": 4, "action": "AbortJob"}])))
+    with pytest.raises(UserError, match="Volcano refuses 0"):
+        convert(volcano(task("w", policies=[{"exitCode": 0, "action": "RestartPod"}])))
 
 
 def test_task_policy_overrides_job_policy() -> None:
@@ -155,8 +172,7 @@ def test_cluster_only_fields_are_reported() -> None:
     raw["status"] = {"state": {"phase": "Running"}}
     _, _, ignored = converted(raw)
     for path in ("spec.schedulerName", "spec.volumes", "spec.plugins.ssh", "spec.plugins.svc",
-                 "spec.ttlSecondsAfterFinished", "spec.tasks[0].topologyPolicy",
-                 "metadata.namespace", "status"):
+                 "spec.tasks[0].topologyPolicy", "metadata.namespace", "status"):
         assert f"{path}:" in ignored, path
 
 
@@ -178,7 +194,7 @@ def test_other_volcano_kinds_are_user_errors() -> None:
 
 
 @pytest.mark.parametrize("policy, message", [
-    ({"exitCode": 3, "action": "RestartJob"}, "exitCode: not supported: exit-code policies"),
+    ({"exitCode": 3, "action": "CompleteJob"}, "exitCode: not supported: exitCode 3 -> CompleteJob"),
     ({"event": "Unknown", "action": "AbortJob"}, "Unknown -> AbortJob is not run here yet"),
     ({"event": "PodFailed", "action": "Reboot"}, "action: 'Reboot' is not a Volcano action"),
     ({"event": "PodCrashed", "action": "AbortJob"}, "'PodCrashed' is not a Volcano event"),

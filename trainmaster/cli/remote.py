@@ -25,7 +25,7 @@ from trainmaster.cli.jobs import DbOpt
 from trainmaster.errors import UserError
 
 if TYPE_CHECKING:
-    from trainmaster.api import CancelResult, JobRef, ScaleResult, Trainmaster
+    from trainmaster.api import CancelResult, JobRef, ScaleResult, SuspendResult, Trainmaster
 
 
 
@@ -111,6 +111,12 @@ class HttpJobs:
 
         reply = self.request("POST", f"/api/v1/jobs/{ref}/scale", json={"role": role, "replicas": replicas})
         return ScaleResult(reply["id"], reply["role"], reply["replicas"])
+
+    def suspend(self, ref: str, suspend: bool = True) -> SuspendResult:
+        from trainmaster.api import SuspendResult
+
+        reply = self.request("POST", f"/api/v1/jobs/{ref}/{'suspend' if suspend else 'unsuspend'}")
+        return SuspendResult(reply["id"], reply["suspended"], reply["changed"])
 
     def delete(self, ref: str) -> int:
         return int(self.request("DELETE", f"/api/v1/jobs/{ref}")["id"])
@@ -294,6 +300,19 @@ def scale(job: JobArg,
     print(f"job {reply.id}: role {reply.role} scaled to {reply.replicas} replica(s)")
 
 
+def suspend(job: JobArg, server: ServerOpt = None, db: DbOpt = None) -> None:
+    """Hold a job (Kubeflow runPolicy.suspend): its instances are stopped and it waits, unadmitted,
+    until `unsuspend`."""
+    reply = _jobs(server, db).suspend(job, True)
+    print(f"job {reply.id}: {'suspended' if reply.changed else 'already suspended'}")
+
+
+def unsuspend(job: JobArg, server: ServerOpt = None, db: DbOpt = None) -> None:
+    """Release a suspended job: its controller admits and starts it at its next pass."""
+    reply = _jobs(server, db).suspend(job, False)
+    print(f"job {reply.id}: {'resumed; its controller starts it' if reply.changed else 'was not suspended'}")
+
+
 def delete(job: JobArg, server: ServerOpt = None, db: DbOpt = None) -> None:
     """Delete an ended job and its records (cancel a running one first)."""
     jobs = _jobs(server, db)
@@ -309,4 +328,6 @@ def register(app: typer.Typer) -> None:
     app.command()(wait)
     app.command()(cancel)
     app.command()(scale)
+    app.command()(suspend)
+    app.command()(unsuspend)
     app.command()(delete)

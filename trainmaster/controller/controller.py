@@ -32,7 +32,7 @@ from trainmaster.controller.launching import instance_id, launch_spec, legacy_la
 from trainmaster.errors import JobConflict
 from trainmaster.runtime.files import InstanceFiles
 from trainmaster.spec.load import LoadedJob
-from trainmaster.spec.model import Job, Role
+from trainmaster.spec.model import Job, RestartScope, Role
 from trainmaster.spec.paths import in_job_folder
 from trainmaster.spec.states import (INSTANCE_TERMINAL, JOB_TERMINAL, InstanceState, JobState,
                                      check_transition)
@@ -76,6 +76,11 @@ class Controller:
         self._ended: list[dict[str, Any]] = []  # handles whose exits this pass stored (agent may forget)
         self._to_start: list[_Start] = []  # attempts this pass prepared (started together at its end)
         self._work = threading.Event()  # set by submit, cancel, scale: the next pass need not wait
+        # ended jobs with runPolicy.ttlSecondsAfterFinished: job id -> epoch seconds it is deleted
+        # (None until the first pass reads them from the store). Only the service's controller
+        # deletes them: a `trainmaster run` command reads its job's final status after the end.
+        self._expiry: dict[int, float] | None = None if owner == "service" else {}
+        self._rescan_at = 0.0
 
     def wake(self) -> None:
         """Ask for the next reconcile pass now (a server waits up to ``interval`` otherwise)."""
@@ -88,10 +93,14 @@ class Controller:
         return woken
 
     # ---- queue -------------------------------------------------------------------------------
-    def submit(self, loaded: LoadedJob) -> int:
-        """Store a validated job in the queue; returns its id."""
+    def submit(self, loaded: LoadedJob, unique_name: bool = False) -> int:
+        """Store a validated job in the queue; returns its id. With ``unique_name``,
+        :class:`~trainmaster.store.repository.NameTaken` while an active job has its name (checked
+        in the inserting transaction, so it holds across servers sharing the store)."""
         job = loaded.job
         with self.sessions() as session:
+            if unique_name:
+                repo.claim_job_name(session, job.name)
             row = JobRow(uid=uuid.uuid4().hex, name=job.name, spec=job.dump(), queue=job.spec.scheduling.queue,
                          priority=job.spec.scheduling.priority, backend=self.backend.name, owner=self.owner)
             session.add(row)
@@ -178,6 +187,8 @@ class Controller:
             self._spec_texts = {}
             self._start_all(session)
             session.commit()
+            if self.owner == "service":
+                self._delete_expired(session)
             ended, self._ended = self._ended, []
             self.backend.forget(ended)  # stored: the agent's journal may drop them
 
@@ -208,6 +219,35 @@ class Controller:
                 return state
             time.sleep(self.interval)
 
+    def _delete_expired(self, session: Session) -> None:
+        """Delete ended jobs whose ``runPolicy.ttlSecondsAfterFinished`` has passed: the record
+        (instances, events, metrics) and the run folder, as Kubernetes deletes a finished job and
+        its pods. A job is never deleted in the pass that ended it, so whoever waits on it reads
+        its final status first."""
+        from sqlalchemy import select
+
+        if self._expiry is None or time.monotonic() >= self._rescan_at:
+            # every minute: jobs that other controllers (a `trainmaster run`) ended
+            self._expiry, self._rescan_at = {}, time.monotonic() + 60.0
+            rows = session.execute(select(JobRow.id, JobRow.completed_at, JobRow.spec).where(
+                JobRow.state.in_([s.value for s in JOB_TERMINAL]), JobRow.completed_at.is_not(None))).all()
+            for job_id, completed_at, stored in rows:
+                ttl = ((stored.get("spec") or {}).get("runPolicy") or {}).get("ttlSecondsAfterFinished")
+                if isinstance(ttl, int) and completed_at is not None:
+                    self._expiry[job_id] = _aware(completed_at).timestamp() + ttl
+            return
+        now = time.time()
+        for job_id in [j for j, due in self._expiry.items() if due <= now]:
+            del self._expiry[job_id]
+            row = session.get(JobRow, job_id)
+            if row is None or JobState(row.state) not in JOB_TERMINAL:
+                continue
+            run_dir = Path(row.run_dir) if row.run_dir else None
+            session.delete(repo.load_job(session, job_id))
+            session.commit()
+            if run_dir is not None and run_dir.resolve().parent == self.runs_dir.resolve():
+                shutil.rmtree(run_dir, ignore_errors=True)
+
     def _free_capacity(self, session: Session) -> Capacity:
         from sqlalchemy import select
 
@@ -234,6 +274,15 @@ class Controller:
         if job.cancel_requested:
             return self._finish(session, job, spec, Verdict(JobState.CANCELLED, "Cancelled",
                                                             "cancelled by the user"), free)
+        policy = spec.spec.run_policy
+        if policy.suspend:
+            return self._hold(session, job, free)
+        if policy.active_deadline_seconds is not None and job.admitted and job.started_at is not None:
+            ran = (utcnow() - _aware(job.started_at)).total_seconds()
+            if ran > policy.active_deadline_seconds:
+                return self._finish(session, job, spec, Verdict(
+                    JobState.FAILED, "DeadlineExceeded", f"the job ran for {ran:.0f}s, longer than its "
+                    f"runPolicy.activeDeadlineSeconds ({policy.active_deadline_seconds}s)"), free)
         if not job.admitted:
             decision = admit(spec, self.backend.capacity(), free)
             if not decision.admitted:
@@ -249,6 +298,11 @@ class Controller:
             job.admitted = True
             repo.add_event(session, job.id, "job", "Admitted", decision.message)
         free = self._observe(session, job, spec, free)
+        spent = next((i for i in job.instances if i.reason == "BackoffLimitExceeded"
+                      and i.state == I.FAILED.value), None)
+        if spent is not None:
+            return self._finish(session, job, spec, Verdict(JobState.FAILED, "BackoffLimitExceeded",
+                                                            spent.message or ""), free)
         free = self._scale(session, job, spec, free)
         free = self._start_pending(session, job, spec, free)
         verdict = self._roll_up(session, job, spec)
@@ -344,8 +398,21 @@ class Controller:
             self._ended.append(inst.handle)
         self._set_instance_state(inst, I.SUCCEEDED if code == 0 else I.FAILED)
         why = f" ({obs.reason}: {obs.message})" if obs.reason else ""
-        decision = restart.decide(role.restart_policy, code, inst.restarts)
+        scope = role.restart_policy.scope
+        group, done = [inst], inst.restarts
+        if scope != RestartScope.INSTANCE:  # a whole role or job restarts: its count is theirs
+            group = [i for i in job.instances if i.state != I.STOPPED.value
+                     and (scope == RestartScope.JOB or i.role == inst.role)]
+            done = max(i.restarts for i in group)
+        decision = restart.decide(role.restart_policy, code, done)
+        limit = self._spec(job).spec.run_policy.backoff_limit
+        spent = sum(i.restarts for i in job.instances) if limit is not None and decision.restart else 0
+        over_limit = decision.restart and code != 0 and limit is not None and spent >= limit
+        if over_limit:
+            decision = restart.RestartDecision(False, exhausted=True)
         obj = f"instance/{inst.label}"
+        if decision.restart and scope != RestartScope.INSTANCE:
+            return self._restart_group(session, job, inst, group, done + 1, decision.delay, code, why, free)
         if decision.restart:
             metrics.RESTARTS.labels(role=inst.role).inc()
             inst.restarts += 1
@@ -360,6 +427,11 @@ class Controller:
         elif code == 0:
             inst.reason, inst.message = "Completed", "exited with code 0"
             repo.add_event(session, job.id, obj, "Succeeded", f"{inst.label} exited with code 0")
+        elif over_limit:
+            inst.reason = "BackoffLimitExceeded"
+            inst.message = (f"{inst.label} exited with code {code}{why} after the job's {spent} restart(s): "
+                            f"runPolicy.backoffLimit is {limit}")
+            repo.add_event(session, job.id, obj, "BackoffLimitExceeded", inst.message, "Warning")
         else:
             reason = obs.reason or ("RestartsExhausted" if decision.exhausted else "Failed")
             if decision.exhausted:
@@ -371,6 +443,32 @@ class Controller:
             inst.reason, inst.message = reason, message
             repo.add_event(session, job.id, obj, "RestartsExhausted" if decision.exhausted else "Failed",
                            message, "Warning")
+        return free
+
+    def _restart_group(self, session: Session, job: JobRow, ended: InstanceRow, group: list[InstanceRow],
+                       count: int, delay: float, code: int, why: str, free: Capacity) -> Capacity:
+        """Restart scope Role or Job (Volcano's RestartTask / RestartJob): every instance of the
+        group is stopped and becomes pending again after the backoff, restart ``count``."""
+        group = [i for i in group if i.state != I.TERMINATING.value]  # already being stopped for good
+        live = [i for i in group if i.state in LIVE and i is not ended]
+        handles = [i.handle for i in live if i.handle]
+        if handles:
+            self.backend.stop(handles, self.grace)
+            self._ended += handles
+        start_at = utcnow() + timedelta(seconds=delay)
+        for inst in group:
+            if inst.state in LIVE:
+                free = self._release(session, job, inst, free)
+                inst.ended_at = utcnow()
+            if inst.state != I.PENDING.value:
+                self._set_instance_state(inst, I.PENDING)
+            inst.restarts, inst.next_start_at = count, start_at
+            inst.reason, inst.message = "BackOff", f"{ended.label} failed: restart {count} of the group in {delay:g}s"
+        what = "job" if self._spec(job).spec.role(ended.role).restart_policy.scope == RestartScope.JOB \
+            else f"role {ended.role}"
+        repo.add_event(session, job.id, f"instance/{ended.label}", "RestartingGroup",
+                       f"{ended.label} exited with code {code}{why}; restarting every instance of the {what} "
+                       f"(restart {count}) in {delay:g}s", "Warning" if code else "Normal")
         return free
 
     def _release(self, session: Session, job: JobRow, inst: InstanceRow, free: Capacity,
@@ -640,6 +738,20 @@ class Controller:
         check_transition("instance", inst.state, state.value)
         inst.state = state.value
 
+    def _hold(self, session: Session, job: JobRow, free: Capacity) -> Capacity:
+        """A suspended job (``runPolicy.suspend``): not admitted; one that ran has its live
+        instances stopped and its gang released, and starts afresh (deadline clock included)
+        once resumed, as Kubeflow deletes a suspended job's pods."""
+        if job.admitted:
+            live = [i for i in job.instances if i.state not in INSTANCE_TERMINAL]
+            free = self._stop_instances(session, job, live, free, "the job was suspended")
+            repo.clear_registry(job)
+            self.backend.release_gang(job.id)
+            job.admitted, job.started_at = False, None
+        self._set_job_state(session, job, Verdict(JobState.PENDING, "Suspended",
+                                                  "suspended (runPolicy.suspend); `trainmaster job resume` starts it"))
+        return free
+
     def _finish(self, session: Session, job: JobRow, spec: Job, verdict: Verdict, free: Capacity) -> Capacity:
         """End a job: stop its instances, keep logs, store outputs on success, clean the registry."""
         free = self._stop_instances(session, job, [i for i in job.instances if i.state not in INSTANCE_TERMINAL],
@@ -657,6 +769,9 @@ class Controller:
             repo.add_event(session, job.id, "job", "OutputStored", f"outputs copied to {job.output_path}")
         self._set_job_state(session, job, verdict)
         job.completed_at = utcnow()
+        ttl = spec.spec.run_policy.ttl_seconds_after_finished
+        if ttl is not None and self._expiry is not None:
+            self._expiry[job.id] = time.time() + ttl
         self._specs.pop(job.id, None)
         return free
 

@@ -34,6 +34,7 @@ BUILTIN: dict[str, str] = {
     "command": "trainmaster.frameworks.command:CommandFramework",
     "pytorch": "trainmaster.frameworks.pytorch:PyTorchFramework",
     "mpi": "trainmaster.frameworks.mpi:MPIFramework",
+    "tensorflow": "trainmaster.frameworks.tensorflow:TensorFlowFramework",
     "pipeline": "trainmaster.frameworks.pipeline:PipelineFramework",
     "crosssilo": "trainmaster.frameworks.crosssilo:CrossSiloFramework",
     "ina": "trainmaster.frameworks.ina:InaFramework",

@@ -54,18 +54,27 @@ def wait_for_dependencies(launch: dict[str, Any]) -> dict[str, list[str]]:
         delay = 0.05
         while True:
             with sessions() as session:
-                rows = session.scalars(select(RegistryRow).where(
-                    RegistryRow.job_id == job_id, RegistryRow.role == dep["role"])).all()
-                done = len(rows)
+                if dep["condition"] == "Placed":  # an address, whatever the instance waits for
+                    placed = session.scalars(select(InstanceRow).where(
+                        InstanceRow.job_id == job_id, InstanceRow.role == dep["role"],
+                        InstanceRow.state.in_(("starting", "running", "unknown", "succeeded")),
+                        InstanceRow.address.is_not(None), InstanceRow.address != "")).all()
+                    addresses = {r.index: r.address or "" for r in placed}
+                else:
+                    rows = session.scalars(select(RegistryRow).where(
+                        RegistryRow.job_id == job_id, RegistryRow.role == dep["role"])).all()
+                    addresses = {r.index: r.address for r in rows}
+                done = len(addresses)
                 if dep["condition"] == "Succeeded":
                     done = len(session.scalars(select(InstanceRow).where(
                         InstanceRow.job_id == job_id, InstanceRow.role == dep["role"],
                         InstanceRow.state == "succeeded")).all())
             if done >= dep["replicas"]:
-                services[dep["role"]] = [r.address for r in sorted(rows, key=lambda r: r.index)]
+                services[dep["role"]] = [addresses[i] for i in sorted(addresses)]
                 break
             if time.monotonic() >= deadline:
-                what = "have an address" if dep["condition"] == "Running" else "have succeeded"
+                what = {"Running": "have an address", "Placed": "are placed"}.get(dep["condition"],
+                                                                                "have succeeded")
                 raise DependencyTimeout(
                     f"waited {dep['timeout']:g}s for role '{dep['role']}' ({dep['condition']}): "
                     f"{done} of {dep['replicas']} instances {what}")

@@ -215,6 +215,16 @@ def create_app(controller: Controller, reconcile: bool = True, options: ServiceO
         controller.wake()
         return {"id": result.id, "role": result.role, "replicas": result.replicas}
 
+    @app.post(f"{API}/jobs/{{ref}}/suspend")
+    def suspend(ref: JobRef) -> dict[str, Any]:
+        result = jobs.suspend(ref, True)
+        return {"id": result.id, "suspended": result.suspended, "changed": result.changed}
+
+    @app.post(f"{API}/jobs/{{ref}}/unsuspend")
+    def unsuspend(ref: JobRef) -> dict[str, Any]:
+        result = jobs.suspend(ref, False)
+        return {"id": result.id, "suspended": result.suspended, "changed": result.changed}
+
     @app.delete(f"{API}/jobs/{{ref}}")
     def delete(ref: JobRef) -> dict[str, Any]:
         return {"id": jobs.delete(ref).id, "deleted": True}

@@ -48,6 +48,17 @@ class RestartPolicyKind(str, Enum):
     NEVER = "Never"
     ON_FAILURE = "OnFailure"
     ALWAYS = "Always"
+    # Kubeflow's ExitCode: exit codes 1-127 are permanent errors (no restart), 128-255 (killed
+    # by a signal, e.g. 137 out of memory) retryable
+    EXIT_CODE = "ExitCode"
+
+
+class RestartScope(str, Enum):
+    """What a restart restarts (Volcano's RestartPod, RestartTask and RestartJob actions)."""
+
+    INSTANCE = "Instance"  # only the instance that ended
+    ROLE = "Role"  # every instance of its role, stopped and started afresh
+    JOB = "Job"  # every instance of the job
 
 
 class RestartPolicy(SpecModel):
@@ -55,9 +66,15 @@ class RestartPolicy(SpecModel):
 
     ``Always`` restarts after success too (a service role); ``OnFailure`` only after a non-zero
     exit. ``backoffSeconds`` doubles on each restart of the same instance, capped at 60 s.
+    ``scope`` ``Role`` or ``Job`` restarts the whole role or job instead (the running instances
+    are stopped first); ``maxRestarts`` then counts those restarts. ``exitCodes`` restricts the
+    restarts after a failure to those exit codes (Volcano's ``exitCode`` policies); ``ExitCode``
+    (Kubeflow) restarts after a signal (exit codes 128-255) only.
     """
 
     policy: RestartPolicyKind = RestartPolicyKind.NEVER
+    scope: RestartScope = RestartScope.INSTANCE
+    exit_codes: Annotated[list[Annotated[int, Field(ge=1, le=255)]], Field(min_length=1, max_length=255)] | None = None
     max_restarts: Annotated[int, Field(ge=0, le=MAX_RESTARTS)] = 3
     backoff_seconds: Annotated[float, Field(ge=0, le=MAX_BACKOFF_SECONDS)] = 1.0
 
@@ -94,6 +111,10 @@ class StatusPolicy(SpecModel):
 class DependencyCondition(str, Enum):
     RUNNING = "Running"  # every instance of the role has a recorded address
     SUCCEEDED = "Succeeded"  # every instance of the role has succeeded
+    # every instance of the role has a host and ports (it may itself still wait): what a
+    # framework needs to hand every member the whole cluster (TF_CONFIG); it cannot deadlock,
+    # so a role may wait for its own role's placements and such edges form no cycle
+    PLACED = "Placed"
 
 
 class Dependency(SpecModel):
@@ -288,12 +309,34 @@ class Output(SpecModel):
     path: Annotated[str, AfterValidator(check_job_path)]
 
 
+MAX_SECONDS = 10**9  # about 31 years: any deadline or TTL a user means
+
+
+class RunPolicy(SpecModel):
+    """How long a job may run, how long its record outlives it, how many restarts it may spend
+    in all, and whether it waits to be resumed (Kubeflow's ``runPolicy``, with its meanings).
+
+    ``backoffLimit`` counts the restarts of failed instances over the whole job (a role's
+    ``maxRestarts`` counts per instance); once spent, the next failure fails the job
+    (``BackoffLimitExceeded``). ``activeDeadlineSeconds`` counts from the job's start (its
+    admission); past it the job fails (``DeadlineExceeded``) and its instances are stopped.
+    ``ttlSecondsAfterFinished`` deletes the ended job (record, events, run folder) that long
+    after it ended. ``suspend`` holds the job: it is not admitted (a running one has its
+    instances stopped and goes back to the queue) until ``trainmaster job resume`` clears it."""
+
+    backoff_limit: Annotated[int, Field(ge=0, le=MAX_RESTARTS)] | None = None
+    active_deadline_seconds: Annotated[int, Field(ge=1, le=MAX_SECONDS)] | None = None
+    ttl_seconds_after_finished: Annotated[int, Field(ge=0, le=MAX_SECONDS)] | None = None
+    suspend: bool = False
+
+
 class JobSpec(SpecModel):
     framework: Annotated[str, Field(min_length=1, max_length=MAX_FRAMEWORK_ID)] = "command"
     framework_params: dict[str, Any] = Field(default_factory=dict)
     roles: list[Role] = Field(min_length=1, max_length=MAX_ROLES)
     status_policy: StatusPolicy = Field(default_factory=StatusPolicy)
     scheduling: Scheduling = Field(default_factory=Scheduling)
+    run_policy: RunPolicy = Field(default_factory=RunPolicy)
     output: Output | None = None
     runtime: RuntimeKind | None = None  # the default of roles that name none (host when unset)
 

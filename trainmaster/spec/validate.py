@@ -129,6 +129,9 @@ def semantic_errors(raw: dict[str, Any]) -> list[str]:
         for j, dep in enumerate(deps):
             target = dep.get("role") if isinstance(dep, dict) else None
             where = f"spec.roles[{i}].dependsOn[{j}].role"
+            placed = isinstance(dep, dict) and dep.get("condition") == "Placed"
+            if placed and isinstance(target, str) and target in known:
+                continue  # placement never waits for anything: no cycle, itself included
             if target == role.get("name"):
                 errors.append(f"{where}: a role cannot depend on itself")
             elif isinstance(target, str) and target not in known:

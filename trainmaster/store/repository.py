@@ -10,7 +10,7 @@ from sqlalchemy import Text, select, type_coerce
 from sqlalchemy.orm import Session, defer, object_session, selectinload
 from sqlalchemy.orm.attributes import set_committed_value
 
-from trainmaster.errors import UserError
+from trainmaster.errors import JobConflict, UserError
 from trainmaster.spec.states import JOB_TERMINAL, JobState
 from trainmaster.store.models import EventRow, JobRow, RegistryRow, utcnow
 from trainmaster.store.ownership import orphan_note, owner_alive
@@ -290,3 +290,54 @@ def set_replicas(session: Session, job: JobRow, role: str, replicas: int) -> Non
     job.spec = validate(doc, source=f"job {job.name} with {role} at {replicas} replicas").dump()
     next(r for r in job.roles if r.name == role).replicas = replicas
     add_event(session, job.id, f"role/{role}", "Scaled", f"desired replicas set to {replicas}")
+
+
+def set_suspended(session: Session, job: JobRow, suspend: bool) -> bool:
+    """Set the job's ``runPolicy.suspend`` (its controller holds or starts it at the next pass);
+    False when it already had that value. The spec stays the stored source of truth, so no
+    schema change: the controller reads the flag from it as it reads a scaled role's replicas."""
+    import copy
+
+    if is_terminal(job.state):
+        raise UserError(f"job {job.name} (id {job.id}) has ended ({job.state}); only an active job is "
+                        f"{'suspended' if suspend else 'resumed'}")
+    current = bool(((job.spec.get("spec") or {}).get("runPolicy") or {}).get("suspend", False))
+    if current == suspend:
+        return False
+    doc = copy.deepcopy(job.spec)
+    doc["spec"].setdefault("runPolicy", {})["suspend"] = suspend
+    job.spec = doc
+    add_event(session, job.id, "job", "SuspendRequested" if suspend else "ResumeRequested",
+              "runPolicy.suspend set" if suspend else "runPolicy.suspend cleared")
+    return True
+
+
+def is_suspended(job: JobRow) -> bool:
+    return bool(((job.spec.get("spec") or {}).get("runPolicy") or {}).get("suspend", False))
+
+
+class NameTaken(JobConflict):
+    """A job of that name is still active, and the submitter wants names unique (HTTP 409)."""
+
+
+def claim_job_name(session: Session, name: str) -> None:
+    """Make ``name`` this transaction's to insert, or raise :class:`NameTaken` while an active
+    job has it. Called first in the transaction that inserts the job, so the check and the insert
+    are one step for every server on the store: SQLite takes its write lock before the check
+    (``BEGIN IMMEDIATE``: other writers wait), PostgreSQL a transaction-scoped advisory lock on
+    the name (other submissions of that name wait; the rest of the store does not)."""
+    import zlib
+
+    from sqlalchemy import text
+
+    dialect = session.get_bind().dialect.name
+    if dialect == "sqlite":
+        session.connection().exec_driver_sql("BEGIN IMMEDIATE")
+    elif dialect == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:space, :key)"),
+                        {"space": 0x746D, "key": zlib.crc32(name.encode()) - 2**31})
+    live = session.scalars(select(JobRow.id).where(
+        JobRow.name == name, JobRow.state.not_in([s.value for s in JOB_TERMINAL])).limit(1)).first()
+    if live is not None:
+        raise NameTaken(f"a job named {name} is still active (id {live}); names are unique among active "
+                        "jobs: choose another name, or cancel that job first")

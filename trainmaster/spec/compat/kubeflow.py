@@ -46,18 +46,15 @@ KINDS: dict[str, Kind] = {
         "mpiReplicaSpecs", ("v1", "v2beta1"), None, {"launcher": "OnFailure", "": "Never"},
         {"sshAuthMountPath": "no SSH between instances locally",
          "launcherCreationPolicy": "the launcher always starts once every worker runs "
-                                   "(WaitForWorkersReady)",
-         "cleanPodPolicy": "instances are always stopped and cleaned up when the job ends"},
+                                   "(WaitForWorkersReady)"},
         frozenset({"slotsPerWorker", "cleanPodPolicy", "mpiReplicaSpecs", "mainContainer", "runPolicy",
                    "runLauncherAsWorker", "sshAuthMountPath", "launcherCreationPolicy",
                    "mpiImplementation"}), ("Launcher", "Worker")),
 }
 
-_RESTART = {"Never": "Never", "OnFailure": "OnFailure", "Always": "Always"}
+_RESTART = {"Never": "Never", "OnFailure": "OnFailure", "Always": "Always", "ExitCode": "ExitCode"}
 
 _RUN_POLICY_REASONS = {
-    "cleanPodPolicy": "instances are always stopped and cleaned up when the job ends",
-    "ttlSecondsAfterFinished": "finished jobs stay in the store until deleted",
     "managedBy": "the Trainmaster controller manages the job",
 }
 RUN_POLICY_FIELDS = {"cleanPodPolicy", "ttlSecondsAfterFinished", "activeDeadlineSeconds", "backoffLimit",
@@ -92,13 +89,15 @@ def convert(raw: dict[str, Any], lenient: bool = False) -> tuple[dict[str, Any],
     if not isinstance(main_container, (str, type(None))):
         report.invalid("spec.mainContainer", "must be a container name")
         main_container = None
-    handled = {kind.replica_key, "runPolicy", "successPolicy", "slotsPerWorker", "mainContainer",
+    handled = {kind.replica_key, "runPolicy", "successPolicy", "slotsPerWorker", "mainContainer", "cleanPodPolicy",
                "elasticPolicy", "nprocPerNode", "enableDynamicWorker", "mpiImplementation",
                "runLauncherAsWorker"} & kind.spec_fields
     report.rest(spec, "spec", handled, kind.spec_keys, kind.spec_fields)
     params = _kind_params(str(kind_name), spec, report)
     roles = _roles(spec, kind, main_container or kind.container, report)
     promoted = kind_name == "PyTorchJob" and _promote_worker_zero(roles, kind.replica_key, report)
+    if kind_name == "MPIJob":
+        _mpi_workers_host_ranks(roles, report)
     names = [r["name"] for r in roles]
     _add_dependencies(str(kind_name), roles, names)
     job_spec: dict[str, Any] = {"framework": _framework(str(kind_name)), "roles": roles}
@@ -107,14 +106,9 @@ def convert(raw: dict[str, Any], lenient: bool = False) -> tuple[dict[str, Any],
     status_policy = _status_policy(str(kind_name), spec, roles, names, report, promoted)
     if status_policy:
         job_spec["statusPolicy"] = status_policy
-    scheduling = _run_policy(spec, roles, report)
+    scheduling = _run_policy(spec, roles, report, job_spec)
     if scheduling:
         job_spec["scheduling"] = scheduling
-    if str(kind_name) == "TFJob" and sum(r["replicas"] if isinstance(r.get("replicas"), int) else 1
-                                         for r in roles) > 1 and not report.lenient:
-        report.unsupported(f"spec.{kind.replica_key}", "TF_CONFIG (every replica's cluster and task) "
-                           "is not set here yet, so a multi-replica TFJob would run as unconnected "
-                           "processes; pass --lenient to run it that way knowingly")
     meta = metadata(raw.get("metadata"), f"{api_version} {kind_name}", report)
     report.finish()
     return {"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": meta, "spec": job_spec}, report.lines
@@ -125,8 +119,8 @@ def _framework(kind_name: str) -> str:
     converted dependencies and status policy then carry the kind's semantics)."""
     from trainmaster.spec.compat import framework_available
 
-    wanted = {"PyTorchJob": "pytorch", "TFJob": "tf-ps", "MPIJob": "mpi"}[kind_name]
-    return wanted if kind_name == "PyTorchJob" or framework_available(wanted) else "command"
+    wanted = {"PyTorchJob": "pytorch", "TFJob": "tensorflow", "MPIJob": "mpi"}[kind_name]
+    return wanted if kind_name != "MPIJob" or framework_available(wanted) else "command"
 
 
 def _roles(spec: dict[str, Any], kind: Kind, container: str | None,
@@ -178,28 +172,40 @@ def _promote_worker_zero(roles: list[dict[str, Any]], replica_key: str, report: 
     return True
 
 
+def _mpi_workers_host_ranks(roles: list[dict[str, Any]], report: Report) -> None:
+    """An MPIJob's workers run an SSH server (``sshd -De``) or sleep, for the launcher's
+    ``mpirun`` to start ranks in: here that part is the mpi framework's rank host."""
+    for role in roles:
+        if role["name"] == "worker" and "command" in role:
+            shown = " ".join(str(a) for a in [*role.pop("command"), *role.pop("args", [])])[:80]
+            report.approximate("spec.mpiReplicaSpecs.Worker", f"the workers run Trainmaster's rank host, in "
+                               f"which the launcher's mpirun starts the ranks (the part of the SSH server), "
+                               f"not '{shown}'")
+
+
 def _restart(value: Any, path: str, report: Report) -> Any:
-    if not isinstance(value, str) or value not in (*_RESTART, "ExitCode"):
+    if not isinstance(value, str) or value not in _RESTART:
         report.invalid(path, f"must be one of Always, OnFailure, Never, ExitCode (not {str(value)[:40]!r})")
         return "Never"
-    if value == "ExitCode":
-        report.approximate(path, "ExitCode restarts on retryable exit codes only; "
-                           "here every failure is restarted (OnFailure)")
-        return "OnFailure"
     return _RESTART.get(value, value)  # anything else fails validation with this role's path
 
 
 def _add_dependencies(kind_name: str, roles: list[dict[str, Any]], names: list[str]) -> None:
     """Kubeflow's start order, stated as dependsOn (condition Running)."""
-    leader = next((n for n in ("master", "chief") if n in names), None)
     wanted: dict[str, list[str]] = {}
     if kind_name == "PyTorchJob":
         wanted = {"worker": ["master"]}
     elif kind_name == "MPIJob":
         wanted = {"launcher": ["worker"]}
     elif kind_name == "TFJob":
-        wanted = {"chief": ["ps"], "master": ["ps"], "worker": ["ps", leader or ""],
-                  "evaluator": [leader or ""]}
+        # every replica's TF_CONFIG lists every cluster address, so each waits until all the
+        # cluster's instances are placed (not running: the operator starts them all at once)
+        from trainmaster.frameworks.tensorflow import CLUSTER_ROLES
+
+        cluster = [n for n in names if n in CLUSTER_ROLES]
+        for role in roles:
+            role["dependsOn"] = [{"role": n, "condition": "Placed"} for n in cluster]
+        return
     for role in roles:
         deps = [d for d in wanted.get(role["name"], []) if d in names and d != role["name"]]
         if deps:
@@ -233,26 +239,48 @@ def _status_policy(kind_name: str, spec: dict[str, Any], roles: list[dict[str, A
     return None
 
 
-def _run_policy(spec: dict[str, Any], roles: list[dict[str, Any]],
-                report: Report) -> dict[str, Any]:
+def _run_policy(spec: dict[str, Any], roles: list[dict[str, Any]], report: Report,
+                job_spec: dict[str, Any]) -> dict[str, Any]:
+    """``runPolicy``: backoffLimit, activeDeadlineSeconds, ttlSecondsAfterFinished and suspend
+    become our ``runPolicy`` (same names and meanings), cleanPodPolicy is honoured or its
+    difference stated; ``schedulingPolicy`` becomes ``scheduling`` (returned)."""
     run_policy = report.mapping(spec.get("runPolicy"), "spec.runPolicy")
-    for key, bad, reason in (
-            ("activeDeadlineSeconds", None, "a deadline for the whole job is not enforced here yet; "
-                                            "remove it (cancel the job instead)"),
-            ("suspend", False, "a suspended job is not held here yet; submit it when it should run")):
-        if key in run_policy and run_policy[key] not in (bad, None):
-            report.unsupported(join("spec.runPolicy", key), reason)
     report.rest(run_policy, "spec.runPolicy", {"backoffLimit", "schedulingPolicy", "activeDeadlineSeconds",
-                                              "suspend"}, _RUN_POLICY_REASONS, RUN_POLICY_FIELDS)
+                                              "suspend", "ttlSecondsAfterFinished", "cleanPodPolicy"},
+                _RUN_POLICY_REASONS, RUN_POLICY_FIELDS)
+    ours = {key: run_policy[key] for key in ("backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished",
+                                             "suspend") if run_policy.get(key) is not None}
+    if ours:
+        job_spec["runPolicy"] = ours
     if "backoffLimit" in run_policy:
-        for role in roles:
+        for role in roles:  # no instance may restart more often than the whole job may
             role["restartPolicy"]["maxRestarts"] = run_policy["backoffLimit"]
+    for where, value in (("spec.runPolicy.cleanPodPolicy", run_policy.get("cleanPodPolicy")),
+                         ("spec.cleanPodPolicy", spec.get("cleanPodPolicy"))):
+        _clean_pod_policy(where, value, report)
     policy = report.mapping(run_policy.get("schedulingPolicy"), "spec.runPolicy.schedulingPolicy")
     report.rest(policy, "spec.runPolicy.schedulingPolicy", {"minAvailable", "queue", "priorityClass"},
                 _SCHEDULING_REASONS, SCHEDULING_POLICY_FIELDS)
     scheduling: dict[str, Any] = {key: policy[key] for key in ("minAvailable", "queue", "priorityClass")
                                   if key in policy}
     return scheduling
+
+
+def _clean_pod_policy(where: str, value: Any, report: Report) -> None:
+    """Kubeflow's cleanPodPolicy: what happens to pods when the job ends. ``Running`` (stop the
+    ones still running) is what the controller always does; ``All`` also deletes the ended pods;
+    ``None`` leaves running pods running."""
+    if value is None or value == "Running":
+        return
+    if value == "All":
+        report.approximate(where, "All: instances still running are stopped when the job ends (as "
+                           "Running); the ended instances' logs and records are kept until the job is "
+                           "deleted (runPolicy.ttlSecondsAfterFinished or `trainmaster job delete`)")
+    elif value == "None":
+        report.approximate(where, "None: instances still running when the job ends are stopped "
+                           "(as Running), since no controller would watch a process of an ended job")
+    else:
+        report.invalid(where, f"must be one of All, Running, None (not {str(value)[:40]!r})")
 
 
 def _kind_params(kind_name: str, spec: dict[str, Any], report: Report) -> dict[str, Any]:

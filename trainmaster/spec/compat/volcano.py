@@ -9,7 +9,7 @@ end; our status policies decide as soon as the outcome is known, which is the sa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from trainmaster.errors import UserError
@@ -23,7 +23,6 @@ _SPEC_REASONS = {
     "schedulerName": "the Trainmaster controller schedules instances (gang size, queue and "
                      "priority carry over)",
     "volumes": "volumes are not created or mounted locally",
-    "ttlSecondsAfterFinished": "finished jobs stay in the store until deleted",
     "runningEstimate": "no backfill scheduling locally",
     "networkTopology": "all instances run on this machine",
 }
@@ -36,8 +35,6 @@ _PLUGIN_REASONS = {
 }
 #: Plugins whose variables and files jobs read; not provided yet, so refused rather than ignored.
 _PLUGINS_UNSUPPORTED = {
-    "svc": "the svc plugin's host files (/etc/volcano/<task>.host) and VC_<TASK>_HOSTS/NUM "
-           "variables are not provided here yet (roles reach each other through TM_SERVICE_<ROLE>)",
     "mpi": "the mpi plugin's hostfile is not written; use a Kubeflow MPIJob or the mpi framework",
 }
 SPEC_FIELDS = {"schedulerName", "minAvailable", "volumes", "tasks", "policies", "plugins",
@@ -51,7 +48,7 @@ EVENTS = {"*", "PodFailed", "PodEvicted", "PodPending", "PodRunning", "Unknown",
 ACTIONS = {"AbortJob", "RestartJob", "RestartTask", "RestartPod", "RestartPartition", "TerminateJob",
            "CompleteJob", "ResumeJob", "SyncJob", "EnqueueJob", "SyncQueue", "OpenQueue", "CloseQueue"}
 _FAILURE_EVENTS = {"PodFailed", "TaskFailed"}
-_RESTART_ACTIONS = {"RestartPod", "RestartTask", "RestartJob", "RestartPartition"}
+_RESTART_ACTIONS = {"RestartPod": "Instance", "RestartTask": "Role", "RestartJob": "Job"}
 _FAIL_ACTIONS = {"AbortJob", "TerminateJob"}
 
 
@@ -60,6 +57,10 @@ class _Effects:
     """What a list of lifecycle policies means for one role (or, at job level, every role)."""
 
     restart: bool = False  # restart failed instances
+    scope: str = "Instance"  # what a restart restarts: RestartPod, RestartTask, RestartJob
+    event_restart: bool = False  # a PodFailed/TaskFailed policy restarts (whatever the exit code)
+    exit_codes: list[int] = field(default_factory=list)  # exitCode policies that restart
+    abort_codes: list[int] = field(default_factory=list)  # exitCode policies that end the job
     decides_failure: bool = False  # some policy handles a failure event
     completes_job: bool = False  # TaskCompleted -> CompleteJob
 
@@ -75,7 +76,7 @@ def convert(raw: dict[str, Any], lenient: bool = False) -> tuple[dict[str, Any],
                 {"status": "status is filled in by the controller"})
     spec = report.mapping(raw.get("spec"), "spec")
     handled = {"tasks", "minAvailable", "queue", "priorityClassName", "maxRetry", "minSuccess",
-               "policies", "plugins"}
+               "policies", "plugins", "ttlSecondsAfterFinished"}
     report.rest(spec, "spec", handled, _SPEC_REASONS, SPEC_FIELDS)
     job_effects = _policies(spec.get("policies"), "spec.policies", report)
     tasks = report.sequence(spec.get("tasks"), "spec.tasks")
@@ -91,6 +92,8 @@ def convert(raw: dict[str, Any], lenient: bool = False) -> tuple[dict[str, Any],
     scheduling = _scheduling(spec, tasks, report)
     if scheduling:
         job_spec["scheduling"] = scheduling
+    if spec.get("ttlSecondsAfterFinished") is not None:  # the same meaning: delete the ended job
+        job_spec["runPolicy"] = {"ttlSecondsAfterFinished": spec["ttlSecondsAfterFinished"]}
     _volcano_checks(spec, tasks, report)
     meta = metadata(raw.get("metadata"), source, report)
     report.finish()
@@ -109,9 +112,14 @@ def _role(task: Any, path: str, spec: dict[str, Any], job_effects: _Effects,
     policy = {"Always": "Always", "OnFailure": "OnFailure"}.get(pod.restart_policy or "", "Never")
     if pod.restart_policy not in (None, "Always", "OnFailure", "Never"):
         policy = pod.restart_policy  # validation reports it with this role's path
-    if policy == "Never" and (effects.restart or (job_effects.restart and not effects.decides_failure)):
+    chosen = effects if effects.restart else job_effects if not effects.decides_failure else None
+    if policy == "Never" and chosen is not None and chosen.restart:
         policy = "OnFailure"
     restart: dict[str, Any] = {"policy": policy}
+    if chosen is not None and chosen.restart and chosen.scope != "Instance":
+        restart["scope"] = chosen.scope
+    if chosen is not None and chosen.restart and chosen.exit_codes and not chosen.event_restart:
+        restart["exitCodes"] = sorted(set(chosen.exit_codes))  # only those failures restart
     max_retry = task.get("maxRetry", spec.get("maxRetry"))
     if max_retry is not None:
         restart["maxRestarts"] = max_retry
@@ -154,8 +162,7 @@ def _policies(value: Any, path: str, report: Report) -> _Effects:
         if "exitCode" in policy:
             if "event" in policy or "events" in policy:
                 report.invalid(where, "give either event(s) or exitCode, not both (Volcano refuses both)")
-            report.unsupported(join(where, "exitCode"), f"exit-code policies (exitCode "
-                               f"{str(policy['exitCode'])[:20]} -> {str(action)[:20]}) are not run here yet")
+            _exit_code_effect(policy["exitCode"], str(action), join(where, "exitCode"), effects, report)
             continue
         if "timeout" in policy:
             report.ignore(join(where, "timeout"), "actions are taken at once")
@@ -175,12 +182,40 @@ def _policies(value: Any, path: str, report: Report) -> _Effects:
     return effects
 
 
+def _exit_code_effect(code: Any, action: str, where: str, effects: _Effects, report: Report) -> None:
+    """``exitCode: N`` policies: a restart action restarts only failures with those codes
+    (``restartPolicy.exitCodes``); AbortJob/TerminateJob end the job on them, which is what a
+    failure that is not restarted does, unless an event policy restarts every failure."""
+    if not isinstance(code, int) or isinstance(code, bool) or not 1 <= code <= 255:
+        report.invalid(where, f"{str(code)[:20]!r}: an exit code from 1 to 255 (Volcano refuses 0)")
+    elif action in _RESTART_ACTIONS:
+        if effects.restart and effects.scope != _RESTART_ACTIONS[action]:
+            report.unsupported(where, f"exitCode {code} -> {action} beside a policy that restarts a "
+                               f"different scope ({effects.scope}): one restart scope per task here")
+        effects.restart = effects.decides_failure = True
+        effects.scope = _RESTART_ACTIONS[action]
+        effects.exit_codes.append(code)
+    elif action in _FAIL_ACTIONS:
+        effects.decides_failure = True
+        effects.abort_codes.append(code)
+    else:
+        report.unsupported(where, f"exitCode {code} -> {action} is not run here")
+    if effects.abort_codes and effects.event_restart:
+        report.unsupported(where, "an exitCode policy that ends the job beside an event policy that "
+                           "restarts every failure is not run here (restarts exclude no exit code)")
+
+
 def _effect(event: str, action: str, where: str, effects: _Effects, report: Report) -> None:
     if event in _FAILURE_EVENTS and action in _RESTART_ACTIONS:
-        effects.restart = effects.decides_failure = True
-        if action != "RestartPod":
-            report.approximate(where, f"{event} -> {action}: only the failed instance is restarted "
-                               "(restartPolicy OnFailure)")
+        # RestartPod: the instance; RestartTask: every instance of the role; RestartJob: of the job
+        if effects.restart and effects.scope != _RESTART_ACTIONS[action]:
+            report.unsupported(where, f"{event} -> {action} beside a policy that restarts a "
+                               f"different scope ({effects.scope}): one restart scope per task here")
+        effects.restart = effects.decides_failure = effects.event_restart = True
+        effects.scope = _RESTART_ACTIONS[action]
+        if effects.abort_codes:
+            report.unsupported(where, "an event policy that restarts every failure beside an exitCode "
+                               "policy that ends the job is not run here (restarts exclude no exit code)")
     elif event in _FAILURE_EVENTS and action in _FAIL_ACTIONS:
         effects.decides_failure = True  # a failure fails the role and the job: our default
     elif event == "TaskCompleted" and action == "CompleteJob":
@@ -197,28 +232,47 @@ def _framework(spec: dict[str, Any], roles: list[dict[str, Any]],
     variables), ``command`` with ``indexVariables`` (the ``env`` plugin's ``VK_TASK_INDEX`` and
     ``VC_TASK_INDEX``: the instance's index in its task)."""
     plugins = report.mapping(spec.get("plugins"), "spec.plugins")
-    framework, params = "command", {}
+    framework, params = "command", dict[str, Any]()
     if "env" in plugins and not ("pytorch" in plugins and {r["name"] for r in roles} <= {"master", "worker"}):
         params["indexVariables"] = ["VK_TASK_INDEX", "VC_TASK_INDEX"]
     for name in plugins:
         where = join("spec.plugins", name)
         if name == "env":
-            if not params and not report.lenient:
+            if "indexVariables" not in params and not report.lenient:
                 report.unsupported(where, "the env plugin's VK_TASK_INDEX/VC_TASK_INDEX are not set "
                                    "together with the pytorch plugin; use RANK (or --lenient)")
-            elif not params:
+            elif "indexVariables" not in params:
                 report.ignore(where, "VK_TASK_INDEX/VC_TASK_INDEX not set (the index is in TM_REPLICA_INDEX)")
         elif name == "pytorch" and {r["name"] for r in roles} <= {"master", "worker"}:
             framework = "pytorch"  # the plugin's MASTER_ADDR/RANK come from our framework
             report.approximate(where, "run by the pytorch framework (MASTER_ADDR, MASTER_PORT, "
                                "WORLD_SIZE, RANK); the plugin's arguments are not read")
+        elif name == "svc":
+            params["volcanoSvc"] = True
+            _every_task_placed(roles)
+            report.approximate(where, "VC_<TASK>_HOSTS, VC_<TASK>_NUM and the <task>.host files (in the "
+                               "folder VC_HOSTS_DIR names, not /etc/volcano) list host:port addresses "
+                               "(each instance has its own port here), not DNS names")
         elif name in _PLUGINS_UNSUPPORTED and not report.lenient:
             report.unsupported(where, _PLUGINS_UNSUPPORTED[name] + "; pass --lenient to run without it")
         elif name in _PLUGIN_REASONS or name in _PLUGINS_UNSUPPORTED:
             report.ignore(where, _PLUGIN_REASONS.get(name) or _PLUGINS_UNSUPPORTED[name])
         else:
             report.unknown("spec.plugins", str(name), {"ssh", "svc", "env", "mpi", "pytorch"})
+    if framework == "pytorch" and params.pop("volcanoSvc", False):
+        report.unsupported("spec.plugins.svc", "not run together with the pytorch plugin (the pytorch "
+                           "framework sets MASTER_ADDR and RANK; the svc plugin's variables are not set)")
     return framework, params
+
+
+def _every_task_placed(roles: list[dict[str, Any]]) -> None:
+    """The svc plugin gives every pod every task's hosts: each role waits until every instance of
+    every task is placed (its own task included; a task it already waits for as Running is left)."""
+    names = [r["name"] for r in roles]
+    for role in roles:
+        waited = {d["role"] for d in role.get("dependsOn", [])}
+        role["dependsOn"] = [*role.get("dependsOn", []),
+                             *({"role": n, "condition": "Placed"} for n in names if n not in waited)]
 
 
 def _job_status_policy(spec: dict[str, Any], tasks: list[Any], roles: list[dict[str, Any]],

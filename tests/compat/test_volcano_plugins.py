@@ -1,0 +1,112 @@
+"""Mechanisms: a Volcano Job's plugins and policies with real processes. ``svc``: every
+instance gets VC_<TASK>_HOSTS / VC_<TASK>_NUM for every task and the <task>.host files (in
+VC_HOSTS_DIR), consistent everywhere, and the listed addresses reach the instances; ``env``:
+VK_TASK_INDEX / VC_TASK_INDEX. Policies: PodFailed -> RestartJob restarts every task's instances,
+TaskCompleted -> CompleteJob ends the job when the task completes."""
+
+from __future__ import annotations
+
+import json
+
+from pathlib import Path
+
+import pytest
+
+from controller_harness import PY, Harness
+
+PS = r'''
+import json, os, socket
+record = {k: v for k, v in os.environ.items() if k.startswith(("VC_", "VK_"))}
+record["files"] = {n: open(os.path.join(os.environ["VC_HOSTS_DIR"], n)).read()
+                   for n in ("ps.host", "worker.host")}
+open(os.path.join(os.environ["OUT"], "ps-" + os.environ["VK_TASK_INDEX"] + ".json"), "w").write(json.dumps(record))
+server = socket.create_server((os.environ["TM_HOST"], int(os.environ["TM_PORT"])))
+while True:
+    conn, _ = server.accept()
+    conn.sendall(b"ps here")
+    conn.close()
+'''
+WORKER = r'''
+import json, os, socket, time
+record = {k: v for k, v in os.environ.items() if k.startswith(("VC_", "VK_"))}
+record["files"] = {n: open(os.path.join(os.environ["VC_HOSTS_DIR"], n)).read()
+                   for n in ("ps.host", "worker.host")}
+host, port = os.environ["VC_PS_HOSTS"].split(",")[0].rsplit(":", 1)
+deadline = time.monotonic() + 60
+while True:
+    try:
+        with socket.create_connection((host, int(port)), timeout=5) as conn:
+            record["reply"] = conn.recv(64).decode()
+        break
+    except OSError:
+        assert time.monotonic() < deadline, "the ps address did not answer"
+        time.sleep(0.1)
+open(os.path.join(os.environ["OUT"], "worker-" + os.environ["VC_TASK_INDEX"] + ".json"), "w").write(json.dumps(record))
+'''
+
+
+def task(name: str, replicas: int, script: Path, out: Path, **extra: object) -> dict:
+    return {"name": name, "replicas": replicas, **extra, "template": {"spec": {
+        "restartPolicy": "Never", "containers": [{"name": name, "image": "busybox", "command": [PY, str(script)],
+                                                   "env": [{"name": "OUT", "value": str(out)}]}]}}}
+
+
+@pytest.mark.timeout(120)
+def test_svc_and_env_plugins_give_every_instance_every_task(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "ps.py").write_text(PS)
+    (tmp_path / "worker.py").write_text(WORKER)
+    doc = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "metadata": {"name": "vc-svc"},
+           "spec": {"minAvailable": 3, "plugins": {"svc": [], "env": []}, "tasks": [
+               task("ps", 1, tmp_path / "ps.py", out),
+               task("worker", 2, tmp_path / "worker.py", out,
+                    policies=[{"event": "TaskCompleted", "action": "CompleteJob"}])]}}
+    h = Harness(tmp_path)
+    try:
+        job_id = h.submit(doc)
+        state = h.controller.run_job(job_id)
+        status = h.status(job_id)
+    finally:
+        h.backend.close()
+    assert state == "succeeded", status["events"][-10:]
+    records = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
+    assert sorted(records) == ["ps-0", "worker-0", "worker-1"]
+    addresses = {i["role"] + "-" + str(i["index"]): i["address"] for i in status["instances"]}
+    ps_hosts = addresses["ps-0"]
+    worker_hosts = f"{addresses['worker-0']},{addresses['worker-1']}"
+    for name, record in records.items():
+        assert record["VC_PS_HOSTS"] == ps_hosts and record["VC_PS_NUM"] == "1"
+        assert record["VC_WORKER_HOSTS"] == worker_hosts and record["VC_WORKER_NUM"] == "2"
+        assert record["files"] == {"ps.host": ps_hosts, "worker.host": worker_hosts.replace(",", "\n")}
+        assert record["VK_TASK_INDEX"] == record["VC_TASK_INDEX"] == name.rpartition("-")[2]
+    assert records["worker-0"]["reply"] == records["worker-1"]["reply"] == "ps here"
+    ps = next(i for i in status["instances"] if i["role"] == "ps")
+    assert ps["state"] == "stopped"  # the job completed with the workers' task; the ps was stopped
+
+
+@pytest.mark.timeout(120)
+def test_pod_failed_restart_job_restarts_every_task(tmp_path: Path) -> None:
+    marker = tmp_path / "starts"
+    record = f"import os, time; open({str(marker)!r}, 'a').write(os.environ['TM_ROLE'] + '\\n')\n"
+    (tmp_path / "ps.py").write_text(record + "time.sleep(60)\n")
+    (tmp_path / "worker.py").write_text(
+        record + f"time.sleep(0.5); raise SystemExit(1 if open({str(marker)!r}).read().count('worker') < 3 else 0)\n")
+    doc = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "metadata": {"name": "vc-restart"},
+           "spec": {"maxRetry": 3, "policies": [{"event": "PodFailed", "action": "RestartJob"}], "tasks": [
+               task("ps", 1, tmp_path / "ps.py", tmp_path),
+               task("worker", 2, tmp_path / "worker.py", tmp_path,
+                    policies=[{"event": "TaskCompleted", "action": "CompleteJob"}])]}}
+    h = Harness(tmp_path)
+    try:
+        job_id = h.submit(doc)
+        state = h.controller.run_job(job_id)
+        status = h.status(job_id)
+    finally:
+        h.backend.close()
+    assert state == "succeeded", status["events"][-10:]
+    starts = marker.read_text().split()
+    assert starts.count("ps") == 2 and starts.count("worker") == 4  # one restart of the whole job
+    assert [e for e in status["events"] if e["reason"] == "RestartingGroup"]
+
+
