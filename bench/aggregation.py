@@ -147,13 +147,14 @@ def _timed_loop(rank: int, sizes: list[int], reps: int, sync: Sync, allreduce: A
 
 
 def _ina_worker(namespace: str, address: str, switch: tuple[str, int], rank: int, world: int,
-                sizes: list[int], reps: int, sync: Sync, per_worker_window: int) -> None:
+                sizes: list[int], reps: int, sync: Sync, per_worker_window: int,
+                min_rto: float = MIN_RTO) -> None:
     _on_host(namespace)
     import numpy as np
 
     from trainmaster.aggregation import AggregationClient, WorkerConfig
 
-    cfg = WorkerConfig(chunk=CHUNK, window=per_worker_window, min_retransmit_timeout=MIN_RTO,
+    cfg = WorkerConfig(chunk=CHUNK, window=per_worker_window, min_retransmit_timeout=min_rto,
                        timeout=max(60.0, sync.wait_s / 4))
     client = AggregationClient(switch, 1, rank, world, cfg, host=address)
     client.join()
@@ -235,7 +236,7 @@ def _cpu(proc: Any) -> float:
 
 
 def run_variant(bed: Any, link: str, variant: str, world: int, sizes: list[int], reps: int,
-                wait_s: float, in_flight: int = IN_FLIGHT) -> list[Cell]:
+                wait_s: float, in_flight: int = IN_FLIGHT, min_rto: float = MIN_RTO) -> list[Cell]:
     """Start ``variant`` with ``world`` workers on ``bed``, time every size, stop it."""
     from trainmaster.testbed import SWITCH
 
@@ -251,7 +252,7 @@ def run_variant(bed: Any, link: str, variant: str, world: int, sizes: list[int],
                                    args=(bed.namespace(SWITCH), sw_addr, (ps_addr, PS_PORT)))
         nodes.workers = [ctx.Process(target=_ina_worker, args=(
             bed.namespace(h), bed.address(h), (sw_addr, SWITCH_PORT), rank, world, sizes, reps,
-            sync, window(world, bed.options.link_rate, bed.options.queue_ms, in_flight)))
+            sync, window(world, bed.options.link_rate, bed.options.queue_ms, in_flight), min_rto))
             for rank, h in enumerate(hosts)]
     else:
         nodes.workers = [ctx.Process(target=_gloo_worker, args=(
@@ -321,7 +322,8 @@ def link_spec(link: str, mtu: int = MTU) -> tuple[int | None, int]:
 
 def sweep(links: list[str], workers: list[int], sizes: list[int], reps: int,
           failures: list[str], in_flight: int = IN_FLIGHT,
-          variants: tuple[str, ...] = VARIANTS, mtu: int = MTU) -> list[Cell]:
+          variants: tuple[str, ...] = VARIANTS, mtu: int = MTU,
+          min_rto: float = MIN_RTO) -> list[Cell]:
     from trainmaster.testbed import Testbed, TestbedOptions
 
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10d warns of unnamed hosts
@@ -344,7 +346,7 @@ def sweep(links: list[str], workers: list[int], sizes: list[int], reps: int,
                 for variant in order:
                     try:
                         got[variant] = run_variant(bed, link, variant, world, sizes, reps, wait_s,
-                                                   in_flight)
+                                                   in_flight, min_rto)
                     except Exception as exc:  # a variant that fails is reported, not hidden
                         failures.append(f"{link} {world} workers {variant}: "
                                         f"{type(exc).__name__}: {exc}")
@@ -475,6 +477,8 @@ def main() -> None:
     parser.add_argument("--in-flight", type=int, default=IN_FLIGHT,
                         help="INA datagrams in flight over all workers (each worker's share is "
                              "also bounded by its link's queue)")
+    parser.add_argument("--min-rto", type=float, default=MIN_RTO,
+                        help="INA workers' floor of the retransmission timeout, seconds")
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help="comma-separated subset of " + ", ".join(VARIANTS))
     parser.add_argument("--output", type=Path, default=RESULTS,
@@ -509,8 +513,10 @@ def main() -> None:
         TestbedOptions(mtu=args.mtu)
     except (ValueError, UserError) as exc:
         parser.error(f"--links/--mtu: {exc}")
+    if not 0.01 <= args.min_rto <= 5:
+        parser.error("--min-rto must be between 0.01 and 5 seconds")
     cells = sweep(links, workers, sizes, args.reps, failures, args.in_flight, variants,
-                  args.mtu)
+                  args.mtu, args.min_rto)
     report: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "python": platform.python_version()},
@@ -520,7 +526,7 @@ def main() -> None:
         "chunk": CHUNK, "mtu": args.mtu, "in_flight": args.in_flight, "variants": list(variants),
         "window_per_worker": {link: {w: window(w, link_spec(link)[0], TestbedOptions().queue_ms,
                                              args.in_flight) for w in workers}
-                              for link in links}, "min_rto_s": MIN_RTO, "failures": failures,
+                              for link in links}, "min_rto_s": args.min_rto, "failures": failures,
         "cells": [asdict(c) for c in cells]}
     report["targets"] = target_status(cells)
     args.output.mkdir(parents=True, exist_ok=True)
