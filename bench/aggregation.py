@@ -43,7 +43,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 MiB = 1 << 20
 WARM_UP = 4 * MiB
-CHUNK = 16000  # float32 per datagram: 64 KB, eight frames at the testbed's 9000-byte MTU
+CHUNK = 16000  # float32 per datagram: 64 KB, one frame at MTU 65535, eight at MTU 9000
+# The links' MTU unless a link says otherwise (``1gbit@9000``): at 65535 a 64 KB datagram is
+# one frame, as on loopback; at 9000 the kernel cuts each into 8 fragments and puts them
+# together again on every hop's receiving socket, which measured (1 Gbit/s, 4 workers, 64 MiB)
+# 1.6x the forwarding node's CPU per all-reduce (0.48 s vs 0.29 s) and 1.4x the workers'.
+# gloo (TCP) runs on the same links: its segments are as large as the MTU allows too.
+MTU = 65535
 # Datagrams in flight, all workers together: what the forwarding node's socket buffer holds
 # (8 MB), so a burst from every worker at once is queued, not dropped. Measured on a 4-worker
 # 100 Mbit/s testbed (4 MiB): 16 per worker 1.25x gloo, 32 per worker 1.50x, 64 per worker
@@ -141,13 +147,14 @@ def _timed_loop(rank: int, sizes: list[int], reps: int, sync: Sync, allreduce: A
 
 
 def _ina_worker(namespace: str, address: str, switch: tuple[str, int], rank: int, world: int,
-                sizes: list[int], reps: int, sync: Sync, per_worker_window: int) -> None:
+                sizes: list[int], reps: int, sync: Sync, per_worker_window: int,
+                min_rto: float = MIN_RTO) -> None:
     _on_host(namespace)
     import numpy as np
 
     from trainmaster.aggregation import AggregationClient, WorkerConfig
 
-    cfg = WorkerConfig(chunk=CHUNK, window=per_worker_window, min_retransmit_timeout=MIN_RTO,
+    cfg = WorkerConfig(chunk=CHUNK, window=per_worker_window, min_retransmit_timeout=min_rto,
                        timeout=max(60.0, sync.wait_s / 4))
     client = AggregationClient(switch, 1, rank, world, cfg, host=address)
     client.join()
@@ -229,7 +236,7 @@ def _cpu(proc: Any) -> float:
 
 
 def run_variant(bed: Any, link: str, variant: str, world: int, sizes: list[int], reps: int,
-                wait_s: float, in_flight: int = IN_FLIGHT) -> list[Cell]:
+                wait_s: float, in_flight: int = IN_FLIGHT, min_rto: float = MIN_RTO) -> list[Cell]:
     """Start ``variant`` with ``world`` workers on ``bed``, time every size, stop it."""
     from trainmaster.testbed import SWITCH
 
@@ -245,7 +252,7 @@ def run_variant(bed: Any, link: str, variant: str, world: int, sizes: list[int],
                                    args=(bed.namespace(SWITCH), sw_addr, (ps_addr, PS_PORT)))
         nodes.workers = [ctx.Process(target=_ina_worker, args=(
             bed.namespace(h), bed.address(h), (sw_addr, SWITCH_PORT), rank, world, sizes, reps,
-            sync, window(world, bed.options.link_rate, bed.options.queue_ms, in_flight)))
+            sync, window(world, bed.options.link_rate, bed.options.queue_ms, in_flight), min_rto))
             for rank, h in enumerate(hosts)]
     else:
         nodes.workers = [ctx.Process(target=_gloo_worker, args=(
@@ -305,18 +312,28 @@ def run_variant(bed: Any, link: str, variant: str, world: int, sizes: list[int],
 
 
 # ---- the sweep -----------------------------------------------------------------------------
+def link_spec(link: str, mtu: int = MTU) -> tuple[int | None, int]:
+    """``"1gbit"`` -> (rate, ``mtu``); ``"1gbit@9000"`` -> (rate, 9000)."""
+    from trainmaster.testbed import parse_rate
+
+    rate, _, own = link.partition("@")
+    return parse_rate(rate), int(own) if own else mtu
+
+
 def sweep(links: list[str], workers: list[int], sizes: list[int], reps: int,
           failures: list[str], in_flight: int = IN_FLIGHT,
-          variants: tuple[str, ...] = VARIANTS) -> list[Cell]:
-    from trainmaster.testbed import Testbed, TestbedOptions, parse_rate
+          variants: tuple[str, ...] = VARIANTS, mtu: int = MTU,
+          min_rto: float = MIN_RTO) -> list[Cell]:
+    from trainmaster.testbed import Testbed, TestbedOptions
 
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10d warns of unnamed hosts
     import torch.distributed  # noqa: F401  imported once here, not in every forked rank
 
     cells: list[Cell] = []
     for link in links:
-        rate = parse_rate(link)
-        options = TestbedOptions(hosts=max(workers) + 1, link_rate=rate, prefix=PREFIX)
+        rate, link_mtu = link_spec(link, mtu)
+        options = TestbedOptions(hosts=max(workers) + 1, link_rate=rate, prefix=PREFIX,
+                                 mtu=link_mtu)
         bed = Testbed.up(options)
         try:
             for i, world in enumerate(workers):
@@ -329,7 +346,7 @@ def sweep(links: list[str], workers: list[int], sizes: list[int], reps: int,
                 for variant in order:
                     try:
                         got[variant] = run_variant(bed, link, variant, world, sizes, reps, wait_s,
-                                                   in_flight)
+                                                   in_flight, min_rto)
                     except Exception as exc:  # a variant that fails is reported, not hidden
                         failures.append(f"{link} {world} workers {variant}: "
                                         f"{type(exc).__name__}: {exc}")
@@ -372,7 +389,8 @@ def write_markdown(report: dict[str, Any], cells: list[Cell]) -> str:
     load = report["load_average"]
     lines = [
         f"INA vs gloo's ring all-reduce on a testbed (hosts = network namespaces, every link "
-        f"capped in both directions with tc tbf, MTU 9000), one invocation of "
+        f"capped in both directions with tc tbf, MTU {report['mtu']} unless the link says "
+        f"otherwise, e.g. 1gbit@9000), one invocation of "
         f"`bench/aggregation.py`: workers on h1..hn, INA's forwarding node on the switch host and "
         f"parameter node on its own host, UDP, {CHUNK} float32 per datagram, "
         f"{report['in_flight']} datagrams in flight over all workers; gloo one process "
@@ -448,14 +466,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
                         help="development: 100mbit and 1gbit, 2 and 4 workers, 4 MiB, 2 reps")
-    parser.add_argument("--links", default="100mbit,1gbit,none",
-                        help="comma-separated link caps (tc units; none = uncapped)")
+    parser.add_argument("--links", default="100mbit,1gbit,1gbit@9000,none",
+                        help="comma-separated link caps (tc units; none = uncapped), each "
+                             "optionally @MTU")
+    parser.add_argument("--mtu", type=int, default=MTU,
+                        help="MTU of links that do not name one")
     parser.add_argument("--workers", default="2,4,8", help="comma-separated worker counts")
     parser.add_argument("--sizes", default="4,16,64", help="comma-separated tensor sizes, MiB")
     parser.add_argument("--reps", type=int, default=3, help="timed all-reduces per cell")
     parser.add_argument("--in-flight", type=int, default=IN_FLIGHT,
                         help="INA datagrams in flight over all workers (each worker's share is "
                              "also bounded by its link's queue)")
+    parser.add_argument("--min-rto", type=float, default=MIN_RTO,
+                        help="INA workers' floor of the retransmission timeout, seconds")
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help="comma-separated subset of " + ", ".join(VARIANTS))
     parser.add_argument("--output", type=Path, default=RESULTS,
@@ -468,7 +491,8 @@ def main() -> None:
         print("error: this benchmark builds a testbed (network namespaces, tc), which needs "
               "root; run it as root", file=sys.stderr)
         sys.exit(2)
-    from trainmaster.testbed import TestbedOptions, parse_rate
+    from trainmaster.errors import UserError
+    from trainmaster.testbed import TestbedOptions
 
     links = [s.strip() for s in args.links.split(",") if s.strip()]
     workers = sorted(int(w) for w in args.workers.split(","))
@@ -483,17 +507,26 @@ def main() -> None:
     variants = tuple(v for v in VARIANTS if v in args.variants.split(","))
     if not variants or args.in_flight < 4:
         parser.error(f"--variants: choose from {', '.join(VARIANTS)}; --in-flight >= 4")
-    cells = sweep(links, workers, sizes, args.reps, failures, args.in_flight, variants)
+    try:
+        for link in links:
+            link_spec(link, args.mtu)
+        TestbedOptions(mtu=args.mtu)
+    except (ValueError, UserError) as exc:
+        parser.error(f"--links/--mtu: {exc}")
+    if not 0.01 <= args.min_rto <= 5:
+        parser.error("--min-rto must be between 0.01 and 5 seconds")
+    cells = sweep(links, workers, sizes, args.reps, failures, args.in_flight, variants,
+                  args.mtu, args.min_rto)
     report: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "python": platform.python_version()},
         "load_average": {"start": load_start, "end": os.getloadavg()[0]},
         "links": links, "workers": workers, "sizes_MiB": [s / MiB for s in sizes],
         "reps": args.reps, "quick": args.quick, "seconds": round(time.time() - started),
-        "chunk": CHUNK, "in_flight": args.in_flight, "variants": list(variants),
-        "window_per_worker": {link: {w: window(w, parse_rate(link), TestbedOptions().queue_ms,
+        "chunk": CHUNK, "mtu": args.mtu, "in_flight": args.in_flight, "variants": list(variants),
+        "window_per_worker": {link: {w: window(w, link_spec(link)[0], TestbedOptions().queue_ms,
                                              args.in_flight) for w in workers}
-                              for link in links}, "min_rto_s": MIN_RTO, "failures": failures,
+                              for link in links}, "min_rto_s": args.min_rto, "failures": failures,
         "cells": [asdict(c) for c in cells]}
     report["targets"] = target_status(cells)
     args.output.mkdir(parents=True, exist_ok=True)

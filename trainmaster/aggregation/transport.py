@@ -57,6 +57,9 @@ Packet = Union[Buffer, Sequence[Buffer]]
 
 UDP_MAX_DATAGRAM = 65507  # largest UDP payload over IPv4
 _RX_BUFFER = 65536  # a receive buffer holds any datagram
+SOCKET_BUFFER = 32 << 20  # asked for; what the kernel grants is in ``receive_buffer``
+_SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)  # Linux values
+_SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
 TRANSPORTS = ("udp", "shm")
 SHM_RING_BYTES = 32 << 20  # per link (sender -> one destination), mapped up front
 SHM_MAX_ELEMENTS = (SHM_RING_BYTES // 4 - 64) // 4  # float32 per packet: a quarter of a ring
@@ -306,21 +309,37 @@ class _RingView:
         _close_map(self.map)
 
 
+def _size_buffers(sock: socket.socket, size: int) -> None:
+    """Ask for ``size`` bytes of receive and send buffer.
+
+    A plain ``SO_RCVBUF`` is clamped to ``net.core.rmem_max`` (4 MiB on the test machines;
+    the kernel doubles it for bookkeeping): at 1 Gbit/s a forwarding node receiving 64 KiB
+    datagrams from 4 workers overflowed it (``RcvbufErrors`` in the switch host's
+    /proc/net/snmp) and every overflowed datagram became a retransmission timeout. A datagram
+    cut into 9000-byte frames also occupies about twice its size in the buffer (each frame's
+    buffer is charged). With ``CAP_NET_ADMIN`` (root, as on a testbed) the ``*FORCE``
+    variants lift the clamp; without it the clamped size is what we get, and the windows
+    that the WELCOME hands out follow what was granted."""
+    for force, plain in ((_SO_RCVBUFFORCE, socket.SO_RCVBUF), (_SO_SNDBUFFORCE, socket.SO_SNDBUF)):
+        for opt in (force, plain):
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, opt, size)
+                break
+            except OSError:
+                continue
+
+
 class UdpTransport:
     """A bound UDP socket; ``send`` injects the plan's faults, ``recv`` waits with a timeout."""
 
     kind = "udp"
 
     def __init__(self, name: str, host: str = "127.0.0.1", port: int = 0,
-                 faults: FaultPlan | None = None, buffer_bytes: int = 8 << 20):
+                 faults: FaultPlan | None = None, buffer_bytes: int = SOCKET_BUFFER):
         self.name = name
         self.faults = faults or FaultPlan()
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
-            try:
-                self.sock.setsockopt(socket.SOL_SOCKET, opt, buffer_bytes)
-            except OSError:
-                pass
+        _size_buffers(self.sock, buffer_bytes)
         self.sock.bind((host, port))
         self.sock.setblocking(False)
         self.address: Address = self.sock.getsockname()

@@ -169,6 +169,9 @@ class AggregationClient:
         self.min_rto = self.config.min_retransmit_timeout
         if self.min_rto is None:
             self.min_rto = 0.05 if transport == "udp" else 0.2
+        if self.config.retransmit_timeout is None:
+            # the first slices' timeout must not undercut the floor the caller set
+            self.initial_rto = max(self.initial_rto, self.min_rto)
         limit = (self.transport.max_packet - HEADER_SIZE) // 4
         if not 1 <= self.chunk <= limit:
             self.transport.close()
