@@ -101,6 +101,9 @@ def test_every_page_has_runnable_commands() -> None:
 def test_doc_block_runs_as_written(block: DocBlock, tmp_path: Path) -> None:
     if block.skip_reason:
         pytest.skip(f"{block.id}: {block.skip_reason}")
+    assert not re.search(r"(^|[;&|]\s*)(\S*pip3? install|make)\b", block.script, re.M), (
+        f"{block.id} installs into the environment the tests run in; put the install in the text, "
+        "or mark the block <!-- doc-test: skip: REASON -->")
     if block.needs_root and os.geteuid() != 0:
         pytest.skip(f"{block.id} creates network namespaces, which needs root")
     clone = _fresh_copy(tmp_path / "clone")

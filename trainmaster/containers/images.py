@@ -105,9 +105,13 @@ def build_program_image(runtime: ContainerRuntime, tag: str, programs: list[str]
 
 def python_mounts(extra: list[str] | None = None) -> list[dict[str, object]]:
     """The read-only bind mounts that give a :func:`build_python_image` container this
-    machine's Python: ``/usr``, the interpreter's installation, the virtual environment and
-    ``extra`` paths (a source checkout on ``PYTHONPATH``), each at its own path."""
-    paths = ["/usr", os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), *(extra or [])]
+    machine's Python: ``/usr``, the interpreter's installation, the virtual environment, the
+    checkout Trainmaster runs from when it is installed in editable mode (a clone's ``make``
+    install: the venv only points at it) and ``extra`` paths, each at its own path."""
+    import trainmaster
+
+    checkout = str(Path(trainmaster.__file__).resolve().parents[1])
+    paths = ["/usr", os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), checkout, *(extra or [])]
     seen: list[str] = []
     for path in paths:
         if path not in seen and not any(path.startswith(p.rstrip("/") + "/") for p in seen):
