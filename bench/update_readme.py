@@ -14,8 +14,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = "<!-- BENCH TABLES -->"
-ORDER = ["controller", "controller_ray", "controller_failover", "aggregation", "flsched", "partition", "gateway", "gateway_sandbox"]
+ORDER = ["controller", "controller_ray", "controller_failover", "controller_containers", "aggregation", "flsched",
+         "partition", "partition_pipeline", "gateway", "gateway_sandbox"]
 COMMAND = {"controller_ray": "python bench/controller.py --ray", "controller_failover": "python bench/controller.py --failover",
+           "controller_containers": "python bench/controller.py --containers",
+           "partition_pipeline": "python bench/partition.py --pipeline-only",
            "gateway_sandbox": "python bench/gateway_sandbox.py"}
 MAX_LINES = 70  # of one capability's results in the README
 
