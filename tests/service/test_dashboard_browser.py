@@ -93,7 +93,12 @@ def shot(driver: webdriver.Chrome, name: str) -> None:
 
 
 def wait_for(driver: webdriver.Chrome, condition, what: str):  # type: ignore[no-untyped-def]
-    return WebDriverWait(driver, WAIT, poll_frequency=0.2).until(condition, message=f"waited {WAIT}s for {what}")
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    # parts of a page are re-rendered on every store change: an element found a moment ago may be
+    # replaced while the condition looks at it; look again at the next poll
+    return WebDriverWait(driver, WAIT, poll_frequency=0.2, ignored_exceptions=(StaleElementReferenceException,)).until(
+        condition, message=f"waited {WAIT}s for {what}")
 
 
 def test_job_list_job_page_live_log_metrics_and_cancel(server: Server, browser: webdriver.Chrome) -> None:

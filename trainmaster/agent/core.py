@@ -301,6 +301,9 @@ class NodeAgent:
             env = {**process_env, **markers, "PYTHONPATH": python_path, NOTIFY_FD_VARIABLE: str(notify_write)}
         else:
             argv, env = list(spec.argv), {**process_env, **markers}
+        if not argv:  # validation refuses `command: []`; a spec that still has none fails to start, clearly
+            self._start_failed(inst, spec, f"{spec.role}-{spec.index} has no command to run")
+            return None
         out = None
         try:
             self.trees.create(spec.instance_id, 0 if spec.container else spec.memory)

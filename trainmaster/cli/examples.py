@@ -31,6 +31,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
                  "trainmaster job logs pytorch-digits -f   # follow until the instance ends"),
     "job cancel": ("trainmaster job cancel pytorch-digits",),
     "job scale": ("trainmaster job scale pytorch-digits worker 3",),
+    "job suspend": ("trainmaster job suspend pytorch-digits   # instances stopped, the job held",),
+    "job unsuspend": ("trainmaster job unsuspend pytorch-digits   # admitted and started again",),
     "job delete": ("trainmaster job delete pytorch-digits   # an ended job; cancel a running one first",),
     "aggregation demo": (
         "trainmaster aggregation demo --workers 4 --jobs 2 --elements 100000 --drop 0.02 --seed 1",

@@ -269,14 +269,16 @@ def wait(job: JobArg, timeout: Annotated[float, typer.Option(min=0, help="Second
 
     states = ENDED if until is WaitFor.END else ENDED | {"running"}
     deadline = time.monotonic() + timeout
+    left = timeout  # the whole of it while the job exists: its timeout message names the user's figure
     while True:
         try:
-            reached = _jobs(server, db).wait(job, timeout=max(0.0, deadline - time.monotonic()), states=states)
+            reached = _jobs(server, db).wait(job, timeout=left, states=states)
             break
         except (JobNotFound, StoreMissing):
             if until is WaitFor.END or time.monotonic() >= deadline:
                 raise
             time.sleep(0.25)  # not created yet: its `run` or `submit` is on its way
+            left = max(0.0, deadline - time.monotonic())
     print(f"job {reached.name} (id {reached.id}) {reached.state}")
     ok = reached.state == "succeeded" or (until is WaitFor.RUNNING and reached.state == "running")
     raise typer.Exit(0 if ok else 1)

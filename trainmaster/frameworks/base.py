@@ -94,14 +94,17 @@ class Framework:
 
     def defaults(self, job: Job) -> Job:
         """Fill the framework's defaults into ``job`` (a copy; the argument is not changed)."""
+        from trainmaster.containers.policy import runs_in_container
+
         job = job.model_copy(deep=True)
         role_names = {r.name for r in job.spec.roles}
         for role in job.spec.roles:
             if "depends_on" not in role.model_fields_set:
                 role.depends_on = [Dependency(role=d) for d in self.default_dependencies.get(role.name, ())
                                    if d in role_names]
-            # a role that runs an image with no command runs the image's entry point (Kubernetes)
-            if role.command is None and not (role.image and (role.runtime or job.spec.runtime or "host") != "host"):
+            # a role that runs an image with no command runs the image's entry point (Kubernetes);
+            # one that runs on the host (including `auto` resolved to the host) gets the framework's
+            if role.command is None and not runs_in_container(job.spec, role):
                 role.command = self.role_command(job, role)
         return job
 
