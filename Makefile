@@ -75,9 +75,11 @@ $(FLOWER_VENV)/.installed: $(STAMP)
 	@$(FLOWER_VENV)/bin/pip install --quiet '$(FLOWER)' pytest pytest-timeout \
 		&& touch $@ || { echo "warning: could not install $(FLOWER); the Flower tests will skip"; rm -rf $(FLOWER_VENV); }
 
-## lint: ruff (pyflakes rules: unused and undefined names) over the package, tests and benchmarks
+## lint: ruff (pyflakes rules: unused and undefined names) and ruff's formatter over the package, tests and
+## benchmarks (`$(BIN)/ruff format trainmaster tests bench` formats them)
 lint: $(STAMP)
 	$(BIN)/ruff check trainmaster tests bench
+	$(BIN)/ruff format --check trainmaster tests bench
 
 ## typecheck: mypy over the controller's layers and the node agent (the files in pyproject's [tool.mypy])
 typecheck: $(STAMP)

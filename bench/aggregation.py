@@ -72,6 +72,7 @@ def window(workers: int, link_rate: int | None, queue_ms: int, in_flight: int = 
         share = min(share, int(link_rate / 8 * queue_ms / 1000 * 0.75) // (CHUNK * 4 + 64))
     return max(4, share)
 
+
 PS_PORT, SWITCH_PORT, GLOO_PORT = 19000, 19001, 29500
 PREFIX = "tmbench"
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -122,8 +123,9 @@ def _on_host(namespace: str) -> None:
     enter(namespace)
 
 
-def _timed_loop(rank: int, sizes: list[int], reps: int, sync: Sync, allreduce: Any,
-                retransmits: Any = lambda: 0) -> None:
+def _timed_loop(
+    rank: int, sizes: list[int], reps: int, sync: Sync, allreduce: Any, retransmits: Any = lambda: 0
+) -> None:
     """One warm-up, then ``reps`` timed all-reduces per size, each rank reporting its times
     (and, for INA, how many datagrams it had to send again during them)."""
     import numpy as np
@@ -132,7 +134,7 @@ def _timed_loop(rank: int, sizes: list[int], reps: int, sync: Sync, allreduce: A
         x = np.random.default_rng(rank).standard_normal(size // 4).astype(np.float32)
         # warm-up: connections, buffers, the round-trip estimate; 4 MiB is enough for that
         # and a 64 MiB warm-up would cost a quarter of the sweep on a 100 Mbit/s link
-        allreduce(x[:WARM_UP // 4].copy())
+        allreduce(x[: WARM_UP // 4].copy())
         sync.start.wait(timeout=sync.wait_s)  # ready: the parent reads counters and CPU now
         sync.start.wait(timeout=sync.wait_s)  # read: go
         resent = retransmits()
@@ -146,16 +148,26 @@ def _timed_loop(rank: int, sizes: list[int], reps: int, sync: Sync, allreduce: A
         sync.start.wait(timeout=sync.wait_s)  # read: go on (or exit)
 
 
-def _ina_worker(namespace: str, address: str, switch: tuple[str, int], rank: int, world: int,
-                sizes: list[int], reps: int, sync: Sync, per_worker_window: int,
-                min_rto: float = MIN_RTO) -> None:
+def _ina_worker(
+    namespace: str,
+    address: str,
+    switch: tuple[str, int],
+    rank: int,
+    world: int,
+    sizes: list[int],
+    reps: int,
+    sync: Sync,
+    per_worker_window: int,
+    min_rto: float = MIN_RTO,
+) -> None:
     _on_host(namespace)
     import numpy as np
 
     from trainmaster.aggregation import AggregationClient, WorkerConfig
 
-    cfg = WorkerConfig(chunk=CHUNK, window=per_worker_window, min_retransmit_timeout=min_rto,
-                       timeout=max(60.0, sync.wait_s / 4))
+    cfg = WorkerConfig(
+        chunk=CHUNK, window=per_worker_window, min_retransmit_timeout=min_rto, timeout=max(60.0, sync.wait_s / 4)
+    )
     client = AggregationClient(switch, 1, rank, world, cfg, host=address)
     client.join()
     buffers: dict[int, Any] = {}
@@ -174,8 +186,7 @@ def _ina_worker(namespace: str, address: str, switch: tuple[str, int], rank: int
         client.close()
 
 
-def _gloo_worker(namespace: str, master: str, rank: int, world: int, sizes: list[int],
-                 reps: int, sync: Sync) -> None:
+def _gloo_worker(namespace: str, master: str, rank: int, world: int, sizes: list[int], reps: int, sync: Sync) -> None:
     _on_host(namespace)
     from datetime import timedelta
 
@@ -184,8 +195,7 @@ def _gloo_worker(namespace: str, master: str, rank: int, world: int, sizes: list
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR=master, MASTER_PORT=str(GLOO_PORT), GLOO_SOCKET_IFNAME="eth0")
-    dist.init_process_group("gloo", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=sync.wait_s))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=sync.wait_s))
 
     tensors: dict[int, Any] = {}
 
@@ -235,8 +245,17 @@ def _cpu(proc: Any) -> float:
         return 0.0
 
 
-def run_variant(bed: Any, link: str, variant: str, world: int, sizes: list[int], reps: int,
-                wait_s: float, in_flight: int = IN_FLIGHT, min_rto: float = MIN_RTO) -> list[Cell]:
+def run_variant(
+    bed: Any,
+    link: str,
+    variant: str,
+    world: int,
+    sizes: list[int],
+    reps: int,
+    wait_s: float,
+    in_flight: int = IN_FLIGHT,
+    min_rto: float = MIN_RTO,
+) -> list[Cell]:
     """Start ``variant`` with ``world`` workers on ``bed``, time every size, stop it."""
     from trainmaster.testbed import SWITCH
 
@@ -248,16 +267,32 @@ def run_variant(bed: Any, link: str, variant: str, world: int, sizes: list[int],
     if variant == "ina":
         ps_addr, sw_addr = bed.address(ps_host), bed.address(SWITCH)
         nodes.ps = ctx.Process(target=_parameter_node, args=(bed.namespace(ps_host), ps_addr))
-        nodes.switch = ctx.Process(target=_forwarding_node,
-                                   args=(bed.namespace(SWITCH), sw_addr, (ps_addr, PS_PORT)))
-        nodes.workers = [ctx.Process(target=_ina_worker, args=(
-            bed.namespace(h), bed.address(h), (sw_addr, SWITCH_PORT), rank, world, sizes, reps,
-            sync, window(world, bed.options.link_rate, bed.options.queue_ms, in_flight), min_rto))
-            for rank, h in enumerate(hosts)]
+        nodes.switch = ctx.Process(target=_forwarding_node, args=(bed.namespace(SWITCH), sw_addr, (ps_addr, PS_PORT)))
+        nodes.workers = [
+            ctx.Process(
+                target=_ina_worker,
+                args=(
+                    bed.namespace(h),
+                    bed.address(h),
+                    (sw_addr, SWITCH_PORT),
+                    rank,
+                    world,
+                    sizes,
+                    reps,
+                    sync,
+                    window(world, bed.options.link_rate, bed.options.queue_ms, in_flight),
+                    min_rto,
+                ),
+            )
+            for rank, h in enumerate(hosts)
+        ]
     else:
-        nodes.workers = [ctx.Process(target=_gloo_worker, args=(
-            bed.namespace(h), bed.address(hosts[0]), rank, world, sizes, reps, sync))
-            for rank, h in enumerate(hosts)]
+        nodes.workers = [
+            ctx.Process(
+                target=_gloo_worker, args=(bed.namespace(h), bed.address(hosts[0]), rank, world, sizes, reps, sync)
+            )
+            for rank, h in enumerate(hosts)
+        ]
     for proc in nodes.all():
         proc.daemon = True
         proc.start()
@@ -287,17 +322,25 @@ def run_variant(bed: Any, link: str, variant: str, world: int, sizes: list[int],
                 delta = getattr(bytes1[host], direction) - getattr(bytes0[host], direction)
                 return delta / reps / size
 
-            cells.append(Cell(
-                link=link, workers=world, size_MiB=size / MiB, variant=variant, times_s=per_rep,
-                median_s=med, algbw_MBps=size / med / 1e6,
-                worker_link_up=statistics.mean(moved(h, "up_bytes") for h in hosts),
-                worker_link_down=statistics.mean(moved(h, "down_bytes") for h in hosts),
-                ps_link_up=moved(ps_host, "up_bytes") if variant == "ina" else None,
-                ps_link_down=moved(ps_host, "down_bytes") if variant == "ina" else None,
-                cpu_worker_s=statistics.mean(cpu[p.pid] for p in nodes.workers),
-                cpu_switch_s=cpu[nodes.switch.pid] if nodes.switch else None,
-                cpu_ps_s=cpu[nodes.ps.pid] if nodes.ps else None,
-                retransmits=resent / reps if variant == "ina" else None))
+            cells.append(
+                Cell(
+                    link=link,
+                    workers=world,
+                    size_MiB=size / MiB,
+                    variant=variant,
+                    times_s=per_rep,
+                    median_s=med,
+                    algbw_MBps=size / med / 1e6,
+                    worker_link_up=statistics.mean(moved(h, "up_bytes") for h in hosts),
+                    worker_link_down=statistics.mean(moved(h, "down_bytes") for h in hosts),
+                    ps_link_up=moved(ps_host, "up_bytes") if variant == "ina" else None,
+                    ps_link_down=moved(ps_host, "down_bytes") if variant == "ina" else None,
+                    cpu_worker_s=statistics.mean(cpu[p.pid] for p in nodes.workers),
+                    cpu_switch_s=cpu[nodes.switch.pid] if nodes.switch else None,
+                    cpu_ps_s=cpu[nodes.ps.pid] if nodes.ps else None,
+                    retransmits=resent / reps if variant == "ina" else None,
+                )
+            )
     finally:
         for proc in nodes.workers:
             proc.join(timeout=30)
@@ -320,10 +363,17 @@ def link_spec(link: str, mtu: int = MTU) -> tuple[int | None, int]:
     return parse_rate(rate), int(own) if own else mtu
 
 
-def sweep(links: list[str], workers: list[int], sizes: list[int], reps: int,
-          failures: list[str], in_flight: int = IN_FLIGHT,
-          variants: tuple[str, ...] = VARIANTS, mtu: int = MTU,
-          min_rto: float = MIN_RTO) -> list[Cell]:
+def sweep(
+    links: list[str],
+    workers: list[int],
+    sizes: list[int],
+    reps: int,
+    failures: list[str],
+    in_flight: int = IN_FLIGHT,
+    variants: tuple[str, ...] = VARIANTS,
+    mtu: int = MTU,
+    min_rto: float = MIN_RTO,
+) -> list[Cell]:
     from trainmaster.testbed import Testbed, TestbedOptions
 
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10d warns of unnamed hosts
@@ -332,8 +382,7 @@ def sweep(links: list[str], workers: list[int], sizes: list[int], reps: int,
     cells: list[Cell] = []
     for link in links:
         rate, link_mtu = link_spec(link, mtu)
-        options = TestbedOptions(hosts=max(workers) + 1, link_rate=rate, prefix=PREFIX,
-                                 mtu=link_mtu)
+        options = TestbedOptions(hosts=max(workers) + 1, link_rate=rate, prefix=PREFIX, mtu=link_mtu)
         bed = Testbed.up(options)
         try:
             for i, world in enumerate(workers):
@@ -345,11 +394,9 @@ def sweep(links: list[str], workers: list[int], sizes: list[int], reps: int,
                 got: dict[str, list[Cell]] = {}
                 for variant in order:
                     try:
-                        got[variant] = run_variant(bed, link, variant, world, sizes, reps, wait_s,
-                                                   in_flight, min_rto)
+                        got[variant] = run_variant(bed, link, variant, world, sizes, reps, wait_s, in_flight, min_rto)
                     except Exception as exc:  # a variant that fails is reported, not hidden
-                        failures.append(f"{link} {world} workers {variant}: "
-                                        f"{type(exc).__name__}: {exc}")
+                        failures.append(f"{link} {world} workers {variant}: {type(exc).__name__}: {exc}")
                         print(failures[-1], flush=True)
                 gloo = {c.size_MiB: c for c in got.get("gloo", [])}
                 for variant in VARIANTS:
@@ -357,12 +404,14 @@ def sweep(links: list[str], workers: list[int], sizes: list[int], reps: int,
                         if c.size_MiB in gloo:
                             c.ratio_vs_gloo = c.algbw_MBps / gloo[c.size_MiB].algbw_MBps
                         cells.append(c)
-                        print(f"{link:>8} {world}w {c.size_MiB:>4.0f} MiB {variant:>4}: "
-                              f"{c.algbw_MBps:7.1f} MB/s  ratio "
-                              f"{c.ratio_vs_gloo or 0:.2f}  link up/down "
-                              f"{c.worker_link_up:.2f}/{c.worker_link_down:.2f} x tensor"
-                              + (f", {c.retransmits:.0f} resent" if c.variant == "ina" else ""),
-                              flush=True)
+                        print(
+                            f"{link:>8} {world}w {c.size_MiB:>4.0f} MiB {variant:>4}: "
+                            f"{c.algbw_MBps:7.1f} MB/s  ratio "
+                            f"{c.ratio_vs_gloo or 0:.2f}  link up/down "
+                            f"{c.worker_link_up:.2f}/{c.worker_link_down:.2f} x tensor"
+                            + (f", {c.retransmits:.0f} resent" if c.variant == "ina" else ""),
+                            flush=True,
+                        )
         finally:
             bed.down()
     return cells
@@ -372,12 +421,21 @@ def target_status(cells: list[Cell]) -> list[dict[str, Any]]:
     """The issue's targets: INA/gloo algbw at 4 and 8 workers on 100 Mbit/s, 4 on 1 Gbit/s."""
     status = []
     for link, world, goal in TARGETS:
-        ratios = {c.size_MiB: c.ratio_vs_gloo for c in cells if c.variant == "ina"
-                  and c.link == link and c.workers == world and c.ratio_vs_gloo is not None}
-        status.append({"link": link, "workers": world, "target": goal,
-                       "ratios": {f"{s:g} MiB": round(r, 3) for s, r in sorted(ratios.items())},
-                       "measured": bool(ratios),
-                       "met_at_every_size": bool(ratios) and min(ratios.values()) >= goal})
+        ratios = {
+            c.size_MiB: c.ratio_vs_gloo
+            for c in cells
+            if c.variant == "ina" and c.link == link and c.workers == world and c.ratio_vs_gloo is not None
+        }
+        status.append(
+            {
+                "link": link,
+                "workers": world,
+                "target": goal,
+                "ratios": {f"{s:g} MiB": round(r, 3) for s, r in sorted(ratios.items())},
+                "measured": bool(ratios),
+                "met_at_every_size": bool(ratios) and min(ratios.values()) >= goal,
+            }
+        )
     return status
 
 
@@ -401,19 +459,31 @@ def write_markdown(report: dict[str, Any], cells: list[Cell]) -> str:
         f"runs after a warm-up (4 MiB). Bytes per link per all-reduce as multiples of the tensor, "
         f"worker link up/down (mean over workers; the ring's is 2(n-1)/n each way), INA's "
         f"parameter-node link up/down. CPU-s per all-reduce: one worker (mean) / forwarding "
-        f"node / parameter node.", "",
-        "Targets (issue #16): " + "; ".join(
+        f"node / parameter node.",
+        "",
+        "Targets (issue #16): "
+        + "; ".join(
             f"{t['link']} {t['workers']} workers >= {t['target']}x: "
-            + ("not measured" if not t["measured"] else
-               ("met" if t["met_at_every_size"] else "NOT met") + " ("
-               + ", ".join(f"{k} {v:.2f}x" for k, v in t["ratios"].items()) + ")")
-            for t in report["targets"]) + ".", "",
+            + (
+                "not measured"
+                if not t["measured"]
+                else ("met" if t["met_at_every_size"] else "NOT met")
+                + " ("
+                + ", ".join(f"{k} {v:.2f}x" for k, v in t["ratios"].items())
+                + ")"
+            )
+            for t in report["targets"]
+        )
+        + ".",
+        "",
         "| link | workers | size | INA MB/s | gloo MB/s | INA/gloo | INA bytes/link up/down | "
         "gloo bytes/link up/down | INA PS link up/down | INA CPU-s w/sw/ps | gloo CPU-s w |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     by = {(c.link, c.workers, c.size_MiB, c.variant): c for c in cells}
-    for link, world, size in sorted({(c.link, c.workers, c.size_MiB) for c in cells},
-                                    key=lambda k: (report["links"].index(k[0]), k[1], k[2])):
+    for link, world, size in sorted(
+        {(c.link, c.workers, c.size_MiB) for c in cells}, key=lambda k: (report["links"].index(k[0]), k[1], k[2])
+    ):
         ina, gloo = by.get((link, world, size, "ina")), by.get((link, world, size, "gloo"))
         lines.append(
             f"| {link} | {world} | {size:g} MiB | {_fmt(ina and ina.algbw_MBps, 1)} | "
@@ -421,9 +491,9 @@ def write_markdown(report: dict[str, Any], cells: list[Cell]) -> str:
             + (f"{ina.worker_link_up:.2f}/{ina.worker_link_down:.2f} | " if ina else "- | ")
             + (f"{gloo.worker_link_up:.2f}/{gloo.worker_link_down:.2f} | " if gloo else "- | ")
             + (f"{_fmt(ina.ps_link_up)}/{_fmt(ina.ps_link_down)} | " if ina else "- | ")
-            + (f"{ina.cpu_worker_s:.2f}/{_fmt(ina.cpu_switch_s)}/{_fmt(ina.cpu_ps_s)} | "
-               if ina else "- | ")
-            + (f"{gloo.cpu_worker_s:.2f} |" if gloo else "- |"))
+            + (f"{ina.cpu_worker_s:.2f}/{_fmt(ina.cpu_switch_s)}/{_fmt(ina.cpu_ps_s)} | " if ina else "- | ")
+            + (f"{gloo.cpu_worker_s:.2f} |" if gloo else "- |")
+        )
     if report["failures"]:
         lines += ["", "Failures: " + "; ".join(report["failures"])]
     lines += ["", "![algbw vs message size per worker count](/bench/results/aggregation.png)"]
@@ -440,14 +510,16 @@ def plot(cells: list[Cell], links: list[str], workers: list[int], path: Path) ->
     except ImportError:
         print("matplotlib is missing (pip install 'trainmaster[bench]'): no plot", flush=True)
         return False
-    fig, axes = plt.subplots(len(links), len(workers), squeeze=False,
-                             figsize=(3.6 * len(workers), 2.8 * len(links)))
+    fig, axes = plt.subplots(len(links), len(workers), squeeze=False, figsize=(3.6 * len(workers), 2.8 * len(links)))
     for i, link in enumerate(links):
         for j, world in enumerate(workers):
             ax = axes[i][j]
             for variant, style in (("ina", "o-"), ("gloo", "s--")):
-                pts = sorted((c.size_MiB, c.algbw_MBps) for c in cells if c.link == link
-                             and c.workers == world and c.variant == variant)
+                pts = sorted(
+                    (c.size_MiB, c.algbw_MBps)
+                    for c in cells
+                    if c.link == link and c.workers == world and c.variant == variant
+                )
                 if pts:
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=variant)
             ax.set_xscale("log", base=2)
@@ -464,32 +536,44 @@ def plot(cells: list[Cell], links: list[str], workers: list[int], path: Path) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="development: 100mbit and 1gbit, 2 and 4 workers, 4 MiB, 2 reps")
-    parser.add_argument("--links", default="100mbit,1gbit,1gbit@9000,none",
-                        help="comma-separated link caps (tc units; none = uncapped), each "
-                             "optionally @MTU")
-    parser.add_argument("--mtu", type=int, default=MTU,
-                        help="MTU of links that do not name one")
+    parser.add_argument(
+        "--quick", action="store_true", help="development: 100mbit and 1gbit, 2 and 4 workers, 4 MiB, 2 reps"
+    )
+    parser.add_argument(
+        "--links",
+        default="100mbit,1gbit,1gbit@9000,none",
+        help="comma-separated link caps (tc units; none = uncapped), each optionally @MTU",
+    )
+    parser.add_argument("--mtu", type=int, default=MTU, help="MTU of links that do not name one")
     parser.add_argument("--workers", default="2,4,8", help="comma-separated worker counts")
     parser.add_argument("--sizes", default="4,16,64", help="comma-separated tensor sizes, MiB")
     parser.add_argument("--reps", type=int, default=3, help="timed all-reduces per cell")
-    parser.add_argument("--in-flight", type=int, default=IN_FLIGHT,
-                        help="INA datagrams in flight over all workers (each worker's share is "
-                             "also bounded by its link's queue)")
-    parser.add_argument("--min-rto", type=float, default=MIN_RTO,
-                        help="INA workers' floor of the retransmission timeout, seconds")
-    parser.add_argument("--variants", default=",".join(VARIANTS),
-                        help="comma-separated subset of " + ", ".join(VARIANTS))
-    parser.add_argument("--output", type=Path, default=RESULTS,
-                        help="directory for aggregation.{json,md,png} (a subset run should not "
-                             "replace the committed full run)")
+    parser.add_argument(
+        "--in-flight",
+        type=int,
+        default=IN_FLIGHT,
+        help="INA datagrams in flight over all workers (each worker's share is also bounded by its link's queue)",
+    )
+    parser.add_argument(
+        "--min-rto", type=float, default=MIN_RTO, help="INA workers' floor of the retransmission timeout, seconds"
+    )
+    parser.add_argument(
+        "--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ", ".join(VARIANTS)
+    )
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=RESULTS,
+        help="directory for aggregation.{json,md,png} (a subset run should not replace the committed full run)",
+    )
     args = parser.parse_args()
     if args.quick:
         args.links, args.workers, args.sizes, args.reps = "100mbit,1gbit", "2,4", "4", 2
     if os.geteuid() != 0:
-        print("error: this benchmark builds a testbed (network namespaces, tc), which needs "
-              "root; run it as root", file=sys.stderr)
+        print(
+            "error: this benchmark builds a testbed (network namespaces, tc), which needs root; run it as root",
+            file=sys.stderr,
+        )
         sys.exit(2)
     from trainmaster.errors import UserError
     from trainmaster.testbed import TestbedOptions
@@ -515,19 +599,28 @@ def main() -> None:
         parser.error(f"--links/--mtu: {exc}")
     if not 0.01 <= args.min_rto <= 5:
         parser.error("--min-rto must be between 0.01 and 5 seconds")
-    cells = sweep(links, workers, sizes, args.reps, failures, args.in_flight, variants,
-                  args.mtu, args.min_rto)
+    cells = sweep(links, workers, sizes, args.reps, failures, args.in_flight, variants, args.mtu, args.min_rto)
     report: dict[str, Any] = {
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "python": platform.python_version()},
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "load_average": {"start": load_start, "end": os.getloadavg()[0]},
-        "links": links, "workers": workers, "sizes_MiB": [s / MiB for s in sizes],
-        "reps": args.reps, "quick": args.quick, "seconds": round(time.time() - started),
-        "chunk": CHUNK, "mtu": args.mtu, "in_flight": args.in_flight, "variants": list(variants),
-        "window_per_worker": {link: {w: window(w, link_spec(link)[0], TestbedOptions().queue_ms,
-                                             args.in_flight) for w in workers}
-                              for link in links}, "min_rto_s": args.min_rto, "failures": failures,
-        "cells": [asdict(c) for c in cells]}
+        "links": links,
+        "workers": workers,
+        "sizes_MiB": [s / MiB for s in sizes],
+        "reps": args.reps,
+        "quick": args.quick,
+        "seconds": round(time.time() - started),
+        "chunk": CHUNK,
+        "mtu": args.mtu,
+        "in_flight": args.in_flight,
+        "variants": list(variants),
+        "window_per_worker": {
+            link: {w: window(w, link_spec(link)[0], TestbedOptions().queue_ms, args.in_flight) for w in workers}
+            for link in links
+        },
+        "min_rto_s": args.min_rto,
+        "failures": failures,
+        "cells": [asdict(c) for c in cells],
+    }
     report["targets"] = target_status(cells)
     args.output.mkdir(parents=True, exist_ok=True)
     (args.output / "aggregation.json").write_text(json.dumps(report, indent=1))

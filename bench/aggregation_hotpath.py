@@ -27,8 +27,7 @@ from trainmaster.aggregation.fabric import Fabric, query
 from trainmaster.aggregation.worker import AggregationClient, WorkerConfig
 
 
-def _worker(conn: Any, switch: tuple[str, int], rank: int, world: int, elements: int,
-            rounds: int, chunk: int) -> None:
+def _worker(conn: Any, switch: tuple[str, int], rank: int, world: int, elements: int, rounds: int, chunk: int) -> None:
     x = np.random.default_rng(rank).standard_normal(elements).astype(np.float32)
     out = np.empty_like(x)
     with AggregationClient(switch, 1, rank, world, WorkerConfig(chunk=chunk)) as client:
@@ -58,8 +57,7 @@ def measure(world: int, mib: float, rounds: int, chunk: int) -> dict[str, Any]:
         pipes, procs = [], []
         for rank in range(world):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=_worker, args=(child, fabric.switches[0], rank, world,
-                                                  elements, rounds, chunk))
+            p = ctx.Process(target=_worker, args=(child, fabric.switches[0], rank, world, elements, rounds, chunk))
             p.start()
             pipes.append(parent)
             procs.append(p)
@@ -83,13 +81,19 @@ def measure(world: int, mib: float, rounds: int, chunk: int) -> dict[str, Any]:
     slowest = [max(ts[i] for ts in per_worker) for i in range(rounds)]
     t = statistics.median(slowest)
     nbytes = elements * 4
-    return {"workers": world, "MiB": mib, "chunk": chunk, "rounds": rounds,
-            "median_s": round(t, 4), "algbw_MBps": round(nbytes / t / 1e6, 1),
-            "switch_intake_MBps": round(world * nbytes / t / 1e6, 1),
-            "retransmits": sum(s["retransmits"] for s in stats),
-            "switch_collisions": switch.get("collisions"),
-            "cpu_s_per_round": {r: round(c / rounds, 3) for r, c in cpu.items()},
-            "load_avg_1min": os.getloadavg()[0]}
+    return {
+        "workers": world,
+        "MiB": mib,
+        "chunk": chunk,
+        "rounds": rounds,
+        "median_s": round(t, 4),
+        "algbw_MBps": round(nbytes / t / 1e6, 1),
+        "switch_intake_MBps": round(world * nbytes / t / 1e6, 1),
+        "retransmits": sum(s["retransmits"] for s in stats),
+        "switch_collisions": switch.get("collisions"),
+        "cpu_s_per_round": {r: round(c / rounds, 3) for r, c in cpu.items()},
+        "load_avg_1min": os.getloadavg()[0],
+    }
 
 
 def main() -> None:

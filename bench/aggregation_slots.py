@@ -36,8 +36,7 @@ class CollisionRate:
     self_collisions: float  # fraction of slices colliding with a slice of their own job
 
 
-def measure(rule: str, tenants: int, pool: int, window: int, trials: int,
-            seed: int) -> CollisionRate:
+def measure(rule: str, tenants: int, pool: int, window: int, trials: int, seed: int) -> CollisionRate:
     rng = random.Random(seed)
     fn = RULES[rule]
     collided = slices = own = 0
@@ -45,8 +44,7 @@ def measure(rule: str, tenants: int, pool: int, window: int, trials: int,
     for _ in range(trials):
         jobs = rng.sample(range(1, 2**31), tenants)
         rnd = rng.randrange(1000)
-        placed = {job: [fn(job, rnd * window + i) % pool for i in range(window)]
-                  for job in jobs}
+        placed = {job: [fn(job, rnd * window + i) % pool for i in range(window)] for job in jobs}
         load = Counter(s for slots in placed.values() for s in slots)
         for slots in placed.values():
             mine = Counter(slots)
@@ -56,8 +54,9 @@ def measure(rule: str, tenants: int, pool: int, window: int, trials: int,
             slices += len(slots)
             per_tenant.append(hit / len(slots))
     per_tenant.sort()
-    return CollisionRate(rule, tenants, pool, window, collided / slices,
-                         per_tenant[int(0.99 * (len(per_tenant) - 1))], own / slices)
+    return CollisionRate(
+        rule, tenants, pool, window, collided / slices, per_tenant[int(0.99 * (len(per_tenant) - 1))], own / slices
+    )
 
 
 def main() -> None:
@@ -69,18 +68,19 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    rows = [measure(rule, int(t), args.pool, args.window, args.trials, args.seed)
-            for t in args.tenants.split(",") for rule in RULES]
+    rows = [
+        measure(rule, int(t), args.pool, args.window, args.trials, args.seed)
+        for t in args.tenants.split(",")
+        for rule in RULES
+    ]
     if args.json:
         print(json.dumps([asdict(r) for r in rows], indent=1))
         return
-    print(f"pool {args.pool} slots, window {args.window} slices per tenant, "
-          f"{args.trials} trials")
+    print(f"pool {args.pool} slots, window {args.window} slices per tenant, {args.trials} trials")
     print("| tenants | rule | mean colliding | p99 of a tenant | own-window collisions |")
     print("|---:|---|---:|---:|---:|")
     for r in rows:
-        print(f"| {r.tenants} | {r.rule} | {r.mean:.3f} | {r.p99_tenant:.3f} | "
-              f"{r.self_collisions:.3f} |")
+        print(f"| {r.tenants} | {r.rule} | {r.mean:.3f} | {r.p99_tenant:.3f} | {r.self_collisions:.3f} |")
 
 
 if __name__ == "__main__":

@@ -76,13 +76,13 @@ class Ours:
         workdir.mkdir(parents=True, exist_ok=True)
         self.url = f"sqlite:///{workdir / 'store.db'}"
         self.sessions = session_factory(make_engine(self.url))
-        self.controller = Controller(self.sessions, backend, self.url, interval=INTERVAL, grace=2.0,
-                                     runs_dir=workdir / "runs")
+        self.controller = Controller(
+            self.sessions, backend, self.url, interval=INTERVAL, grace=2.0, runs_dir=workdir / "runs"
+        )
         backend.watch_exits(self.controller.wake)  # as the server's reconcile loop does
 
     def submit(self, name: str, roles: list[dict[str, Any]]) -> int:
-        doc = {"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": {"name": name},
-               "spec": {"roles": roles}}
+        doc = {"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": {"name": name}, "spec": {"roles": roles}}
         return self.controller.submit(load_document(doc))
 
     def state(self, job_id: int) -> str:
@@ -139,8 +139,10 @@ def torchx_to_running(runner: Any, replicas: int, scratch: Path) -> tuple[float,
     markers = workdir / "markers"
     markers.mkdir()
     argv = command(markers)
-    app = specs.AppDef(name="bench", roles=[specs.Role(name="worker", image=str(workdir), entrypoint=argv[0],
-                                                       args=argv[1:], num_replicas=replicas)])
+    app = specs.AppDef(
+        name="bench",
+        roles=[specs.Role(name="worker", image=str(workdir), entrypoint=argv[0], args=argv[1:], num_replicas=replicas)],
+    )
     moments: dict[str, float] = {}
     start = time.perf_counter()
     handle = runner.run(app, scheduler="local_cwd", cfg={"log_dir": str(workdir / "logs")})
@@ -168,8 +170,7 @@ def drain(jobs: int, slots: int, scratch: Path) -> dict[str, float]:
     workdir = Path(tempfile.mkdtemp(dir=scratch))
     ours = Ours(LocalBackend(Capacity(cpu=float(slots), memory=0)), workdir)
     start = time.perf_counter()
-    ids = [ours.submit(f"q{n}", [{"name": "task", "command": ["true"], "resources": {"cpu": 1}}])
-           for n in range(jobs)]
+    ids = [ours.submit(f"q{n}", [{"name": "task", "command": ["true"], "resources": {"cpu": 1}}]) for n in range(jobs)]
     queued = time.perf_counter()
     with ours.sessions() as session:
         active = lambda: len(repo.active_job_ids(session, ours.controller.owner))  # noqa: E731
@@ -188,9 +189,16 @@ def kill_to_replacement(backend: Backend, kills: int, scratch: Path) -> list[flo
     markers = workdir / "markers"
     markers.mkdir()
     ours = Ours(backend, workdir)
-    job_id = ours.submit("ft", [{"name": "worker", "command": pid_command(markers),
-                                 "restartPolicy": {"policy": "OnFailure", "maxRestarts": kills + 1,
-                                                   "backoffSeconds": 0}}])
+    job_id = ours.submit(
+        "ft",
+        [
+            {
+                "name": "worker",
+                "command": pid_command(markers),
+                "restartPolicy": {"policy": "OnFailure", "maxRestarts": kills + 1, "backoffSeconds": 0},
+            }
+        ],
+    )
     ours.until(lambda: count(markers) == 1, "first attempt running")
     samples = []
     for n in range(1, kills + 1):
@@ -229,8 +237,12 @@ def ray_runs(size: int, args: argparse.Namespace) -> int:
 
 
 def summary(samples: list[float]) -> dict[str, Any]:
-    return {"median_s": statistics.median(samples), "min_s": min(samples), "max_s": max(samples),
-            "samples_s": [round(s, 4) for s in samples]}
+    return {
+        "median_s": statistics.median(samples),
+        "min_s": min(samples),
+        "max_s": max(samples),
+        "samples_s": [round(s, 4) for s in samples],
+    }
 
 
 def main() -> None:
@@ -240,20 +252,31 @@ def main() -> None:
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray backend")
     parser.add_argument("--no-torchx", action="store_true", help="skip TorchX local_cwd")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="replica counts, comma-separated")
-    parser.add_argument("--ray", action="store_true",
-                        help="only the Ray section (1 and 3 nodes, node loss); writes controller_ray.{json,md}")
-    parser.add_argument("--failover", action="store_true",
-                        help="only the HA section: two servers on PostgreSQL, the leader killed; "
-                             "writes controller_failover.{json,md}")
-    parser.add_argument("--containers", action="store_true",
-                        help="only the container section: replicas in podman containers vs on the host "
-                             "(bench/controller_containers.py); writes controller_containers.{json,md,png}")
+    parser.add_argument(
+        "--ray",
+        action="store_true",
+        help="only the Ray section (1 and 3 nodes, node loss); writes controller_ray.{json,md}",
+    )
+    parser.add_argument(
+        "--failover",
+        action="store_true",
+        help="only the HA section: two servers on PostgreSQL, the leader killed; writes controller_failover.{json,md}",
+    )
+    parser.add_argument(
+        "--containers",
+        action="store_true",
+        help="only the container section: replicas in podman containers vs on the host "
+        "(bench/controller_containers.py); writes controller_containers.{json,md,png}",
+    )
     args = parser.parse_args()
     if args.containers:
         from controller_containers import run_and_write
 
-        run_and_write(args.runs, int(args.sizes.split(",")[-1]) if args.sizes != ",".join(map(str, SIZES)) else 16,
-                      ROOT / "bench" / "results")
+        run_and_write(
+            args.runs,
+            int(args.sizes.split(",")[-1]) if args.sizes != ",".join(map(str, SIZES)) else 16,
+            ROOT / "bench" / "results",
+        )
         return
     if args.failover:
         failover = failover_bench(args.runs)
@@ -273,11 +296,19 @@ def main() -> None:
     SIZES[:] = [int(n) for n in args.sizes.split(",")]
     scratch = Path(tempfile.mkdtemp(prefix="tm-bench-"))
     os.environ["TRAINMASTER_HOME"] = str(scratch / "home")
-    results: dict[str, Any] = {"meta": {
-        "python": platform.python_version(), "cpus": os.cpu_count(), "interval_s": INTERVAL,
-        "runs": args.runs, "quick": args.quick, "command": "/bin/sh -c 'mktemp -p MARKERS >/dev/null; exec sleep 30'",
-        "time": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "load_at_start": round(os.getloadavg()[0], 1)}, "submit_to_running": {}}
+    results: dict[str, Any] = {
+        "meta": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "interval_s": INTERVAL,
+            "runs": args.runs,
+            "quick": args.quick,
+            "command": "/bin/sh -c 'mktemp -p MARKERS >/dev/null; exec sleep 30'",
+            "time": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "load_at_start": round(os.getloadavg()[0], 1),
+        },
+        "submit_to_running": {},
+    }
 
     systems: dict[str, Callable[[int], tuple[float, float]]] = {}
     local = LocalBackend()
@@ -319,29 +350,42 @@ def main() -> None:
                     samples[name].append(systems[name](size))
         for name in order:
             runs = samples[name]
-            entry = {"reported": summary([r[0] for r in runs]), "processes": summary([r[1] for r in runs]),
-                     "runs": len(runs)}
+            entry = {
+                "reported": summary([r[0] for r in runs]),
+                "processes": summary([r[1] for r in runs]),
+                "runs": len(runs),
+            }
             results["submit_to_running"].setdefault(name, {})[str(size)] = entry
-            print(f"{name:18s} {size:3d} replicas: reported {entry['reported']['median_s']:.3f}s, "
-                  f"processes {entry['processes']['median_s']:.3f}s", flush=True)
+            print(
+                f"{name:18s} {size:3d} replicas: reported {entry['reported']['median_s']:.3f}s, "
+                f"processes {entry['processes']['median_s']:.3f}s",
+                flush=True,
+            )
 
-    local64, torchx64 = (results["submit_to_running"].get(name, {}).get(str(SIZES[-1]))
-                         for name in ("trainmaster local", "torchx local_cwd"))
+    local64, torchx64 = (
+        results["submit_to_running"].get(name, {}).get(str(SIZES[-1]))
+        for name in ("trainmaster local", "torchx local_cwd")
+    )
     if local64 and torchx64 and local64["processes"]["median_s"] > torchx64["processes"]["median_s"]:
         results["profile_local"] = {"replicas": SIZES[-1], "top": profile_local(local_ours, SIZES[-1], scratch)}
 
     jobs = 200 if args.quick else 1000
     drains = [drain(jobs, slots=DRAIN_SLOTS, scratch=scratch)]  # one run: the rate is over all the jobs
-    results["drain"] = {"jobs": jobs, "slots": DRAIN_SLOTS, "runs": len(drains),
-                        "jobs_per_s": statistics.median(d["jobs_per_s"] for d in drains),
-                        "drain_s": statistics.median(d["drain_s"] for d in drains),
-                        "submit_s": statistics.median(d["submit_s"] for d in drains)}
+    results["drain"] = {
+        "jobs": jobs,
+        "slots": DRAIN_SLOTS,
+        "runs": len(drains),
+        "jobs_per_s": statistics.median(d["jobs_per_s"] for d in drains),
+        "drain_s": statistics.median(d["drain_s"] for d in drains),
+        "submit_s": statistics.median(d["submit_s"] for d in drains),
+    }
     print(f"drain {jobs} jobs: {results['drain']['jobs_per_s']:.1f} jobs/s", flush=True)
 
     results["kill_to_replacement"] = {"trainmaster local": summary(kill_to_replacement(local, args.runs, scratch))}
     if "trainmaster ray" in systems:
         results["kill_to_replacement"]["trainmaster ray"] = summary(
-            kill_to_replacement(ray_backend, args.runs, scratch))
+            kill_to_replacement(ray_backend, args.runs, scratch)
+        )
     for system, entry in results["kill_to_replacement"].items():
         print(f"kill-to-replacement {system}: {entry['median_s']:.3f}s", flush=True)
 
@@ -388,8 +432,7 @@ RAY_LOSS_CPU = 0.12  # per replica: 64 fill two nodes (33 + 31) and leave the th
 RAY_SPARE_PREFIX, RAY_SPARE_FIRST = "127.0.0.", 5  # a new address for each node added back before a kill
 # Ray declares a node whose raylet stopped answering dead after this many failed health checks,
 # one per period; with Ray's defaults (3 s, 5 failures) a node killed outright is seen dead ~15 s later.
-RAY_HEALTH_CHECKS = {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
-                     "health_check_timeout_ms": 500}
+RAY_HEALTH_CHECKS = {"health_check_period_ms": 500, "health_check_failure_threshold": 3, "health_check_timeout_ms": 500}
 
 
 def ray_to_running(ours: Ours, replicas: int, cpu: float, scratch: Path) -> dict[str, Any]:
@@ -400,8 +443,9 @@ def ray_to_running(ours: Ours, replicas: int, cpu: float, scratch: Path) -> dict
     markers.mkdir()
     moments: dict[str, float] = {}
     start = time.perf_counter()
-    job_id = ours.submit("bench", [{"name": "worker", "replicas": replicas, "command": command(markers),
-                                    "resources": {"cpu": cpu}}])
+    job_id = ours.submit(
+        "bench", [{"name": "worker", "replicas": replicas, "command": command(markers), "resources": {"cpu": cpu}}]
+    )
 
     def done() -> bool:
         now = time.perf_counter()
@@ -427,9 +471,18 @@ def ray_node_loss(ours: Ours, cluster: Any, replicas: int, scratch: Path, gracef
     workdir = Path(tempfile.mkdtemp(dir=scratch))
     markers = workdir / "markers"
     markers.mkdir()
-    job_id = ours.submit("loss", [{"name": "worker", "replicas": replicas, "command": command(markers),
-                                   "resources": {"cpu": RAY_LOSS_CPU},
-                                   "restartPolicy": {"policy": "OnFailure", "maxRestarts": 3, "backoffSeconds": 0}}])
+    job_id = ours.submit(
+        "loss",
+        [
+            {
+                "name": "worker",
+                "replicas": replicas,
+                "command": command(markers),
+                "resources": {"cpu": RAY_LOSS_CPU},
+                "restartPolicy": {"policy": "OnFailure", "maxRestarts": 3, "backoffSeconds": 0},
+            }
+        ],
+    )
     ours.until(lambda: ours.running(job_id) == replicas and count(markers) >= replicas, "all running before the loss")
     with ours.sessions() as session:
         placed = {i.index: i.handle["node"] for i in repo.load_job(session, job_id).instances}
@@ -449,11 +502,11 @@ def ray_node_loss(ours: Ours, cluster: Any, replicas: int, scratch: Path, gracef
     def done() -> bool:
         now = time.perf_counter()
         now_rows = rows()
-        if "noticed" not in moments and all(now_rows[i].attempt >= 2 or now_rows[i].state != "running"
-                                             for i in doomed):
+        if "noticed" not in moments and all(now_rows[i].attempt >= 2 or now_rows[i].state != "running" for i in doomed):
             moments["noticed"] = now - start  # every lost replica is no longer taken as running
-        if "reported" not in moments and all(now_rows[i].attempt >= 2 and now_rows[i].state == "running"
-                                             for i in doomed):
+        if "reported" not in moments and all(
+            now_rows[i].attempt >= 2 and now_rows[i].state == "running" for i in doomed
+        ):
             moments["reported"] = now - start
         if "processes" not in moments and count(markers) >= replicas + len(doomed):
             moments["processes"] = now - start
@@ -462,8 +515,13 @@ def ray_node_loss(ours: Ours, cluster: Any, replicas: int, scratch: Path, gracef
     ours.until(done, "the lost node's replicas running elsewhere", timeout=120)
     ours.finish(job_id)
     shutil.rmtree(workdir, ignore_errors=True)
-    return {**moments, "replicas": replicas, "lost": len(doomed), "victim": victim.node_ip_address,
-            "how": "removed" if graceful else "killed (SIGKILL of all its processes)"}
+    return {
+        **moments,
+        "replicas": replicas,
+        "lost": len(doomed),
+        "victim": victim.node_ip_address,
+        "how": "removed" if graceful else "killed (SIGKILL of all its processes)",
+    }
 
 
 def ray_bench(runs: int, replicas: int, scratch: Path) -> dict[str, Any]:
@@ -487,15 +545,23 @@ def ray_bench(runs: int, replicas: int, scratch: Path) -> dict[str, Any]:
     warm = [ray_to_running(ours, replicas, 0, scratch) for _ in range(runs)]
     results["one_node"] = _ray_entry(cold, warm)
     results["kill_to_replacement"] = summary(kill_to_replacement(backend, runs, scratch))
-    print(f"ray 1 node: {replicas} running {results['one_node']['processes']['median_s']:.3f}s "
-          f"(cold {cold['processes']:.3f}s); kill->replacement {results['kill_to_replacement']['median_s']:.3f}s",
-          flush=True)
+    print(
+        f"ray 1 node: {replicas} running {results['one_node']['processes']['median_s']:.3f}s "
+        f"(cold {cold['processes']:.3f}s); kill->replacement {results['kill_to_replacement']['median_s']:.3f}s",
+        flush=True,
+    )
     ray.shutdown()
 
     began = time.perf_counter()
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": RAY_NODE_CPUS, "node_ip_address": RAY_NODE_IPS[0], "include_dashboard": False,
-        "_system_config": dict(RAY_HEALTH_CHECKS)})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": RAY_NODE_CPUS,
+            "node_ip_address": RAY_NODE_IPS[0],
+            "include_dashboard": False,
+            "_system_config": dict(RAY_HEALTH_CHECKS),
+        },
+    )
     try:
         for ip in RAY_NODE_IPS[1:]:
             cluster.add_node(num_cpus=RAY_NODE_CPUS, node_ip_address=ip)
@@ -512,18 +578,26 @@ def ray_bench(runs: int, replicas: int, scratch: Path) -> dict[str, Any]:
             cluster.add_node(num_cpus=RAY_NODE_CPUS, node_ip_address=f"{RAY_SPARE_PREFIX}{RAY_SPARE_FIRST + run}")
             cluster.wait_for_nodes()
             killed.append(ray_node_loss(ours, cluster, replicas, scratch, graceful=False))
-            print(f"  node killed, run {run + 1}: its {killed[-1]['lost']} replicas running elsewhere "
-                  f"{killed[-1]['processes']:.3f}s (noticed {killed[-1]['noticed']:.3f}s)", flush=True)
-        results["node_killed"] = {**killed[0], **{m: statistics.median(k[m] for k in killed)
-                                                  for m in ("noticed", "reported", "processes")},
-                                  "processes_summary": summary([k["processes"] for k in killed]),
-                                  "noticed_summary": summary([k["noticed"] for k in killed]), "each": killed}
+            print(
+                f"  node killed, run {run + 1}: its {killed[-1]['lost']} replicas running elsewhere "
+                f"{killed[-1]['processes']:.3f}s (noticed {killed[-1]['noticed']:.3f}s)",
+                flush=True,
+            )
+        results["node_killed"] = {
+            **killed[0],
+            **{m: statistics.median(k[m] for k in killed) for m in ("noticed", "reported", "processes")},
+            "processes_summary": summary([k["processes"] for k in killed]),
+            "noticed_summary": summary([k["noticed"] for k in killed]),
+            "each": killed,
+        }
         results["health_checks"] = RAY_HEALTH_CHECKS
-        print(f"ray 3 nodes: {replicas} running {results['three_nodes']['processes']['median_s']:.3f}s "
-              f"(cold {cold['processes']:.3f}s); node removed -> its {results['node_loss']['lost']} replicas "
-              f"running elsewhere {results['node_loss']['processes']:.3f}s; node killed -> its "
-              f"{results['node_killed']['lost']} replicas running elsewhere {results['node_killed']['processes']:.3f}s",
-              flush=True)
+        print(
+            f"ray 3 nodes: {replicas} running {results['three_nodes']['processes']['median_s']:.3f}s "
+            f"(cold {cold['processes']:.3f}s); node removed -> its {results['node_loss']['lost']} replicas "
+            f"running elsewhere {results['node_loss']['processes']:.3f}s; node killed -> its "
+            f"{results['node_killed']['lost']} replicas running elsewhere {results['node_killed']['processes']:.3f}s",
+            flush=True,
+        )
     finally:
         ray.shutdown()
         cluster.shutdown()
@@ -531,45 +605,71 @@ def ray_bench(runs: int, replicas: int, scratch: Path) -> dict[str, Any]:
 
 
 def _ray_entry(cold: dict[str, Any], warm: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"cold": cold, "reported": summary([w["reported"] for w in warm]),
-            "processes": summary([w["processes"] for w in warm]), "nodes": max(w["nodes"] for w in warm)}
+    return {
+        "cold": cold,
+        "reported": summary([w["reported"] for w in warm]),
+        "processes": summary([w["processes"] for w in warm]),
+        "nodes": max(w["nodes"] for w in warm),
+    }
 
 
 def ray_markdown(results: dict[str, Any]) -> str:
     one, three, loss, kill = (results[k] for k in ("one_node", "three_nodes", "node_loss", "kill_to_replacement"))
     n = results["replicas"]
     rows = [("1 node", one), (f"3 nodes (ran on {three['nodes']})", three)]
-    lines = [f"Ray backend (Ray {results['ray']}, one node agent actor per node running trainmaster.agent.NodeAgent: "
-             f"cgroup trees where the node offers them, exits journaled; {os.cpu_count()} CPUs shared "
-             f"with other work; medians of {results['runs']} runs after a cold first run).", "",
-             f"Submit to {n} replicas running, seconds (*reported*: every instance running in our store; "
-             "*processes*: every replica's command started). Target: <= 3 s.", "",
-             "| cluster | reported | processes | cold reported | cold processes |", "|---|---|---|---|---|"]
+    lines = [
+        f"Ray backend (Ray {results['ray']}, one node agent actor per node running trainmaster.agent.NodeAgent: "
+        f"cgroup trees where the node offers them, exits journaled; {os.cpu_count()} CPUs shared "
+        f"with other work; medians of {results['runs']} runs after a cold first run).",
+        "",
+        f"Submit to {n} replicas running, seconds (*reported*: every instance running in our store; "
+        "*processes*: every replica's command started). Target: <= 3 s.",
+        "",
+        "| cluster | reported | processes | cold reported | cold processes |",
+        "|---|---|---|---|---|",
+    ]
     for name, e in rows:
-        lines.append(f"| {name} | {e['reported']['median_s']:.3f} | {e['processes']['median_s']:.3f} | "
-                     f"{e['cold']['reported']:.3f} | {e['cold']['processes']:.3f} |")
-    lines += ["", "Node lost -> its replicas running on the remaining nodes, seconds from the loss. Target: <= 5 s. "
-              "*removed*: `Cluster.remove_node` (its processes shut down); *killed*: every process of the node "
-              "SIGKILLed, raylet included, so Ray's GCS learns of it only from its health checks "
-              f"({results['health_checks']}; with Ray's defaults about 15 s more).", "",
-              "*noticed*: every replica of the node is no longer taken as running (lost, restarting).", "",
-              "| loss | replicas on the node | noticed | reported | processes |", "|---|---|---|---|---|"]
+        lines.append(
+            f"| {name} | {e['reported']['median_s']:.3f} | {e['processes']['median_s']:.3f} | "
+            f"{e['cold']['reported']:.3f} | {e['cold']['processes']:.3f} |"
+        )
+    lines += [
+        "",
+        "Node lost -> its replicas running on the remaining nodes, seconds from the loss. Target: <= 5 s. "
+        "*removed*: `Cluster.remove_node` (its processes shut down); *killed*: every process of the node "
+        "SIGKILLed, raylet included, so Ray's GCS learns of it only from its health checks "
+        f"({results['health_checks']}; with Ray's defaults about 15 s more).",
+        "",
+        "*noticed*: every replica of the node is no longer taken as running (lost, restarting).",
+        "",
+        "| loss | replicas on the node | noticed | reported | processes |",
+        "|---|---|---|---|---|",
+    ]
     for e in (loss, results["node_killed"]):
         how = e["how"] + (f", median of {len(e['each'])} kills" if "each" in e else "")
-        lines.append(f"| {how} | {e['lost']} of {e['replicas']} | {e['noticed']:.3f} | {e['reported']:.3f} | "
-                     f"{e['processes']:.3f} |")
+        lines.append(
+            f"| {how} | {e['lost']} of {e['replicas']} | {e['noticed']:.3f} | {e['reported']:.3f} | "
+            f"{e['processes']:.3f} |"
+        )
     if "each" in results["node_killed"]:
         each = results["node_killed"]["each"]
-        lines += ["", "Node killed, each run (processes running elsewhere, s): "
-                  + ", ".join(f"{k['processes']:.3f}" for k in each)
-                  + f"; max {max(k['processes'] for k in each):.3f}. The controller notices a killed node "
-                  "when its agent does not answer an observe within 1 s and the node's raylet refuses "
-                  "connections, or when Ray's GCS reports it dead (checked every 0.25 s), whichever is first; "
-                  "its replicas start elsewhere once Ray has placed their bundles again."]
-    lines += ["", f"Instance killed (SIGKILL of its process group) -> replacement running: median "
-              f"{kill['median_s']:.3f}s (min {kill['min_s']:.3f}, max {kill['max_s']:.3f}). Target: <= 1 s.", "",
-              f"Cluster start (not counted above): 1 node {results['one_node_cluster_start_s']:.1f}s, "
-              f"3 nodes {results['three_node_cluster_start_s']:.1f}s."]
+        lines += [
+            "",
+            "Node killed, each run (processes running elsewhere, s): "
+            + ", ".join(f"{k['processes']:.3f}" for k in each)
+            + f"; max {max(k['processes'] for k in each):.3f}. The controller notices a killed node "
+            "when its agent does not answer an observe within 1 s and the node's raylet refuses "
+            "connections, or when Ray's GCS reports it dead (checked every 0.25 s), whichever is first; "
+            "its replicas start elsewhere once Ray has placed their bundles again.",
+        ]
+    lines += [
+        "",
+        f"Instance killed (SIGKILL of its process group) -> replacement running: median "
+        f"{kill['median_s']:.3f}s (min {kill['min_s']:.3f}, max {kill['max_s']:.3f}). Target: <= 1 s.",
+        "",
+        f"Cluster start (not counted above): 1 node {results['one_node_cluster_start_s']:.1f}s, "
+        f"3 nodes {results['three_node_cluster_start_s']:.1f}s.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -612,8 +712,10 @@ def markdown(results: dict[str, Any]) -> str:
                 if s == "torchx local_cwd":
                     continue
                 e = results["submit_to_running"][s][size]
-                cells.append(f"{e['reported']['median_s'] / t['reported']['median_s']:.2f}, "
-                             f"{e['processes']['median_s'] / t['processes']['median_s']:.2f}")
+                cells.append(
+                    f"{e['reported']['median_s'] / t['reported']['median_s']:.2f}, "
+                    f"{e['processes']['median_s'] / t['processes']['median_s']:.2f}"
+                )
         lines.append(f"| {size} | " + " | ".join(cells) + " |")
     if not torchx:
         lines += ["", f"TorchX not measured: {meta.get('torchx', 'skipped')}."]
@@ -621,32 +723,51 @@ def markdown(results: dict[str, Any]) -> str:
         big = str(SIZES[-1])
         ours, theirs = results["submit_to_running"]["trainmaster local"][big], torchx[big]
         verdict = all(ours[k]["median_s"] <= theirs[k]["median_s"] for k in ("reported", "processes"))
-        ratio = ours['processes']['median_s'] / theirs['processes']['median_s']
-        lines += ["", f"Goal (issue 3): submit-to-running for {big} replicas on the local backend no slower than "
-                  f"TorchX local_cwd: **{'met' if verdict else 'not met'}** (ours/TorchX "
-                  f"{ours['reported']['median_s'] / theirs['reported']['median_s']:.2f} reported, "
-                  f"{ratio:.2f} processes).",
-                  "", f"Goal (issue 14): {big} replicas' commands running in at most 0.5x TorchX's time: "
-                  f"**{'met' if ratio <= 0.5 else 'not met'}** ({ratio:.2f}x)."]
+        ratio = ours["processes"]["median_s"] / theirs["processes"]["median_s"]
+        lines += [
+            "",
+            f"Goal (issue 3): submit-to-running for {big} replicas on the local backend no slower than "
+            f"TorchX local_cwd: **{'met' if verdict else 'not met'}** (ours/TorchX "
+            f"{ours['reported']['median_s'] / theirs['reported']['median_s']:.2f} reported, "
+            f"{ratio:.2f} processes).",
+            "",
+            f"Goal (issue 14): {big} replicas' commands running in at most 0.5x TorchX's time: "
+            f"**{'met' if ratio <= 0.5 else 'not met'}** ({ratio:.2f}x).",
+        ]
     d = results["drain"]
-    lines += ["", f"Queue drain (local backend, {d['slots']} instance slots): {d['jobs']} queued single-instance "
-              f"jobs (`true`) drained at **{d['jobs_per_s']:.1f} jobs/s** ({d['drain_s']:.1f}s; queueing them "
-              f"took {d['submit_s']:.1f}s; {d['runs']} run(s)); goal (issue 14) >= 200 jobs/s: "
-              f"**{'met' if d['jobs_per_s'] >= 200 else 'not met'}**.", "",
-              "Kill to replacement running (SIGKILL of the instance's process group, restartPolicy OnFailure, "
-              "backoff 0), seconds:", "", "| backend | median | min | max |", "|---|---|---|---|"]
+    lines += [
+        "",
+        f"Queue drain (local backend, {d['slots']} instance slots): {d['jobs']} queued single-instance "
+        f"jobs (`true`) drained at **{d['jobs_per_s']:.1f} jobs/s** ({d['drain_s']:.1f}s; queueing them "
+        f"took {d['submit_s']:.1f}s; {d['runs']} run(s)); goal (issue 14) >= 200 jobs/s: "
+        f"**{'met' if d['jobs_per_s'] >= 200 else 'not met'}**.",
+        "",
+        "Kill to replacement running (SIGKILL of the instance's process group, restartPolicy OnFailure, "
+        "backoff 0), seconds:",
+        "",
+        "| backend | median | min | max |",
+        "|---|---|---|---|",
+    ]
     for system, e in results["kill_to_replacement"].items():
         lines.append(f"| {system} | {e['median_s']:.3f} | {e['min_s']:.3f} | {e['max_s']:.3f} |")
     if "profile_local" in results:
         prof = results["profile_local"]
-        lines += ["", f"Where the local backend's time goes for {prof['replicas']} replicas (cProfile of one "
-                  "extra run from submit to cancelled, cumulative seconds, profiler overhead included):", "",
-                  "| function | calls | cumulative s |", "|---|---|---|"]
+        lines += [
+            "",
+            f"Where the local backend's time goes for {prof['replicas']} replicas (cProfile of one "
+            "extra run from submit to cancelled, cumulative seconds, profiler overhead included):",
+            "",
+            "| function | calls | cumulative s |",
+            "|---|---|---|",
+        ]
         lines += [f"| `{r['function']}` | {r['calls']} | {r['cumulative_s']:.3f} |" for r in prof["top"]]
         lines += ["", NOTES]
     if "ray_cluster_start_s" in meta:
-        lines += ["", f"Ray {meta['ray']}: starting the local cluster took {meta['ray_cluster_start_s']:.1f}s "
-                  "once (not counted above)."]
+        lines += [
+            "",
+            f"Ray {meta['ray']}: starting the local cluster took {meta['ray_cluster_start_s']:.1f}s "
+            "once (not counted above).",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -671,9 +792,17 @@ def failover_once(postgres: Any, scratch: Path, jobs: int = 20) -> dict[str, flo
         ledger = scratch / "ledger.txt"
         for n in range(jobs):
             script = f'echo "j{n} start" >> {ledger}; sleep 8; echo "j{n} end" >> {ledger}'
-            leader.submit({"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": {"name": f"j{n}"},
-                           "spec": {"framework": "command", "roles": [
-                               {"name": "main", "replicas": 1, "command": ["sh", "-c", script]}]}})
+            leader.submit(
+                {
+                    "apiVersion": "trainmaster/v1",
+                    "kind": "Job",
+                    "metadata": {"name": f"j{n}"},
+                    "spec": {
+                        "framework": "command",
+                        "roles": [{"name": "main", "replicas": 1, "command": ["sh", "-c", script]}],
+                    },
+                }
+            )
         while not ledger.exists() or ledger.read_text().count(" start") < jobs:
             if time.monotonic() > deadline + 60:
                 raise RuntimeError("the jobs did not all start within 90 s")
@@ -716,23 +845,34 @@ def failover_bench(runs: int) -> dict[str, Any]:
             shutil.rmtree(scratch, ignore_errors=True)
     finally:
         postgres.close()
-    return {"meta": {"time": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "runs": runs,
-                     "cpus": os.cpu_count(), "jobs_running_at_kill": 20, "lease_s": 3.5, "renew_s": 1.0},
-            "takeover": summary([s["takeover_s"] for s in samples]),
-            "all_ended_after_kill": summary([s["all_ended_s"] for s in samples]),
-            "exactly_once_runs": sum(int(s["exactly_once"]) for s in samples), "samples": samples}
+    return {
+        "meta": {
+            "time": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "runs": runs,
+            "cpus": os.cpu_count(),
+            "jobs_running_at_kill": 20,
+            "lease_s": 3.5,
+            "renew_s": 1.0,
+        },
+        "takeover": summary([s["takeover_s"] for s in samples]),
+        "all_ended_after_kill": summary([s["all_ended_s"] for s in samples]),
+        "exactly_once_runs": sum(int(s["exactly_once"]) for s in samples),
+        "samples": samples,
+    }
 
 
 def failover_markdown(results: dict[str, Any]) -> str:
     meta, take, ended = results["meta"], results["takeover"], results["all_ended_after_kill"]
-    return (f"Controller failover ({meta['time']}, {meta['cpus']} CPUs, shared; {meta['runs']} runs): two "
-            f"`trainmaster server`s on one PostgreSQL, {meta['jobs_running_at_kill']} jobs running (8 s each), "
-            f"the leader SIGKILLed. Lease {meta['lease_s']} s, renewed every {meta['renew_s']} s.\n\n"
-            "| measure | median | min | max |\n|---|---|---|---|\n"
-            f"| kill -> standby leads (s) | {take['median_s']:.2f} | {take['min_s']:.2f} | {take['max_s']:.2f} |\n"
-            f"| kill -> every job ended (s) | {ended['median_s']:.2f} | {ended['min_s']:.2f} | {ended['max_s']:.2f} |\n\n"
-            f"Every job ran exactly once and succeeded in {results['exactly_once_runs']} of {meta['runs']} runs "
-            "(goal: takeover <= 5 s).\n")
+    return (
+        f"Controller failover ({meta['time']}, {meta['cpus']} CPUs, shared; {meta['runs']} runs): two "
+        f"`trainmaster server`s on one PostgreSQL, {meta['jobs_running_at_kill']} jobs running (8 s each), "
+        f"the leader SIGKILLed. Lease {meta['lease_s']} s, renewed every {meta['renew_s']} s.\n\n"
+        "| measure | median | min | max |\n|---|---|---|---|\n"
+        f"| kill -> standby leads (s) | {take['median_s']:.2f} | {take['min_s']:.2f} | {take['max_s']:.2f} |\n"
+        f"| kill -> every job ended (s) | {ended['median_s']:.2f} | {ended['min_s']:.2f} | {ended['max_s']:.2f} |\n\n"
+        f"Every job ran exactly once and succeeded in {results['exactly_once_runs']} of {meta['runs']} runs "
+        "(goal: takeover <= 5 s).\n"
+    )
 
 
 if __name__ == "__main__":

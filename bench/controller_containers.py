@@ -34,8 +34,12 @@ SHELL = "mktemp -p {markers} >/dev/null; exec sleep 30"
 
 
 def _containers_left(podman: ContainerRuntime) -> int:
-    out = subprocess.run([*podman.base(), "ps", "-a", "--filter", f"label={AGENT_LABEL}", "--format", "{{.Names}}"],
-                         capture_output=True, text=True, timeout=60).stdout
+    out = subprocess.run(
+        [*podman.base(), "ps", "-a", "--filter", f"label={AGENT_LABEL}", "--format", "{{.Names}}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     return len(out.split())
 
 
@@ -45,11 +49,18 @@ def _one_job(ours: Any, podman: ContainerRuntime, tag: str | None, replicas: int
     workdir = Path(tempfile.mkdtemp(dir=scratch))
     markers = workdir / "markers"
     markers.mkdir()
-    role: dict[str, Any] = {"name": "worker", "replicas": replicas,
-                            "command": ["/bin/sh", "-c", SHELL.format(markers=markers)]}
+    role: dict[str, Any] = {
+        "name": "worker",
+        "replicas": replicas,
+        "command": ["/bin/sh", "-c", SHELL.format(markers=markers)],
+    }
     if tag is not None:
-        role.update(image=tag, runtime="container", imagePullPolicy="Never",
-                    volumes=[{"name": "markers", "hostPath": str(markers), "mountPath": str(markers)}])
+        role.update(
+            image=tag,
+            runtime="container",
+            imagePullPolicy="Never",
+            volumes=[{"name": "markers", "hostPath": str(markers), "mountPath": str(markers)}],
+        )
     moments: dict[str, float] = {}
     start = time.perf_counter()
     job_id = ours.submit("bench-containers" if tag else "bench-host", [role])
@@ -78,9 +89,30 @@ def _podman_alone(podman: ContainerRuntime, tag: str, replicas: int, scratch: Pa
     markers = Path(tempfile.mkdtemp(dir=scratch))
     names = [f"tm-bench-anchor-{os.getpid()}-{i}" for i in range(replicas)]
     start = time.perf_counter()
-    procs = [subprocess.Popen([*podman.base(), "run", "-d", "--name", name, "--network", "host", "--pull", "never",
-                               "-v", f"{markers}:{markers}", tag, "/bin/sh", "-c", SHELL.format(markers=markers)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for name in names]
+    procs = [
+        subprocess.Popen(
+            [
+                *podman.base(),
+                "run",
+                "-d",
+                "--name",
+                name,
+                "--network",
+                "host",
+                "--pull",
+                "never",
+                "-v",
+                f"{markers}:{markers}",
+                tag,
+                "/bin/sh",
+                "-c",
+                SHELL.format(markers=markers),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for name in names
+    ]
     for proc in procs:
         proc.wait(timeout=300)
     deadline = time.monotonic() + 300
@@ -119,33 +151,53 @@ def containers_bench(runs: int, replicas: int, scratch: Path) -> dict[str, Any]:
                     cold[mode] = result
                 else:
                     samples[mode].append(result)
-        summary = {mode: {key: {"median_s": _median(s, key), "min_s": min(x[key] for x in s),
-                                "max_s": max(x[key] for x in s)} for key in s[0]}
-                   for mode, s in samples.items()}
-        return {"replicas": replicas, "runs": runs, "cpus": os.cpu_count(), "oci_runtime": podman.oci_runtime,
-                "podman": subprocess.run([podman.podman, "--version"], capture_output=True, text=True).stdout.strip(),
-                "time": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-                "summary": summary, "cold": cold, "samples": samples}
+        summary = {
+            mode: {
+                key: {"median_s": _median(s, key), "min_s": min(x[key] for x in s), "max_s": max(x[key] for x in s)}
+                for key in s[0]
+            }
+            for mode, s in samples.items()
+        }
+        return {
+            "replicas": replicas,
+            "runs": runs,
+            "cpus": os.cpu_count(),
+            "oci_runtime": podman.oci_runtime,
+            "podman": subprocess.run([podman.podman, "--version"], capture_output=True, text=True).stdout.strip(),
+            "time": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "summary": summary,
+            "cold": cold,
+            "samples": samples,
+        }
     finally:
         images.remove_images(podman, [tag])
 
 
 def containers_markdown(results: dict[str, Any]) -> str:
     n, s = results["replicas"], results["summary"]
-    lines = [f"{n} replicas through the local backend's node agent, on the host vs in podman containers "
-             f"({results['podman']}, OCI runtime {os.path.basename(results['oci_runtime'])}; {results['cpus']} CPUs "
-             f"shared with other work; medians of {results['runs']} runs after a cold one; {results['time']}).", "",
-             "Seconds from just before the submit: *reported* = every instance running in our store; *processes* = "
-             "every replica's command started (its marker exists); *cancel* = cancel until the job is cancelled "
-             "(containers: and every container removed). *podman alone*: the anchor, N `podman run -d` at once, "
-             "then `podman rm -f -t 2` of all.", "",
-             "| mode | reported | processes | cancel |", "|---|---|---|---|"]
+    lines = [
+        f"{n} replicas through the local backend's node agent, on the host vs in podman containers "
+        f"({results['podman']}, OCI runtime {os.path.basename(results['oci_runtime'])}; {results['cpus']} CPUs "
+        f"shared with other work; medians of {results['runs']} runs after a cold one; {results['time']}).",
+        "",
+        "Seconds from just before the submit: *reported* = every instance running in our store; *processes* = "
+        "every replica's command started (its marker exists); *cancel* = cancel until the job is cancelled "
+        "(containers: and every container removed). *podman alone*: the anchor, N `podman run -d` at once, "
+        "then `podman rm -f -t 2` of all.",
+        "",
+        "| mode | reported | processes | cancel |",
+        "|---|---|---|---|",
+    ]
     for mode, e in s.items():
         reported = f"{e['reported']['median_s']:.3f}" if "reported" in e else "-"
         lines.append(f"| {mode} | {reported} | {e['processes']['median_s']:.3f} | {e['cancel']['median_s']:.3f} |")
-    lines += ["", "A container's `sleep` is its PID 1, which ignores SIGTERM (as in Kubernetes without an init): "
-              "cancel waits the controller's grace, then the agent kills the podman client and removes the container.",
-              "", "![containers vs host](/bench/results/controller_containers.png)"]
+    lines += [
+        "",
+        "A container's `sleep` is its PID 1, which ignores SIGTERM (as in Kubernetes without an init): "
+        "cancel waits the controller's grace, then the agent kills the podman client and removes the container.",
+        "",
+        "![containers vs host](/bench/results/controller_containers.png)",
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -51,8 +51,14 @@ WALLCLOCK_TUNING_SEEDS = [1, 2, 3]
 WALLCLOCK_SEEDS = [41, 42, 43, 44, 45]
 """Held-out seeds of the wall-clock runs, fresh for the straggler setup (11-13 and 21-25 were
 used once each by earlier setups without stragglers, see docs/flsched.md)."""
-WALLCLOCK_SETUP = {"num_devices": 20, "per_round": 3, "speedup": 100.0, "stragglers": 0.25,
-                   "straggler_factor": 10.0, "time_limit": 90.0}
+WALLCLOCK_SETUP = {
+    "num_devices": 20,
+    "per_round": 3,
+    "speedup": 100.0,
+    "stragglers": 0.25,
+    "straggler_factor": 10.0,
+    "time_limit": 90.0,
+}
 """The same for every scheduler: 20 devices, 3 per job per round, a quarter of the pool 10x
 slower in compute and link (deployed FL's slow tail, where scheduling matters)."""
 WALLCLOCK_SCHEDULERS = ["sa", "greedy", "random", "oort"]
@@ -70,7 +76,11 @@ OUT = Path(__file__).resolve().parent / "results"
 def spread(values: list[float]) -> dict:
     """Median, quartiles and range (inf = some seed never reached the targets)."""
     v = np.asarray(values, dtype=float)
-    q = np.percentile(v, [0, 25, 50, 75, 100]) if np.isfinite(v).all() else np.sort(v)[[0, len(v) // 4, len(v) // 2, (3 * len(v)) // 4, -1]]
+    q = (
+        np.percentile(v, [0, 25, 50, 75, 100])
+        if np.isfinite(v).all()
+        else np.sort(v)[[0, len(v) // 4, len(v) // 2, (3 * len(v)) // 4, -1]]
+    )
     return dict(zip(["min", "p25", "median", "p75", "max"], [float(x) for x in q]))
 
 
@@ -93,8 +103,9 @@ def quality_case(family: str, K: int, M: int, seed: int) -> dict:
         schedules[name] = sched.schedule(p)
         seconds[name], cpu[name] = time.perf_counter() - t0, time.process_time() - c0
         assert violations(p, schedules[name]) == [], (name, violations(p, schedules[name]))
-    ref = make_scheduler("sa", seed=seed + 10_000, chains=REFERENCE_CHAINS,
-                         moves=REFERENCE_FACTOR * make_scheduler("sa").move_budget(p))
+    ref = make_scheduler(
+        "sa", seed=seed + 10_000, chains=REFERENCE_CHAINS, moves=REFERENCE_FACTOR * make_scheduler("sa").move_budget(p)
+    )
     t0 = time.perf_counter()
     schedules["reference"] = ref.schedule(p)
     seconds["reference"] = time.perf_counter() - t0
@@ -108,12 +119,22 @@ def quality_case(family: str, K: int, M: int, seed: int) -> dict:
     fresh_costs = {n: fresh.cost(s) for n, s in schedules.items()}
     best = min(costs.values())
     fixed = fixed_part(exact)
-    return {"family": family, "devices": K, "jobs": M, "seed": seed, "per_round": int(p.per_round[0]),
-            "fairness_weight": p.weight_fairness, "cost": costs, "fresh_sample_cost": fresh_costs,
-            "best_known": best, "fixed_part": fixed,
-            "ratio": {n: c / best for n, c in costs.items()},
-            "controllable_ratio": {n: (c - fixed) / (best - fixed) for n, c in costs.items()},
-            "seconds": seconds, "cpu_seconds": cpu}
+    return {
+        "family": family,
+        "devices": K,
+        "jobs": M,
+        "seed": seed,
+        "per_round": int(p.per_round[0]),
+        "fairness_weight": p.weight_fairness,
+        "cost": costs,
+        "fresh_sample_cost": fresh_costs,
+        "best_known": best,
+        "fixed_part": fixed,
+        "ratio": {n: c / best for n, c in costs.items()},
+        "controllable_ratio": {n: (c - fixed) / (best - fixed) for n, c in costs.items()},
+        "seconds": seconds,
+        "cpu_seconds": cpu,
+    }
 
 
 def quality(seeds: list[int]) -> list[dict]:
@@ -123,9 +144,12 @@ def quality(seeds: list[int]) -> list[dict]:
             for seed in seeds:
                 row = quality_case(family, K, M, seed)
                 rows.append(row)
-                print(f"{K}x{M} {family:13s} seed {seed}: sa/best {row['ratio']['sa']:.4f} "
-                      f"(controllable {row['controllable_ratio']['sa']:.4f}), greedy {row['ratio']['greedy']:.4f}, "
-                      f"sa {1000 * row['seconds']['sa']:.0f} ms", flush=True)
+                print(
+                    f"{K}x{M} {family:13s} seed {seed}: sa/best {row['ratio']['sa']:.4f} "
+                    f"(controllable {row['controllable_ratio']['sa']:.4f}), greedy {row['ratio']['greedy']:.4f}, "
+                    f"sa {1000 * row['seconds']['sa']:.0f} ms",
+                    flush=True,
+                )
     return rows
 
 
@@ -140,15 +164,22 @@ def summarise(rows: list[dict]) -> dict:
             vals = [r["ratio"][n] for r in sel if n in r["ratio"]]
             ctrl = [r["controllable_ratio"][n] for r in sel if n in r["ratio"]]
             if vals:
-                entry[n] = {"median_ratio": statistics.median(vals), "max_ratio": max(vals),
-                            "median_controllable_ratio": statistics.median(ctrl), "max_controllable_ratio": max(ctrl)}
+                entry[n] = {
+                    "median_ratio": statistics.median(vals),
+                    "max_ratio": max(vals),
+                    "median_controllable_ratio": statistics.median(ctrl),
+                    "max_controllable_ratio": max(ctrl),
+                }
         entry["sa_ms_median"] = 1000 * statistics.median(r["seconds"]["sa"] for r in sel)
         entry["sa_cpu_ms_median"] = 1000 * statistics.median(r["cpu_seconds"]["sa"] for r in sel)
         entry["sa_over_reference_max"] = max(r["cost"]["sa"] / r["cost"]["reference"] for r in sel)
         entry["sa_not_above_greedy"] = sum(r["cost"]["sa"] <= r["cost"]["greedy"] * (1 + 1e-12) for r in sel)
-        entry["sa_not_above_greedy_fresh"] = sum(r["fresh_sample_cost"]["sa"] <= r["fresh_sample_cost"]["greedy"] for r in sel)
-        entry["fresh_vs_exact_max_rel_diff"] = max(abs(r["fresh_sample_cost"][n] - r["cost"][n]) / r["cost"][n]
-                                                   for r in sel for n in r["cost"])
+        entry["sa_not_above_greedy_fresh"] = sum(
+            r["fresh_sample_cost"]["sa"] <= r["fresh_sample_cost"]["greedy"] for r in sel
+        )
+        entry["fresh_vs_exact_max_rel_diff"] = max(
+            abs(r["fresh_sample_cost"][n] - r["cost"][n]) / r["cost"][n] for r in sel for n in r["cost"]
+        )
         entry["problems"] = len(sel)
         out[f"{K}x{M}"] = entry
     return out
@@ -165,10 +196,15 @@ def decision_times(repeats: int) -> dict:
             sched.schedule(p)
             runs.append(1000 * (time.perf_counter() - t0))
             cpu.append(1000 * (time.process_time() - c0))
-        out[f"{K}x{M}"] = {"median_ms": statistics.median(runs), "runs_ms": runs,
-                           "median_cpu_ms": statistics.median(cpu), "cpu_ms": cpu,
-                           "per_round": int(p.per_round[0]), "load_average_1min": os.getloadavg()[0],
-                           "cpus": os.cpu_count()}
+        out[f"{K}x{M}"] = {
+            "median_ms": statistics.median(runs),
+            "runs_ms": runs,
+            "median_cpu_ms": statistics.median(cpu),
+            "cpu_ms": cpu,
+            "per_round": int(p.per_round[0]),
+            "load_average_1min": os.getloadavg()[0],
+            "cpus": os.cpu_count(),
+        }
         print("decision", K, M, out[f"{K}x{M}"]["median_ms"], out[f"{K}x{M}"]["median_cpu_ms"], flush=True)
     return out
 
@@ -179,15 +215,22 @@ def simulation_rows(seeds: list[int], max_rounds: int) -> dict:
         totals, accs, decisions = [], [], []
         for seed in seeds:
             p = make_problem(100, 3, 10, seed, weights={"time": 1.0, "fairness": FAIRNESS_WEIGHT})
-            res = simulate(p, make_scheduler(name, seed=seed, **OPTIONS.get(name, {})), seed=seed, max_rounds=max_rounds)
+            res = simulate(
+                p, make_scheduler(name, seed=seed, **OPTIONS.get(name, {})), seed=seed, max_rounds=max_rounds
+            )
             totals.append(res.total_time if res.total_time is not None else float("inf"))
             decisions.extend(res.decision_seconds)
             fixed = simulate(p, make_scheduler(name, seed=seed, **OPTIONS.get(name, {})), seed=seed, rounds=60)
             accs.append(float(np.mean([tr.final_accuracy() for tr in fixed.jobs])))
-        rows[name] = {"total_time_per_seed": totals, "median_total_time": statistics.median(totals),
-                      "total_time_spread": spread(totals), "accuracy_at_60_rounds_per_seed": accs,
-                      "median_accuracy_at_60_rounds": statistics.median(accs), "accuracy_spread": spread(accs),
-                      "decision_ms_median": 1000 * statistics.median(decisions)}
+        rows[name] = {
+            "total_time_per_seed": totals,
+            "median_total_time": statistics.median(totals),
+            "total_time_spread": spread(totals),
+            "accuracy_at_60_rounds_per_seed": accs,
+            "median_accuracy_at_60_rounds": statistics.median(accs),
+            "accuracy_spread": spread(accs),
+            "decision_ms_median": 1000 * statistics.median(decisions),
+        }
         print(name, rows[name]["median_total_time"], rows[name]["median_accuracy_at_60_rounds"], flush=True)
     base = rows["random"]["median_total_time"]
     for r in rows.values():
@@ -210,8 +253,12 @@ def runtime_rows(seeds: list[int]) -> dict:
             ttt = [j.time_to_target for j in jobs]
             totals.append(max(ttt) if all(t is not None for t in ttt) else float("inf"))
             accs.append(float(np.mean([j.curve[-1][1] for j in jobs])))
-        rows[name] = {"time_to_all_targets_per_seed": totals, "median_time_to_all_targets": statistics.median(totals),
-                      "time_spread": spread(totals), "median_final_accuracy": statistics.median(accs)}
+        rows[name] = {
+            "time_to_all_targets_per_seed": totals,
+            "median_time_to_all_targets": statistics.median(totals),
+            "time_spread": spread(totals),
+            "median_final_accuracy": statistics.median(accs),
+        }
         print("runtime", name, rows[name], flush=True)
     return rows
 
@@ -231,21 +278,27 @@ def wallclock_rows(seeds: list[int], fairness_weight: float) -> dict:
     for name in WALLCLOCK_SCHEDULERS:
         totals, finals, curves = [], [], []
         for seed in seeds:
-            res = run_wallclock(make_scheduler(name, seed=seed), seed=seed, fairness_weight=fairness_weight,
-                                **WALLCLOCK_SETUP)
+            res = run_wallclock(
+                make_scheduler(name, seed=seed), seed=seed, fairness_weight=fairness_weight, **WALLCLOCK_SETUP
+            )
             t_all = res.time_to_all_targets
             totals.append(t_all if t_all is not None else float("inf"))
             finals.append(float(np.mean([j.curve[-1][1] if j.curve else 0.0 for j in res.jobs])))
             curves.append({j.name: j.curve for j in res.jobs})
             print("wallclock", name, seed, t_all, [(j.name, j.rounds) for j in res.jobs], flush=True)
-        rows[name] = {"time_to_all_targets_per_seed": totals, "median_time_to_all_targets": statistics.median(totals),
-                      "final_mean_accuracy_per_seed": finals, "median_final_mean_accuracy": statistics.median(finals),
-                      "curves": curves}
+        rows[name] = {
+            "time_to_all_targets_per_seed": totals,
+            "median_time_to_all_targets": statistics.median(totals),
+            "final_mean_accuracy_per_seed": finals,
+            "median_final_mean_accuracy": statistics.median(finals),
+            "curves": curves,
+        }
     base = rows["random"]["median_time_to_all_targets"]
     sa_times = rows["sa"]["time_to_all_targets_per_seed"]
     for r in rows.values():  # accuracy at the moment sa had every job at its target (same seed)
-        r["mean_accuracy_at_sa_done_per_seed"] = [accuracy_at(c, t) if np.isfinite(t) else None
-                                                  for c, t in zip(r["curves"], sa_times)]
+        r["mean_accuracy_at_sa_done_per_seed"] = [
+            accuracy_at(c, t) if np.isfinite(t) else None for c, t in zip(r["curves"], sa_times)
+        ]
     for r in rows.values():
         med = r["median_time_to_all_targets"]
         r["speedup_vs_random"] = base / med if np.isfinite(med) and np.isfinite(base) else None
@@ -266,8 +319,9 @@ def write_wallclock_plot(rows: dict) -> None:
             for ax, job in zip(axes, jobs):
                 pts = curves[job]
                 if pts:
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, alpha=0.7,
-                            label=name if i == 0 else None)
+                    ax.plot(
+                        [p[0] for p in pts], [p[1] for p in pts], color=color, alpha=0.7, label=name if i == 0 else None
+                    )
     from trainmaster.flsched.wallclock import JOBS
 
     targets = {name: target for name, _, target in JOBS}
@@ -312,18 +366,27 @@ def wallclock_goal(rows: dict | None) -> str:
     speed = sa["speedup_vs_random"]
     # accuracy no lower: sa reaches every target wherever random does, and when sa has all its
     # targets random's jobs are on average no more accurate (same seed, same wall time)
-    reached = all(np.isfinite(s) or not np.isfinite(r) for s, r in
-                  zip(sa["time_to_all_targets_per_seed"], rnd["time_to_all_targets_per_seed"]))
-    at = [(a, b) for a, b in zip(sa.get("mean_accuracy_at_sa_done_per_seed", []),
-                                 rnd.get("mean_accuracy_at_sa_done_per_seed", [])) if a is not None]
+    reached = all(
+        np.isfinite(s) or not np.isfinite(r)
+        for s, r in zip(sa["time_to_all_targets_per_seed"], rnd["time_to_all_targets_per_seed"])
+    )
+    at = [
+        (a, b)
+        for a, b in zip(
+            sa.get("mean_accuracy_at_sa_done_per_seed", []), rnd.get("mean_accuracy_at_sa_done_per_seed", [])
+        )
+        if a is not None
+    ]
     no_lower = reached and all(a >= b for a, b in at)
     ok = speed is not None and speed >= 2.0 and no_lower
-    return (f"- real wall-clock time to all targets, sa >= 2x faster than random with accuracy no lower: "
-            f"{'met' if ok else 'NOT met'} (medians: sa {sa['median_time_to_all_targets']:.1f} s, random "
-            f"{rnd['median_time_to_all_targets']:.1f} s, {'n/a' if speed is None else f'{speed:.2f}x'}; sa reaches every "
-            f"target wherever random does: {'yes' if reached else 'no'}; mean accuracy when sa had all targets, sa vs "
-            f"random: {', '.join(f'{a:.3f} vs {b:.3f}' for a, b in at)}; median final mean accuracy (each job stopped "
-            f"at its target) {sa['median_final_mean_accuracy']:.3f} vs {rnd['median_final_mean_accuracy']:.3f}).")
+    return (
+        f"- real wall-clock time to all targets, sa >= 2x faster than random with accuracy no lower: "
+        f"{'met' if ok else 'NOT met'} (medians: sa {sa['median_time_to_all_targets']:.1f} s, random "
+        f"{rnd['median_time_to_all_targets']:.1f} s, {'n/a' if speed is None else f'{speed:.2f}x'}; sa reaches every "
+        f"target wherever random does: {'yes' if reached else 'no'}; mean accuracy when sa had all targets, sa vs "
+        f"random: {', '.join(f'{a:.3f} vs {b:.3f}' for a, b in at)}; median final mean accuracy (each job stopped "
+        f"at its target) {sa['median_final_mean_accuracy']:.3f} vs {rnd['median_final_mean_accuracy']:.3f})."
+    )
 
 
 def write_markdown(result: dict) -> None:
@@ -343,35 +406,51 @@ def write_markdown(result: dict) -> None:
         cells = [f"{e[n]['max_ratio']:.4f} ({e[n]['max_controllable_ratio']:.3f})" if n in e else "-" for n in names]
         lines.append(f"| {size} | " + " | ".join(cells) + f" | {e['sa_ms_median']:.0f} ({e['sa_cpu_ms_median']:.0f}) |")
     worst_fresh = max(e["fresh_vs_exact_max_rel_diff"] for e in s.values())
-    lines += ["", f"Fresh samples ({FRESH_SAMPLES} draws per problem, drawn after scheduling) agree with the exact "
-                  f"price to within {100 * worst_fresh:.2f}% on every schedule.", ""]
+    lines += [
+        "",
+        f"Fresh samples ({FRESH_SAMPLES} draws per problem, drawn after scheduling) agree with the exact "
+        f"price to within {100 * worst_fresh:.2f}% on every schedule.",
+        "",
+    ]
     d = result["decision_time"]
-    lines += [f"sa decision time (median of {len(d['100x5']['runs_ms'])}, heterogeneous family): 100 devices x 5 jobs "
-              f"{d['100x5']['median_ms']:.1f} ms wall / {d['100x5']['median_cpu_ms']:.1f} ms CPU; 1,000 x 10 "
-              f"{d['1000x10']['median_ms']:.0f} ms wall / {d['1000x10']['median_cpu_ms']:.0f} ms CPU"
-              + (f" (1-minute load average {d['100x5']['load_average_1min']:.1f} on {d['100x5']['cpus']} CPUs while "
-                 "measuring: wall time is mostly waiting for a core)" if "load_average_1min" in d["100x5"] else "")
-              + ".", ""]
+    lines += [
+        f"sa decision time (median of {len(d['100x5']['runs_ms'])}, heterogeneous family): 100 devices x 5 jobs "
+        f"{d['100x5']['median_ms']:.1f} ms wall / {d['100x5']['median_cpu_ms']:.1f} ms CPU; 1,000 x 10 "
+        f"{d['1000x10']['median_ms']:.0f} ms wall / {d['1000x10']['median_cpu_ms']:.0f} ms CPU"
+        + (
+            f" (1-minute load average {d['100x5']['load_average_1min']:.1f} on {d['100x5']['cpus']} CPUs while "
+            "measuring: wall time is mostly waiting for a core)"
+            if "load_average_1min" in d["100x5"]
+            else ""
+        )
+        + ".",
+        "",
+    ]
     wc = result.get("wallclock")
     if wc:
         setup = result.get("wallclock_setup", WALLCLOCK_SETUP)
-        lines += [f"Wall-clock runtime ({setup['num_devices']} device processes sleeping their drawn time at "
-                  f"{setup['speedup']:g}x, token-bucket links, {100 * setup['stragglers']:.0f}% of the devices "
-                  f"{setup['straggler_factor']:g}x slower; digits/wine/breast-cancer, {setup['per_round']} devices per "
-                  f"job per round; setup chosen on tuning seeds {result.get('wallclock_tuning_seeds', '?')}, reported on "
-                  f"{'fresh ' if result.get('wallclock_seeds') == WALLCLOCK_SEEDS else 'TUNING '}seeds "
-                  f"{result.get('wallclock_seeds', WALLCLOCK_SEEDS)}; fairness weight "
-                  f"{result['wallclock_fairness_weight']:g}; plot: flsched-wallclock.png). Each job stops at its "
-                  "target (digits 0.85, wine 0.92, breast cancer 0.93) or after 60 rounds.", "",
-                  "| scheduler | wall s to all targets per seed | median | vs random | median final mean accuracy "
-                  "| mean accuracy when sa had all targets, per seed |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            f"Wall-clock runtime ({setup['num_devices']} device processes sleeping their drawn time at "
+            f"{setup['speedup']:g}x, token-bucket links, {100 * setup['stragglers']:.0f}% of the devices "
+            f"{setup['straggler_factor']:g}x slower; digits/wine/breast-cancer, {setup['per_round']} devices per "
+            f"job per round; setup chosen on tuning seeds {result.get('wallclock_tuning_seeds', '?')}, reported on "
+            f"{'fresh ' if result.get('wallclock_seeds') == WALLCLOCK_SEEDS else 'TUNING '}seeds "
+            f"{result.get('wallclock_seeds', WALLCLOCK_SEEDS)}; fairness weight "
+            f"{result['wallclock_fairness_weight']:g}; plot: flsched-wallclock.png). Each job stops at its "
+            "target (digits 0.85, wine 0.92, breast cancer 0.93) or after 60 rounds.",
+            "",
+            "| scheduler | wall s to all targets per seed | median | vs random | median final mean accuracy "
+            "| mean accuracy when sa had all targets, per seed |",
+            "|---|---|---|---|---|---|",
+        ]
         for name, r in wc.items():
             per = ", ".join("never" if not np.isfinite(x) else f"{x:.1f}" for x in r["time_to_all_targets_per_seed"])
             sp = "-" if r["speedup_vs_random"] is None else f"{r['speedup_vs_random']:.2f}x"
             at_sa = ", ".join("-" if a is None else f"{a:.3f}" for a in r.get("mean_accuracy_at_sa_done_per_seed", []))
-            lines.append(f"| {name} | {per} | {r['median_time_to_all_targets']:.1f} | {sp} | "
-                         f"{r['median_final_mean_accuracy']:.3f} | {at_sa} |")
+            lines.append(
+                f"| {name} | {per} | {r['median_time_to_all_targets']:.1f} | {sp} | "
+                f"{r['median_final_mean_accuracy']:.3f} | {at_sa} |"
+            )
         lines.append("")
     lines += ["Goals of the issue, judged from these numbers:", "", *goals(result), ""]
     (OUT / "flsched.md").write_text("\n".join(lines))
@@ -411,13 +490,23 @@ def main() -> None:
     ap.add_argument("--simulate", action="store_true", help="also the simulated time-to-accuracy section")
     ap.add_argument("--runtime", action="store_true", help="also the FedAvg runtime section (simulated clock)")
     ap.add_argument("--wallclock", action="store_true", help="also the wall-clock runtime (about 5 minutes)")
-    ap.add_argument("--wallclock-only", action="store_true", help="only the wall-clock runtime, merged into the last results")
-    ap.add_argument("--decision-only", action="store_true",
-                    help="only re-measure sa's decision times, merged into the last results")
-    ap.add_argument("--wallclock-tuning", action="store_true",
-                    help="run the wall-clock section on the tuning seeds instead of the held-out ones")
-    ap.add_argument("--fairness-weight", type=float, default=600.0,
-                    help="fairness weight of the wall-clock runs (600: chosen on tuning seeds 1-3)")
+    ap.add_argument(
+        "--wallclock-only", action="store_true", help="only the wall-clock runtime, merged into the last results"
+    )
+    ap.add_argument(
+        "--decision-only", action="store_true", help="only re-measure sa's decision times, merged into the last results"
+    )
+    ap.add_argument(
+        "--wallclock-tuning",
+        action="store_true",
+        help="run the wall-clock section on the tuning seeds instead of the held-out ones",
+    )
+    ap.add_argument(
+        "--fairness-weight",
+        type=float,
+        default=600.0,
+        help="fairness weight of the wall-clock runs (600: chosen on tuning seeds 1-3)",
+    )
     args = ap.parse_args()
     if not 1 <= args.seeds <= len(EVAL_SEEDS):
         raise SystemExit(f"--seeds must be 1-{len(EVAL_SEEDS)}")
@@ -434,8 +523,7 @@ def main() -> None:
         # baselines: their idle worker threads spin for a while and count in process CPU time
         decisions = decision_times(7)
         rows = quality(seeds)
-        result = {"eval_seeds": seeds, "quality": rows, "quality_summary": summarise(rows),
-                  "decision_time": decisions}
+        result = {"eval_seeds": seeds, "quality": rows, "quality_summary": summarise(rows), "decision_time": decisions}
         if not args.wallclock and (OUT / "flsched.json").exists():  # keep the last wall-clock section
             last = json.loads((OUT / "flsched.json").read_text())
             result.update({k: v for k, v in last.items() if k.startswith("wallclock")})

@@ -43,7 +43,15 @@ from trainmaster.gateway.crypto import Identity, make_header, seal
 from trainmaster.gateway.gate import EnvelopeGate
 from trainmaster.gateway.localdeploy import Deployment
 from trainmaster.gateway.models import (
-    DataReceive, DataTransfer, Envelope, LegAssignment, LegOutcomePayload, MessageKind, RuleCall, TaskCreate, TaskRegister,
+    DataReceive,
+    DataTransfer,
+    Envelope,
+    LegAssignment,
+    LegOutcomePayload,
+    MessageKind,
+    RuleCall,
+    TaskCreate,
+    TaskRegister,
     TaskResult,
 )
 from trainmaster.gateway.provision import load_identity, load_roster
@@ -56,8 +64,12 @@ CALL = RuleCall(rule="row_count")
 
 async def _post(http: httpx.AsyncClient, url: str, env: Envelope, roster: dict[str, Any]) -> httpx.Response:
     to = roster[env.header.recipient]
-    return await http.post(url, content=env.model_dump_json(), headers={"content-type": "application/json"},
-                           extensions=expect(to.name, to.role))
+    return await http.post(
+        url,
+        content=env.model_dump_json(),
+        headers={"content-type": "application/json"},
+        extensions=expect(to.name, to.role),
+    )
 
 
 class Caller:
@@ -68,30 +80,45 @@ class Caller:
         self.me: Identity = load_identity(cfg)
         self.roster = load_roster(cfg.roster)
         self.gate = EnvelopeGate(self.me, self.roster, SeenTable("sqlite://"), cfg.skew_s)
-        self.http = httpx.AsyncClient(verify=client_ssl_context(cfg), timeout=120,
-                                      limits=httpx.Limits(max_connections=max_connections,
-                                                          max_keepalive_connections=max_connections))
+        self.http = httpx.AsyncClient(
+            verify=client_ssl_context(cfg),
+            timeout=120,
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        )
 
     def seal(self, to: str, kind: MessageKind, task_id: str, data_id: str, payload: Any) -> Envelope:
-        return seal(self.me, self.roster[to], make_header(self.me.name, to, kind.value, task_id, data_id, 300),
-                    payload.model_dump(mode="json"))
+        return seal(
+            self.me,
+            self.roster[to],
+            make_header(self.me.name, to, kind.value, task_id, data_id, 300),
+            payload.model_dump(mode="json"),
+        )
 
 
 async def _create_tasks(ini: Caller, dep: Deployment, tasks: list[str], parties: list[str]) -> None:
     sem = asyncio.Semaphore(16)  # executor start-up is CPU-bound; do not stampede two cores
 
     async def register(task_id: str) -> None:
-        req = TaskRegister(task_id=task_id, legs=[LegAssignment(data_id=f"m_{p}", party=p, call=CALL) for p in parties],
-                           deadline_s=900)
-        resp = await _post(ini.http, f"{dep.url('gateway')}/v1/tasks",
-                           ini.seal("gateway", MessageKind.task_register, task_id, "*", req), ini.roster)
+        req = TaskRegister(
+            task_id=task_id, legs=[LegAssignment(data_id=f"m_{p}", party=p, call=CALL) for p in parties], deadline_s=900
+        )
+        resp = await _post(
+            ini.http,
+            f"{dep.url('gateway')}/v1/tasks",
+            ini.seal("gateway", MessageKind.task_register, task_id, "*", req),
+            ini.roster,
+        )
         resp.raise_for_status()
 
     async def one(task_id: str, p: str) -> None:
         async with sem:
             req = TaskCreate(task_id=task_id, party=p, data_id=f"m_{p}", call=CALL, deadline_s=900)
-            resp = await _post(ini.http, f"{dep.url(p)}/v1/tasks", ini.seal(p, MessageKind.task_create, task_id, f"m_{p}", req),
-                               ini.roster)
+            resp = await _post(
+                ini.http,
+                f"{dep.url(p)}/v1/tasks",
+                ini.seal(p, MessageKind.task_create, task_id, f"m_{p}", req),
+                ini.roster,
+            )
             resp.raise_for_status()
 
     await asyncio.gather(*(register(t) for t in tasks))
@@ -103,13 +130,22 @@ async def _direct(gw: Caller, dep: Deployment, task_id: str, parties: list[str])
 
     async def leg(p: str) -> None:
         req = DataTransfer(task_id=task_id, data_id=f"m_{p}", call=CALL)
-        resp = await _post(gw.http, f"{dep.url(p)}/v1/transfer", gw.seal(p, MessageKind.data_transfer, task_id, f"m_{p}", req),
-                           gw.roster)
+        resp = await _post(
+            gw.http,
+            f"{dep.url(p)}/v1/transfer",
+            gw.seal(p, MessageKind.data_transfer, task_id, f"m_{p}", req),
+            gw.roster,
+        )
         resp.raise_for_status()
         from trainmaster.gateway.app import TransferPayload
 
-        _s, payload = gw.gate.open(Envelope.model_validate_json(resp.content), MessageKind.transfer_result, {"party"},
-                                   TransferPayload, check_peer=False)
+        _s, payload = gw.gate.open(
+            Envelope.model_validate_json(resp.content),
+            MessageKind.transfer_result,
+            {"party"},
+            TransferPayload,
+            check_peer=False,
+        )
         assert payload.ok and payload.attestation is not None
 
     await asyncio.gather(*(leg(p) for p in parties))
@@ -121,12 +157,17 @@ async def _through_gateway(ini: Caller, dep: Deployment, task_id: str, parties: 
 
     t0 = time.perf_counter()
     req = DataReceive(task_id=task_id, data_ids=[f"m_{p}" for p in parties])
-    resp = await _post(ini.http, f"{dep.url('gateway')}/v1/receive", ini.seal("gateway", MessageKind.data_receive, task_id, "*", req),
-                       ini.roster)
+    resp = await _post(
+        ini.http,
+        f"{dep.url('gateway')}/v1/receive",
+        ini.seal("gateway", MessageKind.data_receive, task_id, "*", req),
+        ini.roster,
+    )
     resp.raise_for_status()
     for leg in TaskResult.model_validate_json(resp.content).legs:
-        _s, out = ini.gate.open(leg.envelope, MessageKind.task_result, {"gateway"}, LegOutcomePayload, check_peer=False,
-                                once=False)
+        _s, out = ini.gate.open(
+            leg.envelope, MessageKind.task_result, {"gateway"}, LegOutcomePayload, check_peer=False, once=False
+        )
         assert out.outcome.value == "result" and out.attestation is not None, out.detail
         verify_attestation(out.attestation, ini.roster[out.attestation.body.party], task_id, leg.data_id)
     return time.perf_counter() - t0
@@ -161,16 +202,38 @@ def bench_config(n_parties: int, n_tasks: int, n_seq: int, runs: int) -> dict[st
     for run in range(runs):
         with tempfile.TemporaryDirectory(prefix="tm-gw-bench-") as root:
             parties = [f"p{i}" for i in range(n_parties)]
-            dep = Deployment(Path(root), parties, overrides={
-                "gateway": {"party_concurrency": 64, "max_inflight_tasks": 1024, "task_queue_depth": 4,
-                            "max_open_legs_per_party": 4096, "max_connections": 4096},
-                **{p: {"executor_start_timeout_s": 120, "max_executors": 4096, "max_connections": 4096,
-                       "privacy_budget": 10**9} for p in parties}}).start_all()
+            dep = Deployment(
+                Path(root),
+                parties,
+                overrides={
+                    "gateway": {
+                        "party_concurrency": 64,
+                        "max_inflight_tasks": 1024,
+                        "task_queue_depth": 4,
+                        "max_open_legs_per_party": 4096,
+                        "max_connections": 4096,
+                    },
+                    **{
+                        p: {
+                            "executor_start_timeout_s": 120,
+                            "max_executors": 4096,
+                            "max_connections": 4096,
+                            "privacy_budget": 10**9,
+                        }
+                        for p in parties
+                    },
+                },
+            ).start_all()
             try:
                 per_run.append(asyncio.run(_one_run(dep, n_tasks, n_seq, run)))
             finally:
                 dep.stop_all()
-    row: dict[str, Any] = {"parties": n_parties, "concurrent_tasks": n_tasks, "legs_per_run": n_tasks * n_parties, "runs": runs}
+    row: dict[str, Any] = {
+        "parties": n_parties,
+        "concurrent_tasks": n_tasks,
+        "legs_per_run": n_tasks * n_parties,
+        "runs": runs,
+    }
     for path in ("direct", "gateway"):
         row[f"{path}_p50_ms"] = statistics.median(float(np.percentile(r[path], 50)) * 1e3 for r in per_run)
         row[f"{path}_p99_ms"] = statistics.median(float(np.percentile(r[path], 99)) * 1e3 for r in per_run)
@@ -200,20 +263,26 @@ async def _front_run(dep: Deployment, n_tasks: int, run: int) -> dict[str, Any]:
     async def post(path: str, kind: MessageKind, task_id: str, payload: Any) -> httpx.Response:
         for attempt in range(3):
             try:
-                return await _post(ini.http, f"{dep.url('gateway')}{path}", ini.seal("gateway", kind, task_id, "*", payload),
-                                   ini.roster)
+                return await _post(
+                    ini.http,
+                    f"{dep.url('gateway')}{path}",
+                    ini.seal("gateway", kind, task_id, "*", payload),
+                    ini.roster,
+                )
             except httpx.TransportError as exc:
                 if attempt == 2:
                     raise
                 retries.append(f"{path}: {type(exc).__name__}")
-                await asyncio.sleep(0.25 * 2 ** attempt)
+                await asyncio.sleep(0.25 * 2**attempt)
         raise AssertionError("unreachable")
 
     async def flow(i: int) -> float | None:
         task_id = f"f{run}x{i}"
         t0 = time.perf_counter()
         try:
-            reg = TaskRegister(task_id=task_id, legs=[LegAssignment(data_id="m_p0", party="p0", call=CALL)], deadline_s=900)
+            reg = TaskRegister(
+                task_id=task_id, legs=[LegAssignment(data_id="m_p0", party="p0", call=CALL)], deadline_s=900
+            )
             resp = await post("/v1/tasks", MessageKind.task_register, task_id, reg)
             if resp.status_code not in (200, 201):  # 200: a retried create the gateway had already done
                 errors.append(f"create {resp.status_code}: {resp.text[:120]}")
@@ -224,8 +293,9 @@ async def _front_run(dep: Deployment, n_tasks: int, run: int) -> dict[str, Any]:
                 errors.append(f"receive {resp.status_code}: {resp.text[:120]}")
                 return None
             (leg,) = TaskResult.model_validate_json(resp.content).legs
-            _s, out = ini.gate.open(leg.envelope, MessageKind.task_result, {"gateway"}, LegOutcomePayload,
-                                    check_peer=False, once=False)
+            _s, out = ini.gate.open(
+                leg.envelope, MessageKind.task_result, {"gateway"}, LegOutcomePayload, check_peer=False, once=False
+            )
             if out.outcome.value != "party_unavailable" or out.final:
                 errors.append(f"unexpected outcome {out.outcome.value} final={out.final}")
                 return None
@@ -239,9 +309,14 @@ async def _front_run(dep: Deployment, n_tasks: int, run: int) -> dict[str, Any]:
     wall = time.perf_counter() - t0
     await ini.http.aclose()
     ok = [x for x in lat if x is not None]
-    return {"ok": len(ok), "errors": errors, "retries": retries, "wall_s": wall,
-            "p50_s": float(np.percentile(ok, 50)) if ok else float("nan"),
-            "p99_s": float(np.percentile(ok, 99)) if ok else float("nan")}
+    return {
+        "ok": len(ok),
+        "errors": errors,
+        "retries": retries,
+        "wall_s": wall,
+        "p50_s": float(np.percentile(ok, 50)) if ok else float("nan"),
+        "p99_s": float(np.percentile(ok, 99)) if ok else float("nan"),
+    }
 
 
 def bench_front(n_tasks: int, runs: int) -> dict[str, Any]:
@@ -252,8 +327,13 @@ def bench_front(n_tasks: int, runs: int) -> dict[str, Any]:
     per_run = []
     for run in range(runs):
         with tempfile.TemporaryDirectory(prefix="tm-gw-front-") as root:
-            dep = Deployment(Path(root), ["p0"], overrides={
-                "gateway": {"max_inflight_tasks": 4096, "max_open_legs_per_party": 8192, "max_connections": 4096}}).start_all()
+            dep = Deployment(
+                Path(root),
+                ["p0"],
+                overrides={
+                    "gateway": {"max_inflight_tasks": 4096, "max_open_legs_per_party": 8192, "max_connections": 4096}
+                },
+            ).start_all()
             try:
                 gw = psutil.Process(dep.procs["gateway"].pid)
                 out = asyncio.run(_front_run(dep, n_tasks, run))
@@ -263,12 +343,18 @@ def bench_front(n_tasks: int, runs: int) -> dict[str, Any]:
                 dep.stop_all()
     errors = [e for r in per_run for e in r["errors"]]
     retries = [e for r in per_run for e in r["retries"]]
-    return {"concurrent_tasks": n_tasks, "runs": runs, "errors": len(errors), "first_errors": errors[:5],
-            "retries": len(retries), "first_retries": retries[:5],
-            "p50_ms": statistics.median(r["p50_s"] for r in per_run) * 1e3,
-            "p99_ms": statistics.median(r["p99_s"] for r in per_run) * 1e3,
-            "tasks_per_s": statistics.median(n_tasks / r["wall_s"] for r in per_run),
-            "leg_timeout_ms": 1000.0}
+    return {
+        "concurrent_tasks": n_tasks,
+        "runs": runs,
+        "errors": len(errors),
+        "first_errors": errors[:5],
+        "retries": len(retries),
+        "first_retries": retries[:5],
+        "p50_ms": statistics.median(r["p50_s"] for r in per_run) * 1e3,
+        "p99_ms": statistics.median(r["p99_s"] for r in per_run) * 1e3,
+        "tasks_per_s": statistics.median(n_tasks / r["wall_s"] for r in per_run),
+        "leg_timeout_ms": 1000.0,
+    }
 
 
 class PeakRss:
@@ -315,15 +401,20 @@ def _direct_tls_stream(dep: Deployment, source: Path, dest: Path) -> float:
         "conn, _ = srv.accept(); tls = ctx.wrap_socket(conn, server_side=True)\n"
         "with open(sys.argv[4], 'rb') as fh:\n"
         "    while block := fh.read(1 << 20): tls.sendall(block)\n"
-        "tls.close()\n")
-    proc = subprocess.Popen([sys.executable, "-c", server, party.ca, party.cert, party.key, str(source)],
-                            stdout=subprocess.PIPE, text=True)
+        "tls.close()\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", server, party.ca, party.cert, party.key, str(source)], stdout=subprocess.PIPE, text=True
+    )
     try:
         port = int(proc.stdout.readline())  # type: ignore[union-attr]
         ctx = client_ssl_context(ini)
         t0 = time.perf_counter()
-        with socket.create_connection(("127.0.0.1", port)) as raw, \
-                ctx.wrap_socket(raw, server_hostname=expect("p0", "party")["sni_hostname"]) as tls, dest.open("wb") as fh:
+        with (
+            socket.create_connection(("127.0.0.1", port)) as raw,
+            ctx.wrap_socket(raw, server_hostname=expect("p0", "party")["sni_hostname"]) as tls,
+            dest.open("wb") as fh,
+        ):
             while block := tls.recv(1 << 20):
                 fh.write(block)
             fh.flush()
@@ -345,21 +436,32 @@ def bench_large(size_mb: int, runs: int) -> dict[str, Any]:
     weights = {"w": [0.7], "b": -0.2}
     rng = np.random.default_rng(0)
     sample = rng.normal(size=20_000)
-    per_row = len(json.dumps(predict({"x": sample}, PredictParams(features=["x"], weights=weights)),
-                             separators=(",", ":"))) / sample.size
+    per_row = (
+        len(json.dumps(predict({"x": sample}, PredictParams(features=["x"], weights=weights)), separators=(",", ":")))
+        / sample.size
+    )
     rows = int(size_mb * 1e6 / per_row)
     per_run = []
     for _run in range(runs):
         with tempfile.TemporaryDirectory(prefix="tm-gw-large-") as root:
-            dep = Deployment(Path(root), ["p0"], overrides={"p0": {"allowed_rules": ["predict"], "executor_start_timeout_s": 120,
-                                                                   "executor_memory_mb": 16384}})
+            dep = Deployment(
+                Path(root),
+                ["p0"],
+                overrides={
+                    "p0": {"allowed_rules": ["predict"], "executor_start_timeout_s": 120, "executor_memory_mb": 16384}
+                },
+            )
             pq.write_table(pa.table({"x": rng.normal(size=rows)}), Path(root) / "data" / "p0" / "big.parquet")
             dep.start_all()
             try:
                 ini = dep.initiator(timeout_s=900)
-                spec = LegSpec(data_id="big", party="p0", rule="predict", params={"features": ["x"], "weights": weights})
+                spec = LegSpec(
+                    data_id="big", party="p0", rule="predict", params={"features": ["x"], "weights": weights}
+                )
                 with PeakRss({"gateway": dep.procs["gateway"].pid, "initiator": os.getpid()}) as rss:
-                    out = ini.run_task(TaskSpec(task_id="large", deadline_s=1800, leg_timeout_s=600, legs=[spec]))["legs"]["big"]
+                    out = ini.run_task(TaskSpec(task_id="large", deadline_s=1800, leg_timeout_s=600, legs=[spec]))[
+                        "legs"
+                    ]["big"]
                     t_end = time.time()
                 ini.close()
                 assert out["outcome"] == "result", out.get("detail")
@@ -369,75 +471,113 @@ def bench_large(size_mb: int, runs: int) -> dict[str, Any]:
                 assert nbytes == party_record.stat().st_size
                 stream_s = t_end - party_record.stat().st_mtime
                 direct_s = _direct_tls_stream(dep, party_record, Path(root) / "direct.json")
-                per_run.append({"bytes": nbytes, "stream_s": stream_s, "direct_s": direct_s,
-                                **{f"{k}_baseline_rss": v for k, v in rss.baseline.items()},
-                                **{f"{k}_peak_rss": v for k, v in rss.peak.items()}})
+                per_run.append(
+                    {
+                        "bytes": nbytes,
+                        "stream_s": stream_s,
+                        "direct_s": direct_s,
+                        **{f"{k}_baseline_rss": v for k, v in rss.baseline.items()},
+                        **{f"{k}_peak_rss": v for k, v in rss.peak.items()},
+                    }
+                )
             finally:
                 dep.stop_all()
     med = lambda key: statistics.median(r[key] for r in per_run)  # noqa: E731
     growth = lambda who: statistics.median(r[f"{who}_peak_rss"] - r[f"{who}_baseline_rss"] for r in per_run) / 1e6  # noqa: E731
     gateway_mb_s, direct_mb_s = med("bytes") / 1e6 / med("stream_s"), med("bytes") / 1e6 / med("direct_s")
-    return {"result_mb": med("bytes") / 1e6, "rows": rows, "runs": runs, "gateway_stream_s": med("stream_s"),
-            "direct_stream_s": med("direct_s"), "gateway_mb_per_s": gateway_mb_s, "direct_mb_per_s": direct_mb_s,
-            "throughput_ratio": gateway_mb_s / direct_mb_s,
-            "gateway_rss_growth_mb": growth("gateway"), "initiator_rss_growth_mb": growth("initiator"),
-            "gateway_baseline_rss_mb": med("gateway_baseline_rss") / 1e6,
-            "initiator_baseline_rss_mb": med("initiator_baseline_rss") / 1e6}
+    return {
+        "result_mb": med("bytes") / 1e6,
+        "rows": rows,
+        "runs": runs,
+        "gateway_stream_s": med("stream_s"),
+        "direct_stream_s": med("direct_s"),
+        "gateway_mb_per_s": gateway_mb_s,
+        "direct_mb_per_s": direct_mb_s,
+        "throughput_ratio": gateway_mb_s / direct_mb_s,
+        "gateway_rss_growth_mb": growth("gateway"),
+        "initiator_rss_growth_mb": growth("initiator"),
+        "gateway_baseline_rss_mb": med("gateway_baseline_rss") / 1e6,
+        "initiator_baseline_rss_mb": med("initiator_baseline_rss") / 1e6,
+    }
 
 
-def write_results(rows: list[dict[str, Any]], meta: dict[str, Any], large: dict[str, Any] | None = None,
-                  front: dict[str, Any] | None = None) -> None:
+def write_results(
+    rows: list[dict[str, Any]],
+    meta: dict[str, Any],
+    large: dict[str, Any] | None = None,
+    front: dict[str, Any] | None = None,
+) -> None:
     RESULTS.mkdir(exist_ok=True)
     rows = sorted(rows, key=lambda r: r["parties"])
-    (RESULTS / "gateway.json").write_text(json.dumps({"meta": meta, "rows": rows, "large_result": large, "front_door": front}, indent=2))
+    (RESULTS / "gateway.json").write_text(
+        json.dumps({"meta": meta, "rows": rows, "large_result": large, "front_door": front}, indent=2)
+    )
     runs = sorted({r["runs"] for r in rows})
-    lines = [f"Gateway vs direct-to-party, small tasks (`row_count`), medians of {'/'.join(map(str, runs))} runs per row; "
-             "measured on a 2-core machine, so noisy "
-             f"(1-minute load average sampled during the run of these rows, this benchmark's own processes included: "
-             f"{meta['small_load'][0]:.0f}-{meta['small_load'][1]:.0f}). "
-             "Command: `.venv/bin/python bench/gateway.py`", "",
-             "Burst: all tasks in flight at once (latency includes queueing and cold TLS handshakes). "
-             "One-at-a-time: sequential tasks on warm connections (30 / 20 / 8 per run), direct and gateway "
-             "alternating task by task so both see the same background load; each path has its own tasks (a party "
-             "runs each leg once).", "",
-             "| parties | concurrent tasks | runs | burst p50 ms direct / gateway | ratio | burst p99 ms direct / gateway | tasks/s direct / gateway | one-at-a-time p50 ms direct / gateway | ratio |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"Gateway vs direct-to-party, small tasks (`row_count`), medians of {'/'.join(map(str, runs))} runs per row; "
+        "measured on a 2-core machine, so noisy "
+        f"(1-minute load average sampled during the run of these rows, this benchmark's own processes included: "
+        f"{meta['small_load'][0]:.0f}-{meta['small_load'][1]:.0f}). "
+        "Command: `.venv/bin/python bench/gateway.py`",
+        "",
+        "Burst: all tasks in flight at once (latency includes queueing and cold TLS handshakes). "
+        "One-at-a-time: sequential tasks on warm connections (30 / 20 / 8 per run), direct and gateway "
+        "alternating task by task so both see the same background load; each path has its own tasks (a party "
+        "runs each leg once).",
+        "",
+        "| parties | concurrent tasks | runs | burst p50 ms direct / gateway | ratio | burst p99 ms direct / gateway | tasks/s direct / gateway | one-at-a-time p50 ms direct / gateway | ratio |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
-        lines.append(f"| {r['parties']} | {r['concurrent_tasks']} | {r['runs']} | {r['direct_p50_ms']:.0f} / {r['gateway_p50_ms']:.0f} | "
-                     f"{r['p50_ratio']:.2f}x | {r['direct_p99_ms']:.0f} / {r['gateway_p99_ms']:.0f} | "
-                     f"{r['direct_tasks_per_s']:.1f} / {r['gateway_tasks_per_s']:.1f} | "
-                     f"{r['direct_seq_p50_ms']:.1f} / {r['gateway_seq_p50_ms']:.1f} | {r['seq_p50_ratio']:.2f}x |")
+        lines.append(
+            f"| {r['parties']} | {r['concurrent_tasks']} | {r['runs']} | {r['direct_p50_ms']:.0f} / {r['gateway_p50_ms']:.0f} | "
+            f"{r['p50_ratio']:.2f}x | {r['direct_p99_ms']:.0f} / {r['gateway_p99_ms']:.0f} | "
+            f"{r['direct_tasks_per_s']:.1f} / {r['gateway_tasks_per_s']:.1f} | "
+            f"{r['direct_seq_p50_ms']:.1f} / {r['gateway_seq_p50_ms']:.1f} | {r['seq_p50_ratio']:.2f}x |"
+        )
     burst_ok = [str(r["parties"]) for r in rows if r["p50_ratio"] <= 1.5]
     seq_ok = [str(r["parties"]) for r in rows if r["seq_p50_ratio"] <= 1.5]
     seq_not = [str(r["parties"]) for r in rows if r["seq_p50_ratio"] > 1.5]
-    lines += ["", f"Goal p50 <= 1.5x direct: burst met for parties = {', '.join(burst_ok) or 'none'}; one-at-a-time met "
-              f"for parties = {', '.join(seq_ok) or 'none'}" + (f", NOT met for parties = {', '.join(seq_not)}" if seq_not else "")
-              + " (one benchmark run on a noisy machine; see docs/gateway.md)."]
+    lines += [
+        "",
+        f"Goal p50 <= 1.5x direct: burst met for parties = {', '.join(burst_ok) or 'none'}; one-at-a-time met "
+        f"for parties = {', '.join(seq_ok) or 'none'}"
+        + (f", NOT met for parties = {', '.join(seq_not)}" if seq_not else "")
+        + " (one benchmark run on a noisy machine; see docs/gateway.md).",
+    ]
     if large and "throughput_ratio" in large:
-        lines += ["", f"Large result: one `predict` leg whose result is {large['result_mb']:.1f} MB of JSON, streamed party -> "
-                  "gateway -> initiator in 1 MiB AES-GCM chunks, cut-through (the gateway re-encrypts chunk by chunk, "
-                  "appends the ciphertext to its spool file, and the initiator's fetch tails that file while the party "
-                  "still uploads; the final chunk is released once the spool is fsynced and the outcome recorded), timed from the moment the party's result is "
-                  "complete (its record's mtime) to the initiator holding the checked file; against the same bytes over one "
-                  f"direct mutual-TLS stream into a file, in the same run; median of {large['runs']} run(s); RSS growth "
-                  "= peak minus the RSS before the task, sampled every 10 ms with psutil (initiator = the benchmark process); "
-                  f"1-minute load average during this run: {meta['load_min']:.0f}-{meta['load_max']:.0f}.", "",
-                  "| result MB | gateway s / MB/s | direct TLS s / MB/s | ratio (goal >= 0.5) | gateway RSS growth MB (goal <= 64) | initiator RSS growth MB (goal <= 64) |",
-                  "|---:|---:|---:|---:|---:|---:|",
-                  f"| {large['result_mb']:.1f} | {large['gateway_stream_s']:.2f} / {large['gateway_mb_per_s']:.1f} | "
-                  f"{large['direct_stream_s']:.2f} / {large['direct_mb_per_s']:.1f} | {large['throughput_ratio']:.2f}x | "
-                  f"{large['gateway_rss_growth_mb']:.0f} | {large['initiator_rss_growth_mb']:.0f} |"]
+        lines += [
+            "",
+            f"Large result: one `predict` leg whose result is {large['result_mb']:.1f} MB of JSON, streamed party -> "
+            "gateway -> initiator in 1 MiB AES-GCM chunks, cut-through (the gateway re-encrypts chunk by chunk, "
+            "appends the ciphertext to its spool file, and the initiator's fetch tails that file while the party "
+            "still uploads; the final chunk is released once the spool is fsynced and the outcome recorded), timed from the moment the party's result is "
+            "complete (its record's mtime) to the initiator holding the checked file; against the same bytes over one "
+            f"direct mutual-TLS stream into a file, in the same run; median of {large['runs']} run(s); RSS growth "
+            "= peak minus the RSS before the task, sampled every 10 ms with psutil (initiator = the benchmark process); "
+            f"1-minute load average during this run: {meta['load_min']:.0f}-{meta['load_max']:.0f}.",
+            "",
+            "| result MB | gateway s / MB/s | direct TLS s / MB/s | ratio (goal >= 0.5) | gateway RSS growth MB (goal <= 64) | initiator RSS growth MB (goal <= 64) |",
+            "|---:|---:|---:|---:|---:|---:|",
+            f"| {large['result_mb']:.1f} | {large['gateway_stream_s']:.2f} / {large['gateway_mb_per_s']:.1f} | "
+            f"{large['direct_stream_s']:.2f} / {large['direct_mb_per_s']:.1f} | {large['throughput_ratio']:.2f}x | "
+            f"{large['gateway_rss_growth_mb']:.0f} | {large['initiator_rss_growth_mb']:.0f} |",
+        ]
     if front:
-        lines += ["", f"Front door: {front['concurrent_tasks']} concurrent task flows, each on its own mutual-TLS connection "
-                  "(create a one-leg task at the gateway, then a data receive request whose leg's party never reports, "
-                  f"so it answers a sealed provisional `party_unavailable` after its {front['leg_timeout_ms']:.0f} ms leg "
-                  "timeout); no party executors, so there is no direct path to compare with; "
-                  f"median of {front['runs']} run(s); 1-minute load average during this run: "
-                  f"{meta['load_min']:.0f}-{meta['load_max']:.0f}.", "",
-                  "| concurrent tasks | errors | requests retried (broken connection) | p50 ms | p99 ms | tasks/s |",
-                  "|---:|---:|---:|---:|---:|---:|",
-                  f"| {front['concurrent_tasks']} | {front['errors']} | {front.get('retries', 0)} | {front['p50_ms']:.0f} | "
-                  f"{front['p99_ms']:.0f} | {front['tasks_per_s']:.1f} |"]
+        lines += [
+            "",
+            f"Front door: {front['concurrent_tasks']} concurrent task flows, each on its own mutual-TLS connection "
+            "(create a one-leg task at the gateway, then a data receive request whose leg's party never reports, "
+            f"so it answers a sealed provisional `party_unavailable` after its {front['leg_timeout_ms']:.0f} ms leg "
+            "timeout); no party executors, so there is no direct path to compare with; "
+            f"median of {front['runs']} run(s); 1-minute load average during this run: "
+            f"{meta['load_min']:.0f}-{meta['load_max']:.0f}.",
+            "",
+            "| concurrent tasks | errors | requests retried (broken connection) | p50 ms | p99 ms | tasks/s |",
+            "|---:|---:|---:|---:|---:|---:|",
+            f"| {front['concurrent_tasks']} | {front['errors']} | {front.get('retries', 0)} | {front['p50_ms']:.0f} | "
+            f"{front['p99_ms']:.0f} | {front['tasks_per_s']:.1f} |",
+        ]
     (RESULTS / "gateway.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
     _plot(rows, large)
@@ -481,12 +621,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer tasks and runs (smoke check)")
     ap.add_argument("--runs", type=int, default=None)
-    ap.add_argument("--parties", default="1,3,10", help="which party counts to run ('none': no small-task rows); "
-                    "other rows already in bench/results/gateway.json are kept (results are written after every row)")
+    ap.add_argument(
+        "--parties",
+        default="1,3,10",
+        help="which party counts to run ('none': no small-task rows); "
+        "other rows already in bench/results/gateway.json are kept (results are written after every row)",
+    )
     ap.add_argument("--large-mb", type=int, default=256, help="size of the streamed large result (0: skip that row)")
     ap.add_argument("--large-runs", type=int, default=None, help="runs of the large-result row (default 3, quick 1)")
-    ap.add_argument("--front", type=int, default=1000, help="concurrent task flows against the gateway's front door "
-                    "(0: skip that row)")
+    ap.add_argument(
+        "--front",
+        type=int,
+        default=1000,
+        help="concurrent task flows against the gateway's front door (0: skip that row)",
+    )
     ap.add_argument("--front-runs", type=int, default=None, help="runs of the front-door row (default 3, quick 1)")
     a = ap.parse_args()
     runs = a.runs or 3
@@ -497,8 +645,14 @@ def main() -> None:
     wanted = [] if a.parties == "none" else [int(x) for x in a.parties.split(",")]
     loads = [os.getloadavg()[0]]
     threading.Thread(target=_sample_load, args=(loads,), daemon=True).start()
-    meta = {"quick": a.quick, "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-            "note": "shared 2-core machine with other busy jobs: numbers are noisy", "rule": CALL.rule}
+    meta = {
+        "quick": a.quick,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "note": "shared 2-core machine with other busy jobs: numbers are noisy",
+        "rule": CALL.rule,
+    }
     existing = RESULTS / "gateway.json"
     old = json.loads(existing.read_text()) if existing.exists() else {}
     rows = [r for r in (old.get("rows", []) if a.parties != "1,3,10" else []) if r["parties"] not in wanted]
@@ -526,6 +680,7 @@ def main() -> None:
         large = bench_large(a.large_mb, a.large_runs or (1 if a.quick else 3))
         print(json.dumps(large), flush=True)
     save()
+
 
 if __name__ == "__main__":
     main()

@@ -75,16 +75,31 @@ async def main() -> int:
         for _ in range(a.starts):
             for isolation in runs:
                 runs[isolation].append(await _one(data, isolation, a.calls))
-    summary = {iso: {k: statistics.median(r[k] for r in rs) for k in ("start_s", "call_ms", "rss_mb")}
-               for iso, rs in runs.items()}
-    out = {"host": platform.node(), "cpus": psutil.cpu_count(), "starts": a.starts, "calls": a.calls,
-           "rows": len(splits[0]), "columns": len(names), "median": summary, "runs": runs}
+    summary = {
+        iso: {k: statistics.median(r[k] for r in rs) for k in ("start_s", "call_ms", "rss_mb")}
+        for iso, rs in runs.items()
+    }
+    out = {
+        "host": platform.node(),
+        "cpus": psutil.cpu_count(),
+        "starts": a.starts,
+        "calls": a.calls,
+        "rows": len(splits[0]),
+        "columns": len(names),
+        "median": summary,
+        "runs": runs,
+    }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "gateway_sandbox.json").write_text(json.dumps(out, indent=1))
-    lines = ["| isolation | start to READY (s) | summary_stats call (ms) | executor tree RSS (MB) |", "|---|---|---|---|"]
+    lines = [
+        "| isolation | start to READY (s) | summary_stats call (ms) | executor tree RSS (MB) |",
+        "|---|---|---|---|",
+    ]
     lines += [f"| {iso} | {s['start_s']:.3f} | {s['call_ms']:.2f} | {s['rss_mb']:.1f} |" for iso, s in summary.items()]
-    md = (f"Executor isolation cost: medians of {a.starts} starts x {a.calls} calls, {len(splits[0])} rows x "
-          f"{len(names)} columns, {psutil.cpu_count()} CPUs (shared)\n\n" + "\n".join(lines) + "\n")
+    md = (
+        f"Executor isolation cost: medians of {a.starts} starts x {a.calls} calls, {len(splits[0])} rows x "
+        f"{len(names)} columns, {psutil.cpu_count()} CPUs (shared)\n\n" + "\n".join(lines) + "\n"
+    )
     (RESULTS / "gateway_sandbox.md").write_text(md)
     print(md)
     return 0

@@ -71,11 +71,19 @@ def bench_graphs(ks, repeats, ilp_time, ilp_max_nodes, old_ilp=None):
         name = f"{path.parent.name}/{path.stem}"
         for k in ks:
             for method in METHODS:
-                res, secs, cpu = timed(lambda: load_graph(str(path)),
-                                       lambda g: partition(g, k, method), repeats)
+                res, secs, cpu = timed(lambda: load_graph(str(path)), lambda g: partition(g, k, method), repeats)
                 ev = evaluate(g, res.assignment, k, 0.05)
-                rows.append({"graph": name, "nodes": g.n, "k": k, "method": method,
-                             "seconds": secs, "cpu_seconds": cpu, **_pick(ev, g, k)})
+                rows.append(
+                    {
+                        "graph": name,
+                        "nodes": g.n,
+                        "k": k,
+                        "method": method,
+                        "seconds": secs,
+                        "cpu_seconds": cpu,
+                        **_pick(ev, g, k),
+                    }
+                )
             if old_ilp is not None and (name, k) in old_ilp:
                 row = {**old_ilp[(name, k)], "reused": True}
                 if "unsolved" not in row:  # the bound depends on the graph, k and the cap only
@@ -89,11 +97,20 @@ def bench_graphs(ks, repeats, ilp_time, ilp_max_nodes, old_ilp=None):
                 secs = time.perf_counter() - t0
                 if notes.get("optimal"):
                     ev = evaluate(g, a, k, 0.05)
-                    rows.append({"graph": name, "nodes": g.n, "k": k, "method": "ilp",
-                                 "seconds": secs, **_pick(ev, g, k)})
+                    rows.append(
+                        {"graph": name, "nodes": g.n, "k": k, "method": "ilp", "seconds": secs, **_pick(ev, g, k)}
+                    )
                 else:
-                    rows.append({"graph": name, "nodes": g.n, "k": k, "method": "ilp",
-                                 "seconds": secs, "unsolved": str(notes.get("status"))})
+                    rows.append(
+                        {
+                            "graph": name,
+                            "nodes": g.n,
+                            "k": k,
+                            "method": "ilp",
+                            "seconds": secs,
+                            "unsolved": str(notes.get("status")),
+                        }
+                    )
             print(f"{name} k={k} done", flush=True)
     return rows
 
@@ -107,11 +124,21 @@ def bench_synthetic(ks, repeats, n=300, seeds=(0, 1, 2)):
             name = f"synthetic/{family}-{seed}"
             for k in ks:
                 for method in ("trainmaster", "metis", "kahip"):
-                    res, secs, cpu = timed(lambda: synthetic_dag(family, n, seed),
-                                           lambda g: partition(g, k, method), repeats)
+                    res, secs, cpu = timed(
+                        lambda: synthetic_dag(family, n, seed), lambda g: partition(g, k, method), repeats
+                    )
                     ev = evaluate(g, res.assignment, k, 0.05)
-                    rows.append({"graph": name, "nodes": g.n, "k": k, "method": method,
-                                 "seconds": secs, "cpu_seconds": cpu, **_pick(ev, g, k)})
+                    rows.append(
+                        {
+                            "graph": name,
+                            "nodes": g.n,
+                            "k": k,
+                            "method": method,
+                            "seconds": secs,
+                            "cpu_seconds": cpu,
+                            **_pick(ev, g, k),
+                        }
+                    )
             print(f"{name} done", flush=True)
     return rows
 
@@ -134,6 +161,7 @@ def traced_models() -> list[tuple[str, object]]:
         def make():
             torch.manual_seed(0)
             return from_module(build().eval(), inputs(), tracer="export")[0]
+
         out.append((name, make))
 
     add("mlp-512x12", lambda: mlp(512, 12), lambda: (torch.randn(8, 64),))
@@ -144,27 +172,64 @@ def traced_models() -> list[tuple[str, object]]:
         def make():
             torch.manual_seed(0)
             return from_module_training(build(), inputs())[0]
+
         out.append((name, make))
 
     # training steps (forward + backward + SGD update from one joint export)
     add_training("mlp-512x12-training", lambda: mlp(512, 12), lambda: (torch.randn(8, 64),))
-    add_training("encoder-128x4-training", lambda: encoder(128, 4, 4),
-                 lambda: (torch.randn(2, 32, 128),))
+    add_training("encoder-128x4-training", lambda: encoder(128, 4, 4), lambda: (torch.randn(2, 32, 128),))
     try:
         import transformers
     except ImportError as exc:
         print(f"skipping GPT-2/BERT: {exc}")
         return out
     ids = lambda: (torch.randint(0, 512, (1, 32)),)  # noqa: E731
-    add("gpt2-4x128", lambda: transformers.GPT2Model(transformers.GPT2Config(
-        n_layer=4, n_head=2, n_embd=128, vocab_size=512, n_positions=64, use_cache=False,
-        bos_token_id=0, eos_token_id=0)), ids)
-    add("gpt2-12x256", lambda: transformers.GPT2Model(transformers.GPT2Config(
-        n_layer=12, n_head=4, n_embd=256, vocab_size=512, n_positions=64, use_cache=False,
-        bos_token_id=0, eos_token_id=0)), ids)
-    add("bert-4x128", lambda: transformers.BertModel(transformers.BertConfig(
-        num_hidden_layers=4, num_attention_heads=2, hidden_size=128, intermediate_size=256,
-        vocab_size=512, max_position_embeddings=64)), ids)
+    add(
+        "gpt2-4x128",
+        lambda: transformers.GPT2Model(
+            transformers.GPT2Config(
+                n_layer=4,
+                n_head=2,
+                n_embd=128,
+                vocab_size=512,
+                n_positions=64,
+                use_cache=False,
+                bos_token_id=0,
+                eos_token_id=0,
+            )
+        ),
+        ids,
+    )
+    add(
+        "gpt2-12x256",
+        lambda: transformers.GPT2Model(
+            transformers.GPT2Config(
+                n_layer=12,
+                n_head=4,
+                n_embd=256,
+                vocab_size=512,
+                n_positions=64,
+                use_cache=False,
+                bos_token_id=0,
+                eos_token_id=0,
+            )
+        ),
+        ids,
+    )
+    add(
+        "bert-4x128",
+        lambda: transformers.BertModel(
+            transformers.BertConfig(
+                num_hidden_layers=4,
+                num_attention_heads=2,
+                hidden_size=128,
+                intermediate_size=256,
+                vocab_size=512,
+                max_position_embeddings=64,
+            )
+        ),
+        ids,
+    )
     return out
 
 
@@ -176,22 +241,44 @@ def bench_traced(ks, repeats):
         for k in ks:
             for method in ("trainmaster", "metis"):
                 # a fresh copy per repeat: an empty cache, as in a first call
-                res, secs, cpu = timed(lambda: dataclasses.replace(g),
-                                       lambda h: partition(h, k, method), repeats)
+                res, secs, cpu = timed(lambda: dataclasses.replace(g), lambda h: partition(h, k, method), repeats)
                 ev = evaluate(g, res.assignment, k, 0.05)
-                rows.append({"graph": f"traced/{name}", "nodes": g.n, "k": k, "method": method,
-                             "seconds": secs, "cpu_seconds": cpu, **_pick(ev, g, k)})
+                rows.append(
+                    {
+                        "graph": f"traced/{name}",
+                        "nodes": g.n,
+                        "k": k,
+                        "method": method,
+                        "seconds": secs,
+                        "cpu_seconds": cpu,
+                        **_pick(ev, g, k),
+                    }
+                )
         print(f"traced/{name} ({g.n} nodes) done", flush=True)
     return rows
 
 
 PIPELINE_CASES = [  # (label, PipelineRun fields, k)
-    ("resnet-like k=2", dict(model="trainmaster.partition.models:resnet_like",
-                             input_shape=(1, 3, 32, 32), tracer="fx"), 2),
-    ("resnet-like k=3", dict(model="trainmaster.partition.models:resnet_like",
-                             input_shape=(1, 3, 32, 32), tracer="fx"), 3),
-    ("gpt2 4x256 k=2", dict(model="trainmaster.partition.models:gpt2_small",
-                            input_shape=(1, 64), tracer="export", input_dtype="tokens:1024"), 2),
+    (
+        "resnet-like k=2",
+        dict(model="trainmaster.partition.models:resnet_like", input_shape=(1, 3, 32, 32), tracer="fx"),
+        2,
+    ),
+    (
+        "resnet-like k=3",
+        dict(model="trainmaster.partition.models:resnet_like", input_shape=(1, 3, 32, 32), tracer="fx"),
+        3,
+    ),
+    (
+        "gpt2 4x256 k=2",
+        dict(
+            model="trainmaster.partition.models:gpt2_small",
+            input_shape=(1, 64),
+            tracer="export",
+            input_dtype="tokens:1024",
+        ),
+        2,
+    ),
 ]
 # the emulated link of every pipeline case: 100 Mbit/s, 1 ms per message
 PIPELINE_LINK = dict(bandwidth=1.25e7, latency=1e-3)
@@ -206,29 +293,40 @@ def bench_pipeline(samples: int = 10) -> dict:
 
     rows = []
     for label, fields, k in PIPELINE_CASES:
-        run = PipelineRun(**fields, samples=samples, latency_samples=samples, costs="measured",
-                          emulate_link=True, **PIPELINE_LINK)
+        run = PipelineRun(
+            **fields, samples=samples, latency_samples=samples, costs="measured", emulate_link=True, **PIPELINE_LINK
+        )
         try:
             report = run_local(run, k)
         except ImportError as exc:
             print(f"skipping pipeline case {label}: {exc}")
             continue
         for method, r in report["runs"].items():
-            rows.append({"case": label, "k": k, "method": method, "nodes": report["nodes"],
-                         "predicted_makespan": r["simulated_makespan"],
-                         "measured_latency": r["latency_seconds"],
-                         "predicted_max_load": r["max_load"],
-                         "measured_seconds_per_sample": r["seconds_per_sample"],
-                         "outputs_equal_unsplit": r["outputs_equal_unsplit"],
-                         "cut_count": r["cut_count"],
-                         # the unsplit model run whole vs the sum of its profiled op times:
-                         # how far the machine's state moved between profile and run
-                         "unsplit_measured_over_profiled":
-                             report["unsplit_seconds_per_sample"]
-                             / max(report["predicted_unsplit_seconds"], 1e-12)})
+            rows.append(
+                {
+                    "case": label,
+                    "k": k,
+                    "method": method,
+                    "nodes": report["nodes"],
+                    "predicted_makespan": r["simulated_makespan"],
+                    "measured_latency": r["latency_seconds"],
+                    "predicted_max_load": r["max_load"],
+                    "measured_seconds_per_sample": r["seconds_per_sample"],
+                    "outputs_equal_unsplit": r["outputs_equal_unsplit"],
+                    "cut_count": r["cut_count"],
+                    # the unsplit model run whole vs the sum of its profiled op times:
+                    # how far the machine's state moved between profile and run
+                    "unsplit_measured_over_profiled": report["unsplit_seconds_per_sample"]
+                    / max(report["predicted_unsplit_seconds"], 1e-12),
+                }
+            )
         print(f"pipeline {label} done", flush=True)
-    return {"rows": rows, "link": PIPELINE_LINK, "samples": samples,
-            "load": ", ".join(f"{x:.1f}" for x in os.getloadavg())}
+    return {
+        "rows": rows,
+        "link": PIPELINE_LINK,
+        "samples": samples,
+        "load": ", ".join(f"{x:.1f}" for x in os.getloadavg()),
+    }
 
 
 def write_pipeline(doc: dict, out: Path) -> None:
@@ -245,29 +343,36 @@ def write_pipeline(doc: dict, out: Path) -> None:
             o, t = m["trainmaster"], m["metis"]
             if o["predicted_makespan"] < t["predicted_makespan"] * (1 - 1e-9):
                 agree.append((case, o["measured_latency"] < t["measured_latency"]))
-    lines = ["# Partition: predicted vs measured on real pipelines", "",
-             f"Command: `{doc['command']}`; load average {doc['load']} (2 shared cores: the "
-             "measured times carry that contention; the prediction uses op times profiled in "
-             "the same conditions a moment before).",
-             f"Links: emulated, {doc['link']['bandwidth'] * 8 / 1e6:.0f} Mbit/s and "
-             f"{doc['link']['latency'] * 1e3:.0f} ms per message between stages; "
-             f"{doc['samples']} samples streamed, {doc['samples']} sent one at a time.", "",
-             "| goal | result |", "|---|---|",
-             f"| measured latency within 20% of the predicted makespan | {sum(within)}/{len(rows)} |",
-             f"| ours faster than METIS where predicted faster | "
-             f"{sum(ok for _, ok in agree)}/{len(agree)} |", "",
-             "| case | method | predicted makespan ms | measured latency ms | ratio | predicted "
-             "max-load ms | measured per sample (streamed) ms | unsplit model: measured / "
-             "profiled | outputs equal |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Partition: predicted vs measured on real pipelines",
+        "",
+        f"Command: `{doc['command']}`; load average {doc['load']} (2 shared cores: the "
+        "measured times carry that contention; the prediction uses op times profiled in "
+        "the same conditions a moment before).",
+        f"Links: emulated, {doc['link']['bandwidth'] * 8 / 1e6:.0f} Mbit/s and "
+        f"{doc['link']['latency'] * 1e3:.0f} ms per message between stages; "
+        f"{doc['samples']} samples streamed, {doc['samples']} sent one at a time.",
+        "",
+        "| goal | result |",
+        "|---|---|",
+        f"| measured latency within 20% of the predicted makespan | {sum(within)}/{len(rows)} |",
+        f"| ours faster than METIS where predicted faster | {sum(ok for _, ok in agree)}/{len(agree)} |",
+        "",
+        "| case | method | predicted makespan ms | measured latency ms | ratio | predicted "
+        "max-load ms | measured per sample (streamed) ms | unsplit model: measured / "
+        "profiled | outputs equal |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['case']} | {r['method']} | {r['predicted_makespan'] * 1e3:.2f} | "
-                     f"{r['measured_latency'] * 1e3:.2f} | "
-                     f"{r['measured_latency'] / r['predicted_makespan']:.2f} | "
-                     f"{r['predicted_max_load'] * 1e3:.2f} | "
-                     f"{r['measured_seconds_per_sample'] * 1e3:.2f} | "
-                     f"{_fmt(r.get('unsplit_measured_over_profiled'))} | "
-                     f"{_yn(r['outputs_equal_unsplit'])} |")
+        lines.append(
+            f"| {r['case']} | {r['method']} | {r['predicted_makespan'] * 1e3:.2f} | "
+            f"{r['measured_latency'] * 1e3:.2f} | "
+            f"{r['measured_latency'] / r['predicted_makespan']:.2f} | "
+            f"{r['predicted_max_load'] * 1e3:.2f} | "
+            f"{r['measured_seconds_per_sample'] * 1e3:.2f} | "
+            f"{_fmt(r.get('unsplit_measured_over_profiled'))} | "
+            f"{_yn(r['outputs_equal_unsplit'])} |"
+        )
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     try:
         import matplotlib
@@ -279,16 +384,17 @@ def write_pipeline(doc: dict, out: Path) -> None:
         return
     fig, ax = plt.subplots(figsize=(5.5, 5))
     for method, marker in (("trainmaster", "o"), ("metis", "s")):
-        pts = [(r["predicted_makespan"] * 1e3, r["measured_latency"] * 1e3, r["case"])
-               for r in rows if r["method"] == method]
+        pts = [
+            (r["predicted_makespan"] * 1e3, r["measured_latency"] * 1e3, r["case"])
+            for r in rows
+            if r["method"] == method
+        ]
         ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=method)
         for x, y, case in pts:
             ax.annotate(case, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    top = max([r["measured_latency"] * 1e3 for r in rows]
-              + [r["predicted_makespan"] * 1e3 for r in rows] + [1.0]) * 1.1
+    top = max([r["measured_latency"] * 1e3 for r in rows] + [r["predicted_makespan"] * 1e3 for r in rows] + [1.0]) * 1.1
     ax.plot([0, top], [0, top], "k-", lw=0.8, label="measured = predicted")
-    ax.fill_between([0, top], [0, 0.8 * top], [0, 1.2 * top], color="grey", alpha=0.2,
-                    label="within 20%")
+    ax.fill_between([0, top], [0, 0.8 * top], [0, 1.2 * top], color="grey", alpha=0.2, label="within 20%")
     ax.set_xlim(0, top)
     ax.set_ylim(0, top)
     ax.set_xlabel("predicted makespan (ms)")
@@ -300,9 +406,24 @@ def write_pipeline(doc: dict, out: Path) -> None:
 
 
 def _pick(ev: dict, g, k: int) -> dict:
-    keys = ("critical_cut_count", "critical_cut_cost", "cut_count", "cut_cost", "balance",
-            "load_cap", "balanced", "memory_ok", "makespan", "lower_bound", "path_cut_bound",
-            "critical_cut_bound", "max_load", "avg_load", "device_graph_acyclic", "colocation_ok")
+    keys = (
+        "critical_cut_count",
+        "critical_cut_cost",
+        "cut_count",
+        "cut_cost",
+        "balance",
+        "load_cap",
+        "balanced",
+        "memory_ok",
+        "makespan",
+        "lower_bound",
+        "path_cut_bound",
+        "critical_cut_bound",
+        "max_load",
+        "avg_load",
+        "device_graph_acyclic",
+        "colocation_ok",
+    )
     out = {k: ev[k] for k in keys}
     out["load_cap_ratio"] = ev["load_cap"] / ev["avg_load"] if ev["avg_load"] else 1.0
     # the memory cap can be met at all only when k devices hold the graph's total memory
@@ -315,13 +436,23 @@ def bench_scaling(sizes, repeats, k=8):
     for n in sizes:
         reps = repeats if n <= 20_000 else 1
         for method in ("trainmaster", "metis"):
-            (g, res), secs, cpu = timed(lambda: synthetic_dag("series_parallel", n),
-                                        lambda g: (g, partition(g, k, method)), reps)
+            (g, res), secs, cpu = timed(
+                lambda: synthetic_dag("series_parallel", n), lambda g: (g, partition(g, k, method)), reps
+            )
             ev = evaluate(g, res.assignment, k) if n <= 200_000 else {}
-            rows.append({"nodes": g.n, "k": k, "method": method, "seconds": secs,
-                         "cpu_seconds": cpu, "runs": reps,
-                         "makespan": ev.get("makespan"), "lower_bound": ev.get("lower_bound"),
-                         "balance": ev.get("balance")})
+            rows.append(
+                {
+                    "nodes": g.n,
+                    "k": k,
+                    "method": method,
+                    "seconds": secs,
+                    "cpu_seconds": cpu,
+                    "runs": reps,
+                    "makespan": ev.get("makespan"),
+                    "lower_bound": ev.get("lower_bound"),
+                    "balance": ev.get("balance"),
+                }
+            )
             print(f"scaling n={n} {method} {secs:.3f}s (cpu {cpu:.3f}s)", flush=True)
     return rows
 
@@ -368,15 +499,18 @@ def summarise(rows):
             worse_cases.append(
                 f"{graph} k={k} ({o['makespan']:.1f} vs {m['makespan']:.1f}; METIS balanced="
                 f"{m['balanced']} memory_ok={m['memory_ok']}, ours balanced={o['balanced']} "
-                f"memory_ok={o['memory_ok']})")
+                f"memory_ok={o['memory_ok']})"
+            )
         if solved:
             base = max(ilp["critical_cut_cost"], 1e-9)
             ilp_gaps.append((oc - ilp["critical_cut_cost"]) / base)
         if not o["balanced"]:
-            proof = ("ILP: no partition within the cap" if ilp and "infeasible" in
-                     str(ilp.get("unsolved", "")).lower() else "not proven infeasible")
-            balance_miss.append(f"{graph} k={k} ({o['balance']:.3f} vs cap "
-                                f"{o['load_cap_ratio']:.3f}; {proof})")
+            proof = (
+                "ILP: no partition within the cap"
+                if ilp and "infeasible" in str(ilp.get("unsolved", "")).lower()
+                else "not proven infeasible"
+            )
+            balance_miss.append(f"{graph} k={k} ({o['balance']:.3f} vs cap {o['load_cap_ratio']:.3f}; {proof})")
         time_ratio.append(o["seconds"] / m["seconds"])
         if "cpu_seconds" in o and m.get("cpu_seconds"):
             cpu_ratio.append(o["cpu_seconds"] / max(m["cpu_seconds"], 1e-6))
@@ -391,8 +525,7 @@ def summarise(rows):
         "cases": n,
         **_bound_summary(bounds),
         # a check of the bound on real partitions: every method's within-cap result is above it
-        "bound_check": f"{sum(r['makespan'] >= r['path_cut_bound'] * (1 - 1e-9) for r in fits)}"
-                       f"/{len(fits)}",
+        "bound_check": f"{sum(r['makespan'] >= r['path_cut_bound'] * (1 - 1e-9) for r in fits)}/{len(fits)}",
         "makespan_not_worse_than_metis": f"{sum(never_worse)}/{len(never_worse)}",
         "makespan_not_worse_same_caps": f"{sum(like_for_like)}/{len(like_for_like)}",
         "makespan_worse_cases": worse_cases,
@@ -443,8 +576,7 @@ METIS_AT_BOUND = "METIS at the bound"
 def _within_caps(r: dict) -> bool:
     """Within the caps the path-cut bound assumes: the load cap, and the memory cap where k
     devices can hold the graph (there the bound counts it too)."""
-    return bool(r.get("balanced")) and (bool(r.get("memory_ok"))
-                                        or not r.get("memory_feasible", False))
+    return bool(r.get("balanced")) and (bool(r.get("memory_ok")) or not r.get("memory_feasible", False))
 
 
 def _bound_case(graph: str, k: int, o: dict, m: dict) -> dict:
@@ -455,13 +587,21 @@ def _bound_case(graph: str, k: int, o: dict, m: dict) -> dict:
     # "within the cap": the load cap, and the memory cap where it binds (the bound's premise);
     # METIS counts as fair company only when it also meets the memory cap wherever ours does
     # (Inception k = 8 at the load cap but 1.8x over the memory cap is not like for like)
-    return {"graph": graph, "k": k, "lb": lb, "bound": b, "ours": ours, "metis": metis,
-            "metis_within_cap": bool(m["balanced"]) and (bool(m["memory_ok"])
-                                                         or not o["memory_ok"]),
-            "metis_load_within_cap": bool(m["balanced"]), "metis_memory_ok": bool(m["memory_ok"]),
-            "ours_memory_ok": bool(o["memory_ok"]), "ours_within_cap": _within_caps(o),
-            "best": (b - lb) / (metis - lb) if metis - lb > 1e-9 else None,
-            "ours_vs_bound": (ours - b) / (metis - b) if metis - b > 1e-9 else None}
+    return {
+        "graph": graph,
+        "k": k,
+        "lb": lb,
+        "bound": b,
+        "ours": ours,
+        "metis": metis,
+        "metis_within_cap": bool(m["balanced"]) and (bool(m["memory_ok"]) or not o["memory_ok"]),
+        "metis_load_within_cap": bool(m["balanced"]),
+        "metis_memory_ok": bool(m["memory_ok"]),
+        "ours_memory_ok": bool(o["memory_ok"]),
+        "ours_within_cap": _within_caps(o),
+        "best": (b - lb) / (metis - lb) if metis - lb > 1e-9 else None,
+        "ours_vs_bound": (ours - b) / (metis - b) if metis - b > 1e-9 else None,
+    }
 
 
 def _bound_summary(bounds: list[dict]) -> dict:
@@ -478,13 +618,12 @@ def _bound_summary(bounds: list[dict]) -> dict:
     vs = [b["ours_vs_bound"] for b in fits if b["ours_vs_bound"] is not None]
     return {
         "bound_cases": bounds,
-        "median_best_possible_excess_ratio":
-            statistics.median([b["best"] for b in fits]) if fits else None,
-        "median_best_possible_excess_ratio_metis_within_cap":
-            statistics.median([b["best"] for b in fair]) if fair else None,
+        "median_best_possible_excess_ratio": statistics.median([b["best"] for b in fits]) if fits else None,
+        "median_best_possible_excess_ratio_metis_within_cap": statistics.median([b["best"] for b in fair])
+        if fair
+        else None,
         "goal_unreachable_cases": f"{sum(b['best'] > 0.5 for b in fair)}/{len(fair)}",
-        "metis_over_cap_cases_best_above_half":
-            f"{sum(b['best'] > 0.5 for b in unfair)}/{len(unfair)}",
+        "metis_over_cap_cases_best_above_half": f"{sum(b['best'] > 0.5 for b in unfair)}/{len(unfair)}",
         "median_ours_vs_bound_ratio": statistics.median(vs) if vs else None,
         "ours_at_bound": f"{sum(b['ours'] <= b['bound'] * (1 + 1e-9) for b in fits)}/{len(fits)}",
     }
@@ -495,8 +634,7 @@ def _goal_rows(s: dict, label: str) -> list[str]:
     return [
         f"| {label}: makespan never worse than METIS | {s['makespan_not_worse_than_metis']} "
         f"(where METIS meets every cap ours meets: {s['makespan_not_worse_same_caps']}) |",
-        f"| {label}: median (ours - LB) / (METIS - LB), goal <= 0.5 | "
-        f"{_fmt(s['median_excess_ratio_vs_metis'])} |",
+        f"| {label}: median (ours - LB) / (METIS - LB), goal <= 0.5 | {_fmt(s['median_excess_ratio_vs_metis'])} |",
         f"| {label}: best excess ratio any within-cap partition could reach, (B - LB) / "
         f"(METIS - LB), B = path-cut bound (cases where ours is within the cap) | median "
         f"{_fmt(s.get('median_best_possible_excess_ratio'))} (where METIS meets every cap ours "
@@ -540,13 +678,22 @@ def write_markdown(doc, path: Path):
         "Makespan: list-scheduling simulation; LB = max(critical path without transfers, work / k); "
         "critical = static slack 0 (every edge charged). Time: partition only (the graph loaded "
         "beforehand, untimed, fresh for each repeat)."
-        + (" ILP rows reused from the previous run (same ILP code; its optimum does not depend "
-           "on the heuristics)." if doc.get("ilp_reused") else ""),
+        + (
+            " ILP rows reused from the previous run (same ILP code; its optimum does not depend on the heuristics)."
+            if doc.get("ilp_reused")
+            else ""
+        ),
         "",
-        "## Goals", "", "| goal | result |", "|---|---|",
+        "## Goals",
+        "",
+        "| goal | result |",
+        "|---|---|",
     ]
-    sets = [("shared graphs", doc.get("summary")), ("synthetic DAGs", doc.get("synthetic_summary")),
-            ("traced models", doc.get("traced_summary"))]
+    sets = [
+        ("shared graphs", doc.get("summary")),
+        ("synthetic DAGs", doc.get("synthetic_summary")),
+        ("traced models", doc.get("traced_summary")),
+    ]
     for label, s in sets:
         if s:
             lines += _goal_rows(s, label)
@@ -554,53 +701,69 @@ def write_markdown(doc, path: Path):
     at2k = [r for r in doc["scaling"] if r["method"] == "trainmaster" and 1500 <= r["nodes"] <= 2500]
     if at2k:
         r = at2k[0]
-        lines.append(f"| < 50 ms at 2,000 nodes, partition only | wall {r['seconds'] * 1000:.0f} ms, "
-                     f"CPU {r.get('cpu_seconds', r['seconds']) * 1000:.0f} ms |")
+        lines.append(
+            f"| < 50 ms at 2,000 nodes, partition only | wall {r['seconds'] * 1000:.0f} ms, "
+            f"CPU {r.get('cpu_seconds', r['seconds']) * 1000:.0f} ms |"
+        )
     lines.append("")
     for label, s in sets:
         if not s:
             continue
         if s["makespan_worse_cases"]:
-            lines += [f"{label}, cases where our makespan is above METIS's: "
-                      + "; ".join(s["makespan_worse_cases"]), ""]
+            lines += [
+                f"{label}, cases where our makespan is above METIS's: " + "; ".join(s["makespan_worse_cases"]),
+                "",
+            ]
         if s["balance_misses"]:
-            lines += [f"{label}, cases outside the balance cap: " + "; ".join(s["balance_misses"]),
-                      ""]
+            lines += [f"{label}, cases outside the balance cap: " + "; ".join(s["balance_misses"]), ""]
     for label, s in sets:
         if s and s.get("bound_cases"):
             lines += _bound_table(label, s["bound_cases"])
     if not doc.get("summary"):
         lines += [f"Data graphs skipped: {doc['skipped']}", ""]
-    lines += ["## Scaling on synthetic series-parallel DAGs (k = 8)", "",
-              "| nodes | method | wall s | CPU s | CPU vs METIS | makespan | balance |",
-              "|---|---|---|---|---|---|---|"]
+    lines += [
+        "## Scaling on synthetic series-parallel DAGs (k = 8)",
+        "",
+        "| nodes | method | wall s | CPU s | CPU vs METIS | makespan | balance |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in doc["scaling"]:
         m = scale.get((r["nodes"], "metis"))
         ratio = (r.get("cpu_seconds", 0) / m["cpu_seconds"]) if m and m.get("cpu_seconds") else None
-        lines.append(f"| {r['nodes']} | {r['method']} | {r['seconds']:.4f} | "
-                     f"{r.get('cpu_seconds', float('nan')):.4f} | {_fmt(ratio)} | "
-                     f"{_fmt(r['makespan'])} | {_fmt(r['balance'])} |")
+        lines.append(
+            f"| {r['nodes']} | {r['method']} | {r['seconds']:.4f} | "
+            f"{r.get('cpu_seconds', float('nan')):.4f} | {_fmt(ratio)} | "
+            f"{_fmt(r['makespan'])} | {_fmt(r['balance'])} |"
+        )
     lines.append("")
-    for title, rows in (("Per graph (shared data)", doc.get("graphs", [])),
-                        ("Per graph (synthetic)", doc.get("synthetic", [])),
-                        ("Per graph (traced models, torch.export)", doc.get("traced", []))):
+    for title, rows in (
+        ("Per graph (shared data)", doc.get("graphs", [])),
+        ("Per graph (synthetic)", doc.get("synthetic", [])),
+        ("Per graph (traced models, torch.export)", doc.get("traced", [])),
+    ):
         if not rows:
             continue
-        lines += [f"## {title}", "",
-                  "| graph | k | method | crit cut (n / cost) | cut cost | balance (cap) | mem ok | "
-                  "makespan (LB) | max-load | acyclic | time ms |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"## {title}",
+            "",
+            "| graph | k | method | crit cut (n / cost) | cut cost | balance (cap) | mem ok | "
+            "makespan (LB) | max-load | acyclic | time ms |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for r in rows:
             if "unsolved" in r:
-                lines.append(f"| {r['graph']} | {r['k']} | ilp | no optimum: {r['unsolved'][:60]} "
-                             f"| | | | | | | {r['seconds'] * 1000:.0f} |")
+                lines.append(
+                    f"| {r['graph']} | {r['k']} | ilp | no optimum: {r['unsolved'][:60]} "
+                    f"| | | | | | | {r['seconds'] * 1000:.0f} |"
+                )
                 continue
             lines.append(
                 f"| {r['graph']} | {r['k']} | {r['method']} | {r['critical_cut_count']} / "
                 f"{r['critical_cut_cost']:.1f} | {r['cut_cost']:.1f} | {r['balance']:.3f} "
                 f"({r['load_cap_ratio']:.2f}) | {'y' if r['memory_ok'] else 'n'} | "
                 f"{r['makespan']:.1f} ({r['lower_bound']:.1f}) | {r['max_load']:.1f} | "
-                f"{'y' if r['device_graph_acyclic'] else 'n'} | {r['seconds'] * 1000:.1f} |")
+                f"{'y' if r['device_graph_acyclic'] else 'n'} | {r['seconds'] * 1000:.1f} |"
+            )
         lines.append("")
     path.write_text("\n".join(lines) + "\n")
 
@@ -608,22 +771,28 @@ def write_markdown(doc, path: Path):
 def _bound_table(label: str, bounds: list[dict]) -> list[str]:
     """Per case: LB, the path-cut bound B, ours, METIS, best = (B - LB) / (METIS - LB), ours'
     excess ratio and (ours - B) / (METIS - B)."""
-    lines = [f"### {label}: makespan against the path-cut bound", "",
-             "B = max(LB, the path-cut bound): no partition within the load cap (and the "
-             "memory cap, where k devices can hold the graph) has a lower makespan "
-             "(simulate.path_cut_bound). best = (B - LB) / (METIS - LB): the lowest excess "
-             "ratio any within-cap partition could reach.", "",
-             "| graph | k | LB | B | ours | METIS (within load cap / memory ok) | best | "
-             "ours excess ratio | "
-             "(ours - B) / (METIS - B) |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"### {label}: makespan against the path-cut bound",
+        "",
+        "B = max(LB, the path-cut bound): no partition within the load cap (and the "
+        "memory cap, where k devices can hold the graph) has a lower makespan "
+        "(simulate.path_cut_bound). best = (B - LB) / (METIS - LB): the lowest excess "
+        "ratio any within-cap partition could reach.",
+        "",
+        "| graph | k | LB | B | ours | METIS (within load cap / memory ok) | best | "
+        "ours excess ratio | "
+        "(ours - B) / (METIS - B) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for b in bounds:
-        excess = ((b["ours"] - b["lb"]) / (b["metis"] - b["lb"])
-                  if b["metis"] - b["lb"] > 1e-9 else None)
-        lines.append(f"| {b['graph']} | {b['k']} | {b['lb']:.1f} | {b['bound']:.1f} | "
-                     f"{b['ours']:.1f}{'' if b['ours_within_cap'] else ' (over cap)'} | "
-                     f"{b['metis']:.1f} ({_yn(b.get('metis_load_within_cap', b['metis_within_cap']))}"
-                     f" / {_yn(b.get('metis_memory_ok', True))}) | "
-                     f"{_fmt(b['best'])} | {_fmt(excess)} | {_fmt(b['ours_vs_bound'])} |")
+        excess = (b["ours"] - b["lb"]) / (b["metis"] - b["lb"]) if b["metis"] - b["lb"] > 1e-9 else None
+        lines.append(
+            f"| {b['graph']} | {b['k']} | {b['lb']:.1f} | {b['bound']:.1f} | "
+            f"{b['ours']:.1f}{'' if b['ours_within_cap'] else ' (over cap)'} | "
+            f"{b['metis']:.1f} ({_yn(b.get('metis_load_within_cap', b['metis_within_cap']))}"
+            f" / {_yn(b.get('metis_memory_ok', True))}) | "
+            f"{_fmt(b['best'])} | {_fmt(excess)} | {_fmt(b['ours_vs_bound'])} |"
+        )
     return lines + [""]
 
 
@@ -641,14 +810,15 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--ilp-time", type=float, default=None)
     ap.add_argument("--ilp-max-nodes", type=int, default=None)
-    ap.add_argument("--reuse-ilp", action="store_true",
-                    help="take the ILP rows from the existing JSON instead of re-solving")
+    ap.add_argument(
+        "--reuse-ilp", action="store_true", help="take the ILP rows from the existing JSON instead of re-solving"
+    )
     ap.add_argument("--sizes", default=None, help="comma-separated synthetic DAG sizes")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "partition"))
-    ap.add_argument("--render", action="store_true",
-                    help="only rewrite the markdown from the existing JSON results")
-    ap.add_argument("--pipeline-only", action="store_true",
-                    help="only the real-pipeline comparison (partition_pipeline.*)")
+    ap.add_argument("--render", action="store_true", help="only rewrite the markdown from the existing JSON results")
+    ap.add_argument(
+        "--pipeline-only", action="store_true", help="only the real-pipeline comparison (partition_pipeline.*)"
+    )
     args = ap.parse_args(argv)
     out = Path(args.out)
     pipeline_out = out.parent / "partition_pipeline"
@@ -669,20 +839,29 @@ def main(argv=None):
     repeats = args.repeats or (3 if args.quick else 5)
     ilp_time = args.ilp_time or (20.0 if args.quick else 120.0)
     ilp_max = args.ilp_max_nodes or (100 if args.quick else 200)
-    sizes = ([int(s) for s in args.sizes.split(",")] if args.sizes else
-             ([1000, 2000, 10000] if args.quick else [1000, 2000, 10000, 100000, 1000000]))
+    sizes = (
+        [int(s) for s in args.sizes.split(",")]
+        if args.sizes
+        else ([1000, 2000, 10000] if args.quick else [1000, 2000, 10000, 100000, 1000000])
+    )
     old_ilp = None
     if args.reuse_ilp and out.with_suffix(".json").exists():
         old = json.loads(out.with_suffix(".json").read_text())
         old_ilp = {(r["graph"], r["k"]): r for r in old.get("graphs", []) if r["method"] == "ilp"}
-    doc = {"command": "python bench/partition.py " + " ".join(argv or sys.argv[1:]),
-           "ks": ks, "repeats": repeats, "python": platform.python_version(),
-           "machine": platform.machine(), "graphs": [], "summary": {}, "skipped": None,
-           "ilp_reused": bool(old_ilp)}
+    doc = {
+        "command": "python bench/partition.py " + " ".join(argv or sys.argv[1:]),
+        "ks": ks,
+        "repeats": repeats,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "graphs": [],
+        "summary": {},
+        "skipped": None,
+        "ilp_reused": bool(old_ilp),
+    }
     warm_up()
     if shared_data_dir() is None:
-        doc["skipped"] = ("shared data folder ../shared/data/dnn-partitioning not found "
-                          "(set TRAINMASTER_SHARED_DATA)")
+        doc["skipped"] = "shared data folder ../shared/data/dnn-partitioning not found (set TRAINMASTER_SHARED_DATA)"
         print("skipping data graphs:", doc["skipped"])
     else:
         doc["graphs"] = bench_graphs(ks, repeats, ilp_time, ilp_max, old_ilp)

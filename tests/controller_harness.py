@@ -35,8 +35,9 @@ class Harness:
         self.url = url or f"sqlite:///{tmp_path / 'store.db'}"
         self.sessions = session_factory(make_engine(self.url))
         self.backend = backend or LocalBackend()
-        self.controller = Controller(self.sessions, self.backend, self.url, interval=0.1, grace=2.0,
-                                     runs_dir=tmp_path / "runs")
+        self.controller = Controller(
+            self.sessions, self.backend, self.url, interval=0.1, grace=2.0, runs_dir=tmp_path / "runs"
+        )
         self.jobs = Trainmaster(self.sessions, self.url)
 
     def submit(self, doc: dict[str, Any] | str) -> int:
@@ -55,8 +56,7 @@ class Harness:
 
 
 def job(name: str, roles: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": {"name": name},
-            "spec": {"roles": roles, **spec}}
+    return {"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": {"name": name}, "spec": {"roles": roles, **spec}}
 
 
 def py(code: str) -> list[str]:
@@ -120,28 +120,35 @@ def pids_alive(pids: list[int]) -> list[int]:
     return alive
 
 
-
-SERVER = ("import os, socket\n"
-          "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-          "s.bind((os.environ['TM_HOST'], int(os.environ['TM_PORT']))); s.listen()\n"
-          "for _ in range(int(os.environ['CLIENTS'])):\n"
-          "    c, _ = s.accept(); c.sendall(b'hello'); c.close()\n")
-CLIENT = ("import os, socket, time\n"
-          "print('TM_SERVICE_SERVER=' + os.environ['TM_SERVICE_SERVER'], flush=True)\n"
-          "host, port = os.environ['TM_SERVICE_SERVER'].split(',')[0].split(':')\n"
-          "for attempt in range(100):\n"
-          "    try:\n"
-          "        s = socket.create_connection((host, int(port))); break\n"
-          "    except OSError: time.sleep(0.1)\n"
-          "assert s.recv(5) == b'hello'\n"
-          "print('client got hello')\n")
+SERVER = (
+    "import os, socket\n"
+    "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+    "s.bind((os.environ['TM_HOST'], int(os.environ['TM_PORT']))); s.listen()\n"
+    "for _ in range(int(os.environ['CLIENTS'])):\n"
+    "    c, _ = s.accept(); c.sendall(b'hello'); c.close()\n"
+)
+CLIENT = (
+    "import os, socket, time\n"
+    "print('TM_SERVICE_SERVER=' + os.environ['TM_SERVICE_SERVER'], flush=True)\n"
+    "host, port = os.environ['TM_SERVICE_SERVER'].split(',')[0].split(':')\n"
+    "for attempt in range(100):\n"
+    "    try:\n"
+    "        s = socket.create_connection((host, int(port))); break\n"
+    "    except OSError: time.sleep(0.1)\n"
+    "assert s.recv(5) == b'hello'\n"
+    "print('client got hello')\n"
+)
 
 
 def server_client_job(name: str, clients: int = 3) -> dict[str, Any]:
     """A server listening on TM_PORT and clients that reach it through TM_SERVICE_SERVER."""
-    return job(name, [{"name": "server", "command": py(SERVER), "env": {"CLIENTS": str(clients)}},
-                      {"name": "client", "replicas": clients, "command": py(CLIENT),
-                       "dependsOn": [{"role": "server"}]}])
+    return job(
+        name,
+        [
+            {"name": "server", "command": py(SERVER), "env": {"CLIENTS": str(clients)}},
+            {"name": "client", "replicas": clients, "command": py(CLIENT), "dependsOn": [{"role": "server"}]},
+        ],
+    )
 
 
 def step_until(h: Harness, job_id: int, done: Any, timeout: float = 60) -> dict[str, Any]:
@@ -167,10 +174,29 @@ def run_job_file(path: Path, tmp_path: Path, *args: str, timeout: float = 150) -
     import subprocess
 
     env = {**os.environ, "TRAINMASTER_HOME": str(tmp_path / "home")}
-    proc = subprocess.run([PY, "-m", "trainmaster", "run", str(path), "--interval", "0.2", "--grace", "1",
-                           "--json", "--db", f"sqlite:///{tmp_path / 'tm.db'}", *args],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
-    status = json.loads(proc.stdout[proc.stdout.index("{"):]) if "{" in proc.stdout else {}
+    proc = subprocess.run(
+        [
+            PY,
+            "-m",
+            "trainmaster",
+            "run",
+            str(path),
+            "--interval",
+            "0.2",
+            "--grace",
+            "1",
+            "--json",
+            "--db",
+            f"sqlite:///{tmp_path / 'tm.db'}",
+            *args,
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    status = json.loads(proc.stdout[proc.stdout.index("{") :]) if "{" in proc.stdout else {}
     return proc, status
 
 

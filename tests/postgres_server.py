@@ -60,18 +60,36 @@ class PostgresServer:
             entry = pwd.getpwnam("postgres")
             os.chown(self.dir, entry.pw_uid, entry.pw_gid)
             self._as_user = ["runuser", "-u", "postgres", "--"]
-        self._run(str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust",
-                  "--no-sync", "-E", "UTF8")
+        self._run(
+            str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8"
+        )
         self.start()
 
     def _run(self, *argv: str) -> None:
-        subprocess.run([*self._as_user, *argv], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                       cwd=self.dir, timeout=120)
+        subprocess.run(
+            [*self._as_user, *argv],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            cwd=self.dir,
+            timeout=120,
+        )
 
     def start(self) -> None:
         options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
-        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "server.log"),
-                  "-o", options, "-w", "-t", "60", "start")
+        self._run(
+            str(self.bin / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.dir / "server.log"),
+            "-o",
+            options,
+            "-w",
+            "-t",
+            "60",
+            "start",
+        )
         self._wait_ready()
 
     def stop(self, mode: str = "fast") -> None:

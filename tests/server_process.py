@@ -26,12 +26,31 @@ class ServerProcess:
     def __init__(self, tmp_path: Path, *extra: str, db: str | None = None, home: Path | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {**os.environ, "TRAINMASTER_HOME": str(home or tmp_path / "home"),
-                    "TRAINMASTER_DB": db or f"sqlite:///{tmp_path / 'store.db'}"}
+        self.env = {
+            **os.environ,
+            "TRAINMASTER_HOME": str(home or tmp_path / "home"),
+            "TRAINMASTER_DB": db or f"sqlite:///{tmp_path / 'store.db'}",
+        }
         self.log = open(tmp_path / f"server-{self.port}.log", "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "trainmaster", "server", "--port", str(self.port),
-                                      "--interval", "0.2", "--grace", "2", *extra], env=self.env,
-                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "trainmaster",
+                "server",
+                "--port",
+                str(self.port),
+                "--interval",
+                "0.2",
+                "--grace",
+                "2",
+                *extra,
+            ],
+            env=self.env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.wait_healthy()
 
     def wait_healthy(self, timeout: float = 60) -> None:

@@ -90,8 +90,9 @@ def test_follow_streams_until_the_instance_ends(facade: Trainmaster, harness: Ha
     job_id = harness.submit(job("follow", [{"name": "w", "command": py(SLEEPER)}]))
     _wait_running(facade, harness, job_id, 1)
     chunks: list[bytes] = []
-    reader = threading.Thread(target=lambda: chunks.extend(facade.read_log(job_id, "w", 0, follow=True,
-                                                                              poll=0.05, timeout=60)))
+    reader = threading.Thread(
+        target=lambda: chunks.extend(facade.read_log(job_id, "w", 0, follow=True, poll=0.05, timeout=60))
+    )
     reader.start()
     _wait_logged(facade, job_id, "up")
     facade.cancel(job_id)

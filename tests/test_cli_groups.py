@@ -41,10 +41,17 @@ def test_every_help_works_without_placeholders(path: tuple[str, ...]) -> None:
     assert "..." not in commands  # descriptions wrap, never cut
 
 
-@pytest.mark.parametrize("alias, grouped", [
-    (["run"], ["job", "run"]), (["status"], ["job", "status"]), (["list"], ["job", "list"]),
-    (["validate"], ["job", "validate"]), (["party"], ["gateway", "party"]), (["task"], ["gateway", "task"]),
-])
+@pytest.mark.parametrize(
+    "alias, grouped",
+    [
+        (["run"], ["job", "run"]),
+        (["status"], ["job", "status"]),
+        (["list"], ["job", "list"]),
+        (["validate"], ["job", "validate"]),
+        (["party"], ["gateway", "party"]),
+        (["task"], ["gateway", "task"]),
+    ],
+)
 def test_old_flat_verbs_are_aliases_of_the_groups(alias: list[str], grouped: list[str]) -> None:
     old = runner.invoke(app, [*alias, "--help"], terminal_width=100)
     new = runner.invoke(app, [*grouped, "--help"], terminal_width=100)

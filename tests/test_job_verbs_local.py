@@ -27,9 +27,16 @@ SLEEPER = "import time; print('up', flush=True); time.sleep(120)"
 
 def write_job(tmp_path: Path, name: str, code: str, replicas: int = 1) -> Path:
     path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": {"name": name},
-                                    "spec": {"roles": [{"name": "w", "replicas": replicas,
-                                                        "command": [sys.executable, "-c", code]}]}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "trainmaster/v1",
+                "kind": "Job",
+                "metadata": {"name": name},
+                "spec": {"roles": [{"name": "w", "replicas": replicas, "command": [sys.executable, "-c", code]}]},
+            }
+        )
+    )
     return path
 
 
@@ -41,8 +48,9 @@ def env(isolated_home: Path) -> dict[str, str]:
 
 
 def tm(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trainmaster", *args], capture_output=True, text=True, env=env,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "trainmaster", *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
 
 
 def assert_user_error(out: subprocess.CompletedProcess[str], *words: str) -> None:
@@ -78,9 +86,24 @@ def test_verbs_read_the_store_of_trainmaster_run(tmp_path: Path, env: dict[str, 
 
 
 def test_scale_and_cancel_a_running_trainmaster_run_without_a_server(tmp_path: Path, env: dict[str, str]) -> None:
-    run = subprocess.Popen([sys.executable, "-m", "trainmaster", "job", "run", str(write_job(tmp_path, "slow", SLEEPER)),
-                            "--interval", "0.1", "--grace", "2"], env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trainmaster",
+            "job",
+            "run",
+            str(write_job(tmp_path, "slow", SLEEPER)),
+            "--interval",
+            "0.1",
+            "--grace",
+            "2",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         _wait_for(env, "slow", lambda s: s["state"] == "running")
         assert tm(env, "job", "delete", "slow").returncode == 2  # still running: cancel first
@@ -140,7 +163,10 @@ def test_the_same_verbs_against_a_real_server(tmp_path: Path, env: dict[str, str
 
 def test_no_server_at_the_url_is_a_clear_error(tmp_path: Path, env: dict[str, str]) -> None:
     nobody = f"http://127.0.0.1:{free_port()}"
-    assert_user_error(tm(env, "job", "status", "x", "--server", nobody), "cannot reach the controller service",
-                      nobody)
-    assert_user_error(tm(env, "job", "submit", str(write_job(tmp_path, "j", LINES)), "--server", nobody),
-                      "submit needs a running controller service", nobody, "trainmaster job run")
+    assert_user_error(tm(env, "job", "status", "x", "--server", nobody), "cannot reach the controller service", nobody)
+    assert_user_error(
+        tm(env, "job", "submit", str(write_job(tmp_path, "j", LINES)), "--server", nobody),
+        "submit needs a running controller service",
+        nobody,
+        "trainmaster job run",
+    )

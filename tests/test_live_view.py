@@ -27,13 +27,23 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def reporting_job(path: Path, ticks: int = 400, roles: int = 2) -> Path:
-    code = ("import time, trainmaster\n"
-            f"for s in range(1, {ticks}):\n"
-            f"    trainmaster.report(step=s, total={ticks}, loss=1.0 / s)\n"
-            "    time.sleep(0.2)\n")
-    doc = {"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": {"name": "liveview"},
-           "spec": {"framework": "command", "roles": [
-               {"name": f"role{n}", "replicas": 2, "command": [sys.executable, "-c", code]} for n in range(roles)]}}
+    code = (
+        "import time, trainmaster\n"
+        f"for s in range(1, {ticks}):\n"
+        f"    trainmaster.report(step=s, total={ticks}, loss=1.0 / s)\n"
+        "    time.sleep(0.2)\n"
+    )
+    doc = {
+        "apiVersion": "trainmaster/v1",
+        "kind": "Job",
+        "metadata": {"name": "liveview"},
+        "spec": {
+            "framework": "command",
+            "roles": [
+                {"name": f"role{n}", "replicas": 2, "command": [sys.executable, "-c", code]} for n in range(roles)
+            ],
+        },
+    }
     path.write_text(yaml.safe_dump(doc))
     return path
 
@@ -52,9 +62,15 @@ class Terminal:
         self.stream = pyte.ByteStream(self.screen)
         master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", lines, columns, 0, 0))
-        self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, close_fds=True,
-                                     env={**env, "TERM": "xterm-256color", "COLUMNS": str(columns),
-                                          "LINES": str(lines)}, preexec_fn=_own_terminal)
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            close_fds=True,
+            env={**env, "TERM": "xterm-256color", "COLUMNS": str(columns), "LINES": str(lines)},
+            preexec_fn=_own_terminal,
+        )
         os.close(slave)
         self.master = master
 
@@ -82,15 +98,21 @@ def _has_progress(display: list[str]) -> bool:
     """A whole frame (Live redraws in place, so a read can land mid-frame): both roles with their
     progress and metrics, and the events below them."""
     text = "\n".join(display)
-    return (all(any(line.lstrip().startswith(role) and "%" in line and "loss=" in line for line in display)
-                for role in ("role0", "role1"))
-            and "events" in text and display[0].startswith("job liveview"))
+    return (
+        all(
+            any(line.lstrip().startswith(role) and "%" in line and "loss=" in line for line in display)
+            for role in ("role0", "role1")
+        )
+        and "events" in text
+        and display[0].startswith("job liveview")
+    )
 
 
 def test_live_view_fits_80x24_and_shows_progress(tmp_path: Path) -> None:
     env = {**os.environ, "TRAINMASTER_HOME": str(tmp_path / "home")}
-    term = Terminal([sys.executable, "-m", "trainmaster", "run", str(reporting_job(tmp_path / "job.yaml"))],
-                    80, 24, env)
+    term = Terminal(
+        [sys.executable, "-m", "trainmaster", "run", str(reporting_job(tmp_path / "job.yaml"))], 80, 24, env
+    )
     try:
         display = term.read_until(_has_progress, "both roles' progress in the live view")
         text = "\n".join(display)
@@ -108,16 +130,35 @@ def test_live_view_fits_80x24_and_shows_progress(tmp_path: Path) -> None:
 
 
 def test_taller_terminal_adds_the_instances_table() -> None:
-    status = {"id": 3, "name": "wide", "state": "running", "reason": "Running", "message": "all good",
-              "startedAt": "2026-01-01T00:00:00+00:00", "createdAt": "2026-01-01T00:00:00+00:00",
-              "completedAt": "2026-01-01T00:01:05+00:00",
-              "roles": [{"name": "worker", "state": "running", "counts": {"running": 20}, "replicas": 20}],
-              "instances": [{"role": "worker", "index": i, "state": "running", "attempt": 1, "restarts": 0,
-                             "address": f"127.0.0.1:{9000 + i}", "exitCode": None, "reason": "Running",
-                             "metrics": {"step": 5, "epoch": None, "total": 10, "values": {"loss": 0.5}}}
-                            for i in range(20)],
-              "events": [{"time": "2026-01-01T00:00:0%d" % i, "object": "job", "type": "Normal",
-                          "reason": "R", "message": "m" * 200} for i in range(9)]}
+    status = {
+        "id": 3,
+        "name": "wide",
+        "state": "running",
+        "reason": "Running",
+        "message": "all good",
+        "startedAt": "2026-01-01T00:00:00+00:00",
+        "createdAt": "2026-01-01T00:00:00+00:00",
+        "completedAt": "2026-01-01T00:01:05+00:00",
+        "roles": [{"name": "worker", "state": "running", "counts": {"running": 20}, "replicas": 20}],
+        "instances": [
+            {
+                "role": "worker",
+                "index": i,
+                "state": "running",
+                "attempt": 1,
+                "restarts": 0,
+                "address": f"127.0.0.1:{9000 + i}",
+                "exitCode": None,
+                "reason": "Running",
+                "metrics": {"step": 5, "epoch": None, "total": 10, "values": {"loss": 0.5}},
+            }
+            for i in range(20)
+        ],
+        "events": [
+            {"time": "2026-01-01T00:00:0%d" % i, "object": "job", "type": "Normal", "reason": "R", "message": "m" * 200}
+            for i in range(9)
+        ],
+    }
     from rich.console import Console
 
     def draw(width: int, height: int) -> list[str]:
@@ -137,8 +178,17 @@ def test_status_from_a_server_says_who_leads() -> None:
     """A status answered by a standby names the leader (servers sharing a PostgreSQL store)."""
     from rich.console import Console
 
-    status = {"id": 1, "name": "j", "state": "running", "reason": "Running", "message": "", "roles": [],
-              "instances": [], "events": [], "controller": {"leading": False, "leader": "hostA-1-abc", "server": "hostB-2-def"}}
+    status = {
+        "id": 1,
+        "name": "j",
+        "state": "running",
+        "reason": "Running",
+        "message": "",
+        "roles": [],
+        "instances": [],
+        "events": [],
+        "controller": {"leading": False, "leader": "hostA-1-abc", "server": "hostB-2-def"},
+    }
     console = Console(width=100, record=True, color_system=None)
     console.print(render_status(status, width=100, height=40))
     assert "controller: leader hostA-1-abc (answered by hostB-2-def)" in console.export_text()

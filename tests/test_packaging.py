@@ -36,25 +36,36 @@ def test_core_install_in_a_clean_venv(tmp_path: Path) -> None:
     venv.EnvBuilder(with_pip=True).create(env_dir)
     python = env_dir / "bin" / "python"
     installed = run([str(python), "-m", "pip", "install", "--quiet", str(wheel)])
-    if installed.returncode != 0 and ("Could not find a version" in installed.stderr
-                                      or "Failed to establish" in installed.stderr):
+    if installed.returncode != 0 and (
+        "Could not find a version" in installed.stderr or "Failed to establish" in installed.stderr
+    ):
         pytest.skip("the package index is not reachable to install the core's dependencies")
     assert installed.returncode == 0, installed.stderr[-2000:]
-    have = run([str(python), "-c", "import importlib.util, sys; print([m for m in sys.argv[1:] "
-                "if importlib.util.find_spec(m)])", *HEAVY])
+    have = run(
+        [
+            str(python),
+            "-c",
+            "import importlib.util, sys; print([m for m in sys.argv[1:] if importlib.util.find_spec(m)])",
+            *HEAVY,
+        ]
+    )
     assert have.stdout.strip() == "[]", f"the core install pulled in {have.stdout}"
 
     trainmaster = str(env_dir / "bin" / "trainmaster")
     env = {**CLEAN, "TRAINMASTER_HOME": str(tmp_path / "home")}
     assert run([trainmaster, "version"], env=env).stdout.strip()
     job = tmp_path / "job.yaml"
-    job.write_text("apiVersion: trainmaster/v1\nkind: Job\nmetadata: {name: core}\nspec:\n  framework: command\n"
-                   "  roles:\n    - {name: main, replicas: 2, command: [sh, -c, 'echo hello from $TM_ROLE']}\n")
+    job.write_text(
+        "apiVersion: trainmaster/v1\nkind: Job\nmetadata: {name: core}\nspec:\n  framework: command\n"
+        "  roles:\n    - {name: main, replicas: 2, command: [sh, -c, 'echo hello from $TM_ROLE']}\n"
+    )
     ran = run([trainmaster, "run", str(job)], env=env, cwd=tmp_path)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     graph = tmp_path / "graph.json"
-    graph.write_text('{"nodes": [{"id": "a", "cost": 1}, {"id": "b", "cost": 1}, {"id": "c", "cost": 1}], '
-                     '"edges": [{"src": "a", "dst": "b", "cost": 1}, {"src": "b", "dst": "c", "cost": 1}]}')
+    graph.write_text(
+        '{"nodes": [{"id": "a", "cost": 1}, {"id": "b", "cost": 1}, {"id": "c", "cost": 1}], '
+        '"edges": [{"src": "a", "dst": "b", "cost": 1}, {"src": "b", "dst": "c", "cost": 1}]}'
+    )
     needs = run([trainmaster, "partition", str(graph), "-k", "2", "--method", "metis"], env=env, cwd=tmp_path)
     assert needs.returncode == 2 and "trainmaster[partition]" in needs.stderr, needs.stderr
     assert "Traceback" not in needs.stderr
@@ -68,8 +79,9 @@ def test_sdist_and_wheel_build_with_pypa_build(tmp_path: Path) -> None:
 
     pytest.importorskip("build", reason="pypa's build is in the test extra: pip install -e '.[test]'")
     out = tmp_path / "dist"
-    built = run([sys.executable, "-m", "build", "--sdist", "--wheel", "--no-isolation", "--outdir", str(out),
-                 str(ROOT)])
+    built = run(
+        [sys.executable, "-m", "build", "--sdist", "--wheel", "--no-isolation", "--outdir", str(out), str(ROOT)]
+    )
     assert built.returncode == 0, (built.stdout + built.stderr)[-3000:]
     sdist = next(out.glob("trainmaster-*.tar.gz"))
     wheel = next(out.glob("trainmaster-*.whl"))
@@ -77,10 +89,18 @@ def test_sdist_and_wheel_build_with_pypa_build(tmp_path: Path) -> None:
         in_sdist = archive.getnames()
     with zipfile.ZipFile(wheel) as archive:
         in_wheel = archive.namelist()
-    for part in ("README.md", "pyproject.toml", "trainmaster/store/migrations/versions/",
-                 "trainmaster/service/dashboard/templates/", "trainmaster/service/dashboard/static/"):
+    for part in (
+        "README.md",
+        "pyproject.toml",
+        "trainmaster/store/migrations/versions/",
+        "trainmaster/service/dashboard/templates/",
+        "trainmaster/service/dashboard/static/",
+    ):
         assert any(part in name for name in in_sdist), f"{part} missing from the sdist"
-    for part in ("trainmaster/store/migrations/versions/", "trainmaster/service/dashboard/templates/",
-                 "trainmaster/service/dashboard/static/"):
+    for part in (
+        "trainmaster/store/migrations/versions/",
+        "trainmaster/service/dashboard/templates/",
+        "trainmaster/service/dashboard/static/",
+    ):
         assert any(name.startswith(part) for name in in_wheel), f"{part} missing from the wheel"
     assert "SetuptoolsDeprecationWarning" not in built.stdout + built.stderr  # e.g. the old license table

@@ -30,14 +30,31 @@ def test_pytorch_digits_reaches_accuracy(tmp_path: Path) -> None:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_signal_on_run_leaves_no_instance_behind(tmp_path: Path, sig: signal.Signals) -> None:
-    spec = {"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": {"name": "sleepy"}, "spec": {"roles": [
-        {"name": "a", "replicas": 2, "command": ["python", "-c", "import time; time.sleep(120)"]},
-        {"name": "b", "command": ["python", "-c", "import time; time.sleep(120)"], "dependsOn": [{"role": "a"}]}]}}
+    spec = {
+        "apiVersion": "trainmaster/v1",
+        "kind": "Job",
+        "metadata": {"name": "sleepy"},
+        "spec": {
+            "roles": [
+                {"name": "a", "replicas": 2, "command": ["python", "-c", "import time; time.sleep(120)"]},
+                {
+                    "name": "b",
+                    "command": ["python", "-c", "import time; time.sleep(120)"],
+                    "dependsOn": [{"role": "a"}],
+                },
+            ]
+        },
+    }
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(spec))
     env = {**os.environ, "TRAINMASTER_HOME": str(tmp_path / "home")}
-    proc = subprocess.Popen([sys.executable, "-m", "trainmaster", "run", str(path), "--interval", "0.1", "--grace", "2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainmaster", "run", str(path), "--interval", "0.1", "--grace", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     pids = _instance_process_trees(tmp_path / "home", expected=3, timeout=60)
     assert len(pids) == 3
     proc.send_signal(sig)
@@ -89,14 +106,25 @@ def test_a_run_killed_with_sigkill_is_resumed_without_running_anything_twice(tmp
 
     marks = tmp_path / "marks"
     marks.mkdir()
-    code = (f"import os, time; open('{marks}/%s-%d' % (os.environ['TM_REPLICA_INDEX'], os.getpid()), 'w')\n"
-            "time.sleep(8)")
+    code = f"import os, time; open('{marks}/%s-%d' % (os.environ['TM_REPLICA_INDEX'], os.getpid()), 'w')\ntime.sleep(8)"
     path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump({"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": {"name": "orphan"},
-                                    "spec": {"roles": [{"name": "w", "replicas": 2, "command": ["python", "-c", code]}]}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "trainmaster/v1",
+                "kind": "Job",
+                "metadata": {"name": "orphan"},
+                "spec": {"roles": [{"name": "w", "replicas": 2, "command": ["python", "-c", code]}]},
+            }
+        )
+    )
     env = {**os.environ, "TRAINMASTER_HOME": str(tmp_path / "home")}
-    run = subprocess.Popen([sys.executable, "-m", "trainmaster", "run", str(path), "--interval", "0.1"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "trainmaster", "run", str(path), "--interval", "0.1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
     deadline = time.monotonic() + 60
     while len(list(marks.iterdir())) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -110,13 +138,19 @@ def test_a_run_killed_with_sigkill_is_resumed_without_running_anything_twice(tmp
     assert stale["state"] == "running" and stale["reason"] == "ControllerGone"
     assert "trainmaster resume" in stale["message"]
 
-    out = subprocess.run([sys.executable, "-m", "trainmaster", "resume", "orphan", "--interval", "0.1", "--json"],
-                         capture_output=True, text=True, env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "trainmaster", "resume", "orphan", "--interval", "0.1", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     status = json.loads(out.stdout)
     assert status["state"] == "succeeded" and [i["attempt"] for i in status["instances"]] == [1, 1]
     assert {e["reason"] for e in status["events"]} >= {"Resumed", "Adopted"}
     assert len(list(marks.iterdir())) == 2  # neither instance ran a second time
-    again = subprocess.run([sys.executable, "-m", "trainmaster", "resume", "orphan"], capture_output=True,
-                           text=True, env=env, timeout=60)
+    again = subprocess.run(
+        [sys.executable, "-m", "trainmaster", "resume", "orphan"], capture_output=True, text=True, env=env, timeout=60
+    )
     assert again.returncode == 2 and "already ended" in again.stderr

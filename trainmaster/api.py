@@ -152,9 +152,11 @@ class Trainmaster:
         url = url or default_url()
         path = sqlite_path(url)
         if existing and path is not None and not path.exists():
-            raise StoreMissing(f"no store at {path}: no job has run with this Trainmaster home yet. Run one with "
-                            "`trainmaster job run FILE`, give the store with --db / TRAINMASTER_DB or the home with "
-                            "--home / TRAINMASTER_HOME, or ask a server with --server URL")
+            raise StoreMissing(
+                f"no store at {path}: no job has run with this Trainmaster home yet. Run one with "
+                "`trainmaster job run FILE`, give the store with --db / TRAINMASTER_DB or the home with "
+                "--home / TRAINMASTER_HOME, or ask a server with --server URL"
+            )
         return cls(session_factory(make_engine(url)), url)
 
     # ---- reading -------------------------------------------------------------------------------
@@ -174,8 +176,7 @@ class Trainmaster:
             row = self._find(session, ref)
             return repo.job_status(session, repo.load_job(session, row.id), events=events)
 
-    def wait(self, ref: str | int, timeout: float, states: frozenset[str] | None = None,
-             poll: float = 0.25) -> JobRef:
+    def wait(self, ref: str | int, timeout: float, states: frozenset[str] | None = None, poll: float = 0.25) -> JobRef:
         """Wait until the job is in one of ``states`` (default: ended); :class:`WaitTimedOut`
         after ``timeout`` seconds. The store is polled: the job may be run by another process."""
         wanted = states or frozenset({"succeeded", "failed", "cancelled"})
@@ -186,8 +187,10 @@ class Trainmaster:
                 return job
             left = deadline - time.monotonic()
             if left <= 0:
-                raise WaitTimedOut(f"job {job.name} (id {job.id}) still {job.state} after {timeout:g} s "
-                                   f"(waited for: {', '.join(sorted(wanted))})")
+                raise WaitTimedOut(
+                    f"job {job.name} (id {job.id}) still {job.state} after {timeout:g} s "
+                    f"(waited for: {', '.join(sorted(wanted))})"
+                )
             time.sleep(min(poll, left))
 
     # ---- logs ----------------------------------------------------------------------------------
@@ -215,8 +218,15 @@ class Trainmaster:
         kept = text.splitlines(keepends=True)[-lines:] if lines > 0 else []
         return "".join(kept)
 
-    def read_log(self, ref: str | int, role: str | None = None, index: int = 0, follow: bool = False,
-                 poll: float = 0.25, timeout: float | None = None) -> Iterator[bytes]:
+    def read_log(
+        self,
+        ref: str | int,
+        role: str | None = None,
+        index: int = 0,
+        follow: bool = False,
+        poll: float = 0.25,
+        timeout: float | None = None,
+    ) -> Iterator[bytes]:
         """An instance's log in chunks; with ``follow``, new output as it comes until the instance
         ends (then the rest) or ``timeout`` seconds pass (:class:`WaitTimedOut`)."""
         target = self.log_target(ref, role, index)
@@ -277,8 +287,7 @@ class Trainmaster:
                 return CancelResult(row.id, False, f"job {row.name} has already ended ({row.state})")
             session.commit()
             if owner_alive(row.owner) is False:
-                note = (f"its `trainmaster run` is gone: `trainmaster job resume {row.id}` stops its "
-                        "instances now")
+                note = f"its `trainmaster run` is gone: `trainmaster job resume {row.id}` stops its instances now"
             else:
                 note = "its controller stops every instance at its next pass"
             return CancelResult(row.id, True, note)
@@ -314,17 +323,22 @@ class Trainmaster:
 
     # ---- submitting ----------------------------------------------------------------------------
     @staticmethod
-    def load(document: dict[str, Any], backend: str, options: LoadOptions | None = None,
-             source: str = "submitted job") -> LoadedJob:
+    def load(
+        document: dict[str, Any], backend: str, options: LoadOptions | None = None, source: str = "submitted job"
+    ) -> LoadedJob:
         """Validate a job document as a controller on ``backend`` will run it; a
         :class:`UserError` lists every problem with its field path (the job's own
         ``spec.scheduling.backend`` must be that backend)."""
         loaded = load_document(document, source=source, options=options or LoadOptions())
         wanted = loaded.job.spec.scheduling.backend
         if wanted is not None and wanted.value != backend:
-            raise UserError(f"{source} is not a valid job (1 problem(s))", [
-                f"spec.scheduling.backend: this server runs its instances on '{backend}', not "
-                f"'{wanted.value}'; remove the field or submit to a server started with --backend {wanted.value}"])
+            raise UserError(
+                f"{source} is not a valid job (1 problem(s))",
+                [
+                    f"spec.scheduling.backend: this server runs its instances on '{backend}', not "
+                    f"'{wanted.value}'; remove the field or submit to a server started with --backend {wanted.value}"
+                ],
+            )
         return loaded
 
     def submit(self, loaded: LoadedJob, controller: Controller, unique_name: bool = True) -> JobRef:
@@ -341,11 +355,22 @@ class Trainmaster:
     # ---- running here --------------------------------------------------------------------------
     def controller(self, options: RunOptions, owner: str) -> Controller:
         """An embedded controller over this store reconciling ``owner``'s jobs."""
-        return Controller(self.sessions, make_backend(options.backend, options.cpus, options.ray_address), self.url,
-                          interval=options.interval, grace=options.grace, owner=owner)
+        return Controller(
+            self.sessions,
+            make_backend(options.backend, options.cpus, options.ray_address),
+            self.url,
+            interval=options.interval,
+            grace=options.grace,
+            owner=owner,
+        )
 
-    def run(self, loaded: LoadedJob, options: RunOptions, on_tick: Callable[[int], None] | None = None,
-            should_cancel: Callable[[], bool] | None = None) -> RunResult:
+    def run(
+        self,
+        loaded: LoadedJob,
+        options: RunOptions,
+        on_tick: Callable[[int], None] | None = None,
+        should_cancel: Callable[[], bool] | None = None,
+    ) -> RunResult:
         """Queue ``loaded`` for a controller in this process and reconcile it to its end;
         ``on_tick(job_id)`` after every pass, ``should_cancel()`` true cancels it."""
         from trainmaster.containers.policy import container_problems
@@ -358,8 +383,13 @@ class Trainmaster:
         job_id = self.submit(loaded, controller, unique_name=False).id
         return self._drive(controller, job_id, on_tick, should_cancel)
 
-    def resume(self, ref: str | int, options: RunOptions, on_tick: Callable[[int], None] | None = None,
-               should_cancel: Callable[[], bool] | None = None) -> RunResult:
+    def resume(
+        self,
+        ref: str | int,
+        options: RunOptions,
+        on_tick: Callable[[int], None] | None = None,
+        should_cancel: Callable[[], bool] | None = None,
+    ) -> RunResult:
         """Take over a job whose ``trainmaster run`` ended before it and run it to its end: live
         instances are re-adopted, ended ones handled by their restart policy. ``options.backend``
         is ignored: the job keeps the backend it started on."""
@@ -373,8 +403,9 @@ class Trainmaster:
             what = f"job {row.name} (id {row.id}, {row.state})"
             alive = owner_alive(row.owner)
             if not repo.is_terminal(row.state) and repo.is_suspended(row) and alive is not False:
-                raise UserError(f"{what} is suspended and its controller runs; release it with "
-                                f"`trainmaster job unsuspend {row.id}`")
+                raise UserError(
+                    f"{what} is suspended and its controller runs; release it with `trainmaster job unsuspend {row.id}`"
+                )
             refusal = why_not_resumable(repo.is_terminal(row.state), row.owner, what)
             if refusal:
                 raise UserError(refusal)
@@ -388,11 +419,17 @@ class Trainmaster:
         controller.recover()
         return self._drive(controller, job_id, on_tick, should_cancel)
 
-    def _drive(self, controller: Controller, job_id: int, on_tick: Callable[[int], None] | None,
-               should_cancel: Callable[[], bool] | None) -> RunResult:
+    def _drive(
+        self,
+        controller: Controller,
+        job_id: int,
+        on_tick: Callable[[int], None] | None,
+        should_cancel: Callable[[], bool] | None,
+    ) -> RunResult:
         try:
-            state = controller.run_job(job_id, on_tick=None if on_tick is None else lambda: on_tick(job_id),
-                                       should_cancel=should_cancel)
+            state = controller.run_job(
+                job_id, on_tick=None if on_tick is None else lambda: on_tick(job_id), should_cancel=should_cancel
+            )
         finally:
             controller.backend.close()  # this command's connection to the node agent, not the agent
         return RunResult(job_id, state, self.status(job_id, events=200))

@@ -15,25 +15,29 @@ PY = sys.executable
 # A replica that holds an exclusive flock on its own lock file for as long as it lives. A second
 # copy of the same replica alive at the same time cannot take the lock and records itself in
 # ``<lock>.double``; every start appends its pid to ``<lock>.starts``.
-REPLICA = ("import fcntl, os, sys, time\n"
-           "lock = sys.argv[1]\n"
-           "f = open(lock, 'a+')\n"
-           "try:\n"
-           "    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
-           "except BlockingIOError:\n"
-           "    open(lock + '.double', 'a').write(f'{os.getpid()}\\n')\n"
-           "open(lock + '.starts', 'a').write(f'{os.getpid()}\\n')\n"
-           "time.sleep(float(sys.argv[2]))\n")
+REPLICA = (
+    "import fcntl, os, sys, time\n"
+    "lock = sys.argv[1]\n"
+    "f = open(lock, 'a+')\n"
+    "try:\n"
+    "    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+    "except BlockingIOError:\n"
+    "    open(lock + '.double', 'a').write(f'{os.getpid()}\\n')\n"
+    "open(lock + '.starts', 'a').write(f'{os.getpid()}\\n')\n"
+    "time.sleep(float(sys.argv[2]))\n"
+)
 
 # A command that leaves a setsid grandchild and a double-forked daemon behind, then sleeps.
-ESCAPERS = ("import os, subprocess, sys, time\n"
-            "subprocess.Popen(['setsid', sys.executable, '-c', 'import time; time.sleep(300)  # escaper'])\n"
-            "if os.fork() == 0:\n"
-            "    os.setsid()\n"
-            "    if os.fork() == 0:\n"
-            "        os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(300)  # escaper'])\n"
-            "    os._exit(0)\n"
-            "time.sleep(float(sys.argv[1]))\n")
+ESCAPERS = (
+    "import os, subprocess, sys, time\n"
+    "subprocess.Popen(['setsid', sys.executable, '-c', 'import time; time.sleep(300)  # escaper'])\n"
+    "if os.fork() == 0:\n"
+    "    os.setsid()\n"
+    "    if os.fork() == 0:\n"
+    "        os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(300)  # escaper'])\n"
+    "    os._exit(0)\n"
+    "time.sleep(float(sys.argv[1]))\n"
+)
 
 
 def replica(lock: Path, seconds: float) -> list[str]:
@@ -57,8 +61,11 @@ def job_processes(home: Path) -> list[int]:
     for proc in psutil.process_iter():
         try:
             environ = proc.environ()
-            if ("TM_INSTANCE_ID" in environ and environ.get("TRAINMASTER_HOME") == str(home)
-                    and proc.status() != psutil.STATUS_ZOMBIE):
+            if (
+                "TM_INSTANCE_ID" in environ
+                and environ.get("TRAINMASTER_HOME") == str(home)
+                and proc.status() != psutil.STATUS_ZOMBIE
+            ):
                 found.append(proc.pid)
         except psutil.Error:
             continue

@@ -26,8 +26,15 @@ CGROUPS = not cgroups_available()
 BASE_ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 
 
-@pytest.fixture(params=[pytest.param("cgroup", marks=pytest.mark.skipif(
-    not CGROUPS, reason=f"cgroup v1 trees unavailable here: {cgroups_available()}")), "marker"])
+@pytest.fixture(
+    params=[
+        pytest.param(
+            "cgroup",
+            marks=pytest.mark.skipif(not CGROUPS, reason=f"cgroup v1 trees unavailable here: {cgroups_available()}"),
+        ),
+        "marker",
+    ]
+)
 def agent(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[AgentClient]:
     """An agent daemon of its own (cgroup trees, or environment markers only), stopped (with
     everything it started) when the test ends, passed or failed."""
@@ -42,17 +49,32 @@ def agent(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[AgentClien
 
 
 def spec(tmp_path: Path, name: str, argv: list[str], attempt: int = 1, **extra: object) -> LaunchSpec:
-    return LaunchSpec(instance_id=f"job/{name}/{attempt}", job_id=1, job_name="job", role=name, index=0,
-                      attempt=attempt, argv=argv, env=dict(BASE_ENV), cwd=None,
-                      log_path=str(tmp_path / f"{name}.log"), instance_dir=str(tmp_path / name), host="127.0.0.1",
-                      **extra)  # type: ignore[arg-type]
+    return LaunchSpec(
+        instance_id=f"job/{name}/{attempt}",
+        job_id=1,
+        job_name="job",
+        role=name,
+        index=0,
+        attempt=attempt,
+        argv=argv,
+        env=dict(BASE_ENV),
+        cwd=None,
+        log_path=str(tmp_path / f"{name}.log"),
+        instance_dir=str(tmp_path / name),
+        host="127.0.0.1",
+        **extra,
+    )  # type: ignore[arg-type]
 
 
 def test_exit_codes_cpu_and_peak_memory_are_reported(agent: AgentClient, tmp_path: Path) -> None:
     """Reaping with wait4: the exit code (or 128 + signal), and the tree's CPU seconds and peak RSS."""
     burn = "import sys; x = bytearray(64 << 20); t = sum(range(3_000_000)); sys.exit(3)"
-    results = agent.start([spec(tmp_path, "burn", [PY, "-c", burn]),
-                           spec(tmp_path, "killed", [PY, "-c", "import os; os.kill(os.getpid(), 9)"])])
+    results = agent.start(
+        [
+            spec(tmp_path, "burn", [PY, "-c", burn]),
+            spec(tmp_path, "killed", [PY, "-c", "import os; os.kill(os.getpid(), 9)"]),
+        ]
+    )
     assert all(r.handle for r in results)
     burnt, killed = _exited(agent, ["job/burn/1", "job/killed/1"])
     assert burnt.exit_code == 3 and burnt.reason == "Error"
@@ -63,8 +85,10 @@ def test_exit_codes_cpu_and_peak_memory_are_reported(agent: AgentClient, tmp_pat
 def _exited(agent: AgentClient, ids: list[str], timeout: float = 30):  # type: ignore[no-untyped-def]
     def done():  # type: ignore[no-untyped-def]
         statuses = agent.observe(ids)
-        return statuses if all(s.phase in (InstancePhase.EXITED, InstancePhase.START_FAILED)
-                               for s in statuses) else None
+        return (
+            statuses if all(s.phase in (InstancePhase.EXITED, InstancePhase.START_FAILED) for s in statuses) else None
+        )
+
     return wait_until(done, timeout, f"{ids} to exit")
 
 
@@ -78,10 +102,13 @@ def test_start_is_idempotent_and_refusals_name_the_program(agent: AgentClient, t
     wait_until(lambda: starts(lock) == 1, what="the replica to start")
     plain = tmp_path / "plain.txt"
     plain.write_text("not a program")
-    refused = agent.start([spec(tmp_path, "nope", ["no-such-program-xyz"]),
-                           LaunchSpec(**{**spec(tmp_path, "cwd", [PY, "-c", "pass"]).to_dict(),
-                                         "cwd": str(tmp_path / "missing-dir")}),
-                           spec(tmp_path, "noexec", [str(plain)])])
+    refused = agent.start(
+        [
+            spec(tmp_path, "nope", ["no-such-program-xyz"]),
+            LaunchSpec(**{**spec(tmp_path, "cwd", [PY, "-c", "pass"]).to_dict(), "cwd": str(tmp_path / "missing-dir")}),
+            spec(tmp_path, "noexec", [str(plain)]),
+        ]
+    )
     assert [r.handle for r in refused] == [None, None, None]
     assert "program 'no-such-program-xyz' not found" in refused[0].error
     assert "missing-dir" in refused[1].error and PY in refused[1].error
@@ -91,8 +118,7 @@ def test_start_is_idempotent_and_refusals_name_the_program(agent: AgentClient, t
     assert starts(lock) == 1 and doubles(tmp_path) == []
 
 
-def test_a_batch_is_spawned_by_several_threads_each_child_in_its_own_tree(agent: AgentClient,
-                                                                          tmp_path: Path) -> None:
+def test_a_batch_is_spawned_by_several_threads_each_child_in_its_own_tree(agent: AgentClient, tmp_path: Path) -> None:
     """Parallel spawning (issue #14, controller/agent speed): one start of 40 instances is spawned
     by several agent threads, each moving from one instance's cgroups into the next. Every child
     is born in its own instance's tree, one that exits while the batch is still spawning is
@@ -141,7 +167,9 @@ def test_when_the_main_process_ends_its_tree_is_killed(agent: AgentClient, tmp_p
 
 
 def test_stop_escalates_to_sigkill(agent: AgentClient, tmp_path: Path) -> None:
-    stubborn = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(60)"
+    stubborn = (
+        "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(60)"
+    )
     agent.start([spec(tmp_path, "stubborn", [PY, "-c", stubborn])])
     wait_until(lambda: "ready" in (tmp_path / "stubborn.log").read_text(), what="the handler")
     started = time.monotonic()
@@ -160,8 +188,9 @@ def test_memory_limit_is_enforced_by_the_cgroup(agent: AgentClient, tmp_path: Pa
     assert status.exit_code == 137 and status.reason == "OOMKilled"
 
 
-def test_agent_killed_restarts_kill_what_it_left_and_journal_agent_restarted(agent: AgentClient,
-                                                                           tmp_path: Path) -> None:
+def test_agent_killed_restarts_kill_what_it_left_and_journal_agent_restarted(
+    agent: AgentClient, tmp_path: Path
+) -> None:
     """Agent death: kill -9 of the agent leaves its instances running without an owner; the
     next agent kills them BEFORE it accepts a start and journals them EXITED/AgentRestarted
     (137); exits journaled before the crash are still reported. A replacement started right
@@ -169,8 +198,12 @@ def test_agent_killed_restarts_kill_what_it_left_and_journal_agent_restarted(age
     state_dir = agent.state_dir
     extra = ("--no-cgroups",) if agent.ping()["trees"] == "marker" else ()
     lock = tmp_path / "r.lock"
-    agent.start([spec(tmp_path, "r", [PY, "-c", f"import subprocess, sys; subprocess.run({replica(lock, 300)!r})"]),
-                 spec(tmp_path, "done", [PY, "-c", "raise SystemExit(5)"])])
+    agent.start(
+        [
+            spec(tmp_path, "r", [PY, "-c", f"import subprocess, sys; subprocess.run({replica(lock, 300)!r})"]),
+            spec(tmp_path, "done", [PY, "-c", "raise SystemExit(5)"]),
+        ]
+    )
     _exited(agent, ["job/done/1"])
     wait_until(lambda: starts(lock) == 1, what="the replica to start")
     old = agent_pid(state_dir)
@@ -199,11 +232,28 @@ def test_kill9_of_the_wait_step_ends_the_instance_and_nothing_runs_twice(agent: 
     ends the attempt with 137; nothing of it is left to overlap the next attempt."""
     from trainmaster.agent.contract import Dependency
 
-    gated = spec(tmp_path, "gated", ["true"], depends=[Dependency("nobody", "Running", 60, 1)],
-                 db_url=f"sqlite:///{tmp_path / 'none.db'}",
-                 env_inputs={"framework": "command", "role_env": {}, "context": {
-                     "job_name": "job", "role": "gated", "index": 0, "replicas": 1, "role_replicas": {},
-                     "host": "127.0.0.1", "ports": [], "params": {}, "output_dir": str(tmp_path)}})
+    gated = spec(
+        tmp_path,
+        "gated",
+        ["true"],
+        depends=[Dependency("nobody", "Running", 60, 1)],
+        db_url=f"sqlite:///{tmp_path / 'none.db'}",
+        env_inputs={
+            "framework": "command",
+            "role_env": {},
+            "context": {
+                "job_name": "job",
+                "role": "gated",
+                "index": 0,
+                "replicas": 1,
+                "role_replicas": {},
+                "host": "127.0.0.1",
+                "ports": [],
+                "params": {},
+                "output_dir": str(tmp_path),
+            },
+        },
+    )
     from trainmaster.store.db import make_engine
 
     make_engine(gated.db_url)  # an empty registry: the wait step waits
@@ -218,11 +268,20 @@ def test_one_agent_per_state_dir(tmp_path: Path) -> None:
     """Two controllers (here: two processes racing to start one) share a single agent: the
     state dir's flock lets only one serve; the other daemon exits at once."""
     state_dir = tmp_path / "shared"
-    code = ("import sys; from pathlib import Path; from trainmaster.agent.client import AgentClient\n"
-            f"c = AgentClient(Path({str(state_dir)!r}), linger=30); print(c.ping()['pid'])")
+    code = (
+        "import sys; from pathlib import Path; from trainmaster.agent.client import AgentClient\n"
+        f"c = AgentClient(Path({str(state_dir)!r}), linger=30); print(c.ping()['pid'])"
+    )
     try:
-        procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                                  env={**os.environ, "PYTHONPATH": os.getcwd()}) for _ in range(3)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", code],
+                stdout=subprocess.PIPE,
+                text=True,
+                env={**os.environ, "PYTHONPATH": os.getcwd()},
+            )
+            for _ in range(3)
+        ]
         pids = {p.communicate(timeout=60)[0].strip() for p in procs}
         assert len(pids) == 1 and pids == {str(agent_pid(state_dir))}
     finally:

@@ -26,8 +26,9 @@ RESTART_TWICE = {"policy": "OnFailure", "maxRestarts": 2, "backoffSeconds": 0}
 
 
 def _all_running(h: Harness, job_id: int, count: int, restarts: int = 0) -> dict[str, Any]:
-    return step_until(h, job_id, lambda s: sum(i["state"] == "running" and i["restarts"] == restarts
-                                               for i in s["instances"]) == count)
+    return step_until(
+        h, job_id, lambda s: sum(i["state"] == "running" and i["restarts"] == restarts for i in s["instances"]) == count
+    )
 
 
 def _cancel(h: Harness, job_id: int) -> None:
@@ -36,13 +37,15 @@ def _cancel(h: Harness, job_id: int) -> None:
 
 
 def test_kill9_of_the_commands_parent_restarts_once_and_never_overlaps(
-        harness: Harness, tmp_path: Path, isolated_home: Path) -> None:
+    harness: Harness, tmp_path: Path, isolated_home: Path
+) -> None:
     """The role command's parent (a shell running the replica as its child) is killed -9: the
     agent kills the rest of its tree before it reports the exit (137), the restart policy starts
     the next attempt, and no two copies of the replica were ever alive at once."""
     lock = tmp_path / "w.lock"
-    job_id = harness.submit(job("parent", [{"name": "w", "command": shell_parent(lock, 300),
-                                            "restartPolicy": RESTART_TWICE}]))
+    job_id = harness.submit(
+        job("parent", [{"name": "w", "command": shell_parent(lock, 300), "restartPolicy": RESTART_TWICE}])
+    )
     status = _all_running(harness, job_id, 1)
     wait_until(lambda: starts(lock) == 1, what="the replica to start")
     os.kill(status["instances"][0]["pid"], signal.SIGKILL)
@@ -54,14 +57,21 @@ def test_kill9_of_the_commands_parent_restarts_once_and_never_overlaps(
 
 
 def test_kill9_of_the_agent_restarts_its_instances_by_policy_never_twice(
-        harness: Harness, tmp_path: Path, isolated_home: Path) -> None:
+    harness: Harness, tmp_path: Path, isolated_home: Path
+) -> None:
     """Agent death mid-job: the next controller call starts a new agent, which kills what the
     old one left and journals it AgentRestarted (137) before accepting any start; the restart
     policy then starts each replica again; no replica ever had two live copies, no exit was lost."""
     locks = [tmp_path / f"r{n}.lock" for n in range(2)]
-    job_id = harness.submit(job("agentdies", [
-        {"name": f"r{n}", "command": shell_parent(lock, 300), "restartPolicy": RESTART_TWICE}
-        for n, lock in enumerate(locks)]))
+    job_id = harness.submit(
+        job(
+            "agentdies",
+            [
+                {"name": f"r{n}", "command": shell_parent(lock, 300), "restartPolicy": RESTART_TWICE}
+                for n, lock in enumerate(locks)
+            ],
+        )
+    )
     _all_running(harness, job_id, 2)
     wait_until(lambda: all(starts(lock) == 1 for lock in locks), what="both replicas")
     old = agent_pid(agent_state_dir())
@@ -99,8 +109,13 @@ def test_sigterm_of_trainmaster_run_leaves_no_process_of_the_job(tmp_path: Path)
     path.write_text(yaml.safe_dump(job("term", [{"name": "w", "command": [PY, "-c", ESCAPERS, "300"]}])))
     home = tmp_path / "home"
     env = {**os.environ, "TRAINMASTER_HOME": str(home)}
-    proc = subprocess.Popen([sys.executable, "-m", "trainmaster", "run", str(path), "--interval", "0.1",
-                             "--grace", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainmaster", "run", str(path), "--interval", "0.1", "--grace", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     try:
         wait_until(lambda: len(escapers()) == 2, 60, "the instance's escapers")
         proc.send_signal(signal.SIGTERM)
@@ -114,14 +129,14 @@ def test_sigterm_of_trainmaster_run_leaves_no_process_of_the_job(tmp_path: Path)
         stop_agent(home / "agent")
 
 
-def test_a_second_controller_reuses_the_agent_and_leaves_the_others_instances(
-        harness: Harness, tmp_path: Path) -> None:
+def test_a_second_controller_reuses_the_agent_and_leaves_the_others_instances(harness: Harness, tmp_path: Path) -> None:
     """Two controllers on one store and home: one agent; the second reconciles only its own jobs."""
     job_id = harness.submit(job("mine", [{"name": "w", "command": [PY, "-c", "import time; time.sleep(300)"]}]))
     _all_running(harness, job_id, 1)
     first_agent = harness.backend.agent.ping()["pid"]
-    other = Controller(harness.sessions, type(harness.backend)(), harness.url, interval=0.1, runs_dir=tmp_path / "r2",
-                       owner="other")
+    other = Controller(
+        harness.sessions, type(harness.backend)(), harness.url, interval=0.1, runs_dir=tmp_path / "r2", owner="other"
+    )
     other.recover()
     other.step()
     assert other.backend.agent.ping()["pid"] == first_agent  # type: ignore[attr-defined]
@@ -133,11 +148,20 @@ def test_a_second_controller_reuses_the_agent_and_leaves_the_others_instances(
 def test_an_attempt_prepared_in_the_pass_its_job_ends_is_never_started(harness: Harness) -> None:
     """Job end: a worker restarted (Always) in the very pass the master's success ends the job
     (kubeflow preset) is stopped before its attempt starts; nothing of the job runs afterwards."""
-    status = harness.run(job("ends", [
-        {"name": "master", "command": [PY, "-c", "import time; time.sleep(1)"]},
-        {"name": "worker", "command": ["true"],
-         "restartPolicy": {"policy": "Always", "maxRestarts": 1000, "backoffSeconds": 0}}],
-        statusPolicy={"preset": "kubeflow"}))[1]
+    status = harness.run(
+        job(
+            "ends",
+            [
+                {"name": "master", "command": [PY, "-c", "import time; time.sleep(1)"]},
+                {
+                    "name": "worker",
+                    "command": ["true"],
+                    "restartPolicy": {"policy": "Always", "maxRestarts": 1000, "backoffSeconds": 0},
+                },
+            ],
+            statusPolicy={"preset": "kubeflow"},
+        )
+    )[1]
     assert status["state"] == "succeeded", status["events"]
     ended = max(i for i, e in enumerate(status["events"]) if e["object"] == "job" and e["reason"] != "Submitted")
     late = [e for e in status["events"][ended:] if e["reason"] == "Started"]

@@ -11,14 +11,22 @@ from trainmaster.agent.journal import ExitJournal
 
 
 def _exit(instance_id: str, code: int) -> InstanceStatus:
-    return InstanceStatus(InstanceHandle("local", instance_id, 42), InstancePhase.EXITED, exit_code=code,
-                          reason="Error", message=f"exited with code {code}", cpu_seconds=0.5, peak_rss=1 << 20)
+    return InstanceStatus(
+        InstanceHandle("local", instance_id, 42),
+        InstancePhase.EXITED,
+        exit_code=code,
+        reason="Error",
+        message=f"exited with code {code}",
+        cpu_seconds=0.5,
+        peak_rss=1 << 20,
+    )
 
 
 def test_replay_rebuilds_starts_exits_and_forgets_and_skips_a_torn_line(tmp_path: Path) -> None:
     journal = ExitJournal(tmp_path / "journal.jsonl")
-    journal.started([{"id": "a", "role": "w", "at": 1.0}, {"id": "b", "role": "w", "at": 1.0},
-                     {"id": "c", "role": "w", "at": 1.0}])
+    journal.started(
+        [{"id": "a", "role": "w", "at": 1.0}, {"id": "b", "role": "w", "at": 1.0}, {"id": "c", "role": "w", "at": 1.0}]
+    )
     journal.exited([_exit("a", 3)])
     journal.exited([_exit("b", 0)])
     journal.forgotten(["b"])

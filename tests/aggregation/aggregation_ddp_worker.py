@@ -43,9 +43,12 @@ def main() -> None:
         for p, r in zip(model.parameters(), ref):
             worst = max(worst, float((p.grad - r).abs().max()))
         opt.step()
-    print(f"max_grad_error {worst:.3e} completed {state.completed} "
-          f"launched_before_done {state.launched_before_done} "
-          f"comm_thread {state._thread.name}", flush=True)
+    print(
+        f"max_grad_error {worst:.3e} completed {state.completed} "
+        f"launched_before_done {state.launched_before_done} "
+        f"comm_thread {state._thread.name}",
+        flush=True,
+    )
     state.close()
     state.client.close()
     dist.destroy_process_group()

@@ -36,8 +36,9 @@ class ThreadTier:
             t.join(timeout=5)
 
 
-def random_inputs(jobs: int, world: int, n: int, rounds: int, seed: int = 0,
-                  big: float = 0.0) -> dict[tuple[int, int], list[np.ndarray]]:
+def random_inputs(
+    jobs: int, world: int, n: int, rounds: int, seed: int = 0, big: float = 0.0
+) -> dict[tuple[int, int], list[np.ndarray]]:
     """Random float32 tensors per (job, rank) and round; ``big`` plants values that overflow a
     fixed quantisation scale."""
     rng = np.random.default_rng(seed)
@@ -54,20 +55,28 @@ def random_inputs(jobs: int, world: int, n: int, rounds: int, seed: int = 0,
     return out
 
 
-def start_tier(slots: int = 64, levels: int = 1, faults: FaultPlan | None = None,
-               dead_after: float = 10.0, transport: str = "udp",
-               siblings: int = 1) -> ThreadTier:
+def start_tier(
+    slots: int = 64,
+    levels: int = 1,
+    faults: FaultPlan | None = None,
+    dead_after: float = 10.0,
+    transport: str = "udp",
+    siblings: int = 1,
+) -> ThreadTier:
     """``siblings``: forwarding nodes directly under the parameter node (what the ina
     framework builds for a switch role with several replicas)."""
     ps = ParameterNode(faults=faults, dead_after=dead_after, transport=transport)
     top = ForwardingNode(ps.address, slots=slots, name="top", faults=faults, transport=transport)
     switches = [top]
-    switches += [ForwardingNode(ps.address, slots=slots, name=f"sibling-{i}", faults=faults,
-                                transport=transport) for i in range(1, siblings)]
+    switches += [
+        ForwardingNode(ps.address, slots=slots, name=f"sibling-{i}", faults=faults, transport=transport)
+        for i in range(1, siblings)
+    ]
     if levels == 2:
-        switches += [ForwardingNode(top.address, slots=slots, name=f"l1-{i}", faults=faults,
-                                    transport=transport)
-                     for i in range(2)]
+        switches += [
+            ForwardingNode(top.address, slots=slots, name=f"l1-{i}", faults=faults, transport=transport)
+            for i in range(2)
+        ]
     tier = ThreadTier(ps, switches, transport=transport)
     for node in [ps, *switches]:
         t = threading.Thread(target=node.serve, daemon=True)
@@ -76,15 +85,18 @@ def start_tier(slots: int = 64, levels: int = 1, faults: FaultPlan | None = None
     return tier
 
 
-def reduce_all(tier: ThreadTier, inputs: dict[tuple[int, int], list[np.ndarray]],
-               world: int, config: WorkerConfig | None = None,
-               faults: FaultPlan | None = None) -> dict[tuple[int, int], Any]:
+def reduce_all(
+    tier: ThreadTier,
+    inputs: dict[tuple[int, int], list[np.ndarray]],
+    world: int,
+    config: WorkerConfig | None = None,
+    faults: FaultPlan | None = None,
+) -> dict[tuple[int, int], Any]:
     """Run every (job, rank) worker in a thread; returns each worker's results and stats."""
     out: dict[tuple[int, int], Any] = {}
 
     def work(job: int, rank: int) -> None:
-        with AggregationClient(tier.attach(rank), job, rank, world, config, faults,
-                               transport=tier.transport) as c:
+        with AggregationClient(tier.attach(rank), job, rank, world, config, faults, transport=tier.transport) as c:
             results = [(c.allreduce(x), c.last_error_bound) for x in inputs[(job, rank)]]
             out[(job, rank)] = (results, c.stats(), dict(c.slot_override))
 
@@ -96,13 +108,13 @@ def reduce_all(tier: ThreadTier, inputs: dict[tuple[int, int], list[np.ndarray]]
     return out
 
 
-def assert_exact(inputs: dict[tuple[int, int], list[np.ndarray]],
-                 out: dict[tuple[int, int], Any]) -> None:
+def assert_exact(inputs: dict[tuple[int, int], list[np.ndarray]], out: dict[tuple[int, int], Any]) -> None:
     assert set(out) == set(inputs), f"workers without a result: {set(inputs) - set(out)}"
     for (job, rank), (results, _, _) in out.items():
         for rnd, (y, bound) in enumerate(results):
-            exact = sum(inputs[(job, r)][rnd].astype(np.float64)
-                        for r in range(len({k for k in inputs if k[0] == job})))
+            exact = sum(
+                inputs[(job, r)][rnd].astype(np.float64) for r in range(len({k for k in inputs if k[0] == job}))
+            )
             err = np.abs(y.astype(np.float64) - exact)
             assert np.all(err <= bound + np.abs(exact) * 2.0**-23), (job, rank, rnd, err.max())
 

@@ -87,8 +87,7 @@ def test_two_levels_with_workers_on_both(tier_factory) -> None:
     faults = FaultPlan(drop=0.03, seed=3)
     tier = tier_factory(levels=2, faults=faults)
     inputs = random_inputs(1, 4, 30_000, 2, seed=2)
-    out = reduce_all(tier, inputs, 4, WorkerConfig(chunk=1024, retransmit_timeout=0.3),
-                     faults)
+    out = reduce_all(tier, inputs, 4, WorkerConfig(chunk=1024, retransmit_timeout=0.3), faults)
     assert_exact(inputs, out)
     top, *first = [query(s.address) for s in tier.switches]
     # A slow CI machine can time out every slice of one node (all diverted), never all of both.
@@ -158,8 +157,7 @@ def test_incomplete_sum_fails_verification(tier_factory) -> None:
     try:
         t.send(encode(Header(Kind.HELLO, 9, bitmap=0b11, fan_in=2)), tier.ps.address)
         assert t.recv(2.0) is not None  # WELCOME: both "workers" registered via this socket
-        t.send(encode(Header(Kind.DATA, 9, 1, 0, 0b01, 2, 0, 0),
-                      np.ones(4, dtype=np.int64)), tier.ps.address)
+        t.send(encode(Header(Kind.DATA, 9, 1, 0, 0b01, 2, 0, 0), np.ones(4, dtype=np.int64)), tier.ps.address)
         assert t.recv(0.5) is None
         assert query(tier.ps.address)["completeness_failures"] == 1
     finally:
@@ -167,15 +165,22 @@ def test_incomplete_sum_fails_verification(tier_factory) -> None:
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
-@given(drop=st.floats(0, 0.15), duplicate=st.floats(0, 0.2), reorder=st.floats(0, 0.3),
-       delay=st.floats(0, 0.2), seed=st.integers(0, 2**16), world=st.integers(1, 4),
-       levels=st.sampled_from([1, 2]), slots=st.sampled_from([3, 64]))
+@given(
+    drop=st.floats(0, 0.15),
+    duplicate=st.floats(0, 0.2),
+    reorder=st.floats(0, 0.3),
+    delay=st.floats(0, 0.2),
+    seed=st.integers(0, 2**16),
+    world=st.integers(1, 4),
+    levels=st.sampled_from([1, 2]),
+    slots=st.sampled_from([3, 64]),
+)
 def test_any_fault_schedule_gives_the_exact_sum_and_frees_slots(
-        drop, duplicate, reorder, delay, seed, world, levels, slots) -> None:
+    drop, duplicate, reorder, delay, seed, world, levels, slots
+) -> None:
     """Property: any schedule of loss, duplication, reordering and delay (per link, seeded)
     gives the exact result and leaves every slot of every forwarding node free."""
-    faults = FaultPlan(drop=drop, duplicate=duplicate, reorder=reorder, delay=delay,
-                       delay_s=0.005, seed=seed)
+    faults = FaultPlan(drop=drop, duplicate=duplicate, reorder=reorder, delay=delay, delay_s=0.005, seed=seed)
     tier = start_tier(slots=slots, levels=levels, faults=faults)
     try:
         inputs = random_inputs(2, world, 6000, 2, seed=seed)
@@ -239,8 +244,9 @@ def test_slice_size_is_negotiated_from_the_workers_paths(tier_factory) -> None:
     client = AggregationClient(tier.attach(0), 12, 0, 2, WorkerConfig(timeout=10.0))
     try:
         assert client.chunk == 16368
-        fake.send(encode(Header(Kind.HELLO, 12, bitmap=0b10, fan_in=2),
-                         _json.dumps({"chunk": 700}).encode()), tier.attach(1))
+        fake.send(
+            encode(Header(Kind.HELLO, 12, bitmap=0b10, fan_in=2), _json.dumps({"chunk": 700}).encode()), tier.attach(1)
+        )
         client.join()
         assert client.chunk == 700
         welcome = fake.recv(5.0)
@@ -262,8 +268,9 @@ def test_congestion_window_halves_on_loss(tier_factory) -> None:
     inputs = random_inputs(1, 2, 40_000, 1, seed=8)
     faults = FaultPlan(drop=0.1, seed=9)
     lossy = tier_factory(faults=faults)
-    out = reduce_all(lossy, inputs, 2, WorkerConfig(chunk=500, retransmit_timeout=0.05,
-                                                    max_retransmit_timeout=0.2), faults)
+    out = reduce_all(
+        lossy, inputs, 2, WorkerConfig(chunk=500, retransmit_timeout=0.05, max_retransmit_timeout=0.2), faults
+    )
     assert_exact(inputs, out)
     cuts = [stats["window_cuts"] for _, stats, _ in out.values()]
     assert all(0 < c <= stats["retransmits"] for c, (_, stats, _) in zip(cuts, out.values()))

@@ -27,17 +27,31 @@ def _gloo_baseline(tmp_path: Path, world: int, tries: int = 2) -> float:
         out = tmp_path / f"gloo-{attempt}"
         procs = []
         for rank in range(world):
-            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world),
-                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TM_OUTPUT_DIR": str(out)}
-            procs.append(subprocess.Popen([sys.executable, "-m", "trainmaster.workloads.digits",
-                                           "--epochs", EPOCHS], env=env, stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, text=True))
+            env = {
+                **os.environ,
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "TM_OUTPUT_DIR": str(out),
+            }
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "trainmaster.workloads.digits", "--epochs", EPOCHS],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+            )
         outputs = [p.communicate(timeout=300)[0] for p in procs]
         codes = [p.returncode for p in procs]
         if all(code == 0 for code in codes):
             return json.loads((out / "metrics.json").read_text())["test_accuracy"]
-    raise AssertionError(f"the gloo baseline failed {tries} times (exit codes {codes}): "
-                         + " | ".join(o[-800:] for o, c in zip(outputs, codes) if c != 0))
+    raise AssertionError(
+        f"the gloo baseline failed {tries} times (exit codes {codes}): "
+        + " | ".join(o[-800:] for o, c in zip(outputs, codes) if c != 0)
+    )
 
 
 @pytest.mark.slow
@@ -48,15 +62,19 @@ def test_ina_digits_matches_gloo_accuracy(tmp_path: Path) -> None:
     gloo run's test accuracy within 1 point; the job succeeds when the workers do."""
     job = yaml.safe_load((ROOT / "examples/ina-digits.yaml").read_text())
     worker = next(r for r in job["spec"]["roles"] if r["name"] == "worker")
-    worker["command"] = [sys.executable, "-m", "trainmaster.aggregation.train_digits",
-                         "--epochs", EPOCHS]
+    worker["command"] = [sys.executable, "-m", "trainmaster.aggregation.train_digits", "--epochs", EPOCHS]
     job["spec"]["output"]["path"] = str(tmp_path / "out")
     path = tmp_path / "ina.yaml"
     path.write_text(yaml.safe_dump(job))
     env = {**os.environ, "TRAINMASTER_HOME": str(tmp_path / "home")}
-    run = subprocess.run([sys.executable, "-m", "trainmaster", "run", str(path), "--interval",
-                          "0.2", "--json"], capture_output=True, text=True, env=env, cwd=tmp_path,
-                         timeout=400)
+    run = subprocess.run(
+        [sys.executable, "-m", "trainmaster", "run", str(path), "--interval", "0.2", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=400,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     status = json.loads(run.stdout)
     workers = [i["state"] for i in status["instances"] if i["role"] == "worker"]
@@ -83,8 +101,10 @@ def test_ina_runs_over_shared_memory_when_asked(tmp_path: Path) -> None:
     job["spec"]["frameworkParams"]["transport"] = "shm"
     job["spec"]["scheduling"]["minAvailable"] = 4
     worker = next(r for r in job["spec"]["roles"] if r["name"] == "worker")
-    worker["replicas"], worker["command"] = 2, [sys.executable, "-m", "trainmaster.aggregation.train_digits",
-                                                "--epochs", "1"]
+    worker["replicas"], worker["command"] = (
+        2,
+        [sys.executable, "-m", "trainmaster.aggregation.train_digits", "--epochs", "1"],
+    )
     job["spec"]["output"]["path"] = str(tmp_path / "out")
     path = tmp_path / "ina-shm.yaml"
     path.write_text(yaml.safe_dump(job))
@@ -107,9 +127,14 @@ def test_ina_environment_spreads_workers_over_sibling_switches_and_passes_chunk(
     from trainmaster.frameworks.ina import InaFramework
 
     services = {"switch": ["10.0.0.5:7001", "10.0.0.6:7001"], "ps": ["10.0.0.4:7000"]}
-    envs = [InaFramework().environment(InstanceContext(
-        "digits", "worker", i, 4, {"ps": 1, "switch": 2, "worker": 4}, "10.0.0.9", [],
-        services, {"chunk": 2048})) for i in range(4)]
+    envs = [
+        InaFramework().environment(
+            InstanceContext(
+                "digits", "worker", i, 4, {"ps": 1, "switch": 2, "worker": 4}, "10.0.0.9", [], services, {"chunk": 2048}
+            )
+        )
+        for i in range(4)
+    ]
     assert [e["TM_AGGREGATION_SWITCH"] for e in envs] == services["switch"] * 2
     assert {e["TM_AGGREGATION_CHUNK"] for e in envs} == {"2048"}
     roles = [{"name": "ps"}, {"name": "switch", "replicas": 2}, {"name": "worker"}]

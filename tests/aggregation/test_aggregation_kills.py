@@ -27,8 +27,7 @@ from aggregation_tier import (  # noqa: E402,F401
 pytestmark = pytest.mark.timeout(120)
 
 # short control-path timers so that the kill cases end in seconds
-QUICK = dict(failover_after=1.0, parameter_node_dead_after=2.0, max_retransmit_timeout=0.3,
-             timeout=30.0)
+QUICK = dict(failover_after=1.0, parameter_node_dead_after=2.0, max_retransmit_timeout=0.3, timeout=30.0)
 
 
 def _demo(**kwargs) -> tuple[dict, float]:
@@ -42,8 +41,7 @@ def test_killed_forwarding_node_makes_workers_fall_back_to_the_parameter_node() 
     """Kill a forwarding node (SIGKILL at a chosen packet count, mid-reduction): its workers'
     heartbeats go unacknowledged, they fall back to the parameter node directly (HELLO moves
     their route, slices go with aggregate-at = 1) and every result is exact."""
-    result, _ = _demo(workers=3, elements=60_000, rounds=2, chunk=2048,
-                      kill=KillPlan("switch", after_packets=40))
+    result, _ = _demo(workers=3, elements=60_000, rounds=2, chunk=2048, kill=KillPlan("switch", after_packets=40))
     assert result["exact"] is True, result["errors"]
     assert result["fallbacks_to_parameter_node"] == 3
     assert result["jobs_failed"] == 0
@@ -53,8 +51,9 @@ def test_killed_first_level_node_only_moves_its_own_workers() -> None:
     """Two levels, a first-level forwarding node killed: only the worker below it falls back;
     the parameter node tells the worker's old route (MOVED), so the second-level node stops
     waiting for it in its slots; the others keep their path and the sums stay exact."""
-    result, _ = _demo(workers=3, levels=2, elements=30_000, rounds=2, chunk=2048,
-                      kill=KillPlan("switch:1", after_packets=20))
+    result, _ = _demo(
+        workers=3, levels=2, elements=30_000, rounds=2, chunk=2048, kill=KillPlan("switch:1", after_packets=20)
+    )
     assert result["exact"] is True, result["errors"]
     assert result["fallbacks_to_parameter_node"] == 1
     assert result["workers_moved"] == 1  # the second-level node dropped it from its mask
@@ -63,8 +62,7 @@ def test_killed_first_level_node_only_moves_its_own_workers() -> None:
 def test_killed_worker_is_named_in_every_survivor_error() -> None:
     """Kill a worker: the parameter node sees its process exit and aborts the job naming it;
     the survivors end promptly with that message, the demo reports how the victim died."""
-    result, took = _demo(workers=3, elements=60_000, rounds=2, chunk=2048,
-                         kill=KillPlan("worker:1", after_packets=5))
+    result, took = _demo(workers=3, elements=60_000, rounds=2, chunk=2048, kill=KillPlan("worker:1", after_packets=5))
     assert result["exact"] is False
     errors = result["errors"]
     assert sum("worker 1 (its process exited)" in e for e in errors) == 2, errors
@@ -77,8 +75,9 @@ def test_stopped_worker_is_named_and_nothing_hangs() -> None:
     naming the stalled worker (not the forwarding node or another worker); the demo ends
     promptly, kills the stopped process (it ignores SIGTERM, so multiprocessing's exit
     cleanup would wait for it forever) and leaves nothing behind."""
-    result, took = _demo(workers=3, elements=60_000, rounds=2, chunk=2048,
-                         kill=KillPlan("worker:2", after_packets=5, signal="STOP"))
+    result, took = _demo(
+        workers=3, elements=60_000, rounds=2, chunk=2048, kill=KillPlan("worker:2", after_packets=5, signal="STOP")
+    )
     errors = result["errors"]
     assert result["exact"] is False
     assert sum("worker 2 (its process" in e and "is stopped" in e for e in errors) == 2, errors
@@ -90,12 +89,10 @@ def test_stopped_worker_is_named_and_nothing_hangs() -> None:
 def test_killed_parameter_node_is_named_by_every_worker() -> None:
     """Kill the parameter node: heartbeats go unacknowledged through the forwarding node and
     then directly; every worker fails with an error naming the parameter node's address."""
-    result, took = _demo(workers=2, elements=60_000, rounds=3, chunk=2048,
-                         kill=KillPlan("ps", after_packets=30))
+    result, took = _demo(workers=2, elements=60_000, rounds=3, chunk=2048, kill=KillPlan("ps", after_packets=30))
     errors = result["errors"]
     assert result["exact"] is False and len(errors) == 2, errors
-    assert all("the parameter node at 127.0.0.1:" in e and "does not answer" in e
-               for e in errors), errors
+    assert all("the parameter node at 127.0.0.1:" in e and "does not answer" in e for e in errors), errors
     assert took < 25
 
 
@@ -113,28 +110,39 @@ def test_twenty_percent_loss_with_processes_never_aborts() -> None:
     exited is known to have left even when its first BYEs were dropped; two jobs of 4 workers,
     20% drop plus duplication and reordering on every link: exact, no job failed, both jobs
     ended by their workers' BYEs."""
-    result, _ = _demo(workers=4, jobs=2, elements=8192, chunk=2048, rounds=3, seed=1,
-                      faults=FaultPlan(drop=0.2, duplicate=0.05, reorder=0.1, seed=1))
+    result, _ = _demo(
+        workers=4,
+        jobs=2,
+        elements=8192,
+        chunk=2048,
+        rounds=3,
+        seed=1,
+        faults=FaultPlan(drop=0.2, duplicate=0.05, reorder=0.1, seed=1),
+    )
     assert result["exact"] is True, result["errors"]
     assert result["jobs_failed"] == 0
     assert result["faults"]["dropped"] > 0
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
-@given(seed=st.integers(0, 2**16), duplicate=st.floats(0, 0.2), reorder=st.floats(0, 0.3),
-       world=st.sampled_from([2, 4]), layout=st.sampled_from(["one", "two-levels", "siblings"]))
-def test_twenty_percent_drop_is_exact_and_control_is_reliable(seed, duplicate, reorder, world,
-                                                               layout) -> None:
+@given(
+    seed=st.integers(0, 2**16),
+    duplicate=st.floats(0, 0.2),
+    reorder=st.floats(0, 0.3),
+    world=st.sampled_from([2, 4]),
+    layout=st.sampled_from(["one", "two-levels", "siblings"]),
+)
+def test_twenty_percent_drop_is_exact_and_control_is_reliable(seed, duplicate, reorder, world, layout) -> None:
     """Property (many seeds): 20% drop with duplication and reordering on every link, in each
     layout (one node, two levels, two sibling nodes under the parameter node): every sum
     exact, no false abort, every worker's BYE arrived (the job ended), every slot free."""
     faults = FaultPlan(drop=0.2, duplicate=duplicate, reorder=reorder, seed=seed)
-    tier = start_tier(levels=2 if layout == "two-levels" else 1,
-                      siblings=2 if layout == "siblings" else 1, faults=faults)
+    tier = start_tier(
+        levels=2 if layout == "two-levels" else 1, siblings=2 if layout == "siblings" else 1, faults=faults
+    )
     try:
         inputs = random_inputs(1, world, 3000, 2, seed=seed)
-        cfg = WorkerConfig(chunk=500, retransmit_timeout=0.05, max_retransmit_timeout=0.2,
-                           timeout=30.0)
+        cfg = WorkerConfig(chunk=500, retransmit_timeout=0.05, max_retransmit_timeout=0.2, timeout=30.0)
         out = reduce_all(tier, inputs, world, cfg, faults)
         assert_exact(inputs, out)
         deadline = time.monotonic() + 5
@@ -151,11 +159,26 @@ def test_demo_with_the_same_seed_reproduces_its_seed_determined_results() -> Non
     by the seed (exactness, largest error and bound, overflow fallbacks, verified slices, slots
     left) are equal across runs; counts that depend on timing (packets, retransmits,
     collisions, injected faults) are documented as such in docs/aggregation.md."""
-    cfg = dict(workers=2, jobs=2, elements=20_000, chunk=2048, slots=8, overflow=True, seed=5,
-               faults=FaultPlan(drop=0.02, duplicate=0.02, reorder=0.05, seed=5))
+    cfg = dict(
+        workers=2,
+        jobs=2,
+        elements=20_000,
+        chunk=2048,
+        slots=8,
+        overflow=True,
+        seed=5,
+        faults=FaultPlan(drop=0.02, duplicate=0.02, reorder=0.05, seed=5),
+    )
     first, _ = _demo(**cfg)
     second, _ = _demo(**cfg)
-    for key in ("exact", "max_abs_error", "bound", "overflow_fallbacks", "verified",
-                "slots_in_use_after", "jobs_failed"):
+    for key in (
+        "exact",
+        "max_abs_error",
+        "bound",
+        "overflow_fallbacks",
+        "verified",
+        "slots_in_use_after",
+        "jobs_failed",
+    ):
         assert first[key] == second[key], key
     assert first["exact"] is True

@@ -26,9 +26,14 @@ def _worker(conn, switch, rank, world, transport, victim) -> None:
     # survivors retransmit so rarely that their contributions sit in the forwarding node's
     # slots until the abort frees them; the victim stalls after its first result, so the kill
     # always lands in the middle of its reduction whatever the machine's speed
-    cfg = WorkerConfig(chunk=1024 if transport == "udp" else 16384, timeout=60.0,
-                       retransmit_timeout=30.0, min_retransmit_timeout=30.0,
-                       max_retransmit_timeout=30.0, gap_threshold=10**6)
+    cfg = WorkerConfig(
+        chunk=1024 if transport == "udp" else 16384,
+        timeout=60.0,
+        retransmit_timeout=30.0,
+        min_retransmit_timeout=30.0,
+        max_retransmit_timeout=30.0,
+        gap_threshold=10**6,
+    )
     client = AggregationClient(switch, 1, rank, world, cfg, transport=transport)
     if rank == victim:
         accept = client._accept
@@ -61,8 +66,7 @@ def test_killed_worker_gives_clear_error_and_frees_slots(transport: str) -> None
         pipes, procs = [], []
         for rank in range(3):
             parent, child = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_worker, args=(child, fabric.attach_point(rank), rank, 3,
-                                                  transport, 2))
+            p = ctx.Process(target=_worker, args=(child, fabric.attach_point(rank), rank, 3, transport, 2))
             p.start()
             pipes.append(parent)
             procs.append(p)
@@ -126,17 +130,43 @@ def test_unreachable_fabric_is_a_clear_timeout() -> None:
 def test_demo_cli_with_every_fault_is_exact() -> None:
     """The CLI demo: drop, duplicate, reorder, delay, overflow, collisions (two jobs, tiny pool)
     and two levels; exits 0 with exact true and a non-zero count for every injected fault."""
-    cmd = [sys.executable, "-m", "trainmaster", "aggregation", "demo", "--workers", "3",
-           "--jobs", "2", "--elements", "60000", "--drop", "0.02", "--duplicate", "0.02",
-           "--reorder", "0.05", "--delay", "0.02", "--overflow", "--slots", "8", "--levels", "2",
-           "--chunk", "2048", "--seed", "1", "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "trainmaster",
+        "aggregation",
+        "demo",
+        "--workers",
+        "3",
+        "--jobs",
+        "2",
+        "--elements",
+        "60000",
+        "--drop",
+        "0.02",
+        "--duplicate",
+        "0.02",
+        "--reorder",
+        "0.05",
+        "--delay",
+        "0.02",
+        "--overflow",
+        "--slots",
+        "8",
+        "--levels",
+        "2",
+        "--chunk",
+        "2048",
+        "--seed",
+        "1",
+        "--json",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=100)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert result["exact"] is True
     assert result["max_abs_error"] <= result["bound"]
-    for name in ("packets", "retransmits", "overflow_fallbacks", "collisions",
-                 "duplicates_ignored"):
+    for name in ("packets", "retransmits", "overflow_fallbacks", "collisions", "duplicates_ignored"):
         assert result[name] > 0, name
     assert all(v > 0 for v in result["faults"].values()), result["faults"]
     assert result["slots_in_use_after"] == 0
@@ -144,9 +174,24 @@ def test_demo_cli_with_every_fault_is_exact() -> None:
 
 def test_demo_cli_rejects_bad_options() -> None:
     """User mistakes are a one-line error and exit code 2, not a traceback."""
-    proc = subprocess.run([sys.executable, "-m", "trainmaster", "aggregation", "demo",
-                           "--levels", "3", "--drop", "1.5", "--kill", "router"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainmaster",
+            "aggregation",
+            "demo",
+            "--levels",
+            "3",
+            "--drop",
+            "1.5",
+            "--kill",
+            "router",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "levels must be 1 or 2" in proc.stderr and "Traceback" not in proc.stderr
     assert "kill target must be ps, switch, switch:I or worker:R" in proc.stderr
@@ -168,12 +213,20 @@ def test_ddp_comm_hook_matches_gloo_allreduce() -> None:
         procs = []
         for rank in range(2):
             host, sport = fabric.attach_point(rank)
-            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2",
-                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                   "TM_AGGREGATION_SWITCH": f"{host}:{sport}", "TM_AGGREGATION_JOB": "3"}
-            procs.append(subprocess.Popen([sys.executable, str(script)], env=env,
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                          text=True))
+            env = {
+                **os.environ,
+                "RANK": str(rank),
+                "WORLD_SIZE": "2",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "TM_AGGREGATION_SWITCH": f"{host}:{sport}",
+                "TM_AGGREGATION_JOB": "3",
+            }
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+                )
+            )
         outputs = [p.communicate(timeout=90)[0] for p in procs]
     for p, out in zip(procs, outputs):
         assert p.returncode == 0, out

@@ -73,13 +73,12 @@ def test_slot_ids_hash_job_and_index_together() -> None:
     assert slot_id(7, 3) == slot_id(7, 3)
     assert len({slot_id(7, i) % 64 for i in range(64)}) > 32  # not a run of consecutive slots
     # the former rule: job 7's slice i+1 is always the slot next to slice i
-    assert all((legacy_slot_id(7, i + 1) - legacy_slot_id(7, i)) % 0x10000 == 1
-               for i in range(10))
+    assert all((legacy_slot_id(7, i + 1) - legacy_slot_id(7, i)) % 0x10000 == 1 for i in range(10))
     # two tenants: the number of shared slots of their 8-slice windows is spread (about
     # 8 * 8 / 64 = 1 expected), never the legacy rule's all-or-nothing
-    shared = [len({slot_id(a, i) % 64 for i in range(8)} & {slot_id(a + 1, i) % 64
-                                                           for i in range(8)})
-              for a in range(1, 400)]
+    shared = [
+        len({slot_id(a, i) % 64 for i in range(8)} & {slot_id(a + 1, i) % 64 for i in range(8)}) for a in range(1, 400)
+    ]
     assert max(shared) <= 5 and 0.5 < sum(shared) / len(shared) < 1.5
 
 
@@ -113,8 +112,7 @@ def test_block_float_never_overflows(fan_in: int, scale: float, n: int, seed: in
     q, overflow = acc.wire()
     assert not overflow
     exact = sum(c.astype(np.float64) for c in chunks)
-    assert np.all(np.abs(dequantize(q, acc.exponent) - exact)
-                  <= error_bound(acc.exponent, fan_in) * (1 + 1e-9))
+    assert np.all(np.abs(dequantize(q, acc.exponent) - exact) <= error_bound(acc.exponent, fan_in) * (1 + 1e-9))
 
 
 def test_fixed_scale_overflow_is_detected_exactly() -> None:
@@ -180,7 +178,7 @@ def test_contributions_are_summed_once_into_the_outgoing_buffer() -> None:
     summed once, at completion, straight into the destination (the packet that goes up); the
     result equals the int64 sum, and a sum that must widen is still written there exactly."""
     rng = np.random.default_rng(5)
-    parts = [rng.integers(-2**28, 2**28, 1000).astype(np.int32) for _ in range(4)]
+    parts = [rng.integers(-(2**28), 2**28, 1000).astype(np.int32) for _ in range(4)]
     before = [q.copy() for q in parts]
     acc = IntSum()
     for r, q in enumerate(parts):

@@ -35,7 +35,7 @@ def test_ring_carries_large_packets_and_reuses_its_space() -> None:
         rng = np.random.default_rng(0)
         for receiver in receivers:
             for i in range(40):  # 40 x 1 MiB through an 8 MiB ring
-                x = rng.integers(-2**31 + 1, 2**31 - 1, 262_144, dtype=np.int64).astype(np.int32)
+                x = rng.integers(-(2**31) + 1, 2**31 - 1, 262_144, dtype=np.int64).astype(np.int32)
                 sender.send(encode_parts(Header(Kind.DATA, 1, seq=i), x), receiver.address)
                 got = receiver.recv(10.0)
                 assert got is not None
@@ -76,13 +76,16 @@ def test_packet_built_in_the_ring_is_sent_without_a_copy() -> None:
     its descriptor is sent; with faults, a duplicate is written out as a real second packet,
     a dropped one just leaves its space unused, and everything that arrives is intact."""
     rng = np.random.default_rng(1)
-    plain, dup, drop = (ShmTransport("a"), ShmTransport("d", faults=FaultPlan(duplicate=1.0)),
-                        ShmTransport("x", faults=FaultPlan(drop=1.0)))
+    plain, dup, drop = (
+        ShmTransport("a"),
+        ShmTransport("d", faults=FaultPlan(duplicate=1.0)),
+        ShmTransport("x", faults=FaultPlan(drop=1.0)),
+    )
     receivers = [ShmTransport("b"), UdpTransport("c")]
     try:
         for receiver in receivers:
             for i in range(12):  # 12 x 4 MiB through a 32 MiB ring: it wraps
-                x = rng.integers(-2**31 + 1, 2**31 - 1, 1 << 20, dtype=np.int64).astype(np.int32)
+                x = rng.integers(-(2**31) + 1, 2**31 - 1, 1 << 20, dtype=np.int64).astype(np.int32)
                 buf = plain.packet(receiver.address, 40 + x.nbytes)
                 np.frombuffer(buf, np.int32, x.size, 40)[:] = x
                 buf[:40] = bytes([i]) * 40
@@ -112,6 +115,7 @@ def test_retained_packets_keep_their_ring_space_until_released() -> None:
     a = ShmTransport("a", ring_bytes=4 << 20, full_wait=0.05)
     b = ShmTransport("b")
     try:
+
         def send(i: int) -> None:
             a.send(bytes([i]) * (1 << 20), b.address)
 
@@ -165,8 +169,7 @@ def test_result_store_references_are_read_in_place_and_go_stale_when_reused() ->
             reader.close()
 
 
-def test_verified_sums_are_multicast_as_references_and_fall_back_to_values(
-        tier_factory) -> None:
+def test_verified_sums_are_multicast_as_references_and_fall_back_to_values(tier_factory) -> None:
     """Zero-copy multicast end to end: with every worker on the parameter node's host, each
     RESULT carries a reference to the shared store, so the forwarding node's rings carry only
     up-going sums; exact, slots free. With a store too small for a slice the parameter node
@@ -192,8 +195,7 @@ def test_unknown_transport_and_oversized_chunk_are_clear_errors() -> None:
     with pytest.raises(ValueError, match="chunk must be between 1 and"):
         AggregationClient(("127.0.0.1", 9), 1, 0, 2, WorkerConfig(chunk=100_000))
     with pytest.raises(ValueError, match="chunk must be between 1 and"):
-        AggregationClient(("127.0.0.1", 9), 1, 0, 2, WorkerConfig(chunk=1 << 30),
-                          transport="shm")
+        AggregationClient(("127.0.0.1", 9), 1, 0, 2, WorkerConfig(chunk=1 << 30), transport="shm")
 
 
 def test_normal_path_over_shared_memory_is_exact_and_frees_slots(tier_factory) -> None:
@@ -225,10 +227,15 @@ def test_overflow_and_two_levels_over_shared_memory(tier_factory) -> None:
 
 
 @settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
-@given(drop=st.floats(0, 0.15), duplicate=st.floats(0, 0.2), reorder=st.floats(0, 0.3),
-       seed=st.integers(0, 2**16), world=st.integers(1, 3), levels=st.sampled_from([1, 2]))
-def test_any_fault_schedule_over_shared_memory_is_exact(drop, duplicate, reorder, seed, world,
-                                                         levels) -> None:
+@given(
+    drop=st.floats(0, 0.15),
+    duplicate=st.floats(0, 0.2),
+    reorder=st.floats(0, 0.3),
+    seed=st.integers(0, 2**16),
+    world=st.integers(1, 3),
+    levels=st.sampled_from([1, 2]),
+)
+def test_any_fault_schedule_over_shared_memory_is_exact(drop, duplicate, reorder, seed, world, levels) -> None:
     """Property on shared memory: faults are injected on whole packets before the ring (drop,
     duplicate, reorder); any schedule gives the exact result and leaves every slot free."""
     faults = FaultPlan(drop=drop, duplicate=duplicate, reorder=reorder, seed=seed)
@@ -257,8 +264,7 @@ def test_in_place_result_and_error_bound(tier_factory) -> None:
 
     def work(rank: int) -> None:
         x = xs[rank].copy()
-        with AggregationClient(tier.attach(rank), 6, rank, 2, WorkerConfig(chunk=50_000),
-                               transport="shm") as c:
+        with AggregationClient(tier.attach(rank), 6, rank, 2, WorkerConfig(chunk=50_000), transport="shm") as c:
             y = c.allreduce(x, out=x)
             got[rank] = (x, c.last_error_bound, y is x)
 

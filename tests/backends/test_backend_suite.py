@@ -52,9 +52,11 @@ def make_testbed_backend() -> Backend:
 
 
 def backends() -> list:
-    return [pytest.param(LocalBackend, id="local"),
-            pytest.param(make_testbed_backend, id="testbed"),
-            pytest.param(ray_backend, id="ray", marks=[pytest.mark.ray, pytest.mark.timeout(120)])]
+    return [
+        pytest.param(LocalBackend, id="local"),
+        pytest.param(make_testbed_backend, id="testbed"),
+        pytest.param(ray_backend, id="ray", marks=[pytest.mark.ray, pytest.mark.timeout(120)]),
+    ]
 
 
 @pytest.fixture(params=backends())
@@ -78,22 +80,65 @@ def launch(backend: Backend, tmp_path: Path, code: str, name: str = "r", ports: 
     return backend.start(launch_request(backend, tmp_path, code, name, ports))
 
 
-def launch_request(backend: Backend, tmp_path: Path, code: str, name: str = "r", ports: int = 1,
-                   cwd: str | None = None) -> LaunchRequest:
+def launch_request(
+    backend: Backend, tmp_path: Path, code: str, name: str = "r", ports: int = 1, cwd: str | None = None
+) -> LaunchRequest:
     placement = backend.place(ports, {})
     files = InstanceFiles(tmp_path / name)
     argv, env = [PY, "-c", code], {"PATH": "/usr/bin:/bin"}
-    files.write_launch({"argv": argv, "cwd": None, "env": env,
-                        "role_env": {}, "depends": [], "db_url": "", "job_id": 1, "framework": "command",
-                        "context": {"job_name": "t", "role": name, "index": 0, "replicas": 1,
-                                    "role_replicas": {name: 1}, "host": placement.host, "ports": placement.ports,
-                                    "params": {}, "output_dir": str(tmp_path / "output")}})
-    spec = LaunchSpec(instance_id=f"{tmp_path.name}/{name}-0/1", job_id=1, job_name="t", role=name, index=0,
-                      attempt=1, argv=argv, env=env, cwd=cwd, log_path=str(tmp_path / f"{name}.log"),
-                      instance_dir=str(files.dir), host=placement.host, ports=placement.ports)
-    return LaunchRequest(job_id=1, job_name="t", role=name, index=0, attempt=1, placement=placement,
-                         launch_file=str(files.launch), instance_dir=str(files.dir),
-                         log_path=str(tmp_path / f"{name}.log"), argv=argv, env=env, cwd=cwd, spec=spec)
+    files.write_launch(
+        {
+            "argv": argv,
+            "cwd": None,
+            "env": env,
+            "role_env": {},
+            "depends": [],
+            "db_url": "",
+            "job_id": 1,
+            "framework": "command",
+            "context": {
+                "job_name": "t",
+                "role": name,
+                "index": 0,
+                "replicas": 1,
+                "role_replicas": {name: 1},
+                "host": placement.host,
+                "ports": placement.ports,
+                "params": {},
+                "output_dir": str(tmp_path / "output"),
+            },
+        }
+    )
+    spec = LaunchSpec(
+        instance_id=f"{tmp_path.name}/{name}-0/1",
+        job_id=1,
+        job_name="t",
+        role=name,
+        index=0,
+        attempt=1,
+        argv=argv,
+        env=env,
+        cwd=cwd,
+        log_path=str(tmp_path / f"{name}.log"),
+        instance_dir=str(files.dir),
+        host=placement.host,
+        ports=placement.ports,
+    )
+    return LaunchRequest(
+        job_id=1,
+        job_name="t",
+        role=name,
+        index=0,
+        attempt=1,
+        placement=placement,
+        launch_file=str(files.launch),
+        instance_dir=str(files.dir),
+        log_path=str(tmp_path / f"{name}.log"),
+        argv=argv,
+        env=env,
+        cwd=cwd,
+        spec=spec,
+    )
 
 
 def runtime_pid(handle: dict) -> int:
@@ -131,10 +176,12 @@ def test_placement_reserves_distinct_ports(backend: Backend) -> None:
 
 
 def test_stop_terminates_the_whole_process_group(backend: Backend, tmp_path: Path) -> None:
-    code = ("import subprocess, sys, time\n"
-            f"child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
-            f"open('{tmp_path}/child', 'w').write(str(child.pid))\n"
-            "time.sleep(60)\n")
+    code = (
+        "import subprocess, sys, time\n"
+        f"child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"open('{tmp_path}/child', 'w').write(str(child.pid))\n"
+        "time.sleep(60)\n"
+    )
     handle = launch(backend, tmp_path, code)
     wait_phase(backend, handle, {Phase.RUNNING})
     deadline = time.monotonic() + 10
@@ -217,8 +264,10 @@ def test_start_all_starts_every_request_and_reports_a_refused_one(backend: Backe
 def test_cpu_seconds_and_peak_rss_of_the_whole_tree_are_observed(backend: Backend, tmp_path: Path) -> None:
     """Per-instance usage (issue 14 part 1) through the same node agent on both backends: the exit
     carries the CPU seconds and peak RSS of the instance's tree, a child's included."""
-    code = ("import subprocess, sys\n"
-            "subprocess.run([sys.executable, '-c', 'b = bytearray(48 << 20); sum(range(3_000_000))'], check=True)\n")
+    code = (
+        "import subprocess, sys\n"
+        "subprocess.run([sys.executable, '-c', 'b = bytearray(48 << 20); sum(range(3_000_000))'], check=True)\n"
+    )
     obs = wait_phase(backend, launch(backend, tmp_path, code, "burn"), {Phase.EXITED}, timeout=60)
     assert obs.exit_code == 0, obs
     assert obs.cpu_seconds > 0.02 and obs.peak_rss >= 48 << 20, obs
@@ -228,14 +277,16 @@ def test_stop_leaves_no_detached_daemon(backend: Backend, tmp_path: Path) -> Non
     """An instance's ``setsid`` double-forked daemon leaves its process group and session, and is
     gone after ``stop`` on both backends all the same (the node agent's cgroup or marker tree,
     not the process group, is what it stops)."""
-    code = ("import os, time\n"
-            "if os.fork() == 0:\n"
-            "    os.setsid()\n"
-            "    if os.fork() == 0:\n"
-            f"        open('{tmp_path}/daemon', 'w').write(str(os.getpid()))\n"
-            "        time.sleep(60)\n"
-            "    os._exit(0)\n"
-            "time.sleep(60)\n")
+    code = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        f"        open('{tmp_path}/daemon', 'w').write(str(os.getpid()))\n"
+        "        time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "time.sleep(60)\n"
+    )
     handle = launch(backend, tmp_path, code, "d")
     wait_phase(backend, handle, {Phase.RUNNING})
     deadline = time.monotonic() + 20

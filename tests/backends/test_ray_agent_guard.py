@@ -64,20 +64,24 @@ def modes() -> list:
     from trainmaster.agent.tree import cgroups_available
 
     why = cgroups_available()
-    return [pytest.param(True, id="cgroups", marks=pytest.mark.skipif(bool(why), reason=why or "available")),
-            pytest.param(False, id="markers")]
+    return [
+        pytest.param(True, id="cgroups", marks=pytest.mark.skipif(bool(why), reason=why or "available")),
+        pytest.param(False, id="markers"),
+    ]
 
 
 @pytest.mark.parametrize("use_cgroups", modes())
-def test_the_guard_kills_a_dead_agents_trees_before_the_next_agent_may_start(
-        tmp_path: Path, use_cgroups: bool) -> None:
+def test_the_guard_kills_a_dead_agents_trees_before_the_next_agent_may_start(tmp_path: Path, use_cgroups: bool) -> None:
     from trainmaster.backends.ray_agent import OWNER_LOCK, take_owner_lock
 
     state, work = tmp_path / "state", tmp_path / "work"
     work.mkdir()
     pids: list[int] = []
-    host = subprocess.Popen([sys.executable, "-c", HOST, str(state), str(work), "1" if use_cgroups else "0"],
-                            stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": PACKAGE_ROOT})
+    host = subprocess.Popen(
+        [sys.executable, "-c", HOST, str(state), str(work), "1" if use_cgroups else "0"],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": PACKAGE_ROOT},
+    )
     try:
         assert host.stdout is not None and host.stdout.readline().strip() == b"started"
         deadline = time.monotonic() + 30

@@ -23,6 +23,7 @@ from controller_harness import RAY_NODE_IP, Harness, events, job, pids_alive, py
 ray = pytest.importorskip("ray", reason="the optional ray extra (trainmaster[ray]) is not installed")
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(180)]
 
+
 @pytest.fixture(scope="module")
 def ray_backend() -> Iterator[Any]:
     from trainmaster.backends.ray import RayBackend
@@ -45,8 +46,10 @@ def test_server_client_dependency_job_succeeds_on_ray(ray_harness: Harness) -> N
     assert status["backend"] == "ray"
     server = next(i for i in status["instances"] if i["role"] == "server")
     assert server["address"].startswith(f"{RAY_NODE_IP}:")  # its node's address, where it listens
-    assert f"TM_SERVICE_SERVER={server['address']}" in Path(next(
-        i for i in status["instances"] if i["role"] == "client")["logPath"]).read_text()
+    assert (
+        f"TM_SERVICE_SERVER={server['address']}"
+        in Path(next(i for i in status["instances"] if i["role"] == "client")["logPath"]).read_text()
+    )
     for client in (i for i in status["instances"] if i["role"] == "client"):
         assert client["state"] == "succeeded"
         assert "client got hello" in Path(client["logPath"]).read_text()  # logs collected
@@ -54,7 +57,8 @@ def test_server_client_dependency_job_succeeds_on_ray(ray_harness: Harness) -> N
 
 
 def test_a_port_taken_on_the_node_is_replaced_and_the_address_follows(
-        ray_harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    ray_harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Placement after start on Ray: the port the controller reserved for the server is taken on
     the node Ray chose (Ray's own workers hold ports there too). The attempt gets a free port of
     that node instead of failing, and the address the registry publishes follows it, so the
@@ -96,15 +100,43 @@ def test_stopping_an_attempt_whose_start_was_refused_is_quiet(ray_backend: Any, 
 
     placement = ray_backend.place(1, {})
     files = InstanceFiles(tmp_path / "refused")
-    files.write_launch({"argv": ["true"], "cwd": None, "env": {}, "role_env": {}, "depends": [], "db_url": "",
-                        "job_id": 1, "framework": "command",
-                        "context": {"job_name": "t", "role": "refused", "index": 0, "replicas": 1,
-                                    "role_replicas": {"refused": 1}, "host": placement.host,
-                                    "ports": placement.ports, "params": {}, "output_dir": str(tmp_path)}})
-    request = LaunchRequest(job_id=1, job_name="t", role="refused", index=0, attempt=1, placement=placement,
-                            launch_file=str(files.launch), instance_dir=str(files.dir),
-                            log_path=str(tmp_path / "refused.log"), argv=["true"], env={},
-                            cwd=str(tmp_path / "missing"))
+    files.write_launch(
+        {
+            "argv": ["true"],
+            "cwd": None,
+            "env": {},
+            "role_env": {},
+            "depends": [],
+            "db_url": "",
+            "job_id": 1,
+            "framework": "command",
+            "context": {
+                "job_name": "t",
+                "role": "refused",
+                "index": 0,
+                "replicas": 1,
+                "role_replicas": {"refused": 1},
+                "host": placement.host,
+                "ports": placement.ports,
+                "params": {},
+                "output_dir": str(tmp_path),
+            },
+        }
+    )
+    request = LaunchRequest(
+        job_id=1,
+        job_name="t",
+        role="refused",
+        index=0,
+        attempt=1,
+        placement=placement,
+        launch_file=str(files.launch),
+        instance_dir=str(files.dir),
+        log_path=str(tmp_path / "refused.log"),
+        argv=["true"],
+        env={},
+        cwd=str(tmp_path / "missing"),
+    )
     [handle] = list(ray_backend.start_all([request]))
     ray_backend.stop([handle], grace=30)  # waits for the start call's outcome, then asks nothing
     obs = ray_backend.poll(handle)
@@ -120,8 +152,12 @@ def test_gang_stays_pending_with_the_reason_until_ray_can_place_it(ray_harness: 
     blocker = placement_group([{"CPU": cpus}])
     assert blocker.wait(timeout_seconds=30)
     try:
-        job_id = ray_harness.submit(job("gang", [
-            {"name": "worker", "replicas": 2, "resources": {"cpu": cpus / 2}, "command": py("print('ran')")}]))
+        job_id = ray_harness.submit(
+            job(
+                "gang",
+                [{"name": "worker", "replicas": 2, "resources": {"cpu": cpus / 2}, "command": py("print('ran')")}],
+            )
+        )
         status = step_until(ray_harness, job_id, lambda s: s["reason"] == "GangPending", timeout=20)
         for _ in range(5):
             ray_harness.controller.step()
@@ -135,8 +171,7 @@ def test_gang_stays_pending_with_the_reason_until_ray_can_place_it(ray_harness: 
     assert status["state"] == "succeeded", status["events"]
 
 
-def test_instance_whose_node_agent_is_killed_is_replaced_and_its_process_tree_killed(
-        ray_harness: Harness) -> None:
+def test_instance_whose_node_agent_is_killed_is_replaced_and_its_process_tree_killed(ray_harness: Harness) -> None:
     """Fault tolerance on Ray (spec step 6): kill -9 of the node agent actor (its worker runs
     ``trainmaster.agent.NodeAgent``) that owns an instance. The instance is reported lost with the
     node named, its whole process tree is gone with the agent (``ray_agent.AgentGuard``: never two
@@ -150,11 +185,22 @@ def test_instance_whose_node_agent_is_killed_is_replaced_and_its_process_tree_ki
     from trainmaster.agent.tree import cgroups_available
     from trainmaster.backends.ray import ATTEMPT_RECORD, NAMESPACE
 
-    job_id = ray_harness.submit(job("ft", [
-        {"name": "worker", "command": py("import subprocess, sys, time\n"
-                                         "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
-                                         "time.sleep(60)"),
-         "restartPolicy": {"policy": "OnFailure", "maxRestarts": 1, "backoffSeconds": 0}}]))
+    job_id = ray_harness.submit(
+        job(
+            "ft",
+            [
+                {
+                    "name": "worker",
+                    "command": py(
+                        "import subprocess, sys, time\n"
+                        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+                        "time.sleep(60)"
+                    ),
+                    "restartPolicy": {"policy": "OnFailure", "maxRestarts": 1, "backoffSeconds": 0},
+                }
+            ],
+        )
+    )
     step_until(ray_harness, job_id, lambda s: s["state"] == "running")
     with ray_harness.sessions() as session:
         from trainmaster.store.models import InstanceRow
@@ -171,8 +217,9 @@ def test_instance_whose_node_agent_is_killed_is_replaced_and_its_process_tree_ki
     where = ray.get(agent.where.remote())
     assert where["trees"] == ("cgroup" if not cgroups_available() else "marker"), where
     os.kill(where["pid"], signal.SIGKILL)
-    status = step_until(ray_harness, job_id, lambda s: s["instances"][0]["attempt"] == 2
-                        and s["instances"][0]["state"] == "running")
+    status = step_until(
+        ray_harness, job_id, lambda s: s["instances"][0]["attempt"] == 2 and s["instances"][0]["state"] == "running"
+    )
     restarting = events(status, "Restarting")
     assert restarting and "AgentLost" in restarting[0]["message"], restarting
     assert first["node"][:12] in restarting[0]["message"]
@@ -181,15 +228,19 @@ def test_instance_whose_node_agent_is_killed_is_replaced_and_its_process_tree_ki
     assert ray.get(again.where.remote())["pid"] != where["pid"]
     # the record itself may be forgotten already (the controller stored the loss): its journal line stays
     lines = [json.loads(line) for line in (Path(where["state_dir"]) / "journal.jsonl").read_text().splitlines()]
-    exits = [line for line in lines if line.get("t") == "exit"
-             and line["status"]["handle"]["instance_id"] == first["instance_id"]]
+    exits = [
+        line
+        for line in lines
+        if line.get("t") == "exit" and line["status"]["handle"]["instance_id"] == first["instance_id"]
+    ]
     assert [(e["status"]["reason"], e["status"]["exit_code"]) for e in exits] == [("AgentRestarted", 137)], lines
     ray_harness.controller.cancel(job_id)
     status = step_until(ray_harness, job_id, lambda s: s["state"] == "cancelled")
 
 
 def test_an_attempt_that_ended_before_its_handle_was_saved_runs_once_after_a_controller_crash(
-        tmp_path: Path, ray_backend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, ray_backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Crash safety on Ray: the controller dies after its node agent started the attempts but
     before it saved their handles, and the attempts run to completion while no controller
     watches. The new controller asks the node agents for each attempt by its instance id
@@ -206,9 +257,19 @@ def test_an_attempt_that_ended_before_its_handle_was_saved_runs_once_after_a_con
     markers = tmp_path / "markers"
     markers.mkdir()
     first = Harness(tmp_path, backend=ray_backend)
-    job_id = first.submit(job("once", [{
-        "name": "worker", "replicas": 2, "command": ["/bin/sh", "-c", f"mktemp -p {markers}"],
-        "restartPolicy": {"policy": "OnFailure", "maxRestarts": 3}}]))
+    job_id = first.submit(
+        job(
+            "once",
+            [
+                {
+                    "name": "worker",
+                    "replicas": 2,
+                    "command": ["/bin/sh", "-c", f"mktemp -p {markers}"],
+                    "restartPolicy": {"policy": "OnFailure", "maxRestarts": 3},
+                }
+            ],
+        )
+    )
     spawn = ray_backend.start_all
 
     def start_then_crash(requests):  # type: ignore[no-untyped-def]
@@ -248,9 +309,13 @@ def test_trainmaster_run_backend_ray(tmp_path: Path) -> None:
     """The CLI path: ``trainmaster run --backend ray`` starts its own local cluster and succeeds."""
     spec = tmp_path / "svc.yaml"
     spec.write_text(yaml.safe_dump(server_client_job("svc-cli", clients=2)))
-    out = subprocess.run([sys.executable, "-m", "trainmaster", "run", str(spec), "--backend", "ray",
-                          "--interval", "0.1", "--json"], capture_output=True, text=True, timeout=150,
-                         env={**os.environ, "TRAINMASTER_DB": f"sqlite:///{tmp_path / 'cli.db'}"})
+    out = subprocess.run(
+        [sys.executable, "-m", "trainmaster", "run", str(spec), "--backend", "ray", "--interval", "0.1", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env={**os.environ, "TRAINMASTER_DB": f"sqlite:///{tmp_path / 'cli.db'}"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     final = json.loads(out.stdout)
     assert final["state"] == "succeeded" and final["backend"] == "ray"

@@ -43,9 +43,15 @@ def cluster() -> Iterator[Any]:
     if ray.is_initialized():  # another module's single-node cluster: this one needs its own
         ray.shutdown()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    nodes = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": NODE_CPUS, "node_ip_address": NODE_IPS[0], "include_dashboard": False,
-        "_system_config": HEALTH_CHECKS})
+    nodes = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": NODE_CPUS,
+            "node_ip_address": NODE_IPS[0],
+            "include_dashboard": False,
+            "_system_config": HEALTH_CHECKS,
+        },
+    )
     try:
         for ip in NODE_IPS[1:]:
             nodes.add_node(num_cpus=NODE_CPUS, node_ip_address=ip)
@@ -67,18 +73,28 @@ def harness(tmp_path: Path, cluster: Any) -> Iterator[Harness]:
 
 
 def agents() -> list[str]:
-    return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                  if a["name"].startswith("tm-agent-"))
+    return sorted(
+        a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("tm-agent-")
+    )
 
 
 def test_a_job_spreads_over_nodes_and_addresses_resolve_across_them(harness: Harness) -> None:
     """Each instance's bundle takes a whole node (2 CPUs), so the server and its two clients run
     on three different nodes; the server's address is its node's IP, and clients on the other
     nodes reach it there through TM_SERVICE_SERVER. One agent actor per node started them."""
-    doc = job("spread", [
-        {"name": "server", "command": py(SERVER), "env": {"CLIENTS": "2"}, "resources": {"cpu": NODE_CPUS}},
-        {"name": "client", "replicas": 2, "command": py(CLIENT), "dependsOn": [{"role": "server"}],
-         "resources": {"cpu": NODE_CPUS}}])
+    doc = job(
+        "spread",
+        [
+            {"name": "server", "command": py(SERVER), "env": {"CLIENTS": "2"}, "resources": {"cpu": NODE_CPUS}},
+            {
+                "name": "client",
+                "replicas": 2,
+                "command": py(CLIENT),
+                "dependsOn": [{"role": "server"}],
+                "resources": {"cpu": NODE_CPUS},
+            },
+        ],
+    )
     job_id = harness.submit(doc)
     status = step_until(harness, job_id, lambda s: s["state"] in ("succeeded", "failed"), timeout=120)
     assert status["state"] == "succeeded", status["events"]
@@ -95,10 +111,12 @@ def test_a_job_spreads_over_nodes_and_addresses_resolve_across_them(harness: Har
 def test_many_replicas_start_through_one_agent_per_node(harness: Harness) -> None:
     """24 replicas over the cluster: every one runs, on the node of its bundle, and the cluster
     holds exactly one agent actor per node however many instances each node runs."""
-    job_id = harness.submit(job("many", [
-        {"name": "worker", "replicas": 24, "command": ["sleep", "30"], "resources": {"cpu": 0.25}}]))
-    status = step_until(harness, job_id, lambda s: sum(i["state"] == "running" for i in s["instances"]) == 24,
-                        timeout=120)
+    job_id = harness.submit(
+        job("many", [{"name": "worker", "replicas": 24, "command": ["sleep", "30"], "resources": {"cpu": 0.25}}])
+    )
+    status = step_until(
+        harness, job_id, lambda s: sum(i["state"] == "running" for i in s["instances"]) == 24, timeout=120
+    )
     per_node: dict[str, int] = {}
     for inst in status["instances"]:
         host = inst["address"].split(":")[0] if inst["address"] else inst["host"]
@@ -110,7 +128,8 @@ def test_many_replicas_start_through_one_agent_per_node(harness: Harness) -> Non
 
 
 def test_a_restarted_controller_finds_the_node_agents_by_name_and_adopts_their_instances(
-        tmp_path: Path, cluster: Any) -> None:
+    tmp_path: Path, cluster: Any
+) -> None:
     """Controller restart on Ray: the node agents are detached actors, so they and their instances
     outlive the controller's Ray driver. A new controller over the same store (a new driver)
     finds each agent again by its name ``tm-agent-<node_id>`` and adopts the running instances:
@@ -119,11 +138,23 @@ def test_a_restarted_controller_finds_the_node_agents_by_name_and_adopts_their_i
     from trainmaster.store.models import InstanceRow
 
     first = Harness(tmp_path, backend=RayBackend())
-    job_id = first.submit(job("adopt", [
-        {"name": "worker", "replicas": 3, "resources": {"cpu": NODE_CPUS},  # one per node
-         "command": py("import subprocess, sys, time\n"
-                       "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
-                       "time.sleep(120)")}]))
+    job_id = first.submit(
+        job(
+            "adopt",
+            [
+                {
+                    "name": "worker",
+                    "replicas": 3,
+                    "resources": {"cpu": NODE_CPUS},  # one per node
+                    "command": py(
+                        "import subprocess, sys, time\n"
+                        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+                        "time.sleep(120)"
+                    ),
+                }
+            ],
+        )
+    )
     step_until(first, job_id, lambda s: sum(i["state"] == "running" for i in s["instances"]) == 3, timeout=120)
     with first.sessions() as session:
         handles = [r.handle for r in session.query(InstanceRow)]
@@ -170,7 +201,8 @@ def alive_nodes(cluster: Any) -> list[Any]:
 
 @pytest.mark.parametrize("graceful", [True, False], ids=["removed", "killed"])
 def test_losing_a_node_mid_job_restarts_its_instances_on_the_remaining_nodes(
-        harness: Harness, cluster: Any, graceful: bool) -> None:
+    harness: Harness, cluster: Any, graceful: bool
+) -> None:
     """Node loss: four 1-CPU workers fill two of three nodes; the non-head node among those two is
     lost, either removed (its processes shut down) or killed outright (SIGKILL of every process
     of the node, its raylet included, as a machine losing power: the instances read as
@@ -183,23 +215,40 @@ def test_losing_a_node_mid_job_restarts_its_instances_on_the_remaining_nodes(
     while len(alive_nodes(cluster)) < len(NODE_IPS):
         cluster.add_node(num_cpus=NODE_CPUS, node_ip_address=next(SPARE_IPS))
     cluster.wait_for_nodes()
-    job_id = harness.submit(job("loss", [
-        {"name": "worker", "replicas": 4, "resources": {"cpu": 1},
-         "command": py("import subprocess, sys, time\n"
-                       "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
-                       "time.sleep(120)"),
-         "restartPolicy": {"policy": "OnFailure", "maxRestarts": 2, "backoffSeconds": 0}}]))
-    status = step_until(harness, job_id, lambda s: sum(i["state"] == "running" for i in s["instances"]) == 4,
-                        timeout=120)
+    job_id = harness.submit(
+        job(
+            "loss",
+            [
+                {
+                    "name": "worker",
+                    "replicas": 4,
+                    "resources": {"cpu": 1},
+                    "command": py(
+                        "import subprocess, sys, time\n"
+                        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+                        "time.sleep(120)"
+                    ),
+                    "restartPolicy": {"policy": "OnFailure", "maxRestarts": 2, "backoffSeconds": 0},
+                }
+            ],
+        )
+    )
+    status = step_until(
+        harness, job_id, lambda s: sum(i["state"] == "running" for i in s["instances"]) == 4, timeout=120
+    )
     with harness.sessions() as session:
         handles = {f"{r.role}-{r.index}": r.handle for r in session.query(InstanceRow)}
     head = cluster.head_node.node_id
-    victim = next(n for n in alive_nodes(cluster)
-                  if n.node_id != head and any(h["node"] == n.node_id for h in handles.values()))
+    victim = next(
+        n for n in alive_nodes(cluster) if n.node_id != head and any(h["node"] == n.node_id for h in handles.values())
+    )
     doomed = {label for label, h in handles.items() if h["node"] == victim.node_id}
     trees = [pid for label in doomed for pid in instance_tree(handles[label])]
-    survivors = {label: i["attempt"] for label, i in
-                 ((f"{i['role']}-{i['index']}", i) for i in status["instances"]) if label not in doomed}
+    survivors = {
+        label: i["attempt"]
+        for label, i in ((f"{i['role']}-{i['index']}", i) for i in status["instances"])
+        if label not in doomed
+    }
 
     lost_at = time.monotonic()
     cluster.remove_node(victim, allow_graceful=graceful)
@@ -229,8 +278,7 @@ def test_losing_a_node_mid_job_restarts_its_instances_on_the_remaining_nodes(
     assert pids_alive(trees) == [], "left running after the job was cancelled"
 
 
-def test_instances_of_a_lost_node_wait_for_room_and_run_on_a_node_that_joins(
-        harness: Harness, cluster: Any) -> None:
+def test_instances_of_a_lost_node_wait_for_room_and_run_on_a_node_that_joins(harness: Harness, cluster: Any) -> None:
     """Node loss with a full cluster: six 1-CPU workers fill all three nodes, and a non-head node
     is removed. Nothing has room for the lost instances, so they wait, not running anywhere (never
     sent to the dead node's agent, nor run uncharged elsewhere): pending while the controller's
@@ -242,11 +290,23 @@ def test_instances_of_a_lost_node_wait_for_room_and_run_on_a_node_that_joins(
     while len(alive_nodes(cluster)) < len(NODE_IPS):
         cluster.add_node(num_cpus=NODE_CPUS, node_ip_address=next(SPARE_IPS))
     cluster.wait_for_nodes()
-    job_id = harness.submit(job("full", [
-        {"name": "worker", "replicas": 3 * NODE_CPUS, "resources": {"cpu": 1}, "command": ["sleep", "120"],
-         "restartPolicy": {"policy": "OnFailure", "maxRestarts": 1, "backoffSeconds": 0}}]))
-    step_until(harness, job_id, lambda s: sum(i["state"] == "running" for i in s["instances"]) == 3 * NODE_CPUS,
-               timeout=120)
+    job_id = harness.submit(
+        job(
+            "full",
+            [
+                {
+                    "name": "worker",
+                    "replicas": 3 * NODE_CPUS,
+                    "resources": {"cpu": 1},
+                    "command": ["sleep", "120"],
+                    "restartPolicy": {"policy": "OnFailure", "maxRestarts": 1, "backoffSeconds": 0},
+                }
+            ],
+        )
+    )
+    step_until(
+        harness, job_id, lambda s: sum(i["state"] == "running" for i in s["instances"]) == 3 * NODE_CPUS, timeout=120
+    )
     with harness.sessions() as session:
         placed = {f"{r.role}-{r.index}": r.handle["node"] for r in session.query(InstanceRow)}
     victim = next(n for n in alive_nodes(cluster) if n.node_id != cluster.head_node.node_id)
@@ -254,9 +314,14 @@ def test_instances_of_a_lost_node_wait_for_room_and_run_on_a_node_that_joins(
     cluster.remove_node(victim)
 
     def waiting(s: dict[str, Any]) -> bool:
-        return all(i["state"] == "pending" and i["reason"] == "Unschedulable"
-                   or i["state"] == "starting" and i["reason"] == "BundlePending"
-                   for i in s["instances"] if f"{i['role']}-{i['index']}" in doomed)
+        return all(
+            i["state"] == "pending"
+            and i["reason"] == "Unschedulable"
+            or i["state"] == "starting"
+            and i["reason"] == "BundlePending"
+            for i in s["instances"]
+            if f"{i['role']}-{i['index']}" in doomed
+        )
 
     step_until(harness, job_id, lambda s: len(events(s, "Restarting")) == len(doomed) and waiting(s), timeout=60)
     for _ in range(10):  # it stays so: nothing to place it on
@@ -264,8 +329,9 @@ def test_instances_of_a_lost_node_wait_for_room_and_run_on_a_node_that_joins(
         assert waiting(harness.status(job_id)), harness.status(job_id)["instances"]
         time.sleep(0.1)
     newcomer = cluster.add_node(num_cpus=NODE_CPUS, node_ip_address=next(SPARE_IPS))
-    status = step_until(harness, job_id, lambda s: sum(i["state"] == "running" for i in s["instances"])
-                        == 3 * NODE_CPUS, timeout=90)
+    status = step_until(
+        harness, job_id, lambda s: sum(i["state"] == "running" for i in s["instances"]) == 3 * NODE_CPUS, timeout=90
+    )
     for inst in status["instances"]:
         if f"{inst['role']}-{inst['index']}" in doomed:
             assert inst["address"].split(":")[0] == newcomer.node_ip_address and inst["restarts"] == 1
@@ -290,8 +356,13 @@ def test_a_killed_nodes_raylet_refusing_connections_is_proof_of_loss_and_silence
         with socket.socket() as closed:
             closed.bind(("127.0.0.1", 0))
             dead_port = closed.getsockname()[1]  # bound, never listening: connections are refused
-            view = SimpleNamespace(_raylets={"alive": ("127.0.0.1", alive_port), "dead": ("127.0.0.1", dead_port),
-                                             "silent": ("10.255.255.1", 9)})
+            view = SimpleNamespace(
+                _raylets={
+                    "alive": ("127.0.0.1", alive_port),
+                    "dead": ("127.0.0.1", dead_port),
+                    "silent": ("10.255.255.1", 9),
+                }
+            )
             assert RayBackend._raylet_gone(view, "alive") is False  # type: ignore[arg-type]
             assert RayBackend._raylet_gone(view, "dead") is True  # type: ignore[arg-type]
             assert RayBackend._raylet_gone(view, "silent") is False  # type: ignore[arg-type]

@@ -37,8 +37,9 @@ def expectation(path: Path) -> tuple[bool, list[str]]:
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "1000"}  # one problem per line, unwrapped
-    return subprocess.run([sys.executable, "-m", "trainmaster", *args], capture_output=True, text=True,
-                          env=env, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "trainmaster", *args], capture_output=True, text=True, env=env, timeout=60
+    )
 
 
 def test_corpus_covers_every_kind() -> None:
@@ -73,8 +74,9 @@ def mappings(node: Any, path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
             yield from mappings(value, f"{path}[{i}]")
 
 
-@pytest.mark.parametrize("path", [p for p in FILES if expectation(p)[0]],
-                         ids=[p.stem for p in FILES if expectation(p)[0]])
+@pytest.mark.parametrize(
+    "path", [p for p in FILES if expectation(p)[0]], ids=[p.stem for p in FILES if expectation(p)[0]]
+)
 def test_an_unknown_field_anywhere_is_refused_by_its_path(path: Path) -> None:
     document = yaml.safe_load(path.read_text())
     count = 0
@@ -104,15 +106,18 @@ def needs(path: Path) -> str | None:
 
     entry_points = [r.name for r in load_job(path).job.spec.roles if r.image and r.command is None]
     if entry_points:
-        return (f"roles {entry_points} run their image's entry point, and the image is upstream's (no registry "
-                "here); tests/containers runs entry-point roles from images built locally")
+        return (
+            f"roles {entry_points} run their image's entry point, and the image is upstream's (no registry "
+            "here); tests/containers runs entry-point roles from images built locally"
+        )
     return None
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("path", [p for p in FILES if expectation(p)[0]],
-                         ids=[p.stem for p in FILES if expectation(p)[0]])
+@pytest.mark.parametrize(
+    "path", [p for p in FILES if expectation(p)[0]], ids=[p.stem for p in FILES if expectation(p)[0]]
+)
 def test_every_valid_corpus_file_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every corpus file either runs to success with `trainmaster run` (this test) or is refused
     by name (the test above): nothing is only converted."""

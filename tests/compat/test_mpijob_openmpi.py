@@ -47,14 +47,35 @@ def test_mpirun_starts_ranks_in_the_worker_instances(tmp_path: Path) -> None:
     out.mkdir()
 
     def replica(replicas: int, command: list[str]) -> dict:
-        return {"replicas": replicas, "template": {"spec": {"containers": [
-            {"name": "mpi", "image": "mpioperator/openmpi", "command": command,
-             "env": [{"name": "OUT", "value": str(out)}]}]}}}
+        return {
+            "replicas": replicas,
+            "template": {
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "mpi",
+                            "image": "mpioperator/openmpi",
+                            "command": command,
+                            "env": [{"name": "OUT", "value": str(out)}],
+                        }
+                    ]
+                }
+            },
+        }
 
-    doc = {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "metadata": {"name": "allreduce"},
-           "spec": {"slotsPerWorker": 2, "mpiImplementation": "OpenMPI", "mpiReplicaSpecs": {
-               "Launcher": replica(1, ["mpirun", "-x", "OUT", PY, str(script)]),
-               "Worker": replica(2, ["/usr/sbin/sshd", "-De"])}}}
+    doc = {
+        "apiVersion": "kubeflow.org/v2beta1",
+        "kind": "MPIJob",
+        "metadata": {"name": "allreduce"},
+        "spec": {
+            "slotsPerWorker": 2,
+            "mpiImplementation": "OpenMPI",
+            "mpiReplicaSpecs": {
+                "Launcher": replica(1, ["mpirun", "-x", "OUT", PY, str(script)]),
+                "Worker": replica(2, ["/usr/sbin/sshd", "-De"]),
+            },
+        },
+    }
     h = Harness(tmp_path)
     try:
         job_id = h.submit(doc)

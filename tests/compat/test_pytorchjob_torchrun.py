@@ -31,8 +31,15 @@ dist.destroy_process_group()
 
 
 def replica(replicas: int, script: Path) -> dict:
-    return {"replicas": replicas, "restartPolicy": "Never", "template": {"spec": {"containers": [
-        {"name": "pytorch", "image": "pytorch/pytorch", "command": ["torchrun", str(script)]}]}}}
+    return {
+        "replicas": replicas,
+        "restartPolicy": "Never",
+        "template": {
+            "spec": {
+                "containers": [{"name": "pytorch", "image": "pytorch/pytorch", "command": ["torchrun", str(script)]}]
+            }
+        },
+    }
 
 
 @pytest.mark.slow
@@ -40,9 +47,15 @@ def replica(replicas: int, script: Path) -> dict:
 def test_bare_torchrun_runs_replicas_times_nproc_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     script = tmp_path / "allreduce.py"
     script.write_text(SCRIPT)
-    job = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "torchrun-2x2"},
-           "spec": {"nprocPerNode": 2, "pytorchReplicaSpecs": {"Master": replica(1, script),
-                                                               "Worker": replica(1, script)}}}
+    job = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": "torchrun-2x2"},
+        "spec": {
+            "nprocPerNode": 2,
+            "pytorchReplicaSpecs": {"Master": replica(1, script), "Worker": replica(1, script)},
+        },
+    }
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job))
     # `torchrun` is the console script next to this interpreter, as in the training image

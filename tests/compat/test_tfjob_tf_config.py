@@ -14,7 +14,7 @@ import pytest
 
 from controller_harness import PY, Harness
 
-ROLE_SCRIPT = r'''
+ROLE_SCRIPT = r"""
 import json, os, socket, sys, threading, time
 config = json.loads(os.environ["TF_CONFIG"])
 me = config["task"]["type"], config["task"]["index"]
@@ -56,22 +56,45 @@ if me[0] == "chief":  # the chief succeeding ends the job: it waits for the othe
     deadline = time.monotonic() + 60
     while len(os.listdir(os.environ["TM_OUTPUT_DIR"])) < 5 and time.monotonic() < deadline:
         time.sleep(0.1)
-'''
+"""
 
 
 def replica(replicas: int, script: Path) -> dict:
-    return {"replicas": replicas, "restartPolicy": "Never", "template": {"spec": {"containers": [
-        {"name": "tensorflow", "image": "tensorflow/tensorflow",
-         "command": [PY, str(script)], "env": [{"name": "EVALUATORS", "value": "1"}]}]}}}
+    return {
+        "replicas": replicas,
+        "restartPolicy": "Never",
+        "template": {
+            "spec": {
+                "containers": [
+                    {
+                        "name": "tensorflow",
+                        "image": "tensorflow/tensorflow",
+                        "command": [PY, str(script)],
+                        "env": [{"name": "EVALUATORS", "value": "1"}],
+                    }
+                ]
+            }
+        },
+    }
 
 
 @pytest.mark.timeout(180)
 def test_every_replica_sees_one_consistent_tf_config(tmp_path: Path) -> None:
     script = tmp_path / "role.py"
     script.write_text(ROLE_SCRIPT)
-    doc = {"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": {"name": "tf-config"},
-           "spec": {"tfReplicaSpecs": {"Chief": replica(1, script), "Worker": replica(2, script),
-                                       "PS": replica(1, script), "Evaluator": replica(1, script)}}}
+    doc = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "TFJob",
+        "metadata": {"name": "tf-config"},
+        "spec": {
+            "tfReplicaSpecs": {
+                "Chief": replica(1, script),
+                "Worker": replica(2, script),
+                "PS": replica(1, script),
+                "Evaluator": replica(1, script),
+            }
+        },
+    }
     h = Harness(tmp_path)
     job_id = h.submit(doc)
     state = h.controller.run_job(job_id)

@@ -14,7 +14,7 @@ import pytest
 
 from controller_harness import PY, Harness
 
-PS = r'''
+PS = r"""
 import json, os, socket
 record = {k: v for k, v in os.environ.items() if k.startswith(("VC_", "VK_"))}
 record["files"] = {n: open(os.path.join(os.environ["VC_HOSTS_DIR"], n)).read()
@@ -25,8 +25,8 @@ while True:
     conn, _ = server.accept()
     conn.sendall(b"ps here")
     conn.close()
-'''
-WORKER = r'''
+"""
+WORKER = r"""
 import json, os, socket, time
 record = {k: v for k, v in os.environ.items() if k.startswith(("VC_", "VK_"))}
 record["files"] = {n: open(os.path.join(os.environ["VC_HOSTS_DIR"], n)).read()
@@ -42,13 +42,28 @@ while True:
         assert time.monotonic() < deadline, "the ps address did not answer"
         time.sleep(0.1)
 open(os.path.join(os.environ["OUT"], "worker-" + os.environ["VC_TASK_INDEX"] + ".json"), "w").write(json.dumps(record))
-'''
+"""
 
 
 def task(name: str, replicas: int, script: Path, out: Path, **extra: object) -> dict:
-    return {"name": name, "replicas": replicas, **extra, "template": {"spec": {
-        "restartPolicy": "Never", "containers": [{"name": name, "image": "busybox", "command": [PY, str(script)],
-                                                   "env": [{"name": "OUT", "value": str(out)}]}]}}}
+    return {
+        "name": name,
+        "replicas": replicas,
+        **extra,
+        "template": {
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [
+                    {
+                        "name": name,
+                        "image": "busybox",
+                        "command": [PY, str(script)],
+                        "env": [{"name": "OUT", "value": str(out)}],
+                    }
+                ],
+            }
+        },
+    }
 
 
 @pytest.mark.timeout(120)
@@ -57,11 +72,25 @@ def test_svc_and_env_plugins_give_every_instance_every_task(tmp_path: Path) -> N
     out.mkdir()
     (tmp_path / "ps.py").write_text(PS)
     (tmp_path / "worker.py").write_text(WORKER)
-    doc = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "metadata": {"name": "vc-svc"},
-           "spec": {"minAvailable": 3, "plugins": {"svc": [], "env": []}, "tasks": [
-               task("ps", 1, tmp_path / "ps.py", out),
-               task("worker", 2, tmp_path / "worker.py", out,
-                    policies=[{"event": "TaskCompleted", "action": "CompleteJob"}])]}}
+    doc = {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": "vc-svc"},
+        "spec": {
+            "minAvailable": 3,
+            "plugins": {"svc": [], "env": []},
+            "tasks": [
+                task("ps", 1, tmp_path / "ps.py", out),
+                task(
+                    "worker",
+                    2,
+                    tmp_path / "worker.py",
+                    out,
+                    policies=[{"event": "TaskCompleted", "action": "CompleteJob"}],
+                ),
+            ],
+        },
+    }
     h = Harness(tmp_path)
     try:
         job_id = h.submit(doc)
@@ -91,12 +120,27 @@ def test_pod_failed_restart_job_restarts_every_task(tmp_path: Path) -> None:
     record = f"import os, time; open({str(marker)!r}, 'a').write(os.environ['TM_ROLE'] + '\\n')\n"
     (tmp_path / "ps.py").write_text(record + "time.sleep(60)\n")
     (tmp_path / "worker.py").write_text(
-        record + f"time.sleep(0.5); raise SystemExit(1 if open({str(marker)!r}).read().count('worker') < 3 else 0)\n")
-    doc = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "metadata": {"name": "vc-restart"},
-           "spec": {"maxRetry": 3, "policies": [{"event": "PodFailed", "action": "RestartJob"}], "tasks": [
-               task("ps", 1, tmp_path / "ps.py", tmp_path),
-               task("worker", 2, tmp_path / "worker.py", tmp_path,
-                    policies=[{"event": "TaskCompleted", "action": "CompleteJob"}])]}}
+        record + f"time.sleep(0.5); raise SystemExit(1 if open({str(marker)!r}).read().count('worker') < 3 else 0)\n"
+    )
+    doc = {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": "vc-restart"},
+        "spec": {
+            "maxRetry": 3,
+            "policies": [{"event": "PodFailed", "action": "RestartJob"}],
+            "tasks": [
+                task("ps", 1, tmp_path / "ps.py", tmp_path),
+                task(
+                    "worker",
+                    2,
+                    tmp_path / "worker.py",
+                    tmp_path,
+                    policies=[{"event": "TaskCompleted", "action": "CompleteJob"}],
+                ),
+            ],
+        },
+    }
     h = Harness(tmp_path)
     try:
         job_id = h.submit(doc)
@@ -108,5 +152,3 @@ def test_pod_failed_restart_job_restarts_every_task(tmp_path: Path) -> None:
     starts = marker.read_text().split()
     assert starts.count("ps") == 2 and starts.count("worker") == 4  # one restart of the whole job
     assert [e for e in status["events"] if e["reason"] == "RestartingGroup"]
-
-

@@ -36,8 +36,9 @@ def podman() -> ContainerRuntime:
 def small_image(podman: ContainerRuntime) -> Iterator[str]:
     """A few MB: sh and some coreutils from this machine; its own ENTRYPOINT and CMD."""
     tag = f"localhost/tm-test-small:{os.getpid()}"
-    images.build_program_image(podman, tag, PROGRAMS, entrypoint=["/bin/sh", "-c"],
-                               cmd=["echo image entrypoint ran in $(pwd)"], workdir="/tmp")
+    images.build_program_image(
+        podman, tag, PROGRAMS, entrypoint=["/bin/sh", "-c"], cmd=["echo image entrypoint ran in $(pwd)"], workdir="/tmp"
+    )
     yield tag
     images.remove_images(podman, [tag])
 
@@ -70,12 +71,25 @@ class AgentUnderTest:
         ensure_agent(self.state_dir, linger=60)
         self.client = AgentClient(self.state_dir, linger=60)
 
-    def spec(self, name: str, container: ContainerLaunch, attempt: int = 1, env: dict[str, str] | None = None,
-             **extra: Any) -> LaunchSpec:
-        return LaunchSpec(instance_id=f"job/{name}/{attempt}", job_id=1, job_name="job", role=name, index=0,
-                          attempt=attempt, argv=[], env=dict(env or {}), cwd=None,
-                          log_path=str(self.tmp_path / f"{name}.log"), instance_dir=str(self.tmp_path / name),
-                          host="127.0.0.1", container=container, **extra)
+    def spec(
+        self, name: str, container: ContainerLaunch, attempt: int = 1, env: dict[str, str] | None = None, **extra: Any
+    ) -> LaunchSpec:
+        return LaunchSpec(
+            instance_id=f"job/{name}/{attempt}",
+            job_id=1,
+            job_name="job",
+            role=name,
+            index=0,
+            attempt=attempt,
+            argv=[],
+            env=dict(env or {}),
+            cwd=None,
+            log_path=str(self.tmp_path / f"{name}.log"),
+            instance_dir=str(self.tmp_path / name),
+            host="127.0.0.1",
+            container=container,
+            **extra,
+        )
 
     def run(self, specs: list[LaunchSpec], timeout: float = 90) -> list[InstanceStatus]:
         results = self.client.start(specs)
@@ -85,8 +99,12 @@ class AgentUnderTest:
     def exited(self, ids: list[str], timeout: float = 90) -> list[InstanceStatus]:
         def done() -> list[InstanceStatus] | None:
             statuses = self.client.observe(ids)
-            return statuses if all(s.phase in (InstancePhase.EXITED, InstancePhase.START_FAILED)
-                                   for s in statuses) else None
+            return (
+                statuses
+                if all(s.phase in (InstancePhase.EXITED, InstancePhase.START_FAILED) for s in statuses)
+                else None
+            )
+
         return wait_until(done, timeout, f"{ids} to exit")
 
     def log(self, name: str) -> str:

@@ -34,10 +34,12 @@ def test_runtime_is_detected_once_with_runc_and_a_working_rlimit_setting(podman:
 def test_image_entrypoint_command_and_args_follow_kubernetes(agent: AgentUnderTest, small_image: str) -> None:
     """Neither command nor args: the image's ENTRYPOINT + CMD. args only: replaces CMD. command
     only: replaces ENTRYPOINT and drops CMD. Both: command + args. Output lands in the log."""
-    specs = [agent.spec("own", ContainerLaunch(small_image)),
-             agent.spec("args", ContainerLaunch(small_image, args=["echo args replaced CMD"])),
-             agent.spec("command", ContainerLaunch(small_image, command=["/bin/echo", "command", "alone"])),
-             agent.spec("both", ContainerLaunch(small_image, command=["/bin/echo"], args=["both", "given"]))]
+    specs = [
+        agent.spec("own", ContainerLaunch(small_image)),
+        agent.spec("args", ContainerLaunch(small_image, args=["echo args replaced CMD"])),
+        agent.spec("command", ContainerLaunch(small_image, command=["/bin/echo", "command", "alone"])),
+        agent.spec("both", ContainerLaunch(small_image, command=["/bin/echo"], args=["both", "given"])),
+    ]
     statuses = agent.run(specs)
     assert [s.exit_code for s in statuses] == [0, 0, 0, 0], [s.message for s in statuses]
     assert all(s.reason == "Completed" for s in statuses)
@@ -54,10 +56,17 @@ def test_env_working_dir_exit_codes_and_mounts(agent: AgentUnderTest, small_imag
     shared = tmp_path / "shared"
     shared.mkdir()
     script = 'echo "greeting=$GREETING home=${TRAINMASTER_HOME:-unset}"; pwd; echo out > /data/written; exit 7'
-    spec = agent.spec("env", ContainerLaunch(small_image, args=[script], working_dir="/workspace",
-                                             mounts=[{"source": str(shared), "target": "/data", "read_only": False}]),
-                      env={"GREETING": "hello container"})
-    status, = agent.run([spec])
+    spec = agent.spec(
+        "env",
+        ContainerLaunch(
+            small_image,
+            args=[script],
+            working_dir="/workspace",
+            mounts=[{"source": str(shared), "target": "/data", "read_only": False}],
+        ),
+        env={"GREETING": "hello container"},
+    )
+    (status,) = agent.run([spec])
     assert status.exit_code == 7 and status.reason == "Error"
     log = agent.log("env")
     assert "greeting=hello container home=unset" in log and "/workspace" in log
@@ -68,14 +77,14 @@ def test_memory_limit_is_enforced_and_reported_as_oom_killed(agent: AgentUnderTe
     """resources.limits.memory -> --memory: ``tail /dev/zero`` holds one endless line in memory
     and is killed by the kernel: exit 137, reason OOMKilled; its peak memory is the container's."""
     spec = agent.spec("oom", ContainerLaunch(small_image, command=["/bin/tail", "/dev/zero"]), memory=32 << 20)
-    status, = agent.run([spec])
+    (status,) = agent.run([spec])
     assert status.exit_code == 137 and status.reason == "OOMKilled", (status, agent.log("oom"))
 
 
 def test_never_pull_policy_refuses_a_missing_image(agent: AgentUnderTest) -> None:
     """imagePullPolicy Never with an image that is not here: a clear reason, no container."""
     spec = agent.spec("never", ContainerLaunch("localhost/tm-no-such-image:1", pull_policy="Never"))
-    status, = agent.run([spec])
+    (status,) = agent.run([spec])
     assert status.exit_code != 0 and status.reason == "ErrImageNeverPull", status
     assert "tm-no-such-image" in status.message
 
@@ -89,7 +98,7 @@ def test_stop_removes_the_container(agent: AgentUnderTest, small_image: str) -> 
     wait_until(lambda: labelled(podman, agent.key, running_only=True), 60, "the container to run")
     running = agent.client.observe(["job/sleeper/1"])[0]
     assert running.phase == InstancePhase.RUNNING
-    status, = agent.client.stop(["job/sleeper/1"], grace=2)
+    (status,) = agent.client.stop(["job/sleeper/1"], grace=2)
     assert status.phase == InstancePhase.EXITED and status.reason == "Stopped"
     assert labelled(podman, agent.key) == []
 
@@ -108,7 +117,7 @@ def test_kill9_of_the_agent_leaves_no_container_and_no_duplicate(agent: AgentUnd
     wait_until(lambda: not Path(f"/proc/{old}").exists() or _zombie(old), what="the agent to die")
     assert len(labelled(podman, agent.key, running_only=True)) == 1  # podman kept it running
     agent.start_daemon()
-    lost, = agent.client.observe(["job/r/1"])
+    (lost,) = agent.client.observe(["job/r/1"])
     assert lost.reason == "AgentRestarted" and lost.exit_code == 137
     assert labelled(podman, agent.key) == []
     second = agent.spec("r", ContainerLaunch(small_image, command=["/bin/sleep", "300"]), attempt=2)
@@ -130,9 +139,8 @@ def _zombie(pid: int) -> bool:
 def test_without_podman_a_container_role_is_refused_with_what_to_do(tmp_path: Path) -> None:
     """Without a runtime (podman not on PATH here), the start fails and says how to install one
     or how to run on the host."""
-    code = ("from trainmaster.containers.runtime import unavailable; print(unavailable())")
+    code = "from trainmaster.containers.runtime import unavailable; print(unavailable())"
     env = {**os.environ, "PATH": str(tmp_path), "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    said = subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                          timeout=60).stdout
+    said = subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60).stdout
     assert "podman is not installed" in said and "apt-get install -y podman runc" in said
     assert "runtime: host" in said

@@ -35,8 +35,9 @@ def _in_image(tag: str) -> tuple[dict[str, Any], list[str]]:
         for container in pod["containers"]:
             container.update(image=tag, imagePullPolicy="Never")
             container["args"] = [WHERE + container["args"][0]]
-            container["volumeMounts"] = [{"name": f"host{i}", "mountPath": m["target"], "readOnly": True}
-                                         for i, m in enumerate(mounts)]
+            container["volumeMounts"] = [
+                {"name": f"host{i}", "mountPath": m["target"], "readOnly": True} for i, m in enumerate(mounts)
+            ]
     return job, [str(m["source"]) for m in mounts]
 
 
@@ -46,8 +47,9 @@ def _ranks(logs: str) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(420)
-def test_pytorchjob_example_runs_in_containers_as_on_the_host(podman: ContainerRuntime, python_image: str,
-                                                              tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pytorchjob_example_runs_in_containers_as_on_the_host(
+    podman: ContainerRuntime, python_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     job, allowed = _in_image(python_image)
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job))
@@ -68,26 +70,42 @@ def test_pytorchjob_example_runs_in_containers_as_on_the_host(podman: ContainerR
 
 
 @pytest.mark.timeout(240)
-def test_missing_image_with_never_pull_fails_with_its_reason(podman: ContainerRuntime, tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_image_with_never_pull_fails_with_its_reason(
+    podman: ContainerRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("TRAINMASTER_RUNTIME")
-    job = {"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": {"name": "no-image"},
-           "spec": {"roles": [{"name": "main", "image": "localhost/tm-missing-image:0", "runtime": "container",
-                               "imagePullPolicy": "Never", "restartPolicy": {"maxRestarts": 0}}]}}
+    job = {
+        "apiVersion": "trainmaster/v1",
+        "kind": "Job",
+        "metadata": {"name": "no-image"},
+        "spec": {
+            "roles": [
+                {
+                    "name": "main",
+                    "image": "localhost/tm-missing-image:0",
+                    "runtime": "container",
+                    "imagePullPolicy": "Never",
+                    "restartPolicy": {"maxRestarts": 0},
+                }
+            ]
+        },
+    }
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job))
     proc, status = run_job_file(path, tmp_path, timeout=200)
     assert proc.returncode != 0 and status["state"] == "failed", proc.stderr[-2000:]
     text = str(status)
     assert "ErrImageNeverPull" in text or "image not known" in text, text[-3000:]
-    names = subprocess.run([*podman.base(), "ps", "-a", "--format", "{{.Names}}"], capture_output=True,
-                           text=True, timeout=60).stdout
+    names = subprocess.run(
+        [*podman.base(), "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True, timeout=60
+    ).stdout
     assert "no-image" not in names and labelled(podman, "x") == []
 
 
 @pytest.mark.timeout(240)
-def test_cancel_of_a_job_leaves_no_container(small_image: str, podman: ContainerRuntime, tmp_path: Path,
-                                             isolated_home: Path) -> None:
+def test_cancel_of_a_job_leaves_no_container(
+    small_image: str, podman: ContainerRuntime, tmp_path: Path, isolated_home: Path
+) -> None:
     """Cancel through the controller: the agent stops each instance (TERM, KILL after the grace)
     and removes its container before the job is cancelled; no container of the agent is left."""
     import time
@@ -97,11 +115,26 @@ def test_cancel_of_a_job_leaves_no_container(small_image: str, podman: Container
 
     harness = Harness(tmp_path)
     try:
-        job_id = harness.submit({"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": {"name": "sleepers"},
-                                 "spec": {"roles": [{"name": "worker", "replicas": 2, "image": small_image,
-                                                     "runtime": "container", "imagePullPolicy": "Never",
-                                                     "command": ["/bin/sleep", "300"],
-                                                     "resources": {"memory": "64Mi"}}]}})
+        job_id = harness.submit(
+            {
+                "apiVersion": "trainmaster/v1",
+                "kind": "Job",
+                "metadata": {"name": "sleepers"},
+                "spec": {
+                    "roles": [
+                        {
+                            "name": "worker",
+                            "replicas": 2,
+                            "image": small_image,
+                            "runtime": "container",
+                            "imagePullPolicy": "Never",
+                            "command": ["/bin/sleep", "300"],
+                            "resources": {"memory": "64Mi"},
+                        }
+                    ]
+                },
+            }
+        )
         key = AgentOptions(state_dir=isolated_home / "agent").node_key
         deadline = time.monotonic() + 120
         while len(labelled(podman, key, running_only=True)) < 2:

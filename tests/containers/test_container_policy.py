@@ -72,10 +72,21 @@ def test_run_refuses_a_container_role_without_podman(tmp_path: Path) -> None:
     """``trainmaster run`` where podman is not on PATH: exit 2, no traceback, what to do."""
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job(image="localhost/x:1", runtime="container")))
-    env = {**os.environ, "PATH": str(Path(sys.executable).parent), "PYTHONPATH": REPO,
-           "TRAINMASTER_HOME": str(tmp_path / "home"), "COLUMNS": "1000"}
-    proc = subprocess.run([sys.executable, "-m", "trainmaster", "run", str(path)], capture_output=True, text=True,
-                          env=env, cwd=tmp_path, timeout=120)
+    env = {
+        **os.environ,
+        "PATH": str(Path(sys.executable).parent),
+        "PYTHONPATH": REPO,
+        "TRAINMASTER_HOME": str(tmp_path / "home"),
+        "COLUMNS": "1000",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainmaster", "run", str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "apt-get install -y podman runc" in proc.stderr and "runtime: host" in proc.stderr
 
@@ -93,8 +104,11 @@ def test_host_path_volumes_are_confined_like_job_paths(tmp_path: Path) -> None:
     launch = policy.container_launch(str(tmp_path / "run"), role)
     assert {"source": str(tmp_path / "data"), "target": "/d", "read_only": False} in launch.mounts
     assert {"source": str(tmp_path / "run"), "target": str(tmp_path / "run"), "read_only": False} in launch.mounts
-    for bad in ({"name": "d", "mountPath": "/d"}, {"name": "d", "mountPath": "rel", "emptyDir": True},
-                {"name": "d", "mountPath": "/d", "emptyDir": True, "hostPath": "x"}):
+    for bad in (
+        {"name": "d", "mountPath": "/d"},
+        {"name": "d", "mountPath": "rel", "emptyDir": True},
+        {"name": "d", "mountPath": "/d", "emptyDir": True, "hostPath": "x"},
+    ):
         with pytest.raises(UserError):
             load_document(job(image="x", volumes=[bad]))
 
@@ -103,17 +117,27 @@ def test_podman_command_line_follows_kubernetes() -> None:
     runtime = ContainerRuntime("/usr/bin/podman", "runc")
 
     def argv(launch: ContainerLaunch, **extra: object) -> list[str]:
-        return run_argv(runtime, launch, name="n", node_key="k", instance_id="j/r-0/1", env_file="/e",
-                        cid_file="/c", cpu=extra.get("cpu", 0.0), memory=extra.get("memory", 0))  # type: ignore[arg-type]
+        return run_argv(
+            runtime,
+            launch,
+            name="n",
+            node_key="k",
+            instance_id="j/r-0/1",
+            env_file="/e",
+            cid_file="/c",
+            cpu=extra.get("cpu", 0.0),
+            memory=extra.get("memory", 0),
+        )  # type: ignore[arg-type]
 
     own = argv(ContainerLaunch("img"))
     assert own[:3] == ["/usr/bin/podman", "--runtime", "runc"] and own[-1] == "img" and "--entrypoint" not in own
     for flag in (["--network", "host"], ["--name", "n"], ["--label", "trainmaster.agent=k"], ["--pull", "missing"]):
-        assert any(own[i:i + 2] == flag for i in range(len(own))), flag
+        assert any(own[i : i + 2] == flag for i in range(len(own))), flag
     args_only = argv(ContainerLaunch("img", args=["a", "b"]))
     assert args_only[-3:] == ["img", "a", "b"] and "--entrypoint" not in args_only
-    both = argv(ContainerLaunch("img", command=["/bin/x", "-c"], args=["y"], pull_policy="Never"), cpu=1.5,
-                memory=1 << 20)
+    both = argv(
+        ContainerLaunch("img", command=["/bin/x", "-c"], args=["y"], pull_policy="Never"), cpu=1.5, memory=1 << 20
+    )
     i = both.index("--entrypoint")
     assert json.loads(both[i + 1]) == ["/bin/x", "-c"] and both[-2:] == ["img", "y"]
     assert "--cpus" in both and "1.5" in both and str(1 << 20) in both and "never" in both

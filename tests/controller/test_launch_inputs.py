@@ -20,16 +20,19 @@ def _errors(role: dict) -> list[str]:  # type: ignore[type-arg]
     return info.value.details
 
 
-@pytest.mark.parametrize("role, expected", [
-    ({"command": ["echo", "a\0b"]}, "spec.roles[0].command[1]: contains a NUL byte"),
-    ({"args": ["x\0"]}, "spec.roles[0].args[0]: contains a NUL byte"),
-    ({"env": {"A": "1\x002"}}, "spec.roles[0].env.A: the value contains a NUL byte"),
-    ({"env": {"A=B": "1"}}, "spec.roles[0].env.'A=B': a variable name cannot contain '='"),
-    ({"env": {"A\0": "1"}}, "a variable name cannot contain a NUL byte"),
-    ({"env": {"": "1"}}, "spec.roles[0].env: an empty variable name"),
-    ({"env": {"A": ["a", "list"]}}, "spec.roles[0].env.A"),
-    ({"workingDir": "/tmp/\0"}, "spec.roles[0].workingDir: contains a NUL byte"),
-])
+@pytest.mark.parametrize(
+    "role, expected",
+    [
+        ({"command": ["echo", "a\0b"]}, "spec.roles[0].command[1]: contains a NUL byte"),
+        ({"args": ["x\0"]}, "spec.roles[0].args[0]: contains a NUL byte"),
+        ({"env": {"A": "1\x002"}}, "spec.roles[0].env.A: the value contains a NUL byte"),
+        ({"env": {"A=B": "1"}}, "spec.roles[0].env.'A=B': a variable name cannot contain '='"),
+        ({"env": {"A\0": "1"}}, "a variable name cannot contain a NUL byte"),
+        ({"env": {"": "1"}}, "spec.roles[0].env: an empty variable name"),
+        ({"env": {"A": ["a", "list"]}}, "spec.roles[0].env.A"),
+        ({"workingDir": "/tmp/\0"}, "spec.roles[0].workingDir: contains a NUL byte"),
+    ],
+)
 def test_values_the_os_cannot_take_are_rejected_with_their_path(role: dict, expected: str) -> None:  # type: ignore[type-arg]
     assert any(expected in e for e in _errors(role)), _errors(role)
 

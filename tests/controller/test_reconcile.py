@@ -22,8 +22,13 @@ def test_missing_indices_fill_the_lowest_gaps() -> None:
 
 
 def test_surplus_goes_failed_first_then_youngest() -> None:
-    members = [Member(1, 0, "running", T0), Member(2, 1, "running", T0 + timedelta(seconds=5)),
-               Member(3, 2, "failed", T0), Member(4, 3, "pending", None), Member(5, 4, "running", T0 + timedelta(seconds=9))]
+    members = [
+        Member(1, 0, "running", T0),
+        Member(2, 1, "running", T0 + timedelta(seconds=5)),
+        Member(3, 2, "failed", T0),
+        Member(4, 3, "pending", None),
+        Member(5, 4, "running", T0 + timedelta(seconds=9)),
+    ]
     assert [m.key for m in surplus(members, 4)] == [3]
     assert [m.key for m in surplus(members, 2)] == [3, 4, 5]
     assert [m.key for m in surplus(members, 1)] == [3, 4, 5, 2]
@@ -34,7 +39,9 @@ def running(status: dict, role: str) -> list[dict]:
 
 
 def test_reconcile_scales_up_and_down_and_recreates_missing(harness: Harness) -> None:
-    job_id = harness.submit(job("elastic", [{"name": "w", "replicas": 2, "command": py("import time; time.sleep(60)")}]))
+    job_id = harness.submit(
+        job("elastic", [{"name": "w", "replicas": 2, "command": py("import time; time.sleep(60)")}])
+    )
     step_until(harness, job_id, lambda s: len(running(s, "w")) == 2)
     harness.controller.scale(job_id, "w", 4)
     status = step_until(harness, job_id, lambda s: len(running(s, "w")) == 4)
@@ -53,8 +60,7 @@ def test_reconcile_scales_up_and_down_and_recreates_missing(harness: Harness) ->
 
 def test_gang_that_can_never_fit_is_unschedulable(tmp_path) -> None:
     h = Harness(tmp_path, LocalBackend(Capacity(cpu=2, memory=2**30)))
-    state, status = h.run(job("big", [{"name": "w", "replicas": 3, "resources": {"cpu": 1},
-                                        "command": py("pass")}]))
+    state, status = h.run(job("big", [{"name": "w", "replicas": 3, "resources": {"cpu": 1}, "command": py("pass")}]))
     assert state == "failed" and status["reason"] == "Unschedulable"
     assert "exceeds the backend's total capacity" in status["message"]
     assert status["instances"] == []  # nothing started
@@ -62,10 +68,19 @@ def test_gang_that_can_never_fit_is_unschedulable(tmp_path) -> None:
 
 def test_gang_waits_in_the_queue_until_resources_free(tmp_path) -> None:
     h = Harness(tmp_path, LocalBackend(Capacity(cpu=2, memory=2**30)))
-    first = h.submit(job("first", [{"name": "w", "replicas": 2, "resources": {"cpu": 1},
-                                    "command": py("import time; time.sleep(1.5)")}]))
-    second = h.submit(job("second", [{"name": "w", "replicas": 2, "resources": {"cpu": 1},
-                                      "command": py("pass")}], scheduling={"minAvailable": 2}))
+    first = h.submit(
+        job(
+            "first",
+            [{"name": "w", "replicas": 2, "resources": {"cpu": 1}, "command": py("import time; time.sleep(1.5)")}],
+        )
+    )
+    second = h.submit(
+        job(
+            "second",
+            [{"name": "w", "replicas": 2, "resources": {"cpu": 1}, "command": py("pass")}],
+            scheduling={"minAvailable": 2},
+        )
+    )
     status = step_until(h, second, lambda s: s["state"] == "pending" and "waiting for resources" in s["message"])
     assert status["instances"] == []
     assert h.status(first)["state"] in ("starting", "running")
@@ -78,16 +93,23 @@ def test_gang_waits_in_the_queue_until_resources_free(tmp_path) -> None:
 
 def test_higher_priority_jobs_are_admitted_first(tmp_path) -> None:
     h = Harness(tmp_path, LocalBackend(Capacity(cpu=1, memory=2**30)))
-    low = h.submit(job("low", [{"name": "w", "resources": {"cpu": 1}, "command": py("pass")}],
-                       scheduling={"priorityClass": "low"}))
-    high = h.submit(job("high", [{"name": "w", "resources": {"cpu": 1}, "command": py("pass")}],
-                        scheduling={"priorityClass": "high"}))
+    low = h.submit(
+        job("low", [{"name": "w", "resources": {"cpu": 1}, "command": py("pass")}], scheduling={"priorityClass": "low"})
+    )
+    high = h.submit(
+        job(
+            "high",
+            [{"name": "w", "resources": {"cpu": 1}, "command": py("pass")}],
+            scheduling={"priorityClass": "high"},
+        )
+    )
     h.controller.step()
     assert h.status(high)["state"] != "pending" and h.status(low)["state"] == "pending"
 
 
 def test_cancel_stops_every_instance(harness: Harness) -> None:
     from controller_harness import pids_alive
+
     job_id = harness.submit(job("long", [{"name": "w", "replicas": 3, "command": py("import time; time.sleep(60)")}]))
     status = step_until(harness, job_id, lambda s: len(running(s, "w")) == 3)
     pids = [i["pid"] for i in status["instances"]]
@@ -99,9 +121,20 @@ def test_cancel_stops_every_instance(harness: Harness) -> None:
 
 def test_successful_job_stores_its_output(harness: Harness, tmp_path) -> None:
     out = tmp_path / "artifacts"
-    state, status = harness.run(job("out", [{"name": "w", "command": py(
-        "import os; open(os.path.join(os.environ['TM_OUTPUT_DIR'], 'model.txt'), 'w').write('weights')")}],
-        output={"path": str(out)}))
+    state, status = harness.run(
+        job(
+            "out",
+            [
+                {
+                    "name": "w",
+                    "command": py(
+                        "import os; open(os.path.join(os.environ['TM_OUTPUT_DIR'], 'model.txt'), 'w').write('weights')"
+                    ),
+                }
+            ],
+            output={"path": str(out)},
+        )
+    )
     assert state == "succeeded" and (out / "model.txt").read_text() == "weights"
     assert events(status, "OutputStored")
 
@@ -157,7 +190,7 @@ def test_queues_share_admissions_by_weight(tmp_path, weights: dict, expected: di
     h.controller.step()
     admitted = {q: sum(h.status(i)["state"] != "pending" for i in ids[q]) for q in "ab"}
     assert admitted == expected
-    assert ids["a"][:expected["a"]] == [i for i in ids["a"] if h.status(i)["state"] != "pending"]
+    assert ids["a"][: expected["a"]] == [i for i in ids["a"] if h.status(i)["state"] != "pending"]
     for i in ids["a"] + ids["b"]:
         h.controller.cancel(i)
     h.controller.step()
@@ -185,7 +218,12 @@ def test_status_has_kubeflow_style_conditions(tmp_path) -> None:
     assert waiting["Admitted"]["status"] == "False" and waiting["Admitted"]["reason"] == "Queued"
     assert h.controller.run_job(first) == "succeeded"
     done = {c["type"]: c for c in h.status(first)["conditions"]}
-    assert [done[t]["status"] for t in ("Created", "Admitted", "Running", "Succeeded")] == ["True", "True", "False", "True"]
+    assert [done[t]["status"] for t in ("Created", "Admitted", "Running", "Succeeded")] == [
+        "True",
+        "True",
+        "False",
+        "True",
+    ]
     assert done["Succeeded"]["lastTransitionTime"] and done["Succeeded"]["reason"]
     assert h.controller.run_job(second) == "succeeded"
     h.backend.close()
@@ -201,9 +239,21 @@ def test_a_pass_is_one_transaction_and_a_failed_pass_spawns_nothing(tmp_path, mo
     h = Harness(tmp_path)
     marks = tmp_path / "marks"
     marks.mkdir()
-    ids = [h.submit(job(f"j{n}", [{"name": "w", "replicas": 2, "command": ["/bin/sh", "-c",
-                                   f"echo $$ >> {marks}/j{n}-$TM_REPLICA_INDEX; exec sleep 30"]}]))
-           for n in range(2)]
+    ids = [
+        h.submit(
+            job(
+                f"j{n}",
+                [
+                    {
+                        "name": "w",
+                        "replicas": 2,
+                        "command": ["/bin/sh", "-c", f"echo $$ >> {marks}/j{n}-$TM_REPLICA_INDEX; exec sleep 30"],
+                    }
+                ],
+            )
+        )
+        for n in range(2)
+    ]
     real = Controller._reconcile
 
     def second_job_fails(self, session, job_row, free):  # type: ignore[no-untyped-def]

@@ -30,9 +30,19 @@ def test_an_attempt_that_started_and_ended_while_no_controller_recorded_it_runs_
     markers = tmp_path / "markers"
     markers.mkdir()
     first = Harness(tmp_path)
-    job_id = first.submit(job("once", [{
-        "name": "worker", "replicas": 2, "command": ["/bin/sh", "-c", f"mktemp -p {markers}"],
-        "restartPolicy": {"policy": "OnFailure", "maxRestarts": 3}}]))
+    job_id = first.submit(
+        job(
+            "once",
+            [
+                {
+                    "name": "worker",
+                    "replicas": 2,
+                    "command": ["/bin/sh", "-c", f"mktemp -p {markers}"],
+                    "restartPolicy": {"policy": "OnFailure", "maxRestarts": 3},
+                }
+            ],
+        )
+    )
     spawn = first.backend.start_all
 
     def start_then_crash(requests):  # type: ignore[no-untyped-def]

@@ -12,9 +12,11 @@ from trainmaster.runtime.report import ReportTarget, check_point, report
 
 
 def test_reported_metric_reaches_status(harness: Harness) -> None:
-    code = ("import trainmaster\n"
-            "for s in range(1, 4):\n"
-            "    assert trainmaster.report(step=s, total=3, loss=1.0 / s, accuracy=0.5 + s / 10)\n")
+    code = (
+        "import trainmaster\n"
+        "for s in range(1, 4):\n"
+        "    assert trainmaster.report(step=s, total=3, loss=1.0 / s, accuracy=0.5 + s / 10)\n"
+    )
     state, status = harness.run(job("reporter", [{"name": "main", "replicas": 2, "command": py(code)}]))
     assert state == "succeeded"
     for inst in status["instances"]:
@@ -29,14 +31,17 @@ def test_report_outside_an_instance_does_nothing(monkeypatch: pytest.MonkeyPatch
     assert report(step=1, loss=0.1) is False
 
 
-@pytest.mark.parametrize("kwargs, fragment", [
-    ({"loss": float("nan")}, "finite"),
-    ({"loss": "low"}, "finite"),
-    ({"step": -1}, "step"),
-    ({"epoch": 1.5}, "epoch"),
-    ({"bad name": 1.0}, "identifier"),
-    ({f"m{i}": 1.0 for i in range(33)}, "at most 32"),
-])
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"loss": float("nan")}, "finite"),
+        ({"loss": "low"}, "finite"),
+        ({"step": -1}, "step"),
+        ({"epoch": 1.5}, "epoch"),
+        ({"bad name": 1.0}, "identifier"),
+        ({f"m{i}": 1.0 for i in range(33)}, "at most 32"),
+    ],
+)
 def test_report_refuses_bad_points(kwargs: dict, fragment: str) -> None:
     with pytest.raises(UserError, match=fragment):
         check_point(kwargs.pop("step", None), kwargs.pop("epoch", None), None, kwargs)

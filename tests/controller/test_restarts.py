@@ -14,13 +14,25 @@ from trainmaster.spec.model import RestartPolicy
 
 def flaky(counter: Path, failures: int) -> list[str]:
     """A command that fails its first ``failures`` runs."""
-    return py(f"import pathlib, sys\np = pathlib.Path('{counter}')\nn = int(p.read_text()) if p.exists() else 0\n"
-              f"p.write_text(str(n + 1))\nsys.exit(1 if n < {failures} else 0)\n")
+    return py(
+        f"import pathlib, sys\np = pathlib.Path('{counter}')\nn = int(p.read_text()) if p.exists() else 0\n"
+        f"p.write_text(str(n + 1))\nsys.exit(1 if n < {failures} else 0)\n"
+    )
 
 
 def test_on_failure_restarts_until_success(harness: Harness, tmp_path: Path) -> None:
-    state, status = harness.run(job("flaky", [{"name": "w", "command": flaky(tmp_path / "n", 2),
-        "restartPolicy": {"policy": "OnFailure", "maxRestarts": 3, "backoffSeconds": 0.05}}]))
+    state, status = harness.run(
+        job(
+            "flaky",
+            [
+                {
+                    "name": "w",
+                    "command": flaky(tmp_path / "n", 2),
+                    "restartPolicy": {"policy": "OnFailure", "maxRestarts": 3, "backoffSeconds": 0.05},
+                }
+            ],
+        )
+    )
     assert state == "succeeded"
     inst = status["instances"][0]
     assert inst["restarts"] == 2 and inst["attempt"] == 3
@@ -29,8 +41,18 @@ def test_on_failure_restarts_until_success(harness: Harness, tmp_path: Path) -> 
 
 
 def test_restart_limit_fails_the_job_and_says_why(harness: Harness, tmp_path: Path) -> None:
-    state, status = harness.run(job("flaky", [{"name": "w", "command": flaky(tmp_path / "n", 2),
-        "restartPolicy": {"policy": "OnFailure", "maxRestarts": 1, "backoffSeconds": 0.05}}]))
+    state, status = harness.run(
+        job(
+            "flaky",
+            [
+                {
+                    "name": "w",
+                    "command": flaky(tmp_path / "n", 2),
+                    "restartPolicy": {"policy": "OnFailure", "maxRestarts": 1, "backoffSeconds": 0.05},
+                }
+            ],
+        )
+    )
     assert state == "failed"
     exhausted = events(status, "RestartsExhausted")
     assert exhausted and "has used all 1 restarts" in exhausted[0]["message"]
@@ -45,16 +67,37 @@ def test_never_policy_does_not_restart(harness: Harness) -> None:
 
 
 def test_always_restarts_after_success_too(harness: Harness, tmp_path: Path) -> None:
-    state, status = harness.run(job("svc", [{"name": "w", "command": flaky(tmp_path / "n", 0),
-        "restartPolicy": {"policy": "Always", "maxRestarts": 2, "backoffSeconds": 0.01}}]))
+    state, status = harness.run(
+        job(
+            "svc",
+            [
+                {
+                    "name": "w",
+                    "command": flaky(tmp_path / "n", 0),
+                    "restartPolicy": {"policy": "Always", "maxRestarts": 2, "backoffSeconds": 0.01},
+                }
+            ],
+        )
+    )
     assert state == "succeeded" and (tmp_path / "n").read_text() == "3"
 
 
 def test_a_restarting_instance_does_not_count_as_failed(harness: Harness, tmp_path: Path) -> None:
     """While its policy will restart it, a failed instance is pending, so the role is not failed."""
-    job_id = harness.submit(job("flaky", [{"name": "w", "command": flaky(tmp_path / "n", 1),
-        "restartPolicy": {"policy": "OnFailure", "maxRestarts": 1, "backoffSeconds": 2}}]))
+    job_id = harness.submit(
+        job(
+            "flaky",
+            [
+                {
+                    "name": "w",
+                    "command": flaky(tmp_path / "n", 1),
+                    "restartPolicy": {"policy": "OnFailure", "maxRestarts": 1, "backoffSeconds": 2},
+                }
+            ],
+        )
+    )
     import time
+
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         harness.controller.step()
@@ -82,8 +125,18 @@ def test_decisions_follow_the_policy_kind() -> None:
 
 def test_immediate_restart_reregisters_the_address(harness: Harness, tmp_path: Path) -> None:
     """Backoff 0: the instance fails and runs again within one reconcile pass."""
-    state, status = harness.run(job("quick", [{"name": "w", "command": flaky(tmp_path / "n", 2),
-        "restartPolicy": {"policy": "OnFailure", "maxRestarts": 3, "backoffSeconds": 0}}]))
+    state, status = harness.run(
+        job(
+            "quick",
+            [
+                {
+                    "name": "w",
+                    "command": flaky(tmp_path / "n", 2),
+                    "restartPolicy": {"policy": "OnFailure", "maxRestarts": 3, "backoffSeconds": 0},
+                }
+            ],
+        )
+    )
     assert state == "succeeded" and status["instances"][0]["restarts"] == 2
 
 
@@ -91,10 +144,20 @@ def test_an_instance_that_cannot_start_fails_by_its_policy(harness: Harness, tmp
     """Restart policy applies to an attempt the OS refuses to start (missing workingDir): the
     instance fails with reason StartFailed naming the path, and the other replicas still start."""
     missing = tmp_path / "no-such-dir"
-    state, status = harness.run(job("nostart", [
-        {"name": "good", "replicas": 2, "command": py("pass")},
-        {"name": "bad", "command": py("pass"), "workingDir": str(missing),
-         "restartPolicy": {"policy": "OnFailure", "maxRestarts": 1, "backoffSeconds": 0.05}}]))
+    state, status = harness.run(
+        job(
+            "nostart",
+            [
+                {"name": "good", "replicas": 2, "command": py("pass")},
+                {
+                    "name": "bad",
+                    "command": py("pass"),
+                    "workingDir": str(missing),
+                    "restartPolicy": {"policy": "OnFailure", "maxRestarts": 1, "backoffSeconds": 0.05},
+                },
+            ],
+        )
+    )
     assert state == "failed"
     by_role = {i["role"]: i for i in status["instances"] if i["state"] != "stopped"}
     bad = by_role["bad"]
@@ -112,8 +175,9 @@ class Silent(LocalBackend):
 
     def poll_all(self, handles):
         if self.silent:
-            return [Observation(Phase.UNREACHABLE, reason="HostSilent", message="no answer from the host")
-                    for _ in handles]
+            return [
+                Observation(Phase.UNREACHABLE, reason="HostSilent", message="no answer from the host") for _ in handles
+            ]
         return super().poll_all(handles)
 
     def stop(self, handles, grace):
@@ -129,8 +193,18 @@ def test_an_unreachable_instance_is_unknown_then_back_or_lost(tmp_path: Path) ->
     backend = Silent()
     h = Harness(tmp_path, backend)
     h.controller.unreachable_grace = 0.5
-    job_id = h.submit(job("far", [{"name": "w", "command": py("import time; time.sleep(60)"),
-                                   "restartPolicy": {"policy": "OnFailure", "maxRestarts": 1, "backoffSeconds": 0}}]))
+    job_id = h.submit(
+        job(
+            "far",
+            [
+                {
+                    "name": "w",
+                    "command": py("import time; time.sleep(60)"),
+                    "restartPolicy": {"policy": "OnFailure", "maxRestarts": 1, "backoffSeconds": 0},
+                }
+            ],
+        )
+    )
     h.controller.step()
     first = h.status(job_id)["instances"][0]
     assert first["state"] == "running"
@@ -160,14 +234,22 @@ def test_restart_scope_job_restarts_every_instance(harness: Harness, tmp_path) -
     """Mechanism: restartPolicy scope Job (Volcano RestartJob): one instance failing stops every
     instance of the job and starts them all again; maxRestarts counts those job restarts."""
     marker = tmp_path / "starts"
-    flaky = (f"import os, time; open({str(marker)!r}, 'a').write(os.environ['TM_ROLE'] + '\\n'); "
-             f"n = open({str(marker)!r}).read().count('flaky'); time.sleep(0.5); raise SystemExit(1 if n < 2 else 0)")
+    flaky = (
+        f"import os, time; open({str(marker)!r}, 'a').write(os.environ['TM_ROLE'] + '\\n'); "
+        f"n = open({str(marker)!r}).read().count('flaky'); time.sleep(0.5); raise SystemExit(1 if n < 2 else 0)"
+    )
     steady = f"import os, time; open({str(marker)!r}, 'a').write(os.environ['TM_ROLE'] + '\\n'); time.sleep(60)"
     policy = {"policy": "OnFailure", "scope": "Job", "maxRestarts": 3, "backoffSeconds": 0}
-    state, status = harness.run(job("restart-job", [
-        {"name": "steady", "replicas": 2, "command": py(steady), "restartPolicy": policy},
-        {"name": "flaky", "command": py(flaky), "restartPolicy": policy}],
-        statusPolicy={"failed": "any", "succeeded": {"roles": ["flaky"]}}))
+    state, status = harness.run(
+        job(
+            "restart-job",
+            [
+                {"name": "steady", "replicas": 2, "command": py(steady), "restartPolicy": policy},
+                {"name": "flaky", "command": py(flaky), "restartPolicy": policy},
+            ],
+            statusPolicy={"failed": "any", "succeeded": {"roles": ["flaky"]}},
+        )
+    )
     assert state == "succeeded", status["events"][-10:]
     starts = marker.read_text().split()
     assert starts.count("flaky") == 2 and starts.count("steady") == 4  # both steady ones restarted too
@@ -180,10 +262,22 @@ def test_restart_scope_role_leaves_other_roles_running(harness: Harness, tmp_pat
     marker = tmp_path / "starts"
     record = f"import os, time; open({str(marker)!r}, 'a').write(os.environ['TM_ROLE'] + '\\n'); "
     policy = {"policy": "OnFailure", "scope": "Role", "maxRestarts": 1, "backoffSeconds": 0}
-    state, status = harness.run(job("restart-role", [
-        {"name": "other", "command": py(record + "time.sleep(60)")},
-        {"name": "group", "replicas": 2, "restartPolicy": policy,
-         "command": py(record + "time.sleep(0.5 if os.environ['TM_REPLICA_INDEX'] == '0' else 60); raise SystemExit(1)")}]))
+    state, status = harness.run(
+        job(
+            "restart-role",
+            [
+                {"name": "other", "command": py(record + "time.sleep(60)")},
+                {
+                    "name": "group",
+                    "replicas": 2,
+                    "restartPolicy": policy,
+                    "command": py(
+                        record + "time.sleep(0.5 if os.environ['TM_REPLICA_INDEX'] == '0' else 60); raise SystemExit(1)"
+                    ),
+                },
+            ],
+        )
+    )
     assert state == "failed"
     starts = marker.read_text().split()
     assert starts.count("other") == 1 and starts.count("group") == 4  # one restart of both group instances
@@ -195,9 +289,21 @@ def test_restart_only_on_listed_exit_codes(harness: Harness, tmp_path, code: int
     """Mechanism: restartPolicy exitCodes (Volcano exitCode policies): only a failure with a
     listed code restarts; another code fails the instance at once."""
     marker = tmp_path / "tried"
-    script = f"import os, sys; p = {str(marker)!r}; sys.exit(0) if os.path.exists(p) else (open(p, 'w'), sys.exit({code}))"
-    state, status = harness.run(job("codes", [{"name": "a", "command": py(script), "restartPolicy": {
-        "policy": "OnFailure", "exitCodes": [3], "maxRestarts": 2, "backoffSeconds": 0}}]))
+    script = (
+        f"import os, sys; p = {str(marker)!r}; sys.exit(0) if os.path.exists(p) else (open(p, 'w'), sys.exit({code}))"
+    )
+    state, status = harness.run(
+        job(
+            "codes",
+            [
+                {
+                    "name": "a",
+                    "command": py(script),
+                    "restartPolicy": {"policy": "OnFailure", "exitCodes": [3], "maxRestarts": 2, "backoffSeconds": 0},
+                }
+            ],
+        )
+    )
     assert state == ("succeeded" if restarted else "failed")
     assert status["instances"][0]["restarts"] == int(restarted)
 

@@ -29,13 +29,20 @@ def step_until(h: Harness, job_id: int, predicate, timeout: float = 30.0) -> dic
         status = h.status(job_id)
         if predicate(status):
             return status
-        assert time.monotonic() < deadline, f"waited {timeout}s for a condition: {status['state']} {status['events'][-5:]}"
+        assert time.monotonic() < deadline, (
+            f"waited {timeout}s for a condition: {status['state']} {status['events'][-5:]}"
+        )
         time.sleep(0.1)
 
 
 def test_active_deadline_fails_the_job_and_kills_its_instances(harness: Harness) -> None:
-    job_id = harness.submit(job("deadline", [{"name": "slow", "replicas": 2, "command": ["sleep", "60"]}],
-                                runPolicy={"activeDeadlineSeconds": 2}))
+    job_id = harness.submit(
+        job(
+            "deadline",
+            [{"name": "slow", "replicas": 2, "command": ["sleep", "60"]}],
+            runPolicy={"activeDeadlineSeconds": 2},
+        )
+    )
     running = step_until(harness, job_id, lambda s: s["state"] == "running")
     started = pids(running)
     assert len(started) == 2 and pids_alive(started) == started
@@ -49,8 +56,12 @@ def test_active_deadline_fails_the_job_and_kills_its_instances(harness: Harness)
 
 
 def test_backoff_limit_counts_restarts_over_the_whole_job(harness: Harness) -> None:
-    failing = {"name": "w", "replicas": 3, "command": py("import sys; sys.exit(3)"),
-               "restartPolicy": {"policy": "OnFailure", "maxRestarts": 100, "backoffSeconds": 0}}
+    failing = {
+        "name": "w",
+        "replicas": 3,
+        "command": py("import sys; sys.exit(3)"),
+        "restartPolicy": {"policy": "OnFailure", "maxRestarts": 100, "backoffSeconds": 0},
+    }
     state, status = harness.run(job("backoff", [failing], runPolicy={"backoffLimit": 2}))
     assert state == "failed" and status["reason"] == "BackoffLimitExceeded", status["message"]
     assert sum(i["restarts"] for i in status["instances"]) == 2  # per instance it would be 300
@@ -60,8 +71,9 @@ def test_backoff_limit_counts_restarts_over_the_whole_job(harness: Harness) -> N
 def test_ttl_after_finished_deletes_the_job_and_its_folder(harness: Harness) -> None:
     kept = harness.submit(job("kept", [{"name": "a", "command": ["true"]}]))
     assert harness.controller.run_job(kept) == "succeeded"
-    job_id = harness.submit(job("short-lived", [{"name": "a", "command": ["true"]}],
-                                runPolicy={"ttlSecondsAfterFinished": 1}))
+    job_id = harness.submit(
+        job("short-lived", [{"name": "a", "command": ["true"]}], runPolicy={"ttlSecondsAfterFinished": 1})
+    )
     assert harness.controller.run_job(job_id) == "succeeded"
     run_dir = Path(harness.status(job_id)["runDir"])
     assert run_dir.is_dir()  # readable right after it ended
@@ -106,24 +118,40 @@ def test_suspending_a_running_job_stops_it_and_unsuspend_starts_it_again(harness
     first = pids(running)
     db = harness.url
     env = {**os.environ, "COLUMNS": "200"}
-    out = subprocess.run([sys.executable, "-m", "trainmaster", "job", "suspend", str(job_id), "--db", db],
-                         capture_output=True, text=True, env=env, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "trainmaster", "job", "suspend", str(job_id), "--db", db],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert out.returncode == 0 and "suspended" in out.stdout, out.stderr
     held = step_until(harness, job_id, lambda s: s["reason"] == "Suspended")
     assert held["state"] == "pending" and pids_alive(first) == []
     (tmp_path / "sleep").write_text("0.5")
-    out = subprocess.run([sys.executable, "-m", "trainmaster", "job", "unsuspend", str(job_id), "--db", db],
-                         capture_output=True, text=True, env=env, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "trainmaster", "job", "unsuspend", str(job_id), "--db", db],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert out.returncode == 0 and "resumed" in out.stdout, out.stderr
     assert harness.controller.run_job(job_id) == "succeeded"
     assert marker.read_text() == "xx"  # started again from scratch, as Kubeflow recreates its pods
 
 
 def test_clean_pod_policy_running_stops_what_still_runs_at_the_end(harness: Harness) -> None:
-    state, status = harness.run(job("chief-ends", [
-        {"name": "ps", "command": ["sleep", "60"]},
-        {"name": "chief", "command": py("import time; time.sleep(1)")}],
-        statusPolicy={"failed": "any", "succeeded": {"roles": ["chief"]}}))
+    state, status = harness.run(
+        job(
+            "chief-ends",
+            [
+                {"name": "ps", "command": ["sleep", "60"]},
+                {"name": "chief", "command": py("import time; time.sleep(1)")},
+            ],
+            statusPolicy={"failed": "any", "succeeded": {"roles": ["chief"]}},
+        )
+    )
     assert state == "succeeded"
     ps = next(i for i in status["instances"] if i["role"] == "ps")
     assert ps["state"] == "stopped" and pids_alive([ps["pid"]]) == []

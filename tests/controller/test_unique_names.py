@@ -15,8 +15,10 @@ from trainmaster.store.repository import NameTaken
 
 
 def servers(url: str, tmp_path: Path, backend: object) -> list[Controller]:
-    return [Controller(session_factory(make_engine(url)), backend, url, runs_dir=tmp_path / "runs")  # type: ignore[arg-type]
-            for _ in range(2)]
+    return [
+        Controller(session_factory(make_engine(url)), backend, url, runs_dir=tmp_path / "runs")  # type: ignore[arg-type]
+        for _ in range(2)
+    ]
 
 
 def race(controllers: list[Controller], name: str) -> list[object]:

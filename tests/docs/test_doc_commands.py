@@ -63,7 +63,7 @@ def doc_blocks() -> list[DocBlock]:
             if match.group("lang") not in RUNNABLE:
                 continue
             line = text.count("\n", 0, match.start()) + 1
-            before = text[:match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+            before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
             skip = SKIP.search(before)
             blocks.append(DocBlock(page, line, match.group("body"), skip.group("reason") if skip else None))
     return blocks
@@ -71,8 +71,16 @@ def doc_blocks() -> list[DocBlock]:
 
 def _fresh_copy(destination: Path) -> Path:
     """The checkout's files as a clone has them: tracked and new (not ignored) files, no outputs."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            cwd=REPO, capture_output=True, check=True).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=REPO,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for name in filter(None, listed):
         source = REPO / name
         if source.is_file():
@@ -103,20 +111,34 @@ def test_doc_block_runs_as_written(block: DocBlock, tmp_path: Path) -> None:
         pytest.skip(f"{block.id}: {block.skip_reason}")
     assert not re.search(r"(^|[;&|]\s*)(\S*pip3? install|make)\b", block.script, re.M), (
         f"{block.id} installs into the environment the tests run in; put the install in the text, "
-        "or mark the block <!-- doc-test: skip: REASON -->")
+        "or mark the block <!-- doc-test: skip: REASON -->"
+    )
     if block.needs_root and os.geteuid() != 0:
         pytest.skip(f"{block.id} creates network namespaces, which needs root")
     clone = _fresh_copy(tmp_path / "clone")
     home = tmp_path / "home"
     home.mkdir()
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith(("TRAINMASTER_", "TM_", "PYTEST", "VIRTUAL_ENV"))}
-    env.update(HOME=str(home), PATH=f"{Path(sys.prefix) / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}",
-               TRAINMASTER_PORT=str(_free_port()), PYTHONUNBUFFERED="1")
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("TRAINMASTER_", "TM_", "PYTEST", "VIRTUAL_ENV"))
+    }
+    env.update(
+        HOME=str(home),
+        PATH=f"{Path(sys.prefix) / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}",
+        TRAINMASTER_PORT=str(_free_port()),
+        PYTHONUNBUFFERED="1",
+    )
     log_path = tmp_path / "output.log"
     with open(log_path, "wb") as log:  # a file, not a pipe: background jobs must not hold the test
-        process = subprocess.Popen(["bash", "-euo", "pipefail", "-c", block.script], cwd=clone, env=env,
-                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            ["bash", "-euo", "pipefail", "-c", block.script],
+            cwd=clone,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         process.wait(timeout=BLOCK_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -130,8 +152,7 @@ def _tail(path: Path) -> str:
     return path.read_text(errors="replace")[-6000:]
 
 
-def _clean_up(process: subprocess.Popen[bytes], home: Path, env: dict[str, str], clone: Path,
-              block: DocBlock) -> None:
+def _clean_up(process: subprocess.Popen[bytes], home: Path, env: dict[str, str], clone: Path, block: DocBlock) -> None:
     """Whatever the block started: its process group, a detached server, the agent, a testbed."""
     try:
         os.killpg(process.pid, signal.SIGKILL)
@@ -147,5 +168,10 @@ def _clean_up(process: subprocess.Popen[bytes], home: Path, env: dict[str, str],
             pass
     stop_agent(state / "agent")
     if block.needs_root:
-        subprocess.run([str(Path(sys.prefix) / "bin" / "trainmaster"), "testbed", "down"], env=env, cwd=clone,
-                       capture_output=True, timeout=120)
+        subprocess.run(
+            [str(Path(sys.prefix) / "bin" / "trainmaster"), "testbed", "down"],
+            env=env,
+            cwd=clone,
+            capture_output=True,
+            timeout=120,
+        )

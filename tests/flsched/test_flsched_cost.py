@@ -7,8 +7,12 @@ from trainmaster.flsched import SampledCost, Device, Job, Problem, ProblemError
 
 
 def _problem(history=None, weights=None):
-    devices = [Device("d0", a=1.0, mu=2.0, bandwidth=10.0), Device("d1", a=2.0, mu=1.0, bandwidth=5.0),
-               Device("d2", a=0.5, mu=4.0, bandwidth=20.0), Device("d3", a=1.0, mu=1.0, bandwidth=10.0)]
+    devices = [
+        Device("d0", a=1.0, mu=2.0, bandwidth=10.0),
+        Device("d1", a=2.0, mu=1.0, bandwidth=5.0),
+        Device("d2", a=0.5, mu=4.0, bandwidth=20.0),
+        Device("d3", a=1.0, mu=1.0, bandwidth=10.0),
+    ]
     jobs = [Job("j", tau=2.0, model_bytes=10.0, per_round=2, data={"d0": 1, "d1": 1, "d2": 2, "d3": 1})]
     return Problem.build(devices, jobs, history=history, weights=weights)
 
@@ -57,25 +61,65 @@ def test_expected_time_formula():
     assert p.expected_time()[0, 2] == pytest.approx(2 * 2 * (0.5 + 0.25) + 0.5)
 
 
-@pytest.mark.parametrize("raw, fragment", [
-    ({"devices": [{"id": "a", "a": 1, "mu": 1, "bandwidth": 1}],
-      "jobs": [{"id": "j", "tau": 1, "per_round": 2, "data": {"a": 5}}]}, "only 1 available"),
-    ({"devices": [{"id": "a", "a": 1, "mu": 1, "bandwidth": 1}],
-      "jobs": [{"id": "j", "tau": 1, "per_round": 1, "data": {"zz": 5}}]}, "unknown device 'zz'"),
-    ({"devices": [{"id": "a", "a": 1, "mu": -2, "bandwidth": 1}],
-      "jobs": [{"id": "j", "tau": 1, "per_round": 1, "data": {"a": 5}}]}, "mu must be a positive"),
-    ({"devices": [{"id": "a", "a": 1, "mu": 1, "bandwidth": 1, "available": False},
-                  {"id": "b", "a": 1, "mu": 1, "bandwidth": 1}],
-      "jobs": [{"id": "j", "tau": 1, "per_round": 2, "data": {"a": 5, "b": 1}}]}, "only 1 available"),
-    ({"devices": [{"id": "a", "a": 1, "mu": 1, "bandwidth": 1}, {"id": "b", "a": 1, "mu": 1, "bandwidth": 1},
-                  {"id": "c", "a": 1, "mu": 1, "bandwidth": 1}],
-      "jobs": [{"id": "j", "tau": 1, "per_round": 1, "data": {"a": 5}},
-               {"id": "k", "tau": 1, "per_round": 1, "data": {"a": 5}},
-               {"id": "l", "tau": 1, "per_round": 1, "data": {"b": 5, "c": 1}}]}, "overlap too much"),
-    ({"devices": [{"id": "a", "a": 1, "mu": 1, "bandwidth": 1}],
-      "jobs": [{"id": "j", "tau": 1, "per_round": 1, "data": {"a": 5}}],
-      "history": {"nope": {"a": 1}}}, "unknown job 'nope'"),
-])
+@pytest.mark.parametrize(
+    "raw, fragment",
+    [
+        (
+            {
+                "devices": [{"id": "a", "a": 1, "mu": 1, "bandwidth": 1}],
+                "jobs": [{"id": "j", "tau": 1, "per_round": 2, "data": {"a": 5}}],
+            },
+            "only 1 available",
+        ),
+        (
+            {
+                "devices": [{"id": "a", "a": 1, "mu": 1, "bandwidth": 1}],
+                "jobs": [{"id": "j", "tau": 1, "per_round": 1, "data": {"zz": 5}}],
+            },
+            "unknown device 'zz'",
+        ),
+        (
+            {
+                "devices": [{"id": "a", "a": 1, "mu": -2, "bandwidth": 1}],
+                "jobs": [{"id": "j", "tau": 1, "per_round": 1, "data": {"a": 5}}],
+            },
+            "mu must be a positive",
+        ),
+        (
+            {
+                "devices": [
+                    {"id": "a", "a": 1, "mu": 1, "bandwidth": 1, "available": False},
+                    {"id": "b", "a": 1, "mu": 1, "bandwidth": 1},
+                ],
+                "jobs": [{"id": "j", "tau": 1, "per_round": 2, "data": {"a": 5, "b": 1}}],
+            },
+            "only 1 available",
+        ),
+        (
+            {
+                "devices": [
+                    {"id": "a", "a": 1, "mu": 1, "bandwidth": 1},
+                    {"id": "b", "a": 1, "mu": 1, "bandwidth": 1},
+                    {"id": "c", "a": 1, "mu": 1, "bandwidth": 1},
+                ],
+                "jobs": [
+                    {"id": "j", "tau": 1, "per_round": 1, "data": {"a": 5}},
+                    {"id": "k", "tau": 1, "per_round": 1, "data": {"a": 5}},
+                    {"id": "l", "tau": 1, "per_round": 1, "data": {"b": 5, "c": 1}},
+                ],
+            },
+            "overlap too much",
+        ),
+        (
+            {
+                "devices": [{"id": "a", "a": 1, "mu": 1, "bandwidth": 1}],
+                "jobs": [{"id": "j", "tau": 1, "per_round": 1, "data": {"a": 5}}],
+                "history": {"nope": {"a": 1}},
+            },
+            "unknown job 'nope'",
+        ),
+    ],
+)
 def test_infeasible_or_invalid_problems_are_rejected(raw, fragment):
     """Validation: infeasible (too many asked, Hall-violating overlap via max-flow), unknown ids,
     negative parameters all raise ProblemError naming the fault."""

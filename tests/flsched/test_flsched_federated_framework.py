@@ -26,8 +26,14 @@ def test_fl_multijob_runs_under_controller(tmp_path: Path) -> None:
     path = tmp_path / "fl.yaml"
     path.write_text(yaml.safe_dump(job))
     env = {**os.environ, "TRAINMASTER_HOME": str(tmp_path / "home")}
-    out = subprocess.run([sys.executable, "-m", "trainmaster", "run", str(path), "--interval", "0.2", "--json"],
-                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=270)
+    out = subprocess.run(
+        [sys.executable, "-m", "trainmaster", "run", str(path), "--interval", "0.2", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=270,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     status = json.loads(out.stdout)
     assert [i["state"] for i in status["instances"] if i["role"] == "server"] == ["succeeded"]

@@ -14,9 +14,11 @@ from trainmaster.flsched.selector import DevicePool, JobSelector
 # flwr pins older fastapi, starlette, uvicorn, typer, rich, protobuf and ray than the rest of
 # Trainmaster uses, so it lives in its own environment (.venv-flower, made by `make flower-env`,
 # which `make test` runs these tests in); the main environment skips them with this reason.
-NEEDS_FLWR = pytest.mark.skipif(importlib.util.find_spec("flwr") is None,
-                                reason="flwr is not in this environment: `make test` runs these tests in "
-                                       ".venv-flower (flwr pins older fastapi/typer/ray; see docs/flsched.md)")
+NEEDS_FLWR = pytest.mark.skipif(
+    importlib.util.find_spec("flwr") is None,
+    reason="flwr is not in this environment: `make test` runs these tests in "
+    ".venv-flower (flwr pins older fastapi/typer/ray; see docs/flsched.md)",
+)
 
 
 def _devices(n: int) -> list[Device]:
@@ -97,10 +99,18 @@ def test_flower_simulation_trains_with_our_client_selection(monkeypatch):
             aggregated.append(float(flwr.common.parameters_to_ndarrays(params)[0][0]))
             return params, metrics
 
-    strategy = Recording(selector, per_round, fraction_evaluate=0.0, min_available_clients=n_clients,
-                             initial_parameters=flwr.common.ndarrays_to_parameters([np.zeros(1)]))
+    strategy = Recording(
+        selector,
+        per_round,
+        fraction_evaluate=0.0,
+        min_available_clients=n_clients,
+        initial_parameters=flwr.common.ndarrays_to_parameters([np.zeros(1)]),
+    )
     history = flwr.simulation.start_simulation(
-        client_fn=client_fn, num_clients=n_clients, config=ServerConfig(num_rounds=rounds), strategy=strategy,
+        client_fn=client_fn,
+        num_clients=n_clients,
+        config=ServerConfig(num_rounds=rounds),
+        strategy=strategy,
         client_resources={"num_cpus": 1, "num_gpus": 0.0},
         ray_init_args={"num_cpus": 2, "include_dashboard": False, "ignore_reinit_error": True},
     )
@@ -115,7 +125,7 @@ def test_flower_simulation_trains_with_our_client_selection(monkeypatch):
 def _never_double_booked(log) -> bool:
     """No client in two leases whose time intervals overlap (an open lease lasts forever)."""
     for i, (job_a, ca, sa, ea) in enumerate(log):
-        for job_b, cb, sb, eb in log[i + 1:]:
+        for job_b, cb, sb, eb in log[i + 1 :]:
             overlap = sa < (eb if eb is not None else float("inf")) and sb < (ea if ea is not None else float("inf"))
             if overlap and set(ca) & set(cb):
                 return False
@@ -173,7 +183,9 @@ def test_joint_service_infeasible_round_fails_clearly_and_the_run_continues():
     held = service.select("a", clients, 5)
     with pytest.raises(ProblemError, match="round of job 'b' cannot be scheduled now") as info:
         service.select("b", clients, 3)
-    assert any("only 1 available" in d or "only 1 available devices" in d for d in info.value.details), info.value.details
+    assert any("only 1 available" in d or "only 1 available devices" in d for d in info.value.details), (
+        info.value.details
+    )
     service.release("a")
     got = service.select("b", clients, 3)
     assert len(got) == 3
@@ -253,9 +265,14 @@ def test_flower_two_jobs_sharing_a_pool_never_double_book():
         manager = SimpleClientManager()
         for p in proxies:
             manager.register(p)
-        strategy = FlschedFedAvg(JointJob(service, job_id), per_round=3, fraction_evaluate=0.0,
-                                 min_available_clients=8, on_fit_config_fn=lambda r: {"job": job_id},
-                                 initial_parameters=ndarrays_to_parameters([np.zeros(1)]))
+        strategy = FlschedFedAvg(
+            JointJob(service, job_id),
+            per_round=3,
+            fraction_evaluate=0.0,
+            min_available_clients=8,
+            on_fit_config_fn=lambda r: {"job": job_id},
+            initial_parameters=ndarrays_to_parameters([np.zeros(1)]),
+        )
         history, _ = Server(client_manager=manager, strategy=strategy).fit(num_rounds=5, timeout=30)
         results[job_id] = history
 
@@ -272,8 +289,11 @@ def test_flower_two_jobs_sharing_a_pool_never_double_book():
     assert len(per_job["a"]) == len(per_job["b"]) == 5
     assert dropped  # the failing client was chosen, and its round still completed
     leases = service.leases_log
-    assert any(ja != jb and sa < eb and sb < ea  # the two jobs really trained at the same time
-               for ja, _, sa, ea in leases for jb, _, sb, eb in leases)
+    assert any(
+        ja != jb and sa < eb and sb < ea  # the two jobs really trained at the same time
+        for ja, _, sa, ea in leases
+        for jb, _, sb, eb in leases
+    )
     assert flwr is not None
 
 
@@ -326,8 +346,14 @@ def test_flower_infeasible_round_fails_clearly_and_the_run_continues(caplog):
             service.release("a")  # the other job's round ends before this job's round 2
         return {"round": server_round}
 
-    strategy = FlschedFedAvg(JointJob(service, "b"), per_round=3, fraction_evaluate=0.0, min_available_clients=8,
-                             on_fit_config_fn=fit_config, initial_parameters=ndarrays_to_parameters([np.zeros(1)]))
+    strategy = FlschedFedAvg(
+        JointJob(service, "b"),
+        per_round=3,
+        fraction_evaluate=0.0,
+        min_available_clients=8,
+        on_fit_config_fn=fit_config,
+        initial_parameters=ndarrays_to_parameters([np.zeros(1)]),
+    )
     with caplog.at_level(logging.WARNING, logger="trainmaster.flsched.flower"):
         history, _ = Server(client_manager=manager, strategy=strategy).fit(num_rounds=3, timeout=30)
     assert len(held) == 6

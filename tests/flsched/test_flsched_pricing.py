@@ -26,8 +26,7 @@ def test_exact_round_time_closed_forms():
     for n in (2, 7, 40):
         harmonic = sum(1.0 / k for k in range(1, n + 1))
         assert expected_max(np.zeros(n), np.ones(n)) == pytest.approx(harmonic, rel=1e-9)
-    assert expected_max(np.array([10.0, 0.0]), np.array([0.0, 1.0])) == pytest.approx(
-        10.0 + np.exp(-10.0), rel=1e-12)
+    assert expected_max(np.array([10.0, 0.0]), np.array([0.0, 1.0])) == pytest.approx(10.0 + np.exp(-10.0), rel=1e-12)
 
 
 def test_exact_round_time_matches_adaptive_quadrature():
@@ -52,7 +51,7 @@ def test_exact_round_time_matches_large_monte_carlo():
         draws = np.empty(2_000_000)
         for i in range(0, len(draws), 250_000):  # in blocks: bounded memory
             x = rng.exponential(1.0, size=(250_000, len(chosen)))
-            draws[i:i + 250_000] = (exact.shift[m, chosen] + x * exact.scale[m, chosen]).max(axis=1)
+            draws[i : i + 250_000] = (exact.shift[m, chosen] + x * exact.scale[m, chosen]).max(axis=1)
         mc, se = draws.mean(), draws.std() / np.sqrt(len(draws))
         priced = exact.job_time(m, chosen)
         assert abs(priced - mc) / mc < 1e-3

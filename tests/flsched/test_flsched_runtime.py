@@ -19,8 +19,15 @@ def test_non_iid_split_gives_each_device_few_classes():
 def test_fedavg_training_improves_accuracy_with_dropout():
     """FedAvg over surviving devices: three jobs really train (accuracy well above chance) even
     with 30% of chosen devices dropping mid-round; the simulated clock only moves forward."""
-    jobs = run_multijob(make_scheduler("random", seed=0), num_devices=12, per_round=3, rounds=8, seed=0,
-                        dropout=0.3, targets={"digits": 1.1, "wine": 1.1, "breast-cancer": 1.1})
+    jobs = run_multijob(
+        make_scheduler("random", seed=0),
+        num_devices=12,
+        per_round=3,
+        rounds=8,
+        seed=0,
+        dropout=0.3,
+        targets={"digits": 1.1, "wine": 1.1, "breast-cancer": 1.1},
+    )
     chance = {"digits": 0.1, "wine": 0.4, "breast-cancer": 0.63}
     for job in jobs:
         assert 4 <= len(job.curve) <= 8  # a round is skipped when too few devices are reachable

@@ -14,13 +14,30 @@ def _constrained_problem(seed: int) -> Problem:
     """A pool where some devices are unavailable and some hold no data for some jobs."""
     rng = np.random.default_rng(seed)
     K = 30
-    devices = [{"id": f"d{k}", "a": float(rng.uniform(0.001, 0.02)), "mu": float(rng.uniform(20, 500)),
-                "bandwidth": float(rng.uniform(1e6, 1e7)), "available": bool(rng.random() > 0.2)} for k in range(K)]
-    jobs = [{"id": f"j{m}", "tau": 1.0, "model_bytes": 1e6, "per_round": 4,
-             "data": {f"d{k}": int(rng.integers(10, 300)) for k in range(K) if rng.random() > 0.3}} for m in range(3)]
+    devices = [
+        {
+            "id": f"d{k}",
+            "a": float(rng.uniform(0.001, 0.02)),
+            "mu": float(rng.uniform(20, 500)),
+            "bandwidth": float(rng.uniform(1e6, 1e7)),
+            "available": bool(rng.random() > 0.2),
+        }
+        for k in range(K)
+    ]
+    jobs = [
+        {
+            "id": f"j{m}",
+            "tau": 1.0,
+            "model_bytes": 1e6,
+            "per_round": 4,
+            "data": {f"d{k}": int(rng.integers(10, 300)) for k in range(K) if rng.random() > 0.3},
+        }
+        for m in range(3)
+    ]
     history = {f"j{m}": {f"d{k}": int(rng.integers(0, 5)) for k in range(K)} for m in range(3)}
-    return Problem.from_dict({"devices": devices, "jobs": jobs, "history": history,
-                              "weights": {"time": 1.0, "fairness": 5.0}})
+    return Problem.from_dict(
+        {"devices": devices, "jobs": jobs, "history": history, "weights": {"time": 1.0, "fairness": 5.0}}
+    )
 
 
 @pytest.mark.parametrize("name", [n for n in names() if n != "exact"])

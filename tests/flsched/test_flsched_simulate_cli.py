@@ -54,8 +54,9 @@ def test_dropout_loses_updates():
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainmaster", "flsched", *args], capture_output=True,
-                          text=True, timeout=120, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "trainmaster", "flsched", *args], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
 
 
 @pytest.mark.timeout(120)
@@ -76,8 +77,14 @@ def test_cli_schedule_json_output():
 def test_cli_schedule_infeasible_exits_2(tmp_path):
     """CLI: infeasible problems (more devices asked than available) get a clear error and exit 2."""
     bad = tmp_path / "p.json"
-    bad.write_text(json.dumps({"devices": [{"id": "a", "a": 1, "mu": 1, "bandwidth": 1}],
-                               "jobs": [{"id": "j", "tau": 1, "per_round": 3, "data": {"a": 1}}]}))
+    bad.write_text(
+        json.dumps(
+            {
+                "devices": [{"id": "a", "a": 1, "mu": 1, "bandwidth": 1}],
+                "jobs": [{"id": "j", "tau": 1, "per_round": 3, "data": {"a": 1}}],
+            }
+        )
+    )
     out = _cli("schedule", str(bad))
     assert out.returncode == 2
     assert "error:" in out.stderr and "asks for 3 devices" in out.stderr
@@ -87,8 +94,22 @@ def test_cli_schedule_infeasible_exits_2(tmp_path):
 @pytest.mark.timeout(120)
 def test_cli_simulate_json():
     """CLI simulate: rounds, total simulated time, per-job times and participation histograms."""
-    out = _cli("simulate", "--devices", "30", "--jobs", "2", "--per-round", "3", "--scheduler", "greedy",
-               "--seed", "1", "--max-rounds", "50", "--json")
+    out = _cli(
+        "simulate",
+        "--devices",
+        "30",
+        "--jobs",
+        "2",
+        "--per-round",
+        "3",
+        "--scheduler",
+        "greedy",
+        "--seed",
+        "1",
+        "--max-rounds",
+        "50",
+        "--json",
+    )
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert data["scheduler"] == "greedy"

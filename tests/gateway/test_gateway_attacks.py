@@ -30,8 +30,9 @@ pytestmark = pytest.mark.timeout(180)
 def dep(tmp_path_factory: pytest.TempPathFactory) -> Deployment:
     d = Deployment(tmp_path_factory.mktemp("attacks"), ["a", "b"]).start_all()
     ini = d.initiator()
-    created = ini.create_task("t1", [LegSpec(data_id="m_a", party="a", rule="row_count"),
-                                     LegSpec(data_id="m_b", party="b", rule="row_count")])
+    created = ini.create_task(
+        "t1", [LegSpec(data_id="m_a", party="a", rule="row_count"), LegSpec(data_id="m_b", party="b", rule="row_count")]
+    )
     assert all(c["ok"] for c in created.values())
     ini.close()
     yield d
@@ -40,7 +41,12 @@ def dep(tmp_path_factory: pytest.TempPathFactory) -> Deployment:
 
 def _state(dep: Deployment) -> dict[str, Any]:
     g, a, b = dep.health("gateway"), dep.health("a"), dep.health("b")
-    return {"legs": g["legs"], "g": g["handled"], "a": (a["handled"], a["executors"]), "b": (b["handled"], b["executors"])}
+    return {
+        "legs": g["legs"],
+        "g": g["handled"],
+        "a": (a["handled"], a["executors"]),
+        "b": (b["handled"], b["executors"]),
+    }
 
 
 def _post(dep: Deployment, target: str, path: str, body: str | bytes, as_: str = "initiator") -> httpx.Response:
@@ -48,8 +54,12 @@ def _post(dep: Deployment, target: str, path: str, body: str | bytes, as_: str =
         return http.post(f"{dep.url(target)}{path}", content=body, headers={"content-type": "application/json"})
 
 
-def _initiator_env(ini: Initiator, recipient: str, kind: str, task_id: str, data_id: str, payload: dict, now: float | None = None) -> Envelope:
-    return seal(ini.me, ini.roster[recipient], make_header("initiator", recipient, kind, task_id, data_id, 60, now=now), payload)
+def _initiator_env(
+    ini: Initiator, recipient: str, kind: str, task_id: str, data_id: str, payload: dict, now: float | None = None
+) -> Envelope:
+    return seal(
+        ini.me, ini.roster[recipient], make_header("initiator", recipient, kind, task_id, data_id, 60, now=now), payload
+    )
 
 
 def test_certificate_from_foreign_ca_is_refused(dep: Deployment, tmp_path: Path) -> None:
@@ -57,8 +67,9 @@ def test_certificate_from_foreign_ca_is_refused(dep: Deployment, tmp_path: Path)
     before = _state(dep)
     key, cert = issue_cert(*make_ca("evil CA"), "initiator", "initiator")
     (tmp_path / "c.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (tmp_path / "k.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                       serialization.NoEncryption()))
+    (tmp_path / "k.pem").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     foreign = ssl.create_default_context(cafile=dep.cfg("initiator").ca)
     foreign.load_cert_chain(tmp_path / "c.pem", tmp_path / "k.pem")
     no_cert = ssl.create_default_context(cafile=dep.cfg("initiator").ca)
@@ -73,8 +84,12 @@ def test_unregistered_party_is_refused(dep: Deployment) -> None:
     before = _state(dep)
     mallory = Identity.generate("mallory")
     roster_gw = dep.initiator().roster["gateway"]
-    env = seal(mallory, roster_gw, make_header("mallory", "gateway", "executor_report", "t9", "m_x"),
-               {"task_id": "t9", "data_id": "m_x", "address": "unix:/tmp/x", "call": {"rule": "row_count", "params": {}}})
+    env = seal(
+        mallory,
+        roster_gw,
+        make_header("mallory", "gateway", "executor_report", "t9", "m_x"),
+        {"task_id": "t9", "data_id": "m_x", "address": "unix:/tmp/x", "call": {"rule": "row_count", "params": {}}},
+    )
     resp = _post(dep, "gateway", "/v1/executors", env.model_dump_json())
     assert resp.status_code == 403 and "not in the roster" in resp.json()["detail"]
     assert _state(dep) == before
@@ -87,8 +102,12 @@ def test_party_cannot_take_over_another_partys_leg(dep: Deployment) -> None:
 
     a = load_identity(dep.cfg("a"))
     gw = dep.initiator().roster["gateway"]
-    env = seal(a, gw, make_header("a", "gateway", "executor_report", "t1", "m_b"),
-               {"task_id": "t1", "data_id": "m_b", "address": "unix:/tmp/evil", "call": {"rule": "row_count", "params": {}}})
+    env = seal(
+        a,
+        gw,
+        make_header("a", "gateway", "executor_report", "t1", "m_b"),
+        {"task_id": "t1", "data_id": "m_b", "address": "unix:/tmp/evil", "call": {"rule": "row_count", "params": {}}},
+    )
     resp = _post(dep, "gateway", "/v1/executors", env.model_dump_json(), as_="a")
     assert resp.status_code == 409 and "belongs to party 'b'" in resp.json()["detail"]
     after = _state(dep)
@@ -103,7 +122,9 @@ def test_replay_inside_and_outside_window_is_refused(dep: Deployment) -> None:
     before = _state(dep)
     again = _post(dep, "gateway", "/v1/receive", env.model_dump_json())
     assert again.status_code == 409 and "replayed" in again.json()["detail"]
-    old = _initiator_env(ini, "gateway", "data_receive", "t1", "*", {"task_id": "t1", "data_ids": ["m_a"]}, now=time.time() - 3600)
+    old = _initiator_env(
+        ini, "gateway", "data_receive", "t1", "*", {"task_id": "t1", "data_ids": ["m_a"]}, now=time.time() - 3600
+    )
     stale = _post(dep, "gateway", "/v1/receive", old.model_dump_json())
     assert stale.status_code == 401 and "expired" in stale.json()["detail"]
     assert _state(dep) == before
@@ -113,7 +134,9 @@ def test_replay_inside_and_outside_window_is_refused(dep: Deployment) -> None:
 def test_flipped_bit_is_refused_before_the_handler(dep: Deployment, field: str) -> None:
     """Integrity over the wire: one flipped bit in an envelope field -> 4xx, handler never reached."""
     ini = dep.initiator()
-    d = _initiator_env(ini, "gateway", "data_receive", "t1", "*", {"task_id": "t1", "data_ids": ["m_a"]}).model_dump(mode="json")
+    d = _initiator_env(ini, "gateway", "data_receive", "t1", "*", {"task_id": "t1", "data_ids": ["m_a"]}).model_dump(
+        mode="json"
+    )
     if field == "task_id":
         d["header"]["task_id"] = "t0"
     elif field == "issued_at":
@@ -130,7 +153,9 @@ def test_flipped_bit_is_refused_before_the_handler(dep: Deployment, field: str) 
 
 def test_stripped_signature_is_refused(dep: Deployment) -> None:
     """Strict request models: an envelope without a signature is a 422 and changes nothing."""
-    d = _initiator_env(dep.initiator(), "gateway", "data_receive", "t1", "*", {"task_id": "t1", "data_ids": ["m_a"]}).model_dump(mode="json")
+    d = _initiator_env(
+        dep.initiator(), "gateway", "data_receive", "t1", "*", {"task_id": "t1", "data_ids": ["m_a"]}
+    ).model_dump(mode="json")
     del d["signature"]
     before = _state(dep)
     import json
@@ -144,21 +169,34 @@ def test_path_traversal_in_data_id_is_refused(dep: Deployment, data_id: str, sta
     """Data ids never name a path: traversal is refused by the model, foreign data ids by the party."""
     ini = dep.initiator()
     header_id = data_id if status == 404 else "m_b"
-    env = _initiator_env(ini, "b", "task_create", "t2", header_id,
-                         {"task_id": "t2", "party": "b", "data_id": data_id, "call": {"rule": "row_count", "params": {}}})
+    env = _initiator_env(
+        ini,
+        "b",
+        "task_create",
+        "t2",
+        header_id,
+        {"task_id": "t2", "party": "b", "data_id": data_id, "call": {"rule": "row_count", "params": {}}},
+    )
     before = _state(dep)
     resp = _post(dep, "b", "/v1/tasks", env.model_dump_json())
     assert resp.status_code == status, resp.text
     assert _state(dep)["b"][1] == before["b"][1] and _state(dep)["legs"] == before["legs"]
 
 
-@pytest.mark.parametrize("call", [{"rule": "exec", "params": {"source": "import os"}},
-                                  {"rule": "summary_stats", "params": {"code": "__import__('os').system('id')"}},
-                                  {"rule": "summary_stats", "params": {}, "code": "x"}])
+@pytest.mark.parametrize(
+    "call",
+    [
+        {"rule": "exec", "params": {"source": "import os"}},
+        {"rule": "summary_stats", "params": {"code": "__import__('os').system('id')"}},
+        {"rule": "summary_stats", "params": {}, "code": "x"},
+    ],
+)
 def test_unregistered_rule_or_inline_code_is_refused(dep: Deployment, call: dict) -> None:
     """Rule registry at the party: unknown rules and any code-carrying field -> 400, no executor."""
     ini = dep.initiator()
-    env = _initiator_env(ini, "a", "task_create", "t3", "m_a", {"task_id": "t3", "party": "a", "data_id": "m_a", "call": call})
+    env = _initiator_env(
+        ini, "a", "task_create", "t3", "m_a", {"task_id": "t3", "party": "a", "data_id": "m_a", "call": call}
+    )
     before = _state(dep)
     resp = _post(dep, "a", "/v1/tasks", env.model_dump_json())
     assert resp.status_code == 400 and resp.json()["detail"]
@@ -166,16 +204,34 @@ def test_unregistered_rule_or_inline_code_is_refused(dep: Deployment, call: dict
     assert after["a"][1] == before["a"][1] and after["legs"] == before["legs"]
 
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
-                    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=10), c, max_size=4), max_leaves=12)
-HEADERISH = st.fixed_dictionaries({"header": st.dictionaries(st.sampled_from(
-    ["v", "msg_id", "kind", "task_id", "data_id", "sender", "recipient", "issued_at", "expires_at"]), JSON),
-    "eph_pub": JSON, "nonce": JSON, "ciphertext": JSON, "signature": JSON})
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=10), c, max_size=4),
+    max_leaves=12,
+)
+HEADERISH = st.fixed_dictionaries(
+    {
+        "header": st.dictionaries(
+            st.sampled_from(
+                ["v", "msg_id", "kind", "task_id", "data_id", "sender", "recipient", "issued_at", "expires_at"]
+            ),
+            JSON,
+        ),
+        "eph_pub": JSON,
+        "nonce": JSON,
+        "ciphertext": JSON,
+        "signature": JSON,
+    }
+)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(body=st.one_of(JSON, HEADERISH), path=st.sampled_from([("gateway", "/v1/receive"), ("gateway", "/v1/executors"),
-                                                               ("a", "/v1/tasks"), ("a", "/v1/transfer")]))
+@given(
+    body=st.one_of(JSON, HEADERISH),
+    path=st.sampled_from(
+        [("gateway", "/v1/receive"), ("gateway", "/v1/executors"), ("a", "/v1/tasks"), ("a", "/v1/transfer")]
+    ),
+)
 def test_malformed_requests_get_4xx_and_change_nothing(dep: Deployment, body: Any, path: tuple[str, str]) -> None:
     """Malformed requests (generated from the envelope schema's shape) get 4xx and change nothing."""
     import json
@@ -193,8 +249,12 @@ def _impostor_app(a: Identity, gw_pub: Any) -> FastAPI:
     @fake.post("/v1/transfer")
     async def transfer(request: Request) -> dict[str, Any]:
         h = Envelope.model_validate_json(await request.body()).header
-        return seal(a, gw_pub, make_header("a", "gateway", "transfer_result", h.task_id, h.data_id),
-                    {"ok": True, "result_text": "{\"rows\":1}"}).model_dump(mode="json")
+        return seal(
+            a,
+            gw_pub,
+            make_header("a", "gateway", "transfer_result", h.task_id, h.data_id),
+            {"ok": True, "result_text": '{"rows":1}'},
+        ).model_dump(mode="json")
 
     return fake
 
@@ -209,9 +269,19 @@ def test_zz_result_signed_by_another_party_is_rejected(dep: Deployment) -> None:
     dep.kill("b")
     fake = _impostor_app(load_identity(dep.cfg("a")), dep.initiator().roster["gateway"])
     cfg = dep.cfg("b")
-    server = uvicorn.Server(uvicorn.Config(fake, host=cfg.host, port=cfg.port, ssl_keyfile=cfg.key, ssl_certfile=cfg.cert,
-                                           ssl_ca_certs=cfg.ca, ssl_cert_reqs=ssl.CERT_REQUIRED, log_level="warning",
-                                           timeout_graceful_shutdown=1))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            fake,
+            host=cfg.host,
+            port=cfg.port,
+            ssl_keyfile=cfg.key,
+            ssl_certfile=cfg.cert,
+            ssl_ca_certs=cfg.ca,
+            ssl_cert_reqs=ssl.CERT_REQUIRED,
+            log_level="warning",
+            timeout_graceful_shutdown=1,
+        )
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:

@@ -22,10 +22,18 @@ import pytest
 from trainmaster.gateway import sandbox as sbx
 
 
-KERNEL_FILES = {"cgroup.procs": "", "cgroup.subtree_control": "", "cgroup.kill": "", "memory.max": "max\n",
-                "memory.swap.max": "max\n", "memory.oom.group": "0\n", "memory.current": "0\n",
-                "memory.events": "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\noom_group_kill 0\n",
-                "pids.max": "max\n", "pids.events": "max 0\n"}
+KERNEL_FILES = {
+    "cgroup.procs": "",
+    "cgroup.subtree_control": "",
+    "cgroup.kill": "",
+    "memory.max": "max\n",
+    "memory.swap.max": "max\n",
+    "memory.oom.group": "0\n",
+    "memory.current": "0\n",
+    "memory.events": "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\noom_group_kill 0\n",
+    "pids.max": "max\n",
+    "pids.events": "max 0\n",
+}
 """What a v2 kernel puts in a new group with memory and pids enabled (the ones the sandbox touches)."""
 
 
@@ -123,8 +131,9 @@ def test_cgroup_v2_group_gets_limits_joins_counts_kills_and_is_removed(fake_root
     assert group.remove() and not leaf.exists() and group.paths == {}
 
 
-def test_cgroup_v2_swap_limit_only_where_accounted_and_stale_groups_swept(fake_root: Path, tmp_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cgroup_v2_swap_limit_only_where_accounted_and_stale_groups_swept(
+    fake_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """cgroup v2 on a host without swap accounting (no memory.swap.max) still gets its memory
     limit; the sweep after a party was killed -9 removes an empty v2 group older than a minute and
     its host folder, and leaves a young one alone."""

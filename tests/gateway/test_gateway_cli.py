@@ -22,9 +22,11 @@ def test_gateway_init_writes_a_deployment(tmp_path: Path) -> None:
 
 def test_user_errors_exit_2_without_traceback(tmp_path: Path) -> None:
     """User mistakes (bad party names, missing config or task file) print `error:` and exit 2."""
-    for args in (("gateway", "init", str(tmp_path / "x"), "--parties", "a,../b"),
-                 ("gateway", "serve", "--config", str(tmp_path / "missing.yaml")),
-                 ("task", "run", "--config", str(tmp_path / "missing.yaml"), str(tmp_path / "t.yaml"))):
+    for args in (
+        ("gateway", "init", str(tmp_path / "x"), "--parties", "a,../b"),
+        ("gateway", "serve", "--config", str(tmp_path / "missing.yaml")),
+        ("task", "run", "--config", str(tmp_path / "missing.yaml"), str(tmp_path / "t.yaml")),
+    ):
         out = _cli(*args)
         assert out.returncode == 2, (args, out.stderr)
         assert "error:" in out.stderr and "Traceback" not in out.stderr

@@ -25,14 +25,20 @@ def test_crosssilo_example_matches_pooled_computation(tmp_path: Path) -> None:
     path = tmp_path / "crosssilo.yaml"
     path.write_text(yaml.safe_dump(job))
     env = {**os.environ, "TRAINMASTER_HOME": str(tmp_path / "home")}
-    out = subprocess.run([sys.executable, "-m", "trainmaster", "run", str(path), "--interval", "0.2", "--json"],
-                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=230)
+    out = subprocess.run(
+        [sys.executable, "-m", "trainmaster", "run", str(path), "--interval", "0.2", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=230,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     status = json.loads(out.stdout)
     assert [i["state"] for i in status["instances"] if i["role"] == "initiator"] == ["succeeded"]
     log = next((tmp_path / "home" / "runs").glob("*/logs/initiator-0.log")).read_text()
     assert "crosssilo: results equal the pooled computation" in log
-    report = json.loads(log[log.index("{"):log.rindex("}") + 1])
+    report = json.loads(log[log.index("{") : log.rindex("}") + 1])
     assert all(s["equal"] for s in report["statistics"].values())
     assert report["model"]["within_tolerance"]
     parties = sorted(p.name for p in (tmp_path / "out" / "crosssilo" / "data").iterdir())

@@ -25,8 +25,9 @@ PAYLOAD = {"task_id": "t1", "data_id": "m1", "call": {"rule": "row_count", "para
 
 
 def _gate(now: float | None = None) -> EnvelopeGate:
-    return EnvelopeGate(PARTY, ROSTER, SeenTable("sqlite://"), skew_s=30.0,
-                        clock=(lambda: now) if now is not None else time.time)
+    return EnvelopeGate(
+        PARTY, ROSTER, SeenTable("sqlite://"), skew_s=30.0, clock=(lambda: now) if now is not None else time.time
+    )
 
 
 def _env(sender: Identity = GATEWAY, now: float | None = None, ttl: float = 60.0, payload: dict = PAYLOAD) -> Envelope:
@@ -57,8 +58,22 @@ def _flip(text: str, index: int = 5) -> str:
     return b64e(bytes(raw))
 
 
-@pytest.mark.parametrize("field", ["msg_id", "kind", "task_id", "data_id", "sender_known", "issued_at", "expires_at",
-                                   "eph_pub", "nonce", "ciphertext", "signature"])
+@pytest.mark.parametrize(
+    "field",
+    [
+        "msg_id",
+        "kind",
+        "task_id",
+        "data_id",
+        "sender_known",
+        "issued_at",
+        "expires_at",
+        "eph_pub",
+        "nonce",
+        "ciphertext",
+        "signature",
+    ],
+)
 def test_one_flipped_bit_in_any_field_is_refused(field: str) -> None:
     """Integrity: one changed bit in any header field or any envelope part fails signature checks."""
     env = _env()
@@ -126,11 +141,18 @@ def test_unknown_sender_and_wrong_role_and_wrong_recipient_are_refused() -> None
         _open(_gate(), env)
     other = Identity.generate("a")  # a second party-role identity impersonating the gateway role
     with pytest.raises(EnvelopeError, match="may not send"):
-        EnvelopeGate(GATEWAY, {"a": other.public("party"), "gateway": GATEWAY.public("gateway")}, SeenTable("sqlite://"), 30).open(
+        EnvelopeGate(
+            GATEWAY, {"a": other.public("party"), "gateway": GATEWAY.public("gateway")}, SeenTable("sqlite://"), 30
+        ).open(
             seal(other, GATEWAY.public("gateway"), make_header("a", "gateway", "data_transfer", "t1", "m1"), PAYLOAD),
-            MessageKind.data_transfer, {"gateway"}, DataTransfer)
+            MessageKind.data_transfer,
+            {"gateway"},
+            DataTransfer,
+        )
     with pytest.raises(EnvelopeError, match="addressed"):
-        EnvelopeGate(GATEWAY, ROSTER, SeenTable("sqlite://"), 30).open(_env(), MessageKind.data_transfer, {"gateway"}, DataTransfer)
+        EnvelopeGate(GATEWAY, ROSTER, SeenTable("sqlite://"), 30).open(
+            _env(), MessageKind.data_transfer, {"gateway"}, DataTransfer
+        )
 
 
 def test_payload_must_match_signed_header_and_strict_model() -> None:
@@ -146,8 +168,14 @@ def test_provisioning_writes_ca_certs_keys_roster(tmp_path: Path) -> None:
     configs = init_deployment(tmp_path / "d", ["a", "b", "c"], port_base=30000)
     assert set(configs) == {"gateway", "operator", "initiator", "a", "b", "c"}
     roster = load_roster(tmp_path / "d" / "roster.json")
-    assert {n: r.role for n, r in roster.items()} == {"gateway": "gateway", "operator": "operator", "initiator": "initiator",
-                                                      "a": "party", "b": "party", "c": "party"}
+    assert {n: r.role for n, r in roster.items()} == {
+        "gateway": "gateway",
+        "operator": "operator",
+        "initiator": "initiator",
+        "a": "party",
+        "b": "party",
+        "c": "party",
+    }
     ca = x509.load_pem_x509_certificate((tmp_path / "d" / "ca" / "ca.pem").read_bytes())
     for name in configs:
         cfg = load_config(configs[name])

@@ -26,11 +26,22 @@ def test_docs_walkthrough_runs_as_written(tmp_path: Path) -> None:
     section = doc.split("## Try it on one machine", 1)[1]
     block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
     script = "set -e\ntrap 'kill $(jobs -p) 2>/dev/null' EXIT\n" + block
-    env = {**os.environ, "DEMO": str(tmp_path / "demo"), "PORT_BASE": str(free_port_block(3)),
-           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))}
-    proc = subprocess.Popen(["bash", "-c", script], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    env = {
+        **os.environ,
+        "DEMO": str(tmp_path / "demo"),
+        "PORT_BASE": str(free_port_block(3)),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
+    }
+    proc = subprocess.Popen(
+        ["bash", "-c", script],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=240)
     finally:
@@ -44,6 +55,9 @@ def test_docs_walkthrough_runs_as_written(tmp_path: Path) -> None:
         obj, i = decoder.raw_decode(out, start)
         results.append(obj)
     stats, hist = results
-    assert {k: (v["outcome"], v["party"]) for k, v in stats["legs"].items()} == {"m_a": ("result", "a"), "m_b": ("result", "b")}
+    assert {k: (v["outcome"], v["party"]) for k, v in stats["legs"].items()} == {
+        "m_a": ("result", "a"),
+        "m_b": ("result", "b"),
+    }
     assert stats["legs"]["m_a"]["result"]["columns"]["age"]["count"] == 120
     assert sum(hist["legs"]["m_a"]["result"]["counts"]) + sum(hist["legs"]["m_b"]["result"]["counts"]) == 270

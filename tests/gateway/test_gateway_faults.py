@@ -21,13 +21,17 @@ PARTIES = ["a", "slow", "skew", "silent", "victim"]
 
 @pytest.fixture(scope="module")
 def dep(tmp_path_factory: pytest.TempPathFactory) -> Deployment:
-    d = Deployment(tmp_path_factory.mktemp("faults"), PARTIES, overrides={
-        "gateway": {"task_queue_depth": 1},
-        "slow": {"fault_delay_s": 3.0},
-        "skew": {"fault_clock_offset_s": 600.0},
-        "silent": {"fault_executor_silent": True, "executor_start_timeout_s": 1.5},
-        "victim": {"fault_delay_s": 20.0},
-    }).start_all()
+    d = Deployment(
+        tmp_path_factory.mktemp("faults"),
+        PARTIES,
+        overrides={
+            "gateway": {"task_queue_depth": 1},
+            "slow": {"fault_delay_s": 3.0},
+            "skew": {"fault_clock_offset_s": 600.0},
+            "silent": {"fault_executor_silent": True, "executor_start_timeout_s": 1.5},
+            "victim": {"fault_delay_s": 20.0},
+        },
+    ).start_all()
     yield d
     d.stop_all()
 
@@ -44,8 +48,9 @@ def _create(dep: Deployment, task_id: str, parties: list[str]) -> dict[str, dict
 def _receive(dep: Deployment, task_id: str, parties: list[str], timeout_s: float) -> dict[str, dict[str, Any]]:
     ini = dep.initiator()
     try:
-        return ini.receive(task_id, [f"m_{p}" for p in parties], leg_timeout_s=timeout_s,
-                           parties={f"m_{p}": p for p in parties})
+        return ini.receive(
+            task_id, [f"m_{p}" for p in parties], leg_timeout_s=timeout_s, parties={f"m_{p}": p for p in parties}
+        )
     finally:
         ini.close()
 
@@ -107,7 +112,9 @@ def test_party_killed_mid_request(dep: Deployment) -> None:
     """Party crash: a party killed while serving a transfer ends `party_unavailable`; others return."""
     assert all(c["ok"] for c in _create(dep, "kill1", ["a", "victim"]).values())
     thread, box = _in_background(lambda: _receive(dep, "kill1", ["a", "victim"], timeout_s=30.0))
-    _wait(lambda: dep.health("victim")["handled"].get("data_transfer", 0) >= 1, 20, "the victim to receive its transfer")
+    _wait(
+        lambda: dep.health("victim")["handled"].get("data_transfer", 0) >= 1, 20, "the victim to receive its transfer"
+    )
     dep.kill("victim")
     thread.join(timeout=30)
     out = box["value"]
@@ -124,11 +131,18 @@ def test_one_slow_task_does_not_block_another_and_overload_is_429(dep: Deploymen
     thread, box = _in_background(lambda: _receive(dep, "busy1", ["slow"], timeout_s=10.0))
     _wait(lambda: dep.health("gateway")["in_flight_tasks"] >= 1, 20, "busy1 to be in flight")
     ini = dep.initiator()
-    env = seal(ini.me, ini.roster["gateway"], make_header("initiator", "gateway", "data_receive", "busy1", "*"),
-               {"task_id": "busy1", "data_ids": ["m_slow"]})
+    env = seal(
+        ini.me,
+        ini.roster["gateway"],
+        make_header("initiator", "gateway", "data_receive", "busy1", "*"),
+        {"task_id": "busy1", "data_ids": ["m_slow"]},
+    )
     with httpx.Client(verify=client_ssl_context(dep.cfg("initiator")), timeout=10) as http:
-        resp = http.post(f"{dep.url('gateway')}/v1/receive", content=env.model_dump_json(),
-                         headers={"content-type": "application/json"})
+        resp = http.post(
+            f"{dep.url('gateway')}/v1/receive",
+            content=env.model_dump_json(),
+            headers={"content-type": "application/json"},
+        )
     assert resp.status_code == 429 and resp.headers.get("retry-after") == "1"
     other = ini.receive("other1", ["m_a"], leg_timeout_s=5.0, parties={"m_a": "a"})
     assert other["m_a"]["outcome"] == "result"
@@ -149,8 +163,11 @@ def test_gateway_killed_mid_leg_every_leg_completes_exactly_once(dep: Deployment
     runs_before = dep.health("slow")["rule_runs"]
     transfers_before = dep.health("slow")["handled"].get("data_transfer", 0)
     thread, box = _in_background(lambda: _receive(dep, "crash1", ["a", "slow"], timeout_s=20.0))
-    _wait(lambda: dep.health("slow")["handled"].get("data_transfer", 0) > transfers_before, 20,
-          "the slow party to receive its transfer")
+    _wait(
+        lambda: dep.health("slow")["handled"].get("data_transfer", 0) > transfers_before,
+        20,
+        "the slow party to receive its transfer",
+    )
     dep.kill("gateway")
     dep.start("gateway")
     dep.wait_ready("gateway")
@@ -187,12 +204,19 @@ def test_gateway_down_when_a_task_is_created_its_legs_are_delivered_when_it_retu
         assert created["status"] == 202 and "keeps reporting" in created["detail"], created
         task = tmp_path / "task.yaml"
         task.write_text("deadline_s: 2\nlegs:\n  - {data_id: m_b, party: a, rule: row_count}\n")
-        out = subprocess.run([sys.executable, "-m", "trainmaster", "task", "run", "--config", str(dep.configs["initiator"]),
-                              str(task)], capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            [sys.executable, "-m", "trainmaster", "task", "run", "--config", str(dep.configs["initiator"]), str(task)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode == 3, out.stderr
         assert "retrying in" in out.stderr and "stayed unreachable" in out.stderr and "Traceback" not in out.stderr
-        thread, box = _in_background(lambda: dep.initiator().run_task(TaskSpec(task_id="down2", deadline_s=120, legs=[
-            LegSpec(data_id="m_a", party="a", rule="row_count")])))
+        thread, box = _in_background(
+            lambda: dep.initiator().run_task(
+                TaskSpec(task_id="down2", deadline_s=120, legs=[LegSpec(data_id="m_a", party="a", rule="row_count")])
+            )
+        )
         time.sleep(1.0)
     finally:
         dep.start("gateway")
@@ -215,8 +239,9 @@ def test_initiator_that_gives_up_and_asks_again_follows_the_same_run(dep: Deploy
     before = dep.health("slow")
     ini = Initiator(dep.cfg("initiator"), timeout_s=1.0, results_dir=dep.root / "results" / "gaveup")
     try:
-        got = ini.receive("gaveup1", ["m_slow"], leg_timeout_s=15.0, parties={"m_slow": "slow"},
-                          deadline=time.time() + 60)
+        got = ini.receive(
+            "gaveup1", ["m_slow"], leg_timeout_s=15.0, parties={"m_slow": "slow"}, deadline=time.time() + 60
+        )
     finally:
         ini.close()
     assert got["m_slow"]["outcome"] == "result", got

@@ -12,7 +12,9 @@ from trainmaster.gateway.models import RuleCall
 from trainmaster.gateway.routing import MappingTable
 from trainmaster.gateway.rules import run_call
 
-pytest.importorskip("ray", reason="Ray is not installed (pip install 'trainmaster[ray]'), so the Ray executor cannot run")
+pytest.importorskip(
+    "ray", reason="Ray is not installed (pip install 'trainmaster[ray]'), so the Ray executor cannot run"
+)
 pytestmark = pytest.mark.timeout(300)
 
 
@@ -27,8 +29,13 @@ def test_rule_runs_in_a_ray_actor_executor(tmp_path: Path) -> None:
         call = RuleCall(rule="summary_stats", params={"columns": ["mean_radius", "label"]})
         legs = [LegSpec(data_id=f"m_{p}", party=p, rule=call.rule, params=call.params) for p in ("a", "b")]
         out = ini.run_task(TaskSpec(task_id="ray1", leg_timeout_s=120, legs=legs))
-        bad = ini.run_task(TaskSpec(task_id="ray2", leg_timeout_s=120, legs=[
-            LegSpec(data_id="m_a", party="a", rule="summary_stats", params={"columns": ["no_such_column"]})]))
+        bad = ini.run_task(
+            TaskSpec(
+                task_id="ray2",
+                leg_timeout_s=120,
+                legs=[LegSpec(data_id="m_a", party="a", rule="summary_stats", params={"columns": ["no_such_column"]})],
+            )
+        )
         ini.close()
         for p, rows in zip(("a", "b"), dep.splits):
             table = {n: rows[:, i] for i, n in enumerate(dep.names)}

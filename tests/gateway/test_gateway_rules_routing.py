@@ -40,10 +40,32 @@ def test_rules_compute_what_they_say() -> None:
     h = run_call(TABLE, RuleCall(rule="histogram", params={"column": "x", "edges": [0, 2.5, 5]}))
     assert h["counts"] == [2, 2]
     for model in ("logreg", "mlp"):
-        m = run_call(TABLE, RuleCall(rule="train", params={"features": ["x"], "label": "y", "model": model, "epochs": 300,
-                                                          "lr": 0.5, "standardize": {"mean": [2.5], "std": [1.2]}}))
-        sc = run_call(TABLE, RuleCall(rule="score", params={"features": ["x"], "label": "y", "weights": m["weights"],
-                                                            "standardize": {"mean": [2.5], "std": [1.2]}}))
+        m = run_call(
+            TABLE,
+            RuleCall(
+                rule="train",
+                params={
+                    "features": ["x"],
+                    "label": "y",
+                    "model": model,
+                    "epochs": 300,
+                    "lr": 0.5,
+                    "standardize": {"mean": [2.5], "std": [1.2]},
+                },
+            ),
+        )
+        sc = run_call(
+            TABLE,
+            RuleCall(
+                rule="score",
+                params={
+                    "features": ["x"],
+                    "label": "y",
+                    "weights": m["weights"],
+                    "standardize": {"mean": [2.5], "std": [1.2]},
+                },
+            ),
+        )
         assert sc["correct"] == 4 and sc["rows"] == 4
     with pytest.raises(RuleError, match="unknown column"):
         run_call(TABLE, RuleCall(rule="summary_stats", params={"columns": ["nope"]}))

@@ -37,8 +37,10 @@ from trainmaster.gateway.provision import init_deployment
 from trainmaster.gateway.seccomp import DENIED_X86_64, deny_list_program
 
 REASON = sbx.unavailable_reason()
-pytestmark = [pytest.mark.timeout(120),
-              pytest.mark.skipif(REASON is not None, reason=f"executor sandbox unavailable here: {REASON}")]
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(REASON is not None, reason=f"executor sandbox unavailable here: {REASON}"),
+]
 PROBE_TIMEOUT_S = 60.0
 
 
@@ -103,10 +105,12 @@ async def _aprobe(tmp_path: Path, tracker: Tracker, code: str, limits: sbx.Sandb
     home = Path(os.path.realpath(tmp_path)) / f"test-{os.getpid()}-{len(tracker.started)}-{os.urandom(3).hex()}"
     home.mkdir()
     box = await sbx.Sandbox.start(
-        [sbx.sandbox_python(), "-s", "-B", "-P", "-c", textwrap.dedent(code)], home=home,
-        limits=limits or sbx.SandboxLimits(memory_mb=256), env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8",
-                                                                "PYTHONPATH": str(sbx.package_parent())},
-        stderr=asyncio.subprocess.PIPE)
+        [sbx.sandbox_python(), "-s", "-B", "-P", "-c", textwrap.dedent(code)],
+        home=home,
+        limits=limits or sbx.SandboxLimits(memory_mb=256),
+        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONPATH": str(sbx.package_parent())},
+        stderr=asyncio.subprocess.PIPE,
+    )
     tracker.started.append(box)
     stdout, stderr = await asyncio.wait_for(box.proc.communicate(), PROBE_TIMEOUT_S)
     lines = stdout.decode().strip().splitlines()
@@ -121,7 +125,10 @@ def test_executor_cannot_read_the_partys_keys(tmp_path: Path, tracker: Tracker) 
     party_dir = configs["a"].parent
     keys = [str(party_dir / n) for n in ("sign.key", "enc.key", "tls.key")] + [str(configs["a"])]
     assert all(Path(k).is_file() for k in keys)
-    r = _probe(tmp_path, tracker, f"""
+    r = _probe(
+        tmp_path,
+        tracker,
+        f"""
         import json, os
         seen = {{}}
         for k in {keys!r}:
@@ -134,14 +141,17 @@ def test_executor_cannot_read_the_partys_keys(tmp_path: Path, tracker: Tracker) 
                            "capeff": status["CapEff"].strip(), "nnp": status["NoNewPrivs"].strip(),
                            "seccomp": status["Seccomp"].strip(), "root": sorted(os.listdir("/")),
                            "root_writable": os.access("/", os.W_OK)}}))
-    """)
+    """,
+    )
     assert r.returncode == 0, r.stderr
     assert set(r.out["seen"].values()) == {"FileNotFoundError"}, r.out["seen"]
     assert (r.out["uid"], r.out["gid"], r.out["groups"]) == (65534, 65534, [])
     assert r.out["capeff"] == "0000000000000000" and r.out["nnp"] == "1" and r.out["seccomp"] == "2"
     links = {n for n in ("bin", "sbin", "lib", "lib32", "lib64", "libx32") if os.path.lexists(f"/{n}")}
     python_tops = {Path(root).parts[1] for root in sbx._python_roots()}
-    assert set(r.out["root"]) == {"dev", "proc", "task", "tmp", "usr"} | links | python_tops  # no /etc, /home, /work/...
+    assert (
+        set(r.out["root"]) == {"dev", "proc", "task", "tmp", "usr"} | links | python_tops
+    )  # no /etc, /home, /work/...
     assert not r.out["root_writable"]
 
 
@@ -152,14 +162,18 @@ def test_executor_cannot_reach_the_network(tmp_path: Path, tracker: Tracker) -> 
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=5):
             pass  # the control: the server is there
-        r = _probe(tmp_path, tracker, f"""
+        r = _probe(
+            tmp_path,
+            tracker,
+            f"""
             import json, socket
             try:
                 socket.create_connection(("127.0.0.1", {port}), timeout=5).close(); err = ""
             except OSError as e:
                 err = type(e).__name__ + ": " + str(e)
             print(json.dumps({{"err": err, "ifaces": [n for _, n in socket.if_nameindex()]}}))
-        """)
+        """,
+        )
     finally:
         srv.close()
     assert r.returncode == 0, r.stderr
@@ -202,18 +216,24 @@ print(json.dumps({{"pids": pids, "cmdlines": cmdlines, "other_dir": os.path.exis
 
 def test_executor_cannot_exceed_its_memory(tmp_path: Path, tracker: Tracker) -> None:
     """Sandbox cgroup memory limit: allocating past it gets the process killed, and the exit says so."""
-    r = _probe(tmp_path, tracker, """
+    r = _probe(
+        tmp_path,
+        tracker,
+        """
         import json
         hog = b"x" * (512 << 20)
         print(json.dumps({"survived": len(hog)}))
-    """, limits=sbx.SandboxLimits(memory_mb=96))
+    """,
+        limits=sbx.SandboxLimits(memory_mb=96),
+    )
     assert r.out == {}, "allocated 512 MB under a 96 MB limit"
     assert r.exit.memory_killed, (r.returncode, r.stderr)
     assert "exceeded its memory limit of 96 MB" in r.described
 
 
-def test_executor_over_its_memory_is_reported_clearly(tmp_path: Path, tracker: Tracker,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_executor_over_its_memory_is_reported_clearly(
+    tmp_path: Path, tracker: Tracker, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Sandbox cgroup memory limit through the executor interface: an executor whose data does not
     fit its limit is killed by the kernel, and the party's start error says it was the memory limit."""
     rows = np.random.default_rng(0).random((300_000, 8))
@@ -228,6 +248,7 @@ def test_executor_over_its_memory_is_reported_clearly(tmp_path: Path, tracker: T
     task_root = tmp_path / "tasks"
     task_root.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(task_root))  # the executor's task folder goes here
+
     def groups() -> set[str]:
         return {p.name for parent in sbx.parent_dirs() for p in parent.glob("tm-exec-*")}
 
@@ -241,7 +262,10 @@ def test_executor_over_its_memory_is_reported_clearly(tmp_path: Path, tracker: T
 
 def test_executor_cannot_fork_bomb(tmp_path: Path, tracker: Tracker) -> None:
     """Sandbox cgroup pids limit: forking stops at the limit with EAGAIN; everything is killed after."""
-    r = _probe(tmp_path, tracker, """
+    r = _probe(
+        tmp_path,
+        tracker,
+        """
         import json, os, time
         made, err = 0, ""
         for _ in range(500):
@@ -256,7 +280,9 @@ def test_executor_cannot_fork_bomb(tmp_path: Path, tracker: Tracker) -> None:
             made += 1
         print(json.dumps({"made": made, "err": err}), flush=True)
         os._exit(0)
-    """, limits=sbx.SandboxLimits(memory_mb=256, pids=16))
+    """,
+        limits=sbx.SandboxLimits(memory_mb=256, pids=16),
+    )
     assert r.out["err"], "500 forks succeeded under a pids limit of 16"
     assert r.out["made"] < 16
     assert r.exit.pids_refused > 0
@@ -265,7 +291,10 @@ def test_executor_cannot_fork_bomb(tmp_path: Path, tracker: Tracker) -> None:
 def test_blocked_syscalls_fail(tmp_path: Path, tracker: Tracker) -> None:
     """Sandbox seccomp filter: ptrace, unshare, setns, mount, keyctl, bpf, personality and clone with
     namespace flags fail with EPERM inside; ordinary syscalls (fork, getpid) still work."""
-    r = _probe(tmp_path, tracker, """
+    r = _probe(
+        tmp_path,
+        tracker,
+        """
         import ctypes, errno, json, os
         libc = ctypes.CDLL(None, use_errno=True)
         def call(name, *args):
@@ -283,7 +312,8 @@ def test_blocked_syscalls_fail(tmp_path: Path, tracker: Tracker) -> None:
             os._exit(7)
         out["fork"] = os.waitpid(pid, 0)[1] >> 8
         print(json.dumps(out))
-    """)
+    """,
+    )
     assert r.returncode == 0, r.stderr
     for name in ("ptrace", "unshare", "setns", "mount", "keyctl", "bpf", "personality", "clone", "perf_event_open"):
         assert r.out[name] == [-1, 1], f"{name} was not refused with EPERM: {r.out[name]}"
@@ -311,17 +341,23 @@ def test_summary_rule_runs_through_the_sandbox(tmp_path: Path, tracker: Tracker)
     data.chmod(0o600)
 
     async def run() -> tuple[dict, dict]:
-        h = await ExecutorHandle.start(data, deadline_s=60, start_timeout_s=30, memory_mb=512,
-                                       allowed=["summary_stats"], isolation="sandbox")
+        h = await ExecutorHandle.start(
+            data, deadline_s=60, start_timeout_s=30, memory_mb=512, allowed=["summary_stats"], isolation="sandbox"
+        )
         tracker.handles.append(h)
         host = {}
         for pid in h.sandbox.cgroups.pids():
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
             if b"trainmaster.gateway.executor" in cmd:
                 status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
-                host = {"uid": status["Uid"].split(), "seccomp": status["Seccomp"].strip(),
-                        "ns": {n: os.readlink(f"/proc/{pid}/ns/{n}") != os.readlink(f"/proc/self/ns/{n}")
-                               for n in ("pid", "net", "mnt", "ipc", "uts")}}
+                host = {
+                    "uid": status["Uid"].split(),
+                    "seccomp": status["Seccomp"].strip(),
+                    "ns": {
+                        n: os.readlink(f"/proc/{pid}/ns/{n}") != os.readlink(f"/proc/self/ns/{n}")
+                        for n in ("pid", "net", "mnt", "ipc", "uts")
+                    },
+                }
         sock_dir = Path(h.address).parent  # the party's: the executor cannot swap its socket for a symlink
         host["sock_dir"] = (sock_dir.stat().st_uid, oct(sock_dir.stat().st_mode & 0o777), sorted(os.listdir(sock_dir)))
         reply = await h.call(RuleCall(rule="summary_stats", params={}), timeout_s=30)
@@ -375,8 +411,9 @@ def test_party_killed_9_leaves_no_sandbox_running(tmp_path: Path) -> None:
     data = tmp_path / "d.csv"
     data.write_text("x\n1\n2\n")
     env = {**os.environ, "PYTHONPATH": str(sbx.package_parent())}
-    party = subprocess.Popen([sys.executable, "-c", PARTY_STANDIN, str(data)], stdout=subprocess.PIPE, env=env,
-                             start_new_session=True)
+    party = subprocess.Popen(
+        [sys.executable, "-c", PARTY_STANDIN, str(data)], stdout=subprocess.PIPE, env=env, start_new_session=True
+    )
     groups: list[Path] = []
     workdir = None
     try:
@@ -391,8 +428,7 @@ def test_party_killed_9_leaves_no_sandbox_running(tmp_path: Path) -> None:
         party.wait(timeout=10)
         _wait_for("the sandbox's processes to die with their party", lambda: not procs.read_text().split())
         assert all(g.is_dir() for g in groups) and workdir.is_dir()  # what kill -9 leaves for the sweep
-        _wait_for("the left-over groups to be a second old",
-                  lambda: time.time() - groups[0].stat().st_mtime > 1.0)
+        _wait_for("the left-over groups to be a second old", lambda: time.time() - groups[0].stat().st_mtime > 1.0)
         sbx.sweep_stale_groups(workdir.parent, min_age_s=1.0)
         assert not any(g.exists() for g in groups) and not workdir.exists()
     finally:
@@ -440,8 +476,12 @@ def test_party_runs_its_executors_in_the_sandbox(tmp_path: Path) -> None:
     made: list[Path] = []
     try:
         ini = dep.initiator()
-        out = ini.run_task(TaskSpec(task_id="sandboxed1", legs=[
-            LegSpec(data_id="m_a", party="a", rule="summary_stats", params={"columns": ["mean_radius"]})]))
+        out = ini.run_task(
+            TaskSpec(
+                task_id="sandboxed1",
+                legs=[LegSpec(data_id="m_a", party="a", rule="summary_stats", params={"columns": ["mean_radius"]})],
+            )
+        )
         ini.close()
         tree = {p: Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0") for p in _descendants(dep.procs["a"].pid)}
         executors = [p for p, argv in tree.items() if b"trainmaster.gateway.executor" in argv and b"python" in argv[0]]
@@ -463,8 +503,11 @@ def test_party_runs_its_executors_in_the_sandbox(tmp_path: Path) -> None:
         assert got["outcome"] == "result" and got["result"]["columns"]["mean_radius"]["sum"] == pytest.approx(col.sum())
     finally:
         dep.stop_all()
-    _wait_for("the party's executor to be gone after the party stopped",
-              lambda: not any(Path(f"/proc/{p}").exists() for p in executors), timeout_s=15)
+    _wait_for(
+        "the party's executor to be gone after the party stopped",
+        lambda: not any(Path(f"/proc/{p}").exists() for p in executors),
+        timeout_s=15,
+    )
     assert not [p for p in made if p.exists()], made
 
 
@@ -474,15 +517,46 @@ def test_party_refuses_sandbox_isolation_it_cannot_provide(tmp_path: Path) -> No
     opt-out (isolation: process)."""
     dep = Deployment(tmp_path, ["a"])
     env = {**os.environ, "PATH": str(tmp_path / "no-bin"), "PYTHONPATH": str(sbx.package_parent())}
-    run = subprocess.run([sys.executable, "-m", "trainmaster", "party", "serve", "--config", str(dep.configs["a"]),
-                          "--data", str(tmp_path / "data" / "a")], env=env, capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainmaster",
+            "party",
+            "serve",
+            "--config",
+            str(dep.configs["a"]),
+            "--data",
+            str(tmp_path / "data" / "a"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 2, (run.returncode, run.stderr)
     assert "Traceback" not in run.stderr
     assert "isolation 'sandbox' is not available" in run.stderr and "bubblewrap" in run.stderr, run.stderr
     assert "isolation: process" in run.stderr
-    bad = subprocess.run([sys.executable, "-m", "trainmaster", "party", "serve", "--config", str(dep.configs["a"]),
-                          "--data", str(tmp_path / "data" / "a"), "--isolation", "container"],
-                         env=env, capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainmaster",
+            "party",
+            "serve",
+            "--config",
+            str(dep.configs["a"]),
+            "--data",
+            str(tmp_path / "data" / "a"),
+            "--isolation",
+            "container",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "--isolation must be sandbox or process" in bad.stderr, bad.stderr
 
 
@@ -498,14 +572,16 @@ def test_executor_killed_mid_call_reports_its_memory_limit(tmp_path: Path, track
         np.savetxt(fh, np.random.default_rng(1).random(400_000), fmt="%.6f")
 
     async def run() -> str:
-        h = await ExecutorHandle.start(data, deadline_s=60, start_timeout_s=60, memory_mb=256,
-                                       allowed=["predict"], isolation="sandbox")
+        h = await ExecutorHandle.start(
+            data, deadline_s=60, start_timeout_s=60, memory_mb=256, allowed=["predict"], isolation="sandbox"
+        )
         tracker.handles.append(h)
         cg = h.sandbox.cgroups
         cg.set_memory_limit(cg.memory_usage() + (6 << 20))
         try:
-            reply = await h.call(RuleCall(rule="predict", params={"features": ["x"], "weights": {"w": [1.0], "b": 0.0}}),
-                                 timeout_s=30)
+            reply = await h.call(
+                RuleCall(rule="predict", params={"features": ["x"], "weights": {"w": [1.0], "b": 0.0}}), timeout_s=30
+            )
             reply.close()
             return f"no failure: ok={reply.ok} size={reply.size}"
         except ExecutorDied as exc:

@@ -32,12 +32,22 @@ CAP = 1 << 20
 
 @pytest.fixture(scope="module")
 def dep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    d = Deployment(tmp_path_factory.mktemp("security"), ["a", "b", "c", "d"], initiators=["initiator", "bob"], overrides={
-        "gateway": {"header_timeout_s": 1.5, "body_timeout_s": 3.0, "max_body_bytes": CAP, "max_open_legs_per_party": 40},
-        "a": {"max_body_bytes": CAP},
-        "c": {"max_executors": 2, "max_connections": 4},
-        "d": {"privacy_budget": 30},
-    }).start_all()
+    d = Deployment(
+        tmp_path_factory.mktemp("security"),
+        ["a", "b", "c", "d"],
+        initiators=["initiator", "bob"],
+        overrides={
+            "gateway": {
+                "header_timeout_s": 1.5,
+                "body_timeout_s": 3.0,
+                "max_body_bytes": CAP,
+                "max_open_legs_per_party": 40,
+            },
+            "a": {"max_body_bytes": CAP},
+            "c": {"max_executors": 2, "max_connections": 4},
+            "d": {"privacy_budget": 30},
+        },
+    ).start_all()
     yield d
     d.stop_all()
 
@@ -55,7 +65,9 @@ def _post(dep: Deployment, target: str, path: str, body: Any, as_: str = "initia
         return http.post(f"{dep.url(target)}{path}", content=body, headers={"content-type": "application/json"})
 
 
-def _sealed(dep: Deployment, sender: str, recipient: str, kind: str, task_id: str, data_id: str, payload: dict) -> Envelope:
+def _sealed(
+    dep: Deployment, sender: str, recipient: str, kind: str, task_id: str, data_id: str, payload: dict
+) -> Envelope:
     me = load_identity(dep.cfg(sender))
     roster = dep.initiator().roster
     return seal(me, roster[recipient], make_header(sender, recipient, kind, task_id, data_id, 60), payload)
@@ -66,6 +78,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 # ---- item 1 ---------------------------------------------------------------------------------------
+
 
 def test_item1_a_party_cannot_fetch_report_or_answer_another_partys_leg(dep: Deployment) -> None:
     """Item 1 (leg hijacking), at the gateway: party a cannot report b's leg (its own channel and key:
@@ -80,7 +93,9 @@ def test_item1_a_party_cannot_fetch_report_or_answer_another_partys_leg(dep: Dep
     forged = _sealed(dep, "b", "gateway", "executor_report", "hj1", "m_b", {"task_id": "hj1", **report})
     resp = _post(dep, "gateway", "/v1/executors", forged.model_dump_json(), as_="a")
     assert resp.status_code == 403 and "TLS connection of 'a'" in resp.json()["detail"]
-    future = _sealed(dep, "a", "gateway", "executor_report", "future9", "m_a", {"task_id": "future9", **report, "data_id": "m_a"})
+    future = _sealed(
+        dep, "a", "gateway", "executor_report", "future9", "m_a", {"task_id": "future9", **report, "data_id": "m_a"}
+    )
     resp = _post(dep, "gateway", "/v1/executors", future.model_dump_json(), as_="a")
     assert resp.status_code == 409 and "no leg" in resp.json()["detail"]
     out = ini.receive("hj1", ["m_a", "m_b"], leg_timeout_s=20)
@@ -103,12 +118,25 @@ def test_item1_the_initiator_believes_only_the_assigned_partys_signature(dep: De
     from trainmaster.gateway.crypto import attest
 
     def forged(signer: Any, task_id: str = "hj2", data_id: str = "m_b", party_field: str = "b") -> Envelope:
-        att = attest(signer, LegAttestation(task_id=task_id, data_id=data_id, party=signer.name,
-                                            sha256=hashlib.sha256(text.encode()).hexdigest(), size=len(text)))
-        body = LegOutcomePayload(task_id="hj2", data_id="m_b", party=party_field, outcome="result", result_text=text,
-                                 attestation=att)
-        return seal(gw, ini.roster["initiator"], make_header("gateway", "initiator", "task_result", "hj2", "m_b", 60),
-                    body.model_dump(mode="json"))
+        att = attest(
+            signer,
+            LegAttestation(
+                task_id=task_id,
+                data_id=data_id,
+                party=signer.name,
+                sha256=hashlib.sha256(text.encode()).hexdigest(),
+                size=len(text),
+            ),
+        )
+        body = LegOutcomePayload(
+            task_id="hj2", data_id="m_b", party=party_field, outcome="result", result_text=text, attestation=att
+        )
+        return seal(
+            gw,
+            ini.roster["initiator"],
+            make_header("gateway", "initiator", "task_result", "hj2", "m_b", 60),
+            body.model_dump(mode="json"),
+        )
 
     from trainmaster.gateway.crypto import EnvelopeError
 
@@ -122,7 +150,10 @@ def test_item1_the_initiator_believes_only_the_assigned_partys_signature(dep: De
 
 # ---- item 2 ---------------------------------------------------------------------------------------
 
-def test_item2_task_ids_are_never_reused_and_retries_are_idempotent_only_with_the_same_body(dep: Deployment, tmp_path: Path) -> None:
+
+def test_item2_task_ids_are_never_reused_and_retries_are_idempotent_only_with_the_same_body(
+    dep: Deployment, tmp_path: Path
+) -> None:
     """Item 2 (task id reuse): a retried create with the same body is idempotent (the same results
     again), another body under a used id is refused with 409 and a clear message, also from the
     CLI (exit 2, no traceback), so stale results are never returned for a new task."""
@@ -145,6 +176,7 @@ def test_item2_task_ids_are_never_reused_and_retries_are_idempotent_only_with_th
 
 # ---- item 3 ---------------------------------------------------------------------------------------
 
+
 def test_item3_chunked_bodies_are_capped_while_streaming_at_gateway_and_party(dep: Deployment) -> None:
     """Item 3 (chunked body cap): a chunked POST without Content-Length, twice the cap, is refused
     with 413 at the gateway and at a party, counted as it arrives (not buffered whole)."""
@@ -162,6 +194,7 @@ def test_item3_chunked_bodies_are_capped_while_streaming_at_gateway_and_party(de
 
 
 # ---- item 4 ---------------------------------------------------------------------------------------
+
 
 def _raw_tls(dep: Deployment, target: str, as_: str = "initiator") -> ssl.SSLSocket:
     ctx = client_ssl_context(dep.cfg(as_))
@@ -191,8 +224,10 @@ def test_item4_stalled_connections_time_out_and_connections_are_capped(dep: Depl
     stalled.sendall(b"POST /v1/receive HTTP/1.1\r\nhost: gateway\r\ncontent-type: appl")
     assert _closed_within(stalled, 10.0)
     slow_body = _raw_tls(dep, "gateway")
-    slow_body.sendall(b"POST /v1/receive HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n"
-                      b"transfer-encoding: chunked\r\n\r\n5\r\n{\"a\":\r\n")
+    slow_body.sendall(
+        b"POST /v1/receive HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n"
+        b'transfer-encoding: chunked\r\n\r\n5\r\n{"a":\r\n'
+    )
     slow_body.settimeout(12)
     answer = b""
     while b"did not arrive" not in answer and (data := slow_body.recv(4096)):
@@ -214,13 +249,14 @@ def test_item4_repeated_log_lines_are_rate_limited() -> None:
     now = [0.0]
     flt = RateLimitedLog(per_window=5, window_s=10.0, clock=lambda: now[0])
     logger = logging.getLogger("test-flood")
-    rec = lambda: logger.makeRecord("asyncio", logging.ERROR, __file__, 1, "socket.accept() out of system resource", (), None)  # noqa: E731
+    rec = lambda: logger.makeRecord(
+        "asyncio", logging.ERROR, __file__, 1, "socket.accept() out of system resource", (), None
+    )  # noqa: E731
     passed = sum(flt.filter(rec()) for _ in range(10_000))
     assert passed == 5
     now[0] = 11.0
     last = rec()
     assert flt.filter(last) and "9995 similar message(s) suppressed" in last.getMessage()
-
 
 
 def test_item4_open_files_limit_is_raised_to_serve_the_connection_cap() -> None:
@@ -233,7 +269,8 @@ def test_item4_open_files_limit_is_raised_to_serve_the_connection_cap() -> None:
         "logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format='%(message)s')\n"
         "hard = int(sys.argv[1])\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (200, hard))\n"
-        "print('soft', ensure_fd_limit(1000), resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n")
+        "print('soft', ensure_fd_limit(1000), resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+    )
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     if hard != resource.RLIM_INFINITY and hard < 2256:
         pytest.skip(f"this host's hard open-files limit ({hard}) is below what the test needs")
@@ -248,6 +285,7 @@ def test_item4_open_files_limit_is_raised_to_serve_the_connection_cap() -> None:
 
 # ---- item 5 ---------------------------------------------------------------------------------------
 
+
 def test_item5_a_party_runs_at_most_its_cap_of_executors(dep: Deployment) -> None:
     """Item 5 (executor cap): party c allows 2 executors at once; a third task creation gets 503
     with Retry-After and a clear reason, and no third executor starts."""
@@ -261,6 +299,7 @@ def test_item5_a_party_runs_at_most_its_cap_of_executors(dep: Deployment) -> Non
 
 
 # ---- item 6 ---------------------------------------------------------------------------------------
+
 
 def test_item6_certificates_carry_one_identity_and_role(dep: Deployment) -> None:
     """Item 6 (certificates per identity and role): each certificate names one identity and role;
@@ -295,7 +334,8 @@ def test_item6_certificates_carry_one_identity_and_role(dep: Deployment) -> None
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
                 client_ssl_context(dep.cfg("initiator")).wrap_socket(
-                    raw, server_hostname=expect(expect_name, expect_role)["sni_hostname"]).close()
+                    raw, server_hostname=expect(expect_name, expect_role)["sni_hostname"]
+                ).close()
         finally:
             t.join(timeout=10)
             listener.close()
@@ -311,12 +351,26 @@ def test_item6_the_server_checks_the_clients_role_and_name(dep: Deployment) -> N
     """Item 6, server side: the initiator's signed request over party a's TLS connection, and a
     party's report over the operator's connection, are refused (403) before any handler runs."""
     ini = dep.initiator()
-    env = _sealed(dep, "initiator", "gateway", "task_register", "role1", "*",
-                  {"task_id": "role1", "legs": [{"data_id": "m_a", "party": "a", "call": {"rule": "row_count", "params": {}}}]})
+    env = _sealed(
+        dep,
+        "initiator",
+        "gateway",
+        "task_register",
+        "role1",
+        "*",
+        {"task_id": "role1", "legs": [{"data_id": "m_a", "party": "a", "call": {"rule": "row_count", "params": {}}}]},
+    )
     resp = _post(dep, "gateway", "/v1/tasks", env.model_dump_json(), as_="a")
     assert resp.status_code == 403 and "TLS connection of 'a' (role party)" in resp.json()["detail"]
-    rep = _sealed(dep, "a", "gateway", "executor_report", "role1", "m_a",
-                  {"task_id": "role1", "data_id": "m_a", "address": "x", "call": {"rule": "row_count", "params": {}}})
+    rep = _sealed(
+        dep,
+        "a",
+        "gateway",
+        "executor_report",
+        "role1",
+        "m_a",
+        {"task_id": "role1", "data_id": "m_a", "address": "x", "call": {"rule": "row_count", "params": {}}},
+    )
     resp = _post(dep, "gateway", "/v1/executors", rep.model_dump_json(), as_="operator")
     assert resp.status_code == 403 and "role operator" in resp.json()["detail"]
     assert ini.register_task("role1", [_row("a")]) is True  # nothing was created by the refused request
@@ -324,6 +378,7 @@ def test_item6_the_server_checks_the_clients_role_and_name(dep: Deployment) -> N
 
 
 # ---- item 7 ---------------------------------------------------------------------------------------
+
 
 def test_item7_the_whole_leg_outcome_is_signed_and_nan_timestamps_are_refused(dep: Deployment) -> None:
     """Item 7 (sign the whole outcome): a proxy that flips a bit in a leg's sealed outcome, or moves
@@ -333,12 +388,16 @@ def test_item7_the_whole_leg_outcome_is_signed_and_nan_timestamps_are_refused(de
     ini = dep.initiator()
     ini.create_task("sig1", [_row("a"), _row("b")])
     ini.receive("sig1", ["m_a", "m_b"], leg_timeout_s=20)
-    env = _sealed(dep, "initiator", "gateway", "data_receive", "sig1", "*", {"task_id": "sig1", "data_ids": ["m_a", "m_b"]})
+    env = _sealed(
+        dep, "initiator", "gateway", "data_receive", "sig1", "*", {"task_id": "sig1", "data_ids": ["m_a", "m_b"]}
+    )
     raw = TaskResult.model_validate_json(_post(dep, "gateway", "/v1/receive", env.model_dump_json()).content)
     assert set(raw.legs[0].model_dump()) == {"data_id", "envelope"}  # nothing about the outcome in the clear
     a_env, b_env = raw.legs[0].envelope, raw.legs[1].envelope
     flipped = a_env.model_dump(mode="json")
-    flipped["ciphertext"] = flipped["ciphertext"][:10] + ("A" if flipped["ciphertext"][10] != "A" else "B") + flipped["ciphertext"][11:]
+    flipped["ciphertext"] = (
+        flipped["ciphertext"][:10] + ("A" if flipped["ciphertext"][10] != "A" else "B") + flipped["ciphertext"][11:]
+    )
     from trainmaster.gateway.crypto import EnvelopeError
 
     fresh = dep.initiator()  # its own seen table
@@ -353,12 +412,15 @@ def test_item7_the_whole_leg_outcome_is_signed_and_nan_timestamps_are_refused(de
     for field in ("issued_at", "expires_at"):
         body = env.model_dump_json().replace(f'"{field}":{getattr(env.header, field)}', f'"{field}":NaN')
         resp = _post(dep, "gateway", "/v1/receive", body)
-        assert resp.status_code == 422 and field in resp.json()["detail"] and "finite" in resp.json()["detail"], resp.text
+        assert resp.status_code == 422 and field in resp.json()["detail"] and "finite" in resp.json()["detail"], (
+            resp.text
+        )
         body = env.model_dump_json().replace(f'"{field}":{getattr(env.header, field)}', f'"{field}":1e999')
         assert _post(dep, "gateway", "/v1/receive", body).status_code == 422
 
 
 # ---- item 8 ---------------------------------------------------------------------------------------
+
 
 def test_item8_bounded_legs_cleanup_on_failed_report_and_counters_only_for_the_operator(dep: Deployment) -> None:
     """Item 8: legs per party are bounded at task creation (429 past the cap); a party whose report
@@ -382,6 +444,7 @@ def test_item8_bounded_legs_cleanup_on_failed_report_and_counters_only_for_the_o
 
 
 # ---- item 9 ---------------------------------------------------------------------------------------
+
 
 def test_item9_tasks_belong_to_their_initiator_and_several_work_at_once(dep: Deployment) -> None:
     """Item 9 (ownership): two initiators run tasks at the same time, each result sealed to its own
@@ -423,6 +486,7 @@ def test_item9_tasks_belong_to_their_initiator_and_several_work_at_once(dep: Dep
 
 # ---- item 10 --------------------------------------------------------------------------------------
 
+
 def test_item10_fine_histograms_and_exhausted_budgets_are_refused(dep: Deployment) -> None:
     """Item 10 (disclosure limits): a histogram with 10,001 edges (one row per bin) is refused for
     bins under the minimum group size; on party d (budget 30 values per data set) two summaries of
@@ -430,8 +494,14 @@ def test_item10_fine_histograms_and_exhausted_budgets_are_refused(dep: Deploymen
     Party d has the 30-value budget."""
     ini = dep.initiator()
     edges = [i * 0.01 for i in range(10_001)]
-    out = ini.run_task(TaskSpec(task_id="fine1", legs=[LegSpec(data_id="m_a", party="a", rule="histogram",
-                                                               params={"column": "mean_radius", "edges": edges})]))
+    out = ini.run_task(
+        TaskSpec(
+            task_id="fine1",
+            legs=[
+                LegSpec(data_id="m_a", party="a", rule="histogram", params={"column": "mean_radius", "edges": edges})
+            ],
+        )
+    )
     leg = out["legs"]["m_a"]
     assert leg["outcome"] == "rejected" and "minimum group size" in leg["detail"] and "result" not in leg
     spec = LegSpec(data_id="m_d", party="d", rule="summary_stats", params={"columns": ["mean_radius", "label"]})
@@ -443,6 +513,7 @@ def test_item10_fine_histograms_and_exhausted_budgets_are_refused(dep: Deploymen
 
 # ---- item 11 --------------------------------------------------------------------------------------
 
+
 def test_item11_zero_key_and_deep_json_are_4xx_not_500(dep: Deployment) -> None:
     """Item 11 (the 500s): a correctly signed envelope with an all-zero ephemeral public key is a 400
     and a JSON document nested 100,000 deep a 422, at the gateway and at a party."""
@@ -450,10 +521,17 @@ def test_item11_zero_key_and_deep_json_are_4xx_not_500(dep: Deployment) -> None:
 
     me = load_identity(dep.cfg("initiator"))
     for target in ("gateway", "a"):
-        d = _sealed(dep, "initiator", target, "data_receive" if target == "gateway" else "task_create", "z1",
-                    "*" if target == "gateway" else "m_a",
-                    {"task_id": "z1", "data_ids": ["m_a"]} if target == "gateway" else
-                    {"task_id": "z1", "party": "a", "data_id": "m_a", "call": {"rule": "row_count", "params": {}}})
+        d = _sealed(
+            dep,
+            "initiator",
+            target,
+            "data_receive" if target == "gateway" else "task_create",
+            "z1",
+            "*" if target == "gateway" else "m_a",
+            {"task_id": "z1", "data_ids": ["m_a"]}
+            if target == "gateway"
+            else {"task_id": "z1", "party": "a", "data_id": "m_a", "call": {"rule": "row_count", "params": {}}},
+        )
         zero = bytes(32)
         from trainmaster.gateway.crypto import b64d
 

@@ -27,7 +27,7 @@ def _sealed(data: bytes, chunk: int, stream_id: str = "s" * 32) -> tuple[StreamI
     key = os.urandom(32)
     info = StreamInfo(key=b64e(key), total_bytes=len(data), sha256=hashlib.sha256(data).hexdigest(), chunk_bytes=chunk)
     sealer = ChunkSealer(key, stream_id)
-    pieces = [data[i:i + chunk] for i in range(0, len(data), chunk)] or [b""]
+    pieces = [data[i : i + chunk] for i in range(0, len(data), chunk)] or [b""]
     return info, [sealer.seal(p, i == len(pieces) - 1) for i, p in enumerate(pieces)]
 
 
@@ -72,7 +72,7 @@ def test_frame_splitter_handles_any_cut_and_refuses_partial_or_oversized_frames(
     wire = b"".join(frame(bytes([i]) * (i * 37)) for i in range(1, 40))
     for step in (1, 7, 4096, len(wire)):
         splitter = FrameSplitter()
-        got = [b for i in range(0, len(wire), step) for b in splitter.feed(wire[i:i + step])]
+        got = [b for i in range(0, len(wire), step) for b in splitter.feed(wire[i : i + step])]
         splitter.close()
         assert got == [bytes([i]) * (i * 37) for i in range(1, 40)]
     splitter = FrameSplitter()
@@ -107,12 +107,22 @@ def test_large_result_streams_through_the_gateway_equal(big: Deployment) -> None
     """Large payloads stream in chunks (party -> gateway re-encrypts chunk by chunk -> initiator): a
     ~19 MB result of a Parquet-held data id arrives equal to computing it on the party's file; the
     gateway spools only ciphertext; a small leg of the same task stays inline."""
-    expected = run_call(load_table(big.root / "data" / "a" / "big.parquet"),
-                        RuleCall(rule="predict", params={"features": ["x"], "weights": WEIGHTS}), allowed=["predict"])
+    expected = run_call(
+        load_table(big.root / "data" / "a" / "big.parquet"),
+        RuleCall(rule="predict", params={"features": ["x"], "weights": WEIGHTS}),
+        allowed=["predict"],
+    )
     ini = big.initiator(timeout_s=240)
-    out = ini.run_task(TaskSpec(task_id="big1", leg_timeout_s=240, legs=[
-        LegSpec(data_id="big", party="a", rule="predict", params={"features": ["x"], "weights": WEIGHTS}),
-        LegSpec(data_id="m_b", party="b", rule="row_count")]))
+    out = ini.run_task(
+        TaskSpec(
+            task_id="big1",
+            leg_timeout_s=240,
+            legs=[
+                LegSpec(data_id="big", party="a", rule="predict", params={"features": ["x"], "weights": WEIGHTS}),
+                LegSpec(data_id="m_b", party="b", rule="row_count"),
+            ],
+        )
+    )
     ini.close()
     assert out["legs"]["big"]["outcome"] == "result", out["legs"]["big"]
     assert "result" not in out["legs"]["big"]  # streamed to a file, never held whole
@@ -133,14 +143,20 @@ def test_gateway_killed_mid_stream_restarts_cleanly(big: Deployment) -> None:
     the whole result (equal to the direct computation), and the party ran the rule once."""
     import threading
 
-    expected = run_call(load_table(big.root / "data" / "a" / "big.parquet"),
-                        RuleCall(rule="predict", params={"features": ["x"], "weights": WEIGHTS}), allowed=["predict"])
+    expected = run_call(
+        load_table(big.root / "data" / "a" / "big.parquet"),
+        RuleCall(rule="predict", params={"features": ["x"], "weights": WEIGHTS}),
+        allowed=["predict"],
+    )
     spool = Path(big.cfg("gateway").state_dir) / "results" / "mid1"
     runs_before = big.health("a")["rule_runs"]
     ini = big.initiator(timeout_s=240)
     box: dict = {}
-    spec = TaskSpec(task_id="mid1", leg_timeout_s=240, legs=[
-        LegSpec(data_id="big", party="a", rule="predict", params={"features": ["x"], "weights": WEIGHTS})])
+    spec = TaskSpec(
+        task_id="mid1",
+        leg_timeout_s=240,
+        legs=[LegSpec(data_id="big", party="a", rule="predict", params={"features": ["x"], "weights": WEIGHTS})],
+    )
     thread = threading.Thread(target=lambda: box.update(out=ini.run_task(spec)), daemon=True)
     thread.start()
     deadline = time.monotonic() + 120
@@ -165,8 +181,9 @@ def test_tampered_stored_stream_is_refused_at_the_initiator(big: Deployment, dam
     flipped bit are refused with a clear error, never returned as a result."""
     ini = big.initiator(timeout_s=240)
     task = f"tam{damage}"
-    assert ini.create_task(task, [LegSpec(data_id="big", party="a", rule="predict",
-                                          params={"features": ["x"], "weights": WEIGHTS})])["big"]["ok"]
+    assert ini.create_task(
+        task, [LegSpec(data_id="big", party="a", rule="predict", params={"features": ["x"], "weights": WEIGHTS})]
+    )["big"]["ok"]
     ini.receive(task, ["big"], leg_timeout_s=240)  # the gateway now holds the stream
     spool = Path(big.cfg("gateway").state_dir) / "results" / task / "big.stream"
     raw = spool.read_bytes()
@@ -196,9 +213,16 @@ def test_party_stream_truncated_reordered_or_tampered_is_refused_by_the_gateway(
     dep = _big_deployment(tmp_path, fault)
     try:
         ini = dep.initiator(timeout_s=240)
-        out = ini.run_task(TaskSpec(task_id="bad1", leg_timeout_s=240, legs=[
-            LegSpec(data_id="big", party="a", rule="predict", params={"features": ["x"], "weights": WEIGHTS}),
-            LegSpec(data_id="m_b", party="b", rule="row_count")]))
+        out = ini.run_task(
+            TaskSpec(
+                task_id="bad1",
+                leg_timeout_s=240,
+                legs=[
+                    LegSpec(data_id="big", party="a", rule="predict", params={"features": ["x"], "weights": WEIGHTS}),
+                    LegSpec(data_id="m_b", party="b", rule="row_count"),
+                ],
+            )
+        )
         ini.close()
         leg = out["legs"]["big"]
         assert leg["outcome"] in ("decrypt_failed", "rejected") and "result" not in leg
@@ -219,12 +243,18 @@ def test_stream_is_cut_through_initiator_receives_while_party_uploads(tmp_path: 
 
     dep = _big_deployment(tmp_path, "slow")
     try:
-        expected = run_call(load_table(dep.root / "data" / "a" / "big.parquet"),
-                            RuleCall(rule="predict", params={"features": ["x"], "weights": WEIGHTS}), allowed=["predict"])
+        expected = run_call(
+            load_table(dep.root / "data" / "a" / "big.parquet"),
+            RuleCall(rule="predict", params={"features": ["x"], "weights": WEIGHTS}),
+            allowed=["predict"],
+        )
         ini = dep.initiator(timeout_s=240)
         box: dict = {}
-        spec = TaskSpec(task_id="cut1", leg_timeout_s=240, legs=[
-            LegSpec(data_id="big", party="a", rule="predict", params={"features": ["x"], "weights": WEIGHTS})])
+        spec = TaskSpec(
+            task_id="cut1",
+            leg_timeout_s=240,
+            legs=[LegSpec(data_id="big", party="a", rule="predict", params={"features": ["x"], "weights": WEIGHTS})],
+        )
         thread = threading.Thread(target=lambda: box.update(out=ini.run_task(spec)), daemon=True)
         thread.start()
         spool = Path(dep.cfg("gateway").state_dir) / "results" / "cut1" / "big.stream.part"

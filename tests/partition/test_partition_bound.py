@@ -9,8 +9,14 @@ from hypothesis import strategies as st
 
 from trainmaster.partition import build_graph, evaluate, makespan
 from trainmaster.partition.graph import clusters_of
-from trainmaster.partition.simulate import (critical_cut_bound, device_loads, heaviest_path,
-                                            lower_bound, path_bound, path_cut_bound)
+from trainmaster.partition.simulate import (
+    critical_cut_bound,
+    device_loads,
+    heaviest_path,
+    lower_bound,
+    path_bound,
+    path_cut_bound,
+)
 
 
 def chain(costs, links):
@@ -40,15 +46,19 @@ def test_side_path_with_dear_links_sets_the_bound():
     """Known answer: a fork a -> {b, c} -> d, compute 4, 4, 1, 1, cap 5 (k = 2). The heaviest
     compute path a-b-d (9) can be cut at a 1-cost link: 10. But a-c-d (6 > 5) must be cut at a
     50-cost link: 56, and the best within-cap partition ({a, c}, {b, d}) attains 56."""
-    g = build_graph(["a", "b", "c", "d"], [4.0, 4.0, 1.0, 1.0],
-                    ["a", "a", "b", "c"], ["b", "c", "d", "d"], [1.0, 50.0, 1.0, 50.0])
+    g = build_graph(
+        ["a", "b", "c", "d"], [4.0, 4.0, 1.0, 1.0], ["a", "a", "b", "c"], ["b", "c", "d", "d"], [1.0, 50.0, 1.0, 50.0]
+    )
     nodes, links = heaviest_path(g, 0.0)
     assert nodes == [0, 1, 3] and links == [1.0, 1.0]
     assert path_bound(g.cost[nodes].tolist(), links, 5.0) == 10.0
     assert heaviest_path(g, 1.0)[0] == [0, 2, 3]
     assert path_cut_bound(g, 2, 5.0) == 56.0
-    best = min(makespan(g, np.array(p)) for p in itertools.product(range(2), repeat=4)
-               if device_loads(g, np.array(p), 2).max() <= 5.0)
+    best = min(
+        makespan(g, np.array(p))
+        for p in itertools.product(range(2), repeat=4)
+        if device_loads(g, np.array(p), 2).max() <= 5.0
+    )
     assert best == 56.0
 
 
@@ -107,7 +117,7 @@ def test_path_bound_is_the_cheapest_fitting_cut(costs, data):
             best = min(best, sum(c for c, cut in zip(links, cuts) if cut))
     assert path_bound(w, links, cap) == sum(w) + best
     m = math.ceil(sum(w) / cap)
-    assert path_bound(w, links, cap) >= sum(w) + sum(sorted(links)[:max(m - 1, 0)])
+    assert path_bound(w, links, cap) >= sum(w) + sum(sorted(links)[: max(m - 1, 0)])
 
 
 def test_memory_cap_shortens_the_runs():
@@ -119,8 +129,9 @@ def test_memory_cap_shortens_the_runs():
     assert path_bound([1.0] * 4, [9.0, 9.0, 2.0], 4.0, [0.0, 1.0, 5.0, 5.0], 6.0) == 6.0
     assert path_bound([1.0] * 4, [9.0, 9.0, 2.0], 4.0, [1.0, 1.0, 5.0, 5.0], 6.0) == 15.0
     assert path_bound([1.0] * 2, [1.0], 4.0, [7.0, 1.0], 6.0) == math.inf
-    g = build_graph(list("abcd"), [1.0] * 4, list("abc"), list("bcd"), [9.0, 9.0, 2.0],
-                    memory=[0.0, 1.0, 5.0, 5.0], memory_cap=6.0)
+    g = build_graph(
+        list("abcd"), [1.0] * 4, list("abc"), list("bcd"), [9.0, 9.0, 2.0], memory=[0.0, 1.0, 5.0, 5.0], memory_cap=6.0
+    )
     assert path_cut_bound(g, 2, 4.0, 6.0) == 6.0
     ev = evaluate(g, np.array([0, 0, 0, 1]), 2, imbalance=1.0)  # cap 4; memory 11 <= 2 x 6
     assert ev["path_cut_bound"] == 6.0 and ev["makespan"] == 6.0
@@ -135,14 +146,17 @@ def test_no_partition_within_both_caps_beats_the_memory_bound(g, k, imbalance, d
     memory = np.array([float(data.draw(st.integers(0, 5))) for _ in range(g.n)])
     mem_cap = float(data.draw(st.integers(int(memory.max()), max(int(memory.sum()), 1))))
     cap = max((1 + imbalance) * float(g.cost.sum()) / k, float(g.cost.max()))
-    gm = build_graph(g.node_ids, g.cost, [g.node_ids[u] for u in g.src],
-                     [g.node_ids[v] for v in g.dst], g.edge_cost, memory=memory)
+    gm = build_graph(
+        g.node_ids, g.cost, [g.node_ids[u] for u in g.src], [g.node_ids[v] for v in g.dst], g.edge_cost, memory=memory
+    )
     bound = path_cut_bound(gm, k, cap, mem_cap)
     assert bound >= path_cut_bound(gm, k, cap)
     for p in itertools.product(range(k), repeat=g.n):
         part = np.array(p, dtype=np.int64)
-        if (device_loads(gm, part, k).max() <= cap * (1 + 1e-9)
-                and np.bincount(part, weights=memory, minlength=k).max() <= mem_cap):
+        if (
+            device_loads(gm, part, k).max() <= cap * (1 + 1e-9)
+            and np.bincount(part, weights=memory, minlength=k).max() <= mem_cap
+        ):
             assert makespan(gm, part) >= bound - 1e-9
 
 
@@ -165,14 +179,23 @@ def test_no_partition_within_the_caps_cuts_less_critical_cost_than_the_bound(g, 
     the memory cap) cuts critical edges costing at least the critical-cut bound."""
     memory = np.array([float(data.draw(st.integers(0, 5))) for _ in range(g.n)])
     mem_cap = float(data.draw(st.integers(int(memory.max()), max(int(memory.sum()), 1))))
-    gm = build_graph(g.node_ids, g.cost, [g.node_ids[u] for u in g.src],
-                     [g.node_ids[v] for v in g.dst], g.edge_cost, memory=memory, memory_cap=mem_cap)
+    gm = build_graph(
+        g.node_ids,
+        g.cost,
+        [g.node_ids[u] for u in g.src],
+        [g.node_ids[v] for v in g.dst],
+        g.edge_cost,
+        memory=memory,
+        memory_cap=mem_cap,
+    )
     cap = max((1 + imbalance) * float(g.cost.sum()) / k, float(g.cost.max()))
     bound = critical_cut_bound(gm, cap, mem_cap)
     for p in itertools.product(range(k), repeat=g.n):
         part = np.array(p, dtype=np.int64)
-        fits = (device_loads(gm, part, k).max() <= cap * (1 + 1e-9)
-                and np.bincount(part, weights=memory, minlength=k).max() <= mem_cap)
+        fits = (
+            device_loads(gm, part, k).max() <= cap * (1 + 1e-9)
+            and np.bincount(part, weights=memory, minlength=k).max() <= mem_cap
+        )
         if fits:
             assert evaluate(gm, part, k, imbalance)["critical_cut_cost"] >= bound - 1e-9
 
@@ -182,8 +205,7 @@ def test_colocated_link_is_never_cut():
     (the middle one cheapest). Alone, the bound cuts the middle link: 4 + 1 = 5 and a critical
     cut of 1. With operators 1 and 2 in one co-location class that link cannot be cut, so the
     runs are {0}, {1, 2}, {3}: 4 + 5 + 3 = 12, critical cut 8, which [0, 1, 1, 0] attains."""
-    g = build_graph(list("abcd"), [1.0] * 4, list("abc"), list("bcd"), [5.0, 1.0, 3.0],
-                    group=[-1, 7, 7, -1])
+    g = build_graph(list("abcd"), [1.0] * 4, list("abc"), list("bcd"), [5.0, 1.0, 3.0], group=[-1, 7, 7, -1])
     cluster = clusters_of(g)
     assert path_cut_bound(g, 2, 2.0) == 5.0 and critical_cut_bound(g, 2.0) == 1.0
     assert path_cut_bound(g, 2, 2.0, cluster=cluster) == 12.0
@@ -201,11 +223,11 @@ def test_no_colocated_partition_within_the_cap_beats_either_bound(g, k, imbalanc
     the cap: each has makespan >= the path-cut bound and critical cut cost >= the critical-cut
     bound, both computed with the classes."""
     group = [data.draw(st.integers(-1, 2)) for _ in range(g.n)]
-    gg = build_graph(g.node_ids, g.cost, [g.node_ids[u] for u in g.src],
-                     [g.node_ids[v] for v in g.dst], g.edge_cost, group=group)
+    gg = build_graph(
+        g.node_ids, g.cost, [g.node_ids[u] for u in g.src], [g.node_ids[v] for v in g.dst], g.edge_cost, group=group
+    )
     cluster = clusters_of(gg)
-    cap = max((1 + imbalance) * float(g.cost.sum()) / k,
-              float(np.bincount(cluster, weights=gg.cost).max()))
+    cap = max((1 + imbalance) * float(g.cost.sum()) / k, float(np.bincount(cluster, weights=gg.cost).max()))
     span_bound = path_cut_bound(gg, k, cap, cluster=cluster)
     cut_bound = critical_cut_bound(gg, cap, cluster=cluster)
     assert span_bound >= path_cut_bound(gg, k, cap)

@@ -9,8 +9,9 @@ from trainmaster.partition.critical import critical_path_without_transfers
 
 def diamond():
     # a -> b -> d and a -> c -> d; b is heavy so a-b-d is the critical path
-    return build_graph(["a", "b", "c", "d"], [1.0, 5.0, 2.0, 1.0],
-                       ["a", "a", "b", "c"], ["b", "c", "d", "d"], [1.0, 1.0, 1.0, 1.0])
+    return build_graph(
+        ["a", "b", "c", "d"], [1.0, 5.0, 2.0, 1.0], ["a", "a", "b", "c"], ["b", "c", "d", "d"], [1.0, 1.0, 1.0, 1.0]
+    )
 
 
 def test_levels_est_and_blevel_static():
@@ -41,16 +42,16 @@ def test_partition_aware_slack_charges_only_cut_edges():
     assert levels(g, part).length == 7.0
     assert edge_slack(g, part).tolist() == [0.0, 1.0, 0.0, 1.0]
     # make c heavy: now the cut branch decides the length
-    g2 = build_graph(["a", "b", "c", "d"], [1.0, 5.0, 5.0, 1.0],
-                     ["a", "a", "b", "c"], ["b", "c", "d", "d"], [1.0, 1.0, 1.0, 1.0])
+    g2 = build_graph(
+        ["a", "b", "c", "d"], [1.0, 5.0, 5.0, 1.0], ["a", "a", "b", "c"], ["b", "c", "d", "d"], [1.0, 1.0, 1.0, 1.0]
+    )
     assert levels(g2, part).length == 9.0
     assert critical_edges(g2, assignment=part).tolist() == [False, True, False, True]
 
 
 def test_user_labelled_critical_edges_are_kept():
     """Mechanism: users may label edges critical themselves."""
-    g = build_graph(["a", "b", "c"], [1.0, 1.0, 5.0], ["a", "a"], ["b", "c"], [0.0, 0.0],
-                    critical_label=[True, False])
+    g = build_graph(["a", "b", "c"], [1.0, 1.0, 5.0], ["a", "a"], ["b", "c"], [0.0, 0.0], critical_label=[True, False])
     assert critical_edges(g).tolist() == [True, True]
 
 
@@ -70,12 +71,10 @@ def test_slack_matches_brute_force_paths(seed):
     g = build_graph(list(range(n)), w, [e[0] for e in edges], [e[1] for e in edges], c)
 
     def longest_from(v):  # includes w[v]
-        return w[v] + max([c[i] + longest_from(b) for i, (a, b) in enumerate(edges) if a == v],
-                          default=0.0)
+        return w[v] + max([c[i] + longest_from(b) for i, (a, b) in enumerate(edges) if a == v], default=0.0)
 
     def longest_to(v):  # excludes w[v]
-        return max([longest_to(a) + w[a] + c[i] for i, (a, b) in enumerate(edges) if b == v],
-                   default=0.0)
+        return max([longest_to(a) + w[a] + c[i] for i, (a, b) in enumerate(edges) if b == v], default=0.0)
 
     L = max(longest_to(v) + longest_from(v) for v in range(n))
     expect = [L - (longest_to(a) + w[a] + c[i] + longest_from(b)) for i, (a, b) in enumerate(edges)]

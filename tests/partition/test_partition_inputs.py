@@ -31,10 +31,18 @@ def run_cli(args: list[str]) -> int:
 def valid_doc() -> dict:
     """A small diamond-shaped DAG in our format, valid as given."""
     return {
-        "nodes": [{"id": "in", "cost": 1.0, "memory": 4.0}, {"id": "a", "cost": 2.0, "memory": 8.0},
-                  {"id": "b", "cost": 3.0, "memory": 8.0}, {"id": "out", "cost": 1.0, "memory": 4.0}],
-        "edges": [{"src": "in", "dst": "a", "cost": 0.5}, {"src": "in", "dst": "b", "cost": 0.5},
-                  {"src": "a", "dst": "out", "cost": 0.25}, {"src": "b", "dst": "out", "cost": 0.25}],
+        "nodes": [
+            {"id": "in", "cost": 1.0, "memory": 4.0},
+            {"id": "a", "cost": 2.0, "memory": 8.0},
+            {"id": "b", "cost": 3.0, "memory": 8.0},
+            {"id": "out", "cost": 1.0, "memory": 4.0},
+        ],
+        "edges": [
+            {"src": "in", "dst": "a", "cost": 0.5},
+            {"src": "in", "dst": "b", "cost": 0.5},
+            {"src": "a", "dst": "out", "cost": 0.25},
+            {"src": "b", "dst": "out", "cost": 0.25},
+        ],
     }
 
 
@@ -126,15 +134,18 @@ def test_rounding_negative_is_zero_relative_to_scale():
         graph_from_dict(doc)
 
 
-@pytest.mark.parametrize("flags,named", [
-    (["--devices", "0"], "--devices 0"),
-    (["--devices", "-3"], "--devices -3"),
-    (["--devices", "2", "--bandwidth", "0"], "--bandwidth 0"),
-    (["--devices", "2", "--bandwidth", "-1e9"], "--bandwidth -1"),
-    (["--devices", "2", "--bandwidth", "nan"], "--bandwidth nan"),
-    (["--devices", "2", "--imbalance", "nan"], "--imbalance nan"),
-    (["--devices", "2", "--importer", "magic"], "--importer 'magic'"),
-])
+@pytest.mark.parametrize(
+    "flags,named",
+    [
+        (["--devices", "0"], "--devices 0"),
+        (["--devices", "-3"], "--devices -3"),
+        (["--devices", "2", "--bandwidth", "0"], "--bandwidth 0"),
+        (["--devices", "2", "--bandwidth", "-1e9"], "--bandwidth -1"),
+        (["--devices", "2", "--bandwidth", "nan"], "--bandwidth nan"),
+        (["--devices", "2", "--imbalance", "nan"], "--imbalance nan"),
+        (["--devices", "2", "--importer", "magic"], "--importer 'magic'"),
+    ],
+)
 def test_bad_flags_exit_2(flags, named, tmp_path, capsys):
     """Mechanism: flag validation (devices >= 1, bandwidth positive and finite) before loading."""
     file = tmp_path / "g.json"
@@ -171,20 +182,21 @@ def test_metis_c_output_never_reaches_stdout(method, tmp_path, capfd, caplog):
 
 _DELETE = object()
 _VALUES = st.one_of(
-    st.sampled_from([_DELETE, NAN, INF, -INF, -1.0, 0.0, 1e308, -1e-300, None, "x", "in", "out", "ghost",
-                     True, [], {}, 10**30]),
-    st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 5), st.text(max_size=3))
+    st.sampled_from(
+        [_DELETE, NAN, INF, -INF, -1.0, 0.0, 1e308, -1e-300, None, "x", "in", "out", "ghost", True, [], {}, 10**30]
+    ),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(-5, 5),
+    st.text(max_size=3),
+)
 _PATHS = st.one_of(
-    st.tuples(st.just("nodes"), st.integers(0, 3), st.sampled_from(["id", "cost", "memory",
-                                                                       "group"])),
-    st.tuples(st.just("edges"), st.integers(0, 3), st.sampled_from(["src", "dst", "cost",
-                                                                       "critical"])),
+    st.tuples(st.just("nodes"), st.integers(0, 3), st.sampled_from(["id", "cost", "memory", "group"])),
+    st.tuples(st.just("edges"), st.integers(0, 3), st.sampled_from(["src", "dst", "cost", "critical"])),
     st.tuples(st.sampled_from(["memory_cap", "nodes", "edges"])),
 )
 
 
-@settings(max_examples=40, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(mutations=st.lists(st.tuples(_PATHS, _VALUES), min_size=1, max_size=3))
 def test_random_mutations_load_or_exit_2(mutations, tmp_path, capsys):
     """Mechanism: input validation is total: any mutation (a field set to a random value or
@@ -213,11 +225,14 @@ def test_random_mutations_load_or_exit_2(mutations, tmp_path, capsys):
         assert code == 2 and "error:" in captured.err, captured.err
 
 
-@settings(max_examples=40, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(edits=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 2),
-                                st.sampled_from(list('0123456789-.eE"{}[],:NaInfty ab'))),
-                      min_size=1, max_size=4))
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    edits=st.lists(
+        st.tuples(st.integers(0, 10**6), st.integers(0, 2), st.sampled_from(list('0123456789-.eE"{}[],:NaInfty ab'))),
+        min_size=1,
+        max_size=4,
+    )
+)
 def test_random_text_edits_load_or_exit_2(edits, tmp_path, capsys):
     """Mechanism: input validation is total at the text level too: characters inserted, deleted
     or replaced anywhere in a valid graph file give a loaded graph or exit 2, never a traceback."""
@@ -227,9 +242,9 @@ def test_random_text_edits_load_or_exit_2(edits, tmp_path, capsys):
         if action == 0:
             text = text[:at] + char + text[at:]
         elif action == 1:
-            text = text[:at] + text[at + 1:]
+            text = text[:at] + text[at + 1 :]
         else:
-            text = text[:at] + char + text[at + 1:]
+            text = text[:at] + char + text[at + 1 :]
     file = tmp_path / "g.json"
     file.write_text(text)
     code = run_cli(["partition", str(file), "--devices", "2", "--json", "--method", "metis"])
@@ -253,11 +268,14 @@ def flops_of_one_forward(module, x) -> int:
     return counter.get_total_flops()
 
 
-@pytest.mark.parametrize("family,build,shape", [
-    ("mlp", mlp, (8, 64)),
-    ("cnn", lambda: inception(2, 8), (2, 3, 16, 16)),
-    ("transformer-encoder", encoder, (2, 16, 64)),
-])
+@pytest.mark.parametrize(
+    "family,build,shape",
+    [
+        ("mlp", mlp, (8, 64)),
+        ("cnn", lambda: inception(2, 8), (2, 3, 16, 16)),
+        ("transformer-encoder", encoder, (2, 16, 64)),
+    ],
+)
 def test_imported_flops_match_flop_counter(family, build, shape):
     """Mechanism: operator-level import (torch.export) counts the FLOPs that really run: the
     graph's total is within 10% of FlopCounterMode over one forward pass."""
@@ -289,8 +307,7 @@ def test_cli_default_importer_sees_inside_the_encoder():
     assert 0.9 <= graph.cost.sum() * DEFAULT_FLOPS_PER_SECOND / reference <= 1.1
 
 
-@pytest.mark.parametrize("name,shape", [("mlp", (8, 64)), ("inception", (2, 3, 16, 16)),
-                                        ("encoder", (2, 16, 64))])
+@pytest.mark.parametrize("name,shape", [("mlp", (8, 64)), ("inception", (2, 3, 16, 16)), ("encoder", (2, 16, 64))])
 def test_onnx_importer_route_flops(name, shape):
     """Mechanism: ``--importer onnx`` (ONNX export then the ONNX importer) from module:callable;
     its FLOPs within 15% of FlopCounterMode (ONNX spells LayerNorm and softmax as several
@@ -313,7 +330,8 @@ def test_untraceable_model_names_the_line(tmp_path, monkeypatch):
         "    def forward(self, x):\n"
         "        if x.sum() > 0:\n"
         "            return self.l(x)\n"
-        "        return x\n")
+        "        return x\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(UserError, match="cannot trace") as err:
         from_callable("branchy_model:Branchy", (2, 8), importer="fx")
@@ -326,13 +344,19 @@ def test_transformers_tiny_configs_flops(family):
     weights, no download) within 10% of FlopCounterMode; skipped where transformers is absent."""
     transformers = pytest.importorskip("transformers", reason="transformers is not installed")
     if family == "gpt2":
-        config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=128,
-                                         n_positions=32, use_cache=False)
+        config = transformers.GPT2Config(
+            n_layer=2, n_head=2, n_embd=64, vocab_size=128, n_positions=32, use_cache=False
+        )
         model = transformers.GPT2Model(config)
     else:
-        config = transformers.BertConfig(num_hidden_layers=2, num_attention_heads=2,
-                                         hidden_size=64, intermediate_size=128, vocab_size=128,
-                                         max_position_embeddings=32)
+        config = transformers.BertConfig(
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            hidden_size=64,
+            intermediate_size=128,
+            vocab_size=128,
+            max_position_embeddings=32,
+        )
         model = transformers.BertModel(config)
     model = model.eval()
     ids = torch.randint(0, 128, (1, 16))

@@ -12,10 +12,19 @@ from trainmaster.partition.importers import from_module, from_onnx
 from trainmaster.partition.io import data_graphs, shared_data_dir
 
 PROFILED = {
-    "maxSizePerFPGA": 100.0, "maxFPGAs": 2, "maxCPUs": 1,
+    "maxSizePerFPGA": 100.0,
+    "maxFPGAs": 2,
+    "maxCPUs": 1,
     "nodes": [
-        {"id": 1, "fpgaLatency": 1.0, "cpuLatency": 9, "size": 10.0, "colorClass": 1,
-         "supportedOnFpga": 1, "isBackwardNode": False},
+        {
+            "id": 1,
+            "fpgaLatency": 1.0,
+            "cpuLatency": 9,
+            "size": 10.0,
+            "colorClass": 1,
+            "supportedOnFpga": 1,
+            "isBackwardNode": False,
+        },
         {"id": 2, "fpgaLatency": 2.0, "cpuLatency": 9, "size": 20.0, "colorClass": 7},
         {"id": 3, "fpgaLatency": 3.0, "cpuLatency": 9, "size": 30.0, "colorClass": 7},
     ],
@@ -41,12 +50,15 @@ def test_our_format_roundtrip(tmp_path):
     assert (h.group[1] == h.group[2]) and h.memory_cap == 100.0
 
 
-@pytest.mark.parametrize("doc,msg", [
-    ({"nodes": [{"id": "a"}, {"id": "b"}], "edges": [{"src": "a", "dst": "b"}, {"src": "b", "dst": "a"}]}, "cycle"),
-    ({"nodes": [{"id": "a"}], "edges": [{"src": "a", "dst": "zz"}]}, "unknown node"),
-    ({"nodes": [{"id": "a"}], "edges": [{"src": "a", "dst": "a"}]}, "cycle"),
-    ({"edges": []}, "nodes"),
-])
+@pytest.mark.parametrize(
+    "doc,msg",
+    [
+        ({"nodes": [{"id": "a"}, {"id": "b"}], "edges": [{"src": "a", "dst": "b"}, {"src": "b", "dst": "a"}]}, "cycle"),
+        ({"nodes": [{"id": "a"}], "edges": [{"src": "a", "dst": "zz"}]}, "unknown node"),
+        ({"nodes": [{"id": "a"}], "edges": [{"src": "a", "dst": "a"}]}, "cycle"),
+        ({"edges": []}, "nodes"),
+    ],
+)
 def test_invalid_graphs_are_user_errors(doc, msg):
     """Mechanism: invalid graphs (cycles, unknown node ids) give a clear error."""
     with pytest.raises(UserError, match=msg):
@@ -56,8 +68,9 @@ def test_invalid_graphs_are_user_errors(doc, msg):
 def test_data_graphs_load_when_present():
     """Mechanism: the shared profiled graphs load (skipped where ../shared is absent)."""
     if shared_data_dir() is None:
-        pytest.skip("shared data folder ../shared/data/dnn-partitioning is absent "
-                    "(set TRAINMASTER_SHARED_DATA to use it)")
+        pytest.skip(
+            "shared data folder ../shared/data/dnn-partitioning is absent (set TRAINMASTER_SHARED_DATA to use it)"
+        )
     files = data_graphs()
     assert len(files) >= 8
     for f in files:
@@ -98,8 +111,9 @@ def test_export_importer():
 def test_onnx_importer(tmp_path):
     """Mechanism: ONNX loader with shape-inferred FLOP and tensor-byte costs."""
     path = tmp_path / "m.onnx"
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(),
-                                torch.nn.Linear(8 * 6 * 6, 10))
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 10)
+    )
     torch.onnx.export(model, (torch.randn(1, 3, 8, 8),), str(path), dynamo=False)
     g = from_onnx(path, bandwidth=1.0, flops_per_second=1.0)
     ops = g.names
@@ -124,34 +138,53 @@ def test_cli_out_and_json(tmp_path, capsys):
     path.write_text(json.dumps(PROFILED))
     for method in ("trainmaster", "patent", "metis", "kahip"):
         out = tmp_path / f"{method}.json"
-        code, cap = run_cli(["partition", str(path), "--devices", "2", "--method", method,
-                             "--out", str(out), "--json"], capsys)
+        code, cap = run_cli(
+            ["partition", str(path), "--devices", "2", "--method", method, "--out", str(out), "--json"], capsys
+        )
         assert code == 0, cap.err
         metrics = json.loads(cap.out)
         doc = json.loads(out.read_text())
         assert set(doc["assignment"]) == {"1", "2", "3"}
         assert doc["assignment"]["2"] == doc["assignment"]["3"]  # colorClass 7
-        for key in ("critical_cut_count", "critical_cut_cost", "cut_count", "cut_cost",
-                    "max_load", "avg_load", "memory_per_device", "makespan",
-                    "device_graph_acyclic", "partition_seconds"):
+        for key in (
+            "critical_cut_count",
+            "critical_cut_cost",
+            "cut_count",
+            "cut_cost",
+            "max_load",
+            "avg_load",
+            "memory_per_device",
+            "makespan",
+            "device_graph_acyclic",
+            "partition_seconds",
+        ):
             assert key in metrics
 
 
 def test_cli_module_callable(capsys):
     """Mechanism: GRAPH as module:callable with --input-shape."""
-    code, cap = run_cli(["partition", "trainmaster.partition.models:inception", "-k", "2",
-                         "--input-shape", "1,3,16,16", "--json"], capsys)
+    code, cap = run_cli(
+        ["partition", "trainmaster.partition.models:inception", "-k", "2", "--input-shape", "1,3,16,16", "--json"],
+        capsys,
+    )
     assert code == 0, cap.err
     metrics = json.loads(cap.out)
     assert metrics["nodes"] > 30 and metrics["makespan"] > 0
 
 
-@pytest.mark.parametrize("doc,args,msg", [
-    ({"nodes": [{"id": "a"}, {"id": "b"}], "edges": [{"src": "a", "dst": "b"}, {"src": "b", "dst": "a"}]}, [], "cycle"),
-    ({"nodes": [{"id": "a"}], "edges": [{"src": "a", "dst": "q"}]}, [], "unknown node"),
-    (PROFILED, ["--devices", "5"], "larger than"),
-    (PROFILED, ["--method", "nope"], "unknown method"),
-])
+@pytest.mark.parametrize(
+    "doc,args,msg",
+    [
+        (
+            {"nodes": [{"id": "a"}, {"id": "b"}], "edges": [{"src": "a", "dst": "b"}, {"src": "b", "dst": "a"}]},
+            [],
+            "cycle",
+        ),
+        ({"nodes": [{"id": "a"}], "edges": [{"src": "a", "dst": "q"}]}, [], "unknown node"),
+        (PROFILED, ["--devices", "5"], "larger than"),
+        (PROFILED, ["--method", "nope"], "unknown method"),
+    ],
+)
 def test_cli_invalid_input_exits_2(tmp_path, capsys, doc, args, msg):
     """Mechanism: invalid graphs / k > nodes get a clear error and exit code 2."""
     path = tmp_path / "bad.json"
@@ -167,14 +200,16 @@ def test_cli_on_every_data_graph_all_methods(tmp_path, capsys):
     (skipped where ../shared/data/dnn-partitioning is absent)."""
     files = data_graphs()
     if not files:
-        pytest.skip("shared data folder ../shared/data/dnn-partitioning is absent "
-                    "(set TRAINMASTER_SHARED_DATA to use it)")
+        pytest.skip(
+            "shared data folder ../shared/data/dnn-partitioning is absent (set TRAINMASTER_SHARED_DATA to use it)"
+        )
     for f in files:
         ids = {str(n["id"]) for n in json.loads(f.read_text())["nodes"]}
         for method in ("trainmaster", "patent", "metis", "kahip"):
             out = tmp_path / f"{f.stem}-{method}.json"
-            code, cap = run_cli(["partition", str(f), "--devices", "4", "--method", method,
-                                 "--out", str(out), "--json"], capsys)
+            code, cap = run_cli(
+                ["partition", str(f), "--devices", "4", "--method", method, "--out", str(out), "--json"], capsys
+            )
             assert code == 0, cap.err
             doc = json.loads(out.read_text())
             assert set(doc["assignment"]) == ids

@@ -25,8 +25,14 @@ def random_dag(seed: int, n: int, groups: bool = True, p: float = 0.15):
         for gid in range(n // 8):
             for v in rng.choice(n, 2, replace=False):
                 group[int(v)] = gid
-    return build_graph(list(range(n)), rng.uniform(0.1, 3.0, n), [e[0] for e in edges],
-                       [e[1] for e in edges], rng.uniform(0.0, 2.0, len(edges)), group=group)
+    return build_graph(
+        list(range(n)),
+        rng.uniform(0.1, 3.0, n),
+        [e[0] for e in edges],
+        [e[1] for e in edges],
+        rng.uniform(0.0, 2.0, len(edges)),
+        group=group,
+    )
 
 
 def brute_force_best_cut(cg, k, cap):
@@ -39,8 +45,11 @@ def brute_force_best_cut(cg, k, cap):
 
 
 @settings(max_examples=12, deadline=None)
-@given(seed=st.integers(0, 10_000), k=st.sampled_from([2, 3, 4]),
-       method=st.sampled_from(["trainmaster", "patent", "metis", "kahip"]))
+@given(
+    seed=st.integers(0, 10_000),
+    k=st.sampled_from([2, 3, 4]),
+    method=st.sampled_from(["trainmaster", "patent", "metis", "kahip"]),
+)
 def test_colocation_always_respected_and_ours_balanced(seed, k, method):
     """Mechanism: co-location classes share a device (all methods); balance cap holds (ours, patent)."""
     g = random_dag(seed, 40)
@@ -140,8 +149,11 @@ def test_ilp_matches_brute_force_on_tiny_graph():
     def ccut(a):
         return g.edge_cost[crit & (a[g.src] != a[g.dst])].sum()
 
-    best = min(ccut(np.array(c)) for c in itertools.product(range(2), repeat=9)
-               if np.bincount(np.array(c), weights=g.cost, minlength=2).max() <= cap + 1e-9)
+    best = min(
+        ccut(np.array(c))
+        for c in itertools.product(range(2), repeat=9)
+        if np.bincount(np.array(c), weights=g.cost, minlength=2).max() <= cap + 1e-9
+    )
     assert res.notes["optimal"]
     assert ccut(res.assignment) == pytest.approx(best)
 
@@ -163,8 +175,9 @@ def test_trainmaster_trades_makespan_for_critical_cut_and_beats_plain_metis():
         assert ours.notes["makespan"] == pytest.approx(ev_o["makespan"])
         cands = ours.notes["candidates"]
         assert cands["metis-plain"]["makespan"] == pytest.approx(ev_t["makespan"])
-        eligible = [c for c in cands.values() if c["overload"] == 0.0
-                    and c["makespan"] <= cands["metis-plain"]["makespan"]]
+        eligible = [
+            c for c in cands.values() if c["overload"] == 0.0 and c["makespan"] <= cands["metis-plain"]["makespan"]
+        ]
         if ours.notes["chosen"].endswith("+low-cut"):
             low_cut += 1
             assert ev_o["critical_cut_cost"] < ev_t["critical_cut_cost"]
@@ -200,8 +213,7 @@ def test_split_sequence_is_the_cheapest_contiguous_split():
         cross = np.concatenate([[0.0], rng.uniform(0.0, 3.0, c - 1), [0.0]])
         cap = float(load.sum() / k * 1.2)
         best = np.inf
-        for cuts in itertools.chain.from_iterable(
-                itertools.combinations(range(1, c), r) for r in range(k)):
+        for cuts in itertools.chain.from_iterable(itertools.combinations(range(1, c), r) for r in range(k)):
             bounds = [0, *cuts, c]
             if all(load[a:b].sum() <= cap for a, b in zip(bounds, bounds[1:])):
                 best = min(best, sum(cross[p] for p in cuts))
@@ -252,9 +264,12 @@ def test_final_choice_least_overload_not_slower_than_metis_then_makespan_plus_cu
     a_costly, a_cheap, a_both = np.array([0, 1, 1]), np.array([0, 0, 1]), np.array([0, 1, 0])
     # score = makespan + CUT_PENALTY x cut: a fast costly cut beats a slow cheap one ...
     slow = 9.0 + CUT_PENALTY * 2.0 + 0.5
-    scored = [(0.0, 10.0 + 6.0 * CUT_PENALTY, "metis-plain", a_both),
-              (0.0, 9.0, "list", a_costly), (0.0, slow, "cpop", a_cheap),
-              (0.5, 1.0, "over", a_cheap)]
+    scored = [
+        (0.0, 10.0 + 6.0 * CUT_PENALTY, "metis-plain", a_both),
+        (0.0, 9.0, "list", a_costly),
+        (0.0, slow, "cpop", a_cheap),
+        (0.5, 1.0, "over", a_cheap),
+    ]
     assert choose(scored) == "list"
     # ... and a cheap cut beats a costly one that is faster by less than the penalty difference
     scored[2] = (0.0, slow - 1.0, "cpop", a_cheap)
@@ -282,9 +297,13 @@ def test_low_cut_start_is_the_fastest_candidate_cutting_less_than_metis():
         return cuts[c.name]
 
     none = np.zeros(0, dtype=np.int64)
-    scored = [Candidate(0.0, 10.0, "metis-plain", none), Candidate(0.0, 8.0, "list", none),
-              Candidate(0.0, 12.0, "cpop", none), Candidate(0.0, 11.0, "acyclic", none),
-              Candidate(0.2, 1.0, "over", none)]
+    scored = [
+        Candidate(0.0, 10.0, "metis-plain", none),
+        Candidate(0.0, 8.0, "list", none),
+        Candidate(0.0, 12.0, "cpop", none),
+        Candidate(0.0, 11.0, "acyclic", none),
+        Candidate(0.2, 1.0, "over", none),
+    ]
     metis = scored[:1]
     low = _low_cut_start(scored, cut_of, metis, chosen_cut=5.0)
     assert low is not None and low.name == "acyclic"
@@ -325,8 +344,9 @@ def test_list_schedule_cuts_a_penalised_edge_only_when_that_saves_more_than_the_
     # u -> v -> t is the critical path (6.0), u -> w -> t the other branch (5.9); every
     # transfer costs 0.5. Unpenalised, t finishes at 5.5 on w's device (cutting v -> t)
     # instead of 5.9 on v's: a saving of 0.4.
-    g = build_graph(["u", "v", "w", "t"], [1.0, 3.0, 2.9, 1.0], ["u", "u", "v", "w"],
-                    ["v", "w", "t", "t"], [0.5, 0.5, 0.5, 0.5])
+    g = build_graph(
+        ["u", "v", "w", "t"], [1.0, 3.0, 2.9, 1.0], ["u", "u", "v", "w"], ["v", "w", "t", "t"], [0.5, 0.5, 0.5, 0.5]
+    )
     cg = cluster_graph(g, clusters_of(g), g.edge_cost)
     lv = levels(g)
     crit = critical_edges(g, lv=lv)
@@ -345,8 +365,7 @@ def test_packed_is_longest_processing_time_first_within_both_caps():
     loaded device with room on the load and memory caps (the first such device on ties)."""
     from trainmaster.partition.initial import packed
 
-    g = build_graph(list(range(5)), [5.0, 4.0, 3.0, 2.0, 2.0], [], [], [],
-                    memory=[1.0, 1.0, 1.0, 2.0, 9.0])
+    g = build_graph(list(range(5)), [5.0, 4.0, 3.0, 2.0, 2.0], [], [], [], memory=[1.0, 1.0, 1.0, 2.0, 9.0])
     cg = cluster_graph(g, clusters_of(g), g.edge_cost)
     # by load: 5 -> d0, 4 -> d1, 3 -> d1 (7), 2 -> d0 (7), 2 -> d0 (first of the tie) -> d0 = 9
     assert packed(cg, 2, 9.0).tolist() == [0, 1, 1, 0, 0]
@@ -393,8 +412,9 @@ def _memory_graph(memory, cost=None, edges=()):
     """Isolated or lightly linked clusters with given memory (cost 1 each unless given)."""
     n = len(memory)
     cost = [1.0] * n if cost is None else cost
-    g = build_graph(list(range(n)), cost, [e[0] for e in edges], [e[1] for e in edges],
-                    [1.0] * len(edges), memory=memory)
+    g = build_graph(
+        list(range(n)), cost, [e[0] for e in edges], [e[1] for e in edges], [1.0] * len(edges), memory=memory
+    )
     return cluster_graph(g, clusters_of(g), g.edge_cost)
 
 

@@ -50,16 +50,16 @@ def test_loosened_imbalance_makes_the_same_graph_feasible(deep_mlp):
     assert ours.feasible and ours.overload == 0.0
     metis = partition(g, k, "metis", imbalance=reached)
     if metis.feasible:
-        assert (evaluate(g, ours.assignment, k, reached)["makespan"]
-                <= evaluate(g, metis.assignment, k, reached)["makespan"] * (1 + 1e-9))
+        assert evaluate(g, ours.assignment, k, reached)["makespan"] <= evaluate(g, metis.assignment, k, reached)[
+            "makespan"
+        ] * (1 + 1e-9)
 
 
 def test_feasible_candidate_beats_a_faster_one_over_the_cap():
     """Mechanism: balance is a constraint, not a cost: on a chain whose transfers cost more than
     its compute, the fastest partition keeps it on one device (twice the average load); at
     imbalance 0.05 ours splits it (slower, within the cap), at imbalance 1.0 it keeps it whole."""
-    g = build_graph(["a", "b", "c", "d"], [1.0, 1.0, 1.0, 1.0], ["a", "b", "c"], ["b", "c", "d"],
-                    [10.0, 10.0, 10.0])
+    g = build_graph(["a", "b", "c", "d"], [1.0, 1.0, 1.0, 1.0], ["a", "b", "c"], ["b", "c", "d"], [10.0, 10.0, 10.0])
     strict = partition(g, 2, imbalance=0.05)
     assert strict.feasible
     assert np.bincount(strict.assignment, weights=g.cost, minlength=2).max() <= 2.1

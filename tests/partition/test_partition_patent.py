@@ -3,8 +3,7 @@
 import numpy as np
 
 from trainmaster.partition import build_graph, critical_edges, evaluate, partition
-from trainmaster.partition.patent import (boundary_nodes, gains, group_operators,
-                                          patent_partition, random_initial)
+from trainmaster.partition.patent import boundary_nodes, gains, group_operators, patent_partition, random_initial
 from trainmaster.partition.simulate import load_cap
 
 
@@ -67,10 +66,14 @@ def test_patent_method_respects_balance_on_random_graphs():
     """Mechanism: balance is a hard constraint for the patent method's moves."""
     rng = np.random.default_rng(1)
     n = 50
-    edges = sorted({(int(u), int(u) + int(d)) for u, d in zip(rng.integers(0, n - 5, 120),
-                                                              rng.integers(1, 5, 120))})
-    g = build_graph(list(range(n)), rng.uniform(0.5, 2, n), [e[0] for e in edges],
-                    [e[1] for e in edges], rng.uniform(0, 1, len(edges)))
+    edges = sorted({(int(u), int(u) + int(d)) for u, d in zip(rng.integers(0, n - 5, 120), rng.integers(1, 5, 120))})
+    g = build_graph(
+        list(range(n)),
+        rng.uniform(0.5, 2, n),
+        [e[0] for e in edges],
+        [e[1] for e in edges],
+        rng.uniform(0, 1, len(edges)),
+    )
     for k in (2, 4):
         res = partition(g, k, "patent", seed=2)
         ev = evaluate(g, res.assignment, k)

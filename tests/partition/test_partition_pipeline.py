@@ -16,9 +16,10 @@ from trainmaster.frameworks import get_framework
 def test_pipeline_framework_validates_params():
     """Mechanism: the pipeline framework's roles and parameters are checked before running."""
     fw = get_framework("pipeline")
-    errors = fw.validate({"frameworkParams": {"model": "nocolon", "bogus": 1,
-                                              "methods": ["nope"]}},
-                         [{"name": "stage", "replicas": 2}, {"name": "driver", "replicas": 2}])
+    errors = fw.validate(
+        {"frameworkParams": {"model": "nocolon", "bogus": 1, "methods": ["nope"]}},
+        [{"name": "stage", "replicas": 2}, {"name": "driver", "replicas": 2}],
+    )
     text = "\n".join(errors)
     assert "model" in text and "bogus" in text and "nope" in text and "exactly 1" in text
     assert fw.validate({}, [{"name": "stage"}, {"name": "driver"}]) == []
@@ -28,19 +29,33 @@ def test_pipeline_framework_validates_params():
 def test_pipeline_runs_under_controller(tmp_path: Path):
     """Mechanism: stages as controller roles run a torch.fx split of a real model for our
     partition and METIS's, k = 2; every output equals the unsplit model's."""
-    job = {"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": {"name": "pipe-test"},
-           "spec": {"framework": "pipeline",
-                    "frameworkParams": {"model": "trainmaster.partition.models:inception",
-                                        "input_shape": [1, 3, 16, 16], "samples": 4,
-                                        "methods": ["trainmaster", "metis"]},
-                    "roles": [{"name": "stage", "replicas": 2}, {"name": "driver"}],
-                    "output": {"path": str(tmp_path / "out")}}}
+    job = {
+        "apiVersion": "trainmaster/v1",
+        "kind": "Job",
+        "metadata": {"name": "pipe-test"},
+        "spec": {
+            "framework": "pipeline",
+            "frameworkParams": {
+                "model": "trainmaster.partition.models:inception",
+                "input_shape": [1, 3, 16, 16],
+                "samples": 4,
+                "methods": ["trainmaster", "metis"],
+            },
+            "roles": [{"name": "stage", "replicas": 2}, {"name": "driver"}],
+            "output": {"path": str(tmp_path / "out")},
+        },
+    }
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job))
     env = {**os.environ, "TRAINMASTER_HOME": str(tmp_path / "home")}
-    proc = subprocess.run([sys.executable, "-m", "trainmaster", "run", str(path), "--interval",
-                           "0.2", "--json"], capture_output=True, text=True, env=env,
-                          cwd=tmp_path, timeout=270)
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainmaster", "run", str(path), "--interval", "0.2", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=270,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "pipeline.json").read_text())
     assert report["k"] == 2 and set(report["runs"]) == {"trainmaster", "metis"}
@@ -91,9 +106,17 @@ def test_local_pipeline_with_measured_costs_and_emulated_links():
     link of every cut the sample crosses)."""
     from trainmaster.partition.pipeline import PipelineRun, run_local
 
-    run = PipelineRun(model="trainmaster.partition.models:mlp", input_shape=(4, 64), samples=3,
-                      latency_samples=3, costs="measured", emulate_link=True, bandwidth=1e7,
-                      latency=0.02, profile_runs=2)
+    run = PipelineRun(
+        model="trainmaster.partition.models:mlp",
+        input_shape=(4, 64),
+        samples=3,
+        latency_samples=3,
+        costs="measured",
+        emulate_link=True,
+        bandwidth=1e7,
+        latency=0.02,
+        profile_runs=2,
+    )
     report = run_local(run, 2, timeout=120)
     assert report["cost_model"]["costs"] == "measured" and report["emulated_link"] is True
     for method in ("trainmaster", "metis"):
@@ -107,6 +130,7 @@ def test_local_pipeline_with_measured_costs_and_emulated_links():
 def test_pipeline_framework_checks_costs_and_tracer():
     """Mechanism: the pipeline framework refuses unknown cost and tracer choices."""
     fw = get_framework("pipeline")
-    errors = "\n".join(fw.validate({"frameworkParams": {"costs": "guess", "tracer": "jit"}},
-                                   [{"name": "stage"}, {"name": "driver"}]))
+    errors = "\n".join(
+        fw.validate({"frameworkParams": {"costs": "guess", "tracer": "jit"}}, [{"name": "stage"}, {"name": "driver"}])
+    )
     assert "costs" in errors and "tracer" in errors

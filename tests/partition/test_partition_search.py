@@ -47,8 +47,15 @@ def memory_heavy_chain():
     """A chain whose memory sits at the front: a cost-balanced split overflows device 0."""
     n = 40
     memory = [10.0] * 10 + [0.1] * 30
-    return build_graph(list(range(n)), [1.0] * n, list(range(n - 1)), list(range(1, n)),
-                       [1.0] * (n - 1), memory=memory, memory_cap=60.0)
+    return build_graph(
+        list(range(n)),
+        [1.0] * n,
+        list(range(n - 1)),
+        list(range(1, n)),
+        [1.0] * (n - 1),
+        memory=memory,
+        memory_cap=60.0,
+    )
 
 
 def test_memory_cap_is_hard_for_ours_and_reported_for_every_method():
@@ -85,15 +92,13 @@ def test_guarded_descent_never_raises_the_guarded_cut():
         base = clusters_of(g)
         k = 4
         start = np.arange(g.n) * k // g.n
-        cap = max(load_cap(g, k, 0.05, base),
-                  float(np.bincount(start, weights=g.cost, minlength=k).max()))
+        cap = max(load_cap(g, k, 0.05, base), float(np.bincount(start, weights=g.cost, minlength=k).max()))
         guarded = g.edge_cost * critical_edges(g)
 
         def cut(a):
             return float(guarded[a[g.src] != a[g.dst]].sum())
 
-        part, span, _ = makespan_descent(g, start, k, cap, float("inf"), [base], 30,
-                                         guarded=guarded)
+        part, span, _ = makespan_descent(g, start, k, cap, float("inf"), [base], 30, guarded=guarded)
         assert cut(part) <= cut(start) + 1e-9
         assert span <= makespan(g, start) + 1e-9
 
@@ -132,8 +137,15 @@ def test_descent_swaps_a_cluster_back_when_the_memory_cap_refuses_a_move():
     # a -> b -> c is the long chain (costs 4; transfers 5 then 0.5); x, y, z are fillers
     # (cost 1). Memory 3 each, cap 9: device 0 holds {a, x, y}, device 1 {b, c, z}, both full,
     # so every single move overflows one; a swap (e.g. b for x) removes the dear a -> b transfer
-    g = build_graph(["a", "b", "c", "x", "y", "z"], [4.0, 4.0, 4.0, 1.0, 1.0, 1.0],
-                    ["a", "b"], ["b", "c"], [5.0, 0.5], memory=[3.0] * 6, memory_cap=9.0)
+    g = build_graph(
+        ["a", "b", "c", "x", "y", "z"],
+        [4.0, 4.0, 4.0, 1.0, 1.0, 1.0],
+        ["a", "b"],
+        ["b", "c"],
+        [5.0, 0.5],
+        memory=[3.0] * 6,
+        memory_cap=9.0,
+    )
     base = clusters_of(g)
     start = np.array([0, 1, 1, 0, 0, 1])
     cap, mem_cap = 14.0, 9.0

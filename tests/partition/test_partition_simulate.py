@@ -9,8 +9,9 @@ from trainmaster.partition.simulate import device_graph_acyclic, lower_bound, sc
 
 def fork_join():
     # s -> x, s -> y, x -> t, y -> t ; transfers cost 2
-    return build_graph(["s", "x", "y", "t"], [1.0, 4.0, 3.0, 1.0],
-                       ["s", "s", "x", "y"], ["x", "y", "t", "t"], [2.0, 2.0, 2.0, 2.0])
+    return build_graph(
+        ["s", "x", "y", "t"], [1.0, 4.0, 3.0, 1.0], ["s", "s", "x", "y"], ["x", "y", "t", "t"], [2.0, 2.0, 2.0, 2.0]
+    )
 
 
 def test_single_device_runs_everything_back_to_back():
@@ -112,8 +113,7 @@ def test_trial_simulator_matches_full_simulation_and_stops_only_when_hopeless():
             trial = part.copy()
             trial[moved] = (trial[moved] + rng.integers(1, k, len(moved))) % k
             full = schedule(g, trial)[1]
-            for limit in (float("inf"), max(finish), float(full.max()) + 1e-6,
-                          float(full.max()) * 0.9):
+            for limit in (float("inf"), max(finish), float(full.max()) + 1e-6, float(full.max()) * 0.9):
                 span, fin = sim.run(trial.tolist(), moved.tolist(), limit)
                 if fin is None:
                     stopped += 1
@@ -169,8 +169,7 @@ def test_trial_simulator_incremental_checkpoints_equal_fresh_ones():
         sim.set(trial, fin, moved)
         fresh = TrialSimulator(g, k)
         fresh.set(trial, fin)
-        assert (sim.free_at, sim.done_at, sim.total) == (fresh.free_at, fresh.done_at,
-                                                          fresh.total)
+        assert (sim.free_at, sim.done_at, sim.total) == (fresh.free_at, fresh.done_at, fresh.total)
         assert fin == schedule(g, np.asarray(trial))[1].tolist()
         part = trial
 
@@ -192,8 +191,13 @@ def test_static_critical_chain_falls_back_where_recomputed_starts_are_out_of_ord
             for u in rng.choice(v, size=min(v, int(rng.integers(1, 3))), replace=False):
                 src.append(int(u))
                 dst.append(v)
-        g = build_graph(list(range(n)), (rng.integers(0, 4, n) / 10.0).tolist(), src, dst,
-                        (rng.integers(0, 3, len(src)) / 10.0).tolist())
+        g = build_graph(
+            list(range(n)),
+            (rng.integers(0, 4, n) / 10.0).tolist(),
+            src,
+            dst,
+            (rng.integers(0, 3, len(src)) / 10.0).tolist(),
+        )
         if static_order(g) is None:
             continue
         part = rng.integers(0, 2, n)

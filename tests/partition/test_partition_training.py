@@ -95,19 +95,25 @@ def test_cli_training_switch(tmp_path, capsys):
     spec = "trainmaster.partition.models:mlp"
     code, out, _ = run(["partition", spec, "-k", "2", "--input-shape", "8,64", "--json"], capsys)
     forward_nodes = json.loads(out)["nodes"]
-    code, out, err = run(["partition", spec, "-k", "2", "--input-shape", "8,64", "--json",
-                          "--training"], capsys)
+    code, out, err = run(["partition", spec, "-k", "2", "--input-shape", "8,64", "--json", "--training"], capsys)
     assert code == 0, err
     metrics = json.loads(out)
     assert metrics["nodes"] > 3 * forward_nodes and metrics["feasible"] is True
     file = tmp_path / "g.json"
-    file.write_text(json.dumps({"nodes": [{"id": "a", "cost": 1.0}, {"id": "b", "cost": 1.0}],
-                                "edges": [{"src": "a", "dst": "b", "cost": 1.0}]}))
+    file.write_text(
+        json.dumps(
+            {
+                "nodes": [{"id": "a", "cost": 1.0}, {"id": "b", "cost": 1.0}],
+                "edges": [{"src": "a", "dst": "b", "cost": 1.0}],
+            }
+        )
+    )
     code, _, err = run(["partition", str(file), "-k", "2", "--training"], capsys)
     assert code == 2 and "--training needs a model given as module:callable" in err
     assert "Traceback" not in err
-    code, _, err = run(["partition", spec, "-k", "2", "--input-shape", "8,64", "--training",
-                        "--importer", "fx"], capsys)
+    code, _, err = run(
+        ["partition", spec, "-k", "2", "--input-shape", "8,64", "--training", "--importer", "fx"], capsys
+    )
     assert code == 2 and "--importer fx cannot" in err.replace("\n", " ")
 
 

@@ -25,16 +25,19 @@ def free_port() -> int:
 class ThreadedServer:
     """``with ThreadedServer(tmp, reconcile=...) as url:`` serves until the block ends."""
 
-    def __init__(self, root: Path, reconcile: bool = False, options: ServiceOptions | None = None,
-                 interval: float = 0.1):
+    def __init__(
+        self, root: Path, reconcile: bool = False, options: ServiceOptions | None = None, interval: float = 0.1
+    ):
         url = f"sqlite:///{root / 'store.db'}"
-        self.controller = Controller(session_factory(make_engine(url)), LocalBackend(), url,
-                                     interval=interval, grace=2, runs_dir=root / "runs")
+        self.controller = Controller(
+            session_factory(make_engine(url)), LocalBackend(), url, interval=interval, grace=2, runs_dir=root / "runs"
+        )
         self.app = create_app(self.controller, reconcile=reconcile, options=options)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port,
-                                                    log_level="warning", lifespan="on"))
+        self.server = uvicorn.Server(
+            uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        )
         self.thread = threading.Thread(target=self.server.run, name="api-server", daemon=True)
 
     def __enter__(self) -> str:

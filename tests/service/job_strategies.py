@@ -14,13 +14,20 @@ from trainmaster.spec.model import Job
 JsonValue = Any
 
 SCALARS = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(10**40), max_value=10**40),
-    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=40),
-    st.sampled_from(["", "\x00", "a" * 5000, "../../etc", "/", "12345", "~", "{}", "Always", "pytorch"]))
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(10**40), max_value=10**40),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=40),
+    st.sampled_from(["", "\x00", "a" * 5000, "../../etc", "/", "12345", "~", "{}", "Always", "pytorch"]),
+)
 #: Values of the wrong type for almost any field: what breaks code that trusts a document's shape.
 WRONG_TYPES = st.sampled_from([[], {}, [[]], [{}], {"a": []}, "x", 10**30, -1, 0, None, True, 1.5, "\x00"])
-ANY_JSON = st.recursive(SCALARS, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=4)), max_leaves=12)
+ANY_JSON = st.recursive(
+    SCALARS,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=4)),
+    max_leaves=12,
+)
 
 
 def from_schema(schema: dict[str, Any], defs: dict[str, Any], depth: int = 0) -> st.SearchStrategy[JsonValue]:
@@ -43,7 +50,8 @@ def from_schema(schema: dict[str, Any], defs: dict[str, Any], depth: int = 0) ->
         required = set(schema.get("required", []))
         return st.fixed_dictionaries(
             {k: from_schema(v, defs, depth + 1) for k, v in properties.items() if k in required},
-            optional={k: from_schema(v, defs, depth + 1) for k, v in properties.items() if k not in required})
+            optional={k: from_schema(v, defs, depth + 1) for k, v in properties.items() if k not in required},
+        )
     if kind == "array":
         items = from_schema(schema.get("items", {}), defs, depth + 1)
         return st.lists(items, min_size=schema.get("minItems", 0), max_size=min(schema.get("maxItems", 3), 3))

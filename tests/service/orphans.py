@@ -16,16 +16,32 @@ def orphan_a_run(tmp_path: Path, name: str, seconds: float = 6.0) -> tuple[Path,
     both instances run; returns the marks folder and the environment (home and store) used."""
     marks = tmp_path / f"marks-{name}"
     marks.mkdir()
-    code = (f"import os, time; open('{marks}/%s-%d' % (os.environ['TM_REPLICA_INDEX'], os.getpid()), 'w')\n"
-            f"time.sleep({seconds})")
+    code = (
+        f"import os, time; open('{marks}/%s-%d' % (os.environ['TM_REPLICA_INDEX'], os.getpid()), 'w')\n"
+        f"time.sleep({seconds})"
+    )
     path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": {"name": name},
-                                    "spec": {"roles": [{"name": "w", "replicas": 2,
-                                                        "command": [sys.executable, "-c", code]}]}}))
-    env = {**os.environ, "TRAINMASTER_HOME": str(tmp_path / "home"),
-           "TRAINMASTER_DB": f"sqlite:///{tmp_path / 'store.db'}"}
-    run = subprocess.Popen([sys.executable, "-m", "trainmaster", "run", str(path), "--interval", "0.1"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "trainmaster/v1",
+                "kind": "Job",
+                "metadata": {"name": name},
+                "spec": {"roles": [{"name": "w", "replicas": 2, "command": [sys.executable, "-c", code]}]},
+            }
+        )
+    )
+    env = {
+        **os.environ,
+        "TRAINMASTER_HOME": str(tmp_path / "home"),
+        "TRAINMASTER_DB": f"sqlite:///{tmp_path / 'store.db'}",
+    }
+    run = subprocess.Popen(
+        [sys.executable, "-m", "trainmaster", "run", str(path), "--interval", "0.1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
     deadline = time.monotonic() + 60
     while len(list(marks.iterdir())) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)

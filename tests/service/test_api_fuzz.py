@@ -29,9 +29,18 @@ def test_generated_and_mutated_jobs_never_get_a_5xx(api: str) -> None:
     seen: dict[int, int] = {}
 
     # no shrinking: against a live server it takes minutes; the failing document is printed as is
-    @settings(max_examples=600, deadline=None, database=None, phases=(Phase.explicit, Phase.generate),
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                     HealthCheck.filter_too_much, HealthCheck.large_base_example])
+    @settings(
+        max_examples=600,
+        deadline=None,
+        database=None,
+        phases=(Phase.explicit, Phase.generate),
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.data_too_large,
+            HealthCheck.filter_too_much,
+            HealthCheck.large_base_example,
+        ],
+    )
     @given(document=documents())
     def post(document: Any) -> None:
         reply = client.post("/api/v1/jobs", json=document)
@@ -55,9 +64,11 @@ def test_schemathesis_finds_no_server_error(api: str) -> None:
 
     operations = [result.ok() for result in schemathesis.openapi.from_url(f"{api}/openapi.json").get_all_operations()]
     assert {"POST /api/v1/jobs", "POST /api/v1/jobs/{ref}/scale", "GET /api/v1/jobs/{ref}/logs"} <= {
-        op.label for op in operations}
+        op.label for op in operations
+    }
     statuses: dict[str, set[int]] = {}
     for operation in operations:
+
         @settings(max_examples=25, deadline=None, database=None, suppress_health_check=list(HealthCheck))
         @given(case=operation.as_strategy())
         def call(case: Any) -> None:

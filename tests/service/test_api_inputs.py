@@ -22,8 +22,12 @@ from trainmaster.spec.paths import PathPolicy
 
 pytestmark = pytest.mark.timeout(120)
 
-JOB: dict[str, Any] = {"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": {"name": "j"},
-                       "spec": {"roles": [{"name": "w", "command": ["true"]}]}}
+JOB: dict[str, Any] = {
+    "apiVersion": "trainmaster/v1",
+    "kind": "Job",
+    "metadata": {"name": "j"},
+    "spec": {"roles": [{"name": "w", "command": ["true"]}]},
+}
 
 
 def mutated(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
@@ -41,9 +45,18 @@ def spec(key: str, value: Any) -> Callable[[dict[str, Any]], None]:
 
 
 PYTORCH_BAD_RESTART = {
-    "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "p"},
-    "spec": {"pytorchReplicaSpecs": {"Master": {"restartPolicy": {}, "template": {"spec": {
-        "containers": [{"name": "pytorch", "command": ["true"]}]}}}}}}
+    "apiVersion": "kubeflow.org/v1",
+    "kind": "PyTorchJob",
+    "metadata": {"name": "p"},
+    "spec": {
+        "pytorchReplicaSpecs": {
+            "Master": {
+                "restartPolicy": {},
+                "template": {"spec": {"containers": [{"name": "pytorch", "command": ["true"]}]}},
+            }
+        }
+    },
+}
 
 # The requests of issue 17 that made the server answer 500, and the field each must name.
 FORMER_500S: dict[str, tuple[dict[str, Any], str]] = {
@@ -57,7 +70,9 @@ FORMER_500S: dict[str, tuple[dict[str, Any], str]] = {
     "Master.restartPolicy: {}": (PYTORCH_BAD_RESTART, "spec.pytorchReplicaSpecs.Master.restartPolicy"),
     "workingDir of 5000 characters": (mutated(role("workingDir", "a" * 5000)), "spec.roles[0].workingDir"),
     "roles named in a policy as nested lists": (
-        mutated(spec("statusPolicy", {"failed": {"roles": [["a"]]}})), "spec.statusPolicy.failed"),
+        mutated(spec("statusPolicy", {"failed": {"roles": [["a"]]}})),
+        "spec.statusPolicy.failed",
+    ),
     "command: []": (mutated(role("command", [])), "spec.roles[0].command"),
     "name of digits only": (mutated(lambda d: d["metadata"].__setitem__("name", "12345")), "metadata.name"),
     "minAvailable 10**30": (mutated(spec("scheduling", {"minAvailable": 10**30})), "spec.scheduling.minAvailable"),
@@ -86,8 +101,12 @@ def test_former_500s_are_422_naming_the_field(api: str, case: str) -> None:
 
 
 def test_long_or_huge_job_references_are_4xx(api: str) -> None:
-    assert httpx.post(f"{api}/api/v1/jobs", json=mutated(lambda d: d["metadata"].__setitem__("name", "ref")),
-                      timeout=30).status_code == 201
+    assert (
+        httpx.post(
+            f"{api}/api/v1/jobs", json=mutated(lambda d: d["metadata"].__setitem__("name", "ref")), timeout=30
+        ).status_code
+        == 201
+    )
     for path in ("9" * 5000, "9" * 40, "x" * 64, "²", "1²", "٣"):  # found by schemathesis: '²'.isdigit()
         assert 400 <= httpx.get(f"{api}/api/v1/jobs/{path}", timeout=30).status_code < 500
     for path in ("²", "٣"):
@@ -104,8 +123,7 @@ def test_large_bodies_are_413_announced_or_chunked(api: str) -> None:
     """Request limits: over 1 MiB is refused whether Content-Length says so or a chunked body
     (no Content-Length) streams it; JSON nested deeper than 32 levels is refused too."""
     big = b'{"pad": "' + b"x" * (2 * 1024 * 1024) + b'"}'
-    announced = httpx.post(f"{api}/api/v1/jobs", content=big, headers={"content-type": "application/json"},
-                           timeout=30)
+    announced = httpx.post(f"{api}/api/v1/jobs", content=big, headers={"content-type": "application/json"}, timeout=30)
     assert announced.status_code == 413
 
     def chunks() -> Iterator[bytes]:
@@ -114,20 +132,28 @@ def test_large_bodies_are_413_announced_or_chunked(api: str) -> None:
             yield b"x" * 65536
         yield b'"}'
 
-    chunked = httpx.post(f"{api}/api/v1/jobs", content=chunks(), headers={"content-type": "application/json"},
-                         timeout=30)
+    chunked = httpx.post(
+        f"{api}/api/v1/jobs", content=chunks(), headers={"content-type": "application/json"}, timeout=30
+    )
     assert chunked.status_code == 413 and "over" in chunked.json()["error"]
     body = json.dumps(mutated(spec("frameworkParams", {"x": "DEEP"}))).replace(
-        '"DEEP"', "[" * 5000 + '"leaf"' + "]" * 5000)
-    nested = httpx.post(f"{api}/api/v1/jobs", content=body, headers={"content-type": "application/json"},
-                        timeout=30)
+        '"DEEP"', "[" * 5000 + '"leaf"' + "]" * 5000
+    )
+    nested = httpx.post(f"{api}/api/v1/jobs", content=body, headers={"content-type": "application/json"}, timeout=30)
     assert nested.status_code == 413 and "nested" in nested.json()["error"]
     assert httpx.get(f"{api}/healthz", timeout=10).status_code == 200
 
 
-@pytest.mark.parametrize("field,value", [
-    ("output", {"path": "/etc/trainmaster-out"}), ("output", {"path": "../../escape"}),
-    ("workingDir", "/"), ("workingDir", "a/../../b"), ("workingDir", "~/x")])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("output", {"path": "/etc/trainmaster-out"}),
+        ("output", {"path": "../../escape"}),
+        ("workingDir", "/"),
+        ("workingDir", "a/../../b"),
+        ("workingDir", "~/x"),
+    ],
+)
 def test_job_paths_may_not_leave_the_job_folder(api: str, field: str, value: Any) -> None:
     """Job paths: absolute paths outside the operator's allow-list and '..' escapes are refused."""
     change = spec(field, value) if field == "output" else role(field, value)
@@ -202,7 +228,8 @@ def test_ids_are_never_reused_and_active_names_free_again(tmp_path: Path) -> Non
 
 
 def test_unexpected_errors_are_logged_and_answered_without_internals(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """The last line of defence: an unexpected exception is a 500 whose body says nothing of the
     internals, and its traceback goes to the server's log."""
     server = ThreadedServer(tmp_path, reconcile=False)
@@ -219,11 +246,14 @@ def test_unexpected_errors_are_logged_and_answered_without_internals(
     assert any("secret-internal-detail" in (r.exc_text or "") or r.exc_info for r in caplog.records)
 
 
-@pytest.mark.parametrize("body", [
-    '{"metadata": {"name": "s"}, "spec": {"roles": [{"name": "w", "command": ["\\ud800"]}]}}',
-    '{"metadata": {"name": "s"}, "spec": {"roles": [{"name": "w", "command": ["true"], "env": {"\\udfff": "x"}}]}}',
-    '{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "s"}, "spec": {"\\ud800": 1}}',
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"metadata": {"name": "s"}, "spec": {"roles": [{"name": "w", "command": ["\\ud800"]}]}}',
+        '{"metadata": {"name": "s"}, "spec": {"roles": [{"name": "w", "command": ["true"], "env": {"\\udfff": "x"}}]}}',
+        '{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "s"}, "spec": {"\\ud800": 1}}',
+    ],
+)
 def test_text_no_program_can_take_is_refused_by_path(api: str, body: str) -> None:
     """Lone surrogates (valid JSON escapes, not text): 422 naming the field, never a 500 while
     the answer is encoded, never a job that cannot start."""
@@ -237,15 +267,19 @@ def test_foreign_files_are_read_strictly_unless_lenient(api: str) -> None:
     submitted file; ?lenient=true accepts the job and lists what was ignored."""
     doc = copy.deepcopy(PYTORCH_BAD_RESTART)
     doc["metadata"]["name"] = "lenient-pt"
-    doc["spec"]["pytorchReplicaSpecs"]["Master"] = {"replica": 1, "template": {"spec": {
-        "containers": [{"name": "pytorch", "command": ["true"]}]}}}
+    doc["spec"]["pytorchReplicaSpecs"]["Master"] = {
+        "replica": 1,
+        "template": {"spec": {"containers": [{"name": "pytorch", "command": ["true"]}]}},
+    }
     strict = httpx.post(f"{api}/api/v1/jobs", json=doc, timeout=30)
     assert strict.status_code == 422
     assert "spec.pytorchReplicaSpecs.Master.replica: unknown field (did you mean 'replicas'?)" in strict.text
     lenient = httpx.post(f"{api}/api/v1/jobs", params={"lenient": "true"}, json=doc, timeout=30)
     assert lenient.status_code == 201, lenient.text
-    assert any(line.startswith("spec.pytorchReplicaSpecs.Master.replica: unknown field, ignored")
-               for line in lenient.json()["ignored"])
+    assert any(
+        line.startswith("spec.pytorchReplicaSpecs.Master.replica: unknown field, ignored")
+        for line in lenient.json()["ignored"]
+    )
 
 
 def test_suspend_and_unsuspend_over_the_api(api: str) -> None:

@@ -22,8 +22,9 @@ def _publish_into(monkeypatch: pytest.MonkeyPatch, output: Path, kind: str, reco
     assert published.publish(kind, record) is True
 
 
-def test_publish_checks_its_records_and_is_a_no_op_outside_an_instance(monkeypatch: pytest.MonkeyPatch,
-                                                                       tmp_path: Path) -> None:
+def test_publish_checks_its_records_and_is_a_no_op_outside_an_instance(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.delenv("TM_OUTPUT_DIR", raising=False)
     assert published.publish("gateway.task", {"task": "t", "legs": []}) is False
     with pytest.raises(UserError, match="unknown view kind"):
@@ -38,9 +39,16 @@ def test_publish_checks_its_records_and_is_a_no_op_outside_an_instance(monkeypat
 
 def test_federated_schedule_grid_and_accuracy(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     for r in range(5):
-        _publish_into(monkeypatch, tmp_path, "flsched.round", {
-            "round": r, "assignment": {"digits": [0, 1], "wine": [2 + r % 2]},
-            "accuracy": {"digits": 0.5 + r / 10, "wine": 0.4 + r / 20}})
+        _publish_into(
+            monkeypatch,
+            tmp_path,
+            "flsched.round",
+            {
+                "round": r,
+                "assignment": {"digits": [0, 1], "wine": [2 + r % 2]},
+                "accuracy": {"digits": 0.5 + r / 10, "wine": 0.4 + r / 20},
+            },
+        )
     (view,) = capability_views(tmp_path)
     assert view.kind == "flsched.round" and 'id="flsched-grid"' in view.svg
     assert view.svg.count('class="cell"') == 15  # 3 devices busy in each of 5 rounds
@@ -50,9 +58,19 @@ def test_federated_schedule_grid_and_accuracy(monkeypatch: pytest.MonkeyPatch, t
 def test_aggregation_counters_per_node(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     for t in range(4):
         for node in ("parameter node", "forwarding node 0"):
-            _publish_into(monkeypatch, tmp_path, "aggregation.counters", {
-                "time": 100.0 + t, "node": node, "verified": 10 * t, "overflow_fallbacks": t,
-                "slots_in_use": 3, "packets_in": 999})
+            _publish_into(
+                monkeypatch,
+                tmp_path,
+                "aggregation.counters",
+                {
+                    "time": 100.0 + t,
+                    "node": node,
+                    "verified": 10 * t,
+                    "overflow_fallbacks": t,
+                    "slots_in_use": 3,
+                    "packets_in": 999,
+                },
+            )
     (view,) = capability_views(tmp_path)
     counters = {row[1] for row in view.table}
     assert counters == {"verified", "overflow_fallbacks", "slots_in_use"}  # the watched ones only
@@ -60,28 +78,47 @@ def test_aggregation_counters_per_node(monkeypatch: pytest.MonkeyPatch, tmp_path
     assert view.svg.count("<polyline") == 6  # 3 counters x 2 nodes
 
 
-def test_partition_graph_colours_devices_and_marks_cut_and_critical_edges(monkeypatch: pytest.MonkeyPatch,
-                                                                         tmp_path: Path) -> None:
+def test_partition_graph_colours_devices_and_marks_cut_and_critical_edges(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     nodes = [{"id": n, "device": d, "critical": n in "abd"} for n, d in zip("abcd", (0, 0, 1, 1))]
-    edges = [{"src": "a", "dst": "b", "critical": True}, {"src": "a", "dst": "c", "critical": False},
-             {"src": "b", "dst": "d", "critical": True}, {"src": "c", "dst": "d", "critical": False}]
-    _publish_into(monkeypatch, tmp_path, "partition.plan", {"method": "trainmaster", "devices": 2,
-                                                             "nodes": nodes, "edges": edges})
+    edges = [
+        {"src": "a", "dst": "b", "critical": True},
+        {"src": "a", "dst": "c", "critical": False},
+        {"src": "b", "dst": "d", "critical": True},
+        {"src": "c", "dst": "d", "critical": False},
+    ]
+    _publish_into(
+        monkeypatch, tmp_path, "partition.plan", {"method": "trainmaster", "devices": 2, "nodes": nodes, "edges": edges}
+    )
     (view,) = capability_views(tmp_path)
     assert view.svg.count('class="op"') == 4 and view.svg.count('class="cut"') == 2
     assert "2 of 4 edges cut, 1 of them critical" in view.caption
 
 
 def test_gateway_legs_and_escaping(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    _publish_into(monkeypatch, tmp_path, "gateway.task", {"task": "<script>x</script>", "legs": [
-        {"data_id": "m_a", "party": "a", "rule": "summary_stats", "outcome": "result"},
-        {"data_id": "m_b", "party": "b", "rule": "summary_stats", "outcome": "party_unavailable"}]})
+    _publish_into(
+        monkeypatch,
+        tmp_path,
+        "gateway.task",
+        {
+            "task": "<script>x</script>",
+            "legs": [
+                {"data_id": "m_a", "party": "a", "rule": "summary_stats", "outcome": "result"},
+                {"data_id": "m_b", "party": "b", "rule": "summary_stats", "outcome": "party_unavailable"},
+            ],
+        },
+    )
     (view,) = capability_views(tmp_path)
     assert [row[4] for row in view.table] == ["result", "party_unavailable"]
     assert "1 party_unavailable, 1 result" in view.caption
     # table cells are escaped by the template; the SVG of other kinds escapes record text itself
-    _publish_into(monkeypatch, tmp_path, "flsched.round", {"round": 0, "assignment": {"<b>j</b>": [0]},
-                                                            "accuracy": {"<b>j</b>": 0.5}})
+    _publish_into(
+        monkeypatch,
+        tmp_path,
+        "flsched.round",
+        {"round": 0, "assignment": {"<b>j</b>": [0]}, "accuracy": {"<b>j</b>": 0.5}},
+    )
     svg = next(v for v in capability_views(tmp_path) if v.kind == "flsched.round").svg
     assert "<b>" not in svg and "&lt;b&gt;j&lt;/b&gt;" in svg
 

@@ -25,8 +25,11 @@ CHROMEDRIVER = shutil.which("chromedriver")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 selenium = pytest.importorskip("selenium", reason="selenium is not installed (pip install -e '.[test]')")
 if not (CHROMEDRIVER and CHROMIUM):
-    pytest.skip("Chromium and chromedriver are not installed (Debian: apt-get install chromium chromium-driver; "
-                "`make test` installs them)", allow_module_level=True)
+    pytest.skip(
+        "Chromium and chromedriver are not installed (Debian: apt-get install chromium chromium-driver; "
+        "`make test` installs them)",
+        allow_module_level=True,
+    )
 
 from orphans import orphan_a_run  # noqa: E402
 from server_process import ServerProcess as Server  # noqa: E402
@@ -53,14 +56,22 @@ def _click(driver: webdriver.Chrome, element_id: str) -> bool:
 
 def ticking_job(name: str, ticks: int = 400) -> dict:
     """A job whose instance prints a line and reports a metric point every 0.25 s."""
-    code = ("import time, trainmaster\n"
-            f"for s in range(1, {ticks}):\n"
-            "    print(f'tick {s} <b>not bold</b>', flush=True)\n"
-            f"    trainmaster.report(step=s, total={ticks}, loss=1.0 / s)\n"
-            "    time.sleep(0.25)\n")
-    return {"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": {"name": name},
-            "spec": {"framework": "command",
-                     "roles": [{"name": "main", "replicas": 1, "command": [sys.executable, "-c", code]}]}}
+    code = (
+        "import time, trainmaster\n"
+        f"for s in range(1, {ticks}):\n"
+        "    print(f'tick {s} <b>not bold</b>', flush=True)\n"
+        f"    trainmaster.report(step=s, total={ticks}, loss=1.0 / s)\n"
+        "    time.sleep(0.25)\n"
+    )
+    return {
+        "apiVersion": "trainmaster/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            "framework": "command",
+            "roles": [{"name": "main", "replicas": 1, "command": [sys.executable, "-c", code]}],
+        },
+    }
 
 
 @pytest.fixture
@@ -74,8 +85,13 @@ def server(tmp_path: Path) -> Iterator[Server]:
 def browser() -> Iterator[webdriver.Chrome]:
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                 "--window-size=1400,1000"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1400,1000",
+    ):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     driver.set_page_load_timeout(WAIT)
@@ -98,7 +114,8 @@ def wait_for(driver: webdriver.Chrome, condition, what: str):  # type: ignore[no
     # parts of a page are re-rendered on every store change: an element found a moment ago may be
     # replaced while the condition looks at it; look again at the next poll
     return WebDriverWait(driver, WAIT, poll_frequency=0.2, ignored_exceptions=(StaleElementReferenceException,)).until(
-        condition, message=f"waited {WAIT}s for {what}")
+        condition, message=f"waited {WAIT}s for {what}"
+    )
 
 
 def test_job_list_job_page_live_log_metrics_and_cancel(server: Server, browser: webdriver.Chrome) -> None:
@@ -108,8 +125,11 @@ def test_job_list_job_page_live_log_metrics_and_cancel(server: Server, browser: 
     browser.get(server.url + "/")
     row = wait_for(browser, EC.presence_of_element_located((By.ID, f"job-{job_id}")), "the job's row")
     assert "ticker" in row.text and "command" in row.text
-    wait_for(browser, lambda d: d.find_element(By.ID, f"job-{job_id}").get_attribute("data-state") == "running",
-             "the list to show the job running (live refresh)")
+    wait_for(
+        browser,
+        lambda d: d.find_element(By.ID, f"job-{job_id}").get_attribute("data-state") == "running",
+        "the list to show the job running (live refresh)",
+    )
     shot(browser, "jobs")
 
     browser.find_element(By.LINK_TEXT, "ticker").click()
@@ -130,25 +150,41 @@ def test_job_list_job_page_live_log_metrics_and_cancel(server: Server, browser: 
     browser.find_element(By.ID, "cancel").click()
     wait_for(browser, EC.alert_is_present(), "the cancel confirmation")
     browser.switch_to.alert.accept()
-    wait_for(browser, EC.text_to_be_present_in_element((By.ID, "job-state"), "cancelled"),
-             "the job's state to change to cancelled")
+    wait_for(
+        browser,
+        EC.text_to_be_present_in_element((By.ID, "job-state"), "cancelled"),
+        "the job's state to change to cancelled",
+    )
     status = httpx.get(f"{server.url}/api/v1/jobs/{job_id}", timeout=10).json()
     assert status["state"] == "cancelled"
 
 
 def test_submit_shows_each_error_next_to_its_field(server: Server, browser: webdriver.Chrome) -> None:
     """A pasted file with mistakes: every error is shown beside the line of the field it names."""
-    bad = yaml.safe_dump({"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": {"name": "broken"},
-                          "spec": {"framework": "command", "roles": [
-                              {"name": "main", "replicas": 0, "command": ["true"]},
-                              {"name": "side", "replicas": 1, "command": ["true"],
-                               "dependsOn": [{"role": "nowhere"}]}]}}, sort_keys=False)
+    bad = yaml.safe_dump(
+        {
+            "apiVersion": "trainmaster/v1",
+            "kind": "Job",
+            "metadata": {"name": "broken"},
+            "spec": {
+                "framework": "command",
+                "roles": [
+                    {"name": "main", "replicas": 0, "command": ["true"]},
+                    {"name": "side", "replicas": 1, "command": ["true"], "dependsOn": [{"role": "nowhere"}]},
+                ],
+            },
+        },
+        sort_keys=False,
+    )
     browser.get(server.url + "/submit")
     box = browser.find_element(By.ID, "document")
     box.send_keys(bad)
     browser.find_element(By.ID, "validate").click()
-    flagged = wait_for(browser, EC.presence_of_all_elements_located((By.CSS_SELECTOR, ".annotated li.has-problem")),
-                       "the annotated validation result")
+    flagged = wait_for(
+        browser,
+        EC.presence_of_all_elements_located((By.CSS_SELECTOR, ".annotated li.has-problem")),
+        "the annotated validation result",
+    )
     by_path = {}
     for line in flagged:
         for problem in line.find_elements(By.CSS_SELECTOR, ".problem"):
@@ -182,7 +218,8 @@ def test_resume_an_orphaned_job_from_its_page(tmp_path: Path, browser: webdriver
         wait_for(browser, lambda d: not d.find_elements(By.ID, "resume"), "the Resume action to go once resumed")
         WebDriverWait(browser, 90, poll_frequency=0.5).until(
             EC.text_to_be_present_in_element((By.ID, "job-state"), "succeeded"),
-            message="waited 90s for the resumed job to succeed")
+            message="waited 90s for the resumed job to succeed",
+        )
         assert len(list(marks.iterdir())) == 2  # neither instance ran a second time
     finally:
         server.stop()
@@ -208,16 +245,25 @@ for r in range(60):
 def test_capability_views_draw_what_roles_publish(server: Server, browser: webdriver.Chrome) -> None:
     """A job's page draws what its roles publish: the federated schedule grid, aggregation counter
     charts, the partition graph and the gateway's legs, and keeps drawing new rounds."""
-    job = {"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": {"name": "capabilities"},
-           "spec": {"framework": "command",
-                    "roles": [{"name": "main", "replicas": 1, "command": [sys.executable, "-c", PUBLISHER]}]}}
+    job = {
+        "apiVersion": "trainmaster/v1",
+        "kind": "Job",
+        "metadata": {"name": "capabilities"},
+        "spec": {
+            "framework": "command",
+            "roles": [{"name": "main", "replicas": 1, "command": [sys.executable, "-c", PUBLISHER]}],
+        },
+    }
     job_id = server.submit(job)
     browser.get(f"{server.url}/jobs/{job_id}")
     grid = wait_for(browser, EC.presence_of_element_located((By.ID, "flsched-grid")), "the federated schedule")
     first = len(grid.find_elements(By.CSS_SELECTOR, "rect.cell"))
     assert first > 0
-    wait_for(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#flsched-grid rect.cell")) > first,
-             "new rounds drawn as the job publishes them")
+    wait_for(
+        browser,
+        lambda d: len(d.find_elements(By.CSS_SELECTOR, "#flsched-grid rect.cell")) > first,
+        "new rounds drawn as the job publishes them",
+    )
     assert browser.find_elements(By.CSS_SELECTOR, "#view-aggregation-counters div.counter")
     assert len(browser.find_elements(By.CSS_SELECTOR, "svg.partition-graph circle.op")) == 12
     legs = browser.find_element(By.ID, "view-gateway-task").text
@@ -230,12 +276,16 @@ def test_actions_need_the_csrf_token(server: Server) -> None:
     """A cross-site form cannot cancel a job: dashboard actions need the page's CSRF token."""
     job_id = server.submit(ticking_job("guarded", ticks=20))
     assert httpx.post(f"{server.url}/ui/jobs/{job_id}/cancel", timeout=10).status_code == 403
-    assert httpx.post(f"{server.url}/ui/jobs/{job_id}/cancel", headers={"X-CSRF-Token": "forged"},
-                      timeout=10).status_code == 403
+    assert (
+        httpx.post(f"{server.url}/ui/jobs/{job_id}/cancel", headers={"X-CSRF-Token": "forged"}, timeout=10).status_code
+        == 403
+    )
     page = httpx.get(f"{server.url}/jobs/{job_id}", timeout=10).text
     token = page.split('name="csrf-token" content="', 1)[1].split('"', 1)[0]
-    assert httpx.post(f"{server.url}/ui/jobs/{job_id}/cancel", headers={"X-CSRF-Token": token},
-                      timeout=10).status_code == 204
+    assert (
+        httpx.post(f"{server.url}/ui/jobs/{job_id}/cancel", headers={"X-CSRF-Token": token}, timeout=10).status_code
+        == 204
+    )
 
 
 def test_token_guards_api_and_pages(tmp_path: Path) -> None:
@@ -244,9 +294,16 @@ def test_token_guards_api_and_pages(tmp_path: Path) -> None:
     try:
         assert httpx.get(srv.url + "/", timeout=10).status_code == 401
         assert httpx.get(srv.url + "/api/v1/jobs", timeout=10).status_code == 401
-        assert httpx.get(srv.url + "/api/v1/jobs", headers={"Authorization": "Bearer wrong"}, timeout=10).status_code == 401
-        assert httpx.get(srv.url + "/api/v1/jobs", headers={"Authorization": "Bearer s3cret-token"},
-                         timeout=10).status_code == 200
+        assert (
+            httpx.get(srv.url + "/api/v1/jobs", headers={"Authorization": "Bearer wrong"}, timeout=10).status_code
+            == 401
+        )
+        assert (
+            httpx.get(
+                srv.url + "/api/v1/jobs", headers={"Authorization": "Bearer s3cret-token"}, timeout=10
+            ).status_code
+            == 200
+        )
         with httpx.Client(base_url=srv.url, timeout=10) as client:
             assert client.get("/login", params={"token": "nope"}).status_code == 401
             assert client.get("/login", params={"token": "s3cret-token"}).status_code == 303
@@ -264,8 +321,7 @@ def test_big_store_and_big_log_stay_bounded(server: Server, tmp_path: Path) -> N
     sessions = session_factory(make_engine(server.env["TRAINMASTER_DB"]))
     spec = ticking_job("filler")
     with sessions() as session:
-        session.add_all(JobRow(uid=f"u{n:04d}", name=f"filler-{n}", spec=spec, state="succeeded")
-                        for n in range(1000))
+        session.add_all(JobRow(uid=f"u{n:04d}", name=f"filler-{n}", spec=spec, state="succeeded") for n in range(1000))
         session.commit()
     page = httpx.get(server.url + "/", timeout=30).text
     assert page.count('<tr id="job-') == 100 and "1000 job(s)" in page and "page 1 of 10" in page
@@ -287,6 +343,7 @@ def test_big_store_and_big_log_stay_bounded(server: Server, tmp_path: Path) -> N
     tail = httpx.get(f"{server.url}/ui/jobs/{job_id}/log", params={"instance": "main-0"}, timeout=10).json()
     assert tail["size"] > 100 * 1024 * 1024 and tail["truncated"]
     assert len(tail["text"]) == 64 * 1024 and tail["offset"] == tail["size"]
-    part = httpx.get(f"{server.url}/ui/jobs/{job_id}/log", params={"instance": "main-0", "offset": 0},
-                     timeout=10).json()
+    part = httpx.get(
+        f"{server.url}/ui/jobs/{job_id}/log", params={"instance": "main-0", "offset": 0}, timeout=10
+    ).json()
     assert len(part["text"]) == 64 * 1024 and part["offset"] == 64 * 1024

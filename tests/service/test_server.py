@@ -30,14 +30,32 @@ class Server:
     def __init__(self, tmp_path: Path):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {**os.environ, "TRAINMASTER_HOME": str(tmp_path / "home"),
-                    "TRAINMASTER_DB": f"sqlite:///{tmp_path / 'store.db'}", "TRAINMASTER_SERVER": self.url}
+        self.env = {
+            **os.environ,
+            "TRAINMASTER_HOME": str(tmp_path / "home"),
+            "TRAINMASTER_DB": f"sqlite:///{tmp_path / 'store.db'}",
+            "TRAINMASTER_SERVER": self.url,
+        }
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "trainmaster", "server", "--port", str(self.port),
-                                      "--interval", "0.1", "--grace", "2"], env=self.env,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "trainmaster",
+                "server",
+                "--port",
+                str(self.port),
+                "--interval",
+                "0.1",
+                "--grace",
+                "2",
+            ],
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -58,8 +76,9 @@ class Server:
             self.proc.wait(timeout=20)
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "trainmaster", *args], capture_output=True, text=True,
-                              env=self.env, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-m", "trainmaster", *args], capture_output=True, text=True, env=self.env, timeout=60
+        )
 
     def status(self, job: str) -> dict:
         return httpx.get(f"{self.url}/api/v1/jobs/{job}", params={"events": 500}, timeout=10).json()
@@ -84,13 +103,26 @@ def server(tmp_path: Path):
 
 def write_job(tmp_path: Path, name: str, roles: list[dict]) -> Path:
     path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": {"name": name},
-                                    "spec": {"roles": roles}}))
+    path.write_text(
+        yaml.safe_dump(
+            {"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": {"name": name}, "spec": {"roles": roles}}
+        )
+    )
     return path
 
 
 def test_submit_status_logs_cancel_delete(server: Server, tmp_path: Path) -> None:
-    ok = write_job(tmp_path, "hello", [{"name": "say", "replicas": 2, "command": ["python", "-c", "print('hello from', __import__('os').environ['TM_REPLICA_INDEX'])"]}])
+    ok = write_job(
+        tmp_path,
+        "hello",
+        [
+            {
+                "name": "say",
+                "replicas": 2,
+                "command": ["python", "-c", "print('hello from', __import__('os').environ['TM_REPLICA_INDEX'])"],
+            }
+        ],
+    )
     out = server.cli("submit", str(ok))
     assert out.returncode == 0 and "submitted job hello" in out.stdout
     server.wait_state("hello", {"succeeded"})
@@ -101,11 +133,19 @@ def test_submit_status_logs_cancel_delete(server: Server, tmp_path: Path) -> Non
     status = json.loads(server.cli("status", "hello", "--json").stdout)
     assert status["roles"][0]["counts"]["succeeded"] == 2
 
-    slow = write_job(tmp_path, "slow", [{"name": "w", "command": ["python", "-c", "import time; print('up', flush=True); time.sleep(60)"]}])
+    slow = write_job(
+        tmp_path,
+        "slow",
+        [{"name": "w", "command": ["python", "-c", "import time; print('up', flush=True); time.sleep(60)"]}],
+    )
     server.cli("submit", str(slow))
     server.wait_state("slow", {"running"})
-    follow = subprocess.Popen([sys.executable, "-m", "trainmaster", "logs", "slow", "--follow"], env=server.env,
-                              stdout=subprocess.PIPE, text=True)
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "trainmaster", "logs", "slow", "--follow"],
+        env=server.env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert server.cli("delete", "slow").returncode == 2  # still running: cancel first (a user mistake)
     assert server.cli("cancel", "slow").returncode == 0
     assert server.wait_state("slow", {"cancelled"})["instances"][0]["state"] == "stopped"
@@ -125,8 +165,9 @@ def test_invalid_submission_is_rejected_with_every_error(server: Server, tmp_pat
 def test_scale_a_running_role_up_and_down(server: Server, tmp_path: Path) -> None:
     """Reconcile (spec step 8) driven through the API: `trainmaster scale` changes the desired
     replicas; instances are created or deleted to match; an invalid scale is refused."""
-    job = write_job(tmp_path, "elastic", [{"name": "w", "replicas": 1,
-                                           "command": ["python", "-c", "import time; time.sleep(60)"]}])
+    job = write_job(
+        tmp_path, "elastic", [{"name": "w", "replicas": 1, "command": ["python", "-c", "import time; time.sleep(60)"]}]
+    )
     server.cli("submit", str(job))
     server.wait_state("elastic", {"running"})
     out = server.cli("scale", "elastic", "w", "3")
@@ -165,12 +206,19 @@ def test_openapi_and_metrics(server: Server, tmp_path: Path) -> None:
 
 def test_server_killed_with_sigkill_loses_nothing(server: Server, tmp_path: Path) -> None:
     runs = tmp_path / "runs.txt"
-    code = (f"import os, time\nopen('{runs}', 'a').write(os.environ['TM_ROLE'] + os.environ['TM_REPLICA_INDEX'] + '\\n')\n"
-            "time.sleep(4)\n")
-    path = write_job(tmp_path, "durable", [
-        {"name": "a", "replicas": 2, "command": ["python", "-c", code]},
-        {"name": "b", "command": ["python", "-c", code], "dependsOn": [{"role": "a"}]},
-        {"name": "late", "command": ["python", "-c", code], "dependsOn": [{"role": "a", "condition": "Succeeded"}]}])
+    code = (
+        f"import os, time\nopen('{runs}', 'a').write(os.environ['TM_ROLE'] + os.environ['TM_REPLICA_INDEX'] + '\\n')\n"
+        "time.sleep(4)\n"
+    )
+    path = write_job(
+        tmp_path,
+        "durable",
+        [
+            {"name": "a", "replicas": 2, "command": ["python", "-c", code]},
+            {"name": "b", "command": ["python", "-c", code], "dependsOn": [{"role": "a"}]},
+            {"name": "late", "command": ["python", "-c", code], "dependsOn": [{"role": "a", "condition": "Succeeded"}]},
+        ],
+    )
     assert server.cli("submit", str(path)).returncode == 0
     running = server.wait_state("durable", {"running"})
     deadline = time.monotonic() + 30

@@ -71,14 +71,17 @@ def test_convert_cli_prints_yaml_and_lists_ignored_fields() -> None:
 def test_convert_cli_rejects_what_it_cannot_convert(tmp_path: Path) -> None:
     """Mechanism: convert on a non-Kubeflow/Volcano file or an invalid result is a UserError."""
     ours = tmp_path / "ours.yaml"
-    ours.write_text("apiVersion: trainmaster/v1\nkind: Job\nmetadata: {name: a}\n"
-                    "spec: {roles: [{name: a, command: [x]}]}\n")
+    ours.write_text(
+        "apiVersion: trainmaster/v1\nkind: Job\nmetadata: {name: a}\nspec: {roles: [{name: a, command: [x]}]}\n"
+    )
     result = CliRunner().invoke(_app(), ["convert", str(ours)])
     assert isinstance(result.exception, UserError) and "needs no conversion" in str(result.exception)
     bad = tmp_path / "bad.yaml"
-    bad.write_text("apiVersion: kubeflow.org/v1\nkind: PyTorchJob\nmetadata: {name: Bad_Name}\n"
-                   "spec: {pytorchReplicaSpecs: {Master: {replicas: 2, template: {spec: "
-                   "{containers: [{name: pytorch, command: [python]}]}}}}}\n")
+    bad.write_text(
+        "apiVersion: kubeflow.org/v1\nkind: PyTorchJob\nmetadata: {name: Bad_Name}\n"
+        "spec: {pytorchReplicaSpecs: {Master: {replicas: 2, template: {spec: "
+        "{containers: [{name: pytorch, command: [python]}]}}}}}\n"
+    )
     result = CliRunner().invoke(_app(), ["convert", str(bad)])
     assert isinstance(result.exception, UserError)
     assert "metadata.name" in str(result.exception) and "spec.roles[0].replicas" in str(result.exception)
@@ -121,15 +124,20 @@ def test_volcano_job_runs_unchanged(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("name, line", [
-    ("kubeflow-tfjob.yaml", "parameter is now"),
-    ("kubeflow-mpijob.yaml", "pi is approximately 3.14159"),
-])
+@pytest.mark.parametrize(
+    "name, line",
+    [
+        ("kubeflow-tfjob.yaml", "parameter is now"),
+        ("kubeflow-mpijob.yaml", "pi is approximately 3.14159"),
+    ],
+)
 def test_tfjob_and_mpijob_run_unchanged(tmp_path: Path, name: str, line: str) -> None:
     """Mechanism: the converted start order (every TF replica waits for the cluster to be placed,
     TF_CONFIG; the MPI launcher waits for every worker, then mpirun runs 4 ranks in them) and
     success policy (AllWorkers; launcher succeeded) hold when the job runs."""
-    if name == "kubeflow-mpijob.yaml" and (shutil.which("mpirun") is None or importlib.util.find_spec("mpi4py") is None):
+    if name == "kubeflow-mpijob.yaml" and (
+        shutil.which("mpirun") is None or importlib.util.find_spec("mpi4py") is None
+    ):
         pytest.skip("the MPIJob example needs mpirun (Debian openmpi-bin) and mpi4py (the mpi extra)")
     proc, status = _run_example(name, tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

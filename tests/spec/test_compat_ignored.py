@@ -17,22 +17,44 @@ def convert(raw: Any) -> Any:
     """The --lenient reading: every unknown field is listed (the strict reading refuses them)."""
     return _convert(raw, lenient=True)
 
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ["kubeflow-pytorchjob.yaml", "kubeflow-tfjob.yaml", "kubeflow-mpijob.yaml", "volcano-job.yaml"]
-CONTAINER = {"name": "main", "command": ["python", "train.py"], "args": ["--x"],
-             "env": [{"name": "A", "value": "1"}],
-             "resources": {"requests": {"cpu": "1"}, "limits": {"memory": "1Gi"}}}
+CONTAINER = {
+    "name": "main",
+    "command": ["python", "train.py"],
+    "args": ["--x"],
+    "env": [{"name": "A", "value": "1"}],
+    "resources": {"requests": {"cpu": "1"}, "limits": {"memory": "1Gi"}},
+}
 KITCHEN_SINKS = {
-    "kubeflow": {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "k"},
-                 "spec": {"runPolicy": {"backoffLimit": 1, "schedulingPolicy": {"queue": "q"}},
-                          "pytorchReplicaSpecs": {"Master": {"replicas": 1, "template": {
-                              "spec": {"containers": [CONTAINER]}}}}}},
-    "volcano": {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "metadata": {"name": "v"},
-                "spec": {"minAvailable": 2, "policies": [{"event": "PodFailed", "action": "RestartJob"}],
-                         "tasks": [{"name": "a", "template": {"spec": {"containers": [CONTAINER]}}},
-                                   {"name": "b", "dependsOn": {"name": ["a"]},
-                                    "policies": [{"event": "TaskCompleted", "action": "CompleteJob"}],
-                                    "template": {"spec": {"containers": [CONTAINER]}}}]}},
+    "kubeflow": {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": "k"},
+        "spec": {
+            "runPolicy": {"backoffLimit": 1, "schedulingPolicy": {"queue": "q"}},
+            "pytorchReplicaSpecs": {"Master": {"replicas": 1, "template": {"spec": {"containers": [CONTAINER]}}}},
+        },
+    },
+    "volcano": {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": "v"},
+        "spec": {
+            "minAvailable": 2,
+            "policies": [{"event": "PodFailed", "action": "RestartJob"}],
+            "tasks": [
+                {"name": "a", "template": {"spec": {"containers": [CONTAINER]}}},
+                {
+                    "name": "b",
+                    "dependsOn": {"name": ["a"]},
+                    "policies": [{"event": "TaskCompleted", "action": "CompleteJob"}],
+                    "template": {"spec": {"containers": [CONTAINER]}},
+                },
+            ],
+        },
+    },
 }
 # Free-form maps whose keys are carried over (labels, annotations) or name replica types.
 CARRIED = ("labels", "annotations", "ReplicaSpecs")
@@ -40,6 +62,7 @@ CARRIED = ("labels", "annotations", "ReplicaSpecs")
 
 def mappings(node: Any, path: str = "") -> Iterator[tuple[str, list[Any]]]:
     """Every mapping in ``node``: its source path and the key route to reach it."""
+
     def walk(value: Any, where: str, route: list[Any]) -> Iterator[tuple[str, list[Any]]]:
         if isinstance(value, dict):
             yield where, route
@@ -48,6 +71,7 @@ def mappings(node: Any, path: str = "") -> Iterator[tuple[str, list[Any]]]:
         elif isinstance(value, list):
             for i, child in enumerate(value):
                 yield from walk(child, f"{where}[{i}]", route + [i])
+
     yield from walk(node, path, [])
 
 

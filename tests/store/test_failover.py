@@ -21,9 +21,12 @@ WAIT = 120  # seconds for 100 short jobs to drain on a loaded 2-core machine
 def recorded_job(name: str, ledger: Path, seconds: float) -> dict:
     """One instance that writes its start and end to ``ledger`` (append: atomic per line)."""
     script = f'echo "{name} start $$" >> {ledger}; sleep {seconds}; echo "{name} end $$" >> {ledger}'
-    return {"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": {"name": name},
-            "spec": {"framework": "command", "roles": [{"name": "main", "replicas": 1,
-                                                        "command": ["sh", "-c", script]}]}}
+    return {
+        "apiVersion": "trainmaster/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {"framework": "command", "roles": [{"name": "main", "replicas": 1, "command": ["sh", "-c", script]}]},
+    }
 
 
 def wait_all_ended(server: ServerProcess, count: int) -> list[dict]:
@@ -79,12 +82,21 @@ def test_leader_killed_with_50_running_and_50_queued(postgres, tmp_path: Path) -
         jobs = wait_all_ended(standby, 100)
         assert Counter(j["state"] for j in jobs) == {"succeeded": 100}
         check_exactly_once(ledger, names)
-        taken_over = [name for name in names if any(
-            e["reason"] in ("Adopted", "EndedUnwatched") for e in httpx.get(
-                f"{standby.url}/api/v1/jobs/{name}", params={"events": 500}, timeout=10).json()["events"])]
+        taken_over = [
+            name
+            for name in names
+            if any(
+                e["reason"] in ("Adopted", "EndedUnwatched")
+                for e in httpx.get(f"{standby.url}/api/v1/jobs/{name}", params={"events": 500}, timeout=10).json()[
+                    "events"
+                ]
+            )
+        ]
         sample = httpx.get(f"{standby.url}/api/v1/jobs/job-10", params={"events": 500}, timeout=10).json()
-        assert taken_over, ("no instance of the killed leader was re-adopted by the new one: job-10's events: "
-                            + "; ".join(f"{e['reason']}: {e['message']}" for e in sample["events"]))
+        assert taken_over, (
+            "no instance of the killed leader was re-adopted by the new one: job-10's events: "
+            + "; ".join(f"{e['reason']}: {e['message']}" for e in sample["events"])
+        )
     finally:
         first.stop()
         second.stop()

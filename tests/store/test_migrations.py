@@ -28,11 +28,14 @@ def _legacy_store(url: str, stamp: bool) -> None:
     with engine.begin() as connection:
         config = migrate._config(connection)
         command.upgrade(config, "0001")
-        connection.execute(text(
-            "INSERT INTO jobs (uid, name, spec, state, reason, message, queue, priority, backend, owner, "
-            "cancel_requested, admitted, run_dir, created_at, last_transition_at) VALUES ('u1', 'old-job', "
-            "'{}', 'succeeded', '', '', 'default', 0, 'local', 'service', false, true, '', "
-            "CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"))
+        connection.execute(
+            text(
+                "INSERT INTO jobs (uid, name, spec, state, reason, message, queue, priority, backend, owner, "
+                "cancel_requested, admitted, run_dir, created_at, last_transition_at) VALUES ('u1', 'old-job', "
+                "'{}', 'succeeded', '', '', 'default', 0, 'local', 'service', false, true, '', "
+                "CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+            )
+        )
         if not stamp:
             connection.execute(text("DROP TABLE alembic_version"))
     engine.dispose()

@@ -19,7 +19,8 @@ pytestmark = pytest.mark.timeout(180)
 def test_a_fresh_store_has_every_table(store_url: str) -> None:
     engine = make_engine(store_url)
     assert {"jobs", "roles", "instances", "events", "registry", "metrics", "leases"} <= set(
-        inspect(engine).get_table_names())
+        inspect(engine).get_table_names()
+    )
 
 
 def test_jobs_are_found_by_id_uid_and_name_newest_first(store_url: str, tmp_path: Path) -> None:
@@ -53,7 +54,9 @@ def test_registry_address_is_unique_per_instance(store_url: str, tmp_path: Path)
         repo.register_address(row, "a", 0, "10.0.0.1:1")
         repo.register_address(row, "a", 0, "10.0.0.1:2")  # a restart moves it: one row, new address
         session.commit()
-        assert [(r.role, r.index, r.address) for r in repo.load_job(session, job_id).addresses] == [("a", 0, "10.0.0.1:2")]
+        assert [(r.role, r.index, r.address) for r in repo.load_job(session, job_id).addresses] == [
+            ("a", 0, "10.0.0.1:2")
+        ]
         repo.unregister_address(row, "a", 0)
         session.commit()
         assert repo.load_job(session, job_id).addresses == []
@@ -62,19 +65,38 @@ def test_registry_address_is_unique_per_instance(store_url: str, tmp_path: Path)
 def test_a_job_with_a_dependency_runs_to_success(store_url: str, tmp_path: Path) -> None:
     """The whole loop on this store: queue, admission, registry, the wait step reading it, status."""
     h = Harness(tmp_path, url=store_url)
-    state, status = h.run(job("deps", [
-        {"name": "server", "replicas": 1, "command": py("import time; time.sleep(1.5)")},
-        {"name": "client", "replicas": 2, "dependsOn": [{"role": "server"}],
-         "command": py("import os; assert os.environ['TM_SERVICE_SERVER'].count(':') == 1")},
-    ]))
+    state, status = h.run(
+        job(
+            "deps",
+            [
+                {"name": "server", "replicas": 1, "command": py("import time; time.sleep(1.5)")},
+                {
+                    "name": "client",
+                    "replicas": 2,
+                    "dependsOn": [{"role": "server"}],
+                    "command": py("import os; assert os.environ['TM_SERVICE_SERVER'].count(':') == 1"),
+                },
+            ],
+        )
+    )
     assert state == "succeeded", status["events"]
     assert all(i["state"] == "succeeded" for i in status["instances"])
 
 
 def test_deleting_a_job_deletes_everything_it_owns(store_url: str, tmp_path: Path) -> None:
     h = Harness(tmp_path, url=store_url)
-    state, _ = h.run(job("gone", [{"name": "a", "replicas": 2, "command": py(
-        "import trainmaster; assert trainmaster.report(step=1, loss=0.5)")}]))
+    state, _ = h.run(
+        job(
+            "gone",
+            [
+                {
+                    "name": "a",
+                    "replicas": 2,
+                    "command": py("import trainmaster; assert trainmaster.report(step=1, loss=0.5)"),
+                }
+            ],
+        )
+    )
     assert state == "succeeded"
     with h.sessions() as session:
         row = repo.find_job(session, "gone")

@@ -20,8 +20,7 @@ def _namespaces_unavailable() -> str | None:
         return "testbeds need root (network namespaces, veth links, tc qdiscs)"
     probe = f"tmprobe{secrets.token_hex(3)}"
     try:
-        done = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True,
-                              timeout=20)
+        done = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, timeout=20)
     except FileNotFoundError:
         return "iproute2's 'ip' is not installed (apt-get install -y iproute2)"
     subprocess.run(["ip", "netns", "delete", probe], capture_output=True, timeout=20)

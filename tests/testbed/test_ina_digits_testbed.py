@@ -29,18 +29,34 @@ def _run(example: str, tmp_path: Path, prefix: str) -> tuple[dict, dict]:
     path.write_text(yaml.safe_dump(job))
     # TRAINMASTER_HOME is the test's (where the testbed's record is): only the prefix is ours
     env = {**os.environ, "TRAINMASTER_TESTBED": prefix}
-    done = subprocess.run([sys.executable, "-m", "trainmaster", "run", str(path), "--backend",
-                           "testbed", "--interval", "0.2", "--json", "--db",
-                           f"sqlite:///{tmp_path / 'jobs.db'}"], capture_output=True, text=True,
-                          timeout=400, cwd=tmp_path, env=env)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainmaster",
+            "run",
+            str(path),
+            "--backend",
+            "testbed",
+            "--interval",
+            "0.2",
+            "--json",
+            "--db",
+            f"sqlite:///{tmp_path / 'jobs.db'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=tmp_path,
+        env=env,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads(done.stdout), json.loads((out / "metrics.json").read_text())
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_ina_digits_trains_across_four_testbed_hosts_like_gloo(make_testbed,
-                                                                tmp_path: Path) -> None:
+def test_ina_digits_trains_across_four_testbed_hosts_like_gloo(make_testbed, tmp_path: Path) -> None:
     """ina framework on the testbed backend: the forwarding and parameter nodes on the switch
     host (the example's ``testbed/<role>: sw`` pins), the 4 workers one per host, their
     gradients crossing the capped links; the test accuracy matches the gloo anchor's (same
@@ -50,8 +66,7 @@ def test_ina_digits_trains_across_four_testbed_hosts_like_gloo(make_testbed,
     status, ina = _run("ina-digits.yaml", tmp_path, bed.options.prefix)
     where = {(i["role"], i["index"]): i["address"].rsplit(":", 1)[0] for i in status["instances"]}
     assert where[("ps", 0)] == where[("switch", 0)] == bed.address("sw")
-    assert sorted(where[("worker", r)] for r in range(4)) == \
-        sorted(bed.address(h) for h in bed.host_names)
+    assert sorted(where[("worker", r)] for r in range(4)) == sorted(bed.address(h) for h in bed.host_names)
     after = bed.counters()
     for host in bed.host_names:  # every worker's gradients went over its own link
         assert after[host].up_bytes - before[host].up_bytes > 1_000_000, host

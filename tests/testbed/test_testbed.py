@@ -31,8 +31,7 @@ def test_hosts_get_their_own_addresses_and_reach_each_other_through_the_switch(m
     """Each host is a namespace with one address of the testbed's /24; host<->host and
     host<->switch-host traffic crosses the links."""
     bed = make_testbed(hosts=3, link_rate=parse_rate("1gbit"))
-    assert [bed.namespace(h) for h in bed.host_names] == \
-        [f"{bed.options.prefix}-h{i}" for i in (1, 2, 3)]
+    assert [bed.namespace(h) for h in bed.host_names] == [f"{bed.options.prefix}-h{i}" for i in (1, 2, 3)]
     assert set(bed.namespace(h) for h in [*bed.host_names, SWITCH]) <= set(namespaces())
     addresses = [bed.address(h) for h in [*bed.host_names, SWITCH]]
     assert all(ipaddress.IPv4Address(a) in bed.subnet for a in addresses)
@@ -50,9 +49,14 @@ def test_hosts_get_their_own_addresses_and_reach_each_other_through_the_switch(m
 def test_hosts_are_isolated_from_the_machines_network(make_testbed):
     """A host has no route to the machine's own addresses, and the machine has none to it."""
     bed = make_testbed(hosts=2)
-    own = [a["local"] for link in json.loads(subprocess.run(
-        ["ip", "-j", "-4", "addr"], capture_output=True, text=True, check=True).stdout)
-        for a in link.get("addr_info", []) if not a["local"].startswith("127.")]
+    own = [
+        a["local"]
+        for link in json.loads(
+            subprocess.run(["ip", "-j", "-4", "addr"], capture_output=True, text=True, check=True).stdout
+        )
+        for a in link.get("addr_info", [])
+        if not a["local"].startswith("127.")
+    ]
     for address in own[:2]:
         probe = bed.run("h1", [PY, PROBE, "connect", address, "22"])
         assert probe.stdout.strip() == "ENETUNREACH", (address, probe.stdout, probe.stderr)
@@ -89,17 +93,14 @@ def test_down_from_another_process_removes_everything_and_is_idempotent(make_tes
     bed = make_testbed(hosts=2, link_rate=None)
     prefix = bed.options.prefix
     cli = [PY, "-m", "trainmaster", "testbed"]
-    status = subprocess.run([*cli, "status", "--prefix", prefix, "--json"], capture_output=True,
-                            text=True, timeout=60)
+    status = subprocess.run([*cli, "status", "--prefix", prefix, "--json"], capture_output=True, text=True, timeout=60)
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout)["present"] is True
     for _ in range(2):
-        done = subprocess.run([*cli, "down", "--prefix", prefix], capture_output=True, text=True,
-                              timeout=60)
+        done = subprocess.run([*cli, "down", "--prefix", prefix], capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
     assert not [ns for ns in namespaces() if ns.startswith(prefix + "-")]
-    gone = subprocess.run([*cli, "status", "--prefix", prefix], capture_output=True, text=True,
-                          timeout=60)
+    gone = subprocess.run([*cli, "status", "--prefix", prefix], capture_output=True, text=True, timeout=60)
     assert gone.returncode == 2 and "no testbed" in gone.stderr and "Traceback" not in gone.stderr
 
 
@@ -110,18 +111,26 @@ def test_a_crash_half_way_through_up_leaves_nothing_down_cannot_remove(unique_pr
     assert sorted(remove(unique_prefix)) == [f"{unique_prefix}-h1", f"{unique_prefix}-sw"]
     bed = Testbed.up(TestbedOptions(hosts=1, prefix=unique_prefix))  # up over leftovers works too
     Testbed.up(TestbedOptions(hosts=2, prefix=unique_prefix))
-    assert sorted(ns for ns in namespaces() if ns.startswith(unique_prefix + "-")) == \
-        [f"{unique_prefix}-h1", f"{unique_prefix}-h2", f"{unique_prefix}-sw"]
+    assert sorted(ns for ns in namespaces() if ns.startswith(unique_prefix + "-")) == [
+        f"{unique_prefix}-h1",
+        f"{unique_prefix}-h2",
+        f"{unique_prefix}-sw",
+    ]
     bed.down()
 
 
 def test_cli_refuses_bad_options_and_non_root_clearly(monkeypatch):
     """User mistakes: exit 2, one line saying what to do, no traceback."""
-    bad = subprocess.run([PY, "-m", "trainmaster", "testbed", "up", "--hosts", "2", "--link",
-                          "fast"], capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [PY, "-m", "trainmaster", "testbed", "up", "--hosts", "2", "--link", "fast"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "not a rate" in bad.stderr and "Traceback" not in bad.stderr
-    many = subprocess.run([PY, "-m", "trainmaster", "testbed", "up", "--hosts", "500"],
-                          capture_output=True, text=True, timeout=60)
+    many = subprocess.run(
+        [PY, "-m", "trainmaster", "testbed", "up", "--hosts", "500"], capture_output=True, text=True, timeout=60
+    )
     assert many.returncode == 2 and "--hosts must be between 1 and 200" in many.stderr
     from trainmaster.cli.main import main
 
@@ -135,8 +144,9 @@ def test_down_stops_processes_still_running_on_hosts(make_testbed):
     """A namespace outlives its name while a process is inside it: down stops them first."""
     bed = make_testbed(hosts=2, link_rate=None)
     polite = bed.exec("h1", [PY, "-c", "import time; time.sleep(600)"])
-    stubborn = bed.exec(SWITCH, [PY, "-c", "import signal, time; "
-                                 "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+    stubborn = bed.exec(
+        SWITCH, [PY, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"]
+    )
     time.sleep(0.5)  # let the second one install its handler
     from trainmaster.testbed.testbed import remove as remove_with_grace
 

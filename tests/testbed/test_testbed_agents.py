@@ -33,8 +33,9 @@ RESTART_TWICE = {"policy": "OnFailure", "maxRestarts": 2, "backoffSeconds": 0}
 
 
 def _namespace_of(pid: int) -> str:
-    return subprocess.run(["ip", "netns", "identify", str(pid)], capture_output=True, text=True,
-                          timeout=20).stdout.strip()
+    return subprocess.run(
+        ["ip", "netns", "identify", str(pid)], capture_output=True, text=True, timeout=20
+    ).stdout.strip()
 
 
 def _alive(pid: int) -> bool:
@@ -46,9 +47,14 @@ def _alive(pid: int) -> bool:
 
 
 def _running(h: Harness, job_id: int, count: int, restarts: int | None = None) -> dict[str, Any]:
-    return step_until(h, job_id, lambda s: sum(
-        i["state"] == "running" and (restarts is None or i["restarts"] == restarts)
-        for i in s["instances"]) == count)
+    return step_until(
+        h,
+        job_id,
+        lambda s: (
+            sum(i["state"] == "running" and (restarts is None or i["restarts"] == restarts) for i in s["instances"])
+            == count
+        ),
+    )
 
 
 def _cgroup_parents(bed: Testbed) -> list[Path]:
@@ -76,16 +82,23 @@ def testbed_harness(make_testbed, tmp_path: Path):
 
 
 def test_kill9_of_a_host_agent_restarts_only_its_instances_never_twice(
-        testbed_harness, tmp_path: Path, isolated_home: Path) -> None:
+    testbed_harness, tmp_path: Path, isolated_home: Path
+) -> None:
     """Each host's instances are children of that host's agent, inside the host's namespace.
     kill -9 of h1's agent: the next call starts a new agent on h1, which kills what the old one
     left and journals it AgentRestarted before any start; the restart policy starts h1's replica
     again; h2's replica is untouched; no replica ever had two live copies."""
     bed, h = testbed_harness
     locks = [tmp_path / f"r{n}.lock" for n in range(2)]
-    job_id = h.submit(job("hostagent", [
-        {"name": f"r{n}", "command": shell_parent(lock, 300), "restartPolicy": RESTART_TWICE}
-        for n, lock in enumerate(locks)]))
+    job_id = h.submit(
+        job(
+            "hostagent",
+            [
+                {"name": f"r{n}", "command": shell_parent(lock, 300), "restartPolicy": RESTART_TWICE}
+                for n, lock in enumerate(locks)
+            ],
+        )
+    )
     status = _running(h, job_id, 2)
     wait_until(lambda: all(starts(lock) == 1 for lock in locks), what="both replicas")
     hosts = {i["role"]: i["address"].split(":")[0] for i in status["instances"]}
@@ -99,8 +112,14 @@ def test_kill9_of_a_host_agent_restarts_only_its_instances_never_twice(
         assert _namespace_of(inst["pid"]) == bed.namespace(host)
 
     os.kill(agents["h1"], signal.SIGKILL)  # type: ignore[arg-type]
-    status = step_until(h, job_id, lambda s: {(i["role"], i["state"], i["restarts"]) for i in s["instances"]}
-                        == {("r0", "running", 1), ("r1", "running", 0)})
+    status = step_until(
+        h,
+        job_id,
+        lambda s: (
+            {(i["role"], i["state"], i["restarts"]) for i in s["instances"]}
+            == {("r0", "running", 1), ("r1", "running", 0)}
+        ),
+    )
     wait_until(lambda: starts(locks[0]) == 2, what="r0's second attempt")
     new_h1 = agent_pid(host_agent_dir(bed.options.prefix, "h1"))
     assert new_h1 not in (None, agents["h1"]) and _namespace_of(new_h1) == bed.namespace("h1")  # type: ignore[arg-type]
@@ -113,8 +132,7 @@ def test_kill9_of_a_host_agent_restarts_only_its_instances_never_twice(
     assert doubles(tmp_path) == [] and job_processes(isolated_home) == []
 
 
-def test_cancel_and_testbed_down_leave_no_process_cgroup_or_namespace(
-        testbed_harness, isolated_home: Path) -> None:
+def test_cancel_and_testbed_down_leave_no_process_cgroup_or_namespace(testbed_harness, isolated_home: Path) -> None:
     """cancel of a job spread over both hosts leaves none of its processes, setsid grandchildren
     and double-forked daemons included; then ``down`` with a second job still running stops
     the hosts' agents and leaves no agent, instance process, cgroup or namespace."""

@@ -46,10 +46,13 @@ json.dump({"host": os.environ["TM_HOST"], "reply": reply}, open(out, "w"))
 
 
 def _two_role_job(annotations: dict[str, str]) -> dict:
-    doc = job("across", [
-        {"name": "server", "command": py(SERVER)},
-        {"name": "client", "command": py(CLIENT), "depends_on": [{"role": "server"}]},
-    ])
+    doc = job(
+        "across",
+        [
+            {"name": "server", "command": py(SERVER)},
+            {"name": "client", "command": py(CLIENT), "depends_on": [{"role": "server"}]},
+        ],
+    )
     doc["metadata"]["annotations"] = annotations
     return doc
 
@@ -72,8 +75,11 @@ def test_two_role_job_talks_across_testbed_hosts(make_testbed, tmp_path: Path, p
     client = json.loads((output / "client.json").read_text())
     server_host = pin or "h1"
     client_host = "h1" if pin else "h2"
-    assert server == {"bound": bed.address(server_host), "peer": bed.address(client_host),
-                      "got": "hello across the link"}
+    assert server == {
+        "bound": bed.address(server_host),
+        "peer": bed.address(client_host),
+        "got": "hello across the link",
+    }
     assert client == {"host": bed.address(client_host), "reply": "HELLO ACROSS THE LINK"}
     after = bed.counters()
     assert after[client_host].up_bytes > before[client_host].up_bytes
@@ -102,9 +108,23 @@ def test_cli_runs_a_job_on_the_testbed_that_is_up(make_testbed, tmp_path: Path, 
     monkeypatch.setenv("TRAINMASTER_TESTBED", bed.options.prefix)
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(_two_role_job({"testbed/server": "sw"})))
-    done = subprocess.run([sys.executable, "-m", "trainmaster", "run", str(job_file), "--backend",
-                           "testbed", "--db", f"sqlite:///{tmp_path / 'cli.db'}"],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainmaster",
+            "run",
+            str(job_file),
+            "--backend",
+            "testbed",
+            "--db",
+            f"sqlite:///{tmp_path / 'cli.db'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     server = json.loads(next(tmp_path.rglob("output/server.json")).read_text())
     assert server["bound"] == bed.address("sw") and server["peer"] == bed.address("h1")

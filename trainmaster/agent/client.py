@@ -57,8 +57,9 @@ def answers(state_dir: Path, timeout: float = 2.0) -> bool:
         sock.close()
 
 
-def ensure_agent(state_dir: Path, node: str = "local", linger: float = 10.0, timeout: float = 20.0,
-                 extra_args: tuple[str, ...] = ()) -> None:
+def ensure_agent(
+    state_dir: Path, node: str = "local", linger: float = 10.0, timeout: float = 20.0, extra_args: tuple[str, ...] = ()
+) -> None:
     """Return once an agent answers on ``state_dir``; start one (detached, its own session) if
     none does. Two callers racing both spawn; the state dir's lock lets only one serve. A daemon
     that found the lock held (a dying agent) is started again until one serves."""
@@ -67,25 +68,44 @@ def ensure_agent(state_dir: Path, node: str = "local", linger: float = 10.0, tim
     state_dir.mkdir(parents=True, exist_ok=True)
     _spawned[:] = [d for d in _spawned if d.poll() is None]  # reap daemons that have exited
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p)}
-    argv = [sys.executable, "-m", "trainmaster.agent", "--state-dir", str(state_dir), "--node", node,
-            "--linger", str(linger), *extra_args]
+    argv = [
+        sys.executable,
+        "-m",
+        "trainmaster.agent",
+        "--state-dir",
+        str(state_dir),
+        "--node",
+        node,
+        "--linger",
+        str(linger),
+        *extra_args,
+    ]
     deadline = time.monotonic() + timeout
     delay = 0.005
     daemon: subprocess.Popen[bytes] | None = None
     while True:
         if daemon is None or daemon.poll() is not None:
             if daemon is not None and daemon.returncode != ALREADY_RUNNING_EXIT:
-                raise AgentUnavailable(f"the node agent exited with code {daemon.returncode} at start; "
-                                       f"see {state_dir / LOG_NAME}")
+                raise AgentUnavailable(
+                    f"the node agent exited with code {daemon.returncode} at start; see {state_dir / LOG_NAME}"
+                )
             with open(state_dir / LOG_NAME, "ab") as out:
-                daemon = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                          start_new_session=True, close_fds=True, env=env)
+                daemon = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    close_fds=True,
+                    env=env,
+                )
             _spawned.append(daemon)
         if answers(state_dir):
             return
         if time.monotonic() >= deadline:
-            raise AgentUnavailable(f"no node agent answered on {state_dir} within {timeout:g}s; "
-                                   f"see {state_dir / LOG_NAME}")
+            raise AgentUnavailable(
+                f"no node agent answered on {state_dir} within {timeout:g}s; see {state_dir / LOG_NAME}"
+            )
         time.sleep(delay)
         delay = min(delay * 2, 0.2)
 
@@ -93,8 +113,9 @@ def ensure_agent(state_dir: Path, node: str = "local", linger: float = 10.0, tim
 class AgentClient:
     """``NodeAgentAPI`` of the agent serving ``state_dir``: one connection, one call at a time."""
 
-    def __init__(self, state_dir: Path, node: str = "local", timeout: float = 60.0, linger: float = 10.0,
-                 start: bool = True):
+    def __init__(
+        self, state_dir: Path, node: str = "local", timeout: float = 60.0, linger: float = 10.0, start: bool = True
+    ):
         self.state_dir = state_dir
         self.node = node
         self.timeout = timeout
@@ -136,8 +157,9 @@ class AgentClient:
                     break
                 except socket.timeout:
                     self._drop()
-                    raise AgentUnavailable(f"the node agent did not answer '{op}' within "
-                                           f"{timeout or self.timeout:g}s") from None
+                    raise AgentUnavailable(
+                        f"the node agent did not answer '{op}' within {timeout or self.timeout:g}s"
+                    ) from None
                 except (ConnectionError, FileNotFoundError, BrokenPipeError) as exc:
                     self._drop()
                     if attempt == 3:
@@ -151,12 +173,15 @@ class AgentClient:
     # ---- NodeAgentAPI --------------------------------------------------------------------------
     def start(self, specs: list[LaunchSpec]) -> list[StartResult]:
         results = self.call("start", specs=[s.to_dict() for s in specs])
-        return [StartResult(r["instance_id"], InstanceHandle.from_dict(r["handle"]) if r["handle"] else None,
-                            r["error"]) for r in results]
+        return [
+            StartResult(r["instance_id"], InstanceHandle.from_dict(r["handle"]) if r["handle"] else None, r["error"])
+            for r in results
+        ]
 
     def stop(self, instance_ids: list[str], grace: float) -> list[InstanceStatus]:
-        return [InstanceStatus.from_dict(s) for s in
-                self.call("stop", timeout=grace + 60, ids=instance_ids, grace=grace)]
+        return [
+            InstanceStatus.from_dict(s) for s in self.call("stop", timeout=grace + 60, ids=instance_ids, grace=grace)
+        ]
 
     def observe(self, instance_ids: list[str]) -> list[InstanceStatus]:
         return [InstanceStatus.from_dict(s) for s in self.call("observe", ids=instance_ids)]

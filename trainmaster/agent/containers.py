@@ -32,8 +32,18 @@ from trainmaster.containers.runtime import ContainerRuntime, ContainerRuntimeMis
 log = logging.getLogger(__name__)
 
 # what the podman client itself needs of the agent's environment (never the container's)
-CLIENT_VARIABLES = ("PATH", "HOME", "TMPDIR", "XDG_RUNTIME_DIR", "XDG_DATA_HOME", "XDG_CONFIG_HOME",
-                    "CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF", "CONTAINERS_REGISTRIES_CONF", "REGISTRY_AUTH_FILE")
+CLIENT_VARIABLES = (
+    "PATH",
+    "HOME",
+    "TMPDIR",
+    "XDG_RUNTIME_DIR",
+    "XDG_DATA_HOME",
+    "XDG_CONFIG_HOME",
+    "CONTAINERS_CONF",
+    "CONTAINERS_STORAGE_CONF",
+    "CONTAINERS_REGISTRIES_CONF",
+    "REGISTRY_AUTH_FILE",
+)
 CONTAINER_CGROUPS = "trainmaster-containers"
 CLIENT_FAILED_CODES = (125, 126, 127)  # podman's own: could not create / start / find the command
 
@@ -96,9 +106,18 @@ class ContainerHooks:
                 self._live_cgroups += 1
             if spec.memory > 0:
                 (memory / "memory.limit_in_bytes").write_text(str(spec.memory))
-        argv = podman.run_argv(runtime, spec.container, name=name, node_key=self.node_key,
-                               instance_id=spec.instance_id, env_file=str(env_file), cid_file=str(cid_file),
-                               cpu=spec.cpu, memory=0 if cgroup else spec.memory, cgroup_parent=cgroup)
+        argv = podman.run_argv(
+            runtime,
+            spec.container,
+            name=name,
+            node_key=self.node_key,
+            instance_id=spec.instance_id,
+            env_file=str(env_file),
+            cid_file=str(cid_file),
+            cpu=spec.cpu,
+            memory=0 if cgroup else spec.memory,
+            cgroup_parent=cgroup,
+        )
         if not spec.depends:
             podman.write_env_file(env_file, spec.env)
         client_env = {k: v for k, v in os.environ.items() if k in CLIENT_VARIABLES}

@@ -100,8 +100,13 @@ class LaunchSpec:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LaunchSpec:
         container = data.get("container")
-        return cls(**{**data, "depends": [Dependency(**d) for d in data.get("depends", [])],
-                      "container": None if container is None else ContainerLaunch(**container)})
+        return cls(
+            **{
+                **data,
+                "depends": [Dependency(**d) for d in data.get("depends", [])],
+                "container": None if container is None else ContainerLaunch(**container),
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -143,8 +148,9 @@ class InstanceStatus:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> InstanceStatus:
-        return cls(**{**data, "handle": InstanceHandle.from_dict(data["handle"]),
-                      "phase": InstancePhase(data["phase"])})
+        return cls(
+            **{**data, "handle": InstanceHandle.from_dict(data["handle"]), "phase": InstancePhase(data["phase"])}
+        )
 
 
 @dataclass(frozen=True)

@@ -42,12 +42,18 @@ from typing import Any
 
 import trainmaster
 from trainmaster.agent.containers import ContainerHooks, ContainerRecord, failure_reason
-from trainmaster.agent.contract import (InstanceHandle, InstancePhase, InstanceStatus, LaunchSpec,
-                                        StartResult)
+from trainmaster.agent.contract import InstanceHandle, InstancePhase, InstanceStatus, LaunchSpec, StartResult
 from trainmaster.agent.journal import ExitJournal, JournaledInstance
 from trainmaster.containers.runtime import ContainerRuntimeMissing, container_name
-from trainmaster.agent.tree import (AGENT_MARKER, INSTANCE_MARKER, MarkerTrees, ProcessTrees, cgroup_name,
-                                   kill_tree, make_trees)
+from trainmaster.agent.tree import (
+    AGENT_MARKER,
+    INSTANCE_MARKER,
+    MarkerTrees,
+    ProcessTrees,
+    cgroup_name,
+    kill_tree,
+    make_trees,
+)
 
 log = logging.getLogger(__name__)
 
@@ -166,8 +172,16 @@ class NodeAgent:
         self._closed = False
         self._unremoved: set[str] = set()  # ended instances whose cgroups still hold an unreaped member
         self.containers = ContainerHooks(options.node_key)
-        log.info("node agent %s (pid %d, parent %d, argv %s): process trees by %s, subreaper %s, state in %s",
-                 self.node, os.getpid(), os.getppid(), sys.argv, self.trees.kind, self.subreaper, options.state_dir)
+        log.info(
+            "node agent %s (pid %d, parent %d, argv %s): process trees by %s, subreaper %s, state in %s",
+            self.node,
+            os.getpid(),
+            os.getppid(),
+            sys.argv,
+            self.trees.kind,
+            self.subreaper,
+            options.state_dir,
+        )
         self._recover()
         self._spawner = ThreadPoolExecutor(max(1, options.spawn_threads), thread_name_prefix="spawn")
         self._reaper = threading.Thread(target=self._reap_forever, name="reaper", daemon=True)
@@ -190,15 +204,25 @@ class NodeAgent:
             self.trees.remove(instance_id)
             handle = InstanceHandle(self.node, instance_id, record.started.get("pid"))
             status = InstanceStatus(
-                handle, InstancePhase.EXITED, exit_code=AGENT_RESTART_EXIT, reason="AgentRestarted",
-                message=(f"the node agent restarted while this instance ran; its {len(left)} remaining "
-                         "process(es) were killed so that it never runs twice"),
-                started_at=record.started.get("at"), ended_at=restarted_at)
+                handle,
+                InstancePhase.EXITED,
+                exit_code=AGENT_RESTART_EXIT,
+                reason="AgentRestarted",
+                message=(
+                    f"the node agent restarted while this instance ran; its {len(left)} remaining "
+                    "process(es) were killed so that it never runs twice"
+                ),
+                started_at=record.started.get("at"),
+                ended_at=restarted_at,
+            )
             self.journal.exited([status])
             record.exit = status
             self._instances[instance_id] = self._from_journal(record)
-            log.warning("instance %s: journaled as started, not ended; killed %d process(es) (AgentRestarted)",
-                        instance_id, len(left))
+            log.warning(
+                "instance %s: journaled as started, not ended; killed %d process(es) (AgentRestarted)",
+                instance_id,
+                len(left),
+            )
         if containers:  # after their clients: nothing is left to start them again
             removed = self.containers.remove_leftovers(containers)
             log.warning("removed %d container(s) of instances journaled as started, not ended", removed)
@@ -213,8 +237,13 @@ class NodeAgent:
 
     def _from_journal(self, record: JournaledInstance) -> _Instance:
         assert record.exit is not None
-        inst = _Instance(record.instance_id, record.started.get("role", ""), bool(record.started.get("gated")),
-                         record.started.get("at", 0.0), pid=record.exit.handle.pid)
+        inst = _Instance(
+            record.instance_id,
+            record.started.get("role", ""),
+            bool(record.started.get("gated")),
+            record.started.get("at", 0.0),
+            pid=record.exit.handle.pid,
+        )
         inst.status = record.exit
         return inst
 
@@ -229,10 +258,22 @@ class NodeAgent:
                 self._instances[spec.instance_id] = _Instance(spec.instance_id, spec.role, bool(spec.depends), now)
         if fresh:
             with self._journal_lock:
-                self.journal.started([{"id": s.instance_id, "role": s.role, "gated": bool(s.depends), "at": now,
-                                       **({"container": container_name(self.options.node_key, s.instance_id)}
-                                          if s.container is not None else {})}
-                                      for s in fresh])
+                self.journal.started(
+                    [
+                        {
+                            "id": s.instance_id,
+                            "role": s.role,
+                            "gated": bool(s.depends),
+                            "at": now,
+                            **(
+                                {"container": container_name(self.options.node_key, s.instance_id)}
+                                if s.container is not None
+                                else {}
+                            ),
+                        }
+                        for s in fresh
+                    ]
+                )
         fresh_ids = {s.instance_id for s in fresh}
         todo = [s for s in specs if s.instance_id in fresh_ids]
         with self._spawn_lock:
@@ -310,9 +351,17 @@ class NodeAgent:
             out = _open_log(spec)
             # the child is born in the instance's cgroups (the thread moves in before it forks)
             self.trees.enter(spec.instance_id)
-            popen = subprocess.Popen(argv, env=env, cwd=spec.cwd or None, stdin=subprocess.DEVNULL,
-                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                     close_fds=True, pass_fds=(notify_write,) if notify_write else ())
+            popen = subprocess.Popen(
+                argv,
+                env=env,
+                cwd=spec.cwd or None,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+                pass_fds=(notify_write,) if notify_write else (),
+            )
         except (OSError, ValueError, TypeError) as error:  # ValueError: a NUL that slipped past validation
             self.trees.leave()  # out of a group that is about to be removed
             self._start_failed(inst, spec, error)
@@ -347,9 +396,15 @@ class NodeAgent:
         message = error if isinstance(error, str) else start_error_message(spec, error)
         log.info("instance %s: %s", spec.instance_id, message)
         self.trees.remove(spec.instance_id)
-        status = InstanceStatus(InstanceHandle(self.node, spec.instance_id, None), InstancePhase.START_FAILED,
-                                exit_code=START_FAILED_EXIT, reason="StartFailed", message=message,
-                                started_at=inst.started_at, ended_at=time.time())
+        status = InstanceStatus(
+            InstanceHandle(self.node, spec.instance_id, None),
+            InstancePhase.START_FAILED,
+            exit_code=START_FAILED_EXIT,
+            reason="StartFailed",
+            message=message,
+            started_at=inst.started_at,
+            ended_at=time.time(),
+        )
         with self._journal_lock:
             self.journal.exited([status])
         with self._lock:
@@ -441,8 +496,11 @@ class NodeAgent:
             reason, message = inst.wait_reason, inst.wait_message
         elif explained is not None:
             reason, message = explained
-        elif os.WIFSIGNALED(reaped.status) and os.WTERMSIG(reaped.status) == signal.SIGKILL \
-                and self.trees.oom_killed(inst.instance_id):
+        elif (
+            os.WIFSIGNALED(reaped.status)
+            and os.WTERMSIG(reaped.status) == signal.SIGKILL
+            and self.trees.oom_killed(inst.instance_id)
+        ):
             reason, message = "OOMKilled", "killed by the kernel: the instance's memory limit was reached"
         elif inst.stopping:
             reason, message = "Stopped", f"stopped by the agent (exit code {code})"
@@ -451,10 +509,18 @@ class NodeAgent:
             reason, message = "Killed", f"killed by {sig}"
         else:
             reason, message = ("Completed", "") if code == 0 else ("Error", f"exited with code {code}")
-        return InstanceStatus(InstanceHandle(self.node, inst.instance_id, inst.pid), InstancePhase.EXITED,
-                              exit_code=code, reason=reason, message=message, started_at=inst.started_at,
-                              command_started_at=inst.command_started_at, ended_at=time.time(),
-                              cpu_seconds=round(cpu, 3), peak_rss=int(peak))
+        return InstanceStatus(
+            InstanceHandle(self.node, inst.instance_id, inst.pid),
+            InstancePhase.EXITED,
+            exit_code=code,
+            reason=reason,
+            message=message,
+            started_at=inst.started_at,
+            command_started_at=inst.command_started_at,
+            ended_at=time.time(),
+            cpu_seconds=round(cpu, 3),
+            peak_rss=int(peak),
+        )
 
     def _read_notes(self, inst: _Instance) -> None:
         """What the wait step told us through its notify pipe: ``exec <time>`` just before it
@@ -481,8 +547,12 @@ class NodeAgent:
     def _status(self, instance_id: str) -> InstanceStatus:
         inst = self._instances.get(instance_id)
         if inst is None:
-            return InstanceStatus(InstanceHandle(self.node, instance_id), InstancePhase.LOST, reason="Unknown",
-                                  message=f"the node agent of {self.node} holds no record of {instance_id}")
+            return InstanceStatus(
+                InstanceHandle(self.node, instance_id),
+                InstancePhase.LOST,
+                reason="Unknown",
+                message=f"the node agent of {self.node} holds no record of {instance_id}",
+            )
         if inst.status is not None:
             return inst.status
         if inst.gated and inst.command_started_at is None:
@@ -495,10 +565,15 @@ class NodeAgent:
             if command_started_at is None:
                 phase, reason = InstancePhase.WAITING, "ContainerCreating"
             cpu, peak = self.containers.observe(inst.container) or (cpu, peak)
-        return InstanceStatus(InstanceHandle(self.node, instance_id, inst.pid), phase,
-                              reason="" if phase == InstancePhase.RUNNING else reason,
-                              started_at=inst.started_at, command_started_at=command_started_at,
-                              cpu_seconds=round(cpu, 3), peak_rss=peak)
+        return InstanceStatus(
+            InstanceHandle(self.node, instance_id, inst.pid),
+            phase,
+            reason="" if phase == InstancePhase.RUNNING else reason,
+            started_at=inst.started_at,
+            command_started_at=command_started_at,
+            cpu_seconds=round(cpu, 3),
+            peak_rss=peak,
+        )
 
     def observe(self, instance_ids: list[str]) -> list[InstanceStatus]:
         with self._lock:
@@ -511,8 +586,9 @@ class NodeAgent:
     # ---- stop ------------------------------------------------------------------------------------
     def stop(self, instance_ids: list[str], grace: float) -> list[InstanceStatus]:
         with self._lock:
-            live = [self._instances[i] for i in instance_ids
-                    if i in self._instances and self._instances[i].status is None]
+            live = [
+                self._instances[i] for i in instance_ids if i in self._instances and self._instances[i].status is None
+            ]
             for inst in live:
                 inst.stopping = True
         with self._spawn_lock:  # never freeze a group while the spawning thread is in it
@@ -524,8 +600,11 @@ class NodeAgent:
                     if inst.status is None:
                         self.trees.signal_all(inst.instance_id, signal.SIGKILL)
             if not self._wait_ended(live, self.options.kill_timeout):
-                log.error("instances %s did not end %.0fs after SIGKILL",
-                          [i.instance_id for i in live if i.status is None], self.options.kill_timeout)
+                log.error(
+                    "instances %s did not end %.0fs after SIGKILL",
+                    [i.instance_id for i in live if i.status is None],
+                    self.options.kill_timeout,
+                )
         return self.observe(instance_ids)
 
     def _wait_ended(self, instances: list[_Instance], timeout: float) -> bool:
@@ -561,10 +640,14 @@ class NodeAgent:
                 self.journal.forgotten(gone)
                 if self.journal.needs_compaction():
                     with self._lock:
-                        records = {i: JournaledInstance(i, {"id": i, "t": "start", "role": inst.role,
-                                                            "gated": inst.gated, "at": inst.started_at},
-                                                        inst.status)
-                                   for i, inst in self._instances.items()}
+                        records = {
+                            i: JournaledInstance(
+                                i,
+                                {"id": i, "t": "start", "role": inst.role, "gated": inst.gated, "at": inst.started_at},
+                                inst.status,
+                            )
+                            for i, inst in self._instances.items()
+                        }
                     self.journal.compact(records)
 
     def shutdown(self, grace: float) -> None:
@@ -597,8 +680,11 @@ def _open_log(spec: LaunchSpec) -> int:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, f"--- attempt {spec.attempt} of {spec.role}-{spec.index} "
-                     f"at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
+        os.write(
+            fd,
+            f"--- attempt {spec.attempt} of {spec.role}-{spec.index} "
+            f"at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode(),
+        )
     except OSError:
         os.close(fd)
         raise

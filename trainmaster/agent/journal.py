@@ -89,8 +89,13 @@ class ExitJournal:
             for record in records.values():
                 out.write(json.dumps(record.started, separators=(",", ":")).encode() + b"\n")
                 if record.exit is not None:
-                    out.write(json.dumps({"t": "exit", "id": record.instance_id, "status": record.exit.to_dict()},
-                                         separators=(",", ":")).encode() + b"\n")
+                    out.write(
+                        json.dumps(
+                            {"t": "exit", "id": record.instance_id, "status": record.exit.to_dict()},
+                            separators=(",", ":"),
+                        ).encode()
+                        + b"\n"
+                    )
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, self.path)

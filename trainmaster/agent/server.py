@@ -25,8 +25,7 @@ from typing import Any
 
 from trainmaster.agent.contract import LaunchSpec
 from trainmaster.agent.core import AgentOptions, NodeAgent
-from trainmaster.agent.protocol import (ALREADY_RUNNING_EXIT, LOCK_NAME, LOG_NAME, PID_NAME,
-                                        socket_address)
+from trainmaster.agent.protocol import ALREADY_RUNNING_EXIT, LOCK_NAME, LOG_NAME, PID_NAME, socket_address
 
 log = logging.getLogger("trainmaster.agent")
 MAX_WAIT_EXIT = 60.0  # seconds one wait_exit request may block its connection
@@ -137,12 +136,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainmaster.agent", description=__doc__.split("\n")[0])
     parser.add_argument("--state-dir", required=True, type=Path)
     parser.add_argument("--node", default="local")
-    parser.add_argument("--linger", type=float, default=10.0,
-                        help="seconds idle (no controller, no live instance) before exiting")
+    parser.add_argument(
+        "--linger", type=float, default=10.0, help="seconds idle (no controller, no live instance) before exiting"
+    )
     parser.add_argument("--grace", type=float, default=5.0, help="SIGTERM to SIGKILL when the agent stops")
     parser.add_argument("--no-cgroups", action="store_true", help="track trees by environment marker only")
-    parser.add_argument("--netns", default="",
-                        help="run inside this named network namespace (a testbed host; needs root)")
+    parser.add_argument(
+        "--netns", default="", help="run inside this named network namespace (a testbed host; needs root)"
+    )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     if args.netns:
@@ -153,11 +154,15 @@ def main(argv: list[str] | None = None) -> int:
 
         enter(args.netns)
     args.state_dir.mkdir(parents=True, exist_ok=True)
-    logging.basicConfig(filename=args.state_dir / LOG_NAME, level=args.log_level.upper(),
-                        format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        filename=args.state_dir / LOG_NAME,
+        level=args.log_level.upper(),
+        format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s",
+    )
     try:
-        return serve(AgentOptions(args.state_dir.resolve(), args.node, use_cgroups=not args.no_cgroups),
-                     args.linger, args.grace)
+        return serve(
+            AgentOptions(args.state_dir.resolve(), args.node, use_cgroups=not args.no_cgroups), args.linger, args.grace
+        )
     except Exception:
         log.exception("the node agent failed")
         raise

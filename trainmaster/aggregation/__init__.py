@@ -18,6 +18,17 @@ from trainmaster.aggregation.worker import (
     WorkerLostError,
 )
 
-__all__ = ["AggregationClient", "AggregationError", "BlockFloat", "Fabric", "FaultPlan",
-           "FixedScale", "ForwardingNode", "KillPlan", "ParameterNode", "UdpTransport",
-           "WorkerConfig", "WorkerLostError"]
+__all__ = [
+    "AggregationClient",
+    "AggregationError",
+    "BlockFloat",
+    "Fabric",
+    "FaultPlan",
+    "FixedScale",
+    "ForwardingNode",
+    "KillPlan",
+    "ParameterNode",
+    "UdpTransport",
+    "WorkerConfig",
+    "WorkerLostError",
+]

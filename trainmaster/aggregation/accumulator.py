@@ -53,8 +53,7 @@ class IntSum:
             return self.wide.size
         return self.parts[0].size if self.parts else None
 
-    def add(self, q: np.ndarray, exponent: int, bitmap: int, overflow: bool = False, *,
-            borrow: bool = False) -> bool:
+    def add(self, q: np.ndarray, exponent: int, bitmap: int, overflow: bool = False, *, borrow: bool = False) -> bool:
         """Add a contribution; False (and no change) if any of its workers is already in."""
         if self.bitmap & bitmap or self.size not in (None, q.size):
             return False
@@ -62,8 +61,11 @@ class IntSum:
         peak = max(hi, -lo)
         self.overflow = self.overflow or overflow or hi >= _LIMIT or lo <= -_LIMIT
         self.bitmap |= bitmap
-        int32_sum = self.wide is None and q.dtype == np.int32 and (
-            not self.parts or (exponent == self.exponent and self.peak + peak < _LIMIT))
+        int32_sum = (
+            self.wide is None
+            and q.dtype == np.int32
+            and (not self.parts or (exponent == self.exponent and self.peak + peak < _LIMIT))
+        )
         if int32_sum:
             self.parts.append(q if borrow else np.array(q, copy=True))
             self.exponent = exponent

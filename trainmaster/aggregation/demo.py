@@ -64,20 +64,22 @@ def demo_input(cfg: DemoConfig, job: int, rank: int, rnd: int) -> np.ndarray:
     if cfg.overflow:
         starts = np.arange(0, cfg.elements, cfg.chunk * OVERFLOW_EVERY)
         for s in starts:
-            x[s:s + 8] = OVERFLOW_VALUE * np.where(rng.random(len(x[s:s + 8])) < 0.5, -1, 1)
+            x[s : s + 8] = OVERFLOW_VALUE * np.where(rng.random(len(x[s : s + 8])) < 0.5, -1, 1)
     return x
 
 
 def _worker_main(conn: Any, cfg: DemoConfig, switch: Address, job: int, rank: int) -> None:
     quantizer = FixedScale(FIXED_EXPONENT) if cfg.overflow else BlockFloat()
-    wcfg = WorkerConfig(chunk=cfg.chunk, quantizer=quantizer, timeout=cfg.timeout,
-                        failover_after=cfg.failover_after,
-                        parameter_node_dead_after=cfg.parameter_node_dead_after,
-                        max_retransmit_timeout=cfg.max_retransmit_timeout)
-    report: dict[str, Any] = {"job": job, "rank": rank, "ok": True, "max_abs_error": 0.0,
-                              "bound": 0.0, "error": None}
-    client = AggregationClient(switch, job, rank, cfg.workers, wcfg, cfg.faults,
-                               transport=cfg.transport, kill=cfg.kill)
+    wcfg = WorkerConfig(
+        chunk=cfg.chunk,
+        quantizer=quantizer,
+        timeout=cfg.timeout,
+        failover_after=cfg.failover_after,
+        parameter_node_dead_after=cfg.parameter_node_dead_after,
+        max_retransmit_timeout=cfg.max_retransmit_timeout,
+    )
+    report: dict[str, Any] = {"job": job, "rank": rank, "ok": True, "max_abs_error": 0.0, "bound": 0.0, "error": None}
+    client = AggregationClient(switch, job, rank, cfg.workers, wcfg, cfg.faults, transport=cfg.transport, kill=cfg.kill)
     try:
         client.join()
         elapsed = 0.0
@@ -109,17 +111,23 @@ def _worker_main(conn: Any, cfg: DemoConfig, switch: Address, job: int, rank: in
 def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     """Run the whole demo; the returned dict is what ``trainmaster aggregation demo`` prints."""
     ctx = mp.get_context("fork")
-    with Fabric(slots=cfg.slots, levels=cfg.levels, faults=cfg.faults, transport=cfg.transport,
-                dead_after=max(10.0, cfg.timeout / 4), siblings=cfg.siblings,
-                kill=cfg.kill) as fabric:
+    with Fabric(
+        slots=cfg.slots,
+        levels=cfg.levels,
+        faults=cfg.faults,
+        transport=cfg.transport,
+        dead_after=max(10.0, cfg.timeout / 4),
+        siblings=cfg.siblings,
+        kill=cfg.kill,
+    ) as fabric:
         procs, pipes = [], []
         t0 = time.monotonic()
         for job in range(1, cfg.jobs + 1):
             for rank in range(cfg.workers):
                 parent, child = ctx.Pipe(duplex=False)
-                p = ctx.Process(target=_worker_main,
-                                args=(child, cfg, fabric.attach_point(rank), job, rank),
-                                daemon=True)
+                p = ctx.Process(
+                    target=_worker_main, args=(child, cfg, fabric.attach_point(rank), job, rank), daemon=True
+                )
                 p.start()
                 child.close()
                 procs.append(p)
@@ -131,8 +139,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     return _summarise(cfg, reports, fabric_stats, wall)
 
 
-def _collect(cfg: DemoConfig, names: list[tuple[int, int]], pipes: list[Any],
-             procs: list[Any]) -> list[dict[str, Any]]:
+def _collect(cfg: DemoConfig, names: list[tuple[int, int]], pipes: list[Any], procs: list[Any]) -> list[dict[str, Any]]:
     """Each worker's report, or why there is none; every worker process is gone afterwards.
 
     Waits on the report pipes and the process sentinels together, so a killed worker is
@@ -155,29 +162,27 @@ def _collect(cfg: DemoConfig, names: list[tuple[int, int]], pipes: list[Any],
             except EOFError:  # the pipe closed without a report: the process is gone
                 procs[i].join(5)
                 code = procs[i].exitcode
-                how = f"killed by signal {-code}" if code is not None and code < 0 else \
-                    f"exit code {code}"
-                reports[i] = _missing(f"worker {names[i][0]}.{names[i][1]} died ({how}) "
-                                      f"without a report")
+                how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+                reports[i] = _missing(f"worker {names[i][0]}.{names[i][1]} died ({how}) without a report")
             open_.discard(i)
     for i in open_:
         stopped = process_stopped(procs[i].pid)
         os.kill(procs[i].pid, signal.SIGKILL)
-        reports[i] = _missing(f"worker {names[i][0]}.{names[i][1]} "
-                              + ("was stopped (SIGSTOP)" if stopped else "gave no report")
-                              + "; the demo killed it")
+        reports[i] = _missing(
+            f"worker {names[i][0]}.{names[i][1]} "
+            + ("was stopped (SIGSTOP)" if stopped else "gave no report")
+            + "; the demo killed it"
+        )
     for proc in procs:
         proc.join(timeout=5)
     return [reports[i] for i in range(len(procs))]
 
 
 def _missing(error: str) -> dict[str, Any]:
-    return {"ok": False, "error": error, "stats": {}, "max_abs_error": float("inf"),
-            "bound": 0.0}
+    return {"ok": False, "error": error, "stats": {}, "max_abs_error": float("inf"), "bound": 0.0}
 
 
-def _summarise(cfg: DemoConfig, reports: list[dict[str, Any]], fabric: dict[str, Any],
-               wall: float) -> dict[str, Any]:
+def _summarise(cfg: DemoConfig, reports: list[dict[str, Any]], fabric: dict[str, Any], wall: float) -> dict[str, Any]:
     ps = fabric["ps"] or {}
     switches = [s for s in fabric["switches"] if s]
     nodes = [ps, *switches] + [r["stats"] for r in reports if r.get("stats")]
@@ -199,12 +204,12 @@ def _summarise(cfg: DemoConfig, reports: list[dict[str, Any]], fabric: dict[str,
         "overflow_fallbacks": int(ps.get("overflow_fallbacks", 0)),
         "collisions": total(switches, "collisions"),
         "duplicates_ignored": total(switches, "duplicates_ignored")
-        + int(ps.get("duplicates_ignored", 0)) + total(wstats, "duplicates_ignored"),
+        + int(ps.get("duplicates_ignored", 0))
+        + total(wstats, "duplicates_ignored"),
         "flushes": total(switches, "flushes"),
         "verified": int(ps.get("verified", 0)),
         "slots_in_use_after": total(switches, "slots_in_use"),
-        "faults": {name: total(transports, name)
-                   for name in ("dropped", "duplicated", "reordered", "delayed")},
+        "faults": {name: total(transports, name) for name in ("dropped", "duplicated", "reordered", "delayed")},
         "goodput_MBps": tensor_bytes / seconds / 1e6 if seconds else 0.0,
         "seconds": round(wall, 3),
         "errors": [r["error"] for r in reports if r.get("error")],
@@ -212,7 +217,9 @@ def _summarise(cfg: DemoConfig, reports: list[dict[str, Any]], fabric: dict[str,
         "workers_moved": total(switches, "workers_moved"),
         "completeness_failures": int(ps.get("completeness_failures", 0)),
         "jobs_failed": int(ps.get("jobs_failed", 0)),
-        "config": {**{k: v for k, v in asdict(cfg).items() if k not in ("faults", "kill")},
-                   "faults": asdict(cfg.faults),
-                   "kill": asdict(cfg.kill) if cfg.kill else None},
+        "config": {
+            **{k: v for k, v in asdict(cfg).items() if k not in ("faults", "kill")},
+            "faults": asdict(cfg.faults),
+            "kill": asdict(cfg.kill) if cfg.kill else None,
+        },
     }

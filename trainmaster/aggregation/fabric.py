@@ -22,32 +22,43 @@ from trainmaster.aggregation.protocol import Header, Kind, decode, encode
 from trainmaster.aggregation.transport import TRANSPORTS, Address, FaultPlan, UdpTransport
 
 
-def _serve_parameter_node(conn: Any, faults: FaultPlan, dead_after: float,
-                          transport: str, stalled_after: float = 2.0,
-                          kill: KillPlan | None = None) -> None:
+def _serve_parameter_node(
+    conn: Any,
+    faults: FaultPlan,
+    dead_after: float,
+    transport: str,
+    stalled_after: float = 2.0,
+    kill: KillPlan | None = None,
+) -> None:
     from trainmaster.aggregation.parameter_node import ParameterNode
 
-    node = ParameterNode(faults=faults, dead_after=dead_after, transport=transport,
-                         stalled_after=stalled_after, kill=kill)
+    node = ParameterNode(
+        faults=faults, dead_after=dead_after, transport=transport, stalled_after=stalled_after, kill=kill
+    )
     conn.send(node.address)
     conn.close()
     node.serve()
 
 
-def _serve_forwarding_node(conn: Any, parent: Address, slots: int, name: str,
-                           faults: FaultPlan, transport: str, kill: KillPlan | None = None,
-                           index: int = 0) -> None:
+def _serve_forwarding_node(
+    conn: Any,
+    parent: Address,
+    slots: int,
+    name: str,
+    faults: FaultPlan,
+    transport: str,
+    kill: KillPlan | None = None,
+    index: int = 0,
+) -> None:
     from trainmaster.aggregation.switch import ForwardingNode
 
-    node = ForwardingNode(parent, slots=slots, name=name, faults=faults, transport=transport,
-                          kill=kill, index=index)
+    node = ForwardingNode(parent, slots=slots, name=name, faults=faults, transport=transport, kill=kill, index=index)
     conn.send(node.address)
     conn.close()
     node.serve()
 
 
-def query(addr: Address, kind: Kind = Kind.STATS, timeout: float = 2.0,
-          attempts: int = 3) -> dict[str, Any] | None:
+def query(addr: Address, kind: Kind = Kind.STATS, timeout: float = 2.0, attempts: int = 3) -> dict[str, Any] | None:
     """Ask a node for its counters (STATS) or stop it (SHUTDOWN, no reply expected)."""
     t = UdpTransport("control")
     try:
@@ -87,27 +98,33 @@ class Fabric:
     def start(self) -> Fabric:
         if self.transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}")
-        if self.levels not in (1, 2) or self.siblings < 1 or \
-                (self.levels == 2 and self.siblings != 1):
+        if self.levels not in (1, 2) or self.siblings < 1 or (self.levels == 2 and self.siblings != 1):
             raise ValueError("levels must be 1 or 2; several sibling nodes only with 1 level")
         ctx = mp.get_context("fork")
-        self.ps = self._spawn(ctx, _serve_parameter_node,
-                              (self.faults, self.dead_after, self.transport, self.stalled_after,
-                               self.kill))
-        top = self._spawn(ctx, _serve_forwarding_node,
-                          (self.ps, self.slots, "switch-top", self.faults, self.transport,
-                           self.kill, 0))
+        self.ps = self._spawn(
+            ctx, _serve_parameter_node, (self.faults, self.dead_after, self.transport, self.stalled_after, self.kill)
+        )
+        top = self._spawn(
+            ctx, _serve_forwarding_node, (self.ps, self.slots, "switch-top", self.faults, self.transport, self.kill, 0)
+        )
         self.switches = [top]
         for i in range(1, self.siblings):
-            self.switches.append(self._spawn(
-                ctx, _serve_forwarding_node, (self.ps, self.slots, f"switch-sibling-{i}",
-                                              self.faults, self.transport, self.kill, i)))
+            self.switches.append(
+                self._spawn(
+                    ctx,
+                    _serve_forwarding_node,
+                    (self.ps, self.slots, f"switch-sibling-{i}", self.faults, self.transport, self.kill, i),
+                )
+            )
         if self.levels == 2:
             for i in range(self.first_level_nodes):
-                self.switches.append(self._spawn(
-                    ctx, _serve_forwarding_node,
-                    (top, self.slots, f"switch-l1-{i}", self.faults, self.transport,
-                     self.kill, i + 1)))
+                self.switches.append(
+                    self._spawn(
+                        ctx,
+                        _serve_forwarding_node,
+                        (top, self.slots, f"switch-l1-{i}", self.faults, self.transport, self.kill, i + 1),
+                    )
+                )
         return self
 
     def _spawn(self, ctx: Any, target: Any, args: tuple[Any, ...]) -> Address:
@@ -130,9 +147,10 @@ class Fabric:
         """Every node's counters; None for a node whose process is gone (killed)."""
         assert self.ps is not None
         alive = [p.is_alive() for p in self.processes]  # same order: ps, then the switches
-        return {"ps": query(self.ps) if alive[0] else None,
-                "switches": [query(s) if up else None
-                             for s, up in zip(self.switches, alive[1:])]}
+        return {
+            "ps": query(self.ps) if alive[0] else None,
+            "switches": [query(s) if up else None for s, up in zip(self.switches, alive[1:])],
+        }
 
     def stop(self) -> None:
         """Stop every node: SHUTDOWN, then SIGKILL what is still there after 3 s (a stopped

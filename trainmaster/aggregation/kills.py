@@ -34,13 +34,15 @@ class KillPlan:
 
     def __post_init__(self) -> None:
         role, _, index = self.target.partition(":")
-        if role not in ("ps", "switch", "worker") or (index and not index.isdigit()) or \
-                (role == "ps" and index) or (role == "worker" and not index):
-            raise ValueError(f"kill target must be ps, switch, switch:I or worker:R, "
-                             f"got {self.target!r}")
+        if (
+            role not in ("ps", "switch", "worker")
+            or (index and not index.isdigit())
+            or (role == "ps" and index)
+            or (role == "worker" and not index)
+        ):
+            raise ValueError(f"kill target must be ps, switch, switch:I or worker:R, got {self.target!r}")
         if self.signal not in SIGNALS:
-            raise ValueError(f"kill signal must be one of {', '.join(SIGNALS)}, "
-                             f"got {self.signal!r}")
+            raise ValueError(f"kill signal must be one of {', '.join(SIGNALS)}, got {self.signal!r}")
         if self.after_packets < 0:
             raise ValueError("after_packets must be >= 0")
 

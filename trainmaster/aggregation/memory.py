@@ -29,5 +29,4 @@ def tune_allocator(mmap_threshold: int = 32 << 20, trim_threshold: int = 512 << 
         mallopt = ctypes.CDLL(name).mallopt
     except (OSError, AttributeError):
         return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(
-        mallopt(_M_TRIM_THRESHOLD, trim_threshold))
+    return bool(mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(mallopt(_M_TRIM_THRESHOLD, trim_threshold))

@@ -115,13 +115,21 @@ def process_stopped(pid: int) -> bool:
             stat = f.read()
     except OSError:
         return False
-    return stat[stat.rfind(b")") + 2:][:1] in (b"T", b"t")
+    return stat[stat.rfind(b")") + 2 :][:1] in (b"T", b"t")
 
 
 class ParameterNode:
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, faults: FaultPlan | None = None,
-                 dead_after: float = 10.0, name: str = "ps", transport: str = "udp",
-                 stalled_after: float = 2.0, kill: KillPlan | None = None):
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        faults: FaultPlan | None = None,
+        dead_after: float = 10.0,
+        name: str = "ps",
+        transport: str = "udp",
+        stalled_after: float = 2.0,
+        kill: KillPlan | None = None,
+    ):
         self.transport = make_transport(transport, name, host, port, faults)
         self.host = host_identity()
         self.address = self.transport.address
@@ -133,8 +141,7 @@ class ParameterNode:
         self._running = True
 
     # ---- sending down ---------------------------------------------------------------------
-    def _down(self, job: _Job, h: Header, payload: bytes | np.ndarray, *,
-              control: bool = False) -> int:
+    def _down(self, job: _Job, h: Header, payload: bytes | np.ndarray, *, control: bool = False) -> int:
         """Send to the workers in ``h.bitmap``, one packet per next hop (a forwarding node
         replicates it to its workers); returns the number of packets sent."""
         hops: dict[Address, int] = {}
@@ -172,8 +179,9 @@ class ParameterNode:
             if rank in job.moved_from and job.moved_from[rank] != src:
                 # tell the old route, on every HELLO of the move (one may be lost): its
                 # forwarding node must not wait for this worker in its slots any more
-                self.transport.send(encode(Header(Kind.MOVED, h.job, bitmap=1 << rank,
-                                                  fan_in=job.fan_in)), job.moved_from[rank])
+                self.transport.send(
+                    encode(Header(Kind.MOVED, h.job, bitmap=1 << rank, fan_in=job.fan_in)), job.moved_from[rank]
+                )
         if job.registered == full_mask(job.fan_in):
             # the WELCOME is the job's barrier: every forwarding node now knows every route.
             # It names this node, where workers fall back when their forwarding node dies (a
@@ -186,7 +194,8 @@ class ParameterNode:
             # the largest datagram every path carries unfragmented)
             info: dict[str, object] = {
                 "parameter_node": list(self.address),
-                "buffer_per_worker": self.transport.buffer_per_sender(job.fan_in)}
+                "buffer_per_worker": self.transport.buffer_per_sender(job.fan_in),
+            }
             if job.chunk:
                 info["chunk"] = job.chunk
             me = json.dumps(info).encode()
@@ -240,8 +249,7 @@ class ParameterNode:
         # a complete sum in one piece is verified where it lies (and copied once, into the
         # kept result); any other piece is copied into the slice's own sum
         borrow = not sl.ints.bitmap and h.bitmap == full
-        if not sl.ints.add(values(h, body), h.exponent, h.bitmap, h.has(Flag.OVERFLOW),
-                           borrow=borrow):
+        if not sl.ints.add(values(h, body), h.exponent, h.bitmap, h.has(Flag.OVERFLOW), borrow=borrow):
             self.counters.duplicates_ignored += 1
             return
         self.counters.pieces_merged += 1
@@ -262,8 +270,9 @@ class ParameterNode:
             # Completeness of a forwarding node's sum is judged against the workers behind
             # that node (two sibling nodes under this one each send a sum complete for their
             # own workers): only a sum lacking one of the sender's workers is a failure.
-            if not h.has(Flag.AGGREGATE_AT_PS) and \
-                    h.bitmap & self._workers_behind(job, src) != self._workers_behind(job, src):
+            if not h.has(Flag.AGGREGATE_AT_PS) and h.bitmap & self._workers_behind(job, src) != self._workers_behind(
+                job, src
+            ):
                 self.counters.completeness_failures += 1
             return
         q, overflow = sl.ints.wire()
@@ -271,13 +280,11 @@ class ParameterNode:
             self.counters.overflow_fallbacks += 1
             sl.ints.forget_values()  # void (perhaps borrowed): the slice goes on as floats
             sl.floats = FloatSum()
-            self._down(job, Header(Kind.EXCEPTION, h.job, h.round, h.seq, full, job.fan_in,
-                                   h.slot), b"")
+            self._down(job, Header(Kind.EXCEPTION, h.job, h.round, h.seq, full, job.fan_in, h.slot), b"")
             return
         self._finish(job, h, sl, q, Flag.NONE, sl.ints.exponent)
 
-    def _finish(self, job: _Job, h: Header, sl: _Slice, payload: np.ndarray, flag: Flag,
-                exponent: int) -> None:
+    def _finish(self, job: _Job, h: Header, sl: _Slice, payload: np.ndarray, flag: Flag, exponent: int) -> None:
         self.counters.verified += 1
         if h.round > job.answered_round:
             # a result of this round means every worker has finished every earlier round
@@ -290,8 +297,18 @@ class ParameterNode:
             slot = (sl.slot + 1 + (h.job * 7 + h.seq * 13) % 251) & 0xFFFF
             flags |= Flag.CONFLICT
         body, where = self._keep(job, h.round, payload)
-        head = Header(Kind.RESULT, h.job, h.round, h.seq, full_mask(job.fan_in), job.fan_in,
-                      slot, exponent, payload.size, flags | where)
+        head = Header(
+            Kind.RESULT,
+            h.job,
+            h.round,
+            h.seq,
+            full_mask(job.fan_in),
+            job.fan_in,
+            slot,
+            exponent,
+            payload.size,
+            flags | where,
+        )
         self.counters.results_sent += self._down(job, head, body)
         sl.result = (head, body)  # kept for workers that lost it
         sl.ints = IntSum()
@@ -381,8 +398,11 @@ class ParameterNode:
             # A worker that left cleanly had every result, so it is only missed in a later round.
             # A dead one (its process exited, or silent for dead_after) is missed if a slice
             # still lacks it or another worker waits.
-            pending = [sl.ints.bitmap | (sl.floats.bitmap if sl.floats else 0)
-                       for sl in job.slices.values() if sl.result is None]
+            pending = [
+                sl.ints.bitmap | (sl.floats.bitmap if sl.floats else 0)
+                for sl in job.slices.values()
+                if sl.result is None
+            ]
             lost: dict[int, str] = {}
             for r in bits(job.registered):
                 if job.left >> r & 1:
@@ -408,8 +428,10 @@ class ParameterNode:
 
     def _fail(self, job_id: int, job: _Job, lost: dict[int, str]) -> None:
         ages = ", ".join(f"worker {r} ({why})" for r, why in lost.items())
-        job.failed = (f"job {job_id}: {ages}; the reduction cannot complete, so the parameter "
-                      f"node aborted it and the forwarding nodes released its slots")
+        job.failed = (
+            f"job {job_id}: {ages}; the reduction cannot complete, so the parameter "
+            f"node aborted it and the forwarding nodes released its slots"
+        )
         self.counters.jobs_failed += 1
         head = Header(Kind.ABORT, job_id, bitmap=full_mask(job.fan_in), fan_in=job.fan_in)
         self._down(job, head, job.failed.encode())
@@ -418,9 +440,12 @@ class ParameterNode:
 
     # ---- loop -----------------------------------------------------------------------------
     def stats(self) -> dict[str, object]:
-        return {"role": "ps", **self.counters.__dict__,
-                "jobs_failed_reasons": [j.failed for j in self.jobs.values() if j.failed],
-                "transport": self.transport.counters.as_dict()}
+        return {
+            "role": "ps",
+            **self.counters.__dict__,
+            "jobs_failed_reasons": [j.failed for j in self.jobs.values() if j.failed],
+            "transport": self.transport.counters.as_dict(),
+        }
 
     def _ack(self, h: Header, src: Address) -> None:
         """Acknowledge a control message to the hop it came from (idempotent: every copy)."""

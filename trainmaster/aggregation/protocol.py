@@ -115,9 +115,21 @@ def encode_parts(header: Header, payload: bytes | memoryview | np.ndarray = b"")
 def encode_header_into(buffer: memoryview, header: Header, count: int) -> None:
     """Write the header at the start of ``buffer`` (a packet whose payload is built in place,
     see ``Transport.packet``)."""
-    _HEADER.pack_into(buffer, 0, header.version, int(header.kind), int(header.flags), header.job,
-                      header.round, header.seq, header.bitmap, header.fan_in,
-                      header.slot & 0xFFFF, header.exponent, count)
+    _HEADER.pack_into(
+        buffer,
+        0,
+        header.version,
+        int(header.kind),
+        int(header.flags),
+        header.job,
+        header.round,
+        header.seq,
+        header.bitmap,
+        header.fan_in,
+        header.slot & 0xFFFF,
+        header.exponent,
+        count,
+    )
 
 
 def encode(header: Header, payload: bytes | memoryview | np.ndarray = b"") -> bytes:
@@ -133,13 +145,11 @@ def decode(datagram: bytes | memoryview) -> tuple[Header, memoryview]:
     """Header and payload; the payload is a view of ``datagram`` (no copy of the values)."""
     if len(datagram) < HEADER_SIZE:
         raise ProtocolError(f"datagram of {len(datagram)} bytes is shorter than the header")
-    version, kind, flags, job, rnd, seq, bitmap, fan_in, slot, exponent, count = \
-        _HEADER.unpack_from(datagram)
+    version, kind, flags, job, rnd, seq, bitmap, fan_in, slot, exponent, count = _HEADER.unpack_from(datagram)
     if version != VERSION:
         raise ProtocolError(f"protocol version {version}, expected {VERSION}")
     try:
-        header = Header(_KINDS[kind], job, rnd, seq, bitmap, fan_in, slot, exponent, count,
-                        _FLAGS[flags], version)
+        header = Header(_KINDS[kind], job, rnd, seq, bitmap, fan_in, slot, exponent, count, _FLAGS[flags], version)
     except (KeyError, IndexError):
         raise ProtocolError(f"unknown packet kind {kind} or flags {flags:#x}") from None
     return header, memoryview(datagram)[HEADER_SIZE:]

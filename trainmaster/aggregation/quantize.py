@@ -76,8 +76,9 @@ def quantize(chunk: np.ndarray, exponent: int, peak: float | None = None) -> np.
 BLOCK = 1 << 16
 
 
-def quantize_into(chunk: np.ndarray, exponent: int, out: np.ndarray,
-                  peak: float | None = None, scratch: np.ndarray | None = None) -> None:
+def quantize_into(
+    chunk: np.ndarray, exponent: int, out: np.ndarray, peak: float | None = None, scratch: np.ndarray | None = None
+) -> None:
     """``quantize`` written into the int32 array ``out`` (e.g. the payload of the outgoing
     packet, so no temporary is copied there afterwards).
 
@@ -91,10 +92,10 @@ def quantize_into(chunk: np.ndarray, exponent: int, out: np.ndarray,
         scale = np.float32(2.0**exponent)
         work = np.empty(BLOCK, np.float32) if scratch is None else scratch
         for i in range(0, chunk.size, BLOCK):
-            scaled = work[:min(BLOCK, chunk.size - i)]
-            np.multiply(chunk[i:i + BLOCK], scale, out=scaled)
+            scaled = work[: min(BLOCK, chunk.size - i)]
+            np.multiply(chunk[i : i + BLOCK], scale, out=scaled)
             np.rint(scaled, out=scaled)
-            np.copyto(out[i:i + BLOCK], scaled, casting="unsafe")
+            np.copyto(out[i : i + BLOCK], scaled, casting="unsafe")
         return
     wide = np.rint(np.ldexp(chunk.astype(np.float64), exponent))
     np.copyto(out, np.clip(wide, -INT_SATURATED, INT_SATURATED), casting="unsafe")
@@ -116,8 +117,8 @@ def dequantize_into(q: np.ndarray, exponent: int, out: np.ndarray) -> None:
         # multiply converts through a buffer and is slower
         scale = np.float32(2.0**-exponent)
         for i in range(0, q.size, BLOCK):
-            block = out[i:i + BLOCK]
-            np.copyto(block, q[i:i + BLOCK], casting="unsafe")
+            block = out[i : i + BLOCK]
+            np.copyto(block, q[i : i + BLOCK], casting="unsafe")
             np.multiply(block, scale, out=block)
     else:
         out[...] = dequantize(q, exponent)

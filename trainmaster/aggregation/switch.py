@@ -96,9 +96,18 @@ class _RecentKeys:
 class ForwardingNode:
     """One forwarding node process' state and loop (``serve``)."""
 
-    def __init__(self, parent: Address, slots: int = 64, name: str = "switch",
-                 host: str = "127.0.0.1", port: int = 0, faults: FaultPlan | None = None,
-                 transport: str = "udp", kill: KillPlan | None = None, index: int = 0):
+    def __init__(
+        self,
+        parent: Address,
+        slots: int = 64,
+        name: str = "switch",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        faults: FaultPlan | None = None,
+        transport: str = "udp",
+        kill: KillPlan | None = None,
+        index: int = 0,
+    ):
         """``index``: this node's place in the fabric (``switch:INDEX`` in a ``KillPlan``)."""
         if slots < 1 or slots > 0xFFFF:
             raise ValueError("a forwarding node needs between 1 and 65535 slots")
@@ -113,8 +122,7 @@ class ForwardingNode:
         self.diverted = _RecentKeys()
         self.finished = _RecentKeys()
         self._running = True
-        self._kill = Trigger(kill if kill is not None and kill.aims_at("switch", index)
-                             else None)
+        self._kill = Trigger(kill if kill is not None and kill.aims_at("switch", index) else None)
 
     # ---- up-going -------------------------------------------------------------------------
     def _on_hello(self, h: Header, body: bytes, src: Address) -> None:
@@ -127,8 +135,7 @@ class ForwardingNode:
 
     def _forward_up(self, h: Header, body: bytes, extra: Flag = Flag.NONE) -> None:
         self.counters.forwarded += 1
-        self.transport.send(
-            encode_parts(h.with_(flags=h.flags | Flag.AGGREGATE_AT_PS | extra), body), self.parent)
+        self.transport.send(encode_parts(h.with_(flags=h.flags | Flag.AGGREGATE_AT_PS | extra), body), self.parent)
 
     def _flush(self, index: int) -> None:
         """Hand a slot's partial sum to the parameter node (a retransmission arrived)."""
@@ -137,8 +144,7 @@ class ForwardingNode:
         q, overflow = slot.sum.wire()
         job, rnd, seq = slot.key
         flags = Flag.AGGREGATE_AT_PS | (Flag.OVERFLOW if overflow else Flag.NONE)
-        head = Header(Kind.DATA, job, rnd, seq, slot.sum.bitmap, slot.fan_in, index,
-                      slot.sum.exponent, q.size, flags)
+        head = Header(Kind.DATA, job, rnd, seq, slot.sum.bitmap, slot.fan_in, index, slot.sum.exponent, q.size, flags)
         self.transport.send(encode_parts(head, q), self.parent)
         self.counters.flushes += 1
         self._free(index)
@@ -180,8 +186,7 @@ class ForwardingNode:
         local = job.local_mask if job else 0
         completes = local and (slot.sum.bitmap | h.bitmap) & local == local
         # contributions are read where they arrived (no copy) and summed once, at completion
-        if not slot.sum.add(values(h, body), h.exponent, h.bitmap, h.has(Flag.OVERFLOW),
-                            borrow=True):
+        if not slot.sum.add(values(h, body), h.exponent, h.bitmap, h.has(Flag.OVERFLOW), borrow=True):
             self.counters.duplicates_ignored += 1
             return
         self.counters.aggregated += 1
@@ -197,8 +202,18 @@ class ForwardingNode:
         packet = self.transport.packet(self.parent, HEADER_SIZE + 4 * n)
         dest = np.frombuffer(packet, "<i4", n, HEADER_SIZE)
         _, overflow = slot.sum.wire(out=dest)
-        head = Header(Kind.DATA, h.job, h.round, h.seq, slot.sum.bitmap, h.fan_in, h.slot,
-                      slot.sum.exponent, n, Flag.OVERFLOW if overflow else Flag.NONE)
+        head = Header(
+            Kind.DATA,
+            h.job,
+            h.round,
+            h.seq,
+            slot.sum.bitmap,
+            h.fan_in,
+            h.slot,
+            slot.sum.exponent,
+            n,
+            Flag.OVERFLOW if overflow else Flag.NONE,
+        )
         encode_header_into(packet, head, n)
         del dest
         self._free(index)
@@ -232,12 +247,16 @@ class ForwardingNode:
         hops = {job.routes.pop(rank) for rank in bits(h.bitmap) if rank in job.routes}
         self.counters.workers_moved += bin(h.bitmap).count("1")
         for index, slot in enumerate(self.pool):
-            if slot is not None and slot.key[0] == h.job and job.local_mask and \
-                    slot.sum.bitmap & job.local_mask == job.local_mask and slot.sum.size:
+            if (
+                slot is not None
+                and slot.key[0] == h.job
+                and job.local_mask
+                and slot.sum.bitmap & job.local_mask == job.local_mask
+                and slot.sum.size
+            ):
                 _, rnd, seq = slot.key
                 size = slot.sum.size
-                self._complete(index, slot, Header(Kind.DATA, h.job, rnd, seq, 0, slot.fan_in,
-                                                   index, 0, size))
+                self._complete(index, slot, Header(Kind.DATA, h.job, rnd, seq, 0, slot.fan_in, index, 0, size))
         for hop in hops:
             self.transport.send(encode_parts(h, body), hop)
 
@@ -258,8 +277,9 @@ class ForwardingNode:
             key = h.key
             self.finished.add(key)
             index = h.slot % self.pool_size
-            for i in {index} | ({i for i, s in enumerate(self.pool) if s and s.key == key}
-                                if h.has(Flag.CONFLICT) else set()):
+            for i in {index} | (
+                {i for i, s in enumerate(self.pool) if s and s.key == key} if h.has(Flag.CONFLICT) else set()
+            ):
                 held = self.pool[i]
                 if held is not None and held.key == key:
                     self._free(i)
@@ -296,8 +316,13 @@ class ForwardingNode:
         return sum(1 for s in self.pool if s is not None)
 
     def stats(self) -> dict[str, object]:
-        return {"role": "switch", "pool": self.pool_size, "slots_in_use": self.slots_in_use(),
-                **self.counters.__dict__, "transport": self.transport.counters.as_dict()}
+        return {
+            "role": "switch",
+            "pool": self.pool_size,
+            "slots_in_use": self.slots_in_use(),
+            **self.counters.__dict__,
+            "transport": self.transport.counters.as_dict(),
+        }
 
     def handle(self, datagram: bytes | memoryview, src: Address) -> None:
         try:

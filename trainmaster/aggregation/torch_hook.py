@@ -43,17 +43,21 @@ def client_from_env(config: WorkerConfig | None = None) -> AggregationClient:
     switch = os.environ.get("TM_AGGREGATION_SWITCH", "")
     host, _, port = switch.rpartition(":")
     if not host or not port.isdigit():
-        raise RuntimeError("TM_AGGREGATION_SWITCH must be HOST:PORT of a forwarding node, "
-                           f"got {switch!r}")
+        raise RuntimeError(f"TM_AGGREGATION_SWITCH must be HOST:PORT of a forwarding node, got {switch!r}")
     chunk = os.environ.get("TM_AGGREGATION_CHUNK", "")
     if chunk and (config is None or config.chunk is None):
         if not chunk.isdigit():
             raise RuntimeError(f"TM_AGGREGATION_CHUNK must be a number of elements, got {chunk!r}")
         config = dataclasses.replace(config or WorkerConfig(), chunk=int(chunk))
-    client = AggregationClient((host, int(port)), int(os.environ.get("TM_AGGREGATION_JOB", "1")),
-                               int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), config,
-                               host=os.environ.get("TM_HOST", "127.0.0.1"),  # this instance's host (testbed)
-                               transport=os.environ.get("TM_AGGREGATION_TRANSPORT", "udp"))
+    client = AggregationClient(
+        (host, int(port)),
+        int(os.environ.get("TM_AGGREGATION_JOB", "1")),
+        int(os.environ["RANK"]),
+        int(os.environ["WORLD_SIZE"]),
+        config,
+        host=os.environ.get("TM_HOST", "127.0.0.1"),  # this instance's host (testbed)
+        transport=os.environ.get("TM_AGGREGATION_TRANSPORT", "udp"),
+    )
     client.join()
     return client
 
@@ -70,8 +74,7 @@ class FabricHookState:
         self.launched_before_done = 0
         self._pending = 0
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, daemon=True,
-                                        name=f"aggregation-comm-{client.rank}")
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"aggregation-comm-{client.rank}")
         self._thread.start()
 
     def submit(self, tensor: torch.Tensor) -> torch.futures.Future:
@@ -90,8 +93,7 @@ class FabricHookState:
                 return
             tensor, future = item
             try:
-                if tensor.device.type == "cpu" and tensor.dtype == torch.float32 and \
-                        tensor.is_contiguous():
+                if tensor.device.type == "cpu" and tensor.dtype == torch.float32 and tensor.is_contiguous():
                     flat = tensor.view(-1).numpy()
                     self.client.allreduce(flat, out=flat)  # in place, like gloo
                 else:
@@ -111,8 +113,7 @@ class FabricHookState:
         self._thread.join(timeout)
 
 
-_states: "weakref.WeakKeyDictionary[AggregationClient, FabricHookState]" = \
-    weakref.WeakKeyDictionary()
+_states: "weakref.WeakKeyDictionary[AggregationClient, FabricHookState]" = weakref.WeakKeyDictionary()
 
 
 def _state(state: "FabricHookState | AggregationClient") -> FabricHookState:
@@ -125,8 +126,7 @@ def _state(state: "FabricHookState | AggregationClient") -> FabricHookState:
 
 
 # no ``from __future__ import annotations`` here: DDP checks these annotations at runtime
-def fabric_allreduce_hook(state: object,
-                          bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def fabric_allreduce_hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP hook (``register_comm_hook(state, hook)``): average the bucket over all workers,
     asynchronously; ``state`` is a ``FabricHookState`` (or an ``AggregationClient``)."""
     return _state(state).submit(bucket.buffer())  # type: ignore[arg-type]

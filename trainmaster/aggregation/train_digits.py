@@ -26,14 +26,16 @@ from trainmaster.workloads import digits
 
 def fabric_average(client: object) -> Callable[[torch.nn.Module], None]:
     """Average gradients with one fabric ``allreduce`` of all of them, flattened."""
+
     def average(model: torch.nn.Module) -> None:
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         flat = torch.cat([g.reshape(-1) for g in grads])
         summed = client.allreduce(flat) / client.world  # type: ignore[attr-defined]
         offset = 0
         for g in grads:
-            g.copy_(summed[offset:offset + g.numel()].view_as(g))
+            g.copy_(summed[offset : offset + g.numel()].view_as(g))
             offset += g.numel()
+
     return average
 
 
@@ -57,9 +59,13 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--batch", type=int, default=32, help="per-rank batch size")
     parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--allreduce", choices=("fabric", "gloo"), default="fabric",
-                        help="fabric: the ina framework's forwarding and parameter nodes "
-                             "(TM_AGGREGATION_*); gloo: torch.distributed (MASTER_ADDR, ...)")
+    parser.add_argument(
+        "--allreduce",
+        choices=("fabric", "gloo"),
+        default="fabric",
+        help="fabric: the ina framework's forwarding and parameter nodes "
+        "(TM_AGGREGATION_*); gloo: torch.distributed (MASTER_ADDR, ...)",
+    )
     args = parser.parse_args()
     if args.epochs < 1 or args.batch < 1 or args.lr <= 0:
         parser.error("--epochs and --batch must be at least 1 and --lr above 0")
@@ -79,8 +85,7 @@ def main() -> None:
         interface = gloo_interface(os.environ.get("TM_HOST", ""))
         if interface is not None and "GLOO_SOCKET_IFNAME" not in os.environ:
             os.environ["GLOO_SOCKET_IFNAME"] = interface
-        dist.init_process_group("gloo", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=120))
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
         average = digits.gloo_average
     try:
         # the training loop alone is timed: start-up (imports, joining) differs between the
@@ -99,16 +104,26 @@ def main() -> None:
             dist.barrier()  # no rank leaves while another still reads from it
             dist.destroy_process_group()
     resent = f", retransmits {stats['retransmits']}" if stats else ""
-    print(f"rank {rank}/{world} ({args.allreduce}): test accuracy {acc:.4f}, "
-          f"{epoch_s:.3f} s per epoch{resent}", flush=True)
+    print(
+        f"rank {rank}/{world} ({args.allreduce}): test accuracy {acc:.4f}, {epoch_s:.3f} s per epoch{resent}",
+        flush=True,
+    )
     if rank == 0:
         out = Path(os.environ.get("TM_OUTPUT_DIR", "."))
         out.mkdir(parents=True, exist_ok=True)
-        (out / "metrics.json").write_text(json.dumps(
-            {"test_accuracy": round(acc, 4), "world_size": world, "epochs": args.epochs,
-             "allreduce": args.allreduce, "seconds_per_epoch": round(epoch_s, 4),
-             "transport": "aggregation fabric" if client is not None else "gloo",
-             "seconds": round(time.time() - started, 2)}))
+        (out / "metrics.json").write_text(
+            json.dumps(
+                {
+                    "test_accuracy": round(acc, 4),
+                    "world_size": world,
+                    "epochs": args.epochs,
+                    "allreduce": args.allreduce,
+                    "seconds_per_epoch": round(epoch_s, 4),
+                    "transport": "aggregation fabric" if client is not None else "gloo",
+                    "seconds": round(time.time() - started, 2),
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -187,7 +187,7 @@ class _Ring:
         for p in parts:
             n = memoryview(p).nbytes
             byte_view = p if isinstance(p, (bytes, bytearray)) else memoryview(p).cast("B")
-            self.map[at:at + n] = byte_view
+            self.map[at : at + n] = byte_view
             at += n
 
     def close(self) -> None:
@@ -198,7 +198,7 @@ class _Ring:
 def _region(m: mmap.mmap, capacity: int, pos: int, n: int) -> memoryview:
     """The ``n`` bytes at stream position ``pos`` of a ring or store mapping (after its header)."""
     at = _RING_HEADER + pos % capacity
-    return memoryview(m)[at:at + n]
+    return memoryview(m)[at : at + n]
 
 
 def _close_map(m: mmap.mmap) -> None:
@@ -334,8 +334,14 @@ class UdpTransport:
 
     kind = "udp"
 
-    def __init__(self, name: str, host: str = "127.0.0.1", port: int = 0,
-                 faults: FaultPlan | None = None, buffer_bytes: int = SOCKET_BUFFER):
+    def __init__(
+        self,
+        name: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        faults: FaultPlan | None = None,
+        buffer_bytes: int = SOCKET_BUFFER,
+    ):
         self.name = name
         self.faults = faults or FaultPlan()
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -382,8 +388,7 @@ class UdpTransport:
         parts = _parts(data)
         size = _size(parts)
         if size > self.max_packet:
-            raise ValueError(f"packet of {size} bytes exceeds this transport's limit of "
-                             f"{self.max_packet} bytes")
+            raise ValueError(f"packet of {size} bytes exceeds this transport's limit of {self.max_packet} bytes")
         with self._lock:
             self.counters.sent += 1
             self.counters.bytes_sent += size
@@ -480,7 +485,7 @@ class UdpTransport:
         view.delivered = pos + n
         self._last = (view, pos)
         self.counters.shm_received += 1
-        return view.view[off:off + n]
+        return view.view[off : off + n]
 
     def retain(self) -> object | None:
         """Keep the buffer of the packet ``recv`` returned last valid after the next ``recv``,
@@ -590,10 +595,17 @@ class ShmTransport(UdpTransport):
 
     kind = "shm"
 
-    def __init__(self, name: str, host: str = "127.0.0.1", port: int = 0,
-                 faults: FaultPlan | None = None, ring_bytes: int = SHM_RING_BYTES,
-                 inline_limit: int = 8192, full_wait: float = 0.25,
-                 store_bytes: int = SHM_STORE_BYTES):
+    def __init__(
+        self,
+        name: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        faults: FaultPlan | None = None,
+        ring_bytes: int = SHM_RING_BYTES,
+        inline_limit: int = 8192,
+        full_wait: float = 0.25,
+        store_bytes: int = SHM_STORE_BYTES,
+    ):
         if not hasattr(os, "memfd_create"):
             raise RuntimeError("the shared-memory transport needs Linux (memfd_create)")
         super().__init__(name, host, port, faults)
@@ -644,8 +656,7 @@ class ShmTransport(UdpTransport):
             self._sendmsg(parts, addr)
             return
         ring = self._ring(addr)
-        if self._open is not None and len(parts) == 1 and parts[0] is self._open[2] \
-                and self._open[0] is ring:
+        if self._open is not None and len(parts) == 1 and parts[0] is self._open[2] and self._open[0] is ring:
             # the packet was built in place (``packet``): only the descriptor is left to send;
             # a second copy of it (a duplicate) is written out like any other packet
             pos = self._open[1]
@@ -716,8 +727,9 @@ def path_chunk(host: str, addr: Address, header: int) -> int | None:
     return max(1, min((UDP_MAX_DATAGRAM - header) // 4, (mtu - 28 - header) // 4))
 
 
-def make_transport(kind: str, name: str, host: str = "127.0.0.1", port: int = 0,
-                   faults: FaultPlan | None = None) -> UdpTransport:
+def make_transport(
+    kind: str, name: str, host: str = "127.0.0.1", port: int = 0, faults: FaultPlan | None = None
+) -> UdpTransport:
     """The transport called ``kind`` ("udp" or "shm")."""
     if kind == "udp":
         return UdpTransport(name, host, port, faults)

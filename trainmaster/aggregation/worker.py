@@ -146,12 +146,20 @@ class WorkerConfig:
 class AggregationClient:
     """One worker of one job. Not thread-safe: one ``allreduce`` at a time."""
 
-    def __init__(self, switch: Address, job: int, rank: int, world: int,
-                 config: WorkerConfig | None = None, faults: FaultPlan | None = None,
-                 host: str = "127.0.0.1", transport: str = "udp", kill: KillPlan | None = None):
+    def __init__(
+        self,
+        switch: Address,
+        job: int,
+        rank: int,
+        world: int,
+        config: WorkerConfig | None = None,
+        faults: FaultPlan | None = None,
+        host: str = "127.0.0.1",
+        transport: str = "udp",
+        kill: KillPlan | None = None,
+    ):
         if not 0 <= rank < world <= MAX_WORKERS:
-            raise ValueError(f"rank {rank} / world {world}: need 0 <= rank < world <= "
-                             f"{MAX_WORKERS}")
+            raise ValueError(f"rank {rank} / world {world}: need 0 <= rank < world <= {MAX_WORKERS}")
         self.config = config or WorkerConfig()
         if self.config.tune_allocator:
             tune_allocator()
@@ -176,8 +184,9 @@ class AggregationClient:
         if not 1 <= self.chunk <= limit:
             self.transport.close()
             self._control.close()
-            raise ValueError(f"chunk must be between 1 and {limit} elements on the "
-                             f"{transport} transport (UDP: {MAX_ELEMENTS})")
+            raise ValueError(
+                f"chunk must be between 1 and {limit} elements on the {transport} transport (UDP: {MAX_ELEMENTS})"
+            )
         self.switch, self.job, self.rank, self.world = switch, job, rank, world
         self.parameter_node: Address | None = self.config.parameter_node
         self.target = switch  # where data goes: the forwarding node, or the parameter node
@@ -218,8 +227,7 @@ class AggregationClient:
         """Register with the fabric and wait until every worker of the job has (a barrier)."""
         if self._joined:
             return
-        me = json.dumps({"pid": os.getpid(), "host": host_identity(),
-                         "chunk": self.chunk}).encode()
+        me = json.dumps({"pid": os.getpid(), "host": host_identity(), "chunk": self.chunk}).encode()
         hello = encode(Header(Kind.HELLO, self.job, bitmap=self.bit, fan_in=self.world), me)
         self.transport.prepare(self.switch)
         deadline = time.monotonic() + self.config.timeout
@@ -231,7 +239,8 @@ class AggregationClient:
                     f"job {self.job} worker {self.rank}: no WELCOME from the fabric at "
                     f"{self.switch[0]}:{self.switch[1]} within {self.config.timeout:.0f} s "
                     f"(are the forwarding node, the parameter node and all {self.world} workers "
-                    f"running?)")
+                    f"running?)"
+                )
             if now >= next_hello:
                 self.transport.send(hello, self.switch)
                 next_hello = now + 0.3
@@ -242,8 +251,11 @@ class AggregationClient:
             if h is not None and h.kind == Kind.WELCOME and h.job == self.job:
                 info = self._welcome_info(body)
                 budget = info.get("buffer_per_worker")
-                if self.config.chunk is None and isinstance(info.get("chunk"), int) and \
-                        1 <= info["chunk"] <= (self.transport.max_packet - HEADER_SIZE) // 4:
+                if (
+                    self.config.chunk is None
+                    and isinstance(info.get("chunk"), int)
+                    and 1 <= info["chunk"] <= (self.transport.max_packet - HEADER_SIZE) // 4
+                ):
                     self.chunk = info["chunk"]
                 pool = h.slot or 1
                 per_packet = HEADER_SIZE + 4 * self.chunk
@@ -257,8 +269,7 @@ class AggregationClient:
                 break
         self._beat_acked_at = time.monotonic()
         self._beat(fresh=True)
-        self._heart = threading.Thread(target=self._heartbeat, daemon=True,
-                                       name=f"aggregation-heartbeat-{self.rank}")
+        self._heart = threading.Thread(target=self._heartbeat, daemon=True, name=f"aggregation-heartbeat-{self.rank}")
         self._heart.start()
 
     def _welcome_info(self, welcome: bytes | memoryview) -> dict[str, Any]:
@@ -287,8 +298,7 @@ class AggregationClient:
             if fresh:
                 self._beat_seq += 1
                 self._beat_round = self._busy_round
-            beat = Header(Kind.HEARTBEAT, self.job, self._beat_round, self._beat_seq,
-                          self.bit, self.world)
+            beat = Header(Kind.HEARTBEAT, self.job, self._beat_round, self._beat_seq, self.bit, self.world)
             self._control.send(encode(beat), self._control_target)
             self._beat_sent_at = time.monotonic()
 
@@ -299,8 +309,7 @@ class AggregationClient:
         while not self._stop.is_set():
             now = time.monotonic()
             unacked = self._beat_acked < self._beat_seq
-            if self._busy_round != self._beat_round or \
-                    (not unacked and now - self._beat_sent_at >= cfg.heartbeat):
+            if self._busy_round != self._beat_round or (not unacked and now - self._beat_sent_at >= cfg.heartbeat):
                 # a change of the busy state goes out at once, in a fresh beat: a reduction
                 # shorter than control_retry is never announced (no packet per allreduce)
                 self._beat(fresh=True)
@@ -310,14 +319,16 @@ class AggregationClient:
             if self._fabric_error is not None:
                 return
             # wake at least every control_retry to see a change of the busy state
-            wait = cfg.control_retry if self._beat_acked < self._beat_seq else \
-                min(cfg.control_retry, self._beat_sent_at + cfg.heartbeat - time.monotonic())
+            wait = (
+                cfg.control_retry
+                if self._beat_acked < self._beat_seq
+                else min(cfg.control_retry, self._beat_sent_at + cfg.heartbeat - time.monotonic())
+            )
             got = self._control.recv(max(0.0, wait))
             if got is None:
                 continue
             h, _ = self._decode(got[0])
-            if h is not None and h.kind == Kind.ACK and h.job == self.job and \
-                    h.slot == Kind.HEARTBEAT:
+            if h is not None and h.kind == Kind.ACK and h.job == self.job and h.slot == Kind.HEARTBEAT:
                 self._beat_acked = max(self._beat_acked, h.seq)
                 self._beat_acked_at = time.monotonic()
 
@@ -336,12 +347,16 @@ class AggregationClient:
         elif silent < cfg.parameter_node_dead_after:
             return
         ps = self.parameter_node or self.switch
-        via = f", nor through the forwarding node {self.switch[0]}:{self.switch[1]} before" \
-            if self._fall_back.is_set() else ""
+        via = (
+            f", nor through the forwarding node {self.switch[0]}:{self.switch[1]} before"
+            if self._fall_back.is_set()
+            else ""
+        )
         self._fabric_error = (
             f"job {self.job} worker {self.rank}: the parameter node at {ps[0]}:{ps[1]} does not "
             f"answer: no acknowledgement of a heartbeat for {silent:.1f} s{via}; the job cannot "
-            f"continue (is the parameter node running?)")
+            f"continue (is the parameter node running?)"
+        )
 
     def close(self) -> None:
         self._stop.set()
@@ -366,8 +381,7 @@ class AggregationClient:
                 if got is None:
                     break
                 h, _ = self._decode(got[0])
-                if h is not None and h.kind == Kind.ACK and h.slot == Kind.BYE and \
-                        h.job == self.job:
+                if h is not None and h.kind == Kind.ACK and h.slot == Kind.BYE and h.job == self.job:
                     return
 
     def __enter__(self) -> AggregationClient:
@@ -385,26 +399,23 @@ class AggregationClient:
         except (ProtocolError, ValueError):
             return None, b""
 
-    def _send_slice(self, x: np.ndarray, fl: _InFlight, retransmit: bool,
-                    peak: float | None = None) -> None:
+    def _send_slice(self, x: np.ndarray, fl: _InFlight, retransmit: bool, peak: float | None = None) -> None:
         """Quantise (or copy, on the float path) the slice straight into the outgoing packet."""
-        chunk = x[fl.start:fl.stop]
+        chunk = x[fl.start : fl.stop]
         slot = self.slot_override.get(fl.seq, slot_id(self.job, fl.seq))
         flags = Flag.AGGREGATE_AT_PS if self._direct else Flag.NONE
         if retransmit:
             flags |= Flag.RETRANSMIT | Flag.AGGREGATE_AT_PS
         if fl.floats:
             flags |= Flag.FLOAT | Flag.AGGREGATE_AT_PS
-        exponent = 0 if fl.floats else \
-            self.config.quantizer.choose_exponent(chunk, self.world, peak)
+        exponent = 0 if fl.floats else self.config.quantizer.choose_exponent(chunk, self.world, peak)
         packet = self.transport.packet(self.target, HEADER_SIZE + 4 * chunk.size)
         payload = np.frombuffer(packet, "<f4" if fl.floats else "<i4", chunk.size, HEADER_SIZE)
         if fl.floats:
             payload[:] = chunk
         else:
             quantize_into(chunk, exponent, payload, peak, self._scratch)
-        head = Header(Kind.DATA, self.job, self.round, fl.seq, self.bit, self.world, slot,
-                      exponent, chunk.size, flags)
+        head = Header(Kind.DATA, self.job, self.round, fl.seq, self.bit, self.world, slot, exponent, chunk.size, flags)
         encode_header_into(packet, head, chunk.size)
         del payload  # no view of the packet may outlive this call
         self.transport.send(packet, self.target)
@@ -436,15 +447,15 @@ class AggregationClient:
         x = np.ascontiguousarray(src, dtype=np.float32).ravel()
         # each slice's peak, found once (two reductions, no temporary array) and used both to
         # refuse NaN/infinity before anything is sent and to choose the slice's scale
-        peaks = [peak_magnitude(x[i:i + self.chunk]) for i in range(0, max(x.size, 1), self.chunk)]
+        peaks = [peak_magnitude(x[i : i + self.chunk]) for i in range(0, max(x.size, 1), self.chunk)]
         if not all(math.isfinite(p) for p in peaks):
             raise ValueError("allreduce input contains NaN or infinity")
         target = None
         if out is not None:
-            if torch_like or out.dtype != np.float32 or out.size != x.size or \
-                    not out.flags.c_contiguous:
-                raise ValueError("out must be a C-contiguous float32 numpy array of the input's "
-                                 "size (numpy input only)")
+            if torch_like or out.dtype != np.float32 or out.size != x.size or not out.flags.c_contiguous:
+                raise ValueError(
+                    "out must be a C-contiguous float32 numpy array of the input's size (numpy input only)"
+                )
             target = out.reshape(-1)
         self.join()  # after checking the arguments: a wrong call fails at once
         try:
@@ -475,8 +486,9 @@ class AggregationClient:
             self._rttvar = 0.75 * self._rttvar + 0.25 * abs(self._srtt - rtt)
             self._srtt = 0.875 * self._srtt + 0.125 * rtt
 
-    def _reduce(self, x: np.ndarray, peaks: list[float],
-                out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def _reduce(
+        self, x: np.ndarray, peaks: list[float], out: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         cfg = self.config
         started = time.monotonic()
         self.round += 1
@@ -501,8 +513,7 @@ class AggregationClient:
                     self._hello(self.target)
                     next_hello = time.monotonic() + 0.3
             while next_seq < total and len(pending) < max(1, int(self.cwnd)):
-                fl = _InFlight(next_seq, next_seq * chunk, min(n, (next_seq + 1) * chunk), 0.0,
-                               self._rto())
+                fl = _InFlight(next_seq, next_seq * chunk, min(n, (next_seq + 1) * chunk), 0.0, self._rto())
                 pending[next_seq] = fl
                 self._send_slice(x, fl, retransmit=False, peak=peaks[next_seq])
                 next_seq += 1
@@ -521,8 +532,7 @@ class AggregationClient:
                     elif h.round != self.round or h.seq not in pending:
                         if h.kind == Kind.RESULT:
                             self.counters.duplicates_ignored += 1
-                    elif h.kind == Kind.RESULT and self._accept(h, body, pending[h.seq], out,
-                                                                 bound):
+                    elif h.kind == Kind.RESULT and self._accept(h, body, pending[h.seq], out, bound):
                         fl = pending.pop(h.seq)
                         if fl.sends == 1:  # Karn: only unambiguous samples
                             self._sample_rtt(time.monotonic() - fl.sent_at)
@@ -567,8 +577,7 @@ class AggregationClient:
 
     def _hello(self, addr: Address) -> None:
         me = json.dumps({"pid": os.getpid(), "host": host_identity()}).encode()
-        self.transport.send(encode(Header(Kind.HELLO, self.job, bitmap=self.bit,
-                                          fan_in=self.world), me), addr)
+        self.transport.send(encode(Header(Kind.HELLO, self.job, bitmap=self.bit, fan_in=self.world), me), addr)
 
     def _go_direct(self, pending: dict[int, _InFlight]) -> None:
         """Fall back to the parameter node: data goes there with aggregate-at = 1, and every
@@ -583,31 +592,32 @@ class AggregationClient:
             fl.sent_at = 0.0
 
     def _timeout_message(self, pending: int) -> str:
-        head = (f"job {self.job} worker {self.rank}: no result for {pending} slice(s) of round "
-                f"{self.round} within {self.config.timeout:.0f} s")
+        head = (
+            f"job {self.job} worker {self.rank}: no result for {pending} slice(s) of round "
+            f"{self.round} within {self.config.timeout:.0f} s"
+        )
         if time.monotonic() - self._beat_acked_at < 2 * self.config.failover_after:
-            return (f"{head}; the parameter node acknowledges this worker's heartbeats, so the "
-                    f"fabric is up: another worker of the job is not contributing (the "
-                    f"parameter node names a worker it finds dead or stopped)")
-        return (f"{head}; the forwarding node {self.switch[0]}:{self.switch[1]} or the "
-                f"parameter node is unreachable")
+            return (
+                f"{head}; the parameter node acknowledges this worker's heartbeats, so the "
+                f"fabric is up: another worker of the job is not contributing (the "
+                f"parameter node names a worker it finds dead or stopped)"
+            )
+        return f"{head}; the forwarding node {self.switch[0]}:{self.switch[1]} or the parameter node is unreachable"
 
-    def _accept(self, h: Header, body: bytes, fl: _InFlight, out: np.ndarray,
-                bound: np.ndarray) -> bool:
+    def _accept(self, h: Header, body: bytes, fl: _InFlight, out: np.ndarray, bound: np.ndarray) -> bool:
         """Write a slice's result into ``out``; False if it could not be read (a reference to
         the shared result store whose space was reused: handled like a lost packet)."""
         if h.count != fl.stop - fl.start:
-            raise AggregationError(f"result for slice {h.seq} has {h.count} elements, "
-                                   f"expected {fl.stop - fl.start}")
+            raise AggregationError(f"result for slice {h.seq} has {h.count} elements, expected {fl.stop - fl.start}")
         shared = self.transport.shared(body) if h.has(Flag.SHARED) else None
         if h.has(Flag.SHARED) and shared is None:
             self.counters.stale_results += 1
             return False
         vals = values(h, body if shared is None else shared)
         if h.has(Flag.FLOAT):
-            out[fl.start:fl.stop] = vals
+            out[fl.start : fl.stop] = vals
         else:
-            dequantize_into(vals, h.exponent, out[fl.start:fl.stop])
+            dequantize_into(vals, h.exponent, out[fl.start : fl.stop])
         del vals
         if h.has(Flag.SHARED) and not self.transport.shared_intact(body):
             self.counters.stale_results += 1  # rewritten while we read: what we wrote is void
@@ -619,5 +629,10 @@ class AggregationClient:
         return True
 
     def stats(self) -> dict[str, Any]:
-        return {"role": "worker", "job": self.job, "rank": self.rank,
-                **self.counters.__dict__, "transport": self.transport.counters.as_dict()}
+        return {
+            "role": "worker",
+            "job": self.job,
+            "rank": self.rank,
+            **self.counters.__dict__,
+            "transport": self.transport.counters.as_dict(),
+        }

@@ -112,8 +112,7 @@ class Backend(ABC):
     def place(self, ports: int, resources: dict[str, Any]) -> Placement:
         """Choose where a new instance goes and reserve its ports."""
 
-    def place_role(self, role: str, ports: int, resources: dict[str, Any],
-                   annotations: dict[str, str]) -> Placement:
+    def place_role(self, role: str, ports: int, resources: dict[str, Any], annotations: dict[str, str]) -> Placement:
         """Place an instance of ``role``: backends that can pin a role to a host (the testbed
         reads the job's ``testbed/<role>`` annotations) override this; the rest place alike."""
         return self.place(ports, resources)
@@ -195,5 +194,6 @@ def start_or_error(backend: Backend, request: LaunchRequest) -> dict[str, Any] |
         return backend.start(request)
     except OSError as error:
         where = f" ({error.filename})" if error.filename else ""
-        return StartFailure(f"could not start: {error.strerror or error}{where}; "
-                            "check the role's command and workingDir")
+        return StartFailure(
+            f"could not start: {error.strerror or error}{where}; check the role's command and workingDir"
+        )

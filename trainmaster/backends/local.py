@@ -20,8 +20,7 @@ import psutil
 from trainmaster.agent.client import AgentClient, AgentUnavailable
 from trainmaster.agent.contract import InstanceHandle, InstancePhase, InstanceStatus
 from trainmaster.backends.ports import PortPool
-from trainmaster.backends.base import (Backend, Capacity, LaunchRequest, Observation, Phase, Placement,
-                                       StartFailure)
+from trainmaster.backends.base import Backend, Capacity, LaunchRequest, Observation, Phase, Placement, StartFailure
 from trainmaster.store.db import home
 
 log = logging.getLogger(__name__)
@@ -42,14 +41,22 @@ def observation(status: InstanceStatus) -> Observation:
     """The controller's view of what the agent reports."""
     cpu, peak = status.cpu_seconds, status.peak_rss
     if status.phase == InstancePhase.WAITING:
-        return Observation(Phase.STARTING, reason=status.reason or "WaitingForDependencies",
-                           cpu_seconds=cpu, peak_rss=peak)
+        return Observation(
+            Phase.STARTING, reason=status.reason or "WaitingForDependencies", cpu_seconds=cpu, peak_rss=peak
+        )
     if status.phase == InstancePhase.RUNNING:
         return Observation(Phase.RUNNING, command_started=status.command_started_at, cpu_seconds=cpu, peak_rss=peak)
     if status.phase in (InstancePhase.EXITED, InstancePhase.START_FAILED):
         reason = "" if status.reason in _PLAIN_REASONS else status.reason
-        return Observation(Phase.EXITED, exit_code=status.exit_code, reason=reason, message=status.message,
-                           command_started=status.command_started_at, cpu_seconds=cpu, peak_rss=peak)
+        return Observation(
+            Phase.EXITED,
+            exit_code=status.exit_code,
+            reason=reason,
+            message=status.message,
+            command_started=status.command_started_at,
+            cpu_seconds=cpu,
+            peak_rss=peak,
+        )
     return Observation(Phase.LOST, reason="Lost", message=status.message)
 
 
@@ -59,10 +66,16 @@ class LocalBackend(Backend):
     running_at_start = True  # the agent answers once every command has exec'd
     runs_containers = True
 
-    def __init__(self, capacity: Capacity | None = None, host: str = "127.0.0.1",
-                 state_dir: Path | None = None, linger: float = 10.0):
+    def __init__(
+        self,
+        capacity: Capacity | None = None,
+        host: str = "127.0.0.1",
+        state_dir: Path | None = None,
+        linger: float = 10.0,
+    ):
         self._capacity = capacity or Capacity(
-            cpu=float(os.cpu_count() or 1), memory=psutil.virtual_memory().total, gpu=0)
+            cpu=float(os.cpu_count() or 1), memory=psutil.virtual_memory().total, gpu=0
+        )
         self._host = host
         self._ports = PortPool(host)
         self.agent = AgentClient(state_dir or agent_state_dir(), node=NODE, linger=linger)

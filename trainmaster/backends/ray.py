@@ -38,17 +38,14 @@ from typing import Any
 
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
-from ray.util.placement_group import (PlacementGroup, placement_group, placement_group_table,
-                                      remove_placement_group)
+from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from trainmaster.agent.contract import Dependency, InstancePhase, InstanceStatus, LaunchSpec
-from trainmaster.backends.base import (Backend, Capacity, LaunchRequest, Observation, Phase, Placement,
-                                       StartFailure)
+from trainmaster.backends.base import Backend, Capacity, LaunchRequest, Observation, Phase, Placement, StartFailure
 from trainmaster.backends.ports import PortPool
 from trainmaster.backends.local import observation as agent_observation
-from trainmaster.backends.ray_agent import (ATTEMPT_RECORD, NAMESPACE, NodeAgentActor, agent_name,
-                                            read_record)
+from trainmaster.backends.ray_agent import ATTEMPT_RECORD, NAMESPACE, NodeAgentActor, agent_name, read_record
 from trainmaster.runtime.files import InstanceFiles
 from trainmaster.spec.model import parse_memory
 
@@ -91,8 +88,13 @@ def connect(address: str | None = None, num_cpus: int | None = None, node_ip: st
     if address:
         ray.init(address=address, **quiet)
     else:
-        ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False,
-                 _node_ip_address=node_ip, **quiet)
+        ray.init(
+            address="local",
+            num_cpus=num_cpus or os.cpu_count() or 1,
+            include_dashboard=False,
+            _node_ip_address=node_ip,
+            **quiet,
+        )
 
 
 @dataclass
@@ -167,8 +169,9 @@ class RayBackend(Backend):
     # ---- resources ---------------------------------------------------------------------------
     def capacity(self) -> Capacity:
         total = ray.cluster_resources()
-        return Capacity(cpu=float(total.get("CPU", 0.0)), memory=int(total.get("memory", 0)),
-                        gpu=int(total.get("GPU", 0)))
+        return Capacity(
+            cpu=float(total.get("CPU", 0.0)), memory=int(total.get("memory", 0)), gpu=int(total.get("GPU", 0))
+        )
 
     def place(self, ports: int, resources: dict[str, Any]) -> Placement:
         return Placement(self._ports.host, self._ports.take(ports))
@@ -194,13 +197,18 @@ class RayBackend(Backend):
             for key, value in bundle.items():
                 want[key] = want.get(key, 0.0) + value
         total, free = ray.cluster_resources(), ray.available_resources()
-        short = [f"{_show(key, amount)} (cluster has {_show(key, total.get(key, 0.0))}, "
-                 f"{_show(key, free.get(key, 0.0))} free)"
-                 for key, amount in sorted(want.items()) if amount > free.get(key, 0.0) + 1e-9]
+        short = [
+            f"{_show(key, amount)} (cluster has {_show(key, total.get(key, 0.0))}, "
+            f"{_show(key, free.get(key, 0.0))} free)"
+            for key, amount in sorted(want.items())
+            if amount > free.get(key, 0.0) + 1e-9
+        ]
         largest = max(gang.bundles, key=lambda b: b.get("CPU", 0.0))
         what = "; short of " + ", ".join(short) if short else "; no single node fits a bundle like " + str(largest)
-        return (f"Ray placement group for {len(gang.bundles)} instance bundle(s) not placed after "
-                f"{time.monotonic() - gang.since:.0f}s{what}")
+        return (
+            f"Ray placement group for {len(gang.bundles)} instance bundle(s) not placed after "
+            f"{time.monotonic() - gang.since:.0f}s{what}"
+        )
 
     def release_gang(self, job_id: int) -> None:
         gang = self._gangs.pop(job_id, None)
@@ -243,8 +251,12 @@ class RayBackend(Backend):
         agent = self._agents.get(node)
         if agent is None:
             agent = NodeAgentActor.options(  # type: ignore[attr-defined]
-                name=agent_name(node), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+                name=agent_name(node),
+                namespace=NAMESPACE,
+                lifetime="detached",
+                get_if_exists=True,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+            ).remote()
             self._agents[node] = agent
         return agent
 
@@ -316,8 +328,10 @@ class RayBackend(Backend):
         if alive:
             reason, message = "AgentLost", f"the node agent on {where} died ({why}); its instances ended with it"
         else:
-            reason, message = "NodeLost", (f"{where} was lost: {why}" if node_gone
-                                           else f"{where} was lost: Ray reports it dead ({why})")
+            reason, message = (
+                "NodeLost",
+                (f"{where} was lost: {why}" if node_gone else f"{where} was lost: Ray reports it dead ({why})"),
+            )
         log.warning("%s", message)
         if not alive:
             self._dead.add(node)
@@ -349,18 +363,29 @@ class RayBackend(Backend):
                 self._deferred[spec.instance_id] = _Deferred(spec, request.job_id, bundle)
             elif node is not None:
                 batches.setdefault(node, []).append(spec)
-            handles.append({"backend": self.name, "instance_id": spec.instance_id, "node": node,
-                            "agent": agent_name(node) if node else None, "pid": None,
-                            "instance_dir": request.instance_dir, "gated": request.gated,
-                            "host": request.placement.host, "ports": request.placement.ports,
-                            "job_id": request.job_id, "bundle": bundle})
+            handles.append(
+                {
+                    "backend": self.name,
+                    "instance_id": spec.instance_id,
+                    "node": node,
+                    "agent": agent_name(node) if node else None,
+                    "pid": None,
+                    "instance_dir": request.instance_dir,
+                    "gated": request.gated,
+                    "host": request.placement.host,
+                    "ports": request.placement.ports,
+                    "job_id": request.job_id,
+                    "bundle": bundle,
+                }
+            )
         for node, specs in batches.items():
             self._dispatch(node, specs)
         return iter(handles)
 
     def _dispatch(self, node: str, specs: list[LaunchSpec]) -> None:
-        call = _StartCall(self._agent_on(node).start.remote([s.to_dict() for s in specs]), node,
-                          [s.instance_id for s in specs])
+        call = _StartCall(
+            self._agent_on(node).start.remote([s.to_dict() for s in specs]), node, [s.instance_id for s in specs]
+        )
         for spec in specs:
             self._calls[spec.instance_id] = call
             self._where[spec.instance_id] = node
@@ -387,8 +412,11 @@ class RayBackend(Backend):
         deferred = self._deferred[instance_id]
         self._send_deferred()
         if instance_id in self._deferred:
-            return Observation(Phase.STARTING, reason="BundlePending",
-                               message=f"waiting for Ray to place its placement group bundle {deferred.bundle} again")
+            return Observation(
+                Phase.STARTING,
+                reason="BundlePending",
+                message=f"waiting for Ray to place its placement group bundle {deferred.bundle} again",
+            )
         node = self._where[instance_id]
         return Observation(Phase.STARTING, reason="AgentStarting", message=f"sent to the agent of node {node[:12]}")
 
@@ -438,24 +466,33 @@ class RayBackend(Backend):
             return self._try_deferred(instance_id)
         node = self._node_of(handle)
         if node is None:
-            return self._end(instance_id, Observation(Phase.LOST, reason="NotStarted",
-                                                      message="no node agent holds a record of it"))
+            return self._end(
+                instance_id, Observation(Phase.LOST, reason="NotStarted", message="no node agent holds a record of it")
+            )
         call = self._calls.get(instance_id)
         if call is not None:
             if not ray.wait([call.ref], timeout=0)[0]:
-                return Observation(Phase.STARTING, reason="AgentStarting",
-                                   message=f"the agent of node {node[:12]} is starting it")
+                return Observation(
+                    Phase.STARTING, reason="AgentStarting", message=f"the agent of node {node[:12]} is starting it"
+                )
             self._collect(call)
             if instance_id in self._ended:
                 return self._ended[instance_id]
         if instance_id in self._refused:
-            return self._end(instance_id, Observation(Phase.EXITED, exit_code=127, reason="StartFailed",
-                                                      message=self._refused[instance_id]))
+            return self._end(
+                instance_id,
+                Observation(Phase.EXITED, exit_code=127, reason="StartFailed", message=self._refused[instance_id]),
+            )
         return self._observe(node, instance_id, fresh)
 
     def _observe(self, node: str, instance_id: str, fresh: bool) -> Observation:
         snapshot = self._snapshots.get(node)
-        if fresh or snapshot is None or time.monotonic() - snapshot.at > OBSERVE_TTL or instance_id not in snapshot.statuses:
+        if (
+            fresh
+            or snapshot is None
+            or time.monotonic() - snapshot.at > OBSERVE_TTL
+            or instance_id not in snapshot.statuses
+        ):
             silent = self._silent.get(node)
             if silent is not None and time.monotonic() - silent[0] < SILENT_FOR:
                 return Observation(Phase.UNREACHABLE, reason="AgentSlow", message=silent[1])
@@ -472,11 +509,13 @@ class RayBackend(Backend):
                 self._lose_node(node, _first_line(exc))
                 return self._ended[instance_id]
             except GetTimeoutError:
-                return self._silence(node, instance_id, f"the agent of node {node[:12]} did not answer "
-                                                        f"within {OBSERVE_TIMEOUT:g}s")
+                return self._silence(
+                    node, instance_id, f"the agent of node {node[:12]} did not answer within {OBSERVE_TIMEOUT:g}s"
+                )
             self._silent.pop(node, None)
             snapshot = self._snapshots[node] = _Snapshot(
-                time.monotonic(), {s["handle"]["instance_id"]: InstanceStatus.from_dict(s) for s in raw})
+                time.monotonic(), {s["handle"]["instance_id"]: InstanceStatus.from_dict(s) for s in raw}
+            )
         obs = self._observation(snapshot.statuses[instance_id])
         if obs.phase in (Phase.EXITED, Phase.LOST):
             self._end(instance_id, obs)
@@ -486,8 +525,9 @@ class RayBackend(Backend):
         """A node's agent did not answer: lost at once when its raylet is gone or Ray reports it
         dead, else its instances read as unreachable (not asked again for SILENT_FOR seconds)."""
         if self._raylet_gone(node):
-            self._lose_node(node, f"its raylet refuses connections and its agent did not answer ({why})",
-                            node_gone=True)
+            self._lose_node(
+                node, f"its raylet refuses connections and its agent did not answer ({why})", node_gone=True
+            )
             return self._ended[instance_id]
         if not self._node_alive(node):
             self._lose_node(node, why)
@@ -516,8 +556,10 @@ class RayBackend(Backend):
             if instance_id in self._ended:
                 continue
             if self._deferred.pop(instance_id, None) is not None:
-                self._end(instance_id, Observation(Phase.EXITED, reason="Stopped",
-                                                   message="stopped before its bundle was placed"))
+                self._end(
+                    instance_id,
+                    Observation(Phase.EXITED, reason="Stopped", message="stopped before its bundle was placed"),
+                )
                 continue
             node = self._node_of(handle)
             if node is None:
@@ -532,8 +574,11 @@ class RayBackend(Backend):
                 self.poll(handle)
             elif instance_id not in self._ended:
                 by_node.setdefault(node, []).append(instance_id)
-        calls = {node: agent.stop.remote(ids, grace) for node, ids in by_node.items()
-                 if (agent := self._agent_found(node)) is not None}
+        calls = {
+            node: agent.stop.remote(ids, grace)
+            for node, ids in by_node.items()
+            if (agent := self._agent_found(node)) is not None
+        }
         for node, ref in calls.items():
             try:
                 statuses = ray.get(ref, timeout=grace + STOP_SLACK)
@@ -574,22 +619,35 @@ class RayBackend(Backend):
             try:
                 status = InstanceStatus.from_dict(ray.get(ref, timeout=CALL_TIMEOUT)[0])
             except (RayActorError, ActorUnavailableError, GetTimeoutError) as exc:
-                log.warning("handle_of %s: the agent of node %s did not answer (%s)", instance_id, node[:12],
-                            _first_line(exc))
+                log.warning(
+                    "handle_of %s: the agent of node %s did not answer (%s)", instance_id, node[:12], _first_line(exc)
+                )
                 continue
             if status.phase == InstancePhase.LOST:
                 continue
             self._where[instance_id] = node
             self._live.setdefault(node, set()).add(instance_id)
-            return {"backend": self.name, "instance_id": instance_id, "node": node, "agent": agent_name(node),
-                    "pid": status.handle.pid, "instance_dir": "", "gated": False,
-                    "host": self._node_ips.get(node, ""), "ports": [], "job_id": None, "bundle": None}
+            return {
+                "backend": self.name,
+                "instance_id": instance_id,
+                "node": node,
+                "agent": agent_name(node),
+                "pid": status.handle.pid,
+                "instance_dir": "",
+                "gated": False,
+                "host": self._node_ips.get(node, ""),
+                "ports": [],
+                "job_id": None,
+                "bundle": None,
+            }
         return None
 
     def adopt(self, handle: dict[str, Any]) -> bool:
         """An attempt is ours again when its node's agent is alive and still runs it."""
-        alive = (handle.get("backend") == self.name
-                 and self._poll(handle, fresh=True).phase in (Phase.STARTING, Phase.RUNNING))
+        alive = handle.get("backend") == self.name and self._poll(handle, fresh=True).phase in (
+            Phase.STARTING,
+            Phase.RUNNING,
+        )
         if alive:  # its ports stay taken
             self._ports.hold(handle.get("ports", []))
         return alive
@@ -600,10 +658,19 @@ class RayBackend(Backend):
         record = read_record(instance_dir)
         if record is None:
             return None
-        handle = {"backend": self.name, "instance_id": record["instance_id"], "node": record["node"],
-                  "agent": record["agent"], "pid": record["pid"], "instance_dir": instance_dir,
-                  "gated": record["gated"], "host": record["host"], "ports": record["ports"],
-                  "job_id": None, "bundle": None}
+        handle = {
+            "backend": self.name,
+            "instance_id": record["instance_id"],
+            "node": record["node"],
+            "agent": record["agent"],
+            "pid": record["pid"],
+            "instance_dir": instance_dir,
+            "gated": record["gated"],
+            "host": record["host"],
+            "ports": record["ports"],
+            "job_id": None,
+            "bundle": None,
+        }
         if self._poll(handle, fresh=True).phase not in (Phase.STARTING, Phase.RUNNING):
             return None
         return handle
@@ -630,21 +697,42 @@ def _launch_spec(request: LaunchRequest) -> LaunchSpec:
         db_url = ""
         if request.gated:
             launch = InstanceFiles(request.instance_dir).read_launch()
-            depends = [Dependency(d["role"], d["condition"], float(d["timeout"]), int(d["replicas"]))
-                       for d in launch["depends"]]
+            depends = [
+                Dependency(d["role"], d["condition"], float(d["timeout"]), int(d["replicas"]))
+                for d in launch["depends"]
+            ]
             db_url = launch.get("db_url", "")
         resources = request.resources
-        spec = LaunchSpec(instance_id=_instance_id(request), job_id=request.job_id, job_name=request.job_name,
-                          role=request.role, index=request.index, attempt=request.attempt,
-                          argv=list(request.argv), env=dict(request.env), cwd=request.cwd,
-                          log_path=request.log_path, instance_dir=request.instance_dir,
-                          host=request.placement.host, ports=list(request.placement.ports),
-                          cpu=float(resources.get("cpu", 0) or 0), memory=_memory_bytes(resources.get("memory", 0)),
-                          gpu=int(resources.get("gpu", 0) or 0), depends=depends, db_url=db_url)
+        spec = LaunchSpec(
+            instance_id=_instance_id(request),
+            job_id=request.job_id,
+            job_name=request.job_name,
+            role=request.role,
+            index=request.index,
+            attempt=request.attempt,
+            argv=list(request.argv),
+            env=dict(request.env),
+            cwd=request.cwd,
+            log_path=request.log_path,
+            instance_dir=request.instance_dir,
+            host=request.placement.host,
+            ports=list(request.placement.ports),
+            cpu=float(resources.get("cpu", 0) or 0),
+            memory=_memory_bytes(resources.get("memory", 0)),
+            gpu=int(resources.get("gpu", 0) or 0),
+            depends=depends,
+            db_url=db_url,
+        )
     if not spec.env_inputs:
         launch = launch or InstanceFiles(request.instance_dir).read_launch()
-        spec = replace(spec, env_inputs={"framework": launch.get("framework", "command"),
-                                         "context": launch["context"], "role_env": launch.get("role_env", {})})
+        spec = replace(
+            spec,
+            env_inputs={
+                "framework": launch.get("framework", "command"),
+                "context": launch["context"],
+                "role_env": launch.get("role_env", {}),
+            },
+        )
         if spec.depends:
             spec = replace(spec, env=dict(launch["env"]))
     return spec

@@ -88,7 +88,8 @@ def take_owner_lock(state_dir: Path, timeout: float = LOCK_WAIT) -> int:
                 os.close(fd)
                 raise RuntimeError(
                     f"node agent: {state_dir / OWNER_LOCK} still held after {timeout:g}s by an earlier agent "
-                    "or its guard (still killing the instances it left); not starting a second agent") from None
+                    "or its guard (still killing the instances it left); not starting a second agent"
+                ) from None
             time.sleep(delay)
             delay = min(delay * 2, 0.25)
 
@@ -123,11 +124,19 @@ class AgentGuard:
 
     def __init__(self, options: AgentOptions, lock_fd: int) -> None:
         package_root = str(Path(__file__).resolve().parents[2])
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
-        proc = subprocess.Popen([sys.executable, "-S", "-c", _GUARD_CODE, options.node_key,
-                                 "1" if options.use_cgroups else "0"],
-                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env,
-                                start_new_session=True, close_fds=True, pass_fds=(lock_fd,))
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p),
+        }
+        proc = subprocess.Popen(
+            [sys.executable, "-S", "-c", _GUARD_CODE, options.node_key, "1" if options.use_cgroups else "0"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+            pass_fds=(lock_fd,),
+        )
         assert proc.stdin is not None
         self._pipe: IO[bytes] = proc.stdin  # never written: only its closing matters
         proc.wait(timeout=30)  # the first process only forks the guard off and exits
@@ -157,8 +166,13 @@ class NodeAgentActor:
 
     def where(self) -> dict[str, Any]:
         """Where this agent runs and how it owns process trees (for people and tests)."""
-        return {"node": self.node_id, "ip": self.node_ip, "pid": os.getpid(), "trees": self._agent.trees.kind,
-                "state_dir": str(self._agent.options.state_dir)}
+        return {
+            "node": self.node_id,
+            "ip": self.node_ip,
+            "pid": os.getpid(),
+            "trees": self._agent.trees.kind,
+            "state_dir": str(self._agent.options.state_dir),
+        }
 
     def start(self, specs: builtins.list[dict[str, Any]]) -> builtins.list[dict[str, Any]]:
         """Start a batch; each answer is the :class:`StartResult` plus the host and ports the
@@ -214,14 +228,24 @@ def _ports_on_node(node_ip: str, wanted: list[int]) -> list[int]:
 
 
 def _result_dict(result: StartResult) -> dict[str, Any]:
-    return {"instance_id": result.instance_id, "error": result.error,
-            "handle": result.handle.to_dict() if result.handle else None}
+    return {
+        "instance_id": result.instance_id,
+        "error": result.error,
+        "handle": result.handle.to_dict() if result.handle else None,
+    }
 
 
 def _write_record(spec: LaunchSpec, result: StartResult, node_id: str) -> None:
     assert result.handle is not None
-    record = {"instance_id": spec.instance_id, "node": node_id, "agent": agent_name(node_id),
-              "pid": result.handle.pid, "host": spec.host, "ports": spec.ports, "gated": bool(spec.depends)}
+    record = {
+        "instance_id": spec.instance_id,
+        "node": node_id,
+        "agent": agent_name(node_id),
+        "pid": result.handle.pid,
+        "host": spec.host,
+        "ports": spec.ports,
+        "gated": bool(spec.depends),
+    }
     path = Path(spec.instance_dir) / ATTEMPT_RECORD
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record))

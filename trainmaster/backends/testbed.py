@@ -21,8 +21,7 @@ from typing import Any, Iterator
 import psutil
 
 from trainmaster.agent.contract import InstanceHandle, InstancePhase, LaunchSpec
-from trainmaster.backends.base import (Backend, Capacity, LaunchRequest, Observation, Phase, Placement,
-                                       StartFailure)
+from trainmaster.backends.base import Backend, Capacity, LaunchRequest, Observation, Phase, Placement, StartFailure
 from trainmaster.backends.local import observation
 from trainmaster.errors import UserError
 from trainmaster.testbed import SWITCH, Testbed, iproute
@@ -41,15 +40,15 @@ class TestbedBackend(Backend):
     def __init__(self, testbed: Testbed, capacity: Capacity | None = None, linger: float = 10.0):
         iproute.require_root_and_tools()  # joining a host's namespace needs root too
         self._capacity = capacity or Capacity(
-            cpu=float(os.cpu_count() or 1), memory=psutil.virtual_memory().total, gpu=0)
+            cpu=float(os.cpu_count() or 1), memory=psutil.virtual_memory().total, gpu=0
+        )
         self.testbed = testbed
         hosts = [*testbed.host_names, SWITCH]
         self._host_of = {testbed.address(h): h for h in hosts}
         self._round_robin = itertools.cycle(testbed.host_names)
         self._taken: dict[str, set[int]] = {h: set() for h in hosts}  # ports in use, per host
         prefix = testbed.options.prefix
-        self.agents = {h: HostAgentClient(host_agent_dir(prefix, h), h, testbed.namespace(h), linger)
-                       for h in hosts}
+        self.agents = {h: HostAgentClient(host_agent_dir(prefix, h), h, testbed.namespace(h), linger) for h in hosts}
 
     def capacity(self) -> Capacity:
         return self._capacity
@@ -58,23 +57,23 @@ class TestbedBackend(Backend):
     def place(self, ports: int, resources: dict[str, Any]) -> Placement:
         return self._place_on(next(self._round_robin), ports)
 
-    def place_role(self, role: str, ports: int, resources: dict[str, Any],
-                   annotations: dict[str, str]) -> Placement:
+    def place_role(self, role: str, ports: int, resources: dict[str, Any], annotations: dict[str, str]) -> Placement:
         host = annotations.get(PIN_ANNOTATION + role)
         if host is None:
             return self.place(ports, resources)
         if host not in self.agents:
-            raise UserError(f"annotation {PIN_ANNOTATION}{role}: no host {host!r} on testbed "
-                            f"{self.testbed.options.prefix!r} (hosts: "
-                            f"{', '.join(self.testbed.host_names)}, {SWITCH})")
+            raise UserError(
+                f"annotation {PIN_ANNOTATION}{role}: no host {host!r} on testbed "
+                f"{self.testbed.options.prefix!r} (hosts: "
+                f"{', '.join(self.testbed.host_names)}, {SWITCH})"
+            )
         return self._place_on(host, ports)
 
     def _place_on(self, host: str, count: int) -> Placement:
         taken = self._taken[host]
         free = [p for p in range(FIRST_PORT, LAST_PORT) if p not in taken][:count]
         if len(free) < count:
-            raise RuntimeError(f"host {host} has no {count} free ports left in "
-                               f"{FIRST_PORT}-{LAST_PORT}")
+            raise RuntimeError(f"host {host} has no {count} free ports left in {FIRST_PORT}-{LAST_PORT}")
         taken.update(free)
         return Placement(self.testbed.address(host), free)
 
@@ -93,8 +92,7 @@ class TestbedBackend(Backend):
     def _host(self, request: LaunchRequest) -> str:
         host = self._host_of.get(request.placement.host)
         if host is None:
-            raise RuntimeError(f"{request.placement.host} is not an address of testbed "
-                               f"{self.testbed.options.prefix!r}")
+            raise RuntimeError(f"{request.placement.host} is not an address of testbed {self.testbed.options.prefix!r}")
         return host
 
     def start(self, request: LaunchRequest) -> dict[str, Any]:
@@ -114,8 +112,7 @@ class TestbedBackend(Backend):
         for host, batch in by_host.items():
             answers = self.agents[host].start([spec for _, spec in batch])
             for (position, spec), answer in zip(batch, answers):
-                results[position] = (_handle(answer.handle, spec.ports) if answer.handle
-                                     else StartFailure(answer.error))
+                results[position] = _handle(answer.handle, spec.ports) if answer.handle else StartFailure(answer.error)
         return (results[position] for position in range(len(requests)))
 
     def poll(self, handle: dict[str, Any]) -> Observation:
@@ -126,8 +123,9 @@ class TestbedBackend(Backend):
         for host, batch in _by_node(handles).items():
             if host not in self.agents:  # not an agent's handle (a pre-agent controller's)
                 for position, _ in batch:
-                    found[position] = Observation(Phase.LOST, reason="Lost",
-                                                  message=f"no agent of this testbed holds it (node {host!r})")
+                    found[position] = Observation(
+                        Phase.LOST, reason="Lost", message=f"no agent of this testbed holds it (node {host!r})"
+                    )
                 continue
             statuses = self.agents[host].observe([h["instance_id"] for _, h in batch])
             for (position, _), status in zip(batch, statuses):

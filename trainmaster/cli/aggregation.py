@@ -9,8 +9,7 @@ import typer
 
 from trainmaster.errors import UserError
 
-sub = typer.Typer(help="Gradient aggregation through forwarding nodes and a parameter node.",
-                  no_args_is_help=True)
+sub = typer.Typer(help="Gradient aggregation through forwarding nodes and a parameter node.", no_args_is_help=True)
 
 
 def _probability(name: str, value: float) -> float:
@@ -37,23 +36,24 @@ def demo(
     duplicate: float = typer.Option(0.0, help="Probability of duplicating each datagram."),
     reorder: float = typer.Option(0.0, help="Probability of holding a datagram back a few ms."),
     delay: float = typer.Option(0.0, help="Probability of delaying a datagram up to 10 ms."),
-    overflow: bool = typer.Option(False, help="Fixed-scale quantisation with large gradients "
-                                  "so that sums overflow and the float fallback runs."),
+    overflow: bool = typer.Option(
+        False, help="Fixed-scale quantisation with large gradients so that sums overflow and the float fallback runs."
+    ),
     slots: int = typer.Option(64, help="Aggregator slots per forwarding node."),
-    levels: int = typer.Option(1, help="1: one forwarding node; 2: two first-level nodes "
-                               "under a second-level node that also has workers."),
-    chunk: int = typer.Option(4096, help="Elements per packet (up to 16375 on udp, "
-                              "2097136 on shm)."),
+    levels: int = typer.Option(
+        1, help="1: one forwarding node; 2: two first-level nodes under a second-level node that also has workers."
+    ),
+    chunk: int = typer.Option(4096, help="Elements per packet (up to 16375 on udp, 2097136 on shm)."),
     seed: int = typer.Option(0, help="Seed of the inputs and of every link's fault injector."),
     timeout: float = typer.Option(60.0, help="Seconds without progress before a worker fails."),
-    transport: str = typer.Option("udp", help="udp, or shm: shared-memory rings for large "
-                                  "packets (same host)."),
-    siblings: int = typer.Option(1, help="Forwarding nodes directly under the parameter node "
-                                 "(with --levels 1)."),
-    kill: str = typer.Option("", help="Process fault: ps, switch, switch:I or worker:R kills "
-                             "itself at the moment --kill-after chooses."),
-    kill_after: int = typer.Option(50, help="Packets the --kill victim handles before the "
-                                   "signal (received for a node, sent for a worker)."),
+    transport: str = typer.Option("udp", help="udp, or shm: shared-memory rings for large packets (same host)."),
+    siblings: int = typer.Option(1, help="Forwarding nodes directly under the parameter node (with --levels 1)."),
+    kill: str = typer.Option(
+        "", help="Process fault: ps, switch, switch:I or worker:R kills itself at the moment --kill-after chooses."
+    ),
+    kill_after: int = typer.Option(
+        50, help="Packets the --kill victim handles before the signal (received for a node, sent for a worker)."
+    ),
     kill_signal: str = typer.Option("KILL", help="KILL, or STOP (the process freezes)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
@@ -79,8 +79,7 @@ def demo(
     elif not 1 <= chunk <= SHM_MAX_ELEMENTS:
         problems.append(f"--chunk must be between 1 and {SHM_MAX_ELEMENTS} on shm")
     if not 1 <= siblings <= 16 or (siblings > 1 and levels != 1):
-        problems.append("--siblings must be between 1 and 16, and more than 1 only with "
-                        "--levels 1")
+        problems.append("--siblings must be between 1 and 16, and more than 1 only with --levels 1")
     plan = None
     if kill:
         from trainmaster.aggregation.kills import KillPlan
@@ -91,13 +90,29 @@ def demo(
             problems.append(f"--kill: {exc}")
     if problems:
         raise UserError("invalid demo options", details=problems)
-    faults = FaultPlan(drop=_probability("drop", drop),
-                       duplicate=_probability("duplicate", duplicate),
-                       reorder=_probability("reorder", reorder), delay=_probability("delay", delay),
-                       seed=seed)
-    cfg = DemoConfig(workers=workers, jobs=jobs, elements=elements, rounds=rounds, slots=slots,
-                     levels=levels, overflow=overflow, chunk=chunk, seed=seed, faults=faults,
-                     timeout=timeout, transport=transport, siblings=siblings, kill=plan)
+    faults = FaultPlan(
+        drop=_probability("drop", drop),
+        duplicate=_probability("duplicate", duplicate),
+        reorder=_probability("reorder", reorder),
+        delay=_probability("delay", delay),
+        seed=seed,
+    )
+    cfg = DemoConfig(
+        workers=workers,
+        jobs=jobs,
+        elements=elements,
+        rounds=rounds,
+        slots=slots,
+        levels=levels,
+        overflow=overflow,
+        chunk=chunk,
+        seed=seed,
+        faults=faults,
+        timeout=timeout,
+        transport=transport,
+        siblings=siblings,
+        kill=plan,
+    )
     result = run_demo(cfg)
     if as_json:
         print(json.dumps(result))
@@ -119,17 +134,19 @@ def demo(
 @sub.command("parameter-node")
 def parameter_node(
     host: str = typer.Option("127.0.0.1", envvar="TM_AGGREGATION_HOST", help="Address to bind."),
-    port: int = typer.Option(0, envvar="TM_AGGREGATION_PORT",
-                             help="UDP port (0: any free port, printed)."),
+    port: int = typer.Option(0, envvar="TM_AGGREGATION_PORT", help="UDP port (0: any free port, printed)."),
     dead_after: float = typer.Option(
-        10.0, help="Seconds without a control message (HELLO, heartbeat, BYE: retransmitted "
+        10.0,
+        help="Seconds without a control message (HELLO, heartbeat, BYE: retransmitted "
         "until acknowledged) before a waited-for worker on another host is dead (a worker on "
-        "this host is watched through its process)."),
+        "this host is watched through its process).",
+    ),
     stalled_after: float = typer.Option(
-        2.0, help="Seconds a same-host worker may be stopped (SIGSTOP) and silent before the "
-        "job is aborted naming it."),
-    transport: str = typer.Option("udp", envvar="TM_AGGREGATION_TRANSPORT",
-                                  help="udp, or shm (shared-memory rings, same host)."),
+        2.0, help="Seconds a same-host worker may be stopped (SIGSTOP) and silent before the job is aborted naming it."
+    ),
+    transport: str = typer.Option(
+        "udp", envvar="TM_AGGREGATION_TRANSPORT", help="udp, or shm (shared-memory rings, same host)."
+    ),
 ) -> None:
     """Run a parameter node in the foreground (verifies sums, aggregates fallbacks)."""
     from trainmaster.aggregation.parameter_node import ParameterNode
@@ -137,8 +154,9 @@ def parameter_node(
 
     if dead_after <= 0 or stalled_after <= 0:
         raise UserError("--dead-after and --stalled-after must be positive numbers of seconds")
-    node = ParameterNode(host, port, dead_after=dead_after, transport=_transport(transport),
-                         stalled_after=stalled_after)
+    node = ParameterNode(
+        host, port, dead_after=dead_after, transport=_transport(transport), stalled_after=stalled_after
+    )
     print(f"parameter node listening on {node.address[0]}:{node.address[1]} ({transport})", flush=True)
     with PeriodicPublisher("aggregation.counters", lambda: {"node": "parameter node", **numbers("", node.stats())}):
         node.serve()
@@ -146,14 +164,15 @@ def parameter_node(
 
 @sub.command("forwarding-node")
 def forwarding_node(
-    parent: str = typer.Option(..., envvar="TM_AGGREGATION_PARENT",
-                               help="HOST:PORT of the parameter node or upper node."),
+    parent: str = typer.Option(
+        ..., envvar="TM_AGGREGATION_PARENT", help="HOST:PORT of the parameter node or upper node."
+    ),
     slots: int = typer.Option(64, envvar="TM_AGGREGATION_SLOTS", help="Aggregator slots."),
     host: str = typer.Option("127.0.0.1", envvar="TM_AGGREGATION_HOST", help="Address to bind."),
-    port: int = typer.Option(0, envvar="TM_AGGREGATION_PORT",
-                             help="UDP port (0: any free port, printed)."),
-    transport: str = typer.Option("udp", envvar="TM_AGGREGATION_TRANSPORT",
-                                  help="udp, or shm (shared-memory rings, same host)."),
+    port: int = typer.Option(0, envvar="TM_AGGREGATION_PORT", help="UDP port (0: any free port, printed)."),
+    transport: str = typer.Option(
+        "udp", envvar="TM_AGGREGATION_TRANSPORT", help="udp, or shm (shared-memory rings, same host)."
+    ),
 ) -> None:
     """Run a forwarding node (software switch) in the foreground."""
     from trainmaster.aggregation.switch import ForwardingNode
@@ -162,8 +181,7 @@ def forwarding_node(
     h, _, p = parent.rpartition(":")
     if not h or not p.isdigit():
         raise UserError(f"--parent must be HOST:PORT, got {parent!r}")
-    node = ForwardingNode((h, int(p)), slots=slots, host=host, port=port,
-                          transport=_transport(transport))
+    node = ForwardingNode((h, int(p)), slots=slots, host=host, port=port, transport=_transport(transport))
     print(f"forwarding node listening on {node.address[0]}:{node.address[1]} ({transport})", flush=True)
     label = f"forwarding node {os.environ.get('TM_REPLICA_INDEX', '0')}"
     with PeriodicPublisher("aggregation.counters", lambda: {"node": label, **numbers("", node.stats())}):

@@ -12,13 +12,14 @@ from trainmaster.errors import UserError
 
 
 def convert_command(
-    file: Annotated[Path, typer.Argument(help="A Kubeflow PyTorchJob/TFJob/MPIJob or Volcano Job "
-                                               "YAML/JSON file.")],
+    file: Annotated[Path, typer.Argument(help="A Kubeflow PyTorchJob/TFJob/MPIJob or Volcano Job YAML/JSON file.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of YAML.")] = False,
-    check: Annotated[bool, typer.Option(
-        "--check/--no-check", help="Also validate the converted job (exit 2 if it is invalid).")] = True,
-    lenient: Annotated[bool, typer.Option(
-        "--lenient", help="List unknown fields and ignore them instead of refusing the file.")] = False,
+    check: Annotated[
+        bool, typer.Option("--check/--no-check", help="Also validate the converted job (exit 2 if it is invalid).")
+    ] = True,
+    lenient: Annotated[
+        bool, typer.Option("--lenient", help="List unknown fields and ignore them instead of refusing the file.")
+    ] = False,
 ) -> None:
     """Print FILE converted to a trainmaster/v1 Job; list the source fields it ignores on stderr.
 
@@ -37,11 +38,13 @@ def convert_command(
     converted = convert(raw, lenient=lenient)
     if converted is None:
         raise UserError(
-            f"{file}: apiVersion={raw.get('apiVersion')!r} kind={raw.get('kind')!r} is not a "
-            "Kubeflow or Volcano job",
-            ["convert reads Kubeflow PyTorchJob/TFJob (kubeflow.org/v1), MPIJob (kubeflow.org/v1, "
-             "v2beta1) and Volcano Job (batch.volcano.sh/v1alpha1); a trainmaster/v1 Job needs no "
-             "conversion"])
+            f"{file}: apiVersion={raw.get('apiVersion')!r} kind={raw.get('kind')!r} is not a Kubeflow or Volcano job",
+            [
+                "convert reads Kubeflow PyTorchJob/TFJob (kubeflow.org/v1), MPIJob (kubeflow.org/v1, "
+                "v2beta1) and Volcano Job (batch.volcano.sh/v1alpha1); a trainmaster/v1 Job needs no "
+                "conversion"
+            ],
+        )
     document = converted.document
     if as_json:
         typer.echo(json.dumps(document, indent=2))

@@ -51,8 +51,10 @@ def current(db: DbOpt = None) -> None:
     url = db or default_url()
     path = sqlite_path(url)
     if path is not None and not path.exists():  # looking must not create it
-        typer.echo(f"store: none yet ({path} does not exist; `trainmaster db upgrade` or the first job "
-                   f"creates it); this release: {migrate.head()}")
+        typer.echo(
+            f"store: none yet ({path} does not exist; `trainmaster db upgrade` or the first job "
+            f"creates it); this release: {migrate.head()}"
+        )
         return
     try:
         with create_engine(url).connect() as connection:

@@ -15,20 +15,30 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "trainmaster partition trainmaster.partition.models:encoder --devices 4 --input-shape 2,16,64",
         "trainmaster partition trainmaster.partition.models:inception --devices 2 --input-shape 1,3,32,32 --json",
     ),
-    "job validate": ("trainmaster job validate examples/pytorch-digits.yaml",
-                     "trainmaster job validate examples/kubeflow-tfjob.yaml   # Kubeflow/Volcano files too"),
-    "job run": ("trainmaster job run examples/pytorch-digits.yaml",
-                "trainmaster job run --dry-run examples/volcano-job.yaml   # the job with every default filled in",
-                "trainmaster job run examples/kubeflow-pytorchjob.yaml --backend ray"),
+    "job validate": (
+        "trainmaster job validate examples/pytorch-digits.yaml",
+        "trainmaster job validate examples/kubeflow-tfjob.yaml   # Kubeflow/Volcano files too",
+    ),
+    "job run": (
+        "trainmaster job run examples/pytorch-digits.yaml",
+        "trainmaster job run --dry-run examples/volcano-job.yaml   # the job with every default filled in",
+        "trainmaster job run examples/kubeflow-pytorchjob.yaml --backend ray",
+    ),
     "job resume": ("trainmaster job resume pytorch-digits   # after its `job run` was killed",),
-    "job convert": ("trainmaster job convert examples/kubeflow-pytorchjob.yaml",
-                    "trainmaster job convert examples/volcano-job.yaml --json"),
-    "job submit": ("trainmaster server --detach && trainmaster job submit examples/pytorch-digits.yaml",
-                   "trainmaster job submit examples/volcano-job.yaml --server http://10.0.0.5:8642"),
+    "job convert": (
+        "trainmaster job convert examples/kubeflow-pytorchjob.yaml",
+        "trainmaster job convert examples/volcano-job.yaml --json",
+    ),
+    "job submit": (
+        "trainmaster server --detach && trainmaster job submit examples/pytorch-digits.yaml",
+        "trainmaster job submit examples/volcano-job.yaml --server http://10.0.0.5:8642",
+    ),
     "job list": ("trainmaster job list", "trainmaster job list --json --server http://127.0.0.1:8642"),
     "job status": ("trainmaster job status pytorch-digits", "trainmaster job status 12 --json"),
-    "job logs": ("trainmaster job logs pytorch-digits --role worker --index 1 --tail 20",
-                 "trainmaster job logs pytorch-digits -f   # follow until the instance ends"),
+    "job logs": (
+        "trainmaster job logs pytorch-digits --role worker --index 1 --tail 20",
+        "trainmaster job logs pytorch-digits -f   # follow until the instance ends",
+    ),
     "job cancel": ("trainmaster job cancel pytorch-digits",),
     "job scale": ("trainmaster job scale pytorch-digits worker 3",),
     "job suspend": ("trainmaster job suspend pytorch-digits   # instances stopped, the job held",),
@@ -40,19 +50,26 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     ),
     "aggregation parameter-node": ("trainmaster aggregation parameter-node --port 7000",),
     "aggregation forwarding-node": (
-        "trainmaster aggregation forwarding-node --parent 127.0.0.1:7000 --port 7001 --slots 64",),
-    "flsched schedule": ("trainmaster flsched schedule examples/flsched-problem.json --scheduler sa --seed 0",
-                         "trainmaster flsched schedule examples/flsched-problem.json --scheduler greedy --json"),
+        "trainmaster aggregation forwarding-node --parent 127.0.0.1:7000 --port 7001 --slots 64",
+    ),
+    "flsched schedule": (
+        "trainmaster flsched schedule examples/flsched-problem.json --scheduler sa --seed 0",
+        "trainmaster flsched schedule examples/flsched-problem.json --scheduler greedy --json",
+    ),
     "flsched simulate": ("trainmaster flsched simulate --devices 100 --jobs 3 --per-round 10 --scheduler sa --seed 1",),
     "flsched train": ("trainmaster flsched train --scheduler sa --devices 20 --per-round 3 --seed 0",),
-    "gateway init": ("trainmaster gateway init /tmp/silo --parties a,b --initiators alice",
-                     "trainmaster gateway init deploy --parties a,b --initiators alice "
-                     "--hosts gateway=gw.example.org,a=10.0.1.5,b=10.0.1.6"),
+    "gateway init": (
+        "trainmaster gateway init /tmp/silo --parties a,b --initiators alice",
+        "trainmaster gateway init deploy --parties a,b --initiators alice "
+        "--hosts gateway=gw.example.org,a=10.0.1.5,b=10.0.1.6",
+    ),
     "gateway serve": ("trainmaster gateway serve --config /tmp/silo/gateway/config.yaml",),
     "gateway party serve": (
-        "trainmaster gateway party serve --config /tmp/silo/a/config.yaml --data examples/gateway/data/a",),
+        "trainmaster gateway party serve --config /tmp/silo/a/config.yaml --data examples/gateway/data/a",
+    ),
     "gateway task run": (
-        "trainmaster gateway task run --config /tmp/silo/alice/config.yaml examples/gateway/task.yaml",),
+        "trainmaster gateway task run --config /tmp/silo/alice/config.yaml examples/gateway/task.yaml",
+    ),
 }
 
 

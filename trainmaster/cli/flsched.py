@@ -14,19 +14,19 @@ SIM_FAIRNESS_WEIGHT = 300.0  # seconds of round time one unit of participation v
 
 def register(app: typer.Typer) -> None:
     """Add the ``flsched`` group (schedule, simulate) to the top-level app."""
-    sub = typer.Typer(help="Multi-job federated learning: schedule FL jobs over one device pool.",
-                      no_args_is_help=True)
+    sub = typer.Typer(help="Multi-job federated learning: schedule FL jobs over one device pool.", no_args_is_help=True)
 
     @sub.command("schedule")
     def schedule(
         problem_file: Path = typer.Argument(..., help="PROBLEM.json: devices, jobs, history, weights."),
-        scheduler: str = typer.Option("sa", "--scheduler", help="sa, greedy, random, roundrobin, genetic, fedcs, oort, exact."),
+        scheduler: str = typer.Option(
+            "sa", "--scheduler", help="sa, greedy, random, roundrobin, genetic, fedcs, oort, exact."
+        ),
         seed: int = typer.Option(0, "--seed", help="Random seed of the scheduler."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON only."),
     ) -> None:
         """Choose this round's devices for every job of PROBLEM.json; prints assignment, cost, time_ms."""
         import time
-
 
         from trainmaster.flsched import ExactCost, Problem, make_scheduler, violations
 
@@ -46,7 +46,9 @@ def register(app: typer.Typer) -> None:
         if faults:  # a scheduler bug, not the user's: fail loudly
             raise RuntimeError(f"scheduler {scheduler} broke constraints: {faults}")
         out = {
-            "assignment": {problem.jobs[m].id: [problem.devices[int(k)].id for k in s] for m, s in enumerate(assignment)},
+            "assignment": {
+                problem.jobs[m].id: [problem.devices[int(k)].id for k in s] for m, s in enumerate(assignment)
+            },
             "cost": round(cost.cost(assignment), 6),
             "time_ms": round(elapsed_ms, 3),
             "scheduler": scheduler,
@@ -73,9 +75,15 @@ def register(app: typer.Typer) -> None:
         per_round: int = typer.Option(10, "--per-round", min=1, help="Devices per job per round."),
         scheduler: str = typer.Option("sa", "--scheduler", help="Scheduler name (see `schedule --help`)."),
         seed: int = typer.Option(1, "--seed", help="Seed of the pool, the draws and the scheduler."),
-        fairness_weight: float = typer.Option(SIM_FAIRNESS_WEIGHT, "--fairness-weight", min=0.0,
-                                              help="Weight of the fairness variance in the cost (time weight is 1)."),
-        availability: float = typer.Option(0.9, "--availability", min=0.0, max=1.0, help="Chance a device is reachable at a decision."),
+        fairness_weight: float = typer.Option(
+            SIM_FAIRNESS_WEIGHT,
+            "--fairness-weight",
+            min=0.0,
+            help="Weight of the fairness variance in the cost (time weight is 1).",
+        ),
+        availability: float = typer.Option(
+            0.9, "--availability", min=0.0, max=1.0, help="Chance a device is reachable at a decision."
+        ),
         max_rounds: int = typer.Option(2000, "--max-rounds", min=1, help="Give up on a job after this many rounds."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON only."),
     ) -> None:
@@ -85,8 +93,9 @@ def register(app: typer.Typer) -> None:
         from trainmaster.flsched.synthetic import make_problem
 
         if jobs * per_round > devices:
-            raise UserError(f"{jobs} jobs x {per_round} devices per round need {jobs * per_round} devices, "
-                            f"the pool has {devices}")
+            raise UserError(
+                f"{jobs} jobs x {per_round} devices per round need {jobs * per_round} devices, the pool has {devices}"
+            )
         if scheduler == "exact" and devices > 40:
             raise UserError("the exact (MILP) scheduler is for small pools; use --devices 40 or fewer")
         sched = make_scheduler(scheduler, seed=seed)
@@ -101,12 +110,25 @@ def register(app: typer.Typer) -> None:
 
         total = "never (a job missed its target)" if out["total_time"] is None else f"{out['total_time']:.1f} s"
         table = Table(title=f"{scheduler}: all targets reached at {total}; decision {out['decision_ms_median']:.1f} ms")
-        for col in ("job", "rounds", "time to target (s)", "final accuracy", "devices never used", "participation histogram"):
+        for col in (
+            "job",
+            "rounds",
+            "time to target (s)",
+            "final accuracy",
+            "devices never used",
+            "participation histogram",
+        ):
             table.add_column(col)
         for job, j in out["jobs"].items():
             ttt = "-" if j["time_to_target"] is None else f"{j['time_to_target']:.1f}"
-            table.add_row(job, str(j["rounds"]), ttt, f"{j['final_accuracy']:.3f}", str(j["devices_never_used"]),
-                          " ".join(str(c) for c in j["participation_histogram"]["counts"]))
+            table.add_row(
+                job,
+                str(j["rounds"]),
+                ttt,
+                f"{j['final_accuracy']:.3f}",
+                str(j["devices_never_used"]),
+                " ".join(str(c) for c in j["participation_histogram"]["counts"]),
+            )
         Console().print(table)
 
     @sub.command("train")
@@ -115,7 +137,9 @@ def register(app: typer.Typer) -> None:
         devices: int = typer.Option(20, "--devices", min=3, help="Devices in the pool."),
         per_round: int = typer.Option(3, "--per-round", min=1, help="Devices per job per round."),
         rounds: int = typer.Option(40, "--rounds", min=1, help="At most this many rounds per job."),
-        dropout: float = typer.Option(0.1, "--dropout", min=0.0, max=1.0, help="Chance a chosen device drops mid-round."),
+        dropout: float = typer.Option(
+            0.1, "--dropout", min=0.0, max=1.0, help="Chance a chosen device drops mid-round."
+        ),
         seed: int = typer.Option(0, "--seed", help="Seed of the data split, the pool and the draws."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON only."),
     ) -> None:
@@ -125,12 +149,27 @@ def register(app: typer.Typer) -> None:
         from trainmaster.flsched.runtime import run_multijob
 
         if 3 * per_round > devices:
-            raise UserError(f"3 jobs x {per_round} devices per round need {3 * per_round} devices, the pool has {devices}")
-        jobs = run_multijob(make_scheduler(scheduler, seed=seed), num_devices=devices, per_round=per_round,
-                            rounds=rounds, seed=seed, dropout=dropout)
-        out = {j.name: {"target": j.target, "time_to_target": j.time_to_target, "rounds": len(j.curve),
-                        "final_accuracy": j.curve[-1][1] if j.curve else 0.0,
-                        "curve": [[round(t, 2), round(a, 4)] for t, a in j.curve]} for j in jobs}
+            raise UserError(
+                f"3 jobs x {per_round} devices per round need {3 * per_round} devices, the pool has {devices}"
+            )
+        jobs = run_multijob(
+            make_scheduler(scheduler, seed=seed),
+            num_devices=devices,
+            per_round=per_round,
+            rounds=rounds,
+            seed=seed,
+            dropout=dropout,
+        )
+        out = {
+            j.name: {
+                "target": j.target,
+                "time_to_target": j.time_to_target,
+                "rounds": len(j.curve),
+                "final_accuracy": j.curve[-1][1] if j.curve else 0.0,
+                "curve": [[round(t, 2), round(a, 4)] for t, a in j.curve],
+            }
+            for j in jobs
+        }
         if as_json:
             print(json.dumps({"scheduler": scheduler, "jobs": out}))
             return

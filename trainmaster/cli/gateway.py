@@ -10,25 +10,34 @@ import typer
 
 from trainmaster.errors import UserError
 
-gateway_app = typer.Typer(help="Cross-silo task gateway: provision identities and run the gateway service.",
-                          no_args_is_help=True)
-party_app = typer.Typer(help="Party agent: holds data files and runs registered rules in per-task executors.",
-                        no_args_is_help=True)
-task_app = typer.Typer(help="Initiator: start a cross-silo task and print its decrypted results.",
-                       no_args_is_help=True)
+gateway_app = typer.Typer(
+    help="Cross-silo task gateway: provision identities and run the gateway service.", no_args_is_help=True
+)
+party_app = typer.Typer(
+    help="Party agent: holds data files and runs registered rules in per-task executors.", no_args_is_help=True
+)
+task_app = typer.Typer(help="Initiator: start a cross-silo task and print its decrypted results.", no_args_is_help=True)
 
 
 @gateway_app.command("init")
 def gateway_init(
     out_dir: Path = typer.Argument(..., help="Directory to write the CA, certificates, keys, roster and configs to."),
     parties: str = typer.Option(..., "--parties", help="Comma-separated party names, e.g. a,b,c."),
-    initiators: str = typer.Option("initiator", "--initiators", help="Comma-separated initiator names (each gets its own "
-                                   "client-only certificate and keys; tasks belong to the initiator that created them)."),
+    initiators: str = typer.Option(
+        "initiator",
+        "--initiators",
+        help="Comma-separated initiator names (each gets its own "
+        "client-only certificate and keys; tasks belong to the initiator that created them).",
+    ),
     host: str = typer.Option("127.0.0.1", help="Address every service listens on (goes into certificates)."),
     port_base: int = typer.Option(8443, help="Gateway port; party i listens on port_base+1+i."),
-    hosts: str = typer.Option("", "--hosts", help="Per-service host when services run on separate machines, e.g. "
-                              "gateway=gw.example.org,a=10.0.0.12 (endpoint, listen address and certificate name); "
-                              "services not named use --host."),
+    hosts: str = typer.Option(
+        "",
+        "--hosts",
+        help="Per-service host when services run on separate machines, e.g. "
+        "gateway=gw.example.org,a=10.0.0.12 (endpoint, listen address and certificate name); "
+        "services not named use --host.",
+    ),
 ) -> None:
     """Create a private CA, TLS certificates, Ed25519/X25519 keys per identity, a roster and configs."""
     from trainmaster.gateway.provision import init_deployment
@@ -47,7 +56,9 @@ def gateway_init(
 
 
 @gateway_app.command("serve")
-def gateway_serve(config: Path = typer.Option(..., "--config", help="The gateway's config.yaml from `gateway init`.")) -> None:
+def gateway_serve(
+    config: Path = typer.Option(..., "--config", help="The gateway's config.yaml from `gateway init`."),
+) -> None:
     """Run the gateway on one mutual-TLS port."""
     from trainmaster.gateway.app import build_gateway_app
     from trainmaster.gateway.provision import load_config
@@ -62,9 +73,12 @@ def gateway_serve(config: Path = typer.Option(..., "--config", help="The gateway
 @party_app.command("serve")
 def party_serve(
     config: Path = typer.Option(..., "--config", help="This party's config.yaml from `gateway init`."),
-    data: Path = typer.Option(..., "--data", help="Directory of <data_id>.csv or <data_id>.parquet files this party holds."),
-    isolation: Optional[str] = typer.Option(None, "--isolation",
-                                            help="Override the config's isolation: sandbox (bubblewrap, the default) or process."),
+    data: Path = typer.Option(
+        ..., "--data", help="Directory of <data_id>.csv or <data_id>.parquet files this party holds."
+    ),
+    isolation: Optional[str] = typer.Option(
+        None, "--isolation", help="Override the config's isolation: sandbox (bubblewrap, the default) or process."
+    ),
 ) -> None:
     """Run a party agent on its mutual-TLS port."""
     from trainmaster.gateway.party import build_party_app
@@ -85,10 +99,16 @@ def party_serve(
 
 @task_app.command("run")
 def task_run(
-    task_file: Path = typer.Argument(..., help="TASK.yaml: task_id, leg_timeout_s and legs (data_id, party, rule, params)."),
+    task_file: Path = typer.Argument(
+        ..., help="TASK.yaml: task_id, leg_timeout_s and legs (data_id, party, rule, params)."
+    ),
     config: Path = typer.Option(..., "--config", help="The initiator's config.yaml from `gateway init`."),
-    out: Path = typer.Option(None, "--out", help="Folder for streamed (large) results, one <task>/<data_id>.json "
-                             "file each; default: results/ under the initiator's state_dir."),
+    out: Path = typer.Option(
+        None,
+        "--out",
+        help="Folder for streamed (large) results, one <task>/<data_id>.json "
+        "file each; default: results/ under the initiator's state_dir.",
+    ),
 ) -> None:
     """Create the task at the gateway and its legs at the parties, fetch results through the gateway
     (retrying while a service is down, until the task's deadline), print them as JSON.

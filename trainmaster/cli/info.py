@@ -10,10 +10,24 @@ from typing import Annotated, Any
 
 import typer
 
-OPTIONAL = {"torch": "torch", "sklearn": "torch", "pymetis": "partition", "kahip": "partition",
-            "onnx": "partition", "pyarrow": "gateway", "ray": "ray", "psycopg": "postgres"}
-TOOLS = {"bwrap": "gateway executor sandbox", "podman": "container roles", "mpirun": "MPIJob",
-         "chromium": "dashboard browser tests", "ip": "testbed", "tc": "testbed link caps"}
+OPTIONAL = {
+    "torch": "torch",
+    "sklearn": "torch",
+    "pymetis": "partition",
+    "kahip": "partition",
+    "onnx": "partition",
+    "pyarrow": "gateway",
+    "ray": "ray",
+    "psycopg": "postgres",
+}
+TOOLS = {
+    "bwrap": "gateway executor sandbox",
+    "podman": "container roles",
+    "mpirun": "MPIJob",
+    "chromium": "dashboard browser tests",
+    "ip": "testbed",
+    "tc": "testbed link caps",
+}
 
 
 def facts() -> dict[str, Any]:
@@ -50,8 +64,10 @@ def info(json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] =
     for key in ("version", "python", "home", "store", "runs", "agent"):
         print(f"{key:<10} {data[key]}")
     missing = sorted({OPTIONAL[n] for n, ok in data["optional_packages"].items() if not ok})
-    print(f"{'extras':<10} " + ("all installed" if not missing else
-                                 "missing: " + ", ".join(f"trainmaster[{m}]" for m in missing)))
+    print(
+        f"{'extras':<10} "
+        + ("all installed" if not missing else "missing: " + ", ".join(f"trainmaster[{m}]" for m in missing))
+    )
     for name, path in data["tools"].items():
         print(f"{name:<10} {path or 'not found'}  ({TOOLS[name]})")
 

@@ -17,16 +17,34 @@ if TYPE_CHECKING:  # the facade imports the controller and the store: only when 
     from trainmaster.backends.base import Backend
 
 FileArg = Annotated[Path, typer.Argument(help="Job file: trainmaster/v1 Job, Kubeflow or Volcano YAML/JSON.")]
-DbOpt = Annotated[Optional[str], typer.Option("--db", envvar="TRAINMASTER_DB",
-                                              help="SQLAlchemy URL of the store (default: SQLite in ~/.trainmaster).")]
-LenientOpt = Annotated[bool, typer.Option(
-    "--lenient", help="Kubeflow/Volcano files: list unknown fields and ignore them instead of refusing the file.")]
-AllowPathOpt = Annotated[Optional[list[Path]], typer.Option(
-    "--allow-path", help="A directory that workingDir/output.path may name by absolute path (repeatable; "
-                         "the current directory always is).")]
-AllowFrameworkOpt = Annotated[Optional[list[str]], typer.Option(
-    "--allow-framework", help="ID=TARGET or TARGET: load a framework that is not installed from a module "
-                              "'pkg.mod:Class' or a file 'path/fw.py' (repeatable).")]
+DbOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--db", envvar="TRAINMASTER_DB", help="SQLAlchemy URL of the store (default: SQLite in ~/.trainmaster)."
+    ),
+]
+LenientOpt = Annotated[
+    bool,
+    typer.Option(
+        "--lenient", help="Kubeflow/Volcano files: list unknown fields and ignore them instead of refusing the file."
+    ),
+]
+AllowPathOpt = Annotated[
+    Optional[list[Path]],
+    typer.Option(
+        "--allow-path",
+        help="A directory that workingDir/output.path may name by absolute path (repeatable; "
+        "the current directory always is).",
+    ),
+]
+AllowFrameworkOpt = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--allow-framework",
+        help="ID=TARGET or TARGET: load a framework that is not installed from a module "
+        "'pkg.mod:Class' or a file 'path/fw.py' (repeatable).",
+    ),
+]
 
 
 def load_options(lenient: bool, allow_path: list[Path] | None, allow_framework: list[str] | None):  # type: ignore[no-untyped-def]
@@ -43,8 +61,12 @@ def load_options(lenient: bool, allow_path: list[Path] | None, allow_framework: 
     return LoadOptions(paths=PathPolicy.for_command_line(allow_path), lenient=lenient)
 
 
-def validate(file: FileArg, lenient: LenientOpt = False, allow_path: AllowPathOpt = None,
-             allow_framework: AllowFrameworkOpt = None) -> None:
+def validate(
+    file: FileArg,
+    lenient: LenientOpt = False,
+    allow_path: AllowPathOpt = None,
+    allow_framework: AllowFrameworkOpt = None,
+) -> None:
     """Check a job file and list every problem with its field path (exit 2 if any)."""
     from trainmaster.spec import load_job
 
@@ -52,8 +74,10 @@ def validate(file: FileArg, lenient: LenientOpt = False, allow_path: AllowPathOp
     job = loaded.job
     for path in loaded.ignored:
         Console(stderr=True).print(f"[yellow]ignored:[/] {path}", highlight=False)
-    print(f"{file}: valid ({job.spec.framework} job '{job.name}', {len(job.spec.roles)} role(s), "
-          f"{job.spec.total_replicas} instance(s))")
+    print(
+        f"{file}: valid ({job.spec.framework} job '{job.name}', {len(job.spec.roles)} role(s), "
+        f"{job.spec.total_replicas} instance(s))"
+    )
 
 
 def make_backend(name: str, cpus: float | None = None, ray_address: str | None = None) -> Backend:
@@ -67,13 +91,21 @@ def run(
     file: FileArg,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the validated, defaulted job and exit.")] = False,
     db: DbOpt = None,
-    backend: Annotated[Optional[str], typer.Option(
-        help="Where instances run: local (subprocesses), ray, or testbed (the hosts of 'trainmaster testbed up'); "
-             "default: the job's spec.scheduling.backend, else local.")] = None,
+    backend: Annotated[
+        Optional[str],
+        typer.Option(
+            help="Where instances run: local (subprocesses), ray, or testbed (the hosts of 'trainmaster testbed up'); "
+            "default: the job's spec.scheduling.backend, else local."
+        ),
+    ] = None,
     interval: Annotated[float, typer.Option(min=0.01, help="Seconds between reconcile passes.")] = 1.0,
     grace: Annotated[float, typer.Option(min=0, help="Seconds between SIGTERM and SIGKILL when stopping.")] = 5.0,
-    cpus: Annotated[Optional[float], typer.Option(help="CPUs the local backend offers (default: this machine's).")] = None,
-    ray_address: Annotated[Optional[str], typer.Option(help="Join this Ray cluster (backend ray; default: start one).")] = None,
+    cpus: Annotated[
+        Optional[float], typer.Option(help="CPUs the local backend offers (default: this machine's).")
+    ] = None,
+    ray_address: Annotated[
+        Optional[str], typer.Option(help="Join this Ray cluster (backend ray; default: start one).")
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the final status as JSON.")] = False,
     lenient: LenientOpt = False,
     allow_path: AllowPathOpt = None,
@@ -86,8 +118,9 @@ def run(
     loaded = load_job(file, load_options(lenient, allow_path, allow_framework))
     wanted = loaded.job.spec.scheduling.backend
     if backend is not None and wanted is not None and wanted.value != backend:
-        raise UserError(f"--backend {backend} conflicts with the job's spec.scheduling.backend: "
-                        f"{wanted.value}; drop one of them")
+        raise UserError(
+            f"--backend {backend} conflicts with the job's spec.scheduling.backend: {wanted.value}; drop one of them"
+        )
     backend = backend or (wanted.value if wanted is not None else "local")
     err = Console(stderr=True, highlight=False)
     for path in loaded.ignored:
@@ -98,13 +131,17 @@ def run(
     from trainmaster.api import RunOptions, Trainmaster
 
     options = RunOptions(backend=backend, interval=interval, grace=grace, cpus=cpus, ray_address=ray_address)
-    result = _follow(Trainmaster.open(db), lambda facade, ticks, cancel: facade.run(loaded, options, ticks, cancel),
-                     json_out)
+    result = _follow(
+        Trainmaster.open(db), lambda facade, ticks, cancel: facade.run(loaded, options, ticks, cancel), json_out
+    )
     raise typer.Exit(0 if result.succeeded else 1)
 
 
-def _follow(facade: Trainmaster, drive: Callable[[Trainmaster, Callable[[int], None], Callable[[], bool]], RunResult],
-            json_out: bool) -> RunResult:
+def _follow(
+    facade: Trainmaster,
+    drive: Callable[[Trainmaster, Callable[[int], None], Callable[[], bool]], RunResult],
+    json_out: bool,
+) -> RunResult:
     """Run ``drive`` (the facade's ``run`` or ``resume``) showing the job's status as it goes;
     SIGINT, SIGTERM and SIGHUP (a closed terminal) cancel the job, so no instance outlives the
     command."""
@@ -124,7 +161,7 @@ def _follow(facade: Trainmaster, drive: Callable[[Trainmaster, Callable[[int], N
 
     def print_new_events(status: dict[str, Any]) -> None:
         events = status["events"]
-        for ev in events[shown["events"]:]:
+        for ev in events[shown["events"] :]:
             print(event_line(ev), flush=True)
         shown["events"] = len(events)
 
@@ -135,8 +172,9 @@ def _follow(facade: Trainmaster, drive: Callable[[Trainmaster, Callable[[int], N
         live = Live(console=console, refresh_per_second=4, vertical_overflow="crop")
 
         def show(job_id: int) -> None:
-            live.update(render_status(facade.status(job_id, events=200), width=console.size.width,
-                                      height=console.size.height))
+            live.update(
+                render_status(facade.status(job_id, events=200), width=console.size.width, height=console.size.height)
+            )
 
         with live:
             result = drive(facade, show, should_cancel)
@@ -166,8 +204,9 @@ def resume(
     from trainmaster.api import RunOptions, Trainmaster
 
     options = RunOptions(interval=interval, grace=grace, ray_address=ray_address)
-    result = _follow(Trainmaster.open(db), lambda facade, ticks, cancel: facade.resume(job, options, ticks, cancel),
-                     json_out)
+    result = _follow(
+        Trainmaster.open(db), lambda facade, ticks, cancel: facade.resume(job, options, ticks, cancel), json_out
+    )
     raise typer.Exit(0 if result.succeeded else 1)
 
 
@@ -179,8 +218,9 @@ def _print_result(console: Console, final: dict) -> None:  # type: ignore[type-a
     for inst in final["instances"]:
         if inst["state"] == "failed" and inst.get("message"):
             # the node's own words for a start that failed ("program 'x' not found"), or the exit
-            console.print(f"{inst['role']}-{inst['index']} {inst.get('reason') or 'failed'}: {inst['message']}",
-                          markup=False)
+            console.print(
+                f"{inst['role']}-{inst['index']} {inst.get('reason') or 'failed'}: {inst['message']}", markup=False
+            )
         if inst["state"] == "failed" and inst["logPath"] and Path(inst["logPath"]).is_file():
             tail = Path(inst["logPath"]).read_text(errors="replace").splitlines()[-5:]
             console.print(f"last lines of {inst['role']}-{inst['index']} ({inst['logPath']}):")

@@ -18,8 +18,17 @@ from typer.core import TyperGroup
 from trainmaster.errors import UserError
 
 # optional packages -> the extra that installs them (pyproject.toml's optional-dependencies)
-EXTRA_OF = {"torch": "torch", "sklearn": "torch", "pymetis": "partition", "kahip": "partition",
-            "onnx": "partition", "pyarrow": "gateway", "ray": "ray", "psycopg": "postgres"}
+EXTRA_OF = {
+    "torch": "torch",
+    "sklearn": "torch",
+    "pymetis": "partition",
+    "kahip": "partition",
+    "onnx": "partition",
+    "pyarrow": "gateway",
+    "ray": "ray",
+    "psycopg": "postgres",
+}
+
 
 class FullHelpGroup(TyperGroup):
     """Lists each command with its whole first paragraph, wrapped, instead of cutting it at the
@@ -47,17 +56,39 @@ Examples:
 Job verbs also answer at the top level as before (trainmaster run, status, list, logs...).
 """
 
-app = typer.Typer(name="trainmaster", help=HELP, no_args_is_help=True, add_completion=True,
-                  pretty_exceptions_enable=False, rich_markup_mode=None, cls=FullHelpGroup)
-job_app = typer.Typer(help="Jobs: validate, convert, run here, or submit to the service and follow.",
-                      no_args_is_help=True, rich_markup_mode=None, cls=FullHelpGroup)
+app = typer.Typer(
+    name="trainmaster",
+    help=HELP,
+    no_args_is_help=True,
+    add_completion=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    cls=FullHelpGroup,
+)
+job_app = typer.Typer(
+    help="Jobs: validate, convert, run here, or submit to the service and follow.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    cls=FullHelpGroup,
+)
 
 
 def _register_all() -> None:
     """Groups the way users think (job verbs under ``job``, the gateway's party and task under
     ``gateway``); the old flat names stay as hidden aliases so no script breaks."""
-    from trainmaster.cli import (aggregation, convert, db, flsched, gateway, info, jobs, partition, remote, server,
-                                 testbed)
+    from trainmaster.cli import (
+        aggregation,
+        convert,
+        db,
+        flsched,
+        gateway,
+        info,
+        jobs,
+        partition,
+        remote,
+        server,
+        testbed,
+    )
     from trainmaster.cli.examples import add_examples
 
     for module in (jobs, convert, remote):
@@ -101,11 +132,20 @@ def version() -> None:
 
 
 @app.callback()
-def _root(show_version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                            help="Print the version and exit."),
-          home: Optional[Path] = typer.Option(None, "--home", envvar="TRAINMASTER_HOME", help=(
-              "Folder of Trainmaster's state: store, runs, agent (default ~/.trainmaster). A per-project "
-              "layout: --home ./.trainmaster"))) -> None:
+def _root(
+    show_version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+    home: Optional[Path] = typer.Option(
+        None,
+        "--home",
+        envvar="TRAINMASTER_HOME",
+        help=(
+            "Folder of Trainmaster's state: store, runs, agent (default ~/.trainmaster). A per-project "
+            "layout: --home ./.trainmaster"
+        ),
+    ),
+) -> None:
     """Run distributed and federated ML training jobs: one controller for every framework."""
     if home is not None:
         os.environ["TRAINMASTER_HOME"] = str(home.expanduser().resolve())  # every part reads it from here
@@ -127,8 +167,11 @@ def main(argv: list[str] | None = None) -> None:
         extra = EXTRA_OF.get((exc.name or "").split(".")[0])
         if extra is None:
             raise
-        _fail(f"this command needs the optional package '{exc.name}': pip install 'trainmaster[{extra}]' "
-              f"(or 'trainmaster[all]')", 2)
+        _fail(
+            f"this command needs the optional package '{exc.name}': pip install 'trainmaster[{extra}]' "
+            f"(or 'trainmaster[all]')",
+            2,
+        )
     except (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError) as exc:
         # a path the user gave that the file system refuses: say which and why, no traceback
         where = f": {exc.filename}" if exc.filename else ""

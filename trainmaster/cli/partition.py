@@ -43,14 +43,17 @@ def infeasible_message(metrics: dict, imbalance: float, method: str = "trainmast
     the --imbalance that the returned partition would meet (the JSON says feasible: false)."""
     over = []
     if not metrics["balanced"]:
-        over.append(f"--imbalance {imbalance:g} (busiest device {metrics['balance']:.3g}x the "
-                    "average load)")
+        over.append(f"--imbalance {imbalance:g} (busiest device {metrics['balance']:.3g}x the average load)")
     if metrics.get("memory_cap") is not None and not metrics["memory_ok"]:
-        over.append(f"the memory cap ({max(metrics['memory_per_device']):.4g} on one device, "
-                    f"cap {metrics['memory_cap']:.4g})")
+        over.append(
+            f"the memory cap ({max(metrics['memory_per_device']):.4g} on one device, cap {metrics['memory_cap']:.4g})"
+        )
     if method == "trainmaster":
-        text = ("no partition found meets " + " or ".join(over or ["the caps"]) +
-                "; returned the least-violating one (among near-equal ones, the fastest)")
+        text = (
+            "no partition found meets "
+            + " or ".join(over or ["the caps"])
+            + "; returned the least-violating one (among near-equal ones, the fastest)"
+        )
     else:
         text = f"the {method} partition breaks " + " and ".join(over or ["the caps"])
     if not metrics["balanced"]:
@@ -59,26 +62,35 @@ def infeasible_message(metrics: dict, imbalance: float, method: str = "trainmast
 
 
 def partition_command(
-    graph: str = typer.Argument(..., help="A graph .json (profiled or Trainmaster format), an "
-                                "ONNX file, or module:callable returning an nn.Module."),
+    graph: str = typer.Argument(
+        ...,
+        help="A graph .json (profiled or Trainmaster format), an ONNX file, or module:callable returning an nn.Module.",
+    ),
     devices: int = typer.Option(..., "--devices", "-k", help="Number of devices (parts)."),
     imbalance: float = typer.Option(0.05, help="Maximum load imbalance, e.g. 0.05 = 5%."),
     method: str = typer.Option("trainmaster", help="trainmaster | patent | metis | kahip | ilp"),
     out: Optional[Path] = typer.Option(None, help="Write {assignment, metrics} JSON here."),
     as_json: bool = typer.Option(False, "--json", help="Print the metrics as JSON."),
-    input_shape: Optional[str] = typer.Option(None, help="Input shape for module:callable, "
-                                              "e.g. 1,3,32,32."),
-    bandwidth: float = typer.Option(1e9, help="Bytes per second between devices, for traced "
-                                    "models (edge cost = tensor bytes / bandwidth)."),
+    input_shape: Optional[str] = typer.Option(None, help="Input shape for module:callable, e.g. 1,3,32,32."),
+    bandwidth: float = typer.Option(
+        1e9, help="Bytes per second between devices, for traced models (edge cost = tensor bytes / bandwidth)."
+    ),
     delta: float = typer.Option(0.0, help="Critical when slack <= delta * critical-path length."),
     seed: int = typer.Option(0, help="Random seed (METIS, KaHIP, patent)."),
-    acyclic: bool = typer.Option(False, "--acyclic", help="Keep the device graph acyclic, as a "
-                                 "pipeline of stages needs (method trainmaster)."),
-    importer: str = typer.Option("export", help="How module:callable becomes a graph: export "
-                                 "(torch.export, operator level), fx (torch.fx, module level) or "
-                                 "onnx (ONNX exporter)."),
-    training: bool = typer.Option(False, "--training", help="For module:callable: one training "
-                                  "step (forward, backward, SGD update) from one export."),
+    acyclic: bool = typer.Option(
+        False, "--acyclic", help="Keep the device graph acyclic, as a pipeline of stages needs (method trainmaster)."
+    ),
+    importer: str = typer.Option(
+        "export",
+        help="How module:callable becomes a graph: export "
+        "(torch.export, operator level), fx (torch.fx, module level) or "
+        "onnx (ONNX exporter).",
+    ),
+    training: bool = typer.Option(
+        False,
+        "--training",
+        help="For module:callable: one training step (forward, backward, SGD update) from one export.",
+    ),
 ) -> None:
     """Split a DNN graph across K devices, cutting few costly critical edges, and report metrics."""
     import time
@@ -90,19 +102,21 @@ def partition_command(
     _check_flags(devices, imbalance, delta, importer)
     check_link(bandwidth)
     t0 = time.perf_counter()
-    g = load_graph(graph, _parse_shape(input_shape), bandwidth=bandwidth, importer=importer,
-                   training=training)
-    result = partition(g, devices, method=method, imbalance=imbalance, seed=seed, delta=delta,
-                       acyclic=acyclic)
+    g = load_graph(graph, _parse_shape(input_shape), bandwidth=bandwidth, importer=importer, training=training)
+    result = partition(g, devices, method=method, imbalance=imbalance, seed=seed, delta=delta, acyclic=acyclic)
     metrics = evaluate(g, result.assignment, devices, imbalance)
-    metrics.update(method=method, feasible=result.feasible, overload=result.overload,
-                   partition_seconds=result.seconds,
-                   total_seconds=time.perf_counter() - t0, max_load_per_sample=metrics["max_load"])
+    metrics.update(
+        method=method,
+        feasible=result.feasible,
+        overload=result.overload,
+        partition_seconds=result.seconds,
+        total_seconds=time.perf_counter() - t0,
+        max_load_per_sample=metrics["max_load"],
+    )
     if result.notes:
         metrics["notes"] = {k: v for k, v in result.notes.items() if k != "candidates"}
     if out is not None:
-        out.write_text(json.dumps({"assignment": result.by_node_id(g), "metrics": metrics},
-                                  indent=1))
+        out.write_text(json.dumps({"assignment": result.by_node_id(g), "metrics": metrics}, indent=1))
     if as_json:
         print(json.dumps(metrics, indent=1))
         return
@@ -112,10 +126,23 @@ def partition_command(
     table = Table(title=f"{Path(graph).name}: {method}, k={devices}")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for key in ("critical_cut_count", "critical_cut_cost", "cut_count", "cut_cost", "max_load",
-                "avg_load", "balance", "makespan", "lower_bound", "path_cut_bound",
-                "device_graph_acyclic",
-                "memory_ok", "colocation_ok", "feasible", "partition_seconds"):
+    for key in (
+        "critical_cut_count",
+        "critical_cut_cost",
+        "cut_count",
+        "cut_cost",
+        "max_load",
+        "avg_load",
+        "balance",
+        "makespan",
+        "lower_bound",
+        "path_cut_bound",
+        "device_graph_acyclic",
+        "memory_ok",
+        "colocation_ok",
+        "feasible",
+        "partition_seconds",
+    ):
         val = metrics[key]
         table.add_row(key, f"{val:.4g}" if isinstance(val, float) else str(val))
     Console().print(table)

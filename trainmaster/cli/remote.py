@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from trainmaster.api import CancelResult, JobRef, ScaleResult, SuspendResult, Trainmaster
 
 
-
 ENDED = frozenset({"succeeded", "failed", "cancelled"})
 
 
@@ -43,10 +42,16 @@ def default_server() -> str:
     """The service `trainmaster server` starts here by default: loopback, $TRAINMASTER_PORT or 8642."""
     return f"http://127.0.0.1:{os.environ.get('TRAINMASTER_PORT') or 8642}"
 
-ServerOpt = Annotated[Optional[str], typer.Option(
-    "--server", envvar="TRAINMASTER_SERVER",
-    help="URL of a controller service to ask; without it (and without $TRAINMASTER_SERVER) the verb works on "
-         "the local store (--db, $TRAINMASTER_DB or the Trainmaster home).")]
+
+ServerOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--server",
+        envvar="TRAINMASTER_SERVER",
+        help="URL of a controller service to ask; without it (and without $TRAINMASTER_SERVER) the verb works on "
+        "the local store (--db, $TRAINMASTER_DB or the Trainmaster home).",
+    ),
+]
 JobArg = Annotated[str, typer.Argument(help="Job name (most recent of that name) or id.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
@@ -62,9 +67,11 @@ class HttpJobs:
         self.server = server.rstrip("/")
 
     def _fail_unreachable(self, exc: Exception) -> UserError:
-        return UserError(f"cannot reach the controller service at {self.server} ({exc}); start one with "
-                         "`trainmaster server`, pass another --server URL, or drop --server and "
-                         "$TRAINMASTER_SERVER to use the local store")
+        return UserError(
+            f"cannot reach the controller service at {self.server} ({exc}); start one with "
+            "`trainmaster server`, pass another --server URL, or drop --server and "
+            "$TRAINMASTER_SERVER to use the local store"
+        )
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         import httpx
@@ -96,8 +103,10 @@ class HttpJobs:
                 return JobRef(found["id"], found["name"], found["state"])
             left = deadline - time.monotonic()
             if left <= 0:
-                raise WaitTimedOut(f"job {found['name']} (id {found['id']}) still {found['state']} after "
-                                   f"{timeout:g} s (waited for: {', '.join(sorted(wanted))})")
+                raise WaitTimedOut(
+                    f"job {found['name']} (id {found['id']}) still {found['state']} after "
+                    f"{timeout:g} s (waited for: {', '.join(sorted(wanted))})"
+                )
             time.sleep(min(poll, left))
 
     def cancel(self, ref: str) -> CancelResult:
@@ -129,8 +138,12 @@ class HttpJobs:
             params["role"] = role
         try:
             # no read timeout while following: the stream is quiet while the instance is
-            with httpx.stream("GET", self.server + f"/api/v1/jobs/{ref}/logs", params=params,
-                              timeout=httpx.Timeout(30, read=None if follow else 30)) as response:
+            with httpx.stream(
+                "GET",
+                self.server + f"/api/v1/jobs/{ref}/logs",
+                params=params,
+                timeout=httpx.Timeout(30, read=None if follow else 30),
+            ) as response:
                 if response.status_code >= 400:
                     response.read()
                     _raise_for(response)
@@ -177,14 +190,26 @@ def _jobs(server: str | None, db: str | None) -> Union[HttpJobs, Trainmaster]:
     return Trainmaster.open(db, existing=True)
 
 
-def submit(file: Annotated[Path, typer.Argument(help="Job file (ours, Kubeflow or Volcano).")],
-           server: Annotated[Optional[str], typer.Option(
-               "--server", envvar="TRAINMASTER_SERVER", show_default=False,
-               help="URL of the controller service that queues and runs the job "
-                    "[default: http://127.0.0.1:$TRAINMASTER_PORT, port 8642 unless set].")] = None,
-           lenient: Annotated[bool, typer.Option(
-               "--lenient", help="Kubeflow/Volcano files: list unknown fields and ignore them instead of "
-                                 "refusing the file.")] = False) -> None:
+def submit(
+    file: Annotated[Path, typer.Argument(help="Job file (ours, Kubeflow or Volcano).")],
+    server: Annotated[
+        Optional[str],
+        typer.Option(
+            "--server",
+            envvar="TRAINMASTER_SERVER",
+            show_default=False,
+            help="URL of the controller service that queues and runs the job "
+            "[default: http://127.0.0.1:$TRAINMASTER_PORT, port 8642 unless set].",
+        ),
+    ] = None,
+    lenient: Annotated[
+        bool,
+        typer.Option(
+            "--lenient",
+            help="Kubeflow/Volcano files: list unknown fields and ignore them instead of refusing the file.",
+        ),
+    ] = False,
+) -> None:
     """Submit a job to the controller service (`trainmaster job run` runs one here, without a server)."""
     import httpx
 
@@ -193,12 +218,18 @@ def submit(file: Annotated[Path, typer.Argument(help="Job file (ours, Kubeflow o
     document = read_document(file)
     server = server or default_server()
     try:
-        response = httpx.post(server.rstrip("/") + "/api/v1/jobs", json=document,
-                              params={"lenient": "true"} if lenient else None, timeout=30)
+        response = httpx.post(
+            server.rstrip("/") + "/api/v1/jobs",
+            json=document,
+            params={"lenient": "true"} if lenient else None,
+            timeout=30,
+        )
     except httpx.HTTPError as exc:
-        raise UserError(f"submit needs a running controller service, and none answers at {server} ({exc}); "
-                        f"start one with `trainmaster server`, pass --server URL, or run the job here with "
-                        f"`trainmaster job run {file}`") from None
+        raise UserError(
+            f"submit needs a running controller service, and none answers at {server} ({exc}); "
+            f"start one with `trainmaster server`, pass --server URL, or run the job here with "
+            f"`trainmaster job run {file}`"
+        ) from None
     _raise_for(response)
     reply = response.json()
     for path in reply.get("ignored", []):
@@ -230,12 +261,18 @@ def status(job: JobArg, server: ServerOpt = None, db: DbOpt = None, json_out: Js
         console.print(render_status(data, events=15, width=console.width, height=10_000))  # not live: show all
 
 
-def logs(job: JobArg, role: Annotated[Optional[str], typer.Option(help="Role (default: the first).")] = None,
-         index: Annotated[int, typer.Option(min=0, help="Replica index.")] = 0,
-         follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep streaming until it ends.")] = False,
-         tail: Annotated[Optional[int], typer.Option(
-             min=1, max=100_000, help="Print only the last N lines (at most the last MiB of the log).")] = None,
-         server: ServerOpt = None, db: DbOpt = None) -> None:
+def logs(
+    job: JobArg,
+    role: Annotated[Optional[str], typer.Option(help="Role (default: the first).")] = None,
+    index: Annotated[int, typer.Option(min=0, help="Replica index.")] = 0,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep streaming until it ends.")] = False,
+    tail: Annotated[
+        Optional[int],
+        typer.Option(min=1, max=100_000, help="Print only the last N lines (at most the last MiB of the log)."),
+    ] = None,
+    server: ServerOpt = None,
+    db: DbOpt = None,
+) -> None:
     """Print (or follow) one instance's log."""
     if tail is not None and follow:
         raise UserError("--tail and --follow: choose one (--follow prints the whole log, then what comes)")
@@ -248,11 +285,20 @@ def logs(job: JobArg, role: Annotated[Optional[str], typer.Option(help="Role (de
         sys.stdout.flush()
 
 
-def wait(job: JobArg, timeout: Annotated[float, typer.Option(min=0, help="Seconds to wait at most.")] = 3600,
-         until: Annotated[WaitFor, typer.Option(
-             "--for", help="end: until the job ends. running: until it runs (or already ended), waiting "
-                           "also for a job that is not there yet, as one being submitted is.")] = WaitFor.END,
-         server: ServerOpt = None, db: DbOpt = None) -> None:
+def wait(
+    job: JobArg,
+    timeout: Annotated[float, typer.Option(min=0, help="Seconds to wait at most.")] = 3600,
+    until: Annotated[
+        WaitFor,
+        typer.Option(
+            "--for",
+            help="end: until the job ends. running: until it runs (or already ended), waiting "
+            "also for a job that is not there yet, as one being submitted is.",
+        ),
+    ] = WaitFor.END,
+    server: ServerOpt = None,
+    db: DbOpt = None,
+) -> None:
     """Wait until a job ends (or, with --for running, runs); exit 0 if it succeeded or runs, 1 if it
     failed, was cancelled or the wait timed out.
 
@@ -293,10 +339,13 @@ def cancel(job: JobArg, server: ServerOpt = None, db: DbOpt = None) -> None:
         print(f"job {reply.id}: already ended")
 
 
-def scale(job: JobArg,
-          role: Annotated[str, typer.Argument(help="Role to scale.")],
-          replicas: Annotated[int, typer.Argument(min=1, help="Desired number of instances.")],
-          server: ServerOpt = None, db: DbOpt = None) -> None:
+def scale(
+    job: JobArg,
+    role: Annotated[str, typer.Argument(help="Role to scale.")],
+    replicas: Annotated[int, typer.Argument(min=1, help="Desired number of instances.")],
+    server: ServerOpt = None,
+    db: DbOpt = None,
+) -> None:
     """Set a role's desired replicas; the controller creates or deletes instances to match."""
     reply = _jobs(server, db).scale(job, role, replicas)
     print(f"job {reply.id}: role {reply.role} scaled to {reply.replicas} replica(s)")

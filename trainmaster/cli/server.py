@@ -22,18 +22,35 @@ def server(
     grace: Annotated[float, typer.Option(min=0, help="Seconds between SIGTERM and SIGKILL.")] = 5.0,
     max_jobs: Annotated[int, typer.Option(min=1, help="Jobs running at once; the rest wait in their queue.")] = 8,
     cpus: Annotated[Optional[float], typer.Option(help="CPUs the local backend offers.")] = None,
-    queue_weight: Annotated[Optional[list[str]], typer.Option(
-        help="QUEUE=WEIGHT, repeatable: queues share admissions by weight (unlisted queues weigh 1).")] = None,
-    token: Annotated[Optional[str], typer.Option(
-        envvar="TRAINMASTER_TOKEN", help="Require this token on the API and the dashboard. Required beyond "
-        "loopback: when --host is not a loopback address and no token is given, one is generated and printed.")] = None,
-    allow_path: Annotated[Optional[list[Path]], typer.Option(
-        "--allow-path", help="A directory submitted jobs may name by absolute path in workingDir/output.path "
-                             "(repeatable; default none: relative paths, inside each job's folder, only).")] = None,
+    queue_weight: Annotated[
+        Optional[list[str]],
+        typer.Option(help="QUEUE=WEIGHT, repeatable: queues share admissions by weight (unlisted queues weigh 1)."),
+    ] = None,
+    token: Annotated[
+        Optional[str],
+        typer.Option(
+            envvar="TRAINMASTER_TOKEN",
+            help="Require this token on the API and the dashboard. Required beyond "
+            "loopback: when --host is not a loopback address and no token is given, one is generated and printed.",
+        ),
+    ] = None,
+    allow_path: Annotated[
+        Optional[list[Path]],
+        typer.Option(
+            "--allow-path",
+            help="A directory submitted jobs may name by absolute path in workingDir/output.path "
+            "(repeatable; default none: relative paths, inside each job's folder, only).",
+        ),
+    ] = None,
     allow_framework: AllowFrameworkOpt = None,
-    detach: Annotated[bool, typer.Option(
-        "--detach", help="Start the service in the background and return once it listens (its log: "
-                         "server.log in the Trainmaster home; stop it with the kill command it prints).")] = False,
+    detach: Annotated[
+        bool,
+        typer.Option(
+            "--detach",
+            help="Start the service in the background and return once it listens (its log: "
+            "server.log in the Trainmaster home; stop it with the kill command it prints).",
+        ),
+    ] = False,
 ) -> None:
     """Run the controller service: dashboard at /, REST API (OpenAPI at /openapi.json), /metrics, reconcile loop.
 
@@ -80,14 +97,23 @@ def server(
         lock.acquire()  # one server per SQLite store
     sessions = session_factory(make_engine(url))
     elector = None if lock else LeaderElector(sessions)  # servers on a shared database elect a leader
-    controller = Controller(sessions, make_backend(backend, cpus, ray_address), url, interval=interval,
-                            grace=grace, max_jobs=max_jobs, queue_weights=weights,
-                            fence=elector.fence if elector else None)
+    controller = Controller(
+        sessions,
+        make_backend(backend, cpus, ray_address),
+        url,
+        interval=interval,
+        grace=grace,
+        max_jobs=max_jobs,
+        queue_weights=weights,
+        fence=elector.fence if elector else None,
+    )
     if token is None and not is_loopback(host):
         token = secrets.token_urlsafe(24)
-        typer.echo(f"{host} is reachable beyond this machine: the API and dashboard need a token.\n"
-                   f"  token: {token}\n  browser: http://{host}:{port}/login?token={token}\n"
-                   f"  CLI/scripts: send 'Authorization: Bearer {token}'")
+        typer.echo(
+            f"{host} is reachable beyond this machine: the API and dashboard need a token.\n"
+            f"  token: {token}\n  browser: http://{host}:{port}/login?token={token}\n"
+            f"  CLI/scripts: send 'Authorization: Bearer {token}'"
+        )
     listener = _bind(host, port)  # before the banner: a port in use is an error, not a lie
     role = "" if elector is None else f", server {elector.identity}: leads when elected, standby otherwise"
     typer.echo(f"trainmaster controller on http://{host}:{port} (store {url}, backend {backend}{role})")
@@ -118,8 +144,14 @@ def _detach(timeout_s: float = 60.0) -> None:
     log_path, pid_path = state / "server.log", state / "server.pid"
     argv = [sys.executable, "-m", "trainmaster", *(a for a in sys.argv[1:] if a != "--detach")]
     with open(log_path, "wb") as log:
-        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                 start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        child = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
     deadline = time.monotonic() + timeout_s
     while True:
         text = log_path.read_text(errors="replace")
@@ -132,8 +164,10 @@ def _detach(timeout_s: float = 60.0) -> None:
             raise UserError(f"the server exited (code {child.returncode}) before listening:\n{text.strip()}")
         if time.monotonic() > deadline:
             child.kill()
-            raise UserError(f"the server did not listen within {timeout_s:.0f} s (stopped it); its log "
-                            f"{log_path}:\n{text.strip()[-2000:]}")
+            raise UserError(
+                f"the server did not listen within {timeout_s:.0f} s (stopped it); its log "
+                f"{log_path}:\n{text.strip()[-2000:]}"
+            )
         try:
             child.wait(timeout=0.1)  # wakes at once if it exits; else look at the log again
         except subprocess.TimeoutExpired:
@@ -150,8 +184,10 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc} "
-                        "(another server there? choose another --port or --host)") from None
+        raise UserError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc} "
+            "(another server there? choose another --port or --host)"
+        ) from None
     sock.listen(2048)
     return sock
 

@@ -11,25 +11,28 @@ from trainmaster.errors import UserError
 
 sub = typer.Typer(
     help="Hosts as network namespaces joined by rate-capped links, on this machine (needs root).\n\n"
-         "Examples:\n\n"
-         "  trainmaster testbed up --hosts 3 --link 100mbit\n\n"
-         "  trainmaster testbed status\n\n"
-         "  ip netns exec tm-h1 python3 -m http.server --bind 0.0.0.0 8000\n\n"
-         "  trainmaster testbed down",
+    "Examples:\n\n"
+    "  trainmaster testbed up --hosts 3 --link 100mbit\n\n"
+    "  trainmaster testbed status\n\n"
+    "  ip netns exec tm-h1 python3 -m http.server --bind 0.0.0.0 8000\n\n"
+    "  trainmaster testbed down",
     no_args_is_help=True,
 )
 
-PREFIX_HELP = "Name prefix of the testbed's namespaces (<prefix>-h1, <prefix>-sw); lets "\
-              "several testbeds live side by side."
+PREFIX_HELP = (
+    "Name prefix of the testbed's namespaces (<prefix>-h1, <prefix>-sw); lets several testbeds live side by side."
+)
 
 
 @sub.command()
 def up(
     hosts: int = typer.Option(..., "--hosts", "-n", help="Number of hosts (h1..hN), 1-200."),
-    link: str = typer.Option("1gbit", help="Rate cap of each host's link, each direction "
-                             "(tc units: 100mbit, 1gbit; none = uncapped)."),
-    switch_link: str = typer.Option("none", help="Cap on everything the switch host's own "
-                                    "processes send (e.g. a forwarding node's fan-out)."),
+    link: str = typer.Option(
+        "1gbit", help="Rate cap of each host's link, each direction (tc units: 100mbit, 1gbit; none = uncapped)."
+    ),
+    switch_link: str = typer.Option(
+        "none", help="Cap on everything the switch host's own processes send (e.g. a forwarding node's fan-out)."
+    ),
     mtu: int = typer.Option(9000, help="MTU of every link (big datagrams need a big MTU)."),
     prefix: str = typer.Option("tm", help=PREFIX_HELP),
 ) -> None:
@@ -38,9 +41,13 @@ def up(
     Example: trainmaster testbed up --hosts 4 --link 100mbit"""
     from trainmaster.testbed import Testbed, TestbedOptions, parse_rate
 
-    options = TestbedOptions(hosts=hosts, link_rate=parse_rate(link, "--link"),
-                             switch_link_rate=parse_rate(switch_link, "--switch-link"),
-                             mtu=mtu, prefix=prefix)
+    options = TestbedOptions(
+        hosts=hosts,
+        link_rate=parse_rate(link, "--link"),
+        switch_link_rate=parse_rate(switch_link, "--switch-link"),
+        mtu=mtu,
+        prefix=prefix,
+    )
     bed = _network_errors(lambda: Testbed.up(options))
     _print_status(bed.status(), as_json=False)
 
@@ -88,17 +95,28 @@ def _print_status(state, as_json: bool) -> None:  # type: ignore[no-untyped-def]
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"testbed {state.prefix}: {state.subnet}, links {state.link_rate}, "
-                        f"MTU {state.mtu}" + ("" if state.present else " (INCOMPLETE: run "
-                                              "'trainmaster testbed down' and up again)"))
-    for column in ("host", "namespace", "address", "device", "cap up", "cap down",
-                   "bytes up", "bytes down"):
-        table.add_column(column, justify="right" if column.startswith("bytes") else "left",
-                         no_wrap=column in ("address", "namespace"))
+    table = Table(
+        title=f"testbed {state.prefix}: {state.subnet}, links {state.link_rate}, "
+        f"MTU {state.mtu}" + ("" if state.present else " (INCOMPLETE: run 'trainmaster testbed down' and up again)")
+    )
+    for column in ("host", "namespace", "address", "device", "cap up", "cap down", "bytes up", "bytes down"):
+        table.add_column(
+            column,
+            justify="right" if column.startswith("bytes") else "left",
+            no_wrap=column in ("address", "namespace"),
+        )
     for m in state.members:
         c = m.counters
-        table.add_row(m.name, m.namespace, m.address, m.device, m.up_cap, m.down_cap,
-                      str(c.up_bytes) if c else "-", str(c.down_bytes) if c else "-")
+        table.add_row(
+            m.name,
+            m.namespace,
+            m.address,
+            m.device,
+            m.up_cap,
+            m.down_cap,
+            str(c.up_bytes) if c else "-",
+            str(c.down_bytes) if c else "-",
+        )
     Console().print(table)
 
 

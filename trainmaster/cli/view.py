@@ -16,9 +16,17 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-STATE_STYLE = {"succeeded": "green", "running": "cyan", "starting": "yellow", "pending": "dim",
-               "failed": "bold red", "cancelled": "magenta", "stopped": "dim", "terminating": "yellow",
-               "unknown": "red"}
+STATE_STYLE = {
+    "succeeded": "green",
+    "running": "cyan",
+    "starting": "yellow",
+    "pending": "dim",
+    "failed": "bold red",
+    "cancelled": "magenta",
+    "stopped": "dim",
+    "terminating": "yellow",
+    "unknown": "red",
+}
 COUNTS = (("pending", "pend"), ("starting", "start"), ("running", "run"), ("succeeded", "ok"), ("failed", "fail"))
 BAR = 10  # cells of a progress bar
 
@@ -82,9 +90,15 @@ def render_status(status: dict[str, Any], events: int = 8, width: int = 80, heig
     parts: list[Any] = [head]
     controller = status.get("controller")  # from a server: who reconciles the store
     if controller and controller.get("leader"):
-        parts.append(Text(f"controller: leader {controller['leader']}"
-                          + (f" (answered by {controller['server']})" if not controller["leading"] else ""),
-                          style="dim", no_wrap=True, overflow="ellipsis"))
+        parts.append(
+            Text(
+                f"controller: leader {controller['leader']}"
+                + (f" (answered by {controller['server']})" if not controller["leading"] else ""),
+                style="dim",
+                no_wrap=True,
+                overflow="ellipsis",
+            )
+        )
 
     restarts: dict[str, int] = {}
     for inst in status["instances"]:
@@ -95,13 +109,19 @@ def render_status(status: dict[str, Any], events: int = 8, width: int = 80, heig
     name_width = max([4] + [min(16, len(r["name"])) for r in shown_roles])
     columns = [(label, max(len(label), 4)) for _, label in COUNTS] + [("rst", 3)]
     fixed = name_width + 1 + 11 + sum(w + 1 for _, w in columns)
-    roles = [Text(f"{'role':<{name_width}} {'state':<11} " + " ".join(f"{label:>{w}}" for label, w in columns)
-                  + " progress", style="bold", no_wrap=True, overflow="ellipsis")]
+    roles = [
+        Text(
+            f"{'role':<{name_width}} {'state':<11} " + " ".join(f"{label:>{w}}" for label, w in columns) + " progress",
+            style="bold",
+            no_wrap=True,
+            overflow="ellipsis",
+        )
+    ]
     for role in shown_roles:
         counts = role["counts"]
         fraction, latest = role_progress(status, role["name"])
         line = Text(no_wrap=True, overflow="ellipsis")
-        name = role["name"] if len(role["name"]) <= name_width else role["name"][:name_width - 1] + "…"
+        name = role["name"] if len(role["name"]) <= name_width else role["name"][: name_width - 1] + "…"
         line.append(f"{name:<{name_width}} ")
         line.append_text(_state(f"{role['state']:<11}"[:11]))
         values = [str(counts.get(key, 0)) for key, _ in COUNTS] + [str(restarts.get(role["name"], 0))]
@@ -119,9 +139,14 @@ def render_status(status: dict[str, Any], events: int = 8, width: int = 80, heig
         for name in ("instance", "state", "att", "address", "exit", "reason"):
             instances.add_column(name, no_wrap=True, overflow="ellipsis")
         for inst in status["instances"]:
-            instances.add_row(f"{inst['role']}-{inst['index']}", _state(inst["state"]), str(inst["attempt"]),
-                              inst["address"] or "", "" if inst["exitCode"] is None else str(inst["exitCode"]),
-                              inst["reason"])
+            instances.add_row(
+                f"{inst['role']}-{inst['index']}",
+                _state(inst["state"]),
+                str(inst["attempt"]),
+                inst["address"] or "",
+                "" if inst["exitCode"] is None else str(inst["exitCode"]),
+                inst["reason"],
+            )
         parts.append(instances)
         used += len(status["instances"]) + 3
     budget = max(1, min(events if height <= 24 else max(events, height - used - 2), height - used - 1))

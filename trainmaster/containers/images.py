@@ -75,9 +75,15 @@ def _changes(entrypoint: list[str] | None, cmd: list[str] | None, workdir: str |
     return changes
 
 
-def build_program_image(runtime: ContainerRuntime, tag: str, programs: list[str], *,
-                        entrypoint: list[str] | None = None, cmd: list[str] | None = None,
-                        workdir: str | None = None) -> None:
+def build_program_image(
+    runtime: ContainerRuntime,
+    tag: str,
+    programs: list[str],
+    *,
+    entrypoint: list[str] | None = None,
+    cmd: list[str] | None = None,
+    workdir: str | None = None,
+) -> None:
     """Import ``tag`` holding ``programs`` (names on PATH or paths; each lands at its path
     under ``/usr/bin``) with their libraries, ``/bin/sh`` included."""
     with tempfile.TemporaryDirectory(prefix="tm-image-") as folder:
@@ -119,8 +125,14 @@ def python_mounts(extra: list[str] | None = None) -> list[dict[str, object]]:
     return [{"source": p, "target": p, "read_only": True} for p in seen]
 
 
-def build_python_image(runtime: ContainerRuntime, tag: str, *, entrypoint: list[str] | None = None,
-                       cmd: list[str] | None = None, workdir: str | None = None) -> None:
+def build_python_image(
+    runtime: ContainerRuntime,
+    tag: str,
+    *,
+    entrypoint: list[str] | None = None,
+    cmd: list[str] | None = None,
+    workdir: str | None = None,
+) -> None:
     """Import ``tag``: the merged-``/usr`` links and the mount points of :func:`python_mounts`
     (run it with those mounts; its ``python``, first on its PATH, is this process' interpreter
     with its virtual environment)."""
@@ -140,7 +152,9 @@ def build_python_image(runtime: ContainerRuntime, tag: str, *, entrypoint: list[
                     name = "/".join(parts[:i])
                     if name not in tar.getnames() and name not in MERGED_USR_LINKS:
                         _add_dir(tar, name)
-        path = os.pathsep.join([os.path.join(os.path.realpath(sys.prefix), "bin"), "/usr/local/bin", "/usr/bin", "/bin"])
+        path = os.pathsep.join(
+            [os.path.join(os.path.realpath(sys.prefix), "bin"), "/usr/local/bin", "/usr/bin", "/bin"]
+        )
         _import(runtime, tarball, tag, [*_changes(entrypoint, cmd, workdir), f"ENV PATH={path}"])
 
 

@@ -55,18 +55,30 @@ def container_problems(job: Job, backend: str = "local") -> list[str]:
     for i, role in enumerate(job.spec.roles):
         where = f"spec.roles[{i}] ({role.name})"
         if runs_in_container(job.spec, role, backend_runs):
-            why = unavailable() if backend_runs else (
-                f"the {backend} backend does not run containers yet (the local backend does); "
-                "run it with --backend local, or on the host with 'runtime: host' and a command")
+            why = (
+                unavailable()
+                if backend_runs
+                else (
+                    f"the {backend} backend does not run containers yet (the local backend does); "
+                    "run it with --backend local, or on the host with 'runtime: host' and a command"
+                )
+            )
             if why:
-                what = ("runs in a container" if role.command is not None
-                        else "gives no command, so it runs its image's entry point in a container")
-                problems.append(f"{where}: {what} from image '{role.image}', but {why}"
-                                + ("" if role.command is not None else " (and give the role a command)"))
+                what = (
+                    "runs in a container"
+                    if role.command is not None
+                    else "gives no command, so it runs its image's entry point in a container"
+                )
+                problems.append(
+                    f"{where}: {what} from image '{role.image}', but {why}"
+                    + ("" if role.command is not None else " (and give the role a command)")
+                )
         elif role.command is None and role.image is not None:
-            problems.append(f"{where}: gives no command, so it runs its image's entry point, but it runs on "
-                            f"the host ({SERVER_DEFAULT_VARIABLE} or runtime: host); run it in a container "
-                            "or give it a command")
+            problems.append(
+                f"{where}: gives no command, so it runs its image's entry point, but it runs on "
+                f"the host ({SERVER_DEFAULT_VARIABLE} or runtime: host); run it in a container "
+                "or give it a command"
+            )
     return problems
 
 
@@ -89,8 +101,14 @@ def container_launch(run_dir: str, role: Role) -> ContainerLaunch:
             assert volume.host_path is not None
             source = in_job_folder(run_dir, volume.host_path) or volume.host_path
         mounts.append({"source": source, "target": volume.mount_path, "read_only": volume.read_only})
-    return ContainerLaunch(image=role.image or "", command=role.command, args=role.args or None,
-                           working_dir=working_dir, mounts=mounts, pull_policy=role.image_pull_policy.value)
+    return ContainerLaunch(
+        image=role.image or "",
+        command=role.command,
+        args=role.args or None,
+        working_dir=working_dir,
+        mounts=mounts,
+        pull_policy=role.image_pull_policy.value,
+    )
 
 
 def _inside(path: str, root: str) -> bool:

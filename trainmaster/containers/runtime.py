@@ -35,8 +35,10 @@ from typing import Any
 
 from trainmaster.agent.contract import ContainerLaunch
 
-INSTALL_HINT = ("install podman and runc (Debian/Ubuntu: 'apt-get install -y podman runc'), or run the "
-                "role on this machine's own software with 'runtime: host'")
+INSTALL_HINT = (
+    "install podman and runc (Debian/Ubuntu: 'apt-get install -y podman runc'), or run the "
+    "role on this machine's own software with 'runtime: host'"
+)
 AGENT_LABEL = "trainmaster.agent"
 INSTANCE_LABEL = "trainmaster.instance"
 ENV_FILE = "container.env"
@@ -103,9 +105,24 @@ def _probe(podman: str, oci_runtime: str) -> str:
     runtime itself works (the program is not found) or fails before it (rlimits, cgroups)."""
     with tempfile.TemporaryDirectory(prefix="tm-probe-") as rootfs:
         try:
-            done = subprocess.run([podman, "--runtime", oci_runtime, "run", "--rm", "--network", "host",
-                                   "--rootfs", rootfs, "/trainmaster-probe"], capture_output=True, text=True,
-                                  timeout=PROBE_TIMEOUT, stdin=subprocess.DEVNULL)
+            done = subprocess.run(
+                [
+                    podman,
+                    "--runtime",
+                    oci_runtime,
+                    "run",
+                    "--rm",
+                    "--network",
+                    "host",
+                    "--rootfs",
+                    rootfs,
+                    "/trainmaster-probe",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=PROBE_TIMEOUT,
+                stdin=subprocess.DEVNULL,
+            )
         except subprocess.TimeoutExpired:
             return f"podman did not answer a probe within {PROBE_TIMEOUT:g}s"
     err = done.stderr.strip()
@@ -154,8 +171,19 @@ def container_name(node_key: str, instance_id: str) -> str:
     return f"tm-{node_key}-{safe}"[:250]
 
 
-def run_argv(runtime: ContainerRuntime, launch: ContainerLaunch, *, name: str, node_key: str, instance_id: str,
-             env_file: str, cid_file: str, cpu: float, memory: int, cgroup_parent: str | None = None) -> list[str]:
+def run_argv(
+    runtime: ContainerRuntime,
+    launch: ContainerLaunch,
+    *,
+    name: str,
+    node_key: str,
+    instance_id: str,
+    env_file: str,
+    cid_file: str,
+    cpu: float,
+    memory: int,
+    cgroup_parent: str | None = None,
+) -> list[str]:
     """``podman run`` attached, for one instance attempt.
 
     The container shares the host's network namespace (addresses and ports work as for
@@ -163,9 +191,26 @@ def run_argv(runtime: ContainerRuntime, launch: ContainerLaunch, *, name: str, n
     instance's environment is resolved); resources map onto ``--cpus``/``--memory``. With a
     ``cgroup_parent`` (the agent's, holding the memory limit) the container's cgroup goes below
     it, so its memory, CPU and OOM kills are counted where they outlive the container."""
-    argv = [*runtime.base(), "run", "--name", name, "--label", f"{AGENT_LABEL}={node_key}",
-            "--label", f"{INSTANCE_LABEL}={instance_id}", "--network", "host", "--pull",
-            PULL_FLAGS[launch.pull_policy], "--env-file", env_file, "--cidfile", cid_file, "--stop-timeout", "0"]
+    argv = [
+        *runtime.base(),
+        "run",
+        "--name",
+        name,
+        "--label",
+        f"{AGENT_LABEL}={node_key}",
+        "--label",
+        f"{INSTANCE_LABEL}={instance_id}",
+        "--network",
+        "host",
+        "--pull",
+        PULL_FLAGS[launch.pull_policy],
+        "--env-file",
+        env_file,
+        "--cidfile",
+        cid_file,
+        "--stop-timeout",
+        "0",
+    ]
     if cgroup_parent:
         argv += ["--cgroup-parent", cgroup_parent]
     if cpu > 0:
@@ -192,8 +237,10 @@ def write_env_file(path: str | Path, env: dict[str, str]) -> None:
     lines = []
     for key, value in env.items():
         if "\n" in value or "\n" in key or "=" in key:
-            raise ValueError(f"environment variable {key!r} cannot be passed to a container "
-                             "(a line break in its name or value, or '=' in its name)")
+            raise ValueError(
+                f"environment variable {key!r} cannot be passed to a container "
+                "(a line break in its name or value, or '=' in its name)"
+            )
         lines.append(f"{key}={value}\n")
     path = Path(path)
     tmp = path.with_suffix(".tmp")
@@ -203,8 +250,9 @@ def write_env_file(path: str | Path, env: dict[str, str]) -> None:
 
 def _helper(argv: list[str]) -> str:
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=HELPER_TIMEOUT,
-                              stdin=subprocess.DEVNULL).stdout
+        return subprocess.run(
+            argv, capture_output=True, text=True, timeout=HELPER_TIMEOUT, stdin=subprocess.DEVNULL
+        ).stdout
     except subprocess.TimeoutExpired:
         return ""
 
@@ -232,8 +280,9 @@ def remove(runtime: ContainerRuntime, names: list[str]) -> list[str]:
 
 def labelled(runtime: ContainerRuntime, node_key: str) -> list[str]:
     """Names of every container a node agent with this key started (live or not)."""
-    out = _helper([*runtime.base(), "ps", "--all", "--filter", f"label={AGENT_LABEL}={node_key}",
-                   "--format", "{{.Names}}"])
+    out = _helper(
+        [*runtime.base(), "ps", "--all", "--filter", f"label={AGENT_LABEL}={node_key}", "--format", "{{.Names}}"]
+    )
     return out.split()
 
 

@@ -35,9 +35,17 @@ def admit(job: Job, total: Capacity, free: Capacity) -> Admission:
     gang = job.spec.scheduling.min_available or job.spec.total_replicas
     need = f"{gang} instance(s) needing cpu={cpu:g}, memory={memory}B, gpu={gpu}"
     if not total.fits(cpu, memory, gpu):
-        return Admission(False, True, f"the gang of {need} exceeds the backend's total capacity "
-                                      f"(cpu={total.cpu:g}, memory={total.memory}B, gpu={total.gpu})")
+        return Admission(
+            False,
+            True,
+            f"the gang of {need} exceeds the backend's total capacity "
+            f"(cpu={total.cpu:g}, memory={total.memory}B, gpu={total.gpu})",
+        )
     if not free.fits(cpu, memory, gpu):
-        return Admission(False, False, f"waiting for resources: the gang of {need}; free now: "
-                                       f"cpu={free.cpu:g}, memory={free.memory}B, gpu={free.gpu}")
+        return Admission(
+            False,
+            False,
+            f"waiting for resources: the gang of {need}; free now: "
+            f"cpu={free.cpu:g}, memory={free.memory}B, gpu={free.gpu}",
+        )
     return Admission(True, message=f"admitted {need}")

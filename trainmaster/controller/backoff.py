@@ -34,4 +34,6 @@ class StoreBackoff:
     @property
     def condition(self) -> str | None:
         """What /healthz shows while the store is away."""
-        return f"StoreUnreachable: {self.failures} consecutive failures; retrying with backoff" if self.failures else None
+        return (
+            f"StoreUnreachable: {self.failures} consecutive failures; retrying with backoff" if self.failures else None
+        )

@@ -23,8 +23,7 @@ from typing import Any, Callable
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from trainmaster.backends.base import (Backend, Capacity, LaunchRequest, Observation, Phase, Placement,
-                                       StartFailure)
+from trainmaster.backends.base import Backend, Capacity, LaunchRequest, Observation, Phase, Placement, StartFailure
 from trainmaster.controller import metrics, queues, restart, scaling
 from trainmaster.controller.backoff import StoreBackoff
 from trainmaster.controller.admission import admit
@@ -34,8 +33,7 @@ from trainmaster.runtime.files import InstanceFiles
 from trainmaster.spec.load import LoadedJob
 from trainmaster.spec.model import Job, RestartScope, Role
 from trainmaster.spec.paths import in_job_folder
-from trainmaster.spec.states import (INSTANCE_TERMINAL, JOB_TERMINAL, InstanceState, JobState,
-                                     check_transition)
+from trainmaster.spec.states import INSTANCE_TERMINAL, JOB_TERMINAL, InstanceState, JobState, check_transition
 from trainmaster.spec.status import RoleSummary, Verdict, job_state, role_state
 from trainmaster.store import repository as repo
 from trainmaster.store.db import home
@@ -50,11 +48,21 @@ class NotResumable(JobConflict):
 
 
 class Controller:
-    def __init__(self, sessions: sessionmaker[Session], backend: Backend, db_url: str, *,
-                 interval: float = 1.0, grace: float = 5.0, runs_dir: Path | None = None,
-                 max_jobs: int = 1_000_000, owner: str = "service",
-                 queue_weights: dict[str, float] | None = None, unreachable_grace: float = 60.0,
-                 fence: Callable[[Session], None] | None = None):
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        backend: Backend,
+        db_url: str,
+        *,
+        interval: float = 1.0,
+        grace: float = 5.0,
+        runs_dir: Path | None = None,
+        max_jobs: int = 1_000_000,
+        owner: str = "service",
+        queue_weights: dict[str, float] | None = None,
+        unreachable_grace: float = 60.0,
+        fence: Callable[[Session], None] | None = None,
+    ):
         self.sessions = sessions
         self.backend = backend
         self.db_url = db_url
@@ -101,8 +109,15 @@ class Controller:
         with self.sessions() as session:
             if unique_name:
                 repo.claim_job_name(session, job.name)
-            row = JobRow(uid=uuid.uuid4().hex, name=job.name, spec=job.dump(), queue=job.spec.scheduling.queue,
-                         priority=job.spec.scheduling.priority, backend=self.backend.name, owner=self.owner)
+            row = JobRow(
+                uid=uuid.uuid4().hex,
+                name=job.name,
+                spec=job.dump(),
+                queue=job.spec.scheduling.queue,
+                priority=job.spec.scheduling.priority,
+                backend=self.backend.name,
+                owner=self.owner,
+            )
             session.add(row)
             session.flush()
             row.run_dir = str((self.runs_dir / f"{row.id}-{job.name}").resolve())
@@ -144,8 +159,10 @@ class Controller:
             what = f"job {row.name} (id {row.id}, {row.state})"
             refusal = why_not_resumable(repo.is_terminal(row.state), row.owner, what)
             if refusal is None and row.backend != self.backend.name:
-                refusal = (f"{what} runs on the {row.backend} backend and this controller on {self.backend.name}; "
-                           f"resume it with `trainmaster job resume {row.id}` on that backend")
+                refusal = (
+                    f"{what} runs on the {row.backend} backend and this controller on {self.backend.name}; "
+                    f"resume it with `trainmaster job resume {row.id}` on that backend"
+                )
             if refusal:
                 raise NotResumable(refusal)
             if not repo.take_over(session, row.id, row.owner, self.owner):
@@ -173,9 +190,15 @@ class Controller:
             with session.no_autoflush:
                 for job in queues.fair_order(jobs, self.queue_weights):
                     if not job.admitted and not job.cancel_requested and admitted >= self.max_jobs:
-                        self._set_job_state(session, job, Verdict(
-                            JobState.PENDING, "Queued",
-                            f"{admitted} job(s) running, the most this controller runs at once"))
+                        self._set_job_state(
+                            session,
+                            job,
+                            Verdict(
+                                JobState.PENDING,
+                                "Queued",
+                                f"{admitted} job(s) running, the most this controller runs at once",
+                            ),
+                        )
                     else:
                         was_admitted = job.admitted
                         free = self._reconcile(session, job, free)
@@ -197,8 +220,9 @@ class Controller:
         live = [i for job in jobs if job.admitted for i in job.instances if i.state in LIVE and i.handle]
         self._observed = dict(zip((i.id for i in live), self.backend.poll_all([i.handle for i in live if i.handle])))
 
-    def run_job(self, job_id: int, on_tick: Callable[[], None] | None = None,
-                should_cancel: Callable[[], bool] | None = None) -> str:
+    def run_job(
+        self, job_id: int, on_tick: Callable[[], None] | None = None, should_cancel: Callable[[], bool] | None = None
+    ) -> str:
         """Reconcile until ``job_id`` ends; returns its final state. A store that is away is
         waited out with backoff (the job's instances keep running meanwhile)."""
         backoff = StoreBackoff(self.interval)
@@ -229,8 +253,11 @@ class Controller:
         if self._expiry is None or time.monotonic() >= self._rescan_at:
             # every minute: jobs that other controllers (a `trainmaster run`) ended
             self._expiry, self._rescan_at = {}, time.monotonic() + 60.0
-            rows = session.execute(select(JobRow.id, JobRow.completed_at, JobRow.spec).where(
-                JobRow.state.in_([s.value for s in JOB_TERMINAL]), JobRow.completed_at.is_not(None))).all()
+            rows = session.execute(
+                select(JobRow.id, JobRow.completed_at, JobRow.spec).where(
+                    JobRow.state.in_([s.value for s in JOB_TERMINAL]), JobRow.completed_at.is_not(None)
+                )
+            ).all()
             for job_id, completed_at, stored in rows:
                 ttl = ((stored.get("spec") or {}).get("runPolicy") or {}).get("ttlSecondsAfterFinished")
                 if isinstance(ttl, int) and completed_at is not None:
@@ -252,9 +279,11 @@ class Controller:
         from sqlalchemy import select
 
         total = self.backend.capacity()
-        rows = session.execute(select(InstanceRow.cpu, InstanceRow.memory)
-                               .join(JobRow, JobRow.id == InstanceRow.job_id)
-                               .where(InstanceRow.state.in_(LIVE), JobRow.backend == self.backend.name)).all()
+        rows = session.execute(
+            select(InstanceRow.cpu, InstanceRow.memory)
+            .join(JobRow, JobRow.id == InstanceRow.job_id)
+            .where(InstanceRow.state.in_(LIVE), JobRow.backend == self.backend.name)
+        ).all()
         return total.minus(sum(r[0] for r in rows), sum(r[1] for r in rows))
 
     # ---- one job -----------------------------------------------------------------------------
@@ -272,23 +301,34 @@ class Controller:
     def _reconcile(self, session: Session, job: JobRow, free: Capacity) -> Capacity:
         spec = self._spec(job)
         if job.cancel_requested:
-            return self._finish(session, job, spec, Verdict(JobState.CANCELLED, "Cancelled",
-                                                            "cancelled by the user"), free)
+            return self._finish(
+                session, job, spec, Verdict(JobState.CANCELLED, "Cancelled", "cancelled by the user"), free
+            )
         policy = spec.spec.run_policy
         if policy.suspend:
             return self._hold(session, job, free)
         if policy.active_deadline_seconds is not None and job.admitted and job.started_at is not None:
             ran = (utcnow() - _aware(job.started_at)).total_seconds()
             if ran > policy.active_deadline_seconds:
-                return self._finish(session, job, spec, Verdict(
-                    JobState.FAILED, "DeadlineExceeded", f"the job ran for {ran:.0f}s, longer than its "
-                    f"runPolicy.activeDeadlineSeconds ({policy.active_deadline_seconds}s)"), free)
+                return self._finish(
+                    session,
+                    job,
+                    spec,
+                    Verdict(
+                        JobState.FAILED,
+                        "DeadlineExceeded",
+                        f"the job ran for {ran:.0f}s, longer than its "
+                        f"runPolicy.activeDeadlineSeconds ({policy.active_deadline_seconds}s)",
+                    ),
+                    free,
+                )
         if not job.admitted:
             decision = admit(spec, self.backend.capacity(), free)
             if not decision.admitted:
                 if decision.unschedulable:
-                    return self._finish(session, job, spec, Verdict(JobState.FAILED, "Unschedulable",
-                                                                    decision.message), free)
+                    return self._finish(
+                        session, job, spec, Verdict(JobState.FAILED, "Unschedulable", decision.message), free
+                    )
                 self._set_job_state(session, job, Verdict(JobState.PENDING, "Pending", decision.message))
                 return free
             reserved, why = self.backend.reserve_gang(job.id, _bundles(spec))
@@ -298,11 +338,13 @@ class Controller:
             job.admitted = True
             repo.add_event(session, job.id, "job", "Admitted", decision.message)
         free = self._observe(session, job, spec, free)
-        spent = next((i for i in job.instances if i.reason == "BackoffLimitExceeded"
-                      and i.state == I.FAILED.value), None)
+        spent = next(
+            (i for i in job.instances if i.reason == "BackoffLimitExceeded" and i.state == I.FAILED.value), None
+        )
         if spent is not None:
-            return self._finish(session, job, spec, Verdict(JobState.FAILED, "BackoffLimitExceeded",
-                                                            spent.message or ""), free)
+            return self._finish(
+                session, job, spec, Verdict(JobState.FAILED, "BackoffLimitExceeded", spent.message or ""), free
+            )
         free = self._scale(session, job, spec, free)
         free = self._start_pending(session, job, spec, free)
         verdict = self._roll_up(session, job, spec)
@@ -355,17 +397,26 @@ class Controller:
         if time.monotonic() - since < self.unreachable_grace:
             return obs
         del self._unreachable_since[inst.id]
-        return Observation(Phase.LOST, reason="Unreachable",
-                           message=f"its host did not answer for {self.unreachable_grace:g}s ({obs.message})")
+        return Observation(
+            Phase.LOST,
+            reason="Unreachable",
+            message=f"its host did not answer for {self.unreachable_grace:g}s ({obs.message})",
+        )
 
     def _mark_unknown(self, session: Session, job: JobRow, inst: InstanceRow, obs: Observation) -> None:
         if inst.state in (I.UNKNOWN.value, I.TERMINATING.value):
             return
         self._set_instance_state(inst, I.UNKNOWN)
         inst.reason, inst.message = obs.reason or "Unreachable", obs.message
-        repo.add_event(session, job.id, f"instance/{inst.label}", "Unknown",
-                       f"{inst.label}: {obs.message or 'its host does not answer'}; "
-                       f"taken as lost after {self.unreachable_grace:g}s", "Warning")
+        repo.add_event(
+            session,
+            job.id,
+            f"instance/{inst.label}",
+            "Unknown",
+            f"{inst.label}: {obs.message or 'its host does not answer'}; "
+            f"taken as lost after {self.unreachable_grace:g}s",
+            "Warning",
+        )
 
     def _reachable_again(self, session: Session, job: JobRow, inst: InstanceRow, obs: Observation) -> None:
         repo.add_event(session, job.id, f"instance/{inst.label}", "Reachable", f"{inst.label} answers again")
@@ -385,8 +436,9 @@ class Controller:
                 metrics.LAUNCH_LATENCY.observe((inst.running_at - _aware(inst.started_at)).total_seconds())
         repo.register_address(job, inst.role, inst.index, inst.address or "")
 
-    def _on_exit(self, session: Session, job: JobRow, role: Role, inst: InstanceRow, obs: Observation,
-                 free: Capacity) -> Capacity:
+    def _on_exit(
+        self, session: Session, job: JobRow, role: Role, inst: InstanceRow, obs: Observation, free: Capacity
+    ) -> Capacity:
         code = obs.exit_code if obs.exit_code is not None else -1
         if obs.command_started is not None and not _ran_this_attempt(inst):  # ran between two polls
             inst.running_at = datetime.fromtimestamp(obs.command_started, timezone.utc)
@@ -401,8 +453,11 @@ class Controller:
         scope = role.restart_policy.scope
         group, done = [inst], inst.restarts
         if scope != RestartScope.INSTANCE:  # a whole role or job restarts: its count is theirs
-            group = [i for i in job.instances if i.state != I.STOPPED.value
-                     and (scope == RestartScope.JOB or i.role == inst.role)]
+            group = [
+                i
+                for i in job.instances
+                if i.state != I.STOPPED.value and (scope == RestartScope.JOB or i.role == inst.role)
+            ]
             done = max(i.restarts for i in group)
         decision = restart.decide(role.restart_policy, code, done)
         limit = self._spec(job).spec.run_policy.backoff_limit
@@ -419,34 +474,56 @@ class Controller:
             self._set_instance_state(inst, I.PENDING)
             inst.next_start_at = utcnow() + timedelta(seconds=decision.delay)
             inst.reason, inst.message = "BackOff", f"restart {inst.restarts} in {decision.delay:g}s"
-            repo.add_event(session, job.id, obj, "Restarting",
-                           f"{inst.label} exited with code {code}{why}; restart {inst.restarts} of "
-                           f"{role.restart_policy.max_restarts} in {decision.delay:g}s "
-                           f"(restartPolicy {role.restart_policy.policy.value})",
-                           "Normal" if code == 0 else "Warning")
+            repo.add_event(
+                session,
+                job.id,
+                obj,
+                "Restarting",
+                f"{inst.label} exited with code {code}{why}; restart {inst.restarts} of "
+                f"{role.restart_policy.max_restarts} in {decision.delay:g}s "
+                f"(restartPolicy {role.restart_policy.policy.value})",
+                "Normal" if code == 0 else "Warning",
+            )
         elif code == 0:
             inst.reason, inst.message = "Completed", "exited with code 0"
             repo.add_event(session, job.id, obj, "Succeeded", f"{inst.label} exited with code 0")
         elif over_limit:
             inst.reason = "BackoffLimitExceeded"
-            inst.message = (f"{inst.label} exited with code {code}{why} after the job's {spent} restart(s): "
-                            f"runPolicy.backoffLimit is {limit}")
+            inst.message = (
+                f"{inst.label} exited with code {code}{why} after the job's {spent} restart(s): "
+                f"runPolicy.backoffLimit is {limit}"
+            )
             repo.add_event(session, job.id, obj, "BackoffLimitExceeded", inst.message, "Warning")
         else:
             reason = obs.reason or ("RestartsExhausted" if decision.exhausted else "Failed")
             if decision.exhausted:
-                message = (f"{inst.label} exited with code {code}{why} and has used all "
-                           f"{role.restart_policy.max_restarts} restarts")
+                message = (
+                    f"{inst.label} exited with code {code}{why} and has used all "
+                    f"{role.restart_policy.max_restarts} restarts"
+                )
             else:
-                message = (f"{inst.label} exited with code {code}{why}; restartPolicy "
-                           f"{role.restart_policy.policy.value} does not restart it")
+                message = (
+                    f"{inst.label} exited with code {code}{why}; restartPolicy "
+                    f"{role.restart_policy.policy.value} does not restart it"
+                )
             inst.reason, inst.message = reason, message
-            repo.add_event(session, job.id, obj, "RestartsExhausted" if decision.exhausted else "Failed",
-                           message, "Warning")
+            repo.add_event(
+                session, job.id, obj, "RestartsExhausted" if decision.exhausted else "Failed", message, "Warning"
+            )
         return free
 
-    def _restart_group(self, session: Session, job: JobRow, ended: InstanceRow, group: list[InstanceRow],
-                       count: int, delay: float, code: int, why: str, free: Capacity) -> Capacity:
+    def _restart_group(
+        self,
+        session: Session,
+        job: JobRow,
+        ended: InstanceRow,
+        group: list[InstanceRow],
+        count: int,
+        delay: float,
+        code: int,
+        why: str,
+        free: Capacity,
+    ) -> Capacity:
         """Restart scope Role or Job (Volcano's RestartTask / RestartJob): every instance of the
         group is stopped and becomes pending again after the backoff, restart ``count``."""
         group = [i for i in group if i.state != I.TERMINATING.value]  # already being stopped for good
@@ -464,15 +541,25 @@ class Controller:
                 self._set_instance_state(inst, I.PENDING)
             inst.restarts, inst.next_start_at = count, start_at
             inst.reason, inst.message = "BackOff", f"{ended.label} failed: restart {count} of the group in {delay:g}s"
-        what = "job" if self._spec(job).spec.role(ended.role).restart_policy.scope == RestartScope.JOB \
+        what = (
+            "job"
+            if self._spec(job).spec.role(ended.role).restart_policy.scope == RestartScope.JOB
             else f"role {ended.role}"
-        repo.add_event(session, job.id, f"instance/{ended.label}", "RestartingGroup",
-                       f"{ended.label} exited with code {code}{why}; restarting every instance of the {what} "
-                       f"(restart {count}) in {delay:g}s", "Warning" if code else "Normal")
+        )
+        repo.add_event(
+            session,
+            job.id,
+            f"instance/{ended.label}",
+            "RestartingGroup",
+            f"{ended.label} exited with code {code}{why}; restarting every instance of the {what} "
+            f"(restart {count}) in {delay:g}s",
+            "Warning" if code else "Normal",
+        )
         return free
 
-    def _release(self, session: Session, job: JobRow, inst: InstanceRow, free: Capacity,
-                 keep_address: bool = False) -> Capacity:
+    def _release(
+        self, session: Session, job: JobRow, inst: InstanceRow, free: Capacity, keep_address: bool = False
+    ) -> Capacity:
         """Give back an ended instance's ports, resources and (unless kept) registry entry."""
         self.backend.release(Placement(inst.host or "", list(inst.ports or [])))
         if not keep_address:
@@ -482,26 +569,43 @@ class Controller:
     def _scale(self, session: Session, job: JobRow, spec: Job, free: Capacity) -> Capacity:
         for role in spec.spec.roles:
             rows = [i for i in job.instances if i.role == role.name]
-            members = [scaling.Member(i.id, i.index, i.state, i.started_at)
-                       for i in rows if i.state != I.STOPPED.value]
+            members = [scaling.Member(i.id, i.index, i.state, i.started_at) for i in rows if i.state != I.STOPPED.value]
             for index in scaling.missing_indices(members, role.replicas):
                 # a recreated replica is a new instance; a stopped row of that index stays as history
-                job.instances.append(InstanceRow(
-                    job_id=job.id, role=role.name, index=index, state=I.PENDING.value, attempt=0, restarts=0,
-                    ports=[], cpu=role.resources.cpu, memory=role.resources.memory_bytes, reason="Created",
-                    message=""))
+                job.instances.append(
+                    InstanceRow(
+                        job_id=job.id,
+                        role=role.name,
+                        index=index,
+                        state=I.PENDING.value,
+                        attempt=0,
+                        restarts=0,
+                        ports=[],
+                        cpu=role.resources.cpu,
+                        memory=role.resources.memory_bytes,
+                        reason="Created",
+                        message="",
+                    )
+                )
             victims = {m.key for m in scaling.surplus(members, role.replicas)}
             doomed = [i for i in rows if i.id in victims]
             if doomed:
-                free = self._stop_instances(session, job, doomed, free,
-                                            f"scaled down: role {role.name} wants {role.replicas}")
+                free = self._stop_instances(
+                    session, job, doomed, free, f"scaled down: role {role.name} wants {role.replicas}"
+                )
                 for inst in doomed:
-                    repo.add_event(session, job.id, f"instance/{inst.label}", "ScaledDown",
-                                   f"deleted {inst.label} (role {role.name} wants {role.replicas})")
+                    repo.add_event(
+                        session,
+                        job.id,
+                        f"instance/{inst.label}",
+                        "ScaledDown",
+                        f"deleted {inst.label} (role {role.name} wants {role.replicas})",
+                    )
         return free
 
-    def _stop_instances(self, session: Session, job: JobRow, instances: list[InstanceRow],
-                        free: Capacity, why: str) -> Capacity:
+    def _stop_instances(
+        self, session: Session, job: JobRow, instances: list[InstanceRow], free: Capacity, why: str
+    ) -> Capacity:
         """Stop ``instances`` (grace, then the whole tree); each one not already ended becomes
         ``stopped`` with reason ``Stopped`` and ``why`` as its message, so ``status`` never shows
         the reason of the state it left (``Running``)."""
@@ -537,8 +641,9 @@ class Controller:
         """
         now = utcnow()
         order = {r.name: n for n, r in enumerate(_dependency_order(spec))}
-        pending = sorted((i for i in job.instances if i.state == I.PENDING.value),
-                         key=lambda i: (order[i.role], i.index))
+        pending = sorted(
+            (i for i in job.instances if i.state == I.PENDING.value), key=lambda i: (order[i.role], i.index)
+        )
         due: list[InstanceRow] = []
         for inst in pending:
             if inst.next_start_at and _aware(inst.next_start_at) > now:
@@ -569,9 +674,14 @@ class Controller:
         spawned: list[_Start] = []
         for start, handle in zip(batch, self.backend.start_all([s.request for s in batch])):
             if isinstance(handle, StartFailure):
-                self._on_exit(session, start.job, start.spec.spec.role(start.inst.role), start.inst, Observation(
-                    Phase.EXITED, exit_code=127, reason="StartFailed", message=handle.message),
-                    self.backend.capacity())
+                self._on_exit(
+                    session,
+                    start.job,
+                    start.spec.spec.role(start.inst.role),
+                    start.inst,
+                    Observation(Phase.EXITED, exit_code=127, reason="StartFailed", message=handle.message),
+                    self.backend.capacity(),
+                )
             else:
                 self._spawn(session, start.job, start.inst, start.request, handle)
                 # a container runs once podman created it (the agent says when), like a gated one
@@ -605,8 +715,17 @@ class Controller:
         files = InstanceFiles(run_dir / "instances" / inst.label)
         log_path = str(run_dir / "logs" / f"{inst.label}.log")
         inst.attempt += 1
-        launch = launch_spec(job, spec, inst, placement, environ, self.db_url, log_path, str(files.dir),
-                             containers=self.backend.runs_containers)
+        launch = launch_spec(
+            job,
+            spec,
+            inst,
+            placement,
+            environ,
+            self.db_url,
+            log_path,
+            str(files.dir),
+            containers=self.backend.runs_containers,
+        )
         depends = launch.depends
         if self.backend.needs_launch_file:
             # the previous attempt's records go before the intent is committed: after a crash, an
@@ -624,19 +743,36 @@ class Controller:
         self._set_instance_state(inst, I.STARTING)
         inst.reason = "WaitingForDependencies" if depends else "Started"
         inst.message = f"waiting for {', '.join(d.role for d in depends)}" if depends else ""
-        return LaunchRequest(job_id=job.id, job_name=job.name, role=role.name, index=inst.index,
-                             attempt=inst.attempt, placement=placement, launch_file=str(files.launch),
-                             instance_dir=str(files.dir), log_path=log_path, cwd=launch.cwd,
-                             resources=role.resources.dump(), gated=bool(depends),
-                             argv=launch.argv, env=launch.env, spec=launch)
+        return LaunchRequest(
+            job_id=job.id,
+            job_name=job.name,
+            role=role.name,
+            index=inst.index,
+            attempt=inst.attempt,
+            placement=placement,
+            launch_file=str(files.launch),
+            instance_dir=str(files.dir),
+            log_path=log_path,
+            cwd=launch.cwd,
+            resources=role.resources.dump(),
+            gated=bool(depends),
+            argv=launch.argv,
+            env=launch.env,
+            spec=launch,
+        )
 
-    def _spawn(self, session: Session, job: JobRow, inst: InstanceRow, request: LaunchRequest,
-               handle: dict[str, Any]) -> None:
+    def _spawn(
+        self, session: Session, job: JobRow, inst: InstanceRow, request: LaunchRequest, handle: dict[str, Any]
+    ) -> None:
         inst.handle = handle
         inst.pid = inst.handle.get("pid")
-        repo.add_event(session, job.id, f"instance/{inst.label}", "Started",
-                       f"attempt {inst.attempt} on {request.placement.address}"
-                       + (f"; {inst.message}" if request.gated else ""))
+        repo.add_event(
+            session,
+            job.id,
+            f"instance/{inst.label}",
+            "Started",
+            f"attempt {inst.attempt} on {request.placement.address}" + (f"; {inst.message}" if request.gated else ""),
+        )
 
     def recover(self, job_ids: list[int] | None = None) -> None:
         """Carry on after a controller restart (or a take-over, for ``job_ids``): re-adopt live
@@ -656,21 +792,30 @@ class Controller:
                     obj = f"instance/{inst.label}"
                     if inst.handle is None:
                         instance_dir = str(Path(job.run_dir) / "instances" / inst.label)
-                        inst.handle = (self.backend.handle_of(instance_id(job, inst))
-                                       or self.backend.find(instance_dir))
+                        inst.handle = self.backend.handle_of(instance_id(job, inst)) or self.backend.find(instance_dir)
                         if inst.handle is None and self._ended_unwatched(session, job, inst, instance_dir):
                             continue
                         if inst.handle is None:
                             self._set_instance_state(inst, I.PENDING)
                             inst.attempt -= 1
-                            repo.add_event(session, job.id, obj, "NotStarted",
-                                           "the controller stopped before starting it; it will start now")
+                            repo.add_event(
+                                session,
+                                job.id,
+                                obj,
+                                "NotStarted",
+                                "the controller stopped before starting it; it will start now",
+                            )
                             continue
                         inst.pid = inst.handle.get("pid")
                     self.backend.reserve_ports(list(inst.ports or []))
                     if self.backend.adopt(inst.handle):
-                        repo.add_event(session, job.id, obj, "Adopted",
-                                       f"re-adopted the live process {inst.pid} after a controller restart")
+                        repo.add_event(
+                            session,
+                            job.id,
+                            obj,
+                            "Adopted",
+                            f"re-adopted the live process {inst.pid} after a controller restart",
+                        )
                 session.commit()
 
     def _ended_unwatched(self, session: Session, job: JobRow, inst: InstanceRow, instance_dir: str) -> bool:
@@ -682,13 +827,23 @@ class Controller:
         if code is None:
             return False
         reason, message = files.read_reason()
-        repo.add_event(session, job.id, f"instance/{inst.label}", "EndedUnwatched",
-                       f"attempt {inst.attempt} started before the controller stopped and ended with "
-                       f"code {code} while no controller watched it")
+        repo.add_event(
+            session,
+            job.id,
+            f"instance/{inst.label}",
+            "EndedUnwatched",
+            f"attempt {inst.attempt} started before the controller stopped and ended with "
+            f"code {code} while no controller watched it",
+        )
         spec = self._spec(job)
-        self._on_exit(session, job, spec.spec.role(inst.role), inst,
-                      Observation(Phase.EXITED, exit_code=code, reason=reason, message=message),
-                      self.backend.capacity())
+        self._on_exit(
+            session,
+            job,
+            spec.spec.role(inst.role),
+            inst,
+            Observation(Phase.EXITED, exit_code=code, reason=reason, message=message),
+            self.backend.capacity(),
+        )
         return True
 
     # ---- status ------------------------------------------------------------------------------
@@ -702,8 +857,14 @@ class Controller:
             role_row.replicas = role.replicas
             if role_row.state != verdict.state.value:
                 role_row.last_transition_at = utcnow()
-                repo.add_event(session, job.id, f"role/{role.name}", verdict.reason, verdict.message,
-                               "Warning" if verdict.state == JobState.FAILED else "Normal")
+                repo.add_event(
+                    session,
+                    job.id,
+                    f"role/{role.name}",
+                    verdict.reason,
+                    verdict.message,
+                    "Warning" if verdict.state == JobState.FAILED else "Normal",
+                )
             role_row.state, role_row.reason, role_row.message = verdict.state.value, verdict.reason, verdict.message
             summaries[role.name] = RoleSummary(verdict.state, counts)
         verdict = job_state(spec.spec.status_policy, summaries)
@@ -720,8 +881,14 @@ class Controller:
                 job.started_at = utcnow()
             if verdict.state == JobState.RUNNING and job.running_at is None:
                 job.running_at = utcnow()
-            repo.add_event(session, job.id, "job", verdict.reason, verdict.message,
-                           "Warning" if verdict.state in (JobState.FAILED, JobState.CANCELLED) else "Normal")
+            repo.add_event(
+                session,
+                job.id,
+                "job",
+                verdict.reason,
+                verdict.message,
+                "Warning" if verdict.state in (JobState.FAILED, JobState.CANCELLED) else "Normal",
+            )
         elif job.reason != verdict.reason:
             # a new reason is an event; a message that only updates figures (free capacity,
             # counts) is not, or every queued job would log one per pass
@@ -748,14 +915,22 @@ class Controller:
             repo.clear_registry(job)
             self.backend.release_gang(job.id)
             job.admitted, job.started_at = False, None
-        self._set_job_state(session, job, Verdict(JobState.PENDING, "Suspended",
-                                                  "suspended (runPolicy.suspend); `trainmaster job resume` starts it"))
+        self._set_job_state(
+            session,
+            job,
+            Verdict(JobState.PENDING, "Suspended", "suspended (runPolicy.suspend); `trainmaster job resume` starts it"),
+        )
         return free
 
     def _finish(self, session: Session, job: JobRow, spec: Job, verdict: Verdict, free: Capacity) -> Capacity:
         """End a job: stop its instances, keep logs, store outputs on success, clean the registry."""
-        free = self._stop_instances(session, job, [i for i in job.instances if i.state not in INSTANCE_TERMINAL],
-                                    free, f"the job {verdict.state.value} ({verdict.reason})")
+        free = self._stop_instances(
+            session,
+            job,
+            [i for i in job.instances if i.state not in INSTANCE_TERMINAL],
+            free,
+            f"the job {verdict.state.value} ({verdict.reason})",
+        )
         for role_row in job.roles:
             if JobState(role_row.state) not in JOB_TERMINAL:
                 role_row.state, role_row.reason = JobState.CANCELLED.value, "StoppedAtJobEnd"
@@ -788,8 +963,11 @@ class _Start:
 
 def _bundles(spec: Job) -> list[dict[str, Any]]:
     """One resource bundle per instance of the job, for gang reservation."""
-    return [{"cpu": r.resources.cpu, "memory": r.resources.memory_bytes, "gpu": r.resources.gpu}
-            for r in spec.spec.roles for _ in range(r.replicas)]
+    return [
+        {"cpu": r.resources.cpu, "memory": r.resources.memory_bytes, "gpu": r.resources.gpu}
+        for r in spec.spec.roles
+        for _ in range(r.replicas)
+    ]
 
 
 def _dependency_order(spec: Job) -> list[Role]:
@@ -808,8 +986,9 @@ def _dependency_order(spec: Job) -> list[Role]:
 
 def _ran_this_attempt(inst: InstanceRow) -> bool:
     """Whether the current attempt was already recorded running (not only an earlier one)."""
-    return inst.running_at is not None and (inst.started_at is None
-                                            or _aware(inst.running_at) >= _aware(inst.started_at))
+    return inst.running_at is not None and (
+        inst.started_at is None or _aware(inst.running_at) >= _aware(inst.started_at)
+    )
 
 
 def _aware(moment: datetime) -> datetime:

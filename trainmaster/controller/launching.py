@@ -30,8 +30,17 @@ def instance_id(job: JobRow, inst: InstanceRow) -> str:
     return f"{job.uid}/{inst.label}/{inst.attempt}"
 
 
-def launch_spec(job: JobRow, spec: Job, inst: InstanceRow, placement: Placement, environ: dict[str, str],
-                db_url: str, log_path: str, instance_dir: str, containers: bool = False) -> LaunchSpec:
+def launch_spec(
+    job: JobRow,
+    spec: Job,
+    inst: InstanceRow,
+    placement: Placement,
+    environ: dict[str, str],
+    db_url: str,
+    log_path: str,
+    instance_dir: str,
+    containers: bool = False,
+) -> LaunchSpec:
     """The typed launch of ``inst``'s current attempt.
 
     ``environ`` is the controller's environment, which the instance inherits. Without
@@ -40,15 +49,25 @@ def launch_spec(job: JobRow, spec: Job, inst: InstanceRow, placement: Placement,
     ``containers``: the backend's agents run containers (else every role runs on the host)."""
     role = spec.spec.role(inst.role)
     context: dict[str, Any] = {
-        "job_name": job.name, "role": role.name, "index": inst.index, "replicas": role.replicas,
+        "job_name": job.name,
+        "role": role.name,
+        "index": inst.index,
+        "replicas": role.replicas,
         "role_replicas": {r.name: r.replicas for r in spec.spec.roles},
-        "host": placement.host, "ports": placement.ports,
-        "params": spec.spec.framework_params, "output_dir": str(Path(job.run_dir) / "output"),
+        "host": placement.host,
+        "ports": placement.ports,
+        "params": spec.spec.framework_params,
+        "output_dir": str(Path(job.run_dir) / "output"),
         # where trainmaster.report() stores this attempt's metric points
-        "job_id": job.id, "attempt": inst.attempt, "db_url": db_url}
+        "job_id": job.id,
+        "attempt": inst.attempt,
+        "db_url": db_url,
+    }
     inputs = {"framework": spec.spec.framework, "context": context, "role_env": dict(role.env)}
-    depends = [Dependency(d.role, d.condition.value, d.timeout_seconds, spec.spec.role(d.role).replicas)
-               for d in role.depends_on]
+    depends = [
+        Dependency(d.role, d.condition.value, d.timeout_seconds, spec.spec.role(d.role).replicas)
+        for d in role.depends_on
+    ]
     container = container_launch(job.run_dir, role) if containers and runs_in_container(spec.spec, role) else None
     if container is not None:  # the container's environment is its image's plus the instance's, never the host's
         environ = {}
@@ -56,18 +75,43 @@ def launch_spec(job: JobRow, spec: Job, inst: InstanceRow, placement: Placement,
     argv = [] if container is not None else resolve_argv([*(role.command or []), *role.args])
     resources = role.resources
     return LaunchSpec(
-        instance_id=instance_id(job, inst), job_id=job.id, job_name=job.name, role=role.name, index=inst.index,
-        attempt=inst.attempt, argv=argv, env=env,
-        cwd=job_working_dir(job.run_dir, role.working_dir), log_path=log_path, instance_dir=instance_dir, host=placement.host,
-        ports=list(placement.ports), cpu=resources.cpu, memory=resources.memory_bytes, gpu=resources.gpu,
-        depends=depends, db_url=db_url if depends else "", env_inputs=inputs, container=container)
+        instance_id=instance_id(job, inst),
+        job_id=job.id,
+        job_name=job.name,
+        role=role.name,
+        index=inst.index,
+        attempt=inst.attempt,
+        argv=argv,
+        env=env,
+        cwd=job_working_dir(job.run_dir, role.working_dir),
+        log_path=log_path,
+        instance_dir=instance_dir,
+        host=placement.host,
+        ports=list(placement.ports),
+        cpu=resources.cpu,
+        memory=resources.memory_bytes,
+        gpu=resources.gpu,
+        depends=depends,
+        db_url=db_url if depends else "",
+        env_inputs=inputs,
+        container=container,
+    )
 
 
 def legacy_launch_file(launch: LaunchSpec) -> dict[str, Any]:
     """The launch.json of the older instance runtime that the testbed's per-host launcher still runs."""
     inputs = launch.env_inputs
-    return {"argv": launch.argv, "cwd": launch.cwd, "env": launch.env, "role_env": inputs.get("role_env", {}),
-            "depends": [{"role": d.role, "condition": d.condition, "timeout": d.timeout, "replicas": d.replicas}
-                        for d in launch.depends],
-            "db_url": launch.db_url, "job_id": launch.job_id, "framework": inputs.get("framework", "command"),
-            "context": inputs.get("context", {})}
+    return {
+        "argv": launch.argv,
+        "cwd": launch.cwd,
+        "env": launch.env,
+        "role_env": inputs.get("role_env", {}),
+        "depends": [
+            {"role": d.role, "condition": d.condition, "timeout": d.timeout, "replicas": d.replicas}
+            for d in launch.depends
+        ],
+        "db_url": launch.db_url,
+        "job_id": launch.job_id,
+        "framework": inputs.get("framework", "command"),
+        "context": inputs.get("context", {}),
+    }

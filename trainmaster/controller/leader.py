@@ -50,8 +50,9 @@ def server_identity() -> str:
 class LeaderElector:
     """Campaigns for and renews the lease in a background thread; ``token`` is set while leading."""
 
-    def __init__(self, sessions: sessionmaker[Session], identity: str | None = None,
-                 options: LeaseOptions | None = None):
+    def __init__(
+        self, sessions: sessionmaker[Session], identity: str | None = None, options: LeaseOptions | None = None
+    ):
         self.sessions = sessions
         self.identity = identity or server_identity()
         self.options = options or LeaseOptions()
@@ -75,9 +76,11 @@ class LeaderElector:
         if self.token is not None:
             try:
                 with self.sessions() as session:
-                    session.execute(update(LeaseRow).where(
-                        LeaseRow.name == LEASE, LeaseRow.holder == self.identity, LeaseRow.token == self.token)
-                        .values(expires_at=0.0))
+                    session.execute(
+                        update(LeaseRow)
+                        .where(LeaseRow.name == LEASE, LeaseRow.holder == self.identity, LeaseRow.token == self.token)
+                        .values(expires_at=0.0)
+                    )
                     session.commit()
             except OperationalError:
                 log.warning("could not release the lease on stop; it expires in %ss", self.options.duration)
@@ -99,20 +102,27 @@ class LeaderElector:
         expires = now + self.options.duration
         with self.sessions() as session:
             if self.token is not None:
-                renewed = session.execute(update(LeaseRow).where(
-                    LeaseRow.name == LEASE, LeaseRow.holder == self.identity, LeaseRow.token == self.token)
-                    .values(expires_at=expires)).rowcount  # type: ignore[attr-defined]
+                renewed = session.execute(
+                    update(LeaseRow)
+                    .where(LeaseRow.name == LEASE, LeaseRow.holder == self.identity, LeaseRow.token == self.token)
+                    .values(expires_at=expires)
+                ).rowcount  # type: ignore[attr-defined]
                 session.commit()
                 if renewed:
                     return True
                 self._lose("the lease was taken over")
-            taken = session.execute(update(LeaseRow).where(LeaseRow.name == LEASE, LeaseRow.expires_at < now)
-                                    .values(holder=self.identity, token=LeaseRow.token + 1, expires_at=expires,
-                                            acquired_at=now)).rowcount  # type: ignore[attr-defined]
+            taken = session.execute(
+                update(LeaseRow)
+                .where(LeaseRow.name == LEASE, LeaseRow.expires_at < now)
+                .values(holder=self.identity, token=LeaseRow.token + 1, expires_at=expires, acquired_at=now)
+            ).rowcount  # type: ignore[attr-defined]
             if not taken:
                 try:
-                    session.execute(insert(LeaseRow).values(name=LEASE, holder=self.identity, token=1,
-                                                            expires_at=expires, acquired_at=now))
+                    session.execute(
+                        insert(LeaseRow).values(
+                            name=LEASE, holder=self.identity, token=1, expires_at=expires, acquired_at=now
+                        )
+                    )
                     taken = 1
                 except IntegrityError:  # someone holds it (and it has not expired)
                     session.rollback()
@@ -140,9 +150,11 @@ class LeaderElector:
         token = self.token
         if token is None:
             raise LeaseLost("this server does not lead the controller")
-        held = session.execute(update(LeaseRow).where(
-            LeaseRow.name == LEASE, LeaseRow.holder == self.identity, LeaseRow.token == token)
-            .values(holder=self.identity)).rowcount  # type: ignore[attr-defined]
+        held = session.execute(
+            update(LeaseRow)
+            .where(LeaseRow.name == LEASE, LeaseRow.holder == self.identity, LeaseRow.token == token)
+            .values(holder=self.identity)
+        ).rowcount  # type: ignore[attr-defined]
         if not held:
             self._lose("fencing token superseded")
             raise LeaseLost(f"fencing token {token} was superseded: another server leads now")

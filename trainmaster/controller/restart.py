@@ -21,14 +21,16 @@ def decide(policy: RestartPolicy, exit_code: int, restarts_so_far: int) -> Resta
 
     The backoff doubles per restart of the same instance: ``backoff * 2**restarts``, capped.
     """
-    wants = policy.policy == RestartPolicyKind.ALWAYS or (
-        policy.policy == RestartPolicyKind.ON_FAILURE and exit_code != 0) or (
-        policy.policy == RestartPolicyKind.EXIT_CODE and (exit_code >= 128 or exit_code < 0))
+    wants = (
+        policy.policy == RestartPolicyKind.ALWAYS
+        or (policy.policy == RestartPolicyKind.ON_FAILURE and exit_code != 0)
+        or (policy.policy == RestartPolicyKind.EXIT_CODE and (exit_code >= 128 or exit_code < 0))
+    )
     if wants and exit_code != 0 and policy.exit_codes is not None and exit_code not in policy.exit_codes:
         wants = False  # a failure with another code is not one this policy restarts
     if not wants:
         return RestartDecision(False)
     if restarts_so_far >= policy.max_restarts:
         return RestartDecision(False, exhausted=True)
-    delay = min(policy.backoff_seconds * (2 ** restarts_so_far), MAX_BACKOFF_SECONDS)
+    delay = min(policy.backoff_seconds * (2**restarts_so_far), MAX_BACKOFF_SECONDS)
     return RestartDecision(True, delay)

@@ -9,5 +9,17 @@ from trainmaster.flsched.cost import Assignment, ExactCost, RoundCost, SampledCo
 from trainmaster.flsched.model import Device, Job, Problem, ProblemError
 from trainmaster.flsched.schedulers import Scheduler, make_scheduler, names
 
-__all__ = ["Assignment", "ExactCost", "RoundCost", "SampledCost", "Device", "Job", "Problem", "ProblemError", "Scheduler",
-           "make_scheduler", "names", "violations"]
+__all__ = [
+    "Assignment",
+    "ExactCost",
+    "RoundCost",
+    "SampledCost",
+    "Device",
+    "Job",
+    "Problem",
+    "ProblemError",
+    "Scheduler",
+    "make_scheduler",
+    "names",
+    "violations",
+]

@@ -108,7 +108,7 @@ class SampledCost(RoundCost):
     def draw(cls, problem: Problem, rng: np.random.Generator, n_samples: int = 32) -> SampledCost:
         """Draw the common random numbers once (X ~ Exp(1), scaled per device)."""
         x = rng.exponential(1.0, size=(n_samples, problem.num_devices))
-        compute = (problem.a[None, :] + x / problem.mu[None, :])  # (S, K) seconds per unit work
+        compute = problem.a[None, :] + x / problem.mu[None, :]  # (S, K) seconds per unit work
         work = problem.tau[:, None] * problem.samples  # (M, K)
         times = work[:, None, :] * compute[None, :, :] + problem.comm_time()[:, None, :]
         return cls(problem=problem, times=times)

@@ -41,8 +41,9 @@ class FlschedFedAvg(FedAvg):
         super().__init__(**fedavg)
         self.selector, self.per_round = selector, per_round
 
-    def configure_fit(self, server_round: int, parameters: Parameters,
-                      client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
         config = self.on_fit_config_fn(server_round) if self.on_fit_config_fn is not None else {}
         client_manager.wait_for(self.per_round)
         clients = client_manager.all()

@@ -96,10 +96,18 @@ class Problem:
     def with_history(self, history: np.ndarray, available: np.ndarray) -> Problem:
         """The same pool and jobs at a later round (the simulator's step)."""
         return Problem(
-            devices=self.devices, jobs=self.jobs, a=self.a, mu=self.mu, bandwidth=self.bandwidth,
-            available=np.asarray(available, dtype=bool), samples=self.samples,
-            history=np.asarray(history, dtype=float), per_round=self.per_round, tau=self.tau,
-            model_bytes=self.model_bytes, weight_time=self.weight_time,
+            devices=self.devices,
+            jobs=self.jobs,
+            a=self.a,
+            mu=self.mu,
+            bandwidth=self.bandwidth,
+            available=np.asarray(available, dtype=bool),
+            samples=self.samples,
+            history=np.asarray(history, dtype=float),
+            per_round=self.per_round,
+            tau=self.tau,
+            model_bytes=self.model_bytes,
+            weight_time=self.weight_time,
             weight_fairness=self.weight_fairness,
         )
 
@@ -107,10 +115,18 @@ class Problem:
         """Only some jobs (those whose round starts now); the pool is unchanged."""
         rows = np.asarray(job_rows, dtype=int)
         return Problem(
-            devices=self.devices, jobs=[self.jobs[i] for i in rows], a=self.a, mu=self.mu,
-            bandwidth=self.bandwidth, available=self.available, samples=self.samples[rows],
-            history=self.history[rows], per_round=self.per_round[rows], tau=self.tau[rows],
-            model_bytes=self.model_bytes[rows], weight_time=self.weight_time,
+            devices=self.devices,
+            jobs=[self.jobs[i] for i in rows],
+            a=self.a,
+            mu=self.mu,
+            bandwidth=self.bandwidth,
+            available=self.available,
+            samples=self.samples[rows],
+            history=self.history[rows],
+            per_round=self.per_round[rows],
+            tau=self.tau[rows],
+            model_bytes=self.model_bytes[rows],
+            weight_time=self.weight_time,
             weight_fairness=self.weight_fairness,
         )
 
@@ -183,14 +199,19 @@ class Problem:
             for dev_id, c in counts.items():
                 hist[job_index[job_id], dev_index[dev_id]] = float(c)
         problem = cls(
-            devices=list(devices), jobs=list(jobs),
-            a=np.array([d.a for d in devices], float), mu=np.array([d.mu for d in devices], float),
+            devices=list(devices),
+            jobs=list(jobs),
+            a=np.array([d.a for d in devices], float),
+            mu=np.array([d.mu for d in devices], float),
             bandwidth=np.array([d.bandwidth for d in devices], float),
             available=np.array([bool(d.available) for d in devices]),
-            samples=samples, history=hist, per_round=np.array([j.per_round for j in jobs], int),
+            samples=samples,
+            history=hist,
+            per_round=np.array([j.per_round for j in jobs], int),
             tau=np.array([j.tau for j in jobs], float),
             model_bytes=np.array([j.model_bytes for j in jobs], float),
-            weight_time=float(w["time"]), weight_fairness=float(w["fairness"]),
+            weight_time=float(w["time"]),
+            weight_fairness=float(w["fairness"]),
         )
         check_feasible(problem)
         return problem
@@ -207,16 +228,30 @@ class Problem:
         devices: list[Device] = []
         for i, d in enumerate(raw.get("devices") or []):
             try:
-                devices.append(Device(id=str(d["id"]), a=d["a"], mu=d["mu"], bandwidth=d["bandwidth"],
-                                      available=bool(d.get("available", True))))
+                devices.append(
+                    Device(
+                        id=str(d["id"]),
+                        a=d["a"],
+                        mu=d["mu"],
+                        bandwidth=d["bandwidth"],
+                        available=bool(d.get("available", True)),
+                    )
+                )
             except (KeyError, TypeError) as exc:
                 faults.append(f"devices[{i}]: needs id, a, mu, bandwidth ({exc!r})")
         jobs: list[Job] = []
         for i, j in enumerate(raw.get("jobs") or []):
             try:
                 data = {str(k): v for k, v in (j.get("data") or {}).items()}
-                jobs.append(Job(id=str(j["id"]), tau=j["tau"], model_bytes=j.get("model_bytes", 0.0),
-                                per_round=j["per_round"], data=data))
+                jobs.append(
+                    Job(
+                        id=str(j["id"]),
+                        tau=j["tau"],
+                        model_bytes=j.get("model_bytes", 0.0),
+                        per_round=j["per_round"],
+                        data=data,
+                    )
+                )
             except (KeyError, TypeError, AttributeError) as exc:
                 faults.append(f"jobs[{i}]: needs id, tau, per_round, data ({exc!r})")
         history = raw.get("history") or {}
@@ -248,8 +283,10 @@ def check_feasible(problem: Problem) -> None:
     for m, job in enumerate(problem.jobs):
         have = int(eligible[m].sum())
         if have < problem.per_round[m]:
-            faults.append(f"job {job.id!r} asks for {problem.per_round[m]} devices per round but only "
-                          f"{have} available devices hold its data")
+            faults.append(
+                f"job {job.id!r} asks for {problem.per_round[m]} devices per round but only "
+                f"{have} available devices hold its data"
+            )
     total = int(problem.per_round.sum())
     n_avail = int(problem.available.sum())
     if total > n_avail:
@@ -275,6 +312,8 @@ def check_feasible(problem: Problem) -> None:
     if flow < total:
         raise ProblemError(
             "infeasible scheduling problem",
-            [f"the jobs' eligible devices overlap too much: at most {flow} of the {total} requested "
-             "device slots can be filled at once"],
+            [
+                f"the jobs' eligible devices overlap too much: at most {flow} of the {total} requested "
+                "device slots can be filled at once"
+            ],
         )

@@ -88,7 +88,7 @@ def _subset_sums(x: np.ndarray) -> np.ndarray:
     the CPU time of this on 480 x 10 rows with other processes running)."""
     sums = np.zeros((x.shape[0], 1))
     for k in range(x.shape[1]):
-        sums = np.concatenate([sums, sums + x[:, k:k + 1]], axis=1)
+        sums = np.concatenate([sums, sums + x[:, k : k + 1]], axis=1)
     return sums
 
 

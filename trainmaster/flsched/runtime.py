@@ -51,8 +51,9 @@ def load_job(name: str, num_devices: int, seed: int, target: float, tau: int = 1
     from sklearn.preprocessing import StandardScaler
 
     data = getattr(ds, DATASETS[name])()
-    x_tr, x_te, y_tr, y_te = train_test_split(data.data, data.target, test_size=0.25, random_state=seed,
-                                              stratify=data.target)
+    x_tr, x_te, y_tr, y_te = train_test_split(
+        data.data, data.target, test_size=0.25, random_state=seed, stratify=data.target
+    )
     scaler = StandardScaler().fit(x_tr)
     x_tr, x_te = scaler.transform(x_tr).astype(np.float32), scaler.transform(x_te).astype(np.float32)
     rng = np.random.default_rng(seed)
@@ -60,8 +61,17 @@ def load_job(name: str, num_devices: int, seed: int, target: float, tau: int = 1
     pieces = np.array_split(order, 2 * num_devices)
     perm = rng.permutation(2 * num_devices)
     shards = [np.concatenate([pieces[perm[2 * k]], pieces[perm[2 * k + 1]]]) for k in range(num_devices)]
-    return FLJob(name=name, x_train=x_tr, y_train=y_tr.astype(np.int64), x_test=x_te, y_test=y_te.astype(np.int64),
-                 shards=shards, classes=int(y_tr.max()) + 1, target=target, tau=tau)
+    return FLJob(
+        name=name,
+        x_train=x_tr,
+        y_train=y_tr.astype(np.int64),
+        x_test=x_te,
+        y_test=y_te.astype(np.int64),
+        shards=shards,
+        classes=int(y_tr.max()) + 1,
+        target=target,
+        tau=tau,
+    )
 
 
 def _model(features: int, classes: int):
@@ -98,18 +108,36 @@ def _accuracy(state: dict, job: FLJob) -> float:
     return float((pred == job.y_test).mean())
 
 
-def run_multijob(scheduler: Scheduler, num_devices: int = 20, per_round: int = 3, rounds: int = 40,
-                 seed: int = 0, dropout: float = 0.1, availability: float = 0.9,
-                 targets: dict[str, float] | None = None, fairness_weight: float = 30.0) -> list[FLJob]:
+def run_multijob(
+    scheduler: Scheduler,
+    num_devices: int = 20,
+    per_round: int = 3,
+    rounds: int = 40,
+    seed: int = 0,
+    dropout: float = 0.1,
+    availability: float = 0.9,
+    targets: dict[str, float] | None = None,
+    fairness_weight: float = 30.0,
+) -> list[FLJob]:
     """Train digits, wine and breast-cancer concurrently until each hits its target (or ``rounds``)."""
     import torch
 
     torch.set_num_threads(1)
     targets = {"digits": 0.85, "wine": 0.92, "breast-cancer": 0.93, **(targets or {})}
-    jobs = [load_job(n, num_devices, seed, targets[n], tau=t) for n, t in (("digits", 2), ("wine", 1), ("breast-cancer", 1))]
+    jobs = [
+        load_job(n, num_devices, seed, targets[n], tau=t) for n, t in (("digits", 2), ("wine", 1), ("breast-cancer", 1))
+    ]
     devices = make_pool(num_devices, seed)
-    specs = [Job(id=j.name, tau=float(j.tau), model_bytes=4.0e6, per_round=per_round,
-                 data={d.id: int(len(j.shards[k])) * 20 for k, d in enumerate(devices)}) for j in jobs]
+    specs = [
+        Job(
+            id=j.name,
+            tau=float(j.tau),
+            model_bytes=4.0e6,
+            per_round=per_round,
+            data={d.id: int(len(j.shards[k])) * 20 for k, d in enumerate(devices)},
+        )
+        for j in jobs
+    ]
     base = Problem.build(devices, specs, weights={"time": 1.0, "fairness": fairness_weight})
     rng = np.random.default_rng(seed)
     states = []

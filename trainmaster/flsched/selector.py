@@ -49,9 +49,15 @@ class JobSelector:
     without data for the job are never chosen. ``weights`` are the cost weights of the problem.
     """
 
-    def __init__(self, job: Job, devices: Sequence[Device] | Mapping[str, Device], scheduler: str | Scheduler = "sa",
-                 seed: int | None = None, weights: dict[str, float] | None = None,
-                 pool: DevicePool | None = None) -> None:
+    def __init__(
+        self,
+        job: Job,
+        devices: Sequence[Device] | Mapping[str, Device],
+        scheduler: str | Scheduler = "sa",
+        seed: int | None = None,
+        weights: dict[str, float] | None = None,
+        pool: DevicePool | None = None,
+    ) -> None:
         self.job, self.devices = job, devices
         self.scheduler = make_scheduler(scheduler, seed=seed) if isinstance(scheduler, str) else scheduler
         self.weights = weights or {"time": 1.0, "fairness": 30.0}
@@ -64,16 +70,24 @@ class JobSelector:
         self.release()
         self.pool.bind(client_ids, self.devices)
         with self.pool.lock:
-            free = [c for c in sorted(client_ids) if c in self.pool.profiles and c not in self.pool.holder
-                    and self.job.data.get(self.pool.profiles[c].id, 0) > 0]
+            free = [
+                c
+                for c in sorted(client_ids)
+                if c in self.pool.profiles
+                and c not in self.pool.holder
+                and self.job.data.get(self.pool.profiles[c].id, 0) > 0
+            ]
             if len(free) < n:
-                raise ProblemError(f"job {self.job.id!r} wants {n} clients but only {len(free)} idle clients "
-                                   "with its data and a device profile are connected")
+                raise ProblemError(
+                    f"job {self.job.id!r} wants {n} clients but only {len(free)} idle clients "
+                    "with its data and a device profile are connected"
+                )
             devices = [self.pool.profiles[c] for c in free]
             by_device = {d.id: c for d, c in zip(devices, free)}
             job = replace(self.job, per_round=n, data={d.id: self.job.data[d.id] for d in devices})
-            problem = Problem.build(devices, [job], history={job.id: {d: self.history.get(d, 0) for d in by_device}},
-                                    weights=self.weights)
+            problem = Problem.build(
+                devices, [job], history={job.id: {d: self.history.get(d, 0) for d in by_device}}, weights=self.weights
+            )
             chosen = [free[int(k)] for k in self.scheduler.schedule(problem)[0]]
             for cid in chosen:
                 self.pool.holder[cid] = self.job.id
@@ -116,9 +130,16 @@ class JointScheduler:
     scheduled afresh. ``leases_log`` records every lease (job, clients, start, end) for checks.
     """
 
-    def __init__(self, jobs: Sequence[Job], devices: Sequence[Device] | Mapping[str, Device],
-                 scheduler: str | Scheduler = "sa", seed: int | None = None,
-                 weights: dict[str, float] | None = None, gather_s: float = 0.5, lease_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        jobs: Sequence[Job],
+        devices: Sequence[Device] | Mapping[str, Device],
+        scheduler: str | Scheduler = "sa",
+        seed: int | None = None,
+        weights: dict[str, float] | None = None,
+        gather_s: float = 0.5,
+        lease_s: float = 600.0,
+    ) -> None:
         self.jobs = {j.id: j for j in jobs}
         self.devices = devices
         self.scheduler = make_scheduler(scheduler, seed=seed) if isinstance(scheduler, str) else scheduler
@@ -193,16 +214,20 @@ class JointScheduler:
             jobs.append(replace(job, per_round=r.n, data={k: v for k, v in data.items() if v > 0}))
         try:
             if not devices:
-                raise ProblemError("no idle client with a device profile is connected",
-                                   [f"jobs waiting: {', '.join(r.job_id for r in requests)}"])
+                raise ProblemError(
+                    "no idle client with a device profile is connected",
+                    [f"jobs waiting: {', '.join(r.job_id for r in requests)}"],
+                )
             history = {r.job_id: {d: self.history[r.job_id].get(d, 0) for d in by_device} for r in requests}
             problem = Problem.build(devices, jobs, history=history, weights=self.weights)
             assignment = self.scheduler.schedule(problem)
         except ProblemError as exc:
             reasons = list(getattr(exc, "details", None) or []) or [str(exc)]
             for r in requests:
-                r.error = ProblemError(f"round of job {r.job_id!r} cannot be scheduled now (it is skipped; the "
-                                       f"next round tries again)", reasons)
+                r.error = ProblemError(
+                    f"round of job {r.job_id!r} cannot be scheduled now (it is skipped; the next round tries again)",
+                    reasons,
+                )
             self.cond.notify_all()
             return
         import time

@@ -52,15 +52,31 @@ def _publish_round(r: int, rounds: int, names: list[str], assignment: Any, accur
     """The round's schedule and accuracies, for the dashboard's federated view and its charts."""
     import trainmaster
 
-    trainmaster.publish("flsched.round", {"round": r, "assignment": {n: [int(d) for d in assignment[row]]
-                                                                      for row, n in enumerate(names)},
-                                          "accuracy": dict(zip(names, accuracy))})
-    trainmaster.report(step=r + 1, total=rounds,
-                       **{"accuracy_" + n.replace("-", "_"): a for n, a in zip(names, accuracy)})
+    trainmaster.publish(
+        "flsched.round",
+        {
+            "round": r,
+            "assignment": {n: [int(d) for d in assignment[row]] for row, n in enumerate(names)},
+            "accuracy": dict(zip(names, accuracy)),
+        },
+    )
+    trainmaster.report(
+        step=r + 1, total=rounds, **{"accuracy_" + n.replace("-", "_"): a for n, a in zip(names, accuracy)}
+    )
 
 
-def serve(host: str, port: int, devices: int, scheduler_name: str, per_round: int, rounds: int, seed: int,
-          dropout: float, wait_s: float, output: str | None) -> int:
+def serve(
+    host: str,
+    port: int,
+    devices: int,
+    scheduler_name: str,
+    per_round: int,
+    rounds: int,
+    seed: int,
+    dropout: float,
+    wait_s: float,
+    output: str | None,
+) -> int:
     from trainmaster.flsched import make_scheduler
     from trainmaster.flsched.model import Job, Problem, ProblemError, check_feasible
     from trainmaster.flsched.runtime import _accuracy, _model, load_job
@@ -110,10 +126,21 @@ def serve(host: str, port: int, devices: int, scheduler_name: str, per_round: in
             print(f"error: only {len(co.registered)} of {devices} devices registered in {wait_s}s", file=sys.stderr)
             return 1
     torch.set_num_threads(1)
-    jobs = [load_job(n, devices, seed, {"digits": 0.85, "wine": 0.92, "breast-cancer": 0.93}[n], tau=t) for n, t in JOB_NAMES]
+    jobs = [
+        load_job(n, devices, seed, {"digits": 0.85, "wine": 0.92, "breast-cancer": 0.93}[n], tau=t)
+        for n, t in JOB_NAMES
+    ]
     pool = make_pool(devices, seed)
-    specs = [Job(id=j.name, tau=float(j.tau), model_bytes=4.0e6, per_round=per_round,
-                 data={d.id: int(len(j.shards[k])) * 20 for k, d in enumerate(pool)}) for j in jobs]
+    specs = [
+        Job(
+            id=j.name,
+            tau=float(j.tau),
+            model_bytes=4.0e6,
+            per_round=per_round,
+            data={d.id: int(len(j.shards[k])) * 20 for k, d in enumerate(pool)},
+        )
+        for j in jobs
+    ]
     base = Problem.build(pool, specs, weights={"time": 1.0, "fairness": 30.0})
     sched = make_scheduler(scheduler_name, seed=seed)
     rng = np.random.default_rng(seed)
@@ -161,12 +188,22 @@ def serve(host: str, port: int, devices: int, scheduler_name: str, per_round: in
     with co.cond:
         co.done = True
         co.cond.notify_all()
-    report = {j.name: {"rounds": len(j.curve), "final_accuracy": j.curve[-1][1] if j.curve else 0.0,
-                       "target": j.target, "time_to_target": j.time_to_target} for j in jobs}
+    report = {
+        j.name: {
+            "rounds": len(j.curve),
+            "final_accuracy": j.curve[-1][1] if j.curve else 0.0,
+            "target": j.target,
+            "time_to_target": j.time_to_target,
+        }
+        for j in jobs
+    }
     for name, rep in report.items():
         ttt = "not reached" if rep["time_to_target"] is None else f"{rep['time_to_target']:.1f}s simulated"
-        print(f"job {name}: accuracy {rep['final_accuracy']:.3f} after {rep['rounds']} rounds, "
-              f"time to target {rep['target']}: {ttt}", flush=True)
+        print(
+            f"job {name}: accuracy {rep['final_accuracy']:.3f} after {rep['rounds']} rounds, "
+            f"time to target {rep['target']}: {ttt}",
+            flush=True,
+        )
     if output:
         from pathlib import Path
 
@@ -211,9 +248,13 @@ def device(server: str, index: int, devices: int, seed: int, wait_s: float) -> i
         if task["state"] != "train":
             continue
         job = jobs[task["job"]]
-        new = _local_update(_from_wire(task["weights"]), job, job.shards[index], seed * 1000 + task["round"] * 31 + index)
-        call("/update", {"device": index, "round": task["round"], "weights": _to_wire(new),
-                         "samples": int(len(job.shards[index]))})
+        new = _local_update(
+            _from_wire(task["weights"]), job, job.shards[index], seed * 1000 + task["round"] * 31 + index
+        )
+        call(
+            "/update",
+            {"device": index, "round": task["round"], "weights": _to_wire(new), "samples": int(len(job.shards[index]))},
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -70,19 +70,31 @@ class SimulationResult:
             counts = tr.participation if tr.participation is not None else np.zeros(0)
             hist, edges = np.histogram(counts, bins=min(bins, max(1, int(counts.max(initial=0)) + 1)))
             out_jobs[tr.job] = {
-                "rounds": tr.rounds, "time_to_target": tr.time_to_target,
+                "rounds": tr.rounds,
+                "time_to_target": tr.time_to_target,
                 "final_accuracy": round(tr.final_accuracy(), 4),
                 "participation_histogram": {"counts": hist.tolist(), "edges": [round(e, 2) for e in edges]},
                 "devices_never_used": int((counts == 0).sum()),
             }
-        return {"scheduler": self.scheduler, "total_time": self.total_time, "end_time": self.end_time,
-                "jobs": out_jobs,
-                "decision_ms_median": 1000 * float(np.median(self.decision_seconds)) if self.decision_seconds else 0.0}
+        return {
+            "scheduler": self.scheduler,
+            "total_time": self.total_time,
+            "end_time": self.end_time,
+            "jobs": out_jobs,
+            "decision_ms_median": 1000 * float(np.median(self.decision_seconds)) if self.decision_seconds else 0.0,
+        }
 
 
-def simulate(problem: Problem, scheduler: Scheduler, curves: list[ConvergenceCurve] | None = None,
-             seed: int = 0, availability: float = 0.9, rounds: int | None = None,
-             max_rounds: int = 2000, dropout: float = 0.0) -> SimulationResult:
+def simulate(
+    problem: Problem,
+    scheduler: Scheduler,
+    curves: list[ConvergenceCurve] | None = None,
+    seed: int = 0,
+    availability: float = 0.9,
+    rounds: int | None = None,
+    max_rounds: int = 2000,
+    dropout: float = 0.0,
+) -> SimulationResult:
     """Run every job until its target (or exactly ``rounds`` rounds each, when given).
 
     ``availability`` is each device's chance to be reachable at a decision; ``dropout`` the
@@ -125,7 +137,10 @@ def simulate(problem: Problem, scheduler: Scheduler, curves: list[ConvergenceCur
                     devs = np.asarray(assignment[row], dtype=int)
                     x = rng.exponential(1.0, len(devs))
                     work = problem.tau[m] * problem.samples[m, devs]
-                    dur = work * (problem.a[devs] + x / problem.mu[devs]) + problem.model_bytes[m] / problem.bandwidth[devs]
+                    dur = (
+                        work * (problem.a[devs] + x / problem.mu[devs])
+                        + problem.model_bytes[m] / problem.bandwidth[devs]
+                    )
                     busy_until[devs] = now + dur
                     survived = rng.random(len(devs)) >= dropout
                     heapq.heappush(events, (now + float(dur.max()), m, devs, survived))
@@ -163,5 +178,6 @@ def simulate(problem: Problem, scheduler: Scheduler, curves: list[ConvergenceCur
         tr.participation = history[m] - problem.history[m]
     reached = [tr.time_to_target for tr in traces]
     total = max(reached) if all(t is not None for t in reached) else None
-    return SimulationResult(scheduler=scheduler.name, total_time=total, end_time=now, jobs=traces,
-                            decision_seconds=decisions)
+    return SimulationResult(
+        scheduler=scheduler.name, total_time=total, end_time=now, jobs=traces, decision_seconds=decisions
+    )

@@ -40,8 +40,9 @@ def make_straggler_pool(num_devices: int, seed: int, share: float = 0.25, factor
     devices = make_pool(num_devices, seed)
     for k in slow:
         d = devices[k]
-        devices[k] = Device(id=d.id, a=d.a * factor, mu=d.mu / factor, bandwidth=d.bandwidth / factor,
-                            available=d.available)
+        devices[k] = Device(
+            id=d.id, a=d.a * factor, mu=d.mu / factor, bandwidth=d.bandwidth / factor, available=d.available
+        )
     return devices
 
 
@@ -52,13 +53,21 @@ def make_jobs(devices: list[Device], num_jobs: int, per_round: int, seed: int) -
     for m in range(num_jobs):
         shape = JOB_SHAPES[m % len(JOB_SHAPES)]
         counts = np.clip(rng.lognormal(np.log(250), 0.6, len(devices)), 50, 1000).astype(int)
-        jobs.append(Job(id=f"job{m}", tau=shape["tau"], model_bytes=shape["model_bytes"], per_round=per_round,
-                        data={d.id: int(c) for d, c in zip(devices, counts)}))
+        jobs.append(
+            Job(
+                id=f"job{m}",
+                tau=shape["tau"],
+                model_bytes=shape["model_bytes"],
+                per_round=per_round,
+                data={d.id: int(c) for d, c in zip(devices, counts)},
+            )
+        )
     return jobs
 
 
-def make_problem(num_devices: int, num_jobs: int, per_round: int, seed: int,
-                 weights: dict[str, float] | None = None) -> Problem:
+def make_problem(
+    num_devices: int, num_jobs: int, per_round: int, seed: int, weights: dict[str, float] | None = None
+) -> Problem:
     devices = make_pool(num_devices, seed)
     return Problem.build(devices, make_jobs(devices, num_jobs, per_round, seed), weights=weights)
 
@@ -92,15 +101,26 @@ def make_family_problem(family: str, num_devices: int, num_jobs: int, seed: int)
         a = np.where(fast, rng.uniform(1e-3, 3e-3, num_devices), rng.uniform(1e-2, 4e-2, num_devices))
         bw = np.where(fast, rng.uniform(1e7, 5e7, num_devices), rng.uniform(5e5, 3e6, num_devices))
         mu = 1.0 / (a * rng.uniform(0.1, 2.0, num_devices))
-        devices = [Device(id=f"d{k}", a=float(a[k]), mu=float(mu[k]), bandwidth=float(bw[k])) for k in range(num_devices)]
+        devices = [
+            Device(id=f"d{k}", a=float(a[k]), mu=float(mu[k]), bandwidth=float(bw[k])) for k in range(num_devices)
+        ]
     jobs = make_jobs(devices, num_jobs, per_round, int(rng.integers(2**31)))
     if family == "sparse":
         holds = max(0.3, 3.0 * per_round / num_devices)  # small pools: enough holders to choose from
-        jobs = [Job(id=j.id, tau=j.tau, model_bytes=j.model_bytes, per_round=j.per_round,
-                    data={d: n for d, n in j.data.items() if rng.random() < holds}) for j in jobs]
+        jobs = [
+            Job(
+                id=j.id,
+                tau=j.tau,
+                model_bytes=j.model_bytes,
+                per_round=j.per_round,
+                data={d: n for d, n in j.data.items() if rng.random() < holds},
+            )
+            for j in jobs
+        ]
     if family == "churn":
-        devices = [Device(id=d.id, a=d.a, mu=d.mu, bandwidth=d.bandwidth, available=bool(rng.random() >= 0.3))
-                   for d in devices]
+        devices = [
+            Device(id=d.id, a=d.a, mu=d.mu, bandwidth=d.bandwidth, available=bool(rng.random() >= 0.3)) for d in devices
+        ]
     weights = {"time": 1.0, "fairness": float(np.exp(rng.uniform(np.log(0.3), np.log(10.0))) * num_devices)}
     problem = Problem.build(devices, jobs, weights=weights)
     if family == "churn":

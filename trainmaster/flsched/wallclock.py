@@ -66,7 +66,7 @@ def send_message(conn, obj: object, bucket: TokenBucket | None = None, weight: f
     data = pickle.dumps(obj)
     conn.send_bytes(len(data).to_bytes(8, "little"))
     for i in range(0, len(data), CHUNK):
-        piece = data[i:i + CHUNK]
+        piece = data[i : i + CHUNK]
         if bucket is not None:
             bucket.take(len(piece) * weight)
         conn.send_bytes(piece)
@@ -138,16 +138,35 @@ def _device_main(conn, index: int, jobs, bandwidth: float, speedup: float) -> No
         if rest > 0:
             time.sleep(rest)
         try:
-            send_message(conn, {"device": index, "job": task["job"], "round": task["round"], "weights": new,
-                                "samples": int(len(job.shards[index]))}, link, weight)
+            send_message(
+                conn,
+                {
+                    "device": index,
+                    "job": task["job"],
+                    "round": task["round"],
+                    "weights": new,
+                    "samples": int(len(job.shards[index])),
+                },
+                link,
+                weight,
+            )
         except (BrokenPipeError, OSError):
             return
 
 
-def run_wallclock(scheduler: Scheduler, num_devices: int = 20, per_round: int = 3, max_rounds: int = 60,
-                  seed: int = 0, speedup: float = 100.0, availability: float = 0.9,
-                  fairness_weight: float = 30.0, time_limit: float = 120.0, stragglers: float = 0.0,
-                  straggler_factor: float = 10.0) -> WallClockResult:
+def run_wallclock(
+    scheduler: Scheduler,
+    num_devices: int = 20,
+    per_round: int = 3,
+    max_rounds: int = 60,
+    seed: int = 0,
+    speedup: float = 100.0,
+    availability: float = 0.9,
+    fairness_weight: float = 30.0,
+    time_limit: float = 120.0,
+    stragglers: float = 0.0,
+    straggler_factor: float = 10.0,
+) -> WallClockResult:
     """Train the three jobs concurrently on ``num_devices`` device processes until each reaches
     its target (or ``max_rounds``, or ``time_limit`` wall seconds); device time runs ``speedup``
     times faster than the model's seconds. ``stragglers``: share of the devices that are
@@ -158,9 +177,21 @@ def run_wallclock(scheduler: Scheduler, num_devices: int = 20, per_round: int = 
 
     torch.set_num_threads(1)
     fl_jobs = [load_job(name, num_devices, seed, target, tau=tau) for name, tau, target in JOBS]
-    pool = make_straggler_pool(num_devices, seed, stragglers, straggler_factor) if stragglers else make_pool(num_devices, seed)
-    specs = [Job(id=j.name, tau=float(j.tau), model_bytes=4.0e6, per_round=per_round,
-                 data={d.id: int(len(j.shards[k])) * 20 for k, d in enumerate(pool)}) for j in fl_jobs]
+    pool = (
+        make_straggler_pool(num_devices, seed, stragglers, straggler_factor)
+        if stragglers
+        else make_pool(num_devices, seed)
+    )
+    specs = [
+        Job(
+            id=j.name,
+            tau=float(j.tau),
+            model_bytes=4.0e6,
+            per_round=per_round,
+            data={d.id: int(len(j.shards[k])) * 20 for k, d in enumerate(pool)},
+        )
+        for j in fl_jobs
+    ]
     base = Problem.build(pool, specs, weights={"time": 1.0, "fairness": fairness_weight})
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)
@@ -214,10 +245,18 @@ def run_wallclock(scheduler: Scheduler, num_devices: int = 20, per_round: int = 
                         x = rng.exponential(1.0, len(devs))
                         for k, xk in zip(devs, x):
                             compute = base.tau[m] * base.samples[m, k] * (base.a[k] + xk / base.mu[k]) / speedup
-                            send_message(conns[k], {"kind": "train", "job": m, "round": jobs[m].rounds,
-                                                    "weights": states[m], "compute_seconds": float(compute),
-                                                    "model_bytes": float(base.model_bytes[m]),
-                                                    "seed": seed * 100_003 + jobs[m].rounds * 131 + k})
+                            send_message(
+                                conns[k],
+                                {
+                                    "kind": "train",
+                                    "job": m,
+                                    "round": jobs[m].rounds,
+                                    "weights": states[m],
+                                    "compute_seconds": float(compute),
+                                    "model_bytes": float(base.model_bytes[m]),
+                                    "seed": seed * 100_003 + jobs[m].rounds * 131 + k,
+                                },
+                            )
                             busy[k] = True
                         history[m, devs] += 1
                         pending[m] = set(devs)

@@ -65,12 +65,16 @@ def _load_file(path: Path, attr: str | None) -> Any:
 
 def _as_framework(obj: Any, origin: str) -> Framework:
     if inspect.ismodule(obj):
-        found = [v for v in vars(obj).values()
-                 if inspect.isclass(v) and issubclass(v, Framework) and v is not Framework
-                 and v.__module__ == obj.__name__]
+        found = [
+            v
+            for v in vars(obj).values()
+            if inspect.isclass(v) and issubclass(v, Framework) and v is not Framework and v.__module__ == obj.__name__
+        ]
         if len(found) != 1:
-            raise UnknownFramework(f"{origin} must define exactly one Framework subclass "
-                                   f"(found {len(found)}); name it as '{origin}:ClassName'")
+            raise UnknownFramework(
+                f"{origin} must define exactly one Framework subclass "
+                f"(found {len(found)}); name it as '{origin}:ClassName'"
+            )
         obj = found[0]
     if inspect.isclass(obj) and issubclass(obj, Framework):
         return obj()
@@ -100,8 +104,9 @@ class FrameworkAllowList:
             if not sep:
                 ident, target = entry, entry
             if not ident.strip() or not target.strip():
-                raise ValueError(f"'{entry}' is not ID=TARGET or TARGET (a module 'pkg.mod:Class' "
-                                 "or a file 'path/fw.py')")
+                raise ValueError(
+                    f"'{entry}' is not ID=TARGET or TARGET (a module 'pkg.mod:Class' or a file 'path/fw.py')"
+                )
             targets.append((ident.strip(), target.strip()))
         return cls(tuple(targets))
 
@@ -142,10 +147,12 @@ def get_framework(framework_id: str) -> Framework:
             return _as_framework(ep.load(), framework_id)
     target = FrameworkAllowList.from_environment().target(framework_id)
     if target is None:
-        raise UnknownFramework(f"unknown framework '{framework_id}' (installed: "
-                               f"{', '.join(installed_frameworks())}); a framework of your own must be "
-                               "installed as a package (entry-point group 'trainmaster.frameworks') "
-                               "or allowed by the operator (--allow-framework ID=TARGET)")
+        raise UnknownFramework(
+            f"unknown framework '{framework_id}' (installed: "
+            f"{', '.join(installed_frameworks())}); a framework of your own must be "
+            "installed as a package (entry-point group 'trainmaster.frameworks') "
+            "or allowed by the operator (--allow-framework ID=TARGET)"
+        )
     return _load_target(target, framework_id)
 
 
@@ -177,16 +184,22 @@ def framework_errors(spec: dict[str, Any], raw_roles: list[dict[str, Any]]) -> l
     for i, role in enumerate(raw_roles):
         if not isinstance(role.get("name"), str):
             continue  # the structural pass reports the name
-        if role.get("command") is None and not role.get("image") \
-                and not _framework_has_command(framework, role.get("name")):
-            errors.append(f"spec.roles[{i}].command: required (framework '{framework_id}' "
-                          f"has no built-in code for role '{role.get('name')}')")
+        if (
+            role.get("command") is None
+            and not role.get("image")
+            and not _framework_has_command(framework, role.get("name"))
+        ):
+            errors.append(
+                f"spec.roles[{i}].command: required (framework '{framework_id}' "
+                f"has no built-in code for role '{role.get('name')}')"
+            )
     return errors
 
 
 def _framework_has_command(framework: Framework, role_name: Any) -> bool:
     return type(framework).role_command is not Framework.role_command and (
-        framework.role_names is None or role_name in framework.role_names)
+        framework.role_names is None or role_name in framework.role_names
+    )
 
 
 def apply_defaults(job: Job) -> Job:
@@ -194,5 +207,15 @@ def apply_defaults(job: Job) -> Job:
     return get_framework(job.spec.framework).defaults(job)
 
 
-__all__ = ["BUILTIN", "Framework", "FrameworkAllowList", "allow_frameworks", "installed_frameworks", "InstanceContext", "UnknownFramework", "apply_defaults",
-           "framework_errors", "get_framework"]
+__all__ = [
+    "BUILTIN",
+    "Framework",
+    "FrameworkAllowList",
+    "allow_frameworks",
+    "installed_frameworks",
+    "InstanceContext",
+    "UnknownFramework",
+    "apply_defaults",
+    "framework_errors",
+    "get_framework",
+]

@@ -77,8 +77,10 @@ class Framework:
         if self.role_names is not None:
             for i, name in enumerate(names):
                 if isinstance(name, str) and name not in self.role_names:
-                    errors.append(f"spec.roles[{i}].name: framework '{self.name}' has no role "
-                                  f"'{name}' (roles: {', '.join(self.role_names)})")
+                    errors.append(
+                        f"spec.roles[{i}].name: framework '{self.name}' has no role "
+                        f"'{name}' (roles: {', '.join(self.role_names)})"
+                    )
         for required in self.required_roles:
             if required not in names:
                 errors.append(f"spec.roles: framework '{self.name}' needs a role named '{required}'")
@@ -100,8 +102,9 @@ class Framework:
         role_names = {r.name for r in job.spec.roles}
         for role in job.spec.roles:
             if "depends_on" not in role.model_fields_set:
-                role.depends_on = [Dependency(role=d) for d in self.default_dependencies.get(role.name, ())
-                                   if d in role_names]
+                role.depends_on = [
+                    Dependency(role=d) for d in self.default_dependencies.get(role.name, ()) if d in role_names
+                ]
             # a role that runs an image with no command runs the image's entry point (Kubernetes);
             # one that runs on the host (including `auto` resolved to the host) gets the framework's
             if role.command is None and not runs_in_container(job.spec, role):

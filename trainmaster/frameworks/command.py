@@ -35,8 +35,10 @@ class CommandFramework(Framework):
         params = spec.get("frameworkParams")
         names = params.get("indexVariables", []) if isinstance(params, dict) else []
         if not isinstance(names, list) or not all(isinstance(n, str) and _VARIABLE.fullmatch(n) for n in names):
-            errors.append("spec.frameworkParams.indexVariables: must be a list of environment "
-                          "variable names (letters, digits, '_')")
+            errors.append(
+                "spec.frameworkParams.indexVariables: must be a list of environment "
+                "variable names (letters, digits, '_')"
+            )
         svc = params.get("volcanoSvc", False) if isinstance(params, dict) else False
         if not isinstance(svc, bool):
             errors.append("spec.frameworkParams.volcanoSvc: must be true or false")

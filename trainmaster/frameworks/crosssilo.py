@@ -42,8 +42,9 @@ def provision(output_dir: str, n_parties: int) -> Path:
             from trainmaster.gateway.localdeploy import free_port_block
             from trainmaster.gateway.provision import init_deployment
 
-            init_deployment(root / "deploy", [party_name(i) for i in range(n_parties)],
-                            port_base=free_port_block(n_parties + 1))
+            init_deployment(
+                root / "deploy", [party_name(i) for i in range(n_parties)], port_base=free_port_block(n_parties + 1)
+            )
     return root
 
 
@@ -77,8 +78,7 @@ class CrossSiloFramework(Framework):
     def environment(self, ctx: InstanceContext) -> dict[str, str]:
         root = provision(ctx.output_dir, ctx.role_replicas.get("party", 1))
         name = party_name(ctx.index) if ctx.role == "party" else ctx.role
-        return {"TM_CROSSSILO_DIR": str(root), "TM_CROSSSILO_NAME": name,
-                "TM_CROSSSILO_PARAMS": json.dumps(ctx.params)}
+        return {"TM_CROSSSILO_DIR": str(root), "TM_CROSSSILO_NAME": name, "TM_CROSSSILO_PARAMS": json.dumps(ctx.params)}
 
 
 def _party_data(root: Path, name: str, index: int, n_parties: int, params: dict[str, Any]) -> Path:
@@ -105,9 +105,21 @@ class _Published:
 
         result = self.initiator.run_task(spec)
         rules = {leg.data_id: leg.rule for leg in spec.legs}
-        trainmaster.publish("gateway.task", {"task": result["task_id"], "legs": [
-            {"data_id": data_id, "party": leg.get("party", ""), "rule": rules.get(data_id, ""),
-             "outcome": leg.get("outcome", "")} for data_id, leg in result["legs"].items()]})
+        trainmaster.publish(
+            "gateway.task",
+            {
+                "task": result["task_id"],
+                "legs": [
+                    {
+                        "data_id": data_id,
+                        "party": leg.get("party", ""),
+                        "rule": rules.get(data_id, ""),
+                        "outcome": leg.get("outcome", ""),
+                    }
+                    for data_id, leg in result["legs"].items()
+                ],
+            },
+        )
         return result
 
     def close(self) -> None:
@@ -145,33 +157,67 @@ def _run_initiator(root: Path, params: dict[str, Any]) -> int:
         count = sum(s[col]["count"] for s in per)
         mean = sum(s[col]["sum"] for s in per) / count
         direct = pooled[:, j]
-        same = (count == direct.size and min(s[col]["min"] for s in per) == direct.min()
-                and max(s[col]["max"] for s in per) == direct.max() and abs(mean - direct.mean()) <= 1e-12 * abs(direct.mean()))
+        same = (
+            count == direct.size
+            and min(s[col]["min"] for s in per) == direct.min()
+            and max(s[col]["max"] for s in per) == direct.max()
+            and abs(mean - direct.mean()) <= 1e-12 * abs(direct.mean())
+        )
         ok &= same
-        report["statistics"][col] = {"count": count, "mean_via_gateway": mean, "mean_pooled": float(direct.mean()), "equal": bool(same)}
+        report["statistics"][col] = {
+            "count": count,
+            "mean_via_gateway": mean,
+            "mean_pooled": float(direct.mean()),
+            "equal": bool(same),
+        }
     x = pooled[:, :10]
     std = {"mean": x.mean(axis=0).tolist(), "std": x.std(axis=0).tolist()}
     weights: dict[str, Any] = {"w": [0.0] * len(feats), "b": 0.0}
     rounds, epochs = int(params.get("rounds", 5)), 20
     for _ in range(rounds):
-        res = ini.run_task(TaskSpec(legs=legs("train", {"features": feats, "label": "label", "epochs": epochs, "lr": 0.5,
-                                                        "standardize": std, "init": weights})))
+        res = ini.run_task(
+            TaskSpec(
+                legs=legs(
+                    "train",
+                    {
+                        "features": feats,
+                        "label": "label",
+                        "epochs": epochs,
+                        "lr": 0.5,
+                        "standardize": std,
+                        "init": weights,
+                    },
+                )
+            )
+        )
         got = [res["legs"][f"m_{p}"]["result"] for p in parties]
         n = np.array([g["rows"] for g in got], dtype=float)
-        weights = {"w": ((np.array([g["weights"]["w"] for g in got]) * n[:, None]).sum(0) / n.sum()).tolist(),
-                   "b": float((np.array([g["weights"]["b"] for g in got]) * n).sum() / n.sum())}
-    sc = ini.run_task(TaskSpec(legs=legs("score", {"features": feats, "label": "label", "weights": weights, "standardize": std})))
+        weights = {
+            "w": ((np.array([g["weights"]["w"] for g in got]) * n[:, None]).sum(0) / n.sum()).tolist(),
+            "b": float((np.array([g["weights"]["b"] for g in got]) * n).sum() / n.sum()),
+        }
+    sc = ini.run_task(
+        TaskSpec(legs=legs("score", {"features": feats, "label": "label", "weights": weights, "standardize": std}))
+    )
     fed_acc = sum(sc["legs"][f"m_{p}"]["result"]["correct"] for p in parties) / len(pooled)
     table = {n: pooled[:, i] for i, n in enumerate(names)}
     central = train(table, TrainParams(features=feats, label="label", epochs=rounds * epochs, lr=0.5, standardize=std))
-    central_acc = score(table, ScoreParams(features=feats, label="label", weights=central["weights"], standardize=std))["correct"] / len(pooled)
+    central_acc = score(table, ScoreParams(features=feats, label="label", weights=central["weights"], standardize=std))[
+        "correct"
+    ] / len(pooled)
     tol = float(params.get("tolerance", 0.03))
-    report["model"] = {"accuracy_via_gateway": fed_acc, "accuracy_pooled": central_acc, "tolerance": tol,
-                       "within_tolerance": abs(fed_acc - central_acc) <= tol}
+    report["model"] = {
+        "accuracy_via_gateway": fed_acc,
+        "accuracy_pooled": central_acc,
+        "tolerance": tol,
+        "within_tolerance": abs(fed_acc - central_acc) <= tol,
+    }
     ok &= report["model"]["within_tolerance"]
     ini.close()
     print(json.dumps(report, indent=2))
-    print("crosssilo: results equal the pooled computation" if ok else "crosssilo: MISMATCH with the pooled computation")
+    print(
+        "crosssilo: results equal the pooled computation" if ok else "crosssilo: MISMATCH with the pooled computation"
+    )
     return 0 if ok else 1
 
 

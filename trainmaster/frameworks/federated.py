@@ -13,8 +13,13 @@ from typing import Any
 from trainmaster.frameworks.base import Framework, InstanceContext, python_module
 from trainmaster.spec.model import Job, Role, RoleSelector, StatusPolicy
 
-PARAMS = {"scheduler": "FLSCHED_SCHEDULER", "per_round": "FLSCHED_PER_ROUND", "rounds": "FLSCHED_ROUNDS",
-          "seed": "FLSCHED_SEED", "dropout": "FLSCHED_DROPOUT"}
+PARAMS = {
+    "scheduler": "FLSCHED_SCHEDULER",
+    "per_round": "FLSCHED_PER_ROUND",
+    "rounds": "FLSCHED_ROUNDS",
+    "seed": "FLSCHED_SEED",
+    "dropout": "FLSCHED_DROPOUT",
+}
 
 
 class FederatedFramework(Framework):
@@ -47,8 +52,13 @@ class FederatedFramework(Framework):
         env = {"FLSCHED_DEVICES": str(ctx.role_replicas.get("device", 0))}
         env.update({var: str(ctx.params[key]) for key, var in PARAMS.items() if key in ctx.params})
         if ctx.role == "server":
-            env.update({"FLSCHED_HOST": ctx.host, "FLSCHED_PORT": str(ctx.ports[0]) if ctx.ports else "0",
-                        "FLSCHED_OUTPUT": ctx.output_dir})
+            env.update(
+                {
+                    "FLSCHED_HOST": ctx.host,
+                    "FLSCHED_PORT": str(ctx.ports[0]) if ctx.ports else "0",
+                    "FLSCHED_OUTPUT": ctx.output_dir,
+                }
+            )
         else:
             env.update({"FLSCHED_SERVER": ctx.services["server"][0], "FLSCHED_DEVICE_INDEX": str(ctx.index)})
         return env

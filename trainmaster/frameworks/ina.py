@@ -49,10 +49,11 @@ class InaFramework(Framework):
         if transport not in TRANSPORTS:
             errors.append(f"spec.frameworkParams.transport: '{transport}' is not one of {', '.join(TRANSPORTS)}")
         chunk = (spec.get("frameworkParams") or {}).get("chunk")
-        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int)
-                                  or not 1 <= chunk <= 16368):
-            errors.append(f"spec.frameworkParams.chunk: {chunk!r} must be a whole number of "
-                          f"elements between 1 and 16368 (one 64 KiB UDP datagram)")
+        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= 16368):
+            errors.append(
+                f"spec.frameworkParams.chunk: {chunk!r} must be a whole number of "
+                f"elements between 1 and 16368 (one 64 KiB UDP datagram)"
+            )
         for i, role in enumerate(roles):
             if role.get("name") == "worker" and not 1 <= role.get("replicas", 1) <= 64:
                 errors.append(f"spec.roles[{i}].replicas: ina supports 1 to 64 workers")
@@ -61,8 +62,7 @@ class InaFramework(Framework):
     def defaults(self, job: Job) -> Job:
         job = super().defaults(job)
         if job.spec.status_policy == StatusPolicy():
-            job.spec.status_policy = StatusPolicy(failed="any",
-                                                  succeeded=RoleSelector(roles=["worker"]))
+            job.spec.status_policy = StatusPolicy(failed="any", succeeded=RoleSelector(roles=["worker"]))
         return job
 
     def environment(self, ctx: InstanceContext) -> dict[str, str]:
@@ -74,13 +74,19 @@ class InaFramework(Framework):
         if ctx.role == "ps":
             return {"TM_AGGREGATION_HOST": ctx.host, "TM_AGGREGATION_PORT": str(ctx.ports[0])}
         if ctx.role == "switch":
-            return {"TM_AGGREGATION_HOST": ctx.host, "TM_AGGREGATION_PORT": str(ctx.ports[0]),
-                    "TM_AGGREGATION_PARENT": ctx.services["ps"][0],
-                    "TM_AGGREGATION_SLOTS": str(ctx.params.get("slots", 64))}
+            return {
+                "TM_AGGREGATION_HOST": ctx.host,
+                "TM_AGGREGATION_PORT": str(ctx.ports[0]),
+                "TM_AGGREGATION_PARENT": ctx.services["ps"][0],
+                "TM_AGGREGATION_SLOTS": str(ctx.params.get("slots", 64)),
+            }
         switches = ctx.services["switch"]
-        env = {"TM_AGGREGATION_SWITCH": switches[ctx.index % len(switches)],
-               "TM_AGGREGATION_JOB": str(job_id), "RANK": str(ctx.index),
-               "WORLD_SIZE": str(ctx.replicas)}
+        env = {
+            "TM_AGGREGATION_SWITCH": switches[ctx.index % len(switches)],
+            "TM_AGGREGATION_JOB": str(job_id),
+            "RANK": str(ctx.index),
+            "WORLD_SIZE": str(ctx.replicas),
+        }
         if ctx.params.get("chunk") is not None:
             env["TM_AGGREGATION_CHUNK"] = str(ctx.params["chunk"])
         return env

@@ -69,20 +69,35 @@ class MPIFramework(Framework):
         hostfile = folder / f"hostfile-{ctx.index}"
         hostfile.write_text(hostfile_text(names, int(ctx.params.get("slotsPerWorker", 1)), implementation))
         agent = folder / "rsh-agent"
-        agent.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m trainmaster.frameworks.mpi_rsh \"$@\"\n")
+        agent.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m trainmaster.frameworks.mpi_rsh "$@"\n')
         agent.chmod(0o755)
-        env.update({"TM_HOSTFILE": str(hostfile), "TM_WORKER_ADDRESSES": ",".join(workers),
-                    HOSTS_VARIABLE: ",".join(f"{n}={a}" for n, a in zip(names, workers))})
+        env.update(
+            {
+                "TM_HOSTFILE": str(hostfile),
+                "TM_WORKER_ADDRESSES": ",".join(workers),
+                HOSTS_VARIABLE: ",".join(f"{n}={a}" for n, a in zip(names, workers)),
+            }
+        )
         if implementation == "OpenMPI":
-            env.update({"OMPI_MCA_orte_default_hostfile": str(hostfile), "OMPI_MCA_plm_rsh_agent": str(agent),
-                        "OMPI_MCA_plm_rsh_no_tree_spawn": "1"})
+            env.update(
+                {
+                    "OMPI_MCA_orte_default_hostfile": str(hostfile),
+                    "OMPI_MCA_plm_rsh_agent": str(agent),
+                    "OMPI_MCA_plm_rsh_no_tree_spawn": "1",
+                }
+            )
             if workers and all(w.startswith(LOOPBACK) for w in workers):
                 env.update({"OMPI_MCA_btl_tcp_if_include": "lo", "OMPI_MCA_oob_tcp_if_include": "lo"})
             if os.geteuid() == 0:
                 env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
         elif implementation == "Intel":
-            env.update({"I_MPI_HYDRA_HOST_FILE": str(hostfile), "I_MPI_HYDRA_BOOTSTRAP": "rsh",
-                        "I_MPI_HYDRA_BOOTSTRAP_EXEC": str(agent)})
+            env.update(
+                {
+                    "I_MPI_HYDRA_HOST_FILE": str(hostfile),
+                    "I_MPI_HYDRA_BOOTSTRAP": "rsh",
+                    "I_MPI_HYDRA_BOOTSTRAP_EXEC": str(agent),
+                }
+            )
         else:  # MPICH
             env.update({"HYDRA_HOST_FILE": str(hostfile), "HYDRA_LAUNCHER": "rsh", "HYDRA_LAUNCHER_EXEC": str(agent)})
         return env

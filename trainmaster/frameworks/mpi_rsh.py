@@ -73,8 +73,9 @@ def serve(host: str, port: int, key: str) -> None:
     import tempfile
 
     scratch = tempfile.mkdtemp(prefix="tm-mpi-")  # short: OpenMPI puts Unix sockets in it
-    os.environ.update({"OMPI_MCA_orte_tmpdir_base": scratch, "OMPI_MCA_btl_vader_backing_directory": scratch,
-                       "TMPDIR": scratch})
+    os.environ.update(
+        {"OMPI_MCA_orte_tmpdir_base": scratch, "OMPI_MCA_btl_vader_backing_directory": scratch, "TMPDIR": scratch}
+    )
 
     def stop(signum: int, _frame: object) -> None:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -103,8 +104,13 @@ def _handle(conn: socket.socket, key: str) -> None:
             return
         command = str(request.get("command", ""))
         print(f"[trainmaster] rank host runs: {command[:500]}", flush=True)
-        child = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, start_new_session=True)
+        child = subprocess.Popen(
+            ["/bin/sh", "-c", command],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         lock = threading.Lock()
         gone = threading.Event()
 
@@ -125,8 +131,10 @@ def _handle(conn: socket.socket, key: str) -> None:
                 pass
             gone.set()
 
-        pumps = [threading.Thread(target=pump, args=(child.stdout, STDOUT), daemon=True),
-                 threading.Thread(target=pump, args=(child.stderr, STDERR), daemon=True)]
+        pumps = [
+            threading.Thread(target=pump, args=(child.stdout, STDOUT), daemon=True),
+            threading.Thread(target=pump, args=(child.stderr, STDERR), daemon=True),
+        ]
         for thread in pumps:
             thread.start()
         threading.Thread(target=watch_agent, daemon=True).start()
@@ -138,7 +146,9 @@ def _handle(conn: socket.socket, key: str) -> None:
         for thread in pumps:
             thread.join(5)
         try:
-            _send(conn, lock, STATUS, str(child.returncode if child.returncode >= 0 else 128 - child.returncode).encode())
+            _send(
+                conn, lock, STATUS, str(child.returncode if child.returncode >= 0 else 128 - child.returncode).encode()
+            )
             conn.shutdown(socket.SHUT_WR)
         except OSError:
             pass
@@ -177,8 +187,10 @@ def run_remote(host: str, command: str) -> int:
     """Run ``command`` in the rank host of ``host``; relay its output; its exit status."""
     hosts = hosts_from_environment()
     if host not in hosts:
-        print(f"trainmaster mpi_rsh: unknown host '{host}' (the job's workers: {', '.join(hosts) or 'none'})",
-              file=sys.stderr)
+        print(
+            f"trainmaster mpi_rsh: unknown host '{host}' (the job's workers: {', '.join(hosts) or 'none'})",
+            file=sys.stderr,
+        )
         return 255
     address, _, port = hosts[host].rpartition(":")
     timeout = float(os.environ.get(CONNECT_TIMEOUT_VARIABLE, "60"))
@@ -189,8 +201,11 @@ def run_remote(host: str, command: str) -> int:
             break
         except OSError as exc:
             if time.monotonic() >= deadline:
-                print(f"trainmaster mpi_rsh: the rank host of '{host}' ({hosts[host]}) did not accept a "
-                      f"connection within {timeout:g}s: {exc}", file=sys.stderr)
+                print(
+                    f"trainmaster mpi_rsh: the rank host of '{host}' ({hosts[host]}) did not accept a "
+                    f"connection within {timeout:g}s: {exc}",
+                    file=sys.stderr,
+                )
                 return 255
             time.sleep(delay)
             delay = min(delay * 2, 0.5)

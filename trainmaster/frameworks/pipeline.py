@@ -17,9 +17,23 @@ from typing import Any
 from trainmaster.frameworks.base import Framework, InstanceContext, python_module
 from trainmaster.spec.model import Job, Role, RoleSelector, StatusPolicy
 
-KNOWN_PARAMS = {"model", "input_shape", "methods", "samples", "seed", "bandwidth",
-                "flops_per_second", "latency", "acyclic", "tracer", "input_dtype", "costs",
-                "profile_runs", "emulate_link", "latency_samples"}
+KNOWN_PARAMS = {
+    "model",
+    "input_shape",
+    "methods",
+    "samples",
+    "seed",
+    "bandwidth",
+    "flops_per_second",
+    "latency",
+    "acyclic",
+    "tracer",
+    "input_dtype",
+    "costs",
+    "profile_runs",
+    "emulate_link",
+    "latency_samples",
+}
 
 
 class PipelineFramework(Framework):
@@ -36,8 +50,9 @@ class PipelineFramework(Framework):
         params = spec.get("frameworkParams") or spec.get("framework_params") or {}
         if isinstance(params, dict):
             for key in sorted(set(params) - KNOWN_PARAMS):
-                errors.append(f"spec.frameworkParams.{key}: unknown pipeline parameter "
-                              f"(known: {', '.join(sorted(KNOWN_PARAMS))})")
+                errors.append(
+                    f"spec.frameworkParams.{key}: unknown pipeline parameter (known: {', '.join(sorted(KNOWN_PARAMS))})"
+                )
             model = params.get("model")
             if model is not None and (not isinstance(model, str) or ":" not in model):
                 errors.append("spec.frameworkParams.model: expected 'module:callable'")
@@ -45,8 +60,7 @@ class PipelineFramework(Framework):
 
             for key, allowed in (("costs", ("flops", "measured")), ("tracer", ("fx", "export"))):
                 if key in params and params[key] not in allowed:
-                    errors.append(f"spec.frameworkParams.{key}: {params[key]!r} is not one of "
-                                  f"{', '.join(allowed)}")
+                    errors.append(f"spec.frameworkParams.{key}: {params[key]!r} is not one of {', '.join(allowed)}")
             for m in params.get("methods", []) or []:
                 if m not in METHODS:
                     errors.append(f"spec.frameworkParams.methods: unknown method {m!r}")
@@ -60,8 +74,7 @@ class PipelineFramework(Framework):
     def defaults(self, job: Job) -> Job:
         job = super().defaults(job)
         if job.spec.status_policy == StatusPolicy():
-            job.spec.status_policy = StatusPolicy(failed="any",
-                                                  succeeded=RoleSelector(roles=["driver"]))
+            job.spec.status_policy = StatusPolicy(failed="any", succeeded=RoleSelector(roles=["driver"]))
         return job
 
     def environment(self, ctx: InstanceContext) -> dict[str, str]:

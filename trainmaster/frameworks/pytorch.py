@@ -46,12 +46,19 @@ class PyTorchFramework(Framework):
         host, _, port = master.rpartition(":")
         nodes = ctx.role_replicas.get("master", 0) + ctx.role_replicas.get("worker", 0)
         nproc = int(ctx.params.get("nprocPerNode", 1))
-        env = {"MASTER_ADDR": host, "MASTER_PORT": port, "WORLD_SIZE": str(nodes * nproc),
-               "RANK": str(rank),
-               # torchrun reads its arguments from PET_* (as the Kubeflow operator sets them), so a
-               # bare `torchrun script.py` starts nprocPerNode processes in a world of nodes x nproc
-               "PET_NNODES": str(nodes), "PET_NPROC_PER_NODE": str(nproc), "PET_NODE_RANK": str(rank),
-               "PET_MASTER_ADDR": host, "PET_MASTER_PORT": port}
+        env = {
+            "MASTER_ADDR": host,
+            "MASTER_PORT": port,
+            "WORLD_SIZE": str(nodes * nproc),
+            "RANK": str(rank),
+            # torchrun reads its arguments from PET_* (as the Kubeflow operator sets them), so a
+            # bare `torchrun script.py` starts nprocPerNode processes in a world of nodes x nproc
+            "PET_NNODES": str(nodes),
+            "PET_NPROC_PER_NODE": str(nproc),
+            "PET_NODE_RANK": str(rank),
+            "PET_MASTER_ADDR": host,
+            "PET_MASTER_PORT": port,
+        }
         if nproc == 1:  # the instance is the training process itself
             env.update({"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": str(rank)})
         return env

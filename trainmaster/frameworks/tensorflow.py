@@ -49,8 +49,11 @@ class TensorFlowFramework(Framework):
             role.depends_on = [Dependency(role=name, condition=DependencyCondition.PLACED) for name in cluster]
         if job.spec.status_policy == StatusPolicy():
             leader = next((r.name for r in job.spec.roles if r.name in ("chief", "master")), None)
-            job.spec.status_policy = (StatusPolicy(failed="any", succeeded=RoleSelector(roles=[leader]))
-                                      if leader else StatusPolicy(preset="tfjob-allworkers"))
+            job.spec.status_policy = (
+                StatusPolicy(failed="any", succeeded=RoleSelector(roles=[leader]))
+                if leader
+                else StatusPolicy(preset="tfjob-allworkers")
+            )
         return job
 
     def environment(self, ctx: InstanceContext) -> dict[str, str]:
@@ -62,5 +65,6 @@ def tf_config(ctx: InstanceContext) -> str:
     cluster = {role: list(ctx.services.get(role, [])) for role in CLUSTER_ROLES if ctx.role_replicas.get(role)}
     if ctx.role in cluster and ctx.index < len(cluster[ctx.role]):
         cluster[ctx.role][ctx.index] = ctx.address  # its own address, as placed (never stale)
-    return json.dumps({"cluster": cluster, "task": {"type": ctx.role, "index": ctx.index},
-                       "environment": "cloud"}, sort_keys=True)
+    return json.dumps(
+        {"cluster": cluster, "task": {"type": ctx.role, "index": ctx.index}, "environment": "cloud"}, sort_keys=True
+    )

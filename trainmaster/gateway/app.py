@@ -34,8 +34,21 @@ from pydantic import BaseModel
 from trainmaster.gateway.crypto import EnvelopeError, b64e, verify_attestation
 from trainmaster.gateway.gate import RESULT_TTL_S
 from trainmaster.gateway.models import (
-    DataReceive, DataTransfer, Envelope, ExecutorReport, LegOutcome, LegOutcomePayload, LegResult, MessageKind,
-    ResultFetch, RuleCall, SignedAttestation, Strict, TaskCancel, TaskRegister, TaskResult,
+    DataReceive,
+    DataTransfer,
+    Envelope,
+    ExecutorReport,
+    LegOutcome,
+    LegOutcomePayload,
+    LegResult,
+    MessageKind,
+    ResultFetch,
+    RuleCall,
+    SignedAttestation,
+    Strict,
+    TaskCancel,
+    TaskRegister,
+    TaskResult,
 )
 from trainmaster.gateway.provision import ServiceConfig
 from trainmaster.gateway.routing import Leg, LegConflict, MappingTable, Task, TaskConflict, TaskLimit
@@ -147,19 +160,33 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
 
     def _seal_outcome(task: Task, leg: Leg, run: LegRun, final: bool = True) -> str:
         """The leg's whole outcome, sealed to the task's owner and signed by the gateway (item 7)."""
-        payload = LegOutcomePayload(task_id=leg.task_id, data_id=leg.data_id, party=leg.party, outcome=run.outcome,
-                                    detail=run.detail, result_text=run.result_text,
-                                    stream=run.stream.model_dump() if run.stream else None, attestation=run.attestation,
-                                    final=final)
-        return ctx.seal_to(task.owner, MessageKind.task_result, leg.task_id, leg.data_id, payload.model_dump(mode="json"),
-                           ttl_s=RESULT_TTL_S).model_dump_json()
+        payload = LegOutcomePayload(
+            task_id=leg.task_id,
+            data_id=leg.data_id,
+            party=leg.party,
+            outcome=run.outcome,
+            detail=run.detail,
+            result_text=run.result_text,
+            stream=run.stream.model_dump() if run.stream else None,
+            attestation=run.attestation,
+            final=final,
+        )
+        return ctx.seal_to(
+            task.owner,
+            MessageKind.task_result,
+            leg.task_id,
+            leg.data_id,
+            payload.model_dump(mode="json"),
+            ttl_s=RESULT_TTL_S,
+        ).model_dump_json()
 
     def _finish(task: Task, leg: Leg, run: LegRun) -> Leg:
         """Record the leg's one outcome; if someone recorded one first, theirs stands."""
         envelope = _seal_outcome(task, leg, run)
         if table.record_outcome(leg.task_id, leg.data_id, run.outcome.value, envelope, run.stream_bytes):
-            return replace(leg, state="done", outcome=run.outcome.value, envelope_json=envelope,
-                           stream_bytes=run.stream_bytes)
+            return replace(
+                leg, state="done", outcome=run.outcome.value, envelope_json=envelope, stream_bytes=run.stream_bytes
+            )
         return table.legs(leg.task_id)[leg.data_id]
 
     @app.post("/v1/tasks")
@@ -173,8 +200,9 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
         if len(legs) != len(req.legs):
             raise HTTPException(400, "a data id appears twice in the task; each data id is one leg")
         try:
-            created = table.create_task(req.task_id, sender, legs, task_digest(req), req.deadline_s,
-                                        cfg.max_open_legs_per_party)
+            created = table.create_task(
+                req.task_id, sender, legs, task_digest(req), req.deadline_s, cfg.max_open_legs_per_party
+            )
         except TaskConflict as exc:
             raise HTTPException(409, str(exc)) from exc
         except TaskLimit as exc:
@@ -185,9 +213,17 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
     async def task_cancel(request: Request) -> dict[str, Any]:
         sender, req = await _open(request, MessageKind.task_cancel, {"initiator"}, TaskCancel)
         task = _owned(req.task_id, sender)
-        cancelled = [leg.data_id for leg in table.legs(task.task_id).values() if leg.outcome is None
-                     and table.record_outcome(task.task_id, leg.data_id, LegOutcome.cancelled.value,
-                                              _seal_outcome(task, leg, LegRun(LegOutcome.cancelled, "cancelled by its initiator")))]
+        cancelled = [
+            leg.data_id
+            for leg in table.legs(task.task_id).values()
+            if leg.outcome is None
+            and table.record_outcome(
+                task.task_id,
+                leg.data_id,
+                LegOutcome.cancelled.value,
+                _seal_outcome(task, leg, LegRun(LegOutcome.cancelled, "cancelled by its initiator")),
+            )
+        ]
         return {"task_id": task.task_id, "cancelled": cancelled}
 
     @app.post("/v1/executors")
@@ -205,24 +241,37 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
             event.set()
         return {"ok": True}
 
-    async def _run_leg(task: Task, leg: Leg, call: RuleCall, timeout_s: float,
-                       opened: asyncio.Future[LiveSpool]) -> LegRun:
+    async def _run_leg(
+        task: Task, leg: Leg, call: RuleCall, timeout_s: float, opened: asyncio.Future[LiveSpool]
+    ) -> LegRun:
         party = ctx.roster[leg.party]
         if not party.endpoint:
             return LegRun(LegOutcome.party_unavailable, f"party {leg.party!r} has no endpoint in the roster")
         req = DataTransfer(task_id=leg.task_id, data_id=leg.data_id, call=call)
-        env = ctx.seal_to(party.name, MessageKind.data_transfer, leg.task_id, leg.data_id, req.model_dump(mode="json"),
-                          ttl_s=timeout_s + cfg.skew_s)
+        env = ctx.seal_to(
+            party.name,
+            MessageKind.data_transfer,
+            leg.task_id,
+            leg.data_id,
+            req.model_dump(mode="json"),
+            ttl_s=timeout_s + cfg.skew_s,
+        )
         try:
             async with asyncio.timeout(timeout_s):
                 async with party_slots[party.name]:
                     async with app.state.http.stream(
-                            "POST", f"{party.endpoint}/v1/transfer", content=env.model_dump_json(),
-                            headers={"content-type": "application/json"}, timeout=timeout_s,
-                            extensions=expect(party.name, "party")) as resp:
+                        "POST",
+                        f"{party.endpoint}/v1/transfer",
+                        content=env.model_dump_json(),
+                        headers={"content-type": "application/json"},
+                        timeout=timeout_s,
+                        extensions=expect(party.name, "party"),
+                    ) as resp:
                         if resp.status_code != 200:
                             text = (await _read_capped(resp, 4096)).decode(errors="replace")
-                            return LegRun(LegOutcome.rejected, f"party {party.name!r} refused ({resp.status_code}): {text[:300]}")
+                            return LegRun(
+                                LegOutcome.rejected, f"party {party.name!r} refused ({resp.status_code}): {text[:300]}"
+                            )
                         if resp.headers.get("content-type", "").startswith(STREAM_MEDIA_TYPE):
                             return await _relay_stream(task, leg, resp, opened)
                         return _check_inline(leg, await _read_capped(resp, cfg.max_body_bytes))
@@ -238,8 +287,9 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
 
     def _open_result(leg: Leg, raw: bytes) -> TransferPayload:
         """Authenticate a party's (opening) result envelope; it must come from the leg's own party."""
-        sender, payload = ctx.gate.open(Envelope.model_validate_json(raw), MessageKind.transfer_result, {"party"},
-                                        TransferPayload, check_peer=False)  # the TLS server name was checked
+        sender, payload = ctx.gate.open(
+            Envelope.model_validate_json(raw), MessageKind.transfer_result, {"party"}, TransferPayload, check_peer=False
+        )  # the TLS server name was checked
         if sender.name != leg.party:
             raise EnvelopeError(403, f"result signed by {sender.name!r} for a leg owned by {leg.party!r}")
         if not payload.ok:
@@ -281,8 +331,13 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
         out_key = os.urandom(32)
         stream_id = os.urandom(16).hex()
         sealer = ChunkSealer(out_key, stream_id)
-        out_info = StreamInfo(key=b64e(out_key), total_bytes=info.total_bytes, sha256=info.sha256,
-                              chunk_bytes=info.chunk_bytes, stream_id=stream_id)
+        out_info = StreamInfo(
+            key=b64e(out_key),
+            total_bytes=info.total_bytes,
+            sha256=info.sha256,
+            chunk_bytes=info.chunk_bytes,
+            stream_id=stream_id,
+        )
         run = LegRun(LegOutcome.result, "", stream=out_info, attestation=att, stream_bytes=info.total_bytes)
         path = spool_path(leg.task_id, leg.data_id)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -369,21 +424,28 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
         if leg.outcome is None and leg.state == "assigned":
             event = reported.setdefault((leg.task_id, leg.data_id), asyncio.Event())
             try:
-                await asyncio.wait_for(event.wait(), timeout=min(req.leg_timeout_s, max(0.0, task.deadline_at - time.time())))
+                await asyncio.wait_for(
+                    event.wait(), timeout=min(req.leg_timeout_s, max(0.0, task.deadline_at - time.time()))
+                )
             except TimeoutError:
                 pass
             finally:
                 reported.pop((leg.task_id, leg.data_id), None)
             leg = table.legs(leg.task_id)[leg.data_id]
             if leg.outcome is None and leg.state == "assigned":
-                run = LegRun(LegOutcome.party_unavailable, f"party {leg.party!r} has not reported an executor for this "
-                                                           "leg (its task creation failed or has not reached the gateway)")
+                run = LegRun(
+                    LegOutcome.party_unavailable,
+                    f"party {leg.party!r} has not reported an executor for this "
+                    "leg (its task creation failed or has not reached the gateway)",
+                )
                 if time.time() >= task.deadline_at:
                     return SettledLeg(_finish(task, leg, run))
                 return SettledLeg(leg, _seal_outcome(task, leg, run, final=False))
         if leg.outcome is None:
             if time.time() >= task.deadline_at:
-                return SettledLeg(_finish(task, leg, LegRun(LegOutcome.timeout, "the task's deadline passed before this leg ran")))
+                return SettledLeg(
+                    _finish(task, leg, LegRun(LegOutcome.timeout, "the task's deadline passed before this leg ran"))
+                )
             call = RuleCall.model_validate(leg.call)
             timeout_s = min(req.leg_timeout_s, task.deadline_at - time.time())
             return await _dispatch(task, leg, call, timeout_s)
@@ -400,10 +462,15 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
             raise HTTPException(400, f"data id(s) {missing} are not legs of task {req.task_id!r}")
         changed = [d for d, call in req.calls.items() if d in legs and call.model_dump(mode="json") != legs[d].call]
         if changed:
-            raise HTTPException(400, f"data id(s) {changed}: a leg's rule is fixed when its task is created; "
-                                     "create a new task to run another rule")
+            raise HTTPException(
+                400,
+                f"data id(s) {changed}: a leg's rule is fixed when its task is created; "
+                "create a new task to run another rule",
+            )
         if inflight["tasks"] >= cfg.max_inflight_tasks or task_backlog.get(req.task_id, 0) >= cfg.task_queue_depth:
-            raise HTTPException(429, "gateway busy: too many tasks in flight; retry later", headers={"Retry-After": "1"})
+            raise HTTPException(
+                429, "gateway busy: too many tasks in flight; retry later", headers={"Retry-After": "1"}
+            )
         inflight["tasks"] += 1
         task_backlog[req.task_id] = task_backlog.get(req.task_id, 0) + 1
         try:
@@ -436,8 +503,12 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
             try:
                 fh = spool.open()
             except FileNotFoundError:  # the relay failed and removed its spool; its outcome is being recorded
-                raise HTTPException(503, f"the stream of task {req.task_id!r}, data id {req.data_id!r} broke off; "
-                                         "ask for the leg's outcome again", headers={"Retry-After": "1"}) from None
+                raise HTTPException(
+                    503,
+                    f"the stream of task {req.task_id!r}, data id {req.data_id!r} broke off; "
+                    "ask for the leg's outcome again",
+                    headers={"Retry-After": "1"},
+                ) from None
             return StreamingResponse(spool.tail(fh, cfg.body_timeout_s), media_type=STREAM_MEDIA_TYPE)
         leg = table.legs(req.task_id).get(req.data_id)
         path = spool_path(req.task_id, req.data_id)
@@ -457,8 +528,13 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
         out: dict[str, Any] = {"name": cfg.name, "role": "gateway", "ok": True}
         peer = request_peer(request)
         if peer is not None and peer.role == "operator":
-            out.update(legs=table.count(), in_flight_legs=inflight["legs"], in_flight_tasks=inflight["tasks"],
-                       handled=dict(ctx.handled), rejected=dict(ctx.gate.rejected))
+            out.update(
+                legs=table.count(),
+                in_flight_legs=inflight["legs"],
+                in_flight_tasks=inflight["tasks"],
+                handled=dict(ctx.handled),
+                rejected=dict(ctx.gate.rejected),
+            )
         return out
 
     return app

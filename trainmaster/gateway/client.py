@@ -29,8 +29,17 @@ from trainmaster.errors import UserError
 from trainmaster.gateway.crypto import EnvelopeError, make_header, seal, verify_attestation
 from trainmaster.gateway.gate import EnvelopeGate
 from trainmaster.gateway.models import (
-    ID_PATTERN, DataReceive, LegAssignment, LegOutcomePayload, MessageKind, ResultFetch, RuleCall, TaskCancel,
-    TaskCreate, TaskRegister, TaskResult,
+    ID_PATTERN,
+    DataReceive,
+    LegAssignment,
+    LegOutcomePayload,
+    MessageKind,
+    ResultFetch,
+    RuleCall,
+    TaskCancel,
+    TaskCreate,
+    TaskRegister,
+    TaskResult,
 )
 from trainmaster.gateway.provision import ServiceConfig, load_identity, load_roster
 from trainmaster.gateway.routing import SeenTable
@@ -70,8 +79,13 @@ def load_task(path: str | Path) -> TaskSpec:
 
 
 class Initiator:
-    def __init__(self, cfg: ServiceConfig, timeout_s: float = 60.0, results_dir: str | Path | None = None,
-                 log: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        cfg: ServiceConfig,
+        timeout_s: float = 60.0,
+        results_dir: str | Path | None = None,
+        log: Callable[[str], None] | None = None,
+    ):
         self.cfg = cfg
         self.me = load_identity(cfg)
         self.roster = load_roster(cfg.roster)
@@ -86,16 +100,38 @@ class Initiator:
     def close(self) -> None:
         self.http.close()
 
-    def _post(self, name: str, path: str, kind: MessageKind, task_id: str, data_id: str, payload: BaseModel,
-              ttl_s: float = 120.0) -> httpx.Response:
+    def _post(
+        self,
+        name: str,
+        path: str,
+        kind: MessageKind,
+        task_id: str,
+        data_id: str,
+        payload: BaseModel,
+        ttl_s: float = 120.0,
+    ) -> httpx.Response:
         peer = self.roster[name]
         header = make_header(self.me.name, name, kind.value, task_id, data_id, ttl_s)
         env = seal(self.me, peer, header, payload.model_dump(mode="json"))
-        return self.http.post(f"{peer.endpoint}{path}", content=env.model_dump_json(),
-                              headers={"content-type": "application/json"}, extensions=expect(name, peer.role))
+        return self.http.post(
+            f"{peer.endpoint}{path}",
+            content=env.model_dump_json(),
+            headers={"content-type": "application/json"},
+            extensions=expect(name, peer.role),
+        )
 
-    def _post_retrying(self, name: str, path: str, kind: MessageKind, task_id: str, data_id: str, payload: BaseModel,
-                       deadline: float, what: str, retry_statuses: tuple[int, ...] = RETRY_STATUSES) -> httpx.Response:
+    def _post_retrying(
+        self,
+        name: str,
+        path: str,
+        kind: MessageKind,
+        task_id: str,
+        data_id: str,
+        payload: BaseModel,
+        deadline: float,
+        what: str,
+        retry_statuses: tuple[int, ...] = RETRY_STATUSES,
+    ) -> httpx.Response:
         """POST (a fresh envelope each time), retrying while ``name`` is unreachable or busy, with
         exponential backoff, until ``deadline`` (epoch seconds); one stderr line per retry."""
         delay, attempt = 0.25, 0
@@ -110,44 +146,75 @@ class Initiator:
                 why = f"unreachable ({type(exc).__name__})"
             left = deadline - time.time()
             if left <= delay:
-                raise UserError(f"{what}: {name} at {self.roster[name].endpoint} stayed {why} until the task's "
-                                f"deadline ({attempt} attempts)", details=[f"is the {self.roster[name].role} running?"],
-                                exit_code=3)
+                raise UserError(
+                    f"{what}: {name} at {self.roster[name].endpoint} stayed {why} until the task's "
+                    f"deadline ({attempt} attempts)",
+                    details=[f"is the {self.roster[name].role} running?"],
+                    exit_code=3,
+                )
             self.log(f"{what}: {name} {why}; retrying in {delay:.1f}s (attempt {attempt}, {left:.0f}s to the deadline)")
             time.sleep(delay)
             delay = min(delay * 2, 8.0)
 
-    def register_task(self, task_id: str, legs: list[LegSpec], deadline_s: float = 300.0,
-                      deadline: float | None = None) -> bool:
+    def register_task(
+        self, task_id: str, legs: list[LegSpec], deadline_s: float = 300.0, deadline: float | None = None
+    ) -> bool:
         """Create the task at the gateway (owner: this initiator); True if new, False for a retry of
         the same task. A task id used before for anything else is refused (exit 2)."""
-        req = TaskRegister(task_id=task_id, legs=[LegAssignment(data_id=leg.data_id, party=leg.party,
-                                                                call=RuleCall(rule=leg.rule, params=leg.params))
-                                                  for leg in legs], deadline_s=deadline_s)
-        resp = self._post_retrying(self.gateway.name, "/v1/tasks", MessageKind.task_register, task_id, "*", req,
-                                   deadline or time.time() + deadline_s, f"creating task {task_id!r} at the gateway",
-                                   retry_statuses=(502, 503, 504))  # 429 here is a cap on open legs: say so
+        req = TaskRegister(
+            task_id=task_id,
+            legs=[
+                LegAssignment(data_id=leg.data_id, party=leg.party, call=RuleCall(rule=leg.rule, params=leg.params))
+                for leg in legs
+            ],
+            deadline_s=deadline_s,
+        )
+        resp = self._post_retrying(
+            self.gateway.name,
+            "/v1/tasks",
+            MessageKind.task_register,
+            task_id,
+            "*",
+            req,
+            deadline or time.time() + deadline_s,
+            f"creating task {task_id!r} at the gateway",
+            retry_statuses=(502, 503, 504),
+        )  # 429 here is a cap on open legs: say so
         if resp.status_code not in (200, 201):
             raise UserError(f"the gateway refused task {task_id!r} ({resp.status_code}): {_detail(resp)}")
         self.assigned[task_id] = {leg.data_id: leg.party for leg in legs}
         return resp.status_code == 201
 
-    def create_leg(self, task_id: str, leg: LegSpec, deadline_s: float = 300.0,
-                   retry_until: float | None = None) -> dict[str, Any]:
+    def create_leg(
+        self, task_id: str, leg: LegSpec, deadline_s: float = 300.0, retry_until: float | None = None
+    ) -> dict[str, Any]:
         """Ask the leg's party to start its executor; 201 (reported) and 202 (report pending) are ok.
         With ``retry_until`` (epoch seconds) an unreachable or busy party is retried until then."""
         party = self.roster.get(leg.party)
         if party is None or party.role != "party" or not party.endpoint:
             raise UserError(f"party {leg.party!r} is not in the roster")
-        req = TaskCreate(task_id=task_id, party=leg.party, data_id=leg.data_id,
-                         call=RuleCall(rule=leg.rule, params=leg.params), deadline_s=deadline_s)
+        req = TaskCreate(
+            task_id=task_id,
+            party=leg.party,
+            data_id=leg.data_id,
+            call=RuleCall(rule=leg.rule, params=leg.params),
+            deadline_s=deadline_s,
+        )
         try:
             if retry_until is None:
                 resp = self._post(party.name, "/v1/tasks", MessageKind.task_create, task_id, leg.data_id, req)
             else:
-                resp = self._post_retrying(party.name, "/v1/tasks", MessageKind.task_create, task_id, leg.data_id, req,
-                                           retry_until, f"creating leg {leg.data_id!r} at party {leg.party!r}",
-                                           retry_statuses=(503,))  # busy (executor cap); a 504 is an outcome
+                resp = self._post_retrying(
+                    party.name,
+                    "/v1/tasks",
+                    MessageKind.task_create,
+                    task_id,
+                    leg.data_id,
+                    req,
+                    retry_until,
+                    f"creating leg {leg.data_id!r} at party {leg.party!r}",
+                    retry_statuses=(503,),
+                )  # busy (executor cap); a 504 is an outcome
         except httpx.TransportError as exc:
             return {"ok": False, "status": 0, "detail": f"party {leg.party!r} unreachable: {type(exc).__name__}"}
         except UserError as exc:
@@ -160,15 +227,22 @@ class Initiator:
         return {leg.data_id: self.create_leg(task_id, leg, deadline_s) for leg in legs}
 
     def cancel(self, task_id: str) -> list[str]:
-        resp = self._post(self.gateway.name, "/v1/cancel", MessageKind.task_cancel, task_id, "*",
-                          TaskCancel(task_id=task_id))
+        resp = self._post(
+            self.gateway.name, "/v1/cancel", MessageKind.task_cancel, task_id, "*", TaskCancel(task_id=task_id)
+        )
         if resp.status_code != 200:
             raise UserError(f"the gateway refused to cancel task {task_id!r} ({resp.status_code}): {_detail(resp)}")
         return list(resp.json()["cancelled"])
 
-    def receive(self, task_id: str, data_ids: list[str], leg_timeout_s: float = 30.0,
-                calls: dict[str, RuleCall] | None = None, deadline: float | None = None,
-                parties: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    def receive(
+        self,
+        task_id: str,
+        data_ids: list[str],
+        leg_timeout_s: float = 30.0,
+        calls: dict[str, RuleCall] | None = None,
+        deadline: float | None = None,
+        parties: dict[str, str] | None = None,
+    ) -> dict[str, dict[str, Any]]:
         """Fetch and verify results via the gateway; retries while it is down or busy (until ``deadline``).
 
         ``parties`` (data id -> party) is needed only by an initiator that did not create the task
@@ -177,8 +251,16 @@ class Initiator:
         if parties:
             self.assigned.setdefault(task_id, {}).update(parties)
         req = DataReceive(task_id=task_id, data_ids=data_ids, leg_timeout_s=leg_timeout_s, calls=calls or {})
-        resp = self._post_retrying(self.gateway.name, "/v1/receive", MessageKind.data_receive, task_id, "*", req,
-                                   deadline or time.time() + leg_timeout_s + 60, f"fetching results of task {task_id!r}")
+        resp = self._post_retrying(
+            self.gateway.name,
+            "/v1/receive",
+            MessageKind.data_receive,
+            task_id,
+            "*",
+            req,
+            deadline or time.time() + leg_timeout_s + 60,
+            f"fetching results of task {task_id!r}",
+        )
         if resp.status_code != 200:
             raise UserError(f"gateway refused the data receive request ({resp.status_code}): {_detail(resp)}")
         result = TaskResult.model_validate_json(resp.content)
@@ -187,17 +269,26 @@ class Initiator:
             try:
                 out[leg.data_id] = self._verify_leg(task_id, leg.data_id, leg.envelope)
             except EnvelopeError as exc:
-                out[leg.data_id] = {"party": None, "outcome": "rejected", "final": True,
-                                    "detail": f"result refused at the initiator: {exc.reason}"}
+                out[leg.data_id] = {
+                    "party": None,
+                    "outcome": "rejected",
+                    "final": True,
+                    "detail": f"result refused at the initiator: {exc.reason}",
+                }
             except httpx.HTTPError as exc:
-                out[leg.data_id] = {"party": None, "outcome": "rejected", "final": False,
-                                    "detail": f"result stream could not be fetched: {type(exc).__name__}"}
+                out[leg.data_id] = {
+                    "party": None,
+                    "outcome": "rejected",
+                    "final": False,
+                    "detail": f"result stream could not be fetched: {type(exc).__name__}",
+                }
         return out
 
     def _verify_leg(self, task_id: str, data_id: str, envelope: Any) -> dict[str, Any]:
         """One leg's outcome, believed only as far as signatures go (items 1 and 7)."""
-        _s, p = self.gate.open(envelope, MessageKind.task_result, {"gateway"}, LegOutcomePayload, check_peer=False,
-                               once=False)
+        _s, p = self.gate.open(
+            envelope, MessageKind.task_result, {"gateway"}, LegOutcomePayload, check_peer=False, once=False
+        )
         if (p.task_id, p.data_id) != (task_id, data_id) or envelope.header.data_id != data_id:
             raise EnvelopeError(400, "outcome envelope is for another task leg")
         entry: dict[str, Any] = {"party": p.party, "outcome": p.outcome.value, "final": p.final}
@@ -206,7 +297,9 @@ class Initiator:
             return entry
         expected = self.assigned.get(task_id, {}).get(data_id)
         if expected is None or p.attestation is None:
-            raise EnvelopeError(403, "a result for a leg this initiator did not assign, or without its party's attestation")
+            raise EnvelopeError(
+                403, "a result for a leg this initiator did not assign, or without its party's attestation"
+            )
         verify_attestation(p.attestation, self.roster[expected], task_id, data_id)
         entry["party"] = p.attestation.body.party  # the signed party, not a field the gateway could change
         if p.stream is not None:
@@ -221,8 +314,12 @@ class Initiator:
                 # A live stream (the gateway was still relaying it) that broke off: the relay failed
                 # or the gateway went down. Not final: the leg's recorded outcome is asked for again.
                 why = exc.reason if isinstance(exc, EnvelopeError) else type(exc).__name__
-                return {"party": entry["party"], "outcome": "rejected", "final": False,
-                        "detail": f"live result stream broke off ({why}); asking the gateway again"}
+                return {
+                    "party": entry["party"],
+                    "outcome": "rejected",
+                    "final": False,
+                    "detail": f"live result stream broke off ({why}); asking the gateway again",
+                }
             entry["final"] = True  # a complete, checked stream: the gateway recorded it before its last chunk
             return entry
         text = (p.result_text or "").encode()
@@ -249,12 +346,21 @@ class Initiator:
         header = make_header(self.me.name, self.gateway.name, MessageKind.result_fetch.value, task_id, data_id, 120.0)
         env = seal(self.me, self.gateway, header, ResultFetch(task_id=task_id, data_id=data_id).model_dump(mode="json"))
         try:
-            with self.http.stream("POST", f"{self.gateway.endpoint}/v1/results", content=env.model_dump_json(),
-                                  headers={"content-type": "application/json"},
-                                  extensions=expect(self.gateway.name, "gateway")) as resp, part.open("wb") as fh:
+            with (
+                self.http.stream(
+                    "POST",
+                    f"{self.gateway.endpoint}/v1/results",
+                    content=env.model_dump_json(),
+                    headers={"content-type": "application/json"},
+                    extensions=expect(self.gateway.name, "gateway"),
+                ) as resp,
+                part.open("wb") as fh,
+            ):
                 if resp.status_code != 200 or not resp.headers.get("content-type", "").startswith(STREAM_MEDIA_TYPE):
                     resp.read()
-                    raise EnvelopeError(502, f"gateway did not send the result stream ({resp.status_code}): {resp.text[:300]}")
+                    raise EnvelopeError(
+                        502, f"gateway did not send the result stream ({resp.status_code}): {resp.text[:300]}"
+                    )
                 for data in resp.iter_bytes():
                     for body in splitter.feed(data):
                         fh.write(opener.open(body)[0])

@@ -100,9 +100,7 @@ def raw_public(key: Ed25519PublicKey | X25519PublicKey) -> bytes:
 
 
 def raw_private(key: Ed25519PrivateKey | X25519PrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
-    )
+    return key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption())
 
 
 def _derive_key(shared: bytes, eph_pub: bytes, recipient_pub: bytes) -> bytes:
@@ -110,13 +108,25 @@ def _derive_key(shared: bytes, eph_pub: bytes, recipient_pub: bytes) -> bytes:
 
 
 def make_header(
-    sender: str, recipient: str, kind: str, task_id: str, data_id: str, ttl_s: float = 60.0,
+    sender: str,
+    recipient: str,
+    kind: str,
+    task_id: str,
+    data_id: str,
+    ttl_s: float = 60.0,
     now: float | None = None,
 ) -> Header:
     issued = time.time() if now is None else now
     return Header(
-        v=PROTOCOL_VERSION, msg_id=uuid.uuid4().hex, kind=kind, task_id=task_id, data_id=data_id,
-        sender=sender, recipient=recipient, issued_at=round(issued, 3), expires_at=round(issued + ttl_s, 3),
+        v=PROTOCOL_VERSION,
+        msg_id=uuid.uuid4().hex,
+        kind=kind,
+        task_id=task_id,
+        data_id=data_id,
+        sender=sender,
+        recipient=recipient,
+        issued_at=round(issued, 3),
+        expires_at=round(issued + ttl_s, 3),
     )
 
 
@@ -132,8 +142,9 @@ def seal(sender: Identity, recipient: PublicIdentity, header: Header, payload: d
     nonce = os.urandom(12)
     ciphertext = AESGCM(key).encrypt(nonce, plaintext, header_bytes)
     signature = sender.sign_key.sign(_signed_bytes(header_bytes, eph_pub, nonce, ciphertext))
-    return Envelope(header=header, eph_pub=b64e(eph_pub), nonce=b64e(nonce), ciphertext=b64e(ciphertext),
-                    signature=b64e(signature))
+    return Envelope(
+        header=header, eph_pub=b64e(eph_pub), nonce=b64e(nonce), ciphertext=b64e(ciphertext), signature=b64e(signature)
+    )
 
 
 def verify(envelope: Envelope, sender: PublicIdentity) -> None:
@@ -157,7 +168,9 @@ def decrypt(envelope: Envelope, recipient: Identity) -> dict[str, Any]:
         raise EnvelopeError(400, "ephemeral key is a low-order point (no shared secret); refused") from exc
     key = _derive_key(shared, eph_pub, raw_public(recipient.enc_key.public_key()))
     try:
-        plaintext = AESGCM(key).decrypt(b64d(envelope.nonce), b64d(envelope.ciphertext), canonical_header(envelope.header))
+        plaintext = AESGCM(key).decrypt(
+            b64d(envelope.nonce), b64d(envelope.ciphertext), canonical_header(envelope.header)
+        )
     except (InvalidTag, ValueError) as exc:
         raise EnvelopeError(422, "payload does not decrypt (wrong recipient key or tampered)") from exc
     if len(plaintext) > MAX_PAYLOAD_BYTES:
@@ -186,8 +199,11 @@ def verify_attestation(signed: SignedAttestation, party: PublicIdentity, task_id
     """Refuse unless ``party`` signed this attestation for exactly this task and data id."""
     b = signed.body
     if b.party != party.name or b.task_id != task_id or b.data_id != data_id:
-        raise EnvelopeError(403, f"result attested by {b.party!r} for leg ({b.task_id}, {b.data_id}); expected "
-                                 f"{party.name!r} for ({task_id}, {data_id})")
+        raise EnvelopeError(
+            403,
+            f"result attested by {b.party!r} for leg ({b.task_id}, {b.data_id}); expected "
+            f"{party.name!r} for ({task_id}, {data_id})",
+        )
     try:
         party.sign_pub.verify(b64d(signed.signature), _attest_bytes(b))
     except InvalidSignature as exc:

@@ -103,8 +103,9 @@ class RuleReply:
     held whole by the party agent (the subprocess executor streams it off its socket).
     """
 
-    def __init__(self, head: dict[str, Any], read: Callable[[int], Awaitable[bytes]],
-                 close: Callable[[], None] = lambda: None):
+    def __init__(
+        self, head: dict[str, Any], read: Callable[[int], Awaitable[bytes]], close: Callable[[], None] = lambda: None
+    ):
         self.ok, self.error = bool(head.get("ok")), str(head.get("error", ""))
         self.size, self.sha256 = int(head.get("size", 0)), str(head.get("sha256", ""))
         self._read, self._close, self._left = read, close, self.size
@@ -183,14 +184,23 @@ class ExecutorDied(OSError):
 class ExecutorHandle:
     """The party's side of one executor process tree (sandboxed or a plain subprocess)."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, sock_path: str, workdir: str,
-                 sandbox: "Sandbox | None" = None):
+    def __init__(
+        self, proc: asyncio.subprocess.Process, sock_path: str, workdir: str, sandbox: "Sandbox | None" = None
+    ):
         self.proc, self.address, self._workdir, self.sandbox = proc, sock_path, workdir, sandbox
 
     @classmethod
-    async def start(cls, data_file: Path, deadline_s: float, start_timeout_s: float, memory_mb: int,
-                    allowed: list[str] | None = None, silent: bool = False,
-                    isolation: str = "process", label: str = "") -> "ExecutorHandle":
+    async def start(
+        cls,
+        data_file: Path,
+        deadline_s: float,
+        start_timeout_s: float,
+        memory_mb: int,
+        allowed: list[str] | None = None,
+        silent: bool = False,
+        isolation: str = "process",
+        label: str = "",
+    ) -> "ExecutorHandle":
         """Start an executor and wait for it to be ready.
 
         ``label`` (the party passes ``<task id>.<data id>``) prefixes the executor's folder name,
@@ -212,15 +222,22 @@ class ExecutorHandle:
         return handle
 
     @classmethod
-    async def _start_sandboxed(cls, data_file: Path, workdir: str, cpu: int, memory_mb: int,
-                               allowed: list[str] | None, silent: bool) -> "ExecutorHandle":
+    async def _start_sandboxed(
+        cls, data_file: Path, workdir: str, cpu: int, memory_mb: int, allowed: list[str] | None, silent: bool
+    ) -> "ExecutorHandle":
         """The executor inside bubblewrap, reading its data from a descriptor the party opened.
 
         The party also creates and binds the listening socket, in its own folder outside what the
         sandbox sees, and hands the executor only the descriptor: an executor that could write
         beside its socket could replace it with a symlink and have the party connect elsewhere.
         """
-        from trainmaster.gateway.sandbox import Sandbox, SandboxLimits, SandboxUnavailable, package_parent, sandbox_python
+        from trainmaster.gateway.sandbox import (
+            Sandbox,
+            SandboxLimits,
+            SandboxUnavailable,
+            package_parent,
+            sandbox_python,
+        )
 
         sock_path = os.path.join(workdir, "executor.sock")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -229,17 +246,36 @@ class ExecutorHandle:
             listener.bind(sock_path)
             listener.listen(8)
             data_fd = os.open(data_file, os.O_RDONLY | os.O_CLOEXEC)
-            args = [sandbox_python(), "-s", "-B", "-P", "-m", "trainmaster.gateway.executor",
-                    "--listen-fd", str(listener.fileno()), "--data-fd", str(data_fd), "--data-name", data_file.name]
+            args = [
+                sandbox_python(),
+                "-s",
+                "-B",
+                "-P",
+                "-m",
+                "trainmaster.gateway.executor",
+                "--listen-fd",
+                str(listener.fileno()),
+                "--data-fd",
+                str(data_fd),
+                "--data-name",
+                data_file.name,
+            ]
             if allowed:
                 args += ["--allowed", ",".join(allowed)]
             if silent:
                 args.append("--silent")
-            env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-                   "MKL_NUM_THREADS": "1", "PYTHONPATH": str(package_parent())}
+            env = {
+                "PATH": "/usr/bin:/bin",
+                "LANG": "C.UTF-8",
+                "OMP_NUM_THREADS": "1",
+                "OPENBLAS_NUM_THREADS": "1",
+                "MKL_NUM_THREADS": "1",
+                "PYTHONPATH": str(package_parent()),
+            }
             limits = SandboxLimits(memory_mb=memory_mb, pids=SANDBOX_PIDS, cpu_s=cpu)
-            sandbox = await Sandbox.start(args, home=Path(workdir), limits=limits, env=env,
-                                          pass_fds=(listener.fileno(), data_fd))
+            sandbox = await Sandbox.start(
+                args, home=Path(workdir), limits=limits, env=env, pass_fds=(listener.fileno(), data_fd)
+            )
         except (OSError, SandboxUnavailable) as exc:
             shutil.rmtree(workdir, ignore_errors=True)
             raise ExecutorStartError(f"executor sandbox could not be set up: {type(exc).__name__}: {exc}") from exc
@@ -253,8 +289,9 @@ class ExecutorHandle:
         return cls(sandbox.proc, sock_path, workdir, sandbox)
 
     @classmethod
-    async def _start_process(cls, data_file: Path, workdir: str, cpu: int, memory_mb: int,
-                             allowed: list[str] | None, silent: bool) -> "ExecutorHandle":
+    async def _start_process(
+        cls, data_file: Path, workdir: str, cpu: int, memory_mb: int, allowed: list[str] | None, silent: bool
+    ) -> "ExecutorHandle":
         sock_path = os.path.join(workdir, "executor.sock")
 
         def _limits() -> None:
@@ -266,16 +303,37 @@ class ExecutorHandle:
             resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
-        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-               "MKL_NUM_THREADS": "1"}
-        args = [sys.executable, "-I", "-B", "-m", "trainmaster.gateway.executor", "--socket", sock_path, "--data", str(data_file)]
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "OMP_NUM_THREADS": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+        }
+        args = [
+            sys.executable,
+            "-I",
+            "-B",
+            "-m",
+            "trainmaster.gateway.executor",
+            "--socket",
+            sock_path,
+            "--data",
+            str(data_file),
+        ]
         if allowed:
             args += ["--allowed", ",".join(allowed)]
         if silent:
             args.append("--silent")
         proc = await asyncio.create_subprocess_exec(
-            *args, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-            env=env, cwd=workdir, start_new_session=True, preexec_fn=_limits,
+            *args,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+            env=env,
+            cwd=workdir,
+            start_new_session=True,
+            preexec_fn=_limits,
         )
         return cls(proc, sock_path, workdir)
 

@@ -26,8 +26,14 @@ RESULT_TTL_S = MAX_TTL_S - 60.0
 
 
 class EnvelopeGate:
-    def __init__(self, me: Identity, roster: dict[str, PublicIdentity], seen: SeenTable, skew_s: float,
-                 clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        me: Identity,
+        roster: dict[str, PublicIdentity],
+        seen: SeenTable,
+        skew_s: float,
+        clock: Callable[[], float] = time.time,
+    ):
         self.me, self.roster, self.seen, self.skew_s, self.clock = me, roster, seen, skew_s, clock
         self.rejected: dict[int, int] = {}
 
@@ -35,8 +41,16 @@ class EnvelopeGate:
         self.rejected[status] = self.rejected.get(status, 0) + 1
         return EnvelopeError(status, reason)
 
-    def open(self, env: Envelope, kind: MessageKind, sender_roles: set[str], model: type[M],
-             peer: PeerIdentity | None = None, check_peer: bool = True, once: bool = True) -> tuple[PublicIdentity, M]:
+    def open(
+        self,
+        env: Envelope,
+        kind: MessageKind,
+        sender_roles: set[str],
+        model: type[M],
+        peer: PeerIdentity | None = None,
+        check_peer: bool = True,
+        once: bool = True,
+    ) -> tuple[PublicIdentity, M]:
         """Authenticate, de-duplicate and decrypt ``env``; return the sender and the parsed payload.
 
         A service passes the connection's verified TLS ``peer``: the envelope's sender must be that
@@ -57,15 +71,20 @@ class EnvelopeGate:
             raise self._refuse(403, f"sender {h.sender!r} (role {sender.role}) may not send {kind.value}")
         if check_peer and (peer is None or peer.name != sender.name or peer.role != sender.role):
             got = f"{peer.name!r} (role {peer.role})" if peer else "no trainmaster identity"
-            raise self._refuse(403, f"message from {h.sender!r} arrived over a TLS connection of {got}; "
-                                    "each member sends only its own messages, with its own certificate")
+            raise self._refuse(
+                403,
+                f"message from {h.sender!r} arrived over a TLS connection of {got}; "
+                "each member sends only its own messages, with its own certificate",
+            )
         try:
             verify(env, sender)
         except EnvelopeError as exc:
             raise self._refuse(exc.status, exc.reason) from exc
         now = self.clock()
         if h.issued_at > now + self.skew_s:
-            raise self._refuse(401, f"message issued {h.issued_at - now:.1f}s in the future (skew window {self.skew_s}s)")
+            raise self._refuse(
+                401, f"message issued {h.issued_at - now:.1f}s in the future (skew window {self.skew_s}s)"
+            )
         if now > h.expires_at + self.skew_s or h.expires_at - h.issued_at > MAX_TTL_S or h.expires_at < h.issued_at:
             raise self._refuse(401, "message expired or outside the accepted window")
         if once and not self.seen.first_sighting(h.msg_id, h.sender, h.expires_at, now, self.skew_s):
@@ -77,8 +96,11 @@ class EnvelopeGate:
         try:
             parsed = model.model_validate(payload)
         except ValidationError as exc:
-            raise self._refuse(400, f"invalid {kind.value} payload: {exc.error_count()} error(s): "
-                                    + "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])) from exc
+            raise self._refuse(
+                400,
+                f"invalid {kind.value} payload: {exc.error_count()} error(s): "
+                + "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5]),
+            ) from exc
         task_id = getattr(parsed, "task_id", h.task_id)
         data_id = getattr(parsed, "data_id", h.data_id)
         if task_id != h.task_id or (h.data_id != "*" and data_id != h.data_id):

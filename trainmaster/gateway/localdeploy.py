@@ -79,16 +79,23 @@ def wait_until_serving(cfg: ServiceConfig, endpoint: str, timeout_s: float = 30.
 class Deployment:
     """Gateway + parties as separate processes; party i holds data id ``m_<name>``."""
 
-    def __init__(self, root: Path, parties: list[str], overrides: dict[str, dict[str, Any]] | None = None,
-                 initiators: list[str] | None = None):
+    def __init__(
+        self,
+        root: Path,
+        parties: list[str],
+        overrides: dict[str, dict[str, Any]] | None = None,
+        initiators: list[str] | None = None,
+    ):
         self.root, self.parties = root, parties
-        self.configs = init_deployment(root / "deploy", parties, port_base=free_port_block(len(parties) + 1),
-                                       initiators=initiators)
+        self.configs = init_deployment(
+            root / "deploy", parties, port_base=free_port_block(len(parties) + 1), initiators=initiators
+        )
         self.isolation_fallback = sandbox_unavailable_reason()
         if self.isolation_fallback is not None:  # e.g. not root: executors run unsandboxed here, and say so
             warnings.warn(f"local deployment runs executors with isolation: process: {self.isolation_fallback}")
             overrides = {p: {"isolation": "process", **(overrides or {}).get(p, {})} for p in parties} | {
-                k: v for k, v in (overrides or {}).items() if k not in parties}
+                k: v for k, v in (overrides or {}).items() if k not in parties
+            }
         for name, extra in (overrides or {}).items():
             data = yaml.safe_load(self.configs[name].read_text())
             data.update(extra)
@@ -109,8 +116,9 @@ class Deployment:
         else:
             args = ["party", "serve", "--config", str(self.configs[name]), "--data", str(self.root / "data" / name)]
         log = open(self.root / f"{name}.log", "ab")
-        self.procs[name] = subprocess.Popen([sys.executable, "-m", "trainmaster", *args], stdout=log, stderr=log,
-                                            start_new_session=True)
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "trainmaster", *args], stdout=log, stderr=log, start_new_session=True
+        )
 
     def wait_ready(self, name: str, timeout_s: float = 30.0) -> None:
         cfg = self.cfg(name)

@@ -60,8 +60,11 @@ def resolve_data_file(data_dir: Path, data_id: str) -> Path:
     if not found:
         raise EnvelopeError(404, f"data id {data_id!r} is not held by this party")
     if len(found) > 1:
-        raise EnvelopeError(409, f"data id {data_id!r} has both a CSV and a Parquet file at this party; "
-                                 "the party operator must keep only one")
+        raise EnvelopeError(
+            409,
+            f"data id {data_id!r} has both a CSV and a Parquet file at this party; "
+            "the party operator must keep only one",
+        )
     return found[0]
 
 
@@ -124,19 +127,25 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
         import importlib.util
 
         if importlib.util.find_spec("ray") is None:
-            raise UserError(f"party {cfg.name!r} is configured with executor: ray, but Ray is not installed",
-                            details=["install the ray extra (pip install 'trainmaster[ray]') or set executor: subprocess"])
+            raise UserError(
+                f"party {cfg.name!r} is configured with executor: ray, but Ray is not installed",
+                details=["install the ray extra (pip install 'trainmaster[ray]') or set executor: subprocess"],
+            )
     if cfg.executor == "subprocess" and cfg.isolation == "sandbox":
         from trainmaster.gateway.sandbox import unavailable_reason
 
         reason = unavailable_reason()
         if reason is not None:
-            raise UserError(f"party {cfg.name!r}: executor isolation 'sandbox' is not available on this host: {reason}",
-                            details=["run the party as root on a host with bubblewrap and cgroup v1 memory/pids "
-                                     "(apt-get install -y bubblewrap, or make sandbox-deps)",
-                                     "or opt out: set isolation: process in the party's config (or pass "
-                                     "--isolation process) to run executors as plain processes, without "
-                                     "namespaces, seccomp or cgroup limits"])
+            raise UserError(
+                f"party {cfg.name!r}: executor isolation 'sandbox' is not available on this host: {reason}",
+                details=[
+                    "run the party as root on a host with bubblewrap and cgroup v1 memory/pids "
+                    "(apt-get install -y bubblewrap, or make sandbox-deps)",
+                    "or opt out: set isolation: process in the party's config (or pass "
+                    "--isolation process) to run executors as plain processes, without "
+                    "namespaces, seccomp or cgroup limits",
+                ],
+            )
     state = Path(cfg.state_dir).resolve()
     ctx = ServiceContext.load(cfg, f"sqlite:///{state / 'seen.db'}")
     ledger = PrivacyLedger(f"sqlite:///{state / 'privacy.db'}")
@@ -177,10 +186,19 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
         if cfg.executor == "ray":
             from trainmaster.gateway.rayexec import RayExecutor
 
-            return await RayExecutor.start(data_file, deadline_s, cfg.executor_start_timeout_s, cfg.allowed_rules,
-                                           cfg.ray_address)
-        return await ExecutorHandle.start(data_file, deadline_s, cfg.executor_start_timeout_s, cfg.executor_memory_mb,
-                                          cfg.allowed_rules, cfg.fault_executor_silent, cfg.isolation, label)
+            return await RayExecutor.start(
+                data_file, deadline_s, cfg.executor_start_timeout_s, cfg.allowed_rules, cfg.ray_address
+            )
+        return await ExecutorHandle.start(
+            data_file,
+            deadline_s,
+            cfg.executor_start_timeout_s,
+            cfg.executor_memory_mb,
+            cfg.allowed_rules,
+            cfg.fault_executor_silent,
+            cfg.isolation,
+            label,
+        )
 
     def _forget(key: tuple[str, str]) -> None:
         """Stop a leg's executor and drop its record (refused by the gateway, or past its deadline)."""
@@ -194,13 +212,20 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
 
     async def _report_once(task: TaskCreate, address: str, ready: bool, reason: str = "") -> ReportAttempt:
         """One executor report to the gateway."""
-        report = ExecutorReport(task_id=task.task_id, data_id=task.data_id, address=address, call=task.call,
-                                ready=ready, reason=reason)
-        env = ctx.seal_to(gateway.name, MessageKind.executor_report, task.task_id, task.data_id, report.model_dump(mode="json"))
+        report = ExecutorReport(
+            task_id=task.task_id, data_id=task.data_id, address=address, call=task.call, ready=ready, reason=reason
+        )
+        env = ctx.seal_to(
+            gateway.name, MessageKind.executor_report, task.task_id, task.data_id, report.model_dump(mode="json")
+        )
         try:
-            resp = await app.state.http.post(f"{gateway.endpoint}/v1/executors", content=env.model_dump_json(),
-                                             headers={"content-type": "application/json"}, timeout=15.0,
-                                             extensions=expect(gateway.name, "gateway"))
+            resp = await app.state.http.post(
+                f"{gateway.endpoint}/v1/executors",
+                content=env.model_dump_json(),
+                headers={"content-type": "application/json"},
+                timeout=15.0,
+                extensions=expect(gateway.name, "gateway"),
+            )
         except httpx.HTTPError as exc:
             return ReportAttempt("unreachable", f"gateway unreachable: {type(exc).__name__}")
         if resp.status_code == 200:
@@ -239,14 +264,22 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
             _forget(k)
         if key in executors:
             if executors[key].task != task:
-                raise HTTPException(409, f"leg ({task.task_id}, {task.data_id}) was created with another request; "
-                                         "task ids are never reused: choose a new task id")
+                raise HTTPException(
+                    409,
+                    f"leg ({task.task_id}, {task.data_id}) was created with another request; "
+                    "task ids are never reused: choose a new task id",
+                )
             pending = executors[key].report is not None and not executors[key].report.done()
-            return JSONResponse({"task_id": task.task_id, "data_id": task.data_id, "report": "pending" if pending else "done"},
-                                status_code=202 if pending else 201)
+            return JSONResponse(
+                {"task_id": task.task_id, "data_id": task.data_id, "report": "pending" if pending else "done"},
+                status_code=202 if pending else 201,
+            )
         if len(executors) >= cfg.max_executors:
-            raise HTTPException(503, f"party {cfg.name!r} already runs {len(executors)} executors (its cap, "
-                                     "max_executors); retry later", headers={"Retry-After": "5"})
+            raise HTTPException(
+                503,
+                f"party {cfg.name!r} already runs {len(executors)} executors (its cap, max_executors); retry later",
+                headers={"Retry-After": "5"},
+            )
         deadline = time.time() + task.deadline_s
         try:
             handle = await _start_executor(data_file, task.deadline_s, f"{task.task_id}.{task.data_id}")
@@ -263,9 +296,15 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
             raise HTTPException(409, attempt.why)
         if attempt.status == "unreachable":
             leg.report = asyncio.create_task(_report_until_deadline(key, task, handle.address, deadline))
-            return JSONResponse({"task_id": task.task_id, "data_id": task.data_id, "report": "pending",
-                                 "detail": f"{attempt.why}; the party keeps reporting until the task's deadline"},
-                                status_code=202)
+            return JSONResponse(
+                {
+                    "task_id": task.task_id,
+                    "data_id": task.data_id,
+                    "report": "pending",
+                    "detail": f"{attempt.why}; the party keeps reporting until the task's deadline",
+                },
+                status_code=202,
+            )
         return JSONResponse({"task_id": task.task_id, "data_id": task.data_id, "report": "done"}, status_code=201)
 
     async def _run_once(key: tuple[str, str], req: DataTransfer, leg: LegExecutor, timeout_s: float) -> LegRecord:
@@ -311,17 +350,25 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
         return LegRecord(True, "", reply.size, reply.sha256, path, data)
 
     def _attestation(req: DataTransfer, record: LegRecord) -> dict[str, Any]:
-        body = LegAttestation(task_id=req.task_id, data_id=req.data_id, party=cfg.name, sha256=record.sha256,
-                              size=record.size)
+        body = LegAttestation(
+            task_id=req.task_id, data_id=req.data_id, party=cfg.name, sha256=record.sha256, size=record.size
+        )
         return attest(ctx.me, body).model_dump(mode="json")
 
     def _stream(req: DataTransfer, record: LegRecord) -> StreamingResponse:
         """A large result as a signed opening plus AES-GCM chunks, read from the leg's record."""
         assert record.path is not None
         key = os.urandom(32)
-        info = StreamInfo(key=b64e(key), total_bytes=record.size, sha256=record.sha256, chunk_bytes=cfg.stream_chunk_bytes)
-        opening = ctx.seal_to(gateway.name, MessageKind.transfer_result, req.task_id, req.data_id,
-                              {"ok": True, "error": "", "stream": info.model_dump(), "attestation": _attestation(req, record)})
+        info = StreamInfo(
+            key=b64e(key), total_bytes=record.size, sha256=record.sha256, chunk_bytes=cfg.stream_chunk_bytes
+        )
+        opening = ctx.seal_to(
+            gateway.name,
+            MessageKind.transfer_result,
+            req.task_id,
+            req.data_id,
+            {"ok": True, "error": "", "stream": info.model_dump(), "attestation": _attestation(req, record)},
+        )
         sealer = ChunkSealer(key, opening.header.msg_id)
         path = record.path
 
@@ -359,11 +406,21 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
             why = str(exc) if isinstance(exc, ExecutorDied) else type(exc).__name__
             raise HTTPException(503, f"executor for task {req.task_id!r} failed: {why}") from exc
         if not record.ok:
-            return ctx.seal_to(gateway.name, MessageKind.transfer_result, req.task_id, req.data_id,
-                               {"ok": False, "error": record.error})
+            return ctx.seal_to(
+                gateway.name,
+                MessageKind.transfer_result,
+                req.task_id,
+                req.data_id,
+                {"ok": False, "error": record.error},
+            )
         if record.data is None:
             return _stream(req, record)
-        payload = {"ok": True, "result_text": record.data.decode(), "error": "", "attestation": _attestation(req, record)}
+        payload = {
+            "ok": True,
+            "result_text": record.data.decode(),
+            "error": "",
+            "attestation": _attestation(req, record),
+        }
         return ctx.seal_to(gateway.name, MessageKind.transfer_result, req.task_id, req.data_id, payload)
 
     @app.get("/v1/health")
@@ -372,8 +429,12 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
         out: dict[str, Any] = {"name": cfg.name, "role": "party", "ok": True}
         peer = request_peer(request)
         if peer is not None and peer.role == "operator":
-            out.update(executors=sum(leg.handle.alive for leg in executors.values()), handled=dict(ctx.handled),
-                       rejected=dict(ctx.gate.rejected), **counters)
+            out.update(
+                executors=sum(leg.handle.alive for leg in executors.values()),
+                handled=dict(ctx.handled),
+                rejected=dict(ctx.gate.rejected),
+                **counters,
+            )
         return out
 
     return app

@@ -26,7 +26,11 @@ from sqlalchemy import Float, Integer, String, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from trainmaster.gateway.rules import (
-    HistogramParams, Params, ScoreParams, SummaryParams, TrainParams,
+    HistogramParams,
+    Params,
+    ScoreParams,
+    SummaryParams,
+    TrainParams,
 )
 
 
@@ -53,12 +57,16 @@ def check_group_sizes(rule: str, result: dict[str, Any], k: int) -> None:
     if rule == "histogram":
         small = [i for i, c in enumerate(result.get("counts", [])) if 0 < c < k]
         if small:
-            raise PrivacyRefusal(f"histogram bin(s) {small[:10]}{'...' if len(small) > 10 else ''} hold fewer than "
-                                 f"{k} rows (the party's minimum group size); use wider bins")
+            raise PrivacyRefusal(
+                f"histogram bin(s) {small[:10]}{'...' if len(small) > 10 else ''} hold fewer than "
+                f"{k} rows (the party's minimum group size); use wider bins"
+            )
     elif rule == "summary_stats":
         small = sorted(c for c, s in result.get("columns", {}).items() if s.get("count", 0) < k)
         if small:
-            raise PrivacyRefusal(f"column(s) {small[:10]} summarise fewer than {k} rows (the party's minimum group size)")
+            raise PrivacyRefusal(
+                f"column(s) {small[:10]} summarise fewer than {k} rows (the party's minimum group size)"
+            )
     elif "rows" in result and rule in ("train", "score") and result["rows"] < k:
         raise PrivacyRefusal(f"{rule} over {result['rows']} rows is below the party's minimum group size {k}")
 
@@ -90,9 +98,11 @@ class PrivacyLedger:
                 return self.used(data_id)
             used = sum(s.scalars(select(BudgetCharge.cost).where(BudgetCharge.data_id == data_id)).all())
             if used + cost > budget:
-                raise PrivacyRefusal(f"privacy budget of data set {data_id!r} exhausted: this call releases {cost} "
-                                     f"value(s), {used} of {budget} are used; ask the party to raise privacy_budget "
-                                     "or release fewer values (coarser bins, fewer columns)")
+                raise PrivacyRefusal(
+                    f"privacy budget of data set {data_id!r} exhausted: this call releases {cost} "
+                    f"value(s), {used} of {budget} are used; ask the party to raise privacy_budget "
+                    "or release fewer values (coarser bins, fewer columns)"
+                )
             s.add(BudgetCharge(task_id=task_id, data_id=data_id, cost=cost, charged_at=time.time()))
             return used + cost
 

@@ -101,16 +101,22 @@ def _write_secret(path: Path, data: bytes) -> None:
 
 
 def _name(cn: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "trainmaster"), x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+    return x509.Name(
+        [x509.NameAttribute(NameOID.ORGANIZATION_NAME, "trainmaster"), x509.NameAttribute(NameOID.COMMON_NAME, cn)]
+    )
 
 
 def make_ca(common_name: str = "trainmaster private CA") -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     key = ec.generate_private_key(ec.SECP256R1())
     now = dt.datetime.now(dt.timezone.utc)
     cert = (
-        x509.CertificateBuilder().subject_name(_name(common_name)).issuer_name(_name(common_name))
-        .public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=825))
+        x509.CertificateBuilder()
+        .subject_name(_name(common_name))
+        .issuer_name(_name(common_name))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=825))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
         .sign(key, hashes.SHA256())
@@ -122,8 +128,9 @@ SERVING_ROLES = ("gateway", "party")
 """Roles that accept connections; initiators and operators only connect."""
 
 
-def issue_cert(ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, cn: str, role: str,
-               hosts: list[str] | None = None) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+def issue_cert(
+    ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, cn: str, role: str, hosts: list[str] | None = None
+) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     """A leaf for one identity in one role (item 6).
 
     Its SANs are the identity name (``<cn>.<role>.trainmaster.invalid``: what peers check) and,
@@ -141,25 +148,43 @@ def issue_cert(ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, cn
         except ValueError:
             sans.append(x509.DNSName(h))
     cert = (
-        x509.CertificateBuilder().subject_name(_name(cn)).issuer_name(ca_cert.subject)
-        .public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=397))
+        x509.CertificateBuilder()
+        .subject_name(_name(cn))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=397))
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.KeyUsage(True, False, False, False, False, False, False, False, False), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH] if serving
-                                             else [ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .add_extension(
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+                if serving
+                else [ExtendedKeyUsageOID.CLIENT_AUTH]
+            ),
+            critical=False,
+        )
         .sign(ca_key, hashes.SHA256())
     )
     return key, cert
 
 
 def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
-def init_deployment(out: Path, parties: list[str], host: str = "127.0.0.1", port_base: int = 8443,
-                    initiators: list[str] | None = None, hosts: dict[str, str] | None = None) -> dict[str, Path]:
+def init_deployment(
+    out: Path,
+    parties: list[str],
+    host: str = "127.0.0.1",
+    port_base: int = 8443,
+    initiators: list[str] | None = None,
+    hosts: dict[str, str] | None = None,
+) -> dict[str, Path]:
     """Create CA, certificates, keys, roster and one config per identity under ``out``.
 
     Identities: ``gateway``, each initiator (default one named ``initiator``), each party, and
@@ -176,13 +201,20 @@ def init_deployment(out: Path, parties: list[str], host: str = "127.0.0.1", port
     names = [*parties, *initiators]
     stray = sorted(set(hosts) - {"gateway", *parties})
     if stray:
-        raise UserError("invalid --hosts", details=[f"{n!r} is not the gateway or a party (only they listen)" for n in stray])
+        raise UserError(
+            "invalid --hosts", details=[f"{n!r} is not the gateway or a party (only they listen)" for n in stray]
+        )
     bad = [p for p in names if not re.match(NAME_PATTERN, p)] + [p for p in names if p in ("gateway", "operator")]
     if not parties or bad or len(set(names)) != len(names):
-        raise UserError("invalid --parties/--initiators",
-                        details=[f"bad, reserved or duplicate name: {p!r} (names are lower-case letters, digits and "
-                                 "inner hyphens; 'gateway' and 'operator' are taken)" for p in bad]
-                        or ["give distinct names like a,b,c"])
+        raise UserError(
+            "invalid --parties/--initiators",
+            details=[
+                f"bad, reserved or duplicate name: {p!r} (names are lower-case letters, digits and "
+                "inner hyphens; 'gateway' and 'operator' are taken)"
+                for p in bad
+            ]
+            or ["give distinct names like a,b,c"],
+        )
     out.mkdir(parents=True, exist_ok=True)
     if (out / "roster.json").exists():
         raise UserError(f"{out} already holds a deployment (roster.json exists); choose an empty directory")
@@ -200,7 +232,9 @@ def init_deployment(out: Path, parties: list[str], host: str = "127.0.0.1", port
         d = out / name
         d.mkdir(exist_ok=True)
         own_host = hosts.get(name, host)
-        tls_key, tls_cert = issue_cert(ca_key, ca_cert, name, role, [own_host] if name in hosts else [host, "localhost"])
+        tls_key, tls_cert = issue_cert(
+            ca_key, ca_cert, name, role, [own_host] if name in hosts else [host, "localhost"]
+        )
         (d / "tls.pem").write_bytes(tls_cert.public_bytes(serialization.Encoding.PEM))
         _write_secret(d / "tls.key", _pem_key(tls_key))
         ident = Identity.generate(name)
@@ -208,14 +242,22 @@ def init_deployment(out: Path, parties: list[str], host: str = "127.0.0.1", port
         _write_secret(d / "enc.key", b64e(raw_private(ident.enc_key)).encode())
         endpoint = f"https://{own_host}:{port}" if port else None
         roster["identities"][name] = {
-            "role": role, "endpoint": endpoint,
+            "role": role,
+            "endpoint": endpoint,
             "sign_pub": b64e(raw_public(ident.sign_key.public_key())),
             "enc_pub": b64e(raw_public(ident.enc_key.public_key())),
         }
         cfg = ServiceConfig(
-            name=name, role=role, host=own_host, port=port, ca=str(ca_pem.resolve()), cert=str((d / "tls.pem").resolve()),
-            key=str((d / "tls.key").resolve()), sign_key=str((d / "sign.key").resolve()),
-            enc_key=str((d / "enc.key").resolve()), roster=str((out / "roster.json").resolve()),
+            name=name,
+            role=role,
+            host=own_host,
+            port=port,
+            ca=str(ca_pem.resolve()),
+            cert=str((d / "tls.pem").resolve()),
+            key=str((d / "tls.key").resolve()),
+            sign_key=str((d / "sign.key").resolve()),
+            enc_key=str((d / "enc.key").resolve()),
+            roster=str((out / "roster.json").resolve()),
             state_dir=str((d / "state").resolve()),
             db_url=f"sqlite:///{(d / 'state' / 'mapping.db').resolve()}" if role == "gateway" else None,
         )
@@ -250,8 +292,11 @@ def load_roster(path: str | Path) -> dict[str, PublicIdentity]:
     raw = json.loads(Path(path).read_text())
     return {
         name: PublicIdentity(
-            name, entry["role"], Ed25519PublicKey.from_public_bytes(b64d(entry["sign_pub"])),
-            X25519PublicKey.from_public_bytes(b64d(entry["enc_pub"])), entry.get("endpoint"),
+            name,
+            entry["role"],
+            Ed25519PublicKey.from_public_bytes(b64d(entry["sign_pub"])),
+            X25519PublicKey.from_public_bytes(b64d(entry["enc_pub"])),
+            entry.get("endpoint"),
         )
         for name, entry in raw["identities"].items()
     }

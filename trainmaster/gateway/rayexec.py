@@ -29,8 +29,13 @@ def ensure_ray(address: str | None) -> None:
 
     with _init_lock:
         if not ray.is_initialized():
-            ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False,
-                     **({} if address else {"num_cpus": 2}))
+            ray.init(
+                address=address,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+                **({} if address else {"num_cpus": 2}),
+            )
 
 
 class _RuleActor:
@@ -62,8 +67,14 @@ class RayExecutor:
         self._actor, self.address, self._dead = actor, f"ray:{name}", False
 
     @classmethod
-    async def start(cls, data_file: Path, deadline_s: float, start_timeout_s: float,
-                    allowed: list[str] | None = None, ray_address: str | None = None) -> "RayExecutor":
+    async def start(
+        cls,
+        data_file: Path,
+        deadline_s: float,
+        start_timeout_s: float,
+        allowed: list[str] | None = None,
+        ray_address: str | None = None,
+    ) -> "RayExecutor":
         import ray
 
         await asyncio.to_thread(ensure_ray, ray_address)
@@ -74,7 +85,9 @@ class RayExecutor:
             await asyncio.wait_for(actor.ready.remote(), timeout=start_timeout_s)
         except Exception as exc:  # timeout, or the actor died loading the data
             handle.kill()
-            raise TimeoutError(f"Ray executor did not report within {start_timeout_s:.0f}s: {type(exc).__name__}") from exc
+            raise TimeoutError(
+                f"Ray executor did not report within {start_timeout_s:.0f}s: {type(exc).__name__}"
+            ) from exc
         asyncio.get_running_loop().call_later(deadline_s, handle.kill)
         return handle
 
@@ -91,7 +104,7 @@ class RayExecutor:
 
         async def read(n: int) -> bytes:
             nonlocal pos
-            piece = bytes(view[pos:pos + n])
+            piece = bytes(view[pos : pos + n])
             pos += len(piece)
             return piece
 

@@ -19,7 +19,21 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Float, Integer, String, Text, UniqueConstraint, create_engine, delete, event, insert, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Float,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    delete,
+    event,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
@@ -80,6 +94,7 @@ def make_sessionmaker(url: str, metadata: Any = None) -> sessionmaker[Session]:
     """
     engine = create_engine(url, future=True)
     if url.startswith("sqlite"):
+
         @event.listens_for(engine, "connect")
         def _pragmas(conn: Any, _record: Any) -> None:
             cur = conn.cursor()
@@ -87,6 +102,7 @@ def make_sessionmaker(url: str, metadata: Any = None) -> sessionmaker[Session]:
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA busy_timeout=5000")
             cur.close()
+
     metadata = Base.metadata if metadata is None else metadata
     metadata.create_all(engine)
     check_schema(engine, url, metadata)
@@ -146,8 +162,18 @@ class Leg:
 
 
 def _leg(r: Any) -> Leg:
-    return Leg(r.task_id, r.data_id, r.party, r.address, json.loads(r.call_json), r.state, r.outcome, r.envelope_json,
-               r.stream_bytes, r.dispatches)
+    return Leg(
+        r.task_id,
+        r.data_id,
+        r.party,
+        r.address,
+        json.loads(r.call_json),
+        r.state,
+        r.outcome,
+        r.envelope_json,
+        r.stream_bytes,
+        r.dispatches,
+    )
 
 
 class MappingTable:
@@ -157,8 +183,15 @@ class MappingTable:
         self._sessions = make_sessionmaker(url)
         self._hot = _HotPath(self._sessions.kw["bind"])
 
-    def create_task(self, task_id: str, owner: str, legs: dict[str, tuple[str, dict[str, Any]]], body_sha256: str,
-                    deadline_s: float, max_open_legs_per_party: int) -> bool:
+    def create_task(
+        self,
+        task_id: str,
+        owner: str,
+        legs: dict[str, tuple[str, dict[str, Any]]],
+        body_sha256: str,
+        deadline_s: float,
+        max_open_legs_per_party: int,
+    ) -> bool:
         """Create a task and its legs (data id -> (party, rule call)); True if new, False for an
         identical retry.
 
@@ -170,21 +203,32 @@ class MappingTable:
             row = s.get(TaskRow, task_id)
             if row is not None:
                 if row.owner != owner:
-                    raise TaskConflict(f"task id {task_id!r} is already taken by another initiator; task ids are "
-                                       "never reused: choose a new one (the CLI does when the task file has none)")
+                    raise TaskConflict(
+                        f"task id {task_id!r} is already taken by another initiator; task ids are "
+                        "never reused: choose a new one (the CLI does when the task file has none)"
+                    )
                 if row.body_sha256 != body_sha256:
-                    raise TaskConflict(f"task id {task_id!r} was created earlier with a different body; task ids "
-                                       "are never reused: choose a new one, or resend exactly the same task to retry")
+                    raise TaskConflict(
+                        f"task id {task_id!r} was created earlier with a different body; task ids "
+                        "are never reused: choose a new one, or resend exactly the same task to retry"
+                    )
                 return False
             parties = sorted({p for p, _call in legs.values()})
             for party in parties:
-                open_legs = len(s.scalars(select(LegRow.id).where(LegRow.party == party, LegRow.outcome.is_(None))).all())
+                open_legs = len(
+                    s.scalars(select(LegRow.id).where(LegRow.party == party, LegRow.outcome.is_(None))).all()
+                )
                 want = sum(1 for p, _call in legs.values() if p == party)
                 if open_legs + want > max_open_legs_per_party:
-                    raise TaskLimit(f"party {party!r} already has {open_legs} open leg(s); this task would exceed "
-                                    f"the gateway's cap of {max_open_legs_per_party}; retry when earlier tasks finish")
-            s.add(TaskRow(task_id=task_id, owner=owner, body_sha256=body_sha256, created_at=now,
-                          deadline_at=now + deadline_s))
+                    raise TaskLimit(
+                        f"party {party!r} already has {open_legs} open leg(s); this task would exceed "
+                        f"the gateway's cap of {max_open_legs_per_party}; retry when earlier tasks finish"
+                    )
+            s.add(
+                TaskRow(
+                    task_id=task_id, owner=owner, body_sha256=body_sha256, created_at=now, deadline_at=now + deadline_s
+                )
+            )
             for data_id, (party, call) in legs.items():
                 s.add(LegRow(task_id=task_id, data_id=data_id, party=party, call_json=json.dumps(call)))
         return True
@@ -200,8 +244,10 @@ class MappingTable:
         with self._sessions.begin() as s:
             row = s.scalar(select(LegRow).where(LegRow.task_id == task_id, LegRow.data_id == data_id))
             if row is None:
-                raise LegConflict(f"no leg ({task_id}, {data_id}) at the gateway: the initiator creates a task "
-                                  "at the gateway before its parties report")
+                raise LegConflict(
+                    f"no leg ({task_id}, {data_id}) at the gateway: the initiator creates a task "
+                    "at the gateway before its parties report"
+                )
             if row.party != party:
                 raise LegConflict(f"leg ({task_id}, {data_id}) belongs to party {row.party!r}")
             if row.outcome is not None:
@@ -222,17 +268,27 @@ class MappingTable:
     def mark_dispatched(self, task_id: str, data_id: str) -> None:
         """Journal that a transfer goes out, before it does (a restart then knows it may be in flight)."""
         with self._hot.tx() as c:
-            c.execute(update(LegRow).where(LegRow.task_id == task_id, LegRow.data_id == data_id, LegRow.outcome.is_(None))
-                      .values(state="dispatched", dispatches=LegRow.dispatches + 1, updated_at=time.time()))
+            c.execute(
+                update(LegRow)
+                .where(LegRow.task_id == task_id, LegRow.data_id == data_id, LegRow.outcome.is_(None))
+                .values(state="dispatched", dispatches=LegRow.dispatches + 1, updated_at=time.time())
+            )
 
-    def record_outcome(self, task_id: str, data_id: str, outcome: str, envelope_json: str | None,
-                       stream_bytes: int | None = None) -> bool:
+    def record_outcome(
+        self, task_id: str, data_id: str, outcome: str, envelope_json: str | None, stream_bytes: int | None = None
+    ) -> bool:
         """Set the leg's outcome once; returns False if it already had one (never overwritten)."""
         with self._hot.tx() as c:
             res = c.execute(
-                update(LegRow).where(LegRow.task_id == task_id, LegRow.data_id == data_id, LegRow.outcome.is_(None))
-                .values(outcome=outcome, envelope_json=envelope_json, stream_bytes=stream_bytes, state="done",
-                        updated_at=time.time())
+                update(LegRow)
+                .where(LegRow.task_id == task_id, LegRow.data_id == data_id, LegRow.outcome.is_(None))
+                .values(
+                    outcome=outcome,
+                    envelope_json=envelope_json,
+                    stream_bytes=stream_bytes,
+                    state="done",
+                    updated_at=time.time(),
+                )
             )
             return bool(res.rowcount)
 

@@ -36,7 +36,7 @@ def load_table(path: Path, source: BinaryIO | None = None) -> Table:
     """
     if path.suffix == ".parquet":
         return _load_parquet(path, source)
-    with (io.TextIOWrapper(source, newline="") if source is not None else path.open(newline="")) as fh:
+    with io.TextIOWrapper(source, newline="") if source is not None else path.open(newline="") as fh:
         reader = csv.reader(fh)
         names = next(reader)
         data = np.array([[float(x) for x in row] for row in reader if row], dtype=np.float64)
@@ -90,9 +90,15 @@ def summary_stats(t: Table, p: SummaryParams) -> dict[str, Any]:
     out = {}
     for c in _cols(t, p.columns):
         x = t[c]
-        out[c] = {"count": int(x.size), "sum": float(x.sum()), "sumsq": float(np.square(x).sum()),
-                  "min": float(x.min()) if x.size else None, "max": float(x.max()) if x.size else None,
-                  "mean": float(x.mean()) if x.size else None, "std": float(x.std()) if x.size else None}
+        out[c] = {
+            "count": int(x.size),
+            "sum": float(x.sum()),
+            "sumsq": float(np.square(x).sum()),
+            "min": float(x.min()) if x.size else None,
+            "max": float(x.max()) if x.size else None,
+            "mean": float(x.mean()) if x.size else None,
+            "std": float(x.std()) if x.size else None,
+        }
     return {"columns": out}
 
 
@@ -123,7 +129,9 @@ class TrainParams(Params):
     init: dict[str, Any] | None = None
 
 
-def _xy(t: Table, features: list[str], label: str, standardize: dict[str, list[float]] | None) -> tuple[np.ndarray, np.ndarray]:
+def _xy(
+    t: Table, features: list[str], label: str, standardize: dict[str, list[float]] | None
+) -> tuple[np.ndarray, np.ndarray]:
     _cols(t, [*features, label])
     x = np.stack([t[f] for f in features], axis=1)
     if standardize is not None:
@@ -218,7 +226,8 @@ class Rule:
 
 
 REGISTRY: dict[str, Rule] = {
-    r.name: r for r in [
+    r.name: r
+    for r in [
         Rule("row_count", RowCountParams, row_count),
         Rule("summary_stats", SummaryParams, summary_stats),
         Rule("histogram", HistogramParams, histogram),
@@ -238,8 +247,10 @@ def validate_call(call: RuleCall, allowed: list[str] | None = None) -> Params:
     try:
         return rule.params.model_validate(call.params)
     except ValidationError as exc:
-        raise RuleError(f"invalid parameters for rule {call.rule!r}: "
-                        + "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])) from exc
+        raise RuleError(
+            f"invalid parameters for rule {call.rule!r}: "
+            + "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
+        ) from exc
 
 
 def run_call(t: Table, call: RuleCall, allowed: list[str] | None = None) -> dict[str, Any]:

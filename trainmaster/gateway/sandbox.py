@@ -282,8 +282,11 @@ def _python_roots() -> list[Path]:
     """Host directories the interpreter needs: the base installation, the venv, the package's parent."""
     import trainmaster
 
-    roots = {Path(os.path.realpath(sys.base_prefix)), Path(os.path.realpath(sys.prefix)),
-             Path(os.path.realpath(Path(trainmaster.__file__).parent))}
+    roots = {
+        Path(os.path.realpath(sys.base_prefix)),
+        Path(os.path.realpath(sys.prefix)),
+        Path(os.path.realpath(Path(trainmaster.__file__).parent)),
+    }
     return sorted(r for r in roots if r != Path("/usr") and Path("/usr") not in r.parents)  # /usr is bound whole
 
 
@@ -319,10 +322,25 @@ def bwrap_args(task_dir: Path, seccomp_fd: int) -> list[str]:
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise FileNotFoundError("bwrap")
-    args = [bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-            "--hostname", "executor", "--die-with-parent", "--new-session",
-            "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",  # only for setpriv's drop to 65534
-            "--ro-bind", "/usr", "/usr"]
+    args = [
+        bwrap,
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--hostname",
+        "executor",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-add",
+        "CAP_SETUID",
+        "--cap-add",
+        "CAP_SETGID",  # only for setpriv's drop to 65534
+        "--ro-bind",
+        "/usr",
+        "/usr",
+    ]
     for link in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
         host = Path("/") / link
         if host.is_symlink():
@@ -334,16 +352,37 @@ def bwrap_args(task_dir: Path, seccomp_fd: int) -> list[str]:
     made: set[str] = set()
     for root in _python_roots():
         args += _dirs_for(root, made) + ["--ro-bind", str(root), str(root)]
-    args += ["--proc", "/proc", "--dev", "/dev",
-             "--bind", str(task_dir), TASK_DIR_INSIDE, "--remount-ro", "/",
-             "--chdir", TASK_DIR_INSIDE, "--seccomp", str(seccomp_fd)]
+    args += [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--bind",
+        str(task_dir),
+        TASK_DIR_INSIDE,
+        "--remount-ro",
+        "/",
+        "--chdir",
+        TASK_DIR_INSIDE,
+        "--seccomp",
+        str(seccomp_fd),
+    ]
     return args
 
 
 def drop_privileges_args() -> list[str]:
     """``setpriv`` to uid/gid 65534 with no supplementary groups and no capabilities left."""
-    return ["/usr/bin/setpriv", "--reuid", str(SANDBOX_UID), "--regid", str(SANDBOX_GID), "--clear-groups",
-            "--inh-caps=-all", "--bounding-set=-all", "--"]
+    return [
+        "/usr/bin/setpriv",
+        "--reuid",
+        str(SANDBOX_UID),
+        "--regid",
+        str(SANDBOX_GID),
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--",
+    ]
 
 
 @functools.cache
@@ -358,8 +397,10 @@ def unavailable_reason() -> str | None:
     if not Path("/usr/bin/setpriv").exists():
         return "setpriv (util-linux) is not installed at /usr/bin/setpriv"
     if cgroup_version() is None:
-        return (f"no cgroup memory and pids controllers: neither v1 hierarchies at {CGROUP_ROOT}/{{memory,pids}} "
-                f"nor a cgroup v2 root at {CGROUP_ROOT} offering both")
+        return (
+            f"no cgroup memory and pids controllers: neither v1 hierarchies at {CGROUP_ROOT}/{{memory,pids}} "
+            f"nor a cgroup v2 root at {CGROUP_ROOT} offering both"
+        )
     try:
         deny_list_program()
     except SeccompUnavailable as exc:
@@ -371,15 +412,22 @@ def unavailable_reason() -> str | None:
     probe_dir = Path(tempfile.mkdtemp(prefix="tm-sandbox-probe-"))
     seccomp_fd = _seccomp_fd()
     try:
-        out = subprocess.run(bwrap_args(probe_dir, seccomp_fd) + drop_privileges_args() + ["/usr/bin/id", "-u"],
-                             capture_output=True, timeout=30, pass_fds=(seccomp_fd,), stdin=subprocess.DEVNULL)
+        out = subprocess.run(
+            bwrap_args(probe_dir, seccomp_fd) + drop_privileges_args() + ["/usr/bin/id", "-u"],
+            capture_output=True,
+            timeout=30,
+            pass_fds=(seccomp_fd,),
+            stdin=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"a trial bubblewrap sandbox could not run: {exc}"
     finally:
         os.close(seccomp_fd)
         shutil.rmtree(probe_dir, ignore_errors=True)
     if out.returncode != 0 or out.stdout.strip() != str(SANDBOX_UID).encode():
-        return f"a trial bubblewrap sandbox failed (code {out.returncode}): {out.stderr.decode(errors='replace')[-300:]}"
+        return (
+            f"a trial bubblewrap sandbox failed (code {out.returncode}): {out.stderr.decode(errors='replace')[-300:]}"
+        )
     return None
 
 
@@ -406,9 +454,17 @@ class Sandbox:
         self._exit: SandboxExit | None = None
 
     @classmethod
-    async def start(cls, argv: list[str], *, home: Path, limits: SandboxLimits,
-                    env: dict[str, str], pass_fds: tuple[int, ...] = (),
-                    stdout: int = asyncio.subprocess.PIPE, stderr: int = asyncio.subprocess.DEVNULL) -> "Sandbox":
+    async def start(
+        cls,
+        argv: list[str],
+        *,
+        home: Path,
+        limits: SandboxLimits,
+        env: dict[str, str],
+        pass_fds: tuple[int, ...] = (),
+        stdout: int = asyncio.subprocess.PIPE,
+        stderr: int = asyncio.subprocess.DEVNULL,
+    ) -> "Sandbox":
         reason = unavailable_reason()
         if reason is not None:
             raise SandboxUnavailable(reason)
@@ -434,9 +490,17 @@ class Sandbox:
 
             env = {**env, "HOME": "/tmp", "TMPDIR": "/tmp"}
             proc = await asyncio.create_subprocess_exec(
-                *bwrap_args(task_dir, seccomp_fd), *drop_privileges_args(), *argv,
-                stdin=asyncio.subprocess.PIPE, stdout=stdout, stderr=stderr, env=env,
-                pass_fds=(seccomp_fd, *pass_fds), start_new_session=True, preexec_fn=_in_child)
+                *bwrap_args(task_dir, seccomp_fd),
+                *drop_privileges_args(),
+                *argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=stdout,
+                stderr=stderr,
+                env=env,
+                pass_fds=(seccomp_fd, *pass_fds),
+                start_new_session=True,
+                preexec_fn=_in_child,
+            )
         except BaseException:
             cgroups.kill_all()
             cgroups.remove()
@@ -471,5 +535,3 @@ class Sandbox:
 
 class SandboxUnavailable(RuntimeError):
     """The host cannot run the sandbox; the message says what is missing and how to get it."""
-
-

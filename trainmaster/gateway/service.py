@@ -45,8 +45,11 @@ def expect(name: str, role: str) -> dict[str, Any]:
 
 
 def mtls_client(cfg: ServiceConfig, timeout_s: float = 30.0, max_connections: int = 256) -> httpx.AsyncClient:
-    return httpx.AsyncClient(verify=client_ssl_context(cfg), timeout=timeout_s,
-                             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=64))
+    return httpx.AsyncClient(
+        verify=client_ssl_context(cfg),
+        timeout=timeout_s,
+        limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=64),
+    )
 
 
 @dataclass
@@ -74,8 +77,15 @@ class ServiceContext:
     def count(self, kind: MessageKind) -> None:
         self.handled[kind.value] = self.handled.get(kind.value, 0) + 1
 
-    def seal_to(self, recipient: str, kind: MessageKind, task_id: str, data_id: str, payload: dict[str, Any],
-                ttl_s: float = 120.0) -> Envelope:
+    def seal_to(
+        self,
+        recipient: str,
+        kind: MessageKind,
+        task_id: str,
+        data_id: str,
+        payload: dict[str, Any],
+        ttl_s: float = 120.0,
+    ) -> Envelope:
         header = make_header(self.me.name, recipient, kind.value, task_id, data_id, ttl_s, now=self.clock())
         return seal(self.me, self.roster[recipient], header, payload)
 
@@ -104,8 +114,11 @@ async def read_envelope(request: Request, max_body_bytes: int, body_timeout_s: f
     try:
         return Envelope.model_validate_json(bytes(buf))
     except ValidationError as exc:
-        raise EnvelopeError(422, "malformed envelope: " + "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors()[:5])) from exc
+        raise EnvelopeError(
+            422,
+            "malformed envelope: "
+            + "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors()[:5]),
+        ) from exc
 
 
 def install_common(app: FastAPI, max_body_bytes: int) -> None:
@@ -217,7 +230,11 @@ def ensure_fd_limit(max_connections: int, log: logging.Logger | None = None) -> 
             (log or logging.getLogger("trainmaster.gateway")).warning(
                 "open-files limit %d (hard limit %s) is below the %d that max_connections=%d needs; connections past "
                 "it will be refused: raise the hard limit (ulimit -Hn, LimitNOFILE=) or lower max_connections",
-                soft, hard, needed, max_connections)
+                soft,
+                hard,
+                needed,
+                max_connections,
+            )
     return soft
 
 
@@ -229,7 +246,19 @@ def serve(app: FastAPI, cfg: ServiceConfig) -> None:
     protocol = type("PeerAwareH11Configured", (PeerAwareH11,), {"header_timeout_s": cfg.header_timeout_s})
     install_rate_limited_logging()
     ensure_fd_limit(cfg.max_connections)
-    uvicorn.run(app, host=cfg.host, port=cfg.port, ssl_keyfile=cfg.key, ssl_certfile=cfg.cert,
-                ssl_ca_certs=cfg.ca, ssl_cert_reqs=ssl.CERT_REQUIRED, log_level="warning", http=protocol,
-                timeout_keep_alive=int(max(1, cfg.idle_timeout_s)), limit_concurrency=cfg.max_connections,
-                h11_max_incomplete_event_size=cfg.max_header_bytes, access_log=False, timeout_graceful_shutdown=2)
+    uvicorn.run(
+        app,
+        host=cfg.host,
+        port=cfg.port,
+        ssl_keyfile=cfg.key,
+        ssl_certfile=cfg.cert,
+        ssl_ca_certs=cfg.ca,
+        ssl_cert_reqs=ssl.CERT_REQUIRED,
+        log_level="warning",
+        http=protocol,
+        timeout_keep_alive=int(max(1, cfg.idle_timeout_s)),
+        limit_concurrency=cfg.max_connections,
+        h11_max_incomplete_event_size=cfg.max_header_bytes,
+        access_log=False,
+        timeout_graceful_shutdown=2,
+    )

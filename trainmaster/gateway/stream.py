@@ -108,8 +108,9 @@ class ChunkOpener:
         try:
             plain = self._aead.decrypt(_nonce(self._index), memoryview(body)[1:], _aad(self._id, self._index, flags))
         except InvalidTag as exc:
-            raise EnvelopeError(422, f"stream chunk {self._index} does not decrypt (tampered, reordered or "
-                                     "from another stream)") from exc
+            raise EnvelopeError(
+                422, f"stream chunk {self._index} does not decrypt (tampered, reordered or from another stream)"
+            ) from exc
         self._seen += len(plain)
         if self._seen > self.info.total_bytes or len(plain) > self.info.chunk_bytes:
             raise EnvelopeError(400, "stream is longer than its signed length")

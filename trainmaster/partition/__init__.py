@@ -12,7 +12,19 @@ from trainmaster.partition.methods import METHODS, Partition, partition
 from trainmaster.partition.simulate import evaluate, makespan, max_load
 
 __all__ = [
-    "Graph", "build_graph", "clusters_of", "critical_edges", "edge_slack", "levels",
-    "graph_from_dict", "graph_to_dict", "load_graph", "METHODS", "Partition", "partition",
-    "evaluate", "makespan", "max_load",
+    "Graph",
+    "build_graph",
+    "clusters_of",
+    "critical_edges",
+    "edge_slack",
+    "levels",
+    "graph_from_dict",
+    "graph_to_dict",
+    "load_graph",
+    "METHODS",
+    "Partition",
+    "partition",
+    "evaluate",
+    "makespan",
+    "max_load",
 ]

@@ -51,9 +51,15 @@ def cluster_graph(graph: Graph, of: np.ndarray, edge_weight: np.ndarray) -> Clus
         ua, ub = uniq // max(c, 1), uniq % max(c, 1)
         xadj = np.zeros(c + 1, dtype=np.int64)
         np.cumsum(np.bincount(ua, minlength=c), out=xadj[1:])
-        shape = (keep, inv, len(uniq), xadj, ub.astype(np.int64),
-                 np.bincount(of, weights=graph.cost, minlength=c),
-                 np.bincount(of, weights=graph.memory, minlength=c))
+        shape = (
+            keep,
+            inv,
+            len(uniq),
+            xadj,
+            ub.astype(np.int64),
+            np.bincount(of, weights=graph.cost, minlength=c),
+            np.bincount(of, weights=graph.memory, minlength=c),
+        )
         graph.cache[key_of] = shape
     keep, inv, nuniq, xadj, adjncy, weight, memory = shape
     w = edge_weight[keep]
@@ -66,8 +72,9 @@ def _relabel(of: np.ndarray) -> np.ndarray:
     return inv.astype(np.int64)
 
 
-def coarsen_chains(graph: Graph, edge_priority: np.ndarray, max_weight: float,
-                   only_chain_links: bool = True) -> np.ndarray:
+def coarsen_chains(
+    graph: Graph, edge_priority: np.ndarray, max_weight: float, only_chain_links: bool = True
+) -> np.ndarray:
     """Merge co-location clusters along edges in descending ``edge_priority`` while the merged
     weight stays <= ``max_weight``. With ``only_chain_links`` an edge merges only when its source
     has one successor and its target one predecessor: such operators run back to back anyway, so

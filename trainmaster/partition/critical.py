@@ -55,8 +55,15 @@ def _levels(graph: Graph, assignment: np.ndarray | None) -> Levels:
         src, dst = graph.src, graph.dst
         fwd = np.argsort(pos[src], kind="stable")
         bwd = np.argsort(-pos[dst], kind="stable")
-        sweeps = (fwd, src[fwd].tolist(), dst[fwd].tolist(),
-                  bwd, src[bwd].tolist(), dst[bwd].tolist(), graph.cost.tolist())
+        sweeps = (
+            fwd,
+            src[fwd].tolist(),
+            dst[fwd].tolist(),
+            bwd,
+            src[bwd].tolist(),
+            dst[bwd].tolist(),
+            graph.cost.tolist(),
+        )
         graph.cache["level_sweeps"] = sweeps
     fwd, src_f, dst_f, bwd, src_b, dst_b, w = sweeps
     c = _charged(graph, assignment)
@@ -76,8 +83,7 @@ def _levels(graph: Graph, assignment: np.ndarray | None) -> Levels:
     return Levels(est_a, bl, length)
 
 
-def edge_slack(graph: Graph, assignment: np.ndarray | None = None,
-               lv: Levels | None = None) -> np.ndarray:
+def edge_slack(graph: Graph, assignment: np.ndarray | None = None, lv: Levels | None = None) -> np.ndarray:
     """Slack of each edge: how much it could grow before it lengthens the critical path."""
     lv = lv or levels(graph, assignment)
     charge = _charged(graph, assignment)
@@ -85,8 +91,9 @@ def edge_slack(graph: Graph, assignment: np.ndarray | None = None,
     return lv.length - through
 
 
-def critical_edges(graph: Graph, delta: float = 0.0, assignment: np.ndarray | None = None,
-                   lv: Levels | None = None) -> np.ndarray:
+def critical_edges(
+    graph: Graph, delta: float = 0.0, assignment: np.ndarray | None = None, lv: Levels | None = None
+) -> np.ndarray:
     """Boolean mask of critical edges (slack <= delta * L), OR-ed with user labels if present."""
     lv = lv or levels(graph, assignment)
     slack = edge_slack(graph, assignment, lv)

@@ -56,11 +56,11 @@ class Graph:
         self._check_ids()
         object.__setattr__(self, "cost", self._checked_amounts("cost", self.cost, "node"))
         object.__setattr__(self, "memory", self._checked_amounts("memory", self.memory, "node"))
-        object.__setattr__(self, "edge_cost",
-                           self._checked_amounts("cost", self.edge_cost, "edge"))
+        object.__setattr__(self, "edge_cost", self._checked_amounts("cost", self.edge_cost, "edge"))
         if np.isnan(self.memory_cap) or self.memory_cap < 0:
-            raise UserError(f"graph: memory_cap is {self.memory_cap}; give the bytes one device "
-                            "holds (>= 0), or none for unlimited")
+            raise UserError(
+                f"graph: memory_cap is {self.memory_cap}; give the bytes one device holds (>= 0), or none for unlimited"
+            )
         if np.any(self.src == self.dst):
             bad = int(self.src[np.flatnonzero(self.src == self.dst)[0]])
             raise UserError(f"graph has a cycle: self-loop on node {self.node_ids[bad]!r}")
@@ -94,16 +94,16 @@ class Graph:
             if not isinstance(nid, (str, int, np.integer)) or isinstance(nid, bool):
                 raise UserError(f"graph: node #{i} has id {nid!r}; ids are strings or integers")
             if nid in seen:
-                raise UserError(f"graph: node id {nid!r} appears twice (nodes #{seen[nid]} and #{i}); "
-                                "node ids must be unique")
+                raise UserError(
+                    f"graph: node id {nid!r} appears twice (nodes #{seen[nid]} and #{i}); node ids must be unique"
+                )
             seen[nid] = i
         n = len(self.node_ids)
         for name, ends in (("src", self.src), ("dst", self.dst)):
             out = np.flatnonzero((ends < 0) | (ends >= n))
             if len(out):
                 e = int(out[0])
-                raise UserError(f"graph: edge #{e} has {name} index {int(ends[e])}, outside the "
-                                f"{n} nodes")
+                raise UserError(f"graph: edge #{e} has {name} index {int(ends[e])}, outside the {n} nodes")
 
     def _where(self, kind: str, i: int) -> str:
         if kind == "node":
@@ -119,14 +119,18 @@ class Graph:
         bad = np.flatnonzero(~np.isfinite(values))
         if len(bad):
             i = int(bad[0])
-            raise UserError(f"graph: {self._where(kind, i)} has {name} {values[i]}; {name}s must "
-                            f"be finite numbers ({len(bad)} {kind}(s) affected)")
+            raise UserError(
+                f"graph: {self._where(kind, i)} has {name} {values[i]}; {name}s must "
+                f"be finite numbers ({len(bad)} {kind}(s) affected)"
+            )
         scale = float(np.abs(values).max(initial=0.0))
         negative = np.flatnonzero(values < -NEGATIVE_TOLERANCE * scale)
         if len(negative):
             i = int(negative[0])
-            raise UserError(f"graph: {self._where(kind, i)} has negative {name} {values[i]}; "
-                            f"{name}s must be >= 0 ({len(negative)} {kind}(s) affected)")
+            raise UserError(
+                f"graph: {self._where(kind, i)} has negative {name} {values[i]}; "
+                f"{name}s must be >= 0 ({len(negative)} {kind}(s) affected)"
+            )
         return np.maximum(values, 0.0) if np.any(values < 0) else values
 
     def _topological_order(self) -> np.ndarray:
@@ -141,15 +145,17 @@ class Graph:
             order.extend(frontier)
             nxt: list[int] = []
             for v in frontier:
-                for w in succ[ptr[v]:ptr[v + 1]]:
+                for w in succ[ptr[v] : ptr[v + 1]]:
                     indeg[w] -= 1
                     if indeg[w] == 0:
                         nxt.append(w)
             frontier = sorted(nxt)
         if len(order) != n:
             cycle = " -> ".join(repr(self.node_ids[v]) for v in self._a_cycle(np.asarray(indeg) > 0))
-            raise UserError(f"graph has a cycle: {cycle}; a DNN computation graph must be a DAG "
-                            "(remove or reverse one of these edges)")
+            raise UserError(
+                f"graph has a cycle: {cycle}; a DNN computation graph must be a DAG "
+                "(remove or reverse one of these edges)"
+            )
         return np.asarray(order, dtype=np.int64)
 
     def _a_cycle(self, left: np.ndarray) -> list[int]:
@@ -163,7 +169,7 @@ class Graph:
             position[v] = len(walk)
             walk.append(v)
             v = next(int(u) for u in self.predecessors(v) if left[u])
-        cycle = walk[position[v]:][::-1]
+        cycle = walk[position[v] :][::-1]
         return cycle + [cycle[0]]
 
     def undirected_csr(self, edge_weight: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -180,8 +186,18 @@ class Graph:
         return xadj, ub.astype(np.int64), wsum
 
     def with_edges_costs(self, edge_cost: np.ndarray) -> "Graph":
-        return Graph(self.node_ids, self.cost, self.memory, self.src, self.dst, edge_cost,
-                     self.group, self.memory_cap, self.names, self.critical_label)
+        return Graph(
+            self.node_ids,
+            self.cost,
+            self.memory,
+            self.src,
+            self.dst,
+            edge_cost,
+            self.group,
+            self.memory_cap,
+            self.names,
+            self.critical_label,
+        )
 
 
 def _ptr(keys: np.ndarray, n: int) -> np.ndarray:
@@ -206,22 +222,35 @@ def build_graph(
     index: dict = {}
     for i, nid in enumerate(node_ids):
         if nid in index:
-            raise UserError(f"graph: node id {nid!r} appears twice (nodes #{index[nid]} and #{i}); "
-                            "node ids must be unique")
+            raise UserError(
+                f"graph: node id {nid!r} appears twice (nodes #{index[nid]} and #{i}); node ids must be unique"
+            )
         index[nid] = i
     for e, (s, d) in enumerate(zip(edges_src_ids, edges_dst_ids)):
         for end in (s, d):
             if end not in index:
-                raise UserError(f"graph: edge #{e} {s!r} -> {d!r} names unknown node id {end!r}; "
-                                "every edge must join two listed nodes")
+                raise UserError(
+                    f"graph: edge #{e} {s!r} -> {d!r} names unknown node id {end!r}; "
+                    "every edge must join two listed nodes"
+                )
     n = len(node_ids)
     src = np.fromiter((index[x] for x in edges_src_ids), dtype=np.int64, count=len(edges_src_ids))
     dst = np.fromiter((index[x] for x in edges_dst_ids), dtype=np.int64, count=len(edges_dst_ids))
     mem = np.zeros(n) if memory is None else np.asarray(memory, dtype=np.float64)
     grp = np.full(n, -1, dtype=np.int64) if group is None else np.asarray(group, dtype=np.int64)
     crit = None if critical_label is None else np.asarray(critical_label, dtype=bool)
-    return Graph(list(node_ids), np.asarray(cost, dtype=np.float64), mem, src, dst,
-                 np.asarray(edge_cost, dtype=np.float64), grp, float(memory_cap), names, crit)
+    return Graph(
+        list(node_ids),
+        np.asarray(cost, dtype=np.float64),
+        mem,
+        src,
+        dst,
+        np.asarray(edge_cost, dtype=np.float64),
+        grp,
+        float(memory_cap),
+        names,
+        crit,
+    )
 
 
 def clusters_of(graph: Graph) -> np.ndarray:

@@ -17,8 +17,9 @@ from trainmaster.partition.graph import Graph, clusters_of
 from trainmaster.partition.simulate import load_cap, memory_cap_enforced
 
 
-def ilp_partition(graph: Graph, k: int, imbalance: float, delta: float = 0.0,
-                  time_limit: float = 120.0) -> tuple[np.ndarray, dict]:
+def ilp_partition(
+    graph: Graph, k: int, imbalance: float, delta: float = 0.0, time_limit: float = 120.0
+) -> tuple[np.ndarray, dict]:
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import coo_matrix
 
@@ -78,12 +79,20 @@ def ilp_partition(graph: Graph, k: int, imbalance: float, delta: float = 0.0,
     ub = np.ones(nvar)
     heaviest = int(np.argmax(cg.weight))
     lb[xi(heaviest, 0)] = 1.0
-    res = milp(cost, constraints=LinearConstraint(A, lo, hi), integrality=integrality,
-               bounds=Bounds(lb, ub), options={"time_limit": time_limit, "disp": False})
+    res = milp(
+        cost,
+        constraints=LinearConstraint(A, lo, hi),
+        integrality=integrality,
+        bounds=Bounds(lb, ub),
+        options={"time_limit": time_limit, "disp": False},
+    )
     if res.x is None:
         return np.zeros(graph.n, dtype=np.int64), {"status": res.message, "optimal": False}
     x = res.x[:nx].reshape(c, k)
     part = np.argmax(x, axis=1)
-    return cg.expand(part), {"status": res.message, "optimal": bool(res.status == 0),
-                             "objective": float(res.fun),
-                             "mip_gap": float(getattr(res, "mip_gap", np.nan) or 0.0)}
+    return cg.expand(part), {
+        "status": res.message,
+        "optimal": bool(res.status == 0),
+        "objective": float(res.fun),
+        "mip_gap": float(getattr(res, "mip_gap", np.nan) or 0.0),
+    }

@@ -45,8 +45,9 @@ ONNX exporter, then the ONNX importer)."""
 def check_link(bandwidth: float, latency: float = 0.0) -> None:
     """Edge cost is latency + bytes / bandwidth: a zero, negative or NaN bandwidth has no meaning."""
     if not (np.isfinite(bandwidth) and bandwidth > 0):
-        raise UserError(f"--bandwidth {bandwidth}: give the link's bytes per second, a positive "
-                        "finite number (e.g. 1e9)")
+        raise UserError(
+            f"--bandwidth {bandwidth}: give the link's bytes per second, a positive finite number (e.g. 1e9)"
+        )
     if not (np.isfinite(latency) and latency >= 0):
         raise UserError(f"latency {latency}: give the per-message seconds, a finite number >= 0")
 
@@ -59,8 +60,11 @@ def _user_frame(exc: BaseException) -> str:
     import torch
 
     skip = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if not f.filename.startswith(skip) and "importlib" not in f.filename]
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if not f.filename.startswith(skip) and "importlib" not in f.filename
+    ]
     if frames:
         f = frames[-1]
         return f"{f.filename}, line {f.lineno}: {f.line}"
@@ -77,9 +81,12 @@ def trace_failure(what: str, importer: str, exc: Exception) -> UserError:
     other = [name for name in IMPORTERS if name != importer]
     return UserError(
         f"cannot trace {what} with the {importer} importer: {type(exc).__name__}: {first[:300]}",
-        details=[f"at {_user_frame(exc)}",
-                 f"try --importer {' or '.join(other)}, or make that code traceable "
-                 "(no data-dependent Python control flow on tensors)"])
+        details=[
+            f"at {_user_frame(exc)}",
+            f"try --importer {' or '.join(other)}, or make that code traceable "
+            "(no data-dependent Python control flow on tensors)",
+        ],
+    )
 
 
 def trace_module(module, example_inputs: tuple, tracer: str = "fx"):
@@ -93,9 +100,15 @@ def trace_module(module, example_inputs: tuple, tracer: str = "fx"):
     raise UserError(f"unknown tracer {tracer!r}: use fx or export")
 
 
-def from_module(module, example_inputs: tuple, bandwidth: float = 1e9,
-                flops_per_second: float = DEFAULT_FLOPS_PER_SECOND, measure: bool = False,
-                tracer: str = "fx", latency: float = 0.0) -> tuple[Graph, object]:
+def from_module(
+    module,
+    example_inputs: tuple,
+    bandwidth: float = 1e9,
+    flops_per_second: float = DEFAULT_FLOPS_PER_SECOND,
+    measure: bool = False,
+    tracer: str = "fx",
+    latency: float = 0.0,
+) -> tuple[Graph, object]:
     """Trace ``module`` and profile every node once on ``example_inputs``; returns the graph
     (node ids are the fx node names) and the GraphModule it describes. An edge costs
     ``latency + bytes / bandwidth`` (the latency models a message's fixed overhead)."""
@@ -155,9 +168,15 @@ def _profile(gm, args: tuple, flops_per_second: float, measure: bool) -> _Profil
     return _Profile(costs, out_bytes)
 
 
-def _graph_of(gm, profile: _Profile, bandwidth: float, latency: float,
-              extra: "_Extra | None" = None, phase: dict[str, str] | None = None,
-              free_edges: frozenset[tuple[str, str]] = frozenset()) -> Graph:
+def _graph_of(
+    gm,
+    profile: _Profile,
+    bandwidth: float,
+    latency: float,
+    extra: "_Extra | None" = None,
+    phase: dict[str, str] | None = None,
+    free_edges: frozenset[tuple[str, str]] = frozenset(),
+) -> Graph:
     """The Graph of a profiled GraphModule: a node per fx node, an edge per use; ``extra``
     nodes and edges appended (the optimizer step), ``phase`` prefixed to the names;
     ``free_edges`` (src, dst) cost nothing (an order, not a transfer)."""
@@ -186,8 +205,7 @@ def _graph_of(gm, profile: _Profile, bandwidth: float, latency: float,
     group = None
     if extra is not None:
         group = [extra.group.get(i, -1) for i in ids] + [extra.group.get(i, -1) for i in extra.ids]
-        ids, cost, mem, names = (ids + extra.ids, cost + extra.cost, mem + extra.memory,
-                                 names + extra.names)
+        ids, cost, mem, names = (ids + extra.ids, cost + extra.cost, mem + extra.memory, names + extra.names)
         src, dst, ecost = src + extra.src, dst + extra.dst, ecost + extra.edge_cost
     return build_graph(ids, cost, src, dst, ecost, memory=mem, names=names, group=group)
 
@@ -228,10 +246,15 @@ class _LossOf:
         return LossOf()
 
 
-def from_module_training(module, example_inputs: tuple, bandwidth: float = 1e9,
-                         flops_per_second: float = DEFAULT_FLOPS_PER_SECOND,
-                         measure: bool = False, latency: float = 0.0,
-                         optimizer_step: bool = True) -> tuple[Graph, object]:
+def from_module_training(
+    module,
+    example_inputs: tuple,
+    bandwidth: float = 1e9,
+    flops_per_second: float = DEFAULT_FLOPS_PER_SECOND,
+    measure: bool = False,
+    latency: float = 0.0,
+    optimizer_step: bool = True,
+) -> tuple[Graph, object]:
     """One training step as one graph: forward, backward and (``optimizer_step``) an SGD update
     per parameter, from one export (aot_autograd's joint graph of ``module`` under a scalar
     loss, operator level).
@@ -255,14 +278,16 @@ def from_module_training(module, example_inputs: tuple, bandwidth: float = 1e9,
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
     try:
-        gm, sig = aot_export_module(wrapped, tuple(example_inputs), trace_joint=True,
-                                    output_loss_index=0)
+        gm, sig = aot_export_module(wrapped, tuple(example_inputs), trace_joint=True, output_loss_index=0)
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
     params = dict(wrapped.named_parameters())
     buffers = dict(wrapped.named_buffers())
-    flat = ([params[name].detach() for name in sig.parameters]
-            + [buffers[name].detach() for name in sig.buffers] + list(example_inputs))
+    flat = (
+        [params[name].detach() for name in sig.parameters]
+        + [buffers[name].detach() for name in sig.buffers]
+        + list(example_inputs)
+    )
     profile = _profile(gm, tuple(flat), flops_per_second, measure)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     param_node = {name: placeholders[i].name for i, name in enumerate(sig.parameters)}
@@ -303,12 +328,12 @@ def _phases(gm, loss_name: str | None) -> dict[str, str]:
             continue
         forward.add(n.name)
         stack.extend(n.all_input_nodes)
-    return {name: "fwd:" if name in forward or n.op == "placeholder" else "bwd:"
-            for name, n in nodes.items()}
+    return {name: "fwd:" if name in forward or n.op == "placeholder" else "bwd:" for name, n in nodes.items()}
 
 
-def from_callable(spec: str, input_shape: tuple[int, ...], bandwidth: float = 1e9,
-                  importer: str = "export", training: bool = False) -> Graph:
+def from_callable(
+    spec: str, input_shape: tuple[int, ...], bandwidth: float = 1e9, importer: str = "export", training: bool = False
+) -> Graph:
     """``module:callable``: import the module, call the callable to get an nn.Module, and import
     it with ``importer`` (see IMPORTERS) on a random input of ``input_shape``; with
     ``training``, one training step (``from_module_training``; the export importer only)."""
@@ -317,9 +342,11 @@ def from_callable(spec: str, input_shape: tuple[int, ...], bandwidth: float = 1e
     if importer not in IMPORTERS:
         raise UserError(f"--importer {importer!r}: choose one of {', '.join(IMPORTERS)}")
     if training and importer != "export":
-        raise UserError(f"--training builds the forward + backward graph with torch's "
-                        f"aot_autograd (the export route); --importer {importer} cannot",
-                        details=["leave --importer at its default (export)"])
+        raise UserError(
+            f"--training builds the forward + backward graph with torch's "
+            f"aot_autograd (the export route); --importer {importer} cannot",
+            details=["leave --importer at its default (export)"],
+        )
     check_link(bandwidth)
     mod_name, _, attr = spec.partition(":")
     try:
@@ -329,10 +356,13 @@ def from_callable(spec: str, input_shape: tuple[int, ...], bandwidth: float = 1e
     try:
         module = factory() if not isinstance(factory, torch.nn.Module) else factory
     except Exception as exc:  # the user's factory: any failure is theirs to fix
-        raise UserError(f"calling {spec}() to build the model failed: {type(exc).__name__}: {exc}",
-                        details=[f"at {_user_frame(exc)}",
-                                 "module:callable must name a callable that takes no arguments "
-                                 "and returns an nn.Module"]) from None
+        raise UserError(
+            f"calling {spec}() to build the model failed: {type(exc).__name__}: {exc}",
+            details=[
+                f"at {_user_frame(exc)}",
+                "module:callable must name a callable that takes no arguments and returns an nn.Module",
+            ],
+        ) from None
     if not isinstance(module, torch.nn.Module):
         raise UserError(f"{spec!r} did not give a torch.nn.Module")
     example = (torch.randn(*input_shape),)
@@ -365,8 +395,7 @@ def from_callable(spec: str, input_shape: tuple[int, ...], bandwidth: float = 1e
 _DTYPE_BYTES = {1: 4, 2: 1, 3: 1, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 16: 2}
 
 
-def from_onnx(path, bandwidth: float = 1e9,
-              flops_per_second: float = DEFAULT_FLOPS_PER_SECOND) -> Graph:
+def from_onnx(path, bandwidth: float = 1e9, flops_per_second: float = DEFAULT_FLOPS_PER_SECOND) -> Graph:
     """ONNX graph: one node per operator; an edge per tensor from its producer to each consumer.
     Cost: 2*MACs for Conv/Gemm/MatMul from inferred shapes, otherwise the output's element count."""
     import onnx
@@ -383,8 +412,9 @@ def from_onnx(path, bandwidth: float = 1e9,
         t = vi.type.tensor_type
         dims = [d.dim_value if d.dim_value > 0 else 1 for d in t.shape.dim]
         shapes[vi.name] = (dims, _DTYPE_BYTES.get(t.elem_type, 4))
-    init_bytes = {i.name: int(np.prod(i.dims, dtype=np.int64)) * _DTYPE_BYTES.get(i.data_type, 4)
-                  for i in g.initializer}
+    init_bytes = {
+        i.name: int(np.prod(i.dims, dtype=np.int64)) * _DTYPE_BYTES.get(i.data_type, 4) for i in g.initializer
+    }
     for i in g.initializer:
         shapes.setdefault(i.name, (list(i.dims), _DTYPE_BYTES.get(i.data_type, 4)))
     ids = [nd.name or f"{nd.op_type}_{i}" for i, nd in enumerate(g.node)]
@@ -417,5 +447,4 @@ def from_onnx(path, bandwidth: float = 1e9,
                 ecost.append(nbytes(x) / bandwidth)
     if not ids:
         raise UserError(f"ONNX file {path} has no operators")
-    return build_graph(ids, costs, src, dst, ecost, memory=mem,
-                       names=[nd.op_type for nd in g.node])
+    return build_graph(ids, costs, src, dst, ecost, memory=mem, names=[nd.op_type for nd in g.node])

@@ -27,8 +27,9 @@ def cluster_order(graph: Graph, of: np.ndarray, node_order: np.ndarray | None = 
     return np.argsort(first, kind="stable")
 
 
-def acyclic_split(graph: Graph, cg: ClusterGraph, k: int, cap: float,
-                  node_order: np.ndarray | None = None) -> np.ndarray | None:
+def acyclic_split(
+    graph: Graph, cg: ClusterGraph, k: int, cap: float, node_order: np.ndarray | None = None
+) -> np.ndarray | None:
     """Cut the topological order of clusters into at most k contiguous segments, each within the
     load cap, minimising the weight of edges crossing the cuts (exact dynamic programme over cut
     positions, O(k n) with a sliding-window minimum). Contiguous segments make the device
@@ -104,10 +105,16 @@ def split_sequence(load: np.ndarray, cross: np.ndarray, k: int, cap: float) -> n
     return np.minimum(seg_of_pos, k - 1)
 
 
-def capped_list_schedule(graph: Graph, cg: ClusterGraph, k: int, cap: float,
-                         priority: np.ndarray, fixed: np.ndarray | None = None,
-                         mem_cap: float = float("inf"),
-                         penalty: np.ndarray | None = None) -> np.ndarray:
+def capped_list_schedule(
+    graph: Graph,
+    cg: ClusterGraph,
+    k: int,
+    cap: float,
+    priority: np.ndarray,
+    fixed: np.ndarray | None = None,
+    mem_cap: float = float("inf"),
+    penalty: np.ndarray | None = None,
+) -> np.ndarray:
     """HEFT-style earliest-finish placement under the load and memory caps: operators in
     b-level order; the first operator of a cluster fixes the device of the whole cluster, picked
     as the one with room on both caps that finishes it earliest (transfers only from predecessors
@@ -123,8 +130,7 @@ def capped_list_schedule(graph: Graph, cg: ClusterGraph, k: int, cap: float,
     pen: list[list[tuple[int, float]]] = [[] for _ in range(graph.n)]  # (pred, penalty) per node
     if penalty is not None:
         hit = np.flatnonzero(penalty > 0)
-        for u, v, p in zip(graph.src[hit].tolist(), graph.dst[hit].tolist(),
-                           penalty[hit].tolist()):
+        for u, v, p in zip(graph.src[hit].tolist(), graph.dst[hit].tolist(), penalty[hit].tolist()):
             pen[v].append((u, p))
     part_of_cluster = [-1] * cg.size
     load, mem = [0.0] * k, [0.0] * k
@@ -182,8 +188,9 @@ def capped_list_schedule(graph: Graph, cg: ClusterGraph, k: int, cap: float,
     return np.asarray(part_of_cluster, dtype=np.int64)
 
 
-def critical_path_pins(graph: Graph, cg: ClusterGraph, k: int, cap: float, est: np.ndarray,
-                       critical: np.ndarray) -> np.ndarray:
+def critical_path_pins(
+    graph: Graph, cg: ClusterGraph, k: int, cap: float, est: np.ndarray, critical: np.ndarray
+) -> np.ndarray:
     """Pin the clusters on the critical path (endpoints of ``critical`` edges) to devices in
     contiguous segments along the path (by earliest start ``est``), cut only where the load cap
     forces it and there at the cheapest critical edges (``split_sequence``): CPOP's "critical
@@ -232,15 +239,14 @@ def _pop_order(graph: Graph, priority: np.ndarray) -> list[int]:
     while heap:
         _, v = heapq.heappop(heap)
         popped.append(v)
-        for x in succ[out_ptr[v]:out_ptr[v + 1]]:
+        for x in succ[out_ptr[v] : out_ptr[v + 1]]:
             indeg[x] -= 1
             if indeg[x] == 0:
                 heapq.heappush(heap, (-prio[x], x))
     return popped
 
 
-def packed(cg: ClusterGraph, k: int, cap: float, mem_cap: float = float("inf"),
-           by_memory: bool = False) -> np.ndarray:
+def packed(cg: ClusterGraph, k: int, cap: float, mem_cap: float = float("inf"), by_memory: bool = False) -> np.ndarray:
     """Longest-processing-time bin packing of clusters (heaviest first onto the least loaded
     device that has room on both caps): a start that fits when the cut-driven candidates and
     single-cluster rebalancing cannot meet tight caps (few, large clusters). ``by_memory`` packs
@@ -255,8 +261,7 @@ def packed(cg: ClusterGraph, k: int, cap: float, mem_cap: float = float("inf"),
         wc, mc = weight[c], memory[c]
         p = -1  # the first least-filled device with room on both caps (any when none has)
         for d in devices:
-            if mem[d] + mc <= mem_cap and load[d] + wc <= limit and (p < 0
-                                                                      or level[d] < level[p]):
+            if mem[d] + mc <= mem_cap and load[d] + wc <= limit and (p < 0 or level[d] < level[p]):
                 p = d
         if p < 0:
             p = min(devices, key=level.__getitem__)
@@ -284,13 +289,13 @@ def metis_parts(cg: ClusterGraph, k: int, imbalance: float, seed: int = 0) -> np
     vw, ew = _int_weights(cg)
     opts = pymetis.Options(ufactor=max(1, int(round(1000 * imbalance))), seed=seed)
     with native_noise_as_warning("METIS"):
-        _, parts = pymetis.part_graph(k, pymetis.CSRAdjacency(cg.xadj, cg.adjncy), vweights=vw,
-                                      eweights=ew, recursive=False, options=opts)
+        _, parts = pymetis.part_graph(
+            k, pymetis.CSRAdjacency(cg.xadj, cg.adjncy), vweights=vw, eweights=ew, recursive=False, options=opts
+        )
     return np.asarray(parts, dtype=np.int64)
 
 
-def kahip_parts(cg: ClusterGraph, k: int, imbalance: float, seed: int = 0,
-                mode: int = 1) -> np.ndarray:
+def kahip_parts(cg: ClusterGraph, k: int, imbalance: float, seed: int = 0, mode: int = 1) -> np.ndarray:
     """KaHIP's kaffpa (mode 0 fast, 1 eco, 2 strong); positional arguments as the binding wants."""
     import kahip
 
@@ -298,6 +303,7 @@ def kahip_parts(cg: ClusterGraph, k: int, imbalance: float, seed: int = 0,
         return np.zeros(cg.size, dtype=np.int64)
     vw, ew = _int_weights(cg)
     with native_noise_as_warning("KaHIP"):
-        _, blocks = kahip.kaffpa(vw.tolist(), cg.xadj.tolist(), ew.tolist(), cg.adjncy.tolist(),
-                                 k, float(imbalance), True, seed, mode)
+        _, blocks = kahip.kaffpa(
+            vw.tolist(), cg.xadj.tolist(), ew.tolist(), cg.adjncy.tolist(), k, float(imbalance), True, seed, mode
+        )
     return np.asarray(blocks, dtype=np.int64)

@@ -118,12 +118,14 @@ def _profiled(doc: dict, nodes: list, edges: list) -> Graph:
     for i, nd in enumerate(nodes):
         color = nd.get("colorClass")
         integral = (isinstance(color, int) and not isinstance(color, bool)) or (
-            isinstance(color, float) and color.is_integer())
+            isinstance(color, float) and color.is_integer()
+        )
         if color is not None and not (integral and abs(color) < 2**62):
             raise UserError(f"nodes[{i}]: 'colorClass' is {_shown(color)}, expected an integer")
         group.append(-1 if color is None else int(color))
     return build_graph(
-        ids, [_number(nd, "fpgaLatency", f"node {ids[i]!r}") for i, nd in enumerate(nodes)],
+        ids,
+        [_number(nd, "fpgaLatency", f"node {ids[i]!r}") for i, nd in enumerate(nodes)],
         [_node_id(e, "sourceId", f"edges[{j}]") for j, e in enumerate(edges)],
         [_node_id(e, "destId", f"edges[{j}]") for j, e in enumerate(edges)],
         [_number(e, "cost", f"edges[{j}]") for j, e in enumerate(edges)],
@@ -141,8 +143,7 @@ def _ours(doc: dict, nodes: list, edges: list) -> Graph:
     for i, nd in enumerate(nodes):
         g = nd.get("group")
         if isinstance(g, (list, dict)):
-            raise UserError(f"node {ids[i]!r}: 'group' is {_shown(g)}, expected a name, a number "
-                            "or null")
+            raise UserError(f"node {ids[i]!r}: 'group' is {_shown(g)}, expected a name, a number or null")
         group.append(-1 if g is None else groups.setdefault(g, len(groups)))
     critical = None
     if any("critical" in e for e in edges):
@@ -153,7 +154,8 @@ def _ours(doc: dict, nodes: list, edges: list) -> Graph:
                 raise UserError(f"edges[{j}]: 'critical' is {_shown(label)}, expected true or false")
             critical.append(label)
     return build_graph(
-        ids, [_number(nd, "cost", f"node {ids[i]!r}", 0.0) for i, nd in enumerate(nodes)],
+        ids,
+        [_number(nd, "cost", f"node {ids[i]!r}", 0.0) for i, nd in enumerate(nodes)],
         [_node_id(e, "src", f"edges[{j}]") for j, e in enumerate(edges)],
         [_node_id(e, "dst", f"edges[{j}]") for j, e in enumerate(edges)],
         [_number(e, "cost", f"edges[{j}]", 0.0) for j, e in enumerate(edges)],
@@ -169,9 +171,13 @@ def graph_to_dict(graph: Graph) -> dict:
     """Our JSON format, e.g. to save a traced model's graph for later runs."""
     return {
         "nodes": [
-            {"id": nid, "cost": float(graph.cost[i]), "memory": float(graph.memory[i]),
-             "group": None if graph.group[i] < 0 else int(graph.group[i]),
-             **({"name": graph.names[i]} if graph.names else {})}
+            {
+                "id": nid,
+                "cost": float(graph.cost[i]),
+                "memory": float(graph.memory[i]),
+                "group": None if graph.group[i] < 0 else int(graph.group[i]),
+                **({"name": graph.names[i]} if graph.names else {}),
+            }
             for i, nid in enumerate(graph.node_ids)
         ],
         "edges": [
@@ -182,15 +188,22 @@ def graph_to_dict(graph: Graph) -> dict:
     }
 
 
-def load_graph(spec: str, input_shape: tuple[int, ...] | None = None,
-               bandwidth: float = 1e9, importer: str = "export", training: bool = False) -> Graph:
+def load_graph(
+    spec: str,
+    input_shape: tuple[int, ...] | None = None,
+    bandwidth: float = 1e9,
+    importer: str = "export",
+    training: bool = False,
+) -> Graph:
     """Load GRAPH as the CLI names it: a .json file, a .onnx file, or ``module:callable``
     (imported with ``importer``: export, fx or onnx; see importers.IMPORTERS; ``training``:
     forward + backward + optimizer step, module:callable only)."""
     path = Path(spec)
     if training and ":" not in spec:
-        raise UserError(f"--training needs a model given as module:callable, not {spec!r} (a "
-                        "graph file is partitioned as it is: export the training graph into it)")
+        raise UserError(
+            f"--training needs a model given as module:callable, not {spec!r} (a "
+            "graph file is partitioned as it is: export the training graph into it)"
+        )
     if path.suffix.lower() == ".onnx":
         from trainmaster.partition.importers import from_onnx
 
@@ -202,6 +215,5 @@ def load_graph(spec: str, input_shape: tuple[int, ...] | None = None,
 
         if input_shape is None:
             raise UserError(f"{spec}: a module:callable graph needs --input-shape, e.g. 1,3,32,32")
-        return from_callable(spec, input_shape, bandwidth=bandwidth, importer=importer,
-                             training=training)
+        return from_callable(spec, input_shape, bandwidth=bandwidth, importer=importer, training=training)
     raise UserError(f"graph {spec!r}: not a file, and not of the form module:callable")

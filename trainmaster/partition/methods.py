@@ -26,18 +26,22 @@ from trainmaster.partition.coarse import ClusterGraph, cluster_graph, coarsen_ch
 from trainmaster.partition.critical import Levels, critical_edges, levels
 from trainmaster.partition.graph import Graph, clusters_of
 from trainmaster.partition.ilp import ilp_partition
-from trainmaster.partition.initial import (acyclic_split, capped_list_schedule,
-                                           critical_path_pins, kahip_parts, metis_parts, packed)
+from trainmaster.partition.initial import (
+    acyclic_split,
+    capped_list_schedule,
+    critical_path_pins,
+    kahip_parts,
+    metis_parts,
+    packed,
+)
 from trainmaster.partition.patent import patent_partition
 from trainmaster.partition.refine import fm_refine, rebalance
 from trainmaster.partition.search import makespan_descent
-from trainmaster.partition.simulate import (device_graph_acyclic, finish_times, load_cap,
-                                            memory_cap_enforced)
+from trainmaster.partition.simulate import device_graph_acyclic, finish_times, load_cap, memory_cap_enforced
 
 METHODS = ("trainmaster", "patent", "metis", "kahip", "ilp")
 
-__all__ = ["METHODS", "Candidate", "Partition", "PartitionOptions", "check_request",
-           "memory_cap_enforced", "partition"]
+__all__ = ["METHODS", "Candidate", "Partition", "PartitionOptions", "check_request", "memory_cap_enforced", "partition"]
 
 
 @dataclass(frozen=True)
@@ -75,12 +79,16 @@ class PartitionOptions:
         if not np.isfinite(self.cut_slack):
             raise UserError(f"partition option cut_slack={self.cut_slack}: give a finite number")
         if self.low_cut_share < 1 or self.descent_work < 0:
-            raise UserError("partition options low_cut_share >= 1 and descent_work >= 0 needed, "
-                            f"got {self.low_cut_share} and {self.descent_work}")
+            raise UserError(
+                "partition options low_cut_share >= 1 and descent_work >= 0 needed, "
+                f"got {self.low_cut_share} and {self.descent_work}"
+            )
         lo, hi = self.descent_simulations
         if not 0 <= lo <= hi:
-            raise UserError(f"partition option descent_simulations={self.descent_simulations}: "
-                            "give (low, high) with 0 <= low <= high")
+            raise UserError(
+                f"partition option descent_simulations={self.descent_simulations}: "
+                "give (low, high) with 0 <= low <= high"
+            )
 
 
 @dataclass
@@ -128,9 +136,16 @@ def check_request(graph: Graph, k: int, imbalance: float, method: str) -> None:
         raise UserError(f"--imbalance must be between 0 and 10, got {imbalance}")
 
 
-def partition(graph: Graph, k: int, method: str = "trainmaster", imbalance: float = 0.05,
-              seed: int = 0, delta: float = 0.0, acyclic: bool = False,
-              options: PartitionOptions | None = None) -> Partition:
+def partition(
+    graph: Graph,
+    k: int,
+    method: str = "trainmaster",
+    imbalance: float = 0.05,
+    seed: int = 0,
+    delta: float = 0.0,
+    acyclic: bool = False,
+    options: PartitionOptions | None = None,
+) -> Partition:
     """Split ``graph`` over ``k`` devices with ``method``. ``acyclic`` (ours only) keeps the
     device graph a DAG, as a pipeline of stages streaming samples needs. ``options``: ours's
     tuning knobs (``PartitionOptions``; the defaults when None)."""
@@ -155,29 +170,38 @@ def partition(graph: Graph, k: int, method: str = "trainmaster", imbalance: floa
     assignment = np.asarray(assignment, dtype=np.int64)
     cap = load_cap(graph, k, imbalance, clusters_of(graph))
     over = _overload(graph, assignment, k, cap, memory_cap_enforced(graph, k))
-    return Partition(assignment, method, k, seconds, notes, feasible=over == 0.0, overload=over,
-                     cpu_seconds=cpu)
+    return Partition(assignment, method, k, seconds, notes, feasible=over == 0.0, overload=over, cpu_seconds=cpu)
 
 
-def _objective_weights(graph: Graph, static_crit: np.ndarray, assignment: np.ndarray | None,
-                       delta: float, critical_weight: float) -> np.ndarray:
+def _objective_weights(
+    graph: Graph, static_crit: np.ndarray, assignment: np.ndarray | None, delta: float, critical_weight: float
+) -> np.ndarray:
     crit = static_crit
     if assignment is not None:
         crit = crit | critical_edges(graph, delta, assignment=assignment)
     return graph.edge_cost * (1.0 + critical_weight * crit)
 
 
-def _refine(graph: Graph, base: np.ndarray, part: np.ndarray, k: int, cap: float,
-            mem_cap: float, static_crit: np.ndarray, delta: float, critical_weight: float,
-            coarse: ClusterGraph | None = None, wake_all: bool = True) -> np.ndarray:
+def _refine(
+    graph: Graph,
+    base: np.ndarray,
+    part: np.ndarray,
+    k: int,
+    cap: float,
+    mem_cap: float,
+    static_crit: np.ndarray,
+    delta: float,
+    critical_weight: float,
+    coarse: ClusterGraph | None = None,
+    wake_all: bool = True,
+) -> np.ndarray:
     """Coarse-level FM (whole coarse clusters move) then base-level FM with partition-aware weights."""
     if coarse is not None:
         cpart = np.zeros(coarse.size, dtype=np.int64)
         cpart[coarse.of] = part
         cpart = fm_refine(coarse, cpart, k, cap, mem_cap)
         part = coarse.expand(cpart)
-    cg = cluster_graph(graph, base, _objective_weights(graph, static_crit, part, delta,
-                                                       critical_weight))
+    cg = cluster_graph(graph, base, _objective_weights(graph, static_crit, part, delta, critical_weight))
     bpart = np.zeros(cg.size, dtype=np.int64)
     bpart[base] = part
     bpart = rebalance(cg, bpart, k, cap, mem_cap)
@@ -193,8 +217,9 @@ def _over_caps(cg: ClusterGraph, part: np.ndarray, k: int, cap: float, mem_cap: 
     return bool(np.bincount(part, weights=cg.memory, minlength=k).max() > mem_cap)
 
 
-def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int, delta: float,
-                 acyclic: bool, opts: PartitionOptions) -> tuple[np.ndarray, dict]:
+def _trainmaster(
+    graph: Graph, k: int, imbalance: float, seed: int, delta: float, acyclic: bool, opts: PartitionOptions
+) -> tuple[np.ndarray, dict]:
     lv = levels(graph)
     static_crit = critical_edges(graph, delta, lv=lv)
     base = clusters_of(graph)
@@ -204,8 +229,9 @@ def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int, delta: float
     base_cg = cluster_graph(graph, base, weights)
     coarse_of = coarsen_chains(graph, weights, max_weight=cap / 4.0)
     coarse_cg = cluster_graph(graph, coarse_of, weights)
-    starts = _candidates(graph, k, imbalance, seed, cap, mem_cap, lv, static_crit, base_cg,
-                         coarse_cg, acyclic, opts.cut_penalty)
+    starts = _candidates(
+        graph, k, imbalance, seed, cap, mem_cap, lv, static_crit, base_cg, coarse_cg, acyclic, opts.cut_penalty
+    )
 
     simulated: dict[bytes, list] = {}  # finish times by assignment: equal candidates share one
 
@@ -223,23 +249,42 @@ def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int, delta: float
     # FM refines the cut-driven starts; any start over the caps is rebalanced (moves, then
     # swaps where moves get stuck) and refined too
     for c in [c for c in scored if c.name in opts.refined or c.overload > 0]:
-        refined = _refine(graph, base, c.assignment, k, cap, mem_cap, static_crit, delta,
-                          opts.critical_weight, coarse_cg if c.name == "metis" else None)
+        refined = _refine(
+            graph,
+            base,
+            c.assignment,
+            k,
+            cap,
+            mem_cap,
+            static_crit,
+            delta,
+            opts.critical_weight,
+            coarse_cg if c.name == "metis" else None,
+        )
         scored.append(candidate(c.name + "+fm", refined))
     if all(c.overload > 0 for c in scored):  # no start could be repaired: bin-packed starts
         for by_memory in (False, True) if np.isfinite(mem_cap) else (False,):
-            a = _refine(graph, base, base_cg.expand(packed(base_cg, k, cap, mem_cap, by_memory)),
-                        k, cap, mem_cap, static_crit, delta, opts.critical_weight,
-                        wake_all=False)
+            a = _refine(
+                graph,
+                base,
+                base_cg.expand(packed(base_cg, k, cap, mem_cap, by_memory)),
+                k,
+                cap,
+                mem_cap,
+                static_crit,
+                delta,
+                opts.critical_weight,
+                wake_all=False,
+            )
             if _overload(graph, a, k, cap, mem_cap) == 0.0:
                 scored.append(Candidate(0.0, span_of(a), "packed+fm", a))
-    if np.isfinite(mem_cap) and all(_memory_over(graph, c.assignment, k, mem_cap)
-                                    for c in scored):
+    if np.isfinite(mem_cap) and all(_memory_over(graph, c.assignment, k, mem_cap) for c in scored):
         # no candidate meets the memory cap (it and the load cap may not both be satisfiable):
         # rank on the load cap and makespan, as for a graph whose memory cannot fit at all
         mem_cap = float("inf")
-        scored = [Candidate(_overload(graph, c.assignment, k, cap, mem_cap), c.makespan, c.name,
-                            c.assignment) for c in scored]
+        scored = [
+            Candidate(_overload(graph, c.assignment, k, cap, mem_cap), c.makespan, c.name, c.assignment) for c in scored
+        ]
     relaxed_cap = None
     if all(c.overload > 0 for c in scored):
         # the load cap cannot be met by any candidate (e.g. 12 equal layers on 8 devices):
@@ -248,12 +293,12 @@ def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int, delta: float
         # partition 2-3x slower than METIS's for 0.1% less load (the result is still flagged)
         avg = float(graph.cost.sum()) / k
         fits = [c for c in scored if not _memory_over(graph, c.assignment, k, mem_cap)] or scored
-        least = min(float(np.bincount(c.assignment, weights=graph.cost, minlength=k).max())
-                    for c in fits)
+        least = min(float(np.bincount(c.assignment, weights=graph.cost, minlength=k).max()) for c in fits)
         relaxed_cap = max(cap, least + opts.infeasible_slack * avg)
         cap = relaxed_cap
-        scored = [Candidate(_overload(graph, c.assignment, k, cap, mem_cap), c.makespan, c.name,
-                            c.assignment) for c in scored]
+        scored = [
+            Candidate(_overload(graph, c.assignment, k, cap, mem_cap), c.makespan, c.name, c.assignment) for c in scored
+        ]
     if acyclic:  # may be impossible when a co-location class spans a path; then fall back
         dag = [c for c in scored if device_graph_acyclic(graph, c.assignment, k)]
         scored = dag or scored
@@ -275,10 +320,18 @@ def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int, delta: float
 
         def descend(start: np.ndarray, budget: int) -> tuple[np.ndarray, float, int]:
             return makespan_descent(
-                graph, start, k, cap, mem_cap, [base, coarse_of], budget,
-                acyclic=acyclic and device_graph_acyclic(graph, start, k), guarded=guarded,
+                graph,
+                start,
+                k,
+                cap,
+                mem_cap,
+                [base, coarse_of],
+                budget,
+                acyclic=acyclic and device_graph_acyclic(graph, start, k),
+                guarded=guarded,
                 swaps=opts.descent_swaps and tight,
-                finish=simulated.get(np.asarray(start, dtype=np.int64).tobytes()))
+                finish=simulated.get(np.asarray(start, dtype=np.int64).tobytes()),
+            )
 
         best, span, used = descend(best, budget)
         metis = [c for c in scored if c.name == "metis-plain"]
@@ -288,18 +341,16 @@ def _trainmaster(graph: Graph, k: int, imbalance: float, seed: int, delta: float
             used += more
             if other_span <= min(metis[0].makespan, (1.0 + opts.cut_slack) * span) + 1e-9:
                 best, span, label = other, other_span, low.name + "+low-cut"
-    candidates = {c.name: {"overload": c.overload, "makespan": c.makespan,
-                           "critical_cut": cut_of(c)}
-                  for c in scored}
-    notes = {"chosen": label, "descent_simulations": used, "makespan": span,
-             "candidates": candidates}
+    candidates = {c.name: {"overload": c.overload, "makespan": c.makespan, "critical_cut": cut_of(c)} for c in scored}
+    notes = {"chosen": label, "descent_simulations": used, "makespan": span, "candidates": candidates}
     if relaxed_cap is not None:
         notes["relaxed_load_cap"] = relaxed_cap
     return best, notes
 
 
-def _low_cut_start(scored: list[Candidate], cut_of: Callable[[Candidate], float],
-                   metis: list[Candidate], chosen_cut: float) -> Candidate | None:
+def _low_cut_start(
+    scored: list[Candidate], cut_of: Callable[[Candidate], float], metis: list[Candidate], chosen_cut: float
+) -> Candidate | None:
     """Where the chosen partition (after its descent) cuts no less static critical cost than
     METIS's own partition (``metis``: its candidate, when run), the fastest candidate within
     the caps that cuts less, to be descended too; else None. Why: the critical cut is the
@@ -313,10 +364,20 @@ def _low_cut_start(scored: list[Candidate], cut_of: Callable[[Candidate], float]
     return min(low, key=lambda c: c.makespan) if low else None
 
 
-def _candidates(graph: Graph, k: int, imbalance: float, seed: int, cap: float, mem_cap: float,
-                lv: Levels, static_crit: np.ndarray, base_cg: ClusterGraph,
-                coarse_cg: ClusterGraph, acyclic: bool, cut_penalty: float,
-                ) -> dict[str, np.ndarray]:
+def _candidates(
+    graph: Graph,
+    k: int,
+    imbalance: float,
+    seed: int,
+    cap: float,
+    mem_cap: float,
+    lv: Levels,
+    static_crit: np.ndarray,
+    base_cg: ClusterGraph,
+    coarse_cg: ClusterGraph,
+    acyclic: bool,
+    cut_penalty: float,
+) -> dict[str, np.ndarray]:
     """Initial partitions, named. Contiguous splits of the topological order (a chain of
     stages; with ``acyclic`` also by earliest start, so branches that run at the same time share
     a stage), capped list scheduling (charging a cut critical edge the final choice's penalty)
@@ -332,18 +393,23 @@ def _candidates(graph: Graph, k: int, imbalance: float, seed: int, cap: float, m
             out[name] = base_cg.expand(split)
     pins = critical_path_pins(graph, base_cg, k, cap, lv.est, static_crit)
     penalty = cut_penalty * graph.edge_cost * static_crit
-    out["list"] = base_cg.expand(capped_list_schedule(graph, base_cg, k, cap, lv.blevel,
-                                                      mem_cap=mem_cap, penalty=penalty))
-    out["cpop"] = base_cg.expand(
-        capped_list_schedule(graph, base_cg, k, cap, lv.blevel, pins, mem_cap))
+    out["list"] = base_cg.expand(
+        capped_list_schedule(graph, base_cg, k, cap, lv.blevel, mem_cap=mem_cap, penalty=penalty)
+    )
+    out["cpop"] = base_cg.expand(capped_list_schedule(graph, base_cg, k, cap, lv.blevel, pins, mem_cap))
     out["metis"] = coarse_cg.expand(metis_parts(coarse_cg, k, imbalance, seed))
     plain = cluster_graph(graph, base_cg.of, graph.edge_cost)
     out["metis-plain"] = plain.expand(metis_parts(plain, k, imbalance, seed))
     return out
 
 
-def _choose(graph: Graph, scored: list[Candidate], guarded: np.ndarray, cut_penalty: float,
-            cut_of: Callable[[Candidate], float] | None = None) -> Candidate:
+def _choose(
+    graph: Graph,
+    scored: list[Candidate],
+    guarded: np.ndarray,
+    cut_penalty: float,
+    cut_of: Callable[[Candidate], float] | None = None,
+) -> Candidate:
     """The final choice. Balance and memory are constraints: where some candidates meet both
     caps, only those are ranked; where none does, the least overloaded (the least-violating)
     ones are, and the caller flags the result infeasible. Among them, none slower than METIS's
@@ -354,6 +420,7 @@ def _choose(graph: Graph, scored: list[Candidate], guarded: np.ndarray, cut_pena
     the critical path is the safer (``cut_penalty`` 0: makespan, then critical cut).
     ``cut_of`` (a candidate -> its critical cut cost, memoised by the caller) saves computing it
     again."""
+
     def plain_cut(c: Candidate) -> float:
         return _cut_cost(graph, guarded, c.assignment)
 

@@ -57,8 +57,11 @@ class BasicBlock(nn.Module):
         self.bn1 = nn.BatchNorm2d(cout)
         self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
         self.bn2 = nn.BatchNorm2d(cout)
-        self.skip = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-                     if stride != 1 or cin != cout else nn.Identity())
+        self.skip = (
+            nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+            if stride != 1 or cin != cout
+            else nn.Identity()
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.relu(self.bn1(self.conv1(x)))
@@ -67,8 +70,7 @@ class BasicBlock(nn.Module):
 
 def resnet_like(width: int = 32, classes: int = 10) -> nn.Module:
     """A small ResNet (8 basic blocks in 4 stages, as ResNet-18), input (N, 3, H, W)."""
-    blocks: list[nn.Module] = [nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width),
-                               nn.ReLU()]
+    blocks: list[nn.Module] = [nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU()]
     cin = width
     for stage, mult in enumerate((1, 2, 4, 8)):
         for i in range(2):
@@ -79,14 +81,20 @@ def resnet_like(width: int = 32, classes: int = 10) -> nn.Module:
     return nn.Sequential(*blocks)
 
 
-def gpt2_small(layers: int = 4, width: int = 256, heads: int = 4, vocab: int = 1024,
-               positions: int = 128) -> nn.Module:
+def gpt2_small(layers: int = 4, width: int = 256, heads: int = 4, vocab: int = 1024, positions: int = 128) -> nn.Module:
     """A GPT-2 configuration from ``transformers`` with random weights (no download), smaller
     than GPT-2 small (12 x 768) so that it runs on a CPU in seconds; input token ids (N, S)
     below ``vocab`` (the pipeline's ``input_dtype: tokens:1024``). Traced with torch.export."""
     import transformers
 
-    config = transformers.GPT2Config(n_layer=layers, n_embd=width, n_head=heads,
-                                     vocab_size=vocab, n_positions=positions, use_cache=False,
-                                     bos_token_id=0, eos_token_id=0)
+    config = transformers.GPT2Config(
+        n_layer=layers,
+        n_embd=width,
+        n_head=heads,
+        vocab_size=vocab,
+        n_positions=positions,
+        use_cache=False,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     return transformers.GPT2Model(config)

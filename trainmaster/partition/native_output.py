@@ -60,5 +60,8 @@ def native_noise_as_warning(library: str) -> Iterator[None]:
         yield
     lines = sorted({line.strip() for line in captured.text.splitlines() if line.strip()})
     if lines:
-        log.warning("warning: %s printed (not an error of this run; the partition is still checked): %s",
-                    library, " | ".join(lines))
+        log.warning(
+            "warning: %s printed (not an error of this run; the partition is still checked): %s",
+            library,
+            " | ".join(lines),
+        )

@@ -22,8 +22,9 @@ def group_operators(graph: Graph, cap: float) -> np.ndarray:
     return coarsen_chains(graph, np.ones(graph.m), max_weight=cap / 2.0, only_chain_links=True)
 
 
-def random_initial(graph: Graph, groups: np.ndarray, k: int, cap: float,
-                   rng: np.random.Generator, moves: int | None = None) -> np.ndarray:
+def random_initial(
+    graph: Graph, groups: np.ndarray, k: int, cap: float, rng: np.random.Generator, moves: int | None = None
+) -> np.ndarray:
     """Random group assignment, then random group moves keeping the fewest cut edges."""
     g = int(groups.max()) + 1
     gw = np.bincount(groups, weights=graph.cost, minlength=g)
@@ -69,8 +70,9 @@ def boundary_nodes(graph: Graph, assignment: np.ndarray) -> np.ndarray:
     return mask
 
 
-def gains(graph: Graph, assignment: np.ndarray, critical: np.ndarray, k: int,
-          weight: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+def gains(
+    graph: Graph, assignment: np.ndarray, critical: np.ndarray, k: int, weight: float = 1.0
+) -> tuple[np.ndarray, np.ndarray]:
     """Step 3: g1[v] (weighted critical relations inside v's part) and g2[v, Q] (to part Q)."""
     s, d = graph.src[critical], graph.dst[critical]
     ps, pd = assignment[s], assignment[d]
@@ -82,9 +84,16 @@ def gains(graph: Graph, assignment: np.ndarray, critical: np.ndarray, k: int,
     return g1.astype(np.float64), g2
 
 
-def patent_partition(graph: Graph, k: int, cap: float, critical: np.ndarray, seed: int = 0,
-                     threshold: float = 0.0, move_all: bool = True,
-                     max_rounds: int | None = None) -> np.ndarray:
+def patent_partition(
+    graph: Graph,
+    k: int,
+    cap: float,
+    critical: np.ndarray,
+    seed: int = 0,
+    threshold: float = 0.0,
+    move_all: bool = True,
+    max_rounds: int | None = None,
+) -> np.ndarray:
     rng = np.random.default_rng(seed)
     groups = group_operators(graph, cap)
     part = random_initial(graph, groups, k, cap, rng)

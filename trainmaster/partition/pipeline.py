@@ -85,8 +85,7 @@ class Mailbox:
     def take(self, key, timeout: float = TIMEOUT_S):
         with self._cond:
             if not self._cond.wait_for(lambda: key in self._items, timeout=timeout):
-                raise TimeoutError(f"pipeline: value {key[1]!r} of sample {key[0]} never arrived "
-                                   f"within {timeout}s")
+                raise TimeoutError(f"pipeline: value {key[1]!r} of sample {key[0]} never arrived within {timeout}s")
             return self._items.pop(key)
 
     def take_control(self, timeout: float = TIMEOUT_S):
@@ -117,8 +116,7 @@ class Link:
     to the next due message as its timeout (no polling). Loopback's own cost (pickling, the
     socket) comes on top; the per-message ``latency`` of the cost model is meant to cover both."""
 
-    def __init__(self, conn: Connection, latency: float = 0.0,
-                 bandwidth: float = float("inf")) -> None:
+    def __init__(self, conn: Connection, latency: float = 0.0, bandwidth: float = float("inf")) -> None:
         self.conn = conn
         self._due: list[tuple[float, int, bytes]] = []
         self._seq = 0
@@ -239,12 +237,21 @@ def _publish_plan(graph: Any, assignment: Any, k: int, method: str) -> None:
     critical = critical_edges(graph, assignment=assignment)
     on_critical = set(graph.src[critical].tolist()) | set(graph.dst[critical].tolist())
     names = [str(n) for n in graph.node_ids]
-    trainmaster.publish("partition.plan", {
-        "method": method, "devices": k,
-        "nodes": [{"id": names[v], "device": int(assignment[v]), "critical": v in on_critical}
-                  for v in range(len(graph.node_ids))],
-        "edges": [{"src": names[int(s)], "dst": names[int(d)], "critical": bool(c)}
-                  for s, d, c in zip(graph.src, graph.dst, critical)]})
+    trainmaster.publish(
+        "partition.plan",
+        {
+            "method": method,
+            "devices": k,
+            "nodes": [
+                {"id": names[v], "device": int(assignment[v]), "critical": v in on_critical}
+                for v in range(len(graph.node_ids))
+            ],
+            "edges": [
+                {"src": names[int(s)], "dst": names[int(d)], "critical": bool(c)}
+                for s, d, c in zip(graph.src, graph.dst, critical)
+            ],
+        },
+    )
 
 
 def run_stage(port: int) -> None:
@@ -270,13 +277,15 @@ def run_stage(port: int) -> None:
                 peers[j] = Link(_dial(addr, deadline))
         link = cfg.get("link") or {}
         for j, peer in peers.items():  # stage to stage only: the driver stands for no device
-            peer.configure(float(link.get("latency", 0.0)) if j != DRIVER else 0.0,
-                           float(link.get("bandwidth", float("inf"))) if j != DRIVER
-                           else float("inf"))
+            peer.configure(
+                float(link.get("latency", 0.0)) if j != DRIVER else 0.0,
+                float(link.get("bandwidth", float("inf"))) if j != DRIVER else float("inf"),
+            )
         model = build_model(cfg["model"], cfg["seed"])
         shape = cfg.get("input_shape")
-        gm = trace_for_pipeline(model, cfg.get("tracer", "fx"),
-                                example_input(shape, cfg.get("input_dtype")) if shape else None)
+        gm = trace_for_pipeline(
+            model, cfg.get("tracer", "fx"), example_input(shape, cfg.get("input_dtype")) if shape else None
+        )
         assignment = cfg["assignment"]
         consumers = plan_consumers(gm, assignment)
         mine = [n for n in gm.graph.nodes if _owner(n, assignment) == me]
@@ -329,14 +338,27 @@ class PipelineRun:
     latency_samples: int = 0
 
 
-def run_driver(stages: list[str], port: int, model_spec: str, input_shape: tuple[int, ...],
-               methods: list[str], samples: int, seed: int, bandwidth: float,
-               flops_per_second: float = 1e10, latency: float = 1e-3,
-               acyclic: bool = True) -> dict:
+def run_driver(
+    stages: list[str],
+    port: int,
+    model_spec: str,
+    input_shape: tuple[int, ...],
+    methods: list[str],
+    samples: int,
+    seed: int,
+    bandwidth: float,
+    flops_per_second: float = 1e10,
+    latency: float = 1e-3,
+    acyclic: bool = True,
+) -> dict:
     """Partition the model with each method, run it through the stages, check and time it."""
-    return run_pipeline(stages, port, PipelineRun(
-        model_spec, tuple(input_shape), list(methods), samples, seed, bandwidth,
-        flops_per_second, latency, acyclic))
+    return run_pipeline(
+        stages,
+        port,
+        PipelineRun(
+            model_spec, tuple(input_shape), list(methods), samples, seed, bandwidth, flops_per_second, latency, acyclic
+        ),
+    )
 
 
 def run_pipeline(stages: list[str], port: int, run: PipelineRun) -> dict:
@@ -356,30 +378,47 @@ def run_pipeline(stages: list[str], port: int, run: PipelineRun) -> dict:
     deadline = time.monotonic() + TIMEOUT_S
     conns = [_dial(a, deadline) for a in stages]
     model = build_model(run.model, run.seed)
-    inputs = [example_input(run.input_shape, run.input_dtype, run.seed + 1 + i)
-              for i in range(run.samples + run.latency_samples)]
+    inputs = [
+        example_input(run.input_shape, run.input_dtype, run.seed + 1 + i)
+        for i in range(run.samples + run.latency_samples)
+    ]
     warmup = max(2, run.samples // 5)
     feed = inputs[:warmup] + inputs
     with torch.no_grad():
         expected = [model(x) for x in inputs]
         t0 = time.perf_counter()
-        for x in inputs[:run.samples]:
+        for x in inputs[: run.samples]:
             model(x)
         unsplit = (time.perf_counter() - t0) / max(run.samples, 1)
-    graph, gm = from_module(model, (inputs[0],), bandwidth=run.bandwidth,
-                            flops_per_second=run.flops_per_second, latency=run.latency,
-                            tracer=run.tracer)
+    graph, gm = from_module(
+        model,
+        (inputs[0],),
+        bandwidth=run.bandwidth,
+        flops_per_second=run.flops_per_second,
+        latency=run.latency,
+        tracer=run.tracer,
+    )
     if run.costs == "measured":
         graph = _with_measured_costs(graph, gm, (inputs[0],), run.profile_runs)
-    report: dict[str, Any] = {"model": run.model, "k": k, "samples": run.samples,
-                              "latency_samples": run.latency_samples,
-                              "cost_model": {"costs": run.costs,
-                                             "flops_per_second": run.flops_per_second,
-                                             "bandwidth": run.bandwidth, "latency": run.latency},
-                              "emulated_link": run.emulate_link, "tracer": run.tracer,
-                              "nodes": graph.n, "acyclic": run.acyclic,
-                              "unsplit_seconds_per_sample": unsplit,
-                              "predicted_unsplit_seconds": float(graph.cost.sum()), "runs": {}}
+    report: dict[str, Any] = {
+        "model": run.model,
+        "k": k,
+        "samples": run.samples,
+        "latency_samples": run.latency_samples,
+        "cost_model": {
+            "costs": run.costs,
+            "flops_per_second": run.flops_per_second,
+            "bandwidth": run.bandwidth,
+            "latency": run.latency,
+        },
+        "emulated_link": run.emulate_link,
+        "tracer": run.tracer,
+        "nodes": graph.n,
+        "acyclic": run.acyclic,
+        "unsplit_seconds_per_sample": unsplit,
+        "predicted_unsplit_seconds": float(graph.cost.sum()),
+        "runs": {},
+    }
     link = {"latency": run.latency, "bandwidth": run.bandwidth} if run.emulate_link else {}
     for method in run.methods:
         part = partition(graph, k, method, acyclic=run.acyclic)
@@ -387,10 +426,18 @@ def run_pipeline(stages: list[str], port: int, run: PipelineRun) -> dict:
         metrics = evaluate(graph, part.assignment, k)
         _publish_plan(graph, part.assignment, k, method)
         total = warmup + run.samples + run.latency_samples
-        cfg = {"assignment": assignment, "model": run.model, "seed": run.seed, "samples": total,
-               "stages": stages, "driver": f"127.0.0.1:{port}", "tracer": run.tracer,
-               "input_shape": list(run.input_shape), "input_dtype": run.input_dtype,
-               "link": link}
+        cfg = {
+            "assignment": assignment,
+            "model": run.model,
+            "seed": run.seed,
+            "samples": total,
+            "stages": stages,
+            "driver": f"127.0.0.1:{port}",
+            "tracer": run.tracer,
+            "input_shape": list(run.input_shape),
+            "input_dtype": run.input_dtype,
+            "link": link,
+        }
         for j, conn in enumerate(conns):
             _send(conn, ("run", {**cfg, "stage": j}))
         for _ in range(k):
@@ -405,8 +452,10 @@ def run_pipeline(stages: list[str], port: int, run: PipelineRun) -> dict:
                     _send(conns[dest], ("value", sample, placeholder.name, feed[sample]))
             outs = []
             for sample in range(first, last):
-                env = {a: feed[sample] if a.op == "placeholder" else box.take((sample, a.name))
-                       for a in out_node.all_input_nodes}
+                env = {
+                    a: feed[sample] if a.op == "placeholder" else box.take((sample, a.name))
+                    for a in out_node.all_input_nodes
+                }
                 outs.append(torch.fx.node.map_arg(out_node.args[0], lambda a: env[a]))
             return outs
 
@@ -421,10 +470,13 @@ def run_pipeline(stages: list[str], port: int, run: PipelineRun) -> dict:
             one_at_a_time.append(time.perf_counter() - t1)
         same = all(_close(o, e) for o, e in zip(outputs, expected))
         report["runs"][method] = {
-            "seconds_per_sample": elapsed / max(run.samples, 1), "outputs_equal_unsplit": same,
+            "seconds_per_sample": elapsed / max(run.samples, 1),
+            "outputs_equal_unsplit": same,
             "latency_seconds": statistics.median(one_at_a_time) if one_at_a_time else None,
-            "simulated_makespan": metrics["makespan"], "max_load": metrics["max_load"],
-            "cut_count": metrics["cut_count"], "critical_cut_count": metrics["critical_cut_count"],
+            "simulated_makespan": metrics["makespan"],
+            "max_load": metrics["max_load"],
+            "cut_count": metrics["cut_count"],
+            "critical_cut_count": metrics["critical_cut_count"],
             "device_graph_acyclic": metrics["device_graph_acyclic"],
             "feasible": part.feasible,
         }
@@ -471,8 +523,7 @@ def _with_measured_costs(graph, gm, args: tuple, runs: int):
     # the mean, not the median: an op's expected time includes the preemptions a loaded machine
     # deals it, which the run will meet too (the median leaves them out and under-predicted a
     # whole-model run by 2.5-4x at load average ~15 on 2 cores)
-    cost = np.asarray([statistics.fmean(times[i][1:]) if len(times.get(i, [])) > 1 else 0.0
-                       for i in graph.node_ids])
+    cost = np.asarray([statistics.fmean(times[i][1:]) if len(times.get(i, [])) > 1 else 0.0 for i in graph.node_ids])
     # placeholders and the output node run in the driver, not on a device
     ops = {n.name: n.op for n in gm.graph.nodes}
     cost[[ops.get(i) in ("placeholder", "output") for i in graph.node_ids]] = 0.0
@@ -491,8 +542,12 @@ def run_local(run: PipelineRun, k: int, timeout: float = 600.0) -> dict:
             return int(sock.getsockname()[1])
 
     ports = [free_port() for _ in range(k + 1)]
-    procs = [subprocess.Popen([sys.executable, "-m", "trainmaster.partition.pipeline", "stage"],
-                              env={**os.environ, "TM_PORT": str(p)}) for p in ports[:k]]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "trainmaster.partition.pipeline", "stage"], env={**os.environ, "TM_PORT": str(p)}
+        )
+        for p in ports[:k]
+    ]
     try:
         report = run_pipeline([f"127.0.0.1:{p}" for p in ports[:k]], ports[k], run)
         for proc in procs:
@@ -511,14 +566,19 @@ def run_from_params(params: dict) -> PipelineRun:
         model=params.get("model", "trainmaster.partition.models:inception"),
         input_shape=tuple(params.get("input_shape", [1, 3, 32, 32])),
         methods=list(params.get("methods", ["trainmaster", "metis"])),
-        samples=int(params.get("samples", 20)), seed=int(params.get("seed", 0)),
+        samples=int(params.get("samples", 20)),
+        seed=int(params.get("seed", 0)),
         bandwidth=float(params.get("bandwidth", 1e9)),
         flops_per_second=float(params.get("flops_per_second", 1e10)),
-        latency=float(params.get("latency", 1e-3)), acyclic=bool(params.get("acyclic", True)),
-        tracer=str(params.get("tracer", "fx")), input_dtype=params.get("input_dtype"),
-        costs=str(params.get("costs", "flops")), profile_runs=int(params.get("profile_runs", 5)),
+        latency=float(params.get("latency", 1e-3)),
+        acyclic=bool(params.get("acyclic", True)),
+        tracer=str(params.get("tracer", "fx")),
+        input_dtype=params.get("input_dtype"),
+        costs=str(params.get("costs", "flops")),
+        profile_runs=int(params.get("profile_runs", 5)),
         emulate_link=bool(params.get("emulate_link", False)),
-        latency_samples=int(params.get("latency_samples", 0)))
+        latency_samples=int(params.get("latency_samples", 0)),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,8 +43,7 @@ class _State:
         return d
 
     def fits(self, v: int, q: int) -> bool:
-        return (self.load[q] + self.wt[v] <= self.cap
-                and self.memload[q] + self.mem[v] <= self.mem_cap)
+        return self.load[q] + self.wt[v] <= self.cap and self.memload[q] + self.mem[v] <= self.mem_cap
 
     def best_move(self, v: int, targets=None, capped: bool = True) -> tuple[float, int]:
         """Best-gain target part for v (only parts it touches unless ``targets`` is given);
@@ -53,7 +52,7 @@ class _State:
         p = self.part[v]
         own = d.get(p, 0.0)
         best_g, best_q = -np.inf, -1
-        for q in (d if targets is None else targets):
+        for q in d if targets is None else targets:
             if q == p or (capped and not self.fits(v, q)):
                 continue
             g = d.get(q, 0.0) - own
@@ -69,12 +68,13 @@ class _State:
         self.memload[q] += self.mem[v]
         self.part[v] = q
         cache = self.conn_cache
-        for x in self.nbr[self.xadj[v]:self.xadj[v + 1]]:
+        for x in self.nbr[self.xadj[v] : self.xadj[v + 1]]:
             cache[x] = None  # x's weight to v's old and new part changed
 
 
-def rebalance(cg: ClusterGraph, part: np.ndarray, k: int, cap: float,
-              mem_cap: float = float("inf"), swaps: bool = True) -> np.ndarray:
+def rebalance(
+    cg: ClusterGraph, part: np.ndarray, k: int, cap: float, mem_cap: float = float("inf"), swaps: bool = True
+) -> np.ndarray:
     """Move clusters out of overloaded parts (best gain first) until every part fits the caps.
     When no single cluster of the most overloaded part fits anywhere (tight caps: the devices
     are nearly full), swap one of its clusters with a smaller one of another part
@@ -129,8 +129,7 @@ def rebalance(cg: ClusterGraph, part: np.ndarray, k: int, cap: float,
             continue
         st.move(best[1], best[2])
         arr[best[1]] = best[2]
-    if before_swaps is not None and any(
-            st.load[p] > cap or st.memload[p] > mem_cap for p in range(k)):
+    if before_swaps is not None and any(st.load[p] > cap or st.memload[p] > mem_cap for p in range(k)):
         return np.asarray(before_swaps, dtype=np.int64)  # swaps did not reach the caps: undo
     return np.asarray(st.part, dtype=np.int64)
 
@@ -138,8 +137,7 @@ def rebalance(cg: ClusterGraph, part: np.ndarray, k: int, cap: float,
 SWAP_CANDIDATES = 2  # clusters of the overloaded part tried for a swap: the heaviest in excess
 
 
-def _best_swap(st: _State, arr: np.ndarray, p: int,
-               members: list[int]) -> tuple[int, int, int] | None:
+def _best_swap(st: _State, arr: np.ndarray, p: int, members: list[int]) -> tuple[int, int, int] | None:
     """(v, q, u): send v from the overloaded part p to q and u from q back to p, where u is
     lighter than v in every cap p exceeds, p stays within the caps it meets, and q stays within
     both. For each of p's ``SWAP_CANDIDATES`` heaviest clusters (in what p exceeds) and each q,
@@ -160,33 +158,42 @@ def _best_swap(st: _State, arr: np.ndarray, p: int,
     share = w_arr / st.cap + (m_arr / scale_m if finite_mem else 0.0)
     best, pick = None, None
     for v in movers:
-        ok = ((arr != p) & (w_arr >= load_q + wt[v] - st.cap)
-              & (m_arr >= mem_q + mem[v] - st.mem_cap)
-              & ((w_arr < wt[v]) if load_over else (w_arr <= st.cap - st.load[p] + wt[v]))
-              & ((m_arr < mem[v]) if mem_over else (m_arr <= st.mem_cap - st.memload[p] + mem[v])))
+        ok = (
+            (arr != p)
+            & (w_arr >= load_q + wt[v] - st.cap)
+            & (m_arr >= mem_q + mem[v] - st.mem_cap)
+            & ((w_arr < wt[v]) if load_over else (w_arr <= st.cap - st.load[p] + wt[v]))
+            & ((m_arr < mem[v]) if mem_over else (m_arr <= st.mem_cap - st.memload[p] + mem[v]))
+        )
         cand = np.flatnonzero(ok)
         if len(cand) == 0:
             continue
         cand = cand[np.lexsort((share[cand], arr[cand]))]  # by part, smallest share first
         firsts = cand[np.flatnonzero(np.diff(arr[cand], prepend=-1))]
         conn_v = st.conn(v)
-        nbrs = st.nbr[st.xadj[v]:st.xadj[v + 1]]
-        ws = st.w[st.xadj[v]:st.xadj[v + 1]]
+        nbrs = st.nbr[st.xadj[v] : st.xadj[v + 1]]
+        ws = st.w[st.xadj[v] : st.xadj[v + 1]]
         for u in firsts.tolist():
             q = st.part[u]
             conn_u = st.conn(u)
             link = sum(w for x, w in zip(nbrs, ws) if x == u)
-            gain = (conn_v.get(q, 0.0) - conn_v.get(p, 0.0)
-                    + conn_u.get(p, 0.0) - conn_u.get(q, 0.0) - 2.0 * link)
+            gain = conn_v.get(q, 0.0) - conn_v.get(p, 0.0) + conn_u.get(p, 0.0) - conn_u.get(q, 0.0) - 2.0 * link
             key = (gain, excess(v) - excess(u))
             if best is None or key > best:
                 best, pick = key, (v, q, u)
     return pick
 
 
-def fm_refine(cg: ClusterGraph, part: np.ndarray, k: int, cap: float,
-              mem_cap: float = float("inf"), passes: int = 6, stall: int = 16,
-              wake_all: bool = True) -> np.ndarray:
+def fm_refine(
+    cg: ClusterGraph,
+    part: np.ndarray,
+    k: int,
+    cap: float,
+    mem_cap: float = float("inf"),
+    passes: int = 6,
+    stall: int = 16,
+    wake_all: bool = True,
+) -> np.ndarray:
     """Passes of k-way FM; each keeps its best prefix of moves. Stops when a pass gains nothing.
     A pass ends after ``stall`` moves without a new best (16: on the shared and synthetic
     graphs 64 found no better prefix and cost a quarter more time). A cluster whose best move
@@ -243,7 +250,7 @@ def fm_refine(cg: ClusterGraph, part: np.ndarray, k: int, cap: float,
                         fits = load[p] + wt[u] <= cap and memload[p] + mem[u] <= mem_cap
                         (woken if fits else waiting).append(u)
                 blocked[p] = waiting
-            again = woken + st.nbr[st.xadj[v]:st.xadj[v + 1]]
+            again = woken + st.nbr[st.xadj[v] : st.xadj[v + 1]]
             last = {u: i for i, u in enumerate(again)}
             for i, u in enumerate(again):
                 if locked[u] or last[u] != i:
@@ -270,8 +277,9 @@ def fm_refine(cg: ClusterGraph, part: np.ndarray, k: int, cap: float,
     return np.asarray(st.part, dtype=np.int64)
 
 
-def _boundary_moves(cg: ClusterGraph, rows: np.ndarray, part: np.ndarray, load: np.ndarray,
-                    k: int) -> list[tuple[int, float, int]]:
+def _boundary_moves(
+    cg: ClusterGraph, rows: np.ndarray, part: np.ndarray, load: np.ndarray, k: int
+) -> list[tuple[int, float, int]]:
     """``_State.best_move(v, capped=False)`` for every boundary cluster at once (numpy): the
     touched part with the highest gain, ties to the lighter part. Starts each FM pass."""
     n = cg.size

@@ -16,13 +16,21 @@ import numpy as np
 
 from trainmaster.partition.critical import levels
 from trainmaster.partition.graph import Graph
-from trainmaster.partition.simulate import (TrialSimulator, device_graph_acyclic,
-                                            predecessor_lists, schedule, sim_plan,
-                                            static_order)
+from trainmaster.partition.simulate import (
+    TrialSimulator,
+    device_graph_acyclic,
+    predecessor_lists,
+    schedule,
+    sim_plan,
+    static_order,
+)
 
 
-def critical_chain(graph: Graph, assignment: np.ndarray, finish: list | None = None,
-                   ) -> tuple[float, list[tuple[int, int, bool]]]:
+def critical_chain(
+    graph: Graph,
+    assignment: np.ndarray,
+    finish: list | None = None,
+) -> tuple[float, list[tuple[int, int, bool]]]:
     """The schedule's makespan and its critical chain as (u, v, transfer) links, last first:
     ``transfer`` True when v waited for u's data from another device, False when v waited for its
     device to finish u. ``finish``: the schedule's finish times when already simulated."""
@@ -49,8 +57,12 @@ def critical_chain(graph: Graph, assignment: np.ndarray, finish: list | None = N
     return float(finish[v]), links
 
 
-def _static_chain(graph: Graph, order: list[int], assignment, finish: list,
-                  ) -> tuple[float, list[tuple[int, int, bool]]] | None:
+def _static_chain(
+    graph: Graph,
+    order: list[int],
+    assignment,
+    finish: list,
+) -> tuple[float, list[tuple[int, int, bool]]] | None:
     """``critical_chain`` for a schedule the simulator walked in its static priority order, on
     plain lists: there each device runs its operators in that order (a later one starts no
     earlier than the one before it ends), which is the (start, finish, priority) order the
@@ -81,8 +93,9 @@ def _static_chain(graph: Graph, order: list[int], assignment, finish: list,
     return float(span), _walk_back(graph, fin.index(span), fin, None, part, prev)
 
 
-def _walk_back(graph: Graph, v: int, fin: list, start: list | None, part: list,
-               prev: list) -> list[tuple[int, int, bool]]:
+def _walk_back(
+    graph: Graph, v: int, fin: list, start: list | None, part: list, prev: list
+) -> list[tuple[int, int, bool]]:
     """The critical chain ending at ``v``, last link first: from each operator back to the
     predecessor whose data (or, on the same device, whose end) it waited for, else to the
     operator before it on its device (``prev``). ``start`` None: start = finish - cost."""
@@ -122,11 +135,19 @@ def _priority_rank(graph: Graph) -> np.ndarray:
     return rank
 
 
-def makespan_descent(graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap: float,
-                     units: list[np.ndarray], budget: int,
-                     acyclic: bool = False, guarded: np.ndarray | None = None,
-                     swaps: bool = False, finish: list | None = None,
-                     ) -> tuple[np.ndarray, float, int]:
+def makespan_descent(
+    graph: Graph,
+    part: np.ndarray,
+    k: int,
+    cap: float,
+    mem_cap: float,
+    units: list[np.ndarray],
+    budget: int,
+    acyclic: bool = False,
+    guarded: np.ndarray | None = None,
+    swaps: bool = False,
+    finish: list | None = None,
+) -> tuple[np.ndarray, float, int]:
     """First-improvement descent on the simulated makespan within the caps.
 
     ``units`` are nested node -> unit maps, finest first (co-location clusters, then chain
@@ -138,8 +159,7 @@ def makespan_descent(graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap
     co-location cluster of the target device that makes room back to the mover's device
     instead (``_MoveCheck._swap``). ``finish``: the schedule of ``part`` when already
     simulated. Returns (assignment, makespan, simulations used)."""
-    state = _MoveCheck(graph, part, k, cap, mem_cap, guarded, acyclic,
-                       units[0] if swaps else None, finish)
+    state = _MoveCheck(graph, part, k, cap, mem_cap, guarded, acyclic, units[0] if swaps else None, finish)
     span, links = critical_chain(graph, state.part_l, state.finish)
     members = [_Members(u) for u in units]
     member_order = [m.order for m in members]  # unit c of level lvl: order[ptr[c]:ptr[c + 1]]
@@ -196,8 +216,7 @@ def makespan_descent(graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap
                         part_l = state.part_l
                         span, links = critical_chain(graph, state.part_l, finish)
                         tried.clear()
-                        refused = _still_refused(refused, trial[1], sources, touched,
-                                                 unit_of, state)
+                        refused = _still_refused(refused, trial[1], sources, touched, unit_of, state)
                         improved = True
                         break
                 if improved:
@@ -209,8 +228,9 @@ def makespan_descent(graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap
     return state.part, span, used
 
 
-def _still_refused(refused: dict, moved: list[int], sources: set[int], devices: set[int],
-                   unit_of: list[list[int]], state: "_MoveCheck") -> dict:
+def _still_refused(
+    refused: dict, moved: list[int], sources: set[int], devices: set[int], unit_of: list[list[int]], state: "_MoveCheck"
+) -> dict:
     """The refusals an accepted move (``moved`` operators, from the ``sources`` devices; all
     the ``devices`` it touched) cannot have lifted, so the descent need not check them again:
     a move refused for the caps stays refused unless its target lost load (a source) or its unit
@@ -241,8 +261,7 @@ def _still_refused(refused: dict, moved: list[int], sources: set[int], devices: 
     return kept
 
 
-def _moves(links: list[tuple[int, int, bool]], state: "_MoveCheck",
-           preds: list[list[tuple[int, float]]]):
+def _moves(links: list[tuple[int, int, bool]], state: "_MoveCheck", preds: list[list[tuple[int, float]]]):
     """(mover, target devices) along the chain: across a transfer, each endpoint to the other's
     device; for a device wait, each endpoint to the least loaded other devices. Transfers come
     first, costliest first; then device waits, latest first (the chain's order). Each pair
@@ -287,13 +306,21 @@ class _MoveCheck:
     """The current assignment with its loads, memory and guarded cut; ``trial`` builds a moved
     copy when it keeps the caps, the guarded cut and (if asked) an acyclic device graph."""
 
-    def __init__(self, graph: Graph, part: np.ndarray, k: int, cap: float, mem_cap: float,
-                 guarded: np.ndarray | None, acyclic: bool,
-                 swap_units: np.ndarray | None = None, finish: list | None = None) -> None:
+    def __init__(
+        self,
+        graph: Graph,
+        part: np.ndarray,
+        k: int,
+        cap: float,
+        mem_cap: float,
+        guarded: np.ndarray | None,
+        acyclic: bool,
+        swap_units: np.ndarray | None = None,
+        finish: list | None = None,
+    ) -> None:
         self.graph, self.k, self.cap, self.mem_cap = graph, k, cap, mem_cap
         self.acyclic = acyclic
-        self.swap_units = None if swap_units is None else _SwapUnits(graph, swap_units, cap,
-                                                                      mem_cap)
+        self.swap_units = None if swap_units is None else _SwapUnits(graph, swap_units, cap, mem_cap)
         self.guarded_adj = None if guarded is None else _weighted_adjacency(graph, guarded)
         self.cost, self.memory = graph.cost.tolist(), graph.memory.tolist()
         self.sim = TrialSimulator(graph, k)
@@ -327,8 +354,7 @@ class _MoveCheck:
                 mem_in += mem[v]
         if self.mem_cap == _INF:
             mem_in = 0.0
-        if (self.load[q] + load_in > self.cap * (1 + 1e-9)
-                or self.mem[q] + mem_in > self.mem_cap):
+        if self.load[q] + load_in > self.cap * (1 + 1e-9) or self.mem[q] + mem_in > self.mem_cap:
             if self.swap_units is None:
                 return _CAPS
             return self._swap(moving, q, load_in, mem_in)
@@ -341,8 +367,7 @@ class _MoveCheck:
             return _CYCLE
         return trial, moving
 
-    def _swap(self, moving: list[int], q: int, load_in: float,
-              mem_in: float) -> tuple[list[int], list[int]] | int:
+    def _swap(self, moving: list[int], q: int, load_in: float, mem_in: float) -> tuple[list[int], list[int]] | int:
         """The move of ``moving`` (all on one device p) to q that breaks a cap, made room for
         by sending one co-location cluster from q back to p: the one that frees enough on q,
         fits on p, and is the smallest share of the caps (the least disruptive). Refused
@@ -360,14 +385,12 @@ class _MoveCheck:
         fit_load = room - (self.load[p] - load_in)
         fit_mem = self.mem_cap - (self.mem[p] - mem_in)
         su = self.swap_units
-        if (need_load > fit_load or need_mem > fit_mem or need_load > su.top_load[q]
-                or need_mem > su.top_memory[q]):
+        if need_load > fit_load or need_mem > fit_mem or need_load > su.top_load[q] or need_mem > su.top_memory[q]:
             return refused  # no cluster on q is big enough, or none could be both
         # q's clusters by (share, index): the first that frees enough and fits is the pick
         load_l, mem_l = su.load_l, su.memory_l
         for pick in su.by_share_on[q]:
-            if (need_load <= load_l[pick] <= fit_load
-                    and need_mem <= mem_l[pick] <= fit_mem):
+            if need_load <= load_l[pick] <= fit_load and need_mem <= mem_l[pick] <= fit_mem:
                 break
         else:
             return refused
@@ -472,10 +495,9 @@ class _Members:
         self.ptr = np.concatenate([[0], np.cumsum(np.bincount(unit_of))]).tolist()
 
     def __getitem__(self, c: int) -> list[int]:
-        return self.order[self.ptr[c]:self.ptr[c + 1]]
+        return self.order[self.ptr[c] : self.ptr[c + 1]]
 
 
 def _other_parts(p: int, load: list[float], k: int) -> list[int]:
     """For a device wait: the least loaded other device first (at most two tried)."""
     return sorted((q for q in range(k) if q != p), key=load.__getitem__)[:2]
-

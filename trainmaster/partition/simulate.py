@@ -52,7 +52,7 @@ def _static_finish(plan: SimPlan, part: list, finish: list | None = None, first:
             d = part[v]
             if finish[v] > free[d]:
                 free[d] = finish[v]
-    for v, pv, wv in (steps[first:] if first else steps):
+    for v, pv, wv in steps[first:] if first else steps:
         d = part[v]
         s = free[d]
         for u, c in pv:
@@ -65,8 +65,9 @@ def _static_finish(plan: SimPlan, part: list, finish: list | None = None, first:
     return finish
 
 
-def resumed_makespan(graph: Graph, assignment: np.ndarray | list, finish: list,
-                     changed: np.ndarray | list[int]) -> tuple[float, list]:
+def resumed_makespan(
+    graph: Graph, assignment: np.ndarray | list, finish: list, changed: np.ndarray | list[int]
+) -> tuple[float, list]:
     """(makespan, finish times) of ``assignment`` given ``finish``, the finish times under an
     assignment that differs only on the ``changed`` operators: the simulation resumes at the
     first changed operator in priority order (the makespan descent's trial moves)."""
@@ -117,9 +118,10 @@ class TrialSimulator:
                 graph.cache["bottom0"] = bottom
             self.steps = graph.cache.get("trial_steps")
             if self.steps is None:  # (v, its one predecessor and cost or -1, preds, w, bottom)
-                self.steps = [(v, pv[0][0] if len(pv) == 1 else -1,
-                               pv[0][1] if len(pv) == 1 else 0.0, pv, wv, bottom[v])
-                              for v, pv, wv in plan.steps or []]
+                self.steps = [
+                    (v, pv[0][0] if len(pv) == 1 else -1, pv[0][1] if len(pv) == 1 else 0.0, pv, wv, bottom[v])
+                    for v, pv, wv in plan.steps or []
+                ]
                 graph.cache["trial_steps"] = self.steps
 
     def set(self, part: list[int], finish: list, moved: list[int] | None = None) -> None:
@@ -135,7 +137,7 @@ class TrialSimulator:
             rank = self.plan.rank_list
             first = min([rank[v] for v in moved]) if moved else len(order)
             j = min(first // step, len(self.free_at) - 1)
-            del self.free_at[j + 1:], self.done_at[j + 1:]
+            del self.free_at[j + 1 :], self.done_at[j + 1 :]
             free, done = list(self.free_at[j]), list(self.done_at[j])
         else:
             free, done = [0.0] * k, [0.0] * k
@@ -144,7 +146,7 @@ class TrialSimulator:
             if start > j * step:
                 self.free_at.append(list(free))
                 self.done_at.append(list(done))
-            for v in order[start:start + step]:
+            for v in order[start : start + step]:
                 d = part[v]
                 if finish[v] > free[d]:
                     free[d] = finish[v]
@@ -167,7 +169,7 @@ class TrialSimulator:
         j = first // self.CHECKPOINT
         free, done = list(self.free_at[j]), list(self.done_at[j])
         finish = self.finish
-        for v in (self.plan.order or [])[j * self.CHECKPOINT:first]:
+        for v in (self.plan.order or [])[j * self.CHECKPOINT : first]:
             d = old[v]
             if finish[v] > free[d]:
                 free[d] = finish[v]
@@ -254,27 +256,44 @@ def sim_plan(graph: Graph, priority: np.ndarray | None = None) -> SimPlan:
         pred_l = graph.src[graph.in_edge].tolist()
         pcost_l = graph.edge_cost[graph.in_edge].tolist()
         cost_l = graph.cost.tolist()
-        preds = [list(zip(pred_l[in_ptr_l[v]:in_ptr_l[v + 1]], pcost_l[in_ptr_l[v]:in_ptr_l[v + 1]]))
-                 for v in range(graph.n)]
+        preds = [
+            list(zip(pred_l[in_ptr_l[v] : in_ptr_l[v + 1]], pcost_l[in_ptr_l[v] : in_ptr_l[v + 1]]))
+            for v in range(graph.n)
+        ]
         steps = None if order_l is None else [(v, preds[v], cost_l[v]) for v in order_l]
-        plan = SimPlan(priority=prio.tolist(), order=order_l, in_ptr=in_ptr_l, pred=pred_l,
-                       pred_cost=pcost_l, out_ptr=graph.out_ptr.tolist(),
-                       succ=graph.dst[graph.out_edge].tolist(),
-                       succ_cost=graph.edge_cost[graph.out_edge].tolist(), cost=cost_l,
-                       indegree=np.bincount(graph.dst, minlength=graph.n).tolist(),
-                       preds=preds, rank=rank, rank_list=rank.tolist(), steps=steps)
+        plan = SimPlan(
+            priority=prio.tolist(),
+            order=order_l,
+            in_ptr=in_ptr_l,
+            pred=pred_l,
+            pred_cost=pcost_l,
+            out_ptr=graph.out_ptr.tolist(),
+            succ=graph.dst[graph.out_edge].tolist(),
+            succ_cost=graph.edge_cost[graph.out_edge].tolist(),
+            cost=cost_l,
+            indegree=np.bincount(graph.dst, minlength=graph.n).tolist(),
+            preds=preds,
+            rank=rank,
+            rank_list=rank.tolist(),
+            steps=steps,
+        )
         if priority is None:
             graph.cache["plan"] = plan
     return plan
 
 
-def schedule(graph: Graph, assignment: np.ndarray,
-             priority: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def schedule(graph: Graph, assignment: np.ndarray, priority: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Start and finish time of every operator under list scheduling."""
     n = graph.n
     plan = sim_plan(graph, priority)
-    prio, order, out_ptr, succ, ecost, w = (plan.priority, plan.order, plan.out_ptr, plan.succ,
-                                            plan.succ_cost, plan.cost)
+    prio, order, out_ptr, succ, ecost, w = (
+        plan.priority,
+        plan.order,
+        plan.out_ptr,
+        plan.succ,
+        plan.succ_cost,
+        plan.cost,
+    )
     part = np.asarray(assignment).tolist()
     start = [0.0] * n
     finish = [0.0] * n
@@ -341,8 +360,9 @@ def lower_bound(graph: Graph, k: int) -> float:
 PATH_EDGE_WEIGHTS = (0.0, 0.01, 0.1, 0.3, 1.0)
 
 
-def path_cut_bound(graph: Graph, k: int, cap: float, mem_cap: float = float("inf"),
-                   cluster: np.ndarray | None = None) -> float:
+def path_cut_bound(
+    graph: Graph, k: int, cap: float, mem_cap: float = float("inf"), cluster: np.ndarray | None = None
+) -> float:
     """A makespan lower bound for partitions whose every device load is <= ``cap`` (and every
     device's memory <= ``mem_cap``, when given) and that keep each co-location ``cluster``
     (node -> cluster id, when given) on one device.
@@ -364,8 +384,9 @@ def path_cut_bound(graph: Graph, k: int, cap: float, mem_cap: float = float("inf
     return bound
 
 
-def critical_cut_bound(graph: Graph, cap: float, mem_cap: float = float("inf"),
-                       cluster: np.ndarray | None = None) -> float:
+def critical_cut_bound(
+    graph: Graph, cap: float, mem_cap: float = float("inf"), cluster: np.ndarray | None = None
+) -> float:
     """A lower bound on the cost-weighted critical cut of any partition whose device loads are
     all <= ``cap`` (and memories <= ``mem_cap``, when given) and that keeps each co-location
     ``cluster`` whole (when given): the static critical path (compute plus every transfer, as
@@ -380,8 +401,11 @@ def critical_cut_bound(graph: Graph, cap: float, mem_cap: float = float("inf"),
     return path_cut_cost(graph.cost[nodes].tolist(), links, cap, memory, mem_cap)
 
 
-def _uncut_links(nodes: list[int], links: list[float], cluster: np.ndarray | None,
-                 ) -> list[float]:
+def _uncut_links(
+    nodes: list[int],
+    links: list[float],
+    cluster: np.ndarray | None,
+) -> list[float]:
     """``links`` with the ones inside a co-location cluster priced at inf: a partition that keeps
     the cluster on one device never cuts them, so the path's runs cannot end there."""
     if cluster is None:
@@ -390,14 +414,24 @@ def _uncut_links(nodes: list[int], links: list[float], cluster: np.ndarray | Non
     return [math.inf if a == b else c for a, b, c in zip(of, of[1:], links)]
 
 
-def path_bound(node_cost: list[float], link_cost: list[float], cap: float,
-               node_memory: list[float] | None = None, mem_cap: float = float("inf")) -> float:
+def path_bound(
+    node_cost: list[float],
+    link_cost: list[float],
+    cap: float,
+    node_memory: list[float] | None = None,
+    mem_cap: float = float("inf"),
+) -> float:
     """Compute of a path plus its cheapest cut into fitting runs (``path_cut_cost``)."""
     return sum(node_cost) + path_cut_cost(node_cost, link_cost, cap, node_memory, mem_cap)
 
 
-def path_cut_cost(node_cost: list[float], link_cost: list[float], cap: float,
-                  node_memory: list[float] | None = None, mem_cap: float = float("inf")) -> float:
+def path_cut_cost(
+    node_cost: list[float],
+    link_cost: list[float],
+    cap: float,
+    node_memory: list[float] | None = None,
+    mem_cap: float = float("inf"),
+) -> float:
     """The cheapest cut of a path into runs of <= ``cap`` compute each (and <= ``mem_cap`` of
     ``node_memory`` each, when given): the sum of the links between runs.
 
@@ -427,8 +461,7 @@ def path_cut_cost(node_cost: list[float], link_cost: list[float], cap: float,
         window.append(i - 1)
         while head < len(window) - 1 and best[window[-1]] <= best[window[-2]]:
             window.pop(-2)
-        while (prefix[i] - prefix[window[head]] > limit
-               or mprefix[i] - mprefix[window[head]] > mem_cap):
+        while prefix[i] - prefix[window[head]] > limit or mprefix[i] - mprefix[window[head]] > mem_cap:
             head += 1
         lo = best[window[head]]
         if i < n:
@@ -446,8 +479,7 @@ def heaviest_path(graph: Graph, edge_weight: float) -> tuple[list[int], list[flo
     w = graph.cost.tolist()
     into = [0.0] * graph.n  # heaviest path weight arriving at v, v's own cost excluded
     prev = [-1] * graph.n
-    for s, d, c in zip(graph.src[order].tolist(), graph.dst[order].tolist(),
-                       graph.edge_cost[order].tolist()):
+    for s, d, c in zip(graph.src[order].tolist(), graph.dst[order].tolist(), graph.edge_cost[order].tolist()):
         t = into[s] + w[s] + edge_weight * c
         if t > into[d]:
             into[d], prev[d] = t, s
@@ -463,7 +495,7 @@ def heaviest_path(graph: Graph, edge_weight: float) -> tuple[list[int], list[flo
 
 def _link_cost(graph: Graph, u: int, v: int) -> float:
     """Transfer cost of u -> v (the max over parallel edges)."""
-    edges = graph.in_edge[graph.in_ptr[v]:graph.in_ptr[v + 1]]
+    edges = graph.in_edge[graph.in_ptr[v] : graph.in_ptr[v + 1]]
     return float(graph.edge_cost[edges[graph.src[edges] == u]].max())
 
 
@@ -483,8 +515,9 @@ def memory_cap_enforced(graph: Graph, k: int) -> float:
     return float("inf")
 
 
-def evaluate(graph: Graph, assignment: np.ndarray, k: int, imbalance: float = 0.05,
-             critical: np.ndarray | None = None) -> dict:
+def evaluate(
+    graph: Graph, assignment: np.ndarray, k: int, imbalance: float = 0.05, critical: np.ndarray | None = None
+) -> dict:
     """All metrics the CLI and the benchmark report for one partition."""
     assignment = np.asarray(assignment, dtype=np.int64)
     if critical is None:

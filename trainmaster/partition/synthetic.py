@@ -79,11 +79,11 @@ def synthetic_dag(family: str, n: int, seed: int = 0, comm_ratio: float | None =
     """A DNN-like DAG of about ``n`` operators from ``family`` (see module docstring)."""
     rng = np.random.default_rng(seed)
     b = _Builder()
-    {"series_parallel": _series_parallel, "inception": _inception,
-     "transformer": _transformer}[family](b, n, rng)
+    {"series_parallel": _series_parallel, "inception": _inception, "transformer": _transformer}[family](b, n, rng)
     ratio = float(rng.choice([0.05, 0.3, 1.0, 3.0])) if comm_ratio is None else comm_ratio
     cost = rng.lognormal(0.0, 0.7, b.n)
     edge_cost = ratio * rng.lognormal(0.0, 0.7, len(b.src))
     memory = rng.lognormal(0.0, 1.0, b.n)
-    return build_graph(list(range(b.n)), cost, b.src, b.dst, edge_cost, memory=memory,
-                       memory_cap=float(memory.sum()) / 3.0)
+    return build_graph(
+        list(range(b.n)), cost, b.src, b.dst, edge_cost, memory=memory, memory_cap=float(memory.sum()) / 3.0
+    )

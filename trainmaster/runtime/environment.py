@@ -23,8 +23,9 @@ def tm_variables(context: dict[str, Any]) -> dict[str, str]:
         "TM_OUTPUT_DIR": context["output_dir"],
     }
     if "job_id" in context:  # where trainmaster.report() stores this instance's points
-        env.update({"TM_JOB_ID": str(context["job_id"]), "TM_ATTEMPT": str(context["attempt"]),
-                    "TM_DB_URL": context["db_url"]})
+        env.update(
+            {"TM_JOB_ID": str(context["job_id"]), "TM_ATTEMPT": str(context["attempt"]), "TM_DB_URL": context["db_url"]}
+        )
     if ports:
         env["TM_PORT"] = ports[0]
     return env

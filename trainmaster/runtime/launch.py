@@ -55,29 +55,41 @@ def wait_for_dependencies(launch: dict[str, Any]) -> dict[str, list[str]]:
         while True:
             with sessions() as session:
                 if dep["condition"] == "Placed":  # an address, whatever the instance waits for
-                    placed = session.scalars(select(InstanceRow).where(
-                        InstanceRow.job_id == job_id, InstanceRow.role == dep["role"],
-                        InstanceRow.state.in_(("starting", "running", "unknown", "succeeded")),
-                        InstanceRow.address.is_not(None), InstanceRow.address != "")).all()
+                    placed = session.scalars(
+                        select(InstanceRow).where(
+                            InstanceRow.job_id == job_id,
+                            InstanceRow.role == dep["role"],
+                            InstanceRow.state.in_(("starting", "running", "unknown", "succeeded")),
+                            InstanceRow.address.is_not(None),
+                            InstanceRow.address != "",
+                        )
+                    ).all()
                     addresses = {r.index: r.address or "" for r in placed}
                 else:
-                    rows = session.scalars(select(RegistryRow).where(
-                        RegistryRow.job_id == job_id, RegistryRow.role == dep["role"])).all()
+                    rows = session.scalars(
+                        select(RegistryRow).where(RegistryRow.job_id == job_id, RegistryRow.role == dep["role"])
+                    ).all()
                     addresses = {r.index: r.address for r in rows}
                 done = len(addresses)
                 if dep["condition"] == "Succeeded":
-                    done = len(session.scalars(select(InstanceRow).where(
-                        InstanceRow.job_id == job_id, InstanceRow.role == dep["role"],
-                        InstanceRow.state == "succeeded")).all())
+                    done = len(
+                        session.scalars(
+                            select(InstanceRow).where(
+                                InstanceRow.job_id == job_id,
+                                InstanceRow.role == dep["role"],
+                                InstanceRow.state == "succeeded",
+                            )
+                        ).all()
+                    )
             if done >= dep["replicas"]:
                 services[dep["role"]] = [addresses[i] for i in sorted(addresses)]
                 break
             if time.monotonic() >= deadline:
-                what = {"Running": "have an address", "Placed": "are placed"}.get(dep["condition"],
-                                                                                "have succeeded")
+                what = {"Running": "have an address", "Placed": "are placed"}.get(dep["condition"], "have succeeded")
                 raise DependencyTimeout(
                     f"waited {dep['timeout']:g}s for role '{dep['role']}' ({dep['condition']}): "
-                    f"{done} of {dep['replicas']} instances {what}")
+                    f"{done} of {dep['replicas']} instances {what}"
+                )
             time.sleep(delay)
             delay = min(delay * 1.5, 0.5)
     return services
@@ -101,8 +113,9 @@ def exec_role(spec_file: str) -> int:
         spec = LaunchSpec.from_dict(json.load(f))
     print(f"[trainmaster] waiting for {', '.join(d.role for d in spec.depends)}", flush=True)
     try:
-        services = wait_for_dependencies({"db_url": spec.db_url, "job_id": spec.job_id,
-                                          "depends": [dataclasses.asdict(d) for d in spec.depends]})
+        services = wait_for_dependencies(
+            {"db_url": spec.db_url, "job_id": spec.job_id, "depends": [dataclasses.asdict(d) for d in spec.depends]}
+        )
     except DependencyTimeout as exc:
         print(f"[trainmaster] {exc}", flush=True)
         tell(f"reason DependencyTimeout {exc}")
@@ -126,8 +139,11 @@ def exec_role(spec_file: str) -> int:
         os.execvpe(program, spec.argv, env)
     except OSError as exc:
         where = f"working directory '{spec.cwd}'" if exc.filename == spec.cwd else "exec"
-        message = (f"program '{program}' not found ({exc.strerror})" if isinstance(exc, FileNotFoundError)
-                   and where == "exec" else f"program '{program}' could not start: {where}: {exc.strerror or exc}")
+        message = (
+            f"program '{program}' not found ({exc.strerror})"
+            if isinstance(exc, FileNotFoundError) and where == "exec"
+            else f"program '{program}' could not start: {where}: {exc.strerror or exc}"
+        )
         print(f"[trainmaster] {message}", flush=True)
         tell(f"reason StartFailed {message}")
         return 127

@@ -38,14 +38,18 @@ class ReportTarget:
     def from_environment(cls, environ: dict[str, str] | None = None) -> ReportTarget | None:
         env = os.environ if environ is None else environ
         try:
-            return cls(env["TM_DB_URL"], int(env["TM_JOB_ID"]), env["TM_ROLE"],
-                       int(env["TM_REPLICA_INDEX"]), int(env.get("TM_ATTEMPT", "0")))
+            return cls(
+                env["TM_DB_URL"],
+                int(env["TM_JOB_ID"]),
+                env["TM_ROLE"],
+                int(env["TM_REPLICA_INDEX"]),
+                int(env.get("TM_ATTEMPT", "0")),
+            )
         except (KeyError, ValueError):
             return None
 
 
-def check_point(step: int | None, epoch: int | None, total: int | None,
-                values: dict[str, Any]) -> dict[str, float]:
+def check_point(step: int | None, epoch: int | None, total: int | None, values: dict[str, Any]) -> dict[str, float]:
     """The point's metrics as finite floats; a mistake is a :class:`UserError` naming the field."""
     for field, number in (("step", step), ("epoch", epoch), ("total", total)):
         if number is not None and (isinstance(number, bool) or not isinstance(number, int) or number < 0):
@@ -69,8 +73,7 @@ def _sessions(db_url: str) -> Any:
     return session_factory(make_engine(db_url, create=False))
 
 
-def report(*, step: int | None = None, epoch: int | None = None, total: int | None = None,
-           **metrics: float) -> bool:
+def report(*, step: int | None = None, epoch: int | None = None, total: int | None = None, **metrics: float) -> bool:
     """Record one point (e.g. ``report(epoch=3, total=10, loss=0.41, accuracy=0.87)``).
 
     ``total`` is the number of steps (or epochs, when only ``epoch`` is given) the role expects,
@@ -83,7 +86,17 @@ def report(*, step: int | None = None, epoch: int | None = None, total: int | No
     from trainmaster.store.models import MetricRow
 
     with _sessions(target.db_url)() as session:
-        session.add(MetricRow(job_id=target.job_id, role=target.role, index=target.index,
-                              attempt=target.attempt, step=step, epoch=epoch, total=total, values=values))
+        session.add(
+            MetricRow(
+                job_id=target.job_id,
+                role=target.role,
+                index=target.index,
+                attempt=target.attempt,
+                step=step,
+                epoch=epoch,
+                total=total,
+                values=values,
+            )
+        )
         session.commit()
     return True

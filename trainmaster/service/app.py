@@ -110,13 +110,20 @@ class Reconciler(threading.Thread):
         self.controller.wake()
 
 
-def create_app(controller: Controller, reconcile: bool = True, options: ServiceOptions | None = None,
-               elector: LeaderElector | None = None) -> FastAPI:
+def create_app(
+    controller: Controller,
+    reconcile: bool = True,
+    options: ServiceOptions | None = None,
+    elector: LeaderElector | None = None,
+) -> FastAPI:
     """The service: REST API under /api/v1, /metrics, /healthz and the dashboard at /; with an
     ``elector`` (servers sharing a database) it reconciles only while it leads."""
     options = options or ServiceOptions()
-    app = FastAPI(title="Trainmaster controller", version="1",
-                  description="Submit, inspect, stream logs of, cancel and delete training jobs.")
+    app = FastAPI(
+        title="Trainmaster controller",
+        version="1",
+        description="Submit, inspect, stream logs of, cancel and delete training jobs.",
+    )
     app.add_middleware(BodyLimit, limits=options.limits)
     sessions = controller.sessions
     jobs = Trainmaster(sessions, controller.db_url)  # every job verb goes through the facade
@@ -140,8 +147,11 @@ def create_app(controller: Controller, reconcile: bool = True, options: ServiceO
     @app.exception_handler(OperationalError)
     def _store_down(_request: Request, exc: OperationalError) -> JSONResponse:
         log.warning("store unreachable: %s", exc.orig or exc)
-        return JSONResponse(status_code=503, headers={"Retry-After": "2"},
-                            content={"error": "the store (database) is unreachable right now; retry shortly"})
+        return JSONResponse(
+            status_code=503,
+            headers={"Retry-After": "2"},
+            content={"error": "the store (database) is unreachable right now; retry shortly"},
+        )
 
     @app.exception_handler(JobNotFound)
     def _not_found(_request: Request, exc: JobNotFound) -> JSONResponse:
@@ -158,14 +168,16 @@ def create_app(controller: Controller, reconcile: bool = True, options: ServiceO
     @app.exception_handler(RequestValidationError)
     def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         details = [f"{field_path(tuple(e.get('loc', ())))}: {e.get('msg', 'invalid')}" for e in exc.errors()]
-        return JSONResponse(status_code=422, content={
-            "error": f"invalid request to {request.url.path}", "details": details})
+        return JSONResponse(
+            status_code=422, content={"error": f"invalid request to {request.url.path}", "details": details}
+        )
 
     @app.exception_handler(Exception)
     def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.error("unexpected error answering %s %s", request.method, request.url.path, exc_info=exc)
-        return JSONResponse(status_code=500, content={
-            "error": "internal error; the server's log has the details", "details": []})
+        return JSONResponse(
+            status_code=500, content={"error": "internal error; the server's log has the details", "details": []}
+        )
 
     @app.get("/healthz")
     def healthz() -> dict[str, Any]:
@@ -178,9 +190,12 @@ def create_app(controller: Controller, reconcile: bool = True, options: ServiceO
         return {"leading": elector.leading, "leader": elector.leader, "server": elector.identity}
 
     @app.post(f"{API}/jobs", status_code=201)
-    def submit(document: dict[str, Any] = Body(..., description="A job document: ours, Kubeflow or Volcano"),
-               lenient: bool = Query(False, description="Kubeflow/Volcano: ignore (and list) unknown "
-                                                        "fields instead of refusing the document")) -> dict[str, Any]:
+    def submit(
+        document: dict[str, Any] = Body(..., description="A job document: ours, Kubeflow or Volcano"),
+        lenient: bool = Query(
+            False, description="Kubeflow/Volcano: ignore (and list) unknown fields instead of refusing the document"
+        ),
+    ) -> dict[str, Any]:
         loaded = jobs.load(document, controller.backend.name, LoadOptions(paths=options.paths, lenient=lenient))
         job_id = jobs.submit(loaded, controller).id  # NameTaken: 409, as every JobConflict
         return {"id": job_id, "name": loaded.job.name, "ignored": loaded.ignored}
@@ -230,9 +245,15 @@ def create_app(controller: Controller, reconcile: bool = True, options: ServiceO
         return {"id": jobs.delete(ref).id, "deleted": True}
 
     @app.get(f"{API}/jobs/{{ref}}/logs")
-    def logs(ref: JobRef, role: str | None = Query(None, max_length=63), index: int = Query(0, ge=0, le=MAX_REPLICAS),
-             follow: bool = False, tail: int | None = Query(None, ge=1, le=100_000, description=(
-                 "Only the last N lines (of at most the last MiB); not with follow"))) -> Response:
+    def logs(
+        ref: JobRef,
+        role: str | None = Query(None, max_length=63),
+        index: int = Query(0, ge=0, le=MAX_REPLICAS),
+        follow: bool = False,
+        tail: int | None = Query(
+            None, ge=1, le=100_000, description=("Only the last N lines (of at most the last MiB); not with follow")
+        ),
+    ) -> Response:
         if tail is not None:
             if follow:
                 raise UserError("tail and follow: choose one", ["tail: drop it to follow the whole log"])
@@ -266,8 +287,7 @@ def create_app(controller: Controller, reconcile: bool = True, options: ServiceO
         metrics.REPORTED.clear()  # only live jobs' points: ended jobs' series go away
         for (job, role, index, name), value in latest.items():
             metrics.REPORTED.labels(job=job, role=role, index=str(index), metric=name).set(value)
-        return PlainTextResponse(generate_latest(metrics.REGISTRY).decode(),
-                                 media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(generate_latest(metrics.REGISTRY).decode(), media_type="text/plain; version=0.0.4")
 
     app.state.reconciler = reconciler
     app.openapi = lambda: _openapi_with_job_schema(app)  # type: ignore[method-assign]
@@ -286,7 +306,11 @@ def _openapi_with_job_schema(app: FastAPI) -> dict[str, Any]:
     components.update(job.pop("$defs", {}))
     components["Job"] = job
     body = schema["paths"][f"{API}/jobs"]["post"]["requestBody"]["content"]["application/json"]
-    body["schema"] = {"anyOf": [{"$ref": "#/components/schemas/Job"}, {
-        "type": "object", "description": "A Kubeflow PyTorchJob/TFJob/MPIJob or Volcano Job document"}]}
+    body["schema"] = {
+        "anyOf": [
+            {"$ref": "#/components/schemas/Job"},
+            {"type": "object", "description": "A Kubeflow PyTorchJob/TFJob/MPIJob or Volcano Job document"},
+        ]
+    }
     app.openapi_schema = schema
     return schema

@@ -60,8 +60,12 @@ class BodyLimit:
         headers = dict(scope.get("headers") or [])
         declared = headers.get(b"content-length")
         if declared is not None and (not declared.isdigit() or len(declared) > 18 or int(declared) > limit):
-            await _refuse(send, 413, f"request body over {limit} bytes (Content-Length {declared[:20].decode(errors='replace')}); "
-                                     "a job document is a few KB")
+            await _refuse(
+                send,
+                413,
+                f"request body over {limit} bytes (Content-Length {declared[:20].decode(errors='replace')}); "
+                "a job document is a few KB",
+            )
             return
         chunks, size = [], 0
         while True:
@@ -78,8 +82,12 @@ class BodyLimit:
                 break
         body = b"".join(chunks)
         if body and json_depth(body) > self.limits.max_json_depth:
-            await _refuse(send, 413, f"JSON nested more than {self.limits.max_json_depth} levels deep; "
-                                     "a job document is a few levels of mappings and lists")
+            await _refuse(
+                send,
+                413,
+                f"JSON nested more than {self.limits.max_json_depth} levels deep; "
+                "a job document is a few levels of mappings and lists",
+            )
             return
         replayed = False
 
@@ -95,8 +103,15 @@ class BodyLimit:
 
 async def _refuse(send: Send, status: int, message: str) -> None:
     payload = json.dumps({"error": message, "details": []}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(payload)).encode()),
-                            (b"connection", b"close")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": payload})

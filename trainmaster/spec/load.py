@@ -48,8 +48,7 @@ def read_document(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"{path}: no such file")
     if path.stat().st_size > MAX_DOCUMENT_BYTES:
-        raise UserError(f"{path}: {path.stat().st_size} bytes; a job document is at most "
-                        f"{MAX_DOCUMENT_BYTES} bytes")
+        raise UserError(f"{path}: {path.stat().st_size} bytes; a job document is at most {MAX_DOCUMENT_BYTES} bytes")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
@@ -68,8 +67,10 @@ def parse_document(text: str, source: str) -> dict[str, Any]:
     if len(docs) != 1:
         raise UserError(f"{source}: expected exactly one job document, found {len(docs)}")
     if not isinstance(docs[0], dict):
-        raise UserError(f"{source}: expected a job document (a mapping with apiVersion, kind, metadata "
-                        f"and spec), found a {type(docs[0]).__name__}")
+        raise UserError(
+            f"{source}: expected a job document (a mapping with apiVersion, kind, metadata "
+            f"and spec), found a {type(docs[0]).__name__}"
+        )
     return docs[0]
 
 
@@ -125,14 +126,20 @@ def load_document(raw: dict[str, Any], source: str = "job", options: LoadOptions
 
     options = options or LoadOptions()
     if document_depth(raw) > MAX_DOCUMENT_DEPTH:
-        raise UserError(f"{source}: nested more than {MAX_DOCUMENT_DEPTH} levels deep; a job "
-                        "document is a few levels of mappings and lists")
+        raise UserError(
+            f"{source}: nested more than {MAX_DOCUMENT_DEPTH} levels deep; a job "
+            "document is a few levels of mappings and lists"
+        )
     bad_text = unencodable_text(raw)
     if bad_text:
-        raise UserError(f"{source} is not a valid job ({len(bad_text)} problem(s))",
-                        [f"{where.encode('utf-8', 'backslashreplace').decode()}: contains a lone "
-                         "surrogate (e.g. \\ud800), which is not text a program can be given"
-                         for where in bad_text[:20]])
+        raise UserError(
+            f"{source} is not a valid job ({len(bad_text)} problem(s))",
+            [
+                f"{where.encode('utf-8', 'backslashreplace').decode()}: contains a lone "
+                "surrogate (e.g. \\ud800), which is not text a program can be given"
+                for where in bad_text[:20]
+            ],
+        )
     ignored: list[str] = []
     converted = convert(raw, lenient=options.lenient)
     if converted is not None:
@@ -140,8 +147,10 @@ def load_document(raw: dict[str, Any], source: str = "job", options: LoadOptions
     elif raw.get("apiVersion") not in (None, "trainmaster/v1") or raw.get("kind") not in (None, "Job"):
         raise UserError(
             f"{source}: unsupported document apiVersion={raw.get('apiVersion')!r} kind={raw.get('kind')!r}",
-            ["expected trainmaster/v1 Job, a Kubeflow PyTorchJob/TFJob/MPIJob (kubeflow.org/v1; MPIJob also v2beta1) "
-             "or a Volcano Job (batch.volcano.sh/v1alpha1)"],
+            [
+                "expected trainmaster/v1 Job, a Kubeflow PyTorchJob/TFJob/MPIJob (kubeflow.org/v1; MPIJob also v2beta1) "
+                "or a Volcano Job (batch.volcano.sh/v1alpha1)"
+            ],
         )
     job = validate(raw, source, paths=options.paths)
     job = apply_defaults(job)

@@ -35,9 +35,7 @@ MAX_PATH_COMPONENT = 255
 class SpecModel(BaseModel):
     """Base: camelCase aliases, strict about unknown fields, assignment re-validated."""
 
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_assignment=True
-    )
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_assignment=True)
 
     def dump(self) -> dict[str, Any]:
         """The model as the user would write it (camelCase, no unset optionals)."""
@@ -125,8 +123,17 @@ class Dependency(SpecModel):
     timeout_seconds: Annotated[float, Field(gt=0, le=MAX_DEPENDENCY_TIMEOUT_SECONDS)] = 600.0
 
 
-_MEMORY_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
-                 "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+_MEMORY_UNITS = {
+    "": 1,
+    "k": 10**3,
+    "m": 10**6,
+    "g": 10**9,
+    "t": 10**12,
+    "ki": 2**10,
+    "mi": 2**20,
+    "gi": 2**30,
+    "ti": 2**40,
+}
 
 
 def parse_memory(value: str | int | float) -> int:
@@ -358,9 +365,9 @@ class Metadata(SpecModel):
     @classmethod
     def _not_an_id(cls, value: str) -> str:
         if value.isdigit():
-            raise ValueError("must not be only digits: a number refers to a job id (add a letter, "
-                             f"e.g. 'job-{value}')")
+            raise ValueError(f"must not be only digits: a number refers to a job id (add a letter, e.g. 'job-{value}')")
         return value
+
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
 

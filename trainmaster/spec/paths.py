@@ -52,9 +52,11 @@ def path_problem(value: str, policy: PathPolicy) -> str | None:
         if any(_inside(normal, root) for root in policy.roots()):
             return None
         allowed = ", ".join(policy.roots()) or "none"
-        return (f"absolute path {value!r} is outside the directories the operator allows "
-                f"(allowed: {allowed}); give a path relative to the job's folder, or ask the "
-                "operator to allow its directory (--allow-path)")
+        return (
+            f"absolute path {value!r} is outside the directories the operator allows "
+            f"(allowed: {allowed}); give a path relative to the job's folder, or ask the "
+            "operator to allow its directory (--allow-path)"
+        )
     normal = os.path.normpath(value)
     if normal == ".." or normal.startswith("../"):
         return f"{value!r} climbs out of the job's folder with '..'; give a path inside it"

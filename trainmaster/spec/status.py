@@ -49,9 +49,14 @@ class Verdict:
     message: str
 
 
-def _holds(cond: Condition | None, count: int, total: int,
-           member_states: dict[str, JobState] | None, state: JobState,
-           instance_count: int) -> bool:
+def _holds(
+    cond: Condition | None,
+    count: int,
+    total: int,
+    member_states: dict[str, JobState] | None,
+    state: JobState,
+    instance_count: int,
+) -> bool:
     if cond is None:
         return False
     if cond == "any":
@@ -79,15 +84,20 @@ def role_state(policy: StatusPolicy, counts: Counter[InstanceState], replicas: i
     if _holds(policy.failed, failed, replicas, None, JobState.FAILED, failed):
         return Verdict(JobState.FAILED, "InstancesFailed", f"{failed} of {replicas} instances failed")
     if _holds(policy.succeeded, succeeded, replicas, None, JobState.SUCCEEDED, succeeded):
-        return Verdict(JobState.SUCCEEDED, "InstancesSucceeded",
-                       f"{succeeded} of {replicas} instances succeeded")
+        return Verdict(JobState.SUCCEEDED, "InstancesSucceeded", f"{succeeded} of {replicas} instances succeeded")
     ended = failed + succeeded + counts[InstanceState.STOPPED]
     if ended >= replicas:
-        return Verdict(JobState.FAILED, "CannotSucceed",
-                       f"every instance ended ({succeeded} succeeded, {failed} failed) "
-                       "without meeting the success condition")
-    return _progress(counts[InstanceState.RUNNING] + counts[InstanceState.UNKNOWN] + succeeded,
-                     counts[InstanceState.STARTING], replicas, "instances")
+        return Verdict(
+            JobState.FAILED,
+            "CannotSucceed",
+            f"every instance ended ({succeeded} succeeded, {failed} failed) without meeting the success condition",
+        )
+    return _progress(
+        counts[InstanceState.RUNNING] + counts[InstanceState.UNKNOWN] + succeeded,
+        counts[InstanceState.STARTING],
+        replicas,
+        "instances",
+    )
 
 
 def _progress(running: int, starting: int, total: int, what: str) -> Verdict:
@@ -117,11 +127,9 @@ def job_state(policy: StatusPolicy, roles: dict[str, RoleSummary]) -> Verdict:
     failed_roles = sorted(n for n, s in states.items() if s == JobState.FAILED)
     if _holds(policy.failed, by_state[JobState.FAILED], total, states, JobState.FAILED, inst_failed):
         return Verdict(JobState.FAILED, "RolesFailed", f"role(s) failed: {', '.join(failed_roles)}")
-    if _holds(policy.succeeded, by_state[JobState.SUCCEEDED], total, states, JobState.SUCCEEDED,
-              inst_succeeded):
+    if _holds(policy.succeeded, by_state[JobState.SUCCEEDED], total, states, JobState.SUCCEEDED, inst_succeeded):
         return Verdict(JobState.SUCCEEDED, "Succeeded", "the job's success condition is met")
     if all(s in JOB_TERMINAL for s in states.values()):
-        return Verdict(JobState.FAILED, "CannotSucceed",
-                       "every role ended without meeting the job's success condition")
+        return Verdict(JobState.FAILED, "CannotSucceed", "every role ended without meeting the job's success condition")
     running = by_state[JobState.RUNNING] + by_state[JobState.SUCCEEDED]
     return _progress(running, by_state[JobState.STARTING], total, "roles")

@@ -23,10 +23,9 @@ def field_path(loc: tuple[Any, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif str(part).startswith(("function-", "literal[", "int", "str", "tagged-union", "constrained-",
-                                   "lax-", "json-or-python")) or part in (
-            "RoleSelector", "InstanceCount", "constrained-int"
-        ):
+        elif str(part).startswith(
+            ("function-", "literal[", "int", "str", "tagged-union", "constrained-", "lax-", "json-or-python")
+        ) or part in ("RoleSelector", "InstanceCount", "constrained-int"):
             continue  # pydantic's union-branch markers are noise to a user
         else:
             out += ("." if out else "") + str(part)
@@ -94,7 +93,7 @@ def _cycle(graph: dict[str, list[str]]) -> list[str] | None:
         stack.append(node)
         for nxt in graph.get(node, []):
             if color.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt in graph and color.get(nxt, 0) == 0:
                 found = visit(nxt)
                 if found:
@@ -158,7 +157,7 @@ def _process_errors(where: str, role: dict[str, Any]) -> list[str]:
             if isinstance(item, str) and "\0" in item:
                 errors.append(f"{where}.{key}[{j}]: contains a NUL byte, which no program argument can hold")
     env = role.get("env")
-    for name, value in (env.items() if isinstance(env, dict) else []):
+    for name, value in env.items() if isinstance(env, dict) else []:
         if not isinstance(name, str):
             errors.append(f"{where}.env: variable name {name!r} is not a string")
         elif name == "":
@@ -183,8 +182,9 @@ def _gang_errors(spec: dict[str, Any], roles: list[dict[str, Any]]) -> list[str]
     min_available = _mapping(spec.get("scheduling")).get("minAvailable")
     if isinstance(min_available, int) and not isinstance(min_available, bool) and min_available > total:
         assumed = "" if all(valid) else " (counting each invalid replicas value as 1)"
-        return [f"spec.scheduling.minAvailable: {min_available} is larger than the job's "
-                f"{total} replicas in total{assumed}"]
+        return [
+            f"spec.scheduling.minAvailable: {min_available} is larger than the job's {total} replicas in total{assumed}"
+        ]
     return []
 
 

@@ -57,8 +57,10 @@ def check_schema(engine: Engine, url: str, metadata: MetaData) -> None:
         have = {c["name"] for c in inspector.get_columns(table.name)}
         missing = sorted(c.name for c in table.columns if c.name not in have)
         if missing:
-            raise UserError(f"the store {url} was created by an older Trainmaster (table {table.name} "
-                            f"lacks {', '.join(missing)}); move that database away or point the service at a new URL")
+            raise UserError(
+                f"the store {url} was created by an older Trainmaster (table {table.name} "
+                f"lacks {', '.join(missing)}); move that database away or point the service at a new URL"
+            )
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:
@@ -91,9 +93,11 @@ class ServerLock:
         except BlockingIOError:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
-            raise UserError(f"another trainmaster server (pid {holder}) already runs on the store {self.path.parent}: "
-                            "two controllers on one SQLite store would both start every job; stop it, or give "
-                            "this one another --db (several servers share a PostgreSQL store safely)") from None
+            raise UserError(
+                f"another trainmaster server (pid {holder}) already runs on the store {self.path.parent}: "
+                "two controllers on one SQLite store would both start every job; stop it, or give "
+                "this one another --db (several servers share a PostgreSQL store safely)"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._fd = fd

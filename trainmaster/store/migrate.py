@@ -62,9 +62,11 @@ def upgrade(engine: Engine) -> Upgrade:
                 command.stamp(_config(connection), legacy)
                 before = legacy
             elif tables & {name for _, needed in LEGACY for name in needed}:
-                raise UserError(f"the store {engine.url.render_as_string(hide_password=True)} has some of Trainmaster's tables ({', '.join(sorted(tables))}) "
-                                "but not a schema any release wrote, so it cannot be upgraded safely; move that "
-                                "database away or point Trainmaster at a new one")
+                raise UserError(
+                    f"the store {engine.url.render_as_string(hide_password=True)} has some of Trainmaster's tables ({', '.join(sorted(tables))}) "
+                    "but not a schema any release wrote, so it cannot be upgraded safely; move that "
+                    "database away or point Trainmaster at a new one"
+                )
         if before != head():
             command.upgrade(_config(connection), "head")
         return Upgrade(before, head())

@@ -44,12 +44,15 @@ class JobRow(Base):
     completed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     last_transition_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
-    roles: Mapped[list[RoleRow]] = relationship(back_populates="job", cascade="all, delete-orphan",
-                                                order_by="RoleRow.position")
-    instances: Mapped[list[InstanceRow]] = relationship(back_populates="job", cascade="all, delete-orphan",
-                                                        order_by="InstanceRow.id")
-    events: Mapped[list[EventRow]] = relationship(back_populates="job", cascade="all, delete-orphan",
-                                                  order_by="EventRow.id")
+    roles: Mapped[list[RoleRow]] = relationship(
+        back_populates="job", cascade="all, delete-orphan", order_by="RoleRow.position"
+    )
+    instances: Mapped[list[InstanceRow]] = relationship(
+        back_populates="job", cascade="all, delete-orphan", order_by="InstanceRow.id"
+    )
+    events: Mapped[list[EventRow]] = relationship(
+        back_populates="job", cascade="all, delete-orphan", order_by="EventRow.id"
+    )
     addresses: Mapped[list[RegistryRow]] = relationship(cascade="all, delete-orphan")  # the registry
 
 

@@ -25,7 +25,7 @@ def run_pid(owner: str) -> int | None:
     if not owner.startswith(RUN_PREFIX):
         return None
     try:
-        return int(owner[len(RUN_PREFIX):].split("-")[0])
+        return int(owner[len(RUN_PREFIX) :].split("-")[0])
     except ValueError:
         return None
 
@@ -35,7 +35,7 @@ def owner_alive(owner: str) -> bool | None:
     if not owner.startswith(RUN_PREFIX):
         return None
     try:
-        pid, created = owner[len(RUN_PREFIX):].split("-", 1)
+        pid, created = owner[len(RUN_PREFIX) :].split("-", 1)
         return abs(psutil.Process(int(pid)).create_time() - float(created)) < 0.05
     except psutil.AccessDenied:
         return True  # someone else's live process: not ours to call dead
@@ -60,6 +60,8 @@ def why_not_resumable(state_terminal: bool, owner: str, what: str) -> str | None
     if alive is None:
         return f"{what} belongs to the controller service, which carries it on while it runs"
     if alive:
-        return (f"{what} is still run by `trainmaster run` (pid {run_pid(owner)}); stop that command "
-                "(Ctrl-C cancels the job) or let it finish")
+        return (
+            f"{what} is still run by `trainmaster run` (pid {run_pid(owner)}); stop that command "
+            "(Ctrl-C cancels the job) or let it finish"
+        )
     return None

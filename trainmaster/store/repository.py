@@ -16,16 +16,16 @@ from trainmaster.store.models import EventRow, JobRow, RegistryRow, utcnow
 from trainmaster.store.ownership import orphan_note, owner_alive
 
 
-def add_event(session: Session, job_id: int, obj: str, reason: str, message: str,
-              type_: str = "Normal") -> EventRow:
+def add_event(session: Session, job_id: int, obj: str, reason: str, message: str, type_: str = "Normal") -> EventRow:
     event = EventRow(job_id=job_id, object=obj, reason=reason, message=message, type=type_, time=utcnow())
     session.add(event)
     return event
 
 
 def last_event(session: Session, job_id: int, obj: str) -> EventRow | None:
-    return session.scalars(select(EventRow).where(EventRow.job_id == job_id, EventRow.object == obj)
-                           .order_by(EventRow.id.desc()).limit(1)).first()
+    return session.scalars(
+        select(EventRow).where(EventRow.job_id == job_id, EventRow.object == obj).order_by(EventRow.id.desc()).limit(1)
+    ).first()
 
 
 def load_job(session: Session, job_id: int) -> JobRow:
@@ -38,8 +38,11 @@ def load_job(session: Session, job_id: int) -> JobRow:
 def load_jobs(session: Session, job_ids: list[int]) -> list[JobRow]:
     """Jobs with their roles, instances and registry, in ``job_ids``' order, in four queries
     whatever their number (a reconcile pass over a long queue would otherwise pay per job)."""
-    rows = session.scalars(select(JobRow).where(JobRow.id.in_(job_ids)).options(
-        selectinload(JobRow.roles), selectinload(JobRow.instances), selectinload(JobRow.addresses))).all()
+    rows = session.scalars(
+        select(JobRow)
+        .where(JobRow.id.in_(job_ids))
+        .options(selectinload(JobRow.roles), selectinload(JobRow.instances), selectinload(JobRow.addresses))
+    ).all()
     by_id = {job.id: job for job in rows}
     return [by_id[i] for i in job_ids if i in by_id]
 
@@ -65,8 +68,7 @@ def load_active_jobs(session: Session, owner: str) -> ActiveJobs:
     rows = {job.id: job for job in load_jobs(session, admitted)}
     waiting = [i for i in ids if i not in rows]
     texts: dict[int, str] = {}
-    query = (select(JobRow, type_coerce(JobRow.spec, Text)).where(JobRow.id.in_(waiting))
-             .options(defer(JobRow.spec)))
+    query = select(JobRow, type_coerce(JobRow.spec, Text)).where(JobRow.id.in_(waiting)).options(defer(JobRow.spec))
     for job, text in session.execute(query):
         # instances and registry entries exist only once a job is admitted (the controller
         # creates them then), so a waiting job's are known empty without a query
@@ -94,32 +96,50 @@ def take_over(session: Session, job_id: int, old_owner: str, new_owner: str) -> 
     """Move a job to ``new_owner`` only if ``old_owner`` still holds it (one winner)."""
     from sqlalchemy import update
 
-    result = session.execute(update(JobRow).where(JobRow.id == job_id, JobRow.owner == old_owner)
-                             .values(owner=new_owner))
+    result = session.execute(
+        update(JobRow).where(JobRow.id == job_id, JobRow.owner == old_owner).values(owner=new_owner)
+    )
     return bool(result.rowcount)  # type: ignore[attr-defined]
 
 
 def active_job_ids(session: Session, owner: str) -> list[int]:
     """``owner``'s jobs not yet ended, highest priority first, then oldest first (the queue order)."""
-    rows = session.execute(select(JobRow.id).where(JobRow.state.not_in([s.value for s in JOB_TERMINAL]),
-                                                   JobRow.owner == owner)
-                           .order_by(JobRow.priority.desc(), JobRow.created_at, JobRow.id)).all()
+    rows = session.execute(
+        select(JobRow.id)
+        .where(JobRow.state.not_in([s.value for s in JOB_TERMINAL]), JobRow.owner == owner)
+        .order_by(JobRow.priority.desc(), JobRow.created_at, JobRow.id)
+    ).all()
     return [r[0] for r in rows]
 
 
 def admitted_active_count(session: Session, owner: str) -> int:
     from sqlalchemy import func
 
-    return session.scalar(select(func.count(JobRow.id)).where(
-        JobRow.admitted.is_(True), JobRow.owner == owner,
-        JobRow.state.not_in([s.value for s in JOB_TERMINAL]))) or 0
+    return (
+        session.scalar(
+            select(func.count(JobRow.id)).where(
+                JobRow.admitted.is_(True), JobRow.owner == owner, JobRow.state.not_in([s.value for s in JOB_TERMINAL])
+            )
+        )
+        or 0
+    )
 
 
 def job_summaries(session: Session) -> list[dict[str, Any]]:
     rows = session.scalars(select(JobRow).order_by(JobRow.id)).all()
-    return [{"id": j.id, "name": j.name, "state": j.state, "reason": _reason(j)[0], "queue": j.queue,
-             "priority": j.priority, "createdAt": _iso(j.created_at), "completedAt": _iso(j.completed_at)}
-            for j in rows]
+    return [
+        {
+            "id": j.id,
+            "name": j.name,
+            "state": j.state,
+            "reason": _reason(j)[0],
+            "queue": j.queue,
+            "priority": j.priority,
+            "createdAt": _iso(j.created_at),
+            "completedAt": _iso(j.completed_at),
+        }
+        for j in rows
+    ]
 
 
 def _reason(job: JobRow) -> tuple[str, str]:
@@ -158,8 +178,9 @@ def clear_registry(job: JobRow) -> None:
 
 
 def registry(session: Session, job_id: int) -> dict[str, list[str]]:
-    rows = session.scalars(select(RegistryRow).where(RegistryRow.job_id == job_id)
-                           .order_by(RegistryRow.role, RegistryRow.index)).all()
+    rows = session.scalars(
+        select(RegistryRow).where(RegistryRow.job_id == job_id).order_by(RegistryRow.role, RegistryRow.index)
+    ).all()
     out: dict[str, list[str]] = {}
     for row in rows:
         out.setdefault(row.role, []).append(row.address)
@@ -172,30 +193,66 @@ def _iso(value: datetime | None) -> str | None:
 
 def job_status(session: Session, job: JobRow, events: int = 20) -> dict[str, Any]:
     """Everything a user asks about a job, as plain data (the CLI table and the REST API use it)."""
-    recent = session.scalars(select(EventRow).where(EventRow.job_id == job.id)
-                             .order_by(EventRow.id.desc()).limit(events)).all()
+    recent = session.scalars(
+        select(EventRow).where(EventRow.job_id == job.id).order_by(EventRow.id.desc()).limit(events)
+    ).all()
     reason, message = _reason(job)
     reported = latest_points(session, job.id)
     return {
-        "id": job.id, "uid": job.uid, "name": job.name, "state": job.state,
-        "reason": reason, "message": message, "queue": job.queue, "priority": job.priority,
-        "backend": job.backend, "runDir": job.run_dir, "outputPath": job.output_path,
-        "createdAt": _iso(job.created_at), "startedAt": _iso(job.started_at),
-        "runningAt": _iso(job.running_at), "completedAt": _iso(job.completed_at),
+        "id": job.id,
+        "uid": job.uid,
+        "name": job.name,
+        "state": job.state,
+        "reason": reason,
+        "message": message,
+        "queue": job.queue,
+        "priority": job.priority,
+        "backend": job.backend,
+        "runDir": job.run_dir,
+        "outputPath": job.output_path,
+        "createdAt": _iso(job.created_at),
+        "startedAt": _iso(job.started_at),
+        "runningAt": _iso(job.running_at),
+        "completedAt": _iso(job.completed_at),
         "lastTransitionAt": _iso(job.last_transition_at),
         "conditions": conditions(job, reason, message),
-        "roles": [{"name": r.name, "replicas": r.replicas, "state": r.state, "reason": r.reason,
-                   "message": r.message, "counts": r.counts,
-                   "lastTransitionAt": _iso(r.last_transition_at)} for r in job.roles],
-        "instances": [{"role": i.role, "index": i.index, "state": i.state, "reason": i.reason,
-                       "message": i.message, "attempt": i.attempt, "restarts": i.restarts, "pid": i.pid,
-                       "address": i.address, "exitCode": i.exit_code, "logPath": i.log_path,
-                       "cpuSeconds": i.cpu_seconds, "peakRss": i.peak_rss,
-                       "startedAt": _iso(i.started_at), "endedAt": _iso(i.ended_at),
-                       "metrics": _point(reported.get((i.role, i.index)))}
-                      for i in job.instances],
-        "events": [{"time": _iso(e.time), "object": e.object, "type": e.type, "reason": e.reason,
-                    "message": e.message} for e in reversed(recent)],
+        "roles": [
+            {
+                "name": r.name,
+                "replicas": r.replicas,
+                "state": r.state,
+                "reason": r.reason,
+                "message": r.message,
+                "counts": r.counts,
+                "lastTransitionAt": _iso(r.last_transition_at),
+            }
+            for r in job.roles
+        ],
+        "instances": [
+            {
+                "role": i.role,
+                "index": i.index,
+                "state": i.state,
+                "reason": i.reason,
+                "message": i.message,
+                "attempt": i.attempt,
+                "restarts": i.restarts,
+                "pid": i.pid,
+                "address": i.address,
+                "exitCode": i.exit_code,
+                "logPath": i.log_path,
+                "cpuSeconds": i.cpu_seconds,
+                "peakRss": i.peak_rss,
+                "startedAt": _iso(i.started_at),
+                "endedAt": _iso(i.ended_at),
+                "metrics": _point(reported.get((i.role, i.index))),
+            }
+            for i in job.instances
+        ],
+        "events": [
+            {"time": _iso(e.time), "object": e.object, "type": e.type, "reason": e.reason, "message": e.message}
+            for e in reversed(recent)
+        ],
     }
 
 
@@ -207,8 +264,7 @@ def conditions(job: JobRow, reason: str, message: str) -> list[dict[str, Any]]:
     ended = state in JOB_TERMINAL
 
     def condition(type_: str, holds: bool, since: datetime | None, why: str, what: str) -> dict[str, Any]:
-        return {"type": type_, "status": str(holds), "reason": why, "message": what,
-                "lastTransitionTime": _iso(since)}
+        return {"type": type_, "status": str(holds), "reason": why, "message": what, "lastTransitionTime": _iso(since)}
 
     found = [condition("Created", True, job.created_at, "Submitted", f"job {job.name} queued in '{job.queue}'")]
     if job.admitted:
@@ -238,10 +294,14 @@ def latest_metrics_of_live_jobs(session: Session) -> dict[tuple[str, str, int, s
     from trainmaster.store.models import MetricRow
 
     live = select(JobRow.id).where(JobRow.state.not_in([s.value for s in JOB_TERMINAL]))
-    newest = (select(func.max(MetricRow.id)).where(MetricRow.job_id.in_(live))
-              .group_by(MetricRow.job_id, MetricRow.role, MetricRow.index))
-    rows = session.execute(select(JobRow.name, MetricRow).join(JobRow, JobRow.id == MetricRow.job_id)
-                           .where(MetricRow.id.in_(newest))).all()
+    newest = (
+        select(func.max(MetricRow.id))
+        .where(MetricRow.job_id.in_(live))
+        .group_by(MetricRow.job_id, MetricRow.role, MetricRow.index)
+    )
+    rows = session.execute(
+        select(JobRow.name, MetricRow).join(JobRow, JobRow.id == MetricRow.job_id).where(MetricRow.id.in_(newest))
+    ).all()
     return {(name, m.role, m.index, metric): value for name, m in rows for metric, value in m.values.items()}
 
 
@@ -251,8 +311,7 @@ def latest_points(session: Session, job_id: int) -> dict[tuple[str, int], Any]:
 
     from trainmaster.store.models import MetricRow
 
-    newest = (select(func.max(MetricRow.id)).where(MetricRow.job_id == job_id)
-              .group_by(MetricRow.role, MetricRow.index))
+    newest = select(func.max(MetricRow.id)).where(MetricRow.job_id == job_id).group_by(MetricRow.role, MetricRow.index)
     rows = session.scalars(select(MetricRow).where(MetricRow.id.in_(newest))).all()
     return {(r.role, r.index): r for r in rows}
 
@@ -299,16 +358,23 @@ def set_suspended(session: Session, job: JobRow, suspend: bool) -> bool:
     import copy
 
     if is_terminal(job.state):
-        raise UserError(f"job {job.name} (id {job.id}) has ended ({job.state}); only an active job is "
-                        f"{'suspended' if suspend else 'resumed'}")
+        raise UserError(
+            f"job {job.name} (id {job.id}) has ended ({job.state}); only an active job is "
+            f"{'suspended' if suspend else 'resumed'}"
+        )
     current = bool(((job.spec.get("spec") or {}).get("runPolicy") or {}).get("suspend", False))
     if current == suspend:
         return False
     doc = copy.deepcopy(job.spec)
     doc["spec"].setdefault("runPolicy", {})["suspend"] = suspend
     job.spec = doc
-    add_event(session, job.id, "job", "SuspendRequested" if suspend else "ResumeRequested",
-              "runPolicy.suspend set" if suspend else "runPolicy.suspend cleared")
+    add_event(
+        session,
+        job.id,
+        "job",
+        "SuspendRequested" if suspend else "ResumeRequested",
+        "runPolicy.suspend set" if suspend else "runPolicy.suspend cleared",
+    )
     return True
 
 
@@ -334,10 +400,15 @@ def claim_job_name(session: Session, name: str) -> None:
     if dialect == "sqlite":
         session.connection().exec_driver_sql("BEGIN IMMEDIATE")
     elif dialect == "postgresql":
-        session.execute(text("SELECT pg_advisory_xact_lock(:space, :key)"),
-                        {"space": 0x746D, "key": zlib.crc32(name.encode()) - 2**31})
-    live = session.scalars(select(JobRow.id).where(
-        JobRow.name == name, JobRow.state.not_in([s.value for s in JOB_TERMINAL])).limit(1)).first()
+        session.execute(
+            text("SELECT pg_advisory_xact_lock(:space, :key)"),
+            {"space": 0x746D, "key": zlib.crc32(name.encode()) - 2**31},
+        )
+    live = session.scalars(
+        select(JobRow.id).where(JobRow.name == name, JobRow.state.not_in([s.value for s in JOB_TERMINAL])).limit(1)
+    ).first()
     if live is not None:
-        raise NameTaken(f"a job named {name} is still active (id {live}); names are unique among active "
-                        "jobs: choose another name, or cancel that job first")
+        raise NameTaken(
+            f"a job named {name} is still active (id {live}); names are unique among active "
+            "jobs: choose another name, or cancel that job first"
+        )

@@ -8,5 +8,13 @@ reads the bytes each link carried, ``Testbed.down`` / ``remove`` leaves nothing 
 from trainmaster.testbed.options import TestbedOptions, format_rate, parse_rate
 from trainmaster.testbed.testbed import SWITCH, LinkCounters, Testbed, TestbedStatus, remove
 
-__all__ = ["SWITCH", "LinkCounters", "Testbed", "TestbedOptions", "TestbedStatus", "format_rate",
-           "parse_rate", "remove"]
+__all__ = [
+    "SWITCH",
+    "LinkCounters",
+    "Testbed",
+    "TestbedOptions",
+    "TestbedStatus",
+    "format_rate",
+    "parse_rate",
+    "remove",
+]

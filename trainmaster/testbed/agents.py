@@ -75,8 +75,9 @@ def stop_host_agents(prefix: str, grace: float = 5.0, timeout: float = 20.0) -> 
         delay = min(delay * 2, 0.25)
     for folder, pid in running.items():
         if _alive(pid):
-            log.warning("the agent of %s (pid %d) did not stop within %.0fs; killing it", folder.name, pid,
-                        grace + timeout)
+            log.warning(
+                "the agent of %s (pid %d) did not stop within %.0fs; killing it", folder.name, pid, grace + timeout
+            )
             _signal(pid, signal.SIGKILL)
     for folder in dirs:
         _remove_leftover_trees(folder)

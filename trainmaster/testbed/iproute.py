@@ -24,23 +24,24 @@ class NetworkCommandError(RuntimeError):
 def require_root_and_tools() -> None:
     """Testbeds need root (namespaces, links, qdiscs) and iproute2: say so before trying."""
     if os.geteuid() != 0:
-        raise UserError("testbeds need root: network namespaces, veth links and tc qdiscs can "
-                        "only be created by root; run as root (e.g. sudo trainmaster testbed ...)")
+        raise UserError(
+            "testbeds need root: network namespaces, veth links and tc qdiscs can "
+            "only be created by root; run as root (e.g. sudo trainmaster testbed ...)"
+        )
     missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
     if missing:
-        raise UserError(f"testbeds need iproute2 ({', '.join(missing)} not found); install it: "
-                        "apt-get install -y iproute2")
+        raise UserError(
+            f"testbeds need iproute2 ({', '.join(missing)} not found); install it: apt-get install -y iproute2"
+        )
 
 
 def run(*args: str, ns: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run ``ip``/``tc`` (``args[0]``), inside namespace ``ns`` when given (``-n ns``)."""
     argv = [args[0], *(("-n", ns) if ns else ()), *args[1:]]
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT,
-                              stdin=subprocess.DEVNULL)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
-        raise NetworkCommandError(f"'{' '.join(argv)}' did not finish within "
-                                  f"{COMMAND_TIMEOUT:.0f} s") from None
+        raise NetworkCommandError(f"'{' '.join(argv)}' did not finish within {COMMAND_TIMEOUT:.0f} s") from None
     if check and done.returncode != 0:
         raise NetworkCommandError(f"'{' '.join(argv)}' failed: {done.stderr.strip()}")
     return done

@@ -23,12 +23,10 @@ def parse_rate(text: str, option: str = "--link") -> int | None:
         return None
     match = _RATE.match(text)
     if not match:
-        raise UserError(f"{option}: {text!r} is not a rate; write e.g. 100mbit, 1gbit, 500kbit "
-                        "or none (uncapped)")
+        raise UserError(f"{option}: {text!r} is not a rate; write e.g. 100mbit, 1gbit, 500kbit or none (uncapped)")
     bits = int(float(match.group(1)) * _UNIT[(match.group(2) or "bit").lower()])
     if bits < 8000:
-        raise UserError(f"{option}: {text!r} is below 8kbit, too slow for any use; "
-                        "give a larger rate or none")
+        raise UserError(f"{option}: {text!r} is below 8kbit, too slow for any use; give a larger rate or none")
     return bits
 
 
@@ -67,8 +65,9 @@ class TestbedOptions:
         if not 1280 <= self.mtu <= 65535:
             problems.append(f"--mtu must be between 1280 and 65535, got {self.mtu}")
         if not PREFIX_PATTERN.match(self.prefix):
-            problems.append(f"--prefix must be 1-10 lowercase letters/digits starting with a "
-                            f"letter, got {self.prefix!r}")
+            problems.append(
+                f"--prefix must be 1-10 lowercase letters/digits starting with a letter, got {self.prefix!r}"
+            )
         if not 1 <= self.queue_ms <= 10_000:
             problems.append(f"queue_ms must be between 1 and 10000, got {self.queue_ms}")
         for name, rate in (("--link", self.link_rate), ("--switch-link", self.switch_link_rate)):

@@ -107,8 +107,10 @@ class Testbed:
 
     def _check_host(self, host: str) -> None:
         if host != SWITCH and host not in self.host_names:
-            raise UserError(f"no host {host!r} on testbed {self.options.prefix!r}; hosts are "
-                            f"{', '.join(self.host_names)} and {SWITCH} (the switch host)")
+            raise UserError(
+                f"no host {host!r} on testbed {self.options.prefix!r}; hosts are "
+                f"{', '.join(self.host_names)} and {SWITCH} (the switch host)"
+            )
 
     # ---- lifecycle ---------------------------------------------------------------------
     @classmethod
@@ -136,8 +138,24 @@ class Testbed:
             iproute.run("ip", "link", "set", "lo", "up", ns=ns)
             # created inside the switch namespace, the peer moved straight into the host's:
             # no name is ever taken in the machine's own namespace
-            iproute.run("ip", "link", "add", port, "mtu", str(o.mtu), "type", "veth", "peer",
-                        "name", HOST_DEVICE, "mtu", str(o.mtu), "netns", ns, ns=sw)
+            iproute.run(
+                "ip",
+                "link",
+                "add",
+                port,
+                "mtu",
+                str(o.mtu),
+                "type",
+                "veth",
+                "peer",
+                "name",
+                HOST_DEVICE,
+                "mtu",
+                str(o.mtu),
+                "netns",
+                ns,
+                ns=sw,
+            )
             iproute.run("ip", "link", "set", port, "master", BRIDGE, "up", ns=sw)
             iproute.run("ip", "addr", "add", f"{self.address(host)}/24", "dev", HOST_DEVICE, ns=ns)
             iproute.run("ip", "link", "set", HOST_DEVICE, "up", ns=ns)
@@ -153,8 +171,7 @@ class Testbed:
     # ---- inspection -----------------------------------------------------------------------
     def counters(self) -> dict[str, LinkCounters]:
         """Bytes on each host's link so far (``h1..hN``), read from the interfaces' counters."""
-        return {host: _counters(host, self.namespace(host), HOST_DEVICE)
-                for host in self.host_names}
+        return {host: _counters(host, self.namespace(host), HOST_DEVICE) for host in self.host_names}
 
     def status(self) -> TestbedStatus:
         present = set(iproute.namespaces())
@@ -165,17 +182,30 @@ class Testbed:
                 members.append(HostStatus(host, ns, self.address(host), "-", "-", "-", None))
                 continue
             if host == SWITCH:
-                members.append(HostStatus(host, ns, self.address(host), BRIDGE,
-                                          _tc_rate(ns, BRIDGE), "-", None))
+                members.append(HostStatus(host, ns, self.address(host), BRIDGE, _tc_rate(ns, BRIDGE), "-", None))
             else:
-                members.append(HostStatus(
-                    host, ns, self.address(host), HOST_DEVICE, _tc_rate(ns, HOST_DEVICE),
-                    _tc_rate(self.namespace(SWITCH), f"p{host[1:]}"),
-                    _counters(host, ns, HOST_DEVICE)))
+                members.append(
+                    HostStatus(
+                        host,
+                        ns,
+                        self.address(host),
+                        HOST_DEVICE,
+                        _tc_rate(ns, HOST_DEVICE),
+                        _tc_rate(self.namespace(SWITCH), f"p{host[1:]}"),
+                        _counters(host, ns, HOST_DEVICE),
+                    )
+                )
         o = self.options
-        return TestbedStatus(o.prefix, str(self.subnet), o.hosts, format_rate(o.link_rate),
-                             format_rate(o.switch_link_rate), o.mtu,
-                             all(m.namespace in present for m in members), members)
+        return TestbedStatus(
+            o.prefix,
+            str(self.subnet),
+            o.hosts,
+            format_rate(o.link_rate),
+            format_rate(o.switch_link_rate),
+            o.mtu,
+            all(m.namespace in present for m in members),
+            members,
+        )
 
     # ---- running processes on hosts ----------------------------------------------------------
     def exec_argv(self, host: str, argv: list[str]) -> list[str]:
@@ -188,8 +218,9 @@ class Testbed:
 
     def run(self, host: str, argv: list[str], timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
         """Run ``argv`` on ``host`` to completion (output captured as text)."""
-        return subprocess.run(self.exec_argv(host, argv), capture_output=True, text=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL)
+        return subprocess.run(
+            self.exec_argv(host, argv), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
 
     # ---- the record on disk --------------------------------------------------------------------
     def _write_state(self) -> None:
@@ -206,8 +237,9 @@ class Testbed:
         try:
             record = json.loads(path.read_text())
         except FileNotFoundError:
-            raise UserError(f"no testbed {prefix!r} is up (no {path}); start one with: "
-                            f"trainmaster testbed up --hosts 3") from None
+            raise UserError(
+                f"no testbed {prefix!r} is up (no {path}); start one with: trainmaster testbed up --hosts 3"
+            ) from None
         return cls(TestbedOptions(**record["options"]), subnet=record["subnet"])
 
 
@@ -234,11 +266,11 @@ def remove(prefix: str, grace: float = 3.0) -> list[str]:
 
 def _stop_processes(namespaces: list[str], grace: float) -> None:
     """Stop every process inside ``namespaces`` (``ip netns pids``): politely, then by force."""
+
     def pids() -> set[int]:
         found: set[int] = set()
         for ns in namespaces:
-            found.update(int(p) for p in iproute.run("ip", "netns", "pids", ns, check=False)
-                         .stdout.split())
+            found.update(int(p) for p in iproute.run("ip", "netns", "pids", ns, check=False).stdout.split())
         return found - {os.getpid()}
 
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
@@ -278,8 +310,22 @@ def _cap(ns: str, device: str, rate: int | None, o: TestbedOptions) -> None:
     rate_bytes = rate // 8
     burst = max(2 * (o.mtu + 64), rate_bytes // 500)
     limit = rate_bytes * o.queue_ms // 1000 + burst
-    iproute.run("tc", "qdisc", "replace", "dev", device, "root", "tbf", "rate", f"{rate}bit",
-                "burst", str(burst), "limit", str(limit), ns=ns)
+    iproute.run(
+        "tc",
+        "qdisc",
+        "replace",
+        "dev",
+        device,
+        "root",
+        "tbf",
+        "rate",
+        f"{rate}bit",
+        "burst",
+        str(burst),
+        "limit",
+        str(limit),
+        ns=ns,
+    )
 
 
 def _tc_rate(ns: str, device: str) -> str:
@@ -292,18 +338,25 @@ def _tc_rate(ns: str, device: str) -> str:
 def _counters(host: str, ns: str, device: str) -> LinkCounters:
     (link,) = iproute.run_json("ip", "-s", "link", "show", "dev", device, ns=ns)
     stats = link["stats64"]
-    return LinkCounters(host, stats["tx"]["bytes"], stats["rx"]["bytes"],
-                        stats["tx"]["packets"], stats["rx"]["packets"])
+    return LinkCounters(
+        host, stats["tx"]["bytes"], stats["rx"]["bytes"], stats["tx"]["packets"], stats["rx"]["packets"]
+    )
 
 
 def _choose_subnet(prefix: str) -> ipaddress.IPv4Network:
     """A /24 in 10.0.0.0/8 derived from the prefix that overlaps none of the machine's own
     addresses or routes (the testbed's addresses exist only inside its namespaces, but a user
     reading ``status`` should never see one that looks like the machine's)."""
-    taken = [ipaddress.IPv4Network(f"{a['local']}/{a['prefixlen']}", strict=False)
-             for link in iproute.run_json("ip", "-4", "addr") for a in link.get("addr_info", [])]
-    taken += [ipaddress.IPv4Network(r["dst"]) for r in iproute.run_json("ip", "-4", "route")
-              if r.get("dst", "default") != "default"]
+    taken = [
+        ipaddress.IPv4Network(f"{a['local']}/{a['prefixlen']}", strict=False)
+        for link in iproute.run_json("ip", "-4", "addr")
+        for a in link.get("addr_info", [])
+    ]
+    taken += [
+        ipaddress.IPv4Network(r["dst"])
+        for r in iproute.run_json("ip", "-4", "route")
+        if r.get("dst", "default") != "default"
+    ]
     seed = zlib.crc32(prefix.encode())
     for attempt in range(256):
         value = (seed + attempt * 7919) % (200 * 256)

@@ -29,8 +29,9 @@ def load_digits_split(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.
 
     data = load_digits()
     x = (data.data / 16.0).astype(np.float32)
-    x_train, x_test, y_train, y_test = train_test_split(x, data.target, test_size=0.25, random_state=seed,
-                                                        stratify=data.target)
+    x_train, x_test, y_train, y_test = train_test_split(
+        x, data.target, test_size=0.25, random_state=seed, stratify=data.target
+    )
     mean, std = x_train.mean(0), x_train.std(0) + 1e-6
     as_x = lambda a: torch.from_numpy((a - mean) / std)  # noqa: E731
     return as_x(x_train), torch.from_numpy(y_train), as_x(x_test), torch.from_numpy(y_test)
@@ -38,8 +39,7 @@ def load_digits_split(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.
 
 def make_model(hidden: int = 64, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)  # identical initial weights on every rank
-    return nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
-                         nn.Linear(hidden, 10))
+    return nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 10))
 
 
 def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -47,8 +47,7 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
         return float((model(x).argmax(1) == y).float().mean())
 
 
-def train(epochs: int, batch: int, lr: float, rank: int, world: int,
-          average_gradients=None) -> tuple[nn.Module, float]:  # type: ignore[no-untyped-def]
+def train(epochs: int, batch: int, lr: float, rank: int, world: int, average_gradients=None) -> tuple[nn.Module, float]:  # type: ignore[no-untyped-def]
     """Train this rank's shard; ``average_gradients(model)`` combines gradients across ranks."""
     torch.set_num_threads(1)
     x_train, y_train, x_test, y_test = load_digits_split()
@@ -63,7 +62,7 @@ def train(epochs: int, batch: int, lr: float, rank: int, world: int,
         order = torch.randperm(len(x), generator=generator)
         total = 0.0
         for step in range(steps):
-            idx = order[step * batch:(step + 1) * batch]
+            idx = order[step * batch : (step + 1) * batch]
             optimiser.zero_grad()
             loss = loss_fn(model(x[idx]), y[idx])
             loss.backward()
@@ -101,9 +100,16 @@ def main() -> None:
         out = Path(os.environ.get("TM_OUTPUT_DIR", "."))
         out.mkdir(parents=True, exist_ok=True)
         torch.save(model.state_dict(), out / "model.pt")
-        (out / "metrics.json").write_text(json.dumps(
-            {"test_accuracy": round(acc, 4), "world_size": world, "epochs": args.epochs,
-             "seconds": round(time.time() - started, 2)}))
+        (out / "metrics.json").write_text(
+            json.dumps(
+                {
+                    "test_accuracy": round(acc, 4),
+                    "world_size": world,
+                    "epochs": args.epochs,
+                    "seconds": round(time.time() - started, 2),
+                }
+            )
+        )
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()

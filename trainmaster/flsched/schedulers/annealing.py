@@ -121,10 +121,19 @@ class AnnealingScheduler(Scheduler):
     It always optimises the exact cost: an ``ExactCost`` passed in is reused, any other cost
     (a ``SampledCost``) is not what this scheduler optimises and is ignored."""
 
-    def __init__(self, seed: int | None = None, moves: int | None = None, chains: int = 1,
-                 accept0: float = 0.5, final_ratio: float = 1e-3, swap_prob: float = 0.2,
-                 temperature: float | None = None, pace: bool = True, local_search: bool = True,
-                 time_limit: float | None = None) -> None:
+    def __init__(
+        self,
+        seed: int | None = None,
+        moves: int | None = None,
+        chains: int = 1,
+        accept0: float = 0.5,
+        final_ratio: float = 1e-3,
+        swap_prob: float = 0.2,
+        temperature: float | None = None,
+        pace: bool = True,
+        local_search: bool = True,
+        time_limit: float | None = None,
+    ) -> None:
         super().__init__(seed)
         self.moves, self.chains, self.accept0 = moves, chains, accept0
         self.final_ratio, self.swap_prob, self.temperature = final_ratio, swap_prob, temperature
@@ -202,9 +211,12 @@ class _Chain:
             inv = np.where(model.scale > 0.0, 1.0 / model.scale, np.inf)
             ratio = model.shift * inv
         self.inv_l, self.ratio_l, self.shift_l = inv.tolist(), ratio.tolist(), model.shift.tolist()
-        self.closed = [0 < len(s) <= pricing.SUBSET_MAX and bool(np.all(np.isfinite(inv[m, self.elig_idx[m]])))
-                       and float(np.abs(ratio[m, self.elig_idx[m]]).max(initial=0.0)) < 1e6
-                       for m, s in enumerate(self.sets)]
+        self.closed = [
+            0 < len(s) <= pricing.SUBSET_MAX
+            and bool(np.all(np.isfinite(inv[m, self.elig_idx[m]])))
+            and float(np.abs(ratio[m, self.elig_idx[m]]).max(initial=0.0)) < 1e6
+            for m, s in enumerate(self.sets)
+        ]
         self.r_sub: list[np.ndarray] = [np.zeros(0)] * self.M
         self.p_sub: list[np.ndarray] = [np.zeros(0)] * self.M
         self.top_without: list[list[float]] = [[] for _ in range(self.M)]  # per position: max shift of the others
@@ -226,7 +238,7 @@ class _Chain:
             self.r_sub[m] = np.asarray([self.inv_l[m][k] for k in s]) @ member.T
             self.p_sub[m] = np.asarray([self.ratio_l[m][k] for k in s]) @ member.T
             shifts = [self.shift_l[m][k] for k in s.tolist()]
-            self.top_without[m] = [max(shifts[:i] + shifts[i + 1:], default=-np.inf) for i in range(len(shifts))]
+            self.top_without[m] = [max(shifts[:i] + shifts[i + 1 :], default=-np.inf) for i in range(len(shifts))]
 
     # ---------------------------------------------------------------- incremental pricing
     def _time_after(self, m: int, pos: int, k_in: int) -> float:
@@ -251,7 +263,9 @@ class _Chain:
         if self.useful[m] is None:
             idx = self.elig_idx[m]
             h_max = self.history[m, self.sets[m]].max()
-            bound = self.wt * (self.mean[m, idx] - self.times[m]) + self.wf * 2.0 * (self.history[m, idx] - h_max) / self.K
+            bound = (
+                self.wt * (self.mean[m, idx] - self.times[m]) + self.wf * 2.0 * (self.history[m, idx] - h_max) / self.K
+            )
             self.useful[m] = idx[bound < 0.0]
         return self.useful[m]
 
@@ -282,8 +296,9 @@ class _Chain:
             self.floors[m] = self._floor(m).tolist()
         return self.floors[m]  # type: ignore[return-value]
 
-    def _propose_replace(self, m: int, d: np.ndarray, r_dev: np.ndarray,
-                         temperature: float | None = None) -> tuple[int, int, float, float] | None:
+    def _propose_replace(
+        self, m: int, d: np.ndarray, r_dev: np.ndarray, temperature: float | None = None
+    ) -> tuple[int, int, float, float] | None:
         """Step 2 (perturbation): a random position of job m, a random free eligible arrival.
         With ``temperature``, a move Metropolis would surely reject (``_hopeless``) is None."""
         idx = self.elig_idx[m] if d[5] < EXPLORE else self._useful(m)
@@ -298,8 +313,9 @@ class _Chain:
         pos = int(d[1] * len(self.sets[m]))
         k_out = int(self.sets[m][pos])
         if temperature is not None:
-            bound = (self.wt * (max(self._floor_of(m)[pos], self.mean[m, k_in]) - self.times[m])
-                     + self._fair_delta(m, k_out, k_in))
+            bound = self.wt * (max(self._floor_of(m)[pos], self.mean[m, k_in]) - self.times[m]) + self._fair_delta(
+                m, k_out, k_in
+            )
             if self._hopeless(bound, temperature, d[4]):
                 return None
         t_new = self._time_after(m, pos, k_in)
@@ -315,14 +331,25 @@ class _Chain:
         a, b = int(sm[i]), int(so[j])
         if not (self.eligible[m, b] and self.eligible[other, a]):
             return
-        bound = (self.wt * (max(self._floor_of(m)[i], self.mean[m, b]) - self.times[m]
-                            + max(self._floor_of(other)[j], self.mean[other, a]) - self.times[other])
-                 + self._fair_delta(m, a, b) + self._fair_delta(other, b, a))
+        bound = (
+            self.wt
+            * (
+                max(self._floor_of(m)[i], self.mean[m, b])
+                - self.times[m]
+                + max(self._floor_of(other)[j], self.mean[other, a])
+                - self.times[other]
+            )
+            + self._fair_delta(m, a, b)
+            + self._fair_delta(other, b, a)
+        )
         if self._hopeless(bound, temperature, d[4]):
             return
         tm, to = self._time_after(m, i, b), self._time_after(other, j, a)
-        delta = (self.wt * (tm - self.times[m] + to - self.times[other])
-                 + self._fair_delta(m, a, b) + self._fair_delta(other, b, a))
+        delta = (
+            self.wt * (tm - self.times[m] + to - self.times[other])
+            + self._fair_delta(m, a, b)
+            + self._fair_delta(other, b, a)
+        )
         if self.sa.accept(delta, temperature, d[4]):
             sm[i], so[j] = b, a
             self.owner[b], self.owner[a] = m, other
@@ -341,8 +368,9 @@ class _Chain:
         best, best_sets = self.current, [s.copy() for s in self.sets]
         temperature = sa.temperature
         if temperature is None:
-            probes = [self._propose_replace(int(draws[i, 2] * M), draws[budget + i], dev_draws[budget + i])
-                      for i in range(16)]
+            probes = [
+                self._propose_replace(int(draws[i, 2] * M), draws[budget + i], dev_draws[budget + i]) for i in range(16)
+            ]
             worse = [p[3] for p in probes if p is not None and p[3] > 0]
             mean_worse = float(np.mean(worse)) if worse else max(abs(self.current), 1e-9) * 1e-3
             temperature = mean_worse / -np.log(sa.accept0)
@@ -398,8 +426,10 @@ class _Chain:
         keep = ~np.eye(n, dtype=bool)  # row p: every position but p
         rest = np.broadcast_to(s, (n, n))[keep].reshape(n, n - 1)
         floor = self.mean[m, rest].max(axis=1) if n > 1 else np.zeros(1)
-        bound = (self.wt * (np.maximum(self.mean[m, free][None, :], floor[:, None]) - self.times[m])
-                 + self.wf * 2.0 * (self.history[m, free][None, :] - self.history[m, s][:, None]) / self.K)
+        bound = (
+            self.wt * (np.maximum(self.mean[m, free][None, :], floor[:, None]) - self.times[m])
+            + self.wf * 2.0 * (self.history[m, free][None, :] - self.history[m, s][:, None]) / self.K
+        )
         pos, col = np.nonzero(bound < 0.0)
         if len(pos) == 0:
             return False
@@ -414,8 +444,10 @@ class _Chain:
         rows[:, :-1] = rest[pos]
         rows[:, -1] = cand
         t_new = expected_max_many(self.model.shift[m, rows], self.model.scale[m, rows])
-        delta = (self.wt * (t_new - self.times[m])
-                 + self.wf * 2.0 * (self.history[m, cand] - self.history[m, s[pos]]) / self.K)
+        delta = (
+            self.wt * (t_new - self.times[m])
+            + self.wf * 2.0 * (self.history[m, cand] - self.history[m, s[pos]]) / self.K
+        )
         j = int(np.argmin(delta))
         if delta[j] >= -1e-12 * max(abs(self.current), 1.0):
             return False
@@ -446,9 +478,16 @@ class _Chain:
                 a, b = sm[ii], so[jj]
                 # E[max] >= the largest member's mean: exchanges whose lower bound on the cost
                 # change is not negative cannot improve and are not priced
-                bound = (self.wt * (np.maximum(self._floor(m)[ii], self.mean[m, b]) - self.times[m]
-                                    + np.maximum(self._floor(o)[jj], self.mean[o, a]) - self.times[o])
-                         + self.wf * 2.0 * (h[m, b] - h[m, a] + h[o, a] - h[o, b]) / self.K)
+                bound = (
+                    self.wt
+                    * (
+                        np.maximum(self._floor(m)[ii], self.mean[m, b])
+                        - self.times[m]
+                        + np.maximum(self._floor(o)[jj], self.mean[o, a])
+                        - self.times[o]
+                    )
+                    + self.wf * 2.0 * (h[m, b] - h[m, a] + h[o, a] - h[o, b]) / self.K
+                )
                 hopeful = bound < 0.0
                 if not hopeful.any():
                     continue
@@ -459,8 +498,10 @@ class _Chain:
                 rows_o[np.arange(len(ii)), jj] = a
                 tm = expected_max_many(model.shift[m, rows_m], model.scale[m, rows_m])
                 to = expected_max_many(model.shift[o, rows_o], model.scale[o, rows_o])
-                delta = (self.wt * (tm - self.times[m] + to - self.times[o])
-                         + self.wf * 2.0 * (h[m, b] - h[m, a] + h[o, a] - h[o, b]) / self.K)
+                delta = (
+                    self.wt * (tm - self.times[m] + to - self.times[o])
+                    + self.wf * 2.0 * (h[m, b] - h[m, a] + h[o, a] - h[o, b]) / self.K
+                )
                 best = int(np.argmin(delta))
                 if delta[best] < -1e-12 * max(abs(self.current), 1.0):
                     i, j, ka, kb = int(ii[best]), int(jj[best]), int(a[best]), int(b[best])

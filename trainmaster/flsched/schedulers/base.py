@@ -83,7 +83,9 @@ def fill_in_order(problem: Problem, job_order: list[int], device_rank: Callable[
     return [np.asarray(s, dtype=int) for s in out]
 
 
-def assign_by_rank(problem: Problem, ranks: dict[int, np.ndarray], device_rank: Callable[[int], np.ndarray]) -> Assignment:
+def assign_by_rank(
+    problem: Problem, ranks: dict[int, np.ndarray], device_rank: Callable[[int], np.ndarray]
+) -> Assignment:
     """Feasible assignment minimising the summed rank positions (Hungarian over job slots)."""
     from scipy.optimize import linear_sum_assignment
 

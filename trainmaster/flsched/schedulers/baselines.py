@@ -62,8 +62,7 @@ class FedCSScheduler(Scheduler):
     times; ``pool_factor`` sizes the random pool relative to per_round.
     """
 
-    def __init__(self, seed: int | None = None, deadline_quantile: float = 0.5,
-                 pool_factor: float = 3.0) -> None:
+    def __init__(self, seed: int | None = None, deadline_quantile: float = 0.5, pool_factor: float = 3.0) -> None:
         super().__init__(seed)
         self.deadline_quantile = deadline_quantile
         self.pool_factor = pool_factor
@@ -99,8 +98,9 @@ class OortScheduler(Scheduler):
     utilities in proportion to utility.
     """
 
-    def __init__(self, seed: int | None = None, alpha: float = 2.0,
-                 explore: float = 0.1, pace_quantile: float = 0.5) -> None:
+    def __init__(
+        self, seed: int | None = None, alpha: float = 2.0, explore: float = 0.1, pace_quantile: float = 0.5
+    ) -> None:
         super().__init__(seed)
         self.alpha, self.explore, self.pace_quantile = alpha, explore, pace_quantile
         self.round = 0

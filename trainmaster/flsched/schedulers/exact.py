@@ -68,7 +68,7 @@ def milp_optimum(model: SampledCost, time_limit: float = 30.0) -> tuple[Assignme
     A = lil_matrix((n_rows, nx + nz))
     lo, hi = np.zeros(n_rows), np.zeros(n_rows)
     for m in range(M):  # exactly per_round devices per job
-        A[m, m * K:(m + 1) * K] = 1.0
+        A[m, m * K : (m + 1) * K] = 1.0
         lo[m] = hi[m] = p.per_round[m]
     for k in range(K):  # one job per device
         for m in range(M):
@@ -83,8 +83,13 @@ def milp_optimum(model: SampledCost, time_limit: float = 30.0) -> tuple[Assignme
             row += 1
     upper = np.concatenate([eligible.ravel().astype(float), np.full(nz, np.inf)])
     integrality = np.concatenate([np.ones(nx), np.zeros(nz)])
-    res = milp(c, constraints=LinearConstraint(A.tocsr(), lo, hi), integrality=integrality,
-               bounds=Bounds(np.zeros(nx + nz), upper), options={"time_limit": time_limit})
+    res = milp(
+        c,
+        constraints=LinearConstraint(A.tocsr(), lo, hi),
+        integrality=integrality,
+        bounds=Bounds(np.zeros(nx + nz), upper),
+        options={"time_limit": time_limit},
+    )
     if res.x is None:
         raise UserError(f"MILP found no schedule: {res.message}")
     x = np.round(res.x[:nx]).reshape(M, K)

@@ -17,8 +17,14 @@ from trainmaster.flsched.schedulers.baselines import RandomScheduler, greedy_ass
 
 @register("genetic")
 class GeneticScheduler(Scheduler):
-    def __init__(self, seed: int | None = None, population: int = 12,
-                 generations: int = 10, mutation: float = 0.3, elite: int = 2) -> None:
+    def __init__(
+        self,
+        seed: int | None = None,
+        population: int = 12,
+        generations: int = 10,
+        mutation: float = 0.3,
+        elite: int = 2,
+    ) -> None:
         super().__init__(seed)
         self.population, self.generations = population, generations
         self.mutation, self.elite = mutation, elite

@@ -68,10 +68,10 @@ class TokenMiddleware(BaseHTTPMiddleware):
         if self.options.authorised(request) or path.startswith(OPEN_PATHS):
             return await call_next(request)
         if request.headers.get("accept", "").startswith("text/html"):
-            return PlainTextResponse("401: this Trainmaster server needs its token: open /login?token=...",
-                                     status_code=401)
-        return JSONResponse({"error": "missing or wrong token: send 'Authorization: Bearer <token>'"},
-                            status_code=401)
+            return PlainTextResponse(
+                "401: this Trainmaster server needs its token: open /login?token=...", status_code=401
+            )
+        return JSONResponse({"error": "missing or wrong token: send 'Authorization: Bearer <token>'"}, status_code=401)
 
 
 def login(request: Request, options: AccessOptions, token: str) -> Response:

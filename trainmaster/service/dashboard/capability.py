@@ -20,8 +20,7 @@ from trainmaster.runtime.views import KINDS, views_dir
 
 READ_LIMIT = 2 * 1024 * 1024  # bytes read from the end of one view file
 MAX_RECORDS = 400
-PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#d97706", "#7c3aed", "#0891b2", "#db2777", "#65a30d",
-           "#475569", "#ea580c")
+PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#d97706", "#7c3aed", "#0891b2", "#db2777", "#65a30d", "#475569", "#ea580c")
 MAX_DRAWN_NODES = 400  # a partition drawing beyond this would be unreadable; the table stays
 
 
@@ -67,8 +66,14 @@ def capability_views(output_dir: Path) -> list[CapabilityView]:
             try:
                 drawn.append(RENDERERS[kind](records))
             except (KeyError, TypeError, ValueError, IndexError) as exc:
-                drawn.append(CapabilityView(kind, kind, "", f"records of {kind} could not be drawn: "
-                                                          f"{escape(type(exc).__name__)} {escape(str(exc))}"))
+                drawn.append(
+                    CapabilityView(
+                        kind,
+                        kind,
+                        "",
+                        f"records of {kind} could not be drawn: {escape(type(exc).__name__)} {escape(str(exc))}",
+                    )
+                )
     return drawn
 
 
@@ -77,12 +82,15 @@ def _color(i: int) -> str:
 
 
 def _text(x: float, y: float, text: Any, size: int = 11, anchor: str = "start", color: str = "#334155") -> str:
-    return (f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}" '
-            f'fill="{color}">{escape(str(text))}</text>')
+    return (
+        f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}" '
+        f'fill="{color}">{escape(str(text))}</text>'
+    )
 
 
-def _line_chart(series: dict[str, list[tuple[float, float]]], width: int = 640, height: int = 220,
-                y_label: str = "") -> str:
+def _line_chart(
+    series: dict[str, list[tuple[float, float]]], width: int = 640, height: int = 220, y_label: str = ""
+) -> str:
     """Polylines of several series on shared axes, with a legend."""
     points = [p for values in series.values() for p in values]
     if not points:
@@ -99,9 +107,13 @@ def _line_chart(series: dict[str, list[tuple[float, float]]], width: int = 640, 
     def sy(y: float) -> float:
         return top + plot_h - (y - y0) / (y1 - y0) * plot_h
 
-    parts = [f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#cbd5e1"/>',
-             _text(left - 4, top + 10, f"{y1:.3g}", anchor="end"), _text(left - 4, top + plot_h, f"{y0:.3g}", anchor="end"),
-             _text(left, height - 8, f"{x0:.3g}"), _text(left + plot_w, height - 8, f"{x1:.3g}", anchor="end")]
+    parts = [
+        f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#cbd5e1"/>',
+        _text(left - 4, top + 10, f"{y1:.3g}", anchor="end"),
+        _text(left - 4, top + plot_h, f"{y0:.3g}", anchor="end"),
+        _text(left, height - 8, f"{x0:.3g}"),
+        _text(left + plot_w, height - 8, f"{x1:.3g}", anchor="end"),
+    ]
     if y_label:
         parts.append(_text(left + plot_w / 2, height - 8, y_label, anchor="middle"))
     for i, (name, values) in enumerate(series.items()):
@@ -126,22 +138,38 @@ def federated_schedule(records: list[dict[str, Any]]) -> CapabilityView:
         for job, chosen in record["assignment"].items():
             for device in chosen:
                 if int(device) < devices:
-                    parts.append(f'<rect class="cell" data-job="{escape(str(job))}" x="{left + column * cell}" '
-                                 f'y="{top + int(device) * cell}" width="{cell - 1}" height="{cell - 1}" '
-                                 f'fill="{_color(index[str(job)])}"><title>round {int(record["round"])}, device '
-                                 f'{int(device)}: {escape(str(job))}</title></rect>')
+                    parts.append(
+                        f'<rect class="cell" data-job="{escape(str(job))}" x="{left + column * cell}" '
+                        f'y="{top + int(device) * cell}" width="{cell - 1}" height="{cell - 1}" '
+                        f'fill="{_color(index[str(job)])}"><title>round {int(record["round"])}, device '
+                        f"{int(device)}: {escape(str(job))}</title></rect>"
+                    )
     for i, job in enumerate(jobs):
         parts.append(_text(width - 140, top + 12 + 16 * i, job, color=_color(i)))
-    grid = f'<svg class="capability" id="flsched-grid" width="{width}" height="{height}" role="img">{"".join(parts)}</svg>'
-    accuracy = {job: [(float(r["round"]), float(r["accuracy"][job])) for r in records if job in r["accuracy"]]
-                for job in jobs}
+    grid = (
+        f'<svg class="capability" id="flsched-grid" width="{width}" height="{height}" role="img">{"".join(parts)}</svg>'
+    )
+    accuracy = {
+        job: [(float(r["round"]), float(r["accuracy"][job])) for r in records if job in r["accuracy"]] for job in jobs
+    }
     last = records[-1]
-    table = [[job, f"{last['accuracy'].get(job, float('nan')):.3f}" if job in last["accuracy"] else "",
-              str(sum(len(r["assignment"].get(job, [])) for r in records))] for job in jobs]
-    return CapabilityView("flsched.round", "Federated schedule", grid + _line_chart(accuracy, y_label="accuracy by round"),
-                          f"{len(records)} rounds, {devices} devices, {len(jobs)} jobs; a cell is a device "
-                          f"training a job in a round (blank: idle)",
-                          ["job", "latest accuracy", "device-rounds"], table)
+    table = [
+        [
+            job,
+            f"{last['accuracy'].get(job, float('nan')):.3f}" if job in last["accuracy"] else "",
+            str(sum(len(r["assignment"].get(job, [])) for r in records)),
+        ]
+        for job in jobs
+    ]
+    return CapabilityView(
+        "flsched.round",
+        "Federated schedule",
+        grid + _line_chart(accuracy, y_label="accuracy by round"),
+        f"{len(records)} rounds, {devices} devices, {len(jobs)} jobs; a cell is a device "
+        f"training a job in a round (blank: idle)",
+        ["job", "latest accuracy", "device-rounds"],
+        table,
+    )
 
 
 #: The counters an operator watches on an aggregation tier (substrings of the stats' names).
@@ -153,20 +181,45 @@ def aggregation_counters(records: list[dict[str, Any]]) -> CapabilityView:
     fallbacks, sums verified. One chart per counter, one line per node."""
     records = sorted(records, key=lambda r: float(r["time"]))
     start = float(records[0]["time"])
-    names = sorted({k for r in records for k, v in r.items()
-                    if any(w in k for w in WATCHED_COUNTERS) and isinstance(v, (int, float)) and not isinstance(v, bool)})
+    names = sorted(
+        {
+            k
+            for r in records
+            for k, v in r.items()
+            if any(w in k for w in WATCHED_COUNTERS) and isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+    )
     nodes = sorted({str(r.get("node", "")) for r in records})
     charts = "".join(
         f'<div class="counter" data-counter="{escape(name)}"><strong>{escape(name)}</strong>'
-        + _line_chart({node: [(float(r["time"]) - start, float(r[name])) for r in records
-                              if str(r.get("node", "")) == node and name in r] for node in nodes},
-                      width=460, height=140, y_label="seconds")
-        + "</div>" for name in names)
+        + _line_chart(
+            {
+                node: [
+                    (float(r["time"]) - start, float(r[name]))
+                    for r in records
+                    if str(r.get("node", "")) == node and name in r
+                ]
+                for node in nodes
+            },
+            width=460,
+            height=140,
+            y_label="seconds",
+        )
+        + "</div>"
+        for name in names
+    )
     latest = {node: next(r for r in reversed(records) if str(r.get("node", "")) == node) for node in nodes}
-    table = [[node, name, f"{float(latest[node][name]):.6g}"] for node in nodes for name in names if name in latest[node]]
-    return CapabilityView("aggregation.counters", "Aggregation counters", charts,
-                          f"{len(records)} samples from {len(nodes)} node(s) over "
-                          f"{float(records[-1]['time']) - start:.1f} s", ["node", "counter", "latest"], table)
+    table = [
+        [node, name, f"{float(latest[node][name]):.6g}"] for node in nodes for name in names if name in latest[node]
+    ]
+    return CapabilityView(
+        "aggregation.counters",
+        "Aggregation counters",
+        charts,
+        f"{len(records)} samples from {len(nodes)} node(s) over {float(records[-1]['time']) - start:.1f} s",
+        ["node", "counter", "latest"],
+        table,
+    )
 
 
 def partition_plan(records: list[dict[str, Any]]) -> CapabilityView:
@@ -175,16 +228,24 @@ def partition_plan(records: list[dict[str, Any]]) -> CapabilityView:
     between devices dashed."""
     newest = {str(r.get("method", "")): r for r in records}
     drawn = [_draw_plan(plan) for plan in list(newest.values())[-3:]]
-    return CapabilityView("partition.plan", "Partition", "".join(svg for svg, _, _ in drawn),
-                          " · ".join(caption for _, caption, _ in drawn),
-                          ["method", "device", "operators"], [row for _, _, rows in drawn for row in rows])
+    return CapabilityView(
+        "partition.plan",
+        "Partition",
+        "".join(svg for svg, _, _ in drawn),
+        " · ".join(caption for _, caption, _ in drawn),
+        ["method", "device", "operators"],
+        [row for _, _, rows in drawn for row in rows],
+    )
 
 
 def _draw_plan(plan: dict[str, Any]) -> tuple[str, str, list[list[str]]]:
     nodes = plan["nodes"]
     position = {str(n["id"]): i for i, n in enumerate(nodes)}
-    edges = [(position[str(e["src"])], position[str(e["dst"])], bool(e.get("critical"))) for e in plan["edges"]
-             if str(e["src"]) in position and str(e["dst"]) in position]
+    edges = [
+        (position[str(e["src"])], position[str(e["dst"])], bool(e.get("critical")))
+        for e in plan["edges"]
+        if str(e["src"]) in position and str(e["dst"]) in position
+    ]
     device_of = [int(n["device"]) for n in nodes]
     loads: dict[int, int] = defaultdict(int)
     for d in device_of:
@@ -193,8 +254,10 @@ def _draw_plan(plan: dict[str, Any]) -> tuple[str, str, list[list[str]]]:
     critical_cut = sum(1 for s, d, c in edges if c and device_of[s] != device_of[d])
     method = str(plan.get("method", ""))
     table = [[method, str(d), str(loads[d])] for d in sorted(loads)]
-    caption = (f"{method}: {len(nodes)} operators on {int(plan['devices'])} devices; "
-               f"{cut} of {len(edges)} edges cut, {critical_cut} of them critical")
+    caption = (
+        f"{method}: {len(nodes)} operators on {int(plan['devices'])} devices; "
+        f"{cut} of {len(edges)} edges cut, {critical_cut} of them critical"
+    )
     if len(nodes) > MAX_DRAWN_NODES:
         return "", caption + f"; too many operators to draw (over {MAX_DRAWN_NODES})", table
     layer = [0] * len(nodes)
@@ -215,18 +278,22 @@ def _draw_plan(plan: dict[str, Any]) -> tuple[str, str, list[list[str]]]:
     parts = []
     for s, d, critical in edges:
         (x0, y0), (x1, y1) = xy[s], xy[d]
-        style = ('stroke="#dc2626" stroke-width="3"' if critical else 'stroke="#94a3b8" stroke-width="1"')
+        style = 'stroke="#dc2626" stroke-width="3"' if critical else 'stroke="#94a3b8" stroke-width="1"'
         dash = ' stroke-dasharray="4 3" class="cut"' if device_of[s] != device_of[d] else ""
         parts.append(f'<line x1="{x0}" y1="{y0}" x2="{x1}" y2="{y1}" {style}{dash}/>')
     for i, node in enumerate(nodes):
         x, y = xy[i]
-        parts.append(f'<circle class="op" cx="{x}" cy="{y}" r="7" fill="{_color(device_of[i])}" '
-                     f'stroke="{"#111827" if node.get("critical") else "white"}" stroke-width="2">'
-                     f'<title>{escape(str(node["id"]))}: device {device_of[i]}</title></circle>')
+        parts.append(
+            f'<circle class="op" cx="{x}" cy="{y}" r="7" fill="{_color(device_of[i])}" '
+            f'stroke="{"#111827" if node.get("critical") else "white"}" stroke-width="2">'
+            f"<title>{escape(str(node['id']))}: device {device_of[i]}</title></circle>"
+        )
     for d in sorted(loads):
         parts.append(_text(width - 110, 16 + 16 * d, f"device {d}", color=_color(d)))
-    svg = (f'<svg class="capability partition-graph" data-method="{escape(method)}" width="{width}" '
-           f'height="{height}" role="img">{"".join(parts)}</svg>')
+    svg = (
+        f'<svg class="capability partition-graph" data-method="{escape(method)}" width="{width}" '
+        f'height="{height}" role="img">{"".join(parts)}</svg>'
+    )
     return svg, caption + "; thick red: critical edges, dashed: cut", table
 
 
@@ -235,15 +302,29 @@ def gateway_tasks(records: list[dict[str, Any]]) -> CapabilityView:
     latest: dict[str, dict[str, Any]] = {}
     for record in records:
         latest[str(record["task"])] = record
-    table = [[task, str(leg.get("data_id", "")), str(leg.get("party", "")), str(leg.get("rule", "")),
-              str(leg.get("outcome", ""))]
-             for task, record in reversed(list(latest.items())) for leg in record["legs"]]
+    table = [
+        [
+            task,
+            str(leg.get("data_id", "")),
+            str(leg.get("party", "")),
+            str(leg.get("rule", "")),
+            str(leg.get("outcome", "")),
+        ]
+        for task, record in reversed(list(latest.items()))
+        for leg in record["legs"]
+    ]
     outcomes: dict[str, int] = defaultdict(int)
     for row in table:
         outcomes[row[4]] += 1
     summary = ", ".join(f"{n} {o}" for o, n in sorted(outcomes.items()))
-    return CapabilityView("gateway.task", "Gateway tasks and legs", "", f"{len(latest)} tasks; legs: {summary}",
-                          ["task", "data id", "party", "rule", "outcome"], table[:500])
+    return CapabilityView(
+        "gateway.task",
+        "Gateway tasks and legs",
+        "",
+        f"{len(latest)} tasks; legs: {summary}",
+        ["task", "data id", "party", "rule", "outcome"],
+        table[:500],
+    )
 
 
 RENDERERS: dict[str, Callable[[list[dict[str, Any]]], CapabilityView]] = {

@@ -31,8 +31,9 @@ LOG_POLL = 0.25  # seconds between looks at a followed log file
 MAX_DOCUMENT = 256 * 1024  # a pasted job file; real ones are a few KB
 
 
-def mount_dashboard(app: FastAPI, controller: Controller, jobs: Trainmaster, paths: PathPolicy,
-                    access: AccessOptions) -> None:
+def mount_dashboard(
+    app: FastAPI, controller: Controller, jobs: Trainmaster, paths: PathPolicy, access: AccessOptions
+) -> None:
     """Serve the dashboard at ``/`` on ``app`` and guard the whole app with ``access``; jobs
     submitted from the page take the REST API's path (the facade's ``load`` and ``submit``
     under the operator's path policy ``paths``)."""
@@ -63,15 +64,23 @@ def mount_dashboard(app: FastAPI, controller: Controller, jobs: Trainmaster, pat
         return login(request, access, token)
 
     @router.get("/", response_class=HTMLResponse)
-    def jobs_page(request: Request, state: str = Query("", max_length=16),
-                  name: str = Query("", max_length=63), page_no: int = Query(1, alias="page", ge=1)) -> HTMLResponse:
+    def jobs_page(
+        request: Request,
+        state: str = Query("", max_length=16),
+        name: str = Query("", max_length=63),
+        page_no: int = Query(1, alias="page", ge=1),
+    ) -> HTMLResponse:
         with sessions() as session:
             listing = views.job_list(session, state, name, page_no)
         return page(request, "jobs.html", listing=listing, state=state, name=name, states=views.STATES)
 
     @router.get("/ui/jobs/table", response_class=HTMLResponse)
-    def jobs_table(request: Request, state: str = Query("", max_length=16),
-                   name: str = Query("", max_length=63), page_no: int = Query(1, alias="page", ge=1)) -> HTMLResponse:
+    def jobs_table(
+        request: Request,
+        state: str = Query("", max_length=16),
+        name: str = Query("", max_length=63),
+        page_no: int = Query(1, alias="page", ge=1),
+    ) -> HTMLResponse:
         with sessions() as session:
             listing = views.job_list(session, state, name, page_no)
         return page(request, "_jobs_table.html", listing=listing, state=state, name=name)
@@ -80,15 +89,24 @@ def mount_dashboard(app: FastAPI, controller: Controller, jobs: Trainmaster, pat
     def job_page(request: Request, job_id: int) -> HTMLResponse:
         with sessions() as session:
             job = load(session, job_id)
-            return page(request, "job.html", job=views.job_detail(session, job),
-                        instances=views.instances(session, job), spec=views.spec_yaml(job))
+            return page(
+                request,
+                "job.html",
+                job=views.job_detail(session, job),
+                instances=views.instances(session, job),
+                spec=views.spec_yaml(job),
+            )
 
     @router.get("/ui/jobs/{job_id}/summary", response_class=HTMLResponse)
     def job_summary(request: Request, job_id: int) -> HTMLResponse:
         with sessions() as session:
             job = load(session, job_id)
-            return page(request, "_job_summary.html", job=views.job_detail(session, job),
-                        instances=views.instances(session, job))
+            return page(
+                request,
+                "_job_summary.html",
+                job=views.job_detail(session, job),
+                instances=views.instances(session, job),
+            )
 
     @router.get("/ui/jobs/{job_id}/views", response_class=HTMLResponse)
     def job_views(request: Request, job_id: int) -> HTMLResponse:
@@ -115,15 +133,18 @@ def mount_dashboard(app: FastAPI, controller: Controller, jobs: Trainmaster, pat
             return chosen[-1].log_path
 
     @router.get("/ui/jobs/{job_id}/log")
-    def job_log(job_id: int, instance: str = Query(..., max_length=80),
-                offset: int | None = Query(None, ge=0)) -> JSONResponse:
+    def job_log(
+        job_id: int, instance: str = Query(..., max_length=80), offset: int | None = Query(None, ge=0)
+    ) -> JSONResponse:
         chunk = views.read_log(log_path(job_id, instance), offset)
-        return JSONResponse({"text": chunk.text, "offset": chunk.offset, "size": chunk.size,
-                             "truncated": chunk.truncated})
+        return JSONResponse(
+            {"text": chunk.text, "offset": chunk.offset, "size": chunk.size, "truncated": chunk.truncated}
+        )
 
     @router.get("/ui/jobs/{job_id}/log/stream")
-    async def job_log_stream(request: Request, job_id: int, instance: str = Query(..., max_length=80),
-                             offset: int = Query(0, ge=0)) -> StreamingResponse:
+    async def job_log_stream(
+        request: Request, job_id: int, instance: str = Query(..., max_length=80), offset: int = Query(0, ge=0)
+    ) -> StreamingResponse:
         path = log_path(job_id, instance)
 
         async def follow() -> AsyncIterator[str]:
@@ -180,8 +201,9 @@ def mount_dashboard(app: FastAPI, controller: Controller, jobs: Trainmaster, pat
         return Response(status_code=204, headers={"HX-Trigger": "tm-change"})
 
     @router.post("/ui/jobs/{job_id}/scale")
-    def scale(request: Request, job_id: int, role: str = Form(..., max_length=63),
-              replicas: int = Form(..., ge=1, le=10_000)) -> Response:
+    def scale(
+        request: Request, job_id: int, role: str = Form(..., max_length=63), replicas: int = Form(..., ge=1, le=10_000)
+    ) -> Response:
         guarded(request)
         try:
             controller.scale(job_id, role, replicas)
@@ -195,8 +217,10 @@ def mount_dashboard(app: FastAPI, controller: Controller, jobs: Trainmaster, pat
         with sessions() as session:
             job = load(session, job_id)
             if not repo.is_terminal(job.state):
-                return HTMLResponse(f"<span class='error'>job {_escape(job.name)} is {job.state}; cancel it first</span>",
-                                    status_code=409)
+                return HTMLResponse(
+                    f"<span class='error'>job {_escape(job.name)} is {job.state}; cancel it first</span>",
+                    status_code=409,
+                )
             session.delete(job)
             session.commit()
         return Response(status_code=204, headers={"HX-Redirect": "/"})
@@ -210,36 +234,51 @@ def mount_dashboard(app: FastAPI, controller: Controller, jobs: Trainmaster, pat
         if len(document.encode()) > MAX_DOCUMENT:
             return None, [{"path": "", "line": None, "message": f"the document is over {MAX_DOCUMENT // 1024} KB"}]
         try:
-            return jobs.load(parse_document(document, "pasted job"), controller.backend.name,
-                             LoadOptions(paths=paths), source="pasted job"), []
+            return jobs.load(
+                parse_document(document, "pasted job"),
+                controller.backend.name,
+                LoadOptions(paths=paths),
+                source="pasted job",
+            ), []
         except UserError as exc:
             problems = []
             for detail in exc.details or [exc.message]:
                 path, message = split_error(detail)
-                problems.append({"path": path, "line": line_of(document, path) if path else None,
-                                 "message": message})
+                problems.append({"path": path, "line": line_of(document, path) if path else None, "message": message})
             return None, problems
 
     @router.post("/ui/validate", response_class=HTMLResponse)
     def validate(request: Request, document: str = Form("")) -> HTMLResponse:
         guarded(request)
         loaded, problems = check(document)
-        return page(request, "_validation.html", problems=problems, lines=document.splitlines(),
-                    ok=loaded is not None, ignored=loaded.ignored if loaded else [])
+        return page(
+            request,
+            "_validation.html",
+            problems=problems,
+            lines=document.splitlines(),
+            ok=loaded is not None,
+            ignored=loaded.ignored if loaded else [],
+        )
 
     @router.post("/ui/submit", response_class=HTMLResponse)
     def submit(request: Request, document: str = Form("")) -> Response:
         guarded(request)
         loaded, problems = check(document)
         if loaded is None:
-            return page(request, "_validation.html", problems=problems, lines=document.splitlines(),
-                        ok=False, ignored=[])
+            return page(
+                request, "_validation.html", problems=problems, lines=document.splitlines(), ok=False, ignored=[]
+            )
         try:
             job_id = jobs.submit(loaded, controller).id
         except NameTaken as exc:
-            return page(request, "_validation.html", problems=[{"path": "metadata.name", "message": str(exc),
-                                                                "line": line_of(document, "metadata.name")}],
-                        lines=document.splitlines(), ok=False, ignored=[])
+            return page(
+                request,
+                "_validation.html",
+                problems=[{"path": "metadata.name", "message": str(exc), "line": line_of(document, "metadata.name")}],
+                lines=document.splitlines(),
+                ok=False,
+                ignored=[],
+            )
         return Response(status_code=204, headers={"HX-Redirect": f"/jobs/{job_id}"})
 
     app.include_router(router)

@@ -101,8 +101,20 @@ def job_list(session: Session, state: str = "", name: str = "", page: int = 1) -
     roles: dict[int, list[RoleCounts]] = defaultdict(list)
     for role in session.scalars(select(RoleRow).where(RoleRow.job_id.in_(ids)).order_by(RoleRow.position)):
         roles[role.job_id].append(RoleCounts(role.name, role.replicas, role.state, counts_text(role.counts)))
-    lines = [JobLine(j.id, j.name, str((j.spec.get("spec") or {}).get("framework", "")), j.state, j.reason,
-                     age(j.created_at), j.queue, j.priority, roles[j.id]) for j in jobs]
+    lines = [
+        JobLine(
+            j.id,
+            j.name,
+            str((j.spec.get("spec") or {}).get("framework", "")),
+            j.state,
+            j.reason,
+            age(j.created_at),
+            j.queue,
+            j.priority,
+            roles[j.id],
+        )
+        for j in jobs
+    ]
     return JobList(lines, total, page, pages)
 
 
@@ -111,11 +123,26 @@ def instances(session: Session, job: JobRow) -> list[InstanceLine]:
     lines = []
     for inst in job.instances:
         point = latest.get((inst.role, inst.index))
-        lines.append(InstanceLine(
-            inst.label, inst.role, inst.index, inst.state, inst.attempt, inst.restarts, inst.host or "",
-            inst.address or "", inst.pid, inst.exit_code, inst.reason, inst.message,
-            getattr(inst, "cpu_seconds", None), getattr(inst, "peak_rss", None),
-            _progress(point), dict(point.values) if point else {}))
+        lines.append(
+            InstanceLine(
+                inst.label,
+                inst.role,
+                inst.index,
+                inst.state,
+                inst.attempt,
+                inst.restarts,
+                inst.host or "",
+                inst.address or "",
+                inst.pid,
+                inst.exit_code,
+                inst.reason,
+                inst.message,
+                getattr(inst, "cpu_seconds", None),
+                getattr(inst, "peak_rss", None),
+                _progress(point),
+                dict(point.values) if point else {},
+            )
+        )
     return lines
 
 
@@ -128,11 +155,19 @@ def _progress(point: MetricRow | None) -> float | None:
 
 def metric_series(session: Session, job_id: int, after: int = 0, limit: int = 5000) -> dict[str, Any]:
     """Points after id ``after`` as chart series: one per (instance, metric), x = step or epoch."""
-    rows = session.scalars(select(MetricRow).where(MetricRow.job_id == job_id, MetricRow.id > after)
-                           .order_by(MetricRow.id).limit(limit)).all()
-    points = [{"series": f"{r.role}-{r.index} {name}", "metric": name,
-               "x": r.step if r.step is not None else (r.epoch if r.epoch is not None else r.id),
-               "y": value} for r in rows for name, value in r.values.items()]
+    rows = session.scalars(
+        select(MetricRow).where(MetricRow.job_id == job_id, MetricRow.id > after).order_by(MetricRow.id).limit(limit)
+    ).all()
+    points = [
+        {
+            "series": f"{r.role}-{r.index} {name}",
+            "metric": name,
+            "x": r.step if r.step is not None else (r.epoch if r.epoch is not None else r.id),
+            "y": value,
+        }
+        for r in rows
+        for name, value in r.values.items()
+    ]
     return {"last": rows[-1].id if rows else after, "points": points}
 
 

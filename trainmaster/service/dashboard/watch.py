@@ -18,12 +18,19 @@ log = logging.getLogger(__name__)
 def change_mark(session: Session) -> tuple[Any, ...]:
     """A value that changes whenever anything a page shows changes: new events and metric
     points, jobs added or removed, job and instance state moves."""
-    return (session.scalar(select(func.max(EventRow.id))),
-            session.scalar(select(func.max(MetricRow.id))),
-            session.scalar(select(func.count(JobRow.id))),
-            session.scalar(select(func.max(JobRow.last_transition_at))),
-            tuple(session.execute(select(InstanceRow.state, func.count(InstanceRow.id), func.sum(InstanceRow.attempt))
-                                  .group_by(InstanceRow.state)).all()))
+    return (
+        session.scalar(select(func.max(EventRow.id))),
+        session.scalar(select(func.max(MetricRow.id))),
+        session.scalar(select(func.count(JobRow.id))),
+        session.scalar(select(func.max(JobRow.last_transition_at))),
+        tuple(
+            session.execute(
+                select(InstanceRow.state, func.count(InstanceRow.id), func.sum(InstanceRow.attempt)).group_by(
+                    InstanceRow.state
+                )
+            ).all()
+        ),
+    )
 
 
 class StoreWatcher:

@@ -58,8 +58,7 @@ def framework_available(framework_id: str) -> bool:
     """Whether a framework id is built in or installed, without importing it."""
     from trainmaster.frameworks import BUILTIN, ENTRY_POINT_GROUP
 
-    return framework_id in BUILTIN or any(
-        ep.name == framework_id for ep in entry_points(group=ENTRY_POINT_GROUP))
+    return framework_id in BUILTIN or any(ep.name == framework_id for ep in entry_points(group=ENTRY_POINT_GROUP))
 
 
 __all__ = ["Converted", "convert", "framework_available", "source_kind"]

@@ -40,8 +40,9 @@ class Report:
         if self.lenient:
             self.ignore(join(path, key), f"unknown field, ignored{hint}")
         else:
-            self.errors.append(f"{join(path, key)}: unknown field{hint}; fix it, or pass --lenient "
-                               "to ignore unknown fields")
+            self.errors.append(
+                f"{join(path, key)}: unknown field{hint}; fix it, or pass --lenient to ignore unknown fields"
+            )
 
     def unsupported(self, path: str, reason: str) -> None:
         """A known field that would change what the job does, and that is not supported here."""
@@ -51,8 +52,15 @@ class Report:
         """A value the source project itself refuses (Volcano's and Kubeflow's own checks)."""
         self.errors.append(f"{path}: {reason}")
 
-    def rest(self, mapping: dict[str, Any], path: str, handled: Iterable[str],
-             reasons: dict[str, str], known: Iterable[str] = (), known_reason: str = "") -> None:
+    def rest(
+        self,
+        mapping: dict[str, Any],
+        path: str,
+        handled: Iterable[str],
+        reasons: dict[str, str],
+        known: Iterable[str] = (),
+        known_reason: str = "",
+    ) -> None:
         """Every key of ``mapping`` the converter did not handle: a note with its reason when the
         kind has it (``reasons``, or ``known`` with ``known_reason``), an unknown field otherwise."""
         handled, known = set(handled), set(known)

@@ -35,21 +35,47 @@ class Kind:
 
 KINDS: dict[str, Kind] = {
     "PyTorchJob": Kind(
-        "pytorchReplicaSpecs", ("v1",), "pytorch", {"": "OnFailure"},
-        {}, frozenset({"runPolicy", "elasticPolicy", "pytorchReplicaSpecs", "nprocPerNode"}),
-        ("Master", "Worker")),
+        "pytorchReplicaSpecs",
+        ("v1",),
+        "pytorch",
+        {"": "OnFailure"},
+        {},
+        frozenset({"runPolicy", "elasticPolicy", "pytorchReplicaSpecs", "nprocPerNode"}),
+        ("Master", "Worker"),
+    ),
     "TFJob": Kind(
-        "tfReplicaSpecs", ("v1",), "tensorflow", {"": "Never"},
-        {}, frozenset({"runPolicy", "successPolicy", "tfReplicaSpecs", "enableDynamicWorker"}),
-        ("Chief", "Master", "PS", "Worker", "Evaluator")),
+        "tfReplicaSpecs",
+        ("v1",),
+        "tensorflow",
+        {"": "Never"},
+        {},
+        frozenset({"runPolicy", "successPolicy", "tfReplicaSpecs", "enableDynamicWorker"}),
+        ("Chief", "Master", "PS", "Worker", "Evaluator"),
+    ),
     "MPIJob": Kind(
-        "mpiReplicaSpecs", ("v1", "v2beta1"), None, {"launcher": "OnFailure", "": "Never"},
-        {"sshAuthMountPath": "no SSH between instances locally",
-         "launcherCreationPolicy": "the launcher always starts once every worker runs "
-                                   "(WaitForWorkersReady)"},
-        frozenset({"slotsPerWorker", "cleanPodPolicy", "mpiReplicaSpecs", "mainContainer", "runPolicy",
-                   "runLauncherAsWorker", "sshAuthMountPath", "launcherCreationPolicy",
-                   "mpiImplementation"}), ("Launcher", "Worker")),
+        "mpiReplicaSpecs",
+        ("v1", "v2beta1"),
+        None,
+        {"launcher": "OnFailure", "": "Never"},
+        {
+            "sshAuthMountPath": "no SSH between instances locally",
+            "launcherCreationPolicy": "the launcher always starts once every worker runs (WaitForWorkersReady)",
+        },
+        frozenset(
+            {
+                "slotsPerWorker",
+                "cleanPodPolicy",
+                "mpiReplicaSpecs",
+                "mainContainer",
+                "runPolicy",
+                "runLauncherAsWorker",
+                "sshAuthMountPath",
+                "launcherCreationPolicy",
+                "mpiImplementation",
+            }
+        ),
+        ("Launcher", "Worker"),
+    ),
 }
 
 _RESTART = {"Never": "Never", "OnFailure": "OnFailure", "Always": "Always", "ExitCode": "ExitCode"}
@@ -57,8 +83,15 @@ _RESTART = {"Never": "Never", "OnFailure": "OnFailure", "Always": "Always", "Exi
 _RUN_POLICY_REASONS = {
     "managedBy": "the Trainmaster controller manages the job",
 }
-RUN_POLICY_FIELDS = {"cleanPodPolicy", "ttlSecondsAfterFinished", "activeDeadlineSeconds", "backoffLimit",
-                     "schedulingPolicy", "suspend", "managedBy"}
+RUN_POLICY_FIELDS = {
+    "cleanPodPolicy",
+    "ttlSecondsAfterFinished",
+    "activeDeadlineSeconds",
+    "backoffLimit",
+    "schedulingPolicy",
+    "suspend",
+    "managedBy",
+}
 SCHEDULING_POLICY_FIELDS = {"minAvailable", "queue", "minResources", "priorityClass", "scheduleTimeoutSeconds"}
 MPI_IMPLEMENTATIONS = ("OpenMPI", "Intel", "MPICH")
 _SCHEDULING_REASONS = {
@@ -75,23 +108,38 @@ def convert(raw: dict[str, Any], lenient: bool = False) -> tuple[dict[str, Any],
     if group != GROUP or kind is None:
         raise UserError(
             f"{api_version} {kind_name} is not supported",
-            ["supported Kubeflow kinds: PyTorchJob and TFJob (kubeflow.org/v1), MPIJob "
-             "(kubeflow.org/v1 or v2beta1); other jobs can be written as a trainmaster/v1 Job"])
+            [
+                "supported Kubeflow kinds: PyTorchJob and TFJob (kubeflow.org/v1), MPIJob "
+                "(kubeflow.org/v1 or v2beta1); other jobs can be written as a trainmaster/v1 Job"
+            ],
+        )
     if version not in kind.versions:
-        raise UserError(f"{api_version} {kind_name} is not supported",
-                        [f"apiVersion: {kind_name} is read in versions "
-                         f"{', '.join(GROUP + '/' + v for v in kind.versions)}"])
+        raise UserError(
+            f"{api_version} {kind_name} is not supported",
+            [f"apiVersion: {kind_name} is read in versions {', '.join(GROUP + '/' + v for v in kind.versions)}"],
+        )
     report = Report(f"{api_version} {kind_name}", lenient=lenient)
-    report.rest(raw, "", {"apiVersion", "kind", "metadata", "spec"},
-                {"status": "status is filled in by the controller"})
+    report.rest(
+        raw, "", {"apiVersion", "kind", "metadata", "spec"}, {"status": "status is filled in by the controller"}
+    )
     spec = report.mapping(raw.get("spec"), "spec")
     main_container = spec.get("mainContainer") if kind_name == "MPIJob" else None
     if not isinstance(main_container, (str, type(None))):
         report.invalid("spec.mainContainer", "must be a container name")
         main_container = None
-    handled = {kind.replica_key, "runPolicy", "successPolicy", "slotsPerWorker", "mainContainer", "cleanPodPolicy",
-               "elasticPolicy", "nprocPerNode", "enableDynamicWorker", "mpiImplementation",
-               "runLauncherAsWorker"} & kind.spec_fields
+    handled = {
+        kind.replica_key,
+        "runPolicy",
+        "successPolicy",
+        "slotsPerWorker",
+        "mainContainer",
+        "cleanPodPolicy",
+        "elasticPolicy",
+        "nprocPerNode",
+        "enableDynamicWorker",
+        "mpiImplementation",
+        "runLauncherAsWorker",
+    } & kind.spec_fields
     report.rest(spec, "spec", handled, kind.spec_keys, kind.spec_fields)
     params = _kind_params(str(kind_name), spec, report)
     roles = _roles(spec, kind, main_container or kind.container, report)
@@ -123,8 +171,7 @@ def _framework(kind_name: str) -> str:
     return wanted if kind_name != "MPIJob" or framework_available(wanted) else "command"
 
 
-def _roles(spec: dict[str, Any], kind: Kind, container: str | None,
-           report: Report) -> list[dict[str, Any]]:
+def _roles(spec: dict[str, Any], kind: Kind, container: str | None, report: Report) -> list[dict[str, Any]]:
     path = join("spec", kind.replica_key)
     replica_specs = report.mapping(spec.get(kind.replica_key), path)
     roles = []
@@ -140,11 +187,14 @@ def _roles(spec: dict[str, Any], kind: Kind, container: str | None,
         pod = from_template(replica_spec.get("template"), join(where, "template"), report, container)
         role: dict[str, Any] = {"name": name, "replicas": replica_spec.get("replicas", 1), **pod.role}
         if pod.restart_policy is not None:
-            report.ignore(join(where, "template.spec.restartPolicy"),
-                          "the replica spec's restartPolicy applies (Kubeflow overrides the pod's)")
+            report.ignore(
+                join(where, "template.spec.restartPolicy"),
+                "the replica spec's restartPolicy applies (Kubeflow overrides the pod's)",
+            )
         default = kind.default_restart.get(name, kind.default_restart[""])
-        role["restartPolicy"] = {"policy": _restart(replica_spec.get("restartPolicy", default),
-                                                    join(where, "restartPolicy"), report)}
+        role["restartPolicy"] = {
+            "policy": _restart(replica_spec.get("restartPolicy", default), join(where, "restartPolicy"), report)
+        }
         roles.append(role)
     return roles
 
@@ -166,9 +216,12 @@ def _promote_worker_zero(roles: list[dict[str, Any]], replica_key: str, report: 
         roles.remove(worker)
     else:
         worker["replicas"] = replicas - 1
-    report.approximate(join(join("spec", replica_key), "Worker"), "no Master: worker 0 runs as "
-                       "the role 'master' (rank 0, MASTER_ADDR), as Kubeflow makes it rank 0; the "
-                       "job succeeds when every instance succeeded")
+    report.approximate(
+        join(join("spec", replica_key), "Worker"),
+        "no Master: worker 0 runs as "
+        "the role 'master' (rank 0, MASTER_ADDR), as Kubeflow makes it rank 0; the "
+        "job succeeds when every instance succeeded",
+    )
     return True
 
 
@@ -178,9 +231,12 @@ def _mpi_workers_host_ranks(roles: list[dict[str, Any]], report: Report) -> None
     for role in roles:
         if role["name"] == "worker" and "command" in role:
             shown = " ".join(str(a) for a in [*role.pop("command"), *role.pop("args", [])])[:80]
-            report.approximate("spec.mpiReplicaSpecs.Worker", f"the workers run Trainmaster's rank host, in "
-                               f"which the launcher's mpirun starts the ranks (the part of the SSH server), "
-                               f"not '{shown}'")
+            report.approximate(
+                "spec.mpiReplicaSpecs.Worker",
+                f"the workers run Trainmaster's rank host, in "
+                f"which the launcher's mpirun starts the ranks (the part of the SSH server), "
+                f"not '{shown}'",
+            )
 
 
 def _restart(value: Any, path: str, report: Report) -> Any:
@@ -212,8 +268,14 @@ def _add_dependencies(kind_name: str, roles: list[dict[str, Any]], names: list[s
             role["dependsOn"] = [{"role": d} for d in deps]
 
 
-def _status_policy(kind_name: str, spec: dict[str, Any], roles: list[dict[str, Any]],
-                   names: list[str], report: Report, promoted: bool = False) -> dict[str, Any] | None:
+def _status_policy(
+    kind_name: str,
+    spec: dict[str, Any],
+    roles: list[dict[str, Any]],
+    names: list[str],
+    report: Report,
+    promoted: bool = False,
+) -> dict[str, Any] | None:
     if kind_name == "PyTorchJob":
         if promoted:  # Kubeflow: with no Master, the job succeeds when every worker did
             return {"preset": "default"}
@@ -224,8 +286,10 @@ def _status_policy(kind_name: str, spec: dict[str, Any], roles: list[dict[str, A
     if success == "AllWorkers":
         return {"preset": "tfjob-allworkers"}
     if success not in (None, "", "Default"):
-        report.ignore("spec.successPolicy", f"unknown TFJob success policy {success!r}; "
-                      "the default (chief, else a worker, succeeding) applies")
+        report.ignore(
+            "spec.successPolicy",
+            f"unknown TFJob success policy {success!r}; the default (chief, else a worker, succeeding) applies",
+        )
     if "chief" in names:
         return {"failed": "any", "succeeded": {"roles": ["chief"]}}
     if "master" in names:
@@ -239,30 +303,53 @@ def _status_policy(kind_name: str, spec: dict[str, Any], roles: list[dict[str, A
     return None
 
 
-def _run_policy(spec: dict[str, Any], roles: list[dict[str, Any]], report: Report,
-                job_spec: dict[str, Any]) -> dict[str, Any]:
+def _run_policy(
+    spec: dict[str, Any], roles: list[dict[str, Any]], report: Report, job_spec: dict[str, Any]
+) -> dict[str, Any]:
     """``runPolicy``: backoffLimit, activeDeadlineSeconds, ttlSecondsAfterFinished and suspend
     become our ``runPolicy`` (same names and meanings), cleanPodPolicy is honoured or its
     difference stated; ``schedulingPolicy`` becomes ``scheduling`` (returned)."""
     run_policy = report.mapping(spec.get("runPolicy"), "spec.runPolicy")
-    report.rest(run_policy, "spec.runPolicy", {"backoffLimit", "schedulingPolicy", "activeDeadlineSeconds",
-                                              "suspend", "ttlSecondsAfterFinished", "cleanPodPolicy"},
-                _RUN_POLICY_REASONS, RUN_POLICY_FIELDS)
-    ours = {key: run_policy[key] for key in ("backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished",
-                                             "suspend") if run_policy.get(key) is not None}
+    report.rest(
+        run_policy,
+        "spec.runPolicy",
+        {
+            "backoffLimit",
+            "schedulingPolicy",
+            "activeDeadlineSeconds",
+            "suspend",
+            "ttlSecondsAfterFinished",
+            "cleanPodPolicy",
+        },
+        _RUN_POLICY_REASONS,
+        RUN_POLICY_FIELDS,
+    )
+    ours = {
+        key: run_policy[key]
+        for key in ("backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished", "suspend")
+        if run_policy.get(key) is not None
+    }
     if ours:
         job_spec["runPolicy"] = ours
     if "backoffLimit" in run_policy:
         for role in roles:  # no instance may restart more often than the whole job may
             role["restartPolicy"]["maxRestarts"] = run_policy["backoffLimit"]
-    for where, value in (("spec.runPolicy.cleanPodPolicy", run_policy.get("cleanPodPolicy")),
-                         ("spec.cleanPodPolicy", spec.get("cleanPodPolicy"))):
+    for where, value in (
+        ("spec.runPolicy.cleanPodPolicy", run_policy.get("cleanPodPolicy")),
+        ("spec.cleanPodPolicy", spec.get("cleanPodPolicy")),
+    ):
         _clean_pod_policy(where, value, report)
     policy = report.mapping(run_policy.get("schedulingPolicy"), "spec.runPolicy.schedulingPolicy")
-    report.rest(policy, "spec.runPolicy.schedulingPolicy", {"minAvailable", "queue", "priorityClass"},
-                _SCHEDULING_REASONS, SCHEDULING_POLICY_FIELDS)
-    scheduling: dict[str, Any] = {key: policy[key] for key in ("minAvailable", "queue", "priorityClass")
-                                  if key in policy}
+    report.rest(
+        policy,
+        "spec.runPolicy.schedulingPolicy",
+        {"minAvailable", "queue", "priorityClass"},
+        _SCHEDULING_REASONS,
+        SCHEDULING_POLICY_FIELDS,
+    )
+    scheduling: dict[str, Any] = {
+        key: policy[key] for key in ("minAvailable", "queue", "priorityClass") if key in policy
+    }
     return scheduling
 
 
@@ -273,12 +360,18 @@ def _clean_pod_policy(where: str, value: Any, report: Report) -> None:
     if value is None or value == "Running":
         return
     if value == "All":
-        report.approximate(where, "All: instances still running are stopped when the job ends (as "
-                           "Running); the ended instances' logs and records are kept until the job is "
-                           "deleted (runPolicy.ttlSecondsAfterFinished or `trainmaster job delete`)")
+        report.approximate(
+            where,
+            "All: instances still running are stopped when the job ends (as "
+            "Running); the ended instances' logs and records are kept until the job is "
+            "deleted (runPolicy.ttlSecondsAfterFinished or `trainmaster job delete`)",
+        )
     elif value == "None":
-        report.approximate(where, "None: instances still running when the job ends are stopped "
-                           "(as Running), since no controller would watch a process of an ended job")
+        report.approximate(
+            where,
+            "None: instances still running when the job ends are stopped "
+            "(as Running), since no controller would watch a process of an ended job",
+        )
     else:
         report.invalid(where, f"must be one of All, Running, None (not {str(value)[:40]!r})")
 
@@ -290,9 +383,12 @@ def _kind_params(kind_name: str, spec: dict[str, Any], report: Report) -> dict[s
     params: dict[str, Any] = {}
     if kind_name == "PyTorchJob":
         if spec.get("elasticPolicy") is not None:
-            report.unsupported("spec.elasticPolicy", "elastic training (c10d rendezvous, min/max "
-                               "replicas) is not run here yet; remove it to run with the fixed "
-                               "replica counts")
+            report.unsupported(
+                "spec.elasticPolicy",
+                "elastic training (c10d rendezvous, min/max "
+                "replicas) is not run here yet; remove it to run with the fixed "
+                "replica counts",
+            )
         nproc = spec.get("nprocPerNode")
         if nproc is not None:
             if isinstance(nproc, str) and nproc.isdigit():
@@ -300,12 +396,14 @@ def _kind_params(kind_name: str, spec: dict[str, Any], report: Report) -> dict[s
             if isinstance(nproc, int) and not isinstance(nproc, bool) and 1 <= nproc <= 1024:
                 params["nprocPerNode"] = nproc
             else:
-                report.unsupported("spec.nprocPerNode", f"{str(nproc)[:40]!r}: only a number of "
-                                   "processes (1-1024) is supported ('auto', 'cpu', 'gpu' are not)")
+                report.unsupported(
+                    "spec.nprocPerNode",
+                    f"{str(nproc)[:40]!r}: only a number of "
+                    "processes (1-1024) is supported ('auto', 'cpu', 'gpu' are not)",
+                )
     elif kind_name == "TFJob":
         if spec.get("enableDynamicWorker"):
-            report.unsupported("spec.enableDynamicWorker", "workers are not added to a running "
-                               "TensorFlow cluster here")
+            report.unsupported("spec.enableDynamicWorker", "workers are not added to a running TensorFlow cluster here")
     elif kind_name == "MPIJob":
         slots = spec.get("slotsPerWorker")
         if slots is not None:
@@ -320,6 +418,5 @@ def _kind_params(kind_name: str, spec: dict[str, Any], report: Report) -> dict[s
             else:
                 report.invalid("spec.mpiImplementation", f"must be one of {', '.join(MPI_IMPLEMENTATIONS)}")
         if spec.get("runLauncherAsWorker"):
-            report.unsupported("spec.runLauncherAsWorker", "the launcher is never one of the hosts "
-                               "that run ranks here")
+            report.unsupported("spec.runLauncherAsWorker", "the launcher is never one of the hosts that run ranks here")
     return params

@@ -8,9 +8,22 @@ from trainmaster.spec.compat.ignored import Report
 
 #: Every field of Kubernetes ObjectMeta.
 OBJECT_META_FIELDS = {
-    "name", "generateName", "namespace", "labels", "annotations", "uid", "resourceVersion",
-    "generation", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",
-    "ownerReferences", "finalizers", "managedFields", "selfLink"}
+    "name",
+    "generateName",
+    "namespace",
+    "labels",
+    "annotations",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "ownerReferences",
+    "finalizers",
+    "managedFields",
+    "selfLink",
+}
 
 #: The annotation naming the document a job was converted from.
 SOURCE_ANNOTATION = "trainmaster.io/converted-from"
@@ -19,10 +32,17 @@ SOURCE_ANNOTATION = "trainmaster.io/converted-from"
 def metadata(value: Any, source: str, report: Report) -> dict[str, Any]:
     """Kubernetes object metadata: name, labels and annotations carry over."""
     meta = report.mapping(value, "metadata")
-    report.rest(meta, "metadata", {"name", "labels", "annotations"},
-                {"namespace": "there are no namespaces locally; job names are global",
-                 "generateName": "give the job a metadata.name"},
-                OBJECT_META_FIELDS, "set by Kubernetes, no meaning locally")
+    report.rest(
+        meta,
+        "metadata",
+        {"name", "labels", "annotations"},
+        {
+            "namespace": "there are no namespaces locally; job names are global",
+            "generateName": "give the job a metadata.name",
+        },
+        OBJECT_META_FIELDS,
+        "set by Kubernetes, no meaning locally",
+    )
     out: dict[str, Any] = {"name": meta.get("name")}
     if meta.get("labels"):
         out["labels"] = meta["labels"]

@@ -41,14 +41,47 @@ _POD_REASONS = {
 _POD_DEFAULT = "a Kubernetes pod setting with no meaning on the local backend"
 #: Every field of a Kubernetes PodSpec (core/v1); anything else is a typo.
 POD_SPEC_FIELDS = {
-    "activeDeadlineSeconds", "affinity", "automountServiceAccountToken", "containers", "dnsConfig",
-    "dnsPolicy", "enableServiceLinks", "ephemeralContainers", "hostAliases", "hostIPC", "hostNetwork",
-    "hostPID", "hostUsers", "hostname", "imagePullSecrets", "initContainers", "nodeName",
-    "nodeSelector", "os", "overhead", "preemptionPolicy", "priority", "priorityClassName",
-    "readinessGates", "resourceClaims", "resources", "restartPolicy", "runtimeClassName",
-    "schedulerName", "schedulingGates", "securityContext", "serviceAccount", "serviceAccountName",
-    "setHostnameAsFQDN", "shareProcessNamespace", "subdomain", "terminationGracePeriodSeconds",
-    "tolerations", "topologySpreadConstraints", "volumes"}
+    "activeDeadlineSeconds",
+    "affinity",
+    "automountServiceAccountToken",
+    "containers",
+    "dnsConfig",
+    "dnsPolicy",
+    "enableServiceLinks",
+    "ephemeralContainers",
+    "hostAliases",
+    "hostIPC",
+    "hostNetwork",
+    "hostPID",
+    "hostUsers",
+    "hostname",
+    "imagePullSecrets",
+    "initContainers",
+    "nodeName",
+    "nodeSelector",
+    "os",
+    "overhead",
+    "preemptionPolicy",
+    "priority",
+    "priorityClassName",
+    "readinessGates",
+    "resourceClaims",
+    "resources",
+    "restartPolicy",
+    "runtimeClassName",
+    "schedulerName",
+    "schedulingGates",
+    "securityContext",
+    "serviceAccount",
+    "serviceAccountName",
+    "setHostnameAsFQDN",
+    "shareProcessNamespace",
+    "subdomain",
+    "terminationGracePeriodSeconds",
+    "tolerations",
+    "topologySpreadConstraints",
+    "volumes",
+}
 #: Pod fields that would change what an instance does; refused rather than dropped.
 _POD_UNSUPPORTED = {
     "activeDeadlineSeconds": "a per-pod deadline is not enforced locally; remove it",
@@ -56,10 +89,31 @@ _POD_UNSUPPORTED = {
 }
 #: Every field of a Kubernetes Container (core/v1).
 CONTAINER_FIELDS = {
-    "args", "command", "env", "envFrom", "image", "imagePullPolicy", "lifecycle", "livenessProbe",
-    "name", "ports", "readinessProbe", "resizePolicy", "resources", "restartPolicy",
-    "securityContext", "startupProbe", "stdin", "stdinOnce", "terminationMessagePath",
-    "terminationMessagePolicy", "tty", "volumeDevices", "volumeMounts", "workingDir"}
+    "args",
+    "command",
+    "env",
+    "envFrom",
+    "image",
+    "imagePullPolicy",
+    "lifecycle",
+    "livenessProbe",
+    "name",
+    "ports",
+    "readinessProbe",
+    "resizePolicy",
+    "resources",
+    "restartPolicy",
+    "securityContext",
+    "startupProbe",
+    "stdin",
+    "stdinOnce",
+    "terminationMessagePath",
+    "terminationMessagePolicy",
+    "tty",
+    "volumeDevices",
+    "volumeMounts",
+    "workingDir",
+}
 TEMPLATE_FIELDS = {"metadata", "spec"}
 
 _CONTAINER_REASONS = {
@@ -85,8 +139,7 @@ class PodFields:
     restart_policy: str | None  # the pod's own restartPolicy, if it states one
 
 
-def from_template(template: Any, path: str, report: Report,
-                  container_name: str | None = None) -> PodFields:
+def from_template(template: Any, path: str, report: Report, container_name: str | None = None) -> PodFields:
     """Translate ``template`` (a pod template spec) found at ``path``.
 
     ``container_name`` names the main container (Kubeflow's ``pytorch``/``tensorflow``); the
@@ -95,17 +148,23 @@ def from_template(template: Any, path: str, report: Report,
     template = report.mapping(template, path)
     report.rest(template, path, TEMPLATE_FIELDS, {})
     pod_meta = report.mapping(template.get("metadata"), join(path, "metadata"))
-    report.rest(pod_meta, join(path, "metadata"), (), {}, OBJECT_META_FIELDS,
-                "pod metadata has no meaning locally")
+    report.rest(pod_meta, join(path, "metadata"), (), {}, OBJECT_META_FIELDS, "pod metadata has no meaning locally")
     spec_path = join(path, "spec")
     spec = report.mapping(template.get("spec"), spec_path)
     for key, reason in _POD_UNSUPPORTED.items():
         if key in spec:
             report.unsupported(join(spec_path, key), reason)
-    report.rest(spec, spec_path, {"containers", "restartPolicy", "volumes", *_POD_UNSUPPORTED}, _POD_REASONS,
-                POD_SPEC_FIELDS, _POD_DEFAULT)
-    volumes = _volumes(report.sequence(spec.get("volumes"), join(spec_path, "volumes")),
-                       join(spec_path, "volumes"), report)
+    report.rest(
+        spec,
+        spec_path,
+        {"containers", "restartPolicy", "volumes", *_POD_UNSUPPORTED},
+        _POD_REASONS,
+        POD_SPEC_FIELDS,
+        _POD_DEFAULT,
+    )
+    volumes = _volumes(
+        report.sequence(spec.get("volumes"), join(spec_path, "volumes")), join(spec_path, "volumes"), report
+    )
     containers_path = join(spec_path, "containers")
     containers = report.sequence(spec.get("containers"), containers_path)
     role: dict[str, Any] = {}
@@ -142,15 +201,29 @@ def _volumes(entries: list[Any], path: str, report: Report) -> dict[str, dict[st
             found[str(name)] = {"emptyDir": True}
         else:
             kinds = ", ".join(k for k in entry if k != "name") or "no source"
-            report.ignore(where, f"volume {name!r} ({kinds}) is not mounted: only emptyDir and "
-                          "hostPath volumes are bind-mounted into containers")
+            report.ignore(
+                where,
+                f"volume {name!r} ({kinds}) is not mounted: only emptyDir and "
+                "hostPath volumes are bind-mounted into containers",
+            )
     return found
 
 
-def _container(container: dict[str, Any], path: str, report: Report,
-               volumes: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
-    handled = {"name", "command", "args", "env", "workingDir", "resources", "image", "ports",
-               "imagePullPolicy", "volumeMounts"}
+def _container(
+    container: dict[str, Any], path: str, report: Report, volumes: dict[str, dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    handled = {
+        "name",
+        "command",
+        "args",
+        "env",
+        "workingDir",
+        "resources",
+        "image",
+        "ports",
+        "imagePullPolicy",
+        "volumeMounts",
+    }
     report.rest(container, path, handled, _CONTAINER_REASONS, CONTAINER_FIELDS, _CONTAINER_DEFAULT)
     role: dict[str, Any] = {}
     command, args = container.get("command"), container.get("args")
@@ -159,8 +232,9 @@ def _container(container: dict[str, Any], path: str, report: Report,
     if args:
         role["args"] = args
     if not command and container.get("image") is None:
-        report.unsupported(path, "a container with no command and no image has nothing to run; "
-                           "give the command under 'command'")
+        report.unsupported(
+            path, "a container with no command and no image has nothing to run; give the command under 'command'"
+        )
     env = _env(report.sequence(container.get("env"), join(path, "env")), join(path, "env"), report)
     if env:
         role["env"] = env
@@ -168,8 +242,11 @@ def _container(container: dict[str, Any], path: str, report: Report,
     if isinstance(working_dir, str) and Path(working_dir).is_dir():
         role["workingDir"] = working_dir
     elif working_dir is not None:
-        report.ignore(join(path, "workingDir"), f"{working_dir!r} does not exist on this machine "
-                      "(a path inside the image); the instance runs in its run directory")
+        report.ignore(
+            join(path, "workingDir"),
+            f"{working_dir!r} does not exist on this machine "
+            "(a path inside the image); the instance runs in its run directory",
+        )
     if container.get("image") is not None:
         role["image"] = container["image"]
         role["runtime"] = "auto"  # a container where a runtime is present, as upstream
@@ -180,8 +257,10 @@ def _container(container: dict[str, Any], path: str, report: Report,
         mount = report.mapping(mount, join(join(path, "volumeMounts"), i))
         source = (volumes or {}).get(str(mount.get("name")))
         if source is None:
-            report.ignore(join(join(path, "volumeMounts"), i), f"volume {mount.get('name')!r} is not mounted "
-                          "(not an emptyDir or hostPath volume of this pod)")
+            report.ignore(
+                join(join(path, "volumeMounts"), i),
+                f"volume {mount.get('name')!r} is not mounted (not an emptyDir or hostPath volume of this pod)",
+            )
             continue
         volume = {"name": mount.get("name"), "mountPath": mount.get("mountPath"), **source}
         if mount.get("readOnly"):
@@ -192,10 +271,14 @@ def _container(container: dict[str, Any], path: str, report: Report,
         if len(ports) > 1:
             role["ports"] = len(ports)
         numbers = ", ".join(str(p.get("containerPort")) for p in ports if isinstance(p, dict))
-        report.ignore(join(path, "ports"), f"container port(s) {numbers} are not used: each instance "
-                      f"gets {len(ports)} free port(s) of this machine (TM_PORT / TM_PORTS)")
-    resources = _resources(report.mapping(container.get("resources"), join(path, "resources")),
-                           join(path, "resources"), report)
+        report.ignore(
+            join(path, "ports"),
+            f"container port(s) {numbers} are not used: each instance "
+            f"gets {len(ports)} free port(s) of this machine (TM_PORT / TM_PORTS)",
+        )
+    resources = _resources(
+        report.mapping(container.get("resources"), join(path, "resources")), join(path, "resources"), report
+    )
     if resources:
         role["resources"] = resources
     return role
@@ -211,13 +294,14 @@ def _env(entries: list[Any], path: str, report: Report) -> dict[str, Any]:
         if not isinstance(name, str):
             raise report.error(join(where, "name"), "an environment variable needs a name")
         if "valueFrom" in entry:
-            reason = (f"{name} comes from a Kubernetes object (field, ConfigMap or Secret) that "
-                      "does not exist locally")
+            reason = f"{name} comes from a Kubernetes object (field, ConfigMap or Secret) that does not exist locally"
             if report.lenient:
                 report.ignore(join(where, "valueFrom"), reason + "; not set")
             else:
-                report.unsupported(join(where, "valueFrom"), reason + "; give its value under "
-                                   "'value' (or pass --lenient to run without it)")
+                report.unsupported(
+                    join(where, "valueFrom"),
+                    reason + "; give its value under 'value' (or pass --lenient to run without it)",
+                )
             continue
         env[name] = entry.get("value", "")
     return env
@@ -251,8 +335,7 @@ def memory_quantity(value: Any) -> Any:
 
 
 def _resources(resources: dict[str, Any], path: str, report: Report) -> dict[str, Any]:
-    report.rest(resources, path, {"requests", "limits"}, {}, {"claims"},
-                "resource claims have no meaning locally")
+    report.rest(resources, path, {"requests", "limits"}, {}, {"claims"}, "resource claims have no meaning locally")
     requests = report.mapping(resources.get("requests"), join(path, "requests"))
     limits = report.mapping(resources.get("limits"), join(path, "limits"))
     out: dict[str, Any] = {}
@@ -267,10 +350,10 @@ def _resources(resources: dict[str, Any], path: str, report: Report) -> dict[str
             elif name in _GPU_RESOURCES:
                 out["gpu"] = value
             else:
-                report.ignore(field, "no such resource is accounted for locally "
-                              "(only cpu, memory and GPUs are)")
+                report.ignore(field, "no such resource is accounted for locally (only cpu, memory and GPUs are)")
     for name in limits:
         if name in requests and (name in ("cpu", "memory") or name in _GPU_RESOURCES):
-            report.ignore(join(join(path, "limits"), name),
-                          "limits are not enforced locally; the request is what admission uses")
+            report.ignore(
+                join(join(path, "limits"), name), "limits are not enforced locally; the request is what admission uses"
+            )
     return out

@@ -20,8 +20,7 @@ from trainmaster.spec.compat.pod import from_template
 API_VERSION = "batch.volcano.sh/v1alpha1"
 
 _SPEC_REASONS = {
-    "schedulerName": "the Trainmaster controller schedules instances (gang size, queue and "
-                     "priority carry over)",
+    "schedulerName": "the Trainmaster controller schedules instances (gang size, queue and priority carry over)",
     "volumes": "volumes are not created or mounted locally",
     "runningEstimate": "no backfill scheduling locally",
     "networkTopology": "all instances run on this machine",
@@ -37,16 +36,61 @@ _PLUGIN_REASONS = {
 _PLUGINS_UNSUPPORTED = {
     "mpi": "the mpi plugin's hostfile is not written; use a Kubeflow MPIJob or the mpi framework",
 }
-SPEC_FIELDS = {"schedulerName", "minAvailable", "volumes", "tasks", "policies", "plugins",
-               "runningEstimate", "queue", "maxRetry", "ttlSecondsAfterFinished", "priorityClassName",
-               "minSuccess", "networkTopology"}
-TASK_FIELDS = {"name", "replicas", "template", "policies", "topologyPolicy", "minAvailable", "maxRetry",
-               "dependsOn", "partitionPolicy"}
+SPEC_FIELDS = {
+    "schedulerName",
+    "minAvailable",
+    "volumes",
+    "tasks",
+    "policies",
+    "plugins",
+    "runningEstimate",
+    "queue",
+    "maxRetry",
+    "ttlSecondsAfterFinished",
+    "priorityClassName",
+    "minSuccess",
+    "networkTopology",
+}
+TASK_FIELDS = {
+    "name",
+    "replicas",
+    "template",
+    "policies",
+    "topologyPolicy",
+    "minAvailable",
+    "maxRetry",
+    "dependsOn",
+    "partitionPolicy",
+}
 #: Volcano's lifecycle events and actions (pkg/apis/bus/v1alpha1), for its own admission checks.
-EVENTS = {"*", "PodFailed", "PodEvicted", "PodPending", "PodRunning", "Unknown", "TaskCompleted",
-          "TaskFailed", "OutOfSync", "CommandIssued", "JobUpdated"}
-ACTIONS = {"AbortJob", "RestartJob", "RestartTask", "RestartPod", "RestartPartition", "TerminateJob",
-           "CompleteJob", "ResumeJob", "SyncJob", "EnqueueJob", "SyncQueue", "OpenQueue", "CloseQueue"}
+EVENTS = {
+    "*",
+    "PodFailed",
+    "PodEvicted",
+    "PodPending",
+    "PodRunning",
+    "Unknown",
+    "TaskCompleted",
+    "TaskFailed",
+    "OutOfSync",
+    "CommandIssued",
+    "JobUpdated",
+}
+ACTIONS = {
+    "AbortJob",
+    "RestartJob",
+    "RestartTask",
+    "RestartPod",
+    "RestartPartition",
+    "TerminateJob",
+    "CompleteJob",
+    "ResumeJob",
+    "SyncJob",
+    "EnqueueJob",
+    "SyncQueue",
+    "OpenQueue",
+    "CloseQueue",
+}
 _FAILURE_EVENTS = {"PodFailed", "TaskFailed"}
 _RESTART_ACTIONS = {"RestartPod": "Instance", "RestartTask": "Role", "RestartJob": "Job"}
 _FAIL_ACTIONS = {"AbortJob", "TerminateJob"}
@@ -69,19 +113,27 @@ def convert(raw: dict[str, Any], lenient: bool = False) -> tuple[dict[str, Any],
     """``raw`` (a batch.volcano.sh document) as a ``trainmaster/v1 Job`` and the ignored fields."""
     source = f"{raw.get('apiVersion')} {raw.get('kind')}"
     if raw.get("apiVersion") != API_VERSION or raw.get("kind") != "Job":
-        raise UserError(f"{source} is not supported",
-                        [f"the supported Volcano kind is Job ({API_VERSION})"])
+        raise UserError(f"{source} is not supported", [f"the supported Volcano kind is Job ({API_VERSION})"])
     report = Report(source, lenient=lenient)
-    report.rest(raw, "", {"apiVersion", "kind", "metadata", "spec"},
-                {"status": "status is filled in by the controller"})
+    report.rest(
+        raw, "", {"apiVersion", "kind", "metadata", "spec"}, {"status": "status is filled in by the controller"}
+    )
     spec = report.mapping(raw.get("spec"), "spec")
-    handled = {"tasks", "minAvailable", "queue", "priorityClassName", "maxRetry", "minSuccess",
-               "policies", "plugins", "ttlSecondsAfterFinished"}
+    handled = {
+        "tasks",
+        "minAvailable",
+        "queue",
+        "priorityClassName",
+        "maxRetry",
+        "minSuccess",
+        "policies",
+        "plugins",
+        "ttlSecondsAfterFinished",
+    }
     report.rest(spec, "spec", handled, _SPEC_REASONS, SPEC_FIELDS)
     job_effects = _policies(spec.get("policies"), "spec.policies", report)
     tasks = report.sequence(spec.get("tasks"), "spec.tasks")
-    roles = [_role(task, join("spec.tasks", i), spec, job_effects, report)
-             for i, task in enumerate(tasks)]
+    roles = [_role(task, join("spec.tasks", i), spec, job_effects, report) for i, task in enumerate(tasks)]
     framework, params = _framework(spec, roles, report)
     job_spec: dict[str, Any] = {"framework": framework, "roles": roles}
     if params:
@@ -100,8 +152,7 @@ def convert(raw: dict[str, Any], lenient: bool = False) -> tuple[dict[str, Any],
     return {"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": meta, "spec": job_spec}, report.lines
 
 
-def _role(task: Any, path: str, spec: dict[str, Any], job_effects: _Effects,
-          report: Report) -> dict[str, Any]:
+def _role(task: Any, path: str, spec: dict[str, Any], job_effects: _Effects, report: Report) -> dict[str, Any]:
     task = report.mapping(task, path)
     handled = {"name", "replicas", "minAvailable", "template", "policies", "maxRetry", "dependsOn"}
     report.rest(task, path, handled, _TASK_REASONS, TASK_FIELDS)
@@ -128,9 +179,12 @@ def _role(task: Any, path: str, spec: dict[str, Any], job_effects: _Effects,
     if isinstance(min_available, int) and isinstance(replicas, int) and 0 < min_available < replicas:
         # The task succeeds with minAvailable successes and fails once it can no longer get them.
         role["statusPolicy"] = {"failed": replicas - min_available + 1, "succeeded": min_available}
-        report.approximate(join(path, "minAvailable"), "the gang is counted over the whole job "
-                           "(spec.scheduling.minAvailable); the role succeeds once "
-                           f"{min_available} of its {replicas} instances succeeded")
+        report.approximate(
+            join(path, "minAvailable"),
+            "the gang is counted over the whole job "
+            "(spec.scheduling.minAvailable); the role succeeds once "
+            f"{min_available} of its {replicas} instances succeeded",
+        )
     depends = _depends_on(task.get("dependsOn"), join(path, "dependsOn"), report)
     if depends:
         role["dependsOn"] = depends
@@ -143,8 +197,9 @@ def _depends_on(value: Any, path: str, report: Report) -> list[dict[str, Any]]:
     names = depends.get("name")
     names = [names] if isinstance(names, str) else report.sequence(names, join(path, "name"))
     if depends.get("iteration") == "any" and len(names) > 1:
-        report.approximate(join(path, "iteration"), "the role waits for all of "
-                           f"{', '.join(map(str, names))}, not for any one of them")
+        report.approximate(
+            join(path, "iteration"), f"the role waits for all of {', '.join(map(str, names))}, not for any one of them"
+        )
     return [{"role": name} for name in names]
 
 
@@ -157,8 +212,10 @@ def _policies(value: Any, path: str, report: Report) -> _Effects:
         report.rest(policy, where, {"event", "events", "action", "exitCode", "timeout"}, {})
         action = policy.get("action")
         if action not in ACTIONS:
-            report.invalid(join(where, "action"), f"{str(action)[:40]!r} is not a Volcano action "
-                           f"(one of {', '.join(sorted(ACTIONS))})")
+            report.invalid(
+                join(where, "action"),
+                f"{str(action)[:40]!r} is not a Volcano action (one of {', '.join(sorted(ACTIONS))})",
+            )
         if "exitCode" in policy:
             if "event" in policy or "events" in policy:
                 report.invalid(where, "give either event(s) or exitCode, not both (Volcano refuses both)")
@@ -172,8 +229,9 @@ def _policies(value: Any, path: str, report: Report) -> _Effects:
             report.invalid(where, "a policy needs an event, events or an exitCode")
         for event in events:
             if not isinstance(event, str) or event not in EVENTS:
-                report.invalid(where, f"{str(event)[:40]!r} is not a Volcano event (one of "
-                               f"{', '.join(sorted(EVENTS))})")
+                report.invalid(
+                    where, f"{str(event)[:40]!r} is not a Volcano event (one of {', '.join(sorted(EVENTS))})"
+                )
             elif event in seen:
                 report.invalid(where, f"duplicate event {event!r} in policies (Volcano refuses it)")
             else:
@@ -190,8 +248,11 @@ def _exit_code_effect(code: Any, action: str, where: str, effects: _Effects, rep
         report.invalid(where, f"{str(code)[:20]!r}: an exit code from 1 to 255 (Volcano refuses 0)")
     elif action in _RESTART_ACTIONS:
         if effects.restart and effects.scope != _RESTART_ACTIONS[action]:
-            report.unsupported(where, f"exitCode {code} -> {action} beside a policy that restarts a "
-                               f"different scope ({effects.scope}): one restart scope per task here")
+            report.unsupported(
+                where,
+                f"exitCode {code} -> {action} beside a policy that restarts a "
+                f"different scope ({effects.scope}): one restart scope per task here",
+            )
         effects.restart = effects.decides_failure = True
         effects.scope = _RESTART_ACTIONS[action]
         effects.exit_codes.append(code)
@@ -201,21 +262,30 @@ def _exit_code_effect(code: Any, action: str, where: str, effects: _Effects, rep
     else:
         report.unsupported(where, f"exitCode {code} -> {action} is not run here")
     if effects.abort_codes and effects.event_restart:
-        report.unsupported(where, "an exitCode policy that ends the job beside an event policy that "
-                           "restarts every failure is not run here (restarts exclude no exit code)")
+        report.unsupported(
+            where,
+            "an exitCode policy that ends the job beside an event policy that "
+            "restarts every failure is not run here (restarts exclude no exit code)",
+        )
 
 
 def _effect(event: str, action: str, where: str, effects: _Effects, report: Report) -> None:
     if event in _FAILURE_EVENTS and action in _RESTART_ACTIONS:
         # RestartPod: the instance; RestartTask: every instance of the role; RestartJob: of the job
         if effects.restart and effects.scope != _RESTART_ACTIONS[action]:
-            report.unsupported(where, f"{event} -> {action} beside a policy that restarts a "
-                               f"different scope ({effects.scope}): one restart scope per task here")
+            report.unsupported(
+                where,
+                f"{event} -> {action} beside a policy that restarts a "
+                f"different scope ({effects.scope}): one restart scope per task here",
+            )
         effects.restart = effects.decides_failure = effects.event_restart = True
         effects.scope = _RESTART_ACTIONS[action]
         if effects.abort_codes:
-            report.unsupported(where, "an event policy that restarts every failure beside an exitCode "
-                               "policy that ends the job is not run here (restarts exclude no exit code)")
+            report.unsupported(
+                where,
+                "an event policy that restarts every failure beside an exitCode "
+                "policy that ends the job is not run here (restarts exclude no exit code)",
+            )
     elif event in _FAILURE_EVENTS and action in _FAIL_ACTIONS:
         effects.decides_failure = True  # a failure fails the role and the job: our default
     elif event == "TaskCompleted" and action == "CompleteJob":
@@ -226,8 +296,7 @@ def _effect(event: str, action: str, where: str, effects: _Effects, report: Repo
         report.unsupported(where, f"{event} -> {action} is not run here yet")
 
 
-def _framework(spec: dict[str, Any], roles: list[dict[str, Any]],
-               report: Report) -> tuple[str, dict[str, Any]]:
+def _framework(spec: dict[str, Any], roles: list[dict[str, Any]], report: Report) -> tuple[str, dict[str, Any]]:
     """The framework and its parameters that carry the job's plugins: ``pytorch`` (the plugin's
     variables), ``command`` with ``indexVariables`` (the ``env`` plugin's ``VK_TASK_INDEX`` and
     ``VC_TASK_INDEX``: the instance's index in its task)."""
@@ -239,20 +308,29 @@ def _framework(spec: dict[str, Any], roles: list[dict[str, Any]],
         where = join("spec.plugins", name)
         if name == "env":
             if "indexVariables" not in params and not report.lenient:
-                report.unsupported(where, "the env plugin's VK_TASK_INDEX/VC_TASK_INDEX are not set "
-                                   "together with the pytorch plugin; use RANK (or --lenient)")
+                report.unsupported(
+                    where,
+                    "the env plugin's VK_TASK_INDEX/VC_TASK_INDEX are not set "
+                    "together with the pytorch plugin; use RANK (or --lenient)",
+                )
             elif "indexVariables" not in params:
                 report.ignore(where, "VK_TASK_INDEX/VC_TASK_INDEX not set (the index is in TM_REPLICA_INDEX)")
         elif name == "pytorch" and {r["name"] for r in roles} <= {"master", "worker"}:
             framework = "pytorch"  # the plugin's MASTER_ADDR/RANK come from our framework
-            report.approximate(where, "run by the pytorch framework (MASTER_ADDR, MASTER_PORT, "
-                               "WORLD_SIZE, RANK); the plugin's arguments are not read")
+            report.approximate(
+                where,
+                "run by the pytorch framework (MASTER_ADDR, MASTER_PORT, "
+                "WORLD_SIZE, RANK); the plugin's arguments are not read",
+            )
         elif name == "svc":
             params["volcanoSvc"] = True
             _every_task_placed(roles)
-            report.approximate(where, "VC_<TASK>_HOSTS, VC_<TASK>_NUM and the <task>.host files (in the "
-                               "folder VC_HOSTS_DIR names, not /etc/volcano) list host:port addresses "
-                               "(each instance has its own port here), not DNS names")
+            report.approximate(
+                where,
+                "VC_<TASK>_HOSTS, VC_<TASK>_NUM and the <task>.host files (in the "
+                "folder VC_HOSTS_DIR names, not /etc/volcano) list host:port addresses "
+                "(each instance has its own port here), not DNS names",
+            )
         elif name in _PLUGINS_UNSUPPORTED and not report.lenient:
             report.unsupported(where, _PLUGINS_UNSUPPORTED[name] + "; pass --lenient to run without it")
         elif name in _PLUGIN_REASONS or name in _PLUGINS_UNSUPPORTED:
@@ -260,8 +338,11 @@ def _framework(spec: dict[str, Any], roles: list[dict[str, Any]],
         else:
             report.unknown("spec.plugins", str(name), {"ssh", "svc", "env", "mpi", "pytorch"})
     if framework == "pytorch" and params.pop("volcanoSvc", False):
-        report.unsupported("spec.plugins.svc", "not run together with the pytorch plugin (the pytorch "
-                           "framework sets MASTER_ADDR and RANK; the svc plugin's variables are not set)")
+        report.unsupported(
+            "spec.plugins.svc",
+            "not run together with the pytorch plugin (the pytorch "
+            "framework sets MASTER_ADDR and RANK; the svc plugin's variables are not set)",
+        )
     return framework, params
 
 
@@ -271,19 +352,23 @@ def _every_task_placed(roles: list[dict[str, Any]]) -> None:
     names = [r["name"] for r in roles]
     for role in roles:
         waited = {d["role"] for d in role.get("dependsOn", [])}
-        role["dependsOn"] = [*role.get("dependsOn", []),
-                             *({"role": n, "condition": "Placed"} for n in names if n not in waited)]
+        role["dependsOn"] = [
+            *role.get("dependsOn", []),
+            *({"role": n, "condition": "Placed"} for n in names if n not in waited),
+        ]
 
 
-def _job_status_policy(spec: dict[str, Any], tasks: list[Any], roles: list[dict[str, Any]],
-                       job_effects: _Effects, report: Report) -> dict[str, Any] | None:
-    completing = [r["name"] for r, t in zip(roles, tasks)
-                  if _policies_complete(t)]
+def _job_status_policy(
+    spec: dict[str, Any], tasks: list[Any], roles: list[dict[str, Any]], job_effects: _Effects, report: Report
+) -> dict[str, Any] | None:
+    completing = [r["name"] for r, t in zip(roles, tasks) if _policies_complete(t)]
     if completing:
         if len(completing) > 1:
             names = ", ".join(map(str, completing))
-            report.approximate("spec.tasks", f"TaskCompleted -> CompleteJob on {names}: the job "
-                               "succeeds when all of them succeeded, not any one")
+            report.approximate(
+                "spec.tasks",
+                f"TaskCompleted -> CompleteJob on {names}: the job succeeds when all of them succeeded, not any one",
+            )
         if "minSuccess" in spec:
             report.ignore("spec.minSuccess", "the TaskCompleted -> CompleteJob policy decides success")
         return {"failed": "any", "succeeded": {"roles": completing}}
