@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from orphans import orphan_a_run
+
 from controller_harness import ROOT, pids_alive, run_job_file
 
 
@@ -104,35 +106,9 @@ def test_a_run_killed_with_sigkill_is_resumed_without_running_anything_twice(tmp
     from trainmaster.store import repository as repo
     from trainmaster.store.db import make_engine, session_factory
 
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    code = f"import os, time; open('{marks}/%s-%d' % (os.environ['TM_REPLICA_INDEX'], os.getpid()), 'w')\ntime.sleep(8)"
-    path = tmp_path / "job.yaml"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "trainmaster/v1",
-                "kind": "Job",
-                "metadata": {"name": "orphan"},
-                "spec": {"roles": [{"name": "w", "replicas": 2, "command": ["python", "-c", code]}]},
-            }
-        )
-    )
-    env = {**os.environ, "TRAINMASTER_HOME": str(tmp_path / "home")}
-    run = subprocess.Popen(
-        [sys.executable, "-m", "trainmaster", "run", str(path), "--interval", "0.1"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=env,
-    )
-    deadline = time.monotonic() + 60
-    while len(list(marks.iterdir())) < 2 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert len(list(marks.iterdir())) == 2, "instances never started"
-    run.kill()
-    run.wait()
+    marks, env = orphan_a_run(tmp_path, "orphan", seconds=8)
 
-    sessions = session_factory(make_engine(f"sqlite:///{tmp_path / 'home/trainmaster.db'}"))
+    sessions = session_factory(make_engine(env["TRAINMASTER_DB"]))
     with sessions() as session:
         stale = repo.job_status(session, repo.find_job(session, "orphan"))
     assert stale["state"] == "running" and stale["reason"] == "ControllerGone"
