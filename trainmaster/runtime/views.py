@@ -93,8 +93,8 @@ class PeriodicPublisher:
 
         try:
             publish(self.kind, {"time": time.time(), **self.sample()})
-        except (RuntimeError, OSError, ValueError):
-            pass
+        except (RuntimeError, OSError, ValueError, UserError):
+            pass  # a sample taken while the node changed it, or not JSON: the next one is a moment away
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
