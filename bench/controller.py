@@ -370,7 +370,7 @@ def main() -> None:
         results["profile_local"] = {"replicas": SIZES[-1], "top": profile_local(local_ours, SIZES[-1], scratch)}
 
     jobs = 200 if args.quick else 1000
-    drains = [drain(jobs, slots=DRAIN_SLOTS, scratch=scratch)]  # one run: the rate is over all the jobs
+    drains = [drain(jobs, slots=DRAIN_SLOTS, scratch=scratch) for _ in range(args.runs)]  # median of --runs
     results["drain"] = {
         "jobs": jobs,
         "slots": DRAIN_SLOTS,
