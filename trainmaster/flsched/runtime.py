@@ -108,6 +108,23 @@ def _accuracy(state: dict, job: FLJob) -> float:
     return float((pred == job.y_test).mean())
 
 
+def fl_problem(jobs: list[FLJob], devices: list, per_round: int, fairness_weight: float) -> Problem:
+    """The scheduling problem of real FL jobs over a device pool: each device's samples of a job
+    are its shard of that job (scaled to a realistic count), one model size for every job. The
+    simulated runtime, the wall-clock runtime and the federated framework's server share it."""
+    specs = [
+        Job(
+            id=j.name,
+            tau=float(j.tau),
+            model_bytes=4.0e6,
+            per_round=per_round,
+            data={d.id: int(len(j.shards[k])) * 20 for k, d in enumerate(devices)},
+        )
+        for j in jobs
+    ]
+    return Problem.build(devices, specs, weights={"time": 1.0, "fairness": fairness_weight})
+
+
 def run_multijob(
     scheduler: Scheduler,
     num_devices: int = 20,
@@ -128,17 +145,7 @@ def run_multijob(
         load_job(n, num_devices, seed, targets[n], tau=t) for n, t in (("digits", 2), ("wine", 1), ("breast-cancer", 1))
     ]
     devices = make_pool(num_devices, seed)
-    specs = [
-        Job(
-            id=j.name,
-            tau=float(j.tau),
-            model_bytes=4.0e6,
-            per_round=per_round,
-            data={d.id: int(len(j.shards[k])) * 20 for k, d in enumerate(devices)},
-        )
-        for j in jobs
-    ]
-    base = Problem.build(devices, specs, weights={"time": 1.0, "fairness": fairness_weight})
+    base = fl_problem(jobs, devices, per_round, fairness_weight)
     rng = np.random.default_rng(seed)
     states = []
     for j in jobs:

@@ -78,8 +78,8 @@ def serve(
     output: str | None,
 ) -> int:
     from trainmaster.flsched import make_scheduler
-    from trainmaster.flsched.model import Job, Problem, ProblemError, check_feasible
-    from trainmaster.flsched.runtime import _accuracy, _model, load_job
+    from trainmaster.flsched.model import ProblemError, check_feasible
+    from trainmaster.flsched.runtime import _accuracy, _model, fl_problem, load_job
     from trainmaster.flsched.synthetic import make_pool
     import torch
 
@@ -131,17 +131,7 @@ def serve(
         for n, t in JOB_NAMES
     ]
     pool = make_pool(devices, seed)
-    specs = [
-        Job(
-            id=j.name,
-            tau=float(j.tau),
-            model_bytes=4.0e6,
-            per_round=per_round,
-            data={d.id: int(len(j.shards[k])) * 20 for k, d in enumerate(pool)},
-        )
-        for j in jobs
-    ]
-    base = Problem.build(pool, specs, weights={"time": 1.0, "fairness": 30.0})
+    base = fl_problem(jobs, pool, per_round, fairness_weight=30.0)
     sched = make_scheduler(scheduler_name, seed=seed)
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trainmaster.flsched.model import Job, Problem, ProblemError, check_feasible
+from trainmaster.flsched.model import ProblemError, check_feasible
 from trainmaster.flsched.schedulers import Scheduler
 from trainmaster.flsched.synthetic import make_pool, make_straggler_pool
 
@@ -173,7 +173,7 @@ def run_wallclock(
     ``straggler_factor`` times slower (``synthetic.make_straggler_pool``; 0 = ``make_pool``)."""
     import torch
 
-    from trainmaster.flsched.runtime import _accuracy, _local_update, _model, load_job
+    from trainmaster.flsched.runtime import _accuracy, _local_update, _model, fl_problem, load_job
 
     torch.set_num_threads(1)
     fl_jobs = [load_job(name, num_devices, seed, target, tau=tau) for name, tau, target in JOBS]
@@ -182,17 +182,7 @@ def run_wallclock(
         if stragglers
         else make_pool(num_devices, seed)
     )
-    specs = [
-        Job(
-            id=j.name,
-            tau=float(j.tau),
-            model_bytes=4.0e6,
-            per_round=per_round,
-            data={d.id: int(len(j.shards[k])) * 20 for k, d in enumerate(pool)},
-        )
-        for j in fl_jobs
-    ]
-    base = Problem.build(pool, specs, weights={"time": 1.0, "fairness": fairness_weight})
+    base = fl_problem(fl_jobs, pool, per_round, fairness_weight)
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)
     states = [{k: v.clone() for k, v in _model(j.x_train.shape[1], j.classes).state_dict().items()} for j in fl_jobs]
