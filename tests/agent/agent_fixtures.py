@@ -4,11 +4,11 @@ and process scans by the agent's instance marker."""
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable
 
 import psutil
+
+from controller_harness import wait_until  # noqa: F401 (the agent tests import it from here)
 
 PY = sys.executable
 
@@ -88,15 +88,3 @@ def escapers() -> list[int]:
         if proc.info["status"] != psutil.STATUS_ZOMBIE and ESCAPER_CODE in (proc.info["cmdline"] or []):
             found.append(proc.pid)
     return found
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "the condition") -> Any:
-    deadline = time.monotonic() + timeout
-    delay = 0.02
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout:g}s waiting for {what}"
-        time.sleep(delay)
-        delay = min(delay * 1.5, 0.25)

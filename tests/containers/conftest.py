@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
-from controller_harness import stop_agent
+from controller_harness import stop_agent, wait_until  # noqa: F401 (the container tests import it from here)
 from trainmaster.agent.client import AgentClient, ensure_agent
 from trainmaster.agent.contract import ContainerLaunch, InstancePhase, InstanceStatus, LaunchSpec
 from trainmaster.agent.core import AgentOptions
@@ -129,15 +128,3 @@ def agent(podman: ContainerRuntime, tmp_path: Path) -> Iterator[AgentUnderTest]:
 def container_cgroups(key: str = "") -> list[str]:
     """The container cgroup parents of an agent key (every agent's with ``key`` empty)."""
     return sorted(str(p) for p in Path("/sys/fs/cgroup").glob(f"*/trainmaster-containers/{key or '*'}"))
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "the condition") -> Any:
-    deadline = time.monotonic() + timeout
-    delay = 0.02
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout:g}s waiting for {what}"
-        time.sleep(delay)
-        delay = min(delay * 1.5, 0.25)
