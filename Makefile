@@ -58,7 +58,7 @@ testbed-deps:
 
 ## test: install with test extras and run the whole suite (then the Flower tests in their own venv)
 test: $(STAMP) system-deps lint typecheck flower-env
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 	@if [ -x $(FLOWER_VENV)/bin/python ]; then \
 		echo "==> the Flower adapter's tests, in $(FLOWER_VENV) (flwr pins older fastapi/typer/ray than ours)"; \
 		$(FLOWER_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/flsched/test_flsched_flower.py; \
