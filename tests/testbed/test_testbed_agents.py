@@ -12,12 +12,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agent_fixtures import ESCAPERS, PY, doubles, escapers, job_processes, shell_parent, starts, wait_until
 from controller_harness import Harness, events, job, step_until
 from trainmaster.agent.client import agent_pid
 from trainmaster.agent.core import AgentOptions
@@ -26,8 +26,6 @@ from trainmaster.backends.testbed import TestbedBackend
 from trainmaster.testbed import Testbed
 from trainmaster.testbed.agents import host_agent_dir
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agent"))
-from agent_fixtures import ESCAPERS, PY, doubles, escapers, job_processes, shell_parent, starts, wait_until  # noqa: E402
 
 RESTART_TWICE = {"policy": "OnFailure", "maxRestarts": 2, "backoffSeconds": 0}
 
