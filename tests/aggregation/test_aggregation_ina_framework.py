@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from controller_harness import run_job_file
 
 ROOT = Path(__file__).resolve().parents[2]
 EPOCHS = "3"  # fewer than the example's 20, to stay quick; both runs use the same
@@ -66,17 +67,8 @@ def test_ina_digits_matches_gloo_accuracy(tmp_path: Path) -> None:
     job["spec"]["output"]["path"] = str(tmp_path / "out")
     path = tmp_path / "ina.yaml"
     path.write_text(yaml.safe_dump(job))
-    env = {**os.environ, "TRAINMASTER_HOME": str(tmp_path / "home")}
-    run = subprocess.run(
-        [sys.executable, "-m", "trainmaster", "run", str(path), "--interval", "0.2", "--json"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=400,
-    )
+    run, status = run_job_file(path, tmp_path, timeout=400)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    status = json.loads(run.stdout)
     workers = [i["state"] for i in status["instances"] if i["role"] == "worker"]
     assert workers == ["succeeded"] * 4
     ina = json.loads((tmp_path / "out" / "metrics.json").read_text())
@@ -95,7 +87,7 @@ def test_ina_runs_over_shared_memory_when_asked(tmp_path: Path) -> None:
     """ina framework with frameworkParams.transport shm: every role gets
     TM_AGGREGATION_TRANSPORT, the nodes serve over shared-memory rings and the job succeeds;
     an unknown transport is refused at validation."""
-    from controller_harness import run_job_file, run_logs
+    from controller_harness import run_logs
 
     job = yaml.safe_load((ROOT / "examples/ina-digits.yaml").read_text())
     job["spec"]["frameworkParams"]["transport"] = "shm"

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from controller_harness import run_job_file
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,17 +23,8 @@ def test_fl_multijob_runs_under_controller(tmp_path: Path) -> None:
     job["spec"]["output"]["path"] = str(tmp_path / "out")
     path = tmp_path / "fl.yaml"
     path.write_text(yaml.safe_dump(job))
-    env = {**os.environ, "TRAINMASTER_HOME": str(tmp_path / "home")}
-    out = subprocess.run(
-        [sys.executable, "-m", "trainmaster", "run", str(path), "--interval", "0.2", "--json"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=270,
-    )
+    out, status = run_job_file(path, tmp_path, timeout=270)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    status = json.loads(out.stdout)
     assert [i["state"] for i in status["instances"] if i["role"] == "server"] == ["succeeded"]
     log = next((tmp_path / "home" / "runs").glob("*/logs/server-0.log")).read_text()
     for name in ("digits", "wine", "breast-cancer"):
