@@ -66,38 +66,40 @@ def task(name: str, replicas: int, script: Path, out: Path, **extra: object) -> 
     }
 
 
+def ps_and_workers(name: str, tmp_path: Path, out: Path, **spec: object) -> dict:
+    """A Volcano Job of one ps and two workers (tmp_path/ps.py, tmp_path/worker.py) whose
+    workers' completion completes the job."""
+    workers = task(
+        "worker", 2, tmp_path / "worker.py", out, policies=[{"event": "TaskCompleted", "action": "CompleteJob"}]
+    )
+    return {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {**spec, "tasks": [task("ps", 1, tmp_path / "ps.py", out), workers]},
+    }
+
+
+def run_to_end(tmp_path: Path, doc: dict) -> tuple[str, dict]:
+    """Submit the job and run it to its end: its final state and status."""
+    h = Harness(tmp_path)
+    try:
+        job_id = h.submit(doc)
+        state = h.controller.run_job(job_id)
+        return state, h.status(job_id)
+    finally:
+        h.backend.close()
+
+
 @pytest.mark.timeout(120)
 def test_svc_and_env_plugins_give_every_instance_every_task(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     (tmp_path / "ps.py").write_text(PS)
     (tmp_path / "worker.py").write_text(WORKER)
-    doc = {
-        "apiVersion": "batch.volcano.sh/v1alpha1",
-        "kind": "Job",
-        "metadata": {"name": "vc-svc"},
-        "spec": {
-            "minAvailable": 3,
-            "plugins": {"svc": [], "env": []},
-            "tasks": [
-                task("ps", 1, tmp_path / "ps.py", out),
-                task(
-                    "worker",
-                    2,
-                    tmp_path / "worker.py",
-                    out,
-                    policies=[{"event": "TaskCompleted", "action": "CompleteJob"}],
-                ),
-            ],
-        },
-    }
-    h = Harness(tmp_path)
-    try:
-        job_id = h.submit(doc)
-        state = h.controller.run_job(job_id)
-        status = h.status(job_id)
-    finally:
-        h.backend.close()
+    state, status = run_to_end(
+        tmp_path, ps_and_workers("vc-svc", tmp_path, out, minAvailable=3, plugins={"svc": [], "env": []})
+    )
     assert state == "succeeded", status["events"][-10:]
     records = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
     assert sorted(records) == ["ps-0", "worker-0", "worker-1"]
@@ -122,32 +124,10 @@ def test_pod_failed_restart_job_restarts_every_task(tmp_path: Path) -> None:
     (tmp_path / "worker.py").write_text(
         record + f"time.sleep(0.5); raise SystemExit(1 if open({str(marker)!r}).read().count('worker') < 3 else 0)\n"
     )
-    doc = {
-        "apiVersion": "batch.volcano.sh/v1alpha1",
-        "kind": "Job",
-        "metadata": {"name": "vc-restart"},
-        "spec": {
-            "maxRetry": 3,
-            "policies": [{"event": "PodFailed", "action": "RestartJob"}],
-            "tasks": [
-                task("ps", 1, tmp_path / "ps.py", tmp_path),
-                task(
-                    "worker",
-                    2,
-                    tmp_path / "worker.py",
-                    tmp_path,
-                    policies=[{"event": "TaskCompleted", "action": "CompleteJob"}],
-                ),
-            ],
-        },
-    }
-    h = Harness(tmp_path)
-    try:
-        job_id = h.submit(doc)
-        state = h.controller.run_job(job_id)
-        status = h.status(job_id)
-    finally:
-        h.backend.close()
+    policies = [{"event": "PodFailed", "action": "RestartJob"}]
+    state, status = run_to_end(
+        tmp_path, ps_and_workers("vc-restart", tmp_path, tmp_path, maxRetry=3, policies=policies)
+    )
     assert state == "succeeded", status["events"][-10:]
     starts = marker.read_text().split()
     assert starts.count("ps") == 2 and starts.count("worker") == 4  # one restart of the whole job
