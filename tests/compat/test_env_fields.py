@@ -75,8 +75,16 @@ def test_value_from_maps_instance_facts_and_resources() -> None:
     [
         ({"fieldRef": {"fieldPath": "metadata.labels['app']"}}, "valueFrom.fieldRef.fieldPath", "metadata.labels"),
         ({"fieldRef": {"fieldPath": "status.podIPs"}}, "valueFrom.fieldRef.fieldPath", "status.podIPs"),
-        ({"resourceFieldRef": {"resource": "limits.ephemeral-storage"}}, "valueFrom.resourceFieldRef.resource", "ephemeral"),
-        ({"resourceFieldRef": {"resource": "limits.cpu", "divisor": "lots"}}, "valueFrom.resourceFieldRef.resource", "lots"),
+        (
+            {"resourceFieldRef": {"resource": "limits.ephemeral-storage"}},
+            "valueFrom.resourceFieldRef.resource",
+            "ephemeral",
+        ),
+        (
+            {"resourceFieldRef": {"resource": "limits.cpu", "divisor": "lots"}},
+            "valueFrom.resourceFieldRef.resource",
+            "lots",
+        ),
         ({"secretKeyRef": {"name": "s", "key": "k"}}, "valueFrom.secretKeyRef", "secretKeyRef"),
         ({"configMapKeyRef": {"name": "c", "key": "k"}}, "valueFrom.configMapKeyRef", "configMapKeyRef"),
     ],
