@@ -11,6 +11,7 @@ from trainmaster.errors import UserError
 from trainmaster.spec import load_document as _load_document
 from trainmaster.spec.compat import convert as _convert
 from trainmaster.spec.load import LoadOptions
+from trainmaster.spec.model import RuntimeKind
 
 
 # These tests pin the --lenient reading (unknown fields listed and ignored, today's behaviour
@@ -319,9 +320,9 @@ def test_args_without_command_keep_the_image_entrypoint(lenient: bool) -> None:
     assert converted is not None
     role = roles_of(converted.document)["master"]
     assert "command" not in role and role["args"] == ["python", "-c", "print(1)"] and role["runtime"] == "auto"
-    job = load_document(converted.document).job
+    job = _load_document(converted.document, "job", LoadOptions(lenient=True, runtime=RuntimeKind.HOST)).job
     assert job.spec.role("master").command is None  # the framework's command is not filled in
-    problems = container_problems(job)  # TRAINMASTER_RUNTIME=host in tests
+    problems = container_problems(job)  # the operator's --runtime host
     assert len(problems) == 1 and "runs its image's entry point" in problems[0]
 
 
