@@ -200,15 +200,16 @@ def test_podman_command_line_follows_kubernetes() -> None:
 
 
 def test_backends_without_containers_run_auto_roles_on_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The Ray and testbed agents start processes only: an auto role with a command runs on the
-    host there; a role that must run in a container is refused, naming the backend."""
+    """A backend whose agents start processes only (a third-party one): an auto role with a
+    command runs on the host there; a role that must run in a container is refused, naming the
+    backend. The local, Ray and testbed backends' agents run containers."""
     monkeypatch.setattr(policy, "unavailable", lambda: "")
-    monkeypatch.delenv("TRAINMASTER_RUNTIME", raising=False)
     auto = load_document(job(image="x", runtime="auto")).job
     assert policy.runs_in_container(auto.spec, auto.spec.roles[0])
     assert not policy.runs_in_container(auto.spec, auto.spec.roles[0], backend_runs_containers=False)
-    assert policy.container_problems(auto, "testbed") == []
+    assert policy.container_problems(auto, "elsewhere") == []
     explicit = load_document(job(image="x", runtime="container")).job
-    problems = policy.container_problems(explicit, "testbed")
-    assert len(problems) == 1 and "the testbed backend does not run containers yet" in problems[0]
-    assert policy.container_problems(explicit, "ray") == []  # each Ray node's agent runs them
+    problems = policy.container_problems(explicit, "elsewhere")
+    assert len(problems) == 1 and "the elsewhere backend does not run containers" in problems[0]
+    for backend in ("local", "ray", "testbed"):  # each node's (each testbed host's) agent runs them
+        assert policy.container_problems(explicit, backend) == []

@@ -35,6 +35,7 @@ class TestbedBackend(Backend):
     name = "testbed"
     needs_launch_file = False
     running_at_start = True  # an agent answers once every command of its batch has exec'd
+    runs_containers = True  # each host's agent runs them in that host's network namespace
     __test__ = False
 
     def __init__(self, testbed: Testbed, capacity: Capacity | None = None, linger: float = 10.0):

@@ -19,7 +19,7 @@ from trainmaster.spec.model import Job, JobSpec, Role, RuntimeKind
 from trainmaster.spec.paths import in_job_folder, job_working_dir
 
 
-CONTAINER_BACKENDS = ("local", "ray")  # whose node agents run LaunchSpec.container
+CONTAINER_BACKENDS = ("local", "ray", "testbed")  # whose node agents run LaunchSpec.container
 
 
 def pin_auto_roles(job: Job, operator: RuntimeKind | None) -> Job:
@@ -66,7 +66,7 @@ def container_problems(job: Job, backend: str = "local") -> list[str]:
                 unavailable()
                 if backend_runs
                 else (
-                    f"the {backend} backend does not run containers yet (the local backend does); "
+                    f"the {backend} backend does not run containers (the local, Ray and testbed backends do); "
                     "run it with --backend local, or on the host with 'runtime: host' and a command"
                 )
             )
