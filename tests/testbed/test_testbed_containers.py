@@ -1,6 +1,7 @@
 """Containers on testbed hosts (issue #22): a role in a container on ``h1`` shares h1's network
-namespace (its host's agent runs ``podman run --network ns:/run/netns/<prefix>-h1``), so it binds
-h1's address and a process on ``h2`` reaches it across the link, as for processes. Skips with
+namespace (its host's agent, which joined that namespace, runs ``podman run --network host``), so
+it binds h1's address, on its declared containerPort, and a process on ``h2`` reaches it across
+the link, as for processes. Skips with
 its reason where podman or network namespaces are unavailable."""
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ from trainmaster.testbed.agents import host_agent_dir
 
 pytestmark = pytest.mark.timeout(240)
 # the testbed backend's server, saying too whether it ran in a container
-IN_CONTAINER_SERVER = SERVER.replace("json.dump({", 'json.dump({"container": os.path.exists("/run/.containerenv"), ')
+IN_CONTAINER_SERVER = SERVER.replace(
+    "json.dump({", 'json.dump({"container": os.path.exists("/run/.containerenv"), "port": port, '
+)
+DECLARED = 24567  # the server's containerPort: free on its host (a fresh namespace), so it is its port
 assert IN_CONTAINER_SERVER != SERVER
 
 
@@ -55,6 +59,7 @@ def test_a_container_on_a_testbed_host_shares_its_network(
         "imagePullPolicy": "Never",
         "command": [images.python_executable(), "-c", IN_CONTAINER_SERVER],
         "volumes": volumes,
+        "containerPorts": [DECLARED],
     }
     doc = job("across", [server, {"name": "client", "command": py(CLIENT), "depends_on": [{"role": "server"}]}])
     doc["metadata"]["annotations"] = {"testbed/server": "h1", "testbed/client": "h2"}
@@ -71,7 +76,7 @@ def test_a_container_on_a_testbed_host_shares_its_network(
     assert not left, f"containers left behind: {left}"
     output = next((tmp_path / "runs").glob("*/output"))
     got = json.loads((output / "server.json").read_text())
-    assert got.pop("container") is True, got
+    assert got.pop("container") is True and got.pop("port") == DECLARED, got
     assert got == {"bound": bed.address("h1"), "peer": bed.address("h2"), "got": "hello across the link"}, got
     assert json.loads((output / "client.json").read_text())["reply"] == "HELLO ACROSS THE LINK"
 

@@ -267,6 +267,11 @@ class Role(SpecModel):
     image_pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
     volumes: Annotated[list[Volume], Field(max_length=MAX_VOLUMES)] = Field(default_factory=list)
     ports: Annotated[int, Field(ge=0, le=MAX_PORTS_PER_INSTANCE)] = 1
+    # a Kubernetes container's ``ports[].containerPort``: an instance's first ports are these
+    # numbers where free on its node (instances share their node's network), else free ones
+    container_ports: Annotated[
+        list[Annotated[int, Field(ge=1, le=65535)]], Field(max_length=MAX_PORTS_PER_INSTANCE)
+    ] = Field(default_factory=list)
     resources: Resources = Field(default_factory=Resources)
     restart_policy: RestartPolicy = Field(default_factory=RestartPolicy)
     status_policy: StatusPolicy = Field(default_factory=StatusPolicy)
@@ -278,6 +283,12 @@ class Role(SpecModel):
             raise ValueError("runtime: container needs an image")
         if self.volumes and self.image is None:
             raise ValueError("volumes are mounted into containers: give the role an image")
+        if len(set(self.container_ports)) != len(self.container_ports):
+            raise ValueError("containerPorts: each port once")
+        if self.container_ports and "ports" not in self.model_fields_set:
+            self.__dict__["ports"] = len(self.container_ports)  # not re-validated: set directly
+        elif len(self.container_ports) > self.ports:
+            raise ValueError(f"ports: {self.ports} is fewer than the {len(self.container_ports)} containerPorts")
         both = sorted(set(self.env) & set(self.env_fields))
         if both:
             raise ValueError(f"{', '.join(both)}: set in both env and envFields; keep one")

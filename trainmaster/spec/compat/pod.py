@@ -132,6 +132,7 @@ _CONTAINER_REASONS = {
 _CONTAINER_DEFAULT = "a Kubernetes container setting with no meaning on the local backend"
 
 _GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
+_HOST_PORT = "instances use their node's network directly: the containerPort is the node's port"
 
 
 @dataclass
@@ -275,14 +276,23 @@ def _container(
             volume["readOnly"] = True
         role.setdefault("volumes", []).append(volume)
     ports = report.sequence(container.get("ports"), join(path, "ports"))
-    if ports:
-        if len(ports) > 1:
-            role["ports"] = len(ports)
-        numbers = ", ".join(str(p.get("containerPort")) for p in ports if isinstance(p, dict))
-        report.ignore(
+    numbers = []
+    for i, port in enumerate(ports):
+        where = join(join(path, "ports"), i)
+        port = report.mapping(port, where)
+        report.rest(port, where, {"containerPort", "name", "protocol"}, {"hostPort": _HOST_PORT, "hostIP": _HOST_PORT})
+        number = port.get("containerPort")
+        if not isinstance(number, int) or isinstance(number, bool) or not 1 <= number <= 65535:
+            raise report.error(join(where, "containerPort"), "must be a port number from 1 to 65535")
+        if number not in numbers:
+            numbers.append(number)
+    if numbers:
+        role["containerPorts"] = numbers
+        report.approximate(
             join(path, "ports"),
-            f"container port(s) {numbers} are not used: each instance "
-            f"gets {len(ports)} free port(s) of this machine (TM_PORT / TM_PORTS)",
+            f"instances share their node's network: each instance gets port(s) {', '.join(map(str, numbers))} "
+            "where free on its node, else free ones (TM_PORT / TM_PORTS, and the framework's variables, "
+            "say which)",
         )
     if resources:
         role["resources"] = resources
