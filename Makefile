@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 # Debian packages features need (dashboard browser tests, PostgreSQL store tests, the gateway's
 # executor sandbox, containers, MPIJobs with real OpenMPI); tests that cannot have them skip with a clear reason.
-SYSTEM_PACKAGES ?= chromium chromium-driver postgresql bubblewrap iproute2 podman runc openmpi-bin libopenmpi-dev
+SYSTEM_PACKAGES ?= chromium chromium-driver postgresql bubblewrap iproute2 podman runc docker-registry openmpi-bin libopenmpi-dev
 
 FLOWER_VENV ?= .venv-flower
 FLOWER ?= flwr[simulation]==1.42.0

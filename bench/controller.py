@@ -110,13 +110,10 @@ class Ours:
         self.until(lambda: self.state(job_id) in ("cancelled", "succeeded", "failed"), "cancel")
 
 
-def ours_to_running(ours: Ours, replicas: int, scratch: Path) -> tuple[float, float]:
-    workdir = Path(tempfile.mkdtemp(dir=scratch))
-    markers = workdir / "markers"
-    markers.mkdir()
+def until_running(ours: Ours, job_id: int, replicas: int, markers: Path, start: float) -> dict[str, float]:
+    """Seconds from ``start`` (just before the submit) until every instance of the job is running
+    in our store (*reported*) and every replica's marker file exists (*processes*)."""
     moments: dict[str, float] = {}
-    start = time.perf_counter()
-    job_id = ours.submit("bench", [{"name": "worker", "replicas": replicas, "command": command(markers)}])
 
     def done() -> bool:
         now = time.perf_counter()
@@ -127,6 +124,16 @@ def ours_to_running(ours: Ours, replicas: int, scratch: Path) -> tuple[float, fl
         return len(moments) == 2
 
     ours.until(done, f"{replicas} replicas running")
+    return moments
+
+
+def ours_to_running(ours: Ours, replicas: int, scratch: Path) -> tuple[float, float]:
+    workdir = Path(tempfile.mkdtemp(dir=scratch))
+    markers = workdir / "markers"
+    markers.mkdir()
+    start = time.perf_counter()
+    job_id = ours.submit("bench", [{"name": "worker", "replicas": replicas, "command": command(markers)}])
+    moments = until_running(ours, job_id, replicas, markers, start)
     ours.finish(job_id)
     shutil.rmtree(workdir, ignore_errors=True)
     return moments["reported"], moments["processes"]

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import tempfile
 import time
@@ -44,7 +43,7 @@ def _containers_left(podman: ContainerRuntime) -> int:
 
 
 def _one_job(ours: Any, podman: ContainerRuntime, tag: str | None, replicas: int, scratch: Path) -> dict[str, float]:
-    from controller import count  # bench/controller.py (this script's caller)
+    from controller import until_running  # bench/controller.py (this script's caller): one timing for both
 
     workdir = Path(tempfile.mkdtemp(dir=scratch))
     markers = workdir / "markers"
@@ -61,19 +60,9 @@ def _one_job(ours: Any, podman: ContainerRuntime, tag: str | None, replicas: int
             imagePullPolicy="Never",
             volumes=[{"name": "markers", "hostPath": str(markers), "mountPath": str(markers)}],
         )
-    moments: dict[str, float] = {}
     start = time.perf_counter()
     job_id = ours.submit("bench-containers" if tag else "bench-host", [role])
-
-    def running() -> bool:
-        now = time.perf_counter()
-        if "reported" not in moments and ours.running(job_id) == replicas:
-            moments["reported"] = now - start
-        if "processes" not in moments and count(markers) >= replicas:
-            moments["processes"] = now - start
-        return len(moments) == 2
-
-    ours.until(running, f"{replicas} replicas running")
+    moments = until_running(ours, job_id, replicas, markers, start)
     began = time.perf_counter()
     ours.finish(job_id)
     moments["cancel"] = time.perf_counter() - began
@@ -127,12 +116,8 @@ def _podman_alone(podman: ContainerRuntime, tag: str, replicas: int, scratch: Pa
     return {"processes": processes, "cancel": removed}
 
 
-def _median(samples: list[dict[str, float]], key: str) -> float:
-    return statistics.median(s[key] for s in samples)
-
-
 def containers_bench(runs: int, replicas: int, scratch: Path) -> dict[str, Any]:
-    from controller import Ours  # bench/controller.py
+    from controller import Ours, summary  # bench/controller.py
 
     podman = detect()
     tag = f"localhost/tm-bench-small:{os.getpid()}"
@@ -151,13 +136,7 @@ def containers_bench(runs: int, replicas: int, scratch: Path) -> dict[str, Any]:
                     cold[mode] = result
                 else:
                     samples[mode].append(result)
-        summary = {
-            mode: {
-                key: {"median_s": _median(s, key), "min_s": min(x[key] for x in s), "max_s": max(x[key] for x in s)}
-                for key in s[0]
-            }
-            for mode, s in samples.items()
-        }
+        medians = {mode: {key: summary([x[key] for x in s]) for key in s[0]} for mode, s in samples.items()}
         return {
             "replicas": replicas,
             "runs": runs,
@@ -165,7 +144,7 @@ def containers_bench(runs: int, replicas: int, scratch: Path) -> dict[str, Any]:
             "oci_runtime": podman.oci_runtime,
             "podman": subprocess.run([podman.podman, "--version"], capture_output=True, text=True).stdout.strip(),
             "time": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-            "summary": summary,
+            "summary": medians,
             "cold": cold,
             "samples": samples,
         }

@@ -17,6 +17,8 @@ from trainmaster.api import Trainmaster
 from trainmaster.backends.local import LocalBackend
 from trainmaster.controller import Controller
 from trainmaster.spec import load_document
+from trainmaster.spec.load import LoadOptions
+from trainmaster.spec.model import RuntimeKind
 from trainmaster.store import repository as repo
 from trainmaster.store.db import make_engine, session_factory
 
@@ -26,6 +28,15 @@ PY = sys.executable
 # 127.0.0.1, so every Ray test moves its instances to "another node's" address, as on a
 # cluster of several machines.
 RAY_NODE_IP = "127.0.0.2"
+
+
+def operator_runtime() -> RuntimeKind | None:
+    """What ``--runtime`` would be for a CLI started now: its variable TRAINMASTER_RUNTIME (the
+    test fixtures set host, so converted files' images are not pulled; container tests unset it)."""
+    import os
+
+    value = os.environ.get("TRAINMASTER_RUNTIME", "").strip().lower()
+    return RuntimeKind(value) if value in ("host", "container", "auto") else None
 
 
 class Harness:
@@ -43,7 +54,8 @@ class Harness:
     def submit(self, doc: dict[str, Any] | str) -> int:
         """Through the facade, as the CLI and the server submit (names need not be unique here)."""
         raw = yaml.safe_load(doc) if isinstance(doc, str) else doc
-        return self.jobs.submit(load_document(raw), self.controller, unique_name=False).id
+        loaded = load_document(raw, options=LoadOptions(runtime=operator_runtime()))
+        return self.jobs.submit(loaded, self.controller, unique_name=False).id
 
     def run(self, doc: dict[str, Any] | str) -> tuple[str, dict[str, Any]]:
         job_id = self.submit(doc)

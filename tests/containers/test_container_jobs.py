@@ -149,3 +149,39 @@ def test_cancel_of_a_job_leaves_no_container(
         assert labelled(podman, key) == []
     finally:
         harness.backend.close()
+
+
+@pytest.mark.timeout(240)
+def test_env_fields_reach_the_container(small_image: str, tmp_path: Path, isolated_home: Path) -> None:
+    """``envFields`` (a pod's ``valueFrom.fieldRef``) are resolved for a container as for a
+    process: the instance's address, Kubeflow's pod name, a UUID of the attempt."""
+    from controller_harness import Harness
+
+    harness = Harness(tmp_path)
+    role = {
+        "name": "main",
+        "image": small_image,
+        "runtime": "container",
+        "imagePullPolicy": "Never",
+        "args": ["echo facts ip=$POD_IP node=$NODE name=$POD_NAME uid=$POD_UID"],
+        "envFields": {
+            "POD_IP": "status.podIP",
+            "NODE": "spec.nodeName",
+            "POD_NAME": "metadata.name",
+            "POD_UID": "metadata.uid",
+        },
+    }
+    try:
+        state, status = harness.run(
+            {"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": {"name": "facts"}, "spec": {"roles": [role]}}
+        )
+    finally:
+        harness.backend.close()
+    log = run_logs_of(tmp_path)
+    assert state == "succeeded", (status, log)
+    found = re.search(r"facts ip=(\S+) node=(\S+) name=(\S+) uid=([0-9a-f-]{36})\b", log)
+    assert found and found.groups()[:3] == ("127.0.0.1", "127.0.0.1", "facts-main-0"), log
+
+
+def run_logs_of(tmp_path: Path) -> str:
+    return "\n".join(p.read_text() for p in sorted((tmp_path / "runs").rglob("*.log")))

@@ -1,6 +1,6 @@
 """Which roles run in containers and what they mount (issue #22), with and without a container
 runtime (the probe's answer is replaced, so these run on any machine): role > job > host, ``auto``
-follows the operator's TRAINMASTER_RUNTIME, else podman's presence; a role that needs a missing
+follows the operator's ``--runtime`` (its variable TRAINMASTER_RUNTIME), else podman's presence; a role that needs a missing
 runtime is refused by ``trainmaster run`` (exit 2, how to install podman or run on the host);
 hostPath volumes are confined like every job path; the podman command line follows Kubernetes'
 command/args semantics."""
@@ -22,6 +22,7 @@ from trainmaster.containers.runtime import ContainerRuntime, run_argv
 from trainmaster.errors import UserError
 from trainmaster.spec import load_document
 from trainmaster.spec.load import LoadOptions
+from trainmaster.spec.model import RuntimeKind
 from trainmaster.spec.paths import PathPolicy
 
 REPO = str(Path(__file__).resolve().parents[2])
@@ -39,8 +40,8 @@ def test_runtime_resolution(present: bool, monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(policy, "unavailable", lambda: "" if present else MISSING)
     monkeypatch.delenv("TRAINMASTER_RUNTIME", raising=False)
 
-    def runs(doc: dict) -> bool:
-        loaded = load_document(doc).job
+    def runs(doc: dict, operator: RuntimeKind | None = None) -> bool:
+        loaded = load_document(doc, options=LoadOptions(runtime=operator)).job
         return policy.runs_in_container(loaded.spec, loaded.spec.roles[0])
 
     assert not runs(job(image="x"))  # default: host
@@ -53,10 +54,65 @@ def test_runtime_resolution(present: bool, monkeypatch: pytest.MonkeyPatch) -> N
     doc["spec"]["roles"][0]["runtime"] = "host"
     assert not runs(doc)  # the role's own wins
     assert not runs(job(runtime="auto"))  # nothing to run a container from
-    monkeypatch.setenv("TRAINMASTER_RUNTIME", "host")
-    assert not runs(job(image="x", runtime="auto"))  # the operator's choice for auto
-    monkeypatch.setenv("TRAINMASTER_RUNTIME", "container")
-    assert runs(job(image="x", runtime="auto"))
+    assert not runs(job(image="x", runtime="auto"), RuntimeKind.HOST)  # the operator's choice for auto
+    assert runs(job(image="x", runtime="auto"), RuntimeKind.CONTAINER)
+    assert runs(job(image="x", runtime="auto"), RuntimeKind.AUTO) == present
+    assert runs(job(image="x", runtime="container"), RuntimeKind.HOST)  # never over the job's own choice
+    assert not runs(job(image="x", runtime="host"), RuntimeKind.CONTAINER)
+
+
+def test_the_operator_runtime_is_a_flag_with_its_variable(tmp_path: Path) -> None:
+    """``trainmaster run --runtime host|container`` (TRAINMASTER_RUNTIME when the flag is not
+    given) pins a converted file's ``auto`` roles when the job is loaded: the job says where it runs."""
+    path = tmp_path / "job.yaml"
+    container = {"name": "pytorch", "image": "localhost/x:1", "command": ["true"]}
+    master = {"replicas": 1, "template": {"spec": {"containers": [container]}}}
+    doc = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "p"}}
+    path.write_text(yaml.safe_dump({**doc, "spec": {"pytorchReplicaSpecs": {"Master": master}}}))
+    env = {**os.environ, "PYTHONPATH": REPO, "TRAINMASTER_HOME": str(tmp_path / "home"), "COLUMNS": "1000"}
+
+    def dry_run(*flags: str, variable: str | None = None) -> subprocess.CompletedProcess[str]:
+        run_env = {k: v for k, v in env.items() if k != "TRAINMASTER_RUNTIME"}
+        if variable is not None:
+            run_env["TRAINMASTER_RUNTIME"] = variable
+        argv = [sys.executable, "-m", "trainmaster", "run", str(path), "--dry-run", *flags]
+        return subprocess.run(argv, capture_output=True, text=True, env=run_env, cwd=tmp_path, timeout=60)
+
+    def runtime_of(proc: subprocess.CompletedProcess[str]) -> str:
+        assert proc.returncode == 0, proc.stderr
+        return yaml.safe_load(proc.stdout)["spec"]["roles"][0]["runtime"]
+
+    assert runtime_of(dry_run("--runtime", "host")) == "host"
+    assert runtime_of(dry_run(variable="container")) == "container"
+    assert runtime_of(dry_run("--runtime", "host", variable="container")) == "host"  # the flag wins
+    assert runtime_of(dry_run()) == "auto"  # decided at launch by podman's presence
+    bad = dry_run("--runtime", "sideways")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "sideways" in bad.stderr, bad.stderr
+
+
+def test_the_server_pins_auto_roles_with_its_runtime_option(tmp_path: Path) -> None:
+    """``trainmaster server --runtime host`` is ``ServiceOptions.runtime``: a submitted file's
+    ``auto`` roles are stored pinned to it (the reconcile loop never reads the environment)."""
+    from fastapi.testclient import TestClient
+
+    from trainmaster.backends.local import LocalBackend
+    from trainmaster.controller import Controller
+    from trainmaster.service.app import ServiceOptions, create_app
+    from trainmaster.store import repository as repo
+    from trainmaster.store.db import make_engine, session_factory
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    controller = Controller(session_factory(make_engine(url)), LocalBackend(), url, runs_dir=tmp_path / "runs")
+    app = create_app(controller, reconcile=False, options=ServiceOptions(runtime=RuntimeKind.HOST))
+    container = {"name": "pytorch", "image": "localhost/x:1", "command": ["true"]}
+    master = {"replicas": 1, "template": {"spec": {"containers": [container]}}}
+    doc = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "p"}}
+    with TestClient(app) as client:
+        reply = client.post("/api/v1/jobs", json={**doc, "spec": {"pytorchReplicaSpecs": {"Master": master}}})
+        assert reply.status_code == 201, reply.text
+    with controller.sessions() as session:
+        stored = repo.load_job(session, reply.json()["id"]).spec
+    assert stored["spec"]["roles"][0]["runtime"] == "host"
 
 
 def test_container_roles_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -144,15 +200,16 @@ def test_podman_command_line_follows_kubernetes() -> None:
 
 
 def test_backends_without_containers_run_auto_roles_on_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The Ray and testbed agents start processes only: an auto role with a command runs on the
-    host there; a role that must run in a container is refused, naming the backend."""
+    """A backend whose agents start processes only (a third-party one): an auto role with a
+    command runs on the host there; a role that must run in a container is refused, naming the
+    backend. The local, Ray and testbed backends' agents run containers."""
     monkeypatch.setattr(policy, "unavailable", lambda: "")
-    monkeypatch.delenv("TRAINMASTER_RUNTIME", raising=False)
     auto = load_document(job(image="x", runtime="auto")).job
     assert policy.runs_in_container(auto.spec, auto.spec.roles[0])
     assert not policy.runs_in_container(auto.spec, auto.spec.roles[0], backend_runs_containers=False)
-    assert policy.container_problems(auto, "testbed") == []
+    assert policy.container_problems(auto, "elsewhere") == []
     explicit = load_document(job(image="x", runtime="container")).job
-    problems = policy.container_problems(explicit, "testbed")
-    assert len(problems) == 1 and "the testbed backend does not run containers yet" in problems[0]
-    assert policy.container_problems(explicit, "ray") == []  # each Ray node's agent runs them
+    problems = policy.container_problems(explicit, "elsewhere")
+    assert len(problems) == 1 and "the elsewhere backend does not run containers" in problems[0]
+    for backend in ("local", "ray", "testbed"):  # each node's (each testbed host's) agent runs them
+        assert policy.container_problems(explicit, backend) == []

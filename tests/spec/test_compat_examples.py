@@ -19,6 +19,7 @@ from trainmaster.cli import convert as convert_cli
 from trainmaster.errors import UserError
 from trainmaster.spec import load_job
 from trainmaster.spec.load import LoadOptions
+from trainmaster.spec.model import RuntimeKind
 from trainmaster.spec.compat.meta import SOURCE_ANNOTATION
 
 EXAMPLES = {
@@ -38,9 +39,10 @@ def test_example_converts_and_validates(name: str) -> None:
     if framework is not None:
         assert job.spec.framework == framework
     assert {r.name: r.replicas for r in job.spec.roles} == roles
-    assert all(r.command for r in job.spec.roles)
     assert job.metadata.annotations[SOURCE_ANNOTATION]
     assert all(r.image and r.runtime == "auto" for r in job.spec.roles)  # run in a container where podman is
+    on_host = load_job(ROOT / "examples" / name, LoadOptions(runtime=RuntimeKind.HOST)).job  # --runtime host
+    assert all(r.command and r.runtime == "host" for r in on_host.spec.roles)
 
 
 def _app() -> typer.Typer:

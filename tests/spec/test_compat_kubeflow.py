@@ -11,6 +11,7 @@ from trainmaster.errors import UserError
 from trainmaster.spec import load_document as _load_document
 from trainmaster.spec.compat import convert as _convert
 from trainmaster.spec.load import LoadOptions
+from trainmaster.spec.model import RuntimeKind
 
 
 # These tests pin the --lenient reading (unknown fields listed and ignored, today's behaviour
@@ -247,7 +248,7 @@ def test_run_policy_carries_over(kind: str) -> None:
 
 
 def test_container_fields_translate_and_the_rest_is_reported() -> None:
-    """Mechanism: container command+args, env (valueFrom ignored with reason), resources
+    """Mechanism: container command+args, env (valueFrom fieldRef as envFields), resources
     (requests cpu/memory, nvidia.com/gpu limit), image (runtime auto) and emptyDir volumes at
     their mounts -> role; node selectors, sidecars and probes are reported as ignored, never
     dropped silently."""
@@ -257,6 +258,7 @@ def test_container_fields_translate_and_the_rest_is_reported() -> None:
         env=[
             {"name": "LR", "value": "0.1"},
             {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
         ],
         resources={
             "requests": {"cpu": "500m", "memory": "1Gi"},
@@ -271,11 +273,11 @@ def test_container_fields_translate_and_the_rest_is_reported() -> None:
     pod["tolerations"] = [{"key": "x"}]
     pod["containers"].append({"name": "sidecar", "image": "envoy"})
     master["template"]["metadata"] = {"annotations": {"sidecar.istio.io/inject": "false"}}
-    converted = convert(kubeflow("PyTorchJob", {"Master": master}))
+    converted = convert(kubeflow("PyTorchJob", {"Master": master}), lenient=True)
     assert converted is not None
     role = roles_of(converted.document)["master"]
     assert role["command"] == ["python", "train.py"] and role["args"] == ["--epochs", "3"]
-    assert role["env"] == {"LR": "0.1"}
+    assert role["env"] == {"LR": "0.1"} and role["envFields"] == {"POD_IP": "status.podIP"}
     assert role["resources"] == {"cpu": 0.5, "memory": "1Gi", "gpu": 1}
     assert role["image"] == "example/train:1" and role["runtime"] == "auto"
     assert role["volumes"] == [{"name": "data", "mountPath": "/data", "emptyDir": True}]
@@ -286,13 +288,13 @@ def test_container_fields_translate_and_the_rest_is_reported() -> None:
         f"{base}.spec.nodeSelector",
         f"{base}.spec.tolerations",
         f"{base}.spec.containers[1]",
-        f"{base}.spec.containers[0].env[1].valueFrom",
+        f"{base}.spec.containers[0].env[2].valueFrom.secretKeyRef",
         f"{base}.spec.containers[0].livenessProbe",
         f"{base}.spec.containers[0].resources.limits.cpu",
         f"{base}.spec.containers[0].resources.limits.ephemeral-storage",
     ):
         assert path + ":" in ignored, path
-    assert "POD_IP" in ignored
+    assert "TOKEN is not set" in ignored
     assert load_document(converted.document).job.spec.role("master").resources.gpu == 1
 
 
@@ -318,9 +320,9 @@ def test_args_without_command_keep_the_image_entrypoint(lenient: bool) -> None:
     assert converted is not None
     role = roles_of(converted.document)["master"]
     assert "command" not in role and role["args"] == ["python", "-c", "print(1)"] and role["runtime"] == "auto"
-    job = load_document(converted.document).job
+    job = _load_document(converted.document, "job", LoadOptions(lenient=True, runtime=RuntimeKind.HOST)).job
     assert job.spec.role("master").command is None  # the framework's command is not filled in
-    problems = container_problems(job)  # TRAINMASTER_RUNTIME=host in tests
+    problems = container_problems(job)  # the operator's --runtime host
     assert len(problems) == 1 and "runs its image's entry point" in problems[0]
 
 

@@ -103,9 +103,9 @@ def test_nproc_per_node_is_honoured() -> None:
 def test_env_from_objects_is_refused_unless_lenient() -> None:
     raw = pytorchjob()
     raw["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["env"] = [
-        {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+        {"name": "CONF", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}
     ]
-    assert "containers[0].env[0].valueFrom: not supported" in problems(raw)
+    assert "containers[0].env[0].valueFrom.configMapKeyRef: not supported" in problems(raw)
     assert convert(raw, lenient=True) is not None
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -61,6 +62,9 @@ class ContainerRecord:
     created_at: float | None = None  # when its first process was seen (its id file without a cgroup parent)
     state: dict[str, Any] = field(default_factory=dict)  # podman's State once the client ended
     created: bool = True
+    image: str = ""
+    create_timeout: float = float("inf")  # seconds from its client's start to pull and create it
+    overdue: bool = False  # its client was killed at the deadline
 
 
 @dataclass
@@ -121,7 +125,14 @@ class ContainerHooks:
         if not spec.depends:
             podman.write_env_file(env_file, spec.env)
         client_env = {k: v for k, v in os.environ.items() if k in CLIENT_VARIABLES}
-        record = ContainerRecord(name, str(cid_file), spec.log_path, cgroup)
+        record = ContainerRecord(
+            name,
+            str(cid_file),
+            spec.log_path,
+            cgroup,
+            image=spec.container.image,
+            create_timeout=spec.container.create_timeout,
+        )
         # conmon writes files (an 'oom' marker) into its working directory: the instance's folder
         return dataclasses.replace(spec, argv=argv, cwd=str(folder)), client_env, record
 
@@ -145,6 +156,23 @@ class ContainerHooks:
                     return None
             record.created_at = time.time()
         return record.created_at
+
+    def overdue(self, record: ContainerRecord, pid: int | None, client_started: float) -> bool:
+        """Whether the container is still not created ``create_timeout`` after its ``podman run``
+        client started (after the wait step, if any); if so the client is killed, once (a pull or
+        create stuck on a silent registry), and the exit says why."""
+        late = time.time() >= client_started + record.create_timeout
+        if record.overdue or record.created_at is not None or not late or not pid:
+            return record.overdue
+        record.overdue = True
+        log.warning(
+            "container %s of image %s not created by its deadline: killing its client", record.name, record.image
+        )
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return True
 
     def observe(self, record: ContainerRecord) -> tuple[float, int] | None:
         if record.cgroup is not None:
@@ -214,14 +242,28 @@ def failure_reason(record: ContainerRecord, code: int) -> tuple[str, str] | None
     """Reason and message when the container itself explains the exit (OOM, never created)."""
     if record.state.get("OOMKilled") or (record.oom_kills and code == 137):
         return "OOMKilled", "killed by the kernel: the container's memory limit was reached"
+    if record.overdue and not record.created:
+        return "ErrImagePull", (
+            f"image '{record.image}' was not pulled and its container not created within the "
+            f"creation timeout; podman said: {_last_error_line(record.log_path)}"
+        )
     if not record.created and code in CLIENT_FAILED_CODES:
         said = _last_error_line(record.log_path)
         if "image not known" in said or "no such image" in said.lower():
             return "ErrImageNeverPull", f"the image is not present and imagePullPolicy is Never: {said}"
-        if "pull" in said.lower() or "manifest unknown" in said or "requested access" in said:
+        if _pulled(record.log_path) or "pull" in said.lower() or "manifest unknown" in said:
             return "ErrImagePull", said
         return "ContainerFailed", f"podman could not run the container (exit code {code}): {said}"
     return None
+
+
+def _pulled(log_path: str) -> bool:
+    """Whether podman tried to pull (its progress lines are in the instance log)."""
+    try:
+        with open(log_path, "rb") as f:
+            return b"Trying to pull " in f.read(1 << 16)
+    except OSError:
+        return False
 
 
 def _last_error_line(log_path: str) -> str:

@@ -53,6 +53,9 @@ class ContainerLaunch:
     working_dir: str | None = None
     mounts: list[dict[str, Any]] = field(default_factory=list)
     pull_policy: str = "IfNotPresent"  # IfNotPresent | Never | Always
+    # podman has no pull timeout (a registry that accepts and never answers holds a pull for
+    # minutes): the agent kills a client whose container does not exist this long after its start
+    create_timeout: float = 600.0
 
 
 @dataclass(frozen=True)

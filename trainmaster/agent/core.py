@@ -564,6 +564,7 @@ class NodeAgent:
             command_started_at = self.containers.created(inst.container)  # podman may still pull or create
             if command_started_at is None:
                 phase, reason = InstancePhase.WAITING, "ContainerCreating"
+                self.containers.overdue(inst.container, inst.pid, inst.command_started_at or 0.0)  # stuck pull
             cpu, peak = self.containers.observe(inst.container) or (cpu, peak)
         return InstanceStatus(
             InstanceHandle(self.node, instance_id, inst.pid),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from trainmaster.agent.contract import LaunchSpec
 
@@ -109,13 +109,21 @@ class Backend(ABC):
         """Total resources of the backend (admission compares requests against it)."""
 
     @abstractmethod
-    def place(self, ports: int, resources: dict[str, Any]) -> Placement:
-        """Choose where a new instance goes and reserve its ports."""
+    def place(self, ports: int, resources: dict[str, Any], wanted: Sequence[int] = ()) -> Placement:
+        """Choose where a new instance goes and reserve its ports: the i-th is ``wanted[i]`` (the
+        role's declared containerPorts) where free on that host, else a free one."""
 
-    def place_role(self, role: str, ports: int, resources: dict[str, Any], annotations: dict[str, str]) -> Placement:
+    def place_role(
+        self,
+        role: str,
+        ports: int,
+        resources: dict[str, Any],
+        annotations: dict[str, str],
+        wanted: Sequence[int] = (),
+    ) -> Placement:
         """Place an instance of ``role``: backends that can pin a role to a host (the testbed
         reads the job's ``testbed/<role>`` annotations) override this; the rest place alike."""
-        return self.place(ports, resources)
+        return self.place(ports, resources, wanted) if wanted else self.place(ports, resources)
 
     @abstractmethod
     def start(self, request: LaunchRequest) -> dict[str, Any]:

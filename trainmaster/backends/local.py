@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import psutil
 
@@ -86,8 +86,8 @@ class LocalBackend(Backend):
     def capacity(self) -> Capacity:
         return self._capacity
 
-    def place(self, ports: int, resources: dict[str, Any]) -> Placement:
-        return Placement(self._host, self._ports.take(ports))
+    def place(self, ports: int, resources: dict[str, Any], wanted: Sequence[int] = ()) -> Placement:
+        return Placement(self._host, self._ports.take(ports, wanted))
 
     def release(self, placement: Placement) -> None:
         self._ports.release(placement.ports)

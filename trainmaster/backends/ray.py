@@ -34,7 +34,7 @@ import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Sequence
 
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
@@ -173,8 +173,8 @@ class RayBackend(Backend):
             cpu=float(total.get("CPU", 0.0)), memory=int(total.get("memory", 0)), gpu=int(total.get("GPU", 0))
         )
 
-    def place(self, ports: int, resources: dict[str, Any]) -> Placement:
-        return Placement(self._ports.host, self._ports.take(ports))
+    def place(self, ports: int, resources: dict[str, Any], wanted: Sequence[int] = ()) -> Placement:
+        return Placement(self._ports.host, self._ports.take(ports, wanted))
 
     def release(self, placement: Placement) -> None:
         self._ports.release(placement.ports)

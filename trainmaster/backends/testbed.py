@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections import defaultdict
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import psutil
 
@@ -35,6 +35,7 @@ class TestbedBackend(Backend):
     name = "testbed"
     needs_launch_file = False
     running_at_start = True  # an agent answers once every command of its batch has exec'd
+    runs_containers = True  # each host's agent runs them in that host's network namespace
     __test__ = False
 
     def __init__(self, testbed: Testbed, capacity: Capacity | None = None, linger: float = 10.0):
@@ -54,28 +55,42 @@ class TestbedBackend(Backend):
         return self._capacity
 
     # ---- placement ---------------------------------------------------------------------------
-    def place(self, ports: int, resources: dict[str, Any]) -> Placement:
-        return self._place_on(next(self._round_robin), ports)
+    def place(self, ports: int, resources: dict[str, Any], wanted: Sequence[int] = ()) -> Placement:
+        return self._place_on(next(self._round_robin), ports, wanted)
 
-    def place_role(self, role: str, ports: int, resources: dict[str, Any], annotations: dict[str, str]) -> Placement:
+    def place_role(
+        self,
+        role: str,
+        ports: int,
+        resources: dict[str, Any],
+        annotations: dict[str, str],
+        wanted: Sequence[int] = (),
+    ) -> Placement:
         host = annotations.get(PIN_ANNOTATION + role)
         if host is None:
-            return self.place(ports, resources)
+            return self.place(ports, resources, wanted)
         if host not in self.agents:
             raise UserError(
                 f"annotation {PIN_ANNOTATION}{role}: no host {host!r} on testbed "
                 f"{self.testbed.options.prefix!r} (hosts: "
                 f"{', '.join(self.testbed.host_names)}, {SWITCH})"
             )
-        return self._place_on(host, ports)
+        return self._place_on(host, ports, wanted)
 
-    def _place_on(self, host: str, count: int) -> Placement:
+    def _place_on(self, host: str, count: int, wanted: Sequence[int] = ()) -> Placement:
+        """``count`` ports of ``host``: the declared ``wanted`` ones no instance there holds
+        (a host's namespace holds nothing else), the rest free ones of our range."""
         taken = self._taken[host]
-        free = [p for p in range(FIRST_PORT, LAST_PORT) if p not in taken][:count]
-        if len(free) < count:
+        declared = [p if p not in taken else None for p in list(wanted)[:count]]
+        held = taken | {p for p in declared if p is not None}
+        free = iter(p for p in range(FIRST_PORT, LAST_PORT) if p not in held)
+        chosen = [p if p is not None else next(free, None) for p in declared]
+        chosen += [next(free, None) for _ in range(count - len(chosen))]
+        if None in chosen:
             raise RuntimeError(f"host {host} has no {count} free ports left in {FIRST_PORT}-{LAST_PORT}")
-        taken.update(free)
-        return Placement(self.testbed.address(host), free)
+        ports = [p for p in chosen if p is not None]
+        taken.update(ports)
+        return Placement(self.testbed.address(host), ports)
 
     def release(self, placement: Placement) -> None:
         host = self._host_of.get(placement.host)

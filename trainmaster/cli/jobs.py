@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional
 
@@ -47,10 +48,36 @@ AllowFrameworkOpt = Annotated[
 ]
 
 
-def load_options(lenient: bool, allow_path: list[Path] | None, allow_framework: list[str] | None):  # type: ignore[no-untyped-def]
+class RuntimeChoice(str, Enum):
+    """``--runtime`` (the spec's RuntimeKind, without importing the models at CLI start)."""
+
+    HOST = "host"
+    CONTAINER = "container"
+    AUTO = "auto"
+
+
+RuntimeOpt = Annotated[
+    Optional[RuntimeChoice],
+    typer.Option(
+        "--runtime",
+        envvar="TRAINMASTER_RUNTIME",
+        help="Where roles with 'runtime: auto' (converted Kubeflow/Volcano files) run: host or container "
+        "(default auto: in a container where podman can run one).",
+        case_sensitive=False,
+    ),
+]
+
+
+def load_options(  # type: ignore[no-untyped-def]
+    lenient: bool,
+    allow_path: list[Path] | None,
+    allow_framework: list[str] | None,
+    runtime: RuntimeChoice | None = None,
+):
     """The options of a job verb run by the user on this machine (``run``, ``validate``)."""
     from trainmaster.frameworks import allow_frameworks
     from trainmaster.spec.load import LoadOptions
+    from trainmaster.spec.model import RuntimeKind
     from trainmaster.spec.paths import PathPolicy
 
     if allow_framework:
@@ -58,7 +85,8 @@ def load_options(lenient: bool, allow_path: list[Path] | None, allow_framework: 
             allow_frameworks(allow_framework)
         except ValueError as exc:
             raise UserError(f"--allow-framework {exc}") from None
-    return LoadOptions(paths=PathPolicy.for_command_line(allow_path), lenient=lenient)
+    kind = None if runtime is None else RuntimeKind(runtime.value)
+    return LoadOptions(paths=PathPolicy.for_command_line(allow_path), lenient=lenient, runtime=kind)
 
 
 def validate(
@@ -66,11 +94,12 @@ def validate(
     lenient: LenientOpt = False,
     allow_path: AllowPathOpt = None,
     allow_framework: AllowFrameworkOpt = None,
+    runtime: RuntimeOpt = None,
 ) -> None:
     """Check a job file and list every problem with its field path (exit 2 if any)."""
     from trainmaster.spec import load_job
 
-    loaded = load_job(file, load_options(lenient, allow_path, allow_framework))
+    loaded = load_job(file, load_options(lenient, allow_path, allow_framework, runtime))
     job = loaded.job
     for path in loaded.ignored:
         Console(stderr=True).print(f"[yellow]ignored:[/] {path}", highlight=False)
@@ -110,12 +139,13 @@ def run(
     lenient: LenientOpt = False,
     allow_path: AllowPathOpt = None,
     allow_framework: AllowFrameworkOpt = None,
+    runtime: RuntimeOpt = None,
 ) -> None:
     """Run a job to its end with a live view; exit 0 if it succeeded, 1 if it failed or was cancelled."""
     from trainmaster.spec import load_job
     from trainmaster.spec.load import dump_yaml
 
-    loaded = load_job(file, load_options(lenient, allow_path, allow_framework))
+    loaded = load_job(file, load_options(lenient, allow_path, allow_framework, runtime))
     wanted = loaded.job.spec.scheduling.backend
     if backend is not None and wanted is not None and wanted.value != backend:
         raise UserError(

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from trainmaster.cli.jobs import AllowFrameworkOpt, DbOpt, make_backend
+from trainmaster.cli.jobs import AllowFrameworkOpt, DbOpt, RuntimeOpt, make_backend
 
 
 def server(
@@ -43,6 +43,7 @@ def server(
         ),
     ] = None,
     allow_framework: AllowFrameworkOpt = None,
+    runtime: RuntimeOpt = None,
     detach: Annotated[
         bool,
         typer.Option(
@@ -89,7 +90,12 @@ def server(
         allow_frameworks(allow_framework or [])
     except ValueError as exc:
         raise UserError(f"--allow-framework {exc}") from None
-    options = ServiceOptions(paths=PathPolicy(base=None, allowed_roots=tuple(p.resolve() for p in allow_path or [])))
+    from trainmaster.spec.model import RuntimeKind
+
+    options = ServiceOptions(
+        paths=PathPolicy(base=None, allowed_roots=tuple(p.resolve() for p in allow_path or [])),
+        runtime=None if runtime is None else RuntimeKind(runtime.value),
+    )
     url = db or default_url()
     db_file = sqlite_path(url)
     lock = ServerLock(db_file) if db_file else None

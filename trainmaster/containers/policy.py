@@ -1,8 +1,9 @@
 """Which roles run in containers, what they mount, and the refusal when no runtime is here.
 
 The rule (one place): a role's ``runtime``, else its job's, else ``host``. ``container`` always
-runs the role's image; ``auto`` (converted Kubeflow/Volcano files) runs it when a container
-runtime is present, and on the host when none is and the role gives a command. A role that
+runs the role's image; ``auto`` (converted Kubeflow/Volcano files) is the operator's choice
+(``--runtime``, :func:`pin_auto_roles` when the job is loaded) where one is made, else runs it
+when a container runtime is present, and on the host when none is and the role gives a command. A role that
 needs a container where none can run is refused at load time, saying how to install a runtime
 or how to run on the host instead.
 """
@@ -18,19 +19,25 @@ from trainmaster.spec.model import Job, JobSpec, Role, RuntimeKind
 from trainmaster.spec.paths import in_job_folder, job_working_dir
 
 
-SERVER_DEFAULT_VARIABLE = "TRAINMASTER_RUNTIME"
-CONTAINER_BACKENDS = ("local", "ray")  # whose node agents run LaunchSpec.container
+CONTAINER_BACKENDS = ("local", "ray", "testbed")  # whose node agents run LaunchSpec.container
 
 
-def server_default() -> RuntimeKind | None:
-    """The operator's choice for ``auto`` roles (``TRAINMASTER_RUNTIME=host|container``)."""
-    value = os.environ.get(SERVER_DEFAULT_VARIABLE, "").strip().lower()
-    return {"host": RuntimeKind.HOST, "container": RuntimeKind.CONTAINER}.get(value)
+def pin_auto_roles(job: Job, operator: RuntimeKind | None) -> Job:
+    """``job`` with each ``auto`` role that names an image pinned to the operator's choice
+    (``trainmaster run|server --runtime host|container``), so every later step (framework
+    defaults, the refusal, the launch) and the stored job say the same; unchanged without one."""
+    if operator in (None, RuntimeKind.AUTO):
+        return job
+    job = job.model_copy(deep=True)
+    for role in job.spec.roles:
+        if role.image is not None and (role.runtime or job.spec.runtime) == RuntimeKind.AUTO:
+            role.runtime = operator
+    return job
 
 
 def resolved_runtime(spec: JobSpec, role: Role, backend_runs_containers: bool = True) -> RuntimeKind:
-    """HOST or CONTAINER for ``role``: its ``runtime``, else its job's, else host; ``auto`` is
-    the operator's default if set, else a container where a runtime is present (and the
+    """HOST or CONTAINER for ``role``: its ``runtime``, else its job's, else host; ``auto`` (no
+    operator's choice pinned it when loaded) is a container where a runtime is present (and the
     backend runs containers) or where the role gives no command (it runs its image's entry
     point), else the host."""
     kind = role.runtime or spec.runtime or RuntimeKind.HOST
@@ -38,7 +45,7 @@ def resolved_runtime(spec: JobSpec, role: Role, backend_runs_containers: bool = 
         return RuntimeKind.HOST
     if kind == RuntimeKind.AUTO:
         present = backend_runs_containers and unavailable() == ""
-        kind = server_default() or (RuntimeKind.CONTAINER if role.command is None or present else RuntimeKind.HOST)
+        kind = RuntimeKind.CONTAINER if role.command is None or present else RuntimeKind.HOST
     return kind
 
 
@@ -59,7 +66,7 @@ def container_problems(job: Job, backend: str = "local") -> list[str]:
                 unavailable()
                 if backend_runs
                 else (
-                    f"the {backend} backend does not run containers yet (the local backend does); "
+                    f"the {backend} backend does not run containers (the local, Ray and testbed backends do); "
                     "run it with --backend local, or on the host with 'runtime: host' and a command"
                 )
             )
@@ -76,7 +83,7 @@ def container_problems(job: Job, backend: str = "local") -> list[str]:
         elif role.command is None and role.image is not None:
             problems.append(
                 f"{where}: gives no command, so it runs its image's entry point, but it runs on "
-                f"the host ({SERVER_DEFAULT_VARIABLE} or runtime: host); run it in a container "
+                f"the host (runtime: host, or the operator's --runtime host); run it in a container "
                 "or give it a command"
             )
     return problems

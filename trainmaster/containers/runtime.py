@@ -186,9 +186,12 @@ def run_argv(
 ) -> list[str]:
     """``podman run`` attached, for one instance attempt.
 
-    The container shares the host's network namespace (addresses and ports work as for
-    processes); the environment comes from ``env_file`` (written just before, once the
-    instance's environment is resolved); resources map onto ``--cpus``/``--memory``. With a
+    The container shares its node's network namespace, so addresses and ports work as for
+    processes: ``--network host`` is the namespace podman itself runs in, the agent's, which for
+    a testbed host's agent is that host's (``ns:/run/netns/...`` would be refused there: runc
+    sees the namespace it is in and rejects podman's default network sysctls). The environment
+    comes from ``env_file`` (written just before, once the instance's environment is resolved);
+    resources map onto ``--cpus``/``--memory``. With a
     ``cgroup_parent`` (the agent's, holding the memory limit) the container's cgroup goes below
     it, so its memory, CPU and OOM kills are counted where they outlive the container."""
     argv = [

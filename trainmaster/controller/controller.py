@@ -710,7 +710,9 @@ class Controller:
 
         ``environ`` is the controller's environment, which the instance inherits."""
         role = spec.spec.role(inst.role)
-        placement = self.backend.place_role(role.name, role.ports, role.resources.dump(), spec.metadata.annotations)
+        placement = self.backend.place_role(
+            role.name, role.ports, role.resources.dump(), spec.metadata.annotations, role.container_ports
+        )
         run_dir = Path(job.run_dir)
         files = InstanceFiles(run_dir / "instances" / inst.label)
         log_path = str(run_dir / "logs" / f"{inst.label}.log")

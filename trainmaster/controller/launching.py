@@ -4,6 +4,7 @@ is built (and, without dependencies, where the instance's environment is resolve
 from __future__ import annotations
 
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,15 @@ def resolve_argv(argv: list[str]) -> list[str]:
 def instance_id(job: JobRow, inst: InstanceRow) -> str:
     """Unique per attempt across the store: ``<job uid>/<role>-<index>/<attempt>``."""
     return f"{job.uid}/{inst.label}/{inst.attempt}"
+
+
+def pod_facts(job: JobRow, inst: InstanceRow) -> dict[str, str]:
+    """The name (Kubeflow's ``<job>-<role>-<index>``) and uid (one per attempt) an instance has
+    where a role asks for them as ``metadata.name`` / ``metadata.uid``."""
+    return {
+        "name": f"{job.name}-{inst.label}",
+        "uid": str(uuid.uuid5(uuid.NAMESPACE_URL, f"trainmaster:{instance_id(job, inst)}")),
+    }
 
 
 def launch_spec(
@@ -64,6 +74,9 @@ def launch_spec(
         "db_url": db_url,
     }
     inputs = {"framework": spec.spec.framework, "context": context, "role_env": dict(role.env)}
+    if role.env_fields:  # what a Kubernetes pod would know of itself (see field_values)
+        inputs["env_fields"] = {name: path.value for name, path in role.env_fields.items()}
+        inputs["pod"] = pod_facts(job, inst)
     depends = [
         Dependency(d.role, d.condition.value, d.timeout_seconds, spec.spec.role(d.role).replicas)
         for d in role.depends_on
@@ -106,6 +119,8 @@ def legacy_launch_file(launch: LaunchSpec) -> dict[str, Any]:
         "cwd": launch.cwd,
         "env": launch.env,
         "role_env": inputs.get("role_env", {}),
+        "env_fields": inputs.get("env_fields", {}),
+        "pod": inputs.get("pod", {}),
         "depends": [
             {"role": d.role, "condition": d.condition, "timeout": d.timeout, "replicas": d.replicas}
             for d in launch.depends

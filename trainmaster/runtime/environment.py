@@ -35,11 +35,26 @@ def service_variables(services: dict[str, list[str]]) -> dict[str, str]:
     return {service_variable(role): ",".join(addresses) for role, addresses in services.items()}
 
 
+def field_values(fields: dict[str, str], context: dict[str, Any], pod: dict[str, str]) -> dict[str, str]:
+    """A role's ``envFields`` (variable -> Kubernetes field path, see
+    :class:`trainmaster.spec.model.InstanceField`) as values of this instance. Resolved with the
+    rest of the environment, so an instance moved to another node (Ray) gets that node's address."""
+    facts = {
+        "status.podIP": context["host"],
+        "status.hostIP": context["host"],
+        "spec.nodeName": context["host"],
+        "metadata.name": pod.get("name", f"{context['job_name']}-{context['role']}-{context['index']}"),
+        "metadata.uid": pod.get("uid", ""),
+    }
+    return {name: facts[path] for name, path in fields.items()}
+
+
 def instance_environment(launch: dict[str, Any], services: dict[str, list[str]]) -> dict[str, str]:
     """The full environment of one instance, given the addresses of the roles it depends on.
 
     Precedence, lowest first: the controller's environment, TM_* variables, service addresses,
-    the framework's variables, then the role's own ``env`` (the user has the last word).
+    the framework's variables, then the role's own ``env`` and ``envFields`` (the user has the
+    last word).
     """
     from trainmaster.frameworks import get_framework
     from trainmaster.frameworks.base import InstanceContext
@@ -52,4 +67,5 @@ def instance_environment(launch: dict[str, Any], services: dict[str, list[str]])
     env.update(service_variables(services))
     env.update(framework.environment(ctx))
     env.update(launch["role_env"])
+    env.update(field_values(launch.get("env_fields", {}), context, launch.get("pod", {})))
     return env

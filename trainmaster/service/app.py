@@ -36,7 +36,7 @@ from trainmaster.service.dashboard import AccessOptions, mount_dashboard
 from trainmaster.errors import UserError
 from trainmaster.service.limits import BodyLimit, RequestLimits
 from trainmaster.spec.load import LoadOptions
-from trainmaster.spec.model import MAX_REPLICAS, Job
+from trainmaster.spec.model import MAX_REPLICAS, Job, RuntimeKind
 from trainmaster.spec.paths import PathPolicy
 from trainmaster.spec.validate import field_path
 from trainmaster.store import repository as repo
@@ -56,6 +56,7 @@ class ServiceOptions:
     paths: PathPolicy = field(default_factory=PathPolicy)
     limits: RequestLimits = field(default_factory=RequestLimits)
     access: AccessOptions = field(default_factory=AccessOptions)  # the token beyond loopback, CSRF
+    runtime: RuntimeKind | None = None  # where 'runtime: auto' roles run (--runtime); None: podman's presence
 
 
 class ScaleRequest(BaseModel):
@@ -127,7 +128,7 @@ def create_app(
     app.add_middleware(BodyLimit, limits=options.limits)
     sessions = controller.sessions
     jobs = Trainmaster(sessions, controller.db_url)  # every job verb goes through the facade
-    mount_dashboard(app, controller, jobs, options.paths, options.access)
+    mount_dashboard(app, controller, jobs, options.paths, options.access, options.runtime)
     reconciler = Reconciler(controller, elector)
 
     @app.on_event("startup")
@@ -196,7 +197,11 @@ def create_app(
             False, description="Kubeflow/Volcano: ignore (and list) unknown fields instead of refusing the document"
         ),
     ) -> dict[str, Any]:
-        loaded = jobs.load(document, controller.backend.name, LoadOptions(paths=options.paths, lenient=lenient))
+        loaded = jobs.load(
+            document,
+            controller.backend.name,
+            LoadOptions(paths=options.paths, lenient=lenient, runtime=options.runtime),
+        )
         job_id = jobs.submit(loaded, controller).id  # NameTaken: 409, as every JobConflict
         return {"id": job_id, "name": loaded.job.name, "ignored": loaded.ignored}
 

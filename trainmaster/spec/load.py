@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from trainmaster.errors import UserError
-from trainmaster.spec.model import Job
+from trainmaster.spec.model import Job, RuntimeKind
 from trainmaster.spec.paths import PathPolicy, anchored
 from trainmaster.spec.validate import validate
 
@@ -31,6 +31,8 @@ class LoadOptions:
 
     paths: PathPolicy | None = None
     lenient: bool = False
+    # the operator's choice for roles with ``runtime: auto`` (``--runtime``); None: podman's presence
+    runtime: RuntimeKind | None = None
 
 
 @dataclass
@@ -121,6 +123,7 @@ def unencodable_text(value: Any, path: str = "") -> list[str]:
 
 def load_document(raw: dict[str, Any], source: str = "job", options: LoadOptions | None = None) -> LoadedJob:
     """Convert (Kubeflow/Volcano), validate and default one job document."""
+    from trainmaster.containers.policy import pin_auto_roles
     from trainmaster.frameworks import apply_defaults
     from trainmaster.spec.compat import convert
 
@@ -153,6 +156,7 @@ def load_document(raw: dict[str, Any], source: str = "job", options: LoadOptions
             ],
         )
     job = validate(raw, source, paths=options.paths)
+    job = pin_auto_roles(job, options.runtime)
     job = apply_defaults(job)
     if options.paths is not None:
         job = anchored(job, options.paths)

@@ -208,6 +208,19 @@ class PullPolicy(str, Enum):
     ALWAYS = "Always"
 
 
+class InstanceField(str, Enum):
+    """What a role's ``envFields`` may name: Kubernetes' ``valueFrom.fieldRef`` paths that mean
+    something for an instance here. Every instance shares its node's network (processes and
+    containers alike), so its pod IP is its host's address, as for a Kubernetes ``hostNetwork``
+    pod, and its node is named by that address."""
+
+    POD_IP = "status.podIP"
+    HOST_IP = "status.hostIP"
+    NODE_NAME = "spec.nodeName"
+    POD_NAME = "metadata.name"  # <job>-<role>-<index>, as Kubeflow names its pods
+    POD_UID = "metadata.uid"  # a UUID per attempt (a restarted Kubeflow pod is a new pod)
+
+
 MAX_VOLUMES = 32
 
 
@@ -244,6 +257,8 @@ class Role(SpecModel):
     command: Annotated[list[str], Field(min_length=1)] | None = None
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
+    # variables whose value is a fact of the instance (its address, name...), known at launch
+    env_fields: dict[str, InstanceField] = Field(default_factory=dict)
     # relative to the job's folder; see trainmaster.spec.paths
     working_dir: Annotated[str, AfterValidator(check_job_path)] | None = None
     # with a container runtime: ``command`` replaces the image's ENTRYPOINT, ``args`` its CMD
@@ -252,6 +267,11 @@ class Role(SpecModel):
     image_pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
     volumes: Annotated[list[Volume], Field(max_length=MAX_VOLUMES)] = Field(default_factory=list)
     ports: Annotated[int, Field(ge=0, le=MAX_PORTS_PER_INSTANCE)] = 1
+    # a Kubernetes container's ``ports[].containerPort``: an instance's first ports are these
+    # numbers where free on its node (instances share their node's network), else free ones
+    container_ports: Annotated[
+        list[Annotated[int, Field(ge=1, le=65535)]], Field(max_length=MAX_PORTS_PER_INSTANCE)
+    ] = Field(default_factory=list)
     resources: Resources = Field(default_factory=Resources)
     restart_policy: RestartPolicy = Field(default_factory=RestartPolicy)
     status_policy: StatusPolicy = Field(default_factory=StatusPolicy)
@@ -263,6 +283,15 @@ class Role(SpecModel):
             raise ValueError("runtime: container needs an image")
         if self.volumes and self.image is None:
             raise ValueError("volumes are mounted into containers: give the role an image")
+        if len(set(self.container_ports)) != len(self.container_ports):
+            raise ValueError("containerPorts: each port once")
+        if self.container_ports and "ports" not in self.model_fields_set:
+            self.__dict__["ports"] = len(self.container_ports)  # not re-validated: set directly
+        elif len(self.container_ports) > self.ports:
+            raise ValueError(f"ports: {self.ports} is fewer than the {len(self.container_ports)} containerPorts")
+        both = sorted(set(self.env) & set(self.env_fields))
+        if both:
+            raise ValueError(f"{', '.join(both)}: set in both env and envFields; keep one")
         return self
 
     @field_validator("env", mode="before")

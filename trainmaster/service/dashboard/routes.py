@@ -22,6 +22,7 @@ from trainmaster.service.dashboard.locate import line_of, split_error
 from trainmaster.service.dashboard.watch import StoreWatcher
 from trainmaster.api import NameTaken, Trainmaster
 from trainmaster.spec.load import LoadOptions, parse_document
+from trainmaster.spec.model import RuntimeKind
 from trainmaster.spec.paths import PathPolicy
 from trainmaster.store import repository as repo
 
@@ -32,11 +33,16 @@ MAX_DOCUMENT = 256 * 1024  # a pasted job file; real ones are a few KB
 
 
 def mount_dashboard(
-    app: FastAPI, controller: Controller, jobs: Trainmaster, paths: PathPolicy, access: AccessOptions
+    app: FastAPI,
+    controller: Controller,
+    jobs: Trainmaster,
+    paths: PathPolicy,
+    access: AccessOptions,
+    runtime: RuntimeKind | None = None,
 ) -> None:
     """Serve the dashboard at ``/`` on ``app`` and guard the whole app with ``access``; jobs
     submitted from the page take the REST API's path (the facade's ``load`` and ``submit``
-    under the operator's path policy ``paths``)."""
+    under the operator's path policy ``paths`` and ``runtime`` for ``auto`` roles)."""
     templates = Jinja2Templates(directory=str(HERE / "templates"))  # autoescapes .html
     templates.env.globals["csrf_token"] = access.csrf_token()
     watcher = StoreWatcher(controller.sessions)
@@ -237,7 +243,7 @@ def mount_dashboard(
             return jobs.load(
                 parse_document(document, "pasted job"),
                 controller.backend.name,
-                LoadOptions(paths=paths),
+                LoadOptions(paths=paths, runtime=runtime),
                 source="pasted job",
             ), []
         except UserError as exc:

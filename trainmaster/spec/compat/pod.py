@@ -13,6 +13,7 @@ Everything that only means something on a cluster is reported, with a reason, th
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,9 @@ from typing import Any
 
 from trainmaster.spec.compat.ignored import Report, join
 from trainmaster.spec.compat.meta import OBJECT_META_FIELDS
-from trainmaster.spec.model import parse_memory
+from trainmaster.spec.model import InstanceField, parse_memory
+
+INSTANCE_FIELDS = [f.value for f in InstanceField]
 
 _POD_REASONS = {
     "nodeSelector": "the local backend does not select nodes",
@@ -129,6 +132,7 @@ _CONTAINER_REASONS = {
 _CONTAINER_DEFAULT = "a Kubernetes container setting with no meaning on the local backend"
 
 _GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
+_HOST_PORT = "instances use their node's network directly: the containerPort is the node's port"
 
 
 @dataclass
@@ -235,9 +239,14 @@ def _container(
         report.unsupported(
             path, "a container with no command and no image has nothing to run; give the command under 'command'"
         )
-    env = _env(report.sequence(container.get("env"), join(path, "env")), join(path, "env"), report)
+    resources = _resources(
+        report.mapping(container.get("resources"), join(path, "resources")), join(path, "resources"), report
+    )
+    env, fields = _env(report.sequence(container.get("env"), join(path, "env")), join(path, "env"), report, resources)
     if env:
         role["env"] = env
+    if fields:
+        role["envFields"] = fields
     working_dir = container.get("workingDir")
     if isinstance(working_dir, str) and Path(working_dir).is_dir():
         role["workingDir"] = working_dir
@@ -267,25 +276,37 @@ def _container(
             volume["readOnly"] = True
         role.setdefault("volumes", []).append(volume)
     ports = report.sequence(container.get("ports"), join(path, "ports"))
-    if ports:
-        if len(ports) > 1:
-            role["ports"] = len(ports)
-        numbers = ", ".join(str(p.get("containerPort")) for p in ports if isinstance(p, dict))
-        report.ignore(
+    numbers = []
+    for i, port in enumerate(ports):
+        where = join(join(path, "ports"), i)
+        port = report.mapping(port, where)
+        report.rest(port, where, {"containerPort", "name", "protocol"}, {"hostPort": _HOST_PORT, "hostIP": _HOST_PORT})
+        number = port.get("containerPort")
+        if not isinstance(number, int) or isinstance(number, bool) or not 1 <= number <= 65535:
+            raise report.error(join(where, "containerPort"), "must be a port number from 1 to 65535")
+        if number not in numbers:
+            numbers.append(number)
+    if numbers:
+        role["containerPorts"] = numbers
+        report.approximate(
             join(path, "ports"),
-            f"container port(s) {numbers} are not used: each instance "
-            f"gets {len(ports)} free port(s) of this machine (TM_PORT / TM_PORTS)",
+            f"instances share their node's network: each instance gets port(s) {', '.join(map(str, numbers))} "
+            "where free on its node, else free ones (TM_PORT / TM_PORTS, and the framework's variables, "
+            "say which)",
         )
-    resources = _resources(
-        report.mapping(container.get("resources"), join(path, "resources")), join(path, "resources"), report
-    )
     if resources:
         role["resources"] = resources
     return role
 
 
-def _env(entries: list[Any], path: str, report: Report) -> dict[str, Any]:
+def _env(
+    entries: list[Any], path: str, report: Report, resources: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The container's ``env`` as our ``env`` (values) and ``envFields`` (``valueFrom.fieldRef``
+    facts of the instance); ``resourceFieldRef`` becomes a value at once (a role's resources are
+    fixed); ConfigMaps and Secrets do not exist here."""
     env: dict[str, Any] = {}
+    fields: dict[str, str] = {}
     for i, entry in enumerate(entries):
         where = join(path, i)
         entry = report.mapping(entry, where)
@@ -293,18 +314,69 @@ def _env(entries: list[Any], path: str, report: Report) -> dict[str, Any]:
         name = entry.get("name")
         if not isinstance(name, str):
             raise report.error(join(where, "name"), "an environment variable needs a name")
-        if "valueFrom" in entry:
-            reason = f"{name} comes from a Kubernetes object (field, ConfigMap or Secret) that does not exist locally"
-            if report.lenient:
-                report.ignore(join(where, "valueFrom"), reason + "; not set")
-            else:
-                report.unsupported(
-                    join(where, "valueFrom"),
-                    reason + "; give its value under 'value' (or pass --lenient to run without it)",
-                )
+        if "valueFrom" not in entry:
+            env[name] = entry.get("value", "")
             continue
-        env[name] = entry.get("value", "")
-    return env
+        source = report.mapping(entry["valueFrom"], join(where, "valueFrom"))
+        field_ref, resource_ref = source.get("fieldRef"), source.get("resourceFieldRef")
+        if isinstance(field_ref, dict) and isinstance(field_ref.get("fieldPath"), str):
+            field_path = field_ref["fieldPath"]
+            where_path = join(join(join(where, "valueFrom"), "fieldRef"), "fieldPath")
+            if field_path in INSTANCE_FIELDS:
+                fields[name] = field_path
+            elif field_path == "metadata.namespace":
+                env[name] = "default"
+                report.approximate(where_path, "there are no namespaces locally; the value is 'default'")
+            else:
+                _refuse_env(report, where_path, name, f"field {field_path!r} of a pod has no value here", field_path)
+        elif isinstance(resource_ref, dict) and isinstance(resource_ref.get("resource"), str):
+            where_ref = join(join(where, "valueFrom"), "resourceFieldRef")
+            value = _resource_value(resource_ref, resources or {})
+            if isinstance(value, str):
+                env[name] = value
+            else:
+                _refuse_env(report, join(where_ref, "resource"), name, value[0], None)
+        else:
+            kind = next(iter(source), "an empty valueFrom")
+            _refuse_env(
+                report,
+                join(join(where, "valueFrom"), str(kind)),
+                name,
+                f"{name} comes from a Kubernetes object ({kind}) that does not exist locally",
+                None,
+            )
+    return env, fields
+
+
+def _refuse_env(report: Report, where: str, name: str, reason: str, field_path: str | None) -> None:
+    known = ", ".join([*INSTANCE_FIELDS, "metadata.namespace"])
+    hint = f" (fieldRef paths with a value here: {known})" if field_path is not None else ""
+    if report.lenient:
+        report.ignore(where, f"{reason}; {name} is not set")
+    else:
+        report.unsupported(where, f"{reason}{hint}; give {name} a 'value' (or pass --lenient to run without it)")
+
+
+def _resource_value(ref: dict[str, Any], resources: dict[str, Any]) -> str | tuple[str]:
+    """Kubernetes' value of a ``resourceFieldRef`` (the quantity over ``divisor``, rounded up),
+    or ``(why,)`` where the role has no such value."""
+    resource = str(ref["resource"])
+    kind, _, what = resource.partition(".")
+    if kind not in ("limits", "requests") or what not in ("cpu", "memory"):
+        return (f"resource {resource!r} has no value here (only limits/requests of cpu and memory have)",)
+    if what not in resources:
+        return (f"the container states no {what} resource, so {resource} has no value here",)
+    try:
+        if what == "cpu":
+            amount, divisor = float(cpu_quantity(resources["cpu"])), float(cpu_quantity(ref.get("divisor", "1")))
+        else:
+            amount = float(parse_memory(memory_quantity(resources["memory"])))
+            divisor = float(parse_memory(memory_quantity(str(ref.get("divisor", "1")))))
+    except (TypeError, ValueError):
+        return (f"divisor {ref.get('divisor')!r} is not a {what} quantity",)
+    if divisor <= 0:
+        return (f"divisor {ref.get('divisor')!r} must be positive",)
+    return str(max(1, math.ceil(amount / divisor - 1e-9)))
 
 
 def cpu_quantity(value: Any) -> Any:
