@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import AgentUnderTest, labelled, wait_until
+from container_fixtures import AgentUnderTest, labelled
+from controller_harness import wait_until
 from trainmaster.agent.client import agent_pid
 from trainmaster.agent.contract import ContainerLaunch, InstancePhase
 from trainmaster.containers import runtime

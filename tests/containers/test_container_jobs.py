@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import REPO, labelled
+from container_fixtures import REPO, labelled
 from controller_harness import run_job_file, run_logs
 from trainmaster.containers import images
 from trainmaster.containers.runtime import ContainerRuntime

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import AgentUnderTest, wait_until
+from container_fixtures import AgentUnderTest
+from controller_harness import wait_until
 from trainmaster.agent.contract import ContainerLaunch
 from trainmaster.containers.runtime import ContainerRuntime
 

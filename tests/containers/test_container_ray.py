@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import container_cgroups
+from container_fixtures import container_cgroups
 from controller_harness import RAY_NODE_IP, Harness
 from trainmaster.containers.runtime import ContainerRuntime
 
