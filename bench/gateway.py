@@ -384,6 +384,24 @@ class PeakRss:
         self._thread.join()
 
 
+class _CpuClock:
+    """CPU seconds (user + system) processes spent since it was made: where the streamed bytes cost."""
+
+    def __init__(self, pids: dict[str, int]):
+        import psutil
+
+        self._procs = {name: psutil.Process(pid) for name, pid in pids.items()}
+        self._start = {name: self._now(p) for name, p in self._procs.items()}
+
+    @staticmethod
+    def _now(p: Any) -> float:
+        t = p.cpu_times()
+        return float(t.user + t.system)
+
+    def spent(self) -> dict[str, float]:
+        return {name: self._now(p) - self._start[name] for name, p in self._procs.items()}
+
+
 def _direct_tls_stream(dep: Deployment, source: Path, dest: Path) -> float:
     """Seconds to move ``source`` over one mutual-TLS connection (party certificate serving, the
     initiator's connecting: the same TLS stacks) into ``dest``, written and fsynced like the
@@ -458,11 +476,13 @@ def bench_large(size_mb: int, runs: int) -> dict[str, Any]:
                 spec = LegSpec(
                     data_id="big", party="p0", rule="predict", params={"features": ["x"], "weights": weights}
                 )
+                cpu = _CpuClock({"gateway": dep.procs["gateway"].pid, "party": dep.procs["p0"].pid, "initiator": os.getpid()})
                 with PeakRss({"gateway": dep.procs["gateway"].pid, "initiator": os.getpid()}) as rss:
                     out = ini.run_task(TaskSpec(task_id="large", deadline_s=1800, leg_timeout_s=600, legs=[spec]))[
                         "legs"
                     ]["big"]
                     t_end = time.time()
+                cpu_s = cpu.spent()
                 ini.close()
                 assert out["outcome"] == "result", out.get("detail")
                 result = Path(out["result_file"])
@@ -476,6 +496,7 @@ def bench_large(size_mb: int, runs: int) -> dict[str, Any]:
                         "bytes": nbytes,
                         "stream_s": stream_s,
                         "direct_s": direct_s,
+                        **{f"{k}_cpu_s": v for k, v in cpu_s.items()},
                         **{f"{k}_baseline_rss": v for k, v in rss.baseline.items()},
                         **{f"{k}_peak_rss": v for k, v in rss.peak.items()},
                     }
@@ -495,6 +516,7 @@ def bench_large(size_mb: int, runs: int) -> dict[str, Any]:
         "direct_mb_per_s": direct_mb_s,
         "throughput_ratio": gateway_mb_s / direct_mb_s,
         "gateway_rss_growth_mb": growth("gateway"),
+        **{f"{who}_cpu_ms_per_mb": med(f"{who}_cpu_s") * 1e3 / (med("bytes") / 1e6) for who in ("gateway", "party", "initiator")},
         "initiator_rss_growth_mb": growth("initiator"),
         "gateway_baseline_rss_mb": med("gateway_baseline_rss") / 1e6,
         "initiator_baseline_rss_mb": med("initiator_baseline_rss") / 1e6,

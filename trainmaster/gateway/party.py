@@ -379,7 +379,12 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
                 while True:
                     piece = await asyncio.to_thread(fh.read, min(cfg.stream_chunk_bytes, left)) if left else b""
                     left -= len(piece)
-                    yield frame(sealer.seal(piece, left == 0))
+                    parts = sealer.seal_frame(piece, left == 0)
+                    if cfg.fault_stream:  # fault injection works on whole frames
+                        yield b"".join(parts)
+                    else:  # two HTTP chunks: joining would copy every byte once more
+                        yield parts[0]
+                        yield parts[1]
                     if left == 0:
                         return
 
