@@ -476,7 +476,9 @@ def bench_large(size_mb: int, runs: int) -> dict[str, Any]:
                 spec = LegSpec(
                     data_id="big", party="p0", rule="predict", params={"features": ["x"], "weights": weights}
                 )
-                cpu = _CpuClock({"gateway": dep.procs["gateway"].pid, "party": dep.procs["p0"].pid, "initiator": os.getpid()})
+                cpu = _CpuClock(
+                    {"gateway": dep.procs["gateway"].pid, "party": dep.procs["p0"].pid, "initiator": os.getpid()}
+                )
                 with PeakRss({"gateway": dep.procs["gateway"].pid, "initiator": os.getpid()}) as rss:
                     out = ini.run_task(TaskSpec(task_id="large", deadline_s=1800, leg_timeout_s=600, legs=[spec]))[
                         "legs"
@@ -516,7 +518,10 @@ def bench_large(size_mb: int, runs: int) -> dict[str, Any]:
         "direct_mb_per_s": direct_mb_s,
         "throughput_ratio": gateway_mb_s / direct_mb_s,
         "gateway_rss_growth_mb": growth("gateway"),
-        **{f"{who}_cpu_ms_per_mb": med(f"{who}_cpu_s") * 1e3 / (med("bytes") / 1e6) for who in ("gateway", "party", "initiator")},
+        **{
+            f"{who}_cpu_ms_per_mb": med(f"{who}_cpu_s") * 1e3 / (med("bytes") / 1e6)
+            for who in ("gateway", "party", "initiator")
+        },
         "initiator_rss_growth_mb": growth("initiator"),
         "gateway_baseline_rss_mb": med("gateway_baseline_rss") / 1e6,
         "initiator_baseline_rss_mb": med("initiator_baseline_rss") / 1e6,
