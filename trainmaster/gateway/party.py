@@ -131,7 +131,8 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
                 f"party {cfg.name!r} is configured with executor: ray, but Ray is not installed",
                 details=["install the ray extra (pip install 'trainmaster[ray]') or set executor: subprocess"],
             )
-    if cfg.executor == "subprocess" and cfg.isolation == "sandbox":
+    if cfg.isolation == "sandbox" and (cfg.executor == "subprocess" or not cfg.ray_address):
+        # A local Ray's actors start their sandboxes on this host too (remote nodes are checked there).
         from trainmaster.gateway.sandbox import unavailable_reason
 
         reason = unavailable_reason()
@@ -169,6 +170,11 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
         if cfg.executor == "ray":
             import ray
 
+            from trainmaster.gateway.rayexec import STOP_TIMEOUT_S, RayExecutor
+
+            stops = [h.stopping for h in (leg.handle for leg in executors.values()) if isinstance(h, RayExecutor)]
+            if pending := [t for t in stops if t is not None]:  # sandboxes end before Ray does
+                await asyncio.wait(pending, timeout=STOP_TIMEOUT_S + 1)
             ray.shutdown()
 
     app = FastAPI(title=f"trainmaster party {cfg.name}", lifespan=lifespan)
@@ -187,7 +193,14 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
             from trainmaster.gateway.rayexec import RayExecutor
 
             return await RayExecutor.start(
-                data_file, deadline_s, cfg.executor_start_timeout_s, cfg.allowed_rules, cfg.ray_address
+                data_file,
+                deadline_s,
+                cfg.executor_start_timeout_s,
+                cfg.allowed_rules,
+                cfg.ray_address,
+                isolation=cfg.isolation,
+                memory_mb=cfg.executor_memory_mb,
+                label=label,
             )
         return await ExecutorHandle.start(
             data_file,
