@@ -130,6 +130,7 @@ class RayExecutor:
         await asyncio.to_thread(ensure_ray, ray_address)
         name = f"tm-exec-{uuid.uuid4().hex[:12]}"
         remote = ray.remote(num_cpus=0, max_restarts=0)
+        actor: Any  # Ray's actor handles are typed per class; both classes answer ready/run/stop here
         if isolation == "sandbox":
             actor = (
                 remote(_SandboxedRuleActor)
