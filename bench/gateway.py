@@ -75,14 +75,14 @@ async def _post(http: httpx.AsyncClient, url: str, env: Envelope, roster: dict[s
 class Caller:
     """Acts as initiator (gateway path) or, for the direct baseline, as the gateway identity itself."""
 
-    def __init__(self, dep: Deployment, as_name: str, max_connections: int = 400):
+    def __init__(self, dep: Deployment, as_name: str, max_connections: int = 400, timeout_s: float = 120):
         cfg = dep.cfg(as_name)
         self.me: Identity = load_identity(cfg)
         self.roster = load_roster(cfg.roster)
         self.gate = EnvelopeGate(self.me, self.roster, SeenTable("sqlite://"), cfg.skew_s)
         self.http = httpx.AsyncClient(
             verify=client_ssl_context(cfg),
-            timeout=120,
+            timeout=timeout_s,
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
         )
 
@@ -90,7 +90,7 @@ class Caller:
         return seal(
             self.me,
             self.roster[to],
-            make_header(self.me.name, to, kind.value, task_id, data_id, 300),
+            make_header(self.me.name, to, kind.value, task_id, data_id, 900),
             payload.model_dump(mode="json"),
         )
 
@@ -244,6 +244,179 @@ def bench_config(n_parties: int, n_tasks: int, n_seq: int, runs: int) -> dict[st
     return row
 
 
+async def _executor_run(dep: Deployment, n_tasks: int, run: int, footprint: list[dict[str, float]]) -> dict[str, Any]:
+    """``n_tasks`` whole tasks per path at once, each with its own sandboxed executor at the party
+    (which runs at most ``max_executors``; the rest queue): direct = create the leg at the party, then
+    the signed transfer straight to it (it waits for a queued leg's executor); gateway = the data
+    receive request instead (the gateway waits for the leg's executor report). Both create the task
+    at the gateway first: the party reports every executor there and stops one the gateway refuses. Each task timed from its creation to its checked result."""
+    from trainmaster.gateway.app import TransferPayload
+    from trainmaster.gateway.crypto import verify_attestation
+
+    # Queued tasks wait for their turn at the party's executor cap: minutes at the tail, by design.
+    ini, gw = Caller(dep, "initiator", 1200, 900), Caller(dep, "gateway", 1200, 900)
+    party = dep.parties[0]
+    data_id = f"m_{party}"
+    errors: list[str] = []
+
+    async def create_leg(task_id: str) -> None:
+        req = TaskCreate(task_id=task_id, party=party, data_id=data_id, call=CALL, deadline_s=900)
+        resp = await _post(
+            ini.http,
+            f"{dep.url(party)}/v1/tasks",
+            ini.seal(party, MessageKind.task_create, task_id, data_id, req),
+            ini.roster,
+        )
+        if resp.status_code not in (201, 202):
+            raise RuntimeError(f"task creation {resp.status_code}: {resp.text[:200]}")
+
+    async def register(task_id: str) -> None:
+        """The task at the gateway: on both paths, since the party reports every executor there."""
+        reg = TaskRegister(
+            task_id=task_id, legs=[LegAssignment(data_id=data_id, party=party, call=CALL)], deadline_s=900
+        )
+        env = ini.seal("gateway", MessageKind.task_register, task_id, "*", reg)
+        resp = await _post(ini.http, f"{dep.url('gateway')}/v1/tasks", env, ini.roster)
+        if resp.status_code not in (200, 201):
+            raise RuntimeError(f"task register {resp.status_code}: {resp.text[:200]}")
+
+    async def direct(task_id: str) -> float:
+        t0 = time.perf_counter()
+        await register(task_id)
+        await create_leg(task_id)
+        req = DataTransfer(task_id=task_id, data_id=data_id, call=CALL)
+        resp = await _post(
+            gw.http,
+            f"{dep.url(party)}/v1/transfer",
+            gw.seal(party, MessageKind.data_transfer, task_id, data_id, req),
+            gw.roster,
+        )
+        if resp.status_code != 200:
+            raise RuntimeError(f"transfer {resp.status_code}: {resp.text[:200]}")
+        _s, payload = gw.gate.open(
+            Envelope.model_validate_json(resp.content),
+            MessageKind.transfer_result,
+            {"party"},
+            TransferPayload,
+            check_peer=False,
+        )
+        if not payload.ok or payload.attestation is None:
+            raise RuntimeError(f"direct leg failed: {payload.error}")
+        return time.perf_counter() - t0
+
+    async def through_gateway(task_id: str) -> float:
+        t0 = time.perf_counter()
+        await register(task_id)
+        await create_leg(task_id)
+        req = DataReceive(task_id=task_id, data_ids=[data_id], leg_timeout_s=600)
+        resp = await _post(
+            ini.http,
+            f"{dep.url('gateway')}/v1/receive",
+            ini.seal("gateway", MessageKind.data_receive, task_id, "*", req),
+            ini.roster,
+        )
+        if resp.status_code != 200:
+            raise RuntimeError(f"receive {resp.status_code}: {resp.text[:200]}")
+        for leg in TaskResult.model_validate_json(resp.content).legs:
+            _s, out = ini.gate.open(
+                leg.envelope, MessageKind.task_result, {"gateway"}, LegOutcomePayload, check_peer=False, once=False
+            )
+            if out.outcome.value != "result" or out.attestation is None:
+                raise RuntimeError(f"gateway leg {out.outcome.value}: {out.detail}")
+            verify_attestation(out.attestation, ini.roster[out.attestation.body.party], task_id, leg.data_id)
+        return time.perf_counter() - t0
+
+    async def timed(fn: Any, task_id: str) -> float | None:
+        try:
+            return float(await fn(task_id))
+        except Exception as exc:  # counted, and the first few kept to say why
+            errors.append(f"{task_id}: {type(exc).__name__}: {exc}"[:300])
+            return None
+
+    stop = asyncio.Event()
+
+    async def sample_footprint() -> None:
+        """USS/PSS/RSS of the party's live executor processes, a few times during the run."""
+        import psutil
+
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=2.0)
+            except TimeoutError:
+                pass
+            for proc in psutil.Process(dep.procs[party].pid).children(recursive=True):
+                try:
+                    if "trainmaster.gateway.executor" in " ".join(proc.cmdline()) and "python" in proc.name():
+                        mem = proc.memory_full_info()
+                        footprint.append({"uss": mem.uss, "pss": mem.pss, "rss": mem.rss})
+                except psutil.Error:
+                    continue
+
+    sampler = asyncio.create_task(sample_footprint())
+    out: dict[str, Any] = {}
+    for name, fn in (("direct", direct), ("gateway", through_gateway)):
+        errors.clear()
+        t0 = time.perf_counter()
+        lat = await asyncio.gather(*(timed(fn, f"x{run}{name[0]}{i}") for i in range(n_tasks)))
+        out[f"{name}_wall"] = time.perf_counter() - t0
+        out[name] = [x for x in lat if x is not None]
+        out[f"{name}_errors"] = len(errors)
+        out[f"{name}_error_samples"] = errors[:3]
+        print(
+            f"executors run {run} {name}: {len(out[name])} ok, {len(errors)} errors, {out[f'{name}_wall']:.0f} s",
+            flush=True,
+        )
+    stop.set()
+    await sampler
+    await ini.http.aclose()
+    await gw.http.aclose()
+    return out
+
+
+def bench_executors(n_tasks: int, cap: int, runs: int) -> dict[str, Any]:
+    """1,000 concurrent small tasks with real sandboxed executors, gateway vs direct, same cap."""
+    per_run, footprint = [], []
+    for run in range(runs):
+        with tempfile.TemporaryDirectory(prefix="tm-gw-exec-") as root:
+            dep = Deployment(
+                Path(root),
+                ["p0"],
+                overrides={
+                    "gateway": {
+                        "party_concurrency": 64,
+                        "max_inflight_tasks": 4096,
+                        "max_open_legs_per_party": 4096,
+                        "max_connections": 4096,
+                    },
+                    "p0": {
+                        "executor_start_timeout_s": 300,
+                        "max_executors": cap,
+                        "max_queued_legs": 4096,
+                        "max_connections": 4096,
+                        "privacy_budget": 10**9,
+                    },
+                },
+            ).start_all()
+            try:
+                per_run.append(asyncio.run(_executor_run(dep, n_tasks, run, footprint)))
+            finally:
+                dep.stop_all()
+    row: dict[str, Any] = {"concurrent_tasks": n_tasks, "max_executors": cap, "runs": runs}
+    for path in ("direct", "gateway"):
+        ok = [r for r in per_run if r[path]]
+        row[f"{path}_p50_ms"] = statistics.median(float(np.percentile(r[path], 50)) * 1e3 for r in ok) if ok else None
+        row[f"{path}_p99_ms"] = statistics.median(float(np.percentile(r[path], 99)) * 1e3 for r in ok) if ok else None
+        row[f"{path}_errors"] = sum(r[f"{path}_errors"] for r in per_run)
+        row[f"{path}_error_samples"] = [e for r in per_run for e in r[f"{path}_error_samples"]][:3]
+        row[f"{path}_tasks_per_s"] = statistics.median(n_tasks / r[f"{path}_wall"] for r in per_run)
+    if row["direct_p50_ms"] and row["gateway_p50_ms"]:
+        row["p50_ratio"] = row["gateway_p50_ms"] / row["direct_p50_ms"]
+    for key in ("uss", "pss", "rss"):
+        row[f"executor_{key}_mb"] = statistics.median(f[key] for f in footprint) / 1e6 if footprint else None
+    row["executor_samples"] = len(footprint)
+    return row
+
+
 async def _front_run(dep: Deployment, n_tasks: int, run: int) -> dict[str, Any]:
     """All ``n_tasks`` initiator flows at once, each on its own connection: create a one-leg task at
     the gateway, then a data receive request for it. No party executor is started (that leg's party
@@ -384,6 +557,24 @@ class PeakRss:
         self._thread.join()
 
 
+class _CpuClock:
+    """CPU seconds (user + system) processes spent since it was made: where the streamed bytes cost."""
+
+    def __init__(self, pids: dict[str, int]):
+        import psutil
+
+        self._procs = {name: psutil.Process(pid) for name, pid in pids.items()}
+        self._start = {name: self._now(p) for name, p in self._procs.items()}
+
+    @staticmethod
+    def _now(p: Any) -> float:
+        t = p.cpu_times()
+        return float(t.user + t.system)
+
+    def spent(self) -> dict[str, float]:
+        return {name: self._now(p) - self._start[name] for name, p in self._procs.items()}
+
+
 def _direct_tls_stream(dep: Deployment, source: Path, dest: Path) -> float:
     """Seconds to move ``source`` over one mutual-TLS connection (party certificate serving, the
     initiator's connecting: the same TLS stacks) into ``dest``, written and fsynced like the
@@ -458,11 +649,15 @@ def bench_large(size_mb: int, runs: int) -> dict[str, Any]:
                 spec = LegSpec(
                     data_id="big", party="p0", rule="predict", params={"features": ["x"], "weights": weights}
                 )
+                cpu = _CpuClock(
+                    {"gateway": dep.procs["gateway"].pid, "party": dep.procs["p0"].pid, "initiator": os.getpid()}
+                )
                 with PeakRss({"gateway": dep.procs["gateway"].pid, "initiator": os.getpid()}) as rss:
                     out = ini.run_task(TaskSpec(task_id="large", deadline_s=1800, leg_timeout_s=600, legs=[spec]))[
                         "legs"
                     ]["big"]
                     t_end = time.time()
+                cpu_s = cpu.spent()
                 ini.close()
                 assert out["outcome"] == "result", out.get("detail")
                 result = Path(out["result_file"])
@@ -476,6 +671,7 @@ def bench_large(size_mb: int, runs: int) -> dict[str, Any]:
                         "bytes": nbytes,
                         "stream_s": stream_s,
                         "direct_s": direct_s,
+                        **{f"{k}_cpu_s": v for k, v in cpu_s.items()},
                         **{f"{k}_baseline_rss": v for k, v in rss.baseline.items()},
                         **{f"{k}_peak_rss": v for k, v in rss.peak.items()},
                     }
@@ -495,10 +691,21 @@ def bench_large(size_mb: int, runs: int) -> dict[str, Any]:
         "direct_mb_per_s": direct_mb_s,
         "throughput_ratio": gateway_mb_s / direct_mb_s,
         "gateway_rss_growth_mb": growth("gateway"),
+        **{
+            f"{who}_cpu_ms_per_mb": med(f"{who}_cpu_s") * 1e3 / (med("bytes") / 1e6)
+            for who in ("gateway", "party", "initiator")
+        },
         "initiator_rss_growth_mb": growth("initiator"),
         "gateway_baseline_rss_mb": med("gateway_baseline_rss") / 1e6,
         "initiator_baseline_rss_mb": med("initiator_baseline_rss") / 1e6,
     }
+
+
+def _load(result: dict[str, Any], meta: dict[str, Any]) -> str:
+    """The load average range a result was measured under (kept with it: rows carried over from
+    earlier runs keep their own)."""
+    low, high = result.get("load", [meta["load_min"], meta["load_max"]])
+    return f"{low:.0f}-{high:.0f}"
 
 
 def write_results(
@@ -506,11 +713,14 @@ def write_results(
     meta: dict[str, Any],
     large: dict[str, Any] | None = None,
     front: dict[str, Any] | None = None,
+    executors: dict[str, Any] | None = None,
 ) -> None:
     RESULTS.mkdir(exist_ok=True)
     rows = sorted(rows, key=lambda r: r["parties"])
     (RESULTS / "gateway.json").write_text(
-        json.dumps({"meta": meta, "rows": rows, "large_result": large, "front_door": front}, indent=2)
+        json.dumps(
+            {"meta": meta, "rows": rows, "large_result": large, "front_door": front, "executors": executors}, indent=2
+        )
     )
     runs = sorted({r["runs"] for r in rows})
     lines = [
@@ -555,7 +765,7 @@ def write_results(
             "complete (its record's mtime) to the initiator holding the checked file; against the same bytes over one "
             f"direct mutual-TLS stream into a file, in the same run; median of {large['runs']} run(s); RSS growth "
             "= peak minus the RSS before the task, sampled every 10 ms with psutil (initiator = the benchmark process); "
-            f"1-minute load average during this run: {meta['load_min']:.0f}-{meta['load_max']:.0f}.",
+            f"1-minute load average during that run: {_load(large, meta)}.",
             "",
             "| result MB | gateway s / MB/s | direct TLS s / MB/s | ratio (goal >= 0.5) | gateway RSS growth MB (goal <= 64) | initiator RSS growth MB (goal <= 64) |",
             "|---:|---:|---:|---:|---:|---:|",
@@ -570,13 +780,35 @@ def write_results(
             "(create a one-leg task at the gateway, then a data receive request whose leg's party never reports, "
             f"so it answers a sealed provisional `party_unavailable` after its {front['leg_timeout_ms']:.0f} ms leg "
             "timeout); no party executors, so there is no direct path to compare with; "
-            f"median of {front['runs']} run(s); 1-minute load average during this run: "
-            f"{meta['load_min']:.0f}-{meta['load_max']:.0f}.",
+            f"median of {front['runs']} run(s); 1-minute load average during that run: {_load(front, meta)}.",
             "",
             "| concurrent tasks | errors | requests retried (broken connection) | p50 ms | p99 ms | tasks/s |",
             "|---:|---:|---:|---:|---:|---:|",
             f"| {front['concurrent_tasks']} | {front['errors']} | {front.get('retries', 0)} | {front['p50_ms']:.0f} | "
             f"{front['p99_ms']:.0f} | {front['tasks_per_s']:.1f} |",
+        ]
+    if executors:
+        e = executors
+        fmt = lambda v, spec=".0f": "-" if v is None else format(v, spec)  # noqa: E731
+        lines += [
+            "",
+            f"Whole tasks with real executors: {e['concurrent_tasks']} concurrent one-leg `row_count` tasks per path, "
+            f"each with its own sandboxed executor at the party, which runs at most {e['max_executors']} at once "
+            "(`max_executors`; the rest queue and start as executors are released, each as soon as its leg's rule "
+            "ran); both paths create the task at the gateway (the party reports every executor there) and the leg at "
+            "the party; then direct = the signed transfer straight to the party, gateway = the data receive request "
+            "at the gateway; each task timed from its "
+            f"creation to its checked result; median of {e['runs']} run(s); executor memory sampled with psutil "
+            "(USS: pages only that process holds; PSS: shared pages split among their sharers); "
+            f"1-minute load average during that run: {_load(e, meta)}.",
+            "",
+            "| concurrent tasks | cap | p50 ms direct / gateway | ratio (goal <= 1.5) | p99 ms direct / gateway | "
+            "errors direct / gateway | tasks/s direct / gateway | executor USS / PSS / RSS MB |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+            f"| {e['concurrent_tasks']} | {e['max_executors']} | {fmt(e['direct_p50_ms'])} / {fmt(e['gateway_p50_ms'])} | "
+            f"{fmt(e.get('p50_ratio'), '.2f')}x | {fmt(e['direct_p99_ms'])} / {fmt(e['gateway_p99_ms'])} | "
+            f"{e['direct_errors']} / {e['gateway_errors']} | {e['direct_tasks_per_s']:.1f} / {e['gateway_tasks_per_s']:.1f} | "
+            f"{fmt(e['executor_uss_mb'], '.1f')} / {fmt(e['executor_pss_mb'], '.1f')} / {fmt(e['executor_rss_mb'], '.1f')} |",
         ]
     (RESULTS / "gateway.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
@@ -636,6 +868,15 @@ def main() -> None:
         help="concurrent task flows against the gateway's front door (0: skip that row)",
     )
     ap.add_argument("--front-runs", type=int, default=None, help="runs of the front-door row (default 3, quick 1)")
+    ap.add_argument(
+        "--executors",
+        type=int,
+        default=None,
+        help="concurrent whole tasks per path with real sandboxed executors, gateway vs direct "
+        "(default 1000, quick 100; 0: skip)",
+    )
+    ap.add_argument("--executor-cap", type=int, default=16, help="the party's max_executors in that row")
+    ap.add_argument("--executor-runs", type=int, default=1, help="runs of the executor row")
     a = ap.parse_args()
     runs = a.runs or 3
     # Concurrent tasks per path (direct and gateway each get their own, one executor per leg): bounded by
@@ -660,12 +901,13 @@ def main() -> None:
     kept_load = old_meta.get("small_load", [old_meta.get("load_min", 0.0), old_meta.get("load_max", 0.0)])
     large = old.get("large_result")
     front = old.get("front_door")
+    executors = old.get("executors")
 
     def save() -> None:
         meta.update(load_min=min(loads), load_max=max(loads))
         # Small-task rows carried over from an earlier run keep that run's load figures.
         meta["small_load"] = [min(loads), max(loads)] if wanted else kept_load
-        write_results(rows, meta, large, front)
+        write_results(rows, meta, large, front, executors)
 
     for n_parties in wanted:
         n_tasks, n_seq = sizes[n_parties]
@@ -673,11 +915,22 @@ def main() -> None:
         print(json.dumps(rows[-1]), flush=True)
         save()
     if a.front:
+        mark = len(loads)
         front = bench_front(a.front, a.front_runs or (1 if a.quick else 3))
+        front["load"] = [min(loads[mark - 1 :]), max(loads[mark - 1 :])]
         print(json.dumps(front), flush=True)
         save()
+    n_exec = a.executors if a.executors is not None else (100 if a.quick else 1000)
+    if n_exec:
+        mark = len(loads)
+        executors = bench_executors(n_exec, a.executor_cap, a.executor_runs)
+        executors["load"] = [min(loads[mark - 1 :]), max(loads[mark - 1 :])]
+        print(json.dumps(executors), flush=True)
+        save()
     if a.large_mb:
+        mark = len(loads)
         large = bench_large(a.large_mb, a.large_runs or (1 if a.quick else 3))
+        large["load"] = [min(loads[mark - 1 :]), max(loads[mark - 1 :])]
         print(json.dumps(large), flush=True)
     save()
 

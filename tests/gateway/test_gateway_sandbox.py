@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 from trainmaster.gateway import sandbox as sbx
-from trainmaster.gateway.client import LegSpec, TaskSpec
+from trainmaster.gateway.client import LegSpec
 from trainmaster.gateway.executor import ExecutorHandle
 from trainmaster.gateway.localdeploy import Deployment, breast_cancer_split, write_csv
 from trainmaster.gateway.models import RuleCall
@@ -467,8 +467,9 @@ def _descendants(root: int) -> list[int]:
 def test_party_runs_its_executors_in_the_sandbox(tmp_path: Path) -> None:
     """Spec flow step 2, "an isolated container for that task", as the party's default isolation
     (sandbox): a party started from its config as a user would runs a leg's executor as uid 65534
-    under seccomp in its own cgroups, the leg's result comes back through the gateway, and stopping
-    the party leaves no executor process, cgroup or folder behind."""
+    under seccomp in its own cgroups, the leg's result comes back through the gateway, the executor
+    is released (process, cgroups, folder gone) as soon as its rule has run, and stopping the party
+    leaves nothing behind."""
     dep = Deployment(tmp_path, ["a"])
     assert dep.cfg("a").isolation == "sandbox"
     dep.start_all()
@@ -476,13 +477,8 @@ def test_party_runs_its_executors_in_the_sandbox(tmp_path: Path) -> None:
     made: list[Path] = []
     try:
         ini = dep.initiator()
-        out = ini.run_task(
-            TaskSpec(
-                task_id="sandboxed1",
-                legs=[LegSpec(data_id="m_a", party="a", rule="summary_stats", params={"columns": ["mean_radius"]})],
-            )
-        )
-        ini.close()
+        legs = [LegSpec(data_id="m_a", party="a", rule="summary_stats", params={"columns": ["mean_radius"]})]
+        assert ini.create_task("sandboxed1", legs)["m_a"]["ok"]  # the leg's executor is up, waiting for its transfer
         tree = {p: Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0") for p in _descendants(dep.procs["a"].pid)}
         executors = [p for p, argv in tree.items() if b"trainmaster.gateway.executor" in argv and b"python" in argv[0]]
         assert len(executors) == 1, tree
@@ -498,8 +494,14 @@ def test_party_runs_its_executors_in_the_sandbox(tmp_path: Path) -> None:
         made = sbx.group_dirs(name)
         made.append(Path(tempfile.gettempdir()) / name)  # the executor's folder is named like its groups
         assert all(p.is_dir() for p in made), made
+        got = ini.receive("sandboxed1", ["m_a"], 60)["m_a"]
+        ini.close()
+        _wait_for(  # the leg's rule ran: its executor is released at once, not at the task's deadline
+            "the leg's executor to be released after its rule ran",
+            lambda: not any(Path(f"/proc/{p}").exists() for p in executors) and not any(p.exists() for p in made),
+            timeout_s=15,
+        )
         col = dep.splits[0][:, dep.names.index("mean_radius")]
-        got = out["legs"]["m_a"]
         assert got["outcome"] == "result" and got["result"]["columns"]["mean_radius"]["sum"] == pytest.approx(col.sum())
     finally:
         dep.stop_all()

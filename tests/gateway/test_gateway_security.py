@@ -44,7 +44,7 @@ def dep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
                 "max_open_legs_per_party": 40,
             },
             "a": {"max_body_bytes": CAP},
-            "c": {"max_executors": 2, "max_connections": 4},
+            "c": {"max_executors": 2, "max_queued_legs": 1, "max_connections": 4},
             "d": {"privacy_budget": 30},
         },
     ).start_all()
@@ -287,15 +287,26 @@ def test_item4_open_files_limit_is_raised_to_serve_the_connection_cap() -> None:
 
 
 def test_item5_a_party_runs_at_most_its_cap_of_executors(dep: Deployment) -> None:
-    """Item 5 (executor cap): party c allows 2 executors at once; a third task creation gets 503
-    with Retry-After and a clear reason, and no third executor starts."""
+    """Item 5 (executor cap): party c allows 2 executors at once and queues 1 leg more; the third
+    task creation is queued (202, no third executor), a fourth gets 503 with a clear reason. When
+    a leg's rule has run its executor is released at once, and the queued leg starts in its slot
+    and runs to a result."""
     ini = dep.initiator()
     specs = [LegSpec(data_id="m_c", party="c", rule="row_count")]
-    created = [ini.create_task(f"cap{i}", specs)["m_c"] for i in range(3)]
+    created = [ini.create_task(f"cap{i}", specs)["m_c"] for i in range(4)]
+    assert [c["ok"] for c in created] == [True, True, True, False]
+    assert created[2]["status"] == 202 and "slots are busy" in created[2]["detail"]
+    assert created[3]["status"] == 503 and "max_executors" in created[3]["detail"]
+    assert "max_queued_legs" in created[3]["detail"]
+    health = dep.health("c")
+    assert health["executors"] == 2 and health["queued_legs"] == 1
+    first = ini.receive("cap0", ["m_c"], 30)["m_c"]
+    assert first["outcome"] == "result", first
+    queued = ini.receive("cap2", ["m_c"], 30)["m_c"]  # waits for the report of the leg's executor
     ini.close()
-    assert [c["ok"] for c in created] == [True, True, False]
-    assert created[2]["status"] == 503 and "max_executors" in created[2]["detail"]
-    assert dep.health("c")["executors"] == 2
+    assert queued["outcome"] == "result", queued
+    health = dep.health("c")
+    assert health["queued_legs"] == 0 and health["executors"] == 1  # cap1's; cap0's and cap2's released
 
 
 # ---- item 6 ---------------------------------------------------------------------------------------

@@ -26,7 +26,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, AsyncIterator, TypeVar
 
-import httpx
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
@@ -50,11 +49,19 @@ from trainmaster.gateway.models import (
     TaskRegister,
     TaskResult,
 )
+from trainmaster.gateway.partylink import PartyLinkError, PartyLinks, PartyResponse
 from trainmaster.gateway.provision import ServiceConfig
 from trainmaster.gateway.routing import Leg, LegConflict, MappingTable, Task, TaskConflict, TaskLimit
-from trainmaster.gateway.service import ServiceContext, expect, install_common, mtls_client, read_envelope, request_peer
+from trainmaster.gateway.service import (
+    ServiceContext,
+    client_ssl_context,
+    install_common,
+    read_envelope,
+    request_peer,
+)
 from trainmaster.gateway.stream import MEDIA_TYPE as STREAM_MEDIA_TYPE
-from trainmaster.gateway.stream import ChunkOpener, ChunkSealer, LiveSpool, StreamInfo, aframes, frame
+from trainmaster.gateway.tlsid import dns_name
+from trainmaster.gateway.stream import ChunkOpener, ChunkSealer, LiveSpool, StreamInfo, aframes
 
 M = TypeVar("M", bound=BaseModel)
 SPOOL_SYNC_BYTES = 32 << 20
@@ -93,16 +100,6 @@ class SettledLeg:
     provisional: str | None = None
 
 
-async def _read_capped(resp: httpx.Response, cap: int) -> bytes:
-    """A (non-stream) response body, refused past ``cap`` bytes instead of buffered without bound."""
-    buf = bytearray()
-    async for data in resp.aiter_bytes():
-        buf += data
-        if len(buf) > cap:
-            raise EnvelopeError(413, f"response body over the {cap}-byte cap")
-    return bytes(buf)
-
-
 def task_digest(req: TaskRegister) -> str:
     """The idempotency key's body check: same task body, same digest (leg order does not matter)."""
     body = req.model_dump(mode="json")
@@ -135,9 +132,9 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.http = mtls_client(cfg, max_connections=cfg.party_concurrency * max(1, len(party_slots)))
+        app.state.parties = PartyLinks(client_ssl_context(cfg), max_idle=cfg.party_concurrency)
         yield
-        await app.state.http.aclose()
+        await app.state.parties.aclose()
 
     app = FastAPI(title="trainmaster gateway", lifespan=lifespan)
     app.state.ctx, app.state.table = ctx, table
@@ -248,37 +245,40 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
         if not party.endpoint:
             return LegRun(LegOutcome.party_unavailable, f"party {leg.party!r} has no endpoint in the roster")
         req = DataTransfer(task_id=leg.task_id, data_id=leg.data_id, call=call)
-        env = ctx.seal_to(
-            party.name,
-            MessageKind.data_transfer,
-            leg.task_id,
-            leg.data_id,
-            req.model_dump(mode="json"),
-            ttl_s=timeout_s + cfg.skew_s,
-        )
+
+        def envelope() -> bytes:
+            """A freshly sealed data transfer request (a resend is a new message, never a replay)."""
+            return (
+                ctx.seal_to(
+                    party.name,
+                    MessageKind.data_transfer,
+                    leg.task_id,
+                    leg.data_id,
+                    req.model_dump(mode="json"),
+                    ttl_s=timeout_s + cfg.skew_s,
+                )
+                .model_dump_json()
+                .encode()
+            )
+
         try:
             async with asyncio.timeout(timeout_s):
                 async with party_slots[party.name]:
-                    async with app.state.http.stream(
-                        "POST",
-                        f"{party.endpoint}/v1/transfer",
-                        content=env.model_dump_json(),
-                        headers={"content-type": "application/json"},
-                        timeout=timeout_s,
-                        extensions=expect(party.name, "party"),
+                    async with app.state.parties.post(
+                        party.endpoint, "/v1/transfer", envelope, dns_name(party.name, "party")
                     ) as resp:
-                        if resp.status_code != 200:
-                            text = (await _read_capped(resp, 4096)).decode(errors="replace")
+                        if resp.status != 200:
+                            text = (await resp.read(4096)).decode(errors="replace")
                             return LegRun(
-                                LegOutcome.rejected, f"party {party.name!r} refused ({resp.status_code}): {text[:300]}"
+                                LegOutcome.rejected, f"party {party.name!r} refused ({resp.status}): {text[:300]}"
                             )
-                        if resp.headers.get("content-type", "").startswith(STREAM_MEDIA_TYPE):
+                        if resp.content_type.startswith(STREAM_MEDIA_TYPE):
                             return await _relay_stream(task, leg, resp, opened)
-                        return _check_inline(leg, await _read_capped(resp, cfg.max_body_bytes))
-        except (TimeoutError, httpx.TimeoutException):
+                        return _check_inline(leg, await resp.read(cfg.max_body_bytes))
+        except TimeoutError:
             return LegRun(LegOutcome.timeout, f"party {party.name!r} did not answer within {timeout_s:.1f}s")
-        except httpx.TransportError as exc:
-            return LegRun(LegOutcome.party_unavailable, f"party {party.name!r} unreachable: {type(exc).__name__}")
+        except PartyLinkError as exc:
+            return LegRun(LegOutcome.party_unavailable, f"party {party.name!r} unreachable: {exc}"[:300])
         except EnvelopeError as exc:
             kind = LegOutcome.decrypt_failed if exc.status == 422 else LegOutcome.rejected
             return LegRun(kind, f"result from {party.name!r} refused: {exc.reason}")
@@ -310,14 +310,14 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
             raise EnvelopeError(422, "result text does not match the party's attested digest")
         return LegRun(LegOutcome.result, "", result_text=payload.result_text, attestation=att)
 
-    async def _relay_stream(task: Task, leg: Leg, resp: httpx.Response, opened: asyncio.Future[LiveSpool]) -> LegRun:
+    async def _relay_stream(task: Task, leg: Leg, resp: PartyResponse, opened: asyncio.Future[LiveSpool]) -> LegRun:
         """Decrypt the party's chunks one at a time and re-encrypt each to the owner under a fresh
         key, spooling only ciphertext to disk; the plaintext is never held whole. Cut-through: as
         soon as the party's signed opening checks out, ``opened`` gets the live spool, so the data
         receive request answers and the initiator tails the spool while the party still uploads.
         The spool file is fsynced before the caller records the outcome (persist before
         acknowledging); only then does the live spool release its final frame."""
-        frames = aframes(resp.aiter_bytes())
+        frames = aframes(resp.blocks())
         first = await anext(frames, None)
         if first is None:
             raise EnvelopeError(400, "empty stream")
@@ -353,9 +353,10 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
                 try:
                     async for body in frames:
                         plain, last = opener.open(body)
-                        out = frame(sealer.seal(plain, last))
-                        fh.write(out)
-                        spool.wrote(len(out), last)
+                        head, sealed = sealer.seal_frame(plain, last)
+                        if os.writev(fh.fileno(), (head, sealed)) != len(head) + len(sealed):
+                            raise OSError("short write to the spool file")
+                        spool.wrote(len(head) + len(sealed), last)
                         if spool.written - synced >= SPOOL_SYNC_BYTES:
                             # Write back as it goes, in a thread beside the relay, so the fsync before
                             # the outcome is recorded finds little left to do (fsyncing 256 MB at the

@@ -1,11 +1,13 @@
 """The party agent: holds data files that never leave it, runs rules in per-task executors.
 
 ``POST /v1/tasks`` (from the initiator): validate the data id and rule, start an isolated executor
-for the task (at most ``max_executors`` at once), report its address to the gateway; while the
+for the task (at most ``max_executors`` at once: past that the leg queues, bounded by
+``max_queued_legs``, and starts when a slot frees), report its address to the gateway; while the
 gateway cannot be reached the report is retried in the background until the task's deadline, and
 an executor the gateway refuses is stopped at once (item 8). ``POST /v1/transfer`` (from the
 gateway): run the rule once per leg inside that task's executor (a repeated transfer, after a
-gateway crash, is answered from the leg's record: the rule never runs twice), under the data set's
+gateway crash, is answered from the leg's record: the rule never runs twice, and the executor
+is stopped as soon as the rule has run), under the data set's
 disclosure limits, and return the result sealed to the gateway with the party's signed
 attestation (item 1). Only results of registered rules ever leave; the agent never reads the data.
 """
@@ -19,7 +21,7 @@ import os
 import shutil
 import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, TypeVar
 
@@ -115,11 +117,25 @@ class ReportAttempt:
 
 @dataclass
 class LegExecutor:
-    """A task leg's executor and the creation request that started it (the idempotency check)."""
+    """A task leg's executor and the creation request that started it (the idempotency check).
+
+    A leg created while the party runs ``max_executors`` executors waits in a queue (``handle`` is
+    None until a slot frees); a leg whose rule has run gives its executor (and slot) back at once
+    and answers repeated transfers from its record (``released``)."""
 
     task: TaskCreate
-    handle: Executor
+    deadline: float
+    handle: Executor | None = None
     report: asyncio.Task[None] | None = None
+    """The background job of the leg: its queued start and report, or a report being retried."""
+    started: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    slot: bool = False
+    released: bool = False
+
+    @property
+    def running(self) -> bool:
+        """Holds a live executor (what the cap counts)."""
+        return self.handle is not None and not self.released and self.handle.alive
 
 
 def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
@@ -131,7 +147,8 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
                 f"party {cfg.name!r} is configured with executor: ray, but Ray is not installed",
                 details=["install the ray extra (pip install 'trainmaster[ray]') or set executor: subprocess"],
             )
-    if cfg.executor == "subprocess" and cfg.isolation == "sandbox":
+    if cfg.isolation == "sandbox" and (cfg.executor == "subprocess" or not cfg.ray_address):
+        # A local Ray's actors start their sandboxes on this host too (remote nodes are checked there).
         from trainmaster.gateway.sandbox import unavailable_reason
 
         reason = unavailable_reason()
@@ -152,6 +169,8 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
     legs_root = state / "legs"
     shutil.rmtree(legs_root, ignore_errors=True)  # records of a previous run: their executors are gone
     executors: dict[tuple[str, str], LegExecutor] = {}
+    slots = asyncio.Semaphore(cfg.max_executors)
+    """One per running executor: a leg past the cap waits for one (queued), not refused."""
     runs: dict[tuple[str, str], asyncio.Future[LegRecord]] = {}
     counters = {"rule_runs": 0, "report_retries": 0}
     gateway = next(p for p in ctx.roster.values() if p.role == "gateway")
@@ -165,10 +184,16 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
                 leg.report.cancel()
         await app.state.http.aclose()
         for leg in executors.values():
-            leg.handle.kill()
+            if leg.handle is not None:
+                leg.handle.kill()
         if cfg.executor == "ray":
             import ray
 
+            from trainmaster.gateway.rayexec import STOP_TIMEOUT_S, RayExecutor
+
+            stops = [h.stopping for h in (leg.handle for leg in executors.values()) if isinstance(h, RayExecutor)]
+            if pending := [t for t in stops if t is not None]:  # sandboxes end before Ray does
+                await asyncio.wait(pending, timeout=STOP_TIMEOUT_S + 1)
             ray.shutdown()
 
     app = FastAPI(title=f"trainmaster party {cfg.name}", lifespan=lifespan)
@@ -187,7 +212,14 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
             from trainmaster.gateway.rayexec import RayExecutor
 
             return await RayExecutor.start(
-                data_file, deadline_s, cfg.executor_start_timeout_s, cfg.allowed_rules, cfg.ray_address
+                data_file,
+                deadline_s,
+                cfg.executor_start_timeout_s,
+                cfg.allowed_rules,
+                cfg.ray_address,
+                isolation=cfg.isolation,
+                memory_mb=cfg.executor_memory_mb,
+                label=label,
             )
         return await ExecutorHandle.start(
             data_file,
@@ -200,15 +232,55 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
             label,
         )
 
+    def _release(leg: LegExecutor) -> None:
+        """Stop the leg's executor and give its slot to the next queued leg (its record stays)."""
+        leg.released = True
+        if leg.handle is not None:
+            leg.handle.kill()
+        if leg.slot:
+            leg.slot = False
+            slots.release()
+
     def _forget(key: tuple[str, str]) -> None:
         """Stop a leg's executor and drop its record (refused by the gateway, or past its deadline)."""
         leg = executors.pop(key, None)
         runs.pop(key, None)
         if leg is not None:
-            leg.handle.kill()
+            _release(leg)
             if leg.report is not None and leg.report is not asyncio.current_task():
                 leg.report.cancel()
         shutil.rmtree(legs_root / key[0] / key[1], ignore_errors=True)
+
+    def _expire(key: tuple[str, str], leg: LegExecutor) -> None:
+        """At the task's deadline: the leg can no longer run or be fetched; forget it and its record."""
+        if executors.get(key) is leg:
+            _forget(key)
+
+    async def _start_queued(key: tuple[str, str], leg: LegExecutor, data_file: Path) -> None:
+        """A queued leg: wait for a slot (until the deadline), start its executor, report it."""
+        task = leg.task
+        try:
+            await asyncio.wait_for(slots.acquire(), timeout=max(0.0, leg.deadline - time.time()))
+        except TimeoutError:
+            _forget(key)
+            return
+        leg.slot = True
+        try:
+            leg.handle = await _start_executor(
+                data_file, max(1.0, leg.deadline - time.time()), f"{task.task_id}.{task.data_id}"
+            )
+        except (TimeoutError, ExecutorStartError) as exc:
+            leg.started.set_exception(exc)
+            leg.started.exception()  # retrieved here; a waiting transfer sees it too
+            await _report_once(task, "", ready=False, reason=str(exc))
+            _forget(key)
+            return
+        leg.started.set_result(None)
+        attempt = await _report_once(task, leg.handle.address, ready=True)
+        if attempt.status == "refused":
+            _forget(key)
+        elif attempt.status == "unreachable":
+            await _report_until_deadline(key, task, leg.handle.address, leg.deadline)
 
     async def _report_once(task: TaskCreate, address: str, ready: bool, reason: str = "") -> ReportAttempt:
         """One executor report to the gateway."""
@@ -260,7 +332,12 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
         except RuleError as exc:
             raise HTTPException(400, str(exc)) from exc
         key = (task.task_id, task.data_id)
-        for k in [k for k, leg in executors.items() if not leg.handle.alive]:
+        now = time.time()
+        for k in [
+            k
+            for k, leg in executors.items()
+            if now >= leg.deadline or (leg.handle is not None and not leg.released and not leg.handle.alive)
+        ]:
             _forget(k)
         if key in executors:
             if executors[key].task != task:
@@ -269,27 +346,52 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
                     f"leg ({task.task_id}, {task.data_id}) was created with another request; "
                     "task ids are never reused: choose a new task id",
                 )
-            pending = executors[key].report is not None and not executors[key].report.done()
+            known = executors[key]
+            state = "queued" if known.handle is None else "pending"
+            pending = known.report is not None and not known.report.done()
             return JSONResponse(
-                {"task_id": task.task_id, "data_id": task.data_id, "report": "pending" if pending else "done"},
+                {"task_id": task.task_id, "data_id": task.data_id, "report": state if pending else "done"},
                 status_code=202 if pending else 201,
             )
-        if len(executors) >= cfg.max_executors:
-            raise HTTPException(
-                503,
-                f"party {cfg.name!r} already runs {len(executors)} executors (its cap, max_executors); retry later",
-                headers={"Retry-After": "5"},
-            )
         deadline = time.time() + task.deadline_s
+        if slots.locked():  # every slot taken: queue the leg (bounded), never fail it
+            queued = sum(1 for leg in executors.values() if leg.handle is None)
+            if queued >= cfg.max_queued_legs:
+                raise HTTPException(
+                    503,
+                    f"party {cfg.name!r} already runs {cfg.max_executors} executors (its cap, max_executors) and "
+                    f"queues {queued} legs (max_queued_legs); retry later",
+                    headers={"Retry-After": "5"},
+                )
+            leg = executors[key] = LegExecutor(task, deadline)
+            leg.report = asyncio.create_task(_start_queued(key, leg, data_file))
+            asyncio.get_running_loop().call_later(task.deadline_s, _expire, key, leg)
+            return JSONResponse(
+                {
+                    "task_id": task.task_id,
+                    "data_id": task.data_id,
+                    "report": "queued",
+                    "detail": f"all {cfg.max_executors} executor slots are busy; the leg starts when one frees",
+                },
+                status_code=202,
+            )
+        await slots.acquire()  # free now: does not wait
         try:
             handle = await _start_executor(data_file, task.deadline_s, f"{task.task_id}.{task.data_id}")
         except TimeoutError as exc:
+            slots.release()
             await _report_once(task, "", ready=False, reason=str(exc))
             raise HTTPException(504, f"executor for task {task.task_id!r} did not come up: {exc}") from exc
         except ExecutorStartError as exc:
+            slots.release()
             await _report_once(task, "", ready=False, reason=str(exc))
             raise HTTPException(503, f"executor for task {task.task_id!r} could not start: {exc}") from exc
-        leg = executors[key] = LegExecutor(task, handle)
+        except BaseException:
+            slots.release()
+            raise
+        leg = executors[key] = LegExecutor(task, deadline, handle, slot=True)
+        leg.started.set_result(None)
+        asyncio.get_running_loop().call_later(task.deadline_s, _expire, key, leg)
         attempt = await _report_once(task, handle.address, ready=True)
         if attempt.status == "refused":
             _forget(key)
@@ -319,6 +421,7 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
         if cfg.fault_delay_s:
             await asyncio.sleep(cfg.fault_delay_s)
         counters["rule_runs"] += 1
+        assert leg.handle is not None  # the transfer waited for a queued leg's executor
         reply = await leg.handle.call(req.call, timeout_s=timeout_s)
         path, data = None, None
         digest = hashlib.sha256()
@@ -379,7 +482,12 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
                 while True:
                     piece = await asyncio.to_thread(fh.read, min(cfg.stream_chunk_bytes, left)) if left else b""
                     left -= len(piece)
-                    yield frame(sealer.seal(piece, left == 0))
+                    parts = sealer.seal_frame(piece, left == 0)
+                    if cfg.fault_stream:  # fault injection works on whole frames
+                        yield b"".join(parts)
+                    else:  # two HTTP chunks: joining would copy every byte once more
+                        yield parts[0]
+                        yield parts[1]
                     if left == 0:
                         return
 
@@ -391,11 +499,25 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
         env, req = await _open(request, MessageKind.data_transfer, {"gateway"}, DataTransfer)
         key = (req.task_id, req.data_id)
         leg = executors.get(key)
-        if leg is None or not leg.handle.alive:
+        if leg is None:
             raise HTTPException(404, f"no live executor for task {req.task_id!r}, data id {req.data_id!r}")
         if req.call != leg.task.call:
             raise HTTPException(400, "the transfer names another rule call than the leg was created with")
+        timeout_s = max(1.0, env.header.expires_at - ctx.clock())
+        if not leg.started.done():  # queued for an executor slot: wait for it, within the request's life
+            try:
+                await asyncio.wait_for(asyncio.shield(leg.started), timeout=timeout_s)
+            except TimeoutError as exc:
+                if leg.started.done():  # the executor's own start timed out
+                    raise HTTPException(503, f"executor for task {req.task_id!r} did not come up: {exc}") from exc
+                raise HTTPException(
+                    503, f"leg ({req.task_id}, {req.data_id}) is still queued for an executor slot; retry later"
+                ) from None
+            except (OSError, ExecutorStartError) as exc:
+                raise HTTPException(503, f"executor for task {req.task_id!r} could not start: {exc}") from exc
         run = runs.get(key)
+        if run is None and not leg.running:
+            raise HTTPException(404, f"no live executor for task {req.task_id!r}, data id {req.data_id!r}")
         if run is None:  # the first delivery runs the rule; a repeated one waits for (or reads) its record
             timeout_s = max(1.0, env.header.expires_at - ctx.clock())
             run = runs[key] = asyncio.ensure_future(_run_once(key, req, leg, timeout_s))
@@ -405,6 +527,8 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
             runs.pop(key, None)  # the executor failed: nothing was released, a retry may run it again
             why = str(exc) if isinstance(exc, ExecutorDied) else type(exc).__name__
             raise HTTPException(503, f"executor for task {req.task_id!r} failed: {why}") from exc
+        if not leg.released:  # its rule ran: the executor's slot goes to the next queued leg now
+            _release(leg)
         if not record.ok:
             return ctx.seal_to(
                 gateway.name,
@@ -430,7 +554,8 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
         peer = request_peer(request)
         if peer is not None and peer.role == "operator":
             out.update(
-                executors=sum(leg.handle.alive for leg in executors.values()),
+                executors=sum(leg.running for leg in executors.values()),
+                queued_legs=sum(leg.handle is None for leg in executors.values()),
                 handled=dict(ctx.handled),
                 rejected=dict(ctx.gate.rejected),
                 **counters,

@@ -80,7 +80,11 @@ class ServiceConfig(BaseModel):
     max_open_legs_per_party: int = Field(default=1024, ge=1)
     """Gateway: legs without an outcome a party may be assigned at once; a task past it is refused."""
     max_executors: int = Field(default=32, ge=1)
-    """Party: executors running at once; a task creation past it gets 503 with Retry-After."""
+    """Party: executors running at once; a task created past it queues until one is released (its
+    leg's rule has run, or its deadline passed)."""
+    max_queued_legs: int = Field(default=4096, ge=0)
+    """Party: legs waiting for an executor slot (a few hundred bytes each); a task creation past it
+    gets 503 with Retry-After."""
     # Disclosure limits on aggregate rules (item 10), per party and data set.
     min_group_size: int = Field(default=5, ge=1)
     """Party: every non-empty histogram bin and every summary must cover at least this many rows."""

@@ -1,12 +1,19 @@
 """A per-task executor as a Ray actor, behind the same :class:`~trainmaster.gateway.executor.Executor`
 interface as the subprocess executor (a party picks one with ``executor: ray`` in its config).
 
-Each (task, data id) gets its own actor (its own Ray worker process) holding the one data file, so
-tasks stay isolated from each other and from the party agent; the actor runs only registered rules
-and is killed at the task's deadline. What Ray does not give: POSIX resource limits and a clean
-environment per task (Ray's ``num_cpus``/``memory`` are scheduling hints, not caps). The data file
-must be readable where the actor runs; with the default local Ray started by the party, it is.
-Ray is imported only here, and only when a party asks for it.
+Each (task, data id) gets its own actor (its own Ray worker process), killed at the task's deadline.
+With ``isolation: sandbox`` (the default) the actor does not run rules itself: a Ray worker is
+Ray's process (started by the raylet, talking to it and to the object store over the network and
+shared memory), so it cannot be put in a network namespace with no route out, a read-only root or
+an unprivileged uid. Instead the actor starts the same bubblewrap sandbox a local executor gets
+(:class:`~trainmaster.gateway.executor.ExecutorHandle` with isolation ``sandbox``) on the node
+where Ray placed it, passes it the data file as a read-only descriptor, and relays rule calls to
+it over the sandbox's Unix socket: the rule runs in its own namespaces, as uid 65534, under the
+seccomp filter and the memory and pids cgroups; the actor only ever holds the result bytes. Ray
+gives the placement and the actor's lifetime. With ``isolation: process`` the actor runs the rule
+in the Ray worker, as before (no sandbox: Ray's ``num_cpus``/``memory`` are scheduling hints,
+not caps). The data file must be readable where the actor runs; with the default local Ray started
+by the party, it is. Ray is imported only here, and only when a party asks for it.
 """
 
 from __future__ import annotations
@@ -17,10 +24,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from trainmaster.gateway.executor import RuleReply, encode_reply
+from trainmaster.gateway.executor import ExecutorStartError, RuleReply, encode_reply
 from trainmaster.gateway.models import RuleCall
 
 _init_lock = threading.Lock()
+STOP_TIMEOUT_S = 5.0
+"""How long a sandboxed actor may take to end its sandbox before the actor is killed anyway."""
 
 
 def ensure_ray(address: str | None) -> None:
@@ -60,11 +69,49 @@ class _RuleActor:
             return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, b""
 
 
+class _SandboxedRuleActor:
+    """Lives in its own Ray worker and runs the task's rules in a bubblewrap sandbox on that node."""
+
+    def __init__(
+        self, data_file: str, deadline_s: float, start_timeout_s: float, memory_mb: int, allowed: list[str] | None
+    ):
+        self._start = (Path(data_file), deadline_s, start_timeout_s, memory_mb, allowed)
+        self._handle: Any = None
+
+    async def ready(self, label: str) -> str:
+        """Start the sandboxed executor; returns its folder (whose name names its cgroups)."""
+        from trainmaster.gateway.executor import ExecutorHandle
+
+        data_file, deadline_s, start_timeout_s, memory_mb, allowed = self._start
+        self._handle = await ExecutorHandle.start(
+            data_file, deadline_s, start_timeout_s, memory_mb, allowed, isolation="sandbox", label=label
+        )
+        return str(self._handle.sandbox.home)
+
+    async def run(self, call_json: str, timeout_s: float) -> tuple[dict[str, Any], bytes]:
+        reply = await self._handle.call(RuleCall.model_validate_json(call_json), timeout_s)
+        try:
+            body = await reply.read_all() if reply.ok else b""
+        finally:
+            reply.close()
+        return {"ok": reply.ok, "error": reply.error, "size": reply.size, "sha256": reply.sha256}, body
+
+    def stop(self) -> bool:
+        """End the sandbox's process tree and remove its cgroups and folder (before the actor goes)."""
+        if self._handle is not None:
+            self._handle.kill()
+        return True
+
+
 class RayExecutor:
     """The party's side of one task's Ray actor."""
 
-    def __init__(self, actor: Any, name: str):
-        self._actor, self.address, self._dead = actor, f"ray:{name}", False
+    def __init__(self, actor: Any, name: str, sandboxed: bool = False):
+        self._actor, self.address, self._dead, self._sandboxed = actor, f"ray:{name}", False, sandboxed
+        self.sandbox_home: Any = None
+        self.stopping: asyncio.Task[None] | None = None
+        """A sandboxed actor being stopped from the event loop (the party awaits it when it shuts down)."""
+        """With isolation ``sandbox``: the sandbox's folder on the actor's node (names its cgroups)."""
 
     @classmethod
     async def start(
@@ -74,15 +121,32 @@ class RayExecutor:
         start_timeout_s: float,
         allowed: list[str] | None = None,
         ray_address: str | None = None,
+        isolation: str = "sandbox",
+        memory_mb: int = 1024,
+        label: str = "",
     ) -> "RayExecutor":
         import ray
 
         await asyncio.to_thread(ensure_ray, ray_address)
         name = f"tm-exec-{uuid.uuid4().hex[:12]}"
-        actor = ray.remote(num_cpus=0, max_restarts=0)(_RuleActor).options(name=name).remote(str(data_file), allowed)
-        handle = cls(actor, name)
+        remote = ray.remote(num_cpus=0, max_restarts=0)
+        actor: Any  # Ray's actor handles are typed per class; both classes answer ready/run/stop here
+        if isolation == "sandbox":
+            actor = (
+                remote(_SandboxedRuleActor)
+                .options(name=name)
+                .remote(str(data_file), deadline_s, start_timeout_s, memory_mb, allowed)
+            )
+            ready = actor.ready.remote(label)
+        else:
+            actor = remote(_RuleActor).options(name=name).remote(str(data_file), allowed)
+            ready = actor.ready.remote()
+        handle = cls(actor, name, sandboxed=isolation == "sandbox")
         try:
-            await asyncio.wait_for(actor.ready.remote(), timeout=start_timeout_s)
+            handle.sandbox_home = await asyncio.wait_for(ready, timeout=start_timeout_s)
+        except ray.exceptions.RayTaskError as exc:  # its sandbox could not be set up there: say why
+            handle.kill()
+            raise ExecutorStartError(f"Ray executor's sandbox could not start: {exc.cause}") from exc
         except Exception as exc:  # timeout, or the actor died loading the data
             handle.kill()
             raise TimeoutError(
@@ -96,7 +160,8 @@ class RayExecutor:
         import ray
 
         try:
-            head, body = await asyncio.wait_for(self._actor.run.remote(call.model_dump_json()), timeout=timeout_s)
+            args = (call.model_dump_json(), timeout_s) if self._sandboxed else (call.model_dump_json(),)
+            head, body = await asyncio.wait_for(self._actor.run.remote(*args), timeout=timeout_s)
         except ray.exceptions.RayError as exc:
             self._dead = True
             raise OSError(f"Ray executor failed: {type(exc).__name__}") from exc
@@ -115,11 +180,42 @@ class RayExecutor:
         return not self._dead
 
     def kill(self) -> None:
+        """Kill the actor; a sandboxed one first ends its sandbox (cgroups and folder removed), for
+        up to :data:`STOP_TIMEOUT_S`. Killed without that (Ray gone, the party killed -9), the
+        sandbox's executor still ends: it exits when the pipe from its parent closes."""
+        if self._dead:
+            return
+        self._dead = True
+        if self._sandboxed:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                loop = None
+            if loop is not None:
+                self.stopping = loop.create_task(self._stop_then_kill())
+                return
+            self._stop_blocking()
+        self._kill_actor()
+
+    async def _stop_then_kill(self) -> None:
+        try:
+            await asyncio.wait_for(self._actor.stop.remote(), timeout=STOP_TIMEOUT_S)
+        except Exception:  # the actor is already gone or stuck: kill it anyway
+            pass
+        self._kill_actor()
+
+    def _stop_blocking(self) -> None:
         import ray
 
-        if not self._dead:
-            self._dead = True
-            try:
-                ray.kill(self._actor, no_restart=True)
-            except Exception:  # already gone, or Ray shut down with the party
-                pass
+        try:
+            ray.get(self._actor.stop.remote(), timeout=STOP_TIMEOUT_S)
+        except Exception:  # already gone, or Ray shut down with the party
+            pass
+
+    def _kill_actor(self) -> None:
+        import ray
+
+        try:
+            ray.kill(self._actor, no_restart=True)
+        except Exception:  # already gone, or Ray shut down with the party
+            pass

@@ -76,13 +76,19 @@ class ChunkSealer:
 
     def seal(self, chunk: bytes, final: bool) -> bytes:
         """One frame body: a flags byte, then the AES-GCM ciphertext and tag."""
+        head, sealed = self.seal_frame(chunk, final)
+        return head[_HEADER.size :] + sealed
+
+    def seal_frame(self, chunk: bytes, final: bool) -> tuple[bytes, bytes]:
+        """One whole frame as two pieces, its length header with the flags byte and the ciphertext
+        with its tag, for a vectored write: joining them would copy every streamed byte twice more."""
         if self._done:
             raise ValueError("stream already finished")
         flags = _FINAL if final else 0
-        body = bytes([flags]) + self._aead.encrypt(_nonce(self._index), chunk, _aad(self._id, self._index, flags))
+        sealed = self._aead.encrypt(_nonce(self._index), chunk, _aad(self._id, self._index, flags))
         self._index += 1
         self._done = final
-        return body
+        return _HEADER.pack(1 + len(sealed)) + bytes([flags]), sealed
 
 
 class ChunkOpener:
