@@ -27,7 +27,7 @@ from trainmaster.backends.base import Backend, Capacity, LaunchRequest, Observat
 from trainmaster.controller import metrics, queues, restart, scaling
 from trainmaster.controller.backoff import StoreBackoff
 from trainmaster.controller.admission import admit
-from trainmaster.controller.launching import instance_id, launch_spec, legacy_launch_file
+from trainmaster.controller.launching import instance_id, launch_spec
 from trainmaster.errors import JobConflict
 from trainmaster.runtime.files import InstanceFiles
 from trainmaster.spec.load import LoadedJob
@@ -223,9 +223,12 @@ class Controller:
     def run_job(
         self, job_id: int, on_tick: Callable[[], None] | None = None, should_cancel: Callable[[], bool] | None = None
     ) -> str:
-        """Reconcile until ``job_id`` ends; returns its final state. A store that is away is
-        waited out with backoff (the job's instances keep running meanwhile)."""
+        """Reconcile until ``job_id`` ends; returns its final state. Between passes it waits on
+        the same wake as the server's loop (a submit, a cancel, an instance's end reported by
+        its node agent), at most ``interval`` seconds. A store that is away is waited out with
+        backoff (the job's instances keep running meanwhile)."""
         backoff = StoreBackoff(self.interval)
+        self.backend.watch_exits(self.wake)
         while True:
             try:
                 if should_cancel and should_cancel():
@@ -241,7 +244,7 @@ class Controller:
             backoff.succeeded()
             if JobState(state) in JOB_TERMINAL:
                 return state
-            time.sleep(self.interval)
+            self.wait_for_work(self.interval)
 
     def _delete_expired(self, session: Session) -> None:
         """Delete ended jobs whose ``runPolicy.ttlSecondsAfterFinished`` has passed: the record
@@ -706,7 +709,7 @@ class Controller:
                 self._set_job_state(session, start.job, verdict)
 
     def _prepare(self, job: JobRow, spec: Job, inst: InstanceRow, environ: dict[str, str]) -> LaunchRequest:
-        """Place an instance, write its launch file and mark it starting (nothing runs yet).
+        """Place an instance and mark it starting (nothing runs yet).
 
         ``environ`` is the controller's environment, which the instance inherits."""
         role = spec.spec.role(inst.role)
@@ -727,13 +730,7 @@ class Controller:
             containers=self.backend.runs_containers,
         )
         depends = launch.depends
-        if self.backend.needs_launch_file:
-            # the previous attempt's records go before the intent is committed: after a crash, an
-            # exit code in the folder can then only be the new attempt's (see recover)
-            files.reset_attempt()
-            files.write_launch(legacy_launch_file(launch))
-        else:
-            files.dir.mkdir(parents=True, exist_ok=True)
+        files.dir.mkdir(parents=True, exist_ok=True)
         inst.host, inst.ports, inst.address = placement.host, placement.ports, placement.address
         inst.log_path = log_path
         inst.handle, inst.pid = None, None
@@ -779,7 +776,8 @@ class Controller:
         instances, requeue unstarted ones.
 
         Instances whose process ended while no controller watched are left to the next pass,
-        which reads their recorded exit code and applies their restart policy.
+        which reads their exit from their node agent (journaled there until ``forget``) and
+        applies their restart policy.
         """
         with self._lock, self.sessions() as session:
             if self.fence:
@@ -792,9 +790,8 @@ class Controller:
                     obj = f"instance/{inst.label}"
                     if inst.handle is None:
                         instance_dir = str(Path(job.run_dir) / "instances" / inst.label)
+                        # the agent that started it holds its record, ended or not, until `forget`
                         inst.handle = self.backend.handle_of(instance_id(job, inst)) or self.backend.find(instance_dir)
-                        if inst.handle is None and self._ended_unwatched(session, job, inst, instance_dir):
-                            continue
                         if inst.handle is None:
                             self._set_instance_state(inst, I.PENDING)
                             inst.attempt -= 1
@@ -817,34 +814,6 @@ class Controller:
                             f"re-adopted the live process {inst.pid} after a controller restart",
                         )
                 session.commit()
-
-    def _ended_unwatched(self, session: Session, job: JobRow, inst: InstanceRow, instance_dir: str) -> bool:
-        """An attempt the controller started but died before recording, which has already ended:
-        its exit code is in its folder (cleared before the attempt's intent was committed), so
-        its restart policy decides, and it is not started again as if it had never run."""
-        files = InstanceFiles(instance_dir)
-        code = files.read_exit_code()
-        if code is None:
-            return False
-        reason, message = files.read_reason()
-        repo.add_event(
-            session,
-            job.id,
-            f"instance/{inst.label}",
-            "EndedUnwatched",
-            f"attempt {inst.attempt} started before the controller stopped and ended with "
-            f"code {code} while no controller watched it",
-        )
-        spec = self._spec(job)
-        self._on_exit(
-            session,
-            job,
-            spec.spec.role(inst.role),
-            inst,
-            Observation(Phase.EXITED, exit_code=code, reason=reason, message=message),
-            self.backend.capacity(),
-        )
-        return True
 
     # ---- status ------------------------------------------------------------------------------
     def _roll_up(self, session: Session, job: JobRow, spec: Job) -> Verdict:
