@@ -40,6 +40,7 @@ from trainmaster.store.db import home
 from trainmaster.store.models import InstanceRow, JobRow, RoleRow, utcnow
 
 I = InstanceState
+ROWS_AHEAD = 64  # a waiting job's row is loaded with those of the next waiting jobs (one query)
 LIVE = (I.STARTING.value, I.RUNNING.value, I.UNKNOWN.value, I.TERMINATING.value)
 
 
@@ -182,23 +183,26 @@ class Controller:
             self._to_start, self._observed = [], {}  # nothing carried over from a pass that failed
             free = self._free_capacity(session)
             admitted = repo.admitted_active_count(session, self.owner)
-            active = repo.load_active_jobs(session, self.owner)
-            jobs, self._spec_texts = active.jobs, active.waiting_specs
-            self._observe_all(jobs)
+            jobs = repo.load_active_jobs(session, self.owner).jobs
+            self._spec_texts = {j.id: j.spec_text for j in jobs if isinstance(j, repo.WaitingJob)}
+            self._observe_all([j for j in jobs if isinstance(j, JobRow)])
             # no flush before each query of the pass (a job's lazy loads, its last event): the
             # pass writes once, at its commit, instead of once per job
+            order = queues.fair_order(jobs, self.queue_weights)
+            rows: dict[int, JobRow] = {}  # waiting jobs' rows loaded this pass
             with session.no_autoflush:
-                for job in queues.fair_order(jobs, self.queue_weights):
+                for position, entry in enumerate(order):
+                    if isinstance(entry, repo.WaitingJob):
+                        if self._stays_as_it_is(entry, free, admitted):
+                            continue  # most of a long queue, pass after pass: no row loaded
+                        if entry.id not in rows:  # with the next ones: those a pass changes come in runs
+                            ahead = [j.id for j in order[position : position + ROWS_AHEAD] if not isinstance(j, JobRow)]
+                            rows.update(repo.load_waiting_jobs(session, ahead))
+                        job = rows[entry.id]
+                    else:
+                        job = entry
                     if not job.admitted and not job.cancel_requested and admitted >= self.max_jobs:
-                        self._set_job_state(
-                            session,
-                            job,
-                            Verdict(
-                                JobState.PENDING,
-                                "Queued",
-                                f"{admitted} job(s) running, the most this controller runs at once",
-                            ),
-                        )
+                        self._set_job_state(session, job, _queued(admitted))
                     else:
                         was_admitted = job.admitted
                         free = self._reconcile(session, job, free)
@@ -214,6 +218,27 @@ class Controller:
                 self._delete_expired(session)
             ended, self._ended = self._ended, []
             self.backend.forget(ended)  # stored: the agent's journal may drop them
+
+    def _stays_as_it_is(self, job: repo.WaitingJob, free: Capacity, admitted: int) -> bool:
+        """Whether this pass would leave a waiting job exactly as it is (same state, reason and
+        message: still waiting for the same thing). Decided from its plain columns by the same
+        rules, in the same order, as :meth:`_reconcile` and the ``max_jobs`` check, so skipping
+        it changes nothing; anything else (admitted, cancelled, unschedulable, a new reason or
+        message) goes the full way with its row."""
+        if job.cancel_requested:
+            return False
+        if admitted >= self.max_jobs:
+            verdict = _queued(admitted)
+        else:
+            spec = self._spec_of(job.id, job.spec_text)
+            if spec.spec.run_policy.suspend:
+                verdict = SUSPENDED
+            else:
+                decision = admit(spec, self.backend.capacity(), free)
+                if decision.admitted or decision.unschedulable:
+                    return False
+                verdict = Verdict(JobState.PENDING, "Pending", decision.message)
+        return (job.state, job.reason, job.message) == (verdict.state.value, verdict.reason, verdict.message)
 
     def _observe_all(self, jobs: list[JobRow]) -> None:
         """Every live instance of the pass observed in one backend call."""
@@ -294,11 +319,13 @@ class Controller:
         """The job's validated spec; validated again only when the stored one changed (scaling),
         because a pass over a long queue would otherwise spend most of its time in validation.
         A waiting job's is compared as stored text (its column is not loaded: no JSON decode)."""
-        stored: dict[str, Any] | str = self._spec_texts.get(job.id) or job.spec
-        cached = self._specs.get(job.id)
+        return self._spec_of(job.id, self._spec_texts.get(job.id) or job.spec)
+
+    def _spec_of(self, job_id: int, stored: dict[str, Any] | str) -> Job:
+        cached = self._specs.get(job_id)
         if cached is None or cached[0] != stored:
             cached = (stored, Job.model_validate(json.loads(stored) if isinstance(stored, str) else stored))
-            self._specs[job.id] = cached
+            self._specs[job_id] = cached
         return cached[1]
 
     def _reconcile(self, session: Session, job: JobRow, free: Capacity) -> Capacity:
@@ -884,11 +911,7 @@ class Controller:
             repo.clear_registry(job)
             self.backend.release_gang(job.id)
             job.admitted, job.started_at = False, None
-        self._set_job_state(
-            session,
-            job,
-            Verdict(JobState.PENDING, "Suspended", "suspended (runPolicy.suspend); `trainmaster job resume` starts it"),
-        )
+        self._set_job_state(session, job, SUSPENDED)
         return free
 
     def _finish(self, session: Session, job: JobRow, spec: Job, verdict: Verdict, free: Capacity) -> Capacity:
@@ -918,6 +941,14 @@ class Controller:
             self._expiry[job.id] = time.time() + ttl
         self._specs.pop(job.id, None)
         return free
+
+
+SUSPENDED = Verdict(JobState.PENDING, "Suspended", "suspended (runPolicy.suspend); `trainmaster job resume` starts it")
+
+
+def _queued(admitted: int) -> Verdict:
+    """A waiting job's verdict while the controller runs its ``max_jobs`` already."""
+    return Verdict(JobState.PENDING, "Queued", f"{admitted} job(s) running, the most this controller runs at once")
 
 
 @dataclass
