@@ -52,7 +52,7 @@ class LaunchRequest:
     index: int
     attempt: int
     placement: Placement
-    launch_file: str  # the JSON the instance runtime reads (see trainmaster.runtime.launch)
+    launch_file: str  # unused: no backend reads a launch.json any more (the agents read ``spec``)
     instance_dir: str
     log_path: str
     cwd: str | None = None

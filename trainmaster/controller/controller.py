@@ -29,7 +29,6 @@ from trainmaster.controller.backoff import StoreBackoff
 from trainmaster.controller.admission import admit
 from trainmaster.controller.launching import instance_id, launch_spec
 from trainmaster.errors import JobConflict
-from trainmaster.runtime.files import InstanceFiles
 from trainmaster.spec.load import LoadedJob
 from trainmaster.spec.model import Job, RestartScope, Role
 from trainmaster.spec.paths import in_job_folder
@@ -742,7 +741,8 @@ class Controller:
         role = spec.spec.role(inst.role)
         placement = self.backend.place_role(role.name, role.ports, role.resources.dump(), spec.metadata.annotations)
         run_dir = Path(job.run_dir)
-        files = InstanceFiles(run_dir / "instances" / inst.label)
+        # created by the agent where it writes there (a wait step's spec, a container's files)
+        instance_dir = str(run_dir / "instances" / inst.label)
         log_path = str(run_dir / "logs" / f"{inst.label}.log")
         inst.attempt += 1
         launch = launch_spec(
@@ -753,11 +753,10 @@ class Controller:
             environ,
             self.db_url,
             log_path,
-            str(files.dir),
+            instance_dir,
             containers=self.backend.runs_containers,
         )
         depends = launch.depends
-        files.dir.mkdir(parents=True, exist_ok=True)
         inst.host, inst.ports, inst.address = placement.host, placement.ports, placement.address
         inst.log_path = log_path
         inst.handle, inst.pid = None, None
@@ -774,8 +773,8 @@ class Controller:
             index=inst.index,
             attempt=inst.attempt,
             placement=placement,
-            launch_file=str(files.launch),
-            instance_dir=str(files.dir),
+            launch_file="",
+            instance_dir=instance_dir,
             log_path=log_path,
             cwd=launch.cwd,
             resources=role.resources.dump(),

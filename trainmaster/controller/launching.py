@@ -96,4 +96,3 @@ def launch_spec(
         env_inputs=inputs,
         container=container,
     )
-
