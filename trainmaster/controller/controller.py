@@ -20,6 +20,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from sqlalchemy import insert
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -36,7 +37,7 @@ from trainmaster.spec.states import INSTANCE_TERMINAL, JOB_TERMINAL, InstanceSta
 from trainmaster.spec.status import RoleSummary, Verdict, job_state, role_state
 from trainmaster.store import repository as repo
 from trainmaster.store.db import home
-from trainmaster.store.models import InstanceRow, JobRow, RoleRow, utcnow
+from trainmaster.store.models import EventRow, InstanceRow, JobRow, RoleRow, utcnow
 
 I = InstanceState
 ROWS_AHEAD = 64  # a waiting job's row is loaded with those of the next waiting jobs (one query)
@@ -83,6 +84,7 @@ class Controller:
         self._observed: dict[int, Observation] = {}  # instance row id -> this pass's observation
         self._ended: list[dict[str, Any]] = []  # handles whose exits this pass stored (agent may forget)
         self._to_start: list[_Start] = []  # attempts this pass prepared (started together at its end)
+        self._events: list[dict[str, Any]] = []  # this pass's events, written with it (_write_events)
         self._work = threading.Event()  # set by submit, cancel, scale: the next pass need not wait
         # ended jobs with runPolicy.ttlSecondsAfterFinished: job id -> epoch seconds it is deleted
         # (None until the first pass reads them from the store). Only the service's controller
@@ -179,7 +181,7 @@ class Controller:
         with self._lock, self.sessions() as session, metrics.RECONCILE.time():
             if self.fence:
                 self.fence(session)
-            self._to_start, self._observed = [], {}  # nothing carried over from a pass that failed
+            self._to_start, self._observed, self._events = [], {}, []  # nothing carried over from a failed pass
             free = self._free_capacity(session)
             admitted = repo.admitted_active_count(session, self.owner)
             jobs = repo.load_active_jobs(session, self.owner).jobs
@@ -209,14 +211,30 @@ class Controller:
             # the whole pass in one transaction: every job's progress and every start intent
             # (state starting, attempt + 1) is committed here, before anything is spawned; what
             # a crash before it loses (observed exits) the agents still hold until `forget`
+            self._write_events(session)
             session.commit()
             self._spec_texts = {}
             self._start_all(session)
+            self._write_events(session)
             session.commit()
             if self.owner == "service":
                 self._delete_expired(session)
             ended, self._ended = self._ended, []
             self.backend.forget(ended)  # stored: the agent's journal may drop them
+
+    def _event(self, job_id: int, obj: str, reason: str, message: str, type_: str = "Normal") -> None:
+        """Record an event of this pass. A job's way through the queue takes about ten (Kubernetes
+        style: admitted, started, running, succeeded, per job, role and instance), so they are
+        written together, one multi-row INSERT per pass (:meth:`_write_events`), in order, in
+        the pass's transaction, instead of one ORM object each."""
+        self._events.append(
+            {"job_id": job_id, "object": obj, "reason": reason, "message": message, "type": type_, "time": utcnow()}
+        )
+
+    def _write_events(self, session: Session) -> None:
+        if self._events:
+            session.execute(insert(EventRow), self._events)
+            self._events = []
 
     def _stays_as_it_is(self, job: repo.WaitingJob, free: Capacity, admitted: int) -> bool:
         """Whether this pass would leave a waiting job exactly as it is (same state, reason and
@@ -365,7 +383,7 @@ class Controller:
                 self._set_job_state(session, job, Verdict(JobState.PENDING, "GangPending", why))
                 return free
             job.admitted = True
-            repo.add_event(session, job.id, "job", "Admitted", decision.message)
+            self._event(job.id, "job", "Admitted", decision.message)
         free = self._observe(session, job, spec, free)
         spent = next(
             (i for i in job.instances if i.reason == "BackoffLimitExceeded" and i.state == I.FAILED.value), None
@@ -437,8 +455,7 @@ class Controller:
             return
         self._set_instance_state(inst, I.UNKNOWN)
         inst.reason, inst.message = obs.reason or "Unreachable", obs.message
-        repo.add_event(
-            session,
+        self._event(
             job.id,
             f"instance/{inst.label}",
             "Unknown",
@@ -448,7 +465,7 @@ class Controller:
         )
 
     def _reachable_again(self, session: Session, job: JobRow, inst: InstanceRow, obs: Observation) -> None:
-        repo.add_event(session, job.id, f"instance/{inst.label}", "Reachable", f"{inst.label} answers again")
+        self._event(job.id, f"instance/{inst.label}", "Reachable", f"{inst.label} answers again")
         if obs.phase == Phase.RUNNING:
             self._mark_running(session, job, inst)
         else:
@@ -503,8 +520,7 @@ class Controller:
             self._set_instance_state(inst, I.PENDING)
             inst.next_start_at = utcnow() + timedelta(seconds=decision.delay)
             inst.reason, inst.message = "BackOff", f"restart {inst.restarts} in {decision.delay:g}s"
-            repo.add_event(
-                session,
+            self._event(
                 job.id,
                 obj,
                 "Restarting",
@@ -515,14 +531,14 @@ class Controller:
             )
         elif code == 0:
             inst.reason, inst.message = "Completed", "exited with code 0"
-            repo.add_event(session, job.id, obj, "Succeeded", f"{inst.label} exited with code 0")
+            self._event(job.id, obj, "Succeeded", f"{inst.label} exited with code 0")
         elif over_limit:
             inst.reason = "BackoffLimitExceeded"
             inst.message = (
                 f"{inst.label} exited with code {code}{why} after the job's {spent} restart(s): "
                 f"runPolicy.backoffLimit is {limit}"
             )
-            repo.add_event(session, job.id, obj, "BackoffLimitExceeded", inst.message, "Warning")
+            self._event(job.id, obj, "BackoffLimitExceeded", inst.message, "Warning")
         else:
             reason = obs.reason or ("RestartsExhausted" if decision.exhausted else "Failed")
             if decision.exhausted:
@@ -536,9 +552,7 @@ class Controller:
                     f"{role.restart_policy.policy.value} does not restart it"
                 )
             inst.reason, inst.message = reason, message
-            repo.add_event(
-                session, job.id, obj, "RestartsExhausted" if decision.exhausted else "Failed", message, "Warning"
-            )
+            self._event(job.id, obj, "RestartsExhausted" if decision.exhausted else "Failed", message, "Warning")
         return free
 
     def _restart_group(
@@ -575,8 +589,7 @@ class Controller:
             if self._spec(job).spec.role(ended.role).restart_policy.scope == RestartScope.JOB
             else f"role {ended.role}"
         )
-        repo.add_event(
-            session,
+        self._event(
             job.id,
             f"instance/{ended.label}",
             "RestartingGroup",
@@ -623,8 +636,7 @@ class Controller:
                     session, job, doomed, free, f"scaled down: role {role.name} wants {role.replicas}"
                 )
                 for inst in doomed:
-                    repo.add_event(
-                        session,
+                    self._event(
                         job.id,
                         f"instance/{inst.label}",
                         "ScaledDown",
@@ -789,8 +801,7 @@ class Controller:
     ) -> None:
         inst.handle = handle
         inst.pid = inst.handle.get("pid")
-        repo.add_event(
-            session,
+        self._event(
             job.id,
             f"instance/{inst.label}",
             "Started",
@@ -852,8 +863,7 @@ class Controller:
             role_row.replicas = role.replicas
             if role_row.state != verdict.state.value:
                 role_row.last_transition_at = utcnow()
-                repo.add_event(
-                    session,
+                self._event(
                     job.id,
                     f"role/{role.name}",
                     verdict.reason,
@@ -876,8 +886,7 @@ class Controller:
                 job.started_at = utcnow()
             if verdict.state == JobState.RUNNING and job.running_at is None:
                 job.running_at = utcnow()
-            repo.add_event(
-                session,
+            self._event(
                 job.id,
                 "job",
                 verdict.reason,
@@ -887,9 +896,10 @@ class Controller:
         elif job.reason != verdict.reason:
             # a new reason is an event; a message that only updates figures (free capacity,
             # counts) is not, or every queued job would log one per pass
+            self._write_events(session)  # the last event may be this pass's
             last = repo.last_event(session, job.id, "job")
             if last is None or last.reason != verdict.reason:
-                repo.add_event(session, job.id, "job", verdict.reason, verdict.message)
+                self._event(job.id, "job", verdict.reason, verdict.message)
         if (job.state, job.reason, job.message) != (new, verdict.reason, verdict.message):
             # assigned only when changed: an assignment marks the row dirty even with the same
             # value, and a long queue would then be rewritten on every pass
@@ -932,7 +942,7 @@ class Controller:
         if verdict.state == JobState.SUCCEEDED and job.output_path:
             source = Path(job.run_dir) / "output"
             shutil.copytree(source, job.output_path, dirs_exist_ok=True)
-            repo.add_event(session, job.id, "job", "OutputStored", f"outputs copied to {job.output_path}")
+            self._event(job.id, "job", "OutputStored", f"outputs copied to {job.output_path}")
         self._set_job_state(session, job, verdict)
         job.completed_at = utcnow()
         ttl = spec.spec.run_policy.ttl_seconds_after_finished
