@@ -304,3 +304,46 @@ def test_submit_and_instance_exits_wake_the_servers_reconcile_loop(tmp_path) -> 
         reconciler.stop()
         reconciler.join(timeout=20)
     assert not reconciler.is_alive() and time.monotonic() - stopping < 20
+
+
+def test_a_long_queue_is_passed_over_without_rewriting_it_and_still_backfills(tmp_path) -> None:
+    """Admission over a queue: a pass reads waiting jobs as plain columns and loads (and writes)
+    the row of only those whose state, reason or message it changes. The order and the rules
+    stay those of a full pass: a small job queued behind a big one that does not fit now is
+    admitted (backfill); the big one's message follows the free capacity; a pass that changes
+    nothing writes no job row."""
+    from sqlalchemy import event
+
+    h = Harness(tmp_path, LocalBackend(Capacity(cpu=3, memory=2**30)))
+    sleeper = py("import time; time.sleep(30)")
+    hold = h.submit(job("hold", [{"name": "w", "resources": {"cpu": 2}, "command": sleeper}]))
+    big = h.submit(job("big", [{"name": "w", "resources": {"cpu": 3}, "command": sleeper}]))
+    small = h.submit(job("small", [{"name": "w", "resources": {"cpu": 1}, "command": sleeper}]))
+    queued = [h.submit(job(f"q{n}", [{"name": "w", "resources": {"cpu": 1}, "command": sleeper}])) for n in range(5)]
+    h.controller.step()
+    assert h.status(hold)["state"] != "pending" and h.status(small)["state"] != "pending"
+    waiting = h.status(big)
+    assert waiting["state"] == "pending" and "free now: cpu=1" in waiting["message"], waiting  # before small's turn
+    assert all(h.status(q)["reason"] == "Pending" for q in queued)
+    h.controller.step()  # the big job's message now says what is free at its turn: nothing
+    assert "free now: cpu=0" in h.status(big)["message"]
+    writes: list[str] = []
+    engine = h.sessions.kw["bind"]
+    listen = lambda *args: writes.append(args[2]) if args[2].startswith("UPDATE jobs") else None  # noqa: E731
+    event.listen(engine, "before_cursor_execute", listen)
+    try:
+        h.controller.step()  # nothing changed: the queue is not rewritten
+        assert writes == []
+    finally:
+        event.remove(engine, "before_cursor_execute", listen)
+    h.controller.cancel(small)
+    h.controller.step()  # one cpu free: the first queued job is admitted, the big one's message follows
+    assert h.status(queued[0])["state"] != "pending"
+    assert "free now: cpu=1" in h.status(big)["message"]  # when its turn came, before q0 took the cpu
+    h.controller.cancel(hold)
+    h.controller.step()  # two cpus free: the big job still does not fit, the next two queued jobs do
+    assert [h.status(q)["state"] != "pending" for q in queued] == [True, True, True, False, False]
+    for job_id in (big, *queued):
+        h.controller.cancel(job_id)
+    h.controller.step()
+    h.backend.close()

@@ -128,3 +128,47 @@ def test_cli_runs_a_job_on_the_testbed_that_is_up(make_testbed, tmp_path: Path, 
     assert done.returncode == 0, done.stdout + done.stderr
     server = json.loads(next(tmp_path.rglob("output/server.json")).read_text())
     assert server["bound"] == bed.address("sw") and server["peer"] == bed.address("h1")
+
+
+def test_handle_refound_after_a_controller_crash_carries_its_ports(make_testbed, tmp_path: Path):
+    """A controller that died between starting an instance and storing its handle re-finds it
+    through the host agents (``handle_of``): the handle names the host and the ports the
+    instance was given there, and adopting it holds them, so no new instance on that host is
+    given a port the adopted one listens on."""
+    import sys
+
+    from trainmaster.agent.contract import LaunchSpec
+    from trainmaster.backends.base import LaunchRequest
+
+    bed = make_testbed(hosts=2, link_rate=None)
+    first = TestbedBackend(bed)
+    placement = first.place_role("server", 2, {}, {"testbed/server": "h2"})
+    spec = LaunchSpec(
+        instance_id=f"{tmp_path.name}/server-0/1",
+        job_id=1,
+        job_name="t",
+        role="server",
+        index=0,
+        attempt=1,
+        argv=[sys.executable, "-c", "import time; time.sleep(60)"],
+        env={"PATH": "/usr/bin:/bin"},
+        cwd=None,
+        log_path=str(tmp_path / "server.log"),
+        instance_dir=str(tmp_path / "server-0"),
+        host=placement.host,
+        ports=placement.ports,
+    )
+    request = LaunchRequest(1, "t", "server", 0, 1, placement, "", spec.instance_dir, spec.log_path, spec=spec)
+    handle = first.start(request)
+    first.close()  # the controller crashed before storing the handle
+    second = TestbedBackend(bed)
+    try:
+        found = second.handle_of(spec.instance_id)
+        assert found is not None
+        assert (found["node"], found["ports"]) == ("h2", placement.ports)
+        assert second.adopt(found)
+        again = second.place_role("other", 2, {}, {"testbed/other": "h2"})
+        assert not set(again.ports) & set(placement.ports), (again.ports, placement.ports)
+    finally:
+        second.stop([handle], grace=1.0)
+        second.close()

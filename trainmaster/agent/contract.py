@@ -115,18 +115,21 @@ class LaunchSpec:
 @dataclass(frozen=True)
 class InstanceHandle:
     """How the controller names an attempt the agent started: node + instance id (+ pid, for
-    people reading ``status``; the agent never trusts a pid alone)."""
+    people reading ``status``; the agent never trusts a pid alone). ``ports``: those its spec
+    was given on the node, so a controller that re-finds the attempt after a crash (it never
+    stored the handle) holds them again and gives them to no other instance."""
 
     node: str
     instance_id: str
     pid: int | None = None
+    ports: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> InstanceHandle:
-        return cls(**data)
+        return cls(data["node"], data["instance_id"], data.get("pid"), list(data.get("ports") or []))
 
 
 @dataclass(frozen=True)

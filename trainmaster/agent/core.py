@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -102,6 +102,10 @@ class _Instance:
     status: InstanceStatus | None = None  # final, journaled
     start_error: str = ""
     container: ContainerRecord | None = None  # set: the main process is its ``podman run``
+    ports: list[int] = field(default_factory=list)  # its spec's, handed back in every handle
+
+    def handle(self, node: str) -> InstanceHandle:
+        return InstanceHandle(node, self.instance_id, self.pid, list(self.ports))
 
 
 @dataclass(frozen=True)
@@ -202,7 +206,9 @@ class NodeAgent:
             kill_tree(self.trees, instance_id, self.options.kill_timeout)
             kill_tree(markers, instance_id, self.options.kill_timeout)  # started by an agent without cgroups
             self.trees.remove(instance_id)
-            handle = InstanceHandle(self.node, instance_id, record.started.get("pid"))
+            handle = InstanceHandle(
+                self.node, instance_id, record.started.get("pid"), list(record.started.get("ports") or [])
+            )
             status = InstanceStatus(
                 handle,
                 InstancePhase.EXITED,
@@ -243,6 +249,7 @@ class NodeAgent:
             bool(record.started.get("gated")),
             record.started.get("at", 0.0),
             pid=record.exit.handle.pid,
+            ports=list(record.started.get("ports") or []),
         )
         inst.status = record.exit
         return inst
@@ -255,7 +262,9 @@ class NodeAgent:
             fresh = [s for s in specs if s.instance_id not in self._instances]
             now = time.time()
             for spec in fresh:
-                self._instances[spec.instance_id] = _Instance(spec.instance_id, spec.role, bool(spec.depends), now)
+                self._instances[spec.instance_id] = _Instance(
+                    spec.instance_id, spec.role, bool(spec.depends), now, ports=list(spec.ports)
+                )
         if fresh:
             with self._journal_lock:
                 self.journal.started(
@@ -265,6 +274,7 @@ class NodeAgent:
                             "role": s.role,
                             "gated": bool(s.depends),
                             "at": now,
+                            "ports": list(s.ports),
                             **(
                                 {"container": container_name(self.options.node_key, s.instance_id)}
                                 if s.container is not None
@@ -316,7 +326,7 @@ class NodeAgent:
             inst = self._instances[instance_id]
             if inst.start_error:
                 return StartResult(instance_id, None, inst.start_error)
-            return StartResult(instance_id, InstanceHandle(self.node, instance_id, inst.pid))
+            return StartResult(instance_id, inst.handle(self.node))
 
     def _spawn(self, spec: LaunchSpec) -> _Child | None:
         """Spawn one instance's first process inside its cgroups; the calling thread stays in
@@ -397,7 +407,7 @@ class NodeAgent:
         log.info("instance %s: %s", spec.instance_id, message)
         self.trees.remove(spec.instance_id)
         status = InstanceStatus(
-            InstanceHandle(self.node, spec.instance_id, None),
+            InstanceHandle(self.node, spec.instance_id, None, list(spec.ports)),
             InstancePhase.START_FAILED,
             exit_code=START_FAILED_EXIT,
             reason="StartFailed",
@@ -510,7 +520,7 @@ class NodeAgent:
         else:
             reason, message = ("Completed", "") if code == 0 else ("Error", f"exited with code {code}")
         return InstanceStatus(
-            InstanceHandle(self.node, inst.instance_id, inst.pid),
+            inst.handle(self.node),
             InstancePhase.EXITED,
             exit_code=code,
             reason=reason,
@@ -567,7 +577,7 @@ class NodeAgent:
                 self.containers.overdue(inst.container, inst.pid, inst.command_started_at or 0.0)  # stuck pull
             cpu, peak = self.containers.observe(inst.container) or (cpu, peak)
         return InstanceStatus(
-            InstanceHandle(self.node, instance_id, inst.pid),
+            inst.handle(self.node),
             phase,
             reason="" if phase == InstancePhase.RUNNING else reason,
             started_at=inst.started_at,
@@ -644,7 +654,14 @@ class NodeAgent:
                         records = {
                             i: JournaledInstance(
                                 i,
-                                {"id": i, "t": "start", "role": inst.role, "gated": inst.gated, "at": inst.started_at},
+                                {
+                                    "id": i,
+                                    "t": "start",
+                                    "role": inst.role,
+                                    "gated": inst.gated,
+                                    "at": inst.started_at,
+                                    "ports": inst.ports,
+                                },
                                 inst.status,
                             )
                             for i, inst in self._instances.items()

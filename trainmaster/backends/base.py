@@ -52,7 +52,7 @@ class LaunchRequest:
     index: int
     attempt: int
     placement: Placement
-    launch_file: str  # the JSON the instance runtime reads (see trainmaster.runtime.launch)
+    launch_file: str  # unused: no backend reads a launch.json any more (the agents read ``spec``)
     instance_dir: str
     log_path: str
     cwd: str | None = None
@@ -100,7 +100,6 @@ class Backend(ABC):
     """A place where instances run."""
 
     name: str = ""
-    needs_launch_file: bool = True  # the controller writes launch.json for the instance runtime
     running_at_start: bool = False  # a started attempt without a wait step runs at once (no poll needed)
     runs_containers: bool = False  # its agents run LaunchSpec.container (podman); else roles run on the host
 
@@ -129,8 +128,7 @@ class Backend(ABC):
     def start(self, request: LaunchRequest) -> dict[str, Any]:
         """Start one attempt; return a JSON-able handle that identifies it safely.
 
-        The caller has cleared ``request.instance_dir`` of the previous attempt's records
-        (``InstanceFiles.reset_attempt``) and written its launch file there."""
+        The caller has created ``request.instance_dir``; what to run is ``request.spec``."""
 
     def start_all(self, requests: list[LaunchRequest]) -> Iterator[dict[str, Any] | StartFailure]:
         """Start several attempts; their handles come back in order, each as soon as it is

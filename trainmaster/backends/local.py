@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -62,7 +63,6 @@ def observation(status: InstanceStatus) -> Observation:
 
 class LocalBackend(Backend):
     name = "local"
-    needs_launch_file = False
     running_at_start = True  # the agent answers once every command has exec'd
     runs_containers = True
 
@@ -72,6 +72,7 @@ class LocalBackend(Backend):
         host: str = "127.0.0.1",
         state_dir: Path | None = None,
         linger: float = 10.0,
+        watch_seconds: float = WATCH_SECONDS,
     ):
         self._capacity = capacity or Capacity(
             cpu=float(os.cpu_count() or 1), memory=psutil.virtual_memory().total, gpu=0
@@ -80,8 +81,9 @@ class LocalBackend(Backend):
         self._ports = PortPool(host)
         self.agent = AgentClient(state_dir or agent_state_dir(), node=NODE, linger=linger)
         self._watcher: threading.Thread | None = None
-        self._wakes: list[Callable[[], None]] = []
+        self._wakes: list[Callable[[], Callable[[], None] | None]] = []  # weak references to wakes
         self._closing = threading.Event()
+        self._watch_seconds = watch_seconds
 
     def capacity(self) -> Capacity:
         return self._capacity
@@ -131,35 +133,56 @@ class LocalBackend(Backend):
         status = self.agent.observe([instance_id])[0]
         if status.phase == InstancePhase.LOST:
             return None
-        return InstanceHandle(NODE, instance_id, status.handle.pid).to_dict()
+        return InstanceHandle(NODE, instance_id, status.handle.pid, status.handle.ports).to_dict()
 
     def watch_exits(self, wake: Callable[[], None]) -> None:
         """A daemon thread on a connection of its own blocks in the agent's ``wait_exit`` and
         calls every registered ``wake`` after each change (an exit or a refused start); one
-        thread per backend, whatever the number of controllers using it."""
-        self._wakes.append(wake)
+        thread per backend, whatever the number of controllers using it.
+
+        The thread holds the backend and the wakes' owners only weakly: a backend dropped
+        without :meth:`close` ends its watcher (and the watcher's connection, which would keep
+        the agent from lingering out) within one ``wait_exit`` of being collected."""
+        if self._watcher is not None and any(ref() == wake for ref in self._wakes):
+            return  # already woken by it (a controller's run_job called again)
+        self._wakes.append(weakref.WeakMethod(wake) if hasattr(wake, "__self__") else (lambda: wake))
         if self._watcher is not None:
             return
         client = AgentClient(self.agent.state_dir, node=NODE, start=False)
-        self._watcher = threading.Thread(target=self._watch, args=(client,), name="agent-exits", daemon=True)
+        self._watcher = threading.Thread(
+            target=_watch,
+            args=(client, self._wakes, self._closing, self._watch_seconds),
+            name="agent-exits",
+            daemon=True,
+        )
+        weakref.finalize(self, self._closing.set)
         self._watcher.start()
-
-    def _watch(self, client: AgentClient) -> None:
-        seen = -1
-        while not self._closing.is_set():
-            try:
-                count = client.wait_exit(seen, WATCH_SECONDS)
-            except AgentUnavailable as exc:  # no agent now (none started yet, or it was killed)
-                log.debug("waiting %.0fs for the node agent to watch exits: %s", WATCH_RETRY, exc)
-                self._closing.wait(WATCH_RETRY)
-                continue
-            if count != seen:
-                if seen >= 0 or count > 0:
-                    for wake in list(self._wakes):
-                        wake()
-                seen = count
-        client.close()
 
     def close(self) -> None:
         self._closing.set()
         self.agent.close()
+
+
+def _watch(
+    client: AgentClient,
+    wakes: list[Callable[[], Callable[[], None] | None]],
+    closing: threading.Event,
+    seconds: float,
+) -> None:
+    """The exit watcher's loop (a function, not a method: it must not keep its backend alive)."""
+    seen = -1
+    while not closing.is_set():
+        try:
+            count = client.wait_exit(seen, seconds)
+        except AgentUnavailable as exc:  # no agent now (none started yet, or it was killed)
+            log.debug("waiting %.0fs for the node agent to watch exits: %s", WATCH_RETRY, exc)
+            closing.wait(WATCH_RETRY)
+            continue
+        if count != seen:
+            if seen >= 0 or count > 0:
+                for ref in list(wakes):
+                    wake = ref()
+                    if wake is not None:
+                        wake()
+            seen = count
+    client.close()

@@ -140,8 +140,6 @@ class _Snapshot:
 
 class RayBackend(Backend):
     name = "ray"
-    # the node agent reads the typed LaunchSpec (request.spec): no launch.json for an older runtime
-    needs_launch_file = False
     runs_containers = True  # each node's agent (trainmaster.agent.NodeAgent) runs them with its podman
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None, node_ip: str = "127.0.0.1"):

@@ -33,7 +33,6 @@ FIRST_PORT, LAST_PORT = 20000, 32000  # below Linux's ephemeral range: never an 
 
 class TestbedBackend(Backend):
     name = "testbed"
-    needs_launch_file = False
     running_at_start = True  # an agent answers once every command of its batch has exec'd
     runs_containers = True  # each host's agent runs them in that host's network namespace
     __test__ = False
@@ -163,8 +162,8 @@ class TestbedBackend(Backend):
             if not client.has_run():
                 continue
             status = client.observe([instance_id])[0]
-            if status.phase != InstancePhase.LOST:
-                return InstanceHandle(client.node, instance_id, status.handle.pid).to_dict()
+            if status.phase != InstancePhase.LOST:  # the agent's handle: its node, pid and ports
+                return InstanceHandle(client.node, instance_id, status.handle.pid, status.handle.ports).to_dict()
         return None
 
     def close(self) -> None:

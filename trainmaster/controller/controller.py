@@ -20,6 +20,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from sqlalchemy import insert
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -27,9 +28,8 @@ from trainmaster.backends.base import Backend, Capacity, LaunchRequest, Observat
 from trainmaster.controller import metrics, queues, restart, scaling
 from trainmaster.controller.backoff import StoreBackoff
 from trainmaster.controller.admission import admit
-from trainmaster.controller.launching import instance_id, launch_spec, legacy_launch_file
+from trainmaster.controller.launching import instance_id, launch_spec
 from trainmaster.errors import JobConflict
-from trainmaster.runtime.files import InstanceFiles
 from trainmaster.spec.load import LoadedJob
 from trainmaster.spec.model import Job, RestartScope, Role
 from trainmaster.spec.paths import in_job_folder
@@ -37,9 +37,10 @@ from trainmaster.spec.states import INSTANCE_TERMINAL, JOB_TERMINAL, InstanceSta
 from trainmaster.spec.status import RoleSummary, Verdict, job_state, role_state
 from trainmaster.store import repository as repo
 from trainmaster.store.db import home
-from trainmaster.store.models import InstanceRow, JobRow, RoleRow, utcnow
+from trainmaster.store.models import EventRow, InstanceRow, JobRow, RoleRow, utcnow
 
 I = InstanceState
+ROWS_AHEAD = 64  # a waiting job's row is loaded with those of the next waiting jobs (one query)
 LIVE = (I.STARTING.value, I.RUNNING.value, I.UNKNOWN.value, I.TERMINATING.value)
 
 
@@ -83,6 +84,7 @@ class Controller:
         self._observed: dict[int, Observation] = {}  # instance row id -> this pass's observation
         self._ended: list[dict[str, Any]] = []  # handles whose exits this pass stored (agent may forget)
         self._to_start: list[_Start] = []  # attempts this pass prepared (started together at its end)
+        self._events: list[dict[str, Any]] = []  # this pass's events, written with it (_write_events)
         self._work = threading.Event()  # set by submit, cancel, scale: the next pass need not wait
         # ended jobs with runPolicy.ttlSecondsAfterFinished: job id -> epoch seconds it is deleted
         # (None until the first pass reads them from the store). Only the service's controller
@@ -179,26 +181,29 @@ class Controller:
         with self._lock, self.sessions() as session, metrics.RECONCILE.time():
             if self.fence:
                 self.fence(session)
-            self._to_start, self._observed = [], {}  # nothing carried over from a pass that failed
+            self._to_start, self._observed, self._events = [], {}, []  # nothing carried over from a failed pass
             free = self._free_capacity(session)
             admitted = repo.admitted_active_count(session, self.owner)
-            active = repo.load_active_jobs(session, self.owner)
-            jobs, self._spec_texts = active.jobs, active.waiting_specs
-            self._observe_all(jobs)
+            jobs = repo.load_active_jobs(session, self.owner).jobs
+            self._spec_texts = {j.id: j.spec_text for j in jobs if isinstance(j, repo.WaitingJob)}
+            self._observe_all([j for j in jobs if isinstance(j, JobRow)])
             # no flush before each query of the pass (a job's lazy loads, its last event): the
             # pass writes once, at its commit, instead of once per job
+            order = queues.fair_order(jobs, self.queue_weights)
+            rows: dict[int, JobRow] = {}  # waiting jobs' rows loaded this pass
             with session.no_autoflush:
-                for job in queues.fair_order(jobs, self.queue_weights):
+                for position, entry in enumerate(order):
+                    if isinstance(entry, repo.WaitingJob):
+                        if self._stays_as_it_is(entry, free, admitted):
+                            continue  # most of a long queue, pass after pass: no row loaded
+                        if entry.id not in rows:  # with the next ones: those a pass changes come in runs
+                            ahead = [j.id for j in order[position : position + ROWS_AHEAD] if not isinstance(j, JobRow)]
+                            rows.update(repo.load_waiting_jobs(session, ahead))
+                        job = rows[entry.id]
+                    else:
+                        job = entry
                     if not job.admitted and not job.cancel_requested and admitted >= self.max_jobs:
-                        self._set_job_state(
-                            session,
-                            job,
-                            Verdict(
-                                JobState.PENDING,
-                                "Queued",
-                                f"{admitted} job(s) running, the most this controller runs at once",
-                            ),
-                        )
+                        self._set_job_state(session, job, _queued(admitted))
                     else:
                         was_admitted = job.admitted
                         free = self._reconcile(session, job, free)
@@ -206,14 +211,51 @@ class Controller:
             # the whole pass in one transaction: every job's progress and every start intent
             # (state starting, attempt + 1) is committed here, before anything is spawned; what
             # a crash before it loses (observed exits) the agents still hold until `forget`
+            self._write_events(session)
             session.commit()
             self._spec_texts = {}
             self._start_all(session)
+            self._write_events(session)
             session.commit()
             if self.owner == "service":
                 self._delete_expired(session)
             ended, self._ended = self._ended, []
             self.backend.forget(ended)  # stored: the agent's journal may drop them
+
+    def _event(self, job_id: int, obj: str, reason: str, message: str, type_: str = "Normal") -> None:
+        """Record an event of this pass. A job's way through the queue takes about ten (Kubernetes
+        style: admitted, started, running, succeeded, per job, role and instance), so they are
+        written together, one multi-row INSERT per pass (:meth:`_write_events`), in order, in
+        the pass's transaction, instead of one ORM object each."""
+        self._events.append(
+            {"job_id": job_id, "object": obj, "reason": reason, "message": message, "type": type_, "time": utcnow()}
+        )
+
+    def _write_events(self, session: Session) -> None:
+        if self._events:
+            session.execute(insert(EventRow), self._events)
+            self._events = []
+
+    def _stays_as_it_is(self, job: repo.WaitingJob, free: Capacity, admitted: int) -> bool:
+        """Whether this pass would leave a waiting job exactly as it is (same state, reason and
+        message: still waiting for the same thing). Decided from its plain columns by the same
+        rules, in the same order, as :meth:`_reconcile` and the ``max_jobs`` check, so skipping
+        it changes nothing; anything else (admitted, cancelled, unschedulable, a new reason or
+        message) goes the full way with its row."""
+        if job.cancel_requested:
+            return False
+        if admitted >= self.max_jobs:
+            verdict = _queued(admitted)
+        else:
+            spec = self._spec_of(job.id, job.spec_text)
+            if spec.spec.run_policy.suspend:
+                verdict = SUSPENDED
+            else:
+                decision = admit(spec, self.backend.capacity(), free)
+                if decision.admitted or decision.unschedulable:
+                    return False
+                verdict = Verdict(JobState.PENDING, "Pending", decision.message)
+        return (job.state, job.reason, job.message) == (verdict.state.value, verdict.reason, verdict.message)
 
     def _observe_all(self, jobs: list[JobRow]) -> None:
         """Every live instance of the pass observed in one backend call."""
@@ -223,9 +265,12 @@ class Controller:
     def run_job(
         self, job_id: int, on_tick: Callable[[], None] | None = None, should_cancel: Callable[[], bool] | None = None
     ) -> str:
-        """Reconcile until ``job_id`` ends; returns its final state. A store that is away is
-        waited out with backoff (the job's instances keep running meanwhile)."""
+        """Reconcile until ``job_id`` ends; returns its final state. Between passes it waits on
+        the same wake as the server's loop (a submit, a cancel, an instance's end reported by
+        its node agent), at most ``interval`` seconds. A store that is away is waited out with
+        backoff (the job's instances keep running meanwhile)."""
         backoff = StoreBackoff(self.interval)
+        self.backend.watch_exits(self.wake)
         while True:
             try:
                 if should_cancel and should_cancel():
@@ -241,7 +286,7 @@ class Controller:
             backoff.succeeded()
             if JobState(state) in JOB_TERMINAL:
                 return state
-            time.sleep(self.interval)
+            self.wait_for_work(self.interval)
 
     def _delete_expired(self, session: Session) -> None:
         """Delete ended jobs whose ``runPolicy.ttlSecondsAfterFinished`` has passed: the record
@@ -291,11 +336,13 @@ class Controller:
         """The job's validated spec; validated again only when the stored one changed (scaling),
         because a pass over a long queue would otherwise spend most of its time in validation.
         A waiting job's is compared as stored text (its column is not loaded: no JSON decode)."""
-        stored: dict[str, Any] | str = self._spec_texts.get(job.id) or job.spec
-        cached = self._specs.get(job.id)
+        return self._spec_of(job.id, self._spec_texts.get(job.id) or job.spec)
+
+    def _spec_of(self, job_id: int, stored: dict[str, Any] | str) -> Job:
+        cached = self._specs.get(job_id)
         if cached is None or cached[0] != stored:
             cached = (stored, Job.model_validate(json.loads(stored) if isinstance(stored, str) else stored))
-            self._specs[job.id] = cached
+            self._specs[job_id] = cached
         return cached[1]
 
     def _reconcile(self, session: Session, job: JobRow, free: Capacity) -> Capacity:
@@ -336,7 +383,7 @@ class Controller:
                 self._set_job_state(session, job, Verdict(JobState.PENDING, "GangPending", why))
                 return free
             job.admitted = True
-            repo.add_event(session, job.id, "job", "Admitted", decision.message)
+            self._event(job.id, "job", "Admitted", decision.message)
         free = self._observe(session, job, spec, free)
         spent = next(
             (i for i in job.instances if i.reason == "BackoffLimitExceeded" and i.state == I.FAILED.value), None
@@ -408,8 +455,7 @@ class Controller:
             return
         self._set_instance_state(inst, I.UNKNOWN)
         inst.reason, inst.message = obs.reason or "Unreachable", obs.message
-        repo.add_event(
-            session,
+        self._event(
             job.id,
             f"instance/{inst.label}",
             "Unknown",
@@ -419,7 +465,7 @@ class Controller:
         )
 
     def _reachable_again(self, session: Session, job: JobRow, inst: InstanceRow, obs: Observation) -> None:
-        repo.add_event(session, job.id, f"instance/{inst.label}", "Reachable", f"{inst.label} answers again")
+        self._event(job.id, f"instance/{inst.label}", "Reachable", f"{inst.label} answers again")
         if obs.phase == Phase.RUNNING:
             self._mark_running(session, job, inst)
         else:
@@ -474,8 +520,7 @@ class Controller:
             self._set_instance_state(inst, I.PENDING)
             inst.next_start_at = utcnow() + timedelta(seconds=decision.delay)
             inst.reason, inst.message = "BackOff", f"restart {inst.restarts} in {decision.delay:g}s"
-            repo.add_event(
-                session,
+            self._event(
                 job.id,
                 obj,
                 "Restarting",
@@ -486,14 +531,14 @@ class Controller:
             )
         elif code == 0:
             inst.reason, inst.message = "Completed", "exited with code 0"
-            repo.add_event(session, job.id, obj, "Succeeded", f"{inst.label} exited with code 0")
+            self._event(job.id, obj, "Succeeded", f"{inst.label} exited with code 0")
         elif over_limit:
             inst.reason = "BackoffLimitExceeded"
             inst.message = (
                 f"{inst.label} exited with code {code}{why} after the job's {spent} restart(s): "
                 f"runPolicy.backoffLimit is {limit}"
             )
-            repo.add_event(session, job.id, obj, "BackoffLimitExceeded", inst.message, "Warning")
+            self._event(job.id, obj, "BackoffLimitExceeded", inst.message, "Warning")
         else:
             reason = obs.reason or ("RestartsExhausted" if decision.exhausted else "Failed")
             if decision.exhausted:
@@ -507,9 +552,7 @@ class Controller:
                     f"{role.restart_policy.policy.value} does not restart it"
                 )
             inst.reason, inst.message = reason, message
-            repo.add_event(
-                session, job.id, obj, "RestartsExhausted" if decision.exhausted else "Failed", message, "Warning"
-            )
+            self._event(job.id, obj, "RestartsExhausted" if decision.exhausted else "Failed", message, "Warning")
         return free
 
     def _restart_group(
@@ -546,8 +589,7 @@ class Controller:
             if self._spec(job).spec.role(ended.role).restart_policy.scope == RestartScope.JOB
             else f"role {ended.role}"
         )
-        repo.add_event(
-            session,
+        self._event(
             job.id,
             f"instance/{ended.label}",
             "RestartingGroup",
@@ -594,8 +636,7 @@ class Controller:
                     session, job, doomed, free, f"scaled down: role {role.name} wants {role.replicas}"
                 )
                 for inst in doomed:
-                    repo.add_event(
-                        session,
+                    self._event(
                         job.id,
                         f"instance/{inst.label}",
                         "ScaledDown",
@@ -706,7 +747,7 @@ class Controller:
                 self._set_job_state(session, start.job, verdict)
 
     def _prepare(self, job: JobRow, spec: Job, inst: InstanceRow, environ: dict[str, str]) -> LaunchRequest:
-        """Place an instance, write its launch file and mark it starting (nothing runs yet).
+        """Place an instance and mark it starting (nothing runs yet).
 
         ``environ`` is the controller's environment, which the instance inherits."""
         role = spec.spec.role(inst.role)
@@ -714,7 +755,8 @@ class Controller:
             role.name, role.ports, role.resources.dump(), spec.metadata.annotations, role.container_ports
         )
         run_dir = Path(job.run_dir)
-        files = InstanceFiles(run_dir / "instances" / inst.label)
+        # created by the agent where it writes there (a wait step's spec, a container's files)
+        instance_dir = str(run_dir / "instances" / inst.label)
         log_path = str(run_dir / "logs" / f"{inst.label}.log")
         inst.attempt += 1
         launch = launch_spec(
@@ -725,17 +767,10 @@ class Controller:
             environ,
             self.db_url,
             log_path,
-            str(files.dir),
+            instance_dir,
             containers=self.backend.runs_containers,
         )
         depends = launch.depends
-        if self.backend.needs_launch_file:
-            # the previous attempt's records go before the intent is committed: after a crash, an
-            # exit code in the folder can then only be the new attempt's (see recover)
-            files.reset_attempt()
-            files.write_launch(legacy_launch_file(launch))
-        else:
-            files.dir.mkdir(parents=True, exist_ok=True)
         inst.host, inst.ports, inst.address = placement.host, placement.ports, placement.address
         inst.log_path = log_path
         inst.handle, inst.pid = None, None
@@ -752,8 +787,8 @@ class Controller:
             index=inst.index,
             attempt=inst.attempt,
             placement=placement,
-            launch_file=str(files.launch),
-            instance_dir=str(files.dir),
+            launch_file="",
+            instance_dir=instance_dir,
             log_path=log_path,
             cwd=launch.cwd,
             resources=role.resources.dump(),
@@ -768,8 +803,7 @@ class Controller:
     ) -> None:
         inst.handle = handle
         inst.pid = inst.handle.get("pid")
-        repo.add_event(
-            session,
+        self._event(
             job.id,
             f"instance/{inst.label}",
             "Started",
@@ -781,7 +815,8 @@ class Controller:
         instances, requeue unstarted ones.
 
         Instances whose process ended while no controller watched are left to the next pass,
-        which reads their recorded exit code and applies their restart policy.
+        which reads their exit from their node agent (journaled there until ``forget``) and
+        applies their restart policy.
         """
         with self._lock, self.sessions() as session:
             if self.fence:
@@ -794,9 +829,8 @@ class Controller:
                     obj = f"instance/{inst.label}"
                     if inst.handle is None:
                         instance_dir = str(Path(job.run_dir) / "instances" / inst.label)
+                        # the agent that started it holds its record, ended or not, until `forget`
                         inst.handle = self.backend.handle_of(instance_id(job, inst)) or self.backend.find(instance_dir)
-                        if inst.handle is None and self._ended_unwatched(session, job, inst, instance_dir):
-                            continue
                         if inst.handle is None:
                             self._set_instance_state(inst, I.PENDING)
                             inst.attempt -= 1
@@ -820,34 +854,6 @@ class Controller:
                         )
                 session.commit()
 
-    def _ended_unwatched(self, session: Session, job: JobRow, inst: InstanceRow, instance_dir: str) -> bool:
-        """An attempt the controller started but died before recording, which has already ended:
-        its exit code is in its folder (cleared before the attempt's intent was committed), so
-        its restart policy decides, and it is not started again as if it had never run."""
-        files = InstanceFiles(instance_dir)
-        code = files.read_exit_code()
-        if code is None:
-            return False
-        reason, message = files.read_reason()
-        repo.add_event(
-            session,
-            job.id,
-            f"instance/{inst.label}",
-            "EndedUnwatched",
-            f"attempt {inst.attempt} started before the controller stopped and ended with "
-            f"code {code} while no controller watched it",
-        )
-        spec = self._spec(job)
-        self._on_exit(
-            session,
-            job,
-            spec.spec.role(inst.role),
-            inst,
-            Observation(Phase.EXITED, exit_code=code, reason=reason, message=message),
-            self.backend.capacity(),
-        )
-        return True
-
     # ---- status ------------------------------------------------------------------------------
     def _roll_up(self, session: Session, job: JobRow, spec: Job) -> Verdict:
         summaries: dict[str, RoleSummary] = {}
@@ -859,8 +865,7 @@ class Controller:
             role_row.replicas = role.replicas
             if role_row.state != verdict.state.value:
                 role_row.last_transition_at = utcnow()
-                repo.add_event(
-                    session,
+                self._event(
                     job.id,
                     f"role/{role.name}",
                     verdict.reason,
@@ -883,8 +888,7 @@ class Controller:
                 job.started_at = utcnow()
             if verdict.state == JobState.RUNNING and job.running_at is None:
                 job.running_at = utcnow()
-            repo.add_event(
-                session,
+            self._event(
                 job.id,
                 "job",
                 verdict.reason,
@@ -894,9 +898,10 @@ class Controller:
         elif job.reason != verdict.reason:
             # a new reason is an event; a message that only updates figures (free capacity,
             # counts) is not, or every queued job would log one per pass
+            self._write_events(session)  # the last event may be this pass's
             last = repo.last_event(session, job.id, "job")
             if last is None or last.reason != verdict.reason:
-                repo.add_event(session, job.id, "job", verdict.reason, verdict.message)
+                self._event(job.id, "job", verdict.reason, verdict.message)
         if (job.state, job.reason, job.message) != (new, verdict.reason, verdict.message):
             # assigned only when changed: an assignment marks the row dirty even with the same
             # value, and a long queue would then be rewritten on every pass
@@ -917,11 +922,7 @@ class Controller:
             repo.clear_registry(job)
             self.backend.release_gang(job.id)
             job.admitted, job.started_at = False, None
-        self._set_job_state(
-            session,
-            job,
-            Verdict(JobState.PENDING, "Suspended", "suspended (runPolicy.suspend); `trainmaster job resume` starts it"),
-        )
+        self._set_job_state(session, job, SUSPENDED)
         return free
 
     def _finish(self, session: Session, job: JobRow, spec: Job, verdict: Verdict, free: Capacity) -> Capacity:
@@ -943,7 +944,7 @@ class Controller:
         if verdict.state == JobState.SUCCEEDED and job.output_path:
             source = Path(job.run_dir) / "output"
             shutil.copytree(source, job.output_path, dirs_exist_ok=True)
-            repo.add_event(session, job.id, "job", "OutputStored", f"outputs copied to {job.output_path}")
+            self._event(job.id, "job", "OutputStored", f"outputs copied to {job.output_path}")
         self._set_job_state(session, job, verdict)
         job.completed_at = utcnow()
         ttl = spec.spec.run_policy.ttl_seconds_after_finished
@@ -951,6 +952,14 @@ class Controller:
             self._expiry[job.id] = time.time() + ttl
         self._specs.pop(job.id, None)
         return free
+
+
+SUSPENDED = Verdict(JobState.PENDING, "Suspended", "suspended (runPolicy.suspend); `trainmaster job resume` starts it")
+
+
+def _queued(admitted: int) -> Verdict:
+    """A waiting job's verdict while the controller runs its ``max_jobs`` already."""
+    return Verdict(JobState.PENDING, "Queued", f"{admitted} job(s) running, the most this controller runs at once")
 
 
 @dataclass

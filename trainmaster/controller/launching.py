@@ -109,24 +109,3 @@ def launch_spec(
         env_inputs=inputs,
         container=container,
     )
-
-
-def legacy_launch_file(launch: LaunchSpec) -> dict[str, Any]:
-    """The launch.json of the older instance runtime that the testbed's per-host launcher still runs."""
-    inputs = launch.env_inputs
-    return {
-        "argv": launch.argv,
-        "cwd": launch.cwd,
-        "env": launch.env,
-        "role_env": inputs.get("role_env", {}),
-        "env_fields": inputs.get("env_fields", {}),
-        "pod": inputs.get("pod", {}),
-        "depends": [
-            {"role": d.role, "condition": d.condition, "timeout": d.timeout, "replicas": d.replicas}
-            for d in launch.depends
-        ],
-        "db_url": launch.db_url,
-        "job_id": launch.job_id,
-        "framework": inputs.get("framework", "command"),
-        "context": inputs.get("context", {}),
-    }

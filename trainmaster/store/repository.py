@@ -48,34 +48,63 @@ def load_jobs(session: Session, job_ids: list[int]) -> list[JobRow]:
 
 
 @dataclass
+class WaitingJob:
+    """A job not yet admitted, as a reconcile pass first sees it: the few columns admission
+    reads, not an ORM row. Most of a long queue stays as it is pass after pass; the controller
+    loads the row (:func:`load_waiting_job`) only for a job whose state it changes."""
+
+    id: int
+    queue: str
+    state: str
+    reason: str
+    message: str
+    cancel_requested: bool
+    spec_text: str  # the spec as stored (JSON): the controller caches the validated spec by it
+    admitted: bool = False
+
+
+@dataclass
 class ActiveJobs:
     """What one reconcile pass works on: ``owner``'s jobs not yet ended, in queue order."""
 
-    jobs: list[JobRow]
-    # waiting jobs' specs as stored (JSON text): their ``spec`` column is deferred, so a pass
-    # over a long queue decodes only the specs that changed (the controller caches by text)
-    waiting_specs: dict[int, str]
+    jobs: list[JobRow | WaitingJob]
 
 
 def load_active_jobs(session: Session, owner: str) -> ActiveJobs:
     """``owner``'s jobs not yet ended, in queue order (:func:`active_job_ids`) for a reconcile
     pass: admitted ones with their roles, instances and registry (four queries), waiting ones
-    as bare rows with their spec text (one query). A long queue of waiting jobs then costs
-    neither a SELECT of their children nor a JSON decode of every spec on every pass; the few
-    jobs a pass admits or cancels load their roles when first touched."""
+    as :class:`WaitingJob` records (one query of plain columns). A long queue of waiting jobs
+    then costs neither an ORM object, nor a SELECT of its children, nor a JSON decode of its
+    spec on every pass."""
     ids = active_job_ids(session, owner)
     admitted = list(session.scalars(select(JobRow.id).where(JobRow.id.in_(ids), JobRow.admitted.is_(True))))
-    rows = {job.id: job for job in load_jobs(session, admitted)}
+    rows: dict[int, JobRow | WaitingJob] = {job.id: job for job in load_jobs(session, admitted)}
     waiting = [i for i in ids if i not in rows]
-    texts: dict[int, str] = {}
-    query = select(JobRow, type_coerce(JobRow.spec, Text)).where(JobRow.id.in_(waiting)).options(defer(JobRow.spec))
-    for job, text in session.execute(query):
-        # instances and registry entries exist only once a job is admitted (the controller
-        # creates them then), so a waiting job's are known empty without a query
+    query = select(
+        JobRow.id,
+        JobRow.queue,
+        JobRow.state,
+        JobRow.reason,
+        JobRow.message,
+        JobRow.cancel_requested,
+        type_coerce(JobRow.spec, Text),
+    ).where(JobRow.id.in_(waiting))
+    for job_id, queue, state, reason, message, cancel, text in session.execute(query):
+        rows[job_id] = WaitingJob(job_id, queue, state, reason or "", message or "", bool(cancel), text)
+    return ActiveJobs([rows[i] for i in ids if i in rows])
+
+
+def load_waiting_jobs(session: Session, job_ids: list[int]) -> dict[int, JobRow]:
+    """The rows of jobs a pass found waiting, with their roles, in two queries (their spec
+    column deferred: the pass has its text). Instances and registry entries exist only once a job is admitted (the
+    controller creates them then), so they are known empty without a query."""
+    rows = session.scalars(
+        select(JobRow).where(JobRow.id.in_(job_ids)).options(defer(JobRow.spec), selectinload(JobRow.roles))
+    ).all()
+    for job in rows:
         set_committed_value(job, "instances", [])
         set_committed_value(job, "addresses", [])
-        rows[job.id], texts[job.id] = job, text
-    return ActiveJobs([rows[i] for i in ids if i in rows], texts)
+    return {job.id: job for job in rows}
 
 
 def find_job(session: Session, ref: str | int) -> JobRow:
