@@ -116,13 +116,20 @@ def test_local_pipeline_with_measured_costs_and_emulated_links():
         bandwidth=1e7,
         latency=0.02,
         profile_runs=2,
+        pin_cores=True,
+        trace=True,
     )
     report = run_local(run, 2, timeout=120)
     assert report["cost_model"]["costs"] == "measured" and report["emulated_link"] is True
+    # the calibration run measured a message's trips to and from the driver
+    assert report["calibration"]["input_message"] > 0 and report["calibration"]["output_message"] > 0
     for method in ("trainmaster", "metis"):
         r = report["runs"][method]
         assert r["outputs_equal_unsplit"] is True
-        assert r["simulated_makespan"] > 0 and r["latency_seconds"] > 0
+        assert r["simulated_makespan"] > 0 and r["latency_seconds"] > 0 and r["predicted_latency"] > 0
+        stages = r["breakdown"]["stages"]
+        assert [st["stage"] for st in stages] == [0, 1]
+        assert all(st["measured_end"] >= st["measured_compute"] >= 0 for st in stages)
         if r["cut_count"] > 0:  # a sample crosses at least one emulated 20 ms link
             assert r["latency_seconds"] >= 0.02
 
@@ -134,3 +141,51 @@ def test_pipeline_framework_checks_costs_and_tracer():
         fw.validate({"frameworkParams": {"costs": "guess", "tracer": "jit"}}, [{"name": "stage"}, {"name": "driver"}])
     )
     assert "costs" in errors and "tracer" in errors
+
+
+def test_pipeline_latency_model_by_hand():
+    """Mechanism: pipeline latency model (pipeline.pipeline_latency): a stage runs its nodes in
+    order when their inputs are in; a value sent elsewhere is pickled on the sender's thread,
+    then costs the fixed trip, unpickling and the link (latency + lateness + bytes / bandwidth);
+    the input reaches its readers after the measured input trip, the output reaches the driver
+    after the output trip. A 3-layer MLP split 2 | 3 operators, every number chosen by hand."""
+    import torch
+
+    from trainmaster.partition.models import mlp
+    from trainmaster.partition.pipeline import Calibration, Message, PipelineRun, pipeline_latency
+
+    gm = torch.fx.symbolic_trace(mlp(8, 3, inputs=8, classes=4))
+    names = [n.name for n in gm.graph.nodes]
+    ops = [n for n in names if n not in ("x", "input", "output") and not n.startswith("input")]
+    assert len(ops) == 5  # linear, relu, linear, relu, linear
+    assignment = {n: (0 if i < 2 else 1) for i, n in enumerate(ops)}
+    assignment.update({n: 0 for n in names if n not in assignment})
+    run = PipelineRun(model="m:f", input_shape=(1, 8), latency=0.5, bandwidth=100.0, emulate_link=True)
+    latency = pipeline_latency(
+        gm,
+        assignment,
+        names,
+        {n: 1.0 for n in ops},
+        {n: Message(size=100, dumps=0.1, loads=0.2) for n in names},
+        run,
+        Calibration(node_seconds={}, input_message=0.3, output_message=0.4),
+        late=0.05,
+    )
+    # input 0.3; stage 0: 0.3 -> 2.3, pickles 0.1; the message: 0.3 + 0.2 + 0.5 + 0.05 + 1.0;
+    # stage 1: 4.45 -> 7.45, pickles 0.1, the output trip 0.4
+    assert latency == pytest.approx(7.95)
+
+
+def test_mailbox_control_by_kind():
+    """Mechanism: control messages by kind (Mailbox.take_control): a stage with nothing to
+    compute reports its trace before another stage says it is ready; the driver takes each
+    kind in turn, and a wait for a message that never comes ends with a timeout naming it."""
+    from trainmaster.partition.pipeline import Mailbox
+
+    box = Mailbox()
+    box.put_control(("trace", 1, [], {}))
+    box.put_control(("ready", 0))
+    assert box.take_control(kind="ready") == ("ready", 0)
+    assert box.take_control(kind="trace")[0] == "trace"
+    with pytest.raises(TimeoutError, match="ready"):
+        box.take_control(timeout=0.01, kind="ready")
