@@ -254,7 +254,7 @@ PIPELINE_LINK = dict(bandwidth=1.25e7, latency=1e-3)
 PREDICTED_MARGIN = 0.10
 
 
-def bench_pipeline(samples: int = 10, latency_samples: int = 20) -> dict:
+def bench_pipeline(samples: int = 10, latency_samples: int = 10, rounds: int = 3) -> dict:
     """Real pipelines: each case's model split by ours and by METIS runs as stage processes on
     loopback with emulated links (``pipeline.Link``), each stage pinned to a core (k = 3 on a
     2-core machine: two stages share one). Op costs are measured in a stage before the runs
@@ -262,7 +262,8 @@ def bench_pipeline(samples: int = 10, latency_samples: int = 20) -> dict:
     torch.profiler (``costs="profiler"``); message costs are measured too (``pipeline``). The
     measured latency of one sample in flight (median of ``latency_samples``) is compared with
     the pipeline model's predicted latency and the partitioner's simulated makespan; the
-    streamed time per sample with the predicted max-load."""
+    streamed time per sample with the predicted max-load. The methods' runs alternate ``rounds``
+    times (medians over all), so that a spell of load on a shared machine meets both alike."""
     from trainmaster.partition.pipeline import PipelineRun, run_local
 
     rows = []
@@ -275,6 +276,7 @@ def bench_pipeline(samples: int = 10, latency_samples: int = 20) -> dict:
             emulate_link=True,
             pin_cores=True,
             trace=True,
+            rounds=rounds,
             **PIPELINE_LINK,
         )
         try:
@@ -310,6 +312,7 @@ def bench_pipeline(samples: int = 10, latency_samples: int = 20) -> dict:
         "link": PIPELINE_LINK,
         "samples": samples,
         "latency_samples": latency_samples,
+        "rounds": rounds,
         "load": ", ".join(f"{x:.1f}" for x in os.getloadavg()),
         "cpus": len(os.sched_getaffinity(0)),
     }
@@ -345,7 +348,8 @@ def write_pipeline(doc: dict, out: Path) -> None:
         f"Links: emulated, {doc['link']['bandwidth'] * 8 / 1e6:.0f} Mbit/s and "
         f"{doc['link']['latency'] * 1e3:.0f} ms per message between stages; each stage pinned to a core "
         f"(k = 3 on 2 cores: two stages share one); {doc['samples']} samples streamed, then "
-        f"{doc.get('latency_samples', doc['samples'])} sent one at a time (measured latency: their median).",
+        f"{doc.get('latency_samples', doc['samples'])} sent one at a time, in {doc.get('rounds', 1)} rounds "
+        "alternating the methods (measured latency: the median of all lone samples).",
         "",
         "Predicted latency: the pipeline model (`pipeline.pipeline_latency`): each stage runs its "
         "operators in the simulated order, pickles each value it sends on its own thread, a message "

@@ -35,6 +35,7 @@ KNOWN_PARAMS = {
     "latency_samples",
     "pin_cores",
     "trace",
+    "rounds",
 }
 
 

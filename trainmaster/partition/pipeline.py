@@ -360,7 +360,8 @@ class PipelineRun:
     ``pin_cores``: stage j runs on CPU core j mod (cores this process may use), so that stages
     do not share a core where there are enough (the simulator gives every device its own).
     ``trace``: stages record every node's wait, start and end; the report then holds, per
-    method, the measured compute and waits of the latency samples beside the predicted ones."""
+    method, the measured compute and waits of the latency samples beside the predicted ones.
+    ``rounds``: the methods' runs alternate this many times (medians over all of them)."""
 
     model: str
     input_shape: tuple[int, ...]
@@ -379,6 +380,7 @@ class PipelineRun:
     latency_samples: int = 0
     pin_cores: bool = False
     trace: bool = False
+    rounds: int = 1
 
 
 COSTS = ("flops", "measured", "profiler")
@@ -436,7 +438,10 @@ class _Session:
         self.placeholder = next(n for n in gm.graph.nodes if n.op == "placeholder")
         self.out_node = next(n for n in gm.graph.nodes if n.op == "output")
 
-    def start(self, assignment: dict[str, int], order: list[str], samples: int, trace: bool, link: dict) -> None:
+    def start(
+        self, assignment: dict[str, int], order: list[str], samples: int, trace: bool, link: dict, shift: int = 0
+    ) -> None:
+        """Configure every stage for one run; with ``pin_cores``, stage j on core j + ``shift``."""
         run = self.cfg_run
         cfg = {
             "assignment": assignment,
@@ -454,7 +459,7 @@ class _Session:
         }
         cpus = self.cpus
         for j, conn in enumerate(self.conns):
-            _send(conn, ("run", {**cfg, "stage": j, "cpu": cpus[j % len(cpus)] if run.pin_cores else None}))
+            _send(conn, ("run", {**cfg, "stage": j, "cpu": cpus[(j + shift) % len(cpus)] if run.pin_cores else None}))
         for _ in range(len(self.conns)):
             self.box.take_control(kind="ready")
         self.consumers = plan_consumers(self.gm, assignment)
@@ -616,34 +621,44 @@ def run_pipeline(stages: list[str], port: int, run: PipelineRun) -> dict:
     position = {n.name: i for i, n in enumerate(gm.graph.nodes)}
     index = {name: v for v, name in enumerate(graph.node_ids)}
     try:
+        plans = {}
         for method in run.methods:
             part = partition(graph, k, method, acyclic=run.acyclic)
-            assignment = part.by_node_id(graph)
-            metrics = evaluate(predict, part.assignment, k)
             _publish_plan(graph, part.assignment, k, method)
-            total = warmup + run.samples + run.latency_samples
             start, finish = schedule(predict, part.assignment)
             # each stage runs its nodes in the simulated schedule's order (start, end, graph order)
             order = sorted(index, key=lambda name: (start[index[name]], finish[index[name]], position.get(name, 0)))
-            session.start(assignment, order, total, run.trace, link)
-            session.stream(0, warmup)  # first calls pay for lazy initialisation; kept out of the timing
-            t0 = time.perf_counter()
-            streamed = session.stream(warmup, warmup + run.samples)
-            elapsed = time.perf_counter() - t0
-            lone, sent, arrived = session.one_at_a_time(warmup + run.samples, total)
-            outputs = [o for o, _ in streamed] + lone
-            same = all(_close(o, e) for o, e in zip(outputs, expected))
-            breakdown = None
-            if run.trace:
-                breakdown = _breakdown(predict, part.assignment, start, finish, session.traces(), sent)
-            latencies = [arrived[x] - sent[x] for x in sent]
+            plans[method] = (part, part.by_node_id(graph), start, finish, order)
+        measured: dict[str, dict[str, list]] = {
+            m: {"elapsed": [], "latency": [], "same": [], "breakdown": []} for m in plans
+        }
+        total = warmup + run.samples + run.latency_samples
+        # rounds alternate the methods, so that a spell of load on the machine meets them alike
+        # and each round shifts the stages' cores by one, so that no method keeps a busier core
+        for shift in range(max(run.rounds, 1)):
+            for method, (part, assignment, start, finish, order) in plans.items():
+                session.start(assignment, order, total, run.trace, link, shift)
+                session.stream(0, warmup)  # first calls pay for lazy initialisation; kept out of the timing
+                t0 = time.perf_counter()
+                streamed = session.stream(warmup, warmup + run.samples)
+                m = measured[method]
+                m["elapsed"].append(time.perf_counter() - t0)
+                lone, sent, arrived = session.one_at_a_time(warmup + run.samples, total)
+                outputs = [o for o, _ in streamed] + lone
+                m["same"].append(all(_close(o, e) for o, e in zip(outputs, expected)))
+                if run.trace:
+                    m["breakdown"].append(_breakdown(predict, part.assignment, start, finish, session.traces(), sent))
+                m["latency"] += [arrived[x] - sent[x] for x in sent]
+        for method, (part, assignment, start, finish, order) in plans.items():
+            metrics = evaluate(predict, part.assignment, k)
+            m = measured[method]
             model = None
             if calibration is not None:
                 model = pipeline_latency(gm, assignment, order, times, messages, run, calibration, late)
             report["runs"][method] = {
-                "seconds_per_sample": elapsed / max(run.samples, 1),
-                "outputs_equal_unsplit": same,
-                "latency_seconds": statistics.median(latencies) if latencies else None,
+                "seconds_per_sample": statistics.median(m["elapsed"]) / max(run.samples, 1),
+                "outputs_equal_unsplit": all(m["same"]),
+                "latency_seconds": statistics.median(m["latency"]) if m["latency"] else None,
                 "simulated_makespan": metrics["makespan"],
                 "predicted_latency": model,
                 "max_load": metrics["max_load"],
@@ -651,7 +666,7 @@ def run_pipeline(stages: list[str], port: int, run: PipelineRun) -> dict:
                 "critical_cut_count": metrics["critical_cut_count"],
                 "device_graph_acyclic": metrics["device_graph_acyclic"],
                 "feasible": part.feasible,
-                "breakdown": breakdown,
+                "breakdown": _median_breakdown(m["breakdown"]) if m["breakdown"] else None,
             }
     finally:
         session.close()
@@ -863,6 +878,14 @@ def _breakdown(graph, assignment, start, finish, traces: list, sent_at: dict[int
     return {"stages": per_stage}
 
 
+def _median_breakdown(rounds: list[dict]) -> dict:
+    """Per stage and field, the median over the rounds' breakdowns (``_breakdown``)."""
+    stages = []
+    for per_round in zip(*(r["stages"] for r in rounds)):
+        stages.append({key: statistics.median(st[key] for st in per_round) for key in per_round[0]})
+    return {"stages": stages}
+
+
 def _predicted_wait(start, finish, mine) -> float:
     """The time a device idles between its operators in the simulated schedule (from 0)."""
     import numpy as np
@@ -926,6 +949,7 @@ def run_from_params(params: dict) -> PipelineRun:
         latency_samples=int(params.get("latency_samples", 0)),
         pin_cores=bool(params.get("pin_cores", False)),
         trace=bool(params.get("trace", False)),
+        rounds=int(params.get("rounds", 1)),
     )
 
 
