@@ -69,30 +69,36 @@ def test_pipeline_runs_under_controller(tmp_path: Path):
 
 
 def test_link_delays_each_message_by_latency_plus_bytes_over_bandwidth():
-    """Mechanism: emulated link (pipeline.Link): a value message arrives latency + bytes /
-    bandwidth after it was sent, messages overlap (no queueing behind each other, as the
+    """Mechanism: emulated link (pipeline.Link): a value message is available to its receiver
+    latency + bytes / bandwidth after it was sent (the sender writes it at once, the receiver's
+    mailbox holds it until due), messages overlap (no queueing behind each other, as the
     simulator prices edges), control messages pass at once."""
+    import threading
     import time
     from multiprocessing.connection import Pipe
 
-    from trainmaster.partition.pipeline import Link
+    from trainmaster.partition.pipeline import Link, Mailbox, _reader, _send
 
     recv, send = Pipe(duplex=False)
+    box = Mailbox()
+    threading.Thread(target=_reader, args=(recv, box), daemon=True).start()
     link = Link(send, latency=0.05, bandwidth=1e6)
     try:
-        t0 = time.monotonic()
-        link.send_bytes(b"x" * 100_000)  # due at 0.05 + 0.1 = 0.15 s
-        link.send_bytes(b"y" * 10, delayed=True)  # due at ~0.05 s: overtakes the first
-        link.send_bytes(b"c", delayed=False)  # control: at once
-        arrivals = []
-        for _ in range(3):
-            assert recv.poll(5.0), "a message never arrived"
-            data = recv.recv_bytes()
-            arrivals.append((data[:1], time.monotonic() - t0))
-        assert [a[0] for a in arrivals] == [b"c", b"y", b"x"]
-        assert arrivals[0][1] < 0.04
-        assert 0.05 <= arrivals[1][1] < 0.14
-        assert 0.15 <= arrivals[2][1] < 0.25 + 0.5  # generous upper bound: a loaded machine
+        t0 = time.perf_counter()
+        _send(link, ("value", 0, "x", b"x" * 100_000))  # due at 0.05 + ~0.1 = 0.15 s
+        _send(link, ("value", 0, "y", b"y" * 10))  # due at ~0.05 s: not behind the first
+        _send(link, ("ready", 1))  # control: at once
+        assert box.take_control(timeout=5.0, kind="ready") == ("ready", 1)
+        control = time.perf_counter() - t0
+        assert box.take((0, "y"), timeout=5.0) == b"y" * 10
+        small = time.perf_counter() - t0
+        assert box.take((0, "x"), timeout=5.0) == b"x" * 100_000
+        large = time.perf_counter() - t0
+        assert control < 0.04
+        assert 0.05 <= small < 0.14
+        assert 0.15 <= large < 0.25 + 0.5  # generous upper bound: a loaded machine
+        with pytest.raises(TimeoutError, match="'z' of sample 0"):
+            box.take((0, "z"), timeout=0.01)
     finally:
         link.close()
         recv.close()

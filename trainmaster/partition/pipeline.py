@@ -18,12 +18,12 @@ messages, length-framed), loopback only.
 from __future__ import annotations
 
 import argparse
-import heapq
 import importlib
 import json
 import os
 import pickle
 import statistics
+import struct
 import sys
 import threading
 import time
@@ -67,18 +67,21 @@ def _dial(addr: str, deadline: float) -> Connection:
 
 
 class Mailbox:
-    """Values that arrived from other processes, keyed by (sample, node name)."""
+    """Values that arrived from other processes, keyed by (sample, node name). A value that came
+    over an emulated link is held until it is due (``put``'s ``due``): the receiver, which is
+    waiting for it anyway, does the delaying."""
 
     def __init__(self) -> None:
-        self._items: dict[tuple[int, str], Any] = {}
+        self._items: dict[tuple[int, str], tuple[Any, float]] = {}
         self._cond = threading.Condition()
         self.control: list[Any] = []
-        self.arrived: dict[tuple[int, str], float] = {}  # when each value came in (traced runs)
+        self.arrived: dict[tuple[int, str], float] = {}  # when each value became available (traces)
 
-    def put(self, key, value) -> None:
+    def put(self, key, value, due: float = 0.0) -> None:
+        """``value`` under ``key``, available from ``due`` (a ``time.perf_counter`` time) on."""
         with self._cond:
-            self._items[key] = value
-            self.arrived[key] = time.perf_counter()
+            self._items[key] = (value, due)
+            self.arrived[key] = max(time.perf_counter(), due)
             self._cond.notify_all()
 
     def put_control(self, msg) -> None:
@@ -87,10 +90,19 @@ class Mailbox:
             self._cond.notify_all()
 
     def take(self, key, timeout: float = TIMEOUT_S):
+        """The value under ``key`` once it is there and due; the wait sleeps until whichever
+        comes first of: a new arrival, the value's due time, the timeout."""
+        deadline = time.perf_counter() + timeout
         with self._cond:
-            if not self._cond.wait_for(lambda: key in self._items, timeout=timeout):
-                raise TimeoutError(f"pipeline: value {key[1]!r} of sample {key[0]} never arrived within {timeout}s")
-            return self._items.pop(key)
+            while True:
+                now = time.perf_counter()
+                item = self._items.get(key)
+                if item is not None and item[1] <= now:
+                    del self._items[key]
+                    return item[0]
+                if now >= deadline:
+                    raise TimeoutError(f"pipeline: value {key[1]!r} of sample {key[0]} never arrived within {timeout}s")
+                self._cond.wait(timeout=min(deadline, item[1] if item is not None else deadline) - now)
 
     def take_control(self, timeout: float = TIMEOUT_S, kind: str | None = None):
         """The first control message (of ``kind``, when given: a stage with nothing to compute
@@ -107,6 +119,12 @@ class Mailbox:
             return self.control.pop(index)
 
 
+# a message's first bytes: ``_NOW`` then the pickle, or ``_DELAYED``, its send time, the link's
+# latency and bandwidth (three doubles), then the pickle
+_NOW, _DELAYED = b"N", b"D"
+_HEADER = struct.Struct("!ddd")
+
+
 def _send(conn: "Connection | Link", msg) -> None:
     """Plain pickle, not Connection.send: torch registers a ForkingPickler reduction that passes
     tensors as shared-memory handles, which only works between related processes."""
@@ -114,28 +132,25 @@ def _send(conn: "Connection | Link", msg) -> None:
     if isinstance(conn, Link):
         conn.send_bytes(data, delayed=msg[0] == "value")
     else:
-        conn.send_bytes(data)
+        conn.send_bytes(_NOW + data)
 
 
 class Link:
-    """A connection with an emulated slower link: each value message is delivered
-    ``latency + bytes / bandwidth`` seconds after it was sent (control messages at once).
+    """A connection with an emulated slower link: each value message becomes available to its
+    receiver ``latency + bytes / bandwidth`` after it was sent (control messages at once).
 
-    Why a delay line and not a token bucket: the makespan simulator charges every cut edge its
-    own transfer time and lets transfers overlap (no link contention); a token bucket would
-    queue messages behind each other, which the model does not price. Messages are sent in
-    order of their due time by one thread per link, which sleeps on a condition with the time
-    to the next due message as its timeout (no polling). Loopback's own cost (pickling, the
-    socket) comes on top; the per-message ``latency`` of the cost model is meant to cover both."""
+    Why the receiver delays it: the sender writes the message at once with its send time and
+    the link's figures in a header, and the receiver's mailbox holds the value until it is due
+    (``Mailbox.take`` sleeps until then). A delivery thread in the sender, as this class had,
+    woke on the sender's core while it computed and cost it ~0.3 ms per message on a loaded
+    machine (GIL and scheduler hand-offs), which no cost model priced. Messages overlap, none
+    queues behind another: the makespan simulator charges every cut edge its own transfer time
+    (no link contention). Send times are ``time.perf_counter`` (CLOCK_MONOTONIC, one clock for
+    every process of a host: the pipeline runs on loopback)."""
 
     def __init__(self, conn: Connection, latency: float = 0.0, bandwidth: float = float("inf")) -> None:
         self.conn = conn
-        self._due: list[tuple[float, int, bytes]] = []
-        self._seq = 0
-        self._cond = threading.Condition()
-        self._closed = False
         self._lock = threading.Lock()  # one writer on the socket at a time
-        self._thread: threading.Thread | None = None
         self.configure(latency, bandwidth)
 
     def configure(self, latency: float, bandwidth: float) -> None:
@@ -144,54 +159,35 @@ class Link:
             raise ValueError(f"link: latency {latency} must be >= 0, bandwidth {bandwidth} > 0")
         self.latency, self.bandwidth = latency, bandwidth
         self.emulated = latency > 0 or bandwidth != float("inf")
-        if self.emulated and self._thread is None:
-            self._thread = threading.Thread(target=self._deliver, daemon=True)
-            self._thread.start()
 
     def send_bytes(self, data: bytes, delayed: bool = True) -> None:
-        if not (delayed and self.emulated):
-            with self._lock:
-                self.conn.send_bytes(data)
-            return
-        due = time.monotonic() + self.latency + len(data) / self.bandwidth
-        with self._cond:
-            heapq.heappush(self._due, (due, self._seq, data))
-            self._seq += 1
-            self._cond.notify()
-
-    def _deliver(self) -> None:
-        while True:
-            with self._cond:
-                while True:
-                    if self._closed and not self._due:
-                        return
-                    wait = self._due[0][0] - time.monotonic() if self._due else TIMEOUT_S
-                    if self._due and wait <= 0:
-                        _, _, data = heapq.heappop(self._due)
-                        break
-                    self._cond.wait(timeout=wait)  # woken early by a new message or close
-            try:
-                with self._lock:
-                    self.conn.send_bytes(data)
-            except OSError:
-                return
+        if delayed and self.emulated:
+            header = _DELAYED + _HEADER.pack(time.perf_counter(), self.latency, self.bandwidth)
+        else:
+            header = _NOW
+        with self._lock:
+            self.conn.send_bytes(header + data)
 
     def close(self) -> None:
-        """Deliver what is queued (waiting at most TIMEOUT_S for it), then close."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-        if self._thread is not None:
-            self._thread.join(timeout=TIMEOUT_S)
         self.conn.close()
 
 
 def _reader(conn: Connection, box: Mailbox) -> None:
+    """Read messages into ``box``: values (held until due when they came over an emulated link)
+    and control messages."""
     try:
         while True:
-            msg = pickle.loads(conn.recv_bytes())
+            raw = conn.recv_bytes()
+            due = 0.0
+            if raw[:1] == _DELAYED:
+                sent, latency, bandwidth = _HEADER.unpack_from(raw, 1)
+                payload = raw[1 + _HEADER.size :]
+                due = sent + latency + len(payload) / bandwidth
+            else:
+                payload = raw[1:]
+            msg = pickle.loads(payload)
             if msg[0] == "value":
-                box.put((msg[1], msg[2]), msg[3])
+                box.put((msg[1], msg[2]), msg[3], due)
             else:
                 box.put_control(msg)
     except (EOFError, OSError):
@@ -726,9 +722,9 @@ def measure_messages(gm, args: tuple, repeats: int = 3) -> dict[str, Message]:
 
 
 def link_lateness(size: int, repeats: int = 8) -> float:
-    """Seconds an emulated ``Link`` delivers a message of ``size`` bytes after it is due, plus the
-    reader's wake-up (median; measured on a loopback pair in this process, its unpickling left
-    out): the delivery thread's own hop, which a message to the driver does not take."""
+    """Seconds after its due time that a value sent over an emulated ``Link`` is in the hands
+    of a thread waiting for it (median; on a loopback pair in this process, the unpickling
+    left out): the mailbox's timed wait waking, on top of the link's own delay."""
     import torch
 
     listener = Listener(("127.0.0.1", 0), authkey=AUTHKEY)
@@ -752,7 +748,7 @@ def link_lateness(size: int, repeats: int = 8) -> float:
         for r in range(repeats):
             time.sleep(2e-3)  # idle in between, as between a lone sample's messages
             t0 = time.perf_counter()
-            link.send_bytes(pickle.dumps(("value", r, "x", value), protocol=pickle.HIGHEST_PROTOCOL))
+            _send(link, ("value", r, "x", value))
             box.take((r, "x"))
             late.append(time.perf_counter() - t0 - 1e-3 - loads)
     finally:
@@ -768,7 +764,7 @@ def with_message_costs(graph, gm, messages: dict[str, Message], run: PipelineRun
     message between processes, measured: ``Calibration.input_message``) plus pickling and
     unpickling the source node's real output (``measure_messages``), plus, between two stages
     and when the run emulates it, the link's ``latency + bytes / bandwidth`` on the pickled
-    message's size (what ``Link`` delays) and its delivery thread's lateness ``late``. Edges
+    message's size (what ``Link`` delays) and the receiver's measured lateness ``late``. Edges
     from the input and to the output are trips to and from the driver, charged as the input and
     output nodes' time instead (``run_pipeline``): they cost nothing here."""
     import dataclasses
@@ -802,8 +798,8 @@ def pipeline_latency(
     (``run_stage``), which the partitioner's makespan simulator leaves out: a stage runs its
     nodes in ``order``, each when its inputs have arrived, and after a node it pickles the value
     once per other stage (or the driver) that reads it, on its own thread, before going on; a
-    message then takes ``fixed`` + the link (``latency + bytes / bandwidth`` + the delivery
-    thread's lateness) + unpickling on the receiver's reader thread. The input reaches its
+    message then takes ``fixed`` + the link (``latency + bytes / bandwidth`` + the receiver's
+    measured lateness) + unpickling on the receiver's reader thread. The input reaches its
     readers ``calibration.input_message`` after it is sent; the output is complete when the
     last value the output node reads has reached the driver."""
     consumers = plan_consumers(gm, assignment)
