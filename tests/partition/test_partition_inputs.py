@@ -4,6 +4,7 @@ reaches stdout; imported models carry the FLOPs that really run."""
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -144,6 +145,8 @@ def test_rounding_negative_is_zero_relative_to_scale():
         (["--devices", "2", "--bandwidth", "nan"], "--bandwidth nan"),
         (["--devices", "2", "--imbalance", "nan"], "--imbalance nan"),
         (["--devices", "2", "--importer", "magic"], "--importer 'magic'"),
+        (["--devices", "2", "--costs", "guess"], "--costs 'guess'"),
+        (["--devices", "2", "--costs", "profiler"], "--costs profiler profiles a model"),
     ],
 )
 def test_bad_flags_exit_2(flags, named, tmp_path, capsys):
@@ -363,3 +366,40 @@ def test_transformers_tiny_configs_flops(family):
     graph, _ = from_module(model, (ids,), tracer="export")
     ratio = graph.cost.sum() * DEFAULT_FLOPS_PER_SECOND / flops_of_one_forward(model, ids)
     assert 0.9 <= ratio <= 1.1, f"{family}: imported/counted FLOPs = {ratio:.3f}"
+
+
+def test_profiler_costs_are_measured_op_times(capsys):
+    """Mechanism: torch.profiler op times as costs (``--costs profiler``, ``from_module(costs=
+    "profiler")``): every operator that runs gets its measured CPU time, positive and far from
+    the FLOP estimate's scale; placeholders and the output cost nothing; the CLI's JSON stays
+    valid (the profiler's own messages go to stderr)."""
+    from trainmaster.partition.importers import from_module, node_times
+    from trainmaster.partition.models import mlp
+
+    module = mlp(64, 4).eval()
+    x = torch.randn(4, 64)
+    graph, gm = from_module(module, (x,), tracer="fx", costs="profiler", profile_runs=2)
+    ops = {n.name: n.op for n in gm.graph.nodes}
+    calls = [v for v, i in enumerate(graph.node_ids) if ops[i] == "call_module"]
+    assert calls and all(graph.cost[v] > 0 for v in calls)
+    assert all(graph.cost[v] == 0 for v, i in enumerate(graph.node_ids) if ops[i] in ("placeholder", "output"))
+    flops, _ = from_module(module, (x,), tracer="fx")
+    assert not np.allclose(graph.cost, flops.cost)
+    wall = node_times(gm, (x,), 2)
+    assert set(wall) == set(ops) and all(t >= 0 for t in wall.values())
+    with pytest.raises(SystemExit) as code:
+        main(
+            [
+                "partition",
+                "trainmaster.partition.models:mlp",
+                "--devices",
+                "2",
+                "--input-shape",
+                "4,64",
+                "--costs",
+                "profiler",
+                "--json",
+            ]
+        )
+    assert code.value.code in (0, None)
+    assert json.loads(capsys.readouterr().out)["devices"] == 2

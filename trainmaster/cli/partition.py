@@ -91,6 +91,12 @@ def partition_command(
         "--training",
         help="For module:callable: one training step (forward, backward, SGD update) from one export.",
     ),
+    costs: str = typer.Option(
+        "flops",
+        "--costs",
+        help="For module:callable: operator costs from FLOP estimates (flops) or measured CPU "
+        "times per operator with torch.profiler on this machine (profiler).",
+    ),
 ) -> None:
     """Split a DNN graph across K devices, cutting few costly critical edges, and report metrics."""
     import time
@@ -101,8 +107,14 @@ def partition_command(
 
     _check_flags(devices, imbalance, delta, importer)
     check_link(bandwidth)
+    from trainmaster.partition.importers import COSTS
+
+    if costs not in COSTS:
+        raise UserError(f"--costs {costs!r}: choose one of {', '.join(COSTS)}")
     t0 = time.perf_counter()
-    g = load_graph(graph, _parse_shape(input_shape), bandwidth=bandwidth, importer=importer, training=training)
+    g = load_graph(
+        graph, _parse_shape(input_shape), bandwidth=bandwidth, importer=importer, training=training, costs=costs
+    )
     result = partition(g, devices, method=method, imbalance=imbalance, seed=seed, delta=delta, acyclic=acyclic)
     metrics = evaluate(g, result.assignment, devices, imbalance)
     metrics.update(

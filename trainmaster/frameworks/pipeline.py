@@ -33,6 +33,9 @@ KNOWN_PARAMS = {
     "profile_runs",
     "emulate_link",
     "latency_samples",
+    "pin_cores",
+    "trace",
+    "rounds",
 }
 
 
@@ -58,7 +61,7 @@ class PipelineFramework(Framework):
                 errors.append("spec.frameworkParams.model: expected 'module:callable'")
             from trainmaster.partition.methods import METHODS
 
-            for key, allowed in (("costs", ("flops", "measured")), ("tracer", ("fx", "export"))):
+            for key, allowed in (("costs", ("flops", "measured", "profiler")), ("tracer", ("fx", "export"))):
                 if key in params and params[key] not in allowed:
                     errors.append(f"spec.frameworkParams.{key}: {params[key]!r} is not one of {', '.join(allowed)}")
             for m in params.get("methods", []) or []:

@@ -14,6 +14,7 @@ import re
 import tempfile
 import time
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import numpy as np
 
@@ -108,15 +109,70 @@ def from_module(
     measure: bool = False,
     tracer: str = "fx",
     latency: float = 0.0,
-) -> tuple[Graph, object]:
+    costs: str = "flops",
+    profile_runs: int = 5,
+) -> tuple[Graph, Any]:
     """Trace ``module`` and profile every node once on ``example_inputs``; returns the graph
     (node ids are the fx node names) and the GraphModule it describes. An edge costs
-    ``latency + bytes / bandwidth`` (the latency models a message's fixed overhead)."""
+    ``latency + bytes / bandwidth`` (the latency models a message's fixed overhead). A node
+    costs its FLOPs / ``flops_per_second``, or with ``costs="profiler"`` the CPU time
+    torch.profiler records for it, mean of ``profile_runs`` runs (``node_times``)."""
     check_link(bandwidth, latency)
     _check_rate(flops_per_second)
+    _check_costs(costs, profile_runs)
     gm = trace_module(module, example_inputs, tracer)
-    profile = _profile(gm, example_inputs, flops_per_second, measure)
+    profile = _profile(gm, example_inputs, flops_per_second, measure, profile_runs if costs == "profiler" else 0)
     return _graph_of(gm, profile, bandwidth, latency), gm
+
+
+COSTS = ("flops", "profiler")
+
+
+def _check_costs(costs: str, profile_runs: int) -> None:
+    if costs not in COSTS:
+        raise UserError(f"--costs {costs!r}: choose one of {', '.join(COSTS)}")
+    if costs == "profiler" and profile_runs < 1:
+        raise UserError(f"profile_runs {profile_runs}: give at least 1 run to profile")
+
+
+def node_times(gm, args: tuple, runs: int, profiler: bool = False) -> dict[str, float]:
+    """Mean seconds per fx node over ``runs`` runs of ``gm`` node by node (one more run first,
+    dropped: it warms caches and lazy initialisation), with the intra-op threads the caller
+    set. Without ``profiler`` the wall time around ``run_node`` (the Interpreter's own per-node
+    overhead included); with it, each node is a ``record_function`` range and its time is the
+    CPU time torch.profiler records for that range (the ops it ran and the Python between
+    them; the profiler's own overhead per op is in it too, ~30% on small CNN ops)."""
+    import statistics
+
+    import torch
+
+    wall: dict[str, list[float]] = {}
+
+    class Timer(torch.fx.Interpreter):
+        def run_node(self, n):
+            if profiler:
+                with torch.profiler.record_function(f"tm::{n.name}"):
+                    return super().run_node(n)
+            t0 = time.perf_counter()
+            result = super().run_node(n)
+            wall.setdefault(n.name, []).append(time.perf_counter() - t0)
+            return result
+
+    with torch.no_grad():
+        Timer(gm).run(*args)
+        wall.clear()
+        if not profiler:
+            for _ in range(max(runs, 1)):
+                Timer(gm).run(*args)
+            return {name: statistics.fmean(ts) for name, ts in wall.items()}
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            for _ in range(max(runs, 1)):
+                Timer(gm).run(*args)
+    out: dict[str, float] = {}
+    for event in prof.key_averages():
+        if event.key.startswith("tm::"):  # microseconds over every call of the range
+            out[event.key[4:]] = event.cpu_time_total / 1e6 / max(event.count, 1)
+    return out
 
 
 def _check_rate(flops_per_second: float) -> None:
@@ -132,8 +188,10 @@ class _Profile:
     out_bytes: dict[str, int]
 
 
-def _profile(gm, args: tuple, flops_per_second: float, measure: bool) -> _Profile:
-    """Run ``gm`` once on ``args`` node by node, counting each node's FLOPs (or timing it)."""
+def _profile(gm, args: tuple, flops_per_second: float, measure: bool, profile_runs: int = 0) -> _Profile:
+    """Run ``gm`` once on ``args`` node by node, counting each node's FLOPs (or timing it);
+    with ``profile_runs``, the costs are torch.profiler's CPU times instead (``node_times``),
+    the bytes still from the counting run."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -165,6 +223,9 @@ def _profile(gm, args: tuple, flops_per_second: float, measure: bool) -> _Profil
             Profiler(gm).run(*args)
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
+    if profile_runs:
+        timed = node_times(gm, args, profile_runs, profiler=True)
+        costs = {n.name: timed.get(n.name, 0.0) if n.op.startswith("call") else 0.0 for n in gm.graph.nodes}
     return _Profile(costs, out_bytes)
 
 
@@ -254,7 +315,9 @@ def from_module_training(
     measure: bool = False,
     latency: float = 0.0,
     optimizer_step: bool = True,
-) -> tuple[Graph, object]:
+    costs: str = "flops",
+    profile_runs: int = 5,
+) -> tuple[Graph, Any]:
     """One training step as one graph: forward, backward and (``optimizer_step``) an SGD update
     per parameter, from one export (aot_autograd's joint graph of ``module`` under a scalar
     loss, operator level).
@@ -273,6 +336,7 @@ def from_module_training(
 
     check_link(bandwidth, latency)
     _check_rate(flops_per_second)
+    _check_costs(costs, profile_runs)
     module.train()
     wrapped = _LossOf.wrap(module)
     fastpath = torch.backends.mha.get_fastpath_enabled()
@@ -281,16 +345,18 @@ def from_module_training(
         gm, sig = aot_export_module(wrapped, tuple(example_inputs), trace_joint=True, output_loss_index=0)
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
-    params = dict(wrapped.named_parameters())
+    gm = cast("torch.fx.GraphModule", gm)  # aot_export_module's return type names a callable too
+    params: dict[str, Any] = dict(wrapped.named_parameters())
     buffers = dict(wrapped.named_buffers())
     flat = (
         [params[name].detach() for name in sig.parameters]
         + [buffers[name].detach() for name in sig.buffers]
         + list(example_inputs)
     )
-    profile = _profile(gm, tuple(flat), flops_per_second, measure)
+    # with costs="profiler" the SGD updates added below stay FLOP estimates (not in the export)
+    profile = _profile(gm, tuple(flat), flops_per_second, measure, profile_runs if costs == "profiler" else 0)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    param_node = {name: placeholders[i].name for i, name in enumerate(sig.parameters)}
+    param_node: dict[str, str] = {name: placeholders[i].name for i, name in enumerate(sig.parameters)}
     loss_name = sig.user_outputs[0] if sig.user_outputs else None
     phase = _phases(gm, loss_name)
     extra = _Extra()
@@ -332,12 +398,24 @@ def _phases(gm, loss_name: str | None) -> dict[str, str]:
 
 
 def from_callable(
-    spec: str, input_shape: tuple[int, ...], bandwidth: float = 1e9, importer: str = "export", training: bool = False
+    spec: str,
+    input_shape: tuple[int, ...],
+    bandwidth: float = 1e9,
+    importer: str = "export",
+    training: bool = False,
+    costs: str = "flops",
 ) -> Graph:
     """``module:callable``: import the module, call the callable to get an nn.Module, and import
     it with ``importer`` (see IMPORTERS) on a random input of ``input_shape``; with
-    ``training``, one training step (``from_module_training``; the export importer only)."""
+    ``training``, one training step (``from_module_training``; the export importer only).
+    ``costs``: FLOP estimates or torch.profiler times (``from_module``; not for onnx)."""
     import torch
+
+    _check_costs(costs, 5)
+    if costs != "flops" and importer == "onnx":
+        raise UserError(
+            f"--costs {costs}: the onnx importer estimates costs from shapes; profile with --importer export or fx"
+        )
 
     if importer not in IMPORTERS:
         raise UserError(f"--importer {importer!r}: choose one of {', '.join(IMPORTERS)}")
@@ -368,7 +446,7 @@ def from_callable(
     example = (torch.randn(*input_shape),)
     if training:
         try:
-            graph, _ = from_module_training(module, example, bandwidth=bandwidth)
+            graph, _ = from_module_training(module, example, bandwidth=bandwidth, costs=costs)
         except UserError:
             raise
         except Exception as exc:  # tracers raise many unrelated types; all mean "cannot trace"
@@ -384,7 +462,7 @@ def from_callable(
                 raise trace_failure(spec, importer, exc) from None
             return from_onnx(path, bandwidth=bandwidth)
     try:
-        graph, _ = from_module(module, example, bandwidth=bandwidth, tracer=importer)
+        graph, _ = from_module(module, example, bandwidth=bandwidth, tracer=importer, costs=costs)
     except UserError:
         raise
     except Exception as exc:  # tracers raise many unrelated types; all mean "cannot trace"

@@ -172,6 +172,7 @@ def capped_list_schedule(
                 key = (fd + total - kept.get(dd, 0.0), fd, load[dd])
                 if best is None or key < best:
                     best, d = key, dd
+            assert best is not None  # at least one device is tried
             f = best[1]
             part_of_cluster[c] = d
             load[d] += wc
@@ -224,11 +225,11 @@ def _pop_order(graph: Graph, priority: np.ndarray) -> list[int]:
     order = static_order(graph)
     if order is not None and priority is levels(graph).blevel:
         return order  # the simulator's plan already holds this sort, and it is topological
-    order = np.lexsort((np.arange(n), -priority))
+    by_priority = np.lexsort((np.arange(n), -priority))
     rank = np.empty(n, dtype=np.int64)
-    rank[order] = np.arange(n)
+    rank[by_priority] = np.arange(n)
     if np.all(rank[graph.src] < rank[graph.dst]):
-        return order.tolist()
+        return by_priority.tolist()
     prio = priority.tolist()
     out_ptr = graph.out_ptr.tolist()
     succ = graph.dst[graph.out_edge].tolist()

@@ -194,16 +194,20 @@ def load_graph(
     bandwidth: float = 1e9,
     importer: str = "export",
     training: bool = False,
+    costs: str = "flops",
 ) -> Graph:
     """Load GRAPH as the CLI names it: a .json file, a .onnx file, or ``module:callable``
     (imported with ``importer``: export, fx or onnx; see importers.IMPORTERS; ``training``:
-    forward + backward + optimizer step, module:callable only)."""
+    forward + backward + optimizer step, module:callable only; ``costs``: ``flops`` estimates or
+    ``profiler`` times, module:callable only)."""
     path = Path(spec)
     if training and ":" not in spec:
         raise UserError(
             f"--training needs a model given as module:callable, not {spec!r} (a "
             "graph file is partitioned as it is: export the training graph into it)"
         )
+    if costs != "flops" and ":" not in spec:
+        raise UserError(f"--costs {costs} profiles a model given as module:callable; {spec!r} keeps its own costs")
     if path.suffix.lower() == ".onnx":
         from trainmaster.partition.importers import from_onnx
 
@@ -215,5 +219,5 @@ def load_graph(
 
         if input_shape is None:
             raise UserError(f"{spec}: a module:callable graph needs --input-shape, e.g. 1,3,32,32")
-        return from_callable(spec, input_shape, bandwidth=bandwidth, importer=importer, training=training)
+        return from_callable(spec, input_shape, bandwidth=bandwidth, importer=importer, training=training, costs=costs)
     raise UserError(f"graph {spec!r}: not a file, and not of the form module:callable")

@@ -384,7 +384,7 @@ def _candidates(
     and with the critical path pinned (CPOP), METIS on the critical-weighted coarse graph, and
     METIS as the baseline runs it (so ours can always fall back to METIS's partition)."""
     out: dict[str, np.ndarray] = {}
-    orders = [("acyclic", None)]
+    orders: list[tuple[str, np.ndarray | None]] = [("acyclic", None)]
     if acyclic:
         orders.append(("acyclic-est", np.lexsort((np.arange(graph.n), lv.est))))
     for name, order in orders:

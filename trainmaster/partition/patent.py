@@ -38,7 +38,7 @@ def random_initial(
     a, b = groups[graph.src], groups[graph.dst]
     inter = a != b
     a, b = a[inter], b[inter]
-    inc = [[] for _ in range(g)]
+    inc: list[list[int]] = [[] for _ in range(g)]
     for x, y in zip(a.tolist(), b.tolist()):
         inc[x].append(y)
         inc[y].append(x)

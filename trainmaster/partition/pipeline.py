@@ -18,12 +18,12 @@ messages, length-framed), loopback only.
 from __future__ import annotations
 
 import argparse
-import heapq
 import importlib
 import json
 import os
 import pickle
 import statistics
+import struct
 import sys
 import threading
 import time
@@ -34,6 +34,8 @@ from typing import Any
 
 DRIVER = -1
 TIMEOUT_S = 60.0
+# the GIL switch interval in stages (Python's default is 5 ms, as long as a whole stage's work)
+SWITCH_INTERVAL_S = 2e-4
 AUTHKEY = b"trainmaster-pipeline"
 
 
@@ -65,16 +67,21 @@ def _dial(addr: str, deadline: float) -> Connection:
 
 
 class Mailbox:
-    """Values that arrived from other processes, keyed by (sample, node name)."""
+    """Values that arrived from other processes, keyed by (sample, node name). A value that came
+    over an emulated link is held until it is due (``put``'s ``due``): the receiver, which is
+    waiting for it anyway, does the delaying."""
 
     def __init__(self) -> None:
-        self._items: dict[tuple[int, str], Any] = {}
+        self._items: dict[tuple[int, str], tuple[Any, float]] = {}
         self._cond = threading.Condition()
         self.control: list[Any] = []
+        self.arrived: dict[tuple[int, str], float] = {}  # when each value became available (traces)
 
-    def put(self, key, value) -> None:
+    def put(self, key, value, due: float = 0.0) -> None:
+        """``value`` under ``key``, available from ``due`` (a ``time.perf_counter`` time) on."""
         with self._cond:
-            self._items[key] = value
+            self._items[key] = (value, due)
+            self.arrived[key] = max(time.perf_counter(), due)
             self._cond.notify_all()
 
     def put_control(self, msg) -> None:
@@ -83,16 +90,39 @@ class Mailbox:
             self._cond.notify_all()
 
     def take(self, key, timeout: float = TIMEOUT_S):
+        """The value under ``key`` once it is there and due; the wait sleeps until whichever
+        comes first of: a new arrival, the value's due time, the timeout."""
+        deadline = time.perf_counter() + timeout
         with self._cond:
-            if not self._cond.wait_for(lambda: key in self._items, timeout=timeout):
-                raise TimeoutError(f"pipeline: value {key[1]!r} of sample {key[0]} never arrived within {timeout}s")
-            return self._items.pop(key)
+            while True:
+                now = time.perf_counter()
+                item = self._items.get(key)
+                if item is not None and item[1] <= now:
+                    del self._items[key]
+                    return item[0]
+                if now >= deadline:
+                    raise TimeoutError(f"pipeline: value {key[1]!r} of sample {key[0]} never arrived within {timeout}s")
+                self._cond.wait(timeout=min(deadline, item[1] if item is not None else deadline) - now)
 
-    def take_control(self, timeout: float = TIMEOUT_S):
+    def take_control(self, timeout: float = TIMEOUT_S, kind: str | None = None):
+        """The first control message (of ``kind``, when given: a stage with nothing to compute
+        may report its trace before another stage says it is ready)."""
+
+        def first() -> int | None:
+            return next((i for i, m in enumerate(self.control) if kind is None or m[0] == kind), None)
+
         with self._cond:
-            if not self._cond.wait_for(lambda: bool(self.control), timeout=timeout):
-                raise TimeoutError(f"pipeline: no instruction from the driver within {timeout}s")
-            return self.control.pop(0)
+            if not self._cond.wait_for(lambda: first() is not None, timeout=timeout):
+                raise TimeoutError(f"pipeline: no {kind or 'instruction'} message within {timeout}s")
+            index = first()
+            assert index is not None
+            return self.control.pop(index)
+
+
+# a message's first bytes: ``_NOW`` then the pickle, or ``_DELAYED``, its send time, the link's
+# latency and bandwidth (three doubles), then the pickle
+_NOW, _DELAYED = b"N", b"D"
+_HEADER = struct.Struct("!ddd")
 
 
 def _send(conn: "Connection | Link", msg) -> None:
@@ -102,28 +132,25 @@ def _send(conn: "Connection | Link", msg) -> None:
     if isinstance(conn, Link):
         conn.send_bytes(data, delayed=msg[0] == "value")
     else:
-        conn.send_bytes(data)
+        conn.send_bytes(_NOW + data)
 
 
 class Link:
-    """A connection with an emulated slower link: each value message is delivered
-    ``latency + bytes / bandwidth`` seconds after it was sent (control messages at once).
+    """A connection with an emulated slower link: each value message becomes available to its
+    receiver ``latency + bytes / bandwidth`` after it was sent (control messages at once).
 
-    Why a delay line and not a token bucket: the makespan simulator charges every cut edge its
-    own transfer time and lets transfers overlap (no link contention); a token bucket would
-    queue messages behind each other, which the model does not price. Messages are sent in
-    order of their due time by one thread per link, which sleeps on a condition with the time
-    to the next due message as its timeout (no polling). Loopback's own cost (pickling, the
-    socket) comes on top; the per-message ``latency`` of the cost model is meant to cover both."""
+    Why the receiver delays it: the sender writes the message at once with its send time and
+    the link's figures in a header, and the receiver's mailbox holds the value until it is due
+    (``Mailbox.take`` sleeps until then). A delivery thread in the sender, as this class had,
+    woke on the sender's core while it computed and cost it ~0.3 ms per message on a loaded
+    machine (GIL and scheduler hand-offs), which no cost model priced. Messages overlap, none
+    queues behind another: the makespan simulator charges every cut edge its own transfer time
+    (no link contention). Send times are ``time.perf_counter`` (CLOCK_MONOTONIC, one clock for
+    every process of a host: the pipeline runs on loopback)."""
 
     def __init__(self, conn: Connection, latency: float = 0.0, bandwidth: float = float("inf")) -> None:
         self.conn = conn
-        self._due: list[tuple[float, int, bytes]] = []
-        self._seq = 0
-        self._cond = threading.Condition()
-        self._closed = False
         self._lock = threading.Lock()  # one writer on the socket at a time
-        self._thread: threading.Thread | None = None
         self.configure(latency, bandwidth)
 
     def configure(self, latency: float, bandwidth: float) -> None:
@@ -132,54 +159,35 @@ class Link:
             raise ValueError(f"link: latency {latency} must be >= 0, bandwidth {bandwidth} > 0")
         self.latency, self.bandwidth = latency, bandwidth
         self.emulated = latency > 0 or bandwidth != float("inf")
-        if self.emulated and self._thread is None:
-            self._thread = threading.Thread(target=self._deliver, daemon=True)
-            self._thread.start()
 
     def send_bytes(self, data: bytes, delayed: bool = True) -> None:
-        if not (delayed and self.emulated):
-            with self._lock:
-                self.conn.send_bytes(data)
-            return
-        due = time.monotonic() + self.latency + len(data) / self.bandwidth
-        with self._cond:
-            heapq.heappush(self._due, (due, self._seq, data))
-            self._seq += 1
-            self._cond.notify()
-
-    def _deliver(self) -> None:
-        while True:
-            with self._cond:
-                while True:
-                    if self._closed and not self._due:
-                        return
-                    wait = self._due[0][0] - time.monotonic() if self._due else TIMEOUT_S
-                    if self._due and wait <= 0:
-                        _, _, data = heapq.heappop(self._due)
-                        break
-                    self._cond.wait(timeout=wait)  # woken early by a new message or close
-            try:
-                with self._lock:
-                    self.conn.send_bytes(data)
-            except OSError:
-                return
+        if delayed and self.emulated:
+            header = _DELAYED + _HEADER.pack(time.perf_counter(), self.latency, self.bandwidth)
+        else:
+            header = _NOW
+        with self._lock:
+            self.conn.send_bytes(header + data)
 
     def close(self) -> None:
-        """Deliver what is queued (waiting at most TIMEOUT_S for it), then close."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-        if self._thread is not None:
-            self._thread.join(timeout=TIMEOUT_S)
         self.conn.close()
 
 
 def _reader(conn: Connection, box: Mailbox) -> None:
+    """Read messages into ``box``: values (held until due when they came over an emulated link)
+    and control messages."""
     try:
         while True:
-            msg = pickle.loads(conn.recv_bytes())
+            raw = conn.recv_bytes()
+            due = 0.0
+            if raw[:1] == _DELAYED:
+                sent, latency, bandwidth = _HEADER.unpack_from(raw, 1)
+                payload = raw[1 + _HEADER.size :]
+                due = sent + latency + len(payload) / bandwidth
+            else:
+                payload = raw[1:]
+            msg = pickle.loads(payload)
             if msg[0] == "value":
-                box.put((msg[1], msg[2]), msg[3])
+                box.put((msg[1], msg[2]), msg[3], due)
             else:
                 box.put_control(msg)
     except (EOFError, OSError):
@@ -255,10 +263,18 @@ def _publish_plan(graph: Any, assignment: Any, k: int, method: str) -> None:
 
 
 def run_stage(port: int) -> None:
-    """A stage: serve runs until the driver says stop."""
+    """A stage: serve runs until the driver says stop.
+
+    Each run's config fixes how the stage computes, so that it does what the makespan
+    simulator assumes: one intra-op thread (the op times were profiled with one), its nodes in
+    the simulator's order (``order``: a node whose input is still on the wire does not hold
+    back one that is ready, unless the simulator says so too), optionally its own CPU core
+    (``cpu``), and a short GIL switch interval, so that the link and reader threads deliver a
+    message when it is due rather than up to 5 ms later behind the compute thread."""
     import torch
 
     torch.set_num_threads(1)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     box = Mailbox()
     listener = Listener(("127.0.0.1", port), authkey=AUTHKEY)
     threading.Thread(target=_serve, args=(listener, box), daemon=True).start()
@@ -281,6 +297,8 @@ def run_stage(port: int) -> None:
                 float(link.get("latency", 0.0)) if j != DRIVER else 0.0,
                 float(link.get("bandwidth", float("inf"))) if j != DRIVER else float("inf"),
             )
+        if cfg.get("cpu") is not None:
+            os.sched_setaffinity(0, {int(cfg["cpu"])})
         model = build_model(cfg["model"], cfg["seed"])
         shape = cfg.get("input_shape")
         gm = trace_for_pipeline(
@@ -288,20 +306,30 @@ def run_stage(port: int) -> None:
         )
         assignment = cfg["assignment"]
         consumers = plan_consumers(gm, assignment)
-        mine = [n for n in gm.graph.nodes if _owner(n, assignment) == me]
+        position = {name: i for i, name in enumerate(cfg.get("order") or [])}
+        graph_order = [n for n in gm.graph.nodes if _owner(n, assignment) == me]
+        mine = sorted(graph_order, key=lambda n: position.get(n.name, len(position)))
         interp = torch.fx.Interpreter(gm)
+        trace: list[tuple[int, str, float, float, float]] = []  # sample, node, inputs in, start, end
         _send(peers[DRIVER], ("ready", me))
         with torch.no_grad():
             for sample in range(cfg["samples"]):
                 interp.env = {}
                 for node in mine:
+                    t_in = time.perf_counter()
                     for arg in node.all_input_nodes:
                         if arg not in interp.env:
                             interp.env[arg] = box.take((sample, arg.name))
+                    t0 = time.perf_counter()
                     value = interp.run_node(node)
                     interp.env[node] = value
+                    if cfg.get("trace"):
+                        trace.append((sample, node.name, t_in, t0, time.perf_counter()))
                     for dest in consumers.get(node.name, ()):
                         _send(peers[dest], ("value", sample, node.name, value))
+        if cfg.get("trace"):
+            _send(peers[DRIVER], ("trace", me, trace, dict(box.arrived)))
+        box.arrived.clear()
     for conn in peers.values():
         conn.close()
     listener.close()
@@ -312,14 +340,24 @@ class PipelineRun:
     """What the driver runs: the model (``module:callable``) and its input, how it is traced and
     costed, the methods to compare, and the link.
 
-    ``costs``: ``flops`` (FLOPs / ``flops_per_second``) or ``measured`` (each node's wall time
+    ``costs``: ``flops`` (FLOPs / ``flops_per_second``), ``measured`` (each node's wall time
     in the same fx Interpreter the stages run it in, mean of ``profile_runs`` runs: the
-    per-node overhead of running a graph node by node is then in the prediction too).
+    per-node overhead of running a graph node by node is then in the prediction too) or
+    ``profiler`` (each node's CPU time as torch.profiler records it, same runs). With measured
+    or profiled costs every edge is also charged what a message really costs here, measured
+    on the node's real output: pickling, a loopback socket, unpickling on a reader thread
+    (``message_costs``); plus the emulated link between two stages, never to or from the
+    driver (which stands for no device).
     ``emulate_link``: stage-to-stage messages are delayed by ``latency + bytes / bandwidth``,
     the cost model's own edge cost (``Link``), so the run has the link the prediction assumed.
     ``latency_samples``: samples sent one at a time after the streamed ones, each timed from its
     input leaving the driver to its output arriving: the measured counterpart of the makespan
-    (one sample's latency); the streamed time per sample is that of ``max_load``."""
+    (one sample's latency); the streamed time per sample is that of ``max_load``.
+    ``pin_cores``: stage j runs on CPU core j mod (cores this process may use), so that stages
+    do not share a core where there are enough (the simulator gives every device its own).
+    ``trace``: stages record every node's wait, start and end; the report then holds, per
+    method, the measured compute and waits of the latency samples beside the predicted ones.
+    ``rounds``: the methods' runs alternate this many times (medians over all of them)."""
 
     model: str
     input_shape: tuple[int, ...]
@@ -336,6 +374,12 @@ class PipelineRun:
     profile_runs: int = 5
     emulate_link: bool = False
     latency_samples: int = 0
+    pin_cores: bool = False
+    trace: bool = False
+    rounds: int = 1
+
+
+COSTS = ("flops", "measured", "profiler")
 
 
 def run_driver(
@@ -361,22 +405,139 @@ def run_driver(
     )
 
 
+@dataclass
+class Calibration:
+    """What one run of the whole graph on one stage measured (``costs="measured"``): each
+    node's median time as a stage computes it (its core, its one thread, one sample in flight
+    after an idle wait, the stage loop's own overhead), and the fixed cost of one message
+    between processes (pickle, loopback socket, the receiver's reader thread waking, unpickle,
+    its compute thread waking), from the input's trip driver to stage and the output's trip
+    back."""
+
+    node_seconds: dict[str, float]
+    input_message: float  # from the driver sending a sample to its first node starting
+    output_message: float  # from the last node ending to the driver holding the output
+
+
+class _Session:
+    """The driver's side of the stages: connections, the mailbox and the traced model; runs
+    one assignment through the stages (``run``)."""
+
+    def __init__(self, stages: list[str], port: int, run: PipelineRun, gm, feed: list) -> None:
+        self.stages, self.port, self.cfg_run, self.gm, self.feed = stages, port, run, gm, feed
+        self.box = Mailbox()
+        self.listener = Listener(("127.0.0.1", port), authkey=AUTHKEY)
+        threading.Thread(target=_serve, args=(self.listener, self.box), daemon=True).start()
+        deadline = time.monotonic() + TIMEOUT_S
+        self.conns = [_dial(a, deadline) for a in stages]
+        self.cpus = sorted(os.sched_getaffinity(0))
+        self.placeholder = next(n for n in gm.graph.nodes if n.op == "placeholder")
+        self.out_node = next(n for n in gm.graph.nodes if n.op == "output")
+
+    def start(
+        self, assignment: dict[str, int], order: list[str], samples: int, trace: bool, link: dict, shift: int = 0
+    ) -> None:
+        """Configure every stage for one run; with ``pin_cores``, stage j on core j + ``shift``."""
+        run = self.cfg_run
+        cfg = {
+            "assignment": assignment,
+            "model": run.model,
+            "seed": run.seed,
+            "samples": samples,
+            "stages": self.stages,
+            "driver": f"127.0.0.1:{self.port}",
+            "tracer": run.tracer,
+            "input_shape": list(run.input_shape),
+            "input_dtype": run.input_dtype,
+            "link": link,
+            "order": order,
+            "trace": trace,
+        }
+        cpus = self.cpus
+        for j, conn in enumerate(self.conns):
+            _send(conn, ("run", {**cfg, "stage": j, "cpu": cpus[(j + shift) % len(cpus)] if run.pin_cores else None}))
+        for _ in range(len(self.conns)):
+            self.box.take_control(kind="ready")
+        self.consumers = plan_consumers(self.gm, assignment)
+
+    def stream(self, first: int, last: int) -> list:
+        """Send samples first..last-1, then collect their outputs: (output, time it arrived)."""
+        import torch
+
+        for sample in range(first, last):
+            for dest in self.consumers.get(self.placeholder.name, ()):
+                _send(self.conns[dest], ("value", sample, self.placeholder.name, self.feed[sample % len(self.feed)]))
+        outs = []
+        for sample in range(first, last):
+            env = {
+                a: self.feed[sample % len(self.feed)] if a.op == "placeholder" else self.box.take((sample, a.name))
+                for a in self.out_node.all_input_nodes
+            }
+            outs.append((torch.fx.node.map_arg(self.out_node.args[0], lambda a: env[a]), time.perf_counter()))
+        return outs
+
+    def one_at_a_time(self, first: int, last: int) -> tuple[list, dict[int, float], dict[int, float]]:
+        """Samples sent one after another's output arrived: outputs, send and arrival times."""
+        outputs, sent, arrived = [], {}, {}
+        for sample in range(first, last):
+            sent[sample] = time.perf_counter()
+            ((out, arrived[sample]),) = self.stream(sample, sample + 1)
+            outputs.append(out)
+        return outputs, sent, arrived
+
+    def traces(self) -> list:
+        return [self.box.take_control(kind="trace") for _ in range(len(self.conns))]
+
+    def calibrate(self, runs: int) -> Calibration:
+        """Run the whole graph on stage 0, one sample at a time, traced (``Calibration``)."""
+        names = [n.name for n in self.gm.graph.nodes]
+        warm = 2
+        self.start({n: 0 for n in names}, names, warm + runs, True, {})
+        self.one_at_a_time(0, warm)
+        _, sent, arrived = self.one_at_a_time(warm, warm + runs)
+        ((_, _, records, arrivals),) = [t for t in self.traces() if t[1] == 0]
+        per_node: dict[str, list[float]] = {}
+        wake: list[float] = []  # a value arrived while the compute thread waited for it: until it ran
+        last: dict[int, float] = {}  # the last node the output reads ends
+        feeders = {a.name for a in self.out_node.all_input_nodes}
+        for sample, name, t_in, t0, t1 in records:
+            if sample not in sent:
+                continue
+            per_node.setdefault(name, []).append(t1 - t0)
+            key = (sample, self.placeholder.name)
+            if name in {u.name for u in self.placeholder.users} and t_in < arrivals.get(key, 0.0) < t0:
+                wake.append(t0 - arrivals[key])
+            if name in feeders:
+                last[sample] = max(last.get(sample, t1), t1)
+        trip = [arrivals[(x, self.placeholder.name)] - sent[x] for x in sent if (x, self.placeholder.name) in arrivals]
+        return Calibration(
+            node_seconds={name: statistics.median(ts) for name, ts in per_node.items()},
+            input_message=statistics.median(trip) + (statistics.median(wake) if wake else 0.0),
+            output_message=statistics.median(arrived[x] - last[x] for x in last),
+        )
+
+    def close(self) -> None:
+        for conn in self.conns:
+            _send(conn, ("stop",))
+            conn.close()
+        self.listener.close()
+
+
 def run_pipeline(stages: list[str], port: int, run: PipelineRun) -> dict:
     """Partition the model with each method, run it through the stages, check and time it."""
+    import dataclasses
+
+    import numpy as np
     import torch
 
     from trainmaster.partition import evaluate, partition
-    from trainmaster.partition.importers import from_module
+    from trainmaster.partition.importers import from_module, node_times
+    from trainmaster.partition.simulate import schedule
 
-    if run.costs not in ("flops", "measured"):
-        raise ValueError(f"pipeline costs {run.costs!r}: use flops or measured")
+    if run.costs not in COSTS:
+        raise ValueError(f"pipeline costs {run.costs!r}: use one of {', '.join(COSTS)}")
     torch.set_num_threads(1)
     k = len(stages)
-    box = Mailbox()
-    listener = Listener(("127.0.0.1", port), authkey=AUTHKEY)
-    threading.Thread(target=_serve, args=(listener, box), daemon=True).start()
-    deadline = time.monotonic() + TIMEOUT_S
-    conns = [_dial(a, deadline) for a in stages]
     model = build_model(run.model, run.seed)
     inputs = [
         example_input(run.input_shape, run.input_dtype, run.seed + 1 + i)
@@ -398,8 +559,35 @@ def run_pipeline(stages: list[str], port: int, run: PipelineRun) -> dict:
         latency=run.latency,
         tracer=run.tracer,
     )
-    if run.costs == "measured":
-        graph = _with_measured_costs(graph, gm, (inputs[0],), run.profile_runs)
+    session = _Session(stages, port, run, gm, feed)
+    calibration: Calibration | None = None
+    times: dict[str, float] = {}
+    messages: dict[str, Message] = {}
+    late = 0.0
+    ops = {n.name: n.op for n in gm.graph.nodes}
+    driver_nodes = np.asarray([ops.get(i) in ("placeholder", "output") for i in graph.node_ids])
+    predict = graph
+    if run.costs != "flops":
+        calibration = session.calibrate(max(run.profile_runs, 10))
+        if run.costs == "measured":
+            times = calibration.node_seconds
+        else:
+            times = node_times(gm, (inputs[0],), max(run.profile_runs, 1), profiler=True)
+        cost = np.asarray([0.0 if d else times.get(i, 0.0) for i, d in zip(graph.node_ids, driver_nodes)])
+        messages = measure_messages(gm, (inputs[0],))
+        late = link_lateness(int(statistics.median([m.size for m in messages.values()]))) if run.emulate_link else 0.0
+        graph = with_message_costs(
+            dataclasses.replace(graph, cost=cost), gm, messages, run, calibration.input_message, late
+        )
+        if calibration is not None:
+            # the prediction's graph: a sample's trips from and to the driver are the input
+            # and output nodes' own time (every stage pays them alike, wherever the nodes sit)
+            trips = np.where(
+                [ops.get(i) == "placeholder" for i in graph.node_ids],
+                calibration.input_message,
+                np.where([ops.get(i) == "output" for i in graph.node_ids], calibration.output_message, 0.0),
+            )
+            predict = dataclasses.replace(graph, cost=graph.cost + trips)
     report: dict[str, Any] = {
         "model": run.model,
         "k": k,
@@ -411,7 +599,13 @@ def run_pipeline(stages: list[str], port: int, run: PipelineRun) -> dict:
             "bandwidth": run.bandwidth,
             "latency": run.latency,
         },
+        "calibration": (
+            {"input_message": calibration.input_message, "output_message": calibration.output_message}
+            if calibration
+            else None
+        ),
         "emulated_link": run.emulate_link,
+        "pin_cores": run.pin_cores,
         "tracer": run.tracer,
         "nodes": graph.n,
         "acyclic": run.acyclic,
@@ -420,70 +614,58 @@ def run_pipeline(stages: list[str], port: int, run: PipelineRun) -> dict:
         "runs": {},
     }
     link = {"latency": run.latency, "bandwidth": run.bandwidth} if run.emulate_link else {}
-    for method in run.methods:
-        part = partition(graph, k, method, acyclic=run.acyclic)
-        assignment = part.by_node_id(graph)
-        metrics = evaluate(graph, part.assignment, k)
-        _publish_plan(graph, part.assignment, k, method)
+    position = {n.name: i for i, n in enumerate(gm.graph.nodes)}
+    index = {name: v for v, name in enumerate(graph.node_ids)}
+    try:
+        plans = {}
+        for method in run.methods:
+            part = partition(graph, k, method, acyclic=run.acyclic)
+            _publish_plan(graph, part.assignment, k, method)
+            start, finish = schedule(predict, part.assignment)
+            # each stage runs its nodes in the simulated schedule's order (start, end, graph order)
+            order = sorted(index, key=lambda name: (start[index[name]], finish[index[name]], position.get(name, 0)))
+            plans[method] = (part, part.by_node_id(graph), start, finish, order)
+        measured: dict[str, dict[str, list]] = {
+            m: {"elapsed": [], "latency": [], "same": [], "breakdown": []} for m in plans
+        }
         total = warmup + run.samples + run.latency_samples
-        cfg = {
-            "assignment": assignment,
-            "model": run.model,
-            "seed": run.seed,
-            "samples": total,
-            "stages": stages,
-            "driver": f"127.0.0.1:{port}",
-            "tracer": run.tracer,
-            "input_shape": list(run.input_shape),
-            "input_dtype": run.input_dtype,
-            "link": link,
-        }
-        for j, conn in enumerate(conns):
-            _send(conn, ("run", {**cfg, "stage": j}))
-        for _ in range(k):
-            box.take_control()
-        consumers = plan_consumers(gm, assignment)
-        placeholder = next(n for n in gm.graph.nodes if n.op == "placeholder")
-        out_node = next(n for n in gm.graph.nodes if n.op == "output")
-
-        def stream(first: int, last: int) -> list:
-            for sample in range(first, last):
-                for dest in consumers.get(placeholder.name, ()):
-                    _send(conns[dest], ("value", sample, placeholder.name, feed[sample]))
-            outs = []
-            for sample in range(first, last):
-                env = {
-                    a: feed[sample] if a.op == "placeholder" else box.take((sample, a.name))
-                    for a in out_node.all_input_nodes
-                }
-                outs.append(torch.fx.node.map_arg(out_node.args[0], lambda a: env[a]))
-            return outs
-
-        stream(0, warmup)  # first calls pay for lazy initialisation; keep them out of the timing
-        t0 = time.perf_counter()
-        outputs = stream(warmup, warmup + run.samples)
-        elapsed = time.perf_counter() - t0
-        one_at_a_time = []
-        for sample in range(warmup + run.samples, total):
-            t1 = time.perf_counter()
-            outputs += stream(sample, sample + 1)
-            one_at_a_time.append(time.perf_counter() - t1)
-        same = all(_close(o, e) for o, e in zip(outputs, expected))
-        report["runs"][method] = {
-            "seconds_per_sample": elapsed / max(run.samples, 1),
-            "outputs_equal_unsplit": same,
-            "latency_seconds": statistics.median(one_at_a_time) if one_at_a_time else None,
-            "simulated_makespan": metrics["makespan"],
-            "max_load": metrics["max_load"],
-            "cut_count": metrics["cut_count"],
-            "critical_cut_count": metrics["critical_cut_count"],
-            "device_graph_acyclic": metrics["device_graph_acyclic"],
-            "feasible": part.feasible,
-        }
-    for conn in conns:
-        _send(conn, ("stop",))
-        conn.close()
-    listener.close()
+        # rounds alternate the methods, so that a spell of load on the machine meets them alike
+        # and each round shifts the stages' cores by one, so that no method keeps a busier core
+        for shift in range(max(run.rounds, 1)):
+            for method, (part, assignment, start, finish, order) in plans.items():
+                session.start(assignment, order, total, run.trace, link, shift)
+                session.stream(0, warmup)  # first calls pay for lazy initialisation; kept out of the timing
+                t0 = time.perf_counter()
+                streamed = session.stream(warmup, warmup + run.samples)
+                m = measured[method]
+                m["elapsed"].append(time.perf_counter() - t0)
+                lone, sent, arrived = session.one_at_a_time(warmup + run.samples, total)
+                outputs = [o for o, _ in streamed] + lone
+                m["same"].append(all(_close(o, e) for o, e in zip(outputs, expected)))
+                if run.trace:
+                    m["breakdown"].append(_breakdown(predict, part.assignment, start, finish, session.traces(), sent))
+                m["latency"] += [arrived[x] - sent[x] for x in sent]
+        for method, (part, assignment, start, finish, order) in plans.items():
+            metrics = evaluate(predict, part.assignment, k)
+            m = measured[method]
+            model = None
+            if calibration is not None:
+                model = pipeline_latency(gm, assignment, order, times, messages, run, calibration, late)
+            report["runs"][method] = {
+                "seconds_per_sample": statistics.median(m["elapsed"]) / max(run.samples, 1),
+                "outputs_equal_unsplit": all(m["same"]),
+                "latency_seconds": statistics.median(m["latency"]) if m["latency"] else None,
+                "simulated_makespan": metrics["makespan"],
+                "predicted_latency": model,
+                "max_load": metrics["max_load"],
+                "cut_count": metrics["cut_count"],
+                "critical_cut_count": metrics["critical_cut_count"],
+                "device_graph_acyclic": metrics["device_graph_acyclic"],
+                "feasible": part.feasible,
+                "breakdown": _median_breakdown(m["breakdown"]) if m["breakdown"] else None,
+            }
+    finally:
+        session.close()
     return report
 
 
@@ -500,34 +682,217 @@ def _close(out, expected) -> bool:
     return out == expected
 
 
-def _with_measured_costs(graph, gm, args: tuple, runs: int):
-    """``graph`` with each node's cost replaced by its mean wall time over ``runs`` runs of
-    ``gm`` node by node in a plain fx Interpreter (as the stages run it; no FLOP counter)."""
-    import dataclasses
+@dataclass
+class Message:
+    """One node's output as a message between processes: its pickled size and the seconds the
+    sender spends pickling it and the receiver's reader thread unpickling it (medians)."""
 
-    import numpy as np
+    size: int
+    dumps: float
+    loads: float
+
+
+def measure_messages(gm, args: tuple, repeats: int = 3) -> dict[str, Message]:
+    """``Message`` of every node output another node reads, on a real run of ``gm``."""
     import torch
 
-    times: dict[str, list[float]] = {}
+    values: dict[str, Any] = {}
 
-    class Timer(torch.fx.Interpreter):
+    class Keep(torch.fx.Interpreter):
         def run_node(self, n):
-            t0 = time.perf_counter()
             result = super().run_node(n)
-            times.setdefault(n.name, []).append(time.perf_counter() - t0)
+            if n.users and n.op != "output":
+                values[n.name] = result
             return result
 
     with torch.no_grad():
-        for _ in range(max(runs, 1) + 1):  # the first run warms caches: dropped below
-            Timer(gm).run(*args)
-    # the mean, not the median: an op's expected time includes the preemptions a loaded machine
-    # deals it, which the run will meet too (the median leaves them out and under-predicted a
-    # whole-model run by 2.5-4x at load average ~15 on 2 cores)
-    cost = np.asarray([statistics.fmean(times[i][1:]) if len(times.get(i, [])) > 1 else 0.0 for i in graph.node_ids])
-    # placeholders and the output node run in the driver, not on a device
+        Keep(gm).run(*args)
+    out = {}
+    for name, value in values.items():
+        dumps, loads = [], []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            data = pickle.dumps(("value", 0, name, value), protocol=pickle.HIGHEST_PROTOCOL)
+            t1 = time.perf_counter()
+            pickle.loads(data)
+            dumps.append(t1 - t0)
+            loads.append(time.perf_counter() - t1)
+        out[name] = Message(len(data), statistics.median(dumps), statistics.median(loads))
+    return out
+
+
+def link_lateness(size: int, repeats: int = 8) -> float:
+    """Seconds after its due time that a value sent over an emulated ``Link`` is in the hands
+    of a thread waiting for it (median; on a loopback pair in this process, the unpickling
+    left out): the mailbox's timed wait waking, on top of the link's own delay."""
+    import torch
+
+    listener = Listener(("127.0.0.1", 0), authkey=AUTHKEY)
+    box = Mailbox()
+    accepted: list[Connection] = []
+
+    def serve_one() -> None:
+        conn = listener.accept()
+        accepted.append(conn)
+        _reader(conn, box)
+
+    threading.Thread(target=serve_one, daemon=True).start()
+    link = Link(_dial(f"127.0.0.1:{listener.address[1]}", time.monotonic() + TIMEOUT_S), 1e-3, float("inf"))
+    value = torch.zeros(max(size // 4, 1))
+    data = pickle.dumps(("value", 0, "x", value), protocol=pickle.HIGHEST_PROTOCOL)
+    t0 = time.perf_counter()
+    pickle.loads(data)
+    loads = time.perf_counter() - t0
+    late = []
+    try:
+        for r in range(repeats):
+            time.sleep(2e-3)  # idle in between, as between a lone sample's messages
+            t0 = time.perf_counter()
+            _send(link, ("value", r, "x", value))
+            box.take((r, "x"))
+            late.append(time.perf_counter() - t0 - 1e-3 - loads)
+    finally:
+        link.close()
+        listener.close()
+        for c in accepted:
+            c.close()
+    return max(statistics.median(late), 0.0)
+
+
+def with_message_costs(graph, gm, messages: dict[str, Message], run: PipelineRun, fixed: float, late: float):
+    """``graph`` with each edge charged what its message costs on this pipeline: ``fixed`` (one
+    message between processes, measured: ``Calibration.input_message``) plus pickling and
+    unpickling the source node's real output (``measure_messages``), plus, between two stages
+    and when the run emulates it, the link's ``latency + bytes / bandwidth`` on the pickled
+    message's size (what ``Link`` delays) and the receiver's measured lateness ``late``. Edges
+    from the input and to the output are trips to and from the driver, charged as the input and
+    output nodes' time instead (``run_pipeline``): they cost nothing here."""
+    import dataclasses
+
+    import numpy as np
+
     ops = {n.name: n.op for n in gm.graph.nodes}
-    cost[[ops.get(i) in ("placeholder", "output") for i in graph.node_ids]] = 0.0
-    return dataclasses.replace(graph, cost=cost)
+    cost = np.zeros(len(graph.src))
+    for e, (u, v) in enumerate(zip(graph.src.tolist(), graph.dst.tolist())):
+        name_u, name_v = graph.node_ids[u], graph.node_ids[v]
+        if ops.get(name_u) == "placeholder" or ops.get(name_v) == "output" or name_u not in messages:
+            continue
+        m = messages[name_u]
+        cost[e] = fixed + m.dumps + m.loads
+        if run.emulate_link:
+            cost[e] += late + run.latency + m.size / run.bandwidth
+    return dataclasses.replace(graph, edge_cost=cost)
+
+
+def pipeline_latency(
+    gm,
+    assignment: dict[str, int],
+    order: list[str],
+    node_seconds: dict[str, float],
+    messages: dict[str, Message],
+    run: PipelineRun,
+    calibration: Calibration,
+    late: float,
+) -> float:
+    """Predicted latency of one sample alone in the pipeline, simulating what the stages do
+    (``run_stage``), which the partitioner's makespan simulator leaves out: a stage runs its
+    nodes in ``order``, each when its inputs have arrived, and after a node it pickles the value
+    once per other stage (or the driver) that reads it, on its own thread, before going on; a
+    message then takes ``fixed`` + the link (``latency + bytes / bandwidth`` + the receiver's
+    measured lateness) + unpickling on the receiver's reader thread. The input reaches its
+    readers ``calibration.input_message`` after it is sent; the output is complete when the
+    last value the output node reads has reached the driver."""
+    consumers = plan_consumers(gm, assignment)
+    nodes = {n.name: n for n in gm.graph.nodes}
+    fixed = calibration.input_message
+    link = run.latency + late if run.emulate_link else 0.0
+    free: dict[int, float] = {}
+    # when each value is available on each process (stage index or DRIVER)
+    ready: dict[tuple[str, int], float] = {}
+    done: dict[str, float] = {}
+    for name in order:
+        node = nodes[name]
+        if node.op == "placeholder":
+            for dest in consumers.get(name, ()):
+                ready[(name, dest)] = calibration.input_message
+            continue
+        if node.op == "output":
+            continue
+        d = assignment[name]
+        start = free.get(d, 0.0)
+        for arg in node.all_input_nodes:
+            local = arg.op != "placeholder" and assignment.get(arg.name) == d
+            t = done[arg.name] if local else ready[(arg.name, d)]
+            start = max(start, t)
+        t = done[name] = start + node_seconds.get(name, 0.0)
+        m = messages.get(name)
+        for dest in sorted(consumers.get(name, ())):
+            if m is None:
+                continue
+            t += m.dumps  # pickled on the stage's thread, once per reader process
+            if dest == DRIVER:
+                ready[(name, dest)] = t + calibration.output_message
+            else:
+                ready[(name, dest)] = t + fixed + m.loads + (link + m.size / run.bandwidth if run.emulate_link else 0)
+        free[d] = t
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    return max([ready.get((a.name, DRIVER), 0.0) for a in out.all_input_nodes if a.op != "placeholder"] + [0.0])
+
+
+def _breakdown(graph, assignment, start, finish, traces: list, sent_at: dict[int, float]) -> dict:
+    """Predicted vs measured for the one-at-a-time samples, per stage: compute (the sum of its
+    nodes' times), the time its last node ends (from the sample's input leaving the driver), and
+    the time it spends waiting for values; medians over the samples."""
+    import numpy as np
+
+    index = {name: v for v, name in enumerate(graph.node_ids)}
+    part = np.asarray(assignment)
+    per_stage: list[dict[str, float]] = []
+    for _, stage, records, _ in sorted(traces, key=lambda t: t[1]):
+        mine = part == stage
+        compute, end, wait = [], [], []
+        for sample, t_sent in sent_at.items():
+            rows = [r for r in records if r[0] == sample and r[1] in index]
+            if not rows:
+                continue
+            compute.append(sum(r[4] - r[3] for r in rows))
+            end.append(max(r[4] for r in rows) - t_sent)
+            wait.append(sum(r[3] - r[2] for r in rows))
+        predicted_end = float(finish[mine].max()) if mine.any() else 0.0
+        predicted_compute = float(graph.cost[mine].sum())
+        per_stage.append(
+            {
+                "stage": stage,
+                "predicted_compute": predicted_compute,
+                "measured_compute": statistics.median(compute) if compute else 0.0,
+                "predicted_end": predicted_end,
+                "measured_end": statistics.median(end) if end else 0.0,
+                "predicted_wait": _predicted_wait(start, finish, mine),
+                "measured_wait": statistics.median(wait) if wait else 0.0,
+            }
+        )
+    return {"stages": per_stage}
+
+
+def _median_breakdown(rounds: list[dict]) -> dict:
+    """Per stage and field, the median over the rounds' breakdowns (``_breakdown``)."""
+    stages = []
+    for per_round in zip(*(r["stages"] for r in rounds)):
+        stages.append({key: statistics.median(st[key] for st in per_round) for key in per_round[0]})
+    return {"stages": stages}
+
+
+def _predicted_wait(start, finish, mine) -> float:
+    """The time a device idles between its operators in the simulated schedule (from 0)."""
+    import numpy as np
+
+    if not mine.any():
+        return 0.0
+    s, f = np.asarray(start)[mine], np.asarray(finish)[mine]
+    order = np.lexsort((f, s))
+    s, f = s[order], f[order]
+    prev = np.concatenate([[0.0], np.maximum.accumulate(f)[:-1]])
+    return float(np.clip(s - prev, 0.0, None).sum())
 
 
 def run_local(run: PipelineRun, k: int, timeout: float = 600.0) -> dict:
@@ -578,6 +943,9 @@ def run_from_params(params: dict) -> PipelineRun:
         profile_runs=int(params.get("profile_runs", 5)),
         emulate_link=bool(params.get("emulate_link", False)),
         latency_samples=int(params.get("latency_samples", 0)),
+        pin_cores=bool(params.get("pin_cores", False)),
+        trace=bool(params.get("trace", False)),
+        rounds=int(params.get("rounds", 1)),
     )
 
 

@@ -240,6 +240,8 @@ def fm_refine(
                 since_best += 1
             # clusters waiting for room in p that fit now; the rest keep waiting (a neighbour's
             # move re-queues them anyway); each cluster once, at its last place in the list
+            woken: list[int]
+            waiting: list[int]
             if wake_all:
                 woken = [u for u in blocked[p] if not locked[u]]
                 blocked[p] = []

@@ -28,7 +28,7 @@ from trainmaster.partition.simulate import (
 
 def critical_chain(
     graph: Graph,
-    assignment: np.ndarray,
+    assignment: np.ndarray | list[int],
     finish: list | None = None,
 ) -> tuple[float, list[tuple[int, int, bool]]]:
     """The schedule's makespan and its critical chain as (u, v, transfer) links, last first:
@@ -40,21 +40,21 @@ def critical_chain(
         if chain is not None:
             return chain
     if finish is None:
-        start, finish = schedule(graph, assignment)
+        start_a, finish_a = schedule(graph, np.asarray(assignment))
     else:
-        finish = np.asarray(finish)
-        start = finish - graph.cost
+        finish_a = np.asarray(finish)
+        start_a = finish_a - graph.cost
     if graph.n == 0:
         return 0.0, []
     part = np.asarray(assignment)
     # per device, in execution order: by start, ties (zero-cost operators) by scheduling priority
-    order = np.lexsort((_priority_rank(graph), finish, start, part))
+    by_device = np.lexsort((_priority_rank(graph), finish_a, start_a, part))
     prev_on_dev = np.full(graph.n, -1, dtype=np.int64)
-    same = part[order[1:]] == part[order[:-1]]
-    prev_on_dev[order[1:][same]] = order[:-1][same]
-    v = int(np.argmax(finish))
-    links = _walk_back(graph, v, finish.tolist(), start.tolist(), part.tolist(), prev_on_dev.tolist())
-    return float(finish[v]), links
+    same = part[by_device[1:]] == part[by_device[:-1]]
+    prev_on_dev[by_device[1:][same]] = by_device[:-1][same]
+    v = int(np.argmax(finish_a))
+    links = _walk_back(graph, v, finish_a.tolist(), start_a.tolist(), part.tolist(), prev_on_dev.tolist())
+    return float(finish_a[v]), links
 
 
 def _static_chain(
@@ -99,7 +99,7 @@ def _walk_back(
     """The critical chain ending at ``v``, last link first: from each operator back to the
     predecessor whose data (or, on the same device, whose end) it waited for, else to the
     operator before it on its device (``prev``). ``start`` None: start = finish - cost."""
-    w = sim_plan(graph).cost if start is None else None
+    w: list[float] = sim_plan(graph).cost if start is None else []
     tol = 1e-9 * max(fin[v], 1.0)
     links: list[tuple[int, int, bool]] = []
     append = links.append
@@ -210,6 +210,7 @@ def makespan_descent(
                     # stops early (inf) once it provably cannot beat ``span``
                     s, finish = state.sim.run(trial[0], trial[1], span)
                     if s < span - 1e-9 * max(span, 1.0):
+                        assert finish is not None  # a completed trial has its schedule
                         sources = {part_l[v] for v in trial[1]}
                         touched = sources | {trial[0][v] for v in trial[1]}
                         state.accept(trial[0], finish, trial[1])
@@ -280,6 +281,7 @@ def _moves(links: list[tuple[int, int, bool]], state: "_MoveCheck", preds: list[
             transfers.append((0.0 if top is None else top, u, v))
     transfers.sort(key=lambda t: -t[0])  # stable: equal costs keep the chain's order
     seen: set[tuple[int, tuple[int, ...]]] = set()
+    pair: tuple[int, tuple[int, ...]]
     for _, u, v in transfers:
         for pair in ((v, (part[u],)), (u, (part[v],))):
             if pair not in seen:
@@ -346,7 +348,7 @@ class _MoveCheck:
         Python lists before any array is built."""
         part, cost, mem = self.part_l, self.cost, self.memory
         moving = []
-        load_in = mem_in = 0  # summed in node order, as sum() would (no comprehensions: in
+        load_in = mem_in = 0.0  # summed in node order, as sum() would (no comprehensions: in
         for v in nodes:  # Python 3.11 each is a call, and most units are one operator)
             if part[v] != q:
                 moving.append(v)
@@ -385,6 +387,7 @@ class _MoveCheck:
         fit_load = room - (self.load[p] - load_in)
         fit_mem = self.mem_cap - (self.mem[p] - mem_in)
         su = self.swap_units
+        assert su is not None  # _swap is only called with swap units
         if need_load > fit_load or need_mem > fit_mem or need_load > su.top_load[q] or need_mem > su.top_memory[q]:
             return refused  # no cluster on q is big enough, or none could be both
         # q's clusters by (share, index): the first that frees enough and fits is the pick
@@ -409,6 +412,7 @@ class _MoveCheck:
     def _guard_change(self, moves: dict[int, int]) -> float:
         """Change of the guarded cut when each operator v in ``moves`` goes to moves[v]."""
         part, adj = self.part_l, self.guarded_adj
+        assert adj is not None  # called only when moves are guarded
         delta = 0.0
         for v, dv in moves.items():
             pv = part[v]
@@ -425,6 +429,7 @@ class _MoveCheck:
     def _guard_delta(self, moving: list[int], q: int) -> float:
         """Change of the guarded cut when ``moving`` go to q (only their own edges change)."""
         part, adj = self.part_l, self.guarded_adj
+        assert adj is not None  # called only when moves are guarded
         delta = 0.0
         if len(moving) == 1:  # most units are one operator (no self-loops: no edge inside)
             v = moving[0]

@@ -116,13 +116,14 @@ class TrialSimulator:
                         if t > bottom[u]:
                             bottom[u] = t
                 graph.cache["bottom0"] = bottom
-            self.steps = graph.cache.get("trial_steps")
-            if self.steps is None:  # (v, its one predecessor and cost or -1, preds, w, bottom)
-                self.steps = [
+            steps = graph.cache.get("trial_steps")
+            if steps is None:  # (v, its one predecessor and cost or -1, preds, w, bottom)
+                steps = [
                     (v, pv[0][0] if len(pv) == 1 else -1, pv[0][1] if len(pv) == 1 else 0.0, pv, wv, bottom[v])
                     for v, pv, wv in plan.steps or []
                 ]
-                graph.cache["trial_steps"] = self.steps
+                graph.cache["trial_steps"] = steps
+            self.steps: list = steps
 
     def set(self, part: list[int], finish: list, moved: list[int] | None = None) -> None:
         """The accepted schedule: ``part`` (a list) and its finish times. With ``moved`` (the
@@ -456,7 +457,7 @@ def path_cut_cost(
     # best[i]: cheapest cut of operators 0..i-1 into fitting runs, with a cut just before i
     best = [0.0] * n
     window: list[int] = []  # candidate run starts j, best[j] increasing
-    head, lo = 0, 0
+    head, lo = 0, 0.0
     for i in range(1, n + 1):
         window.append(i - 1)
         while head < len(window) - 1 and best[window[-1]] <= best[window[-2]]:
