@@ -18,7 +18,6 @@ from trainmaster.backends.base import Backend, LaunchRequest, Phase, StartFailur
 from trainmaster.backends.local import LocalBackend
 from trainmaster.backends.testbed import TestbedBackend
 from trainmaster.testbed import Testbed, TestbedOptions, remove
-from trainmaster.runtime.files import InstanceFiles
 
 
 def ray_backend() -> Backend:
@@ -81,34 +80,30 @@ def launch(backend: Backend, tmp_path: Path, code: str, name: str = "r", ports: 
 
 
 def launch_request(
-    backend: Backend, tmp_path: Path, code: str, name: str = "r", ports: int = 1, cwd: str | None = None
+    backend: Backend,
+    tmp_path: Path,
+    code: str,
+    name: str = "r",
+    ports: int = 1,
+    cwd: str | None = None,
+    argv: list[str] | None = None,
 ) -> LaunchRequest:
+    """One attempt of a one-replica role ``name`` running ``python -c code`` (or ``argv``), as the
+    controller would hand it over: placed, with its environment and the inputs to resolve it again
+    on another node (the Ray agents do)."""
     placement = backend.place(ports, {})
-    files = InstanceFiles(tmp_path / name)
-    argv, env = [PY, "-c", code], {"PATH": "/usr/bin:/bin"}
-    files.write_launch(
-        {
-            "argv": argv,
-            "cwd": None,
-            "env": env,
-            "role_env": {},
-            "depends": [],
-            "db_url": "",
-            "job_id": 1,
-            "framework": "command",
-            "context": {
-                "job_name": "t",
-                "role": name,
-                "index": 0,
-                "replicas": 1,
-                "role_replicas": {name: 1},
-                "host": placement.host,
-                "ports": placement.ports,
-                "params": {},
-                "output_dir": str(tmp_path / "output"),
-            },
-        }
-    )
+    argv, env = argv or [PY, "-c", code], {"PATH": "/usr/bin:/bin"}
+    context = {
+        "job_name": "t",
+        "role": name,
+        "index": 0,
+        "replicas": 1,
+        "role_replicas": {name: 1},
+        "host": placement.host,
+        "ports": placement.ports,
+        "params": {},
+        "output_dir": str(tmp_path / "output"),
+    }
     spec = LaunchSpec(
         instance_id=f"{tmp_path.name}/{name}-0/1",
         job_id=1,
@@ -120,25 +115,12 @@ def launch_request(
         env=env,
         cwd=cwd,
         log_path=str(tmp_path / f"{name}.log"),
-        instance_dir=str(files.dir),
+        instance_dir=str(tmp_path / name),
         host=placement.host,
         ports=placement.ports,
+        env_inputs={"framework": "command", "context": context, "role_env": {}},
     )
-    return LaunchRequest(
-        job_id=1,
-        job_name="t",
-        role=name,
-        index=0,
-        attempt=1,
-        placement=placement,
-        launch_file=str(files.launch),
-        instance_dir=str(files.dir),
-        log_path=str(tmp_path / f"{name}.log"),
-        argv=argv,
-        env=env,
-        cwd=cwd,
-        spec=spec,
-    )
+    return LaunchRequest(placement=placement, spec=spec)
 
 
 def runtime_pid(handle: dict) -> int:

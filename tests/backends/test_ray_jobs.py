@@ -95,48 +95,10 @@ def test_stopping_an_attempt_whose_start_was_refused_is_quiet(ray_backend: Any, 
     """Stop on Ray: an attempt the node refused to start (its workingDir is missing) never ran,
     so a stop that comes before any poll (a job cancelled at once) has nothing to ask its actor
     and ends quietly; the attempt then reads as a failed start."""
-    from trainmaster.backends.base import LaunchRequest, Phase
-    from trainmaster.runtime.files import InstanceFiles
+    from test_backend_suite import launch_request
+    from trainmaster.backends.base import Phase
 
-    placement = ray_backend.place(1, {})
-    files = InstanceFiles(tmp_path / "refused")
-    files.write_launch(
-        {
-            "argv": ["true"],
-            "cwd": None,
-            "env": {},
-            "role_env": {},
-            "depends": [],
-            "db_url": "",
-            "job_id": 1,
-            "framework": "command",
-            "context": {
-                "job_name": "t",
-                "role": "refused",
-                "index": 0,
-                "replicas": 1,
-                "role_replicas": {"refused": 1},
-                "host": placement.host,
-                "ports": placement.ports,
-                "params": {},
-                "output_dir": str(tmp_path),
-            },
-        }
-    )
-    request = LaunchRequest(
-        job_id=1,
-        job_name="t",
-        role="refused",
-        index=0,
-        attempt=1,
-        placement=placement,
-        launch_file=str(files.launch),
-        instance_dir=str(files.dir),
-        log_path=str(tmp_path / "refused.log"),
-        argv=["true"],
-        env={},
-        cwd=str(tmp_path / "missing"),
-    )
+    request = launch_request(ray_backend, tmp_path, "", "refused", cwd=str(tmp_path / "missing"), argv=["true"])
     [handle] = list(ray_backend.start_all([request]))
     ray_backend.stop([handle], grace=30)  # waits for the start call's outcome, then asks nothing
     obs = ray_backend.poll(handle)

@@ -158,7 +158,7 @@ def test_handle_refound_after_a_controller_crash_carries_its_ports(make_testbed,
         host=placement.host,
         ports=placement.ports,
     )
-    request = LaunchRequest(1, "t", "server", 0, 1, placement, "", spec.instance_dir, spec.log_path, spec=spec)
+    request = LaunchRequest(placement=placement, spec=spec)
     handle = first.start(request)
     first.close()  # the controller crashed before storing the handle
     second = TestbedBackend(bed)

@@ -44,26 +44,34 @@ class Placement:
 
 @dataclass
 class LaunchRequest:
-    """Everything needed to start one attempt of one instance."""
+    """One attempt of one instance, as the controller hands it to a backend: where it was placed,
+    the typed launch contract a node agent starts (:class:`LaunchSpec`), and the role's resources
+    as written (the Ray backend sizes a gang's bundles from them)."""
 
-    job_id: int
-    job_name: str
-    role: str
-    index: int
-    attempt: int
     placement: Placement
-    launch_file: str  # unused: no backend reads a launch.json any more (the agents read ``spec``)
-    instance_dir: str
-    log_path: str
-    cwd: str | None = None
+    spec: LaunchSpec
     resources: dict[str, Any] = field(default_factory=dict)
-    gated: bool = False  # has dependencies: running only once its wait step has passed
-    # for an instance without dependencies: its command and complete environment, ready to exec
-    argv: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    # the typed launch contract (what a node agent starts); backends that run instances through
-    # an agent read only this, the fields above serve the Ray backend's per-instance actors
-    spec: LaunchSpec | None = None
+
+    @property
+    def job_id(self) -> int:
+        return self.spec.job_id
+
+    @property
+    def role(self) -> str:
+        return self.spec.role
+
+    @property
+    def index(self) -> int:
+        return self.spec.index
+
+    @property
+    def instance_dir(self) -> str:
+        return self.spec.instance_dir
+
+    @property
+    def gated(self) -> bool:
+        """Has dependencies: running only once its wait step has passed."""
+        return bool(self.spec.depends)
 
 
 @dataclass(frozen=True)

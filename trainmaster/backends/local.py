@@ -105,12 +105,7 @@ class LocalBackend(Backend):
 
     def start_all(self, requests: list[LaunchRequest]) -> Iterator[dict[str, Any] | StartFailure]:
         """One round trip to the agent for the whole batch."""
-        specs = []
-        for request in requests:
-            if request.spec is None:
-                raise ValueError(f"{request.role}-{request.index}: the local backend needs a LaunchSpec")
-            specs.append(request.spec)
-        for result in self.agent.start(specs):
+        for result in self.agent.start([request.spec for request in requests]):
             yield result.handle.to_dict() if result.handle else StartFailure(result.error)
 
     def poll(self, handle: dict[str, Any]) -> Observation:

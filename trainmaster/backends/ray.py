@@ -27,7 +27,6 @@ Ray is an optional extra: only ``backends/ray*.py`` import it.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import socket
@@ -41,12 +40,11 @@ from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from trainmaster.agent.contract import Dependency, InstancePhase, InstanceStatus, LaunchSpec
+from trainmaster.agent.contract import InstancePhase, InstanceStatus, LaunchSpec
 from trainmaster.backends.base import Backend, Capacity, LaunchRequest, Observation, Phase, Placement, StartFailure
 from trainmaster.backends.ports import PortPool
 from trainmaster.backends.local import observation as agent_observation
 from trainmaster.backends.ray_agent import ATTEMPT_RECORD, NAMESPACE, NodeAgentActor, agent_name, read_record
-from trainmaster.runtime.files import InstanceFiles
 from trainmaster.spec.model import parse_memory
 
 __all__ = ["ATTEMPT_RECORD", "NAMESPACE", "RayBackend", "connect"]
@@ -354,7 +352,7 @@ class RayBackend(Backend):
         handles: list[dict[str, Any] | StartFailure] = []
         view = _ClusterView()
         for request in requests:
-            spec = _launch_spec(request)
+            spec = request.spec
             bundle = self._bundle_for(request)
             node = self._bundle_node(request.job_id, bundle, view) if bundle is not None else self._home_node()
             if node is None and bundle is not None:
@@ -678,70 +676,6 @@ class RayBackend(Backend):
         (a controller that stops does not stop the jobs it ran)."""
         self._calls.clear()
         self._snapshots.clear()
-
-
-def _launch_spec(request: LaunchRequest) -> LaunchSpec:
-    """The typed launch of one attempt: the controller's :class:`LaunchSpec` under this backend's
-    instance id. A request without one, or a spec without environment inputs (built outside the
-    controller), takes what it lacks from the instance's launch file, so that the node agent can
-    resolve the environment again on the instance's node."""
-    launch: dict[str, Any] | None = None
-    if request.spec is not None:
-        # the controller's id (``<job uid>/<role>-<index>/<attempt>``, unique across stores):
-        # a controller that died before saving the handle asks the agents for it (handle_of)
-        spec = request.spec
-    else:
-        depends: list[Dependency] = []
-        db_url = ""
-        if request.gated:
-            launch = InstanceFiles(request.instance_dir).read_launch()
-            depends = [
-                Dependency(d["role"], d["condition"], float(d["timeout"]), int(d["replicas"]))
-                for d in launch["depends"]
-            ]
-            db_url = launch.get("db_url", "")
-        resources = request.resources
-        spec = LaunchSpec(
-            instance_id=_instance_id(request),
-            job_id=request.job_id,
-            job_name=request.job_name,
-            role=request.role,
-            index=request.index,
-            attempt=request.attempt,
-            argv=list(request.argv),
-            env=dict(request.env),
-            cwd=request.cwd,
-            log_path=request.log_path,
-            instance_dir=request.instance_dir,
-            host=request.placement.host,
-            ports=list(request.placement.ports),
-            cpu=float(resources.get("cpu", 0) or 0),
-            memory=_memory_bytes(resources.get("memory", 0)),
-            gpu=int(resources.get("gpu", 0) or 0),
-            depends=depends,
-            db_url=db_url,
-        )
-    if not spec.env_inputs:
-        launch = launch or InstanceFiles(request.instance_dir).read_launch()
-        spec = replace(
-            spec,
-            env_inputs={
-                "framework": launch.get("framework", "command"),
-                "context": launch["context"],
-                "role_env": launch.get("role_env", {}),
-            },
-        )
-        if spec.depends:
-            spec = replace(spec, env=dict(launch["env"]))
-    return spec
-
-
-def _instance_id(request: LaunchRequest) -> str:
-    """For a request built without a :class:`LaunchSpec` (outside the controller):
-    ``<store digest>/<role>-<index>/<attempt>``, the digest of the instance folder keeping two
-    stores (whose job ids both start at 1) apart on one cluster."""
-    digest = hashlib.sha1(request.instance_dir.encode()).hexdigest()[:12]
-    return f"{digest}/{request.role}-{request.index}/{request.attempt}"
 
 
 def _bundle(request: dict[str, Any]) -> dict[str, float]:

@@ -247,6 +247,7 @@ def _write_record(spec: LaunchSpec, result: StartResult, node_id: str) -> None:
         "gated": bool(spec.depends),
     }
     path = Path(spec.instance_dir) / ATTEMPT_RECORD
+    path.parent.mkdir(parents=True, exist_ok=True)  # the controller leaves creating it to the node
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record))
     os.replace(tmp, path)

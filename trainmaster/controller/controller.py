@@ -726,7 +726,7 @@ class Controller:
             else:
                 self._spawn(session, start.job, start.inst, start.request, handle)
                 # a container runs once podman created it (the agent says when), like a gated one
-                in_container = start.request.spec is not None and start.request.spec.container is not None
+                in_container = start.request.spec.container is not None
                 if not start.request.gated and not in_container:
                     spawned.append(start)
         # running as soon as the backend says so: at once for a local process, later for a
@@ -780,23 +780,7 @@ class Controller:
         self._set_instance_state(inst, I.STARTING)
         inst.reason = "WaitingForDependencies" if depends else "Started"
         inst.message = f"waiting for {', '.join(d.role for d in depends)}" if depends else ""
-        return LaunchRequest(
-            job_id=job.id,
-            job_name=job.name,
-            role=role.name,
-            index=inst.index,
-            attempt=inst.attempt,
-            placement=placement,
-            launch_file="",
-            instance_dir=instance_dir,
-            log_path=log_path,
-            cwd=launch.cwd,
-            resources=role.resources.dump(),
-            gated=bool(depends),
-            argv=launch.argv,
-            env=launch.env,
-            spec=launch,
-        )
+        return LaunchRequest(placement=placement, spec=launch, resources=role.resources.dump())
 
     def _spawn(
         self, session: Session, job: JobRow, inst: InstanceRow, request: LaunchRequest, handle: dict[str, Any]

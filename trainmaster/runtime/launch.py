@@ -12,20 +12,14 @@ spawned by the agent directly):
    writes ``exec <time>`` to the agent's notify pipe (closed on exec); when it gives up instead
    it writes ``reason <Reason> <message>`` and exits.
 
-``run`` below is the older protocol still used by the Ray backend's per-instance actors (it runs
-the command as a child and records the exit code in the instance folder); it goes when Ray
-runs its instances through the node agent.
 """
 
 from __future__ import annotations
 
-import signal
-import subprocess
 import sys
 import time
 from typing import Any
 
-from trainmaster.runtime.files import InstanceFiles
 
 DEPENDENCY_TIMEOUT_EXIT = 124
 
@@ -150,43 +144,5 @@ def exec_role(spec_file: str) -> int:
     return 127  # not reached: execve replaced this process
 
 
-def run(launch_file: str) -> int:
-    files = InstanceFiles(launch_file.rsplit("/", 1)[0])
-    launch = files.read_launch()
-    if launch["depends"]:
-        print(f"[trainmaster] waiting for {', '.join(d['role'] for d in launch['depends'])}", flush=True)
-        try:
-            services = wait_for_dependencies(launch)
-        except DependencyTimeout as exc:
-            print(f"[trainmaster] {exc}", flush=True)
-            files.write_reason("DependencyTimeout", str(exc))
-            files.write_exit_code(DEPENDENCY_TIMEOUT_EXIT)
-            return DEPENDENCY_TIMEOUT_EXIT
-        from trainmaster.runtime.environment import instance_environment
-
-        env = instance_environment(launch, services)
-    else:
-        env = launch["env"]  # computed in full by the controller
-    try:
-        child = subprocess.Popen(launch["argv"], env=env, cwd=launch.get("cwd"))
-    except OSError as exc:
-        print(f"[trainmaster] cannot start {launch['argv'][0]!r}: {exc}", flush=True)
-        files.write_reason("StartError", f"cannot start {launch['argv'][0]!r}: {exc.strerror or exc}")
-        files.write_exit_code(127)
-        return 127
-    files.mark_ready()
-
-    def forward(signum: int, _frame: object) -> None:
-        child.send_signal(signum)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    code = child.wait()
-    files.write_exit_code(code if code >= 0 else 128 - code)
-    return code if code >= 0 else 128 - code
-
-
 if __name__ == "__main__":
-    import os
-
-    sys.exit(exec_role(sys.argv[1]) if "TM_AGENT_NOTIFY_FD" in os.environ else run(sys.argv[1]))
+    sys.exit(exec_role(sys.argv[1]))
