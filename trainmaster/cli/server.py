@@ -11,6 +11,8 @@ import typer
 
 from trainmaster.cli.jobs import AllowFrameworkOpt, DbOpt, RuntimeOpt, make_backend
 
+SHUTDOWN_DRAIN_S = 3.0  # on SIGTERM, seconds open requests get to finish before they are cancelled
+
 
 def server(
     db: DbOpt = None,
@@ -125,7 +127,10 @@ def server(
     typer.echo(f"trainmaster controller on http://{host}:{port} (store {url}, backend {backend}{role})")
     app = create_app(controller, options=replace(options, access=AccessOptions(token=token)), elector=elector)
     try:
-        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[listener])
+        # open dashboard streams (server-sent events) never end on their own: uvicorn would wait for
+        # them forever on SIGTERM, so requests still open after a short drain are cancelled
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=SHUTDOWN_DRAIN_S)
+        uvicorn.Server(config).run(sockets=[listener])
     finally:
         if lock:
             lock.release()

@@ -1,0 +1,47 @@
+"""The controller as a service stops on SIGTERM even while a dashboard tab is open: its live
+streams (server-sent events) never end on their own, so the server cancels what is still open
+after a short drain instead of waiting for the browser."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from server_process import ServerProcess
+
+from trainmaster.cli.server import SHUTDOWN_DRAIN_S
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_sigterm_stops_the_server_with_a_live_stream_open(tmp_path: Path) -> None:
+    server = ServerProcess(tmp_path)
+    opened = threading.Event()
+
+    def watch() -> None:  # a dashboard tab: one long-lived /ui/stream request
+        try:
+            with httpx.stream("GET", server.url + "/ui/stream", timeout=httpx.Timeout(5, read=None)) as response:
+                opened.set()
+                for _ in response.iter_raw():
+                    pass
+        except httpx.HTTPError:
+            pass  # the server went away: what this test waits for
+
+    tab = threading.Thread(target=watch, daemon=True)
+    tab.start()
+    try:
+        assert opened.wait(30), "the live stream did not open"
+        began = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        code = server.proc.wait(timeout=SHUTDOWN_DRAIN_S + 20)
+        took = time.monotonic() - began
+    finally:
+        server.stop()
+    assert code in (0, -signal.SIGTERM), server.log.name  # uvicorn re-raises the signal once it has shut down
+    assert took < SHUTDOWN_DRAIN_S + 15, f"the server took {took:.1f} s to stop with a stream open"
+    tab.join(timeout=10)
+    assert not tab.is_alive(), "the stream did not end with the server"
