@@ -342,6 +342,8 @@ class Initiator:
         """
         if info.stream_id is None:
             raise EnvelopeError(400, "stream opening without a stream id")
+        if not self.gateway.endpoint:
+            raise resultlink.ResultLinkError(f"the roster gives gateway {self.gateway.name!r} no endpoint")
         opener = ChunkOpener(info, info.stream_id, self.cfg.max_result_bytes)
         path = self.results_dir / task_id / f"{data_id}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
