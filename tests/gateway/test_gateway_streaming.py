@@ -83,7 +83,7 @@ def test_frame_splitter_handles_any_cut_and_refuses_partial_or_oversized_frames(
         list(FrameSplitter(max_frame=10).feed(frame(b"x" * 11)))
 
 
-def _big_deployment(root: Path, fault: str = "") -> Deployment:
+def _big_deployment(root: Path, fault: str = "", rows: int = ROWS) -> Deployment:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -91,7 +91,7 @@ def _big_deployment(root: Path, fault: str = "") -> Deployment:
     if fault:
         party["fault_stream"] = fault
     dep = Deployment(root, ["a", "b"], overrides={"a": party})
-    x = np.random.default_rng(0).normal(size=ROWS)
+    x = np.random.default_rng(0).normal(size=rows)
     pq.write_table(pa.table({"x": x}), root / "data" / "a" / "big.parquet")
     return dep.start_all()
 
@@ -229,6 +229,30 @@ def test_party_stream_truncated_reordered_or_tampered_is_refused_by_the_gateway(
         assert "stream" in leg["detail"], leg
         assert out["legs"]["m_b"]["outcome"] == "result"
         assert not [p for p in (Path(dep.cfg("gateway").state_dir) / "results").rglob("*") if p.is_file()]
+        assert dep.health("gateway")["in_flight_legs"] == 0
+    finally:
+        dep.stop_all()
+
+
+def test_party_attesting_a_wrong_digest_is_refused_at_the_initiator(tmp_path: Path) -> None:
+    """End-to-end digest check (the gateway's relay checks chunks, order, final flag and signed length,
+    not the SHA-256): a party that signs a digest of other bytes than it streams gets its leg
+    refused at the initiator with a clear reason, final, and no result file or `.part` is left."""
+    dep = _big_deployment(tmp_path, "misattest", rows=150_000)  # ~3 MB: three chunks
+    try:
+        ini = dep.initiator(timeout_s=120)
+        out = ini.run_task(
+            TaskSpec(
+                task_id="mis1",
+                leg_timeout_s=120,
+                legs=[LegSpec(data_id="big", party="a", rule="predict", params={"features": ["x"], "weights": WEIGHTS})],
+            )
+        )
+        ini.close()
+        leg = out["legs"]["big"]
+        assert leg["outcome"] == "rejected" and "result_file" not in leg and "result" not in leg, leg
+        assert "digest its sender signed" in leg["detail"], leg
+        assert not list((dep.root / "results").rglob("*.json*"))
         assert dep.health("gateway")["in_flight_legs"] == 0
     finally:
         dep.stop_all()

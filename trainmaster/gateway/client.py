@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import httpx
 import yaml
@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trainmaster.errors import UserError
 from trainmaster.gateway.crypto import EnvelopeError, make_header, seal, verify_attestation
+from trainmaster.gateway import resultlink
 from trainmaster.gateway.gate import EnvelopeGate
 from trainmaster.gateway.models import (
     ID_PATTERN,
@@ -45,7 +46,8 @@ from trainmaster.gateway.provision import ServiceConfig, load_identity, load_ros
 from trainmaster.gateway.routing import SeenTable
 from trainmaster.gateway.service import client_ssl_context, expect
 from trainmaster.gateway.stream import MEDIA_TYPE as STREAM_MEDIA_TYPE
-from trainmaster.gateway.stream import ChunkOpener, FrameSplitter, StreamInfo
+from trainmaster.gateway.stream import ChunkOpener, StreamInfo
+from trainmaster.gateway.tlsid import dns_name
 
 RETRY_STATUSES = (429, 502, 503, 504)
 
@@ -91,7 +93,9 @@ class Initiator:
         self.roster = load_roster(cfg.roster)
         self.gateway = next(p for p in self.roster.values() if p.role == "gateway")
         self.gate = EnvelopeGate(self.me, self.roster, SeenTable("sqlite://"), cfg.skew_s)
-        self.http = httpx.Client(verify=client_ssl_context(cfg), timeout=timeout_s)
+        self.ssl_context = client_ssl_context(cfg)
+        self.timeout_s = timeout_s
+        self.http = httpx.Client(verify=self.ssl_context, timeout=timeout_s)
         self.results_dir = Path(results_dir) if results_dir else Path(cfg.state_dir) / "results"
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         self.assigned: dict[str, dict[str, str]] = {}
@@ -275,7 +279,7 @@ class Initiator:
                     "final": True,
                     "detail": f"result refused at the initiator: {exc.reason}",
                 }
-            except httpx.HTTPError as exc:
+            except (httpx.HTTPError, resultlink.ResultLinkError) as exc:
                 out[leg.data_id] = {
                     "party": None,
                     "outcome": "rejected",
@@ -308,7 +312,7 @@ class Initiator:
                 raise EnvelopeError(422, "stream opening does not match the party's attested digest")
             try:
                 entry["result_file"] = str(self.fetch_stream(task_id, data_id, info))
-            except (EnvelopeError, httpx.HTTPError) as exc:
+            except (EnvelopeError, resultlink.ResultLinkError) as exc:
                 if p.final:
                     raise
                 # A live stream (the gateway was still relaying it) that broke off: the relay failed
@@ -338,8 +342,9 @@ class Initiator:
         """
         if info.stream_id is None:
             raise EnvelopeError(400, "stream opening without a stream id")
+        if not self.gateway.endpoint:
+            raise resultlink.ResultLinkError(f"the roster gives gateway {self.gateway.name!r} no endpoint")
         opener = ChunkOpener(info, info.stream_id, self.cfg.max_result_bytes)
-        splitter = FrameSplitter()
         path = self.results_dir / task_id / f"{data_id}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         part = path.with_name(path.name + ".part")
@@ -347,26 +352,21 @@ class Initiator:
         env = seal(self.me, self.gateway, header, ResultFetch(task_id=task_id, data_id=data_id).model_dump(mode="json"))
         try:
             with (
-                self.http.stream(
-                    "POST",
-                    f"{self.gateway.endpoint}/v1/results",
-                    content=env.model_dump_json(),
-                    headers={"content-type": "application/json"},
-                    extensions=expect(self.gateway.name, "gateway"),
+                resultlink.post(
+                    self.ssl_context,
+                    self.gateway.endpoint,
+                    "/v1/results",
+                    env.model_dump_json().encode(),
+                    dns_name(self.gateway.name, "gateway"),
+                    self.timeout_s,
                 ) as resp,
-                part.open("wb") as fh,
+                part.open("wb", buffering=0) as fh,
             ):
-                if resp.status_code != 200 or not resp.headers.get("content-type", "").startswith(STREAM_MEDIA_TYPE):
-                    resp.read()
-                    raise EnvelopeError(
-                        502, f"gateway did not send the result stream ({resp.status_code}): {resp.text[:300]}"
-                    )
-                for data in resp.iter_bytes():
-                    for body in splitter.feed(data):
-                        fh.write(opener.open(body)[0])
-                splitter.close()
+                if resp.status != 200 or not resp.content_type.startswith(STREAM_MEDIA_TYPE):
+                    text = resp.body.read(4096).decode(errors="replace")
+                    raise EnvelopeError(502, f"gateway did not send the result stream ({resp.status}): {text[:300]}")
+                _receive_frames(resp.body, opener, fh)
                 opener.finish()
-                fh.flush()
                 os.fsync(fh.fileno())
             os.replace(part, path)
         finally:
@@ -401,6 +401,30 @@ class Initiator:
                 detail = results[data_id].get("detail", "")
                 results[data_id]["detail"] = (detail + f"; task creation: {c['detail']}").strip("; ")
         return {"task_id": task_id, "legs": results}
+
+
+def _receive_frames(body: resultlink.ResponseBody, opener: ChunkOpener, fh: BinaryIO) -> None:
+    """Decrypt a result stream's frames into ``fh``: each frame is read straight into one reused
+    buffer and decrypted into another, so memory stays at two chunks and nothing is allocated per MB."""
+    header = bytearray(4)
+    frame_buf = bytearray(opener.max_frame)
+    plain_buf = bytearray(opener.info.chunk_bytes)
+    while True:
+        got = body.read_into(memoryview(header))
+        if got == 0:
+            return
+        size = int.from_bytes(header, "big")
+        if got < 4:
+            raise EnvelopeError(400, "stream truncated inside a frame")
+        if size > len(frame_buf):
+            raise EnvelopeError(413, f"stream frame of {size} bytes is over the stream's {len(frame_buf)}-byte frames")
+        frame = memoryview(frame_buf)[:size]
+        if body.read_into(frame) < size:
+            raise EnvelopeError(400, "stream truncated inside a frame")
+        plain, _last = opener.open_into(frame, plain_buf)
+        written = 0
+        while written < len(plain):
+            written += fh.write(plain[written:]) or 0
 
 
 def _detail(resp: httpx.Response) -> str:

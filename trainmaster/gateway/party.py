@@ -452,9 +452,9 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
                 return LegRecord(False, str(exc))
         return LegRecord(True, "", reply.size, reply.sha256, path, data)
 
-    def _attestation(req: DataTransfer, record: LegRecord) -> dict[str, Any]:
+    def _attestation(req: DataTransfer, record: LegRecord, sha256: str | None = None) -> dict[str, Any]:
         body = LegAttestation(
-            task_id=req.task_id, data_id=req.data_id, party=cfg.name, sha256=record.sha256, size=record.size
+            task_id=req.task_id, data_id=req.data_id, party=cfg.name, sha256=sha256 or record.sha256, size=record.size
         )
         return attest(ctx.me, body).model_dump(mode="json")
 
@@ -462,15 +462,16 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
         """A large result as a signed opening plus AES-GCM chunks, read from the leg's record."""
         assert record.path is not None
         key = os.urandom(32)
-        info = StreamInfo(
-            key=b64e(key), total_bytes=record.size, sha256=record.sha256, chunk_bytes=cfg.stream_chunk_bytes
-        )
+        sha256 = record.sha256
+        if cfg.fault_stream == "misattest":  # fault injection: sign a digest of other bytes than those streamed
+            sha256 = hashlib.sha256(sha256.encode()).hexdigest()
+        info = StreamInfo(key=b64e(key), total_bytes=record.size, sha256=sha256, chunk_bytes=cfg.stream_chunk_bytes)
         opening = ctx.seal_to(
             gateway.name,
             MessageKind.transfer_result,
             req.task_id,
             req.data_id,
-            {"ok": True, "error": "", "stream": info.model_dump(), "attestation": _attestation(req, record)},
+            {"ok": True, "error": "", "stream": info.model_dump(), "attestation": _attestation(req, record, sha256)},
         )
         sealer = ChunkSealer(key, opening.header.msg_id)
         path = record.path
@@ -483,7 +484,7 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
                     piece = await asyncio.to_thread(fh.read, min(cfg.stream_chunk_bytes, left)) if left else b""
                     left -= len(piece)
                     parts = sealer.seal_frame(piece, left == 0)
-                    if cfg.fault_stream:  # fault injection works on whole frames
+                    if cfg.fault_stream not in ("", "misattest"):  # fault injection works on whole frames
                         yield b"".join(parts)
                     else:  # two HTTP chunks: joining would copy every byte once more
                         yield parts[0]
@@ -491,7 +492,7 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
                     if left == 0:
                         return
 
-        frames = _corrupt(body(), cfg.fault_stream) if cfg.fault_stream else body()
+        frames = _corrupt(body(), cfg.fault_stream) if cfg.fault_stream not in ("", "misattest") else body()
         return StreamingResponse(frames, media_type=MEDIA_TYPE)
 
     @app.post("/v1/transfer")

@@ -94,8 +94,9 @@ class ServiceConfig(BaseModel):
     fault_delay_s: float = 0.0
     fault_clock_offset_s: float = 0.0
     fault_executor_silent: bool = False
-    fault_stream: str = Field(default="", pattern=r"^(|truncate|reorder|flip|slow)$")
-    """Party: corrupt outgoing result streams this way (tests that the gateway refuses them)."""
+    fault_stream: str = Field(default="", pattern=r"^(|truncate|reorder|flip|slow|misattest)$")
+    """Party: corrupt outgoing result streams this way (tests that the gateway refuses them);
+    ``misattest`` signs a digest of other bytes than it streams (refused at the initiator)."""
 
 
 def _write_secret(path: Path, data: bytes) -> None:

@@ -90,11 +90,28 @@ class ChunkSealer:
         self._done = final
         return _HEADER.pack(1 + len(sealed)) + bytes([flags]), sealed
 
+    def seal_frame_into(self, chunk: bytes | memoryview, final: bool, out: bytearray) -> tuple[bytes, memoryview]:
+        """:meth:`seal_frame` into a reused buffer (at least ``len(chunk) + 16`` bytes): a relay that
+        seals every MB into a fresh allocation pays page faults for each one."""
+        if self._done:
+            raise ValueError("stream already finished")
+        flags = _FINAL if final else 0
+        n = len(chunk) + _TAG
+        sealed = memoryview(out)[:n]
+        self._aead.encrypt_into(_nonce(self._index), chunk, _aad(self._id, self._index, flags), sealed)
+        self._index += 1
+        self._done = final
+        return _HEADER.pack(1 + n) + bytes([flags]), sealed
+
 
 class ChunkOpener:
     """Decrypts and checks one stream's chunk frames; :meth:`finish` checks the signed totals."""
 
-    def __init__(self, info: StreamInfo, stream_id: str, max_total_bytes: int):
+    def __init__(self, info: StreamInfo, stream_id: str, max_total_bytes: int, check_digest: bool = True):
+        """``check_digest=False`` (the gateway's relay) still refuses any tampered, reordered,
+        truncated or extended chunk and a length other than the signed one; only the SHA-256 of
+        the plaintext against the signed digest is left to the receiver at the end of the path (the
+        initiator), which checks it anyway (docs/gateway.md, threat model)."""
         key = b64d(info.key)
         if len(key) != 32:
             raise EnvelopeError(400, "stream key must be 32 bytes")
@@ -102,35 +119,65 @@ class ChunkOpener:
             raise EnvelopeError(413, f"stream of {info.total_bytes} bytes is over the {max_total_bytes}-byte cap")
         self.info, self._aead, self._id = info, AESGCM(key), stream_id
         self._index, self._seen, self._final = 0, 0, False
-        self._sha = hashlib.sha256()
+        self._sha = hashlib.sha256() if check_digest else None
 
-    def open(self, body: bytes) -> tuple[bytes, bool]:
-        """The next chunk's plaintext and whether it was the last; refuses anything out of order."""
+    @property
+    def max_frame(self) -> int:
+        """The largest frame this stream may carry (one chunk, its flags byte and tag)."""
+        return self.info.chunk_bytes + 1 + _TAG
+
+    def _flags(self, body: bytes | memoryview) -> int:
         if self._final:
             raise EnvelopeError(400, "stream has data after its final chunk")
         if len(body) < 1 + _TAG or body[0] not in (0, _FINAL):
             raise EnvelopeError(400, f"malformed stream chunk {self._index}")
-        flags = body[0]
+        if len(body) - 1 - _TAG > self.info.chunk_bytes:
+            raise EnvelopeError(400, "stream chunk is longer than the signed chunk size")
+        if self._seen + len(body) - 1 - _TAG > self.info.total_bytes:
+            raise EnvelopeError(400, "stream is longer than its signed length")
+        return body[0]
+
+    def _bad_tag(self, exc: InvalidTag) -> EnvelopeError:
+        return EnvelopeError(
+            422, f"stream chunk {self._index} does not decrypt (tampered, reordered or from another stream)"
+        )
+
+    def _opened(self, plain: bytes | memoryview, flags: int) -> bool:
+        self._seen += len(plain)
+        if self._sha is not None:
+            self._sha.update(plain)
+        self._index += 1
+        self._final = bool(flags & _FINAL)
+        return self._final
+
+    def open(self, body: bytes | memoryview) -> tuple[bytes, bool]:
+        """The next chunk's plaintext and whether it was the last; refuses anything out of order."""
+        flags = self._flags(body)
         try:
             plain = self._aead.decrypt(_nonce(self._index), memoryview(body)[1:], _aad(self._id, self._index, flags))
         except InvalidTag as exc:
-            raise EnvelopeError(
-                422, f"stream chunk {self._index} does not decrypt (tampered, reordered or from another stream)"
-            ) from exc
-        self._seen += len(plain)
-        if self._seen > self.info.total_bytes or len(plain) > self.info.chunk_bytes:
-            raise EnvelopeError(400, "stream is longer than its signed length")
-        self._sha.update(plain)
-        self._index += 1
-        self._final = bool(flags & _FINAL)
-        return plain, self._final
+            raise self._bad_tag(exc) from exc
+        return plain, self._opened(plain, flags)
+
+    def open_into(self, body: bytes | memoryview, out: bytearray) -> tuple[memoryview, bool]:
+        """:meth:`open` into a reused buffer of at least ``info.chunk_bytes`` bytes: the plaintext
+        is a view of ``out``, valid until the next call."""
+        flags = self._flags(body)
+        plain = memoryview(out)[: len(body) - 1 - _TAG]
+        try:
+            self._aead.decrypt_into(
+                _nonce(self._index), memoryview(body)[1:], _aad(self._id, self._index, flags), plain
+            )
+        except InvalidTag as exc:
+            raise self._bad_tag(exc) from exc
+        return plain, self._opened(plain, flags)
 
     def finish(self) -> None:
         if not self._final:
             raise EnvelopeError(400, f"stream truncated: ended after {self._index} chunk(s) without a final chunk")
         if self._seen != self.info.total_bytes:
             raise EnvelopeError(400, f"stream carried {self._seen} bytes, its opening signed {self.info.total_bytes}")
-        if self._sha.hexdigest() != self.info.sha256:
+        if self._sha is not None and self._sha.hexdigest() != self.info.sha256:
             raise EnvelopeError(422, "stream content does not match the digest its sender signed")
 
 
