@@ -245,7 +245,9 @@ def test_party_attesting_a_wrong_digest_is_refused_at_the_initiator(tmp_path: Pa
             TaskSpec(
                 task_id="mis1",
                 leg_timeout_s=120,
-                legs=[LegSpec(data_id="big", party="a", rule="predict", params={"features": ["x"], "weights": WEIGHTS})],
+                legs=[
+                    LegSpec(data_id="big", party="a", rule="predict", params={"features": ["x"], "weights": WEIGHTS})
+                ],
             )
         )
         ini.close()
