@@ -517,7 +517,7 @@ def summarise(rows):
             like_for_like.append(o["makespan"] <= m["makespan"] + 1e-9)
         if o["makespan"] > m["makespan"] + 1e-9:
             worse_cases.append(
-                f"{graph} k={k} ({o['makespan']:.1f} vs {m['makespan']:.1f}; METIS balanced="
+                f"{graph} k={k} ({o['makespan']:.4g} vs {m['makespan']:.4g}; METIS balanced="
                 f"{m['balanced']} memory_ok={m['memory_ok']}, ours balanced={o['balanced']} "
                 f"memory_ok={o['memory_ok']})"
             )
@@ -779,9 +779,9 @@ def write_markdown(doc, path: Path):
                 continue
             lines.append(
                 f"| {r['graph']} | {r['k']} | {r['method']} | {r['critical_cut_count']} / "
-                f"{r['critical_cut_cost']:.1f} | {r['cut_cost']:.1f} | {r['balance']:.3f} "
+                f"{r['critical_cut_cost']:.4g} | {r['cut_cost']:.4g} | {r['balance']:.3f} "
                 f"({r['load_cap_ratio']:.2f}) | {'y' if r['memory_ok'] else 'n'} | "
-                f"{r['makespan']:.1f} ({r['lower_bound']:.1f}) | {r['max_load']:.1f} | "
+                f"{r['makespan']:.4g} ({r['lower_bound']:.4g}) | {r['max_load']:.4g} | "
                 f"{'y' if r['device_graph_acyclic'] else 'n'} | {r['seconds'] * 1000:.1f} |"
             )
         lines.append("")
@@ -807,9 +807,9 @@ def _bound_table(label: str, bounds: list[dict]) -> list[str]:
     for b in bounds:
         excess = (b["ours"] - b["lb"]) / (b["metis"] - b["lb"]) if b["metis"] - b["lb"] > 1e-9 else None
         lines.append(
-            f"| {b['graph']} | {b['k']} | {b['lb']:.1f} | {b['bound']:.1f} | "
-            f"{b['ours']:.1f}{'' if b['ours_within_cap'] else ' (over cap)'} | "
-            f"{b['metis']:.1f} ({_yn(b.get('metis_load_within_cap', b['metis_within_cap']))}"
+            f"| {b['graph']} | {b['k']} | {b['lb']:.4g} | {b['bound']:.4g} | "
+            f"{b['ours']:.4g}{'' if b['ours_within_cap'] else ' (over cap)'} | "
+            f"{b['metis']:.4g} ({_yn(b.get('metis_load_within_cap', b['metis_within_cap']))}"
             f" / {_yn(b.get('metis_memory_ok', True))}) | "
             f"{_fmt(b['best'])} | {_fmt(excess)} | {_fmt(b['ours_vs_bound'])} |"
         )
