@@ -415,7 +415,8 @@ def build_gateway_app(cfg: ServiceConfig) -> FastAPI:
 
     async def _follow(leg: Leg, job: asyncio.Task[Leg], opened: asyncio.Future[LiveSpool]) -> SettledLeg:
         """The run's recorded outcome, or its live one as soon as its stream is open."""
-        await asyncio.wait({job, opened}, return_when=asyncio.FIRST_COMPLETED)
+        either: set[asyncio.Future[Any]] = {job, opened}
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         if job.done():
             return SettledLeg(job.result())
         return SettledLeg(leg, opened.result().envelope_json)

@@ -15,7 +15,7 @@ import os
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from cryptography.exceptions import InvalidSignature, InvalidTag
 from cryptography.hazmat.primitives import hashes, serialization
@@ -24,9 +24,9 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from trainmaster.gateway.models import Envelope, Header, LegAttestation, SignedAttestation
+from trainmaster.gateway.models import Envelope, Header, LegAttestation, MessageKind, SignedAttestation
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION: Literal[1] = 1
 _SIGN_DOMAIN = b"trainmaster-gateway/v1/sign\x00"
 _KDF_INFO = b"trainmaster-gateway/v1/aead"
 _ATTEST_DOMAIN = b"trainmaster-gateway/v1/attest\x00"
@@ -120,7 +120,7 @@ def make_header(
     return Header(
         v=PROTOCOL_VERSION,
         msg_id=uuid.uuid4().hex,
-        kind=kind,
+        kind=MessageKind(kind),
         task_id=task_id,
         data_id=data_id,
         sender=sender,

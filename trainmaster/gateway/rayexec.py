@@ -43,7 +43,7 @@ def ensure_ray(address: str | None) -> None:
                 include_dashboard=False,
                 log_to_driver=False,
                 configure_logging=False,
-                **({} if address else {"num_cpus": 2}),
+                num_cpus=None if address else 2,
             )
 
 

@@ -25,6 +25,7 @@ from sqlalchemy import (
     Float,
     Integer,
     String,
+    Table,
     Text,
     UniqueConstraint,
     create_engine,
@@ -115,7 +116,8 @@ class _HotPath:
     The owning service's event loop (or the initiator's one thread) is its only user."""
 
     def __init__(self, engine: Engine):
-        self._engine, self._conn = engine, None
+        self._engine = engine
+        self._conn: Connection | None = None
 
     @contextmanager
     def tx(self) -> Iterator[Connection]:
@@ -303,14 +305,15 @@ class SeenTable:
     def __init__(self, url: str):
         self._sessions = make_sessionmaker(url)
         self._hot = _HotPath(self._sessions.kw["bind"])
-        self._insert = insert(SeenMessage.__table__)
+        self._table: Table = SeenMessage.__table__  # type: ignore[assignment]  # a mapped class's table
+        self._insert = insert(self._table)
         self._last_prune = 0.0
 
     def first_sighting(self, msg_id: str, sender: str, expires_at: float, now: float, skew_s: float) -> bool:
         """Record ``msg_id`` (committed) and say whether this was its first sighting."""
         if now - self._last_prune > 30:
             with self._hot.tx() as c:
-                c.execute(delete(SeenMessage.__table__).where(SeenMessage.expires_at < now - 2 * skew_s))
+                c.execute(delete(self._table).where(SeenMessage.expires_at < now - 2 * skew_s))
             self._last_prune = now
         try:
             with self._hot.tx() as c:
