@@ -19,7 +19,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
+
+from trainmaster.gateway.http1 import https_address, parse_head, post_head
 
 READ_BYTES = 1 << 20
 """Most bytes asked of the TLS stream per read (asyncio's SSL transport decrypts 256 KB at a time)."""
@@ -144,10 +145,10 @@ class PartyLinks:
         ``make_body`` is called again (a fresh envelope, never a replay) if a kept-alive connection
         turns out closed before any answer came. The connection goes back to the pool only if the
         caller read the whole body."""
-        url = urlsplit(endpoint)
-        if url.scheme != "https" or url.hostname is None:
-            raise PartyLinkError(f"party endpoint {endpoint!r} is not an https URL")
-        host, port = url.hostname, url.port or 443
+        try:
+            host, port = https_address(endpoint, "party")
+        except ValueError as exc:
+            raise PartyLinkError(str(exc)) from exc
         key = (host, port, server_name)
         conn = self._take_idle(key) or await self._connect(host, port, server_name)
         try:
@@ -174,10 +175,7 @@ class PartyLinks:
 
     @staticmethod
     async def _send(conn: _Conn, host: str, port: int, path: str, body: bytes) -> bytes:
-        request = (
-            f"POST {path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\n\r\n"
-        ).encode()
+        request = post_head(path, host, port, len(body), close=False)
         try:
             conn.writer.write(request + body)
             await conn.writer.drain()
@@ -195,23 +193,8 @@ class PartyLinks:
 
 
 def _parse_head(head: bytes, conn: _Conn) -> PartyResponse:
-    lines = head.decode("latin-1").split("\r\n")
-    parts = lines[0].split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
-        raise PartyLinkError(f"malformed status line {lines[0][:80]!r}")
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        if line:
-            name, sep, value = line.partition(":")
-            if not sep:
-                raise PartyLinkError(f"malformed header line {line[:80]!r}")
-            headers[name.strip().lower()] = value.strip()
-    chunked = "chunked" in headers.get("transfer-encoding", "").lower()
-    length = headers.get("content-length")
-    if chunked:
-        left = None
-    elif length is not None and length.isdigit():
-        left = int(length)
-    else:
-        raise PartyLinkError("response with neither a Content-Length nor a chunked body")
-    return PartyResponse(int(parts[1]), headers, conn, left)
+    try:
+        parsed = parse_head(head)
+    except ValueError as exc:
+        raise PartyLinkError(str(exc)) from exc
+    return PartyResponse(parsed.status, parsed.headers, conn, parsed.content_length)

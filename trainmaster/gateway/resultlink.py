@@ -18,7 +18,8 @@ import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
+
+from trainmaster.gateway.http1 import https_address, parse_head, post_head
 
 MAX_HEAD_BYTES = 64 << 10
 """A response head or chunk size line longer than this is refused."""
@@ -145,10 +146,10 @@ def post(
 ) -> Iterator[Response]:
     """POST a JSON body to ``endpoint`` + ``path`` on a new connection (closed on exit); TLS checks
     the server is ``server_name``. ``timeout_s`` bounds every wait (connect, each read)."""
-    url = urlsplit(endpoint)
-    if url.scheme != "https" or url.hostname is None:
-        raise ResultLinkError(f"gateway endpoint {endpoint!r} is not an https URL")
-    host, port = url.hostname, url.port or 443
+    try:
+        host, port = https_address(endpoint, "gateway")
+    except ValueError as exc:
+        raise ResultLinkError(str(exc)) from exc
     try:
         raw = socket.create_connection((host, port), timeout=timeout_s)
     except OSError as exc:
@@ -160,10 +161,7 @@ def post(
         except (OSError, ssl.SSLError) as exc:
             raise ResultLinkError(f"{type(exc).__name__}: {exc}") from exc
         with tls:
-            head = (
-                f"POST {path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-type: application/json\r\n"
-                f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
-            ).encode()
+            head = post_head(path, host, port, len(body), close=True)
             try:
                 tls.sendall(head + body)
             except OSError as exc:
@@ -175,22 +173,8 @@ def post(
 
 
 def _parse_head(head: bytes, conn: _Socket) -> Response:
-    lines = head.decode("latin-1").split("\r\n")
-    parts = lines[0].split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
-        raise ResultLinkError(f"malformed status line {lines[0][:80]!r}")
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        if line:
-            name, sep, value = line.partition(":")
-            if not sep:
-                raise ResultLinkError(f"malformed header line {line[:80]!r}")
-            headers[name.strip().lower()] = value.strip()
-    length = headers.get("content-length")
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        content_length = None
-    elif length is not None and length.isdigit():
-        content_length = int(length)
-    else:
-        raise ResultLinkError("response with neither a Content-Length nor a chunked body")
-    return Response(int(parts[1]), headers, ResponseBody(conn, content_length))
+    try:
+        parsed = parse_head(head)
+    except ValueError as exc:
+        raise ResultLinkError(str(exc)) from exc
+    return Response(parsed.status, parsed.headers, ResponseBody(conn, parsed.content_length))
