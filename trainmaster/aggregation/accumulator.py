@@ -106,10 +106,10 @@ class IntSum:
         """The int32 parts summed in one pass per part (into ``out`` if given); the result
         replaces them."""
         first, rest = self.parts[0], self.parts[1:]
-        if out is None and not rest:
-            return first
         if rest:
             total = np.add(first, rest[0], out=out)
+        elif out is None:
+            return first
         else:
             np.copyto(out, first)
             total = out

@@ -92,7 +92,9 @@ def _worker_main(conn: Any, cfg: DemoConfig, switch: Address, job: int, rank: in
             for r in range(cfg.workers):
                 exact += demo_input(cfg, job, r, rnd).astype(np.float64)
             # quantisation bound of the scaling used plus float32 rounding of the result
-            bound = client.last_error_bound.astype(np.float64) + np.abs(exact) * 2.0**-23
+            error_bound = client.last_error_bound
+            assert error_bound is not None  # every allreduce that returns sets it
+            bound = error_bound.astype(np.float64) + np.abs(exact) * 2.0**-23
             err = np.abs(y.astype(np.float64) - exact)
             report["ok"] = report["ok"] and bool(np.all(err <= bound))
             report["max_abs_error"] = max(report["max_abs_error"], float(err.max()))

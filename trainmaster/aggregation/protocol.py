@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass, replace
+from typing import TypedDict, Unpack
 
 import numpy as np
 
@@ -63,6 +64,21 @@ class Flag(enum.IntFlag):
     SHARED = 64
 
 
+class HeaderChanges(TypedDict, total=False):
+    """The fields ``Header.with_`` may change (a forwarded packet's new bitmap, kind, flags...)."""
+
+    kind: Kind
+    job: int
+    round: int
+    seq: int
+    bitmap: int
+    fan_in: int
+    slot: int
+    exponent: int
+    count: int
+    flags: Flag
+
+
 @dataclass(frozen=True, slots=True)
 class Header:
     kind: Kind
@@ -81,7 +97,7 @@ class Header:
         # int's own ``&``: IntFlag's operator builds a new enum member per call (~2 us)
         return int.__and__(self.flags, flag) != 0
 
-    def with_(self, **changes: object) -> Header:
+    def with_(self, **changes: Unpack[HeaderChanges]) -> Header:
         return replace(self, **changes)
 
     @property
@@ -99,7 +115,7 @@ def encode_parts(header: Header, payload: bytes | memoryview | np.ndarray = b"")
     the payload (a numeric array is only converted when it is not already int32/float32)."""
     if isinstance(payload, np.ndarray):
         wire = np.ascontiguousarray(payload, dtype="<f4" if header.has(Flag.FLOAT) else "<i4")
-        body: bytes | memoryview = memoryview(wire).cast("B")
+        body: bytes | memoryview = wire.data.cast("B")
         count = payload.size
     elif header.kind in (Kind.DATA, Kind.RESULT):
         body = payload  # an already-encoded numeric payload being forwarded
@@ -141,7 +157,7 @@ _KINDS = {int(k): k for k in Kind}
 _FLAGS = [Flag(i) for i in range(int(max(Flag)) * 2)]  # every combination, made once
 
 
-def decode(datagram: bytes | memoryview) -> tuple[Header, memoryview]:
+def decode(datagram: bytes | bytearray | memoryview) -> tuple[Header, memoryview]:
     """Header and payload; the payload is a view of ``datagram`` (no copy of the values)."""
     if len(datagram) < HEADER_SIZE:
         raise ProtocolError(f"datagram of {len(datagram)} bytes is shorter than the header")

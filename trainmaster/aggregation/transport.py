@@ -49,7 +49,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Union
+from typing import Protocol, Union, cast
 
 Address = tuple[str, int]
 Buffer = Union[bytes, bytearray, memoryview]
@@ -125,8 +125,8 @@ class Transport(Protocol):
     def release(self, token: object | None) -> None: ...
     def share(self, size: int) -> tuple[memoryview, bytes] | None: ...
     def unshare(self, ref: bytes) -> None: ...
-    def shared(self, ref: bytes) -> memoryview | None: ...
-    def shared_intact(self, ref: bytes) -> bool: ...
+    def shared(self, ref: Buffer) -> memoryview | None: ...
+    def shared_intact(self, ref: Buffer) -> bool: ...
     def close(self) -> None: ...
 
 
@@ -463,7 +463,7 @@ class UdpTransport:
                 self._emit([held.data], len(held.data), held.addr)
             return self._held[0].due - now if self._held else None
 
-    def _resolve(self, data: bytes) -> memoryview | None:
+    def _resolve(self, data: Buffer) -> memoryview | None:
         """The packet a shared-memory descriptor points at, or None if it is gone."""
         _, pid, fd, ring_id, pos, n = _DESC.unpack(data)
         view = self._views.get((pid, fd))
@@ -506,8 +506,8 @@ class UdpTransport:
                 self._rx_free.append(token)
             else:
                 self._rx_kept = False
-        elif token is not None:
-            view, pos = token  # type: ignore[misc]
+        elif isinstance(token, tuple):  # a ring packet: (its ring, its position), from ``retain``
+            view, pos = cast(tuple[_RingView, int], token)
             view.retained.discard(pos)
             view.publish()
 
@@ -520,7 +520,7 @@ class UdpTransport:
     def unshare(self, ref: bytes) -> None:
         """Free a block obtained from ``share`` (no-op where there is no store)."""
 
-    def shared(self, ref: bytes) -> memoryview | None:
+    def shared(self, ref: Buffer) -> memoryview | None:
         """The bytes a result-store reference names, read in place; None if they are gone
         (the store's owner exited, or reused the space). Whoever reads them must check
         ``shared_intact`` afterwards: the owner may have reused the space meanwhile."""
@@ -542,7 +542,7 @@ class UdpTransport:
             return None
         return view.view(pos, n)
 
-    def shared_intact(self, ref: bytes) -> bool:
+    def shared_intact(self, ref: Buffer) -> bool:
         """After reading ``shared(ref)``: whether the bytes were still the referenced ones."""
         pid, fd, _, pos, _ = STORE_REF.unpack(ref)
         view = self._stores.get((pid, fd))
@@ -659,9 +659,9 @@ class ShmTransport(UdpTransport):
         if self._open is not None and len(parts) == 1 and parts[0] is self._open[2] and self._open[0] is ring:
             # the packet was built in place (``packet``): only the descriptor is left to send;
             # a second copy of it (a duplicate) is written out like any other packet
-            pos = self._open[1]
+            built_at = self._open[1]
             self._open = None
-            self._notify(ring, pos, size, addr)
+            self._notify(ring, built_at, size, addr)
             return
         pos = ring.reserve(size)
         if pos is None:

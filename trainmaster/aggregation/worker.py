@@ -54,7 +54,7 @@ from trainmaster.aggregation.quantize import (
     peak_magnitude,
     quantize_into,
 )
-from trainmaster.aggregation.transport import Address, FaultPlan, make_transport, path_chunk
+from trainmaster.aggregation.transport import Address, Buffer, FaultPlan, make_transport, path_chunk
 
 # elements per slice: on udp the largest datagram (64 KiB; the per-packet cost of Python is
 # paid 4x less often than with 16 KiB, measured in bench/aggregation_hotpath.py; over links
@@ -171,15 +171,13 @@ class AggregationClient:
         self.chunk = self.config.chunk or DEFAULT_CHUNK[transport]
         if self.config.chunk is None and transport == "udp":
             self.chunk = path_chunk(host, switch, HEADER_SIZE) or self.chunk
-        self.initial_rto = self.config.retransmit_timeout
-        if self.initial_rto is None:
-            self.initial_rto = 0.2 if transport == "udp" else 1.0
-        self.min_rto = self.config.min_retransmit_timeout
-        if self.min_rto is None:
-            self.min_rto = 0.05 if transport == "udp" else 0.2
-        if self.config.retransmit_timeout is None:
-            # the first slices' timeout must not undercut the floor the caller set
-            self.initial_rto = max(self.initial_rto, self.min_rto)
+        default_rto, default_floor = (0.2, 0.05) if transport == "udp" else (1.0, 0.2)
+        cfg = self.config
+        self.min_rto = cfg.min_retransmit_timeout if cfg.min_retransmit_timeout is not None else default_floor
+        # without a configured timeout the first slices' one must not undercut the floor
+        self.initial_rto = (
+            cfg.retransmit_timeout if cfg.retransmit_timeout is not None else max(default_rto, self.min_rto)
+        )
         limit = (self.transport.max_packet - HEADER_SIZE) // 4
         if not 1 <= self.chunk <= limit:
             self.transport.close()
@@ -277,14 +275,15 @@ class AggregationClient:
         per-worker in-flight budget; the job's slice size); {} if unreadable."""
         try:
             info = json.loads(bytes(welcome)) if len(welcome) else {}
-            host, port = info.get("parameter_node") or (None, None)
+            host, port = info.get("parameter_node") or ("", 0)
             if "buffer_per_worker" in info:
                 info["buffer_per_worker"] = int(info["buffer_per_worker"])
+            # a wildcard bind names no reachable address
+            named: Address | None = None if host in (None, "", "0.0.0.0", "::") else (str(host), int(port))
         except (ValueError, TypeError, AttributeError):
             return {}
-        # a wildcard bind names no reachable address
-        if self.parameter_node is None and host not in (None, "0.0.0.0", "::"):
-            self.parameter_node = (str(host), int(port))
+        if self.parameter_node is None and named is not None:
+            self.parameter_node = named
         return info
 
     def _beat(self, fresh: bool) -> None:
@@ -393,7 +392,7 @@ class AggregationClient:
 
     # ---- reduction ------------------------------------------------------------------------
     @staticmethod
-    def _decode(data: bytes) -> tuple[Header | None, bytes]:
+    def _decode(data: Buffer) -> tuple[Header | None, bytes | memoryview]:
         try:
             return decode(data)
         except (ProtocolError, ValueError):
@@ -604,7 +603,7 @@ class AggregationClient:
             )
         return f"{head}; the forwarding node {self.switch[0]}:{self.switch[1]} or the parameter node is unreachable"
 
-    def _accept(self, h: Header, body: bytes, fl: _InFlight, out: np.ndarray, bound: np.ndarray) -> bool:
+    def _accept(self, h: Header, body: bytes | memoryview, fl: _InFlight, out: np.ndarray, bound: np.ndarray) -> bool:
         """Write a slice's result into ``out``; False if it could not be read (a reference to
         the shared result store whose space was reused: handled like a lost packet)."""
         if h.count != fl.stop - fl.start:
