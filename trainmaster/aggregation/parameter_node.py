@@ -27,17 +27,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trainmaster.aggregation.accumulator import FloatSum, IntSum
-from trainmaster.aggregation.kills import KillPlan, Trigger
-from trainmaster.aggregation.memory import tune_allocator
+from trainmaster.aggregation.kills import KillPlan
+from trainmaster.aggregation.node import DatagramNode, NodeCounters
 from trainmaster.aggregation.protocol import (
     Flag,
     Header,
     Kind,
-    ProtocolError,
     bits,
-    decode,
     encode,
-    encode_parts,
     full_mask,
     values,
 )
@@ -51,7 +48,8 @@ class _Slice:
     floats: FloatSum | None = None  # set once the slice is on the exception path
     conflict: bool = False
     slot: int = 0
-    result: tuple[Header, np.ndarray] | None = None  # the RESULT, kept for workers that lost it
+    # the RESULT, kept for workers that lost it: its values, or their shared-store reference
+    result: tuple[Header, bytes | np.ndarray] | None = None
 
 
 @dataclass
@@ -82,8 +80,7 @@ class _Job:
 
 
 @dataclass
-class ParameterNodeCounters:
-    packets_in: int = 0
+class ParameterNodeCounters(NodeCounters):
     pieces_merged: int = 0
     duplicates_ignored: int = 0
     verified: int = 0
@@ -118,7 +115,10 @@ def process_stopped(pid: int) -> bool:
     return stat[stat.rfind(b")") + 2 :][:1] in (b"T", b"t")
 
 
-class ParameterNode:
+class ParameterNode(DatagramNode):
+    counters: ParameterNodeCounters
+    poll_interval = 0.1  # liveness is checked every 0.25 s
+
     def __init__(
         self,
         host: str = "127.0.0.1",
@@ -130,28 +130,21 @@ class ParameterNode:
         stalled_after: float = 2.0,
         kill: KillPlan | None = None,
     ):
-        self.transport = make_transport(transport, name, host, port, faults)
+        super().__init__(make_transport(transport, name, host, port, faults), kill, "ps")
         self.host = host_identity()
-        self.address = self.transport.address
         self.dead_after = dead_after
         self.stalled_after = stalled_after
-        self._kill = Trigger(kill if kill is not None and kill.aims_at("ps") else None)
         self.jobs: dict[int, _Job] = {}
         self.counters = ParameterNodeCounters()
-        self._running = True
+        now = time.monotonic()
+        self._next_check = now + 0.25  # next liveness check
+        self._last_idle = now  # last time the socket was drained
 
     # ---- sending down ---------------------------------------------------------------------
     def _down(self, job: _Job, h: Header, payload: bytes | np.ndarray, *, control: bool = False) -> int:
         """Send to the workers in ``h.bitmap``, one packet per next hop (a forwarding node
         replicates it to its workers); returns the number of packets sent."""
-        hops: dict[Address, int] = {}
-        for rank in bits(h.bitmap):
-            hop = job.routes.get(rank)
-            if hop is not None:
-                hops[hop] = hops.get(hop, 0) | 1 << rank
-        for hop, sub in hops.items():
-            self.transport.send(encode_parts(h.with_(bitmap=sub), payload), hop, control=control)
-        return len(hops)
+        return self._send_per_hop(h, payload, job.routes, control=control)
 
     # ---- up-going -------------------------------------------------------------------------
     def _on_hello(self, h: Header, body: bytes | memoryview, src: Address) -> None:
@@ -201,7 +194,7 @@ class ParameterNode:
             me = json.dumps(info).encode()
             self._down(job, Header(Kind.WELCOME, h.job, bitmap=target, fan_in=job.fan_in), me)
 
-    def _on_data(self, h: Header, body: bytes, src: Address) -> None:
+    def _on_data(self, h: Header, body: bytes | memoryview, src: Address) -> None:
         job = self.jobs.get(h.job)
         if job is None:
             return
@@ -239,8 +232,9 @@ class ParameterNode:
                 self.counters.duplicates_ignored += 1
                 return
             self.counters.pieces_merged += 1
-            if sl.floats.bitmap == full:
-                self._finish(job, h, sl, sl.floats.values.astype(np.float32), Flag.FLOAT, 0)
+            total = sl.floats.values  # set by the add just accepted
+            if sl.floats.bitmap == full and total is not None:
+                self._finish(job, h, sl, total.astype(np.float32), Flag.FLOAT, 0)
             return
         if sl.floats is not None:
             # the slice is on the exception path: this sender missed the instruction
@@ -453,15 +447,6 @@ class ParameterNode:
         self.counters.control_acks += 1
         self.transport.send(encode(ack), src)
 
-    def handle(self, datagram: bytes | memoryview, src: Address) -> None:
-        try:
-            h, body = decode(datagram)
-            self.counters.packets_in += 1
-            self._kill.tick(self.counters.packets_in)
-            self._dispatch(h, body, src)
-        except (ProtocolError, ValueError):
-            return  # not a valid packet (wrong version, short payload): like a corrupted one
-
     def _dispatch(self, h: Header, body: bytes | memoryview, src: Address) -> None:
         if h.kind == Kind.DATA:
             self._on_data(h, body, src)
@@ -487,26 +472,16 @@ class ParameterNode:
                 job.busy &= ~h.bitmap
                 if job.left == full_mask(job.fan_in) and not job.failed:
                     self._end(h.job, job)
-        elif h.kind == Kind.STATS:
-            self.transport.send(encode(h, json.dumps(self.stats()).encode()), src, control=True)
-        elif h.kind == Kind.SHUTDOWN:
-            self._running = False
+        else:
+            self._on_control(h, src)
 
-    def serve(self, until: float | None = None) -> None:
-        tune_allocator()
-        next_check = time.monotonic() + 0.25
-        last_idle = time.monotonic()
-        while self._running and (until is None or time.monotonic() < until):
-            got = self.transport.recv(0.1)
-            now = time.monotonic()
-            if got is not None:
-                self.handle(*got)
-            else:
-                last_idle = now
-            # judge silence only with the socket drained (or after dead_after without a quiet
-            # moment): if this node itself was stalled, the heartbeats it has not read yet
-            # would otherwise make every worker look dead
-            if now >= next_check and (got is None or now - last_idle > self.dead_after):
-                self._check_liveness()
-                next_check = now + 0.25
-        self.transport.close()
+    def _run_timers(self, received: bool) -> None:
+        now = time.monotonic()
+        if not received:
+            self._last_idle = now
+        # judge silence only with the socket drained (or after dead_after without a quiet
+        # moment): if this node itself was stalled, the heartbeats it has not read yet
+        # would otherwise make every worker look dead
+        if now >= self._next_check and (not received or now - self._last_idle > self.dead_after):
+            self._check_liveness()
+            self._next_check = now + 0.25

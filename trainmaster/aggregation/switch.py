@@ -19,17 +19,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trainmaster.aggregation.accumulator import IntSum
-from trainmaster.aggregation.kills import KillPlan, Trigger
-from trainmaster.aggregation.memory import tune_allocator
+from trainmaster.aggregation.kills import KillPlan
+from trainmaster.aggregation.node import DatagramNode, NodeCounters
 from trainmaster.aggregation.protocol import (
     HEADER_SIZE,
     Flag,
     Header,
     Kind,
-    ProtocolError,
     bits,
-    decode,
-    encode,
     encode_header_into,
     encode_parts,
     values,
@@ -49,8 +46,7 @@ class _Slot:
 
 
 @dataclass
-class SwitchCounters:
-    packets_in: int = 0
+class SwitchCounters(NodeCounters):
     aggregated: int = 0
     partials_sent: int = 0
     collisions: int = 0
@@ -93,8 +89,10 @@ class _RecentKeys:
             del self._keys[key]
 
 
-class ForwardingNode:
+class ForwardingNode(DatagramNode):
     """One forwarding node process' state and loop (``serve``)."""
+
+    counters: SwitchCounters
 
     def __init__(
         self,
@@ -111,21 +109,18 @@ class ForwardingNode:
         """``index``: this node's place in the fabric (``switch:INDEX`` in a ``KillPlan``)."""
         if slots < 1 or slots > 0xFFFF:
             raise ValueError("a forwarding node needs between 1 and 65535 slots")
+        super().__init__(make_transport(transport, name, host, port, faults), kill, "switch", index)
         self.parent = parent
         self.pool_size = slots
         self.pool: list[_Slot | None] = [None] * slots
-        self.transport = make_transport(transport, name, host, port, faults)
-        self.address = self.transport.address
         self.transport.prepare(parent)
         self.counters = SwitchCounters()
         self.jobs: dict[int, _Job] = {}
         self.diverted = _RecentKeys()
         self.finished = _RecentKeys()
-        self._running = True
-        self._kill = Trigger(kill if kill is not None and kill.aims_at("switch", index) else None)
 
     # ---- up-going -------------------------------------------------------------------------
-    def _on_hello(self, h: Header, body: bytes, src: Address) -> None:
+    def _on_hello(self, h: Header, body: bytes | memoryview, src: Address) -> None:
         job = self.jobs.setdefault(h.job, _Job())
         job.local_mask |= h.bitmap
         for rank in bits(h.bitmap):
@@ -133,7 +128,7 @@ class ForwardingNode:
         self.transport.prepare(src)
         self.transport.send(encode_parts(h, body), self.parent)
 
-    def _forward_up(self, h: Header, body: bytes, extra: Flag = Flag.NONE) -> None:
+    def _forward_up(self, h: Header, body: bytes | memoryview, extra: Flag = Flag.NONE) -> None:
         self.counters.forwarded += 1
         self.transport.send(encode_parts(h.with_(flags=h.flags | Flag.AGGREGATE_AT_PS | extra), body), self.parent)
 
@@ -157,7 +152,7 @@ class ForwardingNode:
                 self.transport.release(token)
         self.counters.slots_released += 1
 
-    def _on_data(self, h: Header, body: bytes) -> None:
+    def _on_data(self, h: Header, body: bytes | memoryview) -> None:
         key = h.key
         index = h.slot % self.pool_size
         slot = self.pool[index]
@@ -222,19 +217,13 @@ class ForwardingNode:
         self.finished.add(h.key)
 
     # ---- down-going -----------------------------------------------------------------------
-    def _multicast(self, h: Header, body: bytes) -> None:
+    def _multicast(self, h: Header, body: bytes | memoryview) -> None:
         job = self.jobs.get(h.job)
         if job is None:
             return
-        hops: dict[Address, int] = {}
-        for rank in bits(h.bitmap):
-            hop = job.routes.get(rank)
-            if hop is not None:
-                hops[hop] = hops.get(hop, 0) | 1 << rank
-        for hop, mask in hops.items():
-            self.transport.send(encode_parts(h.with_(bitmap=mask), body), hop)
+        copies = self._send_per_hop(h, body, job.routes)
         if h.kind == Kind.RESULT:
-            self.counters.results_replicated += len(hops)
+            self.counters.results_replicated += copies
 
     def _on_moved(self, h: Header, body: bytes | memoryview) -> None:
         """Workers of this job left this node's subtree (they fell back to the parameter node):
@@ -260,19 +249,13 @@ class ForwardingNode:
         for hop in hops:
             self.transport.send(encode_parts(h, body), hop)
 
-    def _acknowledge(self, h: Header, body: bytes) -> None:
+    def _acknowledge(self, h: Header, body: bytes | memoryview) -> None:
+        """An ACK goes down the way the acknowledged control message came up."""
         job = self.jobs.get(h.job)
-        if job is None:
-            return
-        hops: dict[Address, int] = {}
-        for rank in bits(h.bitmap):
-            hop = job.control_routes.get(rank)
-            if hop is not None:
-                hops[hop] = hops.get(hop, 0) | 1 << rank
-        for hop, mask in hops.items():
-            self.transport.send(encode_parts(h.with_(bitmap=mask), body), hop)
+        if job is not None:
+            self._send_per_hop(h, body, job.control_routes)
 
-    def _on_down(self, h: Header, body: bytes) -> None:
+    def _on_down(self, h: Header, body: bytes | memoryview) -> None:
         if h.kind == Kind.RESULT:
             key = h.key
             self.finished.add(key)
@@ -324,15 +307,6 @@ class ForwardingNode:
             "transport": self.transport.counters.as_dict(),
         }
 
-    def handle(self, datagram: bytes | memoryview, src: Address) -> None:
-        try:
-            h, body = decode(datagram)
-            self.counters.packets_in += 1
-            self._kill.tick(self.counters.packets_in)
-            self._dispatch(h, body, src)
-        except (ProtocolError, ValueError):
-            return  # not a valid packet (wrong version, short payload): like a corrupted one
-
     def _dispatch(self, h: Header, body: bytes | memoryview, src: Address) -> None:
         if h.kind == Kind.DATA:
             self._on_data(h, body)
@@ -351,16 +325,5 @@ class ForwardingNode:
             self._on_moved(h, body)
         elif h.kind in (Kind.RESULT, Kind.EXCEPTION, Kind.WELCOME, Kind.ABORT):
             self._on_down(h, body)
-        elif h.kind == Kind.STATS:
-            reply = json.dumps(self.stats()).encode()
-            self.transport.send(encode(h, reply), src, control=True)
-        elif h.kind == Kind.SHUTDOWN:
-            self._running = False
-
-    def serve(self, until: float | None = None) -> None:
-        tune_allocator()
-        while self._running and (until is None or time.monotonic() < until):
-            got = self.transport.recv(0.2)
-            if got is not None:
-                self.handle(*got)
-        self.transport.close()
+        else:
+            self._on_control(h, src)
