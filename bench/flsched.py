@@ -34,6 +34,7 @@ import os
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -51,7 +52,7 @@ WALLCLOCK_TUNING_SEEDS = [1, 2, 3]
 WALLCLOCK_SEEDS = [41, 42, 43, 44, 45]
 """Held-out seeds of the wall-clock runs, fresh for the straggler setup (11-13 and 21-25 were
 used once each by earlier setups without stragglers, see docs/flsched.md)."""
-WALLCLOCK_SETUP = {
+WALLCLOCK_SETUP: dict[str, Any] = {
     "num_devices": 20,
     "per_round": 3,
     "speedup": 100.0,
@@ -243,13 +244,14 @@ def simulation_rows(seeds: list[int], max_rounds: int) -> dict:
 
 def runtime_rows(seeds: list[int]) -> dict:
     """Real FedAvg training of the three sklearn jobs over 20 devices: time until all reach target."""
-    from trainmaster.flsched.runtime import run_multijob
+    from trainmaster.flsched.runtime import MultiJobOptions, run_multijob
 
     rows = {}
     for name in ["sa", "random", "greedy"]:
         totals, accs = [], []
         for seed in seeds:
-            jobs = run_multijob(make_scheduler(name, seed=seed), num_devices=20, per_round=3, rounds=60, seed=seed)
+            options = MultiJobOptions(num_devices=20, per_round=3, rounds=60, seed=seed)
+            jobs = run_multijob(make_scheduler(name, seed=seed), options)
             ttt = [j.time_to_target for j in jobs]
             totals.append(max(ttt) if all(t is not None for t in ttt) else float("inf"))
             accs.append(float(np.mean([j.curve[-1][1] for j in jobs])))
@@ -272,15 +274,14 @@ def accuracy_at(curves: dict[str, list], t: float) -> float:
 def wallclock_rows(seeds: list[int], fairness_weight: float) -> dict:
     """Real wall-clock time until all three jobs reach their targets (device processes that
     sleep their drawn time; token-bucket links), per scheduler, with each run's curves."""
-    from trainmaster.flsched.wallclock import run_wallclock
+    from trainmaster.flsched.wallclock import WallClockOptions, run_wallclock
 
     rows = {}
     for name in WALLCLOCK_SCHEDULERS:
         totals, finals, curves = [], [], []
         for seed in seeds:
-            res = run_wallclock(
-                make_scheduler(name, seed=seed), seed=seed, fairness_weight=fairness_weight, **WALLCLOCK_SETUP
-            )
+            options = WallClockOptions(seed=seed, fairness_weight=fairness_weight, **WALLCLOCK_SETUP)
+            res = run_wallclock(make_scheduler(name, seed=seed), options)
             t_all = res.time_to_all_targets
             totals.append(t_all if t_all is not None else float("inf"))
             finals.append(float(np.mean([j.curve[-1][1] if j.curve else 0.0 for j in res.jobs])))

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from trainmaster.flsched import make_scheduler
-from trainmaster.flsched.wallclock import TokenBucket, run_wallclock
+from trainmaster.flsched.wallclock import TokenBucket, WallClockOptions, run_wallclock
 
 
 def test_token_bucket_never_lets_more_than_its_rate_through():
@@ -24,15 +24,8 @@ def test_wallclock_run_trains_real_jobs_and_leaves_no_process_behind():
     against wall time, increasing times, at most max_rounds rounds per job), and every device
     process is gone when the run returns."""
     pytest.importorskip("torch")
-    res = run_wallclock(
-        make_scheduler("random", seed=0),
-        num_devices=8,
-        per_round=2,
-        max_rounds=2,
-        seed=0,
-        speedup=200.0,
-        time_limit=60.0,
-    )
+    options = WallClockOptions(num_devices=8, per_round=2, max_rounds=2, seed=0, speedup=200.0, time_limit=60.0)
+    res = run_wallclock(make_scheduler("random", seed=0), options)
     assert [j.name for j in res.jobs] == ["digits", "wine", "breast-cancer"]
     for job in res.jobs:
         assert 1 <= job.rounds <= 2

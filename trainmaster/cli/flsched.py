@@ -146,20 +146,14 @@ def register(app: typer.Typer) -> None:
         """Really train digits, wine and breast-cancer (PyTorch, FedAvg, non-IID) over one pool; report
         accuracy against simulated wall time and time to target per job."""
         from trainmaster.flsched import make_scheduler
-        from trainmaster.flsched.runtime import run_multijob
+        from trainmaster.flsched.runtime import MultiJobOptions, run_multijob
 
         if 3 * per_round > devices:
             raise UserError(
                 f"3 jobs x {per_round} devices per round need {3 * per_round} devices, the pool has {devices}"
             )
-        jobs = run_multijob(
-            make_scheduler(scheduler, seed=seed),
-            num_devices=devices,
-            per_round=per_round,
-            rounds=rounds,
-            seed=seed,
-            dropout=dropout,
-        )
+        options = MultiJobOptions(num_devices=devices, per_round=per_round, rounds=rounds, seed=seed, dropout=dropout)
+        jobs = run_multijob(make_scheduler(scheduler, seed=seed), options)
         out = {
             j.name: {
                 "target": j.target,

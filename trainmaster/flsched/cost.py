@@ -128,9 +128,9 @@ def violations(problem: Problem, assignment: Assignment) -> list[str]:
         return [f"schedule covers {len(assignment)} jobs, problem has {problem.num_jobs}"]
     eligible = problem.eligible
     seen: dict[int, str] = {}
-    for m, chosen in enumerate(assignment):
+    for m, row in enumerate(assignment):
         job = problem.jobs[m].id
-        chosen = [int(k) for k in chosen]
+        chosen = [int(k) for k in row]
         if len(chosen) != int(problem.per_round[m]):
             faults.append(f"job {job!r} got {len(chosen)} devices, asked for {problem.per_round[m]}")
         if len(set(chosen)) != len(chosen):

@@ -16,6 +16,7 @@ scheduled together), each with its own clock; devices train in-process, one afte
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +26,49 @@ from trainmaster.flsched.schedulers import Scheduler
 from trainmaster.flsched.synthetic import make_pool
 
 DATASETS = {"digits": "load_digits", "wine": "load_wine", "breast-cancer": "load_breast_cancer"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolOptions:
+    """The device pool and the cost weights of a run of the three real FL jobs: what the
+    simulated-clock runtime (``MultiJobOptions``) and the wall-clock one
+    (``wallclock.WallClockOptions``) share, with the same defaults."""
+
+    num_devices: int = 20
+    per_round: int = 3  # devices per job per round
+    seed: int = 0  # of the data split, the pool, the draws
+    availability: float = 0.9  # chance a device is reachable at a decision
+    fairness_weight: float = 30.0  # weight of the participation variance (time weight is 1)
+
+    def __post_init__(self) -> None:
+        if self.num_devices < 1:
+            raise ValueError(f"num_devices must be at least 1, got {self.num_devices}")
+        if self.per_round < 1:
+            raise ValueError(f"per_round must be at least 1, got {self.per_round}")
+        if not 0.0 <= self.availability <= 1.0:
+            raise ValueError(f"availability is a probability (0 to 1), got {self.availability}")
+        if self.fairness_weight < 0.0:
+            raise ValueError(f"fairness_weight must not be negative, got {self.fairness_weight}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MultiJobOptions(PoolOptions):
+    """How ``run_multijob`` runs: ``rounds`` at most per job, ``dropout`` the chance a chosen
+    device drops mid-round, ``targets`` overriding the jobs' target accuracies by name."""
+
+    rounds: int = 40
+    dropout: float = 0.1
+    targets: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.rounds < 1:
+            raise ValueError(f"rounds must be at least 1, got {self.rounds}")
+        if not 0.0 <= self.dropout <= 1.0:
+            raise ValueError(f"dropout is a probability (0 to 1), got {self.dropout}")
+        unknown = sorted(set(self.targets) - set(DATASETS))
+        if unknown:
+            raise ValueError(f"targets for unknown jobs {unknown}; the jobs are {', '.join(DATASETS)}")
 
 
 @dataclass
@@ -125,27 +169,20 @@ def fl_problem(jobs: list[FLJob], devices: list, per_round: int, fairness_weight
     return Problem.build(devices, specs, weights={"time": 1.0, "fairness": fairness_weight})
 
 
-def run_multijob(
-    scheduler: Scheduler,
-    num_devices: int = 20,
-    per_round: int = 3,
-    rounds: int = 40,
-    seed: int = 0,
-    dropout: float = 0.1,
-    availability: float = 0.9,
-    targets: dict[str, float] | None = None,
-    fairness_weight: float = 30.0,
-) -> list[FLJob]:
-    """Train digits, wine and breast-cancer concurrently until each hits its target (or ``rounds``)."""
+def run_multijob(scheduler: Scheduler, options: MultiJobOptions | None = None) -> list[FLJob]:
+    """Train digits, wine and breast-cancer concurrently until each hits its target (or
+    ``options.rounds``)."""
     import torch
 
+    opts = options or MultiJobOptions()
+    num_devices, seed, rounds, dropout = opts.num_devices, opts.seed, opts.rounds, opts.dropout
     torch.set_num_threads(1)
-    targets = {"digits": 0.85, "wine": 0.92, "breast-cancer": 0.93, **(targets or {})}
+    targets = {"digits": 0.85, "wine": 0.92, "breast-cancer": 0.93, **opts.targets}
     jobs = [
         load_job(n, num_devices, seed, targets[n], tau=t) for n, t in (("digits", 2), ("wine", 1), ("breast-cancer", 1))
     ]
     devices = make_pool(num_devices, seed)
-    base = fl_problem(jobs, devices, per_round, fairness_weight)
+    base = fl_problem(jobs, devices, opts.per_round, opts.fairness_weight)
     rng = np.random.default_rng(seed)
     states = []
     for j in jobs:
@@ -156,7 +193,7 @@ def run_multijob(
         active = [m for m, j in enumerate(jobs) if j.time_to_target is None]
         if not active:
             break
-        avail = rng.random(num_devices) < availability
+        avail = rng.random(num_devices) < opts.availability
         state = base.subset_jobs(active).with_history(history[active], avail)
         try:
             from trainmaster.flsched.model import check_feasible

@@ -176,8 +176,8 @@ def simulate(
             break
     for m, tr in enumerate(traces):
         tr.participation = history[m] - problem.history[m]
-    reached = [tr.time_to_target for tr in traces]
-    total = max(reached) if all(t is not None for t in reached) else None
+    reached = [tr.time_to_target for tr in traces if tr.time_to_target is not None]
+    total = max(reached) if len(reached) == len(traces) else None
     return SimulationResult(
         scheduler=scheduler.name, total_time=total, end_time=now, jobs=traces, decision_seconds=decisions
     )

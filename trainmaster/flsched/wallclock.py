@@ -26,11 +26,15 @@ import pickle
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
 
 import numpy as np
 
 from trainmaster.flsched.model import ProblemError, check_feasible
+from trainmaster.flsched.runtime import FLJob, PoolOptions
 from trainmaster.flsched.schedulers import Scheduler
 from trainmaster.flsched.synthetic import make_pool, make_straggler_pool
 
@@ -60,7 +64,7 @@ class TokenBucket:
             self.tokens -= n
 
 
-def send_message(conn, obj: object, bucket: TokenBucket | None = None, weight: float = 1.0) -> None:
+def send_message(conn: Connection, obj: object, bucket: TokenBucket | None = None, weight: float = 1.0) -> None:
     """Pickle ``obj`` and send it in CHUNK pieces, each metered by ``bucket`` (weight = emulated
     bytes per real byte)."""
     data = pickle.dumps(obj)
@@ -72,7 +76,9 @@ def send_message(conn, obj: object, bucket: TokenBucket | None = None, weight: f
         conn.send_bytes(piece)
 
 
-def receive_message(conn, bucket: TokenBucket | None = None, weight_of=None) -> object:
+def receive_message(
+    conn: Connection, bucket: TokenBucket | None = None, weight_of: Callable[[int], float] | None = None
+) -> object:
     """The inverse of ``send_message``; ``weight_of(size)`` gives the weight once the size is known."""
     size = int.from_bytes(conn.recv_bytes(), "little")
     weight = weight_of(size) if weight_of is not None else 1.0
@@ -84,6 +90,63 @@ def receive_message(conn, bucket: TokenBucket | None = None, weight_of=None) -> 
         parts.append(piece)
         got += len(piece)
     return pickle.loads(b"".join(parts))
+
+
+Weights = dict[str, Any]
+"""A model's state dict (parameter name -> torch tensor)."""
+
+
+@dataclass(frozen=True)
+class TrainTask:
+    """Server -> device: train ``job``'s model from ``weights`` for round ``round``, taking
+    ``compute_seconds`` in all; the model counts as ``model_bytes`` on the link."""
+
+    job: int
+    round: int
+    weights: Weights
+    compute_seconds: float
+    model_bytes: float
+    seed: int
+
+
+@dataclass(frozen=True)
+class StopDevice:
+    """Server -> device: exit."""
+
+
+@dataclass(frozen=True)
+class DeviceUpdate:
+    """Device -> server: the model ``device`` trained for ``job`` in ``round``, on
+    ``samples`` samples (its FedAvg weight)."""
+
+    device: int
+    job: int
+    round: int
+    weights: Weights
+    samples: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class WallClockOptions(PoolOptions):
+    """How ``run_wallclock`` runs: each job stops at its target, after ``max_rounds`` rounds or
+    at ``time_limit`` wall seconds; device time runs ``speedup`` times faster than the model's
+    seconds; ``stragglers``: share of the devices ``straggler_factor`` times slower
+    (``synthetic.make_straggler_pool``; 0 = ``make_pool``)."""
+
+    max_rounds: int = 60
+    speedup: float = 100.0
+    time_limit: float = 120.0
+    stragglers: float = 0.0
+    straggler_factor: float = 10.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.max_rounds < 1:
+            raise ValueError(f"max_rounds must be at least 1, got {self.max_rounds}")
+        if self.speedup <= 0.0:
+            raise ValueError(f"speedup must be positive, got {self.speedup}")
+        if self.time_limit <= 0.0:
+            raise ValueError(f"time_limit must be positive, got {self.time_limit} s")
 
 
 @dataclass
@@ -107,11 +170,11 @@ class WallClockResult:
     @property
     def time_to_all_targets(self) -> float | None:
         """Wall seconds until the last job reached its target (None: some job never did)."""
-        times = [j.time_to_target for j in self.jobs]
-        return max(times) if all(t is not None for t in times) else None
+        times = [j.time_to_target for j in self.jobs if j.time_to_target is not None]
+        return max(times) if len(times) == len(self.jobs) else None
 
 
-def _device_main(conn, index: int, jobs, bandwidth: float, speedup: float) -> None:
+def _device_main(conn: Connection, index: int, jobs: list[FLJob], bandwidth: float, speedup: float) -> None:
     """A device process: per task, download (metered), train, sleep the rest of the drawn
     compute time, upload (metered); exit when the server closes the pipe or says stop."""
     import torch
@@ -125,64 +188,42 @@ def _device_main(conn, index: int, jobs, bandwidth: float, speedup: float) -> No
             task = receive_message(conn)
         except (EOFError, OSError):
             return
-        if task["kind"] == "stop":
+        if not isinstance(task, TrainTask):  # StopDevice
             return
-        payload = len(pickle.dumps(task["weights"]))
-        weight = task["model_bytes"] / max(payload, 1)  # emulated bytes per real byte of the model
+        payload = len(pickle.dumps(task.weights))
+        weight = task.model_bytes / max(payload, 1)  # emulated bytes per real byte of the model
         for i in range(0, payload, CHUNK):  # the download, metered as it would arrive
             link.take(min(CHUNK, payload - i) * weight)
         started = time.monotonic()
-        job = jobs[task["job"]]
-        new = _local_update(task["weights"], job, job.shards[index], task["seed"])
-        rest = task["compute_seconds"] - (time.monotonic() - started)
+        job = jobs[task.job]
+        new = _local_update(task.weights, job, job.shards[index], task.seed)
+        rest = task.compute_seconds - (time.monotonic() - started)
         if rest > 0:
             time.sleep(rest)
         try:
-            send_message(
-                conn,
-                {
-                    "device": index,
-                    "job": task["job"],
-                    "round": task["round"],
-                    "weights": new,
-                    "samples": int(len(job.shards[index])),
-                },
-                link,
-                weight,
-            )
+            update = DeviceUpdate(index, task.job, task.round, new, int(len(job.shards[index])))
+            send_message(conn, update, link, weight)
         except (BrokenPipeError, OSError):
             return
 
 
-def run_wallclock(
-    scheduler: Scheduler,
-    num_devices: int = 20,
-    per_round: int = 3,
-    max_rounds: int = 60,
-    seed: int = 0,
-    speedup: float = 100.0,
-    availability: float = 0.9,
-    fairness_weight: float = 30.0,
-    time_limit: float = 120.0,
-    stragglers: float = 0.0,
-    straggler_factor: float = 10.0,
-) -> WallClockResult:
-    """Train the three jobs concurrently on ``num_devices`` device processes until each reaches
-    its target (or ``max_rounds``, or ``time_limit`` wall seconds); device time runs ``speedup``
-    times faster than the model's seconds. ``stragglers``: share of the devices that are
-    ``straggler_factor`` times slower (``synthetic.make_straggler_pool``; 0 = ``make_pool``)."""
+def run_wallclock(scheduler: Scheduler, options: WallClockOptions | None = None) -> WallClockResult:
+    """Train the three jobs concurrently on ``options.num_devices`` device processes until each
+    reaches its target (or ``max_rounds``, or ``time_limit`` wall seconds)."""
     import torch
 
     from trainmaster.flsched.runtime import _accuracy, _local_update, _model, fl_problem, load_job
 
+    opts = options or WallClockOptions()
+    num_devices, seed, speedup, time_limit = opts.num_devices, opts.seed, opts.speedup, opts.time_limit
     torch.set_num_threads(1)
     fl_jobs = [load_job(name, num_devices, seed, target, tau=tau) for name, tau, target in JOBS]
     pool = (
-        make_straggler_pool(num_devices, seed, stragglers, straggler_factor)
-        if stragglers
+        make_straggler_pool(num_devices, seed, opts.stragglers, opts.straggler_factor)
+        if opts.stragglers
         else make_pool(num_devices, seed)
     )
-    base = fl_problem(fl_jobs, pool, per_round, fairness_weight)
+    base = fl_problem(fl_jobs, pool, opts.per_round, opts.fairness_weight)
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)
     states = [{k: v.clone() for k, v in _model(j.x_train.shape[1], j.classes).state_dict().items()} for j in fl_jobs]
@@ -198,14 +239,16 @@ def run_wallclock(
         child.close()
         conns.append(parent)
         procs.append(proc)
-    inbox: queue.Queue = queue.Queue()
+    inbox: queue.Queue[DeviceUpdate] = queue.Queue()
 
     def reader(k: int) -> None:
         while True:
             try:
-                inbox.put(receive_message(conns[k]))
+                msg = receive_message(conns[k])
             except (EOFError, OSError):
                 return
+            if isinstance(msg, DeviceUpdate):
+                inbox.put(msg)
 
     for k in range(num_devices):
         threading.Thread(target=reader, args=(k,), daemon=True).start()
@@ -214,7 +257,7 @@ def run_wallclock(
     busy = np.zeros(num_devices, dtype=bool)
     waiting = list(range(len(jobs)))
     pending: dict[int, set[int]] = {}
-    updates: dict[int, list[tuple[dict, int]]] = {m: [] for m in range(len(jobs))}
+    updates: dict[int, list[tuple[Weights, int]]] = {m: [] for m in range(len(jobs))}
     start = time.monotonic()
     try:
         while waiting or pending:
@@ -222,7 +265,7 @@ def run_wallclock(
             if elapsed > time_limit:
                 break
             if waiting:
-                avail = ~busy & (rng.random(num_devices) < availability)
+                avail = ~busy & (rng.random(num_devices) < opts.availability)
                 state = base.subset_jobs(waiting).with_history(history[waiting], avail)
                 try:
                     check_feasible(state)
@@ -235,18 +278,15 @@ def run_wallclock(
                         x = rng.exponential(1.0, len(devs))
                         for k, xk in zip(devs, x):
                             compute = base.tau[m] * base.samples[m, k] * (base.a[k] + xk / base.mu[k]) / speedup
-                            send_message(
-                                conns[k],
-                                {
-                                    "kind": "train",
-                                    "job": m,
-                                    "round": jobs[m].rounds,
-                                    "weights": states[m],
-                                    "compute_seconds": float(compute),
-                                    "model_bytes": float(base.model_bytes[m]),
-                                    "seed": seed * 100_003 + jobs[m].rounds * 131 + k,
-                                },
+                            task = TrainTask(
+                                job=m,
+                                round=jobs[m].rounds,
+                                weights=states[m],
+                                compute_seconds=float(compute),
+                                model_bytes=float(base.model_bytes[m]),
+                                seed=seed * 100_003 + jobs[m].rounds * 131 + k,
                             )
+                            send_message(conns[k], task)
                             busy[k] = True
                         history[m, devs] += 1
                         pending[m] = set(devs)
@@ -255,10 +295,10 @@ def run_wallclock(
                 msg = inbox.get(timeout=0.05 if waiting and not pending else max(0.01, time_limit - elapsed))
             except queue.Empty:
                 continue
-            m, k = int(msg["job"]), int(msg["device"])
+            m, k = msg.job, msg.device
             busy[k] = False
             pending[m].discard(k)
-            updates[m].append((msg["weights"], int(msg["samples"])))
+            updates[m].append((msg.weights, msg.samples))
             if pending[m]:
                 continue
             del pending[m]
@@ -272,12 +312,12 @@ def run_wallclock(
             job.curve.append((now, acc))
             if acc >= job.target:
                 job.time_to_target = now
-            elif job.rounds < max_rounds:
+            elif job.rounds < opts.max_rounds:
                 waiting.append(m)
     finally:
         for conn in conns:
             try:
-                send_message(conn, {"kind": "stop"})
+                send_message(conn, StopDevice())
             except OSError:
                 pass
         for proc in procs:

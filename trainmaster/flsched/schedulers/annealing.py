@@ -260,14 +260,15 @@ class _Chain:
 
     def _useful(self, m: int) -> np.ndarray:
         """Eligible devices whose arrival might lower job m's cost (see the module docstring)."""
-        if self.useful[m] is None:
+        useful = self.useful[m]
+        if useful is None:
             idx = self.elig_idx[m]
             h_max = self.history[m, self.sets[m]].max()
             bound = (
                 self.wt * (self.mean[m, idx] - self.times[m]) + self.wf * 2.0 * (self.history[m, idx] - h_max) / self.K
             )
-            self.useful[m] = idx[bound < 0.0]
-        return self.useful[m]
+            useful = self.useful[m] = idx[bound < 0.0]
+        return useful
 
     def _apply_replace(self, m: int, pos: int, k_in: int, t_new: float, delta: float) -> None:
         k_out = int(self.sets[m][pos])
