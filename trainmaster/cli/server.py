@@ -11,7 +11,7 @@ import typer
 
 from trainmaster.cli.jobs import AllowFrameworkOpt, DbOpt, RuntimeOpt, make_backend
 
-SHUTDOWN_DRAIN_S = 3.0  # on SIGTERM, seconds open requests get to finish before they are cancelled
+SHUTDOWN_DRAIN_S = 3  # on SIGTERM, seconds open requests get to finish before they are cancelled
 
 
 def server(
