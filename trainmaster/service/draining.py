@@ -1,11 +1,13 @@
 """The server's stop, as the live streams see it.
 
-Server-sent event streams (a dashboard tab's change stream, a followed log) never end on their
-own. When the server stops, uvicorn first lets open requests finish, within a short drain, and
+The dashboard's server-sent event streams (a tab's change stream, the log it follows) never end
+on their own. When the server stops, uvicorn first lets open requests finish, within a short drain, and
 cancels what is left (logging an error); only then does the app's shutdown run. So the streams
 must learn of the stop from the server itself, at the start of the drain: the server calls
 ``Draining.begin`` and every stream ends at its next look, like a finished response. The
-browser's EventSource reconnects by itself, to this server's successor.
+browser's EventSource reconnects by itself, to this server's successor. (A log followed through
+the REST API is not ended so: its client would take a clean end for the end of the log; it is
+cut at the end of the drain and the client reports the server unreachable.)
 """
 
 from __future__ import annotations
