@@ -21,17 +21,23 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """``trainmaster server`` over ``db`` (default: a fresh SQLite store in ``tmp_path``)."""
+    """``trainmaster server`` over ``db`` (default: a fresh SQLite store in ``tmp_path``), started
+    at once; ``start`` runs it again (same port, store and log) after ``kill9`` or ``stop``."""
 
     def __init__(self, tmp_path: Path, *extra: str, db: str | None = None, home: Path | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.extra = extra
         self.env = {
             **os.environ,
             "TRAINMASTER_HOME": str(home or tmp_path / "home"),
             "TRAINMASTER_DB": db or f"sqlite:///{tmp_path / 'store.db'}",
         }
-        self.log = open(tmp_path / f"server-{self.port}.log", "wb")
+        self.client_env = {**self.env, "TRAINMASTER_SERVER": self.url}  # CLI verbs aimed at this server
+        self.log = open(tmp_path / f"server-{self.port}.log", "ab")
+        self.start()
+
+    def start(self) -> None:
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -44,7 +50,7 @@ class ServerProcess:
                 "0.2",
                 "--grace",
                 "2",
-                *extra,
+                *self.extra,
             ],
             env=self.env,
             stdout=self.log,
@@ -74,11 +80,39 @@ class ServerProcess:
         assert response.status_code == 201, response.text
         return response.json()["id"]
 
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """``trainmaster ARGS`` as a user runs it against this server."""
+        return subprocess.run(
+            [sys.executable, "-m", "trainmaster", *args],
+            capture_output=True,
+            text=True,
+            env=self.client_env,
+            timeout=60,
+        )
+
+    def status(self, job: str | int) -> dict[str, Any]:
+        return httpx.get(f"{self.url}/api/v1/jobs/{job}", params={"events": 500}, timeout=10).json()
+
+    def wait_state(self, job: str | int, states: set[str], timeout: float = 60) -> dict[str, Any]:
+        """The job's status once its state is one of ``states``."""
+        deadline = time.monotonic() + timeout
+        status = self.status(job)
+        while status["state"] not in states:
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"job {job} still {status['state']} after {timeout:g} s, not {sorted(states)}: "
+                    f"{status['events'][-5:]}"
+                )
+            time.sleep(0.2)
+            status = self.status(job)
+        return status
+
     def kill9(self) -> None:
         self.proc.send_signal(signal.SIGKILL)  # the server only: its instances live on, as after a crash
         self.proc.wait(timeout=30)
 
     def stop(self) -> None:
+        """SIGTERM (SIGKILL after 30 s); the log is closed: the server is not started again."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:

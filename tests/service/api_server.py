@@ -13,6 +13,7 @@ import uvicorn
 from trainmaster.backends.local import LocalBackend
 from trainmaster.controller import Controller
 from trainmaster.service.app import ServiceOptions, create_app
+from trainmaster.service.draining import DrainingServer
 from trainmaster.store.db import make_engine, session_factory
 
 
@@ -35,8 +36,9 @@ class ThreadedServer:
         self.app = create_app(self.controller, reconcile=reconcile, options=options)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(
-            uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        self.server = DrainingServer(  # as `trainmaster server` runs it: live streams end at shutdown
+            uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"),
+            self.app.state.draining,
         )
         self.thread = threading.Thread(target=self.server.run, name="api-server", daemon=True)
 

@@ -5,98 +5,23 @@ restarted loses no job, re-adopts live instances and runs each instance once."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
+from server_process import ServerProcess
 
 pytestmark = pytest.mark.timeout(180)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, tmp_path: Path):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {
-            **os.environ,
-            "TRAINMASTER_HOME": str(tmp_path / "home"),
-            "TRAINMASTER_DB": f"sqlite:///{tmp_path / 'store.db'}",
-            "TRAINMASTER_SERVER": self.url,
-        }
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "trainmaster",
-                "server",
-                "--port",
-                str(self.port),
-                "--interval",
-                "0.1",
-                "--grace",
-                "2",
-            ],
-            env=self.env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        raise AssertionError("server did not start")
-
-    def kill9(self) -> None:
-        assert self.proc
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=20)
-
-    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "trainmaster", *args], capture_output=True, text=True, env=self.env, timeout=60
-        )
-
-    def status(self, job: str) -> dict:
-        return httpx.get(f"{self.url}/api/v1/jobs/{job}", params={"events": 500}, timeout=10).json()
-
-    def wait_state(self, job: str, states: set[str], timeout: float = 60) -> dict:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            status = self.status(job)
-            if status["state"] in states:
-                return status
-            time.sleep(0.2)
-        raise AssertionError(f"job {job} stuck in {status['state']}: {status['events'][-5:]}")
-
-
 @pytest.fixture
-def server(tmp_path: Path):
-    s = Server(tmp_path)
-    s.start()
+def server(tmp_path: Path) -> Iterator[ServerProcess]:
+    s = ServerProcess(tmp_path)
     yield s
     s.stop()
 
@@ -111,7 +36,7 @@ def write_job(tmp_path: Path, name: str, roles: list[dict]) -> Path:
     return path
 
 
-def test_submit_status_logs_cancel_delete(server: Server, tmp_path: Path) -> None:
+def test_submit_status_logs_cancel_delete(server: ServerProcess, tmp_path: Path) -> None:
     ok = write_job(
         tmp_path,
         "hello",
@@ -142,7 +67,7 @@ def test_submit_status_logs_cancel_delete(server: Server, tmp_path: Path) -> Non
     server.wait_state("slow", {"running"})
     follow = subprocess.Popen(
         [sys.executable, "-m", "trainmaster", "logs", "slow", "--follow"],
-        env=server.env,
+        env=server.client_env,
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -155,14 +80,14 @@ def test_submit_status_logs_cancel_delete(server: Server, tmp_path: Path) -> Non
     assert server.cli("status", "slow").returncode == 2  # unknown job: a user mistake
 
 
-def test_invalid_submission_is_rejected_with_every_error(server: Server, tmp_path: Path) -> None:
+def test_invalid_submission_is_rejected_with_every_error(server: ServerProcess, tmp_path: Path) -> None:
     bad = write_job(tmp_path, "bad", [{"name": "a", "replicas": 0, "command": ["true"], "dependsOn": [{"role": "x"}]}])
     out = server.cli("submit", str(bad))
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "spec.roles[0].replicas" in out.stderr and "unknown role 'x'" in out.stderr
 
 
-def test_scale_a_running_role_up_and_down(server: Server, tmp_path: Path) -> None:
+def test_scale_a_running_role_up_and_down(server: ServerProcess, tmp_path: Path) -> None:
     """Reconcile (spec step 8) driven through the API: `trainmaster scale` changes the desired
     replicas; instances are created or deleted to match; an invalid scale is refused."""
     job = write_job(
@@ -194,7 +119,7 @@ def test_scale_a_running_role_up_and_down(server: Server, tmp_path: Path) -> Non
     assert ended.returncode == 2 and "only an active job scales" in ended.stderr
 
 
-def test_openapi_and_metrics(server: Server, tmp_path: Path) -> None:
+def test_openapi_and_metrics(server: ServerProcess, tmp_path: Path) -> None:
     spec = httpx.get(server.url + "/openapi.json").json()
     assert "/api/v1/jobs" in spec["paths"]
     server.cli("submit", str(write_job(tmp_path, "m", [{"name": "a", "command": ["true"]}])))
@@ -204,7 +129,7 @@ def test_openapi_and_metrics(server: Server, tmp_path: Path) -> None:
     assert "trainmaster_reconcile_seconds_count" in text and "trainmaster_instance_launch_seconds_count" in text
 
 
-def test_server_killed_with_sigkill_loses_nothing(server: Server, tmp_path: Path) -> None:
+def test_server_killed_with_sigkill_loses_nothing(server: ServerProcess, tmp_path: Path) -> None:
     runs = tmp_path / "runs.txt"
     code = (
         f"import os, time\nopen('{runs}', 'a').write(os.environ['TM_ROLE'] + os.environ['TM_REPLICA_INDEX'] + '\\n')\n"

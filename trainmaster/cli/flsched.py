@@ -45,26 +45,27 @@ def register(app: typer.Typer) -> None:
         faults = violations(problem, assignment)
         if faults:  # a scheduler bug, not the user's: fail loudly
             raise RuntimeError(f"scheduler {scheduler} broke constraints: {faults}")
-        out = {
-            "assignment": {
-                problem.jobs[m].id: [problem.devices[int(k)].id for k in s] for m, s in enumerate(assignment)
-            },
-            "cost": round(cost.cost(assignment), 6),
-            "time_ms": round(elapsed_ms, 3),
-            "scheduler": scheduler,
-            "jobs": cost.breakdown(assignment),
-        }
+        chosen = {problem.jobs[m].id: [problem.devices[int(k)].id for k in s] for m, s in enumerate(assignment)}
+        total = round(cost.cost(assignment), 6)
+        breakdown = cost.breakdown(assignment)
         if as_json:
+            out = {
+                "assignment": chosen,
+                "cost": total,
+                "time_ms": round(elapsed_ms, 3),
+                "scheduler": scheduler,
+                "jobs": breakdown,
+            }
             print(json.dumps(out))
             return
         from rich.console import Console
         from rich.table import Table
 
-        table = Table(title=f"{scheduler}: cost {out['cost']:.4f}, decided in {out['time_ms']:.1f} ms")
+        table = Table(title=f"{scheduler}: cost {total:.4f}, decided in {round(elapsed_ms, 3):.1f} ms")
         for col in ("job", "devices", "expected round time (s)", "fairness variance"):
             table.add_column(col)
-        for job, devs in out["assignment"].items():
-            b = out["jobs"][job]
+        for job, devs in chosen.items():
+            b = breakdown[job]
             table.add_row(job, ", ".join(devs), f"{b['time']:.3f}", f"{b['fairness']:.4f}")
         Console().print(table)
 

@@ -125,11 +125,11 @@ def task_run(
     spec = load_task(task_file)
     initiator = Initiator(cfg, results_dir=out)
     try:
-        out = initiator.run_task(spec)
+        report = initiator.run_task(spec)
     finally:
         initiator.close()
-    typer.echo(json.dumps(out, indent=2))
-    if any(leg["outcome"] != "result" for leg in out["legs"].values()):
+    typer.echo(json.dumps(report, indent=2))
+    if any(leg["outcome"] != "result" for leg in report["legs"].values()):
         raise typer.Exit(1)
 
 

@@ -14,6 +14,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 from typer.core import TyperGroup
+from typer.models import TyperInfo
 
 from trainmaster.errors import UserError
 
@@ -100,21 +101,29 @@ def _register_all() -> None:
     app.add_typer(job_app, name="job")
     for module in (server, db, info, testbed, aggregation, flsched, partition, gateway):
         module.register(app)
-    gateway_group = next(g for g in app.registered_groups if g.name == "gateway").typer_instance
+    gateway_group = _typer_of(next(g for g in app.registered_groups if g.name == "gateway"))
     for group in app.registered_groups:
         if group.name in ("party", "task"):
-            gateway_group.add_typer(group.typer_instance, name=group.name)
+            gateway_group.add_typer(_typer_of(group), name=group.name)
             group.hidden = True
     for group in app.registered_groups:  # plain help: no <bool> placeholders, nothing cut off
-        _plain(group.typer_instance)
+        _plain(_typer_of(group))
     add_examples(app)
+
+
+def _typer_of(group: TyperInfo) -> typer.Typer:
+    """The app of a group added with ``add_typer`` (typer types it optional: TyperInfo also
+    describes callbacks, which our groups never are)."""
+    if group.typer_instance is None:
+        raise RuntimeError(f"command group {group.name!r} has no Typer app")
+    return group.typer_instance
 
 
 def _plain(typer_app: typer.Typer) -> None:
     typer_app.rich_markup_mode = None  # type: ignore[assignment]
     typer_app.info.cls = FullHelpGroup
     for group in typer_app.registered_groups:
-        _plain(group.typer_instance)
+        _plain(_typer_of(group))
 
 
 def _version(value: bool) -> None:

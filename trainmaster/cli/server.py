@@ -11,7 +11,9 @@ import typer
 
 from trainmaster.cli.jobs import AllowFrameworkOpt, DbOpt, RuntimeOpt, make_backend
 
-SHUTDOWN_DRAIN_S = 3.0  # on SIGTERM, seconds open requests get to finish before they are cancelled
+# on SIGTERM, seconds open requests get to finish before they are cancelled; live dashboard
+# streams end at its start (service/draining.py), a followed log (REST) may still be cut
+SHUTDOWN_DRAIN_S = 3
 
 
 def server(
@@ -81,6 +83,7 @@ def server(
     from trainmaster.service.app import ServiceOptions, create_app
     from trainmaster.service.dashboard import AccessOptions
     from trainmaster.service.dashboard.access import is_loopback
+    from trainmaster.service.draining import DrainingServer
     from trainmaster.spec.paths import PathPolicy
     from trainmaster.store.db import ServerLock, default_url, make_engine, session_factory, sqlite_path
 
@@ -127,10 +130,8 @@ def server(
     typer.echo(f"trainmaster controller on http://{host}:{port} (store {url}, backend {backend}{role})")
     app = create_app(controller, options=replace(options, access=AccessOptions(token=token)), elector=elector)
     try:
-        # open dashboard streams (server-sent events) never end on their own: uvicorn would wait for
-        # them forever on SIGTERM, so requests still open after a short drain are cancelled
         config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=SHUTDOWN_DRAIN_S)
-        uvicorn.Server(config).run(sockets=[listener])
+        DrainingServer(config, app.state.draining).run(sockets=[listener])
     finally:
         if lock:
             lock.release()

@@ -55,7 +55,8 @@ def elapsed(status: dict[str, Any], now: datetime | None = None) -> str:
 def role_progress(status: dict[str, Any], role: str) -> tuple[float | None, dict[str, float]]:
     """The role's mean progress (0..1) over instances that reported a total, and the latest
     metric values of its first reporting instance."""
-    fractions, latest = [], {}
+    fractions: list[float] = []
+    latest: dict[str, float] = {}
     for inst in status["instances"]:
         point = inst.get("metrics")
         if inst["role"] != role or not point:

@@ -33,6 +33,7 @@ from trainmaster.controller import metrics
 from trainmaster.controller.backoff import StoreBackoff
 from trainmaster.controller.leader import LeaderElector, LeaseLost
 from trainmaster.service.dashboard import AccessOptions, mount_dashboard
+from trainmaster.service.draining import Draining
 from trainmaster.errors import UserError
 from trainmaster.service.limits import BodyLimit, RequestLimits
 from trainmaster.spec.load import LoadOptions
@@ -128,7 +129,9 @@ def create_app(
     app.add_middleware(BodyLimit, limits=options.limits)
     sessions = controller.sessions
     jobs = Trainmaster(sessions, controller.db_url)  # every job verb goes through the facade
-    mount_dashboard(app, controller, jobs, options.paths, options.access, options.runtime)
+    draining = Draining()  # the server calls begin() when it stops, so live streams end themselves
+    app.state.draining = draining
+    mount_dashboard(app, controller, jobs, options.paths, options.access, options.runtime, draining)
     reconciler = Reconciler(controller, elector)
 
     @app.on_event("startup")

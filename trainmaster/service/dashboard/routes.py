@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any, AsyncIterator
 
-from fastapi import APIRouter, FastAPI, Form, HTTPException, Query, Request
+from fastapi import APIRouter, FastAPI, Form, Header, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
@@ -20,6 +20,7 @@ from trainmaster.service.dashboard.capability import capability_views
 from trainmaster.service.dashboard.access import AccessOptions, TokenMiddleware, login
 from trainmaster.service.dashboard.locate import line_of, split_error
 from trainmaster.service.dashboard.watch import StoreWatcher
+from trainmaster.service.draining import Draining
 from trainmaster.api import NameTaken, Trainmaster
 from trainmaster.spec.load import LoadOptions, parse_document
 from trainmaster.spec.model import RuntimeKind
@@ -39,10 +40,13 @@ def mount_dashboard(
     paths: PathPolicy,
     access: AccessOptions,
     runtime: RuntimeKind | None = None,
+    draining: Draining | None = None,
 ) -> None:
     """Serve the dashboard at ``/`` on ``app`` and guard the whole app with ``access``; jobs
     submitted from the page take the REST API's path (the facade's ``load`` and ``submit``
-    under the operator's path policy ``paths`` and ``runtime`` for ``auto`` roles)."""
+    under the operator's path policy ``paths`` and ``runtime`` for ``auto`` roles). The live
+    streams end when ``draining`` begins (the server stopping)."""
+    draining = draining or Draining()
     templates = Jinja2Templates(directory=str(HERE / "templates"))  # autoescapes .html
     templates.env.globals["csrf_token"] = access.csrf_token()
     watcher = StoreWatcher(controller.sessions)
@@ -149,17 +153,23 @@ def mount_dashboard(
 
     @router.get("/ui/jobs/{job_id}/log/stream")
     async def job_log_stream(
-        request: Request, job_id: int, instance: str = Query(..., max_length=80), offset: int = Query(0, ge=0)
+        request: Request,
+        job_id: int,
+        instance: str = Query(..., max_length=80),
+        offset: int = Query(0, ge=0),
+        last_event_id: int | None = Header(None, alias="Last-Event-ID", ge=0),
     ) -> StreamingResponse:
         path = log_path(job_id, instance)
 
         async def follow() -> AsyncIterator[str]:
-            position, quiet = offset, 0.0
-            while not await request.is_disconnected():
+            # each event's id is the log offset after it: a browser reconnecting (the server
+            # restarted) sends the last one back and gets only what it has not shown yet
+            position, quiet = (offset if last_event_id is None else last_event_id), 0.0
+            while not draining.begun and not await request.is_disconnected():
                 chunk = await asyncio.to_thread(views.read_log, path, position)
                 if chunk.text:
                     position, quiet = chunk.offset, 0.0
-                    yield f"data: {json.dumps({'text': chunk.text, 'offset': chunk.offset})}\n\n"
+                    yield f"id: {chunk.offset}\ndata: {json.dumps({'text': chunk.text, 'offset': chunk.offset})}\n\n"
                     continue
                 quiet += LOG_POLL
                 if quiet >= KEEPALIVE:
@@ -175,11 +185,11 @@ def mount_dashboard(
 
         async def stream() -> AsyncIterator[str]:
             try:
-                while not await request.is_disconnected():
-                    try:
-                        version = await asyncio.wait_for(queue.get(), KEEPALIVE)
-                    except asyncio.TimeoutError:
-                        yield ": keepalive\n\n"
+                while not draining.begun and not await request.is_disconnected():
+                    version = await draining.first(queue.get(), KEEPALIVE)
+                    if version is None:
+                        if not draining.begun:
+                            yield ": keepalive\n\n"
                         continue
                     yield f"event: change\ndata: {version}\n\n"
             finally:
