@@ -34,7 +34,7 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from functools import cached_property, partial
 from pathlib import Path
@@ -308,11 +308,17 @@ class NodeAgent:
         already in fresh cgroups: :mod:`trainmaster.agent.warm`), the rest cold (cgroups
         created and entered per spawn) on up to ``spawn_threads`` threads."""
         warm = self._warm
-        slots = warm.take(len(specs)) if warm is not None and specs else []
-        futures = [warm.spawn(slot, partial(self._spawn, spec)) for slot, spec in zip(slots, specs)] if warm else []
-        spawned = self._spawn_cold(specs[len(slots) :])
+        if warm is None or not specs:
+            return self._spawn_cold(specs)
+        slots = warm.take(len(specs))
+        futures = [warm.spawn(slot, partial(self._spawn, spec)) for slot, spec in zip(slots, specs)]
+        try:
+            spawned = self._spawn_cold(specs[len(slots) :])
+        finally:
+            wait(futures)  # every slot's spawn returned (its child exec'd, or it was refused)
+            warm.home(slots)  # then no agent thread is left in an instance's cgroups
         for spec, future in zip(specs, futures):
-            child = future.result()  # its spawn returned (the child exec'd) and the thread went home
+            child = future.result()
             if child is not None:
                 spawned.append((self._instances[spec.instance_id], child))
         return spawned

@@ -7,15 +7,17 @@ is in them already. Creating an instance's cgroups (one directory in each of the
 hierarchies) and moving the spawning thread into them cost about 0.5 ms per instance on the
 2-core machine we measure on (about 17 ms and 20 ms for 64 instances), all of it on the way from
 a submit to the commands running. Renaming a slot's cgroups (``rename(2)`` within their parent,
-which cgroup v1 allows) costs about 0.07 ms for the four. The slots are made again right after
-each batch by a background thread, where nobody waits for them.
+which cgroup v1 allows) costs about 0.07 ms for the four. The slots are made again by a
+background thread once no batch came for ``QUIET`` seconds (the batch's commands, and the
+controller recording them, have the cores first), where nobody waits for them.
 
 A slot is one thread plus cgroups named ``warm-<agent pid>-<n>`` (no ``.`` in it, so no
 instance id maps to such a name: see :func:`trainmaster.agent.tree.cgroup_name`). What holds:
 
-- A thread is inside an instance's cgroups only from naming its slot until its spawn returned;
-  it goes home before the batch's ``start`` returns, so the agent never freezes or signals a
-  group that holds one of its own threads (the rule the cold spawning threads follow too).
+- A thread is inside an instance's cgroups only from naming its slot until every spawn of its
+  batch returned; all go home (:meth:`WarmSlots.home`) before the batch's ``start`` returns,
+  under the agent's spawn lock, so the agent never freezes or signals a group that holds one
+  of its own threads (the rule the cold spawning threads follow too).
 - A slot's cgroups are fresh, never reused after an instance: an instance's CPU and peak
   memory counters start at zero, and its memory limit is written when the slot is named.
 - An agent killed while it holds slots leaves empty ``warm-*`` cgroups (their threads died with
@@ -34,6 +36,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from concurrent.futures import Future
 from typing import Callable, TypeVar
 
@@ -43,6 +46,7 @@ log = logging.getLogger(__name__)
 
 SLOT_PREFIX = "warm-"
 IDLE_WAIT = 60.0  # seconds an idle thread or the refiller sleeps before it looks again (it is woken anyway)
+QUIET = 0.1  # seconds without a start batch before slots are made again (the batch's commands start meanwhile)
 CLOSE_WAIT = 5.0  # seconds close waits for the refiller to finish the slot it is making
 
 T = TypeVar("T")
@@ -58,6 +62,7 @@ class Slot:
 
     def __init__(self) -> None:
         self.cgroup: str | None = None  # the slot cgroups it waits in, None while at home
+        self.used: str | None = None  # the slot it spawned from, until it is sent home
         self._work: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._started = threading.Event()
         self.tid = 0
@@ -98,6 +103,8 @@ class WarmSlots:
         self._warm: list[Slot] = []  # waiting in slot cgroups
         self._idle: list[Slot] = []  # at home, to be moved into new slot cgroups
         self._wanted = 0
+        self._last_batch = 0.0  # time.monotonic() of the last take
+        self._named: set[str] = set()  # slots named after an instance, not yet sent home
         self._names = itertools.count()
         self._wake = threading.Event()
         self._closed = False
@@ -108,28 +115,25 @@ class WarmSlots:
         """Up to ``count`` warm slots for a batch of ``count`` spawns (each used once)."""
         with self._lock:
             self._wanted = min(self._limit, max(self._wanted, count))
+            self._last_batch = time.monotonic()
             taken, self._warm = self._warm[:count], self._warm[count:]
         return taken
 
     def spawn(self, slot: Slot, spawn: Callable[[str], T]) -> Future[T]:
         """Run ``spawn(slot cgroup name)`` on the slot's thread (which names the slot for its
-        instance just before it forks); the thread goes home afterwards, whatever happened, and
-        an unnamed slot's cgroups are removed."""
+        instance just before it forks). The thread stays where it is (in the instance's
+        cgroups) until :meth:`home`."""
         future: Future[T] = Future()
         name = slot.cgroup
         assert name is not None, "a slot is spawned from only once"
-        slot.cgroup = None
+        slot.cgroup, slot.used = None, name
 
         def job() -> None:
-            # home before the batch hears of it: the batch's start returns once every future
-            # is done, and then no agent thread may be left in an instance's cgroups
             try:
                 result = spawn(name)
             except BaseException as exc:  # handed to the batch's thread, which raises it
-                self._go_home(slot, name)
                 future.set_exception(exc)
                 return
-            self._go_home(slot, name)
             future.set_result(result)
 
         slot.run(job)
@@ -138,22 +142,38 @@ class WarmSlots:
     def name(self, slot: str, instance_id: str, memory_limit: int) -> None:
         """Make a slot's cgroups the instance's (on the slot's thread, just before it forks)."""
         self._trees.name_slot(slot, instance_id, memory_limit)
-
-    def _go_home(self, slot: Slot, name: str) -> None:
-        try:
-            self._trees.leave()  # called on the slot's own thread
-            self._trees.remove_slot(name)  # nothing to do where the slot was named
-        except OSError:
-            log.exception("a warm spawning thread could not go home; it is not used again")
-            return
         with self._lock:
-            if self._closed:
-                slot.end()
-            else:
-                self._idle.append(slot)
+            self._named.add(slot)
+
+    def home(self, slots: list[Slot]) -> None:
+        """Move the threads of a batch's slots back into the agent's own cgroups, once every
+        one's spawn is done, and remove the cgroups of slots that were not named (a spawn
+        refused before it was placed). Before the batch's start returns: then no agent thread
+        is left in an instance's cgroups. All at the end, not each after its own spawn: moving
+        a thread between cgroups holds a lock every fork on the machine takes too, so moves
+        interleaved with the batch's spawns slow them (and the new commands' own forks)."""
+        for slot in slots:
+            name, slot.used = slot.used, None
+            try:
+                self._trees.send_home(slot.tid)
+                with self._lock:
+                    named = name in self._named
+                    self._named.discard(name)
+                if name is not None and not named:
+                    self._trees.remove_slot(name)
+            except OSError:
+                log.exception("a warm spawning thread could not go home; it is not used again")
+                continue
+            with self._lock:
+                if self._closed:
+                    slot.end()
+                else:
+                    self._idle.append(slot)
 
     def refill(self) -> None:
-        """Make slots again, up to the largest batch seen (after a batch: in the background)."""
+        """Make slots again, up to the largest batch seen, once no batch came for ``QUIET``
+        seconds: the cgroups of a batch's slots are made on the same cores that the batch's
+        new commands, and the controller recording them, need right after it."""
         self._wake.set()
 
     def _refill_forever(self) -> None:
@@ -161,6 +181,11 @@ class WarmSlots:
             if not self._wake.wait(IDLE_WAIT):  # woken after each batch
                 continue
             self._wake.clear()
+            while not self._closed:  # until QUIET seconds passed since the last batch
+                quiet_for = time.monotonic() - self._last_batch
+                if quiet_for >= QUIET:
+                    break
+                self._wake.wait(QUIET - quiet_for)  # or close
             while not self._closed and self._make_one():
                 pass
 
