@@ -738,9 +738,12 @@ class NodeAgent:
 
 def _open_log(spec: LaunchSpec) -> int:
     """The instance's log (appended to across attempts), opened with the attempt's header line."""
-    log_path = Path(spec.log_path)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+    try:
+        fd = os.open(spec.log_path, flags, 0o644)
+    except FileNotFoundError:  # the first instance of its job here: the folder too
+        Path(spec.log_path).parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(spec.log_path, flags, 0o644)
     try:
         os.write(
             fd,

@@ -92,6 +92,7 @@ class CgroupTrees:
             self._home[hierarchy] = base
             self.hierarchies[hierarchy] = base / "trainmaster" / node_key
             self.hierarchies[hierarchy].mkdir(parents=True, exist_ok=True)
+        self._parents = [str(path) for path in self.hierarchies.values()]
 
     def _dir(self, hierarchy: str, instance_id: str) -> Path:
         return self.hierarchies[hierarchy] / cgroup_name(instance_id)
@@ -131,16 +132,17 @@ class CgroupTrees:
         """Give a warm slot's cgroups the instance's name (``rename(2)`` within the parent, which
         cgroup v1 allows: far cheaper than creating them and moving a thread in); the thread in
         it is then inside the instance's cgroups. All or nothing: a failure renames back."""
-        done: list[str] = []
+        name = cgroup_name(instance_id)
+        done: list[str] = []  # parents (plain strings: this runs once per instance of a start)
         try:
-            for hierarchy in self.hierarchies:
-                os.rename(self.hierarchies[hierarchy] / slot, self._dir(hierarchy, instance_id))
-                done.append(hierarchy)
+            for parent in self._parents:
+                os.rename(f"{parent}/{slot}", f"{parent}/{name}")
+                done.append(parent)
             if memory_limit > 0:
                 (self._dir("memory", instance_id) / "memory.limit_in_bytes").write_text(str(memory_limit))
         except OSError:
-            for hierarchy in done:
-                os.rename(self._dir(hierarchy, instance_id), self.hierarchies[hierarchy] / slot)
+            for parent in done:
+                os.rename(f"{parent}/{name}", f"{parent}/{slot}")
             raise
 
     def remove_slot(self, slot: str) -> None:
