@@ -282,6 +282,68 @@ def kill_to_replacement(backend: Backend, kills: int, scratch: Path) -> list[flo
     return samples
 
 
+STAGES = {  # mark: what happened by then (seconds after the wall clock read just before the submit)
+    "submitted": "the job is stored (`submit` returned)",
+    "pass_began": "the reconcile pass began",
+    "prepare_began": "the first instance's placement and launch spec",
+    "prepared": "the last instance's launch spec",
+    "sent": "the pass committed every start intent; the batch is sent to the node agent",
+    "first_running": "the first replica's command ran (its marker's file time)",
+    "processes": "the last replica's command ran: the *processes* moment",
+    "answered": "the node agent answered (every command exec'd, every thread back home)",
+    "pass_ended": "the pass recorded the handles and the running states and committed",
+}
+
+
+def stages_local(ours: Ours, replicas: int, scratch: Path, runs: int) -> dict[str, float]:
+    """Where a submit -> every command running goes: wall-clock marks of the controller's steps
+    (its methods wrapped on this one controller, so the agent runs as measured above) and the
+    markers' file times, medians of ``runs`` runs (ms)."""
+    controller = ours.controller
+    agent = controller.backend.agent  # type: ignore[attr-defined]
+    marks: dict[str, float] = {}
+    prepare, start, step = controller._prepare, agent.start, controller.step
+
+    def prepared(*args: Any) -> Any:
+        marks.setdefault("prepare_began", time.time())
+        result = prepare(*args)
+        marks["prepared"] = time.time()
+        return result
+
+    def started(specs: Any) -> Any:
+        marks.setdefault("sent", time.time())
+        result = start(specs)
+        marks.setdefault("answered", time.time())
+        return result
+
+    def stepped() -> None:
+        marks.setdefault("pass_began", time.time())
+        step()
+        marks.setdefault("pass_ended", time.time())
+
+    samples: dict[str, list[float]] = {name: [] for name in STAGES}
+    controller._prepare, agent.start, controller.step = prepared, started, stepped  # type: ignore[method-assign]
+    try:
+        for _ in range(runs):
+            workdir = Path(tempfile.mkdtemp(dir=scratch))
+            markers = workdir / "markers"
+            markers.mkdir()
+            marks.clear()
+            wall_start = time.time()
+            job_id = ours.submit("stages", [{"name": "worker", "replicas": replicas, "command": command(markers)}])
+            marks["submitted"] = time.time()
+            ours.until(lambda: count(markers) >= replicas, "stages: every replica running")
+            times = sorted(p.stat().st_mtime for p in markers.iterdir())
+            marks["first_running"], marks["processes"] = times[0], times[-1]
+            for name in STAGES:
+                samples[name].append(1000 * (marks[name] - wall_start))
+            ours.finish(job_id)
+            shutil.rmtree(workdir, ignore_errors=True)
+    finally:
+        del controller._prepare, agent.start, controller.step  # the class's methods again
+    return {name: round(statistics.median(values), 1) for name, values in samples.items()}
+
+
 def profile_local(ours: Ours, replicas: int, scratch: Path) -> list[dict[str, Any]]:
     """Where one local submit-to-running goes (cProfile, cumulative seconds, our code and spawning)."""
     import cProfile
@@ -436,6 +498,12 @@ def main() -> None:
         results["submit_to_running"].get(name, {}).get(str(SIZES[-1]))
         for name in ("trainmaster local", "torchx local_cwd")
     )
+    results["stages_local"] = {
+        "replicas": SIZES[-1],
+        "runs": args.runs,
+        "ms": stages_local(local_ours, SIZES[-1], scratch, args.runs),
+    }
+    print(f"stages ({SIZES[-1]} replicas, ms): {results['stages_local']['ms']}", flush=True)
     if local64 and torchx64 and local64["processes"]["median_s"] > torchx64["processes"]["median_s"]:
         results["profile_local"] = {"replicas": SIZES[-1], "top": profile_local(local_ours, SIZES[-1], scratch)}
 
@@ -744,11 +812,17 @@ def ray_markdown(results: dict[str, Any]) -> str:
 
 
 NOTES = """How an instance starts: one reconcile pass commits every start intent of the pass in
-one transaction, then hands the whole batch to the node agent in one request; the agent spawns
-the role commands directly (no wrapper process) on up to 8 threads, each child born in its own
-cgroups, and answers once every command has exec'd. What remains over TorchX `local_cwd` is the
-controller's bookkeeping per instance (placement, launch spec, the state rows committed before
-the spawn so a crash never starts a second copy) and the cgroup set-up per instance."""
+one transaction (so a crash never starts a second copy), then hands the whole batch to the node
+agent in one request. The agent journals the starts (written, not fsync'd: its own death cannot
+lose them) and spawns the role commands directly (no wrapper process), each child born in its
+own cgroups: from a warm slot where it has one (a thread already waiting in fresh, empty
+cgroups, which are renamed after the instance; the agent keeps as many as its largest batch, made
+again 0.1 s after a batch), else by creating the cgroups and moving the spawning thread in. It
+answers once every command has exec'd and its threads are back in its own cgroups. What remains
+over the floor is the controller's work before the spawn (placement, launch spec, the committed
+intents) and, on the same two cores, the bookkeeping after it, while the last commands start.
+The first run of the largest size after a smaller one finds fewer warm slots than replicas; the
+median is of the runs after it as well."""
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -834,6 +908,19 @@ def markdown(results: dict[str, Any]) -> str:
     ]
     for system, e in results["kill_to_replacement"].items():
         lines.append(f"| {system} | {e['median_s']:.3f} | {e['min_s']:.3f} | {e['max_s']:.3f} |")
+    if "stages_local" in results:
+        stages = results["stages_local"]
+        lines += [
+            "",
+            f"Where the local backend's time goes for {stages['replicas']} replicas (one controller's steps "
+            f"marked on the wall clock, the markers' file times; ms after the wall clock read just before "
+            f"the submit, medians of {stages['runs']} extra runs):",
+            "",
+            "| mark | ms | what happened by then |",
+            "|---|---|---|",
+        ]
+        lines += [f"| {name} | {stages['ms'][name]:.1f} | {what} |" for name, what in STAGES.items()]
+        lines += ["", NOTES]
     if "profile_local" in results:
         prof = results["profile_local"]
         lines += [
@@ -845,7 +932,6 @@ def markdown(results: dict[str, Any]) -> str:
             "|---|---|---|",
         ]
         lines += [f"| `{r['function']}` | {r['calls']} | {r['cumulative_s']:.3f} |" for r in prof["top"]]
-        lines += ["", NOTES]
     if "ray_cluster_start_s" in meta:
         lines += [
             "",

@@ -3,7 +3,8 @@
 It spawns each role command itself (an instance with dependencies first runs the wait step,
 ``python -m trainmaster.runtime.launch``, which then *execs* the role command: one process, no
 wrapper that could be killed on its own), puts every instance in its own process tree
-(:mod:`trainmaster.agent.tree`), makes itself a child subreaper so orphaned descendants come back
+(:mod:`trainmaster.agent.tree`; with cgroups, from warm slots made ahead where it has them:
+:mod:`trainmaster.agent.warm`), makes itself a child subreaper so orphaned descendants come back
 to it, reaps with ``os.wait4`` (exit status and rusage), and journals every exit with fsync before
 reporting it (:mod:`trainmaster.agent.journal`).
 
