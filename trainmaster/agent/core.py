@@ -65,6 +65,9 @@ AGENT_RESTART_EXIT = 137
 START_FAILED_EXIT = 127
 NOTIFY_FD_VARIABLE = "TM_AGENT_NOTIFY_FD"
 SPAWNS_PER_THREAD = 4  # a batch smaller than this per thread is not worth handing to more threads
+# a smaller batch is spawned cold by the calling thread: handing each spawn to a waiting thread
+# costs a wakeup, which on a busy machine outweighs the cgroup work a warm slot saves
+WARM_BATCH = 8
 SPEC_FILE = "launch_spec.json"
 _PACKAGE_ROOT = str(Path(trainmaster.__file__).resolve().parents[1])
 
@@ -307,9 +310,10 @@ class NodeAgent:
     def _spawn_batch(self, specs: list[LaunchSpec]) -> list[tuple[_Instance, _Child]]:
         """Spawn a batch: as many as there are warm slots from those (each on its own thread,
         already in fresh cgroups: :mod:`trainmaster.agent.warm`), the rest cold (cgroups
-        created and entered per spawn) on up to ``spawn_threads`` threads."""
+        created and entered per spawn) on up to ``spawn_threads`` threads; a batch of fewer
+        than ``WARM_BATCH`` all cold."""
         warm = self._warm
-        if warm is None or not specs:
+        if warm is None or len(specs) < WARM_BATCH:
             return self._spawn_cold(specs)
         slots = warm.take(len(specs))
         futures = [warm.spawn(slot, partial(self._spawn, spec)) for slot, spec in zip(slots, specs)]
