@@ -24,9 +24,10 @@ instance id maps to such a name: see :func:`trainmaster.agent.tree.cgroup_name`)
   it); the next agent removes them with the other leftovers before it accepts a start. A slot
   never held a process, so nothing can escape through one.
 
-How many: as many as the largest start batch seen so far, at most ``limit``, so an agent that
-starts one instance at a time keeps one waiting thread, not 64. A batch larger than the slots
-made so far spawns the rest the cold way (create, enter, spawn).
+How many: as many as the largest start batch seen so far, at most ``limit``. Only batches of
+``WARM_BATCH`` or more use slots (:meth:`NodeAgent._spawn_batch`; handing a spawn to another
+thread costs a wakeup), so an agent that starts a few instances at a time keeps none. A batch
+larger than the slots made so far spawns the rest the cold way (create, enter, spawn).
 """
 
 from __future__ import annotations
