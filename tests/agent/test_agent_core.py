@@ -149,6 +149,73 @@ def test_a_batch_is_spawned_by_several_threads_each_child_in_its_own_tree(agent:
     assert all(s.phase == InstancePhase.EXITED for s in stopped)
 
 
+def _slots(parent: Path) -> dict[str, list[int]]:
+    """The warm slots under an agent's cgroup parent (pids hierarchy) and the threads in each."""
+    return {p.name: [int(t) for t in (p / "tasks").read_text().split()] for p in parent.glob("warm-*")}
+
+
+def _slots_when(parent: Path, count: int) -> dict[str, list[int]] | None:
+    slots = _slots(parent)
+    return slots if len(slots) == count else None
+
+
+def test_warm_slots_give_each_child_fresh_renamed_cgroups_and_a_killed_agent_leaves_none_used(
+    agent: AgentClient, tmp_path: Path
+) -> None:
+    """Warm slots (issue #14, submit -> replicas running): after a batch (of at least
+    WARM_BATCH) the agent keeps as many spawning threads waiting in fresh, empty cgroups as that
+    batch had; the next batch's children
+    are born in those cgroups renamed after their instances (every hierarchy; where the name is
+    taken, in the cgroups of that name), a spawn refused before or after its slot was named
+    leaves no cgroup, no agent thread stays in an instance's cgroup, and the slots are made
+    again with new names. A slot only ever holds one agent thread: a kill -9 of the agent
+    leaves slots with no process in them, and the next agent removes them before it starts
+    anything."""
+    if agent.ping()["trees"] != "cgroup":
+        pytest.skip("warm slots exist only with cgroup trees")
+    from trainmaster.agent.core import AgentOptions
+    from trainmaster.agent.tree import CgroupTrees
+
+    trees = CgroupTrees(AgentOptions(agent.state_dir.resolve()).node_key)
+    parent = trees.hierarchies["pids"]
+    first = [LaunchSpec(**{**spec(tmp_path, f"a{n}", ["sleep", "30"]).to_dict(), "index": n}) for n in range(8)]
+    agent.start(first)
+    old = agent.ping()["pid"]
+    warm = wait_until(lambda: _slots_when(parent, 8), what="eight warm slots")
+    agent_threads = {int(t.name) for t in Path(f"/proc/{old}/task").iterdir()}
+    assert all(len(tids) == 1 and tids[0] in agent_threads for tids in warm.values())
+    commands = [["sleep", "30"]] * 6 + [["no-such-program-xyz"], []]  # refused once placed, and before
+    second = [LaunchSpec(**{**spec(tmp_path, f"b{n}", argv).to_dict(), "index": n}) for n, argv in enumerate(commands)]
+    trees.create(second[0].instance_id, 0)  # a tree of that name already there: its slot cannot take the name
+    results = agent.start(second)
+    assert [r.handle is None for r in results] == [False] * 6 + [True, True]
+    assert "no-such-program-xyz" in results[6].error and "no command" in results[7].error
+    for result in results[:6]:
+        assert result.handle is not None and result.handle.pid is not None
+        lines = Path(f"/proc/{result.handle.pid}/cgroup").read_text().splitlines()
+        for hierarchy in trees.hierarchies:
+            line = next(line for line in lines if f":{hierarchy}:" in line.replace(",", ":"))
+            assert line.endswith("/" + cgroup_name(result.instance_id)), (hierarchy, line)
+    for task in Path(f"/proc/{old}/task").iterdir():
+        assert "job.b" not in (task / "cgroup").read_text(), f"agent thread {task.name} left in a tree"
+    assert not any((parent / cgroup_name(r.instance_id)).exists() for r in results[6:])  # nothing left of them
+    again = wait_until(lambda: _slots_when(parent, 8), what="the slots made again")
+    assert not set(again) & set(warm)  # fresh cgroups, never an instance's old ones
+    second = second[:6]
+    statuses = agent.observe([s.instance_id for s in second])
+    assert all(s.phase == InstancePhase.RUNNING and s.cpu_seconds < 1 for s in statuses)
+    agent.stop([s.instance_id for s in first + second], grace=1)
+    os.kill(old, signal.SIGKILL)
+    wait_until(lambda: not Path(f"/proc/{old}").exists() or _zombie(old), what="the agent to die")
+    # no process in them: the threads that waited there died with the agent
+    left = wait_until(lambda: (s := _slots(parent)) and all(t == [] for t in s.values()) and s, what="empty slots")
+    assert len(left) == 8
+    ensure_agent(agent.state_dir, linger=30)  # the next agent
+    assert not set(_slots(parent)) & set(left)
+    log = (agent.state_dir / "agent.log").read_text()
+    assert "unjournaled process tree warm-" not in log
+
+
 def test_stop_kills_setsid_grandchildren_and_double_forked_daemons(agent: AgentClient, tmp_path: Path) -> None:
     """Stop: TERM every process of the tree, KILL after the grace: detached descendants too."""
     agent.start([spec(tmp_path, "escape", [PY, "-c", ESCAPERS, "300"])])

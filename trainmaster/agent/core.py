@@ -3,7 +3,8 @@
 It spawns each role command itself (an instance with dependencies first runs the wait step,
 ``python -m trainmaster.runtime.launch``, which then *execs* the role command: one process, no
 wrapper that could be killed on its own), puts every instance in its own process tree
-(:mod:`trainmaster.agent.tree`), makes itself a child subreaper so orphaned descendants come back
+(:mod:`trainmaster.agent.tree`; with cgroups, from warm slots made ahead where it has them:
+:mod:`trainmaster.agent.warm`), makes itself a child subreaper so orphaned descendants come back
 to it, reaps with ``os.wait4`` (exit status and rusage), and journals every exit with fsync before
 reporting it (:mod:`trainmaster.agent.journal`).
 
@@ -34,9 +35,9 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +49,14 @@ from trainmaster.containers.runtime import ContainerRuntimeMissing, container_na
 from trainmaster.agent.tree import (
     AGENT_MARKER,
     INSTANCE_MARKER,
+    CgroupTrees,
     MarkerTrees,
     ProcessTrees,
     cgroup_name,
     kill_tree,
     make_trees,
 )
+from trainmaster.agent.warm import WarmSlots, is_slot
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +65,9 @@ AGENT_RESTART_EXIT = 137
 START_FAILED_EXIT = 127
 NOTIFY_FD_VARIABLE = "TM_AGENT_NOTIFY_FD"
 SPAWNS_PER_THREAD = 4  # a batch smaller than this per thread is not worth handing to more threads
+# a smaller batch is spawned cold by the calling thread: handing each spawn to a waiting thread
+# costs a wakeup, which on a busy machine outweighs the cgroup work a warm slot saves
+WARM_BATCH = 8
 SPEC_FILE = "launch_spec.json"
 _PACKAGE_ROOT = str(Path(trainmaster.__file__).resolve().parents[1])
 
@@ -74,7 +80,8 @@ class AgentOptions:
     node: str = "local"
     use_cgroups: bool = True  # False: marker trees even where cgroups exist (tests of the fallback)
     kill_timeout: float = 10.0  # how long SIGKILLed trees may take to disappear before it is an error
-    spawn_threads: int = 8  # a start batch is spawned by this many threads at once
+    spawn_threads: int = 8  # a start batch is spawned by this many threads at once (beyond the warm slots)
+    warm_slots: int = 64  # most spawning threads kept waiting in fresh cgroups (trainmaster.agent.warm)
 
     @cached_property
     def node_key(self) -> str:
@@ -188,6 +195,11 @@ class NodeAgent:
         )
         self._recover()
         self._spawner = ThreadPoolExecutor(max(1, options.spawn_threads), thread_name_prefix="spawn")
+        self._warm = (
+            WarmSlots(self.trees, options.warm_slots, self._spawn_lock)
+            if isinstance(self.trees, CgroupTrees) and options.warm_slots > 0
+            else None
+        )
         self._reaper = threading.Thread(target=self._reap_forever, name="reaper", daemon=True)
         self._reaper.start()
 
@@ -237,7 +249,7 @@ class NodeAgent:
         for name in self.trees.leftovers():  # trees an earlier agent could not remove, or never journaled
             kill_tree(self.trees, name, self.options.kill_timeout)
             self._remove_trees([name])
-            if name not in known:
+            if name not in known and not is_slot(name):  # a warm slot never held a process
                 log.warning("removed an unjournaled process tree %s left by an earlier agent", name)
         self.journal.compact(records)
 
@@ -291,13 +303,35 @@ class NodeAgent:
             # recorded only now: until then no reaper acts on a tree a spawning thread may still
             # be in (each goes from one instance's cgroups straight into the next one's)
             self._record(spawned)
+        if self._warm is not None and todo:
+            self._warm.refill()  # after the batch, where nobody waits for it
         return [self._start_result(spec.instance_id) for spec in specs]
 
     def _spawn_batch(self, specs: list[LaunchSpec]) -> list[tuple[_Instance, _Child]]:
-        """Spawn a batch on up to ``spawn_threads`` threads at once: each spawn waits for its
-        child's ``exec`` (and, on a busy machine, for the child to be scheduled at all), and
-        ``subprocess`` lets other threads run meanwhile, so a 64-instance start takes a
-        fraction of the serial time."""
+        """Spawn a batch: as many as there are warm slots from those (each on its own thread,
+        already in fresh cgroups: :mod:`trainmaster.agent.warm`), the rest cold (cgroups
+        created and entered per spawn) on up to ``spawn_threads`` threads; a batch of fewer
+        than ``WARM_BATCH`` all cold."""
+        warm = self._warm
+        if warm is None or len(specs) < WARM_BATCH:
+            return self._spawn_cold(specs)
+        slots = warm.take(len(specs))
+        futures = [warm.spawn(slot, partial(self._spawn, spec)) for slot, spec in zip(slots, specs)]
+        try:
+            spawned = self._spawn_cold(specs[len(slots) :])
+        finally:
+            wait(futures)  # every slot's spawn returned (its child exec'd, or it was refused)
+            warm.home(slots)  # then no agent thread is left in an instance's cgroups
+        for spec, future in zip(specs, futures):
+            child = future.result()
+            if child is not None:
+                spawned.append((self._instances[spec.instance_id], child))
+        return spawned
+
+    def _spawn_cold(self, specs: list[LaunchSpec]) -> list[tuple[_Instance, _Child]]:
+        """Spawn on up to ``spawn_threads`` threads at once: each spawn waits for its child's
+        ``exec`` (and, on a busy machine, for the child to be scheduled at all), and
+        ``subprocess`` lets other threads run meanwhile."""
         if not specs:
             return []
         threads = max(1, min(self.options.spawn_threads, len(specs) // SPAWNS_PER_THREAD))
@@ -328,9 +362,10 @@ class NodeAgent:
                 return StartResult(instance_id, None, inst.start_error)
             return StartResult(instance_id, inst.handle(self.node))
 
-    def _spawn(self, spec: LaunchSpec) -> _Child | None:
+    def _spawn(self, spec: LaunchSpec, slot: str | None = None) -> _Child | None:
         """Spawn one instance's first process inside its cgroups; the calling thread stays in
-        them until its next spawn moves it or its share of the batch ends."""
+        them until its next spawn moves it or its share of the batch ends. ``slot``: the
+        calling thread waits in that warm slot, whose cgroups become the instance's."""
         inst = self._instances[spec.instance_id]
         markers = {INSTANCE_MARKER: spec.instance_id, AGENT_MARKER: self.options.node_key}
         notify_read = notify_write = None
@@ -357,10 +392,9 @@ class NodeAgent:
             return None
         out = None
         try:
-            self.trees.create(spec.instance_id, 0 if spec.container else spec.memory)
             out = _open_log(spec)
-            # the child is born in the instance's cgroups (the thread moves in before it forks)
-            self.trees.enter(spec.instance_id)
+            # the child is born in the instance's cgroups (the thread is in them before it forks)
+            self._place(spec, slot)
             popen = subprocess.Popen(
                 argv,
                 env=env,
@@ -382,6 +416,19 @@ class NodeAgent:
             if notify_write is not None:
                 os.close(notify_write)
         return _Child(popen.pid, popen, notify_read)
+
+    def _place(self, spec: LaunchSpec, slot: str | None) -> None:
+        """Put the calling thread into the instance's cgroups: name its warm slot after the
+        instance, or (no slot, or naming it failed) create them and move the thread in."""
+        memory = 0 if spec.container else spec.memory
+        if slot is not None and self._warm is not None:
+            try:
+                self._warm.name(slot, spec.instance_id, memory)
+                return
+            except OSError as exc:  # e.g. a tree of that name not removed yet: the cold way
+                log.info("instance %s: warm slot not usable (%s); creating its cgroups", spec.instance_id, exc)
+        self.trees.create(spec.instance_id, memory)
+        self.trees.enter(spec.instance_id)
 
     def _record(self, spawned: list[tuple[_Instance, _Child]]) -> None:
         """Note each spawned main process, so the reaper knows it; one that has already ended
@@ -679,6 +726,8 @@ class NodeAgent:
             self._closed = True
             self._changed.notify_all()  # watchers waiting in wait_exit return
         self._spawner.shutdown(wait=False)
+        if self._warm is not None:
+            self._warm.close()
         self._child_started.set()
         self.journal.close()
         self._remove_trees([])
@@ -694,9 +743,12 @@ class NodeAgent:
 
 def _open_log(spec: LaunchSpec) -> int:
     """The instance's log (appended to across attempts), opened with the attempt's header line."""
-    log_path = Path(spec.log_path)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+    try:
+        fd = os.open(spec.log_path, flags, 0o644)
+    except FileNotFoundError:  # the first instance of its job here: the folder too
+        Path(spec.log_path).parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(spec.log_path, flags, 0o644)
     try:
         os.write(
             fd,

@@ -142,6 +142,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grace", type=float, default=5.0, help="SIGTERM to SIGKILL when the agent stops")
     parser.add_argument("--no-cgroups", action="store_true", help="track trees by environment marker only")
     parser.add_argument(
+        "--spawn-threads", type=int, default=AgentOptions.spawn_threads, help="threads spawning one start batch"
+    )
+    parser.add_argument(
+        "--warm-slots",
+        type=int,
+        default=AgentOptions.warm_slots,
+        help="most spawning threads kept waiting in fresh cgroups (0: none; see trainmaster.agent.warm)",
+    )
+    parser.add_argument(
         "--netns", default="", help="run inside this named network namespace (a testbed host; needs root)"
     )
     parser.add_argument("--log-level", default="INFO")
@@ -161,7 +170,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return serve(
-            AgentOptions(args.state_dir.resolve(), args.node, use_cgroups=not args.no_cgroups), args.linger, args.grace
+            AgentOptions(
+                args.state_dir.resolve(),
+                args.node,
+                use_cgroups=not args.no_cgroups,
+                spawn_threads=args.spawn_threads,
+                warm_slots=args.warm_slots,
+            ),
+            args.linger,
+            args.grace,
         )
     except Exception:
         log.exception("the node agent failed")

@@ -92,6 +92,7 @@ class CgroupTrees:
             self._home[hierarchy] = base
             self.hierarchies[hierarchy] = base / "trainmaster" / node_key
             self.hierarchies[hierarchy].mkdir(parents=True, exist_ok=True)
+        self._parents = [str(path) for path in self.hierarchies.values()]
 
     def _dir(self, hierarchy: str, instance_id: str) -> Path:
         return self.hierarchies[hierarchy] / cgroup_name(instance_id)
@@ -109,9 +110,48 @@ class CgroupTrees:
             _write(self._dir(hierarchy, instance_id) / "tasks", tid)
 
     def leave(self) -> None:
-        tid = str(threading.get_native_id()).encode()
+        self.send_home(threading.get_native_id())
+
+    def send_home(self, tid: int) -> None:
+        """Move one of the agent's threads (any, by its native id) back into the agent's own cgroups."""
+        data = str(tid).encode()
         for hierarchy in self.hierarchies:
-            _write(self._home[hierarchy] / "tasks", tid)
+            _write(self._home[hierarchy] / "tasks", data)
+
+    # ---- warm slots (trainmaster.agent.warm): empty cgroups made ahead, named at a start ----------
+    def make_slot(self, slot: str, tid: int) -> None:
+        """Create the empty cgroups ``slot`` (a name no instance id maps to) and move the agent's
+        thread ``tid`` into them: that thread's next child is born there."""
+        for hierarchy in self.hierarchies:
+            (self.hierarchies[hierarchy] / slot).mkdir()
+        data = str(tid).encode()
+        for hierarchy in self.hierarchies:
+            _write(self.hierarchies[hierarchy] / slot / "tasks", data)
+
+    def name_slot(self, slot: str, instance_id: str, memory_limit: int) -> None:
+        """Give a warm slot's cgroups the instance's name (``rename(2)`` within the parent, which
+        cgroup v1 allows: far cheaper than creating them and moving a thread in); the thread in
+        it is then inside the instance's cgroups. All or nothing: a failure renames back."""
+        name = cgroup_name(instance_id)
+        done: list[str] = []  # parents (plain strings: this runs once per instance of a start)
+        try:
+            for parent in self._parents:
+                os.rename(f"{parent}/{slot}", f"{parent}/{name}")
+                done.append(parent)
+            if memory_limit > 0:
+                (self._dir("memory", instance_id) / "memory.limit_in_bytes").write_text(str(memory_limit))
+        except OSError:
+            for parent in done:
+                os.rename(f"{parent}/{name}", f"{parent}/{slot}")
+            raise
+
+    def remove_slot(self, slot: str) -> None:
+        """Remove a warm slot's (empty) cgroups; its thread must have gone home first."""
+        for hierarchy in self.hierarchies:
+            try:
+                (self.hierarchies[hierarchy] / slot).rmdir()
+            except FileNotFoundError:
+                pass
 
     def pids(self, instance_id: str) -> list[int]:
         try:

@@ -751,13 +751,15 @@ class Controller:
 
         ``environ`` is the controller's environment, which the instance inherits."""
         role = spec.spec.role(inst.role)
+        resources = role.resources.dump()
         placement = self.backend.place_role(
-            role.name, role.ports, role.resources.dump(), spec.metadata.annotations, role.container_ports
+            role.name, role.ports, resources, spec.metadata.annotations, role.container_ports
         )
-        run_dir = Path(job.run_dir)
-        # created by the agent where it writes there (a wait step's spec, a container's files)
-        instance_dir = str(run_dir / "instances" / inst.label)
-        log_path = str(run_dir / "logs" / f"{inst.label}.log")
+        # created by the agent where it writes there (a wait step's spec, a container's files);
+        # plain strings: this runs once per instance on the way from a submit to its start
+        label = inst.label
+        instance_dir = os.path.join(job.run_dir, "instances", label)
+        log_path = os.path.join(job.run_dir, "logs", f"{label}.log")
         inst.attempt += 1
         launch = launch_spec(
             job,
@@ -780,7 +782,7 @@ class Controller:
         self._set_instance_state(inst, I.STARTING)
         inst.reason = "WaitingForDependencies" if depends else "Started"
         inst.message = f"waiting for {', '.join(d.role for d in depends)}" if depends else ""
-        return LaunchRequest(placement=placement, spec=launch, resources=role.resources.dump())
+        return LaunchRequest(placement=placement, spec=launch, resources=dict(resources))
 
     def _spawn(
         self, session: Session, job: JobRow, inst: InstanceRow, request: LaunchRequest, handle: dict[str, Any]

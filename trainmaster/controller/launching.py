@@ -3,9 +3,9 @@ is built (and, without dependencies, where the instance's environment is resolve
 
 from __future__ import annotations
 
+import os
 import sys
 import uuid
-from pathlib import Path
 from typing import Any
 
 from trainmaster.agent.contract import Dependency, LaunchSpec
@@ -67,7 +67,7 @@ def launch_spec(
         "host": placement.host,
         "ports": placement.ports,
         "params": spec.spec.framework_params,
-        "output_dir": str(Path(job.run_dir) / "output"),
+        "output_dir": os.path.join(job.run_dir, "output"),
         # where trainmaster.report() stores this attempt's metric points
         "job_id": job.id,
         "attempt": inst.attempt,
