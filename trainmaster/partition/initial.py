@@ -27,6 +27,26 @@ def cluster_order(graph: Graph, of: np.ndarray, node_order: np.ndarray | None = 
     return np.argsort(first, kind="stable")
 
 
+def sources_late(graph: Graph, node_order: np.ndarray | None = None) -> np.ndarray:
+    """``node_order`` (a topological order; the graph's own by default) with every source (an
+    operator no edge enters: a parameter, a constant, an input) moved to just before its first
+    reader. Why: traced graphs list all parameters first, so a contiguous split of the plain
+    order puts every parameter on the first device and every later layer pays for its weights
+    (a 256 x 256 weight is 22 ms over a 100 Mbit/s link, measured on GPT-2 4x256 at k = 2: 27
+    cut edges and 31.5 ms against 5 cut edges for METIS); moved next to their readers they
+    travel with their layer. Still topological: a source has no predecessor."""
+    n = graph.n
+    order = graph.topo if node_order is None else np.asarray(node_order)
+    pos = np.empty(n, dtype=np.int64)
+    pos[order] = np.arange(n)
+    key = pos.astype(float)
+    first = np.full(n, n, dtype=np.int64)  # position of each node's first reader
+    np.minimum.at(first, graph.src, pos[graph.dst])
+    late = (np.diff(graph.in_ptr) == 0) & (first < n)
+    key[late] = first[late] - 0.5
+    return np.lexsort((pos, key))
+
+
 def acyclic_split(
     graph: Graph, cg: ClusterGraph, k: int, cap: float, node_order: np.ndarray | None = None
 ) -> np.ndarray | None:

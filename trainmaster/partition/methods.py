@@ -33,6 +33,7 @@ from trainmaster.partition.initial import (
     kahip_parts,
     metis_parts,
     packed,
+    sources_late,
 )
 from trainmaster.partition.patent import patent_partition
 from trainmaster.partition.refine import fm_refine, rebalance
@@ -384,10 +385,16 @@ def _candidates(
     and with the critical path pinned (CPOP), METIS on the critical-weighted coarse graph, and
     METIS as the baseline runs it (so ours can always fall back to METIS's partition)."""
     out: dict[str, np.ndarray] = {}
-    orders: list[tuple[str, np.ndarray | None]] = [("acyclic", None)]
+    orders: list[tuple[str, np.ndarray | None]] = [("acyclic", None), ("acyclic-late", sources_late(graph))]
     if acyclic:
-        orders.append(("acyclic-est", np.lexsort((np.arange(graph.n), lv.est))))
+        est = np.lexsort((np.arange(graph.n), lv.est))
+        orders += [("acyclic-est", est), ("acyclic-est-late", sources_late(graph, est))]
+    seen: set[bytes] = set()
     for name, order in orders:
+        key = (graph.topo if order is None else order).tobytes()
+        if key in seen:
+            continue  # the same order as one swept already (e.g. no source to move)
+        seen.add(key)
         split = acyclic_split(graph, base_cg, k, cap, order)
         if split is not None:
             out[name] = base_cg.expand(split)
