@@ -271,25 +271,97 @@ def packed(cg: ClusterGraph, k: int, cap: float, mem_cap: float = float("inf"), 
     """Longest-processing-time bin packing of clusters (heaviest first onto the least loaded
     device that has room on both caps): a start that fits when the cut-driven candidates and
     single-cluster rebalancing cannot meet tight caps (few, large clusters). ``by_memory`` packs
-    by memory instead of load, for when memory is the tighter cap."""
+    by memory instead of load, for when memory is the tighter cap. Where that leaves a device
+    over the cap, best-fit decreasing (each cluster onto the fullest device it fits) is tried
+    too, the lower busiest device kept, and ``level_loads`` lowers it further."""
+    limit = cap * (1 + 1e-9)
+    out, load = _pack(cg, k, limit, mem_cap, by_memory, fullest=False)
+    if load > limit:
+        other, other_load = _pack(cg, k, limit, mem_cap, by_memory, fullest=True)
+        if other_load < load:
+            out = other
+        out = level_loads(cg.weight, cg.memory, out, k, cap, mem_cap)
+    return out
+
+
+def _pack(
+    cg: ClusterGraph, k: int, limit: float, mem_cap: float, by_memory: bool, fullest: bool
+) -> tuple[np.ndarray, float]:
+    """One greedy packing, heaviest cluster first, onto the least filled (``fullest``: the most
+    filled) device with room on both caps, the least filled when none has; (parts, top load)."""
     load, mem = [0.0] * k, [0.0] * k
     weight, memory = cg.weight.tolist(), cg.memory.tolist()
     part = [0] * cg.size
-    limit = cap * (1 + 1e-9)
     level = mem if by_memory else load
     devices = range(k)
     for c in np.argsort(-(cg.memory if by_memory else cg.weight), kind="stable").tolist():
         wc, mc = weight[c], memory[c]
-        p = -1  # the first least-filled device with room on both caps (any when none has)
+        p = -1
         for d in devices:
-            if mem[d] + mc <= mem_cap and load[d] + wc <= limit and (p < 0 or level[d] < level[p]):
-                p = d
+            if mem[d] + mc <= mem_cap and load[d] + wc <= limit:
+                if p < 0 or (level[d] > level[p] if fullest else level[d] < level[p]):
+                    p = d
         if p < 0:
             p = min(devices, key=level.__getitem__)
         part[c] = p
         load[p] += wc
         mem[p] += mc
-    return np.asarray(part, dtype=np.int64)
+    return np.asarray(part, dtype=np.int64), max(load, default=0.0)
+
+
+def level_loads(
+    weight: np.ndarray, memory: np.ndarray, part: np.ndarray, k: int, cap: float, mem_cap: float = float("inf")
+) -> np.ndarray:
+    """Lower the busiest device's load until it is within ``cap``: move one of its units to
+    another device, or swap it for a lighter unit of another, whichever leaves the pair's larger
+    load lowest (memory kept within ``mem_cap``); stop at the cap or when no move or swap lowers
+    it. Why: longest-processing-time packing stops a few percent over a tight cap where a
+    within-cap assignment exists (traced inception-6 at k = 8: LPT 1.060 x the average against a
+    5% cap, an exact packing 1.034); the descent of makespan scheduling's exchange neighbourhood
+    reaches it. Each step lowers the busiest device's load or, on ties, the number of devices
+    that carry it, so it ends; also capped at 4 x units steps."""
+    part = np.asarray(part, dtype=np.int64).copy()
+    w = np.asarray(weight, dtype=float)
+    m = np.asarray(memory, dtype=float)
+    load = np.bincount(part, weights=w, minlength=k)
+    mem = np.bincount(part, weights=m, minlength=k)
+    limit = cap * (1 + 1e-9)
+    tol = 1e-12 * max(float(load.sum()), 1e-300)
+    for _ in range(4 * len(part)):
+        p = int(np.argmax(load))
+        if load[p] <= limit:
+            break
+        mine = np.flatnonzero(part == p)
+        rest = np.flatnonzero(part != p)
+        best, pick = load[p] - tol, None
+        for a in mine[np.argsort(-w[mine], kind="stable")].tolist():
+            # move a to q: the pair's larger load is max(load[p] - w_a, load[q] + w_a)
+            after = np.maximum(load[p] - w[a], load + w[a])
+            after[p] = np.inf
+            after[mem + m[a] > mem_cap] = np.inf
+            q = int(np.argmin(after))
+            if after[q] < best:
+                best, pick = float(after[q]), (a, q, -1)
+            if len(rest):
+                # swap a with b (lighter, on q): max(load[p] - d, load[q] + d), d = w_a - w_b > 0
+                d = w[a] - w[rest]
+                q_of = part[rest]
+                pair = np.maximum(load[p] - d, load[q_of] + d)
+                ok = (d > 0) & (mem[q_of] + m[a] - m[rest] <= mem_cap) & (mem[p] - m[a] + m[rest] <= mem_cap)
+                pair[~ok] = np.inf
+                i = int(np.argmin(pair))
+                if pair[i] < best:
+                    best, pick = float(pair[i]), (a, int(q_of[i]), int(rest[i]))
+        if pick is None:
+            break
+        a, q, b = pick
+        for v, frm, to in ((a, p, q), (b, q, p)) if b >= 0 else ((a, p, q),):
+            part[v] = to
+            load[frm] -= w[v]
+            load[to] += w[v]
+            mem[frm] -= m[v]
+            mem[to] += m[v]
+    return part
 
 
 def _int_weights(cg: ClusterGraph) -> tuple[np.ndarray, np.ndarray]:

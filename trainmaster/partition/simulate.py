@@ -508,6 +508,22 @@ def load_cap(graph: Graph, k: int, imbalance: float, cluster: np.ndarray | None 
     return max((1.0 + imbalance) * float(graph.cost.sum()) / k, heaviest)
 
 
+def least_max_load(graph: Graph, k: int, cluster: np.ndarray | None = None) -> float:
+    """A lower bound on the busiest device's load over every partition into k devices that keeps
+    each co-location cluster (``cluster``; every operator its own when None) whole: the average
+    load, and the pigeonhole bound: of the m heaviest clusters some device holds ceil(m / k), so
+    at least the ceil(m / k) lightest of them (max over m). Above the load cap it proves that no
+    partition meets the cap (e.g. 12 equal layers on 8 devices: some device runs 2 of them,
+    1.33x the average, whatever a partitioner does), so a result over it is not a miss."""
+    units = graph.cost if cluster is None or not len(cluster) else np.bincount(cluster, weights=graph.cost)
+    heavy = np.sort(units)[::-1]
+    prefix = np.concatenate([[0.0], np.cumsum(heavy)])
+    m = np.arange(1, len(heavy) + 1)
+    per_device = -(-m // k)  # ceil(m / k)
+    pigeon = float((prefix[m] - prefix[m - per_device]).max(initial=0.0))
+    return max(float(graph.cost.sum()) / k, pigeon)
+
+
 def memory_cap_enforced(graph: Graph, k: int) -> float:
     """The per-device memory cap, enforced only when k devices can hold the graph at all
     (otherwise no partition meets it and it is reported, not enforced): inf then."""
