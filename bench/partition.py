@@ -32,6 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 from trainmaster.partition import evaluate, load_graph, partition  # noqa: E402
 from trainmaster.partition.io import data_graphs, shared_data_dir  # noqa: E402
+from trainmaster.partition.graph import clusters_of  # noqa: E402
+from trainmaster.partition.simulate import least_max_load  # noqa: E402
 from trainmaster.partition.synthetic import FAMILIES, synthetic_dag  # noqa: E402
 
 METHODS = ("trainmaster", "patent", "metis", "kahip")
@@ -448,6 +450,11 @@ def _pick(ev: dict, g, k: int) -> dict:
     out["load_cap_ratio"] = ev["load_cap"] / ev["avg_load"] if ev["avg_load"] else 1.0
     # the memory cap can be met at all only when k devices hold the graph's total memory
     out["memory_feasible"] = bool(g.memory.sum() <= k * g.memory_cap)
+    # the pigeonhole bound on the busiest device (simulate.least_max_load): above the load cap,
+    # no partition meets it
+    least = least_max_load(g, k, clusters_of(g))
+    out["least_max_load_ratio"] = least / ev["avg_load"] if ev["avg_load"] else 1.0
+    out["load_cap_unreachable"] = bool(least > ev["load_cap"] * (1 + 1e-9))
     return out
 
 
@@ -525,11 +532,12 @@ def summarise(rows):
             base = max(ilp["critical_cut_cost"], 1e-9)
             ilp_gaps.append((oc - ilp["critical_cut_cost"]) / base)
         if not o["balanced"]:
-            proof = (
-                "ILP: no partition within the cap"
-                if ilp and "infeasible" in str(ilp.get("unsolved", "")).lower()
-                else "not proven infeasible"
-            )
+            if ilp and "infeasible" in str(ilp.get("unsolved", "")).lower():
+                proof = "ILP: no partition within the cap"
+            elif o.get("load_cap_unreachable"):
+                proof = f"no partition within the cap: some device carries >= {o['least_max_load_ratio']:.3f}"
+            else:
+                proof = "not proven infeasible"
             balance_miss.append(f"{graph} k={k} ({o['balance']:.3f} vs cap {o['load_cap_ratio']:.3f}; {proof})")
         time_ratio.append(o["seconds"] / m["seconds"])
         if "cpu_seconds" in o and m.get("cpu_seconds"):

@@ -4,15 +4,18 @@ import itertools
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainmaster.partition import build_graph, evaluate, makespan
-from trainmaster.partition.graph import clusters_of
+from trainmaster.partition.graph import Graph, clusters_of
 from trainmaster.partition.simulate import (
     critical_cut_bound,
     device_loads,
+    forced_cut_bound,
     heaviest_path,
+    load_cap,
     lower_bound,
     path_bound,
     path_cut_bound,
@@ -236,3 +239,42 @@ def test_no_colocated_partition_within_the_cap_beats_either_bound(g, k, imbalanc
         if device_loads(gg, part, k).max() <= cap * (1 + 1e-9):
             assert makespan(gg, part) >= span_bound - 1e-9
             assert evaluate(gg, part, k, imbalance)["critical_cut_cost"] >= cut_bound - 1e-9
+
+
+def _training_layers(layers: int = 3) -> "Graph":
+    """A toy training step: per layer a weight w (no compute) read by its forward f and its
+    backward b through dear edges (100), the forward chain then the backward chain back (0.1)."""
+    nodes, cost, src, dst, ecost = [], [], [], [], []
+    for i in range(layers):
+        nodes += [f"w{i}", f"f{i}", f"b{i}"]
+        cost += [0.0, 1.0, 1.0]
+        src += [f"w{i}", f"w{i}"]
+        dst += [f"f{i}", f"b{i}"]
+        ecost += [100.0, 100.0]
+    chain = [f"f{i}" for i in range(layers)] + [f"b{i}" for i in reversed(range(layers))]
+    src += chain[:-1]
+    dst += chain[1:]
+    ecost += [0.1] * (len(chain) - 1)
+    return build_graph(nodes, cost, src, dst, ecost)
+
+
+def test_forced_cut_bound_charges_a_dear_edge_the_cap_forces():
+    """Mechanism (makespan bound on training graphs): three layers of load 2 on two devices at
+    5% imbalance (cap 3.15) cannot stay whole, so some weight edge (100) is cut and the makespan
+    is at least 100 + the backward tail after it; every within-cap partition, by brute force,
+    is at or above the bound, and one reaches it. A loose cap forces no cut: no bound."""
+    g = _training_layers(3)
+    k = 2
+    cap = load_cap(g, k, 0.05)
+    bound = forced_cut_bound(g, k, cap)
+    assert bound == pytest.approx(101.0)
+    assert path_cut_bound(g, k, cap) >= bound
+    best = float("inf")
+    for bits in itertools.product(range(k), repeat=g.n):
+        a = np.asarray(bits)
+        if np.bincount(a, weights=g.cost, minlength=k).max() <= cap:
+            span = makespan(g, a)
+            assert span >= bound - 1e-9
+            best = min(best, span)
+    assert best < 110.0  # the bound is close: the cheapest forced transfer is off the chain's head
+    assert forced_cut_bound(g, k, load_cap(g, k, 1.0)) == 0.0

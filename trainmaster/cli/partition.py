@@ -58,6 +58,13 @@ def infeasible_message(metrics: dict, imbalance: float, method: str = "trainmast
         text = f"the {method} partition breaks " + " and ".join(over or ["the caps"])
     if not metrics["balanced"]:
         text += f"; --imbalance {metrics['balance'] - 1.0 + 1e-4:.4g} would accept it"
+    notes = metrics.get("notes") or {}
+    if notes.get("load_cap_unreachable"):
+        least = notes["least_max_load"] / max(metrics["avg_load"], 1e-300)
+        text += (
+            f" (no partition can meet --imbalance {imbalance:g}: the heaviest operators leave some device "
+            f">= {least:.4g}x the average load)"
+        )
     return text
 
 

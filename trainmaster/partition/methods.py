@@ -33,11 +33,18 @@ from trainmaster.partition.initial import (
     kahip_parts,
     metis_parts,
     packed,
+    sources_late,
 )
 from trainmaster.partition.patent import patent_partition
 from trainmaster.partition.refine import fm_refine, rebalance
 from trainmaster.partition.search import makespan_descent
-from trainmaster.partition.simulate import device_graph_acyclic, finish_times, load_cap, memory_cap_enforced
+from trainmaster.partition.simulate import (
+    device_graph_acyclic,
+    finish_times,
+    least_max_load,
+    load_cap,
+    memory_cap_enforced,
+)
 
 METHODS = ("trainmaster", "patent", "metis", "kahip", "ilp")
 
@@ -99,7 +106,9 @@ class Partition:
     heaviest unsplittable unit) and the memory cap (where k devices can hold the graph at all).
     When no partition found meets them, the least-violating one is returned with ``feasible``
     False and ``overload`` saying by how much (the sum of the worst device's relative excess
-    over each cap), so a caller can tell and, e.g., loosen ``imbalance``."""
+    over each cap), so a caller can tell and, e.g., loosen ``imbalance``. ``load_cap_unreachable``
+    True: proven that no partition meets the load cap (``simulate.least_max_load`` is above it;
+    the same bound is in ``notes["least_max_load"]``), so being over it is not the method's miss."""
 
     assignment: np.ndarray
     method: str
@@ -109,6 +118,7 @@ class Partition:
     feasible: bool = True
     overload: float = 0.0
     cpu_seconds: float = 0.0  # process CPU time of the method alone (no feasibility check)
+    load_cap_unreachable: bool = False
 
     def by_node_id(self, graph: Graph) -> dict:
         return {str(nid): int(d) for nid, d in zip(graph.node_ids, self.assignment.tolist())}
@@ -170,7 +180,22 @@ def partition(
     assignment = np.asarray(assignment, dtype=np.int64)
     cap = load_cap(graph, k, imbalance, clusters_of(graph))
     over = _overload(graph, assignment, k, cap, memory_cap_enforced(graph, k))
-    return Partition(assignment, method, k, seconds, notes, feasible=over == 0.0, overload=over, cpu_seconds=cpu)
+    unreachable = False
+    if over > 0.0:
+        least = least_max_load(graph, k, clusters_of(graph))
+        unreachable = least > cap * (1 + 1e-9)
+        notes = {**notes, "least_max_load": least, "load_cap_unreachable": unreachable}
+    return Partition(
+        assignment,
+        method,
+        k,
+        seconds,
+        notes,
+        feasible=over == 0.0,
+        overload=over,
+        cpu_seconds=cpu,
+        load_cap_unreachable=unreachable,
+    )
 
 
 def _objective_weights(
@@ -384,10 +409,16 @@ def _candidates(
     and with the critical path pinned (CPOP), METIS on the critical-weighted coarse graph, and
     METIS as the baseline runs it (so ours can always fall back to METIS's partition)."""
     out: dict[str, np.ndarray] = {}
-    orders: list[tuple[str, np.ndarray | None]] = [("acyclic", None)]
+    orders: list[tuple[str, np.ndarray | None]] = [("acyclic", None), ("acyclic-late", sources_late(graph))]
     if acyclic:
-        orders.append(("acyclic-est", np.lexsort((np.arange(graph.n), lv.est))))
+        est = np.lexsort((np.arange(graph.n), lv.est))
+        orders += [("acyclic-est", est), ("acyclic-est-late", sources_late(graph, est))]
+    seen: set[bytes] = set()
     for name, order in orders:
+        key = (graph.topo if order is None else order).tobytes()
+        if key in seen:
+            continue  # the same order as one swept already (e.g. no source to move)
+        seen.add(key)
         split = acyclic_split(graph, base_cg, k, cap, order)
         if split is not None:
             out[name] = base_cg.expand(split)

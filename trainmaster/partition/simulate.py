@@ -375,14 +375,15 @@ def path_cut_bound(
     plus that transfer, so the makespan is at least the path's compute plus the cheapest such
     set of cut edges (``path_bound``). A link inside a co-location cluster is never cut
     (``_uncut_links``). Applied to a few heaviest paths (``PATH_EDGE_WEIGHTS``); the max is
-    kept. Without ``cluster`` or ``mem_cap`` the bound is weaker but still valid."""
+    kept, with ``forced_cut_bound`` (a cap that forces some dear edge to be cut). Without
+    ``cluster`` or ``mem_cap`` the bound is weaker but still valid."""
     bound = lower_bound(graph, k)
     for weight in PATH_EDGE_WEIGHTS:
         nodes, links = heaviest_path(graph, weight)
         memory = graph.memory[nodes].tolist() if np.isfinite(mem_cap) else None
         links = _uncut_links(nodes, links, cluster)
         bound = max(bound, path_bound(graph.cost[nodes].tolist(), links, cap, memory, mem_cap))
-    return bound
+    return max(bound, forced_cut_bound(graph, k, cap, cluster))
 
 
 def critical_cut_bound(
@@ -506,6 +507,72 @@ def load_cap(graph: Graph, k: int, imbalance: float, cluster: np.ndarray | None 
     if cluster is not None and len(cluster):
         heaviest = float(np.bincount(cluster, weights=graph.cost).max())
     return max((1.0 + imbalance) * float(graph.cost.sum()) / k, heaviest)
+
+
+def least_max_load(graph: Graph, k: int, cluster: np.ndarray | None = None) -> float:
+    """A lower bound on the busiest device's load over every partition into k devices that keeps
+    each co-location cluster (``cluster``; every operator its own when None) whole: the average
+    load, and the pigeonhole bound: of the m heaviest clusters some device holds ceil(m / k), so
+    at least the ceil(m / k) lightest of them (max over m). Above the load cap it proves that no
+    partition meets the cap (e.g. 12 equal layers on 8 devices: some device runs 2 of them,
+    1.33x the average, whatever a partitioner does), so a result over it is not a miss."""
+    units = graph.cost if cluster is None or not len(cluster) else np.bincount(cluster, weights=graph.cost)
+    return max(float(graph.cost.sum()) / k, _pigeonhole(units, k))
+
+
+def _pigeonhole(units: np.ndarray, k: int) -> float:
+    """max over m of the sum of the ceil(m / k) lightest of the m heaviest ``units``."""
+    heavy = np.sort(units)[::-1]
+    prefix = np.concatenate([[0.0], np.cumsum(heavy)])
+    m = np.arange(1, len(heavy) + 1)
+    per_device = -(-m // k)  # ceil(m / k)
+    return float((prefix[m] - prefix[m - per_device]).max(initial=0.0))
+
+
+FORCED_CUT_THRESHOLDS = 12  # transfer costs tried as thresholds by ``forced_cut_bound``
+
+
+def forced_cut_bound(graph: Graph, k: int, cap: float, cluster: np.ndarray | None = None) -> float:
+    """A makespan lower bound for partitions whose device loads are all <= ``cap`` and that keep
+    each co-location ``cluster`` whole: where the operators joined by the edges of transfer cost
+    >= t (and by the clusters) form units that cannot be packed k ways within the cap (their
+    pigeonhole bound, ``least_max_load``'s argument, is above it), every such partition cuts one
+    of those edges, and the path through a cut edge (u, v) is at least EST(u) + w(u) + c(u, v) +
+    b(v) with compute only elsewhere; so the makespan is at least the least of those over the
+    edges >= t. The max over a few thresholds t (the distinct costs, sampled). Why: on training
+    graphs each weight reaches its readers by an edge that costs more than the whole step's
+    compute (a 512 x 512 weight at 1 GB/s: 1.05 ms against 1.43 ms of compute), and a cap that
+    forces one of them to be cut costs that much on some path, which the compute-only bound
+    (0.86 ms) does not see. 0 when no threshold forces a cut."""
+    if graph.m == 0 or k < 2:
+        return 0.0
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    flat = levels(graph.with_edges_costs(np.zeros(graph.m)))
+    through = flat.est[graph.src] + graph.cost[graph.src] + graph.edge_cost + flat.blevel[graph.dst]
+    costs = np.unique(graph.edge_cost[graph.edge_cost > 0])[::-1]
+    if not len(costs):
+        return 0.0
+    picks = np.unique(np.linspace(0, len(costs) - 1, min(FORCED_CUT_THRESHOLDS, len(costs))).astype(np.int64))
+    n = graph.n
+    # co-location clusters joined by a chain of edges member -> first member (never cut)
+    if cluster is not None and len(cluster):
+        order = np.argsort(cluster, kind="stable")
+        same = cluster[order[1:]] == cluster[order[:-1]]
+        join_a, join_b = order[:-1][same], order[1:][same]
+    else:
+        join_a = join_b = np.zeros(0, dtype=np.int64)
+    best = 0.0
+    for t in costs[picks].tolist():
+        heavy = graph.edge_cost >= t
+        a = np.concatenate([graph.src[heavy], join_a])
+        b = np.concatenate([graph.dst[heavy], join_b])
+        links = coo_matrix((np.ones(len(a)), (a, b)), shape=(n, n))
+        _, unit = connected_components(links, directed=False)
+        if _pigeonhole(np.bincount(unit, weights=graph.cost), k) > cap * (1 + 1e-9):
+            best = max(best, float(through[heavy].min()))
+    return best
 
 
 def memory_cap_enforced(graph: Graph, k: int) -> float:
