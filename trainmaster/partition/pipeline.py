@@ -39,13 +39,15 @@ SWITCH_INTERVAL_S = 2e-4
 AUTHKEY = b"trainmaster-pipeline"
 
 
-def build_model(spec: str, seed: int):
+def build_model(spec: str, seed: int, args: dict[str, Any] | None = None):
+    """The model ``module:callable`` builds (with keyword ``args``), its weights drawn from
+    ``seed``: every process that builds it gets the same weights."""
     import torch
 
     mod_name, _, attr = spec.partition(":")
     factory = getattr(importlib.import_module(mod_name), attr)
     torch.manual_seed(seed)
-    model = factory()
+    model = factory(**(args or {}))
     model.eval()
     return model
 
@@ -325,7 +327,7 @@ def run_stage(port: int) -> None:
             )
         if cfg.get("cpu") is not None:
             os.sched_setaffinity(0, {int(cfg["cpu"])})
-        model = build_model(cfg["model"], cfg["seed"])
+        model = build_model(cfg["model"], cfg["seed"], cfg.get("model_args"))
         shape = cfg.get("input_shape")
         gm = trace_for_pipeline(
             model, cfg.get("tracer", "fx"), example_input(shape, cfg.get("input_dtype")) if shape else None
@@ -386,7 +388,8 @@ class PipelineRun:
     do not share a core where there are enough (the simulator gives every device its own).
     ``trace``: stages record every node's wait, start and end; the report then holds, per
     method, the measured compute and waits of the latency samples beside the predicted ones.
-    ``rounds``: the methods' runs alternate this many times (medians over all of them)."""
+    ``rounds``: the methods' runs alternate this many times (medians over all of them).
+    ``model_args``: keyword arguments of the model's callable (a width, a depth)."""
 
     model: str
     input_shape: tuple[int, ...]
@@ -406,6 +409,7 @@ class PipelineRun:
     pin_cores: bool = False
     trace: bool = False
     rounds: int = 1
+    model_args: dict[str, Any] = field(default_factory=dict)
 
 
 COSTS = ("flops", "measured", "profiler")
@@ -472,6 +476,7 @@ class _Session:
             "assignment": assignment,
             "model": run.model,
             "seed": run.seed,
+            "model_args": run.model_args,
             "samples": samples,
             "stages": self.stages,
             "driver": f"127.0.0.1:{self.port}",
@@ -567,7 +572,7 @@ def run_pipeline(stages: list[str], port: int, run: PipelineRun) -> dict:
         raise ValueError(f"pipeline costs {run.costs!r}: use one of {', '.join(COSTS)}")
     torch.set_num_threads(1)
     k = len(stages)
-    model = build_model(run.model, run.seed)
+    model = build_model(run.model, run.seed, run.model_args)
     inputs = [
         example_input(run.input_shape, run.input_dtype, run.seed + 1 + i)
         for i in range(run.samples + run.latency_samples)
@@ -684,6 +689,8 @@ def run_pipeline(stages: list[str], port: int, run: PipelineRun) -> dict:
                 "seconds_per_sample": statistics.median(m["elapsed"]) / max(run.samples, 1),
                 "outputs_equal_unsplit": all(m["same"]),
                 "latency_seconds": statistics.median(m["latency"]) if m["latency"] else None,
+                # first quartile, median, third quartile of the lone samples (their spread)
+                "latency_quartiles_seconds": _quartiles(m["latency"]),
                 "simulated_makespan": metrics["makespan"],
                 "predicted_latency": model,
                 "max_load": metrics["max_load"],
@@ -696,6 +703,13 @@ def run_pipeline(stages: list[str], port: int, run: PipelineRun) -> dict:
     finally:
         session.close()
     return report
+
+
+def _quartiles(values: list[float]) -> list[float] | None:
+    if len(values) < 2:
+        return [values[0]] * 3 if values else None
+    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return [q1, q2, q3]
 
 
 def _close(out, expected) -> bool:
@@ -962,6 +976,7 @@ def run_from_params(params: dict) -> PipelineRun:
         methods=list(params.get("methods", ["trainmaster", "metis"])),
         samples=int(params.get("samples", 20)),
         seed=int(params.get("seed", 0)),
+        model_args=dict(params.get("model_args") or {}),
         bandwidth=float(params.get("bandwidth", 1e9)),
         flops_per_second=float(params.get("flops_per_second", 1e10)),
         latency=float(params.get("latency", 1e-3)),
