@@ -109,7 +109,8 @@ def test_local_pipeline_with_measured_costs_and_emulated_links():
     """Mechanism: real pipeline comparison: stages as processes on loopback with emulated
     links and measured op costs; outputs equal the unsplit model's and each method reports a
     predicted makespan and a measured one-sample latency (which pays at least the emulated
-    link of every cut the sample crosses)."""
+    link of every cut the sample crosses); in rounds, each predicted from costs measured again
+    just before it."""
     from trainmaster.partition.pipeline import PipelineRun, run_local
 
     run = PipelineRun(
@@ -126,6 +127,7 @@ def test_local_pipeline_with_measured_costs_and_emulated_links():
         profile_runs=2,
         pin_cores=True,
         trace=True,
+        rounds=2,
     )
     report = run_local(run, 2, timeout=120)
     assert report["cost_model"]["costs"] == "measured" and report["emulated_link"] is True
@@ -142,6 +144,10 @@ def test_local_pipeline_with_measured_costs_and_emulated_links():
             assert r["latency_seconds"] >= 0.02
         q1, median, q3 = r["latency_quartiles_seconds"]
         assert q1 <= median <= q3 and median == pytest.approx(r["latency_seconds"])
+        # each round predicted from costs measured again just before it
+        assert len(r["predicted_latency_rounds"]) == 2 and all(p > 0 for p in r["predicted_latency_rounds"])
+        q1, median, q3 = r["latency_over_predicted_quartiles"]
+        assert 0 < q1 <= median <= q3
 
 
 def test_pipeline_framework_checks_costs_and_tracer():
