@@ -726,7 +726,7 @@ def _measure_costs(session: _Session, run: PipelineRun, gm, graph, example, shif
         return _Costs(None, {}, {}, 0.0, graph, graph)
     ops = {n.name: n.op for n in gm.graph.nodes}
     driver_nodes = np.asarray([ops.get(i) in ("placeholder", "output") for i in graph.node_ids])
-    calibration = session.calibrate(max(run.profile_runs, 10), shift)
+    calibration = session.calibrate(max(run.profile_runs, 20), shift)
     if run.costs == "measured":
         times = calibration.node_seconds
     else:
