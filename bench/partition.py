@@ -418,7 +418,7 @@ def write_pipeline(doc: dict, out: Path) -> None:
         "message costs measured a moment before in the same conditions.",
         f"Links: emulated, {doc['link']['bandwidth'] * 8 / 1e6:.0f} Mbit/s and "
         f"{doc['link']['latency'] * 1e3:.0f} ms per message between stages; stages "
-        f"{'pinned to cores' if doc.get('pin_cores') else 'not pinned (the kernel places them)'} "
+        f"{'pinned to cores' if doc.get('pin_cores') else 'not pinned, the kernel places them'} "
         f"(k = 3 on 2 cores: two stages share one); {doc['samples']} samples streamed, then "
         f"{doc.get('latency_samples', doc['samples'])} sent one at a time, in {doc.get('rounds', 1)} rounds "
         "alternating the methods; before each round the op and message costs are measured again (on "
