@@ -109,11 +109,14 @@ def test_local_pipeline_with_measured_costs_and_emulated_links():
     """Mechanism: real pipeline comparison: stages as processes on loopback with emulated
     links and measured op costs; outputs equal the unsplit model's and each method reports a
     predicted makespan and a measured one-sample latency (which pays at least the emulated
-    link of every cut the sample crosses)."""
+    link of every cut the sample crosses); in rounds, each predicted from costs measured again
+    just before it."""
     from trainmaster.partition.pipeline import PipelineRun, run_local
 
     run = PipelineRun(
         model="trainmaster.partition.models:mlp",
+        # not the callable's defaults: a stage that built the model without them would not run
+        model_args={"width": 48, "depth": 4},
         input_shape=(4, 64),
         samples=3,
         latency_samples=3,
@@ -124,6 +127,7 @@ def test_local_pipeline_with_measured_costs_and_emulated_links():
         profile_runs=2,
         pin_cores=True,
         trace=True,
+        rounds=2,
     )
     report = run_local(run, 2, timeout=120)
     assert report["cost_model"]["costs"] == "measured" and report["emulated_link"] is True
@@ -138,15 +142,25 @@ def test_local_pipeline_with_measured_costs_and_emulated_links():
         assert all(st["measured_end"] >= st["measured_compute"] >= 0 for st in stages)
         if r["cut_count"] > 0:  # a sample crosses at least one emulated 20 ms link
             assert r["latency_seconds"] >= 0.02
+        q1, median, q3 = r["latency_quartiles_seconds"]
+        assert q1 <= median <= q3 and median == pytest.approx(r["latency_seconds"])
+        # each round predicted from costs measured again just before it
+        assert len(r["predicted_latency_rounds"]) == 2 and all(p > 0 for p in r["predicted_latency_rounds"])
+        q1, median, q3 = r["latency_over_predicted_quartiles"]
+        assert 0 < q1 <= median <= q3
 
 
 def test_pipeline_framework_checks_costs_and_tracer():
-    """Mechanism: the pipeline framework refuses unknown cost and tracer choices."""
+    """Mechanism: the pipeline framework refuses unknown cost and tracer choices and model
+    arguments that are not a mapping."""
     fw = get_framework("pipeline")
     errors = "\n".join(
-        fw.validate({"frameworkParams": {"costs": "guess", "tracer": "jit"}}, [{"name": "stage"}, {"name": "driver"}])
+        fw.validate(
+            {"frameworkParams": {"costs": "guess", "tracer": "jit", "model_args": [3]}},
+            [{"name": "stage"}, {"name": "driver"}],
+        )
     )
-    assert "costs" in errors and "tracer" in errors
+    assert "costs" in errors and "tracer" in errors and "model_args" in errors
 
 
 def test_pipeline_latency_model_by_hand():
@@ -195,3 +209,121 @@ def test_mailbox_control_by_kind():
     assert box.take_control(kind="trace")[0] == "trace"
     with pytest.raises(TimeoutError, match="ready"):
         box.take_control(timeout=0.01, kind="ready")
+
+
+def test_stage_frees_each_value_after_its_last_local_use():
+    """Mechanism: a stage frees every value once its last local reader has run
+    (pipeline.last_local_uses), as the unsplit model does, instead of holding a sample's values
+    to its end (which made the heap be given back and page-faulted in again every sample, at a
+    cost that depended on how many values a stage held). Run as a stage runs its share, with
+    the other stage's values handed in: same output, each value dropped exactly once and never
+    before a local reader, and no more than a few values held at a time."""
+    import torch
+
+    from trainmaster.partition.models import mlp
+    from trainmaster.partition.pipeline import last_local_uses
+
+    model = mlp(16, 8, inputs=8, classes=4).eval()
+    gm = torch.fx.symbolic_trace(model)
+    x = torch.randn(2, 8)
+    nodes = list(gm.graph.nodes)
+    calls = [n for n in nodes if n.op == "call_module"]
+    mine = calls[3:]  # the second stage: its first input comes from the other one
+    release = last_local_uses(mine)
+    dropped = [v for vs in release.values() for v in vs]
+    assert len(dropped) == len(set(dropped))
+    assert set(dropped) == set(mine) | {a for n in mine for a in n.all_input_nodes}
+    position = {n.name: i for i, n in enumerate(mine)}
+    for reader, values in release.items():
+        for v in values:
+            assert all(position[u.name] <= position[reader] for u in v.users if u.name in position)
+    with torch.no_grad():
+        upstream = torch.fx.Interpreter(gm)
+        upstream.env = {}
+        upstream.run(x)  # garbage-collects; recompute the handed-in value below
+        handed = calls[2]
+        value = x
+        for n in calls[:3]:
+            value = getattr(gm, n.target)(value)
+        interp = torch.fx.Interpreter(gm)
+        interp.env = {handed: value}
+        held = []
+        for n in mine:
+            out = interp.env[n] = interp.run_node(n)
+            for v in release.get(n.name, ()):
+                del interp.env[v]
+            held.append(len(interp.env))
+        assert torch.allclose(out, model(x)) and interp.env == {}
+    assert max(held) <= 2
+
+
+def test_profiler_overhead_is_measured_and_taken_off():
+    """Mechanism: profiler costs less the profiler's own recording cost
+    (importers._ProfilerOverhead): from the probe ranges recorded in the same session, the cost
+    of a range (the empty probes' median) and of each op recorded in it (the op probes' median,
+    less the range's and the ops' unprofiled time); a node's range counts every op event nested
+    in it."""
+    from types import SimpleNamespace
+
+    from trainmaster.partition.importers import _descendants, _ProfilerOverhead
+
+    def event(name, us, children=()):
+        return SimpleNamespace(name=name, cpu_time_total=us, cpu_children=list(children))
+
+    ops = _ProfilerOverhead.PROBE_OPS
+    # a range costs 3 us to record, an op 0.5 us on top of its own 1 us
+    events = [event("tm-probe::empty", us) for us in (3.0, 2.9, 3.1, 30.0, 3.0)]
+    events += [event("tm-probe::ops", 3.0 + ops * 1.5 + d) for d in (0.0, -0.1, 0.1, 40.0, 0.0)]
+    overhead = _ProfilerOverhead.from_events(events, plain_op=1e-6)
+    assert overhead.per_range == pytest.approx(3e-6) and overhead.per_op == pytest.approx(0.5e-6)
+    assert _ProfilerOverhead.from_events([], 1e-6) == _ProfilerOverhead(0.0, 0.0)
+    nested = event("tm::linear", 20.0, [event("aten::linear", 15.0, [event("aten::addmm", 14.0)]), event("aten::t", 1)])
+    assert _descendants(nested) == 3
+
+
+def test_pipeline_report_separates_out_of_sample_cases(tmp_path: Path):
+    """Mechanism: the pipeline comparison's verdict (bench/partition.py ``write_pipeline``):
+    'N of M within 20%' counted apart for in-sample and out-of-sample cases, the spread of the
+    lone samples (IQR of measured / predicted) and each case's load in the table, and a plot
+    with every case; on rows written by hand."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_partition", Path(__file__).parents[2] / "bench/partition.py")
+    assert spec and spec.loader
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # its dataclasses look their module up there
+    spec.loader.exec_module(bench)
+
+    def row(case, method, predicted, measured, in_sample):
+        return {
+            "case": case,
+            "in_sample": in_sample,
+            "k": 2,
+            "method": method,
+            "load": 1.5,
+            "cut_count": 3,
+            "predicted_latency": predicted,
+            "predicted_makespan": predicted,
+            "measured_latency": measured,
+            "measured_latency_quartiles": [measured * 0.9, measured, measured * 1.1],
+            "predicted_max_load": predicted / 3,
+            "measured_seconds_per_sample": predicted / 3,
+            "outputs_equal_unsplit": True,
+            "breakdown": None,
+        }
+
+    rows = [
+        row("a", "trainmaster", 0.010, 0.011, True),
+        row("a", "metis", 0.020, 0.030, True),  # 1.5x: outside
+        row("b", "trainmaster", 0.010, 0.0095, False),
+        row("b", "metis", 0.012, 0.012, False),
+    ]
+    assert bench._verdict(rows) == "1 of 2 in-sample; 2 of 2 out-of-sample"
+    doc = {"rows": rows, "link": bench.PIPELINE_LINK, "samples": 2, "latency_samples": 4, "rounds": 1}
+    doc.update(load="1.5, 1.0, 0.5", cpus=2, command="python bench/partition.py --pipeline-only")
+    bench.write_pipeline(doc, tmp_path / "pipe")
+    md = (tmp_path / "pipe.md").read_text()
+    assert "1 of 2 in-sample; 2 of 2 out-of-sample" in md and "a (metis, 1.50x)" in md
+    assert "| b | out | 1.5 | trainmaster |" in md and "0.95 (0.85-1.05)" in md
+    assert json.loads((tmp_path / "pipe.json").read_text())["rows"][2]["in_sample"] is False
+    assert (tmp_path / "pipe.png").stat().st_size > 0

@@ -36,6 +36,7 @@ KNOWN_PARAMS = {
     "pin_cores",
     "trace",
     "rounds",
+    "model_args",
 }
 
 
@@ -59,6 +60,8 @@ class PipelineFramework(Framework):
             model = params.get("model")
             if model is not None and (not isinstance(model, str) or ":" not in model):
                 errors.append("spec.frameworkParams.model: expected 'module:callable'")
+            if "model_args" in params and not isinstance(params["model_args"], dict):
+                errors.append("spec.frameworkParams.model_args: expected a mapping of keyword arguments")
             from trainmaster.partition.methods import METHODS
 
             for key, allowed in (("costs", ("flops", "measured", "profiler")), ("tracer", ("fx", "export"))):

@@ -98,3 +98,20 @@ def gpt2_small(layers: int = 4, width: int = 256, heads: int = 4, vocab: int = 1
         eos_token_id=0,
     )
     return transformers.GPT2Model(config)
+
+
+def bert_small(layers: int = 4, width: int = 192, heads: int = 3, vocab: int = 1024, positions: int = 128) -> nn.Module:
+    """A BERT encoder configuration from ``transformers`` with random weights (no download),
+    input token ids (N, S) below ``vocab``: a bidirectional encoder with a pooler, beside the
+    decoder-only GPT-2. Traced with torch.export."""
+    import transformers
+
+    config = transformers.BertConfig(
+        num_hidden_layers=layers,
+        hidden_size=width,
+        num_attention_heads=heads,
+        intermediate_size=4 * width,
+        vocab_size=vocab,
+        max_position_embeddings=positions,
+    )
+    return transformers.BertModel(config)

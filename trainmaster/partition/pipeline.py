@@ -39,13 +39,15 @@ SWITCH_INTERVAL_S = 2e-4
 AUTHKEY = b"trainmaster-pipeline"
 
 
-def build_model(spec: str, seed: int):
+def build_model(spec: str, seed: int, args: dict[str, Any] | None = None):
+    """The model ``module:callable`` builds (with keyword ``args``), its weights drawn from
+    ``seed``: every process that builds it gets the same weights."""
     import torch
 
     mod_name, _, attr = spec.partition(":")
     factory = getattr(importlib.import_module(mod_name), attr)
     torch.manual_seed(seed)
-    model = factory()
+    model = factory(**(args or {}))
     model.eval()
     return model
 
@@ -233,6 +235,32 @@ def plan_consumers(gm, assignment: dict[str, int]) -> dict[str, set[int]]:
     return consumers
 
 
+def last_local_uses(mine: list) -> dict[str, list]:
+    """For each of a stage's nodes (in the order it runs them), the values to drop once it has
+    run: those it is the last local reader of, and its own value when nothing local reads it
+    (it has been sent by then).
+
+    Why: a stage that kept every value of a sample until the sample's end (as it once did)
+    freed them all at once, so glibc gave the heap back to the kernel and the next sample
+    page-faulted it in again: ~900 faults per sample for the ResNet-like CNN, ~3000-5000 for
+    GPT-2 4x256, a cost that grows with how many values a stage holds, not with its
+    operators. The calibration (the whole graph on one stage) then paid a different
+    per-operator price than the stages it predicts, by up to 1.6x on a VM where faults are
+    dear. Freed as the unsplit model frees them (``Interpreter.run``'s rule), the memory is
+    reused while still hot and both pay none."""
+    last: dict = {}
+    for node in mine:
+        for arg in node.all_input_nodes:
+            last[arg] = node
+    release: dict[str, list] = {}
+    for node in mine:
+        if node not in last:
+            release.setdefault(node.name, []).append(node)
+    for arg, reader in last.items():
+        release.setdefault(reader.name, []).append(arg)
+    return release
+
+
 def _owner(node, assignment: dict[str, int]) -> int:
     return DRIVER if node.op in ("placeholder", "output") else assignment[node.name]
 
@@ -279,6 +307,9 @@ def run_stage(port: int) -> None:
     listener = Listener(("127.0.0.1", port), authkey=AUTHKEY)
     threading.Thread(target=_serve, args=(listener, box), daemon=True).start()
     peers: dict[int, Link] = {}
+    # traced graphs by what determines them: a run that only changes the assignment (the
+    # next method, round or calibration) does not trace the model again (seconds for GPT-2)
+    traced: dict[str, Any] = {}
     while True:
         msg = box.take_control(timeout=600.0)
         if msg[0] == "stop":
@@ -299,16 +330,23 @@ def run_stage(port: int) -> None:
             )
         if cfg.get("cpu") is not None:
             os.sched_setaffinity(0, {int(cfg["cpu"])})
-        model = build_model(cfg["model"], cfg["seed"])
         shape = cfg.get("input_shape")
-        gm = trace_for_pipeline(
-            model, cfg.get("tracer", "fx"), example_input(shape, cfg.get("input_dtype")) if shape else None
+        key = json.dumps(
+            [cfg["model"], cfg["seed"], cfg.get("model_args"), cfg.get("tracer"), shape, cfg.get("input_dtype")],
+            sort_keys=True,
         )
+        if key not in traced:
+            model = build_model(cfg["model"], cfg["seed"], cfg.get("model_args"))
+            traced[key] = trace_for_pipeline(
+                model, cfg.get("tracer", "fx"), example_input(shape, cfg.get("input_dtype")) if shape else None
+            )
+        gm = traced[key]
         assignment = cfg["assignment"]
         consumers = plan_consumers(gm, assignment)
         position = {name: i for i, name in enumerate(cfg.get("order") or [])}
         graph_order = [n for n in gm.graph.nodes if _owner(n, assignment) == me]
         mine = sorted(graph_order, key=lambda n: position.get(n.name, len(position)))
+        release = last_local_uses(mine)
         interp = torch.fx.Interpreter(gm)
         trace: list[tuple[int, str, float, float, float]] = []  # sample, node, inputs in, start, end
         _send(peers[DRIVER], ("ready", me))
@@ -327,6 +365,8 @@ def run_stage(port: int) -> None:
                         trace.append((sample, node.name, t_in, t0, time.perf_counter()))
                     for dest in consumers.get(node.name, ()):
                         _send(peers[dest], ("value", sample, node.name, value))
+                    for done in release.get(node.name, ()):
+                        del interp.env[done]
         if cfg.get("trace"):
             _send(peers[DRIVER], ("trace", me, trace, dict(box.arrived)))
         box.arrived.clear()
@@ -357,7 +397,8 @@ class PipelineRun:
     do not share a core where there are enough (the simulator gives every device its own).
     ``trace``: stages record every node's wait, start and end; the report then holds, per
     method, the measured compute and waits of the latency samples beside the predicted ones.
-    ``rounds``: the methods' runs alternate this many times (medians over all of them)."""
+    ``rounds``: the methods' runs alternate this many times (medians over all of them).
+    ``model_args``: keyword arguments of the model's callable (a width, a depth)."""
 
     model: str
     input_shape: tuple[int, ...]
@@ -377,6 +418,7 @@ class PipelineRun:
     pin_cores: bool = False
     trace: bool = False
     rounds: int = 1
+    model_args: dict[str, Any] = field(default_factory=dict)
 
 
 COSTS = ("flops", "measured", "profiler")
@@ -443,6 +485,7 @@ class _Session:
             "assignment": assignment,
             "model": run.model,
             "seed": run.seed,
+            "model_args": run.model_args,
             "samples": samples,
             "stages": self.stages,
             "driver": f"127.0.0.1:{self.port}",
@@ -488,11 +531,12 @@ class _Session:
     def traces(self) -> list:
         return [self.box.take_control(kind="trace") for _ in range(len(self.conns))]
 
-    def calibrate(self, runs: int) -> Calibration:
-        """Run the whole graph on stage 0, one sample at a time, traced (``Calibration``)."""
+    def calibrate(self, runs: int, shift: int = 0) -> Calibration:
+        """Run the whole graph on stage 0 (on the core ``shift`` picks, with ``pin_cores``),
+        one sample at a time, traced (``Calibration``)."""
         names = [n.name for n in self.gm.graph.nodes]
         warm = 2
-        self.start({n: 0 for n in names}, names, warm + runs, True, {})
+        self.start({n: 0 for n in names}, names, warm + runs, True, {}, shift)
         self.one_at_a_time(0, warm)
         _, sent, arrived = self.one_at_a_time(warm, warm + runs)
         ((_, _, records, arrivals),) = [t for t in self.traces() if t[1] == 0]
@@ -525,20 +569,18 @@ class _Session:
 
 def run_pipeline(stages: list[str], port: int, run: PipelineRun) -> dict:
     """Partition the model with each method, run it through the stages, check and time it."""
-    import dataclasses
 
-    import numpy as np
     import torch
 
     from trainmaster.partition import evaluate, partition
-    from trainmaster.partition.importers import from_module, node_times
+    from trainmaster.partition.importers import from_module
     from trainmaster.partition.simulate import schedule
 
     if run.costs not in COSTS:
         raise ValueError(f"pipeline costs {run.costs!r}: use one of {', '.join(COSTS)}")
     torch.set_num_threads(1)
     k = len(stages)
-    model = build_model(run.model, run.seed)
+    model = build_model(run.model, run.seed, run.model_args)
     inputs = [
         example_input(run.input_shape, run.input_dtype, run.seed + 1 + i)
         for i in range(run.samples + run.latency_samples)
@@ -560,34 +602,8 @@ def run_pipeline(stages: list[str], port: int, run: PipelineRun) -> dict:
         tracer=run.tracer,
     )
     session = _Session(stages, port, run, gm, feed)
-    calibration: Calibration | None = None
-    times: dict[str, float] = {}
-    messages: dict[str, Message] = {}
-    late = 0.0
-    ops = {n.name: n.op for n in gm.graph.nodes}
-    driver_nodes = np.asarray([ops.get(i) in ("placeholder", "output") for i in graph.node_ids])
-    predict = graph
-    if run.costs != "flops":
-        calibration = session.calibrate(max(run.profile_runs, 10))
-        if run.costs == "measured":
-            times = calibration.node_seconds
-        else:
-            times = node_times(gm, (inputs[0],), max(run.profile_runs, 1), profiler=True)
-        cost = np.asarray([0.0 if d else times.get(i, 0.0) for i, d in zip(graph.node_ids, driver_nodes)])
-        messages = measure_messages(gm, (inputs[0],))
-        late = link_lateness(int(statistics.median([m.size for m in messages.values()]))) if run.emulate_link else 0.0
-        graph = with_message_costs(
-            dataclasses.replace(graph, cost=cost), gm, messages, run, calibration.input_message, late
-        )
-        if calibration is not None:
-            # the prediction's graph: a sample's trips from and to the driver are the input
-            # and output nodes' own time (every stage pays them alike, wherever the nodes sit)
-            trips = np.where(
-                [ops.get(i) == "placeholder" for i in graph.node_ids],
-                calibration.input_message,
-                np.where([ops.get(i) == "output" for i in graph.node_ids], calibration.output_message, 0.0),
-            )
-            predict = dataclasses.replace(graph, cost=graph.cost + trips)
+    costs = _measure_costs(session, run, gm, graph, inputs[0], 0)
+    graph, predict, calibration = costs.graph, costs.predict, costs.calibration
     report: dict[str, Any] = {
         "model": run.model,
         "k": k,
@@ -626,12 +642,16 @@ def run_pipeline(stages: list[str], port: int, run: PipelineRun) -> dict:
             order = sorted(index, key=lambda name: (start[index[name]], finish[index[name]], position.get(name, 0)))
             plans[method] = (part, part.by_node_id(graph), start, finish, order)
         measured: dict[str, dict[str, list]] = {
-            m: {"elapsed": [], "latency": [], "same": [], "breakdown": []} for m in plans
+            m: {"elapsed": [], "latency": [], "same": [], "breakdown": [], "predicted": [], "ratio": []} for m in plans
         }
         total = warmup + run.samples + run.latency_samples
         # rounds alternate the methods, so that a spell of load on the machine meets them alike
         # and each round shifts the stages' cores by one, so that no method keeps a busier core
+        # and each round's prediction uses costs measured just before it, on the cores it uses
+        # (a spell of load then shows in both the prediction and the measurement)
         for shift in range(max(run.rounds, 1)):
+            if shift > 0 and costs.calibration is not None:
+                costs = _measure_costs(session, run, gm, graph, inputs[0], shift)
             for method, (part, assignment, start, finish, order) in plans.items():
                 session.start(assignment, order, total, run.trace, link, shift)
                 session.stream(0, warmup)  # first calls pay for lazy initialisation; kept out of the timing
@@ -644,19 +664,29 @@ def run_pipeline(stages: list[str], port: int, run: PipelineRun) -> dict:
                 m["same"].append(all(_close(o, e) for o, e in zip(outputs, expected)))
                 if run.trace:
                     m["breakdown"].append(_breakdown(predict, part.assignment, start, finish, session.traces(), sent))
-                m["latency"] += [arrived[x] - sent[x] for x in sent]
+                latencies = [arrived[x] - sent[x] for x in sent]
+                m["latency"] += latencies
+                if costs.calibration is not None:
+                    predicted = pipeline_latency(
+                        gm, assignment, order, costs.times, costs.messages, run, costs.calibration, costs.late
+                    )
+                    m["predicted"].append(predicted)
+                    m["ratio"] += [t / predicted for t in latencies]
         for method, (part, assignment, start, finish, order) in plans.items():
             metrics = evaluate(predict, part.assignment, k)
             m = measured[method]
-            model = None
-            if calibration is not None:
-                model = pipeline_latency(gm, assignment, order, times, messages, run, calibration, late)
             report["runs"][method] = {
                 "seconds_per_sample": statistics.median(m["elapsed"]) / max(run.samples, 1),
                 "outputs_equal_unsplit": all(m["same"]),
                 "latency_seconds": statistics.median(m["latency"]) if m["latency"] else None,
+                # first quartile, median, third quartile of the lone samples (their spread)
+                "latency_quartiles_seconds": _quartiles(m["latency"]),
                 "simulated_makespan": metrics["makespan"],
-                "predicted_latency": model,
+                # the rounds' predictions (each from the costs measured just before the round)
+                "predicted_latency": statistics.median(m["predicted"]) if m["predicted"] else None,
+                "predicted_latency_rounds": m["predicted"],
+                # each lone sample's latency over its round's prediction: quartiles
+                "latency_over_predicted_quartiles": _quartiles(m["ratio"]),
                 "max_load": metrics["max_load"],
                 "cut_count": metrics["cut_count"],
                 "critical_cut_count": metrics["critical_cut_count"],
@@ -667,6 +697,61 @@ def run_pipeline(stages: list[str], port: int, run: PipelineRun) -> dict:
     finally:
         session.close()
     return report
+
+
+@dataclass
+class _Costs:
+    """What a prediction rests on, measured at one moment: the stage calibration, the op
+    times used (calibrated or profiled), the messages, the link's lateness; ``graph``: the
+    partitioner's graph with these costs; ``predict``: the same plus the driver trips."""
+
+    calibration: Calibration | None
+    times: dict[str, float]
+    messages: dict[str, Message]
+    late: float
+    graph: Any
+    predict: Any
+
+
+def _measure_costs(session: _Session, run: PipelineRun, gm, graph, example, shift: int) -> _Costs:
+    """Op and message costs now (``PipelineRun.costs``), the calibration on the core ``shift``
+    picks; with ``flops`` costs ``graph`` unchanged and nothing measured."""
+    import dataclasses
+
+    import numpy as np
+
+    from trainmaster.partition.importers import node_times
+
+    if run.costs == "flops":
+        return _Costs(None, {}, {}, 0.0, graph, graph)
+    ops = {n.name: n.op for n in gm.graph.nodes}
+    driver_nodes = np.asarray([ops.get(i) in ("placeholder", "output") for i in graph.node_ids])
+    calibration = session.calibrate(max(run.profile_runs, 20), shift)
+    if run.costs == "measured":
+        times = calibration.node_seconds
+    else:
+        times = node_times(gm, (example,), max(run.profile_runs, 1), profiler=True)
+    cost = np.asarray([0.0 if d else times.get(i, 0.0) for i, d in zip(graph.node_ids, driver_nodes)])
+    messages = measure_messages(gm, (example,))
+    late = link_lateness(int(statistics.median([m.size for m in messages.values()]))) if run.emulate_link else 0.0
+    costed = with_message_costs(
+        dataclasses.replace(graph, cost=cost), gm, messages, run, calibration.input_message, late
+    )
+    # the prediction's graph: a sample's trips from and to the driver are the input and output
+    # nodes' own time (every stage pays them alike, wherever the nodes sit)
+    trips = np.where(
+        [ops.get(i) == "placeholder" for i in graph.node_ids],
+        calibration.input_message,
+        np.where([ops.get(i) == "output" for i in graph.node_ids], calibration.output_message, 0.0),
+    )
+    return _Costs(calibration, times, messages, late, costed, dataclasses.replace(costed, cost=costed.cost + trips))
+
+
+def _quartiles(values: list[float]) -> list[float] | None:
+    if len(values) < 2:
+        return [values[0]] * 3 if values else None
+    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return [q1, q2, q3]
 
 
 def _close(out, expected) -> bool:
@@ -933,6 +1018,7 @@ def run_from_params(params: dict) -> PipelineRun:
         methods=list(params.get("methods", ["trainmaster", "metis"])),
         samples=int(params.get("samples", 20)),
         seed=int(params.get("seed", 0)),
+        model_args=dict(params.get("model_args") or {}),
         bandwidth=float(params.get("bandwidth", 1e9)),
         flops_per_second=float(params.get("flops_per_second", 1e10)),
         latency=float(params.get("latency", 1e-3)),
