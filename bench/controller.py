@@ -23,7 +23,8 @@ three moments are measured per run, all from just before the submit call:
 A **floor** row runs the same commands with a bare loop of ``subprocess.Popen`` in the benchmark
 process itself (what any launcher pays at least on this machine: the kernel's process creation
 and the commands' own work, on the same cores), so the table shows ours / TorchX, ours / floor and
-TorchX / floor.
+TorchX / floor. Beside it, the commands' own CPU time (the kernel's count for the reaped
+children of bare loops) over the machine's cores: the moment no launcher can beat here.
 
 Our controller is driven through its Python API the way ``trainmaster server``'s reconcile loop
 drives it: a ``Controller.step()``, then a wait of up to ``INTERVAL`` seconds that a submit, a
@@ -39,6 +40,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import signal
 import statistics
@@ -198,6 +200,23 @@ def floor_to_running(replicas: int, scratch: Path) -> Moments:
         child.wait(TIMEOUT)
     shutil.rmtree(workdir, ignore_errors=True)
     return result
+
+
+def commands_cpu(replicas: int, scratch: Path, runs: int) -> dict[str, float]:
+    """The CPU seconds the replicas' commands themselves spend from exec to their marker (the
+    kernel's accounting of reaped children, ``RUSAGE_CHILDREN``, around bare ``Popen`` loops),
+    and what it implies: no launcher can have every command running sooner than that CPU time
+    spread over all of this machine's cores."""
+    per_command = []
+    for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        floor_to_running(replicas, scratch)  # reaps its children, so their CPU is counted
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        spent = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        per_command.append(spent / replicas)
+    cores = os.cpu_count() or 1
+    each = statistics.median(per_command)
+    return {"replicas": replicas, "cores": cores, "cpu_per_command_s": each, "bound_s": each * replicas / cores}
 
 
 def torchx_to_running(runner: Any, replicas: int, scratch: Path) -> Moments:
@@ -498,6 +517,8 @@ def main() -> None:
         results["submit_to_running"].get(name, {}).get(str(SIZES[-1]))
         for name in ("trainmaster local", "torchx local_cwd")
     )
+    results["commands_cpu"] = commands_cpu(SIZES[-1], scratch, args.runs)
+    print(f"commands' own CPU: {results['commands_cpu']}", flush=True)
     results["stages_local"] = {
         "replicas": SIZES[-1],
         "runs": args.runs,
@@ -903,6 +924,14 @@ def markdown(results: dict[str, Any]) -> str:
                 f"{reachable}. Above the floor: ours {ours['processes']['median_s'] - f:.3f}s "
                 f"({ours['processes']['median_s'] / f:.2f}x the floor), TorchX {theirs['processes']['median_s'] - f:.3f}s "
                 f"({1 / floor_ratio:.2f}x the floor)."
+            )
+        cpu = results.get("commands_cpu")
+        if cpu:
+            lines[-1] += (
+                f" The commands alone spend {cpu['cpu_per_command_s'] * 1000:.2f} ms of CPU each from exec to "
+                f"their marker: {cpu['replicas']} of them over {cpu['cores']} cores cannot all be running "
+                f"before {cpu['bound_s']:.3f}s = {cpu['bound_s'] / theirs['processes']['median_s']:.2f}x TorchX, "
+                "whoever spawns them."
             )
     d = results["drain"]
     lines += [

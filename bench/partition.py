@@ -402,14 +402,20 @@ def write_pipeline(doc: dict, out: Path) -> None:
     by_case: dict[str, dict] = {}
     for r in rows:
         by_case.setdefault(r["case"], {})[r["method"]] = r
-    agree, close = [], []
-    for case, m in by_case.items():
-        if "trainmaster" in m and "metis" in m:
-            o, t = m["trainmaster"], m["metis"]
-            if o["predicted_latency"] < t["predicted_latency"] * (1 - PREDICTED_MARGIN):
-                agree.append((case, o["measured_latency"] < t["measured_latency"]))
-            else:
-                close.append(case)
+    # Per case with both methods: which one the prediction calls faster by more than the margin
+    # (either way), whether the measurement agrees; and which one streams samples faster.
+    agree: list[tuple[str, str, bool]] = []
+    close: list[str] = []
+    streamed_ours = 0
+    pairs = [(case, m["trainmaster"], m["metis"]) for case, m in by_case.items() if "trainmaster" in m and "metis" in m]
+    for case, o, t in pairs:
+        streamed_ours += o["measured_seconds_per_sample"] < t["measured_seconds_per_sample"]
+        if o["predicted_latency"] < t["predicted_latency"] * (1 - PREDICTED_MARGIN):
+            agree.append((case, "ours", o["measured_latency"] < t["measured_latency"]))
+        elif t["predicted_latency"] < o["predicted_latency"] * (1 - PREDICTED_MARGIN):
+            agree.append((case, "METIS", t["measured_latency"] < o["measured_latency"]))
+        else:
+            close.append(case)
     ratios = [_ratio(r, "predicted_latency") for r in rows]
     outside = [f"{r['case']} ({r['method']}, {_ratio(r, 'predicted_latency'):.2f}x)" for r in rows if not _within(r)]
     lines = [
@@ -444,9 +450,12 @@ def write_pipeline(doc: dict, out: Path) -> None:
         + (f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else "n/a")
         + " |",
         f"| outside {WITHIN:.0%} | {', '.join(outside) or 'none'} |",
-        f"| ours faster than METIS where predicted faster by > {PREDICTED_MARGIN:.0%} | "
-        f"{sum(ok for _, ok in agree)}/{len(agree)} (predictions within {PREDICTED_MARGIN:.0%}: "
-        f"{', '.join(close) or 'none'}) |",
+        f"| the method predicted faster by > {PREDICTED_MARGIN:.0%} (one sample alone) is measured faster | "
+        f"{sum(ok for *_, ok in agree)} of {len(agree)}"
+        + (": " + "; ".join(f"{case}: {who} predicted faster, {'so' if ok else 'not so'}" for case, who, ok in agree))
+        + f" (predictions within {PREDICTED_MARGIN:.0%}: {'; '.join(close) or 'none'}) |",
+        f"| samples streamed through the stages: ours faster per sample | {streamed_ours} of {len(pairs)} cases "
+        "(ours is asked for an acyclic stage graph, which lets samples overlap; METIS is not) |",
         "",
         "| case | sample | load | method | cut edges | predicted latency ms | simulated makespan ms | "
         "measured latency ms | measured / predicted (IQR) | measured / simulated | predicted max-load ms | "
