@@ -22,6 +22,7 @@ ORDER = [
     "aggregation",
     "flsched",
     "partition",
+    "partition_pipeline_testbed",
     "partition_pipeline",
     "gateway",
     "gateway_sandbox",
@@ -31,6 +32,7 @@ COMMAND = {
     "controller_failover": "python bench/controller.py --failover",
     "controller_containers": "python bench/controller.py --containers",
     "partition_pipeline": "python bench/partition.py --pipeline-only",
+    "partition_pipeline_testbed": "python bench/partition.py --pipeline-testbed",
     "gateway_sandbox": "python bench/gateway_sandbox.py",
 }
 MAX_LINES = 70  # of one capability's results in the README

@@ -180,20 +180,73 @@ def test_pipeline_latency_model_by_hand():
     assert len(ops) == 5  # linear, relu, linear, relu, linear
     assignment = {n: (0 if i < 2 else 1) for i, n in enumerate(ops)}
     assignment.update({n: 0 for n in names if n not in assignment})
-    run = PipelineRun(model="m:f", input_shape=(1, 8), latency=0.5, bandwidth=100.0, emulate_link=True)
-    latency = pipeline_latency(
-        gm,
-        assignment,
-        names,
-        {n: 1.0 for n in ops},
-        {n: Message(size=100, dumps=0.1, loads=0.2) for n in names},
-        run,
-        Calibration(node_seconds={}, input_message=0.3, output_message=0.4),
-        late=0.05,
-    )
+
+    def predict(run: PipelineRun, fixed: float, late: float) -> float:
+        return pipeline_latency(
+            gm,
+            assignment,
+            names,
+            {n: 1.0 for n in ops},
+            {n: Message(size=100, dumps=0.1, loads=0.2) for n in names},
+            run,
+            Calibration(node_seconds={}, input_message=0.3, output_message=0.4, fixed=fixed),
+            late=late,
+        )
+
+    emulated = PipelineRun(model="m:f", input_shape=(1, 8), latency=0.5, bandwidth=100.0, emulate_link=True)
     # input 0.3; stage 0: 0.3 -> 2.3, pickles 0.1; the message: 0.3 + 0.2 + 0.5 + 0.05 + 1.0;
     # stage 1: 4.45 -> 7.45, pickles 0.1, the output trip 0.4
-    assert latency == pytest.approx(7.95)
+    assert predict(emulated, fixed=0.3, late=0.05) == pytest.approx(7.95)
+    # real links (a testbed): the same link price, no emulation lateness, and the fixed part of
+    # a message is what the input's trip left after its own time on the link (here 0.1)
+    real = PipelineRun(model="m:f", input_shape=(1, 8), latency=0.5, bandwidth=100.0, real_links=True)
+    assert predict(real, fixed=0.1, late=0.0) == pytest.approx(7.7)
+    # neither: messages cost their fixed part, pickling and unpickling only
+    bare = PipelineRun(model="m:f", input_shape=(1, 8), latency=0.5, bandwidth=100.0)
+    assert predict(bare, fixed=0.3, late=0.05) == pytest.approx(6.4)
+
+
+def test_pipeline_latency_queues_messages_on_real_links():
+    """Mechanism: link contention on real links (pipeline_latency with ``real_links``): two
+    values stage 0 sends to stage 1 one after the other share stage 0's link to the switch and
+    stage 1's link from it, so the second starts on the wire when the first has left it; an
+    emulated link (like the partitioner's simulator) gives each message a link of its own."""
+    import torch
+
+    from trainmaster.partition.pipeline import Calibration, Message, PipelineRun, pipeline_latency
+
+    class Fork(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.a(x) + self.b(x)
+
+    gm = torch.fx.symbolic_trace(Fork())
+    names = [n.name for n in gm.graph.nodes]
+    assert names == ["x", "a", "b", "add", "output"]
+    assignment = {"x": 0, "a": 0, "b": 0, "add": 1, "output": 0}
+
+    def predict(run: PipelineRun) -> float:
+        return pipeline_latency(
+            gm,
+            assignment,
+            names,
+            {"a": 1.0, "b": 1.0, "add": 1.0},
+            {n: Message(size=100, dumps=0.1, loads=0.2) for n in names},
+            run,
+            Calibration(node_seconds={}, input_message=0.3, output_message=0.4, fixed=0.1),
+            late=0.0,
+        )
+
+    link = dict(model="m:f", input_shape=(1, 8), latency=0.5, bandwidth=100.0)
+    # a: 0.3 -> 1.3, pickled by 1.4, on the wire 1.4 -> 2.9, ready 3.2; b: 1.4 -> 2.4, pickled by
+    # 2.5, waits for the wire until 2.9, off it at 4.4, ready 4.7; add 4.7 -> 5.7, pickled 5.8,
+    # the output trip 0.4
+    assert predict(PipelineRun(**link, real_links=True)) == pytest.approx(6.2)
+    # emulated: b's message has its own link: ready 2.5 + 0.1 + 0.2 + 0.5 + 1.0 = 4.3
+    assert predict(PipelineRun(**link, emulate_link=True)) == pytest.approx(5.8)
 
 
 def test_mailbox_control_by_kind():

@@ -205,3 +205,26 @@ def test_static_critical_chain_falls_back_where_recomputed_starts_are_out_of_ord
         fallbacks += _static_chain(g, static_order(g), part.tolist(), fin) is None
         assert critical_chain(g, part.tolist(), fin) == critical_chain(g, part)
     assert fallbacks > 0
+
+
+def test_shared_links_queue_messages_on_each_devices_link():
+    """Mechanism: shared links (schedule with ``shared_links``): a device has one link out and one
+    in; a value goes once to each other device that reads it, for the dearest of those edges,
+    and a message starts when the sender's link out and the receiver's link in are both free.
+    Without it every cut edge is a transfer of its own that never waits."""
+    g = fork_join()  # s -> x, s -> y, x -> t, y -> t; every transfer costs 2
+    part = np.array([0, 1, 2, 0])
+    start, finish = schedule(g, part, shared_links=True)
+    # s 0-1; s's message to dev1 holds dev0's link out 1-3, the one to dev2 waits for it: 3-5;
+    # x on dev1 3-7, y on dev2 5-8; x's value reaches dev0 at 9, y's waits for dev0's link in
+    # until 9 and arrives at 11; t 11-12
+    assert start.tolist() == [0.0, 3.0, 5.0, 11.0]
+    assert finish.tolist() == [1.0, 7.0, 8.0, 12.0]
+    start, finish = schedule(g, part)  # every transfer alone: y ready at 3, t at max(9, 8)
+    assert start.tolist() == [0.0, 3.0, 3.0, 9.0] and finish[-1] == 10.0
+    # two readers of s on one other device: one message, priced at the dearer edge (3)
+    g2 = build_graph(["s", "p", "q"], [1.0, 1.0, 1.0], ["s", "s"], ["p", "q"], [2.0, 3.0])
+    start, _ = schedule(g2, np.array([0, 1, 1]), shared_links=True)
+    assert start.tolist()[1:] in ([4.0, 5.0], [5.0, 4.0])
+    start, _ = schedule(g2, np.array([0, 1, 1]))
+    assert sorted(start.tolist()[1:]) == [3.0, 4.0]

@@ -87,6 +87,12 @@ def partition_command(
     acyclic: bool = typer.Option(
         False, "--acyclic", help="Keep the device graph acyclic, as a pipeline of stages needs (method trainmaster)."
     ),
+    shared_links: bool = typer.Option(
+        False,
+        "--shared-links",
+        help="Each device has one network link in and one out that its messages queue on (hosts on a switch): "
+        "rank partitions on that makespan (method trainmaster); the metrics add shared_links_makespan.",
+    ),
     importer: str = typer.Option(
         "export",
         help="How module:callable becomes a graph: export "
@@ -122,8 +128,16 @@ def partition_command(
     g = load_graph(
         graph, _parse_shape(input_shape), bandwidth=bandwidth, importer=importer, training=training, costs=costs
     )
-    result = partition(g, devices, method=method, imbalance=imbalance, seed=seed, delta=delta, acyclic=acyclic)
+    from trainmaster.partition.methods import PartitionOptions
+    from trainmaster.partition.simulate import finish_times
+
+    options = PartitionOptions(shared_links=shared_links)
+    result = partition(
+        g, devices, method=method, imbalance=imbalance, seed=seed, delta=delta, acyclic=acyclic, options=options
+    )
     metrics = evaluate(g, result.assignment, devices, imbalance)
+    if shared_links:
+        metrics["shared_links_makespan"] = max(finish_times(g, result.assignment, shared_links=True), default=0.0)
     metrics.update(
         method=method,
         feasible=result.feasible,
@@ -161,6 +175,7 @@ def partition_command(
         "colocation_ok",
         "feasible",
         "partition_seconds",
+        *(("shared_links_makespan",) if shared_links else ()),
     ):
         val = metrics[key]
         table.add_row(key, f"{val:.4g}" if isinstance(val, float) else str(val))

@@ -37,6 +37,7 @@ KNOWN_PARAMS = {
     "trace",
     "rounds",
     "model_args",
+    "real_links",
 }
 
 

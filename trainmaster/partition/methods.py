@@ -77,6 +77,11 @@ class PartitionOptions:
     # where no candidate meets the load cap, those whose busiest device is within this share of
     # the average load of the least loaded candidate's count as least-violating (then makespan)
     infeasible_slack: float = 0.01
+    # each device has one link out and one in that its messages queue on (hosts' network
+    # interfaces, simulate.schedule): the candidates and the final choice are ranked on that
+    # makespan; the descent still prices every transfer alone, so its result is kept only
+    # where it is also faster with the links shared
+    shared_links: bool = False
 
     def __post_init__(self) -> None:
         for name in ("critical_weight", "cut_penalty", "infeasible_slack"):
@@ -263,7 +268,7 @@ def _trainmaster(
     def span_of(a: np.ndarray) -> float:
         key = np.asarray(a, dtype=np.int64).tobytes()
         if key not in simulated:
-            simulated[key] = finish_times(graph, a)
+            simulated[key] = finish_times(graph, a, shared_links=opts.shared_links)
         return max(simulated[key], default=0.0)
 
     def candidate(name: str, a: np.ndarray) -> Candidate:
@@ -355,15 +360,23 @@ def _trainmaster(
                 acyclic=acyclic and device_graph_acyclic(graph, start, k),
                 guarded=guarded,
                 swaps=opts.descent_swaps and tight,
-                finish=simulated.get(np.asarray(start, dtype=np.int64).tobytes()),
+                # the descent's simulator prices every transfer alone: the cached finish times
+                # are its own only without shared links
+                finish=None if opts.shared_links else simulated.get(np.asarray(start, dtype=np.int64).tobytes()),
             )
 
         best, span, used = descend(best, budget)
+        if opts.shared_links:  # the descent's result is kept only where it is faster with shared links too
+            span = span_of(best)
+            if span > chosen.makespan:
+                best, span = chosen.assignment, chosen.makespan
         metis = [c for c in scored if c.name == "metis-plain"]
         low = _low_cut_start(scored, cut_of, metis, cut_of(Candidate(0.0, span, label, best)))
         if low is not None:
             other, other_span, more = descend(low.assignment, max(budget // opts.low_cut_share, 1))
             used += more
+            if opts.shared_links:
+                other_span = span_of(other)
             if other_span <= min(metis[0].makespan, (1.0 + opts.cut_slack) * span) + 1e-9:
                 best, span, label = other, other_span, low.name + "+low-cut"
     candidates = {c.name: {"overload": c.overload, "makespan": c.makespan, "critical_cut": cut_of(c)} for c in scored}

@@ -304,7 +304,7 @@ def run_stage(port: int) -> None:
     torch.set_num_threads(1)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     box = Mailbox()
-    listener = Listener(("127.0.0.1", port), authkey=AUTHKEY)
+    listener = Listener((own_host(), port), authkey=AUTHKEY)
     threading.Thread(target=_serve, args=(listener, box), daemon=True).start()
     peers: dict[int, Link] = {}
     # traced graphs by what determines them: a run that only changes the assignment (the
@@ -398,7 +398,11 @@ class PipelineRun:
     ``trace``: stages record every node's wait, start and end; the report then holds, per
     method, the measured compute and waits of the latency samples beside the predicted ones.
     ``rounds``: the methods' runs alternate this many times (medians over all of them).
-    ``model_args``: keyword arguments of the model's callable (a width, a depth)."""
+    ``model_args``: keyword arguments of the model's callable (a width, a depth).
+    ``real_links``: the stages and the driver run on separate hosts whose links really carry
+    ``bandwidth`` (a testbed's capped links): messages between stages are priced like
+    emulated ones but nothing delays them, and the fixed cost of a message is the input's
+    measured trip less the input's own time on the link."""
 
     model: str
     input_shape: tuple[int, ...]
@@ -419,6 +423,18 @@ class PipelineRun:
     trace: bool = False
     rounds: int = 1
     model_args: dict[str, Any] = field(default_factory=dict)
+    real_links: bool = False
+
+    @property
+    def priced_link(self) -> bool:
+        """Whether a message between stages pays ``latency + bytes / bandwidth``."""
+        return self.emulate_link or self.real_links
+
+
+def own_host() -> str:
+    """The address this process listens on: its host's (``TM_HOST``, set by the controller on
+    every backend; a testbed host's own address there), else loopback."""
+    return os.environ.get("TM_HOST") or "127.0.0.1"
 
 
 COSTS = ("flops", "measured", "profiler")
@@ -459,6 +475,8 @@ class Calibration:
     node_seconds: dict[str, float]
     input_message: float  # from the driver sending a sample to its first node starting
     output_message: float  # from the last node ending to the driver holding the output
+    # a message's cost besides the link's (the input's trip, less its own link time on real links)
+    fixed: float
 
 
 class _Session:
@@ -468,7 +486,8 @@ class _Session:
     def __init__(self, stages: list[str], port: int, run: PipelineRun, gm, feed: list) -> None:
         self.stages, self.port, self.cfg_run, self.gm, self.feed = stages, port, run, gm, feed
         self.box = Mailbox()
-        self.listener = Listener(("127.0.0.1", port), authkey=AUTHKEY)
+        self.host = own_host()
+        self.listener = Listener((self.host, port), authkey=AUTHKEY)
         threading.Thread(target=_serve, args=(self.listener, self.box), daemon=True).start()
         deadline = time.monotonic() + TIMEOUT_S
         self.conns = [_dial(a, deadline) for a in stages]
@@ -488,7 +507,7 @@ class _Session:
             "model_args": run.model_args,
             "samples": samples,
             "stages": self.stages,
-            "driver": f"127.0.0.1:{self.port}",
+            "driver": f"{self.host}:{self.port}",
             "tracer": run.tracer,
             "input_shape": list(run.input_shape),
             "input_dtype": run.input_dtype,
@@ -554,10 +573,12 @@ class _Session:
             if name in feeders:
                 last[sample] = max(last.get(sample, t1), t1)
         trip = [arrivals[(x, self.placeholder.name)] - sent[x] for x in sent if (x, self.placeholder.name) in arrivals]
+        input_trip = statistics.median(trip) + (statistics.median(wake) if wake else 0.0)
         return Calibration(
             node_seconds={name: statistics.median(ts) for name, ts in per_node.items()},
-            input_message=statistics.median(trip) + (statistics.median(wake) if wake else 0.0),
+            input_message=input_trip,
             output_message=statistics.median(arrived[x] - last[x] for x in last),
+            fixed=input_trip,
         )
 
     def close(self) -> None:
@@ -573,11 +594,14 @@ def run_pipeline(stages: list[str], port: int, run: PipelineRun) -> dict:
     import torch
 
     from trainmaster.partition import evaluate, partition
+    from trainmaster.partition.methods import PartitionOptions
     from trainmaster.partition.importers import from_module
     from trainmaster.partition.simulate import schedule
 
     if run.costs not in COSTS:
         raise ValueError(f"pipeline costs {run.costs!r}: use one of {', '.join(COSTS)}")
+    if run.emulate_link and run.real_links:
+        raise ValueError("pipeline emulate_link and real_links: the links are either emulated or real, not both")
     torch.set_num_threads(1)
     k = len(stages)
     model = build_model(run.model, run.seed, run.model_args)
@@ -621,6 +645,7 @@ def run_pipeline(stages: list[str], port: int, run: PipelineRun) -> dict:
             else None
         ),
         "emulated_link": run.emulate_link,
+        "real_links": run.real_links,
         "pin_cores": run.pin_cores,
         "tracer": run.tracer,
         "nodes": graph.n,
@@ -635,7 +660,10 @@ def run_pipeline(stages: list[str], port: int, run: PipelineRun) -> dict:
     try:
         plans = {}
         for method in run.methods:
-            part = partition(graph, k, method, acyclic=run.acyclic)
+            # on real links the stages' messages queue on their hosts' links: ours ranks on that
+            part = partition(
+                graph, k, method, acyclic=run.acyclic, options=PartitionOptions(shared_links=run.real_links)
+            )
             _publish_plan(graph, part.assignment, k, method)
             start, finish = schedule(predict, part.assignment)
             # each stage runs its nodes in the simulated schedule's order (start, end, graph order)
@@ -727,6 +755,9 @@ def _measure_costs(session: _Session, run: PipelineRun, gm, graph, example, shif
     ops = {n.name: n.op for n in gm.graph.nodes}
     driver_nodes = np.asarray([ops.get(i) in ("placeholder", "output") for i in graph.node_ids])
     calibration = session.calibrate(max(run.profile_runs, 20), shift)
+    if run.real_links:  # the input crossed a real link on its trip: that part is not fixed
+        on_link = run.latency + len(pickle.dumps(example, protocol=pickle.HIGHEST_PROTOCOL)) / run.bandwidth
+        calibration = dataclasses.replace(calibration, fixed=max(calibration.input_message - on_link, 0.0))
     if run.costs == "measured":
         times = calibration.node_seconds
     else:
@@ -734,9 +765,7 @@ def _measure_costs(session: _Session, run: PipelineRun, gm, graph, example, shif
     cost = np.asarray([0.0 if d else times.get(i, 0.0) for i, d in zip(graph.node_ids, driver_nodes)])
     messages = measure_messages(gm, (example,))
     late = link_lateness(int(statistics.median([m.size for m in messages.values()]))) if run.emulate_link else 0.0
-    costed = with_message_costs(
-        dataclasses.replace(graph, cost=cost), gm, messages, run, calibration.input_message, late
-    )
+    costed = with_message_costs(dataclasses.replace(graph, cost=cost), gm, messages, run, calibration.fixed, late)
     # the prediction's graph: a sample's trips from and to the driver are the input and output
     # nodes' own time (every stage pays them alike, wherever the nodes sit)
     trips = np.where(
@@ -864,7 +893,7 @@ def with_message_costs(graph, gm, messages: dict[str, Message], run: PipelineRun
             continue
         m = messages[name_u]
         cost[e] = fixed + m.dumps + m.loads
-        if run.emulate_link:
+        if run.priced_link:
             cost[e] += late + run.latency + m.size / run.bandwidth
     return dataclasses.replace(graph, edge_cost=cost)
 
@@ -886,12 +915,19 @@ def pipeline_latency(
     message then takes ``fixed`` + the link (``latency + bytes / bandwidth`` + the receiver's
     measured lateness) + unpickling on the receiver's reader thread. The input reaches its
     readers ``calibration.input_message`` after it is sent; the output is complete when the
-    last value the output node reads has reached the driver."""
+    last value the output node reads has reached the driver.
+
+    On real links (``run.real_links``) messages also queue: a value's bytes hold the sender's
+    link to the switch and the receiver's link from it, so a message starts on the wire only
+    when both are free (an emulated link, like the partitioner's simulator, lets every message
+    have the link to itself)."""
     consumers = plan_consumers(gm, assignment)
     nodes = {n.name: n for n in gm.graph.nodes}
-    fixed = calibration.input_message
-    link = run.latency + late if run.emulate_link else 0.0
+    fixed = calibration.fixed
+    link = run.latency + late if run.priced_link else 0.0
     free: dict[int, float] = {}
+    up: dict[int, float] = {}  # real links: when a stage's link to the switch is free
+    down: dict[int, float] = {}  # and its link from the switch
     # when each value is available on each process (stage index or DRIVER)
     ready: dict[tuple[str, int], float] = {}
     done: dict[str, float] = {}
@@ -917,8 +953,12 @@ def pipeline_latency(
             t += m.dumps  # pickled on the stage's thread, once per reader process
             if dest == DRIVER:
                 ready[(name, dest)] = t + calibration.output_message
+            elif run.real_links:
+                on_wire = max(t, up.get(d, 0.0), down.get(dest, 0.0))
+                up[d] = down[dest] = arrived = on_wire + link + m.size / run.bandwidth
+                ready[(name, dest)] = arrived + fixed + m.loads
             else:
-                ready[(name, dest)] = t + fixed + m.loads + (link + m.size / run.bandwidth if run.emulate_link else 0)
+                ready[(name, dest)] = t + fixed + m.loads + (link + m.size / run.bandwidth if run.priced_link else 0)
         free[d] = t
     out = next(n for n in gm.graph.nodes if n.op == "output")
     return max([ready.get((a.name, DRIVER), 0.0) for a in out.all_input_nodes if a.op != "placeholder"] + [0.0])
@@ -1028,6 +1068,7 @@ def run_from_params(params: dict) -> PipelineRun:
         costs=str(params.get("costs", "flops")),
         profile_runs=int(params.get("profile_runs", 5)),
         emulate_link=bool(params.get("emulate_link", False)),
+        real_links=bool(params.get("real_links", False)),
         latency_samples=int(params.get("latency_samples", 0)),
         pin_cores=bool(params.get("pin_cores", False)),
         trace=bool(params.get("trace", False)),

@@ -28,12 +28,13 @@ def makespan(graph: Graph, assignment: np.ndarray, priority: np.ndarray | None =
     return float(schedule(graph, assignment, priority)[1].max(initial=0.0))
 
 
-def finish_times(graph: Graph, assignment: np.ndarray) -> list:
-    """Every operator's finish time as a list (``max`` of it is ``makespan``)."""
+def finish_times(graph: Graph, assignment: np.ndarray, shared_links: bool = False) -> list:
+    """Every operator's finish time as a list (``max`` of it is ``makespan``); with
+    ``shared_links``, messages queue on the devices' links (``schedule``)."""
     plan = sim_plan(graph)
-    if plan.order is not None:
+    if plan.order is not None and not shared_links:
         return _static_finish(plan, np.asarray(assignment).tolist())
-    return schedule(graph, assignment)[1].tolist()
+    return schedule(graph, assignment, shared_links=shared_links)[1].tolist()
 
 
 def _static_finish(plan: SimPlan, part: list, finish: list | None = None, first: int = 0) -> list:
@@ -283,8 +284,17 @@ def sim_plan(graph: Graph, priority: np.ndarray | None = None) -> SimPlan:
     return plan
 
 
-def schedule(graph: Graph, assignment: np.ndarray, priority: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Start and finish time of every operator under list scheduling."""
+def schedule(
+    graph: Graph, assignment: np.ndarray, priority: np.ndarray | None = None, shared_links: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """Start and finish time of every operator under list scheduling.
+
+    Without ``shared_links`` every cut edge has a link of its own (its transfer never waits).
+    With it, a device has one link out and one link in, as a host's network interface does: an
+    operator's value goes once to each other device that reads it (for the dearest of those
+    edges' costs), and that message holds the sender's link out and the receiver's link in,
+    starting when both are free, in the order the scheduler meets the senders. Measured on a
+    testbed, splits that cut many edges at once were up to 2.3x slower than priced without it."""
     n = graph.n
     plan = sim_plan(graph, priority)
     prio, order, out_ptr, succ, ecost, w = (
@@ -299,9 +309,11 @@ def schedule(graph: Graph, assignment: np.ndarray, priority: np.ndarray | None =
     start = [0.0] * n
     finish = [0.0] * n
     free: dict[int, float] = {}
-    if order is not None:
+    if order is not None and not shared_links:
         fin = np.asarray(_static_finish(plan, part))
         return fin - graph.cost, fin
+    link_out: dict[int, float] = {}  # shared_links: when each device's link out is free
+    link_in: dict[int, float] = {}  # and its link in
     indeg = list(plan.indegree)
     ready = [0.0] * n
     heap = [(-prio[v], v) for v in range(n) if indeg[v] == 0]
@@ -313,9 +325,22 @@ def schedule(graph: Graph, assignment: np.ndarray, priority: np.ndarray | None =
         f = s + w[v]
         start[v], finish[v] = s, f
         free[d] = f
+        arrival: dict[int, float] = {}
+        if shared_links:
+            message: dict[int, float] = {}  # reading device -> the message's cost
+            for j in range(out_ptr[v], out_ptr[v + 1]):
+                to = part[succ[j]]
+                if to != d:
+                    message[to] = max(message.get(to, 0.0), ecost[j])
+            for to, cost in message.items():
+                begin = max(f, link_out.get(d, 0.0), link_in.get(to, 0.0))
+                link_out[d] = link_in[to] = arrival[to] = begin + cost
         for j in range(out_ptr[v], out_ptr[v + 1]):
             x = succ[j]
-            t = f + ecost[j] if part[x] != d else f
+            if part[x] == d:
+                t = f
+            else:
+                t = arrival[part[x]] if shared_links else f + ecost[j]
             if t > ready[x]:
                 ready[x] = t
             indeg[x] -= 1
