@@ -152,15 +152,12 @@ def test_local_pipeline_with_measured_costs_and_emulated_links():
 
 def test_pipeline_framework_checks_costs_and_tracer():
     """Mechanism: the pipeline framework refuses unknown cost and tracer choices and model
-    arguments that are not a mapping."""
+    arguments that are not a mapping, and links asked to be both emulated and real."""
     fw = get_framework("pipeline")
-    errors = "\n".join(
-        fw.validate(
-            {"frameworkParams": {"costs": "guess", "tracer": "jit", "model_args": [3]}},
-            [{"name": "stage"}, {"name": "driver"}],
-        )
-    )
+    params = {"costs": "guess", "tracer": "jit", "model_args": [3], "emulate_link": True, "real_links": True}
+    errors = "\n".join(fw.validate({"frameworkParams": params}, [{"name": "stage"}, {"name": "driver"}]))
     assert "costs" in errors and "tracer" in errors and "model_args" in errors
+    assert "spec.frameworkParams.real_links" in errors
 
 
 def test_pipeline_latency_model_by_hand():

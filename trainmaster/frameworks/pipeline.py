@@ -61,6 +61,10 @@ class PipelineFramework(Framework):
             model = params.get("model")
             if model is not None and (not isinstance(model, str) or ":" not in model):
                 errors.append("spec.frameworkParams.model: expected 'module:callable'")
+            if params.get("emulate_link") and params.get("real_links"):
+                errors.append(
+                    "spec.frameworkParams.real_links: the links are either emulated (emulate_link) or real, not both"
+                )
             if "model_args" in params and not isinstance(params["model_args"], dict):
                 errors.append("spec.frameworkParams.model_args: expected a mapping of keyword arguments")
             from trainmaster.partition.methods import METHODS
