@@ -613,7 +613,10 @@ def _plot_pipeline(doc: dict, path: Path) -> None:
     ax.set_ylim(0, top)
     ax.set_xlabel("predicted latency (ms)")
     ax.set_ylabel("measured latency per sample, median and IQR (ms)")
-    ax.set_title(f"Pipelines on loopback, emulated links: {_verdict(rows)} within {WITHIN:.0%}", fontsize=9)
+    where = (
+        "Stages on testbed hosts, real capped links" if doc.get("testbed") else "Pipelines on loopback, emulated links"
+    )
+    ax.set_title(f"{where}: {_verdict(rows)} within {WITHIN:.0%}", fontsize=9)
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
