@@ -325,28 +325,41 @@ def schedule(
         f = s + w[v]
         start[v], finish[v] = s, f
         free[d] = f
-        arrival: dict[int, float] = {}
-        if shared_links:
-            message: dict[int, float] = {}  # reading device -> the message's cost
-            for j in range(out_ptr[v], out_ptr[v + 1]):
-                to = part[succ[j]]
-                if to != d:
-                    message[to] = max(message.get(to, 0.0), ecost[j])
-            for to, cost in message.items():
-                begin = max(f, link_out.get(d, 0.0), link_in.get(to, 0.0))
-                link_out[d] = link_in[to] = arrival[to] = begin + cost
+        # shared links: when v's value reaches each other device that reads it
+        arrival = _send_on_links(v, d, f, plan, part, link_out, link_in) if shared_links else None
         for j in range(out_ptr[v], out_ptr[v + 1]):
             x = succ[j]
             if part[x] == d:
                 t = f
+            elif arrival is None:
+                t = f + ecost[j]
             else:
-                t = arrival[part[x]] if shared_links else f + ecost[j]
+                t = arrival[part[x]]
             if t > ready[x]:
                 ready[x] = t
             indeg[x] -= 1
             if indeg[x] == 0:
                 heapq.heappush(heap, (-prio[x], x))
     return np.asarray(start), np.asarray(finish)
+
+
+def _send_on_links(
+    v: int, d: int, f: float, plan: SimPlan, part: list, link_out: dict[int, float], link_in: dict[int, float]
+) -> dict[int, float]:
+    """``schedule`` with shared links: operator ``v`` ended at ``f`` on device ``d``; its value
+    goes once to each other device that reads it (priced at the dearest of those edges), each
+    message starting when ``d``'s link out and the reader's link in are free, and holding both
+    until it arrives. Returns the arrival time per reading device."""
+    message: dict[int, float] = {}  # reading device -> the message's cost
+    for j in range(plan.out_ptr[v], plan.out_ptr[v + 1]):
+        to = part[plan.succ[j]]
+        if to != d:
+            message[to] = max(message.get(to, 0.0), plan.succ_cost[j])
+    arrival: dict[int, float] = {}
+    for to, cost in message.items():
+        begin = max(f, link_out.get(d, 0.0), link_in.get(to, 0.0))
+        link_out[d] = link_in[to] = arrival[to] = begin + cost
+    return arrival
 
 
 def device_loads(graph: Graph, assignment: np.ndarray, k: int) -> np.ndarray:
