@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from trainmaster.agent.contract import ContainerLaunch
+from trainmaster.contract import ContainerLaunch
 from trainmaster.containers.runtime import unavailable
 from trainmaster.spec.model import Job, JobSpec, Role, RuntimeKind
 from trainmaster.spec.paths import in_job_folder, job_working_dir
