@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from controller_timing import Ours, summary, until_running  # one timing for both controller benchmarks
 from trainmaster.backends.local import LocalBackend
 from trainmaster.containers import images
 from trainmaster.containers.runtime import AGENT_LABEL, ContainerRuntime, detect
@@ -43,8 +44,6 @@ def _containers_left(podman: ContainerRuntime) -> int:
 
 
 def _one_job(ours: Any, podman: ContainerRuntime, tag: str | None, replicas: int, scratch: Path) -> dict[str, float]:
-    from controller import until_running  # bench/controller.py (this script's caller): one timing for both
-
     workdir = Path(tempfile.mkdtemp(dir=scratch))
     markers = workdir / "markers"
     markers.mkdir()
@@ -117,8 +116,6 @@ def _podman_alone(podman: ContainerRuntime, tag: str, replicas: int, scratch: Pa
 
 
 def containers_bench(runs: int, replicas: int, scratch: Path) -> dict[str, Any]:
-    from controller import Ours, summary  # bench/controller.py
-
     podman = detect()
     tag = f"localhost/tm-bench-small:{os.getpid()}"
     images.build_program_image(podman, tag, ["sleep", "mktemp"])

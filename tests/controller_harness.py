@@ -16,7 +16,7 @@ import yaml
 from trainmaster.api import Trainmaster
 from trainmaster.backends.local import LocalBackend
 from trainmaster.controller import Controller
-from trainmaster.spec import load_document
+from trainmaster.loading import load_document
 from trainmaster.spec.load import LoadOptions
 from trainmaster.spec.model import RuntimeKind
 from trainmaster.store import repository as repo

@@ -14,7 +14,7 @@ import pytest
 from controller_harness import Harness, job, py
 from trainmaster.api import JobConflict, JobNotFound, RunOptions, Trainmaster, WaitTimedOut
 from trainmaster.errors import UserError
-from trainmaster.spec import load_document
+from trainmaster.loading import load_document
 from trainmaster.store.ownership import RUN_PREFIX
 
 pytestmark = pytest.mark.timeout(120)

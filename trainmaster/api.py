@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +33,14 @@ from trainmaster.controller import Controller
 from trainmaster.controller.launching import planned_launches
 from trainmaster.errors import JobConflict, UserError
 from trainmaster.store.repository import NameTaken  # noqa: F401 (re-exported: the facade's conflicts)
-from trainmaster.spec.load import LoadedJob, LoadOptions, load_document
+from trainmaster.loading import check_runnable, load_document, validate_document
+from trainmaster.spec.load import LoadedJob, LoadOptions
 from trainmaster.spec.model import Job
 from trainmaster.spec.states import INSTANCE_TERMINAL
 from trainmaster.store import repository as repo
 from trainmaster.store.db import default_url, make_engine, session_factory, sqlite_path
 from trainmaster.store.models import InstanceRow, JobRow
+from trainmaster.store.ownership import orphan_note, owner_alive, run_owner, run_pid, why_not_resumable
 
 #: How much of a log :meth:`Trainmaster.tail` reads at most, whatever the number of lines asked:
 #: a tail must answer at once even for a log of gigabytes.
@@ -269,8 +271,6 @@ class Trainmaster:
     def _orphaned(self, instance_id: int) -> str | None:
         """Why the instance's state will not change any more (its job's ``trainmaster run`` is
         gone), or None. A job of the service is never orphaned: the service restarts."""
-        from trainmaster.store.ownership import orphan_note, owner_alive
-
         with self.sessions() as session:
             inst = session.get(InstanceRow, instance_id)
             job = session.get(JobRow, inst.job_id) if inst is not None else None
@@ -281,8 +281,6 @@ class Trainmaster:
     # ---- intents -------------------------------------------------------------------------------
     def cancel(self, ref: str | int) -> CancelResult:
         """Record the cancellation; the controller owning the job stops every instance."""
-        from trainmaster.store.ownership import owner_alive
-
         with self.sessions() as session:
             row = self._find(session, ref)
             if not repo.request_cancel(session, row):
@@ -299,7 +297,7 @@ class Trainmaster:
         framework's single-instance roles, ``minAvailable``...), so scaling cannot make it invalid."""
         with self.sessions() as session:
             row = repo.load_job(session, self._find(session, ref).id)
-            repo.set_replicas(session, row, role, replicas)
+            repo.set_replicas(session, row, role, replicas, validate_document)
             session.commit()
             return ScaleResult(row.id, role, replicas)
 
@@ -331,7 +329,7 @@ class Trainmaster:
         """Validate a job document as a controller on ``backend`` will run it; a
         :class:`UserError` lists every problem with its field path (the job's own
         ``spec.scheduling.backend`` must be that backend)."""
-        loaded = load_document(document, source=source, options=options or LoadOptions())
+        loaded = load_document(document, source=source, options=replace(options or LoadOptions(), backend=backend))
         wanted = loaded.job.spec.scheduling.backend
         if wanted is not None and wanted.value != backend:
             raise UserError(
@@ -397,12 +395,7 @@ class Trainmaster:
     ) -> RunResult:
         """Queue ``loaded`` for a controller in this process and reconcile it to its end;
         ``on_tick(job_id)`` after every pass, ``should_cancel()`` true cancels it."""
-        from trainmaster.containers.policy import container_problems
-        from trainmaster.store.ownership import run_owner
-
-        problems = container_problems(loaded.job, options.backend)  # before anything is stored: a clear refusal
-        if problems:
-            raise UserError(f"{loaded.source}: {len(problems)} role(s) cannot run on this machine", problems)
+        check_runnable(loaded, options.backend)  # before anything is stored: a clear refusal
         controller = self.controller(options, run_owner())
         job_id = self.submit(loaded, controller, unique_name=False).id
         return self._drive(controller, job_id, on_tick, should_cancel)
@@ -417,10 +410,6 @@ class Trainmaster:
         """Take over a job whose ``trainmaster run`` ended before it and run it to its end: live
         instances are re-adopted, ended ones handled by their restart policy. ``options.backend``
         is ignored: the job keeps the backend it started on."""
-        from dataclasses import replace
-
-        from trainmaster.store.ownership import owner_alive, run_owner, run_pid, why_not_resumable
-
         me = run_owner()
         with self.sessions() as session:
             row = self._find(session, ref)

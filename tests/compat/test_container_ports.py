@@ -20,7 +20,7 @@ import yaml
 from controller_harness import run_job_file, run_logs
 from trainmaster.backends.ports import PortPool
 from trainmaster.errors import UserError
-from trainmaster.spec import load_document
+from trainmaster.loading import load_document
 from trainmaster.spec.compat import convert
 
 

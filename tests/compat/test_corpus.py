@@ -102,7 +102,7 @@ def needs(path: Path) -> str | None:
         return "mpirun not found: install Debian's openmpi-bin (make system-deps)"
     if "torchrun" in text and importlib.util.find_spec("torch") is None:
         return "torch is not installed (the torch extra)"
-    from trainmaster.spec.load import load_job
+    from trainmaster.loading import load_job
 
     entry_points = [r.name for r in load_job(path).job.spec.roles if r.image and r.command is None]
     if entry_points:

@@ -101,7 +101,7 @@ def test_value_from_without_a_meaning_here_is_refused_by_path(source: dict[str, 
 
 
 def test_native_env_fields_are_checked() -> None:
-    from trainmaster.spec.load import LoadOptions, load_document
+    from trainmaster.loading import LoadOptions, load_document
 
     role = {"name": "main", "command": ["true"], "env": {"A": "1"}, "envFields": {"A": "status.podIP"}}
     job = {"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": {"name": "x"}, "spec": {"roles": [role]}}

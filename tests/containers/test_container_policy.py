@@ -20,7 +20,7 @@ from trainmaster.contract import ContainerLaunch
 from trainmaster.containers import policy
 from trainmaster.containers.runtime import ContainerRuntime, run_argv
 from trainmaster.errors import UserError
-from trainmaster.spec import load_document
+from trainmaster.loading import check_runnable, load_document, validate_document
 from trainmaster.spec.load import LoadOptions
 from trainmaster.spec.model import RuntimeKind
 from trainmaster.spec.paths import PathPolicy
@@ -41,8 +41,9 @@ def test_runtime_resolution(present: bool, monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.delenv("TRAINMASTER_RUNTIME", raising=False)
 
     def runs(doc: dict, operator: RuntimeKind | None = None) -> bool:
-        loaded = load_document(doc, options=LoadOptions(runtime=operator)).job
-        return policy.runs_in_container(loaded.spec, loaded.spec.roles[0])
+        """Where the role runs once settled for the local backend (what loading does)."""
+        settled = policy.settle_runtimes(validate_document(doc), operator, "local")
+        return settled.spec.runs_in_container(settled.spec.roles[0])
 
     assert not runs(job(image="x"))  # default: host
     assert runs(job(image="x", runtime="container"))
@@ -85,7 +86,8 @@ def test_the_operator_runtime_is_a_flag_with_its_variable(tmp_path: Path) -> Non
     assert runtime_of(dry_run("--runtime", "host")) == "host"
     assert runtime_of(dry_run(variable="container")) == "container"
     assert runtime_of(dry_run("--runtime", "host", variable="container")) == "host"  # the flag wins
-    assert runtime_of(dry_run()) == "auto"  # decided at launch by podman's presence
+    # settled when loaded: a container where podman runs here (the role also gives a command)
+    assert runtime_of(dry_run()) == ("container" if policy.unavailable() == "" else "host")
     bad = dry_run("--runtime", "sideways")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "sideways" in bad.stderr, bad.stderr
 
@@ -120,7 +122,9 @@ def test_container_roles_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
         load_document(job(runtime="container"))
     assert "runtime: container needs an image" in str(err.value) + str(getattr(err.value, "details", ""))
     monkeypatch.setattr(policy, "unavailable", lambda: MISSING)
-    problems = policy.container_problems(load_document(job(image="x", runtime="container")).job)
+    with pytest.raises(UserError) as refused:  # what `run` checks before it stores anything
+        check_runnable(load_document(job(image="x", runtime="container")), "local")
+    problems = refused.value.details
     assert len(problems) == 1 and "spec.roles[0] (main)" in problems[0] and "runtime: host" in problems[0]
 
 
@@ -205,11 +209,14 @@ def test_backends_without_containers_run_auto_roles_on_the_host(monkeypatch: pyt
     backend. The local, Ray and testbed backends' agents run containers."""
     monkeypatch.setattr(policy, "unavailable", lambda: "")
     auto = load_document(job(image="x", runtime="auto")).job
-    assert policy.runs_in_container(auto.spec, auto.spec.roles[0])
-    assert not policy.runs_in_container(auto.spec, auto.spec.roles[0], backend_runs_containers=False)
-    assert policy.container_problems(auto, "elsewhere") == []
+    assert auto.spec.runs_in_container(auto.spec.roles[0])
+    elsewhere = load_document(job(image="x", runtime="auto"), options=LoadOptions(backend="elsewhere")).job
+    assert not elsewhere.spec.runs_in_container(elsewhere.spec.roles[0])
+    assert policy.container_problems(elsewhere, "elsewhere") == []
     explicit = load_document(job(image="x", runtime="container")).job
     problems = policy.container_problems(explicit, "elsewhere")
     assert len(problems) == 1 and "the elsewhere backend does not run containers" in problems[0]
+    with pytest.raises(UserError, match="cannot run on this machine"):
+        check_runnable(load_document(job(image="x", runtime="container")), "elsewhere")
     for backend in ("local", "ray", "testbed"):  # each node's (each testbed host's) agent runs them
         assert policy.container_problems(explicit, backend) == []

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from controller_harness import Harness, job, py, step_until
 from trainmaster.errors import UserError
 from trainmaster.service.app import API, create_app
-from trainmaster.spec import load_document
+from trainmaster.loading import load_document
 
 
 def _errors(role: dict) -> list[str]:  # type: ignore[type-arg]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from controller_harness import Harness, job
 from trainmaster.controller import Controller
-from trainmaster.spec import load_document
+from trainmaster.loading import load_document
 from trainmaster.store.db import make_engine, session_factory
 from trainmaster.store.repository import NameTaken
 

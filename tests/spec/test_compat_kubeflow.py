@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from trainmaster.errors import UserError
-from trainmaster.spec import load_document as _load_document
+from trainmaster.loading import load_document as _load_document
 from trainmaster.spec.compat import convert as _convert
 from trainmaster.spec.load import LoadOptions
 from trainmaster.spec.model import RuntimeKind

@@ -12,7 +12,7 @@ import pytest
 
 from trainmaster.errors import UserError
 from trainmaster.spec.compat import convert
-from trainmaster.spec.load import load_document
+from trainmaster.loading import load_document
 
 CONTAINER = {"name": "pytorch", "image": "x", "command": ["python", "-c", "pass"]}
 

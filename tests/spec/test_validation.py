@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from trainmaster.errors import UserError
-from trainmaster.spec import load_document
+from trainmaster.loading import load_document
 
 BASE = {"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": {"name": "bad"}}
 

@@ -31,8 +31,8 @@ def convert_command(
     from rich.markup import escape
 
     from trainmaster.spec.compat import convert
+    from trainmaster.loading import validate_document
     from trainmaster.spec.load import read_document
-    from trainmaster.spec.validate import validate
 
     raw = read_document(file)
     converted = convert(raw, lenient=lenient)
@@ -54,7 +54,7 @@ def convert_command(
     for line in converted.ignored:
         err.print(f"[yellow]ignored:[/] {escape(line)}")
     if check:
-        validate(document, f"{file} (converted)")
+        validate_document(document, f"{file} (converted)")
 
 
 def _block_dumper() -> type:

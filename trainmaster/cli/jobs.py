@@ -73,8 +73,10 @@ def load_options(  # type: ignore[no-untyped-def]
     allow_path: list[Path] | None,
     allow_framework: list[str] | None,
     runtime: RuntimeChoice | None = None,
+    backend: str | None = None,
 ):
-    """The options of a job verb run by the user on this machine (``run``, ``validate``)."""
+    """The options of a job verb run by the user on this machine (``run``, ``validate``);
+    ``backend``: ``run``'s ``--backend`` (None: the job's own, else local)."""
     from trainmaster.frameworks import allow_frameworks
     from trainmaster.spec.load import LoadOptions
     from trainmaster.spec.model import RuntimeKind
@@ -86,7 +88,7 @@ def load_options(  # type: ignore[no-untyped-def]
         except ValueError as exc:
             raise UserError(f"--allow-framework {exc}") from None
     kind = None if runtime is None else RuntimeKind(runtime.value)
-    return LoadOptions(paths=PathPolicy.for_command_line(allow_path), lenient=lenient, runtime=kind)
+    return LoadOptions(paths=PathPolicy.for_command_line(allow_path), lenient=lenient, runtime=kind, backend=backend)
 
 
 def validate(
@@ -97,7 +99,7 @@ def validate(
     runtime: RuntimeOpt = None,
 ) -> None:
     """Check a job file and list every problem with its field path (exit 2 if any)."""
-    from trainmaster.spec import load_job
+    from trainmaster.loading import load_job
 
     loaded = load_job(file, load_options(lenient, allow_path, allow_framework, runtime))
     job = loaded.job
@@ -150,9 +152,9 @@ def run(
     runtime: RuntimeOpt = None,
 ) -> None:
     """Run a job to its end with a live view; exit 0 if it succeeded, 1 if it failed or was cancelled."""
-    from trainmaster.spec import load_job
+    from trainmaster.loading import load_job
 
-    loaded = load_job(file, load_options(lenient, allow_path, allow_framework, runtime))
+    loaded = load_job(file, load_options(lenient, allow_path, allow_framework, runtime, backend))
     wanted = loaded.job.spec.scheduling.backend
     if backend is not None and wanted is not None and wanted.value != backend:
         raise UserError(

@@ -16,6 +16,21 @@ from rich.console import Console
 from typer.core import TyperGroup
 from typer.models import TyperInfo
 
+import trainmaster
+from trainmaster.cli import (
+    aggregation,
+    convert,
+    db,
+    flsched,
+    gateway,
+    info,
+    jobs,
+    partition,
+    remote,
+    server,
+    testbed,
+)
+from trainmaster.cli.examples import add_examples
 from trainmaster.errors import UserError
 
 # optional packages -> the extra that installs them (pyproject.toml's optional-dependencies)
@@ -77,21 +92,6 @@ job_app = typer.Typer(
 def _register_all() -> None:
     """Groups the way users think (job verbs under ``job``, the gateway's party and task under
     ``gateway``); the old flat names stay as hidden aliases so no script breaks."""
-    from trainmaster.cli import (
-        aggregation,
-        convert,
-        db,
-        flsched,
-        gateway,
-        info,
-        jobs,
-        partition,
-        remote,
-        server,
-        testbed,
-    )
-    from trainmaster.cli.examples import add_examples
-
     for module in (jobs, convert, remote):
         module.register(job_app)
         before = len(app.registered_commands)
@@ -128,9 +128,7 @@ def _plain(typer_app: typer.Typer) -> None:
 
 def _version(value: bool) -> None:
     if value:
-        from trainmaster import __version__
-
-        print(f"trainmaster {__version__}")
+        print(f"trainmaster {trainmaster.__version__}")
         raise typer.Exit()
 
 

@@ -22,6 +22,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+import trainmaster
 from trainmaster.containers.runtime import ContainerRuntime
 
 MERGED_USR_LINKS = {"bin": "usr/bin", "sbin": "usr/sbin", "lib": "usr/lib", "lib64": "usr/lib64"}
@@ -114,8 +115,6 @@ def python_mounts(extra: list[str] | None = None) -> list[dict[str, object]]:
     machine's Python: ``/usr``, the interpreter's installation, the virtual environment, the
     checkout Trainmaster runs from when it is installed in editable mode (a clone's ``make``
     install: the venv only points at it) and ``extra`` paths, each at its own path."""
-    import trainmaster
-
     checkout = str(Path(trainmaster.__file__).resolve().parents[1])
     paths = ["/usr", os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), checkout, *(extra or [])]
     seen: list[str] = []

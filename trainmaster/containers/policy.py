@@ -1,11 +1,14 @@
 """Which roles run in containers, what they mount, and the refusal when no runtime is here.
 
-The rule (one place): a role's ``runtime``, else its job's, else ``host``. ``container`` always
-runs the role's image; ``auto`` (converted Kubeflow/Volcano files) is the operator's choice
-(``--runtime``, :func:`pin_auto_roles` when the job is loaded) where one is made, else runs it
-when a container runtime is present, and on the host when none is and the role gives a command. A role that
-needs a container where none can run is refused at load time, saying how to install a runtime
-or how to run on the host instead.
+The rule, consulted in one place, when a job is loaded (:func:`settle_runtimes`, called by the
+load chain :mod:`trainmaster.loading`): a role's ``runtime``, else its job's, else ``host``.
+``container`` always runs the role's image; ``auto`` (converted Kubeflow/Volcano files) is
+pinned there to the operator's choice (``--runtime``) where one is made, else to a container
+when a runtime is present here and the backend runs containers, or when the role gives no
+command (it can only run its image's entry point), and to the host otherwise. The stored job
+says where each role runs; later steps read it (:meth:`~trainmaster.spec.model.JobSpec.runs_in_container`).
+A role that needs a container where none can run is refused there too
+(:func:`container_problems`), saying how to install a runtime or how to run on the host instead.
 """
 
 from __future__ import annotations
@@ -15,53 +18,44 @@ from pathlib import Path
 
 from trainmaster.contract import ContainerLaunch
 from trainmaster.containers.runtime import unavailable
-from trainmaster.spec.model import Job, JobSpec, Role, RuntimeKind
+from trainmaster.spec.model import Job, Role, RuntimeKind
 from trainmaster.spec.paths import in_job_folder, job_working_dir
 
 
 CONTAINER_BACKENDS = ("local", "ray", "testbed")  # whose node agents run LaunchSpec.container
 
 
-def pin_auto_roles(job: Job, operator: RuntimeKind | None) -> Job:
-    """``job`` with each ``auto`` role that names an image pinned to the operator's choice
-    (``trainmaster run|server --runtime host|container``), so every later step (framework
-    defaults, the refusal, the launch) and the stored job say the same; unchanged without one."""
-    if operator in (None, RuntimeKind.AUTO):
+def settle_runtimes(job: Job, operator: RuntimeKind | None, backend: str) -> Job:
+    """``job`` with each ``auto`` role that names an image pinned to host or container (see the
+    module's rule) for a run on ``backend``, so every later step (framework defaults, the
+    refusal, the launch) and the stored job say the same; unchanged when it has none."""
+    auto = [
+        role
+        for role in job.spec.roles
+        if role.image is not None and (role.runtime or job.spec.runtime) == RuntimeKind.AUTO
+    ]
+    if not auto:
         return job
+    kind: RuntimeKind | None = operator if operator != RuntimeKind.AUTO else None
+    if kind is None and backend in CONTAINER_BACKENDS and unavailable() == "":
+        kind = RuntimeKind.CONTAINER
     job = job.model_copy(deep=True)
     for role in job.spec.roles:
         if role.image is not None and (role.runtime or job.spec.runtime) == RuntimeKind.AUTO:
-            role.runtime = operator
+            role.runtime = kind or (RuntimeKind.CONTAINER if role.command is None else RuntimeKind.HOST)
     return job
 
 
-def resolved_runtime(spec: JobSpec, role: Role, backend_runs_containers: bool = True) -> RuntimeKind:
-    """HOST or CONTAINER for ``role``: its ``runtime``, else its job's, else host; ``auto`` (no
-    operator's choice pinned it when loaded) is a container where a runtime is present (and the
-    backend runs containers) or where the role gives no command (it runs its image's entry
-    point), else the host."""
-    kind = role.runtime or spec.runtime or RuntimeKind.HOST
-    if role.image is None:
-        return RuntimeKind.HOST
-    if kind == RuntimeKind.AUTO:
-        present = backend_runs_containers and unavailable() == ""
-        kind = RuntimeKind.CONTAINER if role.command is None or present else RuntimeKind.HOST
-    return kind
-
-
-def runs_in_container(spec: JobSpec, role: Role, backend_runs_containers: bool = True) -> bool:
-    return resolved_runtime(spec, role, backend_runs_containers) == RuntimeKind.CONTAINER
-
-
 def container_problems(job: Job, backend: str = "local") -> list[str]:
-    """``spec.roles[i] (name): why`` for each role this machine (and ``backend``) cannot run
-    as asked: one that runs in a container where no runtime is (or on a backend whose agents
-    do not run containers), or one that runs on the host with no command."""
+    """``spec.roles[i] (name): why`` for each role of a settled job (:func:`settle_runtimes`)
+    this machine (and ``backend``) cannot run as asked: one that runs in a container where no
+    runtime is (or on a backend whose agents do not run containers), or one that runs on the
+    host with no command."""
     problems = []
     backend_runs = backend in CONTAINER_BACKENDS
     for i, role in enumerate(job.spec.roles):
         where = f"spec.roles[{i}] ({role.name})"
-        if runs_in_container(job.spec, role, backend_runs):
+        if job.spec.runs_in_container(role):
             why = (
                 unavailable()
                 if backend_runs

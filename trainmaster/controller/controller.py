@@ -38,6 +38,7 @@ from trainmaster.controller.backoff import StoreBackoff
 from trainmaster.controller.admission import admit
 from trainmaster.controller.launching import dependency_order, instance_id, launch_spec
 from trainmaster.errors import JobConflict
+from trainmaster.loading import validate_document
 from trainmaster.spec.load import LoadedJob
 from trainmaster.spec.model import Job, RestartScope, Role
 from trainmaster.spec.paths import in_job_folder
@@ -54,6 +55,7 @@ from trainmaster.spec.status import RoleSummary, Verdict, job_state, role_state
 from trainmaster.store import repository as repo
 from trainmaster.store.db import home
 from trainmaster.store.models import EventRow, InstanceRow, JobRow, RoleRow, utcnow
+from trainmaster.store.ownership import why_not_resumable
 
 I = InstanceState
 ROWS_AHEAD = 64  # a waiting job's row is loaded with those of the next waiting jobs (one query)
@@ -160,7 +162,7 @@ class Controller:
     def scale(self, job_id: int, role_name: str, replicas: int) -> None:
         """Change a role's desired replicas; the next pass acts on it."""
         with self.sessions() as session:
-            repo.set_replicas(session, repo.load_job(session, job_id), role_name, replicas)
+            repo.set_replicas(session, repo.load_job(session, job_id), role_name, replicas, validate_document)
             session.commit()
         self.wake()
 
@@ -170,8 +172,6 @@ class Controller:
 
         Refused (:class:`NotResumable`) while its run still lives, once it has ended, or when it
         ran on another backend than this controller's (its instances would be out of reach)."""
-        from trainmaster.store.ownership import why_not_resumable
-
         with self._lock, self.sessions() as session:
             row = repo.load_job(session, job_id)
             what = f"job {row.name} (id {row.id}, {row.state})"

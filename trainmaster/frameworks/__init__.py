@@ -29,6 +29,7 @@ from typing import Any
 
 from trainmaster.frameworks.base import Framework, InstanceContext
 from trainmaster.spec.model import MAX_FRAMEWORK_ID, Job
+from trainmaster.spec.validate import mapping, raw_roles as roles_of
 
 BUILTIN: dict[str, str] = {
     "command": "trainmaster.frameworks.command:CommandFramework",
@@ -169,8 +170,11 @@ def _load_target(target: str, framework_id: str) -> Framework:
         raise UnknownFramework(f"cannot load '{target}' (allowed as '{framework_id}'): {exc}") from None
 
 
-def framework_errors(spec: dict[str, Any], raw_roles: list[dict[str, Any]]) -> list[str]:
-    """Validation lines for the job's framework: unknown id, or the framework's own checks."""
+def framework_errors(raw: dict[str, Any]) -> list[str]:
+    """Validation lines for the job's framework (unknown id, or the framework's own checks) of
+    the raw document ``raw``, which may be malformed: the spec's validation lists them with its
+    own (:func:`trainmaster.spec.validate.validate`'s ``checks``)."""
+    spec, raw_roles = mapping(raw.get("spec")), roles_of(raw)
     framework_id = spec.get("framework", "command")
     if not isinstance(framework_id, str) or len(framework_id) > MAX_FRAMEWORK_ID:
         return []  # the structural pass reports the type error

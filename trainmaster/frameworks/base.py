@@ -96,8 +96,6 @@ class Framework:
 
     def defaults(self, job: Job) -> Job:
         """Fill the framework's defaults into ``job`` (a copy; the argument is not changed)."""
-        from trainmaster.containers.policy import runs_in_container
-
         job = job.model_copy(deep=True)
         role_names = {r.name for r in job.spec.roles}
         for role in job.spec.roles:
@@ -106,8 +104,8 @@ class Framework:
                     Dependency(role=d) for d in self.default_dependencies.get(role.name, ()) if d in role_names
                 ]
             # a role that runs an image with no command runs the image's entry point (Kubernetes);
-            # one that runs on the host (including `auto` resolved to the host) gets the framework's
-            if role.command is None and not runs_in_container(job.spec, role):
+            # one that runs on the host (including `auto` settled on the host) gets the framework's
+            if role.command is None and not job.spec.runs_in_container(role):
                 role.command = self.role_command(job, role)
         return job
 

@@ -21,10 +21,12 @@ from __future__ import annotations
 import json
 
 from trainmaster.frameworks.base import Framework, InstanceContext
+from trainmaster.spec.compat.kubeflow import TF_CLUSTER_ROLES
 from trainmaster.spec.model import Dependency, DependencyCondition, Job, RoleSelector, StatusPolicy
 
-#: Roles in the training cluster (``TF_CONFIG.cluster``); the evaluator is not one of them.
-CLUSTER_ROLES = ("chief", "master", "worker", "ps")
+#: Roles in the training cluster (``TF_CONFIG.cluster``), a TFJob's as Kubeflow defines them;
+#: the evaluator is not one of them.
+CLUSTER_ROLES = TF_CLUSTER_ROLES
 
 
 class TensorFlowFramework(Framework):

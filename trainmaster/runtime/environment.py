@@ -5,6 +5,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from trainmaster.frameworks import get_framework
+from trainmaster.frameworks.base import InstanceContext
+
 
 def service_variable(role: str) -> str:
     """``TM_SERVICE_<ROLE>``: the role name upper-cased, ``-`` as ``_``."""
@@ -56,9 +59,6 @@ def instance_environment(launch: dict[str, Any], services: dict[str, list[str]])
     the framework's variables, then the role's own ``env`` and ``envFields`` (the user has the
     last word).
     """
-    from trainmaster.frameworks import get_framework
-    from trainmaster.frameworks.base import InstanceContext
-
     context = launch["context"]
     framework = get_framework(launch["framework"])
     ctx = InstanceContext(services=services, **context)

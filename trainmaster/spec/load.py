@@ -1,4 +1,8 @@
-"""Reading a job file: YAML or JSON, ours or Kubeflow/Volcano (converted), validated, defaulted."""
+"""Reading a job document: YAML or JSON, bounded, ours or Kubeflow/Volcano (converted).
+
+The spec's part of loading a job; the whole chain (then validation with the framework's checks,
+where each role runs, the framework's defaults) is :mod:`trainmaster.loading`, one floor up.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +14,9 @@ from typing import Any
 import yaml
 
 from trainmaster.errors import UserError
+from trainmaster.spec.compat import convert
 from trainmaster.spec.model import Job, RuntimeKind
-from trainmaster.spec.paths import PathPolicy, anchored
-from trainmaster.spec.validate import validate
+from trainmaster.spec.paths import PathPolicy
 
 #: A job document is a few KB and a few levels deep; anything much deeper is not a job, and
 #: would reach recursion limits in the layers below (JSON encoding, the store).
@@ -33,6 +37,9 @@ class LoadOptions:
     lenient: bool = False
     # the operator's choice for roles with ``runtime: auto`` (``--runtime``); None: podman's presence
     runtime: RuntimeKind | None = None
+    # the backend the job will run on (``--backend``, the server's); None: the job's own
+    # ``spec.scheduling.backend``, else local. Where each role runs is settled for it.
+    backend: str | None = None
 
 
 @dataclass
@@ -76,11 +83,6 @@ def parse_document(text: str, source: str) -> dict[str, Any]:
     return docs[0]
 
 
-def load_job(path: str | Path, options: LoadOptions | None = None) -> LoadedJob:
-    """Load, convert (Kubeflow/Volcano), validate and default a job file."""
-    return load_document(read_document(path), source=str(path), options=options)
-
-
 def document_depth(value: Any) -> int:
     """How deeply mappings and lists nest in ``value`` (iteratively: no recursion limit)."""
     deepest, stack = 0, [(value, 1)]
@@ -121,13 +123,10 @@ def unencodable_text(value: Any, path: str = "") -> list[str]:
     return sorted(set(found))
 
 
-def load_document(raw: dict[str, Any], source: str = "job", options: LoadOptions | None = None) -> LoadedJob:
-    """Convert (Kubeflow/Volcano), validate and default one job document."""
-    from trainmaster.containers.policy import pin_auto_roles
-    from trainmaster.frameworks import apply_defaults
-    from trainmaster.spec.compat import convert
-
-    options = options or LoadOptions()
+def plain_document(raw: dict[str, Any], source: str = "job", lenient: bool = False) -> tuple[dict[str, Any], list[str]]:
+    """``raw`` as a ``trainmaster/v1 Job`` document (a Kubeflow/Volcano one converted) and the
+    source fields conversion could not carry over; a :class:`UserError` for a document too deep,
+    holding text no program can be given, or of a kind we do not read."""
     if document_depth(raw) > MAX_DOCUMENT_DEPTH:
         raise UserError(
             f"{source}: nested more than {MAX_DOCUMENT_DEPTH} levels deep; a job "
@@ -143,11 +142,10 @@ def load_document(raw: dict[str, Any], source: str = "job", options: LoadOptions
                 for where in bad_text[:20]
             ],
         )
-    ignored: list[str] = []
-    converted = convert(raw, lenient=options.lenient)
+    converted = convert(raw, lenient=lenient)
     if converted is not None:
-        raw, ignored = converted.document, converted.ignored
-    elif raw.get("apiVersion") not in (None, "trainmaster/v1") or raw.get("kind") not in (None, "Job"):
+        return converted.document, converted.ignored
+    if raw.get("apiVersion") not in (None, "trainmaster/v1") or raw.get("kind") not in (None, "Job"):
         raise UserError(
             f"{source}: unsupported document apiVersion={raw.get('apiVersion')!r} kind={raw.get('kind')!r}",
             [
@@ -155,12 +153,7 @@ def load_document(raw: dict[str, Any], source: str = "job", options: LoadOptions
                 "or a Volcano Job (batch.volcano.sh/v1alpha1)"
             ],
         )
-    job = validate(raw, source, paths=options.paths)
-    job = pin_auto_roles(job, options.runtime)
-    job = apply_defaults(job)
-    if options.paths is not None:
-        job = anchored(job, options.paths)
-    return LoadedJob(job=job, source=source, ignored=ignored)
+    return raw, []
 
 
 def dump_yaml(job: Job) -> str:

@@ -382,6 +382,19 @@ class JobSpec(SpecModel):
                 return role
         raise KeyError(name)
 
+    def runs_in_container(self, role: Role) -> bool:
+        """Whether ``role`` runs its image in a container, as the job says: its ``runtime``, else
+        the job's, else the host. Loading pins every ``auto`` to host or container (the container
+        policy, :func:`trainmaster.containers.policy.settle_runtimes`, decides there, once); an
+        ``auto`` that a job stored before that still carries runs in a container only when the
+        role gives no command (it can only run its image's entry point)."""
+        if role.image is None:
+            return False
+        kind = role.runtime or self.runtime or RuntimeKind.HOST
+        if kind == RuntimeKind.AUTO:
+            return role.command is None
+        return kind == RuntimeKind.CONTAINER
+
     @property
     def total_replicas(self) -> int:
         return sum(role.replicas for role in self.roles)

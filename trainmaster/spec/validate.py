@@ -1,12 +1,16 @@
 """Validation that reports every problem at once, each with its field path and a reason.
 
 Two passes run on every document: pydantic's structural checks (types, ranges, unknown fields)
-and the cross-field checks below (dependencies, cycles, gang size, framework), which walk the
-raw document so they still run when some field failed its type check.
+and the cross-field checks below (dependencies, cycles, gang size), which walk the raw document
+so they still run when some field failed its type check. Checks from above the spec (the
+framework's, :func:`trainmaster.frameworks.framework_errors`) are handed in by the load chain
+(:mod:`trainmaster.loading`) and walk the same raw document, so their problems are listed with
+the others.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -70,14 +74,16 @@ def structural_errors(raw: dict[str, Any]) -> list[str]:
     return []
 
 
-def _mapping(value: Any) -> dict[str, Any]:
+def mapping(value: Any) -> dict[str, Any]:
     """``value`` if it is a mapping, else empty: the cross-field checks read a document whose
     structure may be broken (the structural pass reports that), and must never fail on it."""
     return value if isinstance(value, dict) else {}
 
 
-def _roles(raw: dict[str, Any]) -> list[dict[str, Any]]:
-    roles = _mapping(raw.get("spec")).get("roles")
+def raw_roles(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """The roles of a raw document, each a mapping (an empty one where it is not): for checks
+    that must never fail on a broken document."""
+    roles = mapping(raw.get("spec")).get("roles")
     if not isinstance(roles, list) or len(roles) > MAX_ROLES:
         return []  # the structural pass reports it; nothing to cross-check
     return [r if isinstance(r, dict) else {} for r in roles]
@@ -113,8 +119,8 @@ def _cycle(graph: dict[str, list[str]]) -> list[str] | None:
 def semantic_errors(raw: dict[str, Any]) -> list[str]:
     """Cross-field checks that pydantic cannot express."""
     errors: list[str] = []
-    spec = _mapping(raw.get("spec"))
-    roles = _roles(raw)
+    spec = mapping(raw.get("spec"))
+    roles = raw_roles(raw)
     names = [r.get("name") if isinstance(r.get("name"), str) else None for r in roles]
     for i, name in enumerate(names):
         if name is not None and names.index(name) != i:
@@ -179,7 +185,7 @@ def _gang_errors(spec: dict[str, Any], roles: list[dict[str, Any]]) -> list[str]
     replicas = [r.get("replicas", 1) for r in roles]
     valid = [isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in replicas]
     total = sum(n if ok else 1 for n, ok in zip(replicas, valid))
-    min_available = _mapping(spec.get("scheduling")).get("minAvailable")
+    min_available = mapping(spec.get("scheduling")).get("minAvailable")
     if isinstance(min_available, int) and not isinstance(min_available, bool) and min_available > total:
         assumed = "" if all(valid) else " (counting each invalid replicas value as 1)"
         return [
@@ -210,16 +216,21 @@ def _policy_errors(spec: dict[str, Any], roles: list[dict[str, Any]], known: set
     return errors
 
 
-def validate(raw: dict[str, Any], source: str = "job", paths: PathPolicy | None = None) -> Job:
+#: A check of a raw document from above the spec: one line per problem, with its field path.
+Check = Callable[[dict[str, Any]], list[str]]
+
+
+def validate(
+    raw: dict[str, Any], source: str = "job", paths: PathPolicy | None = None, checks: Sequence[Check] = ()
+) -> Job:
     """Parse ``raw`` into a :class:`Job`, or raise :class:`UserError` listing every problem.
 
     ``paths``: the operator's rule for ``workingDir``/``output.path`` (None: not checked, for a
-    job that was checked when it was submitted)."""
-    from trainmaster.frameworks import framework_errors
-
+    job that was checked when it was submitted). ``checks``: more checks of the raw document
+    (the framework's), listed after the spec's own."""
     errors = structural_errors(raw) + semantic_errors(raw)
-    spec = _mapping(raw.get("spec"))
-    errors += framework_errors(spec, raw_roles=_roles(raw))
+    for check in checks:
+        errors += check(raw)
     if paths is not None:
         errors += path_errors(raw, paths)
     if errors:

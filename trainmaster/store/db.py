@@ -8,6 +8,7 @@ from pathlib import Path
 from sqlalchemy import Engine, MetaData, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
+from trainmaster.errors import UserError
 from trainmaster.store.models import Base
 
 
@@ -50,8 +51,6 @@ def check_schema(engine: Engine, url: str, metadata: MetaData) -> None:
     never missing columns) instead of failing later mid-job."""
     from sqlalchemy import inspect
 
-    from trainmaster.errors import UserError
-
     inspector = inspect(engine)
     for table in metadata.sorted_tables:
         have = {c["name"] for c in inspector.get_columns(table.name)}
@@ -83,8 +82,6 @@ class ServerLock:
 
     def acquire(self) -> None:
         import fcntl
-
-        from trainmaster.errors import UserError
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -11,8 +13,9 @@ from sqlalchemy.orm import Session, defer, object_session, selectinload
 from sqlalchemy.orm.attributes import set_committed_value
 
 from trainmaster.errors import JobConflict, UserError
+from trainmaster.spec.model import Job
 from trainmaster.spec.states import JOB_TERMINAL, JobState
-from trainmaster.store.models import EventRow, JobRow, RegistryRow, utcnow
+from trainmaster.store.models import EventRow, JobRow, MetricRow, RegistryRow, utcnow
 from trainmaster.store.ownership import orphan_note, owner_alive
 
 
@@ -320,8 +323,6 @@ def latest_metrics_of_live_jobs(session: Session) -> dict[tuple[str, str, int, s
     """(job name, role, index, metric) -> the newest value reported by instances of jobs not yet ended."""
     from sqlalchemy import func
 
-    from trainmaster.store.models import MetricRow
-
     live = select(JobRow.id).where(JobRow.state.not_in([s.value for s in JOB_TERMINAL]))
     newest = (
         select(func.max(MetricRow.id))
@@ -337,8 +338,6 @@ def latest_metrics_of_live_jobs(session: Session) -> dict[tuple[str, str, int, s
 def latest_points(session: Session, job_id: int) -> dict[tuple[str, int], Any]:
     """(role, index) -> the newest point each instance of the job reported."""
     from sqlalchemy import func
-
-    from trainmaster.store.models import MetricRow
 
     newest = select(func.max(MetricRow.id)).where(MetricRow.job_id == job_id).group_by(MetricRow.role, MetricRow.index)
     rows = session.scalars(select(MetricRow).where(MetricRow.id.in_(newest))).all()
@@ -361,13 +360,12 @@ def request_cancel(session: Session, job: JobRow) -> bool:
     return True
 
 
-def set_replicas(session: Session, job: JobRow, role: str, replicas: int) -> None:
-    """Change a role's desired replicas. The changed job is validated like a submitted one (a
-    framework's single-instance roles, ``minAvailable``...), so scaling cannot make it invalid."""
-    import copy
-
-    from trainmaster.spec.validate import validate
-
+def set_replicas(
+    session: Session, job: JobRow, role: str, replicas: int, validate: Callable[[dict[str, Any], str], Job]
+) -> None:
+    """Change a role's desired replicas. The changed job is checked by ``validate`` like a
+    submitted one (the load chain's :func:`trainmaster.loading.validate_document`: a framework's
+    single-instance roles, ``minAvailable``...), so scaling cannot make it invalid."""
     if is_terminal(job.state):
         raise UserError(f"job {job.name} (id {job.id}) has ended ({job.state}); only an active job scales")
     doc = copy.deepcopy(job.spec)
@@ -375,7 +373,7 @@ def set_replicas(session: Session, job: JobRow, role: str, replicas: int) -> Non
     if role not in roles:
         raise UserError(f"job {job.name} (id {job.id}) has no role '{role}' (its roles: {', '.join(roles)})")
     roles[role]["replicas"] = replicas
-    job.spec = validate(doc, source=f"job {job.name} with {role} at {replicas} replicas").dump()
+    job.spec = validate(doc, f"job {job.name} with {role} at {replicas} replicas").dump()
     next(r for r in job.roles if r.name == role).replicas = replicas
     add_event(session, job.id, f"role/{role}", "Scaled", f"desired replicas set to {replicas}")
 
@@ -384,8 +382,6 @@ def set_suspended(session: Session, job: JobRow, suspend: bool) -> bool:
     """Set the job's ``runPolicy.suspend`` (its controller holds or starts it at the next pass);
     False when it already had that value. The spec stays the stored source of truth, so no
     schema change: the controller reads the flag from it as it reads a scaled role's replicas."""
-    import copy
-
     if is_terminal(job.state):
         raise UserError(
             f"job {job.name} (id {job.id}) has ended ({job.state}); only an active job is "

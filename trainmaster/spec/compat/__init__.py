@@ -10,8 +10,9 @@ local meaning are listed in :attr:`Converted.ignored` with the reason, never dro
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from typing import Any
+
+from trainmaster.spec.compat import kubeflow, volcano
 
 
 @dataclass
@@ -42,23 +43,12 @@ def convert(raw: dict[str, Any], lenient: bool = False) -> Converted | None:
         return None
     source = source_kind(raw)
     if source == "kubeflow":
-        from trainmaster.spec.compat import kubeflow
-
         document, ignored = kubeflow.convert(raw, lenient)
     elif source == "volcano":
-        from trainmaster.spec.compat import volcano
-
         document, ignored = volcano.convert(raw, lenient)
     else:
         return None
     return Converted(document=document, ignored=ignored)
 
 
-def framework_available(framework_id: str) -> bool:
-    """Whether a framework id is built in or installed, without importing it."""
-    from trainmaster.frameworks import BUILTIN, ENTRY_POINT_GROUP
-
-    return framework_id in BUILTIN or any(ep.name == framework_id for ep in entry_points(group=ENTRY_POINT_GROUP))
-
-
-__all__ = ["Converted", "convert", "framework_available", "source_kind"]
+__all__ = ["Converted", "convert", "source_kind"]

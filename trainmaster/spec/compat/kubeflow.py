@@ -18,6 +18,8 @@ from trainmaster.spec.compat.meta import metadata
 from trainmaster.spec.compat.pod import from_template
 
 GROUP = "kubeflow.org"
+#: The replica types of a TFJob that make up TF_CONFIG's cluster (an evaluator is outside it)
+TF_CLUSTER_ROLES = ("chief", "master", "worker", "ps")
 
 
 @dataclass(frozen=True)
@@ -163,12 +165,8 @@ def convert(raw: dict[str, Any], lenient: bool = False) -> tuple[dict[str, Any],
 
 
 def _framework(kind_name: str) -> str:
-    """The framework running this kind: its own if installed, ``command`` otherwise (the
-    converted dependencies and status policy then carry the kind's semantics)."""
-    from trainmaster.spec.compat import framework_available
-
-    wanted = {"PyTorchJob": "pytorch", "TFJob": "tensorflow", "MPIJob": "mpi"}[kind_name]
-    return wanted if kind_name != "MPIJob" or framework_available(wanted) else "command"
+    """The framework running this kind (each is built in)."""
+    return {"PyTorchJob": "pytorch", "TFJob": "tensorflow", "MPIJob": "mpi"}[kind_name]
 
 
 def _roles(spec: dict[str, Any], kind: Kind, container: str | None, report: Report) -> list[dict[str, Any]]:
@@ -256,9 +254,7 @@ def _add_dependencies(kind_name: str, roles: list[dict[str, Any]], names: list[s
     elif kind_name == "TFJob":
         # every replica's TF_CONFIG lists every cluster address, so each waits until all the
         # cluster's instances are placed (not running: the operator starts them all at once)
-        from trainmaster.frameworks.tensorflow import CLUSTER_ROLES
-
-        cluster = [n for n in names if n in CLUSTER_ROLES]
+        cluster = [n for n in names if n in TF_CLUSTER_ROLES]
         for role in roles:
             role["dependsOn"] = [{"role": n, "condition": "Placed"} for n in cluster]
         return

@@ -1,0 +1,65 @@
+"""Loading a job: the one chain every job takes in, run once, in this order.
+
+1. read the YAML/JSON document (bounded: :mod:`trainmaster.spec.load`) and convert a
+   Kubeflow/Volcano one (:mod:`trainmaster.spec.compat`), listing the fields it cannot carry;
+2. validate it: the spec's checks and the framework's (:func:`trainmaster.frameworks.framework_errors`)
+   over the raw document, so every problem is listed at once with its field path (a framework
+   checking the typed job could only speak once the structure is sound);
+3. settle where each role runs (:func:`trainmaster.containers.policy.settle_runtimes`) for the
+   backend the job will run on;
+4. fill the framework's defaults;
+5. anchor relative paths to the operator's base directory.
+
+The CLI's ``validate``/``run``, the server's submit and the facade all come here; the spec
+below knows nothing of frameworks or containers, the controller above reads the loaded job.
+This module is the one place the container policy is consulted: :func:`check_runnable` is the
+refusal ``run`` applies before it stores anything (a role that this machine and backend cannot
+run as the job says), from the same rule.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trainmaster.containers.policy import container_problems, settle_runtimes
+from trainmaster.errors import UserError
+from trainmaster.frameworks import apply_defaults, framework_errors
+from trainmaster.spec.load import LoadedJob, LoadOptions, plain_document, read_document
+from trainmaster.spec.model import Job
+from trainmaster.spec.paths import PathPolicy, anchored
+from trainmaster.spec.validate import validate
+
+__all__ = ["LoadOptions", "LoadedJob", "check_runnable", "load_document", "load_job", "validate_document"]
+
+
+def load_job(path: str | Path, options: LoadOptions | None = None) -> LoadedJob:
+    """Load a job file (see the module's chain)."""
+    return load_document(read_document(path), source=str(path), options=options)
+
+
+def load_document(raw: dict[str, Any], source: str = "job", options: LoadOptions | None = None) -> LoadedJob:
+    """Convert, validate, settle, default and anchor one job document (see the module's chain)."""
+    options = options or LoadOptions()
+    document, ignored = plain_document(raw, source, options.lenient)
+    job = validate_document(document, source, options.paths)
+    backend = options.backend or (job.spec.scheduling.backend.value if job.spec.scheduling.backend else "local")
+    job = apply_defaults(settle_runtimes(job, options.runtime, backend))
+    if options.paths is not None:
+        job = anchored(job, options.paths)
+    return LoadedJob(job=job, source=source, ignored=ignored)
+
+
+def check_runnable(loaded: LoadedJob, backend: str) -> None:
+    """Refuse, listing each, the roles this machine and ``backend`` cannot run as the loaded job
+    says (a container where no runtime is, or on a backend that runs none; an image's entry point
+    on the host): what ``run`` checks before anything is stored."""
+    problems = container_problems(loaded.job, backend)
+    if problems:
+        raise UserError(f"{loaded.source}: {len(problems)} role(s) cannot run on this machine", problems)
+
+
+def validate_document(raw: dict[str, Any], source: str = "job", paths: PathPolicy | None = None) -> Job:
+    """A ``trainmaster/v1 Job`` document checked by the spec and its framework (every problem at
+    once, with field paths): a submitted one, or a stored one changed (a role scaled)."""
+    return validate(raw, source, paths, checks=(framework_errors,))
