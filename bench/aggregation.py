@@ -118,7 +118,7 @@ class Sync:
 
 # ---- processes on testbed hosts ------------------------------------------------------------
 def _on_host(namespace: str) -> None:
-    from trainmaster.testbed.namespace import enter
+    from trainmaster.agent.netns import enter
 
     enter(namespace)
 

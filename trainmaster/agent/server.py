@@ -25,6 +25,7 @@ from typing import Any
 
 from trainmaster.contract import LaunchSpec
 from trainmaster.agent.core import AgentOptions, NodeAgent
+from trainmaster.agent.netns import enter as enter_network_namespace
 from trainmaster.agent.protocol import ALREADY_RUNNING_EXIT, LOCK_NAME, LOG_NAME, PID_NAME, socket_address
 
 log = logging.getLogger("trainmaster.agent")
@@ -159,9 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         # setns(2), not `ip netns exec`: that remounts /sys in a private mount namespace, hiding
         # the cgroup hierarchies the agent tracks process trees with. Before any thread starts
         # (setns moves only the calling thread), so every thread and child lives on that host.
-        from trainmaster.testbed.namespace import enter
-
-        enter(args.netns)
+        enter_network_namespace(args.netns)
     args.state_dir.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(
         filename=args.state_dir / LOG_NAME,

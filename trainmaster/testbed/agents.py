@@ -21,6 +21,7 @@ from pathlib import Path
 from trainmaster.agent.client import AgentClient, agent_pid, ensure_agent
 from trainmaster.agent.core import AgentOptions
 from trainmaster.agent.tree import kill_tree, make_trees
+from trainmaster.testbed.options import state_dir
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +30,6 @@ JOURNAL_NAME = "journal.jsonl"
 
 def agents_dir(prefix: str) -> Path:
     """Where the agents of testbed ``prefix`` keep their state (one folder per host)."""
-    from trainmaster.testbed.testbed import state_dir
-
     return state_dir() / prefix
 
 

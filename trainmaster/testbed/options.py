@@ -1,17 +1,25 @@
-"""What a testbed is made of: typed options, validated once, and the rate notation of ``tc``."""
+"""What a testbed is made of: typed options, validated once, the rate notation of ``tc``, and
+where testbeds are recorded."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from trainmaster.errors import UserError
+from trainmaster.store.db import home
 
 MAX_HOSTS = 200  # host i has address .i of the testbed's /24; .254 is the switch
 PREFIX_PATTERN = re.compile(r"^[a-z][a-z0-9]{0,9}$")  # short: namespace names stay readable
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(bit|kbit|mbit|gbit|tbit)?\s*$", re.IGNORECASE)
 _UNIT = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
 UNCAPPED = ("none", "uncapped", "0", "")
+
+
+def state_dir() -> Path:
+    """Where testbeds are recorded (one ``<prefix>.json`` each) and their host agents keep state."""
+    return home() / "testbed"
 
 
 def parse_rate(text: str, option: str = "--link") -> int | None:

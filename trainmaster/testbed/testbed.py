@@ -27,23 +27,17 @@ import subprocess
 import time
 import zlib
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from trainmaster.errors import UserError
 from trainmaster.testbed import iproute
-from trainmaster.testbed.options import TestbedOptions, format_rate
+from trainmaster.testbed.agents import stop_host_agents
+from trainmaster.testbed.options import TestbedOptions, format_rate, state_dir
 
 SWITCH = "sw"
 SWITCH_OCTET = 254
 HOST_DEVICE = "eth0"
 BRIDGE = "br0"
-
-
-def state_dir() -> Path:
-    from trainmaster.store.db import home
-
-    return home() / "testbed"
 
 
 @dataclass(frozen=True)
@@ -251,7 +245,6 @@ def remove(prefix: str, grace: float = 3.0) -> list[str]:
     ``grace`` seconds): a namespace lives on, unnamed, while a process is in it. Deleting a
     namespace deletes its veth ends (and so their peers) and its qdiscs with it.
     Idempotent, and it needs no state file: namespaces are found by their names."""
-    from trainmaster.testbed.agents import stop_host_agents
 
     iproute.require_root_and_tools()
     stop_host_agents(prefix)  # first: each stops its instances and removes their cgroups

@@ -1,8 +1,9 @@
-"""Move the calling process into a testbed host's network namespace (``setns(2)``).
+"""Move the calling process into a named network namespace (``setns(2)``): a testbed host's.
 
-For processes forked from a Python parent (the benchmark's workers): after ``enter`` every
-socket the process opens lives on that host. ``setns`` moves only the calling thread, so it
-must be called before any thread is started, which is the case right after a fork.
+For the node agent daemon of a testbed host (``--netns``) and for processes forked from a Python
+parent (the aggregation benchmark's workers): after ``enter`` every socket the process opens
+lives on that host. ``setns`` moves only the calling thread, so it must be called before any
+thread is started, which is the case right after a fork or at a daemon's start.
 """
 
 from __future__ import annotations
