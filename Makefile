@@ -75,11 +75,13 @@ $(FLOWER_VENV)/.installed: $(STAMP)
 	@$(FLOWER_VENV)/bin/pip install --quiet '$(FLOWER)' pytest pytest-timeout \
 		&& touch $@ || { echo "warning: could not install $(FLOWER); the Flower tests will skip"; rm -rf $(FLOWER_VENV); }
 
-## lint: ruff (pyflakes rules: unused and undefined names) and ruff's formatter over the package, tests and
-## benchmarks (`$(BIN)/ruff format trainmaster tests bench` formats them)
+## lint: ruff (pyflakes rules: unused and undefined names) and ruff's formatter over the package, tests,
+## benchmarks and tools (`$(BIN)/ruff format trainmaster tests bench tools` formats them), then the import
+## layers (tools/layers.py: no import up a layer, no cycle; `$(BIN)/python tools/layers.py` prints them)
 lint: $(STAMP)
-	$(BIN)/ruff check trainmaster tests bench
-	$(BIN)/ruff format --check trainmaster tests bench
+	$(BIN)/ruff check trainmaster tests bench tools
+	$(BIN)/ruff format --check trainmaster tests bench tools
+	$(BIN)/python tools/layers.py --quiet
 
 ## typecheck: mypy over the controller's layers and the node agent (the files in pyproject's [tool.mypy])
 typecheck: $(STAMP)
