@@ -29,7 +29,7 @@ from trainmaster.controller import metrics, queues, restart, scaling
 from trainmaster.controller.backoff import StoreBackoff
 from trainmaster.controller.admission import admit
 from trainmaster.controller.launching import instance_id, launch_spec
-from trainmaster.errors import JobConflict
+from trainmaster.errors import BackendError, JobConflict, UserError
 from trainmaster.spec.load import LoadedJob
 from trainmaster.spec.model import Job, RestartScope, Role
 from trainmaster.spec.paths import in_job_folder
@@ -41,11 +41,20 @@ from trainmaster.store.models import EventRow, InstanceRow, JobRow, RoleRow, utc
 
 I = InstanceState
 ROWS_AHEAD = 64  # a waiting job's row is loaded with those of the next waiting jobs (one query)
+BACKEND_TRIES = 3  # passes in a row a backend may fail before `run_job` gives up (each pass is idempotent)
 LIVE = (I.STARTING.value, I.RUNNING.value, I.UNKNOWN.value, I.TERMINATING.value)
 
 
 class NotResumable(JobConflict):
     """A job that cannot be taken over now; the message says why (HTTP 409)."""
+
+
+class JobInterrupted(UserError):
+    """:meth:`Controller.run_job` gave up on a job because its backend kept failing; the job
+    records why and stays as it was (its instances may still run), for a resume to carry on."""
+
+    def __init__(self, message: str):
+        super().__init__(message, exit_code=1)
 
 
 class Controller:
@@ -270,6 +279,7 @@ class Controller:
         its node agent), at most ``interval`` seconds. A store that is away is waited out with
         backoff (the job's instances keep running meanwhile)."""
         backoff = StoreBackoff(self.interval)
+        backend_failures = 0
         self.backend.watch_exits(self.wake)
         while True:
             try:
@@ -283,10 +293,36 @@ class Controller:
             except OperationalError as exc:
                 time.sleep(backoff.failed(exc))
                 continue
+            except BackendError as exc:  # the pass was rolled back: try it again, a few times
+                backend_failures += 1
+                if backend_failures >= BACKEND_TRIES:
+                    raise self._interrupted(job_id, exc) from None
+                time.sleep(self.interval * backend_failures)
+                continue
             backoff.succeeded()
+            backend_failures = 0
             if JobState(state) in JOB_TERMINAL:
                 return state
             self.wait_for_work(self.interval)
+
+    def _interrupted(self, job_id: int, error: BackendError) -> JobInterrupted:
+        """Record on the job why its controller stops driving it (an event, and its reason and
+        message until a controller takes it over again); the error to raise."""
+        with self.sessions() as session:
+            job = repo.load_job(session, job_id)
+            what = f"job {job.name} (id {job.id})"
+            message = f"{error}; the controller stopped driving the job after {BACKEND_TRIES} failed passes"
+            repo.add_event(session, job.id, "job", "BackendFailed", message, "Warning")
+            if not repo.is_terminal(job.state):
+                job.reason, job.message = "BackendFailed", message
+            state = job.state
+            session.commit()
+        if repo.is_terminal(state):
+            return JobInterrupted(f"{what} {state}, but its backend then failed: {error}")
+        return JobInterrupted(
+            f"{what} left {state}: {error}. Its instances may still run: `trainmaster job resume {job_id}` "
+            f"carries it on (after `trainmaster job cancel {job_id}`, resume stops them)"
+        )
 
     def _delete_expired(self, session: Session) -> None:
         """Delete ended jobs whose ``runPolicy.ttlSecondsAfterFinished`` has passed: the record
