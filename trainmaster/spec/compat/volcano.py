@@ -346,9 +346,9 @@ def _framework(spec: dict[str, Any], roles: list[dict[str, Any]], report: Report
             _every_task_placed(roles)
             report.approximate(
                 where,
-                "VC_<TASK>_HOSTS, VC_<TASK>_NUM and the <task>.host files (in the "
-                "folder VC_HOSTS_DIR names, not /etc/volcano) list host:port addresses "
-                "(each instance has its own port here), not DNS names",
+                "VC_<TASK>_HOSTS, VC_<TASK>_NUM and the <task>.host files (at /etc/volcano "
+                "in a container, as upstream; on the host in the folder VC_HOSTS_DIR names) list "
+                "host:port addresses (each instance has its own port here), not DNS names",
             )
         elif name in _PLUGINS_UNSUPPORTED and not report.lenient:
             report.unsupported(where, _PLUGINS_UNSUPPORTED[name] + "; pass --lenient to run without it")
