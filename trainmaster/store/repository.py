@@ -117,7 +117,7 @@ def find_job(session: Session, ref: str | int) -> JobRow:
         query = query.where((JobRow.name == text) | (JobRow.uid == text)).order_by(JobRow.id.desc())
     job = session.scalars(query.limit(1)).first()
     if job is None:
-        raise UserError(f"no job '{ref}' (give a job name or id; `trainmaster list` shows them)")
+        raise UserError(f"no job '{ref}' (give a job name or id; `trainmaster job list` shows them)")
     return job
 
 
