@@ -14,7 +14,7 @@ import yaml
 
 from orphans import orphan_a_run
 
-from controller_harness import ROOT, pids_alive, run_job_file
+from controller_harness import ROOT, pids_alive, run_job_file, run_logs
 
 
 @pytest.mark.timeout(240)
@@ -25,8 +25,12 @@ def test_pytorch_digits_reaches_accuracy(tmp_path: Path) -> None:
     assert metrics["world_size"] == 3 and metrics["test_accuracy"] >= 0.9
     master = next(i for i in status["instances"] if i["role"] == "master")
     assert master["state"] == "succeeded"
-    # kubeflow preset: the master succeeding ends the job; a worker still exiting is stopped
+    # kubeflow preset: the master succeeding ends the job; a worker still exiting is stopped, and
+    # says that it was because the job succeeded; every role reads as a success (issue 38)
     assert {i["state"] for i in status["instances"]} <= {"succeeded", "stopped"}
+    assert {i["reason"] for i in status["instances"] if i["state"] == "stopped"} <= {"JobSucceeded"}
+    assert {r["state"] for r in status["roles"]} == {"succeeded"}
+    assert "Warning" not in run_logs(tmp_path)  # the workload's own logs carry no library warning
 
 
 @pytest.mark.timeout(120)
