@@ -234,6 +234,21 @@ def test_when_the_main_process_ends_its_tree_is_killed(agent: AgentClient, tmp_p
     assert status.exit_code == 0 and escapers() == []
 
 
+def test_stop_asks_with_sigterm_first(agent: AgentClient, tmp_path: Path) -> None:
+    """Stop = TERM, then KILL after the grace: an instance that handles SIGTERM gets it (its
+    signal mask is empty and its handler runs) and ends within the grace, as a graceful
+    shutdown should; the escalation below is only for one that ignores it."""
+    graceful = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: (print('got SIGTERM', flush=True), sys.exit(3)))\n"
+        "print('ready', flush=True)\ntime.sleep(60)"
+    )
+    agent.start([spec(tmp_path, "graceful", [PY, "-c", graceful])])
+    wait_until(lambda: "ready" in (tmp_path / "graceful.log").read_text(), what="the handler")
+    status = agent.stop(["job/graceful/1"], grace=20)[0]
+    assert status.exit_code == 3 and "got SIGTERM" in (tmp_path / "graceful.log").read_text()
+
+
 def test_stop_escalates_to_sigkill(agent: AgentClient, tmp_path: Path) -> None:
     stubborn = (
         "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(60)"
