@@ -57,6 +57,7 @@ def test_generated_and_mutated_jobs_never_get_a_5xx(api: str) -> None:
     client.close()
 
 
+@pytest.mark.timeout(900)  # a few thousand requests: about 40 s on a quiet 2-core machine
 def test_odd_values_in_every_field_of_foreign_job_files_get_a_4xx(api: str) -> None:
     """Every field of every Kubeflow/Volcano kind (those our files set, and every other field
     of each Kubernetes object in them: a container's ``workingDir`` although no file sets one)
