@@ -6,7 +6,8 @@
    over the raw document, so every problem is listed at once with its field path (a framework
    checking the typed job could only speak once the structure is sound);
 3. settle where each role runs (:func:`trainmaster.containers.policy.settle_runtimes`) for the
-   backend the job will run on;
+   backend the job will run on, and refuse (unless lenient) a command on the host that reads
+   files only its container would have;
 4. fill the framework's defaults;
 5. anchor relative paths to the operator's base directory.
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainmaster.containers.policy import container_problems, settle_runtimes
+from trainmaster.containers.policy import container_problems, host_file_reads, settle_runtimes
 from trainmaster.errors import UserError
 from trainmaster.frameworks import apply_defaults, framework_errors
 from trainmaster.spec.load import LoadedJob, LoadOptions, plain_document, read_document
@@ -44,7 +45,16 @@ def load_document(raw: dict[str, Any], source: str = "job", options: LoadOptions
     document, ignored = plain_document(raw, source, options.lenient)
     job = validate_document(document, source, options.paths)
     backend = options.backend or (job.spec.scheduling.backend.value if job.spec.scheduling.backend else "local")
-    job = apply_defaults(settle_runtimes(job, options.runtime, backend))
+    job = settle_runtimes(job, options.runtime, backend)
+    host_files = host_file_reads(job)  # a container's fixed files, read on the host
+    if host_files and not options.lenient:
+        raise UserError(
+            f"{source}: a command reads files that exist only in its container; run it in one (--runtime "
+            "container), read $VC_HOSTS_DIR instead, or pass --lenient to run it as it is",
+            host_files,
+        )
+    ignored = [*ignored, *(f"{line} (--lenient: run as it is)" for line in host_files)]
+    job = apply_defaults(job)
     if options.paths is not None:
         job = anchored(job, options.paths)
     return LoadedJob(job=job, source=source, ignored=ignored)
