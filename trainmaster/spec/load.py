@@ -60,8 +60,10 @@ def read_document(path: str | Path) -> dict[str, Any]:
 
 def parse_document(text: str, source: str) -> dict[str, Any]:
     """The single YAML/JSON mapping in ``text`` (a file's or a pasted document's)."""
+    from trainmaster.spec import boundedyaml
+
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        docs = [d for d in boundedyaml.load_all(text, source) if d is not None]
     except yaml.YAMLError as exc:
         raise UserError(f"{source}: not valid YAML/JSON: {exc}") from None
     except RecursionError:
