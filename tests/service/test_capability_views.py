@@ -18,14 +18,17 @@ from trainmaster.service.dashboard.capability import MAX_RECORDS, capability_vie
 
 
 def _publish_into(monkeypatch: pytest.MonkeyPatch, output: Path, kind: str, record: dict) -> None:
-    monkeypatch.setenv("TM_OUTPUT_DIR", str(output))
-    assert published.publish(kind, record) is True
+    """What the controller's channel stores for a ``publish`` (checked, one line appended)."""
+    folder = published.views_dir(output)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"{kind}.jsonl", "a") as views:
+        views.write(published.check_record(kind, record))
 
 
 def test_publish_checks_its_records_and_is_a_no_op_outside_an_instance(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.delenv("TM_OUTPUT_DIR", raising=False)
+    monkeypatch.delenv("TM_CHANNEL", raising=False)
     assert published.publish("gateway.task", {"task": "t", "legs": []}) is False
     with pytest.raises(UserError, match="unknown view kind"):
         published.publish("nope", {})

@@ -22,6 +22,7 @@ from typing import Any
 import trainmaster
 from trainmaster.agent.contract import InstanceHandle, InstanceStatus, LaunchSpec, StartResult
 from trainmaster.agent.protocol import ALREADY_RUNNING_EXIT, LOG_NAME, PID_NAME, connect
+from trainmaster.runtime.environment import without_secrets
 
 log = logging.getLogger(__name__)
 _PACKAGE_ROOT = str(Path(trainmaster.__file__).resolve().parents[1])
@@ -67,7 +68,10 @@ def ensure_agent(
         return
     state_dir.mkdir(parents=True, exist_ok=True)
     _spawned[:] = [d for d in _spawned if d.poll() is None]  # reap daemons that have exited
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p)}
+    env = {
+        **without_secrets(dict(os.environ)),  # the store's URL and the server's token stay with the controller
+        "PYTHONPATH": os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p),
+    }
     argv = [
         sys.executable,
         "-m",

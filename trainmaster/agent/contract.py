@@ -84,7 +84,6 @@ class LaunchSpec:
     memory: int = 0  # bytes; 0 = no limit
     gpu: int = 0
     depends: list[Dependency] = field(default_factory=list)
-    db_url: str = ""  # where the wait step reads the address registry (only with depends)
     # what instance_environment needs besides the waited-for addresses ({"framework", "context",
     # "role_env"}): with depends the wait step resolves the environment from these and ``env``
     # (then the base environment); without, ``env`` is resolved already and these only inform

@@ -28,7 +28,8 @@ from trainmaster.backends.base import Backend, Capacity, LaunchRequest, Observat
 from trainmaster.controller import metrics, queues, restart, scaling
 from trainmaster.controller.backoff import StoreBackoff
 from trainmaster.controller.admission import admit
-from trainmaster.controller.launching import instance_id, launch_spec
+from trainmaster.controller.channel import Claims, InstanceChannel, channel_for
+from trainmaster.controller.launching import ChannelGrant, instance_id, launch_spec
 from trainmaster.errors import JobConflict
 from trainmaster.spec.load import LoadedJob
 from trainmaster.spec.model import Job, RestartScope, Role
@@ -91,6 +92,7 @@ class Controller:
         # deletes them: a `trainmaster run` command reads its job's final status after the end.
         self._expiry: dict[int, float] | None = None if owner == "service" else {}
         self._rescan_at = 0.0
+        self._channel: InstanceChannel | None = None  # the instance channel, once an instance starts
 
     def wake(self) -> None:
         """Ask for the next reconcile pass now (a server waits up to ``interval`` otherwise)."""
@@ -767,7 +769,7 @@ class Controller:
             inst,
             placement,
             environ,
-            self.db_url,
+            self._channel_grant(job, inst),
             log_path,
             instance_dir,
             containers=self.backend.runs_containers,
@@ -783,6 +785,18 @@ class Controller:
         inst.reason = "WaitingForDependencies" if depends else "Started"
         inst.message = f"waiting for {', '.join(d.role for d in depends)}" if depends else ""
         return LaunchRequest(placement=placement, spec=launch, resources=dict(resources))
+
+    def _channel_grant(self, job: JobRow, inst: InstanceRow) -> ChannelGrant:
+        """Where and as whom this attempt reaches the controller (:mod:`.channel`): the store's
+        channel, served from this process from the first start on, and a token for this attempt."""
+        channel = self._instance_channel()
+        url = channel.url(self.backend.instance_channel)
+        return ChannelGrant(url, channel.service.token(Claims(job.uid, inst.role, inst.index, inst.attempt)))
+
+    def _instance_channel(self) -> InstanceChannel:
+        if self._channel is None:
+            self._channel = channel_for(self.sessions, self.db_url)
+        return self._channel
 
     def _spawn(
         self, session: Session, job: JobRow, inst: InstanceRow, request: LaunchRequest, handle: dict[str, Any]
@@ -802,8 +816,10 @@ class Controller:
 
         Instances whose process ended while no controller watched are left to the next pass,
         which reads their exit from their node agent (journaled there until ``forget``) and
-        applies their restart policy.
+        applies their restart policy. The instance channel is served from here on: adopted
+        instances may be waiting on it (a wait step, a report) for the controller to be back.
         """
+        self._instance_channel().start(self.backend.instance_channel)
         with self._lock, self.sessions() as session:
             if self.fence:
                 self.fence(session)
