@@ -170,11 +170,12 @@ class Trainmaster:
         with self.sessions() as session:
             return repo.job_summaries(session)
 
-    def status(self, ref: str | int, events: int = 50) -> dict[str, Any]:
-        """A job's status document with its ``events`` latest events (``GET /api/v1/jobs/{ref}``)."""
+    def status(self, ref: str | int, events: int = 50, instances: tuple[int, int] | None = None) -> dict[str, Any]:
+        """A job's status document with its ``events`` latest events (``GET /api/v1/jobs/{ref}``);
+        ``instances`` = (first, count) pages its instances (all of them when None)."""
         with self.sessions() as session:
             row = self._find(session, ref)
-            return repo.job_status(session, repo.load_job(session, row.id), events=events)
+            return repo.job_status(session, repo.load_job(session, row.id), events=events, instances=instances)
 
     def wait(self, ref: str | int, timeout: float, states: frozenset[str] | None = None, poll: float = 0.25) -> JobRef:
         """Wait until the job is in one of ``states`` (default: ended); :class:`WaitTimedOut`
