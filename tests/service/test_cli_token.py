@@ -24,7 +24,8 @@ TOKEN = "cli-token-9f8e7d6c5b4a"
 
 
 def job_file(tmp_path: Path) -> Path:
-    code = "import time\nfor i in range(200):\n    print('line', i, flush=True)\n    time.sleep(0.1)\n"
+    # long enough to outlast every verb below on a loaded machine; cancelled at the end
+    code = "import time\nfor i in range(3000):\n    print('line', i, flush=True)\n    time.sleep(0.1)\n"
     doc = {
         "apiVersion": "trainmaster/v1",
         "kind": "Job",

@@ -123,8 +123,12 @@ def test_job_list_job_page_live_log_metrics_and_cancel(server: Server, browser: 
     appearing on the chart, and cancel from the page changing the job's state."""
     job_id = server.submit(ticking_job("ticker"))
     browser.get(server.url + "/")
-    row = wait_for(browser, EC.presence_of_element_located((By.ID, f"job-{job_id}")), "the job's row")
-    assert "ticker" in row.text and "command" in row.text
+    # the row is re-rendered on every store change: read it as it is at each look
+    wait_for(
+        browser,
+        lambda d: all(word in d.find_element(By.ID, f"job-{job_id}").text for word in ("ticker", "command")),
+        "the job's row",
+    )
     wait_for(
         browser,
         lambda d: d.find_element(By.ID, f"job-{job_id}").get_attribute("data-state") == "running",

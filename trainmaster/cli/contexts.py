@@ -183,7 +183,14 @@ def add(
 
 @context_app.command("use")
 def use_context(name: Annotated[str, typer.Argument(help="A saved context.")]) -> None:
-    """Make NAME the current context: remote verbs without --server or --context talk to it."""
+    """Make NAME the current context: remote verbs without --server or --context talk to it.
+
+    Examples:
+
+      trainmaster context use lab
+
+      trainmaster job list          # now asks lab's server, with its token
+    """
     data = _load()
     if name not in data["contexts"]:
         raise UserError(f"no context '{name}' (known: {', '.join(sorted(data['contexts'])) or 'none saved'})")
@@ -194,7 +201,12 @@ def use_context(name: Annotated[str, typer.Argument(help="A saved context.")]) -
 
 @context_app.command("list")
 def list_contexts() -> None:
-    """List the saved contexts (the current one starred; tokens are never shown)."""
+    """List the saved contexts (the current one starred; tokens are never shown).
+
+    Examples:
+
+      trainmaster context list
+    """
     data = _load()
     if not data["contexts"]:
         print("no contexts saved; add one with `trainmaster context add NAME --server URL`")
@@ -207,7 +219,12 @@ def list_contexts() -> None:
 
 @context_app.command("remove")
 def remove(name: Annotated[str, typer.Argument(help="A saved context.")]) -> None:
-    """Forget a saved context and its token."""
+    """Forget a saved context and its token.
+
+    Examples:
+
+      trainmaster context remove lab
+    """
     data = _load()
     if data["contexts"].pop(name, None) is None:
         raise UserError(f"no context '{name}'")
