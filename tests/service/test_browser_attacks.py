@@ -114,6 +114,8 @@ def test_cross_site_forms_and_no_cors_fetches_change_nothing(
         open_server.wait_state(job_id, {"running"})
         attack(browser, attacker, open_server, job_id)
         untouched(open_server, job_id)
+        httpx.post(f"{open_server.url}/api/v1/jobs/{job_id}/cancel", json={}, timeout=10)
+        open_server.wait_state(job_id, {"cancelled"})  # its instance does not outlive the test
     finally:
         open_server.stop()
     token_server = ServerProcess(tmp_path / "token", token=TOKEN)

@@ -192,15 +192,22 @@ def test_an_absent_controller_is_said_clearly_after_the_timeout(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Nobody serves the channel: report() says so once on stderr after TM_CHANNEL_TIMEOUT and
-    training goes on; a direct call raises with where it asked and what to do."""
+    training goes on at its own pace (the next reports fail at once, but for a brief try every
+    few seconds); a call with its own deadline raises with where it asked and what to do."""
     import trainmaster
+    from trainmaster.runtime import channel as instance_channel
 
+    monkeypatch.setattr(instance_channel, "_away_retry_at", None)  # this process's memory of an absence
     monkeypatch.setenv("TM_CHANNEL", f"unix://{tmp_path / 'nobody.sock'}")
     monkeypatch.setenv("TM_CHANNEL_TOKEN", "tm1.x.y")
     monkeypatch.setenv("TM_CHANNEL_TIMEOUT", "1.5")
     started = time.monotonic()
     assert trainmaster.report(step=1, loss=0.1) is False
     assert 1.0 < time.monotonic() - started < 10
+    started = time.monotonic()
+    assert all(trainmaster.report(step=s, loss=0.1) is False for s in range(2, 50))
+    assert time.monotonic() - started < 1.5  # away: no step waits for it
+    channel = Channel.from_environment()
+    assert channel is not None and os.environ["TM_CHANNEL_TIMEOUT"] == "1.5"
     with pytest.raises(ChannelUnavailable, match="nobody.sock.*resume"):
-        Channel.from_environment().call("GET", "/v1/dependencies")  # type: ignore[union-attr]
-    assert os.environ["TM_CHANNEL_TIMEOUT"] == "1.5"
+        channel.call("GET", "/v1/dependencies", deadline=time.monotonic() + 0.5)

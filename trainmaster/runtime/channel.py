@@ -3,7 +3,9 @@
 Standard library only: the wait step and ``trainmaster.report`` run it in every instance. The
 controller may be away for a while (killed and restarted, a standby taking over): a call retries
 with a growing pause until its deadline, then fails with a message that says what it waited
-for, where, and what to do.
+for, where, and what to do. After such a failure the process's next calls fail at once but for
+a brief try every few seconds (:data:`AWAY_RETRY_S`), until one gets through, so code that
+reports every step runs on at its own pace while no controller listens.
 """
 
 from __future__ import annotations
@@ -52,6 +54,15 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
+#: Once a call found the controller away for its whole timeout, the next calls of this process
+#: (those without their own deadline) fail at once, except one every AWAY_RETRY_S that tries for
+#: AWAY_TRY_S: a training loop reporting every step must not wait a minute per step while nobody
+#: listens. The first call that gets through ends it.
+AWAY_TRY_S = 1.0
+AWAY_RETRY_S = 5.0
+_away_retry_at: float | None = None  # monotonic time of the next try while away; None: not away
+
+
 @dataclass(frozen=True)
 class Channel:
     url: str  # unix:///path/to.sock or http://host:port
@@ -82,8 +93,14 @@ class Channel:
     def call(self, method: str, path: str, body: Any = None, deadline: float | None = None) -> Any:
         """One call, retried while the controller is away until ``deadline`` (monotonic; default
         :attr:`timeout` from now). :class:`ChannelRefused` when it answers with a refusal."""
+        global _away_retry_at
         begun = time.monotonic()
-        deadline = begun + self.timeout if deadline is None else deadline
+        if deadline is None and _away_retry_at is not None:
+            if begun < _away_retry_at:
+                raise ChannelUnavailable(f"the controller at {self.url} is still away (it did not answer earlier)")
+            deadline = begun + AWAY_TRY_S
+        elif deadline is None:
+            deadline = begun + self.timeout
         payload = None if body is None else json.dumps(body, allow_nan=False).encode()
         pause, why = 0.05, ""
         while True:
@@ -101,12 +118,14 @@ class Channel:
                     why = "it answered 503 (its store is away)"
                 else:
                     answer = json.loads(data or b"{}")
+                    _away_retry_at = None
                     if status >= 400:
                         raise ChannelRefused(status, str(answer.get("error") or f"HTTP {status}"))
                     return answer
             except (OSError, http.client.HTTPException, ValueError) as exc:
                 why = f"{type(exc).__name__}: {exc}"
             if time.monotonic() >= deadline:
+                _away_retry_at = time.monotonic() + AWAY_RETRY_S
                 raise ChannelUnavailable(
                     f"the controller did not answer at {self.url} for {time.monotonic() - begun:.1f} s ({why}); it may have "
                     "been stopped: a restarted `trainmaster server`, or `trainmaster job resume JOB`, serves "
