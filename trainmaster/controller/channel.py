@@ -61,6 +61,7 @@ TOKEN_PREFIX = "tm1"
 KEY_NAME = "channel"
 MAX_BODY = 512 * 1024  # one metric point or one view record (publish refuses records over 256 KiB)
 MAX_POINTS = 100_000  # metric points per attempt: a point a second for a day
+MAX_COUNTED = 10_000  # attempts whose points this process counts in memory (the store has them all)
 MAX_VIEW_BYTES = 8 * 1024 * 1024  # per kind and job; the dashboard reads at most the last 512 KiB
 LIVE = ("starting", "running", "unknown", "terminating")
 RETRY_BIND_S = 1.0  # a controller waiting to serve the channel looks again this often
@@ -243,6 +244,8 @@ class ChannelService:
         with self.sessions() as session:
             job, _ = self._instance(session, claims)
             with self._lock:
+                if len(self._points) > MAX_COUNTED:  # counts of attempts long ended: re-read when needed
+                    self._points.clear()
                 used = self._points.get(claims)
                 if used is None:
                     used = (
