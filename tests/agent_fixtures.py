@@ -55,15 +55,22 @@ def starts(lock: Path) -> int:
 
 
 def job_processes(home: Path) -> list[int]:
-    """Live processes a node agent started for instances of the Trainmaster home ``home``
-    (each carries the agent's ``TM_INSTANCE_ID`` marker and the home it was started under)."""
+    """Live processes a node agent started for instances of the Trainmaster home ``home``: each
+    carries the agent's markers (``TM_INSTANCE_ID``, and ``TM_AGENT_KEY`` naming the agent's state
+    folder by a digest), and an instance's built environment nothing of the home itself."""
+    import hashlib
+
+    digests = {
+        hashlib.sha256(str(journal.parent.resolve()).encode()).hexdigest()[:10]
+        for journal in home.rglob("journal.jsonl")
+    }
     found = []
     for proc in psutil.process_iter():
         try:
             environ = proc.environ()
             if (
                 "TM_INSTANCE_ID" in environ
-                and environ.get("TRAINMASTER_HOME") == str(home)
+                and environ.get("TM_AGENT_KEY", "").rsplit("-", 1)[-1] in digests
                 and proc.status() != psutil.STATUS_ZOMBIE
             ):
                 found.append(proc.pid)

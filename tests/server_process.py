@@ -24,14 +24,29 @@ class ServerProcess:
     """``trainmaster server`` over ``db`` (default: a fresh SQLite store in ``tmp_path``), started
     at once; ``start`` runs it again (same port, store and log) after ``kill9`` or ``stop``."""
 
-    def __init__(self, tmp_path: Path, *extra: str, db: str | None = None, home: Path | None = None):
+    def __init__(
+        self,
+        tmp_path: Path,
+        *extra: str,
+        db: str | None = None,
+        home: Path | None = None,
+        token: str | None = None,
+        env: dict[str, str] | None = None,
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.token = token
+        if token is not None:  # as an operator gives it: a file only its owner reads
+            token_file = tmp_path / f"token-{self.port}"
+            token_file.write_text(token + "\n")
+            token_file.chmod(0o600)
+            extra = (*extra, "--token-file", str(token_file))
         self.extra = extra
         self.env = {
             **os.environ,
             "TRAINMASTER_HOME": str(home or tmp_path / "home"),
             "TRAINMASTER_DB": db or f"sqlite:///{tmp_path / 'store.db'}",
+            **(env or {}),
         }
         self.client_env = {**self.env, "TRAINMASTER_SERVER": self.url}  # CLI verbs aimed at this server
         self.log = open(tmp_path / f"server-{self.port}.log", "ab")
@@ -75,8 +90,12 @@ class ServerProcess:
     def health(self) -> dict[str, Any]:
         return httpx.get(self.url + "/healthz", timeout=5).json()
 
+    def auth(self) -> dict[str, str]:
+        """The header a client of this server sends (none for an open server)."""
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
     def submit(self, doc: dict[str, Any], **headers: str) -> int:
-        response = httpx.post(f"{self.url}/api/v1/jobs", json=doc, headers=headers, timeout=30)
+        response = httpx.post(f"{self.url}/api/v1/jobs", json=doc, headers={**self.auth(), **headers}, timeout=30)
         assert response.status_code == 201, response.text
         return response.json()["id"]
 
@@ -91,7 +110,9 @@ class ServerProcess:
         )
 
     def status(self, job: str | int) -> dict[str, Any]:
-        return httpx.get(f"{self.url}/api/v1/jobs/{job}", params={"events": 500}, timeout=10).json()
+        return httpx.get(
+            f"{self.url}/api/v1/jobs/{job}", params={"events": 500}, headers=self.auth(), timeout=10
+        ).json()
 
     def wait_state(self, job: str | int, states: set[str], timeout: float = 60) -> dict[str, Any]:
         """The job's status once its state is one of ``states``."""

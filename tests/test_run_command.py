@@ -84,7 +84,8 @@ def _instance_process_trees(home: Path, expected: int, timeout: float) -> list[i
                 environ = p.environ()
             except psutil.Error:
                 continue
-            if environ.get("TRAINMASTER_HOME") == str(home) and "TM_INSTANCE_ID" in environ:
+            # an instance's environment is built, not inherited: its output folder says whose it is
+            if environ.get("TM_OUTPUT_DIR", "").startswith(str(home)) and "TM_INSTANCE_ID" in environ:
                 tree.append(p.pid)
         commands = [pid for pid in tree if _runs_sleep(pid)]
         if len(commands) == expected:

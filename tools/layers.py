@@ -49,7 +49,12 @@ LAYERS: list[tuple[str, dict[str, tuple[str, ...]]]] = [
         {
             "store": ("trainmaster.store",),
             # what an instance's own code calls: trainmaster.report() / publish() write the store
-            "reporting": ("trainmaster", "trainmaster.runtime.report", "trainmaster.runtime.views"),
+            "reporting": (
+                "trainmaster",
+                "trainmaster.runtime.report",
+                "trainmaster.runtime.views",
+                "trainmaster.runtime.channel",  # the instance's client of its channel (stdlib only)
+            ),
             "containers": ("trainmaster.containers",),
         },
     ),
@@ -101,6 +106,7 @@ DEFERRED: dict[str, str] = {
     "trainmaster.runtime.launch": "the wait step starts with `python -S`: the store, the environment "
     "resolver and the container runtime import only after site.main() made the installed packages importable",
     "trainmaster.runtime.report": "a role that never reports never imports the store (SQLAlchemy)",
+    "trainmaster.runtime.views": "a role that never publishes imports nothing of the channel's",
     "trainmaster.store.db": "Alembic loads only when a store is created or upgraded, not in each "
     "instance's wait step (make_engine(create=False))",
     "trainmaster.frameworks.crosssilo": "the gateway (FastAPI, cryptography) loads when a cross-silo "

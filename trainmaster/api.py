@@ -175,11 +175,12 @@ class Trainmaster:
         with self.sessions() as session:
             return repo.job_summaries(session)
 
-    def status(self, ref: str | int, events: int = 50) -> dict[str, Any]:
-        """A job's status document with its ``events`` latest events (``GET /api/v1/jobs/{ref}``)."""
+    def status(self, ref: str | int, events: int = 50, instances: tuple[int, int] | None = None) -> dict[str, Any]:
+        """A job's status document with its ``events`` latest events (``GET /api/v1/jobs/{ref}``);
+        ``instances`` = (first, count) pages its instances (all of them when None)."""
         with self.sessions() as session:
             row = self._find(session, ref)
-            return repo.job_status(session, repo.load_job(session, row.id), events=events)
+            return repo.job_status(session, repo.load_job(session, row.id), events=events, instances=instances)
 
     def wait(self, ref: str | int, timeout: float, states: frozenset[str] | None = None, poll: float = 0.25) -> JobRef:
         """Wait until the job is in one of ``states`` (default: ended); :class:`WaitTimedOut`
@@ -361,15 +362,14 @@ class Trainmaster:
         return JobRef(job_id, name, "pending")
 
     @staticmethod
-    def dry_run(loaded: LoadedJob, backend: str, db_url: str) -> DryRun:
-        """The :class:`DryRun` of ``loaded`` on ``backend`` with the store at ``db_url``; nothing
+    def dry_run(loaded: LoadedJob, backend: str) -> DryRun:
+        """The :class:`DryRun` of ``loaded`` on ``backend``; nothing
         is stored, started or left behind (frameworks prepare their files in a scratch folder)."""
         ports = PortPool(DRY_RUN_HOST)
         with tempfile.TemporaryDirectory(prefix="trainmaster-dry-run-") as scratch:
             launches = planned_launches(
                 loaded.job,
                 scratch,
-                db_url,
                 containers=backend in CONTAINER_BACKENDS,
                 place=lambda request: Placement(DRY_RUN_HOST, ports.take(request.ports, request.wanted_ports)),
             )

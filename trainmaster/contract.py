@@ -93,7 +93,6 @@ class LaunchSpec:
     memory: int = 0  # bytes; 0 = no limit
     gpu: int = 0
     depends: list[Dependency] = field(default_factory=list)
-    db_url: str = ""  # where the wait step reads the address registry (only with depends)
     # what instance_environment needs besides the waited-for addresses ({"framework", "context",
     # "role_env"}): with depends the wait step resolves the environment from these and ``env``
     # (then the base environment); without, ``env`` is resolved already and these only inform
@@ -214,3 +213,13 @@ class NodeAgentAPI(Protocol):
     # last: in a class body that defines ``list``, later annotations would name the method
     def list(self) -> list[InstanceStatus]:
         """Every instance this agent holds a record of."""
+
+
+#: The controller's secrets: no process it starts (instance, node agent) gets them.
+SECRET_VARIABLES = frozenset({"TRAINMASTER_TOKEN", "TRAINMASTER_DB", "TM_DB_URL"})
+
+
+def without_secrets(environ: dict[str, str]) -> dict[str, str]:
+    """``environ`` less :data:`SECRET_VARIABLES` (a node agent's environment: its instances
+    never see it, but another process of its user could read it in ``/proc``)."""
+    return {k: v for k, v in environ.items() if k not in SECRET_VARIABLES}

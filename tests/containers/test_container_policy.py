@@ -109,7 +109,7 @@ def test_the_server_pins_auto_roles_with_its_runtime_option(tmp_path: Path) -> N
     container = {"name": "pytorch", "image": "localhost/x:1", "command": ["true"]}
     master = {"replicas": 1, "template": {"spec": {"containers": [container]}}}
     doc = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "p"}}
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://localhost") as client:
         reply = client.post("/api/v1/jobs", json={**doc, "spec": {"pytorchReplicaSpecs": {"Master": master}}})
         assert reply.status_code == 201, reply.text
     with controller.sessions() as session:

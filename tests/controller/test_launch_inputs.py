@@ -38,7 +38,7 @@ def test_values_the_os_cannot_take_are_rejected_with_their_path(role: dict, expe
 
 
 def test_a_server_that_refused_such_a_job_runs_the_next(harness: Harness) -> None:
-    client = TestClient(create_app(harness.controller, reconcile=False))
+    client = TestClient(create_app(harness.controller, reconcile=False), base_url="http://localhost")
     bad = client.post(f"{API}/jobs", json=job("nul", [{"name": "w", "command": py("pass"), "env": {"X": "a\0b"}}]))
     assert bad.status_code == 422 and any("spec.roles[0].env.X" in d for d in bad.json()["details"])
     eq = client.post(f"{API}/jobs", json=job("eq", [{"name": "w", "command": py("pass"), "env": {"A=B": "1"}}]))

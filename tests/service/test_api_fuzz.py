@@ -2,7 +2,8 @@
 posts job documents generated from the job model's schema and mutated to a real server (uvicorn
 on a loopback port); a sweep puts odd values (long, NUL, huge, wrong-typed) into every field of
 every Kubeflow/Volcano job kind we read; and schemathesis fuzzes every operation of its
-/openapi.json; after each request the server still answers."""
+/openapi.json, then every route of the dashboard too, with integers unbounded above; after each
+request the server still answers."""
 
 from __future__ import annotations
 
@@ -17,6 +18,13 @@ from foreign_documents import odd_field_cases
 from job_strategies import documents
 
 pytestmark = pytest.mark.timeout(240)
+
+JOB = {
+    "apiVersion": "trainmaster/v1",
+    "kind": "Job",
+    "metadata": {"name": "fuzzed"},
+    "spec": {"roles": [{"name": "w", "command": ["true"]}]},
+}
 
 
 @pytest.fixture(scope="module")
@@ -111,3 +119,74 @@ def test_schemathesis_finds_no_server_error(api: str) -> None:
         call()
     assert all(code < 500 for codes in statuses.values() for code in codes), statuses
     assert any(code == 422 for code in statuses["POST /api/v1/jobs"]), statuses
+
+
+STREAMS = ("/ui/stream", "/ui/jobs/{job_id}/log/stream")  # endless by design: covered by test_live_streams
+
+
+def dashboard_schema(app: Any) -> dict[str, Any]:
+    """The OpenAPI document of every route, the dashboard's included (they are hidden from
+    /openapi.json), with the upper bounds of integers removed so that generated cases reach
+    2**63 and far beyond: those must be 4xx too."""
+    from fastapi import FastAPI, routing
+
+    described = FastAPI(title="every route", version="1")  # only describes: requests go to the real server
+    for context in routing.iter_route_contexts(app.routes):
+        route = context.original_route
+        if isinstance(route, routing.APIRoute):
+            described.add_api_route(context.path, route.endpoint, methods=sorted(route.methods or []))
+    schema = described.openapi()
+    for path in STREAMS:
+        schema["paths"].pop(path, None)
+
+    def unbound(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("type") == "integer":
+                node.pop("maximum", None)
+                node.pop("exclusiveMaximum", None)
+            for child in node.values():
+                unbound(child)
+        elif isinstance(node, list):
+            for child in node:
+                unbound(child)
+
+    unbound(schema)
+    return schema
+
+
+def test_schemathesis_on_the_dashboard_and_big_integers_finds_no_server_error(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Every dashboard route and action (with the page's CSRF token, so the route runs) and every
+    REST operation, with integers unbounded above: never a 5xx."""
+    schemathesis = pytest.importorskip("schemathesis", reason="schemathesis is in the test extra")
+    from schemathesis.checks import not_a_server_error
+
+    server = ThreadedServer(tmp_path_factory.mktemp("fuzz-dashboard"), reconcile=False)
+    with server as api:
+        httpx.post(f"{api}/api/v1/jobs", json=JOB, timeout=30).raise_for_status()  # ids 1.. exist
+        page = httpx.get(f"{api}/submit", timeout=30).text
+        csrf = page.split('name="csrf-token" content="', 1)[1].split('"', 1)[0]
+        schema = schemathesis.openapi.from_dict(dashboard_schema(server.app))
+        operations = [result.ok() for result in schema.get_all_operations()]
+        labels = {op.label for op in operations}
+        assert {"GET /jobs/{job_id}", "POST /ui/jobs/{job_id}/scale", "GET /ui/jobs/{job_id}/metrics"} <= labels
+        assert "GET /api/v1/jobs/{ref}" in labels
+        statuses: dict[str, set[int]] = {}
+        big_seen = set()
+        for operation in operations:
+
+            @settings(max_examples=25, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+            @given(case=operation.as_strategy())
+            def call(case: Any) -> None:
+                for value in [*(case.path_parameters or {}).values(), *(case.query or {}).values()]:
+                    if isinstance(value, int) and value > 2**63 - 1:
+                        big_seen.add(operation.label)
+                response = case.call(base_url=api, headers={"X-CSRF-Token": csrf}, timeout=30)
+                statuses.setdefault(operation.label, set()).add(response.status_code)
+                case.validate_response(response, checks=(not_a_server_error,))
+
+            call()
+            assert httpx.get(f"{api}/healthz", timeout=10).status_code == 200, operation.label
+    assert all(code < 500 for codes in statuses.values() for code in codes), statuses
+    assert big_seen, "no generated case carried an integer beyond 2**63 - 1"

@@ -126,8 +126,8 @@ def test_long_or_huge_job_references_are_4xx(api: str) -> None:
     for path in ("9" * 5000, "9" * 40, "x" * 64, "²", "1²", "٣"):  # found by schemathesis: '²'.isdigit()
         assert 400 <= httpx.get(f"{api}/api/v1/jobs/{path}", timeout=30).status_code < 500
     for path in ("²", "٣"):
-        assert httpx.delete(f"{api}/api/v1/jobs/{path}", timeout=30).status_code == 404
-        assert httpx.post(f"{api}/api/v1/jobs/{path}/cancel", timeout=30).status_code == 404
+        assert httpx.request("DELETE", f"{api}/api/v1/jobs/{path}", json={}, timeout=30).status_code == 404
+        assert httpx.post(f"{api}/api/v1/jobs/{path}/cancel", json={}, timeout=30).status_code == 404
     reply = httpx.post(f"{api}/api/v1/jobs/ref/scale", json={"role": "w", "replicas": 10**30}, timeout=30)
     assert reply.status_code == 422 and "replicas" in reply.text
     for params in ({"index": "9" * 40}, {"events": "9" * 40}, {"role": "r" * 500}):
@@ -238,7 +238,7 @@ def test_ids_are_never_reused_and_active_names_free_again(tmp_path: Path) -> Non
         while httpx.get(f"{url}/api/v1/jobs/{first}", timeout=30).json()["state"] != "succeeded":
             assert time.monotonic() < deadline, "job 'short' did not succeed within 60 s"
             time.sleep(0.1)
-        assert httpx.delete(f"{url}/api/v1/jobs/{first}", timeout=30).status_code == 200
+        assert httpx.request("DELETE", f"{url}/api/v1/jobs/{first}", json={}, timeout=30).status_code == 200
         second = httpx.post(f"{url}/api/v1/jobs", json=doc, timeout=30)
         assert second.status_code == 201 and second.json()["id"] > first
 
@@ -304,13 +304,13 @@ def test_suspend_and_unsuspend_over_the_api(api: str) -> None:
     doc = mutated(lambda d: d["metadata"].__setitem__("name", "held"))
     doc["spec"]["runPolicy"] = {"suspend": True}
     job_id = httpx.post(f"{api}/api/v1/jobs", json=doc, timeout=30).json()["id"]
-    again = httpx.post(f"{api}/api/v1/jobs/{job_id}/suspend", timeout=30)
+    again = httpx.post(f"{api}/api/v1/jobs/{job_id}/suspend", json={}, timeout=30)
     assert again.status_code == 200 and again.json() == {"id": job_id, "suspended": True, "changed": False}
-    released = httpx.post(f"{api}/api/v1/jobs/{job_id}/unsuspend", timeout=30)
+    released = httpx.post(f"{api}/api/v1/jobs/{job_id}/unsuspend", json={}, timeout=30)
     assert released.status_code == 200 and released.json()["changed"] is True
-    twice = httpx.post(f"{api}/api/v1/jobs/{job_id}/unsuspend", timeout=30)
+    twice = httpx.post(f"{api}/api/v1/jobs/{job_id}/unsuspend", json={}, timeout=30)
     assert twice.json() == {"id": job_id, "suspended": False, "changed": False}  # the stored flag is clear
-    assert httpx.post(f"{api}/api/v1/jobs/no-such-job/unsuspend", timeout=30).status_code == 404
+    assert httpx.post(f"{api}/api/v1/jobs/no-such-job/unsuspend", json={}, timeout=30).status_code == 404
 
 
 BROWSER = {"accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}

@@ -18,14 +18,17 @@ from trainmaster.service.dashboard.capability import MAX_RECORDS, capability_vie
 
 
 def _publish_into(monkeypatch: pytest.MonkeyPatch, output: Path, kind: str, record: dict) -> None:
-    monkeypatch.setenv("TM_OUTPUT_DIR", str(output))
-    assert published.publish(kind, record) is True
+    """What the controller's channel stores for a ``publish`` (checked, one line appended)."""
+    folder = published.views_dir(output)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"{kind}.jsonl", "a") as views:
+        views.write(published.check_record(kind, record))
 
 
 def test_publish_checks_its_records_and_is_a_no_op_outside_an_instance(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.delenv("TM_OUTPUT_DIR", raising=False)
+    monkeypatch.delenv("TM_CHANNEL", raising=False)
     assert published.publish("gateway.task", {"task": "t", "legs": []}) is False
     with pytest.raises(UserError, match="unknown view kind"):
         published.publish("nope", {})
@@ -133,3 +136,97 @@ def test_reading_is_bounded_and_survives_a_damaged_line(tmp_path: Path) -> None:
     assert len(records) == MAX_RECORDS and records[-1]["task"] == f"t{3 * MAX_RECORDS - 1}"
     (folder / "partition.plan.jsonl").write_text('{"nodes": 1}\n')  # a record that cannot be drawn
     assert any("could not be drawn" in v.caption for v in capability_views(tmp_path))
+
+
+def flood(kind: str, n: int) -> dict:
+    """A record of ``kind`` built to draw as much as a record may make a page draw (each under
+    the 256 KiB a record may be)."""
+    if kind == "flsched.round":
+        jobs = {f"job-{j}-{'x' * 40}": list(range(200)) for j in range(60)}
+        return {"round": n, "assignment": jobs, "accuracy": {j: 0.5 for j in jobs}}
+    if kind == "aggregation.counters":
+        return {"time": float(n), "node": f"node-{n % 50}", **{f"slots_in_use_{k}": float(k) for k in range(3000)}}
+    if kind == "partition.plan":
+        nodes = [{"id": f"op{i}", "device": i % 7, "critical": i % 2 == 0} for i in range(399)]
+        edges = [{"src": f"op{i % 399}", "dst": f"op{(i * 7 + 1) % 399}", "critical": True} for i in range(2500)]
+        return {"method": f"m{n}", "devices": 7, "nodes": nodes, "edges": edges}
+    return {"task": f"t{n}", "legs": [{"data_id": "d" * 100, "party": "p", "outcome": "result"} for _ in range(1500)]}
+
+
+def test_views_of_10_mb_of_records_are_bounded_in_bytes_and_time(tmp_path: Path) -> None:
+    """10 MB of records made to draw as much as possible (every kind): the drawings stay under
+    MAX_VIEW_BYTES each and take well under the page's refresh period; a second load of an
+    unchanged job draws nothing again. (Before the bounds: 2.5 MB made a 122 MB, 3.6 s SVG.)"""
+    import time
+
+    from trainmaster.service.dashboard.capability import MAX_VIEW_BYTES, CapabilityDrawings
+
+    folder = published.views_dir(tmp_path)
+    folder.mkdir(parents=True)
+    written = 0
+    for kind in published.KINDS:
+        with open(folder / f"{kind}.jsonl", "w") as views:
+            n = 0
+            while views.tell() < 2_600_000:
+                views.write(published.check_record(kind, flood(kind, n)))
+                n += 1
+            written += views.tell()
+    assert written > 10_000_000
+    drawings = CapabilityDrawings()
+    started = time.monotonic()
+    drawn = drawings.draw(tmp_path)
+    took = time.monotonic() - started
+    sizes = {v.kind: len(v.svg) + sum(len(c) for row in v.table for c in row) for v in drawn}
+    assert len(drawn) == 4 and all(size <= MAX_VIEW_BYTES for size in sizes.values()), sizes
+    assert sum(sizes.values()) <= 4 * MAX_VIEW_BYTES and took < 5, (sizes, took)
+    assert drawings.draw(tmp_path) is drawn  # unchanged files: the same drawing, not a new one
+    with open(folder / "gateway.task.jsonl", "a") as views:
+        views.write(published.check_record("gateway.task", {"task": "new", "legs": []}))
+    assert drawings.draw(tmp_path) is not drawn
+
+
+def test_a_job_publishing_10_mb_is_capped_and_its_page_stays_small(tmp_path: Path) -> None:
+    """A role publishing 10 MB through trainmaster.publish: the controller stores at most
+    MAX_VIEW_BYTES of the kind (publish() then says no, once, on stderr) and the job's views
+    answer stays bounded in bytes and time."""
+    import sys
+    import time
+
+    import httpx
+
+    from api_server import ThreadedServer
+    from trainmaster.controller.channel import MAX_VIEW_BYTES
+    from trainmaster.service.dashboard.capability import MAX_VIEW_BYTES as MAX_DRAWN
+
+    code = (
+        "import json, sys, trainmaster\n"
+        "sys.path.insert(0, %r)\n"
+        "from test_capability_views import flood\n"
+        "stored = [trainmaster.publish('flsched.round', flood('flsched.round', n)) for n in range(200)]\n"
+        "print('stored', sum(stored), 'refused', len(stored) - sum(stored), flush=True)\n"
+    ) % str(Path(__file__).parent)
+    doc = {
+        "apiVersion": "trainmaster/v1",
+        "kind": "Job",
+        "metadata": {"name": "flood"},
+        "spec": {"roles": [{"name": "main", "command": [sys.executable, "-c", code]}]},
+    }
+    with ThreadedServer(tmp_path, reconcile=True, interval=0.1) as api:
+        job_id = httpx.post(f"{api}/api/v1/jobs", json=doc, timeout=30).json()["id"]
+        deadline = time.monotonic() + 120
+        while (status := httpx.get(f"{api}/api/v1/jobs/{job_id}", timeout=30).json())["state"] not in (
+            "succeeded",
+            "failed",
+        ):
+            assert time.monotonic() < deadline, status["state"]
+            time.sleep(0.5)
+        assert status["state"] == "succeeded", status["events"][-5:]
+        log = Path(status["instances"][0]["logPath"]).read_text()
+        assert "publish(): the controller refused" in log and log.count("refused a flsched.round") == 1
+        views = Path(status["runDir"]) / "output" / "trainmaster-views" / "flsched.round.jsonl"
+        assert MAX_VIEW_BYTES - 300_000 < views.stat().st_size <= MAX_VIEW_BYTES
+        started = time.monotonic()
+        page = httpx.get(f"{api}/ui/jobs/{job_id}/views", timeout=60)
+        assert page.status_code == 200 and len(page.content) <= MAX_DRAWN + 64 * 1024
+        assert time.monotonic() - started < 10
+        assert 'id="flsched-grid"' in page.text

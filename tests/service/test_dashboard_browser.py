@@ -273,7 +273,7 @@ def test_capability_views_draw_what_roles_publish(server: Server, browser: webdr
     legs = browser.find_element(By.ID, "view-gateway-task").text
     assert "summary_stats" in legs and "result" in legs
     shot(browser, "capabilities")
-    httpx.post(f"{server.url}/api/v1/jobs/{job_id}/cancel", timeout=10)
+    httpx.post(f"{server.url}/api/v1/jobs/{job_id}/cancel", json={}, timeout=10)
 
 
 def test_actions_need_the_csrf_token(server: Server) -> None:
@@ -294,7 +294,7 @@ def test_actions_need_the_csrf_token(server: Server) -> None:
 
 def test_token_guards_api_and_pages(tmp_path: Path) -> None:
     """With a token (required beyond loopback), nothing but /login and /healthz answers without it."""
-    srv = Server(tmp_path, "--token", "s3cret-token")
+    srv = Server(tmp_path, token="s3cret-token")
     try:
         assert httpx.get(srv.url + "/", timeout=10).status_code == 401
         assert httpx.get(srv.url + "/api/v1/jobs", timeout=10).status_code == 401

@@ -99,7 +99,7 @@ def test_streams_end_when_the_server_stops_and_a_log_resumes_where_it_was(tmp_pa
         for tab in tabs:
             tab.start()
         time.sleep(0.5)  # both requests reach their streams' loops
-        httpx.post(f"{url}/api/v1/jobs/{job}/cancel", timeout=30)
+        httpx.post(f"{url}/api/v1/jobs/{job}/cancel", json={}, timeout=30)
     # leaving the block stopped the server: the streams ended (no cancellation: uvicorn's drain is
     # unbounded here, so a stream that did not end would hold the server, failing the exit's check)
     for tab in tabs:

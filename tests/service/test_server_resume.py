@@ -24,9 +24,9 @@ def test_the_service_resumes_an_orphaned_run_without_running_anything_twice(tmp_
     try:
         status = httpx.get(f"{server.url}/api/v1/jobs/orphan", timeout=10).json()
         assert status["state"] == "running" and status["reason"] == "ControllerGone"
-        reply = httpx.post(f"{server.url}/api/v1/jobs/orphan/resume", timeout=30)
+        reply = httpx.post(f"{server.url}/api/v1/jobs/orphan/resume", json={}, timeout=30)
         assert reply.status_code == 200, reply.text
-        again = httpx.post(f"{server.url}/api/v1/jobs/orphan/resume", timeout=30)
+        again = httpx.post(f"{server.url}/api/v1/jobs/orphan/resume", json={}, timeout=30)
         assert again.status_code == 409 and "belongs to the controller service" in again.json()["detail"]
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
@@ -38,8 +38,8 @@ def test_the_service_resumes_an_orphaned_run_without_running_anything_twice(tmp_
         assert [i["attempt"] for i in status["instances"]] == [1, 1]
         assert {e["reason"] for e in status["events"]} >= {"Resumed", "Adopted"}
         assert len(list(marks.iterdir())) == 2  # neither instance ran a second time
-        ended = httpx.post(f"{server.url}/api/v1/jobs/orphan/resume", timeout=30)
+        ended = httpx.post(f"{server.url}/api/v1/jobs/orphan/resume", json={}, timeout=30)
         assert ended.status_code == 409 and "already ended" in ended.json()["detail"]
-        assert httpx.post(f"{server.url}/api/v1/jobs/nosuch/resume", timeout=30).status_code == 404
+        assert httpx.post(f"{server.url}/api/v1/jobs/nosuch/resume", json={}, timeout=30).status_code == 404
     finally:
         server.stop()

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import trainmaster
-from trainmaster.contract import InstanceHandle, InstanceStatus, LaunchSpec, StartResult
+from trainmaster.contract import InstanceHandle, InstanceStatus, LaunchSpec, StartResult, without_secrets
 from trainmaster.agent.protocol import ALREADY_RUNNING_EXIT, LOG_NAME, PID_NAME, connect
 from trainmaster.errors import BackendError
 
@@ -68,7 +68,10 @@ def ensure_agent(
         return
     state_dir.mkdir(parents=True, exist_ok=True)
     _spawned[:] = [d for d in _spawned if d.poll() is None]  # reap daemons that have exited
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p)}
+    env = {
+        **without_secrets(dict(os.environ)),  # the store's URL and the server's token stay with the controller
+        "PYTHONPATH": os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p),
+    }
     argv = [
         sys.executable,
         "-m",

@@ -776,6 +776,10 @@ def _open_log(spec: LaunchSpec) -> int:
 
 
 def _atomic_write(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` at once, readable by its owner only (a launch spec holds the
+    instance's channel token)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
     os.replace(tmp, path)

@@ -157,6 +157,7 @@ class _Snapshot:
 class RayBackend(Backend):
     name = "ray"
     runs_containers = True  # each node's agent (trainmaster.agent.NodeAgent) runs them with its podman
+    instance_channel = "tcp"  # its nodes may be other machines: they reach the controller by address
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None, node_ip: str = "127.0.0.1"):
         """``node_ip``: the address of a private local cluster (ignored when joining ``address``).

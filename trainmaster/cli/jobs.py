@@ -169,9 +169,7 @@ def run(
     from trainmaster.api import RunOptions, Trainmaster
 
     if dry_run:
-        from trainmaster.store.db import default_url
-
-        print_dry_run(Trainmaster.dry_run(loaded, backend, db or default_url()))
+        print_dry_run(Trainmaster.dry_run(loaded, backend))
         return
 
     options = RunOptions(backend=backend, interval=interval, grace=grace, cpus=cpus, ray_address=ray_address)

@@ -18,6 +18,7 @@ from typer.models import TyperInfo
 import trainmaster
 from trainmaster.cli import (
     aggregation,
+    contexts,
     convert,
     db,
     flsched,
@@ -98,7 +99,7 @@ def _register_all() -> None:
         for alias in app.registered_commands[before:]:
             alias.hidden = True
     app.add_typer(job_app, name="job")
-    for module in (server, db, info, testbed, aggregation, flsched, partition, gateway):
+    for module in (server, contexts, db, info, testbed, aggregation, flsched, partition, gateway):
         module.register(app)
     gateway_group = _typer_of(next(g for g in app.registered_groups if g.name == "gateway"))
     for group in app.registered_groups:

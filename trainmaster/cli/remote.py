@@ -1,10 +1,15 @@
 """Job verbs that look at and change jobs: submit, list, status, logs, wait, cancel, scale, delete.
 
-Where they act: with ``--server URL`` (or ``$TRAINMASTER_SERVER``) on that controller service over
-HTTP; otherwise on the local store (``--db`` / ``$TRAINMASTER_DB`` / ``--home``) through the
-facade (:mod:`trainmaster.api`), so the jobs of ``trainmaster run`` can be looked at, scaled and
-cancelled without any server. ``submit`` always needs a server: a job in the store runs only
-when a controller reconciles it.
+Where they act: with ``--server URL`` (or ``$TRAINMASTER_SERVER``), ``--context NAME`` or a
+current context (:mod:`trainmaster.cli.contexts`: a saved server and its token) on that
+controller service over HTTP; otherwise on the local store (``--db`` / ``$TRAINMASTER_DB`` /
+``--home``) through the facade (:mod:`trainmaster.api`), so the jobs of ``trainmaster run`` can
+be looked at, scaled and cancelled without any server. ``submit`` always needs a server: a job in
+the store runs only when a controller reconciles it.
+
+Every request to a service goes through :class:`HttpJobs`, whose one HTTP client carries the
+token (:meth:`trainmaster.cli.contexts.Remote.headers`); state changes send JSON, as the service
+requires of every client (a browser's cross-site form cannot).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional, Union
 import typer
 from rich.table import Table
 
+from trainmaster.cli.contexts import ContextOpt, Remote, resolve
 from trainmaster.cli.jobs import DbOpt
 from trainmaster.cli.output import console
 from trainmaster.errors import UserError
@@ -60,14 +66,22 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 USER_MISTAKES = {404, 409, 413, 422}
 
 
+class ServiceUnreachable(UserError):
+    """No controller service answers at the URL."""
+
+
 class HttpJobs:
     """The job verbs of a controller service, answering like :class:`trainmaster.api.Trainmaster`."""
 
-    def __init__(self, server: str):
-        self.server = server.rstrip("/")
+    def __init__(self, remote: Remote):
+        import httpx
+
+        self.server = remote.server
+        # the one client of every request: its headers carry the token
+        self.http = httpx.Client(base_url=self.server, headers=remote.headers(), timeout=30)
 
     def _fail_unreachable(self, exc: Exception) -> UserError:
-        return UserError(
+        return ServiceUnreachable(
             f"cannot reach the controller service at {self.server} ({exc}); start one with "
             "`trainmaster server`, pass another --server URL, or drop --server and "
             "$TRAINMASTER_SERVER to use the local store"
@@ -76,12 +90,17 @@ class HttpJobs:
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         import httpx
 
+        if method != "GET" and "json" not in kwargs:
+            kwargs["json"] = {}  # a state change is JSON, even when it says nothing more
         try:
-            response = httpx.request(method, self.server + path, timeout=30, **kwargs)
+            response = self.http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
             raise self._fail_unreachable(exc) from None
         _raise_for(response)
         return response.json()
+
+    def submit(self, document: dict[str, Any], lenient: bool) -> dict[str, Any]:
+        return self.request("POST", "/api/v1/jobs", json=document, params={"lenient": "true"} if lenient else None)  # type: ignore[no-any-return]
 
     def list_jobs(self) -> list[dict[str, Any]]:
         return self.request("GET", "/api/v1/jobs")  # type: ignore[no-any-return]
@@ -138,9 +157,9 @@ class HttpJobs:
             params["role"] = role
         try:
             # no read timeout while following: the stream is quiet while the instance is
-            with httpx.stream(
+            with self.http.stream(
                 "GET",
-                self.server + f"/api/v1/jobs/{ref}/logs",
+                f"/api/v1/jobs/{ref}/logs",
                 params=params,
                 timeout=httpx.Timeout(30, read=None if follow else 30),
             ) as response:
@@ -156,7 +175,7 @@ class HttpJobs:
 
         params: dict[str, Any] = {"index": index, "tail": lines, **({"role": role} if role else {})}
         try:
-            response = httpx.get(self.server + f"/api/v1/jobs/{ref}/logs", params=params, timeout=30)
+            response = self.http.get(f"/api/v1/jobs/{ref}/logs", params=params)
         except httpx.HTTPError as exc:
             raise self._fail_unreachable(exc) from None
         _raise_for(response)
@@ -173,6 +192,11 @@ def _raise_for(response: Any) -> None:
     if response.status_code == 422:
         details = body.get("details") or [json.dumps(d) for d in body.get("detail", [])]
         raise UserError(body.get("error", "the controller rejected the request"), details)
+    if response.status_code == 401:
+        raise UserError(
+            f"{body.get('error') or 'the service needs a token'}: give it with $TRAINMASTER_TOKEN, "
+            "$TRAINMASTER_TOKEN_FILE or a context (`trainmaster context add NAME --server URL --token-file FILE`)"
+        )
     detail = body.get("detail") or body.get("error") or response.text
     if response.status_code == 404:
         from trainmaster.api import JobNotFound
@@ -181,10 +205,12 @@ def _raise_for(response: Any) -> None:
     raise UserError(str(detail), exit_code=2 if response.status_code in USER_MISTAKES else 1)
 
 
-def _jobs(server: str | None, db: str | None) -> Union[HttpJobs, Trainmaster]:
-    """The service at ``server`` when one is named, else the local store (which must exist)."""
-    if server:
-        return HttpJobs(server)
+def _jobs(server: str | None, db: str | None, context: str | None = None) -> Union[HttpJobs, Trainmaster]:
+    """The service named by ``server``/``context`` (or the current context), else the local
+    store (which must exist)."""
+    remote = resolve(server, context)
+    if remote is not None:
+        return HttpJobs(remote)
     from trainmaster.api import Trainmaster
 
     return Trainmaster.open(db, existing=True)
@@ -209,37 +235,31 @@ def submit(
             help="Kubeflow/Volcano files: list unknown fields and ignore them instead of refusing the file.",
         ),
     ] = False,
+    context: ContextOpt = None,
 ) -> None:
     """Submit a job to the controller service (`trainmaster job run` runs one here, without a server)."""
-    import httpx
-
     from trainmaster.spec.load import read_document
 
     document = read_document(file)
-    server = server or default_server()
+    jobs = HttpJobs(resolve(server, context) or resolve(default_server(), None) or Remote(default_server()))
     try:
-        response = httpx.post(
-            server.rstrip("/") + "/api/v1/jobs",
-            json=document,
-            params={"lenient": "true"} if lenient else None,
-            timeout=30,
-        )
-    except httpx.HTTPError as exc:
+        reply = jobs.submit(document, lenient)
+    except ServiceUnreachable:
         raise UserError(
-            f"submit needs a running controller service, and none answers at {server} ({exc}); "
-            f"start one with `trainmaster server`, pass --server URL, or run the job here with "
-            f"`trainmaster job run {file}`"
+            f"submit needs a running controller service, and none answers at {jobs.server}; "
+            f"start one with `trainmaster server`, pass --server URL or --context NAME, or run the job here "
+            f"with `trainmaster job run {file}`"
         ) from None
-    _raise_for(response)
-    reply = response.json()
     for path in reply.get("ignored", []):
         console(stderr=True).print(f"[yellow]ignored:[/] {path}", highlight=False)
     print(f"submitted job {reply['name']} (id {reply['id']})")
 
 
-def list_jobs(server: ServerOpt = None, db: DbOpt = None, json_out: JsonOpt = False) -> None:
+def list_jobs(
+    server: ServerOpt = None, db: DbOpt = None, context: ContextOpt = None, json_out: JsonOpt = False
+) -> None:
     """List jobs and their states."""
-    jobs = _jobs(server, db).list_jobs()
+    jobs = _jobs(server, db, context).list_jobs()
     if json_out:
         print(json.dumps(jobs, indent=2))
         return
@@ -249,11 +269,13 @@ def list_jobs(server: ServerOpt = None, db: DbOpt = None, json_out: JsonOpt = Fa
     console().print(table)
 
 
-def status(job: JobArg, server: ServerOpt = None, db: DbOpt = None, json_out: JsonOpt = False) -> None:
+def status(
+    job: JobArg, server: ServerOpt = None, db: DbOpt = None, context: ContextOpt = None, json_out: JsonOpt = False
+) -> None:
     """Show a job: state, roles with per-state counts, instances, recent events."""
     from trainmaster.cli.view import render_status
 
-    data = _jobs(server, db).status(job)
+    data = _jobs(server, db, context).status(job)
     if json_out:
         print(json.dumps(data, indent=2))
     else:
@@ -272,11 +294,12 @@ def logs(
     ] = None,
     server: ServerOpt = None,
     db: DbOpt = None,
+    context: ContextOpt = None,
 ) -> None:
     """Print (or follow) one instance's log."""
     if tail is not None and follow:
         raise UserError("--tail and --follow: choose one (--follow prints the whole log, then what comes)")
-    jobs = _jobs(server, db)
+    jobs = _jobs(server, db, context)
     if tail is not None:
         sys.stdout.write(jobs.tail(job, role, index, tail))
         return
@@ -298,6 +321,7 @@ def wait(
     ] = WaitFor.END,
     server: ServerOpt = None,
     db: DbOpt = None,
+    context: ContextOpt = None,
 ) -> None:
     """Wait until a job ends (or, with --for running, runs); exit 0 if it succeeded or runs, 1 if it
     failed, was cancelled or the wait timed out.
@@ -318,7 +342,7 @@ def wait(
     left = timeout  # the whole of it while the job exists: its timeout message names the user's figure
     while True:
         try:
-            reached = _jobs(server, db).wait(job, timeout=left, states=states)
+            reached = _jobs(server, db, context).wait(job, timeout=left, states=states)
             break
         except (JobNotFound, StoreMissing):
             if until is WaitFor.END or time.monotonic() >= deadline:
@@ -330,9 +354,9 @@ def wait(
     raise typer.Exit(0 if ok else 1)
 
 
-def cancel(job: JobArg, server: ServerOpt = None, db: DbOpt = None) -> None:
+def cancel(job: JobArg, server: ServerOpt = None, db: DbOpt = None, context: ContextOpt = None) -> None:
     """Cancel a job: every instance is stopped."""
-    reply = _jobs(server, db).cancel(job)
+    reply = _jobs(server, db, context).cancel(job)
     if reply.cancel_requested:
         print(f"job {reply.id}: cancellation requested; {reply.note}")
     else:
@@ -345,28 +369,29 @@ def scale(
     replicas: Annotated[int, typer.Argument(min=1, help="Desired number of instances.")],
     server: ServerOpt = None,
     db: DbOpt = None,
+    context: ContextOpt = None,
 ) -> None:
     """Set a role's desired replicas; the controller creates or deletes instances to match."""
-    reply = _jobs(server, db).scale(job, role, replicas)
+    reply = _jobs(server, db, context).scale(job, role, replicas)
     print(f"job {reply.id}: role {reply.role} scaled to {reply.replicas} replica(s)")
 
 
-def suspend(job: JobArg, server: ServerOpt = None, db: DbOpt = None) -> None:
+def suspend(job: JobArg, server: ServerOpt = None, db: DbOpt = None, context: ContextOpt = None) -> None:
     """Hold a job (Kubeflow runPolicy.suspend): its instances are stopped and it waits, unadmitted,
     until `unsuspend`."""
-    reply = _jobs(server, db).suspend(job, True)
+    reply = _jobs(server, db, context).suspend(job, True)
     print(f"job {reply.id}: {'suspended' if reply.changed else 'already suspended'}")
 
 
-def unsuspend(job: JobArg, server: ServerOpt = None, db: DbOpt = None) -> None:
+def unsuspend(job: JobArg, server: ServerOpt = None, db: DbOpt = None, context: ContextOpt = None) -> None:
     """Release a suspended job: its controller admits and starts it at its next pass."""
-    reply = _jobs(server, db).suspend(job, False)
+    reply = _jobs(server, db, context).suspend(job, False)
     print(f"job {reply.id}: {'resumed; its controller starts it' if reply.changed else 'was not suspended'}")
 
 
-def delete(job: JobArg, server: ServerOpt = None, db: DbOpt = None) -> None:
+def delete(job: JobArg, server: ServerOpt = None, db: DbOpt = None, context: ContextOpt = None) -> None:
     """Delete an ended job and its records (cancel a running one first)."""
-    jobs = _jobs(server, db)
+    jobs = _jobs(server, db, context)
     deleted = jobs.delete(job)
     print(f"job {deleted if isinstance(deleted, int) else deleted.id} deleted")
 

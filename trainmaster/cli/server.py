@@ -30,14 +30,39 @@ def server(
         Optional[list[str]],
         typer.Option(help="QUEUE=WEIGHT, repeatable: queues share admissions by weight (unlisted queues weigh 1)."),
     ] = None,
+    token_file: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--token-file",
+            envvar="TRAINMASTER_TOKEN_FILE",
+            help="Require the token in this file (mode 600) on the API and the dashboard; or set TRAINMASTER_TOKEN. "
+            "Required beyond loopback: when --host is not a loopback address and no token is given, one is "
+            "generated into server.token in the Trainmaster home (and kept for the next start).",
+        ),
+    ] = None,
     token: Annotated[
         Optional[str],
         typer.Option(
-            envvar="TRAINMASTER_TOKEN",
-            help="Require this token on the API and the dashboard. Required beyond "
-            "loopback: when --host is not a loopback address and no token is given, one is generated and printed.",
+            "--token",
+            hidden=True,
+            help="Refused: a token on the command line is readable by every user in /proc/PID/cmdline.",
         ),
     ] = None,
+    allow_host: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--allow-host",
+            help="A host name this server answers to besides its addresses, localhost and this machine's names "
+            "(repeatable; the name users and the load balancer use). Other names are refused (DNS rebinding); "
+            "'*' turns the check off, for a proxy that checks Host itself.",
+        ),
+    ] = None,
+    max_job_instances: Annotated[
+        int, typer.Option(min=1, help="Instances one job may ask for (its roles' replicas together).")
+    ] = 5_000,
+    max_instances: Annotated[
+        int, typer.Option(min=1, help="Instances the jobs that have not ended may ask for together.")
+    ] = 20_000,
     allow_path: Annotated[
         Optional[list[Path]],
         typer.Option(
@@ -63,14 +88,21 @@ def server(
 
       trainmaster server                       # http://127.0.0.1:8642, open on loopback
 
-      trainmaster server --host 0.0.0.0 --token "$(openssl rand -hex 16)"
+      (umask 077; openssl rand -hex 16 > ~/tm.token)
+      trainmaster server --host 0.0.0.0 --token-file ~/tm.token --allow-host trainmaster.example.internal
 
       trainmaster server --detach               # returns once it listens; prints how to stop it
     """
+    if token is not None:
+        from trainmaster.errors import UserError
+
+        raise UserError(
+            "--token on the command line is readable by every user of this machine (/proc/PID/cmdline); "
+            "put it in a file readable by you only and pass --token-file FILE, or set TRAINMASTER_TOKEN"
+        )
     if detach:
         _detach()
         return
-    import secrets
     from dataclasses import replace
 
     import uvicorn
@@ -82,8 +114,10 @@ def server(
     from trainmaster.frameworks import allow_frameworks
     from trainmaster.service.app import ServiceOptions, create_app
     from trainmaster.service.dashboard import AccessOptions
-    from trainmaster.service.dashboard.access import is_loopback
     from trainmaster.service.draining import DrainingServer
+    from trainmaster.service.protect import ServedHosts
+    from trainmaster.service.quotas import JobQuota
+    from trainmaster.service.secrets import scrub_environment
     from trainmaster.spec.paths import PathPolicy
     from trainmaster.store.db import ServerLock, default_url, make_engine, session_factory, sqlite_path
 
@@ -100,8 +134,14 @@ def server(
     options = ServiceOptions(
         paths=PathPolicy(base=None, allowed_roots=tuple(p.resolve() for p in allow_path or [])),
         runtime=None if runtime is None else RuntimeKind(runtime.value),
+        hosts=ServedHosts.for_listener(host, allow_host or []),
+        quota=JobQuota(per_job=max_job_instances, per_server=max_instances),
     )
     url = db or default_url()
+    secret = _token(token_file, host, port)
+    # neither stays in this process's environment (nor in /proc/PID/environ): nothing it starts,
+    # and no other process of the user, reads them there
+    scrub_environment(("TRAINMASTER_TOKEN", "TRAINMASTER_DB"))
     db_file = sqlite_path(url)
     lock = ServerLock(db_file) if db_file else None
     if lock:
@@ -118,18 +158,11 @@ def server(
         queue_weights=weights,
         fence=elector.fence if elector else None,
     )
-    if token is None and not is_loopback(host):
-        token = secrets.token_urlsafe(24)
-        typer.echo(
-            f"{host} is reachable beyond this machine: the API and dashboard need a token.\n"
-            f"  token: {token}\n  browser: http://{host}:{port}/login?token={token}\n"
-            f"  CLI/scripts: send 'Authorization: Bearer {token}'"
-        )
     listener = _bind(host, port)  # before the banner: a port in use is an error, not a lie
     pid_file = _claim_pid_file()  # a detached server's, removed when it exits
     role = "" if elector is None else f", server {elector.identity}: leads when elected, standby otherwise"
-    typer.echo(f"trainmaster controller on http://{host}:{port} (store {url}, backend {backend}{role})")
-    app = create_app(controller, options=replace(options, access=AccessOptions(token=token)), elector=elector)
+    typer.echo(f"trainmaster controller on {url_of(host, port)} (store {_shown(url)}, backend {backend}{role})")
+    app = create_app(controller, options=replace(options, access=AccessOptions(token=secret)), elector=elector)
     # at shutdown, not only in `finally`: uvicorn re-raises the SIGTERM it caught once it has
     # stopped, and the default action ends the process before any `finally` runs
     app.router.on_shutdown.append(lambda: _release_pid_file(pid_file))
@@ -166,6 +199,53 @@ def _release_pid_file(path: Path | None) -> None:
         pass
 
 
+def url_of(host: str, port: int) -> str:
+    """The service's URL (an IPv6 address in brackets)."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _shown(url: str) -> str:
+    """A store URL as printed: without its password."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL SQLAlchemy reads: the engine says so next, not the banner
+        return url.split("@")[-1]
+
+
+def _token(token_file: Path | None, host: str, port: int) -> str | None:
+    """The token the service requires: from --token-file, else TRAINMASTER_TOKEN, else (beyond
+    loopback) the one in the Trainmaster home's server.token, generated there the first time.
+    Never printed: the banner names the file."""
+    import secrets
+
+    from trainmaster.service.dashboard.access import is_loopback
+    from trainmaster.service.secrets import TOKEN_FILE_NAME, read_token_file, write_secret
+    from trainmaster.store.db import home
+
+    if token_file is not None:
+        return read_token_file(token_file)
+    if os.environ.get("TRAINMASTER_TOKEN"):
+        return os.environ["TRAINMASTER_TOKEN"].strip()
+    if is_loopback(host):
+        return None
+    path = home() / TOKEN_FILE_NAME
+    if path.exists():
+        token = read_token_file(path)
+    else:
+        token = secrets.token_urlsafe(24)
+        write_secret(path, token)
+    typer.echo(
+        f"{host} is reachable beyond this machine: the API and dashboard need a token, which is in {path} "
+        "(readable by you only).\n"
+        f"  CLI: trainmaster context add NAME --server {url_of(host, port)} --token-file {path}\n"
+        f"  browser: {url_of(host, port)}/login?token=<the token>  (once; it sets a cookie)\n"
+        "  scripts: send 'Authorization: Bearer <the token>'"
+    )
+    return token
+
+
 def _detach(timeout_s: float = 60.0) -> None:
     """Run this same command without --detach as a background service, and return once it listens.
 
@@ -178,13 +258,14 @@ def _detach(timeout_s: float = 60.0) -> None:
     import time
 
     from trainmaster.errors import UserError
+    from trainmaster.service.secrets import private_folder
     from trainmaster.store.db import home
 
-    state = home()
-    state.mkdir(parents=True, exist_ok=True)
+    state = private_folder(home())
     log_path, pid_path = state / "server.log", state / "server.pid"
     argv = [sys.executable, "-m", "trainmaster", *(a for a in sys.argv[1:] if a != "--detach")]
-    with open(log_path, "wb") as log:
+    with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as log:
+        os.chmod(log_path, 0o600)
         child = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,

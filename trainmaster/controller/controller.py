@@ -39,6 +39,8 @@ from trainmaster.controller.admission import admit
 from trainmaster.controller.launching import dependency_order, instance_id, launch_spec
 from trainmaster.errors import BackendError, JobConflict, UserError
 from trainmaster.loading import validate_document
+from trainmaster.controller.channel import Claims, InstanceChannel, channel_for
+from trainmaster.controller.launching import ChannelGrant
 from trainmaster.spec.load import LoadedJob
 from trainmaster.spec.model import Job, RestartScope, Role
 from trainmaster.spec.paths import in_job_folder
@@ -118,6 +120,7 @@ class Controller:
         # deletes them: a `trainmaster run` command reads its job's final status after the end.
         self._expiry: dict[int, float] | None = None if owner == "service" else {}
         self._rescan_at = 0.0
+        self._channel: InstanceChannel | None = None  # the instance channel, once an instance starts
 
     def wake(self) -> None:
         """Ask for the next reconcile pass now (a server waits up to ``interval`` otherwise)."""
@@ -828,7 +831,7 @@ class Controller:
             inst,
             placement,
             environ,
-            self.db_url,
+            self._channel_grant(job, inst),
             log_path,
             instance_dir,
             containers=self.backend.runs_containers,
@@ -844,6 +847,18 @@ class Controller:
         inst.reason = "WaitingForDependencies" if depends else "Started"
         inst.message = f"waiting for {', '.join(d.role for d in depends)}" if depends else ""
         return LaunchRequest(placement=placement, spec=launch, resources=resources)
+
+    def _channel_grant(self, job: JobRow, inst: InstanceRow) -> ChannelGrant:
+        """Where and as whom this attempt reaches the controller (:mod:`.channel`): the store's
+        channel, served from this process from the first start on, and a token for this attempt."""
+        channel = self._instance_channel()
+        url = channel.url(self.backend.instance_channel)
+        return ChannelGrant(url, channel.service.token(Claims(job.uid, inst.role, inst.index, inst.attempt)))
+
+    def _instance_channel(self) -> InstanceChannel:
+        if self._channel is None:
+            self._channel = channel_for(self.sessions, self.db_url)
+        return self._channel
 
     def _spawn(
         self, session: Session, job: JobRow, inst: InstanceRow, request: LaunchRequest, handle: InstanceHandle
@@ -863,8 +878,10 @@ class Controller:
 
         Instances whose process ended while no controller watched are left to the next pass,
         which reads their exit from their node agent (journaled there until ``forget``) and
-        applies their restart policy.
+        applies their restart policy. The instance channel is served from here on: adopted
+        instances may be waiting on it (a wait step, a report) for the controller to be back.
         """
+        self._instance_channel().start(self.backend.instance_channel)
         with self._lock, self.sessions() as session:
             if self.fence:
                 self.fence(session)

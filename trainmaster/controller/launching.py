@@ -8,18 +8,27 @@ import os
 import sys
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from trainmaster.backends.base import Placement, PlacementRequest, Resources
-from trainmaster.contract import Dependency, LaunchSpec
 from trainmaster.containers.policy import container_launch
+from trainmaster.contract import Dependency, LaunchSpec
 from trainmaster.frameworks import get_framework
-from trainmaster.runtime.environment import instance_environment
+from trainmaster.runtime.environment import host_environment, instance_environment
 from trainmaster.spec.model import Job, Role
 from trainmaster.spec.paths import job_working_dir
 from trainmaster.store.models import InstanceRow, JobRow
 
 INTERPRETERS = ("python", "python3", "python3.11")
+
+
+@dataclass(frozen=True)
+class ChannelGrant:
+    """What one attempt gets to reach its controller: the channel's address and its own token."""
+
+    url: str
+    token: str
 
 
 def resolve_argv(argv: list[str]) -> list[str]:
@@ -49,14 +58,16 @@ def launch_spec(
     inst: InstanceRow,
     placement: Placement,
     environ: dict[str, str],
-    db_url: str,
+    channel: ChannelGrant,
     log_path: str,
     instance_dir: str,
     containers: bool = False,
 ) -> LaunchSpec:
     """The typed launch of ``inst``'s current attempt.
 
-    ``environ`` is the controller's environment, which the instance inherits. Without
+    ``environ`` is the controller's environment: the instance takes only its host variables
+    (:func:`~trainmaster.runtime.environment.host_environment`), never the store's URL or a
+    token. ``channel``: where and as whom the instance reaches the controller. Without
     dependencies the environment is resolved here, in full; with them the wait step resolves it
     with the same function once it knows the addresses it waited for (``env_inputs``).
     ``containers``: the backend's agents run containers (else every role runs on the host)."""
@@ -71,10 +82,11 @@ def launch_spec(
         "ports": placement.ports,
         "params": spec.spec.framework_params,
         "output_dir": os.path.join(job.run_dir, "output"),
-        # where trainmaster.report() stores this attempt's metric points
         "job_id": job.id,
         "attempt": inst.attempt,
-        "db_url": db_url,
+        # the instance's channel to the controller (report, publish, the wait step) and its token
+        "channel": channel.url,
+        "channel_token": channel.token,
     }
     inputs = {"framework": spec.spec.framework, "context": context, "role_env": dict(role.env)}
     if role.env_fields:  # what a Kubernetes pod would know of itself (see field_values)
@@ -88,8 +100,10 @@ def launch_spec(
     if containers and spec.spec.runs_in_container(role):
         mounts = get_framework(spec.spec.framework).container_mounts(spec.spec.framework_params, job.run_dir)
         container = container_launch(job.run_dir, role, mounts)
-    if container is not None:  # the container's environment is its image's plus the instance's, never the host's
-        environ = {}
+    if container is not None and channel.url.startswith("unix://"):  # the channel's folder, so a restarted
+        folder = os.path.dirname(channel.url.removeprefix("unix://"))  # controller's new socket shows too
+        container = replace(container, mounts=[*container.mounts, {"source": folder, "target": folder}])
+    environ = {} if container is not None else host_environment(environ)  # a container has its image's
     env = environ if depends else instance_environment({**inputs, "env": environ}, {})
     argv = [] if container is not None else resolve_argv([*(role.command or []), *role.args])
     resources = role.resources
@@ -111,7 +125,6 @@ def launch_spec(
         memory=resources.memory_bytes,
         gpu=resources.gpu,
         depends=depends,
-        db_url=db_url if depends else "",
         env_inputs=inputs,
         container=container,
     )
@@ -131,8 +144,12 @@ def dependency_order(spec: Job) -> list[Role]:
     return done
 
 
+#: The channel a dry run shows: the real one is the controller's, its token minted per attempt.
+PLANNED_CHANNEL = ChannelGrant(url="unix://<the controller's instance channel>", token="<minted at launch>")
+
+
 def planned_launches(
-    spec: Job, run_dir: str, db_url: str, containers: bool, place: Callable[[PlacementRequest], Placement]
+    spec: Job, run_dir: str, containers: bool, place: Callable[[PlacementRequest], Placement]
 ) -> list[LaunchSpec]:
     """The :class:`LaunchSpec` of each instance's first attempt, in start order, as
     :func:`launch_spec` builds them once the job is admitted (a dry run: nothing is stored or
@@ -156,7 +173,7 @@ def planned_launches(
                     inst,
                     placement,
                     {},
-                    db_url,
+                    PLANNED_CHANNEL,
                     os.path.join(run_dir, "logs", f"{inst.label}.log"),
                     os.path.join(run_dir, "instances", inst.label),
                     containers,

@@ -39,7 +39,6 @@ class InstanceContext:
     output_dir: str = ""
     job_id: int = 0
     attempt: int = 0
-    db_url: str = ""  # the store, where trainmaster.report() writes the instance's metrics
 
     @property
     def address(self) -> str:

@@ -26,6 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trainmaster.errors import UserError
+from trainmaster.spec.boundedyaml import load_one
 from trainmaster.gateway.crypto import EnvelopeError, make_header, seal, verify_attestation
 from trainmaster.gateway import resultlink
 from trainmaster.gateway.gate import EnvelopeGate
@@ -75,7 +76,7 @@ def load_task(path: str | Path) -> TaskSpec:
     if not p.is_file():
         raise UserError(f"task file not found: {p}")
     try:
-        return TaskSpec.model_validate(yaml.safe_load(p.read_text()))
+        return TaskSpec.model_validate(load_one(p.read_text(), str(p)))
     except (ValidationError, yaml.YAMLError) as exc:
         raise UserError(f"invalid task file {p}", details=[str(exc)]) from exc
 

@@ -25,6 +25,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainmaster.errors import UserError
+from trainmaster.spec.boundedyaml import load_one
 from trainmaster.gateway.crypto import Identity, PublicIdentity, b64d, b64e, raw_private, raw_public
 from trainmaster.gateway.models import ID_PATTERN
 from trainmaster.gateway.tlsid import NAME_PATTERN, dns_name
@@ -277,7 +278,7 @@ def load_config(path: str | Path) -> ServiceConfig:
     if not p.is_file():
         raise UserError(f"config file not found: {p}")
     try:
-        return ServiceConfig.model_validate(yaml.safe_load(p.read_text()))
+        return ServiceConfig.model_validate(load_one(p.read_text(), str(p)))
     except Exception as exc:  # pydantic ValidationError or YAML error: both the user's to fix
         raise UserError(f"invalid config {p}", details=[str(exc)]) from exc
 

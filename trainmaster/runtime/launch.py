@@ -3,9 +3,10 @@
 Started by the node agent for an instance with dependencies (an instance without any is
 spawned by the agent directly):
 
-1. The wait step (like a Kubernetes init container): watch the address registry until every
-   instance of each role it depends on has an address (``Running``) or has succeeded
-   (``Succeeded``); give up after the dependency's timeout with a clear reason.
+1. The wait step (like a Kubernetes init container): ask the controller, over the instance's
+   own channel (:mod:`trainmaster.runtime.channel`; never the store), until every instance of
+   each role it depends on has an address (``Running``) or has succeeded (``Succeeded``); give
+   up after the dependency's timeout with a clear reason.
 2. Resolve the environment (one resolver: :func:`trainmaster.runtime.environment.instance_environment`).
 3. ``os.execve`` the role command: the same process becomes it, so no wrapper is left that could
    be killed on its own, and the agent reaps the command's own exit status. Just before, it
@@ -21,7 +22,10 @@ import os
 import sys
 import time
 
+from typing import Any
+
 from trainmaster.contract import LaunchSpec
+from trainmaster.runtime.channel import Channel, ChannelRefused, ChannelUnavailable
 
 DEPENDENCY_TIMEOUT_EXIT = 124
 
@@ -30,60 +34,37 @@ class DependencyTimeout(Exception):
     pass
 
 
-def wait_for_dependencies(launch: LaunchSpec) -> dict[str, list[str]]:
-    """Block until every dependency of ``launch`` holds (read from the registry of the store at
-    ``launch.db_url``); return role -> addresses of its instances."""
-    import site
+def wait_for_dependencies(channel: Channel, depends: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Block until every dependency holds; return role -> addresses of its instances.
 
-    site.main()  # the runtime starts with -S; the wait step needs the installed packages
-    from sqlalchemy import select
-
-    from trainmaster.store.db import make_engine, session_factory
-    from trainmaster.store.models import InstanceRow, RegistryRow
-
-    sessions = session_factory(make_engine(launch.db_url, create=False))
-    job_id = launch.job_id
+    ``depends`` holds dicts of :class:`Dependency` fields. The controller answers through the
+    instance channel (the wait step never sees the store); while it is away (restarting) the
+    wait goes on, until the dependency's own timeout."""
     services: dict[str, list[str]] = {}
-    for dep in launch.depends:
-        deadline = time.monotonic() + dep.timeout
+    for dep in depends:
+        deadline = time.monotonic() + dep["timeout"]
         delay = 0.05
+        done, why = 0, ""
         while True:
-            with sessions() as session:
-                if dep.condition == "Placed":  # an address, whatever the instance waits for
-                    placed = session.scalars(
-                        select(InstanceRow).where(
-                            InstanceRow.job_id == job_id,
-                            InstanceRow.role == dep.role,
-                            InstanceRow.state.in_(("starting", "running", "unknown", "succeeded")),
-                            InstanceRow.address.is_not(None),
-                            InstanceRow.address != "",
-                        )
-                    ).all()
-                    addresses = {r.index: r.address or "" for r in placed}
-                else:
-                    rows = session.scalars(
-                        select(RegistryRow).where(RegistryRow.job_id == job_id, RegistryRow.role == dep.role)
-                    ).all()
-                    addresses = {r.index: r.address for r in rows}
-                done = len(addresses)
-                if dep.condition == "Succeeded":
-                    done = len(
-                        session.scalars(
-                            select(InstanceRow).where(
-                                InstanceRow.job_id == job_id,
-                                InstanceRow.role == dep.role,
-                                InstanceRow.state == "succeeded",
-                            )
-                        ).all()
-                    )
-            if done >= dep.replicas:
-                services[dep.role] = [addresses[i] for i in sorted(addresses)]
-                break
+            try:
+                answer = channel.call("GET", "/v1/dependencies", deadline=deadline)
+            except ChannelUnavailable as exc:
+                why = f"; {exc}"
+            except ChannelRefused as exc:
+                raise DependencyTimeout(f"the controller refused the wait step: {exc.message}") from None
+            else:
+                found = next((d for d in answer["dependencies"] if d["role"] == dep["role"]), None)
+                if found is None:
+                    raise DependencyTimeout(f"the controller knows no dependency on role '{dep['role']}'")
+                done = int(found["done"])
+                if done >= dep["replicas"]:
+                    services[dep["role"]] = list(found["addresses"])
+                    break
             if time.monotonic() >= deadline:
-                what = {"Running": "have an address", "Placed": "are placed"}.get(dep.condition, "have succeeded")
+                what = {"Running": "have an address", "Placed": "are placed"}.get(dep["condition"], "have succeeded")
                 raise DependencyTimeout(
-                    f"waited {dep.timeout:g}s for role '{dep.role}' ({dep.condition}): "
-                    f"{done} of {dep.replicas} instances {what}"
+                    f"waited {dep['timeout']:g}s for role '{dep['role']}' ({dep['condition']}): "
+                    f"{done} of {dep['replicas']} instances {what}{why}"
                 )
             time.sleep(delay)
             delay = min(delay * 1.5, 0.5)
@@ -92,6 +73,11 @@ def wait_for_dependencies(launch: LaunchSpec) -> dict[str, list[str]]:
 
 def exec_role(spec_file: str) -> int:
     """The agent's wait step: wait, resolve the environment, become the role command."""
+    import dataclasses
+    import site
+
+    site.main()  # the runtime starts with -S; resolving the environment needs the installed packages
+
     notify_fd = int(os.environ.get("TM_AGENT_NOTIFY_FD", "-1"))
 
     def tell(line: str) -> None:
@@ -101,8 +87,14 @@ def exec_role(spec_file: str) -> int:
     with open(spec_file) as f:
         spec = LaunchSpec.from_dict(json.load(f))
     print(f"[trainmaster] waiting for {', '.join(d.role for d in spec.depends)}", flush=True)
+    from trainmaster.runtime.environment import tm_variables
+
     try:
-        services = wait_for_dependencies(spec)
+        # the instance's own channel and token, as its environment will carry them
+        channel = Channel.from_environment({**tm_variables(spec.env_inputs["context"]), **spec.env_inputs["role_env"]})
+        if channel is None:
+            raise DependencyTimeout("the instance has no channel to its controller (TM_CHANNEL): nothing to wait on")
+        services = wait_for_dependencies(channel, [dataclasses.asdict(d) for d in spec.depends])
     except DependencyTimeout as exc:
         print(f"[trainmaster] {exc}", flush=True)
         tell(f"reason DependencyTimeout {exc}")

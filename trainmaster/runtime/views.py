@@ -2,11 +2,13 @@
 
 `report` carries numbers over time; some capabilities produce structure a chart of numbers
 cannot show: which device trained which federated job in each round, a partitioned graph, a
-gateway task's legs. A role publishes such a record as one JSON line appended to
-``<job output>/trainmaster-views/<kind>.jsonl``: it lands with the job's outputs (a result in
-its own right), and the dashboard's job page draws each known kind (see
-``trainmaster/service/dashboard/capability.py``). Outside an instance (no ``TM_OUTPUT_DIR``) the
-call does nothing, so the same code runs by hand.
+gateway task's legs. A role publishes such a record over its instance channel; the controller checks it and appends
+it as one JSON line to ``<job output>/trainmaster-views/<kind>.jsonl`` on the controller's
+machine, so it lands with the job's outputs (a result in its own right) wherever the instance
+ran, and the dashboard's job page draws each known kind (see
+``trainmaster/service/dashboard/capability.py``). A job may publish at most
+:data:`trainmaster.controller.channel.MAX_VIEW_BYTES` of each kind. Outside an instance (no
+``TM_CHANNEL``) the call does nothing, so the same code runs by hand.
 """
 
 from __future__ import annotations
@@ -34,9 +36,9 @@ def views_dir(output_dir: str | Path) -> Path:
     return Path(output_dir) / VIEWS_FOLDER
 
 
-def publish(kind: str, record: dict[str, Any]) -> bool:
-    """Append ``record`` to this job's ``kind`` view; returns whether it was written (False outside
-    an instance). A mistake (unknown kind, missing field, not JSON) is a :class:`UserError`."""
+def check_record(kind: str, record: Any) -> str:
+    """The record as the JSON line it is stored as; a mistake (unknown kind, missing field, not
+    JSON, too large) is a :class:`UserError`."""
     if kind not in KINDS:
         raise UserError(f"publish(): unknown view kind {kind!r} (known: {', '.join(sorted(KINDS))})")
     if not isinstance(record, dict):
@@ -50,17 +52,29 @@ def publish(kind: str, record: dict[str, Any]) -> bool:
         raise UserError(f"publish(): a {kind} record must be finite JSON: {exc}") from None
     if len(line) > MAX_RECORD_BYTES:
         raise UserError(f"publish(): a {kind} record is {len(line)} bytes; at most {MAX_RECORD_BYTES}")
-    output = os.environ.get("TM_OUTPUT_DIR")
-    if not output:
+    return line
+
+
+def publish(kind: str, record: dict[str, Any]) -> bool:
+    """Append ``record`` to this job's ``kind`` view; returns whether it was stored (False outside
+    an instance, when the job's view of that kind is full, or when the controller stayed away
+    for the channel's timeout: said once on stderr). A mistake (unknown kind, missing field, not
+    JSON) is a :class:`UserError`."""
+    from trainmaster.runtime.channel import Channel, ChannelRefused, ChannelUnavailable
+    from trainmaster.runtime.report import warn_once
+
+    line = check_record(kind, record)
+    channel = Channel.from_environment()
+    if channel is None:
         return False
-    folder = views_dir(output)
-    folder.mkdir(parents=True, exist_ok=True)
-    # one write of one line with O_APPEND: replicas publishing at once never interleave a line
-    fd = os.open(folder / f"{kind}.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
+        channel.call("POST", f"/v1/views/{kind}", json.loads(line))
+    except ChannelRefused as exc:
+        warn_once(f"publish-{kind}-{exc.status}", f"publish(): the controller refused a {kind} record: {exc.message}")
+        return False
+    except ChannelUnavailable as exc:
+        warn_once("publish-away", f"publish(): record not stored: {exc}")
+        return False
     return True
 
 
@@ -101,7 +115,7 @@ class PeriodicPublisher:
             self._publish_once()
 
     def __enter__(self) -> PeriodicPublisher:
-        if os.environ.get("TM_OUTPUT_DIR"):  # outside an instance there is nowhere to publish
+        if os.environ.get("TM_CHANNEL"):  # outside an instance there is nowhere to publish
             self._thread.start()
         return self
 

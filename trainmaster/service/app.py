@@ -8,6 +8,10 @@ No request makes the service answer 5xx: bodies and JSON depth are limited befor
 (:mod:`.limits`), every field is bounded and checked by the spec layer (422 with its path), and
 unknown references are 404. The handler for unexpected exceptions is the last line of defence
 only: it logs the traceback and answers 500 without internals.
+
+Before any of that, :mod:`.protect` refuses hosts the server does not serve (DNS rebinding) and
+REST state changes a browser could send from another site (CSRF), and adds the security headers
+to every answer; :mod:`.quotas` bounds how many instances a job, and all jobs, may ask for.
 """
 
 from __future__ import annotations
@@ -36,7 +40,10 @@ from trainmaster.service.dashboard import AccessOptions, mount_dashboard
 from trainmaster.service.dashboard.errors import error_page
 from trainmaster.service.draining import Draining
 from trainmaster.errors import UserError
+from trainmaster.service.apidocs import mount_api_docs
 from trainmaster.service.limits import BodyLimit, RequestLimits
+from trainmaster.service.protect import RequestGuard, ServedHosts
+from trainmaster.service.quotas import JobQuota, OverQuota, check_job, check_room, check_scale
 from trainmaster.spec.load import LoadOptions
 from trainmaster.spec.model import MAX_REPLICAS, Job, RuntimeKind
 from trainmaster.spec.paths import PathPolicy
@@ -44,6 +51,8 @@ from trainmaster.spec.validate import field_path
 from trainmaster.store import repository as repo
 
 API = "/api/v1"
+STATUS_PAGE = 1_000  # instances in one status answer unless asked otherwise
+STATUS_PAGE_MAX = 10_000
 log = logging.getLogger("trainmaster.service")
 
 #: A job reference in a URL: a name (at most 63 characters), a uid (32) or an id.
@@ -59,6 +68,8 @@ class ServiceOptions:
     limits: RequestLimits = field(default_factory=RequestLimits)
     access: AccessOptions = field(default_factory=AccessOptions)  # the token beyond loopback, CSRF
     runtime: RuntimeKind | None = None  # where 'runtime: auto' roles run (--runtime); None: podman's presence
+    hosts: ServedHosts = field(default_factory=ServedHosts)  # the Host names it answers (DNS rebinding)
+    quota: JobQuota = field(default_factory=JobQuota)  # instances per job and in all (--max-*-instances)
 
 
 class ScaleRequest(BaseModel):
@@ -125,14 +136,21 @@ def create_app(
     app = FastAPI(
         title="Trainmaster controller",
         version="1",
-        description="Submit, inspect, stream logs of, cancel and delete training jobs.",
+        description="Submit, inspect, stream logs of, cancel and delete training jobs. State changes "
+        "(POST, DELETE) take 'Content-Type: application/json'; with a token, 'Authorization: Bearer <token>'.",
+        docs_url=None,  # served by mount_api_docs, from the package (no CDN)
+        redoc_url=None,
     )
     app.add_middleware(BodyLimit, limits=options.limits)
     sessions = controller.sessions
     jobs = Trainmaster(sessions, controller.db_url)  # every job verb goes through the facade
     draining = Draining()  # the server calls begin() when it stops, so live streams end themselves
     app.state.draining = draining
-    mount_dashboard(app, controller, jobs, options.paths, options.access, options.runtime, draining)
+    mount_api_docs(app)  # before the dashboard's /static, which would shadow swagger-ui's files
+    mount_dashboard(
+        app, controller, jobs, options.paths, options.access, options.runtime, draining, quota=options.quota
+    )
+    app.add_middleware(RequestGuard, hosts=options.hosts)  # outermost: every answer gets its headers
     reconciler = Reconciler(controller, elector)
 
     @app.on_event("startup")
@@ -165,6 +183,12 @@ def create_app(
     @app.exception_handler(JobConflict)
     def _conflict(_request: Request, exc: JobConflict) -> JSONResponse:
         return JSONResponse(status_code=409, content={"detail": exc.message})
+
+    @app.exception_handler(OverQuota)
+    def _over_quota(_request: Request, exc: OverQuota) -> JSONResponse:
+        return JSONResponse(
+            status_code=429, headers={"Retry-After": "30"}, content={"error": exc.message, "details": exc.details}
+        )
 
     @app.exception_handler(UserError)
     def _user_error(_request: Request, exc: UserError) -> JSONResponse:
@@ -212,6 +236,9 @@ def create_app(
             controller.backend.name,
             LoadOptions(paths=options.paths, lenient=lenient, runtime=options.runtime),
         )
+        check_job(loaded.job, options.quota)
+        with sessions() as session:
+            check_room(session, sum(r.replicas for r in loaded.job.spec.roles), options.quota)
         job_id = jobs.submit(loaded, controller).id  # NameTaken: 409, as every JobConflict
         return {"id": job_id, "name": loaded.job.name, "ignored": loaded.ignored}
 
@@ -220,8 +247,18 @@ def create_app(
         return jobs.list_jobs()
 
     @app.get(f"{API}/jobs/{{ref}}")
-    def status(ref: JobRef, events: int = Query(50, ge=0, le=10_000)) -> dict[str, Any]:
-        return {**jobs.status(ref, events=events), "controller": leadership()}
+    def status(
+        ref: JobRef,
+        events: int = Query(50, ge=0, le=10_000),
+        instances_from: int = Query(
+            0, alias="instancesFrom", ge=0, le=MAX_REPLICAS * 100, description="First instance of the page (by order)"
+        ),
+        instances: int = Query(
+            STATUS_PAGE, ge=0, le=STATUS_PAGE_MAX, description="Instances in the page (instanceCount: all of them)"
+        ),
+    ) -> dict[str, Any]:
+        page = jobs.status(ref, events=events, instances=(instances_from, instances))
+        return {**page, "controller": leadership()}
 
     @app.post(f"{API}/jobs/{{ref}}/cancel")
     def cancel(ref: JobRef) -> dict[str, Any]:
@@ -241,6 +278,8 @@ def create_app(
 
     @app.post(f"{API}/jobs/{{ref}}/scale")
     def scale(ref: JobRef, body: ScaleRequest) -> dict[str, Any]:
+        with sessions() as session:
+            check_scale(session, repo.load_job(session, jobs.find(ref).id), body.role, body.replicas, options.quota)
         result = jobs.scale(ref, body.role, body.replicas)
         controller.wake()
         return {"id": result.id, "role": result.role, "replicas": result.replicas}

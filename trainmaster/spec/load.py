@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from trainmaster.errors import UserError
+from trainmaster.spec import boundedyaml
 from trainmaster.spec.compat import convert
 from trainmaster.spec.model import Job, RuntimeKind
 from trainmaster.spec.paths import PathPolicy
@@ -68,7 +69,7 @@ def read_document(path: str | Path) -> dict[str, Any]:
 def parse_document(text: str, source: str) -> dict[str, Any]:
     """The single YAML/JSON mapping in ``text`` (a file's or a pasted document's)."""
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        docs = [d for d in boundedyaml.load_all(text, source) if d is not None]
     except yaml.YAMLError as exc:
         raise UserError(f"{source}: not valid YAML/JSON: {exc}") from None
     except RecursionError:

@@ -21,6 +21,24 @@ def default_url() -> str:
     return os.environ.get("TRAINMASTER_DB") or f"sqlite:///{home() / 'trainmaster.db'}"
 
 
+def private_file(path: Path) -> None:
+    """Make a SQLite store's file readable by its owner only (0600, in a folder created 0700, the
+    Trainmaster home narrowed to 0700;
+    SQLite gives its -wal and -shm files the database file's mode): the store holds every job's
+    spec and environment, and whoever can write it can act as the controller."""
+    if path.name == ":memory:" or not path.name:
+        return
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        if path.parent.resolve() == home().resolve() and path.parent.stat().st_uid == os.getuid():
+            path.parent.chmod(0o700)  # the Trainmaster home (made by anything first) is private
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+        if path.stat().st_uid == os.getuid():
+            path.chmod(0o600)
+    except OSError:
+        pass  # not ours, or a read-only place: SQLite says what is wrong when it opens it
+
+
 def _sqlite_pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")  # readers (instance wait steps) never block the writer
@@ -33,7 +51,7 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyp
 def make_engine(url: str | None = None, create: bool = True) -> Engine:
     url = url or default_url()
     if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        private_file(Path(url.removeprefix("sqlite:///")).expanduser())
         engine = create_engine(url, connect_args={"timeout": 10})
         event.listen(engine, "connect", _sqlite_pragmas)
     else:

@@ -6,6 +6,8 @@ the models and the newest revision describe the same schema.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +43,23 @@ def _config(connection: Connection) -> Config:
     return config
 
 
+@contextmanager
+def _sqlite_turn(engine: Engine) -> Iterator[None]:
+    database = engine.url.database if engine.dialect.name == "sqlite" else None
+    if not database or database == ":memory:":
+        yield
+        return
+    import fcntl
+    import os
+
+    fd = os.open(f"{database}.migrate.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def head() -> str:
     return str(ScriptDirectory(str(MIGRATIONS)).get_current_head())
 
@@ -50,8 +69,10 @@ def current(connection: Connection) -> str | None:
 
 
 def upgrade(engine: Engine) -> Upgrade:
-    """Bring the store to the newest revision (creating it when empty)."""
-    with engine.begin() as connection:
+    """Bring the store to the newest revision (creating it when empty). Processes opening one
+    store at once take turns: an advisory lock on PostgreSQL, an ``flock`` beside a SQLite file
+    (SQLite's deferred transactions would let two of them create the same tables)."""
+    with _sqlite_turn(engine), engine.begin() as connection:
         if connection.dialect.name == "postgresql":
             connection.execute(text(f"SELECT pg_advisory_xact_lock({ADVISORY_LOCK})"))
         before = current(connection)

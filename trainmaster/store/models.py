@@ -193,3 +193,15 @@ class LeaseRow(Base):
     token: Mapped[int] = mapped_column(Integer, default=1)
     expires_at: Mapped[float] = mapped_column(Float)  # epoch seconds, on the holder's clock
     acquired_at: Mapped[float] = mapped_column(Float)
+
+
+class KeyRow(Base):
+    """A secret the controllers sharing this store share, by name: ``channel`` signs the tokens
+    instances use on the instance channel (:mod:`trainmaster.controller.channel`), so a token
+    minted by one server (or a `trainmaster run`) is honoured by the server that takes over."""
+
+    __tablename__ = "keys"
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    value: Mapped[str] = mapped_column(String(128))  # hex
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -225,8 +225,14 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value else None
 
 
-def job_status(session: Session, job: JobRow, events: int = 20) -> dict[str, Any]:
-    """Everything a user asks about a job, as plain data (the CLI table and the REST API use it)."""
+def job_status(
+    session: Session, job: JobRow, events: int = 20, instances: tuple[int, int] | None = None
+) -> dict[str, Any]:
+    """Everything a user asks about a job, as plain data (the CLI table and the REST API use it);
+    ``instances`` = (first, count) keeps one page of the instance list (``instanceCount`` says
+    how many there are)."""
+    first, count = instances or (0, len(job.instances))
+    shown = job.instances[first : first + count]
     recent = session.scalars(
         select(EventRow).where(EventRow.job_id == job.id).order_by(EventRow.id.desc()).limit(events)
     ).all()
@@ -281,8 +287,10 @@ def job_status(session: Session, job: JobRow, events: int = 20) -> dict[str, Any
                 "endedAt": _iso(i.ended_at),
                 "metrics": _point(reported.get((i.role, i.index))),
             }
-            for i in job.instances
+            for i in shown
         ],
+        "instanceCount": len(job.instances),
+        "instancesFrom": first,
         "events": [
             {"time": _iso(e.time), "object": e.object, "type": e.type, "reason": e.reason, "message": e.message}
             for e in reversed(recent)

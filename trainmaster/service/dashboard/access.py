@@ -3,8 +3,10 @@
 On loopback the service may run open (as Ray's dashboard does by default). Bound to any other
 address it requires a token, given as ``Authorization: Bearer <token>`` (the CLI, scripts) or
 once in the browser through ``/login?token=<token>``, which sets an HttpOnly, SameSite=Strict
-cookie. Every state-changing dashboard request also carries a CSRF token derived from a
-per-server secret (a cross-site page can neither read it nor send the cookie).
+cookie. The cookie authenticates reads and the dashboard's own actions only, never a state
+change of the REST API: SameSite counts every port of a host as the same site, so a page on
+another loopback port would send it along. Every state-changing dashboard request also carries a
+CSRF token derived from a per-server secret (another origin cannot read it from the page).
 """
 
 from __future__ import annotations
@@ -42,18 +44,28 @@ class AccessOptions:
             return True
         bearer = request.headers.get("authorization", "")
         given = bearer.removeprefix("Bearer ").strip() if bearer.startswith("Bearer ") else ""
-        given = given or request.cookies.get(COOKIE, "")
+        if not given and cookie_counts(request.method, request.url.path):
+            given = request.cookies.get(COOKIE, "")
         return bool(given) and hmac.compare_digest(given.encode(), self.token.encode())
 
 
+def cookie_counts(method: str, path: str) -> bool:
+    """Whether the browser's cookie may authenticate this request: any read, and the dashboard's
+    actions (``/ui/``, which need the page's CSRF token besides); never a REST state change."""
+    return method.upper() in ("GET", "HEAD") or path.startswith("/ui/")
+
+
 def is_loopback(host: str) -> bool:
-    """Whether a listen address is reachable only from this machine."""
+    """Whether a listen address is reachable only from this machine (``::ffff:127.0.0.1``, the
+    IPv4 loopback mapped into IPv6, is)."""
     if host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
         return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return bool(address.is_loopback or (mapped is not None and mapped.is_loopback))
 
 
 class TokenMiddleware(BaseHTTPMiddleware):

@@ -5,12 +5,20 @@ A capability's roles publish records (:func:`trainmaster.publish`, one JSON line
 (never more than :data:`READ_LIMIT` bytes of a file, :data:`MAX_RECORDS` records), and turns each
 known kind into a :class:`CapabilityView`: a title, an SVG drawing and a table. Every text that
 came from a record is escaped here, because the SVG is inserted as markup.
+
+What a job publishes is its own choice, and the page is refetched every few seconds by every
+open tab, so what is drawn is bounded too, whatever the records say: each drawing caps what it
+draws (rounds, devices, jobs, counters, nodes, points, operators, edges, table rows, the length
+of a text), a drawing larger than :data:`MAX_VIEW_BYTES` is replaced by its caption, and
+:class:`CapabilityDrawings` draws a job's views once per change of its files (every other load
+gets the same drawing) and at most :data:`DRAWERS` at a time.
 """
 
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+import threading
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
@@ -18,8 +26,16 @@ from typing import Any, Callable
 
 from trainmaster.runtime.views import KINDS, views_dir
 
-READ_LIMIT = 2 * 1024 * 1024  # bytes read from the end of one view file
+READ_LIMIT = 512 * 1024  # bytes read from the end of one view file
 MAX_RECORDS = 400
+MAX_VIEW_BYTES = 512 * 1024  # one drawing's markup; past it the caption says why there is none
+MAX_ROUNDS, MAX_DEVICES, MAX_JOBS = 120, 64, 20  # the federated grid: at most 7,680 cells
+MAX_COUNTERS, MAX_NODES, MAX_POINTS = 12, 8, 200  # aggregation charts, lines per chart, points per line
+MAX_DRAWN_EDGES = 1_000
+MAX_TABLE_ROWS = 500
+MAX_TEXT = 80  # characters of one name drawn or tabled
+DRAWERS = 2  # drawings made at once, over all jobs and tabs
+CACHED_JOBS = 64
 PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#d97706", "#7c3aed", "#0891b2", "#db2777", "#65a30d", "#475569", "#ea580c")
 MAX_DRAWN_NODES = 400  # a partition drawing beyond this would be unreadable; the table stays
 
@@ -64,8 +80,8 @@ def capability_views(output_dir: Path) -> list[CapabilityView]:
         records = read_records(output_dir, kind)
         if records:
             try:
-                drawn.append(RENDERERS[kind](records))
-            except (KeyError, TypeError, ValueError, IndexError) as exc:
+                drawn.append(_bounded(RENDERERS[kind](records)))
+            except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError) as exc:
                 drawn.append(
                     CapabilityView(
                         kind,
@@ -77,15 +93,86 @@ def capability_views(output_dir: Path) -> list[CapabilityView]:
     return drawn
 
 
+def _bounded(view: CapabilityView) -> CapabilityView:
+    """``view``, or its caption alone where its drawing is over :data:`MAX_VIEW_BYTES`."""
+    size = len(view.svg) + sum(len(cell) for row in view.table for cell in row)
+    if size <= MAX_VIEW_BYTES:
+        return view
+    return CapabilityView(
+        view.kind,
+        view.title,
+        "",
+        f"{escape(view.caption)}; not drawn: {size // 1024} KiB of markup, more than a page may hold "
+        f"({MAX_VIEW_BYTES // 1024} KiB)",
+    )
+
+
+class CapabilityDrawings:
+    """Each job's drawings, made once per change of its view files and shared by every load
+    (an open tab refetches every few seconds), at most :data:`DRAWERS` being made at a time."""
+
+    def __init__(self) -> None:
+        self._cache: OrderedDict[str, tuple[tuple[Any, ...], list[CapabilityView]]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._drawers = threading.BoundedSemaphore(DRAWERS)
+        self._job_locks: dict[str, threading.Lock] = {}
+
+    @staticmethod
+    def _signature(output_dir: Path) -> tuple[Any, ...]:
+        marks: list[tuple[str, int | None, int | None]] = []
+        for kind in KINDS:
+            try:
+                stat = (views_dir(output_dir) / f"{kind}.jsonl").stat()
+                marks.append((kind, stat.st_size, stat.st_mtime_ns))
+            except OSError:
+                marks.append((kind, None, None))
+        return tuple(marks)
+
+    def draw(self, output_dir: Path) -> list[CapabilityView]:
+        key = str(output_dir)
+        with self._lock:
+            job_lock = self._job_locks.setdefault(key, threading.Lock())
+        with job_lock:  # several tabs of one job: one drawing, the others wait for it
+            signature = self._signature(output_dir)
+            with self._lock:
+                cached = self._cache.get(key)
+                if cached is not None and cached[0] == signature:
+                    self._cache.move_to_end(key)
+                    return cached[1]
+            with self._drawers:
+                drawn = capability_views(output_dir)
+            with self._lock:
+                self._cache[key] = (signature, drawn)
+                self._cache.move_to_end(key)
+                while len(self._cache) > CACHED_JOBS:
+                    old, _ = self._cache.popitem(last=False)
+                    self._job_locks.pop(old, None)
+            return drawn
+
+
 def _color(i: int) -> str:
     return PALETTE[i % len(PALETTE)]
+
+
+def _short(value: Any) -> str:
+    """A record's text as drawn: at most :data:`MAX_TEXT` characters."""
+    text = str(value)
+    return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 1] + "…"
 
 
 def _text(x: float, y: float, text: Any, size: int = 11, anchor: str = "start", color: str = "#334155") -> str:
     return (
         f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}" '
-        f'fill="{color}">{escape(str(text))}</text>'
+        f'fill="{color}">{escape(_short(text))}</text>'
     )
+
+
+def _thin(values: list[Any], most: int) -> list[Any]:
+    """At most ``most`` of ``values``, evenly spaced, the last one kept."""
+    if len(values) <= most:
+        return values
+    step = len(values) / most
+    return [values[int(i * step)] for i in range(most - 1)] + [values[-1]]
 
 
 def _line_chart(
@@ -117,7 +204,7 @@ def _line_chart(
     if y_label:
         parts.append(_text(left + plot_w / 2, height - 8, y_label, anchor="middle"))
     for i, (name, values) in enumerate(series.items()):
-        path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in values)
+        path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in _thin(values, MAX_POINTS))
         parts.append(f'<polyline points="{path}" fill="none" stroke="{_color(i)}" stroke-width="2"/>')
         parts.append(_text(width - right + 10, top + 14 + 16 * i, name, color=_color(i)))
     return f'<svg class="capability" width="{width}" height="{height}" role="img">{"".join(parts)}</svg>'
@@ -126,23 +213,28 @@ def _line_chart(
 def federated_schedule(records: list[dict[str, Any]]) -> CapabilityView:
     """Devices x rounds, each cell coloured by the job the device trained in that round, and
     each job's accuracy by round."""
-    records = sorted(records, key=lambda r: int(r["round"]))[-200:]
-    jobs = sorted({str(j) for r in records for j in r["assignment"]} | {str(j) for r in records for j in r["accuracy"]})
+    records = sorted(records, key=lambda r: int(r["round"]))[-MAX_ROUNDS:]
+    every_job = {str(j) for r in records for j in r["assignment"]} | {str(j) for r in records for j in r["accuracy"]}
+    jobs = sorted(every_job)[:MAX_JOBS]
     index = {job: i for i, job in enumerate(jobs)}
     devices = max([int(d) for r in records for ds in r["assignment"].values() for d in ds] + [0]) + 1
-    devices = min(devices, 200)
+    devices = min(devices, MAX_DEVICES)
     cell, left, top = 6, 40, 14
     width, height = left + cell * len(records) + 150, top + cell * devices + 24
     parts = [_text(left, 10, "rounds →"), _text(4, top + 10, "device")]
     for column, record in enumerate(records):
+        drawn: set[int] = set()  # one cell per device and round, whatever the record repeats
         for job, chosen in record["assignment"].items():
+            if str(job) not in index:
+                continue
             for device in chosen:
-                if int(device) < devices:
+                if int(device) < devices and int(device) not in drawn:
+                    drawn.add(int(device))
                     parts.append(
-                        f'<rect class="cell" data-job="{escape(str(job))}" x="{left + column * cell}" '
+                        f'<rect class="cell" data-job="{escape(_short(job))}" x="{left + column * cell}" '
                         f'y="{top + int(device) * cell}" width="{cell - 1}" height="{cell - 1}" '
                         f'fill="{_color(index[str(job)])}"><title>round {int(record["round"])}, device '
-                        f"{int(device)}: {escape(str(job))}</title></rect>"
+                        f"{int(device)}: {escape(_short(job))}</title></rect>"
                     )
     for i, job in enumerate(jobs):
         parts.append(_text(width - 140, top + 12 + 16 * i, job, color=_color(i)))
@@ -155,17 +247,18 @@ def federated_schedule(records: list[dict[str, Any]]) -> CapabilityView:
     last = records[-1]
     table = [
         [
-            job,
+            _short(job),
             f"{last['accuracy'].get(job, float('nan')):.3f}" if job in last["accuracy"] else "",
             str(sum(len(r["assignment"].get(job, [])) for r in records)),
         ]
         for job in jobs
     ]
+    shown = "" if len(jobs) == len(every_job) else f" (the first {len(jobs)} of {len(every_job)} drawn)"
     return CapabilityView(
         "flsched.round",
         "Federated schedule",
         grid + _line_chart(accuracy, y_label="accuracy by round"),
-        f"{len(records)} rounds, {devices} devices, {len(jobs)} jobs; a cell is a device "
+        f"{len(records)} rounds, {devices} devices, {len(jobs)} jobs{shown}; a cell is a device "
         f"training a job in a round (blank: idle)",
         ["job", "latest accuracy", "device-rounds"],
         table,
@@ -188,10 +281,10 @@ def aggregation_counters(records: list[dict[str, Any]]) -> CapabilityView:
             for k, v in r.items()
             if any(w in k for w in WATCHED_COUNTERS) and isinstance(v, (int, float)) and not isinstance(v, bool)
         }
-    )
-    nodes = sorted({str(r.get("node", "")) for r in records})
+    )[:MAX_COUNTERS]
+    nodes = sorted({str(r.get("node", "")) for r in records})[:MAX_NODES]
     charts = "".join(
-        f'<div class="counter" data-counter="{escape(name)}"><strong>{escape(name)}</strong>'
+        f'<div class="counter" data-counter="{escape(_short(name))}"><strong>{escape(_short(name))}</strong>'
         + _line_chart(
             {
                 node: [
@@ -210,7 +303,10 @@ def aggregation_counters(records: list[dict[str, Any]]) -> CapabilityView:
     )
     latest = {node: next(r for r in reversed(records) if str(r.get("node", "")) == node) for node in nodes}
     table = [
-        [node, name, f"{float(latest[node][name]):.6g}"] for node in nodes for name in names if name in latest[node]
+        [_short(node), _short(name), f"{float(latest[node][name]):.6g}"]
+        for node in nodes
+        for name in names
+        if name in latest[node]
     ]
     return CapabilityView(
         "aggregation.counters",
@@ -246,13 +342,14 @@ def _draw_plan(plan: dict[str, Any]) -> tuple[str, str, list[list[str]]]:
         for e in plan["edges"]
         if str(e["src"]) in position and str(e["dst"]) in position
     ]
+    edges = edges[:MAX_DRAWN_EDGES]
     device_of = [int(n["device"]) for n in nodes]
     loads: dict[int, int] = defaultdict(int)
     for d in device_of:
         loads[d] += 1
     cut = sum(1 for s, d, _ in edges if device_of[s] != device_of[d])
     critical_cut = sum(1 for s, d, c in edges if c and device_of[s] != device_of[d])
-    method = str(plan.get("method", ""))
+    method = _short(plan.get("method", ""))
     table = [[method, str(d), str(loads[d])] for d in sorted(loads)]
     caption = (
         f"{method}: {len(nodes)} operators on {int(plan['devices'])} devices; "
@@ -286,7 +383,7 @@ def _draw_plan(plan: dict[str, Any]) -> tuple[str, str, list[list[str]]]:
         parts.append(
             f'<circle class="op" cx="{x}" cy="{y}" r="7" fill="{_color(device_of[i])}" '
             f'stroke="{"#111827" if node.get("critical") else "white"}" stroke-width="2">'
-            f"<title>{escape(str(node['id']))}: device {device_of[i]}</title></circle>"
+            f"<title>{escape(_short(node['id']))}: device {device_of[i]}</title></circle>"
         )
     for d in sorted(loads):
         parts.append(_text(width - 110, 16 + 16 * d, f"device {d}", color=_color(d)))
@@ -304,15 +401,15 @@ def gateway_tasks(records: list[dict[str, Any]]) -> CapabilityView:
         latest[str(record["task"])] = record
     table = [
         [
-            task,
-            str(leg.get("data_id", "")),
-            str(leg.get("party", "")),
-            str(leg.get("rule", "")),
-            str(leg.get("outcome", "")),
+            _short(task),
+            _short(leg.get("data_id", "")),
+            _short(leg.get("party", "")),
+            _short(leg.get("rule", "")),
+            _short(leg.get("outcome", "")),
         ]
         for task, record in reversed(list(latest.items()))
-        for leg in record["legs"]
-    ]
+        for leg in record["legs"][:MAX_TABLE_ROWS]
+    ][: MAX_TABLE_ROWS * 4]
     outcomes: dict[str, int] = defaultdict(int)
     for row in table:
         outcomes[row[4]] += 1
@@ -323,7 +420,7 @@ def gateway_tasks(records: list[dict[str, Any]]) -> CapabilityView:
         "",
         f"{len(latest)} tasks; legs: {summary}",
         ["task", "data id", "party", "rule", "outcome"],
-        table[:500],
+        table[:MAX_TABLE_ROWS],
     )
 
 

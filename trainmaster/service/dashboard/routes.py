@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any, AsyncIterator
 
+from typing import Annotated
+
 from fastapi import APIRouter, FastAPI, Form, Header, HTTPException, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
@@ -17,12 +19,13 @@ from trainmaster.controller import Controller
 from trainmaster.controller.controller import NotResumable
 from trainmaster.errors import UserError
 from trainmaster.service.dashboard import views
-from trainmaster.service.dashboard.capability import capability_views
+from trainmaster.service.dashboard.capability import CapabilityDrawings
 from trainmaster.service.dashboard.errors import install_error_pages
 from trainmaster.service.dashboard.access import AccessOptions, TokenMiddleware, login
 from trainmaster.service.dashboard.locate import line_of, split_error
 from trainmaster.service.dashboard.watch import StoreWatcher
 from trainmaster.service.draining import Draining
+from trainmaster.service.quotas import JobQuota, check_job, check_room, check_scale
 from trainmaster.api import NameTaken, Trainmaster
 from trainmaster.spec.load import LoadOptions, parse_document
 from trainmaster.spec.model import RuntimeKind
@@ -33,6 +36,9 @@ HERE = Path(__file__).parent
 KEEPALIVE = 15.0  # seconds between SSE comments, so proxies keep an idle stream open
 LOG_POLL = 0.25  # seconds between looks at a followed log file
 MAX_DOCUMENT = 256 * 1024  # a pasted job file; real ones are a few KB
+MAX_ID = 2**63 - 1  # the store's integers are 64-bit: a larger one is no job, not an overflow
+#: A job id in a dashboard path: within the store's integer range (a larger one is a 422, not a 500).
+JobId = Annotated[int, PathParam(ge=1, le=MAX_ID, description="Job id")]
 
 
 def mount_dashboard(
@@ -43,12 +49,16 @@ def mount_dashboard(
     access: AccessOptions,
     runtime: RuntimeKind | None = None,
     draining: Draining | None = None,
+    quota: JobQuota | None = None,
 ) -> None:
     """Serve the dashboard at ``/`` on ``app`` and guard the whole app with ``access``; jobs
     submitted from the page take the REST API's path (the facade's ``load`` and ``submit``
     under the operator's path policy ``paths`` and ``runtime`` for ``auto`` roles). The live
-    streams end when ``draining`` begins (the server stopping)."""
+    streams end when ``draining`` begins (the server stopping); jobs and scaling stay within
+    ``quota``."""
     draining = draining or Draining()
+    quota = quota or JobQuota()
+    drawings = CapabilityDrawings()
     templates = Jinja2Templates(directory=str(HERE / "templates"))  # autoescapes .html
     templates.env.globals["csrf_token"] = access.csrf_token()
     install_error_pages(app, templates)
@@ -81,7 +91,7 @@ def mount_dashboard(
         request: Request,
         state: str = Query("", max_length=16),
         name: str = Query("", max_length=63),
-        page_no: int = Query(1, alias="page", ge=1),
+        page_no: int = Query(1, alias="page", ge=1, le=MAX_ID // views.PAGE_SIZE),
     ) -> HTMLResponse:
         with sessions() as session:
             listing = views.job_list(session, state, name, page_no)
@@ -92,7 +102,7 @@ def mount_dashboard(
         request: Request,
         state: str = Query("", max_length=16),
         name: str = Query("", max_length=63),
-        page_no: int = Query(1, alias="page", ge=1),
+        page_no: int = Query(1, alias="page", ge=1, le=MAX_ID // views.PAGE_SIZE),
     ) -> HTMLResponse:
         with sessions() as session:
             listing = views.job_list(session, state, name, page_no)
@@ -116,7 +126,7 @@ def mount_dashboard(
             )
 
     @router.get("/ui/jobs/{job_id}/summary", response_class=HTMLResponse)
-    def job_summary(request: Request, job_id: int) -> HTMLResponse:
+    def job_summary(request: Request, job_id: JobId) -> HTMLResponse:
         with sessions() as session:
             job = load(session, job_id)
             return page(
@@ -127,17 +137,17 @@ def mount_dashboard(
             )
 
     @router.get("/ui/jobs/{job_id}/views", response_class=HTMLResponse)
-    def job_views(request: Request, job_id: int) -> HTMLResponse:
+    def job_views(request: Request, job_id: JobId) -> HTMLResponse:
         """What the job's capability published (federated schedule, aggregation counters,
         partition, gateway legs), drawn; empty for a job that published nothing."""
         with sessions() as session:
             job = load(session, job_id)
             output = Path(job.run_dir) / "output" if job.run_dir else None
-        drawn = capability_views(output) if output else []
+        drawn = drawings.draw(output) if output else []
         return page(request, "_capability.html", views=drawn)
 
     @router.get("/ui/jobs/{job_id}/metrics")
-    def job_metrics(job_id: int, after: int = Query(0, ge=0)) -> JSONResponse:
+    def job_metrics(job_id: JobId, after: int = Query(0, ge=0, le=MAX_ID)) -> JSONResponse:
         with sessions() as session:
             load(session, job_id)
             return JSONResponse(views.metric_series(session, job_id, after))
@@ -152,7 +162,7 @@ def mount_dashboard(
 
     @router.get("/ui/jobs/{job_id}/log")
     def job_log(
-        job_id: int, instance: str = Query(..., max_length=80), offset: int | None = Query(None, ge=0)
+        job_id: JobId, instance: str = Query(..., max_length=80), offset: int | None = Query(None, ge=0, le=MAX_ID)
     ) -> JSONResponse:
         chunk = views.read_log(log_path(job_id, instance), offset)
         return JSONResponse(
@@ -162,10 +172,10 @@ def mount_dashboard(
     @router.get("/ui/jobs/{job_id}/log/stream")
     async def job_log_stream(
         request: Request,
-        job_id: int,
+        job_id: JobId,
         instance: str = Query(..., max_length=80),
-        offset: int = Query(0, ge=0),
-        last_event_id: int | None = Header(None, alias="Last-Event-ID", ge=0),
+        offset: int = Query(0, ge=0, le=MAX_ID),
+        last_event_id: int | None = Header(None, alias="Last-Event-ID", ge=0, le=MAX_ID),
     ) -> StreamingResponse:
         path = log_path(job_id, instance)
 
@@ -206,7 +216,7 @@ def mount_dashboard(
         return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-store"})
 
     @router.post("/ui/jobs/{job_id}/cancel")
-    def cancel(request: Request, job_id: int) -> Response:
+    def cancel(request: Request, job_id: JobId) -> Response:
         guarded(request)
         with sessions() as session:
             load(session, job_id)
@@ -214,7 +224,7 @@ def mount_dashboard(
         return Response(status_code=204, headers={"HX-Trigger": "tm-change"})
 
     @router.post("/ui/jobs/{job_id}/resume")
-    def resume(request: Request, job_id: int) -> Response:
+    def resume(request: Request, job_id: JobId) -> Response:
         guarded(request)
         with sessions() as session:
             load(session, job_id)
@@ -226,17 +236,22 @@ def mount_dashboard(
 
     @router.post("/ui/jobs/{job_id}/scale")
     def scale(
-        request: Request, job_id: int, role: str = Form(..., max_length=63), replicas: int = Form(..., ge=1, le=10_000)
+        request: Request,
+        job_id: JobId,
+        role: str = Form(..., max_length=63),
+        replicas: int = Form(..., ge=1, le=10_000),
     ) -> Response:
         guarded(request)
         try:
+            with sessions() as session:
+                check_scale(session, load(session, job_id), role, replicas, quota)
             controller.scale(job_id, role, replicas)
         except UserError as exc:
             return HTMLResponse(f"<span class='error'>{_escape(str(exc))}</span>", status_code=422)
         return Response(status_code=204, headers={"HX-Trigger": "tm-change"})
 
     @router.post("/ui/jobs/{job_id}/delete")
-    def delete(request: Request, job_id: int) -> Response:
+    def delete(request: Request, job_id: JobId) -> Response:
         guarded(request)
         with sessions() as session:
             job = load(session, job_id)
@@ -258,12 +273,16 @@ def mount_dashboard(
         if len(document.encode()) > MAX_DOCUMENT:
             return None, [{"path": "", "line": None, "message": f"the document is over {MAX_DOCUMENT // 1024} KB"}]
         try:
-            return jobs.load(
+            loaded = jobs.load(
                 parse_document(document, "pasted job"),
                 controller.backend.name,
                 LoadOptions(paths=paths, runtime=runtime),
                 source="pasted job",
-            ), []
+            )
+            check_job(loaded.job, quota, "pasted job")
+            with sessions() as session:
+                check_room(session, sum(r.replicas for r in loaded.job.spec.roles), quota)
+            return loaded, []
         except UserError as exc:
             problems = []
             for detail in exc.details or [exc.message]:

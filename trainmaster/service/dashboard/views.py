@@ -17,6 +17,7 @@ from trainmaster.store.models import JobRow, MetricRow, RoleRow
 from trainmaster.store.ownership import owner_alive
 
 PAGE_SIZE = 100
+INSTANCES_SHOWN = 500  # rows of a job page's instance table; the REST status pages through all
 LOG_TAIL = 64 * 1024  # bytes of a log a page starts with; older lines are in the download
 STATES = ("pending", "starting", "running", "succeeded", "failed", "cancelled")
 
@@ -118,10 +119,11 @@ def job_list(session: Session, state: str = "", name: str = "", page: int = 1) -
     return JobList(lines, total, page, pages)
 
 
-def instances(session: Session, job: JobRow) -> list[InstanceLine]:
+def instances(session: Session, job: JobRow, limit: int = INSTANCES_SHOWN) -> list[InstanceLine]:
+    """The first ``limit`` instances of the job as table rows."""
     latest = repo.latest_points(session, job.id)
     lines = []
-    for inst in job.instances:
+    for inst in job.instances[:limit]:
         point = latest.get((inst.role, inst.index))
         lines.append(
             InstanceLine(
@@ -197,7 +199,7 @@ def spec_yaml(job: JobRow) -> str:
 
 
 def job_detail(session: Session, job: JobRow) -> dict[str, Any]:
-    status = repo.job_status(session, job, events=200)
+    status = repo.job_status(session, job, events=200, instances=(0, 0))  # the page lists instances()
     status["framework"] = (job.spec.get("spec") or {}).get("framework", "")
     status["age"] = age(job.created_at)
     # a job whose `trainmaster run` died: nobody reconciles it until someone resumes it
