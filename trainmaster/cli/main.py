@@ -79,6 +79,7 @@ def _register_all() -> None:
     ``gateway``); the old flat names stay as hidden aliases so no script breaks."""
     from trainmaster.cli import (
         aggregation,
+        cluster,
         convert,
         db,
         flsched,
@@ -99,7 +100,7 @@ def _register_all() -> None:
         for alias in app.registered_commands[before:]:
             alias.hidden = True
     app.add_typer(job_app, name="job")
-    for module in (server, db, info, testbed, aggregation, flsched, partition, gateway):
+    for module in (server, db, info, testbed, cluster, aggregation, flsched, partition, gateway):
         module.register(app)
     gateway_group = _typer_of(next(g for g in app.registered_groups if g.name == "gateway"))
     for group in app.registered_groups:
