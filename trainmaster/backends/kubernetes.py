@@ -27,6 +27,7 @@ cluster whose nodes are this machine (``trainmaster cluster up``).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -49,6 +50,7 @@ DELETE_TIMEOUT = 60.0
 FIRST_PORT, LAST_PORT = 20000, 32000
 HOST_RUNTIME_ENV = "TRAINMASTER_K8S_HOST_RUNTIME"
 GATE_CHECK_SECONDS = 0.5
+MAX_ENDED = 10_000  # ended pods remembered for their controllers (dropped oldest first beyond)
 
 
 @dataclass(frozen=True)
@@ -552,8 +554,9 @@ class KubernetesBackend(Backend):
             else:
                 self._complete_log(pod, iid)
             with self._lock:
-                if iid in self._log_paths or iid in self._stopping:
-                    self._ended[iid] = obs
+                self._ended[iid] = obs  # until forgotten: a poll after the pod is gone still says how it ended
+                while len(self._ended) > MAX_ENDED:
+                    self._ended.pop(next(iter(self._ended)))
                 self._stopping.discard(iid)
         if self._held:
             self._release_gates()
@@ -624,7 +627,8 @@ class KubernetesBackend(Backend):
             with self._lock:
                 self._stopping.add(iid)
             namespace = handle.get("namespace") or self.namespace
-            self._delete_pod(namespace, handle["pod"], max(0, int(round(grace))))
+            # at least 1 s: a grace of 0 deletes the object at once, before the kubelet stopped anything
+            self._delete_pod(namespace, handle["pod"], max(1, math.ceil(grace)))
             names.append((namespace, handle["pod"], iid))
         wait_until(
             lambda: all((p := self.pods.get(ns, name)) is None or _instance(p) != iid for ns, name, iid in names),

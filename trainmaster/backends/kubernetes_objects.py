@@ -233,7 +233,9 @@ def pod_manifest(
         container["command"] = [host.python, "-m", entry_module, spec.cwd or "", record, "--", *spec.argv]
         _add_host_mounts(host, volumes, mounts)
         for i, folder in enumerate(job_folders(spec, resolved_env)):
-            volumes.append({"name": f"job{i}", "hostPath": {"path": folder, "type": "DirectoryOrCreate"}})
+            # a missing working directory is the role's mistake (a refused start), never created
+            kind = "Directory" if folder == os.path.normpath(spec.cwd or "") else "DirectoryOrCreate"
+            volumes.append({"name": f"job{i}", "hostPath": {"path": folder, "type": kind}})
             mounts.append({"name": f"job{i}", "mountPath": folder})
         pod_spec["hostPID"] = True
     if volumes:
