@@ -67,7 +67,7 @@ k8s-deps:
 ## Kubernetes tests run last and wait for it: tests/kubernetes/conftest.py)
 k8s-deps-background:
 	@mkdir -p $(K8S_CACHE) 2>/dev/null; \
-	if ls $(K8S_CACHE)/kubernetes-*/.built >/dev/null 2>&1; then exit 0; fi; \
+	if ls $(K8S_CACHE)/kubernetes-*/.built-r2 >/dev/null 2>&1; then exit 0; fi; \
 	echo "==> building Kubernetes in the background (log: $(K8S_BUILD_LOG)); its tests run last"; \
 	TM_K8S_CACHE=$(K8S_CACHE) nohup nice -n 19 bash trainmaster/cluster/build-kubernetes.sh >$(K8S_BUILD_LOG) 2>&1 </dev/null &
 

@@ -114,7 +114,7 @@ class RunResult:
 
 
 def make_backend(name: str, cpus: float | None = None, ray_address: str | None = None) -> Backend:
-    """The backend named ``name`` (``local``, ``ray`` or ``testbed``)."""
+    """The backend named ``name`` (``local``, ``ray``, ``testbed`` or ``kubernetes``)."""
     from trainmaster.backends.base import Capacity
     from trainmaster.backends.local import LocalBackend
 
@@ -127,13 +127,17 @@ def make_backend(name: str, cpus: float | None = None, ray_address: str | None =
             return LocalBackend()
         default = LocalBackend().capacity()
         return LocalBackend(Capacity(cpu=cpus, memory=default.memory, gpu=default.gpu))
+    if name == "kubernetes":
+        from trainmaster.backends.kubernetes import kubernetes_backend_or_error
+
+        return kubernetes_backend_or_error()
     if name == "testbed":
         from trainmaster.backends.testbed import TestbedBackend
         from trainmaster.testbed import Testbed
 
         # the testbed of 'trainmaster testbed up' (--prefix tm, or $TRAINMASTER_TESTBED)
         return TestbedBackend(Testbed.load(os.environ.get("TRAINMASTER_TESTBED") or "tm"))
-    raise UserError(f"--backend: unknown backend '{name}' (available: local, ray, testbed)")
+    raise UserError(f"--backend: unknown backend '{name}' (available: local, ray, testbed, kubernetes)")
 
 
 class Trainmaster:

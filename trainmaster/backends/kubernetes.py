@@ -26,6 +26,7 @@ cluster whose nodes are this machine (``trainmaster cluster up``).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -68,6 +69,7 @@ class KubernetesOptions:
     host_runtime: bool | None = None
     pod_names: str = "unique"
     cleanup: bool = True
+    follow_logs: bool = True  # into each instance's log file (the operator leaves logs with the pods)
     create_threads: int = 16
 
 
@@ -121,12 +123,29 @@ def api_client(kubeconfig: str | None, context: str | None = None) -> Any:
     return CountingClient(configuration)
 
 
+def kubernetes_backend_or_error() -> KubernetesBackend:
+    """The backend of ``--backend kubernetes`` (its cluster from :func:`default_kubeconfig`,
+    namespace ``$TRAINMASTER_K8S_NAMESPACE`` or default), or a clear error when the optional
+    ``kubernetes`` extra is missing."""
+    try:
+        import kubernetes  # noqa: F401
+    except ImportError as exc:
+        raise UserError(
+            f"--backend kubernetes needs the optional Kubernetes extra: pip install 'trainmaster[kubernetes]' ({exc})"
+        ) from None
+    return KubernetesBackend(KubernetesOptions(namespace=os.environ.get("TRAINMASTER_K8S_NAMESPACE") or "default"))
+
+
 @dataclass
 class _Held:
-    """A dependent instance whose pod waits for its dependencies (the wait step)."""
+    """A dependent instance in its wait step. ``in_pod``: its pod runs already (this machine's
+    software: its first process waits for the environment file the backend writes once the
+    dependencies hold, so the instance has an address, as ``Placed`` needs); else its pod is
+    created only then (an image of its own: its environment is fixed at creation)."""
 
     spec: LaunchSpec
     since: float
+    in_pod: bool = False
 
 
 class KubernetesBackend(Backend):
@@ -298,10 +317,12 @@ class KubernetesBackend(Backend):
             with self._lock:
                 self._job_uids[spec.job_id] = k8s.job_uid(spec)
                 self._log_paths[spec.instance_id] = spec.log_path
+                in_pod = spec.container is None
                 if spec.depends:
-                    self._held[spec.instance_id] = _Held(spec, time.monotonic())
-                    handle["spec"] = spec.to_dict()  # a new controller's backend can hold it again
-                else:
+                    self._held[spec.instance_id] = _Held(spec, time.monotonic(), in_pod)
+                    if not in_pod:
+                        handle["spec"] = spec.to_dict()  # a new controller's backend can hold it again
+                if in_pod or not spec.depends:
                     self._submit(spec, {})
             yield handle
         self._release_gates()
@@ -321,6 +342,13 @@ class KubernetesBackend(Backend):
                 if inputs
                 else dict(spec.env)
             )
+            if (
+                spec.container is None and self.host is not None
+            ):  # the venv's programs first (torchrun, mpirun's python)
+                env["PATH"] = os.pathsep.join([os.path.dirname(self.host.python), env.get("PATH") or "/usr/bin:/bin"])
+            if spec.depends and spec.container is None:
+                os.makedirs(spec.instance_dir, exist_ok=True)
+                Path(spec.instance_dir, k8s.ENV_FILE).unlink(missing_ok=True)  # an earlier attempt's
             name = self.names.pod(spec)
             namespace = self.namespace_of(spec)
             owner = self._owner(spec, namespace)
@@ -433,25 +461,47 @@ class KubernetesBackend(Backend):
 
     # ---- dependencies: the wait step, judged from the watched pods --------------------------------
     def _release_gates(self) -> None:
-        """Create the pods of held instances whose dependencies now hold; time out the rest."""
+        """Let held instances whose dependencies now hold go on (write the environment file a
+        waiting pod reads, or create the pod); time out the rest."""
         with self._lock:
             held = list(self._held.values())
         for gate in held:
             services, waiting = self._dependencies(gate.spec)
+            timed_out = not services and time.monotonic() - gate.since >= waiting[0][1].timeout
+            if services is None and not timed_out:
+                continue
             with self._lock:
-                if gate.spec.instance_id not in self._held:
+                if self._held.pop(gate.spec.instance_id, None) is None:
                     continue  # stopped meanwhile
-                if services is not None:
-                    del self._held[gate.spec.instance_id]
-                    self._submit(gate.spec, services)
-                    continue
-                dep = waiting[0]
-                if time.monotonic() - gate.since >= dep[1].timeout:
-                    del self._held[gate.spec.instance_id]
+            if gate.in_pod:
+                self._write_environment(gate.spec, services, waiting[0][0] if timed_out else "")
+            elif services is not None:
+                self._submit(gate.spec, services)
+            else:
+                with self._lock:
                     self._refused[gate.spec.instance_id] = Observation(
-                        Phase.EXITED, exit_code=124, reason="DependencyTimeout", message=dep[0]
+                        Phase.EXITED, exit_code=124, reason="DependencyTimeout", message=waiting[0][0]
                     )
-                    self._wake()
+            self._wake()
+
+    def _write_environment(self, spec: LaunchSpec, services: dict[str, list[str]] | None, failure: str) -> None:
+        """The environment file of a pod in its wait step: its whole environment once its
+        dependencies hold (resolved with their addresses), or why it gives up."""
+        from trainmaster.runtime.environment import instance_environment
+
+        if failure:
+            content: dict[str, Any] = {"reason": "DependencyTimeout", "message": failure}
+        else:
+            env = instance_environment({**spec.env_inputs, "env": k8s.base_environment(spec)}, services or {})
+            if self.host is not None:
+                env["PATH"] = os.pathsep.join([os.path.dirname(self.host.python), env.get("PATH") or "/usr/bin:/bin"])
+            content = {"env": {k: v for k, v in env.items() if k not in k8s.WITHHELD}}
+        path = Path(spec.instance_dir, k8s.ENV_FILE)
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(content, f)
+        os.replace(tmp, path)
 
     def _dependencies(self, spec: LaunchSpec) -> tuple[dict[str, list[str]] | None, list[tuple[str, Any]]]:
         """Role -> addresses of every dependency when all hold, else None and what is missing."""
@@ -471,6 +521,8 @@ class KubernetesBackend(Backend):
             ready = {}
             for index, pod in newest.items():
                 obs = k8s.pod_observation(pod)
+                if obs.phase == Phase.RUNNING and k8s.waiting(pod):  # its own wait step: placed, not running
+                    obs = Observation(Phase.STARTING, host=obs.host, ports=obs.ports)
                 ok = {
                     "Running": obs.phase == Phase.RUNNING or (obs.phase == Phase.EXITED and obs.exit_code == 0),
                     "Succeeded": obs.phase == Phase.EXITED and obs.exit_code == 0,
@@ -509,19 +561,26 @@ class KubernetesBackend(Backend):
 
     def _observe(self, handle: dict[str, Any]) -> Observation:
         iid = handle["instance_id"]
+        waiting = Observation(Phase.STARTING, reason="WaitingForDependencies", message="in its dependency wait step")
         with self._lock:
             if iid in self._refused:
                 return self._refused[iid]
-            if iid in self._held:
-                return Observation(
-                    Phase.STARTING, reason="WaitingForDependencies", message="in its dependency wait step"
-                )
+            gate = self._held.get(iid)
+            if gate is not None and not gate.in_pod:
+                return waiting
             creating = self._creating.get(iid)
             ended = self._ended.get(iid)
         namespace = handle.get("namespace") or self.namespace
         pod = self.pods.get(namespace, handle["pod"])
         if pod is not None and _instance(pod) == iid:
             obs = k8s.pod_observation(pod, self._node_ready(pod))
+            if (gate is not None or k8s.waiting(pod)) and obs.phase in (
+                Phase.STARTING,
+                Phase.RUNNING,
+            ):  # placed, waiting
+                return Observation(
+                    Phase.STARTING, reason=waiting.reason, message=waiting.message, host=obs.host, ports=obs.ports
+                )
             if obs.phase == Phase.EXITED:
                 self._complete_log(pod, iid)
             elif obs.phase == Phase.RUNNING:
@@ -530,6 +589,8 @@ class KubernetesBackend(Backend):
                 self._stopping.add(iid)
                 self._pool.submit(self._delete_pod, namespace, handle["pod"], 0)
             return obs
+        if gate is not None:
+            return waiting
         if creating is not None and not creating.done():
             return Observation(Phase.STARTING, reason="Creating", message="its pod is being created")
         if ended is not None:
@@ -567,6 +628,8 @@ class KubernetesBackend(Backend):
 
     # ---- logs through the API --------------------------------------------------------------------
     def _follow_log(self, pod: dict[str, Any], iid: str) -> None:
+        if not self.options.follow_logs:
+            return
         uid = pod["metadata"].get("uid", "")
         with self._lock:
             if uid in self._followers or iid not in self._log_paths:
@@ -591,8 +654,6 @@ class KubernetesBackend(Backend):
             thread.join(timeout=10.0)
 
     def _stream_log(self, namespace: str, name: str, path: str) -> None:
-        if not path:
-            return  # operator mode: logs stay with the pod (kubectl logs)
         try:
             answer = self.core.read_namespaced_pod_log(
                 name, namespace, container=k8s.CONTAINER, follow=True, _preload_content=False
@@ -668,9 +729,11 @@ class KubernetesBackend(Backend):
             self._log_paths.setdefault(iid, handle.get("log_path", ""))
         pod = self.pods.get(handle.get("namespace") or self.namespace, handle["pod"])
         if pod is not None and _instance(pod) == iid:
-            spec_job = (pod["metadata"].get("labels") or {}).get(k8s.LABEL_JOB_UID)
-            if spec_job and "spec" in handle:
-                self._job_uids[int(handle["spec"]["job_id"])] = spec_job
+            launch = (pod["metadata"].get("annotations") or {}).get(k8s.ANNOTATION_LAUNCH)
+            if launch and k8s.waiting(pod):  # its wait step is this backend's to finish now
+                spec = LaunchSpec.from_dict(json.loads(launch))
+                with self._lock:
+                    self._held.setdefault(iid, _Held(spec, time.monotonic(), in_pod=True))
             return self.poll(handle).phase in (Phase.STARTING, Phase.RUNNING)
         if "spec" in handle:
             spec = LaunchSpec.from_dict(handle["spec"])

@@ -1,7 +1,10 @@
 """The first process of a host-runtime pod: ``python -m trainmaster.backends.kubernetes_entry
-CWD RECORD -- ARGV...``.
+CWD RECORD ENVFILE -- ARGV...``.
 
-It does in the pod what the node agent does for a local instance: enter the working directory
+It does in the pod what the node agent does for a local instance: with an ``ENVFILE`` (an
+instance with dependencies), wait for it (the backend writes it once the dependencies hold:
+the instance's whole environment, resolved with their addresses, or why it gives up: the wait
+step, in the pod, so the pod already has its address while it waits); enter the working directory
 (a missing one is a refused start, not a folder quietly created as a container runtime would),
 start the role's command, forward the kubelet's SIGTERM to it, wait for it, and leave the
 outcome in the container's termination message (one JSON object: ``reason``/``message`` for a
@@ -17,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 TERMINATION_LOG = "/dev/termination-log"
 CGROUP = "/sys/fs/cgroup"
@@ -40,16 +44,48 @@ def _finish(details: dict[str, object]) -> None:
         pass
 
 
+POD_IP = "$(TM_POD_IP)"
+WAIT_STEP_EXIT = 124
+
+
+def _wait_for_environment(path: str) -> dict[str, str] | str:
+    """The environment the backend wrote, or the message of why the wait step gave up."""
+    print("[trainmaster] waiting for the roles this instance depends on", flush=True)
+    delay = 0.02
+    while not os.path.exists(path):
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.25)
+    with open(path) as f:
+        content = json.load(f)
+    if "env" not in content:
+        return f"{content.get('reason', 'DependencyTimeout')}: {content.get('message', '')}"
+    ip = os.environ.get("TM_POD_IP", "")
+    env = {k: str(v).replace(POD_IP, ip) for k, v in content["env"].items()}
+    env["TM_POD_IP"] = ip
+    return env
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) < 3 or argv[2] != "--" or len(argv) < 4:
-        print("usage: python -m trainmaster.backends.kubernetes_entry CWD RECORD -- COMMAND...", file=sys.stderr)
+    if len(argv) < 5 or argv[3] != "--":
+        print(
+            "usage: python -m trainmaster.backends.kubernetes_entry CWD RECORD ENVFILE -- COMMAND...", file=sys.stderr
+        )
         return 2
-    cwd, record, command = argv[0], argv[1], argv[3:]
+    cwd, record, env_file, command = argv[0], argv[1], argv[2], argv[4:]
     program = command[0]
+    env = None
+    if env_file:
+        found = _wait_for_environment(env_file)
+        if isinstance(found, str):
+            print(f"[trainmaster] {found}", flush=True)
+            reason, _, message = found.partition(": ")
+            _finish({"reason": reason, "message": message})
+            return WAIT_STEP_EXIT
+        env = found
     try:
         if cwd:
             os.chdir(cwd)
-        child = subprocess.Popen(command)
+        child = subprocess.Popen(command, env=env)
     except OSError as exc:
         where = f"working directory '{cwd}'" if exc.filename == cwd and cwd else "exec"
         message = (

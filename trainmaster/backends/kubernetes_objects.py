@@ -29,6 +29,8 @@ LABEL_INDEX = "trainmaster.io/index"
 LABEL_ATTEMPT = "trainmaster.io/attempt"
 ANNOTATION_INSTANCE = "trainmaster.io/instance-id"
 ANNOTATION_PORTS = "trainmaster.io/ports"
+ANNOTATION_WAITS = "trainmaster.io/waits-for"  # the environment file a pod in its wait step waits for
+ANNOTATION_LAUNCH = "trainmaster.io/launch"  # its LaunchSpec (a new controller's backend finishes the wait)
 POD_IP_VARIABLE = "TM_POD_IP"
 # the host an instance is placed on before its pod has an IP: the kubelet expands it in every
 # environment value (a variable defined earlier in the list, here from the downward API)
@@ -230,7 +232,8 @@ def pod_manifest(
         container["image"] = host.image
         container["imagePullPolicy"] = "Never"
         record = os.path.join(spec.instance_dir, ATTEMPT_RECORD)
-        container["command"] = [host.python, "-m", entry_module, spec.cwd or "", record, "--", *spec.argv]
+        wait_for = os.path.join(spec.instance_dir, ENV_FILE) if spec.depends else ""
+        container["command"] = [host.python, "-m", entry_module, spec.cwd or "", record, wait_for, "--", *spec.argv]
         _add_host_mounts(host, volumes, mounts)
         for i, folder in enumerate(job_folders(spec, resolved_env)):
             # a missing working directory is the role's mistake (a refused start), never created
@@ -247,12 +250,16 @@ def pod_manifest(
         "labels": meta_labels,
         "annotations": {ANNOTATION_INSTANCE: spec.instance_id, ANNOTATION_PORTS: json.dumps(list(spec.ports))},
     }
+    if spec.container is None and spec.depends:
+        metadata["annotations"][ANNOTATION_WAITS] = os.path.join(spec.instance_dir, ENV_FILE)
+        metadata["annotations"][ANNOTATION_LAUNCH] = json.dumps(spec.to_dict())
     if owner is not None:
         metadata["ownerReferences"] = [owner.reference()]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
 ATTEMPT_RECORD = "pod-attempt.json"  # written by the host runtime entry: {"pid": ...}
+ENV_FILE = "pod-env.json"  # written by the backend for a pod in its wait step: {"env": ...} or why it gives up
 
 
 def _add_host_mounts(host: HostRuntime, volumes: list[dict[str, Any]], mounts: list[dict[str, Any]]) -> None:
@@ -414,6 +421,12 @@ def _ended(
         peak_rss=int(details.get("peak_rss") or 0),
         **where,
     )
+
+
+def waiting(pod: dict[str, Any]) -> bool:
+    """Whether a host-runtime pod is still in its wait step (its environment file not written)."""
+    path = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_WAITS)
+    return bool(path) and not os.path.exists(str(path))
 
 
 def _name(pod: dict[str, Any]) -> str:

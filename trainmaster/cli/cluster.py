@@ -58,6 +58,7 @@ def status(
     name: str = typer.Option("tm", help=NAME_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     kubeconfig: bool = typer.Option(False, "--kubeconfig", help="Print only the kubeconfig's path."),
+    api: bool = typer.Option(False, "--api", help="Print only the API server's host:port."),
 ) -> None:
     """Show the control plane's daemons and each node (Ready, pids).
 
@@ -67,6 +68,9 @@ def status(
     cluster = Cluster.load(name)
     if kubeconfig:
         print(cluster.layout.kubeconfig)
+        return
+    if api:
+        print(f"{cluster.layout.api_address}:{cluster.layout.api_port}")
         return
     _print_status(cluster.status(), as_json)
 
@@ -91,15 +95,29 @@ def manifests(
     ),
     namespace: str = typer.Option("trainmaster-system", help="Namespace of the operator's Deployment."),
     replicas: int = typer.Option(2, help="Operator replicas (one leads, on a coordination.k8s.io Lease)."),
+    api_address: str = typer.Option(
+        "",
+        help="host:port where pods reach the API server, on a cluster without kube-proxy (one of `trainmaster "
+        "cluster up`: `trainmaster cluster status --api`).",
+    ),
+    runtime: str = typer.Option(
+        "host", help="The operator's --runtime for roles with runtime auto (host or container)."
+    ),
 ) -> None:
     """Print the CRDs, the least-privilege RBAC and the operator's Deployment as YAML.
 
-    Example: trainmaster cluster manifests | kubectl apply -f -"""
+    Example: trainmaster cluster manifests --api-address $(trainmaster cluster status --api) | kubectl apply -f -"""
     import yaml
 
     from trainmaster.operator.manifests import ManifestOptions, operator_manifests
 
-    options = ManifestOptions(image=image, namespace=namespace, replicas=replicas)
+    if runtime not in ("host", "container", "auto"):
+        raise UserError(f"--runtime: {runtime!r} must be host, container or auto")
+    if replicas < 1:
+        raise UserError("--replicas must be at least 1")
+    options = ManifestOptions(
+        image=image, namespace=namespace, replicas=replicas, api_address=api_address, runtime=runtime
+    )
     print(yaml.safe_dump_all(_errors(lambda: operator_manifests(options)), sort_keys=False), end="")
 
 

@@ -28,6 +28,7 @@ EXTRA_OF = {
     "pyarrow": "gateway",
     "ray": "ray",
     "psycopg": "postgres",
+    "kubernetes": "kubernetes",
 }
 
 
@@ -86,6 +87,7 @@ def _register_all() -> None:
         gateway,
         info,
         jobs,
+        operator,
         partition,
         remote,
         server,
@@ -100,7 +102,7 @@ def _register_all() -> None:
         for alias in app.registered_commands[before:]:
             alias.hidden = True
     app.add_typer(job_app, name="job")
-    for module in (server, db, info, testbed, cluster, aggregation, flsched, partition, gateway):
+    for module in (server, db, info, testbed, cluster, operator, aggregation, flsched, partition, gateway):
         module.register(app)
     gateway_group = _typer_of(next(g for g in app.registered_groups if g.name == "gateway"))
     for group in app.registered_groups:

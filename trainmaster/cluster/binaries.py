@@ -14,6 +14,7 @@ from trainmaster.errors import UserError
 DEFAULT_CACHE = "/var/cache/trainmaster"
 PROGRAMS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "pause")
 BUILD_SCRIPT = Path(__file__).with_name("build-kubernetes.sh")
+STAMP = ".built-r2"  # the build script's REVISION: earlier builds are not used
 
 
 def cache_root() -> Path:
@@ -39,13 +40,13 @@ class Binaries:
 def find_binaries(root: Path | None = None) -> Binaries:
     """The newest complete build in the cache, or a :class:`UserError` saying how to make one."""
     root = root or cache_root()
-    builds = sorted(root.glob("kubernetes-*/.built")) if root.is_dir() else []
+    builds = sorted(root.glob(f"kubernetes-*/{STAMP}")) if root.is_dir() else []
     for stamp in reversed(builds):
         folder = stamp.parent / "bin"
         if all((folder / p).is_file() for p in PROGRAMS):
             return Binaries(str(folder), stamp.parent.name.removeprefix("kubernetes-"))
     raise UserError(
-        f"no Kubernetes build in {root} (kubernetes-<version>/.built); build it once with `make k8s-deps` "
+        f"no Kubernetes build in {root} (kubernetes-<version>/{STAMP}); build it once with `make k8s-deps` "
         "or `trainmaster cluster build` (root, Debian with deb-src; about 8 minutes on 2 cores)"
     )
 

@@ -14,7 +14,10 @@ set -uo pipefail
 main() {
 CACHE_ROOT=${TM_K8S_CACHE:-/var/cache/trainmaster}
 if [ "${1:-}" = "--cache" ]; then CACHE_ROOT=$2; fi
-TOOLCHAIN="golang-go etcd-server containerd runc containernetworking-plugins busybox-static rsync gcc libc6-dev make"
+TOOLCHAIN="golang-go etcd-server containerd runc containernetworking-plugins busybox-static rsync gcc libc6-dev make golang-github-modern-go-reflect2-dev"
+# the build's revision: a cache built by an earlier revision of this script is built again
+REVISION=2
+REFLECT2=/usr/share/gocode/src/github.com/modern-go/reflect2
 WHAT="cmd/kube-apiserver cmd/kube-scheduler cmd/kube-controller-manager cmd/kubelet"
 PROGRAMS="kube-apiserver kube-scheduler kube-controller-manager kubelet"
 # kubectl too, unless one is on PATH already (any client from 1.19 to 1.33 speaks to this server)
@@ -66,7 +69,7 @@ ensure_deb_src || cannot "no deb-src entry for Debian's 'kubernetes' source pack
 DEB_VERSION=$(apt-cache showsrc kubernetes | sed -n 's/^Version: //p' | sort -V | tail -1)
 UPSTREAM=${DEB_VERSION%%-*}; UPSTREAM=${UPSTREAM#*:}; UPSTREAM=${UPSTREAM##*+really}  # 1.20.5+really1.20.2: the tree is 1.20.2
 OUT="$CACHE_ROOT/kubernetes-$UPSTREAM"
-STAMP="$OUT/.built"
+STAMP="$OUT/.built-r$REVISION"
 if [ -f "$STAMP" ]; then
     say "Kubernetes $UPSTREAM already built in $OUT (stamp $(cat "$STAMP"))"
     exit 0
@@ -85,6 +88,16 @@ if [ ! -f "$TREE/build/pause/linux/pause.c" ]; then
     say "unpacking $(ls kubernetes_*.orig.tar.*)"
     rm -rf "$TREE" && mkdir -p "$TREE"
     tar -xf kubernetes_*.orig.tar.* -C "$TREE" --strip-components=1 || { say "unpacking failed"; exit 1; }
+fi
+
+# The tree vendors github.com/modern-go/reflect2 v1.0.1, whose map iteration faults under Go >= 1.18
+# (the apiserver dies encoding a custom resource: "unexpected fault address"); Debian's 1.0.2 fixes it
+if [ -d "$REFLECT2" ]; then
+    say "vendor: github.com/modern-go/reflect2 v1.0.1 replaced by Debian's $(dpkg-query -W -f='${Version}' golang-github-modern-go-reflect2-dev) (v1.0.1 crashes under Go 1.19)"
+    rm -rf "$TREE/vendor/github.com/modern-go/reflect2"
+    cp -r "$REFLECT2" "$TREE/vendor/github.com/modern-go/reflect2"
+else
+    cannot "Debian's golang-github-modern-go-reflect2-dev is missing ($REFLECT2): the apiserver would crash under Go 1.19"
 fi
 
 # 4. The pause container (the pod sandbox), from the tree's own source

@@ -19,7 +19,13 @@ from trainmaster.spec.model import Job, JobSpec, Role, RuntimeKind
 from trainmaster.spec.paths import in_job_folder, job_working_dir
 
 
-CONTAINER_BACKENDS = ("local", "ray", "testbed")  # whose node agents run LaunchSpec.container
+CONTAINER_BACKENDS = (
+    "local",
+    "ray",
+    "testbed",
+    "kubernetes",
+)  # whose node agents (or kubelets) run LaunchSpec.container
+KUBELET_BACKENDS = ("kubernetes",)  # whose containers the cluster runs: no podman needed here
 
 
 def pin_auto_roles(job: Job, operator: RuntimeKind | None) -> Job:
@@ -63,7 +69,7 @@ def container_problems(job: Job, backend: str = "local") -> list[str]:
         where = f"spec.roles[{i}] ({role.name})"
         if runs_in_container(job.spec, role, backend_runs):
             why = (
-                unavailable()
+                ("" if backend in KUBELET_BACKENDS else unavailable())
                 if backend_runs
                 else (
                     f"the {backend} backend does not run containers (the local, Ray and testbed backends do); "
