@@ -255,13 +255,12 @@ def test_quantities(text: str, value: float) -> None:
 
 
 def test_job_folders_are_not_nested() -> None:
-    s = spec(cwd="/runs/4-digits/work", instance_dir="/runs/4-digits/instances/worker-1")
+    s = spec(cwd="/work/elsewhere", instance_dir="/runs/4-digits/instances/worker-1")
     assert sorted(k8s.job_folders(s, {"TM_OUTPUT_DIR": "/runs/4-digits/output"})) == [
-        "/runs/4-digits/instances",
-        "/runs/4-digits/output",
-        "/runs/4-digits/work",
+        "/runs/4-digits",
+        "/work/elsewhere",
     ]
-    nested = spec(cwd="/runs/4-digits", instance_dir="/runs/4-digits/instances/worker-1")
+    nested = spec(cwd=None, instance_dir="/runs/4-digits/instances/worker-1")
     assert k8s.job_folders(nested, {"TM_OUTPUT_DIR": "/runs/4-digits/output"}) == ["/runs/4-digits"]
 
 

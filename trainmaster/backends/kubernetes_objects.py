@@ -269,11 +269,12 @@ def _add_host_mounts(host: HostRuntime, volumes: list[dict[str, Any]], mounts: l
 
 
 def job_folders(spec: LaunchSpec, env: dict[str, str]) -> list[str]:
-    """The job's folders a host-runtime pod writes (read-write): its instance folder's parent,
-    its output folder and its working directory, without one inside another."""
+    """The job's folders a host-runtime pod writes (read-write): the job's folder (the output
+    folder's parent: instances, output, the MPI hostfile...), its instance folder's parent and
+    its working directory, without one inside another."""
     candidates = [str(Path(spec.instance_dir).parent)]
     if env.get("TM_OUTPUT_DIR"):
-        candidates.append(env["TM_OUTPUT_DIR"])
+        candidates.append(os.path.dirname(os.path.normpath(env["TM_OUTPUT_DIR"])))
     if spec.cwd:
         candidates.append(spec.cwd)
     chosen: list[str] = []
