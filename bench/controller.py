@@ -56,7 +56,7 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trainmaster.backends.base import Backend, Capacity  # noqa: E402
+from trainmaster.backends.base import Backend, Resources  # noqa: E402
 from trainmaster.backends.local import LocalBackend  # noqa: E402
 from trainmaster.controller import Controller  # noqa: E402
 from trainmaster.spec import load_document  # noqa: E402
@@ -257,7 +257,7 @@ def torchx_to_running(runner: Any, replicas: int, scratch: Path) -> Moments:
 def drain(jobs: int, slots: int, scratch: Path) -> dict[str, float]:
     """Queue ``jobs`` single-instance jobs at once; ``slots`` of them fit the backend at a time."""
     workdir = Path(tempfile.mkdtemp(dir=scratch))
-    ours = Ours(LocalBackend(Capacity(cpu=float(slots), memory=0)), workdir)
+    ours = Ours(LocalBackend(Resources(cpu=float(slots), memory=0)), workdir)
     start = time.perf_counter()
     ids = [ours.submit(f"q{n}", [{"name": "task", "command": ["true"], "resources": {"cpu": 1}}]) for n in range(jobs)]
     queued = time.perf_counter()
@@ -629,7 +629,7 @@ def ray_to_running(ours: Ours, replicas: int, cpu: float, scratch: Path) -> dict
 
     ours.until(done, f"{replicas} replicas running on Ray")
     with ours.sessions() as session:
-        nodes = {i.handle["node"] for i in repo.load_job(session, job_id).instances if i.handle}
+        nodes = {i.handle.node for i in repo.load_job(session, job_id).instances if i.handle}
     ours.finish(job_id)
     shutil.rmtree(workdir, ignore_errors=True)
     return {**moments, "nodes": len(nodes)}
@@ -657,7 +657,7 @@ def ray_node_loss(ours: Ours, cluster: Any, replicas: int, scratch: Path, gracef
     )
     ours.until(lambda: ours.running(job_id) == replicas and count(markers) >= replicas, "all running before the loss")
     with ours.sessions() as session:
-        placed = {i.index: i.handle["node"] for i in repo.load_job(session, job_id).instances}
+        placed = {i.index: i.handle.node for i in repo.load_job(session, job_id).instances}
     head = cluster.head_node.node_id
     victim = next(n for n in cluster.list_all_nodes() if n.node_id != head and n.node_id in placed.values())
     doomed = [index for index, node in placed.items() if node == victim.node_id]

@@ -9,7 +9,7 @@ from typing import Any
 
 from controller_harness import wait_until
 from trainmaster.agent.client import AgentClient, ensure_agent
-from trainmaster.agent.contract import ContainerLaunch, InstancePhase, InstanceStatus, LaunchSpec
+from trainmaster.contract import ContainerLaunch, InstancePhase, InstanceStatus, LaunchSpec
 from trainmaster.agent.core import AgentOptions
 from trainmaster.containers.runtime import AGENT_LABEL, ContainerRuntime
 
@@ -63,11 +63,7 @@ class AgentUnderTest:
     def exited(self, ids: list[str], timeout: float = 90) -> list[InstanceStatus]:
         def done() -> list[InstanceStatus] | None:
             statuses = self.client.observe(ids)
-            return (
-                statuses
-                if all(s.phase in (InstancePhase.EXITED, InstancePhase.START_FAILED) for s in statuses)
-                else None
-            )
+            return statuses if all(s.phase == InstancePhase.EXITED for s in statuses) else None
 
         return wait_until(done, timeout, f"{ids} to exit")
 

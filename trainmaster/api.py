@@ -12,7 +12,9 @@ dashboard and API clients share); every other result is a small dataclass.
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,11 +24,17 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from trainmaster.backends.base import Backend
+from trainmaster.backends.base import BackendOptions, Placement
+from trainmaster.backends.ports import PortPool
+from trainmaster.backends.registry import make_backend
+from trainmaster.containers.policy import CONTAINER_BACKENDS
+from trainmaster.contract import LaunchSpec
 from trainmaster.controller import Controller
+from trainmaster.controller.launching import planned_launches
 from trainmaster.errors import JobConflict, UserError
 from trainmaster.store.repository import NameTaken  # noqa: F401 (re-exported: the facade's conflicts)
 from trainmaster.spec.load import LoadedJob, LoadOptions, load_document
+from trainmaster.spec.model import Job
 from trainmaster.spec.states import INSTANCE_TERMINAL
 from trainmaster.store import repository as repo
 from trainmaster.store.db import default_url, make_engine, session_factory, sqlite_path
@@ -102,6 +110,23 @@ class RunOptions:
     ray_address: str | None = None
 
 
+#: What a dry run writes for the job's run folder, which only a submit makes.
+RUN_DIR_PLACEHOLDER = "$RUN_DIR"
+DRY_RUN_HOST = "127.0.0.1"  # a dry run places every instance here, on ports free now
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """What ``run`` would launch, without launching it (TorchX's dry run): the job as it would be
+    stored, and the :class:`LaunchSpec` of each instance's first attempt in start order. Paths
+    under the job's folder read ``$RUN_DIR``; the host and ports are this machine's now (the
+    backend chooses its own when each attempt starts); the controller's own environment is
+    added at launch."""
+
+    job: Job
+    launches: list[LaunchSpec]
+
+
 @dataclass(frozen=True)
 class RunResult:
     job_id: int
@@ -111,33 +136,6 @@ class RunResult:
     @property
     def succeeded(self) -> bool:
         return self.state == "succeeded"
-
-
-def make_backend(name: str, cpus: float | None = None, ray_address: str | None = None) -> Backend:
-    """The backend named ``name`` (``local``, ``ray``, ``testbed`` or ``kubernetes``)."""
-    from trainmaster.backends.base import Capacity
-    from trainmaster.backends.local import LocalBackend
-
-    if name == "ray":
-        from trainmaster.backends import ray_backend_or_error
-
-        return ray_backend_or_error(ray_address)  # type: ignore[no-any-return]
-    if name == "local":
-        if cpus is None:
-            return LocalBackend()
-        default = LocalBackend().capacity()
-        return LocalBackend(Capacity(cpu=cpus, memory=default.memory, gpu=default.gpu))
-    if name == "kubernetes":
-        from trainmaster.backends.kubernetes import kubernetes_backend_or_error
-
-        return kubernetes_backend_or_error()
-    if name == "testbed":
-        from trainmaster.backends.testbed import TestbedBackend
-        from trainmaster.testbed import Testbed
-
-        # the testbed of 'trainmaster testbed up' (--prefix tm, or $TRAINMASTER_TESTBED)
-        return TestbedBackend(Testbed.load(os.environ.get("TRAINMASTER_TESTBED") or "tm"))
-    raise UserError(f"--backend: unknown backend '{name}' (available: local, ray, testbed, kubernetes)")
 
 
 class Trainmaster:
@@ -356,12 +354,34 @@ class Trainmaster:
             job_id = controller.submit(loaded, unique_name=unique_name)
         return JobRef(job_id, name, "pending")
 
+    @staticmethod
+    def dry_run(loaded: LoadedJob, backend: str, db_url: str) -> DryRun:
+        """The :class:`DryRun` of ``loaded`` on ``backend`` with the store at ``db_url``; nothing
+        is stored, started or left behind (frameworks prepare their files in a scratch folder)."""
+        ports = PortPool(DRY_RUN_HOST)
+        with tempfile.TemporaryDirectory(prefix="trainmaster-dry-run-") as scratch:
+            launches = planned_launches(
+                loaded.job,
+                scratch,
+                db_url,
+                containers=backend in CONTAINER_BACKENDS,
+                place=lambda request: Placement(DRY_RUN_HOST, ports.take(request.ports, request.wanted_ports)),
+            )
+        # the scratch folder is named in JSON-safe characters only: a plain text replacement
+        return DryRun(
+            loaded.job,
+            [
+                LaunchSpec.from_dict(json.loads(json.dumps(spec.to_dict()).replace(scratch, RUN_DIR_PLACEHOLDER)))
+                for spec in launches
+            ],
+        )
+
     # ---- running here --------------------------------------------------------------------------
     def controller(self, options: RunOptions, owner: str) -> Controller:
         """An embedded controller over this store reconciling ``owner``'s jobs."""
         return Controller(
             self.sessions,
-            make_backend(options.backend, options.cpus, options.ray_address),
+            make_backend(options.backend, BackendOptions(cpus=options.cpus, address=options.ray_address)),
             self.url,
             interval=options.interval,
             grace=options.grace,

@@ -19,7 +19,7 @@ import pytest
 from agent_fixtures import ESCAPERS, PY, doubles, escapers, replica, starts, wait_until
 from controller_harness import stop_agent
 from trainmaster.agent.client import AgentClient, agent_pid, ensure_agent
-from trainmaster.agent.contract import InstancePhase, LaunchSpec
+from trainmaster.contract import InstancePhase, LaunchSpec
 from trainmaster.agent.tree import cgroup_name, cgroups_available
 
 CGROUPS = not cgroups_available()
@@ -85,9 +85,7 @@ def test_exit_codes_cpu_and_peak_memory_are_reported(agent: AgentClient, tmp_pat
 def _exited(agent: AgentClient, ids: list[str], timeout: float = 30):  # type: ignore[no-untyped-def]
     def done():  # type: ignore[no-untyped-def]
         statuses = agent.observe(ids)
-        return (
-            statuses if all(s.phase in (InstancePhase.EXITED, InstancePhase.START_FAILED) for s in statuses) else None
-        )
+        return statuses if all(s.phase == InstancePhase.EXITED for s in statuses) else None
 
     return wait_until(done, timeout, f"{ids} to exit")
 
@@ -113,7 +111,8 @@ def test_start_is_idempotent_and_refusals_name_the_program(agent: AgentClient, t
     assert "program 'no-such-program-xyz' not found" in refused[0].error
     assert "missing-dir" in refused[1].error and PY in refused[1].error
     assert "plain.txt" in refused[2].error and "Permission denied" in refused[2].error
-    assert agent.observe(["job/nope/1"])[0].phase == InstancePhase.START_FAILED
+    nope = agent.observe(["job/nope/1"])[0]  # a refused start is an exit: code 127, reason StartFailed
+    assert (nope.phase, nope.exit_code, nope.reason) == (InstancePhase.EXITED, 127, "StartFailed")
     agent.stop(["job/once/1"], grace=1)
     assert starts(lock) == 1 and doubles(tmp_path) == []
 
@@ -297,7 +296,7 @@ def _zombie(pid: int) -> bool:
 def test_kill9_of_the_wait_step_ends_the_instance_and_nothing_runs_twice(agent: AgentClient, tmp_path: Path) -> None:
     """The wait step is the instance's main process (it later execs the command): killing it
     ends the attempt with 137; nothing of it is left to overlap the next attempt."""
-    from trainmaster.agent.contract import Dependency
+    from trainmaster.contract import Dependency
 
     gated = spec(
         tmp_path,
@@ -325,7 +324,7 @@ def test_kill9_of_the_wait_step_ends_the_instance_and_nothing_runs_twice(agent: 
 
     make_engine(gated.db_url)  # an empty registry: the wait step waits
     pid = agent.start([gated])[0].handle.pid  # type: ignore[union-attr]
-    assert agent.observe(["job/gated/1"])[0].phase == InstancePhase.WAITING
+    assert agent.observe(["job/gated/1"])[0].phase == InstancePhase.STARTING
     os.kill(pid, signal.SIGKILL)
     status = _exited(agent, ["job/gated/1"])[0]
     assert status.exit_code == 137 and status.command_started_at is None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainmaster.agent.contract import InstanceHandle, InstancePhase, InstanceStatus
+from trainmaster.contract import InstanceHandle, InstancePhase, InstanceStatus
 from trainmaster.agent.journal import ExitJournal
 
 

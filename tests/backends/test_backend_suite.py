@@ -1,21 +1,22 @@
-"""Mechanism: the instance-level backend interface (create/place, start, poll, stop, address,
-adopt), the same behavioural suite for every backend, local, testbed (a node agent per
+"""Mechanism: the instance-level backend interface (create/place, start, observe, stop, address,
+adopt, recover), the same behavioural suite for every backend, local, testbed (a node agent per
 network-namespace host), Ray and Kubernetes (instances as pods; controller spec, 'Our product
 decisions'). The Ray backend joins one local Ray cluster per test session (started on first use);
-the Kubernetes backend the session's cluster (tests/cluster_fixtures.py, built here, run last)."""
+the Kubernetes backend the session's cluster (tests/cluster_fixtures.py: built here, run last)."""
 
 import json
 import os
 import secrets
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from controller_harness import PY, RAY_NODE_IP, pids_alive
-from trainmaster.agent.contract import LaunchSpec
-from trainmaster.backends.base import Backend, LaunchRequest, Phase, StartFailure
+from trainmaster.contract import InstanceHandle, InstancePhase as Phase, LaunchSpec
+from trainmaster.backends.base import Backend, LaunchRequest, PlacementRequest, StartFailure
 from trainmaster.backends.local import LocalBackend
 from trainmaster.backends.testbed import TestbedBackend
 from trainmaster.testbed import Testbed, TestbedOptions, remove
@@ -94,8 +95,10 @@ def backend(request, monkeypatch) -> Backend:
             remove(b.testbed.options.prefix)
 
 
-def launch(backend: Backend, tmp_path: Path, code: str, name: str = "r", ports: int = 1) -> dict:
-    return backend.start(launch_request(backend, tmp_path, code, name, ports))
+def launch(backend: Backend, tmp_path: Path, code: str, name: str = "r", ports: int = 1) -> InstanceHandle:
+    [handle] = backend.start([launch_request(backend, tmp_path, code, name, ports)])
+    assert isinstance(handle, InstanceHandle), handle
+    return handle
 
 
 def launch_request(
@@ -110,7 +113,7 @@ def launch_request(
     """One attempt of a one-replica role ``name`` running ``python -c code`` (or ``argv``), as the
     controller would hand it over: placed, with its environment and the inputs to resolve it again
     on another node (the Ray agents do)."""
-    placement = backend.place(ports, {})
+    placement = backend.place(PlacementRequest(name, ports))
     argv, env = argv or [PY, "-c", code], {"PATH": "/usr/bin:/bin"}
     context = {
         "job_name": "t",
@@ -142,28 +145,28 @@ def launch_request(
     return LaunchRequest(placement=placement, spec=spec)
 
 
-def runtime_pid(handle: dict) -> int:
-    """The instance's pid: in the handle (local), or in the attempt record its Ray node agent (or
-    its pod's first process, on Kubernetes) wrote."""
-    if handle["pid"] is not None:
-        return handle["pid"]
-    if handle["node"] == "kubernetes":
+def runtime_pid(handle: InstanceHandle) -> int:
+    """The instance's pid: in the handle (local), or in the attempt record its Ray node agent (or,
+    on Kubernetes, its pod's first process) wrote."""
+    if handle.pid is not None:
+        return handle.pid
+    if handle.node == "kubernetes":
         from trainmaster.backends.kubernetes_objects import ATTEMPT_RECORD as POD_RECORD
 
-        record = Path(handle["instance_dir"]) / POD_RECORD
+        record = Path(handle.instance_dir) / POD_RECORD
         deadline = time.monotonic() + 20
         while not record.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         return json.loads(record.read_text())["pid"]
     from trainmaster.backends.ray import ATTEMPT_RECORD
 
-    return json.loads((Path(handle["instance_dir"]) / ATTEMPT_RECORD).read_text())["pid"]
+    return json.loads((Path(handle.instance_dir) / ATTEMPT_RECORD).read_text())["pid"]
 
 
-def wait_phase(backend: Backend, handle: dict, phases: set, timeout: float = 20):
+def wait_phase(backend: Backend, handle: InstanceHandle, phases: set, timeout: float = 20):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        obs = backend.poll(handle)
+        [obs] = backend.observe([handle])
         if obs.phase in phases:
             return obs
         time.sleep(0.05)
@@ -179,7 +182,7 @@ def test_exit_codes_are_observed(backend: Backend, tmp_path: Path) -> None:
 
 
 def test_placement_reserves_distinct_ports(backend: Backend) -> None:
-    placements = [backend.place(3, {}) for _ in range(10)]
+    placements = [backend.place(PlacementRequest("r", 3)) for _ in range(10)]
     ports = [(pl.host, p) for pl in placements for p in pl.ports]  # a port is taken on one host
     assert len(ports) == len(set(ports)) == 30
     assert placements[0].address == f"{placements[0].host}:{placements[0].ports[0]}"
@@ -199,7 +202,7 @@ def test_stop_terminates_the_whole_process_group(backend: Backend, tmp_path: Pat
         time.sleep(0.05)
     child = int((tmp_path / "child").read_text())
     backend.stop([handle], grace=2)
-    assert backend.poll(handle).phase in (Phase.EXITED, Phase.LOST)
+    assert backend.observe([handle])[0].phase in (Phase.EXITED, Phase.LOST)
     assert pids_alive([runtime_pid(handle), child]) == []
 
 
@@ -220,46 +223,42 @@ def test_a_new_backend_adopts_a_live_instance_by_its_identity(backend: Backend, 
     wait_phase(backend, handle, {Phase.RUNNING})
     successor = type(backend)()  # as after a controller crash: not our child any more
     assert successor.adopt(handle)
-    forged = json.loads(json.dumps(handle))
-    if backend.name == "ray":
-        forged["instance_id"] += "-elsewhere"  # an attempt its node's agent never started: not adopted
-    else:
-        forged["instance_id"] += "-elsewhere"  # an id the agent never started: must not be adopted
+    # an attempt its node's agent never started must not be adopted
+    forged = replace(handle, instance_id=handle.instance_id + "-elsewhere")
     assert not successor.adopt(forged)
     obs = wait_phase(successor, handle, {Phase.EXITED})
     assert obs.exit_code == 0  # learnt from the agent's journal (local) or the runtime's exit record (Ray)
-    backend.poll(handle)  # reap
+    backend.observe([handle])  # reap
 
 
-def test_find_locates_a_live_instance_by_its_folder(backend: Backend, tmp_path: Path) -> None:
-    """After a crash between starting an instance and saving its handle, the instance folder
-    (Ray) or the attempt's instance id (local: the node agent's journal) is all a new controller
-    knows: the backend finds the attempt from it (and nothing elsewhere)."""
+def test_recover_finds_an_attempt_whose_handle_was_never_saved(backend: Backend, tmp_path: Path) -> None:
+    """After a crash between starting an instance and saving its handle, the attempt's instance
+    id (every backend: its node agent's journal) and its folder (Ray: the attempt record its
+    agent wrote) are all a new controller knows: the backend recovers the attempt from them, and
+    nothing for an attempt that never started. An ended attempt is recovered too: its exit is
+    known, and the restart policy acts on it."""
     handle = launch(backend, tmp_path, "import time; time.sleep(30)", "found")
     wait_phase(backend, handle, {Phase.RUNNING})
     successor = type(backend)()
-    if backend.name in ("local", "testbed", "kubernetes"):
-        found = successor.handle_of(handle["instance_id"])
-        assert found is not None and found["pid"] == handle["pid"]
-        assert successor.handle_of(f"{tmp_path.name}/never-started/1") is None
-        backend.stop([handle], grace=1)
-        assert successor.poll(found).phase == Phase.EXITED  # ended: its exit is known, nothing to adopt
-        return
-    found = successor.find(handle["instance_dir"])
-    assert found is not None and runtime_pid(found) == runtime_pid(handle)
-    assert found.get("actor") == handle.get("actor") and found["ports"] == handle["ports"]
-    assert successor.find(str(tmp_path / "never-started")) is None
+    found = successor.recover(handle.instance_id, handle.instance_dir or str(tmp_path / "found"))
+    assert found is not None and found.instance_id == handle.instance_id and found.node == handle.node
+    assert found.pid == runtime_pid(handle)
+    assert successor.recover(f"{tmp_path.name}/never-started/1", str(tmp_path / "never-started")) is None
+    if backend.name == "ray":  # an id no agent journaled: found by the record in its folder
+        by_folder = successor.recover(f"{tmp_path.name}/unknown/1", handle.instance_dir)
+        assert by_folder is not None and runtime_pid(by_folder) == runtime_pid(handle)
+        assert by_folder.ports == handle.ports
     backend.stop([handle], grace=1)
-    assert successor.find(handle["instance_dir"]) is None  # ended: nothing to adopt
+    assert wait_phase(successor, found, {Phase.EXITED}).phase == Phase.EXITED
 
 
-def test_start_all_starts_every_request_and_reports_a_refused_one(backend: Backend, tmp_path: Path) -> None:
+def test_start_starts_every_request_and_reports_a_refused_one(backend: Backend, tmp_path: Path) -> None:
     """Start: a batch starts every instance; one whose working directory is missing is refused
-    (a StartFailure from start_all, or an exit with reason StartFailed when the backend learns it
+    (a StartFailure from start, or an exit with reason StartFailed when the backend learns it
     later, as Ray does) without stopping the others."""
     good = [launch_request(backend, tmp_path, "print('hi')", name=f"ok{n}") for n in range(3)]
     bad = launch_request(backend, tmp_path, "pass", name="bad", cwd=str(tmp_path / "missing"))
-    results = list(backend.start_all([good[0], bad, *good[1:]]))
+    results = list(backend.start([good[0], bad, *good[1:]]))
     refused = results.pop(1)
     for handle in results:
         assert not isinstance(handle, StartFailure)

@@ -31,7 +31,7 @@ PACKAGE_ROOT = str(Path(trainmaster.__file__).resolve().parents[1])
 HOST = """
 import sys, time
 from pathlib import Path
-from trainmaster.agent.contract import LaunchSpec
+from trainmaster.contract import LaunchSpec
 from trainmaster.agent.core import AgentOptions, NodeAgent
 from trainmaster.backends.ray_agent import AgentGuard, take_owner_lock
 state, work, use_cgroups = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3] == "1"

@@ -65,7 +65,7 @@ def test_a_port_taken_on_the_node_is_replaced_and_the_address_follows(
     clients still reach the server."""
     import socket
 
-    from trainmaster.backends.base import Placement
+    from trainmaster.backends.base import Placement, PlacementRequest
 
     taken = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     taken.bind((RAY_NODE_IP, 0))  # bound, not listening: a client sent here would be refused
@@ -74,8 +74,8 @@ def test_a_port_taken_on_the_node_is_replaced_and_the_address_follows(
     real_place = backend.place
     placed: list[Placement] = []
 
-    def place(count: int, resources: dict[str, Any]) -> Placement:
-        placement = real_place(count, resources) if placed else Placement("127.0.0.1", [port])
+    def place(request: PlacementRequest) -> Placement:
+        placement = real_place(request) if placed else Placement("127.0.0.1", [port])
         placed.append(placement)
         return placement
 
@@ -96,12 +96,12 @@ def test_stopping_an_attempt_whose_start_was_refused_is_quiet(ray_backend: Any, 
     so a stop that comes before any poll (a job cancelled at once) has nothing to ask its actor
     and ends quietly; the attempt then reads as a failed start."""
     from test_backend_suite import launch_request
-    from trainmaster.backends.base import Phase
+    from trainmaster.contract import InstancePhase as Phase
 
     request = launch_request(ray_backend, tmp_path, "", "refused", cwd=str(tmp_path / "missing"), argv=["true"])
-    [handle] = list(ray_backend.start_all([request]))
+    [handle] = list(ray_backend.start([request]))
     ray_backend.stop([handle], grace=30)  # waits for the start call's outcome, then asks nothing
-    obs = ray_backend.poll(handle)
+    [obs] = ray_backend.observe([handle])
     assert obs.phase == Phase.EXITED and obs.reason == "StartFailed" and "missing" in obs.message
 
 
@@ -146,6 +146,7 @@ def test_instance_whose_node_agent_is_killed_is_replaced_and_its_process_tree_ki
 
     from trainmaster.agent.tree import cgroups_available
     from trainmaster.backends.ray import ATTEMPT_RECORD, NAMESPACE
+    from trainmaster.backends.ray_agent import agent_name
 
     job_id = ray_harness.submit(
         job(
@@ -168,14 +169,14 @@ def test_instance_whose_node_agent_is_killed_is_replaced_and_its_process_tree_ki
         from trainmaster.store.models import InstanceRow
 
         first = session.query(InstanceRow).one().handle
-    first_pid = json.loads((Path(first["instance_dir"]) / ATTEMPT_RECORD).read_text())["pid"]
+    first_pid = json.loads((Path(first.instance_dir) / ATTEMPT_RECORD).read_text())["pid"]
     tree: list[int] = []
     deadline = time.monotonic() + 30
     while not tree and time.monotonic() < deadline:  # the command and the child it starts
         tree = [p.pid for p in psutil.Process(first_pid).children(recursive=True)]
         time.sleep(0.05)
     assert tree
-    agent = ray.get_actor(first["agent"], namespace=NAMESPACE)
+    agent = ray.get_actor(agent_name(first.node), namespace=NAMESPACE)
     where = ray.get(agent.where.remote())
     assert where["trees"] == ("cgroup" if not cgroups_available() else "marker"), where
     os.kill(where["pid"], signal.SIGKILL)
@@ -184,16 +185,16 @@ def test_instance_whose_node_agent_is_killed_is_replaced_and_its_process_tree_ki
     )
     restarting = events(status, "Restarting")
     assert restarting and "AgentLost" in restarting[0]["message"], restarting
-    assert first["node"][:12] in restarting[0]["message"]
+    assert first.node[:12] in restarting[0]["message"]
     assert pids_alive([first_pid, *tree]) == [], restarting[0]["message"]
-    again = ray.get_actor(first["agent"], namespace=NAMESPACE)
+    again = ray.get_actor(agent_name(first.node), namespace=NAMESPACE)
     assert ray.get(again.where.remote())["pid"] != where["pid"]
     # the record itself may be forgotten already (the controller stored the loss): its journal line stays
     lines = [json.loads(line) for line in (Path(where["state_dir"]) / "journal.jsonl").read_text().splitlines()]
     exits = [
         line
         for line in lines
-        if line.get("t") == "exit" and line["status"]["handle"]["instance_id"] == first["instance_id"]
+        if line.get("t") == "exit" and line["status"]["handle"]["instance_id"] == first.instance_id
     ]
     assert [(e["status"]["reason"], e["status"]["exit_code"]) for e in exits] == [("AgentRestarted", 137)], lines
     ray_harness.controller.cancel(job_id)
@@ -206,10 +207,10 @@ def test_an_attempt_that_ended_before_its_handle_was_saved_runs_once_after_a_con
     """Crash safety on Ray: the controller dies after its node agent started the attempts but
     before it saved their handles, and the attempts run to completion while no controller
     watches. The new controller asks the node agents for each attempt by its instance id
-    (``handle_of``: the agent's journal is keyed by it, attempt included), learns each exit, and
+    (``recover``: the agent's journal is keyed by it, attempt included), learns each exit, and
     applies the restart policy to it: nothing runs a second time, nothing is NotStarted."""
-    from trainmaster.backends.base import Phase
     from trainmaster.backends.ray import RayBackend
+    from trainmaster.contract import InstancePhase as Phase
     from trainmaster.controller.launching import instance_id
     from trainmaster.store import repository as repo
 
@@ -232,13 +233,13 @@ def test_an_attempt_that_ended_before_its_handle_was_saved_runs_once_after_a_con
             ],
         )
     )
-    spawn = ray_backend.start_all
+    spawn = ray_backend.start
 
     def start_then_crash(requests):  # type: ignore[no-untyped-def]
         list(spawn(requests))  # every attempt is sent to its node's agent...
         raise ControllerCrash  # ...and the controller dies before recording one
 
-    monkeypatch.setattr(ray_backend, "start_all", start_then_crash)
+    monkeypatch.setattr(ray_backend, "start", start_then_crash)
     with pytest.raises(ControllerCrash):
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # passes until Ray has placed the gang and it starts
@@ -253,12 +254,12 @@ def test_an_attempt_that_ended_before_its_handle_was_saved_runs_once_after_a_con
     watcher = RayBackend(node_ip=RAY_NODE_IP)  # a bystander: the attempts end unwatched
     deadline = time.monotonic() + 60
     while True:
-        found = [watcher.handle_of(i) for i in ids]
-        if all(h is not None and watcher.poll(h).phase == Phase.EXITED for h in found):
+        found = [watcher.recover(i, "") for i in ids]
+        if all(h is not None and watcher.observe([h])[0].phase == Phase.EXITED for h in found):
             break
         assert time.monotonic() < deadline, f"the attempts did not end: {found}"
         time.sleep(0.2)
-    assert watcher.handle_of(ids[0].rsplit("/", 1)[0] + "/9") is None  # an attempt never started
+    assert watcher.recover(ids[0].rsplit("/", 1)[0] + "/9", "") is None  # an attempt never started
     second = Harness(tmp_path, backend=RayBackend(node_ip=RAY_NODE_IP))
     second.controller.recover()
     assert second.controller.run_job(job_id) == "succeeded"

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from controller_harness import CLIENT, SERVER, Harness, events, job, pids_alive, py, step_until
+from trainmaster.contract import InstanceHandle
 
 ray = pytest.importorskip("ray", reason="the optional ray extra (trainmaster[ray]) is not installed")
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
@@ -158,7 +159,7 @@ def test_a_restarted_controller_finds_the_node_agents_by_name_and_adopts_their_i
     step_until(first, job_id, lambda s: sum(i["state"] == "running" for i in s["instances"]) == 3, timeout=120)
     with first.sessions() as session:
         handles = [r.handle for r in session.query(InstanceRow)]
-    assert len({h["node"] for h in handles}) == 3
+    assert len({h.node for h in handles}) == 3
     trees = [pid for handle in handles for pid in instance_tree(handle)]
 
     ray.shutdown()  # the controller's driver goes away; what it owned (its placement groups) with it
@@ -177,7 +178,7 @@ def test_a_restarted_controller_finds_the_node_agents_by_name_and_adopts_their_i
     assert pids_alive(trees) == []
 
 
-def instance_tree(handle: dict[str, Any]) -> list[int]:
+def instance_tree(handle: InstanceHandle) -> list[int]:
     """The pids of an instance whose command starts one child: the command and that child (waited
     for, so a tree taken right after the instance runs is complete)."""
     import json
@@ -186,11 +187,11 @@ def instance_tree(handle: dict[str, Any]) -> list[int]:
 
     from trainmaster.backends.ray import ATTEMPT_RECORD
 
-    pid = json.loads((Path(handle["instance_dir"]) / ATTEMPT_RECORD).read_text())["pid"]
+    pid = json.loads((Path(handle.instance_dir) / ATTEMPT_RECORD).read_text())["pid"]
     deadline = time.monotonic() + 30
     while not (children := psutil.Process(pid).children(recursive=True)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert children, f"instance {handle['instance_id']} never started its child"
+    assert children, f"instance {handle.instance_id} never started its child"
     return [pid, *(child.pid for child in children)]
 
 
@@ -240,9 +241,9 @@ def test_losing_a_node_mid_job_restarts_its_instances_on_the_remaining_nodes(
         handles = {f"{r.role}-{r.index}": r.handle for r in session.query(InstanceRow)}
     head = cluster.head_node.node_id
     victim = next(
-        n for n in alive_nodes(cluster) if n.node_id != head and any(h["node"] == n.node_id for h in handles.values())
+        n for n in alive_nodes(cluster) if n.node_id != head and any(h.node == n.node_id for h in handles.values())
     )
-    doomed = {label for label, h in handles.items() if h["node"] == victim.node_id}
+    doomed = {label for label, h in handles.items() if h.node == victim.node_id}
     trees = [pid for label in doomed for pid in instance_tree(handles[label])]
     survivors = {
         label: i["attempt"]
@@ -308,7 +309,7 @@ def test_instances_of_a_lost_node_wait_for_room_and_run_on_a_node_that_joins(har
         harness, job_id, lambda s: sum(i["state"] == "running" for i in s["instances"]) == 3 * NODE_CPUS, timeout=120
     )
     with harness.sessions() as session:
-        placed = {f"{r.role}-{r.index}": r.handle["node"] for r in session.query(InstanceRow)}
+        placed = {f"{r.role}-{r.index}": r.handle.node for r in session.query(InstanceRow)}
     victim = next(n for n in alive_nodes(cluster) if n.node_id != cluster.head_node.node_id)
     doomed = {label for label, node in placed.items() if node == victim.node_id}
     cluster.remove_node(victim)

@@ -15,7 +15,7 @@ import pytest
 from container_fixtures import AgentUnderTest, labelled
 from controller_harness import wait_until
 from trainmaster.agent.client import agent_pid
-from trainmaster.agent.contract import ContainerLaunch, InstancePhase
+from trainmaster.contract import ContainerLaunch, InstancePhase
 from trainmaster.containers import runtime
 from trainmaster.containers.runtime import ContainerRuntime
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainmaster.agent.contract import ContainerLaunch
+from trainmaster.contract import ContainerLaunch
 from trainmaster.containers import policy
 from trainmaster.containers.runtime import ContainerRuntime, run_argv
 from trainmaster.errors import UserError
@@ -80,7 +80,7 @@ def test_the_operator_runtime_is_a_flag_with_its_variable(tmp_path: Path) -> Non
 
     def runtime_of(proc: subprocess.CompletedProcess[str]) -> str:
         assert proc.returncode == 0, proc.stderr
-        return yaml.safe_load(proc.stdout)["spec"]["roles"][0]["runtime"]
+        return next(yaml.safe_load_all(proc.stdout))["spec"]["roles"][0]["runtime"]
 
     assert runtime_of(dry_run("--runtime", "host")) == "host"
     assert runtime_of(dry_run(variable="container")) == "container"

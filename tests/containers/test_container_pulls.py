@@ -19,7 +19,7 @@ import pytest
 
 from container_fixtures import AgentUnderTest
 from controller_harness import wait_until
-from trainmaster.agent.contract import ContainerLaunch
+from trainmaster.contract import ContainerLaunch
 from trainmaster.containers.runtime import ContainerRuntime
 
 pytestmark = pytest.mark.timeout(120)

@@ -134,7 +134,7 @@ def test_an_attempt_that_runs_and_ends_between_two_passes_keeps_its_running_time
     harness.controller.step()  # starts both; the server is running, the client in its wait step
     with harness.sessions() as session:
         client = session.query(InstanceRow).filter_by(job_id=job_id, role="client").one()
-        client_pid = client.handle["pid"]
+        client_pid = client.handle.pid
         assert client.state == "starting" and client.running_at is None
     deadline = clock.monotonic() + 60
     while pids_alive([client_pid]):  # its runtime has exited (a zombie until the next pass reaps it)

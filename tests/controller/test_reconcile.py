@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from controller_harness import Harness, events, job, py, step_until
-from trainmaster.backends.base import Capacity
+from trainmaster.backends.base import Resources
 from trainmaster.backends.local import LocalBackend
 from trainmaster.controller.scaling import Member, missing_indices, surplus
 
@@ -59,7 +59,7 @@ def test_reconcile_scales_up_and_down_and_recreates_missing(harness: Harness) ->
 
 
 def test_gang_that_can_never_fit_is_unschedulable(tmp_path) -> None:
-    h = Harness(tmp_path, LocalBackend(Capacity(cpu=2, memory=2**30)))
+    h = Harness(tmp_path, LocalBackend(Resources(cpu=2, memory=2**30)))
     state, status = h.run(job("big", [{"name": "w", "replicas": 3, "resources": {"cpu": 1}, "command": py("pass")}]))
     assert state == "failed" and status["reason"] == "Unschedulable"
     assert "exceeds the backend's total capacity" in status["message"]
@@ -67,7 +67,7 @@ def test_gang_that_can_never_fit_is_unschedulable(tmp_path) -> None:
 
 
 def test_gang_waits_in_the_queue_until_resources_free(tmp_path) -> None:
-    h = Harness(tmp_path, LocalBackend(Capacity(cpu=2, memory=2**30)))
+    h = Harness(tmp_path, LocalBackend(Resources(cpu=2, memory=2**30)))
     first = h.submit(
         job(
             "first",
@@ -92,7 +92,7 @@ def test_gang_waits_in_the_queue_until_resources_free(tmp_path) -> None:
 
 
 def test_higher_priority_jobs_are_admitted_first(tmp_path) -> None:
-    h = Harness(tmp_path, LocalBackend(Capacity(cpu=1, memory=2**30)))
+    h = Harness(tmp_path, LocalBackend(Resources(cpu=1, memory=2**30)))
     low = h.submit(
         job("low", [{"name": "w", "resources": {"cpu": 1}, "command": py("pass")}], scheduling={"priorityClass": "low"})
     )
@@ -154,7 +154,7 @@ def test_controllers_sharing_a_store_reconcile_only_their_own_jobs(tmp_path) -> 
 
 def test_a_job_cancelled_while_queued_is_cleaned_up_and_skipped(tmp_path) -> None:
     """Spec step 1: the controller takes the next job; if cancelled meanwhile it is skipped."""
-    h = Harness(tmp_path, LocalBackend(Capacity(cpu=1, memory=2**30)))
+    h = Harness(tmp_path, LocalBackend(Resources(cpu=1, memory=2**30)))
     busy = h.submit(job("busy", [{"name": "w", "resources": {"cpu": 1}, "command": py("import time; time.sleep(30)")}]))
     queued = h.submit(job("queued", [{"name": "w", "resources": {"cpu": 1}, "command": py("pass")}]))
     h.controller.step()
@@ -314,7 +314,7 @@ def test_a_long_queue_is_passed_over_without_rewriting_it_and_still_backfills(tm
     nothing writes no job row."""
     from sqlalchemy import event
 
-    h = Harness(tmp_path, LocalBackend(Capacity(cpu=3, memory=2**30)))
+    h = Harness(tmp_path, LocalBackend(Resources(cpu=3, memory=2**30)))
     sleeper = py("import time; time.sleep(30)")
     hold = h.submit(job("hold", [{"name": "w", "resources": {"cpu": 2}, "command": sleeper}]))
     big = h.submit(job("big", [{"name": "w", "resources": {"cpu": 3}, "command": sleeper}]))

@@ -43,13 +43,13 @@ def test_an_attempt_that_started_and_ended_while_no_controller_recorded_it_runs_
             ],
         )
     )
-    spawn = first.backend.start_all
+    spawn = first.backend.start
 
     def start_then_crash(requests):  # type: ignore[no-untyped-def]
         list(spawn(requests))  # every attempt really starts...
         raise ControllerCrash  # ...and the controller dies before recording one
 
-    first.backend.start_all = start_then_crash  # type: ignore[method-assign]
+    first.backend.start = start_then_crash  # type: ignore[method-assign]
     with pytest.raises(ControllerCrash):
         first.controller.step()
     _wait_for(lambda: [s.phase.value for s in first.backend.agent.list()] == ["exited", "exited"])

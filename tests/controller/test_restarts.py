@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from controller_harness import Harness, events, job, pids_alive, py
-from trainmaster.backends.base import Observation, Phase
+from trainmaster.backends.base import Observation
+from trainmaster.contract import InstancePhase as Phase
 from trainmaster.backends.local import LocalBackend
 from trainmaster.controller.restart import decide
 from trainmaster.spec.model import RestartPolicy
@@ -173,15 +174,15 @@ class Silent(LocalBackend):
     silent = False
     asked_to_stop: list[int] = []
 
-    def poll_all(self, handles):
+    def observe(self, handles):
         if self.silent:
             return [
                 Observation(Phase.UNREACHABLE, reason="HostSilent", message="no answer from the host") for _ in handles
             ]
-        return super().poll_all(handles)
+        return super().observe(handles)
 
     def stop(self, handles, grace):
-        self.asked_to_stop = [*self.asked_to_stop, *(h["pid"] for h in handles)]
+        self.asked_to_stop = [*self.asked_to_stop, *(h.pid for h in handles)]
         silent, self.silent = self.silent, False  # the host answers the stop (best case)
         super().stop(handles, grace)
         self.silent = silent

@@ -8,9 +8,10 @@ import json
 
 import pytest
 
-from trainmaster.agent.contract import ContainerLaunch, Dependency, LaunchSpec
 from trainmaster.backends import kubernetes_objects as k8s
-from trainmaster.backends.base import Phase
+from trainmaster.backends.base import Resources
+from trainmaster.contract import ContainerLaunch, Dependency, LaunchSpec
+from trainmaster.contract import InstancePhase as Phase
 
 HOST = k8s.HostRuntime("trainmaster.local/python:3.11", "/venv/bin/python", ("/usr", "/venv"))
 
@@ -241,8 +242,8 @@ def test_gang_admission_is_allocatable_minus_the_requests_of_running_pods() -> N
     pods = [bound("n1", "1500m", "1Gi"), bound("n2", "1", "1Gi"), bound("n2", "1", "1Gi", phase="Succeeded")]
     rooms = k8s.free_rooms(nodes, pods)
     assert {r.name: r.cpu for r in rooms} == {"n1": 0.5, "n2": 1.0}
-    assert k8s.gang_fits(rooms, [{"cpu": 1, "memory": 1 << 30}, {"cpu": 0.5, "memory": 1 << 30}]) == (True, "")
-    fits, why = k8s.gang_fits(rooms, [{"cpu": 1, "memory": 0}] * 2)
+    assert k8s.gang_fits(rooms, [Resources(cpu=1, memory=1 << 30), Resources(cpu=0.5, memory=1 << 30)]) == (True, "")
+    fits, why = k8s.gang_fits(rooms, [Resources(cpu=1)] * 2)
     assert not fits and "1 of 2 instances do not fit" in why and "n1: 0.5 CPU" in why
     assert k8s.total_capacity(nodes).cpu == 4
 

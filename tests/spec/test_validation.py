@@ -1,9 +1,10 @@
 """Mechanism: validation and defaulting of the job description (controller spec, 'Validation').
 
 Every problem is reported at once with its field path; the CLI exits 2 without a traceback;
-``run --dry-run`` prints the defaulted job.
+``run --dry-run`` prints the defaulted job and the LaunchSpec each instance would get.
 """
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -140,13 +141,31 @@ def test_dry_run_prints_the_defaulted_job(tmp_path: Path) -> None:
             }
         )
     )
-    out = cli("run", "--dry-run", str(path))
+    home = tmp_path / "home"
+    out = subprocess.run(
+        [sys.executable, "-m", "trainmaster", "run", "--dry-run", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "TRAINMASTER_HOME": str(home)},
+    )
     assert out.returncode == 0, out.stderr
-    printed = yaml.safe_load(out.stdout)
+    assert not home.exists(), "a dry run stores nothing"
+    printed, plan = yaml.safe_load_all(out.stdout)
     worker = printed["spec"]["roles"][1]
     assert worker["dependsOn"] == [{"role": "master", "condition": "Running", "timeoutSeconds": 600.0}]
     assert worker["restartPolicy"]["policy"] == "Never"
     assert printed["spec"]["statusPolicy"] == {"preset": "kubeflow"}
+    # then the LaunchSpec of each instance, in start order: the master's environment resolved
+    # (it waits for nothing), each worker's left to its wait step (it waits for the master)
+    launches = plan["launches"]
+    assert [(s["role"], s["index"]) for s in launches] == [("master", 0), ("worker", 0), ("worker", 1)]
+    master, worker0 = launches[0], launches[1]
+    assert master["argv"][1:] == ["train.py"] and master["depends"] == []
+    assert master["env"]["RANK"] == "0" and master["env"]["WORLD_SIZE"] == "3"
+    assert master["log_path"] == "$RUN_DIR/logs/master-0.log" and master["env"]["TM_OUTPUT_DIR"] == "$RUN_DIR/output"
+    assert [d["role"] for d in worker0["depends"]] == ["master"] and worker0["env"] == {}
+    assert worker0["env_inputs"]["context"]["index"] == 0 and worker0["db_url"]
 
 
 def test_user_framework_from_a_python_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

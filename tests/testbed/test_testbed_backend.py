@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from controller_harness import Harness, job, py
+from trainmaster.backends.base import PlacementRequest
 from trainmaster.backends.testbed import TestbedBackend
 from trainmaster.errors import UserError
 
@@ -89,11 +90,11 @@ def test_pin_to_an_unknown_host_is_refused_clearly(make_testbed):
     bed = make_testbed(hosts=2, link_rate=None)
     backend = TestbedBackend(bed)
     with pytest.raises(UserError, match="no host 'h9'"):
-        backend.place_role("server", 1, {}, {"testbed/server": "h9"})
-    first = backend.place_role("server", 2, {}, {"testbed/server": "sw"})
+        backend.place(PlacementRequest("server", 1, annotations={"testbed/server": "h9"}))
+    first = backend.place(PlacementRequest("server", 2, annotations={"testbed/server": "sw"}))
     assert first.host == bed.address("sw") and len(set(first.ports)) == 2
-    assert backend.place(1, {}).host == bed.address("h1")
-    assert backend.place(1, {}).host == bed.address("h2")
+    assert backend.place(PlacementRequest("a", 1)).host == bed.address("h1")
+    assert backend.place(PlacementRequest("a", 1)).host == bed.address("h2")
 
 
 def test_cli_runs_a_job_on_the_testbed_that_is_up(make_testbed, tmp_path: Path, monkeypatch):
@@ -132,17 +133,17 @@ def test_cli_runs_a_job_on_the_testbed_that_is_up(make_testbed, tmp_path: Path, 
 
 def test_handle_refound_after_a_controller_crash_carries_its_ports(make_testbed, tmp_path: Path):
     """A controller that died between starting an instance and storing its handle re-finds it
-    through the host agents (``handle_of``): the handle names the host and the ports the
+    through the host agents (``recover``): the handle names the host and the ports the
     instance was given there, and adopting it holds them, so no new instance on that host is
     given a port the adopted one listens on."""
     import sys
 
-    from trainmaster.agent.contract import LaunchSpec
+    from trainmaster.contract import LaunchSpec
     from trainmaster.backends.base import LaunchRequest
 
     bed = make_testbed(hosts=2, link_rate=None)
     first = TestbedBackend(bed)
-    placement = first.place_role("server", 2, {}, {"testbed/server": "h2"})
+    placement = first.place(PlacementRequest("server", 2, annotations={"testbed/server": "h2"}))
     spec = LaunchSpec(
         instance_id=f"{tmp_path.name}/server-0/1",
         job_id=1,
@@ -159,15 +160,15 @@ def test_handle_refound_after_a_controller_crash_carries_its_ports(make_testbed,
         ports=placement.ports,
     )
     request = LaunchRequest(placement=placement, spec=spec)
-    handle = first.start(request)
+    [handle] = first.start([request])
     first.close()  # the controller crashed before storing the handle
     second = TestbedBackend(bed)
     try:
-        found = second.handle_of(spec.instance_id)
+        found = second.recover(spec.instance_id, spec.instance_dir)
         assert found is not None
-        assert (found["node"], found["ports"]) == ("h2", placement.ports)
+        assert (found.node, found.ports) == ("h2", placement.ports)
         assert second.adopt(found)
-        again = second.place_role("other", 2, {}, {"testbed/other": "h2"})
+        again = second.place(PlacementRequest("other", 2, annotations={"testbed/other": "h2"}))
         assert not set(again.ports) & set(placement.ports), (again.ports, placement.ports)
     finally:
         second.stop([handle], grace=1.0)

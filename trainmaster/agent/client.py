@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import trainmaster
-from trainmaster.agent.contract import InstanceHandle, InstanceStatus, LaunchSpec, StartResult
+from trainmaster.contract import InstanceHandle, InstanceStatus, LaunchSpec, StartResult
 from trainmaster.agent.protocol import ALREADY_RUNNING_EXIT, LOG_NAME, PID_NAME, connect
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainmaster.agent.contract import LaunchSpec
+from trainmaster.contract import LaunchSpec
 from trainmaster.agent.tree import CGROUP_ROOT, cgroup_name
 from trainmaster.containers import runtime as podman
 from trainmaster.containers.runtime import ContainerRuntime, ContainerRuntimeMissing

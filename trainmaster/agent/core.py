@@ -43,7 +43,7 @@ from typing import Any
 
 import trainmaster
 from trainmaster.agent.containers import ContainerHooks, ContainerRecord, failure_reason
-from trainmaster.agent.contract import InstanceHandle, InstancePhase, InstanceStatus, LaunchSpec, StartResult
+from trainmaster.contract import InstanceHandle, InstancePhase, InstanceStatus, LaunchSpec, StartResult
 from trainmaster.agent.journal import ExitJournal, JournaledInstance
 from trainmaster.containers.runtime import ContainerRuntimeMissing, container_name
 from trainmaster.agent.tree import (
@@ -162,7 +162,7 @@ def start_error_message(spec: LaunchSpec, error: Exception) -> str:
 
 
 class NodeAgent:
-    """Implements :class:`trainmaster.agent.contract.NodeAgentAPI` in the agent's own process."""
+    """Implements :class:`trainmaster.contract.NodeAgentAPI` in the agent's own process."""
 
     def __init__(self, options: AgentOptions):
         self.options = options
@@ -455,7 +455,7 @@ class NodeAgent:
         self.trees.remove(spec.instance_id)
         status = InstanceStatus(
             InstanceHandle(self.node, spec.instance_id, None, list(spec.ports)),
-            InstancePhase.START_FAILED,
+            InstancePhase.EXITED,
             exit_code=START_FAILED_EXIT,
             reason="StartFailed",
             message=message,
@@ -614,13 +614,13 @@ class NodeAgent:
             return inst.status
         if inst.gated and inst.command_started_at is None:
             self._read_notes(inst)
-        phase = InstancePhase.RUNNING if inst.command_started_at is not None else InstancePhase.WAITING
+        phase = InstancePhase.RUNNING if inst.command_started_at is not None else InstancePhase.STARTING
         reason, command_started_at = "WaitingForDependencies", inst.command_started_at
         cpu, peak = self.trees.cpu_seconds(instance_id) or 0.0, self.trees.peak_rss(instance_id) or 0
         if inst.container is not None and phase == InstancePhase.RUNNING:
             command_started_at = self.containers.created(inst.container)  # podman may still pull or create
             if command_started_at is None:
-                phase, reason = InstancePhase.WAITING, "ContainerCreating"
+                phase, reason = InstancePhase.STARTING, "ContainerCreating"
                 self.containers.overdue(inst.container, inst.pid, inst.command_started_at or 0.0)  # stuck pull
             cpu, peak = self.containers.observe(inst.container) or (cpu, peak)
         return InstanceStatus(

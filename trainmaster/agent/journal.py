@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainmaster.agent.contract import InstanceStatus
+from trainmaster.contract import InstanceStatus
 
 log = logging.getLogger(__name__)
 

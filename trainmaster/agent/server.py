@@ -23,7 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from trainmaster.agent.contract import LaunchSpec
+from trainmaster.contract import LaunchSpec
 from trainmaster.agent.core import AgentOptions, NodeAgent
 from trainmaster.agent.protocol import ALREADY_RUNNING_EXIT, LOCK_NAME, LOG_NAME, PID_NAME, socket_address
 

@@ -35,12 +35,23 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator
 
-from trainmaster.agent.contract import LaunchSpec
 from trainmaster.backends import kubernetes_objects as k8s
-from trainmaster.backends.base import Backend, Capacity, LaunchRequest, Observation, Phase, Placement, StartFailure
+from trainmaster.backends.base import (
+    Backend,
+    BackendOptions,
+    GangReservation,
+    LaunchRequest,
+    Observation,
+    Placement,
+    PlacementRequest,
+    Resources,
+    StartFailure,
+)
 from trainmaster.backends.kubernetes_watch import WatchedCache, wait_until
+from trainmaster.contract import InstanceHandle, LaunchSpec
+from trainmaster.contract import InstancePhase as Phase
 from trainmaster.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -123,17 +134,17 @@ def api_client(kubeconfig: str | None, context: str | None = None) -> Any:
     return CountingClient(configuration)
 
 
-def kubernetes_backend_or_error() -> KubernetesBackend:
-    """The backend of ``--backend kubernetes`` (its cluster from :func:`default_kubeconfig`,
-    namespace ``$TRAINMASTER_K8S_NAMESPACE`` or default), or a clear error when the optional
-    ``kubernetes`` extra is missing."""
-    try:
-        import kubernetes  # noqa: F401
-    except ImportError as exc:
-        raise UserError(
-            f"--backend kubernetes needs the optional Kubernetes extra: pip install 'trainmaster[kubernetes]' ({exc})"
-        ) from None
-    return KubernetesBackend(KubernetesOptions(namespace=os.environ.get("TRAINMASTER_K8S_NAMESPACE") or "default"))
+def create(options: BackendOptions) -> KubernetesBackend:
+    """The registry's factory (``--backend kubernetes``): the cluster of ``options.address`` (a
+    kubeconfig's path) or of :func:`default_kubeconfig`, namespace ``$TRAINMASTER_K8S_NAMESPACE``
+    (default ``default``)."""
+    import kubernetes  # noqa: F401  (missing: the registry names the extra to install)
+
+    return KubernetesBackend(
+        KubernetesOptions(
+            kubeconfig=options.address, namespace=os.environ.get("TRAINMASTER_K8S_NAMESPACE") or "default"
+        )
+    )
 
 
 @dataclass
@@ -171,7 +182,8 @@ class KubernetesBackend(Backend):
         self._owner_of = owner_of
         self.host = self._host_runtime(kubeconfig)
         self._lock = threading.RLock()
-        self._held: dict[str, _Held] = {}  # instance id -> gated start
+        self._held: dict[str, _Held] = {}  # instance id -> its wait step
+        self._where: dict[str, tuple[str, str]] = {}  # instance id -> (namespace, pod name)
         self._creating: dict[str, Future[None]] = {}
         self._refused: dict[str, Observation] = {}  # starts the API refused
         self._ended: dict[str, Observation] = {}  # final observations of pods gone
@@ -184,7 +196,10 @@ class KubernetesBackend(Backend):
         self._ports_held: set[int] = set()
         self._next_port = FIRST_PORT
         self._wakes: list[Callable[[], None]] = []
+        self._closing = threading.Event()
         self._pool = ThreadPoolExecutor(self.options.create_threads, thread_name_prefix="k8s-create")
+        # the operator's leader election: every write asks it first (a deposed leader writes nothing)
+        self.fence: Callable[[], None] = lambda: None
         selector = f"{k8s.MANAGED_BY}={k8s.MANAGER}"
         if self.namespace:
             self.pods = WatchedCache(
@@ -199,8 +214,6 @@ class KubernetesBackend(Backend):
             self.pods = WatchedCache(
                 self.api, self.core.list_pod_for_all_namespaces, "pods", self._pod_changed, label_selector=selector
             )
-        # the operator's leader election: every write asks it first (a deposed leader writes nothing)
-        self.fence: Callable[[], None] = lambda: None
         self.nodes = WatchedCache(self.api, self.core.list_node, "nodes", self._node_changed)
         if not (self.pods.wait_synced(SYNC_TIMEOUT) and self.nodes.wait_synced(SYNC_TIMEOUT)):
             self.close()
@@ -209,7 +222,6 @@ class KubernetesBackend(Backend):
                 "(list pods and nodes); is the cluster up (`trainmaster cluster status`)?"
             )
         self._gates = threading.Thread(target=self._gate_loop, name="k8s-gates", daemon=True)
-        self._closing = threading.Event()
         self._gates.start()
 
     def _host_runtime(self, kubeconfig: str | None) -> k8s.HostRuntime | None:
@@ -226,15 +238,16 @@ class KubernetesBackend(Backend):
         return k8s.HostRuntime(images.PYTHON, images.python_executable(), tuple(images.python_mount_paths()))
 
     # ---- capacity and placement ------------------------------------------------------------------
-    def capacity(self) -> Capacity:
+    def capacity(self) -> Resources:
         return k8s.total_capacity(self.nodes.items())
 
-    def place(self, ports: int, resources: dict[str, Any], wanted: Sequence[int] = ()) -> Placement:
+    def place(self, request: PlacementRequest) -> Placement:
         """The pod's IP is its host (known once it runs: ``$(TM_POD_IP)`` until then); ports are
         the pod's own, so the declared ones are always free; others are distinct per live
         instance, which keeps addresses readable."""
+        wanted = request.wanted_ports
         with self._lock:
-            chosen = [wanted[i] if i < len(wanted) else self._take_port() for i in range(ports)]
+            chosen = [wanted[i] if i < len(wanted) else self._take_port() for i in range(request.ports)]
         return Placement(k8s.POD_IP, chosen)
 
     def _take_port(self) -> int:
@@ -250,21 +263,16 @@ class KubernetesBackend(Backend):
         with self._lock:
             self._ports_held.difference_update(placement.ports)
 
-    def reserve_ports(self, ports: list[int]) -> None:
-        with self._lock:
-            self._ports_held.update(ports)
-
-    def reserve_gang(self, job_id: int, bundles: list[dict[str, Any]]) -> tuple[bool, str]:
+    def reserve_gang(self, job_id: int, bundles: list[Resources]) -> GangReservation:
         """Admission against the nodes' allocatable minus every bound pod's requests (all
         namespaces: other tenants' pods take room too). A check, not a reservation: the
         default scheduler places the pods, and a pod that no longer fits shows Unschedulable."""
         answer = self.core.list_pod_for_all_namespaces(
             field_selector="status.phase!=Succeeded,status.phase!=Failed", _preload_content=False
         )
-        import json
-
         pods = json.loads(answer.data).get("items", [])
-        return k8s.gang_fits(k8s.free_rooms(self.nodes.items(), pods), bundles)
+        fits, why = k8s.gang_fits(k8s.free_rooms(self.nodes.items(), pods), bundles)
+        return GangReservation(fits, why)
 
     def release_gang(self, job_id: int) -> None:
         """The job ended: with ``cleanup``, delete its object (its pods and services follow)."""
@@ -284,30 +292,14 @@ class KubernetesBackend(Backend):
         owner = self._owner_of(spec) if self._owner_of is not None else None
         return (owner.namespace if owner is not None else "") or self.namespace or "default"
 
-    def handle(self, spec: LaunchSpec) -> dict[str, Any]:
-        return {
-            "node": NODE,
-            "instance_id": spec.instance_id,
-            "namespace": self.namespace_of(spec),
-            "pod": self.names.pod(spec),
-            "pid": None,
-            "ports": list(spec.ports),
-            "instance_dir": spec.instance_dir,
-            "log_path": spec.log_path,
-        }
+    def _handle(self, spec: LaunchSpec) -> InstanceHandle:
+        return InstanceHandle(NODE, spec.instance_id, None, list(spec.ports), spec.instance_dir)
 
-    def start(self, request: LaunchRequest) -> dict[str, Any]:
-        result = next(iter(self.start_all([request])))
-        if isinstance(result, StartFailure):
-            raise OSError(result.message)
-        return result
-
-    def start_all(self, requests: list[LaunchRequest]) -> Iterator[dict[str, Any] | StartFailure]:
-        """Every handle at once; pods are created by the pool (a dependent one once its
-        dependencies hold). A refusal by the API shows as an exit with reason StartFailed."""
+    def start(self, requests: list[LaunchRequest]) -> Iterator[InstanceHandle | StartFailure]:
+        """Every handle at once; pods are created by the pool (a dependent one of its own image
+        once its dependencies hold). A refusal by the API shows as an exit with reason StartFailed."""
         for request in requests:
             spec = request.spec
-            handle = self.handle(spec)
             if spec.container is None and self.host is None:
                 yield StartFailure(
                     f"role {spec.role} has no image; this cluster's nodes are not this machine, so give the role "
@@ -317,14 +309,15 @@ class KubernetesBackend(Backend):
             with self._lock:
                 self._job_uids[spec.job_id] = k8s.job_uid(spec)
                 self._log_paths[spec.instance_id] = spec.log_path
+                self._where[spec.instance_id] = (self.namespace_of(spec), self.names.pod(spec))
                 in_pod = spec.container is None
                 if spec.depends:
                     self._held[spec.instance_id] = _Held(spec, time.monotonic(), in_pod)
-                    if not in_pod:
-                        handle["spec"] = spec.to_dict()  # a new controller's backend can hold it again
+                    if not in_pod:  # a new controller's backend finds it in its folder and holds it again
+                        _write_private(Path(spec.instance_dir, HELD_RECORD), spec.to_dict())
                 if in_pod or not spec.depends:
                     self._submit(spec, {})
-            yield handle
+            yield self._handle(spec)
         self._release_gates()
 
     def _submit(self, spec: LaunchSpec, services: dict[str, list[str]]) -> None:
@@ -333,19 +326,8 @@ class KubernetesBackend(Backend):
     def _create(self, spec: LaunchSpec, services: dict[str, list[str]]) -> None:
         from kubernetes.client.exceptions import ApiException
 
-        from trainmaster.runtime.environment import instance_environment
-
         try:
-            inputs = spec.env_inputs
-            env = (
-                instance_environment({**inputs, "env": k8s.base_environment(spec)}, services)
-                if inputs
-                else dict(spec.env)
-            )
-            if (
-                spec.container is None and self.host is not None
-            ):  # the venv's programs first (torchrun, mpirun's python)
-                env["PATH"] = os.pathsep.join([os.path.dirname(self.host.python), env.get("PATH") or "/usr/bin:/bin"])
+            env = self._environment(spec, services)
             if spec.depends and spec.container is None:
                 os.makedirs(spec.instance_dir, exist_ok=True)
                 Path(spec.instance_dir, k8s.ENV_FILE).unlink(missing_ok=True)  # an earlier attempt's
@@ -364,20 +346,30 @@ class KubernetesBackend(Backend):
                 if exc.status != 409:
                     raise
                 existing = self._read_pod(namespace, name)
-                mine = existing is not None and _instance(existing) == spec.instance_id
-                if not mine:
+                if existing is None or _instance(existing) != spec.instance_id:
                     raise RuntimeError(
                         f"a pod named {name} of another instance exists in namespace {namespace} "
                         f"({_instance(existing) if existing else 'unknown'}); delete it or rename the job"
                     ) from None
                 return
-            import json
-
             self.pods.put(json.loads(answer.data))
         except ApiException as exc:
             self._refuse(spec, f"the API refused the pod: {_api_message(exc)}")
         except Exception as exc:  # a bad manifest, an unreachable API: the attempt fails readably
             self._refuse(spec, f"could not create the pod: {exc}")
+
+    def _environment(self, spec: LaunchSpec, services: dict[str, list[str]]) -> dict[str, str]:
+        """The instance's variables (one resolver: :func:`instance_environment`) without the
+        controller's own environment; this machine's software finds the venv's programs first."""
+        from trainmaster.runtime.environment import instance_environment
+
+        inputs = spec.env_inputs
+        env = (
+            instance_environment({**inputs, "env": k8s.base_environment(spec)}, services) if inputs else dict(spec.env)
+        )
+        if spec.container is None and self.host is not None:  # torchrun, mpirun's python
+            env["PATH"] = os.pathsep.join([os.path.dirname(self.host.python), env.get("PATH") or "/usr/bin:/bin"])
+        return env
 
     def _refuse(self, spec: LaunchSpec, message: str) -> None:
         with self._lock:
@@ -412,13 +404,12 @@ class KubernetesBackend(Backend):
             "data": {"job": spec.job_name, "uid": uid, "about": "Trainmaster's job; deleting it deletes its pods"},
         }
         try:
-            created = self.core.create_namespaced_config_map(namespace, body)
-            found_uid = created.metadata.uid
+            created = json.loads(self.core.create_namespaced_config_map(namespace, body, _preload_content=False).data)
         except ApiException as exc:
             if exc.status != 409:
                 raise
-            found_uid = self.core.read_namespaced_config_map(name, namespace).metadata.uid
-        owner = k8s.Owner("v1", "ConfigMap", name, found_uid, namespace=namespace)
+            created = json.loads(self.core.read_namespaced_config_map(name, namespace, _preload_content=False).data)
+        owner = k8s.Owner("v1", "ConfigMap", name, created["metadata"]["uid"], namespace=namespace)
         with self._lock:
             self._anchors[uid] = owner
         return owner
@@ -448,8 +439,6 @@ class KubernetesBackend(Backend):
             raise RuntimeError(f"the pod {name} of an earlier attempt was not gone after {DELETE_TIMEOUT:.0f} s")
 
     def _read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        import json
-
         from kubernetes.client.exceptions import ApiException
 
         try:
@@ -467,12 +456,14 @@ class KubernetesBackend(Backend):
             held = list(self._held.values())
         for gate in held:
             services, waiting = self._dependencies(gate.spec)
-            timed_out = not services and time.monotonic() - gate.since >= waiting[0][1].timeout
+            timed_out = services is None and time.monotonic() - gate.since >= waiting[0][1].timeout
             if services is None and not timed_out:
                 continue
             with self._lock:
                 if self._held.pop(gate.spec.instance_id, None) is None:
                     continue  # stopped meanwhile
+            if not gate.in_pod:
+                Path(gate.spec.instance_dir, HELD_RECORD).unlink(missing_ok=True)
             if gate.in_pod:
                 self._write_environment(gate.spec, services, waiting[0][0] if timed_out else "")
             elif services is not None:
@@ -487,21 +478,12 @@ class KubernetesBackend(Backend):
     def _write_environment(self, spec: LaunchSpec, services: dict[str, list[str]] | None, failure: str) -> None:
         """The environment file of a pod in its wait step: its whole environment once its
         dependencies hold (resolved with their addresses), or why it gives up."""
-        from trainmaster.runtime.environment import instance_environment
-
         if failure:
             content: dict[str, Any] = {"reason": "DependencyTimeout", "message": failure}
         else:
-            env = instance_environment({**spec.env_inputs, "env": k8s.base_environment(spec)}, services or {})
-            if self.host is not None:
-                env["PATH"] = os.pathsep.join([os.path.dirname(self.host.python), env.get("PATH") or "/usr/bin:/bin"])
+            env = self._environment(spec, services or {})
             content = {"env": {k: v for k, v in env.items() if k not in k8s.WITHHELD}}
-        path = Path(spec.instance_dir, k8s.ENV_FILE)
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(content, f)
-        os.replace(tmp, path)
+        _write_private(Path(spec.instance_dir, k8s.ENV_FILE), content)
 
     def _dependencies(self, spec: LaunchSpec) -> tuple[dict[str, list[str]] | None, list[tuple[str, Any]]]:
         """Role -> addresses of every dependency when all hold, else None and what is missing."""
@@ -553,14 +535,25 @@ class KubernetesBackend(Backend):
                     log.exception("checking held instances")
 
     # ---- observe --------------------------------------------------------------------------------
-    def poll(self, handle: dict[str, Any]) -> Observation:
-        return self.poll_all([handle])[0]
+    def observe(self, handles: list[InstanceHandle]) -> list[Observation]:
+        return [self._observe(h.instance_id) for h in handles]
 
-    def poll_all(self, handles: list[dict[str, Any]]) -> list[Observation]:
-        return [self._observe(h) for h in handles]
+    def _locate(self, iid: str) -> tuple[str, str] | None:
+        """(namespace, pod name) of an attempt: from its start, else from the watched pods."""
+        with self._lock:
+            where = self._where.get(iid)
+        if where is not None:
+            return where
+        for pod in self.pods.items():
+            if _instance(pod) == iid:
+                meta = pod["metadata"]
+                found = (str(meta.get("namespace") or self.namespace), str(meta["name"]))
+                with self._lock:
+                    self._where[iid] = found
+                return found
+        return None
 
-    def _observe(self, handle: dict[str, Any]) -> Observation:
-        iid = handle["instance_id"]
+    def _observe(self, iid: str) -> Observation:
         waiting = Observation(Phase.STARTING, reason="WaitingForDependencies", message="in its dependency wait step")
         with self._lock:
             if iid in self._refused:
@@ -570,14 +563,11 @@ class KubernetesBackend(Backend):
                 return waiting
             creating = self._creating.get(iid)
             ended = self._ended.get(iid)
-        namespace = handle.get("namespace") or self.namespace
-        pod = self.pods.get(namespace, handle["pod"])
+        where = self._locate(iid)
+        pod = self.pods.get(*where) if where else None
         if pod is not None and _instance(pod) == iid:
             obs = k8s.pod_observation(pod, self._node_ready(pod))
-            if (gate is not None or k8s.waiting(pod)) and obs.phase in (
-                Phase.STARTING,
-                Phase.RUNNING,
-            ):  # placed, waiting
+            if (gate is not None or k8s.waiting(pod)) and obs.phase in (Phase.STARTING, Phase.RUNNING):
                 return Observation(
                     Phase.STARTING, reason=waiting.reason, message=waiting.message, host=obs.host, ports=obs.ports
                 )
@@ -585,9 +575,9 @@ class KubernetesBackend(Backend):
                 self._complete_log(pod, iid)
             elif obs.phase == Phase.RUNNING:
                 self._follow_log(pod, iid)
-            elif obs.phase == Phase.LOST and obs.reason == "NodeLost" and iid not in self._stopping:
+            elif obs.phase == Phase.LOST and obs.reason == "NodeLost" and iid not in self._stopping and where:
                 self._stopping.add(iid)
-                self._pool.submit(self._delete_pod, namespace, handle["pod"], 0)
+                self._pool.submit(self._delete_pod, where[0], where[1], 0)
             return obs
         if gate is not None:
             return waiting
@@ -597,7 +587,8 @@ class KubernetesBackend(Backend):
             return ended
         if creating is not None:  # created, not yet in the watched cache
             return Observation(Phase.STARTING, reason="Creating", message="its pod was just created")
-        return Observation(Phase.LOST, reason="Deleted", message=f"its pod {handle['pod']} no longer exists")
+        name = where[1] if where else "of this attempt"
+        return Observation(Phase.LOST, reason="Deleted", message=f"its pod {name} no longer exists")
 
     def _node_ready(self, pod: dict[str, Any]) -> bool:
         node = (pod.get("spec") or {}).get("nodeName")
@@ -615,7 +606,7 @@ class KubernetesBackend(Backend):
             else:
                 self._complete_log(pod, iid)
             with self._lock:
-                self._ended[iid] = obs  # until forgotten: a poll after the pod is gone still says how it ended
+                self._ended[iid] = obs  # until forgotten: an observe after the pod is gone still says how it ended
                 while len(self._ended) > MAX_ENDED:
                     self._ended.pop(next(iter(self._ended)))
                 self._stopping.discard(iid)
@@ -631,10 +622,11 @@ class KubernetesBackend(Backend):
         if not self.options.follow_logs:
             return
         uid = pod["metadata"].get("uid", "")
+        annotations = pod["metadata"].get("annotations") or {}
         with self._lock:
-            if uid in self._followers or iid not in self._log_paths:
+            path = self._log_paths.get(iid) or annotations.get(k8s.ANNOTATION_LOG, "")
+            if uid in self._followers or not path:
                 return
-            path = self._log_paths[iid]
             meta = pod["metadata"]
             thread = threading.Thread(
                 target=self._stream_log,
@@ -668,16 +660,17 @@ class KubernetesBackend(Backend):
             log.debug("log of pod %s: %s", name, exc)
 
     # ---- stop ----------------------------------------------------------------------------------
-    def stop(self, handles: list[dict[str, Any]], grace: float) -> None:
+    def stop(self, handles: list[InstanceHandle], grace: float) -> None:
         """Delete each pod with ``grace`` seconds to end (the kubelet sends SIGTERM, then SIGKILL)
         and return once they are gone (their processes with them)."""
-        names = []
+        doomed = []
         for handle in handles:
-            iid = handle["instance_id"]
+            iid = handle.instance_id
             with self._lock:
-                held = self._held.pop(iid, None)
+                gate = self._held.pop(iid, None)
                 creating = self._creating.get(iid)
-            if held is not None:
+            if gate is not None and not gate.in_pod:
+                Path(gate.spec.instance_dir, HELD_RECORD).unlink(missing_ok=True)
                 with self._lock:
                     self._ended[iid] = Observation(
                         Phase.EXITED, exit_code=137, reason="Stopped", message="stopped in its wait step"
@@ -685,14 +678,16 @@ class KubernetesBackend(Backend):
                 continue
             if creating is not None:
                 creating.result(timeout=DELETE_TIMEOUT)
+            where = self._locate(iid)
+            if where is None:
+                continue
             with self._lock:
                 self._stopping.add(iid)
-            namespace = handle.get("namespace") or self.namespace
             # at least 1 s: a grace of 0 deletes the object at once, before the kubelet stopped anything
-            self._delete_pod(namespace, handle["pod"], max(1, math.ceil(grace)))
-            names.append((namespace, handle["pod"], iid))
+            self._delete_pod(where[0], where[1], max(1, math.ceil(grace)))
+            doomed.append((where, iid))
         wait_until(
-            lambda: all((p := self.pods.get(ns, name)) is None or _instance(p) != iid for ns, name, iid in names),
+            lambda: all((p := self.pods.get(*where)) is None or _instance(p) != iid for where, iid in doomed),
             grace + DELETE_TIMEOUT,
             0.05,
         )
@@ -713,50 +708,50 @@ class KubernetesBackend(Backend):
             if exc.status != 404:
                 raise
 
-    def forget(self, handles: list[dict[str, Any]]) -> None:
+    def forget(self, handles: list[InstanceHandle]) -> None:
         with self._lock:
             for handle in handles:
-                iid = handle["instance_id"]
-                self._ended.pop(iid, None)
-                self._refused.pop(iid, None)
-                self._creating.pop(iid, None)
+                iid = handle.instance_id
+                for table in (self._ended, self._refused, self._creating, self._where, self._log_paths):
+                    table.pop(iid, None)  # type: ignore[attr-defined]
 
     # ---- a new controller ---------------------------------------------------------------------
-    def adopt(self, handle: dict[str, Any]) -> bool:
-        """A live pod of this attempt, or a dependent one still held (its spec is in its handle)."""
-        iid = handle["instance_id"]
+    def adopt(self, handle: InstanceHandle) -> bool:
+        """A live pod of this attempt (one still in its wait step is this backend's to let go on),
+        or a dependent one of its own image still held (its spec is in its folder)."""
+        iid = handle.instance_id
         with self._lock:
-            self._log_paths.setdefault(iid, handle.get("log_path", ""))
-        pod = self.pods.get(handle.get("namespace") or self.namespace, handle["pod"])
+            self._ports_held.update(handle.ports)
+        where = self._locate(iid)
+        pod = self.pods.get(*where) if where else None
         if pod is not None and _instance(pod) == iid:
             launch = (pod["metadata"].get("annotations") or {}).get(k8s.ANNOTATION_LAUNCH)
-            if launch and k8s.waiting(pod):  # its wait step is this backend's to finish now
+            if launch and k8s.waiting(pod):
                 spec = LaunchSpec.from_dict(json.loads(launch))
                 with self._lock:
                     self._held.setdefault(iid, _Held(spec, time.monotonic(), in_pod=True))
-            return self.poll(handle).phase in (Phase.STARTING, Phase.RUNNING)
-        if "spec" in handle:
-            spec = LaunchSpec.from_dict(handle["spec"])
+            return self._observe(iid).phase in (Phase.STARTING, Phase.RUNNING)
+        record = Path(handle.instance_dir, HELD_RECORD) if handle.instance_dir else None
+        if record is not None and record.exists():
+            spec = LaunchSpec.from_dict(json.loads(record.read_text()))
             with self._lock:
                 self._held[iid] = _Held(spec, time.monotonic())
                 self._job_uids[spec.job_id] = k8s.job_uid(spec)
+                self._where[iid] = (self.namespace_of(spec), self.names.pod(spec))
             return True
         return False
 
-    def handle_of(self, instance_id: str) -> dict[str, Any] | None:
+    def recover(self, instance_id: str, instance_dir: str) -> InstanceHandle | None:
+        """The pod of ``instance_id`` (its annotation), or its held spec in ``instance_dir``."""
         for pod in self.pods.items():
             if _instance(pod) == instance_id:
                 meta = pod["metadata"]
-                import json
-
-                return {
-                    "node": NODE,
-                    "instance_id": instance_id,
-                    "namespace": meta.get("namespace") or self.namespace,
-                    "pod": meta["name"],
-                    "pid": None,
-                    "ports": json.loads((meta.get("annotations") or {}).get(k8s.ANNOTATION_PORTS, "[]")),
-                }
+                ports = json.loads((meta.get("annotations") or {}).get(k8s.ANNOTATION_PORTS, "[]"))
+                return InstanceHandle(NODE, instance_id, _recorded_pid(instance_dir), ports, instance_dir)
+        record = Path(instance_dir, HELD_RECORD)
+        if record.exists():
+            spec = LaunchSpec.from_dict(json.loads(record.read_text()))
+            return self._handle(spec) if spec.instance_id == instance_id else None
         return None
 
     # ---- exits wake the controller ----------------------------------------------------------------
@@ -775,12 +770,31 @@ class KubernetesBackend(Backend):
         return int(self.api.requests)
 
     def close(self) -> None:
-        closing = getattr(self, "_closing", None)
-        if closing is not None:
-            closing.set()
+        self._closing.set()
         self.pods.close()
         self.nodes.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+HELD_RECORD = "pod-held.json"  # the LaunchSpec of an instance whose pod waits to be created
+
+
+def _write_private(path: Path, content: dict[str, Any]) -> None:
+    """A JSON file only root reads (an environment may hold secrets), replaced atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(content, f)
+    os.replace(tmp, path)
+
+
+def _recorded_pid(instance_dir: str) -> int | None:
+    """The pid the host-runtime entry recorded (the machine's: the pod shares its PID namespace)."""
+    try:
+        return int(json.loads(Path(instance_dir, k8s.ATTEMPT_RECORD).read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _instance(pod: dict[str, Any] | None) -> str:
@@ -788,8 +802,6 @@ def _instance(pod: dict[str, Any] | None) -> str:
 
 
 def _api_message(exc: Any) -> str:
-    import json
-
     try:
         return str(json.loads(exc.body).get("message") or exc.reason)
     except (ValueError, TypeError, AttributeError):

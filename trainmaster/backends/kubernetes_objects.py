@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainmaster.agent.contract import LaunchSpec
-from trainmaster.backends.base import Capacity, Observation, Phase
+from trainmaster.backends.base import Observation, Resources
+from trainmaster.contract import InstancePhase as Phase
+from trainmaster.contract import LaunchSpec
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "trainmaster"
@@ -31,6 +32,7 @@ ANNOTATION_INSTANCE = "trainmaster.io/instance-id"
 ANNOTATION_PORTS = "trainmaster.io/ports"
 ANNOTATION_WAITS = "trainmaster.io/waits-for"  # the environment file a pod in its wait step waits for
 ANNOTATION_LAUNCH = "trainmaster.io/launch"  # its LaunchSpec (a new controller's backend finishes the wait)
+ANNOTATION_LOG = "trainmaster.io/log-path"  # where a controller's backend follows its log into
 POD_IP_VARIABLE = "TM_POD_IP"
 # the host an instance is placed on before its pod has an IP: the kubelet expands it in every
 # environment value (a variable defined earlier in the list, here from the downward API)
@@ -248,7 +250,11 @@ def pod_manifest(
         "name": name,
         "namespace": namespace,
         "labels": meta_labels,
-        "annotations": {ANNOTATION_INSTANCE: spec.instance_id, ANNOTATION_PORTS: json.dumps(list(spec.ports))},
+        "annotations": {
+            ANNOTATION_INSTANCE: spec.instance_id,
+            ANNOTATION_PORTS: json.dumps(list(spec.ports)),
+            ANNOTATION_LOG: spec.log_path,
+        },
     }
     if spec.container is None and spec.depends:
         metadata["annotations"][ANNOTATION_WAITS] = os.path.join(spec.instance_dir, ENV_FILE)
@@ -526,21 +532,18 @@ def free_rooms(nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> list[
     return list(rooms.values())
 
 
-def total_capacity(nodes: list[dict[str, Any]]) -> Capacity:
+def total_capacity(nodes: list[dict[str, Any]]) -> Resources:
     rooms = free_rooms(nodes, [])
-    return Capacity(
+    return Resources(
         cpu=sum(r.cpu for r in rooms), memory=int(sum(r.memory for r in rooms)), gpu=int(sum(r.gpu for r in rooms))
     )
 
 
-def gang_fits(rooms: list[NodeRoom], bundles: list[dict[str, Any]]) -> tuple[bool, str]:
+def gang_fits(rooms: list[NodeRoom], bundles: list[Resources]) -> tuple[bool, str]:
     """Whether every bundle fits on the nodes at once (first fit, largest first, as a scheduler
     placing the whole gang would); the reason names what is missing when not."""
     left = [NodeRoom(r.name, r.cpu, r.memory, r.gpu) for r in rooms]
-    wanted = sorted(
-        ((float(b.get("cpu") or 0), float(b.get("memory") or 0), float(b.get("gpu") or 0)) for b in bundles),
-        reverse=True,
-    )
+    wanted = sorted(((float(b.cpu), float(b.memory), float(b.gpu)) for b in bundles), reverse=True)
     for i, (cpu, memory, gpu) in enumerate(wanted):
         room = next((r for r in left if r.fits(cpu, memory, gpu)), None)
         if room is None:

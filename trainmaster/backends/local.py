@@ -3,8 +3,8 @@
 This is a thin client: the agent (``python -m trainmaster.agent``, started on first use and
 shared by every controller of the same Trainmaster home) spawns, tracks, stops and journals the
 instances; the backend chooses ports, hands the agent typed :class:`LaunchSpec` s in one batch,
-and maps the agent's :class:`InstanceStatus` onto the controller's :class:`Observation`. A handle
-stored on an instance row is an :class:`InstanceHandle` dict.
+and passes the agent's :class:`InstanceStatus` on as the controller's :class:`Observation`. A
+handle is the agent's :class:`InstanceHandle`.
 """
 
 from __future__ import annotations
@@ -13,15 +13,26 @@ import logging
 import os
 import threading
 import weakref
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Callable, Iterator
 
 import psutil
 
 from trainmaster.agent.client import AgentClient, AgentUnavailable
-from trainmaster.agent.contract import InstanceHandle, InstancePhase, InstanceStatus
+from trainmaster.backends.base import (
+    Backend,
+    BackendOptions,
+    LaunchRequest,
+    Observation,
+    Placement,
+    PlacementRequest,
+    Resources,
+    StartFailure,
+    observation,
+)
 from trainmaster.backends.ports import PortPool
-from trainmaster.backends.base import Backend, Capacity, LaunchRequest, Observation, Phase, Placement, StartFailure
+from trainmaster.contract import InstanceHandle, InstancePhase
 from trainmaster.store.db import home
 
 log = logging.getLogger(__name__)
@@ -29,8 +40,6 @@ log = logging.getLogger(__name__)
 NODE = "local"
 WATCH_SECONDS = 5.0  # one wait_exit request (the watcher asks again right after; it ends this long after close)
 WATCH_RETRY = 1.0  # seconds between attempts to reach an agent that is not there
-# reasons that only restate the exit code; the controller's messages already say it
-_PLAIN_REASONS = ("Completed", "Error")
 
 
 def agent_state_dir() -> Path:
@@ -38,27 +47,15 @@ def agent_state_dir() -> Path:
     return home() / "agent"
 
 
-def observation(status: InstanceStatus) -> Observation:
-    """The controller's view of what the agent reports."""
-    cpu, peak = status.cpu_seconds, status.peak_rss
-    if status.phase == InstancePhase.WAITING:
-        return Observation(
-            Phase.STARTING, reason=status.reason or "WaitingForDependencies", cpu_seconds=cpu, peak_rss=peak
-        )
-    if status.phase == InstancePhase.RUNNING:
-        return Observation(Phase.RUNNING, command_started=status.command_started_at, cpu_seconds=cpu, peak_rss=peak)
-    if status.phase in (InstancePhase.EXITED, InstancePhase.START_FAILED):
-        reason = "" if status.reason in _PLAIN_REASONS else status.reason
-        return Observation(
-            Phase.EXITED,
-            exit_code=status.exit_code,
-            reason=reason,
-            message=status.message,
-            command_started=status.command_started_at,
-            cpu_seconds=cpu,
-            peak_rss=peak,
-        )
-    return Observation(Phase.LOST, reason="Lost", message=status.message)
+def create(options: BackendOptions) -> LocalBackend:
+    """The registry's factory (``--backend local``): this machine, or ``options.cpus`` of it."""
+    machine = machine_resources()
+    return LocalBackend(machine if options.cpus is None else replace(machine, cpu=options.cpus))
+
+
+def machine_resources() -> Resources:
+    """This machine's CPUs and memory."""
+    return Resources(cpu=float(os.cpu_count() or 1), memory=psutil.virtual_memory().total)
 
 
 class LocalBackend(Backend):
@@ -68,15 +65,13 @@ class LocalBackend(Backend):
 
     def __init__(
         self,
-        capacity: Capacity | None = None,
+        capacity: Resources | None = None,
         host: str = "127.0.0.1",
         state_dir: Path | None = None,
         linger: float = 10.0,
         watch_seconds: float = WATCH_SECONDS,
     ):
-        self._capacity = capacity or Capacity(
-            cpu=float(os.cpu_count() or 1), memory=psutil.virtual_memory().total, gpu=0
-        )
+        self._capacity = capacity or machine_resources()
         self._host = host
         self._ports = PortPool(host)
         self.agent = AgentClient(state_dir or agent_state_dir(), node=NODE, linger=linger)
@@ -85,50 +80,42 @@ class LocalBackend(Backend):
         self._closing = threading.Event()
         self._watch_seconds = watch_seconds
 
-    def capacity(self) -> Capacity:
+    def capacity(self) -> Resources:
         return self._capacity
 
-    def place(self, ports: int, resources: dict[str, Any], wanted: Sequence[int] = ()) -> Placement:
-        return Placement(self._host, self._ports.take(ports, wanted))
+    def place(self, request: PlacementRequest) -> Placement:
+        return Placement(self._host, self._ports.take(request.ports, request.wanted_ports))
 
     def release(self, placement: Placement) -> None:
         self._ports.release(placement.ports)
 
-    def reserve_ports(self, ports: list[int]) -> None:
-        self._ports.hold(ports)
-
-    def start(self, request: LaunchRequest) -> dict[str, Any]:
-        result = next(iter(self.start_all([request])))
-        if isinstance(result, StartFailure):
-            raise OSError(result.message)
-        return result
-
-    def start_all(self, requests: list[LaunchRequest]) -> Iterator[dict[str, Any] | StartFailure]:
+    def start(self, requests: list[LaunchRequest]) -> Iterator[InstanceHandle | StartFailure]:
         """One round trip to the agent for the whole batch."""
         for result in self.agent.start([request.spec for request in requests]):
-            yield result.handle.to_dict() if result.handle else StartFailure(result.error)
+            yield result.handle if result.handle else StartFailure(result.error)
 
-    def poll(self, handle: dict[str, Any]) -> Observation:
-        return self.poll_all([handle])[0]
-
-    def poll_all(self, handles: list[dict[str, Any]]) -> list[Observation]:
+    def observe(self, handles: list[InstanceHandle]) -> list[Observation]:
         if not handles:
             return []
-        return [observation(s) for s in self.agent.observe([h["instance_id"] for h in handles])]
+        return [observation(s) for s in self.agent.observe([h.instance_id for h in handles])]
 
-    def stop(self, handles: list[dict[str, Any]], grace: float) -> None:
+    def stop(self, handles: list[InstanceHandle], grace: float) -> None:
         if handles:
-            self.agent.stop([h["instance_id"] for h in handles], grace)
+            self.agent.stop([h.instance_id for h in handles], grace)
 
-    def forget(self, handles: list[dict[str, Any]]) -> None:
+    def forget(self, handles: list[InstanceHandle]) -> None:
         if handles:
-            self.agent.forget([h["instance_id"] for h in handles])
+            self.agent.forget([h.instance_id for h in handles])
 
-    def handle_of(self, instance_id: str) -> dict[str, Any] | None:
+    def recover(self, instance_id: str, instance_dir: str) -> InstanceHandle | None:
         status = self.agent.observe([instance_id])[0]
         if status.phase == InstancePhase.LOST:
             return None
-        return InstanceHandle(NODE, instance_id, status.handle.pid, status.handle.ports).to_dict()
+        return InstanceHandle(NODE, instance_id, status.handle.pid, status.handle.ports)
+
+    def adopt(self, handle: InstanceHandle) -> bool:
+        self._ports.hold(handle.ports)  # held until its exit is observed (then released), live or not
+        return super().adopt(handle)
 
     def watch_exits(self, wake: Callable[[], None]) -> None:
         """A daemon thread on a connection of its own blocks in the agent's ``wait_exit`` and

@@ -33,21 +33,30 @@ import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any
 
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from trainmaster.agent.contract import InstancePhase, InstanceStatus, LaunchSpec
-from trainmaster.backends.base import Backend, Capacity, LaunchRequest, Observation, Phase, Placement, StartFailure
+from trainmaster.backends.base import (
+    Backend,
+    BackendOptions,
+    GangReservation,
+    LaunchRequest,
+    Observation,
+    Placement,
+    PlacementRequest,
+    Resources,
+    StartFailure,
+    observation,
+)
 from trainmaster.backends.ports import PortPool
-from trainmaster.backends.local import observation as agent_observation
 from trainmaster.backends.ray_agent import ATTEMPT_RECORD, NAMESPACE, NodeAgentActor, agent_name, read_record
-from trainmaster.spec.model import parse_memory
+from trainmaster.contract import InstanceHandle, InstancePhase, InstanceStatus, LaunchSpec
 
-__all__ = ["ATTEMPT_RECORD", "NAMESPACE", "RayBackend", "connect"]
+__all__ = ["ATTEMPT_RECORD", "NAMESPACE", "RayBackend", "connect", "create"]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +79,12 @@ GANG_WAIT = 0.2  # each reconcile pass waits this long for a placement group, th
 # One observe call per node answers every poll of one reconcile pass: the controller polls
 # instance by instance, and 64 round trips to an actor would cost more than the pass itself.
 OBSERVE_TTL = 0.05
+
+
+def create(options: BackendOptions) -> RayBackend:
+    """The registry's factory (``--backend ray``): join ``options.address``, or start a private
+    local cluster."""
+    return RayBackend(address=options.address)
 
 
 def connect(address: str | None = None, num_cpus: int | None = None, node_ip: str = "127.0.0.1") -> None:
@@ -163,28 +178,28 @@ class RayBackend(Backend):
         self._ended: dict[str, Observation] = {}
 
     # ---- resources ---------------------------------------------------------------------------
-    def capacity(self) -> Capacity:
+    def capacity(self) -> Resources:
         total = ray.cluster_resources()
-        return Capacity(
+        return Resources(
             cpu=float(total.get("CPU", 0.0)), memory=int(total.get("memory", 0)), gpu=int(total.get("GPU", 0))
         )
 
-    def place(self, ports: int, resources: dict[str, Any], wanted: Sequence[int] = ()) -> Placement:
-        return Placement(self._ports.host, self._ports.take(ports, wanted))
+    def place(self, request: PlacementRequest) -> Placement:
+        return Placement(self._ports.host, self._ports.take(request.ports, request.wanted_ports))
 
     def release(self, placement: Placement) -> None:
         self._ports.release(placement.ports)
 
     # ---- gang scheduling ---------------------------------------------------------------------
-    def reserve_gang(self, job_id: int, bundles: list[dict[str, Any]]) -> tuple[bool, str]:
+    def reserve_gang(self, job_id: int, bundles: list[Resources]) -> GangReservation:
         gang = self._gangs.get(job_id)
         if gang is None:
             ray_bundles = [_bundle(b) for b in bundles]
             group = placement_group(ray_bundles, strategy="PACK", name=f"tm-gang-{job_id}-{os.getpid()}")
             gang = self._gangs[job_id] = _Gang(group, ray_bundles, time.monotonic())
         if gang.group.wait(timeout_seconds=GANG_WAIT):
-            return True, ""
-        return False, self._gang_reason(gang)
+            return GangReservation(True)
+        return GangReservation(False, self._gang_reason(gang))
 
     def _gang_reason(self, gang: _Gang) -> str:
         """Which resources the placement group lacks, so the user knows what to change."""
@@ -220,7 +235,7 @@ class RayBackend(Backend):
         key = f"{request.role}-{request.index}"
         if key in gang.holders:
             return gang.holders[key]
-        wanted = _bundle({**request.resources, "memory": _memory_bytes(request.resources.get("memory", 0))})
+        wanted = _bundle(request.resources)
         taken = set(gang.holders.values())
         for index, bundle in enumerate(gang.bundles):
             if index not in taken and bundle == wanted:
@@ -334,22 +349,18 @@ class RayBackend(Backend):
         self._silent.pop(node, None)
         for instance_id in self._live.pop(node, set()):
             self._calls.pop(instance_id, None)
-            self._ended.setdefault(instance_id, Observation(Phase.LOST, reason=reason, message=message))
+            self._ended.setdefault(instance_id, Observation(InstancePhase.LOST, reason=reason, message=message))
         self._agents.pop(node, None)
         self._snapshots.pop(node, None)
 
     # ---- instances ---------------------------------------------------------------------------
-    def start(self, request: LaunchRequest) -> dict[str, Any]:
-        [handle] = list(self.start_all([request]))
-        assert isinstance(handle, dict)  # a refused start comes back later, from poll (StartFailed)
-        return handle
-
-    def start_all(self, requests: list[LaunchRequest]) -> Iterator[dict[str, Any] | StartFailure]:
+    def start(self, requests: list[LaunchRequest]) -> Iterator[InstanceHandle | StartFailure]:
         """Send each node's launches to its agent in ONE call, without waiting for the answer:
         until it comes (the first call on a node waits for Ray to start the agent), the
-        instances read as starting, so a reconcile pass never blocks on the cluster."""
+        instances read as starting, so a reconcile pass never blocks on the cluster. A refused
+        start comes back later, from observe (StartFailed)."""
         batches: dict[str, list[LaunchSpec]] = {}
-        handles: list[dict[str, Any] | StartFailure] = []
+        handles: list[InstanceHandle | StartFailure] = []
         view = _ClusterView()
         for request in requests:
             spec = request.spec
@@ -360,19 +371,7 @@ class RayBackend(Backend):
             elif node is not None:
                 batches.setdefault(node, []).append(spec)
             handles.append(
-                {
-                    "backend": self.name,
-                    "instance_id": spec.instance_id,
-                    "node": node,
-                    "agent": agent_name(node) if node else None,
-                    "pid": None,
-                    "instance_dir": request.instance_dir,
-                    "gated": request.gated,
-                    "host": request.placement.host,
-                    "ports": request.placement.ports,
-                    "job_id": request.job_id,
-                    "bundle": bundle,
-                }
+                InstanceHandle(node or "", spec.instance_id, None, list(request.placement.ports), request.instance_dir)
             )
         for node, specs in batches.items():
             self._dispatch(node, specs)
@@ -409,12 +408,14 @@ class RayBackend(Backend):
         self._send_deferred()
         if instance_id in self._deferred:
             return Observation(
-                Phase.STARTING,
+                InstancePhase.STARTING,
                 reason="BundlePending",
                 message=f"waiting for Ray to place its placement group bundle {deferred.bundle} again",
             )
         node = self._where[instance_id]
-        return Observation(Phase.STARTING, reason="AgentStarting", message=f"sent to the agent of node {node[:12]}")
+        return Observation(
+            InstancePhase.STARTING, reason="AgentStarting", message=f"sent to the agent of node {node[:12]}"
+        )
 
     def _send_deferred(self) -> None:
         """Send every deferred launch whose bundle Ray has placed again, one ``start`` call per
@@ -437,24 +438,24 @@ class RayBackend(Backend):
         for node, specs in batches.items():
             self._dispatch(node, specs)
 
-    def _node_of(self, handle: dict[str, Any]) -> str | None:
-        instance_id = handle["instance_id"]
-        node = self._where.get(instance_id) or handle.get("node")
-        if node is None:  # its bundle was being placed when the handle was saved
-            record = read_record(handle["instance_dir"])
+    def _node_of(self, handle: InstanceHandle) -> str | None:
+        instance_id = handle.instance_id
+        node = self._where.get(instance_id) or handle.node or None
+        if node is None and handle.instance_dir:  # its bundle was being placed when the handle was saved
+            record = read_record(handle.instance_dir)
             node = record["node"] if record and record["instance_id"] == instance_id else None
         if node is not None:
             self._where[instance_id] = node
             self._live.setdefault(node, set()).add(instance_id)
         return node
 
-    def poll(self, handle: dict[str, Any]) -> Observation:
-        return self._poll(handle, fresh=False)
+    def observe(self, handles: list[InstanceHandle]) -> list[Observation]:
+        return [self._poll(handle, fresh=False) for handle in handles]
 
-    def _poll(self, handle: dict[str, Any], fresh: bool) -> Observation:
-        """``fresh``: ask the agent now, not from the pass's snapshot (adopt and find, which
+    def _poll(self, handle: InstanceHandle, fresh: bool) -> Observation:
+        """``fresh``: ask the agent now, not from the pass's snapshot (adopt and recover, which
         judge an attempt another backend may have stopped moments ago)."""
-        instance_id = handle["instance_id"]
+        instance_id = handle.instance_id
         self._check_nodes()
         if instance_id in self._ended:
             return self._ended[instance_id]
@@ -463,13 +464,16 @@ class RayBackend(Backend):
         node = self._node_of(handle)
         if node is None:
             return self._end(
-                instance_id, Observation(Phase.LOST, reason="NotStarted", message="no node agent holds a record of it")
+                instance_id,
+                Observation(InstancePhase.LOST, reason="NotStarted", message="no node agent holds a record of it"),
             )
         call = self._calls.get(instance_id)
         if call is not None:
             if not ray.wait([call.ref], timeout=0)[0]:
                 return Observation(
-                    Phase.STARTING, reason="AgentStarting", message=f"the agent of node {node[:12]} is starting it"
+                    InstancePhase.STARTING,
+                    reason="AgentStarting",
+                    message=f"the agent of node {node[:12]} is starting it",
                 )
             self._collect(call)
             if instance_id in self._ended:
@@ -477,7 +481,9 @@ class RayBackend(Backend):
         if instance_id in self._refused:
             return self._end(
                 instance_id,
-                Observation(Phase.EXITED, exit_code=127, reason="StartFailed", message=self._refused[instance_id]),
+                Observation(
+                    InstancePhase.EXITED, exit_code=127, reason="StartFailed", message=self._refused[instance_id]
+                ),
             )
         return self._observe(node, instance_id, fresh)
 
@@ -491,7 +497,7 @@ class RayBackend(Backend):
         ):
             silent = self._silent.get(node)
             if silent is not None and time.monotonic() - silent[0] < SILENT_FOR:
-                return Observation(Phase.UNREACHABLE, reason="AgentSlow", message=silent[1])
+                return Observation(InstancePhase.UNREACHABLE, reason="AgentSlow", message=silent[1])
             agent = self._agent_found(node)
             if agent is None:
                 self._lose_node(node, "no agent actor by that name is alive")
@@ -513,7 +519,7 @@ class RayBackend(Backend):
                 time.monotonic(), {s["handle"]["instance_id"]: InstanceStatus.from_dict(s) for s in raw}
             )
         obs = self._observation(snapshot.statuses[instance_id])
-        if obs.phase in (Phase.EXITED, Phase.LOST):
+        if obs.phase in (InstancePhase.EXITED, InstancePhase.LOST):
             self._end(instance_id, obs)
         return obs
 
@@ -529,13 +535,13 @@ class RayBackend(Backend):
             self._lose_node(node, why)
             return self._ended[instance_id]
         self._silent[node] = (time.monotonic(), why)
-        return Observation(Phase.UNREACHABLE, reason="AgentSlow", message=why)
+        return Observation(InstancePhase.UNREACHABLE, reason="AgentSlow", message=why)
 
     def _observation(self, status: InstanceStatus) -> Observation:
         """What the local backend makes of an agent's status (the same agent), plus the host and
         ports the attempt really got on its node."""
         host, ports = self._bound.get(status.handle.instance_id, ("", None))
-        return replace(agent_observation(status), host=host, ports=ports)
+        return replace(observation(status), host=host, ports=ports)
 
     def _end(self, instance_id: str, obs: Observation) -> Observation:
         self._ended[instance_id] = obs
@@ -544,17 +550,17 @@ class RayBackend(Backend):
             self._live.get(node, set()).discard(instance_id)
         return obs
 
-    def stop(self, handles: list[dict[str, Any]], grace: float) -> None:
+    def stop(self, handles: list[InstanceHandle], grace: float) -> None:
         """One ``stop`` call per node (TERM every tree, KILL after ``grace``), all nodes at once."""
         by_node: dict[str, list[str]] = {}
         for handle in handles:
-            instance_id = handle["instance_id"]
+            instance_id = handle.instance_id
             if instance_id in self._ended:
                 continue
             if self._deferred.pop(instance_id, None) is not None:
                 self._end(
                     instance_id,
-                    Observation(Phase.EXITED, reason="Stopped", message="stopped before its bundle was placed"),
+                    Observation(InstancePhase.EXITED, reason="Stopped", message="stopped before its bundle was placed"),
                 )
                 continue
             node = self._node_of(handle)
@@ -567,7 +573,7 @@ class RayBackend(Backend):
                     continue
                 self._collect(call)
             if instance_id in self._refused:
-                self.poll(handle)
+                self._poll(handle, fresh=False)
             elif instance_id not in self._ended:
                 by_node.setdefault(node, []).append(instance_id)
         calls = {
@@ -587,28 +593,29 @@ class RayBackend(Backend):
             self._snapshots.pop(node, None)
             for raw in statuses:
                 obs = self._observation(InstanceStatus.from_dict(raw))
-                if obs.phase in (Phase.EXITED, Phase.LOST):
+                if obs.phase in (InstancePhase.EXITED, InstancePhase.LOST):
                     self._end(raw["handle"]["instance_id"], obs)
 
-    def forget(self, handles: list[dict[str, Any]]) -> None:
+    def forget(self, handles: list[InstanceHandle]) -> None:
         """The controller stored these exits: each node's agent may drop them from its journal.
         Sent without waiting for the answer (one call per node); an agent that died meanwhile
         has nothing left to drop."""
         by_node: dict[str, list[str]] = {}
         for handle in handles:
-            node = self._where.get(handle["instance_id"]) or handle.get("node")
-            if node is not None:
-                by_node.setdefault(node, []).append(handle["instance_id"])
+            node = self._where.get(handle.instance_id) or handle.node
+            if node:
+                by_node.setdefault(node, []).append(handle.instance_id)
         for node, ids in by_node.items():
             agent = self._agents.get(node)
             if agent is not None:
                 agent.forget.remote(ids)
 
-    def handle_of(self, instance_id: str) -> dict[str, Any] | None:
+    def recover(self, instance_id: str, instance_dir: str) -> InstanceHandle | None:
         """The handle of an attempt started under ``instance_id`` whose handle was never saved (the
         controller died between the start and saving it), running or ended: every live node's
         agent is asked at once, and the one whose journal holds the attempt answers. An ended
-        attempt's exit then reaches the restart policy; it is never taken for never started."""
+        attempt's exit then reaches the restart policy; it is never taken for never started.
+        Failing that, a live attempt whose agent left its record in ``instance_dir``."""
         nodes = [node for node in self._alive_nodes() if self._agent_found(node) is not None]
         calls = {node: self._agents[node].observe.remote([instance_id]) for node in nodes}
         for node, ref in calls.items():
@@ -616,60 +623,35 @@ class RayBackend(Backend):
                 status = InstanceStatus.from_dict(ray.get(ref, timeout=CALL_TIMEOUT)[0])
             except (RayActorError, ActorUnavailableError, GetTimeoutError) as exc:
                 log.warning(
-                    "handle_of %s: the agent of node %s did not answer (%s)", instance_id, node[:12], _first_line(exc)
+                    "recover %s: the agent of node %s did not answer (%s)", instance_id, node[:12], _first_line(exc)
                 )
                 continue
             if status.phase == InstancePhase.LOST:
                 continue
             self._where[instance_id] = node
             self._live.setdefault(node, set()).add(instance_id)
-            return {
-                "backend": self.name,
-                "instance_id": instance_id,
-                "node": node,
-                "agent": agent_name(node),
-                "pid": status.handle.pid,
-                "instance_dir": "",
-                "gated": False,
-                "host": self._node_ips.get(node, ""),
-                "ports": [],
-                "job_id": None,
-                "bundle": None,
-            }
-        return None
+            return InstanceHandle(node, instance_id, status.handle.pid)
+        return self._found_in(instance_dir) if instance_dir else None
 
-    def adopt(self, handle: dict[str, Any]) -> bool:
-        """An attempt is ours again when its node's agent is alive and still runs it."""
-        alive = handle.get("backend") == self.name and self._poll(handle, fresh=True).phase in (
-            Phase.STARTING,
-            Phase.RUNNING,
-        )
-        if alive:  # its ports stay taken
-            self._ports.hold(handle.get("ports", []))
-        return alive
-
-    def find(self, instance_dir: str) -> dict[str, Any] | None:
-        """A live attempt started from ``instance_dir`` whose handle was never saved: its agent
-        left a record there when it started it."""
+    def _found_in(self, instance_dir: str) -> InstanceHandle | None:
+        """A live attempt started from ``instance_dir``: its agent left a record there when it
+        started it."""
         record = read_record(instance_dir)
         if record is None:
             return None
-        handle = {
-            "backend": self.name,
-            "instance_id": record["instance_id"],
-            "node": record["node"],
-            "agent": record["agent"],
-            "pid": record["pid"],
-            "instance_dir": instance_dir,
-            "gated": record["gated"],
-            "host": record["host"],
-            "ports": record["ports"],
-            "job_id": None,
-            "bundle": None,
-        }
-        if self._poll(handle, fresh=True).phase not in (Phase.STARTING, Phase.RUNNING):
+        handle = InstanceHandle(
+            record["node"], record["instance_id"], record["pid"], list(record["ports"]), instance_dir
+        )
+        if self._poll(handle, fresh=True).phase not in (InstancePhase.STARTING, InstancePhase.RUNNING):
             return None
         return handle
+
+    def adopt(self, handle: InstanceHandle) -> bool:
+        """An attempt is ours again when its node's agent is alive and still runs it."""
+        alive = self._poll(handle, fresh=True).phase in (InstancePhase.STARTING, InstancePhase.RUNNING)
+        if alive:  # its ports stay taken
+            self._ports.hold(handle.ports)
+        return alive
 
     def close(self) -> None:
         """Forget local bookkeeping; the cluster, its agents and their instances are left alone
@@ -678,17 +660,13 @@ class RayBackend(Backend):
         self._snapshots.clear()
 
 
-def _bundle(request: dict[str, Any]) -> dict[str, float]:
-    bundle = {"CPU": max(float(request.get("cpu", 0) or 0), MIN_BUNDLE_CPU)}
-    if request.get("gpu"):
-        bundle["GPU"] = float(request["gpu"])
-    if request.get("memory"):
-        bundle["memory"] = float(request["memory"])
+def _bundle(need: Resources) -> dict[str, float]:
+    bundle = {"CPU": max(need.cpu, MIN_BUNDLE_CPU)}
+    if need.gpu:
+        bundle["GPU"] = float(need.gpu)
+    if need.memory:
+        bundle["memory"] = float(need.memory)
     return bundle
-
-
-def _memory_bytes(value: Any) -> int:
-    return parse_memory(value) if value else 0
 
 
 def _show(key: str, amount: float) -> str:

@@ -27,7 +27,7 @@ its markers), then releases the lock. A later agent on the same node takes that 
 starts (so it never runs beside a cleanup), then, as every restarted agent does, journals each
 instance the old one left as ``AgentRestarted``.
 
-Everything the controller sends is a :class:`~trainmaster.agent.contract.LaunchSpec` (as a
+Everything the controller sends is a :class:`~trainmaster.contract.LaunchSpec` (as a
 dict); before it reaches the agent, :func:`bind_to_node` moves it to this node: its host is the
 node's IP and each port it was given that is taken here is replaced by a free one of this node.
 """
@@ -49,7 +49,7 @@ from typing import IO, Any
 
 import ray
 
-from trainmaster.agent.contract import LaunchSpec, StartResult
+from trainmaster.contract import LaunchSpec, StartResult
 from trainmaster.agent.core import AgentOptions, NodeAgent
 from trainmaster.runtime.environment import instance_environment
 

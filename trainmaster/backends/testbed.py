@@ -16,19 +16,35 @@ from __future__ import annotations
 import itertools
 import os
 from collections import defaultdict
-from typing import Any, Iterator, Sequence
+from dataclasses import replace
+from typing import Iterator, Sequence
 
-import psutil
-
-from trainmaster.agent.contract import InstanceHandle, InstancePhase, LaunchSpec
-from trainmaster.backends.base import Backend, Capacity, LaunchRequest, Observation, Phase, Placement, StartFailure
-from trainmaster.backends.local import observation
+from trainmaster.backends.base import (
+    Backend,
+    BackendOptions,
+    LaunchRequest,
+    Observation,
+    Placement,
+    PlacementRequest,
+    Resources,
+    StartFailure,
+    observation,
+)
+from trainmaster.backends.local import machine_resources
+from trainmaster.contract import InstanceHandle, InstancePhase, LaunchSpec
 from trainmaster.errors import UserError
 from trainmaster.testbed import SWITCH, Testbed, iproute
 from trainmaster.testbed.agents import HostAgentClient, host_agent_dir
 
 PIN_ANNOTATION = "testbed/"
 FIRST_PORT, LAST_PORT = 20000, 32000  # below Linux's ephemeral range: never an outgoing port
+TESTBED_VARIABLE = "TRAINMASTER_TESTBED"  # the testbed of `--backend testbed` (default prefix: tm)
+
+
+def create(options: BackendOptions) -> TestbedBackend:
+    """The registry's factory (``--backend testbed``): the testbed of ``trainmaster testbed up``
+    (``--prefix tm``, or ``$TRAINMASTER_TESTBED``)."""
+    return TestbedBackend(Testbed.load(os.environ.get(TESTBED_VARIABLE) or "tm"))
 
 
 class TestbedBackend(Backend):
@@ -37,11 +53,9 @@ class TestbedBackend(Backend):
     runs_containers = True  # each host's agent runs them in that host's network namespace
     __test__ = False
 
-    def __init__(self, testbed: Testbed, capacity: Capacity | None = None, linger: float = 10.0):
+    def __init__(self, testbed: Testbed, capacity: Resources | None = None, linger: float = 10.0):
         iproute.require_root_and_tools()  # joining a host's namespace needs root too
-        self._capacity = capacity or Capacity(
-            cpu=float(os.cpu_count() or 1), memory=psutil.virtual_memory().total, gpu=0
-        )
+        self._capacity = capacity or machine_resources()
         self.testbed = testbed
         hosts = [*testbed.host_names, SWITCH]
         self._host_of = {testbed.address(h): h for h in hosts}
@@ -50,31 +64,22 @@ class TestbedBackend(Backend):
         prefix = testbed.options.prefix
         self.agents = {h: HostAgentClient(host_agent_dir(prefix, h), h, testbed.namespace(h), linger) for h in hosts}
 
-    def capacity(self) -> Capacity:
+    def capacity(self) -> Resources:
         return self._capacity
 
     # ---- placement ---------------------------------------------------------------------------
-    def place(self, ports: int, resources: dict[str, Any], wanted: Sequence[int] = ()) -> Placement:
-        return self._place_on(next(self._round_robin), ports, wanted)
-
-    def place_role(
-        self,
-        role: str,
-        ports: int,
-        resources: dict[str, Any],
-        annotations: dict[str, str],
-        wanted: Sequence[int] = (),
-    ) -> Placement:
-        host = annotations.get(PIN_ANNOTATION + role)
+    def place(self, request: PlacementRequest) -> Placement:
+        """Round robin over the hosts, unless the job pins the role (``testbed/<role>: <host>``)."""
+        host = request.annotations.get(PIN_ANNOTATION + request.role)
         if host is None:
-            return self.place(ports, resources, wanted)
+            return self._place_on(next(self._round_robin), request.ports, request.wanted_ports)
         if host not in self.agents:
             raise UserError(
-                f"annotation {PIN_ANNOTATION}{role}: no host {host!r} on testbed "
+                f"annotation {PIN_ANNOTATION}{request.role}: no host {host!r} on testbed "
                 f"{self.testbed.options.prefix!r} (hosts: "
                 f"{', '.join(self.testbed.host_names)}, {SWITCH})"
             )
-        return self._place_on(host, ports, wanted)
+        return self._place_on(host, request.ports, request.wanted_ports)
 
     def _place_on(self, host: str, count: int, wanted: Sequence[int] = ()) -> Placement:
         """``count`` ports of ``host``: the declared ``wanted`` ones no instance there holds
@@ -96,10 +101,10 @@ class TestbedBackend(Backend):
         if host is not None:
             self._taken[host].difference_update(placement.ports)
 
-    def adopt(self, handle: dict[str, Any]) -> bool:
-        alive = self.poll(handle).phase in (Phase.STARTING, Phase.RUNNING)
-        if alive and handle.get("node") in self._taken:
-            self._taken[handle["node"]].update(handle.get("ports", []))
+    def adopt(self, handle: InstanceHandle) -> bool:
+        alive = super().adopt(handle)
+        if alive and handle.node in self._taken:
+            self._taken[handle.node].update(handle.ports)
         return alive
 
     # ---- the agents' protocol, routed by host ----------------------------------------------------
@@ -109,59 +114,54 @@ class TestbedBackend(Backend):
             raise RuntimeError(f"{request.placement.host} is not an address of testbed {self.testbed.options.prefix!r}")
         return host
 
-    def start(self, request: LaunchRequest) -> dict[str, Any]:
-        result = next(iter(self.start_all([request])))
-        if isinstance(result, StartFailure):
-            raise OSError(result.message)
-        return result
-
-    def start_all(self, requests: list[LaunchRequest]) -> Iterator[dict[str, Any] | StartFailure]:
+    def start(self, requests: list[LaunchRequest]) -> Iterator[InstanceHandle | StartFailure]:
         """One round trip per host for the whole batch; results come back in request order."""
         by_host: dict[str, list[tuple[int, LaunchSpec]]] = defaultdict(list)
         for position, request in enumerate(requests):
             by_host[self._host(request)].append((position, request.spec))
-        results: dict[int, dict[str, Any] | StartFailure] = {}
+        results: dict[int, InstanceHandle | StartFailure] = {}
         for host, batch in by_host.items():
             answers = self.agents[host].start([spec for _, spec in batch])
             for (position, spec), answer in zip(batch, answers):
-                results[position] = _handle(answer.handle, spec.ports) if answer.handle else StartFailure(answer.error)
+                # the agent's handle (``node`` is the host) with the ports, which a controller
+                # that adopts the instance after a restart must hold on that host again
+                results[position] = (
+                    replace(answer.handle, ports=list(spec.ports)) if answer.handle else StartFailure(answer.error)
+                )
         return (results[position] for position in range(len(requests)))
 
-    def poll(self, handle: dict[str, Any]) -> Observation:
-        return self.poll_all([handle])[0]
-
-    def poll_all(self, handles: list[dict[str, Any]]) -> list[Observation]:
+    def observe(self, handles: list[InstanceHandle]) -> list[Observation]:
         found: dict[int, Observation] = {}
         for host, batch in _by_node(handles).items():
             if host not in self.agents:  # not an agent's handle (a pre-agent controller's)
                 for position, _ in batch:
                     found[position] = Observation(
-                        Phase.LOST, reason="Lost", message=f"no agent of this testbed holds it (node {host!r})"
+                        InstancePhase.LOST, reason="Lost", message=f"no agent of this testbed holds it (node {host!r})"
                     )
                 continue
-            statuses = self.agents[host].observe([h["instance_id"] for _, h in batch])
+            statuses = self.agents[host].observe([h.instance_id for _, h in batch])
             for (position, _), status in zip(batch, statuses):
                 found[position] = observation(status)
         return [found[position] for position in range(len(handles))]
 
-    def stop(self, handles: list[dict[str, Any]], grace: float) -> None:
+    def stop(self, handles: list[InstanceHandle], grace: float) -> None:
         for host, batch in _by_node(handles).items():
             if host in self.agents:
-                self.agents[host].stop([h["instance_id"] for _, h in batch], grace)
+                self.agents[host].stop([h.instance_id for _, h in batch], grace)
 
-    def forget(self, handles: list[dict[str, Any]]) -> None:
+    def forget(self, handles: list[InstanceHandle]) -> None:
         for host, batch in _by_node(handles).items():
             if host in self.agents:
-                self.agents[host].forget([h["instance_id"] for _, h in batch])
+                self.agents[host].forget([h.instance_id for _, h in batch])
 
-    def handle_of(self, instance_id: str) -> dict[str, Any] | None:
+    def recover(self, instance_id: str, instance_dir: str) -> InstanceHandle | None:
         """Ask every host whose agent ever ran (an attempt ids one host only)."""
         for client in self.agents.values():
             if not client.has_run():
                 continue
             status = client.observe([instance_id])[0]
             if status.phase != InstancePhase.LOST:  # the agent's handle: its node, pid and ports
-                return InstanceHandle(client.node, instance_id, status.handle.pid, status.handle.ports).to_dict()
+                return InstanceHandle(client.node, instance_id, status.handle.pid, status.handle.ports)
         return None
 
     def close(self) -> None:
@@ -169,14 +169,8 @@ class TestbedBackend(Backend):
             client.close()
 
 
-def _handle(handle: InstanceHandle, ports: list[int]) -> dict[str, Any]:
-    """The stored handle: the agent's (``node`` is the host) plus the ports, which a controller
-    that adopts the instance after a restart must hold on that host again."""
-    return {**handle.to_dict(), "ports": list(ports)}
-
-
-def _by_node(handles: list[dict[str, Any]]) -> dict[str, list[tuple[int, dict[str, Any]]]]:
-    groups: dict[str, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
+def _by_node(handles: list[InstanceHandle]) -> dict[str, list[tuple[int, InstanceHandle]]]:
+    groups: dict[str, list[tuple[int, InstanceHandle]]] = defaultdict(list)
     for position, handle in enumerate(handles):
-        groups[str(handle.get("node", ""))].append((position, handle))
+        groups[handle.node].append((position, handle))
     return groups

@@ -14,7 +14,7 @@ from rich.console import Console
 from trainmaster.errors import UserError
 
 if TYPE_CHECKING:  # the facade imports the controller and the store: only when a verb runs
-    from trainmaster.api import RunResult, Trainmaster
+    from trainmaster.api import DryRun, RunResult, Trainmaster
     from trainmaster.backends.base import Backend
 
 FileArg = Annotated[Path, typer.Argument(help="Job file: trainmaster/v1 Job, Kubeflow or Volcano YAML/JSON.")]
@@ -110,15 +110,23 @@ def validate(
 
 
 def make_backend(name: str, cpus: float | None = None, ray_address: str | None = None) -> Backend:
-    """The backend named ``name`` (for `trainmaster server`; see :func:`trainmaster.api.make_backend`)."""
-    from trainmaster.api import make_backend as build
+    """The backend named ``name``, built from the ``server`` flags (:func:`trainmaster.backends.registry.make_backend`)."""
+    from trainmaster.backends.base import BackendOptions
+    from trainmaster.backends.registry import make_backend as build
 
-    return build(name, cpus, ray_address)
+    return build(name, BackendOptions(cpus=cpus, address=ray_address))
 
 
 def run(
     file: FileArg,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the validated, defaulted job and exit.")] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Print the validated, defaulted job and the LaunchSpec each instance would get (two YAML "
+            "documents), and exit: nothing is stored or started.",
+        ),
+    ] = False,
     db: DbOpt = None,
     backend: Annotated[
         Optional[str],
@@ -143,7 +151,6 @@ def run(
 ) -> None:
     """Run a job to its end with a live view; exit 0 if it succeeded, 1 if it failed or was cancelled."""
     from trainmaster.spec import load_job
-    from trainmaster.spec.load import dump_yaml
 
     loaded = load_job(file, load_options(lenient, allow_path, allow_framework, runtime))
     wanted = loaded.job.spec.scheduling.backend
@@ -155,16 +162,35 @@ def run(
     err = Console(stderr=True, highlight=False)
     for path in loaded.ignored:
         err.print(f"[yellow]ignored:[/] {path}")
-    if dry_run:
-        print(dump_yaml(loaded.job), end="")
-        return
     from trainmaster.api import RunOptions, Trainmaster
+
+    if dry_run:
+        from trainmaster.store.db import default_url
+
+        print_dry_run(Trainmaster.dry_run(loaded, backend, db or default_url()))
+        return
 
     options = RunOptions(backend=backend, interval=interval, grace=grace, cpus=cpus, ray_address=ray_address)
     result = _follow(
         Trainmaster.open(db), lambda facade, ticks, cancel: facade.run(loaded, options, ticks, cancel), json_out
     )
     raise typer.Exit(0 if result.succeeded else 1)
+
+
+def print_dry_run(plan: DryRun) -> None:
+    """The job, then its launches, as two YAML documents (``yaml.safe_load_all`` reads both)."""
+    import yaml
+
+    from trainmaster.spec.load import dump_yaml
+
+    print(dump_yaml(plan.job), end="")
+    print("---")
+    print(
+        "# the LaunchSpec of each instance's first attempt, in start order: $RUN_DIR is the job's folder "
+        "(made when it is submitted);\n# host and ports are chosen by the backend when each attempt starts; "
+        "the controller's environment is added to env"
+    )
+    print(yaml.safe_dump({"launches": [spec.to_dict() for spec in plan.launches]}, sort_keys=False), end="")
 
 
 def _follow(

@@ -13,18 +13,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from trainmaster.agent.contract import ContainerLaunch
+from trainmaster.contract import ContainerLaunch
 from trainmaster.containers.runtime import unavailable
 from trainmaster.spec.model import Job, JobSpec, Role, RuntimeKind
 from trainmaster.spec.paths import in_job_folder, job_working_dir
 
 
-CONTAINER_BACKENDS = (
-    "local",
-    "ray",
-    "testbed",
-    "kubernetes",
-)  # whose node agents (or kubelets) run LaunchSpec.container
+# whose node agents (or, on Kubernetes, kubelets) run LaunchSpec.container
+CONTAINER_BACKENDS = ("local", "ray", "testbed", "kubernetes")
 KUBELET_BACKENDS = ("kubernetes",)  # whose containers the cluster runs: no podman needed here
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainmaster.agent.contract import ContainerLaunch
+from trainmaster.contract import ContainerLaunch
 
 INSTALL_HINT = (
     "install podman and runc (Debian/Ubuntu: 'apt-get install -y podman runc'), or run the "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainmaster.backends.base import Capacity
+from trainmaster.backends.base import Resources
 from trainmaster.spec.model import Job
 
 
@@ -15,7 +15,7 @@ class Admission:
     message: str = ""
 
 
-def gang_demand(job: Job) -> tuple[float, int, int]:
+def gang_demand(job: Job) -> Resources:
     """CPU, memory and GPU of the first ``minAvailable`` instances, in role order."""
     wanted = job.spec.scheduling.min_available or job.spec.total_replicas
     cpu, memory, gpu, taken = 0.0, 0, 0, 0
@@ -27,21 +27,21 @@ def gang_demand(job: Job) -> tuple[float, int, int]:
         taken += n
         if taken >= wanted:
             break
-    return cpu, memory, gpu
+    return Resources(cpu, memory, gpu)
 
 
-def admit(job: Job, total: Capacity, free: Capacity) -> Admission:
-    cpu, memory, gpu = gang_demand(job)
+def admit(job: Job, total: Resources, free: Resources) -> Admission:
+    demand = gang_demand(job)
     gang = job.spec.scheduling.min_available or job.spec.total_replicas
-    need = f"{gang} instance(s) needing cpu={cpu:g}, memory={memory}B, gpu={gpu}"
-    if not total.fits(cpu, memory, gpu):
+    need = f"{gang} instance(s) needing cpu={demand.cpu:g}, memory={demand.memory}B, gpu={demand.gpu}"
+    if not total.fits(demand):
         return Admission(
             False,
             True,
             f"the gang of {need} exceeds the backend's total capacity "
             f"(cpu={total.cpu:g}, memory={total.memory}B, gpu={total.gpu})",
         )
-    if not free.fits(cpu, memory, gpu):
+    if not free.fits(demand):
         return Admission(
             False,
             False,

@@ -24,16 +24,32 @@ from sqlalchemy import insert
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from trainmaster.backends.base import Backend, Capacity, LaunchRequest, Observation, Phase, Placement, StartFailure
+from trainmaster.backends.base import (
+    Backend,
+    LaunchRequest,
+    Observation,
+    Placement,
+    PlacementRequest,
+    Resources,
+    StartFailure,
+)
 from trainmaster.controller import metrics, queues, restart, scaling
 from trainmaster.controller.backoff import StoreBackoff
 from trainmaster.controller.admission import admit
-from trainmaster.controller.launching import instance_id, launch_spec
+from trainmaster.controller.launching import dependency_order, instance_id, launch_spec
 from trainmaster.errors import JobConflict
 from trainmaster.spec.load import LoadedJob
 from trainmaster.spec.model import Job, RestartScope, Role
 from trainmaster.spec.paths import in_job_folder
-from trainmaster.spec.states import INSTANCE_TERMINAL, JOB_TERMINAL, InstanceState, JobState, check_transition
+from trainmaster.contract import InstanceHandle, InstancePhase
+from trainmaster.spec.states import (
+    INSTANCE_TERMINAL,
+    JOB_TERMINAL,
+    InstanceState,
+    JobState,
+    check_transition,
+    observed_state,
+)
 from trainmaster.spec.status import RoleSummary, Verdict, job_state, role_state
 from trainmaster.store import repository as repo
 from trainmaster.store.db import home
@@ -82,7 +98,7 @@ class Controller:
         # (trainmaster.controller.leader), so a deposed leader writes nothing
         self.fence = fence
         self._observed: dict[int, Observation] = {}  # instance row id -> this pass's observation
-        self._ended: list[dict[str, Any]] = []  # handles whose exits this pass stored (agent may forget)
+        self._ended: list[InstanceHandle] = []  # handles whose exits this pass stored (agent may forget)
         self._to_start: list[_Start] = []  # attempts this pass prepared (started together at its end)
         self._events: list[dict[str, Any]] = []  # this pass's events, written with it (_write_events)
         self._work = threading.Event()  # set by submit, cancel, scale: the next pass need not wait
@@ -236,7 +252,7 @@ class Controller:
             session.execute(insert(EventRow), self._events)
             self._events = []
 
-    def _stays_as_it_is(self, job: repo.WaitingJob, free: Capacity, admitted: int) -> bool:
+    def _stays_as_it_is(self, job: repo.WaitingJob, free: Resources, admitted: int) -> bool:
         """Whether this pass would leave a waiting job exactly as it is (same state, reason and
         message: still waiting for the same thing). Decided from its plain columns by the same
         rules, in the same order, as :meth:`_reconcile` and the ``max_jobs`` check, so skipping
@@ -260,7 +276,7 @@ class Controller:
     def _observe_all(self, jobs: list[JobRow]) -> None:
         """Every live instance of the pass observed in one backend call."""
         live = [i for job in jobs if job.admitted for i in job.instances if i.state in LIVE and i.handle]
-        self._observed = dict(zip((i.id for i in live), self.backend.poll_all([i.handle for i in live if i.handle])))
+        self._observed = dict(zip((i.id for i in live), self.backend.observe([i.handle for i in live if i.handle])))
 
     def run_job(
         self, job_id: int, on_tick: Callable[[], None] | None = None, should_cancel: Callable[[], bool] | None = None
@@ -320,7 +336,7 @@ class Controller:
             if run_dir is not None and run_dir.resolve().parent == self.runs_dir.resolve():
                 shutil.rmtree(run_dir, ignore_errors=True)
 
-    def _free_capacity(self, session: Session) -> Capacity:
+    def _free_capacity(self, session: Session) -> Resources:
         from sqlalchemy import select
 
         total = self.backend.capacity()
@@ -329,7 +345,7 @@ class Controller:
             .join(JobRow, JobRow.id == InstanceRow.job_id)
             .where(InstanceRow.state.in_(LIVE), JobRow.backend == self.backend.name)
         ).all()
-        return total.minus(sum(r[0] for r in rows), sum(r[1] for r in rows))
+        return total.minus(Resources(sum(r[0] for r in rows), sum(r[1] for r in rows)))
 
     # ---- one job -----------------------------------------------------------------------------
     def _spec(self, job: JobRow) -> Job:
@@ -345,7 +361,7 @@ class Controller:
             self._specs[job_id] = cached
         return cached[1]
 
-    def _reconcile(self, session: Session, job: JobRow, free: Capacity) -> Capacity:
+    def _reconcile(self, session: Session, job: JobRow, free: Resources) -> Resources:
         spec = self._spec(job)
         if job.cancel_requested:
             return self._finish(
@@ -378,9 +394,9 @@ class Controller:
                     )
                 self._set_job_state(session, job, Verdict(JobState.PENDING, "Pending", decision.message))
                 return free
-            reserved, why = self.backend.reserve_gang(job.id, _bundles(spec))
-            if not reserved:
-                self._set_job_state(session, job, Verdict(JobState.PENDING, "GangPending", why))
+            gang = self.backend.reserve_gang(job.id, _bundles(spec))
+            if not gang.reserved:
+                self._set_job_state(session, job, Verdict(JobState.PENDING, "GangPending", gang.reason))
                 return free
             job.admitted = True
             self._event(job.id, "job", "Admitted", decision.message)
@@ -400,26 +416,27 @@ class Controller:
         self._set_job_state(session, job, verdict)
         return free
 
-    def _observe(self, session: Session, job: JobRow, spec: Job, free: Capacity) -> Capacity:
+    def _observe(self, session: Session, job: JobRow, spec: Job, free: Resources) -> Resources:
         for inst in job.instances:
             if inst.state not in LIVE or not inst.handle:
                 continue
-            polled = self._observed.pop(inst.id, None) or self.backend.poll(inst.handle)
+            polled = self._observed.pop(inst.id, None) or self.backend.observe([inst.handle])[0]
             obs = self._unreachable_for_too_long(inst, polled)
+            state = observed_state(obs.phase, obs.exit_code)
             if obs.cpu_seconds or obs.peak_rss:
                 inst.cpu_seconds, inst.peak_rss = obs.cpu_seconds, max(obs.peak_rss, inst.peak_rss or 0)
                 metrics.observe_instance(job.name, inst.role, inst.index, obs.cpu_seconds, obs.peak_rss)
             if (obs.host and obs.host != inst.host) or (obs.ports is not None and obs.ports != inst.ports):
                 self._move(inst, obs)
-            if obs.phase == Phase.UNREACHABLE:
+            if state == I.UNKNOWN:
                 self._mark_unknown(session, job, inst, obs)
-            elif inst.state == I.UNKNOWN.value and obs.phase in (Phase.RUNNING, Phase.STARTING):
+            elif inst.state == I.UNKNOWN.value and state in (I.RUNNING, I.STARTING):
                 self._reachable_again(session, job, inst, obs)
-            elif obs.phase == Phase.RUNNING and inst.state == I.STARTING.value:
+            elif state == I.RUNNING and inst.state == I.STARTING.value:
                 self._mark_running(session, job, inst)
-            elif obs.phase == Phase.STARTING and obs.reason and inst.reason != obs.reason:
+            elif state == I.STARTING and obs.reason and inst.reason != obs.reason:
                 inst.reason, inst.message = obs.reason, obs.message or "in its dependency wait step"
-            elif obs.phase in (Phase.EXITED, Phase.LOST):
+            elif state in (I.SUCCEEDED, I.FAILED):
                 if obs.reason == "Unreachable":  # it may still run over there: ask it to stop first
                     self.backend.stop([inst.handle], self.grace)
                 free = self._on_exit(session, job, spec.spec.role(inst.role), inst, obs, free)
@@ -437,7 +454,7 @@ class Controller:
     def _unreachable_for_too_long(self, inst: InstanceRow, obs: Observation) -> Observation:
         """An instance whose host stays silent past ``unreachable_grace`` is taken as lost, so
         its restart policy can act (as Kubernetes evicts pods of a node that stays unreachable)."""
-        if obs.phase != Phase.UNREACHABLE:
+        if obs.phase != InstancePhase.UNREACHABLE:
             self._unreachable_since.pop(inst.id, None)
             return obs
         since = self._unreachable_since.setdefault(inst.id, time.monotonic())
@@ -445,7 +462,7 @@ class Controller:
             return obs
         del self._unreachable_since[inst.id]
         return Observation(
-            Phase.LOST,
+            InstancePhase.LOST,
             reason="Unreachable",
             message=f"its host did not answer for {self.unreachable_grace:g}s ({obs.message})",
         )
@@ -466,7 +483,7 @@ class Controller:
 
     def _reachable_again(self, session: Session, job: JobRow, inst: InstanceRow, obs: Observation) -> None:
         self._event(job.id, f"instance/{inst.label}", "Reachable", f"{inst.label} answers again")
-        if obs.phase == Phase.RUNNING:
+        if obs.phase == InstancePhase.RUNNING:
             self._mark_running(session, job, inst)
         else:
             self._set_instance_state(inst, I.STARTING)
@@ -483,8 +500,8 @@ class Controller:
         repo.register_address(job, inst.role, inst.index, inst.address or "")
 
     def _on_exit(
-        self, session: Session, job: JobRow, role: Role, inst: InstanceRow, obs: Observation, free: Capacity
-    ) -> Capacity:
+        self, session: Session, job: JobRow, role: Role, inst: InstanceRow, obs: Observation, free: Resources
+    ) -> Resources:
         code = obs.exit_code if obs.exit_code is not None else -1
         if obs.command_started is not None and not _ran_this_attempt(inst):  # ran between two polls
             inst.running_at = datetime.fromtimestamp(obs.command_started, timezone.utc)
@@ -494,7 +511,7 @@ class Controller:
         inst.exit_code, inst.ended_at = code, utcnow()
         if inst.handle:
             self._ended.append(inst.handle)
-        self._set_instance_state(inst, I.SUCCEEDED if code == 0 else I.FAILED)
+        self._set_instance_state(inst, observed_state(obs.phase, code))
         why = f" ({obs.reason}: {obs.message})" if obs.reason else ""
         scope = role.restart_policy.scope
         group, done = [inst], inst.restarts
@@ -565,8 +582,8 @@ class Controller:
         delay: float,
         code: int,
         why: str,
-        free: Capacity,
-    ) -> Capacity:
+        free: Resources,
+    ) -> Resources:
         """Restart scope Role or Job (Volcano's RestartTask / RestartJob): every instance of the
         group is stopped and becomes pending again after the backoff, restart ``count``."""
         group = [i for i in group if i.state != I.TERMINATING.value]  # already being stopped for good
@@ -600,15 +617,15 @@ class Controller:
         return free
 
     def _release(
-        self, session: Session, job: JobRow, inst: InstanceRow, free: Capacity, keep_address: bool = False
-    ) -> Capacity:
+        self, session: Session, job: JobRow, inst: InstanceRow, free: Resources, keep_address: bool = False
+    ) -> Resources:
         """Give back an ended instance's ports, resources and (unless kept) registry entry."""
         self.backend.release(Placement(inst.host or "", list(inst.ports or [])))
         if not keep_address:
             repo.unregister_address(job, inst.role, inst.index)
-        return free.minus(-inst.cpu, -inst.memory)
+        return free.plus(Resources(inst.cpu, inst.memory))
 
-    def _scale(self, session: Session, job: JobRow, spec: Job, free: Capacity) -> Capacity:
+    def _scale(self, session: Session, job: JobRow, spec: Job, free: Resources) -> Resources:
         for role in spec.spec.roles:
             rows = [i for i in job.instances if i.role == role.name]
             members = [scaling.Member(i.id, i.index, i.state, i.started_at) for i in rows if i.state != I.STOPPED.value]
@@ -645,8 +662,8 @@ class Controller:
         return free
 
     def _stop_instances(
-        self, session: Session, job: JobRow, instances: list[InstanceRow], free: Capacity, why: str
-    ) -> Capacity:
+        self, session: Session, job: JobRow, instances: list[InstanceRow], free: Resources, why: str
+    ) -> Resources:
         """Stop ``instances`` (grace, then the whole tree); each one not already ended becomes
         ``stopped`` with reason ``Stopped`` and ``why`` as its message, so ``status`` never shows
         the reason of the state it left (``Running``)."""
@@ -656,7 +673,7 @@ class Controller:
                 inst.reason, inst.message = "Stopping", why
         live = [i for i in instances if i.state in LIVE and i.handle]
         self.backend.stop([i.handle for i in live if i.handle], self.grace)
-        final = dict(zip((i.id for i in live), self.backend.poll_all([i.handle for i in live if i.handle])))
+        final = dict(zip((i.id for i in live), self.backend.observe([i.handle for i in live if i.handle])))
         for inst in instances:
             if inst.state in LIVE:
                 free = self._release(session, job, inst, free)
@@ -672,7 +689,7 @@ class Controller:
                 inst.reason, inst.message = "Stopped", why
         return free
 
-    def _start_pending(self, session: Session, job: JobRow, spec: Job, free: Capacity) -> Capacity:
+    def _start_pending(self, session: Session, job: JobRow, spec: Job, free: Resources) -> Resources:
         """Start due pending instances that fit, dependencies' roles first.
 
         The intent (state starting, attempt + 1) is committed (with the pass, one transaction)
@@ -681,7 +698,7 @@ class Controller:
         second copy.
         """
         now = utcnow()
-        order = {r.name: n for n, r in enumerate(_dependency_order(spec))}
+        order = {r.name: n for n, r in enumerate(dependency_order(spec))}
         pending = sorted(
             (i for i in job.instances if i.state == I.PENDING.value), key=lambda i: (order[i.role], i.index)
         )
@@ -689,12 +706,13 @@ class Controller:
         for inst in pending:
             if inst.next_start_at and _aware(inst.next_start_at) > now:
                 continue
-            if not free.fits(inst.cpu, inst.memory):
+            need = Resources(inst.cpu, inst.memory)
+            if not free.fits(need):
                 if inst.reason != "Unschedulable":
                     inst.reason, inst.message = "Unschedulable", "waiting for free resources"
                 continue
             due.append(inst)
-            free = free.minus(inst.cpu, inst.memory)
+            free = free.minus(need)
         if not due:
             return free
         Path(job.run_dir, "output").mkdir(parents=True, exist_ok=True)
@@ -713,14 +731,14 @@ class Controller:
         if not batch:
             return
         spawned: list[_Start] = []
-        for start, handle in zip(batch, self.backend.start_all([s.request for s in batch])):
+        for start, handle in zip(batch, self.backend.start([s.request for s in batch])):
             if isinstance(handle, StartFailure):
                 self._on_exit(
                     session,
                     start.job,
                     start.spec.spec.role(start.inst.role),
                     start.inst,
-                    Observation(Phase.EXITED, exit_code=127, reason="StartFailed", message=handle.message),
+                    Observation(InstancePhase.EXITED, exit_code=127, reason="StartFailed", message=handle.message),
                     self.backend.capacity(),
                 )
             else:
@@ -732,11 +750,11 @@ class Controller:
         # running as soon as the backend says so: at once for a local process, later for a
         # Ray actor that is still being placed (one backend call for the whole batch)
         if self.backend.running_at_start:
-            observed = [Observation(Phase.RUNNING) for _ in spawned]
+            observed = [Observation(InstancePhase.RUNNING) for _ in spawned]
         else:
-            observed = self.backend.poll_all([s.inst.handle for s in spawned if s.inst.handle])
+            observed = self.backend.observe([s.inst.handle for s in spawned if s.inst.handle])
         for start, obs in zip(spawned, observed):
-            if obs.phase == Phase.RUNNING and start.inst.state == I.STARTING.value:
+            if obs.phase == InstancePhase.RUNNING and start.inst.state == I.STARTING.value:
                 self._mark_running(session, start.job, start.inst)
         jobs = {id(s.job): s for s in batch}.values()
         for start in jobs:  # their states as of now (running, or failed by a refused start)
@@ -751,9 +769,9 @@ class Controller:
 
         ``environ`` is the controller's environment, which the instance inherits."""
         role = spec.spec.role(inst.role)
-        resources = role.resources.dump()
-        placement = self.backend.place_role(
-            role.name, role.ports, resources, spec.metadata.annotations, role.container_ports
+        resources = Resources(role.resources.cpu, role.resources.memory_bytes, role.resources.gpu)
+        placement = self.backend.place(
+            PlacementRequest(role.name, role.ports, resources, tuple(role.container_ports), spec.metadata.annotations)
         )
         # created by the agent where it writes there (a wait step's spec, a container's files);
         # plain strings: this runs once per instance on the way from a submit to its start
@@ -782,13 +800,13 @@ class Controller:
         self._set_instance_state(inst, I.STARTING)
         inst.reason = "WaitingForDependencies" if depends else "Started"
         inst.message = f"waiting for {', '.join(d.role for d in depends)}" if depends else ""
-        return LaunchRequest(placement=placement, spec=launch, resources=dict(resources))
+        return LaunchRequest(placement=placement, spec=launch, resources=resources)
 
     def _spawn(
-        self, session: Session, job: JobRow, inst: InstanceRow, request: LaunchRequest, handle: dict[str, Any]
+        self, session: Session, job: JobRow, inst: InstanceRow, request: LaunchRequest, handle: InstanceHandle
     ) -> None:
         inst.handle = handle
-        inst.pid = inst.handle.get("pid")
+        inst.pid = handle.pid
         self._event(
             job.id,
             f"instance/{inst.label}",
@@ -816,7 +834,7 @@ class Controller:
                     if inst.handle is None:
                         instance_dir = str(Path(job.run_dir) / "instances" / inst.label)
                         # the agent that started it holds its record, ended or not, until `forget`
-                        inst.handle = self.backend.handle_of(instance_id(job, inst)) or self.backend.find(instance_dir)
+                        inst.handle = self.backend.recover(instance_id(job, inst), instance_dir)
                         if inst.handle is None:
                             self._set_instance_state(inst, I.PENDING)
                             inst.attempt -= 1
@@ -828,8 +846,7 @@ class Controller:
                                 "the controller stopped before starting it; it will start now",
                             )
                             continue
-                        inst.pid = inst.handle.get("pid")
-                    self.backend.reserve_ports(list(inst.ports or []))
+                        inst.pid = inst.handle.pid
                     if self.backend.adopt(inst.handle):
                         repo.add_event(
                             session,
@@ -898,7 +915,7 @@ class Controller:
         check_transition("instance", inst.state, state.value)
         inst.state = state.value
 
-    def _hold(self, session: Session, job: JobRow, free: Capacity) -> Capacity:
+    def _hold(self, session: Session, job: JobRow, free: Resources) -> Resources:
         """A suspended job (``runPolicy.suspend``): not admitted; one that ran has its live
         instances stopped and its gang released, and starts afresh (deadline clock included)
         once resumed, as Kubeflow deletes a suspended job's pods."""
@@ -911,7 +928,7 @@ class Controller:
         self._set_job_state(session, job, SUSPENDED)
         return free
 
-    def _finish(self, session: Session, job: JobRow, spec: Job, verdict: Verdict, free: Capacity) -> Capacity:
+    def _finish(self, session: Session, job: JobRow, spec: Job, verdict: Verdict, free: Resources) -> Resources:
         """End a job: stop its instances, keep logs, store outputs on success, clean the registry."""
         free = self._stop_instances(
             session,
@@ -958,27 +975,13 @@ class _Start:
     request: LaunchRequest
 
 
-def _bundles(spec: Job) -> list[dict[str, Any]]:
+def _bundles(spec: Job) -> list[Resources]:
     """One resource bundle per instance of the job, for gang reservation."""
     return [
-        {"cpu": r.resources.cpu, "memory": r.resources.memory_bytes, "gpu": r.resources.gpu}
+        Resources(r.resources.cpu, r.resources.memory_bytes, r.resources.gpu)
         for r in spec.spec.roles
         for _ in range(r.replicas)
     ]
-
-
-def _dependency_order(spec: Job) -> list[Role]:
-    """Roles with no dependencies first, then each role after those it depends on."""
-    done: list[Role] = []
-    names: set[str] = set()
-    remaining = list(spec.spec.roles)
-    while remaining:
-        ready = [r for r in remaining if all(d.role in names for d in r.depends_on)] or remaining[:1]
-        for role in ready:
-            done.append(role)
-            names.add(role.name)
-            remaining.remove(role)
-    return done
 
 
 def _ran_this_attempt(inst: InstanceRow) -> bool:

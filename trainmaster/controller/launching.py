@@ -1,18 +1,20 @@
 """What the controller hands a node agent for one attempt: the one place a :class:`LaunchSpec`
-is built (and, without dependencies, where the instance's environment is resolved)."""
+is built (and, without dependencies, where the instance's environment is resolved), for a
+running job and for a dry run (:func:`planned_launches`)."""
 
 from __future__ import annotations
 
 import os
 import sys
 import uuid
+from collections.abc import Callable
 from typing import Any
 
-from trainmaster.agent.contract import Dependency, LaunchSpec
+from trainmaster.backends.base import Placement, PlacementRequest, Resources
+from trainmaster.contract import Dependency, LaunchSpec
 from trainmaster.containers.policy import container_launch, runs_in_container
-from trainmaster.backends.base import Placement
 from trainmaster.runtime.environment import instance_environment
-from trainmaster.spec.model import Job
+from trainmaster.spec.model import Job, Role
 from trainmaster.spec.paths import job_working_dir
 from trainmaster.store.models import InstanceRow, JobRow
 
@@ -109,3 +111,51 @@ def launch_spec(
         env_inputs=inputs,
         container=container,
     )
+
+
+def dependency_order(spec: Job) -> list[Role]:
+    """Roles with no dependencies first, then each role after those it depends on."""
+    done: list[Role] = []
+    names: set[str] = set()
+    remaining = list(spec.spec.roles)
+    while remaining:
+        ready = [r for r in remaining if all(d.role in names for d in r.depends_on)] or remaining[:1]
+        for role in ready:
+            done.append(role)
+            names.add(role.name)
+            remaining.remove(role)
+    return done
+
+
+def planned_launches(
+    spec: Job, run_dir: str, db_url: str, containers: bool, place: Callable[[PlacementRequest], Placement]
+) -> list[LaunchSpec]:
+    """The :class:`LaunchSpec` of each instance's first attempt, in start order, as
+    :func:`launch_spec` builds them once the job is admitted (a dry run: nothing is stored or
+    started). The job is taken as stored with id 0 in ``run_dir``; ``place`` stands for the
+    backend's placement; the instances inherit no environment (a controller adds its own at
+    launch). ``run_dir`` should be a scratch folder: frameworks and containers prepare files
+    there as they would for the job."""
+    job = JobRow(id=0, uid="dry-run", name=spec.name, run_dir=run_dir)
+    launches = []
+    for role in dependency_order(spec):
+        need = Resources(role.resources.cpu, role.resources.memory_bytes, role.resources.gpu)
+        for index in range(role.replicas):
+            inst = InstanceRow(role=role.name, index=index, attempt=1)
+            placement = place(
+                PlacementRequest(role.name, role.ports, need, tuple(role.container_ports), spec.metadata.annotations)
+            )
+            launches.append(
+                launch_spec(
+                    job,
+                    spec,
+                    inst,
+                    placement,
+                    {},
+                    db_url,
+                    os.path.join(run_dir, "logs", f"{inst.label}.log"),
+                    os.path.join(run_dir, "instances", inst.label),
+                    containers,
+                )
+            )
+    return launches

@@ -375,7 +375,7 @@ class Operator:
                     continue
                 attempt = int(pod["metadata"]["labels"][k8s.LABEL_ATTEMPT])
                 instance_id = f"{tracked.uid}/{role}-{index}/{attempt}"
-                handle = self.backend.handle_of(instance_id)
+                handle = self.backend.recover(instance_id, "")
                 if handle is None:
                     continue
                 obs = k8s.pod_observation(pod)

@@ -16,10 +16,12 @@ spawned by the agent directly):
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import time
-from typing import Any
 
+from trainmaster.contract import LaunchSpec
 
 DEPENDENCY_TIMEOUT_EXIT = 124
 
@@ -28,10 +30,9 @@ class DependencyTimeout(Exception):
     pass
 
 
-def wait_for_dependencies(launch: dict[str, Any]) -> dict[str, list[str]]:
-    """Block until every dependency holds; return role -> addresses of its instances.
-
-    ``launch`` holds ``db_url``, ``job_id`` and ``depends`` (dicts of :class:`Dependency` fields)."""
+def wait_for_dependencies(launch: LaunchSpec) -> dict[str, list[str]]:
+    """Block until every dependency of ``launch`` holds (read from the registry of the store at
+    ``launch.db_url``); return role -> addresses of its instances."""
     import site
 
     site.main()  # the runtime starts with -S; the wait step needs the installed packages
@@ -40,19 +41,19 @@ def wait_for_dependencies(launch: dict[str, Any]) -> dict[str, list[str]]:
     from trainmaster.store.db import make_engine, session_factory
     from trainmaster.store.models import InstanceRow, RegistryRow
 
-    sessions = session_factory(make_engine(launch["db_url"], create=False))
-    job_id = launch["job_id"]
+    sessions = session_factory(make_engine(launch.db_url, create=False))
+    job_id = launch.job_id
     services: dict[str, list[str]] = {}
-    for dep in launch["depends"]:
-        deadline = time.monotonic() + dep["timeout"]
+    for dep in launch.depends:
+        deadline = time.monotonic() + dep.timeout
         delay = 0.05
         while True:
             with sessions() as session:
-                if dep["condition"] == "Placed":  # an address, whatever the instance waits for
+                if dep.condition == "Placed":  # an address, whatever the instance waits for
                     placed = session.scalars(
                         select(InstanceRow).where(
                             InstanceRow.job_id == job_id,
-                            InstanceRow.role == dep["role"],
+                            InstanceRow.role == dep.role,
                             InstanceRow.state.in_(("starting", "running", "unknown", "succeeded")),
                             InstanceRow.address.is_not(None),
                             InstanceRow.address != "",
@@ -61,28 +62,28 @@ def wait_for_dependencies(launch: dict[str, Any]) -> dict[str, list[str]]:
                     addresses = {r.index: r.address or "" for r in placed}
                 else:
                     rows = session.scalars(
-                        select(RegistryRow).where(RegistryRow.job_id == job_id, RegistryRow.role == dep["role"])
+                        select(RegistryRow).where(RegistryRow.job_id == job_id, RegistryRow.role == dep.role)
                     ).all()
                     addresses = {r.index: r.address for r in rows}
                 done = len(addresses)
-                if dep["condition"] == "Succeeded":
+                if dep.condition == "Succeeded":
                     done = len(
                         session.scalars(
                             select(InstanceRow).where(
                                 InstanceRow.job_id == job_id,
-                                InstanceRow.role == dep["role"],
+                                InstanceRow.role == dep.role,
                                 InstanceRow.state == "succeeded",
                             )
                         ).all()
                     )
-            if done >= dep["replicas"]:
-                services[dep["role"]] = [addresses[i] for i in sorted(addresses)]
+            if done >= dep.replicas:
+                services[dep.role] = [addresses[i] for i in sorted(addresses)]
                 break
             if time.monotonic() >= deadline:
-                what = {"Running": "have an address", "Placed": "are placed"}.get(dep["condition"], "have succeeded")
+                what = {"Running": "have an address", "Placed": "are placed"}.get(dep.condition, "have succeeded")
                 raise DependencyTimeout(
-                    f"waited {dep['timeout']:g}s for role '{dep['role']}' ({dep['condition']}): "
-                    f"{done} of {dep['replicas']} instances {what}"
+                    f"waited {dep.timeout:g}s for role '{dep.role}' ({dep.condition}): "
+                    f"{done} of {dep.replicas} instances {what}"
                 )
             time.sleep(delay)
             delay = min(delay * 1.5, 0.5)
@@ -91,12 +92,6 @@ def wait_for_dependencies(launch: dict[str, Any]) -> dict[str, list[str]]:
 
 def exec_role(spec_file: str) -> int:
     """The agent's wait step: wait, resolve the environment, become the role command."""
-    import dataclasses
-    import json
-    import os
-
-    from trainmaster.agent.contract import LaunchSpec
-
     notify_fd = int(os.environ.get("TM_AGENT_NOTIFY_FD", "-1"))
 
     def tell(line: str) -> None:
@@ -107,9 +102,7 @@ def exec_role(spec_file: str) -> int:
         spec = LaunchSpec.from_dict(json.load(f))
     print(f"[trainmaster] waiting for {', '.join(d.role for d in spec.depends)}", flush=True)
     try:
-        services = wait_for_dependencies(
-            {"db_url": spec.db_url, "job_id": spec.job_id, "depends": [dataclasses.asdict(d) for d in spec.depends]}
-        )
+        services = wait_for_dependencies(spec)
     except DependencyTimeout as exc:
         print(f"[trainmaster] {exc}", flush=True)
         tell(f"reason DependencyTimeout {exc}")

@@ -2,12 +2,16 @@
 
 Every state change in the controller goes through :func:`check_transition`, so an illegal
 move (say, a succeeded job becoming running) is a bug caught in one place. Terminal states are
-final.
+final. What a node reports of an attempt (:class:`~trainmaster.contract.InstancePhase`, the
+one vocabulary of agents and backends) means an instance state through :func:`observed_state`,
+the one place the two meet.
 """
 
 from __future__ import annotations
 
 from enum import Enum
+
+from trainmaster.contract import InstancePhase
 
 
 class InstanceState(str, Enum):
@@ -33,6 +37,23 @@ class JobState(str, Enum):
 
 
 RoleState = JobState
+
+#: The instance state each phase a node reports means; an exit is split by its code.
+PHASE_STATES: dict[InstancePhase, InstanceState] = {
+    InstancePhase.STARTING: InstanceState.STARTING,
+    InstancePhase.RUNNING: InstanceState.RUNNING,
+    InstancePhase.UNREACHABLE: InstanceState.UNKNOWN,
+    InstancePhase.LOST: InstanceState.FAILED,
+}
+
+
+def observed_state(phase: InstancePhase, exit_code: int | None = None) -> InstanceState:
+    """The instance state a node's report means: an exit succeeded only with code 0; a lost
+    attempt failed (its restart policy then decides, as for any failure)."""
+    if phase == InstancePhase.EXITED:
+        return InstanceState.SUCCEEDED if exit_code == 0 else InstanceState.FAILED
+    return PHASE_STATES[phase]
+
 
 INSTANCE_TERMINAL = frozenset({InstanceState.SUCCEEDED, InstanceState.FAILED, InstanceState.STOPPED})
 JOB_TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})

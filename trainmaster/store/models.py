@@ -5,12 +5,29 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, Boolean, DateTime, Dialect, Float, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
+
+from trainmaster.contract import InstanceHandle
 
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
+
+
+class HandleColumn(TypeDecorator[InstanceHandle]):
+    """An attempt's :class:`InstanceHandle`, kept as JSON: the one place a handle becomes JSON
+    in the store and a typed handle again (rows written before handles were typed included)."""
+
+    impl = JSON
+    cache_ok = True
+
+    def process_bind_param(self, value: InstanceHandle | None, dialect: Dialect) -> dict[str, Any] | None:
+        return None if value is None else value.to_dict()
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> InstanceHandle | None:
+        return None if value is None else InstanceHandle.from_dict(value)
 
 
 class Base(DeclarativeBase):
@@ -91,7 +108,7 @@ class InstanceRow(Base):
     message: Mapped[str] = mapped_column(Text, default="")
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     restarts: Mapped[int] = mapped_column(Integer, default=0)
-    handle: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # backend's identity
+    handle: Mapped[InstanceHandle | None] = mapped_column(HandleColumn, nullable=True)  # names the attempt
     pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
     host: Mapped[str | None] = mapped_column(String(255), nullable=True)
     ports: Mapped[list[Any]] = mapped_column(JSON, default=list)

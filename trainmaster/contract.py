@@ -1,14 +1,18 @@
-"""The typed contract between the controller and a node agent (what kubelet's CRI is to Kubernetes).
+"""The launch contract: what a node is asked to run and what it says back (what kubelet's CRI
+is to Kubernetes). The ground floor of the package: it imports nothing of ours, and the agent,
+the container runtime, the backends, the controller and the store all speak it.
 
 A node agent is the only owner of instance processes on its node. The controller (through a
 backend) hands it :class:`LaunchSpec` s and refers to what it started only by
-:class:`InstanceHandle`; it learns how each instance is doing from :class:`InstanceStatus`.
+:class:`InstanceHandle`; it learns how each instance is doing from :class:`InstanceStatus`, whose
+:class:`InstancePhase` is the one vocabulary of an attempt's phase every backend reports in
+(:func:`trainmaster.spec.states.observed_state` maps it to the controller's instance states).
 Every message that crosses the controller/agent boundary is one of these dataclasses, so the
 local agent (a daemon on a Unix socket), the Ray agent (one actor per Ray node) and the testbed
 agents (one per network-namespace host) all speak the same protocol: :class:`NodeAgentAPI`.
 
 Values are plain JSON types so that a message serialises with :func:`dataclasses.asdict` and is
-rebuilt with ``Type.from_dict``.
+rebuilt with ``Type.from_dict``: JSON exists only on the wire and at the store's edge.
 """
 
 from __future__ import annotations
@@ -19,13 +23,18 @@ from typing import Any, Protocol
 
 
 class InstancePhase(str, Enum):
-    """What the agent knows of one instance attempt."""
+    """What a node knows of one instance attempt: the one phase vocabulary of agents and backends."""
 
-    WAITING = "waiting"  # alive, still in its dependency wait step (no role command yet)
+    STARTING = "starting"  # alive, its role command not yet running (dependency wait, container creation)
     RUNNING = "running"  # the role command runs
-    EXITED = "exited"  # the whole process tree is gone and the exit is journaled
-    START_FAILED = "start_failed"  # the OS refused to start it (missing program, bad cwd...)
-    LOST = "lost"  # the agent cannot account for it (its node or the agent's journal was lost)
+    EXITED = "exited"  # the whole tree is gone and the exit is journaled (a refused start: 127, StartFailed)
+    LOST = "lost"  # nobody can account for it (its node, its agent or the agent's journal was lost)
+    UNREACHABLE = "unreachable"  # its node does not answer now; it may still be running
+
+    @classmethod
+    def _missing_(cls, value: object) -> InstancePhase | None:
+        # journals written before the vocabulary was one: "waiting" and "start_failed"
+        return {"waiting": cls.STARTING, "start_failed": cls.EXITED}.get(str(value))
 
 
 @dataclass(frozen=True)
@@ -114,22 +123,36 @@ class LaunchSpec:
 
 @dataclass(frozen=True)
 class InstanceHandle:
-    """How the controller names an attempt the agent started: node + instance id (+ pid, for
-    people reading ``status``; the agent never trusts a pid alone). ``ports``: those its spec
-    was given on the node, so a controller that re-finds the attempt after a crash (it never
-    stored the handle) holds them again and gives them to no other instance."""
+    """How the controller names an attempt a node started, on every backend: node + instance id
+    (+ pid, for people reading ``status``; an agent never trusts a pid alone). ``node`` is empty
+    while the backend does not know it yet (a Ray bundle being placed again). ``ports``: those
+    its spec was given on the node, so a controller that re-finds the attempt after a crash (it
+    never stored the handle) holds them again and gives them to no other instance.
+    ``instance_dir``: where the attempt's files are, for a backend that finds an attempt there
+    (Ray's attempt record); empty where none needs it.
+
+    Stored on the instance's row as JSON (``trainmaster.store.models.HandleColumn``, the one
+    place it is converted)."""
 
     node: str
     instance_id: str
     pid: int | None = None
     ports: list[int] = field(default_factory=list)
+    instance_dir: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> InstanceHandle:
-        return cls(data["node"], data["instance_id"], data.get("pid"), list(data.get("ports") or []))
+        """Rebuilt from its JSON; unknown keys (handles stored before they were typed) are ignored."""
+        return cls(
+            str(data.get("node") or ""),
+            str(data["instance_id"]),
+            data.get("pid"),
+            [int(p) for p in data.get("ports") or []],
+            str(data.get("instance_dir") or ""),
+        )
 
 
 @dataclass(frozen=True)
