@@ -50,9 +50,12 @@ from trainmaster.backends.base import (
     StartFailure,
 )
 from trainmaster.backends.kubernetes_watch import WatchedCache, wait_until
+from trainmaster.cluster import images
+from trainmaster.cluster.layout import state_root
 from trainmaster.contract import InstanceHandle, LaunchSpec
 from trainmaster.contract import InstancePhase as Phase
 from trainmaster.errors import UserError
+from trainmaster.runtime.environment import instance_environment
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +94,6 @@ def default_kubeconfig() -> str | None:
         return os.environ["KUBECONFIG"].split(os.pathsep)[0]
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         return None
-    from trainmaster.cluster.layout import state_root
-
     ours = state_root() / "tm" / "kubeconfig"
     if ours.exists():
         return str(ours)
@@ -227,14 +228,10 @@ class KubernetesBackend(Backend):
     def _host_runtime(self, kubeconfig: str | None) -> k8s.HostRuntime | None:
         wanted = self.options.host_runtime
         if wanted is None:
-            from trainmaster.cluster.layout import state_root
-
             ours = kubeconfig is not None and Path(kubeconfig).resolve().is_relative_to(state_root().resolve())
             wanted = ours or os.environ.get(HOST_RUNTIME_ENV) == "1"
         if not wanted:
             return None
-        from trainmaster.cluster import images
-
         return k8s.HostRuntime(images.PYTHON, images.python_executable(), tuple(images.python_mount_paths()))
 
     # ---- capacity and placement ------------------------------------------------------------------
@@ -361,8 +358,6 @@ class KubernetesBackend(Backend):
     def _environment(self, spec: LaunchSpec, services: dict[str, list[str]]) -> dict[str, str]:
         """The instance's variables (one resolver: :func:`instance_environment`) without the
         controller's own environment; this machine's software finds the venv's programs first."""
-        from trainmaster.runtime.environment import instance_environment
-
         inputs = spec.env_inputs
         env = (
             instance_environment({**inputs, "env": k8s.base_environment(spec)}, services) if inputs else dict(spec.env)

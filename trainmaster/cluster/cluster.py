@@ -35,6 +35,7 @@ from trainmaster.cluster.layout import ClusterLayout, ClusterOptions, NodeLayout
 from trainmaster.cluster.pki import Pki, write_pki
 from trainmaster.cluster.processes import Daemons, alive, pids_with_argument, signal_and_wait
 from trainmaster.errors import UserError
+from trainmaster.testbed import iproute
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 NETNS_DIR = "/run/netns"
@@ -197,8 +198,6 @@ class Cluster:
 
     # ---- network -------------------------------------------------------------------------------
     def _create_network(self) -> None:
-        from trainmaster.testbed import iproute
-
         first = self.layout.nodes[0]
         for node in self.layout.nodes:
             iproute.run("ip", "link", "add", node.host_link, "type", "veth", "peer", "name", node.node_link)
@@ -584,8 +583,6 @@ def remove(name: str, grace: float = 5.0, root: Path | None = None) -> list[str]
     what runs in the nodes' cgroups, the containerds and their shims, the control plane), then
     delete the nodes' cgroups, links and namespaces and the record. Idempotent; returns what it
     removed. Needs no live daemon: names come from the record, or from the cluster's name."""
-    from trainmaster.testbed import iproute
-
     _require_root()
     removed: list[str] = []
     root = root or state_root()
@@ -629,8 +626,6 @@ def remove(name: str, grace: float = 5.0, root: Path | None = None) -> list[str]
 
 def _clash(name: str) -> str:
     """What of a same-named cluster (made from another home) is on the machine, or ""."""
-    from trainmaster.testbed import iproute
-
     link = f"tk{name}h1"
     if iproute.run("ip", "link", "show", link, check=False).returncode == 0:
         return f"link {link}"

@@ -24,6 +24,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainmaster.containers import images as container_images
+from trainmaster.containers.images import build_program_image, build_python_image, python_mounts, remove_images
+from trainmaster.containers.runtime import detect
+
 REGISTRY = "trainmaster.local"
 PAUSE = f"{REGISTRY}/pause:3.2"
 BUSYBOX = f"{REGISTRY}/busybox:1"
@@ -33,8 +37,6 @@ IMPORT_TIMEOUT = 300.0
 
 def python_mount_paths() -> list[str]:
     """The host folders a ``python`` pod mounts read-only (the containers module's choice)."""
-    from trainmaster.containers.images import python_mounts
-
     return [str(m["source"]) for m in python_mounts()]
 
 
@@ -46,9 +48,8 @@ def _content_key(tag: str, parts: list[str]) -> str:
 
 
 def python_executable() -> str:
-    from trainmaster.containers.images import python_executable as executable
-
-    return executable()
+    """The interpreter a ``python`` pod runs: this process' virtual environment's."""
+    return container_images.python_executable()
 
 
 @dataclass(frozen=True)
@@ -63,9 +64,6 @@ class ImageTar:
 
 def build_image_tars(folder: Path, pause_binary: str) -> list[ImageTar]:
     """The docker-archive tars of every image, built once into ``folder`` (reused by tag)."""
-    from trainmaster.containers.images import build_program_image, build_python_image, remove_images
-    from trainmaster.containers.runtime import detect
-
     folder.mkdir(parents=True, exist_ok=True)
     wanted = [
         (

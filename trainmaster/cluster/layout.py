@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from trainmaster.errors import UserError
+from trainmaster.store.db import home
+from trainmaster.testbed import iproute
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9]{0,5}$")  # link names stay within the kernel's 15 characters
 MAX_NODES = 8
@@ -32,8 +34,6 @@ SERVICE_OCTET = 15  # the /24 of the cluster's /20 that holds service IPs
 
 
 def state_root() -> Path:
-    from trainmaster.store.db import home
-
     return home() / "cluster"
 
 
@@ -201,8 +201,6 @@ def free_ports(count: int) -> list[int]:
 def choose_subnet(name: str, root: Path) -> str:
     """A /20 of 172.16.0.0/12 derived from the name that overlaps none of the machine's
     addresses or routes (another cluster's included: its bridge and routes are the machine's)."""
-    from trainmaster.testbed import iproute
-
     taken = [
         ipaddress.IPv4Network(f"{a['local']}/{a['prefixlen']}", strict=False)
         for link in iproute.run_json("ip", "-4", "addr")

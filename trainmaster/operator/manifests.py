@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from trainmaster.cluster import images
 from trainmaster.operator.kinds import KINDS, crd_manifest
 
 NAME = "trainmaster-operator"
@@ -44,8 +45,6 @@ def rbac_rules() -> list[dict[str, Any]]:
 
 
 def operator_manifests(options: ManifestOptions) -> list[dict[str, Any]]:
-    from trainmaster.cluster import images
-
     ns = options.namespace
     host = not options.image
     image = options.image or images.PYTHON

@@ -35,11 +35,18 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trainmaster.backends import kubernetes_objects as k8s
+from trainmaster.backends.kubernetes import KubernetesBackend, KubernetesOptions, api_client, default_kubeconfig
+from trainmaster.backends.kubernetes_watch import WatchedCache
+from trainmaster.controller import Controller, metrics
 from trainmaster.errors import UserError
 from trainmaster.operator import status as statuses
 from trainmaster.operator.kinds import KINDS, ResourceKind, crd_manifest
 from trainmaster.operator.leader import Deposed, LeaseElector
+from trainmaster.spec.load import LoadOptions, load_document
 from trainmaster.spec.model import RuntimeKind
+from trainmaster.store import repository as repo
+from trainmaster.store.db import make_engine, session_factory
+from trainmaster.store.models import InstanceRow, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +118,6 @@ class Operator:
     def __init__(self, options: OperatorOptions | None = None):
         from kubernetes import client
 
-        from trainmaster.backends.kubernetes import api_client, default_kubeconfig
-
         self.options = options or OperatorOptions()
         self.kubeconfig = self.options.kubeconfig or default_kubeconfig()
         self.api = api_client(self.kubeconfig, self.options.context)
@@ -168,8 +173,6 @@ class Operator:
         from prometheus_client import ProcessCollector, start_http_server
         from prometheus_client.core import CounterMetricFamily
 
-        from trainmaster.controller import metrics
-
         operator = self
 
         class Requests:
@@ -186,7 +189,6 @@ class Operator:
 
     def run(self, stop: threading.Event) -> None:
         """Serve until ``stop``: stand by, lead while holding the lease, stand by again if it is lost."""
-        from trainmaster.controller import metrics
 
         if self.options.metrics_port:
             self.serve_metrics(self.options.metrics_port)
@@ -208,11 +210,6 @@ class Operator:
 
     def _lead(self, stop: threading.Event) -> None:
         from kubernetes.client.exceptions import ApiException
-
-        from trainmaster.backends.kubernetes import KubernetesBackend, KubernetesOptions
-        from trainmaster.backends.kubernetes_watch import WatchedCache
-        from trainmaster.controller import Controller
-        from trainmaster.store.db import make_engine, session_factory
 
         if self.options.work_dir:
             os.makedirs(self.options.work_dir, exist_ok=True)
@@ -307,7 +304,6 @@ class Operator:
 
     # ---- a resource comes ---------------------------------------------------------------------------
     def _take_up(self, kind: ResourceKind, obj: dict[str, Any]) -> None:
-        from trainmaster.spec.load import LoadOptions, load_document
 
         meta = obj.get("metadata") or {}
         tracked = Tracked(
@@ -349,8 +345,6 @@ class Operator:
         """Give the job the uid of its resource (its pods' instance ids start with it) and take
         back the newest pod of each of its instances: attempt, address and phase come from the
         pod; the next pass observes it as any other."""
-        from trainmaster.store import repository as repo
-        from trainmaster.store.models import InstanceRow, utcnow
 
         label = k8s.label_value(tracked.uid)
         newest: dict[tuple[str, int], dict[str, Any]] = {}
@@ -432,8 +426,6 @@ class Operator:
             return
         tracked.deleted = True
         if tracked.job_id is not None:
-            from trainmaster.store import repository as repo
-
             with self.sessions() as session:
                 ended = repo.is_terminal(repo.load_job(session, tracked.job_id).state)
             if not ended:
@@ -441,7 +433,6 @@ class Operator:
 
     # ---- status -----------------------------------------------------------------------------------
     def _write_statuses(self) -> None:
-        from trainmaster.store import repository as repo
 
         live = [t for t in self._tracked.values() if t.job_id is not None and not t.deleted]
         if not live:
