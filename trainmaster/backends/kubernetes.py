@@ -232,7 +232,7 @@ class KubernetesBackend(Backend):
             wanted = ours or os.environ.get(HOST_RUNTIME_ENV) == "1"
         if not wanted:
             return None
-        return k8s.HostRuntime(images.PYTHON, images.python_executable(), tuple(images.python_mount_paths()))
+        return k8s.HostRuntime(images.PYTHON, images.python_executable(), tuple(images.host_runtime_mounts()))
 
     # ---- capacity and placement ------------------------------------------------------------------
     def capacity(self) -> Resources:

@@ -40,6 +40,16 @@ def python_mount_paths() -> list[str]:
     return [str(m["source"]) for m in python_mounts()]
 
 
+#: what else of the machine's /etc its software needs, where present: Debian's alternatives
+#: (/usr/bin/mpirun is a link through them) and OpenMPI's own defaults
+ETC_MOUNTS = ("/etc/alternatives", "/etc/openmpi")
+
+
+def host_runtime_mounts() -> list[str]:
+    """Every host folder a pod running this machine's software mounts read-only."""
+    return [*python_mount_paths(), *(p for p in ETC_MOUNTS if os.path.isdir(p))]
+
+
 def _content_key(tag: str, parts: list[str]) -> str:
     """A file name for ``tag`` built from ``parts`` (the python image's mount points differ
     between installations: each gets its own tar)."""

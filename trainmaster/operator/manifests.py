@@ -68,7 +68,7 @@ def operator_manifests(options: ManifestOptions) -> list[dict[str, Any]]:
     if host:  # this machine's Python, as the python image's pods have it
         env.append({"name": "TRAINMASTER_K8S_HOST_RUNTIME", "value": "1"})
         command = [images.python_executable(), "-m", "trainmaster", *command[1:], "--work-dir", WORK_DIR]
-        for i, path in enumerate(images.python_mount_paths()):
+        for i, path in enumerate(images.host_runtime_mounts()):
             volumes.append({"name": f"host{i}", "hostPath": {"path": path, "type": "Directory"}})
             mounts.append({"name": f"host{i}", "mountPath": path, "readOnly": True})
         volumes.append({"name": "work", "hostPath": {"path": WORK_DIR, "type": "DirectoryOrCreate"}})

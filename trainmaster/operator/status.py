@@ -91,8 +91,8 @@ def kubeflow_status(
     replicas = {}
     for replica_type in replica_types:
         counts = _counts(status, replica_type.lower())
-        replicas[replica_type] = {
-            "active": counts.get("running", 0) + counts.get("starting", 0),
+        replicas[replica_type] = {  # an ended job's running instances were stopped with it
+            "active": 0 if state in ENDED else counts.get("running", 0) + counts.get("starting", 0),
             "succeeded": counts.get("succeeded", 0),
             "failed": counts.get("failed", 0),
         }
