@@ -43,6 +43,7 @@ def leftovers(name: str, folder: Path) -> list[str]:
     found += [f"netns {n}" for n in netns.split() if n.startswith(f"tmk-{name}-")]
     for hierarchy in Path("/sys/fs/cgroup").iterdir():
         found += [f"cgroup {p}" for p in hierarchy.glob(f"tmk-{name}-*")]
+    found += [f"folder {p}" for p in (*Path("/run/tmk").glob(f"{name}-*"), *Path("/var/lib/tmk").glob(f"{name}-*"))]
     return found
 
 

@@ -101,13 +101,14 @@ def test_every_framework_runs_through_kubectl_apply(k8s_cluster, operators) -> N
     names = ["tmjob/pytorch-digits", "pytorchjob/torchrun-allreduce", "tfjob/tf-parameter-server", "mpijob/pi"]
     try:
         kubectl(k8s_cluster, "wait", "--for=condition=Succeeded", *names, "--timeout=420s", timeout=450)
-        kubectl(
-            k8s_cluster,
-            "wait",
-            "--for=jsonpath={.status.state.phase}=Completed",
-            "vcjob/web-check",
-            "--timeout=120s",
-            timeout=150,
+        wait_for(
+            lambda: (
+                (get_json(k8s_cluster, "vcjob", "web-check").get("status") or {}).get("state", {}).get("phase")
+                == "Completed"
+            ),
+            120,
+            "the Volcano job Completed",
+            step=1.0,
         )
     except AssertionError:
         print(kubectl(k8s_cluster, "get", "pods", "-o", "wide"), operators.log(operators.leader()))
@@ -115,10 +116,10 @@ def test_every_framework_runs_through_kubectl_apply(k8s_cluster, operators) -> N
     table = kubectl(k8s_cluster, "get", "pytorchjobs")
     assert "torchrun-allreduce" in table and "Succeeded" in table
     pytorchjob = get_json(k8s_cluster, "pytorchjob", "torchrun-allreduce")
-    assert pytorchjob["status"]["replicaStatuses"] == {
-        "Master": {"active": 0, "succeeded": 1, "failed": 0},
-        "Worker": {"active": 0, "succeeded": 2, "failed": 0},
-    }
+    replicas = pytorchjob["status"]["replicaStatuses"]
+    assert replicas["Master"] == {"active": 0, "succeeded": 1, "failed": 0}
+    # the job ends when its master succeeds (Kubeflow's policy): a worker still finishing is stopped
+    assert replicas["Worker"]["active"] == 0 and replicas["Worker"]["failed"] == 0
     assert [c["type"] for c in pytorchjob["status"]["conditions"]] == ["Created", "Running", "Succeeded"]
     assert condition(pytorchjob, "Running")["status"] == "False"
     master_log = kubectl(k8s_cluster, "logs", "torchrun-allreduce-master-0")
@@ -203,7 +204,7 @@ def test_deleting_a_resource_deletes_its_pods_and_services(k8s_cluster, operator
         services = get_json(k8s_cluster, "services", "-l", "trainmaster.io/job-name=doomed")["items"]
         return not pods and not services
 
-    wait_for(gone, 60, "no pod and no service of the deleted job")
+    wait_for(gone, 120, "no pod and no service of the deleted job")
 
 
 def test_a_malformed_resource_fails_naming_the_field_and_the_operator_keeps_serving(k8s_cluster, operators) -> None:

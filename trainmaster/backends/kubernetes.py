@@ -324,10 +324,12 @@ class KubernetesBackend(Backend):
         from kubernetes.client.exceptions import ApiException
 
         try:
-            env = self._environment(spec, services)
-            if spec.depends and spec.container is None:
+            if spec.depends and spec.container is None:  # waits in the pod: its environment comes in the file
+                env = {**k8s.base_environment(spec), "PATH": self._path(spec.env.get("PATH"))}
                 os.makedirs(spec.instance_dir, exist_ok=True)
                 Path(spec.instance_dir, k8s.ENV_FILE).unlink(missing_ok=True)  # an earlier attempt's
+            else:
+                env = self._environment(spec, services)
             name = self.names.pod(spec)
             namespace = self.namespace_of(spec)
             owner = self._owner(spec, namespace)
@@ -362,9 +364,14 @@ class KubernetesBackend(Backend):
         env = (
             instance_environment({**inputs, "env": k8s.base_environment(spec)}, services) if inputs else dict(spec.env)
         )
-        if spec.container is None and self.host is not None:  # torchrun, mpirun's python
-            env["PATH"] = os.pathsep.join([os.path.dirname(self.host.python), env.get("PATH") or "/usr/bin:/bin"])
+        if spec.container is None:
+            env["PATH"] = self._path(env.get("PATH"))
         return env
+
+    def _path(self, path: str | None) -> str:
+        """``PATH`` of a pod of this machine's software: the venv's programs first (torchrun)."""
+        venv = os.path.dirname(self.host.python) if self.host is not None else ""
+        return os.pathsep.join(p for p in (venv, path or "/usr/bin:/bin") if p)
 
     def _refuse(self, spec: LaunchSpec, message: str) -> None:
         with self._lock:

@@ -279,8 +279,9 @@ def job_folders(spec: LaunchSpec, env: dict[str, str]) -> list[str]:
     folder's parent: instances, output, the MPI hostfile...), its instance folder's parent and
     its working directory, without one inside another."""
     candidates = [str(Path(spec.instance_dir).parent)]
-    if env.get("TM_OUTPUT_DIR"):
-        candidates.append(os.path.dirname(os.path.normpath(env["TM_OUTPUT_DIR"])))
+    output = (spec.env_inputs.get("context") or {}).get("output_dir") or env.get("TM_OUTPUT_DIR")
+    if output:
+        candidates.append(os.path.dirname(os.path.normpath(str(output))))
     if spec.cwd:
         candidates.append(spec.cwd)
     chosen: list[str] = []

@@ -337,8 +337,10 @@ class Cluster:
     # ---- nodes -----------------------------------------------------------------------------
     def _start_node(self, node: NodeLayout, token: str, image_tars: list[images.ImageTar]) -> None:
         folder = node.path
-        for sub in ("containerd/root", "containerd/state", "containerd/opt", "runc", "cni", "kubelet", "certs"):
+        for sub in ("containerd/root", "containerd/state", "containerd/opt", "runc", "cni", "certs"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
+        Path(node.socket_folder).mkdir(parents=True, exist_ok=True)
+        Path(node.kubelet_root).mkdir(parents=True, exist_ok=True)
         for target in PRIVATE_FOLDERS:
             Path(target).mkdir(parents=True, exist_ok=True)
             (folder / "private" / target.strip("/").replace("/", "-")).mkdir(parents=True, exist_ok=True)
@@ -394,7 +396,7 @@ class Cluster:
                 f"--containerd={node.containerd_socket}",
                 f"--node-ip={node.address}",
                 f"--hostname-override={node.name}",
-                f"--root-dir={folder / 'kubelet'}",
+                f"--root-dir={node.kubelet_root}",
                 f"--cert-dir={folder / 'certs'}",
                 "--v=1",
             ],
@@ -461,6 +463,9 @@ class Cluster:
                 "imagefs.available": "1%",
             },
             "nodeLeaseDurationSeconds": 8,
+            # a pod whose kill raced another deletion (the garbage collector's and its controller's)
+            # is retried at the next sync: 10 s, not the default minute
+            "syncFrequency": "10s",
             "nodeStatusUpdateFrequency": "2s",
             "authentication": {
                 "anonymous": {"enabled": False},
@@ -615,6 +620,8 @@ def remove(name: str, grace: float = 5.0, root: Path | None = None) -> list[str]
             if iproute.run("ip", "link", "show", link, check=False).returncode == 0:
                 iproute.run("ip", "link", "delete", link, check=False)
                 removed.append(f"link {link}")
+        shutil.rmtree(node.socket_folder, ignore_errors=True)
+        shutil.rmtree(node.kubelet_root, ignore_errors=True)
         if node.namespace and node.namespace in iproute.namespaces():
             iproute.run("ip", "netns", "delete", node.namespace, check=False)
             removed.append(f"netns {node.namespace}")

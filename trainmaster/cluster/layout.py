@@ -31,6 +31,8 @@ from trainmaster.testbed import iproute
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9]{0,5}$")  # link names stay within the kernel's 15 characters
 MAX_NODES = 8
 SERVICE_OCTET = 15  # the /24 of the cluster's /20 that holds service IPs
+SOCKET_ROOT = "/run/tmk"
+KUBELET_ROOT = "/var/lib/tmk"
 
 
 def state_root() -> Path:
@@ -76,8 +78,21 @@ class NodeLayout:
         return Path(self.folder)
 
     @property
+    def socket_folder(self) -> str:
+        """Where its containerd's sockets are: short (a Unix socket path has at most 107
+        bytes, a Trainmaster home's can be longer), and named after the node (unique on the
+        machine: a cluster's name is)."""
+        return f"{SOCKET_ROOT}/{self.name}"
+
+    @property
     def containerd_socket(self) -> str:
-        return str(self.path / "containerd.sock")
+        return f"{self.socket_folder}/containerd.sock"
+
+    @property
+    def kubelet_root(self) -> str:
+        """The kubelet's ``--root-dir``: short for the same reason (it makes its device-plugin
+        and pod-resources sockets there), on disk (pods' emptyDir volumes live in it)."""
+        return f"{KUBELET_ROOT}/{self.name}"
 
     @property
     def network_name(self) -> str:
