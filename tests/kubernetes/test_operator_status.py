@@ -7,7 +7,7 @@ from __future__ import annotations
 from trainmaster.operator import status as statuses
 from trainmaster.operator.kinds import KINDS, crd_manifest, kind_of
 from trainmaster.operator.manifests import ManifestOptions, operator_manifests, rbac_rules
-from trainmaster.operator.operator import replica_types, to_document
+from trainmaster.operator.operator import replica_types, source_path, to_document
 
 PYTORCH = kind_of("kubeflow.org/v1", "PyTorchJob")
 
@@ -165,3 +165,17 @@ def test_the_operators_rbac_is_least_privilege() -> None:
     assert lease_role["rules"] == [
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}
     ]
+
+
+def test_a_problem_is_named_by_the_field_the_user_wrote() -> None:
+    assert PYTORCH is not None
+    obj = {"spec": {"pytorchReplicaSpecs": {"Master": {}, "Worker": {}}}}
+    assert source_path(PYTORCH, obj, "spec.roles[1].replicas: must be an integer") == (
+        "spec.pytorchReplicaSpecs.Worker.replicas: must be an integer (spec.roles[1].replicas once converted)"
+    )
+    volcano = kind_of("batch.volcano.sh/v1alpha1", "Job")
+    assert volcano is not None
+    assert source_path(volcano, {"spec": {"tasks": [{}, {}]}}, "spec.roles[0].replicas: must be > 0").startswith(
+        "spec.tasks[0].replicas: must be > 0"
+    )
+    assert source_path(PYTORCH, obj, "spec.scheduling.minAvailable: too big") == "spec.scheduling.minAvailable: too big"

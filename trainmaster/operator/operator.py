@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import queue
+import re
 import socket
 import tempfile
 import threading
@@ -104,6 +105,34 @@ def to_document(kind: ResourceKind, obj: dict[str, Any]) -> dict[str, Any]:
     if kind.status == "trainmaster":
         return {"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": metadata, "spec": obj.get("spec")}
     return {"apiVersion": obj.get("apiVersion"), "kind": kind.kind, "metadata": metadata, "spec": obj.get("spec")}
+
+
+ROLE_PATH = re.compile(r"^spec\.roles\[(\d+)\](?:\.(\w+))?(.*?)(: .*)$", re.S)
+
+
+def source_path(kind: ResourceKind, obj: dict[str, Any], problem: str) -> str:
+    """A problem of the converted job (``spec.roles[1].replicas: ...``) named by the field of the
+    resource its user wrote (``spec.pytorchReplicaSpecs.Worker.replicas: ...``), the converted
+    path kept in parentheses; unchanged where there is nothing to map."""
+    match = ROLE_PATH.match(problem)
+    if match is None or kind.status == "trainmaster":
+        return problem
+    index, field, rest, why = int(match.group(1)), match.group(2) or "", match.group(3), match.group(4)
+    spec = obj.get("spec") or {}
+    if kind.status == "kubeflow":
+        key = next((k for k in spec if k.endswith("ReplicaSpecs")), "")
+        types = replica_types(obj)
+        if index >= len(types):
+            return problem
+        base = f"spec.{key}.{types[index]}"
+    else:
+        tasks = spec.get("tasks") if isinstance(spec.get("tasks"), list) else []
+        if index >= len(tasks):
+            return problem
+        base = f"spec.tasks[{index}]"
+    direct = {"replicas": "replicas", "restartPolicy": "restartPolicy"}
+    where = f"{base}.{direct[field]}" if field in direct else f"{base}.template.spec.containers"
+    return f"{where}{rest if field in direct else ''}{why} (spec.roles[{index}]{'.' + field if field else ''}{rest} once converted)"
 
 
 def replica_types(obj: dict[str, Any]) -> list[str]:
@@ -327,7 +356,8 @@ class Operator:
             )
         except UserError as exc:
             log.info("%s cannot run: %s", source, exc)
-            self._write(tracked, statuses.invalid_status(kind, exc.message, exc.details, tracked.written))
+            details = [source_path(kind, obj, d) for d in exc.details]
+            self._write(tracked, statuses.invalid_status(kind, exc.message, details, tracked.written))
             return
         except Exception as exc:  # a converter's bug must not stop the operator: the resource says why
             log.exception("converting %s", source)
