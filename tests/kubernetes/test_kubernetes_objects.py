@@ -108,12 +108,27 @@ def test_host_runtime_mounts_this_machines_python_and_the_job_folders() -> None:
 
 def test_a_role_image_runs_as_written_and_without_a_host_runtime_an_image_is_required() -> None:
     launch = ContainerLaunch(
-        image="busybox:1", command=["sh"], args=["-c", "true"], working_dir="/w", pull_policy="Never"
+        image="busybox:1",
+        command=["sh"],
+        args=["-c", "true"],
+        working_dir="/w",
+        pull_policy="Never",
+        mounts=[
+            {"source": "/runs/4-digits", "target": "/runs/4-digits", "read_only": False},
+            {"source": "/runs/4-digits/volumes/worker/scratch", "target": "/scratch", "read_only": False},
+            {"source": "/data/shared", "target": "/data", "read_only": True},
+        ],
     )
-    manifest = k8s.pod_manifest(spec(container=launch), {}, "p", "ns", "s", None)
+    context = {"output_dir": "/runs/4-digits/output"}
+    s = spec(container=launch, env_inputs={"framework": "command", "context": context, "role_env": {}})
+    manifest = k8s.pod_manifest(s, {}, "p", "ns", "s", None)
     container = manifest["spec"]["containers"][0]
     assert (container["image"], container["command"], container["args"]) == ("busybox:1", ["sh"], ["-c", "true"])
     assert container["workingDir"] == "/w" and "hostPID" not in manifest["spec"]
+    # the controller's job folder is not a node's: an emptyDir is one, a hostPath the operator allowed stays
+    volumes = {v["name"]: v for v in manifest["spec"]["volumes"]}
+    assert [m["mountPath"] for m in container["volumeMounts"]] == ["/scratch", "/data"]
+    assert volumes["v1"] == {"name": "v1", "emptyDir": {}} and volumes["v2"]["hostPath"] == {"path": "/data/shared"}
     with pytest.raises(ValueError, match="has no image"):
         k8s.pod_manifest(spec(), {}, "p", "ns", "s", None)
 

@@ -264,6 +264,8 @@ class KubernetesBackend(Backend):
         """Admission against the nodes' allocatable minus every bound pod's requests (all
         namespaces: other tenants' pods take room too). A check, not a reservation: the
         default scheduler places the pods, and a pod that no longer fits shows Unschedulable."""
+        if all(b.cpu <= 0 and b.memory <= 0 and b.gpu <= 0 for b in bundles):
+            return GangReservation(True)  # nothing requested: any Ready node holds it (no LIST)
         answer = self.core.list_pod_for_all_namespaces(
             field_selector="status.phase!=Succeeded,status.phase!=Failed", _preload_content=False
         )
@@ -335,7 +337,9 @@ class KubernetesBackend(Backend):
             owner = self._owner(spec, namespace)
             service = self.names.service(spec)
             self.fence()
-            self._ensure_service(spec, service, namespace, owner)
+            if f"{namespace}/{service}" not in self._services:  # beside the pods, not before them
+                self._services.add(f"{namespace}/{service}")
+                self._pool.submit(self._ensure_service, spec, service, namespace, owner)
             self._remove_predecessor(spec, namespace, name)
             body = k8s.pod_manifest(spec, env, name, namespace, service, self.host, owner)
             self.fence()
@@ -417,18 +421,21 @@ class KubernetesBackend(Backend):
         return owner
 
     def _ensure_service(self, spec: LaunchSpec, name: str, namespace: str, owner: k8s.Owner | None) -> None:
+        """The role's headless Service (once per role; AlreadyExists is fine: another attempt's)."""
         from kubernetes.client.exceptions import ApiException
 
-        if f"{namespace}/{name}" in self._services:
-            return
         try:
+            self.fence()
             self.core.create_namespaced_service(
                 namespace, k8s.service_manifest(spec, name, namespace, owner), _preload_content=False
             )
         except ApiException as exc:
             if exc.status != 409:
-                raise
-        self._services.add(f"{namespace}/{name}")
+                self._services.discard(f"{namespace}/{name}")  # the next attempt tries again
+                log.warning("the Service %s/%s of role %s: %s", namespace, name, spec.role, _api_message(exc))
+        except Exception as exc:
+            self._services.discard(f"{namespace}/{name}")
+            log.warning("the Service %s/%s of role %s: %s", namespace, name, spec.role, exc)
 
     def _remove_predecessor(self, spec: LaunchSpec, namespace: str, name: str) -> None:
         """An earlier attempt's pod of the same name is deleted (grace 0) and gone before the

@@ -220,9 +220,16 @@ def pod_manifest(
             container["args"] = list(launch.args)
         if launch.working_dir:
             container["workingDir"] = launch.working_dir
+        folder = job_folder(spec)
         for i, mount in enumerate(launch.mounts):
-            volumes.append({"name": f"v{i}", "hostPath": {"path": mount["source"]}})
-            mounts.append({"name": f"v{i}", "mountPath": mount["target"], "readOnly": bool(mount.get("read_only"))})
+            source, target = str(mount["source"]), str(mount["target"])
+            if folder and _inside(source, os.path.join(folder, "volumes")):  # an emptyDir volume of the role
+                volumes.append({"name": f"v{i}", "emptyDir": {}})
+            elif folder and _inside(source, folder):
+                continue  # the controller's own folder: a node of a cluster has none of it
+            else:  # a hostPath volume the operator allowed
+                volumes.append({"name": f"v{i}", "hostPath": {"path": source}})
+            mounts.append({"name": f"v{i}", "mountPath": target, "readOnly": bool(mount.get("read_only"))})
         if host is not None and launch.image == host.image:
             _add_host_mounts(host, volumes, mounts)
     else:  # this machine's software, mounted into the host runtime image
@@ -272,6 +279,17 @@ def _add_host_mounts(host: HostRuntime, volumes: list[dict[str, Any]], mounts: l
     for i, path in enumerate(host.mounts):
         volumes.append({"name": f"host{i}", "hostPath": {"path": path, "type": "Directory"}})
         mounts.append({"name": f"host{i}", "mountPath": path, "readOnly": True})
+
+
+def job_folder(spec: LaunchSpec) -> str:
+    """The job's folder on the controller's machine (its output folder's parent), or ""."""
+    output = (spec.env_inputs.get("context") or {}).get("output_dir")
+    return os.path.dirname(os.path.normpath(str(output))) if output else ""
+
+
+def _inside(path: str, root: str) -> bool:
+    path, root = os.path.normpath(path), os.path.normpath(root)
+    return path == root or path.startswith(root.rstrip("/") + "/")
 
 
 def job_folders(spec: LaunchSpec, env: dict[str, str]) -> list[str]:
