@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from cluster_fixtures import k8s_cluster, pytest_collection_modifyitems  # noqa: F401 (the session's cluster; it runs last)
 from controller_harness import Harness, stop_agent
 from postgres_server import PostgresServer  # noqa: F401 (fixture type)
 

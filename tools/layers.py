@@ -74,6 +74,7 @@ LAYERS: list[tuple[str, dict[str, tuple[str, ...]]]] = [
         {
             "frameworks": ("trainmaster.frameworks",),
             "testbed": ("trainmaster.testbed",),
+            "cluster": ("trainmaster.cluster",),  # a Kubernetes cluster of this machine, like the testbed
         },
     ),
     ("instance runtime", {"runtime": ("trainmaster.runtime",)}),
@@ -86,7 +87,13 @@ LAYERS: list[tuple[str, dict[str, tuple[str, ...]]]] = [
     ),
     ("backends", {"backends": ("trainmaster.backends",)}),
     ("api", {"api": ("trainmaster.api",)}),
-    ("service", {"service": ("trainmaster.service",)}),
+    (
+        "service",
+        {
+            "service": ("trainmaster.service",),
+            "operator": ("trainmaster.operator",),  # the controller as a Kubernetes operator
+        },
+    ),
     ("cli", {"cli": ("trainmaster.cli", "trainmaster.__main__")}),
 ]
 

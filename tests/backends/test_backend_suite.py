@@ -1,7 +1,8 @@
 """Mechanism: the instance-level backend interface (create/place, start, observe, stop, address,
 adopt, recover), the same behavioural suite for every backend, local, testbed (a node agent per
-network-namespace host) and Ray (controller spec, 'Our product
-decisions'). The Ray backend joins one local Ray cluster per test session (started on first use)."""
+network-namespace host), Ray and Kubernetes (instances as pods; controller spec, 'Our product
+decisions'). The Ray backend joins one local Ray cluster per test session (started on first use);
+the Kubernetes backend the session's cluster (tests/cluster_fixtures.py: built here, run last)."""
 
 import json
 import os
@@ -51,11 +52,26 @@ def make_testbed_backend() -> Backend:
     return SuiteTestbedBackend()
 
 
+def make_kubernetes_backend(cluster, monkeypatch) -> Backend:
+    """The session's cluster (tests/cluster_fixtures.py); a backend built with no arguments (the
+    suite's ``type(backend)()``) finds it through ``$KUBECONFIG``, and runs image-less roles as
+    this machine's software in pods (its nodes are this machine)."""
+    pytest.importorskip("kubernetes", reason="the optional kubernetes extra (trainmaster[kubernetes]) is not installed")
+    from trainmaster.backends.kubernetes import HOST_RUNTIME_ENV, KubernetesBackend
+
+    monkeypatch.setenv("KUBECONFIG", str(cluster.layout.kubeconfig))
+    monkeypatch.setenv(HOST_RUNTIME_ENV, "1")
+    return KubernetesBackend()
+
+
 def backends() -> list:
     return [
         pytest.param(LocalBackend, id="local"),
         pytest.param(make_testbed_backend, id="testbed"),
         pytest.param(ray_backend, id="ray", marks=[pytest.mark.ray, pytest.mark.timeout(120)]),
+        pytest.param(
+            make_kubernetes_backend, id="kubernetes", marks=[pytest.mark.kubernetes, pytest.mark.timeout(180)]
+        ),
     ]
 
 
@@ -63,7 +79,10 @@ def backends() -> list:
 def backend(request, monkeypatch) -> Backend:
     monkeypatch.delenv("TRAINMASTER_TESTBED", raising=False)  # restored (or removed) afterwards
     try:
-        b = request.param()
+        if request.param is make_kubernetes_backend:
+            b = make_kubernetes_backend(request.getfixturevalue("k8s_cluster"), monkeypatch)
+        else:
+            b = request.param()
     except BaseException:
         if "TRAINMASTER_TESTBED" in os.environ:
             remove(os.environ["TRAINMASTER_TESTBED"])
@@ -127,9 +146,18 @@ def launch_request(
 
 
 def runtime_pid(handle: InstanceHandle) -> int:
-    """The instance's pid: in the handle (local), or in the attempt record its Ray node agent wrote."""
+    """The instance's pid: in the handle (local), or in the attempt record its Ray node agent (or,
+    on Kubernetes, its pod's first process) wrote."""
     if handle.pid is not None:
         return handle.pid
+    if handle.node == "kubernetes":
+        from trainmaster.backends.kubernetes_objects import ATTEMPT_RECORD as POD_RECORD
+
+        record = Path(handle.instance_dir) / POD_RECORD
+        deadline = time.monotonic() + 20
+        while not record.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return json.loads(record.read_text())["pid"]
     from trainmaster.backends.ray import ATTEMPT_RECORD
 
     return json.loads((Path(handle.instance_dir) / ATTEMPT_RECORD).read_text())["pid"]

@@ -52,7 +52,11 @@ class DocBlock:
 
     @property
     def needs_root(self) -> bool:
-        return bool(re.search(r"\btestbed up\b|\bip netns\b", self.script))
+        return bool(re.search(r"\btestbed up\b|\bip netns\b|\bcluster up\b", self.script))
+
+    @property
+    def needs_kubernetes(self) -> bool:
+        return bool(re.search(r"\bcluster up\b", self.script))
 
 
 def doc_blocks() -> list[DocBlock]:
@@ -105,7 +109,11 @@ def test_every_page_has_runnable_commands() -> None:
 
 
 @pytest.mark.timeout(BLOCK_TIMEOUT_S + 60)
-@pytest.mark.parametrize("block", doc_blocks(), ids=lambda b: b.id)
+@pytest.mark.parametrize(
+    "block",
+    # a block with a Kubernetes cluster runs last: `make test` builds Kubernetes meanwhile
+    [pytest.param(b, id=b.id, marks=[pytest.mark.kubernetes] if b.needs_kubernetes else []) for b in doc_blocks()],
+)
 def test_doc_block_runs_as_written(block: DocBlock, tmp_path: Path) -> None:
     if block.skip_reason:
         pytest.skip(f"{block.id}: {block.skip_reason}")
@@ -115,6 +123,13 @@ def test_doc_block_runs_as_written(block: DocBlock, tmp_path: Path) -> None:
     )
     if block.needs_root and os.geteuid() != 0:
         pytest.skip(f"{block.id} creates network namespaces, which needs root")
+    if block.needs_kubernetes:
+        from cluster_fixtures import cluster_unavailable, wait_for_binaries
+
+        why = cluster_unavailable()
+        if why:
+            pytest.skip(f"{block.id}: {why}")
+        wait_for_binaries()  # skips, saying why, where Kubernetes is not built (make k8s-deps)
     clone = _fresh_copy(tmp_path / "clone")
     home = tmp_path / "home"
     home.mkdir()
@@ -167,6 +182,14 @@ def _clean_up(process: subprocess.Popen[bytes], home: Path, env: dict[str, str],
         except (ProcessLookupError, ValueError):
             pass
     stop_agent(state / "agent")
+    if block.needs_kubernetes:
+        subprocess.run(
+            [str(Path(sys.prefix) / "bin" / "trainmaster"), "cluster", "down"],
+            env=env,
+            cwd=clone,
+            capture_output=True,
+            timeout=180,
+        )
     if block.needs_root:
         subprocess.run(
             [str(Path(sys.prefix) / "bin" / "trainmaster"), "testbed", "down"],

@@ -1,8 +1,8 @@
 """The backend registry: a backend found by name.
 
 ``local`` (this machine's node agent, the default), ``ray`` (one agent per Ray node; the
-optional ``ray`` extra) and ``testbed`` (one agent per host of ``trainmaster testbed up``) are
-built in; a backend of someone else's is a package that names a factory in the entry-point
+optional ``ray`` extra), ``testbed`` (one agent per host of ``trainmaster testbed up``) and
+``kubernetes`` (pods of a cluster; the optional ``kubernetes`` extra) are built in; a backend of someone else's is a package that names a factory in the entry-point
 group ``trainmaster.backends`` (``name = "pkg.module:factory"``), as frameworks are registered.
 A factory takes :class:`BackendOptions` and returns a :class:`~trainmaster.backends.base.Backend`.
 Nothing is imported for a name that is none of these.
@@ -23,10 +23,11 @@ BUILTIN: dict[str, str] = {
     "local": "trainmaster.backends.local:create",
     "ray": "trainmaster.backends.ray:create",
     "testbed": "trainmaster.backends.testbed:create",
+    "kubernetes": "trainmaster.backends.kubernetes:create",
 }
 
 #: the extra a built-in backend's dependencies come with (named when they are missing)
-EXTRAS = {"ray": "ray"}
+EXTRAS = {"ray": "ray", "kubernetes": "kubernetes"}
 
 
 def installed_backends() -> list[str]:

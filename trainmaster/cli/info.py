@@ -19,6 +19,7 @@ OPTIONAL = {
     "pyarrow": "gateway",
     "ray": "ray",
     "psycopg": "postgres",
+    "kubernetes": "kubernetes",
 }
 TOOLS = {
     "bwrap": "gateway executor sandbox",
@@ -27,6 +28,8 @@ TOOLS = {
     "chromium": "dashboard browser tests",
     "ip": "testbed",
     "tc": "testbed link caps",
+    "containerd": "trainmaster cluster (make k8s-deps)",
+    "kubectl": "operator mode (kubectl apply)",
 }
 
 

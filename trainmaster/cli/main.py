@@ -18,6 +18,7 @@ from typer.models import TyperInfo
 import trainmaster
 from trainmaster.cli import (
     aggregation,
+    cluster,
     contexts,
     convert,
     db,
@@ -25,6 +26,7 @@ from trainmaster.cli import (
     gateway,
     info,
     jobs,
+    operator,
     partition,
     remote,
     server,
@@ -43,6 +45,7 @@ EXTRA_OF = {
     "pyarrow": "gateway",
     "ray": "ray",
     "psycopg": "postgres",
+    "kubernetes": "kubernetes",
 }
 
 
@@ -99,7 +102,7 @@ def _register_all() -> None:
         for alias in app.registered_commands[before:]:
             alias.hidden = True
     app.add_typer(job_app, name="job")
-    for module in (server, contexts, db, info, testbed, aggregation, flsched, partition, gateway):
+    for module in (server, contexts, db, info, testbed, cluster, operator, aggregation, flsched, partition, gateway):
         module.register(app)
     gateway_group = _typer_of(next(g for g in app.registered_groups if g.name == "gateway"))
     for group in app.registered_groups:

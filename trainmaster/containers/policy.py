@@ -24,7 +24,9 @@ from trainmaster.spec.model import Job, Role, RuntimeKind
 from trainmaster.spec.paths import in_job_folder, job_working_dir
 
 
-CONTAINER_BACKENDS = ("local", "ray", "testbed")  # whose node agents run LaunchSpec.container
+# whose node agents (or, on Kubernetes, kubelets) run LaunchSpec.container
+CONTAINER_BACKENDS = ("local", "ray", "testbed", "kubernetes")
+KUBELET_BACKENDS = ("kubernetes",)  # whose containers the cluster runs: no podman needed here
 
 
 def settle_runtimes(job: Job, operator: RuntimeKind | None, backend: str) -> Job:
@@ -59,7 +61,7 @@ def container_problems(job: Job, backend: str = "local") -> list[str]:
         where = f"spec.roles[{i}] ({role.name})"
         if job.spec.runs_in_container(role):
             why = (
-                unavailable()
+                ("" if backend in KUBELET_BACKENDS else unavailable())
                 if backend_runs
                 else (
                     f"the {backend} backend does not run containers (the local, Ray and testbed backends do); "

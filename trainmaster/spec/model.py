@@ -313,6 +313,7 @@ def _scalar_text(value: Any) -> Any:
 class Backend(str, Enum):
     LOCAL = "local"
     RAY = "ray"
+    KUBERNETES = "kubernetes"
 
 
 PRIORITY_CLASSES = {"low": -100, "normal": 0, "high": 100, "critical": 1000}

@@ -1,0 +1,203 @@
+"""Leader election on a ``coordination.k8s.io/v1`` Lease, with fencing of late writes.
+
+As client-go's leaderelection: a candidate takes the Lease when it is free or its holder has not
+renewed it for ``leaseDurationSeconds`` (judged by when *this* candidate last saw it change, so
+clocks need not agree); every write of the Lease carries the ``resourceVersion`` it read, so two
+candidates never both win. The leader renews every ``duration / 4``.
+
+Fencing: the leader's right to write ends ``duration * 3 / 4`` after its last successful renewal
+by its own monotonic clock, earlier than any candidate may take over (``duration`` after it last
+saw a change). :meth:`LeaseElector.check` raises :class:`Deposed` past that point, and every write
+the operator makes (pods, services, status) calls it first; a write already in flight when a
+leader stalls is caught by the next two rules: pod names are deterministic (a late create of a
+pod the new leader made fails with AlreadyExists: one pod per instance), and status is written
+with the resource's ``resourceVersion`` (a late status write over a newer one fails with Conflict).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class Deposed(RuntimeError):
+    """This process is not the leader (any more): it must not write."""
+
+
+def _micro_time() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeaseElector:
+    def __init__(
+        self, api_client: Any, namespace: str, name: str, identity: str, duration: float = 8.0, retry: float = 1.0
+    ):
+        from kubernetes import client
+
+        self.coordination: Any = client.CoordinationV1Api(api_client)
+        self.namespace, self.name, self.identity = namespace, name, identity
+        self.duration, self.retry = duration, retry
+        self.epoch = 0  # leaseTransitions when this process took the lease: its fencing token
+        self._valid_until = 0.0  # monotonic: no write after this
+        self._observed: tuple[str, str] | None = None  # (holder, renewTime) last seen
+        self._observed_at = 0.0
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+
+    # ---- the fence -------------------------------------------------------------------------------
+    def holding(self) -> bool:
+        return time.monotonic() < self._valid_until
+
+    def check(self) -> None:
+        if not self.holding():
+            raise Deposed(f"{self.identity} does not hold the lease {self.namespace}/{self.name}")
+
+    # ---- acquiring -----------------------------------------------------------------------------
+    def acquire(self, stop: threading.Event) -> bool:
+        """Block until this candidate leads (True) or ``stop`` is set (False)."""
+        while not stop.is_set():
+            try:
+                if self._try_acquire():
+                    self._renewer = threading.Thread(target=self._renew_loop, name="lease-renew", daemon=True)
+                    self._stop.clear()
+                    self._renewer.start()
+                    return True
+            except Exception as exc:  # the API is away: keep trying
+                log.info("lease %s/%s: %s", self.namespace, self.name, exc)
+            stop.wait(self.retry)
+        return False
+
+    def _try_acquire(self) -> bool:
+        from kubernetes.client.exceptions import ApiException
+
+        started = time.monotonic()
+        lease = self._read()
+        if lease is None:
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": self.name, "namespace": self.namespace},
+                "spec": self._spec(transitions=0),
+            }
+            try:
+                self.coordination.create_namespaced_lease(self.namespace, body)
+            except ApiException as create:
+                if create.status == 409:
+                    return False
+                raise
+            self._won(started, 0)
+            return True
+        spec = lease.get("spec") or {}
+        holder = spec.get("holderIdentity") or ""
+        renewed = str(spec.get("renewTime") or "")
+        if (holder, renewed) != self._observed:
+            self._observed, self._observed_at = (holder, renewed), time.monotonic()
+        free = not holder or time.monotonic() - self._observed_at > float(spec.get("leaseDurationSeconds") or 0)
+        if holder != self.identity and not free:
+            return False
+        transitions = int(spec.get("leaseTransitions") or 0) + (0 if holder == self.identity else 1)
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": self.name,
+                "namespace": self.namespace,
+                "resourceVersion": lease["metadata"]["resourceVersion"],
+            },
+            "spec": self._spec(transitions),
+        }
+        try:
+            self.coordination.replace_namespaced_lease(self.name, self.namespace, body)
+        except ApiException as exc:
+            if exc.status == 409:  # another candidate wrote it first
+                return False
+            raise
+        self._won(started, transitions)
+        return True
+
+    def _read(self) -> dict[str, Any] | None:
+        """The Lease as the API's JSON, or None when there is none."""
+        import json
+
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            answer = self.coordination.read_namespaced_lease(self.name, self.namespace, _preload_content=False)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return dict(json.loads(answer.data))
+
+    def _spec(self, transitions: int, acquired: str | None = None) -> dict[str, Any]:
+        now = _micro_time()
+        return {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": int(self.duration),
+            "acquireTime": acquired or now,
+            "renewTime": now,
+            "leaseTransitions": transitions,
+        }
+
+    def _won(self, started: float, transitions: int) -> None:
+        self.epoch = transitions
+        self._valid_until = started + self.duration * 3 / 4
+        log.info("%s leads (lease %s/%s, epoch %d)", self.identity, self.namespace, self.name, transitions)
+
+    # ---- keeping it ---------------------------------------------------------------------------------
+    def _renew_loop(self) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        while not self._stop.wait(self.duration / 4):
+            started = time.monotonic()
+            try:
+                lease = self._read() or {}
+                spec = lease.get("spec") or {}
+                if spec.get("holderIdentity") != self.identity:
+                    raise Deposed(f"the lease is held by {spec.get('holderIdentity') or 'nobody'}")
+                body = {
+                    "apiVersion": "coordination.k8s.io/v1",
+                    "kind": "Lease",
+                    "metadata": {
+                        "name": self.name,
+                        "namespace": self.namespace,
+                        "resourceVersion": lease["metadata"]["resourceVersion"],
+                    },
+                    "spec": self._spec(self.epoch, acquired=spec.get("acquireTime")),
+                }
+                self.coordination.replace_namespaced_lease(self.name, self.namespace, body)
+                self._valid_until = started + self.duration * 3 / 4
+            except (ApiException, Deposed) as exc:
+                log.warning("%s lost the lease: %s", self.identity, exc)
+                self._valid_until = 0.0
+                return
+            except Exception as exc:  # the API did not answer: keep the lease until it runs out
+                log.info("renewing the lease: %s", exc)
+
+    def release(self) -> None:
+        """Stop renewing and give the lease up (a standby takes over at once)."""
+        self._stop.set()
+        if not self.holding():
+            return
+        self._valid_until = 0.0
+        try:
+            lease = self._read() or {}
+            if (lease.get("spec") or {}).get("holderIdentity") == self.identity:
+                body = {
+                    "apiVersion": "coordination.k8s.io/v1",
+                    "kind": "Lease",
+                    "metadata": {
+                        "name": self.name,
+                        "namespace": self.namespace,
+                        "resourceVersion": lease["metadata"]["resourceVersion"],
+                    },
+                    "spec": {"holderIdentity": "", "leaseDurationSeconds": 1, "leaseTransitions": self.epoch},
+                }
+                self.coordination.replace_namespaced_lease(self.name, self.namespace, body)
+        except Exception as exc:
+            log.info("releasing the lease: %s", exc)

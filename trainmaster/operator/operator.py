@@ -1,0 +1,544 @@
+"""The operator: jobs are custom resources; the cluster is the state of record.
+
+``trainmaster operator`` (out of the cluster, or as the Deployment of ``trainmaster cluster
+manifests``) installs the CRDs (:mod:`trainmaster.operator.kinds`), elects a leader on a Lease
+(:mod:`trainmaster.operator.leader`), and the leader runs the same controller as ``trainmaster
+run`` over the Kubernetes backend:
+
+- **State of record**: the custom resources and their pods. The controller's store is a
+  throwaway cache: a SQLite file in a temporary folder made when this process starts to lead,
+  filled from the cluster (every resource not ended yet is submitted again under its own uid,
+  and the newest pod of each instance is adopted: its attempt, address and phase are read back
+  from its labels and status), and dropped when it stops leading. So a new leader carries on
+  from what runs, and nothing is kept anywhere but in the cluster.
+- **Submit**: a new resource is converted by the compat layer (Kubeflow, Volcano) or read as our
+  own ``TrainingJob``, validated and queued. One that cannot run as written gets a Failed
+  condition naming the field path, and the operator carries on with the others.
+- **Status**: after every reconcile pass each job's status is written into its resource as its
+  upstream operator writes it (:mod:`trainmaster.operator.status`), only when it changed.
+- **Delete**: deleting a resource cancels its job; its pods and services are owned by it, so the
+  garbage collector removes what is left.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import re
+import socket
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from trainmaster.backends import kubernetes_objects as k8s
+from trainmaster.backends.kubernetes import KubernetesBackend, KubernetesOptions, api_client, default_kubeconfig
+from trainmaster.backends.kubernetes_watch import WatchedCache
+from trainmaster.controller import Controller, metrics
+from trainmaster.loading import LoadOptions, load_document
+from trainmaster.errors import UserError
+from trainmaster.operator import status as statuses
+from trainmaster.operator.kinds import KINDS, ResourceKind, crd_manifest
+from trainmaster.operator.leader import Deposed, LeaseElector
+from trainmaster.spec.model import RuntimeKind
+from trainmaster.store import repository as repo
+from trainmaster.store.db import make_engine, session_factory
+from trainmaster.store.models import InstanceRow, utcnow
+
+log = logging.getLogger(__name__)
+
+SYNC_TIMEOUT = 30.0
+CRD_TIMEOUT = 60.0
+KUBECTL_ANNOTATION = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+@dataclass(frozen=True)
+class OperatorOptions:
+    kubeconfig: str | None = None
+    context: str | None = None
+    identity: str = ""  # default: <host>-<pid>
+    lease_namespace: str = "default"
+    lease_name: str = "trainmaster-operator"
+    lease_seconds: float = 8.0
+    namespace: str = ""  # resources watched (and pods made) there; "" = every namespace
+    runtime: RuntimeKind | None = None  # for roles with runtime auto (--runtime)
+    interval: float = 1.0
+    install_crds: bool = True
+    host_runtime: bool | None = None
+    metrics_port: int = 0  # serve Prometheus metrics on 127.0.0.1:<port> (0: none)
+    # where a leader's throwaway cache and job folders go (None: the system's temporary folder);
+    # with host-runtime pods it must be a folder of the machine (they mount their job folders)
+    work_dir: str | None = None
+
+
+@dataclass
+class Tracked:
+    """A resource this leader knows: its job in the cache (None: it cannot run, or it ended
+    before this leader started) and the status last written."""
+
+    kind: ResourceKind
+    api_version: str
+    namespace: str
+    name: str
+    uid: str
+    job_id: int | None
+    replica_types: list[str] = field(default_factory=list)
+    min_available: int = 0
+    written: dict[str, Any] | None = None
+    deleted: bool = False
+    version: str = ""  # the resourceVersion a status write is conditioned on
+
+
+def to_document(kind: ResourceKind, obj: dict[str, Any]) -> dict[str, Any]:
+    """The job document of a resource: as written by its user (what the API adds is left out)."""
+    meta = obj.get("metadata") or {}
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k != KUBECTL_ANNOTATION}
+    metadata: dict[str, Any] = {"name": meta.get("name")}
+    if meta.get("labels"):
+        metadata["labels"] = meta["labels"]
+    if annotations:
+        metadata["annotations"] = annotations
+    if kind.status == "trainmaster":
+        return {"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": metadata, "spec": obj.get("spec")}
+    return {"apiVersion": obj.get("apiVersion"), "kind": kind.kind, "metadata": metadata, "spec": obj.get("spec")}
+
+
+ROLE_PATH = re.compile(r"^spec\.roles\[(\d+)\](?:\.(\w+))?(.*?)(: .*)$", re.S)
+
+
+def source_path(kind: ResourceKind, obj: dict[str, Any], problem: str) -> str:
+    """A problem of the converted job (``spec.roles[1].replicas: ...``) named by the field of the
+    resource its user wrote (``spec.pytorchReplicaSpecs.Worker.replicas: ...``), the converted
+    path kept in parentheses; unchanged where there is nothing to map."""
+    match = ROLE_PATH.match(problem)
+    if match is None or kind.status == "trainmaster":
+        return problem
+    index, field, rest, why = int(match.group(1)), match.group(2) or "", match.group(3), match.group(4)
+    spec = obj.get("spec") or {}
+    if kind.status == "kubeflow":
+        key = next((k for k in spec if k.endswith("ReplicaSpecs")), "")
+        types = replica_types(obj)
+        if index >= len(types):
+            return problem
+        base = f"spec.{key}.{types[index]}"
+    else:
+        tasks = spec.get("tasks")
+        if not isinstance(tasks, list):
+            tasks = []
+        if index >= len(tasks):
+            return problem
+        base = f"spec.tasks[{index}]"
+    direct = {"replicas": "replicas", "restartPolicy": "restartPolicy"}
+    where = f"{base}.{direct[field]}" if field in direct else f"{base}.template.spec.containers"
+    return f"{where}{rest if field in direct else ''}{why} (spec.roles[{index}]{'.' + field if field else ''}{rest} once converted)"
+
+
+def replica_types(obj: dict[str, Any]) -> list[str]:
+    spec = obj.get("spec") or {}
+    for key, value in spec.items() if isinstance(spec, dict) else []:
+        if key.endswith("ReplicaSpecs") and isinstance(value, dict):
+            return [str(k) for k in value]
+    return []
+
+
+class Operator:
+    def __init__(self, options: OperatorOptions | None = None):
+        from kubernetes import client
+
+        self.options = options or OperatorOptions()
+        self.kubeconfig = self.options.kubeconfig or default_kubeconfig()
+        self.api = api_client(self.kubeconfig, self.options.context)
+        self.custom: Any = client.CustomObjectsApi(self.api)
+        self.identity = self.options.identity or f"{socket.gethostname()}-{os.getpid()}"
+        self.elector = LeaseElector(
+            self.api,
+            self.options.lease_namespace,
+            self.options.lease_name,
+            self.identity,
+            duration=self.options.lease_seconds,
+        )
+        self.leading = threading.Event()  # set while this process leads (tests and the bench read it)
+        self._tracked: dict[str, Tracked] = {}
+        self._events: queue.SimpleQueue[tuple[str, ResourceKind, dict[str, Any]]] = queue.SimpleQueue()
+        self.backend: Any = None
+        self.controller: Any = None
+        self._past_requests = 0  # of backends of earlier terms as leader
+
+    # ---- CRDs ------------------------------------------------------------------------------------
+    def install_crds(self) -> None:
+        """Create (or update) every CRD and wait until the API serves it."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        ext: Any = client.ApiextensionsV1Api(self.api)
+        for kind in KINDS:
+            body = crd_manifest(kind)
+            try:
+                ext.create_custom_resource_definition(body, _preload_content=False)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+                current = json.loads(ext.read_custom_resource_definition(kind.crd_name, _preload_content=False).data)
+                body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+                ext.replace_custom_resource_definition(kind.crd_name, body, _preload_content=False)
+        deadline = time.monotonic() + CRD_TIMEOUT
+        for kind in KINDS:
+            while True:
+                crd = json.loads(ext.read_custom_resource_definition(kind.crd_name, _preload_content=False).data)
+                conditions = (crd.get("status") or {}).get("conditions") or []
+                if any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions):
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the CRD {kind.crd_name} was not Established within {CRD_TIMEOUT:.0f} s")
+                time.sleep(0.1)
+
+    # ---- the loop ---------------------------------------------------------------------------------
+    def serve_metrics(self, port: int) -> None:
+        """Prometheus metrics on 127.0.0.1:``port``: the controller's, ``trainmaster_leading``,
+        ``trainmaster_operator_api_requests_total`` (every request to the API server, the
+        backend's included; a watch counts once) and the process' own (RSS, CPU)."""
+        from prometheus_client import ProcessCollector, start_http_server
+        from prometheus_client.core import CounterMetricFamily
+
+        operator = self
+
+        class Requests:
+            def collect(self) -> Any:
+                family = CounterMetricFamily(
+                    "trainmaster_operator_api_requests", "Requests this operator made to the Kubernetes API server"
+                )
+                family.add_metric([], operator.requests)
+                yield family
+
+        metrics.REGISTRY.register(Requests())  # type: ignore[arg-type]
+        ProcessCollector(registry=metrics.REGISTRY)
+        start_http_server(port, addr="127.0.0.1", registry=metrics.REGISTRY)
+
+    def run(self, stop: threading.Event) -> None:
+        """Serve until ``stop``: stand by, lead while holding the lease, stand by again if it is lost."""
+
+        if self.options.metrics_port:
+            self.serve_metrics(self.options.metrics_port)
+        if self.options.install_crds:
+            self.install_crds()
+        while not stop.is_set():
+            if not self.elector.acquire(stop):
+                break
+            metrics.LEADING.set(1)
+            try:
+                self._lead(stop)
+            except Deposed as exc:
+                log.warning("%s stops leading: %s", self.identity, exc)
+            finally:
+                metrics.LEADING.set(0)
+                self.leading.clear()
+                self._close_leader()
+        self.elector.release()
+
+    def _lead(self, stop: threading.Event) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        if self.options.work_dir:
+            os.makedirs(self.options.work_dir, exist_ok=True)
+        folder = tempfile.mkdtemp(prefix="tm-operator-", dir=self.options.work_dir)
+        self._folder = folder
+        url = f"sqlite:///{folder}/cache.db"
+        self.sessions = session_factory(make_engine(url))
+        self.backend = KubernetesBackend(
+            KubernetesOptions(
+                kubeconfig=self.kubeconfig,
+                context=self.options.context,
+                namespace=self.options.namespace,
+                host_runtime=self.options.host_runtime,
+                pod_names="kubeflow",
+                cleanup=False,
+                follow_logs=False,
+            ),
+            owner_of=self._owner_of,
+        )
+        self.backend.fence = self.elector.check
+        self.controller = Controller(
+            self.sessions,
+            self.backend,
+            url,
+            interval=self.options.interval,
+            runs_dir=Path(folder) / "runs",
+            owner="operator",
+        )
+        self.backend.watch_exits(self.controller.wake)
+        self._tracked, self._events = {}, queue.SimpleQueue()
+        self._watches = []
+        for kind in KINDS:
+            for version in kind.versions[:1]:
+                args: dict[str, Any] = {"group": kind.group, "version": version, "plural": kind.plural}
+                call = self.custom.list_cluster_custom_object
+                if self.options.namespace:
+                    call, args = (
+                        self.custom.list_namespaced_custom_object,
+                        {**args, "namespace": self.options.namespace},
+                    )
+                self._watches.append(WatchedCache(self.api, call, kind.plural, self._handler(kind), **args))
+        for watch in self._watches:
+            if not watch.wait_synced(SYNC_TIMEOUT):
+                raise RuntimeError(f"could not list the custom resources {watch._what} (is the CRD installed?)")
+        self.leading.set()
+        log.info("%s leads: %d resource(s) to take up", self.identity, self._events.qsize())
+        while not stop.is_set():
+            self.elector.check()
+            self._take_events()
+            self.controller.step()
+            try:
+                self._write_statuses()
+            except ApiException as exc:
+                log.info("writing status: %s", exc.reason)
+            self.controller.wait_for_work(self.options.interval)
+
+    def _close_leader(self) -> None:
+        import shutil
+
+        for watch in getattr(self, "_watches", []):
+            watch.close()
+        if self.backend is not None:
+            self._past_requests += int(self.backend.requests)
+            self.backend.close()
+        self.backend = self.controller = None
+        if getattr(self, "_folder", None):
+            shutil.rmtree(self._folder, ignore_errors=True)
+
+    def _handler(self, kind: ResourceKind) -> Callable[[str, dict[str, Any]], None]:
+        """The watch's callback: the event is queued for the reconcile loop, which is woken."""
+
+        def on_event(event: str, obj: dict[str, Any]) -> None:
+            self._events.put((event, kind, obj))
+            if self.controller is not None:
+                self.controller.wake()
+
+        return on_event
+
+    def _take_events(self) -> None:
+        while True:
+            try:
+                event, kind, obj = self._events.get_nowait()
+            except queue.Empty:
+                return
+            uid = (obj.get("metadata") or {}).get("uid", "")
+            if event == "DELETED":
+                self._deleted(uid)
+            elif uid not in self._tracked:
+                self._take_up(kind, obj)
+            else:
+                self._tracked[uid].version = _newer(self._tracked[uid].version, obj)
+
+    # ---- a resource comes ---------------------------------------------------------------------------
+    def _take_up(self, kind: ResourceKind, obj: dict[str, Any]) -> None:
+
+        meta = obj.get("metadata") or {}
+        tracked = Tracked(
+            kind,
+            str(obj.get("apiVersion") or kind.api_version),
+            meta.get("namespace", ""),
+            meta.get("name", ""),
+            meta.get("uid", ""),
+            None,
+            replica_types(obj),
+            written=obj.get("status") or None,
+            version=str(meta.get("resourceVersion") or ""),
+        )
+        self._tracked[tracked.uid] = tracked
+        if statuses.is_final(kind, obj.get("status")):
+            return  # ended under an earlier leader: nothing to run, its status stays
+        source = f"{kind.kind} {tracked.namespace}/{tracked.name}"
+        try:
+            loaded = load_document(
+                to_document(kind, obj), source=source, options=LoadOptions(runtime=self.options.runtime)
+            )
+        except UserError as exc:
+            log.info("%s cannot run: %s", source, exc)
+            details = [source_path(kind, obj, d) for d in exc.details]
+            self._write(tracked, statuses.invalid_status(kind, exc.message, details, tracked.written))
+            return
+        except Exception as exc:  # a converter's bug must not stop the operator: the resource says why
+            log.exception("converting %s", source)
+            self._write(
+                tracked, statuses.invalid_status(kind, f"{source} could not be read: {exc}", [], tracked.written)
+            )
+            return
+        job_id = self.controller.submit(loaded)
+        tracked.job_id = job_id
+        scheduling = loaded.job.spec.scheduling
+        tracked.min_available = scheduling.min_available or sum(r.replicas for r in loaded.job.spec.roles)
+        self._adopt(tracked, loaded.job)
+
+    def _adopt(self, tracked: Tracked, job: Any) -> None:
+        """Give the job the uid of its resource (its pods' instance ids start with it) and take
+        back the newest pod of each of its instances: attempt, address and phase come from the
+        pod; the next pass observes it as any other."""
+
+        label = k8s.label_value(tracked.uid)
+        newest: dict[tuple[str, int], dict[str, Any]] = {}
+        for pod in self.backend.pods.items():
+            labels = pod["metadata"].get("labels") or {}
+            if labels.get(k8s.LABEL_JOB_UID) != label:
+                continue
+            key = (labels.get(k8s.LABEL_ROLE, ""), int(labels.get(k8s.LABEL_INDEX, 0)))
+            if key not in newest or int(labels.get(k8s.LABEL_ATTEMPT, 0)) > int(
+                newest[key]["metadata"]["labels"][k8s.LABEL_ATTEMPT]
+            ):
+                newest[key] = pod
+        with self.sessions() as session:
+            row = repo.load_job(session, tracked.job_id or 0)
+            row.uid = tracked.uid
+            if newest:
+                row.admitted = True
+                row.started_at = utcnow()
+            roles = {r.name: r for r in job.spec.roles}
+            for (role, index), pod in newest.items():
+                if role not in roles or index >= roles[role].replicas:
+                    continue
+                attempt = int(pod["metadata"]["labels"][k8s.LABEL_ATTEMPT])
+                instance_id = f"{tracked.uid}/{role}-{index}/{attempt}"
+                handle = self.backend.recover(instance_id, "")
+                if handle is None:
+                    continue
+                obs = k8s.pod_observation(pod)
+                ports = list(obs.ports or handle.get("ports") or [])
+                host = obs.host or k8s.POD_IP
+                row.instances.append(
+                    InstanceRow(
+                        job_id=row.id,
+                        role=role,
+                        index=index,
+                        state="starting",
+                        reason="Adopted",
+                        message=f"pod {pod['metadata']['name']} taken up by {self.identity}",
+                        attempt=attempt,
+                        restarts=attempt - 1,
+                        handle=handle,
+                        host=host,
+                        ports=ports,
+                        address=f"{host}:{ports[0]}" if ports else host,
+                        cpu=roles[role].resources.cpu,
+                        memory=roles[role].resources.memory_bytes,
+                        started_at=utcnow(),
+                    )
+                )
+            session.commit()
+        if newest:
+            self.controller.recover(job_ids=[tracked.job_id])
+
+    def _owner_of(self, spec: Any) -> k8s.Owner | None:
+        tracked = self._tracked.get(k8s.job_uid(spec))
+        if tracked is None:
+            return None
+        if tracked.kind.status == "kubeflow":
+            labels = {
+                "training.kubeflow.org/job-name": tracked.name,
+                "training.kubeflow.org/operator-name": "trainmaster",
+                "training.kubeflow.org/replica-type": spec.role,
+                "training.kubeflow.org/replica-index": str(spec.index),
+            }
+        elif tracked.kind.status == "volcano":
+            labels = {
+                "volcano.sh/job-name": tracked.name,
+                "volcano.sh/job-namespace": tracked.namespace,
+                "volcano.sh/task-spec": spec.role,
+            }
+        else:
+            labels = {}
+        return k8s.Owner(tracked.api_version, tracked.kind.kind, tracked.name, tracked.uid, labels, tracked.namespace)
+
+    # ---- a resource goes --------------------------------------------------------------------------
+    def _deleted(self, uid: str) -> None:
+        tracked = self._tracked.get(uid)
+        if tracked is None:
+            return
+        tracked.deleted = True
+        if tracked.job_id is not None:
+            with self.sessions() as session:
+                ended = repo.is_terminal(repo.load_job(session, tracked.job_id).state)
+            if not ended:
+                self.controller.cancel(tracked.job_id)  # its pods are stopped; the owner references do the rest
+
+    # ---- status -----------------------------------------------------------------------------------
+    def _write_statuses(self) -> None:
+
+        live = [t for t in self._tracked.values() if t.job_id is not None and not t.deleted]
+        if not live:
+            return
+        with self.sessions() as session:
+            documents = {t.uid: repo.job_status(session, repo.load_job(session, t.job_id or 0), events=0) for t in live}
+        for tracked in live:
+            doc = documents[tracked.uid]
+            if tracked.kind.status == "kubeflow":
+                new = statuses.kubeflow_status(tracked.kind, tracked.name, doc, tracked.replica_types, tracked.written)
+            elif tracked.kind.status == "volcano":
+                new = statuses.volcano_status(doc, tracked.min_available, tracked.written)
+            else:
+                new = statuses.trainmaster_status(doc, tracked.written)
+            if new != tracked.written:
+                self._write(tracked, new)
+
+    def _write(self, tracked: Tracked, status: dict[str, Any]) -> None:
+        """Patch the status subresource, fenced twice: only while leading, and only over the
+        version this leader last saw (a late write over a newer one fails with Conflict)."""
+        from kubernetes.client.exceptions import ApiException
+
+        self.elector.check()
+        body: dict[str, Any] = {"status": status}
+        if tracked.version:
+            body["metadata"] = {"resourceVersion": tracked.version}
+        try:
+            answer = self.custom.patch_namespaced_custom_object_status(
+                tracked.kind.group,
+                tracked.api_version.partition("/")[2] or tracked.kind.storage_version,
+                tracked.namespace,
+                tracked.kind.plural,
+                tracked.name,
+                body,
+                _preload_content=False,
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                tracked.deleted = True
+                return
+            if exc.status == 409:  # written meanwhile (by an earlier leader's late write): read it again
+                tracked.version = self._read_version(tracked)
+                return
+            raise
+        tracked.version = _newer(tracked.version, json.loads(answer.data))
+        tracked.written = status
+
+    def _read_version(self, tracked: Tracked) -> str:
+        obj = json.loads(
+            self.custom.get_namespaced_custom_object(
+                tracked.kind.group,
+                tracked.api_version.partition("/")[2] or tracked.kind.storage_version,
+                tracked.namespace,
+                tracked.kind.plural,
+                tracked.name,
+                _preload_content=False,
+            ).data
+        )
+        return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+    @property
+    def requests(self) -> int:
+        """API requests of this process (the operator's own and its backends')."""
+        return (
+            int(self.api.requests)
+            + self._past_requests
+            + (int(self.backend.requests) if self.backend is not None else 0)
+        )
+
+
+def _newer(known: str, obj: dict[str, Any]) -> str:
+    """The later of two resourceVersions (etcd's revisions: numbers, in practice)."""
+    seen = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+    try:
+        return seen if not known or int(seen) >= int(known) else known
+    except ValueError:
+        return seen or known
