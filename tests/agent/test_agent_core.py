@@ -371,7 +371,6 @@ def test_kill9_of_the_wait_step_ends_the_instance_and_nothing_runs_twice(agent: 
         "gated",
         ["true"],
         depends=[Dependency("nobody", "Running", 60, 1)],
-        db_url=f"sqlite:///{tmp_path / 'none.db'}",
         env_inputs={
             "framework": "command",
             "role_env": {},
@@ -385,12 +384,12 @@ def test_kill9_of_the_wait_step_ends_the_instance_and_nothing_runs_twice(agent: 
                 "ports": [],
                 "params": {},
                 "output_dir": str(tmp_path),
+                # a channel whose controller is away: the wait step retries until the timeout
+                "channel": f"unix://{tmp_path / 'away.sock'}",
+                "channel_token": "tm1.x.y",
             },
         },
     )
-    from trainmaster.store.db import make_engine
-
-    make_engine(gated.db_url)  # an empty registry: the wait step waits
     pid = agent.start([gated])[0].handle.pid  # type: ignore[union-attr]
     assert agent.observe(["job/gated/1"])[0].phase == InstancePhase.STARTING
     os.kill(pid, signal.SIGKILL)

@@ -170,7 +170,7 @@ def test_schemathesis_on_the_dashboard_and_big_integers_finds_no_server_error(
         schema = schemathesis.openapi.from_dict(dashboard_schema(server.app))
         operations = [result.ok() for result in schema.get_all_operations()]
         labels = {op.label for op in operations}
-        assert {"GET /jobs/{job_id}", "POST /ui/jobs/{job_id}/scale", "GET /ui/jobs/{job_id}/metrics"} <= labels
+        assert {"GET /jobs/{ref}", "POST /ui/jobs/{job_id}/scale", "GET /ui/jobs/{job_id}/metrics"} <= labels
         assert "GET /api/v1/jobs/{ref}" in labels
         statuses: dict[str, set[int]] = {}
         big_seen = set()

@@ -170,7 +170,7 @@ def test_dry_run_prints_the_defaulted_job(tmp_path: Path) -> None:
     assert master["env"]["RANK"] == "0" and master["env"]["WORLD_SIZE"] == "3"
     assert master["log_path"] == "$RUN_DIR/logs/master-0.log" and master["env"]["TM_OUTPUT_DIR"] == "$RUN_DIR/output"
     assert [d["role"] for d in worker0["depends"]] == ["master"] and worker0["env"] == {}
-    assert worker0["env_inputs"]["context"]["index"] == 0 and worker0["db_url"]
+    assert worker0["env_inputs"]["context"]["index"] == 0 and worker0["env_inputs"]["context"]["channel"]
 
 
 def test_unknown_fields_of_our_own_kind_get_a_did_you_mean() -> None:

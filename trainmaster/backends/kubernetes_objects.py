@@ -19,7 +19,7 @@ from typing import Any
 
 from trainmaster.backends.base import Observation, Resources
 from trainmaster.contract import InstancePhase as Phase
-from trainmaster.contract import LaunchSpec
+from trainmaster.contract import SECRET_VARIABLES, LaunchSpec
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "trainmaster"
@@ -42,8 +42,8 @@ TERMINATION_LOG = "/dev/termination-log"
 # the controller's variables a pod keeps; the rest of the submitting machine's environment stays
 # there (a pod on a cluster does not inherit its submitter's shell)
 PASS_THROUGH = ("PATH", "LANG", "LC_ALL", "PYTHONUNBUFFERED", "PYTHONHASHSEED", "OMP_NUM_THREADS")
-# variables that point into the controller's store: pods reach nothing of it
-WITHHELD = ("TM_DB_URL",)
+# the controller's secrets (its store, its token): pods reach nothing of it
+WITHHELD = SECRET_VARIABLES
 # a container that waits for one of these will not start on its own (no registry, no fix in time)
 FATAL_WAITING = ("ErrImageNeverPull", "InvalidImageName", "CreateContainerConfigError", "CreateContainerError")
 START_FAILED = "StartFailed"
