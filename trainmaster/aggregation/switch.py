@@ -27,6 +27,7 @@ from trainmaster.aggregation.protocol import (
     Header,
     Kind,
     bits,
+    dtype_flag,
     encode_header_into,
     encode_parts,
     values,
@@ -85,6 +86,7 @@ class _RecentKeys:
         return key in self._keys
 
     def discard_job(self, job: int) -> None:
+        """Forget the job's slices (O(capacity): on a job's end or rerun only)."""
         for key in [k for k in self._keys if k[0] == job]:
             del self._keys[key]
 
@@ -105,11 +107,13 @@ class ForwardingNode(DatagramNode):
         transport: str = "udp",
         kill: KillPlan | None = None,
         index: int = 0,
+        mtu: int | None = None,
     ):
-        """``index``: this node's place in the fabric (``switch:INDEX`` in a ``KillPlan``)."""
+        """``index``: this node's place in the fabric (``switch:INDEX`` in a ``KillPlan``);
+        ``mtu``: cut packets into datagrams of at most this MTU (see ``UdpTransport``)."""
         if slots < 1 or slots > 0xFFFF:
             raise ValueError("a forwarding node needs between 1 and 65535 slots")
-        super().__init__(make_transport(transport, name, host, port, faults), kill, "switch", index)
+        super().__init__(make_transport(transport, name, host, port, faults, mtu), kill, "switch", index)
         self.parent = parent
         self.pool_size = slots
         self.pool: list[_Slot | None] = [None] * slots
@@ -122,6 +126,11 @@ class ForwardingNode(DatagramNode):
     # ---- up-going -------------------------------------------------------------------------
     def _on_hello(self, h: Header, body: bytes | memoryview, src: Address) -> None:
         job = self.jobs.setdefault(h.job, _Job())
+        if any(job.routes.get(rank, src) != src for rank in bits(h.bitmap)):
+            # a worker of this job id joins from a new socket: a new run of the id (a rerun);
+            # slices remembered from the earlier run would make its slices look like duplicates
+            self.finished.discard_job(h.job)
+            self.diverted.discard_job(h.job)
         job.local_mask |= h.bitmap
         for rank in bits(h.bitmap):
             job.routes[rank] = src
@@ -138,8 +147,20 @@ class ForwardingNode(DatagramNode):
         assert slot is not None
         q, overflow = slot.sum.wire()
         job, rnd, seq = slot.key
-        flags = Flag.AGGREGATE_AT_PS | (Flag.OVERFLOW if overflow else Flag.NONE)
-        head = Header(Kind.DATA, job, rnd, seq, slot.sum.bitmap, slot.fan_in, index, slot.sum.exponent, q.size, flags)
+        flags = Flag.AGGREGATE_AT_PS | dtype_flag(q.dtype) | (Flag.OVERFLOW if overflow else Flag.NONE)
+        head = Header(
+            Kind.DATA,
+            job,
+            rnd,
+            seq,
+            slot.sum.bitmap,
+            slot.fan_in,
+            index,
+            slot.sum.exponent,
+            q.size,
+            flags,
+            peak=slot.sum.top,
+        )
         self.transport.send(encode_parts(head, q), self.parent)
         self.counters.flushes += 1
         self._free(index)
@@ -181,7 +202,7 @@ class ForwardingNode(DatagramNode):
         local = job.local_mask if job else 0
         completes = local and (slot.sum.bitmap | h.bitmap) & local == local
         # contributions are read where they arrived (no copy) and summed once, at completion
-        if not slot.sum.add(values(h, body), h.exponent, h.bitmap, h.has(Flag.OVERFLOW), borrow=True):
+        if not slot.sum.add(values(h, body), h.exponent, h.bitmap, h.has(Flag.OVERFLOW), borrow=True, top=h.peak):
             self.counters.duplicates_ignored += 1
             return
         self.counters.aggregated += 1
@@ -194,8 +215,9 @@ class ForwardingNode(DatagramNode):
         """Every worker below has contributed: sum straight into the packet that goes up (on
         shared memory, the ring space the parent reads), send it, free the slot."""
         n = h.count
-        packet = self.transport.packet(self.parent, HEADER_SIZE + 4 * n)
-        dest = np.frombuffer(packet, "<i4", n, HEADER_SIZE)
+        dtype = slot.sum.wire_dtype
+        packet = self.transport.packet(self.parent, HEADER_SIZE + dtype.itemsize * n)
+        dest = np.frombuffer(packet, dtype, n, HEADER_SIZE)
         _, overflow = slot.sum.wire(out=dest)
         head = Header(
             Kind.DATA,
@@ -207,7 +229,8 @@ class ForwardingNode(DatagramNode):
             h.slot,
             slot.sum.exponent,
             n,
-            Flag.OVERFLOW if overflow else Flag.NONE,
+            dtype_flag(dtype) | (Flag.OVERFLOW if overflow else Flag.NONE),
+            peak=slot.sum.top,
         )
         encode_header_into(packet, head, n)
         del dest
@@ -275,8 +298,7 @@ class ForwardingNode(DatagramNode):
 
     def _lower_budget(self, job_id: int, welcome: bytes | memoryview) -> bytes:
         """The WELCOME's per-worker in-flight budget, lowered to this node's share of its
-        receive buffer for each of the job's workers below it (the slice size it passes on
-        unchanged: one value for the whole job, decided by the parameter node)."""
+        receive buffer for each of the job's workers below it."""
         job = self.jobs.get(job_id)
         try:
             info = json.loads(bytes(welcome)) if len(welcome) else {}
