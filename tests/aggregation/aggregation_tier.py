@@ -64,13 +64,14 @@ def start_tier(
     transport: str = "udp",
     siblings: int = 1,
     mtu: int | None = None,
+    partitions: int = 0,
 ) -> ThreadTier:
     """``siblings``: forwarding nodes directly under the parameter node (what the ina
     framework builds for a switch role with several replicas); ``mtu``: every node and worker
     cuts its packets into datagrams of at most this MTU (segmentation on loopback)."""
     ps = ParameterNode(faults=faults, dead_after=dead_after, transport=transport, mtu=mtu)
     kw: dict[str, Any] = {"slots": slots, "faults": faults, "transport": transport, "mtu": mtu}
-    top = ForwardingNode(ps.address, name="top", **kw)
+    top = ForwardingNode(ps.address, name="top", partitions=partitions, **kw)
     switches = [top]
     switches += [ForwardingNode(ps.address, name=f"sibling-{i}", **kw) for i in range(1, siblings)]
     if levels == 2:

@@ -81,6 +81,22 @@ def test_collisions_between_jobs_get_conflict_flag_and_new_slot(tier_factory) ->
         tenant.close()
 
 
+def test_static_partitions_give_each_job_its_own_part_of_the_pool(tier_factory) -> None:
+    """Static slot allocation (the shared-switch benchmark's baseline): a 12-slot pool split
+    into 3 parts gives each of three jobs 4 slots: no slice of one job ever lands in another's
+    slot (its collisions are only with its own window), each job's window is its part (the
+    WELCOME carries it), and the sums are exact."""
+    tier = tier_factory(slots=12, partitions=3)
+    inputs = random_inputs(3, 2, 16_384, 2, seed=21)
+    out = reduce_all(tier, inputs, 2, WorkerConfig(chunk=1024, window=64))
+    assert_exact(inputs, out)
+    assert {stats["window"] for _, stats, _ in out.values()} == {4}
+    sw = query(tier.switches[0].address)
+    assert sw["partitions"] == 3 and sw["slots_in_use"] == 0
+    jobs = tier.switches[0].jobs
+    assert sorted((j.base, j.size) for j in jobs.values()) == [(0, 4), (4, 4), (8, 4)]
+
+
 def test_two_levels_with_workers_on_both(tier_factory) -> None:
     """Two levels: first-level nodes send partial sums to a second-level node that has a worker
     of its own; under loss the partial sums are flushed to the parameter node."""

@@ -46,7 +46,8 @@ def test_int8_slices_are_summed_into_int16_and_saturation_is_overflow() -> None:
 def test_shared_exponent_leaves_the_margin_and_the_headroom() -> None:
     """Shared scale from the previous round's magnitude: int8 values below 2**peak get one bit
     of margin under the int8 limit; int16 values also keep ceil(log2 fan_in) bits so that the
-    sum of fan_in of them fits int16."""
+    sum of fan_in of them fits int16; the margin adapts per slice (one more bit after an
+    overflow, one back after a run of clean rounds)."""
     assert peak_exponent(0.0) == NO_PEAK and peak_exponent(3.0) == 2 and peak_exponent(4.0) == 3
     for peak in (0.01, 1.0, 37.5):
         p = peak_exponent(peak)
@@ -54,6 +55,16 @@ def test_shared_exponent_leaves_the_margin_and_the_headroom() -> None:
         assert np.abs(quantize(np.array([peak, -peak], np.float32), e8, dtype="i1")).max() <= 64
         e16 = SharedScale(16).shared_exponent(p, 8)
         assert 8 * peak * 2.0**e16 <= 2**14
+    # a slice that overflowed keeps one more bit free, given back after MARGIN_DECAY clean rounds
+    scale = SharedScale(8)
+    assert scale.shared_exponent(3, 8, margin=2) == scale.shared_exponent(3, 8) - 1
+    margin, clean = scale.next_margin(1, 5, overflowed=True)
+    assert (margin, clean) == (2, 0)
+    for _ in range(SharedScale.MARGIN_DECAY - 1):
+        margin, clean = scale.next_margin(margin, clean, overflowed=False)
+    assert margin == 2
+    assert scale.next_margin(margin, clean, overflowed=False) == (1, 0)
+    assert scale.next_margin(1, 100, overflowed=False) == (1, 101)
 
 
 def _exact_integer_sums(inputs, world: int, rounds: int, chunk: int, out, bits: int) -> None:

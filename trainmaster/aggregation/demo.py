@@ -79,6 +79,7 @@ class DemoConfig:
     max_retransmit_timeout: float = 1.0  # cap of a slice's backed-off retransmit timer
     precision: str = "int32"  # int32 (block floating point), int16 or int8 (low-bit, shared scale)
     mtu: int | None = None  # cut packets into datagrams of at most this MTU (None: the path's)
+    partitions: int = 0  # 0: the jobs share the slots; N: each node's pool split into N parts
 
 
 def demo_input(cfg: DemoConfig, job: int, rank: int, rnd: int) -> np.ndarray:
@@ -114,6 +115,8 @@ class IntegerSums:
         feedback = isinstance(quantizer, SharedScale) and quantizer.error_feedback
         self.residuals = [np.zeros(cfg.elements, np.float32) for _ in range(cfg.workers)] if feedback else None
         self.peaks = np.full(self.slices, NO_PEAK)
+        base = quantizer.margin if isinstance(quantizer, SharedScale) else 0
+        self.margins = [(base, 0)] * self.slices  # (margin, clean rounds) per slice, as the client
 
     def expected(self, inputs: list[np.ndarray]) -> list[tuple[int, np.ndarray] | np.ndarray | None]:
         """Per slice: (exponent, int64 sum) when the sum is exact integers at one exponent, the
@@ -131,7 +134,7 @@ class IntegerSums:
             if shared:
                 assert isinstance(self.quantizer, SharedScale)
                 dtype = self.quantizer.dtype
-                exps = [self.quantizer.shared_exponent(int(self.peaks[s]), n)] * n
+                exps = [self.quantizer.shared_exponent(int(self.peaks[s]), n, self.margins[s][0])] * n
             else:
                 dtype = np.dtype("<i4")
                 rule = self.quantizer if isinstance(self.quantizer, FixedScale) else BlockFloat()
@@ -142,6 +145,9 @@ class IntegerSums:
             overflow = any(np.abs(q.astype(np.int64)).max() >= LIMITS[dtype.itemsize] for q in qs) or (
                 np.abs(total).max() >= wire
             )
+            if shared:
+                assert isinstance(self.quantizer, SharedScale)
+                self.margins[s] = self.quantizer.next_margin(*self.margins[s], overflow)
             if overflow:
                 out.append(np.sum([p.astype(np.float64) for p in part], axis=0).astype(np.float32))
             elif len(set(exps)) == 1:
@@ -246,6 +252,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
         siblings=cfg.siblings,
         kill=cfg.kill,
         mtu=cfg.mtu,
+        partitions=cfg.partitions,
     ) as fabric:
         procs, pipes = [], []
         t0 = time.monotonic()

@@ -51,11 +51,20 @@ def _serve_forwarding_node(
     kill: KillPlan | None = None,
     index: int = 0,
     mtu: int | None = None,
+    partitions: int = 0,
 ) -> None:
     from trainmaster.aggregation.switch import ForwardingNode
 
     node = ForwardingNode(
-        parent, slots=slots, name=name, faults=faults, transport=transport, kill=kill, index=index, mtu=mtu
+        parent,
+        slots=slots,
+        name=name,
+        faults=faults,
+        transport=transport,
+        kill=kill,
+        index=index,
+        mtu=mtu,
+        partitions=partitions,
     )
     conn.send(node.address)
     conn.close()
@@ -96,6 +105,7 @@ class Fabric:
     kill: KillPlan | None = None
     stalled_after: float = 2.0
     mtu: int | None = None  # cut packets into datagrams of at most this MTU (None: the path's)
+    partitions: int = 0  # 0: every job shares each node's slots; N: a static split into N parts
     ps: Address | None = None
     switches: list[Address] = field(default_factory=list)
     processes: list[Any] = field(default_factory=list)
@@ -114,7 +124,7 @@ class Fabric:
         top = self._spawn(
             ctx,
             _serve_forwarding_node,
-            (self.ps, self.slots, "switch-top", self.faults, self.transport, self.kill, 0, self.mtu),
+            (self.ps, self.slots, "switch-top", self.faults, self.transport, self.kill, 0, self.mtu, self.partitions),
         )
         self.switches = [top]
         for i in range(1, self.siblings):
@@ -122,7 +132,17 @@ class Fabric:
                 self._spawn(
                     ctx,
                     _serve_forwarding_node,
-                    (self.ps, self.slots, f"switch-sibling-{i}", self.faults, self.transport, self.kill, i, self.mtu),
+                    (
+                        self.ps,
+                        self.slots,
+                        f"switch-sibling-{i}",
+                        self.faults,
+                        self.transport,
+                        self.kill,
+                        i,
+                        self.mtu,
+                        self.partitions,
+                    ),
                 )
             )
         if self.levels == 2:
@@ -131,7 +151,17 @@ class Fabric:
                     self._spawn(
                         ctx,
                         _serve_forwarding_node,
-                        (top, self.slots, f"switch-l1-{i}", self.faults, self.transport, self.kill, i + 1, self.mtu),
+                        (
+                            top,
+                            self.slots,
+                            f"switch-l1-{i}",
+                            self.faults,
+                            self.transport,
+                            self.kill,
+                            i + 1,
+                            self.mtu,
+                            self.partitions,
+                        ),
                     )
                 )
         return self

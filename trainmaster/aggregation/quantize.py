@@ -16,7 +16,9 @@ Three modes:
   the sums are exact integers. int8 slices are summed into int16 (room for 256 workers), int16
   slices keep ``ceil(log2 fan_in)`` bits of headroom so that their sum fits int16. A value that
   outgrew the agreed scale saturates, which is the spec's overflow: the slice takes the
-  exception-retransmit path (floats). A slice with no previous round (a tensor's first
+  exception-retransmit path (floats). Each slice keeps ``margin`` bits free above the last
+  magnitude; a slice that overflowed gets one more bit (up to ``MAX_MARGIN``), given back
+  after ``MARGIN_DECAY`` clean rounds; every worker sees the same results, so they agree. A slice with no previous round (a tensor's first
   all-reduce) goes as ``BlockFloat`` int32. Error feedback (on by default) carries each
   worker's rounding error into its next round of the same tensor, so the rounding errors do not
   accumulate in the model.
@@ -70,6 +72,9 @@ class SharedScale:
     error_feedback: bool = True
     name: str = "shared"
 
+    MAX_MARGIN = 4
+    MARGIN_DECAY = 16  # clean rounds of a slice before it gives one bit of margin back
+
     def __post_init__(self) -> None:
         if self.bits not in (8, 16):
             raise ValueError(f"low-bit aggregation uses 8 or 16 bits per value, not {self.bits}")
@@ -80,14 +85,25 @@ class SharedScale:
     def dtype(self) -> np.dtype:
         return np.dtype("i1") if self.bits == 8 else np.dtype("<i2")
 
-    def shared_exponent(self, peak: int, fan_in: int) -> int:
+    def shared_exponent(self, peak: int, fan_in: int, margin: int | None = None) -> int:
         """The exponent every worker uses for a slice whose values stayed below ``2**peak``
-        in the previous round (``peak``: the RESULT's ``Header.peak``)."""
+        in the previous round (``peak``: the RESULT's ``Header.peak``), with ``margin`` bits
+        free above it (default: ``self.margin``)."""
+        free = self.margin if margin is None else margin
         if self.bits == 8:
-            top = 7 - self.margin  # int8 values, summed into int16 by the nodes
+            top = 7 - free  # int8 values, summed into int16 by the nodes
         else:
-            top = 15 - max(1, math.ceil(math.log2(max(fan_in, 2)))) - self.margin  # the sum fits int16
+            top = 15 - max(1, math.ceil(math.log2(max(fan_in, 2)))) - free  # the sum fits int16
         return max(MIN_EXPONENT, min(MAX_EXPONENT, top - peak))
+
+    def next_margin(self, margin: int, clean: int, overflowed: bool) -> tuple[int, int]:
+        """A slice's (margin, clean rounds) after a round: one more bit after an overflow,
+        one bit back after ``MARGIN_DECAY`` clean rounds, never below ``self.margin``."""
+        if overflowed:
+            return min(margin + 1, self.MAX_MARGIN), 0
+        if margin > self.margin and clean + 1 >= self.MARGIN_DECAY:
+            return margin - 1, 0
+        return margin, clean + 1
 
 
 Quantizer = FixedScale | BlockFloat | SharedScale

@@ -7,6 +7,12 @@ not be summed here go up unchanged with aggregate-at = 1: retransmissions (and t
 already held for that slice, so the parameter node can finish it), packets whose slot is held by
 another slice (conflict flag), and anything for a slice already diverted. Down-going packets are
 multicast to the workers (or lower nodes) named in their bitmap, using routes learned from HELLO.
+
+Slot allocation: by default every job's slices share the whole pool (the spec's dynamic,
+multi-tenant slots: slot = resource id mod pool, a slot held by another job is a conflict).
+``partitions=k`` splits the pool statically into k equal parts instead, one per job in the order
+the jobs first said HELLO (the k+1-th job shares the first part again): the static allocation
+the spec also allows, and the baseline of the shared-switch benchmark.
 """
 
 from __future__ import annotations
@@ -62,6 +68,8 @@ class SwitchCounters(NodeCounters):
 
 @dataclass
 class _Job:
+    base: int = 0  # its part of the pool: slots base .. base + size - 1
+    size: int = 0
     local_mask: int = 0
     routes: dict[int, Address] = field(default_factory=dict)  # worker rank -> next hop down
     # worker rank -> next hop down for acknowledgements (a worker's control socket, or the
@@ -108,15 +116,20 @@ class ForwardingNode(DatagramNode):
         kill: KillPlan | None = None,
         index: int = 0,
         mtu: int | None = None,
+        partitions: int = 0,
     ):
         """``index``: this node's place in the fabric (``switch:INDEX`` in a ``KillPlan``);
-        ``mtu``: cut packets into datagrams of at most this MTU (see ``UdpTransport``)."""
+        ``mtu``: cut packets into datagrams of at most this MTU (see ``UdpTransport``);
+        ``partitions``: 0, one pool shared by every job; k, a static split into k parts."""
         if slots < 1 or slots > 0xFFFF:
             raise ValueError("a forwarding node needs between 1 and 65535 slots")
+        if not 0 <= partitions <= slots:
+            raise ValueError(f"partitions must be between 0 (one shared pool) and the {slots} slots")
         super().__init__(make_transport(transport, name, host, port, faults, mtu), kill, "switch", index)
         self.parent = parent
         self.pool_size = slots
         self.pool: list[_Slot | None] = [None] * slots
+        self.partitions = partitions
         self.transport.prepare(parent)
         self.counters = SwitchCounters()
         self.jobs: dict[int, _Job] = {}
@@ -124,8 +137,24 @@ class ForwardingNode(DatagramNode):
         self.finished = _RecentKeys()
 
     # ---- up-going -------------------------------------------------------------------------
+    def _new_job(self) -> _Job:
+        """A job's part of the pool: all of it, or the next static part."""
+        if not self.partitions:
+            return _Job(0, self.pool_size)
+        size = self.pool_size // self.partitions
+        return _Job(len(self.jobs) % self.partitions * size, size)
+
+    def _index(self, job_id: int, slot: int) -> int:
+        """The aggregator a resource id names for this job."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return slot % self.pool_size
+        return job.base + slot % job.size
+
     def _on_hello(self, h: Header, body: bytes | memoryview, src: Address) -> None:
-        job = self.jobs.setdefault(h.job, _Job())
+        job = self.jobs.get(h.job)
+        if job is None:
+            job = self.jobs[h.job] = self._new_job()
         if any(job.routes.get(rank, src) != src for rank in bits(h.bitmap)):
             # a worker of this job id joins from a new socket: a new run of the id (a rerun);
             # slices remembered from the earlier run would make its slices look like duplicates
@@ -175,7 +204,7 @@ class ForwardingNode(DatagramNode):
 
     def _on_data(self, h: Header, body: bytes | memoryview) -> None:
         key = h.key
-        index = h.slot % self.pool_size
+        index = self._index(h.job, h.slot)
         slot = self.pool[index]
         holds_key = slot is not None and slot.key == key
         if h.has(Flag.AGGREGATE_AT_PS) or h.has(Flag.RETRANSMIT):
@@ -282,7 +311,7 @@ class ForwardingNode(DatagramNode):
         if h.kind == Kind.RESULT:
             key = h.key
             self.finished.add(key)
-            index = h.slot % self.pool_size
+            index = self._index(h.job, h.slot)
             for i in {index} | (
                 {i for i, s in enumerate(self.pool) if s and s.key == key} if h.has(Flag.CONFLICT) else set()
             ):
@@ -290,7 +319,9 @@ class ForwardingNode(DatagramNode):
                 if held is not None and held.key == key:
                     self._free(i)
         elif h.kind == Kind.WELCOME:
-            h = h.with_(slot=min(h.slot or self.pool_size, self.pool_size))
+            job = self.jobs.get(h.job)
+            size = job.size if job is not None else self.pool_size
+            h = h.with_(slot=min(h.slot or size, size))
             body = self._lower_budget(h.job, body)
         elif h.kind == Kind.ABORT:
             self._release_job(h.job)
@@ -324,6 +355,7 @@ class ForwardingNode(DatagramNode):
         return {
             "role": "switch",
             "pool": self.pool_size,
+            "partitions": self.partitions,
             "slots_in_use": self.slots_in_use(),
             **self.counters.__dict__,
             "transport": self.transport.counters.as_dict(),
@@ -337,7 +369,9 @@ class ForwardingNode(DatagramNode):
         elif h.kind in (Kind.HEARTBEAT, Kind.BYE):
             # forwarded as it is: the worker retransmits it until the parameter node's ACK
             # comes back, which follows the route learned here
-            job = self.jobs.setdefault(h.job, _Job())
+            job = self.jobs.get(h.job)
+            if job is None:
+                job = self.jobs[h.job] = self._new_job()
             for rank in bits(h.bitmap):
                 job.control_routes[rank] = src
             self.transport.send(encode_parts(h, body), self.parent)

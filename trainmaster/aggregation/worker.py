@@ -142,21 +142,27 @@ class _Stream:
     """What low-bit aggregation carries from one all-reduce of a tensor to the next.
 
     ``peaks``: per slice, the largest magnitude (``Header.peak``) any worker sent in the last
-    round (``NO_PEAK``: no round yet: the slice goes as int32); ``residual``: this worker's
-    rounding error per element, added to the next input (error feedback); ``carried``: per
-    slice, the bound of every worker's carried error (the result's error bound includes it)."""
+    round (``NO_PEAK``: no round yet: the slice goes as int32); ``margins`` / ``clean``: per
+    slice, the bits kept free above it and the rounds since it last overflowed
+    (``SharedScale.next_margin``); ``residual``: this worker's rounding error per element,
+    added to the next input (error feedback); ``carried``: per slice, the bound of every
+    worker's carried error (the result's error bound includes it)."""
 
     size: int
     peaks: np.ndarray
+    margins: np.ndarray
+    clean: np.ndarray
     residual: np.ndarray
     sent: np.ndarray  # the input plus the carried error: what this round quantises
     carried: np.ndarray
 
     @classmethod
-    def empty(cls, size: int, slices: int) -> _Stream:
+    def empty(cls, size: int, slices: int, margin: int) -> _Stream:
         return cls(
             size,
             np.full(slices, NO_PEAK, np.int16),
+            np.full(slices, margin, np.int8),
+            np.zeros(slices, np.int16),
             np.zeros(size, np.float32),
             np.empty(size, np.float32),
             np.zeros(slices, np.float32),
@@ -452,7 +458,7 @@ class AggregationClient:
         stream = self._stream
         if isinstance(quantizer, SharedScale):
             if stream is not None and stream.peaks[fl.seq] != NO_PEAK:
-                exponent = quantizer.shared_exponent(int(stream.peaks[fl.seq]), self.world)
+                exponent = quantizer.shared_exponent(int(stream.peaks[fl.seq]), self.world, int(stream.margins[fl.seq]))
                 return (Flag.INT8 if quantizer.bits == 8 else Flag.INT16), quantizer.dtype, exponent
             return Flag.NONE, np.dtype("<i4"), BlockFloat().choose_exponent(chunk, self.world, fl.peak)
         return Flag.NONE, np.dtype("<i4"), quantizer.choose_exponent(chunk, self.world, fl.peak)
@@ -572,7 +578,7 @@ class AggregationClient:
             return None
         stream = self._streams.get(key)
         if stream is None or stream.size != size:
-            stream = self._streams[key] = _Stream.empty(size, max(1, math.ceil(size / self.chunk)))
+            stream = self._streams[key] = _Stream.empty(size, max(1, math.ceil(size / self.chunk)), quantizer.margin)
         return stream
 
     @property
@@ -742,6 +748,12 @@ class AggregationClient:
             stream.carried[fl.seq] = (
                 0.5 * self.world * math.ldexp(1.0, -h.exponent) if self._feedback and not floats else 0.0
             )
+            if stream.peaks[fl.seq] != NO_PEAK and isinstance(self.config.quantizer, SharedScale):
+                # a low-bit slice that overflowed came back as floats
+                margin, clean = self.config.quantizer.next_margin(
+                    int(stream.margins[fl.seq]), int(stream.clean[fl.seq]), floats
+                )
+                stream.margins[fl.seq], stream.clean[fl.seq] = margin, clean
             stream.peaks[fl.seq] = h.peak
         if h.has(Flag.CONFLICT):
             self.slot_override[h.seq] = h.slot
@@ -753,6 +765,7 @@ class AggregationClient:
             "role": "worker",
             "job": self.job,
             "rank": self.rank,
+            "window": self.window,  # slices in flight at most (slots, buffers, configured)
             **self.counters.__dict__,
             "transport": self.transport.counters.as_dict(),
         }

@@ -59,6 +59,9 @@ def demo(
     per_datagram: bool = typer.Option(
         False, help="Inject the faults into each datagram of a cut packet instead of the packet as a whole."
     ),
+    partitions: int = typer.Option(
+        0, help="0: the jobs share every forwarding node's slots; N: each pool split statically into N parts."
+    ),
     kill: str = typer.Option(
         "", help="Process fault: ps, switch, switch:I or worker:R kills itself at the moment --kill-after chooses."
     ),
@@ -97,6 +100,8 @@ def demo(
         problems.append(f"--chunk must be between 1 and {udp_max} on udp")
     elif not 1 <= chunk <= SHM_MAX_ELEMENTS:
         problems.append(f"--chunk must be between 1 and {SHM_MAX_ELEMENTS} on shm")
+    if not 0 <= partitions <= slots:
+        problems.append(f"--partitions must be between 0 and --slots ({slots})")
     if mtu and not 576 <= mtu <= 65536:
         problems.append(f"--mtu must be 0 or between 576 and 65536, got {mtu}")
     if not 1 <= siblings <= 16 or (siblings > 1 and levels != 1):
@@ -136,6 +141,7 @@ def demo(
         kill=plan,
         precision=precision,
         mtu=mtu or None,
+        partitions=partitions,
     )
     result = run_demo(cfg)
     if as_json:
@@ -197,6 +203,12 @@ def forwarding_node(
     transport: str = typer.Option(
         "udp", envvar="TM_AGGREGATION_TRANSPORT", help="udp, or shm (shared-memory rings, same host)."
     ),
+    partitions: int = typer.Option(
+        0,
+        envvar="TM_AGGREGATION_PARTITIONS",
+        help="0: every job's slices share the whole pool (multi-tenant slots); N: the pool split "
+        "statically into N equal parts, one per job.",
+    ),
 ) -> None:
     """Run a forwarding node (software switch) in the foreground."""
     from trainmaster.aggregation.switch import ForwardingNode
@@ -205,7 +217,11 @@ def forwarding_node(
     h, _, p = parent.rpartition(":")
     if not h or not p.isdigit():
         raise UserError(f"--parent must be HOST:PORT, got {parent!r}")
-    node = ForwardingNode((h, int(p)), slots=slots, host=host, port=port, transport=_transport(transport))
+    if not 1 <= slots <= 65535 or not 0 <= partitions <= slots:
+        raise UserError(f"--slots must be 1-65535 and --partitions 0-{slots}, got {slots} and {partitions}")
+    node = ForwardingNode(
+        (h, int(p)), slots=slots, host=host, port=port, transport=_transport(transport), partitions=partitions
+    )
     print(f"forwarding node listening on {node.address[0]}:{node.address[1]} ({transport})", flush=True)
     label = f"forwarding node {os.environ.get('TM_REPLICA_INDEX', '0')}"
     with PeriodicPublisher("aggregation.counters", lambda: {"node": label, **numbers("", node.stats())}):
