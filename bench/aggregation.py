@@ -55,19 +55,28 @@ SEG_HEADER = 16  # trainmaster.aggregation.segments.SEG_HEADER
 HEADER = 36  # trainmaster.aggregation.protocol.HEADER_SIZE
 
 
-def chunk_for(mtu: int) -> int:
-    """float32 elements per INA slice: as many as one GSO send carries at this MTU (64 KiB of
-    datagrams, at most 64 of them), so a slice leaves in one system call and arrives as one run."""
+# GSO sends per INA slice: a slice of four sends (about 256 KB) pays the per-slice Python cost
+# of the nodes once per 256 KB; measured on loopback, 8 workers x 16 MiB x 4 rounds at MTU 9000,
+# the forwarding node's CPU: 1.92 s with one send per slice, 0.75 s with four (the same as 64 KB
+# slices unsegmented); a lost datagram costs the whole slice, which a lossless link never does
+SENDS_PER_SLICE = 4
+
+
+def chunk_for(mtu: int, sends: int = SENDS_PER_SLICE) -> int:
+    """float32 elements per INA slice: as many as ``sends`` GSO sends carry at this MTU (64 KiB
+    of datagrams each, at most 64 of them), so a slice leaves in that many system calls and
+    arrives as that many runs of datagrams."""
     stride = min(65507, mtu - 28)
     per_send = max(1, min(64, 65507 // stride)) * (stride - SEG_HEADER)
-    return (per_send - HEADER) // 4
+    return (sends * per_send - HEADER) // 4
 
 
 CHUNK = chunk_for(MTU)
-# Datagrams in flight, all workers together: what the forwarding node's socket buffer holds
-# (8 MB), so a burst from every worker at once is queued, not dropped. Measured on a 4-worker
-# 100 Mbit/s testbed (4 MiB): 16 per worker 1.25x gloo, 32 per worker 1.50x, 64 per worker
-# 0.38x (the buffer overflowed: ~580 datagrams resent per all-reduce).
+# Bytes in flight, all workers together, in 64 KiB units: what the forwarding node's socket
+# buffer holds (8 MB), so a burst from every worker at once is queued, not dropped. Measured on
+# a 4-worker 100 Mbit/s testbed (4 MiB, 64 KiB slices): 16 per worker 1.25x gloo, 32 per
+# worker 1.50x, 64 per worker 0.38x (the buffer overflowed: ~580 datagrams resent per
+# all-reduce).
 IN_FLIGHT = 128
 # A slice may wait a link queue's worth (the testbed's queue_ms, 200 ms) on its way up and
 # down; resending sooner only adds load (measured: 528 resends per all-reduce at 50 ms, 0 at
@@ -76,15 +85,16 @@ MIN_RTO = 0.3
 
 
 def window(workers: int, link_rate: int | None, queue_ms: int, in_flight: int = IN_FLIGHT, chunk: int = CHUNK) -> int:
-    """Datagrams in flight per worker: a share of ``IN_FLIGHT``, and no more than 3/4 of what
-    its link's queue holds (a full window must not overflow the tbf queue: dropped datagrams
+    """Slices in flight per worker: a share of ``IN_FLIGHT`` x 64 KiB, and no more than 3/4 of
+    what its link's queue holds (a full window must not overflow the tbf queue: dropped slices
     are resent through the parameter node, whose single link then carries every worker's
     resends; measured with 64 per worker at 2 workers on 100 Mbit/s: the queue dropped ~700
     datagrams, the parameter node's link queue ~8700, and the run stalled)."""
-    share = in_flight // workers
+    slice_bytes = chunk * 4 + 64
+    share = in_flight * 65536 // workers // slice_bytes
     if link_rate is not None:
-        share = min(share, int(link_rate / 8 * queue_ms / 1000 * 0.75) // (chunk * 4 + 64))
-    return max(4, share)
+        share = min(share, int(link_rate / 8 * queue_ms / 1000 * 0.75) // slice_bytes)
+    return max(2, share)
 
 
 PS_PORT, SWITCH_PORT, GLOO_PORT = 19000, 19001, 29500
@@ -497,8 +507,8 @@ def write_markdown(report: dict[str, Any], cells: list[Cell]) -> str:
         f"otherwise, e.g. 1gbit@1500), one invocation of "
         f"`bench/aggregation.py`: workers on h1..hn, INA's forwarding node on the switch host and "
         f"parameter node on its own host, UDP, slices of "
-        f"{', '.join(f'{v} elements at {k}' for k, v in report['chunk'].items())} (one GSO "
-        f"send: cut into datagrams of the link's MTU), {report['in_flight']} slices in flight "
+        f"{', '.join(f'{v} elements at {k}' for k, v in report['chunk'].items())} ({SENDS_PER_SLICE} GSO "
+        f"sends each: cut into datagrams of the link's MTU), {report['in_flight']} x 64 KiB in flight "
         f"over all workers; gloo one process per worker host. {report['machine']['cpus']} CPUs "
         f"shared with other jobs (1-minute load average {load['start']:.2f} at start, "
         f"{load['end']:.2f} at end): every process of every variant shares them, so at 1 Gbit/s "
@@ -607,7 +617,8 @@ def main() -> None:
         "--in-flight",
         type=int,
         default=IN_FLIGHT,
-        help="INA datagrams in flight over all workers (each worker's share is also bounded by its link's queue)",
+        help="INA bytes in flight over all workers, in 64 KiB units (each worker's share is also bounded by "
+        "its link's queue)",
     )
     parser.add_argument(
         "--min-rto", type=float, default=MIN_RTO, help="INA workers' floor of the retransmission timeout, seconds"

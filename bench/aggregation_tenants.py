@@ -139,7 +139,8 @@ def _query(namespace: str, addresses: list[tuple[str, int]], out: Any) -> None:
     out.put([query(a, attempts=3) or {} for a in addresses])
 
 
-def run_mode(bed: Any, mode: str, run: int, args: dict[str, Any]) -> Run:
+def run_mode(bed: Any, mode: str, run: int, args: dict[str, Any], jobs_active: int = JOBS) -> Run:
+    """Run the jobs (the first ``jobs_active`` of them) on a fresh pair of nodes in ``mode``."""
     from trainmaster.testbed import SWITCH
 
     ctx = mp.get_context("fork")
@@ -153,7 +154,7 @@ def run_mode(bed: Any, mode: str, run: int, args: dict[str, Any]) -> Run:
         p.start()
     start, out = ctx.Queue(), ctx.Queue()
     workers = []
-    for job in range(1, JOBS + 1):
+    for job in range(1, jobs_active + 1):
         for rank in range(args["workers"]):
             host = bed.host_names[(job - 1) * args["workers"] + rank]
             workers.append(
@@ -183,7 +184,7 @@ def run_mode(bed: Any, mode: str, run: int, args: dict[str, Any]) -> Run:
     ps: dict[str, Any] = {}
     try:
         deadline = t0 + args["warm_up"] + args["seconds"] + 120
-        while len(ends) < JOBS:
+        while len(ends) < jobs_active:
             job, times = out.get(timeout=max(1.0, deadline - time.time()))
             ends[job] = times
         asker = ctx.Process(target=_query, args=(sw_ns, [(sw_addr, SWITCH_PORT), (sw_addr, PS_PORT)], out))
@@ -201,7 +202,7 @@ def run_mode(bed: Any, mode: str, run: int, args: dict[str, Any]) -> Run:
                 p.kill()
     window = (t0 + args["warm_up"], t0 + args["warm_up"] + args["seconds"])
     jobs = []
-    for job in range(1, JOBS + 1):
+    for job in range(1, jobs_active + 1):
         inside = [(b, e) for b, e in ends[job] if window[0] <= e <= window[1]]
         jobs.append(
             JobResult(
@@ -255,6 +256,13 @@ def write_markdown(report: dict[str, Any]) -> str:
             f"{r['total_per_second']:.3f} | {r['total_MiB_per_second']:.1f} | {means} | "
             f"{r['collisions']} | {r['conflicts_aggregated']} |"
         )
+    if report["calibration"]:
+        lines += [
+            "",
+            "One job alone, all-reduces back to back, by pool size (how many slots one job needs): "
+            + ", ".join(f"{c['slots']} slots {c['allreduces_per_second']:.3f}/s" for c in report["calibration"])
+            + ".",
+        ]
     lines += ["", "![throughput per mode](/bench/results/aggregation_tenants.png)"]
     return "\n".join(lines) + "\n"
 
@@ -298,6 +306,12 @@ def main() -> None:
     parser.add_argument("--stagger", type=float, default=0.25, help="seconds between the jobs' starts")
     parser.add_argument("--runs", type=int, default=3, help="runs per mode")
     parser.add_argument("--seed", type=int, default=0, help="the compute draws' seed")
+    parser.add_argument(
+        "--calibrate",
+        default="",
+        help="pool sizes (e.g. 2,3,4,6,8): first run one job alone, back to back, with each pool, "
+        "to see how many slots one job needs (its bandwidth-delay product in slices)",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS, help="directory for aggregation_tenants.*")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -312,7 +326,13 @@ def main() -> None:
     options = TestbedOptions(hosts=JOBS * args.workers, link_rate=parse_rate(args.link), prefix=PREFIX, mtu=args.mtu)
     bed = Testbed.up(options)
     runs: list[Run] = []
+    calibration: list[dict[str, Any]] = []
     try:
+        for pool in [int(p) for p in args.calibrate.split(",") if p.strip()]:
+            solo = {**vars(args), "slots": pool, "compute": 0.0}
+            r = run_mode(bed, "shared", 0, solo, jobs_active=1)
+            calibration.append({"slots": pool, "allreduces_per_second": r.total_per_second})
+            print(f"one job alone, {pool} slots: {r.total_per_second:.3f} all-reduces/s", flush=True)
         for i in range(args.runs):
             for mode in MODES if i % 2 == 0 else MODES[::-1]:
                 r = run_mode(bed, mode, i, vars(args))
@@ -337,6 +357,7 @@ def main() -> None:
         "seconds": round(time.time() - started),
         "median": median,
         "ratio": median["shared"] / median["static"] if median["static"] else float("nan"),
+        "calibration": calibration,
         "runs": [asdict(r) for r in runs],
     }
     args.output.mkdir(parents=True, exist_ok=True)

@@ -186,16 +186,19 @@ def test_int8_under_loss_duplication_and_reordering_is_exact(levels: int) -> Non
     assert result["slots_in_use_after"] == 0
 
 
-def test_killed_forwarding_node_with_int8_falls_back_and_stays_exact() -> None:
-    """A killed forwarding node on the low-bit path: the workers fall back to the parameter
-    node, which sums their int8 slices into int16 itself; the integer sums stay exact."""
+@pytest.mark.parametrize(("precision", "mtu"), [("int8", None), ("int32", 1500)])
+def test_killed_forwarding_node_with_int8_falls_back_and_stays_exact(precision: str, mtu: int | None) -> None:
+    """A killed forwarding node on the low-bit path (and on segmented packets, MTU 1500): the
+    workers fall back to the parameter node, which sums their int8 slices into int16 itself
+    (or puts their segments together); the integer sums stay exact."""
     cfg = DemoConfig(
         workers=3,
         elements=60_000,
         rounds=3,
         chunk=4096,
         seed=2,
-        precision="int8",
+        precision=precision,
+        mtu=mtu,
         kill=KillPlan("switch", after_packets=40),
         failover_after=1.0,
         parameter_node_dead_after=2.0,
@@ -205,4 +208,6 @@ def test_killed_forwarding_node_with_int8_falls_back_and_stays_exact() -> None:
     result = run_demo(cfg)
     assert result["ok"], result["errors"]
     assert result["fallbacks_to_parameter_node"] == 3
-    assert result["integer_sums"]["all_exact"] and result["low_bit_slices"] > 0
+    assert result["integer_sums"]["all_exact"] and result["integer_sums"]["checked"] > 0
+    assert (result["low_bit_slices"] > 0) == (precision == "int8")
+    assert (result["segments"]["reassembled"] > 0) == (mtu is not None)
