@@ -76,8 +76,11 @@ CHUNK = chunk_for(MTU)
 # buffer holds (8 MB), so a burst from every worker at once is queued, not dropped. Measured on
 # a 4-worker 100 Mbit/s testbed (4 MiB, 64 KiB slices): 16 per worker 1.25x gloo, 32 per
 # worker 1.50x, 64 per worker 0.38x (the buffer overflowed: ~580 datagrams resent per
-# all-reduce).
-IN_FLIGHT = 128
+# all-reduce). With slices of 256 KB (four GSO sends) and the 32 MiB socket buffers asked for
+# with SO_RCVBUFFORCE, twice that: 8 MiB gave 4 slices per worker at 8 workers, too few to
+# cover the scheduling delays of a loaded machine (1 Gbit/s, 4 workers, 16 MiB, load ~15:
+# 13.6 MB/s with 8 MiB in flight, 40.7 MB/s with 32 MiB).
+IN_FLIGHT = 256
 # A slice may wait a link queue's worth (the testbed's queue_ms, 200 ms) on its way up and
 # down; resending sooner only adds load (measured: 528 resends per all-reduce at 50 ms, 0 at
 # 300 ms, same setting as above).

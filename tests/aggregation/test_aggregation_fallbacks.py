@@ -83,9 +83,9 @@ def test_collisions_between_jobs_get_conflict_flag_and_new_slot(tier_factory) ->
 
 def test_static_partitions_give_each_job_its_own_part_of_the_pool(tier_factory) -> None:
     """Static slot allocation (the shared-switch benchmark's baseline): a 12-slot pool split
-    into 3 parts gives each of three jobs 4 slots: no slice of one job ever lands in another's
-    slot (its collisions are only with its own window), each job's window is its part (the
-    WELCOME carries it), and the sums are exact."""
+    into 3 parts gives each of three jobs 4 slots, used round robin by slice index: no slice
+    lands in another job's slot, a job's window is its part (the WELCOME carries it), and the
+    sums are exact."""
     tier = tier_factory(slots=12, partitions=3)
     inputs = random_inputs(3, 2, 16_384, 2, seed=21)
     out = reduce_all(tier, inputs, 2, WorkerConfig(chunk=1024, window=64))

@@ -11,8 +11,10 @@ multicast to the workers (or lower nodes) named in their bitmap, using routes le
 Slot allocation: by default every job's slices share the whole pool (the spec's dynamic,
 multi-tenant slots: slot = resource id mod pool, a slot held by another job is a conflict).
 ``partitions=k`` splits the pool statically into k equal parts instead, one per job in the order
-the jobs first said HELLO (the k+1-th job shares the first part again): the static allocation
-the spec also allows, and the baseline of the shared-switch benchmark.
+the jobs first said HELLO (the k+1-th job shares the first part again), and gives a job's
+slices the slots of its part round robin by slice index (a window no larger than the part
+meets itself only when an early slice is still pending): the static allocation the spec also allows, and the baseline of the
+shared-switch benchmark.
 """
 
 from __future__ import annotations
@@ -144,12 +146,13 @@ class ForwardingNode(DatagramNode):
         size = self.pool_size // self.partitions
         return _Job(len(self.jobs) % self.partitions * size, size)
 
-    def _index(self, job_id: int, slot: int) -> int:
-        """The aggregator a resource id names for this job."""
-        job = self.jobs.get(job_id)
-        if job is None:
-            return slot % self.pool_size
-        return job.base + slot % job.size
+    def _index(self, h: Header) -> int:
+        """The aggregator of a packet's slice: its resource id mod the pool, or with static
+        partitions the job's part, round robin by slice index."""
+        job = self.jobs.get(h.job)
+        if not self.partitions or job is None:
+            return h.slot % self.pool_size
+        return job.base + h.seq % job.size
 
     def _on_hello(self, h: Header, body: bytes | memoryview, src: Address) -> None:
         job = self.jobs.get(h.job)
@@ -204,7 +207,7 @@ class ForwardingNode(DatagramNode):
 
     def _on_data(self, h: Header, body: bytes | memoryview) -> None:
         key = h.key
-        index = self._index(h.job, h.slot)
+        index = self._index(h)
         slot = self.pool[index]
         holds_key = slot is not None and slot.key == key
         if h.has(Flag.AGGREGATE_AT_PS) or h.has(Flag.RETRANSMIT):
@@ -311,7 +314,7 @@ class ForwardingNode(DatagramNode):
         if h.kind == Kind.RESULT:
             key = h.key
             self.finished.add(key)
-            index = self._index(h.job, h.slot)
+            index = self._index(h)
             for i in {index} | (
                 {i for i, s in enumerate(self.pool) if s and s.key == key} if h.has(Flag.CONFLICT) else set()
             ):
