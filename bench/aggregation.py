@@ -85,6 +85,9 @@ IN_FLIGHT = 256
 # down; resending sooner only adds load (measured: 528 resends per all-reduce at 50 ms, 0 at
 # 300 ms, same setting as above).
 MIN_RTO = 0.3
+# ... and on a loaded machine a round trip can take seconds: a timer capped at 1 s (the
+# library's default) then fires again and again for slices that are only late
+MAX_RTO = 4.0
 
 
 def window(workers: int, link_rate: int | None, queue_ms: int, in_flight: int = IN_FLIGHT, chunk: int = CHUNK) -> int:
@@ -215,6 +218,7 @@ def _ina_worker(
         chunk=chunk,
         window=per_worker_window,
         min_retransmit_timeout=min_rto,
+        max_retransmit_timeout=MAX_RTO,
         timeout=max(60.0, sync.wait_s / 4),
         quantizer=quantizer_for(precision),
     )

@@ -27,6 +27,8 @@ import numpy as np
 from trainmaster.aggregation.fabric import Fabric, query
 from trainmaster.aggregation.worker import AggregationClient, WorkerConfig
 
+MIN_RTO = float(os.environ.get("TM_BENCH_MIN_RTO", "0.05"))  # the library default on udp
+
 
 def _worker(
     conn: Any,
@@ -43,7 +45,7 @@ def _worker(
 
     x = np.random.default_rng(rank).standard_normal(elements).astype(np.float32)
     out = np.empty_like(x)
-    cfg = WorkerConfig(chunk=chunk, quantizer=quantizer_for(precision), min_retransmit_timeout=0.3)
+    cfg = WorkerConfig(chunk=chunk, quantizer=quantizer_for(precision), min_retransmit_timeout=MIN_RTO)
     with AggregationClient(switch, 1, rank, world, cfg, mtu=mtu) as client:
         client.allreduce(x, out=out, key="x")  # warm-up: routes, buffers, the shared scale
         times = []

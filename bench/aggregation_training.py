@@ -124,7 +124,11 @@ def _rank(
 ) -> None:
     """One worker: DDP training with ``method``'s all-reduce; rank 0 reports the curve."""
     _on_host(namespace)
+    import faulthandler
+    import signal as signals
     from datetime import timedelta
+
+    faulthandler.register(signals.SIGUSR1)  # kill -USR1 <pid>: every thread's stack, to stderr
 
     import torch
     import torch.distributed as dist
@@ -154,7 +158,11 @@ def _rank(
             from trainmaster.aggregation.worker import quantizer_for
 
             cfg = WorkerConfig(
-                chunk=CHUNK, min_retransmit_timeout=0.3, timeout=120.0, quantizer=quantizer_for(method[4:])
+                chunk=CHUNK,
+                min_retransmit_timeout=0.3,
+                max_retransmit_timeout=4.0,  # round trips of seconds on a loaded machine
+                timeout=120.0,
+                quantizer=quantizer_for(method[4:]),
             )
             client = AggregationClient(switch, 1, rank, world, cfg, host=address)
             client.join()
@@ -201,7 +209,16 @@ def _rank(
             curve.stats = {
                 k: v
                 for k, v in client.stats().items()
-                if k in ("retransmits", "low_bit_slices", "float_resends", "packets_sent", "seconds_in_allreduce")
+                if k
+                in (
+                    "retransmits",
+                    "spurious_retransmits",
+                    "window_cuts",
+                    "low_bit_slices",
+                    "float_resends",
+                    "packets_sent",
+                    "seconds_in_allreduce",
+                )
             }
     except Exception as exc:  # reported with the curve, not hidden
         curve.error = f"{type(exc).__name__}: {exc}"
@@ -254,8 +271,9 @@ def run_method(bed: Any, method: str, world: int, seed: int, args: dict[str, Any
         got = out.get(timeout=args["timeout"])
         curve = Curve(**{**got})
     finally:
+        deadline = time.monotonic() + 60  # every rank together, not 60 s each
         for p in ranks:
-            p.join(timeout=60)
+            p.join(timeout=max(0.1, deadline - time.monotonic()))
         for p in [*ranks, *nodes]:
             if p.is_alive():
                 p.terminate()
@@ -392,6 +410,17 @@ def main() -> None:
     from trainmaster.testbed import Testbed, TestbedOptions, parse_rate
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # imported once here, before the ranks are forked: 8 processes importing torch's DDP (and
+    # the compiler modules it pulls in) at once took minutes on the loaded 2 cores
+    import torch._dynamo  # noqa: F401
+    import torch.distributed  # noqa: F401
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook  # noqa: F401
+    from torch.nn.parallel import DistributedDataParallel  # noqa: F401
+
+    import trainmaster.aggregation.torch_hook  # noqa: F401
+    from trainmaster.workloads.digits import load_digits_split
+
+    load_digits_split()  # scikit-learn's loader and data, once
     load_start, started = os.getloadavg(), time.time()
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     bed = Testbed.up(TestbedOptions(hosts=max(workers), link_rate=parse_rate(args.link), prefix=PREFIX, mtu=args.mtu))

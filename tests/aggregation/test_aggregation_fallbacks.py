@@ -277,6 +277,22 @@ def test_welcome_names_the_parameter_node_and_the_in_flight_budget(tier_factory)
         fake.close()
 
 
+def test_late_results_are_recognised_and_undo_the_window_cut(tier_factory) -> None:
+    """Spurious retransmissions (a loaded machine delays a result past the retransmission
+    timer): when the result of a resent slice comes back sooner than any round trip could after
+    the resend, the first send was answered; the worker counts it, undoes the window cut and
+    learns the long round trip. Every result is exact."""
+    faults = FaultPlan(delay=0.3, delay_s=0.08, seed=4)
+    tier = tier_factory(faults=faults)
+    inputs = random_inputs(1, 2, 30_000, 2, seed=5)
+    cfg = WorkerConfig(chunk=1000, retransmit_timeout=0.02, min_retransmit_timeout=0.01)
+    out = reduce_all(tier, inputs, 2, cfg, faults)
+    assert_exact(inputs, out)
+    stats = [s for _, s, _ in out.values()]
+    assert sum(s["spurious_retransmits"] for s in stats) > 0
+    assert all(s["spurious_retransmits"] <= s["retransmits"] for s in stats)
+
+
 def test_congestion_window_halves_on_loss(tier_factory) -> None:
     """Congestion control (AIMD): a lost slice halves the worker's send window, at most once
     per window of sends (so never more often than it retransmits), and results grow it back;

@@ -116,6 +116,9 @@ class WorkerCounters:
     results: int = 0
     fallbacks_to_parameter_node: int = 0  # the forwarding node stopped answering
     window_cuts: int = 0  # congestion window halved after a loss
+    # retransmissions whose slice's result came back sooner than any round trip could after
+    # them: the first send was answered, the loss was a delay (the window cut is undone)
+    spurious_retransmits: int = 0
     stale_results: int = 0  # shared-store references whose space was reused before reading
     low_bit_slices: int = 0  # slices sent as int8/int16 with the job's shared scale (first sends)
     elements_reduced: int = 0
@@ -135,6 +138,9 @@ class _InFlight:
     sends: int = 0
     last_sent_packet: int = 0  # the worker's packets_sent count when this slice last went
     peak: float = 0.0  # the slice's largest magnitude (of what this worker sends)
+    first_sent_at: float = 0.0
+    resent_at: float = 0.0  # when it was last sent again after a timeout or a gap
+    cwnd_before: float = 0.0  # the window its loss halved (0: its loss cut nothing)
 
 
 @dataclass
@@ -273,6 +279,7 @@ class AggregationClient:
         self._scratch = np.empty(BLOCK, dtype=np.float32)  # quantisation's work space
         self._srtt: float | None = None  # smoothed round trip of a slice (RFC 6298 style)
         self._rttvar = 0.0
+        self._min_rtt = math.inf  # the shortest round trip seen: no answer can come sooner
         self._streams: dict[Any, _Stream] = {}  # low-bit state per tensor key
         self._stream: _Stream | None = None  # the current reduction's
 
@@ -512,6 +519,8 @@ class AggregationClient:
         fl.last_sent_packet = self.counters.packets_sent
         fl.sends += 1
         fl.sent_at = time.monotonic()
+        if fl.sends == 1:
+            fl.first_sent_at = fl.sent_at
 
     @property
     def last_error_bound(self) -> np.ndarray | None:
@@ -594,6 +603,7 @@ class AggregationClient:
         return min(cfg.max_retransmit_timeout, max(self.min_rto, rto))
 
     def _sample_rtt(self, rtt: float) -> None:
+        self._min_rtt = min(self._min_rtt, rtt)
         if self._srtt is None:
             self._srtt, self._rttvar = rtt, rtt / 2
         else:
@@ -650,8 +660,11 @@ class AggregationClient:
                             self.counters.duplicates_ignored += 1
                     elif h.kind == Kind.RESULT and self._accept(h, body, pending[h.seq], out, bound):
                         fl = pending.pop(h.seq)
+                        now = time.monotonic()
                         if fl.sends == 1:  # Karn: only unambiguous samples
-                            self._sample_rtt(time.monotonic() - fl.sent_at)
+                            self._sample_rtt(now - fl.sent_at)
+                        elif fl.resent_at and now - fl.resent_at < self._min_rtt:
+                            self._spurious(fl, now)
                         if cfg.congestion_control:
                             self.cwnd = min(float(self.window), self.cwnd + 1.0 / self.cwnd)
                         done += 1
@@ -677,6 +690,7 @@ class AggregationClient:
                         fl.rto = min(fl.rto * 2, cfg.max_retransmit_timeout)
                     self._on_loss(fl)
                     self.counters.retransmits += 1
+                    fl.resent_at = now
                     self._send_slice(x, fl, retransmit=True)
         self.counters.elements_reduced += n
         self.counters.seconds_in_allreduce += time.monotonic() - started
@@ -687,9 +701,20 @@ class AggregationClient:
         last cut counts (the others of that window were lost to the same overflow)."""
         if not self.config.congestion_control or fl.last_sent_packet <= self._cwnd_cut_at:
             return
+        fl.cwnd_before = self.cwnd
         self.cwnd = max(1.0, self.cwnd / 2)
         self._cwnd_cut_at = self.counters.packets_sent
         self.counters.window_cuts += 1
+
+    def _spurious(self, fl: _InFlight, now: float) -> None:
+        """The result of a resent slice came back sooner than any round trip after the resend
+        (Eifel's test, by time): the first send was answered and the slice was only late. On a
+        machine whose cores are busy, scheduling delays look like losses; undo the window cut
+        and learn the long round trip (an unambiguous sample now), so the timer stops firing."""
+        self.counters.spurious_retransmits += 1
+        if fl.cwnd_before:
+            self.cwnd = max(self.cwnd, fl.cwnd_before)
+        self._sample_rtt(now - fl.first_sent_at)
 
     def _hello(self, addr: Address) -> None:
         me = json.dumps({"pid": os.getpid(), "host": host_identity()}).encode()
