@@ -222,10 +222,8 @@ class Reassembler:
             return False
         first = np.ndarray((count,), _U64, buffer=data, strides=(stride,))
         second = np.ndarray((count,), _U64, buffer=data, offset=8, strides=(stride,))
-        if not (
-            np.array_equal(first - first[0], _STEP[:count])  # consecutive indices, same packet shape
-            and (second == second[0]).all()  # same message
-        ):
+        # consecutive indices and the same packet shape; the same message
+        if not (np.equal(first - first[0], _STEP[:count]).all() and np.equal(second, second[0]).all()):
             return False
         whole = count == parts
         key = (sender, msg)

@@ -76,6 +76,7 @@ UDP_MAX_PACKET = 1 << 20  # largest packet over UDP: 16 segments of 64 KiB at mo
 # a receive buffer holds any datagram, and any run of them the kernel coalesces (64 KiB)
 _RX_BUFFER = 1 << 17
 _GRO_CMSG = socket.CMSG_SPACE(4)
+_MSG_TRUNC = int(socket.MSG_TRUNC)  # a plain int: ``&`` with the enum member costs ~2 us
 _IP_MTU = getattr(socket, "IP_MTU", 14)  # Linux: the path MTU of a connected socket
 SOCKET_BUFFER = 32 << 20  # asked for; what the kernel grants is in ``receive_buffer``
 _SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)  # Linux values
@@ -651,7 +652,7 @@ class UdpTransport:
                 self.counters.received += 1
                 data = memoryview(self._rx)[:n]
                 stride = _gro_stride(ancillary)
-                if flags & socket.MSG_TRUNC:
+                if flags & _MSG_TRUNC:
                     continue  # larger than any packet of ours: not one
                 if n > SEG_HEADER and data[0] == SEG_MAGIC or (stride and stride < n):
                     self._coalesced(n, stride or n, addr)
