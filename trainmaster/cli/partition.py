@@ -94,7 +94,7 @@ def partition_command(
         "rank partitions on that makespan (method trainmaster); the metrics add shared_links_makespan.",
     ),
     importer: str = typer.Option(
-        "export",
+        "export",  # importers.DEFAULT_IMPORTER (not imported here: the CLI starts light; a test ties them)
         help="How module:callable becomes a graph: export "
         "(torch.export, operator level), fx (torch.fx, module level) or "
         "onnx (ONNX exporter).",
