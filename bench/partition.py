@@ -1077,8 +1077,20 @@ def main(argv=None):
     ap.add_argument("--graphs-per-family", type=int, default=8, help="with --fresh: 300-node graphs per family")
     ap.add_argument("--small-per-family", type=int, default=6, help="with --fresh: small exact-check graphs per family")
     ap.add_argument("--no-traced", action="store_true", help="with --fresh: leave the traced models out")
+    ap.add_argument(
+        "--pipeline-splits",
+        action="store_true",
+        help="torch.distributed.pipelining split points, ours vs equal layers / equal parameters, as real "
+        "pipelines on testbed hosts (bench/partition_pipesplit.py; partition_pipesplit.*; needs root)",
+    )
+    ap.add_argument("--rounds", type=int, default=2, help="with --pipeline-splits: runs per split, methods alternating")
     args = ap.parse_args(argv)
     out = Path(args.out)
+    if args.pipeline_splits:
+        import partition_pipesplit
+
+        partition_pipesplit.main(list(argv or sys.argv[1:]), out.parent / "partition_pipesplit", rounds=args.rounds)
+        return
     if args.fresh:
         import partition_fresh
 
