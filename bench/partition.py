@@ -1096,7 +1096,11 @@ def main(argv=None):
 
         fresh_out = out.parent / "partition_fresh"
         doc = partition_fresh.run(
-            args.run_seed, args.graphs_per_family, args.small_per_family, fresh_out, traced=not args.no_traced
+            args.run_seed,
+            args.graphs_per_family,
+            args.small_per_family,
+            fresh_out,
+            traced_models=None if args.no_traced else traced_models,
         )
         doc["command"] = "python bench/partition.py " + " ".join(argv or sys.argv[1:])
         fresh_out.with_suffix(".json").write_text(json.dumps(doc, indent=1))

@@ -152,18 +152,11 @@ def _within(ev: dict, g, k: int) -> bool:
     return bool(ev["balanced"]) and (bool(ev["memory_ok"]) or not memory_feasible)
 
 
-def traced_rows() -> list[dict]:
-    """Every traced model of the project (bench/partition.py's list and the pipeline models)."""
-    import importlib.util
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    spec = importlib.util.spec_from_file_location("partition_bench", Path(__file__).with_name("partition.py"))
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+def traced_rows(traced_models) -> list[dict]:
+    """Every traced model of the project: ``traced_models()`` (bench/partition.py's list, given
+    by the caller) and the pipeline benchmarks' models."""
     rows = []
-    for name, make in bench.traced_models() + _pipeline_models():
+    for name, make in traced_models() + _pipeline_models():
         t0 = time.perf_counter()
         g = make()
         rows += _compare(g, f"traced/{name}", GOAL_KS)
@@ -280,7 +273,9 @@ def _quartiles(values: list[float]) -> list[float] | None:
     return [float(x) for x in statistics.quantiles(values, n=4, method="inclusive")]
 
 
-def run(run_seed: int | None, per_family: int, small_per_family: int, out: Path, traced: bool = True) -> dict:
+def run(run_seed: int | None, per_family: int, small_per_family: int, out: Path, traced_models=None) -> dict:
+    """The whole run (module docstring); ``traced_models``: the caller's list of traced models
+    (None: leave them out)."""
     seed = secrets.randbits(31) if run_seed is None else run_seed
     seeds = draw_seeds(seed, per_family, small_per_family)
     print(f"run seed {seed} (rerun with --run-seed {seed})", flush=True)
@@ -292,7 +287,7 @@ def run(run_seed: int | None, per_family: int, small_per_family: int, out: Path,
     doc["exact_summary"] = summarise_exact(doc["exact"])
     doc["synthetic"] = goal_rows_synthetic(seeds)
     doc["synthetic_summary"] = summarise_goals(doc["synthetic"])
-    doc["traced"] = traced_rows() if traced else []
+    doc["traced"] = traced_rows(traced_models) if traced_models is not None else []
     doc["traced_summary"] = summarise_goals(doc["traced"]) if doc["traced"] else {}
     doc["training"] = training_rows(doc["traced"])
     doc["seconds"] = time.perf_counter() - started

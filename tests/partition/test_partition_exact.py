@@ -83,7 +83,9 @@ def test_no_method_beats_the_exact_optimum_and_ours_stays_close(family):
                 assert opt.makespan <= makespan(g, metis.assignment) * (1 + 1e-12)
                 assert ours_span <= makespan(g, metis.assignment) * (1 + 1e-12)
             phases = ours.notes["phases"]
-            assert phases["improved"] <= phases["descended"] * (1 + 1e-12) <= phases["chosen"] * (1 + 2e-12)
+            assert phases["descended"] <= phases["chosen"] * (1 + 1e-12)
+            if metis.feasible:  # else the last phase may trade makespan to get METIS's critical cut
+                assert phases["improved"] <= phases["descended"] * (1 + 1e-12)
             assert np.bincount(opt.assignment, weights=g.cost, minlength=k).max() <= load_cap(g, k, imbalance) * (
                 1 + 1e-9
             )

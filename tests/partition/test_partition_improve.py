@@ -142,3 +142,19 @@ def test_ours_never_slower_than_metis_nor_cutting_more_critical_cost(family):
                 assert eo["makespan"] <= em["makespan"] * (1 + 1e-12)
                 assert eo["critical_cut_cost"] <= em["critical_cut_cost"] + 1e-9
             assert ours.notes["phases"]["improved"] == pytest.approx(eo["makespan"])
+
+
+def test_improve_brings_the_critical_cut_down_to_reach_first():
+    """Mechanism (critical-cut ceiling where METIS breaks a cap): a start cutting more guarded
+    cost than ``reach`` gets moves that lower the cut kept whatever they do to the makespan,
+    and ends at or below ``reach`` where a move gets it there; never above the start's cut."""
+    g = build_graph(["a", "b", "c", "d"], [1.0, 1.0, 1.0, 1.0], ["a", "c"], ["b", "d"], [0.1, 0.1])
+    guarded = np.array([1.0, 0.0])  # a -> b is the critical edge
+    start = np.array([0, 1, 0, 1])  # cuts both edges: guarded cut 1.0, makespan 2.1
+    units = [clusters_of(g)]
+    kept = improve(g, start, 2, 4.0, float("inf"), units, 50, guarded, ceiling=1.0)
+    assert float(guarded[kept.assignment[g.src] != kept.assignment[g.dst]].sum()) <= 1.0
+    out = improve(g, start, 2, 4.0, float("inf"), units, 50, guarded, ceiling=1.0, reach=0.0)
+    a = out.assignment
+    assert a[0] == a[1]  # the critical edge is no longer cut
+    assert out.makespan == pytest.approx(makespan(g, a))

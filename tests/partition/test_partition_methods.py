@@ -187,8 +187,9 @@ def test_trainmaster_trades_makespan_for_critical_cut_and_beats_plain_metis():
             best = min(c["makespan"] + CUT_PENALTY * c["critical_cut"] for c in eligible)
             chosen = [c for c in eligible if c["makespan"] == phases["chosen"]]
             assert chosen and min(c["makespan"] + CUT_PENALTY * c["critical_cut"] for c in chosen) <= best + 1e-9
-        assert phases["improved"] <= phases["descended"] + 1e-12 <= phases["chosen"] + 2e-12
+        assert phases["descended"] <= phases["chosen"] + 1e-12
         if metis["overload"] == 0.0:
+            assert phases["improved"] <= phases["descended"] + 1e-12
             assert ev_o["makespan"] <= ev_t["makespan"] + 1e-9
             assert ev_o["critical_cut_cost"] <= ev_t["critical_cut_cost"] + 1e-9
 

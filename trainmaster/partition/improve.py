@@ -59,6 +59,7 @@ def improve(
     ceiling: float = float("inf"),
     acyclic: bool = False,
     shared_links: bool = False,
+    reach: float | None = None,
 ) -> Improvement:
     """Local search from ``start`` on the simulated makespan (module docstring).
 
@@ -67,9 +68,15 @@ def improve(
     (per-edge weights, e.g. transfer cost on static critical edges) with ``ceiling``: no kept
     partition cuts more guarded weight than that; ``acyclic``: the device graph stays a DAG;
     ``shared_links``: makespans are simulated with messages queueing on the devices' links
-    (``simulate.schedule``), the same way the result is judged. Never returns a partition with
-    a higher makespan than ``start``'s."""
+    (``simulate.schedule``), the same way the result is judged. ``reach``: a guarded cut to get
+    down to (METIS's critical cut, where the start cuts more: its partition broke a cap and no
+    candidate within the caps cut as little): while the cut is above it, a move that lowers the
+    cut is kept whatever it does to the makespan (the ceiling is then the current cut), and once
+    at or below it, no move goes above it again. Never returns a partition with a higher
+    makespan than ``start``'s when the start's cut is at or below ``reach`` (or ``reach`` is
+    None): the guarantee the METIS-seeded run rests on."""
     state = _State(graph, start, k, cap, mem_cap, guarded, ceiling, acyclic, shared_links)
+    state.reach = ceiling if reach is None else reach
     if not state.valid:
         return Improvement(state.assignment(), state.span, 0, 0)
     levels = [_Units(np.asarray(u), state.rank, state.cost, state.memory) for u in units]
@@ -163,6 +170,7 @@ class _State:
                 if self.part[u] != self.part[v]:
                     self.cut += w
         self.ceiling = ceiling
+        self.reach = ceiling  # see ``improve``'s ``reach``
         self.simulations = 0
         self.moves = 0
         self.fast = plan.order is not None and not shared_links
@@ -250,8 +258,12 @@ class _State:
         ceiling and acyclicity and is faster. Whether it was kept."""
         part = self.part
         delta = self._guard_change(moves) if self.guard is not None else 0.0
-        if self.cut + delta > self.ceiling + 1e-12 * max(abs(self.ceiling), 1.0):
+        eps = 1e-12 * max(abs(self.ceiling), abs(self.cut), 1.0)
+        above = self.cut > self.reach + eps  # still getting the cut down to ``reach``
+        limit = min(self.ceiling, self.cut if above else self.reach)
+        if self.cut + delta > limit + eps:
             return False
+        lowers_cut = above and delta < -eps
         trial = list(part)
         for v, d in moves.items():
             trial[v] = d
@@ -260,11 +272,11 @@ class _State:
         moved = list(moves)
         self.simulations += 1
         if self.fast:
-            span, finish = self.sim.run(trial, moved, self.span)
+            span, finish = self.sim.run(trial, moved, float("inf") if lowers_cut else self.span)
         else:
             finish = finish_times(self.graph, np.asarray(trial), shared_links=self.shared_links)
             span = max(finish, default=0.0)
-        if not span < self.span * (1 - 1e-12) or finish is None:
+        if finish is None or not (lowers_cut or span < self.span * (1 - 1e-12)):
             return False
         for v, d in moves.items():
             old = part[v]

@@ -427,11 +427,11 @@ def _final_improvement(
     makespan, label, simulations)."""
     label, best, span = chosen
     seeds = [(label, best, span)]
-    # the ceiling: METIS's critical cut, or the chosen start's where that is higher (METIS's
-    # partition breaks a cap and no candidate within the caps cuts as little)
-    ceiling = (
-        max(cut_of(metis[0]), _cut_cost(graph, guarded, best)) if metis and opts.critical_ceiling else float("inf")
-    )
+    # the ceiling: METIS's critical cut; where the chosen start cuts more (METIS's partition
+    # breaks a cap and no candidate within the caps cuts as little), the phase first brings the
+    # cut down to METIS's (``reach``), never above the start's
+    reach = cut_of(metis[0]) if metis and opts.critical_ceiling else float("inf")
+    ceiling = max(reach, _cut_cost(graph, guarded, best))
     if metis and metis[0].overload == 0.0 and (not acyclic or device_graph_acyclic(graph, metis[0].assignment, k)):
         seeds.append((metis[0].name, metis[0].assignment, metis[0].makespan))
     others = sorted(
@@ -460,13 +460,16 @@ def _final_improvement(
             ceiling=ceiling,
             acyclic=acyclic and device_graph_acyclic(graph, start, k),
             shared_links=opts.shared_links,
+            reach=reach,
         )
         used += out.simulations
         tag = name + ("+improved" if out.moves else "")
         results.append((out.makespan, _cut_cost(graph, guarded, out.assignment), tag, out.assignment))
     if not results:
         return best, span, label, used
-    top = min(results, key=lambda r: (r[0], r[1]))
+    # at or below METIS's critical cut first (the METIS-seeded result always is), then the
+    # fastest, then the lower cut
+    top = min(results, key=lambda r: (r[1] > reach + 1e-12 * max(reach, 1.0), r[0], r[1]))
     return top[3], top[0], top[2], used
 
 
