@@ -87,7 +87,7 @@ def exact_checks(seeds: dict[str, dict[str, list[int]]]) -> list[dict]:
                         "exact_seconds": exact_s,
                         "ours": eo["makespan"],
                         "metis": em["makespan"],
-                        "metis_balanced": em["balanced"],
+                        "metis_balanced": _within(em, g, k),  # load and (where enforceable) memory
                         "best_start": min(within) if within else None,
                         "chosen": phases.get("chosen"),
                         "descended": phases.get("descended"),
