@@ -14,7 +14,7 @@ of the machine, network namespaces included):
   period is the difference over the extra micro-batches (the pipeline's fill and drain cancel);
   samples per second = 1 / period;
 - the costs a prediction rests on, measured in the same run: each stage's compute on its own
-  input (the stage's submodule, median of runs on this rank's core), and the fixed cost of one
+  input (the stage's submodule, median of runs, one rank at a time), and the fixed cost of one
   gloo message between neighbours (a one-element tensor's round trip / 2, less nothing: the link
   is priced apart as bytes / bandwidth);
 - the outputs, checked equal to the unsplit model's.
@@ -87,7 +87,15 @@ def run_rank(rank: int, world: int, master: str, port: int, run: StageRun) -> di
         with torch.no_grad():
             pipe = build_pipe(model, (example,), run.split_points)
         build_seconds = time.perf_counter() - t0
-        compute = _stage_compute(pipe, rank, example, run.calibration_runs)
+        # one rank at a time, once every rank has built its pipe: a stage is timed as it runs
+        # when one micro-batch is alone in the pipeline (no other stage busy), not beside
+        # another rank still exporting the model (on a 2-core machine that read 1.6-8x high)
+        compute = 0.0
+        dist.barrier()
+        for turn in range(world):
+            if turn == rank:
+                compute = _stage_compute(pipe, rank, example, run.calibration_runs)
+            dist.barrier()
         stage = pipe.build_stage(rank, torch.device("cpu"))
         fixed = _message_cost(rank, world)
         last = world - 1
