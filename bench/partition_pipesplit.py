@@ -22,6 +22,7 @@ import dataclasses
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -78,8 +79,6 @@ def plans_for(case: SplitCase, ks=KS, costs: str = "profiler") -> tuple[dict, di
 
 def run_on_testbed(bed, case: SplitCase, split_points: list[str], k: int, out_dir: Path) -> dict:
     """One pipeline: k ranks on h1..hk; rank 0's report."""
-    import subprocess
-
     from trainmaster.partition.stage_runner import StageRun
     from trainmaster.testbed.testbed import HOST_DEVICE
 
@@ -134,7 +133,8 @@ def predicted_latency(plan_summary: dict, measured: dict) -> float:
 
 
 def bench(bed, rounds: int = 2, cases=CASES, ks=KS) -> dict:
-    rows = []
+    rows: list[dict] = []
+    failed: list[dict] = []
     out_dir = Path(tempfile.mkdtemp(prefix="tm-pipesplit-"))
     layouts = {}
     for case in cases:
@@ -147,7 +147,12 @@ def bench(bed, rounds: int = 2, cases=CASES, ks=KS) -> dict:
                     plan = plans[k][method]
                     load = os.getloadavg()[0]
                     t0 = time.perf_counter()
-                    measured = run_on_testbed(bed, case, plan.split_points, k, out_dir)
+                    try:
+                        measured = run_on_testbed(bed, case, plan.split_points, k, out_dir)
+                    except (RuntimeError, subprocess.TimeoutExpired) as exc:  # recorded, the others still run
+                        failed.append({"case": case.label, "k": k, "method": method, "round": r, "error": str(exc)})
+                        print(f"{case.label} k={k} {method} round {r} failed: {exc}", flush=True)
+                        continue
                     summary = plan.summary()
                     rows.append(
                         {
@@ -168,7 +173,13 @@ def bench(bed, rounds: int = 2, cases=CASES, ks=KS) -> dict:
                         f"(predicted {rows[-1]['predicted_latency'] * 1e3:.1f}), load {rows[-1]['load']:.1f}",
                         flush=True,
                     )
-    return {"rows": rows, "layouts": layouts, "link_bits": LINK_BITS, "message_overhead": MESSAGE_OVERHEAD}
+    return {
+        "rows": rows,
+        "failed": failed,
+        "layouts": layouts,
+        "link_bits": LINK_BITS,
+        "message_overhead": MESSAGE_OVERHEAD,
+    }
 
 
 def summarise(doc: dict) -> list[dict]:
@@ -247,6 +258,7 @@ def write(doc: dict, out: Path) -> None:
         f"| ours's latency within {WITHIN:.0%} of its prediction | {len(ours_within)} of {len(s)} |",
         f"| every split's latency within {WITHIN:.0%} of its prediction | {len(within)} of "
         f"{sum(len(x['methods']) for x in s)} |",
+        f"| runs that failed (recorded in the JSON) | {len(doc.get('failed', []))} |",
         "",
         f"| cases where the cost model itself allows {THROUGHPUT_GOAL}x (ours's planned period is the "
         f"least of any split; best baseline's planned period / ours's) | "
