@@ -1095,6 +1095,11 @@ def main(argv=None):
         import partition_fresh
 
         fresh_out = out.parent / "partition_fresh"
+        if args.render:
+            doc = partition_fresh.resummarise(json.loads(fresh_out.with_suffix(".json").read_text()))
+            fresh_out.with_suffix(".json").write_text(json.dumps(doc, indent=1))
+            partition_fresh.write_markdown(doc, fresh_out.with_suffix(".md"))
+            return
         doc = partition_fresh.run(
             args.run_seed,
             args.graphs_per_family,
