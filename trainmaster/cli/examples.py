@@ -14,6 +14,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "partition": (
         "trainmaster partition trainmaster.partition.models:encoder --devices 4 --input-shape 2,16,64",
         "trainmaster partition trainmaster.partition.models:inception --devices 2 --input-shape 1,3,32,32 --json",
+        "trainmaster partition trainmaster.partition.models:resnet_like --devices 4 --input-shape 1,3,32,32 "
+        "--split-points trainmaster   # torch.distributed.pipelining split points",
     ),
     "job validate": (
         "trainmaster job validate examples/pytorch-digits.yaml",
