@@ -39,8 +39,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-from trainmaster.gateway.crypto import Identity, make_header, seal
-from trainmaster.gateway.gate import EnvelopeGate
+from trainmaster.gateway.crypto.envelope import Identity, make_header, seal
+from trainmaster.gateway.crypto.gate import EnvelopeGate
 from trainmaster.gateway.localdeploy import Deployment
 from trainmaster.gateway.models import (
     DataReceive,
@@ -54,9 +54,9 @@ from trainmaster.gateway.models import (
     TaskRegister,
     TaskResult,
 )
-from trainmaster.gateway.provision import load_identity, load_roster
-from trainmaster.gateway.routing import SeenTable
-from trainmaster.gateway.service import client_ssl_context, expect
+from trainmaster.gateway.crypto.provision import load_identity, load_roster
+from trainmaster.gateway.crypto.replay import SeenTable
+from trainmaster.gateway.net.tls import client_ssl_context, expect
 
 RESULTS = Path(__file__).parent / "results"
 CALL = RuleCall(rule="row_count")
@@ -137,7 +137,7 @@ async def _direct(gw: Caller, dep: Deployment, task_id: str, parties: list[str])
             gw.roster,
         )
         resp.raise_for_status()
-        from trainmaster.gateway.app import TransferPayload
+        from trainmaster.gateway.relay.core import TransferPayload
 
         _s, payload = gw.gate.open(
             Envelope.model_validate_json(resp.content),
@@ -153,7 +153,7 @@ async def _direct(gw: Caller, dep: Deployment, task_id: str, parties: list[str])
 
 
 async def _through_gateway(ini: Caller, dep: Deployment, task_id: str, parties: list[str]) -> float:
-    from trainmaster.gateway.crypto import verify_attestation
+    from trainmaster.gateway.crypto.envelope import verify_attestation
 
     t0 = time.perf_counter()
     req = DataReceive(task_id=task_id, data_ids=[f"m_{p}" for p in parties])
@@ -250,8 +250,8 @@ async def _executor_run(dep: Deployment, n_tasks: int, run: int, footprint: list
     the signed transfer straight to it (it waits for a queued leg's executor); gateway = the data
     receive request instead (the gateway waits for the leg's executor report). Both create the task
     at the gateway first: the party reports every executor there and stops one the gateway refuses. Each task timed from its creation to its checked result."""
-    from trainmaster.gateway.app import TransferPayload
-    from trainmaster.gateway.crypto import verify_attestation
+    from trainmaster.gateway.relay.core import TransferPayload
+    from trainmaster.gateway.crypto.envelope import verify_attestation
 
     # Queued tasks wait for their turn at the party's executor cap: minutes at the tail, by design.
     ini, gw = Caller(dep, "initiator", 1200, 900), Caller(dep, "gateway", 1200, 900)
@@ -346,7 +346,7 @@ async def _executor_run(dep: Deployment, n_tasks: int, run: int, footprint: list
                 pass
             for proc in psutil.Process(dep.procs[party].pid).children(recursive=True):
                 try:
-                    if "trainmaster.gateway.executor" in " ".join(proc.cmdline()) and "python" in proc.name():
+                    if "trainmaster.gateway.executors.worker" in " ".join(proc.cmdline()) and "python" in proc.name():
                         mem = proc.memory_full_info()
                         footprint.append({"uss": mem.uss, "pss": mem.pss, "rss": mem.rss})
                 except psutil.Error:
@@ -647,8 +647,8 @@ def bench_large(size_mb: int, runs: int) -> dict[str, Any]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from trainmaster.gateway.client import LegSpec, TaskSpec
-    from trainmaster.gateway.rules import PredictParams, predict
+    from trainmaster.gateway.initiator.taskfile import LegSpec, TaskSpec
+    from trainmaster.gateway.rules.registry import PredictParams, predict
 
     weights = {"w": [0.7], "b": -0.2}
     rng = np.random.default_rng(0)

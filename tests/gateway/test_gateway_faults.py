@@ -11,9 +11,10 @@ import httpx
 import pytest
 from gateway_harness import Deployment
 
-from trainmaster.gateway.client import Initiator, LegSpec
-from trainmaster.gateway.crypto import make_header, seal
-from trainmaster.gateway.service import client_ssl_context
+from trainmaster.gateway.initiator.client import Initiator
+from trainmaster.gateway.initiator.taskfile import LegSpec
+from trainmaster.gateway.crypto.envelope import make_header, seal
+from trainmaster.gateway.net.tls import client_ssl_context
 
 pytestmark = pytest.mark.timeout(240)
 PARTIES = ["a", "slow", "skew", "silent", "victim"]
@@ -157,7 +158,7 @@ def test_gateway_killed_mid_leg_every_leg_completes_exactly_once(dep: Deployment
     lines, no traceback); after the restart the journaled (dispatched) leg is delivered again and
     the party answers it from its once-only record: every leg completes, its rule ran exactly once,
     its one outcome stands on later fetches, and nothing stays in flight."""
-    from trainmaster.gateway.routing import MappingTable
+    from trainmaster.gateway.relay.mapping import MappingTable
 
     assert all(c["ok"] for c in _create(dep, "crash1", ["a", "slow"]).values())
     runs_before = dep.health("slow")["rule_runs"]
@@ -194,7 +195,7 @@ def test_gateway_down_when_a_task_is_created_its_legs_are_delivered_when_it_retu
     import subprocess
     import sys
 
-    from trainmaster.gateway.client import TaskSpec
+    from trainmaster.gateway.initiator.taskfile import TaskSpec
 
     ini = dep.initiator()
     ini.register_task("down1", [LegSpec(data_id="m_a", party="a", rule="row_count")])

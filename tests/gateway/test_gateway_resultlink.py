@@ -12,10 +12,10 @@ import random
 import pytest
 
 
-from trainmaster.gateway.client import _receive_frames
-from trainmaster.gateway.crypto import EnvelopeError, b64e
-from trainmaster.gateway.resultlink import ResultLinkError, _parse_head, _Socket
-from trainmaster.gateway.stream import ChunkOpener, ChunkSealer, StreamInfo, frame
+from trainmaster.gateway.initiator.client import _receive_frames
+from trainmaster.gateway.crypto.envelope import EnvelopeError, b64e
+from trainmaster.gateway.initiator.resultlink import ResultLinkError, _parse_head, _Socket
+from trainmaster.gateway.crypto.chunks import ChunkOpener, ChunkSealer, StreamInfo, frame
 
 SID = "ab" * 16
 

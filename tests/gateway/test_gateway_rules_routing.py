@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from sqlalchemy import create_engine, text
 
-from trainmaster.gateway.crypto import EnvelopeError
+from trainmaster.gateway.crypto.envelope import EnvelopeError
 from trainmaster.gateway.models import RuleCall
-from trainmaster.gateway.party import resolve_data_file
-from trainmaster.gateway.routing import LegConflict, MappingTable, TaskConflict, TaskLimit
-from trainmaster.gateway.rules import REGISTRY, RuleError, load_table, run_call
+from trainmaster.gateway.party.data import resolve_data_file
+from trainmaster.gateway.relay.mapping import LegConflict, MappingTable, TaskConflict, TaskLimit
+from trainmaster.gateway.rules.registry import REGISTRY, RuleError, load_table, run_call
 
 TABLE = {"x": np.array([1.0, 2.0, 3.0, 4.0]), "y": np.array([0.0, 0.0, 1.0, 1.0])}
 
@@ -150,11 +150,11 @@ def test_an_older_mapping_table_is_refused_with_the_missing_columns(tmp_path) ->
     import sqlite3
 
     from trainmaster.errors import UserError
-    from trainmaster.gateway.routing import make_sessionmaker
+    from trainmaster.gateway.relay.mapping import MappingTable
 
     db = tmp_path / "old-mapping.db"
     with sqlite3.connect(db) as conn:
         conn.execute("create table legs (id integer primary key, task_id text)")
     with pytest.raises(UserError) as info:
-        make_sessionmaker(f"sqlite:///{db}")
+        MappingTable(f"sqlite:///{db}")
     assert "legs" in info.value.message and "stream_bytes" in info.value.message

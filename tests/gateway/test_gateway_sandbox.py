@@ -28,13 +28,13 @@ from typing import Callable, Iterator
 import numpy as np
 import pytest
 
-from trainmaster.gateway import sandbox as sbx
-from trainmaster.gateway.client import LegSpec
-from trainmaster.gateway.executor import ExecutorHandle
+from trainmaster.gateway.executors.sandbox import bubblewrap as sbx
+from trainmaster.gateway.initiator.taskfile import LegSpec
+from trainmaster.gateway.executors.process import ExecutorHandle
 from trainmaster.gateway.localdeploy import Deployment, breast_cancer_split, write_csv
 from trainmaster.gateway.models import RuleCall
-from trainmaster.gateway.provision import init_deployment
-from trainmaster.gateway.seccomp import DENIED_X86_64, deny_list_program
+from trainmaster.gateway.crypto.provision import init_deployment
+from trainmaster.gateway.executors.sandbox.seccomp import DENIED_X86_64, deny_list_program
 
 REASON = sbx.unavailable_reason()
 pytestmark = [
@@ -198,7 +198,7 @@ def test_executor_cannot_see_other_tasks(tmp_path: Path, tracker: Tracker) -> No
 
     other, r = asyncio.run(run())
     assert r.returncode == 0, r.stderr
-    assert not any("trainmaster.gateway.executor" in c for c in r.out["cmdlines"]), r.out["cmdlines"]
+    assert not any("trainmaster.gateway.executors.worker" in c for c in r.out["cmdlines"]), r.out["cmdlines"]
     assert len(r.out["pids"]) <= 2 and max(r.out["pids"]) < 10, r.out  # bwrap's init and the probe itself
     # /tmp is the sandbox's own: empty but for the path to a Python installed under /tmp (a CI clone)
     python_under_tmp = {root.parts[2] for root in sbx._python_roots() if root.parts[:2] == ("/", "tmp")}
@@ -348,7 +348,7 @@ def test_summary_rule_runs_through_the_sandbox(tmp_path: Path, tracker: Tracker)
         host = {}
         for pid in h.sandbox.cgroups.pids():
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            if b"trainmaster.gateway.executor" in cmd:
+            if b"trainmaster.gateway.executors.worker" in cmd:
                 status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
                 host = {
                     "uid": status["Uid"].split(),
@@ -384,7 +384,7 @@ def test_summary_rule_runs_through_the_sandbox(tmp_path: Path, tracker: Tracker)
 PARTY_STANDIN = """
 import asyncio, json, sys
 from pathlib import Path
-from trainmaster.gateway.executor import ExecutorHandle
+from trainmaster.gateway.executors.process import ExecutorHandle
 
 async def main():
     h = await ExecutorHandle.start(Path(sys.argv[1]), deadline_s=120, start_timeout_s=60, memory_mb=256,
@@ -480,7 +480,9 @@ def test_party_runs_its_executors_in_the_sandbox(tmp_path: Path) -> None:
         legs = [LegSpec(data_id="m_a", party="a", rule="summary_stats", params={"columns": ["mean_radius"]})]
         assert ini.create_task("sandboxed1", legs)["m_a"]["ok"]  # the leg's executor is up, waiting for its transfer
         tree = {p: Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0") for p in _descendants(dep.procs["a"].pid)}
-        executors = [p for p, argv in tree.items() if b"trainmaster.gateway.executor" in argv and b"python" in argv[0]]
+        executors = [
+            p for p, argv in tree.items() if b"trainmaster.gateway.executors.worker" in argv and b"python" in argv[0]
+        ]
         assert len(executors) == 1, tree
         assert any(argv[0].endswith(b"bwrap") for argv in tree.values()), tree
         status = Path(f"/proc/{executors[0]}/status").read_text()
@@ -566,7 +568,7 @@ def test_executor_killed_mid_call_reports_its_memory_limit(tmp_path: Path, track
     """Sandbox cgroup memory limit during a rule: once the executor is up, its limit is lowered to
     a few MB above what it uses; a rule whose result needs far more (per-row predictions for 400k
     rows) gets it killed by the kernel, and the call fails with ExecutorDied naming the limit."""
-    from trainmaster.gateway.executor import ExecutorDied
+    from trainmaster.gateway.executors.base import ExecutorDied
 
     data = tmp_path / "rows.csv"
     with data.open("w") as fh:
@@ -627,7 +629,7 @@ def test_sandbox_setup_failure_is_a_clear_start_error(tmp_path: Path, monkeypatc
     """Sandbox setup refused (here: the cgroup root is not a directory): ExecutorHandle.start raises
     ExecutorStartError saying so (the party answers 503 and reports the leg not ready, never a 500),
     and leaves no executor folder behind."""
-    from trainmaster.gateway.executor import ExecutorStartError
+    from trainmaster.gateway.executors.base import ExecutorStartError
 
     data = tmp_path / "d.csv"
     data.write_text("x\n1\n")

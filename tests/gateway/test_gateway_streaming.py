@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from gateway_harness import Deployment
 
-from trainmaster.gateway.client import LegSpec, TaskSpec
-from trainmaster.gateway.crypto import EnvelopeError, b64e
-from trainmaster.gateway.rules import load_table, run_call
+from trainmaster.gateway.initiator.taskfile import LegSpec, TaskSpec
+from trainmaster.gateway.crypto.envelope import EnvelopeError, b64e
+from trainmaster.gateway.rules.registry import load_table, run_call
 from trainmaster.gateway.models import RuleCall
-from trainmaster.gateway.stream import ChunkOpener, ChunkSealer, FrameSplitter, StreamInfo, frame
+from trainmaster.gateway.crypto.chunks import ChunkOpener, ChunkSealer, FrameSplitter, StreamInfo, frame
 
 pytestmark = pytest.mark.timeout(300)
 ROWS = 1_000_000  # ~19 MB of predictions as JSON

@@ -40,7 +40,7 @@ def gateway_init(
     ),
 ) -> None:
     """Create a private CA, TLS certificates, Ed25519/X25519 keys per identity, a roster and configs."""
-    from trainmaster.gateway.provision import init_deployment
+    from trainmaster.gateway.crypto.provision import init_deployment
 
     names = [p.strip() for p in parties.split(",") if p.strip()]
     inits = [i.strip() for i in initiators.split(",") if i.strip()]
@@ -60,9 +60,9 @@ def gateway_serve(
     config: Path = typer.Option(..., "--config", help="The gateway's config.yaml from `gateway init`."),
 ) -> None:
     """Run the gateway on one mutual-TLS port."""
-    from trainmaster.gateway.app import build_gateway_app
-    from trainmaster.gateway.provision import load_config
-    from trainmaster.gateway.service import serve
+    from trainmaster.gateway.relay.app import build_gateway_app
+    from trainmaster.gateway.config import load_config
+    from trainmaster.gateway.net.service import serve
 
     cfg = load_config(config)
     if cfg.role != "gateway":
@@ -81,9 +81,9 @@ def party_serve(
     ),
 ) -> None:
     """Run a party agent on its mutual-TLS port."""
-    from trainmaster.gateway.party import build_party_app
-    from trainmaster.gateway.provision import load_config
-    from trainmaster.gateway.service import serve
+    from trainmaster.gateway.party.app import build_party_app
+    from trainmaster.gateway.config import load_config
+    from trainmaster.gateway.net.service import serve
 
     cfg = load_config(config)
     if cfg.role != "party":
@@ -116,8 +116,9 @@ def task_run(
     Exit 0 when every leg has a verified result, 1 when some leg has another outcome, 2 for a
     mistake in the input (including a task id used before for another task), 3 when the gateway
     stayed unreachable until the deadline."""
-    from trainmaster.gateway.client import Initiator, load_task
-    from trainmaster.gateway.provision import load_config
+    from trainmaster.gateway.initiator.client import Initiator
+    from trainmaster.gateway.initiator.taskfile import load_task
+    from trainmaster.gateway.config import load_config
 
     cfg = load_config(config)
     if cfg.role != "initiator":

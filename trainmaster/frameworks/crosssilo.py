@@ -40,7 +40,7 @@ def provision(output_dir: str, n_parties: int) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (root / "deploy" / "roster.json").exists():
             from trainmaster.gateway.localdeploy import free_port_block
-            from trainmaster.gateway.provision import init_deployment
+            from trainmaster.gateway.crypto.provision import init_deployment
 
             init_deployment(
                 root / "deploy", [party_name(i) for i in range(n_parties)], port_base=free_port_block(n_parties + 1)
@@ -130,10 +130,11 @@ def _run_initiator(root: Path, params: dict[str, Any]) -> int:
     """Statistics and FedAvg training through the gateway, checked against the pooled computation."""
     import numpy as np
 
-    from trainmaster.gateway.client import Initiator, LegSpec, TaskSpec
+    from trainmaster.gateway.initiator.client import Initiator
+    from trainmaster.gateway.initiator.taskfile import LegSpec, TaskSpec
     from trainmaster.gateway.localdeploy import breast_cancer_split, wait_until_serving
-    from trainmaster.gateway.provision import load_config
-    from trainmaster.gateway.rules import ScoreParams, TrainParams, score, train
+    from trainmaster.gateway.config import load_config
+    from trainmaster.gateway.rules.registry import ScoreParams, TrainParams, score, train
 
     cfg = load_config(root / "deploy" / "initiator" / "config.yaml")
     ini = _Published(Initiator(cfg))
@@ -225,19 +226,19 @@ def main(role: str) -> int:
     root = Path(os.environ["TM_CROSSSILO_DIR"])
     name = os.environ["TM_CROSSSILO_NAME"]
     params = json.loads(os.environ.get("TM_CROSSSILO_PARAMS", "{}"))
-    from trainmaster.gateway.provision import load_config
-    from trainmaster.gateway.service import serve
+    from trainmaster.gateway.config import load_config
+    from trainmaster.gateway.net.service import serve
 
     if role == "initiator":
         return _run_initiator(root, params)
     cfg = load_config(root / "deploy" / name / "config.yaml")
     if role == "gateway":
-        from trainmaster.gateway.app import build_gateway_app
+        from trainmaster.gateway.relay.app import build_gateway_app
 
         serve(build_gateway_app(cfg), cfg)
         return 0
-    from trainmaster.gateway.party import build_party_app
-    from trainmaster.gateway.provision import load_roster
+    from trainmaster.gateway.party.app import build_party_app
+    from trainmaster.gateway.crypto.provision import load_roster
 
     n_parties = sum(p.role == "party" for p in load_roster(cfg.roster).values())
     data = _party_data(root, name, int(name[1:]), n_parties, params)

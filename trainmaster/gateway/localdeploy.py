@@ -20,10 +20,11 @@ import httpx
 import numpy as np
 import yaml
 
-from trainmaster.gateway.client import Initiator
-from trainmaster.gateway.provision import ServiceConfig, init_deployment, load_config
-from trainmaster.gateway.sandbox import unavailable_reason as sandbox_unavailable_reason
-from trainmaster.gateway.service import client_ssl_context
+from trainmaster.gateway.initiator.client import Initiator
+from trainmaster.gateway.config import ServiceConfig, load_config
+from trainmaster.gateway.crypto.provision import init_deployment
+from trainmaster.gateway.executors.sandbox.bubblewrap import unavailable_reason as sandbox_unavailable_reason
+from trainmaster.gateway.net.tls import client_ssl_context
 
 
 def free_port_block(n: int) -> int:

@@ -13,10 +13,10 @@ from typing import Callable, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from trainmaster.gateway.crypto import EnvelopeError, Identity, PublicIdentity, decrypt, verify
+from trainmaster.gateway.crypto.envelope import EnvelopeError, Identity, PublicIdentity, decrypt, verify
 from trainmaster.gateway.models import Envelope, MessageKind
-from trainmaster.gateway.routing import SeenTable
-from trainmaster.gateway.tlsid import PeerIdentity
+from trainmaster.gateway.crypto.replay import SeenTable
+from trainmaster.gateway.crypto.tlsid import PeerIdentity
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -22,15 +22,14 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import httpx
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel
 
 from trainmaster.errors import UserError
-from trainmaster.gateway.crypto import EnvelopeError, make_header, seal, verify_attestation
-from trainmaster.gateway import resultlink
-from trainmaster.gateway.gate import EnvelopeGate
+from trainmaster.gateway.initiator.taskfile import LegSpec, TaskSpec
+from trainmaster.gateway.crypto.envelope import EnvelopeError, make_header, seal, verify_attestation
+from trainmaster.gateway.initiator import resultlink
+from trainmaster.gateway.crypto.gate import EnvelopeGate
 from trainmaster.gateway.models import (
-    ID_PATTERN,
     DataReceive,
     LegAssignment,
     LegOutcomePayload,
@@ -42,42 +41,15 @@ from trainmaster.gateway.models import (
     TaskRegister,
     TaskResult,
 )
-from trainmaster.gateway.provision import ServiceConfig, load_identity, load_roster
-from trainmaster.gateway.routing import SeenTable
-from trainmaster.gateway.service import client_ssl_context, expect
-from trainmaster.gateway.stream import MEDIA_TYPE as STREAM_MEDIA_TYPE
-from trainmaster.gateway.stream import ChunkOpener, StreamInfo
-from trainmaster.gateway.tlsid import dns_name
+from trainmaster.gateway.config import ServiceConfig
+from trainmaster.gateway.crypto.provision import load_identity, load_roster
+from trainmaster.gateway.crypto.replay import SeenTable
+from trainmaster.gateway.net.tls import client_ssl_context, expect
+from trainmaster.gateway.crypto.chunks import MEDIA_TYPE as STREAM_MEDIA_TYPE
+from trainmaster.gateway.crypto.chunks import ChunkOpener, StreamInfo
+from trainmaster.gateway.crypto.tlsid import dns_name
 
 RETRY_STATUSES = (429, 502, 503, 504)
-
-
-class LegSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    data_id: str = Field(pattern=ID_PATTERN)
-    party: str = Field(pattern=ID_PATTERN)
-    rule: str
-    params: dict[str, Any] = Field(default_factory=dict)
-
-
-class TaskSpec(BaseModel):
-    """A task file: which party holds each data id and the rule to run on it."""
-
-    model_config = ConfigDict(extra="forbid")
-    task_id: str | None = Field(default=None, pattern=ID_PATTERN)
-    leg_timeout_s: float = Field(default=30.0, gt=0, le=600)
-    deadline_s: float = Field(default=300.0, gt=0, le=3600)
-    legs: list[LegSpec] = Field(min_length=1)
-
-
-def load_task(path: str | Path) -> TaskSpec:
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"task file not found: {p}")
-    try:
-        return TaskSpec.model_validate(yaml.safe_load(p.read_text()))
-    except (ValidationError, yaml.YAMLError) as exc:
-        raise UserError(f"invalid task file {p}", details=[str(exc)]) from exc
 
 
 class Initiator:

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-from trainmaster.gateway.http1 import https_address, parse_head, post_head
+from trainmaster.gateway.net.http1 import https_address, parse_head, post_head
 
 READ_BYTES = 1 << 20
 """Most bytes asked of the TLS stream per read (asyncio's SSL transport decrypts 256 KB at a time)."""
@@ -100,7 +100,7 @@ class PartyResponse:
 
     async def read(self, cap: int) -> bytes:
         """The whole body, refused past ``cap`` bytes instead of buffered without bound."""
-        from trainmaster.gateway.crypto import EnvelopeError
+        from trainmaster.gateway.crypto.envelope import EnvelopeError
 
         buf = bytearray()
         async for data in self.blocks():

@@ -1,4 +1,4 @@
-"""A per-task executor as a Ray actor, behind the same :class:`~trainmaster.gateway.executor.Executor`
+"""A per-task executor as a Ray actor, behind the same :class:`~trainmaster.gateway.executors.base.Executor`
 interface as the subprocess executor (a party picks one with ``executor: ray`` in its config).
 
 Each (task, data id) gets its own actor (its own Ray worker process), killed at the task's deadline.
@@ -6,7 +6,7 @@ With ``isolation: sandbox`` (the default) the actor does not run rules itself: a
 Ray's process (started by the raylet, talking to it and to the object store over the network and
 shared memory), so it cannot be put in a network namespace with no route out, a read-only root or
 an unprivileged uid. Instead the actor starts the same bubblewrap sandbox a local executor gets
-(:class:`~trainmaster.gateway.executor.ExecutorHandle` with isolation ``sandbox``) on the node
+(:class:`~trainmaster.gateway.executors.process.ExecutorHandle` with isolation ``sandbox``) on the node
 where Ray placed it, passes it the data file as a read-only descriptor, and relays rule calls to
 it over the sandbox's Unix socket: the rule runs in its own namespaces, as uid 65534, under the
 seccomp filter and the memory and pids cgroups; the actor only ever holds the result bytes. Ray
@@ -24,7 +24,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from trainmaster.gateway.executor import ExecutorStartError, RuleReply, encode_reply
+from trainmaster.gateway.executors.base import ExecutorStartError, RuleReply, encode_reply
 from trainmaster.gateway.models import RuleCall
 
 _init_lock = threading.Lock()
@@ -51,7 +51,7 @@ class _RuleActor:
     """Lives in its own Ray worker: loads one data file, answers rule calls on it."""
 
     def __init__(self, data_file: str, allowed: list[str] | None):
-        from trainmaster.gateway.rules import load_table
+        from trainmaster.gateway.rules.registry import load_table
 
         self.table, self.allowed = load_table(Path(data_file)), allowed
 
@@ -59,7 +59,7 @@ class _RuleActor:
         return True
 
     def run(self, call_json: str) -> tuple[dict[str, Any], bytes]:
-        from trainmaster.gateway.rules import RuleError, run_call
+        from trainmaster.gateway.rules.registry import RuleError, run_call
 
         try:
             return encode_reply(run_call(self.table, RuleCall.model_validate_json(call_json), self.allowed))
@@ -80,7 +80,7 @@ class _SandboxedRuleActor:
 
     async def ready(self, label: str) -> str:
         """Start the sandboxed executor; returns its folder (whose name names its cgroups)."""
-        from trainmaster.gateway.executor import ExecutorHandle
+        from trainmaster.gateway.executors.process import ExecutorHandle
 
         data_file, deadline_s, start_timeout_s, memory_mb, allowed = self._start
         self._handle = await ExecutorHandle.start(

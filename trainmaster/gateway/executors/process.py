@@ -2,7 +2,7 @@
 
 Two isolations, picked by the party's ``isolation`` setting:
 
-- ``sandbox`` (the default): the executor runs in a bubblewrap sandbox (:mod:`trainmaster.gateway.sandbox`):
+- ``sandbox`` (the default): the executor runs in a bubblewrap sandbox (:mod:`trainmaster.gateway.executors.sandbox.bubblewrap`):
   own pid/net/mount/ipc/uts namespaces, read-only root, uid 65534, seccomp filter, cgroup memory
   and pids limits. The party passes the data file as an open descriptor and the executor's
   listening socket as another; the socket file stays in the party's own folder, outside the
@@ -13,23 +13,17 @@ Two isolations, picked by the party's ``isolation`` setting:
 
 Either way the party kills the whole tree at the task's deadline. The executor listens on a Unix
 socket inside a private (0700) directory of the party's; that socket path is the executor address the party
-reports to the gateway. A request is a length-prefixed JSON rule call; the reply is a
-length-prefixed JSON head (ok, error, size and SHA-256 of the result) followed by the result's JSON
-bytes, which the party reads in chunks, so a result of tens of MB is never held twice. It never
-evaluates anything but a registered rule. It exits when its stdin closes, so it cannot outlive the
-party that started it.
+reports to the gateway. The process inside is
+:mod:`trainmaster.gateway.executors.worker`; the party reads its replies in chunks, so a result of
+tens of MB is never held twice.
 
-:class:`Executor` is the interface the party uses; :class:`ExecutorHandle` (a subprocess, sandboxed
-or not) and ``rayexec.RayExecutor`` (a Ray actor) implement it.
-
-Run as ``python -I -m trainmaster.gateway.executor (--socket PATH | --listen-fd N) (--data FILE | --data-fd N --data-name NAME)``.
+:class:`~trainmaster.gateway.executors.base.Executor` is the interface the party uses; :class:`ExecutorHandle` (a subprocess, sandboxed
+or not) and ``rayactor.RayExecutor`` (a Ray actor) implement it.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import hashlib
 import json
 import os
 import re
@@ -38,147 +32,20 @@ import socket
 import struct
 import sys
 import tempfile
-import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
+from trainmaster.gateway.executors.base import ExecutorDied, ExecutorStartError, RuleReply
+from trainmaster.gateway.executors.worker import MAX_FRAME
 from trainmaster.gateway.models import RuleCall
 
 if TYPE_CHECKING:
-    from trainmaster.gateway.rules import Table
-    from trainmaster.gateway.sandbox import Sandbox
+    from trainmaster.gateway.executors.sandbox.bubblewrap import Sandbox
 
 ISOLATIONS = ("sandbox", "process")
 LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,160}$")
 SANDBOX_PIDS = 64
 """Processes and threads one sandboxed executor may have (it needs two threads; BLAS is pinned to one)."""
-MAX_FRAME = 128 * 1024 * 1024
-
-
-def _recv_exact(conn: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = conn.recv(min(n - len(buf), 1 << 20))
-        if not chunk:
-            raise ConnectionError("peer closed")
-        buf += chunk
-    return bytes(buf)
-
-
-def _serve(srv: socket.socket, table: "Table", allowed: list[str] | None, silent: bool) -> None:
-    from trainmaster.gateway.rules import RuleError, run_call
-
-    if not silent:
-        print("READY", flush=True)
-    while True:
-        conn, _ = srv.accept()
-        with conn:
-            try:
-                (size,) = struct.unpack(">I", _recv_exact(conn, 4))
-                if size > MAX_FRAME:
-                    raise ValueError("request too large")
-                call = RuleCall.model_validate(json.loads(_recv_exact(conn, size)))
-                head, body = encode_reply(run_call(table, call, allowed))
-            except RuleError as exc:
-                head, body = {"ok": False, "error": str(exc)}, b""
-            except Exception as exc:  # a rule failing on this data: report, keep serving
-                head, body = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, b""
-            raw = json.dumps(head, separators=(",", ":")).encode()
-            conn.sendall(struct.pack(">I", len(raw)) + raw)
-            if body:
-                conn.sendall(body)
-
-
-def encode_reply(result: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
-    """A successful rule's reply head and body: the result as compact JSON, its size and digest."""
-    body = json.dumps(result, separators=(",", ":")).encode()
-    return {"ok": True, "error": "", "size": len(body), "sha256": hashlib.sha256(body).hexdigest()}, body
-
-
-class RuleReply:
-    """An executor's answer: ``ok``/``error`` and, when ok, ``size`` bytes of result JSON to read.
-
-    ``read(n)`` returns the next ``n`` bytes; reading in chunks keeps a large result from being
-    held whole by the party agent (the subprocess executor streams it off its socket).
-    """
-
-    def __init__(
-        self, head: dict[str, Any], read: Callable[[int], Awaitable[bytes]], close: Callable[[], None] = lambda: None
-    ):
-        self.ok, self.error = bool(head.get("ok")), str(head.get("error", ""))
-        self.size, self.sha256 = int(head.get("size", 0)), str(head.get("sha256", ""))
-        self._read, self._close, self._left = read, close, self.size
-
-    async def chunks(self, chunk_bytes: int) -> AsyncIterator[tuple[bytes, bool]]:
-        """The result in order, each piece with whether it is the last (an empty result is one piece)."""
-        while True:
-            piece = await self._read(min(chunk_bytes, self._left)) if self._left else b""
-            self._left -= len(piece)
-            yield piece, self._left == 0
-            if self._left == 0:
-                return
-
-    async def read_all(self) -> bytes:
-        return b"".join([piece async for piece, _last in self.chunks(max(1, self.size))])
-
-    def close(self) -> None:
-        self._close()
-
-
-class Executor(Protocol):
-    """What the party needs from a per-task isolated executor, whatever runs it."""
-
-    address: str
-
-    @property
-    def alive(self) -> bool: ...
-
-    async def call(self, call: RuleCall, timeout_s: float) -> RuleReply: ...
-
-    def kill(self) -> None: ...
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    where = ap.add_mutually_exclusive_group(required=True)
-    where.add_argument("--socket", help="bind and listen on this Unix socket path (process isolation)")
-    where.add_argument("--listen-fd", type=int, help="accept on this already-listening Unix socket (sandbox)")
-    data = ap.add_mutually_exclusive_group(required=True)
-    data.add_argument("--data", help="the data file's path (process isolation)")
-    data.add_argument("--data-fd", type=int, help="the data file, already open at this descriptor (sandbox)")
-    ap.add_argument("--data-name", default="", help="with --data-fd: the file's name, which says its format")
-    ap.add_argument("--allowed", default="")
-    ap.add_argument("--silent", action="store_true", help="fault injection: never report readiness")
-    a = ap.parse_args()
-
-    def _exit_when_orphaned() -> None:
-        sys.stdin.buffer.read()
-        os._exit(0)
-
-    threading.Thread(target=_exit_when_orphaned, daemon=True).start()
-    from trainmaster.gateway.rules import load_table
-
-    if a.data_fd is not None:
-        with os.fdopen(a.data_fd, "rb") as source:
-            table = load_table(Path(a.data_name or "data.csv"), source)
-    else:
-        table = load_table(Path(a.data))
-    if a.listen_fd is not None:
-        srv = socket.socket(fileno=a.listen_fd)
-    else:
-        srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        srv.bind(a.socket)
-        srv.listen(8)
-    _serve(srv, table, a.allowed.split(",") if a.allowed else None, a.silent)
-
-
-class ExecutorStartError(RuntimeError):
-    """The executor could not be set up at all (its sandbox or cgroups refused); the message says why."""
-
-
-class ExecutorDied(OSError):
-    """The executor ended while serving a call; the message says why (e.g. its memory limit)."""
 
 
 class ExecutorHandle:
@@ -231,7 +98,7 @@ class ExecutorHandle:
         sandbox sees, and hands the executor only the descriptor: an executor that could write
         beside its socket could replace it with a symlink and have the party connect elsewhere.
         """
-        from trainmaster.gateway.sandbox import (
+        from trainmaster.gateway.executors.sandbox.bubblewrap import (
             Sandbox,
             SandboxLimits,
             SandboxUnavailable,
@@ -252,7 +119,7 @@ class ExecutorHandle:
                 "-B",
                 "-P",
                 "-m",
-                "trainmaster.gateway.executor",
+                "trainmaster.gateway.executors.worker",
                 "--listen-fd",
                 str(listener.fileno()),
                 "--data-fd",
@@ -315,7 +182,7 @@ class ExecutorHandle:
             "-I",
             "-B",
             "-m",
-            "trainmaster.gateway.executor",
+            "trainmaster.gateway.executors.worker",
             "--socket",
             sock_path,
             "--data",
@@ -414,7 +281,3 @@ class ExecutorHandle:
             os.rmdir(self._workdir)
         except OSError:
             pass
-
-
-if __name__ == "__main__":
-    main()

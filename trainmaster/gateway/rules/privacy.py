@@ -25,13 +25,7 @@ from typing import Any
 from sqlalchemy import Float, Integer, String, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from trainmaster.gateway.rules import (
-    HistogramParams,
-    Params,
-    ScoreParams,
-    SummaryParams,
-    TrainParams,
-)
+from trainmaster.gateway.rules.registry import HistogramParams, Params, ScoreParams, SummaryParams, TrainParams
 
 
 class PrivacyRefusal(Exception):
@@ -87,7 +81,7 @@ class PrivacyLedger:
     """Per data set, the values released so far; one charge per leg, committed before the rule runs."""
 
     def __init__(self, url: str):
-        from trainmaster.gateway.routing import make_sessionmaker
+        from trainmaster.gateway.store import make_sessionmaker
 
         self._sessions = make_sessionmaker(url, _Base.metadata)
 

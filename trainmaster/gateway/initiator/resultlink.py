@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from trainmaster.gateway.http1 import https_address, parse_head, post_head
+from trainmaster.gateway.net.http1 import https_address, parse_head, post_head
 
 MAX_HEAD_BYTES = 64 << 10
 """A response head or chunk size line longer than this is refused."""

@@ -13,7 +13,7 @@ the host's memory. So each executor runs
 - as uid/gid 65534 (``nobody``) with no capabilities: bubblewrap runs as root (privileged mode, so
   no user namespace maps the sandbox back to host root) and ``setpriv`` drops to 65534 as the last
   step before the executor starts;
-- under a seccomp filter (:mod:`trainmaster.gateway.seccomp`) and ``no_new_privs``;
+- under a seccomp filter (:mod:`trainmaster.gateway.executors.sandbox.seccomp`) and ``no_new_privs``;
 - in ``memory`` and ``pids`` cgroups ``trainmaster-gateway/<name>`` (v1 hierarchies, or cgroup
   v2) that the launching child joins before it executes bubblewrap, so nothing of the tree ever
   runs outside them.
@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainmaster.gateway.seccomp import SeccompUnavailable, deny_list_program
+from trainmaster.gateway.executors.sandbox.seccomp import SeccompUnavailable, deny_list_program
 
 log = logging.getLogger(__name__)
 

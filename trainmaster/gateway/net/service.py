@@ -12,44 +12,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from trainmaster.gateway.crypto import EnvelopeError, Identity, PublicIdentity, make_header, seal
-from trainmaster.gateway.gate import EnvelopeGate
+from trainmaster.gateway.crypto.envelope import EnvelopeError, Identity, PublicIdentity, make_header, seal
+from trainmaster.gateway.crypto.gate import EnvelopeGate
 from trainmaster.gateway.models import Envelope, MessageKind
-from trainmaster.gateway.provision import ServiceConfig, load_identity, load_roster
-from trainmaster.gateway.routing import SeenTable
-from trainmaster.gateway.tlsid import PeerIdentity, dns_name, peer_from_cert
-
-
-def client_ssl_context(cfg: ServiceConfig) -> ssl.SSLContext:
-    """Trust only our CA and present our own certificate: every hop is mutual TLS."""
-    ctx = ssl.create_default_context(cafile=cfg.ca)
-    ctx.load_cert_chain(cfg.cert, cfg.key)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    return ctx
-
-
-def expect(name: str, role: str) -> dict[str, Any]:
-    """httpx request extensions that make TLS check the server is identity ``name`` in ``role``.
-
-    The expected identity's certificate name goes out as the TLS server name, so the handshake
-    fails unless the server's certificate (from our CA) was issued to exactly that identity.
-    """
-    return {"sni_hostname": dns_name(name, role)}
-
-
-def mtls_client(cfg: ServiceConfig, timeout_s: float = 30.0, max_connections: int = 256) -> httpx.AsyncClient:
-    return httpx.AsyncClient(
-        verify=client_ssl_context(cfg),
-        timeout=timeout_s,
-        limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=64),
-    )
+from trainmaster.gateway.config import ServiceConfig
+from trainmaster.gateway.crypto.provision import load_identity, load_roster
+from trainmaster.gateway.crypto.replay import SeenTable
+from trainmaster.gateway.crypto.tlsid import PeerIdentity, peer_from_cert
 
 
 @dataclass

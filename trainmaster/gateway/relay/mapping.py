@@ -1,44 +1,26 @@
-"""The task processing mapping table and the seen-message table, in SQLAlchemy.
+"""The task processing mapping table, in SQLAlchemy.
 
 Mapping table: task id -> data id -> (party, executor address, rule), plus each leg's state and its
 one recorded outcome. Rows are never deleted, so past tasks stay queryable (the table "is built from
 history as well"). SQLite in WAL mode by default; any SQLAlchemy URL (PostgreSQL) works.
 
-The per-request writes (seen message, leg outcome) and the leg lookup use
-SQLAlchemy Core statements on the engine, not ORM sessions: each is still its own committed
-transaction (persist before acknowledging), but without the unit-of-work bookkeeping, which
-profiling showed was most of the gateway's own time per task.
+The per-request writes (leg outcome) and the leg lookup use SQLAlchemy Core statements on the
+engine, not ORM sessions: each is still its own committed transaction (persist before
+acknowledging), but without the unit-of-work bookkeeping, which profiling showed was most of the
+gateway's own time per task.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import (
-    Connection,
-    Engine,
-    Float,
-    Integer,
-    String,
-    Table,
-    Text,
-    UniqueConstraint,
-    create_engine,
-    delete,
-    event,
-    insert,
-    select,
-    update,
-)
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+from sqlalchemy import Float, Integer, String, Text, UniqueConstraint, select, update
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from trainmaster.store.db import check_schema
+from trainmaster.gateway.store import HotPath, make_sessionmaker
 
 
 class Base(DeclarativeBase):
@@ -77,55 +59,6 @@ class LegRow(Base):
     stream_bytes: Mapped[int | None] = mapped_column(Integer, nullable=True)
     created_at: Mapped[float] = mapped_column(Float, default=time.time)
     updated_at: Mapped[float] = mapped_column(Float, default=time.time)
-
-
-class SeenMessage(Base):
-    __tablename__ = "seen_messages"
-    msg_id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    sender: Mapped[str] = mapped_column(String(64))
-    expires_at: Mapped[float] = mapped_column(Float, index=True)
-
-
-def make_sessionmaker(url: str, metadata: Any = None) -> sessionmaker[Session]:
-    """Open (and create) the database; SQLite gets WAL, a busy timeout and NORMAL sync.
-
-    ``synchronous=NORMAL`` in WAL mode: a commit is durable against a process crash (``kill -9``:
-    the WAL is in the OS page cache) but the last commits may be lost on power loss or an OS
-    crash; that is SQLite's documented trade-off, and it saves an fsync per commit on the hot path.
-    """
-    engine = create_engine(url, future=True)
-    if url.startswith("sqlite"):
-
-        @event.listens_for(engine, "connect")
-        def _pragmas(conn: Any, _record: Any) -> None:
-            cur = conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=NORMAL")
-            cur.execute("PRAGMA busy_timeout=5000")
-            cur.close()
-
-    metadata = Base.metadata if metadata is None else metadata
-    metadata.create_all(engine)
-    check_schema(engine, url, metadata)
-    return sessionmaker(engine, expire_on_commit=False)
-
-
-class _HotPath:
-    """One long-lived connection for the per-request statements: no pool checkout, reset-on-return
-    rollback and connection object per call. Each ``tx()`` is still its own committed transaction.
-    The owning service's event loop (or the initiator's one thread) is its only user."""
-
-    def __init__(self, engine: Engine):
-        self._engine = engine
-        self._conn: Connection | None = None
-
-    @contextmanager
-    def tx(self) -> Iterator[Connection]:
-        conn = self._conn
-        if conn is None or conn.closed or conn.invalidated:
-            conn = self._conn = self._engine.connect()
-        with conn.begin():
-            yield conn
 
 
 class LegConflict(Exception):
@@ -182,8 +115,8 @@ class MappingTable:
     """Repository over the tasks and legs tables; every write commits before the caller acknowledges."""
 
     def __init__(self, url: str):
-        self._sessions = make_sessionmaker(url)
-        self._hot = _HotPath(self._sessions.kw["bind"])
+        self._sessions = make_sessionmaker(url, Base.metadata)
+        self._hot = HotPath(self._sessions.kw["bind"])
 
     def create_task(
         self,
@@ -297,31 +230,3 @@ class MappingTable:
     def count(self) -> int:
         with self._sessions() as s:
             return len(s.scalars(select(LegRow.id)).all())
-
-
-class SeenTable:
-    """Replay protection: a message id is accepted once; old ids age out past the skew window."""
-
-    def __init__(self, url: str):
-        self._sessions = make_sessionmaker(url)
-        self._hot = _HotPath(self._sessions.kw["bind"])
-        self._table: Table = SeenMessage.__table__  # type: ignore[assignment]  # a mapped class's table
-        self._insert = insert(self._table)
-        self._last_prune = 0.0
-
-    def first_sighting(self, msg_id: str, sender: str, expires_at: float, now: float, skew_s: float) -> bool:
-        """Record ``msg_id`` (committed) and say whether this was its first sighting."""
-        if now - self._last_prune > 30:
-            with self._hot.tx() as c:
-                c.execute(delete(self._table).where(SeenMessage.expires_at < now - 2 * skew_s))
-            self._last_prune = now
-        try:
-            with self._hot.tx() as c:
-                c.execute(self._insert, {"msg_id": msg_id, "sender": sender, "expires_at": expires_at})
-            return True
-        except IntegrityError:
-            return False
-
-    def count(self) -> int:
-        with self._sessions() as s:
-            return len(s.scalars(select(SeenMessage.msg_id)).all())

@@ -1,6 +1,6 @@
 """What the gateway's two hand-rolled HTTP/1.1 clients share: the party link (asyncio, kept-alive
-connections; :mod:`trainmaster.gateway.partylink`) and the initiator's result download (one
-blocking socket; :mod:`trainmaster.gateway.resultlink`). Both send one kind of request (a POST
+connections; :mod:`trainmaster.gateway.relay.partylink`) and the initiator's result download (one
+blocking socket; :mod:`trainmaster.gateway.initiator.resultlink`). Both send one kind of request (a POST
 of a JSON envelope) and read what uvicorn answers: a status line, headers, and a Content-Length
 or chunked body. Each raises its own transport error from the ``ValueError`` raised here."""
 
