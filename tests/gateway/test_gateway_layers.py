@@ -16,12 +16,14 @@ LAYERS = {
     "store": 1,
     "crypto": 2,
     "rules": 2,
+    "audit": 3,
     "executors": 3,
     "net": 3,
     "party": 4,
     "relay": 4,
     "initiator": 4,
     "localdeploy": 5,
+    "storm": 6,
 }
 OUTSIDE_ALLOWED = ("trainmaster.errors", "trainmaster.store.db")
 """The only modules of the rest of the package the gateway uses (both sit below every capability)."""

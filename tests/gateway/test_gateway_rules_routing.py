@@ -91,15 +91,19 @@ def test_mapping_table_records_one_outcome_and_keeps_history(tmp_path: Path) -> 
     url = f"sqlite:///{tmp_path / 'm.db'}"
     t = MappingTable(url)
     rc = {"rule": "row_count", "params": {}}
-    legs = {"m1": ("a", rc), "m9": ("b", rc)}
-    assert t.create_task("t1", "alice", legs, "d" * 64, 60, max_open_legs_per_party=2) is True
-    assert t.create_task("t1", "alice", legs, "d" * 64, 60, max_open_legs_per_party=2) is False
+    legs = {"m1": ("a", rc, None), "m9": ("b", rc, None)}
+    created, first = t.create_task("t1", "alice", legs, "d" * 64, 60, max_open_legs_per_party=2, run_id="r1")
+    assert created is True
+    again, task = t.create_task("t1", "alice", legs, "d" * 64, 60, max_open_legs_per_party=2, run_id="r2")
+    assert again is False and task.created_at == first.created_at and task.run_id == "r1"  # when, and by which run
     with pytest.raises(TaskConflict, match="different body"):
-        t.create_task("t1", "alice", {"m1": ("a", rc)}, "e" * 64, 60, max_open_legs_per_party=2)
+        t.create_task("t1", "alice", {"m1": ("a", rc, None)}, "e" * 64, 60, max_open_legs_per_party=2)
     with pytest.raises(TaskConflict, match="another initiator"):
         t.create_task("t1", "bob", legs, "d" * 64, 60, max_open_legs_per_party=2)
     with pytest.raises(TaskLimit, match="open leg"):
-        t.create_task("t2", "alice", {"x1": ("a", rc), "x2": ("a", rc)}, "f" * 64, 60, max_open_legs_per_party=2)
+        t.create_task(
+            "t2", "alice", {"x1": ("a", rc, None), "x2": ("a", rc, None)}, "f" * 64, 60, max_open_legs_per_party=2
+        )
     with pytest.raises(LegConflict, match="another rule call"):
         t.register("t1", "m1", "a", "unix:/x", {"rule": "summary_stats", "params": {}})
     t.register("t1", "m1", "a", "unix:/x", {"rule": "row_count", "params": {}})

@@ -28,6 +28,7 @@ from typing import Callable, Iterator
 import numpy as np
 import pytest
 
+from trainmaster.gateway.executors.base import LegFiles
 from trainmaster.gateway.executors.sandbox import bubblewrap as sbx
 from trainmaster.gateway.initiator.taskfile import LegSpec
 from trainmaster.gateway.executors.process import ExecutorHandle
@@ -360,11 +361,9 @@ def test_summary_rule_runs_through_the_sandbox(tmp_path: Path, tracker: Tracker)
                 }
         sock_dir = Path(h.address).parent  # the party's: the executor cannot swap its socket for a symlink
         host["sock_dir"] = (sock_dir.stat().st_uid, oct(sock_dir.stat().st_mode & 0o777), sorted(os.listdir(sock_dir)))
-        reply = await h.call(RuleCall(rule="summary_stats", params={}), timeout_s=30)
-        try:
-            result = json.loads(await reply.read_all()) if reply.ok else {"error": reply.error}
-        finally:
-            reply.close()
+        files = _leg_files(tmp_path)
+        reply = await h.call(RuleCall(rule="summary_stats", params={}), files, timeout_s=30)
+        result = json.loads(files.result.read_bytes()) if reply.ok else {"error": reply.error}
         h.kill()
         await asyncio.wait_for(h.proc.wait(), 10)
         return result, host
@@ -584,9 +583,10 @@ def test_executor_killed_mid_call_reports_its_memory_limit(tmp_path: Path, track
         cg.set_memory_limit(cg.memory_usage() + (6 << 20))
         try:
             reply = await h.call(
-                RuleCall(rule="predict", params={"features": ["x"], "weights": {"w": [1.0], "b": 0.0}}), timeout_s=30
+                RuleCall(rule="predict", params={"features": ["x"], "weights": {"w": [1.0], "b": 0.0}}),
+                _leg_files(tmp_path),
+                timeout_s=30,
             )
-            reply.close()
             return f"no failure: ok={reply.ok} size={reply.size}"
         except ExecutorDied as exc:
             return str(exc)
@@ -612,11 +612,9 @@ def test_parquet_data_is_read_through_the_descriptor(tmp_path: Path, tracker: Tr
         h = await ExecutorHandle.start(data, deadline_s=60, start_timeout_s=60, memory_mb=512, isolation="sandbox")
         tracker.handles.append(h)
         try:
-            reply = await h.call(RuleCall(rule="row_count", params={}), timeout_s=30)
-            try:
-                return json.loads(await reply.read_all()) if reply.ok else {"error": reply.error}
-            finally:
-                reply.close()
+            files = _leg_files(tmp_path)
+            reply = await h.call(RuleCall(rule="row_count", params={}), files, timeout_s=30)
+            return json.loads(files.result.read_bytes()) if reply.ok else {"error": reply.error}
         finally:
             h.kill()
             await asyncio.wait_for(h.proc.wait(), 10)
@@ -657,3 +655,10 @@ def test_a_checkout_under_tmp_stays_visible_inside(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(sbx, "_python_roots", lambda: [root])
     args = sbx.bwrap_args(tmp_path / "task", seccomp_fd=3)
     assert args.index("--tmpfs") < args.index(str(root))
+
+
+def _leg_files(folder: Path) -> LegFiles:
+    """Where a direct call's rule run writes (the party's leg folder, in a party)."""
+    leg = folder / "leg"
+    leg.mkdir(exist_ok=True)
+    return LegFiles("t", "d", leg / "result", leg / "commit")

@@ -161,7 +161,7 @@ def test_item2_task_ids_are_never_reused_and_retries_are_idempotent_only_with_th
     ini = dep.initiator()
     first = ini.run_task(TaskSpec(task_id="reuse1", legs=[_row("a")]))
     assert first["legs"]["m_a"]["outcome"] == "result"
-    assert ini.register_task("reuse1", [_row("a")]) is False  # same body: a retry
+    assert ini.register_task("reuse1", [_row("a")]).created is False  # same body: a retry
     again = ini.run_task(TaskSpec(task_id="reuse1", legs=[_row("a")]))
     assert again["legs"]["m_a"]["result"] == first["legs"]["m_a"]["result"]
     from trainmaster.errors import UserError
@@ -173,6 +173,27 @@ def test_item2_task_ids_are_never_reused_and_retries_are_idempotent_only_with_th
     task.write_text("task_id: reuse1\nlegs:\n  - {data_id: m_b, party: b, rule: row_count}\n")
     out = _cli("task", "run", "--config", str(dep.configs["initiator"]), str(task))
     assert out.returncode == 2 and "never reused" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_task_file_run_again_says_it_shows_the_earlier_runs_results_or_refuses_with_fresh(
+    dep: Deployment, tmp_path: Path
+) -> None:
+    """Task id used before (issue 36): running a task file whose task_id an earlier run created
+    never silently shows that run's stored results: stderr and the report's `earlier_run` say so
+    and when it ran (nothing runs again); with --fresh the CLI refuses (exit 2, one message)."""
+    task = tmp_path / "task.yaml"
+    task.write_text("task_id: again1\nlegs:\n  - {data_id: m_a, party: a, rule: row_count}\n")
+    first = _cli("task", "run", "--config", str(dep.configs["initiator"]), str(task))
+    assert first.returncode == 0 and "earlier run" not in first.stderr, first.stderr
+    assert "earlier_run" not in json.loads(first.stdout)
+    second = _cli("task", "run", "--config", str(dep.configs["initiator"]), str(task))
+    assert second.returncode == 0, second.stderr
+    assert "was created by an earlier run at" in second.stderr and "stored results" in second.stderr
+    report = json.loads(second.stdout)
+    assert report["earlier_run"]["created_at"] and report["legs"] == json.loads(first.stdout)["legs"]
+    fresh = _cli("task", "run", "--fresh", "--config", str(dep.configs["initiator"]), str(task))
+    assert fresh.returncode == 2 and "was used before" in fresh.stderr and "Traceback" not in fresh.stderr
+    assert fresh.stdout == ""
 
 
 # ---- item 3 ---------------------------------------------------------------------------------------
@@ -385,7 +406,7 @@ def test_item6_the_server_checks_the_clients_role_and_name(dep: Deployment) -> N
     )
     resp = _post(dep, "gateway", "/v1/executors", rep.model_dump_json(), as_="operator")
     assert resp.status_code == 403 and "role operator" in resp.json()["detail"]
-    assert ini.register_task("role1", [_row("a")]) is True  # nothing was created by the refused request
+    assert ini.register_task("role1", [_row("a")]).created is True  # nothing was created by the refused request
     ini.close()
 
 

@@ -45,11 +45,13 @@ def provision(output_dir: str, n_parties: int) -> Path:
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (root / "deploy" / "roster.json").exists():
-            from trainmaster.gateway.crypto.provision import init_deployment
+            from trainmaster.gateway.crypto.provision import init_deployment, ports_needed
             from trainmaster.gateway.localdeploy import free_port_block
 
             deploy = root / "deploy"
-            init_deployment(deploy, [party_name(i) for i in range(n_parties)], port_base=free_port_block(n_parties + 1))
+            init_deployment(
+                deploy, [party_name(i) for i in range(n_parties)], port_base=free_port_block(ports_needed(n_parties))
+            )
             kept = outputs(output_dir)
             kept.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(deploy / "ca" / "ca.pem", kept / "ca.pem")

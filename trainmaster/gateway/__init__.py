@@ -7,7 +7,8 @@ Sub-packages, lowest first; a module imports only from its own layer or below:
 2. ``crypto`` (envelopes, chunk streams, TLS identities, provisioning, replay table, the gate) and
    ``rules`` (the processing-rule registry, disclosure limits);
 3. ``executors`` (per-task executors: the process inside, subprocess with its bubblewrap
-   ``sandbox``, Ray actor) and ``net`` (mutual TLS for clients, the services' shared plumbing);
+   ``sandbox``, Ray actor), ``net`` (mutual TLS for clients, the services' shared plumbing, the
+   stream port) and ``audit`` (the hash-chained, signed audit log);
 4. ``party`` (the party agent), ``relay`` (the gateway service) and ``initiator`` (the client);
 5. ``localdeploy`` (a whole deployment on loopback, for tests and benchmarks).
 

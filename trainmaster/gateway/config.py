@@ -23,6 +23,8 @@ class ServiceConfig(BaseModel):
     role: str = Field(pattern=r"^(gateway|party|initiator|operator)$")
     host: str = "127.0.0.1"
     port: int = Field(default=0, ge=0, le=65535)
+    stream_port: int = Field(default=0, ge=0, le=65535)
+    """Gateway and parties: the stream port (bulk inputs and stored results on blocking TLS sockets)."""
     ca: str
     cert: str
     key: str
@@ -50,7 +52,17 @@ class ServiceConfig(BaseModel):
     stream_chunk_bytes: int = Field(default=1 << 20, ge=1024, le=8 << 20)
     """Results larger than this travel as a chunked stream of chunks this size (party config)."""
     max_result_bytes: int = Field(default=1 << 30, ge=1024)
-    """The largest streamed result the gateway or initiator accepts."""
+    """The largest stored result an executor may write and the gateway or initiator accepts."""
+    max_input_bytes: int = Field(default=1 << 30, ge=0)
+    """The largest leg input (model, parameters) a party or the gateway accepts."""
+    max_streams: int = Field(default=64, ge=1, le=4096)
+    """Gateway and parties: streams served at once on the stream port; past it a stream gets 503."""
+    stream_commit_bytes: int = Field(default=64 << 20, ge=1 << 20)
+    """Party: an arriving input is made durable and its progress recorded every this many bytes (a
+    group commit: one fdatasync and one row per step, not per chunk), so a resumed upload continues
+    from the last step."""
+    result_retention_s: float = Field(default=3600.0, ge=0)
+    """Party: a stored result stays fetchable this long after its task's deadline, then it is removed."""
     # Connection hygiene (item 4), gateway and parties.
     header_timeout_s: float = Field(default=10.0, gt=0, le=300)
     """A connection must deliver a request's headers this long after it opens or after its last response."""

@@ -4,12 +4,14 @@ the long-lived connection the per-request statements use."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Connection, Engine, MetaData, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import StaticPool
 
 from trainmaster.store.db import check_schema
 
@@ -21,7 +23,11 @@ def make_sessionmaker(url: str, metadata: MetaData) -> sessionmaker[Session]:
     the WAL is in the OS page cache) but the last commits may be lost on power loss or an OS
     crash; that is SQLite's documented trade-off, and it saves an fsync per commit on the hot path.
     """
-    engine = create_engine(url, future=True)
+    if url in ("sqlite://", "sqlite:///:memory:"):
+        # One in-memory database for every thread (the default pool gives each thread its own, empty one).
+        engine = create_engine(url, poolclass=StaticPool, connect_args={"check_same_thread": False})
+    else:
+        engine = create_engine(url, future=True)
     if url.startswith("sqlite"):
 
         @event.listens_for(engine, "connect")
@@ -45,11 +51,13 @@ class HotPath:
     def __init__(self, engine: Engine):
         self._engine = engine
         self._conn: Connection | None = None
+        self._lock = threading.Lock()
 
     @contextmanager
     def tx(self) -> Iterator[Connection]:
-        conn = self._conn
-        if conn is None or conn.closed or conn.invalidated:
-            conn = self._conn = self._engine.connect()
-        with conn.begin():
-            yield conn
+        with self._lock:  # a library user may call from several threads; one statement at a time
+            conn = self._conn
+            if conn is None or conn.closed or conn.invalidated:
+                conn = self._conn = self._engine.connect()
+            with conn.begin():
+                yield conn

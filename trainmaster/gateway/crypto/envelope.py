@@ -73,6 +73,8 @@ class PublicIdentity:
     sign_pub: Ed25519PublicKey
     enc_pub: X25519PublicKey
     endpoint: str | None = None
+    stream_endpoint: str | None = None
+    """``host:port`` of its stream port (gateway and parties)."""
 
     @property
     def enc_pub_raw(self) -> bytes:

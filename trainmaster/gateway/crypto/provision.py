@@ -112,6 +112,11 @@ def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
     )
 
 
+def ports_needed(n_parties: int) -> int:
+    """Consecutive ports a deployment of ``n_parties`` listens on from ``port_base`` (HTTP and stream ports)."""
+    return 2 * (n_parties + 1)
+
+
 def init_deployment(
     out: Path,
     parties: list[str],
@@ -124,7 +129,9 @@ def init_deployment(
 
     Identities: ``gateway``, each initiator (default one named ``initiator``), each party, and
     ``operator`` (a client-only identity that may read the services' counters).
-    Ports: the gateway listens on ``port_base``, party i on ``port_base + 1 + i``. ``hosts`` gives
+    Ports: the gateway listens on ``port_base``, party i on ``port_base + 1 + i``; their stream
+    ports follow, the gateway's at ``port_base + 1 + n`` (n parties), party i's at
+    ``port_base + 2 + n + i``. ``hosts`` gives
     the gateway's or a party's own host (name or address: its endpoint, listen address and
     certificate SAN) when the services run on separate machines; the others use ``host``.
     Returns each identity's config path.
@@ -158,12 +165,13 @@ def init_deployment(
     ca_pem = out / "ca" / "ca.pem"
     ca_pem.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
     _write_secret(out / "ca" / "ca.key", _pem_key(ca_key))
-    members = [("gateway", "gateway", port_base), ("operator", "operator", 0)]
-    members += [(i, "initiator", 0) for i in initiators]
-    members += [(p, "party", port_base + 1 + i) for i, p in enumerate(parties)]
+    n = len(parties)
+    members = [("gateway", "gateway", port_base, port_base + 1 + n), ("operator", "operator", 0, 0)]
+    members += [(i, "initiator", 0, 0) for i in initiators]
+    members += [(p, "party", port_base + 1 + i, port_base + 2 + n + i) for i, p in enumerate(parties)]
     roster: dict[str, Any] = {"identities": {}}
     configs: dict[str, Path] = {}
-    for name, role, port in members:
+    for name, role, port, stream_port in members:
         d = out / name
         d.mkdir(exist_ok=True)
         own_host = hosts.get(name, host)
@@ -176,9 +184,11 @@ def init_deployment(
         _write_secret(d / "sign.key", b64e(raw_private(ident.sign_key)).encode())
         _write_secret(d / "enc.key", b64e(raw_private(ident.enc_key)).encode())
         endpoint = f"https://{own_host}:{port}" if port else None
+        bracketed = f"[{own_host}]" if ":" in own_host else own_host
         roster["identities"][name] = {
             "role": role,
             "endpoint": endpoint,
+            "stream_endpoint": f"{bracketed}:{stream_port}" if stream_port else None,
             "sign_pub": b64e(raw_public(ident.sign_key.public_key())),
             "enc_pub": b64e(raw_public(ident.enc_key.public_key())),
         }
@@ -187,6 +197,7 @@ def init_deployment(
             role=role,
             host=own_host,
             port=port,
+            stream_port=stream_port,
             ca=str(ca_pem.resolve()),
             cert=str((d / "tls.pem").resolve()),
             key=str((d / "tls.key").resolve()),
@@ -222,6 +233,7 @@ def load_roster(path: str | Path) -> dict[str, PublicIdentity]:
             Ed25519PublicKey.from_public_bytes(b64d(entry["sign_pub"])),
             X25519PublicKey.from_public_bytes(b64d(entry["enc_pub"])),
             entry.get("endpoint"),
+            entry.get("stream_endpoint"),
         )
         for name, entry in raw["identities"].items()
     }

@@ -35,8 +35,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainmaster.gateway.executors.base import ExecutorDied, ExecutorStartError, RuleReply
-from trainmaster.gateway.executors.worker import MAX_FRAME
+from trainmaster.gateway.executors.base import ExecutorDied, ExecutorStartError, LegFiles, RuleReply
+from trainmaster.gateway.executors.worker import MAX_FRAME, recv_exact
 from trainmaster.gateway.models import RuleCall
 
 if TYPE_CHECKING:
@@ -67,11 +67,13 @@ class ExecutorHandle:
         silent: bool = False,
         isolation: str = "process",
         label: str = "",
+        max_result_bytes: int = 1 << 30,
     ) -> "ExecutorHandle":
         """Start an executor and wait for it to be ready.
 
         ``label`` (the party passes ``<task id>.<data id>``) prefixes the executor's folder name,
         which also names its sandbox cgroups, so an operator can tell which group serves which task.
+        ``max_result_bytes`` caps what a rule run may write (also the executor's file-size rlimit).
         """
         if isolation not in ISOLATIONS:
             raise ValueError(f"isolation must be one of {ISOLATIONS}, not {isolation!r}")
@@ -80,17 +82,19 @@ class ExecutorHandle:
         workdir = tempfile.mkdtemp(prefix=f"tm-exec-{label}." if label else "tm-exec-")
         os.chmod(workdir, 0o700)
         cpu = int(deadline_s) + 5
+        extra = ["--max-result-bytes", str(max_result_bytes)] + (["--allowed", ",".join(allowed)] if allowed else [])
+        extra += ["--silent"] if silent else []
         if isolation == "sandbox":
-            handle = await cls._start_sandboxed(data_file, workdir, cpu, memory_mb, allowed, silent)
+            handle = await cls._start_sandboxed(data_file, workdir, cpu, memory_mb, max_result_bytes, extra)
         else:
-            handle = await cls._start_process(data_file, workdir, cpu, memory_mb, allowed, silent)
+            handle = await cls._start_process(data_file, workdir, cpu, memory_mb, max_result_bytes, extra)
         await handle._await_ready(start_timeout_s)
         asyncio.get_running_loop().call_later(deadline_s, handle.kill)
         return handle
 
     @classmethod
     async def _start_sandboxed(
-        cls, data_file: Path, workdir: str, cpu: int, memory_mb: int, allowed: list[str] | None, silent: bool
+        cls, data_file: Path, workdir: str, cpu: int, memory_mb: int, max_result_bytes: int, extra: list[str]
     ) -> "ExecutorHandle":
         """The executor inside bubblewrap, reading its data from a descriptor the party opened.
 
@@ -126,11 +130,8 @@ class ExecutorHandle:
                 str(data_fd),
                 "--data-name",
                 data_file.name,
+                *extra,
             ]
-            if allowed:
-                args += ["--allowed", ",".join(allowed)]
-            if silent:
-                args.append("--silent")
             env = {
                 "PATH": "/usr/bin:/bin",
                 "LANG": "C.UTF-8",
@@ -139,7 +140,7 @@ class ExecutorHandle:
                 "MKL_NUM_THREADS": "1",
                 "PYTHONPATH": str(package_parent()),
             }
-            limits = SandboxLimits(memory_mb=memory_mb, pids=SANDBOX_PIDS, cpu_s=cpu)
+            limits = SandboxLimits(memory_mb=memory_mb, pids=SANDBOX_PIDS, cpu_s=cpu, file_bytes=max_result_bytes)
             sandbox = await Sandbox.start(
                 args, home=Path(workdir), limits=limits, env=env, pass_fds=(listener.fileno(), data_fd)
             )
@@ -157,7 +158,7 @@ class ExecutorHandle:
 
     @classmethod
     async def _start_process(
-        cls, data_file: Path, workdir: str, cpu: int, memory_mb: int, allowed: list[str] | None, silent: bool
+        cls, data_file: Path, workdir: str, cpu: int, memory_mb: int, max_result_bytes: int, extra: list[str]
     ) -> "ExecutorHandle":
         sock_path = os.path.join(workdir, "executor.sock")
 
@@ -167,7 +168,7 @@ class ExecutorHandle:
             resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
             resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
             resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-            resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+            resource.setrlimit(resource.RLIMIT_FSIZE, (max_result_bytes, max_result_bytes))
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
         env = {
@@ -187,11 +188,8 @@ class ExecutorHandle:
             sock_path,
             "--data",
             str(data_file),
+            *extra,
         ]
-        if allowed:
-            args += ["--allowed", ",".join(allowed)]
-        if silent:
-            args.append("--silent")
         proc = await asyncio.create_subprocess_exec(
             *args,
             stdin=asyncio.subprocess.PIPE,
@@ -226,40 +224,40 @@ class ExecutorHandle:
             return ExecutorDied(f"executor {self.sandbox.describe_exit()}")
         return exc
 
-    async def call(self, call: RuleCall, timeout_s: float) -> RuleReply:
-        """Send the rule call; the reply's body stays on the socket until the caller reads it."""
+    async def call(self, call: RuleCall, files: LegFiles, timeout_s: float) -> RuleReply:
+        """Run the rule call into the leg's files (descriptors passed over the executor's socket)."""
         try:
-            return await self._call(call, timeout_s)
-        except (OSError, asyncio.IncompleteReadError) as exc:
+            return await asyncio.to_thread(self._call, call, files, timeout_s)
+        except OSError as exc:
             explained = self._explain(exc)
             if explained is exc:
                 raise
             raise explained from exc
 
-    async def _call(self, call: RuleCall, timeout_s: float) -> RuleReply:
-        reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(self.address, limit=1 << 20), timeout_s)
+    def _call(self, call: RuleCall, files: LegFiles, timeout_s: float) -> RuleReply:
+        """The call on a blocking socket in a worker thread: sending descriptors is a ``sendmsg``."""
+        request = json.dumps(
+            {"task_id": files.task_id, "data_id": files.data_id, "call": call.model_dump(mode="json")},
+            separators=(",", ":"),
+        ).encode()
+        fds = files.open_for_run()
         try:
-            body = call.model_dump_json().encode()
-            writer.write(struct.pack(">I", len(body)) + body)
-            await writer.drain()
-            (size,) = struct.unpack(">I", await asyncio.wait_for(reader.readexactly(4), timeout_s))
-            if size > MAX_FRAME:
-                raise ValueError("executor reply head too large")
-            head = json.loads(await asyncio.wait_for(reader.readexactly(size), timeout_s))
-        except BaseException:
-            writer.close()
-            raise
-
-        async def read(n: int) -> bytes:
-            try:
-                return await asyncio.wait_for(reader.readexactly(n), timeout_s)
-            except (OSError, asyncio.IncompleteReadError) as exc:
-                explained = self._explain(exc)
-                if explained is exc:
-                    raise
-                raise explained from exc
-
-        return RuleReply(head, read, writer.close)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+                conn.settimeout(timeout_s)
+                conn.connect(self.address)
+                socket.send_fds(conn, [struct.pack(">I", len(request)) + request], [fd for fd in fds if fd is not None])
+                head = recv_exact(conn, 4)
+                (size,) = struct.unpack(">I", head)
+                if size > MAX_FRAME:
+                    raise ValueError("executor reply head too large")
+                reply = json.loads(recv_exact(conn, size))
+        finally:
+            for fd in fds:
+                if fd is not None:
+                    os.close(fd)
+        return RuleReply(
+            bool(reply.get("ok")), str(reply.get("error", "")), int(reply.get("size", 0)), str(reply.get("sha256", ""))
+        )
 
     @property
     def alive(self) -> bool:

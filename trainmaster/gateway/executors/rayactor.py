@@ -19,12 +19,23 @@ by the party, it is. Ray is imported only here, and only when a party asks for i
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
+import os
+import tempfile
 import threading
 import uuid
 from pathlib import Path
 from typing import Any
 
-from trainmaster.gateway.executors.base import ExecutorStartError, RuleReply, encode_reply
+from trainmaster.gateway.executors.base import (
+    DigestWriter,
+    ExecutorStartError,
+    LegFiles,
+    RuleReply,
+    commit_line,
+)
+from trainmaster.gateway.rules.registry import REGISTRY
 from trainmaster.gateway.models import RuleCall
 
 _init_lock = threading.Lock()
@@ -62,11 +73,14 @@ class _RuleActor:
         from trainmaster.gateway.rules.registry import RuleError, run_call
 
         try:
-            return encode_reply(run_call(self.table, RuleCall.model_validate_json(call_json), self.allowed))
+            body = json.dumps(
+                run_call(self.table, RuleCall.model_validate_json(call_json), self.allowed), separators=(",", ":")
+            ).encode()
         except RuleError as exc:
             return {"ok": False, "error": str(exc)}, b""
         except Exception as exc:  # a rule failing on this data: report it like the subprocess executor
             return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, b""
+        return {"ok": True, "size": len(body), "sha256": hashlib.sha256(body).hexdigest()}, body
 
 
 class _SandboxedRuleActor:
@@ -89,11 +103,12 @@ class _SandboxedRuleActor:
         return str(self._handle.sandbox.home)
 
     async def run(self, call_json: str, timeout_s: float) -> tuple[dict[str, Any], bytes]:
-        reply = await self._handle.call(RuleCall.model_validate_json(call_json), timeout_s)
-        try:
-            body = await reply.read_all() if reply.ok else b""
-        finally:
-            reply.close()
+        """The rule runs in the sandbox into files of the actor's own (on its node); the bytes come
+        back through Ray's object store."""
+        with tempfile.TemporaryDirectory(prefix="tm-ray-leg-") as folder:
+            files = LegFiles("ray", "leg", Path(folder) / "result", Path(folder) / "commit")
+            reply = await self._handle.call(RuleCall.model_validate_json(call_json), files, timeout_s)
+            body = files.result.read_bytes() if reply.ok else b""
         return {"ok": reply.ok, "error": reply.error, "size": reply.size, "sha256": reply.sha256}, body
 
     def stop(self) -> bool:
@@ -155,25 +170,33 @@ class RayExecutor:
         asyncio.get_running_loop().call_later(deadline_s, handle.kill)
         return handle
 
-    async def call(self, call: RuleCall, timeout_s: float) -> RuleReply:
-        """Run the rule in the actor; the result comes back whole through Ray's object store."""
+    async def call(self, call: RuleCall, files: LegFiles, timeout_s: float) -> RuleReply:
+        """Run the rule in the actor; the result comes back whole through Ray's object store and the
+        party writes it and the run's commit line into the leg's files (a stream rule, which reads an
+        input file and writes any size, needs ``executor: subprocess``)."""
         import ray
 
+        if REGISTRY.get(call.rule) is not None and REGISTRY[call.rule].needs_input:
+            return RuleReply(False, f"rule {call.rule!r} streams an input; it runs only with executor: subprocess")
         try:
             args = (call.model_dump_json(), timeout_s) if self._sandboxed else (call.model_dump_json(),)
             head, body = await asyncio.wait_for(self._actor.run.remote(*args), timeout=timeout_s)
         except ray.exceptions.RayError as exc:
             self._dead = True
             raise OSError(f"Ray executor failed: {type(exc).__name__}") from exc
-        view, pos = memoryview(body), 0
-
-        async def read(n: int) -> bytes:
-            nonlocal pos
-            piece = bytes(view[pos : pos + n])
-            pos += len(piece)
-            return piece
-
-        return RuleReply(head, read)
+        if not head.get("ok"):
+            return RuleReply(False, str(head.get("error", "")))
+        result, commit, source = files.open_for_run()
+        if source is not None:
+            os.close(source)
+        try:
+            out = DigestWriter(result, len(body))
+            out.write(body)
+            os.write(commit, commit_line(files.task_id, files.data_id, out.size, out.sha256))
+        finally:
+            os.close(result)
+            os.close(commit)
+        return RuleReply(True, "", out.size, out.sha256)
 
     @property
     def alive(self) -> bool:

@@ -1,4 +1,5 @@
-"""The initiator's task file: which party holds each data id and the rule to run on it."""
+"""The initiator's task file: which party holds each data id, the rule to run on it and, for a
+rule that reads one, the leg's input file (a model or parameters, any size)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ class LegSpec(BaseModel):
     party: str = Field(pattern=ID_PATTERN)
     rule: str
     params: dict[str, Any] = Field(default_factory=dict)
+    input: Path | None = None
+    """A file sent to the leg's party through the gateway before the rule runs (relative paths are
+    relative to the task file's folder)."""
 
 
 class TaskSpec(BaseModel):
@@ -33,8 +37,20 @@ class TaskSpec(BaseModel):
 def load_task(path: str | Path) -> TaskSpec:
     p = Path(path)
     if not p.is_file():
-        raise UserError(f"task file not found: {p}")
+        raise UserError(f"task file not found: {p}", details=["give the path of a task YAML file"])
     try:
-        return TaskSpec.model_validate(yaml.safe_load(p.read_text()))
+        spec = TaskSpec.model_validate(yaml.safe_load(p.read_text()))
     except (ValidationError, yaml.YAMLError) as exc:
         raise UserError(f"invalid task file {p}", details=[str(exc)]) from exc
+    legs = []
+    for i, leg in enumerate(spec.legs):
+        if leg.input is not None:
+            source = leg.input if leg.input.is_absolute() else p.parent / leg.input
+            if not source.is_file():
+                raise UserError(
+                    f"invalid task file {p}: legs.{i}.input: {source} is not a file",
+                    details=["give the path of the file to send to the leg's party (relative to the task file)"],
+                )
+            leg = leg.model_copy(update={"input": source.resolve()})
+        legs.append(leg)
+    return spec.model_copy(update={"legs": legs})

@@ -19,6 +19,17 @@ def client_ssl_context(cfg: ServiceConfig) -> ssl.SSLContext:
     return ctx
 
 
+def server_ssl_context(cfg: ServiceConfig) -> ssl.SSLContext:
+    """A serving context that requires a client certificate from our CA (the stream port's; the
+    HTTP port's is uvicorn's, set up the same way in ``service.serve``)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cfg.cert, cfg.key)
+    ctx.load_verify_locations(cfg.ca)
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    return ctx
+
+
 def expect(name: str, role: str) -> dict[str, Any]:
     """httpx request extensions that make TLS check the server is identity ``name`` in ``role``.
 

@@ -1,11 +1,14 @@
 """The party agent's service: ``POST /v1/tasks`` (initiators), ``POST /v1/transfer`` (the
-gateway), ``GET /v1/health``. The leg logic is :mod:`.core`; the routes are in :mod:`.routes`, one
-module per concern."""
+gateway), ``GET /v1/health``, ``GET /v1/audit`` (the operator) on its HTTP port, and its stream
+port for the gateway (stored results out, inputs in: :mod:`.streams`). The leg logic is
+:mod:`.core`; the routes are in :mod:`.routes`, one module per concern."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import AsyncIterator
 
@@ -14,9 +17,11 @@ from fastapi import FastAPI
 from trainmaster.errors import UserError
 from trainmaster.gateway.config import ServiceConfig
 from trainmaster.gateway.net.service import install_common
-from trainmaster.gateway.net.tls import mtls_client
+from trainmaster.gateway.net.streams import StreamServer
+from trainmaster.gateway.net.tls import mtls_client, server_ssl_context
 from trainmaster.gateway.party.core import PartyAgent
-from trainmaster.gateway.party.routes import health, tasks, transfer
+from trainmaster.gateway.party.routes import audit, health, tasks, transfer
+from trainmaster.gateway.party.streams import serve_stream
 
 
 def check_isolation(cfg: ServiceConfig) -> None:
@@ -51,12 +56,28 @@ def build_party_app(cfg: ServiceConfig, data_dir: Path) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         agent.http = mtls_client(cfg)
-        yield
-        await agent.shutdown()
+        agent.loop = asyncio.get_running_loop()
+        agent.recover()
+        streams = StreamServer(
+            server_ssl_context(cfg),
+            cfg.host,
+            cfg.stream_port,
+            partial(serve_stream, agent),
+            cfg.max_streams,
+            cfg.body_timeout_s,
+            cfg.header_timeout_s,
+        ).start()
+        sweeper = agent.spawn(agent.sweep())
+        try:
+            yield
+        finally:
+            sweeper.cancel()
+            streams.close()
+            await agent.shutdown()
 
     app = FastAPI(title=f"trainmaster party {cfg.name}", lifespan=lifespan)
     app.state.agent = agent
     install_common(app, cfg.max_body_bytes)
-    for module in (tasks, transfer, health):
+    for module in (tasks, transfer, health, audit):
         app.include_router(module.router)
     return app

@@ -1,58 +1,49 @@
 """A party's state and its leg logic: executors (capped, queued past the cap), reports to the
 gateway, each leg's one rule run and its record, and the sealed answers to transfers.
 
-A leg created while the gateway cannot be reached keeps reporting in the background until the
-task's deadline, and an executor the gateway refuses is stopped at once (item 8). A leg's rule
-runs once inside that task's executor (a repeated transfer, after a gateway crash, is answered
-from the leg's record, and the executor is stopped as soon as the rule has run), under the data
+Every leg is a row in the party's own database before the party acknowledges it
+(:mod:`.records`), so a party killed -9 comes back knowing its legs: a leg whose rule has not run
+gets a new executor and is reported to the gateway again; a leg whose run the executor committed
+(``executors.base``: the commit line) is adopted, not run again; a run that never committed had
+not happened, and runs. A leg created while the gateway cannot be reached keeps reporting in the
+background until the task's deadline, and an executor the gateway refuses is stopped at once
+(item 8). A transfer, even repeated (a gateway restart), gets the leg's one record, under the data
 set's disclosure limits; the result goes back sealed to the gateway with the party's signed
-attestation (item 1). Only results of registered rules ever leave; the agent never reads the data.
+attestation (item 1): inline, or, past ``stream_chunk_bytes``, kept at the party and fetched
+through the stream port. Only results of registered rules ever leave; the agent never reads the
+data.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
-import os
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, TypeVar
+from typing import Any, TypeVar
 
 import httpx
 from fastapi import Request
-from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
+from trainmaster.gateway.audit.log import SELF, AuditLog, Requester
 from trainmaster.gateway.config import ServiceConfig
-from trainmaster.gateway.crypto.chunks import MEDIA_TYPE, ChunkSealer, StreamInfo, frame
-from trainmaster.gateway.crypto.envelope import PublicIdentity, attest, b64e
-from trainmaster.gateway.executors.base import Executor, ExecutorStartError
+from trainmaster.gateway.crypto.envelope import PublicIdentity, attest
+from trainmaster.gateway.executors.base import Executor, ExecutorStartError, LegFiles, read_commits
 from trainmaster.gateway.executors.process import ExecutorHandle
 from trainmaster.gateway.models import DataTransfer, Envelope, ExecutorReport, LegAttestation, MessageKind, TaskCreate
 from trainmaster.gateway.net.service import ServiceContext, read_envelope, request_peer
 from trainmaster.gateway.net.tls import expect
-from trainmaster.gateway.party.faults import corrupt
+from trainmaster.gateway.party.data import resolve_data_file
+from trainmaster.gateway.party.records import PartyLeg, PartyRecords
 from trainmaster.gateway.rules.privacy import PrivacyLedger, PrivacyRefusal, check_group_sizes, release_cost
 from trainmaster.gateway.rules.registry import RuleError, validate_call
 
 M = TypeVar("M", bound=BaseModel)
-_BLOCK = 1 << 20
-
-
-@dataclass(frozen=True)
-class LegRecord:
-    """A leg's one run at this party: what the rule returned (or why it was refused). A small
-    result is kept in memory, a large one (streamed) in a file under the party's state folder."""
-
-    ok: bool
-    error: str
-    size: int = 0
-    sha256: str = ""
-    path: Path | None = None
-    data: bytes | None = None
+GROUP_CHECKED_RULES = ("histogram", "summary_stats", "train", "score")
+SWEEP_EVERY_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -65,11 +56,11 @@ class ReportAttempt:
 
 @dataclass
 class LegExecutor:
-    """A task leg's executor and the creation request that started it (the idempotency check).
+    """A task leg's live executor (in memory; the leg itself is a row in :mod:`.records`).
 
     A leg created while the party runs ``max_executors`` executors waits in a queue (``handle`` is
     None until a slot frees); a leg whose rule has run gives its executor (and slot) back at once
-    and answers repeated transfers from its record (``released``)."""
+    (``released``)."""
 
     task: TaskCreate
     deadline: float
@@ -94,23 +85,55 @@ class PartyAgent:
         state = Path(cfg.state_dir).resolve()
         self.ctx = ServiceContext.load(cfg, f"sqlite:///{state / 'seen.db'}")
         self.ledger = PrivacyLedger(f"sqlite:///{state / 'privacy.db'}")
+        self.records = PartyRecords(f"sqlite:///{state / 'legs.db'}")
+        self.audit = AuditLog(state / "audit.log", self.ctx.me)
         self.legs_root = state / "legs"
-        shutil.rmtree(self.legs_root, ignore_errors=True)  # records of a previous run: their executors are gone
         self.executors: dict[tuple[str, str], LegExecutor] = {}
         self.slots = asyncio.Semaphore(cfg.max_executors)
         """One per running executor: a leg past the cap waits for one (queued), not refused."""
-        self.runs: dict[tuple[str, str], asyncio.Future[LegRecord]] = {}
-        self.counters = {"rule_runs": 0, "report_retries": 0}
+        self.runs: dict[tuple[str, str], asyncio.Future[PartyLeg]] = {}
+        self.counters = {"rule_runs": 0, "report_retries": 0, "recovered_legs": 0, "adopted_runs": 0}
         self.gateway: PublicIdentity = next(p for p in self.ctx.roster.values() if p.role == "gateway")
         self.http: httpx.AsyncClient | None = None
         """Set while the app runs (its lifespan opens and closes it)."""
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._background: set[asyncio.Task[Any]] = set()
 
-    async def open(self, request: Request, kind: MessageKind, roles: set[str], model: type[M]) -> tuple[Envelope, M]:
-        """The request's envelope through the gate, and its payload."""
+    # -- requests ---------------------------------------------------------------------------
+
+    async def open(
+        self, request: Request, kind: MessageKind, roles: set[str], model: type[M]
+    ) -> tuple[Envelope, Requester, M]:
+        """The request's envelope through the gate: the envelope, its authenticated sender, its payload."""
         env = await read_envelope(request, self.cfg.max_body_bytes, self.cfg.body_timeout_s)
-        _sender, payload = self.ctx.gate.open(env, kind, roles, model, peer=request_peer(request))
+        return (env, *self.open_envelope(env, kind, roles, model, request_peer(request)))
+
+    def open_envelope(
+        self, env: Envelope, kind: MessageKind, roles: set[str], model: type[M], peer: Any
+    ) -> tuple[Requester, M]:
+        sender, payload = self.ctx.gate.open(env, kind, roles, model, peer=peer)
         self.ctx.count(kind)
-        return env, payload
+        return Requester(sender.name, sender.role, env.header.msg_id, env.signature), payload
+
+    def files(self, task: TaskCreate) -> LegFiles:
+        folder = self.legs_root / task.task_id / task.data_id
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return LegFiles(
+            task.task_id,
+            task.data_id,
+            folder / "result",
+            folder / "commit",
+            folder / "input" if task.input is not None else None,
+        )
+
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+        """A background job kept until it ends (the loop holds only weak references)."""
+        job = asyncio.ensure_future(coro)
+        self._background.add(job)
+        job.add_done_callback(self._background.discard)
+        return job
+
+    # -- executors --------------------------------------------------------------------------
 
     async def start_executor(self, data_file: Path, deadline_s: float, label: str) -> Executor:
         """The configured executor kind; both sit behind the same interface."""
@@ -137,6 +160,7 @@ class PartyAgent:
             cfg.fault_executor_silent,
             cfg.isolation,
             label,
+            max_result_bytes=cfg.max_result_bytes,
         )
 
     def release(self, leg: LegExecutor) -> None:
@@ -148,20 +172,39 @@ class PartyAgent:
             leg.slot = False
             self.slots.release()
 
-    def forget(self, key: tuple[str, str]) -> None:
-        """Stop a leg's executor and drop its record (refused by the gateway, or past its deadline)."""
+    def drop_executor(self, key: tuple[str, str]) -> None:
+        """Stop a leg's executor and background job (the leg's row and files stay)."""
         leg = self.executors.pop(key, None)
         self.runs.pop(key, None)
         if leg is not None:
             self.release(leg)
             if leg.report is not None and leg.report is not asyncio.current_task():
                 leg.report.cancel()
+
+    def forget(self, key: tuple[str, str]) -> None:
+        """Drop a leg altogether: its executor, row and files (refused by the gateway, or expired)."""
+        self.drop_executor(key)
+        self.records.delete(*key)
         shutil.rmtree(self.legs_root / key[0] / key[1], ignore_errors=True)
 
     def expire(self, key: tuple[str, str], leg: LegExecutor) -> None:
-        """At the task's deadline: the leg can no longer run or be fetched; forget it and its record."""
+        """At the task's deadline: the leg can no longer run; its executor stops (a stored result
+        stays fetchable for ``result_retention_s``)."""
         if self.executors.get(key) is leg:
-            self.forget(key)
+            self.drop_executor(key)
+            record = self.records.get(*key)
+            if record is not None and record.state != "done":
+                self.records.finish_run(*key, ok=False, error="the task's deadline passed before its rule ran")
+                self.audit.append("leg.expire", SELF, task_id=key[0], data_id=key[1])
+
+    def schedule(self, leg: PartyLeg) -> LegExecutor:
+        """A leg whose rule has not run: queue its executor start (and report), expire it at its deadline."""
+        key = leg.key
+        data_file = resolve_data_file(self.data_dir, leg.task.data_id)
+        held = self.executors[key] = LegExecutor(leg.task, leg.deadline_at)
+        held.report = self.spawn(self.start_queued(key, held, data_file))
+        asyncio.get_running_loop().call_later(max(0.0, leg.deadline_at - time.time()), self.expire, key, held)
+        return held
 
     async def start_queued(self, key: tuple[str, str], leg: LegExecutor, data_file: Path) -> None:
         """A queued leg: wait for a slot (until the deadline), start its executor, report it."""
@@ -169,7 +212,7 @@ class PartyAgent:
         try:
             await asyncio.wait_for(self.slots.acquire(), timeout=max(0.0, leg.deadline - time.time()))
         except TimeoutError:
-            self.forget(key)
+            self.drop_executor(key)
             return
         leg.slot = True
         try:
@@ -227,55 +270,118 @@ class PartyAgent:
             if attempt.status == "ok":
                 return
             if attempt.status == "refused":
-                break
+                self.forget(key)
+                return
             delay = min(delay * 2, 10.0)
-        self.forget(key)
+        self.drop_executor(key)
 
-    async def run_once(self, key: tuple[str, str], req: DataTransfer, leg: LegExecutor, timeout_s: float) -> LegRecord:
-        """Run the leg's rule and keep its result: charged against the data set's budget first,
-        checked against the minimum group size after; a refusal is recorded the same way."""
-        cfg = self.cfg
-        folder = self.legs_root / key[0] / key[1]
+    # -- the one run ------------------------------------------------------------------------
+
+    def refusal(self, record: PartyLeg) -> str | None:
+        """Why a run of this leg's rule is refused before it starts (budget, parameters), if it is."""
         try:
-            params = validate_call(req.call, cfg.allowed_rules)
-            self.ledger.charge(req.task_id, req.data_id, release_cost(req.call.rule, params, 1024), cfg.privacy_budget)
+            params = validate_call(record.task.call, self.cfg.allowed_rules)
+            self.ledger.charge(
+                record.task.task_id,
+                record.task.data_id,
+                release_cost(record.task.call.rule, params, 1024),
+                self.cfg.privacy_budget,
+            )
         except (RuleError, PrivacyRefusal) as exc:
-            return LegRecord(False, str(exc))
-        if cfg.fault_delay_s:
-            await asyncio.sleep(cfg.fault_delay_s)
+            return str(exc)
+        return None
+
+    def group_size_refusal(self, record: PartyLeg, files: LegFiles, size: int) -> str | None:
+        """A JSON aggregate below the minimum group size is refused (not trimmed)."""
+        if record.task.call.rule not in GROUP_CHECKED_RULES or size > self.cfg.stream_chunk_bytes:
+            return None
+        try:
+            check_group_sizes(record.task.call.rule, json.loads(files.result.read_bytes()), self.cfg.min_group_size)
+        except PrivacyRefusal as exc:
+            return str(exc)
+        return None
+
+    async def run_once(self, record: PartyLeg, leg: LegExecutor, requester: Requester, timeout_s: float) -> PartyLeg:
+        """Run the leg's rule and record it: charged against the data set's budget first, journaled
+        as running, run by the executor into the leg's files (its commit line proves it ran), checked
+        against the minimum group size, recorded; a refusal is recorded the same way."""
+        key = record.key
+        task = record.task
+        why = self.refusal(record)
+        if why is None and task.input is not None and not record.input_done:
+            why = "the leg's input has not arrived whole"
+        if why is not None:
+            self.records.finish_run(*key, ok=False, error=why)
+            self.audit.append(
+                "rule.refused", requester, task_id=key[0], data_id=key[1], rule=task.call.rule, detail=why
+            )
+            return self._record(key)
+        if self.cfg.fault_delay_s:
+            await asyncio.sleep(self.cfg.fault_delay_s)
+        files = self.files(task)
+        self.records.start_run(*key)
         self.counters["rule_runs"] += 1
         assert leg.handle is not None  # the transfer waited for a queued leg's executor
-        reply = await leg.handle.call(req.call, timeout_s=timeout_s)
-        path, data = None, None
-        digest = hashlib.sha256()
         try:
-            if not reply.ok:
-                return LegRecord(False, reply.error)
-            if reply.size <= cfg.stream_chunk_bytes:
-                data = await reply.read_all()
-                digest.update(data)
-            else:
-                folder.mkdir(parents=True, exist_ok=True)
-                path, part = folder / "result.json", folder / "result.json.part"
-                with part.open("wb") as fh:
-                    async for piece, _last in reply.chunks(_BLOCK):
-                        digest.update(piece)
-                        fh.write(piece)
-                os.replace(part, path)
-        finally:
-            reply.close()
-        if digest.hexdigest() != reply.sha256:
-            if path is not None:
-                path.unlink(missing_ok=True)
-            return LegRecord(False, "executor result does not match its own digest")
-        if data is not None and req.call.rule in ("histogram", "summary_stats", "train", "score"):
-            try:
-                check_group_sizes(req.call.rule, json.loads(data), cfg.min_group_size)
-            except PrivacyRefusal as exc:
-                return LegRecord(False, str(exc))
-        return LegRecord(True, "", reply.size, reply.sha256, path, data)
+            reply = await leg.handle.call(task.call, files, timeout_s=timeout_s)
+        except (OSError, TimeoutError, ValueError) as exc:
+            adopted = self.adopt(record, files)
+            if adopted is not None:
+                return adopted
+            why = str(exc) if str(exc) else type(exc).__name__
+            if isinstance(exc, TimeoutError):
+                why = f"the rule did not finish within {timeout_s:.0f}s"
+            self.records.finish_run(*key, ok=False, error=f"executor failed: {why}")
+            self.audit.append("rule.failed", requester, task_id=key[0], data_id=key[1], rule=task.call.rule, detail=why)
+            return self._record(key)
+        if not reply.ok:
+            self.records.finish_run(*key, ok=False, error=reply.error)
+        elif (refused := self.group_size_refusal(record, files, reply.size)) is not None:
+            self.records.finish_run(*key, ok=False, error=refused)
+        else:
+            self.records.finish_run(*key, ok=True, size=reply.size, sha256=reply.sha256)
+        done = self._record(key)
+        self.audit.append(
+            "rule.run",
+            requester,
+            task_id=key[0],
+            data_id=key[1],
+            rule=task.call.rule,
+            initiator=record.requester,
+            ok=done.ok,
+            size=done.size,
+            sha256=done.sha256,
+            detail=done.error,
+        )
+        return done
 
-    def attestation(self, req: DataTransfer, record: LegRecord, sha256: str | None = None) -> dict[str, Any]:
+    def adopt(self, record: PartyLeg, files: LegFiles) -> PartyLeg | None:
+        """A run its executor committed (the commit line) but the party never recorded: record it."""
+        commits = read_commits(files.commit)
+        if not commits:
+            return None
+        last = commits[-1]
+        try:
+            size = files.result.stat().st_size
+        except FileNotFoundError:
+            return None
+        if size != int(last["size"]):
+            return None
+        refused = self.group_size_refusal(record, files, size)
+        if refused is not None:
+            self.records.finish_run(*record.key, ok=False, error=refused)
+        else:
+            self.records.finish_run(*record.key, ok=True, size=size, sha256=str(last["sha256"]))
+        self.counters["adopted_runs"] += 1
+        self.audit.append("rule.adopted", SELF, task_id=record.key[0], data_id=record.key[1], size=size)
+        return self._record(record.key)
+
+    def _record(self, key: tuple[str, str]) -> PartyLeg:
+        record = self.records.get(*key)
+        assert record is not None
+        return record
+
+    def attestation(self, req: DataTransfer, record: PartyLeg, sha256: str | None = None) -> dict[str, Any]:
         body = LegAttestation(
             task_id=req.task_id,
             data_id=req.data_id,
@@ -285,51 +391,42 @@ class PartyAgent:
         )
         return attest(self.ctx.me, body).model_dump(mode="json")
 
-    def stream(self, req: DataTransfer, record: LegRecord) -> StreamingResponse:
-        """A large result as a signed opening plus AES-GCM chunks, read from the leg's record."""
-        assert record.path is not None
-        cfg = self.cfg
-        key = os.urandom(32)
-        sha256 = record.sha256
-        if cfg.fault_stream == "misattest":  # fault injection: sign a digest of other bytes than those streamed
-            sha256 = hashlib.sha256(sha256.encode()).hexdigest()
-        info = StreamInfo(key=b64e(key), total_bytes=record.size, sha256=sha256, chunk_bytes=cfg.stream_chunk_bytes)
-        opening = self.ctx.seal_to(
-            self.gateway.name,
-            MessageKind.transfer_result,
-            req.task_id,
-            req.data_id,
-            {
-                "ok": True,
-                "error": "",
-                "stream": info.model_dump(),
-                "attestation": self.attestation(req, record, sha256),
-            },
-        )
-        sealer = ChunkSealer(key, opening.header.msg_id)
-        path = record.path
+    # -- restart ----------------------------------------------------------------------------
 
-        async def body() -> AsyncIterator[bytes]:
-            yield frame(opening.model_dump_json().encode())
-            with path.open("rb") as fh:
-                left = record.size
-                while True:
-                    piece = await asyncio.to_thread(fh.read, min(cfg.stream_chunk_bytes, left)) if left else b""
-                    left -= len(piece)
-                    parts = sealer.seal_frame(piece, left == 0)
-                    if cfg.fault_stream not in ("", "misattest"):  # fault injection works on whole frames
-                        yield b"".join(parts)
-                    else:  # two HTTP chunks: joining would copy every byte once more
-                        yield parts[0]
-                        yield parts[1]
-                    if left == 0:
-                        return
+    def recover(self) -> None:
+        """At start: resume every leg whose rule has not run to a record before its deadline. A run
+        the executor committed is adopted; one it did not is undone (the rule runs when asked)."""
+        for record in self.records.unfinished():
+            files = self.files(record.task)
+            how = "rerun"
+            if record.state == "running":
+                adopted = self.adopt(record, files)
+                if adopted is not None:
+                    self.counters["recovered_legs"] += 1
+                    continue
+                self.records.reset(*record.key)
+            try:
+                self.schedule(self._record(record.key))
+            except Exception as exc:  # its data file is gone: the leg fails clearly
+                self.records.finish_run(*record.key, ok=False, error=f"the party could not resume this leg: {exc}")
+                how = "failed"
+            self.counters["recovered_legs"] += 1
+            self.audit.append("leg.recover", SELF, task_id=record.key[0], data_id=record.key[1], how=how)
 
-        frames = corrupt(body(), cfg.fault_stream) if cfg.fault_stream not in ("", "misattest") else body()
-        return StreamingResponse(frames, media_type=MEDIA_TYPE)
+    async def sweep(self) -> None:
+        """Every ``SWEEP_EVERY_S``: commit the audit log, and remove legs past their deadline plus
+        ``result_retention_s`` (their rows and files)."""
+        while True:
+            await asyncio.sleep(min(SWEEP_EVERY_S, max(1.0, self.audit._sync_s)))
+            self.audit.sync()
+            for key in self.records.older_than(time.time() - self.cfg.result_retention_s):
+                if key not in self.executors:
+                    self.forget(key)
 
     async def shutdown(self) -> None:
         """Stop every executor (the lifespan's end), and Ray's sandboxes before Ray itself."""
+        for job in list(self._background):
+            job.cancel()
         for leg in self.executors.values():
             if leg.report is not None:
                 leg.report.cancel()
@@ -338,6 +435,7 @@ class PartyAgent:
         for leg in self.executors.values():
             if leg.handle is not None:
                 leg.handle.kill()
+        self.audit.close()
         if self.cfg.executor == "ray":
             import ray
 
@@ -354,3 +452,7 @@ def agent_of(request: Request) -> PartyAgent:
     """The running party's :class:`PartyAgent` (route modules reach it through their request)."""
     agent: PartyAgent = request.app.state.agent
     return agent
+
+
+def result_file(agent: PartyAgent, task_id: str, data_id: str) -> Path:
+    return agent.legs_root / task_id / data_id / "result"

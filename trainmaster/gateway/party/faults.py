@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
+import time
+from collections.abc import Iterable, Iterator
 
 
-async def corrupt(frames: AsyncIterator[bytes], mode: str) -> AsyncIterator[bytes]:
+def corrupt(frames: Iterable[bytes | memoryview], mode: str) -> Iterator[bytes]:
     """Drop the last chunk, swap the first two, flip a bit, or send slowly (a pause before every
-    chunk: a party on a slow link)."""
+    chunk: a party on a slow link). Frames are copied: the sender reuses its buffer."""
     held: list[bytes] = []
-    index = -1
-    async for f in frames:
-        index += 1
+    for index, view in enumerate(frames):
+        f = bytes(view)
         if mode == "slow" and index:
-            await asyncio.sleep(0.1)
-        if mode == "reorder" and index == 1:
+            time.sleep(0.1)
+        if mode == "reorder" and index == 0:
             held.append(f)
             continue
         if mode == "flip" and index == 1:
@@ -26,5 +25,7 @@ async def corrupt(frames: AsyncIterator[bytes], mode: str) -> AsyncIterator[byte
             held.append(f)
             continue
         yield f
-        if mode == "reorder" and held and index == 2:
+        if mode == "reorder" and held and index == 1:
             yield held.pop()
+    if mode == "reorder":
+        yield from held

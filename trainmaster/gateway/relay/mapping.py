@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Float, Integer, String, Text, UniqueConstraint, select, update
+from sqlalchemy import Boolean, Float, Integer, String, Text, UniqueConstraint, func, select, update
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from trainmaster.gateway.store import HotPath, make_sessionmaker
@@ -36,6 +36,8 @@ class TaskRow(Base):
     body_sha256: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[float] = mapped_column(Float)
     deadline_at: Mapped[float] = mapped_column(Float)
+    run_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    """The creating run's own id (a retry of that run carries it; a later run reusing the id does not)."""
 
 
 class LegRow(Base):
@@ -57,6 +59,11 @@ class LegRow(Base):
     envelope_json: Mapped[str | None] = mapped_column(Text, nullable=True)
     """The leg's outcome, sealed to the task's owner and signed by the gateway (item 7)."""
     stream_bytes: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    """Set for a result stored at its party (fetched through the stream port): its size."""
+    input_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    """The leg's declared input (size, SHA-256), if it takes one."""
+    input_done: Mapped[bool] = mapped_column(Boolean, default=False)
+    """Its party has the input whole and checked (the gateway relayed it and the party said so)."""
     created_at: Mapped[float] = mapped_column(Float, default=time.time)
     updated_at: Mapped[float] = mapped_column(Float, default=time.time)
 
@@ -80,6 +87,7 @@ class Task:
     body_sha256: str
     created_at: float
     deadline_at: float
+    run_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +102,12 @@ class Leg:
     envelope_json: str | None
     stream_bytes: int | None = None
     dispatches: int = 0
+    input: dict[str, Any] | None = None
+    input_done: bool = False
+
+    @property
+    def waits_for_input(self) -> bool:
+        return self.input is not None and not self.input_done
 
 
 def _leg(r: Any) -> Leg:
@@ -108,7 +122,13 @@ def _leg(r: Any) -> Leg:
         r.envelope_json,
         r.stream_bytes,
         r.dispatches,
+        json.loads(r.input_json) if r.input_json else None,
+        bool(r.input_done),
     )
+
+
+def _task(r: Any) -> Task:
+    return Task(r.task_id, r.owner, r.body_sha256, r.created_at, r.deadline_at, r.run_id)
 
 
 class MappingTable:
@@ -122,13 +142,14 @@ class MappingTable:
         self,
         task_id: str,
         owner: str,
-        legs: dict[str, tuple[str, dict[str, Any]]],
+        legs: dict[str, tuple[str, dict[str, Any], dict[str, Any] | None]],
         body_sha256: str,
         deadline_s: float,
         max_open_legs_per_party: int,
-    ) -> bool:
-        """Create a task and its legs (data id -> (party, rule call)); True if new, False for an
-        identical retry.
+        run_id: str | None = None,
+    ) -> tuple[bool, Task]:
+        """Create a task and its legs (data id -> (party, rule call, input)); True if new, False
+        for an identical retry (with the task as first created: when, and by which run).
 
         An id seen before with another body or owner raises :class:`TaskConflict`: ids are never
         reused, so a result can never be served for a task other than the one that produced it.
@@ -147,31 +168,46 @@ class MappingTable:
                         f"task id {task_id!r} was created earlier with a different body; task ids "
                         "are never reused: choose a new one, or resend exactly the same task to retry"
                     )
-                return False
-            parties = sorted({p for p, _call in legs.values()})
+                return False, _task(row)
+            parties = sorted({p for p, _call, _input in legs.values()})
             for party in parties:
-                open_legs = len(
-                    s.scalars(select(LegRow.id).where(LegRow.party == party, LegRow.outcome.is_(None))).all()
+                open_legs = s.scalar(
+                    select(func.count()).select_from(LegRow).where(LegRow.party == party, LegRow.outcome.is_(None))
                 )
-                want = sum(1 for p, _call in legs.values() if p == party)
+                open_legs = int(open_legs or 0)
+                want = sum(1 for p, _call, _input in legs.values() if p == party)
                 if open_legs + want > max_open_legs_per_party:
                     raise TaskLimit(
                         f"party {party!r} already has {open_legs} open leg(s); this task would exceed "
                         f"the gateway's cap of {max_open_legs_per_party}; retry when earlier tasks finish"
                     )
-            s.add(
-                TaskRow(
-                    task_id=task_id, owner=owner, body_sha256=body_sha256, created_at=now, deadline_at=now + deadline_s
-                )
+            row = TaskRow(
+                task_id=task_id,
+                owner=owner,
+                body_sha256=body_sha256,
+                created_at=now,
+                deadline_at=now + deadline_s,
+                run_id=run_id,
             )
-            for data_id, (party, call) in legs.items():
-                s.add(LegRow(task_id=task_id, data_id=data_id, party=party, call_json=json.dumps(call)))
-        return True
+            s.add(row)
+            for data_id, (party, call, leg_input) in legs.items():
+                s.add(
+                    LegRow(
+                        task_id=task_id,
+                        data_id=data_id,
+                        party=party,
+                        call_json=json.dumps(call),
+                        input_json=json.dumps(leg_input) if leg_input is not None else None,
+                        input_done=False,
+                    )
+                )
+            task = _task(row)
+        return True, task
 
     def task(self, task_id: str) -> Task | None:
         with self._hot.tx() as c:
             r = c.execute(select(TaskRow.__table__).where(TaskRow.task_id == task_id)).first()
-        return None if r is None else Task(r.task_id, r.owner, r.body_sha256, r.created_at, r.deadline_at)
+        return None if r is None else _task(r)
 
     def register(self, task_id: str, data_id: str, party: str, address: str, call: dict[str, Any]) -> Leg:
         """Record an executor report. Only the party the task assigned the leg to may report it
@@ -209,6 +245,15 @@ class MappingTable:
                 .values(state="dispatched", dispatches=LegRow.dispatches + 1, updated_at=time.time())
             )
 
+    def mark_input_done(self, task_id: str, data_id: str) -> None:
+        """The leg's party has its input whole and checked."""
+        with self._hot.tx() as c:
+            c.execute(
+                update(LegRow)
+                .where(LegRow.task_id == task_id, LegRow.data_id == data_id)
+                .values(input_done=True, updated_at=time.time())
+            )
+
     def record_outcome(
         self, task_id: str, data_id: str, outcome: str, envelope_json: str | None, stream_bytes: int | None = None
     ) -> bool:
@@ -229,4 +274,4 @@ class MappingTable:
 
     def count(self) -> int:
         with self._sessions() as s:
-            return len(s.scalars(select(LegRow.id)).all())
+            return int(s.scalar(select(func.count()).select_from(LegRow)) or 0)

@@ -1,14 +1,11 @@
 """The gateway's link to its parties for data transfer requests: HTTP/1.1 over mutual TLS on
 asyncio's own TLS transport, with a few kept-alive connections per party.
 
-Why not httpx on this one hop: a streamed result (hundreds of MB) crosses it as a response body,
-and httpx reads a body through httpcore, anyio's TLS stream and h11 64 KB at a time. Measured on a
-128 MB result, the gateway spent ~5 ms of CPU per relayed MB, most of it in the interpreter, which
-held the relay to about a third of a direct TLS stream. Here the body comes off asyncio's SSL
-transport in blocks of up to ``READ_BYTES`` and chunked decoding is a few lines per chunk (a
-party's stream is one HTTP chunk per frame), so the relay's cost is the cryptography and the
-copies. The requests are the gateway's own (one method, one path, a JSON envelope), so the client
-needs only what uvicorn answers: a status line, headers, and a Content-Length or chunked body.
+A transfer's answer is one sealed envelope (a large result stays at its party and crosses the
+stream port instead, :mod:`trainmaster.gateway.net.streams`). The requests are the gateway's own
+(one method, one path, a JSON envelope), so the client needs only what uvicorn answers: a status
+line, headers, and a Content-Length or chunked body; a kept-alive connection the party closed
+while idle is retried once on a new one with a freshly sealed envelope (never a replay).
 """
 
 from __future__ import annotations

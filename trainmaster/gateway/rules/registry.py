@@ -216,13 +216,52 @@ def predict(t: Table, p: PredictParams) -> dict[str, Any]:
     return {"rows": int(x.shape[0]), "predictions": _forward(p.weights, x).tolist()}
 
 
+STREAM_BLOCK = 1 << 20
+"""Bytes a stream rule reads of its input at a time (a multiple of every element size)."""
+
+
+class ScaleParams(Params):
+    factor: float = Field(allow_inf_nan=False)
+
+
+def scale_params(_t: Table, p: ScaleParams, source: BinaryIO, write: Callable[[bytes | memoryview], None]) -> None:
+    """Every parameter of the leg's input (little-endian float32, any size) times ``factor``, one
+    block at a time: a stand-in for a local training step over a model too large to hold, which
+    reads and writes every parameter once (as the trainer of NVIDIA FLARE's large-model test does).
+    It releases nothing of the party's data; like ``predict`` it runs only where a party lists it
+    in ``allowed_rules``."""
+    block = bytearray(STREAM_BLOCK)
+    out = np.empty(STREAM_BLOCK // 4, dtype="<f4")
+    factor = np.float32(p.factor)
+    while n := source.readinto(block):  # type: ignore[attr-defined]
+        if n % 4:
+            rest = source.read(4 - n % 4)
+            if n + len(rest) != n - n % 4 + 4:
+                raise RuleError("the input is not a whole number of float32 values")
+            block[n : n + len(rest)] = rest
+            n += len(rest)
+        values = np.frombuffer(memoryview(block)[:n], dtype="<f4")
+        np.multiply(values, factor, out=out[: values.size])
+        write(out[: values.size].data.cast("B"))
+
+
+StreamRun = Callable[[Table, Any, BinaryIO, Callable[[bytes | memoryview], None]], None]
+
+
 @dataclass(frozen=True)
 class Rule:
     name: str
     params: type[Params]
-    run: Callable[[Table, Any], dict[str, Any]]
+    run: Callable[[Table, Any], dict[str, Any]] | None = None
+    """A rule whose result is one JSON object."""
+    stream: StreamRun | None = None
+    """A rule that reads the leg's input and writes its result as it goes (any size, bounded memory)."""
     default_allowed: bool = True
     """False: only a party whose ``allowed_rules`` names the rule runs it (per-row disclosure)."""
+
+    @property
+    def needs_input(self) -> bool:
+        return self.stream is not None
 
 
 REGISTRY: dict[str, Rule] = {
@@ -234,6 +273,7 @@ REGISTRY: dict[str, Rule] = {
         Rule("train", TrainParams, train),
         Rule("score", ScoreParams, score),
         Rule("predict", PredictParams, predict, default_allowed=False),
+        Rule("scale_params", ScaleParams, stream=scale_params, default_allowed=False),
     ]
 }
 
@@ -254,5 +294,9 @@ def validate_call(call: RuleCall, allowed: list[str] | None = None) -> Params:
 
 
 def run_call(t: Table, call: RuleCall, allowed: list[str] | None = None) -> dict[str, Any]:
+    """A JSON rule's result (a stream rule runs through ``executors.base.run_rule``)."""
     params = validate_call(call, allowed)
-    return REGISTRY[call.rule].run(t, params)
+    run = REGISTRY[call.rule].run
+    if run is None:
+        raise RuleError(f"rule {call.rule!r} reads an input and streams its result; it has no JSON result")
+    return run(t, params)

@@ -65,6 +65,8 @@ class SandboxLimits:
     pids: int = 64
     cpu_s: int = 3600
     open_files: int = 64
+    file_bytes: int | None = None
+    """The largest file it may write (RLIMIT_FSIZE; default: its memory limit)."""
 
 
 @dataclass(frozen=True)
@@ -485,7 +487,7 @@ class Sandbox:
                 resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
                 resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
                 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-                file_cap = limits.memory_mb << 20
+                file_cap = limits.file_bytes if limits.file_bytes is not None else limits.memory_mb << 20
                 resource.setrlimit(resource.RLIMIT_FSIZE, (file_cap, file_cap))
 
             env = {**env, "HOME": "/tmp", "TMPDIR": "/tmp"}
