@@ -376,7 +376,7 @@ class Initiator:
         try:
             return dict(self._resuming(f"sending the input of leg {data_id!r}", until, attempt))
         except StreamRefused as exc:
-            if exc.status == 409 and "arrived already" in exc.detail or "reached its party already" in exc.detail:
+            if exc.status == 409 and ("arrived already" in exc.detail or "reached its party already" in exc.detail):
                 return {"bytes": ref.size, "resumed_from": ref.size}  # a retry after the party had it whole
             raise
 

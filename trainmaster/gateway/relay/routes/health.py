@@ -22,6 +22,7 @@ async def health(request: Request) -> dict[str, Any]:
             legs=relay.table.count(),
             in_flight_legs=relay.inflight["legs"],
             in_flight_tasks=relay.inflight["tasks"],
+            in_flight_streams=relay.inflight["streams"],
             handled=dict(relay.ctx.handled),
             rejected=dict(relay.ctx.gate.rejected),
         )
