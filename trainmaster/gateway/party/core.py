@@ -44,6 +44,7 @@ from trainmaster.gateway.rules.registry import RuleError, validate_call
 M = TypeVar("M", bound=BaseModel)
 GROUP_CHECKED_RULES = ("histogram", "summary_stats", "train", "score")
 SWEEP_EVERY_S = 30.0
+AUDIT_SYNC_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,8 @@ class PartyAgent:
         self.slots = asyncio.Semaphore(cfg.max_executors)
         """One per running executor: a leg past the cap waits for one (queued), not refused."""
         self.runs: dict[tuple[str, str], asyncio.Future[PartyLeg]] = {}
+        self.uploading: set[tuple[str, str]] = set()
+        """Legs whose input is arriving right now (one stream at a time per leg)."""
         self.counters = {"rule_runs": 0, "report_retries": 0, "recovered_legs": 0, "adopted_runs": 0}
         self.gateway: PublicIdentity = next(p for p in self.ctx.roster.values() if p.role == "gateway")
         self.http: httpx.AsyncClient | None = None
@@ -324,7 +327,7 @@ class PartyAgent:
         assert leg.handle is not None  # the transfer waited for a queued leg's executor
         try:
             reply = await leg.handle.call(task.call, files, timeout_s=timeout_s)
-        except (OSError, TimeoutError, ValueError) as exc:
+        except Exception as exc:  # the executor died, timed out or answered garbage: recorded, never a 500
             adopted = self.adopt(record, files)
             if adopted is not None:
                 return adopted
@@ -414,11 +417,15 @@ class PartyAgent:
             self.audit.append("leg.recover", SELF, task_id=record.key[0], data_id=record.key[1], how=how)
 
     async def sweep(self) -> None:
-        """Every ``SWEEP_EVERY_S``: commit the audit log, and remove legs past their deadline plus
-        ``result_retention_s`` (their rows and files)."""
+        """Every second: the audit log's group commit; every ``SWEEP_EVERY_S``: remove legs past
+        their deadline plus ``result_retention_s`` (their rows and files)."""
+        swept = time.monotonic()
         while True:
-            await asyncio.sleep(min(SWEEP_EVERY_S, max(1.0, self.audit._sync_s)))
+            await asyncio.sleep(AUDIT_SYNC_S)
             self.audit.sync()
+            if time.monotonic() - swept < SWEEP_EVERY_S:
+                continue
+            swept = time.monotonic()
             for key in self.records.older_than(time.time() - self.cfg.result_retention_s):
                 if key not in self.executors:
                     self.forget(key)

@@ -150,6 +150,29 @@ def _receive_input(agent: "PartyAgent", conn: StreamSocket, requester: "Requeste
         raise Refused(409, f"the input of leg ({put.task_id}, {put.data_id}) has arrived already")
     if record.state != "created":
         raise Refused(409, f"leg ({put.task_id}, {put.data_id}) has run; its input can no longer change")
+    key = record.key
+    if not on_loop(agent.loop, _claim, agent, key):
+        raise Refused(503, f"an input for leg ({put.task_id}, {put.data_id}) is arriving already; retry when it ends")
+    try:
+        _take_input(agent, conn, requester, put, record)
+    finally:
+        on_loop(agent.loop, agent.uploading.discard, key)
+
+
+def _claim(agent: "PartyAgent", key: tuple[str, str]) -> bool:
+    """One upload per leg at a time (a resend can arrive before the broken one's thread has ended)."""
+    if key in agent.uploading:
+        return False
+    agent.uploading.add(key)
+    return True
+
+
+def _take_input(
+    agent: "PartyAgent", conn: StreamSocket, requester: "Requester", put: InputPut, record: "PartyLeg"
+) -> None:
+    assert agent.loop is not None
+    declared = record.task.input
+    assert declared is not None
     files = agent.files(record.task)
     assert files.input is not None
     chunk = put.chunk_bytes
