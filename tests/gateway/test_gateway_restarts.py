@@ -70,6 +70,25 @@ def test_a_restarted_party_adopts_a_run_its_executor_committed_and_reruns_one_it
     assert events.count("rule.adopted") == 1 and events.count("leg.recover") == 1
 
 
+def test_a_late_report_refused_for_a_finished_leg_keeps_the_partys_record(tmp_path: Path) -> None:
+    """Exactly once, the record side (found by the 10,000-task storm: 3 legs had a result and no
+    commit file left): a restarted party whose executor report reaches the gateway only after the
+    leg was run and recorded is refused (the leg is finished); the party keeps that leg's record and
+    files (its result stays fetchable and its run counted) and only drops a leg that never ran."""
+    agent = _agent(tmp_path)
+    ran = TaskCreate(task_id="t1", party="a", data_id="m_a", call=RuleCall(rule="row_count"), deadline_s=600)
+    never = ran.model_copy(update={"task_id": "t2"})
+    for t in (ran, never):
+        agent.records.create(t, "initiator", time.time() + 600)
+    agent.records.finish_run("t1", "m_a", ok=True, size=2, sha256="0" * 64)
+    files = agent.files(ran)
+    files.commit.write_bytes(commit_line("t1", "m_a", 2, "0" * 64))
+    agent.refused(("t1", "m_a"))
+    agent.refused(("t2", "m_a"))
+    assert agent.records.get("t1", "m_a") is not None and files.commit.exists()
+    assert agent.records.get("t2", "m_a") is None and not (agent.legs_root / "t2" / "m_a").exists()
+
+
 def test_storm_with_the_gateway_and_two_parties_killed_every_leg_runs_once_nothing_lost(tmp_path: Path) -> None:
     """Restarts, storm (the CI size of bench/gateway_storm.py, same kills): tasks from 4 initiators
     over 8 parties while the gateway is killed -9 10 times and two parties 5 times each: every task

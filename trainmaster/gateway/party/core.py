@@ -190,6 +190,18 @@ class PartyAgent:
         self.records.delete(*key)
         shutil.rmtree(self.legs_root / key[0] / key[1], ignore_errors=True)
 
+    def refused(self, key: tuple[str, str]) -> None:
+        """The gateway refused the leg's executor report: its executor stops. A leg whose rule has
+        not run is dropped (the gateway will never ask for it); one whose rule has run keeps its
+        record and files: the gateway refuses a late report (a restarted party's, delivered after
+        the leg was already run and recorded) because the leg is finished, and its result stays
+        fetchable and counted."""
+        record = self.records.get(*key)
+        if record is not None and record.state == "done":
+            self.drop_executor(key)
+        else:
+            self.forget(key)
+
     def expire(self, key: tuple[str, str], leg: LegExecutor) -> None:
         """At the task's deadline: the leg can no longer run; its executor stops (a stored result
         stays fetchable for ``result_retention_s``)."""
@@ -231,7 +243,7 @@ class PartyAgent:
         leg.started.set_result(None)
         attempt = await self.report_once(task, leg.handle.address, ready=True)
         if attempt.status == "refused":
-            self.forget(key)
+            self.refused(key)
         elif attempt.status == "unreachable":
             await self.report_until_deadline(key, task, leg.handle.address, leg.deadline)
 
@@ -273,7 +285,7 @@ class PartyAgent:
             if attempt.status == "ok":
                 return
             if attempt.status == "refused":
-                self.forget(key)
+                self.refused(key)
                 return
             delay = min(delay * 2, 10.0)
         self.drop_executor(key)

@@ -113,7 +113,7 @@ async def create_task(request: Request) -> JSONResponse:
     asyncio.get_running_loop().call_later(task.deadline_s, agent.expire, key, leg)
     attempt = await agent.report_once(task, handle.address, ready=True)
     if attempt.status == "refused":
-        agent.forget(key)
+        agent.refused(key)
         raise HTTPException(409, attempt.why)
     if attempt.status == "unreachable":
         leg.report = agent.spawn(agent.report_until_deadline(key, task, handle.address, record.deadline_at))
