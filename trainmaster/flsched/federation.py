@@ -355,8 +355,9 @@ class LocalFederation:
         data = json.loads(out[out.index("{") :])
         return {str(r["run-id"]): str(r.get("status", "")) for r in data.get("runs", [])}
 
-    def wait(self, run_ids: list[str], timeout: float) -> dict[str, str]:
-        """Wait until every run has finished (Flower's status); their statuses."""
+    def wait(self, run_ids: list[str], timeout: float, poll: float = 5.0) -> dict[str, str]:
+        """Wait until every run has finished (Flower's status, asked every ``poll`` seconds: each
+        ask is a Flower CLI process); their statuses."""
         deadline = time.monotonic() + timeout
         while True:
             st = self.statuses()
@@ -364,14 +365,26 @@ class LocalFederation:
                 return {r: st[r] for r in run_ids}
             if time.monotonic() > deadline:
                 raise TimeoutError(f"runs not finished within {timeout:.0f} s: { {r: st.get(r) for r in run_ids} }")
-            time.sleep(2.0)
+            time.sleep(poll)
 
-    def enrol(self, timeout: float = 300.0) -> None:
-        """Every node reports its device profile to the arbiter (a Flower query run)."""
+    def enrol(self, timeout: float = 900.0) -> int:
+        """Every node reports its device profile to the arbiter (a Flower query run); the number
+        of nodes enrolled."""
+        marker = self.results / "enrol.json"
+        marker.unlink(missing_ok=True)
         run = self.submit(mode="enrol", run_name="enrol")
-        status = self.wait([run], timeout)[run]
-        if status != "finished:completed":
-            raise RuntimeError(f"the enrolment run ended {status}; see {self.logs}")
+        deadline = time.monotonic() + timeout
+        while not marker.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the nodes did not enrol within {timeout:.0f} s (run {run}); see {self.logs}")
+            status = self.statuses().get(run, "")
+            if status.startswith("finished") and not marker.exists():
+                raise RuntimeError(f"the enrolment run ended {status}; see {self.logs}")
+            time.sleep(5.0)
+        enrolled = int(json.loads(marker.read_text())["enrolled"])
+        if enrolled < self.options.nodes:
+            raise RuntimeError(f"only {enrolled} of {self.options.nodes} nodes enrolled; see {self.logs}")
+        return enrolled
 
     def rounds(self, run_name: str) -> list[dict]:
         """A run's per-round records (its ServerApp's results file)."""

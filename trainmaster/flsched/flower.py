@@ -99,12 +99,15 @@ def _dataset(data_dir: str, name: str) -> Any:
 def _server_main(grid: Grid, context: Context) -> None:
     cfg = dict(context.run_config)
     if cfg.get("mode") == "enrol":
-        enrol_nodes(grid, str(cfg["arbiter"]), int(cfg.get("num-nodes", 1)))
+        count = enrol_nodes(grid, str(cfg["arbiter"]), int(cfg.get("num-nodes", 1)))
+        if cfg.get("results-dir"):
+            marker = Path(str(cfg["results-dir"])) / f"{cfg.get('run-name', 'enrol')}.json"
+            marker.write_text(json.dumps({"enrolled": count, "wall": time.time()}))
     else:
         train_run(grid, cfg)
 
 
-def enrol_nodes(grid: Grid, arbiter: str, expected: int, timeout: float = 120.0) -> int:
+def enrol_nodes(grid: Grid, arbiter: str, expected: int, timeout: float = 600.0) -> int:
     """Ask every connected node for its device profile and enrol them with the arbiter; waits
     (at most ``timeout``) until ``expected`` nodes are connected. Returns the number enrolled."""
     from trainmaster.flsched.arbiter import ArbiterClient, NodeProfile

@@ -136,7 +136,7 @@ class AnnealingScheduler(Scheduler):
 
     ``moves``: total move budget (None = MOVES_PER_SLOT x devices x jobs, clipped); ``chains``:
     independent restarts from the best start, the best chain wins; ``time_limit`` (seconds):
-    stop annealing when reached (the local search then gets what is left, at least one pass);
+    stop annealing when reached (the local search then gets what is left, if anything);
     ``cpu_limit`` (seconds of this process's CPU time) the same on the CPU clock;
     ``temperature`` fixes T (no cooling) for experiments; ``pace=False`` starts from the
     disclosure's greedy candidates only; ``local_search=False`` returns the annealed schedule.
@@ -263,18 +263,17 @@ class _Tables:
             inv = np.where(model.scale > 0.0, 1.0 / model.scale, np.inf)
             ratio = model.shift * inv
         closed_ok = [
-            bool(np.all(np.isfinite(inv[m, idx]))) and float(np.abs(ratio[m, idx]).max(initial=0.0)) < 1e6
+            int(problem.per_round[m]) <= pricing.SUBSET_MAX
+            and bool(np.all(np.isfinite(inv[m, idx])))
+            and float(np.abs(ratio[m, idx]).max(initial=0.0)) < 1e6
             for m, idx in enumerate(elig_idx)
         ]
+
+        def rows(a: np.ndarray) -> list[list[float]]:  # Python lists only where the closed form reads them
+            return [a[m].tolist() if ok else [] for m, ok in enumerate(closed_ok)]
+
         return cls(
-            model,
-            eligible,
-            problem.expected_time(),
-            elig_idx,
-            inv.tolist(),
-            ratio.tolist(),
-            model.shift.tolist(),
-            closed_ok,
+            model, eligible, problem.expected_time(), elig_idx, rows(inv), rows(ratio), rows(model.shift), closed_ok
         )
 
 
@@ -491,10 +490,10 @@ class _Chain:
         for _ in range(max_passes):
             improved = False
             for m in range(self.M):
-                if self._descend_replace(m, deadline):
-                    improved = True
                 if deadline is not None and deadline.over():
                     return
+                if self._descend_replace(m, deadline):
+                    improved = True
             if self.M > 1 and self._descend_swaps(deadline):
                 improved = True
             if not improved:
