@@ -95,7 +95,19 @@ def test_shortlist_gives_the_exact_lowest_keys(seed, rounds, count, busy):
     ok = free[members]
     expect = np.sort(keys[ok])[:count]
     assert np.allclose(np.sort(keys[np.searchsorted(members, got)]), expect)
-    assert sl.rescans <= rounds + 1
+
+
+def test_shortlist_rescans_rarely():
+    """Shortlist (incremental): over 300 rounds that each take a job's best devices (so their keys
+    grow) with a tenth of the pool busy, the job's devices are rescanned a few times, not 300."""
+    fleet = make_fleet(20_000, 1, seed=1)
+    state = FleetState(fleet)
+    rng = np.random.default_rng(2)
+    n = int(fleet.per_round[0])
+    for _ in range(300):
+        free = rng.random(fleet.num_devices) >= 0.1
+        state.record(0, state.shortlist(0).best(6 * n, free)[:n])
+    assert state.shortlist(0).rescans <= 10
 
 
 def test_subproblem_prices_moves_as_the_fleet_does():
