@@ -225,6 +225,12 @@ def register(app: typer.Typer) -> None:
         lease_s: float = typer.Option(
             600.0, "--lease-s", min=1.0, help="A lease not released by then ends (a run that died)."
         ),
+        state: Path | None = typer.Option(
+            None,
+            "--state",
+            help="JSON file of the arbiter's state (profiles, runs, history, leases), written at every change; "
+            "an arbiter restarted on it resumes, leases included.",
+        ),
     ) -> None:
         """Serve the node arbiter: concurrent Flower runs lease their rounds' nodes from it.
 
@@ -238,6 +244,8 @@ def register(app: typer.Typer) -> None:
 
         if scheduler not in names():
             raise UserError(f"unknown scheduler {scheduler!r}", [f"choose one of: {', '.join(names())}"])
-        serve(host, port, scheduler, seed, fairness_weight, gather_s, lease_s)
+        if state is not None and not state.parent.is_dir():
+            raise UserError(f"--state {state}: the directory {state.parent} does not exist")
+        serve(host, port, scheduler, seed, fairness_weight, gather_s, lease_s, None if state is None else str(state))
 
     app.add_typer(sub, name="flsched")

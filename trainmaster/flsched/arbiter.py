@@ -144,16 +144,33 @@ class ArbiterClient:
     """A run's handle on the arbiter (HTTP): ``select`` and ``release`` as a ``JobSelector``.
 
     Every call has a timeout; a refusal (409: the round cannot be scheduled now) is raised as
-    ``ProblemError`` with the arbiter's reasons, so the strategy skips the round."""
+    ``ProblemError`` with the arbiter's reasons, and so is an arbiter that cannot be reached
+    (restarting, say), so the strategy skips that round and the next one asks again. A release
+    is retried for ``retry_s``: a lease not released ends after the arbiter's lease time."""
 
-    def __init__(self, url: str, run_id: str, timeout: float = 60.0) -> None:
+    def __init__(self, url: str, run_id: str, timeout: float = 60.0, retry_s: float = 30.0) -> None:
         import httpx
 
-        self.run_id = run_id
+        self.run_id, self.retry_s = run_id, retry_s
         self.http = httpx.Client(base_url=url.rstrip("/"), timeout=timeout)
 
-    def _call(self, method: str, path: str, body: dict | None = None) -> dict:
-        reply = self.http.request(method, path, json=body)
+    def _call(self, method: str, path: str, body: dict | None = None, retry: bool = False) -> dict:
+        import time
+
+        import httpx
+
+        deadline = time.monotonic() + (self.retry_s if retry else 0.0)
+        while True:
+            try:
+                reply = self.http.request(method, path, json=body)
+                break
+            except httpx.TransportError as exc:
+                if time.monotonic() >= deadline:
+                    raise ProblemError(
+                        f"the arbiter at {self.http.base_url} cannot be reached: {exc!r}",
+                        ["the round is skipped; the next round asks again"],
+                    ) from None
+                time.sleep(1.0)
         if reply.status_code == 409:
             data = reply.json()
             raise ProblemError(data.get("error", "refused"), list(data.get("details", [])))
@@ -161,20 +178,25 @@ class ArbiterClient:
         return reply.json()
 
     def register(self, spec: RunSpec) -> None:
-        self._call("PUT", f"/v1/runs/{self.run_id}", spec.model_dump())
+        self._call("PUT", f"/v1/runs/{self.run_id}", spec.model_dump(), retry=True)
 
     def enrol(self, profiles: Sequence[NodeProfile]) -> None:
-        self._call("PUT", "/v1/devices", {"profiles": [p.model_dump() for p in profiles]})
+        self._call("PUT", "/v1/devices", {"profiles": [p.model_dump() for p in profiles]}, retry=True)
 
     def select(self, client_ids: Sequence[str], n: int) -> list[str]:
         return list(self._call("POST", f"/v1/runs/{self.run_id}/lease", {"online": list(client_ids), "n": n})["nodes"])
 
-    def release(self, clients: Sequence[str] | None = None, gone: Sequence[str] = ()) -> None:
-        body = {"nodes": None if clients is None else list(clients), "gone": list(gone)}
-        self._call("POST", f"/v1/runs/{self.run_id}/release", body)
+    def release(self, clients: Sequence[str] | None = None) -> None:
+        """The round is over: its nodes (or only ``clients``) are free again."""
+        body = {"nodes": None if clients is None else list(clients)}
+        self._call("POST", f"/v1/runs/{self.run_id}/release", body, retry=True)
+
+    def forget(self, clients: Sequence[str]) -> None:
+        """These nodes disappeared: whatever run holds them lets them go."""
+        self._call("POST", f"/v1/runs/{self.run_id}/release", {"nodes": [], "gone": list(clients)})
 
     def finish(self) -> None:
-        self._call("DELETE", f"/v1/runs/{self.run_id}")
+        self._call("DELETE", f"/v1/runs/{self.run_id}", retry=True)
 
     def leases(self) -> dict:
         return self._call("GET", "/v1/leases")
@@ -191,8 +213,10 @@ def serve(
     fairness_weight: float = 30.0,
     gather_s: float = 0.5,
     lease_s: float = 600.0,
+    state_path: str | None = None,
 ) -> None:
-    """Run the arbiter until killed (uvicorn; one process, one worker: the leases live here)."""
+    """Run the arbiter until killed (uvicorn; one process, one worker: the leases live here, and
+    in ``state_path`` when given, from which a restarted arbiter resumes)."""
     import uvicorn
 
     service = JointScheduler(
@@ -201,5 +225,6 @@ def serve(
         weights={"time": 1.0, "fairness": fairness_weight},
         gather_s=gather_s,
         lease_s=lease_s,
+        state_path=state_path,
     )
     uvicorn.run(arbiter_app(service), host=host, port=port, log_level="warning", access_log=False)

@@ -215,7 +215,7 @@ class LocalFederation:
         self.tracked[proc.pid] = _proc_start(proc.pid)
         return proc
 
-    def start(self, timeout: float = 120.0) -> None:
+    def start(self, timeout: float = 600.0) -> None:
         """Data, arbiter, SuperLink, SuperNodes (connected), the app and the CLI's config."""
         from trainmaster.flsched.synthetic import make_straggler_pool
 
@@ -228,7 +228,7 @@ class LocalFederation:
             [
                 sys.executable, "-m", "trainmaster", "flsched", "arbiter", "--port", str(port),
                 "--scheduler", o.scheduler, "--seed", str(o.seed), "--fairness-weight", str(o.fairness_weight),
-                "--gather-s", str(o.gather_s),
+                "--gather-s", str(o.gather_s), "--state", str(self.workdir / "arbiter-state.json"),
             ],
         )  # fmt: skip
         _wait_port(port, "the arbiter", arbiter, timeout, self.logs / "arbiter.log")

@@ -79,7 +79,10 @@ class FlschedFedAvg(FedAvg):
         try:
             return super().aggregate_train(server_round, replies)
         finally:
-            self.selector.release()
+            try:
+                self.selector.release()
+            except ProblemError as exc:  # the arbiter is gone: its lease time frees the nodes
+                log.warning("flsched: round %d's nodes not released: %s", server_round, exc.message)
             self.leased = []
 
 

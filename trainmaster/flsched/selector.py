@@ -12,10 +12,13 @@ The Flower glue lives in ``trainmaster.flsched.flower``; this module needs no Fl
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from trainmaster.flsched.model import Device, Job, Problem, ProblemError
 from trainmaster.flsched.schedulers import Scheduler, make_scheduler
@@ -153,6 +156,12 @@ class JointScheduler:
     ``add_devices``: runs start and stop, devices enrol). A round that cannot be scheduled
     raises ``ProblemError`` naming the job and the numbers, for that round only.
     ``leases_log`` records every lease for checks.
+
+    With ``state_path`` every change (profiles, jobs, history, the leases held and until when)
+    is written to that JSON file atomically (a temporary file renamed over it) before the call
+    returns, and a service started on an existing file resumes from it: killed at any moment, a
+    restarted service still knows which nodes are leased to which run, so it cannot hand a node
+    that is out on a round to another run.
     """
 
     def __init__(
@@ -164,6 +173,7 @@ class JointScheduler:
         weights: dict[str, float] | None = None,
         gather_s: float = 0.5,
         lease_s: float = 600.0,
+        state_path: str | Path | None = None,
     ) -> None:
         self.jobs = {j.id: j for j in jobs}
         self.devices = devices
@@ -178,6 +188,47 @@ class JointScheduler:
         self.pending: dict[str, RoundRequest] = {}
         self.lease_until: dict[str, float] = {}
         self.leases_log: list[Lease] = []
+        self.state_path = None if state_path is None else Path(state_path)
+        if self.state_path is not None and self.state_path.exists():
+            self._load()
+
+    # ------------------------------------------------------------------ persistence
+    def _save(self) -> None:
+        """Write the state (under the lock) atomically: a reader sees the old file or the new."""
+        if self.state_path is None:
+            return
+        now_mono, now_wall = time.monotonic(), time.time()
+        state = {
+            "profiles": {c: vars(d) for c, d in self.pool.profiles.items()},
+            "jobs": {j.id: vars(j) for j in self.jobs.values()},
+            "history": self.history,
+            "holders": self.pool.holder,
+            "lease_until_wall": {j: now_wall + (t - now_mono) for j, t in self.lease_until.items()},
+        }
+        tmp = self.state_path.with_name(self.state_path.name + ".tmp")
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, self.state_path)
+
+    def _load(self) -> None:
+        assert self.state_path is not None
+        try:
+            state = json.loads(self.state_path.read_text())
+            profiles = {c: Device(**d) for c, d in state["profiles"].items()}
+            jobs = {j: Job(**spec) for j, spec in state["jobs"].items()}
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ProblemError(
+                f"the arbiter's state file {self.state_path} cannot be read: {exc}",
+                ["move it away to start afresh (leases it records would be forgotten)"],
+            ) from None
+        now_mono, now_wall = time.monotonic(), time.time()
+        self.pool.profiles.update(profiles)
+        self.jobs.update(jobs)
+        self.history.update({j: {d: int(c) for d, c in h.items()} for j, h in state.get("history", {}).items()})
+        self.pool.holder.update(state.get("holders", {}))
+        for job, until in state.get("lease_until_wall", {}).items():
+            self.lease_until[job] = now_mono + (float(until) - now_wall)
+        for client, job in self.pool.holder.items():  # leases resumed: their start is the restart
+            self.leases_log.append(Lease(job, client, now_mono, why="resumed"))
 
     # ------------------------------------------------------------------ jobs and devices
     def add_job(self, job: Job) -> None:
@@ -185,6 +236,7 @@ class JointScheduler:
         with self.cond:
             self.jobs[job.id] = job
             self.history.setdefault(job.id, {})
+            self._save()
             self.cond.notify_all()
 
     def remove_job(self, job_id: str) -> None:
@@ -193,17 +245,21 @@ class JointScheduler:
             self._end_lease(job_id, time.monotonic(), "job-ended")
             self.jobs.pop(job_id, None)
             self.pending.pop(job_id, None)
+            self.history.pop(job_id, None)
+            self._save()
             self.cond.notify_all()
 
     def add_devices(self, profiles: Mapping[str, Device]) -> None:
         """Device profiles by client id (devices enrolling, or reporting their state)."""
         with self.cond:
             self.pool.profiles.update(profiles)
+            self._save()
 
     def forget(self, client_ids: Sequence[str]) -> None:
         """These clients disappeared: whatever holds them lets them go now."""
         with self.cond:
             self._vanish(set(client_ids), time.monotonic())
+            self._save()
             self.cond.notify_all()
 
     def holders(self) -> dict[str, str]:
@@ -244,6 +300,7 @@ class JointScheduler:
         are free again."""
         with self.cond:
             self._end_lease(job_id, time.monotonic(), "released", None if clients is None else set(clients))
+            self._save()
             self.cond.notify_all()
 
     # ------------------------------------------------------------------ under the lock
@@ -295,6 +352,7 @@ class JointScheduler:
                     f"round of job {r.job_id!r} cannot be scheduled now (it is skipped; the next round tries again)",
                     reasons,
                 )
+            self._save()
             self.cond.notify_all()
             return
         granted = time.monotonic()  # the lease runs from the hand-out, not from the request (scheduling takes time)
@@ -307,6 +365,7 @@ class JointScheduler:
                 self.history[r.job_id][dev] = self.history[r.job_id].get(dev, 0) + 1
                 self.leases_log.append(Lease(r.job_id, cid, granted))
             self.lease_until[r.job_id] = granted + self.lease_s
+        self._save()  # before any request returns: a grant survives a crash of the service
         self.cond.notify_all()
 
 
