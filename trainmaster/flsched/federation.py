@@ -17,7 +17,7 @@ divided by ``speedup`` (``flower.py``).
 The Flower binaries come from the environment that has ``flwr`` (``flower_bin``, default: the
 running interpreter's). Every wait has a timeout and names what it waited for. ``close()``
 ends every process this federation started and each of their descendants, by pid, TERM then
-KILL, and removes the working directory.
+KILL, and removes the working directory (kept when ``TM_KEEP_FEDERATION=1``, to read its logs).
 """
 
 from __future__ import annotations
@@ -165,12 +165,13 @@ class LocalFederation:
                 ["`make flower-env` makes .venv-flower with flwr; run this from there (.venv-flower/bin/python)"],
             )
         self._own_dir = self.workdir is None
-        self.workdir = Path(self.workdir or tempfile.mkdtemp(prefix="tm-flsched-fed-"))
-        self.home = self.workdir / "flwr-home"
-        self.app = self.workdir / "app"
-        self.data = self.workdir / "data"
-        self.results = self.workdir / "results"
-        self.logs = self.workdir / "logs"
+        self.root = Path(self.workdir or tempfile.mkdtemp(prefix="tm-flsched-fed-"))
+        self.workdir = self.root
+        self.home = self.root / "flwr-home"
+        self.app = self.root / "app"
+        self.data = self.root / "data"
+        self.results = self.root / "results"
+        self.logs = self.root / "logs"
         for d in (self.home, self.app, self.data, self.results, self.logs):
             d.mkdir(parents=True, exist_ok=True)
         self.env = {
@@ -209,7 +210,7 @@ class LocalFederation:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=self.env,
-            cwd=self.workdir,
+            cwd=self.root,
         )
         self.procs[name] = proc
         self.tracked[proc.pid] = _proc_start(proc.pid)
@@ -228,7 +229,7 @@ class LocalFederation:
             [
                 sys.executable, "-m", "trainmaster", "flsched", "arbiter", "--port", str(port),
                 "--scheduler", o.scheduler, "--seed", str(o.seed), "--fairness-weight", str(o.fairness_weight),
-                "--gather-s", str(o.gather_s), "--state", str(self.workdir / "arbiter-state.json"),
+                "--gather-s", str(o.gather_s), "--state", str(self.root / "arbiter-state.json"),
             ],
         )  # fmt: skip
         _wait_port(port, "the arbiter", arbiter, timeout, self.logs / "arbiter.log")
@@ -320,7 +321,7 @@ class LocalFederation:
             text=True,
             env=self.env,
             timeout=timeout,
-            cwd=self.workdir,
+            cwd=self.root,
         )
         if out.returncode != 0:
             raise RuntimeError(
@@ -436,5 +437,5 @@ class LocalFederation:
                 proc.wait(timeout=1)
             except subprocess.TimeoutExpired:
                 pass
-        if self._own_dir and self.workdir is not None and os.environ.get("TM_KEEP_FEDERATION") != "1":
-            shutil.rmtree(self.workdir, ignore_errors=True)
+        if self._own_dir and os.environ.get("TM_KEEP_FEDERATION") != "1":
+            shutil.rmtree(self.root, ignore_errors=True)
