@@ -491,7 +491,7 @@ def double_booked(runs: dict) -> int:
     return clashes
 
 
-def flower_rows(seeds: list[int], timeout: float) -> dict:
+def flower_rows(seeds: list[int], timeout: float, checkpoint: Any = None) -> dict:
     """Per seed: one federation (SuperLink, 30 SuperNodes, the arbiter), both node selections
     (order alternating), three concurrent runs each."""
     from trainmaster.flsched.federation import FederationOptions, LocalFederation
@@ -524,6 +524,8 @@ def flower_rows(seeds: list[int], timeout: float) -> dict:
             f"vs {arms['flsched']['double_booked_rounds']} (load {load:.1f} -> {os.getloadavg()[0]:.1f})",
             flush=True,
         )
+        if checkpoint is not None:
+            checkpoint({"seeds": seeds, "per_seed": per_seed, "partial": True})
     ratios = [
         x["flower"]["time_to_all_targets"] / x["flsched"]["time_to_all_targets"]
         for x in per_seed
@@ -854,6 +856,11 @@ def write_plot(result: dict) -> None:
     fig.savefig(OUT / "flsched.png", dpi=110)
 
 
+def save(result: dict) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "flsched.json").write_text(json.dumps(result, indent=2, default=float))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seeds", type=int, default=1, help="held-out seeds per family and size (1-5)")
@@ -907,6 +914,7 @@ def main() -> None:
         if not args.wallclock and (OUT / "flsched.json").exists():  # keep the last wall-clock section
             last = json.loads((OUT / "flsched.json").read_text())
             result.update({k: v for k, v in last.items() if k.startswith(("wallclock", "scale", "flower"))})
+    plots: list = []
     if args.wallclock or args.wallclock_only or args.wallclock_tuning:
         seeds_wc = WALLCLOCK_TUNING_SEEDS if args.wallclock_tuning else WALLCLOCK_SEEDS
         result["wallclock_fairness_weight"] = args.fairness_weight
@@ -915,26 +923,38 @@ def main() -> None:
         result["wallclock_seeds"] = seeds_wc
         result["wallclock"] = wallclock_rows(seeds_wc, args.fairness_weight)
         OUT.mkdir(parents=True, exist_ok=True)
-        write_wallclock_plot(result["wallclock"])
+        plots.append(lambda: write_wallclock_plot(result["wallclock"]))
     if args.scale or args.scale_only:
         result["scale_seeds"] = fresh_seeds(args.scale_seeds)
         result["scale_setup"] = SCALE_SETUP
         result["scale"] = scale_rows(result["scale_seeds"])
         OUT.mkdir(parents=True, exist_ok=True)
-        write_scale_plot(result["scale"])
+        plots.append(lambda: write_scale_plot(result["scale"]))
+        save(result)  # a long section's numbers are on disk before anything else can fail
     if args.flower or args.flower_only:
-        result["flower"] = flower_rows(fresh_seeds(args.flower_seeds), args.flower_timeout)
+        result["flower"] = flower_rows(
+            fresh_seeds(args.flower_seeds), args.flower_timeout, lambda part: save({**result, "flower_partial": part})
+        )
+        result.pop("flower_partial", None)
         OUT.mkdir(parents=True, exist_ok=True)
-        write_flower_plot(result["flower"])
+        plots.append(lambda: write_flower_plot(result["flower"]))
+        save(result)
     if args.simulate:
         result["fairness_weight"] = FAIRNESS_WEIGHT
         result["simulation"] = simulation_rows([1, 2, 3], max_rounds=400)
     if args.runtime:
         result["runtime"] = runtime_rows([1, 2, 3])
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "flsched.json").write_text(json.dumps(result, indent=2, default=float))
+    save(result)
     write_markdown(result)
-    write_plot(result)
+    plots.append(lambda: write_plot(result))
+    try:
+        import matplotlib  # noqa: F401  (the bench extra)
+    except ImportError:
+        print("note: matplotlib (pip install -e '.[bench]') is not installed: results written, plots skipped")
+    else:
+        for plot in plots:
+            plot()
     print((OUT / "flsched.md").read_text())
 
 
