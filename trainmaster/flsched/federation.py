@@ -174,8 +174,10 @@ class LocalFederation:
         self.logs = self.root / "logs"
         for d in (self.home, self.app, self.data, self.results, self.logs):
             d.mkdir(parents=True, exist_ok=True)
+        package_root = str(Path(__file__).resolve().parents[2])  # ServerApp/ClientApp processes import trainmaster
         self.env = {
             **os.environ,
+            "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p),
             "PATH": f"{self.bin}{os.pathsep}{os.environ.get('PATH', '')}",
             "FLWR_HOME": str(self.home),
             "FLWR_TELEMETRY_ENABLED": "0",
