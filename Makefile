@@ -21,8 +21,8 @@ $(BIN)/python:
 
 $(STAMP): $(BIN)/python pyproject.toml
 	@echo "==> [2/3] installing Trainmaster with every extra and the test tools into $(VENV) (a few minutes the first time)"
-	@$(BIN)/pip install --progress-bar on -e '.[all,test]' | grep -E --line-buffered '^(Collecting|Successfully installed)' | sed -u 's/^/    /' || true
-	@$(BIN)/python -c "import trainmaster, torch, fastapi" || { echo "error: the install did not complete; run '$(BIN)/pip install -e .[all,test]' to see why" >&2; exit 1; }
+	@$(BIN)/pip install --progress-bar on -e '.[all,test]' 2>&1 | tee $(VENV)/install.log | grep -E --line-buffered '^(Collecting|Successfully installed)' | sed -u 's/^/    /' || true
+	@$(BIN)/python -c "import trainmaster, torch, fastapi" || { echo "error: the install did not complete; pip's whole output is in $(VENV)/install.log" >&2; exit 1; }
 	@touch $(STAMP)
 
 install: $(STAMP)

@@ -81,6 +81,11 @@ def test_unknown_references_and_forbidden_verbs_are_user_errors(facade: Trainmas
         facade.scale(job_id, "x", 2)
     with pytest.raises(JobNotFound, match="has no instance w-3"):
         facade.tail(job_id, "w", 3)
+    # a role that is not the job's: the roles it has, and the closest (issue 38: `--role wrker`)
+    with pytest.raises(JobNotFound, match=r"has no role 'ww' \(did you mean 'w'\? its roles: w\)"):
+        facade.tail(job_id, "ww", 0)
+    with pytest.raises(JobNotFound, match="no job 'nope'.*`trainmaster job list` shows them"):
+        facade.status("nope")
     with pytest.raises(WaitTimedOut, match=r"still pending after 0.2 s"):
         facade.wait(job_id, timeout=0.2, poll=0.05)
     assert facade.cancel(job_id).cancel_requested

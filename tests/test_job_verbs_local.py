@@ -170,3 +170,30 @@ def test_no_server_at_the_url_is_a_clear_error(tmp_path: Path, env: dict[str, st
         nobody,
         "trainmaster job run",
     )
+
+
+def test_without_a_terminal_results_headers_and_tables_are_neither_wrapped_nor_cut(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """Piped or redirected (a script, a CI log), the CLI prints lines as long as they are: a
+    job's JSON result stays one parsable line, its header and status are whole, tables are not
+    cut with an ellipsis, and an error is one line (issue 38: rich wrapped or cut all of these
+    at 80 columns when there was no terminal)."""
+    env = {k: v for k, v in env.items() if k != "COLUMNS"}  # no terminal, no width given: as a pipe is
+    name = "a-job-with-a-rather-long-name-that-fills-the-header"
+    metrics = {f"a_rather_long_metric_name_{i}": 0.123456789 for i in range(6)}
+    code = f"import json, os; open(os.path.join(os.environ['TM_OUTPUT_DIR'], 'metrics.json'), 'w').write({json.dumps(json.dumps(metrics))})"
+    ran = tm(env, "job", "run", str(write_job(tmp_path, name, code)), "--interval", "0.1", timeout=120)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    lines = ran.stdout.splitlines()
+    result = next(line for line in lines if line.startswith("result: "))
+    assert json.loads(result.removeprefix("result: ")) == metrics
+    header = next(line for line in lines if line.startswith(f"job {name} (id 1) succeeded"))
+    assert header.endswith("the job's success condition is met"), header
+    status = tm(env, "job", "status", name)
+    assert status.stdout.splitlines()[0].startswith(f"job {name} (id 1) succeeded"), status.stdout
+    assert "success condition is met" in status.stdout.splitlines()[0] and "…" not in status.stdout
+    listed = tm(env, "job", "list")
+    assert name in listed.stdout and "…" not in listed.stdout, listed.stdout
+    missing = tm(env, "job", "status", "no-such-job-with-a-name-long-enough-to-wrap-the-error-line")
+    assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1, missing.stderr

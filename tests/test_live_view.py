@@ -192,3 +192,40 @@ def test_status_from_a_server_says_who_leads() -> None:
     console = Console(width=100, record=True, color_system=None)
     console.print(render_status(status, width=100, height=40))
     assert "controller: leader hostA-1-abc (answered by hostB-2-def)" in console.export_text()
+
+
+def test_a_succeeded_job_reads_as_one_stopped_instances_show_their_signal_and_counts_add_up() -> None:
+    """The view of a succeeded job whose worker was stopped at the job's end (issue 38): the role
+    line counts the stopped instance in its own column (the counts add up to the table), and the
+    table shows the signal it was stopped with and why, not a bare exit 143."""
+    from rich.console import Console
+
+    instance = {"attempt": 1, "restarts": 0, "address": "127.0.0.1:9000", "metrics": None}
+    status = {
+        "id": 1,
+        "name": "digits",
+        "state": "succeeded",
+        "reason": "Succeeded",
+        "message": "the job's success condition is met",
+        "roles": [
+            {"name": "master", "state": "succeeded", "counts": {"succeeded": 1}, "replicas": 1},
+            {"name": "worker", "state": "succeeded", "counts": {"succeeded": 1, "stopped": 1}, "replicas": 2},
+        ],
+        "instances": [
+            {**instance, "role": "master", "index": 0, "state": "succeeded", "exitCode": 0, "reason": "Completed"},
+            {**instance, "role": "worker", "index": 0, "state": "stopped", "exitCode": 143, "reason": "JobSucceeded"},
+            {**instance, "role": "worker", "index": 1, "state": "succeeded", "exitCode": 0, "reason": "Completed"},
+        ],
+        "events": [],
+    }
+    console = Console(width=100, record=True, color_system=None)
+    console.print(render_status(status, width=100, height=40))
+    lines = console.export_text().splitlines()
+    header = next(line for line in lines if line.lstrip().startswith("role "))
+    assert "stop" in header.split() and "term" not in header.split()
+    worker = next(line for line in lines if line.startswith("worker "))
+    columns = header.split()
+    values = dict(zip(columns[2:9], worker.split()[2:9]))  # role, state, then the counts and restarts
+    assert (values["ok"], values["stop"], values["run"]) == ("1", "1", "0"), (header, worker)
+    stopped = next(line for line in lines if line.lstrip().startswith("worker-0"))
+    assert "SIGTERM" in stopped and "JobSucceeded" in stopped and "143" not in stopped

@@ -104,3 +104,30 @@ def test_sdist_and_wheel_build_with_pypa_build(tmp_path: Path) -> None:
     ):
         assert any(name.startswith(part) for name in in_wheel), f"{part} missing from the wheel"
     assert "SetuptoolsDeprecationWarning" not in built.stdout + built.stderr  # e.g. the old license table
+
+
+def test_make_install_shows_progress_not_pips_warnings(tmp_path: Path) -> None:
+    """`make install` prints what it collects and installs, and keeps the rest of pip's output
+    (setuptools' editable-install BuildBackendWarning, on stderr, passed its filter: issue 38)
+    in the venv's install.log, where its error message points. Run with a stand-in pip."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    pip = venv / "bin" / "pip"
+    pip.write_text(
+        "#!/bin/sh\n"
+        "echo 'Collecting fastapi'\n"
+        "echo '  /tmp/pip-build-env/setuptools/command/editable_wheel.py:354: BuildBackendWarning: "
+        "Editable installation.' >&2\n"
+        "echo '  !!' >&2\n"
+        "echo 'Successfully installed trainmaster-0.1.0'\n"
+    )
+    python = venv / "bin" / "python"
+    python.write_text("#!/bin/sh\nexit 0\n")
+    for program in (pip, python):
+        program.chmod(0o755)
+    out = run(["make", "--no-print-directory", "-C", str(ROOT), f"VENV={venv}", "install"])
+    assert out.returncode == 0, out.stdout + out.stderr
+    shown = out.stdout + out.stderr
+    assert "Collecting fastapi" in shown and "Successfully installed trainmaster-0.1.0" in shown
+    assert "BuildBackendWarning" not in shown and "!!" not in shown, shown
+    assert "BuildBackendWarning" in (venv / "install.log").read_text()

@@ -14,7 +14,7 @@ import yaml
 
 from orphans import orphan_a_run
 
-from controller_harness import ROOT, pids_alive, run_job_file
+from controller_harness import ROOT, pids_alive, run_job_file, run_logs
 
 
 @pytest.mark.timeout(240)
@@ -25,8 +25,12 @@ def test_pytorch_digits_reaches_accuracy(tmp_path: Path) -> None:
     assert metrics["world_size"] == 3 and metrics["test_accuracy"] >= 0.9
     master = next(i for i in status["instances"] if i["role"] == "master")
     assert master["state"] == "succeeded"
-    # kubeflow preset: the master succeeding ends the job; a worker still exiting is stopped
+    # kubeflow preset: the master succeeding ends the job; a worker still exiting is stopped, and
+    # says that it was because the job succeeded; every role reads as a success (issue 38)
     assert {i["state"] for i in status["instances"]} <= {"succeeded", "stopped"}
+    assert {i["reason"] for i in status["instances"] if i["state"] == "stopped"} <= {"JobSucceeded"}
+    assert {r["state"] for r in status["roles"]} == {"succeeded"}
+    assert "Warning" not in run_logs(tmp_path)  # the workload's own logs carry no library warning
 
 
 @pytest.mark.timeout(120)
@@ -130,3 +134,65 @@ def test_a_run_killed_with_sigkill_is_resumed_without_running_anything_twice(tmp
         [sys.executable, "-m", "trainmaster", "resume", "orphan"], capture_output=True, text=True, env=env, timeout=60
     )
     assert again.returncode == 2 and "already ended" in again.stderr
+
+
+#: Runs the CLI with every node agent's ``stop`` refused, as the agent refused it on a busy
+#: machine (issue 38): ``OSError: [Errno 19] No such device``.
+REFUSING_STOP = """
+import sys
+from trainmaster.agent import client
+def refuse(self, ids, grace):
+    raise client.AgentUnavailable("the node agent refused 'stop': OSError: [Errno 19] No such device")
+client.AgentClient.stop = refuse
+from trainmaster.cli.main import main
+sys.argv[0] = "trainmaster"
+main()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_an_agent_refusal_is_one_line_and_recorded_on_the_job_never_a_traceback(tmp_path: Path) -> None:
+    """Mechanism (controller step 9, a job's end stops its instances): when the node agent keeps
+    refusing ``stop``, `trainmaster run` retries the pass, then exits 1 with one ``error:``
+    line that says what happened and how to carry on, and the job records why (an event and its
+    reason), instead of a traceback through the controller."""
+    from controller_harness import stop_agent
+    from trainmaster.api import Trainmaster
+
+    spec = {
+        "apiVersion": "trainmaster/v1",
+        "kind": "Job",
+        "metadata": {"name": "refused"},
+        "spec": {
+            # the job succeeds when `done` does; `idle` still runs then, so the job's end stops it
+            "statusPolicy": {"succeeded": {"roles": ["done"]}},
+            "roles": [
+                {"name": "idle", "command": ["python", "-c", "import time; time.sleep(60)"]},
+                {"name": "done", "command": ["python", "-c", "pass"]},
+            ],
+        },
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    home = tmp_path / "home"
+    db = f"sqlite:///{tmp_path / 'tm.db'}"
+    env = {**os.environ, "TRAINMASTER_HOME": str(home)}
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", REFUSING_STOP, "job", "run", str(path), "--interval", "0.1", "--db", db],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=100,
+        )
+        assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+        assert "Traceback" not in out.stderr, out.stderr
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: job refused (id 1) left "), out.stderr
+        assert "No such device" in lines[0] and "trainmaster job resume 1" in lines[0], lines[0]
+        status = Trainmaster.open(db).status("refused", events=200)
+        failed = [e for e in status["events"] if e["reason"] == "BackendFailed"]
+        assert failed and failed[-1]["type"] == "Warning" and "No such device" in failed[-1]["message"]
+        assert status["reason"] == "BackendFailed" and "trainmaster resume 1" in status["message"]
+    finally:
+        stop_agent(home / "agent")

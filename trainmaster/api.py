@@ -12,6 +12,7 @@ dashboard and API clients share); every other result is a small dataclass.
 
 from __future__ import annotations
 
+import difflib
 import os
 import threading
 import time
@@ -198,9 +199,16 @@ class Trainmaster:
         """The log of instance ``role``-``index`` (default role: the first with that index)."""
         with self.sessions() as session:
             job = repo.load_job(session, self._find(session, ref).id)
+            roles = [r.name for r in job.roles]
+            if role is not None and role not in roles:
+                close = difflib.get_close_matches(role, roles, n=1)
+                hint = f"did you mean '{close[0]}'? " if close else ""
+                raise JobNotFound(f"job {job.name} has no role '{role}' ({hint}its roles: {', '.join(roles)})")
             chosen = [i for i in job.instances if (role is None or i.role == role) and i.index == index]
             if not chosen:
-                raise JobNotFound(f"job {job.name} has no instance {role or '<first role>'}-{index}")
+                indices = sorted({i.index for i in job.instances if role is None or i.role == role})
+                have = f"indices {indices[0]}-{indices[-1]}" if indices else "no instance yet"
+                raise JobNotFound(f"job {job.name} has no instance {role or '<first role>'}-{index} ({have})")
             inst = chosen[0]
             if not inst.log_path:
                 raise JobNotFound(f"{inst.label} has not started yet; no log")

@@ -25,3 +25,9 @@ class UserError(Exception):
 
 class JobConflict(UserError):
     """The job's state forbids the verb, e.g. deleting a job that still runs (HTTP 409)."""
+
+
+class BackendError(Exception):
+    """A backend could not carry out what the controller asked (a node agent that refused or
+    cannot be reached). Not the user's mistake, but never a traceback either: a controller that
+    gives up on it records it on the job, and the CLI prints it as one line (exit 1)."""

@@ -6,6 +6,7 @@ OS's refusal as a StartFailed that names the program."""
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -20,7 +21,7 @@ from agent_fixtures import ESCAPERS, PY, doubles, escapers, replica, starts, wai
 from controller_harness import stop_agent
 from trainmaster.agent.client import AgentClient, agent_pid, ensure_agent
 from trainmaster.agent.contract import InstancePhase, LaunchSpec
-from trainmaster.agent.tree import cgroup_name, cgroups_available
+from trainmaster.agent.tree import CgroupTrees, cgroup_name, cgroups_available
 
 CGROUPS = not cgroups_available()
 BASE_ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
@@ -233,6 +234,21 @@ def test_when_the_main_process_ends_its_tree_is_killed(agent: AgentClient, tmp_p
     assert status.exit_code == 0 and escapers() == []
 
 
+def test_stop_asks_with_sigterm_first(agent: AgentClient, tmp_path: Path) -> None:
+    """Stop = TERM, then KILL after the grace: an instance that handles SIGTERM gets it (its
+    signal mask is empty and its handler runs) and ends within the grace, as a graceful
+    shutdown should; the escalation below is only for one that ignores it."""
+    graceful = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: (print('got SIGTERM', flush=True), sys.exit(3)))\n"
+        "print('ready', flush=True)\ntime.sleep(60)"
+    )
+    agent.start([spec(tmp_path, "graceful", [PY, "-c", graceful])])
+    wait_until(lambda: "ready" in (tmp_path / "graceful.log").read_text(), what="the handler")
+    status = agent.stop(["job/graceful/1"], grace=20)[0]
+    assert status.exit_code == 3 and "got SIGTERM" in (tmp_path / "graceful.log").read_text()
+
+
 def test_stop_escalates_to_sigkill(agent: AgentClient, tmp_path: Path) -> None:
     stubborn = (
         "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(60)"
@@ -242,6 +258,58 @@ def test_stop_escalates_to_sigkill(agent: AgentClient, tmp_path: Path) -> None:
     started = time.monotonic()
     status = agent.stop(["job/stubborn/1"], grace=0.5)[0]
     assert status.exit_code == 137 and time.monotonic() - started < 10
+
+
+@pytest.mark.skipif(not CGROUPS, reason=f"cgroup v1 trees unavailable here: {cgroups_available()}")
+@pytest.mark.parametrize("control_file", ["freezer.state", "cgroup.procs"])
+def test_a_tree_whose_cgroup_vanishes_during_a_stop_is_already_stopped(
+    control_file: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Mechanism (stop = freeze, signal every member, thaw): the reaper removes an ended
+    instance's cgroups while a stop may be freezing or listing that tree. A control file opened
+    just before the removal answers ENODEV, not ENOENT; the tree has ended, so the stop is done
+    (nothing to signal), never an error the agent refuses ``stop`` with (issue 38: a traceback
+    from ``trainmaster run``). The removal is put exactly between the open and the access."""
+    trees = CgroupTrees(f"test-vanish-{os.getpid()}")
+    instance = "job/vanish/1"
+    trees.create(instance, 0)
+    kernel_said: list[int] = []
+    real_read, real_write = Path.read_text, Path.write_text
+
+    def vanish_then(access: str, path: Path) -> int:
+        """Open ``path``, remove the instance's cgroups, then read or write through the open file."""
+        fd = os.open(path, os.O_RDONLY if access == "read" else os.O_WRONLY)
+        try:
+            assert trees.remove(instance)
+            try:
+                os.read(fd, 4096) if access == "read" else os.write(fd, b"FROZEN")
+            except OSError as exc:
+                kernel_said.append(exc.errno or 0)
+                raise
+            return 0
+        finally:
+            os.close(fd)
+
+    def read_text(self: Path, *args: object, **kwargs: object) -> str:
+        if self.name == control_file and not kernel_said:
+            vanish_then("read", self)
+        return real_read(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    def write_text(self: Path, data: str, *args: object, **kwargs: object) -> int:
+        if self.name == control_file and not kernel_said:
+            return vanish_then("write", self)
+        return real_write(self, data, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    monkeypatch.setattr(Path, "write_text", write_text)
+    try:
+        assert trees.signal_all(instance, signal.SIGTERM) == 0
+        assert trees.pids(instance) == [] and trees.cpu_seconds(instance) is None
+        assert kernel_said == [errno.ENODEV]  # the race happened as on the busy machine
+    finally:
+        monkeypatch.undo()
+        trees.remove(instance)
+        trees.close()
 
 
 @pytest.mark.skipif(not CGROUPS, reason=f"cgroup v1 trees unavailable here: {cgroups_available()}")

@@ -105,6 +105,22 @@ def test_stopping_an_attempt_whose_start_was_refused_is_quiet(ray_backend: Any, 
     assert obs.phase == Phase.EXITED and obs.reason == "StartFailed" and "missing" in obs.message
 
 
+def test_a_gang_just_admitted_is_being_placed_not_diagnosed() -> None:
+    """Gang scheduling on Ray: a placement group Ray has had no time to place yet is reported as
+    being placed (issue 38: 'not placed after 0s; no single node fits a bundle like {'CPU':
+    0.01}' for a job admitted the same second); after GANG_SETTLE seconds the reason says what
+    the cluster lacks, or that no node fits its largest bundle."""
+    from trainmaster.backends.ray import GANG_SETTLE, gang_pending_reason
+
+    bundles = [{"CPU": 0.01}, {"CPU": 0.01}]
+    fresh = gang_pending_reason(bundles, 0.0, {}, {})
+    assert fresh == "Ray is placing the placement group of 2 instance bundle(s)"
+    late = gang_pending_reason(bundles, GANG_SETTLE + 1, {"CPU": 2.0}, {"CPU": 0.0})
+    assert "not placed after 6s; short of 0.02 CPU (cluster has 2 CPU, 0 CPU free)" in late
+    unfit = gang_pending_reason([{"CPU": 3.0}], GANG_SETTLE, {"CPU": 4.0}, {"CPU": 4.0})
+    assert unfit.endswith("no single node fits a bundle like {'CPU': 3.0}")
+
+
 def test_gang_stays_pending_with_the_reason_until_ray_can_place_it(ray_harness: Harness) -> None:
     """Another tenant of the cluster holds every CPU: the controller's own accounting admits the
     job, but Ray cannot place its placement group, so nothing starts and the reason says why."""
@@ -121,9 +137,8 @@ def test_gang_stays_pending_with_the_reason_until_ray_can_place_it(ray_harness: 
             )
         )
         status = step_until(ray_harness, job_id, lambda s: s["reason"] == "GangPending", timeout=20)
-        for _ in range(5):
-            ray_harness.controller.step()
-        status = ray_harness.status(job_id)
+        assert "Ray is placing the placement group of 2 instance bundle(s)" in status["message"]  # not yet judged
+        status = step_until(ray_harness, job_id, lambda s: "not placed after" in s["message"], timeout=30)
         assert status["state"] == "pending" and status["reason"] == "GangPending"
         assert f"short of {cpus:g} CPU (cluster has {cpus:g} CPU, 0 CPU free)" in status["message"]
         assert status["instances"] == []  # gang: not one instance started

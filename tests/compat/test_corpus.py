@@ -131,3 +131,40 @@ def test_every_valid_corpus_file_runs(path: Path, tmp_path: Path, monkeypatch: p
     proc, status = run_job_file(path, tmp_path, timeout=180)
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert proc.returncode == 0 and status.get("state") == "succeeded", proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def _upstream_files() -> list[Path]:
+    """Upstream's example job files ($TRAINMASTER_SHARED_DATA or ../shared/data next to the repo)."""
+    env = os.environ.get("TRAINMASTER_SHARED_DATA")
+    base = Path(env) if env else Path(__file__).resolve().parents[3] / "shared" / "data"
+    return sorted((base / "upstream-job-examples").glob("*/*.yaml"))
+
+
+@pytest.mark.skipif(
+    not _upstream_files(), reason="upstream's example job files (shared data upstream-job-examples) are absent"
+)
+def test_validate_and_convert_agree_on_every_upstream_example() -> None:
+    """One set of rules (issue 38: 6 of upstream's Volcano MPI/Paddle files were refused by
+    `validate` for a workingDir or hostPath outside the allowed directories, while `convert`
+    printed them): on each of upstream's example files both verbs exit alike and list the same
+    problems, and `convert` prints nothing when it refuses."""
+    from typer.testing import CliRunner
+
+    from trainmaster.cli.main import app
+
+    runner = CliRunner()
+    disagree = []
+    for path in _upstream_files():
+        runs = {verb: runner.invoke(app, ["job", verb, str(path)]) for verb in ("validate", "convert")}
+        problems = {
+            verb: sorted(
+                line.strip() for line in str(run.exception or "").splitlines() if line.strip().startswith("- ")
+            )
+            for verb, run in runs.items()
+        }
+        codes = {verb: run.exit_code for verb, run in runs.items()}
+        if codes["validate"] != codes["convert"] or problems["validate"] != problems["convert"]:
+            disagree.append((path.name, codes, problems))
+        if codes["convert"] != 0:
+            assert runs["convert"].stdout == "", (path.name, runs["convert"].stdout[:500])
+    assert not disagree, disagree

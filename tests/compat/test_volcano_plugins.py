@@ -132,3 +132,70 @@ def test_pod_failed_restart_job_restarts_every_task(tmp_path: Path) -> None:
     starts = marker.read_text().split()
     assert starts.count("ps") == 2 and starts.count("worker") == 4  # one restart of the whole job
     assert [e for e in status["events"] if e["reason"] == "RestartingGroup"]
+
+
+def _reads_etc_volcano(runtime: str | None = None) -> dict:
+    """A Volcano Job with the svc plugin whose tasks read /etc/volcano/<task>.host, as upstream's
+    TensorFlow and MPI examples do."""
+    reads = "cat /etc/volcano/ps.host /etc/volcano/worker.host"
+    tasks = []
+    for name in ("ps", "worker"):
+        container = {"name": name, "image": "busybox", "command": ["sh", "-c", reads]}
+        tasks.append({"name": name, "replicas": 1, "template": {"spec": {"containers": [container]}}})
+    return {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": "vc-etc-volcano"},
+        "spec": {"plugins": {"svc": []}, "tasks": tasks},
+    }
+
+
+def test_a_command_reading_etc_volcano_is_refused_on_the_host_naming_the_file() -> None:
+    """Mechanism (Volcano's svc plugin files): a role that runs on the host but reads
+    /etc/volcano/<task>.host would read this machine's folder, not its job's; it is refused when
+    the job is loaded, naming the files it reads and where the job's copies are, unless
+    --lenient (then it is noted); in a container the files are mounted there, so nothing is
+    refused (issue 38: 4 of upstream's 60 files changed meaning silently)."""
+    from trainmaster.errors import UserError
+    from trainmaster.spec.load import LoadOptions, load_document
+    from trainmaster.spec.model import RuntimeKind
+
+    with pytest.raises(UserError) as refused:
+        load_document(_reads_etc_volcano(), options=LoadOptions(runtime=RuntimeKind.HOST))
+    assert "--lenient" in refused.value.message and len(refused.value.details) == 2
+    for i, role in enumerate(("ps", "worker")):
+        assert refused.value.details[i].startswith(
+            f"spec.roles[{i}] ({role}): its command reads /etc/volcano/ps.host, /etc/volcano/worker.host"
+        ), refused.value.details
+        assert "$VC_HOSTS_DIR/ps.host, $VC_HOSTS_DIR/worker.host" in refused.value.details[i]
+    lenient = load_document(_reads_etc_volcano(), options=LoadOptions(runtime=RuntimeKind.HOST, lenient=True))
+    assert sum("reads /etc/volcano/ps.host" in line for line in lenient.ignored) == 2
+    in_container = load_document(_reads_etc_volcano(), options=LoadOptions(runtime=RuntimeKind.CONTAINER))
+    assert not any("reads /etc/volcano" in line for line in in_container.ignored)
+
+
+def test_a_container_of_a_svc_job_gets_the_host_files_at_etc_volcano(tmp_path: Path) -> None:
+    """Mechanism: the launch of a container role of a svc-plugin job mounts the job's own copy
+    of the files (<run dir>/volcano) read-only at /etc/volcano, as Volcano mounts them
+    (tests/containers runs such a job in podman)."""
+    from trainmaster.backends.base import Placement
+    from trainmaster.controller.launching import launch_spec
+    from trainmaster.spec.load import LoadOptions, load_document
+    from trainmaster.spec.model import RuntimeKind
+    from trainmaster.store import repository as repo
+    from trainmaster.store.models import InstanceRow
+
+    h = Harness(tmp_path)
+    try:
+        loaded = load_document(_reads_etc_volcano(), options=LoadOptions(runtime=RuntimeKind.CONTAINER))
+        job_id = h.jobs.submit(loaded, h.controller, unique_name=False).id
+        with h.sessions() as session:
+            job = repo.load_job(session, job_id)
+            inst = InstanceRow(job_id=job_id, role="ps", index=0, attempt=1)
+            launch = launch_spec(job, loaded.job, inst, Placement("127.0.0.1", [40000]), {}, h.url, "log", "i", True)
+            run_dir = job.run_dir
+    finally:
+        h.backend.close()
+    assert launch.container is not None
+    mount = {"source": f"{run_dir}/volcano", "target": "/etc/volcano", "read_only": True}
+    assert mount in launch.container.mounts and Path(mount["source"]).is_dir()

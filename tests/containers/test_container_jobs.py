@@ -185,3 +185,34 @@ def test_env_fields_reach_the_container(small_image: str, tmp_path: Path, isolat
 
 def run_logs_of(tmp_path: Path) -> str:
     return "\n".join(p.read_text() for p in sorted((tmp_path / "runs").rglob("*.log")))
+
+
+@pytest.mark.timeout(240)
+def test_volcano_svc_job_reads_its_host_files_at_etc_volcano_in_containers(
+    small_image: str, podman: ContainerRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Mechanism (Volcano's svc plugin): a Volcano Job whose commands read
+    /etc/volcano/<task>.host, as upstream's TensorFlow and MPI examples do, runs unchanged in
+    containers: the job's own host files are mounted there (issue 38: they were only in
+    $VC_HOSTS_DIR, so the commands read nothing)."""
+    monkeypatch.delenv("TRAINMASTER_RUNTIME", raising=False)  # auto: a container, podman being here
+    reads = "cat /etc/volcano/ps.host; echo; cat /etc/volcano/worker.host; echo"
+    tasks = []
+    for name, replicas in (("ps", 1), ("worker", 2)):
+        container = {"name": name, "image": small_image, "imagePullPolicy": "Never", "command": ["sh", "-c", reads]}
+        spec = {"restartPolicy": "Never", "containers": [container]}
+        tasks.append({"name": name, "replicas": replicas, "template": {"spec": spec}})
+    job = {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": "vc-etc-volcano"},
+        "spec": {"minAvailable": 3, "plugins": {"svc": []}, "tasks": tasks},
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    proc, status = run_job_file(path, tmp_path, timeout=200)
+    assert proc.returncode == 0 and status["state"] == "succeeded", proc.stderr[-3000:] + run_logs(tmp_path)[-3000:]
+    addresses = {f"{i['role']}-{i['index']}": i["address"] for i in status["instances"]}
+    logs = run_logs(tmp_path)
+    expected = f"{addresses['ps-0']}\n{addresses['worker-0']}\n{addresses['worker-1']}\n"
+    assert logs.count(expected) == 3, logs[-3000:]  # each instance read both files, with every address

@@ -119,6 +119,47 @@ def test_cancel_stops_every_instance(harness: Harness) -> None:
     assert {i["state"] for i in harness.status(job_id)["instances"]} == {"stopped"}
 
 
+def _counts_match_the_table(status: dict) -> None:
+    """Each role's per-state counts are its rows of the instance table, state by state."""
+    for role in status["roles"]:
+        rows = [i["state"] for i in status["instances"] if i["role"] == role["name"]]
+        assert {k: v for k, v in role["counts"].items() if v} == {s: rows.count(s) for s in set(rows)}, role
+
+
+def test_a_succeeded_jobs_stopped_roles_say_success_and_counts_match_the_table(harness: Harness) -> None:
+    """Mechanism (step 9, instances stopped at the job's end; step 7, stored counts): when the
+    job succeeds (here: its master did, as Kubeflow's preset says) while a role still runs, that
+    role reads as a success (state succeeded, reason JobSucceeded, as Kubeflow shows the replicas
+    of a succeeded job) and its stopped instances say why (JobSucceeded: no longer needed), not
+    'cancelled' and a bare 'stopped'; each role's counts add up to the instance table, stopped
+    ones included, after the end as during the run, and after a cancel (Ctrl-C) too (issue 38)."""
+    roles = [
+        {"name": "master", "command": py("import time; time.sleep(1.5)")},
+        {"name": "worker", "replicas": 2, "command": py("import time; time.sleep(60)")},
+    ]
+    job_id = harness.submit(job("half", roles, statusPolicy={"succeeded": {"roles": ["master"]}}))
+    _counts_match_the_table(step_until(harness, job_id, lambda s: len(running(s, "worker")) == 2))
+    assert harness.controller.run_job(job_id) == "succeeded"
+    status = harness.status(job_id)
+    by_role = {r["name"]: r for r in status["roles"]}
+    assert by_role["master"]["state"] == "succeeded"
+    assert (by_role["worker"]["state"], by_role["worker"]["reason"]) == ("succeeded", "JobSucceeded")
+    assert "2 instance(s) still running were stopped" in by_role["worker"]["message"]
+    workers = [i for i in status["instances"] if i["role"] == "worker"]
+    assert {(i["state"], i["reason"]) for i in workers} == {("stopped", "JobSucceeded")}
+    assert all("no longer needed" in i["message"] for i in workers)
+    _counts_match_the_table(status)
+
+    cancelled = harness.submit(job("cut", [roles[1]]))
+    step_until(harness, cancelled, lambda s: len(running(s, "worker")) == 2)
+    harness.controller.cancel(cancelled)
+    assert harness.controller.run_job(cancelled) == "cancelled"
+    after = harness.status(cancelled)
+    assert {(i["state"], i["reason"]) for i in after["instances"]} == {("stopped", "Stopped")}
+    assert after["roles"][0]["state"] == "cancelled"
+    _counts_match_the_table(after)
+
+
 def test_successful_job_stores_its_output(harness: Harness, tmp_path) -> None:
     out = tmp_path / "artifacts"
     state, status = harness.run(

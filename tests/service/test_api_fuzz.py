@@ -1,7 +1,8 @@
 """Mechanisms: no input makes the controller service answer 5xx. A hypothesis property test
 posts job documents generated from the job model's schema and mutated to a real server (uvicorn
-on a loopback port), and schemathesis fuzzes every operation of its /openapi.json; after each
-request the server still answers."""
+on a loopback port); a sweep puts odd values (long, NUL, huge, wrong-typed) into every field of
+every Kubeflow/Volcano job kind we read; and schemathesis fuzzes every operation of its
+/openapi.json; after each request the server still answers."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
 from api_server import ThreadedServer
+from foreign_documents import odd_field_cases
 from job_strategies import documents
 
 pytestmark = pytest.mark.timeout(240)
@@ -53,6 +55,35 @@ def test_generated_and_mutated_jobs_never_get_a_5xx(api: str) -> None:
     post()
     assert seen.get(422), seen  # the generator reaches the validation, not only the parser
     client.close()
+
+
+@pytest.mark.timeout(900)  # a few thousand requests: about 40 s on a quiet 2-core machine
+def test_odd_values_in_every_field_of_foreign_job_files_get_a_4xx(api: str) -> None:
+    """Every field of every Kubeflow/Volcano kind (those our files set, and every other field
+    of each Kubernetes object in them: a container's ``workingDir`` although no file sets one)
+    with each odd value: never a 5xx, every refusal lists its problems, and the server still
+    answers. Issue 38: a PyTorchJob whose container workingDir was 5,000 characters got a 500
+    (the converter asked the file system about it); it is refused naming that field."""
+    cases = odd_field_cases()
+    assert len(cases) > 2000, len(cases)
+    failures: list[tuple[int, str, str, str]] = []
+    statuses: dict[int, int] = {}
+    with httpx.Client(base_url=api, timeout=30) as client:
+        for name, where, odd, document in cases:
+            reply = client.post("/api/v1/jobs", json=document)
+            statuses[reply.status_code] = statuses.get(reply.status_code, 0) + 1
+            if reply.status_code >= 500 or (reply.status_code == 422 and not reply.json().get("details")):
+                failures.append((reply.status_code, name, where, repr(odd)[:40]))
+        assert client.get("/healthz").status_code == 200
+        assert not failures, failures[:20]
+        assert statuses.get(422, 0) > len(cases) // 4, statuses  # the values reach the checks
+        pytorch = next(d for n, w, o, d in cases if n == "kubeflow-pytorchjob.yaml" and w.endswith("workingDir"))
+        containers = pytorch["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"]
+        containers[0]["workingDir"] = "w" * 5000
+        reply = client.post("/api/v1/jobs", json=pytorch)
+        assert reply.status_code == 422, reply.text
+        field = "spec.pytorchReplicaSpecs.Master.template.spec.containers[0].workingDir"
+        assert any(d.startswith(f"{field}: is 5000 characters long") for d in reply.json()["details"]), reply.text
 
 
 def test_schemathesis_finds_no_server_error(api: str) -> None:

@@ -77,6 +77,22 @@ FORMER_500S: dict[str, tuple[dict[str, Any], str]] = {
     "name of digits only": (mutated(lambda d: d["metadata"].__setitem__("name", "12345")), "metadata.name"),
     "minAvailable 10**30": (mutated(spec("scheduling", {"minAvailable": 10**30})), "spec.scheduling.minAvailable"),
     "cpu NaN-like huge": (mutated(role("resources", {"cpu": 1e300})), "spec.roles[0].resources.cpu"),
+    # issue 38: the converter asked the file system whether the 5000-character directory exists
+    "PyTorchJob container workingDir of 5000 characters": (
+        {
+            **PYTORCH_BAD_RESTART,
+            "spec": {
+                "pytorchReplicaSpecs": {
+                    "Master": {
+                        "template": {
+                            "spec": {"containers": [{"name": "pytorch", "command": ["true"], "workingDir": "w" * 5000}]}
+                        }
+                    }
+                }
+            },
+        },
+        "spec.pytorchReplicaSpecs.Master.template.spec.containers[0].workingDir",
+    ),
 }
 
 
@@ -295,3 +311,36 @@ def test_suspend_and_unsuspend_over_the_api(api: str) -> None:
     twice = httpx.post(f"{api}/api/v1/jobs/{job_id}/unsuspend", timeout=30)
     assert twice.json() == {"id": job_id, "suspended": False, "changed": False}  # the stored flag is clear
     assert httpx.post(f"{api}/api/v1/jobs/no-such-job/unsuspend", timeout=30).status_code == 404
+
+
+BROWSER = {"accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}
+
+
+def test_the_dashboard_finds_jobs_by_name_and_shows_browsers_html_errors(api: str) -> None:
+    """Mechanism (the dashboard, REST's sibling): a job's page answers at /jobs/<name>, <id> or
+    <uid>, as the CLI takes them (issue 38: /jobs/pytorch-digits answered a JSON validation
+    error); a browser whose page request fails (no such job, a reference too long to be one, no
+    such page) gets an HTML page with the status and what went wrong, while API clients keep
+    their JSON answers."""
+    created = httpx.post(
+        f"{api}/api/v1/jobs", json=mutated(lambda d: d["metadata"].__setitem__("name", "by-name")), timeout=30
+    )
+    assert created.status_code == 201, created.text
+    job_id = created.json()["id"]
+    uid = httpx.get(f"{api}/api/v1/jobs/{job_id}", timeout=30).json()["uid"]
+    for ref in ("by-name", str(job_id), uid):
+        page = httpx.get(f"{api}/jobs/{ref}", headers=BROWSER, timeout=30)
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html"), (ref, page.text)
+        assert "by-name" in page.text and f"/ui/jobs/{job_id}/summary" in page.text
+    for path, status, says in (
+        ("/jobs/no-such-job", 404, "no job &#39;no-such-job&#39;"),
+        ("/jobs/" + "x" * 64, 422, "at most 63 characters"),
+        ("/no/such/page", 404, "Not Found"),
+    ):
+        page = httpx.get(f"{api}{path}", headers=BROWSER, timeout=30)
+        assert page.status_code == status and page.headers["content-type"].startswith("text/html"), page.text
+        assert says in page.text and '<a href="/">' in page.text, page.text
+        machine = httpx.get(f"{api}{path}", timeout=30)  # no Accept: text/html, as API clients ask
+        assert machine.status_code == status and machine.headers["content-type"] == "application/json"
+    api_answer = httpx.get(f"{api}/api/v1/jobs/no-such-job", headers=BROWSER, timeout=30)
+    assert api_answer.status_code == 404 and api_answer.headers["content-type"] == "application/json"

@@ -123,8 +123,12 @@ def test_job_list_job_page_live_log_metrics_and_cancel(server: Server, browser: 
     appearing on the chart, and cancel from the page changing the job's state."""
     job_id = server.submit(ticking_job("ticker"))
     browser.get(server.url + "/")
-    row = wait_for(browser, EC.presence_of_element_located((By.ID, f"job-{job_id}")), "the job's row")
-    assert "ticker" in row.text and "command" in row.text
+    # read the row inside the wait: the live refresh may replace it between a find and a read
+    wait_for(
+        browser,
+        lambda d: "ticker" in (text := d.find_element(By.ID, f"job-{job_id}").text) and "command" in text,
+        "the job's row",
+    )
     wait_for(
         browser,
         lambda d: d.find_element(By.ID, f"job-{job_id}").get_attribute("data-state") == "running",

@@ -47,3 +47,38 @@ def test_sigterm_stops_the_server_with_a_live_stream_open(tmp_path: Path) -> Non
     assert not tab.is_alive(), "the stream did not end with the server"
     log = Path(server.log.name).read_text()
     assert "ERROR" not in log and "Traceback" not in log, log  # nothing was cancelled
+
+
+def test_a_detached_server_removes_its_pid_file_when_it_exits(tmp_path: Path) -> None:
+    """`trainmaster server --detach` returns once the server listens, with its pid in
+    server.pid (what the README's kill line reads); the server removes that file as it exits,
+    so a later kill of a stale pid cannot hit an unrelated process that reused it (issue 38)."""
+    import os
+    import subprocess
+    import sys
+
+    from server_process import free_port
+
+    home = tmp_path / "home"
+    env = {**os.environ, "TRAINMASTER_HOME": str(home), "TRAINMASTER_DB": f"sqlite:///{tmp_path / 'store.db'}"}
+    started = subprocess.run(
+        [sys.executable, "-m", "trainmaster", "server", "--detach", "--port", str(free_port())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert started.returncode == 0, started.stdout + started.stderr
+    pid_file = home / "server.pid"
+    pid = int(pid_file.read_text())
+    assert f"stop it: kill {pid}" in started.stdout
+    try:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + SHUTDOWN_DRAIN_S + 30
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not Path(f"/proc/{pid}").exists(), "the detached server did not exit on SIGTERM"
+        assert not pid_file.exists()
+    finally:
+        if Path(f"/proc/{pid}").exists():
+            os.kill(pid, signal.SIGKILL)

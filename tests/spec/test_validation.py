@@ -146,7 +146,32 @@ def test_dry_run_prints_the_defaulted_job(tmp_path: Path) -> None:
     worker = printed["spec"]["roles"][1]
     assert worker["dependsOn"] == [{"role": "master", "condition": "Running", "timeoutSeconds": 600.0}]
     assert worker["restartPolicy"]["policy"] == "Never"
-    assert printed["spec"]["statusPolicy"] == {"preset": "kubeflow"}
+    # every default filled in: presets expanded, empty policies as the controller applies them
+    # (issue 38: `statusPolicy: {}` on each role and an unexpanded preset were printed)
+    assert printed["spec"]["statusPolicy"] == {"failed": "any", "succeeded": {"roles": ["master"]}}
+    assert all(r["statusPolicy"] == {"failed": "any", "succeeded": "all"} for r in printed["spec"]["roles"])
+    assert load_document(printed).job.spec.roles[1].status_policy.succeeded == "all"  # it reads back
+
+
+def test_unknown_fields_of_our_own_kind_get_a_did_you_mean() -> None:
+    """A misspelt field anywhere in a trainmaster/v1 Job is refused by its path with the closest
+    field of that object, as Kubeflow and Volcano files' are (issue 38)."""
+    details = errors_of(
+        {
+            "framwork": "command",
+            "roles": [{"name": "a", "replcas": 2, "command": ["x"], "restartPolicy": {"polcy": "Never"}}],
+        }
+    )
+    for wrong, right in (
+        ("spec.framwork", "framework"),
+        ("spec.roles[0].replcas", "replicas"),
+        ("spec.roles[0].restartPolicy.polcy", "policy"),
+    ):
+        assert any(d.startswith(f"{wrong}: unknown field (did you mean '{right}'?)") for d in details), details
+    assert any(
+        d.startswith("spec.roles[0].zzzz: unknown field; check")
+        for d in errors_of({"roles": [{"name": "a", "command": ["x"], "zzzz": 1}]})
+    )
 
 
 def test_user_framework_from_a_python_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

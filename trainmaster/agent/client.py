@@ -22,6 +22,7 @@ from typing import Any
 import trainmaster
 from trainmaster.agent.contract import InstanceHandle, InstanceStatus, LaunchSpec, StartResult
 from trainmaster.agent.protocol import ALREADY_RUNNING_EXIT, LOG_NAME, PID_NAME, connect
+from trainmaster.errors import BackendError
 
 log = logging.getLogger(__name__)
 _PACKAGE_ROOT = str(Path(trainmaster.__file__).resolve().parents[1])
@@ -30,8 +31,8 @@ _PACKAGE_ROOT = str(Path(trainmaster.__file__).resolve().parents[1])
 _spawned: list[subprocess.Popen[bytes]] = []  # daemons this process started (reaped when they exit)
 
 
-class AgentUnavailable(RuntimeError):
-    """The node agent could not be reached or started."""
+class AgentUnavailable(BackendError):
+    """The node agent could not be reached or started, or refused a request."""
 
 
 def agent_pid(state_dir: Path) -> int | None:

@@ -45,6 +45,7 @@ import trainmaster
 from trainmaster.agent.containers import ContainerHooks, ContainerRecord, failure_reason
 from trainmaster.agent.contract import InstanceHandle, InstancePhase, InstanceStatus, LaunchSpec, StartResult
 from trainmaster.agent.journal import ExitJournal, JournaledInstance
+from trainmaster.agent.spawn import NOTIFY_FD, spawn
 from trainmaster.containers.runtime import ContainerRuntimeMissing, container_name
 from trainmaster.agent.tree import (
     AGENT_MARKER,
@@ -120,7 +121,7 @@ class _Child:
     """A main process just spawned, not yet known to the reaper."""
 
     pid: int
-    popen: subprocess.Popen[bytes]
+    popen: subprocess.Popen[bytes] | None  # None: spawned by posix_spawn (trainmaster.agent.spawn)
     notify_fd: int | None
 
 
@@ -384,7 +385,8 @@ class NodeAgent:
             os.set_blocking(notify_read, False)
             argv = [sys.executable, "-S", "-m", "trainmaster.runtime.launch", str(Path(spec.instance_dir) / SPEC_FILE)]
             python_path = os.pathsep.join(p for p in (_PACKAGE_ROOT, spec.env.get("PYTHONPATH")) if p)
-            env = {**process_env, **markers, "PYTHONPATH": python_path, NOTIFY_FD_VARIABLE: str(notify_write)}
+            notify_at = NOTIFY_FD if spawn is not None else notify_write  # posix_spawn moves it to 3
+            env = {**process_env, **markers, "PYTHONPATH": python_path, NOTIFY_FD_VARIABLE: str(notify_at)}
         else:
             argv, env = list(spec.argv), {**process_env, **markers}
         if not argv:  # validation refuses `command: []`; a spec that still has none fails to start, clearly
@@ -393,19 +395,9 @@ class NodeAgent:
         out = None
         try:
             out = _open_log(spec)
-            # the child is born in the instance's cgroups (the thread is in them before it forks)
+            # the child is born in the instance's cgroups (the thread is in them before it spawns)
             self._place(spec, slot)
-            popen = subprocess.Popen(
-                argv,
-                env=env,
-                cwd=spec.cwd or None,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                close_fds=True,
-                pass_fds=(notify_write,) if notify_write else (),
-            )
+            pid, popen = _start_process(argv, env, spec.cwd or None, out, notify_write)
         except (OSError, ValueError, TypeError) as error:  # ValueError: a NUL that slipped past validation
             self.trees.leave()  # out of a group that is about to be removed
             self._start_failed(inst, spec, error)
@@ -415,7 +407,7 @@ class NodeAgent:
                 os.close(out)
             if notify_write is not None:
                 os.close(notify_write)
-        return _Child(popen.pid, popen, notify_read)
+        return _Child(pid, popen, notify_read)
 
     def _place(self, spec: LaunchSpec, slot: str | None) -> None:
         """Put the calling thread into the instance's cgroups: name its warm slot after the
@@ -739,6 +731,28 @@ class NodeAgent:
     def list(self) -> list[InstanceStatus]:
         with self._lock:
             return [self._status(i) for i in self._instances]
+
+
+def _start_process(
+    argv: list[str], env: dict[str, str], cwd: str | None, log_fd: int, notify_fd: int | None
+) -> tuple[int, subprocess.Popen[bytes] | None]:
+    """Start an instance's main process in its own session, its output to ``log_fd``: with
+    ``posix_spawn`` (the interpreter lock released, nothing of the agent copied:
+    :mod:`trainmaster.agent.spawn`), or with ``Popen`` where libc lacks it."""
+    if spawn is not None:
+        return spawn(argv, env, cwd, log_fd, notify_fd), None
+    popen = subprocess.Popen(
+        argv,
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=log_fd,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        close_fds=True,
+        pass_fds=(notify_fd,) if notify_fd else (),
+    )
+    return popen.pid, popen
 
 
 def _open_log(spec: LaunchSpec) -> int:

@@ -17,6 +17,7 @@ Two ways, chosen once per agent:
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -33,6 +34,15 @@ REQUIRED = ("pids", "memory", "freezer")
 OPTIONAL = ("cpuacct",)
 INSTANCE_MARKER = "TM_INSTANCE_ID"
 AGENT_MARKER = "TM_AGENT_KEY"
+#: What a cgroup file answers once its cgroup is gone: ENOENT if it was removed before the file
+#: was opened, ENODEV if it was removed between the open and the read or write (the reaper
+#: removes an ended instance's cgroups while a stop may be signalling it). Either way the tree
+#: has ended: there is nothing left to freeze, list or signal.
+GONE = (errno.ENOENT, errno.ENODEV)
+
+
+def _gone(error: OSError) -> bool:
+    return error.errno in GONE
 
 
 def cgroup_name(instance_id: str) -> str:
@@ -156,8 +166,10 @@ class CgroupTrees:
     def pids(self, instance_id: str) -> list[int]:
         try:
             text = (self._dir("pids", instance_id) / "cgroup.procs").read_text()
-        except FileNotFoundError:
-            return []
+        except OSError as exc:
+            if _gone(exc):  # the tree ended and its cgroup was removed: no member left
+                return []
+            raise
         me = os.getpid()  # the agent itself, while its spawning thread passes through
         return [int(p) for p in text.split() if int(p) != me]
 
@@ -171,8 +183,10 @@ class CgroupTrees:
                 while path.read_text().strip() != "FROZEN" and time.monotonic() < deadline:
                     time.sleep(delay)
                     delay = min(delay * 2, 0.05)
-        except FileNotFoundError:  # the tree ended and its cgroup was removed meanwhile: nothing to freeze
-            return
+        except OSError as exc:
+            if _gone(exc):  # the tree ended and its cgroup was removed meanwhile: nothing to freeze
+                return
+            raise
 
     def signal_all(self, instance_id: str, sig: int) -> int:
         """Freeze, signal every member, thaw: nothing forks past the signal."""
@@ -190,8 +204,12 @@ class CgroupTrees:
             return None
         try:
             return int((self._dir(hierarchy, instance_id) / name).read_text().split()[0])
-        except (FileNotFoundError, ValueError, IndexError):
+        except (ValueError, IndexError):
             return None
+        except OSError as exc:
+            if _gone(exc):
+                return None
+            raise
 
     def cpu_seconds(self, instance_id: str) -> float | None:
         ns = self._read_int("cpuacct", instance_id, "cpuacct.usage")

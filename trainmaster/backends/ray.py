@@ -67,6 +67,9 @@ DEFERRED_CHECK_PERIOD = 0.1  # how often deferred launches look for their bundle
 START_WAIT = 60.0  # a stop waits at most this long for the start call it must follow
 STOP_SLACK = 15.0  # a stop's answer may come this long after its grace (the KILL, the wait for the trees)
 GANG_WAIT = 0.2  # each reconcile pass waits this long for a placement group, then reports pending
+# Ray places a new placement group in the background, within a second or so when it fits: until
+# it has waited this long, a gang is reported as being placed, not diagnosed as not fitting
+GANG_SETTLE = 5.0
 # One observe call per node answers every poll of one reconcile pass: the controller polls
 # instance by instance, and 64 round trips to an actor would cost more than the pass itself.
 OBSERVE_TTL = 0.05
@@ -188,23 +191,10 @@ class RayBackend(Backend):
 
     def _gang_reason(self, gang: _Gang) -> str:
         """Which resources the placement group lacks, so the user knows what to change."""
-        want: dict[str, float] = {}
-        for bundle in gang.bundles:
-            for key, value in bundle.items():
-                want[key] = want.get(key, 0.0) + value
-        total, free = ray.cluster_resources(), ray.available_resources()
-        short = [
-            f"{_show(key, amount)} (cluster has {_show(key, total.get(key, 0.0))}, "
-            f"{_show(key, free.get(key, 0.0))} free)"
-            for key, amount in sorted(want.items())
-            if amount > free.get(key, 0.0) + 1e-9
-        ]
-        largest = max(gang.bundles, key=lambda b: b.get("CPU", 0.0))
-        what = "; short of " + ", ".join(short) if short else "; no single node fits a bundle like " + str(largest)
-        return (
-            f"Ray placement group for {len(gang.bundles)} instance bundle(s) not placed after "
-            f"{time.monotonic() - gang.since:.0f}s{what}"
-        )
+        waited = time.monotonic() - gang.since
+        if waited < GANG_SETTLE:  # placing takes Ray a moment: nothing to diagnose yet
+            return gang_pending_reason(gang.bundles, waited, {}, {})
+        return gang_pending_reason(gang.bundles, waited, ray.cluster_resources(), ray.available_resources())
 
     def release_gang(self, job_id: int) -> None:
         gang = self._gangs.pop(job_id, None)
@@ -689,6 +679,28 @@ def _bundle(request: dict[str, Any]) -> dict[str, float]:
 
 def _memory_bytes(value: Any) -> int:
     return parse_memory(value) if value else 0
+
+
+def gang_pending_reason(
+    bundles: list[dict[str, float]], waited: float, total: dict[str, float], free: dict[str, float]
+) -> str:
+    """Why a gang's placement group is not placed after ``waited`` seconds: while Ray may still
+    be placing it (``GANG_SETTLE``), only that; then what the cluster lacks (``total`` and
+    ``free`` resources), or that no single node fits its largest bundle."""
+    if waited < GANG_SETTLE:
+        return f"Ray is placing the placement group of {len(bundles)} instance bundle(s)"
+    want: dict[str, float] = {}
+    for bundle in bundles:
+        for key, value in bundle.items():
+            want[key] = want.get(key, 0.0) + value
+    short = [
+        f"{_show(key, amount)} (cluster has {_show(key, total.get(key, 0.0))}, {_show(key, free.get(key, 0.0))} free)"
+        for key, amount in sorted(want.items())
+        if amount > free.get(key, 0.0) + 1e-9
+    ]
+    largest = max(bundles, key=lambda b: b.get("CPU", 0.0))
+    what = "; short of " + ", ".join(short) if short else "; no single node fits a bundle like " + str(largest)
+    return f"Ray placement group for {len(bundles)} instance bundle(s) not placed after {waited:.0f}s{what}"
 
 
 def _show(key: str, amount: float) -> str:

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from trainmaster.cli.jobs import AllowFrameworkOpt, AllowPathOpt, LenientOpt, RuntimeOpt
 from trainmaster.errors import UserError
 
 
@@ -15,24 +16,32 @@ def convert_command(
     file: Annotated[Path, typer.Argument(help="A Kubeflow PyTorchJob/TFJob/MPIJob or Volcano Job YAML/JSON file.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of YAML.")] = False,
     check: Annotated[
-        bool, typer.Option("--check/--no-check", help="Also validate the converted job (exit 2 if it is invalid).")
+        bool,
+        typer.Option(
+            "--check/--no-check",
+            help="Refuse (exit 2, nothing printed) what `validate` and `run` refuse: the converted job's "
+            "fields, its paths under the path rule, its framework.",
+        ),
     ] = True,
-    lenient: Annotated[
-        bool, typer.Option("--lenient", help="List unknown fields and ignore them instead of refusing the file.")
-    ] = False,
+    lenient: LenientOpt = False,
+    allow_path: AllowPathOpt = None,
+    allow_framework: AllowFrameworkOpt = None,
+    runtime: RuntimeOpt = None,
 ) -> None:
     """Print FILE converted to a trainmaster/v1 Job; list the source fields it ignores on stderr.
 
-    The printed job is what `trainmaster run FILE` and `trainmaster submit FILE` run. Fields with
-    no local meaning (images, volumes, node selectors...) are listed with the reason.
+    The printed job is what `trainmaster run FILE` and `trainmaster submit FILE` run, and it is
+    checked by the same rules as `trainmaster validate FILE` (the same options): a file one
+    refuses, the other refuses too. Fields with no local meaning (images, volumes, node
+    selectors...) are listed with the reason.
     """
     import yaml
-    from rich.console import Console
     from rich.markup import escape
 
+    from trainmaster.cli.jobs import load_options
+    from trainmaster.cli.output import console
     from trainmaster.spec.compat import convert
-    from trainmaster.spec.load import read_document
-    from trainmaster.spec.validate import validate
+    from trainmaster.spec.load import load_document, read_document
 
     raw = read_document(file)
     converted = convert(raw, lenient=lenient)
@@ -45,16 +54,16 @@ def convert_command(
                 "conversion"
             ],
         )
+    if check:  # validate's own way through the file: one set of rules, before anything is printed
+        load_document(raw, source=str(file), options=load_options(lenient, allow_path, allow_framework, runtime))
     document = converted.document
     if as_json:
         typer.echo(json.dumps(document, indent=2))
     else:
         typer.echo(yaml.dump(document, Dumper=_block_dumper(), sort_keys=False), nl=False)
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    err = console(stderr=True, highlight=False, soft_wrap=True)
     for line in converted.ignored:
         err.print(f"[yellow]ignored:[/] {escape(line)}")
-    if check:
-        validate(document, f"{file} (converted)")
 
 
 def _block_dumper() -> type:

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional
 import typer
 from rich.console import Console
 
+from trainmaster.cli.output import console
+
 from trainmaster.errors import UserError
 
 if TYPE_CHECKING:  # the facade imports the controller and the store: only when a verb runs
@@ -102,7 +104,7 @@ def validate(
     loaded = load_job(file, load_options(lenient, allow_path, allow_framework, runtime))
     job = loaded.job
     for path in loaded.ignored:
-        Console(stderr=True).print(f"[yellow]ignored:[/] {path}", highlight=False)
+        console(stderr=True).print(f"[yellow]ignored:[/] {path}", highlight=False)
     print(
         f"{file}: valid ({job.spec.framework} job '{job.name}', {len(job.spec.roles)} role(s), "
         f"{job.spec.total_replicas} instance(s))"
@@ -118,7 +120,10 @@ def make_backend(name: str, cpus: float | None = None, ray_address: str | None =
 
 def run(
     file: FileArg,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the validated, defaulted job and exit.")] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Print the validated job with every default filled in (as it runs) and exit."),
+    ] = False,
     db: DbOpt = None,
     backend: Annotated[
         Optional[str],
@@ -152,11 +157,13 @@ def run(
             f"--backend {backend} conflicts with the job's spec.scheduling.backend: {wanted.value}; drop one of them"
         )
     backend = backend or (wanted.value if wanted is not None else "local")
-    err = Console(stderr=True, highlight=False)
+    err = console(stderr=True, highlight=False)
     for path in loaded.ignored:
         err.print(f"[yellow]ignored:[/] {path}")
-    if dry_run:
-        print(dump_yaml(loaded.job), end="")
+    if dry_run:  # with every default as the controller applies it (status policies expanded)
+        from trainmaster.spec.status import with_policies_resolved
+
+        print(dump_yaml(with_policies_resolved(loaded.job)), end="")
         return
     from trainmaster.api import RunOptions, Trainmaster
 
@@ -179,7 +186,7 @@ def _follow(
 
     from trainmaster.cli.view import event_line, render_status
 
-    console = Console(highlight=False)
+    out = console(highlight=False)  # without a terminal: nothing wrapped or cut (a JSON result stays one line)
     stop = {"requested": False}
 
     def request_stop(signum: int, _frame: object) -> None:
@@ -198,13 +205,11 @@ def _follow(
     def should_cancel() -> bool:
         return stop["requested"]
 
-    if console.is_terminal and not json_out:
-        live = Live(console=console, refresh_per_second=4, vertical_overflow="crop")
+    if out.is_terminal and not json_out:
+        live = Live(console=out, refresh_per_second=4, vertical_overflow="crop")
 
         def show(job_id: int) -> None:
-            live.update(
-                render_status(facade.status(job_id, events=200), width=console.size.width, height=console.size.height)
-            )
+            live.update(render_status(facade.status(job_id, events=200), width=out.size.width, height=out.size.height))
 
         with live:
             result = drive(facade, show, should_cancel)
@@ -215,9 +220,9 @@ def _follow(
     if json_out:
         print(json.dumps(result.status, indent=2))
     else:
-        if not console.is_terminal:
+        if not out.is_terminal:
             print_new_events(result.status)
-        _print_result(console, result.status)
+        _print_result(out, result.status)
     return result
 
 
@@ -240,23 +245,23 @@ def resume(
     raise typer.Exit(0 if result.succeeded else 1)
 
 
-def _print_result(console: Console, final: dict) -> None:  # type: ignore[type-arg]
-    console.print(f"job {final['name']} (id {final['id']}) {final['state']}: {final['message']}")
+def _print_result(out: Console, final: dict) -> None:  # type: ignore[type-arg]
+    out.print(f"job {final['name']} (id {final['id']}) {final['state']}: {final['message']}")
     metrics = Path(final["runDir"]) / "output" / "metrics.json"
     if metrics.is_file():
-        console.print(f"result: {metrics.read_text().strip()}")
+        out.print(f"result: {metrics.read_text().strip()}")
     for inst in final["instances"]:
         if inst["state"] == "failed" and inst.get("message"):
             # the node's own words for a start that failed ("program 'x' not found"), or the exit
-            console.print(
+            out.print(
                 f"{inst['role']}-{inst['index']} {inst.get('reason') or 'failed'}: {inst['message']}", markup=False
             )
         if inst["state"] == "failed" and inst["logPath"] and Path(inst["logPath"]).is_file():
             tail = Path(inst["logPath"]).read_text(errors="replace").splitlines()[-5:]
-            console.print(f"last lines of {inst['role']}-{inst['index']} ({inst['logPath']}):")
+            out.print(f"last lines of {inst['role']}-{inst['index']} ({inst['logPath']}):")
             for line in tail:
-                console.print(f"  {line}", markup=False)
-    console.print(f"logs: {final['runDir']}/logs")
+                out.print(f"  {line}", markup=False)
+    out.print(f"logs: {final['runDir']}/logs")
 
 
 def register(app: typer.Typer) -> None:

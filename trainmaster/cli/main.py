@@ -12,11 +12,10 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from typer.core import TyperGroup
 from typer.models import TyperInfo
 
-from trainmaster.errors import UserError
+from trainmaster.errors import BackendError, UserError
 
 # optional packages -> the extra that installs them (pyproject.toml's optional-dependencies)
 EXTRA_OF = {
@@ -172,6 +171,8 @@ def main(argv: list[str] | None = None) -> None:
         app(args=argv)
     except UserError as exc:
         _fail(str(exc), exc.exit_code)
+    except BackendError as exc:  # a node agent that refused or is away: said, not a traceback
+        _fail(str(exc), 1)
     except ModuleNotFoundError as exc:
         extra = EXTRA_OF.get((exc.name or "").split(".")[0])
         if extra is None:
@@ -190,5 +191,7 @@ def main(argv: list[str] | None = None) -> None:
 def _fail(message: str, exit_code: int) -> None:
     from rich.markup import escape
 
-    Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {escape(message)}")
+    from trainmaster.cli.output import console
+
+    console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {escape(message)}")
     sys.exit(exit_code)

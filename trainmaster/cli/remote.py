@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional, Union
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from trainmaster.cli.jobs import DbOpt
+from trainmaster.cli.output import console
 from trainmaster.errors import UserError
 
 if TYPE_CHECKING:
@@ -233,7 +233,7 @@ def submit(
     _raise_for(response)
     reply = response.json()
     for path in reply.get("ignored", []):
-        Console(stderr=True).print(f"[yellow]ignored:[/] {path}", highlight=False)
+        console(stderr=True).print(f"[yellow]ignored:[/] {path}", highlight=False)
     print(f"submitted job {reply['name']} (id {reply['id']})")
 
 
@@ -246,7 +246,7 @@ def list_jobs(server: ServerOpt = None, db: DbOpt = None, json_out: JsonOpt = Fa
     table = Table("id", "name", "state", "reason", "queue", "created")
     for job in jobs:
         table.add_row(str(job["id"]), job["name"], job["state"], job["reason"], job["queue"], job["createdAt"][:19])
-    Console().print(table)
+    console().print(table)
 
 
 def status(job: JobArg, server: ServerOpt = None, db: DbOpt = None, json_out: JsonOpt = False) -> None:
@@ -257,8 +257,8 @@ def status(job: JobArg, server: ServerOpt = None, db: DbOpt = None, json_out: Js
     if json_out:
         print(json.dumps(data, indent=2))
     else:
-        console = Console()
-        console.print(render_status(data, events=15, width=console.width, height=10_000))  # not live: show all
+        out = console()  # without a terminal: as wide as the lines are
+        out.print(render_status(data, events=15, width=out.width, height=10_000))  # not live: show all
 
 
 def logs(

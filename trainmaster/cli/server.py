@@ -126,15 +126,44 @@ def server(
             f"  CLI/scripts: send 'Authorization: Bearer {token}'"
         )
     listener = _bind(host, port)  # before the banner: a port in use is an error, not a lie
+    pid_file = _claim_pid_file()  # a detached server's, removed when it exits
     role = "" if elector is None else f", server {elector.identity}: leads when elected, standby otherwise"
     typer.echo(f"trainmaster controller on http://{host}:{port} (store {url}, backend {backend}{role})")
     app = create_app(controller, options=replace(options, access=AccessOptions(token=token)), elector=elector)
+    # at shutdown, not only in `finally`: uvicorn re-raises the SIGTERM it caught once it has
+    # stopped, and the default action ends the process before any `finally` runs
+    app.router.on_shutdown.append(lambda: _release_pid_file(pid_file))
     try:
         config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=SHUTDOWN_DRAIN_S)
         DrainingServer(config, app.state.draining).run(sockets=[listener])
     finally:
         if lock:
             lock.release()
+        _release_pid_file(pid_file)
+
+
+#: Set by ``--detach`` for the server it starts: the file in which that server keeps its pid.
+PID_FILE_VARIABLE = "TRAINMASTER_SERVER_PID_FILE"
+
+
+def _claim_pid_file() -> Path | None:
+    """Write this server's pid where ``--detach`` asked (before the banner it waits for)."""
+    name = os.environ.pop(PID_FILE_VARIABLE, None)
+    if not name:
+        return None
+    path = Path(name)
+    path.write_text(f"{os.getpid()}\n")
+    return path
+
+
+def _release_pid_file(path: Path | None) -> None:
+    """Remove the pid file as the server exits, if it still names this process: a file left
+    behind would send a later `kill "$(cat server.pid)"` to whatever reuses the pid."""
+    try:
+        if path is not None and path.read_text().strip() == str(os.getpid()):
+            path.unlink()
+    except OSError:
+        pass
 
 
 def _detach(timeout_s: float = 60.0) -> None:
@@ -162,14 +191,13 @@ def _detach(timeout_s: float = 60.0) -> None:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", PID_FILE_VARIABLE: str(pid_path)},
         )
     deadline = time.monotonic() + timeout_s
     while True:
         text = log_path.read_text(errors="replace")
         banner = next((line for line in text.splitlines() if line.startswith("trainmaster controller on ")), None)
-        if banner:
-            pid_path.write_text(f"{child.pid}\n")
+        if banner:  # the server wrote its pid file before its banner, and removes it when it exits
             typer.echo(f"{banner}\n  pid {child.pid} (in {pid_path}), log {log_path}\n  stop it: kill {child.pid}")
             return
         if child.poll() is not None:

@@ -8,6 +8,7 @@ the width ends in an ellipsis instead of pushing the layout down.
 
 from __future__ import annotations
 
+import signal
 from datetime import datetime, timezone
 from typing import Any
 
@@ -27,7 +28,18 @@ STATE_STYLE = {
     "terminating": "yellow",
     "unknown": "red",
 }
-COUNTS = (("pending", "pend"), ("starting", "start"), ("running", "run"), ("succeeded", "ok"), ("failed", "fail"))
+#: A role's instances by state, one column each: every state an instance can be in, so the counts
+#: always add up to the instance table. Terminating and unknown (brief, or a lost node) get a
+#: column only while some instance is in them.
+COUNTS = (
+    ("pending", "pend"),
+    ("starting", "start"),
+    ("running", "run"),
+    ("succeeded", "ok"),
+    ("failed", "fail"),
+    ("stopped", "stop"),
+)
+TRANSIENT_COUNTS = (("terminating", "term"), ("unknown", "unkn"))
 BAR = 10  # cells of a progress bar
 
 
@@ -108,7 +120,10 @@ def render_status(status: dict[str, Any], events: int = 8, width: int = 80, heig
     shown_roles = status["roles"][:room]
     # fixed-width columns (counts never need more); the progress column gets the rest of the line
     name_width = max([4] + [min(16, len(r["name"])) for r in shown_roles])
-    columns = [(label, max(len(label), 4)) for _, label in COUNTS] + [("rst", 3)]
+    shown_counts = COUNTS + tuple(
+        (key, label) for key, label in TRANSIENT_COUNTS if any(r["counts"].get(key) for r in status["roles"])
+    )
+    columns = [(label, max(len(label), 4)) for _, label in shown_counts] + [("rst", 3)]
     fixed = name_width + 1 + 11 + sum(w + 1 for _, w in columns)
     roles = [
         Text(
@@ -125,7 +140,7 @@ def render_status(status: dict[str, Any], events: int = 8, width: int = 80, heig
         name = role["name"] if len(role["name"]) <= name_width else role["name"][: name_width - 1] + "…"
         line.append(f"{name:<{name_width}} ")
         line.append_text(_state(f"{role['state']:<11}"[:11]))
-        values = [str(counts.get(key, 0)) for key, _ in COUNTS] + [str(restarts.get(role["name"], 0))]
+        values = [str(counts.get(key, 0)) for key, _ in shown_counts] + [str(restarts.get(role["name"], 0))]
         line.append(" " + " ".join(f"{v:>{w}}" for v, (_, w) in zip(values, columns)) + " ")
         line.append_text(_progress_cell(fraction, latest, max(8, width - fixed - 1)))
         roles.append(line)
@@ -145,7 +160,7 @@ def render_status(status: dict[str, Any], events: int = 8, width: int = 80, heig
                 _state(inst["state"]),
                 str(inst["attempt"]),
                 inst["address"] or "",
-                "" if inst["exitCode"] is None else str(inst["exitCode"]),
+                exit_text(inst),
                 inst["reason"],
             )
         parts.append(instances)
@@ -159,6 +174,20 @@ def render_status(status: dict[str, Any], events: int = 8, width: int = 80, heig
         line.append(f" {ev['message']}")
         parts.append(line)
     return Group(*parts)
+
+
+def exit_text(inst: dict[str, Any]) -> str:
+    """An instance's exit code; for one the controller stopped, the signal it was stopped with
+    (its exit says how it was ended, not how its program did: 143 is SIGTERM's)."""
+    code = inst["exitCode"]
+    if code is None:
+        return ""
+    if inst["state"] == "stopped" and code > 128:
+        try:
+            return signal.Signals(code - 128).name
+        except ValueError:
+            pass
+    return str(code)
 
 
 def event_line(ev: dict[str, Any]) -> str:

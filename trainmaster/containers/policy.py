@@ -11,7 +11,9 @@ or how to run on the host instead.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+from typing import Any
 
 from trainmaster.agent.contract import ContainerLaunch
 from trainmaster.containers.runtime import unavailable
@@ -89,11 +91,12 @@ def container_problems(job: Job, backend: str = "local") -> list[str]:
     return problems
 
 
-def container_launch(run_dir: str, role: Role) -> ContainerLaunch:
+def container_launch(run_dir: str, role: Role, framework_mounts: list[dict[str, Any]] | None = None) -> ContainerLaunch:
     """The container of one instance of ``role``: the job's folder is mounted at its own path
     (so the job's files, its output folder and ``workingDir`` are where the role expects
     them); ``emptyDir`` volumes are folders of the job's; ``hostPath`` ones are relative to
-    the job's folder, or absolute paths the operator allowed when the job was loaded."""
+    the job's folder, or absolute paths the operator allowed when the job was loaded; then
+    ``framework_mounts``, what the job's framework mounts at fixed paths."""
     mounts = [{"source": run_dir, "target": run_dir, "read_only": False}]
     working_dir = job_working_dir(run_dir, role.working_dir) if role.working_dir else None
     if working_dir:  # a bind mount's source must exist; the folder is the job's
@@ -108,6 +111,7 @@ def container_launch(run_dir: str, role: Role) -> ContainerLaunch:
             assert volume.host_path is not None
             source = in_job_folder(run_dir, volume.host_path) or volume.host_path
         mounts.append({"source": source, "target": volume.mount_path, "read_only": volume.read_only})
+    mounts += framework_mounts or []  # the framework's own (Framework.container_mounts)
     return ContainerLaunch(
         image=role.image or "",
         command=role.command,
@@ -121,3 +125,27 @@ def container_launch(run_dir: str, role: Role) -> ContainerLaunch:
 def _inside(path: str, root: str) -> bool:
     path, root = os.path.normpath(path), os.path.normpath(root)
     return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+#: Files Volcano's svc plugin mounts in every pod of a job that uses it.
+_VOLCANO_FILE = re.compile(r"/etc/volcano(?:/[A-Za-z0-9_.-]*)?")
+
+
+def host_file_reads(job: Job) -> list[str]:
+    """``spec.roles[i] (name): what`` for each role that runs on the host (``runtime: host``, the
+    operator's ``--runtime host``, or ``auto`` where no container runtime is) but whose command
+    reads a file Volcano's svc plugin mounts at ``/etc/volcano``: there it would read this
+    machine's ``/etc/volcano`` (another job's, or nothing), not its own job's. In a container the
+    folder is mounted there (:meth:`CommandFramework.container_mounts`)."""
+    found = []
+    for i, role in enumerate(job.spec.roles):
+        if runs_in_container(job.spec, role):
+            continue
+        read = sorted(set(_VOLCANO_FILE.findall(" ".join([*(role.command or []), *role.args]))))
+        if read:
+            copies = ", ".join(path.replace("/etc/volcano", "$VC_HOSTS_DIR", 1) for path in read)
+            found.append(
+                f"spec.roles[{i}] ({role.name}): its command reads {', '.join(read)}, which Volcano's svc "
+                f"plugin mounts in a container; on the host the job's copy is {copies}"
+            )
+    return found

@@ -29,7 +29,7 @@ from trainmaster.controller import metrics, queues, restart, scaling
 from trainmaster.controller.backoff import StoreBackoff
 from trainmaster.controller.admission import admit
 from trainmaster.controller.launching import instance_id, launch_spec
-from trainmaster.errors import JobConflict
+from trainmaster.errors import BackendError, JobConflict, UserError
 from trainmaster.spec.load import LoadedJob
 from trainmaster.spec.model import Job, RestartScope, Role
 from trainmaster.spec.paths import in_job_folder
@@ -41,11 +41,20 @@ from trainmaster.store.models import EventRow, InstanceRow, JobRow, RoleRow, utc
 
 I = InstanceState
 ROWS_AHEAD = 64  # a waiting job's row is loaded with those of the next waiting jobs (one query)
+BACKEND_TRIES = 3  # passes in a row a backend may fail before `run_job` gives up (each pass is idempotent)
 LIVE = (I.STARTING.value, I.RUNNING.value, I.UNKNOWN.value, I.TERMINATING.value)
 
 
 class NotResumable(JobConflict):
     """A job that cannot be taken over now; the message says why (HTTP 409)."""
+
+
+class JobInterrupted(UserError):
+    """:meth:`Controller.run_job` gave up on a job because its backend kept failing; the job
+    records why and stays as it was (its instances may still run), for a resume to carry on."""
+
+    def __init__(self, message: str):
+        super().__init__(message, exit_code=1)
 
 
 class Controller:
@@ -270,6 +279,7 @@ class Controller:
         its node agent), at most ``interval`` seconds. A store that is away is waited out with
         backoff (the job's instances keep running meanwhile)."""
         backoff = StoreBackoff(self.interval)
+        backend_failures = 0
         self.backend.watch_exits(self.wake)
         while True:
             try:
@@ -283,10 +293,36 @@ class Controller:
             except OperationalError as exc:
                 time.sleep(backoff.failed(exc))
                 continue
+            except BackendError as exc:  # the pass was rolled back: try it again, a few times
+                backend_failures += 1
+                if backend_failures >= BACKEND_TRIES:
+                    raise self._interrupted(job_id, exc) from None
+                time.sleep(self.interval * backend_failures)
+                continue
             backoff.succeeded()
+            backend_failures = 0
             if JobState(state) in JOB_TERMINAL:
                 return state
             self.wait_for_work(self.interval)
+
+    def _interrupted(self, job_id: int, error: BackendError) -> JobInterrupted:
+        """Record on the job why its controller stops driving it (an event, and its reason and
+        message until a controller takes it over again); the error to raise."""
+        with self.sessions() as session:
+            job = repo.load_job(session, job_id)
+            what = f"job {job.name} (id {job.id})"
+            message = f"{error}; the controller stopped driving the job after {BACKEND_TRIES} failed passes"
+            repo.add_event(session, job.id, "job", "BackendFailed", message, "Warning")
+            if not repo.is_terminal(job.state):
+                job.reason, job.message = "BackendFailed", message
+            state = job.state
+            session.commit()
+        if repo.is_terminal(state):
+            return JobInterrupted(f"{what} {state}, but its backend then failed: {error}")
+        return JobInterrupted(
+            f"{what} left {state}: {error}. Its instances may still run: `trainmaster job resume {job_id}` "
+            f"carries it on (after `trainmaster job cancel {job_id}`, resume stops them)"
+        )
 
     def _delete_expired(self, session: Session) -> None:
         """Delete ended jobs whose ``runPolicy.ttlSecondsAfterFinished`` has passed: the record
@@ -645,11 +681,18 @@ class Controller:
         return free
 
     def _stop_instances(
-        self, session: Session, job: JobRow, instances: list[InstanceRow], free: Capacity, why: str
+        self,
+        session: Session,
+        job: JobRow,
+        instances: list[InstanceRow],
+        free: Capacity,
+        why: str,
+        reason: str = "Stopped",
     ) -> Capacity:
         """Stop ``instances`` (grace, then the whole tree); each one not already ended becomes
-        ``stopped`` with reason ``Stopped`` and ``why`` as its message, so ``status`` never shows
-        the reason of the state it left (``Running``)."""
+        ``stopped`` with ``reason`` (``Stopped``; ``JobSucceeded`` when a succeeded job no longer
+        needs it) and ``why`` as its message, so ``status`` never shows the reason of the state it
+        left (``Running``)."""
         for inst in instances:  # an attempt prepared this pass but not started yet has no handle
             if inst.state in LIVE and inst.state != I.TERMINATING.value:
                 self._set_instance_state(inst, I.TERMINATING)
@@ -669,7 +712,7 @@ class Controller:
                     self._ended.append(inst.handle)
             if inst.state not in (I.SUCCEEDED.value, I.FAILED.value):
                 self._set_instance_state(inst, I.STOPPED)  # from pending or terminating
-                inst.reason, inst.message = "Stopped", why
+                inst.reason, inst.message = reason, why
         return free
 
     def _start_pending(self, session: Session, job: JobRow, spec: Job, free: Capacity) -> Capacity:
@@ -847,7 +890,7 @@ class Controller:
             states = [I(i.state) for i in job.instances if i.role == role.name and i.state != I.STOPPED.value]
             counts: Counter[InstanceState] = Counter(states)
             verdict = role_state(role.status_policy, counts, role.replicas)
-            role_row.counts = {s.value: counts[s] for s in I if s != I.STOPPED}
+            _count_instances(job, role_row)
             role_row.replicas = role.replicas
             if role_row.state != verdict.state.value:
                 role_row.last_transition_at = utcnow()
@@ -913,17 +956,30 @@ class Controller:
 
     def _finish(self, session: Session, job: JobRow, spec: Job, verdict: Verdict, free: Capacity) -> Capacity:
         """End a job: stop its instances, keep logs, store outputs on success, clean the registry."""
+        succeeded = verdict.state == JobState.SUCCEEDED
+        stopping = [i for i in job.instances if i.state not in INSTANCE_TERMINAL]
+        # a succeeded job's instances still running are no longer needed: stopped, not failed
+        # (as Kubeflow shows the replicas of a succeeded job), and said so in words of success
+        why = "stopped when the job succeeded: no longer needed" if succeeded else f"the job {verdict.state.value}"
         free = self._stop_instances(
             session,
             job,
-            [i for i in job.instances if i.state not in INSTANCE_TERMINAL],
+            stopping,
             free,
-            f"the job {verdict.state.value} ({verdict.reason})",
+            why if succeeded else f"{why} ({verdict.reason})",
+            "JobSucceeded" if succeeded else "Stopped",
         )
         for role_row in job.roles:
+            _count_instances(job, role_row)  # the table as it is now: the stopped ones included
             if JobState(role_row.state) not in JOB_TERMINAL:
-                role_row.state, role_row.reason = JobState.CANCELLED.value, "StoppedAtJobEnd"
-                role_row.message, role_row.last_transition_at = f"stopped: the job {verdict.state.value}", utcnow()
+                stopped = sum(1 for i in stopping if i.role == role_row.name)
+                if succeeded:
+                    role_row.state, role_row.reason = JobState.SUCCEEDED.value, "JobSucceeded"
+                    role_row.message = f"the job succeeded; {stopped} instance(s) still running were stopped"
+                else:
+                    role_row.state, role_row.reason = JobState.CANCELLED.value, "StoppedAtJobEnd"
+                    role_row.message = f"stopped: the job {verdict.state.value}"
+                role_row.last_transition_at = utcnow()
         repo.clear_registry(job)
         if job.admitted:
             self.backend.release_gang(job.id)
@@ -965,6 +1021,15 @@ def _bundles(spec: Job) -> list[dict[str, Any]]:
         for r in spec.spec.roles
         for _ in range(r.replicas)
     ]
+
+
+def _count_instances(job: JobRow, role_row: RoleRow) -> None:
+    """The role's instances by state, every state (stopped ones too): the counts a user sees
+    beside the instance table always add up to it."""
+    states = Counter(i.state for i in job.instances if i.role == role_row.name)
+    counts = {s.value: states[s.value] for s in I}
+    if role_row.counts != counts:  # assigned only when changed (an assignment dirties the row)
+        role_row.counts = counts
 
 
 def _dependency_order(spec: Job) -> list[Role]:

@@ -11,6 +11,7 @@ from typing import Any
 from trainmaster.agent.contract import Dependency, LaunchSpec
 from trainmaster.containers.policy import container_launch, runs_in_container
 from trainmaster.backends.base import Placement
+from trainmaster.frameworks import get_framework
 from trainmaster.runtime.environment import instance_environment
 from trainmaster.spec.model import Job
 from trainmaster.spec.paths import job_working_dir
@@ -81,7 +82,10 @@ def launch_spec(
         Dependency(d.role, d.condition.value, d.timeout_seconds, spec.spec.role(d.role).replicas)
         for d in role.depends_on
     ]
-    container = container_launch(job.run_dir, role) if containers and runs_in_container(spec.spec, role) else None
+    container = None
+    if containers and runs_in_container(spec.spec, role):
+        mounts = get_framework(spec.spec.framework).container_mounts(spec.spec.framework_params, job.run_dir)
+        container = container_launch(job.run_dir, role, mounts)
     if container is not None:  # the container's environment is its image's plus the instance's, never the host's
         environ = {}
     env = environ if depends else instance_environment({**inputs, "env": environ}, {})

@@ -114,3 +114,9 @@ class Framework:
     def environment(self, ctx: InstanceContext) -> dict[str, str]:
         """Extra environment variables of one instance."""
         return {}
+
+    def container_mounts(self, params: dict[str, Any], run_dir: str) -> list[dict[str, Any]]:
+        """Bind mounts (``{"source", "target", "read_only"}``, sources in the job's folder) an
+        instance of this framework gets where it runs in a container: the files its upstream
+        counterpart mounts at a fixed path (Volcano's ``/etc/volcano``)."""
+        return []

@@ -11,7 +11,9 @@ depends on (a converted Volcano job depends on every task with condition ``Place
 at ``/etc/volcano`` (``<role>.host``, one address a line, and one file per variable) in the job's
 ``volcano`` folder, named by ``VC_HOSTS_DIR``. Upstream lists DNS names (``<job>-<task>-<i>.<job>``)
 that all answer on the same port; here every instance has its own port, so the entries are
-``host:port``.
+``host:port``. In a container that folder is mounted (read-only) at ``/etc/volcano``, as Volcano
+mounts it, so upstream commands that read ``/etc/volcano/<task>.host`` run unchanged; on the host
+such a command is refused when the job is loaded (:func:`trainmaster.containers.policy.host_file_reads`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,12 @@ from typing import Any
 from trainmaster.frameworks.base import Framework, InstanceContext
 
 _VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+VOLCANO_HOSTS_DIR = "/etc/volcano"  # where Volcano's svc plugin mounts the host files in a pod
+
+
+def volcano_folder(run_dir: str) -> Path:
+    """The job's copy of the svc plugin's files (``<run dir>/volcano``)."""
+    return Path(run_dir) / "volcano"
 
 
 class CommandFramework(Framework):
@@ -44,6 +52,13 @@ class CommandFramework(Framework):
             errors.append("spec.frameworkParams.volcanoSvc: must be true or false")
         return errors
 
+    def container_mounts(self, params: dict[str, Any], run_dir: str) -> list[dict[str, Any]]:
+        if not params.get("volcanoSvc"):
+            return []
+        folder = volcano_folder(run_dir)
+        folder.mkdir(parents=True, exist_ok=True)  # a bind mount's source must exist; the wait step fills it
+        return [{"source": str(folder), "target": VOLCANO_HOSTS_DIR, "read_only": True}]
+
     def environment(self, ctx: InstanceContext) -> dict[str, str]:
         env = {name: str(ctx.index) for name in ctx.params.get("indexVariables", [])}
         if ctx.params.get("volcanoSvc"):
@@ -61,7 +76,7 @@ def volcano_svc(ctx: InstanceContext) -> dict[str, str]:
         files[f"{key}.host"] = "\n".join(addresses)
         env[f"VC_{key.upper()}_HOSTS"] = ",".join(addresses)
         env[f"VC_{key.upper()}_NUM"] = str(len(addresses))
-    folder = Path(ctx.output_dir or ".").parent / "volcano"
+    folder = volcano_folder(str(Path(ctx.output_dir or ".").parent))
     folder.mkdir(parents=True, exist_ok=True)
     for name, text in {**files, **env}.items():  # every instance writes the same: atomically
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")

@@ -55,7 +55,8 @@ class InaFramework(Framework):
                 f"elements between 1 and 16368 (one 64 KiB UDP datagram)"
             )
         for i, role in enumerate(roles):
-            if role.get("name") == "worker" and not 1 <= role.get("replicas", 1) <= 64:
+            replicas = role.get("replicas", 1)
+            if role.get("name") == "worker" and isinstance(replicas, int) and not 1 <= replicas <= 64:
                 errors.append(f"spec.roles[{i}].replicas: ina supports 1 to 64 workers")
         return errors
 

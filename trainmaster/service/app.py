@@ -33,6 +33,7 @@ from trainmaster.controller import metrics
 from trainmaster.controller.backoff import StoreBackoff
 from trainmaster.controller.leader import LeaderElector, LeaseLost
 from trainmaster.service.dashboard import AccessOptions, mount_dashboard
+from trainmaster.service.dashboard.errors import error_page
 from trainmaster.service.draining import Draining
 from trainmaster.errors import UserError
 from trainmaster.service.limits import BodyLimit, RequestLimits
@@ -170,15 +171,21 @@ def create_app(
         return JSONResponse(status_code=422, content={"error": exc.message, "details": exc.details})
 
     @app.exception_handler(RequestValidationError)
-    def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+    def _invalid_request(request: Request, exc: RequestValidationError) -> Response:
         details = [f"{field_path(tuple(e.get('loc', ())))}: {e.get('msg', 'invalid')}" for e in exc.errors()]
+        page = error_page(request, 422, details)  # a browser's page request: the dashboard's error page
+        if page is not None:
+            return page
         return JSONResponse(
             status_code=422, content={"error": f"invalid request to {request.url.path}", "details": details}
         )
 
     @app.exception_handler(Exception)
-    def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    def _unexpected(request: Request, exc: Exception) -> Response:
         log.error("unexpected error answering %s %s", request.method, request.url.path, exc_info=exc)
+        page = error_page(request, 500, ["internal error; the server's log has the details"])
+        if page is not None:
+            return page
         return JSONResponse(
             status_code=500, content={"error": "internal error; the server's log has the details", "details": []}
         )

@@ -123,7 +123,7 @@ def unencodable_text(value: Any, path: str = "") -> list[str]:
 
 def load_document(raw: dict[str, Any], source: str = "job", options: LoadOptions | None = None) -> LoadedJob:
     """Convert (Kubeflow/Volcano), validate and default one job document."""
-    from trainmaster.containers.policy import pin_auto_roles
+    from trainmaster.containers.policy import host_file_reads, pin_auto_roles
     from trainmaster.frameworks import apply_defaults
     from trainmaster.spec.compat import convert
 
@@ -157,6 +157,14 @@ def load_document(raw: dict[str, Any], source: str = "job", options: LoadOptions
         )
     job = validate(raw, source, paths=options.paths)
     job = pin_auto_roles(job, options.runtime)
+    host_files = host_file_reads(job)  # a container's fixed files, read on the host
+    if host_files and not options.lenient:
+        raise UserError(
+            f"{source}: a command reads files that exist only in its container; run it in one (--runtime "
+            "container), read $VC_HOSTS_DIR instead, or pass --lenient to run it as it is",
+            host_files,
+        )
+    ignored += [f"{line} (--lenient: run as it is)" for line in host_files]
     job = apply_defaults(job)
     if options.paths is not None:
         job = anchored(job, options.paths)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from trainmaster.spec.model import Condition, InstanceCount, RoleSelector, StatusPolicy
+from trainmaster.spec.model import Condition, InstanceCount, Job, RoleSelector, StatusPolicy
 from trainmaster.spec.states import JOB_TERMINAL, InstanceState, JobState
 
 DEFAULT_ROLE_POLICY = StatusPolicy(failed="any", succeeded="all")
@@ -38,6 +38,17 @@ def resolve(policy: StatusPolicy, default: StatusPolicy) -> StatusPolicy:
         failed=policy.failed if policy.failed is not None else base.failed,
         succeeded=policy.succeeded if policy.succeeded is not None else base.succeeded,
     )
+
+
+def with_policies_resolved(job: Job) -> Job:
+    """``job`` (a copy) with every status policy as the controller applies it: presets expanded
+    and empty conditions filled with the defaults, so that what is printed is what is used
+    (``run --dry-run``)."""
+    job = job.model_copy(deep=True)
+    job.spec.status_policy = resolve(job.spec.status_policy, DEFAULT_JOB_POLICY)
+    for role in job.spec.roles:
+        role.status_policy = resolve(role.status_policy, DEFAULT_ROLE_POLICY)
+    return job
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,10 @@ raw document so they still run when some field failed its type check.
 
 from __future__ import annotations
 
-from typing import Any
+import difflib
+from typing import Any, get_args
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from trainmaster.errors import UserError
 from trainmaster.spec.model import MAX_ROLES, Job
@@ -45,7 +46,9 @@ def _message(err: dict[str, Any]) -> str:
     if kind in ("int_parsing", "int_type", "int_from_float"):
         return "must be an integer"
     if kind == "extra_forbidden":
-        return "unknown field (check its spelling against the job reference in docs/controller.md)"
+        close = difflib.get_close_matches(str(err["loc"][-1]), known_fields(err["loc"][:-1]), n=1, cutoff=0.6)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        return f"unknown field{hint}; check its spelling against the job reference in docs/controller.md"
     if kind == "missing":
         return "is required"
     if kind == "string_pattern_mismatch":
@@ -55,6 +58,33 @@ def _message(err: dict[str, Any]) -> str:
     if kind == "too_short":
         return "must not be empty"
     return err["msg"].removeprefix("Value error, ")
+
+
+def known_fields(loc: tuple[Any, ...]) -> list[str]:
+    """The field names (as a user writes them) of the object at ``loc`` in a job document,
+    found by walking the job model: what a did-you-mean picks from. Empty where ``loc`` leads to
+    no model (a free-form map)."""
+    model: Any = Job
+    for part in loc:
+        if isinstance(part, int) or model is None:
+            continue  # a list item: the same model as its list
+        fields = {info.alias or name: info for name, info in model.model_fields.items()}
+        info = fields.get(str(part))
+        model = None if info is None else _model_in(info.annotation)
+    if model is None:
+        return []
+    return sorted(info.alias or name for name, info in model.model_fields.items())
+
+
+def _model_in(annotation: Any) -> Any:
+    """The pydantic model an annotation holds (through Optional, list, dict, Annotated), if one."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
 
 
 def structural_errors(raw: dict[str, Any]) -> list[str]:

@@ -117,7 +117,7 @@ def find_job(session: Session, ref: str | int) -> JobRow:
         query = query.where((JobRow.name == text) | (JobRow.uid == text)).order_by(JobRow.id.desc())
     job = session.scalars(query.limit(1)).first()
     if job is None:
-        raise UserError(f"no job '{ref}' (give a job name or id; `trainmaster list` shows them)")
+        raise UserError(f"no job '{ref}' (give a job name or id; `trainmaster job list` shows them)")
     return job
 
 
@@ -175,6 +175,8 @@ def _reason(job: JobRow) -> tuple[str, str]:
     """The job's reason and message, unless the ``trainmaster run`` reconciling it has died:
     then its stored state is stale, and the user is told so and how to take it over."""
     if not is_terminal(job.state) and owner_alive(job.owner) is False:
+        if job.reason == "BackendFailed":  # why it stopped first, then how to take it over
+            return job.reason, f"{job.message}; {orphan_note(job.id, job.owner)}"
         return "ControllerGone", orphan_note(job.id, job.owner)
     return job.reason, job.message
 

@@ -66,7 +66,7 @@ def train(epochs: int, batch: int, lr: float, rank: int, world: int, average_gra
             optimiser.zero_grad()
             loss = loss_fn(model(x[idx]), y[idx])
             loss.backward()
-            total += float(loss)
+            total += loss.detach().item()  # a plain number: no autograd warning in every log
             if average_gradients is not None:
                 average_gradients(model)
             optimiser.step()

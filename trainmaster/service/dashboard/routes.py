@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, FastAPI, Form, Header, HTTPException, Query, Request
+from fastapi import Path as PathParam
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
@@ -17,6 +18,7 @@ from trainmaster.controller.controller import NotResumable
 from trainmaster.errors import UserError
 from trainmaster.service.dashboard import views
 from trainmaster.service.dashboard.capability import capability_views
+from trainmaster.service.dashboard.errors import install_error_pages
 from trainmaster.service.dashboard.access import AccessOptions, TokenMiddleware, login
 from trainmaster.service.dashboard.locate import line_of, split_error
 from trainmaster.service.dashboard.watch import StoreWatcher
@@ -49,6 +51,7 @@ def mount_dashboard(
     draining = draining or Draining()
     templates = Jinja2Templates(directory=str(HERE / "templates"))  # autoescapes .html
     templates.env.globals["csrf_token"] = access.csrf_token()
+    install_error_pages(app, templates)
     watcher = StoreWatcher(controller.sessions)
     sessions = controller.sessions
     router = APIRouter(include_in_schema=False)
@@ -95,8 +98,13 @@ def mount_dashboard(
             listing = views.job_list(session, state, name, page_no)
         return page(request, "_jobs_table.html", listing=listing, state=state, name=name)
 
-    @router.get("/jobs/{job_id}", response_class=HTMLResponse)
-    def job_page(request: Request, job_id: int) -> HTMLResponse:
+    @router.get("/jobs/{ref}", response_class=HTMLResponse)
+    def job_page(request: Request, ref: str = PathParam(min_length=1, max_length=63)) -> HTMLResponse:
+        """A job's page by name (the most recent of that name), id or uid, as the CLI takes them."""
+        try:
+            job_id = jobs.find(ref).id
+        except UserError as exc:
+            raise HTTPException(404, exc.message) from None
         with sessions() as session:
             job = load(session, job_id)
             return page(

@@ -52,6 +52,15 @@ class Report:
         """A value the source project itself refuses (Volcano's and Kubeflow's own checks)."""
         self.errors.append(f"{path}: {reason}")
 
+    def count(self, value: Any, path: str) -> bool:
+        """Whether ``value`` is a count (an integer >= 0, as Kubernetes' int32 fields); invalid
+        at ``path`` otherwise, so a field copied into another of ours is refused by its own
+        path, not by the one it became."""
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 2**31 - 1:
+            return True
+        self.invalid(path, f"{str(value)[:40]!r} must be an integer from 0 to {2**31 - 1}")
+        return False
+
     def rest(
         self,
         mapping: dict[str, Any],

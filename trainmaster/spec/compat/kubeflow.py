@@ -331,7 +331,7 @@ def _run_policy(
     }
     if ours:
         job_spec["runPolicy"] = ours
-    if "backoffLimit" in run_policy:
+    if "backoffLimit" in run_policy and report.count(run_policy["backoffLimit"], "spec.runPolicy.backoffLimit"):
         for role in roles:  # no instance may restart more often than the whole job may
             role["restartPolicy"]["maxRestarts"] = run_policy["backoffLimit"]
     for where, value in (

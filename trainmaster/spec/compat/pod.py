@@ -21,7 +21,7 @@ from typing import Any
 
 from trainmaster.spec.compat.ignored import Report, join
 from trainmaster.spec.compat.meta import OBJECT_META_FIELDS
-from trainmaster.spec.model import InstanceField, parse_memory
+from trainmaster.spec.model import InstanceField, check_job_path, parse_memory
 
 INSTANCE_FIELDS = [f.value for f in InstanceField]
 
@@ -247,8 +247,11 @@ def _container(
         role["env"] = env
     if fields:
         role["envFields"] = fields
-    working_dir = container.get("workingDir")
-    if isinstance(working_dir, str) and Path(working_dir).is_dir():
+    working_dir = container.get("workingDir") or None  # "" is unset, as in Kubernetes
+    problem = _path_problem(working_dir) if isinstance(working_dir, str) else None
+    if problem:  # a path no file system takes: checking whether it exists here would fail too
+        report.invalid(join(path, "workingDir"), problem)
+    elif isinstance(working_dir, str) and Path(working_dir).is_dir():
         role["workingDir"] = working_dir
     elif working_dir is not None:
         report.ignore(
@@ -315,7 +318,10 @@ def _env(
         if not isinstance(name, str):
             raise report.error(join(where, "name"), "an environment variable needs a name")
         if "valueFrom" not in entry:
-            env[name] = entry.get("value", "")
+            value = entry.get("value", "")
+            if not isinstance(value, str):  # Kubernetes refuses it too (quote a number: "3")
+                report.invalid(join(where, "value"), f"must be a string, not {type(value).__name__}")
+            env[name] = value
             continue
         source = report.mapping(entry["valueFrom"], join(where, "valueFrom"))
         field_ref, resource_ref = source.get("fieldRef"), source.get("resourceFieldRef")
@@ -372,7 +378,7 @@ def _resource_value(ref: dict[str, Any], resources: dict[str, Any]) -> str | tup
         else:
             amount = float(parse_memory(memory_quantity(resources["memory"])))
             divisor = float(parse_memory(memory_quantity(str(ref.get("divisor", "1")))))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return (f"divisor {ref.get('divisor')!r} is not a {what} quantity",)
     if divisor <= 0:
         return (f"divisor {ref.get('divisor')!r} must be positive",)
@@ -383,7 +389,10 @@ def cpu_quantity(value: Any) -> Any:
     """Kubernetes CPU quantity (``500m``, ``2``, ``1.5``) as cores; unparsable values pass
     through unchanged so that validation reports them with their path."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # past any float: validation says it is too many cores
+            return value
     if isinstance(value, str):
         match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)(m?)\s*", value)
         if match:
@@ -401,9 +410,18 @@ def memory_quantity(value: Any) -> Any:
         except ValueError:
             try:
                 return int(float(value))
-            except ValueError:
+            except (ValueError, OverflowError):  # not a number, or past any float ('1e400'): validation says so
                 return value
     return value
+
+
+def _path_problem(value: str) -> str | None:
+    """Why no file system takes ``value`` as a path (NUL, too long), or None."""
+    try:
+        check_job_path(value)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def _resources(resources: dict[str, Any], path: str, report: Report) -> dict[str, Any]:

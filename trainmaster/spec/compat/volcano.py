@@ -131,6 +131,8 @@ def convert(raw: dict[str, Any], lenient: bool = False) -> tuple[dict[str, Any],
         "ttlSecondsAfterFinished",
     }
     report.rest(spec, "spec", handled, _SPEC_REASONS, SPEC_FIELDS)
+    if "maxRetry" in spec:
+        report.count(spec["maxRetry"], "spec.maxRetry")
     job_effects = _policies(spec.get("policies"), "spec.policies", report)
     tasks = report.sequence(spec.get("tasks"), "spec.tasks")
     roles = [_role(task, join("spec.tasks", i), spec, job_effects, report) for i, task in enumerate(tasks)]
@@ -171,7 +173,10 @@ def _role(task: Any, path: str, spec: dict[str, Any], job_effects: _Effects, rep
         restart["scope"] = chosen.scope
     if chosen is not None and chosen.restart and chosen.exit_codes and not chosen.event_restart:
         restart["exitCodes"] = sorted(set(chosen.exit_codes))  # only those failures restart
-    max_retry = task.get("maxRetry", spec.get("maxRetry"))
+    if "maxRetry" in task:  # the job's (checked once, by its own path) unless the task has its own
+        max_retry = task["maxRetry"] if report.count(task["maxRetry"], join(path, "maxRetry")) else None
+    else:
+        max_retry = spec.get("maxRetry") if _is_count(spec.get("maxRetry")) else None
     if max_retry is not None:
         restart["maxRestarts"] = max_retry
     role["restartPolicy"] = restart
@@ -185,17 +190,31 @@ def _role(task: Any, path: str, spec: dict[str, Any], job_effects: _Effects, rep
             "(spec.scheduling.minAvailable); the role succeeds once "
             f"{min_available} of its {replicas} instances succeeded",
         )
-    depends = _depends_on(task.get("dependsOn"), join(path, "dependsOn"), report)
+    tasks = spec.get("tasks")
+    known = [t["name"] for t in tasks or [] if isinstance(t, dict) and isinstance(t.get("name"), str)]
+    depends = _depends_on(task.get("dependsOn"), join(path, "dependsOn"), report, known)
     if depends:
         role["dependsOn"] = depends
     return role
 
 
-def _depends_on(value: Any, path: str, report: Report) -> list[dict[str, Any]]:
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _depends_on(value: Any, path: str, report: Report, tasks: list[str]) -> list[dict[str, Any]]:
     depends = report.mapping(value, path)
     report.rest(depends, path, {"name", "iteration"}, {})
     names = depends.get("name")
-    names = [names] if isinstance(names, str) else report.sequence(names, join(path, "name"))
+    single = isinstance(names, str)
+    names = [names] if single else report.sequence(names, join(path, "name"))
+    for i, name in enumerate(names):
+        where = join(path, "name") if single else join(join(path, "name"), i)
+        if not isinstance(name, str):
+            report.invalid(where, f"must be a task name, not {type(name).__name__}")
+        elif name not in tasks:
+            report.invalid(where, f"{name[:63]!r} is not a task of this job (tasks: {', '.join(tasks) or 'none'})")
+    names = [name for name in names if isinstance(name, str) and name in tasks]
     if depends.get("iteration") == "any" and len(names) > 1:
         report.approximate(
             join(path, "iteration"), f"the role waits for all of {', '.join(map(str, names))}, not for any one of them"
@@ -211,7 +230,7 @@ def _policies(value: Any, path: str, report: Report) -> _Effects:
         policy = report.mapping(policy, where)
         report.rest(policy, where, {"event", "events", "action", "exitCode", "timeout"}, {})
         action = policy.get("action")
-        if action not in ACTIONS:
+        if not isinstance(action, str) or action not in ACTIONS:
             report.invalid(
                 join(where, "action"),
                 f"{str(action)[:40]!r} is not a Volcano action (one of {', '.join(sorted(ACTIONS))})",
@@ -302,7 +321,7 @@ def _framework(spec: dict[str, Any], roles: list[dict[str, Any]], report: Report
     ``VC_TASK_INDEX``: the instance's index in its task)."""
     plugins = report.mapping(spec.get("plugins"), "spec.plugins")
     framework, params = "command", dict[str, Any]()
-    if "env" in plugins and not ("pytorch" in plugins and {r["name"] for r in roles} <= {"master", "worker"}):
+    if "env" in plugins and not ("pytorch" in plugins and _role_names(roles) <= {"master", "worker"}):
         params["indexVariables"] = ["VK_TASK_INDEX", "VC_TASK_INDEX"]
     for name in plugins:
         where = join("spec.plugins", name)
@@ -315,7 +334,7 @@ def _framework(spec: dict[str, Any], roles: list[dict[str, Any]], report: Report
                 )
             elif "indexVariables" not in params:
                 report.ignore(where, "VK_TASK_INDEX/VC_TASK_INDEX not set (the index is in TM_REPLICA_INDEX)")
-        elif name == "pytorch" and {r["name"] for r in roles} <= {"master", "worker"}:
+        elif name == "pytorch" and _role_names(roles) <= {"master", "worker"}:
             framework = "pytorch"  # the plugin's MASTER_ADDR/RANK come from our framework
             report.approximate(
                 where,
@@ -327,9 +346,9 @@ def _framework(spec: dict[str, Any], roles: list[dict[str, Any]], report: Report
             _every_task_placed(roles)
             report.approximate(
                 where,
-                "VC_<TASK>_HOSTS, VC_<TASK>_NUM and the <task>.host files (in the "
-                "folder VC_HOSTS_DIR names, not /etc/volcano) list host:port addresses "
-                "(each instance has its own port here), not DNS names",
+                "VC_<TASK>_HOSTS, VC_<TASK>_NUM and the <task>.host files (at /etc/volcano "
+                "in a container, as upstream; on the host in the folder VC_HOSTS_DIR names) list "
+                "host:port addresses (each instance has its own port here), not DNS names",
             )
         elif name in _PLUGINS_UNSUPPORTED and not report.lenient:
             report.unsupported(where, _PLUGINS_UNSUPPORTED[name] + "; pass --lenient to run without it")
@@ -346,10 +365,15 @@ def _framework(spec: dict[str, Any], roles: list[dict[str, Any]], report: Report
     return framework, params
 
 
+def _role_names(roles: list[dict[str, Any]]) -> set[str]:
+    """The roles' names that are text (a task named by anything else is refused by validation)."""
+    return {r["name"] for r in roles if isinstance(r.get("name"), str)}
+
+
 def _every_task_placed(roles: list[dict[str, Any]]) -> None:
     """The svc plugin gives every pod every task's hosts: each role waits until every instance of
     every task is placed (its own task included; a task it already waits for as Running is left)."""
-    names = [r["name"] for r in roles]
+    names = [r["name"] for r in roles if isinstance(r.get("name"), str)]
     for role in roles:
         waited = {d["role"] for d in role.get("dependsOn", [])}
         role["dependsOn"] = [
