@@ -71,7 +71,7 @@ class Run:
 
 
 def _on_host(namespace: str) -> None:
-    from trainmaster.testbed.namespace import enter
+    from trainmaster.agent.netns import enter
 
     enter(namespace)
 

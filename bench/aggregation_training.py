@@ -91,7 +91,7 @@ def make_cnn(seed: int) -> Any:
 
 
 def _on_host(namespace: str) -> None:
-    from trainmaster.testbed.namespace import enter
+    from trainmaster.agent.netns import enter
 
     enter(namespace)
 
