@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 SYSTEM_PACKAGES ?= chromium chromium-driver postgresql bubblewrap iproute2 podman runc docker-registry openmpi-bin libopenmpi-dev
 
 FLOWER_VENV ?= .venv-flower
-FLOWER ?= flwr[simulation]==1.42.0
+FLOWER ?= flwr==1.42.0
 
 .PHONY: run test install flower-env system-deps sandbox-deps testbed-deps k8s-deps k8s-deps-background lint typecheck bench screenshots clean
 
@@ -80,12 +80,13 @@ test: k8s-deps-background $(STAMP) system-deps lint typecheck flower-env
 	else echo "note: $(FLOWER_VENV) is missing (no network?); the Flower adapter's tests were skipped"; fi
 
 ## flower-env: a venv for flwr beside ours: its own pinned packages first, then everything of .venv
-## (torch, numpy, trainmaster) through a .pth file; flwr is not a dependency of trainmaster
+## (torch, numpy, trainmaster, from any directory: the .pth adds .venv's site-packages as a site dir, so its
+## editable-install hook runs too); flwr is not a dependency of trainmaster
 flower-env: $(FLOWER_VENV)/.installed
 $(FLOWER_VENV)/.installed: $(STAMP)
 	@echo "==> creating $(FLOWER_VENV) with $(FLOWER) (once; a few minutes)"
 	@rm -rf $(FLOWER_VENV) && $(PY) -m venv $(FLOWER_VENV)
-	@$(FLOWER_VENV)/bin/python -c "import site, sys; open(site.getsitepackages()[0] + '/trainmaster-venv.pth', 'w').write(sys.argv[1] + '\\n')" \
+	@$(FLOWER_VENV)/bin/python -c "import site, sys; open(site.getsitepackages()[0] + '/trainmaster-venv.pth', 'w').write('import site; site.addsitedir(%r)\\n' % sys.argv[1])" \
 		"$$($(BIN)/python -c 'import site; print(site.getsitepackages()[0])')"
 	@$(FLOWER_VENV)/bin/pip install --quiet '$(FLOWER)' pytest pytest-timeout \
 		&& touch $@ || { echo "warning: could not install $(FLOWER); the Flower tests will skip"; rm -rf $(FLOWER_VENV); }

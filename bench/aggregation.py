@@ -5,7 +5,11 @@ Layout per worker count n: workers on hosts h1..hn; for INA the forwarding node 
 switch host (where a top-of-rack aggregator sits) and the parameter node on its own host (the
 testbed's last host), all over UDP; gloo (torch.distributed, one process and one thread per
 worker host) runs on the same worker hosts and the same links. Each link is capped in both
-directions (``tc tbf``), at 100 Mbit/s, 1 Gbit/s, or not at all.
+directions (``tc tbf``), at 100 Mbit/s, 1 Gbit/s, or not at all, at the MTU the link names
+(``1gbit@1500``; default 9000): INA's slices are cut into datagrams that fit it (UDP GSO/GRO).
+Variants: ``ina`` (int32), ``ina-int16`` / ``ina-int8`` (low-bit aggregation: the first
+all-reduce of a tensor goes as int32 and sets the shared scale, so each low-bit cell is warmed
+up with one full-size all-reduce) and ``gloo``.
 
 Why INA should win on the wire: each worker sends its tensor once and receives the sum once,
 while a ring all-reduce moves 2(n-1)/n times the tensor over each worker's link, so on a link
@@ -17,9 +21,9 @@ each link carried per all-reduce (from the interfaces' counters, as multiples of
 and the CPU-seconds each node used per all-reduce. Writes bench/results/aggregation.{json,md,png}.
 Needs root (it builds testbeds); everything it creates is removed at the end, even on failure.
 
-    .venv/bin/python bench/aggregation.py            # 100mbit/1gbit/none x 2/4/8 workers x 4,16,64 MiB
+    .venv/bin/python bench/aggregation.py            # 100mbit/1gbit@1500/1gbit@9000 x 4/8 workers x 4,16,64 MiB
     .venv/bin/python bench/aggregation.py --quick    # 100mbit/1gbit x 2/4 workers x 4 MiB
-    .venv/bin/python bench/aggregation.py --links 100mbit --workers 8 --sizes 16 --reps 5
+    .venv/bin/python bench/aggregation.py --links 100mbit --workers 8 --sizes 16 --reps 5 --variants ina-int8,gloo
 """
 
 from __future__ import annotations
@@ -43,41 +47,75 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 MiB = 1 << 20
 WARM_UP = 4 * MiB
-CHUNK = 16000  # float32 per datagram: 64 KB, one frame at MTU 65535, eight at MTU 9000
-# The links' MTU unless a link says otherwise (``1gbit@9000``): at 65535 a 64 KB datagram is
-# one frame, as on loopback; at 9000 the kernel cuts each into 8 fragments and puts them
-# together again on every hop's receiving socket, which measured (1 Gbit/s, 4 workers, 64 MiB)
-# 1.6x the forwarding node's CPU per all-reduce (0.48 s vs 0.29 s) and 1.4x the workers'.
-# gloo (TCP) runs on the same links: its segments are as large as the MTU allows too.
-MTU = 65535
-# Datagrams in flight, all workers together: what the forwarding node's socket buffer holds
-# (8 MB), so a burst from every worker at once is queued, not dropped. Measured on a 4-worker
-# 100 Mbit/s testbed (4 MiB): 16 per worker 1.25x gloo, 32 per worker 1.50x, 64 per worker
-# 0.38x (the buffer overflowed: ~580 datagrams resent per all-reduce).
-IN_FLIGHT = 128
+# The links' MTU unless a link says otherwise (``1gbit@1500``). INA's packets are cut into
+# datagrams that fit it and handed to the kernel 64 KiB per system call (UDP GSO), received as
+# runs (UDP GRO); gloo (TCP) gets the same links, with TCP's own segmentation offload.
+MTU = 9000
+SEG_HEADER = 16  # trainmaster.aggregation.segments.SEG_HEADER
+HEADER = 36  # trainmaster.aggregation.protocol.HEADER_SIZE
+
+
+# GSO sends per INA slice: a slice of four sends (about 256 KB) pays the per-slice Python cost
+# of the nodes once per 256 KB; measured on loopback, 8 workers x 16 MiB x 4 rounds at MTU 9000,
+# the forwarding node's CPU: 1.92 s with one send per slice, 0.75 s with four (the same as 64 KB
+# slices unsegmented); a lost datagram costs the whole slice, which a lossless link never does
+SENDS_PER_SLICE = 4
+
+
+def chunk_for(mtu: int, sends: int = SENDS_PER_SLICE) -> int:
+    """float32 elements per INA slice: as many as ``sends`` GSO sends carry at this MTU (64 KiB
+    of datagrams each, at most 64 of them), so a slice leaves in that many system calls and
+    arrives as that many runs of datagrams."""
+    stride = min(65507, mtu - 28)
+    per_send = max(1, min(64, 65507 // stride)) * (stride - SEG_HEADER)
+    return (sends * per_send - HEADER) // 4
+
+
+CHUNK = chunk_for(MTU)
+# Bytes in flight, all workers together, in 64 KiB units: what the forwarding node's socket
+# buffer holds (8 MB), so a burst from every worker at once is queued, not dropped. Measured on
+# a 4-worker 100 Mbit/s testbed (4 MiB, 64 KiB slices): 16 per worker 1.25x gloo, 32 per
+# worker 1.50x, 64 per worker 0.38x (the buffer overflowed: ~580 datagrams resent per
+# all-reduce). With slices of 256 KB (four GSO sends) and the 32 MiB socket buffers asked for
+# with SO_RCVBUFFORCE, twice that: 8 MiB gave 4 slices per worker at 8 workers, too few to
+# cover the scheduling delays of a loaded machine (1 Gbit/s, 4 workers, 16 MiB, load ~15:
+# 13.6 MB/s with 8 MiB in flight, 40.7 MB/s with 32 MiB).
+IN_FLIGHT = 256
 # A slice may wait a link queue's worth (the testbed's queue_ms, 200 ms) on its way up and
 # down; resending sooner only adds load (measured: 528 resends per all-reduce at 50 ms, 0 at
 # 300 ms, same setting as above).
 MIN_RTO = 0.3
+# ... and on a loaded machine a round trip can take seconds: a timer capped at 1 s (the
+# library's default) then fires again and again for slices that are only late
+MAX_RTO = 4.0
 
 
-def window(workers: int, link_rate: int | None, queue_ms: int, in_flight: int = IN_FLIGHT) -> int:
-    """Datagrams in flight per worker: a share of ``IN_FLIGHT``, and no more than 3/4 of what
-    its link's queue holds (a full window must not overflow the tbf queue: dropped datagrams
+def window(workers: int, link_rate: int | None, queue_ms: int, in_flight: int = IN_FLIGHT, chunk: int = CHUNK) -> int:
+    """Slices in flight per worker: a share of ``IN_FLIGHT`` x 64 KiB, and no more than 3/4 of
+    what its link's queue holds (a full window must not overflow the tbf queue: dropped slices
     are resent through the parameter node, whose single link then carries every worker's
     resends; measured with 64 per worker at 2 workers on 100 Mbit/s: the queue dropped ~700
     datagrams, the parameter node's link queue ~8700, and the run stalled)."""
-    share = in_flight // workers
+    slice_bytes = chunk * 4 + 64
+    share = in_flight * 65536 // workers // slice_bytes
     if link_rate is not None:
-        share = min(share, int(link_rate / 8 * queue_ms / 1000 * 0.75) // (CHUNK * 4 + 64))
-    return max(4, share)
+        share = min(share, int(link_rate / 8 * queue_ms / 1000 * 0.75) // slice_bytes)
+    return max(2, share)
 
 
 PS_PORT, SWITCH_PORT, GLOO_PORT = 19000, 19001, 29500
 PREFIX = "tmbench"
 RESULTS = Path(__file__).resolve().parent / "results"
-VARIANTS = ("ina", "gloo")
-TARGETS = [("100mbit", 4, 1.3), ("100mbit", 8, 1.5), ("1gbit", 4, 1.0)]  # issue #16
+VARIANTS = ("ina", "ina-int16", "ina-int8", "gloo")
+PRECISION = {"ina": "int32", "ina-int16": "int16", "ina-int8": "int8"}
+# issue #32: (link, variant, workers, INA/gloo at every size)
+TARGETS = [
+    ("1gbit@1500", "ina", 4, 1.3),
+    ("1gbit@1500", "ina", 8, 1.5),
+    ("1gbit@9000", "ina", 4, 1.3),
+    ("1gbit@9000", "ina", 8, 1.5),
+    ("100mbit", "ina-int8", 8, 2.5),
+]
 
 
 @dataclass
@@ -101,8 +139,9 @@ class Cell:
     cpu_worker_s: float
     cpu_switch_s: float | None
     cpu_ps_s: float | None
-    retransmits: float | None  # INA: datagrams sent again per all-reduce, all workers
+    retransmits: float | None  # INA: slices sent again per all-reduce, all workers
     ratio_vs_gloo: float | None = None
+    line_rate: float | None = None  # algbw / the link's rate in bytes/s (a worker's tensor in and out)
 
 
 @dataclass
@@ -124,17 +163,24 @@ def _on_host(namespace: str) -> None:
 
 
 def _timed_loop(
-    rank: int, sizes: list[int], reps: int, sync: Sync, allreduce: Any, retransmits: Any = lambda: 0
+    rank: int,
+    sizes: list[int],
+    reps: int,
+    sync: Sync,
+    allreduce: Any,
+    retransmits: Any = lambda: 0,
+    warm_full: bool = False,
 ) -> None:
     """One warm-up, then ``reps`` timed all-reduces per size, each rank reporting its times
-    (and, for INA, how many datagrams it had to send again during them)."""
+    (and, for INA, how many slices it had to send again during them). ``warm_full``: warm up
+    with the tensor itself (low-bit aggregation: its first all-reduce sets the shared scale)."""
     import numpy as np
 
     for size in sizes:
         x = np.random.default_rng(rank).standard_normal(size // 4).astype(np.float32)
         # warm-up: connections, buffers, the round-trip estimate; 4 MiB is enough for that
         # and a 64 MiB warm-up would cost a quarter of the sweep on a 100 Mbit/s link
-        allreduce(x[: WARM_UP // 4].copy())
+        allreduce(x if warm_full else x[: WARM_UP // 4].copy())
         sync.start.wait(timeout=sync.wait_s)  # ready: the parent reads counters and CPU now
         sync.start.wait(timeout=sync.wait_s)  # read: go
         resent = retransmits()
@@ -159,14 +205,22 @@ def _ina_worker(
     sync: Sync,
     per_worker_window: int,
     min_rto: float = MIN_RTO,
+    precision: str = "int32",
+    chunk: int = CHUNK,
 ) -> None:
     _on_host(namespace)
     import numpy as np
 
     from trainmaster.aggregation import AggregationClient, WorkerConfig
+    from trainmaster.aggregation.worker import quantizer_for
 
     cfg = WorkerConfig(
-        chunk=CHUNK, window=per_worker_window, min_retransmit_timeout=min_rto, timeout=max(60.0, sync.wait_s / 4)
+        chunk=chunk,
+        window=per_worker_window,
+        min_retransmit_timeout=min_rto,
+        max_retransmit_timeout=MAX_RTO,
+        timeout=max(60.0, sync.wait_s / 4),
+        quantizer=quantizer_for(precision),
     )
     client = AggregationClient(switch, 1, rank, world, cfg, host=address)
     client.join()
@@ -174,14 +228,14 @@ def _ina_worker(
 
     def allreduce(x: Any) -> None:
         out = buffers.setdefault(x.size, np.empty_like(x))  # like gloo's in-place result
-        client.allreduce(x, out=out)
+        client.allreduce(x, out=out, key=x.size)
 
     def retransmits() -> int:
         stats = client.stats()
         return int(stats.get("retransmits", 0)) + int(stats.get("gap_retransmits", 0))
 
     try:
-        _timed_loop(rank, sizes, reps, sync, allreduce, retransmits)
+        _timed_loop(rank, sizes, reps, sync, allreduce, retransmits, warm_full=precision != "int32")
     finally:
         client.close()
 
@@ -255,6 +309,7 @@ def run_variant(
     wait_s: float,
     in_flight: int = IN_FLIGHT,
     min_rto: float = MIN_RTO,
+    chunk: int = CHUNK,
 ) -> list[Cell]:
     """Start ``variant`` with ``world`` workers on ``bed``, time every size, stop it."""
     from trainmaster.testbed import SWITCH
@@ -264,7 +319,8 @@ def run_variant(
     hosts = bed.host_names[:world]
     ps_host = bed.host_names[-1]
     nodes = Nodes()
-    if variant == "ina":
+    ina = variant in PRECISION
+    if ina:
         ps_addr, sw_addr = bed.address(ps_host), bed.address(SWITCH)
         nodes.ps = ctx.Process(target=_parameter_node, args=(bed.namespace(ps_host), ps_addr))
         nodes.switch = ctx.Process(target=_forwarding_node, args=(bed.namespace(SWITCH), sw_addr, (ps_addr, PS_PORT)))
@@ -280,8 +336,10 @@ def run_variant(
                     sizes,
                     reps,
                     sync,
-                    window(world, bed.options.link_rate, bed.options.queue_ms, in_flight),
+                    window(world, bed.options.link_rate, bed.options.queue_ms, in_flight, chunk),
                     min_rto,
+                    PRECISION[variant],
+                    chunk,
                 ),
             )
             for rank, h in enumerate(hosts)
@@ -333,12 +391,13 @@ def run_variant(
                     algbw_MBps=size / med / 1e6,
                     worker_link_up=statistics.mean(moved(h, "up_bytes") for h in hosts),
                     worker_link_down=statistics.mean(moved(h, "down_bytes") for h in hosts),
-                    ps_link_up=moved(ps_host, "up_bytes") if variant == "ina" else None,
-                    ps_link_down=moved(ps_host, "down_bytes") if variant == "ina" else None,
+                    ps_link_up=moved(ps_host, "up_bytes") if ina else None,
+                    ps_link_down=moved(ps_host, "down_bytes") if ina else None,
                     cpu_worker_s=statistics.mean(cpu[p.pid] for p in nodes.workers),
                     cpu_switch_s=cpu[nodes.switch.pid] if nodes.switch else None,
                     cpu_ps_s=cpu[nodes.ps.pid] if nodes.ps else None,
-                    retransmits=resent / reps if variant == "ina" else None,
+                    retransmits=resent / reps if ina else None,
+                    line_rate=(size / med) / (bed.options.link_rate / 8) if bed.options.link_rate else None,
                 )
             )
     finally:
@@ -382,6 +441,7 @@ def sweep(
     cells: list[Cell] = []
     for link in links:
         rate, link_mtu = link_spec(link, mtu)
+        chunk = chunk_for(link_mtu)
         options = TestbedOptions(hosts=max(workers) + 1, link_rate=rate, prefix=PREFIX, mtu=link_mtu)
         bed = Testbed.up(options)
         try:
@@ -394,7 +454,9 @@ def sweep(
                 got: dict[str, list[Cell]] = {}
                 for variant in order:
                     try:
-                        got[variant] = run_variant(bed, link, variant, world, sizes, reps, wait_s, in_flight, min_rto)
+                        got[variant] = run_variant(
+                            bed, link, variant, world, sizes, reps, wait_s, in_flight, min_rto, chunk
+                        )
                     except Exception as exc:  # a variant that fails is reported, not hidden
                         failures.append(f"{link} {world} workers {variant}: {type(exc).__name__}: {exc}")
                         print(failures[-1], flush=True)
@@ -409,7 +471,7 @@ def sweep(
                             f"{c.algbw_MBps:7.1f} MB/s  ratio "
                             f"{c.ratio_vs_gloo or 0:.2f}  link up/down "
                             f"{c.worker_link_up:.2f}/{c.worker_link_down:.2f} x tensor"
-                            + (f", {c.retransmits:.0f} resent" if c.variant == "ina" else ""),
+                            + (f", {c.retransmits:.0f} resent" if c.retransmits is not None else ""),
                             flush=True,
                         )
         finally:
@@ -418,17 +480,18 @@ def sweep(
 
 
 def target_status(cells: list[Cell]) -> list[dict[str, Any]]:
-    """The issue's targets: INA/gloo algbw at 4 and 8 workers on 100 Mbit/s, 4 on 1 Gbit/s."""
+    """The issue's targets (``TARGETS``): INA/gloo algbw of a variant at every size."""
     status = []
-    for link, world, goal in TARGETS:
+    for link, variant, world, goal in TARGETS:
         ratios = {
             c.size_MiB: c.ratio_vs_gloo
             for c in cells
-            if c.variant == "ina" and c.link == link and c.workers == world and c.ratio_vs_gloo is not None
+            if c.variant == variant and c.link == link and c.workers == world and c.ratio_vs_gloo is not None
         }
         status.append(
             {
                 "link": link,
+                "variant": variant,
                 "workers": world,
                 "target": goal,
                 "ratios": {f"{s:g} MiB": round(r, 3) for s, r in sorted(ratios.items())},
@@ -448,22 +511,25 @@ def write_markdown(report: dict[str, Any], cells: list[Cell]) -> str:
     lines = [
         f"INA vs gloo's ring all-reduce on a testbed (hosts = network namespaces, every link "
         f"capped in both directions with tc tbf, MTU {report['mtu']} unless the link says "
-        f"otherwise, e.g. 1gbit@9000), one invocation of "
+        f"otherwise, e.g. 1gbit@1500), one invocation of "
         f"`bench/aggregation.py`: workers on h1..hn, INA's forwarding node on the switch host and "
-        f"parameter node on its own host, UDP, {CHUNK} float32 per datagram, "
-        f"{report['in_flight']} datagrams in flight over all workers; gloo one process "
-        f"per worker host. {report['machine']['cpus']} CPUs shared with other jobs (load "
-        f"average {load['start']:.1f} at start, {load['end']:.1f} at end): every process of "
-        f"both variants shares them, so at 1 Gbit/s and uncapped the CPU, not the link, is the "
-        f"limit. algbw = tensor bytes / time of the slowest rank, median of {report['reps']} "
-        f"runs after a warm-up (4 MiB). Bytes per link per all-reduce as multiples of the tensor, "
-        f"worker link up/down (mean over workers; the ring's is 2(n-1)/n each way), INA's "
-        f"parameter-node link up/down. CPU-s per all-reduce: one worker (mean) / forwarding "
-        f"node / parameter node.",
+        f"parameter node on its own host, UDP, slices of "
+        f"{', '.join(f'{v} elements at {k}' for k, v in report['chunk'].items())} ({SENDS_PER_SLICE} GSO "
+        f"sends each: cut into datagrams of the link's MTU), {report['in_flight']} x 64 KiB in flight "
+        f"over all workers; gloo one process per worker host. {report['machine']['cpus']} CPUs "
+        f"shared with other jobs (1-minute load average {load['start']:.2f} at start, "
+        f"{load['end']:.2f} at end): every process of every variant shares them, so at 1 Gbit/s "
+        f"the CPU, not only the link, decides. algbw = tensor bytes / time of the slowest rank, "
+        f"median of {report['reps']} runs after a warm-up. x gloo: algbw / gloo's; line: algbw / "
+        f"the link's rate. Bytes per link per all-reduce as multiples of the tensor, worker link "
+        f"up/down (mean over workers; the ring's is 2(n-1)/n each way), INA's parameter-node "
+        f"link up/down. CPU-s per all-reduce: one worker (mean) / forwarding node / parameter "
+        f"node. int8/int16: low-bit aggregation (slices go up as int8/int16 with a shared "
+        f"scale, sums come down as int16).",
         "",
-        "Targets (issue #16): "
+        "Targets (issue #32): "
         + "; ".join(
-            f"{t['link']} {t['workers']} workers >= {t['target']}x: "
+            f"{t['variant']} {t['link']} {t['workers']} workers >= {t['target']}x gloo: "
             + (
                 "not measured"
                 if not t["measured"]
@@ -476,24 +542,30 @@ def write_markdown(report: dict[str, Any], cells: list[Cell]) -> str:
         )
         + ".",
         "",
-        "| link | workers | size | INA MB/s | gloo MB/s | INA/gloo | INA bytes/link up/down | "
-        "gloo bytes/link up/down | INA PS link up/down | INA CPU-s w/sw/ps | gloo CPU-s w |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| link | workers | size | variant | MB/s | gloo MB/s | x gloo | line | bytes/link up/down "
+        "| gloo bytes/link | PS link up/down | CPU-s w/sw/ps | gloo CPU-s w | resent |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     by = {(c.link, c.workers, c.size_MiB, c.variant): c for c in cells}
+    order = [v for v in VARIANTS if v != "gloo"]
     for link, world, size in sorted(
         {(c.link, c.workers, c.size_MiB) for c in cells}, key=lambda k: (report["links"].index(k[0]), k[1], k[2])
     ):
-        ina, gloo = by.get((link, world, size, "ina")), by.get((link, world, size, "gloo"))
-        lines.append(
-            f"| {link} | {world} | {size:g} MiB | {_fmt(ina and ina.algbw_MBps, 1)} | "
-            f"{_fmt(gloo and gloo.algbw_MBps, 1)} | {_fmt(ina and ina.ratio_vs_gloo)} | "
-            + (f"{ina.worker_link_up:.2f}/{ina.worker_link_down:.2f} | " if ina else "- | ")
-            + (f"{gloo.worker_link_up:.2f}/{gloo.worker_link_down:.2f} | " if gloo else "- | ")
-            + (f"{_fmt(ina.ps_link_up)}/{_fmt(ina.ps_link_down)} | " if ina else "- | ")
-            + (f"{ina.cpu_worker_s:.2f}/{_fmt(ina.cpu_switch_s)}/{_fmt(ina.cpu_ps_s)} | " if ina else "- | ")
-            + (f"{gloo.cpu_worker_s:.2f} |" if gloo else "- |")
-        )
+        gloo = by.get((link, world, size, "gloo"))
+        for variant in order:
+            ina = by.get((link, world, size, variant))
+            if ina is None:
+                continue
+            lines.append(
+                f"| {link} | {world} | {size:g} MiB | {variant} | {ina.algbw_MBps:.1f} | "
+                f"{_fmt(gloo and gloo.algbw_MBps, 1)} | {_fmt(ina.ratio_vs_gloo)} | {_fmt(ina.line_rate)} | "
+                f"{ina.worker_link_up:.2f}/{ina.worker_link_down:.2f} | "
+                + (f"{gloo.worker_link_up:.2f}/{gloo.worker_link_down:.2f} | " if gloo else "- | ")
+                + f"{_fmt(ina.ps_link_up)}/{_fmt(ina.ps_link_down)} | "
+                + f"{ina.cpu_worker_s:.2f}/{_fmt(ina.cpu_switch_s)}/{_fmt(ina.cpu_ps_s)} | "
+                + (f"{gloo.cpu_worker_s:.2f} | " if gloo else "- | ")
+                + f"{_fmt(ina.retransmits, 0)} |"
+            )
     if report["failures"]:
         lines += ["", "Failures: " + "; ".join(report["failures"])]
     lines += ["", "![algbw vs message size per worker count](/bench/results/aggregation.png)"]
@@ -514,7 +586,7 @@ def plot(cells: list[Cell], links: list[str], workers: list[int], path: Path) ->
     for i, link in enumerate(links):
         for j, world in enumerate(workers):
             ax = axes[i][j]
-            for variant, style in (("ina", "o-"), ("gloo", "s--")):
+            for variant, style in (("ina", "o-"), ("ina-int16", "v-"), ("ina-int8", "^-"), ("gloo", "s--")):
                 pts = sorted(
                     (c.size_MiB, c.algbw_MBps)
                     for c in cells
@@ -541,24 +613,25 @@ def main() -> None:
     )
     parser.add_argument(
         "--links",
-        default="100mbit,1gbit,1gbit@9000,none",
+        default="100mbit,1gbit@1500,1gbit@9000",
         help="comma-separated link caps (tc units; none = uncapped), each optionally @MTU",
     )
     parser.add_argument("--mtu", type=int, default=MTU, help="MTU of links that do not name one")
-    parser.add_argument("--workers", default="2,4,8", help="comma-separated worker counts")
+    parser.add_argument("--workers", default="4,8", help="comma-separated worker counts")
     parser.add_argument("--sizes", default="4,16,64", help="comma-separated tensor sizes, MiB")
     parser.add_argument("--reps", type=int, default=3, help="timed all-reduces per cell")
     parser.add_argument(
         "--in-flight",
         type=int,
         default=IN_FLIGHT,
-        help="INA datagrams in flight over all workers (each worker's share is also bounded by its link's queue)",
+        help="INA bytes in flight over all workers, in 64 KiB units (each worker's share is also bounded by "
+        "its link's queue)",
     )
     parser.add_argument(
         "--min-rto", type=float, default=MIN_RTO, help="INA workers' floor of the retransmission timeout, seconds"
     )
     parser.add_argument(
-        "--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ", ".join(VARIANTS)
+        "--variants", default="ina,ina-int8,gloo", help="comma-separated subset of " + ", ".join(VARIANTS)
     )
     parser.add_argument(
         "--output",
@@ -587,7 +660,7 @@ def main() -> None:
     # stopped and the testbed removed
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     failures: list[str] = []
-    started, load_start = time.time(), os.getloadavg()[0]
+    started, load_start = time.time(), os.getloadavg()
     variants = tuple(v for v in VARIANTS if v in args.variants.split(","))
     if not variants or args.in_flight < 4:
         parser.error(f"--variants: choose from {', '.join(VARIANTS)}; --in-flight >= 4")
@@ -602,19 +675,34 @@ def main() -> None:
     cells = sweep(links, workers, sizes, args.reps, failures, args.in_flight, variants, args.mtu, args.min_rto)
     report: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-        "load_average": {"start": load_start, "end": os.getloadavg()[0]},
+        # 1-minute load average (the figures need a quiet machine), and all three as uptime says
+        "load_average": {
+            "start": load_start[0],
+            "end": os.getloadavg()[0],
+            "uptime_start": list(load_start),
+            "uptime_end": list(os.getloadavg()),
+        },
         "links": links,
         "workers": workers,
         "sizes_MiB": [s / MiB for s in sizes],
         "reps": args.reps,
         "quick": args.quick,
         "seconds": round(time.time() - started),
-        "chunk": CHUNK,
+        "chunk": {link: chunk_for(link_spec(link, args.mtu)[1]) for link in links},
         "mtu": args.mtu,
         "in_flight": args.in_flight,
         "variants": list(variants),
         "window_per_worker": {
-            link: {w: window(w, link_spec(link)[0], TestbedOptions().queue_ms, args.in_flight) for w in workers}
+            link: {
+                w: window(
+                    w,
+                    link_spec(link)[0],
+                    TestbedOptions().queue_ms,
+                    args.in_flight,
+                    chunk_for(link_spec(link, args.mtu)[1]),
+                )
+                for w in workers
+            }
             for link in links
         },
         "min_rto_s": args.min_rto,

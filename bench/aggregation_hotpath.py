@@ -8,7 +8,8 @@ bandwidth (tensor bytes / time, what one worker gets) and as the forwarding node
 (workers x tensor bytes / time: what it sums per second). A 100 Mbit/s link carries 12.5 MB/s,
 1 Gbit/s 125 MB/s: the path is link-bound when the algorithm bandwidth is above that.
 
-    .venv/bin/python bench/aggregation_hotpath.py [--workers 4,8] [--mib 16] [--chunk 16375]
+    .venv/bin/python bench/aggregation_hotpath.py [--workers 4,8] [--mib 16] [--chunk 16367]
+    .venv/bin/python bench/aggregation_hotpath.py --mtu 1500 --chunk 16007 --precision int8
 """
 
 from __future__ import annotations
@@ -26,18 +27,33 @@ import numpy as np
 from trainmaster.aggregation.fabric import Fabric, query
 from trainmaster.aggregation.worker import AggregationClient, WorkerConfig
 
+MIN_RTO = float(os.environ.get("TM_BENCH_MIN_RTO", "0.05"))  # the library default on udp
 
-def _worker(conn: Any, switch: tuple[str, int], rank: int, world: int, elements: int, rounds: int, chunk: int) -> None:
+
+def _worker(
+    conn: Any,
+    switch: tuple[str, int],
+    rank: int,
+    world: int,
+    elements: int,
+    rounds: int,
+    chunk: int,
+    mtu: int | None,
+    precision: str,
+) -> None:
+    from trainmaster.aggregation.worker import quantizer_for
+
     x = np.random.default_rng(rank).standard_normal(elements).astype(np.float32)
     out = np.empty_like(x)
-    with AggregationClient(switch, 1, rank, world, WorkerConfig(chunk=chunk)) as client:
-        client.allreduce(x, out=out)  # warm-up: routes, buffers
+    cfg = WorkerConfig(chunk=chunk, quantizer=quantizer_for(precision), min_retransmit_timeout=MIN_RTO)
+    with AggregationClient(switch, 1, rank, world, cfg, mtu=mtu) as client:
+        client.allreduce(x, out=out, key="x")  # warm-up: routes, buffers, the shared scale
         times = []
         for _ in range(rounds):
             conn.send("ready")
             conn.recv()  # start together
             t0 = time.perf_counter()
-            client.allreduce(x, out=out)
+            client.allreduce(x, out=out, key="x")
             times.append(time.perf_counter() - t0)
         conn.send(times)
         conn.send(client.stats())
@@ -50,14 +66,19 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure(world: int, mib: float, rounds: int, chunk: int) -> dict[str, Any]:
+def measure(
+    world: int, mib: float, rounds: int, chunk: int, mtu: int | None = None, precision: str = "int32"
+) -> dict[str, Any]:
     elements = int(mib * (1 << 20)) // 4
     ctx = mp.get_context("fork")
-    with Fabric(slots=256) as fabric:
+    with Fabric(slots=256, mtu=mtu) as fabric:
         pipes, procs = [], []
         for rank in range(world):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=_worker, args=(child, fabric.switches[0], rank, world, elements, rounds, chunk))
+            p = ctx.Process(
+                target=_worker,
+                args=(child, fabric.switches[0], rank, world, elements, rounds, chunk, mtu, precision),
+            )
             p.start()
             pipes.append(parent)
             procs.append(p)
@@ -85,6 +106,8 @@ def measure(world: int, mib: float, rounds: int, chunk: int) -> dict[str, Any]:
         "workers": world,
         "MiB": mib,
         "chunk": chunk,
+        "mtu": mtu,
+        "precision": precision,
         "rounds": rounds,
         "median_s": round(t, 4),
         "algbw_MBps": round(nbytes / t / 1e6, 1),
@@ -101,13 +124,15 @@ def main() -> None:
     ap.add_argument("--workers", default="4,8")
     ap.add_argument("--mib", type=float, default=16)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--chunk", type=int, default=None, help="elements per datagram")
+    ap.add_argument("--chunk", type=int, default=None, help="elements per packet")
+    ap.add_argument("--mtu", type=int, default=None, help="cut packets into datagrams of this MTU")
+    ap.add_argument("--precision", default="int32", help="int32, int16 or int8")
     args = ap.parse_args()
     from trainmaster.aggregation.worker import DEFAULT_CHUNK
 
     chunk = args.chunk or DEFAULT_CHUNK["udp"]
     for w in args.workers.split(","):
-        print(json.dumps(measure(int(w), args.mib, args.rounds, chunk)), flush=True)
+        print(json.dumps(measure(int(w), args.mib, args.rounds, chunk, args.mtu, args.precision)), flush=True)
 
 
 if __name__ == "__main__":

@@ -21,8 +21,19 @@
    time until every job reaches its target, and accuracy against wall time
    (flsched-wallclock.png).
 
+6. Optional (--scale): the simulator at 100,000 devices x 20 jobs (``synthetic.make_fleet``:
+   sparse data, a slow quarter, per_round 10-50), sa (a CPU budget per decision), random and
+   greedy, on seeds drawn at run time (printed): mean job completion time (the simulated time
+   each job reaches its target; the true objective, not the cost sa optimised) and every
+   decision's CPU time (flsched-scale.png).
+7. Optional (--flower, needs .venv-flower): Flower's deployment runtime on loopback, a SuperLink
+   and 30 SuperNodes (a quarter 10x slower), three concurrent runs (digits, wine,
+   breast-cancer) with Flower's own sampling and with the flsched arbiter leasing nodes, on
+   seeds drawn at run time; time until all three reach their targets, accuracies, rounds in
+   which a node was double-booked, accuracy against wall time (flsched-flower.png).
+
 Usage: python bench/flsched.py [--seeds N] [--max-devices K] [--wallclock | --wallclock-only | --wallclock-tuning]
-       [--decision-only] [--simulate] [--runtime]
+       [--decision-only] [--simulate] [--runtime] [--scale [--scale-only]] [--flower [--flower-only]]
     ->  bench/results/flsched.json, flsched.md and flsched.png
 """
 
@@ -63,6 +74,19 @@ WALLCLOCK_SETUP: dict[str, Any] = {
 """The same for every scheduler: 20 devices, 3 per job per round, a quarter of the pool 10x
 slower in compute and link (deployed FL's slow tail, where scheduling matters)."""
 WALLCLOCK_SCHEDULERS = ["sa", "greedy", "random", "oort"]
+SCALE_SETUP: dict[str, Any] = {"devices": 100_000, "jobs": 20, "fairness_per_device": 3.0, "availability": 0.9}
+"""The fleet simulation: pool size, jobs, fairness weight per device (chosen on tuning seeds 1-2)."""
+SCALE_SCHEDULERS = {"sa": 3000, "random": 3000, "greedy": 600}
+"""Schedulers of the fleet simulation and the rounds after which a job gives up."""
+FLOWER_SETUP: dict[str, Any] = {
+    "nodes": 30,
+    "per_round": 3,
+    "speedup": 10.0,
+    "stragglers": 0.25,
+    "straggler_factor": 10.0,
+}
+"""The Flower deployment comparison: 30 SuperNodes, a quarter 10x slower, 3 nodes per run per round."""
+FLOWER_FAIRNESS = 600.0
 SIZES = [(20, 1), (50, 2), (100, 5), (200, 5), (500, 10), (1000, 10), (2000, 10)]
 BASELINES = ["greedy", "random", "roundrobin", "fedcs", "oort", "genetic"]
 OPTIONS = {"genetic": {"population": 12, "generations": 10}}
@@ -306,6 +330,254 @@ def wallclock_rows(seeds: list[int], fairness_weight: float) -> dict:
     return rows
 
 
+def fresh_seeds(n: int) -> list[int]:
+    """Seeds drawn now from the OS's entropy (printed and recorded): nothing was tuned on them."""
+    seeds = [int(x) for x in np.random.SeedSequence().generate_state(n)]
+    print("seeds drawn at run time:", seeds, flush=True)
+    return seeds
+
+
+def scale_rows(seeds: list[int]) -> dict:
+    """The fleet simulation (SCALE_SETUP) per seed and scheduler: completion times, decision CPU."""
+    from trainmaster.flsched.synthetic import make_fleet, make_fleet_curves
+
+    K, M = SCALE_SETUP["devices"], SCALE_SETUP["jobs"]
+    rows: dict[str, Any] = {name: {"per_seed": []} for name in SCALE_SCHEDULERS}
+    for seed in seeds:
+        fleet = make_fleet(K, M, seed, fairness_per_device=SCALE_SETUP["fairness_per_device"])
+        curves = make_fleet_curves(M, seed)
+        for name, max_rounds in SCALE_SCHEDULERS.items():
+            load = os.getloadavg()[0]
+            t0 = time.perf_counter()
+            res = simulate(
+                fleet,
+                make_scheduler(name, seed=seed),
+                curves=curves,
+                seed=seed,
+                availability=SCALE_SETUP["availability"],
+                max_rounds=max_rounds,
+            )
+            cpu = 1000 * np.asarray(res.decision_cpu_seconds)
+            jct = [tr.time_to_target if tr.time_to_target is not None else float("inf") for tr in res.jobs]
+            row = {
+                "seed": seed,
+                "mean_completion_time": float(np.mean(jct)),
+                "completion_times": jct,
+                "all_targets": res.total_time if res.total_time is not None else float("inf"),
+                "rounds": [tr.rounds for tr in res.jobs],
+                "decisions": len(cpu),
+                "decision_cpu_ms": {
+                    "median": float(np.median(cpu)),
+                    "p99": float(np.percentile(cpu, 99)),
+                    "max": float(cpu.max()),
+                    "first": float(cpu[0]),
+                },
+                "decision_wall_ms_median": 1000 * float(np.median(res.decision_seconds)),
+                "load_average_1min": [load, os.getloadavg()[0]],
+                "simulation_s": time.perf_counter() - t0,
+            }
+            rows[name]["per_seed"].append(row)
+            print(
+                f"scale seed {seed} {name}: mean JCT {row['mean_completion_time']:.1f} s, decisions {len(cpu)}, "
+                f"CPU ms median {row['decision_cpu_ms']['median']:.1f} max {row['decision_cpu_ms']['max']:.1f} "
+                f"(load {load:.1f})",
+                flush=True,
+            )
+    for r in rows.values():
+        r["mean_completion_time_per_seed"] = [x["mean_completion_time"] for x in r["per_seed"]]
+        r["median_mean_completion_time"] = statistics.median(r["mean_completion_time_per_seed"])
+        r["decision_cpu_ms_max"] = max(x["decision_cpu_ms"]["max"] for x in r["per_seed"])
+        r["decision_cpu_ms_median"] = statistics.median(x["decision_cpu_ms"]["median"] for x in r["per_seed"])
+    sa = rows["sa"]["mean_completion_time_per_seed"]
+    for r in rows.values():
+        r["sa_better_by_per_seed"] = [b / a for a, b in zip(sa, r["mean_completion_time_per_seed"])]
+    return rows
+
+
+def write_scale_plot(rows: dict) -> None:
+    """Per scheduler: every job's completion time (all seeds), and sa's decision CPU times."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for i, (name, r) in enumerate(rows.items()):
+        times = [t for x in r["per_seed"] for t in x["completion_times"]]
+        finite = [t for t in times if np.isfinite(t)]
+        ax1.scatter([i] * len(finite), finite, alpha=0.5, label=f"{name} ({len(finite)}/{len(times)} jobs reached)")
+    ax1.set_xticks(range(len(rows)), list(rows))
+    ax1.set_yscale("log")
+    ax1.set_ylabel("simulated job completion time (s)")
+    ax1.set_title(f"{SCALE_SETUP['devices']:,} devices x {SCALE_SETUP['jobs']} jobs")
+    ax1.legend(fontsize=8)
+    ax2.axhline(50, color="k", linestyle="--", linewidth=0.8, label="50 ms")
+    med = [x["decision_cpu_ms"]["median"] for x in rows["sa"]["per_seed"]]
+    mx = [x["decision_cpu_ms"]["max"] for x in rows["sa"]["per_seed"]]
+    ax2.bar(range(len(med)), mx, color="C3", alpha=0.6, label="max")
+    ax2.bar(range(len(med)), med, color="C0", label="median")
+    ax2.set_xticks(range(len(med)), [str(x["seed"]) for x in rows["sa"]["per_seed"]], rotation=20, fontsize=7)
+    ax2.set_xlabel("seed")
+    ax2.set_ylabel("sa decision CPU time (ms)")
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(OUT / "flsched-scale.png", dpi=110)
+
+
+def flower_arm(fed: Any, selection: str, tag: str, timeout: float) -> dict:
+    """Three concurrent runs (digits, wine, breast-cancer) with one node selection; their course."""
+    from trainmaster.flsched.federation import JOBS
+
+    started = time.time()
+    names, ids = {}, []
+    for dataset, (tau, target) in JOBS.items():
+        name = f"{tag}-{selection}-{dataset}"
+        names[dataset] = name
+        ids.append(
+            fed.submit(
+                dataset=dataset,
+                target=target,
+                tau=tau,
+                per_round=FLOWER_SETUP["per_round"],
+                max_rounds=60,
+                selection=selection,
+                run_name=name,
+                seed=fed.options.seed,
+            )
+        )
+    deadline = time.monotonic() + timeout
+    polls = 0
+    while time.monotonic() < deadline:
+        ended = [any(r["event"] == "end" for r in fed.rounds(n)) for n in names.values()]
+        if all(ended):
+            break
+        polls += 1
+        if polls % 15 == 0:  # a run that died writes no end: Flower's status says so
+            st = fed.statuses()
+            if all(st.get(r, "").startswith("finished") for r in ids):
+                print(f"{selection}: every run finished, not all wrote their end: {[st[r] for r in ids]}", flush=True)
+                break
+        time.sleep(2.0)
+    runs = {}
+    for dataset, name in names.items():
+        rows = [r for r in fed.rounds(name) if r["event"] == "round"]
+        target = JOBS[dataset][1]
+        hit = next((r["end"] - started for r in rows if r["accuracy"] >= target), None)
+        runs[dataset] = {
+            "rounds": len(rows),
+            "target": target,
+            "time_to_target": hit,
+            "final_accuracy": rows[-1]["accuracy"] if rows else 0.0,
+            "curve": [[r["end"] - started, r["accuracy"]] for r in rows],
+            "round_nodes": [[r["start"] - started, r["end"] - started, r["nodes"]] for r in rows],
+        }
+    times = [r["time_to_target"] for r in runs.values()]
+    return {
+        "selection": selection,
+        "runs": runs,
+        "time_to_all_targets": max(times) if all(t is not None for t in times) else None,
+        "double_booked_rounds": double_booked(runs),
+        "load_average_1min_end": os.getloadavg()[0],
+    }
+
+
+def double_booked(runs: dict) -> int:
+    """Rounds of one run that shared a node with an overlapping round of another run."""
+    rounds = [(name, s, e, set(nodes)) for name, r in runs.items() for s, e, nodes in r["round_nodes"]]
+    clashes = 0
+    for i, (a, s1, e1, n1) in enumerate(rounds):
+        if any(a != b and s1 < e2 and s2 < e1 and n1 & n2 for b, s2, e2, n2 in rounds[:i] + rounds[i + 1 :]):
+            clashes += 1
+    return clashes
+
+
+def flower_rows(seeds: list[int], timeout: float, checkpoint: Any = None) -> dict:
+    """Per seed: one federation (SuperLink, 30 SuperNodes, the arbiter), both node selections
+    (order alternating), three concurrent runs each."""
+    from trainmaster.flsched.federation import FederationOptions, LocalFederation
+
+    per_seed = []
+    for i, seed in enumerate(seeds):
+        options = FederationOptions(
+            nodes=FLOWER_SETUP["nodes"],
+            seed=seed,
+            stragglers=FLOWER_SETUP["stragglers"],
+            straggler_factor=FLOWER_SETUP["straggler_factor"],
+            speedup=FLOWER_SETUP["speedup"],
+            fairness_weight=FLOWER_FAIRNESS,
+        )
+        load = os.getloadavg()[0]
+        with LocalFederation(options) as fed:
+            fed.enrol()
+            order = ["flower", "flsched"] if i % 2 == 0 else ["flsched", "flower"]
+            arms = {sel: flower_arm(fed, sel, f"s{seed}", timeout) for sel in order}
+        row = {"seed": seed, "order": order, "load_average_1min_start": load, **arms}
+        done = arms["flsched"]["time_to_all_targets"]
+        for sel in ("flsched", "flower"):  # each run's last accuracy at that moment (same seed, same wall time)
+            curves = {d: r["curve"] for d, r in arms[sel]["runs"].items()}
+            arms[sel]["mean_accuracy_when_flsched_done"] = None if done is None else accuracy_at(curves, done)
+            arms[sel]["final_mean_accuracy"] = float(np.mean([r["final_accuracy"] for r in arms[sel]["runs"].values()]))
+        per_seed.append(row)
+        print(
+            f"flower seed {seed}: all targets flsched {arms['flsched']['time_to_all_targets']} s, flower "
+            f"{arms['flower']['time_to_all_targets']} s; double-booked rounds {arms['flower']['double_booked_rounds']} "
+            f"vs {arms['flsched']['double_booked_rounds']} (load {load:.1f} -> {os.getloadavg()[0]:.1f})",
+            flush=True,
+        )
+        if checkpoint is not None:
+            checkpoint({"seeds": seeds, "per_seed": per_seed, "partial": True})
+    ratios = [
+        x["flower"]["time_to_all_targets"] / x["flsched"]["time_to_all_targets"]
+        for x in per_seed
+        if x["flower"]["time_to_all_targets"] and x["flsched"]["time_to_all_targets"]
+    ]
+    return {
+        "setup": FLOWER_SETUP,
+        "fairness_weight": FLOWER_FAIRNESS,
+        "seeds": seeds,
+        "per_seed": per_seed,
+        "speedup_per_seed": ratios,
+        "median_speedup": statistics.median(ratios) if ratios else None,
+    }
+
+
+def write_flower_plot(result: dict) -> None:
+    """Accuracy against wall time, one panel per job, both selections, every seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from trainmaster.flsched.federation import JOBS
+
+    fig, axes = plt.subplots(1, len(JOBS), figsize=(5 * len(JOBS), 4))
+    colors = {"flsched": "C0", "flower": "C1"}
+    labels = {"flsched": "flsched arbiter (sa)", "flower": "Flower's own sampling"}
+    for j, x in enumerate(result["per_seed"]):
+        for sel in ("flsched", "flower"):
+            for ax, (dataset, (_, target)) in zip(axes, JOBS.items()):
+                pts = x[sel]["runs"][dataset]["curve"]
+                ax.plot(
+                    [p[0] for p in pts],
+                    [p[1] for p in pts],
+                    color=colors[sel],
+                    alpha=0.7,
+                    label=labels[sel] if j == 0 else None,
+                )
+    for ax, (dataset, (_, target)) in zip(axes, JOBS.items()):
+        ax.axhline(target, color="k", linestyle="--", linewidth=0.8)
+        ax.set_title(f"{dataset} (target {target:g}, dashed)")
+        ax.set_xlabel("wall time since the runs were submitted (s)")
+        ax.set_ylabel("test accuracy")
+    axes[0].legend()
+    fig.suptitle(
+        f"Flower deployment runtime: 1 SuperLink, {FLOWER_SETUP['nodes']} SuperNodes ({100 * FLOWER_SETUP['stragglers']:.0f}% "
+        f"{FLOWER_SETUP['straggler_factor']:g}x slower), 3 concurrent runs, seeds {result['seeds']}"
+    )
+    fig.tight_layout()
+    fig.savefig(OUT / "flsched-flower.png", dpi=110)
+
+
 def write_wallclock_plot(rows: dict) -> None:
     """Accuracy against wall time per scheduler, one panel per job, every seed."""
     import matplotlib
@@ -357,7 +629,54 @@ def goals(result: dict) -> list[str]:
         f"- sa <= 1 s at 1,000 x 10: {yes(d['1000x10']['median_ms'] <= 1000.0)} ({d['1000x10']['median_ms']:.0f} ms wall, "
         f"{d['1000x10']['median_cpu_ms']:.0f} ms CPU).",
         wallclock_goal(result.get("wallclock")),
+        scale_goal(result.get("scale")),
+        flower_goal(result.get("flower")),
     ]
+
+
+def scale_goal(rows: dict | None) -> str:
+    if not rows:
+        return "- 100,000 devices x 20 jobs, decisions <= 50 ms and >= 1.88x random's mean JCT: not run (use --scale)."
+    worst_cpu = rows["sa"]["decision_cpu_ms_max"]
+    ratios = rows["random"]["sa_better_by_per_seed"]
+    ok = worst_cpu <= 50.0 and min(ratios) >= 1.88
+    return (
+        f"- 100,000 devices x 20 jobs: every sa decision <= 50 ms CPU and mean job completion time >= 1.88x better than "
+        f"random on every seed drawn at run time: {'met' if ok else 'NOT met'} (decision CPU median "
+        f"{rows['sa']['decision_cpu_ms_median']:.1f} ms, max {worst_cpu:.1f} ms; random / sa mean JCT per seed "
+        f"{', '.join(f'{r:.2f}x' for r in ratios)})."
+    )
+
+
+def _pair(x: dict) -> str:
+    a, b = x["flsched"]["mean_accuracy_when_flsched_done"], x["flower"]["mean_accuracy_when_flsched_done"]
+    return "-" if a is None else f"{a:.3f} vs {b:.3f}"
+
+
+def flower_goal(result: dict | None) -> str:
+    if not result:
+        return (
+            "- Flower deployment, 3 runs on 30 SuperNodes, >= 2x faster than Flower's sampling: not run (use --flower)."
+        )
+    ratios = result["speedup_per_seed"]
+    no_lower = all(
+        all(
+            x["flsched"]["runs"][d]["final_accuracy"] >= x["flsched"]["runs"][d]["target"] for d in x["flsched"]["runs"]
+        )
+        and x["flsched"]["time_to_all_targets"] is not None
+        for x in result["per_seed"]
+    )
+    clean = all(x["flsched"]["double_booked_rounds"] == 0 for x in result["per_seed"])
+    ok = bool(ratios) and min(ratios) >= 2.0 and no_lower and clean and len(ratios) == len(result["per_seed"])
+    return (
+        f"- Flower deployment runtime, 3 concurrent runs, 30 SuperNodes: time to all targets >= 2x faster than Flower's "
+        f"own sampling on every seed, every run at its target, no node in two runs' rounds at once: "
+        f"{'met' if ok else 'NOT met'} (per seed {', '.join(f'{r:.2f}x' for r in ratios)}; mean accuracy when the "
+        f"arbiter's runs had all targets, arbiter vs Flower's sampling: "
+        f"{', '.join(_pair(x) for x in result['per_seed'])}; double-booked rounds with "
+        f"Flower's sampling {[x['flower']['double_booked_rounds'] for x in result['per_seed']]}, with the arbiter "
+        f"{[x['flsched']['double_booked_rounds'] for x in result['per_seed']]})."
+    )
 
 
 def wallclock_goal(rows: dict | None) -> str:
@@ -453,6 +772,59 @@ def write_markdown(result: dict) -> None:
                 f"{r['median_final_mean_accuracy']:.3f} | {at_sa} |"
             )
         lines.append("")
+    sc = result.get("scale")
+    if sc:
+        lines += [
+            f"Fleet simulation ({SCALE_SETUP['devices']:,} devices x {SCALE_SETUP['jobs']} jobs, `synthetic.make_fleet`; "
+            f"seeds drawn at run time {result.get('scale_seeds')}; sa with its default CPU budget per decision). Mean job "
+            "completion time = mean over the jobs of the simulated time each reaches its target (inf: some job never did).",
+            "",
+            "| scheduler | mean JCT per seed (s) | random / this | decisions | decision CPU ms median / p99 / max | load (1 min) |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, r in sc.items():
+            per = ", ".join(f"{x['mean_completion_time']:.0f}" for x in r["per_seed"])
+            vs = ", ".join(
+                f"{b / a:.2f}x" if np.isfinite(a) else "-"
+                for a, b in zip(r["mean_completion_time_per_seed"], sc["random"]["mean_completion_time_per_seed"])
+            )
+            cpu = "; ".join(
+                f"{x['decision_cpu_ms']['median']:.1f} / {x['decision_cpu_ms']['p99']:.1f} / {x['decision_cpu_ms']['max']:.1f}"
+                for x in r["per_seed"]
+            )
+            load = ", ".join(f"{x['load_average_1min'][0]:.1f}" for x in r["per_seed"])
+            lines.append(f"| {name} | {per} | {vs} | {sum(x['decisions'] for x in r['per_seed'])} | {cpu} | {load} |")
+        lines.append("")
+    fl = result.get("flower")
+    if fl:
+        st = fl["setup"]
+        lines += [
+            f"Flower deployment runtime (flwr 1.42.0: one SuperLink, {st['nodes']} SuperNodes, ClientApp processes per "
+            f"message; {100 * st['stragglers']:.0f}% of the nodes {st['straggler_factor']:g}x slower, device time / "
+            f"{st['speedup']:g}; three concurrent runs, {st['per_round']} nodes per round; seeds drawn at run time "
+            f"{fl['seeds']}; plot: flsched-flower.png).",
+            "",
+            "| seed | selection | time to all targets (s) | rounds (digits, wine, breast-cancer) | final accuracies "
+            "| mean accuracy when the arbiter had all targets | double-booked rounds | load (1 min) at start |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for x in fl["per_seed"]:
+            for sel in ("flsched", "flower"):
+                a = x[sel]
+                t = "never" if a["time_to_all_targets"] is None else f"{a['time_to_all_targets']:.0f}"
+                rounds = ", ".join(str(r["rounds"]) for r in a["runs"].values())
+                accs = ", ".join(f"{r['final_accuracy']:.3f}" for r in a["runs"].values())
+                at = a.get("mean_accuracy_when_flsched_done")
+                lines.append(
+                    f"| {x['seed']} | {sel} | {t} | {rounds} | {accs} | {'-' if at is None else f'{at:.3f}'} | "
+                    f"{a['double_booked_rounds']} | {x['load_average_1min_start']:.1f} |"
+                )
+        med = fl["median_speedup"]
+        lines += [
+            "",
+            f"Flower's sampling / arbiter, time to all targets: {', '.join(f'{r:.2f}x' for r in fl['speedup_per_seed'])} (median {'-' if med is None else f'{med:.2f}x'}).",
+            "",
+        ]
     lines += ["Goals of the issue, judged from these numbers:", "", *goals(result), ""]
     (OUT / "flsched.md").write_text("\n".join(lines))
 
@@ -484,6 +856,11 @@ def write_plot(result: dict) -> None:
     fig.savefig(OUT / "flsched.png", dpi=110)
 
 
+def save(result: dict) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "flsched.json").write_text(json.dumps(result, indent=2, default=float))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seeds", type=int, default=1, help="held-out seeds per family and size (1-5)")
@@ -508,6 +885,15 @@ def main() -> None:
         default=600.0,
         help="fairness weight of the wall-clock runs (600: chosen on tuning seeds 1-3)",
     )
+    ap.add_argument("--scale", action="store_true", help="also the 100,000-device fleet simulation (minutes)")
+    ap.add_argument("--scale-only", action="store_true", help="only the fleet simulation, merged into the last results")
+    ap.add_argument("--scale-seeds", type=int, default=3, help="seeds (drawn at run time) of the fleet simulation")
+    ap.add_argument("--flower", action="store_true", help="also the Flower deployment comparison (needs .venv-flower)")
+    ap.add_argument(
+        "--flower-only", action="store_true", help="only the Flower comparison, merged into the last results"
+    )
+    ap.add_argument("--flower-seeds", type=int, default=3, help="seeds (drawn at run time) of the Flower comparison")
+    ap.add_argument("--flower-timeout", type=float, default=2400.0, help="longest one arm may take (seconds)")
     args = ap.parse_args()
     if not 1 <= args.seeds <= len(EVAL_SEEDS):
         raise SystemExit(f"--seeds must be 1-{len(EVAL_SEEDS)}")
@@ -517,7 +903,7 @@ def main() -> None:
     if args.decision_only:
         result = json.loads((OUT / "flsched.json").read_text())
         result["decision_time"] = decision_times(7)
-    elif args.wallclock_only or args.wallclock_tuning:
+    elif args.wallclock_only or args.wallclock_tuning or args.scale_only or args.flower_only:
         result = json.loads((OUT / "flsched.json").read_text())
     else:
         # decision times first, in a process that has not yet run the MILP (HiGHS) or BLAS-heavy
@@ -527,7 +913,8 @@ def main() -> None:
         result = {"eval_seeds": seeds, "quality": rows, "quality_summary": summarise(rows), "decision_time": decisions}
         if not args.wallclock and (OUT / "flsched.json").exists():  # keep the last wall-clock section
             last = json.loads((OUT / "flsched.json").read_text())
-            result.update({k: v for k, v in last.items() if k.startswith("wallclock")})
+            result.update({k: v for k, v in last.items() if k.startswith(("wallclock", "scale", "flower"))})
+    plots: list = []
     if args.wallclock or args.wallclock_only or args.wallclock_tuning:
         seeds_wc = WALLCLOCK_TUNING_SEEDS if args.wallclock_tuning else WALLCLOCK_SEEDS
         result["wallclock_fairness_weight"] = args.fairness_weight
@@ -536,16 +923,38 @@ def main() -> None:
         result["wallclock_seeds"] = seeds_wc
         result["wallclock"] = wallclock_rows(seeds_wc, args.fairness_weight)
         OUT.mkdir(parents=True, exist_ok=True)
-        write_wallclock_plot(result["wallclock"])
+        plots.append(lambda: write_wallclock_plot(result["wallclock"]))
+    if args.scale or args.scale_only:
+        result["scale_seeds"] = fresh_seeds(args.scale_seeds)
+        result["scale_setup"] = SCALE_SETUP
+        result["scale"] = scale_rows(result["scale_seeds"])
+        OUT.mkdir(parents=True, exist_ok=True)
+        plots.append(lambda: write_scale_plot(result["scale"]))
+        save(result)  # a long section's numbers are on disk before anything else can fail
+    if args.flower or args.flower_only:
+        result["flower"] = flower_rows(
+            fresh_seeds(args.flower_seeds), args.flower_timeout, lambda part: save({**result, "flower_partial": part})
+        )
+        result.pop("flower_partial", None)
+        OUT.mkdir(parents=True, exist_ok=True)
+        plots.append(lambda: write_flower_plot(result["flower"]))
+        save(result)
     if args.simulate:
         result["fairness_weight"] = FAIRNESS_WEIGHT
         result["simulation"] = simulation_rows([1, 2, 3], max_rounds=400)
     if args.runtime:
         result["runtime"] = runtime_rows([1, 2, 3])
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "flsched.json").write_text(json.dumps(result, indent=2, default=float))
+    save(result)
     write_markdown(result)
-    write_plot(result)
+    plots.append(lambda: write_plot(result))
+    try:
+        import matplotlib  # noqa: F401  (the bench extra)
+    except ImportError:
+        print("note: matplotlib (pip install -e '.[bench]') is not installed: results written, plots skipped")
+    else:
+        for plot in plots:
+            plot()
     print((OUT / "flsched.md").read_text())
 
 

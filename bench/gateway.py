@@ -10,16 +10,17 @@ timed; direct and gateway paths get their own tasks, since a party runs each leg
              verifies/decrypts, re-encrypts to the initiator, persists, answers; the initiator opens
              every leg.
 All tasks of a run are in flight at once. Reports p50/p99 latency per task and throughput (tasks/s),
-medians over the runs. Then one large result (``predict`` over a Parquet file sized so the result is
-256 MB of JSON) streamed party -> gateway -> initiator (to a file), against the same bytes over one
-direct mutual-TLS stream in the same run: MB/s of both (the gateway's counted from the moment the
-party's result is complete, so the rule's own compute time is not in it) and the RSS growth of the
-gateway and of the initiator (this process; psutil, sampled every 10 ms). Writes
-bench/results/gateway.json and .md.
+medians over the runs. Then the front door (1,000 concurrent task flows), 1,000 whole tasks with
+sandboxed executors, and a 4 GiB payload each way (``bench/gateway_transfer.py``: a leg's input
+initiator -> party, its result party -> initiator, against a direct TLS stream, with the RSS growth
+and CPU of gateway, party and initiator). Writes bench/results/gateway.json, .md and .png (the plot
+only where matplotlib, the bench extra, is installed).
 
-    .venv/bin/python bench/gateway.py            # full: 100 concurrent tasks with 1 party, 5 runs
+    .venv/bin/python bench/gateway.py            # every row (the transfer row needs ~24 GiB of disk)
     .venv/bin/python bench/gateway.py --quick    # smaller, for a smoke check
-    .venv/bin/python bench/gateway.py --parties none --large-mb 256   # only the large-result row
+    .venv/bin/python bench/gateway.py --parties none --front 0 --executors 0 --transfer-mb 4096  # only the transfer row
+
+The storm of 10,000 tasks with kills is ``bench/gateway_storm.py``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -39,8 +41,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-from trainmaster.gateway.crypto import Identity, make_header, seal
-from trainmaster.gateway.gate import EnvelopeGate
+from trainmaster.gateway.crypto.envelope import Identity, make_header, seal
+from trainmaster.gateway.crypto.gate import EnvelopeGate
 from trainmaster.gateway.localdeploy import Deployment
 from trainmaster.gateway.models import (
     DataReceive,
@@ -54,9 +56,9 @@ from trainmaster.gateway.models import (
     TaskRegister,
     TaskResult,
 )
-from trainmaster.gateway.provision import load_identity, load_roster
-from trainmaster.gateway.routing import SeenTable
-from trainmaster.gateway.service import client_ssl_context, expect
+from trainmaster.gateway.crypto.provision import load_identity, load_roster
+from trainmaster.gateway.crypto.replay import SeenTable
+from trainmaster.gateway.net.tls import client_ssl_context, expect
 
 RESULTS = Path(__file__).parent / "results"
 CALL = RuleCall(rule="row_count")
@@ -137,7 +139,7 @@ async def _direct(gw: Caller, dep: Deployment, task_id: str, parties: list[str])
             gw.roster,
         )
         resp.raise_for_status()
-        from trainmaster.gateway.app import TransferPayload
+        from trainmaster.gateway.relay.core import TransferPayload
 
         _s, payload = gw.gate.open(
             Envelope.model_validate_json(resp.content),
@@ -153,7 +155,7 @@ async def _direct(gw: Caller, dep: Deployment, task_id: str, parties: list[str])
 
 
 async def _through_gateway(ini: Caller, dep: Deployment, task_id: str, parties: list[str]) -> float:
-    from trainmaster.gateway.crypto import verify_attestation
+    from trainmaster.gateway.crypto.envelope import verify_attestation
 
     t0 = time.perf_counter()
     req = DataReceive(task_id=task_id, data_ids=[f"m_{p}" for p in parties])
@@ -250,8 +252,8 @@ async def _executor_run(dep: Deployment, n_tasks: int, run: int, footprint: list
     the signed transfer straight to it (it waits for a queued leg's executor); gateway = the data
     receive request instead (the gateway waits for the leg's executor report). Both create the task
     at the gateway first: the party reports every executor there and stops one the gateway refuses. Each task timed from its creation to its checked result."""
-    from trainmaster.gateway.app import TransferPayload
-    from trainmaster.gateway.crypto import verify_attestation
+    from trainmaster.gateway.relay.core import TransferPayload
+    from trainmaster.gateway.crypto.envelope import verify_attestation
 
     # Queued tasks wait for their turn at the party's executor cap: minutes at the tail, by design.
     ini, gw = Caller(dep, "initiator", 1200, 900), Caller(dep, "gateway", 1200, 900)
@@ -346,7 +348,7 @@ async def _executor_run(dep: Deployment, n_tasks: int, run: int, footprint: list
                 pass
             for proc in psutil.Process(dep.procs[party].pid).children(recursive=True):
                 try:
-                    if "trainmaster.gateway.executor" in " ".join(proc.cmdline()) and "python" in proc.name():
+                    if "trainmaster.gateway.executors.worker" in " ".join(proc.cmdline()) and "python" in proc.name():
                         mem = proc.memory_full_info()
                         footprint.append({"uss": mem.uss, "pss": mem.pss, "rss": mem.rss})
                 except psutil.Error:
@@ -530,210 +532,6 @@ def bench_front(n_tasks: int, runs: int) -> dict[str, Any]:
     }
 
 
-class PeakRss:
-    """Samples processes' resident set size in a thread; ``peak`` per process name."""
-
-    def __init__(self, pids: dict[str, int], every_s: float = 0.01):
-        import psutil
-
-        self._procs = {name: psutil.Process(pid) for name, pid in pids.items()}
-        self.baseline = {name: p.memory_info().rss for name, p in self._procs.items()}
-        self.peak = dict(self.baseline)
-        self._stop = threading.Event()
-        self._every = every_s
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._every):
-            for name, p in self._procs.items():
-                self.peak[name] = max(self.peak[name], p.memory_info().rss)
-
-    def __enter__(self) -> "PeakRss":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-class _CpuClock:
-    """CPU seconds (user + system) processes spent since it was made: where the streamed bytes cost."""
-
-    def __init__(self, pids: dict[str, int]):
-        import psutil
-
-        self._procs = {name: psutil.Process(pid) for name, pid in pids.items()}
-        self._start = {name: self._now(p) for name, p in self._procs.items()}
-
-    @staticmethod
-    def _now(p: Any) -> float:
-        t = p.cpu_times()
-        return float(t.user + t.system)
-
-    def spent(self) -> dict[str, float]:
-        return {name: self._now(p) - self._start[name] for name, p in self._procs.items()}
-
-
-class _StreamWindow:
-    """The CPU the processes spent from the moment the party's result record appears (the start of
-    the timed stream, ``stream_s``) to the end: the party's figure over the whole run also counts
-    taking the executor's result and writing its record, which is not streaming."""
-
-    def __init__(self, cpu: _CpuClock, record: Path, every_s: float = 0.002):
-        self._cpu, self._record, self._every = cpu, record, every_s
-        self.at_start: dict[str, float] | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._every):
-            if self._record.exists():
-                self.at_start = self._cpu.spent()
-                return
-
-    def spent_since(self, at_end: dict[str, float]) -> dict[str, float]:
-        self._stop.set()
-        self._thread.join()
-        if self.at_start is None:
-            raise RuntimeError(f"the party's result record {self._record} never appeared")
-        return {name: at_end[name] - self.at_start[name] for name in at_end}
-
-
-def _direct_tls_stream(dep: Deployment, source: Path, dest: Path) -> float:
-    """Seconds to move ``source`` over one mutual-TLS connection (party certificate serving, the
-    initiator's connecting: the same TLS stacks) into ``dest``, written and fsynced like the
-    initiator's result file: the baseline the gateway path is measured against."""
-    import socket
-    import subprocess
-    import sys
-
-    party, ini = dep.cfg("p0"), dep.cfg("initiator")
-    server = (
-        "import socket, ssl, sys\n"
-        "ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=sys.argv[1])\n"
-        "ctx.load_cert_chain(sys.argv[2], sys.argv[3]); ctx.verify_mode = ssl.CERT_REQUIRED\n"
-        "srv = socket.create_server(('127.0.0.1', 0)); print(srv.getsockname()[1], flush=True)\n"
-        "conn, _ = srv.accept(); tls = ctx.wrap_socket(conn, server_side=True)\n"
-        "with open(sys.argv[4], 'rb') as fh:\n"
-        "    while block := fh.read(1 << 20): tls.sendall(block)\n"
-        "tls.close()\n"
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", server, party.ca, party.cert, party.key, str(source)], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        port = int(proc.stdout.readline())  # type: ignore[union-attr]
-        ctx = client_ssl_context(ini)
-        t0 = time.perf_counter()
-        with (
-            socket.create_connection(("127.0.0.1", port)) as raw,
-            ctx.wrap_socket(raw, server_hostname=expect("p0", "party")["sni_hostname"]) as tls,
-            dest.open("wb") as fh,
-        ):
-            while block := tls.recv(1 << 20):
-                fh.write(block)
-            fh.flush()
-            os.fsync(fh.fileno())
-        return time.perf_counter() - t0
-    finally:
-        proc.wait(timeout=60)
-
-
-def bench_large(size_mb: int, runs: int) -> dict[str, Any]:
-    """One ``predict`` leg whose result is ``size_mb`` MB of JSON through the gateway as a stream,
-    and the same bytes over a direct TLS stream, in the same run."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from trainmaster.gateway.client import LegSpec, TaskSpec
-    from trainmaster.gateway.rules import PredictParams, predict
-
-    weights = {"w": [0.7], "b": -0.2}
-    rng = np.random.default_rng(0)
-    sample = rng.normal(size=20_000)
-    per_row = (
-        len(json.dumps(predict({"x": sample}, PredictParams(features=["x"], weights=weights)), separators=(",", ":")))
-        / sample.size
-    )
-    rows = int(size_mb * 1e6 / per_row)
-    per_run = []
-    for _run in range(runs):
-        with tempfile.TemporaryDirectory(prefix="tm-gw-large-") as root:
-            dep = Deployment(
-                Path(root),
-                ["p0"],
-                overrides={
-                    "p0": {"allowed_rules": ["predict"], "executor_start_timeout_s": 120, "executor_memory_mb": 16384}
-                },
-            )
-            pq.write_table(pa.table({"x": rng.normal(size=rows)}), Path(root) / "data" / "p0" / "big.parquet")
-            dep.start_all()
-            try:
-                ini = dep.initiator(timeout_s=900)
-                spec = LegSpec(
-                    data_id="big", party="p0", rule="predict", params={"features": ["x"], "weights": weights}
-                )
-                cpu = _CpuClock(
-                    {"gateway": dep.procs["gateway"].pid, "party": dep.procs["p0"].pid, "initiator": os.getpid()}
-                )
-                party_record = Path(dep.cfg("p0").state_dir) / "legs" / "large" / "big" / "result.json"
-                window = _StreamWindow(cpu, party_record)
-                with PeakRss({"gateway": dep.procs["gateway"].pid, "initiator": os.getpid()}) as rss:
-                    out = ini.run_task(TaskSpec(task_id="large", deadline_s=1800, leg_timeout_s=600, legs=[spec]))[
-                        "legs"
-                    ]["big"]
-                    t_end = time.time()
-                cpu_s = cpu.spent()
-                stream_cpu_s = window.spent_since(cpu_s)
-                ini.close()
-                assert out["outcome"] == "result", out.get("detail")
-                result = Path(out["result_file"])
-                nbytes = result.stat().st_size
-                assert nbytes == party_record.stat().st_size
-                stream_s = t_end - party_record.stat().st_mtime
-                direct_s = _direct_tls_stream(dep, party_record, Path(root) / "direct.json")
-                per_run.append(
-                    {
-                        "bytes": nbytes,
-                        "stream_s": stream_s,
-                        "direct_s": direct_s,
-                        **{f"{k}_cpu_s": v for k, v in cpu_s.items()},
-                        **{f"{k}_stream_cpu_s": v for k, v in stream_cpu_s.items()},
-                        **{f"{k}_baseline_rss": v for k, v in rss.baseline.items()},
-                        **{f"{k}_peak_rss": v for k, v in rss.peak.items()},
-                    }
-                )
-            finally:
-                dep.stop_all()
-    med = lambda key: statistics.median(r[key] for r in per_run)  # noqa: E731
-    growth = lambda who: statistics.median(r[f"{who}_peak_rss"] - r[f"{who}_baseline_rss"] for r in per_run) / 1e6  # noqa: E731
-    gateway_mb_s, direct_mb_s = med("bytes") / 1e6 / med("stream_s"), med("bytes") / 1e6 / med("direct_s")
-    return {
-        "result_mb": med("bytes") / 1e6,
-        "rows": rows,
-        "runs": runs,
-        "gateway_stream_s": med("stream_s"),
-        "direct_stream_s": med("direct_s"),
-        "gateway_mb_per_s": gateway_mb_s,
-        "direct_mb_per_s": direct_mb_s,
-        "throughput_ratio": gateway_mb_s / direct_mb_s,
-        "gateway_rss_growth_mb": growth("gateway"),
-        **{
-            f"{who}_cpu_ms_per_mb": med(f"{who}_cpu_s") * 1e3 / (med("bytes") / 1e6)
-            for who in ("gateway", "party", "initiator")
-        },
-        **{
-            f"{who}_stream_cpu_ms_per_mb": med(f"{who}_stream_cpu_s") * 1e3 / (med("bytes") / 1e6)
-            for who in ("gateway", "party", "initiator")
-        },
-        "initiator_rss_growth_mb": growth("initiator"),
-        "gateway_baseline_rss_mb": med("gateway_baseline_rss") / 1e6,
-        "initiator_baseline_rss_mb": med("initiator_baseline_rss") / 1e6,
-    }
-
-
 def _load(result: dict[str, Any], meta: dict[str, Any]) -> str:
     """The load average range a result was measured under (kept with it: rows carried over from
     earlier runs keep their own)."""
@@ -744,7 +542,7 @@ def _load(result: dict[str, Any], meta: dict[str, Any]) -> str:
 def write_results(
     rows: list[dict[str, Any]],
     meta: dict[str, Any],
-    large: dict[str, Any] | None = None,
+    transfer: dict[str, Any] | None = None,
     front: dict[str, Any] | None = None,
     executors: dict[str, Any] | None = None,
 ) -> None:
@@ -752,7 +550,7 @@ def write_results(
     rows = sorted(rows, key=lambda r: r["parties"])
     (RESULTS / "gateway.json").write_text(
         json.dumps(
-            {"meta": meta, "rows": rows, "large_result": large, "front_door": front, "executors": executors}, indent=2
+            {"meta": meta, "rows": rows, "transfer": transfer, "front_door": front, "executors": executors}, indent=2
         )
     )
     runs = sorted({r["runs"] for r in rows})
@@ -788,36 +586,32 @@ def write_results(
         + (f", NOT met for parties = {', '.join(seq_not)}" if seq_not else "")
         + " (one benchmark run on a noisy machine; see docs/gateway.md).",
     ]
-    if large and "throughput_ratio" in large:
+    if transfer:
+        t = transfer
         lines += [
             "",
-            f"Large result: one `predict` leg whose result is {large['result_mb']:.1f} MB of JSON, streamed party -> "
-            "gateway -> initiator in 1 MiB AES-GCM chunks, cut-through (the gateway re-encrypts chunk by chunk, "
-            "appends the ciphertext to its spool file, and the initiator's fetch tails that file while the party "
-            "still uploads; the final chunk is released once the spool is fsynced and the outcome recorded), timed from the moment the party's result is "
-            "complete (its record's mtime) to the initiator holding the checked file; against the same bytes over one "
-            f"direct mutual-TLS stream into a file, in the same run; median of {large['runs']} run(s); RSS growth "
-            "= peak minus the RSS before the task, sampled every 10 ms with psutil (initiator = the benchmark process); "
-            f"1-minute load average during that run: {_load(large, meta)}.",
+            f"Transfer each way: a {t['size_mb'] / 1024:.1f} GiB leg input (float32 parameters) sent initiator -> "
+            "gateway -> party (`Initiator.send_input`), and the `scale_params` rule's result of the same size fetched "
+            "party -> gateway -> initiator (`Initiator.fetch_result`), 1 MiB AES-GCM chunks re-encrypted at the "
+            "gateway on blocking TLS sockets (the stream port), each timed until the receiver holds the checked, "
+            "fsynced file; against the same bytes over one direct mutual-TLS stream into a fsynced file, in the same "
+            "run, dirty pages written back before every timed transfer; "
+            f"median of {t['runs']} run(s); RSS growth = peak minus the RSS before the transfer, sampled every 10 ms "
+            f"with psutil (initiator = the benchmark process); the input's SHA-256 ({t['prehash_s']:.1f} s) is "
+            f"computed before the upload is timed; 1-minute load average during that run: {_load(t, meta)}. "
+            f"Command: `{t.get('command', '')}`",
             "",
-            "| result MB | gateway s / MB/s | direct TLS s / MB/s | ratio (goal >= 0.5) | gateway RSS growth MB (goal <= 64) | initiator RSS growth MB (goal <= 64) |",
-            "|---:|---:|---:|---:|---:|---:|",
-            f"| {large['result_mb']:.1f} | {large['gateway_stream_s']:.2f} / {large['gateway_mb_per_s']:.1f} | "
-            f"{large['direct_stream_s']:.2f} / {large['direct_mb_per_s']:.1f} | {large['throughput_ratio']:.2f}x | "
-            f"{large['gateway_rss_growth_mb']:.0f} | {large['initiator_rss_growth_mb']:.0f} |",
+            "| way | gateway s / MB/s | direct TLS s / MB/s | ratio (goal >= 0.8) | RSS growth MB gateway / party / initiator (goal <= 64) | CPU ms per MB gateway / party / initiator |",
+            "|---|---:|---:|---:|---:|---:|",
         ]
-        if "gateway_stream_cpu_ms_per_mb" in large:
-            who = ("party", "gateway", "initiator")
-            lines += [
-                "",
-                "CPU per streamed MB (user + system, psutil), the load-independent figure: over the timed stream "
-                f"{' / '.join(who)} = "
-                + " / ".join(f"{large[f'{w}_stream_cpu_ms_per_mb']:.2f}" for w in who)
-                + f" ms (sum {sum(large[f'{w}_stream_cpu_ms_per_mb'] for w in who):.2f}); over the whole run "
-                "(the party's also counts taking the executor's result and writing its record) "
-                + " / ".join(f"{large[f'{w}_cpu_ms_per_mb']:.2f}" for w in who)
-                + " ms.",
-            ]
+        for way in ("upload", "download"):
+            w = t[way]
+            lines.append(
+                f"| {way} | {w['gateway_s']:.2f} / {w['gateway_mb_per_s']:.0f} | {w['direct_s']:.2f} / "
+                f"{w['direct_mb_per_s']:.0f} | {w['ratio']:.2f}x | {w['gateway_rss_growth_mb']:.0f} / "
+                f"{w['party_rss_growth_mb']:.0f} / {w['initiator_rss_growth_mb']:.0f} | "
+                f"{w['gateway_cpu_ms_per_mb']:.2f} / {w['party_cpu_ms_per_mb']:.2f} / {w['initiator_cpu_ms_per_mb']:.2f} |"
+            )
     if front:
         lines += [
             "",
@@ -857,13 +651,17 @@ def write_results(
         ]
     (RESULTS / "gateway.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
-    _plot(rows, large)
+    _plot(rows, transfer)
 
 
-def _plot(rows: list[dict[str, Any]], large: dict[str, Any] | None) -> None:
-    """bench/results/gateway.png: the p50 ratios per party count, and the large-result throughput."""
-    import matplotlib
-
+def _plot(rows: list[dict[str, Any]], transfer: dict[str, Any] | None) -> None:
+    """bench/results/gateway.png: the p50 ratios per party count, and the transfer throughput each
+    way; without matplotlib (the bench extra) one line says so and the results stand without it."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is missing (pip install 'trainmaster[bench]'): no plot, the tables above stand", flush=True)
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -876,12 +674,14 @@ def _plot(rows: list[dict[str, Any]], large: dict[str, Any] | None) -> None:
     left.set_ylabel("p50 gateway / direct")
     left.set_title("small tasks")
     left.legend()
-    if large and "throughput_ratio" in large:
-        right.bar([0, 1], [large["direct_mb_per_s"], large["gateway_mb_per_s"]], color=["gray", "tab:blue"])
-        right.axhline(0.5 * large["direct_mb_per_s"], color="red", linestyle="--", label="goal: 0.5x direct")
-        right.set_xticks([0, 1], ["direct TLS", "via gateway"])
+    if transfer:
+        ways = ("upload", "download")
+        xs = np.arange(len(ways))
+        right.bar(xs - 0.2, [transfer[w]["direct_mb_per_s"] for w in ways], 0.4, color="gray", label="direct TLS")
+        right.bar(xs + 0.2, [transfer[w]["gateway_mb_per_s"] for w in ways], 0.4, color="tab:blue", label="via gateway")
+        right.set_xticks(xs, [f"{w}\n{transfer[w]['ratio']:.2f}x" for w in ways])
         right.set_ylabel("MB/s")
-        right.set_title(f"{large['result_mb']:.0f} MB result ({large['throughput_ratio']:.2f}x)")
+        right.set_title(f"{transfer['size_mb'] / 1024:.1f} GiB each way (goal >= 0.8x)")
         right.legend()
     fig.tight_layout()
     fig.savefig(RESULTS / "gateway.png", dpi=100)
@@ -904,8 +704,15 @@ def main() -> None:
         help="which party counts to run ('none': no small-task rows); "
         "other rows already in bench/results/gateway.json are kept (results are written after every row)",
     )
-    ap.add_argument("--large-mb", type=int, default=256, help="size of the streamed large result (0: skip that row)")
-    ap.add_argument("--large-runs", type=int, default=None, help="runs of the large-result row (default 3, quick 1)")
+    ap.add_argument(
+        "--transfer-mb", type=int, default=4096, help="size of the payload sent each way (0: skip that row; quick 256)"
+    )
+    ap.add_argument("--transfer-runs", type=int, default=1, help="runs of the transfer row")
+    ap.add_argument(
+        "--workdir",
+        default=None,
+        help="folder for the transfer row's files (needs about 6x its size free; default /tmp)",
+    )
     ap.add_argument(
         "--front",
         type=int,
@@ -944,7 +751,7 @@ def main() -> None:
     rows = [r for r in (old.get("rows", []) if a.parties != "1,3,10" else []) if r["parties"] not in wanted]
     old_meta = old.get("meta", {})
     kept_load = old_meta.get("small_load", [old_meta.get("load_min", 0.0), old_meta.get("load_max", 0.0)])
-    large = old.get("large_result")
+    transfer = old.get("transfer")
     front = old.get("front_door")
     executors = old.get("executors")
 
@@ -952,7 +759,7 @@ def main() -> None:
         meta.update(load_min=min(loads), load_max=max(loads))
         # Small-task rows carried over from an earlier run keep that run's load figures.
         meta["small_load"] = [min(loads), max(loads)] if wanted else kept_load
-        write_results(rows, meta, large, front, executors)
+        write_results(rows, meta, transfer, front, executors)
 
     for n_parties in wanted:
         n_tasks, n_seq = sizes[n_parties]
@@ -972,11 +779,15 @@ def main() -> None:
         executors["load"] = [min(loads[mark - 1 :]), max(loads[mark - 1 :])]
         print(json.dumps(executors), flush=True)
         save()
-    if a.large_mb:
+    size = 256 if a.quick and a.transfer_mb == 4096 else a.transfer_mb
+    if size:
+        from gateway_transfer import bench_transfer
+
         mark = len(loads)
-        large = bench_large(a.large_mb, a.large_runs or (1 if a.quick else 3))
-        large["load"] = [min(loads[mark - 1 :]), max(loads[mark - 1 :])]
-        print(json.dumps(large), flush=True)
+        transfer = bench_transfer(size, a.transfer_runs, a.workdir)
+        transfer["load"] = [min(loads[mark - 1 :]), max(loads[mark - 1 :])]
+        transfer["command"] = " ".join(["python bench/gateway.py", *sys.argv[1:]])
+        print(json.dumps(transfer), flush=True)
     save()
 
 

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import psutil
 
-from trainmaster.gateway import sandbox
-from trainmaster.gateway.executor import ExecutorHandle
+from trainmaster.gateway.executors.sandbox import bubblewrap as sandbox
+from trainmaster.gateway.executors.process import ExecutorHandle
 from trainmaster.gateway.localdeploy import breast_cancer_split, write_csv
 from trainmaster.gateway.models import RuleCall
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from trainmaster.partition import evaluate, load_graph, partition  # noqa: E402
 from trainmaster.partition.io import data_graphs, shared_data_dir  # noqa: E402
@@ -1066,8 +1067,51 @@ def main(argv=None):
         help="only the real-pipeline comparison with stages on separate testbed hosts, real capped links "
         "(partition_pipeline_testbed.*; needs root)",
     )
+    ap.add_argument(
+        "--fresh",
+        action="store_true",
+        help="the goals on graphs drawn at run time: exact checks on small DAGs, 300-node DAGs of every "
+        "family, every traced model (bench/partition_fresh.py; partition_fresh.*)",
+    )
+    ap.add_argument("--run-seed", type=int, default=None, help="with --fresh: reproduce a run (it prints its seed)")
+    ap.add_argument("--graphs-per-family", type=int, default=8, help="with --fresh: 300-node graphs per family")
+    ap.add_argument("--small-per-family", type=int, default=6, help="with --fresh: small exact-check graphs per family")
+    ap.add_argument("--no-traced", action="store_true", help="with --fresh: leave the traced models out")
+    ap.add_argument(
+        "--pipeline-splits",
+        action="store_true",
+        help="torch.distributed.pipelining split points, ours vs equal layers / equal parameters, as real "
+        "pipelines on testbed hosts (bench/partition_pipesplit.py; partition_pipesplit.*; needs root)",
+    )
+    ap.add_argument("--rounds", type=int, default=2, help="with --pipeline-splits: runs per split, methods alternating")
     args = ap.parse_args(argv)
     out = Path(args.out)
+    if args.pipeline_splits:
+        import partition_pipesplit
+
+        partition_pipesplit.main(list(argv or sys.argv[1:]), out.parent / "partition_pipesplit", rounds=args.rounds)
+        return
+    if args.fresh:
+        import partition_fresh
+
+        fresh_out = out.parent / "partition_fresh"
+        if args.render:
+            doc = partition_fresh.resummarise(json.loads(fresh_out.with_suffix(".json").read_text()))
+            fresh_out.with_suffix(".json").write_text(json.dumps(doc, indent=1))
+            partition_fresh.write_markdown(doc, fresh_out.with_suffix(".md"))
+            return
+        doc = partition_fresh.run(
+            args.run_seed,
+            args.graphs_per_family,
+            args.small_per_family,
+            fresh_out,
+            traced_models=None if args.no_traced else traced_models,
+        )
+        doc["command"] = "python bench/partition.py " + " ".join(argv or sys.argv[1:])
+        fresh_out.with_suffix(".json").write_text(json.dumps(doc, indent=1))
+        partition_fresh.write_markdown(doc, fresh_out.with_suffix(".md"))
+        print(fresh_out.with_suffix(".md").read_text().split("## Per case")[0])
+        return
     pipeline_out = out.parent / "partition_pipeline"
     if args.pipeline_testbed:
         pipeline_testbed(argv, out.parent / "partition_pipeline_testbed")

@@ -20,6 +20,8 @@ ORDER = [
     "controller_failover",
     "controller_containers",
     "aggregation",
+    "aggregation_tenants",
+    "aggregation_training",
     "flsched",
     "partition",
     "partition_pipeline_testbed",

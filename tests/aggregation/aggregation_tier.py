@@ -24,6 +24,7 @@ class ThreadTier:
     switches: list[ForwardingNode]
     threads: list[threading.Thread] = field(default_factory=list)
     transport: str = "udp"
+    mtu: int | None = None
 
     def attach(self, rank: int) -> Address:
         order = [*self.switches[1:], self.switches[0]]
@@ -62,22 +63,20 @@ def start_tier(
     dead_after: float = 10.0,
     transport: str = "udp",
     siblings: int = 1,
+    mtu: int | None = None,
+    partitions: int = 0,
 ) -> ThreadTier:
     """``siblings``: forwarding nodes directly under the parameter node (what the ina
-    framework builds for a switch role with several replicas)."""
-    ps = ParameterNode(faults=faults, dead_after=dead_after, transport=transport)
-    top = ForwardingNode(ps.address, slots=slots, name="top", faults=faults, transport=transport)
+    framework builds for a switch role with several replicas); ``mtu``: every node and worker
+    cuts its packets into datagrams of at most this MTU (segmentation on loopback)."""
+    ps = ParameterNode(faults=faults, dead_after=dead_after, transport=transport, mtu=mtu)
+    kw: dict[str, Any] = {"slots": slots, "faults": faults, "transport": transport, "mtu": mtu}
+    top = ForwardingNode(ps.address, name="top", partitions=partitions, **kw)
     switches = [top]
-    switches += [
-        ForwardingNode(ps.address, slots=slots, name=f"sibling-{i}", faults=faults, transport=transport)
-        for i in range(1, siblings)
-    ]
+    switches += [ForwardingNode(ps.address, name=f"sibling-{i}", **kw) for i in range(1, siblings)]
     if levels == 2:
-        switches += [
-            ForwardingNode(top.address, slots=slots, name=f"l1-{i}", faults=faults, transport=transport)
-            for i in range(2)
-        ]
-    tier = ThreadTier(ps, switches, transport=transport)
+        switches += [ForwardingNode(top.address, name=f"l1-{i}", **kw) for i in range(2)]
+    tier = ThreadTier(ps, switches, transport=transport, mtu=mtu)
     for node in [ps, *switches]:
         t = threading.Thread(target=node.serve, daemon=True)
         t.start()
@@ -96,8 +95,10 @@ def reduce_all(
     out: dict[tuple[int, int], Any] = {}
 
     def work(job: int, rank: int) -> None:
-        with AggregationClient(tier.attach(rank), job, rank, world, config, faults, transport=tier.transport) as c:
-            results = [(c.allreduce(x), c.last_error_bound) for x in inputs[(job, rank)]]
+        with AggregationClient(
+            tier.attach(rank), job, rank, world, config, faults, transport=tier.transport, mtu=tier.mtu
+        ) as c:
+            results = [(c.allreduce(x, key="t"), c.last_error_bound) for x in inputs[(job, rank)]]
             out[(job, rank)] = (results, c.stats(), dict(c.slot_override))
 
     threads = [threading.Thread(target=work, args=key) for key in inputs]

@@ -112,9 +112,11 @@ def test_ina_runs_over_shared_memory_when_asked(tmp_path: Path) -> None:
 
 def test_ina_environment_spreads_workers_over_sibling_switches_and_passes_chunk() -> None:
     """ina framework, two switch replicas (sibling forwarding nodes under the parameter node):
-    workers are spread over both round robin, and frameworkParams.chunk reaches every worker
-    as TM_AGGREGATION_CHUNK (what client_from_env reads); a chunk beyond one UDP datagram is
-    refused at validation with the field named."""
+    workers are spread over both round robin, and frameworkParams.chunk and .precision (low-bit
+    aggregation, selectable per job) reach every worker as TM_AGGREGATION_CHUNK /
+    TM_AGGREGATION_PRECISION (what client_from_env reads, and turns into the quantiser); a chunk
+    beyond one 1 MiB packet or an unknown precision is refused at validation with the field
+    named."""
     from trainmaster.frameworks.base import InstanceContext
     from trainmaster.frameworks.ina import InaFramework
 
@@ -122,13 +124,57 @@ def test_ina_environment_spreads_workers_over_sibling_switches_and_passes_chunk(
     envs = [
         InaFramework().environment(
             InstanceContext(
-                "digits", "worker", i, 4, {"ps": 1, "switch": 2, "worker": 4}, "10.0.0.9", [], services, {"chunk": 2048}
+                "digits",
+                "worker",
+                i,
+                4,
+                {"ps": 1, "switch": 2, "worker": 4},
+                "10.0.0.9",
+                [],
+                services,
+                {"chunk": 2048, "precision": "int8"},
             )
         )
         for i in range(4)
     ]
     assert [e["TM_AGGREGATION_SWITCH"] for e in envs] == services["switch"] * 2
     assert {e["TM_AGGREGATION_CHUNK"] for e in envs} == {"2048"}
+    assert {e["TM_AGGREGATION_PRECISION"] for e in envs} == {"int8"}
     roles = [{"name": "ps"}, {"name": "switch", "replicas": 2}, {"name": "worker"}]
-    errors = InaFramework().validate({"frameworkParams": {"chunk": 70000}}, roles)
+    errors = InaFramework().validate({"frameworkParams": {"chunk": 300_000, "precision": "int4"}}, roles)
     assert any(e.startswith("spec.frameworkParams.chunk") for e in errors), errors
+    assert any(e.startswith("spec.frameworkParams.precision") for e in errors), errors
+    assert not InaFramework().validate({"frameworkParams": {"chunk": 70_000, "precision": "int16"}}, roles)
+
+
+def test_client_from_env_takes_the_jobs_precision(monkeypatch) -> None:
+    """Low-bit aggregation selected per job: TM_AGGREGATION_PRECISION (set by the ina framework
+    from frameworkParams.precision) gives the worker client its quantiser; a wrong value is a
+    clear error naming the variable."""
+    import pytest as _pytest
+
+    from trainmaster.aggregation import Fabric
+    from trainmaster.aggregation.quantize import SharedScale
+    from trainmaster.aggregation.torch_hook import client_from_env
+
+    with Fabric() as fabric:
+        host, port = fabric.attach_point(0)
+        monkeypatch.setenv("TM_AGGREGATION_SWITCH", f"{host}:{port}")
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.setenv("WORLD_SIZE", "1")
+        monkeypatch.setenv("TM_AGGREGATION_PRECISION", "int8")
+        client = client_from_env()
+        try:
+            assert client.config.quantizer == SharedScale(8)
+            import numpy as _np
+
+            x = _np.linspace(-1, 1, 5000, dtype=_np.float32)
+            client.allreduce(x, key="w")
+            y = client.allreduce(x, key="w")  # the second round goes as int8
+            assert client.counters.low_bit_slices > 0
+            assert _np.all(_np.abs(y - x) <= client.last_error_bound)
+        finally:
+            client.close()
+        monkeypatch.setenv("TM_AGGREGATION_PRECISION", "int3")
+        with _pytest.raises(RuntimeError, match="TM_AGGREGATION_PRECISION"):
+            client_from_env()

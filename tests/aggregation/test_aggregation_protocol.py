@@ -29,6 +29,7 @@ from trainmaster.aggregation.quantize import (
     quantize,
 )
 
+_PAYLOAD = Flag.FLOAT | Flag.INT16 | Flag.INT8
 headers = st.builds(
     Header,
     kind=st.sampled_from([Kind.DATA, Kind.RESULT]),
@@ -39,21 +40,26 @@ headers = st.builds(
     fan_in=st.integers(1, 64),
     slot=st.integers(0, 0xFFFF),
     exponent=st.integers(-120, 120),
-    flags=st.sampled_from(list(Flag)),
+    flags=st.sampled_from([f for f in Flag if not f & _PAYLOAD]),
+    peak=st.integers(-128, 127),
 )
 
 
 @settings(deadline=None)
-@given(headers, st.lists(st.integers(-(2**31) + 1, 2**31 - 1), max_size=50))
-def test_header_round_trip(header: Header, ints: list[int]) -> None:
+@given(headers, st.sampled_from([Flag.NONE, Flag.INT16, Flag.INT8]), st.data())
+def test_header_round_trip(header: Header, width: Flag, data: st.DataObject) -> None:
     """Binary header (struct): every field (version, job, seq, bitmap, fan-in, flags, slot,
-    exponent, count) survives encode/decode with its payload."""
-    if header.has(Flag.FLOAT):
-        header = header.with_(flags=header.flags & ~Flag.FLOAT)
+    exponent, count, peak) survives encode/decode with its payload, int32, int16 or int8 (low-bit
+    aggregation: the INT16 / INT8 flag names the payload's type)."""
+    header = header.with_(flags=header.flags | width)
+    limit = {Flag.NONE: 2**31 - 1, Flag.INT16: 2**15 - 1, Flag.INT8: 127}[width]
+    ints = data.draw(st.lists(st.integers(-limit, limit), max_size=50))
     payload = np.array(ints, dtype=np.int64)
     h, body = decode(encode(header, payload))
     assert h == header.with_(count=len(ints))
+    assert values(h, body).dtype == {Flag.NONE: "<i4", Flag.INT16: "<i2", Flag.INT8: "i1"}[width]
     assert np.array_equal(values(h, body), payload)
+    assert HEADER_SIZE % 4 == 0  # the payload after it is aligned for int32/float32
 
 
 def test_payload_sizes_up_to_the_udp_limit() -> None:

@@ -193,7 +193,7 @@ def test_unknown_transport_and_oversized_chunk_are_clear_errors() -> None:
     with pytest.raises(ValueError, match="unknown transport 'tcp'"):
         make_transport("tcp", "x")
     with pytest.raises(ValueError, match="chunk must be between 1 and"):
-        AggregationClient(("127.0.0.1", 9), 1, 0, 2, WorkerConfig(chunk=100_000))
+        AggregationClient(("127.0.0.1", 9), 1, 0, 2, WorkerConfig(chunk=300_000))
     with pytest.raises(ValueError, match="chunk must be between 1 and"):
         AggregationClient(("127.0.0.1", 9), 1, 0, 2, WorkerConfig(chunk=1 << 30), transport="shm")
 

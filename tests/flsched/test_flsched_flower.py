@@ -1,5 +1,6 @@
-"""Client selection for FL frameworks: the framework-free JobSelector, and the Flower strategy
-under Flower's own simulation (skipped where flwr is not installed: it is not a dependency)."""
+"""Client selection for FL frameworks: the framework-free JobSelector and JointScheduler, the node
+arbiter's HTTP API, and (where flwr is installed: `make test` runs this file in .venv-flower)
+concurrent runs on Flower's deployment runtime, a SuperLink and SuperNodes, leased by the arbiter."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from trainmaster.flsched.selector import DevicePool, JobSelector
 NEEDS_FLWR = pytest.mark.skipif(
     importlib.util.find_spec("flwr") is None,
     reason="flwr is not in this environment: `make test` runs these tests in "
-    ".venv-flower (flwr pins older fastapi/typer/ray; see docs/flsched.md)",
+    ".venv-flower (flwr pins older fastapi/typer/rich/protobuf; see docs/flsched.md)",
 )
 
 
@@ -60,74 +61,16 @@ def test_shared_pool_gives_a_device_to_one_job_at_a_time():
     assert len(JobSelector(_job("c", devs), devs, pool=pool).select(clients, 3)) == 3
 
 
-@NEEDS_FLWR
-def test_flower_simulation_trains_with_our_client_selection(monkeypatch):
-    """Flower adapter: FedAvg under flwr's simulation, training clients chosen by our sa scheduler;
-    every round trains exactly per_round distinct clients and FedAvg aggregates their updates."""
-    import flwr
-    from flwr.client import NumPyClient
-    from flwr.server import ServerConfig
-
-    from trainmaster.flsched.flower import FlschedFedAvg
-
-    # Ray kills workers when the whole node is above 95% memory, which a shared CI machine can be
-    # for reasons unrelated to this test; the workers here need about 100 MB each.
-    monkeypatch.setenv("RAY_memory_monitor_refresh_ms", "0")
-    n_clients, per_round, rounds = 6, 2, 4
-    devs = _devices(n_clients)
-    selector = JobSelector(_job("toy", devs), devs, seed=0)
-
-    class Toy(NumPyClient):
-        def __init__(self, target: float) -> None:
-            self.target = target
-
-        def fit(self, parameters, config):
-            w = parameters[0]
-            return [w + 0.5 * (self.target - w)], 10, {}
-
-        def evaluate(self, parameters, config):
-            return float(abs(parameters[0][0] - self.target)), 10, {}
-
-    def client_fn(context):
-        return Toy(float(context.node_config["partition-id"])).to_client()
-
-    aggregated: list[float] = []
-
-    class Recording(FlschedFedAvg):
-        def aggregate_fit(self, server_round, results, failures):
-            params, metrics = super().aggregate_fit(server_round, results, failures)
-            aggregated.append(float(flwr.common.parameters_to_ndarrays(params)[0][0]))
-            return params, metrics
-
-    strategy = Recording(
-        selector,
-        per_round,
-        fraction_evaluate=0.0,
-        min_available_clients=n_clients,
-        initial_parameters=flwr.common.ndarrays_to_parameters([np.zeros(1)]),
-    )
-    history = flwr.simulation.start_simulation(
-        client_fn=client_fn,
-        num_clients=n_clients,
-        config=ServerConfig(num_rounds=rounds),
-        strategy=strategy,
-        client_resources={"num_cpus": 1, "num_gpus": 0.0},
-        ray_init_args={"num_cpus": 2, "include_dashboard": False, "ignore_reinit_error": True},
-    )
-    assert len(selector.rounds) == rounds
-    assert all(len(set(r)) == per_round for r in selector.rounds)
-    assert sum(selector.history.values()) == rounds * per_round
-    assert history is not None
-    # FedAvg of clients pulled halfway to targets 0..5 from 0: the model moves into that range
-    assert len(aggregated) == rounds and 0.0 < aggregated[-1] <= 5.0
-
-
 def _never_double_booked(log) -> bool:
-    """No client in two leases whose time intervals overlap (an open lease lasts forever)."""
-    for i, (job_a, ca, sa, ea) in enumerate(log):
-        for job_b, cb, sb, eb in log[i + 1 :]:
-            overlap = sa < (eb if eb is not None else float("inf")) and sb < (ea if ea is not None else float("inf"))
-            if overlap and set(ca) & set(cb):
+    """No client in two jobs' leases whose time intervals overlap (an open lease lasts forever)."""
+    rows = [
+        (x.job, x.client, x.start, x.end) if hasattr(x, "job") else (x["job"], x["client"], x["start"], x["end"])
+        for x in log
+    ]
+    inf = float("inf")
+    for i, (ja, ca, sa, ea) in enumerate(rows):
+        for jb, cb, sb, eb in rows[i + 1 :]:
+            if ca == cb and ja != jb and sa < (eb if eb is not None else inf) and sb < (ea if ea is not None else inf):
                 return False
     return True
 
@@ -168,7 +111,7 @@ def test_joint_service_schedules_jobs_together_and_never_double_books():
     assert all(len(set(p)) == 3 for p in picks["a"] + picks["b"])
     assert not set(picks["a"][0]) & set(picks["b"][0])  # the first round was scheduled jointly
     assert _never_double_booked(service.leases_log)
-    assert len(service.leases_log) == 12
+    assert len(service.leases_log) == 12 * 3
 
 
 def test_joint_service_infeasible_round_fails_clearly_and_the_run_continues():
@@ -199,169 +142,348 @@ def test_joint_service_infeasible_round_fails_clearly_and_the_run_continues():
         service.select("zz", clients, 1)
 
 
-@NEEDS_FLWR
-def test_flower_two_jobs_sharing_a_pool_never_double_book():
-    """Flower, jointly, under real flwr: two Flower servers (Flower's own round loop and FedAvg),
-    each with a FlschedFedAvg on one shared JointScheduler, train two jobs concurrently over the
-    same 8 in-process clients; no client is ever leased to both jobs at once, one client that
-    fails every fit is handled as Flower's failure, and both jobs finish all rounds."""
-    import threading
-
-    import flwr
-    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
-    from flwr.server import Server
-    from flwr.server.client_manager import SimpleClientManager
-    from flwr.server.client_proxy import ClientProxy
-
-    from trainmaster.flsched.flower import FlschedFedAvg
-    from trainmaster.flsched.selector import JointJob, JointScheduler
+def test_joint_service_releases_a_vanished_client_and_admits_runs_as_they_come():
+    """Node lease, a node that disappears: a client missing from the connected clients a job
+    reports is released at once (lease ended 'vanished') and not offered again; a job released
+    by client keeps its other clients; jobs register and leave while others run."""
+    from trainmaster.flsched.selector import JointScheduler
 
     devs = _devices(8)
-    service = JointScheduler([_job("a", devs), _job("b", devs)], devs, seed=0, gather_s=1.0)
-    busy: dict[str, str] = {}
-    lock = threading.Lock()
-    clashes: list[str] = []
-    dropped: list[str] = []
+    profiles = {f"c{k}": d for k, d in enumerate(devs)}
+    service = JointScheduler(devices=profiles, seed=0, gather_s=0.05)
+    service.add_job(_job("a", devs))
+    clients = sorted(profiles)
+    held = service.select("a", clients, 3)
+    service.add_job(_job("b", devs))  # a second run starts while a's round is out
+    gone = held[0]
+    got = service.select("b", [c for c in clients if c != gone], 3)  # b's view: `gone` disconnected
+    assert gone not in got and not set(got) & set(held)
+    lease = next(x for x in service.leases_log if x.client == gone)
+    assert lease.end is not None and lease.why == "vanished"
+    assert service.holders()[held[1]] == "a"  # a keeps its other clients
+    service.release("a", [held[1]])
+    assert held[1] not in service.holders() and service.holders()[held[2]] == "a"
+    service.remove_job("a")  # the run ends: its last lease ends, it no longer holds up gathering
+    assert all(j == "b" for j in service.holders().values())
+    with pytest.raises(ProblemError, match="unknown job 'a'"):
+        service.select("a", clients, 1)
+    assert _never_double_booked(service.leases_log)
 
-    class Proxy(ClientProxy):
-        """An in-process client: 'fit' moves the model halfway to its target; c7 always fails."""
 
-        def __init__(self, cid: str, target: float) -> None:
-            super().__init__(cid)
-            self.target = target
+def _arbiter_client():
+    from fastapi.testclient import TestClient
 
-        def fit(self, ins, timeout, group_id):
-            job = ins.config["job"]
-            with lock:
-                if self.cid in busy:
-                    clashes.append(f"{self.cid}: {busy[self.cid]} and {job}")
-                busy[self.cid] = job
-            try:
-                if self.cid == "c7":
-                    dropped.append(job)
-                    raise RuntimeError("device dropped mid-round")
-                w = parameters_to_ndarrays(ins.parameters)[0]
-                return FitRes(Status(Code.OK, ""), ndarrays_to_parameters([w + 0.5 * (self.target - w)]), 10, {})
-            finally:
-                with lock:
-                    busy.pop(self.cid, None)
+    from trainmaster.flsched.arbiter import arbiter_app
+    from trainmaster.flsched.selector import JointScheduler
 
-        def evaluate(self, ins, timeout, group_id):
-            raise NotImplementedError
+    service = JointScheduler(seed=0, gather_s=0.05, weights={"time": 1.0, "fairness": 100.0})
+    return service, TestClient(arbiter_app(service))
 
-        def get_properties(self, ins, timeout, group_id):
-            raise NotImplementedError
 
-        def get_parameters(self, ins, timeout, group_id):
-            raise NotImplementedError
+def _enrol(http, n: int) -> list[str]:
+    devs = _devices(n)
+    profiles = [
+        {"node": str(1000 + k), "device": d.id, "a": d.a, "mu": d.mu, "bandwidth": d.bandwidth}
+        for k, d in enumerate(devs)
+    ]
+    assert http.put("/v1/devices", json={"profiles": profiles}).status_code == 200
+    return [p["node"] for p in profiles]
 
-        def reconnect(self, ins, timeout, group_id):
-            raise NotImplementedError
 
-    proxies = [Proxy(f"c{k}", float(k)) for k in range(8)]
-    results: dict[str, object] = {}
+def _spec(n: int, per_round: int = 3) -> dict:
+    return {"tau": 1.0, "model_bytes": 1e6, "per_round": per_round, "data": {f"d{k}": 100 for k in range(n)}}
 
-    def run(job_id: str) -> None:
-        manager = SimpleClientManager()
-        for p in proxies:
-            manager.register(p)
-        strategy = FlschedFedAvg(
-            JointJob(service, job_id),
-            per_round=3,
-            fraction_evaluate=0.0,
-            min_available_clients=8,
-            on_fit_config_fn=lambda r: {"job": job_id},
-            initial_parameters=ndarrays_to_parameters([np.zeros(1)]),
-        )
-        history, _ = Server(client_manager=manager, strategy=strategy).fit(num_rounds=5, timeout=30)
-        results[job_id] = history
 
-    threads = [threading.Thread(target=run, args=(j,)) for j in ("a", "b")]
+def test_arbiter_leases_nodes_to_runs_over_http():
+    """Node arbiter (HTTP): nodes enrol, runs register, each round leases per_round distinct
+    connected nodes and releases them; a round that cannot be had is 409 with the reasons; a run
+    that leaves frees its nodes; GET /v1/leases shows every lease."""
+    service, http = _arbiter_client()
+    nodes = _enrol(http, 8)
+    for run in ("r1", "r2"):
+        assert http.put(f"/v1/runs/{run}", json=_spec(8)).status_code == 200
+    a = http.post("/v1/runs/r1/lease", json={"online": nodes, "n": 3}).json()["nodes"]
+    b = http.post("/v1/runs/r2/lease", json={"online": nodes, "n": 3}).json()["nodes"]
+    assert len(set(a)) == len(set(b)) == 3 and not set(a) & set(b)
+    refused = http.post("/v1/runs/r2/lease", json={"online": nodes, "n": 6})  # r1 holds 3 of 8
+    assert refused.status_code == 409 and "cannot be scheduled now" in refused.json()["error"]
+    assert refused.json()["details"]
+    assert http.post("/v1/runs/r1/release", json={}).status_code == 200
+    assert len(http.post("/v1/runs/r2/lease", json={"online": nodes, "n": 6}).json()["nodes"]) == 6
+    assert http.delete("/v1/runs/r2").status_code == 200
+    seen = http.get("/v1/leases").json()
+    assert seen["holders"] == {} and len(seen["leases"]) == 12
+    assert _never_double_booked(seen["leases"])
+
+
+def test_arbiter_client_is_a_selector():
+    """Node arbiter client (a run's side): register, select among the connected nodes, release,
+    report a vanished node (its lease ends at once, 'vanished'), refusals as ProblemError, finish."""
+    from trainmaster.flsched.arbiter import ArbiterClient, NodeProfile, RunSpec
+
+    service, http = _arbiter_client()
+    a, b = ArbiterClient("http://arbiter", "ra"), ArbiterClient("http://arbiter", "rb")
+    a.http = b.http = http  # the HTTP API in-process
+    devs = _devices(6)
+    a.enrol([NodeProfile(node=f"n{k}", device=d.id, a=d.a, mu=d.mu, bandwidth=d.bandwidth) for k, d in enumerate(devs)])
+    spec = RunSpec(tau=1.0, model_bytes=1e6, per_round=2, data={d.id: 50 for d in devs})
+    a.register(spec)
+    b.register(spec)
+    online = [f"n{k}" for k in range(6)]
+    mine = a.select(online, 2)
+    b.forget([mine[0]])  # another run saw it go
+    why = {x["client"]: x["why"] for x in a.leases()["leases"]}
+    assert why[mine[0]] == "vanished" and a.leases()["holders"] == {mine[1]: "ra"}
+    with pytest.raises(ProblemError, match="cannot be scheduled now"):
+        b.select(online, 6)
+    a.release()
+    assert len(b.select(online, 5)) == 5
+    b.finish()
+    a.finish()
+    assert a.leases()["holders"] == {}
+
+
+def test_arbiter_refuses_bad_input_with_the_field():
+    """Input validation at the arbiter's boundary: unknown fields, negative counts, bad ids,
+    non-positive speeds and unknown runs are refused (422 naming the field, 409 for the run),
+    never a 500."""
+    _, http = _arbiter_client()
+    bad = [
+        ("put", "/v1/devices", {"profiles": [{"node": "1", "device": "d", "a": -1, "mu": 1, "bandwidth": 1}]}, "a"),
+        (
+            "put",
+            "/v1/devices",
+            {"profiles": [{"node": "1", "device": "d", "a": 1, "mu": 1, "bandwidth": 1, "x": 1}]},
+            "x",
+        ),
+        ("put", "/v1/runs/r", {**_spec(3), "per_round": 0}, "per_round"),
+        ("put", "/v1/runs/r", {**_spec(3), "data": {"d0": -5}}, "data"),
+        ("put", "/v1/runs/bad%20id", _spec(3), "run_id"),
+        ("post", "/v1/runs/r/lease", {"online": ["1"], "n": 0}, "n"),
+        ("post", "/v1/runs/r/lease", {"online": "1", "n": 1}, "online"),
+    ]
+    for method, path, body, field in bad:
+        reply = getattr(http, method)(path, json=body)
+        assert reply.status_code == 422, (path, body, reply.text)
+        assert field in reply.text
+    unknown = http.post("/v1/runs/nope/lease", json={"online": ["1"], "n": 1})
+    assert unknown.status_code == 409 and "unknown job 'nope'" in unknown.json()["error"]
+
+
+def test_arbiter_never_leases_a_node_to_two_runs_at_once():
+    """Node-lease invariant under concurrency: four runs lease and release rounds from threads
+    through the HTTP API, a node drops out midway; at no moment is a node held by two runs (the
+    lease log's intervals per node never overlap across runs), and every round got its nodes."""
+    import threading
+    import time
+
+    service, http = _arbiter_client()
+    nodes = _enrol(http, 12)
+    for run in ("r0", "r1", "r2", "r3"):
+        http.put(f"/v1/runs/{run}", json=_spec(12, per_round=2))
+    online = list(nodes)
+    got: dict[str, list[list[str]]] = {r: [] for r in ("r0", "r1", "r2", "r3")}
+    errors: list[str] = []
+
+    def run(name: str) -> None:
+        for i in range(8):
+            if name == "r0" and i == 4:
+                online.remove(nodes[0])  # a node disappears
+            reply = http.post(f"/v1/runs/{name}/lease", json={"online": list(online), "n": 2})
+            if reply.status_code != 200:
+                errors.append(reply.text)
+                continue
+            got[name].append(reply.json()["nodes"])
+            time.sleep(0.005)
+            http.post(f"/v1/runs/{name}/release", json={})
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in got]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=120)
-    assert all(not t.is_alive() for t in threads)
-    assert set(results) == {"a", "b"}
-    assert clashes == []
-    assert _never_double_booked(service.leases_log)
-    per_job = {j: [c for job, c, _, _ in service.leases_log if job == j] for j in ("a", "b")}
-    assert len(per_job["a"]) == len(per_job["b"]) == 5
-    assert dropped  # the failing client was chosen, and its round still completed
-    leases = service.leases_log
-    assert any(
-        ja != jb and sa < eb and sb < ea  # the two jobs really trained at the same time
-        for ja, _, sa, ea in leases
-        for jb, _, sb, eb in leases
-    )
-    assert flwr is not None
+    assert not errors and all(len(v) == 8 for v in got.values())
+    log = http.get("/v1/leases").json()["leases"]
+    assert _never_double_booked(log)
+    assert len(log) == 4 * 8 * 2 and all(x["end"] is not None for x in log)
+    for name in got:  # the node that went is not offered again
+        assert nodes[0] not in http.post(f"/v1/runs/{name}/lease", json={"online": online, "n": 2}).json()["nodes"]
+
+
+# ----------------------------------------------------------------- Flower's deployment runtime
+@pytest.fixture(scope="module")
+def federation():
+    """One SuperLink, six SuperNodes (two of them 10x slower) and the arbiter, on loopback."""
+    from trainmaster.flsched.federation import FederationOptions, LocalFederation
+
+    options = FederationOptions(nodes=6, seed=3, speedup=40.0, stragglers=1 / 3, fairness_weight=600.0)
+    with LocalFederation(options) as fed:
+        fed.enrol(timeout=600)
+        yield fed
+
+
+def _rounds_clash(rows: list[dict]) -> list[tuple]:
+    """Pairs of rounds of different runs that overlap in time and share a node."""
+    out = []
+    for i, a in enumerate(rows):
+        for b in rows[i + 1 :]:
+            if (
+                a["run"] != b["run"]
+                and a["start"] < b["end"]
+                and b["start"] < a["end"]
+                and set(a["nodes"]) & set(b["nodes"])
+            ):
+                out.append((a["run"], a["round"], b["run"], b["round"]))
+    return out
 
 
 @NEEDS_FLWR
-def test_flower_infeasible_round_fails_clearly_and_the_run_continues(caplog):
-    """Flower, jointly, under real flwr: while another job leases 6 of the 8 clients, this job's
-    round 1 (3 clients wanted) cannot be scheduled: it is skipped with a warning that names the
-    job and the numbers, Flower's round loop goes on, and rounds 2 and 3 (after the other job's
-    release) train on 3 distinct clients each."""
-    import logging
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_concurrent_flower_runs_lease_their_nodes_from_the_arbiter(federation):
+    """Flower deployment engine (SuperLink, SuperNodes, ClientApp processes) with the arbiter:
+    three concurrent runs each train two rounds of FedAvg with per_round 2 on six nodes; every
+    round's nodes were leased to it, no node is in two runs' rounds at once (the runs' own round
+    records and the arbiter's lease log agree), and every round trained its nodes."""
+    from trainmaster.flsched.federation import JOBS
 
-    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
-    from flwr.server import Server
-    from flwr.server.client_manager import SimpleClientManager
-    from flwr.server.client_proxy import ClientProxy
+    runs = []
+    for dataset, (tau, target) in JOBS.items():
+        runs.append(
+            federation.submit(
+                dataset=dataset, target=1.01, tau=tau, per_round=2, max_rounds=2, selection="flsched",
+                run_name=f"ci-{dataset}", seed=3,
+            )
+        )  # fmt: skip
+    statuses = federation.wait(runs, timeout=1200)
+    assert set(statuses.values()) == {"finished:completed"}, statuses
+    rows = [r for d in JOBS for r in federation.rounds(f"ci-{d}") if r["event"] == "round"]
+    assert len(rows) == 6
+    assert all(len(r["nodes"]) == 2 and sorted(r["trained"]) == sorted(r["nodes"]) for r in rows)
+    assert _rounds_clash(rows) == []
+    import httpx
 
-    from trainmaster.flsched.flower import FlschedFedAvg
-    from trainmaster.flsched.selector import JointJob, JointScheduler
+    leases = httpx.get(federation.arbiter_url + "/v1/leases", timeout=30).json()
+    assert _never_double_booked(leases["leases"]) and leases["holders"] == {}
+    leased = {(x["job"], x["client"]) for x in leases["leases"]}
+    assert all((r["run"], str(n)) in leased for r in rows for n in r["nodes"])
 
-    devs = _devices(8)
-    service = JointScheduler([_job("a", devs), _job("b", devs)], devs, seed=0, gather_s=0.2)
-    clients = [f"c{k}" for k in range(8)]
-    fits: list[tuple[int, str]] = []
 
-    class Proxy(ClientProxy):
-        def fit(self, ins, timeout, group_id):
-            fits.append((int(ins.config["round"]), self.cid))
-            w = parameters_to_ndarrays(ins.parameters)[0]
-            return FitRes(Status(Code.OK, ""), ndarrays_to_parameters([w + 1.0]), 10, {})
+@NEEDS_FLWR
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_a_flower_node_that_disappears_is_released(federation):
+    """A node that disappears is released: while a run's round is out on two nodes, one of its
+    SuperNodes stops; its lease ends (the run gets Flower's node-unavailable error and releases,
+    or another round's connected nodes lack it), it is never leased again, and the run finishes
+    its rounds on the nodes left."""
+    import signal
+    import time
 
-        def evaluate(self, ins, timeout, group_id):
-            raise NotImplementedError
+    import httpx
 
-        def get_properties(self, ins, timeout, group_id):
-            raise NotImplementedError
-
-        def get_parameters(self, ins, timeout, group_id):
-            raise NotImplementedError
-
-        def reconnect(self, ins, timeout, group_id):
-            raise NotImplementedError
-
-    manager = SimpleClientManager()
-    for cid in clients:
-        manager.register(Proxy(cid))
-    held = service.select("a", clients, 6)  # the other job's server holds 6 clients
-
-    def fit_config(server_round: int) -> dict:
-        if server_round == 2:
-            service.release("a")  # the other job's round ends before this job's round 2
-        return {"round": server_round}
-
-    strategy = FlschedFedAvg(
-        JointJob(service, "b"),
-        per_round=3,
-        fraction_evaluate=0.0,
-        min_available_clients=8,
-        on_fit_config_fn=fit_config,
-        initial_parameters=ndarrays_to_parameters([np.zeros(1)]),
+    run = federation.submit(
+        dataset="digits",
+        target=1.01,
+        tau=2,
+        per_round=2,
+        max_rounds=3,
+        selection="flsched",
+        run_name="ci-vanish",
+        seed=4,
     )
-    with caplog.at_level(logging.WARNING, logger="trainmaster.flsched.flower"):
-        history, _ = Server(client_manager=manager, strategy=strategy).fit(num_rounds=3, timeout=30)
-    assert len(held) == 6
-    skipped = [r.getMessage() for r in caplog.records if "round 1 skipped" in r.getMessage()]
-    assert skipped and "round of job 'b' cannot be scheduled now" in skipped[0] and "only" in skipped[0], skipped
-    assert sorted({r for r, _ in fits}) == [2, 3]
-    for rnd in (2, 3):
-        assert len({c for r, c in fits if r == rnd}) == 3
-    assert [job for job, *_ in service.leases_log] == ["a", "b", "b"]
-    assert _never_double_booked(service.leases_log)
-    assert history is not None
+    deadline = time.monotonic() + 600
+    victim = None
+    while victim is None and time.monotonic() < deadline:
+        holders = httpx.get(federation.arbiter_url + "/v1/leases", timeout=30).json()["holders"]
+        victim = next((node for node, job in holders.items() if job == "ci-vanish"), None)
+        time.sleep(0.2)
+    assert victim is not None, "the run never held a node"
+    k = _node_index(federation, victim)
+    stopped = time.monotonic()
+    federation.stop_node(k, signal.SIGTERM)
+    status = federation.wait([run], timeout=1200)[run]
+    assert status == "finished:completed", status
+    log = httpx.get(federation.arbiter_url + "/v1/leases", timeout=30).json()["leases"]
+    mine = [x for x in log if x["client"] == victim]  # the arbiter's clock is the machine's monotonic clock too
+    assert mine and all(x["end"] is not None for x in mine)
+    held = [x for x in mine if x["start"] <= stopped]
+    assert held and held[-1]["end"] - stopped < 180  # released within Flower's node-unavailable report
+    assert not [x for x in mine if x["start"] > stopped]  # never leased again
+    rows = [r for r in federation.rounds("ci-vanish") if r["event"] == "round"]
+    assert len(rows) == 3 and all(int(victim) not in r["nodes"] for r in rows[1:])
+
+
+def _node_index(fed, node_id: str) -> int:
+    """Which SuperNode (by our index) has this Flower node id (from its log)."""
+    for k in range(fed.options.nodes):
+        if f"SuperNode ID: {node_id}" in (fed.logs / f"node{k}.log").read_text(errors="replace"):
+            return k
+    raise AssertionError(f"no SuperNode logged id {node_id}")
+
+
+def test_arbiter_killed_mid_round_resumes_its_leases(tmp_path):
+    """Node arbiter killed -9 (kill and restart): a real arbiter process with a state file
+    leases nodes to a run and is killed mid-round; restarted on the same file it still holds
+    those nodes for that run (another run cannot get them), knows the enrolled profiles and
+    the runs, and frees them when the run releases. A client meanwhile gets ProblemError (the
+    round is skipped), not a crash."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from trainmaster.flsched.arbiter import ArbiterClient, NodeProfile, RunSpec
+
+    state = tmp_path / "arbiter.json"
+
+    def start() -> tuple[subprocess.Popen, str]:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainmaster", "flsched", "arbiter", "--port", str(port), "--state", str(state),
+             "--gather-s", "0.05"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                    return proc, url
+            except httpx.TransportError:
+                time.sleep(0.1)
+        proc.kill()
+        raise AssertionError("the arbiter did not start within 60 s")
+
+    proc, url = start()
+    try:
+        devs = _devices(6)
+        a = ArbiterClient(url, "ra", retry_s=0.0)
+        a.enrol(
+            [NodeProfile(node=f"n{k}", device=d.id, a=d.a, mu=d.mu, bandwidth=d.bandwidth) for k, d in enumerate(devs)]
+        )
+        spec = RunSpec(tau=1.0, model_bytes=1e6, per_round=4, data={d.id: 50 for d in devs})
+        a.register(spec)
+        online = [f"n{k}" for k in range(6)]
+        held = a.select(online, 4)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        with pytest.raises(ProblemError, match="cannot be reached"):
+            a.select(online, 4)
+        proc, url = start()
+        b = ArbiterClient(url, "rb", retry_s=0.0)
+        b.register(RunSpec(tau=1.0, model_bytes=1e6, per_round=3, data={d.id: 50 for d in devs}))
+        with pytest.raises(ProblemError, match="cannot be scheduled now"):  # 4 of 6 still out with ra
+            b.select(online, 3)
+        a = ArbiterClient(url, "ra", retry_s=0.0)
+        assert httpx.get(url + "/v1/leases").json()["holders"] == {n: "ra" for n in held}
+        a.release()
+        assert len(b.select(online, 3)) == 3
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)

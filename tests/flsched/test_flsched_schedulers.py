@@ -139,13 +139,13 @@ def test_incremental_round_time_and_cost_match_full_recompute():
     """Incremental (delta) evaluation (annealing): the exact round time after replacing one
     device, and the running total after many accepted moves and the local search, equal a full
     re-pricing of the schedule."""
-    from trainmaster.flsched.schedulers.annealing import _Chain
+    from trainmaster.flsched.schedulers.annealing import _Chain, _Tables
 
     p = _constrained_problem(1)
     cm = ExactCost(p)
     sa = AnnealingScheduler(seed=3, temperature=1e3)  # hot: many accepted moves
     start = make_scheduler("greedy").schedule(p, cm)
-    chain = _Chain(sa, cm, start)
+    chain = _Chain(sa, _Tables.build(cm), start)
     rng = np.random.default_rng(4)
     for m in range(p.num_jobs):
         free = [k for k in np.flatnonzero(p.eligible[m]) if chain.owner[k] == -1]

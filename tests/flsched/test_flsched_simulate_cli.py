@@ -116,3 +116,21 @@ def test_cli_simulate_json():
     for job in data["jobs"].values():
         assert sum(job["participation_histogram"]["counts"]) == 30
         assert job["rounds"] >= 1
+
+
+@pytest.mark.timeout(180)
+def test_cli_simulate_fleet_json_and_labelled_histogram():
+    """CLI simulate --fleet: a sparse deployed-scale pool, mean job completion time, decision CPU
+    times, and participation histograms whose bins are labelled with the rounds served; a pool
+    too small for a fleet is the user's mistake (exit 2, no traceback)."""
+    out = _cli("simulate", "--fleet", "--devices", "3000", "--jobs", "2", "--scheduler", "random", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["devices"] == 3000 and data["mean_completion_time"] > 0 and data["decisions"] >= 2
+    for job in data["jobs"].values():
+        bins = job["participation_histogram"]["bins"]
+        assert sum(b["devices"] for b in bins) == 3000 and bins[0]["rounds"].startswith("0")
+    table = _cli("simulate", "--fleet", "--devices", "3000", "--jobs", "2", "--scheduler", "random")
+    assert table.returncode == 0 and "served" in table.stdout and "0: " in table.stdout
+    small = _cli("simulate", "--fleet", "--devices", "100", "--jobs", "2")
+    assert small.returncode == 2 and "error:" in small.stderr and "Traceback" not in small.stderr

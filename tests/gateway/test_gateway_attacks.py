@@ -17,11 +17,12 @@ from gateway_harness import Deployment
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trainmaster.gateway.client import Initiator, LegSpec
-from trainmaster.gateway.crypto import Identity, b64d, b64e, make_header, seal
+from trainmaster.gateway.initiator.client import Initiator
+from trainmaster.gateway.initiator.taskfile import LegSpec
+from trainmaster.gateway.crypto.envelope import Identity, b64d, b64e, make_header, seal
 from trainmaster.gateway.models import Envelope
-from trainmaster.gateway.provision import issue_cert, make_ca
-from trainmaster.gateway.service import client_ssl_context
+from trainmaster.gateway.crypto.provision import issue_cert, make_ca
+from trainmaster.gateway.net.tls import client_ssl_context
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -98,7 +99,7 @@ def test_unregistered_party_is_refused(dep: Deployment) -> None:
 def test_party_cannot_take_over_another_partys_leg(dep: Deployment) -> None:
     """Leg ownership: party a reporting an executor for party b's leg is refused (409)."""
     before = _state(dep)
-    from trainmaster.gateway.provision import load_identity
+    from trainmaster.gateway.crypto.provision import load_identity
 
     a = load_identity(dep.cfg("a"))
     gw = dep.initiator().roster["gateway"]
@@ -264,7 +265,7 @@ def test_zz_result_signed_by_another_party_is_rejected(dep: Deployment) -> None:
     gateway (outcome `rejected`); runs last because it replaces b with an impostor on b's port."""
     import uvicorn
 
-    from trainmaster.gateway.provision import load_identity
+    from trainmaster.gateway.crypto.provision import load_identity
 
     dep.kill("b")
     fake = _impostor_app(load_identity(dep.cfg("a")), dep.initiator().roster["gateway"])

@@ -19,7 +19,7 @@ from typing import Iterator
 
 import pytest
 
-from trainmaster.gateway import sandbox as sbx
+from trainmaster.gateway.executors.sandbox import bubblewrap as sbx
 
 
 KERNEL_FILES = {

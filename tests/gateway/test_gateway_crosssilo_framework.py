@@ -30,9 +30,37 @@ def test_crosssilo_example_matches_pooled_computation(tmp_path: Path) -> None:
     report = json.loads(log[log.index("{") : log.rindex("}") + 1])
     assert all(s["equal"] for s in report["statistics"].values())
     assert report["model"]["within_tolerance"]
-    parties = sorted(p.name for p in (tmp_path / "out" / "crosssilo" / "data").iterdir())
+    run_dir = next((tmp_path / "home" / "runs").glob("*/logs")).parent
+    _assert_no_private_key_in_outputs([tmp_path / "out", run_dir / "output"], run_dir / "crosssilo" / "deploy")
+    parties = sorted(p.name for p in (run_dir / "crosssilo" / "data").iterdir())
     assert parties == ["p0", "p1", "p2"]  # each party replica wrote only its own data directory
+    kept = tmp_path / "out" / "crosssilo"
+    assert json.loads((kept / "report.json").read_text())["model"]["within_tolerance"]
+    assert (kept / "ca.pem").read_text().startswith("-----BEGIN CERTIFICATE-----")
+    assert "identities" in json.loads((kept / "roster.json").read_text())
     from trainmaster.service.dashboard.capability import capability_views  # the dashboard's gateway view
 
     view = next(v for v in capability_views(tmp_path / "out") if v.kind == "gateway.task")
     assert {row[2] for row in view.table} == {"p0", "p1", "p2"} and {row[4] for row in view.table} == {"result"}
+
+
+PRIVATE_NAMES = ("ca.key", "tls.key", "sign.key", "enc.key")
+
+
+def _assert_no_private_key_in_outputs(outputs: list[Path], deployment: Path) -> None:
+    """Issue 38 item 3: a job's outputs hold what a user keeps (the report, the CA certificate,
+    the roster of public keys), never a private key; the keys stay in the deployment's own folder
+    (the run's, not copied with the outputs), each readable by its owner only."""
+    import stat
+
+    for out in outputs:
+        for path in out.rglob("*"):
+            if path.is_file():
+                assert path.name not in PRIVATE_NAMES, f"private key {path} in the job's outputs"
+                assert b"PRIVATE KEY" not in path.read_bytes(), f"{path} in the job's outputs holds a private key"
+    keys = [p for p in deployment.rglob("*") if p.name in PRIVATE_NAMES]
+    assert len(keys) == 1 + 3 * (
+        1 + 1 + 1 + 3
+    )  # the CA's, then tls/sign/enc of gateway, operator, initiator, 3 parties
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in keys)
+    assert stat.S_IMODE(deployment.parent.stat().st_mode) == 0o700

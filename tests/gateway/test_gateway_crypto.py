@@ -12,12 +12,13 @@ from cryptography import x509
 from pydantic import ValidationError
 
 from trainmaster.errors import UserError
-from trainmaster.gateway.tlsid import PeerIdentity
-from trainmaster.gateway.crypto import EnvelopeError, Identity, b64d, b64e, make_header, seal
-from trainmaster.gateway.gate import EnvelopeGate
+from trainmaster.gateway.crypto.tlsid import PeerIdentity
+from trainmaster.gateway.crypto.envelope import EnvelopeError, Identity, b64d, b64e, make_header, seal
+from trainmaster.gateway.crypto.gate import EnvelopeGate
 from trainmaster.gateway.models import DataTransfer, Envelope, MessageKind
-from trainmaster.gateway.provision import init_deployment, load_config, load_identity, load_roster
-from trainmaster.gateway.routing import SeenTable
+from trainmaster.gateway.crypto.provision import init_deployment, load_identity, load_roster
+from trainmaster.gateway.config import load_config
+from trainmaster.gateway.crypto.replay import SeenTable
 
 GATEWAY, PARTY = Identity.generate("gateway"), Identity.generate("a")
 ROSTER = {"gateway": GATEWAY.public("gateway"), "a": PARTY.public("party")}

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from gateway_harness import Deployment
 
-from trainmaster.gateway.client import LegSpec, TaskSpec
+from trainmaster.gateway.initiator.taskfile import LegSpec, TaskSpec
 
 pytestmark = pytest.mark.timeout(180)
 PARTIES = ["a", "b", "c"]
@@ -61,7 +61,7 @@ def test_pooled_statistics_equal_direct_computation(dep: Deployment) -> None:
 def test_federated_training_matches_pooled_model(dep: Deployment) -> None:
     """Rules `train` and `score` through the gateway: FedAvg of local logistic regressions scores
     within 3 accuracy points of the same model trained on the pooled data (2 rounds)."""
-    from trainmaster.gateway.rules import TrainParams, score, train, ScoreParams
+    from trainmaster.gateway.rules.registry import TrainParams, score, train, ScoreParams
 
     pooled = np.concatenate(dep.splits)
     feats = dep.names[:10]

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import httpx
 import pytest
 from gateway_harness import Deployment
 
-from trainmaster.gateway.client import Initiator, LegSpec
-from trainmaster.gateway.crypto import make_header, seal
-from trainmaster.gateway.service import client_ssl_context
+from trainmaster.gateway.initiator.client import Initiator
+from trainmaster.gateway.initiator.taskfile import LegSpec
+from trainmaster.gateway.crypto.envelope import make_header, seal
+from trainmaster.gateway.net.tls import client_ssl_context
 
 pytestmark = pytest.mark.timeout(240)
 PARTIES = ["a", "slow", "skew", "silent", "victim"]
@@ -29,7 +31,7 @@ def dep(tmp_path_factory: pytest.TempPathFactory) -> Deployment:
             "slow": {"fault_delay_s": 3.0},
             "skew": {"fault_clock_offset_s": 600.0},
             "silent": {"fault_executor_silent": True, "executor_start_timeout_s": 1.5},
-            "victim": {"fault_delay_s": 20.0},
+            "victim": {"fault_delay_s": 6.0},
         },
     ).start_all()
     yield d
@@ -108,8 +110,13 @@ def test_party_with_skewed_clock_is_refused_with_a_clear_error(dep: Deployment) 
     assert out["m_skew"]["outcome"] == "party_unavailable"
 
 
-def test_party_killed_mid_request(dep: Deployment) -> None:
-    """Party crash: a party killed while serving a transfer ends `party_unavailable`; others return."""
+def test_party_killed_mid_request_comes_back_and_its_leg_runs_once(dep: Deployment) -> None:
+    """Party crash: a party killed -9 while serving a transfer leaves its leg open (a provisional,
+    not final `party_unavailable`) while the other leg returns; restarted, the party resumes the
+    leg from its own records (a new executor, reported again) and the next request gets the
+    result, its rule run to completion exactly once (counted in the executor's commit file)."""
+    from trainmaster.gateway.executors.base import read_commits
+
     assert all(c["ok"] for c in _create(dep, "kill1", ["a", "victim"]).values())
     thread, box = _in_background(lambda: _receive(dep, "kill1", ["a", "victim"], timeout_s=30.0))
     _wait(
@@ -119,7 +126,15 @@ def test_party_killed_mid_request(dep: Deployment) -> None:
     thread.join(timeout=30)
     out = box["value"]
     assert out["m_a"]["outcome"] == "result"
-    assert out["m_victim"]["outcome"] == "party_unavailable"
+    assert out["m_victim"]["outcome"] == "party_unavailable" and out["m_victim"]["final"] is False
+    dep.start("victim")
+    dep.wait_ready("victim")
+    again = _receive(dep, "kill1", ["victim"], timeout_s=60.0)
+    assert again["m_victim"]["outcome"] == "result", again
+    assert again["m_victim"]["result"]["rows"] == len(dep.splits[PARTIES.index("victim")])
+    commits = Path(dep.cfg("victim").state_dir) / "legs" / "kill1" / "m_victim" / "commit"
+    assert len(read_commits(commits)) == 1
+    assert dep.health("victim")["recovered_legs"] >= 1
     assert dep.health("gateway")["in_flight_legs"] == 0
 
 
@@ -157,7 +172,7 @@ def test_gateway_killed_mid_leg_every_leg_completes_exactly_once(dep: Deployment
     lines, no traceback); after the restart the journaled (dispatched) leg is delivered again and
     the party answers it from its once-only record: every leg completes, its rule ran exactly once,
     its one outcome stands on later fetches, and nothing stays in flight."""
-    from trainmaster.gateway.routing import MappingTable
+    from trainmaster.gateway.relay.mapping import MappingTable
 
     assert all(c["ok"] for c in _create(dep, "crash1", ["a", "slow"]).values())
     runs_before = dep.health("slow")["rule_runs"]
@@ -194,7 +209,7 @@ def test_gateway_down_when_a_task_is_created_its_legs_are_delivered_when_it_retu
     import subprocess
     import sys
 
-    from trainmaster.gateway.client import TaskSpec
+    from trainmaster.gateway.initiator.taskfile import TaskSpec
 
     ini = dep.initiator()
     ini.register_task("down1", [LegSpec(data_id="m_a", party="a", rule="row_count")])

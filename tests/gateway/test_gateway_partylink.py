@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from trainmaster.gateway.partylink import PartyLinkError, PartyLinks
+from trainmaster.gateway.relay.partylink import PartyLinkError, PartyLinks
 
 NAME = "p0.party.test"
 

@@ -10,11 +10,11 @@ import psutil
 import pytest
 from gateway_harness import Deployment
 
-from trainmaster.gateway.client import LegSpec, TaskSpec
+from trainmaster.gateway.initiator.taskfile import LegSpec, TaskSpec
 from trainmaster.gateway.models import RuleCall
-from trainmaster.gateway.routing import MappingTable
-from trainmaster.gateway.rules import run_call
-from trainmaster.gateway.sandbox import SANDBOX_UID, parent_dirs
+from trainmaster.gateway.relay.mapping import MappingTable
+from trainmaster.gateway.rules.registry import run_call
+from trainmaster.gateway.executors.sandbox.bubblewrap import SANDBOX_UID, parent_dirs
 
 pytest.importorskip(
     "ray", reason="Ray is not installed (pip install 'trainmaster[ray]'), so the Ray executor cannot run"
@@ -47,7 +47,8 @@ def test_rule_runs_in_a_ray_actor_executor(tmp_path: Path) -> None:
             executors = [
                 psutil.Process(pid)
                 for pid in pids
-                if "-m trainmaster.gateway.executor" in _cmdline(pid) and "bwrap" not in _cmdline(pid).split()[0]
+                if "-m trainmaster.gateway.executors.worker" in _cmdline(pid)
+                and "bwrap" not in _cmdline(pid).split()[0]
             ]
             assert executors and all(p.uids().real == SANDBOX_UID for p in executors)
         out = {"legs": ini.receive("ray1", [leg.data_id for leg in legs], 120)}

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from sqlalchemy import create_engine, text
 
-from trainmaster.gateway.crypto import EnvelopeError
+from trainmaster.gateway.crypto.envelope import EnvelopeError
 from trainmaster.gateway.models import RuleCall
-from trainmaster.gateway.party import resolve_data_file
-from trainmaster.gateway.routing import LegConflict, MappingTable, TaskConflict, TaskLimit
-from trainmaster.gateway.rules import REGISTRY, RuleError, load_table, run_call
+from trainmaster.gateway.party.data import resolve_data_file
+from trainmaster.gateway.relay.mapping import LegConflict, MappingTable, TaskConflict, TaskLimit
+from trainmaster.gateway.rules.registry import REGISTRY, RuleError, load_table, run_call
 
 TABLE = {"x": np.array([1.0, 2.0, 3.0, 4.0]), "y": np.array([0.0, 0.0, 1.0, 1.0])}
 
@@ -91,15 +91,19 @@ def test_mapping_table_records_one_outcome_and_keeps_history(tmp_path: Path) -> 
     url = f"sqlite:///{tmp_path / 'm.db'}"
     t = MappingTable(url)
     rc = {"rule": "row_count", "params": {}}
-    legs = {"m1": ("a", rc), "m9": ("b", rc)}
-    assert t.create_task("t1", "alice", legs, "d" * 64, 60, max_open_legs_per_party=2) is True
-    assert t.create_task("t1", "alice", legs, "d" * 64, 60, max_open_legs_per_party=2) is False
+    legs = {"m1": ("a", rc, None), "m9": ("b", rc, None)}
+    created, first = t.create_task("t1", "alice", legs, "d" * 64, 60, max_open_legs_per_party=2, run_id="r1")
+    assert created is True
+    again, task = t.create_task("t1", "alice", legs, "d" * 64, 60, max_open_legs_per_party=2, run_id="r2")
+    assert again is False and task.created_at == first.created_at and task.run_id == "r1"  # when, and by which run
     with pytest.raises(TaskConflict, match="different body"):
-        t.create_task("t1", "alice", {"m1": ("a", rc)}, "e" * 64, 60, max_open_legs_per_party=2)
+        t.create_task("t1", "alice", {"m1": ("a", rc, None)}, "e" * 64, 60, max_open_legs_per_party=2)
     with pytest.raises(TaskConflict, match="another initiator"):
         t.create_task("t1", "bob", legs, "d" * 64, 60, max_open_legs_per_party=2)
     with pytest.raises(TaskLimit, match="open leg"):
-        t.create_task("t2", "alice", {"x1": ("a", rc), "x2": ("a", rc)}, "f" * 64, 60, max_open_legs_per_party=2)
+        t.create_task(
+            "t2", "alice", {"x1": ("a", rc, None), "x2": ("a", rc, None)}, "f" * 64, 60, max_open_legs_per_party=2
+        )
     with pytest.raises(LegConflict, match="another rule call"):
         t.register("t1", "m1", "a", "unix:/x", {"rule": "summary_stats", "params": {}})
     t.register("t1", "m1", "a", "unix:/x", {"rule": "row_count", "params": {}})
@@ -150,11 +154,11 @@ def test_an_older_mapping_table_is_refused_with_the_missing_columns(tmp_path) ->
     import sqlite3
 
     from trainmaster.errors import UserError
-    from trainmaster.gateway.routing import make_sessionmaker
+    from trainmaster.gateway.relay.mapping import MappingTable
 
     db = tmp_path / "old-mapping.db"
     with sqlite3.connect(db) as conn:
         conn.execute("create table legs (id integer primary key, task_id text)")
     with pytest.raises(UserError) as info:
-        make_sessionmaker(f"sqlite:///{db}")
+        MappingTable(f"sqlite:///{db}")
     assert "legs" in info.value.message and "stream_bytes" in info.value.message

@@ -28,13 +28,14 @@ from typing import Callable, Iterator
 import numpy as np
 import pytest
 
-from trainmaster.gateway import sandbox as sbx
-from trainmaster.gateway.client import LegSpec
-from trainmaster.gateway.executor import ExecutorHandle
+from trainmaster.gateway.executors.base import LegFiles
+from trainmaster.gateway.executors.sandbox import bubblewrap as sbx
+from trainmaster.gateway.initiator.taskfile import LegSpec
+from trainmaster.gateway.executors.process import ExecutorHandle
 from trainmaster.gateway.localdeploy import Deployment, breast_cancer_split, write_csv
 from trainmaster.gateway.models import RuleCall
-from trainmaster.gateway.provision import init_deployment
-from trainmaster.gateway.seccomp import DENIED_X86_64, deny_list_program
+from trainmaster.gateway.crypto.provision import init_deployment
+from trainmaster.gateway.executors.sandbox.seccomp import DENIED_X86_64, deny_list_program
 
 REASON = sbx.unavailable_reason()
 pytestmark = [
@@ -198,7 +199,7 @@ def test_executor_cannot_see_other_tasks(tmp_path: Path, tracker: Tracker) -> No
 
     other, r = asyncio.run(run())
     assert r.returncode == 0, r.stderr
-    assert not any("trainmaster.gateway.executor" in c for c in r.out["cmdlines"]), r.out["cmdlines"]
+    assert not any("trainmaster.gateway.executors.worker" in c for c in r.out["cmdlines"]), r.out["cmdlines"]
     assert len(r.out["pids"]) <= 2 and max(r.out["pids"]) < 10, r.out  # bwrap's init and the probe itself
     # /tmp is the sandbox's own: empty but for the path to a Python installed under /tmp (a CI clone)
     python_under_tmp = {root.parts[2] for root in sbx._python_roots() if root.parts[:2] == ("/", "tmp")}
@@ -348,7 +349,7 @@ def test_summary_rule_runs_through_the_sandbox(tmp_path: Path, tracker: Tracker)
         host = {}
         for pid in h.sandbox.cgroups.pids():
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            if b"trainmaster.gateway.executor" in cmd:
+            if b"trainmaster.gateway.executors.worker" in cmd:
                 status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
                 host = {
                     "uid": status["Uid"].split(),
@@ -360,11 +361,9 @@ def test_summary_rule_runs_through_the_sandbox(tmp_path: Path, tracker: Tracker)
                 }
         sock_dir = Path(h.address).parent  # the party's: the executor cannot swap its socket for a symlink
         host["sock_dir"] = (sock_dir.stat().st_uid, oct(sock_dir.stat().st_mode & 0o777), sorted(os.listdir(sock_dir)))
-        reply = await h.call(RuleCall(rule="summary_stats", params={}), timeout_s=30)
-        try:
-            result = json.loads(await reply.read_all()) if reply.ok else {"error": reply.error}
-        finally:
-            reply.close()
+        files = _leg_files(tmp_path)
+        reply = await h.call(RuleCall(rule="summary_stats", params={}), files, timeout_s=30)
+        result = json.loads(files.result.read_bytes()) if reply.ok else {"error": reply.error}
         h.kill()
         await asyncio.wait_for(h.proc.wait(), 10)
         return result, host
@@ -384,7 +383,7 @@ def test_summary_rule_runs_through_the_sandbox(tmp_path: Path, tracker: Tracker)
 PARTY_STANDIN = """
 import asyncio, json, sys
 from pathlib import Path
-from trainmaster.gateway.executor import ExecutorHandle
+from trainmaster.gateway.executors.process import ExecutorHandle
 
 async def main():
     h = await ExecutorHandle.start(Path(sys.argv[1]), deadline_s=120, start_timeout_s=60, memory_mb=256,
@@ -480,7 +479,9 @@ def test_party_runs_its_executors_in_the_sandbox(tmp_path: Path) -> None:
         legs = [LegSpec(data_id="m_a", party="a", rule="summary_stats", params={"columns": ["mean_radius"]})]
         assert ini.create_task("sandboxed1", legs)["m_a"]["ok"]  # the leg's executor is up, waiting for its transfer
         tree = {p: Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0") for p in _descendants(dep.procs["a"].pid)}
-        executors = [p for p, argv in tree.items() if b"trainmaster.gateway.executor" in argv and b"python" in argv[0]]
+        executors = [
+            p for p, argv in tree.items() if b"trainmaster.gateway.executors.worker" in argv and b"python" in argv[0]
+        ]
         assert len(executors) == 1, tree
         assert any(argv[0].endswith(b"bwrap") for argv in tree.values()), tree
         status = Path(f"/proc/{executors[0]}/status").read_text()
@@ -566,7 +567,7 @@ def test_executor_killed_mid_call_reports_its_memory_limit(tmp_path: Path, track
     """Sandbox cgroup memory limit during a rule: once the executor is up, its limit is lowered to
     a few MB above what it uses; a rule whose result needs far more (per-row predictions for 400k
     rows) gets it killed by the kernel, and the call fails with ExecutorDied naming the limit."""
-    from trainmaster.gateway.executor import ExecutorDied
+    from trainmaster.gateway.executors.base import ExecutorDied
 
     data = tmp_path / "rows.csv"
     with data.open("w") as fh:
@@ -582,9 +583,10 @@ def test_executor_killed_mid_call_reports_its_memory_limit(tmp_path: Path, track
         cg.set_memory_limit(cg.memory_usage() + (6 << 20))
         try:
             reply = await h.call(
-                RuleCall(rule="predict", params={"features": ["x"], "weights": {"w": [1.0], "b": 0.0}}), timeout_s=30
+                RuleCall(rule="predict", params={"features": ["x"], "weights": {"w": [1.0], "b": 0.0}}),
+                _leg_files(tmp_path),
+                timeout_s=30,
             )
-            reply.close()
             return f"no failure: ok={reply.ok} size={reply.size}"
         except ExecutorDied as exc:
             return str(exc)
@@ -610,11 +612,9 @@ def test_parquet_data_is_read_through_the_descriptor(tmp_path: Path, tracker: Tr
         h = await ExecutorHandle.start(data, deadline_s=60, start_timeout_s=60, memory_mb=512, isolation="sandbox")
         tracker.handles.append(h)
         try:
-            reply = await h.call(RuleCall(rule="row_count", params={}), timeout_s=30)
-            try:
-                return json.loads(await reply.read_all()) if reply.ok else {"error": reply.error}
-            finally:
-                reply.close()
+            files = _leg_files(tmp_path)
+            reply = await h.call(RuleCall(rule="row_count", params={}), files, timeout_s=30)
+            return json.loads(files.result.read_bytes()) if reply.ok else {"error": reply.error}
         finally:
             h.kill()
             await asyncio.wait_for(h.proc.wait(), 10)
@@ -627,7 +627,7 @@ def test_sandbox_setup_failure_is_a_clear_start_error(tmp_path: Path, monkeypatc
     """Sandbox setup refused (here: the cgroup root is not a directory): ExecutorHandle.start raises
     ExecutorStartError saying so (the party answers 503 and reports the leg not ready, never a 500),
     and leaves no executor folder behind."""
-    from trainmaster.gateway.executor import ExecutorStartError
+    from trainmaster.gateway.executors.base import ExecutorStartError
 
     data = tmp_path / "d.csv"
     data.write_text("x\n1\n")
@@ -655,3 +655,10 @@ def test_a_checkout_under_tmp_stays_visible_inside(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(sbx, "_python_roots", lambda: [root])
     args = sbx.bwrap_args(tmp_path / "task", seccomp_fd=3)
     assert args.index("--tmpfs") < args.index(str(root))
+
+
+def _leg_files(folder: Path) -> LegFiles:
+    """Where a direct call's rule run writes (the party's leg folder, in a party)."""
+    leg = folder / "leg"
+    leg.mkdir(exist_ok=True)
+    return LegFiles("t", "d", leg / "result", leg / "commit")

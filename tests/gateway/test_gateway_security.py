@@ -20,11 +20,12 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from gateway_harness import Deployment
 
-from trainmaster.gateway.client import LegSpec, TaskSpec
-from trainmaster.gateway.crypto import b64e, make_header, seal
+from trainmaster.gateway.initiator.taskfile import LegSpec, TaskSpec
+from trainmaster.gateway.crypto.envelope import b64e, make_header, seal
 from trainmaster.gateway.models import Envelope, LegAttestation, LegOutcomePayload, TaskResult
-from trainmaster.gateway.provision import load_identity
-from trainmaster.gateway.service import RateLimitedLog, client_ssl_context, expect
+from trainmaster.gateway.crypto.provision import load_identity
+from trainmaster.gateway.net.service import RateLimitedLog
+from trainmaster.gateway.net.tls import client_ssl_context, expect
 
 pytestmark = pytest.mark.timeout(240)
 CAP = 1 << 20
@@ -115,7 +116,7 @@ def test_item1_the_initiator_believes_only_the_assigned_partys_signature(dep: De
     text = json.dumps({"rows": 999})
     import hashlib
 
-    from trainmaster.gateway.crypto import attest
+    from trainmaster.gateway.crypto.envelope import attest
 
     def forged(signer: Any, task_id: str = "hj2", data_id: str = "m_b", party_field: str = "b") -> Envelope:
         att = attest(
@@ -138,7 +139,7 @@ def test_item1_the_initiator_believes_only_the_assigned_partys_signature(dep: De
             body.model_dump(mode="json"),
         )
 
-    from trainmaster.gateway.crypto import EnvelopeError
+    from trainmaster.gateway.crypto.envelope import EnvelopeError
 
     with pytest.raises(EnvelopeError, match="expected 'b'"):
         ini._verify_leg("hj2", "m_b", forged(a))  # a's data presented as b's leg
@@ -160,7 +161,7 @@ def test_item2_task_ids_are_never_reused_and_retries_are_idempotent_only_with_th
     ini = dep.initiator()
     first = ini.run_task(TaskSpec(task_id="reuse1", legs=[_row("a")]))
     assert first["legs"]["m_a"]["outcome"] == "result"
-    assert ini.register_task("reuse1", [_row("a")]) is False  # same body: a retry
+    assert ini.register_task("reuse1", [_row("a")]).created is False  # same body: a retry
     again = ini.run_task(TaskSpec(task_id="reuse1", legs=[_row("a")]))
     assert again["legs"]["m_a"]["result"] == first["legs"]["m_a"]["result"]
     from trainmaster.errors import UserError
@@ -172,6 +173,27 @@ def test_item2_task_ids_are_never_reused_and_retries_are_idempotent_only_with_th
     task.write_text("task_id: reuse1\nlegs:\n  - {data_id: m_b, party: b, rule: row_count}\n")
     out = _cli("task", "run", "--config", str(dep.configs["initiator"]), str(task))
     assert out.returncode == 2 and "never reused" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_task_file_run_again_says_it_shows_the_earlier_runs_results_or_refuses_with_fresh(
+    dep: Deployment, tmp_path: Path
+) -> None:
+    """Task id used before (issue 36): running a task file whose task_id an earlier run created
+    never silently shows that run's stored results: stderr and the report's `earlier_run` say so
+    and when it ran (nothing runs again); with --fresh the CLI refuses (exit 2, one message)."""
+    task = tmp_path / "task.yaml"
+    task.write_text("task_id: again1\nlegs:\n  - {data_id: m_a, party: a, rule: row_count}\n")
+    first = _cli("task", "run", "--config", str(dep.configs["initiator"]), str(task))
+    assert first.returncode == 0 and "earlier run" not in first.stderr, first.stderr
+    assert "earlier_run" not in json.loads(first.stdout)
+    second = _cli("task", "run", "--config", str(dep.configs["initiator"]), str(task))
+    assert second.returncode == 0, second.stderr
+    assert "was created by an earlier run at" in second.stderr and "stored results" in second.stderr
+    report = json.loads(second.stdout)
+    assert report["earlier_run"]["created_at"] and report["legs"] == json.loads(first.stdout)["legs"]
+    fresh = _cli("task", "run", "--fresh", "--config", str(dep.configs["initiator"]), str(task))
+    assert fresh.returncode == 2 and "was used before" in fresh.stderr and "Traceback" not in fresh.stderr
+    assert fresh.stdout == ""
 
 
 # ---- item 3 ---------------------------------------------------------------------------------------
@@ -265,7 +287,7 @@ def test_item4_open_files_limit_is_raised_to_serve_the_connection_cap() -> None:
     limit and warns once, naming both limits and the way out."""
     probe = (
         "import logging, resource, sys\n"
-        "from trainmaster.gateway.service import ensure_fd_limit\n"
+        "from trainmaster.gateway.net.service import ensure_fd_limit\n"
         "logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format='%(message)s')\n"
         "hard = int(sys.argv[1])\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (200, hard))\n"
@@ -384,7 +406,7 @@ def test_item6_the_server_checks_the_clients_role_and_name(dep: Deployment) -> N
     )
     resp = _post(dep, "gateway", "/v1/executors", rep.model_dump_json(), as_="operator")
     assert resp.status_code == 403 and "role operator" in resp.json()["detail"]
-    assert ini.register_task("role1", [_row("a")]) is True  # nothing was created by the refused request
+    assert ini.register_task("role1", [_row("a")]).created is True  # nothing was created by the refused request
     ini.close()
 
 
@@ -409,7 +431,7 @@ def test_item7_the_whole_leg_outcome_is_signed_and_nan_timestamps_are_refused(de
     flipped["ciphertext"] = (
         flipped["ciphertext"][:10] + ("A" if flipped["ciphertext"][10] != "A" else "B") + flipped["ciphertext"][11:]
     )
-    from trainmaster.gateway.crypto import EnvelopeError
+    from trainmaster.gateway.crypto.envelope import EnvelopeError
 
     fresh = dep.initiator()  # its own seen table
     fresh.assigned["sig1"] = {"m_a": "a", "m_b": "b"}
@@ -484,7 +506,7 @@ def test_item9_tasks_belong_to_their_initiator_and_several_work_at_once(dep: Dep
         alice.cancel("own-bob")
     env = _sealed(dep, "bob", "gateway", "data_receive", "own-bob", "*", {"task_id": "own-bob", "data_ids": ["m_a"]})
     raw = TaskResult.model_validate_json(_post(dep, "gateway", "/v1/receive", env.model_dump_json(), as_="bob").content)
-    from trainmaster.gateway.crypto import EnvelopeError, decrypt
+    from trainmaster.gateway.crypto.envelope import EnvelopeError, decrypt
 
     with pytest.raises(EnvelopeError):
         decrypt(raw.legs[0].envelope, alice.me)
@@ -528,7 +550,7 @@ def test_item10_fine_histograms_and_exhausted_budgets_are_refused(dep: Deploymen
 def test_item11_zero_key_and_deep_json_are_4xx_not_500(dep: Deployment) -> None:
     """Item 11 (the 500s): a correctly signed envelope with an all-zero ephemeral public key is a 400
     and a JSON document nested 100,000 deep a 422, at the gateway and at a party."""
-    from trainmaster.gateway.crypto import _signed_bytes, canonical_header
+    from trainmaster.gateway.crypto.envelope import _signed_bytes, canonical_header
 
     me = load_identity(dep.cfg("initiator"))
     for target in ("gateway", "a"):
@@ -544,7 +566,7 @@ def test_item11_zero_key_and_deep_json_are_4xx_not_500(dep: Deployment) -> None:
             else {"task_id": "z1", "party": "a", "data_id": "m_a", "call": {"rule": "row_count", "params": {}}},
         )
         zero = bytes(32)
-        from trainmaster.gateway.crypto import b64d
+        from trainmaster.gateway.crypto.envelope import b64d
 
         sig = me.sign_key.sign(_signed_bytes(canonical_header(d.header), zero, b64d(d.nonce), b64d(d.ciphertext)))
         bad = d.model_copy(update={"eph_pub": b64e(zero), "signature": b64e(sig)})

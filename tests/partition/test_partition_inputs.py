@@ -403,3 +403,26 @@ def test_profiler_costs_are_measured_op_times(capsys):
         )
     assert code.value.code in (0, None)
     assert json.loads(capsys.readouterr().out)["devices"] == 2
+
+
+def test_library_and_cli_share_the_operator_level_default():
+    """Mechanism: one default import route for the library and the CLI, the operator-level one
+    (torch.export): ``from_module`` without a tracer turns an nn.TransformerEncoder into its
+    aten operators with their real FLOPs (the fx tracer made 3 module-level nodes of it), the
+    same graph the CLI's default ``--importer`` gives."""
+    import inspect
+
+    from trainmaster.cli.partition import partition_command
+    from trainmaster.partition.importers import DEFAULT_IMPORTER, trace_module
+
+    module = encoder(64, 4, 2).eval()
+    x = torch.randn(2, 16, 64)
+    graph, _ = from_module(module, (x,))
+    assert graph.n > 50, f"from_module's default import gave {graph.n} nodes: module level, not operator level"
+    ratio = graph.cost.sum() * DEFAULT_FLOPS_PER_SECOND / flops_of_one_forward(module, x)
+    assert 0.9 <= ratio <= 1.1
+    cli_default = inspect.signature(partition_command).parameters["importer"].default.default
+    assert DEFAULT_IMPORTER == cli_default == "export"
+    for fn in (from_module, trace_module, from_callable):
+        param = inspect.signature(fn).parameters
+        assert param["tracer" if "tracer" in param else "importer"].default == DEFAULT_IMPORTER, fn.__name__

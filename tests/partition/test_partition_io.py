@@ -91,7 +91,7 @@ class Block(torch.nn.Module):
 
 def test_fx_importer_costs_from_flops_and_bytes():
     """Mechanism: torch.fx trace, node cost from FLOPs (flop_counter), edge cost bytes/bandwidth."""
-    g, gm = from_module(Block(), (torch.randn(8, 16),), bandwidth=1e6, flops_per_second=1e9)
+    g, gm = from_module(Block(), (torch.randn(8, 16),), bandwidth=1e6, flops_per_second=1e9, tracer="fx")
     idx = {n: i for i, n in enumerate(g.node_ids)}
     assert g.cost[idx["a"]] == pytest.approx(2 * 8 * 16 * 32 / 1e9)
     assert g.cost[idx["c"]] == pytest.approx(2 * 8 * 32 * 4 / 1e9)

@@ -81,8 +81,8 @@ def test_every_cli_verb_that_reads_a_job_file_refuses_a_bomb(tmp_path: Path, ver
 
 
 def test_gateway_task_and_config_files_refuse_a_bomb(tmp_path: Path) -> None:
-    from trainmaster.gateway.client import load_task
-    from trainmaster.gateway.provision import load_config
+    from trainmaster.gateway.initiator.taskfile import load_task
+    from trainmaster.gateway.config import load_config
 
     lines = ["l0: &l0 [" + ", ".join(["x"] * 10) + "]"]
     lines += [f"l{n}: &l{n} [" + ", ".join([f"*l{n - 1}"] * 10) + "]" for n in range(1, 9)]

@@ -2,14 +2,26 @@
 reduce random tensors and check every result against the exact float64 sum.
 
 Each worker regenerates every rank's input from the seed, so it can check its own result
-without shipping tensors around; only a small summary returns to the caller.
+without shipping tensors around; only a small summary returns to the caller. Two checks, kept
+apart in the output because they say different things:
+
+* ``integer_sums``: the fabric sums integers, and those sums are exact. For every slice whose
+  workers all used one exponent (low-bit aggregation's shared scale, ``FixedScale``, or block
+  floating point when the workers' exponents happen to agree) the worker recomputes every
+  rank's quantised integers (with their carried errors) and checks that its result is exactly
+  their sum, element by element; a slice that overflowed is checked against the float sum of
+  what the workers resent. Block floating point slices whose workers chose different exponents
+  are aligned by rounding shifts in arrival order, so they are only bounded, not checked.
+* ``float_error``: the result against the exact float64 sum of the inputs; it is never zero
+  (quantisation rounds every input) and must stay within the stated bound.
 
 Reproducibility: the inputs, the fault injectors (one seeded generator per link) and the kill
 moment (a packet count) depend only on the seed. The *counts* of faults and fallbacks also
 depend on timing: which packet a link's n-th random draw falls on depends on how the processes
 interleave (retransmit timers, gap detection and heartbeats fire by the clock), so two runs
-with the same seed give the same exact results but counts that differ by a few percent.
-``exact``, ``max_abs_error`` (for the same inputs) and ``slots_in_use_after`` are reproducible.
+with the same seed give the same results but counts that differ by a few percent. ``ok``,
+``integer_sums``, ``float_error`` (for the same inputs) and ``slots_in_use_after`` are
+reproducible.
 """
 
 from __future__ import annotations
@@ -27,9 +39,18 @@ import numpy as np
 from trainmaster.aggregation.fabric import Fabric
 from trainmaster.aggregation.kills import KillPlan
 from trainmaster.aggregation.parameter_node import process_stopped
-from trainmaster.aggregation.quantize import BlockFloat, FixedScale
+from trainmaster.aggregation.protocol import NO_PEAK, peak_exponent
+from trainmaster.aggregation.quantize import (
+    LIMITS,
+    BlockFloat,
+    FixedScale,
+    Quantizer,
+    SharedScale,
+    peak_magnitude,
+    quantize,
+)
 from trainmaster.aggregation.transport import Address, FaultPlan
-from trainmaster.aggregation.worker import AggregationClient, AggregationError, WorkerConfig
+from trainmaster.aggregation.worker import AggregationClient, AggregationError, WorkerConfig, quantizer_for
 
 OVERFLOW_VALUE = 20000.0  # x * 2**16 fits int32, the sum of 2+ workers does not
 OVERFLOW_EVERY = 5  # every 5th slice carries large gradients when --overflow is on
@@ -56,20 +77,115 @@ class DemoConfig:
     failover_after: float = 3.0
     parameter_node_dead_after: float = 10.0
     max_retransmit_timeout: float = 1.0  # cap of a slice's backed-off retransmit timer
+    precision: str = "int32"  # int32 (block floating point), int16 or int8 (low-bit, shared scale)
+    mtu: int | None = None  # cut packets into datagrams of at most this MTU (None: the path's)
+    partitions: int = 0  # 0: the jobs share the slots; N: each node's pool split into N parts
 
 
 def demo_input(cfg: DemoConfig, job: int, rank: int, rnd: int) -> np.ndarray:
+    """Rank ``rank``'s input of round ``rnd``. With ``overflow``, every ``OVERFLOW_EVERY``-th
+    slice (a different set each round) starts with a few large values: their sum overflows a
+    fixed scale, and with low-bit aggregation they outgrow the scale the previous round set."""
     rng = np.random.default_rng([cfg.seed, job, rank, rnd])
     x = rng.standard_normal(cfg.elements).astype(np.float32)
     if cfg.overflow:
-        starts = np.arange(0, cfg.elements, cfg.chunk * OVERFLOW_EVERY)
+        starts = np.arange((rnd % OVERFLOW_EVERY) * cfg.chunk, cfg.elements, cfg.chunk * OVERFLOW_EVERY)
         for s in starts:
             x[s : s + 8] = OVERFLOW_VALUE * np.where(rng.random(len(x[s : s + 8])) < 0.5, -1, 1)
     return x
 
 
+def demo_quantizer(cfg: DemoConfig) -> Quantizer:
+    return FixedScale(FIXED_EXPONENT) if cfg.overflow and cfg.precision == "int32" else quantizer_for(cfg.precision)
+
+
+class IntegerSums:
+    """Every rank's side of one job, recomputed by one worker: what each rank quantises
+    (its input plus its carried error), with which exponent, and so what the fabric's exact
+    integer sum of each slice must be.
+
+    The shared scale of a slice is derived from the largest magnitude of the previous round
+    (what the RESULT carries: the largest ``peak`` any rank sent); overflow (a saturated value,
+    or a sum beyond the sum's type) sends the slice down the float path, where the expected
+    result is the float sum of what the ranks resent."""
+
+    def __init__(self, cfg: DemoConfig, quantizer: Quantizer):
+        self.cfg, self.quantizer = cfg, quantizer
+        self.slices = -(-cfg.elements // cfg.chunk)
+        feedback = isinstance(quantizer, SharedScale) and quantizer.error_feedback
+        self.residuals = [np.zeros(cfg.elements, np.float32) for _ in range(cfg.workers)] if feedback else None
+        self.peaks = np.full(self.slices, NO_PEAK)
+        base = quantizer.margin if isinstance(quantizer, SharedScale) else 0
+        self.margins = [(base, 0)] * self.slices  # (margin, clean rounds) per slice, as the client
+
+    def expected(self, inputs: list[np.ndarray]) -> list[tuple[int, np.ndarray] | np.ndarray | None]:
+        """Per slice: (exponent, int64 sum) when the sum is exact integers at one exponent, the
+        float32 result of the float path, or None (block floating point with differing
+        exponents: bounded only). Advances the carried errors and peaks to the next round."""
+        cfg, n = self.cfg, self.cfg.workers
+        sent = [x + r for x, r in zip(inputs, self.residuals)] if self.residuals else inputs
+        out: list[tuple[int, np.ndarray] | np.ndarray | None] = []
+        new_peaks = np.full(self.slices, NO_PEAK)
+        for s in range(self.slices):
+            part = [x[s * cfg.chunk : (s + 1) * cfg.chunk] for x in sent]
+            peaks = [peak_magnitude(p) for p in part]
+            new_peaks[s] = max(peak_exponent(p) for p in peaks)
+            shared = isinstance(self.quantizer, SharedScale) and self.peaks[s] != NO_PEAK
+            if shared:
+                assert isinstance(self.quantizer, SharedScale)
+                dtype = self.quantizer.dtype
+                exps = [self.quantizer.shared_exponent(int(self.peaks[s]), n, self.margins[s][0])] * n
+            else:
+                dtype = np.dtype("<i4")
+                rule = self.quantizer if isinstance(self.quantizer, FixedScale) else BlockFloat()
+                exps = [rule.choose_exponent(p, n, pk) for p, pk in zip(part, peaks)]
+            qs = [quantize(p, e, pk, dtype.str) for p, e, pk in zip(part, exps, peaks)]
+            total = np.sum([q.astype(np.int64) for q in qs], axis=0)
+            wire = LIMITS[4] if dtype.itemsize == 4 else LIMITS[2]
+            overflow = any(np.abs(q.astype(np.int64)).max() >= LIMITS[dtype.itemsize] for q in qs) or (
+                np.abs(total).max() >= wire
+            )
+            if shared:
+                assert isinstance(self.quantizer, SharedScale)
+                self.margins[s] = self.quantizer.next_margin(*self.margins[s], overflow)
+            if overflow:
+                out.append(np.sum([p.astype(np.float64) for p in part], axis=0).astype(np.float32))
+            elif len(set(exps)) == 1:
+                out.append((exps[0], total))
+            else:
+                out.append(None)
+            if self.residuals is not None:
+                for r, p, q, e in zip(self.residuals, part, qs, exps):
+                    view = r[s * cfg.chunk : (s + 1) * cfg.chunk]
+                    view[...] = 0.0 if overflow else p - q.astype(np.float32) * np.float32(2.0**-e)
+        self.peaks = new_peaks
+        return out
+
+
+def check_integer_sums(y: np.ndarray, chunk: int, expected: list[Any]) -> dict[str, int]:
+    """Count the slices of ``y`` that equal their expected exact sums (see ``IntegerSums``)."""
+    got = {"checked": 0, "exact": 0, "float_path": 0, "bounded_only": 0}
+    for s, want in enumerate(expected):
+        part = y[s * chunk : (s + 1) * chunk]
+        if want is None:
+            got["bounded_only"] += 1
+            continue
+        if isinstance(want, tuple):
+            exponent, total = want
+            # the client converts the integer sum to float32 (one rounding) and scales it by
+            # a power of two (exact): so the result is exactly that, element by element
+            exact = np.array_equal(part, total.astype(np.float32) * np.float32(2.0**-exponent))
+        else:
+            got["float_path"] += 1
+            # float64 sums of float32 values in another order may differ in the last place
+            exact = bool(np.all(np.abs(part - want) <= np.abs(want) * 2.0**-22 + 1e-30))
+        got["checked"] += 1
+        got["exact"] += int(exact)
+    return got
+
+
 def _worker_main(conn: Any, cfg: DemoConfig, switch: Address, job: int, rank: int) -> None:
-    quantizer = FixedScale(FIXED_EXPONENT) if cfg.overflow else BlockFloat()
+    quantizer = demo_quantizer(cfg)
     wcfg = WorkerConfig(
         chunk=cfg.chunk,
         quantizer=quantizer,
@@ -78,19 +194,33 @@ def _worker_main(conn: Any, cfg: DemoConfig, switch: Address, job: int, rank: in
         parameter_node_dead_after=cfg.parameter_node_dead_after,
         max_retransmit_timeout=cfg.max_retransmit_timeout,
     )
-    report: dict[str, Any] = {"job": job, "rank": rank, "ok": True, "max_abs_error": 0.0, "bound": 0.0, "error": None}
-    client = AggregationClient(switch, job, rank, cfg.workers, wcfg, cfg.faults, transport=cfg.transport, kill=cfg.kill)
+    report: dict[str, Any] = {
+        "job": job,
+        "rank": rank,
+        "ok": True,
+        "max_abs_error": 0.0,
+        "bound": 0.0,
+        "error": None,
+        "integer_sums": {"checked": 0, "exact": 0, "float_path": 0, "bounded_only": 0},
+    }
+    client = AggregationClient(
+        switch, job, rank, cfg.workers, wcfg, cfg.faults, transport=cfg.transport, kill=cfg.kill, mtu=cfg.mtu
+    )
+    sums = IntegerSums(cfg, quantizer)
     try:
         client.join()
         elapsed = 0.0
         for rnd in range(cfg.rounds):
             x = demo_input(cfg, job, rank, rnd)
             t0 = time.monotonic()
-            y = client.allreduce(x)
+            y = client.allreduce(x, key="demo")
             elapsed += time.monotonic() - t0
+            inputs = [demo_input(cfg, job, r, rnd) for r in range(cfg.workers)]
+            for name, count in check_integer_sums(y, cfg.chunk, sums.expected(inputs)).items():
+                report["integer_sums"][name] += count
             exact = np.zeros(cfg.elements, dtype=np.float64)
             for r in range(cfg.workers):
-                exact += demo_input(cfg, job, r, rnd).astype(np.float64)
+                exact += inputs[r].astype(np.float64)
             # quantisation bound of the scaling used plus float32 rounding of the result
             error_bound = client.last_error_bound
             assert error_bound is not None  # every allreduce that returns sets it
@@ -121,6 +251,8 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
         dead_after=max(10.0, cfg.timeout / 4),
         siblings=cfg.siblings,
         kill=cfg.kill,
+        mtu=cfg.mtu,
+        partitions=cfg.partitions,
     ) as fabric:
         procs, pipes = [], []
         t0 = time.monotonic()
@@ -190,16 +322,30 @@ def _summarise(cfg: DemoConfig, reports: list[dict[str, Any]], fabric: dict[str,
     nodes = [ps, *switches] + [r["stats"] for r in reports if r.get("stats")]
     transports = [n.get("transport", {}) for n in nodes]
     wstats = [r["stats"] for r in reports if r.get("stats")]
+    low_bit = sum(int(w.get("low_bit_slices", 0)) for w in wstats)
 
     def total(items: list[dict[str, Any]], name: str) -> int:
         return int(sum(i.get(name, 0) for i in items))
 
     seconds = max((r.get("seconds", 0.0) for r in reports), default=0.0)
     tensor_bytes = cfg.jobs * cfg.workers * cfg.rounds * cfg.elements * 4
+    within = all(r["ok"] for r in reports) and len(reports) == cfg.jobs * cfg.workers
+    sums = {
+        name: sum(r.get("integer_sums", {}).get(name, 0) for r in reports)
+        for name in ("checked", "exact", "float_path", "bounded_only")
+    }
+    integer_exact = sums["exact"] == sums["checked"]
     return {
-        "exact": all(r["ok"] for r in reports) and len(reports) == cfg.jobs * cfg.workers,
-        "max_abs_error": max(r["max_abs_error"] for r in reports),
-        "bound": max(r["bound"] for r in reports),
+        # every worker finished, every result within its bound and every checked sum exact
+        "ok": within and integer_exact,
+        "integer_sums": {**sums, "all_exact": integer_exact},
+        "float_error": {
+            "max_abs": max(r["max_abs_error"] for r in reports),
+            "bound": max(r["bound"] for r in reports),
+            "within_bound": within,
+        },
+        "precision": cfg.precision,
+        "low_bit_slices": low_bit,
         "packets": total(transports, "sent"),
         "retransmits": total(wstats, "retransmits"),
         "gap_retransmits": total(wstats, "gap_retransmits"),
@@ -212,6 +358,20 @@ def _summarise(cfg: DemoConfig, reports: list[dict[str, Any]], fabric: dict[str,
         "verified": int(ps.get("verified", 0)),
         "slots_in_use_after": total(switches, "slots_in_use"),
         "faults": {name: total(transports, name) for name in ("dropped", "duplicated", "reordered", "delayed")},
+        # packets larger than a datagram of the path, cut into segments (see segments.py)
+        "segments": {
+            name: total(transports, name)
+            for name in (
+                "packets_segmented",
+                "segments_sent",
+                "gso_sends",
+                "gro_batches",
+                "reassembled",
+                "reassembled_whole",
+                "segment_duplicates",
+                "partials_dropped",
+            )
+        },
         "goodput_MBps": tensor_bytes / seconds / 1e6 if seconds else 0.0,
         "seconds": round(wall, 3),
         "errors": [r["error"] for r in reports if r.get("error")],

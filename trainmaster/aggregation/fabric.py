@@ -29,11 +29,12 @@ def _serve_parameter_node(
     transport: str,
     stalled_after: float = 2.0,
     kill: KillPlan | None = None,
+    mtu: int | None = None,
 ) -> None:
     from trainmaster.aggregation.parameter_node import ParameterNode
 
     node = ParameterNode(
-        faults=faults, dead_after=dead_after, transport=transport, stalled_after=stalled_after, kill=kill
+        faults=faults, dead_after=dead_after, transport=transport, stalled_after=stalled_after, kill=kill, mtu=mtu
     )
     conn.send(node.address)
     conn.close()
@@ -49,10 +50,22 @@ def _serve_forwarding_node(
     transport: str,
     kill: KillPlan | None = None,
     index: int = 0,
+    mtu: int | None = None,
+    partitions: int = 0,
 ) -> None:
     from trainmaster.aggregation.switch import ForwardingNode
 
-    node = ForwardingNode(parent, slots=slots, name=name, faults=faults, transport=transport, kill=kill, index=index)
+    node = ForwardingNode(
+        parent,
+        slots=slots,
+        name=name,
+        faults=faults,
+        transport=transport,
+        kill=kill,
+        index=index,
+        mtu=mtu,
+        partitions=partitions,
+    )
     conn.send(node.address)
     conn.close()
     node.serve()
@@ -91,6 +104,8 @@ class Fabric:
     siblings: int = 1  # forwarding nodes directly under the parameter node (levels = 1 only)
     kill: KillPlan | None = None
     stalled_after: float = 2.0
+    mtu: int | None = None  # cut packets into datagrams of at most this MTU (None: the path's)
+    partitions: int = 0  # 0: every job shares each node's slots; N: a static split into N parts
     ps: Address | None = None
     switches: list[Address] = field(default_factory=list)
     processes: list[Any] = field(default_factory=list)
@@ -102,10 +117,14 @@ class Fabric:
             raise ValueError("levels must be 1 or 2; several sibling nodes only with 1 level")
         ctx = mp.get_context("fork")
         self.ps = self._spawn(
-            ctx, _serve_parameter_node, (self.faults, self.dead_after, self.transport, self.stalled_after, self.kill)
+            ctx,
+            _serve_parameter_node,
+            (self.faults, self.dead_after, self.transport, self.stalled_after, self.kill, self.mtu),
         )
         top = self._spawn(
-            ctx, _serve_forwarding_node, (self.ps, self.slots, "switch-top", self.faults, self.transport, self.kill, 0)
+            ctx,
+            _serve_forwarding_node,
+            (self.ps, self.slots, "switch-top", self.faults, self.transport, self.kill, 0, self.mtu, self.partitions),
         )
         self.switches = [top]
         for i in range(1, self.siblings):
@@ -113,7 +132,17 @@ class Fabric:
                 self._spawn(
                     ctx,
                     _serve_forwarding_node,
-                    (self.ps, self.slots, f"switch-sibling-{i}", self.faults, self.transport, self.kill, i),
+                    (
+                        self.ps,
+                        self.slots,
+                        f"switch-sibling-{i}",
+                        self.faults,
+                        self.transport,
+                        self.kill,
+                        i,
+                        self.mtu,
+                        self.partitions,
+                    ),
                 )
             )
         if self.levels == 2:
@@ -122,7 +151,17 @@ class Fabric:
                     self._spawn(
                         ctx,
                         _serve_forwarding_node,
-                        (top, self.slots, f"switch-l1-{i}", self.faults, self.transport, self.kill, i + 1),
+                        (
+                            top,
+                            self.slots,
+                            f"switch-l1-{i}",
+                            self.faults,
+                            self.transport,
+                            self.kill,
+                            i + 1,
+                            self.mtu,
+                            self.partitions,
+                        ),
                     )
                 )
         return self

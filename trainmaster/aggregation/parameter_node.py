@@ -34,6 +34,7 @@ from trainmaster.aggregation.protocol import (
     Header,
     Kind,
     bits,
+    dtype_flag,
     encode,
     full_mask,
     values,
@@ -70,7 +71,6 @@ class _Job:
     processes: dict[int, tuple[int, int]] = field(default_factory=dict)  # rank -> (pid, pidfd)
     answered_round: int = 0  # newest round with a result: every worker finished the ones before
     shared: list[tuple[int, bytes]] = field(default_factory=list)  # (round, result-store ref)
-    chunk: int = 0  # smallest slice size the workers' HELLOs proposed (0: none proposed)
     moved_from: dict[int, Address] = field(default_factory=dict)  # rank -> its old next hop
 
     @property
@@ -94,15 +94,6 @@ class ParameterNodeCounters(NodeCounters):
     jobs_failed: int = 0
     jobs_ended: int = 0  # every worker said BYE (the BYEs arrived, however lossy the network)
     control_acks: int = 0  # HEARTBEAT / BYE copies acknowledged
-
-
-def _proposed_chunk(hello: bytes | memoryview) -> int:
-    """The slice size a worker's HELLO proposes (0: none)."""
-    try:
-        chunk = json.loads(bytes(hello)).get("chunk", 0) if len(hello) else 0
-    except (ValueError, AttributeError):
-        return 0
-    return chunk if isinstance(chunk, int) and chunk > 0 else 0
 
 
 def process_stopped(pid: int) -> bool:
@@ -129,8 +120,9 @@ class ParameterNode(DatagramNode):
         transport: str = "udp",
         stalled_after: float = 2.0,
         kill: KillPlan | None = None,
+        mtu: int | None = None,
     ):
-        super().__init__(make_transport(transport, name, host, port, faults), kill, "ps")
+        super().__init__(make_transport(transport, name, host, port, faults, mtu), kill, "ps")
         self.host = host_identity()
         self.dead_after = dead_after
         self.stalled_after = stalled_after
@@ -157,9 +149,6 @@ class ParameterNode(DatagramNode):
                 self._retire(job)
             job = self.jobs[h.job] = _Job(h.fan_in)
         job.registered |= h.bitmap
-        proposed = _proposed_chunk(body)
-        if proposed and job.pool == 0:  # fixed once the job is welcomed
-            job.chunk = min(job.chunk or proposed, proposed)
         now = time.monotonic()
         self.transport.prepare(src)
         for rank in bits(h.bitmap):
@@ -183,14 +172,10 @@ class ParameterNode(DatagramNode):
             job.pool = 1
             # ... and how much each worker may have in flight towards this node (the
             # forwarding nodes lower it to what their own buffers allow)
-            # ... and the slice size every worker uses (the smallest any of them proposed:
-            # the largest datagram every path carries unfragmented)
             info: dict[str, object] = {
                 "parameter_node": list(self.address),
                 "buffer_per_worker": self.transport.buffer_per_sender(job.fan_in),
             }
-            if job.chunk:
-                info["chunk"] = job.chunk
             me = json.dumps(info).encode()
             self._down(job, Header(Kind.WELCOME, h.job, bitmap=target, fan_in=job.fan_in), me)
 
@@ -228,13 +213,13 @@ class ParameterNode(DatagramNode):
         if h.has(Flag.FLOAT):
             if sl.floats is None:
                 sl.floats = FloatSum()
-            if not sl.floats.add(values(h, body), h.bitmap):
+            if not sl.floats.add(values(h, body), h.bitmap, h.peak):
                 self.counters.duplicates_ignored += 1
                 return
             self.counters.pieces_merged += 1
             total = sl.floats.values  # set by the add just accepted
             if sl.floats.bitmap == full and total is not None:
-                self._finish(job, h, sl, total.astype(np.float32), Flag.FLOAT, 0)
+                self._finish(job, h, sl, total.astype(np.float32), 0, sl.floats.top)
             return
         if sl.floats is not None:
             # the slice is on the exception path: this sender missed the instruction
@@ -243,7 +228,7 @@ class ParameterNode(DatagramNode):
         # a complete sum in one piece is verified where it lies (and copied once, into the
         # kept result); any other piece is copied into the slice's own sum
         borrow = not sl.ints.bitmap and h.bitmap == full
-        if not sl.ints.add(values(h, body), h.exponent, h.bitmap, h.has(Flag.OVERFLOW), borrow=borrow):
+        if not sl.ints.add(values(h, body), h.exponent, h.bitmap, h.has(Flag.OVERFLOW), borrow=borrow, top=h.peak):
             self.counters.duplicates_ignored += 1
             return
         self.counters.pieces_merged += 1
@@ -276,16 +261,19 @@ class ParameterNode(DatagramNode):
             sl.floats = FloatSum()
             self._down(job, Header(Kind.EXCEPTION, h.job, h.round, h.seq, full, job.fan_in, h.slot), b"")
             return
-        self._finish(job, h, sl, q, Flag.NONE, sl.ints.exponent)
+        self._finish(job, h, sl, q, sl.ints.exponent, sl.ints.top)
 
-    def _finish(self, job: _Job, h: Header, sl: _Slice, payload: np.ndarray, flag: Flag, exponent: int) -> None:
+    def _finish(self, job: _Job, h: Header, sl: _Slice, payload: np.ndarray, exponent: int, top: int) -> None:
+        """Multicast the verified sum (``payload``: integers at ``exponent``, or floats) with
+        the largest magnitude any worker sent for the slice (``top``: the next round's shared
+        scale)."""
         self.counters.verified += 1
         if h.round > job.answered_round:
             # a result of this round means every worker has finished every earlier round
             job.answered_round = h.round
             self._retire(job, h.round)
         slot = sl.slot
-        flags = Flag.VERIFIED | flag
+        flags = Flag.VERIFIED | dtype_flag(payload.dtype)
         if sl.conflict:
             # an updated resource id, so that this slice's next allocation lands elsewhere
             slot = (sl.slot + 1 + (h.job * 7 + h.seq * 13) % 251) & 0xFFFF
@@ -302,6 +290,7 @@ class ParameterNode(DatagramNode):
             exponent,
             payload.size,
             flags | where,
+            peak=top,
         )
         self.counters.results_sent += self._down(job, head, body)
         sl.result = (head, body)  # kept for workers that lost it

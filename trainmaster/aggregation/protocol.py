@@ -1,9 +1,11 @@
 """Wire format of the aggregation fabric: one fixed binary header (``struct``) plus a payload.
 
-Every datagram between workers, forwarding nodes and the parameter node is ``Header`` (network
+Every packet between workers, forwarding nodes and the parameter node is ``Header`` (network
 byte order) followed by ``count`` little-endian elements (the hosts' native order: no byte
-swapping on x86 or ARM): int32 quantised values, or float32 values when the ``FLOAT`` flag is
-set (the exception path), or UTF-8/JSON text for control messages. A fixed header keeps per-packet
+swapping on x86 or ARM): quantised integers (int32, or int16 / int8 when the ``INT16`` /
+``INT8`` flag is set: low-bit aggregation), float32 values when the ``FLOAT`` flag is set (the
+exception path), or UTF-8/JSON text for control messages. The header is 36 bytes, so a payload
+that follows it is 4-byte aligned. A fixed header keeps per-packet
 parsing to one ``struct.unpack`` and lets a hardware forwarding node find every field at a fixed
 offset.
 """
@@ -11,20 +13,25 @@ offset.
 from __future__ import annotations
 
 import enum
+import math
 import struct
 from dataclasses import dataclass, replace
 from typing import TypedDict, Unpack
 
 import numpy as np
 
-VERSION = 1
-# version, kind, flags, job, round, seq, bitmap, fan_in, slot, exponent, count
-_HEADER = struct.Struct("!BBHIIIQHHhI")
+VERSION = 2
+# version, kind, flags, job, round, seq, bitmap, fan_in, slot, exponent, count, peak, (pad)
+_HEADER = struct.Struct("!BBHIIIQHHhIbx")
 HEADER_SIZE = _HEADER.size
 MAX_DATAGRAM = 65507  # largest UDP payload over IPv4
-MAX_ELEMENTS = (MAX_DATAGRAM - HEADER_SIZE) // 4  # per packet over UDP; shared memory allows more
+# float32 elements of the default UDP slice: one 64 KiB packet (the transport cuts it into
+# datagrams that fit the path's MTU, see transport.py)
+MAX_ELEMENTS = (MAX_DATAGRAM - HEADER_SIZE) // 4
 MAX_WORKERS = 64  # the worker bitmap is 64 bits wide
 INT_SATURATED = np.int64(2**31 - 1)  # the value a forwarding node writes when a sum overflows
+# ``Header.peak`` when a slice carries no magnitude (all zero, or a control packet)
+NO_PEAK = -128
 
 
 class Kind(enum.IntEnum):
@@ -62,6 +69,10 @@ class Flag(enum.IntFlag):
     # (same host, shared-memory transport): forwarding nodes multicast the reference, each
     # worker reads the values in place; ``count`` is still the number of values
     SHARED = 64
+    # the payload is int16 / int8 (low-bit aggregation; neither: int32). A worker's int8 slice
+    # is summed into int16 by the nodes, so results of an int8 job carry INT16
+    INT16 = 128
+    INT8 = 256
 
 
 class HeaderChanges(TypedDict, total=False):
@@ -77,10 +88,16 @@ class HeaderChanges(TypedDict, total=False):
     exponent: int
     count: int
     flags: Flag
+    peak: int
 
 
 @dataclass(frozen=True, slots=True)
 class Header:
+    """``peak``: the slice's magnitude as a power of two (every value below ``2**peak``;
+    ``NO_PEAK``: none). Workers put their own in DATA, nodes keep the largest, and the RESULT
+    carries the largest of the job's workers: that is how the workers agree on the next
+    round's shared scale without a round trip of their own (low-bit aggregation)."""
+
     kind: Kind
     job: int
     round: int = 0
@@ -92,6 +109,7 @@ class Header:
     count: int = 0
     flags: Flag = Flag.NONE
     version: int = VERSION
+    peak: int = NO_PEAK
 
     def has(self, flag: Flag) -> bool:
         # int's own ``&``: IntFlag's operator builds a new enum member per call (~2 us)
@@ -114,7 +132,7 @@ def encode_parts(header: Header, payload: bytes | memoryview | np.ndarray = b"")
     """Header bytes and the payload as a byte view: what ``Transport.send`` takes, no copy of
     the payload (a numeric array is only converted when it is not already int32/float32)."""
     if isinstance(payload, np.ndarray):
-        wire = np.ascontiguousarray(payload, dtype="<f4" if header.has(Flag.FLOAT) else "<i4")
+        wire = np.ascontiguousarray(payload, dtype=payload_dtype(header.flags))
         body: bytes | memoryview = wire.data.cast("B")
         count = payload.size
     elif header.kind in (Kind.DATA, Kind.RESULT):
@@ -145,6 +163,7 @@ def encode_header_into(buffer: memoryview, header: Header, count: int) -> None:
         header.slot & 0xFFFF,
         header.exponent,
         count,
+        header.peak,
     )
 
 
@@ -155,31 +174,64 @@ def encode(header: Header, payload: bytes | memoryview | np.ndarray = b"") -> by
 
 _KINDS = {int(k): k for k in Kind}
 _FLAGS = [Flag(i) for i in range(int(max(Flag)) * 2)]  # every combination, made once
+_PAYLOAD_FLAGS = int(Flag.FLOAT | Flag.INT16 | Flag.INT8)
+_DTYPES: dict[int, np.dtype] = {
+    int(Flag.NONE): np.dtype("<i4"),
+    int(Flag.FLOAT): np.dtype("<f4"),
+    int(Flag.INT16): np.dtype("<i2"),
+    int(Flag.INT8): np.dtype("i1"),
+}
+
+
+def payload_dtype(flags: Flag) -> np.dtype:
+    """The element type of a numeric payload with these flags."""
+    dtype = _DTYPES.get(int.__and__(flags, _PAYLOAD_FLAGS))
+    if dtype is None:
+        raise ProtocolError(f"flags {int(flags):#x} name more than one payload type")
+    return dtype
+
+
+def dtype_flag(dtype: np.dtype) -> Flag:
+    """The flag that announces a payload of ``dtype`` (the reverse of ``payload_dtype``)."""
+    for flag, known in _DTYPES.items():
+        if known == dtype:
+            return Flag(flag)
+    raise ValueError(f"no payload type {dtype}")
 
 
 def decode(datagram: bytes | bytearray | memoryview) -> tuple[Header, memoryview]:
     """Header and payload; the payload is a view of ``datagram`` (no copy of the values)."""
     if len(datagram) < HEADER_SIZE:
         raise ProtocolError(f"datagram of {len(datagram)} bytes is shorter than the header")
-    version, kind, flags, job, rnd, seq, bitmap, fan_in, slot, exponent, count = _HEADER.unpack_from(datagram)
+    version, kind, flags, job, rnd, seq, bitmap, fan_in, slot, exponent, count, peak = _HEADER.unpack_from(datagram)
     if version != VERSION:
         raise ProtocolError(f"protocol version {version}, expected {VERSION}")
     try:
-        header = Header(_KINDS[kind], job, rnd, seq, bitmap, fan_in, slot, exponent, count, _FLAGS[flags], version)
+        header = Header(
+            _KINDS[kind], job, rnd, seq, bitmap, fan_in, slot, exponent, count, _FLAGS[flags], version, peak
+        )
     except (KeyError, IndexError):
         raise ProtocolError(f"unknown packet kind {kind} or flags {flags:#x}") from None
     return header, memoryview(datagram)[HEADER_SIZE:]
 
 
 def values(header: Header, body: bytes | memoryview) -> np.ndarray:
-    """The numeric payload as a read-only view (int32, or float32 with the FLOAT flag).
+    """The numeric payload as a read-only view (int32, int16 or int8 by the flags, or float32
+    with the FLOAT flag).
 
     No copy: the view lives as long as the received buffer, so whoever keeps values copies
-    them (the aggregators do, into their own wide sums)."""
-    dtype = "<f4" if header.has(Flag.FLOAT) else "<i4"
-    if len(body) < 4 * header.count:
-        raise ProtocolError(f"payload of {len(body)} bytes, header says {header.count} elements")
+    them (or retains the buffer, see ``Transport.retain``)."""
+    dtype = payload_dtype(header.flags)
+    if len(body) < dtype.itemsize * header.count:
+        raise ProtocolError(f"payload of {len(body)} bytes, header says {header.count} elements of {dtype}")
     return np.frombuffer(body, dtype=dtype, count=header.count)
+
+
+def peak_exponent(peak: float) -> int:
+    """The smallest ``p`` with ``peak < 2**p`` (``NO_PEAK`` for 0), clamped to a signed byte."""
+    if peak <= 0.0 or not math.isfinite(peak):
+        return NO_PEAK
+    return max(NO_PEAK + 1, min(127, math.frexp(peak)[1]))
 
 
 def full_mask(fan_in: int) -> int:

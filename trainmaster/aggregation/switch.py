@@ -7,6 +7,14 @@ not be summed here go up unchanged with aggregate-at = 1: retransmissions (and t
 already held for that slice, so the parameter node can finish it), packets whose slot is held by
 another slice (conflict flag), and anything for a slice already diverted. Down-going packets are
 multicast to the workers (or lower nodes) named in their bitmap, using routes learned from HELLO.
+
+Slot allocation: by default every job's slices share the whole pool (the spec's dynamic,
+multi-tenant slots: slot = resource id mod pool, a slot held by another job is a conflict).
+``partitions=k`` splits the pool statically into k equal parts instead, one per job in the order
+the jobs first said HELLO (the k+1-th job shares the first part again), and gives a job's
+slices the slots of its part round robin by slice index (a window no larger than the part
+meets itself only when an early slice is still pending): the static allocation the spec also allows, and the baseline of the
+shared-switch benchmark.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from trainmaster.aggregation.protocol import (
     Header,
     Kind,
     bits,
+    dtype_flag,
     encode_header_into,
     encode_parts,
     values,
@@ -61,6 +70,8 @@ class SwitchCounters(NodeCounters):
 
 @dataclass
 class _Job:
+    base: int = 0  # its part of the pool: slots base .. base + size - 1
+    size: int = 0
     local_mask: int = 0
     routes: dict[int, Address] = field(default_factory=dict)  # worker rank -> next hop down
     # worker rank -> next hop down for acknowledgements (a worker's control socket, or the
@@ -85,6 +96,7 @@ class _RecentKeys:
         return key in self._keys
 
     def discard_job(self, job: int) -> None:
+        """Forget the job's slices (O(capacity): on a job's end or rerun only)."""
         for key in [k for k in self._keys if k[0] == job]:
             del self._keys[key]
 
@@ -105,14 +117,21 @@ class ForwardingNode(DatagramNode):
         transport: str = "udp",
         kill: KillPlan | None = None,
         index: int = 0,
+        mtu: int | None = None,
+        partitions: int = 0,
     ):
-        """``index``: this node's place in the fabric (``switch:INDEX`` in a ``KillPlan``)."""
+        """``index``: this node's place in the fabric (``switch:INDEX`` in a ``KillPlan``);
+        ``mtu``: cut packets into datagrams of at most this MTU (see ``UdpTransport``);
+        ``partitions``: 0, one pool shared by every job; k, a static split into k parts."""
         if slots < 1 or slots > 0xFFFF:
             raise ValueError("a forwarding node needs between 1 and 65535 slots")
-        super().__init__(make_transport(transport, name, host, port, faults), kill, "switch", index)
+        if not 0 <= partitions <= slots:
+            raise ValueError(f"partitions must be between 0 (one shared pool) and the {slots} slots")
+        super().__init__(make_transport(transport, name, host, port, faults, mtu), kill, "switch", index)
         self.parent = parent
         self.pool_size = slots
         self.pool: list[_Slot | None] = [None] * slots
+        self.partitions = partitions
         self.transport.prepare(parent)
         self.counters = SwitchCounters()
         self.jobs: dict[int, _Job] = {}
@@ -120,8 +139,30 @@ class ForwardingNode(DatagramNode):
         self.finished = _RecentKeys()
 
     # ---- up-going -------------------------------------------------------------------------
+    def _new_job(self) -> _Job:
+        """A job's part of the pool: all of it, or the next static part."""
+        if not self.partitions:
+            return _Job(0, self.pool_size)
+        size = self.pool_size // self.partitions
+        return _Job(len(self.jobs) % self.partitions * size, size)
+
+    def _index(self, h: Header) -> int:
+        """The aggregator of a packet's slice: its resource id mod the pool, or with static
+        partitions the job's part, round robin by slice index."""
+        job = self.jobs.get(h.job)
+        if not self.partitions or job is None:
+            return h.slot % self.pool_size
+        return job.base + h.seq % job.size
+
     def _on_hello(self, h: Header, body: bytes | memoryview, src: Address) -> None:
-        job = self.jobs.setdefault(h.job, _Job())
+        job = self.jobs.get(h.job)
+        if job is None:
+            job = self.jobs[h.job] = self._new_job()
+        if any(job.routes.get(rank, src) != src for rank in bits(h.bitmap)):
+            # a worker of this job id joins from a new socket: a new run of the id (a rerun);
+            # slices remembered from the earlier run would make its slices look like duplicates
+            self.finished.discard_job(h.job)
+            self.diverted.discard_job(h.job)
         job.local_mask |= h.bitmap
         for rank in bits(h.bitmap):
             job.routes[rank] = src
@@ -138,8 +179,20 @@ class ForwardingNode(DatagramNode):
         assert slot is not None
         q, overflow = slot.sum.wire()
         job, rnd, seq = slot.key
-        flags = Flag.AGGREGATE_AT_PS | (Flag.OVERFLOW if overflow else Flag.NONE)
-        head = Header(Kind.DATA, job, rnd, seq, slot.sum.bitmap, slot.fan_in, index, slot.sum.exponent, q.size, flags)
+        flags = Flag.AGGREGATE_AT_PS | dtype_flag(q.dtype) | (Flag.OVERFLOW if overflow else Flag.NONE)
+        head = Header(
+            Kind.DATA,
+            job,
+            rnd,
+            seq,
+            slot.sum.bitmap,
+            slot.fan_in,
+            index,
+            slot.sum.exponent,
+            q.size,
+            flags,
+            peak=slot.sum.top,
+        )
         self.transport.send(encode_parts(head, q), self.parent)
         self.counters.flushes += 1
         self._free(index)
@@ -154,7 +207,7 @@ class ForwardingNode(DatagramNode):
 
     def _on_data(self, h: Header, body: bytes | memoryview) -> None:
         key = h.key
-        index = h.slot % self.pool_size
+        index = self._index(h)
         slot = self.pool[index]
         holds_key = slot is not None and slot.key == key
         if h.has(Flag.AGGREGATE_AT_PS) or h.has(Flag.RETRANSMIT):
@@ -181,7 +234,7 @@ class ForwardingNode(DatagramNode):
         local = job.local_mask if job else 0
         completes = local and (slot.sum.bitmap | h.bitmap) & local == local
         # contributions are read where they arrived (no copy) and summed once, at completion
-        if not slot.sum.add(values(h, body), h.exponent, h.bitmap, h.has(Flag.OVERFLOW), borrow=True):
+        if not slot.sum.add(values(h, body), h.exponent, h.bitmap, h.has(Flag.OVERFLOW), borrow=True, top=h.peak):
             self.counters.duplicates_ignored += 1
             return
         self.counters.aggregated += 1
@@ -194,8 +247,9 @@ class ForwardingNode(DatagramNode):
         """Every worker below has contributed: sum straight into the packet that goes up (on
         shared memory, the ring space the parent reads), send it, free the slot."""
         n = h.count
-        packet = self.transport.packet(self.parent, HEADER_SIZE + 4 * n)
-        dest = np.frombuffer(packet, "<i4", n, HEADER_SIZE)
+        dtype = slot.sum.wire_dtype
+        packet = self.transport.packet(self.parent, HEADER_SIZE + dtype.itemsize * n)
+        dest = np.frombuffer(packet, dtype, n, HEADER_SIZE)
         _, overflow = slot.sum.wire(out=dest)
         head = Header(
             Kind.DATA,
@@ -207,7 +261,8 @@ class ForwardingNode(DatagramNode):
             h.slot,
             slot.sum.exponent,
             n,
-            Flag.OVERFLOW if overflow else Flag.NONE,
+            dtype_flag(dtype) | (Flag.OVERFLOW if overflow else Flag.NONE),
+            peak=slot.sum.top,
         )
         encode_header_into(packet, head, n)
         del dest
@@ -259,7 +314,7 @@ class ForwardingNode(DatagramNode):
         if h.kind == Kind.RESULT:
             key = h.key
             self.finished.add(key)
-            index = h.slot % self.pool_size
+            index = self._index(h)
             for i in {index} | (
                 {i for i, s in enumerate(self.pool) if s and s.key == key} if h.has(Flag.CONFLICT) else set()
             ):
@@ -267,7 +322,9 @@ class ForwardingNode(DatagramNode):
                 if held is not None and held.key == key:
                     self._free(i)
         elif h.kind == Kind.WELCOME:
-            h = h.with_(slot=min(h.slot or self.pool_size, self.pool_size))
+            job = self.jobs.get(h.job)
+            size = job.size if job is not None else self.pool_size
+            h = h.with_(slot=min(h.slot or size, size))
             body = self._lower_budget(h.job, body)
         elif h.kind == Kind.ABORT:
             self._release_job(h.job)
@@ -275,8 +332,7 @@ class ForwardingNode(DatagramNode):
 
     def _lower_budget(self, job_id: int, welcome: bytes | memoryview) -> bytes:
         """The WELCOME's per-worker in-flight budget, lowered to this node's share of its
-        receive buffer for each of the job's workers below it (the slice size it passes on
-        unchanged: one value for the whole job, decided by the parameter node)."""
+        receive buffer for each of the job's workers below it."""
         job = self.jobs.get(job_id)
         try:
             info = json.loads(bytes(welcome)) if len(welcome) else {}
@@ -302,6 +358,7 @@ class ForwardingNode(DatagramNode):
         return {
             "role": "switch",
             "pool": self.pool_size,
+            "partitions": self.partitions,
             "slots_in_use": self.slots_in_use(),
             **self.counters.__dict__,
             "transport": self.transport.counters.as_dict(),
@@ -315,7 +372,9 @@ class ForwardingNode(DatagramNode):
         elif h.kind in (Kind.HEARTBEAT, Kind.BYE):
             # forwarded as it is: the worker retransmits it until the parameter node's ACK
             # comes back, which follows the route learned here
-            job = self.jobs.setdefault(h.job, _Job())
+            job = self.jobs.get(h.job)
+            if job is None:
+                job = self.jobs[h.job] = self._new_job()
             for rank in bits(h.bitmap):
                 job.control_routes[rank] = src
             self.transport.send(encode_parts(h, body), self.parent)

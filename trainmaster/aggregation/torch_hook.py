@@ -27,7 +27,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from trainmaster.aggregation.worker import AggregationClient, WorkerConfig
+from trainmaster.aggregation.worker import AggregationClient, WorkerConfig, quantizer_for
 
 
 def client_from_env(config: WorkerConfig | None = None) -> AggregationClient:
@@ -37,8 +37,10 @@ def client_from_env(config: WorkerConfig | None = None) -> AggregationClient:
     ``TM_AGGREGATION_JOB`` (job id, default 1), ``RANK``, ``WORLD_SIZE`` and
     ``TM_AGGREGATION_TRANSPORT`` (``udp`` default, or ``shm``: the same variable the
     ``parameter-node`` and ``forwarding-node`` commands read); optional
-    ``TM_AGGREGATION_CHUNK`` (float32 elements per packet, when ``config`` sets none); the
-    worker binds to ``TM_HOST``, the address of the host the controller placed it on.
+    ``TM_AGGREGATION_CHUNK`` (elements per packet, when ``config`` sets none) and
+    ``TM_AGGREGATION_PRECISION`` (``int32``, ``int16`` or ``int8``: the quantiser, when
+    ``config`` is None); the worker binds to ``TM_HOST``, the address of the host the controller
+    placed it on.
     """
     switch = os.environ.get("TM_AGGREGATION_SWITCH", "")
     host, _, port = switch.rpartition(":")
@@ -49,6 +51,13 @@ def client_from_env(config: WorkerConfig | None = None) -> AggregationClient:
         if not chunk.isdigit():
             raise RuntimeError(f"TM_AGGREGATION_CHUNK must be a number of elements, got {chunk!r}")
         config = dataclasses.replace(config or WorkerConfig(), chunk=int(chunk))
+    precision = os.environ.get("TM_AGGREGATION_PRECISION", "")
+    if precision:
+        try:
+            quantizer = quantizer_for(precision)
+        except ValueError as exc:
+            raise RuntimeError(f"TM_AGGREGATION_PRECISION: {exc}") from None
+        config = dataclasses.replace(config or WorkerConfig(), quantizer=quantizer)
     client = AggregationClient(
         (host, int(port)),
         int(os.environ.get("TM_AGGREGATION_JOB", "1")),
@@ -77,13 +86,15 @@ class FabricHookState:
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"aggregation-comm-{client.rank}")
         self._thread.start()
 
-    def submit(self, tensor: torch.Tensor) -> torch.futures.Future:
-        """Queue ``tensor`` for an in-place average over the workers; returns its future."""
+    def submit(self, tensor: torch.Tensor, key: object = None) -> torch.futures.Future:
+        """Queue ``tensor`` for an in-place average over the workers; returns its future.
+        ``key``: which bucket it is (low-bit aggregation carries its scale and error from one
+        step to the next per key; DDP's bucket index)."""
         future: torch.futures.Future = torch.futures.Future()
         if self._pending:
             self.launched_before_done += 1
         self._pending += 1
-        self._queue.put((tensor, future))
+        self._queue.put((tensor, future, key))
         return future
 
     def _run(self) -> None:
@@ -91,13 +102,13 @@ class FabricHookState:
             item = self._queue.get()
             if item is None:
                 return
-            tensor, future = item
+            tensor, future, key = item
             try:
                 if tensor.device.type == "cpu" and tensor.dtype == torch.float32 and tensor.is_contiguous():
                     flat = tensor.view(-1).numpy()
-                    self.client.allreduce(flat, out=flat)  # in place, like gloo
+                    self.client.allreduce(flat, out=flat, key=key)  # in place, like gloo
                 else:
-                    tensor.copy_(self.client.allreduce(tensor))
+                    tensor.copy_(self.client.allreduce(tensor, key=key))
                 tensor.div_(self.client.world)
             except BaseException as exc:  # the waiting DDP step raises it
                 self._pending -= 1
@@ -129,4 +140,4 @@ def _state(state: "FabricHookState | AggregationClient") -> FabricHookState:
 def fabric_allreduce_hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP hook (``register_comm_hook(state, hook)``): average the bucket over all workers,
     asynchronously; ``state`` is a ``FabricHookState`` (or an ``AggregationClient``)."""
-    return _state(state).submit(bucket.buffer())  # type: ignore[arg-type]
+    return _state(state).submit(bucket.buffer(), ("bucket", bucket.index()))  # type: ignore[arg-type]

@@ -30,7 +30,7 @@ def fabric_average(client: object) -> Callable[[torch.nn.Module], None]:
     def average(model: torch.nn.Module) -> None:
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         flat = torch.cat([g.reshape(-1) for g in grads])
-        summed = client.allreduce(flat) / client.world  # type: ignore[attr-defined]
+        summed = client.allreduce(flat, key="gradients") / client.world  # type: ignore[attr-defined]
         offset = 0
         for g in grads:
             g.copy_(summed[offset : offset + g.numel()].view_as(g))

@@ -6,7 +6,11 @@ scatter-gather call, no concatenation copy). ``recv`` returns a buffer that stay
 the next ``recv`` (for shared memory it is a view into the sender's ring; consumers copy what
 they keep).
 
-``UdpTransport``: a bound UDP socket; a datagram is at most 64 KiB.
+``UdpTransport``: a bound UDP socket. A packet larger than a datagram of the path to its
+destination (its MTU less the IP and UDP headers) is cut into datagrams that fit, sent with UDP
+segmentation offload and received with UDP receive offload (``segments.py``): one system call
+per 64 KiB each way, and the packet put back together with a strided copy. A packet is at most
+``UDP_MAX_PACKET`` bytes.
 
 ``ShmTransport``: the same UDP socket carries control traffic and small packets; a packet larger
 than ``inline_limit`` is written into a ring of shared memory owned by the sender (one ring per
@@ -36,6 +40,7 @@ transports (on shared memory it acts on the whole packet, before the ring).
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import mmap
@@ -51,12 +56,28 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, Union, cast
 
+from trainmaster.aggregation.segments import (
+    SEG_HEADER,
+    SEG_MAGIC,
+    SOL_UDP,
+    UDP_GRO,
+    UDP_MAX_DATAGRAM,
+    Reassembler,
+    SegmentCounters,
+    Segmenter,
+    segment_cmsg,
+)
+
 Address = tuple[str, int]
 Buffer = Union[bytes, bytearray, memoryview]
 Packet = Union[Buffer, Sequence[Buffer]]
 
-UDP_MAX_DATAGRAM = 65507  # largest UDP payload over IPv4
-_RX_BUFFER = 65536  # a receive buffer holds any datagram
+UDP_MAX_PACKET = 1 << 20  # largest packet over UDP: 16 segments of 64 KiB at most MTUs
+# a receive buffer holds any datagram, and any run of them the kernel coalesces (64 KiB)
+_RX_BUFFER = 1 << 17
+_GRO_CMSG = socket.CMSG_SPACE(4)
+_MSG_TRUNC = int(socket.MSG_TRUNC)  # a plain int: ``&`` with the enum member costs ~2 us
+_IP_MTU = getattr(socket, "IP_MTU", 14)  # Linux: the path MTU of a connected socket
 SOCKET_BUFFER = 32 << 20  # asked for; what the kernel grants is in ``receive_buffer``
 _SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)  # Linux values
 _SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
@@ -84,8 +105,11 @@ class FaultPlan:
     delay: float = 0.0
     delay_s: float = 0.01
     seed: int = 0
+    # apply the faults to each datagram of a packet cut into segments (its segments are then
+    # sent one by one), not to the packet as a whole: what exercises the reassembly
+    per_datagram: bool = False
 
-    @property
+    @functools.cached_property
     def active(self) -> bool:
         return any(p > 0 for p in (self.drop, self.duplicate, self.reorder, self.delay))
 
@@ -103,9 +127,11 @@ class TransportCounters:
     shm_received: int = 0
     stale_descriptors: int = 0
     ring_full_drops: int = 0
+    segments: SegmentCounters = field(default_factory=SegmentCounters)
 
     def as_dict(self) -> dict[str, int]:
-        return dict(self.__dict__)
+        out = {k: v for k, v in self.__dict__.items() if k != "segments"}
+        return {**out, **self.segments.__dict__}
 
 
 class Transport(Protocol):
@@ -341,17 +367,31 @@ class UdpTransport:
         port: int = 0,
         faults: FaultPlan | None = None,
         buffer_bytes: int = SOCKET_BUFFER,
+        mtu: int | None = None,
     ):
+        """``mtu``: cut packets into datagrams of at most this MTU even where the path allows
+        more (e.g. on loopback, to see segmentation at work); None: each path's own."""
         self.name = name
         self.faults = faults or FaultPlan()
+        if mtu is not None and not 576 <= mtu <= 65536:
+            raise ValueError(f"mtu must be between 576 and 65536 bytes, got {mtu}")
+        self.mtu = mtu
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         _size_buffers(self.sock, buffer_bytes)
+        try:
+            self.sock.setsockopt(SOL_UDP, UDP_GRO, 1)  # coalesced datagrams, see segments.py
+        except OSError:
+            pass  # an older kernel: every datagram comes alone (still correct)
         self.sock.bind((host, port))
         self.sock.setblocking(False)
         self.address: Address = self.sock.getsockname()
         self.receive_buffer = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
-        self.max_packet = UDP_MAX_DATAGRAM
+        self.max_packet = UDP_MAX_PACKET
         self.counters = TransportCounters()
+        self._strides: dict[Address, int] = {}  # destination -> datagram size of its path
+        self._segmenter = Segmenter(self.counters.segments)
+        self._reassembler = Reassembler(self.counters.segments, UDP_MAX_PACKET)
+        self._pooled: bytearray | None = None  # buffer of the reassembled packet recv returned last
         self._links: dict[Address, random.Random] = {}
         self._held: list[_Held] = []
         self._order = itertools.count()
@@ -375,7 +415,21 @@ class UdpTransport:
         return rng
 
     def prepare(self, addr: Address) -> None:
-        """Set up what sending to ``addr`` needs before the first packet (nothing for UDP)."""
+        """Set up what sending to ``addr`` needs before the first packet (UDP: learn the
+        datagram size of the path)."""
+        self.stride(addr)
+
+    def stride(self, addr: Address) -> int:
+        """The largest datagram (UDP payload) towards ``addr`` that its path carries whole:
+        the path MTU (``IP_MTU`` of a connected socket) less 28 bytes of IP and UDP headers,
+        capped by ``mtu`` and by the UDP limit. Learned once per destination."""
+        stride = self._strides.get(addr)
+        if stride is None:
+            mtu = path_mtu(self.address[0], addr) or 1500
+            if self.mtu is not None:
+                mtu = min(mtu, self.mtu)
+            stride = self._strides[addr] = max(SEG_HEADER + 64, min(UDP_MAX_DATAGRAM, mtu - 28))
+        return stride
 
     def buffer_per_sender(self, senders: int) -> int:
         """Bytes each of ``senders`` peers may have in flight towards this node: the socket's
@@ -439,16 +493,34 @@ class UdpTransport:
         heapq.heappush(self._held, _Held(due, next(self._order), b"".join(parts), addr))
 
     def _emit(self, parts: list[Buffer], size: int, addr: Address) -> None:
-        self._sendmsg(parts, addr)
+        stride = self.stride(addr)
+        if size <= stride:
+            self._sendmsg(parts, addr)
+            return
+        # larger than one datagram of the path: segments, several per system call (GSO)
+        count = self._segmenter.layout(parts, size, stride)
+        if self.faults.per_datagram and self.faults.active:
+            for index in range(count):
+                piece = bytes(self._segmenter.segment(index, stride, count))
+                for due in self._fate(addr, False):
+                    if due is None:
+                        self._sendmsg([piece], addr)
+                    else:
+                        heapq.heappush(self._held, _Held(due, next(self._order), piece, addr))
+            return
+        for batch, several in self._segmenter.batches(count, stride):
+            if several:
+                self.counters.segments.gso_sends += 1
+            self._sendmsg([batch], addr, segment_cmsg(stride) if several else ())
 
-    def _sendmsg(self, parts: list[Buffer], addr: Address) -> None:
+    def _sendmsg(self, parts: list[Buffer], addr: Address, cmsg: object = ()) -> None:
         try:
-            self.sock.sendmsg(parts, (), 0, addr)
+            self.sock.sendmsg(parts, cmsg, 0, addr)  # type: ignore[arg-type]
         except BlockingIOError:
             # the kernel's send buffer is full: wait for room rather than lose the packet here
             select.select([], [self.sock], [], 1.0)
             try:
-                self.sock.sendmsg(parts, (), 0, addr)
+                self.sock.sendmsg(parts, cmsg, 0, addr)  # type: ignore[arg-type]
             except OSError:
                 pass  # the network lost it; the protocol's timers recover
         except OSError:
@@ -460,7 +532,10 @@ class UdpTransport:
             now = time.monotonic()
             while self._held and self._held[0].due <= now:
                 held = heapq.heappop(self._held)
-                self._emit([held.data], len(held.data), held.addr)
+                if self.faults.per_datagram and held.data[:1] == bytes([SEG_MAGIC]):
+                    self._sendmsg([held.data], held.addr)  # a segment held back on its own
+                else:
+                    self._emit([held.data], len(held.data), held.addr)
             return self._held[0].due - now if self._held else None
 
     def _resolve(self, data: Buffer) -> memoryview | None:
@@ -492,6 +567,9 @@ class UdpTransport:
         until ``release(token)``: a node that sums packets as they come can keep reading them
         where they lie instead of copying them (a ring packet keeps its ring space; a datagram
         keeps its receive buffer, and the next ``recv`` takes another one)."""
+        if self._pooled is not None:  # a packet put together from segments: keep its buffer
+            kept, self._pooled = self._pooled, None
+            return ("pool", kept)
         if self._last is None:
             self._rx_kept = True
             return self._rx
@@ -506,6 +584,8 @@ class UdpTransport:
                 self._rx_free.append(token)
             else:
                 self._rx_kept = False
+        elif isinstance(token, tuple) and token[0] == "pool":
+            self._reassembler.give_back(token[1])
         elif isinstance(token, tuple):  # a ring packet: (its ring, its position), from ``retain``
             view, pos = cast(tuple[_RingView, int], token)
             view.retained.discard(pos)
@@ -555,19 +635,32 @@ class UdpTransport:
         if self._last is not None:
             self._last[0].publish()
             self._last = None
+        if self._pooled is not None:
+            self._reassembler.give_back(self._pooled)
+            self._pooled = None
         if self._rx_kept:
             self._rx = self._rx_free.pop() if self._rx_free else bytearray(_RX_BUFFER)
             self._rx_kept = False
+        ready = self._reassembler.ready
         deadline = time.monotonic() + max(0.0, timeout)
         while True:
+            if ready:
+                packet, sender, self._pooled = ready.popleft()
+                return packet, sender
             try:
-                n, addr = self.sock.recvfrom_into(self._rx)
+                n, ancillary, flags, addr = self.sock.recvmsg_into([self._rx], _GRO_CMSG)
                 self.counters.received += 1
                 data = memoryview(self._rx)[:n]
+                stride = _gro_stride(ancillary)
+                if flags & _MSG_TRUNC:
+                    continue  # larger than any packet of ours: not one
+                if n > SEG_HEADER and data[0] == SEG_MAGIC or (stride and stride < n):
+                    self._coalesced(n, stride or n, addr)
+                    continue
                 if n == _DESC.size and data[0] == _DESC_MAGIC:
-                    packet = self._resolve(data)
-                    if packet is not None:
-                        return packet, addr
+                    resolved = self._resolve(data)
+                    if resolved is not None:
+                        return resolved, addr
                 else:
                     return data, addr
             except BlockingIOError:
@@ -580,6 +673,22 @@ class UdpTransport:
                 return None
             wait = remaining if next_held is None else min(remaining, max(next_held, 0.0))
             select.select([self.sock], [], [], wait)
+
+    def _coalesced(self, n: int, stride: int, sender: Address) -> None:
+        """Datagrams ``stride`` bytes apart in the receive buffer: segments go to the
+        reassembly (whole packets come out in ``_reassembler.ready``); a datagram that is not
+        a segment (the kernel coalesced plain datagrams of one flow) is copied out whole."""
+        if self._rx[0] == SEG_MAGIC:  # (a datagram in the run that is not a segment is dropped)
+            self._reassembler.feed(self._rx, n, stride, sender)
+            return
+        for start in range(0, n, stride):
+            stop = min(n, start + stride)
+            if self._rx[start] == SEG_MAGIC:
+                self._reassembler.feed(bytearray(self._rx[start:stop]), stop - start, stop - start, sender)
+                continue
+            buffer = self._reassembler.take(stop - start)
+            buffer[: stop - start] = self._rx[start:stop]
+            self._reassembler.ready.append((memoryview(buffer)[: stop - start], sender, buffer))
 
     def close(self) -> None:
         self._last = None
@@ -605,10 +714,11 @@ class ShmTransport(UdpTransport):
         inline_limit: int = 8192,
         full_wait: float = 0.25,
         store_bytes: int = SHM_STORE_BYTES,
+        mtu: int | None = None,
     ):
         if not hasattr(os, "memfd_create"):
             raise RuntimeError("the shared-memory transport needs Linux (memfd_create)")
-        super().__init__(name, host, port, faults)
+        super().__init__(name, host, port, faults, mtu=mtu)
         self.ring_bytes = ring_bytes
         self.inline_limit = inline_limit
         self.full_wait = full_wait
@@ -706,33 +816,42 @@ class ShmTransport(UdpTransport):
             self._store = None
 
 
-_IP_MTU = getattr(socket, "IP_MTU", 14)  # Linux: the path MTU of a connected socket
+def _gro_stride(ancillary: list[tuple[int, int, bytes]]) -> int:
+    """The datagram size of a coalesced receive (its ``UDP_GRO`` control message), 0 if none."""
+    for level, kind, data in ancillary:
+        if level == SOL_UDP and kind == UDP_GRO and len(data) >= 2:
+            return int.from_bytes(data[:4] if len(data) >= 4 else data[:2], "little")
+    return 0
 
 
-def path_chunk(host: str, addr: Address, header: int) -> int | None:
-    """float32 elements per datagram that fit the path MTU from ``host`` to ``addr`` unfragmented
-    (IPv4 20 + UDP 8 + ``header`` bytes of ours), at most one 64 KiB datagram; None if the
-    kernel does not say. A fragmented datagram is lost when any fragment is, and a capped link
-    with a short queue drops fragments often (measured: 4 workers on one 100 Mbit/s tbf link,
-    64 KiB datagrams over MTU 1500: 0.8 MB/s; 8.8 KB datagrams over MTU 9000: 2.9 MB/s)."""
+def path_mtu(host: str, addr: Address) -> int | None:
+    """The MTU of the path from ``host`` to ``addr`` as the kernel knows it (None if it does
+    not say). A datagram larger than it would be fragmented by IP, and a fragmented datagram is
+    lost when any fragment is (measured: 4 workers on one 100 Mbit/s tbf link, 64 KiB datagrams
+    over MTU 1500: 0.8 MB/s; 8.8 KB datagrams over MTU 9000: 2.9 MB/s): packets are cut into
+    datagrams that fit instead (``segments.py``)."""
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         probe.bind((host, 0))
         probe.connect(addr)
-        mtu = probe.getsockopt(socket.IPPROTO_IP, _IP_MTU)
+        return int(probe.getsockopt(socket.IPPROTO_IP, _IP_MTU))
     except OSError:
         return None
     finally:
         probe.close()
-    return max(1, min((UDP_MAX_DATAGRAM - header) // 4, (mtu - 28 - header) // 4))
 
 
 def make_transport(
-    kind: str, name: str, host: str = "127.0.0.1", port: int = 0, faults: FaultPlan | None = None
+    kind: str,
+    name: str,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    faults: FaultPlan | None = None,
+    mtu: int | None = None,
 ) -> UdpTransport:
-    """The transport called ``kind`` ("udp" or "shm")."""
+    """The transport called ``kind`` ("udp" or "shm"); ``mtu``: see ``UdpTransport``."""
     if kind == "udp":
-        return UdpTransport(name, host, port, faults)
+        return UdpTransport(name, host, port, faults, mtu=mtu)
     if kind == "shm":
-        return ShmTransport(name, host, port, faults)
+        return ShmTransport(name, host, port, faults, mtu=mtu)
     raise ValueError(f"unknown transport {kind!r}; choose one of {', '.join(TRANSPORTS)}")

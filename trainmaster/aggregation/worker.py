@@ -7,6 +7,13 @@ timeout, or that ``gap_threshold`` later slices overtook, is sent again with the
 and aggregate-at = 1. An exception-retransmit instruction makes the worker resend that slice as
 float32. A heartbeat thread keeps the parameter node aware that this worker is alive.
 
+Low-bit aggregation (``WorkerConfig(quantizer=SharedScale(8))``, or ``precision="int8"``): the
+client keeps, per tensor (the ``key`` of ``allreduce``), the largest magnitude the job's workers
+sent for each slice in the previous round (every RESULT carries it) and this worker's rounding
+error (error feedback). The next all-reduce of that tensor quantises each slice, input plus
+carried error, with the exponent every worker derives from that magnitude: the same for all of
+them, agreed without a message of its own.
+
 Control messages are reliable: the heartbeat thread owns a second socket (the *control*
 socket) and retransmits each HEARTBEAT every ``control_retry`` seconds until the parameter node
 acknowledges it (ACK, routed back through the forwarding nodes); ``close`` does the same for
@@ -35,6 +42,7 @@ from trainmaster.aggregation.protocol import (
     HEADER_SIZE,
     MAX_ELEMENTS,
     MAX_WORKERS,
+    NO_PEAK,
     Flag,
     Header,
     Kind,
@@ -42,6 +50,7 @@ from trainmaster.aggregation.protocol import (
     decode,
     encode,
     encode_header_into,
+    peak_exponent,
     slot_id,
     values,
 )
@@ -49,18 +58,33 @@ from trainmaster.aggregation.quantize import (
     BLOCK,
     BlockFloat,
     Quantizer,
+    SharedScale,
     dequantize_into,
     error_bound,
     peak_magnitude,
     quantize_into,
 )
-from trainmaster.aggregation.transport import Address, Buffer, FaultPlan, make_transport, path_chunk
+from trainmaster.aggregation.transport import Address, Buffer, FaultPlan, make_transport
 
-# elements per slice: on udp the largest datagram (64 KiB; the per-packet cost of Python is
-# paid 4x less often than with 16 KiB, measured in bench/aggregation_hotpath.py; over links
-# with a 1500-byte MTU the kernel fragments it, so a testbed raises the MTU or a job sets
-# ``chunk`` / TM_AGGREGATION_CHUNK lower), on shm 4 MiB
+# elements per slice: on udp 64 KiB (the per-packet cost of Python is paid 4x less often than
+# with 16 KiB, measured in bench/aggregation_hotpath.py; the transport cuts a slice into
+# datagrams that fit the path's MTU and hands 64 KiB to the kernel per system call), on shm
+# 4 MiB
 DEFAULT_CHUNK = {"udp": MAX_ELEMENTS, "shm": 1 << 20}
+PRECISIONS = ("int32", "int16", "int8")
+
+
+def quantizer_for(precision: str) -> Quantizer:
+    """The quantiser a job's ``precision`` names: ``int32`` (block floating point, the
+    default), ``int16`` or ``int8`` (low-bit aggregation with a shared scale and error
+    feedback)."""
+    if precision == "int32":
+        return BlockFloat()
+    if precision == "int16":
+        return SharedScale(16)
+    if precision == "int8":
+        return SharedScale(8)
+    raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
 
 
 def host_identity() -> str:
@@ -92,7 +116,11 @@ class WorkerCounters:
     results: int = 0
     fallbacks_to_parameter_node: int = 0  # the forwarding node stopped answering
     window_cuts: int = 0  # congestion window halved after a loss
+    # retransmissions whose slice's result came back sooner than any round trip could after
+    # them: the first send was answered, the loss was a delay (the window cut is undone)
+    spurious_retransmits: int = 0
     stale_results: int = 0  # shared-store references whose space was reused before reading
+    low_bit_slices: int = 0  # slices sent as int8/int16 with the job's shared scale (first sends)
     elements_reduced: int = 0
     seconds_in_allreduce: float = 0.0
 
@@ -109,6 +137,42 @@ class _InFlight:
     gap_resent: bool = False
     sends: int = 0
     last_sent_packet: int = 0  # the worker's packets_sent count when this slice last went
+    peak: float = 0.0  # the slice's largest magnitude (of what this worker sends)
+    first_sent_at: float = 0.0
+    resent_at: float = 0.0  # when it was last sent again after a timeout or a gap
+    cwnd_before: float = 0.0  # the window its loss halved (0: its loss cut nothing)
+
+
+@dataclass
+class _Stream:
+    """What low-bit aggregation carries from one all-reduce of a tensor to the next.
+
+    ``peaks``: per slice, the largest magnitude (``Header.peak``) any worker sent in the last
+    round (``NO_PEAK``: no round yet: the slice goes as int32); ``margins`` / ``clean``: per
+    slice, the bits kept free above it and the rounds since it last overflowed
+    (``SharedScale.next_margin``); ``residual``: this worker's rounding error per element,
+    added to the next input (error feedback); ``carried``: per slice, the bound of every
+    worker's carried error (the result's error bound includes it)."""
+
+    size: int
+    peaks: np.ndarray
+    margins: np.ndarray
+    clean: np.ndarray
+    residual: np.ndarray
+    sent: np.ndarray  # the input plus the carried error: what this round quantises
+    carried: np.ndarray
+
+    @classmethod
+    def empty(cls, size: int, slices: int, margin: int) -> _Stream:
+        return cls(
+            size,
+            np.full(slices, NO_PEAK, np.int16),
+            np.full(slices, margin, np.int8),
+            np.zeros(slices, np.int16),
+            np.zeros(size, np.float32),
+            np.empty(size, np.float32),
+            np.zeros(slices, np.float32),
+        )
 
 
 @dataclass
@@ -157,20 +221,18 @@ class AggregationClient:
         host: str = "127.0.0.1",
         transport: str = "udp",
         kill: KillPlan | None = None,
+        mtu: int | None = None,
     ):
+        """``mtu``: cut packets into datagrams of at most this MTU (see ``UdpTransport``)."""
         if not 0 <= rank < world <= MAX_WORKERS:
             raise ValueError(f"rank {rank} / world {world}: need 0 <= rank < world <= {MAX_WORKERS}")
         self.config = config or WorkerConfig()
         if self.config.tune_allocator:
             tune_allocator()
-        self.transport = make_transport(transport, f"worker{job}.{rank}", host, 0, faults)
-        self._control = make_transport("udp", f"worker{job}.{rank}-control", host, 0, faults)
-        # no chunk configured: on udp the largest datagram the path to the forwarding node
-        # carries unfragmented; the WELCOME then gives every worker of the job the smallest
-        # of its workers' (slices must line up across workers)
+        self.transport = make_transport(transport, f"worker{job}.{rank}", host, 0, faults, mtu)
+        self._control = make_transport("udp", f"worker{job}.{rank}-control", host, 0, faults, mtu)
+        # slices must line up across the job's workers: configure all of them alike
         self.chunk = self.config.chunk or DEFAULT_CHUNK[transport]
-        if self.config.chunk is None and transport == "udp":
-            self.chunk = path_chunk(host, switch, HEADER_SIZE) or self.chunk
         default_rto, default_floor = (0.2, 0.05) if transport == "udp" else (1.0, 0.2)
         cfg = self.config
         self.min_rto = cfg.min_retransmit_timeout if cfg.min_retransmit_timeout is not None else default_floor
@@ -182,9 +244,7 @@ class AggregationClient:
         if not 1 <= self.chunk <= limit:
             self.transport.close()
             self._control.close()
-            raise ValueError(
-                f"chunk must be between 1 and {limit} elements on the {transport} transport (UDP: {MAX_ELEMENTS})"
-            )
+            raise ValueError(f"chunk must be between 1 and {limit} elements on the {transport} transport")
         self.switch, self.job, self.rank, self.world = switch, job, rank, world
         self.parameter_node: Address | None = self.config.parameter_node
         self.target = switch  # where data goes: the forwarding node, or the parameter node
@@ -219,13 +279,16 @@ class AggregationClient:
         self._scratch = np.empty(BLOCK, dtype=np.float32)  # quantisation's work space
         self._srtt: float | None = None  # smoothed round trip of a slice (RFC 6298 style)
         self._rttvar = 0.0
+        self._min_rtt = math.inf  # the shortest round trip seen: no answer can come sooner
+        self._streams: dict[Any, _Stream] = {}  # low-bit state per tensor key
+        self._stream: _Stream | None = None  # the current reduction's
 
     # ---- membership -----------------------------------------------------------------------
     def join(self) -> None:
         """Register with the fabric and wait until every worker of the job has (a barrier)."""
         if self._joined:
             return
-        me = json.dumps({"pid": os.getpid(), "host": host_identity(), "chunk": self.chunk}).encode()
+        me = json.dumps({"pid": os.getpid(), "host": host_identity()}).encode()
         hello = encode(Header(Kind.HELLO, self.job, bitmap=self.bit, fan_in=self.world), me)
         self.transport.prepare(self.switch)
         deadline = time.monotonic() + self.config.timeout
@@ -249,12 +312,6 @@ class AggregationClient:
             if h is not None and h.kind == Kind.WELCOME and h.job == self.job:
                 info = self._welcome_info(body)
                 budget = info.get("buffer_per_worker")
-                if (
-                    self.config.chunk is None
-                    and isinstance(info.get("chunk"), int)
-                    and 1 <= info["chunk"] <= (self.transport.max_packet - HEADER_SIZE) // 4
-                ):
-                    self.chunk = info["chunk"]
                 pool = h.slot or 1
                 per_packet = HEADER_SIZE + 4 * self.chunk
                 # half of the smallest buffer share on the path (a datagram occupies more
@@ -272,7 +329,7 @@ class AggregationClient:
 
     def _welcome_info(self, welcome: bytes | memoryview) -> dict[str, Any]:
         """What a WELCOME says (the parameter node's address, taken unless configured; the
-        per-worker in-flight budget; the job's slice size); {} if unreadable."""
+        per-worker in-flight budget); {} if unreadable."""
         try:
             info = json.loads(bytes(welcome)) if len(welcome) else {}
             host, port = info.get("parameter_node") or ("", 0)
@@ -398,7 +455,22 @@ class AggregationClient:
         except (ProtocolError, ValueError):
             return None, b""
 
-    def _send_slice(self, x: np.ndarray, fl: _InFlight, retransmit: bool, peak: float | None = None) -> None:
+    def _encoding(self, fl: _InFlight, chunk: np.ndarray) -> tuple[Flag, np.dtype, int]:
+        """How a slice goes: its payload flag, element type and exponent (float32 on the
+        exception path; int8/int16 with the job's shared scale once a round of this tensor
+        told every worker the slice's magnitude; int32 otherwise)."""
+        if fl.floats:
+            return Flag.FLOAT, np.dtype("<f4"), 0
+        quantizer = self.config.quantizer
+        stream = self._stream
+        if isinstance(quantizer, SharedScale):
+            if stream is not None and stream.peaks[fl.seq] != NO_PEAK:
+                exponent = quantizer.shared_exponent(int(stream.peaks[fl.seq]), self.world, int(stream.margins[fl.seq]))
+                return (Flag.INT8 if quantizer.bits == 8 else Flag.INT16), quantizer.dtype, exponent
+            return Flag.NONE, np.dtype("<i4"), BlockFloat().choose_exponent(chunk, self.world, fl.peak)
+        return Flag.NONE, np.dtype("<i4"), quantizer.choose_exponent(chunk, self.world, fl.peak)
+
+    def _send_slice(self, x: np.ndarray, fl: _InFlight, retransmit: bool) -> None:
         """Quantise (or copy, on the float path) the slice straight into the outgoing packet."""
         chunk = x[fl.start : fl.stop]
         slot = self.slot_override.get(fl.seq, slot_id(self.job, fl.seq))
@@ -406,15 +478,39 @@ class AggregationClient:
         if retransmit:
             flags |= Flag.RETRANSMIT | Flag.AGGREGATE_AT_PS
         if fl.floats:
-            flags |= Flag.FLOAT | Flag.AGGREGATE_AT_PS
-        exponent = 0 if fl.floats else self.config.quantizer.choose_exponent(chunk, self.world, peak)
-        packet = self.transport.packet(self.target, HEADER_SIZE + 4 * chunk.size)
-        payload = np.frombuffer(packet, "<f4" if fl.floats else "<i4", chunk.size, HEADER_SIZE)
+            flags |= Flag.AGGREGATE_AT_PS
+        kind, dtype, exponent = self._encoding(fl, chunk)
+        packet = self.transport.packet(self.target, HEADER_SIZE + dtype.itemsize * chunk.size)
+        payload = np.frombuffer(packet, dtype, chunk.size, HEADER_SIZE)
         if fl.floats:
             payload[:] = chunk
         else:
-            quantize_into(chunk, exponent, payload, peak, self._scratch)
-        head = Header(Kind.DATA, self.job, self.round, fl.seq, self.bit, self.world, slot, exponent, chunk.size, flags)
+            quantize_into(chunk, exponent, payload, fl.peak, self._scratch)
+        stream = self._stream
+        if stream is not None and (fl.floats or fl.sends == 0):
+            # error feedback: what this worker's rounding left out goes into its next round
+            # (nothing once the slice goes as floats)
+            residual = stream.residual[fl.start : fl.stop]
+            if fl.floats or not self._feedback:
+                residual[...] = 0.0
+            else:
+                dequantize_into(payload, exponent, residual)
+                np.subtract(chunk, residual, out=residual)
+            if kind in (Flag.INT8, Flag.INT16):
+                self.counters.low_bit_slices += 1
+        head = Header(
+            Kind.DATA,
+            self.job,
+            self.round,
+            fl.seq,
+            self.bit,
+            self.world,
+            slot,
+            exponent,
+            chunk.size,
+            flags | kind,
+            peak=peak_exponent(fl.peak),
+        )
         encode_header_into(packet, head, chunk.size)
         del payload  # no view of the packet may outlive this call
         self.transport.send(packet, self.target)
@@ -423,6 +519,8 @@ class AggregationClient:
         fl.last_sent_packet = self.counters.packets_sent
         fl.sends += 1
         fl.sent_at = time.monotonic()
+        if fl.sends == 1:
+            fl.first_sent_at = fl.sent_at
 
     @property
     def last_error_bound(self) -> np.ndarray | None:
@@ -433,22 +531,31 @@ class AggregationClient:
         n = math.prod(self._bound_shape)
         return np.repeat(self._bounds, self.chunk)[:n].reshape(self._bound_shape)
 
-    def allreduce(self, array: Any, out: np.ndarray | None = None) -> Any:
+    def allreduce(self, array: Any, out: np.ndarray | None = None, key: Any = None) -> Any:
         """Sum ``array`` over every worker of the job; returns the same type and shape.
 
         numpy arrays and torch tensors are accepted; the sum is computed in the quantised
         domain, and ``last_error_bound`` holds the per-element bound on its absolute error.
         ``out`` (numpy input only): a C-contiguous float32 array of the same size that
         receives the result (it may be ``array`` itself: in place, as gloo's all_reduce).
+        ``key`` (low-bit aggregation): which tensor this is, so that its shared scale and
+        carried error go on from its previous all-reduce (every worker must use the same keys
+        in the same order; default: the element count). With error feedback the result is the
+        sum of the inputs plus the errors carried from the previous round minus this round's:
+        ``last_error_bound`` bounds both.
         """
         torch_like = hasattr(array, "detach") and hasattr(array, "numpy")
         src = array.detach().cpu().numpy() if torch_like else np.asarray(array)
         x = np.ascontiguousarray(src, dtype=np.float32).ravel()
-        # each slice's peak, found once (two reductions, no temporary array) and used both to
-        # refuse NaN/infinity before anything is sent and to choose the slice's scale
-        peaks = [peak_magnitude(x[i : i + self.chunk]) for i in range(0, max(x.size, 1), self.chunk)]
-        if not all(math.isfinite(p) for p in peaks):
+        if not all(math.isfinite(peak_magnitude(x[i : i + BLOCK])) for i in range(0, x.size, BLOCK)):
             raise ValueError("allreduce input contains NaN or infinity")
+        self._stream = self._stream_for(x.size if key is None else key, x.size)
+        if self._stream is not None:
+            np.add(x, self._stream.residual, out=self._stream.sent)
+            x = self._stream.sent
+        # each slice's peak, found once (two reductions, no temporary array) and used to
+        # choose the slice's scale and to tell the others its magnitude
+        peaks = [peak_magnitude(x[i : i + self.chunk]) for i in range(0, max(x.size, 1), self.chunk)]
         target = None
         if out is not None:
             if torch_like or out.dtype != np.float32 or out.size != x.size or not out.flags.c_contiguous:
@@ -462,6 +569,7 @@ class AggregationClient:
         finally:
             self._busy_round = 0  # announced by the heartbeat thread within control_retry
         self._bounds, self._bound_shape = bounds, tuple(src.shape)
+        self._stream = None
         if out is not None:
             return out
         result = result_flat.reshape(src.shape)
@@ -471,6 +579,22 @@ class AggregationClient:
             return torch.from_numpy(result).to(dtype=array.dtype, device=array.device)
         return result.astype(src.dtype, copy=False) if src.dtype.kind == "f" else result
 
+    def _stream_for(self, key: Any, size: int) -> _Stream | None:
+        """The low-bit state of tensor ``key`` (a fresh one when its size changed); None
+        without low-bit aggregation or error feedback."""
+        quantizer = self.config.quantizer
+        if not isinstance(quantizer, SharedScale):
+            return None
+        stream = self._streams.get(key)
+        if stream is None or stream.size != size:
+            stream = self._streams[key] = _Stream.empty(size, max(1, math.ceil(size / self.chunk)), quantizer.margin)
+        return stream
+
+    @property
+    def _feedback(self) -> bool:
+        quantizer = self.config.quantizer
+        return isinstance(quantizer, SharedScale) and quantizer.error_feedback
+
     def _rto(self) -> float:
         cfg = self.config
         if self._srtt is None:
@@ -479,6 +603,7 @@ class AggregationClient:
         return min(cfg.max_retransmit_timeout, max(self.min_rto, rto))
 
     def _sample_rtt(self, rtt: float) -> None:
+        self._min_rtt = min(self._min_rtt, rtt)
         if self._srtt is None:
             self._srtt, self._rttvar = rtt, rtt / 2
         else:
@@ -512,9 +637,11 @@ class AggregationClient:
                     self._hello(self.target)
                     next_hello = time.monotonic() + 0.3
             while next_seq < total and len(pending) < max(1, int(self.cwnd)):
-                fl = _InFlight(next_seq, next_seq * chunk, min(n, (next_seq + 1) * chunk), 0.0, self._rto())
+                fl = _InFlight(
+                    next_seq, next_seq * chunk, min(n, (next_seq + 1) * chunk), 0.0, self._rto(), peak=peaks[next_seq]
+                )
                 pending[next_seq] = fl
-                self._send_slice(x, fl, retransmit=False, peak=peaks[next_seq])
+                self._send_slice(x, fl, retransmit=False)
                 next_seq += 1
             now = time.monotonic()
             if now - last_progress > cfg.timeout:
@@ -533,8 +660,11 @@ class AggregationClient:
                             self.counters.duplicates_ignored += 1
                     elif h.kind == Kind.RESULT and self._accept(h, body, pending[h.seq], out, bound):
                         fl = pending.pop(h.seq)
+                        now = time.monotonic()
                         if fl.sends == 1:  # Karn: only unambiguous samples
-                            self._sample_rtt(time.monotonic() - fl.sent_at)
+                            self._sample_rtt(now - fl.sent_at)
+                        elif fl.resent_at and now - fl.resent_at < self._min_rtt:
+                            self._spurious(fl, now)
                         if cfg.congestion_control:
                             self.cwnd = min(float(self.window), self.cwnd + 1.0 / self.cwnd)
                         done += 1
@@ -560,7 +690,8 @@ class AggregationClient:
                         fl.rto = min(fl.rto * 2, cfg.max_retransmit_timeout)
                     self._on_loss(fl)
                     self.counters.retransmits += 1
-                    self._send_slice(x, fl, retransmit=True, peak=peaks[fl.seq])
+                    fl.resent_at = now
+                    self._send_slice(x, fl, retransmit=True)
         self.counters.elements_reduced += n
         self.counters.seconds_in_allreduce += time.monotonic() - started
         return out, bound
@@ -570,9 +701,20 @@ class AggregationClient:
         last cut counts (the others of that window were lost to the same overflow)."""
         if not self.config.congestion_control or fl.last_sent_packet <= self._cwnd_cut_at:
             return
+        fl.cwnd_before = self.cwnd
         self.cwnd = max(1.0, self.cwnd / 2)
         self._cwnd_cut_at = self.counters.packets_sent
         self.counters.window_cuts += 1
+
+    def _spurious(self, fl: _InFlight, now: float) -> None:
+        """The result of a resent slice came back sooner than any round trip after the resend
+        (Eifel's test, by time): the first send was answered and the slice was only late. On a
+        machine whose cores are busy, scheduling delays look like losses; undo the window cut
+        and learn the long round trip (an unambiguous sample now), so the timer stops firing."""
+        self.counters.spurious_retransmits += 1
+        if fl.cwnd_before:
+            self.cwnd = max(self.cwnd, fl.cwnd_before)
+        self._sample_rtt(now - fl.first_sent_at)
 
     def _hello(self, addr: Address) -> None:
         me = json.dumps({"pid": os.getpid(), "host": host_identity()}).encode()
@@ -621,7 +763,23 @@ class AggregationClient:
         if h.has(Flag.SHARED) and not self.transport.shared_intact(body):
             self.counters.stale_results += 1  # rewritten while we read: what we wrote is void
             return False
-        bound[fl.seq] = 0.0 if h.has(Flag.FLOAT) else error_bound(h.exponent, self.world)
+        floats = h.has(Flag.FLOAT)
+        stream = self._stream
+        bound[fl.seq] = 0.0 if floats else error_bound(h.exponent, self.world)
+        if stream is not None:
+            # the errors carried into this round, and the bound of those this round carries on
+            # (each worker's own rounding, at most half a unit of the slice's scale)
+            bound[fl.seq] += stream.carried[fl.seq]
+            stream.carried[fl.seq] = (
+                0.5 * self.world * math.ldexp(1.0, -h.exponent) if self._feedback and not floats else 0.0
+            )
+            if stream.peaks[fl.seq] != NO_PEAK and isinstance(self.config.quantizer, SharedScale):
+                # a low-bit slice that overflowed came back as floats
+                margin, clean = self.config.quantizer.next_margin(
+                    int(stream.margins[fl.seq]), int(stream.clean[fl.seq]), floats
+                )
+                stream.margins[fl.seq], stream.clean[fl.seq] = margin, clean
+            stream.peaks[fl.seq] = h.peak
         if h.has(Flag.CONFLICT):
             self.slot_override[h.seq] = h.slot
         self.counters.results += 1
@@ -632,6 +790,7 @@ class AggregationClient:
             "role": "worker",
             "job": self.job,
             "rank": self.rank,
+            "window": self.window,  # slices in flight at most (slots, buffers, configured)
             **self.counters.__dict__,
             "transport": self.transport.counters.as_dict(),
         }

@@ -14,6 +14,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "partition": (
         "trainmaster partition trainmaster.partition.models:encoder --devices 4 --input-shape 2,16,64",
         "trainmaster partition trainmaster.partition.models:inception --devices 2 --input-shape 1,3,32,32 --json",
+        "trainmaster partition trainmaster.partition.models:resnet_like --devices 4 --input-shape 1,3,32,32 "
+        "--split-points trainmaster   # torch.distributed.pipelining split points",
     ),
     "job validate": (
         "trainmaster job validate examples/pytorch-digits.yaml",
@@ -47,10 +49,12 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "aggregation demo": (
         "trainmaster aggregation demo --workers 4 --jobs 2 --elements 100000 --drop 0.02 --seed 1",
         "trainmaster aggregation demo --workers 4 --overflow --slots 16 --levels 2 --json",
+        "trainmaster aggregation demo --workers 4 --precision int8 --rounds 3 --mtu 1500 --drop 0.01",
     ),
     "aggregation parameter-node": ("trainmaster aggregation parameter-node --port 7000",),
     "aggregation forwarding-node": (
         "trainmaster aggregation forwarding-node --parent 127.0.0.1:7000 --port 7001 --slots 64",
+        "trainmaster aggregation forwarding-node --parent 127.0.0.1:7000 --slots 48 --partitions 3",
     ),
     "flsched schedule": (
         "trainmaster flsched schedule examples/flsched-problem.json --scheduler sa --seed 0",

@@ -86,22 +86,46 @@ def register(app: typer.Typer) -> None:
             0.9, "--availability", min=0.0, max=1.0, help="Chance a device is reachable at a decision."
         ),
         max_rounds: int = typer.Option(2000, "--max-rounds", min=1, help="Give up on a job after this many rounds."),
+        fleet: bool = typer.Option(
+            False,
+            "--fleet",
+            help="A deployed-scale pool in sparse form (make_fleet: data on 5-50%% of the devices, per_round 10-50, "
+            "a slow quarter; --per-round and --fairness-weight do not apply): try --devices 100000 --jobs 20.",
+        ),
         as_json: bool = typer.Option(False, "--json", help="Print JSON only."),
     ) -> None:
-        """Simulate jobs until each reaches its target: rounds, simulated time, per-job times, participation."""
+        """Simulate jobs until each reaches its target: rounds, simulated time, per-job times, participation.
+
+        Examples: trainmaster flsched simulate --devices 100 --jobs 3 --scheduler sa;
+        trainmaster flsched simulate --fleet --devices 100000 --jobs 20 --scheduler sa"""
         from trainmaster.flsched import make_scheduler
         from trainmaster.flsched.simulate import simulate
-        from trainmaster.flsched.synthetic import make_problem
+        from trainmaster.flsched.synthetic import make_fleet, make_fleet_curves, make_problem
 
-        if jobs * per_round > devices:
-            raise UserError(
-                f"{jobs} jobs x {per_round} devices per round need {jobs * per_round} devices, the pool has {devices}"
-            )
         if scheduler == "exact" and devices > 40:
             raise UserError("the exact (MILP) scheduler is for small pools; use --devices 40 or fewer")
         sched = make_scheduler(scheduler, seed=seed)
-        problem = make_problem(devices, jobs, per_round, seed, weights={"time": 1.0, "fairness": fairness_weight})
-        result = simulate(problem, sched, seed=seed, availability=availability, max_rounds=max_rounds)
+        if fleet:
+            if devices < 150 * jobs:
+                raise UserError(
+                    f"--fleet needs at least 150 devices per job ({150 * jobs} for {jobs} jobs), got {devices}"
+                )
+            pool = make_fleet(devices, jobs, seed)
+            result = simulate(
+                pool,
+                sched,
+                curves=make_fleet_curves(jobs, seed),
+                seed=seed,
+                availability=availability,
+                max_rounds=max_rounds,
+            )
+        else:
+            if jobs * per_round > devices:
+                raise UserError(
+                    f"{jobs} jobs x {per_round} devices per round need {jobs * per_round} devices, the pool has {devices}"
+                )
+            problem = make_problem(devices, jobs, per_round, seed, weights={"time": 1.0, "fairness": fairness_weight})
+            result = simulate(problem, sched, seed=seed, availability=availability, max_rounds=max_rounds)
         out = result.to_dict()
         if as_json:
             print(json.dumps(out))
@@ -110,14 +134,19 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         total = "never (a job missed its target)" if out["total_time"] is None else f"{out['total_time']:.1f} s"
-        table = Table(title=f"{scheduler}: all targets reached at {total}; decision {out['decision_ms_median']:.1f} ms")
+        mean = "-" if out["mean_completion_time"] is None else f"{out['mean_completion_time']:.1f} s"
+        table = Table(
+            title=f"{scheduler}: all targets reached at {total}, mean job completion {mean}; "
+            f"decision {out['decision_ms_median']:.1f} ms ({out['decision_cpu_ms_median']:.1f} ms CPU, "
+            f"max {out['decision_cpu_ms_max']:.1f})"
+        )
         for col in (
             "job",
             "rounds",
             "time to target (s)",
             "final accuracy",
             "devices never used",
-            "participation histogram",
+            "devices by rounds served",
         ):
             table.add_column(col)
         for job, j in out["jobs"].items():
@@ -128,7 +157,9 @@ def register(app: typer.Typer) -> None:
                 ttt,
                 f"{j['final_accuracy']:.3f}",
                 str(j["devices_never_used"]),
-                " ".join(str(c) for c in j["participation_histogram"]["counts"]),
+                ", ".join(
+                    f"{b['rounds']}: {b['devices']}" for b in j["participation_histogram"]["bins"] if b["devices"]
+                ),
             )
         Console().print(table)
 
@@ -178,5 +209,43 @@ def register(app: typer.Typer) -> None:
             ttt = "-" if j["time_to_target"] is None else f"{j['time_to_target']:.1f}"
             table.add_row(name, str(j["rounds"]), f"{j['final_accuracy']:.3f}", f"{j['target']:.2f}", ttt)
         Console().print(table)
+
+    @sub.command("arbiter")
+    def arbiter_cmd(
+        host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (loopback by default)."),
+        port: int = typer.Option(8470, "--port", min=1, max=65535, help="Port to listen on."),
+        scheduler: str = typer.Option("sa", "--scheduler", help="Scheduler that decides each joint round."),
+        seed: int = typer.Option(0, "--seed", help="Seed of the scheduler."),
+        fairness_weight: float = typer.Option(
+            30.0, "--fairness-weight", min=0.0, help="Weight of the participation variance (time weight is 1)."
+        ),
+        gather_s: float = typer.Option(
+            0.5, "--gather-s", min=0.0, help="How long a request waits for the other runs' requests (seconds)."
+        ),
+        lease_s: float = typer.Option(
+            600.0, "--lease-s", min=1.0, help="A lease not released by then ends (a run that died)."
+        ),
+        state: Path | None = typer.Option(
+            None,
+            "--state",
+            help="JSON file of the arbiter's state (profiles, runs, history, leases), written at every change; "
+            "an arbiter restarted on it resumes, leases included.",
+        ),
+    ) -> None:
+        """Serve the node arbiter: concurrent Flower runs lease their rounds' nodes from it.
+
+        Example: trainmaster flsched arbiter --port 8470 --fairness-weight 600
+
+        Runs register (PUT /v1/runs/RUN), nodes enrol (PUT /v1/devices), each round leases
+        (POST /v1/runs/RUN/lease) and releases (POST /v1/runs/RUN/release); GET /v1/leases
+        shows every lease. See docs/flsched.md (Flower)."""
+        from trainmaster.flsched import names
+        from trainmaster.flsched.arbiter import serve
+
+        if scheduler not in names():
+            raise UserError(f"unknown scheduler {scheduler!r}", [f"choose one of: {', '.join(names())}"])
+        if state is not None and not state.parent.is_dir():
+            raise UserError(f"--state {state}: the directory {state.parent} does not exist")
+        serve(host, port, scheduler, seed, fairness_weight, gather_s, lease_s, None if state is None else str(state))
 
     app.add_typer(sub, name="flsched")

@@ -30,7 +30,10 @@ def gateway_init(
         "client-only certificate and keys; tasks belong to the initiator that created them).",
     ),
     host: str = typer.Option("127.0.0.1", help="Address every service listens on (goes into certificates)."),
-    port_base: int = typer.Option(8443, help="Gateway port; party i listens on port_base+1+i."),
+    port_base: int = typer.Option(
+        8443,
+        help="Gateway port; party i listens on port_base+1+i; with N parties the stream ports follow: the gateway's at port_base+1+N, party i's at port_base+2+N+i.",
+    ),
     hosts: str = typer.Option(
         "",
         "--hosts",
@@ -40,7 +43,7 @@ def gateway_init(
     ),
 ) -> None:
     """Create a private CA, TLS certificates, Ed25519/X25519 keys per identity, a roster and configs."""
-    from trainmaster.gateway.provision import init_deployment
+    from trainmaster.gateway.crypto.provision import init_deployment
 
     names = [p.strip() for p in parties.split(",") if p.strip()]
     inits = [i.strip() for i in initiators.split(",") if i.strip()]
@@ -60,9 +63,9 @@ def gateway_serve(
     config: Path = typer.Option(..., "--config", help="The gateway's config.yaml from `gateway init`."),
 ) -> None:
     """Run the gateway on one mutual-TLS port."""
-    from trainmaster.gateway.app import build_gateway_app
-    from trainmaster.gateway.provision import load_config
-    from trainmaster.gateway.service import serve
+    from trainmaster.gateway.relay.app import build_gateway_app
+    from trainmaster.gateway.config import load_config
+    from trainmaster.gateway.net.service import serve
 
     cfg = load_config(config)
     if cfg.role != "gateway":
@@ -81,9 +84,9 @@ def party_serve(
     ),
 ) -> None:
     """Run a party agent on its mutual-TLS port."""
-    from trainmaster.gateway.party import build_party_app
-    from trainmaster.gateway.provision import load_config
-    from trainmaster.gateway.service import serve
+    from trainmaster.gateway.party.app import build_party_app
+    from trainmaster.gateway.config import load_config
+    from trainmaster.gateway.net.service import serve
 
     cfg = load_config(config)
     if cfg.role != "party":
@@ -106,18 +109,31 @@ def task_run(
     out: Path = typer.Option(
         None,
         "--out",
-        help="Folder for streamed (large) results, one <task>/<data_id>.json "
+        help="Folder for large results, one <task>/<data_id>.json (or .bin) "
         "file each; default: results/ under the initiator's state_dir.",
     ),
+    fresh: bool = typer.Option(
+        False,
+        "--fresh",
+        help="Refuse (exit 2) if the task file's task_id was used by an earlier run, instead of "
+        "showing that run's stored results.",
+    ),
 ) -> None:
-    """Create the task at the gateway and its legs at the parties, fetch results through the gateway
-    (retrying while a service is down, until the task's deadline), print them as JSON.
+    """Create the task at the gateway and its legs at the parties, send the legs' inputs, fetch
+    results through the gateway (retrying while a service is down, until the task's deadline),
+    print them as JSON.
+
+    A task_id an earlier run created is not run again: its stored results are shown, and a line on
+    stderr and the report's "earlier_run" say so and when it ran (--fresh refuses instead).
 
     Exit 0 when every leg has a verified result, 1 when some leg has another outcome, 2 for a
     mistake in the input (including a task id used before for another task), 3 when the gateway
-    stayed unreachable until the deadline."""
-    from trainmaster.gateway.client import Initiator, load_task
-    from trainmaster.gateway.provision import load_config
+    stayed unreachable until the deadline.
+
+    Example: trainmaster task run --config deploy/alice/config.yaml task.yaml --fresh"""
+    from trainmaster.gateway.initiator.client import Initiator
+    from trainmaster.gateway.initiator.taskfile import load_task
+    from trainmaster.gateway.config import load_config
 
     cfg = load_config(config)
     if cfg.role != "initiator":
@@ -125,12 +141,129 @@ def task_run(
     spec = load_task(task_file)
     initiator = Initiator(cfg, results_dir=out)
     try:
-        report = initiator.run_task(spec)
+        report = initiator.run_task(spec, fresh=fresh)
     finally:
         initiator.close()
     typer.echo(json.dumps(report, indent=2))
     if any(leg["outcome"] != "result" for leg in report["legs"].values()):
         raise typer.Exit(1)
+
+
+audit_app = typer.Typer(
+    help="The audit logs of the gateway and the parties: check them, or read a running service's.",
+    no_args_is_help=True,
+)
+gateway_app.add_typer(audit_app, name="audit")
+
+
+@audit_app.command("verify")
+def audit_verify(
+    log: Path = typer.Argument(..., help="An audit log: <state_dir>/audit.log of the gateway or a party."),
+    roster: Optional[Path] = typer.Option(
+        None, "--roster", help="roster.json: check every line's signature with the service's public key."
+    ),
+    service: Optional[str] = typer.Option(
+        None, "--service", help="Whose log it is (its name in the roster; default: the log's own lines say)."
+    ),
+    head: Optional[str] = typer.Option(
+        None,
+        "--head",
+        help="SEQ:HASH taken earlier (e.g. from `audit show`): the log must still reach it "
+        "(default: the head recorded beside the log).",
+    ),
+) -> None:
+    """Check an audit log: every line's hash, the chain to the line before, seq order and gaps, the
+    signatures (with --roster) and the end against the recorded head. Prints each problem by line.
+
+    Exit 0 when the log is intact, 1 when a line was edited, removed, reordered or cut off, 2 for a
+    mistake in the input.
+
+    Example: trainmaster gateway audit verify deploy/gateway/state/audit.log --roster deploy/roster.json"""
+    from trainmaster.gateway.audit.log import verify
+    from trainmaster.gateway.crypto.provision import load_roster
+
+    if not log.is_file():
+        raise UserError(f"audit log not found: {log}", details=["give <state_dir>/audit.log of the gateway or a party"])
+    signer = None
+    if roster is not None:
+        if not roster.is_file():
+            raise UserError(f"roster not found: {roster}")
+        members = load_roster(roster)
+        name = service or _log_service(log)
+        if name not in members:
+            raise UserError(f"{name!r} is not in {roster}", details=[f"members: {', '.join(sorted(members))}"])
+        signer = members[name]
+    anchor = None
+    if head is not None:
+        seq, sep, digest = head.partition(":")
+        if not sep or not seq.isdigit() or len(digest) != 64:
+            raise UserError(f"invalid --head {head!r}", details=["write SEQ:HASH, e.g. 120:3f5a... (64 hex digits)"])
+        anchor = (int(seq), digest)
+    verdict = verify(log, signer, anchor)
+    typer.echo(
+        json.dumps(
+            {
+                "log": str(log),
+                "ok": verdict.ok,
+                "lines": verdict.lines,
+                "head": f"{verdict.seq}:{verdict.head}",
+                "signatures": "checked" if signer else "not checked (give --roster)",
+                "problems": verdict.problems,
+            },
+            indent=2,
+        )
+    )
+    if not verdict.ok:
+        raise typer.Exit(1)
+
+
+def _log_service(log: Path) -> str:
+    """The service named by the log's first line."""
+    with log.open("rb") as fh:
+        for raw in fh:
+            try:
+                return str(json.loads(raw)["service"])
+            except (ValueError, KeyError, TypeError):
+                continue
+    raise UserError(f"{log} holds no audit entry naming its service", details=["give --service NAME"])
+
+
+@audit_app.command("show")
+def audit_show(
+    config: Path = typer.Option(..., "--config", help="The operator's config.yaml from `gateway init`."),
+    service: str = typer.Option("gateway", "--service", help="Whose log: gateway, or a party's name."),
+    task: Optional[str] = typer.Option(None, "--task", help="Only this task's entries."),
+    after: int = typer.Option(0, "--after", help="Only entries after this seq."),
+    limit: int = typer.Option(200, "--limit", help="At most this many entries."),
+) -> None:
+    """Read a running service's audit log over mutual TLS (the operator identity only), with the
+    service's own check of the whole log.
+
+    Example: trainmaster gateway audit show --config deploy/operator/config.yaml --service a --task t1"""
+    import httpx
+
+    from trainmaster.gateway.config import load_config
+    from trainmaster.gateway.crypto.provision import load_roster
+    from trainmaster.gateway.net.tls import client_ssl_context, expect
+
+    cfg = load_config(config)
+    if cfg.role != "operator":
+        raise UserError(f"{config} is a {cfg.role} config; the audit log is read with the operator's")
+    roster = load_roster(cfg.roster)
+    member = roster.get(service)
+    if member is None or member.role not in ("gateway", "party") or not member.endpoint:
+        raise UserError(f"{service!r} is not the gateway or a party of this deployment")
+    params: dict[str, str | int] = {"after": after, "limit": limit, "verify": "true"}
+    if task:
+        params["task_id"] = task
+    try:
+        with httpx.Client(verify=client_ssl_context(cfg), timeout=60.0) as http:
+            resp = http.get(f"{member.endpoint}/v1/audit", params=params, extensions=expect(service, member.role))
+    except httpx.TransportError as exc:
+        raise UserError(f"{service} at {member.endpoint} is unreachable: {type(exc).__name__}", exit_code=3) from exc
+    if resp.status_code != 200:
+        raise UserError(f"{service} refused ({resp.status_code}): {resp.text[:300]}")
+    typer.echo(json.dumps(resp.json(), indent=2))
 
 
 def register(app: typer.Typer) -> None:

@@ -94,7 +94,7 @@ def partition_command(
         "rank partitions on that makespan (method trainmaster); the metrics add shared_links_makespan.",
     ),
     importer: str = typer.Option(
-        "export",
+        "export",  # importers.DEFAULT_IMPORTER (not imported here: the CLI starts light; a test ties them)
         help="How module:callable becomes a graph: export "
         "(torch.export, operator level), fx (torch.fx, module level) or "
         "onnx (ONNX exporter).",
@@ -110,9 +110,23 @@ def partition_command(
         help="For module:callable: operator costs from FLOP estimates (flops) or measured CPU "
         "times per operator with torch.profiler on this machine (profiler).",
     ),
+    split_points: Optional[str] = typer.Option(
+        None,
+        "--split-points",
+        help="For module:callable: K pipeline stages as torch.distributed.pipelining split points "
+        "(module FQNs, SplitPoint.BEGINNING), by this splitter: trainmaster (least period, then "
+        "latency), layers (torchtitan's equal layers) or params (PiPPy's equal parameters).",
+    ),
+    input_dtype: Optional[str] = typer.Option(
+        None, help="For module:callable: tokens:V for token ids below V (language models); floats by default."
+    ),
 ) -> None:
     """Split a DNN graph across K devices, cutting few costly critical edges, and report metrics."""
     import time
+
+    if split_points is not None:
+        _split_points(graph, devices, split_points, input_shape, input_dtype, bandwidth, costs, as_json, out)
+        return
 
     from trainmaster.partition import evaluate, load_graph, partition
 
@@ -184,6 +198,60 @@ def partition_command(
         Console(stderr=True).print(f"[yellow]warning:[/yellow] {infeasible_message(metrics, imbalance, method)}")
     if out is not None:
         Console().print(f"assignment written to {out}")
+
+
+def _split_points(
+    model: str,
+    k: int,
+    splitter: str,
+    input_shape: str | None,
+    input_dtype: str | None,
+    bandwidth: float,
+    costs: str,
+    as_json: bool,
+    out: Path | None,
+) -> None:
+    """``--split-points``: the stages' split points for torch.distributed.pipelining."""
+    from trainmaster.partition.importers import check_link
+    from trainmaster.partition.stages import SPLITTERS, plan_for_callable
+
+    if splitter not in SPLITTERS:
+        raise UserError(f"--split-points {splitter!r}: choose one of {', '.join(SPLITTERS)}")
+    if ":" not in model:
+        raise UserError(f"--split-points needs module:callable (a model to export), got {model!r}")
+    if k < 1:
+        raise UserError(f"--devices {k}: give the number of stages, at least 1")
+    shape = _parse_shape(input_shape)
+    if shape is None:
+        raise UserError("--split-points needs --input-shape (one micro-batch), e.g. 1,3,32,32")
+    check_link(bandwidth)
+    plan = plan_for_callable(model, shape, k, splitter, bandwidth=bandwidth, costs=costs, input_dtype=input_dtype)
+    summary = plan.summary()
+    if out is not None:
+        out.write_text(json.dumps(summary, indent=1))
+    if as_json:
+        print(json.dumps(summary, indent=1))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{model}: {k} pipeline stages by {splitter}")
+    for col in ("stage", "starts at (SplitPoint.BEGINNING)", "compute", "parameter MB", "sends KB"):
+        table.add_column(col)
+    sends = [*summary["boundary_bytes"], 0]
+    for s in range(k):
+        table.add_row(
+            str(s),
+            "(model start)" if s == 0 else summary["split_points"][s - 1],
+            f"{summary['stage_compute'][s]:.4g} s",
+            f"{summary['stage_param_bytes'][s] / 1e6:.3g}",
+            f"{sends[s] / 1024:.4g}" if s < k - 1 else "-",
+        )
+    console = Console()
+    console.print(table)
+    console.print(f"period {plan.period:.4g} s (busiest stage or link), latency {plan.latency:.4g} s")
+    spec = ", ".join(f"{fqn!r}: SplitPoint.BEGINNING" for fqn in summary["split_points"])
+    console.print(f"split_spec = {{{spec}}}", markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -18,10 +18,12 @@ reach a target that needs most of the data.
 from __future__ import annotations
 
 import heapq
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from trainmaster.flsched.fleet import Fleet, FleetState
 from trainmaster.flsched.model import Problem, ProblemError
 from trainmaster.flsched.schedulers import Scheduler
 
@@ -62,31 +64,60 @@ class SimulationResult:
     total_time: float | None  # when the last job reached its target (None: some never did)
     end_time: float
     jobs: list[JobTrace]
-    decision_seconds: list[float]
+    decision_seconds: list[float]  # wall time of each decision
+    decision_cpu_seconds: list[float] = field(default_factory=list)  # process CPU time of each decision
+    devices: int = 0
+
+    @property
+    def mean_completion_time(self) -> float | None:
+        """Mean over the jobs of the time each reached its target (None: some job never did)."""
+        times = [tr.time_to_target for tr in self.jobs]
+        return None if any(t is None for t in times) else float(np.mean([t for t in times if t is not None]))
 
     def to_dict(self, bins: int = 10) -> dict:
         out_jobs = {}
         for tr in self.jobs:
             counts = tr.participation if tr.participation is not None else np.zeros(0)
-            hist, edges = np.histogram(counts, bins=min(bins, max(1, int(counts.max(initial=0)) + 1)))
             out_jobs[tr.job] = {
                 "rounds": tr.rounds,
                 "time_to_target": tr.time_to_target,
                 "final_accuracy": round(tr.final_accuracy(), 4),
-                "participation_histogram": {"counts": hist.tolist(), "edges": [round(e, 2) for e in edges]},
+                "participation_histogram": participation_histogram(counts, bins),
                 "devices_never_used": int((counts == 0).sum()),
             }
+        cpu = self.decision_cpu_seconds
         return {
             "scheduler": self.scheduler,
+            "devices": self.devices,
             "total_time": self.total_time,
+            "mean_completion_time": self.mean_completion_time,
             "end_time": self.end_time,
             "jobs": out_jobs,
+            "decisions": len(self.decision_seconds),
             "decision_ms_median": 1000 * float(np.median(self.decision_seconds)) if self.decision_seconds else 0.0,
+            "decision_cpu_ms_median": 1000 * float(np.median(cpu)) if cpu else 0.0,
+            "decision_cpu_ms_max": 1000 * float(np.max(cpu)) if cpu else 0.0,
         }
 
 
+def participation_histogram(counts: np.ndarray, bins: int = 10) -> dict:
+    """How many devices served a job how many rounds, in labelled bins of whole rounds:
+    ``{"bins": [{"rounds": "0", "devices": 12}, {"rounds": "1-2", "devices": 5}, ...],
+    "counts": [...], "edges": [...]}`` (edges: the bins' lower bounds, then one past the last)."""
+    top = int(counts.max(initial=0))
+    width = max(1, int(np.ceil((top + 1) / bins)))
+    edges = list(range(0, top + 1, width)) + [top + 1 if (top + 1) % width == 0 else (top // width + 1) * width]
+    hist, _ = np.histogram(counts, bins=edges)
+    labels = [str(lo) if hi - lo == 1 else f"{lo}-{hi - 1}" for lo, hi in zip(edges[:-1], edges[1:])]
+    return {
+        "bins": [{"rounds": lab, "devices": int(c)} for lab, c in zip(labels, hist)],
+        "counts": hist.tolist(),
+        "edges": edges,
+    }
+
+
 def simulate(
-    problem: Problem,
+    problem: Problem | Fleet,
     scheduler: Scheduler,
     curves: list[ConvergenceCurve] | None = None,
     seed: int = 0,
@@ -97,71 +128,77 @@ def simulate(
 ) -> SimulationResult:
     """Run every job until its target (or exactly ``rounds`` rounds each, when given).
 
-    ``availability`` is each device's chance to be reachable at a decision; ``dropout`` the
-    chance that a chosen device fails mid-round (its update is lost, its time still spent).
+    ``problem`` is a dense ``Problem`` or a ``Fleet`` (100,000 devices and more): the simulation
+    runs on the fleet's sparse form either way, and every step after a decision costs
+    O(devices of the round), so a fleet's simulation is as fast per round as a small pool's
+    (the per-decision availability draw is the one O(pool) step). ``availability`` is each
+    device's chance to be reachable at a decision; ``dropout`` the chance that a chosen device
+    fails mid-round (its update is lost, its time still spent).
     """
-    import time as _time
-
+    if isinstance(problem, Fleet):
+        fleet, state = problem, FleetState(problem)
+    else:
+        fleet, state = Fleet.from_problem(problem)
+    start_history = [h.copy() for h in state.history]
+    state.prepare()
     rng = np.random.default_rng(seed)
-    M, K = problem.num_jobs, problem.num_devices
+    M, K = fleet.num_jobs, fleet.num_devices
     curves = curves or [ConvergenceCurve() for _ in range(M)]
-    history = problem.history.copy()
-    busy_until = np.zeros(K)
+    busy_until = np.zeros(K)  # each device is busy until its own part of a round is done
     progress = np.zeros(M)
-    seen = np.zeros((M, K), dtype=bool)
-    traces = [JobTrace(job=j.id) for j in problem.jobs]
+    seen = [np.zeros(len(k), dtype=bool) for k in fleet.members]
+    covered = np.zeros(M)
+    total_samples = np.array([d.sum() for d in fleet.samples])
+    traces = [JobTrace(job=j.id) for j in fleet.jobs]
     finished = np.zeros(M, dtype=bool)
     waiting = list(range(M))
-    events: list[tuple[float, int, np.ndarray, np.ndarray]] = []  # (end, job, devices, survived)
+    events: list[tuple[float, int, int, np.ndarray, np.ndarray]] = []  # (end, seq, job, devices, survived)
     decisions: list[float] = []
-    now = 0.0
-    total_samples = problem.samples.sum(axis=1)
+    cpu: list[float] = []
+    now, seq = 0.0, 0
 
     while True:
         if waiting:
-            idle = busy_until <= now + 1e-12
-            avail = idle & (rng.random(K) < availability)
-            state = problem.subset_jobs(waiting).with_history(history[waiting], avail)
+            state.available = rng.random(K) < availability
+            state.busy = busy_until > now + 1e-12
             try:
-                from trainmaster.flsched.model import check_feasible
-
-                check_feasible(state)
-                ok = True
+                t0, c0 = time.perf_counter(), time.process_time()
+                assignment = scheduler.schedule_fleet(fleet, state, waiting)
+                decisions.append(time.perf_counter() - t0)
+                cpu.append(time.process_time() - c0)
             except ProblemError:
-                ok = False
-            if ok:
-                t0 = _time.perf_counter()
-                assignment = scheduler.schedule(state)
-                decisions.append(_time.perf_counter() - t0)
-                for row, m in enumerate(waiting):
-                    devs = np.asarray(assignment[row], dtype=int)
+                assignment = None  # too few devices reachable now: wait for a round to end
+            if assignment is not None:
+                for m, devs in zip(waiting, assignment):
+                    devs = np.asarray(devs, dtype=np.int64)
+                    pos = fleet.positions(m, devs)
                     x = rng.exponential(1.0, len(devs))
-                    work = problem.tau[m] * problem.samples[m, devs]
-                    dur = (
-                        work * (problem.a[devs] + x / problem.mu[devs])
-                        + problem.model_bytes[m] / problem.bandwidth[devs]
-                    )
+                    dur = fleet.shift[m][pos] + fleet.scale[m][pos] * x
                     busy_until[devs] = now + dur
+                    state.busy[devs] = True  # taken for the rest of this decision's jobs
                     survived = rng.random(len(devs)) >= dropout
-                    heapq.heappush(events, (now + float(dur.max()), m, devs, survived))
+                    heapq.heappush(events, (now + float(dur.max()), seq, m, devs, survived))
+                    seq += 1
                 waiting = []
         if not events:
             if waiting:  # nothing running and no feasible round: wait for availability to change
                 now += 1.0
                 continue
             break
-        end, m, devs, survived = heapq.heappop(events)
+        end, _, m, devs, survived = heapq.heappop(events)
         now = end
         tr = traces[m]
-        q = history[m]
-        used = devs[survived]
+        pos = fleet.positions(m, devs)
+        used = pos[survived]
         if len(used):
-            excess = np.maximum(0.0, q[used] - q.mean())
+            q = state.history[m]
+            excess = np.maximum(0.0, q[used] - state.h_sum[m] / K)
             progress[m] += float(np.mean(1.0 / (1.0 + curves[m].lam * excess)))
-        history[m, devs] += 1.0
-        seen[m, used] = True
-        coverage = float(problem.samples[m, seen[m]].sum() / total_samples[m])
-        acc = curves[m].accuracy(progress[m], coverage)
+        state.record(m, devs)
+        fresh = used[~seen[m][used]]
+        seen[m][fresh] = True
+        covered[m] += float(fleet.samples[m][fresh].sum())
+        acc = curves[m].accuracy(progress[m], float(covered[m] / total_samples[m]))
         tr.rounds += 1
         tr.times.append(now)
         tr.accuracy.append(acc)
@@ -175,9 +212,17 @@ def simulate(
         if finished.all():
             break
     for m, tr in enumerate(traces):
-        tr.participation = history[m] - problem.history[m]
+        counts = np.zeros(K)
+        counts[fleet.members[m]] = state.history[m] - start_history[m]
+        tr.participation = counts
     reached = [tr.time_to_target for tr in traces if tr.time_to_target is not None]
     total = max(reached) if len(reached) == len(traces) else None
     return SimulationResult(
-        scheduler=scheduler.name, total_time=total, end_time=now, jobs=traces, decision_seconds=decisions
+        scheduler=scheduler.name,
+        total_time=total,
+        end_time=now,
+        jobs=traces,
+        decision_seconds=decisions,
+        decision_cpu_seconds=cpu,
+        devices=K,
     )

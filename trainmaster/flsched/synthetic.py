@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from trainmaster.flsched.fleet import Fleet, FleetJob
 from trainmaster.flsched.model import Device, Job, Problem
+from trainmaster.flsched.simulate import ConvergenceCurve
 
 # Three jobs like the benchmark's (image, tabular, text-ish): local epochs, model size in bytes.
 JOB_SHAPES = [
@@ -129,3 +131,55 @@ def make_family_problem(family: str, num_devices: int, num_jobs: int, seed: int)
     else:
         history = rng.integers(0, 6, size=(num_jobs, num_devices)).astype(float)
     return problem.with_history(history, problem.available)
+
+
+FLEET_PER_ROUND = (10, 20, 10, 50)
+"""Devices per round of the fleet's jobs, in turn (most rounds at most 10, some much larger)."""
+
+
+def make_fleet(
+    num_devices: int,
+    num_jobs: int,
+    seed: int,
+    fairness_per_device: float = 3.0,
+    per_round: tuple[int, ...] = FLEET_PER_ROUND,
+) -> Fleet:
+    """A deployed-scale pool in sparse form (``fleet.Fleet``), drawn vectorised from ``seed``.
+
+    Devices as ``make_pool``'s (per-sample time log-uniform 1-30 ms, fluctuation up to 2x the
+    shift, 1-20 MB/s), a quarter of them stragglers 10x slower (``make_straggler_pool``'s slow
+    tail). Each job's data lives on a share of the devices drawn log-uniform in [5%, 50%]
+    (eligibility differs per job, as in multi-job FL where jobs target different
+    populations), 50-1000 samples per holder (log-normal), shapes from JOB_SHAPES, per_round
+    cycling through ``per_round``. Fairness weight ``fairness_per_device`` x K, so one round
+    more or less on a device weighs about as much as seconds of round time at any pool size.
+    """
+    rng = np.random.default_rng([seed, 7717])
+    K = num_devices
+    a = np.exp(rng.uniform(np.log(1e-3), np.log(3e-2), K))
+    mu = 1.0 / (a * rng.uniform(0.1, 2.0, K))
+    bw = np.exp(rng.uniform(np.log(1e6), np.log(2e7), K))
+    slow = rng.random(K) < 0.25
+    a, mu, bw = np.where(slow, a * 10, a), np.where(slow, mu / 10, mu), np.where(slow, bw / 10, bw)
+    jobs, members, samples = [], [], []
+    for m in range(num_jobs):
+        shape = JOB_SHAPES[m % len(JOB_SHAPES)]
+        n = per_round[m % len(per_round)]
+        share = float(np.exp(rng.uniform(np.log(0.05), np.log(0.5))))
+        holders = np.flatnonzero(rng.random(K) < share)
+        if len(holders) < 3 * n:
+            holders = np.sort(rng.choice(K, size=min(K, 3 * n), replace=False))
+        jobs.append(FleetJob(id=f"job{m}", tau=shape["tau"], model_bytes=shape["model_bytes"], per_round=n))
+        members.append(holders)
+        samples.append(np.clip(rng.lognormal(np.log(250), 0.6, len(holders)), 50, 1000).astype(int).astype(float))
+    return Fleet(a, mu, bw, jobs, members, samples, weight_time=1.0, weight_fairness=fairness_per_device * K)
+
+
+def make_fleet_curves(num_jobs: int, seed: int) -> list[ConvergenceCurve]:
+    """Convergence curves for a fleet's jobs: no coverage term (a pool of 100,000 devices holds
+    far more data than a job needs; what matters is how much each round teaches, which re-used
+    devices do less of), alpha log-uniform in [3, 15] so that jobs need about 25-125 rounds of
+    fresh devices to reach accuracy 0.83."""
+    rng = np.random.default_rng([seed, 9127])
+    alphas = np.exp(rng.uniform(np.log(3.0), np.log(15.0), num_jobs))
+    return [ConvergenceCurve(alpha=float(a), beta=0.05, gamma=0.0, lam=0.5, target=0.83) for a in alphas]

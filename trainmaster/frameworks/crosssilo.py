@@ -2,11 +2,14 @@
 
 Roles ``gateway`` (one instance), ``party`` (replicas, each with its own data directory) and
 ``initiator`` (depends on both). The first instance whose environment is computed provisions the
-deployment (CA, certificates, keys, roster; :func:`trainmaster.gateway.provision.init_deployment`)
-under the job's output directory, holding a file lock so concurrent instances agree on one
-deployment; the gateway and party ports are chosen there (the roster needs every endpoint before
-any service starts), so these roles ask the controller for no ports. The job succeeds when the
-initiator succeeds.
+deployment (CA, certificates, keys, roster; :func:`trainmaster.gateway.crypto.provision.init_deployment`)
+in the run's own ``crosssilo/`` folder (mode 0700, beside ``output/``, so never copied with the
+outputs), holding a file lock so concurrent instances agree on one deployment; the gateway and
+party ports are chosen there (the roster needs every endpoint before any service starts), so these
+roles ask the controller for no ports. The job's outputs (``output/crosssilo/``) get what a user
+keeps: the initiator's report, the CA certificate and the roster of public keys (to check the
+results' signatures later); private keys stay in the deployment folder, 0600, and are never copied.
+The job succeeds when the initiator succeeds.
 
 frameworkParams:
   ``dataset: breast_cancer`` -- each party writes its own row block of scikit-learn's breast-cancer
@@ -20,6 +23,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,19 +37,31 @@ def party_name(index: int) -> str:
 
 
 def provision(output_dir: str, n_parties: int) -> Path:
-    """Create the job's deployment once (idempotent across instances and processes)."""
-    root = Path(output_dir) / "crosssilo"
-    root.mkdir(parents=True, exist_ok=True)
+    """Create the job's deployment once (idempotent across instances and processes) in the run's
+    folder beside ``output_dir``, and put its public parts into the outputs."""
+    root = Path(output_dir).parent / "crosssilo"
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(root, 0o700)
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (root / "deploy" / "roster.json").exists():
+            from trainmaster.gateway.crypto.provision import init_deployment, ports_needed
             from trainmaster.gateway.localdeploy import free_port_block
-            from trainmaster.gateway.provision import init_deployment
 
+            deploy = root / "deploy"
             init_deployment(
-                root / "deploy", [party_name(i) for i in range(n_parties)], port_base=free_port_block(n_parties + 1)
+                deploy, [party_name(i) for i in range(n_parties)], port_base=free_port_block(ports_needed(n_parties))
             )
+            kept = outputs(output_dir)
+            kept.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(deploy / "ca" / "ca.pem", kept / "ca.pem")
+            shutil.copyfile(deploy / "roster.json", kept / "roster.json")
     return root
+
+
+def outputs(output_dir: str) -> Path:
+    """Where the job's keepsakes go: the report, the CA certificate, the roster (no private key)."""
+    return Path(output_dir) / "crosssilo"
 
 
 class CrossSiloFramework(Framework):
@@ -78,7 +94,12 @@ class CrossSiloFramework(Framework):
     def environment(self, ctx: InstanceContext) -> dict[str, str]:
         root = provision(ctx.output_dir, ctx.role_replicas.get("party", 1))
         name = party_name(ctx.index) if ctx.role == "party" else ctx.role
-        return {"TM_CROSSSILO_DIR": str(root), "TM_CROSSSILO_NAME": name, "TM_CROSSSILO_PARAMS": json.dumps(ctx.params)}
+        return {
+            "TM_CROSSSILO_DIR": str(root),
+            "TM_CROSSSILO_OUTPUT": str(outputs(ctx.output_dir)),
+            "TM_CROSSSILO_NAME": name,
+            "TM_CROSSSILO_PARAMS": json.dumps(ctx.params),
+        }
 
 
 def _party_data(root: Path, name: str, index: int, n_parties: int, params: dict[str, Any]) -> Path:
@@ -126,14 +147,15 @@ class _Published:
         self.initiator.close()
 
 
-def _run_initiator(root: Path, params: dict[str, Any]) -> int:
+def _run_initiator(root: Path, output: Path, params: dict[str, Any]) -> int:
     """Statistics and FedAvg training through the gateway, checked against the pooled computation."""
     import numpy as np
 
-    from trainmaster.gateway.client import Initiator, LegSpec, TaskSpec
+    from trainmaster.gateway.initiator.client import Initiator
+    from trainmaster.gateway.initiator.taskfile import LegSpec, TaskSpec
     from trainmaster.gateway.localdeploy import breast_cancer_split, wait_until_serving
-    from trainmaster.gateway.provision import load_config
-    from trainmaster.gateway.rules import ScoreParams, TrainParams, score, train
+    from trainmaster.gateway.config import load_config
+    from trainmaster.gateway.rules.registry import ScoreParams, TrainParams, score, train
 
     cfg = load_config(root / "deploy" / "initiator" / "config.yaml")
     ini = _Published(Initiator(cfg))
@@ -214,6 +236,8 @@ def _run_initiator(root: Path, params: dict[str, Any]) -> int:
     }
     ok &= report["model"]["within_tolerance"]
     ini.close()
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "report.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
     print(
         "crosssilo: results equal the pooled computation" if ok else "crosssilo: MISMATCH with the pooled computation"
@@ -225,19 +249,19 @@ def main(role: str) -> int:
     root = Path(os.environ["TM_CROSSSILO_DIR"])
     name = os.environ["TM_CROSSSILO_NAME"]
     params = json.loads(os.environ.get("TM_CROSSSILO_PARAMS", "{}"))
-    from trainmaster.gateway.provision import load_config
-    from trainmaster.gateway.service import serve
+    from trainmaster.gateway.config import load_config
+    from trainmaster.gateway.net.service import serve
 
     if role == "initiator":
-        return _run_initiator(root, params)
+        return _run_initiator(root, Path(os.environ["TM_CROSSSILO_OUTPUT"]), params)
     cfg = load_config(root / "deploy" / name / "config.yaml")
     if role == "gateway":
-        from trainmaster.gateway.app import build_gateway_app
+        from trainmaster.gateway.relay.app import build_gateway_app
 
         serve(build_gateway_app(cfg), cfg)
         return 0
-    from trainmaster.gateway.party import build_party_app
-    from trainmaster.gateway.provision import load_roster
+    from trainmaster.gateway.party.app import build_party_app
+    from trainmaster.gateway.crypto.provision import load_roster
 
     n_parties = sum(p.role == "party" for p in load_roster(cfg.roster).values())
     data = _party_data(root, name, int(name[1:]), n_parties, params)

@@ -9,9 +9,11 @@ succeeds (the ps and switch then stop with the job).
 
 frameworkParams: ``slots`` (aggregator slots per forwarding node, default 64),
 ``transport`` (``udp``, the default, or ``shm``: shared-memory rings, every role on one host),
-handed to every role as ``TM_AGGREGATION_TRANSPORT``, and ``chunk`` (float32 elements per
-packet, handed to workers as ``TM_AGGREGATION_CHUNK``; default: the transport's, 64 KiB
-datagrams on udp; lower it for links whose MTU is not raised). A ``switch`` role with several
+handed to every role as ``TM_AGGREGATION_TRANSPORT``, ``chunk`` (elements per packet, handed
+to workers as ``TM_AGGREGATION_CHUNK``; default: the transport's, 64 KiB slices on udp, which
+the transport cuts into datagrams that fit each path's MTU) and ``precision`` (``int32``, the
+default, or ``int16`` / ``int8``: low-bit aggregation with a per-slice scale the workers share,
+and error feedback; handed to workers as ``TM_AGGREGATION_PRECISION``). A ``switch`` role with several
 replicas puts that many forwarding nodes side by side under the parameter node, workers spread
 over them round robin; the parameter node judges each one's sums against its own workers.
 """
@@ -26,6 +28,9 @@ from trainmaster.spec.model import Job, Role, RoleSelector, StatusPolicy
 
 
 TRANSPORTS = ("udp", "shm")
+PRECISIONS = ("int32", "int16", "int8")
+# elements per packet on udp: (1 MiB packet - 36-byte header) / 4 (trainmaster.aggregation's limit)
+MAX_CHUNK = 262_135
 
 
 class InaFramework(Framework):
@@ -49,10 +54,16 @@ class InaFramework(Framework):
         if transport not in TRANSPORTS:
             errors.append(f"spec.frameworkParams.transport: '{transport}' is not one of {', '.join(TRANSPORTS)}")
         chunk = (spec.get("frameworkParams") or {}).get("chunk")
-        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= 16368):
+        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= MAX_CHUNK):
             errors.append(
                 f"spec.frameworkParams.chunk: {chunk!r} must be a whole number of "
-                f"elements between 1 and 16368 (one 64 KiB UDP datagram)"
+                f"elements between 1 and {MAX_CHUNK} (one 1 MiB packet)"
+            )
+        precision = (spec.get("frameworkParams") or {}).get("precision", "int32")
+        if precision not in PRECISIONS:
+            errors.append(
+                f"spec.frameworkParams.precision: {precision!r} is not one of {', '.join(PRECISIONS)} "
+                f"(int8 / int16: low-bit aggregation)"
             )
         for i, role in enumerate(roles):
             replicas = role.get("replicas", 1)
@@ -90,4 +101,6 @@ class InaFramework(Framework):
         }
         if ctx.params.get("chunk") is not None:
             env["TM_AGGREGATION_CHUNK"] = str(ctx.params["chunk"])
+        if ctx.params.get("precision") is not None:
+            env["TM_AGGREGATION_PRECISION"] = str(ctx.params["precision"])
         return env

@@ -20,17 +20,28 @@ import httpx
 import numpy as np
 import yaml
 
-from trainmaster.gateway.client import Initiator
-from trainmaster.gateway.provision import ServiceConfig, init_deployment, load_config
-from trainmaster.gateway.sandbox import unavailable_reason as sandbox_unavailable_reason
-from trainmaster.gateway.service import client_ssl_context
+from trainmaster.gateway.initiator.client import Initiator
+from trainmaster.gateway.config import ServiceConfig, load_config
+from trainmaster.gateway.crypto.provision import init_deployment, ports_needed
+from trainmaster.gateway.executors.sandbox.bubblewrap import unavailable_reason as sandbox_unavailable_reason
+from trainmaster.gateway.net.tls import client_ssl_context
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out to outgoing connections (Linux; 32768 elsewhere)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def free_port_block(n: int) -> int:
-    """A base port with ``n`` consecutive free ports (bind-tested) in an uncommon range."""
+    """A base port with ``n`` consecutive free ports (bind-tested) below the ephemeral range, so no
+    outgoing connection of this machine takes one of them between the test and the services' bind."""
     rng = np.random.default_rng()
+    high = max(20000 + n + 1, _ephemeral_low() - n)
     for _ in range(200):
-        base = int(rng.integers(20000, 60000))
+        base = int(rng.integers(20000, high))
         socks = []
         try:
             for i in range(n):
@@ -87,8 +98,9 @@ class Deployment:
         initiators: list[str] | None = None,
     ):
         self.root, self.parties = root, parties
+        self.initiators = initiators or ["initiator"]
         self.configs = init_deployment(
-            root / "deploy", parties, port_base=free_port_block(len(parties) + 1), initiators=initiators
+            root / "deploy", parties, port_base=free_port_block(ports_needed(len(parties))), initiators=initiators
         )
         self.isolation_fallback = sandbox_unavailable_reason()
         if self.isolation_fallback is not None:  # e.g. not root: executors run unsandboxed here, and say so
@@ -123,7 +135,7 @@ class Deployment:
     def wait_ready(self, name: str, timeout_s: float = 30.0) -> None:
         cfg = self.cfg(name)
         deadline = time.monotonic() + timeout_s
-        with httpx.Client(verify=client_ssl_context(self.cfg("initiator")), timeout=2.0) as http:
+        with httpx.Client(verify=client_ssl_context(self.cfg("operator")), timeout=2.0) as http:
             while time.monotonic() < deadline:
                 if self.procs[name].poll() is not None:
                     raise RuntimeError(f"{name} exited: {(self.root / f'{name}.log').read_text()[-2000:]}")
@@ -136,10 +148,15 @@ class Deployment:
         raise TimeoutError(f"{name} not ready within {timeout_s}s")
 
     def start_all(self) -> "Deployment":
-        for name in ["gateway", *self.parties]:
-            self.start(name)
-        for name in ["gateway", *self.parties]:
-            self.wait_ready(name)
+        """Start every service and wait until each answers; if one does not, stop them all."""
+        try:
+            for name in ["gateway", *self.parties]:
+                self.start(name)
+            for name in ["gateway", *self.parties]:
+                self.wait_ready(name)
+        except BaseException:
+            self.stop_all()
+            raise
         return self
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
@@ -164,8 +181,9 @@ class Deployment:
         with httpx.Client(verify=client_ssl_context(self.cfg("operator")), timeout=5.0) as http:
             return http.get(f"https://{cfg.host}:{cfg.port}/v1/health").json()
 
-    def initiator(self, timeout_s: float = 60.0, name: str = "initiator") -> Initiator:
-        return Initiator(self.cfg(name), timeout_s=timeout_s, results_dir=self.root / "results" / name)
+    def initiator(self, timeout_s: float = 60.0, name: str | None = None, **options: Any) -> Initiator:
+        name = name or self.initiators[0]
+        return Initiator(self.cfg(name), timeout_s=timeout_s, results_dir=self.root / "results" / name, **options)
 
     def url(self, name: str) -> str:
         cfg = self.cfg(name)

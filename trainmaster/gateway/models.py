@@ -26,6 +26,8 @@ class MessageKind(str, Enum):
     transfer_result = "transfer_result"
     task_result = "task_result"
     result_fetch = "result_fetch"
+    input_put = "input_put"
+    stream_ready = "stream_ready"
     task_cancel = "task_cancel"
 
 
@@ -58,12 +60,25 @@ class RuleCall(Strict):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+
+
+class InputRef(Strict):
+    """A leg's input (a model or parameters the initiator sends): its size and SHA-256, fixed when
+    the task is created, so the party checks the bytes that arrive through the gateway against what
+    the initiator signed in its own task creation request."""
+
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=SHA256_PATTERN)
+
+
 class LegAssignment(Strict):
     """One leg of a task: which party holds the data id and the rule it runs (fixed at creation)."""
 
     data_id: str = Field(pattern=ID_PATTERN)
     party: str = Field(pattern=ID_PATTERN)
     call: RuleCall
+    input: InputRef | None = None
 
 
 class TaskRegister(Strict):
@@ -76,6 +91,9 @@ class TaskRegister(Strict):
     task_id: str = Field(pattern=ID_PATTERN)
     legs: list[LegAssignment] = Field(min_length=1, max_length=256)
     deadline_s: float = Field(default=300.0, gt=0, le=3600)
+    run_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
+    """The sending run's own random id (not part of the task's body): a retry of the same run
+    carries the same one, so the gateway can tell it from a later run reusing the task id."""
 
 
 class TaskCancel(Strict):
@@ -92,6 +110,7 @@ class TaskCreate(Strict):
     data_id: str = Field(pattern=ID_PATTERN)
     call: RuleCall
     deadline_s: float = Field(default=300.0, gt=0, le=3600)
+    input: InputRef | None = None
 
 
 class ExecutorReport(Strict):
@@ -139,7 +158,7 @@ class LegAttestation(Strict):
     task_id: str = Field(pattern=ID_PATTERN)
     data_id: str = Field(pattern=ID_PATTERN)
     party: str = Field(pattern=ID_PATTERN)
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    sha256: str = Field(pattern=SHA256_PATTERN)
     size: int = Field(ge=0)
 
 
@@ -151,7 +170,8 @@ class SignedAttestation(Strict):
 class LegOutcomePayload(Strict):
     """The sealed, gateway-signed body of one leg's outcome (item 7): outcome, detail and party
     travel only inside the signature; for a result, the party's own attestation and the result
-    text (inline) or the stream opening (large results, chunks from ``/v1/results``)."""
+    text (inline), or ``stored`` for a large one, which stays at its party and is fetched through
+    the gateway's stream port (its size and digest are the attestation's)."""
 
     task_id: str
     data_id: str
@@ -159,10 +179,11 @@ class LegOutcomePayload(Strict):
     outcome: LegOutcome
     detail: str = ""
     result_text: str | None = None
-    stream: dict[str, Any] | None = None
+    stored: bool = False
     attestation: SignedAttestation | None = None
     final: bool = True
-    """False for a leg still waiting for its party's executor report: ask again before the deadline."""
+    """False for a leg that may still run (its party has not reported, is restarting, or its input
+    is still being sent): ask again before the deadline."""
 
 
 class LegResult(Strict):
@@ -173,10 +194,37 @@ class LegResult(Strict):
 
 
 class ResultFetch(Strict):
-    """Initiator -> gateway: send the chunks of one leg's streamed result."""
+    """Initiator -> gateway, gateway -> party (stream port): send the chunks of one leg's stored
+    result from byte ``offset`` (a resumed download; rounded down to a chunk boundary)."""
 
     task_id: str = Field(pattern=ID_PATTERN)
     data_id: str = Field(pattern=ID_PATTERN)
+    offset: int = Field(default=0, ge=0)
+
+
+class InputPut(Strict):
+    """Initiator -> gateway, gateway -> party (stream port): the chunks of one leg's input follow,
+    AES-GCM under ``key`` (fresh per stream, known only to the two ends of this hop)."""
+
+    task_id: str = Field(pattern=ID_PATTERN)
+    data_id: str = Field(pattern=ID_PATTERN)
+    key: str = Field(pattern=r"^[A-Za-z0-9_=-]{43,44}$")
+    chunk_bytes: int = Field(ge=1024, le=8 << 20)
+    stream_id: str = Field(pattern=r"^[0-9a-f]{32}$")
+
+
+class StreamReady(Strict):
+    """The stream port's answer to a fetch or an input: where the chunks start (``offset``, a
+    chunk boundary: a resumed transfer starts there), how big they are and, for a fetch, the fresh
+    key and stream id they are sealed under."""
+
+    task_id: str = Field(pattern=ID_PATTERN)
+    data_id: str = Field(pattern=ID_PATTERN)
+    offset: int = Field(ge=0)
+    total_bytes: int = Field(ge=0)
+    chunk_bytes: int = Field(ge=1024, le=8 << 20)
+    key: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_=-]{43,44}$")
+    stream_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
 
 
 class TaskResult(Strict):

@@ -37,7 +37,12 @@ def _tensor_bytes(value) -> int:
 
 
 IMPORTERS = ("export", "fx", "onnx")
-"""How a module becomes a graph: ``export`` (torch.export, operator level: the default, since it
+DEFAULT_IMPORTER = "export"
+"""The one default of the library (``from_module``, ``trace_module``, ``from_callable``) and of
+the CLI's ``--importer``: operator-level graphs, whose FLOPs are the ones that really run (an
+nn.TransformerEncoder is ~100 operators, not the 3 module-level nodes torch.fx makes of it).
+
+How a module becomes a graph: ``export`` (torch.export, operator level: the default, since it
 sees the aten ops that really run), ``fx`` (torch.fx symbolic tracing, module level: keeps modules
 with a fused fast path such as nn.TransformerEncoder as one opaque node), ``onnx`` (the TorchScript
 ONNX exporter, then the ONNX importer)."""
@@ -90,7 +95,7 @@ def trace_failure(what: str, importer: str, exc: Exception) -> UserError:
     )
 
 
-def trace_module(module, example_inputs: tuple, tracer: str = "fx"):
+def trace_module(module, example_inputs: tuple, tracer: str = DEFAULT_IMPORTER):
     """A GraphModule for ``module``: torch.fx symbolic tracing, or torch.export's graph."""
     import torch
 
@@ -107,13 +112,14 @@ def from_module(
     bandwidth: float = 1e9,
     flops_per_second: float = DEFAULT_FLOPS_PER_SECOND,
     measure: bool = False,
-    tracer: str = "fx",
+    tracer: str = DEFAULT_IMPORTER,
     latency: float = 0.0,
     costs: str = "flops",
     profile_runs: int = 5,
 ) -> tuple[Graph, Any]:
-    """Trace ``module`` and profile every node once on ``example_inputs``; returns the graph
-    (node ids are the fx node names) and the GraphModule it describes. An edge costs
+    """Trace ``module`` (``tracer``: torch.export by default, operator level, as the CLI does;
+    ``"fx"`` for module-level nodes) and profile every node once on ``example_inputs``; returns
+    the graph (node ids are the fx node names) and the GraphModule it describes. An edge costs
     ``latency + bytes / bandwidth`` (the latency models a message's fixed overhead). A node
     costs its FLOPs / ``flops_per_second``, or with ``costs="profiler"`` the CPU time
     torch.profiler records for it, mean of ``profile_runs`` runs (``node_times``)."""
@@ -471,7 +477,7 @@ def from_callable(
     spec: str,
     input_shape: tuple[int, ...],
     bandwidth: float = 1e9,
-    importer: str = "export",
+    importer: str = DEFAULT_IMPORTER,
     training: bool = False,
     costs: str = "flops",
 ) -> Graph:

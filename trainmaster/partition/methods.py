@@ -9,8 +9,13 @@ balance and memory caps; repair starts over the caps by moving clusters out of t
 device, or swapping one for a smaller one where nothing fits (nearly full devices), then FM;
 bin-packed starts only when no start can be repaired; keep the candidate with the lowest
 simulated makespan plus a penalty on the static critical cut, never slower than METIS's own
-partition; finish with a makespan descent along the schedule's critical chain that never cuts
-more critical transfer cost (and, where the caps are tight, may swap a cluster back).
+partition and cutting no more static critical cost than it; a makespan descent along the
+schedule's critical chain that never cuts more critical transfer cost (and, where the caps are
+tight, may swap a cluster back); finally the improvement phase (improve.py): local search on
+the simulated makespan, every unit to every device (or swapped where the caps refuse), from the
+chosen partition and from METIS's own, under the same caps and a ceiling of METIS's critical
+cut. Started from METIS's partition and keeping only strict improvements, it makes "never
+slower than METIS, never cutting more critical cost" hold by construction, not by luck.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from trainmaster.partition.coarse import ClusterGraph, cluster_graph, coarsen_ch
 from trainmaster.partition.critical import Levels, critical_edges, levels
 from trainmaster.partition.graph import Graph, clusters_of
 from trainmaster.partition.ilp import ilp_partition
+from trainmaster.partition.improve import improve
 from trainmaster.partition.initial import (
     acyclic_split,
     capped_list_schedule,
@@ -64,10 +70,6 @@ class PartitionOptions:
 
     critical_weight: float = 4.0  # a cut critical edge counts (1 + this) times its transfer cost
     cut_penalty: float = 1.0  # final choice: makespan + this x static critical cut cost
-    # the final choice gives up at most this share of simulated makespan for a partition that
-    # cuts less static critical cost than METIS's own (and is never slower than it)
-    cut_slack: float = 0.03
-    low_cut_share: int = 8  # the low-cut start's descent gets 1/this of the main budget
     descent_work: int = 40_000  # descent budget in (nodes + edges) simulated ...
     descent_simulations: tuple[int, int] = (4, 40)  # ... as simulations, clipped to this range
     # where no cut-driven start met the caps (they are tight), a descent move the caps refuse
@@ -82,25 +84,29 @@ class PartitionOptions:
     # makespan; the descent still prices every transfer alone, so its result is kept only
     # where it is also faster with the links shared
     shared_links: bool = False
+    # the final improvement phase (improve.py): trial simulations, improve_work / (nodes +
+    # edges) clipped to this range, for each of its two starts
+    improve_work: int = 400_000
+    improve_simulations: tuple[int, int] = (0, 2000)
+    improve_starts: int = 2
+    # no partition chosen or improved may cut more static critical cost than METIS's own
+    # (the disclosure's objective, as a constraint beside the makespan): False lifts it
+    critical_ceiling: bool = True
 
     def __post_init__(self) -> None:
         for name in ("critical_weight", "cut_penalty", "infeasible_slack"):
             value = getattr(self, name)
             if not (np.isfinite(value) and value >= 0):
                 raise UserError(f"partition option {name}={value}: give a finite number >= 0")
-        if not np.isfinite(self.cut_slack):
-            raise UserError(f"partition option cut_slack={self.cut_slack}: give a finite number")
-        if self.low_cut_share < 1 or self.descent_work < 0:
+        if self.descent_work < 0 or self.improve_work < 0 or self.improve_starts < 1:
             raise UserError(
-                "partition options low_cut_share >= 1 and descent_work >= 0 needed, "
-                f"got {self.low_cut_share} and {self.descent_work}"
+                "partition options descent_work >= 0, improve_work >= 0 and improve_starts >= 1 needed, "
+                f"got {self.descent_work}, {self.improve_work} and {self.improve_starts}"
             )
-        lo, hi = self.descent_simulations
-        if not 0 <= lo <= hi:
-            raise UserError(
-                f"partition option descent_simulations={self.descent_simulations}: "
-                "give (low, high) with 0 <= low <= high"
-            )
+        for name in ("descent_simulations", "improve_simulations"):
+            lo, hi = getattr(self, name)
+            if not 0 <= lo <= hi:
+                raise UserError(f"partition option {name}={(lo, hi)}: give (low, high) with 0 <= low <= high")
 
 
 @dataclass
@@ -341,9 +347,10 @@ def _trainmaster(
             cut_costs[key] = _cut_cost(graph, guarded, c.assignment)
         return cut_costs[key]
 
-    chosen = _choose(graph, scored, guarded, opts.cut_penalty, cut_of)
+    chosen = _choose(graph, scored, guarded, opts.cut_penalty, cut_of, opts.critical_ceiling)
     best, span, label = chosen.assignment, chosen.makespan, chosen.name
     used = 0
+    phases: dict[str, float] = {}  # the makespan after each phase (the benchmark checks each)
     if chosen.overload == 0.0:
         lo, hi = opts.descent_simulations
         budget = int(np.clip(opts.descent_work / max(graph.n + graph.m, 1), lo, hi))
@@ -370,36 +377,100 @@ def _trainmaster(
             span = span_of(best)
             if span > chosen.makespan:
                 best, span = chosen.assignment, chosen.makespan
+        descended = span
         metis = [c for c in scored if c.name == "metis-plain"]
-        low = _low_cut_start(scored, cut_of, metis, cut_of(Candidate(0.0, span, label, best)))
-        if low is not None:
-            other, other_span, more = descend(low.assignment, max(budget // opts.low_cut_share, 1))
-            used += more
-            if opts.shared_links:
-                other_span = span_of(other)
-            if other_span <= min(metis[0].makespan, (1.0 + opts.cut_slack) * span) + 1e-9:
-                best, span, label = other, other_span, low.name + "+low-cut"
+        best, span, label, more = _final_improvement(
+            graph,
+            k,
+            cap,
+            mem_cap,
+            [coarse_of, base],
+            guarded,
+            acyclic,
+            opts,
+            (label, best, span),
+            metis,
+            cut_of,
+            scored,
+        )
+        used += more
+        phases = {"chosen": chosen.makespan, "descended": descended, "improved": span}
     candidates = {c.name: {"overload": c.overload, "makespan": c.makespan, "critical_cut": cut_of(c)} for c in scored}
     notes = {"chosen": label, "descent_simulations": used, "makespan": span, "candidates": candidates}
+    if phases:
+        notes["phases"] = phases
     if relaxed_cap is not None:
         notes["relaxed_load_cap"] = relaxed_cap
     return best, notes
 
 
-def _low_cut_start(
-    scored: list[Candidate], cut_of: Callable[[Candidate], float], metis: list[Candidate], chosen_cut: float
-) -> Candidate | None:
-    """Where the chosen partition (after its descent) cuts no less static critical cost than
-    METIS's own partition (``metis``: its candidate, when run), the fastest candidate within
-    the caps that cuts less, to be descended too; else None. Why: the critical cut is the
-    disclosure's objective and a cut critical transfer costs more in a real run than the
-    simulator prices it, so a partition at most ``cut_slack`` slower in simulation that cuts
-    less of the critical path than METIS is the better buy (measured: bench/partition_history.md)."""
-    if not metis or chosen_cut < cut_of(metis[0]) - 1e-12:
-        return None
-    limit = cut_of(metis[0]) - 1e-12
-    low = [c for c in scored if c.overload == 0.0 and cut_of(c) < limit]
-    return min(low, key=lambda c: c.makespan) if low else None
+def _final_improvement(
+    graph: Graph,
+    k: int,
+    cap: float,
+    mem_cap: float,
+    units: list[np.ndarray],
+    guarded: np.ndarray,
+    acyclic: bool,
+    opts: PartitionOptions,
+    chosen: tuple[str, np.ndarray, float],
+    metis: list[Candidate],
+    cut_of: Callable[[Candidate], float],
+    scored: list[Candidate],
+) -> tuple[np.ndarray, float, str, int]:
+    """The last phase (improve.py): local search on the simulated makespan from the chosen
+    partition and from METIS's own (where it meets the caps, and the acyclic constraint when
+    asked), neither allowed to cut more static critical cost than METIS's partition does; the
+    faster result (then the lower critical cut) is kept. Started from METIS's partition and
+    keeping only strict improvements, the result is never slower than METIS's and never cuts
+    more critical cost: the guarantee does not rest on the earlier phases. Returns (assignment,
+    makespan, label, simulations)."""
+    label, best, span = chosen
+    seeds = [(label, best, span)]
+    # the ceiling: METIS's critical cut; where the chosen start cuts more (METIS's partition
+    # breaks a cap and no candidate within the caps cuts as little), the phase first brings the
+    # cut down to METIS's (``reach``), never above the start's
+    reach = cut_of(metis[0]) if metis and opts.critical_ceiling else float("inf")
+    ceiling = max(reach, _cut_cost(graph, guarded, best))
+    if metis and metis[0].overload == 0.0 and (not acyclic or device_graph_acyclic(graph, metis[0].assignment, k)):
+        seeds.append((metis[0].name, metis[0].assignment, metis[0].makespan))
+    others = sorted(
+        (c for c in scored if c.overload == 0.0 and c.name != "metis-plain" and cut_of(c) <= ceiling),
+        key=lambda c: c.makespan,
+    )
+    for c in others[: max(opts.improve_starts - len(seeds), 0)]:
+        if not acyclic or device_graph_acyclic(graph, c.assignment, k):
+            seeds.append((c.name, c.assignment, c.makespan))
+    lo, hi = opts.improve_simulations
+    budget = int(np.clip(opts.improve_work / max(graph.n + graph.m, 1), lo, hi))
+    used = 0
+    results = []
+    for name, start, start_span in seeds:
+        if _cut_cost(graph, guarded, start) > ceiling + 1e-12 * max(ceiling, 1.0):
+            continue  # the chosen start cuts more than METIS (it can only when METIS is slower)
+        out = improve(
+            graph,
+            start,
+            k,
+            cap,
+            mem_cap,
+            units,
+            budget,
+            guarded=guarded,
+            ceiling=ceiling,
+            acyclic=acyclic and device_graph_acyclic(graph, start, k),
+            shared_links=opts.shared_links,
+            reach=reach,
+        )
+        used += out.simulations
+        tag = name + ("+improved" if out.moves else "")
+        results.append((out.makespan, _cut_cost(graph, guarded, out.assignment), tag, out.assignment))
+    if not results:
+        return best, span, label, used
+    # at or below METIS's critical cut first (the METIS-seeded result always is), then the
+    # fastest, then the lower cut
+    top = min(results, key=lambda r: (r[1] > reach + 1e-12 * max(reach, 1.0), r[0], r[1]))
+    return top[3], top[0], top[2], used
 
 
 def _candidates(
@@ -453,6 +524,7 @@ def _choose(
     guarded: np.ndarray,
     cut_penalty: float,
     cut_of: Callable[[Candidate], float] | None = None,
+    critical_ceiling: bool = True,
 ) -> Candidate:
     """The final choice. Balance and memory are constraints: where some candidates meet both
     caps, only those are ranked; where none does, the least overloaded (the least-violating)
@@ -474,6 +546,9 @@ def _choose(
     metis = [c for c in pool if c.name == "metis-plain"]
     if metis:
         pool = [c for c in pool if c.makespan <= metis[0].makespan]
+    if critical_ceiling:
+        ceiling = min((cut(c) for c in scored if c.name == "metis-plain"), default=float("inf"))
+        pool = [c for c in pool if cut(c) <= ceiling + 1e-12 * max(ceiling, 1.0)] or pool
 
     def score(c: Candidate) -> tuple[float, float, float]:
         crit = cut(c)

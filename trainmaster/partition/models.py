@@ -115,3 +115,30 @@ def bert_small(layers: int = 4, width: int = 192, heads: int = 3, vocab: int = 1
         max_position_embeddings=positions,
     )
     return transformers.BertModel(config)
+
+
+def gpt2_lm(layers: int = 6, width: int = 256, heads: int = 4, vocab: int = 8192, positions: int = 128) -> nn.Module:
+    """A GPT-2 language model (``GPT2LMHeadModel``: the blocks and the vocabulary head) from a
+    ``transformers`` config with random weights (no download), input token ids (N, S) below
+    ``vocab``. The head's weights are not tied to the embedding's: a pipeline puts them on
+    different stages, and ``torch.distributed.pipelining`` would otherwise have to keep a
+    shared parameter in step across stages. Returns the logits alone (``use_cache`` off), as a
+    pipeline's last stage hands them on."""
+    import transformers
+
+    class GPT2Logits(transformers.GPT2LMHeadModel):
+        def forward(self, input_ids):  # type: ignore[override]
+            return super().forward(input_ids=input_ids).logits
+
+    config = transformers.GPT2Config(
+        n_layer=layers,
+        n_embd=width,
+        n_head=heads,
+        vocab_size=vocab,
+        n_positions=positions,
+        use_cache=False,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    return GPT2Logits(config)

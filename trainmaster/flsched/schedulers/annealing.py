@@ -41,7 +41,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainmaster.flsched.cost import Assignment, ExactCost, RoundCost
-from trainmaster.flsched.model import Problem
+from trainmaster.flsched.fleet import SHORTLIST_FACTOR, Fleet, FleetState, candidate_count, quick_feasible, subproblem
+from trainmaster.flsched.model import Problem, ProblemError, check_feasible
 from trainmaster.flsched import pricing
 from trainmaster.flsched.pricing import expected_max, expected_max_many
 from trainmaster.flsched.schedulers.base import Scheduler, metropolis_accept, register
@@ -56,6 +57,26 @@ EXPLORE = 0.1
 """Share of arrivals drawn from all eligible devices (the spec's move) rather than useful ones."""
 LOCAL_SEARCH_CANDIDATES = 48
 """Local search prices at most this many arrivals per position (those with the lowest bound)."""
+LARGE_SET_CANDIDATES = 4
+"""The same for jobs of more than SUBSET_MAX devices, priced one by one (quadrature)."""
+PACE_GRID_LARGE = 16
+"""Pace candidates per job for jobs of more than SUBSET_MAX devices."""
+FLEET_CPU_BUDGET = 0.02
+"""CPU seconds per decision on a fleet when neither ``time_limit`` nor ``cpu_limit`` is set."""
+
+
+class Budget:
+    """A decision's time budget: wall seconds (``time_limit``) and/or CPU seconds of this
+    process (``cpu_limit``), from now; ``over()`` once either is spent."""
+
+    def __init__(self, wall: float | None = None, cpu: float | None = None) -> None:
+        self.wall = None if wall is None else time.perf_counter() + float(wall)
+        self.cpu = None if cpu is None else time.process_time() + float(cpu)
+
+    def over(self) -> bool:
+        return (self.wall is not None and time.perf_counter() > self.wall) or (
+            self.cpu is not None and time.process_time() > self.cpu
+        )
 
 
 @dataclass
@@ -74,7 +95,7 @@ class AnnealingStats:
     stopped_by_time_limit: bool = False
 
 
-def pace_assignment(model: ExactCost) -> Assignment | None:
+def pace_assignment(model: ExactCost, grid: int = PACE_GRID) -> Assignment | None:
     """Jobs (least slack first) each take their cheapest "pace" set: a device d and the n - 1
     least-served free devices expected no slower than d (speed breaks ties). None when an early
     job leaves a later one short (the caller then starts from greedy alone)."""
@@ -94,13 +115,14 @@ def pace_assignment(model: ExactCost) -> Assignment | None:
         h = problem.history[m, order]
         key = h + np.arange(len(order)) / (len(order) * 1e3)  # least served first, then faster
         picks = []
-        for j in np.unique(np.linspace(n - 1, len(order) - 1, PACE_GRID).astype(int)):
+        points = grid if n <= pricing.SUBSET_MAX else min(grid, PACE_GRID_LARGE)
+        for j in np.unique(np.linspace(n - 1, len(order) - 1, points).astype(int)):
             if n > 1 and j > n - 1:
                 picks.append(np.append(order[np.argpartition(key[:j], n - 2)[: n - 1]], order[j]))
             else:
                 picks.append(order[j - n + 1 : j + 1])
         rows = np.array(picks)
-        times = expected_max_many(model.shift[m, rows], model.scale[m, rows])
+        times = _price_rows(model.shift[m, rows], model.scale[m, rows])
         costs = wt * times + wf * 2.0 * problem.history[m, rows].sum(axis=1) / K
         best = rows[int(np.argmin(costs))]
         out[m] = np.sort(best)
@@ -114,7 +136,8 @@ class AnnealingScheduler(Scheduler):
 
     ``moves``: total move budget (None = MOVES_PER_SLOT x devices x jobs, clipped); ``chains``:
     independent restarts from the best start, the best chain wins; ``time_limit`` (seconds):
-    stop annealing when reached (the local search then gets what is left, at least one pass);
+    stop annealing when reached (the local search then gets what is left, if anything);
+    ``cpu_limit`` (seconds of this process's CPU time) the same on the CPU clock;
     ``temperature`` fixes T (no cooling) for experiments; ``pace=False`` starts from the
     disclosure's greedy candidates only; ``local_search=False`` returns the annealed schedule.
 
@@ -133,11 +156,13 @@ class AnnealingScheduler(Scheduler):
         pace: bool = True,
         local_search: bool = True,
         time_limit: float | None = None,
+        cpu_limit: float | None = None,
     ) -> None:
         super().__init__(seed)
         self.moves, self.chains, self.accept0 = moves, chains, accept0
         self.final_ratio, self.swap_prob, self.temperature = final_ratio, swap_prob, temperature
         self.pace, self.local_search, self.time_limit = pace, local_search, time_limit
+        self.cpu_limit = cpu_limit
         self.stats = AnnealingStats()
 
     def move_budget(self, problem: Problem) -> int:
@@ -148,29 +173,59 @@ class AnnealingScheduler(Scheduler):
         return int(np.clip(MOVES_PER_SLOT * slots, MIN_MOVES, MAX_MOVES))
 
     def schedule(self, problem: Problem, cost: RoundCost | None = None) -> Assignment:
-        started = time.perf_counter()
-        deadline = None if self.time_limit is None else started + float(self.time_limit)
+        budget = None if self.time_limit is None and self.cpu_limit is None else Budget(self.time_limit, self.cpu_limit)
+        return self._decide(problem, cost, budget)
+
+    def schedule_fleet(self, fleet: Fleet, state: FleetState, jobs: list[int]) -> list[np.ndarray]:
+        """One decision on a large fleet within a time budget (``time_limit``/``cpu_limit``,
+        else FLEET_CPU_BUDGET of CPU): each job's candidates are its free devices of lowest
+        key (``fleet.Shortlist``: incremental, exact top keys), the annealer runs on the dense
+        problem over their union (fairness weight rescaled so that every move costs what it
+        costs on the fleet), and the result maps back to fleet indices. A candidate set too
+        tight for all jobs at once is doubled, and at last every free device is offered."""
+        budget = Budget(
+            self.time_limit, self.cpu_limit if self.cpu_limit is not None or self.time_limit else FLEET_CPU_BUDGET
+        )
+        free = state.free()
+        factor = SHORTLIST_FACTOR
+        for _ in range(3):
+            candidates = [state.shortlist(m).best(candidate_count(int(fleet.per_round[m]), factor), free) for m in jobs]
+            problem, union = subproblem(fleet, state, jobs, candidates)
+            if not quick_feasible(fleet, jobs, candidates):
+                try:
+                    check_feasible(problem)
+                except ProblemError:
+                    factor *= 2
+                    continue
+            decided = self._decide(problem, None, budget, pace_grid=PACE_GRID_LARGE)
+            return [union[np.asarray(s, dtype=int)] for s in decided]
+        return super().schedule_fleet(fleet, state, jobs)
+
+    def _decide(
+        self, problem: Problem, cost: RoundCost | None, deadline: Budget | None, pace_grid: int = PACE_GRID
+    ) -> Assignment:
         model = cost if isinstance(cost, ExactCost) else ExactCost(problem)
+        tables = _Tables.build(model)
         initial = greedy_assignment(problem)
         initial_cost = model.cost(initial)
         self.stats = AnnealingStats(initial_cost=initial_cost)
-        if self.pace:
-            paced = pace_assignment(model)
+        if self.pace and not (deadline is not None and deadline.over()):
+            paced = pace_assignment(model, pace_grid)
             if paced is not None and (paced_cost := model.cost(paced)) < initial_cost:
                 initial, initial_cost = paced, paced_cost
         best, best_cost = initial, initial_cost
         budget = self.move_budget(problem)
         for _ in range(max(1, self.chains)):
-            chain = _Chain(self, model, initial)
+            chain = _Chain(self, tables, initial)
             cand, cand_cost = chain.anneal(budget, deadline)
             if cand_cost < best_cost:
                 best, best_cost = cand, cand_cost
         self.stats.annealed_cost = best_cost
         if self.local_search:
-            chain = _Chain(self, model, best)
+            chain = _Chain(self, tables, best)
             chain.descend(deadline)
             best, best_cost = chain.sets, chain.current
-        self.stats.best_cost = model.cost(best)
+        self.stats.best_cost = best_cost
         return [np.sort(s) for s in best]
 
     def accept(self, delta: float, temperature: float, u: float) -> bool:
@@ -183,40 +238,68 @@ class AnnealingScheduler(Scheduler):
         return ok
 
 
+@dataclass
+class _Tables:
+    """What every chain of one decision reads and none changes (built once per decision):
+    eligibility, mean times, per job its eligible devices, and the closed form's per-device
+    terms as Python lists for scalar access (1/s_k, c_k/s_k, c_k). Per-job subset sums are
+    kept only for jobs whose eligible devices all have a positive scale and moderate c/s."""
+
+    model: ExactCost
+    eligible: np.ndarray
+    mean: np.ndarray
+    elig_idx: list[np.ndarray]
+    inv_l: list[list[float]]
+    ratio_l: list[list[float]]
+    shift_l: list[list[float]]
+    closed_ok: list[bool]
+
+    @classmethod
+    def build(cls, model: ExactCost) -> _Tables:
+        problem = model.problem
+        eligible = problem.eligible
+        elig_idx = [np.flatnonzero(eligible[m]) for m in range(problem.num_jobs)]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            inv = np.where(model.scale > 0.0, 1.0 / model.scale, np.inf)
+            ratio = model.shift * inv
+        closed_ok = [
+            int(problem.per_round[m]) <= pricing.SUBSET_MAX
+            and bool(np.all(np.isfinite(inv[m, idx])))
+            and float(np.abs(ratio[m, idx]).max(initial=0.0)) < 1e6
+            for m, idx in enumerate(elig_idx)
+        ]
+
+        def rows(a: np.ndarray) -> list[list[float]]:  # Python lists only where the closed form reads them
+            return [a[m].tolist() if ok else [] for m, ok in enumerate(closed_ok)]
+
+        return cls(
+            model, eligible, problem.expected_time(), elig_idx, rows(inv), rows(ratio), rows(model.shift), closed_ok
+        )
+
+
 class _Chain:
     """One annealing chain with incremental state: per job its devices, their shift and scale
     (the exact cost's parameters), its priced round time, and its useful arrivals."""
 
-    def __init__(self, owner: AnnealingScheduler, model: ExactCost, initial: Assignment) -> None:
+    def __init__(self, owner: AnnealingScheduler, tables: _Tables, initial: Assignment) -> None:
+        model = tables.model
         problem = model.problem
         self.sa, self.model = owner, model
         self.M, self.K = problem.num_jobs, problem.num_devices
         self.wt, self.wf = problem.weight_time, problem.weight_fairness
         self.history = problem.history
-        self.eligible = problem.eligible
-        self.mean = problem.expected_time()
-        self.elig_idx = [np.flatnonzero(self.eligible[m]) for m in range(self.M)]
+        self.eligible, self.mean, self.elig_idx = tables.eligible, tables.mean, tables.elig_idx
+        self.inv_l, self.ratio_l, self.shift_l = tables.inv_l, tables.ratio_l, tables.shift_l
         self.sets = [np.array(s, dtype=int) for s in initial]
         self.owner = np.full(self.K, -1)
         for m, s in enumerate(self.sets):
             self.owner[s] = m
         self.times = [model.job_time(m, s) for m, s in enumerate(self.sets)]
         self.useful: list[np.ndarray | None] = [None] * self.M
-        self.current = model.cost(self.sets)
-        # Per-job subset sums for the closed form (pricing.py), so that a replacement is priced
-        # by updating them, not by rebuilding the job's arrays: r_S = sum_S 1/s_k and
-        # P_S = sum_S c_k / s_k, log W_S = P_S - C r_S. Only for jobs of at most SUBSET_MAX
-        # devices whose eligible devices all have a positive scale and moderate c/s.
-        with np.errstate(divide="ignore", invalid="ignore"):
-            inv = np.where(model.scale > 0.0, 1.0 / model.scale, np.inf)
-            ratio = model.shift * inv
-        self.inv_l, self.ratio_l, self.shift_l = inv.tolist(), ratio.tolist(), model.shift.tolist()
-        self.closed = [
-            0 < len(s) <= pricing.SUBSET_MAX
-            and bool(np.all(np.isfinite(inv[m, self.elig_idx[m]])))
-            and float(np.abs(ratio[m, self.elig_idx[m]]).max(initial=0.0)) < 1e6
-            for m, s in enumerate(self.sets)
-        ]
+        self.current = float(
+            sum(self.wt * t + self.wf * model.job_fairness(m, s) for m, (t, s) in enumerate(zip(self.times, self.sets)))
+        )
+        self.closed = [tables.closed_ok[m] and 0 < len(s) <= pricing.SUBSET_MAX for m, s in enumerate(self.sets)]
         self.r_sub: list[np.ndarray] = [np.zeros(0)] * self.M
         self.p_sub: list[np.ndarray] = [np.zeros(0)] * self.M
         self.top_without: list[list[float]] = [[] for _ in range(self.M)]  # per position: max shift of the others
@@ -360,7 +443,7 @@ class _Chain:
             self._refresh(other)
             self.current += delta
 
-    def anneal(self, budget: int, deadline: float | None) -> tuple[Assignment, float]:
+    def anneal(self, budget: int, deadline: Budget | None) -> tuple[Assignment, float]:
         """Steps 2-5: ``budget`` moves, jobs in turn (every candidate perturbed once per sweep)."""
         sa, M = self.sa, self.M
         rng = sa.rng
@@ -380,7 +463,7 @@ class _Chain:
             cooling = 1.0
         sa.stats.initial_temperature = max(sa.stats.initial_temperature, temperature)
         for i in range(budget):
-            if deadline is not None and i % 32 == 0 and time.perf_counter() > deadline:
+            if deadline is not None and i % 8 == 0 and deadline.over():
                 sa.stats.stopped_by_time_limit = True
                 break
             m = i % M
@@ -398,7 +481,7 @@ class _Chain:
         return best_sets, self.model.cost(best_sets)
 
     # ---------------------------------------------------------------- final local search
-    def descend(self, deadline: float | None, max_passes: int = 20) -> None:
+    def descend(self, deadline: Budget | None, max_passes: int = 20) -> None:
         """Step 5 (ours): best-improvement moves until none lowers the cost. Per job, every
         (position, free arrival with a negative lower bound) pair, at most
         LOCAL_SEARCH_CANDIDATES arrivals per position, is priced in one vectorised batch and the
@@ -407,16 +490,16 @@ class _Chain:
         for _ in range(max_passes):
             improved = False
             for m in range(self.M):
-                if self._descend_replace(m):
-                    improved = True
-                if deadline is not None and time.perf_counter() > deadline:
+                if deadline is not None and deadline.over():
                     return
-            if self.M > 1 and self._descend_swaps():
+                if self._descend_replace(m, deadline):
+                    improved = True
+            if self.M > 1 and self._descend_swaps(deadline):
                 improved = True
             if not improved:
                 return
 
-    def _descend_replace(self, m: int) -> bool:
+    def _descend_replace(self, m: int, deadline: Budget | None = None) -> bool:
         """The best single replacement in job m, if it lowers the cost; True if made."""
         s = self.sets[m]
         idx = self.elig_idx[m]
@@ -434,8 +517,9 @@ class _Chain:
         pos, col = np.nonzero(bound < 0.0)
         if len(pos) == 0:
             return False
-        if len(pos) > LOCAL_SEARCH_CANDIDATES * n:  # per position, the arrivals with the lowest bound
-            rank = np.argsort(np.where(bound < 0.0, bound, np.inf), axis=1, kind="stable")[:, :LOCAL_SEARCH_CANDIDATES]
+        per_position = LOCAL_SEARCH_CANDIDATES if n <= pricing.SUBSET_MAX else LARGE_SET_CANDIDATES
+        if len(pos) > per_position * n:  # per position, the arrivals with the lowest bound
+            rank = np.argsort(np.where(bound < 0.0, bound, np.inf), axis=1, kind="stable")[:, :per_position]
             pos = np.repeat(np.arange(n), rank.shape[1])
             col = rank.ravel()
             ok = bound[pos, col] < 0.0
@@ -444,7 +528,7 @@ class _Chain:
         rows = np.empty((len(cand), n), dtype=int)
         rows[:, :-1] = rest[pos]
         rows[:, -1] = cand
-        t_new = expected_max_many(self.model.shift[m, rows], self.model.scale[m, rows])
+        t_new = _price_rows(self.model.shift[m, rows], self.model.scale[m, rows])
         delta = (
             self.wt * (t_new - self.times[m])
             + self.wf * 2.0 * (self.history[m, cand] - self.history[m, s[pos]]) / self.K
@@ -464,7 +548,7 @@ class _Chain:
         out[top] = float(np.delete(vals, top).max()) if len(vals) > 1 else 0.0
         return out
 
-    def _descend_swaps(self) -> bool:
+    def _descend_swaps(self, deadline: Budget | None = None) -> bool:
         """Best-improvement exchanges of one device between two jobs: per pair of jobs every
         exchange that keeps both eligible is priced in one batch per side, and the best made;
         True if any was made."""
@@ -493,12 +577,15 @@ class _Chain:
                 if not hopeful.any():
                     continue
                 ii, jj, a, b = ii[hopeful], jj[hopeful], a[hopeful], b[hopeful]
+                if max(len(sm), len(so)) > pricing.SUBSET_MAX and len(ii) > LARGE_SET_CANDIDATES * 16:
+                    keep = np.argsort(bound[hopeful], kind="stable")[: LARGE_SET_CANDIDATES * 16]
+                    ii, jj, a, b = ii[keep], jj[keep], a[keep], b[keep]
                 rows_m = np.repeat(sm[None, :], len(ii), axis=0)
                 rows_m[np.arange(len(ii)), ii] = b
                 rows_o = np.repeat(so[None, :], len(ii), axis=0)
                 rows_o[np.arange(len(ii)), jj] = a
-                tm = expected_max_many(model.shift[m, rows_m], model.scale[m, rows_m])
-                to = expected_max_many(model.shift[o, rows_o], model.scale[o, rows_o])
+                tm = _price_rows(model.shift[m, rows_m], model.scale[m, rows_m])
+                to = _price_rows(model.shift[o, rows_o], model.scale[o, rows_o])
                 delta = (
                     self.wt * (tm - self.times[m] + to - self.times[o])
                     + self.wf * 2.0 * (h[m, b] - h[m, a] + h[o, a] - h[o, b]) / self.K
@@ -515,4 +602,15 @@ class _Chain:
                     self.current += float(delta[best])
                     self.sa.stats.local_search_moves += 1
                     improved = True
+                if deadline is not None and deadline.over():
+                    return improved
         return improved
+
+
+def _price_rows(shift: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """E[max] of each row: one vectorised pass for small sets (closed form); one call per row
+    for larger ones, whose quadrature adapts its nodes to the row (a shared node set over a
+    batch spans every row's scales and costs several times more per row)."""
+    if shift.shape[1] <= pricing.SUBSET_MAX:
+        return expected_max_many(shift, scale)
+    return np.array([expected_max(c, s) for c, s in zip(shift, scale)])

@@ -16,7 +16,8 @@ import numpy as np
 
 from trainmaster.errors import UserError
 from trainmaster.flsched.cost import Assignment, ExactCost, RoundCost
-from trainmaster.flsched.model import Problem
+from trainmaster.flsched.fleet import Fleet, FleetState, subproblem
+from trainmaster.flsched.model import Problem, check_feasible
 
 
 class Scheduler(ABC):
@@ -30,6 +31,25 @@ class Scheduler(ABC):
     @abstractmethod
     def schedule(self, problem: Problem, cost: RoundCost | None = None) -> Assignment:
         """Devices per job (problem order) for this round; must satisfy every constraint."""
+
+    def schedule_fleet(self, fleet: Fleet, state: FleetState, jobs: list[int]) -> list[np.ndarray]:
+        """Devices (fleet indices) for each of ``jobs`` this round, among the free devices.
+
+        This default builds the dense problem over every free device holding a waiting job's
+        data and calls ``schedule``: right for pools of thousands. Schedulers meant for large
+        fleets (``sa``, ``greedy``, ``random``) override it. Raises ``ProblemError`` when the
+        round cannot be scheduled now."""
+        free = state.free()
+        candidates = [fleet.members[m][free[fleet.members[m]]] for m in jobs]
+        return self.schedule_candidates(fleet, state, jobs, candidates)
+
+    def schedule_candidates(
+        self, fleet: Fleet, state: FleetState, jobs: list[int], candidates: list[np.ndarray]
+    ) -> list[np.ndarray]:
+        """``schedule`` on the dense problem over these candidate devices per job."""
+        problem, union = subproblem(fleet, state, jobs, candidates)
+        check_feasible(problem)
+        return [union[np.asarray(s, dtype=int)] for s in self.schedule(problem)]
 
     def cost_model(self, problem: Problem, cost: RoundCost | None) -> RoundCost:
         """The cost to optimise: the caller's, else the exact one."""

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from trainmaster.flsched.cost import Assignment, RoundCost
-from trainmaster.flsched.model import Problem
+from trainmaster.flsched.fleet import Fleet, FleetState
+from trainmaster.flsched.model import Problem, ProblemError
 from trainmaster.flsched.schedulers.base import Scheduler, fill_in_order, register
 
 
@@ -30,8 +31,49 @@ def greedy_assignment(problem: Problem) -> Assignment:
 class GreedyScheduler(Scheduler):
     """Fastest expected devices (time + fluctuation) for every job, ignoring fairness."""
 
+    def __init__(self, seed: int | None = None) -> None:
+        super().__init__(seed)
+        self._orders: dict[tuple[int, int], np.ndarray] = {}  # (fleet, job) -> devices fastest first
+
     def schedule(self, problem: Problem, cost: RoundCost | None = None) -> Assignment:
         return greedy_assignment(problem)
+
+    def schedule_fleet(self, fleet: Fleet, state: FleetState, jobs: list[int]) -> list[np.ndarray]:
+        """The same rule on a large fleet without a dense problem: each job's devices sorted
+        once by estimated time + fluctuation, walked past busy and taken devices."""
+        free = state.free()
+        taken = np.zeros(fleet.num_devices, dtype=bool)
+        slack = [int(free[fleet.members[m]].sum()) / int(fleet.per_round[m]) for m in jobs]
+        out: dict[int, np.ndarray] = {}
+        for row in np.argsort(slack, kind="stable"):
+            m = jobs[int(row)]
+            order = self._order(fleet, m)
+            out[m] = _first_free(order, int(fleet.per_round[m]), free, taken, fleet.jobs[m].id)
+            taken[out[m]] = True
+        return [np.sort(out[m]) for m in jobs]
+
+    def _order(self, fleet: Fleet, m: int) -> np.ndarray:
+        key = (id(fleet), m)
+        if key not in self._orders:
+            score = fleet.mean[m] + fleet.scale[m]
+            self._orders[key] = fleet.members[m][np.argsort(score, kind="stable")]
+        return self._orders[key]
+
+
+def _first_free(order: np.ndarray, n: int, free: np.ndarray, taken: np.ndarray, job: str) -> np.ndarray:
+    """The first n devices of ``order`` that are free and not taken (scanned in growing chunks)."""
+    got: list[np.ndarray] = []
+    have, start, chunk = 0, 0, max(4 * n, 64)
+    while have < n and start < len(order):
+        part = order[start : start + chunk]
+        part = part[free[part] & ~taken[part]]
+        got.append(part[: n - have])
+        have += len(got[-1])
+        start += chunk
+        chunk *= 2
+    if have < n:
+        raise ProblemError(f"job {job!r} wants {n} devices but only {have} free devices hold its data")
+    return np.concatenate(got)
 
 
 @register("random")
@@ -41,6 +83,38 @@ class RandomScheduler(Scheduler):
     def schedule(self, problem: Problem, cost: RoundCost | None = None) -> Assignment:
         order = [int(m) for m in self.rng.permutation(problem.num_jobs)]
         return fill_in_order(problem, order, lambda m: self.rng.permutation(problem.num_devices))
+
+    def schedule_fleet(self, fleet: Fleet, state: FleetState, jobs: list[int]) -> list[np.ndarray]:
+        """Uniform among each job's free devices (jobs in random order), by rejection sampling:
+        O(per_round) per job, not O(pool)."""
+        free = state.free()
+        taken = np.zeros(fleet.num_devices, dtype=bool)
+        out: dict[int, np.ndarray] = {}
+        for row in self.rng.permutation(len(jobs)):
+            m = jobs[int(row)]
+            members, n = fleet.members[m], int(fleet.per_round[m])
+            chosen: list[int] = []
+            for _ in range(64):  # each try draws 2n + 8 members; most are free in a large pool
+                for k in members[self.rng.integers(0, len(members), 2 * n + 8)]:
+                    if free[k] and not taken[k]:
+                        taken[k] = True
+                        chosen.append(int(k))
+                        if len(chosen) == n:
+                            break
+                if len(chosen) == n:
+                    break
+            else:  # a crowded pool: draw among the free members directly
+                rest = members[free[members] & ~taken[members]]
+                if len(rest) < n - len(chosen):
+                    raise ProblemError(
+                        f"job {fleet.jobs[m].id!r} wants {n} devices but only "
+                        f"{len(rest) + len(chosen)} free devices hold its data"
+                    )
+                extra = self.rng.choice(rest, size=n - len(chosen), replace=False)
+                taken[extra] = True
+                chosen.extend(int(k) for k in extra)
+            out[m] = np.array(chosen, dtype=np.int64)
+        return [np.sort(out[m]) for m in jobs]
 
 
 @register("roundrobin")

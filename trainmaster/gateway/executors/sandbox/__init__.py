@@ -1,0 +1,1 @@
+"""The bubblewrap sandbox of an executor: namespaces, cgroups and the seccomp filter."""

@@ -1,0 +1,241 @@
+"""The stream port: bulk transfers (a leg's input, a stored result) on blocking mutual-TLS sockets,
+one thread per stream, beside the service's HTTP port.
+
+Why a second port: the HTTP port is uvicorn on asyncio, whose TLS transport decrypts through
+memory BIOs in Python: measured here, receiving over it cost 1.8-2.3 ms of CPU per MB against
+0.5-0.8 ms for a blocking ``ssl`` socket (``docs/design/gateway-relay.md``). Three processes share
+the path of a streamed byte (initiator, gateway, party) where a direct TLS stream has two, so the
+CPU each MB costs decides the throughput. Here a frame is read straight into a reused buffer
+(``recv_into``) and sent with one ``sendall``; nothing else runs in these threads, and all the
+service's state stays on its event loop (:func:`on_loop`).
+
+Protocol, per connection: the client sends one frame holding a sealed, signed envelope (an
+:class:`~trainmaster.gateway.models.InputPut` or :class:`~trainmaster.gateway.models.ResultFetch`);
+the server answers one JSON status frame (``{"status": 200, "ready": <sealed StreamReady>}`` or
+``{"status": 4xx/5xx, "detail": ...}``); then chunk frames flow one way
+(:mod:`trainmaster.gateway.crypto.chunks`), and an upload ends with one more JSON status frame from
+the server once the bytes are committed. Every frame is capped; every wait has a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import ssl
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+from trainmaster.gateway.crypto.chunks import HEADER
+from trainmaster.gateway.crypto.tlsid import PeerIdentity, peer_from_cert
+
+MAX_REQUEST_BYTES = 64 << 10
+"""A request or status frame (an envelope, a JSON status) is refused past this size."""
+SOCKET_BUFFER_BYTES = 4 << 20
+LOOP_TIMEOUT_S = 60.0
+"""How long a stream thread waits for the event loop to answer (it is never busy that long)."""
+T = TypeVar("T")
+log = logging.getLogger("trainmaster.gateway.streams")
+
+
+class StreamError(ConnectionError):
+    """The other end could not be reached, broke off, stalled past the timeout, or sent a frame
+    that is not one (a transport failure; what it says is the reason)."""
+
+
+def stream_address(endpoint: str, whose: str) -> tuple[str, int]:
+    """Host and port of a roster ``stream_endpoint`` (``host:port``; ``[v6]:port``)."""
+    url = urlsplit(f"//{endpoint}")
+    if url.hostname is None or url.port is None:
+        raise StreamError(f"{whose}'s stream endpoint {endpoint!r} is not host:port")
+    return url.hostname, url.port
+
+
+class StreamSocket:
+    """Frames over one TLS socket; every error is a :class:`StreamError`."""
+
+    def __init__(self, sock: ssl.SSLSocket):
+        self.sock = sock
+        self._head = bytearray(HEADER.size)
+
+    def _recv_exact(self, view: memoryview) -> None:
+        got = 0
+        while got < len(view):
+            try:
+                n = self.sock.recv_into(view[got:])
+            except TimeoutError as exc:
+                raise StreamError("the other end sent nothing within the timeout") from exc
+            except OSError as exc:  # ssl.SSLError, ConnectionResetError, ...
+                raise StreamError(f"{type(exc).__name__}: {exc}") from exc
+            if n == 0:
+                raise StreamError("the other end closed the connection mid-frame" if got else "connection closed")
+            got += n
+
+    def recv_frame_into(self, buf: bytearray) -> memoryview:
+        """The next frame's body, read into ``buf`` (refused if it does not fit)."""
+        self._recv_exact(memoryview(self._head))
+        (size,) = HEADER.unpack(self._head)
+        if size > len(buf):
+            raise StreamError(f"frame of {size} bytes is over this stream's {len(buf)}-byte frames")
+        view = memoryview(buf)[:size]
+        self._recv_exact(view)
+        return view
+
+    def recv_frame(self, cap: int = MAX_REQUEST_BYTES) -> bytes:
+        return bytes(self.recv_frame_into(bytearray(cap)))
+
+    def recv_json(self) -> dict[str, Any]:
+        try:
+            value = json.loads(self.recv_frame())
+        except ValueError as exc:
+            raise StreamError("status frame is not JSON") from exc
+        if not isinstance(value, dict) or not isinstance(value.get("status"), int):
+            raise StreamError("status frame without a status")
+        return value
+
+    def send(self, data: bytes | memoryview) -> None:
+        """Bytes already framed (a sealed chunk frame), in one ``sendall``."""
+        try:
+            self.sock.sendall(data)
+        except TimeoutError as exc:
+            raise StreamError("the other end took nothing within the timeout") from exc
+        except OSError as exc:
+            raise StreamError(f"{type(exc).__name__}: {exc}") from exc
+
+    def send_frame(self, body: bytes) -> None:
+        self.send(HEADER.pack(len(body)) + body)
+
+    def send_json(self, value: dict[str, Any]) -> None:
+        self.send_frame(json.dumps(value, separators=(",", ":")).encode())
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def _tune(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
+
+
+def connect(ssl_context: ssl.SSLContext, endpoint: str, server_name: str, timeout_s: float, whose: str) -> StreamSocket:
+    """A mutual-TLS stream connection to ``endpoint``; TLS checks the server is ``server_name``."""
+    host, port = stream_address(endpoint, whose)
+    try:
+        raw = socket.create_connection((host, port), timeout=timeout_s)
+    except OSError as exc:
+        raise StreamError(f"{whose} unreachable at {endpoint}: {type(exc).__name__}: {exc}") from exc
+    try:
+        _tune(raw)
+        tls = ssl_context.wrap_socket(raw, server_hostname=server_name)
+    except (OSError, ssl.SSLError) as exc:
+        raw.close()
+        raise StreamError(f"{whose} at {endpoint}: TLS handshake failed: {type(exc).__name__}: {exc}") from exc
+    return StreamSocket(tls)
+
+
+Handler = Callable[[StreamSocket, "PeerIdentity | None"], None]
+
+
+class StreamServer:
+    """Accepts mutual-TLS stream connections on one port; each runs ``handler`` in its own thread
+    (at most ``max_streams`` at once: past it a connection gets a 503 status and is closed)."""
+
+    def __init__(
+        self,
+        ssl_context: ssl.SSLContext,
+        host: str,
+        port: int,
+        handler: Handler,
+        max_streams: int,
+        timeout_s: float,
+        handshake_timeout_s: float,
+    ):
+        self._ctx, self._handler, self._timeout, self._handshake = ssl_context, handler, timeout_s, handshake_timeout_s
+        self._slots = threading.BoundedSemaphore(max_streams)
+        self._max = max_streams
+        self._listener = socket.create_server((host, port), reuse_port=False, backlog=128)
+        self._listener.settimeout(0.5)
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._accept_loop, name=f"stream-port-{port}", daemon=True)
+        self.active = 0
+
+    @property
+    def port(self) -> int:
+        return int(self._listener.getsockname()[1])
+
+    def start(self) -> "StreamServer":
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(timeout=5)
+        self._listener.close()
+
+    def _accept_loop(self) -> None:
+        while not self._closed.is_set():
+            try:
+                raw, _addr = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError as exc:
+                if self._closed.is_set():
+                    return
+                log.warning("stream port: accept failed: %s", exc)
+                continue
+            threading.Thread(target=self._serve, args=(raw,), daemon=True).start()
+
+    def _serve(self, raw: socket.socket) -> None:
+        busy = not self._slots.acquire(blocking=False)
+        conn: StreamSocket | None = None
+        try:
+            raw.settimeout(self._handshake)
+            _tune(raw)
+            tls = self._ctx.wrap_socket(raw, server_side=True)
+            conn = StreamSocket(tls)
+            if busy:
+                conn.send_json({"status": 503, "detail": f"all {self._max} stream slots are busy; retry later"})
+                return
+            self.active += 1
+            try:
+                tls.settimeout(self._timeout)
+                self._handler(conn, peer_from_cert(tls.getpeercert()))
+            finally:
+                self.active -= 1
+        except StreamError as exc:
+            log.info("stream port: connection ended: %s", exc)
+        except (OSError, ssl.SSLError) as exc:
+            log.info("stream port: handshake failed: %s", exc)
+        finally:
+            if not busy:
+                self._slots.release()
+            if conn is not None:
+                conn.close()
+            else:
+                raw.close()
+
+
+def on_loop(loop: asyncio.AbstractEventLoop, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run ``fn(*args)`` on the service's event loop and return its result: stream threads touch
+    the service's state (tables, executors, the gate, the audit log) only through here, so that
+    state keeps one owner. ``fn`` may be a coroutine function; it gets ``args`` and ``kwargs``."""
+
+    async def call() -> T:
+        out = fn(*args, **kwargs)
+        if asyncio.iscoroutine(out):
+            awaited: T = await out
+            return awaited
+        return out  # type: ignore[no-any-return]
+
+    future = asyncio.run_coroutine_threadsafe(call(), loop)
+    try:
+        return future.result(timeout=LOOP_TIMEOUT_S)
+    except TimeoutError:
+        future.cancel()
+        raise

@@ -1,0 +1,1 @@
+"""The party's HTTP routes, one module per concern: task creation, data transfer, health."""

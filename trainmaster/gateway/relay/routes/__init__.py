@@ -1,0 +1,2 @@
+"""The gateway's HTTP routes, one module per concern: tasks (creation, cancel, executor reports),
+results (data receive and streamed result fetch), health."""
