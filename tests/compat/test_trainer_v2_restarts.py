@@ -1,0 +1,124 @@
+"""Mechanisms: restarting only the part of a job that failed (JobSet's failurePolicy, JobSet
+#1129 and Trainer #2269), on a TrainJob and its runtime. A replicated job 'node' (2 instances,
+node 1 failing its first run) beside an 'evaluator' that runs until the job ends:
+
+* no failurePolicy: the failed pod alone is recreated (its Job's backoffLimit): node 1 restarts,
+  node 0 and the evaluator keep their first attempt;
+* a rule ``RestartJob`` on node: the node replicated job restarts (both nodes), the evaluator
+  keeps running, untouched (same attempt, same process);
+* no rule (JobSet's default ``RestartJobSet``): what the user asked, the whole job restarts."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller_harness import PY, Harness, events
+from trainmaster.loading import load_document
+from trainmaster.spec.compat.trainer import RuntimeDoc, runtime_doc
+from trainmaster.spec.load import LoadOptions
+from trainmaster.spec.model import RuntimeKind
+
+
+def node_command(marker: Path) -> list[str]:
+    """Node 1 fails its first run (exit 3); every run records its pid; nodes end after 1 s."""
+    return [
+        PY,
+        "-c",
+        "import os, pathlib, sys, time\n"
+        f"m = pathlib.Path('{marker}')\n"
+        "if os.environ['TM_REPLICA_INDEX'] == '1' and not m.exists():\n"
+        "    m.write_text('failed once'); time.sleep(0.5); sys.exit(3)\n"
+        "time.sleep(1.5)\n",
+    ]
+
+
+EVALUATOR = [PY, "-c", "import time\nwhile True: time.sleep(0.2)\n"]
+
+
+def runtime(failure_policy: dict[str, Any] | None) -> RuntimeDoc:
+    spec: dict[str, Any] = {
+        "successPolicy": {"operator": "All", "targetReplicatedJobs": ["node"]},
+        "replicatedJobs": [
+            {
+                "name": "evaluator",
+                "template": {
+                    "spec": {"template": {"spec": {"containers": [{"name": "evaluator", "command": EVALUATOR}]}}}
+                },
+            },
+            {
+                "name": "node",
+                "template": {
+                    "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+                    "spec": {"template": {"spec": {"containers": [{"name": "node", "command": ["true"]}]}}},
+                },
+            },
+        ],
+    }
+    if failure_policy is not None:
+        spec["failurePolicy"] = failure_policy
+    raw = {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainingRuntime",
+        "metadata": {"name": "two-part"},
+        "spec": {"template": {"spec": spec}},
+    }
+    return runtime_doc(copy.deepcopy(raw), "test")
+
+
+def trainjob(marker: Path) -> dict[str, Any]:
+    return {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": "restart-part"},
+        "spec": {
+            "runtimeRef": {"name": "two-part", "kind": "TrainingRuntime"},
+            "trainer": {"numNodes": 2, "command": node_command(marker)},
+        },
+    }
+
+
+def run(harness: Harness, tmp_path: Path, failure_policy: dict[str, Any] | None) -> dict[str, Any]:
+    loaded = load_document(
+        trainjob(tmp_path / "marker"),
+        options=LoadOptions(runtime=RuntimeKind.HOST, runtimes=(runtime(failure_policy),)),
+    )
+    job_id = harness.jobs.submit(loaded, harness.controller, unique_name=False).id
+    assert harness.controller.run_job(job_id) == "succeeded", harness.status(job_id)["message"]
+    return harness.status(job_id)
+
+
+def attempts(status: dict[str, Any]) -> dict[str, int]:
+    """Each instance's last attempt (1: never restarted)."""
+    return {
+        f"{i['role']}-{i['index']}": i["attempt"]
+        for i in status["instances"]
+        if i["state"] != "stopped" or i["role"] == "evaluator"
+    }
+
+
+@pytest.mark.timeout(120)
+def test_without_a_failure_policy_only_the_failed_instance_restarts(harness: Harness, tmp_path: Path) -> None:
+    status = run(harness, tmp_path, None)
+    assert attempts(status) == {"evaluator-0": 1, "node-0": 1, "node-1": 2}
+    assert not events(status, "RestartingGroup")
+
+
+@pytest.mark.timeout(120)
+def test_restart_job_restarts_the_replicated_job_and_leaves_the_rest_running(harness: Harness, tmp_path: Path) -> None:
+    policy = {"maxRestarts": 2, "rules": [{"action": "RestartJob", "targetReplicatedJobs": ["node"]}]}
+    status = run(harness, tmp_path, policy)
+    assert attempts(status) == {"evaluator-0": 1, "node-0": 2, "node-1": 2}
+    group = events(status, "RestartingGroup")
+    assert len(group) == 1 and "every instance of the role node" in group[0]["message"], group
+
+
+@pytest.mark.timeout(120)
+def test_the_default_action_restarts_the_whole_job_as_asked(harness: Harness, tmp_path: Path) -> None:
+    status = run(harness, tmp_path, {"maxRestarts": 2})
+    assert attempts(status) == {"evaluator-0": 2, "node-0": 2, "node-1": 2}
+    group = events(status, "RestartingGroup")
+    assert len(group) == 1 and "every instance of the job" in group[0]["message"], group
