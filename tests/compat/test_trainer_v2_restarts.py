@@ -122,3 +122,95 @@ def test_the_default_action_restarts_the_whole_job_as_asked(harness: Harness, tm
     assert attempts(status) == {"evaluator-0": 2, "node-0": 2, "node-1": 2}
     group = events(status, "RestartingGroup")
     assert len(group) == 1 and "every instance of the job" in group[0]["message"], group
+
+
+def test_elastic_policies_become_the_pytorch_frameworks_elastic_node_role() -> None:
+    """v2.1's torch ``elasticPolicy`` (minNodes/maxNodes/maxRestarts) and a PyTorchJob's
+    (minReplicas/maxReplicas) both give an elastic ``node`` role beside the ``rendezvous`` store,
+    with torchrun's elastic variables; scaling outside min..max is refused by validation."""
+    from trainmaster.frameworks import get_framework
+    from trainmaster.frameworks.base import InstanceContext
+    from trainmaster.loading import validate_document
+
+    raw = {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "ClusterTrainingRuntime",
+        "metadata": {"name": "torch-elastic"},
+        "spec": {
+            "mlPolicy": {"numNodes": 2, "torch": {"elasticPolicy": {"minNodes": 2, "maxNodes": 4, "maxRestarts": 7}}},
+            "template": {
+                "spec": {
+                    "replicatedJobs": [
+                        {
+                            "name": "node",
+                            "template": {
+                                "spec": {
+                                    "template": {
+                                        "spec": {"containers": [{"name": "node", "command": ["torchrun", "t.py"]}]}
+                                    }
+                                }
+                            },
+                        }
+                    ]
+                }
+            },
+        },
+    }
+    trainjob = {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": "elastic"},
+        "spec": {"runtimeRef": {"name": "torch-elastic"}},
+    }
+    loaded = load_document(
+        trainjob, options=LoadOptions(runtime=RuntimeKind.HOST, runtimes=(runtime_doc(raw, "test"),))
+    )
+    spec = loaded.job.spec
+    assert spec.framework_params["elastic"] == {"minReplicas": 2, "maxReplicas": 4, "maxRestarts": 7}
+    assert [r.name for r in spec.roles] == ["node", "rendezvous"]
+    assert [d.role for d in spec.role("node").depends_on] == ["rendezvous"]
+    env = get_framework("pytorch").environment(
+        InstanceContext(
+            "elastic",
+            "node",
+            0,
+            2,
+            {"node": 2, "rendezvous": 1},
+            "127.0.0.1",
+            [5000],
+            {"rendezvous": ["127.0.0.1:6000"]},
+            spec.framework_params,
+            job_id=3,
+        )
+    )
+    assert env["PET_NNODES"] == "2:4" and env["PET_RDZV_BACKEND"] == "c10d" and env["PET_MAX_RESTARTS"] == "7"
+    assert env["PET_RDZV_ENDPOINT"] == "127.0.0.1:6000" and "is_host=0" in env["PET_RDZV_CONF"]
+    document = loaded.job.dump()
+    document["spec"]["roles"][0]["replicas"] = 5
+    with pytest.raises(Exception, match="between minReplicas and maxReplicas"):
+        validate_document(document)
+
+    from trainmaster.spec.compat import convert
+
+    pytorchjob = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": "el"},
+        "spec": {
+            "elasticPolicy": {"minReplicas": 1, "maxReplicas": 3, "rdzvBackend": "c10d", "maxRestarts": 5},
+            "pytorchReplicaSpecs": {
+                "Worker": {
+                    "replicas": 2,
+                    "template": {"spec": {"containers": [{"name": "pytorch", "command": ["torchrun", "t.py"]}]}},
+                }
+            },
+        },
+    }
+    converted = convert(pytorchjob)
+    assert converted is not None
+    assert converted.document["spec"]["frameworkParams"]["elastic"] == {
+        "minReplicas": 1,
+        "maxReplicas": 3,
+        "maxRestarts": 5,
+    }
+    assert [r["name"] for r in converted.document["spec"]["roles"]] == ["node"]

@@ -147,9 +147,16 @@ class PyTorchFramework(Framework):
                 "PET_RDZV_ID": f"{ctx.job_name}-{ctx.job_id}",
                 # the store is served by the rendezvous role, never by an agent; a formed group
                 # waits LAST_CALL_SECONDS for late nodes before training
-                "PET_RDZV_CONF": f"is_host=0,last_call_timeout={LAST_CALL_SECONDS},join_timeout=600",
+                "PET_RDZV_CONF": (
+                    f"is_host=0,last_call_timeout={LAST_CALL_SECONDS},join_timeout=600,"
+                    "keep_alive_interval=1,keep_alive_max_attempt=3"
+                ),
                 "PET_MAX_RESTARTS": str(int(elastic.get("maxRestarts", 3))),
                 "PET_MONITOR_INTERVAL": "0.5",
+                # every round's rank 0 publishes the workers' MASTER_ADDR afresh: torch caches it from
+                # the agent's first round, and a node that joins later (a replacement, a scale-up)
+                # would wait for the address forever while rank 0 survived from that first round
+                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
                 "TM_ELASTIC_MIN": str(low),
                 "TM_ELASTIC_MAX": str(high),
             }
