@@ -72,11 +72,12 @@ class PyTorchFramework(Framework):
             errors.append(
                 "spec.roles: framework 'pytorch' needs a role named 'master' (and 'worker'), or one named 'node'"
             )
-        if "master" in names:
+        known = ("master", "worker") if "master" in names or NODE not in names else None
+        if known is not None:
             for i, name in enumerate(names):
-                if isinstance(name, str) and name not in ("master", "worker"):
+                if isinstance(name, str) and name not in known:
                     errors.append(
-                        f"spec.roles[{i}].name: framework 'pytorch' with a master has no role '{name}' (roles: master, worker)"
+                        f"spec.roles[{i}].name: framework 'pytorch' has no role '{name}' (roles: master, worker; or node, as Trainer's torch runtimes)"
                     )
         for i, role in enumerate(roles):
             if (

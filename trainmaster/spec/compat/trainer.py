@@ -390,12 +390,22 @@ def _merge_pod(job: dict[str, Any], patch: dict[str, Any], path: str, report: Re
             )
         else:
             report.unknown(path, str(key), OVERRIDE_POD_FIELDS)
-    pod = job.setdefault("template", {}).setdefault("spec", {}).setdefault("template", {}).setdefault("spec", {})
+    pod: Any = job
+    for key in ("template", "spec", "template", "spec"):
+        child = pod.get(key)
+        if child is None:
+            child = pod[key] = {}
+        if not isinstance(child, dict):
+            report.invalid(path, f"the replicated job {job.get('name')!r} has no pod template to patch")
+            return
+        pod = child
     for key, value in patch.items():
         if key not in OVERRIDE_POD_FIELDS:
             continue
         if key in ("containers", "initContainers"):
-            have = {c.get("name"): c for c in pod.setdefault(key, []) if isinstance(c, dict)}
+            if not isinstance(pod.get(key), list):
+                pod[key] = []
+            have = {c.get("name"): c for c in pod[key] if isinstance(c, dict)}
             for i, container in enumerate(report.sequence(value, join(path, key))):
                 cwhere = join(join(path, key), i)
                 container = report.mapping(container, cwhere)
@@ -413,23 +423,14 @@ def _merge_pod(job: dict[str, Any], patch: dict[str, Any], path: str, report: Re
                         f"the replicated job {job.get('name')!r} has no {key[:-1]} {container.get('name')!r}; nothing to patch",
                     )
                     continue
-                for field in ("env", "volumeMounts"):
-                    merged = {
-                        e.get("name") if field == "env" else e.get("mountPath"): e
-                        for e in target.get(field) or []
-                        if isinstance(e, dict)
-                    }
-                    for entry in report.sequence(container.get(field), join(cwhere, field)):
-                        if isinstance(entry, dict):
-                            merged[entry.get("name") if field == "env" else entry.get("mountPath")] = entry
-                    if merged:
-                        target[field] = list(merged.values())
+                for field, name in (("env", "name"), ("volumeMounts", "mountPath")):
+                    merged = _merged(target.get(field), container.get(field), name)
+                    if merged is not None:
+                        target[field] = merged
         elif key == "volumes":
-            merged = {v.get("name"): v for v in pod.get("volumes") or [] if isinstance(v, dict)}
-            for volume in report.sequence(value, join(path, key)):
-                if isinstance(volume, dict):
-                    merged[volume.get("name")] = volume
-            pod["volumes"] = list(merged.values())
+            merged = _merged(pod.get("volumes"), value, "name")
+            if merged is not None:
+                pod["volumes"] = merged
         else:
             pod[key] = value
 
@@ -734,6 +735,8 @@ class _Runtime:
         """The TrainJob's ``trainer`` onto the trainer job's main container (``node``)."""
         r = self.report
         pod = pod_template.setdefault("spec", {})
+        if not isinstance(pod, dict) or not isinstance(pod.get("containers", []), list):
+            return  # not a pod: the pod reader reports it at its path
         containers = pod.setdefault("containers", [])
         target = next((c for c in containers if isinstance(c, dict) and c.get("name") == container_name), None)
         if target is None:
@@ -750,12 +753,9 @@ class _Runtime:
                 target[key] = value
                 if key == "command" and trainer.get("args") is None:
                     target.pop("args", None)  # Kubernetes: a new command drops the image's CMD, not the runtime's args
-        env = {e.get("name"): e for e in target.get("env") or [] if isinstance(e, dict)}
-        for e in r.sequence(trainer.get("env"), "spec.trainer.env"):
-            if isinstance(e, dict):
-                env[e.get("name")] = e
-        if env:
-            target["env"] = list(env.values())
+        env = _merged(target.get("env"), r.sequence(trainer.get("env"), "spec.trainer.env"), "name")
+        if env is not None:
+            target["env"] = env
         if trainer.get("resourcesPerNode") is not None:
             target["resources"] = r.mapping(trainer["resourcesPerNode"], "spec.trainer.resourcesPerNode")
 
@@ -860,7 +860,7 @@ class _Runtime:
                 },
             )
             action = rule.get("action")
-            if action not in ACTION_SCOPES:
+            if not isinstance(action, str) or action not in ACTION_SCOPES:
                 r.invalid(join(rwhere, "action"), f"must be one of {', '.join(FAILURE_ACTIONS)}")
                 continue
             if rule.get("onJobFailureReasons"):
@@ -920,10 +920,29 @@ class _Runtime:
             job_spec.setdefault("runPolicy", {})["ttlSecondsAfterFinished"] = ttl
 
 
+def _merged(base: Any, patch: Any, key: str) -> list[Any] | None:
+    """``base`` with ``patch``'s entries replacing those of the same ``key`` (a strategic
+    merge of a list of named entries); None, leaving ``base`` as it is, when either is not a list
+    (the pod reader reports it) or there is nothing to merge."""
+    base = [] if base is None else base
+    if not isinstance(base, list) or not isinstance(patch, list) or not patch:
+        return None
+
+    def name(entry: Any) -> str:
+        return repr(entry.get(key)) if isinstance(entry, dict) else repr(entry)
+
+    merged = {name(entry): entry for entry in base}
+    for entry in patch:
+        merged[name(entry)] = entry
+    return list(merged.values())
+
+
 def _trainer_job(jobs: list[Any]) -> dict[str, Any] | None:
     for job in jobs:
         if isinstance(job, dict):
-            labels = ((job.get("template") or {}).get("metadata") or {}).get("labels") or {}
+            template = job.get("template")
+            meta = template.get("metadata") if isinstance(template, dict) else None
+            labels = meta.get("labels") if isinstance(meta, dict) else None
             if isinstance(labels, dict) and labels.get(ANCESTOR_LABEL) == "trainer":
                 return job
     return next((j for j in jobs if isinstance(j, dict) and j.get("name") == TRAINER_JOB), None)
