@@ -43,9 +43,16 @@ def load_job(
     """Load a job file (see the module's chain). The file holds one job document; a Kubeflow
     Trainer ``TrainJob`` may come with its runtimes, in the same file (several YAML documents)
     or in ``runtime_files``, which are read strictly and tried before the installed ones."""
-    options = options or LoadOptions()
-    docs = read_documents(path)
-    given = [runtime_doc(d, str(path), options.lenient) for d in docs if is_runtime(d)]
+    raw, options = with_runtimes(read_documents(path), str(path), options or LoadOptions(), runtime_files)
+    return load_document(raw, source=str(path), options=options)
+
+
+def with_runtimes(
+    docs: list[dict[str, Any]], source: str, options: LoadOptions, runtime_files: Sequence[str | Path] = ()
+) -> tuple[dict[str, Any], LoadOptions]:
+    """The one job document among ``docs`` (a file's), and ``options`` with the Trainer runtimes
+    given beside it (in that file, then in ``runtime_files``) first among those a TrainJob may name."""
+    given = [runtime_doc(d, source, options.lenient) for d in docs if is_runtime(d)]
     for extra in runtime_files:
         for doc in read_documents(extra):
             if not is_runtime(doc):
@@ -57,12 +64,12 @@ def load_job(
     jobs = [d for d in docs if not is_runtime(d)]
     if len(jobs) != 1:
         raise UserError(
-            f"{path}: expected exactly one job document, found {len(jobs)}"
+            f"{source}: expected exactly one job document, found {len(jobs)}"
             + (f" (and {len(given)} runtime(s))" if given else "")
         )
     if given:
         options = replace(options, runtimes=(*given, *options.runtimes))
-    return load_document(jobs[0], source=str(path), options=options)
+    return jobs[0], options
 
 
 def runtimes_for(raw: dict[str, Any], options: LoadOptions) -> tuple[RuntimeDoc, ...]:

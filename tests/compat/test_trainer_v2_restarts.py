@@ -214,3 +214,42 @@ def test_elastic_policies_become_the_pytorch_frameworks_elastic_node_role() -> N
         "maxRestarts": 5,
     }
     assert [r["name"] for r in converted.document["spec"]["roles"]] == ["node"]
+
+
+def test_a_trainjob_finds_its_runtime_given_beside_it_or_installed(tmp_path: Path) -> None:
+    """The runtime in the same file (a second YAML document), in a file given after the job's, or
+    installed in the store (``runtime add``, replacing one of the same kind and name; ``delete``)."""
+    import yaml
+
+    from trainmaster.errors import UserError
+    from trainmaster.loading import load_job
+    from trainmaster.store import runtimes as store
+    from trainmaster.store.db import make_engine, session_factory
+
+    runtime_raw = runtime(None).document
+    job_raw = trainjob(tmp_path / "marker")
+    both = tmp_path / "both.yaml"
+    both.write_text(yaml.safe_dump_all([job_raw, runtime_raw]))
+    options = LoadOptions(runtime=RuntimeKind.HOST)
+    assert load_job(both, options).job.spec.role("node").replicas == 2
+    alone, runtime_file = tmp_path / "job.yaml", tmp_path / "runtime.yaml"
+    alone.write_text(yaml.safe_dump(job_raw))
+    runtime_file.write_text(yaml.safe_dump(runtime_raw))
+    assert load_job(alone, options, [runtime_file]).job.name == "restart-part"
+    with pytest.raises(UserError) as missing:
+        load_job(alone, options)
+    assert missing.value.details[0].startswith("spec.runtimeRef.name: no TrainingRuntime named 'two-part'")
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    sessions = session_factory(make_engine(url))
+    with sessions() as session:
+        assert store.install(session, runtime_doc(runtime_raw, str(runtime_file))) is False
+        assert store.install(session, runtime_doc(runtime_raw, str(runtime_file))) is True  # replaced
+        session.commit()
+    installed = LoadOptions(runtime=RuntimeKind.HOST, installed_runtimes=store.installed_reader(url))
+    loaded = load_job(alone, installed)
+    assert "TrainingRuntime/two-part (installed from" in loaded.job.metadata.annotations["trainer.kubeflow.org/runtime"]
+    with sessions() as session:
+        assert store.remove(session, "two-part") == 1
+        session.commit()
+    with pytest.raises(UserError):
+        load_job(alone, installed)

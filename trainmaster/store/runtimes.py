@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from trainmaster.spec.compat.trainer import RuntimeDoc
 from trainmaster.store.db import make_engine, session_factory
@@ -52,7 +52,16 @@ def installed_reader(url: str | None) -> Callable[[], list[RuntimeDoc]]:
     runtime it was not given."""
 
     def read() -> list[RuntimeDoc]:
-        with session_factory(make_engine(url))() as session:
+        return session_reader(session_factory(make_engine(url)))()
+
+    return read
+
+
+def session_reader(sessions: sessionmaker[Session]) -> Callable[[], list[RuntimeDoc]]:
+    """The same over an open store's sessions (the service's)."""
+
+    def read() -> list[RuntimeDoc]:
+        with sessions() as session:
             return installed(session)
 
     return read
