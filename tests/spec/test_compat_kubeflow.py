@@ -339,7 +339,9 @@ def test_cpu_quantities() -> None:
         ("kubeflow.org/v1", "XGBoostJob", "XGBoostJob is not supported"),
         ("kubeflow.org/v1", "PaddleJob", "PaddleJob is not supported"),
         ("kubeflow.org/v2beta1", "PyTorchJob", "kubeflow.org/v1"),
-        ("trainer.kubeflow.org/v1alpha1", "TrainJob", "TrainJob is not supported"),
+        ("trainer.kubeflow.org/v1alpha1", "TrainJob", "spec.runtimeRef.name: required"),
+        ("trainer.kubeflow.org/v2alpha1", "TrainJob", "TrainJob is not supported"),
+        ("trainer.kubeflow.org/v1alpha1", "TrainingJob", "TrainingJob is not supported"),
     ],
 )
 def test_unknown_kubeflow_kinds_are_user_errors(api_version: str, kind: str, needle: str) -> None:

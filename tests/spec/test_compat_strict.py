@@ -86,7 +86,7 @@ def test_volcano_typos_anywhere() -> None:
 @pytest.mark.parametrize(
     "spec, path",
     [
-        ({"elasticPolicy": {"minReplicas": 1, "maxReplicas": 3}}, "spec.elasticPolicy: not supported"),
+        ({"elasticPolicy": {"rdzvBackend": "etcd", "maxReplicas": 3}}, "spec.elasticPolicy.rdzvBackend: not supported"),
         ({"nprocPerNode": "auto"}, "spec.nprocPerNode: not supported"),
         ({"runPolicy": {"cleanPodPolicy": "Sometimes"}}, "spec.runPolicy.cleanPodPolicy: must be one of"),
     ],

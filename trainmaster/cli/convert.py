@@ -8,12 +8,15 @@ from typing import Annotated
 
 import typer
 
-from trainmaster.cli.jobs import AllowFrameworkOpt, AllowPathOpt, LenientOpt, RuntimeOpt
+from trainmaster.cli.jobs import AllowFrameworkOpt, AllowPathOpt, LenientOpt, RuntimeFilesArg, RuntimeOpt
 from trainmaster.errors import UserError
 
 
 def convert_command(
-    file: Annotated[Path, typer.Argument(help="A Kubeflow PyTorchJob/TFJob/MPIJob or Volcano Job YAML/JSON file.")],
+    file: Annotated[
+        Path, typer.Argument(help="A Kubeflow PyTorchJob/TFJob/MPIJob or TrainJob, or Volcano Job YAML/JSON file.")
+    ],
+    runtime_files: RuntimeFilesArg = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of YAML.")] = False,
     check: Annotated[
         bool,
@@ -41,11 +44,16 @@ def convert_command(
     from trainmaster.cli.jobs import load_options
     from trainmaster.cli.output import console
     from trainmaster.spec.compat import convert
-    from trainmaster.loading import load_document
-    from trainmaster.spec.load import read_document
+    from trainmaster.loading import load_document, runtimes_for, with_runtimes
+    from trainmaster.spec.load import read_documents
 
-    raw = read_document(file)
-    converted = convert(raw, lenient=lenient)
+    raw, options = with_runtimes(
+        read_documents(file),
+        str(file),
+        load_options(lenient, allow_path, allow_framework, runtime),
+        runtime_files or (),
+    )
+    converted = convert(raw, lenient=lenient, runtimes=runtimes_for(raw, options))
     if converted is None:
         raise UserError(
             f"{file}: apiVersion={raw.get('apiVersion')!r} kind={raw.get('kind')!r} is not a Kubeflow or Volcano job",
@@ -56,7 +64,7 @@ def convert_command(
             ],
         )
     if check:  # validate's own way through the file: one set of rules, before anything is printed
-        load_document(raw, source=str(file), options=load_options(lenient, allow_path, allow_framework, runtime))
+        load_document(raw, source=str(file), options=options)
     document = converted.document
     if as_json:
         typer.echo(json.dumps(document, indent=2))

@@ -19,7 +19,15 @@ if TYPE_CHECKING:  # the facade imports the controller and the store: only when 
     from trainmaster.api import DryRun, RunResult, Trainmaster
     from trainmaster.backends.base import Backend
 
-FileArg = Annotated[Path, typer.Argument(help="Job file: trainmaster/v1 Job, Kubeflow or Volcano YAML/JSON.")]
+FileArg = Annotated[
+    Path, typer.Argument(help="Job file: trainmaster/v1 Job, Kubeflow (v1 or Trainer TrainJob) or Volcano YAML/JSON.")
+]
+RuntimeFilesArg = Annotated[
+    Optional[list[Path]],
+    typer.Argument(
+        help="Kubeflow Trainer runtime files the TrainJob names (else the installed ones: trainmaster runtime add)."
+    ),
+]
 DbOpt = Annotated[
     Optional[str],
     typer.Option(
@@ -76,6 +84,7 @@ def load_options(  # type: ignore[no-untyped-def]
     allow_framework: list[str] | None,
     runtime: RuntimeChoice | None = None,
     backend: str | None = None,
+    db: str | None = None,
 ):
     """The options of a job verb run by the user on this machine (``run``, ``validate``);
     ``backend``: ``run``'s ``--backend`` (None: the job's own, else local)."""
@@ -90,11 +99,20 @@ def load_options(  # type: ignore[no-untyped-def]
         except ValueError as exc:
             raise UserError(f"--allow-framework {exc}") from None
     kind = None if runtime is None else RuntimeKind(runtime.value)
-    return LoadOptions(paths=PathPolicy.for_command_line(allow_path), lenient=lenient, runtime=kind, backend=backend)
+    from trainmaster.store.runtimes import installed_reader
+
+    return LoadOptions(
+        paths=PathPolicy.for_command_line(allow_path),
+        lenient=lenient,
+        runtime=kind,
+        backend=backend,
+        installed_runtimes=installed_reader(db),
+    )
 
 
 def validate(
     file: FileArg,
+    runtime_files: RuntimeFilesArg = None,
     lenient: LenientOpt = False,
     allow_path: AllowPathOpt = None,
     allow_framework: AllowFrameworkOpt = None,
@@ -103,7 +121,7 @@ def validate(
     """Check a job file and list every problem with its field path (exit 2 if any)."""
     from trainmaster.loading import load_job
 
-    loaded = load_job(file, load_options(lenient, allow_path, allow_framework, runtime))
+    loaded = load_job(file, load_options(lenient, allow_path, allow_framework, runtime), runtime_files or ())
     job = loaded.job
     for path in loaded.ignored:
         console(stderr=True).print(f"[yellow]ignored:[/] {path}", highlight=False)
@@ -123,6 +141,7 @@ def make_backend(name: str, cpus: float | None = None, ray_address: str | None =
 
 def run(
     file: FileArg,
+    runtime_files: RuntimeFilesArg = None,
     dry_run: Annotated[
         bool,
         typer.Option(
@@ -156,7 +175,9 @@ def run(
     """Run a job to its end with a live view; exit 0 if it succeeded, 1 if it failed or was cancelled."""
     from trainmaster.loading import load_job
 
-    loaded = load_job(file, load_options(lenient, allow_path, allow_framework, runtime, backend))
+    loaded = load_job(
+        file, load_options(lenient, allow_path, allow_framework, runtime, backend, db), runtime_files or ()
+    )
     wanted = loaded.job.spec.scheduling.backend
     if backend is not None and wanted is not None and wanted.value != backend:
         raise UserError(

@@ -29,6 +29,7 @@ from trainmaster.cli import (
     operator,
     partition,
     remote,
+    runtime,
     server,
     testbed,
 )
@@ -102,7 +103,20 @@ def _register_all() -> None:
         for alias in app.registered_commands[before:]:
             alias.hidden = True
     app.add_typer(job_app, name="job")
-    for module in (server, contexts, db, info, testbed, cluster, operator, aggregation, flsched, partition, gateway):
+    for module in (
+        server,
+        contexts,
+        db,
+        runtime,
+        info,
+        testbed,
+        cluster,
+        operator,
+        aggregation,
+        flsched,
+        partition,
+        gateway,
+    ):
         module.register(app)
     gateway_group = _typer_of(next(g for g in app.registered_groups if g.name == "gateway"))
     for group in app.registered_groups:

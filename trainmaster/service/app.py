@@ -48,6 +48,7 @@ from trainmaster.spec.load import LoadOptions
 from trainmaster.spec.model import MAX_REPLICAS, Job, RuntimeKind
 from trainmaster.spec.paths import PathPolicy
 from trainmaster.spec.validate import field_path
+from trainmaster.store.runtimes import session_reader
 from trainmaster.store import repository as repo
 
 API = "/api/v1"
@@ -234,7 +235,12 @@ def create_app(
         loaded = jobs.load(
             document,
             controller.backend.name,
-            LoadOptions(paths=options.paths, lenient=lenient, runtime=options.runtime),
+            LoadOptions(
+                paths=options.paths,
+                lenient=lenient,
+                runtime=options.runtime,
+                installed_runtimes=session_reader(sessions),  # a TrainJob's runtime: `trainmaster runtime add`
+            ),
         )
         check_job(loaded.job, options.quota)
         with sessions() as session:

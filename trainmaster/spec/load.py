@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
 from trainmaster.errors import UserError
 from trainmaster.spec import boundedyaml
-from trainmaster.spec.compat import convert
+from trainmaster.spec.compat import RuntimeDoc, convert
 from trainmaster.spec.model import Job, RuntimeKind
 from trainmaster.spec.paths import PathPolicy
 
@@ -41,6 +41,10 @@ class LoadOptions:
     # the backend the job will run on (``--backend``, the server's); None: the job's own
     # ``spec.scheduling.backend``, else local. Where each role runs is settled for it.
     backend: str | None = None
+    # Kubeflow Trainer v2 runtimes a TrainJob may name: those given with it (files, documents),
+    # then, when none of those has the name, the installed ones (the store's, read on demand)
+    runtimes: tuple[RuntimeDoc, ...] = ()
+    installed_runtimes: Callable[[], list[RuntimeDoc]] | None = None
 
 
 @dataclass
@@ -54,6 +58,11 @@ class LoadedJob:
 
 def read_document(path: str | Path) -> dict[str, Any]:
     """The single YAML/JSON mapping in ``path``, or a :class:`UserError` that says what is wrong."""
+    return _single(read_documents(path), str(path))
+
+
+def read_documents(path: str | Path) -> list[dict[str, Any]]:
+    """Every YAML/JSON mapping in ``path`` (a TrainJob and its runtimes may share a file)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: no such file")
@@ -63,25 +72,35 @@ def read_document(path: str | Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise UserError(f"{path}: not a text file (expected a YAML or JSON job document)") from None
-    return parse_document(text, str(path))
+    return parse_documents(text, str(path))
 
 
 def parse_document(text: str, source: str) -> dict[str, Any]:
     """The single YAML/JSON mapping in ``text`` (a file's or a pasted document's)."""
+    return _single(parse_documents(text, source), source)
+
+
+def _single(docs: list[dict[str, Any]], source: str) -> dict[str, Any]:
+    if len(docs) != 1:
+        raise UserError(f"{source}: expected exactly one job document, found {len(docs)}")
+    return docs[0]
+
+
+def parse_documents(text: str, source: str) -> list[dict[str, Any]]:
+    """Every YAML/JSON mapping in ``text``, in order; a :class:`UserError` for anything else."""
     try:
         docs = [d for d in boundedyaml.load_all(text, source) if d is not None]
     except yaml.YAMLError as exc:
         raise UserError(f"{source}: not valid YAML/JSON: {exc}") from None
     except RecursionError:
         raise UserError(f"{source}: nested too deeply to be a job document") from None
-    if len(docs) != 1:
-        raise UserError(f"{source}: expected exactly one job document, found {len(docs)}")
-    if not isinstance(docs[0], dict):
-        raise UserError(
-            f"{source}: expected a job document (a mapping with apiVersion, kind, metadata "
-            f"and spec), found a {type(docs[0]).__name__}"
-        )
-    return docs[0]
+    for doc in docs:
+        if not isinstance(doc, dict):
+            raise UserError(
+                f"{source}: expected a job document (a mapping with apiVersion, kind, metadata "
+                f"and spec), found a {type(doc).__name__}"
+            )
+    return docs
 
 
 def document_depth(value: Any) -> int:
@@ -124,7 +143,9 @@ def unencodable_text(value: Any, path: str = "") -> list[str]:
     return sorted(set(found))
 
 
-def plain_document(raw: dict[str, Any], source: str = "job", lenient: bool = False) -> tuple[dict[str, Any], list[str]]:
+def plain_document(
+    raw: dict[str, Any], source: str = "job", lenient: bool = False, runtimes: Any = ()
+) -> tuple[dict[str, Any], list[str]]:
     """``raw`` as a ``trainmaster/v1 Job`` document (a Kubeflow/Volcano one converted) and the
     source fields conversion could not carry over; a :class:`UserError` for a document too deep,
     holding text no program can be given, or of a kind we do not read."""
@@ -143,7 +164,7 @@ def plain_document(raw: dict[str, Any], source: str = "job", lenient: bool = Fal
                 for where in bad_text[:20]
             ],
         )
-    converted = convert(raw, lenient=lenient)
+    converted = convert(raw, lenient=lenient, runtimes=runtimes)
     if converted is not None:
         return converted.document, converted.ignored
     if raw.get("apiVersion") not in (None, "trainmaster/v1") or raw.get("kind") not in (None, "Job"):
@@ -151,7 +172,7 @@ def plain_document(raw: dict[str, Any], source: str = "job", lenient: bool = Fal
             f"{source}: unsupported document apiVersion={raw.get('apiVersion')!r} kind={raw.get('kind')!r}",
             [
                 "expected trainmaster/v1 Job, a Kubeflow PyTorchJob/TFJob/MPIJob (kubeflow.org/v1; MPIJob also v2beta1) "
-                "or a Volcano Job (batch.volcano.sh/v1alpha1)"
+                "a Volcano Job (batch.volcano.sh/v1alpha1) or a Kubeflow Trainer TrainJob (trainer.kubeflow.org/v1alpha1)"
             ],
         )
     return raw, []

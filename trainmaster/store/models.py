@@ -205,3 +205,19 @@ class KeyRow(Base):
     name: Mapped[str] = mapped_column(String(63), primary_key=True)
     value: Mapped[str] = mapped_column(String(128))  # hex
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class TrainingRuntimeRow(Base):
+    """A Kubeflow Trainer runtime (``TrainingRuntime`` / ``ClusterTrainingRuntime``) installed
+    with ``trainmaster runtime add``: the document as given, which TrainJobs name by kind and name
+    (:mod:`trainmaster.spec.compat.trainer`); read strictly when added and again when used."""
+
+    __tablename__ = "training_runtimes"
+    __table_args__ = (UniqueConstraint("kind", "name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    name: Mapped[str] = mapped_column(String(253), index=True)
+    document: Mapped[dict[str, Any]] = mapped_column(JSON)
+    source: Mapped[str] = mapped_column(Text, default="")  # the file it was added from
+    installed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -10,9 +10,10 @@ local meaning are listed in :attr:`Converted.ignored` with the reason, never dro
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
-from trainmaster.spec.compat import kubeflow, volcano
+from trainmaster.spec.compat import kubeflow, trainer, volcano
+from trainmaster.spec.compat.trainer import RuntimeDoc
 
 
 @dataclass
@@ -24,8 +25,11 @@ class Converted:
 
 
 def source_kind(raw: dict[str, Any]) -> str | None:
-    """``"kubeflow"``, ``"volcano"`` or None (ours, or something we do not know)."""
+    """``"trainer"`` (Kubeflow Trainer v2), ``"kubeflow"``, ``"volcano"`` or None (ours, or
+    something we do not know)."""
     group = str(raw.get("apiVersion") or "").partition("/")[0]
+    if group == trainer.GROUP:
+        return "trainer"
     if group == "kubeflow.org" or group.endswith(".kubeflow.org"):
         return "kubeflow"
     if group == "batch.volcano.sh":
@@ -33,16 +37,19 @@ def source_kind(raw: dict[str, Any]) -> str | None:
     return None
 
 
-def convert(raw: dict[str, Any], lenient: bool = False) -> Converted | None:
+def convert(raw: dict[str, Any], lenient: bool = False, runtimes: Iterable[RuntimeDoc] = ()) -> Converted | None:
     """Convert a foreign job document, or return None when it is not one we recognise.
 
     Raises :class:`~trainmaster.errors.UserError` for a kind of a known source that we cannot convert (a Kubeflow
     ``XGBoostJob``), or for a document whose structure is broken (a list where a mapping goes).
+    ``runtimes``: the Trainer v2 runtimes a ``TrainJob`` may name (given files first, then installed).
     """
     if not isinstance(raw, dict):
         return None
     source = source_kind(raw)
-    if source == "kubeflow":
+    if source == "trainer":
+        document, ignored = trainer.convert(raw, runtimes, lenient)
+    elif source == "kubeflow":
         document, ignored = kubeflow.convert(raw, lenient)
     elif source == "volcano":
         document, ignored = volcano.convert(raw, lenient)
@@ -51,4 +58,4 @@ def convert(raw: dict[str, Any], lenient: bool = False) -> Converted | None:
     return Converted(document=document, ignored=ignored)
 
 
-__all__ = ["Converted", "convert", "source_kind"]
+__all__ = ["Converted", "RuntimeDoc", "convert", "source_kind"]

@@ -145,6 +145,10 @@ def convert(raw: dict[str, Any], lenient: bool = False) -> tuple[dict[str, Any],
     report.rest(spec, "spec", handled, kind.spec_keys, kind.spec_fields)
     params = _kind_params(str(kind_name), spec, report)
     roles = _roles(spec, kind, main_container or kind.container, report)
+    if "elastic" in params:  # torchrun agents, every one a peer: the pytorch framework's node role
+        for role in roles:
+            if role["name"] == "worker":
+                role["name"] = "node"
     promoted = kind_name == "PyTorchJob" and _promote_worker_zero(roles, kind.replica_key, report)
     if kind_name == "MPIJob":
         _mpi_workers_host_ranks(roles, report)
@@ -273,6 +277,8 @@ def _status_policy(
     promoted: bool = False,
 ) -> dict[str, Any] | None:
     if kind_name == "PyTorchJob":
+        if "node" in names:  # elastic: the pytorch framework's default (every node succeeded)
+            return None
         if promoted:  # Kubeflow: with no Master, the job succeeds when every worker did
             return {"preset": "default"}
         return {"preset": "kubeflow"} if "master" in names else None
@@ -379,12 +385,9 @@ def _kind_params(kind_name: str, spec: dict[str, Any], report: Report) -> dict[s
     params: dict[str, Any] = {}
     if kind_name == "PyTorchJob":
         if spec.get("elasticPolicy") is not None:
-            report.unsupported(
-                "spec.elasticPolicy",
-                "elastic training (c10d rendezvous, min/max "
-                "replicas) is not run here yet; remove it to run with the fixed "
-                "replica counts",
-            )
+            elastic = _elastic_policy(report.mapping(spec["elasticPolicy"], "spec.elasticPolicy"), spec, report)
+            if elastic is not None:
+                params["elastic"] = elastic
         nproc = spec.get("nprocPerNode")
         if nproc is not None:
             if isinstance(nproc, str) and nproc.isdigit():
@@ -416,3 +419,52 @@ def _kind_params(kind_name: str, spec: dict[str, Any], report: Report) -> dict[s
         if spec.get("runLauncherAsWorker"):
             report.unsupported("spec.runLauncherAsWorker", "the launcher is never one of the hosts that run ranks here")
     return params
+
+
+_ELASTIC_NOTES = {
+    "rdzvHost": "the controller runs the c10d store as the job's rendezvous role; its address is given to the agents",
+    "rdzvPort": "the controller runs the c10d store as the job's rendezvous role, on a port it picks",
+    "rdzvId": "the rendezvous is named after the job and its id",
+    "rdzvConf": "the controller sets the rendezvous' timeouts (a 2 s last call, 3 s to notice a dead node)",
+    "metrics": "no autoscaler here: scale between minReplicas and maxReplicas with `trainmaster job scale JOB node N`",
+}
+
+
+def _elastic_policy(policy: dict[str, Any], spec: dict[str, Any], report: Report) -> dict[str, Any] | None:
+    """A PyTorchJob's ``elasticPolicy``: the Worker replicas become torchrun elastic agents (the
+    pytorch framework's ``node`` role) between ``minReplicas`` and ``maxReplicas``, meeting at a
+    c10d store the controller runs; ``maxRestarts`` is torchrun's. Only the c10d backend is run."""
+    where = "spec.elasticPolicy"
+    report.rest(
+        policy,
+        where,
+        {"minReplicas", "maxReplicas", "maxRestarts", "rdzvBackend", "nProcPerNode"},
+        _ELASTIC_NOTES,
+    )
+    replicas = report.mapping(spec.get("pytorchReplicaSpecs"), "spec.pytorchReplicaSpecs")
+    refused = False
+    if any(str(k).lower() == "master" for k in replicas):
+        report.unsupported(
+            "spec.pytorchReplicaSpecs.Master",
+            "an elastic PyTorchJob runs Workers only (every agent is a peer at the rendezvous); remove the Master",
+        )
+        refused = True
+    backend = policy.get("rdzvBackend", "c10d")
+    if backend != "c10d":
+        report.unsupported(join(where, "rdzvBackend"), f"{str(backend)[:40]!r}: only the c10d rendezvous runs here")
+        refused = True
+    if refused:
+        return None
+    worker = report.mapping(
+        next((v for k, v in replicas.items() if str(k).lower() == "worker"), None), "spec.pytorchReplicaSpecs.Worker"
+    )
+    count = worker.get("replicas", 1)
+    out: dict[str, Any] = {}
+    for key in ("minReplicas", "maxReplicas", "maxRestarts"):
+        if key in policy and report.count(policy[key], join(where, key)):
+            out[key] = policy[key]
+    out.setdefault("minReplicas", count if isinstance(count, int) else 1)
+    out.setdefault("maxReplicas", max(out["minReplicas"], count if isinstance(count, int) else 1))
+    if policy.get("nProcPerNode") is not None:
+        report.approximate(join(where, "nProcPerNode"), "deprecated upstream: spec.nprocPerNode is read instead")
+    return out
