@@ -610,7 +610,8 @@ def plot(cells: list[Cell], links: list[str], workers: list[int], path: Path) ->
             ax.set_xlabel("tensor MiB", fontsize=8)
             ax.set_ylabel("algbw MB/s", fontsize=8)
             ax.set_ylim(bottom=0)
-            ax.legend(fontsize=7)
+            if handles := ax.get_legend_handles_labels()[0]:  # a partial save has empty panels
+                ax.legend(handles=handles, fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
