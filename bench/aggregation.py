@@ -88,6 +88,9 @@ MIN_RTO = 0.3
 # ... and on a loaded machine a round trip can take seconds: a timer capped at 1 s (the
 # library's default) then fires again and again for slices that are only late
 MAX_RTO = 4.0
+# ... and a stall of seconds is not a dead forwarding node (the library's 3 s moved every worker
+# to the parameter node in a training run at load ~50)
+FAILOVER_AFTER = 10.0
 
 
 def window(workers: int, link_rate: int | None, queue_ms: int, in_flight: int = IN_FLIGHT, chunk: int = CHUNK) -> int:
@@ -219,6 +222,7 @@ def _ina_worker(
         window=per_worker_window,
         min_retransmit_timeout=min_rto,
         max_retransmit_timeout=MAX_RTO,
+        failover_after=FAILOVER_AFTER,
         timeout=max(60.0, sync.wait_s / 4),
         quantizer=quantizer_for(precision),
     )
@@ -432,7 +436,10 @@ def sweep(
     variants: tuple[str, ...] = VARIANTS,
     mtu: int = MTU,
     min_rto: float = MIN_RTO,
+    save: Any = None,
 ) -> list[Cell]:
+    """Every (link, workers) on a testbed per link; ``save(cells)`` after each link, so a run
+    stopped later (a timeout, a loaded machine) keeps what it measured."""
     from trainmaster.testbed import Testbed, TestbedOptions
 
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10d warns of unnamed hosts
@@ -476,6 +483,8 @@ def sweep(
                         )
         finally:
             bed.down()
+        if save is not None:
+            save(cells)
     return cells
 
 
@@ -558,7 +567,7 @@ def write_markdown(report: dict[str, Any], cells: list[Cell]) -> str:
                 continue
             lines.append(
                 f"| {link} | {world} | {size:g} MiB | {variant} | {ina.algbw_MBps:.1f} | "
-                f"{_fmt(gloo and gloo.algbw_MBps, 1)} | {_fmt(ina.ratio_vs_gloo)} | {_fmt(ina.line_rate)} | "
+                f"{_fmt(gloo.algbw_MBps if gloo else None, 1)} | {_fmt(ina.ratio_vs_gloo)} | {_fmt(ina.line_rate)} | "
                 f"{ina.worker_link_up:.2f}/{ina.worker_link_down:.2f} | "
                 + (f"{gloo.worker_link_up:.2f}/{gloo.worker_link_down:.2f} | " if gloo else "- | ")
                 + f"{_fmt(ina.ps_link_up)}/{_fmt(ina.ps_link_down)} | "
@@ -568,6 +577,8 @@ def write_markdown(report: dict[str, Any], cells: list[Cell]) -> str:
             )
     if report["failures"]:
         lines += ["", "Failures: " + "; ".join(report["failures"])]
+    if not report.get("complete", True):
+        lines += ["", "Partial: saved after the last link measured; the sweep did not finish."]
     lines += ["", "![algbw vs message size per worker count](/bench/results/aggregation.png)"]
     return "\n".join(lines) + "\n"
 
@@ -599,7 +610,8 @@ def plot(cells: list[Cell], links: list[str], workers: list[int], path: Path) ->
             ax.set_xlabel("tensor MiB", fontsize=8)
             ax.set_ylabel("algbw MB/s", fontsize=8)
             ax.set_ylim(bottom=0)
-            ax.legend(fontsize=7)
+            if handles := ax.get_legend_handles_labels()[0]:  # a partial save has empty panels
+                ax.legend(handles=handles, fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -672,50 +684,57 @@ def main() -> None:
         parser.error(f"--links/--mtu: {exc}")
     if not 0.01 <= args.min_rto <= 5:
         parser.error("--min-rto must be between 0.01 and 5 seconds")
-    cells = sweep(links, workers, sizes, args.reps, failures, args.in_flight, variants, args.mtu, args.min_rto)
-    report: dict[str, Any] = {
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-        # 1-minute load average (the figures need a quiet machine), and all three as uptime says
-        "load_average": {
-            "start": load_start[0],
-            "end": os.getloadavg()[0],
-            "uptime_start": list(load_start),
-            "uptime_end": list(os.getloadavg()),
-        },
-        "links": links,
-        "workers": workers,
-        "sizes_MiB": [s / MiB for s in sizes],
-        "reps": args.reps,
-        "quick": args.quick,
-        "seconds": round(time.time() - started),
-        "chunk": {link: chunk_for(link_spec(link, args.mtu)[1]) for link in links},
-        "mtu": args.mtu,
-        "in_flight": args.in_flight,
-        "variants": list(variants),
-        "window_per_worker": {
-            link: {
-                w: window(
-                    w,
-                    link_spec(link)[0],
-                    TestbedOptions().queue_ms,
-                    args.in_flight,
-                    chunk_for(link_spec(link, args.mtu)[1]),
-                )
-                for w in workers
-            }
-            for link in links
-        },
-        "min_rto_s": args.min_rto,
-        "failures": failures,
-        "cells": [asdict(c) for c in cells],
-    }
-    report["targets"] = target_status(cells)
-    args.output.mkdir(parents=True, exist_ok=True)
-    (args.output / "aggregation.json").write_text(json.dumps(report, indent=1))
-    plot(cells, links, workers, args.output / "aggregation.png")
-    md = write_markdown(report, cells)
-    (args.output / "aggregation.md").write_text(md)
-    print(md)
+
+    def save(cells: list[Cell], final: bool = False) -> str:
+        report: dict[str, Any] = {
+            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+            # 1-minute load average (the figures need a quiet machine), and all three as uptime says
+            "load_average": {
+                "start": load_start[0],
+                "end": os.getloadavg()[0],
+                "uptime_start": list(load_start),
+                "uptime_end": list(os.getloadavg()),
+            },
+            "complete": final,  # False: saved after a link, the sweep went on (or was stopped)
+            "links": links,
+            "workers": workers,
+            "sizes_MiB": [s / MiB for s in sizes],
+            "reps": args.reps,
+            "quick": args.quick,
+            "seconds": round(time.time() - started),
+            "chunk": {link: chunk_for(link_spec(link, args.mtu)[1]) for link in links},
+            "mtu": args.mtu,
+            "in_flight": args.in_flight,
+            "variants": list(variants),
+            "window_per_worker": {
+                link: {
+                    w: window(
+                        w,
+                        link_spec(link)[0],
+                        TestbedOptions().queue_ms,
+                        args.in_flight,
+                        chunk_for(link_spec(link, args.mtu)[1]),
+                    )
+                    for w in workers
+                }
+                for link in links
+            },
+            "min_rto_s": args.min_rto,
+            "failures": failures,
+            "cells": [asdict(c) for c in cells],
+        }
+        report["targets"] = target_status(cells)
+        args.output.mkdir(parents=True, exist_ok=True)
+        (args.output / "aggregation.json").write_text(json.dumps(report, indent=1))
+        plot(cells, links, workers, args.output / "aggregation.png")
+        md = write_markdown(report, cells)
+        (args.output / "aggregation.md").write_text(md)
+        return md
+
+    cells = sweep(
+        links, workers, sizes, args.reps, failures, args.in_flight, variants, args.mtu, args.min_rto, save=save
+    )
+    print(save(cells, final=True))
 
 
 if __name__ == "__main__":

@@ -110,7 +110,10 @@ def _worker(
 
     from trainmaster.aggregation import AggregationClient, WorkerConfig
 
-    cfg = WorkerConfig(chunk=CHUNK, min_retransmit_timeout=0.3, max_retransmit_timeout=4.0, timeout=60.0)
+    # a loaded machine stalls for seconds: timers that do not take that for loss or death
+    cfg = WorkerConfig(
+        chunk=CHUNK, min_retransmit_timeout=0.3, max_retransmit_timeout=4.0, failover_after=10.0, timeout=60.0
+    )
     client = AggregationClient(switch, job, rank, world, cfg, host=address)
     client.join()
     x = np.random.default_rng([job, rank]).standard_normal(int(args["mib"] * MiB) // 4).astype(np.float32)

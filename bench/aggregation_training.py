@@ -161,6 +161,7 @@ def _rank(
                 chunk=CHUNK,
                 min_retransmit_timeout=0.3,
                 max_retransmit_timeout=4.0,  # round trips of seconds on a loaded machine
+                failover_after=10.0,  # ... and stalls of seconds: not a dead forwarding node
                 timeout=120.0,
                 quantizer=quantizer_for(method[4:]),
             )

@@ -182,3 +182,26 @@ def test_demo_with_the_same_seed_reproduces_its_seed_determined_results() -> Non
     ):
         assert first[key] == second[key], key
     assert first["ok"] is True
+
+
+def test_results_coming_down_keep_the_forwarding_node_alive_without_heartbeat_acks() -> None:
+    """Failover to the parameter node (spec: a dead forwarding node's workers fall back) is
+    judged by the heartbeat acknowledgements *and* by the results that come down: on a loaded
+    machine an acknowledgement can wait seconds behind data in the parameter node's socket while
+    results keep arriving, and falling back then sends every worker's data to the parameter node.
+    Silence on both for ``failover_after`` still moves the worker."""
+    from trainmaster.aggregation import AggregationClient
+
+    config = WorkerConfig(failover_after=1.0, parameter_node=("127.0.0.1", 9))
+    client = AggregationClient(("127.0.0.1", 7), job=1, rank=0, world=1, config=config)
+    try:
+        now = time.monotonic()
+        client._beat_acked_at = now - 5.0  # no acknowledgement for 5 s ...
+        client._result_heard_at = now - 0.2  # ... but a result 0.2 s ago
+        client._judge_fabric(now)
+        assert not client._fall_back.is_set() and client._fabric_error is None
+        client._result_heard_at = now - 5.0  # silent on both
+        client._judge_fabric(now)
+        assert client._fall_back.is_set() and client._control_target == ("127.0.0.1", 9)
+    finally:
+        client.close()
