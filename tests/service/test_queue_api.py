@@ -161,3 +161,17 @@ def test_fuzzed_queue_bodies_and_names_never_get_a_5xx(api: httpx.Client) -> Non
         assert api.get("/api/v1/queues").status_code == 200
 
     send()
+
+
+def test_dashboard_queue_page_shows_usage_and_waiting_jobs(api: httpx.Client) -> None:
+    """Dashboard: /queues shows each queue's usage against its nominal quota and its waiting jobs
+    in order, names escaped."""
+    api.post(
+        "/api/v1/queues",
+        json={"name": "shown", "cohort": "org", "quota": {"cpu": {"nominal": 2}, "memory": {"nominal": "1Gi"}}},
+    )
+    api.post("/api/v1/jobs", json=sleeper("first-in-line", "shown", 1))
+    page = api.get("/queues", headers={"accept": "text/html"})
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    text = page.text
+    assert "shown" in text and "cohort org" in text and "first-in-line" in text and "1Gi" in text
