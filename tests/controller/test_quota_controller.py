@@ -198,3 +198,21 @@ def test_queues_without_quota_keep_capacity_admission(roomy: Harness) -> None:
     settle(roomy, lambda: roomy.status(free)["state"] == "running")
     roomy.controller.cancel(free)
     roomy.controller.step()
+
+
+def test_borrowed_quota_is_shared_by_weight(roomy: Harness) -> None:
+    """Fair sharing: two queues with no quota of their own borrow a lender's 6 cpus; the one of
+    weight 2 gets twice the other's (4 and 2) whatever the submission order."""
+    make_queue(roomy, name="lender", cohort="org", quota={"cpu": {"nominal": 6}})
+    make_queue(roomy, name="heavy", cohort="org", weight=2, quota={"cpu": {"nominal": 0}})
+    make_queue(roomy, name="light", cohort="org", quota={"cpu": {"nominal": 0}})
+    ids = [roomy.submit(sleeper(f"light-{i}", "light", 1)) for i in range(5)]
+    ids += [roomy.submit(sleeper(f"heavy-{i}", "heavy", 1)) for i in range(5)]
+    roomy.controller.step()
+    with roomy.sessions() as session:
+        views = {q["name"]: q for q in queue_views(session)}
+    assert (views["heavy"]["admitted"], views["light"]["admitted"]) == (4, 2)
+    assert views["heavy"]["share"] == pytest.approx(views["light"]["share"])  # 4/6/2 == 2/6/1
+    for j in ids:
+        roomy.controller.cancel(j)
+    roomy.controller.step()

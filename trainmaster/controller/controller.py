@@ -320,7 +320,10 @@ class Controller:
                 name,
                 queue,
                 priority,
-                job_demand(self._spec_of(job_id, text)),
+                # this controller's own by their row (as the pass caches them), others' by their text
+                job_demand(
+                    self._spec(own) if (own := self._admitted_rows.get(job_id)) else self._spec_of(job_id, text)
+                ),
                 preemptible=job_id in self._admitted_rows,
             )
             for job_id, name, queue, priority, text in rows
