@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import Body, FastAPI
+from fastapi import Body, FastAPI, HTTPException
 from fastapi import Path as PathParam
-from fastapi.responses import JSONResponse
 
 from trainmaster.api import Trainmaster
 from trainmaster.controller import Controller
@@ -31,8 +30,8 @@ def register_queue_routes(app: FastAPI, controller: Controller, jobs: Trainmaste
     """Add the queue and explain routes to the service's app."""
     sessions = controller.sessions
 
-    def not_found(exc: UserError) -> JSONResponse:
-        return JSONResponse(status_code=404, content={"detail": exc.message})
+    def not_found(exc: UserError) -> HTTPException:
+        return HTTPException(status_code=404, detail=exc.message)
 
     @app.get(f"{API}/queues", tags=["queues"])
     def list_queues() -> list[dict[str, Any]]:
@@ -40,13 +39,13 @@ def register_queue_routes(app: FastAPI, controller: Controller, jobs: Trainmaste
         with sessions() as session:
             return queue_views(session)
 
-    @app.post(f"{API}/queues", status_code=201, tags=["queues"], response_model=None)
+    @app.post(f"{API}/queues", status_code=201, tags=["queues"])
     def create_queue(queue: QueueSpec = Body(..., description="A queue with quota")) -> dict[str, Any]:
         """Create a queue with quota (409 when one of that name exists: PUT replaces it)."""
         return _save(queue, replace=False)
 
-    @app.put(f"{API}/queues/{{name}}", tags=["queues"], response_model=None)
-    def replace_queue(name: QueueName, queue: QueueSpec = Body(...)) -> dict[str, Any] | JSONResponse:
+    @app.put(f"{API}/queues/{{name}}", tags=["queues"])
+    def replace_queue(name: QueueName, queue: QueueSpec = Body(...)) -> dict[str, Any]:
         """Create or replace a queue's quota; the body's name must be the path's."""
         if queue.name != name:
             raise UserError(
@@ -55,23 +54,23 @@ def register_queue_routes(app: FastAPI, controller: Controller, jobs: Trainmaste
             )
         return _save(queue, replace=True)
 
-    @app.get(f"{API}/queues/{{name}}", tags=["queues"], response_model=None)
-    def show_queue(name: QueueName) -> dict[str, Any] | JSONResponse:
+    @app.get(f"{API}/queues/{{name}}", tags=["queues"])
+    def show_queue(name: QueueName) -> dict[str, Any]:
         """A queue: quota, usage, its admitted jobs and its first waiting jobs in order."""
         with sessions() as session:
             try:
                 return queue_view(session, name)
             except queue_store.QueueNotFound as exc:
-                return not_found(exc)
+                raise not_found(exc) from None
 
-    @app.delete(f"{API}/queues/{{name}}", tags=["queues"], response_model=None)
-    def delete_queue(name: QueueName) -> dict[str, Any] | JSONResponse:
+    @app.delete(f"{API}/queues/{{name}}", tags=["queues"])
+    def delete_queue(name: QueueName) -> dict[str, Any]:
         """Delete a queue's quota (409 while a job not ended is in it)."""
         with sessions() as session:
             try:
                 queue_store.delete_queue(session, name)
             except queue_store.QueueNotFound as exc:
-                return not_found(exc)
+                raise not_found(exc) from None
             session.commit()
         controller.wake()
         return {"name": name, "deleted": True}
