@@ -34,7 +34,7 @@ from trainmaster.backends.base import (
     StartFailure,
 )
 from trainmaster.controller import metrics, queues, restart, scaling
-from trainmaster.controller.quota import Holder, Preemption, QuotaBook, job_demand
+from trainmaster.controller.quota import Holder, QuotaBook, job_demand
 from trainmaster.controller.quota_status import queue_quotas
 from trainmaster.controller.backoff import StoreBackoff
 from trainmaster.controller.admission import admit
@@ -382,14 +382,12 @@ class Controller:
             why = f"would preempt {len(victims)} job(s) for quota, but then still {decision.message}"
             return Verdict(JobState.PENDING, "Pending", why), free
         for holder, victim in zip(plan.victims, victims):
-            free = self._preempt(session, victim, job, holder, plan, free)
+            free = self._preempt(session, victim, job, holder, free)
         names = ", ".join(f"{v.name} (id {v.id}, queue '{v.queue}')" for v in victims)
         self._event(job.id, "job", "Preempting", f"evicted {names} to fit in queue '{job.queue}'")
         return None, free
 
-    def _preempt(
-        self, session: Session, victim: JobRow, by: JobRow, holder: Holder, plan: Preemption, free: Resources
-    ) -> Resources:
+    def _preempt(self, session: Session, victim: JobRow, by: JobRow, holder: Holder, free: Resources) -> Resources:
         """Evict one admitted job: its instances stopped, its gang and quota given back, and it
         waits in its queue again (``Preempted``), as a suspended job does, to start afresh."""
         assert self._book is not None
