@@ -216,3 +216,32 @@ def test_borrowed_quota_is_shared_by_weight(roomy: Harness) -> None:
     for j in ids:
         roomy.controller.cancel(j)
     roomy.controller.step()
+
+
+def test_a_new_controller_over_the_store_keeps_quota_and_preemption_state(roomy: Harness, tmp_path: Path) -> None:
+    """Recovery: quota usage is read from the store every pass, so a controller started over the
+    store after a preemption re-adopts the preemptor, keeps the victim waiting for quota (no
+    second eviction, no double admission), and admits it once the preemptor ends."""
+    from trainmaster.controller import Controller
+
+    make_queue(roomy, name="team", quota={"cpu": {"nominal": 2}})
+    low = roomy.submit(sleeper("low", "team", 2, priority="low"))
+    settle(roomy, lambda: roomy.status(low)["state"] == "running")
+    high = roomy.submit(sleeper("high", "team", 2, priority="high"))
+    settle(roomy, lambda: roomy.status(high)["state"] == "running")
+    running = pids(roomy.status(high))
+    again = Controller(roomy.sessions, roomy.backend, roomy.url, interval=0.1, grace=2.0, runs_dir=tmp_path / "runs")
+    again.recover()
+    for _ in range(3):
+        again.step()
+    assert pids_alive(running) == running and roomy.status(high)["state"] == "running"
+    status = roomy.status(low)
+    assert status["reason"] == "WaitingForQuota" and len(events(status, "Preempted")) == 1
+    again.cancel(high)
+    deadline = time.monotonic() + 30
+    while roomy.status(low)["state"] != "running":
+        assert time.monotonic() < deadline, roomy.status(low)
+        again.step()
+        time.sleep(0.1)
+    again.cancel(low)
+    again.step()
