@@ -245,3 +245,41 @@ def test_a_new_controller_over_the_store_keeps_quota_and_preemption_state(roomy:
         time.sleep(0.1)
     again.cancel(low)
     again.step()
+
+
+def test_a_controller_killed_between_eviction_and_stop_leaves_nothing_running(roomy: Harness, tmp_path: Path) -> None:
+    """Preemption and kill -9: the eviction is committed before the victim's processes are
+    stopped; a controller that dies in between (simulated: its stop step raises) leaves a
+    waiting job with terminating instances, whose processes the next controller stops on
+    recovery, then starts the preemptor once; the victim waits for quota."""
+    from trainmaster.controller import Controller
+
+    make_queue(roomy, name="team", quota={"cpu": {"nominal": 2}})
+    low = roomy.submit(sleeper("low", "team", 2, priority="low"))
+    settle(roomy, lambda: roomy.status(low)["state"] == "running")
+    victim_pids = pids(roomy.status(low))
+    high = roomy.submit(sleeper("high", "team", 2, priority="high"))
+
+    def killed(session: Any) -> None:
+        raise RuntimeError("killed after the commit")
+
+    roomy.controller._stop_evicted = killed  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        roomy.controller.step()
+    status = roomy.status(low)
+    assert status["reason"] == "Preempted" and {i["state"] for i in status["instances"]} == {"terminating"}
+    assert pids_alive(victim_pids) == victim_pids  # not stopped yet: the controller "died"
+    again = Controller(roomy.sessions, roomy.backend, roomy.url, interval=0.1, grace=2.0, runs_dir=tmp_path / "runs")
+    again.recover()
+    assert pids_alive(victim_pids) == []
+    deadline = time.monotonic() + 30
+    while roomy.status(high)["state"] != "running":
+        assert time.monotonic() < deadline, roomy.status(high)
+        again.step()
+        time.sleep(0.1)
+    status = roomy.status(low)
+    assert status["state"] == "pending" and {i["state"] for i in status["instances"]} == {"stopped"}
+    assert [i["attempt"] for i in roomy.status(high)["instances"]] == [1]  # started once
+    for j in (high, low):
+        again.cancel(j)
+    again.step()

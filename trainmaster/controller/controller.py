@@ -125,6 +125,7 @@ class Controller:
         self._channel: InstanceChannel | None = None  # the instance channel, once an instance starts
         self._book: QuotaBook | None = None  # this pass's queue quotas and usage (None: no queue has quota)
         self._admitted_rows: dict[int, JobRow] = {}  # this pass's admitted jobs (preemption victims)
+        self._evicted: list[tuple[JobRow, list[InstanceRow], str]] = []  # stopped after the pass's commit
 
     def wake(self) -> None:
         """Ask for the next reconcile pass now (a server waits up to ``interval`` otherwise)."""
@@ -214,6 +215,7 @@ class Controller:
             if self.fence:
                 self.fence(session)
             self._to_start, self._observed, self._events = [], {}, []  # nothing carried over from a failed pass
+            self._evicted = []
             free = self._free_capacity(session)
             admitted = repo.admitted_active_count(session, self.owner)
             jobs = repo.load_active_jobs(session, self.owner).jobs
@@ -249,6 +251,7 @@ class Controller:
             self._write_events(session)
             session.commit()
             self._spec_texts = {}
+            self._stop_evicted(session)  # committed as evicted first: a crash now leaves no doubt
             self._start_all(session)
             self._write_events(session)
             session.commit()
@@ -402,8 +405,16 @@ class Controller:
                 f"preempted by job {by.name} (id {by.id}, priority {by.priority}) of higher priority "
                 f"than this job's {victim.priority} in queue '{victim.queue}'"
             )
-        live = [i for i in victim.instances if i.state not in INSTANCE_TERMINAL]
-        free = self._stop_instances(session, victim, live, free, why)
+        # marked terminating now and stopped once the pass committed the eviction (_stop_evicted):
+        # a controller killed in between finds a waiting job's terminating instances and stops
+        # them (recover), instead of an admitted job whose processes died under it
+        live = [i for i in victim.instances if i.state in LIVE]
+        for inst in live:
+            if inst.state != I.TERMINATING.value:
+                self._set_instance_state(inst, I.TERMINATING)
+            inst.reason, inst.message = "Preempted", why
+            free = free.plus(Resources(inst.cpu, inst.memory))
+        self._evicted.append((victim, live, why))
         self._to_start = [s for s in self._to_start if s.job.id != victim.id]  # prepared this pass: not started
         repo.clear_registry(victim)
         self.backend.release_gang(victim.id)
@@ -415,6 +426,12 @@ class Controller:
         victim.last_transition_at = utcnow()
         self._event(victim.id, "job", "Preempted", why, "Warning")
         return free
+
+    def _stop_evicted(self, session: Session) -> None:
+        """Stop the instances of the jobs this pass preempted, now that their eviction is stored."""
+        evicted, self._evicted = self._evicted, []
+        for job, instances, why in evicted:
+            self._stop_instances(session, job, instances, Resources(), why, "Preempted")
 
     def _observe_all(self, jobs: list[JobRow]) -> None:
         """Every live instance of the pass observed in one backend call."""
@@ -1025,6 +1042,10 @@ class Controller:
                 self.fence(session)
             for job_id in repo.active_job_ids(session, self.owner) if job_ids is None else job_ids:
                 job = repo.load_job(session, job_id)
+                evicted = [i for i in job.instances if not job.admitted and i.state == I.TERMINATING.value]
+                if evicted:  # preempted, and the controller stopped before it stopped them
+                    self._stop_instances(session, job, evicted, Resources(), "its job was preempted", "Preempted")
+                    self._write_events(session)
                 for inst in job.instances:
                     if inst.state not in LIVE:
                         continue
