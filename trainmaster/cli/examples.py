@@ -45,6 +45,18 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "job scale": ("trainmaster job scale pytorch-digits worker 3",),
     "job suspend": ("trainmaster job suspend pytorch-digits   # instances stopped, the job held",),
     "job unsuspend": ("trainmaster job unsuspend pytorch-digits   # admitted and started again",),
+    "job explain": (
+        "trainmaster job explain pytorch-digits   # which quota or capacity it waits for, its position",
+        "trainmaster job explain 12 --json --server http://127.0.0.1:8642",
+    ),
+    "queue create": (
+        "trainmaster queue create team-a --cpu 20 --memory 64Gi --cohort org --borrowing-limit cpu=100",
+        "trainmaster queue create team-b --cpu 20 --cohort org --lending-limit cpu=10 --weight 2",
+        "trainmaster queue create team-a --cpu 40 --replace   # change its quota",
+    ),
+    "queue list": ("trainmaster queue list", "trainmaster queue list --json --server http://127.0.0.1:8642"),
+    "queue show": ("trainmaster queue show team-a   # usage, admitted jobs, waiting jobs in order",),
+    "queue delete": ("trainmaster queue delete team-a   # once no job of it is left",),
     "job delete": ("trainmaster job delete pytorch-digits   # an ended job; cancel a running one first",),
     "aggregation demo": (
         "trainmaster aggregation demo --workers 4 --jobs 2 --elements 100000 --drop 0.02 --seed 1",

@@ -28,6 +28,7 @@ from trainmaster.cli import (
     jobs,
     operator,
     partition,
+    queues,
     remote,
     runtime,
     server,
@@ -102,6 +103,7 @@ def _register_all() -> None:
         module.register(app)
         for alias in app.registered_commands[before:]:
             alias.hidden = True
+    queues.register_job_verbs(job_app)  # job explain
     app.add_typer(job_app, name="job")
     for module in (
         server,
@@ -116,6 +118,7 @@ def _register_all() -> None:
         flsched,
         partition,
         gateway,
+        queues,
     ):
         module.register(app)
     gateway_group = _typer_of(next(g for g in app.registered_groups if g.name == "gateway"))

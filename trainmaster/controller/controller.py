@@ -20,7 +20,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from sqlalchemy import insert
+from sqlalchemy import Text, insert, select, type_coerce
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -34,6 +34,8 @@ from trainmaster.backends.base import (
     StartFailure,
 )
 from trainmaster.controller import metrics, queues, restart, scaling
+from trainmaster.controller.quota import Holder, QuotaBook, job_demand
+from trainmaster.controller.quota_status import queue_quotas
 from trainmaster.controller.backoff import StoreBackoff
 from trainmaster.controller.admission import admit
 from trainmaster.controller.launching import dependency_order, instance_id, launch_spec
@@ -121,6 +123,9 @@ class Controller:
         self._expiry: dict[int, float] | None = None if owner == "service" else {}
         self._rescan_at = 0.0
         self._channel: InstanceChannel | None = None  # the instance channel, once an instance starts
+        self._book: QuotaBook | None = None  # this pass's queue quotas and usage (None: no queue has quota)
+        self._admitted_rows: dict[int, JobRow] = {}  # this pass's admitted jobs (preemption victims)
+        self._evicted: list[tuple[JobRow, list[InstanceRow], str]] = []  # stopped after the pass's commit
 
     def wake(self) -> None:
         """Ask for the next reconcile pass now (a server waits up to ``interval`` otherwise)."""
@@ -210,6 +215,7 @@ class Controller:
             if self.fence:
                 self.fence(session)
             self._to_start, self._observed, self._events = [], {}, []  # nothing carried over from a failed pass
+            self._evicted = []
             free = self._free_capacity(session)
             admitted = repo.admitted_active_count(session, self.owner)
             jobs = repo.load_active_jobs(session, self.owner).jobs
@@ -218,6 +224,9 @@ class Controller:
             # no flush before each query of the pass (a job's lazy loads, its last event): the
             # pass writes once, at its commit, instead of once per job
             order = queues.fair_order(jobs, self.queue_weights)
+            self._book = self._quota_book(session, jobs)
+            if self._book is not None:
+                order = self._book.order(order, self._facts)
             rows: dict[int, JobRow] = {}  # waiting jobs' rows loaded this pass
             with session.no_autoflush:
                 for position, entry in enumerate(order):
@@ -242,6 +251,7 @@ class Controller:
             self._write_events(session)
             session.commit()
             self._spec_texts = {}
+            self._stop_evicted(session)  # committed as evicted first: a crash now leaves no doubt
             self._start_all(session)
             self._write_events(session)
             session.commit()
@@ -276,14 +286,152 @@ class Controller:
             verdict = _queued(admitted)
         else:
             spec = self._spec_of(job.id, job.spec_text)
+            quota = self._quota_verdict(job.queue, spec)
             if spec.spec.run_policy.suspend:
                 verdict = SUSPENDED
+            elif quota is PREEMPTS:
+                return False
+            elif quota is not None:
+                verdict = quota
             else:
                 decision = admit(spec, self.backend.capacity(), free)
                 if decision.admitted or decision.unschedulable:
                     return False
                 verdict = Verdict(JobState.PENDING, "Pending", decision.message)
         return (job.state, job.reason, job.message) == (verdict.state.value, verdict.reason, verdict.message)
+
+    # ---- quota (trainmaster.controller.quota) -------------------------------------------------------
+    def _quota_book(self, session: Session, jobs: list[JobRow | repo.WaitingJob]) -> QuotaBook | None:
+        """The queues with quota and what the admitted jobs of the store hold in them (all
+        owners': a `trainmaster run` job holds quota too, though only this controller's own jobs
+        may be preempted by it); None when no queue has quota (admission by capacity alone)."""
+        quotas = queue_quotas(session)
+        if not quotas:
+            self._admitted_rows = {}
+            return None
+        self._admitted_rows = {j.id: j for j in jobs if isinstance(j, JobRow) and j.admitted}
+        rows = session.execute(
+            select(JobRow.id, JobRow.name, JobRow.queue, JobRow.priority, type_coerce(JobRow.spec, Text)).where(
+                JobRow.admitted.is_(True),
+                JobRow.state.not_in([s.value for s in JOB_TERMINAL]),
+                JobRow.queue.in_(list(quotas)),
+            )
+        ).all()
+        holders = {
+            job_id: Holder(
+                job_id,
+                name,
+                queue,
+                priority,
+                # this controller's own by their row (as the pass caches them), others' by their text
+                job_demand(
+                    self._spec(own) if (own := self._admitted_rows.get(job_id)) else self._spec_of(job_id, text)
+                ),
+                preemptible=job_id in self._admitted_rows,
+            )
+            for job_id, name, queue, priority, text in rows
+        }
+        return QuotaBook(quotas, holders)
+
+    def _facts(self, job: JobRow | repo.WaitingJob) -> tuple[int, int, dict[str, float]]:
+        """A waiting job's id, priority and quota demand, for the fair-sharing order."""
+        spec = self._spec_of(job.id, job.spec_text) if isinstance(job, repo.WaitingJob) else self._spec(job)
+        return job.id, spec.spec.scheduling.priority, job_demand(spec)
+
+    def _quota_verdict(self, queue: str, spec: Job) -> Verdict | None:
+        """Whether the queue's quota lets the job in now: None (it fits, or its queue has no
+        quota), :data:`PREEMPTS` (it fits once lower-priority jobs of its queue, or borrowers of
+        its lent quota, are evicted), or the pending verdict that says what blocks it and by how much."""
+        book = self._book
+        if book is None or not book.governs(queue):
+            return None
+        demand = job_demand(spec)
+        never = book.never_fits(queue, demand)
+        if never:
+            return Verdict(
+                JobState.PENDING,
+                "Inadmissible",
+                f"queue '{queue}' can never admit it: "
+                + "; ".join(s.describe() for s in never)
+                + " (raise the queue's quota or borrowing limit, or make the job smaller)",
+            )
+        short = book.shortfalls(queue, demand)
+        if not short:
+            return None
+        if book.preemption(queue, spec.spec.scheduling.priority, demand) is not None:
+            return PREEMPTS
+        return Verdict(
+            JobState.PENDING, "WaitingForQuota", f"queue '{queue}': " + "; ".join(s.describe() for s in short)
+        )
+
+    def _preempt_for(
+        self, session: Session, job: JobRow, spec: Job, free: Resources
+    ) -> tuple[Verdict | None, Resources]:
+        """Evict the jobs whose quota ``job`` needs (:meth:`QuotaBook.preemption`), each with a
+        ``Preempted`` event naming ``job``, when their resources then also let it fit the
+        backend; otherwise nobody is evicted and the job waits for capacity."""
+        assert self._book is not None
+        demand = job_demand(spec)
+        plan = self._book.preemption(job.queue, spec.spec.scheduling.priority, demand)
+        if plan is None:  # cannot happen within a pass (the verdict just found one); wait, said plainly
+            return Verdict(JobState.PENDING, "WaitingForQuota", f"queue '{job.queue}': no preemption found"), free
+        victims = [self._admitted_rows[h.id] for h in plan.victims]
+        freed = Resources(
+            sum(i.cpu for v in victims for i in v.instances if i.state in LIVE),
+            sum(i.memory for v in victims for i in v.instances if i.state in LIVE),
+        )
+        decision = admit(spec, self.backend.capacity(), free.plus(freed))
+        if not decision.admitted:
+            why = f"would preempt {len(victims)} job(s) for quota, but then still {decision.message}"
+            return Verdict(JobState.PENDING, "Pending", why), free
+        for holder, victim in zip(plan.victims, victims):
+            free = self._preempt(session, victim, job, holder, free)
+        names = ", ".join(f"{v.name} (id {v.id}, queue '{v.queue}')" for v in victims)
+        self._event(job.id, "job", "Preempting", f"evicted {names} to fit in queue '{job.queue}'")
+        return None, free
+
+    def _preempt(self, session: Session, victim: JobRow, by: JobRow, holder: Holder, free: Resources) -> Resources:
+        """Evict one admitted job: its instances stopped, its gang and quota given back, and it
+        waits in its queue again (``Preempted``), as a suspended job does, to start afresh."""
+        assert self._book is not None
+        if victim.queue != by.queue:
+            cohort = self._book.queues[by.queue].cohort
+            why = (
+                f"preempted by job {by.name} (id {by.id}) of queue '{by.queue}', which reclaims the quota "
+                f"queue '{victim.queue}' borrowed from it in cohort '{cohort}'"
+            )
+        else:
+            why = (
+                f"preempted by job {by.name} (id {by.id}, priority {by.priority}) of higher priority "
+                f"than this job's {victim.priority} in queue '{victim.queue}'"
+            )
+        # marked terminating now and stopped once the pass committed the eviction (_stop_evicted):
+        # a controller killed in between finds a waiting job's terminating instances and stops
+        # them (recover), instead of an admitted job whose processes died under it
+        live = [i for i in victim.instances if i.state in LIVE]
+        for inst in live:
+            if inst.state != I.TERMINATING.value:
+                self._set_instance_state(inst, I.TERMINATING)
+            inst.reason, inst.message = "Preempted", why
+            free = free.plus(Resources(inst.cpu, inst.memory))
+        self._evicted.append((victim, live, why))
+        self._to_start = [s for s in self._to_start if s.job.id != victim.id]  # prepared this pass: not started
+        repo.clear_registry(victim)
+        self.backend.release_gang(victim.id)
+        victim.admitted, victim.started_at = False, None
+        self._book.release(holder)
+        self._admitted_rows.pop(victim.id, None)
+        check_transition("job", victim.state, JobState.PENDING.value)
+        victim.state, victim.reason, victim.message = JobState.PENDING.value, "Preempted", why
+        victim.last_transition_at = utcnow()
+        self._event(victim.id, "job", "Preempted", why, "Warning")
+        return free
+
+    def _stop_evicted(self, session: Session) -> None:
+        """Stop the instances of the jobs this pass preempted, now that their eviction is stored."""
+        evicted, self._evicted = self._evicted, []
+        for job, instances, why in evicted:
+            self._stop_instances(session, job, instances, Resources(), why, "Preempted")
 
     def _observe_all(self, jobs: list[JobRow]) -> None:
         """Every live instance of the pass observed in one backend call."""
@@ -348,7 +496,6 @@ class Controller:
         (instances, events, metrics) and the run folder, as Kubernetes deletes a finished job and
         its pods. A job is never deleted in the pass that ended it, so whoever waits on it reads
         its final status first."""
-        from sqlalchemy import select
 
         if self._expiry is None or time.monotonic() >= self._rescan_at:
             # every minute: jobs that other controllers (a `trainmaster run`) ended
@@ -376,7 +523,6 @@ class Controller:
                 shutil.rmtree(run_dir, ignore_errors=True)
 
     def _free_capacity(self, session: Session) -> Resources:
-        from sqlalchemy import select
 
         total = self.backend.capacity()
         rows = session.execute(
@@ -425,6 +571,12 @@ class Controller:
                     free,
                 )
         if not job.admitted:
+            quota = self._quota_verdict(job.queue, spec)
+            if quota is PREEMPTS:
+                quota, free = self._preempt_for(session, job, spec, free)
+            if quota is not None:
+                self._set_job_state(session, job, quota)
+                return free
             decision = admit(spec, self.backend.capacity(), free)
             if not decision.admitted:
                 if decision.unschedulable:
@@ -439,6 +591,9 @@ class Controller:
                 return free
             job.admitted = True
             self._event(job.id, "job", "Admitted", decision.message)
+            if self._book is not None and self._book.governs(job.queue):
+                self._book.hold(Holder(job.id, job.name, job.queue, job.priority, job_demand(spec)))
+                self._admitted_rows[job.id] = job
         free = self._observe(session, job, spec, free)
         spent = next(
             (i for i in job.instances if i.reason == "BackoffLimitExceeded" and i.state == I.FAILED.value), None
@@ -887,6 +1042,10 @@ class Controller:
                 self.fence(session)
             for job_id in repo.active_job_ids(session, self.owner) if job_ids is None else job_ids:
                 job = repo.load_job(session, job_id)
+                evicted = [i for i in job.instances if not job.admitted and i.state == I.TERMINATING.value]
+                if evicted:  # preempted, and the controller stopped before it stopped them
+                    self._stop_instances(session, job, evicted, Resources(), "its job was preempted", "Preempted")
+                    self._write_events(session)
                 for inst in job.instances:
                     if inst.state not in LIVE:
                         continue
@@ -985,6 +1144,8 @@ class Controller:
             repo.clear_registry(job)
             self.backend.release_gang(job.id)
             job.admitted, job.started_at = False, None
+            if self._book is not None:
+                self._book.release_job(job.id)
         self._set_job_state(session, job, SUSPENDED)
         return free
 
@@ -1017,6 +1178,8 @@ class Controller:
         repo.clear_registry(job)
         if job.admitted:
             self.backend.release_gang(job.id)
+        if self._book is not None:
+            self._book.release_job(job.id)
         if verdict.state == JobState.SUCCEEDED and job.output_path:
             source = Path(job.run_dir) / "output"
             shutil.copytree(source, job.output_path, dirs_exist_ok=True)
@@ -1030,6 +1193,8 @@ class Controller:
         return free
 
 
+#: :meth:`Controller._quota_verdict`: the job fits its queue's quota once others are preempted
+PREEMPTS = Verdict(JobState.PENDING, "Preempting", "")
 SUSPENDED = Verdict(JobState.PENDING, "Suspended", "suspended (runPolicy.suspend); `trainmaster job resume` starts it")
 
 

@@ -43,6 +43,7 @@ from trainmaster.errors import UserError
 from trainmaster.service.apidocs import mount_api_docs
 from trainmaster.service.limits import BodyLimit, RequestLimits
 from trainmaster.service.protect import RequestGuard, ServedHosts
+from trainmaster.service.queue_routes import register_queue_routes
 from trainmaster.service.quotas import JobQuota, OverQuota, check_job, check_room, check_scale
 from trainmaster.spec.load import LoadOptions
 from trainmaster.spec.model import MAX_REPLICAS, Job, RuntimeKind
@@ -152,6 +153,7 @@ def create_app(
         app, controller, jobs, options.paths, options.access, options.runtime, draining, quota=options.quota
     )
     app.add_middleware(RequestGuard, hosts=options.hosts)  # outermost: every answer gets its headers
+    register_queue_routes(app, controller, jobs)  # queues with quota, and "why pending"
     reconciler = Reconciler(controller, elector)
 
     @app.on_event("startup")

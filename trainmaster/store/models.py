@@ -221,3 +221,21 @@ class TrainingRuntimeRow(Base):
     document: Mapped[dict[str, Any]] = mapped_column(JSON)
     source: Mapped[str] = mapped_column(Text, default="")  # the file it was added from
     installed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class QueueRow(Base):
+    """A queue with quota (Kueue's ClusterQueue): what it owns of each resource, the cohort it
+    lends to and borrows from, and its fair-sharing weight (:mod:`trainmaster.controller.quota`).
+
+    ``quota`` maps a resource (``cpu``, ``memory`` in bytes, ``gpu``) to ``{"nominal": n,
+    "borrowingLimit": n | null, "lendingLimit": n | null}``. A job's queue without a row here
+    has no quota: it is admitted by capacity and weight alone, as before quotas existed."""
+
+    __tablename__ = "queues"
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    cohort: Mapped[str | None] = mapped_column(String(63), nullable=True, index=True)
+    weight: Mapped[float] = mapped_column(Float, default=1.0)
+    quota: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

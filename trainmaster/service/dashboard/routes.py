@@ -23,6 +23,7 @@ from trainmaster.service.dashboard.capability import CapabilityDrawings
 from trainmaster.service.dashboard.errors import install_error_pages
 from trainmaster.service.dashboard.access import AccessOptions, TokenMiddleware, login
 from trainmaster.service.dashboard.locate import line_of, split_error
+from trainmaster.service.dashboard.queues import add_queue_page
 from trainmaster.service.dashboard.watch import StoreWatcher
 from trainmaster.service.draining import Draining
 from trainmaster.service.quotas import JobQuota, check_job, check_room, check_scale
@@ -324,6 +325,7 @@ def mount_dashboard(
             )
         return Response(status_code=204, headers={"HX-Redirect": f"/jobs/{job_id}"})
 
+    add_queue_page(router, sessions, page)  # /queues
     app.include_router(router)
 
 

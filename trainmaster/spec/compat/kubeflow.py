@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainmaster.errors import UserError
+from trainmaster.spec.compat import kueue
 from trainmaster.spec.compat.ignored import Report, join
 from trainmaster.spec.compat.meta import metadata
 from trainmaster.spec.compat.pod import from_template
@@ -161,11 +162,32 @@ def convert(raw: dict[str, Any], lenient: bool = False) -> tuple[dict[str, Any],
     if status_policy:
         job_spec["statusPolicy"] = status_policy
     scheduling = _run_policy(spec, roles, report, job_spec)
+    kueue.apply(
+        raw.get("metadata"),
+        scheduling,
+        "spec.runPolicy.schedulingPolicy.priorityClass",
+        _pod_priorities(spec, kind.replica_key),
+        report,
+    )
     if scheduling:
         job_spec["scheduling"] = scheduling
     meta = metadata(raw.get("metadata"), f"{api_version} {kind_name}", report)
     report.finish()
     return {"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": meta, "spec": job_spec}, report.lines
+
+
+def _pod_priorities(spec: dict[str, Any], replica_key: str) -> list[tuple[str, Any]]:
+    """(path, priorityClassName) of each replica's pod template that names one."""
+    found = []
+    replicas = spec.get(replica_key)
+    for replica_type, replica_spec in (replicas if isinstance(replicas, dict) else {}).items():
+        template = replica_spec.get("template") if isinstance(replica_spec, dict) else None
+        pod = template.get("spec") if isinstance(template, dict) else None
+        if isinstance(pod, dict) and "priorityClassName" in pod:
+            found.append(
+                (f"spec.{replica_key}.{replica_type}.template.spec.priorityClassName", pod["priorityClassName"])
+            )
+    return found
 
 
 def _framework(kind_name: str) -> str:

@@ -38,7 +38,7 @@ _POD_REASONS = {
     "hostNetwork": "instances always use this machine's network (127.0.0.1)",
     "dnsPolicy": "roles find each other through TM_SERVICE_<ROLE>, not DNS",
     "schedulerName": "the Trainmaster controller schedules instances",
-    "priorityClassName": "pod priority is not used; set spec.scheduling.priorityClass",
+    "priorityClassName": "the job's priority class unless the job or a Kueue label names one (the highest of its pods')",
     "terminationGracePeriodSeconds": "the controller's own grace period applies",
 }
 _POD_DEFAULT = "a Kubernetes pod setting with no meaning on the local backend"

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainmaster.errors import UserError
+from trainmaster.spec.compat import kueue
 from trainmaster.spec.compat.ignored import Report, join
 from trainmaster.spec.compat.meta import metadata
 from trainmaster.spec.compat.pod import from_template
@@ -144,11 +145,20 @@ def convert(raw: dict[str, Any], lenient: bool = False) -> tuple[dict[str, Any],
     if status_policy:
         job_spec["statusPolicy"] = status_policy
     scheduling = _scheduling(spec, tasks, report)
-    if scheduling:
-        job_spec["scheduling"] = scheduling
     if spec.get("ttlSecondsAfterFinished") is not None:  # the same meaning: delete the ended job
         job_spec["runPolicy"] = {"ttlSecondsAfterFinished": spec["ttlSecondsAfterFinished"]}
     _volcano_checks(spec, tasks, report)
+    pod_priorities = [
+        (f"spec.tasks[{i}].template.spec.priorityClassName", t["template"]["spec"]["priorityClassName"])
+        for i, t in enumerate(tasks)
+        if isinstance(t, dict)
+        and isinstance(t.get("template"), dict)
+        and isinstance(t["template"].get("spec"), dict)
+        and "priorityClassName" in t["template"]["spec"]
+    ]
+    kueue.apply(raw.get("metadata"), scheduling, "spec.priorityClassName", pod_priorities, report)
+    if scheduling:
+        job_spec["scheduling"] = scheduling
     meta = metadata(raw.get("metadata"), source, report)
     report.finish()
     return {"apiVersion": "trainmaster/v1", "kind": "Job", "metadata": meta, "spec": job_spec}, report.lines
