@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import yaml
 
-from trainmaster.api import Trainmaster
+from trainmaster.api import LocalTrainmaster
 from trainmaster.backends.local import LocalBackend
 from trainmaster.controller import Controller
 from trainmaster.loading import load_document
@@ -49,7 +49,7 @@ class Harness:
         self.controller = Controller(
             self.sessions, self.backend, self.url, interval=0.1, grace=2.0, runs_dir=tmp_path / "runs"
         )
-        self.jobs = Trainmaster(self.sessions, self.url)
+        self.jobs = LocalTrainmaster(self.sessions, self.url)
 
     def submit(self, doc: dict[str, Any] | str) -> int:
         """Through the facade, as the CLI and the server submit (names need not be unique here)."""
