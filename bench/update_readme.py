@@ -80,7 +80,9 @@ def row(name: str) -> str:
         if png.stem.split("-")[0] == name
     )
     link = f"[{name}.md](bench/results/{name}.md)"
-    return f"| {name} | {COMPARES.get(name, '')} | `{command}` | {link} ({verdicts(table.read_text())}) | {plots or '-'} |"
+    return (
+        f"| {name} | {COMPARES.get(name, '')} | `{command}` | {link} ({verdicts(table.read_text())}) | {plots or '-'} |"
+    )
 
 
 def main() -> None:
