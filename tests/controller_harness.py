@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -161,19 +161,6 @@ def server_client_job(name: str, clients: int = 3) -> dict[str, Any]:
             {"name": "client", "replicas": clients, "command": py(CLIENT), "dependsOn": [{"role": "server"}]},
         ],
     )
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "the condition") -> Any:
-    """The truthy value of ``predicate()``, polled with a growing pause; fails naming ``what``."""
-    deadline = time.monotonic() + timeout
-    delay = 0.02
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout:g}s waiting for {what}"
-        time.sleep(delay)
-        delay = min(delay * 1.5, 0.25)
 
 
 def step_until(h: Harness, job_id: int, done: Any, timeout: float = 60) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from api_server import ThreadedServer
-from controller_harness import wait_until
+from helpers import wait_until
 from trainmaster.api import LocalTrainmaster
 from trainmaster.client import (
     CancelResult,
