@@ -1,10 +1,11 @@
-"""Copy every bench/results/<capability>.md table, and its plots (<capability>*.png), into the
-README's benchmark section.
+"""Write the README's benchmark section: one short table with a row per
+``bench/results/<capability>.md``, linking to it and to its plots (``<capability>*.png``).
 
 Run after a benchmark: ``python bench/update_readme.py``. Everything after the
-``<!-- BENCH TABLES -->`` marker is regenerated; nothing above it changes. Headings of a
-result file sit below the README's own, and a long file is cut at a section boundary with a
-link to the whole of it, so the README stays readable.
+``<!-- BENCH TABLES -->`` marker is regenerated; nothing above it changes. The README holds no
+figures of its own: each row says what the benchmark compares, how many goal verdicts its
+result file states met and not met (counted in the file, so they cannot go stale), and where the
+tables are; the figures, with their commands, seeds and load, stay in ``bench/results/``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ ORDER = [
     "aggregation_training",
     "flsched",
     "partition",
+    "partition_fresh",
     "partition_pipeline_testbed",
     "partition_pipeline",
     "gateway",
@@ -33,49 +35,65 @@ COMMAND = {
     "controller_ray": "python bench/controller.py --ray",
     "controller_failover": "python bench/controller.py --failover",
     "controller_containers": "python bench/controller.py --containers",
+    "partition_fresh": "python bench/partition.py --fresh",
     "partition_pipeline": "python bench/partition.py --pipeline-only",
     "partition_pipeline_testbed": "python bench/partition.py --pipeline-testbed",
     "gateway_sandbox": "python bench/gateway_sandbox.py",
 }
-MAX_LINES = 70  # of one capability's results in the README
+#: What each benchmark puts side by side (its result file says how, on what and under which load).
+COMPARES = {
+    "controller": "submit to every replica running, local backend vs TorchX local_cwd and a bare Popen floor; "
+    "queue drain; kill to replacement",
+    "controller_ray": "the Ray backend on 1 and 3 Ray nodes; node loss",
+    "controller_failover": "two servers on one PostgreSQL, the leader killed: time to a new leader",
+    "controller_containers": "replicas in podman containers vs on the host",
+    "aggregation": "in-network aggregation vs gloo's ring all-reduce over rate-capped links",
+    "aggregation_tenants": "jobs sharing one aggregation switch's slots",
+    "aggregation_training": "DDP training with in-network aggregation vs gloo",
+    "flsched": "simulated-annealing device scheduling vs MILP, greedy, Oort, FedCS and others, held-out seeds",
+    "partition": "our partitioner vs METIS and KaHIP: cut critical edges, balance, time",
+    "partition_fresh": "the same on graphs drawn at run time (seeds nobody tuned on)",
+    "partition_pipeline_testbed": "predicted vs measured pipeline step time, stages on separate testbed hosts",
+    "partition_pipeline": "predicted vs measured pipeline step time on real models",
+    "gateway": "tasks through the gateway vs straight to the parties: latency, throughput, large results",
+    "gateway_sandbox": "executor isolation cost: sandbox vs plain process",
+}
+VERDICT = re.compile(r"\b(not met|met)\b", re.IGNORECASE)
 
 
-def excerpt(text: str, link: str) -> str:
-    """``text`` with headings demoted under the README's ``###``, cut to about MAX_LINES."""
-    lines = [
-        re.sub(r"^(#{1,3}) ", lambda m: "#" * (len(m.group(1)) + 3) + " ", line) for line in text.strip().splitlines()
-    ]
-    if len(lines) <= MAX_LINES:
-        return "\n".join(lines)
-    cut = max((n for n, line in enumerate(lines[:MAX_LINES]) if n > 0 and line.startswith("#")), default=None)
-    if cut is None:
-        cut = next((n for n in range(MAX_LINES, len(lines)) if not lines[n].strip()), len(lines))
-    return "\n".join(lines[:cut]).rstrip() + f"\n\nThe rest (per-case tables): [{link}]({link})."
+def verdicts(text: str) -> str:
+    """How many goal verdicts ``text`` states met and not met, as the result file words them."""
+    found = [m.group(1).lower() for m in VERDICT.finditer(text)]
+    if not found:
+        return "-"
+    return f"{found.count('met')} met, {found.count('not met')} not met"
+
+
+def row(name: str) -> str:
+    table = ROOT / "bench" / "results" / f"{name}.md"
+    command = COMMAND.get(name, f"python bench/{name}.py")
+    if not table.is_file():
+        return f"| {name} | {COMPARES.get(name, '')} | `{command}` | no results yet | - |"
+    plots = ", ".join(
+        f"[{png.stem}](bench/results/{png.name})"
+        for png in sorted((ROOT / "bench" / "results").glob(f"{name}*.png"))
+        if png.stem.split("-")[0] == name
+    )
+    link = f"[{name}.md](bench/results/{name}.md)"
+    return (
+        f"| {name} | {COMPARES.get(name, '')} | `{command}` | {link} ({verdicts(table.read_text())}) | {plots or '-'} |"
+    )
 
 
 def main() -> None:
     readme = ROOT / "README.md"
     head = readme.read_text().split(MARKER)[0]
-    sections = []
-    for name in ORDER:
-        table = ROOT / "bench" / "results" / f"{name}.md"
-        shown = table.read_text() if table.is_file() else ""
-        plots = "".join(
-            f"![{png.stem}](bench/results/{png.name})\n\n"
-            for png in sorted((ROOT / "bench" / "results").glob(f"{name}*.png"))
-            if png.stem.split("-")[0] == name and not re.search(r"\]\([^)]*" + re.escape(png.name), shown)
-        )  # not embedded already
-        if table.is_file():
-            command = COMMAND.get(name, f"python bench/{name}.py")
-            sections.append(
-                f"### {name}\n\n`{command}` -> `bench/results/{name}.json`\n\n"
-                + plots
-                + excerpt(table.read_text(), f"bench/results/{name}.md")
-                + "\n"
-            )
-        else:
-            sections.append(f"### {name}\n\nNo results yet: run `python bench/{name}.py`.\n")
-    readme.write_text(head + MARKER + "\n\n" + "\n".join(sections))
+    lines = [
+        "| benchmark | compares | command | results (goal verdicts stated) | plots |",
+        "|---|---|---|---|---|",
+        *(row(name) for name in ORDER),
+    ]
+    readme.write_text(head + MARKER + "\n\n" + "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import psutil
 
-from controller_harness import wait_until  # noqa: F401 (the agent tests import it from here)
 
 PY = sys.executable
 

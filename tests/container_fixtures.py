@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from controller_harness import wait_until
+from helpers import wait_until
 from trainmaster.agent.client import AgentClient, ensure_agent
 from trainmaster.contract import ContainerLaunch, InstancePhase, InstanceStatus, LaunchSpec
 from trainmaster.agent.core import AgentOptions

@@ -9,11 +9,11 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
-from trainmaster.api import Trainmaster
+from trainmaster.api import LocalTrainmaster
 from trainmaster.backends.local import LocalBackend
 from trainmaster.controller import Controller
 from trainmaster.loading import load_document
@@ -49,7 +49,7 @@ class Harness:
         self.controller = Controller(
             self.sessions, self.backend, self.url, interval=0.1, grace=2.0, runs_dir=tmp_path / "runs"
         )
-        self.jobs = Trainmaster(self.sessions, self.url)
+        self.jobs = LocalTrainmaster(self.sessions, self.url)
 
     def submit(self, doc: dict[str, Any] | str) -> int:
         """Through the facade, as the CLI and the server submit (names need not be unique here)."""
@@ -161,19 +161,6 @@ def server_client_job(name: str, clients: int = 3) -> dict[str, Any]:
             {"name": "client", "replicas": clients, "command": py(CLIENT), "dependsOn": [{"role": "server"}]},
         ],
     )
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "the condition") -> Any:
-    """The truthy value of ``predicate()``, polled with a growing pause; fails naming ``what``."""
-    deadline = time.monotonic() + timeout
-    delay = 0.02
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout:g}s waiting for {what}"
-        time.sleep(delay)
-        delay = min(delay * 1.5, 0.25)
 
 
 def step_until(h: Harness, job_id: int, done: Any, timeout: float = 60) -> dict[str, Any]:

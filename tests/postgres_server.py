@@ -8,11 +8,12 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
+
+from helpers import free_port
 
 
 def binaries() -> Path | None:
@@ -39,12 +40,6 @@ def why_unavailable() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class PostgresServer:
     """One throw-away cluster; ``url()`` gives a SQLAlchemy URL of a fresh database in it."""
 
@@ -53,7 +48,7 @@ class PostgresServer:
         assert self.bin is not None
         self.dir = Path(tempfile.mkdtemp(prefix="tm-pg-"))
         self.data = self.dir / "data"
-        self.port = _free_port()
+        self.port = free_port()
         self._databases = 0
         self._as_user: list[str] = []
         if os.geteuid() == 0:

@@ -86,7 +86,13 @@ LAYERS: list[tuple[str, dict[str, tuple[str, ...]]]] = [
         },
     ),
     ("backends", {"backends": ("trainmaster.backends",)}),
-    ("api", {"api": ("trainmaster.api",)}),
+    (
+        "api",
+        {
+            "api": ("trainmaster.api",),  # the local implementation of the client protocol
+            "client": ("trainmaster.client",),  # the protocol, its results, the HTTP implementation
+        },
+    ),
     (
         "service",
         {

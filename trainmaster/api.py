@@ -1,13 +1,15 @@
 """The application facade: every job verb over one store, in this process.
 
 What TorchX's ``Runner`` is to TorchX: the CLI's job verbs, the REST API's handlers and the tests
-all go through :class:`Trainmaster`, so a verb behaves the same whether a user types it with or
-without a server. It holds no state of its own: the store is the truth, and a verb that changes a
+all go through :class:`LocalTrainmaster`, the local implementation of the client protocol
+:class:`trainmaster.client.Trainmaster` (a service's is
+:class:`trainmaster.client.remote.RemoteTrainmaster`), so a verb behaves the same whether a user
+types it with or without a server. It holds no state of its own: the store is the truth, and a verb that changes a
 job records an intent (cancel, scale) that whichever controller owns the job acts on at its next
 pass, or (``run``, ``resume``) drives an embedded controller itself.
 
-Status and list results are the REST API's JSON documents (the one wire format the CLI, the
-dashboard and API clients share); every other result is a small dataclass.
+Its results are the protocol's (:mod:`trainmaster.client.results`): status and list answer the
+REST API's JSON documents, every other verb a small dataclass.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -32,6 +34,19 @@ from trainmaster.containers.policy import CONTAINER_BACKENDS
 from trainmaster.contract import LaunchSpec
 from trainmaster.controller import Controller
 from trainmaster.controller.launching import planned_launches
+from trainmaster.client.protocol import wait_for
+from trainmaster.client.results import (
+    CancelResult,
+    Deleted,
+    JobNotFound,
+    JobRef,
+    JobStatus,
+    JobSummary,
+    ScaleResult,
+    StoreMissing,
+    SuspendResult,
+    WaitTimedOut,
+)
 from trainmaster.errors import JobConflict, UserError
 from trainmaster.store.repository import NameTaken  # noqa: F401 (re-exported: the facade's conflicts)
 from trainmaster.loading import check_runnable, load_document, validate_document
@@ -46,51 +61,6 @@ from trainmaster.store.ownership import orphan_note, owner_alive, run_owner, run
 #: How much of a log :meth:`Trainmaster.tail` reads at most, whatever the number of lines asked:
 #: a tail must answer at once even for a log of gigabytes.
 TAIL_MAX_BYTES = 1 << 20
-
-
-class JobNotFound(UserError):
-    """No job (or no instance, or no log yet) answers the reference (HTTP 404)."""
-
-
-class StoreMissing(UserError):
-    """A verb that only looks at jobs was pointed at a SQLite store that does not exist yet."""
-
-
-class WaitTimedOut(UserError):
-    """:meth:`Trainmaster.wait` gave up; the message says on what and in which state."""
-
-    def __init__(self, message: str):
-        super().__init__(message, exit_code=1)
-
-
-@dataclass(frozen=True)
-class JobRef:
-    """A job as a verb found it."""
-
-    id: int
-    name: str
-    state: str
-
-
-@dataclass(frozen=True)
-class CancelResult:
-    id: int
-    cancel_requested: bool  # False: the job had already ended
-    note: str  # what happens next (who carries the cancellation out)
-
-
-@dataclass(frozen=True)
-class SuspendResult:
-    id: int
-    suspended: bool  # the job's runPolicy.suspend now
-    changed: bool  # False: it already had that value
-
-
-@dataclass(frozen=True)
-class ScaleResult:
-    id: int
-    role: str
-    replicas: int
 
 
 @dataclass(frozen=True)
@@ -134,14 +104,14 @@ class DryRun:
 class RunResult:
     job_id: int
     state: str
-    status: dict[str, Any]  # the final status document
+    status: JobStatus  # the final status document
 
     @property
     def succeeded(self) -> bool:
         return self.state == "succeeded"
 
 
-class Trainmaster:
+class LocalTrainmaster:
     """The job verbs over the store at ``url`` (see the module's docstring)."""
 
     def __init__(self, sessions: sessionmaker[Session], url: str):
@@ -150,7 +120,7 @@ class Trainmaster:
         self._submitting = threading.Lock()  # a name check and its insert are one step
 
     @classmethod
-    def open(cls, url: str | None = None, existing: bool = False) -> Trainmaster:
+    def open(cls, url: str | None = None, existing: bool = False) -> LocalTrainmaster:
         """The facade over ``url`` (default: the SQLite store in Trainmaster's home); with
         ``existing``, a SQLite store that is not there is an error rather than created empty
         (a verb that only looks at jobs should not leave a database behind)."""
@@ -170,34 +140,23 @@ class Trainmaster:
             row = self._find(session, ref)
             return JobRef(row.id, row.name, row.state)
 
-    def list_jobs(self) -> list[dict[str, Any]]:
+    def list_jobs(self) -> list[JobSummary]:
         """Every job's summary, oldest first (``GET /api/v1/jobs``)."""
         with self.sessions() as session:
-            return repo.job_summaries(session)
+            return cast(list[JobSummary], repo.job_summaries(session))
 
-    def status(self, ref: str | int, events: int = 50, instances: tuple[int, int] | None = None) -> dict[str, Any]:
+    def status(self, ref: str | int, events: int = 50, instances: tuple[int, int] | None = None) -> JobStatus:
         """A job's status document with its ``events`` latest events (``GET /api/v1/jobs/{ref}``);
         ``instances`` = (first, count) pages its instances (all of them when None)."""
         with self.sessions() as session:
             row = self._find(session, ref)
-            return repo.job_status(session, repo.load_job(session, row.id), events=events, instances=instances)
+            document = repo.job_status(session, repo.load_job(session, row.id), events=events, instances=instances)
+            return cast(JobStatus, document)
 
     def wait(self, ref: str | int, timeout: float, states: frozenset[str] | None = None, poll: float = 0.25) -> JobRef:
         """Wait until the job is in one of ``states`` (default: ended); :class:`WaitTimedOut`
         after ``timeout`` seconds. The store is polled: the job may be run by another process."""
-        wanted = states or frozenset({"succeeded", "failed", "cancelled"})
-        deadline = time.monotonic() + timeout
-        while True:
-            job = self.find(ref)
-            if job.state in wanted:
-                return job
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise WaitTimedOut(
-                    f"job {job.name} (id {job.id}) still {job.state} after {timeout:g} s "
-                    f"(waited for: {', '.join(sorted(wanted))})"
-                )
-            time.sleep(min(poll, left))
+        return wait_for(lambda: self.find(ref), timeout, states, poll)
 
     # ---- logs ----------------------------------------------------------------------------------
     def log_target(self, ref: str | int, role: str | None = None, index: int = 0) -> LogTarget:
@@ -319,16 +278,15 @@ class Trainmaster:
             session.commit()
             return SuspendResult(row.id, suspend, changed)
 
-    def delete(self, ref: str | int) -> JobRef:
+    def delete(self, ref: str | int) -> Deleted:
         """Delete an ended job and its records; :class:`JobConflict` while it is active."""
         with self.sessions() as session:
             row = self._find(session, ref)
             if not repo.is_terminal(row.state):
                 raise JobConflict(f"job {row.name} (id {row.id}) is {row.state}; cancel it first")
-            found = JobRef(row.id, row.name, row.state)
             session.delete(repo.load_job(session, row.id))
             session.commit()
-            return found
+            return Deleted(row.id)
 
     # ---- submitting ----------------------------------------------------------------------------
     @staticmethod

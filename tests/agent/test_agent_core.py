@@ -17,7 +17,8 @@ from typing import Iterator
 
 import pytest
 
-from agent_fixtures import ESCAPERS, PY, doubles, escapers, replica, starts, wait_until
+from agent_fixtures import ESCAPERS, PY, doubles, escapers, replica, starts
+from helpers import wait_until
 from controller_harness import stop_agent
 from trainmaster.agent.client import AgentClient, agent_pid, ensure_agent
 from trainmaster.contract import InstancePhase, LaunchSpec

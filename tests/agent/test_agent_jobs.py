@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from agent_fixtures import ESCAPERS, PY, doubles, escapers, job_processes, shell_parent, starts, wait_until
+from agent_fixtures import ESCAPERS, PY, doubles, escapers, job_processes, shell_parent, starts
+from helpers import wait_until
 from controller_harness import Harness, events, job, step_until
 from trainmaster.agent.client import agent_pid
 from trainmaster.backends.local import agent_state_dir

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from container_fixtures import AgentUnderTest, labelled
-from controller_harness import wait_until
+from helpers import wait_until
 from trainmaster.agent.client import agent_pid
 from trainmaster.contract import ContainerLaunch, InstancePhase
 from trainmaster.containers import runtime

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from container_fixtures import AgentUnderTest
-from controller_harness import wait_until
+from helpers import wait_until
 from trainmaster.contract import ContainerLaunch
 from trainmaster.containers.runtime import ContainerRuntime
 

@@ -3,23 +3,16 @@ each instance's run is counted once across a controller crash)."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
 from controller_harness import Harness, job
+from helpers import wait_until
 
 
 class ControllerCrash(Exception):
     """Stands for the controller process dying at that point."""
-
-
-def _wait_for(predicate, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def test_an_attempt_that_started_and_ended_while_no_controller_recorded_it_runs_once(tmp_path: Path) -> None:
@@ -52,7 +45,7 @@ def test_an_attempt_that_started_and_ended_while_no_controller_recorded_it_runs_
     first.backend.start = start_then_crash  # type: ignore[method-assign]
     with pytest.raises(ControllerCrash):
         first.controller.step()
-    _wait_for(lambda: [s.phase.value for s in first.backend.agent.list()] == ["exited", "exited"])
+    wait_until(lambda: [s.phase.value for s in first.backend.agent.list()] == ["exited", "exited"])
 
     second = Harness(tmp_path)
     second.controller.recover()

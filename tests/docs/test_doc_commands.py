@@ -19,7 +19,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from controller_harness import stop_agent
+from helpers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -95,12 +95,6 @@ def _fresh_copy(destination: Path) -> Path:
     return destination
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_every_page_has_runnable_commands() -> None:
     """The extraction sees the pages' commands (a silent regex change would otherwise pass all)."""
     blocks = doc_blocks()
@@ -141,7 +135,7 @@ def test_doc_block_runs_as_written(block: DocBlock, tmp_path: Path) -> None:
     env.update(
         HOME=str(home),
         PATH=f"{Path(sys.prefix) / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}",
-        TRAINMASTER_PORT=str(_free_port()),
+        TRAINMASTER_PORT=str(free_port()),
         PYTHONUNBUFFERED="1",
     )
     log_path = tmp_path / "output.log"

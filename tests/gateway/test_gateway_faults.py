@@ -11,6 +11,7 @@ from typing import Any, Callable
 import httpx
 import pytest
 from gateway_harness import Deployment
+from helpers import wait_until
 
 from trainmaster.gateway.initiator.client import Initiator
 from trainmaster.gateway.initiator.taskfile import LegSpec
@@ -55,15 +56,6 @@ def _receive(dep: Deployment, task_id: str, parties: list[str], timeout_s: float
         )
     finally:
         ini.close()
-
-
-def _wait(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def _in_background(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
@@ -119,7 +111,7 @@ def test_party_killed_mid_request_comes_back_and_its_leg_runs_once(dep: Deployme
 
     assert all(c["ok"] for c in _create(dep, "kill1", ["a", "victim"]).values())
     thread, box = _in_background(lambda: _receive(dep, "kill1", ["a", "victim"], timeout_s=30.0))
-    _wait(
+    wait_until(
         lambda: dep.health("victim")["handled"].get("data_transfer", 0) >= 1, 20, "the victim to receive its transfer"
     )
     dep.kill("victim")
@@ -144,7 +136,7 @@ def test_one_slow_task_does_not_block_another_and_overload_is_429(dep: Deploymen
     _create(dep, "busy1", ["slow"])
     _create(dep, "other1", ["a"])
     thread, box = _in_background(lambda: _receive(dep, "busy1", ["slow"], timeout_s=10.0))
-    _wait(lambda: dep.health("gateway")["in_flight_tasks"] >= 1, 20, "busy1 to be in flight")
+    wait_until(lambda: dep.health("gateway")["in_flight_tasks"] >= 1, 20, "busy1 to be in flight")
     ini = dep.initiator()
     env = seal(
         ini.me,
@@ -178,7 +170,7 @@ def test_gateway_killed_mid_leg_every_leg_completes_exactly_once(dep: Deployment
     runs_before = dep.health("slow")["rule_runs"]
     transfers_before = dep.health("slow")["handled"].get("data_transfer", 0)
     thread, box = _in_background(lambda: _receive(dep, "crash1", ["a", "slow"], timeout_s=20.0))
-    _wait(
+    wait_until(
         lambda: dep.health("slow")["handled"].get("data_transfer", 0) > transfers_before,
         20,
         "the slow party to receive its transfer",

@@ -23,10 +23,11 @@ import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 import pytest
+from helpers import wait_until
 
 from trainmaster.gateway.executors.base import LegFiles
 from trainmaster.gateway.executors.sandbox import bubblewrap as sbx
@@ -395,14 +396,6 @@ asyncio.run(main())
 """
 
 
-def _wait_for(what: str, check: Callable[[], bool], timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"waited {timeout_s:.0f}s for {what}")
-        time.sleep(0.05)
-
-
 def test_party_killed_9_leaves_no_sandbox_running(tmp_path: Path) -> None:
     """Nothing left behind after kill -9: a party killed -9 takes its sandboxed executor with it
     (bubblewrap's --die-with-parent), and the next sandbox start's sweep removes the empty cgroups
@@ -425,9 +418,9 @@ def test_party_killed_9_leaves_no_sandbox_running(tmp_path: Path) -> None:
         assert procs.read_text().split(), "the executor is not in its pids group"
         os.killpg(party.pid, signal.SIGKILL)
         party.wait(timeout=10)
-        _wait_for("the sandbox's processes to die with their party", lambda: not procs.read_text().split())
+        wait_until(lambda: not procs.read_text().split(), 15, "the sandbox's processes to die with their party")
         assert all(g.is_dir() for g in groups) and workdir.is_dir()  # what kill -9 leaves for the sweep
-        _wait_for("the left-over groups to be a second old", lambda: time.time() - groups[0].stat().st_mtime > 1.0)
+        wait_until(lambda: time.time() - groups[0].stat().st_mtime > 1.0, 15, "the left-over groups to be a second old")
         sbx.sweep_stale_groups(workdir.parent, min_age_s=1.0)
         assert not any(g.exists() for g in groups) and not workdir.exists()
     finally:
@@ -439,7 +432,7 @@ def test_party_killed_9_leaves_no_sandbox_running(tmp_path: Path) -> None:
                 os.kill(int(pid), signal.SIGKILL)
         for g in groups:
             if g.exists():
-                _wait_for(f"{g} to empty", lambda: not (g / "cgroup.procs").read_text().split())
+                wait_until(lambda: not (g / "cgroup.procs").read_text().split(), 15, f"{g} to empty")
                 g.rmdir()
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -497,19 +490,19 @@ def test_party_runs_its_executors_in_the_sandbox(tmp_path: Path) -> None:
         assert all(p.is_dir() for p in made), made
         got = ini.receive("sandboxed1", ["m_a"], 60)["m_a"]
         ini.close()
-        _wait_for(  # the leg's rule ran: its executor is released at once, not at the task's deadline
-            "the leg's executor to be released after its rule ran",
+        wait_until(  # the leg's rule ran: its executor is released at once, not at the task's deadline
             lambda: not any(Path(f"/proc/{p}").exists() for p in executors) and not any(p.exists() for p in made),
-            timeout_s=15,
+            15,
+            "the leg's executor to be released after its rule ran",
         )
         col = dep.splits[0][:, dep.names.index("mean_radius")]
         assert got["outcome"] == "result" and got["result"]["columns"]["mean_radius"]["sum"] == pytest.approx(col.sum())
     finally:
         dep.stop_all()
-    _wait_for(
-        "the party's executor to be gone after the party stopped",
+    wait_until(
         lambda: not any(Path(f"/proc/{p}").exists() for p in executors),
-        timeout_s=15,
+        15,
+        "the party's executor to be gone after the party stopped",
     )
     assert not [p for p in made if p.exists()], made
 

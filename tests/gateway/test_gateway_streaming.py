@@ -15,6 +15,7 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 from gateway_harness import Deployment
+from helpers import wait_until
 
 from trainmaster.gateway.crypto.chunks import ChunkOpener, ChunkSealer, abort_frame, aborted
 from trainmaster.gateway.crypto.envelope import EnvelopeError
@@ -108,15 +109,6 @@ def _expected(dep: Deployment, party: str) -> dict[str, Any]:
 def _commits(dep: Deployment, party: str, task_id: str, data_id: str) -> int:
     """Completed runs of a leg's rule, as its executor committed them."""
     return len(read_commits(Path(dep.cfg(party).state_dir) / "legs" / task_id / data_id / "commit"))
-
-
-def _wait(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def test_large_result_stays_at_its_party_and_streams_through_the_gateway_equal(big: Deployment) -> None:
@@ -214,7 +206,7 @@ def test_gateway_killed_mid_input_resumes_from_the_partys_last_commit(big: Deplo
     assert ini.create_task("in3", [spec], deadline_s=600)["big"]["ok"]
     arriving = Path(big.cfg("a").state_dir) / "legs" / "in3" / "big" / "input"
     thread, box = _in_background(lambda: ini.send_input("in3", "big", source, deadline=time.time() + 240))
-    _wait(
+    wait_until(
         lambda: (arriving.exists() and arriving.stat().st_size > 8 << 20) or not thread.is_alive(),
         120,
         "8 MB of the input at the party",
@@ -248,7 +240,7 @@ def test_killed_mid_fetch_the_initiator_resumes_where_it_broke_off(big: Deployme
         )
     )
     part = big.root / "results" / "initiator" / task / "big.json.part"
-    _wait(lambda: part.exists() and part.stat().st_size > 2 << 20, 120, "2 MB of the result at the initiator")
+    wait_until(lambda: part.exists() and part.stat().st_size > 2 << 20, 120, "2 MB of the result at the initiator")
     big.kill(victim)
     time.sleep(0.5)
     big.start(victim)

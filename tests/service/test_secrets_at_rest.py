@@ -19,7 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server_process import ServerProcess, free_port
+from helpers import free_port
+from server_process import ServerProcess
 from trainmaster.service.dashboard.access import is_loopback
 
 pytestmark = pytest.mark.timeout(240)

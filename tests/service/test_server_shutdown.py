@@ -57,7 +57,7 @@ def test_a_detached_server_removes_its_pid_file_when_it_exits(tmp_path: Path) ->
     import subprocess
     import sys
 
-    from server_process import free_port
+    from helpers import free_port
 
     home = tmp_path / "home"
     env = {**os.environ, "TRAINMASTER_HOME": str(home), "TRAINMASTER_DB": f"sqlite:///{tmp_path / 'store.db'}"}

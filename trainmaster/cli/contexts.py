@@ -48,10 +48,6 @@ class Remote:
     server: str
     token: str | None = None
 
-    def headers(self) -> dict[str, str]:
-        """What every request to the service carries."""
-        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
-
 
 def contexts_path() -> Path:
     from trainmaster.store.db import home

@@ -2,7 +2,7 @@
 
 A command whose own docstring already ends with examples is not listed here. Every line is a
 command a user can paste from the root of a clone (files from ``examples/``), which is what the
-test of every command's help checks for (tests/test_cli_help.py).
+test of every command's help checks for (tests/cli/test_cli_help.py).
 """
 
 from __future__ import annotations

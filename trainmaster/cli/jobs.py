@@ -6,7 +6,7 @@ import json
 import signal
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional
+from typing import TYPE_CHECKING, Annotated, Callable, Optional
 
 import typer
 from rich.console import Console
@@ -16,7 +16,8 @@ from trainmaster.cli.output import console
 from trainmaster.errors import UserError
 
 if TYPE_CHECKING:  # the facade imports the controller and the store: only when a verb runs
-    from trainmaster.api import DryRun, RunResult, Trainmaster
+    from trainmaster.api import DryRun, LocalTrainmaster, RunResult
+    from trainmaster.client import JobStatus
     from trainmaster.backends.base import Backend
 
 FileArg = Annotated[
@@ -187,15 +188,15 @@ def run(
     err = console(stderr=True, highlight=False)
     for path in loaded.ignored:
         err.print(f"[yellow]ignored:[/] {path}")
-    from trainmaster.api import RunOptions, Trainmaster
+    from trainmaster.api import LocalTrainmaster, RunOptions
 
     if dry_run:
-        print_dry_run(Trainmaster.dry_run(loaded, backend))
+        print_dry_run(LocalTrainmaster.dry_run(loaded, backend))
         return
 
     options = RunOptions(backend=backend, interval=interval, grace=grace, cpus=cpus, ray_address=ray_address)
     result = _follow(
-        Trainmaster.open(db), lambda facade, ticks, cancel: facade.run(loaded, options, ticks, cancel), json_out
+        LocalTrainmaster.open(db), lambda facade, ticks, cancel: facade.run(loaded, options, ticks, cancel), json_out
     )
     raise typer.Exit(0 if result.succeeded else 1)
 
@@ -219,8 +220,8 @@ def print_dry_run(plan: DryRun) -> None:
 
 
 def _follow(
-    facade: Trainmaster,
-    drive: Callable[[Trainmaster, Callable[[int], None], Callable[[], bool]], RunResult],
+    facade: LocalTrainmaster,
+    drive: Callable[[LocalTrainmaster, Callable[[int], None], Callable[[], bool]], RunResult],
     json_out: bool,
 ) -> RunResult:
     """Run ``drive`` (the facade's ``run`` or ``resume``) showing the job's status as it goes;
@@ -240,7 +241,7 @@ def _follow(
         signal.signal(sig, request_stop)
     shown = {"events": 0}
 
-    def print_new_events(status: dict[str, Any]) -> None:
+    def print_new_events(status: JobStatus) -> None:
         events = status["events"]
         for ev in events[shown["events"] :]:
             print(event_line(ev), flush=True)
@@ -280,18 +281,18 @@ def resume(
 ) -> None:
     """Take over a job whose `trainmaster run` ended before it (kill -9, out of memory) and run it
     to its end: live instances are re-adopted, ended ones handled by their restart policy."""
-    from trainmaster.api import RunOptions, Trainmaster
+    from trainmaster.api import LocalTrainmaster, RunOptions
 
     options = RunOptions(interval=interval, grace=grace, ray_address=ray_address)
     result = _follow(
-        Trainmaster.open(db), lambda facade, ticks, cancel: facade.resume(job, options, ticks, cancel), json_out
+        LocalTrainmaster.open(db), lambda facade, ticks, cancel: facade.resume(job, options, ticks, cancel), json_out
     )
     raise typer.Exit(0 if result.succeeded else 1)
 
 
-def _print_result(out: Console, final: dict) -> None:  # type: ignore[type-arg]
+def _print_result(out: Console, final: JobStatus) -> None:
     out.print(f"job {final['name']} (id {final['id']}) {final['state']}: {final['message']}")
-    metrics = Path(final["runDir"]) / "output" / "metrics.json"
+    metrics = Path(final["runDir"] or ".") / "output" / "metrics.json"  # a run's job always has its folder
     if metrics.is_file():
         out.print(f"result: {metrics.read_text().strip()}")
     for inst in final["instances"]:

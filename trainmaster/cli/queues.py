@@ -47,11 +47,11 @@ class HttpQueues:
     """The queue verbs of a controller service."""
 
     def __init__(self, server: str | None, context: str | None):
-        from trainmaster.cli.remote import HttpJobs
+        from trainmaster.cli.remote import connect
 
         remote = resolve(server, context)
         assert remote is not None
-        self.http = HttpJobs(remote)
+        self.http = connect(remote)
 
     def save(self, spec: QueueSpec, replace: bool) -> dict[str, Any]:
         body = spec.dump()
@@ -76,9 +76,9 @@ class LocalQueues:
     """The queue verbs on the local store (a server reconciling it applies them in its next pass)."""
 
     def __init__(self, db: str | None, existing: bool):
-        from trainmaster.api import Trainmaster
+        from trainmaster.api import LocalTrainmaster
 
-        self.jobs = Trainmaster.open(db, existing=existing)
+        self.jobs = LocalTrainmaster.open(db, existing=existing)
         self.sessions = self.jobs.sessions
 
     def save(self, spec: QueueSpec, replace: bool) -> dict[str, Any]:

@@ -7,9 +7,10 @@ controller service over HTTP; otherwise on the local store (``--db`` / ``$TRAINM
 be looked at, scaled and cancelled without any server. ``submit`` always needs a server: a job in
 the store runs only when a controller reconciles it.
 
-Every request to a service goes through :class:`HttpJobs`, whose one HTTP client carries the
-token (:meth:`trainmaster.cli.contexts.Remote.headers`); state changes send JSON, as the service
-requires of every client (a browser's cross-site form cannot).
+Both are the client protocol :class:`trainmaster.client.Trainmaster`: the verbs below take one
+and cannot tell which (:class:`trainmaster.client.remote.RemoteTrainmaster` carries the token of
+the context or ``$TRAINMASTER_TOKEN``; :class:`trainmaster.api.LocalTrainmaster` opens the store),
+so a verb prints and exits the same with or without a server.
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ import json
 import os
 from enum import Enum
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional, Union
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.table import Table
@@ -28,13 +28,12 @@ from rich.table import Table
 from trainmaster.cli.contexts import ContextOpt, Remote, resolve
 from trainmaster.cli.jobs import DbOpt
 from trainmaster.cli.output import console
+from trainmaster.client.results import ENDED
 from trainmaster.errors import UserError
 
 if TYPE_CHECKING:
-    from trainmaster.api import CancelResult, JobRef, ScaleResult, SuspendResult, Trainmaster
-
-
-ENDED = frozenset({"succeeded", "failed", "cancelled"})
+    from trainmaster.client import Trainmaster
+    from trainmaster.client.remote import RemoteTrainmaster
 
 
 class WaitFor(str, Enum):
@@ -61,159 +60,23 @@ ServerOpt = Annotated[
 JobArg = Annotated[str, typer.Argument(help="Job name (most recent of that name) or id.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
-#: HTTP statuses that mean the user asked for something wrong (exit 2, like any usage error):
-#: unknown job or instance, a verb the job's state forbids, an invalid or oversized request.
-USER_MISTAKES = {404, 409, 413, 422}
 
-
-class ServiceUnreachable(UserError):
-    """No controller service answers at the URL."""
-
-
-class HttpJobs:
-    """The job verbs of a controller service, answering like :class:`trainmaster.api.Trainmaster`."""
-
-    def __init__(self, remote: Remote):
-        import httpx
-
-        self.server = remote.server
-        # the one client of every request: its headers carry the token
-        self.http = httpx.Client(base_url=self.server, headers=remote.headers(), timeout=30)
-
-    def _fail_unreachable(self, exc: Exception) -> UserError:
-        return ServiceUnreachable(
-            f"cannot reach the controller service at {self.server} ({exc}); start one with "
-            "`trainmaster server`, pass another --server URL, or drop --server and "
-            "$TRAINMASTER_SERVER to use the local store"
-        )
-
-    def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        import httpx
-
-        if method != "GET" and "json" not in kwargs:
-            kwargs["json"] = {}  # a state change is JSON, even when it says nothing more
-        try:
-            response = self.http.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
-            raise self._fail_unreachable(exc) from None
-        _raise_for(response)
-        return response.json()
-
-    def submit(self, document: dict[str, Any], lenient: bool) -> dict[str, Any]:
-        return self.request("POST", "/api/v1/jobs", json=document, params={"lenient": "true"} if lenient else None)  # type: ignore[no-any-return]
-
-    def list_jobs(self) -> list[dict[str, Any]]:
-        return self.request("GET", "/api/v1/jobs")  # type: ignore[no-any-return]
-
-    def status(self, ref: str, events: int = 50) -> dict[str, Any]:
-        return self.request("GET", f"/api/v1/jobs/{ref}", params={"events": events})  # type: ignore[no-any-return]
-
-    def wait(self, ref: str, timeout: float, states: frozenset[str] | None = None, poll: float = 0.5) -> JobRef:
-        """As :meth:`trainmaster.api.Trainmaster.wait` (default: until the job ends), over HTTP."""
-        import time
-
-        from trainmaster.api import JobRef, WaitTimedOut
-
-        wanted = states or ENDED
-        deadline = time.monotonic() + timeout
-        while True:
-            found = self.status(ref, events=0)
-            if found["state"] in wanted:
-                return JobRef(found["id"], found["name"], found["state"])
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise WaitTimedOut(
-                    f"job {found['name']} (id {found['id']}) still {found['state']} after "
-                    f"{timeout:g} s (waited for: {', '.join(sorted(wanted))})"
-                )
-            time.sleep(min(poll, left))
-
-    def cancel(self, ref: str) -> CancelResult:
-        from trainmaster.api import CancelResult
-
-        reply = self.request("POST", f"/api/v1/jobs/{ref}/cancel")
-        return CancelResult(reply["id"], reply["cancelRequested"], "the service stops every instance")
-
-    def scale(self, ref: str, role: str, replicas: int) -> ScaleResult:
-        from trainmaster.api import ScaleResult
-
-        reply = self.request("POST", f"/api/v1/jobs/{ref}/scale", json={"role": role, "replicas": replicas})
-        return ScaleResult(reply["id"], reply["role"], reply["replicas"])
-
-    def suspend(self, ref: str, suspend: bool = True) -> SuspendResult:
-        from trainmaster.api import SuspendResult
-
-        reply = self.request("POST", f"/api/v1/jobs/{ref}/{'suspend' if suspend else 'unsuspend'}")
-        return SuspendResult(reply["id"], reply["suspended"], reply["changed"])
-
-    def delete(self, ref: str) -> int:
-        return int(self.request("DELETE", f"/api/v1/jobs/{ref}")["id"])
-
-    def read_log(self, ref: str, role: str | None, index: int, follow: bool) -> Iterator[bytes]:
-        import httpx
-
-        params: dict[str, Any] = {"index": index, "follow": follow}
-        if role:
-            params["role"] = role
-        try:
-            # no read timeout while following: the stream is quiet while the instance is
-            with self.http.stream(
-                "GET",
-                f"/api/v1/jobs/{ref}/logs",
-                params=params,
-                timeout=httpx.Timeout(30, read=None if follow else 30),
-            ) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    _raise_for(response)
-                yield from response.iter_bytes()
-        except httpx.HTTPError as exc:
-            raise self._fail_unreachable(exc) from None
-
-    def tail(self, ref: str, role: str | None, index: int, lines: int) -> str:
-        import httpx
-
-        params: dict[str, Any] = {"index": index, "tail": lines, **({"role": role} if role else {})}
-        try:
-            response = self.http.get(f"/api/v1/jobs/{ref}/logs", params=params)
-        except httpx.HTTPError as exc:
-            raise self._fail_unreachable(exc) from None
-        _raise_for(response)
-        return response.text
-
-
-def _raise_for(response: Any) -> None:
-    """A reply of 400 or more as a :class:`UserError` with the service's own words."""
-    if response.status_code < 400:
-        return
-    body = response.json() if response.headers.get("content-type", "").startswith("application/json") else {}
-    if not isinstance(body, dict):
-        body = {}
-    if response.status_code == 422:
-        details = body.get("details") or [json.dumps(d) for d in body.get("detail", [])]
-        raise UserError(body.get("error", "the controller rejected the request"), details)
-    if response.status_code == 401:
-        raise UserError(
-            f"{body.get('error') or 'the service needs a token'}: give it with $TRAINMASTER_TOKEN, "
-            "$TRAINMASTER_TOKEN_FILE or a context (`trainmaster context add NAME --server URL --token-file FILE`)"
-        )
-    detail = body.get("detail") or body.get("error") or response.text
-    if response.status_code == 404:
-        from trainmaster.api import JobNotFound
-
-        raise JobNotFound(str(detail))
-    raise UserError(str(detail), exit_code=2 if response.status_code in USER_MISTAKES else 1)
-
-
-def _jobs(server: str | None, db: str | None, context: str | None = None) -> Union[HttpJobs, Trainmaster]:
+def _jobs(server: str | None, db: str | None, context: str | None = None) -> Trainmaster:
     """The service named by ``server``/``context`` (or the current context), else the local
-    store (which must exist)."""
+    store (which must exist): the same verbs either way."""
     remote = resolve(server, context)
     if remote is not None:
-        return HttpJobs(remote)
-    from trainmaster.api import Trainmaster
+        return connect(remote)
+    from trainmaster.api import LocalTrainmaster
 
-    return Trainmaster.open(db, existing=True)
+    return LocalTrainmaster.open(db, existing=True)
+
+
+def connect(remote: Remote) -> RemoteTrainmaster:
+    """The client of ``remote``'s service, carrying its token."""
+    from trainmaster.client.remote import RemoteTrainmaster
+
+    return RemoteTrainmaster(remote.server, remote.token)
 
 
 def submit(
@@ -241,7 +104,9 @@ def submit(
     from trainmaster.spec.load import read_document
 
     document = read_document(file)
-    jobs = HttpJobs(resolve(server, context) or resolve(default_server(), None) or Remote(default_server()))
+    from trainmaster.client import ServiceUnreachable
+
+    jobs = connect(resolve(server, context) or resolve(default_server(), None) or Remote(default_server()))
     try:
         reply = jobs.submit(document, lenient)
     except ServiceUnreachable:
@@ -250,9 +115,9 @@ def submit(
             f"start one with `trainmaster server`, pass --server URL or --context NAME, or run the job here "
             f"with `trainmaster job run {file}`"
         ) from None
-    for path in reply.get("ignored", []):
+    for path in reply.ignored:
         console(stderr=True).print(f"[yellow]ignored:[/] {path}", highlight=False)
-    print(f"submitted job {reply['name']} (id {reply['id']})")
+    print(f"submitted job {reply.name} (id {reply.id})")
 
 
 def list_jobs(
@@ -265,7 +130,9 @@ def list_jobs(
         return
     table = Table("id", "name", "state", "reason", "queue", "created")
     for job in jobs:
-        table.add_row(str(job["id"]), job["name"], job["state"], job["reason"], job["queue"], job["createdAt"][:19])
+        table.add_row(
+            str(job["id"]), job["name"], job["state"], job["reason"], job["queue"], (job["createdAt"] or "")[:19]
+        )
     console().print(table)
 
 
@@ -335,7 +202,7 @@ def wait(
     """
     import time
 
-    from trainmaster.api import JobNotFound, StoreMissing
+    from trainmaster.client import JobNotFound, StoreMissing
 
     states = ENDED if until is WaitFor.END else ENDED | {"running"}
     deadline = time.monotonic() + timeout
@@ -391,9 +258,7 @@ def unsuspend(job: JobArg, server: ServerOpt = None, db: DbOpt = None, context: 
 
 def delete(job: JobArg, server: ServerOpt = None, db: DbOpt = None, context: ContextOpt = None) -> None:
     """Delete an ended job and its records (cancel a running one first)."""
-    jobs = _jobs(server, db, context)
-    deleted = jobs.delete(job)
-    print(f"job {deleted if isinstance(deleted, int) else deleted.id} deleted")
+    print(f"job {_jobs(server, db, context).delete(job).id} deleted")
 
 
 def register(app: typer.Typer) -> None:

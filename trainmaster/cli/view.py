@@ -9,13 +9,17 @@ the width ends in an ellipsis instead of pushing the layout down.
 from __future__ import annotations
 
 import signal
+from collections.abc import Mapping
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
+
+if TYPE_CHECKING:
+    from trainmaster.client import JobStatus
 
 STATE_STYLE = {
     "succeeded": "green",
@@ -47,7 +51,7 @@ def _state(value: str) -> Text:
     return Text(value, style=STATE_STYLE.get(value, ""))
 
 
-def elapsed(status: dict[str, Any], now: datetime | None = None) -> str:
+def elapsed(status: JobStatus, now: datetime | None = None) -> str:
     """Time since the job started (or was created), until it completed."""
     since = status.get("startedAt") or status.get("createdAt")
     if not since:
@@ -64,7 +68,7 @@ def elapsed(status: dict[str, Any], now: datetime | None = None) -> str:
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
-def role_progress(status: dict[str, Any], role: str) -> tuple[float | None, dict[str, float]]:
+def role_progress(status: JobStatus, role: str) -> tuple[float | None, dict[str, float]]:
     """The role's mean progress (0..1) over instances that reported a total, and the latest
     metric values of its first reporting instance."""
     fractions: list[float] = []
@@ -94,7 +98,7 @@ def _progress_cell(fraction: float | None, latest: dict[str, float], width: int)
     return text
 
 
-def render_status(status: dict[str, Any], events: int = 8, width: int = 80, height: int = 24) -> Group:
+def render_status(status: JobStatus, events: int = 8, width: int = 80, height: int = 24) -> Group:
     """The job's status laid out for a ``width`` x ``height`` terminal."""
     head = Text(no_wrap=True, overflow="ellipsis")
     head.append(f"job {status['name']} (id {status['id']}) ", style="bold")
@@ -176,7 +180,7 @@ def render_status(status: dict[str, Any], events: int = 8, width: int = 80, heig
     return Group(*parts)
 
 
-def exit_text(inst: dict[str, Any]) -> str:
+def exit_text(inst: Mapping[str, Any]) -> str:
     """An instance's exit code; for one the controller stopped, the signal it was stopped with
     (its exit says how it was ended, not how its program did: 143 is SIGTERM's)."""
     code = inst["exitCode"]

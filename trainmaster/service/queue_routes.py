@@ -12,7 +12,7 @@ from typing import Annotated, Any
 from fastapi import Body, FastAPI, HTTPException
 from fastapi import Path as PathParam
 
-from trainmaster.api import Trainmaster
+from trainmaster.api import LocalTrainmaster
 from trainmaster.controller import Controller
 from trainmaster.controller.quota_status import explain, queue_view, queue_views
 from trainmaster.errors import UserError
@@ -26,7 +26,7 @@ QueueName = Annotated[str, PathParam(min_length=1, max_length=63, description="Q
 JobRef = Annotated[str, PathParam(min_length=1, max_length=63, description="Job name, uid or id")]
 
 
-def register_queue_routes(app: FastAPI, controller: Controller, jobs: Trainmaster) -> None:
+def register_queue_routes(app: FastAPI, controller: Controller, jobs: LocalTrainmaster) -> None:
     """Add the queue and explain routes to the service's app."""
     sessions = controller.sessions
 

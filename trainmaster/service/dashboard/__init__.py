@@ -8,6 +8,6 @@ thousand idle tabs cost one query per tick, not a thousand.
 """
 
 from trainmaster.service.dashboard.access import AccessOptions
-from trainmaster.service.dashboard.routes import mount_dashboard
+from trainmaster.service.dashboard.mount import mount_dashboard
 
 __all__ = ["AccessOptions", "mount_dashboard"]

@@ -1,4 +1,4 @@
-"""Mechanisms: the application facade (``trainmaster.api.Trainmaster``) that the CLI's job verbs
+"""Mechanisms: the application facade (``trainmaster.api.LocalTrainmaster``) that the CLI's job verbs
 and the REST handlers share (run to the end with a tick callback, list, status, wait, logs as a
 bounded tail and a follow iterator, cancel, scale, delete, errors as typed user errors), and
 fresh reasons: an instance the controller stopped says ``Stopped`` and why, never the
@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from controller_harness import Harness, job, py
-from trainmaster.api import JobConflict, JobNotFound, RunOptions, Trainmaster, WaitTimedOut
+from trainmaster.api import LocalTrainmaster, RunOptions
+from trainmaster.client import JobNotFound, WaitTimedOut
+from trainmaster.errors import JobConflict
 from trainmaster.errors import UserError
 from trainmaster.loading import load_document
 from trainmaster.store.ownership import RUN_PREFIX
@@ -24,11 +26,11 @@ SLEEPER = "import time; print('up', flush=True); time.sleep(60)"
 
 
 @pytest.fixture
-def facade(harness: Harness) -> Trainmaster:
-    return Trainmaster(harness.sessions, harness.url)
+def facade(harness: Harness) -> LocalTrainmaster:
+    return LocalTrainmaster(harness.sessions, harness.url)
 
 
-def _wait_running(facade: Trainmaster, harness: Harness, job_id: int, instances: int) -> None:
+def _wait_running(facade: LocalTrainmaster, harness: Harness, job_id: int, instances: int) -> None:
     """Step the harness's controller until ``instances`` instances of the job run (at most 60 s)."""
     import time
 
@@ -42,7 +44,7 @@ def _wait_running(facade: Trainmaster, harness: Harness, job_id: int, instances:
     raise AssertionError(f"job {job_id}: fewer than {instances} instance(s) running after 60 s")
 
 
-def _wait_logged(facade: Trainmaster, job_id: int, text: str) -> None:
+def _wait_logged(facade: LocalTrainmaster, job_id: int, text: str) -> None:
     """Wait (at most 60 s) until instance w-0's log holds ``text``."""
     import time
 
@@ -52,7 +54,7 @@ def _wait_logged(facade: Trainmaster, job_id: int, text: str) -> None:
         time.sleep(0.05)
 
 
-def test_run_ticks_then_reads_back_through_every_verb(facade: Trainmaster, tmp_path: Path) -> None:
+def test_run_ticks_then_reads_back_through_every_verb(facade: LocalTrainmaster, tmp_path: Path) -> None:
     ticks: list[int] = []
     loaded = load_document(job("lines", [{"name": "talk", "replicas": 2, "command": py(LINES)}]))
     result = facade.run(loaded, RunOptions(interval=0.1, grace=2), on_tick=ticks.append)
@@ -70,7 +72,7 @@ def test_run_ticks_then_reads_back_through_every_verb(facade: Trainmaster, tmp_p
         facade.status("lines")
 
 
-def test_unknown_references_and_forbidden_verbs_are_user_errors(facade: Trainmaster, harness: Harness) -> None:
+def test_unknown_references_and_forbidden_verbs_are_user_errors(facade: LocalTrainmaster, harness: Harness) -> None:
     for ref in ("nope", "²", "9" * 30):
         with pytest.raises(JobNotFound):
             facade.status(ref)
@@ -91,7 +93,7 @@ def test_unknown_references_and_forbidden_verbs_are_user_errors(facade: Trainmas
     assert facade.cancel(job_id).cancel_requested
 
 
-def test_follow_streams_until_the_instance_ends(facade: Trainmaster, harness: Harness) -> None:
+def test_follow_streams_until_the_instance_ends(facade: LocalTrainmaster, harness: Harness) -> None:
     job_id = harness.submit(job("follow", [{"name": "w", "command": py(SLEEPER)}]))
     _wait_running(facade, harness, job_id, 1)
     chunks: list[bytes] = []
@@ -127,7 +129,7 @@ def _set_owner(harness: Harness, job_id: int, owner: str) -> None:
         session.commit()
 
 
-def test_stopped_instances_say_stopped_and_why_not_running(facade: Trainmaster, harness: Harness) -> None:
+def test_stopped_instances_say_stopped_and_why_not_running(facade: LocalTrainmaster, harness: Harness) -> None:
     """The stale-reason fix: the controller's ``_stop_instances`` gives every instance it stops
     the reason ``Stopped`` and the cause (scaled down, the job cancelled)."""
     job_id = harness.submit(job("stale", [{"name": "w", "replicas": 2, "command": py(SLEEPER)}]))
@@ -148,7 +150,7 @@ def test_stopped_instances_say_stopped_and_why_not_running(facade: Trainmaster, 
     assert any("the job cancelled" in i["message"] for i in status["instances"])
 
 
-def test_a_log_larger_than_one_chunk_is_read_whole(facade: Trainmaster) -> None:
+def test_a_log_larger_than_one_chunk_is_read_whole(facade: LocalTrainmaster) -> None:
     """Logs are read in 64 KiB chunks: every chunk comes, in order, following or not."""
     code = "import sys\nfor i in range(20000): print(f'{i:09d}')\n"  # 200,000 bytes
     loaded = load_document(job("big", [{"name": "w", "command": py(code)}]))
@@ -160,8 +162,8 @@ def test_a_log_larger_than_one_chunk_is_read_whole(facade: Trainmaster) -> None:
     assert facade.tail("big", "w", 0, lines=1) == "000019999\n"
 
 
-def test_submit_is_the_one_way_in_names_unique_among_active_jobs(facade: Trainmaster, harness: Harness) -> None:
-    """``Trainmaster.submit``: the REST API, the dashboard, ``run`` and the tests all queue a job
+def test_submit_is_the_one_way_in_names_unique_among_active_jobs(facade: LocalTrainmaster, harness: Harness) -> None:
+    """``LocalTrainmaster.submit``: the REST API, the dashboard, ``run`` and the tests all queue a job
     here. With unique names (the server's), a second active job of a name is a NameTaken
     conflict (HTTP 409) until the first has ended; ``load`` refuses a job that names another
     backend than the controller's, with the field path."""

@@ -1,11 +1,6 @@
 """The ``trainmaster`` entry point: help everywhere, user errors as messages and exit codes."""
 
-import subprocess
-import sys
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trainmaster", *args], capture_output=True, text=True, timeout=120)
+from helpers import run_cli
 
 
 def test_help_lists_commands() -> None:

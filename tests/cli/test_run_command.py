@@ -158,7 +158,7 @@ def test_an_agent_refusal_is_one_line_and_recorded_on_the_job_never_a_traceback(
     line that says what happened and how to carry on, and the job records why (an event and its
     reason), instead of a traceback through the controller."""
     from controller_harness import stop_agent
-    from trainmaster.api import Trainmaster
+    from trainmaster.api import LocalTrainmaster
 
     spec = {
         "apiVersion": "trainmaster/v1",
@@ -191,7 +191,7 @@ def test_an_agent_refusal_is_one_line_and_recorded_on_the_job_never_a_traceback(
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: job refused (id 1) left "), out.stderr
         assert "No such device" in lines[0] and "trainmaster job resume 1" in lines[0], lines[0]
-        status = Trainmaster.open(db).status("refused", events=200)
+        status = LocalTrainmaster.open(db).status("refused", events=200)
         failed = [e for e in status["events"] if e["reason"] == "BackendFailed"]
         assert failed and failed[-1]["type"] == "Warning" and "No such device" in failed[-1]["message"]
         assert status["reason"] == "BackendFailed" and "trainmaster resume 1" in status["message"]

@@ -3,24 +3,18 @@ for the API tests: requests cross a real socket and the real ASGI stack."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from pathlib import Path
 
 import uvicorn
+from helpers import free_port
 
 from trainmaster.backends.local import LocalBackend
 from trainmaster.controller import Controller
 from trainmaster.service.app import ServiceOptions, create_app
 from trainmaster.service.draining import DrainingServer
 from trainmaster.store.db import make_engine, session_factory
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ThreadedServer:

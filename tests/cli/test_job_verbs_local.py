@@ -17,7 +17,8 @@ import httpx
 import pytest
 import yaml
 
-from server_process import ServerProcess, free_port
+from helpers import free_port
+from server_process import ServerProcess
 
 pytestmark = pytest.mark.timeout(180)
 

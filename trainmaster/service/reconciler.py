@@ -1,0 +1,59 @@
+"""The service's reconcile thread: :meth:`Controller.step` every interval, only while this
+server leads when several share one store."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from sqlalchemy.exc import OperationalError
+
+from trainmaster.controller import Controller
+from trainmaster.controller.backoff import StoreBackoff
+from trainmaster.controller.leader import LeaderElector, LeaseLost
+
+log = logging.getLogger("trainmaster.service")
+
+
+class Reconciler(threading.Thread):
+    """Runs :meth:`Controller.step` every interval until stopped; with an ``elector`` (several
+    servers on one store) only while this server leads, recovering first each time it takes over."""
+
+    def __init__(self, controller: Controller, elector: LeaderElector | None = None):
+        super().__init__(name="reconcile", daemon=True)
+        self.controller = controller
+        self.elector = elector
+        self.stopping = threading.Event()
+        self.error: str | None = None
+
+    def run(self) -> None:
+        recovered = False
+        backoff = StoreBackoff(self.controller.interval)
+        self.controller.backend.watch_exits(self.controller.wake)  # an instance's end wakes the loop
+        while not self.stopping.is_set():
+            if self.elector is not None and not self.elector.leading:
+                recovered = False  # a standby: the leader reconciles
+                self.elector.elected.wait(self.controller.interval)
+                continue
+            delay = self.controller.interval
+            try:
+                if not recovered:
+                    self.controller.recover()  # re-adopt what the previous leader (or we) started
+                    recovered = True
+                self.controller.step()
+                backoff.succeeded()
+                self.error = None
+            except LeaseLost as exc:
+                log.warning("reconcile pass rolled back: %s", exc)
+                recovered = False
+            except OperationalError as exc:  # the store is away: back off, say so on /healthz
+                delay = backoff.failed(exc)
+                self.error = backoff.condition
+            except Exception as exc:  # keep reconciling; surface the error on /healthz and in the log
+                log.exception("reconcile pass failed")
+                self.error = f"{type(exc).__name__}: {exc}"
+            self.controller.wait_for_work(delay)  # a submit, cancel or scale wakes it at once
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.controller.wake()
