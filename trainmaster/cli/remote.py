@@ -29,6 +29,7 @@ from trainmaster.cli.contexts import ContextOpt, Remote, resolve
 from trainmaster.cli.jobs import DbOpt
 from trainmaster.cli.output import console
 from trainmaster.errors import UserError
+from trainmaster.store.listing import JobFilter, JobPage
 
 if TYPE_CHECKING:
     from trainmaster.api import CancelResult, JobRef, ScaleResult, SuspendResult, Trainmaster
@@ -102,8 +103,9 @@ class HttpJobs:
     def submit(self, document: dict[str, Any], lenient: bool) -> dict[str, Any]:
         return self.request("POST", "/api/v1/jobs", json=document, params={"lenient": "true"} if lenient else None)  # type: ignore[no-any-return]
 
-    def list_jobs(self) -> list[dict[str, Any]]:
-        return self.request("GET", "/api/v1/jobs")  # type: ignore[no-any-return]
+    def list_jobs(self, where: JobFilter | None = None, limit: int = 500, after: str | None = None) -> JobPage:
+        params = {**(where or JobFilter()).params(), "limit": limit, **({"continue": after} if after else {})}
+        return JobPage.from_dict(self.request("GET", "/api/v1/jobs", params=params))
 
     def status(self, ref: str, events: int = 50) -> dict[str, Any]:
         return self.request("GET", f"/api/v1/jobs/{ref}", params={"events": events})  # type: ignore[no-any-return]
@@ -256,10 +258,25 @@ def submit(
 
 
 def list_jobs(
-    server: ServerOpt = None, db: DbOpt = None, context: ContextOpt = None, json_out: JsonOpt = False
+    state: Annotated[
+        Optional[str], typer.Option(help="Only jobs in this state (pending, running, succeeded...).")
+    ] = None,
+    queue: Annotated[Optional[str], typer.Option(help="Only jobs of this queue.")] = None,
+    name: Annotated[Optional[str], typer.Option(help="Only jobs of this name.")] = None,
+    label: Annotated[
+        Optional[list[str]], typer.Option(help="KEY=VALUE: only jobs with this label (repeatable: all must hold).")
+    ] = None,
+    limit: Annotated[Optional[int], typer.Option(min=1, help="Show at most this many jobs (default: all).")] = None,
+    server: ServerOpt = None,
+    db: DbOpt = None,
+    context: ContextOpt = None,
+    json_out: JsonOpt = False,
 ) -> None:
-    """List jobs and their states."""
-    jobs = _jobs(server, db, context).list_jobs()
+    """List jobs and their states, oldest first, read page by page.
+
+    Examples: `trainmaster job list --state running`, `trainmaster job list --queue team-a --label owner=ana`."""
+    where = JobFilter.parse(state or "", queue or "", name or "", label or [])
+    jobs = list_all(_jobs(server, db, context), where, limit)
     if json_out:
         print(json.dumps(jobs, indent=2))
         return
@@ -267,6 +284,19 @@ def list_jobs(
     for job in jobs:
         table.add_row(str(job["id"]), job["name"], job["state"], job["reason"], job["queue"], job["createdAt"][:19])
     console().print(table)
+
+
+def list_all(source: Any, where: JobFilter, most: int | None) -> list[dict[str, Any]]:
+    """The jobs ``where`` keeps, following the list's pages (at most ``most``)."""
+    found: list[dict[str, Any]] = []
+    after: str | None = None
+    while most is None or len(found) < most:
+        page = source.list_jobs(where, min(500, most - len(found)) if most else 500, after)
+        found += page.items
+        after = page.next
+        if after is None:
+            break
+    return found
 
 
 def status(

@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Annotated, Any, AsyncIterator
 
-from fastapi import Body, FastAPI, Query, Request
+from fastapi import Body, Depends, FastAPI, Query, Request
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
@@ -39,6 +39,7 @@ from trainmaster.controller.leader import LeaderElector, LeaseLost
 from trainmaster.service.dashboard import AccessOptions, mount_dashboard
 from trainmaster.service.dashboard.errors import error_page
 from trainmaster.service.draining import Draining
+from trainmaster.service.joblist import JobListQuery, job_list_query, list_or_watch
 from trainmaster.errors import UserError
 from trainmaster.service.apidocs import mount_api_docs
 from trainmaster.service.limits import BodyLimit, RequestLimits
@@ -243,8 +244,9 @@ def create_app(
         return {"id": job_id, "name": loaded.job.name, "ignored": loaded.ignored}
 
     @app.get(f"{API}/jobs")
-    def list_jobs() -> list[dict[str, Any]]:
-        return jobs.list_jobs()
+    def list_jobs(query: Annotated[JobListQuery, Depends(job_list_query)]) -> Response:
+        """Jobs in pages with filters, or a watch of their changes (:mod:`.joblist`)."""
+        return list_or_watch(jobs, query)
 
     @app.get(f"{API}/jobs/{{ref}}")
     def status(

@@ -157,24 +157,7 @@ def admitted_active_count(session: Session, owner: str) -> int:
     )
 
 
-def job_summaries(session: Session) -> list[dict[str, Any]]:
-    rows = session.scalars(select(JobRow).order_by(JobRow.id)).all()
-    return [
-        {
-            "id": j.id,
-            "name": j.name,
-            "state": j.state,
-            "reason": _reason(j)[0],
-            "queue": j.queue,
-            "priority": j.priority,
-            "createdAt": _iso(j.created_at),
-            "completedAt": _iso(j.completed_at),
-        }
-        for j in rows
-    ]
-
-
-def _reason(job: JobRow) -> tuple[str, str]:
+def shown_reason(job: JobRow) -> tuple[str, str]:
     """The job's reason and message, unless the ``trainmaster run`` reconciling it has died:
     then its stored state is stale, and the user is told so and how to take it over."""
     if not is_terminal(job.state) and owner_alive(job.owner) is False:
@@ -236,7 +219,7 @@ def job_status(
     recent = session.scalars(
         select(EventRow).where(EventRow.job_id == job.id).order_by(EventRow.id.desc()).limit(events)
     ).all()
-    reason, message = _reason(job)
+    reason, message = shown_reason(job)
     reported = latest_points(session, job.id)
     return {
         "id": job.id,
