@@ -15,6 +15,7 @@ from the version the list gave.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -30,6 +31,9 @@ from trainmaster.store.repository import shown_reason
 MAX_LIMIT = 1000
 DEFAULT_LIMIT = 500
 MAX_LABELS = 8
+# Kubernetes' label syntax: an optional DNS prefix and a name; a value of up to 63 characters
+LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 
 
 @dataclass(frozen=True)
@@ -53,8 +57,11 @@ class JobFilter:
         selector: dict[str, str] = {}
         for item in labels or []:
             key, sep, value = item.partition("=")
-            if not sep or not key:
-                raise UserError(f"label '{item}': expected KEY=VALUE (e.g. label=team=vision)")
+            if not sep or not LABEL_KEY.match(key) or not LABEL_VALUE.match(value):
+                raise UserError(
+                    f"label '{item[:80]}': expected KEY=VALUE with a Kubernetes label key and value "
+                    "(letters, digits, '-', '_', '.'; e.g. team=vision)"
+                )
             selector[key] = value
         if len(selector) > MAX_LABELS:
             raise UserError(f"at most {MAX_LABELS} label filters at once (got {len(selector)})")
@@ -80,7 +87,7 @@ class JobFilter:
                 JobRow.name.contains(self.name, autoescape=True) if self.name_contains else JobRow.name == self.name
             )
         for key, value in self.labels.items():
-            found.append(JobRow.spec["metadata"]["labels"][key].as_string() == value)
+            found.append(JobRow.spec[("metadata", "labels", key)].as_string() == value)
         return found
 
 
