@@ -131,6 +131,8 @@ class Controller:
         self._handles: dict[int, tuple[Any, Any]] = {}  # instance id -> (stored handle, decoded handle)
         self._last_job_reason: dict[int, str] = {}  # job id -> reason of its newest "job" event
         self._steady: dict[int, bool] = {}  # job id -> its cached spec has neither suspend nor a deadline
+        self._open: dict[int, list[repo.LiveInstance]] = {}  # admitted job -> its open instances, as last read
+        self._touched: set[int] = set()  # jobs the last pass loaded (their instances are read again)
 
     def wake(self) -> None:
         """Ask for the next reconcile pass now (a server waits up to ``interval`` otherwise)."""
@@ -229,20 +231,37 @@ class Controller:
             self._to_start, self._observed, self._events = [], {}, []  # nothing carried over from a failed pass
             changed = self._changed_jobs(session)
             free = self._free_capacity(session)
+            # instances of admitted jobs as the last pass left them, less the jobs it reconciled
+            # and those with an event since: their rows may have changed
+            known = None if changed is None else self._open
+            for job_id in self._touched | (changed or set()):
+                self._open.pop(job_id, None)
             jobs = repo.load_active_jobs(
-                session, self.owner, lambda i: changed is None or i in changed or i not in self._specs, self._handles
+                session,
+                self.owner,
+                lambda i: changed is None or i in changed or i not in self._specs,
+                self._handles,
+                known,
             ).jobs
+            if known is None:
+                self._open = {j.id: j.instances for j in jobs if isinstance(j, repo.AdmittedJob)}
             self._changed = changed
             self._spec_texts = {j.id: j.spec_text for j in jobs if isinstance(j, repo.WaitingJob) and j.spec_text}
             admitted_jobs = [j for j in jobs if isinstance(j, repo.AdmittedJob)]
             admitted = len(admitted_jobs)
             self._observe_all(admitted_jobs)
-            busy = [j.id for j in admitted_jobs if not self._quiet(j, changed)]
+            quiet = {j.id for j in admitted_jobs if self._quiet(j, changed)}
+            busy = [j.id for j in admitted_jobs if j.id not in quiet]
             # no flush before each query of the pass (a job's lazy loads, its last event): the
             # pass writes once, at its commit, instead of once per job
-            order = queues.fair_order(jobs, self.queue_weights)
+            order = queues.fair_order(
+                [j for j in jobs if j.id not in quiet],
+                self.queue_weights,
+                Counter(j.queue for j in admitted_jobs if j.id in quiet),
+            )
             with session.no_autoflush:
                 rows: dict[int, JobRow] = {j.id: j for j in repo.load_jobs(session, busy)}
+                self._touched = set()  # every job whose row this pass loads (it may write it)
                 for position, entry in enumerate(order):
                     if isinstance(entry, repo.WaitingJob):
                         if self._stays_as_it_is(entry, free, admitted):
@@ -255,10 +274,11 @@ class Controller:
                             ]
                             rows.update(repo.load_waiting_jobs(session, ahead))
                     elif entry.id not in rows:
-                        continue  # admitted and nothing changed: running as it was
+                        continue  # deleted since the pass read the queue
                     job = rows.get(entry.id)
                     if job is None:
                         continue  # deleted since the pass read the queue
+                    self._touched.add(job.id)
                     if not job.admitted and not job.cancel_requested and admitted >= self.max_jobs:
                         self._set_job_state(session, job, _queued(admitted))
                     else:
@@ -961,6 +981,10 @@ class Controller:
         """
         self._instance_channel().start(self.backend.instance_channel)
         with self._lock, self.sessions() as session:
+            # what this controller remembers of the store may be stale (another leader ran it
+            # meanwhile; instances re-found here are written): the next pass looks at every job
+            self._open.clear()
+            self._seen = None
             if self.fence:
                 self.fence(session)
             for job_id in repo.active_job_ids(session, self.owner) if job_ids is None else job_ids:

@@ -103,13 +103,20 @@ OPEN_INSTANCE_STATES = [s.value for s in InstanceState if s not in INSTANCE_TERM
 
 
 def load_active_jobs(
-    session: Session, owner: str, spec_wanted: Callable[[int], bool], handles: dict[int, tuple[Any, Any]]
+    session: Session,
+    owner: str,
+    spec_wanted: Callable[[int], bool],
+    handles: dict[int, tuple[Any, Any]],
+    known: dict[int, list[LiveInstance]] | None = None,
 ) -> ActiveJobs:
     """``owner``'s jobs not yet ended, in queue order (:func:`active_job_ids`), in three queries
     of plain columns whatever their number: the jobs; the open instances of the admitted ones;
     the stored spec (as text: no JSON decode) of the waiting ones ``spec_wanted`` asks for
     (the controller caches the rest). ``handles`` caches decoded handles by instance id (text,
-    handle): a pass over thousands of running instances decodes only the new ones."""
+    handle): a pass over thousands of running instances decodes only the new ones. ``known``:
+    the open instances of admitted jobs the caller knows unchanged since it read them (none of
+    their rows written since); only the other admitted jobs' instances are read, and ``known``
+    is updated with them (None: read every admitted job's)."""
     rows = session.execute(
         select(
             JobRow.id,
@@ -133,8 +140,9 @@ def load_active_jobs(
         else:
             waiting[job_id] = WaitingJob(job_id, queue, state, reason or "", message or "", bool(cancel), "")
             jobs.append(waiting[job_id])
-    if admitted:
-        instances = session.execute(
+    unknown = list(admitted) if known is None else [i for i in admitted if i not in known]
+    if unknown:
+        query = (
             select(InstanceRow.id, InstanceRow.job_id, InstanceRow.state, type_coerce(InstanceRow.handle, Text))
             .join(JobRow, JobRow.id == InstanceRow.job_id)
             .where(
@@ -145,13 +153,21 @@ def load_active_jobs(
             )
             .order_by(InstanceRow.id)
         )
-        for inst_id, job_id, state, text in instances:
+        if known is not None:  # only those: what changed, not what exists
+            query = query.where(InstanceRow.job_id.in_(unknown))
+        for inst_id, job_id, state, text in session.execute(query):
             if job_id in admitted:
                 admitted[job_id].instances.append(LiveInstance(inst_id, state, _handle(handles, inst_id, text)))
+    if known is not None:
+        for job_id, job in admitted.items():
+            if job_id in known:
+                job.instances = known[job_id]
+        known.clear()
+        known.update({job_id: job.instances for job_id, job in admitted.items()})
     wanted = [i for i in waiting if spec_wanted(i)]
     for chunk in range(0, len(wanted), 5000):
-        query = select(JobRow.id, type_coerce(JobRow.spec, Text)).where(JobRow.id.in_(wanted[chunk : chunk + 5000]))
-        for job_id, text in session.execute(query):
+        texts = select(JobRow.id, type_coerce(JobRow.spec, Text)).where(JobRow.id.in_(wanted[chunk : chunk + 5000]))
+        for job_id, text in session.execute(texts):
             waiting[job_id].spec_text = text
     return ActiveJobs(jobs)
 
