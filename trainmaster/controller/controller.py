@@ -301,8 +301,8 @@ class Controller:
 
     def _changed_jobs(self, session: Session) -> set[int] | None:
         """Jobs with an event since the last pass (the store's resource versions: event ids are
-        never reused), or None when every job must be looked at: the first pass, and one pass
-        every :data:`FULL_PASS_EVERY` seconds (what no event announced: a row edited by hand).
+        never reused), or None when every job's rows are read afresh: the first pass, and one
+        pass every :data:`FULL_PASS_EVERY` seconds (a state or an instance no event announced).
         On PostgreSQL, ids are taken before their transactions commit, so a late commit can
         land below the newest id seen: the window reaches one pass further back there."""
         newest = repo.newest_event_id(session)
@@ -321,8 +321,10 @@ class Controller:
     def _quiet(self, job: repo.AdmittedJob, changed: set[int] | None) -> bool:
         """Whether a pass would leave an admitted job as it is: running, no event since the last
         pass, its validated spec cached with neither suspend nor deadline (:attr:`_steady`), and
-        every instance that has not ended running and observed running where it was placed."""
-        if changed is None or job.id in changed or job.cancel_requested or job.state != RUNNING:
+        every instance that has not ended running and observed running where it was placed. A
+        full pass (``changed`` None) read every row afresh; a spec it has cached (none after a
+        start or a take-over) stands, as the spec changes only with an event."""
+        if (changed is not None and job.id in changed) or job.cancel_requested or job.state != RUNNING:
             return False
         if not job.instances or not self._steady.get(job.id, False):
             return False
