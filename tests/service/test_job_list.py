@@ -22,14 +22,14 @@ from trainmaster.store.listing import JobFilter
 from trainmaster.store.models import EventRow, JobRow
 
 
-def stored(url: str, count: int) -> Trainmaster:
+def stored(url: str, count: int, state_dir: Path) -> Trainmaster:
     """``count`` jobs stored as a submit stores them (queue a/b alternating, label team=vision on
     every third), no controller: listing reads the store only."""
     from trainmaster.controller import Controller
     from trainmaster.backends.hollow import HollowBackend
 
     facade = Trainmaster(session_factory(make_engine(url)), url)
-    controller = Controller(facade.sessions, HollowBackend(state_dir=Path(url.split("///")[-1]).parent), url)
+    controller = Controller(facade.sessions, HollowBackend(state_dir=state_dir), url)
     for n in range(count):
         doc = job(f"j{n}", [{"name": "w", "command": ["true"]}], scheduling={"queue": "ab"[n % 2]})
         if n % 3 == 0:
@@ -41,7 +41,7 @@ def stored(url: str, count: int) -> Trainmaster:
 @pytest.fixture
 def facade(store_url: str, tmp_path: Path) -> Trainmaster:
     url = store_url if store_url.startswith("postgresql") else f"sqlite:///{tmp_path / 'list.db'}"
-    return stored(url, 25)
+    return stored(url, 25, tmp_path / "hollow")
 
 
 def test_pages_follow_continue_tokens_and_count_what_remains(facade: Trainmaster) -> None:
@@ -80,7 +80,7 @@ def test_filters_keep_state_queue_name_and_labels(facade: Trainmaster) -> None:
         JobFilter.parse(state="runing")
 
 
-def test_a_watch_from_a_lists_version_misses_nothing_and_repeats_nothing(facade: Trainmaster) -> None:
+def test_a_watch_from_a_lists_version_misses_nothing_and_repeats_nothing(facade: Trainmaster, tmp_path: Path) -> None:
     """Changes after the version a list gave come in order, each once; a job submitted is ADDED,
     a change of one MODIFIED, each with the event (its id the new version)."""
     start = facade.list_jobs(JobFilter(), limit=1).resource_version
@@ -90,7 +90,7 @@ def test_a_watch_from_a_lists_version_misses_nothing_and_repeats_nothing(facade:
         assert first is not None
         session.add(EventRow(job_id=first.id, object="job", reason="Admitted", message="fits"))
         session.commit()
-    stored_more = stored(str(facade.sessions.kw["bind"].url.render_as_string(hide_password=False)), 1)
+    stored_more = stored(facade.sessions.kw["bind"].url.render_as_string(hide_password=False), 1, tmp_path / "more")
     changes, version = facade.changes(start)
     assert [(c.type, c.job["id"], c.event["reason"]) for c in changes][:1] == [("MODIFIED", first.id, "Admitted")]
     assert changes[-1].type == "ADDED" and changes[-1].event["reason"] == "Submitted"
@@ -149,7 +149,7 @@ def test_listing_reads_only_its_page(tmp_path: Path) -> None:
     whatever the number of jobs (none per job)."""
     from sqlalchemy import event
 
-    facade = stored(f"sqlite:///{tmp_path / 'many.db'}", 60)
+    facade = stored(f"sqlite:///{tmp_path / 'many.db'}", 60, tmp_path / "hollow")
     engine = facade.sessions.kw["bind"]
     statements: list[str] = []
     event.listen(engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
