@@ -942,7 +942,7 @@ def failover_once(postgres: Any, scratch: Path, jobs: int = 20) -> dict[str, flo
             time.sleep(0.02)
         takeover = time.monotonic() - killed
         while True:
-            states = [j["state"] for j in httpx.get(f"{standby.url}/api/v1/jobs", timeout=10).json()]
+            states = [j["state"] for j in httpx.get(f"{standby.url}/api/v1/jobs", timeout=10).json()["items"]]
             if all(state in ("succeeded", "failed", "cancelled") for state in states):
                 break
             if time.monotonic() - killed > 120:

@@ -41,7 +41,6 @@ from trainmaster.client.results import (
     JobNotFound,
     JobRef,
     JobStatus,
-    JobSummary,
     ScaleResult,
     StoreMissing,
     SuspendResult,
@@ -53,7 +52,8 @@ from trainmaster.loading import check_runnable, load_document, validate_document
 from trainmaster.spec.load import LoadedJob, LoadOptions
 from trainmaster.spec.model import Job
 from trainmaster.spec.states import INSTANCE_TERMINAL
-from trainmaster.store import repository as repo
+from trainmaster.store import listing, repository as repo
+from trainmaster.store.listing import JobFilter, JobPage, WatchEvent
 from trainmaster.store.db import default_url, make_engine, session_factory, sqlite_path
 from trainmaster.store.models import InstanceRow, JobRow
 from trainmaster.store.ownership import orphan_note, owner_alive, run_owner, run_pid, why_not_resumable
@@ -140,10 +140,21 @@ class LocalTrainmaster:
             row = self._find(session, ref)
             return JobRef(row.id, row.name, row.state)
 
-    def list_jobs(self) -> list[JobSummary]:
-        """Every job's summary, oldest first (``GET /api/v1/jobs``)."""
+    def list_jobs(
+        self, where: JobFilter | None = None, limit: int = listing.DEFAULT_LIMIT, after: str | None = None
+    ) -> JobPage:
+        """One page of the jobs ``where`` keeps, oldest first, after the ``continue`` token
+        ``after`` (``GET /api/v1/jobs``; :mod:`trainmaster.store.listing`)."""
         with self.sessions() as session:
-            return cast(list[JobSummary], repo.job_summaries(session))
+            return listing.list_jobs(session, where or JobFilter(), limit, after)
+
+    def changes(
+        self, version: int, where: JobFilter | None = None, limit: int = listing.DEFAULT_LIMIT
+    ) -> tuple[list[WatchEvent], int]:
+        """The jobs changed after resource ``version`` and the version to watch from next
+        (``GET /api/v1/jobs?watch=true``)."""
+        with self.sessions() as session:
+            return listing.changes_since(session, version, where or JobFilter(), limit)
 
     def status(self, ref: str | int, events: int = 50, instances: tuple[int, int] | None = None) -> JobStatus:
         """A job's status document with its ``events`` latest events (``GET /api/v1/jobs/{ref}``);

@@ -100,6 +100,9 @@ class LaunchSpec:
     # set: the instance runs in a container (``argv`` is then unused); ``env`` is the
     # container's environment, not the host's
     container: ContainerLaunch | None = None
+    # the job's metadata.annotations, as a pod carries them to its kubelet (a hollow node reads
+    # its simulated run time there: trainmaster.backends.hollow)
+    annotations: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         # shallow (asdict deep-copies every env of a 64-spec batch: a tenth of a local start)

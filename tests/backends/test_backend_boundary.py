@@ -30,7 +30,9 @@ def test_a_backend_is_found_by_name_and_an_unknown_one_is_refused_clearly() -> N
         assert isinstance(local, LocalBackend) and local.capacity().cpu == 1.5
     finally:
         local.close()
-    with pytest.raises(UserError, match=r"unknown backend 'elsewhere' \(available: kubernetes, local, ray, testbed\)"):
+    with pytest.raises(
+        UserError, match=r"unknown backend 'elsewhere' \(available: hollow, kubernetes, local, ray, testbed\)"
+    ):
         registry.make_backend("elsewhere")
 
 

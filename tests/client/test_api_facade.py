@@ -60,7 +60,7 @@ def test_run_ticks_then_reads_back_through_every_verb(facade: LocalTrainmaster, 
     result = facade.run(loaded, RunOptions(interval=0.1, grace=2), on_tick=ticks.append)
     assert result.succeeded and result.status["name"] == "lines"
     assert ticks and set(ticks) == {result.job_id}  # the tick callback gets the job's id every pass
-    assert [j["name"] for j in facade.list_jobs()] == ["lines"]
+    assert [j["name"] for j in facade.list_jobs().items] == ["lines"]
     assert facade.find("lines").state == "succeeded"
     assert facade.wait("lines", timeout=1).state == "succeeded"
     assert facade.status(str(result.job_id))["roles"][0]["counts"]["succeeded"] == 2

@@ -88,7 +88,7 @@ def test_local_and_remote_answer_the_same_typed_results(tmp_path: Path) -> None:
         for jobs in both:
             with pytest.raises(JobNotFound):
                 jobs.status("parity")
-        assert local.list_jobs() == remote.list_jobs() == []
+        assert local.list_jobs().items == remote.list_jobs().items == []
 
 
 def test_both_refuse_the_same_mistakes_the_same_way(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ def recorded_job(name: str, ledger: Path, seconds: float) -> dict:
 def wait_all_ended(server: ServerProcess, count: int) -> list[dict]:
     deadline = time.monotonic() + WAIT
     while time.monotonic() < deadline:
-        jobs = httpx.get(f"{server.url}/api/v1/jobs", timeout=10).json()
+        jobs = httpx.get(f"{server.url}/api/v1/jobs", params={"limit": 1000}, timeout=10).json()["items"]
         if len(jobs) == count and all(j["state"] in ("succeeded", "failed", "cancelled") for j in jobs):
             return jobs
         time.sleep(0.5)

@@ -213,6 +213,7 @@ class Backend(ABC):
     name: str = ""
     running_at_start: bool = False  # a started attempt without a wait step runs at once (no observe needed)
     runs_containers: bool = False  # its agents run LaunchSpec.container (podman); else roles run on the host
+    runs_processes: bool = True  # False: simulated nodes (hollow) that write no files in a job's run folder
     # how its instances reach the controller's instance channel: "unix" (a socket on this
     # machine: local agent, testbed hosts) or "tcp" (instances on other machines: Ray nodes, pods)
     instance_channel: str = "unix"

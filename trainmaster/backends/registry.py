@@ -2,7 +2,8 @@
 
 ``local`` (this machine's node agent, the default), ``ray`` (one agent per Ray node; the
 optional ``ray`` extra), ``testbed`` (one agent per host of ``trainmaster testbed up``) and
-``kubernetes`` (pods of a cluster; the optional ``kubernetes`` extra) are built in; a backend of someone else's is a package that names a factory in the entry-point
+``kubernetes`` (pods of a cluster; the optional ``kubernetes`` extra) and ``hollow`` (simulated
+nodes that run no processes, for scale tests) are built in; a backend of someone else's is a package that names a factory in the entry-point
 group ``trainmaster.backends`` (``name = "pkg.module:factory"``), as frameworks are registered.
 A factory takes :class:`BackendOptions` and returns a :class:`~trainmaster.backends.base.Backend`.
 Nothing is imported for a name that is none of these.
@@ -24,6 +25,7 @@ BUILTIN: dict[str, str] = {
     "ray": "trainmaster.backends.ray:create",
     "testbed": "trainmaster.backends.testbed:create",
     "kubernetes": "trainmaster.backends.kubernetes:create",
+    "hollow": "trainmaster.backends.hollow:create",
 }
 
 #: the extra a built-in backend's dependencies come with (named when they are missing)

@@ -20,7 +20,7 @@ import os
 from enum import Enum
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from rich.table import Table
@@ -30,6 +30,7 @@ from trainmaster.cli.jobs import DbOpt
 from trainmaster.cli.output import console
 from trainmaster.client.results import ENDED
 from trainmaster.errors import UserError
+from trainmaster.store.listing import JobFilter
 
 if TYPE_CHECKING:
     from trainmaster.client import Trainmaster
@@ -121,10 +122,25 @@ def submit(
 
 
 def list_jobs(
-    server: ServerOpt = None, db: DbOpt = None, context: ContextOpt = None, json_out: JsonOpt = False
+    state: Annotated[
+        Optional[str], typer.Option(help="Only jobs in this state (pending, running, succeeded...).")
+    ] = None,
+    queue: Annotated[Optional[str], typer.Option(help="Only jobs of this queue.")] = None,
+    name: Annotated[Optional[str], typer.Option(help="Only jobs of this name.")] = None,
+    label: Annotated[
+        Optional[list[str]], typer.Option(help="KEY=VALUE: only jobs with this label (repeatable: all must hold).")
+    ] = None,
+    limit: Annotated[Optional[int], typer.Option(min=1, help="Show at most this many jobs (default: all).")] = None,
+    server: ServerOpt = None,
+    db: DbOpt = None,
+    context: ContextOpt = None,
+    json_out: JsonOpt = False,
 ) -> None:
-    """List jobs and their states."""
-    jobs = _jobs(server, db, context).list_jobs()
+    """List jobs and their states, oldest first, read page by page.
+
+    Examples: `trainmaster job list --state running`, `trainmaster job list --queue team-a --label owner=ana`."""
+    where = JobFilter.parse(state or "", queue or "", name or "", label or [])
+    jobs = list_all(_jobs(server, db, context), where, limit)
     if json_out:
         print(json.dumps(jobs, indent=2))
         return
@@ -134,6 +150,19 @@ def list_jobs(
             str(job["id"]), job["name"], job["state"], job["reason"], job["queue"], (job["createdAt"] or "")[:19]
         )
     console().print(table)
+
+
+def list_all(source: Trainmaster, where: JobFilter, most: int | None) -> list[dict[str, Any]]:
+    """The jobs ``where`` keeps, following the list's pages (at most ``most``)."""
+    found: list[dict[str, Any]] = []
+    after: str | None = None
+    while most is None or len(found) < most:
+        page = source.list_jobs(where, min(500, most - len(found)) if most else 500, after)
+        found += page.items
+        after = page.next
+        if after is None:
+            break
+    return found
 
 
 def status(

@@ -13,7 +13,7 @@ without a server (TorchX's ``Runner`` over its schedulers, kubectl over any API 
     from trainmaster.client.remote import RemoteTrainmaster
 
     for jobs in (LocalTrainmaster.open(), RemoteTrainmaster("http://127.0.0.1:8642")):
-        print([job["name"] for job in jobs.list_jobs()])
+        print([job["name"] for job in jobs.list_jobs().items])
 """
 
 from trainmaster.client.protocol import Trainmaster, wait_for

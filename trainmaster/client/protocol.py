@@ -7,13 +7,13 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
+from trainmaster.store.listing import DEFAULT_LIMIT, JobFilter, JobPage
 from trainmaster.client.results import (
     ENDED,
     CancelResult,
     Deleted,
     JobRef,
     JobStatus,
-    JobSummary,
     ScaleResult,
     SuspendResult,
     WaitTimedOut,
@@ -31,8 +31,11 @@ class Trainmaster(Protocol):
         """The job ``ref`` names, with its state now."""
         ...
 
-    def list_jobs(self) -> list[JobSummary]:
-        """Every job's summary, oldest first."""
+    def list_jobs(
+        self, where: JobFilter | None = None, limit: int = DEFAULT_LIMIT, after: str | None = None
+    ) -> JobPage:
+        """One page of the summaries of the jobs ``where`` keeps, oldest first, after the page
+        token ``after`` (:class:`~trainmaster.store.listing.JobPage`: its items, the next token)."""
         ...
 
     def status(self, ref: str | int, events: int = 50) -> JobStatus:

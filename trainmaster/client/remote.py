@@ -23,13 +23,13 @@ from trainmaster.client.results import (
     JobNotFound,
     JobRef,
     JobStatus,
-    JobSummary,
     ScaleResult,
     ServiceUnreachable,
     Submitted,
     SuspendResult,
 )
 from trainmaster.errors import JobConflict, UserError
+from trainmaster.store.listing import DEFAULT_LIMIT, JobFilter, JobPage
 
 API = "/api/v1"
 
@@ -52,8 +52,11 @@ class RemoteTrainmaster:
         found = self.request("GET", f"{API}/jobs/{ref}", params={"events": 0})
         return JobRef(found["id"], found["name"], found["state"])
 
-    def list_jobs(self) -> list[JobSummary]:
-        return cast(list[JobSummary], self.request("GET", f"{API}/jobs"))
+    def list_jobs(
+        self, where: JobFilter | None = None, limit: int = DEFAULT_LIMIT, after: str | None = None
+    ) -> JobPage:
+        params = {**(where or JobFilter()).params(), "limit": limit, **({"continue": after} if after else {})}
+        return JobPage.from_dict(self.request("GET", f"{API}/jobs", params=params))
 
     def status(self, ref: str | int, events: int = 50) -> JobStatus:
         return cast(JobStatus, self.request("GET", f"{API}/jobs/{ref}", params={"events": events}))

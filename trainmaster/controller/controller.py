@@ -65,6 +65,9 @@ I = InstanceState
 ROWS_AHEAD = 64  # a waiting job's row is loaded with those of the next waiting jobs (one query)
 BACKEND_TRIES = 3  # passes in a row a backend may fail before `run_job` gives up (each pass is idempotent)
 LIVE = (I.STARTING.value, I.RUNNING.value, I.UNKNOWN.value, I.TERMINATING.value)
+FULL_PASS_EVERY = 30.0  # seconds between passes that look at every job, changed or not
+MISSING = "\0"  # no reason known in memory
+RUNNING = I.RUNNING.value  # an instance's and a job's stored state alike
 
 
 class NotResumable(JobConflict):
@@ -124,8 +127,19 @@ class Controller:
         self._rescan_at = 0.0
         self._channel: InstanceChannel | None = None  # the instance channel, once an instance starts
         self._book: QuotaBook | None = None  # this pass's queue quotas and usage (None: no queue has quota)
-        self._admitted_rows: dict[int, JobRow] = {}  # this pass's admitted jobs (preemption victims)
+        self._admitted_rows: dict[int, JobRow] = {}  # admitted jobs whose rows this pass loaded (victims)
+        self._preemptible: set[int] = set()  # this controller's admitted jobs (the only ones it may evict)
+        self._rows: dict[int, JobRow] = {}  # the rows this pass loaded
         self._evicted: list[tuple[JobRow, list[InstanceRow], str]] = []  # stopped after the pass's commit
+        self._seen: int | None = None  # the newest event id the last pass saw (None: none yet)
+        self._seen_before = 0  # the one the pass before saw
+        self._full_pass_at = 0.0  # monotonic time of the next pass that looks at every job
+        self._changed: set[int] | None = None  # this pass: jobs with an event since the last (None: all)
+        self._handles: dict[int, tuple[Any, Any]] = {}  # instance id -> (stored handle, decoded handle)
+        self._last_job_reason: dict[int, str] = {}  # job id -> reason of its newest "job" event
+        self._steady: dict[int, bool] = {}  # job id -> its cached spec has neither suspend nor a deadline
+        self._open: dict[int, list[repo.LiveInstance]] = {}  # admitted job -> its open instances, as last read
+        self._touched: set[int] = set()  # jobs the last pass loaded (their instances are read again)
 
     def wake(self) -> None:
         """Ask for the next reconcile pass now (a server waits up to ``interval`` otherwise)."""
@@ -210,35 +224,74 @@ class Controller:
     # ---- the loop ----------------------------------------------------------------------------
     def step(self) -> None:
         """One reconcile pass over every active job: admitted ones, then waiting ones in fair
-        queue order (:mod:`trainmaster.controller.queues`)."""
+        queue order (:mod:`trainmaster.controller.queues`).
+
+        A pass costs what changed, not what exists: every active job is first read as plain
+        columns (three queries whatever their number), every live instance observed in one
+        backend call, and only the jobs that changed are loaded as rows and reconciled: an
+        admitted job with an instance whose observation differs from its stored state, one in
+        a state the pass moves on, or one with an event since the last pass (a cancel, a scale,
+        a suspend, from this process or another sharing the store: :meth:`_changed_jobs`)."""
         with self._lock, self.sessions() as session, metrics.RECONCILE.time():
             if self.fence:
                 self.fence(session)
             self._to_start, self._observed, self._events = [], {}, []  # nothing carried over from a failed pass
             self._evicted = []
+            changed = self._changed_jobs(session)
             free = self._free_capacity(session)
-            admitted = repo.admitted_active_count(session, self.owner)
-            jobs = repo.load_active_jobs(session, self.owner).jobs
-            self._spec_texts = {j.id: j.spec_text for j in jobs if isinstance(j, repo.WaitingJob)}
-            self._observe_all([j for j in jobs if isinstance(j, JobRow)])
+            # instances of admitted jobs as the last pass left them, less the jobs it reconciled
+            # and those with an event since: their rows may have changed
+            known = None if changed is None else self._open
+            for job_id in self._touched | (changed or set()):
+                self._open.pop(job_id, None)
+            jobs = repo.load_active_jobs(
+                session,
+                self.owner,
+                lambda i: changed is None or i in changed or i not in self._specs,
+                self._handles,
+                known,
+            ).jobs
+            if known is None:
+                self._open = {j.id: j.instances for j in jobs if isinstance(j, repo.AdmittedJob)}
+            self._changed = changed
+            self._spec_texts = {j.id: j.spec_text for j in jobs if isinstance(j, repo.WaitingJob) and j.spec_text}
+            admitted_jobs = [j for j in jobs if isinstance(j, repo.AdmittedJob)]
+            admitted = len(admitted_jobs)
+            self._observe_all(admitted_jobs)
+            quiet = {j.id for j in admitted_jobs if self._quiet(j, changed)}
+            busy = [j.id for j in admitted_jobs if j.id not in quiet]
             # no flush before each query of the pass (a job's lazy loads, its last event): the
             # pass writes once, at its commit, instead of once per job
-            order = queues.fair_order(jobs, self.queue_weights)
-            self._book = self._quota_book(session, jobs)
+            order = queues.fair_order(
+                [j for j in jobs if j.id not in quiet],
+                self.queue_weights,
+                Counter(j.queue for j in admitted_jobs if j.id in quiet),
+            )
+            self._preemptible = {j.id for j in admitted_jobs}
+            self._book = self._quota_book(session)
             if self._book is not None:
                 order = self._book.order(order, self._facts)
-            rows: dict[int, JobRow] = {}  # waiting jobs' rows loaded this pass
             with session.no_autoflush:
+                rows = self._rows = {j.id: j for j in repo.load_jobs(session, busy)}
+                self._admitted_rows = {j.id: j for j in rows.values() if j.admitted}
+                self._touched = set()  # every job whose row this pass loads (it may write it)
                 for position, entry in enumerate(order):
                     if isinstance(entry, repo.WaitingJob):
                         if self._stays_as_it_is(entry, free, admitted):
                             continue  # most of a long queue, pass after pass: no row loaded
                         if entry.id not in rows:  # with the next ones: those a pass changes come in runs
-                            ahead = [j.id for j in order[position : position + ROWS_AHEAD] if not isinstance(j, JobRow)]
+                            ahead = [
+                                j.id
+                                for j in order[position : position + ROWS_AHEAD]
+                                if isinstance(j, repo.WaitingJob) and j.id not in rows
+                            ]
                             rows.update(repo.load_waiting_jobs(session, ahead))
-                        job = rows[entry.id]
-                    else:
-                        job = entry
+                    elif entry.id not in rows:
+                        continue  # deleted since the pass read the queue
+                    job = rows.get(entry.id)
+                    if job is None:
+                        continue  # deleted since the pass read the queue
+                    self._touched.add(job.id)
                     if not job.admitted and not job.cancel_requested and admitted >= self.max_jobs:
                         self._set_job_state(session, job, _queued(admitted))
                     else:
@@ -260,6 +313,44 @@ class Controller:
             ended, self._ended = self._ended, []
             self.backend.forget(ended)  # stored: the agent's journal may drop them
 
+    def _changed_jobs(self, session: Session) -> set[int] | None:
+        """Jobs with an event since the last pass (the store's resource versions: event ids are
+        never reused), or None when every job's rows are read afresh: the first pass, and one
+        pass every :data:`FULL_PASS_EVERY` seconds (a state or an instance no event announced).
+        On PostgreSQL, ids are taken before their transactions commit, so a late commit can
+        land below the newest id seen: the window reaches one pass further back there."""
+        newest = repo.newest_event_id(session)
+        if self._seen is None or time.monotonic() >= self._full_pass_at:
+            self._seen, self._seen_before = newest, newest
+            self._full_pass_at = time.monotonic() + FULL_PASS_EVERY
+            self._last_job_reason.clear()
+            return None
+        since = self._seen if session.get_bind().dialect.name == "sqlite" else self._seen_before
+        changed = repo.changed_jobs(session, since, newest)
+        self._seen_before, self._seen = self._seen, newest
+        for job_id in changed:
+            self._last_job_reason.pop(job_id, None)
+        return changed
+
+    def _quiet(self, job: repo.AdmittedJob, changed: set[int] | None) -> bool:
+        """Whether a pass would leave an admitted job as it is: running, no event since the last
+        pass, its validated spec cached with neither suspend nor deadline (:attr:`_steady`), and
+        every instance that has not ended running and observed running where it was placed. A
+        full pass (``changed`` None) read every row afresh; a spec it has cached (none after a
+        start or a take-over) stands, as the spec changes only with an event."""
+        if (changed is not None and job.id in changed) or job.cancel_requested or job.state != RUNNING:
+            return False
+        if not job.instances or not self._steady.get(job.id, False):
+            return False
+        observed = self._observed
+        for inst in job.instances:
+            obs = observed.get(inst.id)
+            if obs is None or inst.state != RUNNING or obs.phase is not InstancePhase.RUNNING or obs.host:
+                return False
+            if obs.ports is not None:
+                return False
+        return True
+
     def _event(self, job_id: int, obj: str, reason: str, message: str, type_: str = "Normal") -> None:
         """Record an event of this pass. A job's way through the queue takes about ten (Kubernetes
         style: admitted, started, running, succeeded, per job, role and instance), so they are
@@ -268,6 +359,8 @@ class Controller:
         self._events.append(
             {"job_id": job_id, "object": obj, "reason": reason, "message": message, "type": type_, "time": utcnow()}
         )
+        if obj == "job":
+            self._last_job_reason[job_id] = reason
 
     def _write_events(self, session: Session) -> None:
         if self._events:
@@ -285,7 +378,7 @@ class Controller:
         if admitted >= self.max_jobs:
             verdict = _queued(admitted)
         else:
-            spec = self._spec_of(job.id, job.spec_text)
+            spec = self._spec_of(job.id, job.spec_text) if job.spec_text else self._specs[job.id][1]
             quota = self._quota_verdict(job.queue, spec)
             if spec.spec.run_policy.suspend:
                 verdict = SUSPENDED
@@ -301,15 +394,14 @@ class Controller:
         return (job.state, job.reason, job.message) == (verdict.state.value, verdict.reason, verdict.message)
 
     # ---- quota (trainmaster.controller.quota) -------------------------------------------------------
-    def _quota_book(self, session: Session, jobs: list[JobRow | repo.WaitingJob]) -> QuotaBook | None:
+    def _quota_book(self, session: Session) -> QuotaBook | None:
         """The queues with quota and what the admitted jobs of the store hold in them (all
         owners': a `trainmaster run` job holds quota too, though only this controller's own jobs
-        may be preempted by it); None when no queue has quota (admission by capacity alone)."""
+        (:attr:`_preemptible`) may be preempted by it); None when no queue has quota (admission
+        by capacity alone)."""
         quotas = queue_quotas(session)
         if not quotas:
-            self._admitted_rows = {}
             return None
-        self._admitted_rows = {j.id: j for j in jobs if isinstance(j, JobRow) and j.admitted}
         rows = session.execute(
             select(JobRow.id, JobRow.name, JobRow.queue, JobRow.priority, type_coerce(JobRow.spec, Text)).where(
                 JobRow.admitted.is_(True),
@@ -323,19 +415,21 @@ class Controller:
                 name,
                 queue,
                 priority,
-                # this controller's own by their row (as the pass caches them), others' by their text
-                job_demand(
-                    self._spec(own) if (own := self._admitted_rows.get(job_id)) else self._spec_of(job_id, text)
-                ),
-                preemptible=job_id in self._admitted_rows,
+                job_demand(self._spec_of(job_id, text)),  # cached by its text: parsed once per change
+                preemptible=job_id in self._preemptible,
             )
             for job_id, name, queue, priority, text in rows
         }
         return QuotaBook(quotas, holders)
 
-    def _facts(self, job: JobRow | repo.WaitingJob) -> tuple[int, int, dict[str, float]]:
+    def _facts(self, job: JobRow | repo.AdmittedJob | repo.WaitingJob) -> tuple[int, int, dict[str, float]]:
         """A waiting job's id, priority and quota demand, for the fair-sharing order."""
-        spec = self._spec_of(job.id, job.spec_text) if isinstance(job, repo.WaitingJob) else self._spec(job)
+        if isinstance(job, JobRow):
+            spec = self._spec(job)
+        elif isinstance(job, repo.WaitingJob) and job.spec_text:
+            spec = self._spec_of(job.id, job.spec_text)
+        else:  # its spec unchanged since a pass cached it
+            spec = self._specs[job.id][1]
         return job.id, spec.spec.scheduling.priority, job_demand(spec)
 
     def _quota_verdict(self, queue: str, spec: Job) -> Verdict | None:
@@ -375,7 +469,11 @@ class Controller:
         plan = self._book.preemption(job.queue, spec.spec.scheduling.priority, demand)
         if plan is None:  # cannot happen within a pass (the verdict just found one); wait, said plainly
             return Verdict(JobState.PENDING, "WaitingForQuota", f"queue '{job.queue}': no preemption found"), free
+        missing = [h.id for h in plan.victims if h.id not in self._admitted_rows]
+        for row in repo.load_jobs(session, missing):  # quiet jobs: the pass had not loaded them
+            self._admitted_rows[row.id] = self._rows[row.id] = row
         victims = [self._admitted_rows[h.id] for h in plan.victims]
+        self._touched.update(v.id for v in victims)  # their instances are read afresh next pass
         freed = Resources(
             sum(i.cpu for v in victims for i in v.instances if i.state in LIVE),
             sum(i.memory for v in victims for i in v.instances if i.state in LIVE),
@@ -433,9 +531,9 @@ class Controller:
         for job, instances, why in evicted:
             self._stop_instances(session, job, instances, Resources(), why, "Preempted")
 
-    def _observe_all(self, jobs: list[JobRow]) -> None:
+    def _observe_all(self, jobs: list[repo.AdmittedJob]) -> None:
         """Every live instance of the pass observed in one backend call."""
-        live = [i for job in jobs if job.admitted for i in job.instances if i.state in LIVE and i.handle]
+        live = [i for job in jobs for i in job.instances if i.state in LIVE and i.handle]
         self._observed = dict(zip((i.id for i in live), self.backend.observe([i.handle for i in live if i.handle])))
 
     def run_job(
@@ -524,26 +622,36 @@ class Controller:
 
     def _free_capacity(self, session: Session) -> Resources:
 
+        from sqlalchemy import func
+
         total = self.backend.capacity()
-        rows = session.execute(
-            select(InstanceRow.cpu, InstanceRow.memory)
+        cpu, memory = session.execute(
+            select(func.coalesce(func.sum(InstanceRow.cpu), 0.0), func.coalesce(func.sum(InstanceRow.memory), 0))
             .join(JobRow, JobRow.id == InstanceRow.job_id)
             .where(InstanceRow.state.in_(LIVE), JobRow.backend == self.backend.name)
-        ).all()
-        return total.minus(Resources(sum(r[0] for r in rows), sum(r[1] for r in rows)))
+        ).one()
+        return total.minus(Resources(float(cpu), int(memory)))
 
     # ---- one job -----------------------------------------------------------------------------
     def _spec(self, job: JobRow) -> Job:
         """The job's validated spec; validated again only when the stored one changed (scaling),
         because a pass over a long queue would otherwise spend most of its time in validation.
         A waiting job's is compared as stored text (its column is not loaded: no JSON decode)."""
-        return self._spec_of(job.id, self._spec_texts.get(job.id) or job.spec)
+        text = self._spec_texts.get(job.id)
+        if text:
+            return self._spec_of(job.id, text)
+        if self._changed is not None and job.id not in self._changed and job.id in self._specs:
+            # cached, and no event since: unchanged (its column stays unread)
+            return self._specs[job.id][1]
+        return self._spec_of(job.id, job.spec)
 
     def _spec_of(self, job_id: int, stored: dict[str, Any] | str) -> Job:
         cached = self._specs.get(job_id)
         if cached is None or cached[0] != stored:
             cached = (stored, Job.model_validate(json.loads(stored) if isinstance(stored, str) else stored))
             self._specs[job_id] = cached
+            policy = cached[1].spec.run_policy
+            self._steady[job_id] = not policy.suspend and policy.active_deadline_seconds is None
         return cached[1]
 
     def _reconcile(self, session: Session, job: JobRow, free: Resources) -> Resources:
@@ -916,7 +1024,8 @@ class Controller:
             free = free.minus(need)
         if not due:
             return free
-        Path(job.run_dir, "output").mkdir(parents=True, exist_ok=True)
+        if self.backend.runs_processes or job.output_path:
+            Path(job.run_dir, "output").mkdir(parents=True, exist_ok=True)
         environ = dict(os.environ)  # one snapshot for the whole pass (each instance copies it)
         # the intents (state starting, attempt + 1) are committed with the pass, before
         # :meth:`_start_all` spawns anything
@@ -1038,6 +1147,10 @@ class Controller:
         """
         self._instance_channel().start(self.backend.instance_channel)
         with self._lock, self.sessions() as session:
+            # what this controller remembers of the store may be stale (another leader ran it
+            # meanwhile; instances re-found here are written): the next pass looks at every job
+            self._open.clear()
+            self._seen = None
             if self.fence:
                 self.fence(session)
             for job_id in repo.active_job_ids(session, self.owner) if job_ids is None else job_ids:
@@ -1120,9 +1233,11 @@ class Controller:
         elif job.reason != verdict.reason:
             # a new reason is an event; a message that only updates figures (free capacity,
             # counts) is not, or every queued job would log one per pass
-            self._write_events(session)  # the last event may be this pass's
-            last = repo.last_event(session, job.id, "job")
-            if last is None or last.reason != verdict.reason:
+            if self._last_job_reason.get(job.id, MISSING) == MISSING:  # kept since the job's last event
+                self._write_events(session)  # the last event may be this pass's
+                last = repo.last_event(session, job.id, "job")
+                self._last_job_reason[job.id] = last.reason if last else ""
+            if self._last_job_reason[job.id] != verdict.reason:
                 self._event(job.id, "job", verdict.reason, verdict.message)
         if (job.state, job.reason, job.message) != (new, verdict.reason, verdict.message):
             # assigned only when changed: an assignment marks the row dirty even with the same
@@ -1190,6 +1305,10 @@ class Controller:
         if ttl is not None and self._expiry is not None:
             self._expiry[job.id] = time.time() + ttl
         self._specs.pop(job.id, None)
+        self._steady.pop(job.id, None)
+        self._last_job_reason.pop(job.id, None)
+        for inst in job.instances:
+            self._handles.pop(inst.id, None)
         return free
 
 

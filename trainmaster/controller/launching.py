@@ -127,6 +127,7 @@ def launch_spec(
         depends=depends,
         env_inputs=inputs,
         container=container,
+        annotations=spec.metadata.annotations,
     )
 
 

@@ -35,12 +35,13 @@ def parse_weights(items: list[str]) -> dict[str, float]:
     return weights
 
 
-def fair_order(jobs: list[J], weights: dict[str, float]) -> list[J]:
+def fair_order(jobs: list[J], weights: dict[str, float], also_served: dict[str, int] | None = None) -> list[J]:
     """``jobs`` (each queue's jobs already in priority-then-age order) in reconcile order:
     admitted ones first, then waiting ones drawn from the least-served queue by weight
-    (unlisted queues weigh 1; ties go to the queue name, for a stable order)."""
+    (unlisted queues weigh 1; ties go to the queue name, for a stable order). ``also_served``:
+    admitted jobs per queue left out of ``jobs`` (a pass leaves out those that did not change)."""
     admitted = [j for j in jobs if j.admitted]
-    served: dict[str, int] = defaultdict(int)
+    served: dict[str, int] = defaultdict(int, also_served or {})
     for job in admitted:
         served[job.queue] += 1
     waiting: dict[str, deque[J]] = defaultdict(deque)

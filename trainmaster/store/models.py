@@ -46,7 +46,7 @@ class JobRow(Base):
     state: Mapped[str] = mapped_column(String(16), index=True, default="pending")
     reason: Mapped[str] = mapped_column(String(64), default="")
     message: Mapped[str] = mapped_column(Text, default="")
-    queue: Mapped[str] = mapped_column(String(63), default="default")
+    queue: Mapped[str] = mapped_column(String(63), default="default", index=True)
     priority: Mapped[int] = mapped_column(Integer, default=0)
     backend: Mapped[str] = mapped_column(String(16), default="local")
     # which controller reconciles it: "service", or "run-<uid>" for the one embedded in `trainmaster run`
@@ -133,7 +133,11 @@ class InstanceRow(Base):
 
 
 class EventRow(Base):
+    """One change of a job; its id is the store's resource version (never reused: a watch and the
+    controller read every event after the last id they saw)."""
+
     __tablename__ = "events"
+    __table_args__ = {"sqlite_autoincrement": True}
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Text, select, type_coerce
+from sqlalchemy import Text, func, select, type_coerce
 from sqlalchemy.orm import Session, defer, object_session, selectinload
 from sqlalchemy.orm.attributes import set_committed_value
 
 from trainmaster.errors import JobConflict, UserError
 from trainmaster.spec.model import Job
-from trainmaster.spec.states import JOB_TERMINAL, JobState
-from trainmaster.store.models import EventRow, JobRow, MetricRow, RegistryRow, utcnow
+from trainmaster.contract import InstanceHandle
+from trainmaster.spec.states import INSTANCE_TERMINAL, JOB_TERMINAL, InstanceState, JobState
+from trainmaster.store.models import EventRow, InstanceRow, JobRow, MetricRow, RegistryRow, utcnow
 from trainmaster.store.ownership import orphan_note, owner_alive
 
 
@@ -54,7 +56,7 @@ def load_jobs(session: Session, job_ids: list[int]) -> list[JobRow]:
 class WaitingJob:
     """A job not yet admitted, as a reconcile pass first sees it: the few columns admission
     reads, not an ORM row. Most of a long queue stays as it is pass after pass; the controller
-    loads the row (:func:`load_waiting_job`) only for a job whose state it changes."""
+    loads the row (:func:`load_waiting_jobs`) only for a job whose state it changes."""
 
     id: int
     queue: str
@@ -62,39 +64,133 @@ class WaitingJob:
     reason: str
     message: str
     cancel_requested: bool
-    spec_text: str  # the spec as stored (JSON): the controller caches the validated spec by it
+    spec_text: str  # the spec as stored (JSON), or "" when the pass did not ask for it (cached, unchanged)
     admitted: bool = False
+
+
+@dataclass(frozen=True)
+class LiveInstance:
+    """An admitted job's instance that has not ended, as a pass first sees it (plain columns)."""
+
+    id: int
+    state: str
+    handle: InstanceHandle | None
+
+
+@dataclass
+class AdmittedJob:
+    """An admitted job as a reconcile pass first sees it: its plain columns and its instances
+    that have not ended. The pass loads its rows only when something changed (an observation,
+    an event, a state to move on)."""
+
+    id: int
+    queue: str
+    state: str
+    cancel_requested: bool
+    instances: list[LiveInstance] = field(default_factory=list)
+    admitted: bool = True
 
 
 @dataclass
 class ActiveJobs:
     """What one reconcile pass works on: ``owner``'s jobs not yet ended, in queue order."""
 
-    jobs: list[JobRow | WaitingJob]
+    jobs: list[AdmittedJob | WaitingJob]
 
 
-def load_active_jobs(session: Session, owner: str) -> ActiveJobs:
-    """``owner``'s jobs not yet ended, in queue order (:func:`active_job_ids`) for a reconcile
-    pass: admitted ones with their roles, instances and registry (four queries), waiting ones
-    as :class:`WaitingJob` records (one query of plain columns). A long queue of waiting jobs
-    then costs neither an ORM object, nor a SELECT of its children, nor a JSON decode of its
-    spec on every pass."""
-    ids = active_job_ids(session, owner)
-    admitted = list(session.scalars(select(JobRow.id).where(JobRow.id.in_(ids), JobRow.admitted.is_(True))))
-    rows: dict[int, JobRow | WaitingJob] = {job.id: job for job in load_jobs(session, admitted)}
-    waiting = [i for i in ids if i not in rows]
-    query = select(
-        JobRow.id,
-        JobRow.queue,
-        JobRow.state,
-        JobRow.reason,
-        JobRow.message,
-        JobRow.cancel_requested,
-        type_coerce(JobRow.spec, Text),
-    ).where(JobRow.id.in_(waiting))
-    for job_id, queue, state, reason, message, cancel, text in session.execute(query):
-        rows[job_id] = WaitingJob(job_id, queue, state, reason or "", message or "", bool(cancel), text)
-    return ActiveJobs([rows[i] for i in ids if i in rows])
+ACTIVE_STATES = [s.value for s in JobState if s not in JOB_TERMINAL]
+OPEN_INSTANCE_STATES = [s.value for s in InstanceState if s not in INSTANCE_TERMINAL]
+
+
+def load_active_jobs(
+    session: Session,
+    owner: str,
+    spec_wanted: Callable[[int], bool],
+    handles: dict[int, tuple[Any, Any]],
+    known: dict[int, list[LiveInstance]] | None = None,
+) -> ActiveJobs:
+    """``owner``'s jobs not yet ended, in queue order (:func:`active_job_ids`), in three queries
+    of plain columns whatever their number: the jobs; the open instances of the admitted ones;
+    the stored spec (as text: no JSON decode) of the waiting ones ``spec_wanted`` asks for
+    (the controller caches the rest). ``handles`` caches decoded handles by instance id (text,
+    handle): a pass over thousands of running instances decodes only the new ones. ``known``:
+    the open instances of admitted jobs the caller knows unchanged since it read them (none of
+    their rows written since); only the other admitted jobs' instances are read, and ``known``
+    is updated with them (None: read every admitted job's)."""
+    rows = session.execute(
+        select(
+            JobRow.id,
+            JobRow.queue,
+            JobRow.state,
+            JobRow.reason,
+            JobRow.message,
+            JobRow.cancel_requested,
+            JobRow.admitted,
+        )
+        .where(JobRow.state.in_(ACTIVE_STATES), JobRow.owner == owner)
+        .order_by(JobRow.priority.desc(), JobRow.created_at, JobRow.id)
+    ).all()
+    jobs: list[AdmittedJob | WaitingJob] = []
+    admitted: dict[int, AdmittedJob] = {}
+    waiting: dict[int, WaitingJob] = {}
+    for job_id, queue, state, reason, message, cancel, is_admitted in rows:
+        if is_admitted:
+            admitted[job_id] = AdmittedJob(job_id, queue, state, bool(cancel))
+            jobs.append(admitted[job_id])
+        else:
+            waiting[job_id] = WaitingJob(job_id, queue, state, reason or "", message or "", bool(cancel), "")
+            jobs.append(waiting[job_id])
+    unknown = list(admitted) if known is None else [i for i in admitted if i not in known]
+    if unknown:
+        query = (
+            select(InstanceRow.id, InstanceRow.job_id, InstanceRow.state, type_coerce(InstanceRow.handle, Text))
+            .join(JobRow, JobRow.id == InstanceRow.job_id)
+            .where(
+                JobRow.state.in_(ACTIVE_STATES),
+                JobRow.owner == owner,
+                JobRow.admitted.is_(True),
+                InstanceRow.state.in_(OPEN_INSTANCE_STATES),
+            )
+            .order_by(InstanceRow.id)
+        )
+        if known is not None:  # only those: what changed, not what exists
+            query = query.where(InstanceRow.job_id.in_(unknown))
+        for inst_id, job_id, state, text in session.execute(query):
+            if job_id in admitted:
+                admitted[job_id].instances.append(LiveInstance(inst_id, state, _handle(handles, inst_id, text)))
+    if known is not None:
+        for job_id, job in admitted.items():
+            if job_id in known:
+                job.instances = known[job_id]
+        known.clear()
+        known.update({job_id: job.instances for job_id, job in admitted.items()})
+    wanted = [i for i in waiting if spec_wanted(i)]
+    for chunk in range(0, len(wanted), 5000):
+        texts = select(JobRow.id, type_coerce(JobRow.spec, Text)).where(JobRow.id.in_(wanted[chunk : chunk + 5000]))
+        for job_id, text in session.execute(texts):
+            waiting[job_id].spec_text = text
+    return ActiveJobs(jobs)
+
+
+def _handle(cache: dict[int, tuple[Any, Any]], inst_id: int, stored: Any) -> InstanceHandle | None:
+    """The stored handle, decoded once per value: SQLite gives the JSON text, PostgreSQL's
+    driver a decoded dict (it parses json columns whatever the SQL type asked)."""
+    if not stored or stored == "null":
+        return None
+    cached = cache.get(inst_id)
+    if cached is None or cached[0] != stored:
+        cached = (stored, InstanceHandle.from_dict(json.loads(stored) if isinstance(stored, str) else stored))
+        cache[inst_id] = cached
+    return cached[1]  # type: ignore[no-any-return]
+
+
+def changed_jobs(session: Session, after: int, upto: int) -> set[int]:
+    """The jobs with an event after resource version ``after`` up to ``upto`` (an indexed range)."""
+    return set(session.scalars(select(EventRow.job_id).where(EventRow.id > after, EventRow.id <= upto).distinct()))
+
+
+def newest_event_id(session: Session) -> int:
+    return session.scalar(select(func.max(EventRow.id))) or 0
 
 
 def load_waiting_jobs(session: Session, job_ids: list[int]) -> dict[int, JobRow]:
@@ -138,43 +234,13 @@ def active_job_ids(session: Session, owner: str) -> list[int]:
     """``owner``'s jobs not yet ended, highest priority first, then oldest first (the queue order)."""
     rows = session.execute(
         select(JobRow.id)
-        .where(JobRow.state.not_in([s.value for s in JOB_TERMINAL]), JobRow.owner == owner)
+        .where(JobRow.state.in_(ACTIVE_STATES), JobRow.owner == owner)
         .order_by(JobRow.priority.desc(), JobRow.created_at, JobRow.id)
     ).all()
     return [r[0] for r in rows]
 
 
-def admitted_active_count(session: Session, owner: str) -> int:
-    from sqlalchemy import func
-
-    return (
-        session.scalar(
-            select(func.count(JobRow.id)).where(
-                JobRow.admitted.is_(True), JobRow.owner == owner, JobRow.state.not_in([s.value for s in JOB_TERMINAL])
-            )
-        )
-        or 0
-    )
-
-
-def job_summaries(session: Session) -> list[dict[str, Any]]:
-    rows = session.scalars(select(JobRow).order_by(JobRow.id)).all()
-    return [
-        {
-            "id": j.id,
-            "name": j.name,
-            "state": j.state,
-            "reason": _reason(j)[0],
-            "queue": j.queue,
-            "priority": j.priority,
-            "createdAt": _iso(j.created_at),
-            "completedAt": _iso(j.completed_at),
-        }
-        for j in rows
-    ]
-
-
-def _reason(job: JobRow) -> tuple[str, str]:
+def shown_reason(job: JobRow) -> tuple[str, str]:
     """The job's reason and message, unless the ``trainmaster run`` reconciling it has died:
     then its stored state is stale, and the user is told so and how to take it over."""
     if not is_terminal(job.state) and owner_alive(job.owner) is False:
@@ -236,7 +302,7 @@ def job_status(
     recent = session.scalars(
         select(EventRow).where(EventRow.job_id == job.id).order_by(EventRow.id.desc()).limit(events)
     ).all()
-    reason, message = _reason(job)
+    reason, message = shown_reason(job)
     reported = latest_points(session, job.id)
     return {
         "id": job.id,

@@ -13,6 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from trainmaster.store import repository as repo
+from trainmaster.store.listing import JobFilter
 from trainmaster.store.models import JobRow, MetricRow, RoleRow
 from trainmaster.store.ownership import owner_alive
 
@@ -89,11 +90,8 @@ def counts_text(counts: dict[str, Any]) -> str:
 def job_list(session: Session, state: str = "", name: str = "", page: int = 1) -> JobList:
     """One page of jobs, newest first, filtered by state and a name fragment. Queries touch
     only the page's jobs, so a store of thousands answers as fast as a store of ten."""
-    query = select(JobRow.id)
-    if state:
-        query = query.where(JobRow.state == state)
-    if name:
-        query = query.where(JobRow.name.contains(name, autoescape=True))
+    where = JobFilter(state=state, name=name, name_contains=True)
+    query = select(JobRow.id).where(*where.conditions())  # the REST list's filters (store.listing)
     total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
     pages = max(1, -(-total // PAGE_SIZE))
     page = min(max(page, 1), pages)

@@ -5,13 +5,14 @@ only within the operator's quota (:mod:`trainmaster.service.quotas`)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, cast
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Query, Request
+from fastapi import APIRouter, Body, Depends, Query, Request, Response
 from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainmaster.errors import JobConflict
+from trainmaster.service.joblist import JobListQuery, job_list_query, list_or_watch
 from trainmaster.service.quotas import check_job, check_room, check_scale
 from trainmaster.service.state import API, service_of
 from trainmaster.spec.load import LoadOptions
@@ -64,9 +65,9 @@ def submit(
 
 
 @router.get(f"{API}/jobs")
-def list_jobs(request: Request) -> list[dict[str, Any]]:
-    # the documents as they are: a typed response model would make FastAPI re-validate every summary
-    return cast(list[dict[str, Any]], service_of(request).jobs.list_jobs())
+def list_jobs(request: Request, query: Annotated[JobListQuery, Depends(job_list_query)]) -> Response:
+    """Jobs in pages with filters, or a watch of their changes (:mod:`trainmaster.service.joblist`)."""
+    return list_or_watch(service_of(request).jobs, query)
 
 
 @router.get(f"{API}/jobs/{{ref}}")

@@ -1,0 +1,560 @@
+"""Scale benchmark (issue 31): Kueue's scheduler performance test replayed on hollow nodes through
+the real server, store and REST API; the reconcile pass at 10,000 active instances; and real
+processes (10,000 one-process jobs, the drain of 1,000 ``true`` jobs).
+
+    .venv/bin/python bench/scale.py [--runs 3] [--quick] [--db postgresql://...] [--only kueue,pass,real]
+
+Writes ``bench/results/scale.json``, ``scale.md`` and ``scale.png``. Every figure is the median
+over ``--runs`` runs; the machine's load (``uptime``) is recorded before and after each section.
+
+**The replay** (Kueue's ``test/performance/scheduler`` baseline, as our notes describe it): 5
+cohorts × 6 queues; per queue 350 small (1 CPU, 200 ms, priority low, one every 100 ms), 100
+medium (5 CPU, 500 ms, normal, every 500 ms) and 50 large (20 CPU, 1 s, high, every 1.2 s)
+workloads, 15,000 in all, each a one-instance job submitted over REST at its arrival time by
+a pool of clients. The server runs the hollow backend (``--backend hollow``): 30 nodes of 20
+CPUs, Kueue's 600 nominal CPUs; each instance's run time is its job's annotation. **Total
+time** runs from the first submit to the last job's end (Kueue: 351 s, the 2024 calibration
+mean). **Capacity use** is the time integral of the CPU of admitted, not ended instances
+(stored start to stored end) over 600 CPUs × (first start to last end), Kueue's "CQ usage"
+with one pool: until queues have quotas and cohorts (issue 31's other half) it measures how
+full the cluster was kept, not quota use. While the replay runs a prober reads one page of the
+list (a queue filter) and one job's status, alternately, and the server's RSS is sampled.
+**Reconcile pass** durations come from the server's own histogram (``/metrics``).
+
+**The pass at 10,000 active instances**: a controller in this process with hollow nodes and
+jobs that run for hours; the duration of passes with nothing changed and of passes where 1 %
+of the jobs were cancelled.
+
+**Real processes**: ``true`` jobs of one instance on the local node agent, 32 at once, submitted
+through the controller's API and drained by its reconcile loop (as ``bench/controller.py``'s
+drain): 10,000 of them end to end (Volcano's write-up: 10,000 one-pod jobs in 180 s on 8
+cores), and 1,000 for the drain rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+KUEUE_WALL_S = 351.1  # the 2024 calibration mean (5 runs)
+KUEUE_USAGE = 0.587
+COHORTS, QUEUES = 5, 6
+CLASSES = {  # name: (per queue, cpu, run seconds, priority class, interval seconds)
+    "small": (350, 1, 0.2, "low", 0.1),
+    "medium": (100, 5, 0.5, "normal", 0.5),
+    "large": (50, 20, 1.0, "high", 1.2),
+}
+NODES = "30x20"  # 600 CPUs, one node per queue's nominal quota
+CLIENTS = 16  # concurrent REST submitters
+RUN_SECONDS = "hollow.trainmaster.dev/run-seconds"
+
+
+def uptime() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# ---- the replay ------------------------------------------------------------------------------
+def workloads(fraction: float) -> list[tuple[float, dict[str, Any], str]]:
+    """(arrival seconds, job document, class) for every workload, in arrival order."""
+    found = []
+    for cohort in range(COHORTS):
+        for queue in range(QUEUES):
+            cq = f"cq-{cohort}-{queue}"
+            for cls, (count, cpu, run, priority, every) in CLASSES.items():
+                for i in range(1, max(1, round(count * fraction)) + 1):
+                    doc = {
+                        "apiVersion": "trainmaster/v1",
+                        "kind": "Job",
+                        "metadata": {
+                            "name": f"{cls}-{cq}-{i}",
+                            "labels": {"kueue.x-k8s.io/queue-name": cq, "class": cls},
+                            "annotations": {RUN_SECONDS: str(run)},
+                        },
+                        "spec": {
+                            "scheduling": {"queue": cq, "priorityClass": priority},
+                            "roles": [{"name": "main", "command": ["true"], "resources": {"cpu": cpu}}],
+                        },
+                    }
+                    found.append((i * every, doc, cls))
+    return sorted(found, key=lambda w: w[0])
+
+
+class Server:
+    """``trainmaster server --backend hollow`` over a fresh home and store."""
+
+    def __init__(self, workdir: Path, db: str | None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.db = db or f"sqlite:///{workdir / 'store.db'}"
+        env = {
+            **os.environ,
+            "TRAINMASTER_HOME": str(workdir / "home"),
+            "TRAINMASTER_DB": self.db,
+            "TRAINMASTER_HOLLOW_NODES": NODES,
+        }
+        self.log = open(workdir / "server.log", "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "trainmaster", "server", "--backend", "hollow", "--port", str(self.port)]
+            + ["--interval", "0.5", "--max-jobs", "1000000"],
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not start; see {self.log.name}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.log.close()
+
+
+def replay(fraction: float, db: str | None, scratch: Path) -> dict[str, Any]:
+    workdir = Path(tempfile.mkdtemp(dir=scratch))
+    server = Server(workdir, db)
+    todo = workloads(fraction)
+    total = len(todo)
+    ids: list[int] = []
+    submit_ms: list[float] = []
+    probe_ms: dict[str, list[float]] = {"list": [], "status": []}
+    rss: list[int] = []
+    stop = threading.Event()
+    lock = threading.Lock()
+    heap = list(enumerate(todo))
+    heapq.heapify(heap)  # (index, (arrival, ...)): indexes are already in arrival order
+    start = time.perf_counter()
+
+    def submitter() -> None:
+        with httpx.Client(base_url=server.url, timeout=120) as client:
+            while True:
+                with lock:
+                    if not heap:
+                        return
+                    _, (arrival, doc, _cls) = heapq.heappop(heap)
+                wait = start + arrival - time.perf_counter()
+                if wait > 0:
+                    time.sleep(wait)
+                began = time.perf_counter()
+                reply = client.post("/api/v1/jobs", json=doc)
+                reply.raise_for_status()
+                with lock:
+                    submit_ms.append((time.perf_counter() - began) * 1000)
+                    ids.append(reply.json()["id"])
+
+    def prober() -> None:
+        rng = random.Random(7)
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            while not stop.is_set():
+                began = time.perf_counter()
+                queue = f"cq-{rng.randrange(COHORTS)}-{rng.randrange(QUEUES)}"
+                client.get("/api/v1/jobs", params={"queue": queue, "limit": 100}).raise_for_status()
+                probe_ms["list"].append((time.perf_counter() - began) * 1000)
+                with lock:
+                    some = rng.choice(ids) if ids else None
+                if some is not None:
+                    began = time.perf_counter()
+                    client.get(f"/api/v1/jobs/{some}").raise_for_status()
+                    probe_ms["status"].append((time.perf_counter() - began) * 1000)
+                try:
+                    rss.append(psutil.Process(server.proc.pid).memory_info().rss)
+                except psutil.Error:
+                    pass
+                stop.wait(0.25)
+
+    threads = [threading.Thread(target=submitter) for _ in range(CLIENTS)] + [threading.Thread(target=prober)]
+    for t in threads:
+        t.start()
+    try:
+        ended = 0
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            while ended < total:
+                time.sleep(1.0)
+                ended = sum(_count(client, state) for state in ("succeeded", "failed", "cancelled"))
+                if time.perf_counter() - start > 3600:
+                    raise TimeoutError(f"{ended} of {total} jobs ended after an hour")
+            failed = _count(client, "failed") + _count(client, "cancelled")
+            metrics = client.get("/metrics").text
+        wall = time.perf_counter() - start
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(120)
+        server.stop()
+    usage, admission = _usage_and_admission(server.db)
+    passes = _histogram(metrics, "trainmaster_reconcile_seconds")
+    shutil.rmtree(workdir, ignore_errors=True)
+    return {
+        "workloads": total,
+        "failed_or_cancelled": failed,
+        "wall_s": wall,
+        "capacity_use": usage,
+        "admission_s_by_class": admission,
+        "submit_ms": _quantiles(submit_ms),
+        "list_ms": _quantiles(probe_ms["list"]),
+        "status_ms": _quantiles(probe_ms["status"]),
+        "server_rss_max_mb": max(rss, default=0) / 2**20,
+        "reconcile_pass": passes,
+    }
+
+
+def _count(client: httpx.Client, state: str) -> int:
+    page = client.get("/api/v1/jobs", params={"state": state, "limit": 1}).json()
+    return len(page["items"]) + int(page["metadata"]["remainingItemCount"])
+
+
+def _usage_and_admission(db: str) -> tuple[float, dict[str, float]]:
+    """Capacity use (CPU-seconds of instances between their stored start and end, over 600 CPUs
+    × first start to last end) and the mean seconds from submit to admission per class."""
+    from sqlalchemy import select
+
+    from trainmaster.store.db import make_engine, session_factory
+    from trainmaster.store.models import InstanceRow, JobRow
+
+    with session_factory(make_engine(db))() as session:
+        spans = session.execute(select(InstanceRow.cpu, InstanceRow.started_at, InstanceRow.ended_at)).all()
+        jobs = session.execute(select(JobRow.name, JobRow.created_at, JobRow.started_at)).all()
+    spans = [(c, s.timestamp(), e.timestamp()) for c, s, e in spans if s and e]
+    first, last = min(s for _, s, _ in spans), max(e for _, _, e in spans)
+    used = sum(c * (e - s) for c, s, e in spans)
+    capacity = 600.0 * (last - first)
+    waits: dict[str, list[float]] = {}
+    for name, created, started in jobs:
+        if created and started:
+            waits.setdefault(name.split("-")[0], []).append((started - created).total_seconds())
+    return used / capacity, {cls: statistics.fmean(v) for cls, v in waits.items()}
+
+
+def _histogram(text: str, name: str) -> dict[str, Any]:
+    """Count, mean and the 99th percentile's bucket bound of a Prometheus histogram."""
+    buckets: list[tuple[float, float]] = []
+    count = total = 0.0
+    for line in text.splitlines():
+        if line.startswith(f"{name}_bucket"):
+            bound = line.split('le="')[1].split('"')[0]
+            buckets.append((float("inf") if bound == "+Inf" else float(bound), float(line.rsplit(" ", 1)[1])))
+        elif line.startswith(f"{name}_count"):
+            count = float(line.rsplit(" ", 1)[1])
+        elif line.startswith(f"{name}_sum"):
+            total = float(line.rsplit(" ", 1)[1])
+    p99 = next((b for b, n in sorted(buckets) if count and n >= 0.99 * count), None)
+    return {"passes": int(count), "mean_ms": 1000 * total / count if count else None, "p99_le_ms": p99 and 1000 * p99}
+
+
+def _quantiles(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"n": 0, "p50": None, "p99": None}
+    ordered = sorted(values)
+    return {
+        "n": len(ordered),
+        "p50": ordered[len(ordered) // 2],
+        "p99": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+    }
+
+
+# ---- the reconcile pass at N active instances -------------------------------------------------
+def pass_cost(active: int, replicas: int, passes: int, scratch: Path) -> dict[str, Any]:
+    from trainmaster.backends.hollow import HollowBackend, HollowCluster
+    from trainmaster.controller import Controller
+    from trainmaster.loading import load_document
+    from trainmaster.store.db import make_engine, session_factory
+
+    workdir = Path(tempfile.mkdtemp(dir=scratch))
+    url = f"sqlite:///{workdir / 'store.db'}"
+    sessions = session_factory(make_engine(url))
+    backend = HollowBackend(HollowCluster.parse(f"{active // 100 + 1}x100"), state_dir=workdir / "hollow")
+    controller = Controller(sessions, backend, url, runs_dir=workdir / "runs")
+    jobs = active // replicas
+    ids = []
+    for n in range(jobs):
+        doc = {
+            "apiVersion": "trainmaster/v1",
+            "kind": "Job",
+            "metadata": {"name": f"long-{n}", "annotations": {RUN_SECONDS: "86400"}},
+            "spec": {"roles": [{"name": "w", "replicas": replicas, "command": ["true"], "resources": {"cpu": 1}}]},
+        }
+        ids.append(controller.submit(load_document(doc)))
+    began = time.perf_counter()
+    controller.step()  # admits and starts every job
+    first = time.perf_counter() - began
+    for _ in range(3):
+        controller.step()  # each job's events of the first pass are looked at once
+    quiet, quiet_cpu = [], []
+    for _ in range(passes):
+        began, cpu = time.perf_counter(), time.process_time()
+        controller.step()
+        quiet.append((time.perf_counter() - began) * 1000)
+        quiet_cpu.append((time.process_time() - cpu) * 1000)
+    full = []
+    for _ in range(3):  # the pass that looks at every job (the first, then one every FULL_PASS_EVERY s)
+        controller._full_pass_at = 0.0
+        began = time.perf_counter()
+        controller.step()
+        full.append((time.perf_counter() - began) * 1000)
+    rng = random.Random(3)
+    churn = []
+    for _ in range(max(3, passes // 4)):
+        doomed = rng.sample(ids, max(1, jobs // 100))
+        for job_id in doomed:
+            controller.cancel(job_id)
+        ids = sorted(set(ids) - set(doomed))
+        began = time.perf_counter()
+        controller.step()
+        churn.append((time.perf_counter() - began) * 1000)
+    backend.close()
+    shutil.rmtree(workdir, ignore_errors=True)
+    return {
+        "active_instances": jobs * replicas,
+        "jobs": jobs,
+        "replicas": replicas,
+        "first_pass_s": first,
+        "quiet_pass_ms": _quantiles(quiet),
+        "quiet_pass_cpu_ms": _quantiles(quiet_cpu),
+        "full_pass_ms": _quantiles(full),
+        "pass_with_1pct_cancelled_ms": _quantiles(churn),
+    }
+
+
+# ---- real processes ---------------------------------------------------------------------------
+def real_jobs(count: int, slots: int, scratch: Path) -> dict[str, float]:
+    from controller_timing import Ours
+
+    from trainmaster.backends.base import Resources
+    from trainmaster.backends.local import LocalBackend
+
+    workdir = Path(tempfile.mkdtemp(dir=scratch))
+    backend = LocalBackend(Resources(cpu=float(slots), memory=0))
+    ours = Ours(backend, workdir)
+    start = time.perf_counter()
+    for n in range(count):
+        ours.submit(f"t{n}", [{"name": "task", "command": ["true"], "resources": {"cpu": 1}}])
+    queued = time.perf_counter()
+    from trainmaster.store import repository as repo
+
+    with ours.sessions() as session:
+        ours.until(lambda: not repo.active_job_ids(session, ours.controller.owner), "drain", timeout=3600)
+        states = dict(repo.state_counts(session))
+    end = time.perf_counter()
+    backend.close()
+    shutil.rmtree(workdir, ignore_errors=True)
+    return {
+        "jobs": count,
+        "submit_s": queued - start,
+        "drain_s": end - queued,
+        "total_s": end - start,
+        "drain_jobs_per_s": count / (end - queued),
+        "states": states,
+    }
+
+
+# ---- report -----------------------------------------------------------------------------------
+def median_of(runs: list[dict[str, Any]], *path: str) -> float | None:
+    values = []
+    for run in runs:
+        value: Any = run
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        if isinstance(value, (int, float)):
+            values.append(float(value))
+    return statistics.median(values) if values else None
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = [
+        "# Scale benchmark (`bench/scale.py`)",
+        "",
+        f"Command: `{results['meta']['command']}`; {results['meta']['runs']} run(s) per section, medians.",
+        f"Load (1, 5, 15 min) before/after each section: {json.dumps(results['meta']['load'])}",
+        "",
+        "| Must show | Measured (median) | Goal | Anchor |",
+        "|---|---|---|---|",
+    ]
+    k = results.get("kueue")
+    if k:
+        wall = k["median"]["wall_s"]
+        lines += [
+            f"| Kueue replay, {k['runs'][0]['workloads']} workloads: total time | {wall:.1f} s "
+            f"({wall / KUEUE_WALL_S:.2f}× Kueue) | ≤ 0.5× ({KUEUE_WALL_S / 2:.0f} s) | Kueue {KUEUE_WALL_S:.0f} s |",
+            f"| capacity use (no quotas yet: one 600-CPU pool) | {100 * k['median']['capacity_use']:.1f} % | "
+            f"≥ 80 % quota use | Kueue {100 * KUEUE_USAGE:.1f} % |",
+            f"| list p99 / status p99 during the replay | {k['median']['list_p99']:.0f} / "
+            f"{k['median']['status_p99']:.0f} ms | ≤ 100 ms | list at 2,000 jobs before: p99 459 ms |",
+            f"| server RSS (max) | {k['median']['rss_mb']:.0f} MB | ≤ 1 GB | minimalkueue 435 MiB |",
+            f"| reconcile pass during the replay: mean / p99 bucket | {k['median']['pass_mean_ms']:.1f} / "
+            f"≤ {k['median']['pass_p99_ms']:.0f} ms | | |",
+        ]
+    p = results.get("pass")
+    if p:
+        lines += [
+            f"| reconcile pass, {p['runs'][0]['active_instances']} active instances "
+            f"({p['runs'][0]['jobs']} jobs × {p['runs'][0]['replicas']}): p50 / p99, nothing changed | "
+            f"{p['median']['quiet_p50']:.1f} / {p['median']['quiet_p99']:.1f} ms "
+            f"(CPU p99 {p['median']['quiet_cpu_p99']:.1f} ms) | p99 ≤ 50 ms | |",
+            f"| the pass that looks at every job (first, then every 30 s): p50 | {p['median']['full_p50']:.0f} ms | | |",
+            f"| the same, 1 % of jobs cancelled per pass: p50 / p99 | {p['median']['churn_p50']:.1f} / "
+            f"{p['median']['churn_p99']:.1f} ms | | |",
+        ]
+    r = results.get("real")
+    if r:
+        lines += [
+            f"| {r['runs'][0]['many']['jobs']} one-process jobs (real processes), submit + drain | "
+            f"{r['median']['many_total_s']:.1f} s | ≤ 60 s | Volcano 180 s on 8 cores |",
+            f"| drain of {r['runs'][0]['drain']['jobs']} `true` jobs | {r['median']['drain_rate']:.0f} jobs/s | "
+            "≥ 300 jobs/s | 170-226 before |",
+        ]
+    if k:
+        lines += [
+            "",
+            "Mean seconds from submit to admission per class (Kueue 2024: large 6.7, medium 76.8, small 215.5):",
+        ]
+        for cls in CLASSES:
+            value = median_of(k["runs"], "admission_s_by_class", cls)
+            lines.append(f"- {cls}: {value:.2f} s" if value is not None else f"- {cls}: not measured")
+    lines += ["", "Raw runs: `bench/results/scale.json`.", ""]
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib (the bench extra) is not installed: no plot", file=sys.stderr)
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    k = results.get("kueue")
+    if k:
+        axes[0].bar(["Kueue", "ours"], [KUEUE_WALL_S, k["median"]["wall_s"]], color=["#94a3b8", "#2563eb"])
+        axes[0].axhline(KUEUE_WALL_S / 2, color="#dc2626", linestyle="--", label="goal: 0.5× Kueue")
+        axes[0].set_ylabel("seconds, 15,000 workloads" if k["runs"][0]["workloads"] == 15000 else "seconds")
+        axes[0].set_title("Kueue's scheduler test replayed")
+        axes[0].legend()
+    p = results.get("pass")
+    if p:
+        axes[1].bar(
+            ["quiet p50", "quiet p99", "1% churn p50", "1% churn p99"],
+            [p["median"][k] for k in ("quiet_p50", "quiet_p99", "churn_p50", "churn_p99")],
+            color="#2563eb",
+        )
+        axes[1].axhline(50, color="#dc2626", linestyle="--", label="goal: p99 ≤ 50 ms")
+        axes[1].set_ylabel("ms per reconcile pass")
+        axes[1].set_title(f"{p['runs'][0]['active_instances']} active instances")
+        axes[1].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="a tenth of every size (a smoke run)")
+    parser.add_argument("--db", help="the replay's store (default: a fresh SQLite file); e.g. a PostgreSQL URL")
+    parser.add_argument("--only", default="kueue,pass,real", help="sections: kueue, pass, real")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = parser.parse_args()
+    sections = set(args.only.split(","))
+    fraction = 0.1 if args.quick else 1.0
+    scratch = Path(tempfile.mkdtemp(prefix="tm-scale-"))
+    results: dict[str, Any] = {
+        "meta": {"command": "python bench/scale.py " + " ".join(sys.argv[1:]), "runs": args.runs, "load": {}}
+    }
+    load = results["meta"]["load"]
+    try:
+        if "kueue" in sections:
+            load["kueue_before"] = uptime()
+            runs = [replay(fraction, args.db, scratch) for _ in range(args.runs)]
+            load["kueue_after"] = uptime()
+            results["kueue"] = {
+                "runs": runs,
+                "median": {
+                    "wall_s": median_of(runs, "wall_s"),
+                    "capacity_use": median_of(runs, "capacity_use"),
+                    "list_p99": median_of(runs, "list_ms", "p99"),
+                    "status_p99": median_of(runs, "status_ms", "p99"),
+                    "rss_mb": median_of(runs, "server_rss_max_mb"),
+                    "pass_mean_ms": median_of(runs, "reconcile_pass", "mean_ms"),
+                    "pass_p99_ms": median_of(runs, "reconcile_pass", "p99_le_ms"),
+                },
+            }
+        if "pass" in sections:
+            load["pass_before"] = uptime()
+            active = 1000 if args.quick else 10_000
+            runs = [pass_cost(active, 10, 20, scratch) for _ in range(args.runs)]
+            load["pass_after"] = uptime()
+            results["pass"] = {
+                "runs": runs,
+                "median": {
+                    "quiet_p50": median_of(runs, "quiet_pass_ms", "p50"),
+                    "quiet_p99": median_of(runs, "quiet_pass_ms", "p99"),
+                    "quiet_cpu_p99": median_of(runs, "quiet_pass_cpu_ms", "p99"),
+                    "full_p50": median_of(runs, "full_pass_ms", "p50"),
+                    "churn_p50": median_of(runs, "pass_with_1pct_cancelled_ms", "p50"),
+                    "churn_p99": median_of(runs, "pass_with_1pct_cancelled_ms", "p99"),
+                },
+            }
+        if "real" in sections:
+            load["real_before"] = uptime()
+            many = 1000 if args.quick else 10_000
+            runs = [
+                {"many": real_jobs(many, 32, scratch), "drain": real_jobs(1000, 32, scratch)} for _ in range(args.runs)
+            ]
+            load["real_after"] = uptime()
+            results["real"] = {
+                "runs": runs,
+                "median": {
+                    "many_total_s": median_of(runs, "many", "total_s"),
+                    "drain_rate": median_of(runs, "drain", "drain_jobs_per_s"),
+                },
+            }
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "scale.json").write_text(json.dumps(results, indent=2) + "\n")
+    (args.out / "scale.md").write_text(markdown(results))
+    plot(results, args.out / "scale.png")
+    print(markdown(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""Mechanism: the reconcile pass costs what changed, not what exists (issue 31): every active job
+is read as plain columns in a fixed number of queries, every live instance observed in one
+backend call, and only jobs that changed are loaded and reconciled: an observation that differs
+from the stored state, or an event since the last pass (a cancel or a scale written by another
+process sharing the store). Event ids, the store's resource versions, are never reused."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from sqlalchemy import event, select
+
+from controller_harness import Harness, job
+from trainmaster.backends.hollow import RUN_SECONDS, HollowBackend, HollowCluster
+from trainmaster.loading import validate_document
+from trainmaster.store import repository as repo
+from trainmaster.store.db import make_engine, session_factory
+from trainmaster.store.models import EventRow, JobRow
+
+
+def long_job(name: str, replicas: int = 2) -> dict:
+    doc = job(name, [{"name": "w", "replicas": replicas, "command": ["true"], "resources": {"cpu": 1}}])
+    doc["metadata"]["annotations"] = {RUN_SECONDS: "3600"}
+    return doc
+
+
+def running_harness(tmp_path: Path, jobs: int) -> tuple[Harness, list[int]]:
+    h = Harness(tmp_path, backend=HollowBackend(HollowCluster.parse("10x100"), state_dir=tmp_path / "hollow"))
+    ids = [h.submit(long_job(f"long-{n}")) for n in range(jobs)]
+    for _ in range(4):  # admit and start, then look once at every job's own events
+        h.controller.step()
+    assert {h.status(i)["state"] for i in ids} == {"running"}
+    return h, ids
+
+
+def statements_of_a_pass(h: Harness) -> list[str]:
+    engine = h.sessions.kw["bind"]
+    seen: list[str] = []
+
+    def record(conn, cursor, statement, *args) -> None:  # noqa: ANN001
+        seen.append(statement)
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        h.controller.step()
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    return seen
+
+
+def test_a_pass_over_running_jobs_that_did_not_change_loads_no_job(tmp_path: Path) -> None:
+    few, _ = running_harness(tmp_path / "few", 5)
+    many, _ = running_harness(tmp_path / "many", 40)
+    try:
+        small, large = statements_of_a_pass(few), statements_of_a_pass(many)
+        assert len(small) == len(large) <= 8, large  # the same few queries for 10 or 80 instances
+        assert not any(s.lstrip().upper().startswith(("UPDATE", "INSERT")) for s in large), large
+    finally:
+        few.backend.close()
+        many.backend.close()
+
+
+def test_a_cancel_written_by_another_process_is_acted_on_at_the_next_pass(tmp_path: Path) -> None:
+    """The CLI cancels on the store directly (no server): its event marks the job changed."""
+    h, ids = running_harness(tmp_path, 3)
+    try:
+        other = session_factory(make_engine(h.url))  # another process's connection
+        with other() as session:
+            assert repo.request_cancel(session, repo.load_job(session, ids[1]))
+            repo.set_replicas(session, repo.load_job(session, ids[2]), "w", 3, validate_document)
+            session.commit()
+        h.controller.step()
+        h.controller.step()
+        assert h.status(ids[1])["state"] == "cancelled"
+        scaled = h.status(ids[2])
+        assert len([i for i in scaled["instances"] if i["state"] == "running"]) == 3
+        assert h.status(ids[0])["state"] == "running"
+    finally:
+        h.backend.close()
+
+
+def test_an_instance_that_ends_is_seen_without_any_event(tmp_path: Path) -> None:
+    h = Harness(tmp_path, backend=HollowBackend(HollowCluster.parse("2x4"), state_dir=tmp_path / "hollow"))
+    try:
+        doc = long_job("short", replicas=1)
+        doc["metadata"]["annotations"] = {RUN_SECONDS: "4"}
+        job_id = h.submit(doc)
+        for _ in range(4):
+            h.controller.step()
+        assert h.status(job_id)["state"] == "running"  # and quiet: no event since the last pass
+        deadline = time.monotonic() + 30
+        while h.status(job_id)["state"] == "running" and time.monotonic() < deadline:
+            h.controller.wait_for_work(1.0)
+            h.controller.step()
+        assert h.status(job_id)["state"] == "succeeded"
+    finally:
+        h.backend.close()
+
+
+def test_event_ids_are_never_reused_after_a_job_is_deleted(tmp_path: Path) -> None:
+    """A reader past the newest event (a watch, the controller) would never see an event given
+    a deleted one's id again: SQLite's AUTOINCREMENT on events (PostgreSQL's sequence never reuses)."""
+    h = Harness(tmp_path, backend=HollowBackend(HollowCluster.parse("1x1"), state_dir=tmp_path / "hollow"))
+    try:
+        first = h.submit(long_job("first", 1))
+        second = h.submit(long_job("second", 1))
+        with h.sessions() as session:
+            newest = repo.newest_event_id(session)
+            session.delete(session.get(JobRow, second))
+            session.commit()
+        h.submit(long_job("third", 1))
+        with h.sessions() as session:
+            ids = session.scalars(select(EventRow.id).where(EventRow.job_id != first)).all()
+        assert min(ids) > newest
+    finally:
+        h.backend.close()
