@@ -9,7 +9,7 @@ runs out of the cluster as ``trainmaster operator`` (its own process, metrics on
 
 Each run creates, through the API, either a ``TrainingJob`` of N replicas (ours) or a
 ``batch/v1`` Job with ``parallelism = completions = N`` (Kubernetes'), whose pods are the same:
-the ``busybox`` image built here, ``busybox sleep 30``, ``imagePullPolicy: Never``, no requests.
+the ``busybox`` image built here, a 30 s sleep that ends on SIGTERM, ``imagePullPolicy: Never``, no requests.
 The clock starts just before the create call and stops when a watch the benchmark opened
 beforehand has seen N of the job's pods in phase ``Running``. Systems alternate (their order
 flips every run); each job is deleted and its pods gone before the next. Medians over runs.
@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import statistics
 import subprocess
 import sys
@@ -34,7 +35,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-BUSYBOX_COMMAND = ["busybox", "sleep", "30"]
+# the same pod for both systems: sleeps 30 s, and ends at once on SIGTERM (a plain ``sleep`` as the
+# container's first process ignores it, so each deletion would wait out the 30 s grace period)
+BUSYBOX_COMMAND = ["busybox", "sh", "-c", "trap 'exit 0' TERM; busybox sleep 30 & wait"]
 TIMEOUT = 240.0
 OURS, THEIRS = "trainmaster operator", "batch/v1 Job controller"
 
@@ -108,7 +111,10 @@ class Bench:
         running: set[str] = set()
         seen = threading.Event()
         done_at: list[float] = []
-        watcher = threading.Thread(target=self._watch, args=(selector, replicas, running, seen, done_at), daemon=True)
+        created_at: list[float] = []  # when the watch had seen every pod (created, not yet running)
+        watcher = threading.Thread(
+            target=self._watch, args=(selector, replicas, running, seen, done_at, created_at), daemon=True
+        )
         watcher.start()
         seen.wait(10)  # the watch is open
         requests_before = self.metric("trainmaster_operator_api_requests_total")
@@ -124,19 +130,30 @@ class Bench:
             raise RuntimeError(f"{system}: {len(running)} of {replicas} pods Running after {TIMEOUT:.0f} s")
         requests = self.metric("trainmaster_operator_api_requests_total") - requests_before
         self._delete(system, name, selector)
-        return {"running_s": done_at[0] - start, "operator_requests": requests}
+        created = (created_at[0] if created_at else done_at[0]) - start
+        return {"running_s": done_at[0] - start, "created_s": created, "operator_requests": requests}
 
     def _watch(
-        self, selector: str, replicas: int, running: set[str], opened: threading.Event, done_at: list[float]
+        self,
+        selector: str,
+        replicas: int,
+        running: set[str],
+        opened: threading.Event,
+        done_at: list[float],
+        created_at: list[float],
     ) -> None:
         from kubernetes import watch
 
+        created: set[str] = set()
         stream = watch.Watch()
         opened.set()
         for event in stream.stream(
             self.core.list_namespaced_pod, "default", label_selector=selector, timeout_seconds=int(TIMEOUT)
         ):
             pod = event["object"]
+            created.add(pod.metadata.name)
+            if len(created) >= replicas and not created_at:
+                created_at.append(time.perf_counter())
             if pod.status.phase == "Running":
                 running.add(pod.metadata.name)
             if len(running) >= replicas:
@@ -177,8 +194,11 @@ def run_and_write(runs: int, sizes: list[int], out: Path, nodes: int = 1) -> dic
     port = free_ports(1)[0]
     env = {**os.environ, "KUBECONFIG": str(cluster.layout.kubeconfig), "TRAINMASTER_HOME": str(scratch / "home")}
     log = open(scratch / "operator.log", "wb")
+    # TM_BENCH_PROFILE=FILE: the operator runs under cProfile, its profile written to FILE at the end
+    profile = os.environ.get("TM_BENCH_PROFILE")
     operator = subprocess.Popen(
         [
+            *([sys.executable, "-m", "cProfile", "-o", profile] if profile else []),
             str(Path(sys.executable).parent / "trainmaster"),
             "operator",
             "--runtime",
@@ -221,15 +241,22 @@ def run_and_write(runs: int, sizes: list[int], out: Path, nodes: int = 1) -> dic
         bench.run(THEIRS, 1, BUSYBOX)
         for size in sizes:
             samples: dict[str, list[dict[str, float]]] = {OURS: [], THEIRS: []}
+            load_before = round(os.getloadavg()[0], 2)
             for run in range(runs):
                 for system in (OURS, THEIRS) if run % 2 == 0 else (THEIRS, OURS):
                     samples[system].append(bench.run(system, size, BUSYBOX))
             for system, measured in samples.items():
                 entry = summary([m["running_s"] for m in measured])
+                entry["created_median_s"] = statistics.median(m["created_s"] for m in measured)
                 if system == OURS:
                     entry["operator_requests_median"] = statistics.median(m["operator_requests"] for m in measured)
+                entry["load"] = [load_before, round(os.getloadavg()[0], 2)]  # 1-minute load before and after
                 results["submit_to_running"][system][str(size)] = entry
-                print(f"{system:24s} {size:3d} pods: every pod Running after {entry['median_s']:.2f} s", flush=True)
+                print(
+                    f"{system:24s} {size:3d} pods: every pod Running after {entry['median_s']:.2f} s "
+                    f"(1-minute load {entry['load'][0]} -> {entry['load'][1]})",
+                    flush=True,
+                )
             ratio = (
                 results["submit_to_running"][OURS][str(size)]["median_s"]
                 / results["submit_to_running"][THEIRS][str(size)]["median_s"]
@@ -247,6 +274,7 @@ def run_and_write(runs: int, sizes: list[int], out: Path, nodes: int = 1) -> dic
             operator.kill()
         log.close()
         remove(name, root=scratch / "clusters")
+        shutil.rmtree(scratch, ignore_errors=True)
     results["meta"]["load_at_end"] = round(os.getloadavg()[0], 2)
     out.mkdir(parents=True, exist_ok=True)
     (out / "controller_kubernetes.json").write_text(json.dumps(results, indent=2) + "\n")
@@ -266,8 +294,8 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         "Command: `.venv/bin/python bench/controller.py --kubernetes`",
         "",
-        "| pods | Trainmaster operator (s) | batch/v1 Job controller (s) | ours / Kubernetes | operator API requests per job |",
-        "|---:|---:|---:|---:|---:|",
+        "| pods | Trainmaster operator (s) | batch/v1 Job controller (s) | ours / Kubernetes | every pod created: ours / Kubernetes' (s) | operator API requests per job | 1-minute load (before -> after) |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     s = results["submit_to_running"]
     for size in s[OURS]:
@@ -275,7 +303,9 @@ def markdown(results: dict[str, Any]) -> str:
         lines.append(
             f"| {size} | {ours['median_s']:.2f} ({ours['min_s']:.2f}-{ours['max_s']:.2f}) | "
             f"{theirs['median_s']:.2f} ({theirs['min_s']:.2f}-{theirs['max_s']:.2f}) | "
-            f"{s['ratio'][size]:.2f}x | {ours['operator_requests_median']:.0f} |"
+            f"{s['ratio'][size]:.2f}x | {ours['created_median_s']:.2f} / {theirs['created_median_s']:.2f} | "
+            f"{ours['operator_requests_median']:.0f} | "
+            f"{ours['load'][0]} -> {ours['load'][1]} |"
         )
     op = results.get("operator") or {}
     if op:

@@ -36,6 +36,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
+from urllib.parse import urlsplit
 
 from trainmaster.backends import kubernetes_objects as k8s
 from trainmaster.backends.base import (
@@ -198,6 +199,7 @@ class KubernetesBackend(Backend):
         self._ports_held: set[int] = set()
         self._next_port = FIRST_PORT
         self._wakes: list[Callable[[], None]] = []
+        self._channel_checked = False
         self._closing = threading.Event()
         self._pool = ThreadPoolExecutor(self.options.create_threads, thread_name_prefix="k8s-create")
         # the operator's leader election: every write asks it first (a deposed leader writes nothing)
@@ -371,7 +373,23 @@ class KubernetesBackend(Backend):
         )
         if spec.container is None:
             env["PATH"] = self._path(env.get("PATH"))
+        self._check_channel(env.get("TM_CHANNEL", ""))
         return env
+
+    def _check_channel(self, url: str) -> None:
+        """Pods reach the controller's instance channel by address: a loopback one is the pod's
+        own, so say once that ``report()`` and ``publish()`` in pods will reach nobody."""
+        host = urlsplit(url).hostname or ""
+        if self._channel_checked or not url.startswith("http"):
+            return
+        self._channel_checked = True
+        if host == "localhost" or host.startswith("127.") or host == "::1":
+            log.warning(
+                "the instance channel is at %s, which pods cannot reach (a loopback address: this machine "
+                "has no default route); set TRAINMASTER_CHANNEL_HOST to an address of this machine that the "
+                "cluster's pods reach, or report() and publish() in pods store nothing",
+                url,
+            )
 
     def _path(self, path: str | None) -> str:
         """``PATH`` of a pod of this machine's software: the venv's programs first (torchrun)."""
