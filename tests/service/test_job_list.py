@@ -13,7 +13,7 @@ import pytest
 
 from controller_harness import job
 from server_process import ServerProcess
-from trainmaster.api import Trainmaster
+from trainmaster.api import LocalTrainmaster
 from trainmaster.errors import UserError
 from trainmaster.loading import load_document
 from trainmaster.store import listing
@@ -22,13 +22,13 @@ from trainmaster.store.listing import JobFilter
 from trainmaster.store.models import EventRow, JobRow
 
 
-def stored(url: str, count: int, state_dir: Path) -> Trainmaster:
+def stored(url: str, count: int, state_dir: Path) -> LocalTrainmaster:
     """``count`` jobs stored as a submit stores them (queue a/b alternating, label team=vision on
     every third), no controller: listing reads the store only."""
     from trainmaster.controller import Controller
     from trainmaster.backends.hollow import HollowBackend
 
-    facade = Trainmaster(session_factory(make_engine(url)), url)
+    facade = LocalTrainmaster(session_factory(make_engine(url)), url)
     controller = Controller(facade.sessions, HollowBackend(state_dir=state_dir), url)
     for n in range(count):
         doc = job(f"j{n}", [{"name": "w", "command": ["true"]}], scheduling={"queue": "ab"[n % 2]})
