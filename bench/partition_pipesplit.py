@@ -206,11 +206,12 @@ def summarise(doc: dict) -> list[dict]:
         }
         for m in med.values():
             m["latency_ratio"] = m["latency"] / m["predicted_latency"]
-        base = max(med[m]["samples_per_second"] for m in ("layers", "params") if m in med)
+        # (a run cut short may have no baseline yet for its last case)
+        base = max((med[m]["samples_per_second"] for m in ("layers", "params") if m in med), default=None)
         ours = med.get("trainmaster", {}).get("samples_per_second")
         # the cost model's own view: ours's period is the least over every split at module
         # boundaries, so the better baseline's period over it bounds what any split could gain
-        planned_base = min(med[m]["planned_period"] for m in ("layers", "params") if m in med)
+        planned_base = min((med[m]["planned_period"] for m in ("layers", "params") if m in med), default=None)
         planned_ours = med.get("trainmaster", {}).get("planned_period")
         out.append(
             {
@@ -218,7 +219,7 @@ def summarise(doc: dict) -> list[dict]:
                 "k": k,
                 "methods": med,
                 "throughput_vs_best_baseline": (ours / base) if ours and base else None,
-                "planned_vs_best_baseline": (planned_base / planned_ours) if planned_ours else None,
+                "planned_vs_best_baseline": (planned_base / planned_ours) if planned_ours and planned_base else None,
             }
         )
     return out
