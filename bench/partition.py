@@ -1046,6 +1046,17 @@ def pipeline_testbed(argv, out: Path) -> None:
     print(out.with_suffix(".md").read_text())
 
 
+def _stage_counts(ap: argparse.ArgumentParser, text: str) -> list[int]:
+    """--ks: comma-separated stage counts, each 2-4 (the testbed has four hosts)."""
+    try:
+        ks = [int(k) for k in text.split(",")]
+    except ValueError:
+        ap.error(f"--ks {text!r}: give comma-separated integers, e.g. --ks 2,3")
+    if not ks or any(k < 2 or k > 4 for k in ks):
+        ap.error(f"--ks {text!r}: each stage count must be 2, 3 or 4")
+    return ks
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="k in {2, 4}, 3 repeats, small ILPs")
@@ -1084,12 +1095,20 @@ def main(argv=None):
         "pipelines on testbed hosts (bench/partition_pipesplit.py; partition_pipesplit.*; needs root)",
     )
     ap.add_argument("--rounds", type=int, default=2, help="with --pipeline-splits: runs per split, methods alternating")
+    ap.add_argument("--ks", default="2,3,4", help="with --pipeline-splits: stage counts (a shorter run: --ks 2)")
+    ap.add_argument("--cases", default=None, help="with --pipeline-splits: case labels' prefixes (resnet, gpt2)")
     args = ap.parse_args(argv)
     out = Path(args.out)
     if args.pipeline_splits:
         import partition_pipesplit
 
-        partition_pipesplit.main(list(argv or sys.argv[1:]), out.parent / "partition_pipesplit", rounds=args.rounds)
+        partition_pipesplit.main(
+            list(argv or sys.argv[1:]),
+            out.parent / "partition_pipesplit",
+            rounds=args.rounds,
+            ks=_stage_counts(ap, args.ks),
+            cases=args.cases,
+        )
         return
     if args.fresh:
         import partition_fresh

@@ -132,14 +132,16 @@ def predicted_latency(plan_summary: dict, measured: dict) -> float:
     return sum(measured["stage_compute_seconds"]) + sum(links)
 
 
-def bench(bed, rounds: int = 2, cases=CASES, ks=KS) -> dict:
+def bench(bed, rounds: int = 2, cases=CASES, ks=KS, save=None) -> dict:
+    """Every case, k and method, ``rounds`` times; ``save(doc)`` after every run, so a run cut short
+    (a kill, a deadline) still leaves the figures it measured."""
     rows: list[dict] = []
     failed: list[dict] = []
+    doc = {"rows": rows, "failed": failed, "layouts": {}, "link_bits": LINK_BITS, "message_overhead": MESSAGE_OVERHEAD}
     out_dir = Path(tempfile.mkdtemp(prefix="tm-pipesplit-"))
-    layouts = {}
     for case in cases:
         plans, info = plans_for(case, ks)
-        layouts[case.label] = info
+        doc["layouts"][case.label] = info
         for k in ks:
             for r in range(rounds):
                 order = list(plans[k]) if r % 2 == 0 else list(plans[k])[::-1]  # alternate the methods
@@ -152,6 +154,8 @@ def bench(bed, rounds: int = 2, cases=CASES, ks=KS) -> dict:
                     except (RuntimeError, subprocess.TimeoutExpired) as exc:  # recorded, the others still run
                         failed.append({"case": case.label, "k": k, "method": method, "round": r, "error": str(exc)})
                         print(f"{case.label} k={k} {method} round {r} failed: {exc}", flush=True)
+                        if save:
+                            save(doc)
                         continue
                     summary = plan.summary()
                     rows.append(
@@ -173,13 +177,9 @@ def bench(bed, rounds: int = 2, cases=CASES, ks=KS) -> dict:
                         f"(predicted {rows[-1]['predicted_latency'] * 1e3:.1f}), load {rows[-1]['load']:.1f}",
                         flush=True,
                     )
-    return {
-        "rows": rows,
-        "failed": failed,
-        "layouts": layouts,
-        "link_bits": LINK_BITS,
-        "message_overhead": MESSAGE_OVERHEAD,
-    }
+                    if save:
+                        save(doc)
+    return doc
 
 
 def summarise(doc: dict) -> list[dict]:
@@ -206,11 +206,12 @@ def summarise(doc: dict) -> list[dict]:
         }
         for m in med.values():
             m["latency_ratio"] = m["latency"] / m["predicted_latency"]
-        base = max(med[m]["samples_per_second"] for m in ("layers", "params") if m in med)
+        # (a run cut short may have no baseline yet for its last case)
+        base = max((med[m]["samples_per_second"] for m in ("layers", "params") if m in med), default=None)
         ours = med.get("trainmaster", {}).get("samples_per_second")
         # the cost model's own view: ours's period is the least over every split at module
         # boundaries, so the better baseline's period over it bounds what any split could gain
-        planned_base = min(med[m]["planned_period"] for m in ("layers", "params") if m in med)
+        planned_base = min((med[m]["planned_period"] for m in ("layers", "params") if m in med), default=None)
         planned_ours = med.get("trainmaster", {}).get("planned_period")
         out.append(
             {
@@ -218,7 +219,7 @@ def summarise(doc: dict) -> list[dict]:
                 "k": k,
                 "methods": med,
                 "throughput_vs_best_baseline": (ours / base) if ours and base else None,
-                "planned_vs_best_baseline": (planned_base / planned_ours) if planned_ours else None,
+                "planned_vs_best_baseline": (planned_base / planned_ours) if planned_ours and planned_base else None,
             }
         )
     return out
@@ -312,17 +313,29 @@ def _fmt(x) -> str:
     return "n/a" if x is None else f"{x:.2f}x"
 
 
-def main(argv: list[str], out: Path, rounds: int = 2) -> None:
+def main(argv: list[str], out: Path, rounds: int = 2, ks=KS, cases: str | None = None) -> None:
+    """``ks``: the stage counts to run; ``cases``: comma-separated case labels' prefixes (e.g.
+    ``gpt2``), all by default. Results are written after every run."""
     from trainmaster.testbed import Testbed, TestbedOptions
 
     if os.geteuid() != 0:
         sys.exit("--pipeline-splits needs root: a testbed is network namespaces, veth links and tc qdiscs")
-    bed = Testbed.up(TestbedOptions(hosts=max(KS), link_rate=LINK_BITS, prefix="tmsplit"))
+    chosen = [c for c in CASES if not cases or any(c.label.startswith(x.strip()) for x in cases.split(","))]
+    if not chosen:
+        sys.exit(f"--cases {cases!r} names none of: " + ", ".join(c.label for c in CASES))
+    command = "python bench/partition.py " + " ".join(argv)
+
+    def save(doc: dict) -> None:
+        if not doc["rows"]:
+            return
+        doc["command"] = command
+        doc["load"] = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+        write(doc, out)
+
+    bed = Testbed.up(TestbedOptions(hosts=max(ks), link_rate=LINK_BITS, prefix="tmsplit"))
     try:
-        doc = bench(bed, rounds=rounds)
+        doc = bench(bed, rounds=rounds, cases=chosen, ks=tuple(ks), save=save)
     finally:
         bed.down()
-    doc["command"] = "python bench/partition.py " + " ".join(argv)
-    doc["load"] = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    write(doc, out)
+    save(doc)
     print(out.with_suffix(".md").read_text())
