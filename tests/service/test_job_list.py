@@ -39,12 +39,12 @@ def stored(url: str, count: int, state_dir: Path) -> LocalTrainmaster:
 
 
 @pytest.fixture
-def facade(store_url: str, tmp_path: Path) -> Trainmaster:
+def facade(store_url: str, tmp_path: Path) -> LocalTrainmaster:
     url = store_url if store_url.startswith("postgresql") else f"sqlite:///{tmp_path / 'list.db'}"
     return stored(url, 25, tmp_path / "hollow")
 
 
-def test_pages_follow_continue_tokens_and_count_what_remains(facade: Trainmaster) -> None:
+def test_pages_follow_continue_tokens_and_count_what_remains(facade: LocalTrainmaster) -> None:
     pages, after = [], None
     while True:
         page = facade.list_jobs(JobFilter(), limit=10, after=after)
@@ -62,7 +62,7 @@ def test_pages_follow_continue_tokens_and_count_what_remains(facade: Trainmaster
         facade.list_jobs(JobFilter(), limit=0)
 
 
-def test_filters_keep_state_queue_name_and_labels(facade: Trainmaster) -> None:
+def test_filters_keep_state_queue_name_and_labels(facade: LocalTrainmaster) -> None:
     def names(where: JobFilter) -> list[str]:
         return [j["name"] for j in facade.list_jobs(where).items]
 
@@ -80,7 +80,9 @@ def test_filters_keep_state_queue_name_and_labels(facade: Trainmaster) -> None:
         JobFilter.parse(state="runing")
 
 
-def test_a_watch_from_a_lists_version_misses_nothing_and_repeats_nothing(facade: Trainmaster, tmp_path: Path) -> None:
+def test_a_watch_from_a_lists_version_misses_nothing_and_repeats_nothing(
+    facade: LocalTrainmaster, tmp_path: Path
+) -> None:
     """Changes after the version a list gave come in order, each once; a job submitted is ADDED,
     a change of one MODIFIED, each with the event (its id the new version)."""
     start = facade.list_jobs(JobFilter(), limit=1).resource_version
