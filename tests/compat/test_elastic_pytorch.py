@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from controller_harness import Harness, events, wait_until
+from controller_harness import Harness, events
+from helpers import wait_until
 from trainmaster.loading import load_document
 from trainmaster.spec.load import LoadOptions
 
