@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -22,6 +22,7 @@ from test_dashboard_browser import CHROMEDRIVER, CHROMIUM, WAIT, browser, tickin
 from server_process import ServerProcess
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
 
@@ -128,7 +129,8 @@ def test_cross_site_forms_and_no_cors_fetches_change_nothing(
         untouched(token_server, job_id)
         browser.get(f"{token_server.url}/jobs/{job_id}")  # the user's own page acts, as before
         wait_for(browser, EC.element_to_be_clickable((By.ID, "cancel")), "the Cancel button")
-        browser.find_element(By.ID, "cancel").click()
+        # the live refresh may replace the button between a find and a click: click inside the wait
+        wait_for(browser, _clicked("cancel"), "a click on the Cancel button")
         wait_for(browser, EC.alert_is_present(), "the cancel confirmation")
         browser.switch_to.alert.accept()
         token_server.wait_state(job_id, {"cancelled"})
@@ -186,3 +188,17 @@ def test_a_dns_rebound_name_gets_no_page(tmp_path: Path) -> None:
     finally:
         driver.quit()
         server.stop()
+
+
+def _clicked(element_id: str) -> Callable[[webdriver.Chrome], bool]:
+    """A wait condition that clicks the element, found afresh at each look (False while the
+    page replaces it)."""
+
+    def click(driver: webdriver.Chrome) -> bool:
+        try:
+            driver.find_element(By.ID, element_id).click()
+        except StaleElementReferenceException:
+            return False
+        return True
+
+    return click
