@@ -3,9 +3,10 @@ list, a job's page (summary, capability views, metric curves, log), the submit p
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import HTMLResponse, JSONResponse
 
@@ -16,30 +17,38 @@ from trainmaster.service.dashboard.site import MAX_ID, JobId, dashboard_of
 router = APIRouter(include_in_schema=False)
 
 
-@router.get("/", response_class=HTMLResponse)
-def jobs_page(
-    request: Request,
+@dataclass(frozen=True)
+class JobFilter:
+    """The job list's query (state, name prefix, page), shared by the page and its refresh."""
+
+    state: str
+    name: str
+    page_no: int
+
+
+def job_filter(
     state: str = Query("", max_length=16),
     name: str = Query("", max_length=63),
     page_no: int = Query(1, alias="page", ge=1, le=MAX_ID // views.PAGE_SIZE),
-) -> HTMLResponse:
+) -> JobFilter:
+    return JobFilter(state, name, page_no)
+
+
+def _jobs(request: Request, query: JobFilter, template: str, **extra: object) -> HTMLResponse:
     dashboard = dashboard_of(request)
     with dashboard.sessions() as session:
-        listing = views.job_list(session, state, name, page_no)
-    return dashboard.page(request, "jobs.html", listing=listing, state=state, name=name, states=views.STATES)
+        listing = views.job_list(session, query.state, query.name, query.page_no)
+    return dashboard.page(request, template, listing=listing, state=query.state, name=query.name, **extra)
+
+
+@router.get("/", response_class=HTMLResponse)
+def jobs_page(request: Request, query: JobFilter = Depends(job_filter)) -> HTMLResponse:
+    return _jobs(request, query, "jobs.html", states=views.STATES)
 
 
 @router.get("/ui/jobs/table", response_class=HTMLResponse)
-def jobs_table(
-    request: Request,
-    state: str = Query("", max_length=16),
-    name: str = Query("", max_length=63),
-    page_no: int = Query(1, alias="page", ge=1, le=MAX_ID // views.PAGE_SIZE),
-) -> HTMLResponse:
-    dashboard = dashboard_of(request)
-    with dashboard.sessions() as session:
-        listing = views.job_list(session, state, name, page_no)
-    return dashboard.page(request, "_jobs_table.html", listing=listing, state=state, name=name)
+def jobs_table(request: Request, query: JobFilter = Depends(job_filter)) -> HTMLResponse:
+    return _jobs(request, query, "_jobs_table.html")
 
 
 @router.get("/jobs/{ref}", response_class=HTMLResponse)
