@@ -487,3 +487,38 @@ def test_arbiter_killed_mid_round_resumes_its_leases(tmp_path):
     finally:
         proc.kill()
         proc.wait(timeout=30)
+
+
+@NEEDS_FLWR
+@pytest.mark.timeout(120)
+def test_a_federation_ends_the_processes_orphaned_under_it(tmp_path):
+    """Nothing is left behind: a process of the federation whose parent died before it was seen
+    (as a SuperNode's SuperExec, started in its own session, outlives a crashed SuperNode) is
+    still ended when the federation closes: it is found by the federation's environment mark."""
+    import os
+    import sys
+    import time
+
+    from trainmaster.flsched.federation import LocalFederation
+
+    pid_file = tmp_path / "orphan.pid"
+    fed = LocalFederation(workdir=tmp_path / "fed")
+    orphaner = fed._spawn(
+        "orphaner",
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys; "
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True); "
+            f"open({str(pid_file)!r}, 'w').write(str(p.pid))",
+        ],
+    )
+    orphaner.wait(timeout=60)
+    orphan = int(pid_file.read_text())
+    assert os.path.exists(f"/proc/{orphan}"), "the orphan should be running before close()"
+    fed.close()
+    deadline = time.monotonic() + 20
+    while os.path.exists(f"/proc/{orphan}") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    state = open(f"/proc/{orphan}/stat").read().split()[2] if os.path.exists(f"/proc/{orphan}") else "gone"
+    assert state in ("gone", "Z"), f"orphan {orphan} is still {state} after the federation closed"

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,23 @@ def _proc_start(pid: int) -> str | None:
         return None
 
 
+def _marked(marker: bytes) -> list[int]:
+    """Processes whose environment holds ``marker`` (a ``NAME=value`` entry): every descendant
+    inherits it, also one that was orphaned (its parent died, so it hangs off init) before a
+    snapshot saw it. Flower's SuperNodes start their SuperExec in a new session, so a process
+    group would not hold them."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                environ = (entry / "environ").read_bytes()
+            except OSError:
+                continue
+            if marker in environ.split(b"\0"):
+                pids.append(int(entry.name))
+    return pids
+
+
 def _children() -> dict[int, list[int]]:
     out: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
@@ -186,6 +204,8 @@ class LocalFederation:
             "OPENBLAS_NUM_THREADS": "1",
             "OMP_NUM_THREADS": "1",
             "PYTHONUNBUFFERED": "1",
+            # marks every process of this federation, however it was started (see _marked)
+            "TM_FEDERATION": f"{os.getpid()}-{uuid.uuid4().hex}",
         }
         self.superlink_port = 0
         self.arbiter_url = ""
@@ -408,6 +428,7 @@ class LocalFederation:
         """Record every living descendant of the processes we started (with its start time)."""
         kids = _children()
         stack = [p.pid for p in self.procs.values() if p.poll() is None]
+        stack += _marked(f"TM_FEDERATION={self.env['TM_FEDERATION']}".encode())
         while stack:
             pid = stack.pop()
             if pid not in self.tracked:
