@@ -91,7 +91,7 @@ def test_scale_a_running_role_up_and_down(server: ServerProcess, tmp_path: Path)
     """Reconcile (spec step 8) driven through the API: `trainmaster scale` changes the desired
     replicas; instances are created or deleted to match; an invalid scale is refused."""
     job = write_job(
-        tmp_path, "elastic", [{"name": "w", "replicas": 1, "command": ["python", "-c", "import time; time.sleep(60)"]}]
+        tmp_path, "elastic", [{"name": "w", "replicas": 1, "command": ["python", "-c", "import time; time.sleep(600)"]}]
     )
     server.cli("submit", str(job))
     server.wait_state("elastic", {"running"})
