@@ -282,7 +282,9 @@ class LocalFederation:
                 _wait_port(
                     self.node_ports[k], f"SuperNode {k}", self.procs[f"node{k}"], timeout, self.logs / f"node{k}.log"
                 )
-        self._wait_connected(o.nodes, timeout)
+            # registered before the next batch starts: on a busy machine a storm of registrations
+            # times out, and each retry is refused as a key already in use, with growing back-off
+            self._wait_connected(len(self.node_ports), timeout)
 
     def start_node(self, k: int) -> subprocess.Popen:
         """(Re)start SuperNode k with its device profile as node config."""
