@@ -98,7 +98,9 @@ def test_elastic_job_survives_a_kill_and_scales_without_restarting(tmp_path: Pat
         phases["scaled to 2"] = {"world": 2, "scale to training resumed (s)": round(shrunk[0]["t"] - scaled_down, 1)}
 
         (tmp_path / "stop").write_text("stop")
+        stopped = time.time()
         runner.join(420)  # the agents leave the rendezvous one by one: slow on a loaded machine
+        phases["stop file to job end (s)"] = round(time.time() - stopped, 1)
         assert result.get("state") == "succeeded", harness.status(job_id)["message"]
     finally:
         if runner.is_alive():

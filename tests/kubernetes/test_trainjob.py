@@ -212,8 +212,8 @@ def test_an_mpi_trainjob_runs_its_ranks_on_a_namespaced_runtime(k8s_cluster, ope
         assert f"rank {rank} of 4" in logs, logs
     jobs = {s["name"]: s for s in done["status"]["jobsStatus"]}  # the runtime's replicated jobs' names
     assert set(jobs) == {"node", "launcher"} and jobs["launcher"]["succeeded"] == 1, jobs
-    node = get_json(k8s_cluster, "pods", "-l", "jobset.sigs.k8s.io/jobset-name=mpi-ranks")["items"]
-    assert {p["metadata"]["labels"]["jobset.sigs.k8s.io/replicatedjob-name"] for p in node} == {"node", "launcher"}
+    launcher = get_json(k8s_cluster, "pod", "mpi-ranks-launcher-0")  # kept (the node pods were stopped)
+    assert launcher["metadata"]["labels"]["jobset.sigs.k8s.io/replicatedjob-name"] == "launcher"
     kubectl(k8s_cluster, "delete", "trainjob/mpi-ranks", "trainingruntime/deepspeed-distributed")
 
 
