@@ -30,8 +30,11 @@ pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(600)]
 
 
 def _data() -> Path:
+    """$TRAINMASTER_SHARED_DATA, else ``shared/data`` beside the checkout (or beside the folder
+    of worktrees it is one of)."""
     env = os.environ.get("TRAINMASTER_SHARED_DATA")
-    base = Path(env) if env else REPO.parents[1] / "shared" / "data"
+    beside = [folder / "shared" / "data" for folder in (REPO.parent, REPO.parents[1])]
+    base = Path(env) if env else next((b for b in beside if b.is_dir()), beside[0])
     return base / "kubeflow-trainer-v2"
 
 
