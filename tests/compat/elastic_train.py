@@ -5,7 +5,8 @@ Rank 0 checkpoints the model, optimizer and step after every step (an atomic ren
 (re)started worker resumes from it, as torchrun's elastic training expects. Rank 0 appends one
 JSON line per step to $PROGRESS: time, step, world size, loss, the agent's restart count,
 the worker's start time. The
-group stops together (rank 0's decision is broadcast) once $STOP exists or $STEPS are done.
+group stops together (rank 0's decision is broadcast, then a barrier) once $STOP exists or
+$STEPS are done.
 """
 
 from __future__ import annotations
@@ -65,6 +66,10 @@ def main() -> None:
         if flag.item():
             break
         time.sleep(pause)
+    # leave together: rank 0 hosts the workers' store and saves the checkpoint last; a rank
+    # still tearing down when it exits could fail, and a failed worker makes its agent restart
+    # and wait at a rendezvous (600 s) while its peers wait at torchrun's exit barrier (300 s)
+    dist.barrier()
     dist.destroy_process_group()
 
 

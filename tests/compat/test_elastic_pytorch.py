@@ -39,6 +39,18 @@ def steps_since(path: Path, moment: float, world: int, count: int = 3) -> list[d
     return found if len(found) >= count else []
 
 
+def _started_after(status: dict[str, Any], index: int, attempt: int, moment: float) -> float | None:
+    """Seconds from ``moment`` to the start of node ``index``'s attempt ``attempt`` (None: not found)."""
+    from datetime import datetime, timezone
+
+    for i in status["instances"]:
+        if i["role"] == "node" and i["index"] == index and i["attempt"] == attempt and i.get("startedAt"):
+            started = datetime.fromisoformat(i["startedAt"])
+            started = started if started.tzinfo else started.replace(tzinfo=timezone.utc)  # the store's UTC
+            return round(started.timestamp() - moment, 1)
+    return None
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_elastic_job_survives_a_kill_and_scales_without_restarting(tmp_path: Path) -> None:
@@ -85,20 +97,37 @@ def test_elastic_job_survives_a_kill_and_scales_without_restarting(tmp_path: Pat
         resumed = wait_until(
             lambda: steps_since(log, killed_at, 2, 5), 240, "5 steps of the group re-formed after the kill"
         )
-        phases["after kill"] = {"world": 2, "kill to training resumed (s)": round(resumed[0]["t"] - killed_at, 1)}
+        phases["after kill"] = {
+            "world": 2,
+            "kill to training resumed (s)": round(resumed[0]["t"] - killed_at, 1),
+            # where the time goes: the replacement agent started, the re-formed group's rank 0 born
+            "replacement started (s)": _started_after(harness.status(job_id), 1, 2, killed_at),
+            "new group's workers started (s)": round(resumed[0]["born"] - killed_at, 1),
+        }
 
         scaled_up = time.time()
         harness.jobs.scale(job_id, "node", 4)
         grown = wait_until(lambda: steps_since(log, scaled_up, 4, 5), 240, "5 steps of the group of 4")
-        phases["scaled to 4"] = {"world": 4, "scale to training resumed (s)": round(grown[0]["t"] - scaled_up, 1)}
+        phases["scaled to 4"] = {
+            "world": 4,
+            "scale to training resumed (s)": round(grown[0]["t"] - scaled_up, 1),
+            "new agents started (s)": _started_after(harness.status(job_id), 3, 1, scaled_up),
+            "new group's workers started (s)": round(grown[0]["born"] - scaled_up, 1),
+        }
 
         scaled_down = time.time()
         harness.jobs.scale(job_id, "node", 2)
         shrunk = wait_until(lambda: steps_since(log, scaled_down, 2, 5), 240, "5 steps of the group of 2 again")
-        phases["scaled to 2"] = {"world": 2, "scale to training resumed (s)": round(shrunk[0]["t"] - scaled_down, 1)}
+        phases["scaled to 2"] = {
+            "world": 2,
+            "scale to training resumed (s)": round(shrunk[0]["t"] - scaled_down, 1),
+            "new group's workers started (s)": round(shrunk[0]["born"] - scaled_down, 1),
+        }
 
         (tmp_path / "stop").write_text("stop")
+        stopped = time.time()
         runner.join(420)  # the agents leave the rendezvous one by one: slow on a loaded machine
+        phases["stop file to job end (s)"] = round(time.time() - stopped, 1)
         assert result.get("state") == "succeeded", harness.status(job_id)["message"]
     finally:
         if runner.is_alive():

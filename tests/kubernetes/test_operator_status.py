@@ -5,7 +5,7 @@ RBAC it ships. Pure functions: no cluster."""
 from __future__ import annotations
 
 from trainmaster.operator import status as statuses
-from trainmaster.operator.kinds import KINDS, crd_manifest, kind_of
+from trainmaster.operator.kinds import CRD_KINDS, crd_manifest, kind_of
 from trainmaster.operator.manifests import ManifestOptions, operator_manifests, rbac_rules
 from trainmaster.operator.operator import replica_types, source_path, to_document
 
@@ -130,7 +130,7 @@ def test_a_resource_becomes_the_job_document_its_user_wrote() -> None:
 
 
 def test_crds_are_structural_with_the_status_subresource() -> None:
-    for kind in KINDS:
+    for kind in CRD_KINDS:
         crd = crd_manifest(kind)
         assert crd["apiVersion"] == "apiextensions.k8s.io/v1"
         versions = crd["spec"]["versions"]
@@ -155,7 +155,7 @@ def test_the_operators_rbac_is_least_privilege() -> None:
     assert not any("*" in v for v in verbs.values())
     manifests = operator_manifests(ManifestOptions(api_address="172.16.0.1:6443"))
     kinds = [m["kind"] for m in manifests]
-    assert kinds.count("CustomResourceDefinition") == len(KINDS)
+    assert kinds.count("CustomResourceDefinition") == len(CRD_KINDS)
     deployment = next(m for m in manifests if m["kind"] == "Deployment")
     assert deployment["spec"]["replicas"] == 2
     container = deployment["spec"]["template"]["spec"]["containers"][0]

@@ -100,14 +100,24 @@ def load_options(  # type: ignore[no-untyped-def]
         except ValueError as exc:
             raise UserError(f"--allow-framework {exc}") from None
     kind = None if runtime is None else RuntimeKind(runtime.value)
+    from trainmaster.spec.compat.trainer import RuntimeDoc
     from trainmaster.store.runtimes import installed_reader
+
+    readers = [installed_reader(db)]
+    if backend == "kubernetes":  # a TrainJob may also name a runtime applied to the cluster
+        from trainmaster.operator.trainjob import cluster_reader
+
+        readers.append(cluster_reader())
+
+    def installed() -> list[RuntimeDoc]:  # the store's first, then the cluster's
+        return [runtime for read in readers for runtime in read()]
 
     return LoadOptions(
         paths=PathPolicy.for_command_line(allow_path),
         lenient=lenient,
         runtime=kind,
         backend=backend,
-        installed_runtimes=installed_reader(db),
+        installed_runtimes=installed,
     )
 
 

@@ -2,11 +2,13 @@
 
 Our own ``TrainingJob`` (trainmaster.io/v1: ``spec`` is a trainmaster job's spec), Kubeflow's
 ``PyTorchJob``, ``TFJob`` (kubeflow.org/v1) and ``MPIJob`` (v2beta1 and v1) and Volcano's ``Job``
-(batch.volcano.sh/v1alpha1). Every CRD is apiextensions.k8s.io/v1 with the status subresource
-(status is written only through it, so a user's ``kubectl apply`` never overwrites it) and a
-structural schema that keeps the spec as written (``x-kubernetes-preserve-unknown-fields``): the
-compat layer validates it and names the wrong field in a Failed condition, as a conversion
-webhook would not be able to say.
+(batch.volcano.sh/v1alpha1), and Kubeflow Trainer v2's ``TrainJob`` (trainer.kubeflow.org/v1alpha1),
+whose ``TrainingRuntime`` (namespaced) and ``ClusterTrainingRuntime`` are read through the API
+(:data:`RUNTIME_KINDS`: their CRDs are installed, they are never run themselves). Every CRD is
+apiextensions.k8s.io/v1 with the status subresource (status is written only through it, so a
+user's ``kubectl apply`` never overwrites it) and a structural schema that keeps the spec as
+written (``x-kubernetes-preserve-unknown-fields``): the compat layer validates it and names the
+wrong field in a Failed condition, as a conversion webhook would not be able to say.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class ResourceKind:
     short_names: tuple[str, ...]
     status: str  # how its status is written: "kubeflow", "volcano" or "trainmaster"
     printer: tuple[tuple[str, str, str], ...]  # (name, type, jsonPath)
+    scope: str = "Namespaced"  # or "Cluster" (ClusterTrainingRuntime)
 
     @property
     def crd_name(self) -> str:
@@ -75,7 +78,35 @@ KINDS: tuple[ResourceKind, ...] = (
             ("Age", "date", ".metadata.creationTimestamp"),
         ),
     ),
+    ResourceKind("trainer.kubeflow.org", ("v1alpha1",), "TrainJob", "trainjobs", (), "trainer", KUBEFLOW_COLUMNS),
 )
+
+
+#: Kubeflow Trainer v2's runtimes: the operator reads the one a TrainJob names (spec.runtimeRef)
+RUNTIME_KINDS: tuple[ResourceKind, ...] = (
+    ResourceKind(
+        "trainer.kubeflow.org",
+        ("v1alpha1",),
+        "TrainingRuntime",
+        "trainingruntimes",
+        (),
+        "runtime",
+        (("Age", "date", ".metadata.creationTimestamp"),),
+    ),
+    ResourceKind(
+        "trainer.kubeflow.org",
+        ("v1alpha1",),
+        "ClusterTrainingRuntime",
+        "clustertrainingruntimes",
+        (),
+        "runtime",
+        (("Age", "date", ".metadata.creationTimestamp"),),
+        scope="Cluster",
+    ),
+)
+
+#: every CRD the operator installs (and ``trainmaster cluster manifests`` prints)
+CRD_KINDS: tuple[ResourceKind, ...] = (*KINDS, *RUNTIME_KINDS)
 
 
 def kind_of(api_version: str, kind: str) -> ResourceKind | None:
@@ -97,7 +128,7 @@ def crd_manifest(kind: ResourceKind) -> dict[str, Any]:
         "metadata": {"name": kind.crd_name, "labels": {"app.kubernetes.io/managed-by": "trainmaster"}},
         "spec": {
             "group": kind.group,
-            "scope": "Namespaced",
+            "scope": kind.scope,
             "names": {
                 "kind": kind.kind,
                 "plural": kind.plural,

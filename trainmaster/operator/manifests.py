@@ -2,7 +2,7 @@
 account with least-privilege RBAC, and its Deployment (two replicas, one leading on a Lease).
 
 The RBAC grants exactly what the operator does: read and watch its resources and write their
-``status``; create, read, watch and delete pods; create and read services; read nodes (gang
+``status``; read the Kubeflow Trainer runtimes a TrainJob names; create, read, watch and delete pods; create and read services; read nodes (gang
 admission and lost nodes); list pods of every namespace (what other tenants' pods request);
 and, in its own namespace only, get/create/update its Lease. It creates no CRD (this file does).
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainmaster.cluster import images
-from trainmaster.operator.kinds import KINDS, crd_manifest
+from trainmaster.operator.kinds import CRD_KINDS, KINDS, RUNTIME_KINDS, crd_manifest
 
 NAME = "trainmaster-operator"
 WORK_DIR = "/var/lib/trainmaster/operator"  # a folder of the node: its jobs' pods mount their folders from it
@@ -36,6 +36,13 @@ def rbac_rules() -> list[dict[str, Any]]:
     for group, plurals in by_group.items():
         rules.append({"apiGroups": [group], "resources": plurals, "verbs": ["get", "list", "watch"]})
         rules.append({"apiGroups": [group], "resources": [f"{p}/status" for p in plurals], "verbs": ["get", "patch"]})
+    rules.append(  # the runtimes a TrainJob names: read, never written
+        {
+            "apiGroups": sorted({k.group for k in RUNTIME_KINDS}),
+            "resources": [k.plural for k in RUNTIME_KINDS],
+            "verbs": ["get", "list"],
+        }
+    )
     rules += [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
         {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "create"]},
@@ -94,7 +101,7 @@ def operator_manifests(options: ManifestOptions) -> list[dict[str, Any]]:
     if volumes:
         pod_spec["volumes"] = volumes
     return [
-        *[crd_manifest(kind) for kind in KINDS],
+        *[crd_manifest(kind) for kind in CRD_KINDS],
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": labels}},
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": NAME, "namespace": ns, "labels": labels}},
         {

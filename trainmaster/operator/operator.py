@@ -42,7 +42,8 @@ from trainmaster.controller import Controller, metrics
 from trainmaster.loading import LoadOptions, load_document
 from trainmaster.errors import UserError
 from trainmaster.operator import status as statuses
-from trainmaster.operator.kinds import KINDS, ResourceKind, crd_manifest
+from trainmaster.operator import trainjob
+from trainmaster.operator.kinds import CRD_KINDS, KINDS, ResourceKind, crd_manifest
 from trainmaster.operator.leader import Deposed, LeaseElector
 from trainmaster.spec.model import RuntimeKind
 from trainmaster.store import repository as repo
@@ -91,6 +92,7 @@ class Tracked:
     written: dict[str, Any] | None = None
     deleted: bool = False
     version: str = ""  # the resourceVersion a status write is conditioned on
+    source_names: dict[str, str] = field(default_factory=dict)  # a role -> its name in the resource, where they differ
 
 
 def to_document(kind: ResourceKind, obj: dict[str, Any]) -> dict[str, Any]:
@@ -114,6 +116,8 @@ def source_path(kind: ResourceKind, obj: dict[str, Any], problem: str) -> str:
     """A problem of the converted job (``spec.roles[1].replicas: ...``) named by the field of the
     resource its user wrote (``spec.pytorchReplicaSpecs.Worker.replicas: ...``), the converted
     path kept in parentheses; unchanged where there is nothing to map."""
+    if kind.status == "trainer":
+        return trainjob.problem_text(obj, problem)
     match = ROLE_PATH.match(problem)
     if match is None or kind.status == "trainmaster":
         return problem
@@ -175,7 +179,7 @@ class Operator:
         from kubernetes.client.exceptions import ApiException
 
         ext: Any = client.ApiextensionsV1Api(self.api)
-        for kind in KINDS:
+        for kind in CRD_KINDS:
             body = crd_manifest(kind)
             try:
                 ext.create_custom_resource_definition(body, _preload_content=False)
@@ -186,7 +190,7 @@ class Operator:
                 body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
                 ext.replace_custom_resource_definition(kind.crd_name, body, _preload_content=False)
         deadline = time.monotonic() + CRD_TIMEOUT
-        for kind in KINDS:
+        for kind in CRD_KINDS:
             while True:
                 crd = json.loads(ext.read_custom_resource_definition(kind.crd_name, _preload_content=False).data)
                 conditions = (crd.get("status") or {}).get("conditions") or []
@@ -353,9 +357,13 @@ class Operator:
             return  # ended under an earlier leader: nothing to run, its status stays
         source = f"{kind.kind} {tracked.namespace}/{tracked.name}"
         try:
-            loaded = load_document(
-                to_document(kind, obj), source=source, options=LoadOptions(runtime=self.options.runtime)
-            )
+            options = LoadOptions(runtime=self.options.runtime)
+            if kind.status == "trainer":  # the runtime it names, from the cluster
+                options = LoadOptions(
+                    runtime=self.options.runtime,
+                    runtimes=trainjob.cluster_runtimes(self.custom, tracked.namespace, obj),
+                )
+            loaded = load_document(to_document(kind, obj), source=source, options=options)
         except UserError as exc:
             log.info("%s cannot run: %s", source, exc)
             details = [source_path(kind, obj, d) for d in exc.details]
@@ -369,6 +377,8 @@ class Operator:
             return
         job_id = self.controller.submit(loaded)
         tracked.job_id = job_id
+        if kind.status == "trainer":
+            tracked.source_names = trainjob.replicated_job_names(loaded.job)
         scheduling = loaded.job.spec.scheduling
         tracked.min_available = scheduling.min_available or sum(r.replicas for r in loaded.job.spec.roles)
         self._adopt(tracked, loaded.job)
@@ -447,6 +457,8 @@ class Operator:
                 "volcano.sh/job-namespace": tracked.namespace,
                 "volcano.sh/task-spec": spec.role,
             }
+        elif tracked.kind.status == "trainer":
+            labels = trainjob.pod_labels(tracked.name, tracked.source_names.get(spec.role, spec.role), spec.index)
         else:
             labels = {}
         return k8s.Owner(tracked.api_version, tracked.kind.kind, tracked.name, tracked.uid, labels, tracked.namespace)
@@ -477,6 +489,8 @@ class Operator:
                 new = statuses.kubeflow_status(tracked.kind, tracked.name, doc, tracked.replica_types, tracked.written)
             elif tracked.kind.status == "volcano":
                 new = statuses.volcano_status(doc, tracked.min_available, tracked.written)
+            elif tracked.kind.status == "trainer":
+                new = trainjob.trainjob_status(doc, tracked.written, tracked.source_names)
             else:
                 new = statuses.trainmaster_status(doc, tracked.written)
             if new != tracked.written:

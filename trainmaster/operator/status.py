@@ -165,6 +165,8 @@ def invalid_status(kind: ResourceKind, message: str, details: list[str], old: di
     """A resource that cannot run as written: Failed, with every wrong field by its path."""
     text = message + ("".join(f"; {d}" for d in details) if details else "")
     failed = _condition(old, "Failed", True, "InvalidSpec", text)
+    if kind.status == "trainer":  # a metav1.Condition, as the Trainer writes it
+        failed.pop("lastUpdateTime")
     if kind.status == "volcano":
         return {
             "state": {"phase": "Failed", "reason": "InvalidSpec", "message": text, "lastTransitionTime": _now()},
@@ -181,7 +183,7 @@ def is_final(kind: ResourceKind, status: dict[str, Any] | None) -> bool:
     if not status:
         return False
     for condition in status.get("conditions") or []:
-        if condition.get("type") in ("Succeeded", "Failed") and condition.get("status") == "True":
+        if condition.get("type") in ("Succeeded", "Complete", "Failed") and condition.get("status") == "True":
             return True
     return ((status.get("state") or {}) if isinstance(status.get("state"), dict) else {}).get("phase") in (
         "Completed",
