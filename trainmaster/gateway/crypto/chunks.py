@@ -19,6 +19,7 @@ Wire format: frames, each a 4-byte big-endian length, a flags byte, then the cip
 
 from __future__ import annotations
 
+import mmap
 import struct
 
 from cryptography.exceptions import InvalidTag
@@ -147,7 +148,7 @@ class ChunkOpener:
             raise self._bad_tag() from exc
         return plain, self._opened(plain, flags)
 
-    def open_into(self, body: bytes | memoryview, out: bytearray) -> tuple[memoryview, bool]:
+    def open_into(self, body: bytes | memoryview, out: bytearray | mmap.mmap) -> tuple[memoryview, bool]:
         """:meth:`open` into a reused buffer of at least ``chunk_bytes`` bytes: the plaintext is a
         view of ``out``, valid until the next call."""
         flags = self._flags(body)

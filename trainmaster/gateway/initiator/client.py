@@ -55,6 +55,7 @@ from trainmaster.gateway.models import (
     TaskRegister,
     TaskResult,
 )
+from trainmaster.gateway.net.filesink import FileSink, rehash_prefix
 from trainmaster.gateway.net.streams import StreamError, StreamSocket, connect
 from trainmaster.gateway.net.tls import client_ssl_context, expect
 from trainmaster.gateway.rules.registry import REGISTRY
@@ -409,20 +410,23 @@ class Initiator:
                 sha = hashlib.sha256()
                 fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
                 try:
-                    _rehash(fd, ready.offset, sha)
+                    rehash_prefix(fd, ready.offset, sha, "the partial result file")
                     os.ftruncate(fd, ready.offset)
                     os.lseek(fd, ready.offset, os.SEEK_SET)
-                    body, plain = bytearray(opener.max_frame), bytearray(ready.chunk_bytes)
-                    while True:
-                        frame = conn.recv_frame_into(body)
-                        if (why := aborted(frame)) is not None:
-                            raise EnvelopeError(502, why)
-                        view, last = opener.open_into(frame, plain)
-                        sha.update(view)
-                        while view:
-                            view = view[os.write(fd, view) :]
-                        if last:
-                            break
+                    body = bytearray(opener.max_frame)
+                    sink = FileSink(fd, sha, ready.chunk_bytes, ready.offset)
+                    try:
+                        while True:
+                            frame = conn.recv_frame_into(body)
+                            if (why := aborted(frame)) is not None:
+                                raise EnvelopeError(502, why)
+                            plain = sink.buffer()
+                            view, last = opener.open_into(frame, plain)
+                            sink.put(plain, len(view))
+                            if last:
+                                break
+                    finally:
+                        sink.close()
                     opener.finish()
                     if sha.hexdigest() != signed:
                         os.ftruncate(fd, 0)
@@ -587,18 +591,6 @@ class Initiator:
 
 def _when(epoch: float) -> str:
     return dt.datetime.fromtimestamp(epoch, dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def _rehash(fd: int, size: int, sha: Any) -> None:
-    """A resumed download's digest: what the ``.part`` file already holds, read back once."""
-    os.lseek(fd, 0, os.SEEK_SET)
-    left = size
-    while left:
-        block = os.read(fd, min(READ_BLOCK, left))
-        if not block:
-            raise StreamError("the partial result file is shorter than it was")
-        sha.update(block)
-        left -= len(block)
 
 
 def _detail(resp: httpx.Response) -> str:

@@ -17,6 +17,7 @@ from trainmaster.gateway.crypto.chunks import ChunkOpener, ChunkSealer
 from trainmaster.gateway.crypto.envelope import EnvelopeError, b64d, b64e
 from trainmaster.gateway.crypto.tlsid import PeerIdentity
 from trainmaster.gateway.models import Envelope, InputPut, MessageKind, ResultFetch, StreamReady
+from trainmaster.gateway.net.filesink import FileSink, SinkError, rehash_prefix
 from trainmaster.gateway.net.streams import StreamError, StreamSocket, on_loop
 from trainmaster.gateway.party.faults import corrupt
 
@@ -24,8 +25,6 @@ if TYPE_CHECKING:
     from trainmaster.gateway.audit.log import Requester
     from trainmaster.gateway.party.core import PartyAgent
     from trainmaster.gateway.party.records import PartyLeg
-
-READ_BLOCK = 1 << 20
 
 
 class Refused(Exception):
@@ -181,7 +180,7 @@ def _take_input(
     fd = os.open(files.input, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     received = offset
     try:
-        _rehash_prefix(fd, offset, digest)
+        rehash_prefix(fd, offset, digest, "the committed part of the input")
         os.ftruncate(fd, offset)
         os.lseek(fd, offset, os.SEEK_SET)
         ready = StreamReady(
@@ -189,20 +188,23 @@ def _take_input(
         )
         conn.send_json(on_loop(agent.loop, _ready, agent, ready))
         opener = ChunkOpener(b64d(put.key), put.stream_id, declared.size, chunk, offset // chunk, offset)
-        body, plain = bytearray(opener.max_frame), bytearray(chunk)
-        committed = offset
-        while True:
-            view, last = opener.open_into(conn.recv_frame_into(body), plain)
-            digest.update(view)
-            while view:
-                view = view[os.write(fd, view) :]
-            received = opener.received
-            if received - committed >= agent.cfg.stream_commit_bytes and not last:
-                os.fdatasync(fd)
-                on_loop(agent.loop, agent.records.input_progress, put.task_id, put.data_id, received)
-                committed = received
-            if last:
-                break
+        body = bytearray(opener.max_frame)
+
+        loop = agent.loop
+
+        def commit(upto: int) -> None:
+            on_loop(loop, agent.records.input_progress, put.task_id, put.data_id, upto)
+
+        sink = FileSink(fd, digest, chunk, offset, agent.cfg.stream_commit_bytes, commit)
+        try:
+            while True:
+                plain = sink.buffer()
+                view, last = opener.open_into(conn.recv_frame_into(body), plain)
+                sink.put(plain, len(view))
+                if last:
+                    break
+        finally:
+            received = sink.close()  # what was checked stays; a resumed upload starts after the last commit
         opener.finish()
         if digest.hexdigest() != declared.sha256:
             os.ftruncate(fd, 0)
@@ -211,6 +213,8 @@ def _take_input(
         os.fsync(fd)
         on_loop(agent.loop, agent.records.input_progress, put.task_id, put.data_id, received, True)
         conn.send_json({"status": 200, "bytes": received, "sha256": declared.sha256})
+    except SinkError as exc:
+        raise Refused(507, f"the party could not store the input: {exc}") from None
     finally:
         os.close(fd)
         on_loop(
@@ -224,15 +228,3 @@ def _take_input(
             bytes=received - offset,
             complete=received == declared.size,
         )
-
-
-def _rehash_prefix(fd: int, size: int, digest: Any) -> None:
-    """A resumed upload's digest: the committed prefix, read back once."""
-    os.lseek(fd, 0, os.SEEK_SET)
-    left = size
-    while left:
-        block = os.read(fd, min(READ_BLOCK, left))
-        if not block:
-            raise Refused(500, "the committed part of the input is shorter than its record")
-        digest.update(block)
-        left -= len(block)

@@ -1,30 +1,19 @@
-"""The party's audit log for the operator identity: its entries and, on request, its check."""
+"""The party's audit log for the operator identity (the route is :mod:`trainmaster.gateway.audit.routes`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from fastapi import Request
 
-from fastapi import APIRouter, HTTPException, Query, Request
-
-from trainmaster.gateway.audit.log import page
-from trainmaster.gateway.models import ID_PATTERN
+from trainmaster.gateway.audit.log import AuditLog
+from trainmaster.gateway.audit.routes import audit_router
+from trainmaster.gateway.crypto.envelope import PublicIdentity
 from trainmaster.gateway.net.service import request_peer
 from trainmaster.gateway.party.core import agent_of
 
-router = APIRouter()
 
-
-@router.get("/v1/audit")
-def audit(
-    request: Request,
-    after: int = Query(0, ge=0),
-    limit: int = Query(200, ge=1, le=5000),
-    task_id: str | None = Query(None, pattern=ID_PATTERN),
-    verify: bool = False,
-) -> dict[str, Any]:
+def _log(request: Request) -> tuple[AuditLog, PublicIdentity]:
     agent = agent_of(request)
-    peer = request_peer(request)
-    if peer is None or peer.role != "operator":
-        raise HTTPException(403, "the audit log is for the operator identity")
-    agent.audit.sync()
-    return page(agent.audit.path, agent.ctx.roster[agent.cfg.name], after, limit, task_id, verify)
+    return agent.audit, agent.ctx.roster[agent.cfg.name]
+
+
+router = audit_router(_log, request_peer)
