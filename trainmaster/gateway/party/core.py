@@ -237,8 +237,8 @@ class PartyAgent:
         except (TimeoutError, ExecutorStartError) as exc:
             leg.started.set_exception(exc)
             leg.started.exception()  # retrieved here; a waiting transfer sees it too
-            await self.report_once(task, "", ready=False, reason=str(exc))
             self.forget(key)
+            await self.report_failure(task, str(exc), leg.deadline)
             return
         leg.started.set_result(None)
         attempt = await self.report_once(task, leg.handle.address, ready=True)
@@ -271,6 +271,19 @@ class PartyAgent:
         if resp.status_code in (429, 503) or resp.status_code >= 500:
             return ReportAttempt("unreachable", f"gateway busy ({resp.status_code})")
         return ReportAttempt("refused", f"gateway refused the executor report ({resp.status_code}): {resp.text[:300]}")
+
+    async def report_failure(self, task: TaskCreate, reason: str, deadline: float) -> None:
+        """Report an executor that did not come up, retried while the gateway is unreachable,
+        until the task's deadline: the gateway then ends the leg with the reason at once. Sent
+        once, a report lost while the gateway restarted left the gateway waiting for the leg until
+        the task's deadline (two legs of a 10,000-task storm with gateway kills, an hour each)."""
+        delay = 0.5
+        while (await self.report_once(task, "", ready=False, reason=reason)).status == "unreachable":
+            if time.time() + delay >= deadline:
+                return
+            self.counters["report_retries"] += 1
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
 
     async def report_until_deadline(
         self, key: tuple[str, str], task: TaskCreate, address: str, deadline: float

@@ -98,12 +98,12 @@ async def create_task(request: Request) -> JSONResponse:
     except TimeoutError as exc:
         agent.slots.release()
         agent.forget(key)
-        await agent.report_once(task, "", ready=False, reason=str(exc))
+        agent.spawn(agent.report_failure(task, str(exc), record.deadline_at))
         raise HTTPException(504, f"executor for task {task.task_id!r} did not come up: {exc}") from exc
     except ExecutorStartError as exc:
         agent.slots.release()
         agent.forget(key)
-        await agent.report_once(task, "", ready=False, reason=str(exc))
+        agent.spawn(agent.report_failure(task, str(exc), record.deadline_at))
         raise HTTPException(503, f"executor for task {task.task_id!r} could not start: {exc}") from exc
     except BaseException:
         agent.slots.release()
