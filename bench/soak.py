@@ -78,6 +78,7 @@ EXPECTED = {"true": "succeeded", "sleep": "succeeded", "fail": "failed", "retry"
 # A killed agent kills what it ran (exit 137, AgentRestarted: core.py) and the restart policy
 # decides; these jobs restart on it, so they end as their kind says whatever the faults did
 AGENT_DEATH = {"policy": "OnFailure", "maxRestarts": 10, "backoffSeconds": 1}
+START_TIMEOUT = 600  # s; a niced server beside a benchmark at raised priority starts slowly
 TERMINAL = {"succeeded", "failed", "cancelled"}
 
 
@@ -108,7 +109,7 @@ class Server:
         self.proc = subprocess.Popen(
             argv, env=self.env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
         )
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the server exited with {self.proc.returncode}; see {self.log.name}")
@@ -118,7 +119,7 @@ class Server:
             except httpx.HTTPError:
                 pass
             time.sleep(0.3)
-        raise RuntimeError(f"the server did not answer /healthz within 120 s; see {self.log.name}")
+        raise RuntimeError(f"the server did not answer /healthz within {START_TIMEOUT} s; see {self.log.name}")
 
     def kill9(self) -> None:
         assert self.proc is not None
@@ -194,7 +195,7 @@ class Soak:
 
     # ---- a client that survives faults ------------------------------------------------------
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + START_TIMEOUT
         while True:
             try:
                 with self.down:
@@ -206,7 +207,7 @@ class Soak:
             except httpx.HTTPError as exc:
                 self.retries[type(exc).__name__] += 1
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{method} {path} got no answer below 500 for 300 s")
+                raise RuntimeError(f"{method} {path} got no answer below 500 for {START_TIMEOUT} s")
             time.sleep(0.5)
 
     def submit(self, kind: str, name: str) -> None:
