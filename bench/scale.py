@@ -14,10 +14,11 @@ workloads, 15,000 in all, each a one-instance job submitted over REST at its arr
 a pool of clients. The server runs the hollow backend (``--backend hollow``): 30 nodes of 20
 CPUs, Kueue's 600 nominal CPUs; each instance's run time is its job's annotation. **Total
 time** runs from the first submit to the last job's end (Kueue: 351 s, the 2024 calibration
-mean). **Capacity use** is the time integral of the CPU of admitted, not ended instances
-(stored start to stored end) over 600 CPUs × (first start to last end), Kueue's "CQ usage"
-with one pool: until queues have quotas and cohorts (issue 31's other half) it measures how
-full the cluster was kept, not quota use. While the replay runs a prober reads one page of the
+mean). The 30 queues are created first as queues with quota, as Kueue's ClusterQueues: 20 nominal
+CPUs each, in cohorts of six, each borrowing up to 100 CPUs of its cohort. **Quota use** is the
+time integral of the CPU of admitted, not ended instances (stored start to stored end) over the
+600 nominal CPUs × (first start to last end), Kueue's "CQ usage"; the quota book the server
+shows (``GET /api/v1/queues``) is sampled each second for the most CPU used and borrowed. While the replay runs a prober reads one page of the
 list (a queue filter) and one job's status, alternately, and the server's RSS is sampled.
 **Reconcile pass** durations come from the server's own histogram (``/metrics``).
 
@@ -64,6 +65,7 @@ CLASSES = {  # name: (per queue, cpu, run seconds, priority class, interval seco
     "medium": (100, 5, 0.5, "normal", 0.5),
     "large": (50, 20, 1.0, "high", 1.2),
 }
+NOMINAL_CPU, BORROWING_CPU = 20, 100  # per queue, as Kueue's baseline ClusterQueues
 NODES = "30x20"  # 600 CPUs, one node per queue's nominal quota
 CLIENTS = 16  # concurrent REST submitters
 RUN_SECONDS = "hollow.trainmaster.dev/run-seconds"
@@ -103,6 +105,20 @@ def workloads(fraction: float) -> list[tuple[float, dict[str, Any], str]]:
                     }
                     found.append((i * every, doc, cls))
     return sorted(found, key=lambda w: w[0])
+
+
+def create_queues(url: str) -> None:
+    """Kueue's ClusterQueues as our queues with quota: per queue 20 nominal CPUs, borrowing up to
+    100 more from the other five of its cohort (no lending limit), weight 1."""
+    with httpx.Client(base_url=url, timeout=60) as client:
+        for cohort in range(COHORTS):
+            for queue in range(QUEUES):
+                body = {
+                    "name": f"cq-{cohort}-{queue}",
+                    "cohort": f"cohort-{cohort}",
+                    "quota": {"cpu": {"nominal": NOMINAL_CPU, "borrowingLimit": BORROWING_CPU}},
+                }
+                client.post("/api/v1/queues", json=body).raise_for_status()
 
 
 class Server:
@@ -152,12 +168,14 @@ class Server:
 def replay(fraction: float, db: str | None, scratch: Path) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(dir=scratch))
     server = Server(workdir, db)
+    create_queues(server.url)
     todo = workloads(fraction)
     total = len(todo)
     ids: list[int] = []
     submit_ms: list[float] = []
     probe_ms: dict[str, list[float]] = {"list": [], "status": []}
     rss: list[int] = []
+    quota_samples: list[tuple[float, float, float]] = []  # (CPU used in all queues, borrowed, one queue's most)
     stop = threading.Event()
     lock = threading.Lock()
     heap = list(enumerate(todo))
@@ -210,6 +228,10 @@ def replay(fraction: float, db: str | None, scratch: Path) -> dict[str, Any]:
             while ended < total:
                 time.sleep(1.0)
                 ended = sum(_count(client, state) for state in ("succeeded", "failed", "cancelled"))
+                views = client.get("/api/v1/queues").json()  # the quota book as the server shows it
+                used = sum(v["usage"]["cpu"]["used"] for v in views)
+                borrowed = sum(v["usage"]["cpu"]["borrowed"] for v in views)
+                quota_samples.append((used, borrowed, max(v["usage"]["cpu"]["used"] for v in views)))
                 if time.perf_counter() - start > 3600:
                     raise TimeoutError(f"{ended} of {total} jobs ended after an hour")
             failed = _count(client, "failed") + _count(client, "cancelled")
@@ -228,6 +250,10 @@ def replay(fraction: float, db: str | None, scratch: Path) -> dict[str, Any]:
         "failed_or_cancelled": failed,
         "wall_s": wall,
         "capacity_use": usage,
+        "queues_with_quota": len(views),
+        "quota_used_cpu_max": max((u for u, _, _ in quota_samples), default=0.0),
+        "quota_borrowed_cpu_max": max((b for _, b, _ in quota_samples), default=0.0),
+        "one_queue_used_cpu_max": max((q for _, _, q in quota_samples), default=0.0),
         "admission_s_by_class": admission,
         "submit_ms": _quantiles(submit_ms),
         "list_ms": _quantiles(probe_ms["list"]),
@@ -243,7 +269,7 @@ def _count(client: httpx.Client, state: str) -> int:
 
 
 def _usage_and_admission(db: str) -> tuple[float, dict[str, float]]:
-    """Capacity use (CPU-seconds of instances between their stored start and end, over 600 CPUs
+    """Quota use (CPU-seconds of instances between their stored start and end, over 600 CPUs
     × first start to last end) and the mean seconds from submit to admission per class."""
     from sqlalchemy import select
 
@@ -414,7 +440,9 @@ def markdown(results: dict[str, Any]) -> str:
         lines += [
             f"| Kueue replay, {k['runs'][0]['workloads']} workloads: total time | {wall:.1f} s "
             f"({wall / KUEUE_WALL_S:.2f}× Kueue) | ≤ 0.5× ({KUEUE_WALL_S / 2:.0f} s) | Kueue {KUEUE_WALL_S:.0f} s |",
-            f"| capacity use (no quotas yet: one 600-CPU pool) | {100 * k['median']['capacity_use']:.1f} % | "
+            f"| quota use (30 queues × 20 nominal CPUs in 5 cohorts, borrowing ≤ 100; "
+            f"most borrowed at once {k['runs'][0]['quota_borrowed_cpu_max']:.0f} CPUs) | "
+            f"{100 * k['median']['capacity_use']:.1f} % | "
             f"≥ 80 % quota use | Kueue {100 * KUEUE_USAGE:.1f} % |",
             f"| list p99 / status p99 during the replay | {k['median']['list_p99']:.0f} / "
             f"{k['median']['status_p99']:.0f} ms | ≤ 100 ms | list at 2,000 jobs before: p99 459 ms |",

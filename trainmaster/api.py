@@ -111,6 +111,16 @@ class RunResult:
         return self.state == "succeeded"
 
 
+@dataclass
+class _Submission:
+    """One submit waiting for the batch that stores it (:meth:`LocalTrainmaster.submit`)."""
+
+    loaded: LoadedJob
+    controller: Controller
+    unique_name: bool
+    result: int | Exception | None = None
+
+
 class LocalTrainmaster:
     """The job verbs over the store at ``url`` (see the module's docstring)."""
 
@@ -118,6 +128,9 @@ class LocalTrainmaster:
         self.sessions = sessions
         self.url = url
         self._submitting = threading.Lock()  # a name check and its insert are one step
+        # submits that came while a batch was being stored: the next batch stores them together
+        self._waiting: list[_Submission] = []
+        self._waiting_lock = threading.Lock()
 
     @classmethod
     def open(cls, url: str | None = None, existing: bool = False) -> LocalTrainmaster:
@@ -324,11 +337,32 @@ class LocalTrainmaster:
         which owns and reconciles it. With ``unique_name`` (the REST API and the dashboard),
         :class:`NameTaken` while a job of its name is active: the check and the insert are one
         step in this process. The one way a job enters the store: the CLI, the server and the
-        tests all come here."""
-        name = loaded.job.name
-        with self._submitting:  # one at a time in this process; the store's lock covers the others
-            job_id = controller.submit(loaded, unique_name=unique_name)
-        return JobRef(job_id, name, "pending")
+        tests all come here. Submits that arrive while one is being stored wait and are stored
+        together, in one transaction (a server under hundreds of submits a second commits
+        once per batch, not once per job); each still gets its own answer."""
+        ticket = _Submission(loaded, controller, unique_name)
+        with self._waiting_lock:
+            self._waiting.append(ticket)
+        with self._submitting:  # one batch at a time in this process; the store's lock covers the others
+            if ticket.result is None:  # not stored by the batch before: this thread stores the waiting ones
+                with self._waiting_lock:
+                    waiting, self._waiting = self._waiting, []
+                groups: dict[tuple[int, bool], list[_Submission]] = {}
+                for t in waiting:
+                    groups.setdefault((id(t.controller), t.unique_name), []).append(t)
+                for (_, flag), batch in groups.items():
+                    try:
+                        results: list[int | Exception] = list(
+                            batch[0].controller.submit_batch([t.loaded for t in batch], flag)
+                        )
+                    except Exception as exc:  # the store refused the batch: each of its submits says so
+                        results = [exc] * len(batch)
+                    for t, result in zip(batch, results):
+                        t.result = result
+        if isinstance(ticket.result, Exception):
+            raise ticket.result
+        assert ticket.result is not None
+        return JobRef(ticket.result, loaded.job.name, "pending")
 
     @staticmethod
     def dry_run(loaded: LoadedJob, backend: str) -> DryRun:

@@ -156,32 +156,64 @@ class Controller:
         """Store a validated job in the queue; returns its id. With ``unique_name``,
         :class:`~trainmaster.store.repository.NameTaken` while an active job has its name (checked
         in the inserting transaction, so it holds across servers sharing the store)."""
-        job = loaded.job
+        result = self.submit_batch([loaded], unique_name)[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def submit_batch(self, batch: list[LoadedJob], unique_name: bool = False) -> list[int | repo.NameTaken]:
+        """Store several validated jobs in one transaction (a server's concurrent submits: one
+        write lock and one commit for all, not one each); per job its id, or the
+        :class:`~trainmaster.store.repository.NameTaken` that refused it alone (with
+        ``unique_name``: an active job, or an earlier one of the batch, has its name)."""
+        results: list[int | repo.NameTaken] = []
         with self.sessions() as session:
-            if unique_name:
-                repo.claim_job_name(session, job.name)
-            row = JobRow(
-                uid=uuid.uuid4().hex,
-                name=job.name,
-                spec=job.dump(),
-                queue=job.spec.scheduling.queue,
-                priority=job.spec.scheduling.priority,
-                backend=self.backend.name,
-                owner=self.owner,
-            )
-            session.add(row)
+            live = repo.claim_job_names(session, [b.job.name for b in batch]) if unique_name else {}
+            stored: list[tuple[LoadedJob, JobRow, str]] = []  # with the spec's text as the store keeps it
+            for loaded in batch:
+                job = loaded.job
+                if job.name in live:
+                    results.append(repo.name_taken(job.name, live[job.name]))
+                    continue
+                dumped = job.dump()
+                row = JobRow(
+                    uid=uuid.uuid4().hex,
+                    name=job.name,
+                    spec=dumped,
+                    queue=job.spec.scheduling.queue,
+                    priority=job.spec.scheduling.priority,
+                    backend=self.backend.name,
+                    owner=self.owner,
+                )
+                session.add(row)
+                stored.append((loaded, row, json.dumps(dumped)))
+                if unique_name:
+                    live[job.name] = 0  # a second of the batch with this name is refused
+                results.append(0)  # its id once flushed
             session.flush()
-            row.run_dir = str((self.runs_dir / f"{row.id}-{job.name}").resolve())
-            if job.spec.output:
-                row.output_path = in_job_folder(row.run_dir, job.spec.output.path)
-            for position, role in enumerate(job.spec.roles):
-                session.add(RoleRow(job_id=row.id, name=role.name, position=position, replicas=role.replicas))
-            repo.add_event(session, row.id, "job", "Submitted", f"job {job.name} queued in '{row.queue}'")
-            for path in loaded.ignored:
-                repo.add_event(session, row.id, "job", "FieldIgnored", path, "Warning")
+            events: list[dict[str, Any]] = []
+            for loaded, row, _ in stored:
+                job = loaded.job
+                row.run_dir = str((self.runs_dir / f"{row.id}-{job.name}").resolve())
+                if job.spec.output:
+                    row.output_path = in_job_folder(row.run_dir, job.spec.output.path)
+                for position, role in enumerate(job.spec.roles):
+                    session.add(RoleRow(job_id=row.id, name=role.name, position=position, replicas=role.replicas))
+                now = utcnow()
+                events.append(_event_row(row.id, "Submitted", f"job {job.name} queued in '{row.queue}'", now))
+                events += [_event_row(row.id, "FieldIgnored", path, now, "Warning") for path in loaded.ignored]
+            if events:
+                session.execute(insert(EventRow), events)
             session.commit()
-        self.wake()
-        return row.id
+        for loaded, row, text in stored:
+            # validated already: the pass that reads this text (JSON as the store keeps it) finds
+            # it cached and does not validate it again; any other text is validated as usual
+            self._cache_spec(row.id, text, loaded.job)
+        ids = iter(row.id for _, row, _ in stored)
+        results = [r if isinstance(r, Exception) else next(ids) for r in results]
+        if stored:
+            self.wake()
+        return results
 
     def cancel(self, job_id: int) -> None:
         """Record the cancellation; the next pass stops the job's instances."""
@@ -402,24 +434,35 @@ class Controller:
         quotas = queue_quotas(session)
         if not quotas:
             return None
-        rows = session.execute(
-            select(JobRow.id, JobRow.name, JobRow.queue, JobRow.priority, type_coerce(JobRow.spec, Text)).where(
-                JobRow.admitted.is_(True),
-                JobRow.state.not_in([s.value for s in JOB_TERMINAL]),
-                JobRow.queue.in_(list(quotas)),
+        holding = (
+            JobRow.admitted.is_(True),
+            JobRow.state.not_in([s.value for s in JOB_TERMINAL]),
+            JobRow.queue.in_(list(quotas)),
+        )
+        rows = session.execute(select(JobRow.id, JobRow.name, JobRow.queue, JobRow.priority).where(*holding)).all()
+        # a holder's spec is read only when this controller has none cached, or an event since
+        # the last pass may have changed it (a scale): not every admitted job's text every pass
+        changed, cached = self._changed, self._specs
+        unread = [r[0] for r in rows if changed is None or r[0] in changed or r[0] not in cached]
+        texts: dict[int, str] = {}
+        for chunk in range(0, len(unread), 500):
+            texts.update(
+                session.execute(
+                    select(JobRow.id, type_coerce(JobRow.spec, Text)).where(JobRow.id.in_(unread[chunk : chunk + 500]))
+                ).all()
             )
-        ).all()
-        holders = {
-            job_id: Holder(
-                job_id,
-                name,
-                queue,
-                priority,
-                job_demand(self._spec_of(job_id, text)),  # cached by its text: parsed once per change
-                preemptible=job_id in self._preemptible,
+        holders = {}
+        for job_id, name, queue, priority in rows:
+            text = texts.get(job_id)
+            if text is not None:
+                spec = self._spec_of(job_id, text)  # cached by its text: parsed once per change
+            elif job_id in cached:
+                spec = cached[job_id][1]
+            else:
+                continue  # ended and deleted between the two reads
+            holders[job_id] = Holder(
+                job_id, name, queue, priority, job_demand(spec), preemptible=job_id in self._preemptible
             )
-            for job_id, name, queue, priority, text in rows
-        }
         return QuotaBook(quotas, holders)
 
     def _facts(self, job: JobRow | repo.AdmittedJob | repo.WaitingJob) -> tuple[int, int, dict[str, float]]:
@@ -648,11 +691,15 @@ class Controller:
     def _spec_of(self, job_id: int, stored: dict[str, Any] | str) -> Job:
         cached = self._specs.get(job_id)
         if cached is None or cached[0] != stored:
-            cached = (stored, Job.model_validate(json.loads(stored) if isinstance(stored, str) else stored))
-            self._specs[job_id] = cached
-            policy = cached[1].spec.run_policy
-            self._steady[job_id] = not policy.suspend and policy.active_deadline_seconds is None
+            job = Job.model_validate(json.loads(stored) if isinstance(stored, str) else stored)
+            return self._cache_spec(job_id, stored, job)
         return cached[1]
+
+    def _cache_spec(self, job_id: int, stored: dict[str, Any] | str, job: Job) -> Job:
+        self._specs[job_id] = (stored, job)
+        policy = job.spec.run_policy
+        self._steady[job_id] = not policy.suspend and policy.active_deadline_seconds is None
+        return job
 
     def _reconcile(self, session: Session, job: JobRow, free: Resources) -> Resources:
         spec = self._spec(job)
@@ -1315,6 +1362,10 @@ class Controller:
 #: :meth:`Controller._quota_verdict`: the job fits its queue's quota once others are preempted
 PREEMPTS = Verdict(JobState.PENDING, "Preempting", "")
 SUSPENDED = Verdict(JobState.PENDING, "Suspended", "suspended (runPolicy.suspend); `trainmaster job resume` starts it")
+
+
+def _event_row(job_id: int, reason: str, message: str, when: datetime, type_: str = "Normal") -> dict[str, Any]:
+    return {"job_id": job_id, "object": "job", "reason": reason, "message": message, "type": type_, "time": when}
 
 
 def _queued(admitted: int) -> Verdict:

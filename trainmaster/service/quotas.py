@@ -14,7 +14,9 @@ job enters or grows (submit and scale, REST and dashboard alike):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+import time
+from dataclasses import dataclass, field
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -34,10 +36,42 @@ class OverQuota(UserError):
         super().__init__(message, details, exit_code=1)
 
 
+HELD_READ_EVERY = 1.0  # seconds a count of the active jobs' instances is used before it is read again
+
+
+class HeldInstances:
+    """The instances active jobs hold, as a submit checks them: read from the store at most once
+    a :data:`HELD_READ_EVERY` (a sum over every active job's roles: at thousands of queued jobs
+    and hundreds of submits a second, reading it per submit cost more than the submit), plus what
+    this server admitted since (ended jobs are not taken off: the count only errs high). A submit
+    the count would refuse reads the store first, so a refusal is always by the stored figures.
+    Another server on the same store is seen at the next read, as before it was seen by the next
+    submit (the check was never one transaction with the insert)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held = 0
+        self._read_at: float | None = None
+
+    def take(self, session: Session, wanted: int, limit: int) -> int | None:
+        """Count ``wanted`` more and return None when they fit under ``limit``; else the held
+        count as the store has it now (nothing counted)."""
+        with self._lock:
+            now = time.monotonic()
+            stale = self._read_at is None or now - self._read_at > HELD_READ_EVERY
+            if stale or self._held + wanted > limit:
+                self._held, self._read_at = active_instances(session), now
+            if self._held + wanted > limit:
+                return self._held
+            self._held += wanted
+            return None
+
+
 @dataclass(frozen=True)
 class JobQuota:
     per_job: int = 5_000
     per_server: int = 20_000
+    held: HeldInstances = field(default_factory=HeldInstances, compare=False, repr=False)
 
 
 def check_job(job: Job, quota: JobQuota, source: str = "submitted job") -> None:
@@ -66,10 +100,17 @@ def active_instances(session: Session, except_job: int | None = None) -> int:
 
 
 def check_room(session: Session, wanted: int, quota: JobQuota, except_job: int | None = None) -> None:
-    """Refuse ``wanted`` more instances when the active jobs hold too many already."""
-    held = active_instances(session, except_job)
-    if held + wanted <= quota.per_server:
-        return
+    """Refuse ``wanted`` more instances when the active jobs hold too many already (a new job's:
+    :class:`HeldInstances`; a job's own growth, ``except_job``: read from the store)."""
+    if except_job is None:
+        over = quota.held.take(session, wanted, quota.per_server)
+        if over is None:
+            return
+        held = over
+    else:
+        held = active_instances(session, except_job)
+        if held + wanted <= quota.per_server:
+            return
     raise OverQuota(
         f"this server's jobs hold {held:,} instances and may hold {quota.per_server:,} "
         f"(trainmaster server --max-instances); {wanted:,} more do not fit",

@@ -49,9 +49,14 @@ class Reconciler(threading.Thread):
             except OperationalError as exc:  # the store is away: back off, say so on /healthz
                 delay = backoff.failed(exc)
                 self.error = backoff.condition
+                # a pass cut off between spawning instances and committing their handles left
+                # them `starting` with no handle, which no pass observes: recover (re-find them
+                # on their agent, or start them again) before the next pass
+                recovered = False
             except Exception as exc:  # keep reconciling; surface the error on /healthz and in the log
                 log.exception("reconcile pass failed")
                 self.error = f"{type(exc).__name__}: {exc}"
+                recovered = False
             self.controller.wait_for_work(delay)  # a submit, cancel or scale wakes it at once
 
     def stop(self) -> None:

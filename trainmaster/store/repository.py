@@ -487,6 +487,39 @@ class NameTaken(JobConflict):
     """A job of that name is still active, and the submitter wants names unique (HTTP 409)."""
 
 
+def claim_job_names(session: Session, names: list[str]) -> dict[str, int]:
+    """:func:`claim_job_name` for a batch inserted in one transaction: the lock is taken once
+    (SQLite) or per name in sorted order (PostgreSQL: two batches never wait on each other in a
+    cycle), and the active jobs holding any of ``names`` are read in one query: name -> id."""
+    import zlib
+
+    from sqlalchemy import text
+
+    dialect = session.get_bind().dialect.name
+    if dialect == "sqlite":
+        session.connection().exec_driver_sql("BEGIN IMMEDIATE")
+    elif dialect == "postgresql":
+        for name in sorted(set(names)):
+            session.execute(
+                text("SELECT pg_advisory_xact_lock(:space, :key)"),
+                {"space": 0x746D, "key": zlib.crc32(name.encode()) - 2**31},
+            )
+    return dict(
+        session.execute(
+            select(JobRow.name, JobRow.id).where(
+                JobRow.name.in_(sorted(set(names))), JobRow.state.not_in([s.value for s in JOB_TERMINAL])
+            )
+        ).all()
+    )
+
+
+def name_taken(name: str, live: int) -> NameTaken:
+    return NameTaken(
+        f"a job named {name} is still active (id {live}); names are unique among active "
+        "jobs: choose another name, or cancel that job first"
+    )
+
+
 def claim_job_name(session: Session, name: str) -> None:
     """Make ``name`` this transaction's to insert, or raise :class:`NameTaken` while an active
     job has it. Called first in the transaction that inserts the job, so the check and the insert
