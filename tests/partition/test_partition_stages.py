@@ -15,7 +15,8 @@ import torch
 
 from trainmaster.cli.main import main
 from trainmaster.partition.models import gpt2_lm, resnet_like
-from trainmaster.partition.stages import build_pipe, model_layout, repeated_blocks, split
+from trainmaster.errors import UserError
+from trainmaster.partition.stages import build_pipe, calibrated, model_layout, repeated_blocks, split
 
 
 def run_cli(args: list[str]) -> int:
@@ -127,6 +128,26 @@ def test_a_split_inside_a_residual_block_sends_the_skip_too(resnet):
     assert layout.live_bytes[inside] == pytest.approx(2 * layout.live_bytes[before])
 
 
+def test_calibrated_costs_and_shared_cores_set_the_period(gpt2):
+    """Mechanism (pipeline period model): operator costs keep their shares but are scaled to the
+    forward's measured wall time, so compute weighs right against the links; with k stages on
+    fewer cores, the period is at least the whole compute over the cores, for every split alike
+    (the choice of split points does not change)."""
+    _, _, layout = gpt2
+    scaled = calibrated(layout, 0.02)
+    assert scaled.cost.sum() == pytest.approx(0.02)
+    assert np.allclose(scaled.cost / scaled.cost.sum(), layout.cost / layout.cost.sum())
+    for k in (2, 3, 4):
+        free = split(scaled, k, "trainmaster", bandwidth=1e9)
+        shared = split(scaled, k, "trainmaster", bandwidth=1e9, cores=2)
+        assert shared.split_points == free.split_points
+        assert shared.period == pytest.approx(max(free.period, 0.02 / 2 if k > 2 else 0.0))
+    with pytest.raises(UserError):
+        calibrated(layout, 0.0)
+    with pytest.raises(UserError):
+        split(scaled, 2, cores=0)
+
+
 def test_stage_runner_runs_a_real_two_stage_pipeline_over_gloo(tmp_path):
     """Mechanism (real pipelines): two processes, a gloo process group, each builds the model,
     splits it at the plan's split point with torch.distributed.pipelining and runs its stage
@@ -172,6 +193,10 @@ def test_stage_runner_runs_a_real_two_stage_pipeline_over_gloo(tmp_path):
     assert doc["outputs_equal_unsplit"] and doc["k"] == 2
     assert doc["latency_seconds"] > 0 and doc["samples_per_second"] > 0
     assert len(doc["stage_compute_seconds"]) == 2 and doc["message_fixed_seconds"] > 0
+    # the streaming breakdown: each rank's forward per chunk and its waits, as it ran beside the other
+    assert len(doc["stage_streaming_seconds"]) == 2
+    assert all(b["forward"] > 0 and b["wait_total_per_chunk"] >= 0 for b in doc["stage_streaming_seconds"])
+    assert doc["cores_per_rank"] >= 1
 
 
 def test_split_points_on_the_command_line(capsys):

@@ -29,7 +29,7 @@ every split is one ``torch.distributed.pipelining`` builds as it is (``StagePlan
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -215,15 +215,33 @@ def _module_spans(compute: list) -> tuple[dict[str, tuple[int, int]], dict[str, 
     return spans, classes
 
 
+def calibrated(layout: ModelLayout, wall_seconds: float) -> ModelLayout:
+    """``layout`` with its operator costs scaled so they sum to ``wall_seconds``, the unsplit
+    model's measured forward time where the stages will run. Profiled (or FLOP) costs give the
+    operators' shares; their absolute scale drifts with the profiler and the load of the moment
+    (a profile read 5x the forward's wall time on a loaded machine), and the scale decides how
+    compute weighs against the links' bytes / bandwidth."""
+    if not (np.isfinite(wall_seconds) and wall_seconds > 0):
+        raise UserError(f"wall_seconds {wall_seconds}: give the model's measured forward time (> 0, finite)")
+    total = float(layout.cost.sum())
+    if total <= 0:
+        raise UserError("the layout's operators cost nothing: nothing to calibrate")
+    return replace(layout, cost=layout.cost * (wall_seconds / total))
+
+
 def split(
     layout: ModelLayout,
     k: int,
     method: str = "trainmaster",
     bandwidth: float = 1.25e7,
     overhead: float = 0.0,
+    cores: int | None = None,
 ) -> StagePlan:
     """k stages of ``layout`` by ``method`` (``SPLITTERS``); boundaries are priced at
-    ``overhead`` per tensor + bytes / ``bandwidth`` (bytes per second)."""
+    ``overhead`` per tensor + bytes / ``bandwidth`` (bytes per second). ``cores``: the cores
+    every stage shares (stages on one machine, or hosts that are namespaces of one machine);
+    fewer than k, the period is at least the whole compute over the cores (``StagePlan.period``).
+    The split's choice does not change with it (that term is the same for every split)."""
     if method not in SPLITTERS:
         raise UserError(f"unknown pipeline splitter {method!r}", details=[f"choose one of {', '.join(SPLITTERS)}"])
     if k < 1:
@@ -235,16 +253,20 @@ def split(
     if not (np.isfinite(bandwidth) and bandwidth > 0) or not (np.isfinite(overhead) and overhead >= 0):
         raise UserError(f"bandwidth {bandwidth} must be > 0 and overhead {overhead} >= 0 (finite)")
     link = overhead * layout.live_count + layout.live_bytes / bandwidth
+    if cores is not None and cores < 1:
+        raise UserError(f"cores {cores}: give at least 1 (or none: a core per stage)")
     if method == "trainmaster":
         chosen = _best_period(layout, k, link)
     elif method == "layers":
         chosen = _equal_layers(layout, k)
     else:
         chosen = _equal_params(layout, k)
-    return _plan(layout, k, method, chosen, link)
+    return _plan(layout, k, method, chosen, link, cores)
 
 
-def _plan(layout: ModelLayout, k: int, method: str, chosen: list[int], link: np.ndarray) -> StagePlan:
+def _plan(
+    layout: ModelLayout, k: int, method: str, chosen: list[int], link: np.ndarray, cores: int | None = None
+) -> StagePlan:
     """The plan of candidate indices ``chosen`` (increasing)."""
     starts = [0] + [layout.candidates[j][0] for j in chosen]
     ends = starts[1:] + [layout.n]
@@ -262,7 +284,7 @@ def _plan(layout: ModelLayout, k: int, method: str, chosen: list[int], link: np.
         boundary_bytes=[int(layout.live_bytes[j]) for j in chosen],
         boundary_tensors=[int(layout.live_count[j]) for j in chosen],
         boundary_seconds=boundary,
-        period=max(compute + boundary),
+        period=max(compute + boundary + ([sum(compute) / cores] if cores and cores < k else [])),
         latency=sum(compute) + sum(boundary),
     )
 
