@@ -319,9 +319,10 @@ def write(doc: dict, out: Path) -> None:
         + " |",
         "",
         "Planned: operator costs profiled (torch.profiler, one thread), scaled to the unsplit forward's "
-        "wall time measured just before (one thread); the period is the busiest stage, boundary, or the "
-        "whole compute over the cores the stages share (the testbed's hosts are namespaces of one "
-        "machine).",
+        "wall time measured just before (one thread); the period is the busiest stage, its input's "
+        "transfer included (the schedule posts a receive after the previous forward, and gloo moves "
+        "the bytes only then), or the whole compute over the cores the stages share (the testbed's "
+        "hosts are namespaces of one machine).",
         "",
         "| model | k | method | split points | boundary KB | period ms (planned) | samples/s | ours vs best "
         "baseline | latency ms (predicted) | measured / predicted | outputs equal | load |",
