@@ -82,7 +82,8 @@ def test_ours_has_the_least_period_of_every_split(which, request):
         best_period = min(best_period, period)
         best_latency = min(best_latency, latency) if period <= best_period * 1.02 else best_latency
     ours = split(layout, k, "trainmaster", bandwidth=bandwidth, overhead=overhead)
-    assert ours.period == pytest.approx(best_period, rel=1e-9)
+    # the least period, or (the latency's pass) a split within 2% of it, never a worse one
+    assert best_period * (1 - 1e-9) <= ours.period <= best_period * 1.02 * (1 + 1e-9)
     for combo in itertools.combinations(range(len(pos)), k - 1):
         starts = [0] + [pos[j] for j in combo] + [layout.n]
         compute = [prefix[b] - prefix[a] for a, b in zip(starts, starts[1:])]
