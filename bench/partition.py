@@ -21,6 +21,7 @@ import dataclasses
 import json
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -1104,7 +1105,9 @@ def main(argv=None):
 
         partition_pipesplit.main(
             list(argv or sys.argv[1:]),
-            out.parent / "partition_pipesplit",
+            # a run of some cases only writes beside the full run's results, not over them
+            out.parent
+            / ("partition_pipesplit" + ("-" + re.sub(r"[^a-z0-9]+", "-", args.cases.lower()) if args.cases else "")),
             rounds=args.rounds,
             ks=_stage_counts(ap, args.ks),
             cases=args.cases,

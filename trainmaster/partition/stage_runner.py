@@ -116,16 +116,20 @@ def run_rank(rank: int, world: int, master: str, port: int, run: StageRun) -> di
             if rank == last:
                 same = same and _close(out, _reference(model, x))
         period_rows = []
+        timer = _ChunkTimer(stage)
         many = {m: ScheduleGPipe(stage, n_microbatches=m) for m in (run.microbatches, 2 * run.microbatches)}
         for r in range(run.throughput_rounds + 1):
             times = {}
             for m, schedule in many.items():
                 batch = torch.cat([_example(run, run.seed + 1000 + j) for j in range(m)])
                 dist.barrier()
+                timer.reset()
                 t_start = time.perf_counter()
-                with torch.no_grad():
+                with torch.no_grad(), timer:
                     out = schedule.step(batch) if rank == 0 else schedule.step()
                 t_end = time.perf_counter()
+                if r > 0 and m == 2 * run.microbatches:
+                    timer.keep()
                 stamps = [None] * world
                 dist.all_gather_object(stamps, (t_start, t_end))
                 times[m] = stamps[last][1] - stamps[0][0]
@@ -139,6 +143,8 @@ def run_rank(rank: int, world: int, master: str, port: int, run: StageRun) -> di
         dist.all_gather_object(fixes, fixed)
         equal: list[Any] = [None] * world
         dist.all_gather_object(equal, same)
+        busy: list[Any] = [None] * world
+        dist.all_gather_object(busy, timer.summary())
         if rank != 0:
             return None
         m1, m2 = run.microbatches, 2 * run.microbatches
@@ -157,11 +163,73 @@ def run_rank(rank: int, world: int, master: str, port: int, run: StageRun) -> di
             "samples_per_second": 1.0 / max(statistics.median(periods), 1e-12),
             "step_seconds": period_rows,
             "stage_compute_seconds": computes,
+            "stage_streaming_seconds": busy,
+            "cpu_cores": os.cpu_count(),
+            "cores_per_rank": len(os.sched_getaffinity(0)),
             "message_fixed_seconds": statistics.median([f for f in fixes if f is not None] or [0.0]),
             "outputs_equal_unsplit": bool(equal[last]),
         }
     finally:
         dist.destroy_process_group()
+
+
+class _ChunkTimer:
+    """Per micro-batch, while a schedule streams: the seconds this rank waits for its inputs
+    (the receive posted and waited on before the chunk) and the seconds its forward takes
+    (``forward_one_chunk``: the stage's compute beside every other rank's, on shared cores).
+    Patches ``torch.distributed.pipelining.schedules._wait_batch_p2p`` and the stage's method
+    inside ``with``; medians over the kept steps."""
+
+    def __init__(self, stage):
+        self.stage = stage
+        self.waits: list[float] = []
+        self.forwards: list[float] = []
+        self.kept: dict[str, list[float]] = {"recv_wait": [], "forward": []}
+
+    def reset(self) -> None:
+        self.waits, self.forwards = [], []
+
+    def keep(self) -> None:
+        self.kept["recv_wait"] += self.waits
+        self.kept["forward"] += self.forwards
+
+    def __enter__(self):
+        from torch.distributed.pipelining import schedules
+
+        self._wait, self._forward = schedules._wait_batch_p2p, self.stage.forward_one_chunk
+
+        def wait(work):
+            t0 = time.perf_counter()
+            try:
+                return self._wait(work)
+            finally:
+                self.waits.append(time.perf_counter() - t0)
+
+        def forward(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return self._forward(*args, **kwargs)
+            finally:
+                self.forwards.append(time.perf_counter() - t0)
+
+        schedules._wait_batch_p2p = wait
+        self.stage.forward_one_chunk = forward
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from torch.distributed.pipelining import schedules
+
+        schedules._wait_batch_p2p = self._wait
+        self.stage.forward_one_chunk = self._forward
+
+    def summary(self) -> dict[str, float]:
+        """Median forward per chunk, and every wait of the step (the receives before each
+        forward, the sends' at the step's end) per chunk."""
+        n = max(len(self.kept["forward"]), 1)
+        return {
+            "forward": statistics.median(self.kept["forward"]) if self.kept["forward"] else 0.0,
+            "wait_total_per_chunk": sum(self.kept["recv_wait"]) / n,
+        }
 
 
 def _reference(model, x):

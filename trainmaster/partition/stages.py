@@ -11,9 +11,12 @@ operator in execution order, and prices each possible split point: the compute o
 (activations a later stage reads, the model's inputs it still needs; parameters travel with
 their stage). Then:
 
-- ``trainmaster``: the split points that minimise the pipeline's period, the busiest of every
-  stage's compute and every boundary's transfer (``overhead`` per tensor + bytes / bandwidth),
-  which bounds the samples per second a stream of micro-batches reaches; among splits within 2%
+- ``trainmaster``: the split points that minimise the pipeline's period, the busiest stage, a
+  stage taking its input's transfer (``overhead`` per tensor + bytes / bandwidth) plus its
+  compute per micro-batch: ``torch.distributed.pipelining``'s schedules post a stage's receive
+  only after its previous forward, and gloo moves a message's bytes only once the receiver has
+  posted it, so a transfer never overlaps the receiving stage's compute. With k stages on fewer
+  cores, the whole compute over the cores bounds it too. That period bounds the samples per second a stream of micro-batches reaches; among splits within 2%
   of the best period, the one with the lowest latency of one sample (exact dynamic programme
   over the split points).
 - ``layers``: torchtitan's rule, the repeated blocks (the longest run of same-class siblings,
@@ -29,7 +32,7 @@ every split is one ``torch.distributed.pipelining`` builds as it is (``StagePlan
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -71,8 +74,8 @@ class ModelLayout:
 class StagePlan:
     """k contiguous stages: ``split_points`` (module FQNs, a split at the beginning of each), the
     operator positions where stages start, and the cost model's view of each stage and
-    boundary; ``period``: the busiest stage or boundary (seconds per sample when micro-batches
-    stream), ``latency``: one sample through every stage and boundary."""
+    boundary; ``period``: the busiest stage, its input's transfer included, or the whole compute
+    over the shared cores (seconds per sample when micro-batches stream), ``latency``: one sample through every stage and boundary."""
 
     method: str
     k: int
@@ -215,15 +218,33 @@ def _module_spans(compute: list) -> tuple[dict[str, tuple[int, int]], dict[str, 
     return spans, classes
 
 
+def calibrated(layout: ModelLayout, wall_seconds: float) -> ModelLayout:
+    """``layout`` with its operator costs scaled so they sum to ``wall_seconds``, the unsplit
+    model's measured forward time where the stages will run. Profiled (or FLOP) costs give the
+    operators' shares; their absolute scale drifts with the profiler and the load of the moment
+    (a profile read 5x the forward's wall time on a loaded machine), and the scale decides how
+    compute weighs against the links' bytes / bandwidth."""
+    if not (np.isfinite(wall_seconds) and wall_seconds > 0):
+        raise UserError(f"wall_seconds {wall_seconds}: give the model's measured forward time (> 0, finite)")
+    total = float(layout.cost.sum())
+    if total <= 0:
+        raise UserError("the layout's operators cost nothing: nothing to calibrate")
+    return replace(layout, cost=layout.cost * (wall_seconds / total))
+
+
 def split(
     layout: ModelLayout,
     k: int,
     method: str = "trainmaster",
     bandwidth: float = 1.25e7,
     overhead: float = 0.0,
+    cores: int | None = None,
 ) -> StagePlan:
     """k stages of ``layout`` by ``method`` (``SPLITTERS``); boundaries are priced at
-    ``overhead`` per tensor + bytes / ``bandwidth`` (bytes per second)."""
+    ``overhead`` per tensor + bytes / ``bandwidth`` (bytes per second). ``cores``: the cores
+    every stage shares (stages on one machine, or hosts that are namespaces of one machine);
+    fewer than k, the period is at least the whole compute over the cores (``StagePlan.period``).
+    The split's choice does not change with it (that term is the same for every split)."""
     if method not in SPLITTERS:
         raise UserError(f"unknown pipeline splitter {method!r}", details=[f"choose one of {', '.join(SPLITTERS)}"])
     if k < 1:
@@ -235,16 +256,20 @@ def split(
     if not (np.isfinite(bandwidth) and bandwidth > 0) or not (np.isfinite(overhead) and overhead >= 0):
         raise UserError(f"bandwidth {bandwidth} must be > 0 and overhead {overhead} >= 0 (finite)")
     link = overhead * layout.live_count + layout.live_bytes / bandwidth
+    if cores is not None and cores < 1:
+        raise UserError(f"cores {cores}: give at least 1 (or none: a core per stage)")
     if method == "trainmaster":
         chosen = _best_period(layout, k, link)
     elif method == "layers":
         chosen = _equal_layers(layout, k)
     else:
         chosen = _equal_params(layout, k)
-    return _plan(layout, k, method, chosen, link)
+    return _plan(layout, k, method, chosen, link, cores)
 
 
-def _plan(layout: ModelLayout, k: int, method: str, chosen: list[int], link: np.ndarray) -> StagePlan:
+def _plan(
+    layout: ModelLayout, k: int, method: str, chosen: list[int], link: np.ndarray, cores: int | None = None
+) -> StagePlan:
     """The plan of candidate indices ``chosen`` (increasing)."""
     starts = [0] + [layout.candidates[j][0] for j in chosen]
     ends = starts[1:] + [layout.n]
@@ -262,14 +287,19 @@ def _plan(layout: ModelLayout, k: int, method: str, chosen: list[int], link: np.
         boundary_bytes=[int(layout.live_bytes[j]) for j in chosen],
         boundary_tensors=[int(layout.live_count[j]) for j in chosen],
         boundary_seconds=boundary,
-        period=max(compute + boundary),
+        period=max(
+            [compute[0]]
+            + [b + c for b, c in zip(boundary, compute[1:])]
+            + ([sum(compute) / cores] if cores and cores < k else [])
+        ),
         latency=sum(compute) + sum(boundary),
     )
 
 
 def _best_period(layout: ModelLayout, k: int, link: np.ndarray) -> list[int]:
     """Candidate indices of the split with the least period, then (within PERIOD_SLACK of it)
-    the least latency: two dynamic programmes over (stage, last split point)."""
+    the least latency: two dynamic programmes over (stage, last split point). A stage's time per
+    micro-batch is its input's transfer plus its compute (``_plan``)."""
     prefix = np.concatenate([[0.0], np.cumsum(layout.cost)])
     pos = [p for p, _ in layout.candidates]
     m = len(pos)
@@ -278,46 +308,44 @@ def _best_period(layout: ModelLayout, k: int, link: np.ndarray) -> list[int]:
     def compute(a: int, b: int) -> float:  # positions
         return float(prefix[b] - prefix[a])
 
-    # pass 1: the least period; f[j] = best period of the stages so far ending at candidate j
-    f = [max(compute(0, pos[j]), float(link[j])) for j in range(m)]
+    def stage(i: int, j: int) -> float:  # the stage from candidate i to candidate j (j = m: the end)
+        return float(link[i]) + compute(pos[i], pos[j] if j < m else layout.n)
+
+    if k == 1:
+        return []
+    # pass 1: the least period; f[j] = best period of the stages so far, the last ending at candidate j
+    f = [compute(0, pos[j]) for j in range(m)]
     for _ in range(k - 2):
         g = [inf] * m
         for j in range(m):
             for i in range(j):
-                v = max(f[i], compute(pos[i], pos[j]), float(link[j]))
+                v = max(f[i], stage(i, j))
                 if v < g[j]:
                     g[j] = v
         f = g
-    if k == 1:
-        return []
-    best = min(max(f[j], compute(pos[j], layout.n)) for j in range(m))
+    best = min(max(f[j], stage(j, m)) for j in range(m))
     limit = best * (1 + PERIOD_SLACK)
-    # pass 2: the least latency among splits whose every stage and boundary is within the limit
-    lat = [
-        compute(0, pos[j]) + float(link[j]) if max(compute(0, pos[j]), float(link[j])) <= limit else inf
-        for j in range(m)
-    ]
+    # pass 2: the least latency among splits whose every stage is within the limit
+    lat = [compute(0, pos[j]) if compute(0, pos[j]) <= limit else inf for j in range(m)]
     back: list[list[int]] = []
     for _ in range(k - 2):
         g = [inf] * m
         arg = [-1] * m
         for j in range(m):
-            if link[j] > limit:
-                continue
             for i in range(j):
                 if lat[i] == inf:
                     continue
-                c = compute(pos[i], pos[j])
+                c = stage(i, j)
                 if c > limit:
                     continue
-                v = lat[i] + c + float(link[j])
+                v = lat[i] + c
                 if v < g[j]:
                     g[j], arg[j] = v, i
         back.append(arg)
         lat = g
     end, end_v = -1, inf
     for j in range(m):
-        tail = compute(pos[j], layout.n)
+        tail = stage(j, m)
         if lat[j] < inf and tail <= limit and lat[j] + tail < end_v:
             end, end_v = j, lat[j] + tail
     assert end >= 0, "the least period's own split meets its limit"
