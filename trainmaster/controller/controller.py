@@ -97,6 +97,7 @@ class Controller:
         queue_weights: dict[str, float] | None = None,
         unreachable_grace: float = 60.0,
         fence: Callable[[Session], None] | None = None,
+        channel: InstanceChannel | None = None,
     ):
         self.sessions = sessions
         self.backend = backend
@@ -125,7 +126,8 @@ class Controller:
         # deletes them: a `trainmaster run` command reads its job's final status after the end.
         self._expiry: dict[int, float] | None = None if owner == "service" else {}
         self._rescan_at = 0.0
-        self._channel: InstanceChannel | None = None  # the instance channel, once an instance starts
+        # the instance channel, once an instance starts (given: one its caller keeps across stores)
+        self._channel: InstanceChannel | None = channel
         self._book: QuotaBook | None = None  # this pass's queue quotas and usage (None: no queue has quota)
         self._admitted_rows: dict[int, JobRow] = {}  # admitted jobs whose rows this pass loaded (victims)
         self._preemptible: set[int] = set()  # this controller's admitted jobs (the only ones it may evict)
@@ -152,16 +154,17 @@ class Controller:
         return woken
 
     # ---- queue -------------------------------------------------------------------------------
-    def submit(self, loaded: LoadedJob, unique_name: bool = False) -> int:
+    def submit(self, loaded: LoadedJob, unique_name: bool = False, uid: str | None = None) -> int:
         """Store a validated job in the queue; returns its id. With ``unique_name``,
         :class:`~trainmaster.store.repository.NameTaken` while an active job has its name (checked
-        in the inserting transaction, so it holds across servers sharing the store)."""
+        in the inserting transaction, so it holds across servers sharing the store). ``uid``:
+        the job's uid when the caller has one already (the operator: its resource's)."""
         job = loaded.job
         with self.sessions() as session:
             if unique_name:
                 repo.claim_job_name(session, job.name)
             row = JobRow(
-                uid=uuid.uuid4().hex,
+                uid=uid or uuid.uuid4().hex,
                 name=job.name,
                 spec=job.dump(),
                 queue=job.spec.scheduling.queue,
