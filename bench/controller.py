@@ -4,7 +4,7 @@ queue drain throughput, and kill-to-replacement time.
     .venv/bin/python bench/controller.py [--quick] [--runs 5] [--no-ray] [--no-torchx]
     .venv/bin/python bench/controller.py --ray [--runs 5]   # the Ray section alone (1 and 3 nodes)
     .venv/bin/python bench/controller.py --containers [--runs 5] [--sizes 16]   # podman vs host
-    .venv/bin/python bench/controller.py --kubernetes [--runs 5] [--sizes 1,8,32]  # operator vs batch/v1 Job
+    .venv/bin/python bench/controller.py --kubernetes [--runs 5] [--sizes 1,8,32] [--cluster NAME]  # operator vs batch/v1 Job
 
 Writes ``bench/results/controller.json`` and ``bench/results/controller.md``.
 
@@ -328,12 +328,18 @@ def main() -> None:
         help="only the Kubernetes section: submit -> every pod Running, our operator vs the batch/v1 Job "
         "controller on a cluster built here (bench/controller_kubernetes.py); writes controller_kubernetes.{json,md,png}",
     )
+    parser.add_argument(
+        "--cluster",
+        default="",
+        help="with --kubernetes: run on this existing cluster of `trainmaster cluster up --name NAME` "
+        "(left up; e.g. to raise its daemons' priority for the run) instead of one brought up for the run",
+    )
     args = parser.parse_args()
     if args.kubernetes:
         from controller_kubernetes import run_and_write as kubernetes_run_and_write
 
         sizes = [int(n) for n in args.sizes.split(",")] if args.sizes != ",".join(map(str, SIZES)) else [1, 8, 32]
-        kubernetes_run_and_write(args.runs, sizes, ROOT / "bench" / "results")
+        kubernetes_run_and_write(args.runs, sizes, ROOT / "bench" / "results", cluster_name=args.cluster)
         return
     if args.containers:
         from controller_containers import run_and_write

@@ -183,14 +183,20 @@ def summary(samples: list[float]) -> dict[str, Any]:
     }
 
 
-def run_and_write(runs: int, sizes: list[int], out: Path, nodes: int = 1) -> dict[str, Any]:
+def run_and_write(runs: int, sizes: list[int], out: Path, nodes: int = 1, cluster_name: str = "") -> dict[str, Any]:
+    """``cluster_name``: an existing cluster (``trainmaster cluster up --name``), used and left
+    up; else one of ``nodes`` node(s) is brought up for the run and removed after."""
     from trainmaster.cluster import Cluster, ClusterOptions, remove
     from trainmaster.cluster.images import BUSYBOX
     from trainmaster.cluster.layout import free_ports
 
     scratch = Path(tempfile.mkdtemp(prefix="tm-bench-k8s-"))
-    name = f"b{secrets.token_hex(2)}"
-    cluster = Cluster.up(ClusterOptions(name=name, nodes=nodes), root=scratch / "clusters")
+    name = cluster_name or f"b{secrets.token_hex(2)}"
+    if cluster_name:
+        cluster = Cluster.load(cluster_name)
+        nodes = len(cluster.layout.nodes)
+    else:
+        cluster = Cluster.up(ClusterOptions(name=name, nodes=nodes), root=scratch / "clusters")
     port = free_ports(1)[0]
     env = {**os.environ, "KUBECONFIG": str(cluster.layout.kubeconfig), "TRAINMASTER_HOME": str(scratch / "home")}
     log = open(scratch / "operator.log", "wb")
@@ -216,9 +222,12 @@ def run_and_write(runs: int, sizes: list[int], out: Path, nodes: int = 1) -> dic
             "cpus": os.cpu_count(),
             "kubernetes": cluster.layout.version,
             "nodes": nodes,
+            "cluster": "existing (--cluster)" if cluster_name else "brought up for the run",
             "runs": runs,
             "pod": f"{BUSYBOX} {' '.join(BUSYBOX_COMMAND)}",
             "load_at_start": round(os.getloadavg()[0], 2),
+            "command": " ".join([".venv/bin/python", "bench/controller.py", *sys.argv[1:]]),
+            "priority": os.getpriority(os.PRIO_PROCESS, 0),
         },
         "submit_to_running": {OURS: {}, THEIRS: {}},
         "operator": {},
@@ -273,7 +282,10 @@ def run_and_write(runs: int, sizes: list[int], out: Path, nodes: int = 1) -> dic
         except subprocess.TimeoutExpired:
             operator.kill()
         log.close()
-        remove(name, root=scratch / "clusters")
+        if os.environ.get("TM_BENCH_OPERATOR_LOG"):  # =FILE: keep the operator's log there
+            shutil.copy(scratch / "operator.log", os.environ["TM_BENCH_OPERATOR_LOG"])
+        if not cluster_name:
+            remove(name, root=scratch / "clusters")
         shutil.rmtree(scratch, ignore_errors=True)
     results["meta"]["load_at_end"] = round(os.getloadavg()[0], 2)
     out.mkdir(parents=True, exist_ok=True)
@@ -292,7 +304,8 @@ def markdown(results: dict[str, Any]) -> str:
         f"built here), pods `{meta['pod']}`, {meta['runs']} runs per size (median), 1-minute load "
         f"{meta['load_at_start']} at the start and {meta['load_at_end']} at the end.",
         "",
-        "Command: `.venv/bin/python bench/controller.py --kubernetes`",
+        f"Command: `{meta.get('command', '.venv/bin/python bench/controller.py --kubernetes')}` at nice "
+        f"{meta.get('priority', 0)}, on {meta.get('cluster', 'a cluster brought up for the run')}.",
         "",
         "| pods | Trainmaster operator (s) | batch/v1 Job controller (s) | ours / Kubernetes | every pod created: ours / Kubernetes' (s) | operator API requests per job | 1-minute load (before -> after) |",
         "|---:|---:|---:|---:|---:|---:|---:|",

@@ -143,9 +143,12 @@ def test_every_framework_runs_through_kubectl_apply(k8s_cluster, operators) -> N
         kubectl(k8s_cluster, "delete", name, "--wait=false")
 
 
-def sleeper(name: str, seconds: int, replicas: int = 2) -> dict[str, Any]:
-    """A TrainingJob whose instances print one line when they start, then sleep."""
+def sleeper(name: str, seconds: int, replicas: int = 2, report: bool = False) -> dict[str, Any]:
+    """A TrainingJob whose instances print one line when they start, then sleep (and with
+    ``report``, then ``trainmaster.report()`` one point and print whether it was stored)."""
     code = f"import os, time; print('started', os.environ['TM_ROLE'], os.environ['TM_REPLICA_INDEX'], flush=True); time.sleep({seconds})"
+    if report:
+        code += "; import trainmaster; print('reported', trainmaster.report(step=1, loss=0.5), flush=True)"
     return {
         "apiVersion": "trainmaster.io/v1",
         "kind": "TrainingJob",
@@ -163,10 +166,12 @@ def test_a_standby_takes_over_from_a_killed_leader_and_nothing_runs_twice(k8s_cl
     """kill -9 of the leading operator mid-job: the standby takes the Lease within 15 s, takes
     the job's running pods up (from the cluster: no store survives the leader) and finishes the
     job; every instance started exactly once (one pod each, attempt 1, no container restart,
-    one start line in its log)."""
+    one start line in its log). Mechanism: the instance channel outlives leadership (the same
+    address, the same token key from the cluster): the pods the killed leader started report()
+    to the new leader after the take-over, and it stores their points."""
     leader = operators.leader()
     standby = next(i for i in operators.processes if i != leader)
-    apply(k8s_cluster, sleeper("failover", 25))
+    apply(k8s_cluster, sleeper("failover", 25, report=True))
 
     def both_running() -> dict[str, dict[str, Any]] | None:
         pods = running_pods(k8s_cluster, "failover")
@@ -192,7 +197,9 @@ def test_a_standby_takes_over_from_a_killed_leader_and_nothing_runs_twice(k8s_cl
     for pod in after:
         assert pod["metadata"]["labels"]["trainmaster.io/attempt"] == "1"
         assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
-        assert kubectl(k8s_cluster, "logs", pod["metadata"]["name"]).count("started") == 1
+        log = kubectl(k8s_cluster, "logs", pod["metadata"]["name"])
+        assert log.count("started") == 1
+        assert "reported True" in log and "report():" not in log, log[-1500:]
     assert took_over <= 15.0, f"took {took_over:.1f} s"
     kubectl(k8s_cluster, "delete", "tmjob/failover")
 

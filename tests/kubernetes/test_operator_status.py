@@ -143,7 +143,8 @@ def test_crds_are_structural_with_the_status_subresource() -> None:
 
 def test_the_operators_rbac_is_least_privilege() -> None:
     """It reads its resources and patches their status only; pods are all it creates and
-    deletes; services it creates; nodes it reads; no secret, no CRD, nothing cluster-wide else."""
+    deletes; services it creates; nodes it reads; no secret, no CRD, nothing cluster-wide else
+    (in its own namespace: its Lease and the one Secret it keeps, the instance channel's key)."""
     rules = rbac_rules()
     verbs = {(g, r): set(rule["verbs"]) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]}
     assert verbs[("kubeflow.org", "pytorchjobs")] == {"get", "list", "watch"}
@@ -162,8 +163,10 @@ def test_the_operators_rbac_is_least_privilege() -> None:
     assert "--no-install-crds" in container["command"]
     assert {"name": "KUBERNETES_SERVICE_HOST", "value": "172.16.0.1"} in container["env"]
     lease_role = next(m for m in manifests if m["kind"] == "Role")
+    # in its own namespace only: its Lease, and the Secret of the instance channel's key
     assert lease_role["rules"] == [
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create"]},
     ]
 
 

@@ -66,6 +66,7 @@ DELETE_TIMEOUT = 60.0
 FIRST_PORT, LAST_PORT = 20000, 32000
 HOST_RUNTIME_ENV = "TRAINMASTER_K8S_HOST_RUNTIME"
 GATE_CHECK_SECONDS = 0.5
+STOP_CONFIRM_SECONDS = 30.0  # a deleted pod still there this long past its grace is deleted with grace 0
 MAX_ENDED = 10_000  # ended pods remembered for their controllers (dropped oldest first beyond)
 
 
@@ -190,7 +191,7 @@ class KubernetesBackend(Backend):
         self._creating: dict[str, Future[None]] = {}
         self._refused: dict[str, Observation] = {}  # starts the API refused
         self._ended: dict[str, Observation] = {}  # final observations of pods gone
-        self._stopping: set[str] = set()
+        self._stopping: dict[str, tuple[str, str, float]] = {}  # instance id -> (namespace, pod, confirm at)
         self._followers: dict[str, threading.Thread] = {}  # pod uid -> log follower
         self._log_paths: dict[str, str] = {}  # instance id -> log file
         self._services: set[str] = set()
@@ -202,6 +203,7 @@ class KubernetesBackend(Backend):
         self._channel_checked = False
         self._closing = threading.Event()
         self._pool = ThreadPoolExecutor(self.options.create_threads, thread_name_prefix="k8s-create")
+        self._deleter = ThreadPoolExecutor(self.options.create_threads, thread_name_prefix="k8s-delete")
         # the operator's leader election: every write asks it first (a deposed leader writes nothing)
         self.fence: Callable[[], None] = lambda: None
         selector = f"{k8s.MANAGED_BY}={k8s.MANAGER}"
@@ -339,10 +341,6 @@ class KubernetesBackend(Backend):
             namespace = self.namespace_of(spec)
             owner = self._owner(spec, namespace)
             service = self.names.service(spec)
-            self.fence()
-            if f"{namespace}/{service}" not in self._services:  # beside the pods, not before them
-                self._services.add(f"{namespace}/{service}")
-                self._pool.submit(self._ensure_service, spec, service, namespace, owner)
             self._remove_predecessor(spec, namespace, name)
             body = k8s.pod_manifest(spec, env, name, namespace, service, self.host, owner)
             self.fence()
@@ -358,6 +356,12 @@ class KubernetesBackend(Backend):
                         f"({_instance(existing) if existing else 'unknown'}); delete it or rename the job"
                     ) from None
                 return
+            finally:
+                # the role's Service once its first pod is asked for: after it, not before or
+                # beside it (the pods of a gang are what the API server should serve first)
+                if f"{namespace}/{service}" not in self._services:
+                    self._services.add(f"{namespace}/{service}")
+                    self._pool.submit(self._ensure_service, spec, service, namespace, owner)
             self.pods.put(json.loads(answer.data))
         except ApiException as exc:
             self._refuse(spec, f"the API refused the pod: {_api_message(exc)}")
@@ -457,14 +461,46 @@ class KubernetesBackend(Backend):
             log.warning("the Service %s/%s of role %s: %s", namespace, name, spec.role, exc)
 
     def _remove_predecessor(self, spec: LaunchSpec, namespace: str, name: str) -> None:
-        """An earlier attempt's pod of the same name is deleted (grace 0) and gone before the
-        next is created: one pod per instance, so no instance ever runs twice."""
-        pod = self.pods.get(namespace, name) or (self._read_pod(namespace, name) if spec.attempt > 1 else None)
-        if pod is None or _instance(pod) == spec.instance_id:
+        """Every earlier attempt's pod of this instance (the same name, or the same job, role and
+        index) is gone before the next is created: one pod per instance, so no instance ever
+        runs twice. One being stopped keeps its grace period; any other is deleted with grace 0."""
+        uid, role, index = k8s.label_value(k8s.job_uid(spec)), k8s.label_value(spec.role), str(spec.index)
+        earlier = {
+            (str(p["metadata"].get("namespace") or namespace), str(p["metadata"]["name"])): p
+            for p in self.pods.items()
+            if _instance(p) != spec.instance_id
+            and (
+                (p["metadata"]["name"] == name and p["metadata"].get("namespace", namespace) == namespace)
+                or (
+                    (labels := p["metadata"].get("labels") or {}).get(k8s.LABEL_JOB_UID) == uid
+                    and labels.get(k8s.LABEL_ROLE) == role
+                    and labels.get(k8s.LABEL_INDEX) == index
+                )
+            )
+        }
+        if (namespace, name) not in earlier and spec.attempt > 1:  # the watch may lag: ask the API
+            pod = self._read_pod(namespace, name)
+            if pod is not None and _instance(pod) != spec.instance_id:
+                earlier[(namespace, name)] = pod
+        if not earlier:
             return
-        self._delete_pod(namespace, name, 0)
-        if not wait_until(lambda: self._read_pod(namespace, name) is None, DELETE_TIMEOUT, 0.1):
-            raise RuntimeError(f"the pod {name} of an earlier attempt was not gone after {DELETE_TIMEOUT:.0f} s")
+        for (ns, pod_name), pod in earlier.items():
+            if not pod["metadata"].get("deletionTimestamp"):
+                self._delete_pod(ns, pod_name, 0)
+
+        def gone() -> bool:
+            return all(
+                (p := self._read_pod(ns, pod_name)) is None or _instance(p) == spec.instance_id
+                for ns, pod_name in earlier
+            )
+
+        limit = DELETE_TIMEOUT + max(
+            int(p["metadata"].get("deletionGracePeriodSeconds") or 0) for p in earlier.values()
+        )
+        if not wait_until(gone, limit, 0.1):
+            raise RuntimeError(
+                f"the pod(s) {', '.join(n for _, n in earlier)} of an earlier attempt were not gone after {limit:.0f} s"
+            )
 
     def _read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         from kubernetes.client.exceptions import ApiException
@@ -554,13 +590,15 @@ class KubernetesBackend(Backend):
         return (services if not missing else None), missing
 
     def _gate_loop(self) -> None:
-        """Held instances also time out while nothing changes in the cluster."""
+        """Held instances also time out while nothing changes in the cluster; stops are confirmed."""
         while not self._closing.wait(GATE_CHECK_SECONDS):
-            if self._held:
-                try:
+            try:
+                if self._held:
                     self._release_gates()
-                except Exception:
-                    log.exception("checking held instances")
+                if self._stopping:
+                    self._confirm_stops()
+            except Exception:
+                log.exception("checking held instances and stopped pods")
 
     # ---- observe --------------------------------------------------------------------------------
     def observe(self, handles: list[InstanceHandle]) -> list[Observation]:
@@ -604,7 +642,8 @@ class KubernetesBackend(Backend):
             elif obs.phase == Phase.RUNNING:
                 self._follow_log(pod, iid)
             elif obs.phase == Phase.LOST and obs.reason == "NodeLost" and iid not in self._stopping and where:
-                self._stopping.add(iid)
+                with self._lock:
+                    self._stopping[iid] = (where[0], where[1], time.monotonic() + STOP_CONFIRM_SECONDS)
                 self._pool.submit(self._delete_pod, where[0], where[1], 0)
             return obs
         if gate is not None:
@@ -637,7 +676,7 @@ class KubernetesBackend(Backend):
                 self._ended[iid] = obs  # until forgotten: an observe after the pod is gone still says how it ended
                 while len(self._ended) > MAX_ENDED:
                     self._ended.pop(next(iter(self._ended)))
-                self._stopping.discard(iid)
+                self._stopping.pop(iid, None)
         if self._held:
             self._release_gates()
         self._wake()
@@ -690,8 +729,19 @@ class KubernetesBackend(Backend):
     # ---- stop ----------------------------------------------------------------------------------
     def stop(self, handles: list[InstanceHandle], grace: float) -> None:
         """Delete each pod with ``grace`` seconds to end (the kubelet sends SIGTERM, then SIGKILL)
-        and return once they are gone (their processes with them)."""
-        doomed = []
+        and return once the API server has accepted every deletion, not once the pods are gone,
+        so a controller's pass never waits on kubelets. That is safe here because:
+
+        - the intent is recorded in the cluster (the pod's ``deletionTimestamp``): a controller
+          killed now leaves nothing to redo, the kubelet ends the pod anyway;
+        - it is confirmed later: a pod still there ``STOP_CONFIRM_SECONDS`` past its grace is
+          deleted again with grace 0 (:meth:`_confirm_stops`, on the backend's own thread);
+        - no later attempt of the same instance gets a pod while an earlier attempt's pod exists
+          (:meth:`_remove_predecessor` waits for it, in the creating thread), so an instance
+          never runs twice."""
+        doomed: list[tuple[str, str]] = []
+        # at least 1 s: a grace of 0 deletes the object at once, before the kubelet stopped anything
+        seconds = max(1, math.ceil(grace))
         for handle in handles:
             iid = handle.instance_id
             with self._lock:
@@ -710,15 +760,28 @@ class KubernetesBackend(Backend):
             if where is None:
                 continue
             with self._lock:
-                self._stopping.add(iid)
-            # at least 1 s: a grace of 0 deletes the object at once, before the kubelet stopped anything
-            self._delete_pod(where[0], where[1], max(1, math.ceil(grace)))
-            doomed.append((where, iid))
-        wait_until(
-            lambda: all((p := self.pods.get(*where)) is None or _instance(p) != iid for where, iid in doomed),
-            grace + DELETE_TIMEOUT,
-            0.05,
-        )
+                self._stopping[iid] = (where[0], where[1], time.monotonic() + seconds + STOP_CONFIRM_SECONDS)
+            doomed.append(where)
+        # every deletion at once (one request each), answered before the pass goes on
+        for done in [self._deleter.submit(self._delete_pod, ns, name, seconds) for ns, name in doomed]:
+            done.result(timeout=DELETE_TIMEOUT)
+
+    def _confirm_stops(self) -> None:
+        """Pods still there well past their grace (a kubelet that missed the deletion, a node
+        gone): deleted again, with grace 0."""
+        now = time.monotonic()
+        with self._lock:
+            late = [(iid, ns, name) for iid, (ns, name, due) in self._stopping.items() if due <= now]
+            for iid, ns, name in late:
+                self._stopping[iid] = (ns, name, now + STOP_CONFIRM_SECONDS)
+        for iid, ns, name in late:
+            pod = self.pods.get(ns, name)
+            if pod is None or _instance(pod) != iid:
+                with self._lock:
+                    self._stopping.pop(iid, None)
+                continue
+            log.info("pod %s/%s outlived its grace period; deleting it with grace 0", ns, name)
+            self._delete_pod(ns, name, 0)
 
     def _delete_pod(self, namespace: str, name: str, grace: int) -> None:
         self.fence()
@@ -802,6 +865,7 @@ class KubernetesBackend(Backend):
         self.pods.close()
         self.nodes.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._deleter.shutdown(wait=False, cancel_futures=True)
 
 
 HELD_RECORD = "pod-held.json"  # the LaunchSpec of an instance whose pod waits to be created

@@ -216,16 +216,7 @@ def free_ports(count: int) -> list[int]:
 def choose_subnet(name: str, root: Path) -> str:
     """A /20 of 172.16.0.0/12 derived from the name that overlaps none of the machine's
     addresses or routes (another cluster's included: its bridge and routes are the machine's)."""
-    taken = [
-        ipaddress.IPv4Network(f"{a['local']}/{a['prefixlen']}", strict=False)
-        for link in iproute.run_json("ip", "-4", "addr")
-        for a in link.get("addr_info", [])
-    ]
-    taken += [
-        ipaddress.IPv4Network(r["dst"])
-        for r in iproute.run_json("ip", "-4", "route")
-        if r.get("dst", "default") != "default"
-    ]
+    taken = iproute.machine_networks()
     taken += [ipaddress.IPv4Network(c.subnet) for c in _recorded_clusters(root) if c.name != name]
     seed = zlib.crc32(name.encode())
     for attempt in range(256):

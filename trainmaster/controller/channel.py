@@ -39,7 +39,6 @@ import os
 import socket
 import socketserver
 import threading
-import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -405,16 +404,21 @@ class InstanceChannel:
     """This process's channel for one store: serves it (or waits to, while another process of
     the store does) from :meth:`start` on, in daemon threads."""
 
-    def __init__(self, sessions: sessionmaker[Session], db_url: str):
+    def __init__(self, sessions: sessionmaker[Session], db_url: str, tcp_port: int | None = None):
+        """``tcp_port``: where TCP instances reach it (default: :func:`default_tcp_port` of the
+        store); a caller whose successive stores stand for one state of record (the operator's
+        leaders) gives one that stays, so instances started under one store reach the next."""
         self.service = ChannelService(sessions)
         self.unix_path = socket_path(db_url)
         store_file = sqlite_path(db_url)
         # who serves the socket: an flock beside the store (or the socket), cleaned with it
         self.lock_path = Path(f"{store_file or self.unix_path}.channel.lock")
-        self.tcp_port = default_tcp_port(db_url)
+        self.tcp_port = tcp_port or default_tcp_port(db_url)
         self._tcp_host: str | None = None
         self._started: set[str] = set()
         self._lock = threading.Lock()
+        self._servers: list[socketserver.BaseServer] = []
+        self._closed = threading.Event()
 
     def url(self, reach: str) -> str:
         """What an instance puts in ``TM_CHANNEL``: the Unix socket (``reach`` "unix") or the
@@ -449,7 +453,9 @@ class InstanceChannel:
                 fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                time.sleep(RETRY_BIND_S)
+                if self._closed.wait(RETRY_BIND_S):
+                    os.close(lock_fd)
+                    return
         try:
             self.unix_path.unlink()  # the socket of a controller that died
         except FileNotFoundError:
@@ -458,7 +464,8 @@ class InstanceChannel:
         server.service = self.service  # type: ignore[attr-defined]
         os.chmod(self.unix_path, 0o600)
         atexit.register(_remove, self.unix_path)
-        server.serve_forever(poll_interval=0.5)
+        self._serve(server)
+        os.close(lock_fd)
 
     def _serve_tcp(self) -> None:
         kind = _Tcp6Server if ":" in self.tcp_host else _TcpServer
@@ -477,9 +484,27 @@ class InstanceChannel:
                         exc.strerror or exc,
                     )
                     said = True
-                time.sleep(RETRY_BIND_S)
+                if self._closed.wait(RETRY_BIND_S):
+                    return
         server.service = self.service  # type: ignore[attr-defined]
-        server.serve_forever(poll_interval=0.5)
+        self._serve(server)
+
+    def _serve(self, server: socketserver.BaseServer) -> None:
+        with self._lock:
+            self._servers.append(server)
+            closed = self._closed.is_set()
+        if not closed:
+            server.serve_forever(poll_interval=0.5)
+        server.server_close()
+
+    def close(self) -> None:
+        """Stop serving (the port and the socket are free for the next server); waits for the
+        serving threads' loops to end."""
+        self._closed.set()
+        with self._lock:
+            servers, self._servers = self._servers, []
+        for server in servers:
+            server.shutdown()
 
 
 def _remove(path: Path) -> None:

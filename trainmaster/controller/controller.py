@@ -97,6 +97,7 @@ class Controller:
         queue_weights: dict[str, float] | None = None,
         unreachable_grace: float = 60.0,
         fence: Callable[[Session], None] | None = None,
+        channel: InstanceChannel | None = None,
     ):
         self.sessions = sessions
         self.backend = backend
@@ -125,7 +126,8 @@ class Controller:
         # deletes them: a `trainmaster run` command reads its job's final status after the end.
         self._expiry: dict[int, float] | None = None if owner == "service" else {}
         self._rescan_at = 0.0
-        self._channel: InstanceChannel | None = None  # the instance channel, once an instance starts
+        # the instance channel, once an instance starts (given: one its caller keeps across stores)
+        self._channel: InstanceChannel | None = channel
         self._book: QuotaBook | None = None  # this pass's queue quotas and usage (None: no queue has quota)
         self._admitted_rows: dict[int, JobRow] = {}  # admitted jobs whose rows this pass loaded (victims)
         self._preemptible: set[int] = set()  # this controller's admitted jobs (the only ones it may evict)
@@ -152,32 +154,36 @@ class Controller:
         return woken
 
     # ---- queue -------------------------------------------------------------------------------
-    def submit(self, loaded: LoadedJob, unique_name: bool = False) -> int:
+    def submit(self, loaded: LoadedJob, unique_name: bool = False, uid: str | None = None) -> int:
         """Store a validated job in the queue; returns its id. With ``unique_name``,
         :class:`~trainmaster.store.repository.NameTaken` while an active job has its name (checked
-        in the inserting transaction, so it holds across servers sharing the store)."""
-        result = self.submit_batch([loaded], unique_name)[0]
+        in the inserting transaction, so it holds across servers sharing the store). ``uid``:
+        the job's uid when the caller has one already (the operator: its resource's)."""
+        result = self.submit_batch([loaded], unique_name, uids=[uid])[0]
         if isinstance(result, Exception):
             raise result
         return result
 
-    def submit_batch(self, batch: list[LoadedJob], unique_name: bool = False) -> list[int | repo.NameTaken]:
+    def submit_batch(
+        self, batch: list[LoadedJob], unique_name: bool = False, uids: list[str | None] | None = None
+    ) -> list[int | repo.NameTaken]:
         """Store several validated jobs in one transaction (a server's concurrent submits: one
         write lock and one commit for all, not one each); per job its id, or the
         :class:`~trainmaster.store.repository.NameTaken` that refused it alone (with
-        ``unique_name``: an active job, or an earlier one of the batch, has its name)."""
+        ``unique_name``: an active job, or an earlier one of the batch, has its name). ``uids``: the
+        jobs' uids where the caller has them (else new ones)."""
         results: list[int | repo.NameTaken] = []
         with self.sessions() as session:
             live = repo.claim_job_names(session, [b.job.name for b in batch]) if unique_name else {}
             stored: list[tuple[LoadedJob, JobRow, str]] = []  # with the spec's text as the store keeps it
-            for loaded in batch:
+            for loaded, uid in zip(batch, uids or [None] * len(batch), strict=True):
                 job = loaded.job
                 if job.name in live:
                     results.append(repo.name_taken(job.name, live[job.name]))
                     continue
                 dumped = job.dump()
                 row = JobRow(
-                    uid=uuid.uuid4().hex,
+                    uid=uid or uuid.uuid4().hex,
                     name=job.name,
                     spec=dumped,
                     queue=job.spec.scheduling.queue,

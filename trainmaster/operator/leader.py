@@ -101,18 +101,8 @@ class LeaseElector:
         if holder != self.identity and not free:
             return False
         transitions = int(spec.get("leaseTransitions") or 0) + (0 if holder == self.identity else 1)
-        body = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {
-                "name": self.name,
-                "namespace": self.namespace,
-                "resourceVersion": lease["metadata"]["resourceVersion"],
-            },
-            "spec": self._spec(transitions),
-        }
         try:
-            self.coordination.replace_namespaced_lease(self.name, self.namespace, body)
+            self._replace(lease, self._spec(transitions))
         except ApiException as exc:
             if exc.status == 409:  # another candidate wrote it first
                 return False
@@ -133,6 +123,21 @@ class LeaseElector:
                 return None
             raise
         return dict(json.loads(answer.data))
+
+    def _replace(self, lease: dict[str, Any], spec: dict[str, Any]) -> None:
+        """Write ``spec`` over the Lease as it was read (``lease``): the write carries the
+        ``resourceVersion`` read, so it fails with Conflict if anyone wrote it since."""
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": self.name,
+                "namespace": self.namespace,
+                "resourceVersion": lease["metadata"]["resourceVersion"],
+            },
+            "spec": spec,
+        }
+        self.coordination.replace_namespaced_lease(self.name, self.namespace, body)
 
     def _spec(self, transitions: int, acquired: str | None = None) -> dict[str, Any]:
         now = _micro_time()
@@ -160,17 +165,7 @@ class LeaseElector:
                 spec = lease.get("spec") or {}
                 if spec.get("holderIdentity") != self.identity:
                     raise Deposed(f"the lease is held by {spec.get('holderIdentity') or 'nobody'}")
-                body = {
-                    "apiVersion": "coordination.k8s.io/v1",
-                    "kind": "Lease",
-                    "metadata": {
-                        "name": self.name,
-                        "namespace": self.namespace,
-                        "resourceVersion": lease["metadata"]["resourceVersion"],
-                    },
-                    "spec": self._spec(self.epoch, acquired=spec.get("acquireTime")),
-                }
-                self.coordination.replace_namespaced_lease(self.name, self.namespace, body)
+                self._replace(lease, self._spec(self.epoch, acquired=spec.get("acquireTime")))
                 self._valid_until = started + self.duration * 3 / 4
             except (ApiException, Deposed) as exc:
                 log.warning("%s lost the lease: %s", self.identity, exc)
@@ -188,16 +183,6 @@ class LeaseElector:
         try:
             lease = self._read() or {}
             if (lease.get("spec") or {}).get("holderIdentity") == self.identity:
-                body = {
-                    "apiVersion": "coordination.k8s.io/v1",
-                    "kind": "Lease",
-                    "metadata": {
-                        "name": self.name,
-                        "namespace": self.namespace,
-                        "resourceVersion": lease["metadata"]["resourceVersion"],
-                    },
-                    "spec": {"holderIdentity": "", "leaseDurationSeconds": 1, "leaseTransitions": self.epoch},
-                }
-                self.coordination.replace_namespaced_lease(self.name, self.namespace, body)
+                self._replace(lease, {"holderIdentity": "", "leaseDurationSeconds": 1, "leaseTransitions": self.epoch})
         except Exception as exc:
             log.info("releasing the lease: %s", exc)

@@ -122,7 +122,9 @@ def operator_manifests(options: ManifestOptions) -> list[dict[str, Any]]:
             "kind": "Role",
             "metadata": {"name": f"{NAME}-lease", "namespace": ns, "labels": labels},
             "rules": [
-                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
+                # the instance channel's key, shared by every leader (operator.Operator._channel_key)
+                {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create"]},
             ],
         },
         {

@@ -18,15 +18,22 @@ run`` over the Kubernetes backend:
   upstream operator writes it (:mod:`trainmaster.operator.status`), only when it changed.
 - **Delete**: deleting a resource cancels its job; its pods and services are owned by it, so the
   garbage collector removes what is left.
+- **Instance channel**: pods reach the leader (``report()``, ``publish()``, their wait step)
+  at an address and with a token that outlive leadership: every leader serves the same port
+  (derived from the API server's address and the Lease's name, ``TRAINMASTER_CHANNEL_PORT``
+  overrides it) and signs tokens with a key kept in a Secret beside the Lease, so pods a killed
+  leader started carry on reporting to the next one (they retry while no one serves).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
 import queue
 import re
+import secrets
 import socket
 import tempfile
 import threading
@@ -39,6 +46,7 @@ from trainmaster.backends import kubernetes_objects as k8s
 from trainmaster.backends.kubernetes import KubernetesBackend, KubernetesOptions, api_client, default_kubeconfig
 from trainmaster.backends.kubernetes_watch import WatchedCache
 from trainmaster.controller import Controller, metrics
+from trainmaster.controller.channel import KEY_NAME, InstanceChannel, default_tcp_port
 from trainmaster.loading import LoadOptions, load_document
 from trainmaster.errors import UserError
 from trainmaster.operator import status as statuses
@@ -48,11 +56,12 @@ from trainmaster.operator.leader import Deposed, LeaseElector
 from trainmaster.spec.model import RuntimeKind
 from trainmaster.store import repository as repo
 from trainmaster.store.db import make_engine, session_factory
-from trainmaster.store.models import InstanceRow, utcnow
+from trainmaster.store.models import InstanceRow, KeyRow, utcnow
 
 log = logging.getLogger(__name__)
 
 SYNC_TIMEOUT = 30.0
+POD_PASS_GAP = 0.2  # seconds between reconcile passes that pod events (not resources) wake
 CRD_TIMEOUT = 60.0
 KUBECTL_ANNOTATION = "kubectl.kubernetes.io/last-applied-configuration"
 
@@ -170,7 +179,9 @@ class Operator:
         self._events: queue.SimpleQueue[tuple[str, ResourceKind, dict[str, Any]]] = queue.SimpleQueue()
         self.backend: Any = None
         self.controller: Any = None
+        self.channel: InstanceChannel | None = None
         self._past_requests = 0  # of backends of earlier terms as leader
+        self._resource_event = threading.Event()  # a resource came or went: the next pass at once
 
     # ---- CRDs ------------------------------------------------------------------------------------
     def install_crds(self) -> None:
@@ -252,6 +263,13 @@ class Operator:
         self._folder = folder
         url = f"sqlite:///{folder}/cache.db"
         self.sessions = session_factory(make_engine(url))
+        with self.sessions() as session:  # the tokens of pods earlier leaders started stay good
+            session.add(KeyRow(name=KEY_NAME, value=self._channel_key()))
+            session.commit()
+        # the same port for every replica of this operator (one cluster, one Lease), another for
+        # an operator of another cluster on the same machine
+        where = f"{self.api.configuration.host}/{self.options.lease_namespace}/{self.options.lease_name}"
+        self.channel = InstanceChannel(self.sessions, url, tcp_port=default_tcp_port(where))
         self.backend = KubernetesBackend(
             KubernetesOptions(
                 kubeconfig=self.kubeconfig,
@@ -272,6 +290,7 @@ class Operator:
             interval=self.options.interval,
             runs_dir=Path(folder) / "runs",
             owner="operator",
+            channel=self.channel,
         )
         self.backend.watch_exits(self.controller.wake)
         self._tracked, self._events = {}, queue.SimpleQueue()
@@ -299,7 +318,18 @@ class Operator:
                 self._write_statuses()
             except ApiException as exc:
                 log.info("writing status: %s", exc.reason)
-            self.controller.wait_for_work(self.options.interval)
+            self._pace(time.monotonic())
+
+    def _pace(self, passed: float) -> None:
+        """Wait for the next pass: until woken (a resource event, a pod event, a submit) or the
+        interval. Pod events come in bursts (each pod of a gang changes several times while it
+        starts): a pass they wake waits until ``POD_PASS_GAP`` after the last, so one pass takes
+        a burst, and the kubelets starting those pods keep the CPU; a resource's event never
+        waits."""
+        self.controller.wait_for_work(self.options.interval)
+        if not self._resource_event.is_set():
+            self._resource_event.wait(max(0.0, passed + POD_PASS_GAP - time.monotonic()))
+        self._resource_event.clear()
 
     def _close_leader(self) -> None:
         import shutil
@@ -309,16 +339,64 @@ class Operator:
         if self.backend is not None:
             self._past_requests += int(self.backend.requests)
             self.backend.close()
-        self.backend = self.controller = None
+        if self.channel is not None:
+            self.channel.close()  # its port is the next leader's (maybe this process' again)
+        self.backend = self.controller = self.channel = None
         if getattr(self, "_folder", None):
             shutil.rmtree(self._folder, ignore_errors=True)
+
+    def _channel_key(self) -> str:
+        """The instance channel's signing key (hex), kept in the Secret ``<lease>-channel`` beside
+        the Lease; the first leader creates it (two at once: the one that loses reads the other's)."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        core: Any = client.CoreV1Api(self.api)
+        ns, name = self.options.lease_namespace, f"{self.options.lease_name}-channel"
+
+        def read() -> str | None:
+            try:
+                secret = json.loads(core.read_namespaced_secret(name, ns, _preload_content=False).data)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return None
+                raise
+            return base64.b64decode((secret.get("data") or {}).get("key", "")).decode() or None
+
+        key = read()
+        if key is not None:
+            return key
+        key = secrets.token_hex(32)
+        body = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": name, "namespace": ns, "labels": {k8s.MANAGED_BY: k8s.MANAGER}},
+            "type": "Opaque",
+            "data": {"key": base64.b64encode(key.encode()).decode()},
+        }
+        try:
+            core.create_namespaced_secret(ns, body, _preload_content=False)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            key = read() or ""
+            if not key:
+                raise RuntimeError(
+                    f"the Secret {ns}/{name} holds no channel key; delete it to make a new one"
+                ) from None
+        return key
 
     def _handler(self, kind: ResourceKind) -> Callable[[str, dict[str, Any]], None]:
         """The watch's callback: the event is queued for the reconcile loop, which is woken."""
 
         def on_event(event: str, obj: dict[str, Any]) -> None:
+            # a new resource or a deleted one: a pass now; a change of one already tracked (its
+            # status, which this leader writes itself) only moves its version on
+            uid = (obj.get("metadata") or {}).get("uid", "")
+            if event == "DELETED" or uid not in self._tracked:
+                self._resource_event.set()
             self._events.put((event, kind, obj))
-            if self.controller is not None:
+            if self.controller is not None and self._resource_event.is_set():
                 self.controller.wake()
 
         return on_event
@@ -375,7 +453,7 @@ class Operator:
                 tracked, statuses.invalid_status(kind, f"{source} could not be read: {exc}", [], tracked.written)
             )
             return
-        job_id = self.controller.submit(loaded)
+        job_id = self.controller.submit(loaded, uid=tracked.uid)
         tracked.job_id = job_id
         if kind.status == "trainer":
             tracked.source_names = trainjob.replicated_job_names(loaded.job)
@@ -388,7 +466,7 @@ class Operator:
         back the newest pod of each of its instances: attempt, address and phase come from the
         pod; the next pass observes it as any other."""
 
-        label = k8s.label_value(tracked.uid)
+        label = k8s.label_value(tracked.uid)  # the job was submitted under its resource's uid
         newest: dict[tuple[str, int], dict[str, Any]] = {}
         for pod in self.backend.pods.items():
             labels = pod["metadata"].get("labels") or {}
@@ -399,12 +477,12 @@ class Operator:
                 newest[key]["metadata"]["labels"][k8s.LABEL_ATTEMPT]
             ):
                 newest[key] = pod
+        if not newest:
+            return  # a new resource: nothing to take up (no transaction on its way to its pods)
         with self.sessions() as session:
             row = repo.load_job(session, tracked.job_id or 0)
-            row.uid = tracked.uid
-            if newest:
-                row.admitted = True
-                row.started_at = utcnow()
+            row.admitted = True
+            row.started_at = utcnow()
             roles = {r.name: r for r in job.spec.roles}
             for (role, index), pod in newest.items():
                 if role not in roles or index >= roles[role].replicas:
@@ -437,8 +515,7 @@ class Operator:
                     )
                 )
             session.commit()
-        if newest:
-            self.controller.recover(job_ids=[tracked.job_id])
+        self.controller.recover(job_ids=[tracked.job_id])
 
     def _owner_of(self, spec: Any) -> k8s.Owner | None:
         tracked = self._tracked.get(k8s.job_uid(spec))

@@ -6,6 +6,7 @@ testbed by hand (``ip netns``, ``tc -n NS qdisc show``), and every step is one v
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shutil
@@ -56,3 +57,17 @@ def run_json(*args: str, ns: str | None = None) -> Any:
 def namespaces() -> list[str]:
     """Names of the machine's named network namespaces (``ip netns list``)."""
     return [entry["name"] for entry in run_json("ip", "netns", "list")]
+
+
+def machine_networks() -> list[ipaddress.IPv4Network]:
+    """The IPv4 networks this machine already uses: its addresses' subnets and its routes'
+    destinations (the default route aside). A testbed or cluster picks its subnets outside them."""
+    taken = [
+        ipaddress.IPv4Network(f"{a['local']}/{a['prefixlen']}", strict=False)
+        for link in run_json("ip", "-4", "addr")
+        for a in link.get("addr_info", [])
+    ]
+    taken += [
+        ipaddress.IPv4Network(r["dst"]) for r in run_json("ip", "-4", "route") if r.get("dst", "default") != "default"
+    ]
+    return taken

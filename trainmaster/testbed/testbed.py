@@ -340,16 +340,7 @@ def _choose_subnet(prefix: str) -> ipaddress.IPv4Network:
     """A /24 in 10.0.0.0/8 derived from the prefix that overlaps none of the machine's own
     addresses or routes (the testbed's addresses exist only inside its namespaces, but a user
     reading ``status`` should never see one that looks like the machine's)."""
-    taken = [
-        ipaddress.IPv4Network(f"{a['local']}/{a['prefixlen']}", strict=False)
-        for link in iproute.run_json("ip", "-4", "addr")
-        for a in link.get("addr_info", [])
-    ]
-    taken += [
-        ipaddress.IPv4Network(r["dst"])
-        for r in iproute.run_json("ip", "-4", "route")
-        if r.get("dst", "default") != "default"
-    ]
+    taken = iproute.machine_networks()
     seed = zlib.crc32(prefix.encode())
     for attempt in range(256):
         value = (seed + attempt * 7919) % (200 * 256)
