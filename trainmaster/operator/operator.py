@@ -393,9 +393,9 @@ class Operator:
             # a new resource or a deleted one: a pass now; a change of one already tracked (its
             # status, which this leader writes itself) only moves its version on
             uid = (obj.get("metadata") or {}).get("uid", "")
+            self._events.put((event, kind, obj))  # queued before the flag: a pass the flag starts finds it
             if event == "DELETED" or uid not in self._tracked:
                 self._resource_event.set()
-            self._events.put((event, kind, obj))
             if self.controller is not None and self._resource_event.is_set():
                 self.controller.wake()
 
