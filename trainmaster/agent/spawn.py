@@ -12,7 +12,10 @@ thread's cgroups (:mod:`trainmaster.agent.warm` puts the thread there first); it
 session (``POSIX_SPAWN_SETSID``), an empty signal mask and default dispositions for the signals
 Python ignores (SIGPIPE, SIGXFSZ); stdin is ``/dev/null``, stdout and stderr the instance's log,
 the notify pipe descriptor 3; nothing else of the agent reaches it, since the agent opens every
-descriptor close-on-exec (Python's default). Not ``posix_spawn_file_actions_addclosefrom_np``:
+descriptor close-on-exec (Python's default). The attributes are made once and shared by every
+spawning thread (``posix_spawn`` only reads them), and the calls that fill a spawn's file
+actions keep the interpreter lock (``ctypes.PyDLL``): only ``posix_spawn`` itself lets it go, so
+the threads of a batch hand the lock over once per spawn, not a dozen times. Not ``posix_spawn_file_actions_addclosefrom_np``:
 with it glibc 2.36 starts the child with every signal blocked (SIGTERM included), which would
 leave only SIGKILL to stop an instance. The working directory is changed in the child
 (``posix_spawn_file_actions_addchdir_np``, glibc 2.29). An error (no such program, no working
@@ -37,9 +40,9 @@ _OPAQUE = 1024  # bytes for posix_spawnattr_t / posix_spawn_file_actions_t / sig
 _DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)  # Python ignores them; a program expects the default
 
 
-def _libc() -> ctypes.CDLL | None:
+def _libc(kind: type[ctypes.CDLL] = ctypes.CDLL) -> ctypes.CDLL | None:
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
+        libc = kind(None, use_errno=True)
     except OSError:
         return None
     needed = (
@@ -60,7 +63,46 @@ def _libc() -> ctypes.CDLL | None:
     return libc if all(hasattr(libc, name) for name in needed) else None
 
 
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        raise OSError(result, f"{what}: {os.strerror(result)}")
+
+
 _LIBC = _libc()
+# The same functions called with the interpreter lock held: the bookkeeping calls around the
+# spawn only fill memory, and a lock released and taken again for each of them lets the other
+# spawning threads of a batch take it in between: a dozen handovers per spawn, each a wakeup.
+_HELD = _libc(ctypes.PyDLL) if _LIBC is not None else None
+
+
+class _Attributes:
+    """The spawn attributes every child gets (its own session, an empty signal mask, default
+    dispositions for :data:`_DEFAULT_SIGNALS`), made once: ``posix_spawn`` only reads them, so
+    every spawning thread shares one."""
+
+    def __init__(self, libc: ctypes.CDLL):
+        self.attr = ctypes.create_string_buffer(_OPAQUE)
+        self._mask, self._defaults = ctypes.create_string_buffer(_OPAQUE), ctypes.create_string_buffer(_OPAQUE)
+        _check(libc.posix_spawnattr_init(self.attr), "posix_spawnattr_init")
+        libc.sigemptyset(self._mask)
+        libc.sigemptyset(self._defaults)
+        for sig in _DEFAULT_SIGNALS:
+            libc.sigaddset(self._defaults, int(sig))
+        _check(libc.posix_spawnattr_setsigmask(self.attr, self._mask), "posix_spawnattr_setsigmask")
+        _check(libc.posix_spawnattr_setsigdefault(self.attr, self._defaults), "posix_spawnattr_setsigdefault")
+        flags = POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF
+        _check(libc.posix_spawnattr_setflags(self.attr, ctypes.c_short(flags)), "posix_spawnattr_setflags")
+
+
+def _attributes() -> _Attributes | None:
+    try:
+        return _Attributes(_HELD) if _HELD is not None else None
+    except OSError:  # then the agent spawns with Popen
+        return None
+
+
+_ATTRIBUTES = _attributes()
+_DEV_NULL = b"/dev/null"
 
 
 def executable(program: str, env: dict[str, str]) -> str:
@@ -84,15 +126,10 @@ def _strings(items: list[bytes]) -> ctypes.Array[ctypes.c_char_p]:
     return (ctypes.c_char_p * (len(items) + 1))(*items, None)
 
 
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        raise OSError(result, f"{what}: {os.strerror(result)}")
-
-
 def posix_spawn(argv: list[str], env: dict[str, str], cwd: str | None, log_fd: int, notify_fd: int | None) -> int:
     """Start ``argv`` (the pid) as described in the module's docstring."""
-    assert _LIBC is not None
-    libc = _LIBC
+    assert _LIBC is not None and _HELD is not None and _ATTRIBUTES is not None
+    held = _HELD
     if not argv:
         raise ValueError("no program to run")
     path = executable(argv[0], env)
@@ -100,33 +137,21 @@ def posix_spawn(argv: list[str], env: dict[str, str], cwd: str | None, log_fd: i
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), cwd)
     encoded_env = [os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items()]
     args, environment = _strings([os.fsencode(a) for a in argv]), _strings(encoded_env)
-    attr = ctypes.create_string_buffer(_OPAQUE)
     actions = ctypes.create_string_buffer(_OPAQUE)
-    mask, defaults = ctypes.create_string_buffer(_OPAQUE), ctypes.create_string_buffer(_OPAQUE)
-    _check(libc.posix_spawnattr_init(attr), "posix_spawnattr_init")
-    _check(libc.posix_spawn_file_actions_init(actions), "posix_spawn_file_actions_init")
+    _check(held.posix_spawn_file_actions_init(actions), "posix_spawn_file_actions_init")
     try:
-        libc.sigemptyset(mask)
-        libc.sigemptyset(defaults)
-        for sig in _DEFAULT_SIGNALS:
-            libc.sigaddset(defaults, int(sig))
-        _check(libc.posix_spawnattr_setsigmask(attr, mask), "posix_spawnattr_setsigmask")
-        _check(libc.posix_spawnattr_setsigdefault(attr, defaults), "posix_spawnattr_setsigdefault")
-        flags = POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF
-        _check(libc.posix_spawnattr_setflags(attr, ctypes.c_short(flags)), "posix_spawnattr_setflags")
-        _check(libc.posix_spawn_file_actions_addopen(actions, 0, b"/dev/null", os.O_RDONLY, 0), "addopen")
-        _check(libc.posix_spawn_file_actions_adddup2(actions, log_fd, 1), "adddup2")
-        _check(libc.posix_spawn_file_actions_adddup2(actions, log_fd, 2), "adddup2")
+        _check(held.posix_spawn_file_actions_addopen(actions, 0, _DEV_NULL, os.O_RDONLY, 0), "addopen")
+        _check(held.posix_spawn_file_actions_adddup2(actions, log_fd, 1), "adddup2")
+        _check(held.posix_spawn_file_actions_adddup2(actions, log_fd, 2), "adddup2")
         if notify_fd is not None:
-            _check(libc.posix_spawn_file_actions_adddup2(actions, notify_fd, NOTIFY_FD), "adddup2")
+            _check(held.posix_spawn_file_actions_adddup2(actions, notify_fd, NOTIFY_FD), "adddup2")
         if cwd is not None:
-            _check(libc.posix_spawn_file_actions_addchdir_np(actions, os.fsencode(cwd)), "addchdir_np")
+            _check(held.posix_spawn_file_actions_addchdir_np(actions, os.fsencode(cwd)), "addchdir_np")
         pid = ctypes.c_int(0)
-        # the interpreter lock is released for the call: other threads spawn meanwhile
-        result = libc.posix_spawn(ctypes.byref(pid), os.fsencode(path), actions, attr, args, environment)
+        # the interpreter lock is released for this call only: other threads spawn meanwhile
+        result = _LIBC.posix_spawn(ctypes.byref(pid), os.fsencode(path), actions, _ATTRIBUTES.attr, args, environment)
     finally:
-        libc.posix_spawn_file_actions_destroy(actions)
-        libc.posix_spawnattr_destroy(attr)
+        held.posix_spawn_file_actions_destroy(actions)
     if result != 0:
         raise OSError(result, os.strerror(result), argv[0])
     return pid.value
@@ -134,5 +159,5 @@ def posix_spawn(argv: list[str], env: dict[str, str], cwd: str | None, log_fd: i
 
 #: ``posix_spawn`` where libc has what it needs, else None (the agent spawns with ``Popen``).
 spawn: Callable[[list[str], dict[str, str], str | None, int, int | None], int] | None = (
-    posix_spawn if _LIBC is not None else None
+    posix_spawn if _ATTRIBUTES is not None else None
 )

@@ -90,8 +90,11 @@ class LocalBackend(Backend):
         self._ports.release(placement.ports)
 
     def start(self, requests: list[LaunchRequest]) -> Iterator[InstanceHandle | StartFailure]:
-        """One round trip to the agent for the whole batch."""
-        for result in self.agent.start([request.spec for request in requests]):
+        """One round trip to the agent for the whole batch. A spec without dependencies goes
+        without its ``env_inputs`` (its environment is resolved; only the wait step reads them):
+        half the request a gang's agent reads before its first spawn."""
+        specs = [r.spec if r.spec.depends else replace(r.spec, env_inputs={}) for r in requests]
+        for result in self.agent.start(specs):
             yield result.handle if result.handle else StartFailure(result.error)
 
     def observe(self, handles: list[InstanceHandle]) -> list[Observation]:

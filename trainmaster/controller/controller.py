@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from sqlalchemy import Text, insert, select, type_coerce
+from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -43,6 +44,7 @@ from trainmaster.errors import BackendError, JobConflict, UserError
 from trainmaster.loading import validate_document
 from trainmaster.controller.channel import Claims, InstanceChannel, channel_for
 from trainmaster.controller.launching import ChannelGrant
+from trainmaster.runtime.environment import host_environment
 from trainmaster.spec.load import LoadedJob
 from trainmaster.spec.model import Job, RestartScope, Role
 from trainmaster.spec.paths import in_job_folder
@@ -1078,11 +1080,14 @@ class Controller:
         if not due:
             return free
         if self.backend.runs_processes or job.output_path:
-            Path(job.run_dir, "output").mkdir(parents=True, exist_ok=True)
-        environ = dict(os.environ)  # one snapshot for the whole pass (each instance copies it)
+            _make_output_folder(job.run_dir)
+        # what every instance of the gang shares, made once: the part of this process'
+        # environment an instance takes (each instance copies it) and the channel's address
+        environ = host_environment(dict(os.environ))
+        channel = self._instance_channel().url(self.backend.instance_channel)
         # the intents (state starting, attempt + 1) are committed with the pass, before
         # :meth:`_start_all` spawns anything
-        self._to_start += [_Start(job, spec, inst, self._prepare(job, spec, inst, environ)) for inst in due]
+        self._to_start += [_Start(job, spec, inst, self._prepare(job, spec, inst, environ, channel)) for inst in due]
         return free
 
     def _start_all(self, session: Session) -> None:
@@ -1127,10 +1132,13 @@ class Controller:
             else:
                 self._set_job_state(session, start.job, verdict)
 
-    def _prepare(self, job: JobRow, spec: Job, inst: InstanceRow, environ: dict[str, str]) -> LaunchRequest:
+    def _prepare(
+        self, job: JobRow, spec: Job, inst: InstanceRow, environ: dict[str, str], channel: str
+    ) -> LaunchRequest:
         """Place an instance and mark it starting (nothing runs yet).
 
-        ``environ`` is the controller's environment, which the instance inherits."""
+        ``environ``: the part of the controller's environment the instance inherits
+        (:func:`host_environment`); ``channel``: the instance channel's address."""
         role = spec.spec.role(inst.role)
         resources = Resources(role.resources.cpu, role.resources.memory_bytes, role.resources.gpu)
         placement = self.backend.place(
@@ -1148,7 +1156,7 @@ class Controller:
             inst,
             placement,
             environ,
-            self._channel_grant(job, inst),
+            ChannelGrant(channel, self._instance_channel().service.token(self._claims(job, inst))),
             log_path,
             instance_dir,
             containers=self.backend.runs_containers,
@@ -1156,21 +1164,21 @@ class Controller:
         depends = launch.depends
         inst.host, inst.ports, inst.address = placement.host, placement.ports, placement.address
         inst.log_path = log_path
-        inst.handle, inst.pid = None, None
-        inst.exit_code, inst.ended_at, inst.next_start_at = None, None, None
-        inst.cpu_seconds, inst.peak_rss = 0.0, 0
+        if sa_inspect(inst).key is not None:  # a stored row: its last attempt's facts cleared
+            # (a row this pass created has none: each ORM write costs, once per replica of a gang)
+            inst.handle, inst.pid = None, None
+            inst.exit_code, inst.ended_at, inst.next_start_at = None, None, None
+            inst.cpu_seconds, inst.peak_rss = 0.0, 0
         inst.started_at = utcnow()
         self._set_instance_state(inst, I.STARTING)
         inst.reason = "WaitingForDependencies" if depends else "Started"
         inst.message = f"waiting for {', '.join(d.role for d in depends)}" if depends else ""
         return LaunchRequest(placement=placement, spec=launch, resources=resources)
 
-    def _channel_grant(self, job: JobRow, inst: InstanceRow) -> ChannelGrant:
-        """Where and as whom this attempt reaches the controller (:mod:`.channel`): the store's
-        channel, served from this process from the first start on, and a token for this attempt."""
-        channel = self._instance_channel()
-        url = channel.url(self.backend.instance_channel)
-        return ChannelGrant(url, channel.service.token(Claims(job.uid, inst.role, inst.index, inst.attempt)))
+    @staticmethod
+    def _claims(job: JobRow, inst: InstanceRow) -> Claims:
+        """Who this attempt is on the controller's channel (:mod:`.channel`): its token says so."""
+        return Claims(job.uid, inst.role, inst.index, inst.attempt)
 
     def _instance_channel(self) -> InstanceChannel:
         if self._channel is None:
@@ -1387,6 +1395,24 @@ class _Start:
     spec: Job
     inst: InstanceRow
     request: LaunchRequest
+
+
+def _make_output_folder(run_dir: str) -> None:
+    """The job's run folder and its ``output``: on a job's first start neither exists, so they
+    are made outright (two ``mkdir`` s; ``Path.mkdir(parents=True)`` tries the child first and
+    fails once: a third call, once per job of a queue drained on the pass's own thread)."""
+    output = os.path.join(run_dir, "output")
+    try:
+        os.mkdir(run_dir)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:  # the first job of a fresh runs folder
+        Path(output).mkdir(parents=True, exist_ok=True)
+        return
+    try:
+        os.mkdir(output)
+    except FileExistsError:
+        pass
 
 
 def _bundles(spec: Job) -> list[Resources]:
