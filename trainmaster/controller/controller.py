@@ -974,12 +974,19 @@ class Controller:
         return free
 
     def _release(
-        self, session: Session, job: JobRow, inst: InstanceRow, free: Resources, keep_address: bool = False
+        self,
+        session: Session,
+        job: JobRow,
+        inst: InstanceRow,
+        free: Resources,
+        keep_address: bool = False,
+        flush: bool = True,
     ) -> Resources:
-        """Give back an ended instance's ports, resources and (unless kept) registry entry."""
+        """Give back an ended instance's ports, resources and (unless kept) registry entry
+        (``flush=False``: the caller flushes the registry's deletes once, for a whole gang)."""
         self.backend.release(Placement(inst.host or "", list(inst.ports or [])))
         if not keep_address:
-            repo.unregister_address(job, inst.role, inst.index)
+            repo.unregister_address(job, inst.role, inst.index, flush=flush)
         return free.plus(Resources(inst.cpu, inst.memory))
 
     def _scale(self, session: Session, job: JobRow, spec: Job, free: Resources) -> Resources:
@@ -1040,7 +1047,7 @@ class Controller:
         final = dict(zip((i.id for i in live), self.backend.observe([i.handle for i in live if i.handle])))
         for inst in instances:
             if inst.state in LIVE:
-                free = self._release(session, job, inst, free)
+                free = self._release(session, job, inst, free, flush=False)
                 inst.ended_at = utcnow()
                 obs = final.get(inst.id)
                 inst.exit_code = obs.exit_code if obs else None
@@ -1051,6 +1058,7 @@ class Controller:
             if inst.state not in (I.SUCCEEDED.value, I.FAILED.value):
                 self._set_instance_state(inst, I.STOPPED)  # from pending or terminating
                 inst.reason, inst.message = reason, why
+        session.flush()  # the registry's deletes, before a restart in this pass re-inserts one
         return free
 
     def _start_pending(self, session: Session, job: JobRow, spec: Job, free: Resources) -> Resources:
