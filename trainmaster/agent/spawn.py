@@ -28,7 +28,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import signal
 from typing import Callable
 
 #: glibc's flags (spawn.h)
@@ -37,7 +36,6 @@ POSIX_SPAWN_SETSIGMASK = 0x08
 POSIX_SPAWN_SETSID = 0x80
 NOTIFY_FD = 3  # where the child finds the notify pipe's write end
 _OPAQUE = 1024  # bytes for posix_spawnattr_t / posix_spawn_file_actions_t / sigset_t (glibc: 336, 80, 128)
-_DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)  # Python ignores them; a program expects the default
 
 
 def _libc(kind: type[ctypes.CDLL] = ctypes.CDLL) -> ctypes.CDLL | None:
@@ -58,7 +56,7 @@ def _libc(kind: type[ctypes.CDLL] = ctypes.CDLL) -> ctypes.CDLL | None:
         "posix_spawn_file_actions_addchdir_np",
         "posix_spawn_file_actions_destroy",
         "sigemptyset",
-        "sigaddset",
+        "sigfillset",
     )
     return libc if all(hasattr(libc, name) for name in needed) else None
 
@@ -76,18 +74,18 @@ _HELD = _libc(ctypes.PyDLL) if _LIBC is not None else None
 
 
 class _Attributes:
-    """The spawn attributes every child gets (its own session, an empty signal mask, default
-    dispositions for :data:`_DEFAULT_SIGNALS`), made once: ``posix_spawn`` only reads them, so
-    every spawning thread shares one."""
+    """The spawn attributes every child gets (its own session, an empty signal mask, the default
+    disposition of every signal), made once: ``posix_spawn`` only reads them, so every spawning
+    thread shares one. Every signal, not only the two Python ignores (SIGPIPE, SIGXFSZ): an
+    agent started under ``nohup`` or from a non-interactive shell's ``&`` ignores SIGHUP, SIGINT
+    and SIGQUIT, and an ignored disposition survives ``exec``, so the job's processes would too."""
 
     def __init__(self, libc: ctypes.CDLL):
         self.attr = ctypes.create_string_buffer(_OPAQUE)
         self._mask, self._defaults = ctypes.create_string_buffer(_OPAQUE), ctypes.create_string_buffer(_OPAQUE)
         _check(libc.posix_spawnattr_init(self.attr), "posix_spawnattr_init")
         libc.sigemptyset(self._mask)
-        libc.sigemptyset(self._defaults)
-        for sig in _DEFAULT_SIGNALS:
-            libc.sigaddset(self._defaults, int(sig))
+        libc.sigfillset(self._defaults)
         _check(libc.posix_spawnattr_setsigmask(self.attr, self._mask), "posix_spawnattr_setsigmask")
         _check(libc.posix_spawnattr_setsigdefault(self.attr, self._defaults), "posix_spawnattr_setsigdefault")
         flags = POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF
