@@ -250,10 +250,11 @@ def test_unexpected_errors_are_logged_and_answered_without_internals(
     internals, and its traceback goes to the server's log."""
     server = ThreadedServer(tmp_path, reconcile=False)
 
-    def broken_submit(_loaded: Any) -> int:
+    def broken_submit(*_args: Any, **_kwargs: Any) -> list[int]:
         raise RuntimeError("secret-internal-detail")
 
-    server.controller.submit = broken_submit  # type: ignore[method-assign]
+    # the server stores submits in batches (Trainmaster.submit -> Controller.submit_batch)
+    server.controller.submit_batch = broken_submit  # type: ignore[method-assign]
     with caplog.at_level(logging.ERROR, logger="trainmaster.service"), server as url:
         reply = httpx.post(f"{url}/api/v1/jobs", json=JOB, timeout=30)
         assert reply.status_code == 500 and "secret" not in reply.text
