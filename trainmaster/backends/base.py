@@ -243,7 +243,10 @@ class Backend(ABC):
 
     @abstractmethod
     def stop(self, handles: list[InstanceHandle], grace: float) -> None:
-        """Stop attempts: ask politely, then force after ``grace`` seconds."""
+        """Stop attempts: ask politely, then force after ``grace`` seconds. A backend may return
+        once the stop is durably under way rather than done (Kubernetes: the deletions accepted
+        by the API server) if it guarantees the processes end soon after ``grace`` and that no
+        later attempt of the same instance starts while an earlier one still runs."""
 
     def forget(self, handles: list[InstanceHandle]) -> None:
         """The controller has stored these ended attempts' exits; the backend may drop them."""
