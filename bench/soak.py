@@ -57,6 +57,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from helpers import free_port  # noqa: E402  (the tests' loopback port helper)
+
 PY = sys.executable
 # A replica holding an exclusive flock on its own file while it lives; a second live copy
 # records itself in <lock>.double; every start appends its pid to <lock>.starts.
@@ -84,12 +86,6 @@ TERMINAL = {"succeeded", "failed", "cancelled"}
 
 def uptime() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Server:
