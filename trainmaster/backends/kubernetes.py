@@ -137,6 +137,14 @@ def api_client(kubeconfig: str | None, context: str | None = None) -> Any:
     return CountingClient(configuration)
 
 
+def settle(answer: Any) -> None:
+    """Give a raw answer's connection back to the client's pool (``_preload_content=False``:
+    until its body is read, urllib3 keeps the connection out of the pool, and the next request
+    opens a new one, TLS handshake and all; a dropped answer never gives it back)."""
+    answer.drain_conn()
+    answer.release_conn()
+
+
 def create(options: BackendOptions) -> KubernetesBackend:
     """The registry's factory (``--backend kubernetes``): the cluster of ``options.address`` (a
     kubeconfig's path) or of :func:`default_kubeconfig`, namespace ``$TRAINMASTER_K8S_NAMESPACE``
@@ -449,8 +457,10 @@ class KubernetesBackend(Backend):
 
         try:
             self.fence()
-            self.core.create_namespaced_service(
-                namespace, k8s.service_manifest(spec, name, namespace, owner), _preload_content=False
+            settle(
+                self.core.create_namespaced_service(
+                    namespace, k8s.service_manifest(spec, name, namespace, owner), _preload_content=False
+                )
             )
         except ApiException as exc:
             if exc.status != 409:
@@ -786,7 +796,9 @@ class KubernetesBackend(Backend):
     def _delete_pod(self, namespace: str, name: str, grace: int) -> None:
         self.fence()
         self._delete_quietly(
-            lambda: self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=grace, _preload_content=False)
+            lambda: settle(
+                self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=grace, _preload_content=False)
+            )
         )
 
     @staticmethod

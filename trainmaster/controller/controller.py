@@ -145,6 +145,13 @@ class Controller:
         self._open: dict[int, list[repo.LiveInstance]] = {}  # admitted job -> its open instances, as last read
         self._touched: set[int] = set()  # jobs the last pass loaded (their instances are read again)
 
+    @property
+    def touched(self) -> frozenset[int]:
+        """The jobs the last pass loaded: the only ones whose rows (state, roles, instances) it
+        may have changed. A caller mirroring job states elsewhere (the operator's status
+        subresources) need look at no other job after a pass."""
+        return frozenset(self._touched)
+
     def wake(self) -> None:
         """Ask for the next reconcile pass now (a server waits up to ``interval`` otherwise)."""
         self._work.set()

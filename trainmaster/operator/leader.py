@@ -46,7 +46,7 @@ class LeaseElector:
         self._valid_until = 0.0  # monotonic: no write after this
         self._observed: tuple[str, str] | None = None  # (holder, renewTime) last seen
         self._observed_at = 0.0
-        self._stop = threading.Event()
+        self._stop = threading.Event()  # the current term's renewer's
         self._renewer: threading.Thread | None = None
 
     # ---- the fence -------------------------------------------------------------------------------
@@ -63,9 +63,7 @@ class LeaseElector:
         while not stop.is_set():
             try:
                 if self._try_acquire():
-                    self._renewer = threading.Thread(target=self._renew_loop, name="lease-renew", daemon=True)
-                    self._stop.clear()
-                    self._renewer.start()
+                    self._start_renewing()
                     return True
             except Exception as exc:  # the API is away: keep trying
                 log.info("lease %s/%s: %s", self.namespace, self.name, exc)
@@ -155,10 +153,22 @@ class LeaseElector:
         log.info("%s leads (lease %s/%s, epoch %d)", self.identity, self.namespace, self.name, transitions)
 
     # ---- keeping it ---------------------------------------------------------------------------------
-    def _renew_loop(self) -> None:
+    def _start_renewing(self) -> None:
+        """One renewer per term. A leader deposed by its own clock (a stall past ``duration * 3 /
+        4``) may still have the last term's renewer running: it is stopped first, and its stop
+        event is its own, so a renewal of the old term still in flight can neither write over the
+        new term's Lease nor depose it (two renewers of one identity conflict on every write)."""
+        if self._renewer is not None and self._renewer.is_alive():
+            self._stop.set()
+            self._renewer.join(timeout=self.duration)
+        self._stop = threading.Event()
+        self._renewer = threading.Thread(target=self._renew_loop, args=(self._stop,), name="lease-renew", daemon=True)
+        self._renewer.start()
+
+    def _renew_loop(self, stop: threading.Event) -> None:
         from kubernetes.client.exceptions import ApiException
 
-        while not self._stop.wait(self.duration / 4):
+        while not stop.wait(self.duration / 4):
             started = time.monotonic()
             try:
                 lease = self._read() or {}
@@ -166,8 +176,11 @@ class LeaseElector:
                 if spec.get("holderIdentity") != self.identity:
                     raise Deposed(f"the lease is held by {spec.get('holderIdentity') or 'nobody'}")
                 self._replace(lease, self._spec(self.epoch, acquired=spec.get("acquireTime")))
-                self._valid_until = started + self.duration * 3 / 4
+                if not stop.is_set():
+                    self._valid_until = started + self.duration * 3 / 4
             except (ApiException, Deposed) as exc:
+                if stop.is_set():
+                    return  # a renewal of an ended term: the next term's renewer decides
                 log.warning("%s lost the lease: %s", self.identity, exc)
                 self._valid_until = 0.0
                 return

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trainmaster.backends import kubernetes_objects as k8s
-from trainmaster.backends.kubernetes import KubernetesBackend, KubernetesOptions, api_client, default_kubeconfig
+from trainmaster.backends.kubernetes import KubernetesBackend, KubernetesOptions, api_client, default_kubeconfig, settle
 from trainmaster.backends.kubernetes_watch import WatchedCache
 from trainmaster.controller import Controller, metrics
 from trainmaster.controller.channel import KEY_NAME, InstanceChannel, default_tcp_port
@@ -100,6 +100,7 @@ class Tracked:
     min_available: int = 0
     written: dict[str, Any] | None = None
     deleted: bool = False
+    stale: bool = True  # its status may differ from the one written: computed again after the next pass
     version: str = ""  # the resourceVersion a status write is conditioned on
     source_names: dict[str, str] = field(default_factory=dict)  # a role -> its name in the resource, where they differ
 
@@ -193,13 +194,13 @@ class Operator:
         for kind in CRD_KINDS:
             body = crd_manifest(kind)
             try:
-                ext.create_custom_resource_definition(body, _preload_content=False)
+                settle(ext.create_custom_resource_definition(body, _preload_content=False))
             except ApiException as exc:
                 if exc.status != 409:
                     raise
                 current = json.loads(ext.read_custom_resource_definition(kind.crd_name, _preload_content=False).data)
                 body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-                ext.replace_custom_resource_definition(kind.crd_name, body, _preload_content=False)
+                settle(ext.replace_custom_resource_definition(kind.crd_name, body, _preload_content=False))
         deadline = time.monotonic() + CRD_TIMEOUT
         for kind in CRD_KINDS:
             while True:
@@ -375,7 +376,7 @@ class Operator:
             "data": {"key": base64.b64encode(key.encode()).decode()},
         }
         try:
-            core.create_namespaced_secret(ns, body, _preload_content=False)
+            settle(core.create_namespaced_secret(ns, body, _preload_content=False))
         except ApiException as exc:
             if exc.status != 409:
                 raise
@@ -493,7 +494,7 @@ class Operator:
                 if handle is None:
                     continue
                 obs = k8s.pod_observation(pod)
-                ports = list(obs.ports or handle.get("ports") or [])
+                ports = list(obs.ports or handle.ports or [])
                 host = obs.host or k8s.POD_IP
                 row.instances.append(
                     InstanceRow(
@@ -554,10 +555,19 @@ class Operator:
 
     # ---- status -----------------------------------------------------------------------------------
     def _write_statuses(self) -> None:
-
-        live = [t for t in self._tracked.values() if t.job_id is not None and not t.deleted]
+        """The status of every job the pass may have changed (those it loaded), and of any whose
+        last write did not go through; a job the pass left alone has the status written last,
+        so a pass over quiet jobs reads nothing more of the store."""
+        touched = self.controller.touched
+        live = [
+            t
+            for t in self._tracked.values()
+            if t.job_id is not None and not t.deleted and (t.stale or t.job_id in touched)
+        ]
         if not live:
             return
+        for tracked in live:  # until its status is found unchanged or written (a failed write retries)
+            tracked.stale = True
         with self.sessions() as session:
             documents = {t.uid: repo.job_status(session, repo.load_job(session, t.job_id or 0), events=0) for t in live}
         for tracked in live:
@@ -572,6 +582,8 @@ class Operator:
                 new = statuses.trainmaster_status(doc, tracked.written)
             if new != tracked.written:
                 self._write(tracked, new)
+            else:
+                tracked.stale = False
 
     def _write(self, tracked: Tracked, status: dict[str, Any]) -> None:
         """Patch the status subresource, fenced twice: only while leading, and only over the
@@ -602,6 +614,7 @@ class Operator:
             raise
         tracked.version = _newer(tracked.version, json.loads(answer.data))
         tracked.written = status
+        tracked.stale = False
 
     def _read_version(self, tracked: Tracked) -> str:
         obj = json.loads(
