@@ -320,7 +320,12 @@ def plot(report: dict[str, Any], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2, help="workers per job (3 jobs)")
-    parser.add_argument("--slots", type=int, default=6, help="the forwarding node's pool (static: a third each)")
+    parser.add_argument(
+        "--slots",
+        type=int,
+        default=9,
+        help="the forwarding node's pool (static: a third each); 9: about one job's bandwidth-delay product at --rtt-ms 40",
+    )
     parser.add_argument("--link", default="100mbit", help="every link's cap (tc units)")
     parser.add_argument("--mtu", type=int, default=9000)
     parser.add_argument(
