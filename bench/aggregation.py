@@ -45,6 +45,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout as a script
 
+from priority import DEFAULT_NICE, own_session  # noqa: E402  (bench/priority.py, beside this script)
+
 MiB = 1 << 20
 WARM_UP = 4 * MiB
 # The links' MTU unless a link says otherwise (``1gbit@1500``). INA's packets are cut into
@@ -527,7 +529,9 @@ def write_markdown(report: dict[str, Any], cells: list[Cell]) -> str:
         f"sends each: cut into datagrams of the link's MTU), {report['in_flight']} x 64 KiB in flight "
         f"over all workers; gloo one process per worker host. {report['machine']['cpus']} CPUs "
         f"shared with other jobs (1-minute load average {load['start']:.2f} at start, "
-        f"{load['end']:.2f} at end): every process of every variant shares them, so at 1 Gbit/s "
+        f"{load['end']:.2f} at end; the run in a session of its own at autogroup nice "
+        f"{report.get('priority', {}).get('autogroup_nice', '-')}, every process of every variant in it: "
+        f"bench/priority.py): every process of every variant shares them, so at 1 Gbit/s "
         f"the CPU, not only the link, decides. algbw = tensor bytes / time of the slowest rank, "
         f"median of {report['reps']} runs after a warm-up. x gloo: algbw / gloo's; line: algbw / "
         f"the link's rate. Bytes per link per all-reduce as multiples of the tensor, worker link "
@@ -646,6 +650,13 @@ def main() -> None:
         "--variants", default="ina,ina-int8,gloo", help="comma-separated subset of " + ", ".join(VARIANTS)
     )
     parser.add_argument(
+        "--autogroup-nice",
+        type=int,
+        default=DEFAULT_NICE,
+        help="nice value of the session the run moves into (bench/priority.py: with autogroups, a task's own nice "
+        "only ranks it inside its session)",
+    )
+    parser.add_argument(
         "--output",
         type=Path,
         default=RESULTS,
@@ -670,6 +681,7 @@ def main() -> None:
         parser.error("need --reps >= 1, workers between 2 and 64, sizes above 0")
     # a SIGTERM (timeout, Ctrl-C's cousin) unwinds through the finally blocks: the ranks are
     # stopped and the testbed removed
+    priority = own_session(args.autogroup_nice)  # first: every process below inherits it
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     failures: list[str] = []
     started, load_start = time.time(), os.getloadavg()
@@ -695,6 +707,7 @@ def main() -> None:
                 "uptime_start": list(load_start),
                 "uptime_end": list(os.getloadavg()),
             },
+            "priority": priority,  # the run's session and nice values (bench/priority.py)
             "complete": final,  # False: saved after a link, the sweep went on (or was stopped)
             "links": links,
             "workers": workers,

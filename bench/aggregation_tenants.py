@@ -40,12 +40,20 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout as a script
 
+from priority import DEFAULT_NICE, own_session  # noqa: E402  (bench/priority.py, beside this script)
+
 MiB = 1 << 20
 JOBS = 3
 PREFIX = "tmaggten"
 PS_PORT, SWITCH_PORT = 19100, 19101
 RESULTS = Path(__file__).resolve().parent / "results"
 MODES = ("shared", "static")
+# A slice's round trip, emulated by the nodes themselves (``FaultPlan.latency_s``): on the
+# testbed's sub-millisecond links one slice in flight fills a 100 Mbit/s link, so no pool of
+# slots ever limits a job and shared and static slots cannot differ. With 40 ms, one job's
+# bandwidth-delay product is 500 KB, 8 slices: the pool then matters as on a switch whose
+# slots hold about one job's worth (SwitchML's sizing), the same ratio as 100 Gbit/s x 40 us.
+RTT_MS = 40.0
 CHUNK = 15_664  # float32 per slice: one GSO send at MTU 9000 (bench/aggregation.py chunk_for)
 
 
@@ -76,18 +84,28 @@ def _on_host(namespace: str) -> None:
     enter(namespace)
 
 
-def _parameter_node(namespace: str, address: str) -> None:
+def _link(args: dict[str, Any]) -> Any:
+    """Every node's sends wait a quarter of ``--rtt-ms``: a slice's round trip (worker ->
+    forwarding node -> parameter node and back) crosses four such one-way latencies."""
+    from trainmaster.aggregation.transport import FaultPlan
+
+    return FaultPlan(latency_s=args["rtt_ms"] / 4000) if args["rtt_ms"] else None
+
+
+def _parameter_node(namespace: str, address: str, args: dict[str, Any]) -> None:
     _on_host(namespace)
     from trainmaster.aggregation import ParameterNode
 
-    ParameterNode(address, PS_PORT, dead_after=30.0).serve()
+    ParameterNode(address, PS_PORT, faults=_link(args), dead_after=30.0).serve()
 
 
-def _forwarding_node(namespace: str, address: str, slots: int, partitions: int) -> None:
+def _forwarding_node(namespace: str, address: str, slots: int, partitions: int, args: dict[str, Any]) -> None:
     _on_host(namespace)
     from trainmaster.aggregation import ForwardingNode
 
-    ForwardingNode((address, PS_PORT), slots=slots, host=address, port=SWITCH_PORT, partitions=partitions).serve()
+    ForwardingNode(
+        (address, PS_PORT), slots=slots, host=address, port=SWITCH_PORT, partitions=partitions, faults=_link(args)
+    ).serve()
 
 
 def _worker(
@@ -114,7 +132,7 @@ def _worker(
     cfg = WorkerConfig(
         chunk=CHUNK, min_retransmit_timeout=0.3, max_retransmit_timeout=4.0, failover_after=10.0, timeout=60.0
     )
-    client = AggregationClient(switch, job, rank, world, cfg, host=address)
+    client = AggregationClient(switch, job, rank, world, cfg, faults=_link(args), host=address)
     client.join()
     x = np.random.default_rng([job, rank]).standard_normal(int(args["mib"] * MiB) // 4).astype(np.float32)
     y = np.empty_like(x)
@@ -150,8 +168,8 @@ def run_mode(bed: Any, mode: str, run: int, args: dict[str, Any], jobs_active: i
     sw_ns, sw_addr = bed.namespace(SWITCH), bed.address(SWITCH)
     partitions = JOBS if mode == "static" else 0
     nodes = [
-        ctx.Process(target=_parameter_node, args=(sw_ns, sw_addr), daemon=True),
-        ctx.Process(target=_forwarding_node, args=(sw_ns, sw_addr, args["slots"], partitions), daemon=True),
+        ctx.Process(target=_parameter_node, args=(sw_ns, sw_addr, args), daemon=True),
+        ctx.Process(target=_forwarding_node, args=(sw_ns, sw_addr, args["slots"], partitions, args), daemon=True),
     ]
     for p in nodes:
         p.start()
@@ -234,12 +252,15 @@ def write_markdown(report: dict[str, Any]) -> str:
     lines = [
         f"Three jobs of {a['workers']} workers sharing one forwarding node of {a['slots']} slots "
         f"(testbed: every worker on its own host, links {a['link']} at MTU {a['mtu']}, the "
-        f"forwarding and parameter nodes on the switch host). Each job: compute (a seeded sleep, "
+        f"forwarding and parameter nodes on the switch host; a slice's round trip emulated at "
+        f"{a.get('rtt_ms', 0)} ms by the nodes, a quarter per hop). Each job: compute (a seeded sleep, "
         f"0.5-1.5 x {a['compute']} s) then an all-reduce of {a['mib']} MiB, for {a['seconds']} s "
         f"after {a['warm_up']} s of warm-up, jobs started {a['stagger']} s apart. shared: every "
         f"slot open to every job (the spec's multi-tenant slots); static: the same slots split "
         f"into three equal parts, one per job. {report['machine']['cpus']} CPUs shared with other "
-        f"jobs (1-minute load average {load['start']:.2f} at start, {load['end']:.2f} at end). "
+        f"jobs (1-minute load average {load['start']:.2f} at start, {load['end']:.2f} at end; the run "
+        f"in a session of its own at autogroup nice "
+        f"{report.get('priority', {}).get('autogroup_nice', '-')}, bench/priority.py). "
         f"Medians of {a['runs']} runs per mode (alternating).",
         "",
         f"**Total throughput, shared / static: {report['ratio']:.2f}x** "
@@ -299,9 +320,21 @@ def plot(report: dict[str, Any], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2, help="workers per job (3 jobs)")
-    parser.add_argument("--slots", type=int, default=6, help="the forwarding node's pool (static: a third each)")
+    parser.add_argument(
+        "--slots",
+        type=int,
+        default=9,
+        help="the forwarding node's pool (static: a third each); 9: about one job's bandwidth-delay product at --rtt-ms 40",
+    )
     parser.add_argument("--link", default="100mbit", help="every link's cap (tc units)")
     parser.add_argument("--mtu", type=int, default=9000)
+    parser.add_argument(
+        "--rtt-ms",
+        type=float,
+        default=RTT_MS,
+        help="a slice's emulated round trip through the tier, ms (each node delays its sends by a quarter; 0: "
+        "the testbed's own, below 1 ms)",
+    )
     parser.add_argument("--mib", type=float, default=4.0, help="tensor per all-reduce, MiB")
     parser.add_argument("--compute", type=float, default=0.6, help="mean compute seconds per step")
     parser.add_argument("--seconds", type=float, default=40.0, help="measured window per run")
@@ -315,6 +348,12 @@ def main() -> None:
         help="pool sizes (e.g. 2,3,4,6,8): first run one job alone, back to back, with each pool, "
         "to see how many slots one job needs (its bandwidth-delay product in slices)",
     )
+    parser.add_argument(
+        "--autogroup-nice",
+        type=int,
+        default=DEFAULT_NICE,
+        help="nice value of the run's own session (bench/priority.py)",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS, help="directory for aggregation_tenants.*")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -322,8 +361,11 @@ def main() -> None:
         sys.exit(2)
     if args.workers < 1 or not JOBS <= args.slots <= 65535 or args.runs < 1 or args.seconds <= 0:
         parser.error("need --workers >= 1, --slots >= 3, --runs >= 1, --seconds > 0")
+    if not 0 <= args.rtt_ms <= 2000:
+        parser.error("--rtt-ms must be between 0 and 2000")
     from trainmaster.testbed import Testbed, TestbedOptions, parse_rate
 
+    priority = own_session(args.autogroup_nice)  # first: every process below inherits it
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     load_start, started = os.getloadavg(), time.time()
     options = TestbedOptions(hosts=JOBS * args.workers, link_rate=parse_rate(args.link), prefix=PREFIX, mtu=args.mtu)
@@ -350,6 +392,7 @@ def main() -> None:
     median = {m: statistics.median(r.total_per_second for r in runs if r.mode == m) for m in MODES}
     report: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "priority": priority,  # the run's session and nice values (bench/priority.py)
         "load_average": {
             "start": load_start[0],
             "end": os.getloadavg()[0],

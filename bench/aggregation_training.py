@@ -50,6 +50,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout as a script
 
+from priority import DEFAULT_NICE, own_session  # noqa: E402  (bench/priority.py, beside this script)
+
 PREFIX = "tmaggtr"
 PS_PORT, SWITCH_PORT, GLOO_PORT = 19200, 19201, 29600
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -399,6 +401,12 @@ def main() -> None:
     parser.add_argument("--link", default="100mbit")
     parser.add_argument("--mtu", type=int, default=9000)
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds one training run may take")
+    parser.add_argument(
+        "--autogroup-nice",
+        type=int,
+        default=DEFAULT_NICE,
+        help="nice value of the run's own session (bench/priority.py)",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -410,6 +418,7 @@ def main() -> None:
         parser.error("choose methods; workers >= 2 dividing --batch; --powersgd-start >= 2")
     from trainmaster.testbed import Testbed, TestbedOptions, parse_rate
 
+    priority = own_session(args.autogroup_nice)  # first: every process below inherits it
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     # imported once here, before the ranks are forked: 8 processes importing torch's DDP (and
     # the compiler modules it pulls in) at once took minutes on the loaded 2 cores
@@ -451,6 +460,7 @@ def main() -> None:
         bed.down()
     report: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "priority": priority,  # the run's session and nice values (bench/priority.py)
         "load_average": {
             "start": load_start[0],
             "end": os.getloadavg()[0],

@@ -307,3 +307,38 @@ def test_congestion_window_halves_on_loss(tier_factory) -> None:
     assert_exact(inputs, out)
     cuts = [stats["window_cuts"] for _, stats, _ in out.values()]
     assert all(0 < c <= stats["retransmits"] for c, (_, stats, _) in zip(cuts, out.values()))
+
+
+def test_fixed_latency_delays_every_packet_in_order_and_keeps_sums_exact(tier_factory) -> None:
+    """An emulated long link (``FaultPlan.latency_s``, what the shared-switch benchmark uses to
+    give jobs a bandwidth-delay product of several slices): every packet a node sends, control
+    messages included, leaves ``latency_s`` later and in the order it was sent; a reduction over
+    such links takes at least two one-way latencies per window and its sums stay exact."""
+    import time
+
+    from trainmaster.aggregation.transport import UdpTransport
+
+    a = UdpTransport("a", faults=FaultPlan(latency_s=0.05))
+    b = UdpTransport("b")
+    try:
+        began = time.monotonic()
+        for i in range(5):
+            a.send(bytes([i]) * 10, b.address)
+        a.send(b"control", b.address, control=True)
+        assert b.recv(0.02) is None  # nothing leaves before its time
+        a.recv(0.1)  # held packets are released by the sender's own loop
+        got = [bytes(p) for p, _ in iter(lambda: b.recv(0.2), None)]
+        assert got == [bytes([i]) * 10 for i in range(5)] + [b"control"]
+        assert time.monotonic() - began >= 0.05
+    finally:
+        a.close()
+        b.close()
+    with pytest.raises(ValueError, match="latency_s"):
+        FaultPlan(latency_s=-1.0)
+
+    faults = FaultPlan(latency_s=0.01)
+    tier = tier_factory(faults=faults)
+    inputs = random_inputs(1, 3, 20_000, 2, seed=8)
+    out = reduce_all(tier, inputs, 3, WorkerConfig(chunk=2000), faults)
+    assert_exact(inputs, out)
+    _slots_free(tier)

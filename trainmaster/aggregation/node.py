@@ -21,7 +21,7 @@ import numpy as np
 
 from trainmaster.aggregation.kills import KillPlan, Trigger
 from trainmaster.aggregation.memory import tune_allocator
-from trainmaster.aggregation.protocol import Header, Kind, ProtocolError, bits, decode, encode, encode_parts
+from trainmaster.aggregation.protocol import Header, Kind, ProtocolError, bits, decode, encode, encode_parts, set_bitmap
 from trainmaster.aggregation.transport import Address, Buffer, UdpTransport
 
 
@@ -91,8 +91,11 @@ class DatagramNode(ABC):
         """Send ``h`` to the workers in its bitmap, one copy per next hop in ``routes``;
         returns the number of copies sent."""
         hops = by_next_hop(h.bitmap, routes)
+        head, payload = encode_parts(h, body)  # encoded once; each copy gets its own bitmap
         for hop, mask in hops.items():
-            self.transport.send(encode_parts(h.with_(bitmap=mask), body), hop, control=control)
+            copy = bytearray(head)
+            set_bitmap(copy, mask)
+            self.transport.send([copy, payload], hop, control=control)
         return len(hops)
 
     def _run_timers(self, received: bool) -> None:

@@ -24,6 +24,8 @@ VERSION = 2
 # version, kind, flags, job, round, seq, bitmap, fan_in, slot, exponent, count, peak, (pad)
 _HEADER = struct.Struct("!BBHIIIQHHhIbx")
 HEADER_SIZE = _HEADER.size
+_BITMAP = struct.Struct("!Q")
+_BITMAP_AT = 16  # offset of the bitmap in _HEADER
 MAX_DATAGRAM = 65507  # largest UDP payload over IPv4
 # float32 elements of the default UDP slice: one 64 KiB packet (the transport cuts it into
 # datagrams that fit the path's MTU, see transport.py)
@@ -144,6 +146,12 @@ def encode_parts(header: Header, payload: bytes | memoryview | np.ndarray = b"")
     head = bytearray(HEADER_SIZE)
     encode_header_into(memoryview(head), header, count)
     return [head, body]
+
+
+def set_bitmap(head: bytearray, bitmap: int) -> None:
+    """Rewrite the bitmap of an encoded header (``encode_parts``'s first part): a packet sent
+    down once per next hop differs only there, so it is encoded once."""
+    _BITMAP.pack_into(head, _BITMAP_AT, bitmap)
 
 
 def encode_header_into(buffer: memoryview, header: Header, count: int) -> None:

@@ -97,7 +97,7 @@ SHM_STORE_BYTES = 128 << 20  # per node that publishes results; pages are touche
 
 @dataclass(frozen=True)
 class FaultPlan:
-    """Probabilities per packet, applied independently on each link."""
+    """Probabilities per packet, applied independently on each link, and a fixed latency."""
 
     drop: float = 0.0
     duplicate: float = 0.0
@@ -108,10 +108,19 @@ class FaultPlan:
     # apply the faults to each datagram of a packet cut into segments (its segments are then
     # sent one by one), not to the packet as a whole: what exercises the reassembly
     per_datagram: bool = False
+    # a fixed one-way delay added to every packet this node sends (control messages too):
+    # a longer link than the machine has, e.g. to give a job a bandwidth-delay product of
+    # several slices on a testbed whose round trips are below a millisecond (tc netem is not
+    # available everywhere; this needs nothing from the kernel). Packets keep their order.
+    latency_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.latency_s <= 10.0:
+            raise ValueError(f"latency_s must be between 0 and 10 seconds, got {self.latency_s}")
 
     @functools.cached_property
     def active(self) -> bool:
-        return any(p > 0 for p in (self.drop, self.duplicate, self.reorder, self.delay))
+        return self.latency_s > 0 or any(p > 0 for p in (self.drop, self.duplicate, self.reorder, self.delay))
 
 
 @dataclass
@@ -456,8 +465,10 @@ class UdpTransport:
         """What the fault plan does to one packet on this link: one entry per copy to deliver,
         None = now, a time = held until then; no entry = dropped."""
         plan = self.faults
-        if control or not plan.active:
+        if not plan.active or control and not plan.latency_s:
             return [None]
+        if control:  # a control message is never lost, but it crosses the same long link
+            return [time.monotonic() + plan.latency_s]
         rng = self._rng(addr)
         if rng.random() < plan.drop:
             self.counters.dropped += 1
@@ -468,15 +479,16 @@ class UdpTransport:
             copies = 2
         now = time.monotonic()
         fate: list[float | None] = []
+        lag = plan.latency_s
         for _ in range(copies):
+            due: float | None = None
             if rng.random() < plan.reorder:
                 self.counters.reordered += 1
-                fate.append(now + rng.uniform(0.001, 0.004))
+                due = now + rng.uniform(0.001, 0.004)
             elif rng.random() < plan.delay:
                 self.counters.delayed += 1
-                fate.append(now + rng.uniform(0.0, plan.delay_s))
-            else:
-                fate.append(None)
+                due = now + rng.uniform(0.0, plan.delay_s)
+            fate.append(due + lag if due is not None and lag else (now + lag if lag else due))
         return fate
 
     def packet(self, addr: Address, size: int) -> memoryview:
