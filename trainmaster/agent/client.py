@@ -176,11 +176,22 @@ class AgentClient:
 
     # ---- NodeAgentAPI --------------------------------------------------------------------------
     def start(self, specs: list[LaunchSpec]) -> list[StartResult]:
-        results = self.call("start", specs=[s.to_dict() for s in specs])
+        """A spec without dependencies goes without its ``env_inputs``: its environment is
+        resolved, and only a wait step reads them (half the request a gang's agent reads before
+        its first spawn)."""
+        wire = [s.to_dict() for s in specs]
+        for spec, data in zip(specs, wire):
+            if not spec.depends:
+                data["env_inputs"] = {}
+        results = self.call("start", specs=wire)
         return [
             StartResult(r["instance_id"], InstanceHandle.from_dict(r["handle"]) if r["handle"] else None, r["error"])
             for r in results
         ]
+
+    def prepare(self, log_paths: list[str]) -> None:
+        """Ask the agent to create these log files ahead of a start (it answers at once)."""
+        self.call("prepare", logs=log_paths)
 
     def stop(self, instance_ids: list[str], grace: float) -> list[InstanceStatus]:
         return [

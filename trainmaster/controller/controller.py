@@ -1094,8 +1094,11 @@ class Controller:
         environ = host_environment(dict(os.environ))
         channel = self._instance_channel().url(self.backend.instance_channel)
         # the intents (state starting, attempt + 1) are committed with the pass, before
-        # :meth:`_start_all` spawns anything
-        self._to_start += [_Start(job, spec, inst, self._prepare(job, spec, inst, environ, channel)) for inst in due]
+        # :meth:`_start_all` spawns anything; meanwhile the backend may make ready what the
+        # starts need (the local agent creates their log files on the core the pass leaves idle)
+        starts = [_Start(job, spec, inst, self._prepare(job, spec, inst, environ, channel)) for inst in due]
+        self._to_start += starts
+        self.backend.prepare_start([s.request for s in starts])
         return free
 
     def _start_all(self, session: Session) -> None:
