@@ -340,7 +340,11 @@ class Controller:
                         admitted += int(job.admitted and not was_admitted)
             # the whole pass in one transaction: every job's progress and every start intent
             # (state starting, attempt + 1) is committed here, before anything is spawned; what
-            # a crash before it loses (observed exits) the agents still hold until `forget`
+            # a crash before it loses (observed exits) the agents still hold until `forget`.
+            # Meanwhile the backend may make ready what the starts will need (the local agent
+            # creates their log files on the core this pass leaves idle): one hint per pass
+            if self._to_start:
+                self.backend.prepare_start([s.request for s in self._to_start])
             self._write_events(session)
             session.commit()
             self._spec_texts = {}
@@ -1094,11 +1098,8 @@ class Controller:
         environ = host_environment(dict(os.environ))
         channel = self._instance_channel().url(self.backend.instance_channel)
         # the intents (state starting, attempt + 1) are committed with the pass, before
-        # :meth:`_start_all` spawns anything; meanwhile the backend may make ready what the
-        # starts need (the local agent creates their log files on the core the pass leaves idle)
-        starts = [_Start(job, spec, inst, self._prepare(job, spec, inst, environ, channel)) for inst in due]
-        self._to_start += starts
-        self.backend.prepare_start([s.request for s in starts])
+        # :meth:`_start_all` spawns anything
+        self._to_start += [_Start(job, spec, inst, self._prepare(job, spec, inst, environ, channel)) for inst in due]
         return free
 
     def _start_all(self, session: Session) -> None:
