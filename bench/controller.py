@@ -756,11 +756,14 @@ def ray_markdown(results: dict[str, Any]) -> str:
 
 NOTES = """How an instance starts: one reconcile pass commits every start intent of the pass in
 one transaction (so a crash never starts a second copy), then hands the whole batch to the node
-agent in one request. The agent journals the starts (written, not fsync'd: its own death cannot
-lose them) and spawns the role commands directly (no wrapper process), each child born in its
-own cgroups: from a warm slot where it has one (a thread already waiting in fresh, empty
-cgroups, which are renamed after the instance; the agent keeps as many as its largest batch, made
-again 0.1 s after a batch), else by creating the cgroups and moving the spawning thread in. It
+agent in one request. Just before that commit the pass hints the starts to the agent, which
+creates their log files on a thread of its own while the pass commits (nothing runs yet). The
+agent journals the starts (written, not fsync'd: its own death cannot lose them) and spawns the
+role commands directly (no wrapper process), each child born in its own cgroups: from a warm
+slot where it has one (a thread already waiting in fresh, empty cgroups, which the batch's
+thread renames after the instance, one slot after another, before handing the slot's thread its
+spawn; the agent keeps as many as its largest batch, made again 0.1 s after a batch), else by
+creating the cgroups and moving the spawning thread in. It
 answers once every command has exec'd and its threads are back in its own cgroups. What remains
 over the floor is the controller's work before the spawn (placement, launch spec, the committed
 intents) and, on the same two cores, the bookkeeping after it, while the last commands start.

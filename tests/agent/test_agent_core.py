@@ -150,6 +150,31 @@ def test_a_batch_is_spawned_by_several_threads_each_child_in_its_own_tree(agent:
     assert all(s.phase == InstancePhase.EXITED for s in stopped)
 
 
+def test_prepare_creates_the_logs_ahead_and_starts_nothing(agent: AgentClient, tmp_path: Path) -> None:
+    """The controller's hint before it commits a pass's start intents (Backend.prepare_start):
+    the agent answers at once and creates the instances' log files (and their folder), empty,
+    on a thread of its own; it starts nothing and journals nothing, so a start that never comes
+    leaves only an empty file. The start then writes the attempt's header and the command's
+    output into the same file."""
+    logs = tmp_path / "later" / "logs"
+    early = LaunchSpec(
+        **{
+            **spec(tmp_path, "early", ["sh", "-c", "echo hello-from-early"]).to_dict(),
+            "log_path": str(logs / "early.log"),
+        }
+    )
+    agent.prepare([early.log_path, str(logs / "never.log")])
+    wait_until(lambda: (logs / "early.log").exists() and (logs / "never.log").exists(), what="the prepared logs")
+    assert (logs / "early.log").read_bytes() == b"" and (logs / "never.log").read_bytes() == b""
+    assert agent.list() == []
+    assert "early" not in (agent.state_dir / "journal.jsonl").read_text()
+    agent.start([early])
+    assert _exited(agent, [early.instance_id])[0].exit_code == 0
+    text = (logs / "early.log").read_text()
+    assert text.startswith("--- attempt 1 of early-0 at ") and "hello-from-early" in text
+    assert (logs / "never.log").read_bytes() == b""
+
+
 def _slots(parent: Path) -> dict[str, list[int]]:
     """The warm slots under an agent's cgroup parent (pids hierarchy) and the threads in each."""
     return {p.name: [int(t) for t in (p / "tasks").read_text().split()] for p in parent.glob("warm-*")}

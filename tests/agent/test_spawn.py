@@ -23,7 +23,10 @@ PROBE = (
     "echo sid $(cut -d' ' -f6 /proc/$$/stat) pid $$; "
     "for f in /proc/$$/fd/*; do echo fd${f##*/} $(readlink $f); done; "
     "echo stdin $(readlink /proc/$$/fd/0); echo cwd $(pwd); "
-    "grep -E '^Sig(Ign|Blk)' /proc/$$/status; echo to stderr >&2"
+    # read by the shell itself: a child (grep) reading it could catch the shell blocking every
+    # signal for a moment while it waits for that child (dash does), a race seen under load
+    "while read -r key value; do case $key in SigIgn:|SigBlk:) echo $key $value;; esac; done < /proc/$$/status; "
+    "echo to stderr >&2"
 )
 #: glibc's own signals (SIGCANCEL, SIGSETXID), which its posix_spawn leaves ignored and glibc
 #: programs take over at start; every other signal has its default disposition.

@@ -128,6 +128,7 @@ class AgentClient:
         self._sock: socket.socket | None = None
         self._reader: Any = None
         self._lock = threading.Lock()
+        self._unread = 0  # answers of requests sent without waiting (prepare), read before the next call's
 
     def _connect(self) -> None:
         if self.start_agent:
@@ -143,6 +144,7 @@ class AgentClient:
             self._reader.close()
             self._sock.close()
         self._sock = self._reader = None
+        self._unread = 0
 
     def call(self, op: str, timeout: float | None = None, **args: Any) -> Any:
         """One request; reconnects (starting a new agent) once if the connection broke."""
@@ -154,6 +156,10 @@ class AgentClient:
                         self._connect()
                     assert self._sock is not None
                     self._sock.settimeout(timeout or self.timeout)
+                    while self._unread:  # a prepare's answer (it answers at once; nothing in it matters)
+                        if not self._reader.readline():
+                            raise ConnectionResetError("the node agent closed the connection")
+                        self._unread -= 1
                     self._sock.sendall(payload)
                     line = self._reader.readline()
                     if not line:
@@ -176,11 +182,35 @@ class AgentClient:
 
     # ---- NodeAgentAPI --------------------------------------------------------------------------
     def start(self, specs: list[LaunchSpec]) -> list[StartResult]:
-        results = self.call("start", specs=[s.to_dict() for s in specs])
+        """A spec without dependencies goes without its ``env_inputs``: its environment is
+        resolved, and only a wait step reads them (half the request a gang's agent reads before
+        its first spawn)."""
+        wire = [s.to_dict() for s in specs]
+        for spec, data in zip(specs, wire):
+            if not spec.depends:
+                data["env_inputs"] = {}
+        results = self.call("start", specs=wire)
         return [
             StartResult(r["instance_id"], InstanceHandle.from_dict(r["handle"]) if r["handle"] else None, r["error"])
             for r in results
         ]
+
+    def prepare(self, log_paths: list[str]) -> None:
+        """Ask the agent to create these log files ahead of a start, without waiting for its
+        answer (read before the next call's): the caller is a pass about to commit, which a
+        round trip would only delay."""
+        payload = json.dumps({"op": "prepare", "logs": log_paths}).encode() + b"\n"
+        with self._lock:
+            try:
+                if self._sock is None:
+                    self._connect()
+                assert self._sock is not None
+                self._sock.settimeout(self.timeout)
+                self._sock.sendall(payload)
+                self._unread += 1
+            except OSError as exc:
+                self._drop()
+                raise AgentUnavailable(f"the node agent on {self.state_dir} did not take 'prepare': {exc}") from None
 
     def stop(self, instance_ids: list[str], grace: float) -> list[InstanceStatus]:
         return [

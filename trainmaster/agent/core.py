@@ -196,6 +196,8 @@ class NodeAgent:
         )
         self._recover()
         self._spawner = ThreadPoolExecutor(max(1, options.spawn_threads), thread_name_prefix="spawn")
+        self._preparer = ThreadPoolExecutor(1, thread_name_prefix="prepare")
+        self._starts = 0  # start batches under way: a preparation gives way to them
         self._warm = (
             WarmSlots(self.trees, options.warm_slots, self._spawn_lock)
             if isinstance(self.trees, CgroupTrees) and options.warm_slots > 0
@@ -268,9 +270,43 @@ class NodeAgent:
         return inst
 
     # ---- start ---------------------------------------------------------------------------------
+    def prepare(self, log_paths: list[str]) -> None:
+        """Create the log files of instances a controller is about to start, on a thread of
+        their own, and return at once. A controller asks while its pass still commits the start
+        intents, when a core of the machine is idle; creating a file is a large part of a spawn
+        (a new inode: on ext4 without a journal, a search past every inode freed in the last
+        minute). Nothing runs and nothing is journaled: a file made for a start that never
+        comes stays empty, and the start opens (or creates) each log itself anyway, writing the
+        attempt's header then. A start batch that begins meanwhile has the agent to itself: the
+        preparation stops, and the spawns create what it had not."""
+        if self._closed or not log_paths:
+            return
+        try:
+            self._preparer.submit(self._create_logs, log_paths)
+        except RuntimeError:  # shut down meanwhile
+            pass
+
+    def _create_logs(self, log_paths: list[str]) -> None:
+        for path in log_paths:
+            if self._starts or self._closed:
+                return
+            try:
+                os.close(_create_log(path))
+            except OSError:  # the start says so, naming the instance
+                continue
+
     def start(self, specs: list[LaunchSpec]) -> list[StartResult]:
         if self._closed:
             raise RuntimeError("the node agent is shutting down")
+        with self._lock:
+            self._starts += 1
+        try:
+            return self._start(specs)
+        finally:
+            with self._lock:
+                self._starts -= 1
+
+    def _start(self, specs: list[LaunchSpec]) -> list[StartResult]:
         with self._lock:
             fresh = [s for s in specs if s.instance_id not in self._instances]
             now = time.time()
@@ -317,7 +353,13 @@ class NodeAgent:
         if warm is None or len(specs) < WARM_BATCH:
             return self._spawn_cold(specs)
         slots = warm.take(len(specs))
-        futures = [warm.spawn(slot, partial(self._spawn, spec)) for slot, spec in zip(slots, specs)]
+        futures = []
+        for slot, spec in zip(slots, specs):
+            # the slot is named here, one rename after another: renames made by the batch's
+            # threads at once contend for the cgroup locks (about six times the CPU each);
+            # the slot's thread meanwhile spawns the instance named before
+            named = self._name(slot.cgroup, spec)
+            futures.append(warm.spawn(slot, partial(self._spawn, spec, named)))
         try:
             spawned = self._spawn_cold(specs[len(slots) :])
         finally:
@@ -363,10 +405,11 @@ class NodeAgent:
                 return StartResult(instance_id, None, inst.start_error)
             return StartResult(instance_id, inst.handle(self.node))
 
-    def _spawn(self, spec: LaunchSpec, slot: str | None = None) -> _Child | None:
+    def _spawn(self, spec: LaunchSpec, placed: bool = False) -> _Child | None:
         """Spawn one instance's first process inside its cgroups; the calling thread stays in
-        them until its next spawn moves it or its share of the batch ends. ``slot``: the
-        calling thread waits in that warm slot, whose cgroups become the instance's."""
+        them until its next spawn moves it or its share of the batch ends. ``placed``: the
+        calling thread waits in a warm slot already named after the instance (its cgroups);
+        else it creates them and moves in."""
         inst = self._instances[spec.instance_id]
         markers = {INSTANCE_MARKER: spec.instance_id, AGENT_MARKER: self.options.node_key}
         notify_read = notify_write = None
@@ -376,6 +419,8 @@ class NodeAgent:
             try:
                 spec, process_env, inst.container = self.containers.prepare(spec, self.trees.kind == "cgroup")
             except (ContainerRuntimeMissing, OSError, ValueError) as error:
+                if placed:
+                    self.trees.leave()  # out of the named slot, so that its cgroups go
                 self._start_failed(inst, spec, f"image '{image}' not started: {error}")
                 return None
         if spec.depends:
@@ -390,13 +435,16 @@ class NodeAgent:
         else:
             argv, env = list(spec.argv), {**process_env, **markers}
         if not argv:  # validation refuses `command: []`; a spec that still has none fails to start, clearly
+            if placed:
+                self.trees.leave()  # out of the named slot, so that its cgroups go
             self._start_failed(inst, spec, f"{spec.role}-{spec.index} has no command to run")
             return None
         out = None
         try:
             out = _open_log(spec)
             # the child is born in the instance's cgroups (the thread is in them before it spawns)
-            self._place(spec, slot)
+            if not placed:
+                self._place(spec)
             pid, popen = _start_process(argv, env, spec.cwd or None, out, notify_write)
         except (OSError, ValueError, TypeError) as error:  # ValueError: a NUL that slipped past validation
             self.trees.leave()  # out of a group that is about to be removed
@@ -409,17 +457,22 @@ class NodeAgent:
                 os.close(notify_write)
         return _Child(pid, popen, notify_read)
 
-    def _place(self, spec: LaunchSpec, slot: str | None) -> None:
-        """Put the calling thread into the instance's cgroups: name its warm slot after the
-        instance, or (no slot, or naming it failed) create them and move the thread in."""
-        memory = 0 if spec.container else spec.memory
-        if slot is not None and self._warm is not None:
-            try:
-                self._warm.name(slot, spec.instance_id, memory)
-                return
-            except OSError as exc:  # e.g. a tree of that name not removed yet: the cold way
-                log.info("instance %s: warm slot not usable (%s); creating its cgroups", spec.instance_id, exc)
-        self.trees.create(spec.instance_id, memory)
+    def _name(self, slot: str | None, spec: LaunchSpec) -> bool:
+        """Give a warm slot's cgroups the instance's name (the thread waiting in them is then in
+        the instance's cgroups); False where that failed, and the slot's thread places the
+        instance the cold way (:meth:`_place`)."""
+        if slot is None or self._warm is None:
+            return False
+        try:
+            self._warm.name(slot, spec.instance_id, 0 if spec.container else spec.memory)
+            return True
+        except OSError as exc:  # e.g. a tree of that name not removed yet: the cold way
+            log.info("instance %s: warm slot not usable (%s); creating its cgroups", spec.instance_id, exc)
+            return False
+
+    def _place(self, spec: LaunchSpec) -> None:
+        """Put the calling thread into the instance's cgroups: create them and move it in."""
+        self.trees.create(spec.instance_id, 0 if spec.container else spec.memory)
         self.trees.enter(spec.instance_id)
 
     def _record(self, spawned: list[tuple[_Instance, _Child]]) -> None:
@@ -718,6 +771,7 @@ class NodeAgent:
             self._closed = True
             self._changed.notify_all()  # watchers waiting in wait_exit return
         self._spawner.shutdown(wait=False)
+        self._preparer.shutdown(wait=False)
         if self._warm is not None:
             self._warm.close()
         self._child_started.set()
@@ -755,14 +809,19 @@ def _start_process(
     return popen.pid, popen
 
 
-def _open_log(spec: LaunchSpec) -> int:
-    """The instance's log (appended to across attempts), opened with the attempt's header line."""
+def _create_log(path: str) -> int:
+    """An instance's log file, opened for appending (created, with its folder, where missing)."""
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
     try:
-        fd = os.open(spec.log_path, flags, 0o644)
+        return os.open(path, flags, 0o644)
     except FileNotFoundError:  # the first instance of its job here: the folder too
-        Path(spec.log_path).parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(spec.log_path, flags, 0o644)
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        return os.open(path, flags, 0o644)
+
+
+def _open_log(spec: LaunchSpec) -> int:
+    """The instance's log (appended to across attempts), opened with the attempt's header line."""
+    fd = _create_log(spec.log_path)
     try:
         os.write(
             fd,

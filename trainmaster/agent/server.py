@@ -36,6 +36,9 @@ def handle_request(agent: NodeAgent, request: dict[str, Any]) -> Any:
     op = request.get("op")
     if op == "start":
         return [asdict(r) for r in agent.start([LaunchSpec.from_dict(s) for s in request["specs"]])]
+    if op == "prepare":
+        agent.prepare([str(path) for path in request["logs"]])
+        return None
     if op == "stop":
         return [s.to_dict() for s in agent.stop(list(request["ids"]), float(request["grace"]))]
     if op == "observe":
@@ -49,7 +52,7 @@ def handle_request(agent: NodeAgent, request: dict[str, Any]) -> Any:
         return agent.wait_exit(int(request["after"]), min(float(request["seconds"]), MAX_WAIT_EXIT))
     if op == "ping":
         return {"pid": os.getpid(), "node": agent.node, "trees": agent.trees.kind}
-    raise ValueError(f"unknown operation {op!r} (start, stop, observe, list, forget, wait_exit, ping)")
+    raise ValueError(f"unknown operation {op!r} (prepare, start, stop, observe, list, forget, wait_exit, ping)")
 
 
 class _Daemon:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import sys
 from typing import Callable
 
 #: glibc's flags (spawn.h)
@@ -101,6 +102,7 @@ def _attributes() -> _Attributes | None:
 
 _ATTRIBUTES = _attributes()
 _DEV_NULL = b"/dev/null"
+_FS_ENCODING, _FS_ERRORS = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
 
 
 def executable(program: str, env: dict[str, str]) -> str:
@@ -133,8 +135,10 @@ def posix_spawn(argv: list[str], env: dict[str, str], cwd: str | None, log_fd: i
     path = executable(argv[0], env)
     if cwd is not None and not os.path.isdir(cwd):  # named as Popen names it (the agent says which)
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), cwd)
-    encoded_env = [os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items()]
-    args, environment = _strings([os.fsencode(a) for a in argv]), _strings(encoded_env)
+    # as os.fsencode encodes, one str.encode per string (fsencode is Python code: a few
+    # dozen calls of it were a fifth of a spawn's CPU)
+    encoded_env = [f"{k}={v}".encode(_FS_ENCODING, _FS_ERRORS) for k, v in env.items()]
+    args, environment = _strings([a.encode(_FS_ENCODING, _FS_ERRORS) for a in argv]), _strings(encoded_env)
     actions = ctypes.create_string_buffer(_OPAQUE)
     _check(held.posix_spawn_file_actions_init(actions), "posix_spawn_file_actions_init")
     try:

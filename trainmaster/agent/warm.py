@@ -120,9 +120,9 @@ class WarmSlots:
             taken, self._warm = self._warm[:count], self._warm[count:]
         return taken
 
-    def spawn(self, slot: Slot, spawn: Callable[[str], T]) -> Future[T]:
-        """Run ``spawn(slot cgroup name)`` on the slot's thread (which names the slot for its
-        instance just before it forks). The thread stays where it is (in the instance's
+    def spawn(self, slot: Slot, spawn: Callable[[], T]) -> Future[T]:
+        """Run ``spawn()`` on the slot's thread, the slot named after its instance first
+        (:meth:`name`, by the batch's thread). The thread stays where it is (in the instance's
         cgroups) until :meth:`home`."""
         future: Future[T] = Future()
         name = slot.cgroup
@@ -131,7 +131,7 @@ class WarmSlots:
 
         def job() -> None:
             try:
-                result = spawn(name)
+                result = spawn()
             except BaseException as exc:  # handed to the batch's thread, which raises it
                 future.set_exception(exc)
                 return
@@ -141,7 +141,9 @@ class WarmSlots:
         return future
 
     def name(self, slot: str, instance_id: str, memory_limit: int) -> None:
-        """Make a slot's cgroups the instance's (on the slot's thread, just before it forks)."""
+        """Make a slot's cgroups the instance's, just before its thread is handed the spawn. The
+        batch's thread names its slots one after another: renames made by many threads at once
+        contend for the kernel's cgroup locks and cost several times the CPU each."""
         self._trees.name_slot(slot, instance_id, memory_limit)
         with self._lock:
             self._named.add(slot)

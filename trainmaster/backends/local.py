@@ -89,12 +89,18 @@ class LocalBackend(Backend):
     def release(self, placement: Placement) -> None:
         self._ports.release(placement.ports)
 
+    def prepare_start(self, requests: list[LaunchRequest]) -> None:
+        """The agent creates the instances' log files on a thread of its own while the pass
+        commits (see :meth:`NodeAgent.prepare`); an agent that cannot be reached now is met
+        again, and reported, by the start."""
+        try:
+            self.agent.prepare([r.spec.log_path for r in requests])
+        except AgentUnavailable as exc:
+            log.debug("the node agent did not take the hint to prepare %d start(s): %s", len(requests), exc)
+
     def start(self, requests: list[LaunchRequest]) -> Iterator[InstanceHandle | StartFailure]:
-        """One round trip to the agent for the whole batch. A spec without dependencies goes
-        without its ``env_inputs`` (its environment is resolved; only the wait step reads them):
-        half the request a gang's agent reads before its first spawn."""
-        specs = [r.spec if r.spec.depends else replace(r.spec, env_inputs={}) for r in requests]
-        for result in self.agent.start(specs):
+        """One round trip to the agent for the whole batch."""
+        for result in self.agent.start([r.spec for r in requests]):
             yield result.handle if result.handle else StartFailure(result.error)
 
     def observe(self, handles: list[InstanceHandle]) -> list[Observation]:

@@ -347,7 +347,11 @@ class Controller:
                         admitted += int(job.admitted and not was_admitted)
             # the whole pass in one transaction: every job's progress and every start intent
             # (state starting, attempt + 1) is committed here, before anything is spawned; what
-            # a crash before it loses (observed exits) the agents still hold until `forget`
+            # a crash before it loses (observed exits) the agents still hold until `forget`.
+            # Meanwhile the backend may make ready what the starts will need (the local agent
+            # creates their log files on the core this pass leaves idle): one hint per pass
+            if self._to_start:
+                self.backend.prepare_start([s.request for s in self._to_start])
             self._write_events(session)
             session.commit()
             self._spec_texts = {}
