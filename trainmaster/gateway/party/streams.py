@@ -18,21 +18,13 @@ from trainmaster.gateway.crypto.envelope import EnvelopeError, b64d, b64e
 from trainmaster.gateway.crypto.tlsid import PeerIdentity
 from trainmaster.gateway.models import Envelope, InputPut, MessageKind, ResultFetch, StreamReady
 from trainmaster.gateway.net.filesink import FileSink, FileSource, SinkError, rehash_prefix
-from trainmaster.gateway.net.streams import StreamError, StreamSocket, on_loop
+from trainmaster.gateway.net.streams import ChunkReader, Refused, StreamError, StreamSocket, on_loop
 from trainmaster.gateway.party.faults import corrupt
 
 if TYPE_CHECKING:
     from trainmaster.gateway.audit.log import Requester
     from trainmaster.gateway.party.core import PartyAgent
     from trainmaster.gateway.party.records import PartyLeg
-
-
-class Refused(Exception):
-    """A stream request the party refuses; ``status`` and the message go back to the gateway."""
-
-    def __init__(self, status: int, detail: str):
-        super().__init__(detail)
-        self.status, self.detail = status, detail
 
 
 def serve_stream(agent: "PartyAgent", conn: StreamSocket, peer: PeerIdentity | None) -> None:
@@ -192,7 +184,7 @@ def _take_input(
         )
         conn.send_json(on_loop(agent.loop, _ready, agent, ready))
         opener = ChunkOpener(b64d(put.key), put.stream_id, declared.size, chunk, offset // chunk, offset)
-        body = bytearray(opener.max_frame)
+        reader = ChunkReader(conn, opener)
 
         loop = agent.loop
 
@@ -203,7 +195,7 @@ def _take_input(
         try:
             while True:
                 plain = sink.buffer()
-                view, last = opener.open_into(conn.recv_frame_into(body), plain)
+                view, last = reader.next_into(plain)
                 sink.put(plain, len(view))
                 if last:
                     break
