@@ -91,6 +91,22 @@ def _write_input(path: Path, size_mb: int) -> None:
             left -= n
 
 
+def _cache_state(path: Path, state: str) -> None:
+    """Put ``path`` in the page cache (``cached``: read once) or out of it (``cold``: written back,
+    then dropped), so that both timed downloads of a stored result start from the same state."""
+    os.sync()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if state == "cold":
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        else:
+            buf = bytearray(MB)
+            while os.readv(fd, [buf]):
+                pass
+    finally:
+        os.close(fd)
+
+
 def direct_tls(dep: Deployment, source: Path, dest: Path) -> float:
     """Seconds to move ``source`` over one mutual-TLS connection into ``dest`` (fsynced): the party's
     certificate serves in a subprocess that reads and sends the file, this process (the initiator's
@@ -164,32 +180,45 @@ def one_run(size_mb: int, root: Path, run: int) -> dict[str, Any]:
         got = ini.receive(task, ["m_p0"], leg_timeout_s=600, deadline=time.time() + 3600, fetch=False)["m_p0"]
         rule_s = time.perf_counter() - t0
         assert got["outcome"] == "result" and got.get("stored"), got
-        os.sync()
-        with Sampler(pids) as down:
-            t0 = time.perf_counter()
-            result = ini.fetch_result(task, "m_p0", ini.stored[(task, "m_p0")])
-            download_s = time.perf_counter() - t0
-        ini.close()
-        nbytes = size_mb * MB
-        assert result.stat().st_size == nbytes
         stored = Path(dep.cfg("p0").state_dir) / "legs" / task / "m_p0" / "result"
-        result.unlink()
+        nbytes = size_mb * MB
+        down: dict[str, Sampler] = {}
+        times: dict[str, float] = {}
+        for state in ("cold", "cached"):  # the stored result's state at the party, the same for both paths
+            _cache_state(stored, state)
+            with Sampler(pids) as down[state]:
+                t0 = time.perf_counter()
+                result = ini.fetch_result(task, "m_p0", ini.stored[(task, "m_p0")])
+                times[state] = time.perf_counter() - t0
+            assert result.stat().st_size == nbytes
+            result.unlink()
+            _cache_state(stored, state)
+            times[f"direct_{state}"] = direct_tls(dep, stored, root / "direct-down.bin")
+        ini.close()
         os.sync()
         direct_up_s = direct_tls(dep, source, root / "direct-up.bin")
-        os.sync()
-        direct_down_s = direct_tls(dep, stored, root / "direct-down.bin")
         return {
             "bytes": nbytes,
             "prehash_s": prehash_s,
             "rule_s": rule_s,
             "upload_s": upload_s,
-            "download_s": download_s,
+            "download_s": times["cold"],
             "direct_upload_s": direct_up_s,
-            "direct_download_s": direct_down_s,
+            "direct_download_s": times["direct_cold"],
+            "download_cached_s": times["cached"],
+            "direct_download_cached_s": times["direct_cached"],
             **{f"upload_{k}_rss_growth_mb": v for k, v in up.growth_mb().items()},
-            **{f"download_{k}_rss_growth_mb": v for k, v in down.growth_mb().items()},
             **{f"upload_{k}_cpu_ms_per_mb": v * 1e3 / size_mb for k, v in up.cpu.items()},
-            **{f"download_{k}_cpu_ms_per_mb": v * 1e3 / size_mb for k, v in down.cpu.items()},
+            **{
+                f"{way}_{k}_rss_growth_mb": v
+                for way, state in (("download", "cold"), ("download_cached", "cached"))
+                for k, v in down[state].growth_mb().items()
+            },
+            **{
+                f"{way}_{k}_cpu_ms_per_mb": v * 1e3 / size_mb
+                for way, state in (("download", "cold"), ("download_cached", "cached"))
+                for k, v in down[state].cpu.items()
+            },
             **{f"{k}_baseline_rss_mb": v / 1e6 for k, v in up.baseline.items()},
         }
     finally:
@@ -206,7 +235,7 @@ def bench_transfer(size_mb: int, runs: int, workdir: str | None = None) -> dict[
     med = lambda key: statistics.median(r[key] for r in per_run)  # noqa: E731
     out: dict[str, Any] = {"size_mb": size_mb, "runs": runs, "prehash_s": med("prehash_s"), "rule_s": med("rule_s")}
     mb = size_mb * MB / 1e6
-    for way in ("upload", "download"):
+    for way in ("upload", "download", "download_cached"):
         gw, direct = med(f"{way}_s"), med(f"direct_{way}_s")
         row = {
             "gateway_s": gw,

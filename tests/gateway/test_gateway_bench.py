@@ -43,7 +43,7 @@ def test_transfer_bench_moves_a_payload_each_way_and_reports_every_process(tmp_p
         sys.path.remove(str(ROOT / "bench"))
     out = gateway_transfer.bench_transfer(4, 1, workdir=str(tmp_path))
     assert out["size_mb"] == 4 and out["runs"] == 1
-    for way in ("upload", "download"):
+    for way in ("upload", "download", "download_cached"):
         row = out[way]
         assert row["gateway_s"] > 0 and row["direct_s"] > 0 and row["ratio"] > 0, row
         for who in ("gateway", "party", "initiator"):

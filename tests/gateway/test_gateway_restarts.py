@@ -103,3 +103,55 @@ def test_storm_with_the_gateway_and_two_parties_killed_every_leg_runs_once_nothi
     assert report.tasks_done + report.tasks_failed_to_run == opts.tasks, summary
     assert report.legs_with_result >= 0.9 * report.legs, summary
     assert all(a["ok"] for a in report.audit.values()), summary
+
+
+def test_a_failure_report_pending_when_the_party_is_killed_is_resent_after_its_restart(tmp_path: Path) -> None:
+    """Exactly once, the failure side (issue 36, kill-safety of the retried failure report): a leg
+    whose executor did not come up keeps its row (``start_failed``, with the reason) while the
+    report to an unreachable gateway is retried; a party killed -9 meanwhile resends it after its
+    restart, with the same reason, and forgets the leg only once the gateway has taken it."""
+    from trainmaster.gateway.party.core import ReportAttempt
+
+    task = TaskCreate(task_id="t1", party="a", data_id="m_a", call=RuleCall(rule="row_count"), deadline_s=600)
+    sent: list[tuple[str, bool, str]] = []
+
+    def reporting(agent: PartyAgent, status: str) -> None:
+        async def report_once(t: TaskCreate, address: str, ready: bool, reason: str = "") -> ReportAttempt:
+            sent.append((t.task_id, ready, reason))
+            return ReportAttempt(status)
+
+        agent.report_once = report_once  # type: ignore[method-assign]
+
+    first = _agent(tmp_path)
+    reporting(first, "unreachable")
+    first.records.create(task, "initiator", time.time() + 600)
+
+    async def fail_then_die() -> None:
+        first.failed_start(("t1", "m_a"), task, "executor did not come up within 1.5 s", time.time() + 600)
+        await asyncio.sleep(0.8)  # a try and a retry, both unreachable
+        for job in list(first._background):
+            job.cancel()  # killed -9 while it retries
+
+    asyncio.run(fail_then_die())
+    first.audit.close()
+    assert len(sent) >= 2 and all(not ready and "did not come up" in why for _t, ready, why in sent)
+    pending = first.records.get("t1", "m_a")
+    assert pending is not None and pending.state == "start_failed" and "did not come up" in pending.error
+
+    sent.clear()
+    second = PartyAgent(first.cfg, first.data_dir)  # the restarted party, on the same state
+    reporting(second, "ok")
+
+    async def restart() -> None:
+        second.recover()
+        assert not second.executors  # no executor is started again for it
+        for _ in range(100):
+            if second.records.get("t1", "m_a") is None:
+                return
+            await asyncio.sleep(0.05)
+
+    asyncio.run(restart())
+    assert sent == [("t1", False, "executor did not come up within 1.5 s")]
+    assert second.records.get("t1", "m_a") is None and not (second.legs_root / "t1" / "m_a").exists()
+    events = [json.loads(line)["event"] for line in second.audit.path.read_text().splitlines()]
+    assert events.count("leg.recover") == 1

@@ -31,7 +31,7 @@ from pydantic import BaseModel
 
 from trainmaster.errors import UserError
 from trainmaster.gateway.config import ServiceConfig
-from trainmaster.gateway.crypto.chunks import CHUNK_BYTES, ChunkOpener, ChunkSealer, abort_frame, aborted
+from trainmaster.gateway.crypto.chunks import CHUNK_BYTES, ChunkOpener, ChunkSealer, abort_frame
 from trainmaster.gateway.crypto.envelope import EnvelopeError, b64d, b64e, make_header, seal, verify_attestation
 from trainmaster.gateway.crypto.gate import EnvelopeGate
 from trainmaster.gateway.crypto.provision import load_identity, load_roster
@@ -56,7 +56,7 @@ from trainmaster.gateway.models import (
     TaskResult,
 )
 from trainmaster.gateway.net.filesink import FileSink, rehash_prefix
-from trainmaster.gateway.net.streams import StreamError, StreamSocket, connect
+from trainmaster.gateway.net.streams import ChunkReader, StreamError, StreamSocket, connect
 from trainmaster.gateway.net.tls import client_ssl_context, expect
 from trainmaster.gateway.rules.registry import REGISTRY
 
@@ -413,15 +413,12 @@ class Initiator:
                     rehash_prefix(fd, ready.offset, sha, "the partial result file")
                     os.ftruncate(fd, ready.offset)
                     os.lseek(fd, ready.offset, os.SEEK_SET)
-                    body = bytearray(opener.max_frame)
+                    reader = ChunkReader(conn, opener)
                     sink = FileSink(fd, sha, ready.chunk_bytes, ready.offset)
                     try:
                         while True:
-                            frame = conn.recv_frame_into(body)
-                            if (why := aborted(frame)) is not None:
-                                raise EnvelopeError(502, why)
                             plain = sink.buffer()
-                            view, last = opener.open_into(frame, plain)
+                            view, last = reader.next_into(plain)
                             sink.put(plain, len(view))
                             if last:
                                 break

@@ -29,7 +29,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from trainmaster.gateway.crypto.chunks import HEADER
+from trainmaster.gateway.crypto.chunks import HEADER, ChunkOpener, aborted
+from trainmaster.gateway.crypto.envelope import EnvelopeError
 from trainmaster.gateway.crypto.tlsid import PeerIdentity, peer_from_cert
 
 MAX_REQUEST_BYTES = 64 << 10
@@ -44,6 +45,23 @@ log = logging.getLogger("trainmaster.gateway.streams")
 class StreamError(ConnectionError):
     """The other end could not be reached, broke off, stalled past the timeout, or sent a frame
     that is not one (a transport failure; what it says is the reason)."""
+
+
+class Refused(Exception):
+    """A stream request a service refuses; ``status`` and the message go back to the requester as
+    the stream's status frame."""
+
+    def __init__(self, status: int, detail: str):
+        super().__init__(detail)
+        self.status, self.detail = status, detail
+
+
+class StreamAborted(EnvelopeError):
+    """The sender ended its stream early with an abort frame; ``why`` is the reason it gave."""
+
+    def __init__(self, why: str):
+        super().__init__(502, why)
+        self.why = why
 
 
 def stream_address(endpoint: str, whose: str) -> tuple[str, int]:
@@ -116,6 +134,26 @@ class StreamSocket:
             self.sock.close()
         except OSError:
             pass
+
+
+class ChunkReader:
+    """The receiving end of one hop's stream, the same for every receiver (the gateway relaying
+    either way, a party taking an input, an initiator fetching a result): each chunk frame read off
+    the socket into one reused buffer and opened, in order, into the caller's buffer."""
+
+    def __init__(self, conn: StreamSocket, opener: ChunkOpener):
+        self.conn, self.opener = conn, opener
+        self._body = bytearray(opener.max_frame)
+
+    def next_into(self, out: Any) -> tuple[memoryview, bool]:
+        """The next chunk's plaintext (a view of ``out``) and whether it was the last. Raises
+        :class:`StreamError` when the connection breaks, :class:`StreamAborted` when the sender
+        ended the stream with a reason, and :class:`EnvelopeError` for a chunk that is tampered,
+        out of order or past the announced length."""
+        frame = self.conn.recv_frame_into(self._body)
+        if (why := aborted(frame)) is not None:
+            raise StreamAborted(why)
+        return self.opener.open_into(frame, out)
 
 
 def _tune(sock: socket.socket) -> None:

@@ -237,8 +237,7 @@ class PartyAgent:
         except (TimeoutError, ExecutorStartError) as exc:
             leg.started.set_exception(exc)
             leg.started.exception()  # retrieved here; a waiting transfer sees it too
-            self.forget(key)
-            await self.report_failure(task, str(exc), leg.deadline)
+            self.failed_start(key, task, str(exc), leg.deadline)
             return
         leg.started.set_result(None)
         attempt = await self.report_once(task, leg.handle.address, ready=True)
@@ -272,18 +271,32 @@ class PartyAgent:
             return ReportAttempt("unreachable", f"gateway busy ({resp.status_code})")
         return ReportAttempt("refused", f"gateway refused the executor report ({resp.status_code}): {resp.text[:300]}")
 
+    def failed_start(self, key: tuple[str, str], task: TaskCreate, reason: str, deadline: float) -> None:
+        """A leg whose executor did not come up: its executor and slot go, its row keeps the reason
+        (``start_failed``) while the failure report to the gateway is retried, so a party killed
+        meanwhile resends it after its restart (:meth:`recover`); once the gateway took it, the leg
+        is forgotten (a new creation request for it starts over)."""
+        self.drop_executor(key)
+        self.records.fail_start(*key, reason)
+        self.spawn(self.report_failure(task, reason, deadline))
+
     async def report_failure(self, task: TaskCreate, reason: str, deadline: float) -> None:
         """Report an executor that did not come up, retried while the gateway is unreachable,
         until the task's deadline: the gateway then ends the leg with the reason at once. Sent
         once, a report lost while the gateway restarted left the gateway waiting for the leg until
-        the task's deadline (two legs of a 10,000-task storm with gateway kills, an hour each)."""
+        the task's deadline (two legs of a 10,000-task storm with gateway kills, an hour each).
+        The report is pending in the leg's row (``start_failed``) until it is delivered."""
         delay = 0.5
         while (await self.report_once(task, "", ready=False, reason=reason)).status == "unreachable":
             if time.time() + delay >= deadline:
-                return
+                break
             self.counters["report_retries"] += 1
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10.0)
+        key = (task.task_id, task.data_id)
+        record = self.records.get(*key)
+        if record is not None and record.state == "start_failed" and key not in self.executors:
+            self.forget(key)
 
     async def report_until_deadline(
         self, key: tuple[str, str], task: TaskCreate, address: str, deadline: float
@@ -425,6 +438,13 @@ class PartyAgent:
         """At start: resume every leg whose rule has not run to a record before its deadline. A run
         the executor committed is adopted; one it did not is undone (the rule runs when asked)."""
         for record in self.records.unfinished():
+            if record.state == "start_failed":  # its failure report had not reached the gateway
+                self.spawn(self.report_failure(record.task, record.error, record.deadline_at))
+                self.counters["recovered_legs"] += 1
+                self.audit.append(
+                    "leg.recover", SELF, task_id=record.key[0], data_id=record.key[1], how="report_failure"
+                )
+                continue
             files = self.files(record.task)
             how = "rerun"
             if record.state == "running":

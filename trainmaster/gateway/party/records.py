@@ -3,7 +3,9 @@
 One row per leg, written before the party acknowledges anything about it: the creation request
 (the idempotency check), the initiator that signed it, the deadline, and the leg's state,
 ``created`` (its rule has not run) -> ``running`` (a run was handed to the executor) -> ``done``
-(the run's record: ok or the reason, the result's size and SHA-256). An input arriving through
+(the run's record: ok or the reason, the result's size and SHA-256); or ``created`` ->
+``start_failed`` (its executor did not come up: the reason waits in ``error`` until the gateway
+has taken the party's failure report, then the row goes). An input arriving through
 the gateway records how much of it is durable (``input_bytes``, a group commit every
 ``stream_commit_bytes``) and when it is whole and checked (``input_done``). The bytes themselves
 live in the leg's folder (``result``, ``commit``, ``input``; see ``executors.base.LegFiles``).
@@ -152,6 +154,11 @@ class PartyRecords:
     ) -> None:
         """The run's one record (a refusal before the rule ran is recorded the same way)."""
         self._set(task_id, data_id, state="done", ok=ok, error=error[:2000], size=size, sha256=sha256)
+
+    def fail_start(self, task_id: str, data_id: str, error: str) -> None:
+        """The leg's executor did not come up: its failure report to the gateway is pending (a
+        restarted party resends it from here)."""
+        self._set(task_id, data_id, state="start_failed", error=error[:2000])
 
     def reset(self, task_id: str, data_id: str) -> None:
         """A run that never committed (the party died under it): the rule has not run yet."""

@@ -17,22 +17,14 @@ from trainmaster.gateway.crypto.chunks import ChunkOpener, ChunkSealer
 from trainmaster.gateway.crypto.envelope import EnvelopeError, b64d, b64e
 from trainmaster.gateway.crypto.tlsid import PeerIdentity
 from trainmaster.gateway.models import Envelope, InputPut, MessageKind, ResultFetch, StreamReady
-from trainmaster.gateway.net.filesink import FileSink, SinkError, rehash_prefix
-from trainmaster.gateway.net.streams import StreamError, StreamSocket, on_loop
+from trainmaster.gateway.net.filesink import FileSink, FileSource, SinkError, rehash_prefix
+from trainmaster.gateway.net.streams import ChunkReader, Refused, StreamError, StreamSocket, on_loop
 from trainmaster.gateway.party.faults import corrupt
 
 if TYPE_CHECKING:
     from trainmaster.gateway.audit.log import Requester
     from trainmaster.gateway.party.core import PartyAgent
     from trainmaster.gateway.party.records import PartyLeg
-
-
-class Refused(Exception):
-    """A stream request the party refuses; ``status`` and the message go back to the gateway."""
-
-    def __init__(self, status: int, detail: str):
-        super().__init__(detail)
-        self.status, self.detail = status, detail
 
 
 def serve_stream(agent: "PartyAgent", conn: StreamSocket, peer: PeerIdentity | None) -> None:
@@ -86,7 +78,7 @@ def _send_result(agent: "PartyAgent", conn: StreamSocket, requester: "Requester"
     offset = min(fetch.offset, record.size) // chunk * chunk
     key, stream_id = os.urandom(32), os.urandom(16).hex()
     try:
-        fh = path.open("rb", buffering=0)
+        source = FileSource(path, offset, record.size - offset, chunk)
     except FileNotFoundError:
         raise Refused(410, f"the result of leg ({fetch.task_id}, {fetch.data_id}) is no longer kept") from None
     sent = 0
@@ -102,18 +94,20 @@ def _send_result(agent: "PartyAgent", conn: StreamSocket, requester: "Requester"
         )
         conn.send_json(on_loop(agent.loop, _ready, agent, ready))
         sealer = ChunkSealer(key, stream_id, first_index=offset // chunk)
-        plain, framed = bytearray(chunk), sealer.buffer(chunk)
-        fh.seek(offset)
+        framed = sealer.buffer(chunk)
 
         def frames() -> Iterator[memoryview]:
             nonlocal sent
             left = record.size - offset
             while True:
-                n = fh.readinto(memoryview(plain)[: min(chunk, left)]) if left else 0
-                if left and not n:
-                    raise StreamError("the stored result is shorter than its record")
-                left -= n
-                yield sealer.seal_into(memoryview(plain)[:n], left == 0, framed)
+                if left:
+                    buf, n = source.next()
+                    left -= n
+                    frame = sealer.seal_into(memoryview(buf)[:n], left == 0, framed)
+                    source.release(buf)
+                else:
+                    n, frame = 0, sealer.seal_into(b"", True, framed)
+                yield frame
                 sent += n
                 if left == 0:
                     return
@@ -121,8 +115,10 @@ def _send_result(agent: "PartyAgent", conn: StreamSocket, requester: "Requester"
         faults = agent.cfg.fault_stream
         for frame in corrupt(frames(), faults) if faults not in ("", "misattest") else frames():
             conn.send(frame)
+    except SinkError as exc:
+        raise StreamError(str(exc)) from None
     finally:
-        fh.close()
+        source.close()
         on_loop(
             agent.loop,
             agent.audit.append,
@@ -188,7 +184,7 @@ def _take_input(
         )
         conn.send_json(on_loop(agent.loop, _ready, agent, ready))
         opener = ChunkOpener(b64d(put.key), put.stream_id, declared.size, chunk, offset // chunk, offset)
-        body = bytearray(opener.max_frame)
+        reader = ChunkReader(conn, opener)
 
         loop = agent.loop
 
@@ -199,7 +195,7 @@ def _take_input(
         try:
             while True:
                 plain = sink.buffer()
-                view, last = opener.open_into(conn.recv_frame_into(body), plain)
+                view, last = reader.next_into(plain)
                 sink.put(plain, len(view))
                 if last:
                     break

@@ -16,23 +16,23 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from trainmaster.gateway.audit.log import Requester
-from trainmaster.gateway.crypto.chunks import ChunkOpener, ChunkSealer, abort_frame, aborted
+from trainmaster.gateway.crypto.chunks import ChunkOpener, ChunkSealer, abort_frame
 from trainmaster.gateway.crypto.envelope import EnvelopeError, PublicIdentity, b64d, b64e
 from trainmaster.gateway.crypto.tlsid import PeerIdentity, dns_name
 from trainmaster.gateway.models import Envelope, InputPut, LegOutcome, MessageKind, ResultFetch, StreamReady
-from trainmaster.gateway.net.streams import StreamError, StreamSocket, connect, on_loop
+from trainmaster.gateway.net.streams import (
+    ChunkReader,
+    Refused,
+    StreamAborted,
+    StreamError,
+    StreamSocket,
+    connect,
+    on_loop,
+)
 from trainmaster.gateway.net.tls import client_ssl_context
 
 if TYPE_CHECKING:
     from trainmaster.gateway.relay.core import Relay
-
-
-class Refused(Exception):
-    """A stream request the gateway refuses; ``status`` and the message go back to the initiator."""
-
-    def __init__(self, status: int, detail: str):
-        super().__init__(detail)
-        self.status, self.detail = status, detail
 
 
 def serve_stream(relay: "Relay", conn: StreamSocket, peer: PeerIdentity | None) -> None:
@@ -149,17 +149,17 @@ def _relay_result(relay: "Relay", conn: StreamSocket, requester: Requester, fetc
                 b64d(theirs.key), theirs.stream_id, theirs.total_bytes, theirs.chunk_bytes, first, theirs.offset
             )
             sealer = ChunkSealer(key, stream_id, first)
-            body, plain, framed = (
-                bytearray(opener.max_frame),
-                bytearray(theirs.chunk_bytes),
-                sealer.buffer(theirs.chunk_bytes),
-            )
+            reader = ChunkReader(upstream, opener)
+            plain, framed = bytearray(theirs.chunk_bytes), sealer.buffer(theirs.chunk_bytes)
             while True:
-                frame = upstream.recv_frame_into(body)  # a broken party stream ends ours: the initiator resumes
-                try:
-                    if (why := aborted(frame)) is not None:
-                        raise EnvelopeError(502, f"the party ended the stream: {why}")
-                    view, last = opener.open_into(frame, plain)
+                try:  # a broken party stream (StreamError) ends ours: the initiator resumes
+                    view, last = reader.next_into(plain)
+                except StreamAborted as exc:
+                    detail = (
+                        f"party {party.name!r}'s stream refused at the gateway: the party ended the stream: {exc.why}"
+                    )
+                    conn.send(abort_frame(detail))
+                    return
                 except EnvelopeError as exc:  # not what the party's own key and order allow: final
                     detail = f"party {party.name!r}'s stream refused at the gateway: {exc.reason}"
                     conn.send(abort_frame(detail))
@@ -211,19 +211,15 @@ def _relay_input(relay: "Relay", conn: StreamSocket, requester: Requester, put: 
                 b64d(put.key), put.stream_id, ready.total_bytes, ready.chunk_bytes, first, ready.offset
             )
             sealer = ChunkSealer(key, stream_id, first)
-            body, plain, framed = (
-                bytearray(opener.max_frame),
-                bytearray(ready.chunk_bytes),
-                sealer.buffer(ready.chunk_bytes),
-            )
+            reader = ChunkReader(conn, opener)
+            plain, framed = bytearray(ready.chunk_bytes), sealer.buffer(ready.chunk_bytes)
             while True:
-                frame = conn.recv_frame_into(body)
-                if (why := aborted(frame)) is not None:
-                    detail = f"the initiator ended the stream: {why}"
+                try:
+                    view, last = reader.next_into(plain)
+                except StreamAborted as exc:
+                    detail = f"the initiator ended the stream: {exc.why}"
                     upstream.send(abort_frame(detail))
                     return
-                try:
-                    view, last = opener.open_into(frame, plain)
                 except EnvelopeError as exc:
                     detail = f"the initiator's stream refused at the gateway: {exc.reason}"
                     upstream.send(abort_frame(detail))

@@ -55,6 +55,13 @@ async def create_task(request: Request) -> JSONResponse:
         new, record = agent.records.create(task, requester.name, now + task.deadline_s)
     except LegExists as exc:
         raise HTTPException(409, str(exc)) from exc
+    if not new and record.state == "start_failed":
+        raise HTTPException(
+            503,
+            f"executor for task {task.task_id!r} could not start: {record.error}; the party is reporting it to the "
+            "gateway, after which the leg may be created again",
+            headers={"Retry-After": "5"},
+        )
     if not new:
         known = agent.executors.get(key)
         pending = known is not None and known.report is not None and not known.report.done()
@@ -97,13 +104,11 @@ async def create_task(request: Request) -> JSONResponse:
         handle = await agent.start_executor(data_file, task.deadline_s, f"{task.task_id}.{task.data_id}")
     except TimeoutError as exc:
         agent.slots.release()
-        agent.forget(key)
-        agent.spawn(agent.report_failure(task, str(exc), record.deadline_at))
+        agent.failed_start(key, task, str(exc), record.deadline_at)
         raise HTTPException(504, f"executor for task {task.task_id!r} did not come up: {exc}") from exc
     except ExecutorStartError as exc:
         agent.slots.release()
-        agent.forget(key)
-        agent.spawn(agent.report_failure(task, str(exc), record.deadline_at))
+        agent.failed_start(key, task, str(exc), record.deadline_at)
         raise HTTPException(503, f"executor for task {task.task_id!r} could not start: {exc}") from exc
     except BaseException:
         agent.slots.release()

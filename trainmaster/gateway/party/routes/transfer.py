@@ -52,6 +52,8 @@ async def _run(agent: PartyAgent, record: PartyLeg, requester: Any, timeout_s: f
             f"{record.task.input.size} bytes arrived); retry when it is whole",
             headers={"Retry-After": "1"},
         )
+    if record.state == "start_failed":
+        raise HTTPException(503, f"executor for task {key[0]!r} could not start: {record.error}")
     leg = agent.executors.get(key)
     if leg is None:
         raise HTTPException(
