@@ -114,7 +114,8 @@ def penalty_repair(
                 o = over_of(ld, mm, c)
                 used += 1
                 if sim.static:
-                    s, fin = sim.run(trial, nodes, float("inf"))
+                    s, run = sim.run(trial, nodes, float("inf"))  # no limit: always completes
+                    fin = run if run is not None else finish_times(graph, np.asarray(trial))
                 else:
                     fin = finish_times(graph, np.asarray(trial))
                     s = max(fin, default=0.0)
