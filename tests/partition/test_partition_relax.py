@@ -19,7 +19,7 @@ def test_repair_lands_inside_the_caps_and_under_the_ceiling(family, seed, k):
     to a ceiling on the static critical cut, either meets both or is refused (None), never
     returned over them."""
     g = synthetic_dag(family, 40, seed)
-    loose = partition(g, k, imbalance=0.25, options=PartitionOptions(relaxed_imbalance=0.0, improve_work=0))
+    loose = partition(g, k, imbalance=0.25, options=PartitionOptions(relaxed_imbalance=(), improve_work=0))
     cluster = clusters_of(g)
     cap = load_cap(g, k, 0.05, cluster)
     guarded = g.edge_cost * critical_edges(g)
@@ -39,7 +39,7 @@ def test_relaxed_start_shortens_a_cap_bound_training_step():
     g = _weighted_layers([4.0, 2.0, 3.0, 2.0, 3.0, 4.0], [6.0, 2.0, 4.0, 3.0, 5.0, 6.0])
     for k in (2, 3):
         with_relax = partition(g, k, imbalance=0.05)
-        without = partition(g, k, imbalance=0.05, options=PartitionOptions(relaxed_imbalance=0.0))
+        without = partition(g, k, imbalance=0.05, options=PartitionOptions(relaxed_imbalance=()))
         a, b = evaluate(g, with_relax.assignment, k), evaluate(g, without.assignment, k)
         assert a["balanced"] and a["makespan"] <= b["makespan"] + 1e-9
 
