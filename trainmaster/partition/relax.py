@@ -8,8 +8,8 @@ a looser cap finds the good shape (whole layers, a short schedule), and a repair
 back inside the cap: moves of co-location clusters off the devices that are over a cap, chosen
 by the simulated makespan plus ``penalty`` x overload, the penalty tripled whenever no move
 lowers that sum, so the cheapest way back (in makespan) is taken first. Measured on the 12-layer
-MLP's training step (bench/partition_history.md): 2.07 -> 1.65 ms at k = 4 and 2.98 -> 2.14 ms
-at k = 8 against ours's other starts.
+MLP's training step (bench/partition_history.md): 2.07 -> 1.69 ms at k = 4 and 2.91 -> 1.89 ms
+at k = 8 against ours's other starts (the best repair from three looser caps).
 
 The repaired partition is one more candidate: the final choice and the improvement phase judge
 it as any other, so it can only replace a start where it is faster (and cuts no more critical
