@@ -421,7 +421,7 @@ def path_cut_bound(
         memory = graph.memory[nodes].tolist() if np.isfinite(mem_cap) else None
         links = _uncut_links(nodes, links, cluster)
         bound = max(bound, path_bound(graph.cost[nodes].tolist(), links, cap, memory, mem_cap))
-    return max(bound, forced_cut_bound(graph, k, cap, cluster))
+    return max(bound, forced_cut_bound(graph, k, cap, cluster, mem_cap))
 
 
 def critical_cut_bound(
@@ -568,20 +568,37 @@ def _pigeonhole(units: np.ndarray, k: int) -> float:
 
 
 FORCED_CUT_THRESHOLDS = 12  # transfer costs tried as thresholds by ``forced_cut_bound``
+PACKING_ITEMS = 40  # heaviest units the exact packing check places one by one (the rest as a fluid)
+PACKING_NODES = 5000  # branch-and-bound nodes of one exact packing check (undecided counts as packable)
+PACKING_SECONDS = 20.0  # and its time limit, a guard only: the node limit binds first
 
 
-def forced_cut_bound(graph: Graph, k: int, cap: float, cluster: np.ndarray | None = None) -> float:
-    """A makespan lower bound for partitions whose device loads are all <= ``cap`` and that keep
-    each co-location ``cluster`` whole: where the operators joined by the edges of transfer cost
-    >= t (and by the clusters) form units that cannot be packed k ways within the cap (their
-    pigeonhole bound, ``least_max_load``'s argument, is above it), every such partition cuts one
-    of those edges, and the path through a cut edge (u, v) is at least EST(u) + w(u) + c(u, v) +
-    b(v) with compute only elsewhere; so the makespan is at least the least of those over the
-    edges >= t. The max over a few thresholds t (the distinct costs, sampled). Why: on training
-    graphs each weight reaches its readers by an edge that costs more than the whole step's
-    compute (a 512 x 512 weight at 1 GB/s: 1.05 ms against 1.43 ms of compute), and a cap that
-    forces one of them to be cut costs that much on some path, which the compute-only bound
-    (0.86 ms) does not see. 0 when no threshold forces a cut."""
+def forced_cut_bound(
+    graph: Graph, k: int, cap: float, cluster: np.ndarray | None = None, mem_cap: float = float("inf")
+) -> float:
+    """A makespan lower bound for partitions whose device loads are all <= ``cap`` (and memories
+    <= ``mem_cap``) and that keep each co-location ``cluster`` whole.
+
+    Cutting an edge (u, v) delays v to at least EST(u) + w(u) + c(u, v), and v's compute-only
+    bottom level follows: so a partition that cuts (u, v) has makespan >= that edge's
+    ``through`` = EST(u) + w(u) + c(u, v) + b(v) (levels without transfers). Hence, for any tau,
+    a partition with makespan < tau cuts no edge whose ``through`` is >= tau, and keeps whole
+    every unit that those edges (with the co-location clusters) join. Where those units cannot
+    be packed k ways within the caps, no within-cap partition is faster than tau. The bound is
+    the largest such tau, searched over the ``through`` values of the edges at or above a few
+    transfer-cost thresholds (the distinct costs, sampled). "Cannot be packed" is proven by the
+    pigeonhole bound (``least_max_load``'s argument) or, failing that, by an exact bin-packing
+    check (``_cannot_pack``); an undecided check counts as packable, so the bound stays valid
+    (and, bounded by search nodes rather than time, the same on a loaded machine).
+
+    Why: on training graphs each weight reaches its readers by an edge dearer than much of the
+    step's compute (a 512 x 512 weight at 1 GB/s: 1.05 ms against 1.43 ms), a tight cap forces
+    some of them to be cut, and which ones can be cut cheaply (a late reader) decides the
+    makespan; the compute-only bound (0.86 ms) sees none of it. Requiring only that some heavy
+    edge be cut gives the cheapest heavy edge's ``through``; asking which edges the packing
+    really needs cut lifts it where the cheap cuts alone cannot balance the devices (a layer's
+    input-gradient matmul split off is too small to make room). 0 when no threshold forces a
+    cut."""
     if graph.m == 0 or k < 2:
         return 0.0
     from scipy.sparse import coo_matrix
@@ -601,16 +618,94 @@ def forced_cut_bound(graph: Graph, k: int, cap: float, cluster: np.ndarray | Non
         join_a, join_b = order[:-1][same], order[1:][same]
     else:
         join_a = join_b = np.zeros(0, dtype=np.int64)
+    memory = graph.memory if np.isfinite(mem_cap) else None
+    checked: dict[bytes, bool] = {}
+
+    def unpackable(edges: np.ndarray) -> bool:
+        """Whether the units joined by ``edges`` (and the clusters) cannot be packed."""
+        a = np.concatenate([graph.src[edges], join_a])
+        b = np.concatenate([graph.dst[edges], join_b])
+        _, unit = connected_components(coo_matrix((np.ones(len(a)), (a, b)), shape=(n, n)), directed=False)
+        key = unit.tobytes()
+        if key not in checked:
+            load = np.bincount(unit, weights=graph.cost)
+            mem = None if memory is None else np.bincount(unit, weights=memory)
+            checked[key] = _cannot_pack(load, mem, k, cap, mem_cap)
+        return checked[key]
+
     best = 0.0
     for t in costs[picks].tolist():
-        heavy = graph.edge_cost >= t
-        a = np.concatenate([graph.src[heavy], join_a])
-        b = np.concatenate([graph.dst[heavy], join_b])
-        links = coo_matrix((np.ones(len(a)), (a, b)), shape=(n, n))
-        _, unit = connected_components(links, directed=False)
-        if _pigeonhole(np.bincount(unit, weights=graph.cost), k) > cap * (1 + 1e-9):
-            best = max(best, float(through[heavy].min()))
+        heavy = np.flatnonzero(graph.edge_cost >= t)
+        taus = np.unique(through[heavy])  # ascending; F(tau) = heavy edges with through >= tau
+        if taus[-1] <= best or not unpackable(heavy[through[heavy] >= max(taus[0], best)]):
+            continue
+        lo = int(np.searchsorted(taus, best)) if best > taus[0] else 0
+        hi = len(taus) - 1  # unpackable at lo (proven); find the largest such index
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if unpackable(heavy[through[heavy] >= taus[mid]]):
+                lo = mid
+            else:
+                hi = mid - 1
+        best = max(best, float(taus[lo]))
     return best
+
+
+def _cannot_pack(load: np.ndarray, memory: np.ndarray | None, k: int, cap: float, mem_cap: float) -> bool:
+    """Proven: units of these loads (and memories) cannot be placed on k devices with every
+    device's load <= ``cap`` (and memory <= ``mem_cap``). First the pigeonhole bound; then an
+    exact bin-packing check (HiGHS) of a relaxation: the ``PACKING_ITEMS`` heaviest units as
+    items, the rest as a fluid that may be split anywhere (splitting only makes packing easier,
+    so an infeasible relaxation proves the real packing infeasible). Bins are identical: item j
+    goes to one of the first j + 1 bins (any packing can be relabelled so). A check the solver
+    cannot decide within ``PACKING_NODES`` search nodes counts as packable (False)."""
+    limit = cap * (1 + 1e-9)
+    if _pigeonhole(load, k) > limit or load.sum() > k * limit:
+        return True
+    if memory is not None and (memory.max(initial=0.0) > mem_cap or memory.sum() > k * mem_cap):
+        return True
+    order = np.argsort(-load, kind="stable")
+    items = order[:PACKING_ITEMS]
+    items = items[load[items] > 0]
+    if len(items) <= k:
+        return False  # one item per device fits (each is within the cap: the pigeonhole passed)
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import lil_matrix
+
+    m = len(items)
+    fluid = float(load.sum() - load[items].sum())
+    fluid_mem = 0.0 if memory is None else float(memory.sum() - memory[items].sum())
+    # variables: x[j, b] (j item, b bin, b <= j), then the fluid load f[b] and fluid memory g[b]
+    pairs = [(j, b) for j in range(m) for b in range(min(j + 1, k))]
+    nx = len(pairs)
+    nv = nx + 2 * k
+    rows = m + 2 * k + 2
+    a = lil_matrix((rows, nv))
+    lower, upper = np.zeros(rows), np.zeros(rows)
+    for col, (j, b) in enumerate(pairs):
+        a[j, col] = 1.0  # each item in one bin
+        a[m + b, col] = float(load[items[j]])
+        if memory is not None:
+            a[m + k + b, col] = float(memory[items[j]])
+    lower[:m] = upper[:m] = 1.0
+    for b in range(k):
+        a[m + b, nx + b] = 1.0
+        a[m + k + b, nx + k + b] = 1.0
+        a[m + 2 * k, nx + b] = 1.0
+        a[m + 2 * k + 1, nx + k + b] = 1.0
+    lower[m : m + k], upper[m : m + k] = -np.inf, limit
+    lower[m + k : m + 2 * k], upper[m + k : m + 2 * k] = -np.inf, (mem_cap if memory is not None else np.inf)
+    lower[m + 2 * k] = upper[m + 2 * k] = fluid
+    lower[m + 2 * k + 1] = upper[m + 2 * k + 1] = fluid_mem
+    integrality = np.concatenate([np.ones(nx), np.zeros(2 * k)])
+    result = milp(
+        np.zeros(nv),
+        constraints=LinearConstraint(a.tocsr(), lower, upper),
+        integrality=integrality,
+        bounds=Bounds(np.zeros(nv), np.concatenate([np.ones(nx), np.full(2 * k, np.inf)])),
+        options={"node_limit": PACKING_NODES, "time_limit": PACKING_SECONDS, "presolve": True},
+    )
+    return result.status == 2  # 2: proven infeasible
 
 
 def memory_cap_enforced(graph: Graph, k: int) -> float:
