@@ -45,7 +45,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout as a script
 
-from priority import DEFAULT_NICE, own_session  # noqa: E402  (bench/priority.py, beside this script)
+from priority import DEFAULT_NICE, describe, own_session  # noqa: E402  (bench/priority.py, beside this script)
 
 MiB = 1 << 20
 WARM_UP = 4 * MiB
@@ -529,8 +529,7 @@ def write_markdown(report: dict[str, Any], cells: list[Cell]) -> str:
         f"sends each: cut into datagrams of the link's MTU), {report['in_flight']} x 64 KiB in flight "
         f"over all workers; gloo one process per worker host. {report['machine']['cpus']} CPUs "
         f"shared with other jobs (1-minute load average {load['start']:.2f} at start, "
-        f"{load['end']:.2f} at end; the run in a session of its own at autogroup nice "
-        f"{report.get('priority', {}).get('autogroup_nice', '-')}, every process of every variant in it: "
+        f"{load['end']:.2f} at end; {describe(report.get('priority'))}: "
         f"bench/priority.py): every process of every variant shares them, so at 1 Gbit/s "
         f"the CPU, not only the link, decides. algbw = tensor bytes / time of the slowest rank, "
         f"median of {report['reps']} runs after a warm-up. x gloo: algbw / gloo's; line: algbw / "

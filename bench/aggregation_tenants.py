@@ -40,7 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout as a script
 
-from priority import DEFAULT_NICE, own_session  # noqa: E402  (bench/priority.py, beside this script)
+from priority import DEFAULT_NICE, describe, own_session  # noqa: E402  (bench/priority.py, beside this script)
 
 MiB = 1 << 20
 JOBS = 3
@@ -259,8 +259,7 @@ def write_markdown(report: dict[str, Any]) -> str:
         f"slot open to every job (the spec's multi-tenant slots); static: the same slots split "
         f"into three equal parts, one per job. {report['machine']['cpus']} CPUs shared with other "
         f"jobs (1-minute load average {load['start']:.2f} at start, {load['end']:.2f} at end; the run "
-        f"in a session of its own at autogroup nice "
-        f"{report.get('priority', {}).get('autogroup_nice', '-')}, bench/priority.py). "
+        f"{describe(report.get('priority'))}, bench/priority.py). "
         f"Medians of {a['runs']} runs per mode (alternating).",
         "",
         f"**Total throughput, shared / static: {report['ratio']:.2f}x** "

@@ -70,3 +70,15 @@ def own_session(nice: int = DEFAULT_NICE) -> dict[str, object]:
         "autogroup_nice_applied": applied,
         "task_nice": os.nice(0),
     }
+
+
+def describe(priority: dict[str, object] | None) -> str:
+    """The scheduling the run had, in words for a result file (from what ``own_session`` returned)."""
+    if not priority:
+        return "scheduling not recorded"
+    if not priority.get("autogroup"):
+        return f"autogroups off, every process at task nice {priority.get('task_nice', 0)}"
+    return (
+        f"in a session of its own at autogroup nice {priority.get('autogroup_nice', 0)} "
+        f"(task nice {priority.get('task_nice', 0)}), every process of every variant in it"
+    )
