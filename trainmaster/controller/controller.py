@@ -69,7 +69,7 @@ ROWS_AHEAD = 64  # a waiting job's row is loaded with those of the next waiting 
 BACKEND_TRIES = 3  # passes in a row a backend may fail before `run_job` gives up (each pass is idempotent)
 LIVE = (I.STARTING.value, I.RUNNING.value, I.UNKNOWN.value, I.TERMINATING.value)
 FULL_PASS_EVERY = 30.0  # seconds between passes that look at every job, changed or not
-COLLECT_AFTER_ROWS = 5_000  # rows loaded by passes between two garbage collections (:meth:`step`)
+COLLECT_AFTER_ROWS = 20_000  # rows loaded by passes between two garbage collections (:meth:`step`)
 RUNNING = I.RUNNING.value  # an instance's and a job's stored state alike
 
 
@@ -147,6 +147,7 @@ class Controller:
         self._open: dict[int, list[repo.LiveInstance]] = {}  # admitted job -> its open instances, as last read
         self._touched: set[int] = set()  # jobs the last pass loaded (their instances are read again)
         self._loaded = 0  # rows the passes loaded since the last garbage collection
+        self._demands: dict[int, tuple[Job, dict[str, float]]] = {}  # job id -> (its spec, quota demand)
         self._live_sum: Resources | None = None  # what live instances held at the last read (_free_capacity)
         self._verdicts: dict[tuple[Any, ...], Verdict | None] = {}  # this pass's quota answers (_quota_verdict)
 
@@ -444,7 +445,7 @@ class Controller:
             verdict = _queued(admitted)
         else:
             spec = self._spec_of(job.id, job.spec_text) if job.spec_text else self._specs[job.id][1]
-            quota = self._quota_verdict(job.queue, spec)
+            quota = self._quota_verdict(job.id, job.queue, spec)
             if spec.spec.run_policy.suspend:
                 verdict = SUSPENDED
             elif quota is PREEMPTS:
@@ -494,7 +495,7 @@ class Controller:
             else:
                 continue  # ended and deleted between the two reads
             holders[job_id] = Holder(
-                job_id, name, queue, priority, job_demand(spec), preemptible=job_id in self._preemptible
+                job_id, name, queue, priority, self._demand(job_id, spec), preemptible=job_id in self._preemptible
             )
         return QuotaBook(quotas, holders)
 
@@ -506,16 +507,23 @@ class Controller:
             spec = self._spec_of(job.id, job.spec_text)
         else:  # its spec unchanged since a pass cached it
             spec = self._specs[job.id][1]
-        return job.id, spec.spec.scheduling.priority, job_demand(spec)
+        return job.id, spec.spec.scheduling.priority, self._demand(job.id, spec)
 
-    def _quota_verdict(self, queue: str, spec: Job) -> Verdict | None:
+    def _demand(self, job_id: int, spec: Job) -> dict[str, float]:
+        """The job's quota demand (:func:`job_demand`), worked out once per validated spec."""
+        cached = self._demands.get(job_id)
+        if cached is None or cached[0] is not spec:
+            cached = self._demands[job_id] = (spec, job_demand(spec))
+        return cached[1]
+
+    def _quota_verdict(self, job_id: int, queue: str, spec: Job) -> Verdict | None:
         """Whether the queue's quota lets the job in now: None (it fits, or its queue has no
         quota), :data:`PREEMPTS` (it fits once lower-priority jobs of its queue, or borrowers of
         its lent quota, are evicted), or the pending verdict that says what blocks it and by how much."""
         book = self._book
         if book is None or not book.governs(queue):
             return None
-        demand = job_demand(spec)
+        demand = self._demand(job_id, spec)
         # a long queue holds many like jobs: one answer per (queue, priority, demand) until the
         # book's usage changes (an admission, an end, a preemption), not one per job
         key = (queue, spec.spec.scheduling.priority, tuple(demand.values()), book.version)
@@ -771,7 +779,7 @@ class Controller:
                     free,
                 )
         if not job.admitted:
-            quota = self._quota_verdict(job.queue, spec)
+            quota = self._quota_verdict(job.id, job.queue, spec)
             if quota is PREEMPTS:
                 quota, free = self._preempt_for(session, job, spec, free)
             if quota is not None:
@@ -792,7 +800,7 @@ class Controller:
             job.admitted = True
             self._event(job.id, "job", "Admitted", decision.message)
             if self._book is not None and self._book.governs(job.queue):
-                self._book.hold(Holder(job.id, job.name, job.queue, job.priority, job_demand(spec)))
+                self._book.hold(Holder(job.id, job.name, job.queue, job.priority, self._demand(job.id, spec)))
                 self._admitted_rows[job.id] = job
         free = self._observe(session, job, spec, free)
         spent = next(
@@ -1419,6 +1427,7 @@ class Controller:
             self._expiry[job.id] = time.time() + ttl
         self._specs.pop(job.id, None)
         self._steady.pop(job.id, None)
+        self._demands.pop(job.id, None)
         self._last_job_reason.pop(job.id, None)
         for inst in job.instances:
             self._handles.pop(inst.id, None)
