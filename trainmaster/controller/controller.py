@@ -39,7 +39,7 @@ from trainmaster.controller import metrics, queues, restart, scaling
 from trainmaster.controller.quota import Holder, QuotaBook, job_demand
 from trainmaster.controller.quota_status import queue_quotas
 from trainmaster.controller.backoff import StoreBackoff
-from trainmaster.controller.admission import admit
+from trainmaster.controller.admission import Admission, admit, admit_gang, gang_of
 from trainmaster.controller.launching import dependency_order, instance_id, launch_spec
 from trainmaster.errors import BackendError, JobConflict, UserError
 from trainmaster.loading import validate_document
@@ -148,6 +148,8 @@ class Controller:
         self._touched: set[int] = set()  # jobs the last pass loaded (their instances are read again)
         self._loaded = 0  # rows the passes loaded since the last garbage collection
         self._demands: dict[int, tuple[Job, dict[str, float]]] = {}  # job id -> (its spec, quota demand)
+        self._gangs: dict[int, tuple[Job, tuple[Resources, int]]] = {}  # job id -> (its spec, gang demand and size)
+        self._admissions: dict[tuple[Any, ...], Admission] = {}  # this pass's answers (_admit)
         self._live_sum: Resources | None = None  # what live instances held at the last read (_free_capacity)
         self._verdicts: dict[tuple[Any, ...], Verdict | None] = {}  # this pass's quota answers (_quota_verdict)
 
@@ -316,7 +318,7 @@ class Controller:
             )
             self._preemptible = {j.id for j in admitted_jobs}
             self._book = self._quota_book(session)
-            self._verdicts = {}
+            self._verdicts, self._admissions = {}, {}
             if self._book is not None:
                 order = self._book.order(order, self._facts)
             with session.no_autoflush:
@@ -453,7 +455,7 @@ class Controller:
             elif quota is not None:
                 verdict = quota
             else:
-                decision = admit(spec, self.backend.capacity(), free)
+                decision = self._admit(job.id, spec, free)
                 if decision.admitted or decision.unschedulable:
                     return False
                 verdict = Verdict(JobState.PENDING, "Pending", decision.message)
@@ -508,6 +510,18 @@ class Controller:
         else:  # its spec unchanged since a pass cached it
             spec = self._specs[job.id][1]
         return job.id, spec.spec.scheduling.priority, self._demand(job.id, spec)
+
+    def _admit(self, job_id: int, spec: Job, free: Resources) -> Admission:
+        """:func:`admit`, answered once per gang shape and free capacity in a pass: a long queue
+        of like jobs, most of which stay waiting, asks the same question job after job."""
+        shape = self._gangs.get(job_id)
+        if shape is None or shape[0] is not spec:
+            shape = self._gangs[job_id] = (spec, gang_of(spec))
+        key = (shape[1], self.backend.capacity(), free)
+        decision = self._admissions.get(key)
+        if decision is None:
+            decision = self._admissions[key] = admit_gang(*shape[1], key[1], free)
+        return decision
 
     def _demand(self, job_id: int, spec: Job) -> dict[str, float]:
         """The job's quota demand (:func:`job_demand`), worked out once per validated spec."""
@@ -785,7 +799,7 @@ class Controller:
             if quota is not None:
                 self._set_job_state(session, job, quota)
                 return free
-            decision = admit(spec, self.backend.capacity(), free)
+            decision = self._admit(job.id, spec, free)
             if not decision.admitted:
                 if decision.unschedulable:
                     return self._finish(
@@ -1428,6 +1442,7 @@ class Controller:
         self._specs.pop(job.id, None)
         self._steady.pop(job.id, None)
         self._demands.pop(job.id, None)
+        self._gangs.pop(job.id, None)
         self._last_job_reason.pop(job.id, None)
         for inst in job.instances:
             self._handles.pop(inst.id, None)
