@@ -80,6 +80,46 @@ def test_a_cancel_written_by_another_process_is_acted_on_at_the_next_pass(tmp_pa
         h.backend.close()
 
 
+def test_a_suspend_written_just_before_a_full_pass_is_acted_on(tmp_path: Path) -> None:
+    """The pass that looks at every job (one every 30 s) leaves alone running jobs whose cached
+    spec stands; a job with an event since the last pass is not one of them, even on that pass
+    (a suspend changes the spec: found under load, the CLI's suspend landing just before it)."""
+    h, ids = running_harness(tmp_path, 2)
+    try:
+        other = session_factory(make_engine(h.url))
+        with other() as session:
+            assert repo.set_suspended(session, repo.load_job(session, ids[0]), True)
+            session.commit()
+        h.controller._full_pass_at = 0.0  # the next pass is a full one
+        h.controller.step()
+        held = h.status(ids[0])
+        assert held["state"] == "pending" and held["reason"] == "Suspended", held["reason"]
+        assert h.status(ids[1])["state"] == "running"
+    finally:
+        h.backend.close()
+
+
+def test_waiting_jobs_reasons_come_from_memory_and_the_event_range(tmp_path: Path) -> None:
+    """A waiting job's new reason is an event only when its last "job" event says otherwise; that
+    last reason is known from this controller's own events and the range of events each pass
+    reads, not from a query per job (the pass at 1,000 queued jobs read each one's last event)."""
+    h = Harness(tmp_path, backend=HollowBackend(HollowCluster.parse("1x1"), state_dir=tmp_path / "hollow"))
+    try:
+        ids = [h.submit(long_job(f"q-{n}", 1)) for n in range(6)]
+        first = statements_of_a_pass(h)  # five jobs go from Submitted to Pending: the same queries as one
+        on_events = [s for s in first if "FROM events" in s]
+        assert len(on_events) <= 2, on_events
+        for _ in range(3):
+            h.controller.step()
+        assert not [s for s in statements_of_a_pass(h) if "FROM events" in s and "DESC" in s]
+        waiting = [h.status(i) for i in ids[1:]]
+        assert {w["reason"] for w in waiting} == {"Pending"}
+        for w in waiting:  # one "Pending" event each, however many passes found it still waiting
+            assert [e["reason"] for e in w["events"] if e["object"] == "job"].count("Pending") == 1
+    finally:
+        h.backend.close()
+
+
 def test_an_instance_that_ends_is_seen_without_any_event(tmp_path: Path) -> None:
     h = Harness(tmp_path, backend=HollowBackend(HollowCluster.parse("2x4"), state_dir=tmp_path / "hollow"))
     try:

@@ -30,9 +30,16 @@ def gang_demand(job: Job) -> Resources:
     return Resources(cpu, memory, gpu)
 
 
+def gang_of(job: Job) -> tuple[Resources, int]:
+    """What admission looks at in a job: its gang's demand and size (like jobs share it)."""
+    return gang_demand(job), job.spec.scheduling.min_available or job.spec.total_replicas
+
+
 def admit(job: Job, total: Resources, free: Resources) -> Admission:
-    demand = gang_demand(job)
-    gang = job.spec.scheduling.min_available or job.spec.total_replicas
+    return admit_gang(*gang_of(job), total, free)
+
+
+def admit_gang(demand: Resources, gang: int, total: Resources, free: Resources) -> Admission:
     need = f"{gang} instance(s) needing cpu={demand.cpu:g}, memory={demand.memory}B, gpu={demand.gpu}"
     if not total.fits(demand):
         return Admission(

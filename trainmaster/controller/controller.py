@@ -8,6 +8,7 @@ the store, so a controller started over an existing store simply carries on.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -38,7 +39,7 @@ from trainmaster.controller import metrics, queues, restart, scaling
 from trainmaster.controller.quota import Holder, QuotaBook, job_demand
 from trainmaster.controller.quota_status import queue_quotas
 from trainmaster.controller.backoff import StoreBackoff
-from trainmaster.controller.admission import admit
+from trainmaster.controller.admission import Admission, admit, admit_gang, gang_of
 from trainmaster.controller.launching import dependency_order, instance_id, launch_spec
 from trainmaster.errors import BackendError, JobConflict, UserError
 from trainmaster.loading import validate_document
@@ -68,7 +69,7 @@ ROWS_AHEAD = 64  # a waiting job's row is loaded with those of the next waiting 
 BACKEND_TRIES = 3  # passes in a row a backend may fail before `run_job` gives up (each pass is idempotent)
 LIVE = (I.STARTING.value, I.RUNNING.value, I.UNKNOWN.value, I.TERMINATING.value)
 FULL_PASS_EVERY = 30.0  # seconds between passes that look at every job, changed or not
-MISSING = "\0"  # no reason known in memory
+COLLECT_AFTER_ROWS = 20_000  # rows loaded by passes between two garbage collections (:meth:`step`)
 RUNNING = I.RUNNING.value  # an instance's and a job's stored state alike
 
 
@@ -139,11 +140,18 @@ class Controller:
         self._seen_before = 0  # the one the pass before saw
         self._full_pass_at = 0.0  # monotonic time of the next pass that looks at every job
         self._changed: set[int] | None = None  # this pass: jobs with an event since the last (None: all)
+        self._announced: set[int] | None = None  # the same, known on a full pass too (None: not known)
         self._handles: dict[int, tuple[Any, Any]] = {}  # instance id -> (stored handle, decoded handle)
         self._last_job_reason: dict[int, str] = {}  # job id -> reason of its newest "job" event
         self._steady: dict[int, bool] = {}  # job id -> its cached spec has neither suspend nor a deadline
         self._open: dict[int, list[repo.LiveInstance]] = {}  # admitted job -> its open instances, as last read
         self._touched: set[int] = set()  # jobs the last pass loaded (their instances are read again)
+        self._loaded = 0  # rows the passes loaded since the last garbage collection
+        self._demands: dict[int, tuple[Job, dict[str, float]]] = {}  # job id -> (its spec, quota demand)
+        self._gangs: dict[int, tuple[Job, tuple[Resources, int]]] = {}  # job id -> (its spec, gang demand and size)
+        self._admissions: dict[tuple[Any, ...], Admission] = {}  # this pass's answers (_admit)
+        self._live_sum: Resources | None = None  # what live instances held at the last read (_free_capacity)
+        self._verdicts: dict[tuple[Any, ...], Verdict | None] = {}  # this pass's quota answers (_quota_verdict)
 
     @property
     def touched(self) -> frozenset[int]:
@@ -285,7 +293,7 @@ class Controller:
             self._to_start, self._observed, self._events = [], {}, []  # nothing carried over from a failed pass
             self._evicted = []
             changed = self._changed_jobs(session)
-            free = self._free_capacity(session)
+            free = self._free_capacity(session, changed)
             # instances of admitted jobs as the last pass left them, less the jobs it reconciled
             # and those with an event since: their rows may have changed
             known = None if changed is None else self._open
@@ -305,7 +313,8 @@ class Controller:
             admitted_jobs = [j for j in jobs if isinstance(j, repo.AdmittedJob)]
             admitted = len(admitted_jobs)
             self._observe_all(admitted_jobs)
-            quiet = {j.id for j in admitted_jobs if self._quiet(j, changed)}
+            announced = self._announced
+            quiet = set() if announced is None else {j.id for j in admitted_jobs if self._quiet(j, announced)}
             busy = [j.id for j in admitted_jobs if j.id not in quiet]
             # no flush before each query of the pass (a job's lazy loads, its last event): the
             # pass writes once, at its commit, instead of once per job
@@ -316,6 +325,7 @@ class Controller:
             )
             self._preemptible = {j.id for j in admitted_jobs}
             self._book = self._quota_book(session)
+            self._verdicts, self._admissions = {}, {}
             if self._book is not None:
                 order = self._book.order(order, self._facts)
             with session.no_autoflush:
@@ -363,6 +373,16 @@ class Controller:
                 self._delete_expired(session)
             ended, self._ended = self._ended, []
             self.backend.forget(ended)  # stored: the agent's journal may drop them
+            self._loaded += len(session.identity_map)
+            self._rows, self._admitted_rows = {}, {}  # the pass's rows: garbage once it ends
+        if self._loaded >= COLLECT_AFTER_ROWS:
+            # The rows a pass loads (a job, its roles, instances, registry) refer to each other:
+            # only the cycle collector frees them. Left to run on its own it scans every live
+            # object, a pause of a quarter second at 10,000 instances, that lands in whichever
+            # pass or API request comes next; here it runs once enough rows were let go, at the
+            # end of the pass that made them garbage.
+            self._loaded = 0
+            gc.collect()
 
     def _changed_jobs(self, session: Session) -> set[int] | None:
         """Jobs with an event since the last pass (the store's resource versions: event ids are
@@ -371,25 +391,33 @@ class Controller:
         On PostgreSQL, ids are taken before their transactions commit, so a late commit can
         land below the newest id seen: the window reaches one pass further back there."""
         newest = repo.newest_event_id(session)
-        if self._seen is None or time.monotonic() >= self._full_pass_at:
+        if self._seen is None:  # nothing known of the store's events: job reasons read when needed
             self._seen, self._seen_before = newest, newest
             self._full_pass_at = time.monotonic() + FULL_PASS_EVERY
             self._last_job_reason.clear()
+            self._announced = None
             return None
         since = self._seen if session.get_bind().dialect.name == "sqlite" else self._seen_before
-        changed = repo.changed_jobs(session, since, newest)
+        # the newest "job" event of each job in the range (this controller's own included) keeps
+        # the reasons in memory exact without a query per job (:meth:`_set_job_state`)
+        changed, reasons = repo.changed_jobs(session, since, newest)
+        self._last_job_reason.update(reasons)
+        self._announced = changed  # a full pass too reconciles them (a suspend: its spec changed)
+        if time.monotonic() >= self._full_pass_at:
+            self._seen, self._seen_before = newest, newest
+            self._full_pass_at = time.monotonic() + FULL_PASS_EVERY
+            return None
         self._seen_before, self._seen = self._seen, newest
-        for job_id in changed:
-            self._last_job_reason.pop(job_id, None)
         return changed
 
-    def _quiet(self, job: repo.AdmittedJob, changed: set[int] | None) -> bool:
+    def _quiet(self, job: repo.AdmittedJob, announced: set[int]) -> bool:
         """Whether a pass would leave an admitted job as it is: running, no event since the last
-        pass, its validated spec cached with neither suspend nor deadline (:attr:`_steady`), and
-        every instance that has not ended running and observed running where it was placed. A
-        full pass (``changed`` None) read every row afresh; a spec it has cached (none after a
-        start or a take-over) stands, as the spec changes only with an event."""
-        if (changed is not None and job.id in changed) or job.cancel_requested or job.state != RUNNING:
+        pass (``announced``: the jobs with one), its validated spec cached with neither suspend
+        nor deadline (:attr:`_steady`), and every instance that has not ended running and
+        observed running where it was placed. A full pass too leaves such a job alone: a spec
+        it has cached stands, as the spec changes only with an event; the first pass (or one
+        after a take-over), which knows no events, leaves none."""
+        if job.id in announced or job.cancel_requested or job.state != RUNNING:
             return False
         if not job.instances or not self._steady.get(job.id, False):
             return False
@@ -430,7 +458,7 @@ class Controller:
             verdict = _queued(admitted)
         else:
             spec = self._spec_of(job.id, job.spec_text) if job.spec_text else self._specs[job.id][1]
-            quota = self._quota_verdict(job.queue, spec)
+            quota = self._quota_verdict(job.id, job.queue, spec)
             if spec.spec.run_policy.suspend:
                 verdict = SUSPENDED
             elif quota is PREEMPTS:
@@ -438,7 +466,7 @@ class Controller:
             elif quota is not None:
                 verdict = quota
             else:
-                decision = admit(spec, self.backend.capacity(), free)
+                decision = self._admit(job.id, spec, free)
                 if decision.admitted or decision.unschedulable:
                     return False
                 verdict = Verdict(JobState.PENDING, "Pending", decision.message)
@@ -480,7 +508,7 @@ class Controller:
             else:
                 continue  # ended and deleted between the two reads
             holders[job_id] = Holder(
-                job_id, name, queue, priority, job_demand(spec), preemptible=job_id in self._preemptible
+                job_id, name, queue, priority, self._demand(job_id, spec), preemptible=job_id in self._preemptible
             )
         return QuotaBook(quotas, holders)
 
@@ -492,16 +520,44 @@ class Controller:
             spec = self._spec_of(job.id, job.spec_text)
         else:  # its spec unchanged since a pass cached it
             spec = self._specs[job.id][1]
-        return job.id, spec.spec.scheduling.priority, job_demand(spec)
+        return job.id, spec.spec.scheduling.priority, self._demand(job.id, spec)
 
-    def _quota_verdict(self, queue: str, spec: Job) -> Verdict | None:
+    def _admit(self, job_id: int, spec: Job, free: Resources) -> Admission:
+        """:func:`admit`, answered once per gang shape and free capacity in a pass: a long queue
+        of like jobs, most of which stay waiting, asks the same question job after job."""
+        shape = self._gangs.get(job_id)
+        if shape is None or shape[0] is not spec:
+            shape = self._gangs[job_id] = (spec, gang_of(spec))
+        key = (shape[1], self.backend.capacity(), free)
+        decision = self._admissions.get(key)
+        if decision is None:
+            decision = self._admissions[key] = admit_gang(*shape[1], key[1], free)
+        return decision
+
+    def _demand(self, job_id: int, spec: Job) -> dict[str, float]:
+        """The job's quota demand (:func:`job_demand`), worked out once per validated spec."""
+        cached = self._demands.get(job_id)
+        if cached is None or cached[0] is not spec:
+            cached = self._demands[job_id] = (spec, job_demand(spec))
+        return cached[1]
+
+    def _quota_verdict(self, job_id: int, queue: str, spec: Job) -> Verdict | None:
         """Whether the queue's quota lets the job in now: None (it fits, or its queue has no
         quota), :data:`PREEMPTS` (it fits once lower-priority jobs of its queue, or borrowers of
         its lent quota, are evicted), or the pending verdict that says what blocks it and by how much."""
         book = self._book
         if book is None or not book.governs(queue):
             return None
-        demand = job_demand(spec)
+        demand = self._demand(job_id, spec)
+        # a long queue holds many like jobs: one answer per (queue, priority, demand) until the
+        # book's usage changes (an admission, an end, a preemption), not one per job
+        key = (queue, spec.spec.scheduling.priority, tuple(demand.values()), book.version)
+        if key not in self._verdicts:
+            self._verdicts[key] = self._quota_verdict_now(book, queue, spec.spec.scheduling.priority, demand)
+        return self._verdicts[key]
+
+    @staticmethod
+    def _quota_verdict_now(book: QuotaBook, queue: str, priority: int, demand: dict[str, float]) -> Verdict | None:
         never = book.never_fits(queue, demand)
         if never:
             return Verdict(
@@ -514,7 +570,7 @@ class Controller:
         short = book.shortfalls(queue, demand)
         if not short:
             return None
-        if book.preemption(queue, spec.spec.scheduling.priority, demand) is not None:
+        if book.preemption(queue, priority, demand) is not None:
             return PREEMPTS
         return Verdict(
             JobState.PENDING, "WaitingForQuota", f"queue '{queue}': " + "; ".join(s.describe() for s in short)
@@ -682,17 +738,20 @@ class Controller:
             if run_dir is not None and run_dir.resolve().parent == self.runs_dir.resolve():
                 shutil.rmtree(run_dir, ignore_errors=True)
 
-    def _free_capacity(self, session: Session) -> Resources:
-
+    def _free_capacity(self, session: Session, changed: set[int] | None) -> Resources:
+        """The backend's capacity less what the live instances in the store hold. The sum is read
+        again only when some job had an event since the last pass (``changed`` not empty, or a
+        full pass): an instance becomes live or ends only in a pass that writes an event for it."""
         from sqlalchemy import func
 
-        total = self.backend.capacity()
-        cpu, memory = session.execute(
-            select(func.coalesce(func.sum(InstanceRow.cpu), 0.0), func.coalesce(func.sum(InstanceRow.memory), 0))
-            .join(JobRow, JobRow.id == InstanceRow.job_id)
-            .where(InstanceRow.state.in_(LIVE), JobRow.backend == self.backend.name)
-        ).one()
-        return total.minus(Resources(float(cpu), int(memory)))
+        if changed or changed is None or self._live_sum is None:
+            cpu, memory = session.execute(
+                select(func.coalesce(func.sum(InstanceRow.cpu), 0.0), func.coalesce(func.sum(InstanceRow.memory), 0))
+                .join(JobRow, JobRow.id == InstanceRow.job_id)
+                .where(InstanceRow.state.in_(LIVE), JobRow.backend == self.backend.name)
+            ).one()
+            self._live_sum = Resources(float(cpu), int(memory))
+        return self.backend.capacity().minus(self._live_sum)
 
     # ---- one job -----------------------------------------------------------------------------
     def _spec(self, job: JobRow) -> Job:
@@ -745,13 +804,13 @@ class Controller:
                     free,
                 )
         if not job.admitted:
-            quota = self._quota_verdict(job.queue, spec)
+            quota = self._quota_verdict(job.id, job.queue, spec)
             if quota is PREEMPTS:
                 quota, free = self._preempt_for(session, job, spec, free)
             if quota is not None:
                 self._set_job_state(session, job, quota)
                 return free
-            decision = admit(spec, self.backend.capacity(), free)
+            decision = self._admit(job.id, spec, free)
             if not decision.admitted:
                 if decision.unschedulable:
                     return self._finish(
@@ -766,7 +825,7 @@ class Controller:
             job.admitted = True
             self._event(job.id, "job", "Admitted", decision.message)
             if self._book is not None and self._book.governs(job.queue):
-                self._book.hold(Holder(job.id, job.name, job.queue, job.priority, job_demand(spec)))
+                self._book.hold(Holder(job.id, job.name, job.queue, job.priority, self._demand(job.id, spec)))
                 self._admitted_rows[job.id] = job
         free = self._observe(session, job, spec, free)
         spent = next(
@@ -1049,15 +1108,20 @@ class Controller:
         ``stopped`` with ``reason`` (``Stopped``; ``JobSucceeded`` when a succeeded job no longer
         needs it) and ``why`` as its message, so ``status`` never shows the reason of the state it
         left (``Running``)."""
+        if not instances:  # a job whose instances all ended: nothing to stop, nothing to flush
+            return free
         for inst in instances:  # an attempt prepared this pass but not started yet has no handle
             if inst.state in LIVE and inst.state != I.TERMINATING.value:
                 self._set_instance_state(inst, I.TERMINATING)
                 inst.reason, inst.message = "Stopping", why
         live = [i for i in instances if i.state in LIVE and i.handle]
-        self.backend.stop([i.handle for i in live if i.handle], self.grace)
+        if live:
+            self.backend.stop([i.handle for i in live if i.handle], self.grace)
         final = dict(zip((i.id for i in live), self.backend.observe([i.handle for i in live if i.handle])))
+        released = False
         for inst in instances:
             if inst.state in LIVE:
+                released = True
                 free = self._release(session, job, inst, free, flush=False)
                 inst.ended_at = utcnow()
                 obs = final.get(inst.id)
@@ -1069,7 +1133,8 @@ class Controller:
             if inst.state not in (I.SUCCEEDED.value, I.FAILED.value):
                 self._set_instance_state(inst, I.STOPPED)  # from pending or terminating
                 inst.reason, inst.message = reason, why
-        session.flush()  # the registry's deletes, before a restart in this pass re-inserts one
+        if released:
+            session.flush()  # the registry's deletes, before a restart in this pass re-inserts one
         return free
 
     def _start_pending(self, session: Session, job: JobRow, spec: Job, free: Resources) -> Resources:
@@ -1313,10 +1378,11 @@ class Controller:
         elif job.reason != verdict.reason:
             # a new reason is an event; a message that only updates figures (free capacity,
             # counts) is not, or every queued job would log one per pass
-            if self._last_job_reason.get(job.id, MISSING) == MISSING:  # kept since the job's last event
-                self._write_events(session)  # the last event may be this pass's
-                last = repo.last_event(session, job.id, "job")
-                self._last_job_reason[job.id] = last.reason if last else ""
+            if job.id not in self._last_job_reason:  # not known since the first pass (or a recovery)
+                # read for every job of the pass not known, in one query: a job with an event this
+                # pass is known (:meth:`_event`), so the store's newest is the last for the others
+                unknown = {job.id} | {j for j in self._rows if j not in self._last_job_reason}
+                self._last_job_reason.update(repo.last_job_reasons(session, sorted(unknown)))
             if self._last_job_reason[job.id] != verdict.reason:
                 self._event(job.id, "job", verdict.reason, verdict.message)
         if (job.state, job.reason, job.message) != (new, verdict.reason, verdict.message):
@@ -1386,6 +1452,8 @@ class Controller:
             self._expiry[job.id] = time.time() + ttl
         self._specs.pop(job.id, None)
         self._steady.pop(job.id, None)
+        self._demands.pop(job.id, None)
+        self._gangs.pop(job.id, None)
         self._last_job_reason.pop(job.id, None)
         for inst in job.instances:
             self._handles.pop(inst.id, None)

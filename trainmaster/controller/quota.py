@@ -164,9 +164,28 @@ class QuotaBook:
         self.version = 0  # grows with every hold and release: memoised answers stay valid until then
         self._no_preemption: set[tuple[str, int, tuple[float, ...], int]] = set()
         self.usage = {name: {r: 0.0 for r in RESOURCES} for name in self.queues}
-        self._members: dict[str, list[str]] = defaultdict(list)
+        members: dict[str, list[str]] = defaultdict(list)
         for queue in self.queues.values():
-            self._members[self._cohort_key(queue)].append(queue.name)
+            members[self._cohort_key(queue)].append(queue.name)
+        # fixed for the book's life (the queues do not change within a pass): asked per waiting
+        # job, thousands of times a pass, so looked up rather than summed each time
+        self._members = {name: members[self._cohort_key(q)] for name, q in self.queues.items()}
+        self._pools = {
+            (name, r): sum(
+                self.queues[m].resources[r].lendable for m in self._members[name] if r in self.queues[m].resources
+            )
+            for name in self.queues
+            for r in RESOURCES
+        }
+        self._kept = {  # (queue, resource) -> (member, what it keeps for itself) for the cohort's members naming it
+            (name, r): [
+                (m, self.queues[m].resources[r].guaranteed)
+                for m in self._members[name]
+                if r in self.queues[m].resources
+            ]
+            for name in self.queues
+            for r in RESOURCES
+        }
         for holder in held:
             self.hold(holder)
 
@@ -179,7 +198,7 @@ class QuotaBook:
 
     def members(self, queue: str) -> list[str]:
         """The queues sharing ``queue``'s cohort (itself included; alone without a cohort)."""
-        return self._members[self._cohort_key(self.queues[queue])]
+        return self._members[queue]
 
     # ---- usage --------------------------------------------------------------------------------
     def hold(self, holder: Holder) -> None:
@@ -205,20 +224,12 @@ class QuotaBook:
 
     def pool(self, queue: str, resource: str) -> float:
         """What the queues of ``queue``'s cohort lend of ``resource`` in all."""
-        return sum(
-            self.queues[m].resources[resource].lendable
-            for m in self.members(queue)
-            if resource in self.queues[m].resources
-        )
+        return self._pools[(queue, resource)]
 
     def pool_used(self, queue: str, resource: str) -> float:
         """What the cohort's queues use of the lent pool (beyond what each keeps for itself)."""
-        total = 0.0
-        for m in self.members(queue):
-            quota = self.queues[m].resources.get(resource)
-            if quota is not None:
-                total += max(0.0, self.usage[m][resource] - quota.guaranteed)
-        return total
+        usage = self.usage
+        return sum(max(0.0, usage[m][resource] - kept) for m, kept in self._kept[(queue, resource)])
 
     def borrowed(self, queue: str, resource: str) -> float:
         quota = self.queues[queue].resources.get(resource)
@@ -263,12 +274,12 @@ class QuotaBook:
                 )
             room = ceiling - used
             # what the cohort's lent pool leaves for this queue (beyond what it keeps for itself)
-            pool_room = rq.guaranteed - used + self.pool(queue, r) - self.pool_used(queue, r)
+            lent_free = self.pool(queue, r) - self.pool_used(queue, r)
+            pool_room = rq.guaranteed - used + lent_free
             if quota.cohort is not None:
                 pool_room += max(0.0, used - rq.guaranteed)  # its own borrowing is in pool_used
             if pool_room < room and quota.cohort is not None:
                 room, limit = pool_room, "cohort"
-                lent_free = self.pool(queue, r) - self.pool_used(queue, r)
                 detail = (
                     f"nominal {amount(r, rq.nominal)}, in use {amount(r, used)}; cohort '{quota.cohort}' "
                     f"has {amount(r, max(lent_free, 0.0))} unused of {amount(r, self.pool(queue, r))} lent"
