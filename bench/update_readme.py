@@ -20,6 +20,9 @@ ORDER = [
     "controller_ray",
     "controller_failover",
     "controller_containers",
+    "controller_kubernetes",
+    "scale",
+    "soak",
     "aggregation",
     "aggregation_tenants",
     "aggregation_training",
@@ -28,8 +31,10 @@ ORDER = [
     "partition_fresh",
     "partition_pipeline_testbed",
     "partition_pipeline",
+    "partition_pipesplit",
     "gateway",
     "gateway_sandbox",
+    "gateway_storm",
 ]
 COMMAND = {
     "controller_ray": "python bench/controller.py --ray",
@@ -39,6 +44,8 @@ COMMAND = {
     "partition_pipeline": "python bench/partition.py --pipeline-only",
     "partition_pipeline_testbed": "python bench/partition.py --pipeline-testbed",
     "gateway_sandbox": "python bench/gateway_sandbox.py",
+    "controller_kubernetes": "python bench/controller.py --kubernetes",
+    "partition_pipesplit": "python bench/partition.py --pipeline-splits",
 }
 #: What each benchmark puts side by side (its result file says how, on what and under which load).
 COMPARES = {
@@ -47,6 +54,9 @@ COMPARES = {
     "controller_ray": "the Ray backend on 1 and 3 Ray nodes; node loss",
     "controller_failover": "two servers on one PostgreSQL, the leader killed: time to a new leader",
     "controller_containers": "replicas in podman containers vs on the host",
+    "controller_kubernetes": "operator mode on a real cluster: submit to every pod Running vs a batch/v1 Job",
+    "scale": "Kueue's 15,000-workload test replayed on hollow nodes; 10,000 real jobs; drain; API latency",
+    "soak": "30 minutes of mixed jobs with SIGKILLs of server and agent and PostgreSQL restarts",
     "aggregation": "in-network aggregation vs gloo's ring all-reduce over rate-capped links",
     "aggregation_tenants": "jobs sharing one aggregation switch's slots",
     "aggregation_training": "DDP training with in-network aggregation vs gloo",
@@ -55,8 +65,10 @@ COMPARES = {
     "partition_fresh": "the same on graphs drawn at run time (seeds nobody tuned on)",
     "partition_pipeline_testbed": "predicted vs measured pipeline step time, stages on separate testbed hosts",
     "partition_pipeline": "predicted vs measured pipeline step time on real models",
+    "partition_pipesplit": "our pipeline split vs equal-layers and equal-parameters splits, stages on testbed hosts",
     "gateway": "tasks through the gateway vs straight to the parties: latency, throughput, large results",
     "gateway_sandbox": "executor isolation cost: sandbox vs plain process",
+    "gateway_storm": "10,000 tasks while the gateway and parties are SIGKILLed: every leg once, none lost",
 }
 VERDICT = re.compile(r"\b(not met|met)\b", re.IGNORECASE)
 
