@@ -20,6 +20,7 @@ from trainmaster.partition.simulate import (
     path_bound,
     path_cut_bound,
 )
+from partition_fixtures import weighted_layers
 
 
 def chain(costs, links):
@@ -280,23 +281,6 @@ def test_forced_cut_bound_charges_a_dear_edge_the_cap_forces():
     assert forced_cut_bound(g, k, load_cap(g, k, 1.0)) == 0.0
 
 
-def _weighted_layers(forward: list[float], backward: list[float], dear: float = 100.0) -> "Graph":
-    """Per layer a weight w (no compute) read by its forward a and its backward b through dear
-    edges, the forward chain then the backward chain back through cheap links (0.1)."""
-    nodes, cost, src, dst, ecost = [], [], [], [], []
-    for i, (fa, fb) in enumerate(zip(forward, backward)):
-        nodes += [f"w{i}", f"a{i}", f"b{i}"]
-        cost += [0.0, fa, fb]
-        src += [f"w{i}", f"w{i}"]
-        dst += [f"a{i}", f"b{i}"]
-        ecost += [dear, dear]
-    chain = [f"a{i}" for i in range(len(forward))] + [f"b{i}" for i in reversed(range(len(forward)))]
-    src += chain[:-1]
-    dst += chain[1:]
-    ecost += [0.1] * (len(chain) - 1)
-    return build_graph(nodes, cost, src, dst, ecost)
-
-
 def test_forced_cut_bound_asks_which_cuts_the_packing_needs():
     """Mechanism (makespan bound on training graphs, issue 35): four layers of load 10, 4, 7, 5
     on two devices with no slack (cap 13). The pigeonhole argument alone proves only that some
@@ -304,7 +288,7 @@ def test_forced_cut_bound_asks_which_cuts_the_packing_needs():
     path; but splitting that layer alone does not make the rest packable (exact bin packing), so
     a dearer cut is forced. The bound is the exact optimum here (brute force), where requiring
     only "some dear edge is cut" gave the compute-only 26.1."""
-    g = _weighted_layers([4.0, 2.0, 3.0, 2.0], [6.0, 2.0, 4.0, 3.0])
+    g = weighted_layers([4.0, 2.0, 3.0, 2.0], [6.0, 2.0, 4.0, 3.0])
     k = 2
     cap = load_cap(g, k, 0.0)
     bound = forced_cut_bound(g, k, cap)
@@ -328,7 +312,7 @@ def test_forced_cut_bound_asks_which_cuts_the_packing_needs():
 def test_forced_cut_bound_holds_for_every_partition_within_the_cap(forward, backward, imbalance, k):
     """Property: on random layered training-like graphs, every partition within the cap (brute
     force) has makespan >= the forced-cut bound (with its exact packing check)."""
-    g = _weighted_layers([float(x) for x in forward], [float(x) for x in backward[: len(forward)]])
+    g = weighted_layers([float(x) for x in forward], [float(x) for x in backward[: len(forward)]])
     cap = load_cap(g, k, imbalance)
     bound = forced_cut_bound(g, k, cap)
     for bits in itertools.product(range(k), repeat=g.n):

@@ -3,13 +3,14 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainmaster.partition import build_graph, evaluate, partition
+from trainmaster.partition import evaluate, partition
 from trainmaster.partition.critical import critical_edges
 from trainmaster.partition.graph import clusters_of
 from trainmaster.partition.methods import PartitionOptions
 from trainmaster.partition.relax import penalty_repair
 from trainmaster.partition.simulate import load_cap
 from trainmaster.partition.synthetic import FAMILIES, synthetic_dag
+from partition_fixtures import weighted_layers
 
 
 @settings(max_examples=12, deadline=None)
@@ -36,23 +37,9 @@ def test_relaxed_start_shortens_a_cap_bound_training_step():
     """Known case: the layered training toy (weights read by forward and backward through dear
     edges) at a tight cap, where every start inside the cap splits a layer early. With the
     relaxed start ours is no slower than without it, and within the caps."""
-    g = _weighted_layers([4.0, 2.0, 3.0, 2.0, 3.0, 4.0], [6.0, 2.0, 4.0, 3.0, 5.0, 6.0])
+    g = weighted_layers([4.0, 2.0, 3.0, 2.0, 3.0, 4.0], [6.0, 2.0, 4.0, 3.0, 5.0, 6.0])
     for k in (2, 3):
         with_relax = partition(g, k, imbalance=0.05)
         without = partition(g, k, imbalance=0.05, options=PartitionOptions(relaxed_imbalance=()))
         a, b = evaluate(g, with_relax.assignment, k), evaluate(g, without.assignment, k)
         assert a["balanced"] and a["makespan"] <= b["makespan"] + 1e-9
-
-
-def _weighted_layers(forward: list[float], backward: list[float], dear: float = 100.0):
-    """Per layer a weight (no compute) read by its forward and its backward through dear
-    edges; the forward chain, then the backward chain back, through cheap links (0.1)."""
-    nodes, cost, src, dst, ecost = [], [], [], [], []
-    for i, (fa, fb) in enumerate(zip(forward, backward)):
-        nodes += [f"w{i}", f"a{i}", f"b{i}"]
-        cost += [0.0, fa, fb]
-        src += [f"w{i}", f"w{i}"]
-        dst += [f"a{i}", f"b{i}"]
-        ecost += [dear, dear]
-    chain = [f"a{i}" for i in range(len(forward))] + [f"b{i}" for i in reversed(range(len(forward)))]
-    return build_graph(nodes, cost, src + chain[:-1], dst + chain[1:], ecost + [0.1] * (len(chain) - 1))
