@@ -146,21 +146,26 @@ class AgentClient:
         self._sock = self._reader = None
         self._unread = 0
 
+    def _socket(self, timeout: float) -> socket.socket:
+        """The connection to the agent, made (and the agent started) where there is none."""
+        if self._sock is None:
+            self._connect()
+        assert self._sock is not None
+        self._sock.settimeout(timeout)
+        return self._sock
+
     def call(self, op: str, timeout: float | None = None, **args: Any) -> Any:
         """One request; reconnects (starting a new agent) once if the connection broke."""
-        payload = json.dumps({"op": op, **args}).encode() + b"\n"
+        payload = _request(op, **args)
         with self._lock:
             for attempt in (1, 2, 3):
                 try:
-                    if self._sock is None:
-                        self._connect()
-                    assert self._sock is not None
-                    self._sock.settimeout(timeout or self.timeout)
+                    sock = self._socket(timeout or self.timeout)
                     while self._unread:  # a prepare's answer (it answers at once; nothing in it matters)
                         if not self._reader.readline():
                             raise ConnectionResetError("the node agent closed the connection")
                         self._unread -= 1
-                    self._sock.sendall(payload)
+                    sock.sendall(payload)
                     line = self._reader.readline()
                     if not line:
                         raise ConnectionResetError("the node agent closed the connection")
@@ -199,14 +204,10 @@ class AgentClient:
         """Ask the agent to create these log files ahead of a start, without waiting for its
         answer (read before the next call's): the caller is a pass about to commit, which a
         round trip would only delay."""
-        payload = json.dumps({"op": "prepare", "logs": log_paths}).encode() + b"\n"
+        payload = _request("prepare", logs=log_paths)
         with self._lock:
             try:
-                if self._sock is None:
-                    self._connect()
-                assert self._sock is not None
-                self._sock.settimeout(self.timeout)
-                self._sock.sendall(payload)
+                self._socket(self.timeout).sendall(payload)
                 self._unread += 1
             except OSError as exc:
                 self._drop()
@@ -236,3 +237,8 @@ class AgentClient:
 
     def list(self) -> list[InstanceStatus]:
         return [InstanceStatus.from_dict(s) for s in self.call("list")]
+
+
+def _request(op: str, **args: Any) -> bytes:
+    """One request line of the agent's protocol."""
+    return json.dumps({"op": op, **args}).encode() + b"\n"
