@@ -488,7 +488,9 @@ class UdpTransport:
             elif rng.random() < plan.delay:
                 self.counters.delayed += 1
                 due = now + rng.uniform(0.0, plan.delay_s)
-            fate.append(due + lag if due is not None and lag else (now + lag if lag else due))
+            if lag:  # the long link comes on top of any reordering or delay
+                due = (now if due is None else due) + lag
+            fate.append(due)
         return fate
 
     def packet(self, addr: Address, size: int) -> memoryview:
