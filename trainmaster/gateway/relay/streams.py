@@ -154,15 +154,9 @@ def _relay_result(relay: "Relay", conn: StreamSocket, requester: Requester, fetc
             while True:
                 try:  # a broken party stream (StreamError) ends ours: the initiator resumes
                     view, last = reader.next_into(plain)
-                except StreamAborted as exc:
-                    detail = (
-                        f"party {party.name!r}'s stream refused at the gateway: the party ended the stream: {exc.why}"
-                    )
-                    conn.send(abort_frame(detail))
-                    return
-                except EnvelopeError as exc:  # not what the party's own key and order allow: final
-                    detail = f"party {party.name!r}'s stream refused at the gateway: {exc.reason}"
-                    conn.send(abort_frame(detail))
+                except EnvelopeError as exc:  # the party ended it, or not what its key and order allow: final
+                    why = f"the party ended the stream: {exc.why}" if isinstance(exc, StreamAborted) else exc.reason
+                    conn.send(abort_frame(f"party {party.name!r}'s stream refused at the gateway: {why}"))
                     return
                 conn.send(sealer.seal_into(view, last, framed))
                 sent += len(view)
