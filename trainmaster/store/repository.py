@@ -27,12 +27,6 @@ def add_event(session: Session, job_id: int, obj: str, reason: str, message: str
     return event
 
 
-def last_event(session: Session, job_id: int, obj: str) -> EventRow | None:
-    return session.scalars(
-        select(EventRow).where(EventRow.job_id == job_id, EventRow.object == obj).order_by(EventRow.id.desc()).limit(1)
-    ).first()
-
-
 def load_job(session: Session, job_id: int) -> JobRow:
     jobs = load_jobs(session, [job_id])
     if not jobs:
@@ -186,8 +180,8 @@ def _handle(cache: dict[int, tuple[Any, Any]], inst_id: int, stored: Any) -> Ins
 
 def changed_jobs(session: Session, after: int, upto: int) -> tuple[set[int], dict[int, str]]:
     """The jobs with an event after resource version ``after`` up to ``upto`` (an indexed range),
-    and, for those with a ``job`` event there, the reason of the newest one (what
-    :func:`last_event` would say of the job, read with the range instead of once per job)."""
+    and, for those with a ``job`` event there, the reason of the newest one (read with the range
+    instead of once per job)."""
     changed: set[int] = set()
     reasons: dict[int, str] = {}
     rows = session.execute(
