@@ -173,8 +173,10 @@ class LocalTrainmaster:
         """A job's status document with its ``events`` latest events (``GET /api/v1/jobs/{ref}``);
         ``instances`` = (first, count) pages its instances (all of them when None)."""
         with self.sessions() as session:
-            row = self._find(session, ref)
-            document = repo.job_status(session, repo.load_job(session, row.id), events=events, instances=instances)
+            # its roles and instances are read as the document needs them (two queries; the
+            # registry, which a status does not show, is not read)
+            row = self._find(session, ref, with_spec=False)
+            document = repo.job_status(session, row, events=events, instances=instances)
             return cast(JobStatus, document)
 
     def wait(self, ref: str | int, timeout: float, states: frozenset[str] | None = None, poll: float = 0.25) -> JobRef:
@@ -460,13 +462,13 @@ class LocalTrainmaster:
 
     # ---- helpers -------------------------------------------------------------------------------
     @staticmethod
-    def _find(session: Session, ref: str | int) -> JobRow:
+    def _find(session: Session, ref: str | int, with_spec: bool = True) -> JobRow:
         text = str(ref)
         if not text.isascii():  # names, uids and ids are ASCII; '²'.isdigit() holds, int('²') fails
             raise JobNotFound(f"no job '{text}' (job names, uids and ids are ASCII)")
         if text.isdigit() and len(text) > 18:
             raise JobNotFound(f"no job with id {text[:20]}... (ids are at most 18 digits)")
         try:
-            return repo.find_job(session, text)
+            return repo.find_job(session, text, with_spec)
         except UserError as exc:
             raise JobNotFound(exc.message) from None

@@ -228,10 +228,11 @@ def load_waiting_jobs(session: Session, job_ids: list[int]) -> dict[int, JobRow]
     return {job.id: job for job in rows}
 
 
-def find_job(session: Session, ref: str | int) -> JobRow:
-    """A job by id, uid, or name (the most recent job of that name)."""
+def find_job(session: Session, ref: str | int, with_spec: bool = True) -> JobRow:
+    """A job by id, uid, or name (the most recent job of that name); without ``with_spec`` its
+    spec is read (and parsed) only if something asks for it (a status shows none of it)."""
     text = str(ref)
-    query = select(JobRow)
+    query = select(JobRow) if with_spec else select(JobRow).options(defer(JobRow.spec))
     if text.isascii() and text.isdigit():  # "²".isdigit() holds, int("²") fails
         query = query.where(JobRow.id == int(text))
     else:
@@ -265,11 +266,16 @@ def active_job_ids(session: Session, owner: str) -> list[int]:
 def shown_reason(job: JobRow) -> tuple[str, str]:
     """The job's reason and message, unless the ``trainmaster run`` reconciling it has died:
     then its stored state is stale, and the user is told so and how to take it over."""
-    if not is_terminal(job.state) and owner_alive(job.owner) is False:
-        if job.reason == "BackendFailed":  # why it stopped first, then how to take it over
-            return job.reason, f"{job.message}; {orphan_note(job.id, job.owner)}"
-        return "ControllerGone", orphan_note(job.id, job.owner)
-    return job.reason, job.message
+    return shown_reason_of(job.id, job.state, job.reason, job.message, job.owner)
+
+
+def shown_reason_of(job_id: int, state: str, reason: str, message: str, owner: str) -> tuple[str, str]:
+    """:func:`shown_reason` from the job's plain columns (a list reads no rows as objects)."""
+    if not is_terminal(state) and owner_alive(owner) is False:
+        if reason == "BackendFailed":  # why it stopped first, then how to take it over
+            return reason, f"{message}; {orphan_note(job_id, owner)}"
+        return "ControllerGone", orphan_note(job_id, owner)
+    return reason, message
 
 
 def state_counts(session: Session) -> dict[str, int]:
@@ -326,8 +332,11 @@ def job_status(
     how many there are)."""
     first, count = instances or (0, len(job.instances))
     shown = job.instances[first : first + count]
-    recent = session.scalars(
-        select(EventRow).where(EventRow.job_id == job.id).order_by(EventRow.id.desc()).limit(events)
+    recent = session.execute(  # plain columns: a status is asked often, its events need no objects
+        select(EventRow.time, EventRow.object, EventRow.type, EventRow.reason, EventRow.message)
+        .where(EventRow.job_id == job.id)
+        .order_by(EventRow.id.desc())
+        .limit(events)
     ).all()
     reason, message = shown_reason(job)
     reported = latest_points(session, job.id)
