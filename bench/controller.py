@@ -764,7 +764,9 @@ slot where it has one (a thread already waiting in fresh, empty cgroups, which t
 thread renames after the instance, one slot after another, before handing the slot's thread its
 spawn; the agent keeps as many as its largest batch, made again 0.1 s after a batch), else by
 creating the cgroups and moving the spawning thread in. It
-answers once every command has exec'd and its threads are back in its own cgroups. What remains
+answers once every command has exec'd and its threads are back in its own cgroups (a batch that
+took every warm slot sends them home with one `cgroup.procs` write per hierarchy: a move holds
+a lock every fork on the machine waits for, so not one per thread). What remains
 over the floor is the controller's work before the spawn (placement, launch spec, the committed
 intents) and, on the same two cores, the bookkeeping after it, while the last commands start.
 The first run of the largest size after a smaller one finds fewer warm slots than replicas; the

@@ -143,7 +143,15 @@ class InstanceHandle:
     instance_dir: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # by hand: ``asdict`` deep-copies field by field, and an agent answers a 64-spec start
+        # with 64 handles while the batch's last commands still need the cores
+        return {
+            "node": self.node,
+            "instance_id": self.instance_id,
+            "pid": self.pid,
+            "ports": list(self.ports),
+            "instance_dir": self.instance_dir,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> InstanceHandle:
@@ -173,7 +181,8 @@ class InstanceStatus:
     peak_rss: int = 0  # bytes, the whole tree (cgroup peak where available)
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = dict(self.__dict__)  # every field a plain value but the handle and the phase
+        data["handle"] = self.handle.to_dict()
         data["phase"] = self.phase.value
         return data
 
@@ -191,6 +200,13 @@ class StartResult:
     instance_id: str
     handle: InstanceHandle | None
     error: str = ""  # names the program and the OS error when handle is None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "instance_id": self.instance_id,
+            "handle": None if self.handle is None else self.handle.to_dict(),
+            "error": self.error,
+        }
 
 
 class NodeAgentAPI(Protocol):

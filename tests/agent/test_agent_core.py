@@ -242,6 +242,56 @@ def test_warm_slots_give_each_child_fresh_renamed_cgroups_and_a_killed_agent_lea
     assert "unjournaled process tree warm-" not in log
 
 
+def test_after_a_batch_its_threads_go_home_and_the_slots_it_left_keep_theirs(
+    agent: AgentClient, tmp_path: Path
+) -> None:
+    """Warm slots (issue #38, the 64-replica start): a batch that took every waiting slot sends
+    the agent's threads home together (one ``cgroup.procs`` write per hierarchy); a batch that
+    left slots waiting sends its own threads home one by one, and the threads waiting in the
+    slots it did not take stay there, each alone in its slot, ready for the next batch. Either
+    way no agent thread is left in an instance's cgroups, and the next batch's children are born
+    in their own."""
+    if agent.ping()["trees"] != "cgroup":
+        pytest.skip("warm slots exist only with cgroup trees")
+    from trainmaster.agent.core import AgentOptions
+
+    trees = CgroupTrees(AgentOptions(agent.state_dir.resolve()).node_key)
+    parent = trees.hierarchies["pids"]
+    pid = agent.ping()["pid"]
+
+    def batch(prefix: str, count: int) -> list[LaunchSpec]:
+        return [
+            LaunchSpec(**{**spec(tmp_path, f"{prefix}{n}", ["sleep", "30"]).to_dict(), "index": n})
+            for n in range(count)
+        ]
+
+    def threads_in_job_trees() -> list[str]:
+        return [t.name for t in Path(f"/proc/{pid}/task").iterdir() if "job." in (t / "cgroup").read_text()]
+
+    started = batch("a", 12)
+    agent.start(started)  # then twelve slots are made
+    twelve = wait_until(lambda: _slots_when(parent, 12), what="twelve warm slots")
+    taken_all = batch("b", 12)
+    results = agent.start(taken_all)  # takes every slot: the threads go home together
+    assert all(r.handle is not None for r in results)
+    assert threads_in_job_trees() == []
+    made_again = wait_until(lambda: _slots_when(parent, 12), what="the twelve slots made again")
+    assert not set(made_again) & set(twelve)  # the first twelve were all used
+    left_some = batch("c", 8)
+    results = agent.start(left_some)  # takes 8 of 12: the other four wait on in their slots
+    assert all(r.handle is not None for r in results)
+    assert threads_in_job_trees() == []
+    untaken = {name: tids for name, tids in _slots(parent).items() if name in made_again}  # (the
+    # slots the refill makes meanwhile have new names)
+    agent_threads = {int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()}
+    assert len(untaken) == 4 and all(len(t) == 1 and t[0] in agent_threads for t in untaken.values()), untaken
+    for result in results:
+        assert result.handle is not None and result.handle.pid is not None
+        line = next(x for x in Path(f"/proc/{result.handle.pid}/cgroup").read_text().splitlines() if ":pids:" in x)
+        assert line.endswith("/" + cgroup_name(result.instance_id)), line
+    agent.stop([s.instance_id for s in started + taken_all + left_some], grace=1)
+
+
 def test_stop_kills_setsid_grandchildren_and_double_forked_daemons(agent: AgentClient, tmp_path: Path) -> None:
     """Stop: TERM every process of the tree, KILL after the grace: detached descendants too."""
     agent.start([spec(tmp_path, "escape", [PY, "-c", ESCAPERS, "300"])])

@@ -19,7 +19,6 @@ import signal
 import socketserver
 import threading
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,7 @@ MAX_WAIT_EXIT = 60.0  # seconds one wait_exit request may block its connection
 def handle_request(agent: NodeAgent, request: dict[str, Any]) -> Any:
     op = request.get("op")
     if op == "start":
-        return [asdict(r) for r in agent.start([LaunchSpec.from_dict(s) for s in request["specs"]])]
+        return [r.to_dict() for r in agent.start([LaunchSpec.from_dict(s) for s in request["specs"]])]
     if op == "prepare":
         agent.prepare([str(path) for path in request["logs"]])
         return None

@@ -128,6 +128,15 @@ class CgroupTrees:
         for hierarchy in self.hierarchies:
             _write(self._home[hierarchy] / "tasks", data)
 
+    def send_all_home(self) -> None:
+        """Move every thread of the agent back into its own cgroups at once: one write of its pid
+        to each hierarchy's ``cgroup.procs`` (v1 then moves the whole thread group), where
+        :meth:`send_home` per thread takes the cgroups' migration lock once per thread and
+        hierarchy, a lock every fork on the machine waits for meanwhile."""
+        data = str(os.getpid()).encode()
+        for hierarchy in self.hierarchies:
+            _write(self._home[hierarchy] / "cgroup.procs", data)
+
     # ---- warm slots (trainmaster.agent.warm): empty cgroups made ahead, named at a start ----------
     def make_slot(self, slot: str, tid: int) -> None:
         """Create the empty cgroups ``slot`` (a name no instance id maps to) and move the agent's

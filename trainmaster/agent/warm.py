@@ -155,10 +155,19 @@ class WarmSlots:
         is left in an instance's cgroups. All at the end, not each after its own spawn: moving
         a thread between cgroups holds a lock every fork on the machine takes too, so moves
         interleaved with the batch's spawns slow them (and the new commands' own forks)."""
+        with self._lock:
+            together = bool(slots) and not self._warm  # no thread waits in a slot: all may go home
+        if together:
+            try:
+                self._trees.send_all_home()
+            except OSError:
+                log.exception("the agent's threads could not go home together; moving them one by one")
+                together = False
         for slot in slots:
             name, slot.used = slot.used, None
             try:
-                self._trees.send_home(slot.tid)
+                if not together:
+                    self._trees.send_home(slot.tid)
                 with self._lock:
                     named = name in self._named
                     self._named.discard(name)
