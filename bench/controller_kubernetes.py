@@ -1,7 +1,7 @@
 """Controller benchmark, Kubernetes section (issue #30): submit -> every pod Running, Trainmaster's
 operator against Kubernetes' own Job controller, the same pods on the same cluster in one run.
 
-    .venv/bin/python bench/controller.py --kubernetes [--runs 5] [--sizes 1,8,32]
+    .venv/bin/python bench/controller.py --kubernetes [--runs 5 | --runs-per-size 5,7,5] [--sizes 1,8,32]
 
 Writes ``bench/results/controller_kubernetes.{json,md,png}``. A cluster of this machine is
 brought up for the run (``trainmaster cluster up``, one node) and removed after; the operator
@@ -12,7 +12,14 @@ Each run creates, through the API, either a ``TrainingJob`` of N replicas (ours)
 the ``busybox`` image built here, a 30 s sleep that ends on SIGTERM, ``imagePullPolicy: Never``, no requests.
 The clock starts just before the create call and stops when a watch the benchmark opened
 beforehand has seen N of the job's pods in phase ``Running``. Systems alternate (their order
-flips every run); each job is deleted and its pods gone before the next. Medians over runs.
+flips every run); each job is deleted and its pods gone before the next, and a run starts only
+once the kubelets make no more API requests than when idle: a kubelet's client is rate-limited
+(5 requests per second, bursts of 10) and reports each starting pod's status up to twice (Pending,
+then Running; a GET and a PATCH each), so a run that began while the deletion before still
+drew on that budget started seconds behind. Medians over runs, and the median of each run's
+ratio to the Job run next to it. Where the time goes, per run: when every pod was bound and
+Running, the CPU seconds of each part of the cluster (:class:`ClusterMeter`), the kubelets' API
+requests.
 Beside: the operator's resident memory (``process_resident_memory_bytes`` of its metrics) and
 its API requests per job (``trainmaster_operator_api_requests_total`` before the create and
 once every pod runs, a watch counting once).
@@ -452,7 +459,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"{meta['load_at_start']} at the start and {meta['load_at_end']} at the end.",
         "",
         f"Command: `{meta.get('command', '.venv/bin/python bench/controller.py --kubernetes')}` at nice "
-        f"{meta.get('priority', 0)}, on {meta.get('cluster', 'a cluster brought up for the run')}.",
+        f"{meta.get('priority', 0)}, on a cluster {meta.get('cluster', 'brought up for the run')}.",
         "",
         "| pods | Trainmaster operator (s) | batch/v1 Job controller (s) | ours / Kubernetes | paired runs' ratio (median) | every pod created: ours / Kubernetes' (s) | operator API requests per job | 1-minute load (before -> after) |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|",
