@@ -505,6 +505,9 @@ class KubernetesBackend(Backend):
                         del self._role_services[key]
                     continue
                 namespace = key.split("/", 1)[0]
+                if role.creating <= 0 and all(self.pods.get(namespace, name) is None for name in role.pods):
+                    del self._role_services[key]  # every pod of the role is gone already: no Service
+                    continue
                 waited = time.monotonic() - role.since >= SERVICE_WAIT_SECONDS
                 if waited or (role.creating <= 0 and all(self._has_ip(namespace, name) for name in role.pods)):
                     del self._role_services[key]
