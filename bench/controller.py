@@ -334,12 +334,23 @@ def main() -> None:
         help="with --kubernetes: run on this existing cluster of `trainmaster cluster up --name NAME` "
         "(left up; e.g. to raise its daemons' priority for the run) instead of one brought up for the run",
     )
+    parser.add_argument(
+        "--runs-per-size",
+        default="",
+        help="with --kubernetes: runs for each of --sizes, comma-separated (e.g. 9,9,5), instead of --runs for all",
+    )
+    parser.add_argument(
+        "--out",
+        default=str(ROOT / "bench" / "results"),
+        help="with --kubernetes: where the results go (a dev run's elsewhere)",
+    )
     args = parser.parse_args()
     if args.kubernetes:
         from controller_kubernetes import run_and_write as kubernetes_run_and_write
 
         sizes = [int(n) for n in args.sizes.split(",")] if args.sizes != ",".join(map(str, SIZES)) else [1, 8, 32]
-        kubernetes_run_and_write(args.runs, sizes, ROOT / "bench" / "results", cluster_name=args.cluster)
+        runs = [int(n) for n in args.runs_per_size.split(",")] if args.runs_per_size else args.runs
+        kubernetes_run_and_write(runs, sizes, Path(args.out), cluster_name=args.cluster)
         return
     if args.containers:
         from controller_containers import run_and_write

@@ -1,7 +1,7 @@
 """Controller benchmark, Kubernetes section (issue #30): submit -> every pod Running, Trainmaster's
 operator against Kubernetes' own Job controller, the same pods on the same cluster in one run.
 
-    .venv/bin/python bench/controller.py --kubernetes [--runs 5] [--sizes 1,8,32]
+    .venv/bin/python bench/controller.py --kubernetes [--runs 5 | --runs-per-size 5,7,5] [--sizes 1,8,32]
 
 Writes ``bench/results/controller_kubernetes.{json,md,png}``. A cluster of this machine is
 brought up for the run (``trainmaster cluster up``, one node) and removed after; the operator
@@ -12,7 +12,14 @@ Each run creates, through the API, either a ``TrainingJob`` of N replicas (ours)
 the ``busybox`` image built here, a 30 s sleep that ends on SIGTERM, ``imagePullPolicy: Never``, no requests.
 The clock starts just before the create call and stops when a watch the benchmark opened
 beforehand has seen N of the job's pods in phase ``Running``. Systems alternate (their order
-flips every run); each job is deleted and its pods gone before the next. Medians over runs.
+flips every run); each job is deleted and its pods gone before the next, and a run starts only
+once the kubelets make no more API requests than when idle: a kubelet's client is rate-limited
+(5 requests per second, bursts of 10) and reports each starting pod's status up to twice (Pending,
+then Running; a GET and a PATCH each), so a run that began while the deletion before still
+drew on that budget started seconds behind. Medians over runs, and the median of each run's
+ratio to the Job run next to it. Where the time goes, per run: when every pod was bound and
+Running, the CPU seconds of each part of the cluster (:class:`ClusterMeter`), the kubelets' API
+requests.
 Beside: the operator's resident memory (``process_resident_memory_bytes`` of its metrics) and
 its API requests per job (``trainmaster_operator_api_requests_total`` before the create and
 once every pod runs, a watch counting once).
@@ -86,8 +93,113 @@ def batch_job(name: str, replicas: int, image: str) -> dict[str, Any]:
     }
 
 
+class ClusterMeter:
+    """What a run costs the cluster, to see where the time goes: CPU seconds of each daemon (with
+    the children it reaped: CNI plugins under containerd), of the container shims (with their
+    runc calls) and pods of every node, and of the operator; and the kubelets' API requests (a
+    kubelet's client is rate-limited, 5 per second with bursts of 10 by default: a start of N
+    pods costs each node's kubelet several requests per pod)."""
+
+    def __init__(self, cluster: Any, operator_pid: int):
+        self.cluster = cluster
+        self.operator_pid = operator_pid
+
+    @staticmethod
+    def _cpu(pid: int) -> float:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return 0.0
+        # utime, stime, cutime, cstime: fields 14-17 of proc(5), 12-15 after the name
+        return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+    def processes(self) -> dict[str, dict[int, float]]:
+        """CPU seconds so far of each process, by component (a shim's pid: one pod)."""
+        from trainmaster.cluster.processes import pids_with_argument
+
+        found: dict[str, dict[int, float]] = {"operator": {self.operator_pid: self._cpu(self.operator_pid)}}
+        for record in self.cluster.daemons.records():
+            if record.name.endswith("-namespaces"):
+                continue
+            component = (
+                record.name.rsplit("-", 1)[1] if record.name.endswith(("-kubelet", "-containerd")) else record.name
+            )
+            found.setdefault(component, {})[record.pid] = self._cpu(record.pid)
+        for node in self.cluster.layout.nodes:
+            shims = found.setdefault("shims", {})
+            for pid in pids_with_argument(node.containerd_socket):
+                shims[pid] = self._cpu(pid)
+        return found
+
+    def pods_cpu(self) -> float:
+        total = 0.0
+        for node in self.cluster.layout.nodes:
+            try:
+                total += int(Path(f"/sys/fs/cgroup/cpuacct{node.cgroup_root}/cpuacct.usage").read_text()) / 1e9
+            except OSError:
+                pass
+        return total
+
+    def kubelet_requests(self) -> float:
+        """API requests the kubelets made so far (``rest_client_requests_total`` of each)."""
+        import ssl
+
+        pki = self.cluster.pki
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE  # a kubelet serves a self-signed certificate of its own
+        context.load_cert_chain(str(pki.kubelet_client_cert), str(pki.kubelet_client_key))
+        total = 0.0
+        for node in self.cluster.layout.nodes:
+            url = f"https://{node.address}:{node.kubelet_port}/metrics"
+            text = urllib.request.urlopen(url, timeout=10, context=context).read().decode()
+            total += sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith("rest_client_requests_total{")
+            )
+        return total
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"processes": self.processes(), "pods": self.pods_cpu(), "kubelet_requests": self.kubelet_requests()}
+
+    @staticmethod
+    def spent(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+        """CPU seconds by component between two snapshots (a process born meanwhile: all of it),
+        ``pods``, and ``kubelet_requests``."""
+        out: dict[str, float] = {}
+        for component, pids in after["processes"].items():
+            earlier = before["processes"].get(component, {})
+            out[component] = round(sum(cpu - earlier.get(pid, 0.0) for pid, cpu in pids.items()), 3)
+        out["pods"] = round(after["pods"] - before["pods"], 3)
+        out["kubelet_requests"] = after["kubelet_requests"] - before["kubelet_requests"]
+        return out
+
+    def idle_rate(self, seconds: float = 10.0) -> float:
+        """The kubelets' API requests per second with no pod to start or stop (node status,
+        leases)."""
+        before = self.kubelet_requests()
+        time.sleep(seconds)
+        self.idle = (self.kubelet_requests() - before) / seconds
+        return self.idle
+
+    idle = 2.0
+
+    def wait_quiet(self, window: float = 3.0, limit: float = 60.0) -> float:
+        """Wait until the kubelets make no more API requests than when idle over ``window``
+        seconds (the deletion before has ended on the nodes too, and each run starts with their
+        rate limiters refilled); returns the seconds waited."""
+        start = time.monotonic()
+        while time.monotonic() - start < limit:
+            before = self.kubelet_requests()
+            time.sleep(window)
+            if self.kubelet_requests() - before <= self.idle * window + 1:
+                break
+        return time.monotonic() - start
+
+
 class Bench:
-    def __init__(self, kubeconfig: str, metrics_port: int):
+    def __init__(self, kubeconfig: str, metrics_port: int, meter: ClusterMeter | None = None):
         from kubernetes import client, config
 
         configuration = client.Configuration()
@@ -97,6 +209,7 @@ class Bench:
         self.batch: Any = client.BatchV1Api(self.api)
         self.custom: Any = client.CustomObjectsApi(self.api)
         self.metrics_port = metrics_port
+        self.meter = meter
 
     def metric(self, name: str) -> float:
         text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).read().decode()
@@ -105,19 +218,17 @@ class Bench:
                 return float(line.rsplit(" ", 1)[1])
         raise KeyError(name)
 
-    def run(self, system: str, replicas: int, image: str) -> dict[str, float]:
+    def run(self, system: str, replicas: int, image: str) -> dict[str, Any]:
         name = f"b{secrets.token_hex(3)}"
         selector = f"trainmaster.io/job-name={name}" if system == OURS else f"bench={name}"
-        running: set[str] = set()
+        stages: dict[str, float] = {}  # stage -> when the watch had seen every pod reach it
         seen = threading.Event()
-        done_at: list[float] = []
-        created_at: list[float] = []  # when the watch had seen every pod (created, not yet running)
-        watcher = threading.Thread(
-            target=self._watch, args=(selector, replicas, running, seen, done_at, created_at), daemon=True
-        )
+        watcher = threading.Thread(target=self._watch, args=(selector, replicas, seen, stages), daemon=True)
         watcher.start()
         seen.wait(10)  # the watch is open
+        quiet_s = self.meter.wait_quiet() if self.meter else 0.0
         requests_before = self.metric("trainmaster_operator_api_requests_total")
+        costs_before = self.meter.snapshot() if self.meter else None
         start = time.perf_counter()
         if system == OURS:
             self.custom.create_namespaced_custom_object(
@@ -126,38 +237,47 @@ class Bench:
         else:
             self.batch.create_namespaced_job("default", batch_job(name, replicas, image), _preload_content=False)
         watcher.join(TIMEOUT)
-        if not done_at:
-            raise RuntimeError(f"{system}: {len(running)} of {replicas} pods Running after {TIMEOUT:.0f} s")
+        if "running" not in stages:
+            raise RuntimeError(f"{system}: not every one of {replicas} pods Running after {TIMEOUT:.0f} s")
+        costs = self.meter.spent(costs_before, self.meter.snapshot()) if self.meter and costs_before else {}
         requests = self.metric("trainmaster_operator_api_requests_total") - requests_before
         self._delete(system, name, selector)
-        created = (created_at[0] if created_at else done_at[0]) - start
-        return {"running_s": done_at[0] - start, "created_s": created, "operator_requests": requests}
+        return {
+            "running_s": stages["running"] - start,
+            "created_s": stages.get("created", stages["running"]) - start,
+            # when every pod had been seen bound to a node, with an IP, Running
+            "stages_s": {stage: round(at - start, 3) for stage, at in stages.items()},
+            "operator_requests": requests,
+            "quiet_wait_s": round(quiet_s, 2),
+            "costs": costs,
+        }
 
-    def _watch(
-        self,
-        selector: str,
-        replicas: int,
-        running: set[str],
-        opened: threading.Event,
-        done_at: list[float],
-        created_at: list[float],
-    ) -> None:
+    def _watch(self, selector: str, replicas: int, opened: threading.Event, stages: dict[str, float]) -> None:
+        """Until every pod is Running: when the watch had seen every pod created, bound to a
+        node, given an IP, Running (a stage a pod skipped between two events counts as reached)."""
         from kubernetes import watch
 
-        created: set[str] = set()
+        reached: dict[str, set[str]] = {stage: set() for stage in ("created", "bound", "ip", "running")}
         stream = watch.Watch()
         opened.set()
         for event in stream.stream(
             self.core.list_namespaced_pod, "default", label_selector=selector, timeout_seconds=int(TIMEOUT)
         ):
             pod = event["object"]
-            created.add(pod.metadata.name)
-            if len(created) >= replicas and not created_at:
-                created_at.append(time.perf_counter())
-            if pod.status.phase == "Running":
-                running.add(pod.metadata.name)
-            if len(running) >= replicas:
-                done_at.append(time.perf_counter())
+            now = time.perf_counter()
+            running = pod.status.phase == "Running"
+            marks = {
+                "created": True,
+                "bound": bool(pod.spec.node_name) or running,
+                "ip": bool(pod.status.pod_ip) or running,
+                "running": running,
+            }
+            for stage, hit in marks.items():
+                if hit:
+                    reached[stage].add(pod.metadata.name)
+                    if len(reached[stage]) >= replicas and stage not in stages:
+                        stages[stage] = now
+            if "running" in stages:
                 stream.stop()
                 return
 
@@ -183,9 +303,13 @@ def summary(samples: list[float]) -> dict[str, Any]:
     }
 
 
-def run_and_write(runs: int, sizes: list[int], out: Path, nodes: int = 1, cluster_name: str = "") -> dict[str, Any]:
-    """``cluster_name``: an existing cluster (``trainmaster cluster up --name``), used and left
-    up; else one of ``nodes`` node(s) is brought up for the run and removed after."""
+def run_and_write(
+    runs: int | list[int], sizes: list[int], out: Path, nodes: int = 1, cluster_name: str = ""
+) -> dict[str, Any]:
+    """``runs``: per size, or one count for every size. ``cluster_name``: an existing cluster
+    (``trainmaster cluster up --name``), used and left up; else one of ``nodes`` node(s) is
+    brought up for the run and removed after."""
+    per_size = dict(zip(sizes, runs)) if isinstance(runs, list) else {size: runs for size in sizes}
     from trainmaster.cluster import Cluster, ClusterOptions, remove
     from trainmaster.cluster.images import BUSYBOX
     from trainmaster.cluster.layout import free_ports
@@ -223,7 +347,7 @@ def run_and_write(runs: int, sizes: list[int], out: Path, nodes: int = 1, cluste
             "kubernetes": cluster.layout.version,
             "nodes": nodes,
             "cluster": "existing (--cluster)" if cluster_name else "brought up for the run",
-            "runs": runs,
+            "runs": per_size,
             "pod": f"{BUSYBOX} {' '.join(BUSYBOX_COMMAND)}",
             "load_at_start": round(os.getloadavg()[0], 2),
             "command": " ".join([".venv/bin/python", "bench/controller.py", *sys.argv[1:]]),
@@ -233,7 +357,7 @@ def run_and_write(runs: int, sizes: list[int], out: Path, nodes: int = 1, cluste
         "operator": {},
     }
     try:
-        bench = Bench(str(cluster.layout.kubeconfig), port)
+        bench = Bench(str(cluster.layout.kubeconfig), port, ClusterMeter(cluster, operator.pid))
         deadline = time.monotonic() + 120
         while True:
             try:
@@ -248,15 +372,35 @@ def run_and_write(runs: int, sizes: list[int], out: Path, nodes: int = 1, cluste
             time.sleep(0.5)
         bench.run(OURS, 1, BUSYBOX)  # warm: the CRD's first objects, the first pods of the node
         bench.run(THEIRS, 1, BUSYBOX)
+        if bench.meter is not None:
+            bench.meter.idle_rate()
         for size in sizes:
             samples: dict[str, list[dict[str, float]]] = {OURS: [], THEIRS: []}
             load_before = round(os.getloadavg()[0], 2)
-            for run in range(runs):
+            for run in range(per_size[size]):
                 for system in (OURS, THEIRS) if run % 2 == 0 else (THEIRS, OURS):
-                    samples[system].append(bench.run(system, size, BUSYBOX))
+                    measured = bench.run(system, size, BUSYBOX)
+                    samples[system].append(measured)
+                    print(
+                        f"  {size:3d} pods, {system}: {measured['running_s']:.2f} s ("
+                        + ", ".join(f"{k} {v:.2f}" for k, v in measured["stages_s"].items())
+                        + "; "
+                        f"waited {measured['quiet_wait_s']:.1f} s for quiet kubelets), "
+                        + ", ".join(f"{k} {v:g}" for k, v in measured["costs"].items()),
+                        flush=True,
+                    )
             for system, measured in samples.items():
                 entry = summary([m["running_s"] for m in measured])
                 entry["created_median_s"] = statistics.median(m["created_s"] for m in measured)
+                entry["stages_median_s"] = {
+                    stage: statistics.median(m["stages_s"][stage] for m in measured)
+                    for stage in ("created", "bound", "running")
+                }
+                entry["costs_median"] = {
+                    component: statistics.median(m["costs"].get(component, 0.0) for m in measured)
+                    for component in sorted({c for m in measured for c in m["costs"]})
+                }
+                entry["runs"] = measured
                 if system == OURS:
                     entry["operator_requests_median"] = statistics.median(m["operator_requests"] for m in measured)
                 entry["load"] = [load_before, round(os.getloadavg()[0], 2)]  # 1-minute load before and after
@@ -271,6 +415,9 @@ def run_and_write(runs: int, sizes: list[int], out: Path, nodes: int = 1, cluste
                 / results["submit_to_running"][THEIRS][str(size)]["median_s"]
             )
             results["submit_to_running"].setdefault("ratio", {})[str(size)] = round(ratio, 3)
+            # each run of ours against the Job run next to it (the same moment's load), median
+            paired = [o["running_s"] / t["running_s"] for o, t in zip(samples[OURS], samples[THEIRS])]
+            results["submit_to_running"].setdefault("paired_ratio", {})[str(size)] = round(statistics.median(paired), 3)
         results["operator"] = {
             "rss_bytes": bench.metric("process_resident_memory_bytes"),
             "api_requests_total": bench.metric("trainmaster_operator_api_requests_total"),
@@ -297,29 +444,67 @@ def run_and_write(runs: int, sizes: list[int], out: Path, nodes: int = 1, cluste
 
 def markdown(results: dict[str, Any]) -> str:
     meta = results["meta"]
+    runs = meta["runs"]
+    runs_text = (
+        f"{runs} runs per size"
+        if not isinstance(runs, dict)
+        else ", ".join(f"{n} runs of {size} pod(s)" for size, n in runs.items())
+    )
     lines = [
         "# Controller benchmark: Kubernetes (submit -> every pod Running)",
         "",
         f"{meta['time']}, {meta['cpus']} CPUs, Kubernetes {meta['kubernetes']} ({meta['nodes']} node(s), "
-        f"built here), pods `{meta['pod']}`, {meta['runs']} runs per size (median), 1-minute load "
+        f"built here), pods `{meta['pod']}`, {runs_text} (medians; the two systems alternate, each run "
+        "starts once the kubelets are back to their idle request rate), 1-minute load "
         f"{meta['load_at_start']} at the start and {meta['load_at_end']} at the end.",
         "",
         f"Command: `{meta.get('command', '.venv/bin/python bench/controller.py --kubernetes')}` at nice "
-        f"{meta.get('priority', 0)}, on {meta.get('cluster', 'a cluster brought up for the run')}.",
+        f"{meta.get('priority', 0)}, on a cluster {meta.get('cluster', 'brought up for the run')}.",
         "",
-        "| pods | Trainmaster operator (s) | batch/v1 Job controller (s) | ours / Kubernetes | every pod created: ours / Kubernetes' (s) | operator API requests per job | 1-minute load (before -> after) |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| pods | Trainmaster operator (s) | batch/v1 Job controller (s) | ours / Kubernetes | paired runs' ratio (median) | every pod created: ours / Kubernetes' (s) | operator API requests per job | 1-minute load (before -> after) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     s = results["submit_to_running"]
     for size in s[OURS]:
         ours, theirs = s[OURS][size], s[THEIRS][size]
+        paired = (s.get("paired_ratio") or {}).get(size)
         lines.append(
             f"| {size} | {ours['median_s']:.2f} ({ours['min_s']:.2f}-{ours['max_s']:.2f}) | "
             f"{theirs['median_s']:.2f} ({theirs['min_s']:.2f}-{theirs['max_s']:.2f}) | "
-            f"{s['ratio'][size]:.2f}x | {ours['created_median_s']:.2f} / {theirs['created_median_s']:.2f} | "
+            f"{s['ratio'][size]:.2f}x | {f'{paired:.2f}x' if paired is not None else '-'} | "
+            f"{ours['created_median_s']:.2f} / {theirs['created_median_s']:.2f} | "
             f"{ours['operator_requests_median']:.0f} | "
             f"{ours['load'][0]} -> {ours['load'][1]} |"
         )
+    if all("costs_median" in s[system][size] for system in (OURS, THEIRS) for size in s[OURS]):
+        components = sorted(
+            {c for system in (OURS, THEIRS) for size in s[OURS] for c in s[system][size]["costs_median"]}
+        )
+        components = [c for c in components if c != "kubelet_requests"]
+        lines += [
+            "",
+            "Where the time goes (medians, ours / the Job's): when every pod was seen bound to the node and "
+            "Running, the CPU seconds each part of the cluster spent from the submit to every pod Running "
+            "(a daemon with the children it reaped, e.g. CNI plugins under containerd; `shims`: the "
+            "container shims with their runc calls; `pods`: the pods' cgroups), and the kubelets' API "
+            "requests in that time (a kubelet's client is rate-limited: 5 per second, bursts of 10).",
+            "",
+            "| pods | every pod bound (s) | every pod Running (s) | kubelet API requests | "
+            + " | ".join(components)
+            + " | CPU in all (s) |",
+            "|---:|---:|---:|---:|" + "---:|" * len(components) + "---:|",
+        ]
+        for size in s[OURS]:
+            ours, theirs = s[OURS][size], s[THEIRS][size]
+            cells = [
+                f"{ours['stages_median_s']['bound']:.2f} / {theirs['stages_median_s']['bound']:.2f}",
+                f"{ours['stages_median_s']['running']:.2f} / {theirs['stages_median_s']['running']:.2f}",
+                f"{ours['costs_median'].get('kubelet_requests', 0):.0f} / {theirs['costs_median'].get('kubelet_requests', 0):.0f}",
+                *(f"{ours['costs_median'].get(c, 0):.2f} / {theirs['costs_median'].get(c, 0):.2f}" for c in components),
+                f"{sum(ours['costs_median'].get(c, 0) for c in components):.2f} / "
+                f"{sum(theirs['costs_median'].get(c, 0) for c in components):.2f}",
+            ]
+            lines.append(f"| {size} | " + " | ".join(cells) + " |")
     op = results.get("operator") or {}
     if op:
         lines += [

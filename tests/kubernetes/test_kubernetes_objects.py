@@ -134,9 +134,17 @@ def test_a_role_image_runs_as_written_and_without_a_host_runtime_an_image_is_req
 
 
 def test_the_role_service_is_headless_and_selects_its_instances() -> None:
-    service = k8s.service_manifest(spec(), "digits-worker", "ns")
+    """Made from one of the role's pods: its subdomain, labels, ports and owner."""
+    owner = k8s.Owner("kubeflow.org/v1", "PyTorchJob", "digits", "u-1")
+    pod = k8s.pod_manifest(spec(), {}, "digits-worker-1", "ns", "digits-worker", HOST, owner)
+    service = k8s.service_manifest(pod)
+    assert service["metadata"]["name"] == "digits-worker" and service["metadata"]["namespace"] == "ns"
     assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
     assert service["spec"]["selector"] == {k8s.LABEL_JOB_UID: "9f1c", k8s.LABEL_ROLE: "worker"}
+    assert service["metadata"]["ownerReferences"] == [owner.reference()]
+    assert [p["port"] for p in service["spec"]["ports"]] == [23456]
+    assert k8s.service_key(pod) == "ns/digits-worker"
+    assert k8s.service_key({"metadata": {"name": "other"}, "spec": {}}) is None
 
 
 def test_names_are_dns_labels() -> None:

@@ -207,7 +207,12 @@ def test_a_standby_takes_over_from_a_killed_leader_and_nothing_runs_twice(k8s_cl
 def test_deleting_a_resource_deletes_its_pods_and_services(k8s_cluster, operators) -> None:
     apply(k8s_cluster, sleeper("doomed", 300))
     wait_for(lambda: len(running_pods(k8s_cluster, "doomed")) == 2, 90, "2 pods Running")
-    assert get_json(k8s_cluster, "services", "-l", "trainmaster.io/job-name=doomed")["items"]
+    # the role's Service follows once every pod of the role has an IP
+    wait_for(
+        lambda: get_json(k8s_cluster, "services", "-l", "trainmaster.io/job-name=doomed")["items"],
+        30,
+        "the role's Service",
+    )
     kubectl(k8s_cluster, "delete", "tmjob/doomed", "--wait=false")
 
     def gone() -> bool:

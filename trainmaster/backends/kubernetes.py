@@ -5,7 +5,8 @@
 - **Start**: each attempt is one Pod (labels job/role/index/attempt, ``restartPolicy: Never``:
   the controller's restart policies decide), owned by the job's object (the custom resource in
   operator mode, else a ConfigMap standing for the job) so deleting it cascades; the role's
-  headless Service is made with the first pod. Pods are created by a pool of threads, so a
+  headless Service is made once every pod made for the role has an IP (see
+  :class:`_RoleService`). Pods are created by a pool of threads, so a
   pass hands over a whole gang at once (Kubernetes' Job controller creates in slow-start
   batches). A pod's address (its IP) becomes the instance's once known.
 - **Dependencies** (the seed's wait step): a dependent instance's pod is created only once
@@ -33,7 +34,7 @@ import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit
@@ -170,6 +171,27 @@ class _Held:
     in_pod: bool = False
 
 
+@dataclass
+class _RoleService:
+    """A role's headless Service not made yet. It is made once every pod made for the role so
+    far has an IP (or is gone), and no pod of it is still being created; at the latest
+    ``SERVICE_WAIT_SECONDS`` after the first was asked for (a pod that cannot be scheduled does
+    not keep the others' names away). Made earlier, its Endpoints and EndpointSlices would follow
+    every pod's IP and readiness while the pods start: about 110 more writes to the API server
+    for a 32-pod role, on the same CPUs as the kubelets starting the pods. Nothing of ours needs
+    it sooner: pods get their peers' addresses from the registry (the environment), and their
+    own resolver is the node's (``dnsPolicy: Default``), not the cluster's DNS, so no pod of the
+    job can cache a name's absence; the earliest a peer's DNS name can answer is when that
+    peer has an IP anyway."""
+
+    since: float
+    creating: int = 0  # pods of the role still being created
+    pods: dict[str, dict[str, Any]] = field(default_factory=dict)  # pod name -> its manifest as created
+
+
+SERVICE_WAIT_SECONDS = 30.0
+
+
 class KubernetesBackend(Backend):
     name = "kubernetes"
     running_at_start = False  # a pod runs once scheduled and its container started
@@ -202,7 +224,8 @@ class KubernetesBackend(Backend):
         self._stopping: dict[str, tuple[str, str, float]] = {}  # instance id -> (namespace, pod, confirm at)
         self._followers: dict[str, threading.Thread] = {}  # pod uid -> log follower
         self._log_paths: dict[str, str] = {}  # instance id -> log file
-        self._services: set[str] = set()
+        self._services: set[str] = set()  # "<namespace>/<Service>" made (or being made)
+        self._role_services: dict[str, _RoleService] = {}  # the same, not made yet
         self._anchors: dict[str, k8s.Owner] = {}  # job uid -> its ConfigMap (no owner_of)
         self._job_uids: dict[int, str] = {}
         self._ports_held: set[int] = set()
@@ -333,7 +356,11 @@ class KubernetesBackend(Backend):
         self._release_gates()
 
     def _submit(self, spec: LaunchSpec, services: dict[str, list[str]]) -> None:
-        self._creating[spec.instance_id] = self._pool.submit(self._create, spec, services)
+        key = f"{self.namespace_of(spec)}/{self.names.service(spec)}"
+        with self._lock:
+            if key not in self._services:
+                self._role_services.setdefault(key, _RoleService(time.monotonic())).creating += 1
+            self._creating[spec.instance_id] = self._pool.submit(self._create, spec, services)
 
     def _create(self, spec: LaunchSpec, services: dict[str, list[str]]) -> None:
         from kubernetes.client.exceptions import ApiException
@@ -363,18 +390,22 @@ class KubernetesBackend(Backend):
                         f"a pod named {name} of another instance exists in namespace {namespace} "
                         f"({_instance(existing) if existing else 'unknown'}); delete it or rename the job"
                     ) from None
-                return
-            finally:
-                # the role's Service once its first pod is asked for: after it, not before or
-                # beside it (the pods of a gang are what the API server should serve first)
-                if f"{namespace}/{service}" not in self._services:
-                    self._services.add(f"{namespace}/{service}")
-                    self._pool.submit(self._ensure_service, spec, service, namespace, owner)
-            self.pods.put(json.loads(answer.data))
+                made = existing
+            else:
+                made = json.loads(answer.data)
+            self.pods.put(made)
         except ApiException as exc:
             self._refuse(spec, f"the API refused the pod: {_api_message(exc)}")
         except Exception as exc:  # a bad manifest, an unreachable API: the attempt fails readably
             self._refuse(spec, f"could not create the pod: {exc}")
+        else:
+            self._want_service(made)
+        finally:
+            with self._lock:
+                role = self._role_services.get(f"{self.namespace_of(spec)}/{self.names.service(spec)}")
+                if role is not None:
+                    role.creating -= 1
+            self._release_services()
 
     def _environment(self, spec: LaunchSpec, services: dict[str, list[str]]) -> dict[str, str]:
         """The instance's variables (one resolver: :func:`instance_environment`) without the
@@ -451,24 +482,60 @@ class KubernetesBackend(Backend):
             self._anchors[uid] = owner
         return owner
 
-    def _ensure_service(self, spec: LaunchSpec, name: str, namespace: str, owner: k8s.Owner | None) -> None:
-        """The role's headless Service (once per role; AlreadyExists is fine: another attempt's)."""
+    # ---- a role's Service, once its pods have IPs ---------------------------------------------------
+    def _want_service(self, pod: dict[str, Any]) -> None:
+        """The Service of ``pod``'s role is needed (made by :meth:`_release_services`)."""
+        key = k8s.service_key(pod)
+        if key is None:
+            return
+        with self._lock:
+            if key not in self._services:
+                role = self._role_services.setdefault(key, _RoleService(time.monotonic()))
+                role.pods[pod["metadata"]["name"]] = pod
+
+    def _release_services(self) -> None:
+        """Make each Service whose role's pods all have IPs (or that waited long enough)."""
+        if not self._role_services:
+            return
+        ready: list[tuple[str, dict[str, Any]]] = []
+        with self._lock:
+            for key, role in list(self._role_services.items()):
+                if not role.pods:
+                    if role.creating <= 0:  # every creation failed: nothing to serve
+                        del self._role_services[key]
+                    continue
+                namespace = key.split("/", 1)[0]
+                if role.creating <= 0 and all(self.pods.get(namespace, name) is None for name in role.pods):
+                    del self._role_services[key]  # every pod of the role is gone already: no Service
+                    continue
+                waited = time.monotonic() - role.since >= SERVICE_WAIT_SECONDS
+                if waited or (role.creating <= 0 and all(self._has_ip(namespace, name) for name in role.pods)):
+                    del self._role_services[key]
+                    self._services.add(key)
+                    ready.append((key, next(iter(role.pods.values()))))
+        for key, pod in ready:
+            self._pool.submit(self._make_service, key, pod)
+
+    def _has_ip(self, namespace: str, name: str) -> bool:
+        pod = self.pods.get(namespace, name)
+        return pod is None or bool((pod.get("status") or {}).get("podIP"))  # gone: nothing to wait for
+
+    def _make_service(self, key: str, pod: dict[str, Any]) -> None:
+        """The role's headless Service (once per role; AlreadyExists is fine: another attempt's
+        or an earlier controller's)."""
         from kubernetes.client.exceptions import ApiException
 
+        namespace = key.split("/", 1)[0]
         try:
             self.fence()
-            settle(
-                self.core.create_namespaced_service(
-                    namespace, k8s.service_manifest(spec, name, namespace, owner), _preload_content=False
-                )
-            )
+            settle(self.core.create_namespaced_service(namespace, k8s.service_manifest(pod), _preload_content=False))
         except ApiException as exc:
             if exc.status != 409:
-                self._services.discard(f"{namespace}/{name}")  # the next attempt tries again
-                log.warning("the Service %s/%s of role %s: %s", namespace, name, spec.role, _api_message(exc))
+                self._services.discard(key)  # the next attempt of the role tries again
+                log.warning("the Service %s: %s", key, _api_message(exc))
         except Exception as exc:
-            self._services.discard(f"{namespace}/{name}")
-            log.warning("the Service %s/%s of role %s: %s", namespace, name, spec.role, exc)
+            self._services.discard(key)
+            log.warning("the Service %s: %s", key, exc)
 
     def _remove_predecessor(self, spec: LaunchSpec, namespace: str, name: str) -> None:
         """Every earlier attempt's pod of this instance (the same name, or the same job, role and
@@ -600,15 +667,18 @@ class KubernetesBackend(Backend):
         return (services if not missing else None), missing
 
     def _gate_loop(self) -> None:
-        """Held instances also time out while nothing changes in the cluster; stops are confirmed."""
+        """Held instances also time out while nothing changes in the cluster; stops are
+        confirmed; a role's Service waits no longer than ``SERVICE_WAIT_SECONDS``."""
         while not self._closing.wait(GATE_CHECK_SECONDS):
             try:
                 if self._held:
                     self._release_gates()
                 if self._stopping:
                     self._confirm_stops()
+                if self._role_services:
+                    self._release_services()
             except Exception:
-                log.exception("checking held instances and stopped pods")
+                log.exception("checking held instances, stopped pods and role Services")
 
     # ---- observe --------------------------------------------------------------------------------
     def observe(self, handles: list[InstanceHandle]) -> list[Observation]:
@@ -689,6 +759,8 @@ class KubernetesBackend(Backend):
                 self._stopping.pop(iid, None)
         if self._held:
             self._release_gates()
+        if self._role_services and kind != "DELETED":
+            self._release_services()
         self._wake()
 
     def _node_changed(self, kind: str, node: dict[str, Any]) -> None:
@@ -828,6 +900,8 @@ class KubernetesBackend(Backend):
         where = self._locate(iid)
         pod = self.pods.get(*where) if where else None
         if pod is not None and _instance(pod) == iid:
+            # an earlier controller may have ended before making the role's Service
+            self._want_service(pod)
             launch = (pod["metadata"].get("annotations") or {}).get(k8s.ANNOTATION_LAUNCH)
             if launch and k8s.waiting(pod):
                 spec = LaunchSpec.from_dict(json.loads(launch))

@@ -309,18 +309,23 @@ def job_folders(spec: LaunchSpec, env: dict[str, str]) -> list[str]:
     return chosen
 
 
-def service_manifest(spec: LaunchSpec, name: str, namespace: str, owner: Owner | None = None) -> dict[str, Any]:
-    """The role's communication service: a headless Service selecting its instances' pods
-    (their DNS names where the cluster runs DNS; the registry resolves it either way)."""
-    selector = {LABEL_JOB_UID: label_value(job_uid(spec)), LABEL_ROLE: label_value(spec.role)}
+def service_manifest(pod: dict[str, Any]) -> dict[str, Any]:
+    """The communication service of a pod's role: a headless Service selecting the role's
+    instances' pods, named by the pod's ``subdomain`` (their DNS names where the cluster runs
+    DNS; the registry has the addresses either way). Made from one of the role's pods (its
+    labels, ports and owner), so a new controller that adopts pods can make it too."""
+    meta = pod["metadata"]
+    labels_ = meta.get("labels") or {}
+    selector = {LABEL_JOB_UID: labels_[LABEL_JOB_UID], LABEL_ROLE: labels_[LABEL_ROLE]}
     metadata: dict[str, Any] = {
-        "name": name,
-        "namespace": namespace,
-        "labels": {MANAGED_BY: MANAGER, **selector, LABEL_JOB: label_value(spec.job_name)},
+        "name": pod["spec"]["subdomain"],
+        "namespace": meta.get("namespace", ""),
+        "labels": {MANAGED_BY: MANAGER, **selector, LABEL_JOB: labels_[LABEL_JOB]},
     }
-    if owner is not None:
-        metadata["ownerReferences"] = [owner.reference()]
-    ports = [{"name": f"p{i}", "port": p, "targetPort": p, "protocol": "TCP"} for i, p in enumerate(spec.ports)]
+    if meta.get("ownerReferences"):
+        metadata["ownerReferences"] = [dict(r) for r in meta["ownerReferences"]]
+    role_ports = json.loads((meta.get("annotations") or {}).get(ANNOTATION_PORTS) or "[]")
+    ports = [{"name": f"p{i}", "port": p, "targetPort": p, "protocol": "TCP"} for i, p in enumerate(role_ports)]
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -332,6 +337,16 @@ def service_manifest(spec: LaunchSpec, name: str, namespace: str, owner: Owner |
             "ports": ports or [{"name": "none", "port": 1, "targetPort": 1}],
         },
     }
+
+
+def service_key(pod: dict[str, Any]) -> str | None:
+    """``<namespace>/<Service>`` of a pod's role, or None for a pod of no role Service (one
+    this backend did not make)."""
+    meta, spec_ = pod.get("metadata") or {}, pod.get("spec") or {}
+    labels_ = meta.get("labels") or {}
+    if not spec_.get("subdomain") or LABEL_JOB_UID not in labels_ or LABEL_ROLE not in labels_:
+        return None
+    return f"{meta.get('namespace', '')}/{spec_['subdomain']}"
 
 
 # ---- what a pod's status means --------------------------------------------------------------
