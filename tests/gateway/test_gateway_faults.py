@@ -3,6 +3,7 @@ still return, nothing is delivered twice, and in-flight work drains to zero."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ from trainmaster.gateway.crypto.envelope import make_header, seal
 from trainmaster.gateway.net.tls import client_ssl_context
 
 pytestmark = pytest.mark.timeout(240)
-PARTIES = ["a", "slow", "skew", "silent", "victim"]
+PARTIES = ["a", "slow", "skew", "silent", "victim", "starved"]
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,8 @@ def dep(tmp_path_factory: pytest.TempPathFactory) -> Deployment:
             "gateway": {"task_queue_depth": 1},
             "slow": {"fault_delay_s": 3.0},
             "skew": {"fault_clock_offset_s": 600.0},
-            "silent": {"fault_executor_silent": True, "executor_start_timeout_s": 1.5},
+            "silent": {"fault_executor_silent_starts": 1000, "executor_start_timeout_s": 1.5},
+            "starved": {"fault_executor_silent_starts": 2, "executor_start_timeout_s": 1.0},
             "victim": {"fault_delay_s": 6.0},
         },
     ).start_all()
@@ -39,10 +41,11 @@ def dep(tmp_path_factory: pytest.TempPathFactory) -> Deployment:
     d.stop_all()
 
 
-def _create(dep: Deployment, task_id: str, parties: list[str]) -> dict[str, dict[str, Any]]:
+def _create(dep: Deployment, task_id: str, parties: list[str], deadline_s: float = 300.0) -> dict[str, dict[str, Any]]:
     ini = dep.initiator()
     try:
-        created = ini.create_task(task_id, [LegSpec(data_id=f"m_{p}", party=p, rule="row_count") for p in parties])
+        legs = [LegSpec(data_id=f"m_{p}", party=p, rule="row_count") for p in parties]
+        created = ini.create_task(task_id, legs, deadline_s)
         return {p: created[f"m_{p}"] for p in parties}
     finally:
         ini.close()
@@ -82,14 +85,46 @@ def test_slow_party_times_out_and_others_return(dep: Deployment) -> None:
     assert again["m_slow"]["outcome"] == "timeout"
 
 
-def test_executor_that_never_reports_ends_in_timeout(dep: Deployment) -> None:
-    """Executor start deadline: an executor that never reports readiness is killed; its leg ends `timeout`."""
-    created = _create(dep, "silent1", ["a", "silent"])
-    assert created["silent"]["status"] == 504
-    out = _receive(dep, "silent1", ["a", "silent"], timeout_s=5.0)
+def test_executor_that_never_reports_is_retried_until_the_deadline_then_its_leg_ends_in_timeout(
+    dep: Deployment,
+) -> None:
+    """Executor start deadline: an executor that never reports readiness is killed and started
+    again with backoff until the task's deadline; only then does its leg end `timeout`, with the
+    attempts and the last error, before the gateway's own deadline (the failure report, not the
+    gateway's "has not reported"). Nothing is left running."""
+    began = time.monotonic()
+    created = _create(dep, "silent1", ["a", "silent"], deadline_s=20.0)
+    assert created["silent"]["status"] == 202 and "retries" in created["silent"]["detail"], created
+    out = _receive(dep, "silent1", ["a", "silent"], timeout_s=30.0)
     assert out["m_a"]["outcome"] == "result"
-    assert out["m_silent"]["outcome"] == "timeout" and "did not report" in out["m_silent"]["detail"]
-    assert dep.health("silent")["executors"] == 0
+    detail = out["m_silent"]["detail"]
+    assert out["m_silent"]["outcome"] == "timeout" and out["m_silent"]["final"], out
+    assert "attempts before the task's deadline" in detail and "did not report" in detail, detail
+    assert 12.0 < time.monotonic() - began < 20.0  # retried until near the deadline, not given up at once
+    health = dep.health("silent")
+    assert health["executors"] == 0 and health["queued_legs"] == 0 and health["start_retries"] >= 2
+    assert health["rule_runs"] == 0
+
+
+def test_an_executor_that_does_not_come_up_is_started_again_and_its_leg_runs_once(dep: Deployment) -> None:
+    """Executor start retries (a starved machine: the first two starts of the leg's executor never
+    report ready): the party kills each and starts another, waiting twice as long each time, and the
+    leg gets its result; the rule ran exactly once (the commit file counts the runs at the executor),
+    the two silent executors never ran it, and both retries are in the party's audit log."""
+    from trainmaster.gateway.executors.base import read_commits
+
+    created = _create(dep, "starved1", ["a", "starved"])
+    assert created["starved"]["ok"] and created["starved"]["status"] == 202, created
+    out = _receive(dep, "starved1", ["a", "starved"], timeout_s=30.0)
+    assert out["m_starved"]["outcome"] == "result", out
+    assert out["m_starved"]["result"]["rows"] == len(dep.splits[PARTIES.index("starved")])
+    state = Path(dep.cfg("starved").state_dir)
+    assert len(read_commits(state / "legs" / "starved1" / "m_starved" / "commit")) == 1
+    health = dep.health("starved")
+    assert health["start_retries"] == 2 and health["rule_runs"] == 1 and health["executors"] == 0
+    audit = [json.loads(line) for line in (state / "audit.log").read_text().splitlines()]
+    retries = [e for e in audit if e["event"] == "executor.retry" and e.get("task_id") == "starved1"]
+    assert [e["attempt"] for e in retries] == [2, 3] and "did not report" in retries[0]["detail"]
 
 
 def test_party_with_skewed_clock_is_refused_with_a_clear_error(dep: Deployment) -> None:

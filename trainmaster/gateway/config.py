@@ -39,6 +39,9 @@ class ServiceConfig(BaseModel):
     task_queue_depth: int = Field(default=4, ge=1)
     max_body_bytes: int = Field(default=128 * 1024 * 1024, ge=1024)
     executor_start_timeout_s: float = Field(default=20.0, gt=0)
+    """Party: how long an executor's first start may take to report ready. A start that fails or
+    does not report in time is retried with backoff, each wait twice the last (up to 8x), until the
+    task's deadline; only then does the leg end with the error."""
     executor_memory_mb: int = Field(default=4096, ge=64)
     allowed_rules: list[str] | None = None
     executor: str = Field(default="subprocess", pattern=r"^(subprocess|ray)$")
@@ -90,7 +93,9 @@ class ServiceConfig(BaseModel):
     # Fault injection, off by default; the fault tests turn these on.
     fault_delay_s: float = 0.0
     fault_clock_offset_s: float = 0.0
-    fault_executor_silent: bool = False
+    fault_executor_silent_starts: int = Field(default=0, ge=0)
+    """Party: the first this many executor starts of each leg never report ready (a starved
+    machine); a number past any retry count keeps every start silent."""
     fault_stream: str = Field(default="", pattern=r"^(|truncate|reorder|flip|slow|misattest)$")
     """Party: corrupt outgoing result streams this way (tests that the gateway refuses them);
     ``misattest`` signs a digest of other bytes than it streams (refused at the initiator)."""

@@ -217,6 +217,9 @@ class ExecutorHandle:
         except RuntimeError as exc:
             self.kill()
             raise TimeoutError(str(exc)) from exc
+        except asyncio.CancelledError:  # the leg went (its deadline, a shutdown): nothing half-started stays
+            self.kill()
+            raise
 
     def _explain(self, exc: BaseException) -> BaseException:
         """A call that failed because the sandbox killed the executor says so; others pass unchanged."""

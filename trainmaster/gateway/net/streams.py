@@ -36,6 +36,8 @@ from trainmaster.gateway.crypto.tlsid import PeerIdentity, peer_from_cert
 MAX_REQUEST_BYTES = 64 << 10
 """A request or status frame (an envelope, a JSON status) is refused past this size."""
 SOCKET_BUFFER_BYTES = 4 << 20
+RAW_READ_BYTES = 1 << 20
+"""The most one ``recv_into`` takes off a stream socket (TLS records, decrypted in memory after)."""
 LOOP_TIMEOUT_S = 60.0
 """How long a stream thread waits for the event loop to answer (it is never busy that long)."""
 T = TypeVar("T")
@@ -73,24 +75,92 @@ def stream_address(endpoint: str, whose: str) -> tuple[str, int]:
 
 
 class StreamSocket:
-    """Frames over one TLS socket; every error is a :class:`StreamError`."""
+    """Frames over one mutual-TLS connection; every error is a :class:`StreamError`.
 
-    def __init__(self, sock: ssl.SSLSocket):
-        self.sock = sock
+    TLS runs over memory BIOs (``ssl.SSLContext.wrap_bio``) rather than on the socket: an
+    ``ssl.SSLSocket`` reads one TLS record (16 KiB at most) per ``recv_into``, two ``read``
+    syscalls per record, and writes one syscall per record, so a 1 MiB chunk cost ~130 syscalls and
+    as many trips through the interpreter on each side of a hop. Here the socket is read in blocks of
+    up to :data:`RAW_READ_BYTES` and each frame's records go out in one ``sendall``; OpenSSL only
+    decrypts and encrypts in memory. Measured on a loopback relay of 1 GiB (receive, send on):
+    2.2 -> 1.8 ms of CPU per MB."""
+
+    def __init__(self, raw: socket.socket, tls: ssl.SSLObject, incoming: ssl.MemoryBIO, outgoing: ssl.MemoryBIO):
+        self.raw, self.tls, self._in, self._out = raw, tls, incoming, outgoing
         self._head = bytearray(HEADER.size)
+        self._block = bytearray(RAW_READ_BYTES)
+
+    @classmethod
+    def handshake(
+        cls, raw: socket.socket, ctx: ssl.SSLContext, server_side: bool, server_hostname: str | None = None
+    ) -> "StreamSocket":
+        """TLS over ``raw`` (its timeout bounds each wait); raises ``ssl.SSLError`` when the
+        handshake is refused (the alert is sent first) and :class:`StreamError` when the
+        connection breaks."""
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        tls = ctx.wrap_bio(incoming, outgoing, server_side=server_side, server_hostname=server_hostname)
+        conn = cls(raw, tls, incoming, outgoing)
+        while True:
+            try:
+                tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                conn._flush()
+                conn._fill("connection closed during the TLS handshake")
+            except ssl.SSLError:
+                try:
+                    conn._flush()  # the alert tells the other end why
+                except StreamError:
+                    pass
+                raise
+        conn._flush()
+        return conn
+
+    def getpeercert(self) -> dict[str, Any] | None:
+        return self.tls.getpeercert()
+
+    def settimeout(self, timeout_s: float) -> None:
+        self.raw.settimeout(timeout_s)
+
+    def _fill(self, closed: str) -> None:
+        """One block of TLS records off the socket into the incoming BIO."""
+        try:
+            n = self.raw.recv_into(self._block)
+        except TimeoutError as exc:
+            raise StreamError("the other end sent nothing within the timeout") from exc
+        except OSError as exc:  # ConnectionResetError, ...
+            raise StreamError(f"{type(exc).__name__}: {exc}") from exc
+        if n == 0:
+            raise StreamError(closed)
+        self._in.write(memoryview(self._block)[:n])
+
+    def _flush(self) -> None:
+        """Send what TLS has written to the outgoing BIO, in one ``sendall``."""
+        if not self._out.pending:
+            return
+        try:
+            self.raw.sendall(self._out.read())
+        except TimeoutError as exc:
+            raise StreamError("the other end took nothing within the timeout") from exc
+        except OSError as exc:
+            raise StreamError(f"{type(exc).__name__}: {exc}") from exc
 
     def _recv_exact(self, view: memoryview) -> None:
         got = 0
         while got < len(view):
             try:
-                n = self.sock.recv_into(view[got:])
-            except TimeoutError as exc:
-                raise StreamError("the other end sent nothing within the timeout") from exc
-            except OSError as exc:  # ssl.SSLError, ConnectionResetError, ...
+                n: int = self.tls.read(len(view) - got, view[got:])  # type: ignore[assignment]  # with a buffer: a count
+            except ssl.SSLWantReadError:
+                self._fill("the other end closed the connection mid-frame" if got else "connection closed")
+                continue
+            except ssl.SSLZeroReturnError:
+                n = 0
+            except ssl.SSLError as exc:
                 raise StreamError(f"{type(exc).__name__}: {exc}") from exc
             if n == 0:
                 raise StreamError("the other end closed the connection mid-frame" if got else "connection closed")
             got += n
+        self._flush()  # TLS may owe the other end an answer (a key update)
 
     def recv_frame_into(self, buf: bytearray) -> memoryview:
         """The next frame's body, read into ``buf`` (refused if it does not fit)."""
@@ -115,13 +185,14 @@ class StreamSocket:
         return value
 
     def send(self, data: bytes | memoryview) -> None:
-        """Bytes already framed (a sealed chunk frame), in one ``sendall``."""
+        """Bytes already framed (a sealed chunk frame): TLS records into memory, one ``sendall``."""
+        view = memoryview(data)
         try:
-            self.sock.sendall(data)
-        except TimeoutError as exc:
-            raise StreamError("the other end took nothing within the timeout") from exc
-        except OSError as exc:
+            while view:
+                view = view[self.tls.write(view) :]
+        except ssl.SSLError as exc:
             raise StreamError(f"{type(exc).__name__}: {exc}") from exc
+        self._flush()
 
     def send_frame(self, body: bytes) -> None:
         self.send(HEADER.pack(len(body)) + body)
@@ -131,7 +202,7 @@ class StreamSocket:
 
     def close(self) -> None:
         try:
-            self.sock.close()
+            self.raw.close()
         except OSError:
             pass
 
@@ -170,11 +241,10 @@ def connect(ssl_context: ssl.SSLContext, endpoint: str, server_name: str, timeou
         raise StreamError(f"{whose} unreachable at {endpoint}: {type(exc).__name__}: {exc}") from exc
     try:
         _tune(raw)
-        tls = ssl_context.wrap_socket(raw, server_hostname=server_name)
+        return StreamSocket.handshake(raw, ssl_context, server_side=False, server_hostname=server_name)
     except (OSError, ssl.SSLError) as exc:
         raw.close()
         raise StreamError(f"{whose} at {endpoint}: TLS handshake failed: {type(exc).__name__}: {exc}") from exc
-    return StreamSocket(tls)
 
 
 Handler = Callable[[StreamSocket, "PeerIdentity | None"], None]
@@ -235,15 +305,14 @@ class StreamServer:
         try:
             raw.settimeout(self._handshake)
             _tune(raw)
-            tls = self._ctx.wrap_socket(raw, server_side=True)
-            conn = StreamSocket(tls)
+            conn = StreamSocket.handshake(raw, self._ctx, server_side=True)
             if busy:
                 conn.send_json({"status": 503, "detail": f"all {self._max} stream slots are busy; retry later"})
                 return
             self.active += 1
             try:
-                tls.settimeout(self._timeout)
-                self._handler(conn, peer_from_cert(tls.getpeercert()))
+                conn.settimeout(self._timeout)
+                self._handler(conn, peer_from_cert(conn.getpeercert()))
             finally:
                 self.active -= 1
         except StreamError as exc:

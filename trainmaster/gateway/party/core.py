@@ -45,6 +45,15 @@ M = TypeVar("M", bound=BaseModel)
 GROUP_CHECKED_RULES = ("histogram", "summary_stats", "train", "score")
 SWEEP_EVERY_S = 30.0
 AUDIT_SYNC_S = 1.0
+START_RETRY_DELAY_S = 0.5
+"""The pause after a failed executor start; it doubles after each one, up to :data:`START_RETRY_MAX_DELAY_S`."""
+START_RETRY_MAX_DELAY_S = 10.0
+START_WAIT_GROWTH_MAX = 8
+"""Each start attempt waits twice as long for readiness as the last, up to this many times
+``executor_start_timeout_s``: on a starved machine an executor that was nearly up when killed
+would only start its imports over."""
+MIN_START_WINDOW_S = 1.0
+"""A start attempt is made only with at least this long left before the report margin."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +80,10 @@ class LegExecutor:
     started: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     slot: bool = False
     released: bool = False
+    attempts: int = 0
+    """Executor starts tried for this leg (by this party process)."""
+    last_error: str = ""
+    """Why the last start attempt failed."""
 
     @property
     def running(self) -> bool:
@@ -95,7 +108,13 @@ class PartyAgent:
         self.runs: dict[tuple[str, str], asyncio.Future[PartyLeg]] = {}
         self.uploading: set[tuple[str, str]] = set()
         """Legs whose input is arriving right now (one stream at a time per leg)."""
-        self.counters = {"rule_runs": 0, "report_retries": 0, "recovered_legs": 0, "adopted_runs": 0}
+        self.counters = {
+            "rule_runs": 0,
+            "report_retries": 0,
+            "start_retries": 0,
+            "recovered_legs": 0,
+            "adopted_runs": 0,
+        }
         self.gateway: PublicIdentity = next(p for p in self.ctx.roster.values() if p.role == "gateway")
         self.http: httpx.AsyncClient | None = None
         """Set while the app runs (its lifespan opens and closes it)."""
@@ -138,8 +157,11 @@ class PartyAgent:
 
     # -- executors --------------------------------------------------------------------------
 
-    async def start_executor(self, data_file: Path, deadline_s: float, label: str) -> Executor:
-        """The configured executor kind; both sit behind the same interface."""
+    async def start_executor(
+        self, data_file: Path, deadline_s: float, label: str, wait_s: float, silent: bool = False
+    ) -> Executor:
+        """The configured executor kind (both sit behind the same interface), given ``wait_s`` to
+        report ready; ``silent`` is fault injection (it never reports)."""
         cfg = self.cfg
         if cfg.executor == "ray":
             from trainmaster.gateway.executors.rayactor import RayExecutor
@@ -147,7 +169,7 @@ class PartyAgent:
             return await RayExecutor.start(
                 data_file,
                 deadline_s,
-                cfg.executor_start_timeout_s,
+                wait_s,
                 cfg.allowed_rules,
                 cfg.ray_address,
                 isolation=cfg.isolation,
@@ -157,10 +179,10 @@ class PartyAgent:
         return await ExecutorHandle.start(
             data_file,
             deadline_s,
-            cfg.executor_start_timeout_s,
+            wait_s,
             cfg.executor_memory_mb,
             cfg.allowed_rules,
-            cfg.fault_executor_silent,
+            silent,
             cfg.isolation,
             label,
             max_result_bytes=cfg.max_result_bytes,
@@ -222,29 +244,87 @@ class PartyAgent:
         return held
 
     async def start_queued(self, key: tuple[str, str], leg: LegExecutor, data_file: Path) -> None:
-        """A queued leg: wait for a slot (until the deadline), start its executor, report it."""
+        """A leg's executor start in the background: wait for a slot (queued past the cap, until
+        the deadline) unless it holds one, start its executor (retried, :meth:`start_retrying`),
+        report it."""
         task = leg.task
-        try:
-            await asyncio.wait_for(self.slots.acquire(), timeout=max(0.0, leg.deadline - time.time()))
-        except TimeoutError:
-            self.drop_executor(key)
+        if not leg.slot:
+            try:
+                await asyncio.wait_for(self.slots.acquire(), timeout=max(0.0, leg.deadline - time.time()))
+            except TimeoutError:
+                self.drop_executor(key)
+                return
+            leg.slot = True
+        handle = await self.start_retrying(key, leg, data_file)
+        if handle is None:
             return
-        leg.slot = True
-        try:
-            leg.handle = await self.start_executor(
-                data_file, max(1.0, leg.deadline - time.time()), f"{task.task_id}.{task.data_id}"
-            )
-        except (TimeoutError, ExecutorStartError) as exc:
-            leg.started.set_exception(exc)
-            leg.started.exception()  # retrieved here; a waiting transfer sees it too
-            self.failed_start(key, task, str(exc), leg.deadline)
-            return
+        leg.handle = handle
         leg.started.set_result(None)
-        attempt = await self.report_once(task, leg.handle.address, ready=True)
+        attempt = await self.report_once(task, handle.address, ready=True)
         if attempt.status == "refused":
             self.refused(key)
         elif attempt.status == "unreachable":
-            await self.report_until_deadline(key, task, leg.handle.address, leg.deadline)
+            await self.report_until_deadline(key, task, handle.address, leg.deadline)
+
+    def start_window(self, leg: LegExecutor) -> float:
+        """Seconds left for executor starts: until the task's deadline less a margin (a fifth of
+        the task's time, at most 10 s) for the last attempt's own set-up and kill and the failure
+        report, which must reach the gateway before the gateway ends the leg itself (with a vaguer
+        reason)."""
+        return leg.deadline - time.time() - min(10.0, 0.2 * leg.task.deadline_s)
+
+    async def start_attempt(self, leg: LegExecutor, data_file: Path) -> Executor:
+        """One executor start for the leg, given ``executor_start_timeout_s`` times 2^(attempts
+        before), at most :data:`START_WAIT_GROWTH_MAX` times that and what the window leaves."""
+        leg.attempts += 1
+        growth = min(2 ** (leg.attempts - 1), START_WAIT_GROWTH_MAX)
+        wait_s = max(MIN_START_WINDOW_S, min(self.cfg.executor_start_timeout_s * growth, self.start_window(leg)))
+        task = leg.task
+        return await self.start_executor(
+            data_file,
+            max(1.0, leg.deadline - time.time()),
+            f"{task.task_id}.{task.data_id}",
+            wait_s,
+            silent=leg.attempts <= self.cfg.fault_executor_silent_starts,
+        )
+
+    async def start_retrying(self, key: tuple[str, str], leg: LegExecutor, data_file: Path) -> Executor | None:
+        """The leg's executor, started again after each start that failed or did not report ready
+        in time (a starved machine, a transient sandbox error), with backoff, until the start window
+        closes (:meth:`start_window`); then the leg ends with the attempts and the last error
+        (:meth:`failed_start`) and None is returned.
+
+        Never twice: an attempt that did not come up is killed before the next one starts, and a
+        rule runs only in the executor the leg keeps (``leg.handle``), which is set only for the
+        attempt that reported ready; the rule's commit line counts its runs."""
+        task, delay = leg.task, START_RETRY_DELAY_S
+        while True:
+            if leg.attempts:  # the last attempt failed: another, if one still fits
+                if self.start_window(leg) - delay < MIN_START_WINDOW_S:
+                    break
+                self.counters["start_retries"] += 1
+                self.audit.append(
+                    "executor.retry",
+                    SELF,
+                    task_id=task.task_id,
+                    data_id=task.data_id,
+                    attempt=leg.attempts + 1,
+                    detail=leg.last_error[:300],
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, START_RETRY_MAX_DELAY_S)
+            try:
+                return await self.start_attempt(leg, data_file)
+            except (TimeoutError, ExecutorStartError) as exc:
+                leg.last_error = str(exc) or type(exc).__name__
+        reason = (
+            f"executor did not come up in {leg.attempts} attempts before the task's deadline "
+            f"(retried with backoff); last: {leg.last_error}"
+        )
+        leg.started.set_exception(TimeoutError(reason))
+        leg.started.exception()  # retrieved here; a waiting transfer sees it too
+        self.failed_start(key, task, reason, leg.deadline)
+        return None
 
     async def report_once(self, task: TaskCreate, address: str, ready: bool, reason: str = "") -> ReportAttempt:
         """One executor report to the gateway."""

@@ -22,8 +22,9 @@ router = APIRouter()
 @router.post("/v1/tasks", status_code=201)
 async def create_task(request: Request) -> JSONResponse:
     """Record the leg, start an isolated executor for it and report it to the gateway; past the
-    executor cap the leg queues (bounded) and starts when a slot frees. The same request again
-    is an idempotent retry."""
+    executor cap the leg queues (bounded) and starts when a slot frees; an executor that does not
+    come up is started again in the background until the task's deadline (202, report pending).
+    The same request again is an idempotent retry."""
     agent = agent_of(request)
     cfg = agent.cfg
     _env, requester, task = await agent.open(request, MessageKind.task_create, {"initiator"}, TaskCreate)
@@ -100,22 +101,28 @@ async def create_task(request: Request) -> JSONResponse:
             status_code=202,
         )
     await agent.slots.acquire()  # free now: does not wait
-    try:
-        handle = await agent.start_executor(data_file, task.deadline_s, f"{task.task_id}.{task.data_id}")
-    except TimeoutError as exc:
-        agent.slots.release()
-        agent.failed_start(key, task, str(exc), record.deadline_at)
-        raise HTTPException(504, f"executor for task {task.task_id!r} did not come up: {exc}") from exc
-    except ExecutorStartError as exc:
-        agent.slots.release()
-        agent.failed_start(key, task, str(exc), record.deadline_at)
-        raise HTTPException(503, f"executor for task {task.task_id!r} could not start: {exc}") from exc
-    except BaseException:
-        agent.slots.release()
-        raise
-    leg = agent.executors[key] = LegExecutor(task, record.deadline_at, handle, slot=True)
-    leg.started.set_result(None)
+    leg = agent.executors[key] = LegExecutor(task, record.deadline_at, slot=True)
     asyncio.get_running_loop().call_later(task.deadline_s, agent.expire, key, leg)
+    try:
+        handle = await agent.start_attempt(leg, data_file)
+    except (TimeoutError, ExecutorStartError) as exc:  # a starved machine, a transient sandbox error
+        leg.last_error = str(exc) or type(exc).__name__
+        leg.report = agent.spawn(agent.start_queued(key, leg, data_file))
+        return JSONResponse(
+            {
+                "task_id": task.task_id,
+                "data_id": task.data_id,
+                "report": "pending",
+                "detail": f"executor did not come up ({leg.last_error}); the party retries with backoff "
+                "until the task's deadline",
+            },
+            status_code=202,
+        )
+    except BaseException:
+        agent.drop_executor(key)
+        raise
+    leg.handle = handle
+    leg.started.set_result(None)
     attempt = await agent.report_once(task, handle.address, ready=True)
     if attempt.status == "refused":
         agent.refused(key)

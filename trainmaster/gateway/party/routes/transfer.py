@@ -59,14 +59,16 @@ async def _run(agent: PartyAgent, record: PartyLeg, requester: Any, timeout_s: f
         raise HTTPException(
             503, f"leg ({key[0]}, {key[1]}) has no executor yet (the party is starting it); retry later"
         )
-    if not leg.started.done():  # queued for an executor slot: wait for it, within the request's life
+    if not leg.started.done():  # queued for a slot or its start retried: wait, within the request's life
         try:
             await asyncio.wait_for(asyncio.shield(leg.started), timeout=timeout_s)
         except TimeoutError as exc:
             if leg.started.done():  # the executor's own start timed out
                 raise HTTPException(503, f"executor for task {key[0]!r} did not come up: {exc}") from exc
             raise HTTPException(
-                503, f"leg ({key[0]}, {key[1]}) is still queued for an executor slot; retry later"
+                503,
+                f"leg ({key[0]}, {key[1]}) is still waiting for its executor (queued for a slot, or its "
+                "start being retried); retry later",
             ) from None
         except (OSError, ExecutorStartError) as exc:
             raise HTTPException(503, f"executor for task {key[0]!r} could not start: {exc}") from exc
