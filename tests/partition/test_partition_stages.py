@@ -195,9 +195,16 @@ def test_stage_runner_runs_a_real_two_stage_pipeline_over_gloo(tmp_path):
     assert doc["outputs_equal_unsplit"] and doc["k"] == 2
     assert doc["latency_seconds"] > 0 and doc["samples_per_second"] > 0
     assert len(doc["stage_compute_seconds"]) == 2 and doc["message_fixed_seconds"] > 0
-    # the streaming breakdown: each rank's forward per chunk and its waits, as it ran beside the other
-    assert len(doc["stage_streaming_seconds"]) == 2
-    assert all(b["forward"] > 0 and b["wait_total_per_chunk"] >= 0 for b in doc["stage_streaming_seconds"])
+    # the streaming breakdown: each rank's phases per micro-batch as it ran beside the other, and
+    # what none of them accounts for; the receiving rank posts and waits on receives, the sender sends
+    first, second = doc["stage_streaming_seconds"]
+    for b in (first, second):
+        assert b["forward"] > 0 and b["step"] >= b["forward"]
+        assert b["step"] == pytest.approx(
+            sum(b[p] for p in ("recv_post", "recv_wait", "forward", "send_post", "send_wait", "outside"))
+        )
+        assert [e[0] for e in b["timeline"]["events"]].count("forward") == 2 * run.microbatches
+    assert first["send_post"] > 0 and first["recv_wait"] == 0 and second["recv_wait"] > 0 and second["send_post"] == 0
     assert doc["cores_per_rank"] >= 1
 
 
