@@ -68,13 +68,14 @@ def plans_for(case: SplitCase, ks=KS, costs: str = "profiler") -> tuple[dict, di
     import torch
 
     from trainmaster.partition.pipeline import build_model, example_input
-    from trainmaster.partition.stages import SPLITTERS, calibrated, model_layout, split
+    from trainmaster.partition.stages import SPLITTERS, build_pipe, calibrated, model_layout, split
 
     torch.set_num_threads(1)
     model = build_model(case.model, 0, case.model_args)
     example = example_input(case.input_shape, case.input_dtype, 1)
     profiled = model_layout(model, (example,), costs=costs)
-    wall = forward_seconds(model, example)
+    # the forward as the stages run it: the model as torch.distributed.pipelining's graph module
+    wall = forward_seconds(build_pipe(model, (example,), []), example)
     layout = calibrated(profiled, wall)
     cores = os.cpu_count() or 1  # the testbed's hosts are namespaces of this machine: its cores
     plans = {
@@ -96,7 +97,7 @@ def plans_for(case: SplitCase, ks=KS, costs: str = "profiler") -> tuple[dict, di
 
 
 def forward_seconds(model, example, runs: int = 30) -> float:
-    """The unsplit model's forward on one micro-batch, one intra-op thread as every stage runs:
+    """``model``'s forward on one micro-batch, one intra-op thread as every stage runs:
     the median of ``runs`` after a warm-up (the scale the profiled operator costs are set to)."""
     import torch
 
@@ -155,7 +156,8 @@ def run_on_testbed(bed, case: SplitCase, split_points: list[str], k: int, out_di
 
 
 def predicted_latency(plan_summary: dict, measured: dict) -> float:
-    """One micro-batch alone: the stages' compute measured in the run (each rank timed alone),
+    """One micro-batch alone: the stages' compute measured in the run (each rank timed alone, its
+    cache swept first),
     plus each boundary's tensors at the measured gloo message cost and its bytes over the link
     at its payload rate (a receive is posted before the bytes leave: one trip per message)."""
     fixed = measured["message_fixed_seconds"]
@@ -163,7 +165,13 @@ def predicted_latency(plan_summary: dict, measured: dict) -> float:
         fixed * t + b / PAYLOAD_BYTES_PER_SECOND
         for t, b in zip(plan_summary["boundary_tensors"], plan_summary["boundary_bytes"])
     ]
-    return sum(measured["stage_compute_seconds"]) + sum(links)
+    return sum(_stage_compute(measured)) + sum(links)
+
+
+def _stage_compute(measured: dict) -> list[float]:
+    """Each stage's compute as the prediction takes it: timed alone after the cache was swept
+    (a stage's weights do not stay cached between its micro-batches while other stages run)."""
+    return measured.get("stage_compute_cold_seconds") or measured["stage_compute_seconds"]
 
 
 def predicted_period(plan_summary: dict, measured: dict, cores: int) -> float:
@@ -173,7 +181,7 @@ def predicted_period(plan_summary: dict, measured: dict, cores: int) -> float:
     and one back (2 x the measured message cost) besides bytes / payload rate. With more stages
     than cores, no less than the stages' whole compute over the cores."""
     fixed = measured["message_fixed_seconds"]
-    compute = measured["stage_compute_seconds"]
+    compute = _stage_compute(measured)
     links = [
         2 * fixed * t + b / PAYLOAD_BYTES_PER_SECOND
         for t, b in zip(plan_summary["boundary_tensors"], plan_summary["boundary_bytes"])
@@ -228,7 +236,8 @@ def bench(bed, rounds: int = 2, cases=CASES, ks=KS, save=None) -> dict:
                         f"(predicted {rows[-1]['predicted_latency'] * 1e3:.1f}), period "
                         f"{measured['period_seconds'] * 1e3:.1f} ms (planned {summary['period'] * 1e3:.1f}, "
                         f"predicted {rows[-1]['predicted_period'] * 1e3:.1f}), "
-                        f"stage compute {[round(x * 1e3, 1) for x in measured['stage_compute_seconds']]} ms, "
+                        f"stage compute {[round(x * 1e3, 1) for x in measured['stage_compute_seconds']]} ms "
+                        f"(cold {[round(x * 1e3, 1) for x in _stage_compute(measured)]}), "
                         f"transfers streaming {[round(x * 1e3, 1) for x in measured['boundary_transfer_stream_seconds']]}"
                         f" alone {[round(x * 1e3, 1) for x in measured['boundary_transfer_lone_seconds']]} ms, "
                         "per rank streaming (ms) "
