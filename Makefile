@@ -73,10 +73,10 @@ k8s-deps-background:
 
 ## test: install with test extras and run the whole suite (then the Flower tests in their own venv)
 test: k8s-deps-background $(STAMP) system-deps lint typecheck flower-env
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python tools/run_tests.py -q --durations=25
 	@if [ -x $(FLOWER_VENV)/bin/python ]; then \
 		echo "==> the Flower adapter's tests, in $(FLOWER_VENV) (flwr pins older fastapi/typer/ray than ours)"; \
-		$(FLOWER_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/flsched/test_flsched_flower.py; \
+		$(FLOWER_VENV)/bin/python tools/run_tests.py -q -p no:cacheprovider tests/flsched/test_flsched_flower.py; \
 	else echo "note: $(FLOWER_VENV) is missing (no network?); the Flower adapter's tests were skipped"; fi
 
 ## flower-env: a venv for flwr beside ours: its own pinned packages first, then everything of .venv
