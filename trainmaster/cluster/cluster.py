@@ -16,6 +16,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -31,7 +32,7 @@ from typing import Any, Callable
 
 from trainmaster.cluster import images
 from trainmaster.cluster.binaries import Binaries, find_binaries
-from trainmaster.cluster.layout import ClusterLayout, ClusterOptions, NodeLayout, state_root
+from trainmaster.cluster.layout import KUBELET_ROOT, SOCKET_ROOT, ClusterLayout, ClusterOptions, NodeLayout, state_root
 from trainmaster.cluster.pki import Pki, write_pki
 from trainmaster.cluster.processes import Daemons, alive, pids_with_argument, signal_and_wait
 from trainmaster.errors import UserError
@@ -625,9 +626,41 @@ def remove(name: str, grace: float = 5.0, root: Path | None = None) -> list[str]
         if node.namespace and node.namespace in iproute.namespaces():
             iproute.run("ip", "netns", "delete", node.namespace, check=False)
             removed.append(f"netns {node.namespace}")
+    removed += _remove_by_name(name)
     if folder.exists():
         shutil.rmtree(folder, ignore_errors=True)
         removed.append(str(folder))
+    return removed
+
+
+def _remove_by_name(name: str) -> list[str]:
+    """What still carries cluster ``name``'s names on the machine without a record saying so
+    (a cluster whose home was deleted, or an ``up`` killed before it wrote its record): node
+    cgroups ``tmk-<name>-n<k>`` (their processes killed first), links ``tk<name>{h,n,b}<k>`` and
+    namespaces ``tmk-<name>-n<k>``. Every name carries the cluster's, so nothing of another
+    cluster matches."""
+    removed: list[str] = []
+    node = re.compile(rf"tmk-{re.escape(name)}-n\d+")
+    roots = sorted({p.name for h in _hierarchies() if h.is_dir() for p in h.iterdir() if node.fullmatch(p.name)})
+    for root in roots:
+        _kill_cgroup_tree(f"/{root}")
+        _remove_cgroup_root(f"/{root}")
+        removed.append(f"cgroup /{root}")
+    link = re.compile(rf"tk{re.escape(name)}[hnb]\d+")
+    listed = iproute.run("ip", "-o", "link", "show", check=False).stdout
+    for found in sorted({m.group(0) for m in re.finditer(rf"(?<=: ){link.pattern}(?=[@:])", listed)}):
+        iproute.run("ip", "link", "delete", found, check=False)
+        removed.append(f"link {found}")
+    for namespace in iproute.namespaces():
+        if node.fullmatch(namespace):
+            iproute.run("ip", "netns", "delete", namespace, check=False)
+            removed.append(f"netns {namespace}")
+    folder = re.compile(rf"{re.escape(name)}-n\d+")  # a node's socket folder and kubelet root
+    for top in (Path(SOCKET_ROOT), Path(KUBELET_ROOT)):
+        for stale in sorted(top.glob(f"{name}-n*")) if top.is_dir() else []:
+            if folder.fullmatch(stale.name):
+                shutil.rmtree(stale, ignore_errors=True)
+                removed.append(f"folder {stale}")
     return removed
 
 
