@@ -55,6 +55,9 @@ def write_results(report: dict[str, Any], command: str) -> None:
         f"{report['gateway_outcomes_not_one']} | "
         f"{sum(a['ok'] for a in report['audit'].values())} of {len(report['audit'])} |",
     ]
+    if report["task_errors"]:
+        failed = ", ".join(f"{v} leg(s) {k} time(s)" for k, v in report.get("failed_task_executions", {}).items())
+        lines += ["", f"Legs of the tasks that ended in an error, rule runs at the executors: {failed or 'none'}."]
     if report["error_details"] or report["task_errors"]:
         lines += ["", "Clear errors (what the initiators got), most frequent first:", ""]
         lines += [f"* {d}" for d in report["error_details"][:10] + report["task_errors"][:10]]

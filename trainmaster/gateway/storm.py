@@ -64,6 +64,9 @@ class StormReport:
     """How many legs had their rule committed 0, 1, 2... times at their executor."""
     results_not_run_once: int = 0
     """Legs with a result whose rule's committed runs are not exactly one (must be 0)."""
+    failed_task_executions: dict[str, int] = field(default_factory=dict)
+    """The legs of tasks that ended in an error: how many had their rule committed 0, 1, 2...
+    times at their executor (none may have run twice; 0 or 1 both fit a clear error)."""
     lost: int = 0
     """Tasks with no report and no error, or legs of a task missing from its report (must be 0)."""
     gateway_outcomes_not_one: int = 0
@@ -75,6 +78,7 @@ class StormReport:
         return (
             self.lost == 0
             and self.results_not_run_once == 0
+            and all(int(runs) <= 1 for runs in self.failed_task_executions)
             and self.gateway_outcomes_not_one == 0
             and self.tasks_done + self.tasks_failed_to_run == self.options["tasks"]
             and all(a["ok"] for a in self.audit.values())
@@ -208,6 +212,7 @@ def _count(
 ) -> None:
     table = MappingTable(dep.cfg("gateway").db_url or "")
     runs = Counter[int]()
+    failed_runs = Counter[int]()
     kinds = Counter[str]()
     details = Counter[str]()
     for task_id, _who, legs in plan:
@@ -216,6 +221,8 @@ def _count(
             if task_id in errors:
                 report.tasks_failed_to_run += 1
                 report.task_errors.append(f"{task_id}: {errors[task_id][:200]}")
+                for party in legs:  # their legs too are counted at the executors
+                    failed_runs[len(read_commits(_commit_file(dep, party, task_id)))] += 1
             else:
                 report.lost += 1
             continue
@@ -229,7 +236,7 @@ def _count(
                 report.lost += 1
                 continue
             kinds[leg["outcome"]] += 1
-            commits = len(read_commits(Path(dep.cfg(party).state_dir) / "legs" / task_id / data_id / "commit"))
+            commits = len(read_commits(_commit_file(dep, party, task_id)))
             runs[commits] += 1
             if leg["outcome"] == "result":
                 report.legs_with_result += 1
@@ -242,6 +249,7 @@ def _count(
                 report.gateway_outcomes_not_one += 1
     report.leg_outcomes = dict(kinds)
     report.executions = {str(k): v for k, v in sorted(runs.items())}
+    report.failed_task_executions = {str(k): v for k, v in sorted(failed_runs.items())}
     report.error_details = [f"{n} x {d}" for d, n in details.most_common(20)]
     report.task_errors = report.task_errors[:20]
     roster = load_roster(dep.cfg("gateway").roster)
@@ -249,6 +257,11 @@ def _count(
         path = Path(dep.cfg(name).state_dir) / "audit.log"
         verdict = verify(path, roster[name])
         report.audit[name] = {"ok": verdict.ok, "lines": verdict.lines, "problems": verdict.problems[:5]}
+
+
+def _commit_file(dep: Deployment, party: str, task_id: str) -> Path:
+    """Where ``party``'s executor records each committed run of the task's leg."""
+    return Path(dep.cfg(party).state_dir) / "legs" / task_id / f"m_{party}" / "commit"
 
 
 def main_summary(report: StormReport) -> str:
@@ -265,6 +278,7 @@ def main_summary(report: StormReport) -> str:
                 "leg_outcomes",
                 "executions",
                 "results_not_run_once",
+                "failed_task_executions",
                 "lost",
                 "gateway_outcomes_not_one",
             )
