@@ -151,17 +151,26 @@ def test_each_link_carries_each_sum_once(tier_factory, siblings: int) -> None:
     assert all(0 < s["partials_sent"] <= slices for s in switches)
 
 
-def test_loss_detected_by_timeout_and_by_gaps(tier_factory) -> None:
+@pytest.mark.parametrize("detect", ["gaps", "timers"])
+def test_loss_detected_by_timeout_and_by_gaps(tier_factory, detect: str) -> None:
     """Loss: timers expire -> retransmit flag + aggregate-at 1; later slices overtaking a
-    missing one trigger an early (gap) retransmit; nothing double counted."""
+    missing one trigger an early (gap) retransmit; nothing double counted. Each way has a run of
+    its own: with gaps on, which losses are left to the timers (only those near a round's end)
+    hangs on how the processes interleave, and once in a loaded suite run none was."""
     faults = FaultPlan(drop=0.05, seed=11)
     tier = tier_factory(faults=faults)
     inputs = random_inputs(1, 2, 40_000, 1, seed=5)
-    cfg = WorkerConfig(chunk=512, gap_threshold=4, retransmit_timeout=0.1)
+    gap_threshold = 4 if detect == "gaps" else 10**6  # no round has that many slices: timers only
+    cfg = WorkerConfig(chunk=512, gap_threshold=gap_threshold, retransmit_timeout=0.1)
     out = reduce_all(tier, inputs, 2, cfg, faults)
     assert_exact(inputs, out)
     stats = [s for _, s, _ in out.values()]
-    assert sum(s["retransmits"] for s in stats) > sum(s["gap_retransmits"] for s in stats) > 0
+    gap_resent = sum(s["gap_retransmits"] for s in stats)
+    resent = sum(s["retransmits"] for s in stats)
+    if detect == "gaps":
+        assert resent >= gap_resent > 0
+    else:
+        assert resent > 0 and gap_resent == 0
     assert query(tier.ps.address)["retransmits_seen"] > 0
     _slots_free(tier)
 
