@@ -155,15 +155,13 @@ class IntegerSums:
                 rule = self.quantizer if isinstance(self.quantizer, FixedScale) else BlockFloat()
                 exps = [rule.choose_exponent(p, n, pk) for p, pk in zip(part, peaks)]
             qs = [quantize(p, e, pk, dtype.str) for p, e, pk in zip(part, exps, peaks)]
-            total = np.sum([q.astype(np.int64) for q in qs], axis=0)
+            stacked = np.stack([q.astype(np.int64) for q in qs])  # ranks x elements
+            total = stacked.sum(axis=0)
             wire = LIMITS[4] if dtype.itemsize == 4 else LIMITS[2]
-            overflow = any(np.abs(q.astype(np.int64)).max() >= LIMITS[dtype.itemsize] for q in qs) or (
-                np.abs(total).max() >= wire
-            )
+            overflow = np.abs(stacked).max() >= LIMITS[dtype.itemsize] or np.abs(total).max() >= wire
             # a partial sum of some of the ranks (a forwarding node's, or pieces a retransmission
             # merged in another grouping) may pass the wire's limit while the whole sum does not:
             # then the fabric rightly falls back to floats, or not, as the pieces happened to meet
-            stacked = np.stack([q.astype(np.int64) for q in qs])
             partial = not overflow and (
                 max(np.clip(stacked, 0, None).sum(axis=0).max(), -np.clip(stacked, None, 0).sum(axis=0).min()) >= wire
             )
@@ -175,10 +173,9 @@ class IntegerSums:
             if s in self.uncertain:
                 out.append(None)
             elif overflow:
-                out.append(np.sum([p.astype(np.float64) for p in part], axis=0).astype(np.float32))
+                out.append(_float_path(part))
             elif partial and len(set(exps)) == 1:
-                floats = np.sum([p.astype(np.float64) for p in part], axis=0).astype(np.float32)
-                out.append(Either((exps[0], total), floats))
+                out.append(Either((exps[0], total), _float_path(part)))
             elif len(set(exps)) == 1:
                 out.append((exps[0], total))
             else:
@@ -209,6 +206,11 @@ def check_integer_sums(y: np.ndarray, chunk: int, expected: list[Any]) -> dict[s
         got["checked"] += 1
         got["exact"] += int(exact)
     return got
+
+
+def _float_path(part: list[np.ndarray]) -> np.ndarray:
+    """What the float path gives for a slice: the float32 of the float64 sum of what the ranks sent."""
+    return np.sum([p.astype(np.float64) for p in part], axis=0).astype(np.float32)
 
 
 def _integers_exact(part: np.ndarray, exponent: int, total: np.ndarray) -> bool:
