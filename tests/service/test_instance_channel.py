@@ -211,3 +211,34 @@ def test_an_absent_controller_is_said_clearly_after_the_timeout(
     assert channel is not None and os.environ["TM_CHANNEL_TIMEOUT"] == "1.5"
     with pytest.raises(ChannelUnavailable, match="nobody.sock.*resume"):
         channel.call("GET", "/v1/dependencies", deadline=time.monotonic() + 0.5)
+
+
+def test_an_instance_that_resets_its_connection_leaves_no_traceback(capfd: pytest.CaptureFixture[str]) -> None:
+    """An instance killed mid-request resets the channel's connection; the controller's stderr
+    (which `trainmaster run` shows the user) stays free of socketserver's traceback (CI saw one
+    fail a corpus run)."""
+    import socket
+    import struct
+    import threading
+
+    from trainmaster.controller.channel import _Handler, _TcpServer
+
+    server = _TcpServer(("127.0.0.1", 0), _Handler)
+    server.service = None  # type: ignore[attr-defined]  # never reached: no request line arrives
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        for _ in range(5):
+            peer = socket.create_connection(server.server_address, timeout=5)
+            peer.sendall(b"GET /v1/depend")  # half a request line, then a reset
+            peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            peer.close()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and threading.active_count() > 2:
+            time.sleep(0.05)  # the handler threads meet the resets
+        time.sleep(0.2)
+    finally:
+        server.shutdown()
+        server.server_close()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception occurred" not in err, err

@@ -38,6 +38,7 @@ import logging
 import os
 import socket
 import socketserver
+import sys
 import threading
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
@@ -387,12 +388,26 @@ class _Handler(BaseHTTPRequestHandler):
         return "instance"
 
 
-class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+class _QuietErrors(socketserver.BaseServer):
+    """An instance that dies or is killed mid-request resets its connection: that is the
+    instance's story (its exit is recorded), not the controller's, so it is a debug line. Any
+    other handler failure goes to the log, never as socketserver's traceback on stderr, which
+    ends up in the output of `trainmaster run`."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        error = sys.exc_info()[1]
+        if isinstance(error, (ConnectionError, TimeoutError)):
+            log.debug("instance channel: a peer went away mid-request: %s", error)
+        else:
+            log.exception("instance channel: a request failed")
+
+
+class _UnixServer(socketserver.ThreadingMixIn, _QuietErrors, socketserver.UnixStreamServer):
     daemon_threads = True
     allow_reuse_address = False
 
 
-class _TcpServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
+class _TcpServer(socketserver.ThreadingMixIn, _QuietErrors, socketserver.TCPServer):
     daemon_threads = True
     allow_reuse_address = True
 
