@@ -17,7 +17,7 @@ import pytest
 from gateway_harness import Deployment
 from helpers import wait_until
 
-from trainmaster.gateway.crypto.chunks import ChunkOpener, ChunkSealer, abort_frame, aborted
+from trainmaster.gateway.crypto.chunks import ChunkOpener, ChunkSealer
 from trainmaster.gateway.crypto.envelope import EnvelopeError
 from trainmaster.gateway.executors.base import read_commits
 from trainmaster.gateway.initiator.taskfile import LegSpec, TaskSpec
@@ -71,7 +71,28 @@ def test_chunk_stream_refuses_truncation_reordering_tampering_and_splicing() -> 
             pytest.fail(f"{name} stream was accepted")
     with pytest.raises(EnvelopeError, match="announced"):
         _open_all(bodies, len(data) + 1)
-    assert aborted(abort_frame("why")[4:]) == "why" and aborted(bodies[0]) is None
+
+
+def test_abort_frame_is_sealed_like_a_chunk() -> None:
+    """Chunk frames cross the stream port outside TLS records, so an abort frame (a reason for
+    ending a stream early) is sealed too: its own hop's key at the next index carries the reason;
+    one sealed under another key, or replayed at another index, is refused, not believed."""
+    sealer = ChunkSealer(b"k" * 32, "s" * 32)
+    first = sealer.seal(b"x" * 1000, False)
+    abort = sealer.abort("disk full")[4:]
+
+    def opener() -> ChunkOpener:
+        o = ChunkOpener(b"k" * 32, "s" * 32, 5000, 1000)
+        assert o.aborted(first) is None
+        o.open(first)
+        return o
+
+    assert opener().aborted(abort) == "disk full"
+    forged = ChunkSealer(b"j" * 32, "s" * 32, first_index=1).abort("the gateway is full")[4:]
+    with pytest.raises(EnvelopeError, match="does not decrypt"):
+        opener().aborted(forged)
+    with pytest.raises(EnvelopeError, match="does not decrypt"):
+        ChunkOpener(b"k" * 32, "s" * 32, 5000, 1000).aborted(abort)  # index 1's abort at index 0
 
 
 def _write_parquet(path: Path, rows: int) -> None:
