@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Text, func, insert, select, type_coerce
+from sqlalchemy import Table, Text, func, insert, select, type_coerce
 from sqlalchemy.orm import Session, defer, make_transient_to_detached, object_session, selectinload
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -299,7 +299,7 @@ def insert_instances(session: Session, rows: list[InstanceRow]) -> None:
     as for any loaded row."""
     if not rows:
         return
-    table = InstanceRow.__table__
+    table: Table = InstanceRow.__table__  # type: ignore[assignment]
     columns = [c for c in table.columns if not c.primary_key and c.name != INSERT_SENTINEL]
     defaults = {c.key: c.default for c in columns if c.default is not None}
     values = []
