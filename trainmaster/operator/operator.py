@@ -57,7 +57,7 @@ from trainmaster.operator.leader import Deposed, LeaseElector
 from trainmaster.spec.model import RuntimeKind
 from trainmaster.store import repository as repo
 from trainmaster.store.db import make_engine, session_factory
-from trainmaster.store.models import InstanceRow, KeyRow, utcnow
+from trainmaster.store.models import InstanceRow, JobRow, KeyRow, RoleRow, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -663,8 +663,6 @@ def status_documents(session: Any, job_ids: list[int]) -> dict[int, dict[str, An
     Instances come only where they have restarted (the Restarting condition, Volcano's
     ``retryCount``), as the writers need no others."""
     from sqlalchemy import select
-
-    from trainmaster.store.models import JobRow, RoleRow
 
     docs: dict[int, dict[str, Any]] = {}
     for row in session.execute(
