@@ -65,15 +65,21 @@ class FakeLeases:
             return Answer(self.lease)
 
 
+def fake_elector() -> tuple[LeaseElector, FakeLeases]:
+    """An elector of 0.4 s terms, renewing every 0.05 s, over the fake Lease API."""
+    elector = LeaseElector(None, "default", "tm-test", "me", duration=0.4, retry=0.05)
+    fake = FakeLeases()
+    elector.coordination = fake
+    return elector, fake
+
+
 def renewers() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "lease-renew" and t.is_alive()]
 
 
 def test_a_leader_deposed_by_its_own_clock_leads_again_with_one_renewer() -> None:
     before = len(renewers())
-    elector = LeaseElector(None, "default", "tm-test", "me", duration=0.4, retry=0.05)
-    fake = FakeLeases()
-    elector.coordination = fake
+    elector, fake = fake_elector()
     stop = threading.Event()
     try:
         assert elector.acquire(stop)
@@ -101,9 +107,7 @@ def test_a_renewal_is_one_write_and_a_foreign_write_deposes_the_leader() -> None
     """As client-go's leader election: the leader renews over the Lease as its last write left
     it (one request, no read); a write by anyone else makes that renewal conflict, and the
     leader, reading the Lease, finds another holder and stops writing."""
-    elector = LeaseElector(None, "default", "tm-test", "me", duration=0.4, retry=0.05)
-    fake = FakeLeases()
-    elector.coordination = fake
+    elector, fake = fake_elector()
     stop = threading.Event()
     try:
         assert elector.acquire(stop)
