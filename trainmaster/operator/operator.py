@@ -57,7 +57,7 @@ from trainmaster.operator.leader import Deposed, LeaseElector
 from trainmaster.spec.model import RuntimeKind
 from trainmaster.store import repository as repo
 from trainmaster.store.db import make_engine, session_factory
-from trainmaster.store.models import InstanceRow, JobRow, KeyRow, RoleRow, utcnow
+from trainmaster.store.models import InstanceRow, KeyRow, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -582,7 +582,7 @@ class Operator:
         for tracked in live:  # until its status is found unchanged or written (a failed write retries)
             tracked.stale = True
         with self.sessions() as session:
-            documents = status_documents(session, [t.job_id or 0 for t in live])
+            documents = repo.status_summaries(session, [t.job_id or 0 for t in live])
         for tracked in live:
             doc = documents.get(tracked.job_id or 0)
             if doc is None:
@@ -652,66 +652,6 @@ class Operator:
             + self._past_requests
             + (int(self.backend.requests) if self.backend is not None else 0)
         )
-
-
-def status_documents(session: Any, job_ids: list[int]) -> dict[int, dict[str, Any]]:
-    """Job id -> what the status writers (:mod:`trainmaster.operator.status`, :mod:`.trainjob`)
-    read of a job's status document (:func:`repository.job_status`'s keys, only those), in
-    three queries of plain columns for every job at once. A pass touches a starting gang's job
-    several times a second; loading it as ORM rows (its roles, every instance, its registry)
-    for each status check cost the operator more CPU than the reconcile passes themselves.
-    Instances come only where they have restarted (the Restarting condition, Volcano's
-    ``retryCount``), as the writers need no others."""
-    from sqlalchemy import select
-
-    docs: dict[int, dict[str, Any]] = {}
-    for row in session.execute(
-        select(
-            JobRow.id,
-            JobRow.name,
-            JobRow.state,
-            JobRow.reason,
-            JobRow.message,
-            JobRow.owner,
-            JobRow.started_at,
-            JobRow.running_at,
-            JobRow.completed_at,
-        ).where(JobRow.id.in_(job_ids))
-    ):
-        reason, message = repo.shown_reason_of(row.id, row.state, row.reason, row.message, row.owner)
-        docs[row.id] = {
-            "id": row.id,
-            "name": row.name,
-            "state": row.state,
-            "reason": reason,
-            "message": message,
-            "startedAt": _iso(row.started_at),
-            "runningAt": _iso(row.running_at),
-            "completedAt": _iso(row.completed_at),
-            "roles": [],
-            "instances": [],
-        }
-    for role in session.execute(
-        select(RoleRow.job_id, RoleRow.name, RoleRow.replicas, RoleRow.state, RoleRow.counts)
-        .where(RoleRow.job_id.in_(job_ids))
-        .order_by(RoleRow.job_id, RoleRow.position)
-    ):
-        if role.job_id in docs:
-            docs[role.job_id]["roles"].append(
-                {"name": role.name, "replicas": role.replicas, "state": role.state, "counts": role.counts or {}}
-            )
-    for inst in session.execute(
-        select(InstanceRow.job_id, InstanceRow.state, InstanceRow.restarts)
-        .where(InstanceRow.job_id.in_(job_ids), InstanceRow.restarts > 0)
-        .order_by(InstanceRow.id)
-    ):
-        if inst.job_id in docs:
-            docs[inst.job_id]["instances"].append({"state": inst.state, "restarts": inst.restarts})
-    return docs
-
-
-def _iso(value: Any) -> str | None:
-    return value.isoformat() if value else None
 
 
 def _newer(known: str, obj: dict[str, Any]) -> str:
