@@ -140,10 +140,13 @@ class StreamSocket:
 
     def _flush(self) -> None:
         """Send what TLS has written to the outgoing BIO, in one ``sendall``."""
-        if not self._out.pending:
-            return
+        if self._out.pending:
+            self._sendall(self._out.read())
+
+    def _sendall(self, data: bytes | memoryview) -> None:
+        """Bytes onto the socket, a broken or stalled connection as :class:`StreamError`."""
         try:
-            self.raw.sendall(self._out.read())
+            self.raw.sendall(data)
         except TimeoutError as exc:
             raise StreamError("the other end took nothing within the timeout") from exc
         except OSError as exc:
@@ -168,12 +171,17 @@ class StreamSocket:
 
     def recv_frame_into(self, buf: bytearray) -> memoryview:
         """The next frame's body, read into ``buf`` (refused if it does not fit)."""
-        self._recv_exact(memoryview(self._head))
+        return self._frame_into(buf, self._recv_exact)
+
+    def _frame_into(self, buf: bytearray, read_exact: Callable[[memoryview], None]) -> memoryview:
+        """One frame (length header, then body into ``buf``) read with ``read_exact``: through
+        TLS (:meth:`_recv_exact`) or off the bare socket (:meth:`_raw_exact`)."""
+        read_exact(memoryview(self._head))
         (size,) = HEADER.unpack(self._head)
         if size > len(buf):
             raise StreamError(f"frame of {size} bytes is over this stream's {len(buf)}-byte frames")
         view = memoryview(buf)[:size]
-        self._recv_exact(view)
+        read_exact(view)
         return view
 
     def recv_frame(self, cap: int = MAX_REQUEST_BYTES) -> bytes:
@@ -202,12 +210,7 @@ class StreamSocket:
         """A whole sealed chunk frame (:mod:`~trainmaster.gateway.crypto.chunks`) straight onto the
         socket, outside the TLS records: the chunk AEAD already gives its bytes what a record would
         (see :meth:`recv_chunk_into`), so a second encryption pass over them is saved."""
-        try:
-            self.raw.sendall(data)
-        except TimeoutError as exc:
-            raise StreamError("the other end took nothing within the timeout") from exc
-        except OSError as exc:
-            raise StreamError(f"{type(exc).__name__}: {exc}") from exc
+        self._sendall(data)
 
     def _raw_exact(self, view: memoryview) -> None:
         got = 0
@@ -239,14 +242,7 @@ class StreamSocket:
         clear, its 4-byte length, is what TLS records show too. Everything else on the connection
         (the request, the ready answer, the final status) stays inside TLS: TLS never reads ahead
         of the record it needs, so bytes after a record stay in the incoming BIO for this method."""
-        head = memoryview(self._head)
-        self._raw_exact(head)
-        (size,) = HEADER.unpack(self._head)
-        if size > len(buf):
-            raise StreamError(f"frame of {size} bytes is over this stream's {len(buf)}-byte frames")
-        view = memoryview(buf)[:size]
-        self._raw_exact(view)
-        return view
+        return self._frame_into(buf, self._raw_exact)
 
     def send_frame(self, body: bytes) -> None:
         self.send(HEADER.pack(len(body)) + body)
