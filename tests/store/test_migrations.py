@@ -9,7 +9,7 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import create_engine, inspect, text
+from sqlalchemy import Connection, create_engine, inspect, text
 
 from trainmaster.store import migrate
 from trainmaster.store.db import make_engine, session_factory
@@ -24,20 +24,26 @@ def test_models_and_the_newest_revision_describe_the_same_schema(store_url: str)
     assert diff == [], diff
 
 
+def _insert_old_job(connection: Connection) -> int:
+    """One succeeded job, 'old-job', in the columns every revision since 0001 has; its id."""
+    connection.execute(
+        text(
+            "INSERT INTO jobs (uid, name, spec, state, reason, message, queue, priority, backend, owner, "
+            "cancel_requested, admitted, run_dir, created_at, last_transition_at) VALUES ('u1', 'old-job', "
+            "'{}', 'succeeded', '', '', 'default', 0, 'local', 'service', false, true, '', "
+            "CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+        )
+    )
+    return int(connection.execute(text("SELECT id FROM jobs WHERE uid = 'u1'")).scalar_one())
+
+
 def _legacy_store(url: str, stamp: bool) -> None:
     """A store as Trainmaster 0.1.0 left it: the 0001 tables with one job, with or without Alembic's mark."""
     engine = create_engine(url)
     with engine.begin() as connection:
         config = migrate._config(connection)
         command.upgrade(config, "0001")
-        connection.execute(
-            text(
-                "INSERT INTO jobs (uid, name, spec, state, reason, message, queue, priority, backend, owner, "
-                "cancel_requested, admitted, run_dir, created_at, last_transition_at) VALUES ('u1', 'old-job', "
-                "'{}', 'succeeded', '', '', 'default', 0, 'local', 'service', false, true, '', "
-                "CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
-            )
-        )
+        _insert_old_job(connection)
         if not stamp:
             connection.execute(text("DROP TABLE alembic_version"))
     engine.dispose()
@@ -71,15 +77,7 @@ def test_a_store_of_the_previous_revision_keeps_its_instances_and_starts_gangs(s
     engine = create_engine(store_url)
     with engine.begin() as connection:
         command.upgrade(migrate._config(connection), "0008")
-        connection.execute(
-            text(
-                "INSERT INTO jobs (uid, name, spec, state, reason, message, queue, priority, backend, owner, "
-                "cancel_requested, admitted, run_dir, created_at, last_transition_at) VALUES ('u1', 'old-job', "
-                "'{}', 'succeeded', '', '', 'default', 0, 'local', 'service', false, true, '', "
-                "CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
-            )
-        )
-        old = connection.execute(text("SELECT id FROM jobs WHERE uid = 'u1'")).scalar_one()
+        old = _insert_old_job(connection)
         for index in range(2):
             connection.execute(
                 text(
