@@ -62,6 +62,29 @@ HEADER = 36  # trainmaster.aggregation.protocol.HEADER_SIZE
 # the forwarding node's CPU: 1.92 s with one send per slice, 0.75 s with four (the same as 64 KB
 # slices unsegmented); a lost datagram costs the whole slice, which a lossless link never does
 SENDS_PER_SLICE = 4
+# ... and at 1 Gbit/s and above sixteen (about 1 MB, the transport's largest packet): there the
+# nodes' CPU decides, and part of it is paid per slice, not per 64 KiB run. Measured on loopback
+# (8 workers, 16 MiB, MTU 1500, nice 19, load ~30, two runs each), CPU per MB: worker 1.90 ->
+# 1.45 ms, forwarding node 1.10-1.21 -> 0.93-1.01 ms per MB received, parameter node 1.79 ->
+# 1.19-1.49 ms; on the testbed (1 Gbit/s, MTU 1500, 8 workers, 64 MiB) CPU-s per all-reduce,
+# worker / forwarding node / parameter node, 0.23 / 0.84 / 0.22 -> 0.15 / 0.58 / 0.15. Below 1
+# Gbit/s the link decides and a lost datagram would cost a whole megabyte: four sends stay.
+FAST_SENDS_PER_SLICE = 16
+
+
+def sends_for(rate: int | None, sends: int = 0) -> int:
+    """GSO sends per INA slice on a link of ``rate`` bits/s (None: uncapped); ``sends`` > 0
+    overrides."""
+    if sends:
+        return sends
+    return FAST_SENDS_PER_SLICE if rate is None or rate >= 10**9 else SENDS_PER_SLICE
+
+
+def in_flight_for(sends: int, in_flight: int = 0) -> int:
+    """Bytes in flight over all workers, in 64 KiB units (``in_flight`` > 0 overrides): at
+    least ``IN_FLIGHT``, and enough for four slices per worker at 8 workers (the worker's own
+    share of the forwarding node's socket buffer caps its window again)."""
+    return in_flight or max(IN_FLIGHT, 32 * sends)
 
 
 def chunk_for(mtu: int, sends: int = SENDS_PER_SLICE) -> int:
@@ -434,11 +457,12 @@ def sweep(
     sizes: list[int],
     reps: int,
     failures: list[str],
-    in_flight: int = IN_FLIGHT,
+    in_flight: int = 0,
     variants: tuple[str, ...] = VARIANTS,
     mtu: int = MTU,
     min_rto: float = MIN_RTO,
     save: Any = None,
+    sends: int = 0,
 ) -> list[Cell]:
     """Every (link, workers) on a testbed per link; ``save(cells)`` after each link, so a run
     stopped later (a timeout, a loaded machine) keeps what it measured."""
@@ -450,7 +474,9 @@ def sweep(
     cells: list[Cell] = []
     for link in links:
         rate, link_mtu = link_spec(link, mtu)
-        chunk = chunk_for(link_mtu)
+        link_sends = sends_for(rate, sends)
+        chunk = chunk_for(link_mtu, link_sends)
+        link_in_flight = in_flight_for(link_sends, in_flight)
         options = TestbedOptions(hosts=max(workers) + 1, link_rate=rate, prefix=PREFIX, mtu=link_mtu)
         bed = Testbed.up(options)
         try:
@@ -464,7 +490,7 @@ def sweep(
                 for variant in order:
                     try:
                         got[variant] = run_variant(
-                            bed, link, variant, world, sizes, reps, wait_s, in_flight, min_rto, chunk
+                            bed, link, variant, world, sizes, reps, wait_s, link_in_flight, min_rto, chunk
                         )
                     except Exception as exc:  # a variant that fails is reported, not hidden
                         failures.append(f"{link} {world} workers {variant}: {type(exc).__name__}: {exc}")
@@ -525,8 +551,10 @@ def write_markdown(report: dict[str, Any], cells: list[Cell]) -> str:
         f"otherwise, e.g. 1gbit@1500), one invocation of "
         f"`bench/aggregation.py`: workers on h1..hn, INA's forwarding node on the switch host and "
         f"parameter node on its own host, UDP, slices of "
-        f"{', '.join(f'{v} elements at {k}' for k, v in report['chunk'].items())} ({SENDS_PER_SLICE} GSO "
-        f"sends each: cut into datagrams of the link's MTU), {report['in_flight']} x 64 KiB in flight "
+        f"{', '.join(f'{v} elements at {k}' for k, v in report['chunk'].items())} ("
+        f"{', '.join(f'{v} at {k}' for k, v in report['sends_per_slice'].items())} GSO sends each: cut into "
+        f"datagrams of the link's MTU), "
+        f"{', '.join(f'{v} at {k}' for k, v in report['in_flight'].items())} x 64 KiB in flight "
         f"over all workers; gloo one process per worker host. {report['machine']['cpus']} CPUs "
         f"shared with other jobs (1-minute load average {load['start']:.2f} at start, "
         f"{load['end']:.2f} at end; {describe(report.get('priority'))}: "
@@ -638,9 +666,16 @@ def main() -> None:
     parser.add_argument(
         "--in-flight",
         type=int,
-        default=IN_FLIGHT,
-        help="INA bytes in flight over all workers, in 64 KiB units (each worker's share is also bounded by "
-        "its link's queue)",
+        default=0,
+        help=f"INA bytes in flight over all workers, in 64 KiB units (each worker's share is also bounded by "
+        f"its link's queue); default max({IN_FLIGHT}, 32 x sends per slice)",
+    )
+    parser.add_argument(
+        "--sends-per-slice",
+        type=int,
+        default=0,
+        help=f"INA slice size, in GSO sends of 64 KiB at the link's MTU (1-16: at most 1 MiB per slice); default "
+        f"{FAST_SENDS_PER_SLICE} on links of 1 Gbit/s or more (or uncapped), {SENDS_PER_SLICE} on slower ones",
     )
     parser.add_argument(
         "--min-rto", type=float, default=MIN_RTO, help="INA workers' floor of the retransmission timeout, seconds"
@@ -685,7 +720,7 @@ def main() -> None:
     failures: list[str] = []
     started, load_start = time.time(), os.getloadavg()
     variants = tuple(v for v in VARIANTS if v in args.variants.split(","))
-    if not variants or args.in_flight < 4:
+    if not variants or 0 < args.in_flight < 4:
         parser.error(f"--variants: choose from {', '.join(VARIANTS)}; --in-flight >= 4")
     try:
         for link in links:
@@ -693,8 +728,12 @@ def main() -> None:
         TestbedOptions(mtu=args.mtu)
     except (ValueError, UserError) as exc:
         parser.error(f"--links/--mtu: {exc}")
+    if not 0 <= args.sends_per_slice <= 16:
+        parser.error("--sends-per-slice must be between 1 and 16 (a slice is at most 1 MiB)")
     if not 0.01 <= args.min_rto <= 5:
         parser.error("--min-rto must be between 0.01 and 5 seconds")
+
+    sends = {link: sends_for(link_spec(link, args.mtu)[0], args.sends_per_slice) for link in links}
 
     def save(cells: list[Cell], final: bool = False) -> str:
         report: dict[str, Any] = {
@@ -714,9 +753,10 @@ def main() -> None:
             "reps": args.reps,
             "quick": args.quick,
             "seconds": round(time.time() - started),
-            "chunk": {link: chunk_for(link_spec(link, args.mtu)[1]) for link in links},
+            "chunk": {link: chunk_for(link_spec(link, args.mtu)[1], sends[link]) for link in links},
+            "sends_per_slice": sends,
             "mtu": args.mtu,
-            "in_flight": args.in_flight,
+            "in_flight": {link: in_flight_for(sends[link], args.in_flight) for link in links},
             "variants": list(variants),
             "window_per_worker": {
                 link: {
@@ -724,8 +764,8 @@ def main() -> None:
                         w,
                         link_spec(link)[0],
                         TestbedOptions().queue_ms,
-                        args.in_flight,
-                        chunk_for(link_spec(link, args.mtu)[1]),
+                        in_flight_for(sends[link], args.in_flight),
+                        chunk_for(link_spec(link, args.mtu)[1], sends[link]),
                     )
                     for w in workers
                 }
@@ -744,7 +784,17 @@ def main() -> None:
         return md
 
     cells = sweep(
-        links, workers, sizes, args.reps, failures, args.in_flight, variants, args.mtu, args.min_rto, save=save
+        links,
+        workers,
+        sizes,
+        args.reps,
+        failures,
+        args.in_flight,
+        variants,
+        args.mtu,
+        args.min_rto,
+        save=save,
+        sends=args.sends_per_slice,
     )
     print(save(cells, final=True))
 
