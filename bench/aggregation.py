@@ -62,22 +62,19 @@ HEADER = 36  # trainmaster.aggregation.protocol.HEADER_SIZE
 # the forwarding node's CPU: 1.92 s with one send per slice, 0.75 s with four (the same as 64 KB
 # slices unsegmented); a lost datagram costs the whole slice, which a lossless link never does
 SENDS_PER_SLICE = 4
-# ... and at 1 Gbit/s and above sixteen (about 1 MB, the transport's largest packet): there the
-# nodes' CPU decides, and part of it is paid per slice, not per 64 KiB run. Measured on loopback
-# (8 workers, 16 MiB, MTU 1500, nice 19, load ~30, two runs each), CPU per MB: worker 1.90 ->
-# 1.45 ms, forwarding node 1.10-1.21 -> 0.93-1.01 ms per MB received, parameter node 1.79 ->
-# 1.19-1.49 ms; on the testbed (1 Gbit/s, MTU 1500, 8 workers, 64 MiB) CPU-s per all-reduce,
-# worker / forwarding node / parameter node, 0.23 / 0.84 / 0.22 -> 0.15 / 0.58 / 0.15. Below 1
-# Gbit/s the link decides and a lost datagram would cost a whole megabyte: four sends stay.
-FAST_SENDS_PER_SLICE = 16
+# Larger slices (``--sends-per-slice``, up to 16: about 1 MB, the transport's largest packet) lower
+# the nodes' CPU per MB on loopback (8 workers, 16 MiB, MTU 1500, 16 sends: worker 1.90 -> 1.45
+# ms, forwarding node 1.10-1.21 -> 0.93-1.01 ms per MB received) but not on the testbed, where
+# the kernel's path through veth, bridge and tbf is paid per byte: three interleaved pairs under
+# the benchmark lock (1 Gbit/s, MTU 1500 and 9000, 4 and 8 workers, 64 MiB, load 25-42), INA/gloo
+# 0.77-0.87 with 4 sends and 0.79-0.90 with 16 at 8 workers, 1.12-1.34 and 1.07-1.25 at 4;
+# CPU-s per all-reduce the same within the spread (worker 0.13-0.17, forwarding node 0.60-0.70
+# at 8 workers). Four stay the default.
 
 
-def sends_for(rate: int | None, sends: int = 0) -> int:
-    """GSO sends per INA slice on a link of ``rate`` bits/s (None: uncapped); ``sends`` > 0
-    overrides."""
-    if sends:
-        return sends
-    return FAST_SENDS_PER_SLICE if rate is None or rate >= 10**9 else SENDS_PER_SLICE
+def sends_for(sends: int = 0) -> int:
+    """GSO sends per INA slice: ``sends`` if given (> 0), else the default."""
+    return sends or SENDS_PER_SLICE
 
 
 def in_flight_for(sends: int, in_flight: int = 0) -> int:
@@ -170,6 +167,10 @@ class Cell:
     retransmits: float | None  # INA: slices sent again per all-reduce, all workers
     ratio_vs_gloo: float | None = None
     line_rate: float | None = None  # algbw / the link's rate in bytes/s (a worker's tensor in and out)
+    # the kernel's part of those CPU-seconds (system / (user + system)): workers (all together),
+    # forwarding node; where the time goes when the CPU decides
+    kernel_share_worker: float | None = None
+    kernel_share_switch: float | None = None
 
 
 @dataclass
@@ -321,11 +322,24 @@ class Nodes:
 
 
 def _cpu(proc: Any) -> float:
+    return sum(_cpu_split(proc))
+
+
+def _cpu_split(proc: Any) -> tuple[float, float]:
+    """User and system CPU-seconds of a process and its waited-for children so far."""
     try:
         t = psutil.Process(proc.pid).cpu_times()
-        return t.user + t.system + t.children_user + t.children_system
+        return t.user + t.children_user, t.system + t.children_system
     except psutil.Error:
-        return 0.0
+        return 0.0, 0.0
+
+
+def _kernel_share(
+    after: dict[int, tuple[float, float]], before: dict[int, tuple[float, float]], pids: list[int]
+) -> float | None:
+    user = sum(after[p][0] - before[p][0] for p in pids)
+    system = sum(after[p][1] - before[p][1] for p in pids)
+    return system / (user + system) if user + system > 0 else None
 
 
 def run_variant(
@@ -387,7 +401,8 @@ def run_variant(
     try:
         for size in sizes:
             sync.start.wait(timeout=wait_s)
-            cpu0 = {p.pid: _cpu(p) for p in nodes.all()}
+            split0 = {p.pid: _cpu_split(p) for p in nodes.all()}
+            cpu0 = {pid: sum(t) for pid, t in split0.items()}
             bytes0 = bed.counters()
             sync.start.wait(timeout=wait_s)
             by_rank: dict[int, list[float]] = {r: [] for r in range(world)}
@@ -399,7 +414,8 @@ def run_variant(
                 else:
                     resent += value
             sync.start.wait(timeout=wait_s)
-            cpu = {p.pid: (_cpu(p) - cpu0[p.pid]) / reps for p in nodes.all()}
+            split1 = {p.pid: _cpu_split(p) for p in nodes.all()}
+            cpu = {pid: (sum(t) - cpu0[pid]) / reps for pid, t in split1.items()}
             bytes1 = bed.counters()
             sync.start.wait(timeout=wait_s)
             per_rep = [max(by_rank[r][i] for r in range(world)) for i in range(reps)]
@@ -427,6 +443,8 @@ def run_variant(
                     cpu_ps_s=cpu[nodes.ps.pid] if nodes.ps else None,
                     retransmits=resent / reps if ina else None,
                     line_rate=(size / med) / (bed.options.link_rate / 8) if bed.options.link_rate else None,
+                    kernel_share_worker=_kernel_share(split1, split0, [p.pid for p in nodes.workers]),
+                    kernel_share_switch=_kernel_share(split1, split0, [nodes.switch.pid]) if nodes.switch else None,
                 )
             )
     finally:
@@ -474,7 +492,7 @@ def sweep(
     cells: list[Cell] = []
     for link in links:
         rate, link_mtu = link_spec(link, mtu)
-        link_sends = sends_for(rate, sends)
+        link_sends = sends_for(sends)
         chunk = chunk_for(link_mtu, link_sends)
         link_in_flight = in_flight_for(link_sends, in_flight)
         options = TestbedOptions(hosts=max(workers) + 1, link_rate=rate, prefix=PREFIX, mtu=link_mtu)
@@ -543,7 +561,7 @@ def _fmt(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def write_markdown(report: dict[str, Any], cells: list[Cell]) -> str:
+def write_markdown(report: dict[str, Any], cells: list[Cell], plotted: bool = True) -> str:
     load = report["load_average"]
     lines = [
         f"INA vs gloo's ring all-reduce on a testbed (hosts = network namespaces, every link "
@@ -610,7 +628,8 @@ def write_markdown(report: dict[str, Any], cells: list[Cell]) -> str:
         lines += ["", "Failures: " + "; ".join(report["failures"])]
     if not report.get("complete", True):
         lines += ["", "Partial: saved after the last link measured; the sweep did not finish."]
-    lines += ["", "![algbw vs message size per worker count](/bench/results/aggregation.png)"]
+    if plotted:  # beside this file, whichever --output it went to
+        lines += ["", "![algbw vs message size per worker count](aggregation.png)"]
     return "\n".join(lines) + "\n"
 
 
@@ -675,7 +694,7 @@ def main() -> None:
         type=int,
         default=0,
         help=f"INA slice size, in GSO sends of 64 KiB at the link's MTU (1-16: at most 1 MiB per slice); default "
-        f"{FAST_SENDS_PER_SLICE} on links of 1 Gbit/s or more (or uncapped), {SENDS_PER_SLICE} on slower ones",
+        f"{SENDS_PER_SLICE}",
     )
     parser.add_argument(
         "--min-rto", type=float, default=MIN_RTO, help="INA workers' floor of the retransmission timeout, seconds"
@@ -733,7 +752,7 @@ def main() -> None:
     if not 0.01 <= args.min_rto <= 5:
         parser.error("--min-rto must be between 0.01 and 5 seconds")
 
-    sends = {link: sends_for(link_spec(link, args.mtu)[0], args.sends_per_slice) for link in links}
+    sends = {link: sends_for(args.sends_per_slice) for link in links}
 
     def save(cells: list[Cell], final: bool = False) -> str:
         report: dict[str, Any] = {
@@ -778,8 +797,8 @@ def main() -> None:
         report["targets"] = target_status(cells)
         args.output.mkdir(parents=True, exist_ok=True)
         (args.output / "aggregation.json").write_text(json.dumps(report, indent=1))
-        plot(cells, links, workers, args.output / "aggregation.png")
-        md = write_markdown(report, cells)
+        plotted = plot(cells, links, workers, args.output / "aggregation.png")
+        md = write_markdown(report, cells, plotted)
         (args.output / "aggregation.md").write_text(md)
         return md
 
