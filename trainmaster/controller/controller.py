@@ -71,6 +71,7 @@ LIVE = (I.STARTING.value, I.RUNNING.value, I.UNKNOWN.value, I.TERMINATING.value)
 FULL_PASS_EVERY = 30.0  # seconds between passes that look at every job, changed or not
 COLLECT_AFTER_ROWS = 20_000  # rows loaded by passes between two garbage collections (:meth:`step`)
 RUNNING = I.RUNNING.value  # an instance's and a job's stored state alike
+INSTANCE_STATES = [s.value for s in I]  # every state a role's counts name, in order
 
 
 # The tables written with plain Core statements (a submit batch, a pass's events): an ORM-enabled
@@ -165,6 +166,7 @@ class Controller:
         self._admissions: dict[tuple[Any, ...], Admission] = {}  # this pass's answers (_admit)
         self._live_sum: Resources | None = None  # what live instances held at the last read (_free_capacity)
         self._verdicts: dict[tuple[Any, ...], Verdict | None] = {}  # this pass's quota answers (_quota_verdict)
+        self._environ: dict[str, str] | None = None  # what instances take of this process' environment, this pass
 
     @property
     def touched(self) -> frozenset[int]:
@@ -325,6 +327,7 @@ class Controller:
                 self.fence(session)
             self._to_start, self._observed, self._events = [], {}, []  # nothing carried over from a failed pass
             self._evicted, self._created = [], []
+            self._environ = None  # read again each pass
             changed = self._changed_jobs(session)
             free = self._free_capacity(session, changed)
             # instances of admitted jobs as the last pass left them, less the jobs it reconciled
@@ -396,12 +399,14 @@ class Controller:
             if self._to_start:
                 self.backend.prepare_start([s.request for s in self._to_start])
             created, self._created = self._created, []
+            repo.write_changed_columns(session)  # the rows' changes: one UPDATE per table and columns
             repo.insert_instances(session, created)  # every new instance of the pass: one INSERT
             self._write_events(session)
             session.commit()
             self._spec_texts = {}
             self._stop_evicted(session)  # committed as evicted first: a crash now leaves no doubt
             self._start_all(session)
+            repo.write_changed_columns(session)
             self._write_events(session)
             session.commit()
             if self.owner == "service":
@@ -1085,13 +1090,11 @@ class Controller:
         inst: InstanceRow,
         free: Resources,
         keep_address: bool = False,
-        flush: bool = True,
     ) -> Resources:
-        """Give back an ended instance's ports, resources and (unless kept) registry entry
-        (``flush=False``: the caller flushes the registry's deletes once, for a whole gang)."""
+        """Give back an ended instance's ports, resources and (unless kept) registry entry."""
         self.backend.release(Placement(inst.host or "", list(inst.ports or [])))
         if not keep_address:
-            repo.unregister_address(job, inst.role, inst.index, flush=flush)
+            repo.unregister_address(job, inst.role, inst.index)
         return free.plus(Resources(inst.cpu, inst.memory))
 
     def _scale(self, session: Session, job: JobRow, spec: Job, free: Resources) -> Resources:
@@ -1146,7 +1149,7 @@ class Controller:
         ``stopped`` with ``reason`` (``Stopped``; ``JobSucceeded`` when a succeeded job no longer
         needs it) and ``why`` as its message, so ``status`` never shows the reason of the state it
         left (``Running``)."""
-        if not instances:  # a job whose instances all ended: nothing to stop, nothing to flush
+        if not instances:  # a job whose instances all ended: nothing to stop
             return free
         for inst in instances:  # an attempt prepared this pass but not started yet has no handle
             if inst.state in LIVE and inst.state != I.TERMINATING.value:
@@ -1156,11 +1159,9 @@ class Controller:
         if live:
             self.backend.stop([i.handle for i in live if i.handle], self.grace)
         final = dict(zip((i.id for i in live), self.backend.observe([i.handle for i in live if i.handle])))
-        released = False
         for inst in instances:
             if inst.state in LIVE:
-                released = True
-                free = self._release(session, job, inst, free, flush=False)
+                free = self._release(session, job, inst, free)
                 inst.ended_at = utcnow()
                 obs = final.get(inst.id)
                 inst.exit_code = obs.exit_code if obs else None
@@ -1171,8 +1172,6 @@ class Controller:
             if inst.state not in (I.SUCCEEDED.value, I.FAILED.value):
                 self._set_instance_state(inst, I.STOPPED)  # from pending or terminating
                 inst.reason, inst.message = reason, why
-        if released:
-            session.flush()  # the registry's deletes, before a restart in this pass re-inserts one
         return free
 
     def _start_pending(self, session: Session, job: JobRow, spec: Job, free: Resources) -> Resources:
@@ -1203,9 +1202,11 @@ class Controller:
             return free
         if self.backend.runs_processes or job.output_path:
             _make_output_folder(job.run_dir)
-        # what every instance of the gang shares, made once: the part of this process'
+        # what every instance of the pass shares, made once: the part of this process'
         # environment an instance takes (each instance copies it) and the channel's address
-        environ = host_environment(dict(os.environ))
+        if self._environ is None:
+            self._environ = host_environment(dict(os.environ))
+        environ = self._environ
         channel = self._instance_channel().url(self.backend.instance_channel)
         # the intents (state starting, attempt + 1) are committed with the pass, before
         # :meth:`_start_all` spawns anything
@@ -1553,7 +1554,7 @@ def _count_instances(job: JobRow, role_row: RoleRow) -> None:
     """The role's instances by state, every state (stopped ones too): the counts a user sees
     beside the instance table always add up to it."""
     states = Counter(i.state for i in job.instances if i.role == role_row.name)
-    counts = {s.value: states[s.value] for s in I}
+    counts = {s: states[s] for s in INSTANCE_STATES}
     if role_row.counts != counts:  # assigned only when changed (an assignment dirties the row)
         role_row.counts = counts
 
