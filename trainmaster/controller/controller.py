@@ -71,6 +71,7 @@ LIVE = (I.STARTING.value, I.RUNNING.value, I.UNKNOWN.value, I.TERMINATING.value)
 FULL_PASS_EVERY = 30.0  # seconds between passes that look at every job, changed or not
 COLLECT_AFTER_ROWS = 20_000  # rows loaded by passes between two garbage collections (:meth:`step`)
 RUNNING = I.RUNNING.value  # an instance's and a job's stored state alike
+PENDING = JobState.PENDING.value
 INSTANCE_STATES = [s.value for s in I]  # every state a role's counts name, in order
 
 
@@ -166,6 +167,7 @@ class Controller:
         self._admissions: dict[tuple[Any, ...], Admission] = {}  # this pass's answers (_admit)
         self._live_sum: Resources | None = None  # what live instances held at the last read (_free_capacity)
         self._verdicts: dict[tuple[Any, ...], Verdict | None] = {}  # this pass's quota answers (_quota_verdict)
+        self._capacity = Resources(0.0, 0)  # the backend's capacity as this pass found it (_free_capacity)
         self._environ: dict[str, str] | None = None  # what instances take of this process' environment, this pass
 
     @property
@@ -509,7 +511,8 @@ class Controller:
                 decision = self._admit(job.id, spec, free)
                 if decision.admitted or decision.unschedulable:
                     return False
-                verdict = Verdict(JobState.PENDING, "Pending", decision.message)
+                # compared as plain strings: this runs for every waiting job of every pass
+                return job.state == PENDING and job.reason == "Pending" and job.message == decision.message
         return (job.state, job.reason, job.message) == (verdict.state.value, verdict.reason, verdict.message)
 
     # ---- quota (trainmaster.controller.quota) -------------------------------------------------------
@@ -563,15 +566,16 @@ class Controller:
         return job.id, spec.spec.scheduling.priority, self._demand(job.id, spec)
 
     def _admit(self, job_id: int, spec: Job, free: Resources) -> Admission:
-        """:func:`admit`, answered once per gang shape and free capacity in a pass: a long queue
-        of like jobs, most of which stay waiting, asks the same question job after job."""
+        """:func:`admit`, answered once per gang shape and free capacity in a pass (against the
+        capacity the pass found, :meth:`_free_capacity`): a long queue of like jobs, most of
+        which stay waiting, asks the same question job after job."""
         shape = self._gangs.get(job_id)
         if shape is None or shape[0] is not spec:
             shape = self._gangs[job_id] = (spec, gang_of(spec))
-        key = (shape[1], self.backend.capacity(), free)
+        key = (shape[1], free)
         decision = self._admissions.get(key)
         if decision is None:
-            decision = self._admissions[key] = admit_gang(*shape[1], key[1], free)
+            decision = self._admissions[key] = admit_gang(*shape[1], self._capacity, free)
         return decision
 
     def _demand(self, job_id: int, spec: Job) -> dict[str, float]:
@@ -791,7 +795,8 @@ class Controller:
                 .where(InstanceRow.state.in_(LIVE), JobRow.backend == self.backend.name)
             ).one()
             self._live_sum = Resources(float(cpu), int(memory))
-        return self.backend.capacity().minus(self._live_sum)
+        self._capacity = self.backend.capacity()  # the pass's: asked once, not once per waiting job
+        return self._capacity.minus(self._live_sum)
 
     # ---- one job -----------------------------------------------------------------------------
     def _spec(self, job: JobRow) -> Job:
