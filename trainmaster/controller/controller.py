@@ -323,7 +323,31 @@ class Controller:
         backend call, and only the jobs that changed are loaded as rows and reconciled: an
         admitted job with an instance whose observation differs from its stored state, one in
         a state the pass moves on, or one with an event since the last pass (a cancel, a scale,
-        a suspend, from this process or another sharing the store: :meth:`_changed_jobs`)."""
+        a suspend, from this process or another sharing the store: :meth:`_changed_jobs`).
+
+        The cycle collector is off during the pass: what a pass makes and drops again (a plain
+        record per active job, 10,000 of them over a long queue) would otherwise survive a
+        collection in the middle of it into the oldest generation, and every few passes that
+        growth set off a full collection of the whole heap (a quarter second at 10,000 queued
+        jobs). Freed by reference counting when the pass ends, they never get there; the rows'
+        own cycles are collected below, or by the collector's next young collection."""
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            self._pass()
+        finally:
+            if collecting:
+                gc.enable()
+        if self._loaded >= COLLECT_AFTER_ROWS:
+            # The rows a pass loads (a job, its roles, instances, registry) refer to each other:
+            # only the cycle collector frees them. Left to run on its own it scans every live
+            # object, a pause of a quarter second at 10,000 instances, that lands in whichever
+            # pass or API request comes next; here it runs once enough rows were let go, at the
+            # end of the pass that made them garbage.
+            self._loaded = 0
+            gc.collect()
+
+    def _pass(self) -> None:
         with self._lock, self.sessions() as session, metrics.RECONCILE.time():
             if self.fence:
                 self.fence(session)
@@ -417,14 +441,6 @@ class Controller:
             self.backend.forget(ended)  # stored: the agent's journal may drop them
             self._loaded += len(session.identity_map)
             self._rows, self._admitted_rows = {}, {}  # the pass's rows: garbage once it ends
-        if self._loaded >= COLLECT_AFTER_ROWS:
-            # The rows a pass loads (a job, its roles, instances, registry) refer to each other:
-            # only the cycle collector frees them. Left to run on its own it scans every live
-            # object, a pause of a quarter second at 10,000 instances, that lands in whichever
-            # pass or API request comes next; here it runs once enough rows were let go, at the
-            # end of the pass that made them garbage.
-            self._loaded = 0
-            gc.collect()
 
     def _changed_jobs(self, session: Session) -> set[int] | None:
         """Jobs with an event since the last pass (the store's resource versions: event ids are
