@@ -12,7 +12,6 @@ from weakref import WeakKeyDictionary
 
 from sqlalchemy import Table, Text, bindparam, func, inspect as sa_inspect, insert, select, type_coerce, update
 from sqlalchemy.orm import Mapper, Session, defer, make_transient_to_detached, selectinload
-from sqlalchemy.orm.base import NO_VALUE
 from sqlalchemy.orm.attributes import set_committed_value
 
 from trainmaster.errors import JobConflict, UserError
@@ -367,35 +366,32 @@ def write_changed_columns(session: Session) -> int:
     bookkeeping), most of a pass's CPU beside the loading once hundreds of rows change in it
     (a queue draining at hundreds of jobs a second changes each job's, role's and instance's row
     about three times). Changes this leaves to the flush: rows added or deleted, and the
-    collections (a job's registry rows), which keep their history."""
+    collections (a job's registry rows), which keep their history. Only SQLAlchemy's public
+    inspection API is used: :attr:`InstanceState.unmodified` names the untouched attributes, an
+    attribute's ``history`` says whether its value really changed, and ``set_committed_value``
+    records the written value as stored (no history left for the flush)."""
     groups: dict[tuple[Any, tuple[str, ...]], list[dict[str, Any]]] = {}
-    stored: list[tuple[Any, list[str]]] = []
-    for state in list(session.identity_map._modified):
-        columns = _COLUMNS.get(state.class_)
-        if columns is None or state.key is None or state.deleted or state.was_deleted:
+    written: list[tuple[Any, dict[str, Any]]] = []
+    for obj in session.dirty:
+        columns = _COLUMNS.get(type(obj))
+        if columns is None:
             continue
-        committed, values = state.committed_state, state.dict
-        keys = [k for k in committed if k in columns]
-        if not keys:
+        state = sa_inspect(obj)
+        if state.key is None or state.deleted or state.was_deleted:
             continue
-        changed = {
-            columns[k]: values[k]
-            for k in keys
-            if k in values and (committed[k] is NO_VALUE or committed[k] != values[k])
-        }
+        touched = [k for k in columns if k not in state.unmodified]
+        changed = {k: state.dict[k] for k in touched if state.attrs[k].history.added}
         if changed:
-            names = tuple(sorted(changed))
-            params = {"v_id": values["id"], **{f"v_{c}": changed[c] for c in names}}
+            names = tuple(sorted(columns[k] for k in changed))
+            params = {"v_id": state.dict["id"], **{f"v_{columns[k]}": v for k, v in changed.items()}}
             groups.setdefault((state.mapper.local_table, names), []).append(params)
-        stored.append((state, keys))
+        written.append((obj, {k: state.dict[k] for k in touched if k in state.dict}))
     connection = session.connection()  # not session.execute: that would flush first
     for (table, names), rows in groups.items():
         connection.execute(_update_of(table, names), rows)
-    for state, keys in stored:
-        if len(keys) == len(state.committed_state):  # nothing else pending: the row is clean
-            state._commit_all(state.dict, session.identity_map)
-        else:  # a collection's change stays for the flush
-            state._commit(state.dict, keys)
+    for obj, values in written:
+        for key, value in values.items():
+            set_committed_value(obj, key, value)
     return sum(len(p) for p in groups.values())
 
 
