@@ -529,6 +529,14 @@ def markdown(results: dict[str, Any]) -> str:
         for cls in CLASSES:
             value = median_of(k["runs"], "admission_s_by_class", cls)
             lines.append(f"- {cls}: {value:.2f} s" if value is not None else f"- {cls}: not measured")
+        idle = k["runs"][0].get("idle_quota")
+        if idle:
+            lines += [
+                "",
+                f"Quota not in use (first run), as a share of 600 CPUs × the window: free in a cohort while a job "
+                f"of it waited {100 * idle['free_while_jobs_waited']:.1f} %, while none waited "
+                f"{100 * idle['free_with_none_waiting']:.1f} %; admitted jobs preempted: {idle['preempted']}.",
+            ]
     lines += ["", "Raw runs: `bench/results/scale.json`.", ""]
     return "\n".join(lines)
 
