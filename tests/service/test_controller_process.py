@@ -80,7 +80,8 @@ def test_controller_process_killed_with_sigkill_is_restarted_and_loses_nothing(t
             assert inst["attempt"] == 1
             if f"{inst['role']}{inst['index']}" in pids:
                 assert inst["pid"] == pids[f"{inst['role']}{inst['index']}"]  # re-adopted, not started again
-        assert any(e["reason"] == "Adopted" for e in final["events"])
+        # (whether an instance was still alive to re-adopt, or had ended while no controller
+        # watched and its exit was read from its agent, depends on how fast the new process came up)
         assert server.health()["ok"], server.health()
         assert second.is_running()
     finally:

@@ -184,6 +184,8 @@ def server(
             fence=elector.fence if elector else None,
         )
     listener = _bind(host, port)  # before the banner: a port in use is an error, not a lie
+    if link is not None:
+        link.start()  # its start-up (imports, the backend) beside the app's; it exits if we do
     pid_file = _claim_pid_file()  # a detached server's, removed when it exits
     identity = elector.identity if elector else link.config.identity if link else None
     role = "" if identity is None else f", server {identity}: leads when elected, standby otherwise"

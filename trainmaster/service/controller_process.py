@@ -157,6 +157,10 @@ class ControllerProcess:
 
     # ---- life --------------------------------------------------------------------------------
     def start(self) -> None:
+        """Start the controller process (once: the server starts it as early as it can, so that
+        its imports overlap the API's start-up; the app's start-up calls this again)."""
+        if self._proc is not None:
+            return
         self._spawn()
         for thread in self._threads:
             thread.start()
