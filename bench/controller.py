@@ -169,7 +169,8 @@ def torchx_to_running(runner: Any, replicas: int, scratch: Path) -> Moments:
 def drain(jobs: int, slots: int, scratch: Path) -> dict[str, float]:
     """Queue ``jobs`` single-instance jobs at once; ``slots`` of them fit the backend at a time."""
     workdir = Path(tempfile.mkdtemp(dir=scratch))
-    ours = Ours(LocalBackend(Resources(cpu=float(slots), memory=0)), workdir)
+    # a node agent of its own (not the default home's, which another run or a user may hold)
+    ours = Ours(LocalBackend(Resources(cpu=float(slots), memory=0), state_dir=workdir / "agent"), workdir)
     start = time.perf_counter()
     ids = [ours.submit(f"q{n}", [{"name": "task", "command": ["true"], "resources": {"cpu": 1}}]) for n in range(jobs)]
     queued = time.perf_counter()
@@ -394,7 +395,7 @@ def main() -> None:
     }
 
     systems: dict[str, Callable[[int], Moments]] = {FLOOR: lambda n: floor_to_running(n, scratch)}
-    local = LocalBackend()
+    local = LocalBackend(state_dir=scratch / "agent")  # its own node agent, not the default home's
     local_ours = Ours(local, scratch / "local")
     systems["trainmaster local"] = lambda n: ours_to_running(local_ours, n, scratch)
     if not args.no_ray:

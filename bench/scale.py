@@ -439,7 +439,8 @@ def real_jobs(count: int, slots: int, scratch: Path) -> dict[str, Any]:
     from trainmaster.store.models import JobRow
 
     workdir = Path(tempfile.mkdtemp(dir=scratch))
-    backend = LocalBackend(Resources(cpu=float(slots), memory=0))
+    # a node agent of its own (not the default home's, which another run or a user may hold)
+    backend = LocalBackend(Resources(cpu=float(slots), memory=0), state_dir=workdir / "agent")
     ours = Ours(backend, workdir)
     # the bench's own check after each pass: whether any job is left (one indexed row), not the
     # list of every active job's id (10,000 ids sorted, pass after pass, charged to the drain)

@@ -9,6 +9,7 @@ import pytest
 
 from cluster_fixtures import k8s_cluster, pytest_collection_modifyitems  # noqa: F401 (the session's cluster; it runs last)
 from controller_harness import Harness, stop_agent
+from trainmaster.controller.channel import close_channels
 from postgres_server import PostgresServer  # noqa: F401 (fixture type)
 
 
@@ -25,6 +26,7 @@ def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[P
     monkeypatch.setenv("TRAINMASTER_RUNTIME", "host")
     yield home
     stop_agent(home / "agent")
+    close_channels()  # each test's store got an instance channel; its thread would serve until exit
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """Mechanisms: dependencies between roles with the injected wait step, the address registry,
 and the per-role communication service (controller spec, steps 4 and 5)."""
 
-from controller_harness import Harness, events, job, pids_alive, py, server_client_job
+from controller_harness import Harness, events, job, py, server_client_job
 
 
 def test_clients_wait_for_the_server_address_and_connect(harness: Harness) -> None:
@@ -120,6 +120,7 @@ def test_an_attempt_that_runs_and_ends_between_two_passes_keeps_its_running_time
     its command started (as Kubernetes keeps ``startedAt`` of a container that already ended)."""
     import time as clock
 
+    from trainmaster.contract import InstancePhase
     from trainmaster.store.models import InstanceRow
 
     job_id = harness.submit(
@@ -134,11 +135,13 @@ def test_an_attempt_that_runs_and_ends_between_two_passes_keeps_its_running_time
     harness.controller.step()  # starts both; the server is running, the client in its wait step
     with harness.sessions() as session:
         client = session.query(InstanceRow).filter_by(job_id=job_id, role="client").one()
-        client_pid = client.handle.pid
+        client_id = client.handle.instance_id
         assert client.state == "starting" and client.running_at is None
     deadline = clock.monotonic() + 60
-    while pids_alive([client_pid]):  # its runtime has exited (a zombie until the next pass reaps it)
-        assert clock.monotonic() < deadline, "the client never ended"
+    # the node journals its exit (its process gone is not enough: the journal line follows it,
+    # and a pass in between would rightly still see the instance running)
+    while harness.backend.agent.observe([client_id])[0].phase != InstancePhase.EXITED:
+        assert clock.monotonic() < deadline, "the node never journaled the client's exit"
         clock.sleep(0.05)
     harness.controller.step()
     with harness.sessions() as session:

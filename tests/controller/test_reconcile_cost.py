@@ -7,6 +7,7 @@ process sharing the store). Event ids, the store's resource versions, are never 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from pathlib import Path
 
 from sqlalchemy import event, select
@@ -16,7 +17,7 @@ from trainmaster.backends.hollow import RUN_SECONDS, HollowBackend, HollowCluste
 from trainmaster.loading import validate_document
 from trainmaster.store import repository as repo
 from trainmaster.store.db import make_engine, session_factory
-from trainmaster.store.models import EventRow, JobRow
+from trainmaster.store.models import EventRow, InstanceRow, JobRow
 
 
 def long_job(name: str, replicas: int = 2) -> dict:
@@ -155,3 +156,44 @@ def test_event_ids_are_never_reused_after_a_job_is_deleted(tmp_path: Path) -> No
         assert min(ids) > newest
     finally:
         h.backend.close()
+
+
+def test_a_gang_start_writes_each_table_in_a_fixed_number_of_statements(store_url: str, tmp_path: Path) -> None:
+    """Issue 38 item 8: starting a 64-replica gang wrote 64 one-row INSERTs into ``instances``
+    (the start intents, before anything is spawned) and 64 into ``registry``, because on SQLite
+    the ORM could not match the ids a multi-row INSERT returns to its objects. With the insert
+    sentinel column each table takes one multi-row INSERT (and the states one UPDATE batch),
+    whatever the gang's size, on SQLite and on PostgreSQL; every row still has its own id."""
+    backend = HollowBackend(HollowCluster.parse("4x100"), state_dir=tmp_path / "hollow")
+    h = Harness(tmp_path, backend=backend, url=store_url)
+    engine = h.sessions.kw["bind"]
+    counts: dict[int, Counter[str]] = {}
+    try:
+        for replicas in (8, 64):
+            job_id = h.submit(long_job(f"gang-{replicas}", replicas))
+            seen: list[str] = []
+
+            def record(conn, cursor, statement, *args) -> None:  # noqa: ANN001
+                seen.append(" ".join(statement.split()))
+
+            event.listen(engine, "before_cursor_execute", record)
+            try:
+                for _ in range(3):  # admit and start (intents, then handles and running states)
+                    h.controller.step()
+            finally:
+                event.remove(engine, "before_cursor_execute", record)
+            status = h.status(job_id)
+            assert status["state"] == "running"
+            assert [i["state"] for i in status["instances"]] == ["running"] * replicas
+            with h.sessions() as session:
+                ids = session.scalars(select(InstanceRow.id).where(InstanceRow.job_id == job_id)).all()
+                assert len(set(ids)) == replicas
+                assert len(repo.registry(session, job_id)["w"]) == replicas
+            words = [s.split() for s in seen if s.startswith(("INSERT", "UPDATE", "DELETE"))]
+            counts[replicas] = Counter(f"{w[0]} {w[1] if w[0] == 'UPDATE' else w[2]}" for w in words)
+            counts[replicas].pop("INSERT keys", None)  # the channel's key, made at the store's first start
+    finally:
+        h.backend.close()
+    assert counts[64]["INSERT instances"] == counts[8]["INSERT instances"] == 1, counts
+    assert counts[64]["INSERT registry"] == counts[8]["INSERT registry"] == 1, counts
+    assert counts[64] == counts[8], counts  # no table takes more statements for a bigger gang

@@ -39,3 +39,44 @@ def test_run_owners_are_named_by_pid_and_start_time() -> None:
     assert owner_alive(f"run-{pid}-{float(created) - 100:.2f}") is False  # same pid, another process
     assert owner_alive("run-0bad") is False and owner_alive(SERVICE) is None
     assert "trainmaster resume 7" in orphan_note(7, me)
+
+
+def test_status_summaries_say_what_job_status_says_for_the_keys_they_carry(harness) -> None:  # type: ignore[no-untyped-def]
+    """Status roll-up as the operator's status writers read it: the column-only summaries of
+    many jobs at once agree with the full status document, key for key, and carry the
+    instances that restarted (a replica restarted once by its OnFailure policy)."""
+    from controller_harness import job, py
+
+    from trainmaster.store import repository as repo
+
+    state, _ = harness.run(job("plain", [{"name": "main", "replicas": 2, "command": py("pass")}]))
+    assert state == "succeeded"
+    flaky = "import os, sys; m = os.path.join(os.environ['TM_OUTPUT_DIR'], 'm'); first = not os.path.exists(m); open(m, 'a').close(); sys.exit(1 if first else 0)"
+    state, _ = harness.run(
+        job(
+            "restarted",
+            [
+                {
+                    "name": "main",
+                    "command": py(flaky),
+                    "restartPolicy": {"policy": "OnFailure", "maxRestarts": 3, "backoffSeconds": 0.05},
+                }
+            ],
+        )
+    )
+    assert state == "succeeded"
+    with harness.sessions() as session:
+        ids = [j.id for j in session.query(repo.JobRow).all()]
+        summaries = repo.status_summaries(session, ids)
+        assert sorted(summaries) == sorted(ids)
+        for job_id in ids:
+            full = repo.job_status(session, repo.load_job(session, job_id), events=0)
+            summary = summaries[job_id]
+            for key in ("id", "name", "state", "reason", "message", "startedAt", "runningAt", "completedAt"):
+                assert summary[key] == full[key], key
+            assert summary["roles"] == [
+                {k: r[k] for k in ("name", "replicas", "state", "counts")} for r in full["roles"]
+            ]
+            restarted = [{"state": i["state"], "restarts": i["restarts"]} for i in full["instances"] if i["restarts"]]
+            assert summary["instances"] == restarted
+        assert any(summary["instances"] for summary in summaries.values()), "no instance restarted"

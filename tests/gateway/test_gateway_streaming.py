@@ -17,7 +17,7 @@ import pytest
 from gateway_harness import Deployment
 from helpers import wait_until
 
-from trainmaster.gateway.crypto.chunks import ChunkOpener, ChunkSealer, abort_frame, aborted
+from trainmaster.gateway.crypto.chunks import HEADER, ChunkOpener, ChunkSealer
 from trainmaster.gateway.crypto.envelope import EnvelopeError
 from trainmaster.gateway.executors.base import read_commits
 from trainmaster.gateway.initiator.taskfile import LegSpec, TaskSpec
@@ -35,6 +35,10 @@ def _sealed(data: bytes, chunk: int, stream_id: str = "s" * 32, key: bytes = b"k
     sealer = ChunkSealer(key, stream_id)
     pieces = [data[i : i + chunk] for i in range(0, len(data), chunk)] or [b""]
     return [sealer.seal(p, i == len(pieces) - 1) for i, p in enumerate(pieces)]
+
+
+def _framed(body: bytes) -> bytes:
+    return HEADER.pack(len(body)) + body
 
 
 def _open_all(bodies: list[bytes], total: int, stream_id: str = "s" * 32, first: int = 0, offset: int = 0) -> bytes:
@@ -71,7 +75,28 @@ def test_chunk_stream_refuses_truncation_reordering_tampering_and_splicing() -> 
             pytest.fail(f"{name} stream was accepted")
     with pytest.raises(EnvelopeError, match="announced"):
         _open_all(bodies, len(data) + 1)
-    assert aborted(abort_frame("why")[4:]) == "why" and aborted(bodies[0]) is None
+
+
+def test_abort_frame_is_sealed_like_a_chunk() -> None:
+    """Chunk frames cross the stream port outside TLS records, so an abort frame (a reason for
+    ending a stream early) is sealed too: its own hop's key at the next index carries the reason;
+    one sealed under another key, or replayed at another index, is refused, not believed."""
+    sealer = ChunkSealer(b"k" * 32, "s" * 32)
+    first = sealer.seal(b"x" * 1000, False)
+    abort = sealer.abort("disk full")[4:]
+
+    def opener() -> ChunkOpener:
+        o = ChunkOpener(b"k" * 32, "s" * 32, 5000, 1000)
+        assert o.aborted(first) is None
+        o.open(first)
+        return o
+
+    assert opener().aborted(abort) == "disk full"
+    forged = ChunkSealer(b"j" * 32, "s" * 32, first_index=1).abort("the gateway is full")[4:]
+    with pytest.raises(EnvelopeError, match="does not decrypt"):
+        opener().aborted(forged)
+    with pytest.raises(EnvelopeError, match="does not decrypt"):
+        ChunkOpener(b"k" * 32, "s" * 32, 5000, 1000).aborted(abort)  # index 1's abort at index 0
 
 
 def _write_parquet(path: Path, rows: int) -> None:
@@ -328,3 +353,74 @@ def test_party_attesting_a_wrong_digest_is_refused_at_the_initiator(big: Deploym
     assert leg["outcome"] == "rejected" and "result_file" not in leg and "result" not in leg, leg
     assert "digest its party signed" in leg["detail"], leg
     assert not list((big.root / "results" / "initiator" / "mis1").glob("*"))
+
+
+def test_chunk_frames_beside_tls_records_on_one_connection(tmp_path: Path) -> None:
+    """The stream port's framing: request and status frames in TLS records, sealed chunk frames on
+    the bare connection beside them. Chunk frames sent right behind a TLS record arrive in the same
+    socket read and must be taken from what TLS left unread; a TLS status after the chunks must
+    still decrypt; the chunk bytes never appear on the wire in the clear; bytes flipped in a chunk
+    frame on the wire fail its tag."""
+    import socket
+
+    from trainmaster.gateway.config import load_config
+    from trainmaster.gateway.crypto.provision import init_deployment
+    from trainmaster.gateway.crypto.tlsid import dns_name
+    from trainmaster.gateway.net.streams import ChunkReader, StreamSocket
+    from trainmaster.gateway.net.tls import client_ssl_context, server_ssl_context
+
+    configs = init_deployment(tmp_path / "d", ["a"], port_base=20000)
+    server_ctx = server_ssl_context(load_config(configs["gateway"]))
+    client_ctx = client_ssl_context(load_config(configs["initiator"]))
+    data = os.urandom(5000)
+
+    def run(tamper: bool) -> tuple[bytes | str, dict[str, Any], bytes]:
+        left, right = socket.socketpair()
+        left.settimeout(30)
+        right.settimeout(30)
+        wire = bytearray()
+        box: dict[str, Any] = {}
+
+        def serve() -> None:
+            conn = StreamSocket.handshake(right, server_ctx, server_side=True)
+            conn.send_json({"status": 200, "stream": "s" * 32})
+            sealer = ChunkSealer(b"k" * 32, "s" * 32)
+            frames = b"".join(
+                _framed(sealer.seal(data[i : i + 1000], i + 1000 >= len(data))) for i in range(0, len(data), 1000)
+            )
+            wire.extend(frames)
+            if tamper:
+                frames = frames[:-1] + bytes([frames[-1] ^ 1])
+            conn.send_chunk(frames)
+            box["status"] = conn.recv_json()
+            conn.close()
+
+        server = threading.Thread(target=serve)
+        server.start()
+        client = StreamSocket.handshake(
+            left, client_ctx, server_side=False, server_hostname=dns_name("gateway", "gateway")
+        )
+        time.sleep(0.2)  # the status record and the chunk frames behind it arrive in one read
+        assert client.recv_json()["status"] == 200
+        reader = ChunkReader(client, ChunkOpener(b"k" * 32, "s" * 32, len(data), 1000))
+        out, got = bytearray(1000), b""
+        try:
+            while True:
+                view, last = reader.next_into(out)
+                got += bytes(view)
+                if last:
+                    break
+            reader.opener.finish()
+            result: bytes | str = got
+        except EnvelopeError as exc:
+            result = exc.reason
+        client.send_json({"status": 200, "bytes": len(got)})
+        server.join(timeout=30)
+        client.close()
+        return result, box["status"], bytes(wire)
+
+    got, status, wire = run(tamper=False)
+    assert got == data and status == {"status": 200, "bytes": len(data)}
+    assert data[:64] not in wire and data[-64:] not in wire
+    refused, _status, _wire = run(tamper=True)
+    assert isinstance(refused, str) and "does not decrypt" in refused

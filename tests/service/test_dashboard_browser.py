@@ -213,7 +213,13 @@ def test_resume_an_orphaned_job_from_its_page(tmp_path: Path, browser: webdriver
         job_id = httpx.get(f"{server.url}/api/v1/jobs/orphan-ui", timeout=10).json()["id"]
         browser.get(f"{server.url}/jobs/{job_id}")
         wait_for(browser, EC.element_to_be_clickable((By.ID, "resume")), "the Resume action")
-        assert "nobody runs this job" in browser.find_element(By.CLASS_NAME, "actions").text
+        # read inside a wait: the summary is re-rendered on every store change, and an element
+        # found just before a re-render is stale when its text is read
+        wait_for(
+            browser,
+            lambda d: "nobody runs this job" in d.find_element(By.CLASS_NAME, "actions").text,
+            "the page to say that nobody runs the job",
+        )
         shot(browser, "job-orphaned")
         # the summary is re-rendered on every store change: click the button as it is now
         wait_for(browser, lambda d: _click(d, "resume"), "a click on the current Resume button")
@@ -260,18 +266,31 @@ def test_capability_views_draw_what_roles_publish(server: Server, browser: webdr
     }
     job_id = server.submit(job)
     browser.get(f"{server.url}/jobs/{job_id}")
-    grid = wait_for(browser, EC.presence_of_element_located((By.ID, "flsched-grid")), "the federated schedule")
-    first = len(grid.find_elements(By.CSS_SELECTOR, "rect.cell"))
-    assert first > 0
+    # the views are redrawn as rounds are published (every 0.5 s): each read is inside a wait,
+    # where an element replaced between its find and its read is tried again
+    first = wait_for(
+        browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#flsched-grid rect.cell")), "the federated schedule"
+    )
     wait_for(
         browser,
         lambda d: len(d.find_elements(By.CSS_SELECTOR, "#flsched-grid rect.cell")) > first,
         "new rounds drawn as the job publishes them",
     )
-    assert browser.find_elements(By.CSS_SELECTOR, "#view-aggregation-counters div.counter")
-    assert len(browser.find_elements(By.CSS_SELECTOR, "svg.partition-graph circle.op")) == 12
-    legs = browser.find_element(By.ID, "view-gateway-task").text
-    assert "summary_stats" in legs and "result" in legs
+    wait_for(
+        browser,
+        lambda d: d.find_elements(By.CSS_SELECTOR, "#view-aggregation-counters div.counter"),
+        "the aggregation counters",
+    )
+    wait_for(
+        browser,
+        lambda d: len(d.find_elements(By.CSS_SELECTOR, "svg.partition-graph circle.op")) == 12,
+        "the partition graph's 12 operators",
+    )
+    wait_for(
+        browser,
+        lambda d: "summary_stats" in (legs := d.find_element(By.ID, "view-gateway-task").text) and "result" in legs,
+        "the gateway task's legs",
+    )
     shot(browser, "capabilities")
     httpx.post(f"{server.url}/api/v1/jobs/{job_id}/cancel", json={}, timeout=10)
 

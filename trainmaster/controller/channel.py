@@ -510,7 +510,7 @@ class InstanceChannel:
             self._servers.append(server)
             closed = self._closed.is_set()
         if not closed:
-            server.serve_forever(poll_interval=0.5)
+            server.serve_forever(poll_interval=0.2)
         server.server_close()
 
     def close(self) -> None:
@@ -546,3 +546,14 @@ def channel_for(sessions: sessionmaker[Session], db_url: str) -> InstanceChannel
         if channel is None:
             channel = _channels[db_url] = InstanceChannel(sessions, db_url)
         return channel
+
+
+def close_channels() -> None:
+    """Stop serving every channel of this process (their sockets and ports are free after):
+    for a process that is done with its controllers, such as a test session between tests,
+    whose stores each got a channel of their own that would otherwise serve until exit."""
+    with _channels_lock:
+        channels = list(_channels.values())
+        _channels.clear()
+    for channel in channels:
+        channel.close()

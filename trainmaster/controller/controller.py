@@ -148,6 +148,7 @@ class Controller:
         self._preemptible: set[int] = set()  # this controller's admitted jobs (the only ones it may evict)
         self._rows: dict[int, JobRow] = {}  # the rows this pass loaded
         self._evicted: list[tuple[JobRow, list[InstanceRow], str]] = []  # stopped after the pass's commit
+        self._created: list[InstanceRow] = []  # new instance rows of this pass, stored together before its commit
         self._seen: int | None = None  # the newest event id the last pass saw (None: none yet)
         self._seen_before = 0  # the one the pass before saw
         self._full_pass_at = 0.0  # monotonic time of the next pass that looks at every job
@@ -323,7 +324,7 @@ class Controller:
             if self.fence:
                 self.fence(session)
             self._to_start, self._observed, self._events = [], {}, []  # nothing carried over from a failed pass
-            self._evicted = []
+            self._evicted, self._created = [], []
             changed = self._changed_jobs(session)
             free = self._free_capacity(session, changed)
             # instances of admitted jobs as the last pass left them, less the jobs it reconciled
@@ -394,6 +395,8 @@ class Controller:
             # creates their log files on the core this pass leaves idle): one hint per pass
             if self._to_start:
                 self.backend.prepare_start([s.request for s in self._to_start])
+            created, self._created = self._created, []
+            repo.insert_instances(session, created)  # every new instance of the pass: one INSERT
             self._write_events(session)
             session.commit()
             self._spec_texts = {}
@@ -1095,23 +1098,26 @@ class Controller:
         for role in spec.spec.roles:
             rows = [i for i in job.instances if i.role == role.name]
             members = [scaling.Member(i.id, i.index, i.state, i.started_at) for i in rows if i.state != I.STOPPED.value]
-            for index in scaling.missing_indices(members, role.replicas):
-                # a recreated replica is a new instance; a stopped row of that index stays as history
-                job.instances.append(
-                    InstanceRow(
-                        job_id=job.id,
-                        role=role.name,
-                        index=index,
-                        state=I.PENDING.value,
-                        attempt=0,
-                        restarts=0,
-                        ports=[],
-                        cpu=role.resources.cpu,
-                        memory=role.resources.memory_bytes,
-                        reason="Created",
-                        message="",
-                    )
+            # a recreated replica is a new instance; a stopped row of that index stays as history
+            created = [
+                InstanceRow(
+                    job_id=job.id,
+                    role=role.name,
+                    index=index,
+                    state=I.PENDING.value,
+                    attempt=0,
+                    restarts=0,
+                    ports=[],
+                    cpu=role.resources.cpu,
+                    memory=role.resources.memory_bytes,
+                    reason="Created",
+                    message="",
                 )
+                for index in scaling.missing_indices(members, role.replicas)
+            ]
+            if created:  # stored together before the pass commits (:func:`repo.insert_instances`)
+                repo.add_new_instances(job, created)
+                self._created += created
             victims = {m.key for m in scaling.surplus(members, role.replicas)}
             doomed = [i for i in rows if i.id in victims]
             if doomed:

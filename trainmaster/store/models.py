@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import JSON, Boolean, DateTime, Dialect, Float, ForeignKey, Integer, String, Text, UniqueConstraint
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, orm_insert_sentinel, relationship
 from sqlalchemy.types import TypeDecorator
 
 from trainmaster.contract import InstanceHandle
@@ -28,6 +28,15 @@ class HandleColumn(TypeDecorator[InstanceHandle]):
 
     def process_result_value(self, value: Any, dialect: Dialect) -> InstanceHandle | None:
         return None if value is None else InstanceHandle.from_dict(value)
+
+
+#: The column that lets the ORM write many new rows of a table whose ids the database chooses in
+#: one INSERT. To give each new object its id it must match the ids the INSERT returns to its
+#: rows; PostgreSQL assigns them in the order of the VALUES, SQLite promises no order, so on
+#: SQLite the ORM sent one INSERT per row: 64 into ``instances`` and 64 into ``registry`` for a
+#: 64-replica start. With this nullable column the ORM numbers the rows of each multi-row INSERT
+#: here and matches the returned ids by it (SQLAlchemy's "insert sentinel"); nothing else reads it.
+INSERT_SENTINEL = "insert_sentinel"
 
 
 class Base(DeclarativeBase):
@@ -124,6 +133,8 @@ class InstanceRow(Base):
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     running_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    # a gang's rows go in as one multi-row INSERT (see :data:`INSERT_SENTINEL`)
+    insert_sentinel: Mapped[int | None] = orm_insert_sentinel(INSERT_SENTINEL)
 
     job: Mapped[JobRow] = relationship(back_populates="instances")
 
@@ -162,6 +173,7 @@ class RegistryRow(Base):
     index: Mapped[int] = mapped_column(Integer)
     address: Mapped[str] = mapped_column(String(255))
     registered_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    insert_sentinel: Mapped[int | None] = orm_insert_sentinel(INSERT_SENTINEL)  # see :data:`INSERT_SENTINEL`
 
 
 class MetricRow(Base):

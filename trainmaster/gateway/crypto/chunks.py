@@ -14,6 +14,11 @@ and at the end the length the sender announced must match what arrived. Whether 
 ones their author signed (a party's result, an initiator's input) is checked end to end by SHA-256
 against the author's signed digest, by the final receiver only.
 
+Because each frame is sealed and checked this way, chunk frames cross the stream port outside the
+TLS records of its connection (:meth:`~trainmaster.gateway.net.streams.StreamSocket.send_chunk`):
+TLS authenticates both ends and carries the sealed keys and every status; the chunk AEAD alone
+protects the bulk bytes, one AES-GCM pass per hop end instead of two.
+
 Wire format: frames, each a 4-byte big-endian length, a flags byte, then the ciphertext and tag.
 """
 
@@ -33,29 +38,16 @@ MAX_CHUNK_BYTES = 8 << 20
 _FINAL = 0x01
 ABORT = 0x80
 """A frame whose flags byte is this carries no chunk but the sender's reason (UTF-8) for ending
-the stream early: a relay that refused what it received says why instead of just closing."""
+the stream early: a relay that refused what it received says why instead of just closing. It is
+sealed like a chunk (the next index, this flag in the associated data), so only the other end of
+the hop can end a stream with a reason."""
+MAX_REASON_BYTES = 4000
 TAG_BYTES = 16
 HEADER = struct.Struct(">I")
 FRAME_OVERHEAD = HEADER.size + 1 + TAG_BYTES
 """Bytes a frame adds to its chunk: the length, the flags byte and the tag."""
 MAX_FRAME = MAX_CHUNK_BYTES + 1 + TAG_BYTES
 """No frame body may be larger: what a receiver buffers at most per stream."""
-
-
-def frame(body: bytes) -> bytes:
-    return HEADER.pack(len(body)) + body
-
-
-def abort_frame(reason: str) -> bytes:
-    """A whole frame ending the stream with ``reason`` (see :data:`ABORT`)."""
-    return frame(bytes([ABORT]) + reason.encode()[:4000])
-
-
-def aborted(body: bytes | memoryview) -> str | None:
-    """The reason of an abort frame, or None for a chunk frame."""
-    if len(body) and body[0] == ABORT:
-        return bytes(body[1:]).decode(errors="replace")
-    return None
 
 
 def _aad(stream_id: str, index: int, flags: int) -> bytes:
@@ -93,6 +85,14 @@ class ChunkSealer:
         self._done = final
         return view[: HEADER.size + 1 + n]
 
+    def abort(self, reason: str) -> bytes:
+        """A whole frame ending the stream early with ``reason`` (see :data:`ABORT`), sealed at
+        the next index; nothing may follow it."""
+        text = reason.encode()[:MAX_REASON_BYTES]
+        sealed = self._aead.encrypt(_nonce(self._index), text, _aad(self._id, self._index, ABORT))
+        self._done = True
+        return HEADER.pack(1 + len(sealed)) + bytes([ABORT]) + sealed
+
     def seal(self, chunk: bytes, final: bool) -> bytes:
         """One frame body (flags, ciphertext, tag), allocated: for tests and small streams."""
         return bytes(self.seal_into(chunk, final, self.buffer(len(chunk)))[HEADER.size :])
@@ -121,6 +121,20 @@ class ChunkOpener:
     def received(self) -> int:
         """Payload bytes up to the end of the last chunk opened (the offset to resume from)."""
         return self._seen
+
+    def aborted(self, body: bytes | memoryview) -> str | None:
+        """The sender's reason if ``body`` is its abort frame (checked like a chunk: its key, the
+        next index), None for a chunk frame."""
+        if not len(body) or body[0] != ABORT:
+            return None
+        if self._final:
+            raise EnvelopeError(400, "stream has data after its final chunk")
+        try:
+            text = self._aead.decrypt(_nonce(self._index), memoryview(body)[1:], _aad(self._id, self._index, ABORT))
+        except InvalidTag as exc:
+            raise self._bad_tag() from exc
+        self._final = True
+        return text.decode(errors="replace")
 
     def _flags(self, body: bytes | memoryview) -> int:
         if self._final:

@@ -31,7 +31,7 @@ from pydantic import BaseModel
 
 from trainmaster.errors import UserError
 from trainmaster.gateway.config import ServiceConfig
-from trainmaster.gateway.crypto.chunks import CHUNK_BYTES, ChunkOpener, ChunkSealer, abort_frame
+from trainmaster.gateway.crypto.chunks import CHUNK_BYTES, ChunkOpener, ChunkSealer
 from trainmaster.gateway.crypto.envelope import EnvelopeError, b64d, b64e, make_header, seal, verify_attestation
 from trainmaster.gateway.crypto.gate import EnvelopeGate
 from trainmaster.gateway.crypto.provision import load_identity, load_roster
@@ -360,10 +360,10 @@ class Initiator:
                     while True:
                         n = fh.readinto(memoryview(plain)[: min(ready.chunk_bytes, left)]) if left else 0
                         if left and not n:
-                            conn.send(abort_frame("the input file shrank while it was being sent"))
+                            conn.send_chunk(sealer.abort("the input file shrank while it was being sent"))
                             raise StreamRefused(409, f"{path} shrank while it was being sent")
                         left -= n
-                        conn.send(sealer.seal_into(memoryview(plain)[:n], left == 0, framed))
+                        conn.send_chunk(sealer.seal_into(memoryview(plain)[:n], left == 0, framed))
                         if left == 0:
                             break
                 answer = conn.recv_json()

@@ -14,7 +14,11 @@ Protocol, per connection: the client sends one frame holding a sealed, signed en
 the server answers one JSON status frame (``{"status": 200, "ready": <sealed StreamReady>}`` or
 ``{"status": 4xx/5xx, "detail": ...}``); then chunk frames flow one way
 (:mod:`trainmaster.gateway.crypto.chunks`), and an upload ends with one more JSON status frame from
-the server once the bytes are committed. Every frame is capped; every wait has a timeout.
+the server once the bytes are committed. Every frame is capped; every wait has a timeout. The
+request and status frames travel in TLS records; the chunk frames, sealed per hop already, travel
+on the bare connection beside them (:meth:`StreamSocket.recv_chunk_into` says why that keeps every
+property TLS gave them): TLS's own AES-GCM pass and its two copies through the memory BIOs cost
+more CPU per relayed byte than anything else in the gateway did.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from trainmaster.gateway.crypto.chunks import HEADER, ChunkOpener, aborted
+from trainmaster.gateway.crypto.chunks import HEADER, ChunkOpener
 from trainmaster.gateway.crypto.envelope import EnvelopeError
 from trainmaster.gateway.crypto.tlsid import PeerIdentity, peer_from_cert
 
@@ -136,10 +140,13 @@ class StreamSocket:
 
     def _flush(self) -> None:
         """Send what TLS has written to the outgoing BIO, in one ``sendall``."""
-        if not self._out.pending:
-            return
+        if self._out.pending:
+            self._sendall(self._out.read())
+
+    def _sendall(self, data: bytes | memoryview) -> None:
+        """Bytes onto the socket, a broken or stalled connection as :class:`StreamError`."""
         try:
-            self.raw.sendall(self._out.read())
+            self.raw.sendall(data)
         except TimeoutError as exc:
             raise StreamError("the other end took nothing within the timeout") from exc
         except OSError as exc:
@@ -164,12 +171,17 @@ class StreamSocket:
 
     def recv_frame_into(self, buf: bytearray) -> memoryview:
         """The next frame's body, read into ``buf`` (refused if it does not fit)."""
-        self._recv_exact(memoryview(self._head))
+        return self._frame_into(buf, self._recv_exact)
+
+    def _frame_into(self, buf: bytearray, read_exact: Callable[[memoryview], None]) -> memoryview:
+        """One frame (length header, then body into ``buf``) read with ``read_exact``: through
+        TLS (:meth:`_recv_exact`) or off the bare socket (:meth:`_raw_exact`)."""
+        read_exact(memoryview(self._head))
         (size,) = HEADER.unpack(self._head)
         if size > len(buf):
             raise StreamError(f"frame of {size} bytes is over this stream's {len(buf)}-byte frames")
         view = memoryview(buf)[:size]
-        self._recv_exact(view)
+        read_exact(view)
         return view
 
     def recv_frame(self, cap: int = MAX_REQUEST_BYTES) -> bytes:
@@ -185,7 +197,7 @@ class StreamSocket:
         return value
 
     def send(self, data: bytes | memoryview) -> None:
-        """Bytes already framed (a sealed chunk frame): TLS records into memory, one ``sendall``."""
+        """Bytes already framed (a request or status frame): TLS records into memory, one ``sendall``."""
         view = memoryview(data)
         try:
             while view:
@@ -193,6 +205,44 @@ class StreamSocket:
         except ssl.SSLError as exc:
             raise StreamError(f"{type(exc).__name__}: {exc}") from exc
         self._flush()
+
+    def send_chunk(self, data: bytes | memoryview) -> None:
+        """A whole sealed chunk frame (:mod:`~trainmaster.gateway.crypto.chunks`) straight onto the
+        socket, outside the TLS records: the chunk AEAD already gives its bytes what a record would
+        (see :meth:`recv_chunk_into`), so a second encryption pass over them is saved."""
+        self._sendall(data)
+
+    def _raw_exact(self, view: memoryview) -> None:
+        got = 0
+        if self._in.pending:  # read off the socket with the last TLS record; TLS left them: ours
+            head = self._in.read(len(view))
+            view[: len(head)] = head
+            got = len(head)
+        while got < len(view):
+            try:
+                n = self.raw.recv_into(view[got:])
+            except TimeoutError as exc:
+                raise StreamError("the other end sent nothing within the timeout") from exc
+            except OSError as exc:
+                raise StreamError(f"{type(exc).__name__}: {exc}") from exc
+            if n == 0:
+                raise StreamError("the other end closed the connection mid-frame" if got else "connection closed")
+            got += n
+
+    def recv_chunk_into(self, buf: bytearray) -> memoryview:
+        """The next sealed chunk frame's body, read straight off the socket into ``buf`` (refused if
+        it does not fit; one ``recv_into`` per piece the kernel holds, no copy through TLS).
+
+        Why a chunk frame may travel outside the TLS records: its body is AES-256-GCM under a key
+        that only this hop's two ends hold (it came inside a signed envelope sealed to its receiver,
+        over this connection's mutual TLS), with a counter nonce and the stream id, index and flags
+        as associated data: confidentiality, integrity, order, truncation and splicing are checked
+        per chunk by :class:`~trainmaster.gateway.crypto.chunks.ChunkOpener`, as a TLS record
+        would check them, and an abort frame is sealed the same way. What a frame leaves in the
+        clear, its 4-byte length, is what TLS records show too. Everything else on the connection
+        (the request, the ready answer, the final status) stays inside TLS: TLS never reads ahead
+        of the record it needs, so bytes after a record stay in the incoming BIO for this method."""
+        return self._frame_into(buf, self._raw_exact)
 
     def send_frame(self, body: bytes) -> None:
         self.send(HEADER.pack(len(body)) + body)
@@ -221,8 +271,8 @@ class ChunkReader:
         :class:`StreamError` when the connection breaks, :class:`StreamAborted` when the sender
         ended the stream with a reason, and :class:`EnvelopeError` for a chunk that is tampered,
         out of order or past the announced length."""
-        frame = self.conn.recv_frame_into(self._body)
-        if (why := aborted(frame)) is not None:
+        frame = self.conn.recv_chunk_into(self._body)
+        if (why := self.opener.aborted(frame)) is not None:
             raise StreamAborted(why)
         return self.opener.open_into(frame, out)
 

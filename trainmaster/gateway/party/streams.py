@@ -114,7 +114,7 @@ def _send_result(agent: "PartyAgent", conn: StreamSocket, requester: "Requester"
 
         faults = agent.cfg.fault_stream
         for frame in corrupt(frames(), faults) if faults not in ("", "misattest") else frames():
-            conn.send(frame)
+            conn.send_chunk(frame)
     except SinkError as exc:
         raise StreamError(str(exc)) from None
     finally:

@@ -16,7 +16,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from trainmaster.gateway.audit.log import Requester
-from trainmaster.gateway.crypto.chunks import ChunkOpener, ChunkSealer, abort_frame
+from trainmaster.gateway.crypto.chunks import ChunkOpener, ChunkSealer
 from trainmaster.gateway.crypto.envelope import EnvelopeError, PublicIdentity, b64d, b64e
 from trainmaster.gateway.crypto.tlsid import PeerIdentity, dns_name
 from trainmaster.gateway.models import Envelope, InputPut, LegOutcome, MessageKind, ResultFetch, StreamReady
@@ -156,9 +156,9 @@ def _relay_result(relay: "Relay", conn: StreamSocket, requester: Requester, fetc
                     view, last = reader.next_into(plain)
                 except EnvelopeError as exc:  # the party ended it, or not what its key and order allow: final
                     why = f"the party ended the stream: {exc.why}" if isinstance(exc, StreamAborted) else exc.reason
-                    conn.send(abort_frame(f"party {party.name!r}'s stream refused at the gateway: {why}"))
+                    conn.send_chunk(sealer.abort(f"party {party.name!r}'s stream refused at the gateway: {why}"))
                     return
-                conn.send(sealer.seal_into(view, last, framed))
+                conn.send_chunk(sealer.seal_into(view, last, framed))
                 sent += len(view)
                 if last:
                     break
@@ -212,14 +212,14 @@ def _relay_input(relay: "Relay", conn: StreamSocket, requester: Requester, put: 
                     view, last = reader.next_into(plain)
                 except StreamAborted as exc:
                     detail = f"the initiator ended the stream: {exc.why}"
-                    upstream.send(abort_frame(detail))
+                    upstream.send_chunk(sealer.abort(detail))
                     return
                 except EnvelopeError as exc:
                     detail = f"the initiator's stream refused at the gateway: {exc.reason}"
-                    upstream.send(abort_frame(detail))
+                    upstream.send_chunk(sealer.abort(detail))
                     conn.send_json({"status": exc.status, "detail": detail})
                     return
-                upstream.send(sealer.seal_into(view, last, framed))
+                upstream.send_chunk(sealer.seal_into(view, last, framed))
                 moved += len(view)
                 if last:
                     break
