@@ -19,14 +19,12 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def controller_process(server: ServerProcess, timeout: float = 30) -> psutil.Process:
-    """The server's controller process (its one child running the reconcile loop)."""
+    """The server's controller process: its one child (forked at its start, with the server's
+    command line; a fresh ``python -m trainmaster.service.controller_process`` once restarted)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        children = [
-            c
-            for c in psutil.Process(server.proc.pid).children()
-            if "trainmaster.service.controller_process" in c.cmdline()
-        ]
+        children = psutil.Process(server.proc.pid).children()
+        assert len(children) <= 1, [c.cmdline() for c in children]
         if children:
             return children[0]
         time.sleep(0.1)
@@ -65,6 +63,9 @@ def test_controller_process_killed_with_sigkill_is_restarted_and_loses_nothing(t
         assert server.cli("submit", str(durable_job(tmp_path, runs))).returncode == 0
         pids = running_pids(server, "durable", 2)
         first = controller_process(server)
+        # the first is forked from the server (up at once, no second interpreter's imports); the
+        # server runs threads by now, so the one started again is a fresh interpreter
+        assert first.cmdline() == psutil.Process(server.proc.pid).cmdline()
         first.kill()
         first.wait(10)
         # the API answers while no controller process runs, and says the loop is away
@@ -84,6 +85,7 @@ def test_controller_process_killed_with_sigkill_is_restarted_and_loses_nothing(t
         # watched and its exit was read from its agent, depends on how fast the new process came up)
         assert server.health()["ok"], server.health()
         assert second.is_running()
+        assert "trainmaster.service.controller_process" in second.cmdline()
     finally:
         server.stop()
     assert not second.is_running() or second.wait(5) is not None  # stopped with its server

@@ -160,7 +160,8 @@ def server(
     lock = ServerLock(db_file) if db_file else None
     if lock:
         _acquire(lock)  # one server per SQLite store
-    sessions = session_factory(make_engine(url))
+    engine = make_engine(url)
+    sessions = session_factory(engine)
     link = elector = None
     if controller_process:  # the loop (and the election) in a child process; here: the API
         if backend not in installed_backends():
@@ -170,7 +171,7 @@ def server(
         )
         controller = Controller(sessions, BackendElsewhere(backend), url, interval=interval, grace=grace)
         held = lock.fileno() if lock else None
-        link = ControllerProcess(controller, loop, inherit=() if held is None else (held,))
+        link = ControllerProcess(controller, loop, engine, inherit=() if held is None else (held,))
     else:
         elector = None if lock else LeaderElector(sessions)  # servers on a shared database elect a leader
         controller = Controller(
@@ -185,7 +186,7 @@ def server(
         )
     listener = _bind(host, port)  # before the banner: a port in use is an error, not a lie
     if link is not None:
-        link.start()  # its start-up (imports, the backend) beside the app's; it exits if we do
+        link.start(listener)  # forked while this process is one thread; it exits if we do
     pid_file = _claim_pid_file()  # a detached server's, removed when it exits
     identity = elector.identity if elector else link.config.identity if link else None
     role = "" if identity is None else f", server {identity}: leads when elected, standby otherwise"

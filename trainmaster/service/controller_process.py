@@ -19,6 +19,14 @@ The two talk over a socketpair of datagrams (:class:`ControllerProcess` on the s
 * ``m``: the controller's Prometheus families (pass durations, launches, restarts), for
   ``/metrics``.
 
+The first controller process is forked from the server while the server is still one thread
+(after its imports, before uvicorn starts): it starts in milliseconds, not in the seconds a fresh
+interpreter takes to import the controller again, so the loop is up as soon as the API is (a
+``resume`` right after the server started used to wait for those imports while the job's
+instances ran on unwatched). One started again after a crash is a fresh interpreter (``python -m
+trainmaster.service.controller_process``): by then the server runs threads, and a fork would copy
+whatever they held at that instant.
+
 Crash safety is the single process's: every intent is committed to the store before the API
 answers, and the loop's state is the store's. The child holds the server's SQLite lock (the very
 lock file description, inherited), so no second server can start while it lives; it ends its pass
@@ -35,13 +43,17 @@ import json
 import logging
 import os
 import pickle
+import select
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NoReturn
+
+from sqlalchemy.engine import Engine
 
 from trainmaster.backends.base import Backend, BackendOptions
 from trainmaster.backends.registry import make_backend
@@ -121,16 +133,23 @@ class ControllerProcess:
     """The server's side: starts the controller process, starts it again if it dies, forwards
     wakes, and answers for it (``error``, :meth:`leadership`, :meth:`take_over`, :meth:`families`)."""
 
-    def __init__(self, controller: Controller, config: ControllerConfig, inherit: tuple[int, ...] = ()):
+    def __init__(
+        self,
+        controller: Controller,
+        config: ControllerConfig,
+        engine: Engine,
+        inherit: tuple[int, ...] = (),
+    ):
         self.controller = controller  # the server's: wakes recorded on it are forwarded
         self.config = config
+        self.engine = engine  # the server's: no connection of it may be open across a fork
         self.inherit = inherit  # descriptors the child holds too (the SQLite store's server lock)
         self.error: str | None = None  # the loop's last error, as last read
         self._state: dict[str, Any] = {"leading": config.identity is None, "leader": None}
         self._stopping = threading.Event()
         self._asking = threading.Lock()  # one question at a time: answers come in order
         self._sock: socket.socket | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: subprocess.Popen[bytes] | ForkedChild | None = None
         self._threads = [
             threading.Thread(target=self._supervise, name="controller-process", daemon=True),
             threading.Thread(target=self._forward_wakes, name="controller-wakes", daemon=True),
@@ -156,12 +175,18 @@ class ControllerProcess:
             return []
 
     # ---- life --------------------------------------------------------------------------------
-    def start(self) -> None:
-        """Start the controller process (once: the server starts it as early as it can, so that
-        its imports overlap the API's start-up; the app's start-up calls this again)."""
+    def start(self, listener: socket.socket | None = None) -> None:
+        """Start the controller process (once: the server starts it right after binding its port,
+        while it is one thread, and the app's start-up calls this again): forked from this process
+        when it runs no other thread, else a fresh interpreter. ``listener``: the server's
+        listening socket, which a forked child must not keep open (a server killed with SIGKILL
+        would leave its port held)."""
         if self._proc is not None:
             return
-        self._spawn()
+        if threading.active_count() == 1:
+            self._fork(listener)
+        else:
+            self._spawn()
         for thread in self._threads:
             thread.start()
 
@@ -185,6 +210,24 @@ class ControllerProcess:
             proc.wait(10)
         if self._sock is not None:
             self._sock.close()
+
+    def _fork(self, listener: socket.socket | None) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # SQLite's locks are per process and its open files are tracked per process: a connection
+        # open across a fork is one the child's SQLite would believe it holds; the pool opens
+        # new ones on demand
+        self.engine.dispose()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into the server's code
+            try:
+                ours.close()
+                if listener is not None:
+                    listener.close()
+                run(theirs, self.config)
+            finally:
+                os._exit(1)
+        theirs.close()
+        self._sock, self._proc = ours, ForkedChild(pid)
 
     def _spawn(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -254,14 +297,54 @@ class ControllerProcess:
             return answer
 
 
+class ForkedChild:
+    """A forked controller process, waited for as :class:`subprocess.Popen` waits for a spawned one
+    (the part of its interface the supervisor uses), through a pidfd: no polling."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: int | None = None
+        self._pidfd = os.pidfd_open(pid)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+                os.close(self._pidfd)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(f"controller process {self.pid}", timeout or 0)
+            select.select([self._pidfd], [], [], left)  # readable once the child has exited
+        return code
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)  # not yet waited for: the pid is still this child's
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
 # ---- the child ---------------------------------------------------------------------------------
 def main() -> None:
-    """The controller process: ``python -m trainmaster.service.controller_process FD`` with its
-    :class:`ControllerConfig` as JSON on stdin and FD its end of the server's socketpair."""
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    """A controller process started again: ``python -m trainmaster.service.controller_process FD``
+    with its :class:`ControllerConfig` as JSON on stdin and FD its end of the server's socketpair."""
     sock = socket.socket(fileno=int(sys.argv[1]))
     config = ControllerConfig(**json.loads(sys.stdin.buffer.read()))
-    sessions = session_factory(make_engine(config.db_url))
+    run(sock, config)
+
+
+def run(sock: socket.socket, config: ControllerConfig) -> NoReturn:
+    """The controller process's life: reconcile and answer the server until it stops us or dies."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # the server upgraded and checked the store before starting us: open it as it is
+    sessions = session_factory(make_engine(config.db_url, create=False))
     elector = LeaderElector(sessions, identity=config.identity) if config.identity else None
     controller = Controller(
         sessions,
