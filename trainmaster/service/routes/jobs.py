@@ -11,6 +11,7 @@ from fastapi import APIRouter, Body, Depends, Query, Request, Response
 from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 
+from trainmaster.service.answers import json_answer
 from trainmaster.service.joblist import JobListQuery, job_list_query, list_or_watch
 from trainmaster.service.quotas import check_job, check_room, check_scale
 from trainmaster.service.state import API, service_of
@@ -80,10 +81,11 @@ def status(
     instances: int = Query(
         STATUS_PAGE, ge=0, le=STATUS_PAGE_MAX, description="Instances in the page (instanceCount: all of them)"
     ),
-) -> dict[str, Any]:
+) -> Response:
+    """A job's status document: its roles, a page of its instances, its latest ``events``."""
     service = service_of(request)
     page = service.jobs.status(ref, events=events, instances=(instances_from, instances))
-    return {**page, "controller": service.leadership()}
+    return json_answer({**page, "controller": service.leadership()})
 
 
 @router.post(f"{API}/jobs/{{ref}}/cancel")
