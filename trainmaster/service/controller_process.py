@@ -304,15 +304,18 @@ class ForkedChild:
     def __init__(self, pid: int):
         self.pid = pid
         self.returncode: int | None = None
+        # open as long as the server runs (one: only the first controller process is forked),
+        # so that no thread ever waits on a descriptor another closed
         self._pidfd = os.pidfd_open(pid)
+        self._reaping = threading.Lock()  # the supervisor and the server's stop may both wait
 
     def poll(self) -> int | None:
-        if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-                os.close(self._pidfd)
-        return self.returncode
+        with self._reaping:
+            if self.returncode is None:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
