@@ -429,6 +429,7 @@ def flower_arm(fed: Any, selection: str, tag: str, timeout: float) -> dict:
     from trainmaster.flsched.federation import JOBS
 
     started = time.time()
+    restarts = fed.clientapp_restarts()
     names, ids = {}, []
     for dataset, (tau, target) in JOBS.items():
         name = f"{tag}-{selection}-{dataset}"
@@ -477,6 +478,7 @@ def flower_arm(fed: Any, selection: str, tag: str, timeout: float) -> dict:
         "runs": runs,
         "time_to_all_targets": max(times) if all(t is not None for t in times) else None,
         "double_booked_rounds": double_booked(runs),
+        "clientapp_restarts": fed.clientapp_restarts() - restarts,
         "load_average_1min_end": os.getloadavg()[0],
     }
 
@@ -521,7 +523,8 @@ def flower_rows(seeds: list[int], timeout: float, checkpoint: Any = None) -> dic
         print(
             f"flower seed {seed}: all targets flsched {arms['flsched']['time_to_all_targets']} s, flower "
             f"{arms['flower']['time_to_all_targets']} s; double-booked rounds {arms['flower']['double_booked_rounds']} "
-            f"vs {arms['flsched']['double_booked_rounds']} (load {load:.1f} -> {os.getloadavg()[0]:.1f})",
+            f"vs {arms['flsched']['double_booked_rounds']}; ClientApp restarts {arms['flower']['clientapp_restarts']} "
+            f"vs {arms['flsched']['clientapp_restarts']} (load {load:.1f} -> {os.getloadavg()[0]:.1f})",
             flush=True,
         )
         if checkpoint is not None:
@@ -805,8 +808,9 @@ def write_markdown(result: dict) -> None:
             f"{fl['seeds']}; plot: flsched-flower.png).",
             "",
             "| seed | selection | time to all targets (s) | rounds (digits, wine, breast-cancer) | final accuracies "
-            "| mean accuracy when the arbiter had all targets | double-booked rounds | load (1 min) at start |",
-            "|---|---|---|---|---|---|---|---|",
+            "| mean accuracy when the arbiter had all targets | double-booked rounds | ClientApp restarts "
+            "| load (1 min) at start, at end |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for x in fl["per_seed"]:
             for sel in ("flsched", "flower"):
@@ -817,7 +821,8 @@ def write_markdown(result: dict) -> None:
                 at = a.get("mean_accuracy_when_flsched_done")
                 lines.append(
                     f"| {x['seed']} | {sel} | {t} | {rounds} | {accs} | {'-' if at is None else f'{at:.3f}'} | "
-                    f"{a['double_booked_rounds']} | {x['load_average_1min_start']:.1f} |"
+                    f"{a['double_booked_rounds']} | {a.get('clientapp_restarts', '-')} | "
+                    f"{x['load_average_1min_start']:.1f}, {a['load_average_1min_end']:.1f} |"
                 )
         med = fl["median_speedup"]
         lines += [

@@ -110,32 +110,46 @@ def _server_main(grid: Grid, context: Context) -> None:
         train_run(grid, cfg)
 
 
-def enrol_nodes(grid: Grid, arbiter: str, expected: int, timeout: float = 600.0) -> int:
+ENROL_BATCH = 6
+"""Nodes queried at once when enrolling (see ``enrol_nodes``)."""
+
+
+def enrol_nodes(grid: Grid, arbiter: str, expected: int, timeout: float = 600.0, batch: int = ENROL_BATCH) -> int:
     """Ask every connected node for its device profile and enrol them with the arbiter; waits
-    (at most ``timeout``) until ``expected`` nodes are connected. Returns the number enrolled."""
+    (at most ``timeout``) until ``expected`` nodes are connected. Returns the number enrolled.
+
+    The queries go ``batch`` nodes at a time. Each query starts a ClientApp process on its node
+    (a Python process importing flwr, ~1.7 s of CPU), and Flower gives that process 30 s
+    (``HEARTBEAT_DEFAULT_INTERVAL``) to claim its task; one that misses it is started again
+    while the first still runs. Querying 30 nodes at once on 2 busy cores missed it, and the
+    restarts fed each other until the load passed 700."""
     from trainmaster.flsched.arbiter import ArbiterClient, NodeProfile
 
+    if batch < 1:
+        raise ValueError(f"enrol batch must be at least 1, got {batch}")
     deadline = time.monotonic() + timeout
     while len(nodes := list(grid.get_node_ids())) < expected and time.monotonic() < deadline:
         time.sleep(1.0)
-    messages = [
-        Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=n, message_type=MessageType.QUERY) for n in nodes
-    ]
     profiles = []
-    for reply in grid.send_and_receive(messages, timeout=timeout):
-        if reply.has_error():
-            log.warning("enrol: node %s did not answer: %s", reply.metadata.src_node_id, reply.error)
-            continue
-        p = reply.content["profile"]
-        profiles.append(
-            NodeProfile(
-                node=str(reply.metadata.src_node_id),
-                device=str(p["device"]),
-                a=float(p["a"]),
-                mu=float(p["mu"]),
-                bandwidth=float(p["bandwidth"]),
+    for first in range(0, len(nodes), batch):
+        messages = [
+            Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=n, message_type=MessageType.QUERY)
+            for n in nodes[first : first + batch]
+        ]
+        for reply in grid.send_and_receive(messages, timeout=max(1.0, deadline - time.monotonic())):
+            if reply.has_error():
+                log.warning("enrol: node %s did not answer: %s", reply.metadata.src_node_id, reply.error)
+                continue
+            p = reply.content["profile"]
+            profiles.append(
+                NodeProfile(
+                    node=str(reply.metadata.src_node_id),
+                    device=str(p["device"]),
+                    a=float(p["a"]),
+                    mu=float(p["mu"]),
+                    bandwidth=float(p["bandwidth"]),
+                )
             )
-        )
     client = ArbiterClient(arbiter, "enrol")
     try:
         client.enrol(profiles)
