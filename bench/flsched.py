@@ -424,7 +424,7 @@ def write_scale_plot(rows: dict) -> None:
     fig.savefig(OUT / "flsched-scale.png", dpi=110)
 
 
-def flower_arm(fed: Any, selection: str, tag: str, timeout: float) -> dict:
+def flower_arm(fed: Any, selection: str, tag: str, timeout: float, max_rounds: int = 60) -> dict:
     """Three concurrent runs (digits, wine, breast-cancer) with one node selection; their course."""
     from trainmaster.flsched.federation import JOBS
 
@@ -440,7 +440,7 @@ def flower_arm(fed: Any, selection: str, tag: str, timeout: float) -> dict:
                 target=target,
                 tau=tau,
                 per_round=FLOWER_SETUP["per_round"],
-                max_rounds=60,
+                max_rounds=max_rounds,
                 selection=selection,
                 run_name=name,
                 seed=fed.options.seed,
@@ -473,12 +473,22 @@ def flower_arm(fed: Any, selection: str, tag: str, timeout: float) -> dict:
             "round_nodes": [[r["start"] - started, r["end"] - started, r["nodes"]] for r in rows],
         }
     times = [r["time_to_target"] for r in runs.values()]
+    rows_all = [r for name in names.values() for r in fed.rounds(name) if r["event"] == "round" and r.get("timing")]
+    # Flower's share of a round: from the send until the ClientApp had the message, and what the
+    # round took beyond its slowest node's device time
+    delays = [t[0] for r in rows_all for t in r["timing"]]
+    overheads = [r["end"] - r["start"] - max(t[1] for t in r["timing"]) for r in rows_all]
     return {
         "selection": selection,
         "runs": runs,
         "time_to_all_targets": max(times) if all(t is not None for t in times) else None,
         "double_booked_rounds": double_booked(runs),
         "clientapp_restarts": fed.clientapp_restarts() - restarts,
+        "median_message_to_clientapp_s": statistics.median(delays) if delays else None,
+        "median_round_overhead_s": statistics.median(overheads) if overheads else None,
+        "median_round_device_s": statistics.median([max(t[1] for t in r["timing"]) for r in rows_all])
+        if rows_all
+        else None,
         "load_average_1min_end": os.getloadavg()[0],
     }
 
@@ -493,7 +503,7 @@ def double_booked(runs: dict) -> int:
     return clashes
 
 
-def flower_rows(seeds: list[int], timeout: float, checkpoint: Any = None) -> dict:
+def flower_rows(seeds: list[int], timeout: float, checkpoint: Any = None, max_rounds: int = 60) -> dict:
     """Per seed: one federation (SuperLink, 30 SuperNodes, the arbiter), both node selections
     (order alternating), three concurrent runs each."""
     from trainmaster.flsched.federation import FederationOptions, LocalFederation
@@ -512,7 +522,7 @@ def flower_rows(seeds: list[int], timeout: float, checkpoint: Any = None) -> dic
         with LocalFederation(options) as fed:
             fed.enrol()
             order = ["flower", "flsched"] if i % 2 == 0 else ["flsched", "flower"]
-            arms = {sel: flower_arm(fed, sel, f"s{seed}", timeout) for sel in order}
+            arms = {sel: flower_arm(fed, sel, f"s{seed}", timeout, max_rounds) for sel in order}
         row = {"seed": seed, "order": order, "load_average_1min_start": load, **arms}
         done = arms["flsched"]["time_to_all_targets"]
         for sel in ("flsched", "flower"):  # each run's last accuracy at that moment (same seed, same wall time)
@@ -536,6 +546,7 @@ def flower_rows(seeds: list[int], timeout: float, checkpoint: Any = None) -> dic
     ]
     return {
         "setup": FLOWER_SETUP,
+        "max_rounds": max_rounds,
         "fairness_weight": FLOWER_FAIRNESS,
         "seeds": seeds,
         "per_seed": per_seed,
@@ -899,6 +910,12 @@ def main() -> None:
     )
     ap.add_argument("--flower-seeds", type=int, default=3, help="seeds (drawn at run time) of the Flower comparison")
     ap.add_argument("--flower-timeout", type=float, default=2400.0, help="longest one arm may take (seconds)")
+    ap.add_argument(
+        "--flower-max-rounds",
+        type=int,
+        default=60,
+        help="rounds after which a Flower run stops short of its target (a smaller value: a quick trial of the setup)",
+    )
     args = ap.parse_args()
     if not 1 <= args.seeds <= len(EVAL_SEEDS):
         raise SystemExit(f"--seeds must be 1-{len(EVAL_SEEDS)}")
@@ -938,7 +955,10 @@ def main() -> None:
         save(result)  # a long section's numbers are on disk before anything else can fail
     if args.flower or args.flower_only:
         result["flower"] = flower_rows(
-            fresh_seeds(args.flower_seeds), args.flower_timeout, lambda part: save({**result, "flower_partial": part})
+            fresh_seeds(args.flower_seeds),
+            args.flower_timeout,
+            lambda part: save({**result, "flower_partial": part}),
+            args.flower_max_rounds,
         )
         result.pop("flower_partial", None)
         OUT.mkdir(parents=True, exist_ok=True)

@@ -200,12 +200,22 @@ def train_run(grid: Grid, cfg: dict) -> None:
                 replies = list(grid.send_and_receive(messages, timeout=ROUND_TIMEOUT_S)) if messages else []
                 done = time.time()
                 trained = [int(r.metadata.src_node_id) for r in replies if not r.has_error()]
+                # per trained node: seconds from the send until its ClientApp had the message, and
+                # the device time it then took (the rest of the round is Flower's overhead)
+                timing = [
+                    [
+                        round(float(r.content["timing"]["began"]) - sent, 3),
+                        round(float(r.content["timing"]["emulated-s"]), 3),
+                    ]
+                    for r in replies
+                    if not r.has_error() and "timing" in r.content
+                ]
                 agg, _ = strategy.aggregate_train(rnd, replies)
                 if agg is not None:
                     params = agg.to_numpy_ndarrays()
                 acc = npmodel.accuracy(params, x_test, y_test)
                 row = {"event": "round", "run": name, "round": rnd, "start": sent, "end": done, "nodes": nodes}
-                row.update({"trained": trained, "accuracy": acc, "wall": time.time()})
+                row.update({"trained": trained, "timing": timing, "accuracy": acc, "wall": time.time()})
                 sink.write(json.dumps(row) + "\n")
                 sink.flush()
                 if not messages:
@@ -237,7 +247,7 @@ def _profile(msg: Message, context: Context) -> Message:
 @client_app.train()
 def _train(msg: Message, context: Context) -> Message:
     """Train on this node's shard, then take the time a device of this profile would."""
-    started = time.monotonic()
+    started, began = time.monotonic(), time.time()
     nc, rc = context.node_config, context.run_config
     part = int(nc["partition-id"])
     data = _dataset(str(nc["data-dir"]), str(rc["dataset"]))
@@ -256,4 +266,7 @@ def _train(msg: Message, context: Context) -> Message:
     if rest > 0:
         time.sleep(rest)
     metrics = MetricRecord({"num-examples": len(shard), "emulated-s": compute + comm})
-    return Message(RecordDict({"arrays": ArrayRecord(new), "metrics": metrics}), reply_to=msg)
+    # when this ClientApp had the message (Flower's delivery and the process launch come before);
+    # a ConfigRecord, which FedAvg leaves alone (it averages every metric)
+    timing = ConfigRecord({"began": began, "emulated-s": compute + comm})
+    return Message(RecordDict({"arrays": ArrayRecord(new), "metrics": metrics, "timing": timing}), reply_to=msg)
