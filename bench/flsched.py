@@ -43,6 +43,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -459,6 +460,16 @@ def flower_arm(fed: Any, selection: str, tag: str, timeout: float, max_rounds: i
                 print(f"{selection}: every run finished, not all wrote their end: {[st[r] for r in ids]}", flush=True)
                 break
         time.sleep(2.0)
+    waited = time.time() - started
+    # a run still going at the timeout is stopped, so that it takes no nodes or CPU from the next arm
+    unfinished = [
+        run_id for run_id, name in zip(ids, names.values()) if not any(r["event"] == "end" for r in fed.rounds(name))
+    ]
+    for run_id in unfinished:
+        try:
+            fed.flwr("stop", run_id, "local")
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            print(f"{selection}: could not stop run {run_id}: {exc}", flush=True)
     runs = {}
     for dataset, name in names.items():
         rows = [r for r in fed.rounds(name) if r["event"] == "round"]
@@ -484,6 +495,8 @@ def flower_arm(fed: Any, selection: str, tag: str, timeout: float, max_rounds: i
         "time_to_all_targets": max(times) if all(t is not None for t in times) else None,
         "double_booked_rounds": double_booked(runs),
         "clientapp_restarts": fed.clientapp_restarts() - restarts,
+        "stopped_at_timeout": len(unfinished),
+        "waited_s": waited,
         "median_message_to_clientapp_s": statistics.median(delays) if delays else None,
         "median_round_overhead_s": statistics.median(overheads) if overheads else None,
         "median_round_device_s": statistics.median([max(t[1] for t in r["timing"]) for r in rows_all])
@@ -544,7 +557,15 @@ def flower_rows(seeds: list[int], timeout: float, checkpoint: Any = None, max_ro
         for x in per_seed
         if x["flower"]["time_to_all_targets"] and x["flsched"]["time_to_all_targets"]
     ]
+    # where Flower's sampling never had all targets (stopped at the timeout or at max_rounds) but the
+    # arbiter did, what it waited is a lower bound of its time
+    bounds = [
+        x["flower"]["waited_s"] / x["flsched"]["time_to_all_targets"]
+        for x in per_seed
+        if x["flower"]["time_to_all_targets"] is None and x["flsched"]["time_to_all_targets"]
+    ]
     return {
+        "speedup_lower_bound_per_seed": bounds,
         "setup": FLOWER_SETUP,
         "max_rounds": max_rounds,
         "fairness_weight": FLOWER_FAIRNESS,
@@ -667,6 +688,10 @@ def _pair(x: dict) -> str:
     return "-" if a is None else f"{a:.3f} vs {b:.3f}"
 
 
+def _s(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.1f} s"
+
+
 def flower_goal(result: dict | None) -> str:
     if not result:
         return (
@@ -681,11 +706,19 @@ def flower_goal(result: dict | None) -> str:
         for x in result["per_seed"]
     )
     clean = all(x["flsched"]["double_booked_rounds"] == 0 for x in result["per_seed"])
-    ok = bool(ratios) and min(ratios) >= 2.0 and no_lower and clean and len(ratios) == len(result["per_seed"])
+    bounds = result.get("speedup_lower_bound_per_seed", [])
+    ok = (
+        bool(ratios or bounds)
+        and min(ratios + bounds) >= 2.0
+        and no_lower
+        and clean
+        and len(ratios) + len(bounds) == len(result["per_seed"])
+    )
     return (
         f"- Flower deployment runtime, 3 concurrent runs, 30 SuperNodes: time to all targets >= 2x faster than Flower's "
         f"own sampling on every seed, every run at its target, no node in two runs' rounds at once: "
-        f"{'met' if ok else 'NOT met'} (per seed {', '.join(f'{r:.2f}x' for r in ratios)}; mean accuracy when the "
+        f"{'met' if ok else 'NOT met'} (per seed {', '.join([f'{r:.2f}x' for r in ratios] + [f'>= {r:.2f}x' for r in bounds])}; "
+        f"mean accuracy when the "
         f"arbiter's runs had all targets, arbiter vs Flower's sampling: "
         f"{', '.join(_pair(x) for x in result['per_seed'])}; double-booked rounds with "
         f"Flower's sampling {[x['flower']['double_booked_rounds'] for x in result['per_seed']]}, with the arbiter "
@@ -838,7 +871,21 @@ def write_markdown(result: dict) -> None:
         med = fl["median_speedup"]
         lines += [
             "",
-            f"Flower's sampling / arbiter, time to all targets: {', '.join(f'{r:.2f}x' for r in fl['speedup_per_seed'])} (median {'-' if med is None else f'{med:.2f}x'}).",
+            f"Flower's sampling / arbiter, time to all targets: {', '.join(f'{r:.2f}x' for r in fl['speedup_per_seed'])} (median {'-' if med is None else f'{med:.2f}x'})"
+            + "".join(
+                f"; >= {r:.2f}x (Flower's sampling stopped short)" for r in fl.get("speedup_lower_bound_per_seed", [])
+            )
+            + ".",
+            "",
+            "Flower's own cost per round (medians): "
+            + "; ".join(
+                f"seed {x['seed']} {sel}: message to ClientApp {_s(x[sel].get('median_message_to_clientapp_s'))}, "
+                f"round beyond its slowest node's device time {_s(x[sel].get('median_round_overhead_s'))}, "
+                f"slowest node's device time {_s(x[sel].get('median_round_device_s'))}"
+                for x in fl["per_seed"]
+                for sel in ("flsched", "flower")
+            )
+            + ".",
             "",
         ]
     lines += ["Goals of the issue, judged from these numbers:", "", *goals(result), ""]
