@@ -516,13 +516,19 @@ def double_booked(runs: dict) -> int:
     return clashes
 
 
-def flower_rows(seeds: list[int], timeout: float, checkpoint: Any = None, max_rounds: int = 60) -> dict:
+def flower_rows(
+    seeds: list[int], timeout: float, checkpoint: Any = None, max_rounds: int = 60, earlier: list[dict] | None = None
+) -> dict:
     """Per seed: one federation (SuperLink, 30 SuperNodes, the arbiter), both node selections
-    (order alternating), three concurrent runs each."""
+    (order alternating), three concurrent runs each. ``earlier``: rows of seeds measured in an
+    earlier run of the same setup (``--flower-add``), kept and summarised with the new ones."""
     from trainmaster.flsched.federation import FederationOptions, LocalFederation
 
-    per_seed = []
+    per_seed = list(earlier or [])
+    seeds = [x["seed"] for x in per_seed] + seeds
     for i, seed in enumerate(seeds):
+        if i < len(earlier or []):
+            continue
         options = FederationOptions(
             nodes=FLOWER_SETUP["nodes"],
             seed=seed,
@@ -955,6 +961,11 @@ def main() -> None:
     ap.add_argument(
         "--flower-only", action="store_true", help="only the Flower comparison, merged into the last results"
     )
+    ap.add_argument(
+        "--flower-add",
+        action="store_true",
+        help="keep the stored Flower seeds (same setup) and add --flower-seeds new ones to them",
+    )
     ap.add_argument("--flower-seeds", type=int, default=3, help="seeds (drawn at run time) of the Flower comparison")
     ap.add_argument("--flower-timeout", type=float, default=2400.0, help="longest one arm may take (seconds)")
     ap.add_argument(
@@ -1001,11 +1012,18 @@ def main() -> None:
         plots.append(lambda: write_scale_plot(result["scale"]))
         save(result)  # a long section's numbers are on disk before anything else can fail
     if args.flower or args.flower_only:
+        earlier = None
+        if args.flower_add:
+            last = result.get("flower") or {}
+            if last.get("setup") != FLOWER_SETUP or last.get("max_rounds") != args.flower_max_rounds:
+                raise SystemExit("--flower-add: the stored Flower rows are of another setup; run without it")
+            earlier = last["per_seed"]
         result["flower"] = flower_rows(
             fresh_seeds(args.flower_seeds),
             args.flower_timeout,
             lambda part: save({**result, "flower_partial": part}),
             args.flower_max_rounds,
+            earlier,
         )
         result.pop("flower_partial", None)
         OUT.mkdir(parents=True, exist_ok=True)
