@@ -366,7 +366,7 @@ def run(sock: socket.socket, config: ControllerConfig) -> NoReturn:
     if elector is not None:
         elector.start()
     reconciler.start()
-    threading.Thread(target=_serve, args=(sock, controller, reconciler, elector, ended), daemon=True).start()
+    threading.Thread(target=_serve, args=(sock, controller, reconciler, ended), daemon=True).start()
     gc.freeze()  # as the server does: start-up's objects are never scanned again
     ended.wait()
     reconciler.stop()
@@ -380,7 +380,6 @@ def _serve(
     sock: socket.socket,
     controller: Controller,
     reconciler: Reconciler,
-    elector: LeaderElector | None,
     ended: threading.Event,
 ) -> None:
     """Answer the server's messages until its end closes (the server stopped or died)."""
@@ -397,12 +396,9 @@ def _serve(
             controller.wake()
             continue
         if kind == b"s":
-            state: dict[str, Any] = {"error": reconciler.error}
-            if elector is not None:
-                state.update(leading=elector.leading, leader=elector.leader)
-            answer = json.dumps(state).encode()
+            answer = json.dumps({"error": reconciler.error, **reconciler.leadership()}).encode()
         elif kind == b"r":
-            answer = _take_over(controller, elector, int(rest))
+            answer = _take_over(reconciler, int(rest))
         elif kind == b"m":
             families = [f for f in metrics.REGISTRY.collect() if f.name in CONTROLLER_FAMILIES]
             answer = pickle.dumps(families)
@@ -415,11 +411,10 @@ def _serve(
             return
 
 
-def _take_over(controller: Controller, elector: LeaderElector | None, job_id: int) -> bytes:
-    if elector is not None and not elector.leading:
-        return f"this server is a standby; ask the leader ({elector.leader}) to resume".encode()
+def _take_over(reconciler: Reconciler, job_id: int) -> bytes:
+    """:meth:`Reconciler.take_over` (a standby refuses) where the backend lives, its refusal as the answer."""
     try:
-        controller.take_over(job_id)
+        reconciler.take_over(job_id)
     except NotResumable as exc:
         return exc.message.encode()
     except Exception as exc:  # noqa: BLE001  (said to the client as a refusal, logged here)

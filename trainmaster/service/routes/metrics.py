@@ -3,9 +3,10 @@ Prometheus."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
-from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
