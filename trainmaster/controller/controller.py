@@ -169,6 +169,10 @@ class Controller:
         self._verdicts: dict[tuple[Any, ...], Verdict | None] = {}  # this pass's quota answers (_quota_verdict)
         self._capacity = Resources(0.0, 0)  # the backend's capacity as this pass found it (_free_capacity)
         self._environ: dict[str, str] | None = None  # what instances take of this process' environment, this pass
+        # waiting job -> the context (:meth:`_waiting_context`) under which a pass last found it
+        # staying as it is: under the same context it stays so again, and is not looked at
+        self._settled: dict[int, tuple[float, ...]] = {}
+        self._waiting: repo.WaitingQueue | None = None  # the waiting jobs as the last pass left them
 
     @property
     def touched(self) -> frozenset[int]:
@@ -335,6 +339,12 @@ class Controller:
         gc.disable()
         try:
             self._pass()
+        except BaseException:
+            # what this controller keeps of the store across passes (the events seen, the jobs
+            # they changed, the waiting queue) may be ahead of a pass that was rolled back: the
+            # next one reads all
+            self._seen, self._waiting = None, None
+            raise
         finally:
             if collecting:
                 gc.enable()
@@ -361,17 +371,21 @@ class Controller:
             known = None if changed is None else self._open
             for job_id in self._touched | (changed or set()):
                 self._open.pop(job_id, None)
-            jobs = repo.load_active_jobs(
+            active = repo.load_active_jobs(
                 session,
                 self.owner,
                 lambda i: changed is None or i in changed or i not in self._specs,
                 self._handles,
                 known,
-            ).jobs
+                # the waiting jobs as the passes kept them: only those with an event read again
+                None if changed is None else self._waiting,
+                changed,
+                self._specs,
+            )
+            jobs, self._waiting, self._spec_texts = active.jobs, active.waiting, active.spec_texts
             if known is None:
                 self._open = {j.id: j.instances for j in jobs if isinstance(j, repo.AdmittedJob)}
             self._changed = changed
-            self._spec_texts = {j.id: j.spec_text for j in jobs if isinstance(j, repo.WaitingJob) and j.spec_text}
             admitted_jobs = [j for j in jobs if isinstance(j, repo.AdmittedJob)]
             admitted = len(admitted_jobs)
             self._observe_all(admitted_jobs)
@@ -394,10 +408,30 @@ class Controller:
                 rows = self._rows = {j.id: j for j in repo.load_jobs(session, busy)}
                 self._admitted_rows = {j.id: j for j in rows.values() if j.admitted}
                 self._touched = set()  # every job whose row this pass loads (it may write it)
+                settled = self._settled_waiting(changed)
+                context = self._waiting_context(free, admitted)
+                # the waiting jobs not yet come to, and of those the settled ones by context
+                left = len(self._waiting.jobs) if self._waiting is not None else 0
+                tail = Counter(settled.values()) if settled else Counter()
                 for position, entry in enumerate(order):
                     if isinstance(entry, repo.WaitingJob):
+                        if settled is not None:
+                            if left == tail[context]:
+                                # every waiting job from here on (the rest of the order: admitted
+                                # jobs come first) stays as it is, and so the context: done
+                                break
+                            left -= 1
+                            before = settled.get(entry.id)
+                            if before is not None:
+                                tail[before] -= 1
+                                if before == context:
+                                    continue  # left as it is under the same context before
                         if self._stays_as_it_is(entry, free, admitted):
+                            if settled is not None:
+                                settled[entry.id] = context
                             continue  # most of a long queue, pass after pass: no row loaded
+                        if settled is not None:
+                            settled.pop(entry.id, None)
                         if entry.id not in rows:  # with the next ones: those a pass changes come in runs
                             ahead = [
                                 j.id
@@ -409,6 +443,8 @@ class Controller:
                         continue  # deleted since the pass read the queue
                     job = rows.get(entry.id)
                     if job is None:
+                        if self._waiting is not None:
+                            self._waiting.drop({entry.id})
                         continue  # deleted since the pass read the queue
                     self._touched.add(job.id)
                     if not job.admitted and not job.cancel_requested and admitted >= self.max_jobs:
@@ -417,6 +453,7 @@ class Controller:
                         was_admitted = job.admitted
                         free = self._reconcile(session, job, free)
                         admitted += int(job.admitted and not was_admitted)
+                    context = self._waiting_context(free, admitted)
             # the whole pass in one transaction: every job's progress and every start intent
             # (state starting, attempt + 1) is committed here, before anything is spawned; what
             # a crash before it loses (observed exits) the agents still hold until `forget`.
@@ -430,6 +467,7 @@ class Controller:
             self._write_events(session)
             session.commit()
             self._spec_texts = {}
+            self._note_waiting(rows)
             self._stop_evicted(session)  # committed as evicted first: a crash now leaves no doubt
             self._start_all(session)
             repo.write_changed_columns(session)
@@ -504,6 +542,47 @@ class Controller:
             session.execute(insert(EVENTS), self._events)
             self._events = []
 
+    def _note_waiting(self, rows: dict[int, JobRow]) -> None:
+        """Tell the waiting queue what the pass wrote to its jobs' columns (committed): a new
+        message without an event (free capacity) is read again by no query."""
+        waiting = self._waiting
+        if waiting is None:
+            return
+        gone = set()
+        for job_id, row in rows.items():
+            if job_id in waiting.jobs:
+                if row.admitted or repo.is_terminal(row.state):
+                    gone.add(job_id)
+                else:
+                    waiting.note(job_id, row.state, row.reason, row.message)
+        waiting.drop(gone)
+
+    def _settled_waiting(self, changed: set[int] | None) -> dict[int, tuple[float, ...]] | None:
+        """The waiting jobs this pass may leave alone without a look, by the context they were
+        left in (None: none; every waiting job is looked at). A waiting job's outcome in a pass
+        depends only on its spec and stored state (changed only with an event, or by a pass
+        that looked at it) and on the pass's context (:meth:`_waiting_context`), so a long queue
+        behind full capacity costs a dictionary lookup per job, not an admission check. Without
+        quotas only: a quota verdict depends on every holder's usage. A full pass (``changed``
+        None) looks at every job again."""
+        if changed is None or self._book is not None:
+            self._settled.clear()
+            return None if self._book is not None else self._settled
+        for job_id in changed:
+            self._settled.pop(job_id, None)
+        waiting = self._waiting.jobs if self._waiting is not None else {}
+        for job_id in self._settled.keys() - waiting.keys():  # no longer waiting
+            del self._settled[job_id]
+        return self._settled
+
+    def _waiting_context(self, free: Resources, admitted: int) -> tuple[float, ...]:
+        """What a waiting job's outcome in a pass depends on besides the job itself
+        (:meth:`_stays_as_it_is`): the free and total capacity, and the admitted count once it
+        reached ``max_jobs`` (the ``Queued`` message names it)."""
+        capacity = self._capacity
+        queued = admitted if admitted >= self.max_jobs else -1
+        return (free.cpu, free.memory, free.gpu, capacity.cpu, capacity.memory, capacity.gpu, queued)
+
     def _stays_as_it_is(self, job: repo.WaitingJob, free: Resources, admitted: int) -> bool:
         """Whether this pass would leave a waiting job exactly as it is (same state, reason and
         message: still waiting for the same thing). Decided from its plain columns by the same
@@ -515,7 +594,13 @@ class Controller:
         if admitted >= self.max_jobs:
             verdict = _queued(admitted)
         else:
-            spec = self._spec_of(job.id, job.spec_text) if job.spec_text else self._specs[job.id][1]
+            text = self._spec_texts.get(job.id)
+            if text:
+                spec = self._spec_of(job.id, text)
+            elif job.id in self._specs:
+                spec = self._specs[job.id][1]
+            else:
+                return False
             quota = self._quota_verdict(job.id, job.queue, spec)
             if spec.spec.run_policy.suspend:
                 verdict = SUSPENDED
@@ -575,8 +660,8 @@ class Controller:
         """A waiting job's id, priority and quota demand, for the fair-sharing order."""
         if isinstance(job, JobRow):
             spec = self._spec(job)
-        elif isinstance(job, repo.WaitingJob) and job.spec_text:
-            spec = self._spec_of(job.id, job.spec_text)
+        elif isinstance(job, repo.WaitingJob) and job.id in self._spec_texts:
+            spec = self._spec_of(job.id, self._spec_texts[job.id])
         else:  # its spec unchanged since a pass cached it
             spec = self._specs[job.id][1]
         return job.id, spec.spec.scheduling.priority, self._demand(job.id, spec)

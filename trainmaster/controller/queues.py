@@ -50,6 +50,9 @@ def fair_order(jobs: list[J], weights: dict[str, float], also_served: dict[str, 
             waiting[job.queue].append(job)
     order = list(admitted)
     while waiting:
+        if len(waiting) == 1:  # one queue left: the rest of it as it stands (a long queue's tail)
+            order += waiting.popitem()[1]
+            break
         queue = min(waiting, key=lambda q: (served[q] / weights.get(q, 1.0), q))
         order.append(waiting[queue].popleft())
         served[queue] += 1

@@ -5,7 +5,19 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, Dialect, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Dialect,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, orm_insert_sentinel, relationship
 from sqlalchemy.types import TypeDecorator
 
@@ -45,8 +57,12 @@ class Base(DeclarativeBase):
 
 class JobRow(Base):
     __tablename__ = "jobs"
-    # ids are never reused: a deleted job's id must not name (and show the logs of) a new one
-    __table_args__ = {"sqlite_autoincrement": True}
+    # ids are never reused: a deleted job's id must not name (and show the logs of) a new one;
+    # a reconcile pass reads its admitted jobs by the index (not every active job: revision 0010)
+    __table_args__ = (
+        Index("ix_jobs_admitted_state_owner", "admitted", "state", "owner"),
+        {"sqlite_autoincrement": True},
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     uid: Mapped[str] = mapped_column(String(32), unique=True)

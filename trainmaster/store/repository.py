@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -68,7 +68,7 @@ class WaitingJob:
     reason: str
     message: str
     cancel_requested: bool
-    spec_text: str  # the spec as stored (JSON), or "" when the pass did not ask for it (cached, unchanged)
+    rank: tuple[int, Any, int]  # its place in queue order: (-priority, created_at, id)
     admitted: bool = False
 
 
@@ -95,15 +95,73 @@ class AdmittedJob:
     admitted: bool = True
 
 
+class WaitingQueue:
+    """An owner's waiting jobs (:class:`WaitingJob`) in queue order, kept by a controller from
+    pass to pass: read whole once (:func:`load_active_jobs` without one), then only the jobs
+    an event named since (a submit, a cancel, a scale, an admission) are read again, and what
+    the controller itself writes to a waiting job's columns it tells the queue (:meth:`note`).
+    A pass over 10,000 waiting jobs read them all before, pass after pass."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[int, WaitingJob] = {}
+        self._order: list[WaitingJob] = []
+        self._sorted = True
+
+    def put(self, job: WaitingJob) -> None:
+        known = self.jobs.get(job.id)
+        if known is not None:  # read again: its columns as they are now, in its place
+            known.queue, known.state, known.reason, known.message = job.queue, job.state, job.reason, job.message
+            known.cancel_requested = job.cancel_requested
+            if known.rank != job.rank:
+                known.rank, self._sorted = job.rank, False
+            return
+        self.jobs[job.id] = job
+        if self._order and job.rank < self._order[-1].rank:
+            self._sorted = False
+        self._order.append(job)  # the usual case: a new job goes last
+
+    def drop(self, job_ids: set[int]) -> None:
+        found = [i for i in job_ids if self.jobs.pop(i, None) is not None]
+        if found:
+            self._order = [j for j in self._order if j.id in self.jobs]
+
+    def note(self, job_id: int, state: str, reason: str, message: str) -> None:
+        """What a pass wrote to a waiting job's columns (it is still waiting)."""
+        job = self.jobs.get(job_id)
+        if job is not None:
+            job.state, job.reason, job.message = state, reason, message
+
+    def ordered(self) -> list[WaitingJob]:
+        if not self._sorted:
+            self._order.sort(key=lambda j: j.rank)
+            self._sorted = True
+        return self._order
+
+
 @dataclass
 class ActiveJobs:
-    """What one reconcile pass works on: ``owner``'s jobs not yet ended, in queue order."""
+    """What one reconcile pass works on: ``owner``'s jobs not yet ended, in queue order (the
+    admitted ones, then the waiting ones), and the waiting ones' stored specs it read (as
+    text)."""
 
     jobs: list[AdmittedJob | WaitingJob]
+    waiting: WaitingQueue
+    spec_texts: dict[int, str]
 
 
 ACTIVE_STATES = [s.value for s in JobState if s not in JOB_TERMINAL]
 OPEN_INSTANCE_STATES = [s.value for s in InstanceState if s not in INSTANCE_TERMINAL]
+_JOB_COLUMNS = (
+    JobRow.id,
+    JobRow.queue,
+    JobRow.state,
+    JobRow.reason,
+    JobRow.message,
+    JobRow.cancel_requested,
+    JobRow.admitted,
+    JobRow.priority,
+    JobRow.created_at,
+)
 
 
 def load_active_jobs(
@@ -112,38 +170,53 @@ def load_active_jobs(
     spec_wanted: Callable[[int], bool],
     handles: dict[int, tuple[Any, Any]],
     known: dict[int, list[LiveInstance]] | None = None,
+    waiting: WaitingQueue | None = None,
+    changed: set[int] | None = None,
+    cached_specs: Mapping[int, Any] | None = None,
 ) -> ActiveJobs:
-    """``owner``'s jobs not yet ended, in queue order (:func:`active_job_ids`), in three queries
+    """``owner``'s jobs not yet ended, in queue order (:func:`active_job_ids`), in a few queries
     of plain columns whatever their number: the jobs; the open instances of the admitted ones;
     the stored spec (as text: no JSON decode) of the waiting ones ``spec_wanted`` asks for
     (the controller caches the rest). ``handles`` caches decoded handles by instance id (text,
     handle): a pass over thousands of running instances decodes only the new ones. ``known``:
     the open instances of admitted jobs the caller knows unchanged since it read them (none of
     their rows written since); only the other admitted jobs' instances are read, and ``known``
-    is updated with them (None: read every admitted job's)."""
-    rows = session.execute(
-        select(
-            JobRow.id,
-            JobRow.queue,
-            JobRow.state,
-            JobRow.reason,
-            JobRow.message,
-            JobRow.cancel_requested,
-            JobRow.admitted,
-        )
-        .where(JobRow.state.in_(ACTIVE_STATES), JobRow.owner == owner)
-        .order_by(JobRow.priority.desc(), JobRow.created_at, JobRow.id)
-    ).all()
+    is updated with them (None: read every admitted job's).
+
+    ``waiting``, with ``changed``: the waiting jobs as the caller kept them (:class:`WaitingQueue`),
+    all unchanged but those in ``changed``: only the admitted jobs and the ``changed`` ones are
+    read, and ``waiting`` is brought up to date (what changes, not what exists); their specs
+    are read for those read again and those not in ``cached_specs``. Without them every active
+    job is read, into a new queue."""
+    base = select(*_JOB_COLUMNS).where(JobRow.state.in_(ACTIVE_STATES), JobRow.owner == owner)
+    order = (JobRow.priority.desc(), JobRow.created_at, JobRow.id)
+    incremental = waiting is not None and changed is not None and cached_specs is not None
+    reread: set[int] = set()
+    cached: Mapping[int, Any] = cached_specs or {}
+    if waiting is None or changed is None or not incremental:
+        waiting = WaitingQueue()
+        rows = list(session.execute(base.order_by(*order)))
+    else:
+        rows = list(session.execute(base.where(JobRow.admitted.is_(True)).order_by(*order)))
+        reread = set(changed)
+        ids = sorted(reread)
+        for chunk in range(0, len(ids), 500):
+            rows += session.execute(base.where(JobRow.id.in_(ids[chunk : chunk + 500])).order_by(*order))
     jobs: list[AdmittedJob | WaitingJob] = []
     admitted: dict[int, AdmittedJob] = {}
-    waiting: dict[int, WaitingJob] = {}
-    for job_id, queue, state, reason, message, cancel, is_admitted in rows:
+    found: set[int] = set()  # waiting, of those read
+    for job_id, queue, state, reason, message, cancel, is_admitted, priority, created_at in rows:
         if is_admitted:
-            admitted[job_id] = AdmittedJob(job_id, queue, state, bool(cancel))
-            jobs.append(admitted[job_id])
+            if job_id not in admitted:
+                admitted[job_id] = AdmittedJob(job_id, queue, state, bool(cancel))
+                jobs.append(admitted[job_id])
         else:
-            waiting[job_id] = WaitingJob(job_id, queue, state, reason or "", message or "", bool(cancel), "")
-            jobs.append(waiting[job_id])
+            found.add(job_id)
+            rank = (-(priority or 0), created_at, job_id)
+            waiting.put(WaitingJob(job_id, queue, state, reason or "", message or "", bool(cancel), rank))
+    if incremental:
+        # read again and no longer waiting (admitted, ended, deleted, given to another owner)
+        waiting.drop((reread - found) | (admitted.keys() & waiting.jobs.keys()))
     unknown = list(admitted) if known is None else [i for i in admitted if i not in known]
     if unknown:
         query = (
@@ -168,12 +241,16 @@ def load_active_jobs(
                 job.instances = known[job_id]
         known.clear()
         known.update({job_id: job.instances for job_id, job in admitted.items()})
-    wanted = [i for i in waiting if spec_wanted(i)]
+    if incremental:  # those read again, and any whose spec the caller lacks
+        wanted = sorted((found | (waiting.jobs.keys() - cached.keys())) & waiting.jobs.keys())
+    else:
+        wanted = [i for i in waiting.jobs if spec_wanted(i)]
+    spec_texts: dict[int, str] = {}
     for chunk in range(0, len(wanted), 5000):
         texts = select(JobRow.id, type_coerce(JobRow.spec, Text)).where(JobRow.id.in_(wanted[chunk : chunk + 5000]))
-        for job_id, text in session.execute(texts):
-            waiting[job_id].spec_text = text
-    return ActiveJobs(jobs)
+        spec_texts.update(session.execute(texts).all())
+    jobs += waiting.ordered()
+    return ActiveJobs(jobs, waiting, spec_texts)
 
 
 def _handle(cache: dict[int, tuple[Any, Any]], inst_id: int, stored: Any) -> InstanceHandle | None:
@@ -379,8 +456,10 @@ def write_changed_columns(session: Session) -> int:
         state = sa_inspect(obj)
         if state.key is None or state.deleted or state.was_deleted:
             continue
-        touched = [k for k in columns if k not in state.unmodified]
-        changed = {k: state.dict[k] for k in touched if state.attrs[k].history.added}
+        unmodified = state.unmodified  # a set made anew at each call: once per row, not per column
+        touched = [k for k in columns if k not in unmodified]
+        attrs = state.attrs
+        changed = {k: state.dict[k] for k in touched if attrs[k].history.added}
         if changed:
             names = tuple(sorted(columns[k] for k in changed))
             params = {"v_id": state.dict["id"], **{f"v_{columns[k]}": v for k, v in changed.items()}}
