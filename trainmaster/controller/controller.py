@@ -226,21 +226,21 @@ class Controller:
             # plain INSERTs (one per table for the whole batch), not ORM objects: a server under
             # hundreds of submits a second spent most of a submit in the unit of work's flushes
             ids: list[int] = []
-            if accepted:
-                session.execute(
-                    insert(JOBS),
-                    [
-                        {
-                            **columns,
-                            "name": loaded.job.name,
-                            "queue": loaded.job.spec.scheduling.queue,
-                            "priority": loaded.job.spec.scheduling.priority,
-                            "backend": self.backend.name,
-                            "owner": self.owner,
-                        }
-                        for loaded, columns in accepted
-                    ],
-                )
+            rows = [
+                {
+                    **columns,
+                    "name": loaded.job.name,
+                    "queue": loaded.job.spec.scheduling.queue,
+                    "priority": loaded.job.spec.scheduling.priority,
+                    "backend": self.backend.name,
+                    "owner": self.owner,
+                }
+                for loaded, columns in accepted
+            ]
+            if len(rows) == 1:  # one job (a CLI's, a quiet server's): its id comes back with the INSERT
+                ids = [session.execute(insert(JOBS).returning(JOBS.c.id), rows[0]).scalar_one()]
+            elif rows:
+                session.execute(insert(JOBS), rows)
                 # their ids by their uids (unique): one query, where an INSERT .. RETURNING in
                 # submit order is one statement per job on SQLite
                 by_uid = dict(
@@ -251,9 +251,10 @@ class Controller:
                 ids = [by_uid[columns["uid"]] for _, columns in accepted]
             folders, roles, events = [], [], []
             now = utcnow()
+            runs_dir = self.runs_dir.resolve()  # once, not a path walk per job (a name has no '/')
             for job_id, (loaded, _) in zip(ids, accepted, strict=True):
                 job = loaded.job
-                run_dir = str((self.runs_dir / f"{job_id}-{job.name}").resolve())
+                run_dir = str(runs_dir / f"{job_id}-{job.name}")
                 output = in_job_folder(run_dir, job.spec.output.path) if job.spec.output else None
                 folders.append({"job_id": job_id, "run_dir": run_dir, "output_path": output})
                 roles += [
