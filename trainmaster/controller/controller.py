@@ -383,11 +383,11 @@ class Controller:
                 changed,
                 self._specs,
             )
-            jobs, self._waiting, self._spec_texts = active.jobs, active.waiting, active.spec_texts
+            self._waiting, self._spec_texts = active.waiting, active.spec_texts
+            admitted_jobs = active.admitted
             if known is None:
-                self._open = {j.id: j.instances for j in jobs if isinstance(j, repo.AdmittedJob)}
+                self._open = {j.id: j.instances for j in admitted_jobs}
             self._changed = changed
-            admitted_jobs = [j for j in jobs if isinstance(j, repo.AdmittedJob)]
             admitted = len(admitted_jobs)
             self._observe_all(admitted_jobs)
             announced = self._announced
@@ -395,11 +395,15 @@ class Controller:
             busy = [j.id for j in admitted_jobs if j.id not in quiet]
             # no flush before each query of the pass (a job's lazy loads, its last event): the
             # pass writes once, at its commit, instead of once per job
-            order = queues.fair_order(
-                [j for j in jobs if j.id not in quiet],
-                self.queue_weights,
-                Counter(j.queue for j in admitted_jobs if j.id in quiet),
-            )
+            if len(active.waiting.queues) <= 1:  # fair_order's answer, without a walk over a long queue
+                order: list[repo.AdmittedJob | repo.WaitingJob] = [j for j in admitted_jobs if j.id not in quiet]
+                order += active.waiting.ordered()
+            else:
+                order = queues.fair_order(
+                    [j for j in active.jobs if j.id not in quiet],
+                    self.queue_weights,
+                    Counter(j.queue for j in admitted_jobs if j.id in quiet),
+                )
             self._preemptible = {j.id for j in admitted_jobs}
             self._book = self._quota_book(session)
             self._verdicts, self._admissions = {}, {}

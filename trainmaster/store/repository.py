@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from collections.abc import Callable, Mapping
 import json
 from dataclasses import dataclass, field
@@ -104,26 +105,38 @@ class WaitingQueue:
 
     def __init__(self) -> None:
         self.jobs: dict[int, WaitingJob] = {}
+        self.queues: Counter[str] = Counter()  # waiting jobs per queue
         self._order: list[WaitingJob] = []
         self._sorted = True
 
     def put(self, job: WaitingJob) -> None:
         known = self.jobs.get(job.id)
         if known is not None:  # read again: its columns as they are now, in its place
+            if known.queue != job.queue:
+                self._count(known.queue, -1)
+                self._count(job.queue, 1)
             known.queue, known.state, known.reason, known.message = job.queue, job.state, job.reason, job.message
             known.cancel_requested = job.cancel_requested
             if known.rank != job.rank:
                 known.rank, self._sorted = job.rank, False
             return
         self.jobs[job.id] = job
+        self._count(job.queue, 1)
         if self._order and job.rank < self._order[-1].rank:
             self._sorted = False
         self._order.append(job)  # the usual case: a new job goes last
 
     def drop(self, job_ids: set[int]) -> None:
-        found = [i for i in job_ids if self.jobs.pop(i, None) is not None]
+        found = [job for job in (self.jobs.pop(i, None) for i in job_ids) if job is not None]
+        for job in found:
+            self._count(job.queue, -1)
         if found:
             self._order = [j for j in self._order if j.id in self.jobs]
+
+    def _count(self, queue: str, change: int) -> None:
+        self.queues[queue] += change
+        if not self.queues[queue]:
+            del self.queues[queue]
 
     def note(self, job_id: int, state: str, reason: str, message: str) -> None:
         """What a pass wrote to a waiting job's columns (it is still waiting)."""
@@ -145,6 +158,7 @@ class ActiveJobs:
     text)."""
 
     jobs: list[AdmittedJob | WaitingJob]
+    admitted: list[AdmittedJob]
     waiting: WaitingQueue
     spec_texts: dict[int, str]
 
@@ -202,14 +216,12 @@ def load_active_jobs(
         ids = sorted(reread)
         for chunk in range(0, len(ids), 500):
             rows += session.execute(base.where(JobRow.id.in_(ids[chunk : chunk + 500])).order_by(*order))
-    jobs: list[AdmittedJob | WaitingJob] = []
     admitted: dict[int, AdmittedJob] = {}
     found: set[int] = set()  # waiting, of those read
     for job_id, queue, state, reason, message, cancel, is_admitted, priority, created_at in rows:
         if is_admitted:
             if job_id not in admitted:
                 admitted[job_id] = AdmittedJob(job_id, queue, state, bool(cancel))
-                jobs.append(admitted[job_id])
         else:
             found.add(job_id)
             rank = (-(priority or 0), created_at, job_id)
@@ -249,8 +261,8 @@ def load_active_jobs(
     for chunk in range(0, len(wanted), 5000):
         texts = select(JobRow.id, type_coerce(JobRow.spec, Text)).where(JobRow.id.in_(wanted[chunk : chunk + 5000]))
         spec_texts.update(session.execute(texts).all())
-    jobs += waiting.ordered()
-    return ActiveJobs(jobs, waiting, spec_texts)
+    admitted_jobs = list(admitted.values())
+    return ActiveJobs(admitted_jobs + waiting.ordered(), admitted_jobs, waiting, spec_texts)
 
 
 def _handle(cache: dict[int, tuple[Any, Any]], inst_id: int, stored: Any) -> InstanceHandle | None:
