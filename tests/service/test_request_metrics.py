@@ -72,3 +72,35 @@ def test_each_answer_says_its_server_time(tmp_path: Path) -> None:
     for reply in (answer, refused):
         match = re.fullmatch(r"app;dur=(\d+\.\d\d)", reply.headers["server-timing"])
         assert match and 0 < float(match.group(1)) < 30_000, reply.headers
+
+
+def test_the_servers_listener_turns_nagle_off_on_each_connection() -> None:
+    """The listener `trainmaster server` binds gives asyncio's transports TCP sockets they set
+    TCP_NODELAY on: with Nagle's algorithm on, an answer's body waited for the client's delayed
+    ACK of its headers (~40 ms a request on a kept-alive connection, outside the server's time)."""
+    import asyncio
+    import socket
+
+    from trainmaster.cli.server import _bind
+
+    listener = _bind("127.0.0.1", 0)
+    seen: list[int] = []
+
+    class Record(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            seen.append(transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            transport.close()
+
+    async def accept_one() -> None:
+        server = await asyncio.get_running_loop().create_server(Record, sock=listener)
+        async with server:
+            port = listener.getsockname()[1]
+            _, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 10)
+            for _ in range(100):
+                if seen:
+                    break
+                await asyncio.sleep(0.05)
+            writer.close()
+
+    asyncio.run(accept_one())
+    assert seen and seen[0] != 0, "the accepted connection kept Nagle's algorithm on"
