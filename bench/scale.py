@@ -261,6 +261,11 @@ def replay(fraction: float, db: str | None, scratch: Path) -> dict[str, Any]:
         "list_server_ms": _quantiles(probed["list_server"]),
         "status_server_ms": _quantiles(probed["status_server"]),
         # every GET of the route during the replay (the bench's counting lists too), from /metrics
+        # what the client waited after the headers came (the body), and how late the prober woke
+        # from its pause between rounds (its own scheduling on a busy machine: part of any figure it takes)
+        "list_body_ms": _quantiles(probed["list_body"]),
+        "status_body_ms": _quantiles(probed["status_body"]),
+        "prober_wake_late_ms": _quantiles(probed["late"]),
         "list_route_histogram": served["list"],
         "status_route_histogram": served["status"],
         "server_rss_max_mb": max(probed["rss"], default=0) / 2**20,
@@ -301,7 +306,8 @@ class Prober:
 def probe(url: str, server_pid: int, newest: Any, ready: Any, stop: Any, results: Any) -> None:
     """The prober's process (:class:`Prober`)."""
     rng = random.Random(7)
-    found: dict[str, list[float]] = {k: [] for k in ("list", "status", "list_server", "status_server", "rss")}
+    kinds = ("list", "status", "list_server", "status_server", "list_body", "status_body", "late", "rss")
+    found: dict[str, list[float]] = {k: [] for k in kinds}
     server = psutil.Process(server_pid)
     with httpx.Client(base_url=url, timeout=60) as client:
         ready.set()
@@ -312,15 +318,21 @@ def probe(url: str, server_pid: int, newest: Any, ready: Any, stop: Any, results
                 asks.append(("status", f"/api/v1/jobs/{rng.randint(1, newest.value)}", {}))
             for kind, path, params in asks:
                 began = time.perf_counter()
-                reply = client.get(path, params=params)
-                found[kind].append((time.perf_counter() - began) * 1000)
+                with client.stream("GET", path, params=params) as reply:
+                    headed = time.perf_counter()
+                    reply.read()
+                ended = time.perf_counter()
+                found[kind].append((ended - began) * 1000)
                 reply.raise_for_status()
                 found[f"{kind}_server"].append(float(reply.headers["server-timing"].split("dur=")[1]))
+                found[f"{kind}_body"].append((ended - headed) * 1000)
             try:  # the server's processes together: the API's and the controller's
                 found["rss"].append(sum(p.memory_info().rss for p in (server, *server.children(recursive=True))))
             except psutil.Error:
                 pass
+            asleep = time.perf_counter()
             stop.wait(PROBE_EVERY)
+            found["late"].append((time.perf_counter() - asleep - PROBE_EVERY) * 1000)  # this process's own wake-up
     results.put(found)
 
 
