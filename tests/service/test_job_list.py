@@ -158,3 +158,35 @@ def test_listing_reads_only_its_page(tmp_path: Path) -> None:
     facade.list_jobs(JobFilter(), limit=50)
     assert len(statements) <= 4, statements
     assert listing.MAX_LIMIT == 1000
+
+
+def test_the_sqlite_page_in_one_statement_answers_what_the_row_by_row_page_does(tmp_path: Path) -> None:
+    """SQLite's page comes as one JSON row (the driver gives up the interpreter lock at each
+    row); it must show exactly what the portable, row-by-row read shows: items, token, count."""
+    url = f"sqlite:///{tmp_path / 'one.db'}"
+    facade = stored(url, 23, tmp_path / "hollow")
+    with facade.sessions() as session:
+        job = session.get(JobRow, 4)
+        assert job is not None
+        job.state, job.reason, job.message = "cancelled", "Cancelled", "by the test"
+        job.completed_at = job.created_at
+        session.commit()
+    filters = [JobFilter(), JobFilter(queue="a"), JobFilter(state="cancelled"), JobFilter.parse(labels=["team=vision"])]
+    pages = 0
+    with facade.sessions() as session:
+        for where in filters + [JobFilter(name="j1", name_contains=True), JobFilter(state="running")]:
+            for limit in (1, 4, 500):
+                start = 0
+                while True:
+                    one = listing._sqlite_page(session, start, where.conditions(), limit)
+                    rows = listing._portable_page(session, start, where.conditions(), limit)
+                    assert one == rows, (where, limit, start)
+                    pages += 1
+                    if one.next is None:
+                        break
+                    start = int(one.next)
+        shown = listing.list_jobs(session, JobFilter(state="cancelled"))
+    assert pages > 40
+    assert [(j["name"], j["completedAt"] is not None, j["labels"]) for j in shown.items] == [
+        ("j3", True, {"team": "vision", "kueue.x-k8s.io/queue-name": "cq-1"})
+    ]

@@ -34,6 +34,7 @@ from trainmaster.service.limits import BodyLimit
 from trainmaster.service.protect import RequestGuard
 from trainmaster.service.queue_routes import register_queue_routes
 from trainmaster.service.reconciler import ControllerLink, Reconciler
+from trainmaster.service.request_metrics import RequestTiming
 from trainmaster.service.routes import health, jobs, logs, metrics
 from trainmaster.service.routes.errors import install_error_handlers
 from trainmaster.service.state import API, ServiceOptions, ServiceState
@@ -76,7 +77,8 @@ def create_app(
     mount_dashboard(
         app, controller, facade, options.paths, options.access, options.runtime, draining, quota=options.quota
     )
-    app.add_middleware(RequestGuard, hosts=options.hosts)  # outermost: every answer gets its headers
+    app.add_middleware(RequestGuard, hosts=options.hosts)  # every answer gets its headers
+    app.add_middleware(RequestTiming)  # outermost: every answer is timed, refusals too
 
     @app.on_event("startup")
     def _start() -> None:

@@ -15,10 +15,11 @@ from the version the list gave.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import Session
@@ -134,8 +135,15 @@ def list_jobs(session: Session, where: JobFilter, limit: int = DEFAULT_LIMIT, af
     if not 1 <= limit <= MAX_LIMIT:
         raise UserError(f"limit {limit}: expected 1 to {MAX_LIMIT} jobs per page")
     start = _token(after)
-    version = resource_version(session)  # read first: a watch from it misses nothing of this page
     conditions = where.conditions()
+    if session.get_bind().dialect.name == "sqlite":
+        return _sqlite_page(session, start, conditions, limit)
+    return _portable_page(session, start, conditions, limit)
+
+
+def _portable_page(session: Session, start: int, conditions: list[ColumnElement[bool]], limit: int) -> JobPage:
+    """A page read as rows (PostgreSQL's driver reads them all at once)."""
+    version = resource_version(session)  # read first: a watch from it misses nothing of this page
     rows = session.execute(
         select(*SUMMARY_COLUMNS).where(JobRow.id > start, *conditions).order_by(JobRow.id).limit(limit + 1)
     ).all()
@@ -144,6 +152,62 @@ def list_jobs(session: Session, where: JobFilter, limit: int = DEFAULT_LIMIT, af
     if len(rows) > limit:
         remaining = session.scalar(select(func.count(JobRow.id)).where(JobRow.id > page[-1].id, *conditions)) or 0
     return JobPage([summary(j) for j in page], str(page[-1].id) if remaining else None, remaining, version)
+
+
+def _sqlite_page(session: Session, start: int, conditions: list[ColumnElement[bool]], limit: int) -> JobPage:
+    """The same page from SQLite in one row: the version, the page's rows as one JSON array and
+    the count of what follows, in one statement (one snapshot, so the three agree).
+
+    Why one row: Python's SQLite driver gives up the interpreter lock at every row it steps to,
+    and in a server whose other threads are busy each of those waits up to a thread switch
+    (1 ms) to get it back; a page of 100 rows read row by row waited ~100 times."""
+    after = (JobRow.id > start, *conditions)
+    rows = (
+        select(
+            func.json_array(
+                *(SUMMARY_COLUMNS[:8]), func.json_extract(JobRow.spec, "$.metadata.labels"), *SUMMARY_COLUMNS[9:]
+            ).label("row")
+        )
+        .where(*after)
+        .order_by(JobRow.id)
+        .limit(limit + 1)
+        .subquery()
+    )
+    version, text, matching = session.execute(
+        select(
+            select(func.max(EventRow.id)).scalar_subquery(),
+            select(func.json_group_array(func.json(rows.c.row))).scalar_subquery(),
+            select(func.count(JobRow.id)).where(*after).scalar_subquery(),
+        )
+    ).one()
+    found = sorted(json.loads(text or "[]"), key=lambda r: r[0])[:limit]
+    page = [summary(_SqliteRow(*r)) for r in found]
+    remaining = max(0, int(matching or 0) - limit)
+    return JobPage(page, str(page[-1]["id"]) if remaining else None, remaining, version or 0)
+
+
+class _SqliteRow(NamedTuple):
+    """A row of :data:`SUMMARY_COLUMNS` as :func:`_sqlite_page` reads it (JSON: times as SQLite's text)."""
+
+    id: int
+    name: str
+    state: str
+    reason: str
+    message: str
+    owner: str
+    queue: str
+    priority: int
+    labels: dict[str, str] | None
+    created: str | None
+    completed: str | None
+
+    @property
+    def created_at(self) -> datetime | None:
+        return datetime.fromisoformat(self.created) if self.created else None
+
+    @property
+    def completed_at(self) -> datetime | None:
+        return datetime.fromisoformat(self.completed) if self.completed else None
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,10 @@ from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainmaster.service.answers import json_answer
+from trainmaster.service.inflight import run_mutation
 from trainmaster.service.joblist import JobListQuery, job_list_query, list_or_watch
 from trainmaster.service.quotas import check_job, check_room, check_scale
-from trainmaster.service.state import API, service_of
+from trainmaster.service.state import API, ServiceState, service_of
 from trainmaster.spec.load import LoadOptions
 from trainmaster.spec.model import MAX_REPLICAS
 from trainmaster.store import repository as repo
@@ -38,14 +39,18 @@ class ScaleRequest(BaseModel):
 
 
 @router.post(f"{API}/jobs", status_code=201)
-def submit(
+async def submit(
     request: Request,
     document: dict[str, Any] = Body(..., description="A job document: ours, Kubeflow or Volcano"),
     lenient: bool = Query(
         False, description="Kubeflow/Volcano: ignore (and list) unknown fields instead of refusing the document"
     ),
-) -> dict[str, Any]:
-    service = service_of(request)
+) -> Response:
+    """Store a job; in a worker thread of the submits' own share (:mod:`trainmaster.service.inflight`)."""
+    return await run_mutation(request.app, lambda: _submit(service_of(request), document, lenient))
+
+
+def _submit(service: ServiceState, document: dict[str, Any], lenient: bool) -> Response:
     options = service.options
     loaded = service.jobs.load(
         document,
@@ -61,7 +66,7 @@ def submit(
     with service.controller.sessions() as session:
         check_room(session, sum(r.replicas for r in loaded.job.spec.roles), options.quota)
     job_id = service.jobs.submit(loaded, service.controller).id  # NameTaken: 409, as every JobConflict
-    return {"id": job_id, "name": loaded.job.name, "ignored": loaded.ignored}
+    return json_answer({"id": job_id, "name": loaded.job.name, "ignored": loaded.ignored}, 201)
 
 
 @router.get(f"{API}/jobs")
