@@ -33,6 +33,7 @@ import math
 import os
 import threading
 import time
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +65,7 @@ log = logging.getLogger(__name__)
 NODE = "kubernetes"
 SYNC_TIMEOUT = 30.0
 DELETE_TIMEOUT = 60.0
+LEAD_WAIT_SECONDS = 0.5  # the most a start's other pods wait for its first pod's create
 FIRST_PORT, LAST_PORT = 20000, 32000
 HOST_RUNTIME_ENV = "TRAINMASTER_K8S_HOST_RUNTIME"
 GATE_CHECK_SECONDS = 0.5
@@ -333,6 +335,7 @@ class KubernetesBackend(Backend):
     def start(self, requests: list[LaunchRequest]) -> Iterator[InstanceHandle | StartFailure]:
         """Every handle at once; pods are created by the pool (a dependent one of its own image
         once its dependencies hold). A refusal by the API shows as an exit with reason StartFailed."""
+        lead: Future[None] | None = None  # the start's first pod: the others follow it
         for request in requests:
             spec = request.spec
             if spec.container is None and self.host is None:
@@ -351,16 +354,45 @@ class KubernetesBackend(Backend):
                     if not in_pod:  # a new controller's backend finds it in its folder and holds it again
                         _write_private(Path(spec.instance_dir, HELD_RECORD), spec.to_dict())
                 if in_pod or not spec.depends:
-                    self._submit(spec, {})
+                    created = self._submit(spec, {}, lead)
+                    lead = lead or created
             yield self._handle(spec)
         self._release_gates()
 
-    def _submit(self, spec: LaunchSpec, services: dict[str, list[str]]) -> None:
+    def _submit(
+        self, spec: LaunchSpec, services: dict[str, list[str]], lead: Future[None] | None = None
+    ) -> Future[None]:
+        """Create ``spec``'s pod in the pool; with ``lead`` (the first pod of the same start),
+        once that one is answered (:data:`LEAD_WAIT_SECONDS` at most). Returns the creation."""
         key = f"{self.namespace_of(spec)}/{self.names.service(spec)}"
         with self._lock:
             if key not in self._services:
                 self._role_services.setdefault(key, _RoleService(time.monotonic())).creating += 1
-            self._creating[spec.instance_id] = self._pool.submit(self._create, spec, services)
+            if lead is None:
+                creating = self._pool.submit(self._create, spec, services)
+            else:
+                creating = self._pool.submit(self._create_after, lead, spec, services)
+            self._creating[spec.instance_id] = creating
+        return creating
+
+    def _create_after(self, lead: Future[None], spec: LaunchSpec, services: dict[str, list[str]]) -> None:
+        """A start's first pod goes to the API alone, the rest once it is answered. A node's
+        kubelet reports pod statuses through a rate-limited client (5 requests per second, bursts
+        of 10; each starting pod costs it about four requests), so a gang's last pod is Running
+        about a fixed time after the kubelet's first request for the gang: the sooner one pod
+        reaches it, the sooner all do. Sent together, the first pod's create shares this
+        process and the API server with all the others (measured with 8: answered after ~35 ms
+        instead of ~10 ms); the others, answered a few milliseconds later, still reach the
+        kubelet well within its burst."""
+        futures.wait([lead], timeout=LEAD_WAIT_SECONDS)
+        self._create(spec, services)
+
+    def wait_created(self, timeout: float) -> None:
+        """Until every pod being created has been answered by the API (``timeout`` at most)."""
+        with self._lock:
+            pending = [f for f in self._creating.values() if not f.done()]
+        if pending:
+            futures.wait(pending, timeout=timeout)
 
     def _create(self, spec: LaunchSpec, services: dict[str, list[str]]) -> None:
         from kubernetes.client.exceptions import ApiException
