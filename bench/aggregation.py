@@ -62,6 +62,26 @@ HEADER = 36  # trainmaster.aggregation.protocol.HEADER_SIZE
 # the forwarding node's CPU: 1.92 s with one send per slice, 0.75 s with four (the same as 64 KB
 # slices unsegmented); a lost datagram costs the whole slice, which a lossless link never does
 SENDS_PER_SLICE = 4
+# Larger slices (``--sends-per-slice``, up to 16: about 1 MB, the transport's largest packet) lower
+# the nodes' CPU per MB on loopback (8 workers, 16 MiB, MTU 1500, 16 sends: worker 1.90 -> 1.45
+# ms, forwarding node 1.10-1.21 -> 0.93-1.01 ms per MB received) but not on the testbed, where
+# the kernel's path through veth, bridge and tbf is paid per byte: three interleaved pairs under
+# the benchmark lock (1 Gbit/s, MTU 1500 and 9000, 4 and 8 workers, 64 MiB, load 25-42), INA/gloo
+# 0.77-0.87 with 4 sends and 0.79-0.90 with 16 at 8 workers, 1.12-1.34 and 1.07-1.25 at 4;
+# CPU-s per all-reduce the same within the spread (worker 0.13-0.17, forwarding node 0.60-0.70
+# at 8 workers). Four stay the default.
+
+
+def sends_for(sends: int = 0) -> int:
+    """GSO sends per INA slice: ``sends`` if given (> 0), else the default."""
+    return sends or SENDS_PER_SLICE
+
+
+def in_flight_for(sends: int, in_flight: int = 0) -> int:
+    """Bytes in flight over all workers, in 64 KiB units (``in_flight`` > 0 overrides): at
+    least ``IN_FLIGHT``, and enough for four slices per worker at 8 workers (the worker's own
+    share of the forwarding node's socket buffer caps its window again)."""
+    return in_flight or max(IN_FLIGHT, 32 * sends)
 
 
 def chunk_for(mtu: int, sends: int = SENDS_PER_SLICE) -> int:
@@ -147,6 +167,10 @@ class Cell:
     retransmits: float | None  # INA: slices sent again per all-reduce, all workers
     ratio_vs_gloo: float | None = None
     line_rate: float | None = None  # algbw / the link's rate in bytes/s (a worker's tensor in and out)
+    # the kernel's part of those CPU-seconds (system / (user + system)): workers (all together),
+    # forwarding node; where the time goes when the CPU decides
+    kernel_share_worker: float | None = None
+    kernel_share_switch: float | None = None
 
 
 @dataclass
@@ -298,11 +322,24 @@ class Nodes:
 
 
 def _cpu(proc: Any) -> float:
+    return sum(_cpu_split(proc))
+
+
+def _cpu_split(proc: Any) -> tuple[float, float]:
+    """User and system CPU-seconds of a process and its waited-for children so far."""
     try:
         t = psutil.Process(proc.pid).cpu_times()
-        return t.user + t.system + t.children_user + t.children_system
+        return t.user + t.children_user, t.system + t.children_system
     except psutil.Error:
-        return 0.0
+        return 0.0, 0.0
+
+
+def _kernel_share(
+    after: dict[int, tuple[float, float]], before: dict[int, tuple[float, float]], pids: list[int]
+) -> float | None:
+    user = sum(after[p][0] - before[p][0] for p in pids)
+    system = sum(after[p][1] - before[p][1] for p in pids)
+    return system / (user + system) if user + system > 0 else None
 
 
 def run_variant(
@@ -364,7 +401,8 @@ def run_variant(
     try:
         for size in sizes:
             sync.start.wait(timeout=wait_s)
-            cpu0 = {p.pid: _cpu(p) for p in nodes.all()}
+            split0 = {p.pid: _cpu_split(p) for p in nodes.all()}
+            cpu0 = {pid: sum(t) for pid, t in split0.items()}
             bytes0 = bed.counters()
             sync.start.wait(timeout=wait_s)
             by_rank: dict[int, list[float]] = {r: [] for r in range(world)}
@@ -376,7 +414,8 @@ def run_variant(
                 else:
                     resent += value
             sync.start.wait(timeout=wait_s)
-            cpu = {p.pid: (_cpu(p) - cpu0[p.pid]) / reps for p in nodes.all()}
+            split1 = {p.pid: _cpu_split(p) for p in nodes.all()}
+            cpu = {pid: (sum(t) - cpu0[pid]) / reps for pid, t in split1.items()}
             bytes1 = bed.counters()
             sync.start.wait(timeout=wait_s)
             per_rep = [max(by_rank[r][i] for r in range(world)) for i in range(reps)]
@@ -404,6 +443,8 @@ def run_variant(
                     cpu_ps_s=cpu[nodes.ps.pid] if nodes.ps else None,
                     retransmits=resent / reps if ina else None,
                     line_rate=(size / med) / (bed.options.link_rate / 8) if bed.options.link_rate else None,
+                    kernel_share_worker=_kernel_share(split1, split0, [p.pid for p in nodes.workers]),
+                    kernel_share_switch=_kernel_share(split1, split0, [nodes.switch.pid]) if nodes.switch else None,
                 )
             )
     finally:
@@ -434,11 +475,12 @@ def sweep(
     sizes: list[int],
     reps: int,
     failures: list[str],
-    in_flight: int = IN_FLIGHT,
+    in_flight: int = 0,
     variants: tuple[str, ...] = VARIANTS,
     mtu: int = MTU,
     min_rto: float = MIN_RTO,
     save: Any = None,
+    sends: int = 0,
 ) -> list[Cell]:
     """Every (link, workers) on a testbed per link; ``save(cells)`` after each link, so a run
     stopped later (a timeout, a loaded machine) keeps what it measured."""
@@ -450,7 +492,9 @@ def sweep(
     cells: list[Cell] = []
     for link in links:
         rate, link_mtu = link_spec(link, mtu)
-        chunk = chunk_for(link_mtu)
+        link_sends = sends_for(sends)
+        chunk = chunk_for(link_mtu, link_sends)
+        link_in_flight = in_flight_for(link_sends, in_flight)
         options = TestbedOptions(hosts=max(workers) + 1, link_rate=rate, prefix=PREFIX, mtu=link_mtu)
         bed = Testbed.up(options)
         try:
@@ -464,7 +508,7 @@ def sweep(
                 for variant in order:
                     try:
                         got[variant] = run_variant(
-                            bed, link, variant, world, sizes, reps, wait_s, in_flight, min_rto, chunk
+                            bed, link, variant, world, sizes, reps, wait_s, link_in_flight, min_rto, chunk
                         )
                     except Exception as exc:  # a variant that fails is reported, not hidden
                         failures.append(f"{link} {world} workers {variant}: {type(exc).__name__}: {exc}")
@@ -517,7 +561,7 @@ def _fmt(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def write_markdown(report: dict[str, Any], cells: list[Cell]) -> str:
+def write_markdown(report: dict[str, Any], cells: list[Cell], plotted: bool = True) -> str:
     load = report["load_average"]
     lines = [
         f"INA vs gloo's ring all-reduce on a testbed (hosts = network namespaces, every link "
@@ -525,8 +569,10 @@ def write_markdown(report: dict[str, Any], cells: list[Cell]) -> str:
         f"otherwise, e.g. 1gbit@1500), one invocation of "
         f"`bench/aggregation.py`: workers on h1..hn, INA's forwarding node on the switch host and "
         f"parameter node on its own host, UDP, slices of "
-        f"{', '.join(f'{v} elements at {k}' for k, v in report['chunk'].items())} ({SENDS_PER_SLICE} GSO "
-        f"sends each: cut into datagrams of the link's MTU), {report['in_flight']} x 64 KiB in flight "
+        f"{', '.join(f'{v} elements at {k}' for k, v in report['chunk'].items())} ("
+        f"{', '.join(f'{v} at {k}' for k, v in report['sends_per_slice'].items())} GSO sends each: cut into "
+        f"datagrams of the link's MTU), "
+        f"{', '.join(f'{v} at {k}' for k, v in report['in_flight'].items())} x 64 KiB in flight "
         f"over all workers; gloo one process per worker host. {report['machine']['cpus']} CPUs "
         f"shared with other jobs (1-minute load average {load['start']:.2f} at start, "
         f"{load['end']:.2f} at end; {describe(report.get('priority'))}: "
@@ -582,7 +628,8 @@ def write_markdown(report: dict[str, Any], cells: list[Cell]) -> str:
         lines += ["", "Failures: " + "; ".join(report["failures"])]
     if not report.get("complete", True):
         lines += ["", "Partial: saved after the last link measured; the sweep did not finish."]
-    lines += ["", "![algbw vs message size per worker count](/bench/results/aggregation.png)"]
+    if plotted:  # beside this file, whichever --output it went to
+        lines += ["", "![algbw vs message size per worker count](aggregation.png)"]
     return "\n".join(lines) + "\n"
 
 
@@ -638,9 +685,16 @@ def main() -> None:
     parser.add_argument(
         "--in-flight",
         type=int,
-        default=IN_FLIGHT,
-        help="INA bytes in flight over all workers, in 64 KiB units (each worker's share is also bounded by "
-        "its link's queue)",
+        default=0,
+        help=f"INA bytes in flight over all workers, in 64 KiB units (each worker's share is also bounded by "
+        f"its link's queue); default max({IN_FLIGHT}, 32 x sends per slice)",
+    )
+    parser.add_argument(
+        "--sends-per-slice",
+        type=int,
+        default=0,
+        help=f"INA slice size, in GSO sends of 64 KiB at the link's MTU (1-16: at most 1 MiB per slice); default "
+        f"{SENDS_PER_SLICE}",
     )
     parser.add_argument(
         "--min-rto", type=float, default=MIN_RTO, help="INA workers' floor of the retransmission timeout, seconds"
@@ -685,7 +739,7 @@ def main() -> None:
     failures: list[str] = []
     started, load_start = time.time(), os.getloadavg()
     variants = tuple(v for v in VARIANTS if v in args.variants.split(","))
-    if not variants or args.in_flight < 4:
+    if not variants or 0 < args.in_flight < 4:
         parser.error(f"--variants: choose from {', '.join(VARIANTS)}; --in-flight >= 4")
     try:
         for link in links:
@@ -693,8 +747,12 @@ def main() -> None:
         TestbedOptions(mtu=args.mtu)
     except (ValueError, UserError) as exc:
         parser.error(f"--links/--mtu: {exc}")
+    if not 0 <= args.sends_per_slice <= 16:
+        parser.error("--sends-per-slice must be between 1 and 16 (a slice is at most 1 MiB)")
     if not 0.01 <= args.min_rto <= 5:
         parser.error("--min-rto must be between 0.01 and 5 seconds")
+
+    sends = {link: sends_for(args.sends_per_slice) for link in links}
 
     def save(cells: list[Cell], final: bool = False) -> str:
         report: dict[str, Any] = {
@@ -714,9 +772,10 @@ def main() -> None:
             "reps": args.reps,
             "quick": args.quick,
             "seconds": round(time.time() - started),
-            "chunk": {link: chunk_for(link_spec(link, args.mtu)[1]) for link in links},
+            "chunk": {link: chunk_for(link_spec(link, args.mtu)[1], sends[link]) for link in links},
+            "sends_per_slice": sends,
             "mtu": args.mtu,
-            "in_flight": args.in_flight,
+            "in_flight": {link: in_flight_for(sends[link], args.in_flight) for link in links},
             "variants": list(variants),
             "window_per_worker": {
                 link: {
@@ -724,8 +783,8 @@ def main() -> None:
                         w,
                         link_spec(link)[0],
                         TestbedOptions().queue_ms,
-                        args.in_flight,
-                        chunk_for(link_spec(link, args.mtu)[1]),
+                        in_flight_for(sends[link], args.in_flight),
+                        chunk_for(link_spec(link, args.mtu)[1], sends[link]),
                     )
                     for w in workers
                 }
@@ -738,13 +797,23 @@ def main() -> None:
         report["targets"] = target_status(cells)
         args.output.mkdir(parents=True, exist_ok=True)
         (args.output / "aggregation.json").write_text(json.dumps(report, indent=1))
-        plot(cells, links, workers, args.output / "aggregation.png")
-        md = write_markdown(report, cells)
+        plotted = plot(cells, links, workers, args.output / "aggregation.png")
+        md = write_markdown(report, cells, plotted)
         (args.output / "aggregation.md").write_text(md)
         return md
 
     cells = sweep(
-        links, workers, sizes, args.reps, failures, args.in_flight, variants, args.mtu, args.min_rto, save=save
+        links,
+        workers,
+        sizes,
+        args.reps,
+        failures,
+        args.in_flight,
+        variants,
+        args.mtu,
+        args.min_rto,
+        save=save,
+        sends=args.sends_per_slice,
     )
     print(save(cells, final=True))
 

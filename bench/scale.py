@@ -213,8 +213,9 @@ def replay(fraction: float, db: str | None, scratch: Path) -> dict[str, Any]:
                     began = time.perf_counter()
                     client.get(f"/api/v1/jobs/{some}").raise_for_status()
                     probe_ms["status"].append((time.perf_counter() - began) * 1000)
-                try:
-                    rss.append(psutil.Process(server.proc.pid).memory_info().rss)
+                try:  # the server's processes together: the API's and the controller's
+                    proc = psutil.Process(server.proc.pid)
+                    rss.append(sum(p.memory_info().rss for p in (proc, *proc.children(recursive=True))))
                 except psutil.Error:
                     pass
                 stop.wait(0.25)
@@ -243,6 +244,7 @@ def replay(fraction: float, db: str | None, scratch: Path) -> dict[str, Any]:
             t.join(120)
         server.stop()
     usage, admission = _usage_and_admission(server.db)
+    idle = _idle_quota(server.db)
     passes = _histogram(metrics, "trainmaster_reconcile_seconds")
     shutil.rmtree(workdir, ignore_errors=True)
     return {
@@ -255,6 +257,7 @@ def replay(fraction: float, db: str | None, scratch: Path) -> dict[str, Any]:
         "quota_borrowed_cpu_max": max((b for _, b, _ in quota_samples), default=0.0),
         "one_queue_used_cpu_max": max((q for _, _, q in quota_samples), default=0.0),
         "admission_s_by_class": admission,
+        "idle_quota": idle,
         "submit_ms": _quantiles(submit_ms),
         "list_ms": _quantiles(probe_ms["list"]),
         "status_ms": _quantiles(probe_ms["status"]),
@@ -288,6 +291,50 @@ def _usage_and_admission(db: str) -> tuple[float, dict[str, float]]:
         if created and started:
             waits.setdefault(name.split("-")[0], []).append((started - created).total_seconds())
     return used / capacity, {cls: statistics.fmean(v) for cls, v in waits.items()}
+
+
+def _idle_quota(db: str) -> dict[str, float]:
+    """Where the quota not in use went (same spans and window as the quota use): the share of
+    600 CPUs × the window that was free in a cohort (120 CPUs each) while a job of that cohort
+    waited (admitted too late: the admission latency), and while none waited (nothing to admit:
+    arrivals, the tail); and how many admitted jobs were preempted (evicted and queued again)."""
+    import numpy as np
+    from sqlalchemy import func, select
+
+    from trainmaster.store.db import make_engine, session_factory
+    from trainmaster.store.models import EventRow, InstanceRow, JobRow
+
+    step = 0.01
+    with session_factory(make_engine(db))() as session:
+        spans = session.execute(
+            select(JobRow.queue, InstanceRow.cpu, InstanceRow.started_at, InstanceRow.ended_at).join(JobRow)
+        ).all()
+        waits = session.execute(select(JobRow.queue, JobRow.created_at, JobRow.started_at)).all()
+        preempted = session.scalar(select(func.count()).select_from(EventRow).where(EventRow.reason == "Preempted"))
+    runs = [(q, float(c), s.timestamp(), e.timestamp()) for q, c, s, e in spans if s and e]
+    first, last = min(r[2] for r in runs), max(r[3] for r in runs)
+    cells = int((last - first) / step) + 1
+    used = {f"cohort-{c}": np.zeros(cells) for c in range(COHORTS)}
+    waiting = {f"cohort-{c}": np.zeros(cells, dtype=bool) for c in range(COHORTS)}
+
+    def cohort(queue: str) -> str:
+        return f"cohort-{queue.split('-')[1]}"
+
+    def cell(t: float) -> int:
+        return min(cells, max(0, int((t - first) / step)))
+
+    for queue, cpu, began, ended in runs:
+        used[cohort(queue)][cell(began) : cell(ended)] += cpu
+    for queue, created, started in waits:  # from submit to its (last) admission
+        if created is not None and started is not None:
+            waiting[cohort(queue)][cell(created.timestamp()) : cell(started.timestamp())] = True
+    whole = 600.0 * cells
+    free = {c: np.clip(QUEUES * NOMINAL_CPU - used[c], 0, None) for c in used}
+    return {
+        "free_while_jobs_waited": float(sum((free[c] * waiting[c]).sum() for c in free) / whole),
+        "free_with_none_waiting": float(sum((free[c] * ~waiting[c]).sum() for c in free) / whole),
+        "preempted": int(preempted or 0),
+    }
 
 
 def _histogram(text: str, name: str) -> dict[str, Any]:
@@ -483,6 +530,14 @@ def markdown(results: dict[str, Any]) -> str:
         for cls in CLASSES:
             value = median_of(k["runs"], "admission_s_by_class", cls)
             lines.append(f"- {cls}: {value:.2f} s" if value is not None else f"- {cls}: not measured")
+        idle = k["runs"][0].get("idle_quota")
+        if idle:
+            lines += [
+                "",
+                f"Quota not in use (first run), as a share of 600 CPUs × the window: free in a cohort while a job "
+                f"of it waited {100 * idle['free_while_jobs_waited']:.1f} %, while none waited "
+                f"{100 * idle['free_with_none_waiting']:.1f} %; admitted jobs preempted: {idle['preempted']}.",
+            ]
     lines += ["", "Raw runs: `bench/results/scale.json`.", ""]
     return "\n".join(lines)
 

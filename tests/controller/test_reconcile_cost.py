@@ -17,7 +17,7 @@ from trainmaster.backends.hollow import RUN_SECONDS, HollowBackend, HollowCluste
 from trainmaster.loading import validate_document
 from trainmaster.store import repository as repo
 from trainmaster.store.db import make_engine, session_factory
-from trainmaster.store.models import EventRow, InstanceRow, JobRow
+from trainmaster.store.models import EventRow, InstanceRow, JobRow, RegistryRow
 
 
 def long_job(name: str, replicas: int = 2) -> dict:
@@ -197,3 +197,66 @@ def test_a_gang_start_writes_each_table_in_a_fixed_number_of_statements(store_ur
     assert counts[64]["INSERT instances"] == counts[8]["INSERT instances"] == 1, counts
     assert counts[64]["INSERT registry"] == counts[8]["INSERT registry"] == 1, counts
     assert counts[64] == counts[8], counts  # no table takes more statements for a bigger gang
+
+
+def writes_of_a_pass(h: Harness) -> Counter[str]:
+    """The pass's writing statements by kind and table (an executemany counts once)."""
+    words = [" ".join(s.split()).split() for s in statements_of_a_pass(h)]
+    return Counter(
+        f"{w[0]} {w[1] if w[0] == 'UPDATE' else w[2]}" for w in words if w[0] in ("INSERT", "UPDATE", "DELETE")
+    )
+
+
+def test_a_pass_that_stops_many_jobs_writes_each_table_in_a_fixed_number_of_statements(
+    store_url: str, tmp_path: Path
+) -> None:
+    """Issue 31: a pass's row changes are written per table, not per job. Cancelling running
+    jobs made the pass flush once per job (their registry rows deleted before a restart could
+    re-insert one), each flush one UPDATE of instances, one of roles, one DELETE of registry:
+    the statements grew with the jobs that changed. Now every changed column of the pass's rows
+    goes out in one UPDATE per table and set of columns, and the registry's deletes with them,
+    on SQLite and on PostgreSQL; a restart in the same pass takes its withdrawn row back."""
+    backend = HollowBackend(HollowCluster.parse("4x100"), state_dir=tmp_path / "hollow")
+    h = Harness(tmp_path, backend=backend, url=store_url)
+    counts: dict[int, Counter[str]] = {}
+    try:
+        ids = [h.submit(long_job(f"stop-{n}", 2)) for n in range(2 + 12)]
+        for _ in range(4):
+            h.controller.step()
+        assert {h.status(i)["state"] for i in ids} == {"running"}
+        first, rest = ids[:2], ids[2:]
+        for batch in (first, rest):
+            for job_id in batch:
+                h.controller.cancel(job_id)
+            counts[len(batch)] = writes_of_a_pass(h)
+            for job_id in batch:
+                status = h.status(job_id)
+                assert status["state"] == "cancelled"
+                assert {i["state"] for i in status["instances"]} == {"stopped"}
+                with h.sessions() as session:
+                    assert repo.registry(session, job_id) == {}
+    finally:
+        h.backend.close()
+    assert counts[12]["UPDATE instances"] <= 2 and counts[12]["DELETE registry"] == 1, counts
+    assert counts[12] == counts[2], counts  # 24 instances stopped cost what 4 did
+
+
+def test_an_address_registered_again_before_the_pass_writes_takes_its_withdrawn_row_back(tmp_path: Path) -> None:
+    """The registry's deletes are written with the pass, not flushed as they happen: an instance
+    withdrawn and registered again before then (a restart) must not insert a second row of its
+    (job, role, index), which the unique constraint refuses."""
+    h, ids = running_harness(tmp_path, 1)
+    try:
+        with h.sessions() as session:
+            job = repo.load_job(session, ids[0])
+            before = repo.registry(session, ids[0])["w"]
+            repo.unregister_address(job, "w", 0)
+            repo.unregister_address(job, "w", 1)
+            repo.register_address(job, "w", 0, "127.0.0.1:1")
+            session.commit()
+        with h.sessions() as session:
+            assert repo.registry(session, ids[0]) == {"w": ["127.0.0.1:1"]}, before
+            rows = session.scalars(select(RegistryRow.id).where(RegistryRow.job_id == ids[0])).all()
+            assert len(rows) == 1
+    finally:
+        h.backend.close()

@@ -310,6 +310,62 @@ def test_arbiter_never_leases_a_node_to_two_runs_at_once():
         assert nodes[0] not in http.post(f"/v1/runs/{name}/lease", json={"online": online, "n": 2}).json()["nodes"]
 
 
+class _QueryGrid:
+    """A Flower Grid stand-in for enrolment: ``nodes`` connected nodes, each answering a query
+    with its profile; records how many queries each send carried."""
+
+    def __init__(self, nodes: int) -> None:
+        self.nodes = list(range(101, 101 + nodes))
+        self.sends: list[int] = []
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.nodes)
+
+    def send_and_receive(self, messages, timeout=None):
+        from flwr.app import ConfigRecord, Message, RecordDict
+
+        self.sends.append(len(messages))
+        out = []
+        for m in messages:
+            node = m.metadata.dst_node_id
+            profile = ConfigRecord({"device": f"d{node - 101}", "a": 0.01, "mu": 50.0, "bandwidth": 1e7})
+            reply = Message(RecordDict({"profile": profile}), reply_to=m)
+            out.append(reply)
+        return out
+
+
+@NEEDS_FLWR
+def test_enrolment_queries_nodes_a_batch_at_a_time(monkeypatch):
+    """Flower deployment engine, enrolment: every connected node is enrolled with the arbiter, but
+    at most ``ENROL_BATCH`` (6) ClientApp processes are started at once. Flower gives a ClientApp
+    30 s to claim its task and starts it again if it misses that; 30 queries at once on two busy
+    cores missed it and the restarts fed each other (load over 700)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from trainmaster.flsched import flower
+    from trainmaster.flsched.arbiter import ArbiterClient
+
+    monkeypatch.setattr(TaskIdentity, "_run_id", 7)  # as in a ServerApp process of run 7
+    monkeypatch.setattr(TaskIdentity, "_node_id", 1)
+    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
+    service, http = _arbiter_client()
+    real_init = ArbiterClient.__init__
+
+    def in_process(self, url, run, *args, **kwargs):
+        real_init(self, url, run, *args, **kwargs)
+        self.http = http
+
+    monkeypatch.setattr(ArbiterClient, "__init__", in_process)
+    monkeypatch.setattr(ArbiterClient, "close", lambda self: None)  # the in-process client stays open
+    grid = _QueryGrid(30)
+    assert flower.enrol_nodes(grid, "http://arbiter", expected=30, timeout=30) == 30
+    assert sum(grid.sends) == 30 and max(grid.sends) <= 6  # ENROL_BATCH
+    assert len(http.get("/v1/leases").json()["holders"]) == 0
+    assert sorted(service.pool.profiles) == sorted(str(n) for n in grid.nodes)
+    with pytest.raises(ValueError, match="batch must be at least 1"):
+        flower.enrol_nodes(grid, "http://arbiter", expected=30, timeout=30, batch=0)
+
+
 # ----------------------------------------------------------------- Flower's deployment runtime
 @pytest.fixture(scope="module")
 def federation():

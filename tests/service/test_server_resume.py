@@ -19,7 +19,8 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def test_the_service_resumes_an_orphaned_run_without_running_anything_twice(tmp_path: Path) -> None:
-    marks, env = orphan_a_run(tmp_path, "orphan", seconds=15)
+    release = tmp_path / "release"  # the instances run until the resumes were answered
+    marks, env = orphan_a_run(tmp_path, "orphan", until=release)
     server = ServerProcess(tmp_path, db=env["TRAINMASTER_DB"], home=Path(env["TRAINMASTER_HOME"]))
     try:
         status = httpx.get(f"{server.url}/api/v1/jobs/orphan", timeout=10).json()
@@ -28,6 +29,7 @@ def test_the_service_resumes_an_orphaned_run_without_running_anything_twice(tmp_
         assert reply.status_code == 200, reply.text
         again = httpx.post(f"{server.url}/api/v1/jobs/orphan/resume", json={}, timeout=30)
         assert again.status_code == 409 and "belongs to the controller service" in again.json()["detail"]
+        release.touch()
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             status = httpx.get(f"{server.url}/api/v1/jobs/orphan", params={"events": 200}, timeout=10).json()
@@ -42,4 +44,5 @@ def test_the_service_resumes_an_orphaned_run_without_running_anything_twice(tmp_
         assert ended.status_code == 409 and "already ended" in ended.json()["detail"]
         assert httpx.post(f"{server.url}/api/v1/jobs/nosuch/resume", json={}, timeout=30).status_code == 404
     finally:
+        release.touch()
         server.stop()

@@ -6,15 +6,27 @@ import gc
 import os
 from pathlib import Path
 import socket
-from typing import Annotated, Optional
+import sys
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from trainmaster.cli.jobs import AllowFrameworkOpt, DbOpt, RuntimeOpt, make_backend
 
+if TYPE_CHECKING:
+    from trainmaster.store.db import ServerLock
+
 # on SIGTERM, seconds open requests get to finish before they are cancelled; live dashboard
 # streams end at its start (service/draining.py), a followed log (REST) may still be cut
 SHUTDOWN_DRAIN_S = 3
+#: Seconds a thread of the API's process may hold the interpreter lock while another waits for it
+#: (Python's default: 0.005). A read request gives the lock up and takes it back at each store
+#: query and at each hop between the event loop and its worker thread, and each time may wait
+#: this long behind a thread that parses a submit (the convoy effect: a reader doing 10 SQLite
+#: queries beside 2 busy threads, p99 160-210 ms at 5 ms, 60-78 ms at 1 ms on this machine).
+#: With the reconcile loop in its own process, this process's threads are request handlers,
+#: all of which want short turns.
+API_SWITCH_INTERVAL = 0.001
 
 
 def server(
@@ -74,6 +86,14 @@ def server(
     ] = None,
     allow_framework: AllowFrameworkOpt = None,
     runtime: RuntimeOpt = None,
+    controller_process: Annotated[
+        bool,
+        typer.Option(
+            "--controller-process/--no-controller-process",
+            help="Reconcile in a process of its own beside the API's (default), so requests and passes do not "
+            "share one interpreter lock; --no-controller-process: in a thread of the server's process.",
+        ),
+    ] = True,
     detach: Annotated[
         bool,
         typer.Option(
@@ -108,12 +128,14 @@ def server(
 
     import uvicorn
 
+    from trainmaster.backends.registry import installed_backends
     from trainmaster.controller import Controller
-    from trainmaster.controller.leader import LeaderElector
+    from trainmaster.controller.leader import LeaderElector, server_identity
     from trainmaster.controller.queues import parse_weights
     from trainmaster.errors import UserError
     from trainmaster.frameworks import allow_frameworks
     from trainmaster.service.app import ServiceOptions, create_app
+    from trainmaster.service.controller_process import BackendElsewhere, ControllerConfig, ControllerProcess
     from trainmaster.service.dashboard import AccessOptions
     from trainmaster.service.draining import DrainingServer
     from trainmaster.service.protect import ServedHosts
@@ -146,24 +168,43 @@ def server(
     db_file = sqlite_path(url)
     lock = ServerLock(db_file) if db_file else None
     if lock:
-        lock.acquire()  # one server per SQLite store
-    sessions = session_factory(make_engine(url))
-    elector = None if lock else LeaderElector(sessions)  # servers on a shared database elect a leader
-    controller = Controller(
-        sessions,
-        make_backend(backend, cpus, ray_address),
-        url,
-        interval=interval,
-        grace=grace,
-        max_jobs=max_jobs,
-        queue_weights=weights,
-        fence=elector.fence if elector else None,
-    )
+        _acquire(lock)  # one server per SQLite store
+    engine = make_engine(url)
+    sessions = session_factory(engine)
+    link = elector = None
+    if controller_process:  # the loop (and the election) in a child process; here: the API
+        if backend not in installed_backends():
+            make_backend(backend)  # says which backends there are
+        loop = ControllerConfig(
+            url, backend, cpus, ray_address, interval, grace, max_jobs, weights, None if lock else server_identity()
+        )
+        controller = Controller(sessions, BackendElsewhere(backend), url, interval=interval, grace=grace)
+        held = lock.fileno() if lock else None
+        link = ControllerProcess(controller, loop, engine, inherit=() if held is None else (held,))
+    else:
+        elector = None if lock else LeaderElector(sessions)  # servers on a shared database elect a leader
+        controller = Controller(
+            sessions,
+            make_backend(backend, cpus, ray_address),
+            url,
+            interval=interval,
+            grace=grace,
+            max_jobs=max_jobs,
+            queue_weights=weights,
+            fence=elector.fence if elector else None,
+        )
     listener = _bind(host, port)  # before the banner: a port in use is an error, not a lie
+    if link is not None:
+        link.start(listener)  # forked while this process is one thread; it exits if we do
+        # (after the fork: the controller process keeps the default, its pass is one thread)
+        sys.setswitchinterval(API_SWITCH_INTERVAL)
     pid_file = _claim_pid_file()  # a detached server's, removed when it exits
-    role = "" if elector is None else f", server {elector.identity}: leads when elected, standby otherwise"
+    identity = elector.identity if elector else link.config.identity if link else None
+    role = "" if identity is None else f", server {identity}: leads when elected, standby otherwise"
     typer.echo(f"trainmaster controller on {url_of(host, port)} (store {_shown(url)}, backend {backend}{role})")
-    app = create_app(controller, options=replace(options, access=AccessOptions(token=secret)), elector=elector)
+    app = create_app(
+        controller, options=replace(options, access=AccessOptions(token=secret)), elector=elector, link=link
+    )
     # at shutdown, not only in `finally`: uvicorn re-raises the SIGTERM it caught once it has
     # stopped, and the default action ends the process before any `finally` runs
     app.router.on_shutdown.append(lambda: _release_pid_file(pid_file))
@@ -172,12 +213,40 @@ def server(
     # would scan it again while every request and the reconcile pass wait for the interpreter
     gc.freeze()
     try:
-        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=SHUTDOWN_DRAIN_S)
+        config = uvicorn.Config(app, http="httptools", log_level="warning", timeout_graceful_shutdown=SHUTDOWN_DRAIN_S)
         DrainingServer(config, app.state.draining).run(sockets=[listener])
     finally:
         if lock:
             lock.release()
         _release_pid_file(pid_file)
+
+
+def _acquire(lock: ServerLock, wait_s: float = 30.0) -> None:
+    """Take the store's server lock; while the server that held it is dead, wait for its
+    controller process (which shares the lock) to end its pass and exit, as it does on its own
+    once its server is gone (a server killed with SIGKILL and started again at once)."""
+    import time
+
+    from trainmaster.errors import UserError
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            lock.acquire()
+            return
+        except UserError:
+            if time.monotonic() > deadline or _holder_alive(lock):
+                raise
+            time.sleep(0.2)
+
+
+def _holder_alive(lock: ServerLock) -> bool:
+    try:
+        pid = int(lock.path.read_text().strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 #: Set by ``--detach`` for the server it starts: the file in which that server keeps its pid.

@@ -71,6 +71,8 @@ LIVE = (I.STARTING.value, I.RUNNING.value, I.UNKNOWN.value, I.TERMINATING.value)
 FULL_PASS_EVERY = 30.0  # seconds between passes that look at every job, changed or not
 COLLECT_AFTER_ROWS = 20_000  # rows loaded by passes between two garbage collections (:meth:`step`)
 RUNNING = I.RUNNING.value  # an instance's and a job's stored state alike
+PENDING = JobState.PENDING.value
+INSTANCE_STATES = [s.value for s in I]  # every state a role's counts name, in order
 
 
 # The tables written with plain Core statements (a submit batch, a pass's events): an ORM-enabled
@@ -165,6 +167,8 @@ class Controller:
         self._admissions: dict[tuple[Any, ...], Admission] = {}  # this pass's answers (_admit)
         self._live_sum: Resources | None = None  # what live instances held at the last read (_free_capacity)
         self._verdicts: dict[tuple[Any, ...], Verdict | None] = {}  # this pass's quota answers (_quota_verdict)
+        self._capacity = Resources(0.0, 0)  # the backend's capacity as this pass found it (_free_capacity)
+        self._environ: dict[str, str] | None = None  # what instances take of this process' environment, this pass
 
     @property
     def touched(self) -> frozenset[int]:
@@ -319,12 +323,37 @@ class Controller:
         backend call, and only the jobs that changed are loaded as rows and reconciled: an
         admitted job with an instance whose observation differs from its stored state, one in
         a state the pass moves on, or one with an event since the last pass (a cancel, a scale,
-        a suspend, from this process or another sharing the store: :meth:`_changed_jobs`)."""
+        a suspend, from this process or another sharing the store: :meth:`_changed_jobs`).
+
+        The cycle collector is off during the pass: what a pass makes and drops again (a plain
+        record per active job, 10,000 of them over a long queue) would otherwise survive a
+        collection in the middle of it into the oldest generation, and every few passes that
+        growth set off a full collection of the whole heap (a quarter second at 10,000 queued
+        jobs). Freed by reference counting when the pass ends, they never get there; the rows'
+        own cycles are collected below, or by the collector's next young collection."""
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            self._pass()
+        finally:
+            if collecting:
+                gc.enable()
+        if self._loaded >= COLLECT_AFTER_ROWS:
+            # The rows a pass loads (a job, its roles, instances, registry) refer to each other:
+            # only the cycle collector frees them. Left to run on its own it scans every live
+            # object, a pause of a quarter second at 10,000 instances, that lands in whichever
+            # pass or API request comes next; here it runs once enough rows were let go, at the
+            # end of the pass that made them garbage.
+            self._loaded = 0
+            gc.collect()
+
+    def _pass(self) -> None:
         with self._lock, self.sessions() as session, metrics.RECONCILE.time():
             if self.fence:
                 self.fence(session)
             self._to_start, self._observed, self._events = [], {}, []  # nothing carried over from a failed pass
             self._evicted, self._created = [], []
+            self._environ = None  # read again each pass
             changed = self._changed_jobs(session)
             free = self._free_capacity(session, changed)
             # instances of admitted jobs as the last pass left them, less the jobs it reconciled
@@ -396,12 +425,14 @@ class Controller:
             if self._to_start:
                 self.backend.prepare_start([s.request for s in self._to_start])
             created, self._created = self._created, []
+            repo.write_changed_columns(session)  # the rows' changes: one UPDATE per table and columns
             repo.insert_instances(session, created)  # every new instance of the pass: one INSERT
             self._write_events(session)
             session.commit()
             self._spec_texts = {}
             self._stop_evicted(session)  # committed as evicted first: a crash now leaves no doubt
             self._start_all(session)
+            repo.write_changed_columns(session)
             self._write_events(session)
             session.commit()
             if self.owner == "service":
@@ -410,14 +441,6 @@ class Controller:
             self.backend.forget(ended)  # stored: the agent's journal may drop them
             self._loaded += len(session.identity_map)
             self._rows, self._admitted_rows = {}, {}  # the pass's rows: garbage once it ends
-        if self._loaded >= COLLECT_AFTER_ROWS:
-            # The rows a pass loads (a job, its roles, instances, registry) refer to each other:
-            # only the cycle collector frees them. Left to run on its own it scans every live
-            # object, a pause of a quarter second at 10,000 instances, that lands in whichever
-            # pass or API request comes next; here it runs once enough rows were let go, at the
-            # end of the pass that made them garbage.
-            self._loaded = 0
-            gc.collect()
 
     def _changed_jobs(self, session: Session) -> set[int] | None:
         """Jobs with an event since the last pass (the store's resource versions: event ids are
@@ -504,7 +527,8 @@ class Controller:
                 decision = self._admit(job.id, spec, free)
                 if decision.admitted or decision.unschedulable:
                     return False
-                verdict = Verdict(JobState.PENDING, "Pending", decision.message)
+                # compared as plain strings: this runs for every waiting job of every pass
+                return job.state == PENDING and job.reason == "Pending" and job.message == decision.message
         return (job.state, job.reason, job.message) == (verdict.state.value, verdict.reason, verdict.message)
 
     # ---- quota (trainmaster.controller.quota) -------------------------------------------------------
@@ -558,15 +582,16 @@ class Controller:
         return job.id, spec.spec.scheduling.priority, self._demand(job.id, spec)
 
     def _admit(self, job_id: int, spec: Job, free: Resources) -> Admission:
-        """:func:`admit`, answered once per gang shape and free capacity in a pass: a long queue
-        of like jobs, most of which stay waiting, asks the same question job after job."""
+        """:func:`admit`, answered once per gang shape and free capacity in a pass (against the
+        capacity the pass found, :meth:`_free_capacity`): a long queue of like jobs, most of
+        which stay waiting, asks the same question job after job."""
         shape = self._gangs.get(job_id)
         if shape is None or shape[0] is not spec:
             shape = self._gangs[job_id] = (spec, gang_of(spec))
-        key = (shape[1], self.backend.capacity(), free)
+        key = (shape[1], free)
         decision = self._admissions.get(key)
         if decision is None:
-            decision = self._admissions[key] = admit_gang(*shape[1], key[1], free)
+            decision = self._admissions[key] = admit_gang(*shape[1], self._capacity, free)
         return decision
 
     def _demand(self, job_id: int, spec: Job) -> dict[str, float]:
@@ -786,7 +811,8 @@ class Controller:
                 .where(InstanceRow.state.in_(LIVE), JobRow.backend == self.backend.name)
             ).one()
             self._live_sum = Resources(float(cpu), int(memory))
-        return self.backend.capacity().minus(self._live_sum)
+        self._capacity = self.backend.capacity()  # the pass's: asked once, not once per waiting job
+        return self._capacity.minus(self._live_sum)
 
     # ---- one job -----------------------------------------------------------------------------
     def _spec(self, job: JobRow) -> Job:
@@ -1085,13 +1111,11 @@ class Controller:
         inst: InstanceRow,
         free: Resources,
         keep_address: bool = False,
-        flush: bool = True,
     ) -> Resources:
-        """Give back an ended instance's ports, resources and (unless kept) registry entry
-        (``flush=False``: the caller flushes the registry's deletes once, for a whole gang)."""
+        """Give back an ended instance's ports, resources and (unless kept) registry entry."""
         self.backend.release(Placement(inst.host or "", list(inst.ports or [])))
         if not keep_address:
-            repo.unregister_address(job, inst.role, inst.index, flush=flush)
+            repo.unregister_address(job, inst.role, inst.index)
         return free.plus(Resources(inst.cpu, inst.memory))
 
     def _scale(self, session: Session, job: JobRow, spec: Job, free: Resources) -> Resources:
@@ -1146,7 +1170,7 @@ class Controller:
         ``stopped`` with ``reason`` (``Stopped``; ``JobSucceeded`` when a succeeded job no longer
         needs it) and ``why`` as its message, so ``status`` never shows the reason of the state it
         left (``Running``)."""
-        if not instances:  # a job whose instances all ended: nothing to stop, nothing to flush
+        if not instances:  # a job whose instances all ended: nothing to stop
             return free
         for inst in instances:  # an attempt prepared this pass but not started yet has no handle
             if inst.state in LIVE and inst.state != I.TERMINATING.value:
@@ -1156,11 +1180,9 @@ class Controller:
         if live:
             self.backend.stop([i.handle for i in live if i.handle], self.grace)
         final = dict(zip((i.id for i in live), self.backend.observe([i.handle for i in live if i.handle])))
-        released = False
         for inst in instances:
             if inst.state in LIVE:
-                released = True
-                free = self._release(session, job, inst, free, flush=False)
+                free = self._release(session, job, inst, free)
                 inst.ended_at = utcnow()
                 obs = final.get(inst.id)
                 inst.exit_code = obs.exit_code if obs else None
@@ -1171,8 +1193,6 @@ class Controller:
             if inst.state not in (I.SUCCEEDED.value, I.FAILED.value):
                 self._set_instance_state(inst, I.STOPPED)  # from pending or terminating
                 inst.reason, inst.message = reason, why
-        if released:
-            session.flush()  # the registry's deletes, before a restart in this pass re-inserts one
         return free
 
     def _start_pending(self, session: Session, job: JobRow, spec: Job, free: Resources) -> Resources:
@@ -1203,9 +1223,11 @@ class Controller:
             return free
         if self.backend.runs_processes or job.output_path:
             _make_output_folder(job.run_dir)
-        # what every instance of the gang shares, made once: the part of this process'
+        # what every instance of the pass shares, made once: the part of this process'
         # environment an instance takes (each instance copies it) and the channel's address
-        environ = host_environment(dict(os.environ))
+        if self._environ is None:
+            self._environ = host_environment(dict(os.environ))
+        environ = self._environ
         channel = self._instance_channel().url(self.backend.instance_channel)
         # the intents (state starting, attempt + 1) are committed with the pass, before
         # :meth:`_start_all` spawns anything
@@ -1553,7 +1575,7 @@ def _count_instances(job: JobRow, role_row: RoleRow) -> None:
     """The role's instances by state, every state (stopped ones too): the counts a user sees
     beside the instance table always add up to it."""
     states = Counter(i.state for i in job.instances if i.role == role_row.name)
-    counts = {s.value: states[s.value] for s in I}
+    counts = {s: states[s] for s in INSTANCE_STATES}
     if role_row.counts != counts:  # assigned only when changed (an assignment dirties the row)
         role_row.counts = counts
 

@@ -318,6 +318,16 @@ class LocalFederation:
                 )
             time.sleep(0.5)
 
+    def clientapp_restarts(self) -> int:
+        """ClientApp processes that came too late for their task so far (Flower gives one 30 s to
+        claim it, then starts another): each is refused by its SuperNode with an expired task
+        token when it asks for its input. Above zero, the machine is too busy for this federation."""
+        total = 0
+        for log in self.logs.glob("node*.log"):
+            text = log.read_text(errors="replace")
+            total += text.count("/v1/runtime/pull-task-input][ApiError:1008]")
+        return total
+
     def _write_data(self) -> None:
         """Every job's non-IID shards, one file per dataset (x/y train and test, shard indices)."""
         from trainmaster.flsched.runtime import load_job

@@ -110,32 +110,46 @@ def _server_main(grid: Grid, context: Context) -> None:
         train_run(grid, cfg)
 
 
-def enrol_nodes(grid: Grid, arbiter: str, expected: int, timeout: float = 600.0) -> int:
+ENROL_BATCH = 6
+"""Nodes queried at once when enrolling (see ``enrol_nodes``)."""
+
+
+def enrol_nodes(grid: Grid, arbiter: str, expected: int, timeout: float = 600.0, batch: int = ENROL_BATCH) -> int:
     """Ask every connected node for its device profile and enrol them with the arbiter; waits
-    (at most ``timeout``) until ``expected`` nodes are connected. Returns the number enrolled."""
+    (at most ``timeout``) until ``expected`` nodes are connected. Returns the number enrolled.
+
+    The queries go ``batch`` nodes at a time. Each query starts a ClientApp process on its node
+    (a Python process importing flwr, ~1.7 s of CPU), and Flower gives that process 30 s
+    (``HEARTBEAT_DEFAULT_INTERVAL``) to claim its task; one that misses it is started again
+    while the first still runs. Querying 30 nodes at once on 2 busy cores missed it, and the
+    restarts fed each other (56 ClientApps alive for 30 nodes within a minute, load 47)."""
     from trainmaster.flsched.arbiter import ArbiterClient, NodeProfile
 
+    if batch < 1:
+        raise ValueError(f"enrol batch must be at least 1, got {batch}")
     deadline = time.monotonic() + timeout
     while len(nodes := list(grid.get_node_ids())) < expected and time.monotonic() < deadline:
         time.sleep(1.0)
-    messages = [
-        Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=n, message_type=MessageType.QUERY) for n in nodes
-    ]
     profiles = []
-    for reply in grid.send_and_receive(messages, timeout=timeout):
-        if reply.has_error():
-            log.warning("enrol: node %s did not answer: %s", reply.metadata.src_node_id, reply.error)
-            continue
-        p = reply.content["profile"]
-        profiles.append(
-            NodeProfile(
-                node=str(reply.metadata.src_node_id),
-                device=str(p["device"]),
-                a=float(p["a"]),
-                mu=float(p["mu"]),
-                bandwidth=float(p["bandwidth"]),
+    for first in range(0, len(nodes), batch):
+        messages = [
+            Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=n, message_type=MessageType.QUERY)
+            for n in nodes[first : first + batch]
+        ]
+        for reply in grid.send_and_receive(messages, timeout=max(1.0, deadline - time.monotonic())):
+            if reply.has_error():
+                log.warning("enrol: node %s did not answer: %s", reply.metadata.src_node_id, reply.error)
+                continue
+            p = reply.content["profile"]
+            profiles.append(
+                NodeProfile(
+                    node=str(reply.metadata.src_node_id),
+                    device=str(p["device"]),
+                    a=float(p["a"]),
+                    mu=float(p["mu"]),
+                    bandwidth=float(p["bandwidth"]),
+                )
             )
-        )
     client = ArbiterClient(arbiter, "enrol")
     try:
         client.enrol(profiles)
@@ -186,12 +200,22 @@ def train_run(grid: Grid, cfg: dict) -> None:
                 replies = list(grid.send_and_receive(messages, timeout=ROUND_TIMEOUT_S)) if messages else []
                 done = time.time()
                 trained = [int(r.metadata.src_node_id) for r in replies if not r.has_error()]
+                # per trained node: seconds from the send until its ClientApp had the message, and
+                # the device time it then took (the rest of the round is Flower's overhead)
+                timing = [
+                    [
+                        round(float(r.content["timing"]["began"]) - sent, 3),
+                        round(float(r.content["timing"]["emulated-s"]), 3),
+                    ]
+                    for r in replies
+                    if not r.has_error() and "timing" in r.content
+                ]
                 agg, _ = strategy.aggregate_train(rnd, replies)
                 if agg is not None:
                     params = agg.to_numpy_ndarrays()
                 acc = npmodel.accuracy(params, x_test, y_test)
                 row = {"event": "round", "run": name, "round": rnd, "start": sent, "end": done, "nodes": nodes}
-                row.update({"trained": trained, "accuracy": acc, "wall": time.time()})
+                row.update({"trained": trained, "timing": timing, "accuracy": acc, "wall": time.time()})
                 sink.write(json.dumps(row) + "\n")
                 sink.flush()
                 if not messages:
@@ -223,7 +247,7 @@ def _profile(msg: Message, context: Context) -> Message:
 @client_app.train()
 def _train(msg: Message, context: Context) -> Message:
     """Train on this node's shard, then take the time a device of this profile would."""
-    started = time.monotonic()
+    started, began = time.monotonic(), time.time()
     nc, rc = context.node_config, context.run_config
     part = int(nc["partition-id"])
     data = _dataset(str(nc["data-dir"]), str(rc["dataset"]))
@@ -242,4 +266,7 @@ def _train(msg: Message, context: Context) -> Message:
     if rest > 0:
         time.sleep(rest)
     metrics = MetricRecord({"num-examples": len(shard), "emulated-s": compute + comm})
-    return Message(RecordDict({"arrays": ArrayRecord(new), "metrics": metrics}), reply_to=msg)
+    # when this ClientApp had the message (Flower's delivery and the process launch come before);
+    # a ConfigRecord, which FedAvg leaves alone (it averages every metric)
+    timing = ConfigRecord({"began": began, "emulated-s": compute + comm})
+    return Message(RecordDict({"arrays": ArrayRecord(new), "metrics": metrics, "timing": timing}), reply_to=msg)

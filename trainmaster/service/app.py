@@ -33,7 +33,7 @@ from trainmaster.service.draining import Draining
 from trainmaster.service.limits import BodyLimit
 from trainmaster.service.protect import RequestGuard
 from trainmaster.service.queue_routes import register_queue_routes
-from trainmaster.service.reconciler import Reconciler
+from trainmaster.service.reconciler import ControllerLink, Reconciler
 from trainmaster.service.routes import health, jobs, logs, metrics
 from trainmaster.service.routes.errors import install_error_handlers
 from trainmaster.service.state import API, ServiceOptions, ServiceState
@@ -50,9 +50,12 @@ def create_app(
     reconcile: bool = True,
     options: ServiceOptions | None = None,
     elector: LeaderElector | None = None,
+    link: ControllerLink | None = None,
 ) -> FastAPI:
     """The service: REST API under /api/v1, /metrics, /healthz and the dashboard at /; with an
-    ``elector`` (servers sharing a database) it reconciles only while it leads."""
+    ``elector`` (servers sharing a database) it reconciles only while it leads. With a ``link``
+    (``trainmaster server``: the controller process, :mod:`.controller_process`) the loop runs
+    there, elects there, and ``controller`` here only reads the store and records intents."""
     options = options or ServiceOptions()
     app = FastAPI(
         title="Trainmaster controller",
@@ -65,10 +68,10 @@ def create_app(
     app.add_middleware(BodyLimit, limits=options.limits)
     facade = LocalTrainmaster(controller.sessions, controller.db_url)  # every job verb goes through the facade
     draining = Draining()  # the server calls begin() when it stops, so live streams end themselves
-    reconciler = Reconciler(controller, elector)
+    reconciler: ControllerLink = link or Reconciler(controller, elector)
     app.state.draining = draining
     app.state.reconciler = reconciler
-    app.state.service = ServiceState(controller, facade, options, reconciler, draining, elector)
+    app.state.service = ServiceState(controller, facade, options, reconciler, draining)
     mount_api_docs(app)  # before the dashboard's /static, which would shadow swagger-ui's files
     mount_dashboard(
         app, controller, facade, options.paths, options.access, options.runtime, draining, quota=options.quota
@@ -79,14 +82,15 @@ def create_app(
     def _start() -> None:
         if elector is not None:
             elector.start()
-        if reconcile:
+        if reconcile or link is not None:
             reconciler.start()
 
     @app.on_event("shutdown")
     def _stop() -> None:
         reconciler.stop()
-        if elector is not None:
+        if elector is not None or link is not None:
             reconciler.join(timeout=controller.grace + 30)  # the pass in flight ends before the lease goes
+        if elector is not None:
             elector.stop()
 
     install_error_handlers(app)

@@ -19,10 +19,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from fastapi import Query
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from trainmaster.api import LocalTrainmaster
 from trainmaster.errors import UserError
+from trainmaster.service.answers import json_answer
 from trainmaster.store.listing import DEFAULT_LIMIT, MAX_LIMIT, JobFilter
 
 WATCH_POLL = 0.2  # seconds between two looks at the store while a watch has nothing to send
@@ -41,7 +42,7 @@ class JobListQuery:
     timeout: float
 
 
-def job_list_query(
+async def job_list_query(  # async: checked on the event loop, not in a worker thread of its own
     state: str = Query("", max_length=16, description="Only jobs in this state"),
     queue: str = Query("", max_length=63, description="Only jobs of this queue"),
     name: str = Query("", max_length=63, description="Only jobs of this name"),
@@ -68,7 +69,7 @@ def job_list_query(
 
 def list_or_watch(jobs: LocalTrainmaster, query: JobListQuery) -> Response:
     if not query.watch:
-        return JSONResponse(jobs.list_jobs(query.where, query.limit, query.after).to_dict())
+        return json_answer(jobs.list_jobs(query.where, query.limit, query.after).to_dict())
     return StreamingResponse(_watch(jobs, query), media_type="application/x-ndjson")
 
 

@@ -5,14 +5,36 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any, Protocol
 
 from sqlalchemy.exc import OperationalError
 
 from trainmaster.controller import Controller
 from trainmaster.controller.backoff import StoreBackoff
+from trainmaster.controller.controller import NotResumable
 from trainmaster.controller.leader import LeaderElector, LeaseLost
 
 log = logging.getLogger("trainmaster.service")
+
+
+class ControllerLink(Protocol):
+    """What the API process knows of, and asks of, the reconcile loop: a :class:`Reconciler`
+    thread beside the API, or the controller process (:mod:`.controller_process`)."""
+
+    @property
+    def error(self) -> str | None: ...  # the last pass's error, None while passes succeed
+
+    def leadership(self) -> dict[str, Any]: ...
+
+    def take_over(self, job_id: int) -> None: ...  # NotResumable / JobConflict: refused
+
+    def families(self) -> list[Any]: ...  # Prometheus families recorded outside this process
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def join(self, timeout: float | None = None) -> None: ...
 
 
 class Reconciler(threading.Thread):
@@ -62,3 +84,18 @@ class Reconciler(threading.Thread):
     def stop(self) -> None:
         self.stopping.set()
         self.controller.wake()
+
+    # ---- the ControllerLink of a loop in the API's own process ---------------------------------
+    def leadership(self) -> dict[str, Any]:
+        """Who reconciles: this server alone, or the leader among servers sharing the store."""
+        if self.elector is None:
+            return {"leading": True, "leader": None}
+        return {"leading": self.elector.leading, "leader": self.elector.leader, "server": self.elector.identity}
+
+    def take_over(self, job_id: int) -> None:
+        if self.elector is not None and not self.elector.leading:
+            raise NotResumable(f"this server is a standby; ask the leader ({self.elector.leader}) to resume")
+        self.controller.take_over(job_id)  # NotResumable: 409, as every JobConflict
+
+    def families(self) -> list[Any]:
+        return []  # the loop writes this process's own registry

@@ -12,13 +12,12 @@ from fastapi import Request
 
 from trainmaster.api import LocalTrainmaster
 from trainmaster.controller import Controller
-from trainmaster.controller.leader import LeaderElector
 from trainmaster.service.dashboard.access import AccessOptions
 from trainmaster.service.draining import Draining
 from trainmaster.service.limits import RequestLimits
 from trainmaster.service.protect import ServedHosts
 from trainmaster.service.quotas import JobQuota
-from trainmaster.service.reconciler import Reconciler
+from trainmaster.service.reconciler import ControllerLink
 from trainmaster.spec.model import RuntimeKind
 from trainmaster.spec.paths import PathPolicy
 
@@ -45,15 +44,12 @@ class ServiceState:
     controller: Controller
     jobs: LocalTrainmaster  # every job verb goes through the facade
     options: ServiceOptions
-    reconciler: Reconciler
+    reconciler: ControllerLink  # the reconcile loop: a thread here, or the controller process
     draining: Draining
-    elector: LeaderElector | None = None
 
     def leadership(self) -> dict[str, Any]:
         """Who reconciles: this server alone, or the leader among servers sharing the store."""
-        if self.elector is None:
-            return {"leading": True, "leader": None}
-        return {"leading": self.elector.leading, "leader": self.elector.leader, "server": self.elector.identity}
+        return self.reconciler.leadership()
 
 
 def service_of(request: Request) -> ServiceState:

@@ -117,6 +117,10 @@ class ServerLock:
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._fd = fd
 
+    def fileno(self) -> int | None:
+        """The locked descriptor: a child process that inherits it holds the lock with this one."""
+        return self._fd
+
     def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)

@@ -1,8 +1,9 @@
-"""What the gateway's two hand-rolled HTTP/1.1 clients share: the party link (asyncio, kept-alive
-connections; :mod:`trainmaster.gateway.relay.partylink`) and the initiator's result download (one
-blocking socket; :mod:`trainmaster.gateway.initiator.resultlink`). Both send one kind of request (a POST
-of a JSON envelope) and read what uvicorn answers: a status line, headers, and a Content-Length
-or chunked body. Each raises its own transport error from the ``ValueError`` raised here."""
+"""The HTTP/1.1 pieces of the gateway's hand-rolled client for its party link
+(:mod:`trainmaster.gateway.relay.partylink`: asyncio, kept-alive connections). It sends one kind
+of request (a POST of a JSON envelope) and reads what uvicorn answers: a status line, headers,
+and a Content-Length or chunked body. The link raises its own transport error from the
+``ValueError`` raised here. (Large results and inputs do not use HTTP: they cross the stream
+port, :mod:`trainmaster.gateway.net.streams`.)"""
 
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ def resume(request: Request, job_id: JobId) -> Response:
     with dashboard.sessions() as session:
         dashboard.load(session, job_id)
     try:
-        dashboard.controller.take_over(job_id)
+        request.app.state.reconciler.take_over(job_id)  # where the reconcile loop runs
     except NotResumable as exc:
         return error_fragment(exc.message, 409)
     return Response(status_code=204, headers={"HX-Trigger": "tm-change"})

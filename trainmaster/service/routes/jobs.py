@@ -11,7 +11,7 @@ from fastapi import APIRouter, Body, Depends, Query, Request, Response
 from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 
-from trainmaster.errors import JobConflict
+from trainmaster.service.answers import json_answer
 from trainmaster.service.joblist import JobListQuery, job_list_query, list_or_watch
 from trainmaster.service.quotas import check_job, check_room, check_scale
 from trainmaster.service.state import API, service_of
@@ -81,10 +81,11 @@ def status(
     instances: int = Query(
         STATUS_PAGE, ge=0, le=STATUS_PAGE_MAX, description="Instances in the page (instanceCount: all of them)"
     ),
-) -> dict[str, Any]:
+) -> Response:
+    """A job's status document: its roles, a page of its instances, its latest ``events``."""
     service = service_of(request)
     page = service.jobs.status(ref, events=events, instances=(instances_from, instances))
-    return {**page, "controller": service.leadership()}
+    return json_answer({**page, "controller": service.leadership()})
 
 
 @router.post(f"{API}/jobs/{{ref}}/cancel")
@@ -101,10 +102,7 @@ def resume(request: Request, ref: JobRef) -> dict[str, Any]:
     its run still lives, it has ended, or it ran on another backend)."""
     service = service_of(request)
     job_id = service.jobs.find(ref).id
-    elector = service.elector
-    if elector is not None and not elector.leading:
-        raise JobConflict(f"this server is a standby; ask the leader ({elector.leader}) to resume")
-    service.controller.take_over(job_id)  # NotResumable: 409, as every JobConflict
+    service.reconciler.take_over(job_id)  # where the loop runs; NotResumable: 409, as every JobConflict
     return {"id": job_id, "resumed": True}
 
 
