@@ -352,6 +352,8 @@ class KubernetesBackend(Backend):
                 self._where[spec.instance_id] = (self.namespace_of(spec), self.names.pod(spec))
                 in_pod = spec.container is None
                 if spec.depends:
+                    if in_pod:  # an earlier attempt's environment file, gone before this attempt's gate writes
+                        Path(spec.instance_dir, k8s.ENV_FILE).unlink(missing_ok=True)
                     self._held[spec.instance_id] = _Held(spec, time.monotonic(), in_pod)
                     if not in_pod:  # a new controller's backend finds it in its folder and holds it again
                         _write_private(Path(spec.instance_dir, HELD_RECORD), spec.to_dict())
@@ -424,8 +426,10 @@ class KubernetesBackend(Backend):
         try:
             if spec.depends and spec.container is None:  # waits in the pod: its environment comes in the file
                 env = {**k8s.base_environment(spec), "PATH": self._path(spec.env.get("PATH"))}
+                # (an earlier attempt's environment file was removed by start(): removed here, in the
+                # pool, it could go after this attempt's gate wrote the new one, and the pod would
+                # wait for it until its dependency timeout)
                 os.makedirs(spec.instance_dir, exist_ok=True)
-                Path(spec.instance_dir, k8s.ENV_FILE).unlink(missing_ok=True)  # an earlier attempt's
             else:
                 env = self._environment(spec, services)
             name = self.names.pod(spec)
