@@ -62,7 +62,7 @@ def backend_with(creates: Creates, threads: int = 16) -> KubernetesBackend:
     for table in ("_held", "_where", "_creating", "_job_uids", "_log_paths", "_role_services"):
         setattr(backend, table, {})
     backend._services = set()
-    backend.pods = Pods()
+    backend.pods = Pods()  # type: ignore[assignment]
     backend._pool = ThreadPoolExecutor(threads, thread_name_prefix="test-create")
     backend._create = creates  # type: ignore[method-assign]
     return backend
