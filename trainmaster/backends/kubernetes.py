@@ -33,6 +33,7 @@ import math
 import os
 import threading
 import time
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +65,8 @@ log = logging.getLogger(__name__)
 NODE = "kubernetes"
 SYNC_TIMEOUT = 30.0
 DELETE_TIMEOUT = 60.0
+LEAD_WAIT_SECONDS = 0.5  # the most a start's other pods wait for its first pod's create
+CREATE_TIMEOUT = (10, 30)  # seconds to connect and to be answered, for a pod's create
 FIRST_PORT, LAST_PORT = 20000, 32000
 HOST_RUNTIME_ENV = "TRAINMASTER_K8S_HOST_RUNTIME"
 GATE_CHECK_SECONDS = 0.5
@@ -332,7 +335,9 @@ class KubernetesBackend(Backend):
 
     def start(self, requests: list[LaunchRequest]) -> Iterator[InstanceHandle | StartFailure]:
         """Every handle at once; pods are created by the pool (a dependent one of its own image
-        once its dependencies hold). A refusal by the API shows as an exit with reason StartFailed."""
+        once its dependencies hold), the start's first one here when it can be
+        (:meth:`_create_here`). A refusal by the API shows as an exit with reason StartFailed."""
+        lead: Future[None] | None = None  # the start's first pod: the others follow it
         for request in requests:
             spec = request.spec
             if spec.container is None and self.host is None:
@@ -347,20 +352,73 @@ class KubernetesBackend(Backend):
                 self._where[spec.instance_id] = (self.namespace_of(spec), self.names.pod(spec))
                 in_pod = spec.container is None
                 if spec.depends:
+                    if in_pod:  # an earlier attempt's environment file, gone before this attempt's gate writes
+                        Path(spec.instance_dir, k8s.ENV_FILE).unlink(missing_ok=True)
                     self._held[spec.instance_id] = _Held(spec, time.monotonic(), in_pod)
                     if not in_pod:  # a new controller's backend finds it in its folder and holds it again
                         _write_private(Path(spec.instance_dir, HELD_RECORD), spec.to_dict())
-                if in_pod or not spec.depends:
-                    self._submit(spec, {})
+            if in_pod or not spec.depends:  # (not under the lock: the watch's callbacks take it)
+                created = (self._create_here(spec) if lead is None else None) or self._submit(spec, {}, lead)
+                lead = lead or created
             yield self._handle(spec)
         self._release_gates()
 
-    def _submit(self, spec: LaunchSpec, services: dict[str, list[str]]) -> None:
+    def _submit(
+        self, spec: LaunchSpec, services: dict[str, list[str]], lead: Future[None] | None = None
+    ) -> Future[None]:
+        """Create ``spec``'s pod in the pool; with ``lead`` (the first pod of the same start),
+        once that one is answered (:data:`LEAD_WAIT_SECONDS` at most). Returns the creation."""
         key = f"{self.namespace_of(spec)}/{self.names.service(spec)}"
         with self._lock:
             if key not in self._services:
                 self._role_services.setdefault(key, _RoleService(time.monotonic())).creating += 1
-            self._creating[spec.instance_id] = self._pool.submit(self._create, spec, services)
+            if lead is None:
+                creating = self._pool.submit(self._create, spec, services)
+            else:
+                creating = self._pool.submit(self._create_after, lead, spec, services)
+            self._creating[spec.instance_id] = creating
+        return creating
+
+    def _create_here(self, spec: LaunchSpec) -> Future[None] | None:
+        """A start's first pod, created on the caller's thread (the controller's pass) when
+        nothing can hold its create: a first attempt with no pod of that name in the cluster.
+        Handed to the pool instead, it would wait for a pool thread to wake and then share the
+        interpreter with the rest of the pass (measured on a loaded machine: 0.5 to 12 ms before
+        the request left); the others of the start are sent once it is answered. None where it
+        goes to the pool (a later attempt may wait for its predecessor's pod to go)."""
+        namespace, name = self.namespace_of(spec), self.names.pod(spec)
+        if spec.attempt != 1 or self.pods.get(namespace, name) is not None:
+            return None
+        key = f"{namespace}/{self.names.service(spec)}"
+        done: Future[None] = Future()
+        with self._lock:
+            if key not in self._services:
+                self._role_services.setdefault(key, _RoleService(time.monotonic())).creating += 1
+            self._creating[spec.instance_id] = done
+        try:
+            self._create(spec, {})
+        finally:
+            done.set_result(None)
+        return done
+
+    def _create_after(self, lead: Future[None], spec: LaunchSpec, services: dict[str, list[str]]) -> None:
+        """A start's first pod goes to the API alone, the rest once it is answered. A node's
+        kubelet reports pod statuses through a rate-limited client (5 requests per second, bursts
+        of 10; each starting pod costs it about four requests), so a gang's last pod is Running
+        about a fixed time after the kubelet's first request for the gang: the sooner one pod
+        reaches it, the sooner all do. Sent together, the first pod's create shares this
+        process and the API server with all the others (measured with 8: answered after ~35 ms
+        instead of ~10 ms); the others, answered a few milliseconds later, still reach the
+        kubelet well within its burst."""
+        futures.wait([lead], timeout=LEAD_WAIT_SECONDS)
+        self._create(spec, services)
+
+    def wait_created(self, timeout: float) -> None:
+        """Until every pod being created has been answered by the API (``timeout`` at most)."""
+        with self._lock:
+            pending = [f for f in self._creating.values() if not f.done()]
+        if pending:
+            futures.wait(pending, timeout=timeout)
 
     def _create(self, spec: LaunchSpec, services: dict[str, list[str]]) -> None:
         from kubernetes.client.exceptions import ApiException
@@ -368,8 +426,10 @@ class KubernetesBackend(Backend):
         try:
             if spec.depends and spec.container is None:  # waits in the pod: its environment comes in the file
                 env = {**k8s.base_environment(spec), "PATH": self._path(spec.env.get("PATH"))}
+                # (an earlier attempt's environment file was removed by start(): removed here, in the
+                # pool, it could go after this attempt's gate wrote the new one, and the pod would
+                # wait for it until its dependency timeout)
                 os.makedirs(spec.instance_dir, exist_ok=True)
-                Path(spec.instance_dir, k8s.ENV_FILE).unlink(missing_ok=True)  # an earlier attempt's
             else:
                 env = self._environment(spec, services)
             name = self.names.pod(spec)
@@ -380,7 +440,9 @@ class KubernetesBackend(Backend):
             body = k8s.pod_manifest(spec, env, name, namespace, service, self.host, owner)
             self.fence()
             try:
-                answer = self.core.create_namespaced_pod(namespace, body, _preload_content=False)
+                answer = self.core.create_namespaced_pod(
+                    namespace, body, _preload_content=False, _request_timeout=CREATE_TIMEOUT
+                )
             except ApiException as exc:
                 if exc.status != 409:
                     raise

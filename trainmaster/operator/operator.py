@@ -66,6 +66,7 @@ SYNC_TIMEOUT = 30.0
 # controller batches a job's pod updates the same way (``podUpdateBatchPeriod``, 1 s)
 POD_PASS_GAP = 1.0
 CRD_TIMEOUT = 60.0
+CREATES_WAIT = 2.0  # the most a pass's status writes wait for its pod creates
 KUBECTL_ANNOTATION = "kubectl.kubernetes.io/last-applied-configuration"
 
 
@@ -326,6 +327,10 @@ class Operator:
             self.elector.check()
             self._take_events()
             self.controller.step()
+            # the pass's pod creates first, then the statuses (as Kubernetes' Job controller
+            # writes a Job's status once its creates are answered): a status write beside them
+            # holds this process and the API server while a gang's first pod is on its way
+            self.backend.wait_created(CREATES_WAIT)
             try:
                 self._write_statuses()
             except ApiException as exc:
