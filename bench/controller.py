@@ -169,8 +169,11 @@ def torchx_to_running(runner: Any, replicas: int, scratch: Path) -> Moments:
 def drain(jobs: int, slots: int, scratch: Path) -> dict[str, float]:
     """Queue ``jobs`` single-instance jobs at once; ``slots`` of them fit the backend at a time."""
     workdir = Path(tempfile.mkdtemp(dir=scratch))
-    # a node agent of its own (not the default home's, which another run or a user may hold)
-    ours = Ours(LocalBackend(Resources(cpu=float(slots), memory=0), state_dir=workdir / "agent"), workdir)
+    # a node agent of its own (not the default home's, which another run or a user may hold),
+    # started before the clock as a deployment's agent is: the drain is a running system's rate
+    backend = LocalBackend(Resources(cpu=float(slots), memory=0), state_dir=workdir / "agent")
+    backend.agent.ping()
+    ours = Ours(backend, workdir)
     start = time.perf_counter()
     ids = [ours.submit(f"q{n}", [{"name": "task", "command": ["true"], "resources": {"cpu": 1}}]) for n in range(jobs)]
     queued = time.perf_counter()
