@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from sqlalchemy import event, select
@@ -35,18 +36,23 @@ def running_harness(tmp_path: Path, jobs: int) -> tuple[Harness, list[int]]:
     return h, ids
 
 
-def statements_of_a_pass(h: Harness) -> list[str]:
+def pass_with_listener(h: Harness, listener: Callable[..., None]) -> None:
+    """One pass with ``listener`` called before each statement the store executes."""
     engine = h.sessions.kw["bind"]
+    event.listen(engine, "before_cursor_execute", listener)
+    try:
+        h.controller.step()
+    finally:
+        event.remove(engine, "before_cursor_execute", listener)
+
+
+def statements_of_a_pass(h: Harness) -> list[str]:
     seen: list[str] = []
 
     def record(conn, cursor, statement, *args) -> None:  # noqa: ANN001
         seen.append(statement)
 
-    event.listen(engine, "before_cursor_execute", record)
-    try:
-        h.controller.step()
-    finally:
-        event.remove(engine, "before_cursor_execute", record)
+    pass_with_listener(h, record)
     return seen
 
 
@@ -277,7 +283,6 @@ def queue_behind_a_full_cluster(tmp_path: Path, waiting: int) -> tuple[Harness, 
 
 def sqlite_work_of_a_pass(h: Harness) -> int:
     """SQLite's virtual machine steps (in hundreds) over one pass: the rows its queries walk."""
-    engine = h.sessions.kw["bind"]
     steps = [0]
     connections = []
 
@@ -290,11 +295,9 @@ def sqlite_work_of_a_pass(h: Harness) -> int:
         raw.set_progress_handler(count, 100)
         connections.append(raw)
 
-    event.listen(engine, "before_cursor_execute", attach)
     try:
-        h.controller.step()
+        pass_with_listener(h, attach)
     finally:
-        event.remove(engine, "before_cursor_execute", attach)
         for raw in connections:
             raw.set_progress_handler(None, 0)
     return steps[0]
