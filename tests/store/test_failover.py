@@ -95,11 +95,15 @@ def test_leader_killed_with_50_running_and_50_queued(postgres, tmp_path: Path) -
         assert controller["leading"] and controller["leader"] == standby.health()["server"]  # status says who leads
 
         started = [line.split()[0] for line in ledger.read_text().splitlines() if " start " in line]
+        # every instance running at the kill is re-adopted, not restarted or lost; the gate opens
+        # only then (opened at the first adoption, a later pass's adoptees could end before it
+        # and their exits be read from the agent instead: 45 of 50 in a loaded run)
         deadline = time.monotonic() + 60
-        while not any("Adopted" in reasons(standby, name) for name in started):
+        waiting = list(started)
+        while waiting := [name for name in waiting if "Adopted" not in reasons(standby, name)]:
             assert time.monotonic() < deadline, (
-                "no instance of the killed leader was re-adopted by the new one within 60 s: "
-                f"{started[0]}'s events: {reasons(standby, started[0])}"
+                f"{len(waiting)} of {len(started)} instances of the killed leader were not re-adopted by "
+                f"the new one within 60 s: {waiting[0]}'s events: {reasons(standby, waiting[0])}"
             )
             time.sleep(0.5)
         gate.touch()  # the running instances may end now; the queued ones start as they do
@@ -107,9 +111,6 @@ def test_leader_killed_with_50_running_and_50_queued(postgres, tmp_path: Path) -
         jobs = wait_all_ended(standby, 100)
         assert Counter(j["state"] for j in jobs) == {"succeeded": 100}
         check_exactly_once(ledger, names)
-        assert len([name for name in started if "Adopted" in reasons(standby, name)]) == len(started), (
-            "every instance running at the kill is re-adopted, not restarted or lost"
-        )
     finally:
         first.stop()
         second.stop()
