@@ -424,3 +424,48 @@ def test_chunk_frames_beside_tls_records_on_one_connection(tmp_path: Path) -> No
     assert data[:64] not in wire and data[-64:] not in wire
     refused, _status, _wire = run(tamper=True)
     assert isinstance(refused, str) and "does not decrypt" in refused
+
+
+def test_stream_connections_have_nagles_algorithm_off_on_both_ends(tmp_path: Path) -> None:
+    """The stream port's connections (gateway, parties, initiator) set ``TCP_NODELAY`` on both
+    ends: each frame already leaves in one ``sendall``, and a small frame (a request, a status)
+    sent while the last is unacknowledged would otherwise wait for the peer's delayed ACK (up to
+    40 ms). Fails where either end keeps Nagle's algorithm on."""
+    import socket
+
+    from trainmaster.gateway.config import load_config
+    from trainmaster.gateway.crypto.provision import init_deployment
+    from trainmaster.gateway.crypto.tlsid import dns_name
+    from trainmaster.gateway.net.streams import StreamServer, connect
+    from trainmaster.gateway.net.tls import client_ssl_context, server_ssl_context
+
+    configs = init_deployment(tmp_path / "d", ["a"], port_base=20000)
+    server_side: list[int] = []
+
+    def handler(conn: Any, _peer: Any) -> None:
+        server_side.append(conn.raw.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+        conn.send_json({"status": 200})
+
+    server = StreamServer(
+        server_ssl_context(load_config(configs["gateway"])),
+        "127.0.0.1",
+        0,
+        handler,
+        max_streams=2,
+        timeout_s=10,
+        handshake_timeout_s=10,
+    ).start()
+    try:
+        client = connect(
+            client_ssl_context(load_config(configs["initiator"])),
+            f"127.0.0.1:{server.port}",
+            dns_name("gateway", "gateway"),
+            10,
+            "the gateway",
+        )
+        assert client.recv_json()["status"] == 200
+        assert client.raw.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        client.close()
+    finally:
+        server.close()
+    assert server_side and all(server_side), server_side

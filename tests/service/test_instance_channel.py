@@ -242,3 +242,44 @@ def test_an_instance_that_resets_its_connection_leaves_no_traceback(capfd: pytes
         server.server_close()
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Exception occurred" not in err, err
+
+
+def test_the_tcp_channel_answers_with_nagles_algorithm_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The channel over TCP (instances on other hosts, in containers, in pods) sets
+    ``TCP_NODELAY`` on every accepted connection: the handler writes an answer's headers and its
+    body apart, and with Nagle's algorithm on the body waited for the instance's delayed ACK of
+    the headers (up to 40 ms a report). Fails on a channel served with the plain handler."""
+    import socket
+
+    from trainmaster.controller import channel as module
+    from trainmaster.store.db import make_engine, session_factory
+
+    seen: list[int] = []
+    setup = module._TcpHandler.setup
+
+    def recording_setup(handler: module._TcpHandler) -> None:
+        setup(handler)
+        seen.append(handler.connection.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+
+    monkeypatch.setattr(module._TcpHandler, "setup", recording_setup)
+    monkeypatch.setenv("TRAINMASTER_CHANNEL_HOST", "127.0.0.1")
+    monkeypatch.setenv("TRAINMASTER_RUNTIME_DIR", str(tmp_path / "run"))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    served = module.InstanceChannel(session_factory(make_engine(url)), url, tcp_port=port)
+    try:
+        address = served.url("tcp")
+        deadline = time.monotonic() + 10
+        answer = None
+        while answer is None:  # the serving thread binds the port after url() returns
+            try:
+                answer = httpx.get(address + "/v1/dependencies", headers={"Authorization": "Bearer x"}, timeout=5)
+            except httpx.ConnectError:
+                assert time.monotonic() < deadline, f"the channel did not serve {address} within 10 s"
+                time.sleep(0.05)
+        assert answer.status_code == 401, answer.text
+    finally:
+        served.close()
+    assert seen and all(seen), seen

@@ -278,6 +278,10 @@ class ChunkReader:
 
 
 def _tune(sock: socket.socket) -> None:
+    """Large buffers for the bulk chunks, and Nagle's algorithm off: every frame already goes out
+    in one ``sendall``, so holding a small one (a request, a status) back until the peer's
+    delayed ACK of the last only adds up to 40 ms to a round trip."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
 
