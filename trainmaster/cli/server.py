@@ -135,7 +135,7 @@ def server(
     from trainmaster.errors import UserError
     from trainmaster.frameworks import allow_frameworks
     from trainmaster.service.app import ServiceOptions, create_app
-    from trainmaster.service.controller_process import BackendElsewhere, ControllerConfig, ControllerProcess
+    from trainmaster.service.controller_process import ControllerConfig, ControllerProcess
     from trainmaster.service.dashboard import AccessOptions
     from trainmaster.service.draining import DrainingServer
     from trainmaster.service.protect import ServedHosts
@@ -178,7 +178,7 @@ def server(
         loop = ControllerConfig(
             url, backend, cpus, ray_address, interval, grace, max_jobs, weights, None if lock else server_identity()
         )
-        controller = Controller(sessions, BackendElsewhere(backend), url, interval=interval, grace=grace)
+        controller = loop.api_controller(sessions)
         held = lock.fileno() if lock else None
         link = ControllerProcess(controller, loop, engine, inherit=() if held is None else (held,))
     else:
