@@ -138,6 +138,7 @@ def server(
     from trainmaster.service.controller_process import ControllerConfig, ControllerProcess
     from trainmaster.service.dashboard import AccessOptions
     from trainmaster.service.draining import DrainingServer
+    from trainmaster.service.gc_pauses import time_collections
     from trainmaster.service.protect import ServedHosts
     from trainmaster.service.quotas import JobQuota
     from trainmaster.service.secrets import scrub_environment
@@ -212,6 +213,7 @@ def server(
     # as long as the server: kept out of every later full garbage collection, each of which
     # would scan it again while every request and the reconcile pass wait for the interpreter
     gc.freeze()
+    time_collections()  # each collection's pause in /metrics: requests wait while one runs
     try:
         config = uvicorn.Config(app, http="httptools", log_level="warning", timeout_graceful_shutdown=SHUTDOWN_DRAIN_S)
         DrainingServer(config, app.state.draining).run(sockets=[listener])
