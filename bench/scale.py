@@ -24,8 +24,9 @@ shows (``GET /api/v1/queues``) is sampled each second for the most CPU used and 
 the replay runs a prober in a process of its own reads one page of the list (a queue filter) and
 one job's status, alternately, and samples the server's RSS; each latency is reported as the
 client saw it and as the server says it spent it (its ``Server-Timing`` header), and the
-server's per-route histogram (``/metrics``) gives the p99 of every GET of the two routes.
-**Reconcile pass** durations come from the server's own histogram (``/metrics``).
+server's per-route histogram (``/metrics``) gives the p99 of every GET of the two routes, and
+its garbage collection histogram the API process's full collections (no request is read while
+one runs). **Reconcile pass** durations come from the server's own histogram (``/metrics``).
 
 **The pass at 10,000 active instances**: a controller in this process with hollow nodes and
 jobs that run for hours; the duration of passes with nothing changed and of passes where 1 %
@@ -271,6 +272,9 @@ def replay(fraction: float, db: str | None, scratch: Path) -> dict[str, Any]:
         "list_route_histogram": served["list"],
         "status_route_histogram": served["status"],
         "server_rss_max_mb": max(probed["rss"], default=0) / 2**20,
+        # the API process's full garbage collections (no request is read while one runs): what it
+        # keeps per job or per request makes them longer as the replay goes on
+        "api_full_gc": _histogram(metrics, "trainmaster_gc_pause_seconds", 'generation="2"'),
         "reconcile_pass": passes,
     }
 
@@ -602,6 +606,8 @@ def markdown(results: dict[str, Any]) -> str:
             f"| every GET of the routes during the replay (`/metrics` histogram, interpolated): p99 | "
             f"{_ms(k['median'].get('list_route_p99'))} / {_ms(k['median'].get('status_route_p99'))} ms | | |",
             f"| server RSS (max) | {k['median']['rss_mb']:.0f} MB | ≤ 1 GB | minimalkueue 435 MiB |",
+            f"| full garbage collections of the API process (no request is read during one): count / p99 bucket | "
+            f"{_ms(k['median'].get('full_gc_count'))} / ≤ {_ms(k['median'].get('full_gc_p99_ms'))} ms | | |",
             f"| reconcile pass during the replay: mean / p99 bucket | {k['median']['pass_mean_ms']:.1f} / "
             f"≤ {k['median']['pass_p99_ms']:.0f} ms | | |",
         ]
@@ -712,6 +718,8 @@ def main() -> None:
                     "list_route_p99": median_of(runs, "list_route_histogram", "p99_ms"),
                     "status_route_p99": median_of(runs, "status_route_histogram", "p99_ms"),
                     "rss_mb": median_of(runs, "server_rss_max_mb"),
+                    "full_gc_count": median_of(runs, "api_full_gc", "count"),
+                    "full_gc_p99_ms": median_of(runs, "api_full_gc", "p99_le_ms"),
                     "pass_mean_ms": median_of(runs, "reconcile_pass", "mean_ms"),
                     "pass_p99_ms": median_of(runs, "reconcile_pass", "p99_le_ms"),
                 },

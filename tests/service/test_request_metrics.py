@@ -1,6 +1,7 @@
 """Mechanism: the per-route request latency histogram of ``/metrics``
 (``trainmaster_http_request_duration_seconds`` by route template and method, and
-``trainmaster_http_requests`` by status class), read over a real socket from a real server."""
+``trainmaster_http_requests`` by status class), read over a real socket from a real server;
+the API process's garbage collection pauses by generation (``trainmaster_gc_pause_seconds``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import httpx
 
 from api_server import ThreadedServer
 from controller_harness import job
+from server_process import ServerProcess
 
 
 def samples(text: str, name: str) -> dict[str, float]:
@@ -104,3 +106,22 @@ def test_the_servers_listener_turns_nagle_off_on_each_connection() -> None:
 
     asyncio.run(accept_one())
     assert seen and seen[0] != 0, "the accepted connection kept Nagle's algorithm on"
+
+
+def test_the_servers_garbage_collections_are_timed_by_generation(tmp_path: Path) -> None:
+    """``trainmaster server`` times each collection of its API process after start-up: while one
+    runs no request is read, and the client sees a wait the server's own time does not have."""
+    server = ServerProcess(tmp_path)
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            for n in range(20):  # allocations: young collections at least
+                client.post("/api/v1/jobs", json=job(f"gc{n}", [{"name": "w", "command": ["true"]}]))
+                client.get("/api/v1/jobs", params={"limit": 100})
+            text = client.get("/metrics").text
+    finally:
+        server.stop()
+    counts = samples(text, "trainmaster_gc_pause_seconds_count")
+    assert set(counts) == {f'generation="{g}"' for g in range(3)}, counts
+    assert counts['generation="0"'] > 0
+    sums = samples(text, "trainmaster_gc_pause_seconds_sum")
+    assert 0 < sums['generation="0"'] < counts['generation="0"']  # real pauses, well under a second each

@@ -135,9 +135,10 @@ def server(
     from trainmaster.errors import UserError
     from trainmaster.frameworks import allow_frameworks
     from trainmaster.service.app import ServiceOptions, create_app
-    from trainmaster.service.controller_process import BackendElsewhere, ControllerConfig, ControllerProcess
+    from trainmaster.service.controller_process import ControllerConfig, ControllerProcess
     from trainmaster.service.dashboard import AccessOptions
     from trainmaster.service.draining import DrainingServer
+    from trainmaster.service.gc_pauses import time_collections
     from trainmaster.service.protect import ServedHosts
     from trainmaster.service.quotas import JobQuota
     from trainmaster.service.secrets import scrub_environment
@@ -178,7 +179,7 @@ def server(
         loop = ControllerConfig(
             url, backend, cpus, ray_address, interval, grace, max_jobs, weights, None if lock else server_identity()
         )
-        controller = Controller(sessions, BackendElsewhere(backend), url, interval=interval, grace=grace)
+        controller = loop.api_controller(sessions)
         held = lock.fileno() if lock else None
         link = ControllerProcess(controller, loop, engine, inherit=() if held is None else (held,))
     else:
@@ -212,6 +213,7 @@ def server(
     # as long as the server: kept out of every later full garbage collection, each of which
     # would scan it again while every request and the reconcile pass wait for the interpreter
     gc.freeze()
+    time_collections()  # each collection's pause in /metrics: requests wait while one runs
     try:
         config = uvicorn.Config(app, http="httptools", log_level="warning", timeout_graceful_shutdown=SHUTDOWN_DRAIN_S)
         DrainingServer(config, app.state.draining).run(sockets=[listener])

@@ -54,6 +54,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, NoReturn
 
 from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session, sessionmaker
 
 from trainmaster.backends.base import Backend, BackendOptions
 from trainmaster.backends.registry import make_backend
@@ -96,6 +97,20 @@ class ControllerConfig:
     max_jobs: int = 8
     queue_weights: dict[str, float] = field(default_factory=dict)
     identity: str | None = None  # on a shared database: the lease holder's name (None: SQLite, no election)
+
+    def api_controller(self, sessions: sessionmaker[Session]) -> Controller:
+        """The server process's controller beside this loop: it reads the store and records
+        intents (submit, cancel, scale) and never runs a pass, so it keeps nothing per job
+        (``reconciles=False``): what it kept would live as long as the server, and every full
+        garbage collection of the API process would walk it while requests wait."""
+        return Controller(
+            sessions,
+            BackendElsewhere(self.backend),
+            self.db_url,
+            interval=self.interval,
+            grace=self.grace,
+            reconciles=False,
+        )
 
 
 class BackendElsewhere(Backend):
