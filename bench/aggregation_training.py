@@ -18,6 +18,11 @@ SGD with momentum. Only DDP's gradient all-reduce differs:
 * ``ina-int32`` / ``ina-int8``: the fabric's DDP communication hook
   (``trainmaster.aggregation.torch_hook``), forwarding node and parameter node on the switch
   host, int32 block floating point or int8 with a shared scale and error feedback;
+* ``ina-lowrank-int8`` / ``ina-lowrank-int16``: low-rank compression for in-network
+  aggregation (``trainmaster.aggregation.lowrank``, our own PowerSGD-style power iteration, the
+  same rank, warm start, error feedback and plain first steps as ``powersgd``) whose factor sums
+  go through the fabric as int8 / int16 with a shared scale: not the must-show's ``ina-int8``,
+  which sends every gradient;
 * ``gloo``: DDP's own all-reduce (gloo's ring, TCP);
 * ``powersgd``: PyTorch's PowerSGD hook (rank ``--powersgd-rank``, error feedback and warm
   start, plain all-reduce for the first ``--powersgd-start`` steps), over gloo.
@@ -55,8 +60,10 @@ from priority import DEFAULT_NICE, own_session  # noqa: E402  (bench/priority.py
 PREFIX = "tmaggtr"
 PS_PORT, SWITCH_PORT, GLOO_PORT = 19200, 19201, 29600
 RESULTS = Path(__file__).resolve().parent / "results"
-METHODS = ("ina-int32", "ina-int8", "gloo", "powersgd")
+METHODS = ("ina-int32", "ina-int8", "ina-lowrank-int8", "ina-lowrank-int16", "gloo", "powersgd")
 CHUNK = 15_664  # float32 per slice: one GSO send at MTU 9000 (bench/aggregation.py chunk_for)
+# ina-lowrank-*: each factor column starts a slice (lowrank.py); the longest columns are 1024
+LOWRANK_CHUNK = 1024
 
 
 @dataclass
@@ -156,21 +163,32 @@ def _rank(
         ddp = DDP(model, bucket_cap_mb=32)
         if method.startswith("ina-"):
             from trainmaster.aggregation import AggregationClient, WorkerConfig
+            from trainmaster.aggregation.lowrank import LowRankHookState, fabric_lowrank_hook
+            from trainmaster.aggregation.quantize import SharedScale
             from trainmaster.aggregation.torch_hook import FabricHookState, fabric_allreduce_hook
             from trainmaster.aggregation.worker import quantizer_for
 
+            lowrank = method.startswith("ina-lowrank-")
+            precision = method.rsplit("-", 1)[1]
+            quantizer = quantizer_for(precision)
+            if lowrank and isinstance(quantizer, SharedScale):
+                quantizer = SharedScale(quantizer.bits, error_feedback=False)  # the hook carries the error
             cfg = WorkerConfig(
-                chunk=CHUNK,
+                chunk=LOWRANK_CHUNK if lowrank else CHUNK,
                 min_retransmit_timeout=0.3,
                 max_retransmit_timeout=4.0,  # round trips of seconds on a loaded machine
                 failover_after=10.0,  # ... and stalls of seconds: not a dead forwarding node
                 timeout=120.0,
-                quantizer=quantizer_for(method[4:]),
+                quantizer=quantizer,
             )
             client = AggregationClient(switch, 1, rank, world, cfg, host=address)
             client.join()
-            state = FabricHookState(client)
-            ddp.register_comm_hook(state, fabric_allreduce_hook)
+            if lowrank:
+                state = LowRankHookState(client, rank=args["powersgd_rank"], start=args["powersgd_start"], seed=seed)
+                ddp.register_comm_hook(state, fabric_lowrank_hook)
+            else:
+                state = FabricHookState(client)
+                ddp.register_comm_hook(state, fabric_allreduce_hook)
         elif method == "powersgd":
             from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 
@@ -189,17 +207,18 @@ def _rank(
         loss_fn = nn.CrossEntropyLoss()
         batch = args["batch"] // world
         steps_per_epoch = len(x_train) // args["batch"]
-        clock, step = 0.0, 0
+        clock, step, cpu = 0.0, 0, 0.0
         for epoch in range(args["epochs"]):
             # the same global order for every world size: each rank takes its share of every batch
             order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(seed * 1000 + epoch))
             for i in range(steps_per_epoch):
-                began = time.perf_counter()
+                began, began_cpu = time.perf_counter(), time.process_time()
                 idx = order[i * args["batch"] : (i + 1) * args["batch"]][rank * batch : (rank + 1) * batch]
                 optimiser.zero_grad()
                 loss_fn(ddp(x_train[idx]), y_train[idx]).backward()
                 optimiser.step()
                 clock += time.perf_counter() - began
+                cpu += time.process_time() - began_cpu
                 step += 1
                 if step % args["eval_every"] == 0 or step == steps_per_epoch * args["epochs"]:
                     if rank == 0:
@@ -208,8 +227,13 @@ def _rank(
                         curve.points.append({"step": step, "epoch": epoch + 1, "seconds": clock, "accuracy": acc})
                     dist.barrier()  # the clock is stopped while rank 0 evaluates
         curve.seconds = clock
+        # where a step's time goes (rank 0): this process' CPU seconds in the timed steps (all
+        # its threads: the communication thread's quantising and packet handling too)
+        curve.stats = {"steps": step, "cpu_seconds": round(cpu, 2)}
         if client is not None:
-            curve.stats = {
+            transport = client.stats().get("transport", {})
+            curve.stats["bytes_sent"] = transport.get("bytes_sent", 0)
+            curve.stats |= {
                 k: v
                 for k, v in client.stats().items()
                 if k
@@ -289,6 +313,11 @@ def run_method(bed: Any, method: str, world: int, seed: int, args: dict[str, Any
     return curve
 
 
+def _median_stat(curves: list[Curve], name: str, per_step: bool = False, scale: float = 1.0) -> float | None:
+    got = [c.stats[name] * scale / (c.stats["steps"] if per_step else 1) for c in curves if name in c.stats]
+    return statistics.median(got) if got and (not per_step or all(c.stats.get("steps") for c in curves)) else None
+
+
 def summarise(curves: list[Curve], args: dict[str, Any]) -> dict[str, Any]:
     """Per worker count and method: median time to target over the seeds, mean final accuracy,
     and the ratios the issue asks for."""
@@ -307,6 +336,11 @@ def summarise(curves: list[Curve], args: dict[str, Any]) -> dict[str, Any]:
                 "final_accuracy": [c.final_accuracy for c in mine],
                 "mean_final_accuracy": statistics.mean(c.final_accuracy for c in mine),
                 "median_seconds": statistics.median(c.seconds for c in mine),
+                # where rank 0's training time went (medians): CPU seconds of its process, seconds
+                # waiting in the fabric's all-reduce (ina-*), bytes it sent per step (ina-*)
+                "median_cpu_seconds": _median_stat(mine, "cpu_seconds"),
+                "median_allreduce_seconds": _median_stat(mine, "seconds_in_allreduce"),
+                "median_kb_sent_per_step": _median_stat(mine, "bytes_sent", per_step=True, scale=1e-3),
             }
         gloo = per.get("gloo", {})
         for method, row in per.items():
@@ -318,6 +352,10 @@ def summarise(curves: list[Curve], args: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
 def write_markdown(report: dict[str, Any]) -> str:
     a, load = report["args"], report["load_average"]
     lines = [
@@ -327,14 +365,16 @@ def write_markdown(report: dict[str, Any]) -> str:
         f"{a['batch']}, SGD lr {a['lr']} momentum 0.9, {a['epochs']} epochs, seeds "
         f"{', '.join(str(s) for s in report['seeds'])}; accuracy every {a['eval_every']} steps with "
         f"the clock stopped. ina-*: the fabric's DDP hook (forwarding and parameter node on the "
-        f"switch host); gloo: DDP's all-reduce; powersgd: PyTorch's PowerSGD hook (rank "
+        f"switch host); ina-lowrank-*: rank-{a['powersgd_rank']} factors (our power iteration, "
+        f"as powersgd's) summed by the fabric as int8 / int16; gloo: DDP's all-reduce; powersgd: PyTorch's PowerSGD hook (rank "
         f"{a['powersgd_rank']}, error feedback, warm start, plain all-reduce for the first "
         f"{a['powersgd_start']} steps). {report['machine']['cpus']} CPUs shared with other jobs "
         f"(1-minute load average {load['start']:.2f} at start, {load['end']:.2f} at end).",
         "",
         "| workers | method | time to target, s (per seed) | median s | x gloo | final accuracy (mean) "
-        "| vs gloo, points | training s (median) |",
-        "|---:|---|---|---:|---:|---:|---:|---:|",
+        "| vs gloo, points | training s (median) | rank 0 CPU s | rank 0 s in fabric all-reduce "
+        "| rank 0 KB sent per step |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for world, per in report["summary"].items():
         for method, row in per.items():
@@ -343,7 +383,9 @@ def write_markdown(report: dict[str, Any]) -> str:
             lines.append(
                 f"| {world} | {method} | {times} | {'-' if med is None else f'{med:.1f}'} | "
                 f"{row.get('speedup_vs_gloo', float('nan')):.2f} | {row['mean_final_accuracy']:.4f} | "
-                f"{row.get('accuracy_vs_gloo_points', 0.0):+.2f} | {row['median_seconds']:.1f} |"
+                f"{row.get('accuracy_vs_gloo_points', 0.0):+.2f} | {row['median_seconds']:.1f} | "
+                f"{_fmt(row.get('median_cpu_seconds'))} | {_fmt(row.get('median_allreduce_seconds'))} | "
+                f"{_fmt(row.get('median_kb_sent_per_step'), 0)} |"
             )
     if report["failures"]:
         lines += ["", "Failures: " + "; ".join(report["failures"])]

@@ -201,11 +201,14 @@ def test_demo_cli_rejects_bad_options() -> None:
     assert "kill target must be ps, switch, switch:I or worker:R" in proc.stderr
 
 
-def test_ddp_comm_hook_matches_gloo_allreduce() -> None:
+@pytest.mark.parametrize("lowrank", [False, True])
+def test_ddp_comm_hook_matches_gloo_allreduce(lowrank: bool) -> None:
     """DDP communication hook, asynchronous: register_comm_hook sends gradient buckets through
     the fabric from a communication thread that completes a real torch future (the hook returns
     before the bucket is reduced, so communication overlaps backward); in a real 2-process DDP
-    run the averaged gradients match gloo's all-reduce of the same local gradients."""
+    run the averaged gradients match gloo's all-reduce of the same local gradients. The low-rank
+    hook (trainmaster.aggregation.lowrank) in the same real DDP run: its plain first steps match
+    gloo, its compressed steps give every rank the same rank-1 gradient of the compressed layer."""
     import socket
     from pathlib import Path
 
@@ -225,6 +228,7 @@ def test_ddp_comm_hook_matches_gloo_allreduce() -> None:
                 "MASTER_PORT": str(port),
                 "TM_AGGREGATION_SWITCH": f"{host}:{sport}",
                 "TM_AGGREGATION_JOB": "3",
+                "TM_TEST_LOWRANK": "1" if lowrank else "0",
             }
             procs.append(
                 subprocess.Popen(
@@ -240,3 +244,5 @@ def test_ddp_comm_hook_matches_gloo_allreduce() -> None:
         # every bucket of the 3 steps (DDP's first bucket is 1 MiB, later ones 1 KB here) was
         # completed by the communication thread, not inside the hook
         assert completed >= 3 + 2, out
+        if lowrank:  # 2 steps after the plain ones, every bucket of them through the low-rank path
+            assert int(fields[fields.index("compressed_buckets") + 1]) >= 2, out

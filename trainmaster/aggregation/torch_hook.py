@@ -104,12 +104,7 @@ class FabricHookState:
                 return
             tensor, future, key = item
             try:
-                if tensor.device.type == "cpu" and tensor.dtype == torch.float32 and tensor.is_contiguous():
-                    flat = tensor.view(-1).numpy()
-                    self.client.allreduce(flat, out=flat, key=key)  # in place, like gloo
-                else:
-                    tensor.copy_(self.client.allreduce(tensor, key=key))
-                tensor.div_(self.client.world)
+                self.average(tensor, key)
             except BaseException as exc:  # the waiting DDP step raises it
                 self._pending -= 1
                 future.set_exception(exc)
@@ -117,6 +112,16 @@ class FabricHookState:
             self._pending -= 1
             self.completed += 1
             future.set_result(tensor)
+
+    def average(self, tensor: torch.Tensor, key: object) -> None:
+        """Replace ``tensor`` by its average over the workers (on the communication thread;
+        ``trainmaster.aggregation.lowrank`` overrides it to send low-rank factors instead)."""
+        if tensor.device.type == "cpu" and tensor.dtype == torch.float32 and tensor.is_contiguous():
+            flat = tensor.view(-1).numpy()
+            self.client.allreduce(flat, out=flat, key=key)  # in place, like gloo
+        else:
+            tensor.copy_(self.client.allreduce(tensor, key=key))
+        tensor.div_(self.client.world)
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop the thread after the queued buckets (the client stays open)."""
