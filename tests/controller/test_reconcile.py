@@ -4,13 +4,16 @@ youngest; nothing of a job starts until its gang fits."""
 
 import time
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from controller_harness import Harness, events, job, py, step_until
 from trainmaster.backends.base import Resources
 from trainmaster.backends.local import LocalBackend
 from trainmaster.controller.scaling import Member, missing_indices, surplus
+from trainmaster.store.models import InstanceRow
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -388,3 +391,65 @@ def test_a_long_queue_is_passed_over_without_rewriting_it_and_still_backfills(tm
         h.controller.cancel(job_id)
     h.controller.step()
     h.backend.close()
+
+
+def test_a_gangs_logs_are_hinted_before_its_intents_are_built_and_committed(tmp_path, monkeypatch) -> None:
+    """The start hint (``Backend.prepare_start``, issue 38 item 8): a start of ``EARLY_HINT``
+    instances or more has its log files hinted to the backend as soon as it is due, before its
+    launch specs are built and its intents committed, so the local agent creates them on the core
+    the pass leaves idle; smaller starts are hinted together before the commit. A hint runs
+    nothing: a pass that fails after it commits nothing and spawns nothing (the hinted logs stay
+    empty), and the next pass starts each replica exactly once."""
+    from trainmaster.controller.controller import EARLY_HINT, Controller
+
+    h = Harness(tmp_path)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    command = ["/bin/sh", "-c", f"echo $$ >> {marks}/$TM_ROLE-$TM_REPLICA_INDEX; exec sleep 30"]
+    gang = h.submit(job("gang", [{"name": "g", "replicas": EARLY_HINT, "command": command}]))
+    small = h.submit(job("small", [{"name": "s", "replicas": 1, "command": command}]))
+    seen: list[tuple[str, list[str], int]] = []  # (call, log files, intents committed by then)
+
+    def committed() -> int:  # as another connection sees the store: only what was committed
+        with h.sessions() as session:
+            rows = session.scalars(select(InstanceRow).where(InstanceRow.state == "starting")).all()
+            return len(rows)
+
+    real_hint, real_prepare = h.backend.prepare_start, Controller._prepare
+    monkeypatch.setattr(
+        h.backend, "prepare_start", lambda logs: (seen.append(("hint", logs, committed())), real_hint(logs))
+    )
+
+    def prepare(self, job_row, spec, inst, environ, channel):  # type: ignore[no-untyped-def]
+        seen.append(("spec", [], committed()))
+        if job_row.id == small:
+            raise RuntimeError("injected failure")
+        return real_prepare(self, job_row, spec, inst, environ, channel)
+
+    monkeypatch.setattr(Controller, "_prepare", prepare)
+    with pytest.raises(RuntimeError, match="injected"):
+        h.controller.step()
+    gang_logs = [str(tmp_path / "runs" / f"{gang}-gang" / "logs" / f"g-{n}.log") for n in range(EARLY_HINT)]
+    assert seen[0] == ("hint", gang_logs, 0)  # before the gang's first launch spec
+    assert [call for call, _, _ in seen[1:]] == ["spec"] * EARLY_HINT + ["spec"]  # the small job's failed
+    assert [h.status(i)["state"] for i in (gang, small)] == ["pending", "pending"]
+    assert committed() == 0
+    h.backend.agent.ping()  # the agent has taken the hint (requests on one connection are answered in order)
+    assert all(not Path(p).exists() or Path(p).stat().st_size == 0 for p in gang_logs)
+    assert list(marks.iterdir()) == []
+
+    seen.clear()
+    monkeypatch.setattr(Controller, "_prepare", real_prepare)
+    real_start = h.backend.start
+    monkeypatch.setattr(
+        h.backend, "start", lambda requests: (seen.append(("start", [], committed())), real_start(requests))[1]
+    )
+    h.controller.step()
+    small_logs = [str(tmp_path / "runs" / f"{small}-small" / "logs" / "s-0.log")]
+    assert seen == [("hint", gang_logs, 0), ("hint", small_logs, 0), ("start", [], EARLY_HINT + 1)]
+    assert [h.status(i)["state"] for i in (gang, small)] == ["running", "running"]
+    for i in (gang, small):
+        h.controller.cancel(i)
+        assert h.controller.run_job(i) == "cancelled"
+    assert sorted(p.name for p in marks.iterdir()) == sorted([f"g-{n}" for n in range(EARLY_HINT)] + ["s-0"])
+    assert all(len(p.read_text().split()) == 1 for p in marks.iterdir())  # each started once

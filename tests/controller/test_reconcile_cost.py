@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from sqlalchemy import event, select
 
 from controller_harness import Harness, job
@@ -365,5 +366,33 @@ def test_a_queue_kept_between_passes_sees_what_other_processes_write(tmp_path: P
             h.controller.step()
         assert h.status(ids[0])["state"] == "running"  # the oldest next, not any other
         assert {h.status(i)["state"] for i in ids[1:] if i != ids[30]} == {"pending"}
+    finally:
+        h.backend.close()
+
+
+def test_a_gangs_new_rows_are_filled_without_attribute_events_and_stored_whole(tmp_path: Path) -> None:
+    """Issue 38 item 8: the rows a pass creates for a gang and starts in the same pass are written
+    as plain dicts until their one INSERT (``repo.new_instance_row``, ``repo.set_unstored``: no
+    attribute events, a dozen per replica). What the pass gave them is stored whole, its later
+    changes (running, the handle) are written as updates, and a stored row refuses a dict write
+    (its change would be lost to the pass's UPDATEs)."""
+    h = Harness(tmp_path, backend=HollowBackend(HollowCluster.parse("4x100"), state_dir=tmp_path / "hollow"))
+    try:
+        job_id = h.submit(long_job("gang", 16))
+        for _ in range(3):
+            h.controller.step()
+        with h.sessions() as session:
+            rows = session.scalars(select(InstanceRow).where(InstanceRow.job_id == job_id)).all()
+            assert sorted(r.index for r in rows) == list(range(16))
+            for row in rows:
+                assert (row.state, row.attempt, row.reason, row.restarts) == ("running", 1, "Running", 0)
+                assert row.log_path and row.log_path.endswith(f"logs/w-{row.index}.log")
+                assert row.host and row.address and row.started_at and row.running_at and row.created_at
+                assert row.handle is not None and row.cpu == 1.0
+            with pytest.raises(ValueError, match="stored"):
+                repo.set_unstored(rows[0], state="pending")
+        fresh = repo.new_instance_row(job_id=job_id, role="w", index=99, state="pending")
+        repo.set_unstored(fresh, attempt=1)
+        assert (fresh.state, fresh.attempt) == ("pending", 1)
     finally:
         h.backend.close()

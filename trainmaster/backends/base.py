@@ -230,11 +230,11 @@ class Backend(ABC):
     def release(self, placement: Placement) -> None:
         """Free a placement's reservations (ports) once its attempt has ended."""
 
-    def prepare_start(self, requests: list[LaunchRequest]) -> None:
-        """A hint, given while the controller's pass still commits the intents of ``requests``:
-        make ready what starting them will need, on cores the pass leaves idle. Nothing may run
-        yet, and the start may never come (the pass may fail, the job end first). It never
-        raises. The default does nothing."""
+    def prepare_start(self, log_paths: list[str]) -> None:
+        """A hint, given while the controller's pass still builds and commits the intents of
+        attempts whose logs are ``log_paths``: make ready what starting them will need, on cores
+        the pass leaves idle. Nothing may run yet, and the start may never come (the pass may
+        fail, the job end first). It never raises. The default does nothing."""
 
     @abstractmethod
     def start(self, requests: list[LaunchRequest]) -> Iterator[InstanceHandle | StartFailure]:

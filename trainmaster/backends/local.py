@@ -89,14 +89,14 @@ class LocalBackend(Backend):
     def release(self, placement: Placement) -> None:
         self._ports.release(placement.ports)
 
-    def prepare_start(self, requests: list[LaunchRequest]) -> None:
+    def prepare_start(self, log_paths: list[str]) -> None:
         """The agent creates the instances' log files on a thread of its own while the pass
         commits (see :meth:`NodeAgent.prepare`); an agent that cannot be reached now is met
         again, and reported, by the start."""
         try:
-            self.agent.prepare([r.spec.log_path for r in requests])
+            self.agent.prepare(log_paths)
         except AgentUnavailable as exc:
-            log.debug("the node agent did not take the hint to prepare %d start(s): %s", len(requests), exc)
+            log.debug("the node agent did not take the hint to prepare %d start(s): %s", len(log_paths), exc)
 
     def start(self, requests: list[LaunchRequest]) -> Iterator[InstanceHandle | StartFailure]:
         """One round trip to the agent for the whole batch."""

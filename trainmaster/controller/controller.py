@@ -70,6 +70,7 @@ BACKEND_TRIES = 3  # passes in a row a backend may fail before `run_job` gives u
 LIVE = (I.STARTING.value, I.RUNNING.value, I.UNKNOWN.value, I.TERMINATING.value)
 FULL_PASS_EVERY = 30.0  # seconds between passes that look at every job, changed or not
 COLLECT_AFTER_ROWS = 20_000  # rows loaded by passes between two garbage collections (:meth:`step`)
+EARLY_HINT = 8  # a start of this many instances or more has its log files hinted to the backend as soon as it is due
 RUNNING = I.RUNNING.value  # an instance's and a job's stored state alike
 PENDING = JobState.PENDING.value
 INSTANCE_STATES = [s.value for s in I]  # every state a role's counts name, in order
@@ -140,6 +141,7 @@ class Controller:
         self._observed: dict[int, Observation] = {}  # instance row id -> this pass's observation
         self._ended: list[InstanceHandle] = []  # handles whose exits this pass stored (agent may forget)
         self._to_start: list[_Start] = []  # attempts this pass prepared (started together at its end)
+        self._unhinted: list[str] = []  # log files of this pass's starts not yet hinted to the backend
         self._events: list[dict[str, Any]] = []  # this pass's events, written with it (_write_events)
         self._work = threading.Event()  # set by submit, cancel, scale: the next pass need not wait
         # ended jobs with runPolicy.ttlSecondsAfterFinished: job id -> epoch seconds it is deleted
@@ -372,6 +374,7 @@ class Controller:
             if self.fence:
                 self.fence(session)
             self._to_start, self._observed, self._events = [], {}, []  # nothing carried over from a failed pass
+            self._unhinted = []
             self._evicted, self._created = [], []
             self._environ = None  # read again each pass
             changed = self._changed_jobs(session)
@@ -472,9 +475,11 @@ class Controller:
             # (state starting, attempt + 1) is committed here, before anything is spawned; what
             # a crash before it loses (observed exits) the agents still hold until `forget`.
             # Meanwhile the backend may make ready what the starts will need (the local agent
-            # creates their log files on the core this pass leaves idle): one hint per pass
-            if self._to_start:
-                self.backend.prepare_start([s.request for s in self._to_start])
+            # creates their log files on the core this pass leaves idle): small starts are hinted
+            # here, together, a gang's as soon as it was due (:meth:`_start_pending`)
+            if self._unhinted:
+                self.backend.prepare_start(self._unhinted)
+                self._unhinted = []
             created, self._created = self._created, []
             repo.write_changed_columns(session)  # the rows' changes: one UPDATE per table and columns
             repo.insert_instances(session, created)  # every new instance of the pass: one INSERT
@@ -1223,7 +1228,7 @@ class Controller:
             members = [scaling.Member(i.id, i.index, i.state, i.started_at) for i in rows if i.state != I.STOPPED.value]
             # a recreated replica is a new instance; a stopped row of that index stays as history
             created = [
-                InstanceRow(
+                repo.new_instance_row(
                     job_id=job.id,
                     role=role.name,
                     index=index,
@@ -1320,6 +1325,14 @@ class Controller:
             free = free.minus(need)
         if not due:
             return free
+        logs = [_log_path(job.run_dir, inst.label) for inst in due]
+        if len(due) >= EARLY_HINT:
+            # a gang's log files, hinted before its launch specs are built and its intents
+            # committed: the local agent creates them meanwhile, on the core the pass leaves
+            # idle (a new inode costs 0.2-0.5 ms on this disk, more than the pass's end leaves)
+            self.backend.prepare_start(logs)
+        else:
+            self._unhinted += logs  # with the pass's other small starts, one hint
         if self.backend.runs_processes or job.output_path:
             _make_output_folder(job.run_dir)
         # what every instance of the pass shares, made once: the part of this process'
@@ -1391,8 +1404,15 @@ class Controller:
         # plain strings: this runs once per instance on the way from a submit to its start
         label = inst.label
         instance_dir = os.path.join(job.run_dir, "instances", label)
-        log_path = os.path.join(job.run_dir, "logs", f"{label}.log")
-        inst.attempt += 1
+        log_path = _log_path(job.run_dir, label)
+        # a row this pass created is written as a plain dict until its INSERT (no attribute
+        # events, a dozen per replica of a gang); a stored row's changes go as usual, and its last
+        # attempt's facts are cleared (a new row has none)
+        stored = sa_inspect(inst).key is not None
+        if stored:
+            inst.attempt += 1
+        else:
+            repo.set_unstored(inst, attempt=inst.attempt + 1)
         launch = launch_spec(
             job,
             spec,
@@ -1405,17 +1425,24 @@ class Controller:
             containers=self.backend.runs_containers,
         )
         depends = launch.depends
-        inst.host, inst.ports, inst.address = placement.host, placement.ports, placement.address
-        inst.log_path = log_path
-        if sa_inspect(inst).key is not None:  # a stored row: its last attempt's facts cleared
-            # (a row this pass created has none: each ORM write costs, once per replica of a gang)
-            inst.handle, inst.pid = None, None
-            inst.exit_code, inst.ended_at, inst.next_start_at = None, None, None
-            inst.cpu_seconds, inst.peak_rss = 0.0, 0
-        inst.started_at = utcnow()
-        self._set_instance_state(inst, I.STARTING)
-        inst.reason = "WaitingForDependencies" if depends else "Started"
-        inst.message = f"waiting for {', '.join(d.role for d in depends)}" if depends else ""
+        check_transition("instance", inst.state, I.STARTING.value)
+        values = {
+            "host": placement.host,
+            "ports": placement.ports,
+            "address": placement.address,
+            "log_path": log_path,
+            "started_at": utcnow(),
+            "state": I.STARTING.value,
+            "reason": "WaitingForDependencies" if depends else "Started",
+            "message": f"waiting for {', '.join(d.role for d in depends)}" if depends else "",
+        }
+        if stored:
+            values |= {"handle": None, "pid": None, "exit_code": None, "ended_at": None, "next_start_at": None}
+            values |= {"cpu_seconds": 0.0, "peak_rss": 0}
+            for key, value in values.items():
+                setattr(inst, key, value)
+        else:
+            repo.set_unstored(inst, **values)
         return LaunchRequest(placement=placement, spec=launch, resources=resources)
 
     @staticmethod
@@ -1659,6 +1686,11 @@ def _make_output_folder(run_dir: str) -> None:
         os.mkdir(output)
     except FileExistsError:
         pass
+
+
+def _log_path(run_dir: str, label: str) -> str:
+    """An instance's log file (appended to across its attempts)."""
+    return os.path.join(run_dir, "logs", f"{label}.log")
 
 
 def _bundles(spec: Job) -> list[Resources]:
