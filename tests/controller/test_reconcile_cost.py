@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from sqlalchemy import event, select
+from sqlalchemy import event, func, inspect as sa_inspect, select
 
 from controller_harness import Harness, job
 from trainmaster.backends.hollow import RUN_SECONDS, HollowBackend, HollowCluster
@@ -246,6 +246,44 @@ def test_a_pass_that_stops_many_jobs_writes_each_table_in_a_fixed_number_of_stat
         h.backend.close()
     assert counts[12]["UPDATE instances"] <= 2 and counts[12]["DELETE registry"] == 1, counts
     assert counts[12] == counts[2], counts  # 24 instances stopped cost what 4 did
+
+
+def test_a_pass_leaves_the_flush_no_row_it_wrote_itself(store_url: str, tmp_path: Path) -> None:
+    """Issue 31, the drain of ``true`` jobs: the pass writes its rows' changed columns itself
+    (:func:`repo.write_changed_columns`), so at its commits the ORM's flush must find none of
+    those rows still marked changed. Before, they stayed on the session's dirty list with
+    nothing to write, and each commit's unit of work registered and walked every one of them
+    (a fifth of a drain's pass). What the flush is left: rows added or deleted, and a job whose
+    registry collection changed. The jobs still end once each, their rows as stored."""
+    backend = HollowBackend(HollowCluster.parse("4x100"), state_dir=tmp_path / "hollow")
+    h = Harness(tmp_path, backend=backend, url=store_url)
+    walked: Counter[str] = Counter()  # rows of the pass at a flush with only columns pending
+
+    def before_flush(session, context, objects) -> None:  # noqa: ANN001
+        for row in session.dirty:
+            if isinstance(row, repo.PASS_ROWS):
+                pending = set(sa_inspect(row).committed_state)
+                if not pending & {"addresses", "instances", "roles", "events"}:
+                    walked[type(row).__name__] += 1
+
+    event.listen(h.sessions, "before_flush", before_flush)
+    try:
+        roles = [{"name": "w", "replicas": 2, "command": ["true"], "resources": {"cpu": 1}}]
+        ids = [h.submit(job(f"t-{n}", roles)) for n in range(24)]
+        for _ in range(8):
+            h.controller.step()
+            if {h.status(i)["state"] for i in ids} == {"succeeded"}:
+                break
+        for job_id in ids:
+            status = h.status(job_id)
+            assert status["state"] == "succeeded", status
+            assert [(i["state"], i["attempt"]) for i in status["instances"]] == [("succeeded", 1)] * 2
+        with h.sessions() as session:
+            assert session.scalar(select(func.count(InstanceRow.id))) == 48
+    finally:
+        event.remove(h.sessions, "before_flush", before_flush)
+        h.backend.close()
+    assert not walked, walked
 
 
 def test_an_address_registered_again_before_the_pass_writes_takes_its_withdrawn_row_back(tmp_path: Path) -> None:
