@@ -837,6 +837,14 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| {size} | {system} | {processes:.3f}{once} | {e['polled']['median_s']:.3f} | "
                 f"{e['reported']['median_s']:.3f} | {versus_torchx} | {versus_floor} |"
             )
+    if floor and str(SIZES[-1]) in floor and str(SIZES[-1]) in table["trainmaster local"]:
+        big = str(SIZES[-1])
+        over = table["trainmaster local"][big]["processes"]["median_s"] / floor[big]["processes"]["median_s"]
+        lines += [
+            "",
+            f"Goal (issue 38, item 8): {big} replicas' commands running within 1.2x the floor measured in "
+            f"the same run: **{'met' if over <= 1.2 else 'not met'}** ({over:.2f}x).",
+        ]
     if not torchx:
         lines += ["", f"TorchX not measured: {meta.get('torchx', 'skipped')}."]
     else:
