@@ -663,6 +663,15 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def drain_median(runs: list[dict[str, Any]]) -> dict[str, float | None]:
+    """The drain's medians over runs that each hold a ``drain`` (the real section's and the
+    drain-only section's alike)."""
+    return {
+        "drain_rate": median_of(runs, "drain", "drain_jobs_per_s"),
+        "drain_cpu": median_of(runs, "drain", "drain_controller_cpu_ms_per_job"),
+    }
+
+
 def _ms(value: float | None, form: str = ".0f") -> str:
     return "not measured" if value is None else f"{value:{form}}"
 
@@ -766,10 +775,7 @@ def main() -> None:
             load["real_after"] = uptime()
             results["real"] = {
                 "runs": runs,
-                "median": {
-                    "many_total_s": median_of(runs, "many", "total_s"),
-                    "drain_rate": median_of(runs, "drain", "drain_jobs_per_s"),
-                },
+                "median": {"many_total_s": median_of(runs, "many", "total_s"), **drain_median(runs)},
             }
         elif "drain" in sections:
             load["drain_before"] = uptime()
@@ -777,10 +783,7 @@ def main() -> None:
             load["drain_after"] = uptime()
             results["drain"] = {
                 "runs": runs,
-                "median": {
-                    "drain_rate": median_of(runs, "drain", "drain_jobs_per_s"),
-                    "drain_cpu": median_of(runs, "drain", "drain_controller_cpu_ms_per_job"),
-                },
+                "median": drain_median(runs),
             }
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
