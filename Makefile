@@ -106,6 +106,7 @@ typecheck: $(STAMP)
 ## bench: run every benchmark (writes bench/results/*.json and *.md)
 bench: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/pip install --quiet --no-deps 'torchx>=0.7,<0.8'
 	for b in bench/*.py; do $(BIN)/python $$b || exit 1; done
 
 ## screenshots: refresh the dashboard screenshots in docs/images/ (taken by the browser tests)

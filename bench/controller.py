@@ -424,7 +424,7 @@ def main() -> None:
             results["meta"]["torchx"] = torchx.__version__
             systems["torchx local_cwd"] = lambda n: torchx_to_running(runner, n, scratch)
         except ImportError as exc:
-            results["meta"]["torchx"] = f"not measured: {exc} (pip install 'torchx>=0.7,<0.8')"
+            results["meta"]["torchx"] = f"not measured: {exc} (make bench installs it)"
 
     for size in SIZES:
         # Runs alternate between the systems, so a slow moment of the shared machine hits all of
