@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 
 import yaml
@@ -15,7 +17,8 @@ def orphan_a_run(
     tmp_path: Path, name: str, seconds: float = 6.0, until: Path | None = None
 ) -> tuple[Path, dict[str, str]]:
     """Start `trainmaster run` of a 2-replica job writing one mark per process, kill it -9 once
-    both instances run; returns the marks folder and the environment (home and store) used.
+    both instances run and the store says so (the job ``running``: killed between the marks and
+    that write, the job would be orphaned while still ``starting``); returns the marks folder and the environment (home and store) used.
     Each instance runs ``seconds``, or with ``until`` until that file exists (at most 300 s): a
     test that must find them alive, however slowly its machine starts a server, creates it."""
     marks = tmp_path / f"marks-{name}"
@@ -48,9 +51,24 @@ def orphan_a_run(
         env=env,
     )
     deadline = time.monotonic() + 60
-    while len(list(marks.iterdir())) < 2 and time.monotonic() < deadline:
+    while (len(list(marks.iterdir())) < 2 or _stored_state(tmp_path / "store.db", name) != "running") and (
+        time.monotonic() < deadline
+    ):
         time.sleep(0.1)
     run.kill()
     run.wait()
     assert len(list(marks.iterdir())) == 2, "the instances never started"
+    assert _stored_state(tmp_path / "store.db", name) == "running", "the job was not stored running within 60 s"
     return marks, env
+
+
+def _stored_state(db: Path, name: str) -> str | None:
+    """The job's state as its store holds it (None before the store or the job exists)."""
+    if not db.exists():
+        return None
+    with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)) as store:
+        try:
+            row = store.execute("SELECT state FROM jobs WHERE name = ?", (name,)).fetchone()
+        except sqlite3.OperationalError:  # the tables not made yet
+            return None
+    return row[0] if row else None
