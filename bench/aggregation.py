@@ -583,7 +583,8 @@ def write_markdown(report: dict[str, Any], cells: list[Cell], plotted: bool = Tr
         f"up/down (mean over workers; the ring's is 2(n-1)/n each way), INA's parameter-node "
         f"link up/down. CPU-s per all-reduce: one worker (mean) / forwarding node / parameter "
         f"node. int8/int16: low-bit aggregation (slices go up as int8/int16 with a shared "
-        f"scale, sums come down as int16).",
+        f"scale; int16 sums come down as int16, int8 ones re-quantised to int8 by the parameter "
+        f"node, the job default).",
         "",
         "Targets (issue #32): "
         + "; ".join(

@@ -17,7 +17,10 @@ SGD with momentum. Only DDP's gradient all-reduce differs:
 
 * ``ina-int32`` / ``ina-int8``: the fabric's DDP communication hook
   (``trainmaster.aggregation.torch_hook``), forwarding node and parameter node on the switch
-  host, int32 block floating point or int8 with a shared scale and error feedback;
+  host, int32 block floating point or int8 with a shared scale and error feedback; an int8
+  job's sums come down re-quantised to int8 by the parameter node (stochastic rounding, the
+  job default, ``WorkerConfig.results``); ``ina-int8-exact``: int8 up, the exact int16 sums
+  down (the default before);
 * ``ina-lowrank-int8`` / ``ina-lowrank-int16``: low-rank compression for in-network
   aggregation (``trainmaster.aggregation.lowrank``, our own PowerSGD-style power iteration, the
   same rank, warm start, error feedback and plain first steps as ``powersgd``) whose factor sums
@@ -60,7 +63,7 @@ from priority import DEFAULT_NICE, own_session  # noqa: E402  (bench/priority.py
 PREFIX = "tmaggtr"
 PS_PORT, SWITCH_PORT, GLOO_PORT = 19200, 19201, 29600
 RESULTS = Path(__file__).resolve().parent / "results"
-METHODS = ("ina-int32", "ina-int8", "ina-lowrank-int8", "ina-lowrank-int16", "gloo", "powersgd")
+METHODS = ("ina-int32", "ina-int8", "ina-int8-exact", "ina-lowrank-int8", "ina-lowrank-int16", "gloo", "powersgd")
 CHUNK = 15_664  # float32 per slice: one GSO send at MTU 9000 (bench/aggregation.py chunk_for)
 # ina-lowrank-*: each factor column starts a slice (lowrank.py); the longest columns are 1024
 LOWRANK_CHUNK = 1024
@@ -169,7 +172,7 @@ def _rank(
             from trainmaster.aggregation.worker import quantizer_for
 
             lowrank = method.startswith("ina-lowrank-")
-            precision = method.rsplit("-", 1)[1]
+            precision = "int8" if method == "ina-int8-exact" else method.rsplit("-", 1)[1]
             quantizer = quantizer_for(precision)
             if lowrank and isinstance(quantizer, SharedScale):
                 quantizer = SharedScale(quantizer.bits, error_feedback=False)  # the hook carries the error
@@ -180,6 +183,8 @@ def _rank(
                 failover_after=10.0,  # ... and stalls of seconds: not a dead forwarding node
                 timeout=120.0,
                 quantizer=quantizer,
+                # None: the job default; the low-rank factors are a few KB down, nothing to halve
+                results="exact" if method == "ina-int8-exact" or lowrank else None,
             )
             client = AggregationClient(switch, 1, rank, world, cfg, host=address)
             client.join()

@@ -112,11 +112,11 @@ def test_ina_runs_over_shared_memory_when_asked(tmp_path: Path) -> None:
 
 def test_ina_environment_spreads_workers_over_sibling_switches_and_passes_chunk() -> None:
     """ina framework, two switch replicas (sibling forwarding nodes under the parameter node):
-    workers are spread over both round robin, and frameworkParams.chunk and .precision (low-bit
-    aggregation, selectable per job) reach every worker as TM_AGGREGATION_CHUNK /
-    TM_AGGREGATION_PRECISION (what client_from_env reads, and turns into the quantiser); a chunk
-    beyond one 1 MiB packet or an unknown precision is refused at validation with the field
-    named."""
+    workers are spread over both round robin, and frameworkParams.chunk, .precision (low-bit
+    aggregation, selectable per job) and .results (int8 results re-quantised by the parameter
+    node, or exact) reach every worker as TM_AGGREGATION_CHUNK / TM_AGGREGATION_PRECISION /
+    TM_AGGREGATION_RESULTS (what client_from_env reads); a chunk beyond one 1 MiB packet or an
+    unknown precision or results value is refused at validation with the field named."""
     from trainmaster.frameworks.base import InstanceContext
     from trainmaster.frameworks.ina import InaFramework
 
@@ -132,7 +132,7 @@ def test_ina_environment_spreads_workers_over_sibling_switches_and_passes_chunk(
                 "10.0.0.9",
                 [],
                 services,
-                {"chunk": 2048, "precision": "int8"},
+                {"chunk": 2048, "precision": "int8", "results": "exact"},
             )
         )
         for i in range(4)
@@ -140,17 +140,22 @@ def test_ina_environment_spreads_workers_over_sibling_switches_and_passes_chunk(
     assert [e["TM_AGGREGATION_SWITCH"] for e in envs] == services["switch"] * 2
     assert {e["TM_AGGREGATION_CHUNK"] for e in envs} == {"2048"}
     assert {e["TM_AGGREGATION_PRECISION"] for e in envs} == {"int8"}
+    assert {e["TM_AGGREGATION_RESULTS"] for e in envs} == {"exact"}
     roles = [{"name": "ps"}, {"name": "switch", "replicas": 2}, {"name": "worker"}]
-    errors = InaFramework().validate({"frameworkParams": {"chunk": 300_000, "precision": "int4"}}, roles)
+    errors = InaFramework().validate(
+        {"frameworkParams": {"chunk": 300_000, "precision": "int4", "results": "int4"}}, roles
+    )
     assert any(e.startswith("spec.frameworkParams.chunk") for e in errors), errors
     assert any(e.startswith("spec.frameworkParams.precision") for e in errors), errors
+    assert any(e.startswith("spec.frameworkParams.results") for e in errors), errors
     assert not InaFramework().validate({"frameworkParams": {"chunk": 70_000, "precision": "int16"}}, roles)
 
 
 def test_client_from_env_takes_the_jobs_precision(monkeypatch) -> None:
     """Low-bit aggregation selected per job: TM_AGGREGATION_PRECISION (set by the ina framework
-    from frameworkParams.precision) gives the worker client its quantiser; a wrong value is a
-    clear error naming the variable."""
+    from frameworkParams.precision) gives the worker client its quantiser, and an int8 job its
+    int8 results unless TM_AGGREGATION_RESULTS says exact; a wrong value is a clear error
+    naming the variable."""
     import pytest as _pytest
 
     from trainmaster.aggregation import Fabric
@@ -166,6 +171,7 @@ def test_client_from_env_takes_the_jobs_precision(monkeypatch) -> None:
         client = client_from_env()
         try:
             assert client.config.quantizer == SharedScale(8)
+            assert client.config.result_precision == "int8"
             import numpy as _np
 
             x = _np.linspace(-1, 1, 5000, dtype=_np.float32)
@@ -177,4 +183,14 @@ def test_client_from_env_takes_the_jobs_precision(monkeypatch) -> None:
             client.close()
         monkeypatch.setenv("TM_AGGREGATION_PRECISION", "int3")
         with _pytest.raises(RuntimeError, match="TM_AGGREGATION_PRECISION"):
+            client_from_env()
+        monkeypatch.setenv("TM_AGGREGATION_PRECISION", "int8")
+        monkeypatch.setenv("TM_AGGREGATION_RESULTS", "exact")
+        client = client_from_env()
+        try:
+            assert client.config.result_precision == "exact"
+        finally:
+            client.close()
+        monkeypatch.setenv("TM_AGGREGATION_RESULTS", "int4")
+        with _pytest.raises(RuntimeError, match="TM_AGGREGATION_RESULTS"):
             client_from_env()

@@ -14,7 +14,7 @@ from trainmaster.aggregation.demo import DemoConfig, run_demo
 from trainmaster.aggregation.fabric import query
 from trainmaster.aggregation.kills import KillPlan
 from trainmaster.aggregation.protocol import NO_PEAK, peak_exponent
-from trainmaster.aggregation.quantize import SharedScale, quantize
+from trainmaster.aggregation.quantize import SharedScale, quantize, requantize_int8
 from trainmaster.aggregation.transport import FaultPlan
 from trainmaster.aggregation.worker import WorkerConfig, quantizer_for
 
@@ -67,9 +67,12 @@ def test_shared_exponent_leaves_the_margin_and_the_headroom() -> None:
     assert scale.next_margin(1, 100, overflowed=False) == (1, 101)
 
 
-def _exact_integer_sums(inputs, world: int, rounds: int, chunk: int, out, bits: int) -> None:
+def _exact_integer_sums(inputs, world: int, rounds: int, chunk: int, out, bits: int, int8_results: bool = False) -> int:
     """Recompute what every worker quantised (no error feedback) and check that each worker's
-    result is exactly the integer sum, element by element."""
+    result is exactly the integer sum, element by element (``int8_results``: re-quantised as
+    the parameter node does, seeded by job, round and slice); returns the slices whose sum
+    did not fit int8 (so the re-quantisation rounded)."""
+    rounded = 0
     scale = SharedScale(bits)
     n = inputs[(1, 0)][0].size
     peaks = [NO_PEAK] * math.ceil(n / chunk)
@@ -79,10 +82,15 @@ def _exact_integer_sums(inputs, world: int, rounds: int, chunk: int, out, bits: 
             if peaks[s] != NO_PEAK:  # (the first round goes as int32: bounded, not checked)
                 e = scale.shared_exponent(peaks[s], world)
                 qs = [quantize(p, e, dtype=scale.dtype.str).astype(np.int64) for p in part]
-                want = np.sum(qs, axis=0).astype(np.float32) * np.float32(2.0**-e)
+                total = np.sum(qs, axis=0)
+                if int8_results:
+                    rounded += int(np.abs(total).max() > 127)
+                    total, e = requantize_int8(total, e, (1, rnd + 1, s))
+                want = total.astype(np.float32) * np.float32(2.0**-e)
                 for r in range(world):
                     assert np.array_equal(out[(1, r)][0][rnd][0][s * chunk : (s + 1) * chunk], want), (rnd, s, r)
             peaks[s] = max(peak_exponent(float(np.abs(p).max())) for p in part)
+    return rounded
 
 
 @pytest.mark.parametrize("bits", [8, 16])
@@ -94,8 +102,9 @@ def test_low_bit_sums_are_exact_integers_of_the_shared_scale(tier_factory, bits:
     tier = tier_factory()
     world, chunk, rounds = 3, 1000, 3
     inputs = random_inputs(1, world, 5_000, rounds, seed=11)
-    # error feedback off here: the recomputation above then needs no carried error
-    cfg = WorkerConfig(chunk=chunk, quantizer=SharedScale(bits, error_feedback=False))
+    # error feedback off here: the recomputation above then needs no carried error; the sums
+    # come down as summed (int8 results: see the tests of re-quantisation below)
+    cfg = WorkerConfig(chunk=chunk, quantizer=SharedScale(bits, error_feedback=False), results="exact")
     out = reduce_all(tier, inputs, world, cfg)
     assert_exact(inputs, out)
     _exact_integer_sums(inputs, world, rounds, chunk, out, bits)
@@ -138,7 +147,7 @@ def test_error_feedback_keeps_the_accumulated_error_to_one_rounds_worth(tier_fac
     drift = {}
     for feedback in (True, False):
         tier = tier_factory()
-        cfg = WorkerConfig(chunk=1000, quantizer=SharedScale(8, error_feedback=feedback))
+        cfg = WorkerConfig(chunk=1000, quantizer=SharedScale(8, error_feedback=feedback), results="exact")
         out = reduce_all(tier, inputs, world, cfg)
         assert_exact(inputs, out)
         results = out[(1, 0)][0]
@@ -167,11 +176,13 @@ def test_values_that_outgrow_the_shared_scale_take_the_exception_path(tier_facto
     assert all(stats["float_resends"] == 4 for _, stats, _ in out.values())
 
 
-@pytest.mark.parametrize("levels", [1, 2])
-def test_int8_under_loss_duplication_and_reordering_is_exact(levels: int) -> None:
-    """Every packet fault on the low-bit path (processes, two levels too): lost, duplicated and
-    reordered packets, overflowing slices and slot collisions; every integer sum the demo can
-    recompute is exact, every result within its bound, every slot free."""
+@pytest.mark.parametrize(("levels", "results"), [(1, "int8"), (2, "int8"), (1, "exact")])
+def test_int8_under_loss_duplication_and_reordering_is_exact(levels: int, results: str) -> None:
+    """Every packet fault on the low-bit path (processes, two levels too), with int8 results
+    (re-quantised by the parameter node) and exact ones: lost, duplicated and reordered
+    packets, overflowing slices and slot collisions; every integer sum the demo can recompute
+    is exact (re-quantised as the parameter node does, for int8 results), every result within
+    its bound, every slot free."""
     cfg = DemoConfig(
         workers=4,
         jobs=2,
@@ -184,6 +195,7 @@ def test_int8_under_loss_duplication_and_reordering_is_exact(levels: int) -> Non
         seed=3,
         faults=FaultPlan(drop=0.02, duplicate=0.02, reorder=0.05, seed=3),
         precision="int8",
+        results=results,
         timeout=60.0,
     )
     result = run_demo(cfg)
@@ -191,6 +203,7 @@ def test_int8_under_loss_duplication_and_reordering_is_exact(levels: int) -> Non
     sums = result["integer_sums"]
     assert sums["all_exact"] and sums["checked"] > 0 and sums["float_path"] > 0
     assert result["low_bit_slices"] > 0 and result["overflow_fallbacks"] > 0
+    assert (result["results_requantised"] > 0) == (results == "int8")
     assert result["slots_in_use_after"] == 0
 
 
@@ -216,6 +229,74 @@ def test_killed_forwarding_node_with_int8_falls_back_and_stays_exact(precision: 
     result = run_demo(cfg)
     assert result["ok"], result["errors"]
     assert result["fallbacks_to_parameter_node"] == 3
+    # an int8 job's sums come down as int8: the parameter node re-quantises what it summed itself
+    assert (result["results_requantised"] > 0) == (precision == "int8")
     assert result["integer_sums"]["all_exact"] and result["integer_sums"]["checked"] > 0
     assert (result["low_bit_slices"] > 0) == (precision == "int8")
     assert (result["segments"]["reassembled"] > 0) == (mtu is not None)
+
+
+def test_requantize_int8_is_unbiased_within_one_unit_and_a_function_of_its_seed() -> None:
+    """Int8 results, the arithmetic against a float64 reference: integer sums that do not fit
+    int8 are shifted by the fewest bits that make them fit, with stochastic rounding; every
+    value is within one unit of the new exponent of the exact sum (the documented bound), never
+    beyond +-127, unbiased (the mean over many draws is the exact sum), exact when the sums fit
+    int8 already, and the same for the same seed whatever the sums' integer type."""
+    rng = np.random.default_rng(5)
+    q = np.concatenate([[-1000, 1000, 0, 1, -1], rng.integers(-1000, 1001, 5000)]).astype(np.int16)
+    r, e = requantize_int8(q, 12, (1, 2, 3))
+    assert r.dtype == np.int8 and e == 12 - 3  # 1000 <= 127 * 2**3
+    assert np.abs(r.astype(np.int64)).max() <= 127
+    exact = np.ldexp(q.astype(np.float64), -12)
+    got = np.ldexp(r.astype(np.float64), -e)
+    assert np.all(np.abs(got - exact) < math.ldexp(1.0, -e))
+    for wide in (np.int32, np.int64):
+        again, e2 = requantize_int8(q.astype(wide), 12, (1, 2, 3))
+        assert e2 == e and np.array_equal(again, r)
+    assert not np.array_equal(requantize_int8(q, 12, (1, 2, 4))[0], r)
+    mean = np.mean([np.ldexp(requantize_int8(q, 12, (k,))[0].astype(np.float64), -e) for k in range(400)], axis=0)
+    # standard error of 400 draws of at most one unit: 0.025 units; 6 of them
+    assert np.all(np.abs(mean - exact) < 0.15 * math.ldexp(1.0, -e))
+    small = np.array([-127, 127, 5, 0], np.int16)
+    r, e = requantize_int8(small, 7, (0,))
+    assert e == 7 and np.array_equal(r, small)
+    r, e = requantize_int8(np.array([32767, -32767], np.int16), 0, (0,))
+    assert e == -9 and np.abs(r.astype(int)).max() <= 127
+
+
+def test_int8_results_are_the_requantised_exact_sums_and_half_the_bytes_down(tier_factory) -> None:
+    """Int8 results over real sockets, 8 workers: the forwarding node still sums int8 into
+    exact int16; the parameter node re-quantises each verified sum to int8 (the scale rides in
+    the RESULT's header) and every worker's result is exactly that re-quantisation of the exact
+    integer sum (recomputed here), within the stated bound of the float sums; the parameter
+    node sends half the bytes of the int16 sums (``exact``, the same inputs)."""
+    world, chunk, rounds = 8, 1000, 3
+    inputs = random_inputs(1, world, 5_000, rounds, seed=15)
+    sent = {}
+    for results in ("int8", "exact"):
+        tier = tier_factory()
+        cfg = WorkerConfig(chunk=chunk, quantizer=SharedScale(8, error_feedback=False), results=results)
+        out = reduce_all(tier, inputs, world, cfg)
+        assert_exact(inputs, out)
+        rounded = _exact_integer_sums(inputs, world, rounds, chunk, out, 8, int8_results=results == "int8")
+        stats = query(tier.ps.address)
+        sent[results] = stats["transport"]["bytes_sent"]
+        assert stats["results_requantised"] == (rounds * 5 if results == "int8" else 0)
+        if results == "int8":
+            assert rounded > 0  # 8 workers' sums of int8 do not fit int8: these were rounded
+    # rounds 2 and 3 carry int8 sums up; the first round's int32 sums come down as int8 too
+    int16_down = 2 * 5_000 * 2 + 5_000 * 4
+    assert sent["exact"] - sent["int8"] == pytest.approx(int16_down - rounds * 5_000, rel=0.05)
+
+
+def test_results_precision_is_checked_and_follows_the_jobs_precision() -> None:
+    """``WorkerConfig.results``: int8 by default for an int8 job, exact otherwise; anything but
+    exact or int8 is refused when the client is made."""
+    assert WorkerConfig(quantizer=quantizer_for("int8")).result_precision == "int8"
+    assert WorkerConfig(quantizer=quantizer_for("int16")).result_precision == "exact"
+    assert WorkerConfig().result_precision == "exact"
+    assert WorkerConfig(quantizer=quantizer_for("int8"), results="exact").result_precision == "exact"
+    from trainmaster.aggregation.worker import AggregationClient
+
+    with pytest.raises(ValueError, match="results 'int4'"):
+        AggregationClient(("127.0.0.1", 9), 1, 0, 1, WorkerConfig(results="int4"))

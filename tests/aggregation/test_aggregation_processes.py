@@ -191,6 +191,8 @@ def test_demo_cli_rejects_bad_options() -> None:
             "1.5",
             "--kill",
             "router",
+            "--results",
+            "int4",
         ],
         capture_output=True,
         text=True,
@@ -199,6 +201,7 @@ def test_demo_cli_rejects_bad_options() -> None:
     assert proc.returncode == 2
     assert "levels must be 1 or 2" in proc.stderr and "Traceback" not in proc.stderr
     assert "kill target must be ps, switch, switch:I or worker:R" in proc.stderr
+    assert "--results must be one of exact, int8" in proc.stderr
 
 
 @pytest.mark.parametrize("lowrank", [False, True])

@@ -14,7 +14,9 @@ apart in the output because they say different things:
   limit is exact either way: as integers, or down the float path when the pieces that met at a
   forwarding node (or a retransmission's) overflowed, which depends on timing. Block floating
   point slices whose workers chose different exponents are aligned by rounding shifts in arrival
-  order, so they are only bounded, not checked.
+  order, so they are only bounded, not checked. With int8 results (``results``, the default
+  of an int8 job) the expected sum is then re-quantised as the parameter node does it (its
+  stochastic rounding is a function of job, round and slice): exact again, element by element.
 * ``float_error``: the result against the exact float64 sum of the inputs; it is never zero
   (quantisation rounds every input) and must stay within the stated bound.
 
@@ -51,6 +53,7 @@ from trainmaster.aggregation.quantize import (
     SharedScale,
     peak_magnitude,
     quantize,
+    requantize_int8,
 )
 from trainmaster.aggregation.transport import Address, FaultPlan
 from trainmaster.aggregation.worker import AggregationClient, AggregationError, WorkerConfig, quantizer_for
@@ -81,6 +84,7 @@ class DemoConfig:
     parameter_node_dead_after: float = 10.0
     max_retransmit_timeout: float = 1.0  # cap of a slice's backed-off retransmit timer
     precision: str = "int32"  # int32 (block floating point), int16 or int8 (low-bit, shared scale)
+    results: str | None = None  # how sums come down: exact or int8 (WorkerConfig.results)
     mtu: int | None = None  # cut packets into datagrams of at most this MTU (None: the path's)
     partitions: int = 0  # 0: the jobs share the slots; N: each node's pool split into N parts
 
@@ -121,8 +125,8 @@ class IntegerSums:
     or a sum beyond the sum's type) sends the slice down the float path, where the expected
     result is the float sum of what the ranks resent."""
 
-    def __init__(self, cfg: DemoConfig, quantizer: Quantizer):
-        self.cfg, self.quantizer = cfg, quantizer
+    def __init__(self, cfg: DemoConfig, quantizer: Quantizer, job: int, results: str):
+        self.cfg, self.quantizer, self.job, self.int8_results = cfg, quantizer, job, results == "int8"
         self.slices = -(-cfg.elements // cfg.chunk)
         feedback = isinstance(quantizer, SharedScale) and quantizer.error_feedback
         self.residuals = [np.zeros(cfg.elements, np.float32) for _ in range(cfg.workers)] if feedback else None
@@ -133,10 +137,12 @@ class IntegerSums:
         # predictable after it, so bounded only
         self.uncertain: set[int] = set()
 
-    def expected(self, inputs: list[np.ndarray]) -> list[tuple[int, np.ndarray] | np.ndarray | Either | None]:
-        """Per slice: (exponent, int64 sum) when the sum is exact integers at one exponent, the
-        float32 result of the float path, or None (block floating point with differing
-        exponents: bounded only). Advances the carried errors and peaks to the next round."""
+    def expected(self, inputs: list[np.ndarray], rnd: int) -> list[tuple[int, np.ndarray] | np.ndarray | Either | None]:
+        """Per slice: (exponent, integer sum) when the sum is exact integers at one exponent
+        (re-quantised as the parameter node does for int8 results; ``rnd``: the fabric's round
+        number), the float32 result of the float path, or None (block floating point with
+        differing exponents: bounded only). Advances the carried errors and peaks to the next
+        round."""
         cfg, n = self.cfg, self.cfg.workers
         sent = [x + r for x, r in zip(inputs, self.residuals)] if self.residuals else inputs
         out: list[tuple[int, np.ndarray] | np.ndarray | Either | None] = []
@@ -175,9 +181,9 @@ class IntegerSums:
             elif overflow:
                 out.append(_float_path(part))
             elif partial and len(set(exps)) == 1:
-                out.append(Either((exps[0], total), _float_path(part)))
+                out.append(Either(self._down(exps[0], total, rnd, s), _float_path(part)))
             elif len(set(exps)) == 1:
-                out.append((exps[0], total))
+                out.append(self._down(exps[0], total, rnd, s))
             else:
                 out.append(None)
             if self.residuals is not None:
@@ -186,6 +192,13 @@ class IntegerSums:
                     view[...] = 0.0 if overflow else p - q.astype(np.float32) * np.float32(2.0**-e)
         self.peaks = new_peaks
         return out
+
+    def _down(self, exponent: int, total: np.ndarray, rnd: int, seq: int) -> tuple[int, np.ndarray]:
+        """The integer sum as it comes down: as summed, or re-quantised to int8."""
+        if not self.int8_results:
+            return exponent, total
+        q, e = requantize_int8(total, exponent, (self.job, rnd, seq))
+        return e, q
 
 
 def check_integer_sums(y: np.ndarray, chunk: int, expected: list[Any]) -> dict[str, int]:
@@ -233,6 +246,7 @@ def _worker_main(conn: Any, cfg: DemoConfig, switch: Address, job: int, rank: in
         failover_after=cfg.failover_after,
         parameter_node_dead_after=cfg.parameter_node_dead_after,
         max_retransmit_timeout=cfg.max_retransmit_timeout,
+        results=cfg.results,
     )
     report: dict[str, Any] = {
         "job": job,
@@ -246,7 +260,7 @@ def _worker_main(conn: Any, cfg: DemoConfig, switch: Address, job: int, rank: in
     client = AggregationClient(
         switch, job, rank, cfg.workers, wcfg, cfg.faults, transport=cfg.transport, kill=cfg.kill, mtu=cfg.mtu
     )
-    sums = IntegerSums(cfg, quantizer)
+    sums = IntegerSums(cfg, quantizer, job, wcfg.result_precision)
     try:
         client.join()
         elapsed = 0.0
@@ -256,7 +270,7 @@ def _worker_main(conn: Any, cfg: DemoConfig, switch: Address, job: int, rank: in
             y = client.allreduce(x, key="demo")
             elapsed += time.monotonic() - t0
             inputs = [demo_input(cfg, job, r, rnd) for r in range(cfg.workers)]
-            for name, count in check_integer_sums(y, cfg.chunk, sums.expected(inputs)).items():
+            for name, count in check_integer_sums(y, cfg.chunk, sums.expected(inputs, client.round)).items():
                 report["integer_sums"][name] += count
             exact = np.zeros(cfg.elements, dtype=np.float64)
             for r in range(cfg.workers):
@@ -385,6 +399,7 @@ def _summarise(cfg: DemoConfig, reports: list[dict[str, Any]], fabric: dict[str,
             "within_bound": within,
         },
         "precision": cfg.precision,
+        "results_requantised": int(ps.get("results_requantised", 0)),
         "low_bit_slices": low_bit,
         "packets": total(transports, "sent"),
         "retransmits": total(wstats, "retransmits"),

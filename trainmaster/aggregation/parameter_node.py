@@ -4,7 +4,10 @@ For every slice it keeps an integer sum built only from contributions with disjo
 bitmaps (complete sums from a forwarding node, flushed partial sums, retransmitted, conflicting
 or diverted packets alike). When the bitmap is complete it verifies overflow: a clean sum goes
 down flagged VERIFIED (and is cached, so a worker that lost it gets it again on retransmit); an
-overflowed one triggers the exception-retransmit instruction and a float sum. It also watches
+overflowed one triggers the exception-retransmit instruction and a float sum. A job whose
+workers asked for int8 results (their HELLO says) gets each verified integer sum re-quantised
+to int8 by stochastic rounding, at a scale the RESULT's header carries: the sums are checked
+exact first, and the float path is unchanged. It also watches
 worker liveness: a worker that falls silent while its job waits fails the job with a clear
 message to the other workers, and every forwarding node frees the job's slots.
 
@@ -39,6 +42,7 @@ from trainmaster.aggregation.protocol import (
     full_mask,
     values,
 )
+from trainmaster.aggregation.quantize import requantize_int8
 from trainmaster.aggregation.transport import Address, FaultPlan, make_transport
 from trainmaster.aggregation.worker import host_identity
 
@@ -72,6 +76,9 @@ class _Job:
     answered_round: int = 0  # newest round with a result: every worker finished the ones before
     shared: list[tuple[int, bytes]] = field(default_factory=list)  # (round, result-store ref)
     moved_from: dict[int, Address] = field(default_factory=dict)  # rank -> its old next hop
+    # how the verified integer sums go down (the workers' HELLO says): "exact", as summed, or
+    # "int8", re-quantised with stochastic rounding (``requantize_int8``)
+    results: str = "exact"
 
     @property
     def all_local(self) -> bool:
@@ -91,6 +98,7 @@ class ParameterNodeCounters(NodeCounters):
     results_resent: int = 0
     results_sent: int = 0  # RESULT packets of first answers: one per next hop, not per worker
     results_shared: int = 0  # verified sums multicast as references to the shared store
+    results_requantised: int = 0  # integer sums sent down as int8 (the job asked for it)
     jobs_failed: int = 0
     jobs_ended: int = 0  # every worker said BYE (the BYEs arrived, however lossy the network)
     control_acks: int = 0  # HEARTBEAT / BYE copies acknowledged
@@ -149,6 +157,9 @@ class ParameterNode(DatagramNode):
                 self._retire(job)
             job = self.jobs[h.job] = _Job(h.fan_in)
         job.registered |= h.bitmap
+        worker = self._hello_info(body)
+        if worker.get("results") in ("exact", "int8"):
+            job.results = str(worker["results"])  # the job's workers are configured alike
         now = time.monotonic()
         self.transport.prepare(src)
         for rank in bits(h.bitmap):
@@ -157,7 +168,7 @@ class ParameterNode(DatagramNode):
                 job.moved_from[rank] = old  # a welcomed worker now comes another way
             job.routes[rank] = src
             job.last_seen[rank] = now
-            self._watch(job, rank, body)
+            self._watch(job, rank, worker)
             if rank in job.moved_from and job.moved_from[rank] != src:
                 # tell the old route, on every HELLO of the move (one may be lost): its
                 # forwarding node must not wait for this worker in its slots any more
@@ -272,6 +283,11 @@ class ParameterNode(DatagramNode):
             # a result of this round means every worker has finished every earlier round
             job.answered_round = h.round
             self._retire(job, h.round)
+        if job.results == "int8" and payload.dtype.kind == "i":
+            # the way down as small as the way up: every worker receives the sum, so at the
+            # workers' links it weighs as much as all the int8 slices that went up together
+            payload, exponent = requantize_int8(payload, exponent, (h.job, h.round, h.seq))
+            self.counters.results_requantised += 1
         slot = sl.slot
         flags = Flag.VERIFIED | dtype_flag(payload.dtype)
         if sl.conflict:
@@ -328,13 +344,19 @@ class ParameterNode(DatagramNode):
             del job.slices[key]
 
     # ---- liveness -------------------------------------------------------------------------
-    def _watch(self, job: _Job, rank: int, hello: bytes | memoryview) -> None:
-        """Watch the worker's process when it runs where this node can see it (same boot and
-        pid namespace, from its HELLO): its exit is then noticed at once, not after silence."""
+    @staticmethod
+    def _hello_info(hello: bytes | memoryview) -> dict[str, object]:
+        """What a worker's HELLO says about it (pid, host, the results it wants); {} if
+        unreadable."""
         try:
             me = json.loads(bytes(hello)) if len(hello) else {}
         except ValueError:
-            return
+            return {}
+        return me if isinstance(me, dict) else {}
+
+    def _watch(self, job: _Job, rank: int, me: dict[str, object]) -> None:
+        """Watch the worker's process when it runs where this node can see it (same boot and
+        pid namespace, from its HELLO): its exit is then noticed at once, not after silence."""
         pid = me.get("pid")
         if not self.host or me.get("host") != self.host or not isinstance(pid, int):
             return

@@ -72,7 +72,9 @@ class Flag(enum.IntFlag):
     # worker reads the values in place; ``count`` is still the number of values
     SHARED = 64
     # the payload is int16 / int8 (low-bit aggregation; neither: int32). A worker's int8 slice
-    # is summed into int16 by the nodes, so results of an int8 job carry INT16
+    # is summed into int16 by the nodes, so results of an int8 job carry INT16, unless the job
+    # asked for int8 results: a RESULT with INT8 is a sum the parameter node re-quantised
+    # (stochastic rounding, ``quantize.requantize_int8``), at the exponent in its header
     INT16 = 128
     INT8 = 256
 

@@ -202,6 +202,27 @@ def shift_to(q: np.ndarray, from_exponent: int, to_exponent: int) -> np.ndarray:
     return (q + (np.int64(1) << np.int64(s - 1))) >> np.int64(s)
 
 
+def requantize_int8(q: np.ndarray, exponent: int, seed: tuple[int, ...]) -> tuple[np.ndarray, int]:
+    """Integer sums ``q`` at ``exponent`` re-expressed as int8 at ``exponent - shift``, with
+    the smallest ``shift`` that fits them, by stochastic rounding: ``(q + u) >> shift`` with
+    ``u`` uniform in ``[0, 2**shift)``, so the expected value is exactly ``q * 2**-shift``
+    (unbiased: the errors of successive steps average out instead of adding up, which is
+    what lets the parameter node send the sums down at half the int16 bytes). The error is
+    below one unit of the new exponent (none when the sums already fit int8).
+
+    ``seed``: the draws, so the result is a function of the slice (the parameter node uses
+    job, round, slice: every worker gets the same values, a resent result is the same, and a
+    test can recompute it). Values never reach -128: ``|result| <= 127``."""
+    peak = int(max(int(q.max()), -int(q.min()))) if q.size else 0
+    shift = max(0, (peak - 1) // LIMITS[1]).bit_length()  # smallest s with peak <= 127 * 2**s
+    if shift == 0:
+        return q.astype(np.int8), exponent
+    wide = q.astype(np.int64)  # the same draws whatever the sums' type: int16, int32, int64
+    wide += np.random.default_rng(seed).integers(0, 1 << shift, wide.size, dtype=np.int64)
+    wide >>= shift
+    return wide.astype(np.int8), exponent - shift
+
+
 def error_bound(exponent: int, fan_in: int) -> float:
     """Largest absolute error of a de-quantised sum of ``fan_in`` workers at ``exponent``.
 

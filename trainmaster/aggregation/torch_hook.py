@@ -27,7 +27,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from trainmaster.aggregation.worker import AggregationClient, WorkerConfig, quantizer_for
+from trainmaster.aggregation.worker import RESULT_PRECISIONS, AggregationClient, WorkerConfig, quantizer_for
 
 
 def client_from_env(config: WorkerConfig | None = None) -> AggregationClient:
@@ -39,7 +39,8 @@ def client_from_env(config: WorkerConfig | None = None) -> AggregationClient:
     ``parameter-node`` and ``forwarding-node`` commands read); optional
     ``TM_AGGREGATION_CHUNK`` (elements per packet, when ``config`` sets none) and
     ``TM_AGGREGATION_PRECISION`` (``int32``, ``int16`` or ``int8``: the quantiser, when
-    ``config`` is None); the worker binds to ``TM_HOST``, the address of the host the controller
+    ``config`` is None) and ``TM_AGGREGATION_RESULTS`` (``exact`` or ``int8``: how the sums
+    come down, ``WorkerConfig.results``); the worker binds to ``TM_HOST``, the address of the host the controller
     placed it on.
     """
     switch = os.environ.get("TM_AGGREGATION_SWITCH", "")
@@ -58,6 +59,11 @@ def client_from_env(config: WorkerConfig | None = None) -> AggregationClient:
         except ValueError as exc:
             raise RuntimeError(f"TM_AGGREGATION_PRECISION: {exc}") from None
         config = dataclasses.replace(config or WorkerConfig(), quantizer=quantizer)
+    results = os.environ.get("TM_AGGREGATION_RESULTS", "")
+    if results:
+        if results not in RESULT_PRECISIONS:
+            raise RuntimeError(f"TM_AGGREGATION_RESULTS must be one of {', '.join(RESULT_PRECISIONS)}, got {results!r}")
+        config = dataclasses.replace(config or WorkerConfig(), results=results)
     client = AggregationClient(
         (host, int(port)),
         int(os.environ.get("TM_AGGREGATION_JOB", "1")),

@@ -12,7 +12,11 @@ client keeps, per tensor (the ``key`` of ``allreduce``), the largest magnitude t
 sent for each slice in the previous round (every RESULT carries it) and this worker's rounding
 error (error feedback). The next all-reduce of that tensor quantises each slice, input plus
 carried error, with the exponent every worker derives from that magnitude: the same for all of
-them, agreed without a message of its own.
+them, agreed without a message of its own. The sums come down as int16 (exact); with
+``results="int8"`` (the default of an int8 job) the parameter node re-quantises each verified
+sum to int8 with a scale of its own, by stochastic rounding (``quantize.requantize_int8``):
+every worker receives half the bytes, and the result, unbiased, is within one more unit of
+that scale (``last_error_bound`` includes it).
 
 Control messages are reliable: the heartbeat thread owns a second socket (the *control*
 socket) and retransmits each HEARTBEAT every ``control_retry`` seconds until the parameter node
@@ -73,6 +77,8 @@ from trainmaster.aggregation.transport import Address, Buffer, FaultPlan, make_t
 # 4 MiB
 DEFAULT_CHUNK = {"udp": MAX_ELEMENTS, "shm": 1 << 20}
 PRECISIONS = ("int32", "int16", "int8")
+# how the sums come down: as the nodes summed them, or re-quantised to int8 by the parameter node
+RESULT_PRECISIONS = ("exact", "int8")
 
 
 def quantizer_for(precision: str) -> Quantizer:
@@ -204,8 +210,20 @@ class WorkerConfig:
     # where to fall back; None: the address the parameter node's WELCOME names
     parameter_node: Address | None = None
     quantizer: Quantizer = field(default_factory=BlockFloat)
+    # how the parameter node sends the sums down (RESULT_PRECISIONS): "exact", or "int8"
+    # (re-quantised, unbiased, one more unit of error); None: "int8" for an int8 job
+    # (``SharedScale(8)``), "exact" otherwise. Every worker of a job is configured alike.
+    results: str | None = None
     # keep freed megabyte buffers in this process' heap (see memory.py): no page faults per slice
     tune_allocator: bool = True
+
+    @property
+    def result_precision(self) -> str:
+        """``results``, with its default resolved."""
+        if self.results is not None:
+            return self.results
+        low8 = isinstance(self.quantizer, SharedScale) and self.quantizer.bits == 8
+        return "int8" if low8 else "exact"
 
 
 class AggregationClient:
@@ -228,6 +246,8 @@ class AggregationClient:
         if not 0 <= rank < world <= MAX_WORKERS:
             raise ValueError(f"rank {rank} / world {world}: need 0 <= rank < world <= {MAX_WORKERS}")
         self.config = config or WorkerConfig()
+        if self.config.result_precision not in RESULT_PRECISIONS:
+            raise ValueError(f"results {self.config.results!r}: choose one of {', '.join(RESULT_PRECISIONS)}")
         if self.config.tune_allocator:
             tune_allocator()
         self.transport = make_transport(transport, f"worker{job}.{rank}", host, 0, faults, mtu)
@@ -294,8 +314,7 @@ class AggregationClient:
         """Register with the fabric and wait until every worker of the job has (a barrier)."""
         if self._joined:
             return
-        me = json.dumps({"pid": os.getpid(), "host": host_identity()}).encode()
-        hello = encode(Header(Kind.HELLO, self.job, bitmap=self.bit, fan_in=self.world), me)
+        hello = self._hello_packet()
         self.transport.prepare(self.switch)
         deadline = time.monotonic() + self.config.timeout
         next_hello = 0.0
@@ -722,9 +741,14 @@ class AggregationClient:
             self.cwnd = max(self.cwnd, fl.cwnd_before)
         self._sample_rtt(now - fl.first_sent_at)
 
+    def _hello_packet(self) -> bytes:
+        """HELLO: this worker's process (the parameter node may watch it) and how the job's
+        sums are to come down."""
+        me = {"pid": os.getpid(), "host": host_identity(), "results": self.config.result_precision}
+        return encode(Header(Kind.HELLO, self.job, bitmap=self.bit, fan_in=self.world), json.dumps(me).encode())
+
     def _hello(self, addr: Address) -> None:
-        me = json.dumps({"pid": os.getpid(), "host": host_identity()}).encode()
-        self.transport.send(encode(Header(Kind.HELLO, self.job, bitmap=self.bit, fan_in=self.world), me), addr)
+        self.transport.send(self._hello_packet(), addr)
 
     def _go_direct(self, pending: dict[int, _InFlight]) -> None:
         """Fall back to the parameter node: data goes there with aggregate-at = 1, and every
@@ -771,7 +795,11 @@ class AggregationClient:
             return False
         floats = h.has(Flag.FLOAT)
         stream = self._stream
+        # a re-quantised sum (int8 down) is stated at the coarser exponent: the bounds of the
+        # way up hold there too, and its stochastic rounding adds less than one unit
         bound[fl.seq] = 0.0 if floats else error_bound(h.exponent, self.world)
+        if h.has(Flag.INT8):
+            bound[fl.seq] += math.ldexp(1.0, -h.exponent)
         if stream is not None:
             # the errors carried into this round, and the bound of those this round carries on
             # (each worker's own rounding, at most half a unit of the slice's scale)

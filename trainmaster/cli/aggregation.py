@@ -44,6 +44,11 @@ def demo(
     precision: str = typer.Option(
         "int32", help="int32 (block floating point), or int16 / int8: low-bit aggregation with a shared scale."
     ),
+    results: str = typer.Option(
+        "",
+        help="How the sums come down: exact, or int8 (re-quantised by the parameter node); "
+        "default int8 with --precision int8, else exact.",
+    ),
     slots: int = typer.Option(64, help="Aggregator slots per forwarding node."),
     levels: int = typer.Option(
         1, help="1: one forwarding node; 2: two first-level nodes under a second-level node that also has workers."
@@ -90,10 +95,12 @@ def demo(
         problems.append("--levels must be 1 or 2")
     if not 1 <= slots <= 65535:
         problems.append("--slots must be between 1 and 65535")
-    from trainmaster.aggregation.worker import PRECISIONS
+    from trainmaster.aggregation.worker import PRECISIONS, RESULT_PRECISIONS
 
     if precision not in PRECISIONS:
         problems.append(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if results and results not in RESULT_PRECISIONS:
+        problems.append(f"--results must be one of {', '.join(RESULT_PRECISIONS)}, got {results!r}")
     if transport not in TRANSPORTS:
         problems.append(f"--transport must be one of {', '.join(TRANSPORTS)}")
     elif transport == "udp" and not 1 <= chunk <= udp_max:
@@ -140,6 +147,7 @@ def demo(
         siblings=siblings,
         kill=plan,
         precision=precision,
+        results=results or None,
         mtu=mtu or None,
         partitions=partitions,
     )

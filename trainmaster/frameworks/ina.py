@@ -13,7 +13,10 @@ handed to every role as ``TM_AGGREGATION_TRANSPORT``, ``chunk`` (elements per pa
 to workers as ``TM_AGGREGATION_CHUNK``; default: the transport's, 64 KiB slices on udp, which
 the transport cuts into datagrams that fit each path's MTU) and ``precision`` (``int32``, the
 default, or ``int16`` / ``int8``: low-bit aggregation with a per-slice scale the workers share,
-and error feedback; handed to workers as ``TM_AGGREGATION_PRECISION``). A ``switch`` role with several
+and error feedback; handed to workers as ``TM_AGGREGATION_PRECISION``) and ``results``
+(``exact``: the sums come down as the nodes summed them, or ``int8``: the parameter node
+re-quantises them, unbiased, for half the bytes down; default ``int8`` for an int8 job, else
+``exact``; handed to workers as ``TM_AGGREGATION_RESULTS``). A ``switch`` role with several
 replicas puts that many forwarding nodes side by side under the parameter node, workers spread
 over them round robin; the parameter node judges each one's sums against its own workers.
 """
@@ -29,6 +32,7 @@ from trainmaster.spec.model import Job, Role, RoleSelector, StatusPolicy
 
 TRANSPORTS = ("udp", "shm")
 PRECISIONS = ("int32", "int16", "int8")
+RESULT_PRECISIONS = ("exact", "int8")
 # elements per packet on udp: (1 MiB packet - 36-byte header) / 4 (trainmaster.aggregation's limit)
 MAX_CHUNK = 262_135
 
@@ -64,6 +68,12 @@ class InaFramework(Framework):
             errors.append(
                 f"spec.frameworkParams.precision: {precision!r} is not one of {', '.join(PRECISIONS)} "
                 f"(int8 / int16: low-bit aggregation)"
+            )
+        results = (spec.get("frameworkParams") or {}).get("results", "exact")
+        if results not in RESULT_PRECISIONS:
+            errors.append(
+                f"spec.frameworkParams.results: {results!r} is not one of {', '.join(RESULT_PRECISIONS)} "
+                f"(int8: the sums re-quantised on the way down)"
             )
         for i, role in enumerate(roles):
             replicas = role.get("replicas", 1)
@@ -103,4 +113,6 @@ class InaFramework(Framework):
             env["TM_AGGREGATION_CHUNK"] = str(ctx.params["chunk"])
         if ctx.params.get("precision") is not None:
             env["TM_AGGREGATION_PRECISION"] = str(ctx.params["precision"])
+        if ctx.params.get("results") is not None:
+            env["TM_AGGREGATION_RESULTS"] = str(ctx.params["results"])
         return env
