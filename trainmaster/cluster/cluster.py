@@ -468,6 +468,14 @@ class Cluster:
             # is retried at the next sync: 10 s, not the default minute
             "syncFrequency": "10s",
             "nodeStatusUpdateFrequency": "2s",
+            # the API client limits of current kubelets (Kubernetes 1.27 raised the defaults from
+            # 5 per second, bursts of 10, for both): a node reports each starting pod's status with a
+            # GET and a PATCH, up to twice (Pending, then Running), so at 1.20's 5 per second 32 pods
+            # started within 4 s were reported Running only after 17-24 s, whoever made the pods
+            "kubeAPIQPS": 50,
+            "kubeAPIBurst": 100,
+            "eventRecordQPS": 50,
+            "eventBurst": 100,
             "authentication": {
                 "anonymous": {"enabled": False},
                 "webhook": {"enabled": False},
