@@ -103,6 +103,10 @@ class DatagramNode(ABC):
         timers run here (none by default: a forwarding node's loop stays one recv and one
         handle per packet)."""
 
+    def stop(self) -> None:
+        """Make :meth:`serve` return after its current receive (a SIGTERM handler may call it)."""
+        self._running = False
+
     def serve(self, until: float | None = None) -> None:
         tune_allocator()
         while self._running and (until is None or time.monotonic() < until):

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+from typing import TYPE_CHECKING
 
 import typer
 
 from trainmaster.errors import UserError
+
+if TYPE_CHECKING:
+    from trainmaster.aggregation.node import DatagramNode
 
 sub = typer.Typer(help="Gradient aggregation through forwarding nodes and a parameter node.", no_args_is_help=True)
 
@@ -188,7 +193,6 @@ def parameter_node(
 ) -> None:
     """Run a parameter node in the foreground (verifies sums, aggregates fallbacks)."""
     from trainmaster.aggregation.parameter_node import ParameterNode
-    from trainmaster.runtime.views import PeriodicPublisher, numbers
 
     if dead_after <= 0 or stalled_after <= 0:
         raise UserError("--dead-after and --stalled-after must be positive numbers of seconds")
@@ -196,8 +200,7 @@ def parameter_node(
         host, port, dead_after=dead_after, transport=_transport(transport), stalled_after=stalled_after
     )
     print(f"parameter node listening on {node.address[0]}:{node.address[1]} ({transport})", flush=True)
-    with PeriodicPublisher("aggregation.counters", lambda: {"node": "parameter node", **numbers("", node.stats())}):
-        node.serve()
+    _serve_publishing(node, "parameter node")
 
 
 @sub.command("forwarding-node")
@@ -220,7 +223,6 @@ def forwarding_node(
 ) -> None:
     """Run a forwarding node (software switch) in the foreground."""
     from trainmaster.aggregation.switch import ForwardingNode
-    from trainmaster.runtime.views import PeriodicPublisher, numbers
 
     h, _, p = parent.rpartition(":")
     if not h or not p.isdigit():
@@ -231,7 +233,17 @@ def forwarding_node(
         (h, int(p)), slots=slots, host=host, port=port, transport=_transport(transport), partitions=partitions
     )
     print(f"forwarding node listening on {node.address[0]}:{node.address[1]} ({transport})", flush=True)
-    label = f"forwarding node {os.environ.get('TM_REPLICA_INDEX', '0')}"
+    _serve_publishing(node, f"forwarding node {os.environ.get('TM_REPLICA_INDEX', '0')}")
+
+
+def _serve_publishing(node: DatagramNode, label: str) -> None:
+    """Serve until a SHUTDOWN or SIGTERM, publishing the node's counters every 2 s and once more
+    at the end. SIGTERM (how the controller stops a node's role once its job has ended) makes
+    ``serve`` return, so that last sample is the final one; killed by the signal, the node left
+    its last periodic sample, which may predate every sum of the job."""
+    from trainmaster.runtime.views import PeriodicPublisher, numbers
+
+    signal.signal(signal.SIGTERM, lambda *_: node.stop())
     with PeriodicPublisher("aggregation.counters", lambda: {"node": label, **numbers("", node.stats())}):
         node.serve()
 
