@@ -18,7 +18,8 @@ def orphan_a_run(
 ) -> tuple[Path, dict[str, str]]:
     """Start `trainmaster run` of a 2-replica job writing one mark per process, kill it -9 once
     both instances run and the store says so (the job ``running``: killed between the marks and
-    that write, the job would be orphaned while still ``starting``); returns the marks folder and the environment (home and store) used.
+    that write, the job would be orphaned while still ``starting``); returns the marks folder and
+    the environment (home and store) used.
     Each instance runs ``seconds``, or with ``until`` until that file exists (at most 300 s): a
     test that must find them alive, however slowly its machine starts a server, creates it."""
     marks = tmp_path / f"marks-{name}"

@@ -83,7 +83,7 @@ class DatagramNode(ABC):
             reply = json.dumps(self.stats()).encode()
             self.transport.send(encode(h, reply), src, control=True)
         elif h.kind == Kind.SHUTDOWN:
-            self._running = False
+            self.stop()
 
     def _send_per_hop(
         self, h: Header, body: bytes | memoryview | np.ndarray, routes: dict[int, Address], *, control: bool = False
