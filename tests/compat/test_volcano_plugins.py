@@ -179,7 +179,7 @@ def test_a_container_of_a_svc_job_gets_the_host_files_at_etc_volcano(tmp_path: P
     of the files (<run dir>/volcano) read-only at /etc/volcano, as Volcano mounts them
     (tests/containers runs such a job in podman)."""
     from trainmaster.backends.base import Placement
-    from trainmaster.controller.launching import PLANNED_CHANNEL, launch_spec
+    from trainmaster.controller.launching import PLANNED_CHANNEL, launch_spec, role_launch
     from trainmaster.loading import LoadOptions, load_document
     from trainmaster.spec.model import RuntimeKind
     from trainmaster.store import repository as repo
@@ -192,8 +192,9 @@ def test_a_container_of_a_svc_job_gets_the_host_files_at_etc_volcano(tmp_path: P
         with h.sessions() as session:
             job = repo.load_job(session, job_id)
             inst = InstanceRow(job_id=job_id, role="ps", index=0, attempt=1)
+            shared = role_launch(job, loaded.job, loaded.job.spec.role("ps"), {}, PLANNED_CHANNEL.url, True)
             launch = launch_spec(
-                job, loaded.job, inst, Placement("127.0.0.1", [40000]), {}, PLANNED_CHANNEL, "log", "i", True
+                job, loaded.job, shared, inst, Placement("127.0.0.1", [40000]), PLANNED_CHANNEL, "log", "i"
             )
             run_dir = job.run_dir
     finally:

@@ -420,11 +420,11 @@ def test_a_gangs_logs_are_hinted_before_its_intents_are_built_and_committed(tmp_
         h.backend, "prepare_start", lambda logs: (seen.append(("hint", logs, committed())), real_hint(logs))
     )
 
-    def prepare(self, job_row, spec, inst, environ, channel):  # type: ignore[no-untyped-def]
+    def prepare(self, job_row, *args):  # type: ignore[no-untyped-def]
         seen.append(("spec", [], committed()))
         if job_row.id == small:
             raise RuntimeError("injected failure")
-        return real_prepare(self, job_row, spec, inst, environ, channel)
+        return real_prepare(self, job_row, *args)
 
     monkeypatch.setattr(Controller, "_prepare", prepare)
     with pytest.raises(RuntimeError, match="injected"):

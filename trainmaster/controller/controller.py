@@ -31,7 +31,6 @@ from trainmaster.backends.base import (
     LaunchRequest,
     Observation,
     Placement,
-    PlacementRequest,
     Resources,
     StartFailure,
 )
@@ -40,7 +39,7 @@ from trainmaster.controller.quota import Holder, QuotaBook, job_demand
 from trainmaster.controller.quota_status import queue_quotas
 from trainmaster.controller.backoff import StoreBackoff
 from trainmaster.controller.admission import Admission, admit, admit_gang, gang_of
-from trainmaster.controller.launching import dependency_order, instance_id, launch_spec
+from trainmaster.controller.launching import RoleLaunch, dependency_order, instance_id, launch_spec, role_launch
 from trainmaster.errors import BackendError, JobConflict, UserError
 from trainmaster.loading import validate_document
 from trainmaster.controller.channel import Claims, InstanceChannel, channel_for
@@ -1339,11 +1338,18 @@ class Controller:
         # environment an instance takes (each instance copies it) and the channel's address
         if self._environ is None:
             self._environ = host_environment(dict(os.environ))
-        environ = self._environ
         channel = self._instance_channel().url(self.backend.instance_channel)
+        shared: dict[str, RoleLaunch] = {}  # what a role's instances share, made once per role
+        for inst in due:
+            if inst.role not in shared:
+                role = spec.spec.role(inst.role)
+                shared[role.name] = role_launch(job, spec, role, self._environ, channel, self.backend.runs_containers)
         # the intents (state starting, attempt + 1) are committed with the pass, before
         # :meth:`_start_all` spawns anything
-        self._to_start += [_Start(job, spec, inst, self._prepare(job, spec, inst, environ, channel)) for inst in due]
+        self._to_start += [
+            _Start(job, spec, inst, self._prepare(job, spec, inst, shared[inst.role], channel, log))
+            for inst, log in zip(due, logs, strict=True)
+        ]
         return free
 
     def _start_all(self, session: Session) -> None:
@@ -1389,22 +1395,16 @@ class Controller:
                 self._set_job_state(session, start.job, verdict)
 
     def _prepare(
-        self, job: JobRow, spec: Job, inst: InstanceRow, environ: dict[str, str], channel: str
+        self, job: JobRow, spec: Job, inst: InstanceRow, shared: RoleLaunch, channel: str, log_path: str
     ) -> LaunchRequest:
         """Place an instance and mark it starting (nothing runs yet).
 
-        ``environ``: the part of the controller's environment the instance inherits
-        (:func:`host_environment`); ``channel``: the instance channel's address."""
-        role = spec.spec.role(inst.role)
-        resources = Resources(role.resources.cpu, role.resources.memory_bytes, role.resources.gpu)
-        placement = self.backend.place(
-            PlacementRequest(role.name, role.ports, resources, tuple(role.container_ports), spec.metadata.annotations)
-        )
+        ``shared``: what its role's instances share (:func:`role_launch`); ``channel``: the
+        instance channel's address; ``log_path``: the instance's log file (:func:`_log_path`)."""
+        placement = self.backend.place(shared.placement)
         # created by the agent where it writes there (a wait step's spec, a container's files);
         # plain strings: this runs once per instance on the way from a submit to its start
-        label = inst.label
-        instance_dir = os.path.join(job.run_dir, "instances", label)
-        log_path = _log_path(job.run_dir, label)
+        instance_dir = os.path.join(job.run_dir, "instances", inst.label)
         # a row this pass created is written as a plain dict until its INSERT (no attribute
         # events, a dozen per replica of a gang); a stored row's changes go as usual, and its last
         # attempt's facts are cleared (a new row has none)
@@ -1416,13 +1416,12 @@ class Controller:
         launch = launch_spec(
             job,
             spec,
+            shared,
             inst,
             placement,
-            environ,
             ChannelGrant(channel, self._instance_channel().service.token(self._claims(job, inst))),
             log_path,
             instance_dir,
-            containers=self.backend.runs_containers,
         )
         depends = launch.depends
         check_transition("instance", inst.state, I.STARTING.value)
@@ -1443,7 +1442,7 @@ class Controller:
                 setattr(inst, key, value)
         else:
             repo.set_unstored(inst, **values)
-        return LaunchRequest(placement=placement, spec=launch, resources=resources)
+        return LaunchRequest(placement=placement, spec=launch, resources=shared.placement.resources)
 
     @staticmethod
     def _claims(job: JobRow, inst: InstanceRow) -> Claims:
