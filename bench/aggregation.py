@@ -119,8 +119,8 @@ FAILOVER_AFTER = 10.0
 # softirq, ahead of every process. At equal priority the forwarding node, the one process every
 # slice passes through, waits behind eight busy workers for one of the two cores. Measured at 8
 # workers, 1 Gbit/s, 64 MiB, two alternating pairs under the benchmark lock (load 13 -> 5):
-# MTU 9000 88.2/98.9 MB/s at equal priority, 93.3/105.8 with the nodes 12 steps up; MTU 1500
-# 81.5/86.1 and 94.6/102.4.
+# MTU 9000 88.2/98.9 MB/s at equal priority, 93.3/105.8 with the nodes 7 steps up; MTU 1500
+# 81.5/86.1 and 94.6/102.4 (docs/aggregation.md has the A/B at 10 steps; 15 was no better).
 NODE_BOOST = 10
 
 
