@@ -280,3 +280,22 @@ def test_in_place_result_and_error_bound(tier_factory) -> None:
             client.allreduce(np.ones(4, np.float32), out=np.ones(3, np.float32))
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("precision", ["int32", "int8"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_nan_and_infinity_are_refused_before_any_packet(precision: str, bad: float) -> None:
+    """Library interface: an input with NaN or infinity anywhere (here in the last slice) is a
+    ValueError before the client contacts anyone (the per-slice peaks that choose the scales
+    carry them), on the int32 path and with low-bit aggregation's carried error."""
+    from trainmaster.aggregation.worker import quantizer_for
+
+    client = AggregationClient(("127.0.0.1", 9), 1, 0, 1, WorkerConfig(chunk=1000, quantizer=quantizer_for(precision)))
+    try:
+        x = np.ones(2500, np.float32)
+        x[-1] = bad
+        with pytest.raises(ValueError, match="NaN or infinity"):
+            client.allreduce(x)
+        assert client.stats()["packets_sent"] == 0
+    finally:
+        client.close()

@@ -572,15 +572,18 @@ class AggregationClient:
         torch_like = hasattr(array, "detach") and hasattr(array, "numpy")
         src = array.detach().cpu().numpy() if torch_like else np.asarray(array)
         x = np.ascontiguousarray(src, dtype=np.float32).ravel()
-        if not all(math.isfinite(peak_magnitude(x[i : i + BLOCK])) for i in range(0, x.size, BLOCK)):
-            raise ValueError("allreduce input contains NaN or infinity")
         self._stream = self._stream_for(x.size if key is None else key, x.size)
         if self._stream is not None:
             np.add(x, self._stream.residual, out=self._stream.sent)
             x = self._stream.sent
         # each slice's peak, found once (two reductions, no temporary array) and used to
-        # choose the slice's scale and to tell the others its magnitude
+        # choose the slice's scale, to tell the others its magnitude, and to refuse NaN and
+        # infinity (the max and min carry them; the carried error is finite): one read of
+        # the tensor for all three, not a second one to check it
         peaks = [peak_magnitude(x[i : i + self.chunk]) for i in range(0, max(x.size, 1), self.chunk)]
+        if not all(map(math.isfinite, peaks)):
+            self._stream = None
+            raise ValueError("allreduce input contains NaN or infinity")
         target = None
         if out is not None:
             if torch_like or out.dtype != np.float32 or out.size != x.size or not out.flags.c_contiguous:
