@@ -24,6 +24,7 @@ import copy
 import json
 import os
 import secrets
+import shutil
 import statistics
 import subprocess
 import sys
@@ -107,8 +108,13 @@ def main() -> None:
         ours = our_pod_spec(bench, BUSYBOX)
     finally:
         operator.terminate()
-        operator.wait(timeout=20)
+        try:
+            operator.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            operator.kill()
+            operator.wait(timeout=20)
         log.close()
+        shutil.rmtree(scratch, ignore_errors=True)  # the operator's home and log: only its pod spec is kept
     plain = ck.pod_template(BUSYBOX)
     templates = {PLAIN: lambda image: plain, OURS_POD: lambda image: ours}
     bench.metric = lambda name: 0.0  # type: ignore[method-assign]  # no operator runs now
