@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -197,59 +198,62 @@ def bench(bed, rounds: int = 2, cases=CASES, ks=KS, save=None) -> dict:
     failed: list[dict] = []
     doc = {"rows": rows, "failed": failed, "layouts": {}, "link_bits": LINK_BITS, "message_overhead": MESSAGE_OVERHEAD}
     out_dir = Path(tempfile.mkdtemp(prefix="tm-pipesplit-"))
-    for case in cases:
-        plans, info = plans_for(case, ks)
-        doc["layouts"][case.label] = info
-        for k in ks:
-            for r in range(rounds):
-                order = list(plans[k]) if r % 2 == 0 else list(plans[k])[::-1]  # alternate the methods
-                for method in order:
-                    plan = plans[k][method]
-                    load = os.getloadavg()[0]
-                    t0 = time.perf_counter()
-                    try:
-                        measured = run_on_testbed(bed, case, plan.split_points, k, out_dir)
-                    except (RuntimeError, subprocess.TimeoutExpired) as exc:  # recorded, the others still run
-                        failed.append({"case": case.label, "k": k, "method": method, "round": r, "error": str(exc)})
-                        print(f"{case.label} k={k} {method} round {r} failed: {exc}", flush=True)
+    try:  # the stage runners' scratch files go with the run
+        for case in cases:
+            plans, info = plans_for(case, ks)
+            doc["layouts"][case.label] = info
+            for k in ks:
+                for r in range(rounds):
+                    order = list(plans[k]) if r % 2 == 0 else list(plans[k])[::-1]  # alternate the methods
+                    for method in order:
+                        plan = plans[k][method]
+                        load = os.getloadavg()[0]
+                        t0 = time.perf_counter()
+                        try:
+                            measured = run_on_testbed(bed, case, plan.split_points, k, out_dir)
+                        except (RuntimeError, subprocess.TimeoutExpired) as exc:  # recorded, the others still run
+                            failed.append({"case": case.label, "k": k, "method": method, "round": r, "error": str(exc)})
+                            print(f"{case.label} k={k} {method} round {r} failed: {exc}", flush=True)
+                            if save:
+                                save(doc)
+                            continue
+                        summary = plan.summary()
+                        rows.append(
+                            {
+                                "case": case.label,
+                                "k": k,
+                                "method": method,
+                                "round": r,
+                                "load": max(load, os.getloadavg()[0]),
+                                "seconds": time.perf_counter() - t0,
+                                "plan": summary,
+                                "measured": {x: v for x, v in measured.items() if x != "run"},
+                                "predicted_latency": predicted_latency(summary, measured),
+                                "predicted_period": predicted_period(summary, measured, info["cores"]),
+                            }
+                        )
+                        print(
+                            f"{case.label} k={k} {method} round {r}: {measured['samples_per_second']:.1f}/s, "
+                            f"latency {measured['latency_seconds'] * 1e3:.1f} ms "
+                            f"(predicted {rows[-1]['predicted_latency'] * 1e3:.1f}), period "
+                            f"{measured['period_seconds'] * 1e3:.1f} ms (planned {summary['period'] * 1e3:.1f}, "
+                            f"predicted {rows[-1]['predicted_period'] * 1e3:.1f}), "
+                            f"stage compute {[round(x * 1e3, 1) for x in measured['stage_compute_seconds']]} ms "
+                            f"(cold {[round(x * 1e3, 1) for x in _stage_compute(measured)]}), "
+                            f"transfers streaming {[round(x * 1e3, 1) for x in measured['boundary_transfer_stream_seconds']]}"
+                            f" alone {[round(x * 1e3, 1) for x in measured['boundary_transfer_lone_seconds']]} ms, "
+                            "per rank streaming (ms) "
+                            + "; ".join(
+                                " ".join(f"{p} {v * 1e3:.1f}" for p, v in b.items() if p != "timeline")
+                                for b in measured["stage_streaming_seconds"]
+                            )
+                            + f", load {rows[-1]['load']:.1f}",
+                            flush=True,
+                        )
                         if save:
                             save(doc)
-                        continue
-                    summary = plan.summary()
-                    rows.append(
-                        {
-                            "case": case.label,
-                            "k": k,
-                            "method": method,
-                            "round": r,
-                            "load": max(load, os.getloadavg()[0]),
-                            "seconds": time.perf_counter() - t0,
-                            "plan": summary,
-                            "measured": {x: v for x, v in measured.items() if x != "run"},
-                            "predicted_latency": predicted_latency(summary, measured),
-                            "predicted_period": predicted_period(summary, measured, info["cores"]),
-                        }
-                    )
-                    print(
-                        f"{case.label} k={k} {method} round {r}: {measured['samples_per_second']:.1f}/s, "
-                        f"latency {measured['latency_seconds'] * 1e3:.1f} ms "
-                        f"(predicted {rows[-1]['predicted_latency'] * 1e3:.1f}), period "
-                        f"{measured['period_seconds'] * 1e3:.1f} ms (planned {summary['period'] * 1e3:.1f}, "
-                        f"predicted {rows[-1]['predicted_period'] * 1e3:.1f}), "
-                        f"stage compute {[round(x * 1e3, 1) for x in measured['stage_compute_seconds']]} ms "
-                        f"(cold {[round(x * 1e3, 1) for x in _stage_compute(measured)]}), "
-                        f"transfers streaming {[round(x * 1e3, 1) for x in measured['boundary_transfer_stream_seconds']]}"
-                        f" alone {[round(x * 1e3, 1) for x in measured['boundary_transfer_lone_seconds']]} ms, "
-                        "per rank streaming (ms) "
-                        + "; ".join(
-                            " ".join(f"{p} {v * 1e3:.1f}" for p, v in b.items() if p != "timeline")
-                            for b in measured["stage_streaming_seconds"]
-                        )
-                        + f", load {rows[-1]['load']:.1f}",
-                        flush=True,
-                    )
-                    if save:
-                        save(doc)
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
     return doc
 
 
