@@ -212,6 +212,22 @@ class Bench:
         self.metrics_port = metrics_port
         self.meter = meter
 
+    def wait_leading(self, operator: subprocess.Popen, log: Path, timeout: float = 120.0) -> None:
+        """Until the operator's metrics say it leads (its Lease won); raises with the tail of its
+        ``log`` when it exits first or ``timeout`` seconds pass."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if self.metric("trainmaster_leading") == 1:
+                    return
+            except (OSError, KeyError):
+                pass
+            if time.monotonic() > deadline or operator.poll() is not None:
+                raise RuntimeError(
+                    f"the operator did not lead within {timeout:.0f} s; its log: {log.read_text()[-2000:]}"
+                )
+            time.sleep(0.5)
+
     def metric(self, name: str) -> float:
         text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).read().decode()
         for line in text.splitlines():
@@ -295,6 +311,26 @@ class Bench:
         raise RuntimeError(f"the pods of {name} were not gone after {TIMEOUT:.0f} s")
 
 
+def stop_operator(operator: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL for an operator that has not stopped within 20 s."""
+    operator.terminate()
+    try:
+        operator.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        operator.kill()
+        operator.wait(timeout=20)
+
+
+def skipped_without_cluster(script: str, cluster: str | None) -> bool:
+    """A diagnostic that needs a cluster someone brought up says why it does nothing without one
+    (``make bench`` runs every bench/*.py with no arguments)."""
+    if cluster is None:
+        print(
+            f"{Path(script).name}: skipped: it needs an existing cluster: trainmaster cluster up --name NAME, then --cluster NAME"
+        )
+    return cluster is None
+
+
 def summary(samples: list[float]) -> dict[str, Any]:
     return {
         "median_s": statistics.median(samples),
@@ -359,18 +395,7 @@ def run_and_write(
     }
     try:
         bench = Bench(str(cluster.layout.kubeconfig), port, ClusterMeter(cluster, operator.pid))
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if bench.metric("trainmaster_leading") == 1:
-                    break
-            except (OSError, KeyError):
-                pass
-            if time.monotonic() > deadline or operator.poll() is not None:
-                raise RuntimeError(
-                    f"the operator did not lead; its log: {(scratch / 'operator.log').read_text()[-2000:]}"
-                )
-            time.sleep(0.5)
+        bench.wait_leading(operator, scratch / "operator.log")
         bench.run(OURS, 1, BUSYBOX)  # warm: the CRD's first objects, the first pods of the node
         bench.run(THEIRS, 1, BUSYBOX)
         if bench.meter is not None:
@@ -424,11 +449,7 @@ def run_and_write(
             "api_requests_total": bench.metric("trainmaster_operator_api_requests_total"),
         }
     finally:
-        operator.terminate()
-        try:
-            operator.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            operator.kill()
+        stop_operator(operator)
         log.close()
         if os.environ.get("TM_BENCH_OPERATOR_LOG"):  # =FILE: keep the operator's log there
             shutil.copy(scratch / "operator.log", os.environ["TM_BENCH_OPERATOR_LOG"])

@@ -28,7 +28,7 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))  # after PYTHONPATH: an A/B run may put another tree first
 
-from bench.controller_kubernetes import our_job  # noqa: E402
+from bench.controller_kubernetes import our_job, skipped_without_cluster  # noqa: E402
 
 TIMEOUT = 120.0
 
@@ -56,10 +56,7 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=32)
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    if args.cluster is None:  # a diagnostic on a cluster someone brought up, not a benchmark to sweep
-        print(
-            f"{Path(__file__).name}: skipped: it needs an existing cluster: trainmaster cluster up --name NAME, then --cluster NAME"
-        )
+    if skipped_without_cluster(__file__, args.cluster):
         return
 
     from kubernetes import client

@@ -76,10 +76,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=6, help="pairs of runs (one of each pod)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = parser.parse_args()
-    if args.cluster is None:  # a diagnostic on a cluster someone brought up, not a benchmark to sweep
-        print(
-            f"{Path(__file__).name}: skipped: it needs an existing cluster: trainmaster cluster up --name NAME, then --cluster NAME"
-        )
+    if ck.skipped_without_cluster(__file__, args.cluster):
         return
 
     from trainmaster.cluster import Cluster
@@ -101,26 +98,10 @@ def main() -> None:
     load_start = round(os.getloadavg()[0], 2)
     try:
         bench = ck.Bench(str(cluster.layout.kubeconfig), port, ck.ClusterMeter(cluster, operator.pid))
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if bench.metric("trainmaster_leading") == 1:
-                    break
-            except (OSError, KeyError):
-                pass
-            if time.monotonic() > deadline or operator.poll() is not None:
-                raise RuntimeError(
-                    f"the operator did not lead; its log: {(scratch / 'operator.log').read_text()[-2000:]}"
-                )
-            time.sleep(0.5)
+        bench.wait_leading(operator, scratch / "operator.log")
         ours = our_pod_spec(bench, BUSYBOX)
     finally:
-        operator.terminate()
-        try:
-            operator.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            operator.kill()
-            operator.wait(timeout=20)
+        ck.stop_operator(operator)
         log.close()
         shutil.rmtree(scratch, ignore_errors=True)  # the operator's home and log: only its pod spec is kept
     plain = ck.pod_template(BUSYBOX)
