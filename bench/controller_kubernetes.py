@@ -40,7 +40,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 ROOT = Path(__file__).resolve().parent.parent
 # the same pod for both systems: sleeps 30 s, and ends at once on SIGTERM (a plain ``sleep`` as the
@@ -311,6 +311,27 @@ class Bench:
         raise RuntimeError(f"the pods of {name} were not gone after {TIMEOUT:.0f} s")
 
 
+def start_operator(cluster: Any, home: Path, log: BinaryIO, metrics_port: int) -> subprocess.Popen:
+    """``trainmaster operator`` (container runtime) on ``cluster``, its home at ``home``, its output
+    to ``log``, its metrics on ``metrics_port``. TM_BENCH_PROFILE=FILE: it runs under cProfile,
+    its profile written to FILE when it stops."""
+    profile = os.environ.get("TM_BENCH_PROFILE")
+    return subprocess.Popen(
+        [
+            *([sys.executable, "-m", "cProfile", "-o", profile] if profile else []),
+            str(Path(sys.executable).parent / "trainmaster"),
+            "operator",
+            "--runtime",
+            "container",
+            "--metrics-port",
+            str(metrics_port),
+        ],
+        env={**os.environ, "KUBECONFIG": str(cluster.layout.kubeconfig), "TRAINMASTER_HOME": str(home)},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+
+
 def stop_operator(operator: subprocess.Popen) -> None:
     """SIGTERM, then SIGKILL for an operator that has not stopped within 20 s."""
     operator.terminate()
@@ -359,24 +380,8 @@ def run_and_write(
     else:
         cluster = Cluster.up(ClusterOptions(name=name, nodes=nodes), root=scratch / "clusters")
     port = free_ports(1)[0]
-    env = {**os.environ, "KUBECONFIG": str(cluster.layout.kubeconfig), "TRAINMASTER_HOME": str(scratch / "home")}
     log = open(scratch / "operator.log", "wb")
-    # TM_BENCH_PROFILE=FILE: the operator runs under cProfile, its profile written to FILE at the end
-    profile = os.environ.get("TM_BENCH_PROFILE")
-    operator = subprocess.Popen(
-        [
-            *([sys.executable, "-m", "cProfile", "-o", profile] if profile else []),
-            str(Path(sys.executable).parent / "trainmaster"),
-            "operator",
-            "--runtime",
-            "container",
-            "--metrics-port",
-            str(port),
-        ],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    operator = start_operator(cluster, scratch / "home", log, port)
     results: dict[str, Any] = {
         "meta": {
             "time": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),

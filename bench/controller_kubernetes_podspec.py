@@ -26,7 +26,6 @@ import os
 import secrets
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -86,15 +85,8 @@ def main() -> None:
     cluster = Cluster.load(args.cluster)
     port = free_ports(1)[0]
     scratch = Path(tempfile.mkdtemp(prefix="tm-bench-podspec-"))
-    env = {**os.environ, "KUBECONFIG": str(cluster.layout.kubeconfig), "TRAINMASTER_HOME": str(scratch)}
     log = open(scratch / "operator.log", "wb")
-    operator = subprocess.Popen(
-        [str(Path(sys.executable).parent / "trainmaster"), "operator", "--runtime", "container"]
-        + ["--metrics-port", str(port)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    operator = ck.start_operator(cluster, scratch, log, port)
     load_start = round(os.getloadavg()[0], 2)
     try:
         bench = ck.Bench(str(cluster.layout.kubeconfig), port, ck.ClusterMeter(cluster, operator.pid))
