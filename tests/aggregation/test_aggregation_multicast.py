@@ -78,12 +78,13 @@ def _worker(
     world: int,
     inputs: list[np.ndarray],
     faults: FaultPlan | None,
+    network: str,
     out: Any,
 ) -> None:
     from trainmaster.agent.netns import enter
 
     enter(namespace)
-    config = WorkerConfig(timeout=60.0, failover_after=20.0)
+    config = WorkerConfig(timeout=60.0, failover_after=20.0, multicast_network=network)
     with AggregationClient(switch, job, rank, world, config, faults, host=host) as client:
         results = [(client.allreduce(x, key="t"), client.last_error_bound) for x in inputs]
         out.put(((job, rank), (results, {**client.stats(), "group": client.group}, {})))
@@ -107,9 +108,17 @@ class Fabric:
         self.nodes.append(proc)
 
     def worker(
-        self, host: str, switch: tuple[str, int], job: int, rank: int, world: int, inputs: Any, faults: Any
+        self,
+        host: str,
+        switch: tuple[str, int],
+        job: int,
+        rank: int,
+        world: int,
+        inputs: Any,
+        faults: Any,
+        network: str = DEFAULT_NETWORK,
     ) -> None:
-        args = (self.bed.namespace(host), self.bed.address(host), switch, job, rank, world, inputs, faults)
+        args = (self.bed.namespace(host), self.bed.address(host), switch, job, rank, world, inputs, faults, network)
         proc = self.ctx.Process(target=_worker, args=(*args, self.worker_out))
         proc.start()
         self.workers.append(proc)
@@ -217,6 +226,36 @@ def test_two_tenants_of_one_forwarding_node_do_not_receive_each_others_results(t
         assert _down_bytes(bed, before, host) >= big_bytes
     for host in ("h3", "h4"):  # job 2's hosts: their own results, none of job 1's
         assert _down_bytes(bed, before, host) < big_bytes / 4
+
+
+@pytest.mark.timeout(300)
+def test_with_a_flooding_bridge_and_a_shared_group_workers_drop_the_other_jobs_results(testbed, fabric_on) -> None:
+    """Multicast result replication, the worst case for tenants: the bridge's IGMP snooping is
+    off (it floods every group to every port) and the two jobs' groups coincide (a range of
+    two groups, job ids chosen to collide), so every worker receives the other job's results
+    too; each worker drops what is not its job's, and both jobs' sums are exact."""
+    bed = testbed(hosts=5)
+    bed.run("sw", ["ip", "link", "set", "br0", "type", "bridge", "mcast_snooping", "0"])
+    fabric = fabric_on(bed)
+    network = "239.192.7.0/30"
+    ps = (bed.address("h5"), PS_PORT)
+    switch = (bed.address("sw"), SWITCH_PORT)
+    other = next(j for j in range(2, 64) if group_for(j, switch, network) == group_for(1, switch, network))
+    fabric.node("h5", functools.partial(ParameterNode, ps[0], ps[1]))
+    node = functools.partial(ForwardingNode, ps, host=switch[0], port=switch[1], multicast_network=network)
+    fabric.node("sw", node)
+    big, small, rounds = 300_000, 20_000, 2
+    inputs = random_inputs(1, 2, big, rounds, seed=12)
+    inputs.update({(other, r): xs for (_, r), xs in random_inputs(1, 2, small, rounds, seed=13).items()})
+    before = bed.counters()
+    for (job, rank), xs in inputs.items():
+        fabric.worker(f"h{(job != 1) * 2 + rank + 1}", switch, job, rank, 2, xs, None, network)
+    out, nodes = fabric.results()
+    assert_exact(inputs, out)
+    assert {stats["group"] for _, stats, _ in out.values()} == {group_for(1, switch, network)}
+    assert nodes["sw"]["results_multicast"] > 0
+    for host in ("h3", "h4"):  # the other job's hosts got job 1's results, and dropped them
+        assert _down_bytes(bed, before, host) >= big * 4 * rounds
 
 
 @pytest.mark.timeout(300)

@@ -6,7 +6,10 @@ up (to a second-level node or to the parameter node) and the slot is freed. Pack
 not be summed here go up unchanged with aggregate-at = 1: retransmissions (and the partial sum
 already held for that slice, so the parameter node can finish it), packets whose slot is held by
 another slice (conflict flag), and anything for a slice already diverted. Down-going packets are
-multicast to the workers (or lower nodes) named in their bitmap, using routes learned from HELLO.
+multicast to the workers (or lower nodes) named in their bitmap, using routes learned from HELLO:
+one copy per next hop, except a RESULT for every worker that joined the job's IP multicast group
+from this node's segment, which is sent once to that group for the bridge to replicate
+(``multicast.py``).
 
 Slot allocation: by default every job's slices share the whole pool (the spec's dynamic,
 multi-tenant slots: slot = resource id mod pool, a slot held by another job is a conflict).
