@@ -3,7 +3,8 @@ hosts (network namespaces) joined by rate-capped links, in one run.
 
 Layout per worker count n: workers on hosts h1..hn; for INA the forwarding node runs on the
 switch host (where a top-of-rack aggregator sits) and the parameter node on its own host (the
-testbed's last host), all over UDP; gloo (torch.distributed, one process and one thread per
+testbed's last host), all over UDP, the forwarding node sending each result once to the job's
+multicast group for the bridge to replicate (``docs/aggregation.md``); gloo (torch.distributed, one process and one thread per
 worker host) runs on the same worker hosts and the same links. Each link is capped in both
 directions (``tc tbf``), at 100 Mbit/s, 1 Gbit/s, or not at all, at the MTU the link names
 (``1gbit@1500``; default 9000): INA's slices are cut into datagrams that fit it (UDP GSO/GRO).

@@ -6,7 +6,10 @@ up (to a second-level node or to the parameter node) and the slot is freed. Pack
 not be summed here go up unchanged with aggregate-at = 1: retransmissions (and the partial sum
 already held for that slice, so the parameter node can finish it), packets whose slot is held by
 another slice (conflict flag), and anything for a slice already diverted. Down-going packets are
-multicast to the workers (or lower nodes) named in their bitmap, using routes learned from HELLO.
+multicast to the workers (or lower nodes) named in their bitmap, using routes learned from HELLO:
+one copy per next hop, except a RESULT for every worker that joined the job's IP multicast group
+from this node's segment, which is sent once to that group for the bridge to replicate
+(``multicast.py``).
 
 Slot allocation: by default every job's slices share the whole pool (the spec's dynamic,
 multi-tenant slots: slot = resource id mod pool, a slot held by another job is a conflict).
@@ -19,6 +22,7 @@ shared-switch benchmark.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import time
 from collections import OrderedDict
@@ -28,6 +32,7 @@ import numpy as np
 
 from trainmaster.aggregation.accumulator import IntSum
 from trainmaster.aggregation.kills import KillPlan
+from trainmaster.aggregation.multicast import DEFAULT_NETWORK, group_for, parse_network, segment_of
 from trainmaster.aggregation.node import DatagramNode, NodeCounters
 from trainmaster.aggregation.protocol import (
     HEADER_SIZE,
@@ -65,6 +70,7 @@ class SwitchCounters(NodeCounters):
     slots_released: int = 0
     released_by_abort: int = 0
     results_replicated: int = 0  # RESULT copies sent down: one per worker (or lower node)
+    results_multicast: int = 0  # RESULTs sent once to the job's group (the bridge replicates them)
     workers_moved: int = 0  # workers that fell back to the parameter node (MOVED notices)
 
 
@@ -77,6 +83,7 @@ class _Job:
     # worker rank -> next hop down for acknowledgements (a worker's control socket, or the
     # lower forwarding node its heartbeats came through)
     control_routes: dict[int, Address] = field(default_factory=dict)
+    members: int = 0  # workers that receive the job's results from its multicast group
 
 
 class _RecentKeys:
@@ -119,15 +126,25 @@ class ForwardingNode(DatagramNode):
         index: int = 0,
         mtu: int | None = None,
         partitions: int = 0,
+        multicast: bool = True,
+        multicast_network: str = DEFAULT_NETWORK,
     ):
         """``index``: this node's place in the fabric (``switch:INDEX`` in a ``KillPlan``);
         ``mtu``: cut packets into datagrams of at most this MTU (see ``UdpTransport``);
-        ``partitions``: 0, one pool shared by every job; k, a static split into k parts."""
+        ``partitions``: 0, one pool shared by every job; k, a static split into k parts;
+        ``multicast``: send each result once to the job's group for the workers of this node's
+        segment that joined it (``multicast.py``; udp on an interface that can, else unicast)."""
         if slots < 1 or slots > 0xFFFF:
             raise ValueError("a forwarding node needs between 1 and 65535 slots")
         if not 0 <= partitions <= slots:
             raise ValueError(f"partitions must be between 0 (one shared pool) and the {slots} slots")
+        parse_network(multicast_network)
         super().__init__(make_transport(transport, name, host, port, faults, mtu), kill, "switch", index)
+        self.multicast_network = multicast_network
+        # the subnet multicast reaches (None: results go unicast)
+        self.segment = segment_of(self.address[0]) if multicast and transport == "udp" else None
+        if self.segment is not None:
+            self.transport.multicast_from(self.address[0])
         self.parent = parent
         self.pool_size = slots
         self.pool: list[_Slot | None] = [None] * slots
@@ -166,8 +183,29 @@ class ForwardingNode(DatagramNode):
         job.local_mask |= h.bitmap
         for rank in bits(h.bitmap):
             job.routes[rank] = src
+        if self._joined_group(h.job, body, src):
+            job.members |= h.bitmap
+        else:
+            job.members &= ~h.bitmap
         self.transport.prepare(src)
         self.transport.send(encode_parts(h, body), self.parent)
+
+    def _joined_group(self, job: int, hello: bytes | memoryview, src: Address) -> bool:
+        """Whether the HELLO says its worker joined the job's group and came straight from that
+        worker (not through a lower node), from inside this node's segment."""
+        if self.segment is None or not len(hello):
+            return False
+        try:
+            claim = json.loads(bytes(hello)).get("multicast") or {}
+            group, address = claim.get("group"), tuple(claim.get("address") or ())
+        except (ValueError, AttributeError, TypeError):
+            return False
+        return (
+            group == group_for(job, self.address, self.multicast_network)
+            and address == tuple(src)
+            and src[0] != self.address[0]
+            and ipaddress.IPv4Address(src[0]) in self.segment.network
+        )
 
     def _forward_up(self, h: Header, body: bytes | memoryview, extra: Flag = Flag.NONE) -> None:
         self.counters.forwarded += 1
@@ -276,6 +314,15 @@ class ForwardingNode(DatagramNode):
         job = self.jobs.get(h.job)
         if job is None:
             return
+        if h.kind == Kind.RESULT and job.members & h.bitmap == job.members and job.members & (job.members - 1):
+            # every member is to receive it (two or more): one send, the bridge replicates it;
+            # a resend for some of them goes to those alone, unicast
+            group = (group_for(h.job, self.address, self.multicast_network), self.address[1])
+            self._send_per_hop(h.with_(bitmap=job.members), body, dict.fromkeys(bits(job.members), group))
+            self.counters.results_multicast += 1
+            h = h.with_(bitmap=h.bitmap & ~job.members)
+            if not h.bitmap:
+                return
         copies = self._send_per_hop(h, body, job.routes)
         if h.kind == Kind.RESULT:
             self.counters.results_replicated += copies
@@ -288,6 +335,7 @@ class ForwardingNode(DatagramNode):
         if job is None or not job.local_mask & h.bitmap:
             return
         job.local_mask &= ~h.bitmap
+        job.members &= ~h.bitmap
         hops = {job.routes.pop(rank) for rank in bits(h.bitmap) if rank in job.routes}
         self.counters.workers_moved += bin(h.bitmap).count("1")
         for index, slot in enumerate(self.pool):

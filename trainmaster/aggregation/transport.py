@@ -415,6 +415,39 @@ class UdpTransport:
         self._rx = bytearray(_RX_BUFFER)
         self._rx_kept = False
         self._rx_free: list[bytearray] = []
+        # the sockets ``recv`` reads: this one, and a multicast group's (``join``)
+        self._inputs: tuple[socket.socket, ...] = (self.sock,)
+        self._multicast_if: str | None = None  # ``multicast_from``: the interface groups go out of
+
+    def multicast_from(self, interface: str) -> None:
+        """Send to multicast groups out of the interface holding the address ``interface``,
+        one hop only (TTL 1), without a copy to this host (loop off)."""
+        self.sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(interface))
+        self.sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 0)
+        self.sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 1)
+        self._multicast_if = interface
+
+    def join(self, group: str, port: int) -> bool:
+        """Also receive what is sent to ``group``:``port`` on the interface of this transport's
+        address (a second socket, bound to the group, read by ``recv`` like the first);
+        False, and nothing joined, where the interface cannot (loopback, no multicast)."""
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # one group, several workers
+            _size_buffers(sock, SOCKET_BUFFER)
+            try:
+                sock.setsockopt(SOL_UDP, UDP_GRO, 1)
+            except OSError:
+                pass
+            sock.bind((group, port))
+            membership = socket.inet_aton(group) + socket.inet_aton(self.address[0])
+            sock.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, membership)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            return False
+        self._inputs = (*self._inputs, sock)
+        return True
 
     def _rng(self, addr: Address) -> random.Random:
         rng = self._links.get(addr)
@@ -434,7 +467,7 @@ class UdpTransport:
         capped by ``mtu`` and by the UDP limit. Learned once per destination."""
         stride = self._strides.get(addr)
         if stride is None:
-            mtu = path_mtu(self.address[0], addr) or 1500
+            mtu = path_mtu(self.address[0], addr, self._multicast_if) or 1500
             if self.mtu is not None:
                 mtu = min(mtu, self.mtu)
             stride = self._strides[addr] = max(SEG_HEADER + 64, min(UDP_MAX_DATAGRAM, mtu - 28))
@@ -661,32 +694,38 @@ class UdpTransport:
             if ready:
                 packet, sender, self._pooled = ready.popleft()
                 return packet, sender
-            try:
-                n, ancillary, flags, addr = self.sock.recvmsg_into([self._rx], _GRO_CMSG)
+            got = False
+            for sock in self._inputs:
+                try:
+                    n, ancillary, flags, addr = sock.recvmsg_into([self._rx], _GRO_CMSG)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    continue  # ICMP errors surfaced on the socket: ignore, timers recover
+                got = True
                 self.counters.received += 1
                 data = memoryview(self._rx)[:n]
                 stride = _gro_stride(ancillary)
                 if flags & _MSG_TRUNC:
-                    continue  # larger than any packet of ours: not one
+                    break  # larger than any packet of ours: not one
                 if n > SEG_HEADER and data[0] == SEG_MAGIC or (stride and stride < n):
                     self._coalesced(n, stride or n, addr)
-                    continue
+                    break
                 if n == _DESC.size and data[0] == _DESC_MAGIC:
                     resolved = self._resolve(data)
                     if resolved is not None:
                         return resolved, addr
                 else:
                     return data, addr
-            except BlockingIOError:
-                pass
-            except OSError:
-                pass  # ICMP errors surfaced on the socket: ignore, timers recover
+                break
+            if got:
+                continue
             next_held = self._release_due()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
             wait = remaining if next_held is None else min(remaining, max(next_held, 0.0))
-            select.select([self.sock], [], [], wait)
+            select.select(self._inputs, [], [], wait)
 
     def _coalesced(self, n: int, stride: int, sender: Address) -> None:
         """Datagrams ``stride`` bytes apart in the receive buffer: segments go to the
@@ -710,7 +749,8 @@ class UdpTransport:
             for view in views.values():
                 view.close()
             views.clear()
-        self.sock.close()
+        for sock in self._inputs:
+            sock.close()  # a group's socket leaves the group as it closes
 
 
 class ShmTransport(UdpTransport):
@@ -838,15 +878,18 @@ def _gro_stride(ancillary: list[tuple[int, int, bytes]]) -> int:
     return 0
 
 
-def path_mtu(host: str, addr: Address) -> int | None:
+def path_mtu(host: str, addr: Address, multicast_if: str | None = None) -> int | None:
     """The MTU of the path from ``host`` to ``addr`` as the kernel knows it (None if it does
     not say). A datagram larger than it would be fragmented by IP, and a fragmented datagram is
     lost when any fragment is (measured: 4 workers on one 100 Mbit/s tbf link, 64 KiB datagrams
     over MTU 1500: 0.8 MB/s; 8.8 KB datagrams over MTU 9000: 2.9 MB/s): packets are cut into
-    datagrams that fit instead (``segments.py``)."""
+    datagrams that fit instead (``segments.py``). A multicast group's path is the one out of
+    ``multicast_if`` (the interface a sender of groups names; a group has no route)."""
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         probe.bind((host, 0))
+        if multicast_if is not None:
+            probe.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(multicast_if))
         probe.connect(addr)
         return int(probe.getsockopt(socket.IPPROTO_IP, _IP_MTU))
     except OSError:

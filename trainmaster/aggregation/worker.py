@@ -43,6 +43,7 @@ import numpy as np
 
 from trainmaster.aggregation.kills import KillPlan, Trigger
 from trainmaster.aggregation.memory import tune_allocator
+from trainmaster.aggregation.multicast import DEFAULT_NETWORK, group_for, parse_network, segment_of
 from trainmaster.aggregation.protocol import (
     HEADER_SIZE,
     MAX_ELEMENTS,
@@ -216,6 +217,14 @@ class WorkerConfig:
     results: str | None = None
     # keep freed megabyte buffers in this process' heap (see memory.py): no page faults per slice
     tune_allocator: bool = True
+    # receive the job's results from its multicast group (multicast.py): the forwarding node
+    # sends each result once and the bridge replicates it. Applies over udp on an interface
+    # that can (not loopback); elsewhere, or if the node does not, results come unicast.
+    multicast: bool = True
+    multicast_network: str = DEFAULT_NETWORK  # where the jobs' groups are; alike at every node
+
+    def __post_init__(self) -> None:
+        parse_network(self.multicast_network)
 
     @property
     def result_precision(self) -> str:
@@ -267,6 +276,12 @@ class AggregationClient:
             self._control.close()
             raise ValueError(f"chunk must be between 1 and {limit} elements on the {transport} transport")
         self.switch, self.job, self.rank, self.world = switch, job, rank, world
+        # the job's group, joined before the HELLO says so (the forwarding node's port)
+        self.group: str | None = None
+        if self.config.multicast and transport == "udp" and segment_of(self.transport.address[0]) is not None:
+            group = group_for(job, switch, self.config.multicast_network)
+            if self.transport.join(group, switch[1]):
+                self.group = group
         self.parameter_node: Address | None = self.config.parameter_node
         self.target = switch  # where data goes: the forwarding node, or the parameter node
         self._kill = Trigger(kill if kill is not None and kill.aims_at("worker", rank) else None)
@@ -745,9 +760,12 @@ class AggregationClient:
         self._sample_rtt(now - fl.first_sent_at)
 
     def _hello_packet(self) -> bytes:
-        """HELLO: this worker's process (the parameter node may watch it) and how the job's
-        sums are to come down."""
-        me = {"pid": os.getpid(), "host": host_identity(), "results": self.config.result_precision}
+        """HELLO: this worker's process (the parameter node may watch it), how the job's
+        sums are to come down, and the multicast group it joined (with the address it sends
+        from, so that a forwarding node can tell a HELLO straight from it)."""
+        me: dict[str, Any] = {"pid": os.getpid(), "host": host_identity(), "results": self.config.result_precision}
+        if self.group is not None:
+            me["multicast"] = {"group": self.group, "address": list(self.transport.address)}
         return encode(Header(Kind.HELLO, self.job, bitmap=self.bit, fan_in=self.world), json.dumps(me).encode())
 
     def _hello(self, addr: Address) -> None:

@@ -220,8 +220,20 @@ def forwarding_node(
         help="0: every job's slices share the whole pool (multi-tenant slots); N: the pool split "
         "statically into N equal parts, one per job.",
     ),
+    multicast: bool = typer.Option(
+        True,
+        envvar="TM_AGGREGATION_MULTICAST",
+        help="Send each result once to the job's multicast group for the workers on this node's "
+        "segment that joined it (the bridge replicates it); off: one unicast copy per worker.",
+    ),
+    multicast_network: str = typer.Option(
+        "239.192.0.0/16",  # multicast.DEFAULT_NETWORK (the aggregation package loads lazily here)
+        envvar="TM_AGGREGATION_MULTICAST_NETWORK",
+        help="Range of IPv4 multicast groups the jobs' groups are taken from (alike at every node and worker).",
+    ),
 ) -> None:
     """Run a forwarding node (software switch) in the foreground."""
+    from trainmaster.aggregation.multicast import parse_network
     from trainmaster.aggregation.switch import ForwardingNode
 
     h, _, p = parent.rpartition(":")
@@ -229,8 +241,19 @@ def forwarding_node(
         raise UserError(f"--parent must be HOST:PORT, got {parent!r}")
     if not 1 <= slots <= 65535 or not 0 <= partitions <= slots:
         raise UserError(f"--slots must be 1-65535 and --partitions 0-{slots}, got {slots} and {partitions}")
+    try:
+        parse_network(multicast_network)
+    except ValueError as exc:
+        raise UserError(f"--multicast-network: {exc}") from None
     node = ForwardingNode(
-        (h, int(p)), slots=slots, host=host, port=port, transport=_transport(transport), partitions=partitions
+        (h, int(p)),
+        slots=slots,
+        host=host,
+        port=port,
+        transport=_transport(transport),
+        partitions=partitions,
+        multicast=multicast,
+        multicast_network=multicast_network,
     )
     print(f"forwarding node listening on {node.address[0]}:{node.address[1]} ({transport})", flush=True)
     _serve_publishing(node, f"forwarding node {os.environ.get('TM_REPLICA_INDEX', '0')}")

@@ -1,0 +1,353 @@
+"""Results replicated by the network (``multicast.py``), on a real testbed: hosts are network
+namespaces on one Linux bridge (IGMP snooping, the bridge as querier), every node and worker a
+process of its own on its host, results sent once to a job's group and cloned by the bridge."""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing as mp
+import os
+import queue
+import secrets
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from aggregation_tier import assert_exact, random_inputs
+from trainmaster.aggregation.multicast import DEFAULT_NETWORK, group_for, parse_network
+from trainmaster.aggregation.parameter_node import ParameterNode
+from trainmaster.aggregation.switch import ForwardingNode
+from trainmaster.aggregation.transport import FaultPlan
+from trainmaster.aggregation.worker import DEFAULT_CHUNK, AggregationClient, WorkerConfig
+
+PS_PORT, SWITCH_PORT = 7400, 7401
+WAIT_S = 120.0  # for any process of a test to report
+SLICE_BYTES = 4 * DEFAULT_CHUNK["udp"] + 4096  # one slice on the wire, with headers
+
+
+@pytest.fixture
+def testbed() -> Iterator[Callable[..., Any]]:
+    """``testbed(hosts=N)`` -> a testbed that is up (uncapped links); removed after the test,
+    failed or not, and nothing of its prefix may be left."""
+    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
+        pytest.skip("testbeds need root and iproute2 (network namespaces, veth links, tc qdiscs)")
+    from trainmaster.testbed import Testbed, TestbedOptions, remove
+    from trainmaster.testbed.iproute import namespaces
+
+    prefix = f"t{secrets.token_hex(3)}"
+
+    def make(**options: Any) -> Any:
+        return Testbed.up(TestbedOptions(prefix=prefix, link_rate=None, **options))
+
+    try:
+        yield make
+    finally:
+        remove(prefix)
+        left = [ns for ns in namespaces() if ns.startswith(f"{prefix}-")]
+        assert not left, f"namespaces left behind by the test: {left}"
+
+
+# ---- processes on testbed hosts --------------------------------------------------------------
+def _node(namespace: str, make: Callable[[], Any], stop: Any, out: Any) -> None:
+    """A forwarding or parameter node on a host until ``stop``; then its stats go to ``out``."""
+    from trainmaster.agent.netns import enter
+
+    enter(namespace)
+    node = make()
+    serving = threading.Thread(target=node.serve, daemon=True)
+    serving.start()
+    stop.wait(timeout=WAIT_S)
+    stats = node.stats()
+    node.stop()
+    serving.join(timeout=5)
+    out.put((namespace, stats))
+
+
+def _worker(
+    namespace: str,
+    host: str,
+    switch: tuple[str, int],
+    job: int,
+    rank: int,
+    world: int,
+    inputs: list[np.ndarray],
+    faults: FaultPlan | None,
+    network: str,
+    out: Any,
+) -> None:
+    from trainmaster.agent.netns import enter
+
+    enter(namespace)
+    config = WorkerConfig(timeout=60.0, failover_after=20.0, multicast_network=network)
+    with AggregationClient(switch, job, rank, world, config, faults, host=host) as client:
+        results = [(client.allreduce(x, key="t"), client.last_error_bound) for x in inputs]
+        out.put(((job, rank), (results, {**client.stats(), "group": client.group}, {})))
+
+
+class Fabric:
+    """Nodes and workers of one test on a testbed, as forked processes."""
+
+    def __init__(self, bed: Any):
+        self.bed = bed
+        self.ctx = mp.get_context("fork")
+        self.stop = self.ctx.Event()
+        self.node_out = self.ctx.Queue()
+        self.worker_out = self.ctx.Queue()
+        self.nodes: list[Any] = []
+        self.workers: list[Any] = []
+
+    def node(self, host: str, make: Callable[[], Any]) -> None:
+        proc = self.ctx.Process(target=_node, args=(self.bed.namespace(host), make, self.stop, self.node_out))
+        proc.start()
+        self.nodes.append(proc)
+
+    def worker(
+        self,
+        host: str,
+        switch: tuple[str, int],
+        job: int,
+        rank: int,
+        world: int,
+        inputs: Any,
+        faults: Any,
+        network: str = DEFAULT_NETWORK,
+    ) -> None:
+        args = (self.bed.namespace(host), self.bed.address(host), switch, job, rank, world, inputs, faults, network)
+        proc = self.ctx.Process(target=_worker, args=(*args, self.worker_out))
+        proc.start()
+        self.workers.append(proc)
+
+    def results(self) -> tuple[dict[tuple[int, int], Any], dict[str, dict[str, Any]]]:
+        """Every worker's results and stats, then every node's stats (by namespace)."""
+        out: dict[tuple[int, int], Any] = {}
+        try:
+            for _ in self.workers:
+                key, value = self.worker_out.get(timeout=WAIT_S)
+                out[key] = value
+        except queue.Empty:
+            pass  # a worker failed: assert_exact names the missing ones
+        self.stop.set()
+        nodes = {}
+        for _ in self.nodes:
+            namespace, stats = self.node_out.get(timeout=WAIT_S)
+            nodes[namespace.rsplit("-", 1)[1]] = stats
+        return out, nodes
+
+    def close(self) -> None:
+        self.stop.set()
+        for proc in [*self.workers, *self.nodes]:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+
+
+@pytest.fixture
+def fabric_on() -> Iterator[Callable[[Any], Fabric]]:
+    made: list[Fabric] = []
+
+    def make(bed: Any) -> Fabric:
+        made.append(Fabric(bed))
+        return made[-1]
+
+    yield make
+    for fabric in made:
+        fabric.close()
+
+
+def _down_bytes(bed: Any, before: dict[str, Any], host: str) -> int:
+    return int(bed.counters()[host].down_bytes - before[host].down_bytes)
+
+
+# ---- tests -------------------------------------------------------------------------------------
+@pytest.mark.timeout(300)
+def test_results_go_once_to_the_jobs_group_and_the_bridge_replicates_them(testbed, fabric_on) -> None:
+    """Multicast result replication: 4 workers on 4 hosts, the forwarding node on the switch
+    host sends each result once to the job's group (no unicast copy at all without faults), the
+    bridge clones it to the 4 members' ports, every sum is exact; IGMP snooping keeps the
+    results off the parameter node's port (not a member): its link carries the partial sums
+    once, not the results too."""
+    bed = testbed(hosts=5)
+    fabric = fabric_on(bed)
+    ps = (bed.address("h5"), PS_PORT)
+    switch = (bed.address("sw"), SWITCH_PORT)
+    fabric.node("h5", functools.partial(ParameterNode, ps[0], ps[1]))
+    fabric.node("sw", functools.partial(ForwardingNode, ps, host=switch[0], port=switch[1]))
+    n, rounds = 200_000, 3
+    inputs = random_inputs(1, 4, n, rounds, seed=3)
+    before = bed.counters()
+    for rank in range(4):
+        fabric.worker(f"h{rank + 1}", switch, 1, rank, 4, inputs[(1, rank)], None)
+    out, nodes = fabric.results()
+    assert_exact(inputs, out)
+    sw = nodes["sw"]
+    slices = -(-n // DEFAULT_CHUNK["udp"])
+    assert {stats["group"] for _, stats, _ in out.values()} == {group_for(1, switch)}
+    resent = sum(stats["retransmits"] + stats["gap_retransmits"] for _, stats, _ in out.values())
+    assert sw["results_multicast"] >= slices * rounds
+    assert sw["results_replicated"] <= resent  # unicast only for a worker that asked again
+    tensor = n * 4 * rounds
+    for host in ("h1", "h2", "h3", "h4"):
+        assert _down_bytes(bed, before, host) >= tensor
+    # partial sums once, and a slice per retransmission (a flooded result would double it)
+    assert _down_bytes(bed, before, "h5") < 1.2 * tensor + resent * SLICE_BYTES
+
+
+@pytest.mark.timeout(300)
+def test_two_tenants_of_one_forwarding_node_do_not_receive_each_others_results(testbed, fabric_on) -> None:
+    """Multicast result replication, shared switch: jobs 1 and 2 share one forwarding node, each
+    on two hosts of its own; each job's results go to its own group, so the bridge gives job
+    2's hosts none of job 1's (much larger) results, and both jobs' sums are exact."""
+    bed = testbed(hosts=5)
+    fabric = fabric_on(bed)
+    ps = (bed.address("h5"), PS_PORT)
+    switch = (bed.address("sw"), SWITCH_PORT)
+    fabric.node("h5", functools.partial(ParameterNode, ps[0], ps[1]))
+    fabric.node("sw", functools.partial(ForwardingNode, ps, host=switch[0], port=switch[1]))
+    big, small, rounds = 300_000, 20_000, 2
+    inputs = random_inputs(1, 2, big, rounds, seed=5)
+    inputs.update({(2, r): xs for (_, r), xs in random_inputs(1, 2, small, rounds, seed=6).items()})
+    before = bed.counters()
+    for (job, rank), xs in inputs.items():
+        fabric.worker(f"h{(job - 1) * 2 + rank + 1}", switch, job, rank, 2, xs, None)
+    out, nodes = fabric.results()
+    assert_exact(inputs, out)
+    assert group_for(1, switch) != group_for(2, switch)
+    assert {out[(job, r)][1]["group"] for job in (1, 2) for r in (0, 1)} == {group_for(1, switch), group_for(2, switch)}
+    assert nodes["sw"]["results_multicast"] > 0
+    big_bytes = big * 4 * rounds
+    for host in ("h1", "h2"):
+        assert _down_bytes(bed, before, host) >= big_bytes
+    for host in ("h3", "h4"):  # job 2's hosts: their own results, none of job 1's
+        assert _down_bytes(bed, before, host) < big_bytes / 4
+
+
+@pytest.mark.timeout(300)
+def test_with_a_flooding_bridge_and_a_shared_group_workers_drop_the_other_jobs_results(testbed, fabric_on) -> None:
+    """Multicast result replication, the worst case for tenants: the bridge's IGMP snooping is
+    off (it floods every group to every port) and the two jobs' groups coincide (a range of
+    two groups, job ids chosen to collide), so every worker receives the other job's results
+    too; each worker drops what is not its job's, and both jobs' sums are exact."""
+    bed = testbed(hosts=5)
+    bed.run("sw", ["ip", "link", "set", "br0", "type", "bridge", "mcast_snooping", "0"])
+    fabric = fabric_on(bed)
+    network = "239.192.7.0/30"
+    ps = (bed.address("h5"), PS_PORT)
+    switch = (bed.address("sw"), SWITCH_PORT)
+    other = next(j for j in range(2, 64) if group_for(j, switch, network) == group_for(1, switch, network))
+    fabric.node("h5", functools.partial(ParameterNode, ps[0], ps[1]))
+    node = functools.partial(ForwardingNode, ps, host=switch[0], port=switch[1], multicast_network=network)
+    fabric.node("sw", node)
+    big, small, rounds = 300_000, 20_000, 2
+    inputs = random_inputs(1, 2, big, rounds, seed=12)
+    inputs.update({(other, r): xs for (_, r), xs in random_inputs(1, 2, small, rounds, seed=13).items()})
+    before = bed.counters()
+    for (job, rank), xs in inputs.items():
+        fabric.worker(f"h{(job != 1) * 2 + rank + 1}", switch, job, rank, 2, xs, None, network)
+    out, nodes = fabric.results()
+    assert_exact(inputs, out)
+    assert {stats["group"] for _, stats, _ in out.values()} == {group_for(1, switch, network)}
+    assert nodes["sw"]["results_multicast"] > 0
+    for host in ("h3", "h4"):  # the other job's hosts got job 1's results, and dropped them
+        assert _down_bytes(bed, before, host) >= big * 4 * rounds
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("per_datagram", [False, True])
+def test_loss_duplication_and_reordering_with_multicast_results_stay_exact(
+    testbed, fabric_on, per_datagram: bool
+) -> None:
+    """Multicast result replication under faults: every node and worker drops, duplicates and
+    reorders packets (``per_datagram``: each datagram of a segmented packet on its own); a lost
+    multicast copy is lost for every member, each asks again and gets a unicast resend, a
+    duplicated or late copy is dropped by the workers; every sum stays exact."""
+    bed = testbed(hosts=4)
+    fabric = fabric_on(bed)
+    faults = FaultPlan(drop=0.03, duplicate=0.03, reorder=0.05, seed=11, per_datagram=per_datagram)
+    ps = (bed.address("h4"), PS_PORT)
+    switch = (bed.address("sw"), SWITCH_PORT)
+    fabric.node("h4", functools.partial(ParameterNode, ps[0], ps[1], faults=faults))
+    fabric.node("sw", functools.partial(ForwardingNode, ps, host=switch[0], port=switch[1], faults=faults))
+    inputs = random_inputs(1, 3, 150_000, 3, seed=7)
+    for rank in range(3):
+        fabric.worker(f"h{rank + 1}", switch, 1, rank, 3, inputs[(1, rank)], faults)
+    out, nodes = fabric.results()
+    assert_exact(inputs, out)
+    sw = nodes["sw"]
+    assert sw["results_multicast"] > 0 and sw["transport"]["dropped"] > 0
+    assert sw["results_replicated"] > 0  # results resent to the workers that asked, unicast
+
+
+@pytest.mark.timeout(300)
+def test_a_two_level_tree_multicasts_at_each_level_to_its_own_workers_only(testbed, fabric_on) -> None:
+    """Multicast result replication in a two-level tree on one segment: workers 0 and 1 under
+    the top forwarding node (switch host), workers 2 and 3 under a lower node on host h5; each
+    node multicasts to its own group (job and node), the top node reaches the lower node
+    unicast (a node is not a member: its HELLOs relay its workers'), and no worker receives a
+    result twice; every sum is exact."""
+    bed = testbed(hosts=6)
+    fabric = fabric_on(bed)
+    ps = (bed.address("h6"), PS_PORT)
+    top = (bed.address("sw"), SWITCH_PORT)
+    lower = (bed.address("h5"), SWITCH_PORT)
+    fabric.node("h6", functools.partial(ParameterNode, ps[0], ps[1]))
+    fabric.node("sw", functools.partial(ForwardingNode, ps, host=top[0], port=top[1]))
+    fabric.node("h5", functools.partial(ForwardingNode, top, host=lower[0], port=lower[1], name="lower"))
+    n, rounds = 150_000, 2
+    inputs = random_inputs(1, 4, n, rounds, seed=9)
+    before = bed.counters()
+    for rank in range(4):
+        fabric.worker(f"h{rank + 1}", top if rank < 2 else lower, 1, rank, 4, inputs[(1, rank)], None)
+    out, nodes = fabric.results()
+    assert_exact(inputs, out)
+    assert out[(1, 0)][1]["group"] == out[(1, 1)][1]["group"] == group_for(1, top)
+    assert out[(1, 2)][1]["group"] == out[(1, 3)][1]["group"] == group_for(1, lower)
+    assert nodes["sw"]["results_multicast"] > 0 and nodes["h5"]["results_multicast"] > 0
+    assert nodes["sw"]["results_replicated"] > 0  # the copies for the lower node
+    for rank in range(4):  # each result once, and once more per slice it asked again for
+        stats = out[(1, rank)][1]
+        again = stats["retransmits"] + stats["gap_retransmits"]
+        assert _down_bytes(bed, before, f"h{rank + 1}") < 1.2 * n * 4 * rounds + again * SLICE_BYTES
+
+
+def test_multicast_options_are_validated_and_apply_only_where_a_segment_replicates() -> None:
+    """Multicast result replication, where it applies: a group range outside 224.0.0.0/4 or in
+    the link-local control block is refused at the configuration (the forwarding node's command:
+    exit 2, no traceback); on loopback (no multicast
+    segment) and on the shared-memory transport the forwarding node keeps unicast and the
+    worker joins no group; groups differ per job and per node."""
+    for bad in ("10.0.0.0/8", "224.0.0.0/24", "239.1.1.1/31", "not a network"):
+        with pytest.raises(ValueError):
+            parse_network(bad)
+        with pytest.raises(ValueError):
+            WorkerConfig(multicast_network=bad)
+        with pytest.raises(ValueError):
+            ForwardingNode(("127.0.0.1", 9), multicast_network=bad)
+    assert parse_network(DEFAULT_NETWORK).is_multicast
+    cli = subprocess.run(
+        [sys.executable, "-m", "trainmaster", "aggregation", "forwarding-node", "--parent", "127.0.0.1:9"]
+        + ["--multicast-network", "10.0.0.0/8"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert cli.returncode == 2 and "--multicast-network" in cli.stderr and "Traceback" not in cli.stderr
+    node = ("10.0.0.254", 7000)
+    assert group_for(1, node) == group_for(1, node)
+    assert len({group_for(job, node) for job in range(1, 50)}) > 45
+    assert group_for(1, node) != group_for(1, ("10.0.0.5", 7000))
+    for transport in ("udp", "shm"):
+        switch = ForwardingNode(("127.0.0.1", 9), transport=transport)
+        try:
+            assert switch.segment is None
+            client = AggregationClient(switch.address, 1, 0, 1, transport=transport)
+            assert client.group is None
+            client.close()
+        finally:
+            switch.transport.close()

@@ -1,0 +1,77 @@
+"""Results replicated by the network: one IP multicast send per result instead of one per worker.
+
+A real aggregation switch (SwitchML) replicates each result to every worker's port in its
+hardware. A forwarding node in software that sends one unicast copy per worker pays a system
+call and the kernel's UDP path per copy (at 8 workers and 1 Gbit/s most of its CPU: 8 copies x 4
+GSO sends of 64 KiB per 256 KB slice). On one L2 segment the Linux bridge can do the
+replication instead: the node sends a result once to a multicast group, the bridge clones the
+frame to each member's port (an skb clone each, no copy of the data in the node's process).
+
+Each job has a group of its own at each forwarding node, so the tenants of a shared node do not
+receive each other's results, nor the workers of a job's other nodes the results a node sends
+to its own (``group_for``: a hash of the job and the node's address into a configurable range
+of the organization-local scope, RFC 2365). The bridge's IGMP snooping forwards a group only to
+its members' ports while a querier is present, and floods it to every port otherwise; either
+way a worker still drops a result whose job, round or slice is not one it waits for, as before
+(two pairs may also share a group). A worker joins its job's group on its own interface before
+its HELLO and says so in the HELLO (the group and its data socket's address). A forwarding node
+sends a job's results to the group only for the workers that said so *directly* (the HELLO came
+from the address it names, not through a lower node) from inside the subnet of its own
+interface (the same L2 segment), and only when every such worker is to receive the result (the
+first answer of a slice); a resent result (one worker asked again), a lower forwarding node, a
+worker on another segment and the shared-memory transport stay unicast.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import zlib
+
+import psutil
+
+# organization-local scope (RFC 2365): never forwarded beyond the site; TTL 1 keeps results on
+# the segment anyway
+DEFAULT_NETWORK = "239.192.0.0/16"
+
+
+def parse_network(text: str) -> ipaddress.IPv4Network:
+    """A range of IPv4 multicast groups to take the jobs' groups from, validated."""
+    try:
+        network = ipaddress.IPv4Network(text)
+    except ValueError as err:
+        raise ValueError(f"multicast network {text!r}: {err}") from None
+    if not network.is_multicast:
+        raise ValueError(f"multicast network {text!r} is not in 224.0.0.0/4")
+    if network.subnet_of(ipaddress.IPv4Network("224.0.0.0/24")):
+        raise ValueError(f"multicast network {text!r} is link-local control (224.0.0.0/24): bridges flood it")
+    if network.num_addresses < 4:
+        raise ValueError(f"multicast network {text!r} has fewer than 4 groups")
+    return network
+
+
+@functools.lru_cache(maxsize=4096)
+def group_for(job: int, node: tuple[str, int], network: str = DEFAULT_NETWORK) -> str:
+    """The multicast group of ``job``'s results from the forwarding node at ``node`` (the
+    address its workers send to): one per job and node, so that neither another tenant's
+    workers nor the workers of another node of the same job (a lower level on the same
+    segment) receive them. A hash into the range (its first and last address unused): two
+    pairs may share a group, which costs their workers bandwidth, never a wrong sum."""
+    net = parse_network(network)
+    key = f"{job}|{node[0]}|{node[1]}".encode()
+    return str(net[1 + zlib.crc32(key) % (net.num_addresses - 2)])
+
+
+def segment_of(address: str) -> ipaddress.IPv4Interface | None:
+    """The interface (address and subnet) that holds ``address``, when multicast can replicate
+    results on it: up, multicast-capable, not loopback; None otherwise (a wildcard bind names
+    no interface)."""
+    stats = psutil.net_if_stats()
+    for name, addrs in psutil.net_if_addrs().items():
+        flags = set(getattr(stats.get(name), "flags", "").split(","))
+        if "loopback" in flags or "multicast" not in flags or not stats[name].isup:
+            continue
+        for addr in addrs:
+            if addr.address == address and addr.netmask:
+                return ipaddress.IPv4Interface(f"{address}/{addr.netmask}")
+    return None
