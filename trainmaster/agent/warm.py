@@ -197,7 +197,8 @@ class WarmSlots:
                 quiet_for = time.monotonic() - self._last_batch
                 if quiet_for >= QUIET:
                     break
-                self._wake.wait(QUIET - quiet_for)  # or close
+                if self._wake.wait(QUIET - quiet_for):  # another batch (or close): wait on
+                    self._wake.clear()  # (left set, every later wait would return at once: a spin)
             while not self._closed and self._make_one():
                 pass
 
