@@ -8,9 +8,12 @@ the store, so a controller started over an existing store simply carries on.
 
 from __future__ import annotations
 
+import fcntl
 import gc
 import json
+import logging
 import os
+import struct
 import shutil
 import threading
 import time
@@ -63,6 +66,7 @@ from trainmaster.store.db import home
 from trainmaster.store.models import EventRow, InstanceRow, JobRow, RoleRow, utcnow
 from trainmaster.store.ownership import why_not_resumable
 
+log = logging.getLogger(__name__)
 I = InstanceState
 ROWS_AHEAD = 64  # a waiting job's row is loaded with those of the next waiting jobs (one query)
 BACKEND_TRIES = 3  # passes in a row a backend may fail before `run_job` gives up (each pass is idempotent)
@@ -126,6 +130,8 @@ class Controller:
         self.interval = interval
         self.grace = grace
         self.runs_dir = runs_dir or home() / "runs"
+        if reconciles:  # the passes make the job folders in it
+            spread_job_folders(self.runs_dir)
         self.max_jobs = max_jobs  # jobs admitted at once; the rest wait in their queue
         self.owner = owner  # the jobs this controller reconciles; others sharing the store are left alone
         self.queue_weights = queue_weights or {}  # queue -> share of admissions (unlisted: 1)
@@ -1667,6 +1673,39 @@ class _Start:
     spec: Job
     inst: InstanceRow
     request: LaunchRequest
+
+
+#: ext2/3/4's inode flags (linux/fs.h): ``chattr +T`` marks "the top of directory hierarchies"
+FS_IOC_GETFLAGS = 0x80086601
+FS_IOC_SETFLAGS = 0x40086602
+FS_TOPDIR_FL = 0x00020000
+
+
+def spread_job_folders(runs_dir: Path) -> None:
+    """Make the runs folder (where missing) and mark it as the top of directory hierarchies
+    (``chattr +T``), so that ext4 places each job folder in a block group it chooses (its Orlov
+    allocator, as for folders at the root), and the job's files and folders beside it, rather
+    than every job folder in the runs folder's own group.
+
+    Why: ext4 without a journal (this machine's root) never reuses an inode freed in the last
+    minute (five, if its table block is dirty): each new inode first skips past every such one
+    in its group, reading each one's table block. In the group of a busy runs folder, where
+    earlier jobs' folders were just removed (and in ``/tmp``'s, where everyone's are), the four
+    inodes of a job (its folder, ``output/``, ``logs/``, the log) cost 1.0-2.0 ms of CPU, rising
+    run after run, against 0.18-0.29 ms under a folder marked so (1,000 jobs, three rounds, on
+    the 2-core machine); on the drain of 1,000 ``true`` jobs that is the pass's own CPU climbing
+    from 1.6 to 3.2 ms per job. A hint only: where it is refused (tmpfs, another filesystem, a
+    folder we do not own) nothing else changes."""
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(runs_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        (flags,) = struct.unpack("i", fcntl.ioctl(fd, FS_IOC_GETFLAGS, bytes(4)))
+        if not flags & FS_TOPDIR_FL:
+            fcntl.ioctl(fd, FS_IOC_SETFLAGS, struct.pack("i", flags | FS_TOPDIR_FL))
+    except OSError as exc:  # ENOTTY / EOPNOTSUPP / EPERM: not ext2/3/4, or not ours
+        log.debug("runs folder %s not marked as a top folder: %s", runs_dir, exc)
+    finally:
+        os.close(fd)
 
 
 def _make_output_folder(run_dir: str) -> None:
