@@ -111,7 +111,7 @@ def main() -> None:
         help="an existing cluster of `trainmaster cluster up --name NAME` (without it: a skip, e.g. in `make bench`)",
     )
     parser.add_argument("--size", type=int, default=32, help="pods per Job")
-    parser.add_argument("--pairs", type=int, default=6, help="pairs of runs (one of each pod)")
+    parser.add_argument("--pairs", type=int, default=6, help="rounds (one run of each pod per round)")
     parser.add_argument(
         "--drop",
         type=drop_groups,
