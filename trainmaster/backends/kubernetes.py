@@ -402,14 +402,14 @@ class KubernetesBackend(Backend):
         return done
 
     def _create_after(self, lead: Future[None], spec: LaunchSpec, services: dict[str, list[str]]) -> None:
-        """A start's first pod goes to the API alone, the rest once it is answered. A node's
-        kubelet reports pod statuses through a rate-limited client (5 requests per second, bursts
-        of 10; each starting pod costs it about four requests), so a gang's last pod is Running
-        about a fixed time after the kubelet's first request for the gang: the sooner one pod
-        reaches it, the sooner all do. Sent together, the first pod's create shares this
-        process and the API server with all the others (measured with 8: answered after ~35 ms
-        instead of ~10 ms); the others, answered a few milliseconds later, still reach the
-        kubelet well within its burst."""
+        """A start's first pod goes to the API alone, the rest once it is answered (at most
+        ``LEAD_WAIT_SECONDS`` later). Sent together, the first pod's create shares this process
+        and the API server with all the others (measured with 8: answered after ~35 ms instead
+        of ~10 ms), so the node gets its first pod, and begins the gang's sandboxes, later; the
+        others follow a few milliseconds after it. The kubelets of ``trainmaster cluster up`` run
+        at current Kubernetes' API client limits (50 requests per second, bursts of 100; 1.20's
+        default was 5 per second), so their status reports no longer queue behind a rate limit
+        and this ordering only moves the first pod's start, not the gang's status reports."""
         futures.wait([lead], timeout=LEAD_WAIT_SECONDS)
         self._create(spec, services)
 
