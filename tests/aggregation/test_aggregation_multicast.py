@@ -165,6 +165,16 @@ def _down_bytes(bed: Any, before: dict[str, Any], host: str) -> int:
     return int(bed.counters()[host].down_bytes - before[host].down_bytes)
 
 
+def _one_level(bed: Any, fabric: Any) -> tuple[str, int]:
+    """The parameter node on h5 and the forwarding node on the switch host (where the bridge
+    is); the forwarding node's address, which the workers send to."""
+    ps = (bed.address("h5"), PS_PORT)
+    switch = (bed.address("sw"), SWITCH_PORT)
+    fabric.node("h5", functools.partial(ParameterNode, ps[0], ps[1]))
+    fabric.node("sw", functools.partial(ForwardingNode, ps, host=switch[0], port=switch[1]))
+    return switch
+
+
 # ---- tests -------------------------------------------------------------------------------------
 @pytest.mark.timeout(300)
 def test_results_go_once_to_the_jobs_group_and_the_bridge_replicates_them(testbed, fabric_on) -> None:
@@ -175,10 +185,7 @@ def test_results_go_once_to_the_jobs_group_and_the_bridge_replicates_them(testbe
     once, not the results too."""
     bed = testbed(hosts=5)
     fabric = fabric_on(bed)
-    ps = (bed.address("h5"), PS_PORT)
-    switch = (bed.address("sw"), SWITCH_PORT)
-    fabric.node("h5", functools.partial(ParameterNode, ps[0], ps[1]))
-    fabric.node("sw", functools.partial(ForwardingNode, ps, host=switch[0], port=switch[1]))
+    switch = _one_level(bed, fabric)
     n, rounds = 200_000, 3
     inputs = random_inputs(1, 4, n, rounds, seed=3)
     before = bed.counters()
@@ -206,10 +213,7 @@ def test_two_tenants_of_one_forwarding_node_do_not_receive_each_others_results(t
     2's hosts none of job 1's (much larger) results, and both jobs' sums are exact."""
     bed = testbed(hosts=5)
     fabric = fabric_on(bed)
-    ps = (bed.address("h5"), PS_PORT)
-    switch = (bed.address("sw"), SWITCH_PORT)
-    fabric.node("h5", functools.partial(ParameterNode, ps[0], ps[1]))
-    fabric.node("sw", functools.partial(ForwardingNode, ps, host=switch[0], port=switch[1]))
+    switch = _one_level(bed, fabric)
     big, small, rounds = 300_000, 20_000, 2
     inputs = random_inputs(1, 2, big, rounds, seed=5)
     inputs.update({(2, r): xs for (_, r), xs in random_inputs(1, 2, small, rounds, seed=6).items()})
