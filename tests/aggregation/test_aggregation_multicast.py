@@ -5,6 +5,7 @@ process of its own on its host, results sent once to a job's group and cloned by
 from __future__ import annotations
 
 import functools
+import inspect
 import multiprocessing as mp
 import os
 import queue
@@ -25,6 +26,7 @@ from trainmaster.aggregation.parameter_node import ParameterNode
 from trainmaster.aggregation.switch import ForwardingNode
 from trainmaster.aggregation.transport import FaultPlan
 from trainmaster.aggregation.worker import DEFAULT_CHUNK, AggregationClient, WorkerConfig
+from trainmaster.cli import aggregation as cli_aggregation
 
 PS_PORT, SWITCH_PORT = 7400, 7401
 WAIT_S = 120.0  # for any process of a test to report
@@ -334,6 +336,9 @@ def test_multicast_options_are_validated_and_apply_only_where_a_segment_replicat
         with pytest.raises(ValueError):
             ForwardingNode(("127.0.0.1", 9), multicast_network=bad)
     assert parse_network(DEFAULT_NETWORK).is_multicast
+    # the CLI repeats the default as a literal (it loads the aggregation package lazily): alike
+    cli_default = inspect.signature(cli_aggregation.forwarding_node).parameters["multicast_network"].default
+    assert cli_default.default == DEFAULT_NETWORK
     cli = subprocess.run(
         [sys.executable, "-m", "trainmaster", "aggregation", "forwarding-node", "--parent", "127.0.0.1:9"]
         + ["--multicast-network", "10.0.0.0/8"],
