@@ -20,6 +20,16 @@ from the address it names, not through a lower node) from inside the subnet of i
 interface (the same L2 segment), and only when every such worker is to receive the result (the
 first answer of a slice); a resent result (one worker asked again), a lower forwarding node, a
 worker on another segment and the shared-memory transport stay unicast.
+
+The bridge learns a member's port from the IGMP report its kernel sends on the join (and
+repeats once); after that only from the answers to its general queries, every 125 s. A port
+whose reports were missed, or whose learned entry the bridge dropped (a restart, a flush, an
+expired entry), receives none of the group's results until then, and its worker gets every
+result by asking again (a unicast resend per slice, each after a retransmission timeout). So a
+worker that has to ask again renews its membership (leaves and joins the group: a fresh
+report), at most every ``REJOIN_INTERVAL_S``; the bridge forwards the group to its port again
+within the report's delay (up to 0.2 s in IGMPv2). A leave does not interrupt the others: the
+bridge, as querier, asks the port before it drops it, and the join's report answers.
 """
 
 from __future__ import annotations
@@ -33,6 +43,9 @@ import psutil
 # organization-local scope (RFC 2365): never forwarded beyond the site; TTL 1 keeps results on
 # the segment anyway
 DEFAULT_NETWORK = "239.192.0.0/16"
+# a worker asking for resends renews its group membership at most this often: a lost packet
+# costs a report or two, never a storm of them
+REJOIN_INTERVAL_S = 1.0
 
 
 def parse_network(text: str) -> ipaddress.IPv4Network:

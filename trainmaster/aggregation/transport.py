@@ -417,6 +417,7 @@ class UdpTransport:
         self._rx_free: list[bytearray] = []
         # the sockets ``recv`` reads: this one, and a multicast group's (``join``)
         self._inputs: tuple[socket.socket, ...] = (self.sock,)
+        self._memberships: list[tuple[socket.socket, bytes]] = []  # ``join``'s, for ``rejoin``
         self._multicast_if: str | None = None  # ``multicast_from``: the interface groups go out of
 
     def multicast_from(self, interface: str) -> None:
@@ -447,7 +448,19 @@ class UdpTransport:
             sock.close()
             return False
         self._inputs = (*self._inputs, sock)
+        self._memberships.append((sock, membership))
         return True
+
+    def rejoin(self) -> None:
+        """Leave every joined group and join it again at once: the kernel sends a fresh
+        membership report (IGMP), from which a snooping bridge that never learned or lost this
+        port's membership learns it now rather than at its next general query (minutes)."""
+        for sock, membership in self._memberships:
+            try:
+                sock.setsockopt(socket.IPPROTO_IP, socket.IP_DROP_MEMBERSHIP, membership)
+                sock.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, membership)
+            except OSError:
+                pass  # the interface went away: results keep coming unicast, on request
 
     def _rng(self, addr: Address) -> random.Random:
         rng = self._links.get(addr)

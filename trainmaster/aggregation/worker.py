@@ -43,7 +43,7 @@ import numpy as np
 
 from trainmaster.aggregation.kills import KillPlan, Trigger
 from trainmaster.aggregation.memory import tune_allocator
-from trainmaster.aggregation.multicast import DEFAULT_NETWORK, group_for, parse_network, segment_of
+from trainmaster.aggregation.multicast import DEFAULT_NETWORK, REJOIN_INTERVAL_S, group_for, parse_network, segment_of
 from trainmaster.aggregation.protocol import (
     HEADER_SIZE,
     MAX_ELEMENTS,
@@ -129,6 +129,7 @@ class WorkerCounters:
     spurious_retransmits: int = 0
     stale_results: int = 0  # shared-store references whose space was reused before reading
     low_bit_slices: int = 0  # slices sent as int8/int16 with the job's shared scale (first sends)
+    rejoins: int = 0  # the job's group left and joined again after a retransmission (multicast.py)
     elements_reduced: int = 0
     seconds_in_allreduce: float = 0.0
 
@@ -282,6 +283,7 @@ class AggregationClient:
             group = group_for(job, switch, self.config.multicast_network)
             if self.transport.join(group, switch[1]):
                 self.group = group
+        self._rejoin_at = 0.0  # when a retransmission may next renew the group's membership
         self.parameter_node: Address | None = self.config.parameter_node
         self.target = switch  # where data goes: the forwarding node, or the parameter node
         self._kill = Trigger(kill if kill is not None and kill.aims_at("worker", rank) else None)
@@ -732,12 +734,23 @@ class AggregationClient:
                     else:
                         fl.rto = min(fl.rto * 2, cfg.max_retransmit_timeout)
                     self._on_loss(fl)
+                    if self.group is not None and now >= self._rejoin_at and not self._direct:
+                        self._rejoin(now)
                     self.counters.retransmits += 1
                     fl.resent_at = now
                     self._send_slice(x, fl, retransmit=True)
         self.counters.elements_reduced += n
         self.counters.seconds_in_allreduce += time.monotonic() - started
         return out, bound
+
+    def _rejoin(self, now: float) -> None:
+        """A result had to be asked for again, perhaps because the bridge does not (or no
+        longer) forward the job's group to this worker's port: leave and join the group, whose
+        fresh membership report restores the multicast copies within the report's delay. At
+        most every ``REJOIN_INTERVAL_S``; the resend meanwhile comes unicast."""
+        self.transport.rejoin()
+        self._rejoin_at = now + REJOIN_INTERVAL_S
+        self.counters.rejoins += 1
 
     def _on_loss(self, fl: _InFlight) -> None:
         """Multiplicative decrease, once per window: only a loss of a slice sent after the
