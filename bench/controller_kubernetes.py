@@ -455,8 +455,10 @@ class Bench:
 def start_operator(cluster: Any, home: Path, log: BinaryIO, metrics_port: int) -> subprocess.Popen:
     """``trainmaster operator`` (container runtime) on ``cluster``, its home at ``home``, its output
     to ``log``, its metrics on ``metrics_port``. TM_BENCH_PROFILE=FILE: it runs under cProfile,
-    its profile written to FILE when it stops."""
+    its profile written to FILE when it stops. TM_BENCH_OPERATOR_NICE=N: it runs N nice steps below
+    the benchmark (a diagnostic: does its CPU in the start window delay the node?)."""
     profile = os.environ.get("TM_BENCH_PROFILE")
+    lower = int(os.environ.get("TM_BENCH_OPERATOR_NICE") or 0)
     return subprocess.Popen(
         [
             *([sys.executable, "-m", "cProfile", "-o", profile] if profile else []),
@@ -470,6 +472,7 @@ def start_operator(cluster: Any, home: Path, log: BinaryIO, metrics_port: int) -
         env={**os.environ, "KUBECONFIG": str(cluster.layout.kubeconfig), "TRAINMASTER_HOME": str(home)},
         stdout=log,
         stderr=subprocess.STDOUT,
+        preexec_fn=(lambda: os.nice(lower)) if lower else None,
     )
 
 
