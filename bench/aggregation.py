@@ -181,6 +181,11 @@ class Cell:
     # forwarding node; where the time goes when the CPU decides
     kernel_share_worker: float | None = None
     kernel_share_switch: float | None = None
+    # how far apart the ranks started a repetition (the last rank's start less the first's,
+    # median over repetitions): the slowest rank's time holds it, since no collective ends
+    # before its last rank's data is in (issue #32: ~5-6 ms of a 4 MiB INA all-reduce at 8
+    # workers, 1 Gbit/s, MTU 1500, the workers' first windows queueing for the 2 cores)
+    start_spread_s: float | None = None
 
 
 @dataclass
@@ -225,10 +230,10 @@ def _timed_loop(
         resent = retransmits()
         for _ in range(reps):
             sync.inner.wait(timeout=sync.wait_s)
-            t0 = time.perf_counter()
+            t0 = time.monotonic()  # one clock for every process of the machine
             allreduce(x)
-            sync.out.put((rank, time.perf_counter() - t0))
-        sync.out.put((rank, retransmits() - resent))
+            sync.out.put((rank, time.monotonic() - t0, t0))
+        sync.out.put((rank, retransmits() - resent, None))
         sync.start.wait(timeout=sync.wait_s)  # done: the parent reads counters and CPU now
         sync.start.wait(timeout=sync.wait_s)  # read: go on (or exit)
 
@@ -421,11 +426,13 @@ def run_variant(
             bytes0 = bed.counters()
             sync.start.wait(timeout=wait_s)
             by_rank: dict[int, list[float]] = {r: [] for r in range(world)}
+            starts: dict[int, list[float]] = {r: [] for r in range(world)}
             resent = 0
             for _ in range((reps + 1) * world):
-                rank, value = sync.out.get(timeout=wait_s)
-                if len(by_rank[rank]) < reps:
+                rank, value, started = sync.out.get(timeout=wait_s)
+                if started is not None:
                     by_rank[rank].append(value)
+                    starts[rank].append(started)
                 else:
                     resent += value
             sync.start.wait(timeout=wait_s)
@@ -435,6 +442,9 @@ def run_variant(
             sync.start.wait(timeout=wait_s)
             per_rep = [max(by_rank[r][i] for r in range(world)) for i in range(reps)]
             med = statistics.median(per_rep)
+            spread = statistics.median(
+                max(starts[r][i] for r in range(world)) - min(starts[r][i] for r in range(world)) for i in range(reps)
+            )
 
             def moved(host: str, direction: str) -> float:
                 delta = getattr(bytes1[host], direction) - getattr(bytes0[host], direction)
@@ -460,6 +470,7 @@ def run_variant(
                     line_rate=(size / med) / (bed.options.link_rate / 8) if bed.options.link_rate else None,
                     kernel_share_worker=_kernel_share(split1, split0, [p.pid for p in nodes.workers]),
                     kernel_share_switch=_kernel_share(split1, split0, [nodes.switch.pid]) if nodes.switch else None,
+                    start_spread_s=spread,
                 )
             )
     finally:
@@ -577,6 +588,10 @@ def _fmt(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.1f}"
+
+
 def write_markdown(report: dict[str, Any], cells: list[Cell], plotted: bool = True) -> str:
     load = report["load_average"]
     lines = [
@@ -599,7 +614,8 @@ def write_markdown(report: dict[str, Any], cells: list[Cell], plotted: bool = Tr
         f"the link's rate. Bytes per link per all-reduce as multiples of the tensor, worker link "
         f"up/down (mean over workers; the ring's is 2(n-1)/n each way), INA's parameter-node "
         f"link up/down. CPU-s per all-reduce: one worker (mean) / forwarding node / parameter "
-        f"node. int8/int16: low-bit aggregation (slices go up as int8/int16 with a shared "
+        f"node. Start spread ms: how far apart the ranks started a repetition (median; INA/gloo), "
+        f"which the slowest rank's time includes. int8/int16: low-bit aggregation (slices go up as int8/int16 with a shared "
         f"scale; int16 sums come down as int16, int8 ones re-quantised to int8 by the parameter "
         f"node, the job default).",
         "",
@@ -619,8 +635,8 @@ def write_markdown(report: dict[str, Any], cells: list[Cell], plotted: bool = Tr
         + ".",
         "",
         "| link | workers | size | variant | MB/s | gloo MB/s | x gloo | line | bytes/link up/down "
-        "| gloo bytes/link | PS link up/down | CPU-s w/sw/ps | gloo CPU-s w | resent |",
-        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| gloo bytes/link | PS link up/down | CPU-s w/sw/ps | gloo CPU-s w | resent | start spread ms |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     by = {(c.link, c.workers, c.size_MiB, c.variant): c for c in cells}
     order = [v for v in VARIANTS if v != "gloo"]
@@ -640,7 +656,8 @@ def write_markdown(report: dict[str, Any], cells: list[Cell], plotted: bool = Tr
                 + f"{_fmt(ina.ps_link_up)}/{_fmt(ina.ps_link_down)} | "
                 + f"{ina.cpu_worker_s:.2f}/{_fmt(ina.cpu_switch_s)}/{_fmt(ina.cpu_ps_s)} | "
                 + (f"{gloo.cpu_worker_s:.2f} | " if gloo else "- | ")
-                + f"{_fmt(ina.retransmits, 0)} |"
+                + f"{_fmt(ina.retransmits, 0)} | "
+                + f"{_ms(ina.start_spread_s)}/{_ms(gloo.start_spread_s if gloo else None)} |"
             )
     if report["failures"]:
         lines += ["", "Failures: " + "; ".join(report["failures"])]
