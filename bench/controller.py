@@ -4,7 +4,7 @@ queue drain throughput, and kill-to-replacement time.
     .venv/bin/python bench/controller.py [--quick] [--runs 5] [--no-ray] [--no-torchx]
     .venv/bin/python bench/controller.py --ray [--runs 5]   # the Ray section alone (1 and 3 nodes)
     .venv/bin/python bench/controller.py --containers [--runs 5] [--sizes 16]   # podman vs host
-    .venv/bin/python bench/controller.py --kubernetes [--runs 5] [--sizes 1,8,32] [--cluster NAME]  # operator vs batch/v1 Job
+    .venv/bin/python bench/controller.py --kubernetes [--runs 5] [--sizes 1,8,32] [--cluster NAME] [--operator process|deployment]  # operator vs batch/v1 Job
 
 Writes ``bench/results/controller.json`` and ``bench/results/controller.md``.
 
@@ -339,6 +339,14 @@ def main() -> None:
         "(left up; e.g. to raise its daemons' priority for the run) instead of one brought up for the run",
     )
     parser.add_argument(
+        "--operator",
+        choices=("process", "deployment"),
+        default="process",
+        help="with --kubernetes: how our operator runs: process (`trainmaster operator` out of the cluster, beside "
+        "the bench) or deployment (the Deployment of `trainmaster cluster manifests`, applied unchanged: 2 replicas "
+        "on a Lease, requests cpu 100m; its CPU from its pods' cgroups)",
+    )
+    parser.add_argument(
         "--runs-per-size",
         default="",
         help="with --kubernetes: runs for each of --sizes, comma-separated (e.g. 9,9,5), instead of --runs for all",
@@ -354,7 +362,7 @@ def main() -> None:
 
         sizes = [int(n) for n in args.sizes.split(",")] if args.sizes != ",".join(map(str, SIZES)) else [1, 8, 32]
         runs = [int(n) for n in args.runs_per_size.split(",")] if args.runs_per_size else args.runs
-        kubernetes_run_and_write(runs, sizes, Path(args.out), cluster_name=args.cluster)
+        kubernetes_run_and_write(runs, sizes, Path(args.out), cluster_name=args.cluster, operator_mode=args.operator)
         return
     if args.containers:
         from controller_containers import run_and_write

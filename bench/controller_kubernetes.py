@@ -162,16 +162,136 @@ class ContainerdEvents:
         self._process.wait(timeout=10)
 
 
+class OperatorDeployment:
+    """The operator as ``trainmaster cluster manifests --api-address ... | kubectl apply -f -``
+    makes it (the doc's way, nothing changed): two replicas, one leading on the Lease
+    ``trainmaster-system/trainmaster-operator``, each pod requesting 100m CPU. The bench counts both
+    pods' CPU (the standby's too) from their cgroups, and leaves the cluster without them (the CRDs
+    stay: the process mode's operator installs the same ones)."""
+
+    NAMESPACE = "trainmaster-system"
+    NAME = "trainmaster-operator"
+    SELECTOR = "app.kubernetes.io/name=trainmaster-operator"
+
+    def __init__(self, cluster: Any):
+        import yaml
+
+        self.cluster = cluster
+        self.kubeconfig = str(cluster.layout.kubeconfig)
+        printed = subprocess.run(
+            [
+                str(Path(sys.executable).parent / "trainmaster"),
+                "cluster",
+                "manifests",
+                "--api-address",
+                f"{cluster.layout.api_address}:{cluster.layout.api_port}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        ).stdout
+        # what ``remove`` deletes: everything printed but the CRDs (deleting those would wait on every resource)
+        self.owned = yaml.safe_dump_all(
+            [doc for doc in yaml.safe_load_all(printed) if doc and doc.get("kind") != "CustomResourceDefinition"]
+        )
+        self.cgroups: dict[str, list[Path]] = {}  # pod name -> its folders in the cpuacct hierarchy
+        self.leader = ""
+        self._kubectl("apply", "-f", "-", stdin=printed)
+
+    def _kubectl(self, *args: str, stdin: str | None = None, timeout: float = 320) -> str:
+        done = subprocess.run(
+            ["kubectl", "--kubeconfig", self.kubeconfig, *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)}: {done.stderr.strip()[-2000:]}")
+        return done.stdout
+
+    def wait_leading(self, timeout: float = 300.0) -> str:
+        """Until the Deployment has rolled out and its Lease names one of its Running pods; returns
+        that pod's name. Then finds each pod's cgroup, so the meter asks the API nothing later."""
+        self._kubectl(
+            "-n", self.NAMESPACE, "rollout", "status", f"deployment/{self.NAME}", f"--timeout={int(timeout)}s"
+        )
+        deadline = time.monotonic() + timeout
+        while True:
+            pods = json.loads(self._kubectl("-n", self.NAMESPACE, "get", "pods", "-l", self.SELECTOR, "-o", "json"))
+            running = {
+                p["metadata"]["name"]: p["metadata"]["uid"]
+                for p in pods["items"]
+                if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+            }
+            holder = subprocess.run(  # no Lease yet: kubectl fails, and we wait
+                ["kubectl", "--kubeconfig", self.kubeconfig, "-n", self.NAMESPACE, "get", "lease", self.NAME]
+                + ["-o", "jsonpath={.spec.holderIdentity}"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            ).stdout.strip()
+            if holder in running:
+                break
+            if time.monotonic() > deadline:
+                logs = self._kubectl("-n", self.NAMESPACE, "logs", "-l", self.SELECTOR, "--tail", "20")
+                raise RuntimeError(
+                    f"no operator pod led within {timeout:.0f} s (Lease holder {holder!r}); logs: {logs}"
+                )
+            time.sleep(0.5)
+        self.leader = holder
+        for name, uid in running.items():
+            found: list[Path] = []
+            for node in self.cluster.layout.nodes:
+                found += Path(f"/sys/fs/cgroup/cpuacct{node.cgroup_root}").glob(f"**/pod{uid}")
+            if not found:
+                raise RuntimeError(f"the cgroup of operator pod {name} (uid {uid}) was not found")
+            self.cgroups[name] = found
+        return holder
+
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds so far of each operator pod (its cgroup: the operator and the pod's pause)."""
+        out: dict[str, float] = {}
+        for name, folders in self.cgroups.items():
+            try:
+                out[name] = sum(int((f / "cpuacct.usage").read_text()) for f in folders) / 1e9
+            except OSError:  # the pod is gone; a replacement would not be counted
+                out[name] = 0.0
+        return out
+
+    def rss_bytes(self) -> float:
+        """Resident memory of the leader's processes (the operator's Python; the pod's pause left out)."""
+        total = 0
+        for folder in self.cgroups.get(self.leader, []):
+            for procs in folder.glob("*/cgroup.procs"):
+                for pid in procs.read_text().split():
+                    try:
+                        status = Path(f"/proc/{pid}/status").read_text()
+                    except OSError:
+                        continue
+                    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+                    if fields.get("Name", "").strip() == "pause":
+                        continue
+                    total += int(fields.get("VmRSS", "0 kB").split()[0]) * 1024
+        return float(total)
+
+    def remove(self) -> None:
+        self._kubectl("delete", "--ignore-not-found", "--wait=true", "--timeout=120s", "-f", "-", stdin=self.owned)
+
+
 class ClusterMeter:
     """What a run costs the cluster, to see where the time goes: CPU seconds of each daemon (with
     the children it reaped: CNI plugins under containerd), of the container shims (with their
     runc calls) and pods of every node, and of the operator; and the kubelets' API requests (a
     kubelet's client is rate-limited, 50 per second with bursts of 100 on our clusters: a start of N
-    pods costs each node's kubelet several requests per pod)."""
+    pods costs each node's kubelet several requests per pod). With ``deployment`` the operator is
+    its pods (their cgroups' CPU), and ``pods`` leaves them out: only the gangs' pods."""
 
-    def __init__(self, cluster: Any, operator_pid: int):
+    def __init__(self, cluster: Any, operator_pid: int, deployment: OperatorDeployment | None = None):
         self.cluster = cluster
         self.operator_pid = operator_pid
+        self.deployment = deployment
 
     @staticmethod
     def _cpu(pid: int) -> float:
@@ -182,11 +302,17 @@ class ClusterMeter:
         # utime, stime, cutime, cstime: fields 14-17 of proc(5), 12-15 after the name
         return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
-    def processes(self) -> dict[str, dict[int, float]]:
-        """CPU seconds so far of each process, by component (a shim's pid: one pod)."""
+    def processes(self) -> dict[str, dict[int | str, float]]:
+        """CPU seconds so far of each process, by component (a shim's pid: one pod; the operator's
+        pods by name in deployment mode)."""
         from trainmaster.cluster.processes import pids_with_argument
 
-        found: dict[str, dict[int, float]] = {"operator": {self.operator_pid: self._cpu(self.operator_pid)}}
+        operator: dict[int | str, float] = (
+            {name: cpu for name, cpu in self.deployment.cpu().items()}
+            if self.deployment
+            else {self.operator_pid: self._cpu(self.operator_pid)}
+        )
+        found: dict[str, dict[int | str, float]] = {"operator": operator}
         for record in self.cluster.daemons.records():
             if record.name.endswith("-namespaces"):
                 continue
@@ -207,7 +333,7 @@ class ClusterMeter:
                 total += int(Path(f"/sys/fs/cgroup/cpuacct{node.cgroup_root}/cpuacct.usage").read_text()) / 1e9
             except OSError:
                 pass
-        return total
+        return total - (sum(self.deployment.cpu().values()) if self.deployment else 0.0)
 
     def kubelet_requests(self) -> float:
         """API requests the kubelets made so far (``rest_client_requests_total`` of each)."""
@@ -368,7 +494,8 @@ class Bench:
         watcher.start()
         seen.wait(10)  # the watch is open
         quiet_s = self.meter.wait_quiet() if self.meter else 0.0
-        requests_before = self.metric("trainmaster_operator_api_requests_total")
+        # no metrics port: the operator runs as the Deployment, which serves none
+        requests_before = self.metric("trainmaster_operator_api_requests_total") if self.metrics_port else 0.0
         # the API server's counters outside the CPU window (its /metrics page is ~2 MB to make)
         api_before = self.meter.api_server() if self.meter else {}
         costs_before = self.meter.snapshot() if self.meter else None
@@ -397,7 +524,9 @@ class Bench:
             if len(started["container"]) >= replicas:
                 stages["sandboxes_started"] = start + max(started["sandbox"], default=0.0)
                 stages["containers_started"] = start + max(started["container"])
-        requests = self.metric("trainmaster_operator_api_requests_total") - requests_before
+        requests = (
+            self.metric("trainmaster_operator_api_requests_total") - requests_before if self.metrics_port else None
+        )
         self._delete(system, name, selector)
         return {
             "running_s": stages["running"] - start,
@@ -476,6 +605,19 @@ def start_operator(cluster: Any, home: Path, log: BinaryIO, metrics_port: int) -
     )
 
 
+def operator_nice(deployment: OperatorDeployment) -> int | None:
+    """The nice value of the leader pod's operator process (it inherits the node's containerd's)."""
+    for folder in deployment.cgroups.get(deployment.leader, []):
+        for procs in folder.glob("*/cgroup.procs"):
+            for pid in procs.read_text().split():
+                try:
+                    if Path(f"/proc/{pid}/comm").read_text().strip() != "pause":
+                        return os.getpriority(os.PRIO_PROCESS, int(pid))
+                except OSError:
+                    continue
+    return None
+
+
 def stop_operator(operator: subprocess.Popen) -> None:
     """SIGTERM, then SIGKILL for an operator that has not stopped within 20 s."""
     operator.terminate()
@@ -506,11 +648,19 @@ def summary(samples: list[float]) -> dict[str, Any]:
 
 
 def run_and_write(
-    runs: int | list[int], sizes: list[int], out: Path, nodes: int = 1, cluster_name: str = ""
+    runs: int | list[int],
+    sizes: list[int],
+    out: Path,
+    nodes: int = 1,
+    cluster_name: str = "",
+    operator_mode: str = "process",
 ) -> dict[str, Any]:
     """``runs``: per size, or one count for every size. ``cluster_name``: an existing cluster
     (``trainmaster cluster up --name``), used and left up; else one of ``nodes`` node(s) is
-    brought up for the run and removed after."""
+    brought up for the run and removed after. ``operator_mode``: ``process`` (``trainmaster
+    operator`` beside the bench) or ``deployment`` (the printed manifests applied; removed after)."""
+    if operator_mode not in ("process", "deployment"):
+        raise ValueError(f"operator mode {operator_mode!r}: process or deployment")
     per_size = dict(zip(sizes, runs)) if isinstance(runs, list) else {size: runs for size in sizes}
     from trainmaster.cluster import Cluster, ClusterOptions, remove
     from trainmaster.cluster.images import BUSYBOX
@@ -523,9 +673,15 @@ def run_and_write(
         nodes = len(cluster.layout.nodes)
     else:
         cluster = Cluster.up(ClusterOptions(name=name, nodes=nodes), root=scratch / "clusters")
-    port = free_ports(1)[0]
     log = open(scratch / "operator.log", "wb")
-    operator = start_operator(cluster, scratch / "home", log, port)
+    operator: subprocess.Popen | None = None
+    deployment: OperatorDeployment | None = None
+    if operator_mode == "process":
+        port = free_ports(1)[0]
+        operator = start_operator(cluster, scratch / "home", log, port)
+    else:
+        port = 0  # the Deployment serves no metrics
+        deployment = OperatorDeployment(cluster)
     events = [ContainerdEvents(node.containerd_socket) for node in cluster.layout.nodes]
     results: dict[str, Any] = {
         "meta": {
@@ -539,13 +695,21 @@ def run_and_write(
             "load_at_start": round(os.getloadavg()[0], 2),
             "command": " ".join([".venv/bin/python", "bench/controller.py", *sys.argv[1:]]),
             "priority": os.getpriority(os.PRIO_PROCESS, 0),
+            "operator": operator_mode,
         },
         "submit_to_running": {OURS: {}, THEIRS: {}},
         "operator": {},
     }
     try:
-        bench = Bench(str(cluster.layout.kubeconfig), port, ClusterMeter(cluster, operator.pid), events)
-        bench.wait_leading(operator, scratch / "operator.log")
+        meter = ClusterMeter(cluster, operator.pid if operator else 0, deployment)
+        bench = Bench(str(cluster.layout.kubeconfig), port, meter, events)
+        if operator:
+            bench.wait_leading(operator, scratch / "operator.log")
+        else:
+            assert deployment is not None
+            leader = deployment.wait_leading()
+            results["meta"]["operator_leader"] = leader
+            results["meta"]["operator_nice"] = operator_nice(deployment)
         bench.run(OURS, 1, BUSYBOX)  # warm: the CRD's first objects, the first pods of the node
         bench.run(THEIRS, 1, BUSYBOX)
         if bench.meter is not None:
@@ -587,7 +751,7 @@ def run_and_write(
                     for key in sorted({k for m in measured for k in m.get("api_server", {})})
                 }
                 entry["runs"] = measured
-                if system == OURS:
+                if system == OURS and all(m["operator_requests"] is not None for m in measured):
                     entry["operator_requests_median"] = statistics.median(m["operator_requests"] for m in measured)
                 entry["load"] = [load_before, round(os.getloadavg()[0], 2)]  # 1-minute load before and after
                 results["submit_to_running"][system][str(size)] = entry
@@ -614,14 +778,21 @@ def run_and_write(
                     statistics.median(started), 3
                 )
                 print(f"paired ratio, every container started: {statistics.median(started):.3f}", flush=True)
-        results["operator"] = {
-            "rss_bytes": bench.metric("process_resident_memory_bytes"),
-            "api_requests_total": bench.metric("trainmaster_operator_api_requests_total"),
-        }
+        results["operator"] = (
+            {
+                "rss_bytes": bench.metric("process_resident_memory_bytes"),
+                "api_requests_total": bench.metric("trainmaster_operator_api_requests_total"),
+            }
+            if operator
+            else {"rss_bytes": deployment.rss_bytes() if deployment else 0.0, "api_requests_total": None}
+        )
     finally:
         for stream in events:
             stream.close()
-        stop_operator(operator)
+        if operator:
+            stop_operator(operator)
+        if deployment:
+            deployment.remove()
         log.close()
         if os.environ.get("TM_BENCH_OPERATOR_LOG"):  # =FILE: keep the operator's log there
             shutil.copy(scratch / "operator.log", os.environ["TM_BENCH_OPERATOR_LOG"])
@@ -655,6 +826,15 @@ def markdown(results: dict[str, Any]) -> str:
         f"Command: `{meta.get('command', '.venv/bin/python bench/controller.py --kubernetes')}` at nice "
         f"{meta.get('priority', 0)}, on a cluster {meta.get('cluster', 'brought up for the run')}.",
         "",
+        (
+            "Operator: the Deployment of `trainmaster cluster manifests` applied unchanged (2 replicas on a Lease, "
+            f"`requests: cpu 100m`; leader {meta.get('operator_leader', '?')}, its processes at nice "
+            f"{meta.get('operator_nice', '?')}); its CPU below is its two pods' cgroups, `pods` the gangs' pods "
+            "without them; its API requests per job are not counted (the Deployment serves no metrics)."
+            if meta.get("operator") == "deployment"
+            else "Operator: `trainmaster operator` out of the cluster, a process beside the bench at its priority."
+        ),
+        "",
         "| pods | Trainmaster operator (s) | batch/v1 Job controller (s) | ours / Kubernetes | paired runs' ratio (median) | every pod created: ours / Kubernetes' (s) | operator API requests per job | 1-minute load (before -> after) |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -662,12 +842,14 @@ def markdown(results: dict[str, Any]) -> str:
     for size in s[OURS]:
         ours, theirs = s[OURS][size], s[THEIRS][size]
         paired = (s.get("paired_ratio") or {}).get(size)
+        # the Deployment serves no metrics: its API requests are not counted
+        requests = f"{ours['operator_requests_median']:.0f}" if "operator_requests_median" in ours else "-"
         lines.append(
             f"| {size} | {ours['median_s']:.2f} ({ours['min_s']:.2f}-{ours['max_s']:.2f}) | "
             f"{theirs['median_s']:.2f} ({theirs['min_s']:.2f}-{theirs['max_s']:.2f}) | "
             f"{s['ratio'][size]:.2f}x | {f'{paired:.2f}x' if paired is not None else '-'} | "
             f"{ours['created_median_s']:.2f} / {theirs['created_median_s']:.2f} | "
-            f"{ours['operator_requests_median']:.0f} | "
+            f"{requests} | "
             f"{ours['load'][0]} -> {ours['load'][1]} |"
         )
     if all("costs_median" in s[system][size] for system in (OURS, THEIRS) for size in s[OURS]):
@@ -733,7 +915,11 @@ def markdown(results: dict[str, Any]) -> str:
         lines += [
             "",
             f"Operator: resident memory {op['rss_bytes'] / 2**20:.0f} MiB at the end of the run; "
-            f"{op['api_requests_total']:.0f} API requests in all (watches count once).",
+            + (
+                f"{op['api_requests_total']:.0f} API requests in all (watches count once)."
+                if op.get("api_requests_total") is not None
+                else "its API requests not counted (no metrics in the Deployment)."
+            ),
         ]
     return "\n".join(lines) + "\n"
 
