@@ -54,7 +54,10 @@ COMPARES = {
     "controller_ray": "the Ray backend on 1 and 3 Ray nodes; node loss",
     "controller_failover": "two servers on one PostgreSQL, the leader killed: time to a new leader",
     "controller_containers": "replicas in podman containers vs on the host",
-    "controller_kubernetes": "operator mode on a real cluster: submit to every pod Running vs a batch/v1 Job",
+    "controller_kubernetes": (
+        "operator mode on a real cluster: submit to every pod Running vs a batch/v1 Job (the operator out of "
+        "the cluster; `--operator deployment`: the Deployment of `trainmaster cluster manifests`)"
+    ),
     "scale": "Kueue's 15,000-workload test replayed on hollow nodes; 10,000 real jobs; drain; API latency",
     "soak": "30 minutes of mixed jobs with SIGKILLs of server and agent and PostgreSQL restarts",
     "aggregation": "in-network aggregation vs gloo's ring all-reduce over rate-capped links",
