@@ -199,7 +199,8 @@ class OperatorDeployment:
         self.leader = ""
         self._kubectl("apply", "-f", "-", stdin=printed)
 
-    def _kubectl(self, *args: str, stdin: str | None = None, timeout: float = 320) -> str:
+    def _kubectl(self, *args: str, stdin: str | None = None, timeout: float = 320, check: bool = True) -> str:
+        """kubectl's output; a failure raises unless ``check`` is off (then its output, maybe empty)."""
         done = subprocess.run(
             ["kubectl", "--kubeconfig", self.kubeconfig, *args],
             input=stdin,
@@ -207,7 +208,7 @@ class OperatorDeployment:
             text=True,
             timeout=timeout,
         )
-        if done.returncode != 0:
+        if check and done.returncode != 0:
             raise RuntimeError(f"kubectl {' '.join(args)}: {done.stderr.strip()[-2000:]}")
         return done.stdout
 
@@ -225,13 +226,17 @@ class OperatorDeployment:
                 for p in pods["items"]
                 if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
             }
-            holder = subprocess.run(  # no Lease yet: kubectl fails, and we wait
-                ["kubectl", "--kubeconfig", self.kubeconfig, "-n", self.NAMESPACE, "get", "lease", self.NAME]
-                + ["-o", "jsonpath={.spec.holderIdentity}"],
-                capture_output=True,
-                text=True,
+            holder = self._kubectl(  # no Lease yet: kubectl fails, and we wait
+                "-n",
+                self.NAMESPACE,
+                "get",
+                "lease",
+                self.NAME,
+                "-o",
+                "jsonpath={.spec.holderIdentity}",
                 timeout=60,
-            ).stdout.strip()
+                check=False,
+            ).strip()
             if holder in running:
                 break
             if time.monotonic() > deadline:
@@ -260,21 +265,39 @@ class OperatorDeployment:
                 out[name] = 0.0
         return out
 
+    def leader_processes(self) -> list[int]:
+        """The leader pod's processes but its pause: the operator's Python."""
+        found = []
+        for folder in self.cgroups.get(self.leader, []):
+            for procs in folder.glob("*/cgroup.procs"):
+                for pid in map(int, procs.read_text().split()):
+                    try:
+                        if Path(f"/proc/{pid}/comm").read_text().strip() != "pause":
+                            found.append(pid)
+                    except OSError:
+                        continue  # exited meanwhile
+        return found
+
     def rss_bytes(self) -> float:
         """Resident memory of the leader's processes (the operator's Python; the pod's pause left out)."""
         total = 0
-        for folder in self.cgroups.get(self.leader, []):
-            for procs in folder.glob("*/cgroup.procs"):
-                for pid in procs.read_text().split():
-                    try:
-                        status = Path(f"/proc/{pid}/status").read_text()
-                    except OSError:
-                        continue
-                    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-                    if fields.get("Name", "").strip() == "pause":
-                        continue
-                    total += int(fields.get("VmRSS", "0 kB").split()[0]) * 1024
+        for pid in self.leader_processes():
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+            total += int(fields.get("VmRSS", "0 kB").split()[0]) * 1024
         return float(total)
+
+    def nice(self) -> int | None:
+        """The nice value of the leader's operator process (it inherits the node's containerd's)."""
+        for pid in self.leader_processes():
+            try:
+                return os.getpriority(os.PRIO_PROCESS, pid)
+            except OSError:
+                continue
+        return None
 
     def remove(self) -> None:
         self._kubectl("delete", "--ignore-not-found", "--wait=true", "--timeout=120s", "-f", "-", stdin=self.owned)
@@ -292,6 +315,7 @@ class ClusterMeter:
         self.cluster = cluster
         self.operator_pid = operator_pid
         self.deployment = deployment
+        self._api: Any = None  # the API server's client, made at the first ``api_server``
 
     @staticmethod
     def _cpu(pid: int) -> float:
@@ -359,7 +383,7 @@ class ClusterMeter:
         """The API server's counters so far: requests by ``VERB resource[/subresource]`` (a
         watch counts when it ends), watch events sent by kind (``watch KIND``: one per watcher an
         event reaches), and etcd operations by ``etcd OPERATION TYPE``."""
-        if getattr(self, "_api", None) is None:
+        if self._api is None:
             from kubernetes import client, config
 
             configuration = client.Configuration()
@@ -605,19 +629,6 @@ def start_operator(cluster: Any, home: Path, log: BinaryIO, metrics_port: int) -
     )
 
 
-def operator_nice(deployment: OperatorDeployment) -> int | None:
-    """The nice value of the leader pod's operator process (it inherits the node's containerd's)."""
-    for folder in deployment.cgroups.get(deployment.leader, []):
-        for procs in folder.glob("*/cgroup.procs"):
-            for pid in procs.read_text().split():
-                try:
-                    if Path(f"/proc/{pid}/comm").read_text().strip() != "pause":
-                        return os.getpriority(os.PRIO_PROCESS, int(pid))
-                except OSError:
-                    continue
-    return None
-
-
 def stop_operator(operator: subprocess.Popen) -> None:
     """SIGTERM, then SIGKILL for an operator that has not stopped within 20 s."""
     operator.terminate()
@@ -709,7 +720,7 @@ def run_and_write(
             assert deployment is not None
             leader = deployment.wait_leading()
             results["meta"]["operator_leader"] = leader
-            results["meta"]["operator_nice"] = operator_nice(deployment)
+            results["meta"]["operator_nice"] = deployment.nice()
         bench.run(OURS, 1, BUSYBOX)  # warm: the CRD's first objects, the first pods of the node
         bench.run(THEIRS, 1, BUSYBOX)
         if bench.meter is not None:
