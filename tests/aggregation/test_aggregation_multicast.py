@@ -197,13 +197,18 @@ class Fabric:
 
     def close(self) -> None:
         self.steady_stop.set()  # steady workers end their round while the nodes still serve
-        for procs in (self.workers, self.nodes):
-            for proc in procs:
-                proc.join(timeout=10)
-                if proc.is_alive():
-                    proc.kill()
-                    proc.join(timeout=5)
-            self.stop.set()
+        _join(self.workers)
+        self.stop.set()
+        _join(self.nodes)
+
+
+def _join(procs: list[Any]) -> None:
+    """Wait for each process (10 s), killing one that does not end."""
+    for proc in procs:
+        proc.join(timeout=10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=5)
 
 
 @pytest.fixture
