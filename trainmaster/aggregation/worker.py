@@ -298,12 +298,13 @@ class AggregationClient:
             if self.transport.join(group, switch[1]):
                 self.group = group
         self._rejoin_at = 0.0  # when a retransmission may next renew the group's membership
-        # (results from the group, unicast results) at the last renewal; None: none yet
-        self._renewed: tuple[int, int] | None = None
-        self._unicast_results = 0  # RESULTs sent to this worker alone, while it is a member
+        # results of slices sent once (the first answer came) and of slices sent again
+        self._first_hand = self._answered_again = 0
+        self._renewed: tuple[int, int] | None = None  # both at the last renewal; None: none yet
         self._failed_in_row = 0  # renewals in a row judged failed (multicast.py)
-        # left the group; the HELLO that says so is repeated until a first answer comes unicast
-        self._unicast_unconfirmed = False
+        # ``_first_hand`` when the worker gave the group up; the HELLO that says so is repeated
+        # until a first answer comes (unicast) after it. None: still a member, or confirmed
+        self._left_group_at: int | None = None
         self.parameter_node: Address | None = self.config.parameter_node
         self.target = switch  # where data goes: the forwarding node, or the parameter node
         self._kill = Trigger(kill if kill is not None and kill.aims_at("worker", rank) else None)
@@ -716,12 +717,9 @@ class AggregationClient:
             if got is not None:
                 h, body = self._decode(got[0])
                 if h is not None and h.job == self.job:
-                    if h.kind == Kind.RESULT and self.group is not None:
+                    if h.kind == Kind.RESULT and self.group is not None and h.bitmap & ~self.bit:
                         # the group's copy names every member, a unicast one this worker alone
-                        if h.bitmap & ~self.bit:
-                            self.counters.results_from_group += 1
-                        else:
-                            self._unicast_results += 1
+                        self.counters.results_from_group += 1
                     if h.kind == Kind.ABORT:
                         raise WorkerLostError(bytes(body).decode(errors="replace"))
                     if h.kind == Kind.WELCOME:
@@ -734,9 +732,11 @@ class AggregationClient:
                         now = self._result_heard_at = time.monotonic()
                         if fl.sends == 1:  # Karn: only unambiguous samples
                             self._sample_rtt(now - fl.sent_at)
-                            self._unicast_unconfirmed = False  # (a group it left sends nothing)
-                        elif fl.resent_at and now - fl.resent_at < self._min_rtt:
-                            self._spurious(fl, now)
+                            self._first_hand += 1
+                        else:
+                            self._answered_again += 1
+                            if fl.resent_at and now - fl.resent_at < self._min_rtt:
+                                self._spurious(fl, now)
                         if cfg.congestion_control:
                             self.cwnd = min(float(self.window), self.cwnd + 1.0 / self.cwnd)
                         done += 1
@@ -776,16 +776,21 @@ class AggregationClient:
         fresh membership report restores the multicast copies within the report's delay. At
         most every ``REJOIN_INTERVAL_S``; the resend meanwhile comes unicast.
 
-        The previous renewal is judged first (multicast.py): failed if resent results came
-        since, none from the group; after ``MAX_FAILED_REJOINS`` failures in a row the worker
-        gives the group up. Once it has, the HELLO that says so goes again instead."""
+        The previous renewal is judged first (multicast.py): failed if resent slices were
+        answered since and no slice first-hand (a member gets its first answers from the group
+        alone; a lone member, whom the node answers unicast, gets them too); after
+        ``MAX_FAILED_REJOINS`` failures in a row the worker gives the group up. Once it has,
+        the HELLO that says so goes again instead, until a first answer comes after it."""
         if self.group is None:
-            if self._unicast_unconfirmed:  # no first answer came unicast yet: was it lost?
-                self._rejoin_at = now + REJOIN_INTERVAL_S
-                self._hello(self.switch)
+            if self._left_group_at is not None:
+                if self._first_hand > self._left_group_at:
+                    self._left_group_at = None  # the node answers it unicast: confirmed
+                else:
+                    self._rejoin_at = now + REJOIN_INTERVAL_S
+                    self._hello(self.switch)
             return
         self._rejoin_at = now + REJOIN_INTERVAL_S
-        heard = (self.counters.results_from_group, self._unicast_results)
+        heard = (self._first_hand, self._answered_again)
         if self._renewed is not None:
             if heard[0] > self._renewed[0]:
                 self._failed_in_row = 0
@@ -813,7 +818,7 @@ class AggregationClient:
         self.transport.leave()
         self.group = None
         self.counters.unicast_fallbacks += 1
-        self._unicast_unconfirmed = True
+        self._left_group_at = self._first_hand
         self._hello(self.switch)
 
     def _on_loss(self, fl: _InFlight) -> None:
