@@ -298,12 +298,13 @@ class AggregationClient:
             if self.transport.join(group, switch[1]):
                 self.group = group
         self._rejoin_at = 0.0  # when a retransmission may next renew the group's membership
-        # results of slices sent once (the first answer came) and of slices sent again
-        self._first_hand = self._answered_again = 0
+        # RESULTs as the parameter node first sent them, and those it sent again because this
+        # worker asked (its RETRANSMIT flag), of any slice
+        self._first_results = self._resent_results = 0
         self._renewed: tuple[int, int] | None = None  # both at the last renewal; None: none yet
         self._failed_in_row = 0  # renewals in a row judged failed (multicast.py)
-        # ``_first_hand`` when the worker gave the group up; the HELLO that says so is repeated
-        # until a first answer comes (unicast) after it. None: still a member, or confirmed
+        # ``_first_results`` when the worker gave the group up; the HELLO that says so is
+        # repeated until a first result comes (unicast) after it. None: a member, or confirmed
         self._left_group_at: int | None = None
         self.parameter_node: Address | None = self.config.parameter_node
         self.target = switch  # where data goes: the forwarding node, or the parameter node
@@ -717,9 +718,13 @@ class AggregationClient:
             if got is not None:
                 h, body = self._decode(got[0])
                 if h is not None and h.job == self.job:
-                    if h.kind == Kind.RESULT and self.group is not None and h.bitmap & ~self.bit:
-                        # the group's copy names every member, a unicast one this worker alone
-                        self.counters.results_from_group += 1
+                    if h.kind == Kind.RESULT:
+                        if h.has(Flag.RETRANSMIT):
+                            self._resent_results += 1
+                        else:
+                            self._first_results += 1
+                        if h.bitmap & ~self.bit:  # the group's copy names every member
+                            self.counters.results_from_group += 1
                     if h.kind == Kind.ABORT:
                         raise WorkerLostError(bytes(body).decode(errors="replace"))
                     if h.kind == Kind.WELCOME:
@@ -732,11 +737,8 @@ class AggregationClient:
                         now = self._result_heard_at = time.monotonic()
                         if fl.sends == 1:  # Karn: only unambiguous samples
                             self._sample_rtt(now - fl.sent_at)
-                            self._first_hand += 1
-                        else:
-                            self._answered_again += 1
-                            if fl.resent_at and now - fl.resent_at < self._min_rtt:
-                                self._spurious(fl, now)
+                        elif fl.resent_at and now - fl.resent_at < self._min_rtt:
+                            self._spurious(fl, now)
                         if cfg.congestion_control:
                             self.cwnd = min(float(self.window), self.cwnd + 1.0 / self.cwnd)
                         done += 1
@@ -776,21 +778,20 @@ class AggregationClient:
         fresh membership report restores the multicast copies within the report's delay. At
         most every ``REJOIN_INTERVAL_S``; the resend meanwhile comes unicast.
 
-        The previous renewal is judged first (multicast.py): failed if resent slices were
-        answered since and no slice first-hand (a member gets its first answers from the group
-        alone; a lone member, whom the node answers unicast, gets them too); after
+        The previous renewal is judged first (multicast.py): failed if results the parameter
+        node sent again came since and none as it first sent them; after
         ``MAX_FAILED_REJOINS`` failures in a row the worker gives the group up. Once it has,
-        the HELLO that says so goes again instead, until a first answer comes after it."""
+        the HELLO that says so goes again instead, until a first result comes after it."""
         if self.group is None:
             if self._left_group_at is not None:
-                if self._first_hand > self._left_group_at:
+                if self._first_results > self._left_group_at:
                     self._left_group_at = None  # the node answers it unicast: confirmed
                 else:
                     self._rejoin_at = now + REJOIN_INTERVAL_S
                     self._hello(self.switch)
             return
         self._rejoin_at = now + REJOIN_INTERVAL_S
-        heard = (self._first_hand, self._answered_again)
+        heard = (self._first_results, self._resent_results)
         if self._renewed is not None:
             if heard[0] > self._renewed[0]:
                 self._failed_in_row = 0
@@ -818,7 +819,7 @@ class AggregationClient:
         self.transport.leave()
         self.group = None
         self.counters.unicast_fallbacks += 1
-        self._left_group_at = self._first_hand
+        self._left_group_at = self._first_results
         self._hello(self.switch)
 
     def _on_loss(self, fl: _InFlight) -> None:
