@@ -148,7 +148,15 @@ def test_every_fault_with_segments_on_the_wire_gives_the_exact_sum(tier_factory,
     out = reduce_all(tier, inputs, 3, cfg, faults)
     assert_exact(inputs, out)
     seg = query(tier.ps.address)["transport"]
-    assert seg["reassembled"] > 0 and seg["segment_duplicates"] + seg["partials_dropped"] >= 0
     stats = [s for _, s, _ in out.values()]
+    # every receiver of segments: the parameter node, the forwarding node, the workers. A
+    # duplicated segment is counted as one by whoever receives its copy (a duplicated packet
+    # that is not cut, a HELLO, only as duplicated). Over all of them: about 1500 datagrams at
+    # int8 (16 KiB slices), 4800 at int32, each duplicated with 1 %: none with 0.99^1500 < 1e-6
+    # (measured: 10-15 and 31-65 duplicates in 6 runs each); at the parameter node alone one
+    # int8 run of 6 had none.
+    every = [seg, *(query(s.address)["transport"] for s in tier.switches), *(s["transport"] for s in stats)]
+    placed_twice = sum(t["segment_duplicates"] for t in every)
+    assert seg["reassembled"] > 0 and 0 < placed_twice <= sum(t["duplicated"] for t in every)
     assert sum(s["transport"]["segments_sent"] for s in stats) > sum(s["packets_sent"] for s in stats)
     assert all(query(s.address)["slots_in_use"] == 0 for s in tier.switches)

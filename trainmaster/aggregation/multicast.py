@@ -30,6 +30,23 @@ worker that has to ask again renews its membership (leaves and joins the group: 
 report), at most every ``REJOIN_INTERVAL_S``; the bridge forwards the group to its port again
 within the report's delay (up to 0.2 s in IGMPv2). A leave does not interrupt the others: the
 bridge, as querier, asks the port before it drops it, and the join's report answers.
+
+A membership that never works (the host's reports are filtered, a bridge or a firewall keeps
+the group off its port) would make the worker renew it once a second for good and wait a
+retransmission timeout for every result. So a renewal is judged at the next one: it *failed*
+when, since it, results came that the parameter node sent again because this worker asked
+(flagged RETRANSMIT: the fabric works) and none as first sent (those come from the group, or
+unicast to a lone member, whom a node does not multicast to). After
+``MAX_FAILED_REJOINS`` failed renewals in a row the worker leaves the group and says HELLO to
+its forwarding node again, without the group: the node takes it out of the job's members, as it
+does for any HELLO without one, and sends it every result unicast from then on (the other
+members stay on the group). The HELLO is repeated at the next resends (at most every
+``REJOIN_INTERVAL_S``) until a result comes for a slice sent only once: the first answers now
+come unicast. The worker's stats say so (``unicast_fallbacks``), and so does a warning in its
+log; the choice holds for the rest of that client's job. A renewal after which no result came
+at all (a straggler, a dead node) is not judged: the group is not what failed; nor is a
+working member one whose every slice a straggler made it resend for a while: the first results,
+when the straggler's packets complete the slices, still come.
 """
 
 from __future__ import annotations
@@ -46,6 +63,9 @@ DEFAULT_NETWORK = "239.192.0.0/16"
 # a worker asking for resends renews its group membership at most this often: a lost packet
 # costs a report or two, never a storm of them
 REJOIN_INTERVAL_S = 1.0
+# renewals in a row after which resent results came but none from the group: the worker then
+# receives its results unicast for good (about this many REJOIN_INTERVAL_S after the first loss)
+MAX_FAILED_REJOINS = 3
 
 
 def parse_network(text: str) -> ipaddress.IPv4Network:

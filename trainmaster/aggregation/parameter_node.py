@@ -211,9 +211,10 @@ class ParameterNode(DatagramNode):
             self.counters.retransmits_seen += 1
         if sl.result is not None:
             if h.has(Flag.RETRANSMIT):
+                # flagged: a worker tells a result it asked for from a first one (multicast.py)
                 self.counters.results_resent += 1
                 head, payload = sl.result
-                self._down(job, head.with_(bitmap=h.bitmap), payload)
+                self._down(job, head.with_(bitmap=h.bitmap, flags=head.flags | Flag.RETRANSMIT), payload)
             else:
                 self.counters.duplicates_ignored += 1
             return

@@ -62,7 +62,9 @@ class Flag(enum.IntFlag):
 
     NONE = 0
     AGGREGATE_AT_PS = 1  # aggregate-at = 1: forwarding nodes only forward
-    RETRANSMIT = 2  # sent again after a loss
+    # sent again after a loss: DATA by a worker, or a RESULT the parameter node sends again to
+    # the workers that asked (multicast.py: how a worker judges its group membership)
+    RETRANSMIT = 2
     CONFLICT = 4  # the slot was held by another slice; the parameter node aggregated it
     OVERFLOW = 8  # the sum left the int32 range (values are saturated)
     VERIFIED = 16  # the parameter node checked completeness and overflow

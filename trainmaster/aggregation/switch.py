@@ -72,6 +72,8 @@ class SwitchCounters(NodeCounters):
     results_replicated: int = 0  # RESULT copies sent down: one per worker (or lower node)
     results_multicast: int = 0  # RESULTs sent once to the job's group (the bridge replicates them)
     workers_moved: int = 0  # workers that fell back to the parameter node (MOVED notices)
+    # members whose HELLO came again without the group: their results go unicast (multicast.py)
+    members_to_unicast: int = 0
 
 
 @dataclass
@@ -185,7 +187,9 @@ class ForwardingNode(DatagramNode):
             job.routes[rank] = src
         if self._joined_group(h.job, body, src):
             job.members |= h.bitmap
-        else:
+        elif job.members & h.bitmap:
+            # a member that gave the group up (it never delivered to it): unicast for good
+            self.counters.members_to_unicast += bin(job.members & h.bitmap).count("1")
             job.members &= ~h.bitmap
         self.transport.prepare(src)
         self.transport.send(encode_parts(h, body), self.parent)

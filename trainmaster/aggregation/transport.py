@@ -462,6 +462,14 @@ class UdpTransport:
             except OSError:
                 pass  # the interface went away: results keep coming unicast, on request
 
+    def leave(self) -> None:
+        """Leave every joined group for good (``recv`` reads this transport's own socket only):
+        closing a group's socket drops its membership, the kernel reports the leave."""
+        for sock, _ in self._memberships:
+            sock.close()
+        self._memberships.clear()
+        self._inputs = (self.sock,)
+
     def _rng(self, addr: Address) -> random.Random:
         rng = self._links.get(addr)
         if rng is None:

@@ -32,6 +32,7 @@ aggregate-at = 1, as on the collision path); when the parameter node does not an
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import threading
@@ -43,7 +44,14 @@ import numpy as np
 
 from trainmaster.aggregation.kills import KillPlan, Trigger
 from trainmaster.aggregation.memory import tune_allocator
-from trainmaster.aggregation.multicast import DEFAULT_NETWORK, REJOIN_INTERVAL_S, group_for, parse_network, segment_of
+from trainmaster.aggregation.multicast import (
+    DEFAULT_NETWORK,
+    MAX_FAILED_REJOINS,
+    REJOIN_INTERVAL_S,
+    group_for,
+    parse_network,
+    segment_of,
+)
 from trainmaster.aggregation.protocol import (
     HEADER_SIZE,
     MAX_ELEMENTS,
@@ -77,6 +85,7 @@ from trainmaster.aggregation.transport import Address, Buffer, FaultPlan, make_t
 # datagrams that fit the path's MTU and hands 64 KiB to the kernel per system call), on shm
 # 4 MiB
 DEFAULT_CHUNK = {"udp": MAX_ELEMENTS, "shm": 1 << 20}
+log = logging.getLogger(__name__)
 PRECISIONS = ("int32", "int16", "int8")
 # how the sums come down: as the nodes summed them, or re-quantised to int8 by the parameter node
 RESULT_PRECISIONS = ("exact", "int8")
@@ -130,6 +139,11 @@ class WorkerCounters:
     stale_results: int = 0  # shared-store references whose space was reused before reading
     low_bit_slices: int = 0  # slices sent as int8/int16 with the job's shared scale (first sends)
     rejoins: int = 0  # the job's group left and joined again after a retransmission (multicast.py)
+    results_from_group: int = 0  # RESULTs that came from the job's multicast group
+    # renewals after which resent results came, none from the group (multicast.py)
+    failed_rejoins: int = 0
+    # 1 once the worker left the group for good and asked for its results unicast
+    unicast_fallbacks: int = 0
     elements_reduced: int = 0
     seconds_in_allreduce: float = 0.0
 
@@ -284,6 +298,14 @@ class AggregationClient:
             if self.transport.join(group, switch[1]):
                 self.group = group
         self._rejoin_at = 0.0  # when a retransmission may next renew the group's membership
+        # RESULTs as the parameter node first sent them, and those it sent again because this
+        # worker asked (its RETRANSMIT flag), of any slice
+        self._first_results = self._resent_results = 0
+        self._renewed: tuple[int, int] | None = None  # both at the last renewal; None: none yet
+        self._failed_in_row = 0  # renewals in a row judged failed (multicast.py)
+        # ``_first_results`` when the worker gave the group up; the HELLO that says so is
+        # repeated until a first result comes (unicast) after it. None: a member, or confirmed
+        self._left_group_at: int | None = None
         self.parameter_node: Address | None = self.config.parameter_node
         self.target = switch  # where data goes: the forwarding node, or the parameter node
         self._kill = Trigger(kill if kill is not None and kill.aims_at("worker", rank) else None)
@@ -696,6 +718,13 @@ class AggregationClient:
             if got is not None:
                 h, body = self._decode(got[0])
                 if h is not None and h.job == self.job:
+                    if h.kind == Kind.RESULT:
+                        if h.has(Flag.RETRANSMIT):
+                            self._resent_results += 1
+                        else:
+                            self._first_results += 1
+                        if h.bitmap & ~self.bit:  # the group's copy names every member
+                            self.counters.results_from_group += 1
                     if h.kind == Kind.ABORT:
                         raise WorkerLostError(bytes(body).decode(errors="replace"))
                     if h.kind == Kind.WELCOME:
@@ -734,8 +763,8 @@ class AggregationClient:
                     else:
                         fl.rto = min(fl.rto * 2, cfg.max_retransmit_timeout)
                     self._on_loss(fl)
-                    if self.group is not None and now >= self._rejoin_at and not self._direct:
-                        self._rejoin(now)
+                    if now >= self._rejoin_at and not self._direct:
+                        self._renew_membership(now)
                     self.counters.retransmits += 1
                     fl.resent_at = now
                     self._send_slice(x, fl, retransmit=True)
@@ -743,14 +772,55 @@ class AggregationClient:
         self.counters.seconds_in_allreduce += time.monotonic() - started
         return out, bound
 
-    def _rejoin(self, now: float) -> None:
+    def _renew_membership(self, now: float) -> None:
         """A result had to be asked for again, perhaps because the bridge does not (or no
         longer) forward the job's group to this worker's port: leave and join the group, whose
         fresh membership report restores the multicast copies within the report's delay. At
-        most every ``REJOIN_INTERVAL_S``; the resend meanwhile comes unicast."""
-        self.transport.rejoin()
+        most every ``REJOIN_INTERVAL_S``; the resend meanwhile comes unicast.
+
+        The previous renewal is judged first (multicast.py): failed if results the parameter
+        node sent again came since and none as it first sent them; after
+        ``MAX_FAILED_REJOINS`` failures in a row the worker gives the group up. Once it has,
+        the HELLO that says so goes again instead, until a first result comes after it."""
+        if self.group is None:
+            if self._left_group_at is not None:
+                if self._first_results > self._left_group_at:
+                    self._left_group_at = None  # the node answers it unicast: confirmed
+                else:
+                    self._rejoin_at = now + REJOIN_INTERVAL_S
+                    self._hello(self.switch)
+            return
         self._rejoin_at = now + REJOIN_INTERVAL_S
+        heard = (self._first_results, self._resent_results)
+        if self._renewed is not None:
+            if heard[0] > self._renewed[0]:
+                self._failed_in_row = 0
+            elif heard[1] > self._renewed[1]:
+                self._failed_in_row += 1
+                self.counters.failed_rejoins += 1
+        if self._failed_in_row >= MAX_FAILED_REJOINS:
+            self._give_up_group()
+            return
+        self.transport.rejoin()
+        self._renewed = heard
         self.counters.rejoins += 1
+
+    def _give_up_group(self) -> None:
+        """Leave the job's group for good and say HELLO without it: the forwarding node sends
+        this worker's results unicast from now on (the other members keep the group)."""
+        log.warning(
+            "job %d worker %d: %d renewals of multicast group %s in a row brought no result from "
+            "it (results came only when asked for again); receiving results unicast from now on",
+            self.job,
+            self.rank,
+            self._failed_in_row,
+            self.group,
+        )
+        self.transport.leave()
+        self.group = None
+        self.counters.unicast_fallbacks += 1
+        self._left_group_at = self._first_results
+        self._hello(self.switch)
 
     def _on_loss(self, fl: _InFlight) -> None:
         """Multiplicative decrease, once per window: only a loss of a slice sent after the
@@ -859,6 +929,7 @@ class AggregationClient:
             "job": self.job,
             "rank": self.rank,
             "window": self.window,  # slices in flight at most (slots, buffers, configured)
+            "group": self.group,  # the multicast group results come from; None: unicast
             **self.counters.__dict__,
             "transport": self.transport.counters.as_dict(),
         }
