@@ -728,6 +728,11 @@ class UdpTransport:
                 except OSError:
                     continue  # ICMP errors surfaced on the socket: ignore, timers recover
                 got = True
+                if sock is not self._inputs[0]:
+                    # the socket that delivered is tried first from now on: a worker's results
+                    # come on its group's socket, and a receive that finds nothing costs an
+                    # exception each time
+                    self._inputs = (sock, *(other for other in self._inputs if other is not sock))
                 self.counters.received += 1
                 data = memoryview(self._rx)[:n]
                 stride = _gro_stride(ancillary)
