@@ -43,6 +43,7 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
+import math
 import mmap
 import os
 import random
@@ -423,6 +424,7 @@ class UdpTransport:
         self._rx_free: list[bytearray] = []
         # the sockets ``recv`` reads: this one, and a multicast group's (``join``)
         self._inputs: tuple[socket.socket, ...] = (self.sock,)
+        self._poller: select.poll | None = None  # of ``_inputs``, once there are several
         self._memberships: list[tuple[socket.socket, bytes]] = []  # ``join``'s, for ``rejoin``
         self._multicast_if: str | None = None  # ``multicast_from``: the interface groups go out of
 
@@ -454,6 +456,7 @@ class UdpTransport:
             sock.close()
             return False
         self._inputs = (*self._inputs, sock)
+        self._poller = None  # polled anew, with the group's socket
         self._memberships.append((sock, membership))
         return True
 
@@ -709,69 +712,61 @@ class UdpTransport:
             self._rx_kept = False
         ready = self._reassembler.ready
         deadline = time.monotonic() + max(0.0, timeout)
-        alone = len(self._inputs) == 1
         while True:
             if ready:
                 packet, sender, self._pooled = ready.popleft()
                 return packet, sender
-            got = False
-            for sock in self._inputs:
-                try:
-                    if alone:
-                        n, ancillary, flags, addr = self._wait_one(deadline)
-                    else:
-                        n, ancillary, flags, addr = sock.recvmsg_into([self._rx], _GRO_CMSG, _DONTWAIT)
-                except BlockingIOError:
-                    if alone and time.monotonic() >= deadline and not self._held:
-                        return None
-                    continue
-                except OSError:
-                    continue  # ICMP errors surfaced on the socket: ignore, timers recover
-                got = True
-                if sock is not self._inputs[0]:
-                    # the socket that delivered is tried first from now on: a worker's results
-                    # come on its group's socket, and a receive that finds nothing costs an
-                    # exception each time
-                    self._inputs = (sock, *(other for other in self._inputs if other is not sock))
-                self.counters.received += 1
-                data = memoryview(self._rx)[:n]
-                stride = _gro_stride(ancillary)
-                if flags & _MSG_TRUNC:
-                    break  # larger than any packet of ours: not one
-                if n > SEG_HEADER and data[0] == SEG_MAGIC or (stride and stride < n):
-                    self._coalesced(n, stride or n, addr)
-                    break
-                if n == _DESC.size and data[0] == _DESC_MAGIC:
-                    resolved = self._resolve(data)
-                    if resolved is not None:
-                        return resolved, addr
-                else:
-                    return data, addr
-                break
-            if got or alone and not self._held:
+            try:
+                n, ancillary, flags, addr = self._next_datagram(deadline)
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return None
+                continue  # a held packet was due, or the wait ended a little early
+            except OSError:
+                continue  # ICMP errors surfaced on the socket: ignore, timers recover
+            self.counters.received += 1
+            data = memoryview(self._rx)[:n]
+            stride = _gro_stride(ancillary)
+            if flags & _MSG_TRUNC:
+                continue  # larger than any packet of ours: not one
+            if n > SEG_HEADER and data[0] == SEG_MAGIC or (stride and stride < n):
+                self._coalesced(n, stride or n, addr)
                 continue
-            next_held = self._release_due()
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            wait = remaining if next_held is None else min(remaining, max(next_held, 0.0))
-            select.select(self._inputs, [], [], wait)
+            if n == _DESC.size and data[0] == _DESC_MAGIC:
+                resolved = self._resolve(data)
+                if resolved is not None:
+                    return resolved, addr
+                continue
+            return data, addr
 
-    def _wait_one(self, deadline: float) -> tuple[int, list[tuple[int, int, bytes]], int, Address]:
-        """The next datagram of the transport's only socket, waited for in the kernel until
-        ``deadline`` (or a held packet's time) by a blocking receive bounded by SO_RCVTIMEO:
-        one system call per datagram where a non-blocking receive that finds nothing, a select
-        and a second receive took three and a Python exception (a forwarding node waits for
-        most of the ~600 runs of an 8-worker 4 MiB all-reduce). BlockingIOError: nothing came.
+    def _next_datagram(self, deadline: float) -> tuple[int, list[tuple[int, int, bytes]], int, Address]:
+        """The next datagram (into the receive buffer), waited for until ``deadline`` or the
+        next held packet's time (held packets that are due are sent first); BlockingIOError:
+        none came. One wait per datagram, in the kernel, and no Python exception where one
+        comes: with one socket (the nodes) a blocking receive bounded by SO_RCVTIMEO, with
+        several (a worker and its job's group) a poll of them, then a receive from one that is
+        readable. A non-blocking receive from each socket, a select when all found nothing and
+        a receive again cost 3-4 system calls and an exception per socket for every datagram
+        waited for: a forwarding node waits for most of the ~600 runs of an 8-worker 4 MiB
+        all-reduce at 1 Gbit/s, each worker for most of its ~70.
 
-        SO_RCVTIMEO is set again only when the wait differs from it by more than a tenth (or 5
-        ms): a wait may end up to that much after ``deadline``, which only delays a timer."""
-        now = time.monotonic()
-        wait = deadline - now
+        SO_RCVTIMEO is set again only when the wait differs from it by more than a tenth (or
+        5 ms): a wait may end up to that much after ``deadline``, which only delays a timer."""
+        wait = deadline - time.monotonic()
         if self._held:
             next_held = self._release_due()
             if next_held is not None:
                 wait = min(wait, next_held)
+        if len(self._inputs) > 1:
+            if self._poller is None:
+                self._poller = select.poll()
+                for sock in self._inputs:
+                    self._poller.register(sock, select.POLLIN)
+            readable = self._poller.poll(max(0, math.ceil(wait * 1000)))
+            if not readable:
+                raise BlockingIOError
+            sock = next(s for s in self._inputs if s.fileno() == readable[0][0])
+            return sock.recvmsg_into([self._rx], _GRO_CMSG, _DONTWAIT)
         if wait <= 1e-6:
             return self.sock.recvmsg_into([self._rx], _GRO_CMSG, _DONTWAIT)
         current = self._rcvtimeo
