@@ -16,7 +16,7 @@ per 64 KiB each way, and the packet put back together with a strided copy. A pac
 than ``inline_limit`` is written into a ring of shared memory owned by the sender (one ring per
 destination, a ``memfd``: nothing to leak in /dev/shm if a process is killed) and only a small
 descriptor datagram (ring id, position, length) goes over the socket. The descriptor is also the
-wake-up: the receiver blocks in ``select`` on its socket, no thread spins. The receiver maps the
+wake-up: the receiver blocks on its socket (``recv``), no thread spins. The receiver maps the
 ring through ``/proc/<pid>/fd/<fd>`` (same host, same user), and frees the space by publishing
 how far it has consumed; a descriptor for space already freed (a reordered or duplicated one) is
 dropped like a lost datagram. A ring that stays full (the receiver is gone or stuck) drops the
@@ -396,7 +396,7 @@ class UdpTransport:
             pass  # an older kernel: every datagram comes alone (still correct)
         self.sock.bind((host, port))
         # the socket blocks, but only where ``recv`` waits for its next datagram (bounded by
-        # SO_RCVTIMEO, see ``_wait_one``); every send, and every receive beside a group's
+        # SO_RCVTIMEO, see ``_next_datagram``); every send, and every receive beside a group's
         # socket, passes MSG_DONTWAIT
         self.sock.setblocking(True)
         self._rcvtimeo = 0.0  # SO_RCVTIMEO as set last (0: never set, the kernel's "forever")
