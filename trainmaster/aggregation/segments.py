@@ -47,6 +47,10 @@ SEG_HEADER = _SEG.size
 # for a whole run of segments with two vectorised operations
 _STEP = np.arange(1 << 16, dtype=np.uint64) << np.uint64(32)
 _U64 = np.dtype(">u8")
+# the same steps as (first word, second word) pairs: a run's headers, less its first one, must
+# equal the first rows of this, checked in one comparison (``Reassembler._run``)
+_STEP_PAIRS = np.stack([_STEP, np.zeros_like(_STEP)], axis=1)
+_UINT8 = np.dtype(np.uint8)
 MAX_PARTIALS = 256  # packets being put together at once, per socket
 RECENT = 4096  # packets put together lately: a late duplicate of one of their segments is ignored
 MAX_PARTIAL_BYTES = 64 << 20
@@ -220,10 +224,10 @@ class Reassembler:
             or last != (piece if start + count < parts else total - (parts - 1) * piece)
         ):
             return False
-        first = np.ndarray((count,), _U64, buffer=data, strides=(stride,))
-        second = np.ndarray((count,), _U64, buffer=data, offset=8, strides=(stride,))
-        # consecutive indices and the same packet shape; the same message
-        if not (np.equal(first - first[0], _STEP[:count]).all() and np.equal(second, second[0]).all()):
+        # every segment header of the run, as (first word, second word): consecutive indices
+        # of one packet's shape, one message (see _STEP); one comparison for the whole run
+        heads = np.ndarray((count, 2), _U64, data, 0, (stride, 8))
+        if not (heads - heads[0] == _STEP_PAIRS[:count]).all():
             return False
         whole = count == parts
         key = (sender, msg)
@@ -241,13 +245,14 @@ class Reassembler:
                 self._partial_bytes += total
         else:
             buffer = partial.buffer
-        src = np.frombuffer(data, np.uint8, n)
-        dst = np.frombuffer(buffer, np.uint8, total)
+        # the run's pieces but the last: one strided copy, views made straight from the buffers
         at, full = start * piece, count - 1
-        dst[at : at + full * piece].reshape(full, piece)[...] = src[: full * stride].reshape(full, stride)[
-            :, SEG_HEADER:
-        ]
-        dst[at + full * piece : at + full * piece + last] = src[full * stride + SEG_HEADER : n]
+        np.copyto(
+            np.ndarray((full, piece), _UINT8, buffer, at, (piece, 1)),
+            np.ndarray((full, piece), _UINT8, data, SEG_HEADER, (stride, 1)),
+        )
+        at += full * piece
+        memoryview(buffer)[at : at + last] = memoryview(data)[full * stride + SEG_HEADER : n]
         self.counters.segments_received += count
         if partial is not None:
             partial.got |= mask
