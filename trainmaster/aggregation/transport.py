@@ -478,6 +478,7 @@ class UdpTransport:
             sock.close()
         self._memberships.clear()
         self._inputs = (self.sock,)
+        self._poller = None  # ``recv`` waits on this transport's own socket alone again
 
     def _rng(self, addr: Address) -> random.Random:
         rng = self._links.get(addr)
