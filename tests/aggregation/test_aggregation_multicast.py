@@ -401,6 +401,21 @@ def _wait(what: str, condition: Callable[[], bool], timeout: float) -> float:
 
 
 @pytest.mark.timeout(300)
+def _three_steady_workers(bed: Any, fabric_on: Callable[[Any], Fabric]) -> tuple[Fabric, tuple[str, int], int]:
+    """One job of three steady workers on h1..h3 (150,000 elements a round), its forwarding node
+    on the switch host and its parameter node on h4: the fabric, the forwarding node's address
+    and the slices of a round."""
+    fabric = fabric_on(bed)
+    ps = (bed.address("h4"), PS_PORT)
+    switch = (bed.address("sw"), SWITCH_PORT)
+    fabric.node("h4", functools.partial(ParameterNode, ps[0], ps[1]))
+    fabric.node("sw", functools.partial(ForwardingNode, ps, host=switch[0], port=switch[1]))
+    n = 150_000
+    for rank in range(3):
+        fabric.steady_worker(f"h{rank + 1}", switch, rank, 3, n)
+    return fabric, switch, -(-(n + 1) // DEFAULT_CHUNK["udp"])
+
+
 def test_a_worker_whose_membership_the_bridge_lost_renews_it_and_multicast_resumes(testbed, fabric_on) -> None:
     """Multicast result replication, membership renewal: mid-run the bridge forgets h1's
     membership of the job's group (``bridge mdb del``, as a flush, a restart or a missed
@@ -416,15 +431,7 @@ def test_a_worker_whose_membership_the_bridge_lost_renews_it_and_multicast_resum
     # but the worker itself can renew the membership before the bridge's next query
     for key in ("igmpv2_unsolicited_report_interval", "igmpv3_unsolicited_report_interval"):
         bed.run("h1", ["sysctl", "-qw", f"net.ipv4.conf.eth0.{key}=50"])
-    fabric = fabric_on(bed)
-    ps = (bed.address("h4"), PS_PORT)
-    switch = (bed.address("sw"), SWITCH_PORT)
-    fabric.node("h4", functools.partial(ParameterNode, ps[0], ps[1]))
-    fabric.node("sw", functools.partial(ForwardingNode, ps, host=switch[0], port=switch[1]))
-    n = 150_000
-    slices = -(-(n + 1) // DEFAULT_CHUNK["udp"])
-    for rank in range(3):
-        fabric.steady_worker(f"h{rank + 1}", switch, rank, 3, n)
+    fabric, switch, slices = _three_steady_workers(bed, fabric_on)
     group, progress = group_for(1, switch), fabric.progress
     _wait("3 members learned, 3 rounds", lambda: len(_ports_of(bed, group)) == 3 and progress[0] >= 3, 60)
     _wait("h1's kernel to finish reporting on its own", lambda: not _reporting(bed, "h1", group), 10)
@@ -488,15 +495,7 @@ def test_a_worker_whose_membership_never_works_receives_its_results_unicast_for_
     exact."""
     bed = testbed(hosts=4)
     _drop_igmp(bed, "h1")
-    fabric = fabric_on(bed)
-    ps = (bed.address("h4"), PS_PORT)
-    switch = (bed.address("sw"), SWITCH_PORT)
-    fabric.node("h4", functools.partial(ParameterNode, ps[0], ps[1]))
-    fabric.node("sw", functools.partial(ForwardingNode, ps, host=switch[0], port=switch[1]))
-    n = 150_000
-    slices = -(-(n + 1) // DEFAULT_CHUNK["udp"])
-    for rank in range(3):
-        fabric.steady_worker(f"h{rank + 1}", switch, rank, 3, n)
+    fabric, switch, slices = _three_steady_workers(bed, fabric_on)
     group, progress = group_for(1, switch), fabric.progress
     _wait("worker 0's first renewal", lambda: progress[2] >= 1, 60)
     bound = (MAX_FAILED_REJOINS + 3) * REJOIN_INTERVAL_S
