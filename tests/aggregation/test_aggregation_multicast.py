@@ -400,7 +400,6 @@ def _wait(what: str, condition: Callable[[], bool], timeout: float) -> float:
     return time.monotonic() - start
 
 
-@pytest.mark.timeout(300)
 def _three_steady_workers(bed: Any, fabric_on: Callable[[Any], Fabric]) -> tuple[Fabric, tuple[str, int], int]:
     """One job of three steady workers on h1..h3 (150,000 elements a round), its forwarding node
     on the switch host and its parameter node on h4: the fabric, the forwarding node's address
@@ -416,6 +415,7 @@ def _three_steady_workers(bed: Any, fabric_on: Callable[[Any], Fabric]) -> tuple
     return fabric, switch, -(-(n + 1) // DEFAULT_CHUNK["udp"])
 
 
+@pytest.mark.timeout(300)
 def test_a_worker_whose_membership_the_bridge_lost_renews_it_and_multicast_resumes(testbed, fabric_on) -> None:
     """Multicast result replication, membership renewal: mid-run the bridge forgets h1's
     membership of the job's group (``bridge mdb del``, as a flush, a restart or a missed
